@@ -1,0 +1,26 @@
+/** The shape of one KV-cache block: B tokens, L layers, H KV heads, D head dim (kv-block.md). */
+export interface KvShape {
+  blockTokens: number;
+  nLayers: number;
+  nKvHeads: number;
+  headDim: number;
+}
+
+/** P = 2·L·H·B·D·2: K and V of every layer, f16. */
+export function blockPayloadBytes(s: KvShape): number {
+  return 2 * s.nLayers * s.nKvHeads * s.blockTokens * s.headDim * 2;
+}
+
+/** E = 28 + n·(12 + P) + 4. */
+export function envelopeBytes(s: KvShape, nBlocks: number): number {
+  return 28 + nBlocks * (12 + blockPayloadBytes(s)) + 4;
+}
+
+export function sameShape(a: KvShape, b: KvShape): boolean {
+  return (
+    a.blockTokens === b.blockTokens &&
+    a.nLayers === b.nLayers &&
+    a.nKvHeads === b.nKvHeads &&
+    a.headDim === b.headDim
+  );
+}

@@ -1,0 +1,350 @@
+import assert from "node:assert";
+import { resumeRng, sample, stream, SAMPLE_STREAM } from "../rng/index.ts";
+import type { KvPool } from "../pool/index.ts";
+import type { ModelRunner, SeqChunk } from "./model-runner.ts";
+import { Sequence, type Finish, type FinishReason, type SamplingParams } from "./sequence.ts";
+
+export interface EngineOptions {
+  model: ModelRunner;
+  pool: KvPool;
+  /** Tokens one step may process across all sequences (prefill chunks plus decodes). */
+  maxBatchTokens?: number;
+  maxRunning?: number;
+  maxModelLen: number;
+  /** Token ids that end every request (the tokenizer's EOS). */
+  eosTokenIds?: readonly number[];
+}
+
+export interface EngineRequest {
+  requestId: string;
+  promptTokens: readonly number[];
+  sampling: SamplingParams;
+  /** Stop after the first token and hand the prompt's blocks to the caller. */
+  prefillOnly?: boolean;
+  /** Continue a request another engine prefilled: the caller gives its references on blockIds. */
+  resume?: { blockIds: number[]; firstToken: number; draws: number };
+  onToken?: (token: number) => void;
+}
+
+export interface EngineStats {
+  steps: number;
+  prefillTokens: number;
+  decodeTokens: number;
+  prefixHitTokens: number;
+  preemptions: number;
+}
+
+/**
+ * Continuous batching over a paged pool. Each step takes every running sequence's
+ * next chunk (one token when decoding, up to the budget when prefilling), then admits
+ * waiting sequences while the token budget lasts, runs one forward over the whole
+ * batch, samples where a chunk reached the end of its tokens, and frees what finished.
+ * When blocks run out, the most recently admitted running sequence is preempted: its
+ * blocks go back and it waits at the front to be recomputed (its rng is kept, and
+ * recompute draws nothing, so its tokens stay the same).
+ */
+export class Engine {
+  readonly pool: KvPool;
+  readonly model: ModelRunner;
+  readonly maxModelLen: number;
+  readonly stats: EngineStats = { steps: 0, prefillTokens: 0, decodeTokens: 0, prefixHitTokens: 0, preemptions: 0 };
+  private readonly maxBatchTokens: number;
+  private readonly maxRunning: number;
+  private readonly eos: Set<number>;
+  private readonly waiting: Sequence[] = [];
+  private readonly running: Sequence[] = [];
+  private readonly byId = new Map<string, Sequence>();
+  private scheduled = false;
+  private logits = new Float32Array(0);
+  private draining = false;
+
+  constructor(opts: EngineOptions) {
+    this.model = opts.model;
+    this.pool = opts.pool;
+    this.maxModelLen = opts.maxModelLen;
+    this.maxBatchTokens = opts.maxBatchTokens ?? 512;
+    this.maxRunning = opts.maxRunning ?? 64;
+    this.eos = new Set(opts.eosTokenIds ?? []);
+    assert(this.maxBatchTokens >= 1);
+  }
+
+  get queueDepth(): number {
+    return this.waiting.length;
+  }
+  get runningCount(): number {
+    return this.running.length;
+  }
+  get inFlight(): number {
+    return this.byId.size;
+  }
+  get isDraining(): boolean {
+    return this.draining;
+  }
+  has(requestId: string): boolean {
+    return this.byId.has(requestId);
+  }
+
+  /** Queues a request; the promise settles when it finishes, is cancelled or fails. */
+  submit(req: EngineRequest): Promise<Finish> {
+    assert(!this.byId.has(req.requestId), `request ${req.requestId} already in flight`);
+    const B = this.pool.shape.blockTokens;
+    return new Promise<Finish>((resolve) => {
+      const s = req.sampling;
+      const seeded = s.temperature > 0;
+      const rng = !seeded ? null : req.resume ? resumeRng(s.seed, req.resume.draws) : stream(s.seed, SAMPLE_STREAM);
+      const seq = new Sequence(
+        req.requestId,
+        req.promptTokens,
+        s,
+        rng,
+        req.promptTokens.length,
+        req.prefillOnly ?? false,
+        req.onToken ?? (() => {}),
+        resolve,
+      );
+      if (!req.resume && Math.ceil((seq.promptLen + 1) / B) > this.pool.total) {
+        resolve({ ...this.summary(seq, "error"), error: `prompt of ${seq.promptLen} tokens does not fit a pool of ${this.pool.total} blocks` });
+        return;
+      }
+      this.byId.set(seq.requestId, seq);
+      if (req.resume) {
+        const r = req.resume;
+        assert(r.blockIds.length === Math.ceil(seq.promptLen / B), "resume blocks do not cover the prompt");
+        seq.blockTable = [...r.blockIds];
+        seq.numComputed = seq.promptLen;
+        seq.hashUpTo(seq.promptLen, B);
+        seq.draws = r.draws;
+        seq.state = "running";
+        this.running.push(seq);
+        // The first token was sampled and emitted elsewhere; it is only the next input here.
+        if (this.appendToken(seq, r.firstToken, false)) this.kick();
+        return;
+      }
+      this.waiting.push(seq);
+      this.kick();
+    });
+  }
+
+  /** Cancels a request wherever it is and frees its blocks; false when unknown. */
+  cancel(requestId: string, reason: FinishReason = "cancelled", error?: string): boolean {
+    const seq = this.byId.get(requestId);
+    if (!seq) return false;
+    this.finish(seq, reason, error);
+    return true;
+  }
+
+  /** Stops admitting new requests; resolves with the count still in flight at the deadline. */
+  async drain(deadlineMs: number): Promise<number> {
+    this.draining = true;
+    const end = Date.now() + Math.max(0, deadlineMs);
+    while (this.byId.size > 0 && Date.now() < end) await Bun.sleep(Math.min(10, end - Date.now()));
+    return this.byId.size;
+  }
+
+  private kick(): void {
+    if (this.scheduled) return;
+    this.scheduled = true;
+    setImmediate(() => {
+      this.scheduled = false;
+      if (this.running.length === 0 && this.waiting.length === 0) return;
+      try {
+        this.step();
+      } catch (e) {
+        // A model failure must not strand requests or their blocks.
+        const msg = e instanceof Error ? e.message : String(e);
+        for (const seq of [...this.running, ...this.waiting]) this.finish(seq, "error", msg);
+      }
+      if (this.running.length > 0 || this.waiting.length > 0) this.kick();
+    });
+  }
+
+  /** One scheduling step and one forward; exposed for tests that drive the loop by hand. */
+  step(): void {
+    const B = this.pool.shape.blockTokens;
+    let budget = this.maxBatchTokens;
+    const planned: { seq: Sequence; n: number }[] = [];
+
+    for (let i = 0; i < this.running.length && budget > 0; i++) {
+      const seq = this.running[i]!;
+      const n = Math.min(seq.tokens.length - seq.numComputed, budget);
+      if (!this.reserve(seq, seq.numComputed + n)) {
+        // Preemption removed seq itself (it was the newest): the loop index now points past it.
+        i--;
+        continue;
+      }
+      if (seq.state !== "running") continue;
+      planned.push({ seq, n });
+      budget -= n;
+    }
+
+    while (budget > 0 && this.waiting.length > 0 && this.running.length < this.maxRunning) {
+      const seq = this.waiting[0]!;
+      if (seq.blockTable.length === 0) this.takePrefixHits(seq, B);
+      const n = Math.min(seq.tokens.length - seq.numComputed, budget);
+      const need = Math.ceil((seq.numComputed + n) / B) - seq.blockTable.length;
+      const ids = need > 0 ? this.pool.allocate(need) : [];
+      if (ids === null) {
+        // Leave it waiting with nothing held, so a pool full of running work cannot deadlock it.
+        this.releaseBlocks(seq);
+        break;
+      }
+      seq.blockTable.push(...ids);
+      if (seq.preemptions === 0) {
+        seq.prefixHitTokens = seq.numComputed;
+        this.stats.prefixHitTokens += seq.numComputed;
+      }
+      this.waiting.shift();
+      seq.state = "running";
+      this.running.push(seq);
+      planned.push({ seq, n });
+      budget -= n;
+    }
+    if (planned.length === 0) return;
+
+    const batch: SeqChunk[] = planned.map(({ seq, n }) => ({
+      blockTable: seq.blockTable,
+      startPos: seq.numComputed,
+      tokens: seq.tokens.slice(seq.numComputed, seq.numComputed + n),
+    }));
+    const V = this.model.vocabSize;
+    if (this.logits.length < planned.length * V) this.logits = new Float32Array(planned.length * V);
+    this.model.forward(this.pool, batch, this.logits);
+    this.stats.steps++;
+
+    for (let i = 0; i < planned.length; i++) {
+      const { seq, n } = planned[i]!;
+      if (seq.state !== "running") continue;
+      if (seq.numComputed >= seq.promptLen) this.stats.decodeTokens += n;
+      else this.stats.prefillTokens += n;
+      const from = seq.numComputed;
+      seq.numComputed += n;
+      this.markComputed(seq, from, B);
+      if (seq.numComputed < seq.tokens.length) continue;
+      const token = sample(this.logits.subarray(i * V, (i + 1) * V), seq.sampling, seq.rng);
+      if (seq.rng) seq.draws++;
+      this.appendToken(seq, token, true);
+    }
+  }
+
+  /** Records a sampled token; false when it finished the sequence. */
+  private appendToken(seq: Sequence, token: number, emit: boolean): boolean {
+    seq.tokens.push(token);
+    seq.outputCount++;
+    if (emit) seq.onToken(token);
+    const stopped = this.eos.has(token) || seq.sampling.stopTokenIds.includes(token);
+    if (seq.prefillOnly) {
+      this.finishPrefill(seq, token, stopped || seq.outputCount >= seq.sampling.maxTokens);
+      return false;
+    }
+    if (stopped) this.finish(seq, "stop");
+    else if (seq.outputCount >= seq.sampling.maxTokens || seq.tokens.length >= this.maxModelLen) this.finish(seq, "length");
+    return seq.state !== "finished";
+  }
+
+  private finishPrefill(seq: Sequence, firstToken: number, finished: boolean): void {
+    const B = this.pool.shape.blockTokens;
+    const blockIds = seq.blockTable.slice(0, Math.ceil(seq.promptLen / B));
+    const extra = seq.blockTable.slice(blockIds.length);
+    this.pool.releaseAll(extra);
+    seq.blockTable = [];
+    const hashes = seq.hashes.slice(0, Math.floor(seq.promptLen / B));
+    this.remove(seq);
+    if (finished) this.pool.releaseAll(blockIds);
+    seq.onFinish({
+      ...this.summary(seq, finished ? "stop" : "prefilled"),
+      prefill: { blockIds: finished ? [] : blockIds, hashes, firstToken, draws: seq.draws, finished },
+    });
+  }
+
+  private finish(seq: Sequence, reason: FinishReason, error?: string): void {
+    if (seq.state === "finished") return;
+    this.releaseBlocks(seq);
+    this.remove(seq);
+    seq.onFinish({ ...this.summary(seq, reason), error });
+  }
+
+  private summary(seq: Sequence, reason: FinishReason): Finish {
+    return {
+      reason,
+      promptTokens: seq.promptLen,
+      outputTokens: seq.outputTokens,
+      prefixHitTokens: seq.prefixHitTokens,
+      preemptions: seq.preemptions,
+    };
+  }
+
+  private remove(seq: Sequence): void {
+    seq.state = "finished";
+    this.byId.delete(seq.requestId);
+    let i = this.running.indexOf(seq);
+    if (i >= 0) this.running.splice(i, 1);
+    i = this.waiting.indexOf(seq);
+    if (i >= 0) this.waiting.splice(i, 1);
+  }
+
+  private releaseBlocks(seq: Sequence): void {
+    this.pool.releaseAll(seq.blockTable);
+    seq.blockTable = [];
+    seq.numComputed = 0;
+  }
+
+  /**
+   * Makes seq's block table cover `upTo` positions, preempting the newest running
+   * sequences when the pool is short. False when seq itself had to be preempted.
+   */
+  private reserve(seq: Sequence, upTo: number): boolean {
+    const need = Math.ceil(upTo / this.pool.shape.blockTokens) - seq.blockTable.length;
+    if (need <= 0) return true;
+    for (;;) {
+      const ids = this.pool.allocate(need);
+      if (ids !== null) {
+        seq.blockTable.push(...ids);
+        return true;
+      }
+      const victim = this.running[this.running.length - 1]!;
+      if (victim === seq && this.running.length === 1) {
+        // Alone and still short: the pool (less pending handles) cannot hold this sequence.
+        this.finish(seq, "length");
+        return false;
+      }
+      this.preempt(victim);
+      if (victim === seq) return false;
+    }
+  }
+
+  private preempt(seq: Sequence): void {
+    this.releaseBlocks(seq);
+    seq.preemptions++;
+    this.stats.preemptions++;
+    this.running.splice(this.running.indexOf(seq), 1);
+    seq.state = "waiting";
+    this.waiting.unshift(seq);
+  }
+
+  /** Takes references on the cached blocks that start seq's tokens; always leaves one token to compute. */
+  private takePrefixHits(seq: Sequence, B: number): void {
+    seq.hashUpTo(seq.tokens.length, B);
+    const maxHits = Math.floor((seq.tokens.length - 1) / B);
+    for (let b = 0; b < maxHits; b++) {
+      const id = this.pool.lookup(seq.hashes[b]!);
+      if (id < 0) break;
+      this.pool.acquire(id);
+      seq.blockTable.push(id);
+    }
+    seq.numComputed = seq.blockTable.length * B;
+  }
+
+  /** Sets fills and names newly completed full blocks for positions from..numComputed. */
+  private markComputed(seq: Sequence, from: number, B: number): void {
+    const last = Math.ceil(seq.numComputed / B) - 1;
+    for (let b = Math.floor(from / B); b <= last; b++) {
+      this.pool.setFill(seq.blockTable[b]!, Math.min(B, seq.numComputed - b * B));
+    }
+    seq.hashUpTo(seq.numComputed, B);
+    const full = Math.floor(seq.numComputed / B);
+    for (let b = Math.floor(from / B); b < full; b++) {
+      const id = seq.blockTable[b]!;
+      if (this.pool.hashOf(id) === 0n) this.pool.register(id, seq.hashes[b]!);
+    }
+  }
+}

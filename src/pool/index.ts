@@ -1,0 +1,1 @@
+export { KvPool } from "./kv-pool.ts";

@@ -1,0 +1,236 @@
+import assert from "node:assert";
+import type { EnvelopeRecord } from "../codec/envelope.ts";
+import { blockPayloadBytes, type KvShape } from "../codec/kv-shape.ts";
+
+const NONE = -1;
+
+/**
+ * A fixed set of KV-cache blocks in one preallocated slab, with refcounts and a prefix
+ * index from chained block hash to block.
+ *
+ * Every block is in exactly one state:
+ * - used:   refcount > 0 (a running sequence or a pending handle holds it);
+ * - cached: refcount 0, owns a hash in the prefix index, sits in the LRU list;
+ * - free:   refcount 0, no hash, sits in the free stack.
+ * so `used + cached + free === total` always.
+ *
+ * Allocation takes free blocks first, then evicts cached blocks least recently
+ * released first (the LRU head), dropping their hashes from the index. A block becomes
+ * the most recently used when its last reference is released. `lookup` neither takes a
+ * reference nor touches the LRU order, so asking never changes what gets evicted.
+ *
+ * A block's payload is contiguous in kv-block.md's v1 layout (per layer K then V, each
+ * [B][H][D] f16), so export is one view and import one `set`. Slots at and past a block's
+ * fill are zero because blocks are zeroed when handed out.
+ */
+export class KvPool {
+  readonly shape: KvShape;
+  readonly total: number;
+  readonly blockBytes: number;
+  readonly blockElems: number;
+  readonly data: Float16Array;
+  readonly bytes: Uint8Array;
+
+  private readonly refs: Int32Array;
+  private readonly fills: Int32Array;
+  private readonly hashes: BigUint64Array;
+  private readonly index = new Map<bigint, number>();
+  private readonly freeStack: Int32Array;
+  private freeTop = 0;
+  // LRU list of cached blocks: head is evicted first.
+  private readonly prev: Int32Array;
+  private readonly next: Int32Array;
+  private lruHead = NONE;
+  private lruTail = NONE;
+  private nUsed = 0;
+  private nCached = 0;
+  private readonly slotElems: number;
+
+  constructor(shape: KvShape, numBlocks: number) {
+    assert(Number.isInteger(numBlocks) && numBlocks >= 1, `numBlocks must be ≥ 1, got ${numBlocks}`);
+    for (const k of ["blockTokens", "nLayers", "nKvHeads", "headDim"] as const) {
+      assert(Number.isInteger(shape[k]) && shape[k] >= 1, `${k} must be ≥ 1, got ${shape[k]}`);
+    }
+    this.shape = { ...shape };
+    this.total = numBlocks;
+    this.blockBytes = blockPayloadBytes(shape);
+    this.blockElems = this.blockBytes / 2;
+    this.slotElems = shape.nKvHeads * shape.headDim;
+    this.data = new Float16Array(numBlocks * this.blockElems);
+    this.bytes = new Uint8Array(this.data.buffer);
+    this.refs = new Int32Array(numBlocks);
+    this.fills = new Int32Array(numBlocks);
+    this.hashes = new BigUint64Array(numBlocks);
+    this.prev = new Int32Array(numBlocks).fill(NONE);
+    this.next = new Int32Array(numBlocks).fill(NONE);
+    this.freeStack = new Int32Array(numBlocks);
+    // Low ids on top, so a fresh pool hands out 0, 1, 2, ...
+    for (let i = 0; i < numBlocks; i++) this.freeStack[i] = numBlocks - 1 - i;
+    this.freeTop = numBlocks;
+  }
+
+  get used(): number {
+    return this.nUsed;
+  }
+  get cached(): number {
+    return this.nCached;
+  }
+  get free(): number {
+    return this.freeTop;
+  }
+  /** Blocks a new request could get: free plus evictable cached. */
+  get available(): number {
+    return this.freeTop + this.nCached;
+  }
+
+  /** n zeroed blocks with refcount 1 and fill 0, or null (nothing taken) when short. */
+  allocate(n: number): number[] | null {
+    if (n > this.available) return null;
+    const ids = new Array<number>(n);
+    for (let i = 0; i < n; i++) ids[i] = this.takeOne();
+    return ids;
+  }
+
+  private takeOne(): number {
+    let id: number;
+    if (this.freeTop > 0) {
+      id = this.freeStack[--this.freeTop]!;
+    } else {
+      id = this.lruHead;
+      assert(id !== NONE, "takeOne with nothing available");
+      this.unlink(id);
+      this.nCached--;
+      this.index.delete(this.hashes[id]!);
+      this.hashes[id] = 0n;
+    }
+    assert(this.refs[id] === 0, `block ${id} handed out with refcount ${this.refs[id]}`);
+    this.refs[id] = 1;
+    this.fills[id] = 0;
+    this.nUsed++;
+    const base = id * this.blockElems;
+    this.data.fill(0, base, base + this.blockElems);
+    return id;
+  }
+
+  acquire(id: number): void {
+    this.check(id);
+    if (this.refs[id] === 0) {
+      assert(this.hashes[id] !== 0n, `acquire of free block ${id}`);
+      this.unlink(id);
+      this.nCached--;
+      this.nUsed++;
+    }
+    this.refs[id]!++;
+  }
+
+  release(id: number): void {
+    this.check(id);
+    assert(this.refs[id]! > 0, `release of block ${id} with refcount 0`);
+    if (--this.refs[id]! > 0) return;
+    this.nUsed--;
+    if (this.hashes[id] !== 0n) {
+      this.pushLru(id);
+      this.nCached++;
+    } else {
+      this.freeStack[this.freeTop++] = id;
+    }
+  }
+
+  releaseAll(ids: readonly number[]): void {
+    for (const id of ids) this.release(id);
+  }
+
+  /** The block owning `hash`, or -1. Takes no reference and leaves the LRU order alone. */
+  lookup(hash: bigint): number {
+    return this.index.get(hash) ?? NONE;
+  }
+
+  /** Names a used block by its chained hash; false when another block owns the hash already. */
+  register(id: number, hash: bigint): boolean {
+    this.check(id);
+    assert(hash !== 0n, "hash 0 means no hash");
+    assert(this.refs[id]! > 0, `register of unreferenced block ${id}`);
+    const owner = this.index.get(hash);
+    if (owner !== undefined) return owner === id;
+    if (this.hashes[id] !== 0n) return false;
+    this.index.set(hash, id);
+    this.hashes[id] = hash;
+    return true;
+  }
+
+  hashOf(id: number): bigint {
+    return this.hashes[id]!;
+  }
+  fillOf(id: number): number {
+    return this.fills[id]!;
+  }
+  setFill(id: number, n: number): void {
+    assert(n >= 0 && n <= this.shape.blockTokens, `fill ${n} outside 0..${this.shape.blockTokens}`);
+    this.fills[id] = n;
+  }
+  refCount(id: number): number {
+    return this.refs[id]!;
+  }
+
+  /** Element index into `data` of the head_dim vector for (block, layer, K=0/V=1, slot, head). */
+  offset(id: number, layer: number, kv: 0 | 1, slot: number, head: number): number {
+    return (
+      id * this.blockElems +
+      ((layer * 2 + kv) * this.shape.blockTokens + slot) * this.slotElems +
+      head * this.shape.headDim
+    );
+  }
+
+  payload(id: number): Uint8Array {
+    return this.bytes.subarray(id * this.blockBytes, (id + 1) * this.blockBytes);
+  }
+
+  /** Records whose payloads are views into the slab: writing the envelope is the one copy. */
+  export(ids: readonly number[]): EnvelopeRecord[] {
+    return ids.map((id) => {
+      assert(this.refs[id]! > 0, `export of unreferenced block ${id}`);
+      return { hash: this.hashes[id]!, nTokens: this.fills[id]!, payload: this.payload(id) };
+    });
+  }
+
+  /**
+   * Copies records into fresh blocks (refcount 1). A record with a hash is registered
+   * unless another block already owns that hash. Null, with nothing taken, when short.
+   */
+  import(records: readonly EnvelopeRecord[]): number[] | null {
+    const ids = this.allocate(records.length);
+    if (ids === null) return null;
+    for (let i = 0; i < records.length; i++) {
+      const r = records[i]!;
+      const id = ids[i]!;
+      assert(r.payload.length === this.blockBytes, `payload ${r.payload.length} bytes, want ${this.blockBytes}`);
+      this.bytes.set(r.payload, id * this.blockBytes);
+      this.fills[id] = r.nTokens;
+      if (r.hash !== 0n && !this.index.has(r.hash)) this.register(id, r.hash);
+    }
+    return ids;
+  }
+
+  private check(id: number): void {
+    assert(Number.isInteger(id) && id >= 0 && id < this.total, `block id ${id} outside 0..${this.total - 1}`);
+  }
+
+  private pushLru(id: number): void {
+    this.prev[id] = this.lruTail;
+    this.next[id] = NONE;
+    if (this.lruTail !== NONE) this.next[this.lruTail] = id;
+    else this.lruHead = id;
+    this.lruTail = id;
+  }
+
+  private unlink(id: number): void {
+    const p = this.prev[id]!;
+    const n = this.next[id]!;
+    if (p !== NONE) this.next[p] = n;
+    else this.lruHead = n;
+    if (n !== NONE) this.prev[n] = p;
+    else this.lruTail = p;
+    this.prev[id] = NONE;
+    this.next[id] = NONE;
+  }
+}

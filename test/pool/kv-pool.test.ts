@@ -1,0 +1,165 @@
+import { describe, expect, test } from "bun:test";
+import fc from "fast-check";
+import { KvPool } from "../../src/pool/index.ts";
+
+const shape = { blockTokens: 2, nLayers: 1, nKvHeads: 1, headDim: 2 };
+
+function addsUp(p: KvPool): void {
+  expect(p.used + p.cached + p.free).toBe(p.total);
+}
+
+describe("KvPool", () => {
+  test("refcounts: acquire and release move blocks between used, cached and free", () => {
+    const p = new KvPool(shape, 4);
+    const [a, b] = p.allocate(2)!;
+    expect([p.used, p.cached, p.free]).toEqual([2, 0, 2]);
+    p.register(a!, 11n);
+    p.acquire(a!);
+    expect(p.refCount(a!)).toBe(2);
+    p.release(a!);
+    expect(p.used).toBe(2);
+    p.release(a!);
+    p.release(b!);
+    expect([p.used, p.cached, p.free]).toEqual([0, 1, 3]);
+    p.acquire(a!); // a prefix hit revives a cached block
+    expect([p.used, p.cached, p.free]).toEqual([1, 0, 3]);
+    addsUp(p);
+    expect(() => p.release(b!)).toThrow(/refcount 0/);
+    expect(() => p.acquire(b!)).toThrow(/free block/);
+  });
+
+  test("lookup takes no reference and does not change eviction order", () => {
+    const p = new KvPool(shape, 3);
+    const ids = p.allocate(3)!;
+    ids.forEach((id, i) => p.register(id, BigInt(100 + i)));
+    p.releaseAll(ids); // LRU: 100, 101, 102
+    for (let i = 0; i < 5; i++) expect(p.lookup(100n)).toBe(ids[0]!);
+    expect([p.used, p.cached]).toEqual([0, 3]);
+    const [x] = p.allocate(1)!;
+    expect(x).toBe(ids[0]!); // still evicted first despite the lookups
+    expect(p.lookup(100n)).toBe(-1);
+    expect(p.lookup(101n)).toBe(ids[1]!);
+  });
+
+  test("eviction order: free blocks first, then cached least recently released", () => {
+    const p = new KvPool(shape, 4);
+    const ids = p.allocate(4)!;
+    p.register(ids[0]!, 1n);
+    p.register(ids[1]!, 2n);
+    p.register(ids[2]!, 3n);
+    // release order 2, 0, 1; ids[3] has no hash and becomes free
+    p.release(ids[2]!);
+    p.release(ids[0]!);
+    p.release(ids[1]!);
+    p.release(ids[3]!);
+    expect([p.cached, p.free]).toEqual([3, 1]);
+    expect(p.allocate(1)).toEqual([ids[3]!]);
+    expect(p.allocate(1)).toEqual([ids[2]!]);
+    expect(p.allocate(1)).toEqual([ids[0]!]);
+    expect(p.lookup(3n)).toBe(-1);
+    expect(p.lookup(1n)).toBe(-1);
+    expect(p.lookup(2n)).toBe(ids[1]!);
+    addsUp(p);
+  });
+
+  test("exhaustion returns null and takes nothing", () => {
+    const p = new KvPool(shape, 3);
+    const a = p.allocate(2)!;
+    expect(p.allocate(2)).toBeNull();
+    expect([p.used, p.free]).toEqual([2, 1]);
+    p.releaseAll(a);
+    expect(p.allocate(4)).toBeNull();
+    expect(p.import(new Array(4).fill({ hash: 0n, nTokens: 1, payload: new Uint8Array(p.blockBytes) }))).toBeNull();
+    expect([p.used, p.cached, p.free]).toEqual([0, 0, 3]);
+  });
+
+  test("register refuses a hash another block owns", () => {
+    const p = new KvPool(shape, 2);
+    const [a, b] = p.allocate(2)!;
+    expect(p.register(a!, 5n)).toBe(true);
+    expect(p.register(b!, 5n)).toBe(false);
+    expect(p.hashOf(b!)).toBe(0n);
+    expect(p.register(a!, 5n)).toBe(true); // idempotent
+    expect(p.register(a!, 6n)).toBe(false); // a block owns one hash
+  });
+
+  test("export/import round trip through the v1 layout", () => {
+    const s = { blockTokens: 4, nLayers: 2, nKvHeads: 2, headDim: 3 };
+    const src = new KvPool(s, 3);
+    const dst = new KvPool(s, 5);
+    const ids = src.allocate(2)!;
+    for (const id of ids) {
+      for (let l = 0; l < 2; l++)
+        for (let kv = 0 as 0 | 1; kv <= 1; kv = (kv + 1) as 0 | 1) {
+          for (let slot = 0; slot < 3; slot++)
+            for (let h = 0; h < 2; h++)
+              for (let d = 0; d < 3; d++) src.data[src.offset(id, l, kv, slot, h) + d] = id + l * 0.5 + kv * 0.25 + slot + h * 8 + d / 4;
+          if (kv === 1) break;
+        }
+      src.setFill(id, id === ids[0] ? 4 : 3);
+    }
+    src.register(ids[0]!, 42n);
+    const recs = src.export(ids);
+    expect(recs.map((r) => [r.hash, r.nTokens])).toEqual([[42n, 4], [0n, 3]]);
+    dst.allocate(1); // so ids differ between pools
+    const got = dst.import(recs)!;
+    expect(got).toEqual([1, 2]);
+    for (let i = 0; i < 2; i++) {
+      expect(dst.payload(got[i]!)).toEqual(src.payload(ids[i]!));
+      expect(dst.fillOf(got[i]!)).toBe(src.fillOf(ids[i]!));
+    }
+    expect(dst.lookup(42n)).toBe(got[0]!);
+    // layout: slot past the fill reads as zero, and the offset formula is the spec's
+    expect(src.data[src.offset(ids[1]!, 1, 1, 3, 1) + 2]).toBe(0);
+    expect(src.offset(ids[1]!, 1, 1, 2, 1)).toBe(ids[1]! * src.blockElems + ((1 * 2 + 1) * 4 + 2) * 6 + 3);
+  });
+
+  test("a reused block comes back zeroed with fill 0", () => {
+    const p = new KvPool(shape, 1);
+    const [a] = p.allocate(1)!;
+    p.data.fill(3, a! * p.blockElems, (a! + 1) * p.blockElems);
+    p.setFill(a!, 2);
+    p.release(a!);
+    const [b] = p.allocate(1)!;
+    expect(b).toBe(a!);
+    expect(p.fillOf(b!)).toBe(0);
+    expect([...p.payload(b!)].every((x) => x === 0)).toBe(true);
+  });
+
+  test("counters always add up under random operations", () => {
+    fc.assert(
+      fc.property(fc.array(fc.tuple(fc.nat(3), fc.nat(20)), { maxLength: 200 }), (ops) => {
+        const p = new KvPool(shape, 8);
+        const held: number[] = [];
+        const refs = new Map<number, number>();
+        for (const [op, arg] of ops) {
+          if (op === 0) {
+            const got = p.allocate((arg % 3) + 1);
+            if (got === null) expect((arg % 3) + 1).toBeGreaterThan(p.free + p.cached);
+            for (const id of got ?? []) {
+              held.push(id);
+              refs.set(id, 1);
+            }
+          } else if (op === 1 && held.length > 0) {
+            const [id] = held.splice(arg % held.length, 1);
+            p.release(id!);
+            refs.set(id!, refs.get(id!)! - 1);
+          } else if (op === 2 && held.length > 0) {
+            p.register(held[arg % held.length]!, BigInt(arg + 1));
+          } else if (op === 3) {
+            const id = p.lookup(BigInt(arg + 1));
+            if (id >= 0) {
+              p.acquire(id);
+              held.push(id);
+              refs.set(id, (refs.get(id) ?? 0) + 1);
+            }
+          }
+          addsUp(p);
+          expect(p.used).toBe(new Set(held).size);
+          for (const [id, n] of refs) expect(p.refCount(id)).toBe(n);
+        }
+      }),
+      { numRuns: 300 },
+    );
+  });
+});
