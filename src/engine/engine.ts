@@ -80,6 +80,9 @@ export class Engine {
   get isDraining(): boolean {
     return this.draining;
   }
+  requestIds(): string[] {
+    return [...this.byId.keys()];
+  }
   has(requestId: string): boolean {
     return this.byId.has(requestId);
   }

@@ -1,0 +1,185 @@
+import { GrpcRegistry, Heartbeat, receivesKv, serveGrpc, type EngineRole, type GrpcServer } from "../control/index.ts";
+import { controlService, type ControlContext } from "../control/control-service.ts";
+import { Engine, type ModelRunner } from "../engine/index.ts";
+import { EngineControl } from "../gen/tl/engine/v1/engine_pb.ts";
+import { engineHttpHandler, serveHttp, type HttpServer, type RequestEnd } from "../http/index.ts";
+import {
+  kvShapeOf,
+  loadLlama2cCheckpoint,
+  loadLlama2cTokenizer,
+  loadSyntheticModel,
+  SYNTHETIC_MODEL_NAME,
+  Transformer,
+  type Tokenizer,
+} from "../model/index.ts";
+import { KvPool } from "../pool/index.ts";
+import { GrpcTransport, KvReceiver, serveKv, type KvServer } from "../transfer/index.ts";
+import type { KvShape } from "../codec/index.ts";
+
+/** A model ready to serve: what forward needs, how text maps to tokens, the KV shape per layer. */
+export interface ServedModel {
+  name: string;
+  runner: ModelRunner;
+  tokenizer: Tokenizer;
+  nLayers: number;
+  nKvHeads: number;
+  headDim: number;
+  maxSeqLen: number;
+}
+
+export interface EngineNodeOptions {
+  role: EngineRole;
+  workerId?: string;
+  host?: string;
+  httpPort?: number;
+  grpcPort?: number;
+  kvPort?: number;
+  /** A model given directly (tests), else loaded from modelPath/tokenizerPath, else the embedded one. */
+  model?: ServedModel;
+  modelPath?: string;
+  tokenizerPath?: string;
+  blockTokens?: number;
+  numBlocks?: number;
+  maxModelLen?: number;
+  maxBatchTokens?: number;
+  handleTtlS?: number;
+  /** host:port of the gateway's WorkerRegistry; no heartbeat without it. */
+  gatewayRegistry?: string;
+  heartbeatIntervalMs?: number;
+  heartbeatTimeoutMs?: number;
+  /** Prefill side: push over the binary data plane when the decode engine offers one. */
+  useDataPlane?: boolean;
+  /** Decode side: offer the binary data plane beside gRPC. */
+  offerDataPlane?: boolean;
+  onRequestEnd?: (info: RequestEnd) => void;
+  extraRoutes?: (req: Request, url: URL) => Promise<Response | null> | Response | null;
+  onTransfer?: ControlContext["onTransfer"];
+}
+
+export interface EngineNode {
+  readonly workerId: string;
+  readonly role: EngineRole;
+  readonly httpAddress: string;
+  readonly grpcAddress: string;
+  /** "" unless the role receives KV */
+  readonly kvAddress: string;
+  readonly engine: Engine;
+  readonly pool: KvPool;
+  readonly receiver: KvReceiver | null;
+  readonly model: ServedModel;
+  readonly heartbeat: Heartbeat | null;
+  /** Stops admitting, waits for in-flight work up to the deadline, then stops every server. */
+  shutdown(deadlineMs?: number): Promise<number>;
+}
+
+export async function loadModel(opts: { modelPath?: string; tokenizerPath?: string }): Promise<ServedModel> {
+  if (opts.modelPath) {
+    if (!opts.tokenizerPath) throw new Error("--model needs --tokenizer (a llama2.c tokenizer.bin)");
+    const m = loadLlama2cCheckpoint(opts.modelPath);
+    const tokenizer = loadLlama2cTokenizer(opts.tokenizerPath, m.cfg.vocabSize);
+    return served(m.cfg.name, new Transformer(m.cfg, m.weights), tokenizer);
+  }
+  const m = loadSyntheticModel();
+  return served(SYNTHETIC_MODEL_NAME, new Transformer(m.cfg, m.weights), m.tokenizer);
+}
+
+function served(name: string, t: Transformer, tokenizer: Tokenizer): ServedModel {
+  const shape = kvShapeOf(t.cfg, 1);
+  const runner: ModelRunner = { vocabSize: t.cfg.vocabSize, forward: (pool, batch, out) => t.forward(pool, batch, out) };
+  return { name, runner, tokenizer, nLayers: shape.nLayers, nKvHeads: shape.nKvHeads, headDim: shape.headDim, maxSeqLen: t.cfg.maxSeqLen };
+}
+
+let nodeCounter = 0;
+
+/** Starts one engine process's servers: HTTP, EngineControl, KvTransfer (decode roles), heartbeat. */
+export async function startEngineNode(opts: EngineNodeOptions): Promise<EngineNode> {
+  const role = opts.role;
+  const host = opts.host ?? "127.0.0.1";
+  const workerId = opts.workerId ?? `${role}-${process.pid}-${nodeCounter++}`;
+  const model = opts.model ?? (await loadModel(opts));
+  const shape: KvShape = { blockTokens: opts.blockTokens ?? 16, nLayers: model.nLayers, nKvHeads: model.nKvHeads, headDim: model.headDim };
+  const pool = new KvPool(shape, opts.numBlocks ?? 1024);
+  const maxModelLen = Math.min(opts.maxModelLen ?? model.maxSeqLen, model.maxSeqLen);
+  const engine = new Engine({
+    model: model.runner,
+    pool,
+    maxModelLen,
+    maxBatchTokens: opts.maxBatchTokens ?? 256,
+    eosTokenIds: [model.tokenizer.eos],
+  });
+  const roles: ("prefill" | "decode")[] = role === "both" ? ["prefill", "decode"] : [role];
+  const closers: (() => Promise<unknown>)[] = [];
+  try {
+    let receiver: KvReceiver | null = null;
+    let kv: KvServer | null = null;
+    if (receivesKv(role)) {
+      receiver = new KvReceiver(pool, { ttlMs: (opts.handleTtlS ?? 60) * 1000 });
+      kv = await serveKv(receiver, { host, port: opts.kvPort ?? 0, dataPlane: opts.offerDataPlane ?? true });
+      closers.push(() => kv!.close(), async () => receiver!.close());
+    }
+    const transport = roles.includes("prefill") ? new GrpcTransport(opts.useDataPlane === false ? { dataPlane: false } : {}) : null;
+    if (transport) closers.push(() => transport.close());
+    const grpc: GrpcServer = await serveGrpc(
+      (r) =>
+        r.service(
+          EngineControl,
+          controlService({ workerId, roles, modelName: model.name, engine, tokenizer: model.tokenizer, transport, onTransfer: opts.onTransfer }),
+        ),
+      { host, port: opts.grpcPort ?? 0 },
+    );
+    closers.push(() => grpc.close());
+    const http: HttpServer = serveHttp(
+      engineHttpHandler({
+        engine,
+        tokenizer: model.tokenizer,
+        modelName: model.name,
+        workerId,
+        roles,
+        isDraining: () => engine.isDraining,
+        claim: receiver ? (h) => receiver!.claim(h) : undefined,
+        onRequestEnd: opts.onRequestEnd,
+        extraRoutes: opts.extraRoutes,
+      }),
+      { host, port: opts.httpPort ?? 0 },
+    );
+    closers.push(() => http.stop());
+    let heartbeat: Heartbeat | null = null;
+    if (opts.gatewayRegistry) {
+      const registry = new GrpcRegistry(opts.gatewayRegistry, opts.heartbeatTimeoutMs ?? 1000);
+      heartbeat = Heartbeat.spawn(
+        registry,
+        { workerId, httpAddress: http.address, grpcAddress: grpc.address, kvAddress: kv?.address ?? "", role, model: model.name, blockTokens: shape.blockTokens, totalBlocks: pool.total },
+        () => ({ queueDepth: engine.queueDepth, running: engine.runningCount, freeBlocks: pool.total - pool.used, draining: engine.isDraining }),
+        opts.heartbeatIntervalMs ?? 2000,
+        opts.heartbeatTimeoutMs ?? 1000,
+        () => void engine.drain(0),
+      );
+      closers.push(() => heartbeat!.stop());
+    }
+    let down: Promise<number> | null = null;
+    return {
+      workerId,
+      role,
+      httpAddress: http.address,
+      grpcAddress: grpc.address,
+      kvAddress: kv?.address ?? "",
+      engine,
+      pool,
+      receiver,
+      model,
+      heartbeat,
+      shutdown(deadlineMs = 0) {
+        down ??= (async () => {
+          const remaining = await engine.drain(deadlineMs);
+          for (const id of engine.requestIds()) engine.cancel(id);
+          for (const close of closers.reverse()) await close().catch(() => {});
+          return remaining;
+        })();
+        return down;
+      },
+    };
+  } catch (e) {
+    for (const close of closers.reverse()) await close().catch(() => {});
+    throw e;
+  }
+}

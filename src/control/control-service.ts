@@ -1,0 +1,153 @@
+import { create } from "@bufbuild/protobuf";
+import { Code, ConnectError, type ServiceImpl } from "@connectrpc/connect";
+import type { Engine, SamplingParams } from "../engine/index.ts";
+import {
+  CancelResponseSchema,
+  DrainResponseSchema,
+  EngineControl,
+  InfoResponseSchema,
+  KvHandleSchema,
+  type KvHandle,
+  type PrefillRequest,
+  type SamplingParams as SamplingProto,
+} from "../gen/tl/engine/v1/engine_pb.ts";
+import type { Tokenizer } from "../model/index.ts";
+import { validateSampling } from "../rng/index.ts";
+import { transfer, TransferError, type KvTransport, type TransferStats } from "../transfer/index.ts";
+
+const KV_FORMAT = 1;
+const U64_MAX = (1n << 64n) - 1n;
+
+export interface ControlContext {
+  workerId: string;
+  roles: readonly ("prefill" | "decode")[];
+  modelName: string;
+  engine: Engine;
+  tokenizer: Tokenizer;
+  /** How this engine pushes KV to decode targets; required for the prefill role. */
+  transport: KvTransport | null;
+  /** Seconds-resolution observers for metrics and logs. */
+  onTransfer?: (outcome: { stats: TransferStats | null; code: Code | null; ms: number; target: string }) => void;
+}
+
+function invalid(message: string): ConnectError {
+  return new ConnectError(message, Code.InvalidArgument);
+}
+
+/** Converts and checks SamplingParams; `seed` is chosen here when the request has none. */
+export function samplingFromProto(s: SamplingProto | undefined, chooseSeed: () => bigint): SamplingParams {
+  if (!s) throw invalid("sampling is required (max_tokens ≥ 1)");
+  const temperature = s.temperature;
+  const topP = s.topP === 0 ? 1 : s.topP;
+  const problem = validateSampling({ temperature, topP, topK: s.topK });
+  if (problem) throw invalid(`sampling: ${problem}`);
+  if (!(topP > 0 && topP <= 1)) throw invalid(`sampling.top_p ${s.topP} outside (0, 1]`);
+  if (s.maxTokens < 1) throw invalid(`sampling.max_tokens ${s.maxTokens}: want ≥ 1`);
+  const seed = s.seed ?? chooseSeed();
+  if (seed < 0n || seed > U64_MAX) throw invalid(`sampling.seed ${seed} outside [0, 2^64)`);
+  return { temperature, topP, topK: s.topK, seed, maxTokens: s.maxTokens, stopTokenIds: [...s.stopTokenIds] };
+}
+
+function randomSeed(): bigint {
+  return crypto.getRandomValues(new BigUint64Array(1))[0]!;
+}
+
+/** EngineControl: Prefill (then push to decode_target), Info, Cancel, Drain. */
+export function controlService(ctx: ControlContext): ServiceImpl<typeof EngineControl> {
+  const { engine, tokenizer } = ctx;
+  const vocab = tokenizer.vocabSize;
+
+  /** Every check of contracts.md, before any work. */
+  function validate(req: PrefillRequest): { tokens: number[]; sampling: SamplingParams } {
+    if (!ctx.roles.includes("prefill") || ctx.transport === null) {
+      throw new ConnectError(`worker ${ctx.workerId} has no prefill role (roles: ${ctx.roles.join(", ")})`, Code.FailedPrecondition);
+    }
+    if (engine.isDraining) throw new ConnectError(`worker ${ctx.workerId} is draining`, Code.Unavailable);
+    if (req.requestId === "") throw invalid("request_id is empty");
+    if (req.decodeTarget === "") throw invalid("decode_target is empty");
+    const hasTokens = req.promptTokens.length > 0;
+    const hasText = req.prompt !== "";
+    if (hasTokens === hasText) throw invalid(`exactly one of prompt_tokens and prompt must be set (got ${hasTokens ? "both" : "neither"})`);
+    const sampling = samplingFromProto(req.sampling, randomSeed);
+    if (req.kvFormat !== KV_FORMAT) throw new ConnectError(`kv_format ${req.kvFormat} not supported; this engine speaks ${KV_FORMAT}`, Code.FailedPrecondition);
+    const bad = req.promptTokens.findIndex((t) => t >= vocab);
+    if (bad >= 0) throw invalid(`prompt_tokens[${bad}] = ${req.promptTokens[bad]} ≥ vocab size ${vocab}`);
+    const tokens = hasTokens ? [...req.promptTokens] : tokenizer.encode(req.prompt);
+    if (tokens.length + sampling.maxTokens > engine.maxModelLen) {
+      throw invalid(`prompt (${tokens.length} tokens) + max_tokens (${sampling.maxTokens}) exceeds max_model_len ${engine.maxModelLen}`);
+    }
+    if (engine.has(req.requestId)) throw new ConnectError(`request ${req.requestId} already in flight`, Code.AlreadyExists);
+    return { tokens, sampling };
+  }
+
+  return {
+    async prefill(req, callCtx): Promise<KvHandle> {
+      const { tokens, sampling } = validate(req);
+      const onAbort = () => engine.cancel(req.requestId);
+      callCtx.signal.addEventListener("abort", onAbort);
+      let f;
+      try {
+        f = await engine.submit({ requestId: req.requestId, promptTokens: tokens, sampling, prefillOnly: true });
+      } finally {
+        callCtx.signal.removeEventListener("abort", onAbort);
+      }
+      if (f.reason === "cancelled") throw new ConnectError(`request ${req.requestId} cancelled`, Code.Canceled);
+      if (!f.prefill) throw new ConnectError(`prefill failed: ${f.error ?? f.reason}`, f.reason === "error" || f.reason === "length" ? Code.ResourceExhausted : Code.Internal);
+      const out = f.prefill;
+      const handle = create(KvHandleSchema, {
+        handleId: `${req.requestId}.${Math.random().toString(36).slice(2, 10)}`,
+        firstToken: out.firstToken,
+        blockHashes: out.hashes,
+        rngDrawsConsumed: out.draws,
+        promptTokens: tokens,
+        seed: sampling.seed,
+        finished: out.finished,
+      });
+      if (out.finished) return handle;
+      const started = performance.now();
+      try {
+        // transfer() consumes our references on every path, success or failure.
+        const stats = await transfer(ctx.transport!, req.decodeTarget, engine.pool, handle.handleId, out.blockIds, out.hashes);
+        ctx.onTransfer?.({ stats, code: null, ms: performance.now() - started, target: req.decodeTarget });
+        handle.blocksSent = stats.blocksSent;
+        handle.blocksDeduped = stats.blocksDeduped;
+        handle.payloadBytes = BigInt(stats.payloadBytes);
+        return handle;
+      } catch (e) {
+        const code = e instanceof TransferError ? (e.code as Code) : Code.Internal;
+        ctx.onTransfer?.({ stats: null, code, ms: performance.now() - started, target: req.decodeTarget });
+        throw new ConnectError(`kv transfer to ${req.decodeTarget} failed: ${e instanceof Error ? e.message : String(e)}`, code);
+      }
+    },
+
+    info() {
+      const pool = engine.pool;
+      return create(InfoResponseSchema, {
+        workerId: ctx.workerId,
+        roles: [...ctx.roles],
+        model: ctx.modelName,
+        kvFormat: KV_FORMAT,
+        blockTokens: pool.shape.blockTokens,
+        nLayers: pool.shape.nLayers,
+        nKvHeads: pool.shape.nKvHeads,
+        headDim: pool.shape.headDim,
+        totalBlocks: pool.total,
+        freeBlocks: pool.total - pool.used,
+        queueDepth: engine.queueDepth,
+        running: engine.runningCount,
+        draining: engine.isDraining,
+        maxModelLen: engine.maxModelLen,
+        vocabSize: vocab,
+      });
+    },
+
+    cancel(req) {
+      return create(CancelResponseSchema, { cancelled: engine.cancel(req.requestId) });
+    },
+
+    async drain(req) {
+      const remaining = await engine.drain(Number(req.deadlineMs));
+      return create(DrainResponseSchema, { remaining });
+    },
+  };
+}

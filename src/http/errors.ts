@@ -1,0 +1,21 @@
+/** An error with the HTTP status and OpenAI error type it is reported with. */
+export class HttpError extends Error {
+  constructor(
+    readonly status: number,
+    message: string,
+    readonly type: string = status >= 500 ? "server_error" : "invalid_request_error",
+    readonly param: string | null = null,
+    readonly headers: Record<string, string> = {},
+  ) {
+    super(message);
+  }
+}
+
+/** OpenAI's error shape: `{"error": {"message", "type", "param", "code"}}`. */
+export function errorResponse(e: unknown): Response {
+  const err = e instanceof HttpError ? e : new HttpError(500, e instanceof Error ? e.message : String(e));
+  return Response.json(
+    { error: { message: err.message, type: err.type, param: err.param, code: err.status } },
+    { status: err.status, headers: err.headers },
+  );
+}

@@ -1,0 +1,118 @@
+import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import { create } from "@bufbuild/protobuf";
+import { startEngineNode, type EngineNode } from "../../src/cli/engine-node.ts";
+import { grpcClient } from "../../src/control/index.ts";
+import { EngineControl, PrefillRequestSchema } from "../../src/gen/tl/engine/v1/engine_pb.ts";
+import { DRAWS_HEADER, FIRST_TOKEN_HEADER, HANDLE_HEADER } from "../../src/http/index.ts";
+import { fakeServedModel, sseEvents } from "../support/nodes.ts";
+
+const B = 4;
+let P: EngineNode, D: EngineNode, C: EngineNode;
+
+beforeAll(async () => {
+  const common = { blockTokens: B, numBlocks: 64 };
+  [P, D, C] = await Promise.all([
+    startEngineNode({ role: "prefill", model: fakeServedModel(), ...common }),
+    startEngineNode({ role: "decode", model: fakeServedModel(), ...common }),
+    startEngineNode({ role: "both", model: fakeServedModel(), ...common }),
+  ]);
+});
+afterAll(async () => {
+  await Promise.all([P, D, C].map((n) => n?.shutdown()));
+});
+
+async function colocated(prompt: number[], sampling: Record<string, unknown>): Promise<number[]> {
+  const res = await fetch(`http://${C.httpAddress}/v1/completions`, {
+    method: "POST",
+    body: JSON.stringify({ prompt, max_tokens: 12, return_token_ids: true, ...sampling }),
+  });
+  expect(res.status).toBe(200);
+  const body = (await res.json()) as { choices: { token_ids: number[] }[] };
+  return body.choices[0]!.token_ids;
+}
+
+async function disaggregated(prompt: number[], sampling: { temperature: number; seed?: number }, stream: boolean) {
+  const control = grpcClient(EngineControl, P.grpcAddress, { timeoutMs: 10_000 });
+  const handle = await control.prefill(
+    create(PrefillRequestSchema, {
+      requestId: `req-${Math.random()}`,
+      promptTokens: prompt,
+      sampling: { temperature: sampling.temperature, maxTokens: 12, seed: sampling.seed === undefined ? undefined : BigInt(sampling.seed) },
+      decodeTarget: D.kvAddress,
+      kvFormat: 1,
+    }),
+  );
+  expect(P.pool.used).toBe(0); // P dropped its references after the push
+  expect(handle.promptTokens).toEqual(prompt);
+  expect(handle.rngDrawsConsumed).toBe(sampling.temperature > 0 ? 1 : 0);
+  const res = await fetch(`http://${D.httpAddress}/v1/completions`, {
+    method: "POST",
+    headers: {
+      [HANDLE_HEADER]: handle.handleId,
+      [FIRST_TOKEN_HEADER]: String(handle.firstToken),
+      [DRAWS_HEADER]: String(handle.rngDrawsConsumed),
+    },
+    body: JSON.stringify({ prompt: handle.promptTokens, max_tokens: 12, temperature: sampling.temperature, seed: handle.seed.toString(), stream, return_token_ids: true }),
+  });
+  expect(res.status).toBe(200);
+  let rest: number[];
+  if (stream) {
+    const events = (await sseEvents(res)) as ({ choices: { token_ids?: number[] }[] } | string)[];
+    expect(events.at(-1)).toBe("[DONE]");
+    rest = events.flatMap((e) => (typeof e === "string" ? [] : e.choices.flatMap((c) => c.token_ids ?? [])));
+  } else {
+    rest = ((await res.json()) as { choices: { token_ids: number[] }[] }).choices[0]!.token_ids;
+  }
+  return { handle, tokens: [handle.firstToken, ...rest] };
+}
+
+const prompts = {
+  "shorter than a block": [65, 66, 67],
+  "ending on a block boundary": [72, 101, 108, 108, 111, 44, 32, 119],
+  "with a tail": [84, 104, 101, 32, 113, 117, 105, 99, 107, 32, 98],
+};
+
+describe("disaggregated_equals_colocated", () => {
+  for (const [name, prompt] of Object.entries(prompts)) {
+    for (const sampling of [{ temperature: 0 }, { temperature: 0.9, seed: 7 }, { temperature: 1.3, seed: 123456789 }]) {
+      test(`${name}, ${sampling.temperature === 0 ? "greedy" : `seed ${sampling.seed}`}`, async () => {
+        const want = await colocated(prompt, sampling);
+        expect(want.length).toBe(12);
+        for (const stream of [false, true]) {
+          const got = await disaggregated(prompt, sampling, stream);
+          expect(got.tokens).toEqual(want);
+        }
+        expect(D.pool.used).toBe(0);
+        expect(D.receiver!.pending()).toBe(0);
+      });
+    }
+  }
+});
+
+describe("the decode side of the hand-off", () => {
+  test("an unknown handle is 404, a mismatched prompt 409 and frees the handle", async () => {
+    const post = (headers: Record<string, string>, prompt: number[]) =>
+      fetch(`http://${D.httpAddress}/v1/completions`, {
+        method: "POST",
+        headers: { [FIRST_TOKEN_HEADER]: "1", [DRAWS_HEADER]: "0", ...headers },
+        body: JSON.stringify({ prompt, max_tokens: 4, temperature: 0 }),
+      });
+    const unknown = await post({ [HANDLE_HEADER]: "nope" }, [1, 2, 3]);
+    expect(unknown.status).toBe(404);
+    expect(((await unknown.json()) as { error: { message: string } }).error.message).toMatch(/unknown or expired/);
+
+    const { handle } = await disaggregated(prompts["with a tail"], { temperature: 0 }, false);
+    // the handle above was claimed; push another and resume it with a different prompt
+    const control = grpcClient(EngineControl, P.grpcAddress);
+    const h2 = await control.prefill(
+      create(PrefillRequestSchema, { requestId: "mismatch", promptTokens: handle.promptTokens, sampling: { maxTokens: 8 }, decodeTarget: D.kvAddress, kvFormat: 1 }),
+    );
+    expect(D.receiver!.pending()).toBe(1);
+    const other = [...handle.promptTokens];
+    other[0] = 90;
+    const conflict = await post({ [HANDLE_HEADER]: h2.handleId }, other);
+    expect(conflict.status).toBe(409);
+    expect(D.pool.used).toBe(0);
+    expect(D.receiver!.pending()).toBe(0);
+  });
+});
