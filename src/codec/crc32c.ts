@@ -1,0 +1,75 @@
+// CRC-32C (Castagnoli): reflected polynomial 0x82F63B78, init and final xor 0xFFFFFFFF.
+// The native @node-rs/crc32 (SSE4.2 / ARMv8 CRC instructions) is used when it loads;
+// the slicing-by-8 table version keeps the engine working where it does not.
+import { createRequire } from "node:module";
+
+type CrcFn = (input: Uint8Array, initialState?: number | null) => number;
+
+const POLY = 0x82f63b78;
+
+// 8 tables of 256 entries, flat: T[k*256 + b] is the CRC of byte b followed by k zero bytes.
+const T = new Uint32Array(8 * 256);
+for (let b = 0; b < 256; b++) {
+  let c = b;
+  for (let k = 0; k < 8; k++) c = c & 1 ? (c >>> 1) ^ POLY : c >>> 1;
+  T[b] = c >>> 0;
+}
+for (let k = 1; k < 8; k++) {
+  for (let b = 0; b < 256; b++) {
+    const prev = T[(k - 1) * 256 + b]!;
+    T[k * 256 + b] = (T[prev & 0xff]! ^ (prev >>> 8)) >>> 0;
+  }
+}
+
+/**
+ * Pure-TS slicing-by-8 CRC-32C. `initial` continues a previous result, as in
+ * @node-rs/crc32: crc32cTable(b, crc32cTable(a)) === crc32cTable(a ++ b).
+ */
+export function crc32cTable(bytes: Uint8Array, initial = 0): number {
+  let crc = ~initial;
+  let i = 0;
+  const n = bytes.length;
+  // Bytes are read one at a time so any offset (subarray views included) works.
+  for (const end8 = n - (n & 7); i < end8; i += 8) {
+    const a = crc ^ (bytes[i]! | (bytes[i + 1]! << 8) | (bytes[i + 2]! << 16) | (bytes[i + 3]! << 24));
+    crc =
+      T[7 * 256 + (a & 0xff)]! ^
+      T[6 * 256 + ((a >>> 8) & 0xff)]! ^
+      T[5 * 256 + ((a >>> 16) & 0xff)]! ^
+      T[4 * 256 + (a >>> 24)]! ^
+      T[3 * 256 + bytes[i + 4]!]! ^
+      T[2 * 256 + bytes[i + 5]!]! ^
+      T[256 + bytes[i + 6]!]! ^
+      T[bytes[i + 7]!]!;
+  }
+  for (; i < n; i++) crc = T[(crc ^ bytes[i]!) & 0xff]! ^ (crc >>> 8);
+  return ~crc >>> 0;
+}
+
+function loadNative(): CrcFn | null {
+  if (process.env.TL_CRC32C === "table") return null;
+  try {
+    const mod = createRequire(import.meta.url)("@node-rs/crc32") as { crc32c?: CrcFn };
+    const fn = mod.crc32c;
+    // A binding that loads but computes something else must not be trusted.
+    if (typeof fn !== "function" || fn(new TextEncoder().encode("123456789")) >>> 0 !== 0xe3069283) return null;
+    return fn;
+  } catch {
+    return null;
+  }
+}
+
+const native = loadNative();
+
+/** Which implementation crc32c() runs: "native" (@node-rs/crc32) or "table" (the fallback). */
+export const crc32cBackend: "native" | "table" = native ? "native" : "table";
+
+/** The native binding itself, or null when it did not load (tests and benchmarks compare against it). */
+export const crc32cNative: ((bytes: Uint8Array, initial?: number) => number) | null = native
+  ? (bytes, initial = 0) => native(bytes, initial) >>> 0
+  : null;
+
+/** CRC-32C of `bytes` (unsigned). The native binding reads the view in place, no copy. */
+export const crc32c: (bytes: Uint8Array, initial?: number) => number = native
+  ? (bytes, initial = 0) => native(bytes, initial) >>> 0
+  : crc32cTable;

@@ -1,0 +1,23 @@
+export { fnv1a64, blockHash, promptHashes } from "./fnv1a64.ts";
+export { crc32c, crc32cTable, crc32cNative, crc32cBackend } from "./crc32c.ts";
+export { toF16Bits, fromF16Bits, roundF16, f16Bytes, f16View } from "./f16.ts";
+export {
+  writeEnvelope,
+  readEnvelope,
+  verifyEnvelope,
+  envelopeRecordAt,
+  chunkRecordHash,
+  ENVELOPE_VERSION,
+  DTYPE_F16,
+  type EnvelopeHeader,
+  type EnvelopeRecord,
+} from "./envelope.ts";
+export {
+  EnvError,
+  grpcCodeOf,
+  grpcCodeNameOf,
+  GRPC_DATA_LOSS,
+  GRPC_FAILED_PRECONDITION,
+  type EnvErrorKind,
+} from "./env-error.ts";
+export { blockPayloadBytes, envelopeBytes, sameShape, type KvShape } from "./kv-shape.ts";

@@ -1,0 +1,57 @@
+import { describe, expect, test } from "bun:test";
+import { crc32c, crc32cBackend, crc32cNative, crc32cTable } from "../../src/codec/index.ts";
+import { crc32cRef, xorshift } from "./support.ts";
+
+const utf8 = (s: string) => new TextEncoder().encode(s);
+
+describe("crc32c", () => {
+  test("check value CRC-32C(\"123456789\") = 0xe3069283", () => {
+    expect(crc32c(utf8("123456789"))).toBe(0xe3069283);
+    expect(crc32cTable(utf8("123456789"))).toBe(0xe3069283);
+    expect(crc32cRef(utf8("123456789"))).toBe(0xe3069283);
+    expect(crc32c(new Uint8Array(0))).toBe(0);
+    expect(crc32cTable(new Uint8Array(0))).toBe(0);
+  });
+
+  test("the native binding is what crc32c runs here", () => {
+    // linux-x64 ships @node-rs/crc32; if this fails the engine is on the slow path.
+    expect(crc32cBackend).toBe("native");
+    expect(crc32cNative).not.toBeNull();
+  });
+
+  test("crc_fallback_equals_native", () => {
+    const native = crc32cNative!;
+    const rnd = xorshift(42);
+    const backing = new Uint8Array(5000 + 16);
+    for (let i = 0; i < backing.length; i++) backing[i] = rnd() & 0xff;
+    const lengths = [...Array.from({ length: 300 }, (_, i) => i), ...Array.from({ length: 200 }, () => rnd() % 5001), 5000];
+    for (const len of lengths) {
+      const off = rnd() % 16; // unaligned subarray views
+      const view = backing.subarray(off, off + len);
+      const want = native(view);
+      if (crc32cTable(view) !== want) throw new Error(`length ${len} offset ${off}: table 0x${crc32cTable(view).toString(16)} != native 0x${want.toString(16)}`);
+      expect(crc32c(view)).toBe(want);
+    }
+    for (const len of [0, 1, 7, 8, 9, 63, 1000]) expect(crc32cTable(backing.subarray(3, 3 + len))).toBe(crc32cRef(backing.subarray(3, 3 + len)));
+  });
+
+  test("an initial value continues a previous crc, in both", () => {
+    const rnd = xorshift(5);
+    const b = new Uint8Array(777).map(() => rnd() & 0xff);
+    for (const cut of [0, 1, 100, 776, 777]) {
+      const a = b.subarray(0, cut);
+      const c = b.subarray(cut);
+      expect(crc32cTable(c, crc32cTable(a))).toBe(crc32c(b));
+      expect(crc32c(c, crc32c(a))).toBe(crc32c(b));
+    }
+  });
+
+  test("TL_CRC32C=table selects the fallback", () => {
+    const r = Bun.spawnSync({
+      cmd: [process.execPath, "-e", `import { crc32c, crc32cBackend } from "./src/codec/index.ts"; console.log(crc32cBackend, crc32c(new TextEncoder().encode("123456789")).toString(16));`],
+      env: { ...process.env, TL_CRC32C: "table" },
+      cwd: `${import.meta.dir}/../..`,
+    });
+    expect(r.stdout.toString().trim()).toBe("table e3069283");
+  });
+});
