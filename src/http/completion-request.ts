@@ -109,6 +109,7 @@ export function parseCompletion(kind: CompletionKind, raw: unknown, lim: ParseLi
     promptTokens = lim.tokenizer.encode(renderChat(parseMessages(body.messages)));
   } else {
     const p = body.prompt;
+    if (p === "" || (Array.isArray(p) && p.length === 1 && p[0] === "")) throw bad("prompt is empty", "prompt");
     if (typeof p === "string") promptTokens = lim.tokenizer.encode(p);
     else if (Array.isArray(p) && p.length === 1 && typeof p[0] === "string") promptTokens = lim.tokenizer.encode(p[0]);
     else if (Array.isArray(p) && p.length > 0 && p.every((t) => typeof t === "number")) promptTokens = parseTokenIds(p, vocab, "prompt");

@@ -102,7 +102,9 @@ export function engineHttpHandler(ctx: EngineHttpContext): (req: Request) => Pro
       },
     });
     done.then((f: Finish) => {
-      q.close({ reason: f.reason === "prefilled" ? "stop" : f.reason, error: f.error });
+      // A cancel the reader did not ask for (Cancel RPC, shutdown) must read as a failure, not an end.
+      if (f.reason === "cancelled") q.close({ reason: "error", error: `request ${id} was cancelled on ${ctx.workerId}` });
+      else q.close({ reason: f.reason === "prefilled" ? "stop" : f.reason, error: f.error });
       ctx.onRequestEnd?.({
         requestId: id,
         kind,

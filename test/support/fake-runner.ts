@@ -11,10 +11,17 @@ export class FakeRunner implements ModelRunner {
   forwardCalls = 0;
   tokensComputed = 0;
 
+  /** Busy time per forward, so streams last long enough to be interrupted. */
+  slowMs = 0;
+
   constructor(readonly vocabSize = 64) {}
 
   forward(pool: KvPool, batch: readonly SeqChunk[], out: Float32Array): void {
     this.forwardCalls++;
+    if (this.slowMs > 0) {
+      const until = performance.now() + this.slowMs;
+      while (performance.now() < until);
+    }
     const { blockTokens: B, nLayers: L, nKvHeads: H, headDim: D } = pool.shape;
     for (let i = 0; i < batch.length; i++) {
       const c = batch[i]!;

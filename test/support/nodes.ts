@@ -25,3 +25,68 @@ export async function sseEvents(res: Response): Promise<unknown[]> {
     .map((b) => b.slice(6))
     .map((d) => (d === "[DONE]" ? d : JSON.parse(d)));
 }
+
+import { startEngineNode, type EngineNode, type EngineNodeOptions } from "../../src/cli/engine-node.ts";
+import { startGateway, type Gateway } from "../../src/gateway/index.ts";
+
+export interface TestCluster {
+  gateway: Gateway;
+  prefill: EngineNode[];
+  decode: EngineNode[];
+  both: EngineNode[];
+  all(): EngineNode[];
+  /** Resolves once the registry lists `n` live workers. */
+  waitForWorkers(n: number, timeoutMs?: number): Promise<void>;
+  stop(): Promise<void>;
+}
+
+/** A gateway and engines in this process with the fake model, beating every `intervalMs`. */
+export async function startTestCluster(opts: {
+  prefill?: number;
+  decode?: number;
+  both?: number;
+  intervalMs?: number;
+  node?: Partial<EngineNodeOptions>;
+}): Promise<TestCluster> {
+  const intervalMs = opts.intervalMs ?? 100;
+  const tokenizer = fakeServedModel().tokenizer;
+  const gateway = await startGateway({ tokenizer, modelName: "fake", maxModelLen: 512, heartbeatIntervalMs: intervalMs });
+  const start = (role: "prefill" | "decode" | "both", i: number) =>
+    startEngineNode({
+      role,
+      workerId: `${role}-${i}`,
+      model: fakeServedModel(),
+      blockTokens: 4,
+      numBlocks: 256,
+      gatewayRegistry: gateway.registryAddress,
+      heartbeatIntervalMs: intervalMs,
+      heartbeatTimeoutMs: 500,
+      ...opts.node,
+    });
+  const range = (n = 0) => Array.from({ length: n }, (_, i) => i);
+  const [prefill, decode, both] = await Promise.all([
+    Promise.all(range(opts.prefill).map((i) => start("prefill", i))),
+    Promise.all(range(opts.decode).map((i) => start("decode", i))),
+    Promise.all(range(opts.both).map((i) => start("both", i))),
+  ]);
+  const c: TestCluster = {
+    gateway,
+    prefill,
+    decode,
+    both,
+    all: () => [...prefill, ...decode, ...both],
+    async waitForWorkers(n, timeoutMs = 5000) {
+      const end = Date.now() + timeoutMs;
+      while (gateway.registry.live().length !== n) {
+        if (Date.now() > end) throw new Error(`registry lists ${gateway.registry.live().length} workers, want ${n}`);
+        await Bun.sleep(10);
+      }
+    },
+    async stop() {
+      await Promise.all(c.all().map((n) => n.shutdown()));
+      await gateway.stop();
+    },
+  };
+  await c.waitForWorkers(prefill.length + decode.length + both.length);
+  return c;
+}

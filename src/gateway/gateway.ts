@@ -1,0 +1,344 @@
+import { create } from "@bufbuild/protobuf";
+import { Code, ConnectError } from "@connectrpc/connect";
+import { promptHashes } from "../codec/index.ts";
+import { grpcClient, serveGrpc, type GrpcServer } from "../control/index.ts";
+import { Role, WorkerRegistry as WorkerRegistryService } from "../gen/tl/control/v1/control_pb.ts";
+import { EngineControl, PrefillRequestSchema, type KvHandle } from "../gen/tl/engine/v1/engine_pb.ts";
+import { KvTransfer } from "../gen/tl/kv/v1/kv_pb.ts";
+import {
+  completionResponse,
+  DRAWS_HEADER,
+  errorResponse,
+  FIRST_TOKEN_HEADER,
+  HANDLE_HEADER,
+  HttpError,
+  parseCompletion,
+  requestId,
+  serveHttp,
+  TokenQueue,
+  type CompletionKind,
+  type CompletionParams,
+  type HttpServer,
+} from "../http/index.ts";
+import type { Tokenizer } from "../model/index.ts";
+import { createMetrics, log, metricsResponse, type Metrics } from "../obs/index.ts";
+import { RegistryService } from "./registry-service.ts";
+import { KvAffinity, pickByLoad, pickDecode } from "./router.ts";
+import { WorkerRegistry, type WorkerView } from "./worker-registry.ts";
+import { readTokenStream } from "./token-stream.ts";
+
+export interface GatewayOptions {
+  host?: string;
+  httpPort?: number;
+  registryPort?: number;
+  tokenizer: Tokenizer;
+  modelName: string;
+  maxModelLen: number;
+  /** Beat interval told to engines; a worker is evicted after 3 silent intervals. */
+  heartbeatIntervalMs?: number;
+  prefillTimeoutMs?: number;
+}
+
+export interface Gateway {
+  readonly httpAddress: string;
+  readonly registryAddress: string;
+  readonly registry: WorkerRegistry;
+  readonly metrics: Metrics;
+  stop(): Promise<void>;
+}
+
+/** How one request was served, as reported in headers, the last chunk and /metrics. */
+interface Served {
+  served: "disaggregated" | "disaggregated-retried" | "colocated-fallback";
+  prefillWorker: string;
+  decodeWorker: string;
+  blocksSent: number;
+  blocksDeduped: number;
+  payloadBytes: number;
+}
+
+const RETRYABLE = new Set([Code.DataLoss, Code.Unavailable, Code.DeadlineExceeded]);
+
+function httpStatusOf(code: Code): number {
+  switch (code) {
+    case Code.InvalidArgument:
+      return 400;
+    case Code.NotFound:
+      return 404;
+    case Code.AlreadyExists:
+      return 409;
+    case Code.ResourceExhausted:
+      return 429;
+    case Code.Unavailable:
+    case Code.FailedPrecondition:
+      return 503;
+    case Code.DeadlineExceeded:
+      return 504;
+    default:
+      return 502;
+  }
+}
+
+/** The front door: registry for heartbeats, OpenAI HTTP for clients, routing in between. */
+export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
+  const host = opts.host ?? "127.0.0.1";
+  const registry = new WorkerRegistry({ intervalMs: opts.heartbeatIntervalMs ?? 2000 });
+  const registryService = new RegistryService(registry);
+  const metrics = createMetrics();
+  const affinity = new KvAffinity();
+  const inflight = new Map<string, number>();
+  const grpc: GrpcServer = await serveGrpc((r) => r.service(WorkerRegistryService, registryService.impl), { host, port: opts.registryPort ?? 0 });
+  const limits = { tokenizer: opts.tokenizer, maxModelLen: opts.maxModelLen };
+  const prefillTimeoutMs = opts.prefillTimeoutMs ?? 60_000;
+
+  const busy = (id: string, d: number) => inflight.set(id, (inflight.get(id) ?? 0) + d);
+
+  async function prefill(p: WorkerView, d: WorkerView, params: CompletionParams, id: string, signal: AbortSignal): Promise<KvHandle> {
+    const control = grpcClient(EngineControl, p.status.grpcAddress, { timeoutMs: prefillTimeoutMs });
+    return control.prefill(
+      create(PrefillRequestSchema, {
+        requestId: id,
+        promptTokens: params.promptTokens,
+        sampling: {
+          temperature: params.temperature,
+          topP: params.topP,
+          topK: params.topK,
+          seed: params.seed,
+          maxTokens: params.maxTokens,
+          stopTokenIds: params.stopTokenIds,
+        },
+        decodeTarget: d.status.kvAddress,
+        kvFormat: 1,
+      }),
+      { signal },
+    );
+  }
+
+  function resumeBody(params: CompletionParams, tokens: readonly number[]) {
+    return {
+      prompt: tokens,
+      max_tokens: params.maxTokens,
+      temperature: params.temperature,
+      top_p: params.topP,
+      top_k: params.topK,
+      seed: params.seed.toString(),
+      stop_token_ids: params.stopTokenIds,
+      stream: true,
+      return_token_ids: true,
+    };
+  }
+
+  async function complete(req: Request, kind: CompletionKind): Promise<Response> {
+    const arrived = performance.now();
+    let body: unknown;
+    try {
+      body = await req.json();
+    } catch (e) {
+      throw new HttpError(400, `request body is not valid JSON: ${e instanceof Error ? e.message : String(e)}`);
+    }
+    const params = parseCompletion(kind, body, limits);
+    if (params.model !== undefined && params.model !== opts.modelName) {
+      throw new HttpError(404, `model ${JSON.stringify(params.model)} is not served; this gateway serves ${JSON.stringify(opts.modelName)}`, "invalid_request_error", "model");
+    }
+    const id = req.headers.get("x-request-id") ?? requestId(kind === "chat" ? "chatcmpl" : "cmpl");
+    const exclude = new Set<string>();
+    let retried = false;
+    const abort = new AbortController();
+    req.signal.addEventListener("abort", () => abort.abort());
+
+    for (let attempt = 0; attempt < 4; attempt++) {
+      const workers = registry.live();
+      const P = pickByLoad(workers, Role.PREFILL, inflight, exclude);
+      const D = P ? pickDecode(workers, promptHashes(params.promptTokens, P.worker.status.blockTokens), affinity, inflight, exclude) : null;
+      if (!P || !D) return colocated(req, params, id, exclude, arrived, abort);
+      log.debug("route", { request_id: id, prefill: P.worker.status.workerId, prefill_why: P.why, decode: D.worker.status.workerId, decode_why: D.why });
+      const pid = P.worker.status.workerId;
+      const did = D.worker.status.workerId;
+      let handle: KvHandle;
+      busy(pid, 1);
+      try {
+        handle = await prefill(P.worker, D.worker, params, id, abort.signal);
+      } catch (e) {
+        const err = ConnectError.from(e);
+        if (abort.signal.aborted) throw new HttpError(499, "client closed the request");
+        // A transfer failure is D's doing; anything else is P's.
+        const blame = err.rawMessage.startsWith("kv transfer") ? did : pid;
+        metrics.transferFailures.inc({ code: Code[err.code] ?? String(err.code) });
+        if (RETRYABLE.has(err.code) && !retried) {
+          retried = true;
+          exclude.add(blame);
+          log.warn("prefill failed; retrying on another pair", { request_id: id, worker: blame, code: Code[err.code], error: err.rawMessage });
+          continue;
+        }
+        if (err.code === Code.FailedPrecondition) {
+          exclude.add(blame);
+          log.warn("worker refused the request; routing elsewhere", { request_id: id, worker: blame, error: err.rawMessage });
+          continue;
+        }
+        throw new HttpError(httpStatusOf(err.code), `prefill on ${pid} failed: ${err.rawMessage}`, err.code === Code.InvalidArgument ? "invalid_request_error" : "server_error");
+      } finally {
+        busy(pid, -1);
+      }
+      const ttft = (performance.now() - arrived) / 1000;
+      const served: Served = {
+        served: retried ? "disaggregated-retried" : "disaggregated",
+        prefillWorker: pid,
+        decodeWorker: did,
+        blocksSent: handle.blocksSent,
+        blocksDeduped: handle.blocksDeduped,
+        payloadBytes: Number(handle.payloadBytes),
+      };
+      metrics.blocksSent.inc(served.blocksSent);
+      metrics.blocksDeduped.inc(served.blocksDeduped);
+      metrics.kvBytes.inc(served.payloadBytes);
+      metrics.ttft.observe({ served: served.served }, ttft);
+      if (!handle.finished) affinity.record(did, handle.blockHashes);
+      log.debug("prefilled", { request_id: id, handle: handle.handleId, blocks_sent: served.blocksSent, blocks_deduped: served.blocksDeduped, payload_bytes: served.payloadBytes });
+
+      const q = new TokenQueue();
+      q.push(handle.firstToken);
+      let claimed = false;
+      const release = () => {
+        if (claimed || handle.finished) return;
+        grpcClient(KvTransfer, D.worker.status.kvAddress, { timeoutMs: 5000 })
+          .release({ handleId: handle.handleId })
+          .catch((e) => log.warn("release failed", { request_id: id, handle: handle.handleId, error: String(e) }));
+      };
+      if (handle.finished) {
+        const stop = handle.firstToken === opts.tokenizer.eos || params.stopTokenIds.includes(handle.firstToken);
+        q.close({ reason: stop ? "stop" : "length" });
+      } else {
+        busy(did, 1);
+        readTokenStream(
+          `http://${D.worker.status.httpAddress}/v1/completions`,
+          resumeBody(params, handle.promptTokens),
+          {
+            [HANDLE_HEADER]: handle.handleId,
+            [FIRST_TOKEN_HEADER]: String(handle.firstToken),
+            [DRAWS_HEADER]: String(handle.rngDrawsConsumed),
+            "x-request-id": id,
+          },
+          q,
+          abort.signal,
+          () => (claimed = true),
+        ).finally(() => {
+          busy(did, -1);
+          // Before D answered, the handle is still pending there: give it back.
+          if (!claimed) release();
+        });
+      }
+      return respond(q, params, id, served, arrived, abort);
+    }
+    throw new HttpError(503, "no worker could take the request after retries", "server_error", null, { "retry-after": "1" });
+  }
+
+  /** No prefill/decode pair: a `both` engine does the whole request. */
+  function colocated(req: Request, params: CompletionParams, id: string, exclude: Set<string>, arrived: number, abort: AbortController): Response | Promise<Response> {
+    const W = pickByLoad(registry.live(), Role.BOTH, inflight, exclude);
+    if (!W) {
+      throw new HttpError(503, "no engine is available: no prefill/decode pair and no colocated engine", "server_error", null, { "retry-after": "2" });
+    }
+    const wid = W.worker.status.workerId;
+    log.debug("route", { request_id: id, colocated: wid, why: `no prefill/decode pair; ${W.why}` });
+    const served: Served = { served: "colocated-fallback", prefillWorker: wid, decodeWorker: wid, blocksSent: 0, blocksDeduped: 0, payloadBytes: 0 };
+    const q = new TokenQueue();
+    busy(wid, 1);
+    readTokenStream(`http://${W.worker.status.httpAddress}/v1/completions`, resumeBody(params, params.promptTokens), { "x-request-id": id }, q, abort.signal, () => {}).finally(() =>
+      busy(wid, -1),
+    );
+    return respond(q, params, id, served, arrived, abort);
+  }
+
+  function respond(q: TokenQueue, params: CompletionParams, id: string, s: Served, arrived: number, abort: AbortController): Response | Promise<Response> {
+    let n = 0;
+    let firstAt = 0;
+    const counted = new TokenQueue();
+    (async () => {
+      for await (const t of q) {
+        if (n++ === 0) {
+          firstAt = performance.now();
+          if (s.served === "colocated-fallback") metrics.ttft.observe({ served: s.served }, (firstAt - arrived) / 1000);
+        }
+        counted.push(t);
+      }
+      counted.close(q.end);
+      const outcome = q.end.reason === "error" ? "error" : q.end.reason === "cancelled" ? "cancelled" : "ok";
+      metrics.requests.inc({ served: s.served, outcome });
+      if (n > 1) metrics.tpot.observe({ served: s.served }, (performance.now() - firstAt) / 1000 / (n - 1));
+      log.info("request", {
+        request_id: id,
+        served: s.served,
+        prefill_worker: s.prefillWorker,
+        decode_worker: s.decodeWorker,
+        prompt_tokens: params.promptTokens.length,
+        output_tokens: n,
+        outcome,
+        error: q.end.error,
+        duration_ms: Math.round(performance.now() - arrived),
+        blocks_sent: s.blocksSent,
+        blocks_deduped: s.blocksDeduped,
+        payload_bytes: s.payloadBytes,
+      });
+    })();
+    return completionResponse(counted, {
+      id,
+      model: opts.modelName,
+      tokenizer: opts.tokenizer,
+      params,
+      onStop: () => abort.abort(),
+      onAbort: () => abort.abort(),
+      headers: {
+        "x-request-id": id,
+        "x-tl-served": s.served,
+        "x-tl-prefill-worker": s.prefillWorker,
+        "x-tl-decode-worker": s.decodeWorker,
+        "x-tl-blocks-sent": String(s.blocksSent),
+        "x-tl-blocks-deduped": String(s.blocksDeduped),
+        "x-tl-payload-bytes": String(s.payloadBytes),
+        "x-tl-seed": params.seed.toString(),
+      },
+      extra: () => ({
+        tl: { served: s.served, prefill_worker: s.prefillWorker, decode_worker: s.decodeWorker, blocks_sent: s.blocksSent, blocks_deduped: s.blocksDeduped, payload_bytes: s.payloadBytes },
+      }),
+    });
+  }
+
+  const handler = async (req: Request): Promise<Response> => {
+    const url = new URL(req.url);
+    try {
+      if (req.method === "POST" && url.pathname === "/v1/completions") return await complete(req, "completion");
+      if (req.method === "POST" && url.pathname === "/v1/chat/completions") return await complete(req, "chat");
+      if (req.method === "GET" && url.pathname === "/v1/models") {
+        return Response.json({ object: "list", data: [{ id: opts.modelName, object: "model", created: 0, owned_by: "tl-engine", max_model_len: opts.maxModelLen }] });
+      }
+      if (req.method === "GET" && url.pathname === "/health") {
+        const live = registry.live();
+        const count = (r: Role) => live.filter((w) => w.status.role === r).length;
+        return Response.json({ status: "ok", workers: { prefill: count(Role.PREFILL), decode: count(Role.DECODE), both: count(Role.BOTH) } });
+      }
+      if (req.method === "GET" && url.pathname === "/metrics") {
+        const live = registry.live();
+        for (const [name, r] of [["prefill", Role.PREFILL], ["decode", Role.DECODE], ["both", Role.BOTH]] as const) {
+          metrics.registryWorkers.set({ role: name }, live.filter((w) => w.status.role === r).length);
+        }
+        return metricsResponse(metrics);
+      }
+      throw new HttpError(404, `no route for ${req.method} ${url.pathname}`, "not_found_error");
+    } catch (e) {
+      return errorResponse(e);
+    }
+  };
+  const http: HttpServer = serveHttp(handler, { host, port: opts.httpPort ?? 0 });
+
+  return {
+    httpAddress: http.address,
+    registryAddress: grpc.address,
+    registry,
+    metrics,
+    async stop() {
+      registryService.close();
+      await http.stop();
+      await grpc.close();
+    },
+  };
+}
