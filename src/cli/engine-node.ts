@@ -9,12 +9,16 @@ import {
   loadLlama2cTokenizer,
   loadSyntheticModel,
   SYNTHETIC_MODEL_NAME,
+  SYNTHETIC_CONFIG,
+  ByteTokenizer,
   Transformer,
   type Tokenizer,
 } from "../model/index.ts";
 import { KvPool } from "../pool/index.ts";
 import { GrpcTransport, KvReceiver, serveKv, type KvServer } from "../transfer/index.ts";
 import type { KvShape } from "../codec/index.ts";
+import { closeSync, openSync, readSync } from "node:fs";
+import { basename } from "node:path";
 
 /** A model ready to serve: what forward needs, how text maps to tokens, the KV shape per layer. */
 export interface ServedModel {
@@ -81,6 +85,23 @@ export async function loadModel(opts: { modelPath?: string; tokenizerPath?: stri
   }
   const m = loadSyntheticModel();
   return served(SYNTHETIC_MODEL_NAME, new Transformer(m.cfg, m.weights), m.tokenizer);
+}
+
+/** What the gateway needs of a model: its name, tokenizer and context, without the weights. */
+export function loadTokenizerFor(opts: { modelPath?: string; tokenizerPath?: string }): { name: string; tokenizer: Tokenizer; maxSeqLen: number } {
+  if (opts.modelPath) {
+    if (!opts.tokenizerPath) throw new Error("model needs tokenizer (a llama2.c tokenizer.bin)");
+    const fd = openSync(opts.modelPath, "r");
+    const header = new Int32Array(7);
+    try {
+      readSync(fd, header, 0, 28, 0);
+    } finally {
+      closeSync(fd);
+    }
+    const vocab = Math.abs(header[5]!);
+    return { name: basename(opts.modelPath).replace(/\.bin$/, ""), tokenizer: loadLlama2cTokenizer(opts.tokenizerPath, vocab), maxSeqLen: header[6]! };
+  }
+  return { name: SYNTHETIC_MODEL_NAME, tokenizer: new ByteTokenizer(), maxSeqLen: SYNTHETIC_CONFIG.maxSeqLen };
 }
 
 function served(name: string, t: Transformer, tokenizer: Tokenizer): ServedModel {

@@ -1,0 +1,165 @@
+import { createServer } from "node:net";
+import { log } from "../obs/index.ts";
+import { ConfigError, type Config } from "./options.ts";
+
+async function freePort(preferred = 0): Promise<number> {
+  const tryPort = (p: number) =>
+    new Promise<number>((resolve, reject) => {
+      const s = createServer();
+      s.once("error", reject);
+      s.listen(p, "127.0.0.1", () => {
+        const port = (s.address() as { port: number }).port;
+        s.close(() => resolve(port));
+      });
+    });
+  if (preferred > 0) {
+    try {
+      return await tryPort(preferred);
+    } catch {}
+  }
+  return tryPort(0);
+}
+
+/** How to start this same program again: the compiled binary, or bun with this script. */
+function selfCommand(): string[] {
+  const main = Bun.main;
+  return main.startsWith("/$bunfs") || main.includes("~BUN") ? [process.execPath] : [process.execPath, main];
+}
+
+interface Child {
+  name: string;
+  proc: Bun.Subprocess<"ignore", "pipe", "inherit">;
+  ready: Promise<Record<string, unknown>>;
+}
+
+function spawnRole(name: string, args: string[]): Child {
+  const proc = Bun.spawn([...selfCommand(), ...args], { stdin: "ignore", stdout: "pipe", stderr: "inherit" });
+  const ready = (async () => {
+    const reader = proc.stdout.pipeThrough(new TextDecoderStream()).getReader();
+    let buf = "";
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) throw new Error(`${name} exited (code ${await proc.exited}) before it was ready`);
+      buf += value;
+      for (const line of buf.split("\n").slice(0, -1)) {
+        try {
+          const obj = JSON.parse(line) as Record<string, unknown>;
+          if (obj.msg === "ready") {
+            reader.releaseLock();
+            // Keep draining the child's stdout so it never blocks on a full pipe.
+            void proc.stdout.pipeTo(new WritableStream()).catch(() => {});
+            return obj;
+          }
+        } catch {}
+      }
+      buf = buf.slice(buf.lastIndexOf("\n") + 1);
+    }
+  })();
+  return { name, proc, ready };
+}
+
+/**
+ * `engine cluster`: a gateway, N prefill and M decode engines, each its own process on
+ * loopback, as in production; one demo request; then serve until Ctrl-C.
+ */
+export async function runCluster(config: Config, rest: Map<string, string>, opts: { demo?: boolean; wait?: boolean } = {}) {
+  const count = (k: string, d: number) => {
+    const v = rest.get(k);
+    if (v === undefined) return d;
+    if (!/^\d+$/.test(v) || Number(v) < 1 || Number(v) > 16) throw new ConfigError(`--${k}: want 1..16, got ${JSON.stringify(v)}`);
+    return Number(v);
+  };
+  const nP = count("prefill", 1);
+  const nD = count("decode", 2);
+  for (const k of rest.keys()) if (!["prefill", "decode"].includes(k)) throw new ConfigError(`unknown option --${k}`);
+  const e = config.engine;
+  const model = String(e.model);
+  const tokenizer = String(e.tokenizer);
+  const modelArgs = model ? ["--model", model, "--tokenizer", tokenizer] : [];
+  const beat = String(Math.min(Number(e.heartbeat_interval_ms), 1000));
+
+  const httpPort = await freePort(8000);
+  const regPort = await freePort();
+  const children: Child[] = [];
+  const stopAll = async () => {
+    for (const c of children) c.proc.kill("SIGTERM");
+    await Promise.all(children.map((c) => Promise.race([c.proc.exited, Bun.sleep(15_000).then(() => c.proc.kill("SIGKILL"))])));
+  };
+  try {
+    const gw = spawnRole("gateway", ["--role", "gateway", "--http-listen", `127.0.0.1:${httpPort}`, "--registry-listen", `127.0.0.1:${regPort}`, "--heartbeat-interval-ms", beat, ...modelArgs]);
+    children.push(gw);
+    await gw.ready;
+    const engineArgs = async (role: string, i: number) => [
+      "--role", role, "--worker-id", `${role}-${i}`,
+      "--http-listen", `127.0.0.1:${await freePort()}`, "--grpc-listen", `127.0.0.1:${await freePort()}`, "--kv-listen", `127.0.0.1:${await freePort()}`,
+      "--gateway-registry", `127.0.0.1:${regPort}`, "--heartbeat-interval-ms", beat,
+      "--block-tokens", String(e.block_tokens), "--num-blocks", String(e.num_blocks), "--max-model-len", String(e.max_model_len),
+      ...modelArgs,
+    ];
+    for (let i = 0; i < nP; i++) children.push(spawnRole(`prefill-${i}`, await engineArgs("prefill", i)));
+    for (let i = 0; i < nD; i++) children.push(spawnRole(`decode-${i}`, await engineArgs("decode", i)));
+    const ready = await Promise.all(children.map((c) => c.ready));
+    const base = `http://127.0.0.1:${httpPort}`;
+    // Ready lines say the servers are up; the registry listing them says routing can begin.
+    const deadline = Date.now() + 30_000;
+    for (;;) {
+      const h = (await (await fetch(`${base}/health`)).json()) as { workers: { prefill: number; decode: number } };
+      if (h.workers.prefill === nP && h.workers.decode === nD) break;
+      if (Date.now() > deadline) throw new Error(`registry lists ${JSON.stringify(h.workers)}, want ${nP} prefill and ${nD} decode`);
+      await Bun.sleep(50);
+    }
+    const print = (s: string) => process.stdout.write(s + "\n");
+    print(`tl-engine cluster is up (model ${String(ready[0]!.model)}; its text is meaningless unless you pass --model/--tokenizer)`);
+    for (const r of ready) print(`  ${String(r.role).padEnd(8)} ${String(r.worker_id ?? "gateway").padEnd(10)} http ${String(r.http)}${r.grpc ? `  grpc ${String(r.grpc)}` : ""}${r.kv ? `  kv ${String(r.kv)}` : ""}${r.registry ? `  registry ${String(r.registry)}` : ""}`);
+    print("");
+    print("try:");
+    print(`  curl -N ${base}/v1/chat/completions -H 'content-type: application/json' \\`);
+    print(`    -d '{"messages":[{"role":"user","content":"Hello!"}],"max_tokens":32,"stream":true}'`);
+    print(`  curl ${base}/metrics`);
+    if (opts.demo ?? true) await demo(base, print);
+    if (opts.wait ?? true) {
+      print("\nserving; Ctrl-C stops every process");
+      await new Promise<void>((resolve) => {
+        process.once("SIGINT", () => resolve());
+        process.once("SIGTERM", () => resolve());
+      });
+      print("stopping...");
+      await stopAll();
+    }
+    return { base, httpPort, regPort, stop: stopAll, children };
+  } catch (err) {
+    await stopAll();
+    throw err;
+  }
+}
+
+async function demo(base: string, print: (s: string) => void) {
+  print("\ndemo: one streamed chat completion through the gateway");
+  const res = await fetch(`${base}/v1/chat/completions`, {
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body: JSON.stringify({ messages: [{ role: "user", content: "Tell me a story." }], max_tokens: 48, stream: true, seed: 7, temperature: 0.8 }),
+  });
+  if (res.status !== 200) {
+    print(`  demo failed: ${res.status} ${await res.text()}`);
+    return;
+  }
+  let text = "";
+  const reader = res.body!.pipeThrough(new TextDecoderStream()).getReader();
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) break;
+    for (const line of value.split("\n")) {
+      if (!line.startsWith("data: ") || line === "data: [DONE]") continue;
+      const obj = JSON.parse(line.slice(6)) as { choices?: { delta?: { content?: string } }[] };
+      text += obj.choices?.[0]?.delta?.content ?? "";
+    }
+  }
+  const h = res.headers;
+  print(`  > ${JSON.stringify(text)}`);
+  print(
+    `  served ${h.get("x-tl-served")}: prefill on ${h.get("x-tl-prefill-worker")}, decode on ${h.get("x-tl-decode-worker")}; ` +
+      `KV blocks sent ${h.get("x-tl-blocks-sent")}, deduped ${h.get("x-tl-blocks-deduped")}, ${h.get("x-tl-payload-bytes")} bytes`,
+  );
+  log.debug("demo done");
+}

@@ -1,0 +1,50 @@
+import { Engine } from "../engine/index.ts";
+import { StreamDecoder } from "../model/index.ts";
+import { KvPool } from "../pool/index.ts";
+import { loadModel } from "./engine-node.ts";
+import { ConfigError, type Config } from "./options.ts";
+
+/** One engine in this process: prints the text as it comes, then prefill and decode speed. */
+export async function generate(config: Config, rest: Map<string, string>, out: (s: string) => void = (s) => process.stdout.write(s)): Promise<void> {
+  const e = config.engine;
+  const prompt = rest.get("prompt") ?? "Once upon a time";
+  const num = (name: string, dflt: number, ok: (n: number) => boolean) => {
+    const v = rest.get(name);
+    if (v === undefined) return dflt;
+    const n = Number(v);
+    if (!ok(n)) throw new ConfigError(`--${name}: bad value ${JSON.stringify(v)}`);
+    return n;
+  };
+  const maxTokens = num("max-tokens", 64, (n) => Number.isInteger(n) && n >= 1);
+  const temperature = num("temperature", 0, (n) => Number.isFinite(n) && n >= 0);
+  const seedRaw = rest.get("seed") ?? "0";
+  if (!/^\d+$/.test(seedRaw)) throw new ConfigError(`--seed: want a non-negative integer, got ${JSON.stringify(seedRaw)}`);
+  for (const k of rest.keys()) if (!["prompt", "max-tokens", "temperature", "seed"].includes(k)) throw new ConfigError(`unknown option --${k}`);
+
+  const model = await loadModel({ modelPath: String(e.model) || undefined, tokenizerPath: String(e.tokenizer) || undefined });
+  const B = Number(e.block_tokens);
+  const tokens = model.tokenizer.encode(prompt);
+  const maxModelLen = Math.min(model.maxSeqLen, Number(e.max_model_len));
+  if (tokens.length + maxTokens > maxModelLen) throw new ConfigError(`prompt (${tokens.length} tokens) + --max-tokens ${maxTokens} exceeds the context of ${maxModelLen}`);
+  const pool = new KvPool({ blockTokens: B, nLayers: model.nLayers, nKvHeads: model.nKvHeads, headDim: model.headDim }, Math.ceil(maxModelLen / B) + 1);
+  const engine = new Engine({ model: model.runner, pool, maxModelLen, maxBatchTokens: Math.max(Number(e.max_batch_tokens), tokens.length), eosTokenIds: [model.tokenizer.eos] });
+  const text = new StreamDecoder(model.tokenizer);
+  out(prompt);
+  const t0 = performance.now();
+  let tFirst = 0;
+  const f = await engine.submit({
+    requestId: "generate",
+    promptTokens: tokens,
+    sampling: { temperature, topP: 1, topK: 0, seed: BigInt(seedRaw), maxTokens, stopTokenIds: [] },
+    onToken: (t) => {
+      if (tFirst === 0) tFirst = performance.now();
+      if (t !== model.tokenizer.eos) out(text.push(t));
+    },
+  });
+  const t1 = performance.now();
+  out(text.flush() + "\n");
+  const decoded = f.outputTokens.length - 1;
+  const prefillTps = (tokens.length / (tFirst - t0)) * 1000;
+  const decodeTps = decoded > 0 ? (decoded / (t1 - tFirst)) * 1000 : 0;
+  out(`[${model.name}] prefill ${tokens.length} tokens at ${prefillTps.toFixed(1)} tok/s, decode ${decoded} tokens at ${decodeTps.toFixed(1)} tok/s (${f.reason})\n`);
+}

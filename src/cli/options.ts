@@ -1,0 +1,161 @@
+import { readFileSync } from "node:fs";
+
+export type Role = "prefill" | "decode" | "both" | "gateway";
+export const ROLES: readonly Role[] = ["prefill", "decode", "both", "gateway"];
+
+type Kind = "string" | "addr" | "addr?" | "int";
+
+interface Spec {
+  section: "engine" | "gateway";
+  key: string;
+  kind: Kind;
+  dflt: string | number;
+  help: string;
+}
+
+/** Every option, as a TOML key under its section and as a --flag (key with dashes). */
+export const SPECS: readonly Spec[] = [
+  { section: "engine", key: "worker_id", kind: "string", dflt: "", help: "worker id reported to the gateway (default: role-hostname-pid)" },
+  { section: "engine", key: "http_listen", kind: "addr", dflt: "127.0.0.1:8100", help: "OpenAI-compatible HTTP server" },
+  { section: "engine", key: "grpc_listen", kind: "addr", dflt: "127.0.0.1:50051", help: "EngineControl (tl.engine.v1) gRPC server" },
+  { section: "engine", key: "kv_listen", kind: "addr", dflt: "127.0.0.1:50061", help: "KvTransfer (tl.kv.v1) gRPC server; decode and both roles" },
+  { section: "engine", key: "gateway_registry", kind: "addr?", dflt: "", help: "host:port of the gateway's WorkerRegistry; empty: no heartbeat" },
+  { section: "engine", key: "model", kind: "string", dflt: "", help: "llama2.c checkpoint (.bin); empty: the embedded tl-synthetic-4l" },
+  { section: "engine", key: "tokenizer", kind: "string", dflt: "", help: "llama2.c tokenizer.bin (with model)" },
+  { section: "engine", key: "block_tokens", kind: "int", dflt: 16, help: "tokens per KV block" },
+  { section: "engine", key: "num_blocks", kind: "int", dflt: 2048, help: "KV pool capacity in blocks" },
+  { section: "engine", key: "max_model_len", kind: "int", dflt: 2048, help: "prompt + output tokens per request" },
+  { section: "engine", key: "max_batch_tokens", kind: "int", dflt: 256, help: "tokens per engine step (prefill chunks + decodes)" },
+  { section: "engine", key: "handle_ttl_s", kind: "int", dflt: 60, help: "seconds a pushed KV handle waits to be claimed" },
+  { section: "engine", key: "heartbeat_interval_ms", kind: "int", dflt: 2000, help: "beat interval toward the gateway" },
+  { section: "engine", key: "heartbeat_timeout_ms", kind: "int", dflt: 1000, help: "timeout of one beat" },
+  { section: "engine", key: "drain_timeout_s", kind: "int", dflt: 30, help: "on SIGTERM, seconds to finish in-flight work" },
+  { section: "gateway", key: "http_listen", kind: "addr", dflt: "127.0.0.1:8000", help: "OpenAI-compatible front door" },
+  { section: "gateway", key: "registry_listen", kind: "addr", dflt: "127.0.0.1:50050", help: "WorkerRegistry (tl.control.v1) gRPC server" },
+  { section: "gateway", key: "model", kind: "string", dflt: "", help: "model the gateway tokenizes for; as [engine] model" },
+  { section: "gateway", key: "tokenizer", kind: "string", dflt: "", help: "as [engine] tokenizer" },
+  { section: "gateway", key: "max_model_len", kind: "int", dflt: 2048, help: "as [engine] max_model_len" },
+  { section: "gateway", key: "heartbeat_interval_ms", kind: "int", dflt: 2000, help: "interval engines are told to beat at" },
+];
+
+export type Section = Record<string, string | number>;
+export interface Config {
+  role: Role;
+  engine: Section;
+  gateway: Section;
+}
+
+export class ConfigError extends Error {}
+
+export function defaults(): Config {
+  const c: Config = { role: "both", engine: {}, gateway: {} };
+  for (const s of SPECS) c[s.section][s.key] = s.dflt;
+  return c;
+}
+
+function coerce(spec: Spec, raw: unknown, where: string): string | number {
+  const name = `${where} ${spec.section}.${spec.key}`;
+  if (spec.kind === "int") {
+    const n = typeof raw === "string" && /^\d+$/.test(raw) ? Number(raw) : raw;
+    if (typeof n !== "number" || !Number.isSafeInteger(n) || n < 1) throw new ConfigError(`${name}: want a positive integer, got ${JSON.stringify(raw)}`);
+    return n;
+  }
+  if (typeof raw !== "string") throw new ConfigError(`${name}: want a string, got ${JSON.stringify(raw)}`);
+  if (spec.kind === "addr" || (spec.kind === "addr?" && raw !== "")) parseAddr(raw, name);
+  return raw;
+}
+
+/** "host:port" with a port in 0..65535; "[::1]:80" for IPv6. */
+export function parseAddr(s: string, name = "address"): { host: string; port: number } {
+  const m = /^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+):(\d{1,5})$/.exec(s);
+  if (!m || Number(m[2]) > 65535) throw new ConfigError(`${name}: want host:port, got ${JSON.stringify(s)}`);
+  return { host: m[1]!.replace(/^\[|\]$/g, ""), port: Number(m[2]) };
+}
+
+/** Applies a TOML file: only [engine] and [gateway] tables with known keys. */
+export function applyToml(c: Config, path: string): void {
+  let text: string;
+  try {
+    text = readFileSync(path, "utf8");
+  } catch (e) {
+    throw new ConfigError(`config ${path}: ${e instanceof Error ? e.message : String(e)}`);
+  }
+  let doc: Record<string, unknown>;
+  try {
+    doc = Bun.TOML.parse(text) as Record<string, unknown>;
+  } catch (e) {
+    throw new ConfigError(`config ${path}: not valid TOML: ${e instanceof Error ? e.message : String(e)}`);
+  }
+  for (const [table, body] of Object.entries(doc)) {
+    if (table !== "engine" && table !== "gateway") throw new ConfigError(`config ${path}: unknown key ${JSON.stringify(table)} (tables are [engine] and [gateway])`);
+    if (typeof body !== "object" || body === null || Array.isArray(body)) throw new ConfigError(`config ${path}: ${table} must be a table`);
+    for (const [key, value] of Object.entries(body)) {
+      const spec = SPECS.find((s) => s.section === table && s.key === key);
+      if (!spec) throw new ConfigError(`config ${path}: unknown key ${table}.${key}`);
+      c[table][key] = coerce(spec, value, `config ${path}:`);
+    }
+  }
+}
+
+/**
+ * Flags override the config file. `--http-listen` and the other keys both sections
+ * have go to [gateway] for the gateway role and to [engine] otherwise.
+ */
+export function parseArgs(argv: readonly string[]): { config: Config; rest: Map<string, string>; help: boolean } {
+  const flags = new Map<string, string>();
+  let help = false;
+  for (let i = 0; i < argv.length; i++) {
+    const a = argv[i]!;
+    if (a === "--help" || a === "-h") {
+      help = true;
+      continue;
+    }
+    if (!a.startsWith("--")) throw new ConfigError(`unexpected argument ${JSON.stringify(a)}`);
+    const eq = a.indexOf("=");
+    const name = eq >= 0 ? a.slice(2, eq) : a.slice(2);
+    const value = eq >= 0 ? a.slice(eq + 1) : argv[++i];
+    if (value === undefined) throw new ConfigError(`--${name} needs a value`);
+    flags.set(name, value);
+  }
+  const config = defaults();
+  const role = flags.get("role");
+  if (role !== undefined) {
+    if (!ROLES.includes(role as Role)) throw new ConfigError(`--role ${JSON.stringify(role)}: want one of ${ROLES.join(", ")}`);
+    config.role = role as Role;
+  }
+  flags.delete("role");
+  const file = flags.get("config");
+  flags.delete("config");
+  if (file !== undefined) applyToml(config, file);
+  const rest = new Map<string, string>();
+  for (const [name, value] of flags) {
+    const key = name.replaceAll("-", "_");
+    const prefer = config.role === "gateway" ? "gateway" : "engine";
+    const spec = SPECS.find((s) => s.key === key && s.section === prefer) ?? SPECS.find((s) => s.key === key);
+    if (!spec) {
+      rest.set(name, value);
+      continue;
+    }
+    config[spec.section][key] = coerce(spec, value, `--${name}:`);
+  }
+  return { config, rest, help };
+}
+
+export function helpText(): string {
+  const lines = [
+    "tl-engine: disaggregated prefill/decode LLM serving",
+    "",
+    "usage:",
+    "  engine --role prefill|decode|both|gateway [--config FILE.toml] [--option value ...]",
+    "  engine cluster [--prefill N] [--decode M] [--model PATH --tokenizer PATH]",
+    "  engine generate [--model PATH --tokenizer PATH] --prompt TEXT [--max-tokens N] [--temperature T] [--seed S]",
+    "",
+    "options (TOML key under [section]; flags override the file; the gateway role reads [gateway]):",
+  ];
+  for (const s of SPECS) {
+    const flag = `--${s.key.replaceAll("_", "-")}`;
+    lines.push(`  [${s.section}] ${s.key.padEnd(22)} ${flag.padEnd(26)} ${s.help} (default: ${JSON.stringify(s.dflt)})`);
+  }
+  lines.push("", "  --role ROLE        prefill | decode | both | gateway (default: \"both\")", "  --config FILE      TOML file with [engine] and [gateway] tables", "  --help             this text");
+  return lines.join("\n");
+}

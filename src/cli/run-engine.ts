@@ -1,0 +1,103 @@
+import { Code } from "@connectrpc/connect";
+import { hostname } from "node:os";
+import { startGateway, type Gateway } from "../gateway/index.ts";
+import { createMetrics, log, metricsResponse } from "../obs/index.ts";
+import { loadTokenizerFor, startEngineNode, type EngineNode } from "./engine-node.ts";
+import { parseAddr, type Config } from "./options.ts";
+
+/** Starts one engine from its config; prints one ready line with every address. */
+export async function runEngine(config: Config): Promise<EngineNode> {
+  const e = config.engine;
+  const role = config.role as "prefill" | "decode" | "both";
+  const http = parseAddr(String(e.http_listen));
+  const grpc = parseAddr(String(e.grpc_listen));
+  const kv = parseAddr(String(e.kv_listen));
+  if (http.host !== grpc.host) log.warn("http_listen and grpc_listen bind different hosts; both are advertised as given");
+  const metrics = createMetrics();
+  let node: EngineNode;
+  node = await startEngineNode({
+    role,
+    workerId: String(e.worker_id) || `${role}-${hostname()}-${process.pid}`,
+    host: http.host,
+    httpPort: http.port,
+    grpcPort: grpc.port,
+    kvPort: kv.port,
+    modelPath: String(e.model) || undefined,
+    tokenizerPath: String(e.tokenizer) || undefined,
+    blockTokens: Number(e.block_tokens),
+    numBlocks: Number(e.num_blocks),
+    maxModelLen: Number(e.max_model_len),
+    maxBatchTokens: Number(e.max_batch_tokens),
+    handleTtlS: Number(e.handle_ttl_s),
+    gatewayRegistry: String(e.gateway_registry) || undefined,
+    heartbeatIntervalMs: Number(e.heartbeat_interval_ms),
+    heartbeatTimeoutMs: Number(e.heartbeat_timeout_ms),
+    onRequestEnd: (r) => {
+      const served = r.resumed ? "resumed" : "local";
+      metrics.requests.inc({ served, outcome: r.reason });
+      if (r.ttftMs !== null) metrics.ttft.observe({ served }, r.ttftMs / 1000);
+      if (r.ttftMs !== null && r.outputTokens > 1) metrics.tpot.observe({ served }, (r.durationMs - r.ttftMs) / 1000 / (r.outputTokens - 1));
+      log.info("request", { request_id: r.requestId, role, path: served, prompt_tokens: r.promptTokens, output_tokens: r.outputTokens, prefix_hit_tokens: r.prefixHitTokens, finish: r.reason, ttft_ms: r.ttftMs, duration_ms: Math.round(r.durationMs) });
+    },
+    onTransfer: ({ stats, code, ms, target }) => {
+      metrics.transferLatency.observe(ms / 1000);
+      if (stats) {
+        metrics.kvBytes.inc(stats.payloadBytes);
+        metrics.blocksSent.inc(stats.blocksSent);
+        metrics.blocksDeduped.inc(stats.blocksDeduped);
+      } else metrics.transferFailures.inc({ code: code === null ? "UNKNOWN" : (Code[code] ?? String(code)) });
+      log.info("kv.transfer", { target, ok: stats !== null, code: code === null ? null : Code[code], ms: Math.round(ms), ...stats });
+    },
+    extraRoutes: async (req, url) => {
+      if (req.method !== "GET" || url.pathname !== "/metrics") return null;
+      const pool = node.pool;
+      metrics.poolBlocks.set({ state: "used" }, pool.used);
+      metrics.poolBlocks.set({ state: "cached" }, pool.cached);
+      metrics.poolBlocks.set({ state: "free" }, pool.free);
+      metrics.handlesPending.set(node.receiver?.pending() ?? 0);
+      metrics.heartbeatMisses.set(node.heartbeat?.state.failures ?? 0);
+      return metricsResponse(metrics);
+    },
+  });
+  console.log(
+    JSON.stringify({ msg: "ready", role, worker_id: node.workerId, model: node.model.name, http: node.httpAddress, grpc: node.grpcAddress, kv: node.kvAddress || null, gateway_registry: e.gateway_registry || null }),
+  );
+  return node;
+}
+
+export async function runGateway(config: Config): Promise<Gateway> {
+  const g = config.gateway;
+  const http = parseAddr(String(g.http_listen));
+  const reg = parseAddr(String(g.registry_listen));
+  const model = loadTokenizerFor({ modelPath: String(g.model) || undefined, tokenizerPath: String(g.tokenizer) || undefined });
+  const gw = await startGateway({
+    host: http.host,
+    httpPort: http.port,
+    registryPort: reg.port,
+    tokenizer: model.tokenizer,
+    modelName: model.name,
+    maxModelLen: Math.min(Number(g.max_model_len), model.maxSeqLen),
+    heartbeatIntervalMs: Number(g.heartbeat_interval_ms),
+  });
+  console.log(JSON.stringify({ msg: "ready", role: "gateway", model: model.name, http: gw.httpAddress, registry: gw.registryAddress }));
+  return gw;
+}
+
+/** SIGTERM/SIGINT: stop admitting, finish in-flight work within the deadline, stop, exit 0. */
+export function exitOnSignal(stop: () => Promise<unknown>): void {
+  let stopping = false;
+  const onSignal = (sig: string) => {
+    if (stopping) return;
+    stopping = true;
+    log.info("stopping", { signal: sig });
+    stop().then(
+      () => process.exit(0),
+      (e) => {
+        log.error("stop failed", { error: String(e) });
+        process.exit(1);
+      },
+    );
+  };
+  process.on("SIGTERM", () => onSignal("SIGTERM"));
+  process.on("SIGINT", () => onSignal("SIGINT"));
+}
