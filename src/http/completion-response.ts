@@ -18,8 +18,10 @@ export class TextAssembler {
     tokenizer: Tokenizer,
     private readonly stop: readonly string[],
     stopTokenIds: readonly number[],
+    /** The prompt's last token: some tokenizers render a piece differently after BOS. */
+    prevToken = -1,
   ) {
-    this.decoder = new StreamDecoder(tokenizer);
+    this.decoder = new StreamDecoder(tokenizer, prevToken);
     this.silent = new Set([tokenizer.eos, tokenizer.bos, ...stopTokenIds]);
     this.holdBack = Math.max(0, ...stop.map((s) => s.length - 1));
   }
@@ -82,7 +84,7 @@ export function completionResponse(q: TokenQueue, ctx: ResponseContext): Promise
 
 async function jsonResponse(q: TokenQueue, ctx: ResponseContext): Promise<Response> {
   const p = ctx.params;
-  const text = new TextAssembler(ctx.tokenizer, p.stop, p.stopTokenIds);
+  const text = new TextAssembler(ctx.tokenizer, p.stop, p.stopTokenIds, p.promptTokens.at(-1));
   const ids: number[] = [];
   let out = "";
   for await (const t of q) {
@@ -138,7 +140,7 @@ function streamResponse(q: TokenQueue, ctx: ResponseContext): Response {
   const body = new ReadableStream<Uint8Array>({
     async start(controller) {
       const send = (obj: unknown) => controller.enqueue(enc.encode(`data: ${JSON.stringify(obj)}\n\n`));
-      const text = new TextAssembler(ctx.tokenizer, p.stop, p.stopTokenIds);
+      const text = new TextAssembler(ctx.tokenizer, p.stop, p.stopTokenIds, p.promptTokens.at(-1));
       let n = 0;
       let first = true;
       try {

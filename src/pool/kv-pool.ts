@@ -47,9 +47,9 @@ export class KvPool {
   private readonly slotElems: number;
 
   constructor(shape: KvShape, numBlocks: number) {
-    assert(Number.isInteger(numBlocks) && numBlocks >= 1, `numBlocks must be ≥ 1, got ${numBlocks}`);
+    if (!(Number.isInteger(numBlocks) && numBlocks >= 1)) assert.fail(`numBlocks must be ≥ 1, got ${numBlocks}`);
     for (const k of ["blockTokens", "nLayers", "nKvHeads", "headDim"] as const) {
-      assert(Number.isInteger(shape[k]) && shape[k] >= 1, `${k} must be ≥ 1, got ${shape[k]}`);
+      if (!(Number.isInteger(shape[k]) && shape[k] >= 1)) assert.fail(`${k} must be ≥ 1, got ${shape[k]}`);
     }
     this.shape = { ...shape };
     this.total = numBlocks;
@@ -103,7 +103,7 @@ export class KvPool {
       this.index.delete(this.hashes[id]!);
       this.hashes[id] = 0n;
     }
-    assert(this.refs[id] === 0, `block ${id} handed out with refcount ${this.refs[id]}`);
+    if (this.refs[id] !== 0) assert.fail(`block ${id} handed out with refcount ${this.refs[id]}`);
     this.refs[id] = 1;
     this.fills[id] = 0;
     this.nUsed++;
@@ -115,7 +115,7 @@ export class KvPool {
   acquire(id: number): void {
     this.check(id);
     if (this.refs[id] === 0) {
-      assert(this.hashes[id] !== 0n, `acquire of free block ${id}`);
+      if (this.hashes[id] === 0n) assert.fail(`acquire of free block ${id}`);
       this.unlink(id);
       this.nCached--;
       this.nUsed++;
@@ -125,7 +125,7 @@ export class KvPool {
 
   release(id: number): void {
     this.check(id);
-    assert(this.refs[id]! > 0, `release of block ${id} with refcount 0`);
+    if (this.refs[id]! <= 0) assert.fail(`release of block ${id} with refcount 0`);
     if (--this.refs[id]! > 0) return;
     this.nUsed--;
     if (this.hashes[id] !== 0n) {
@@ -149,7 +149,7 @@ export class KvPool {
   register(id: number, hash: bigint): boolean {
     this.check(id);
     assert(hash !== 0n, "hash 0 means no hash");
-    assert(this.refs[id]! > 0, `register of unreferenced block ${id}`);
+    if (this.refs[id]! <= 0) assert.fail(`register of unreferenced block ${id}`);
     const owner = this.index.get(hash);
     if (owner !== undefined) return owner === id;
     if (this.hashes[id] !== 0n) return false;
@@ -165,7 +165,7 @@ export class KvPool {
     return this.fills[id]!;
   }
   setFill(id: number, n: number): void {
-    assert(n >= 0 && n <= this.shape.blockTokens, `fill ${n} outside 0..${this.shape.blockTokens}`);
+    if (!(n >= 0 && n <= this.shape.blockTokens)) assert.fail(`fill ${n} outside 0..${this.shape.blockTokens}`);
     this.fills[id] = n;
   }
   refCount(id: number): number {
@@ -188,7 +188,7 @@ export class KvPool {
   /** Records whose payloads are views into the slab: writing the envelope is the one copy. */
   export(ids: readonly number[]): EnvelopeRecord[] {
     return ids.map((id) => {
-      assert(this.refs[id]! > 0, `export of unreferenced block ${id}`);
+      if (this.refs[id]! <= 0) assert.fail(`export of unreferenced block ${id}`);
       return { hash: this.hashes[id]!, nTokens: this.fills[id]!, payload: this.payload(id) };
     });
   }
@@ -203,7 +203,7 @@ export class KvPool {
     for (let i = 0; i < records.length; i++) {
       const r = records[i]!;
       const id = ids[i]!;
-      assert(r.payload.length === this.blockBytes, `payload ${r.payload.length} bytes, want ${this.blockBytes}`);
+      if (r.payload.length !== this.blockBytes) assert.fail(`payload ${r.payload.length} bytes, want ${this.blockBytes}`);
       this.bytes.set(r.payload, id * this.blockBytes);
       this.fills[id] = r.nTokens;
       if (r.hash !== 0n && !this.index.has(r.hash)) this.register(id, r.hash);
@@ -212,7 +212,7 @@ export class KvPool {
   }
 
   private check(id: number): void {
-    assert(Number.isInteger(id) && id >= 0 && id < this.total, `block id ${id} outside 0..${this.total - 1}`);
+    if (!(Number.isInteger(id) && id >= 0 && id < this.total)) assert.fail(`block id ${id} outside 0..${this.total - 1}`);
   }
 
   private pushLru(id: number): void {

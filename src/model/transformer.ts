@@ -1,0 +1,385 @@
+import assert from "node:assert";
+import type { KvPool } from "../pool/index.ts";
+import { headDimOf, kvDimOf, type ModelConfig } from "./config.ts";
+import { matmul } from "./matmul.ts";
+import { validateWeights, type Weights } from "./weights.ts";
+
+/**
+ * One sequence's share of a forward pass: `tokens` sit at positions
+ * startPos .. startPos + tokens.length - 1, and position p's K/V live in block
+ * blockTable[floor(p / B)], slot p mod B. Positions before startPos must already be in the pool.
+ */
+export interface SeqChunk {
+  blockTable: ArrayLike<number>;
+  startPos: number;
+  tokens: ArrayLike<number>;
+}
+
+// f16 bits -> value. The pool's Float16Array is ~8x slower to read than this table on Bun, and
+// the table is exact, so attention reads the slab as Uint16 through it.
+const F16_TABLE: Float32Array = (() => {
+  const bits = new Uint16Array(65536);
+  for (let i = 0; i < 65536; i++) bits[i] = i;
+  return new Float32Array(new Float16Array(bits.buffer));
+})();
+
+/** Query rows of one sequence that share each decoded K/V vector in prefill attention. */
+const ATT_TILE = 16;
+
+/**
+ * A llama2.c-style decoder whose KV cache is a paged KvPool.
+ *
+ * Every position's K and V are written to the pool as f16 and attention reads them back from
+ * there, even for the positions computed in the same call. So the logits depend only on the
+ * token sequence: the same whether a prompt is prefilled in one chunk or several, alone or
+ * batched, or its blocks were computed by another engine and imported.
+ */
+export class Transformer {
+  readonly cfg: ModelConfig;
+  private readonly w: Weights;
+  private readonly headDim: number;
+  private readonly kvDim: number;
+  private readonly kvMul: number;
+  private readonly ropeCos: Float64Array;
+  private readonly ropeSin: Float64Array;
+  private readonly att: Float32Array;
+  private readonly acc: Float64Array;
+  private readonly kvec: Float32Array;
+
+  // Per-row scratch, grown (never shrunk) to the largest row count seen.
+  private cap = 0;
+  private x = new Float32Array(0);
+  private xb = new Float32Array(0);
+  private xb2 = new Float32Array(0);
+  private q = new Float32Array(0);
+  private k = new Float32Array(0);
+  private v = new Float32Array(0);
+  private hb = new Float32Array(0);
+  private hb2 = new Float32Array(0);
+  private rowPos = new Int32Array(0);
+  private rowSeq = new Int32Array(0);
+  private seqCap = 0;
+  private lastX = new Float32Array(0);
+  private lastRow = new Int32Array(0);
+
+  private bitsOf: KvPool | null = null;
+  private bits: Uint16Array = new Uint16Array(0);
+
+  constructor(cfg: ModelConfig, weights: Weights) {
+    validateWeights(cfg, weights);
+    this.cfg = cfg;
+    this.w = weights;
+    this.headDim = headDimOf(cfg);
+    this.kvDim = kvDimOf(cfg);
+    this.kvMul = cfg.nHeads / cfg.nKvHeads;
+    // RoPE as run.c: pair (i, i+1) of each head turns by pos / theta^(i / headDim).
+    const half = this.headDim / 2;
+    this.ropeCos = new Float64Array(cfg.maxSeqLen * half);
+    this.ropeSin = new Float64Array(cfg.maxSeqLen * half);
+    for (let p = 0; p < cfg.maxSeqLen; p++) {
+      for (let k = 0; k < half; k++) {
+        const freq = 1 / Math.pow(cfg.ropeTheta, (2 * k) / this.headDim);
+        this.ropeCos[p * half + k] = Math.cos(p * freq);
+        this.ropeSin[p * half + k] = Math.sin(p * freq);
+      }
+    }
+    this.att = new Float32Array(ATT_TILE * this.kvMul * cfg.maxSeqLen);
+    this.acc = new Float64Array(ATT_TILE * this.kvMul * this.headDim);
+    this.kvec = new Float32Array(this.headDim);
+  }
+
+  /**
+   * Runs every chunk's tokens through the model, writing their K/V into `pool` (and raising
+   * block fills), and puts the logits of each chunk's last position in
+   * out[i*vocab .. (i+1)*vocab). All rows of the batch share one pass over each weight matrix.
+   */
+  forward(pool: KvPool, batch: readonly SeqChunk[], out: Float32Array): void {
+    const cfg = this.cfg;
+    const { dim, hiddenDim: hid, nLayers, vocabSize } = cfg;
+    const hd = this.headDim;
+    const kvDim = this.kvDim;
+    const B = pool.shape.blockTokens;
+    // Checks are written `if (!ok) assert.fail(...)` so the messages are only built on failure:
+    // forward runs once per token and must not allocate in steady state.
+    const ps = pool.shape;
+    if (ps.nLayers !== nLayers || ps.nKvHeads !== cfg.nKvHeads || ps.headDim !== hd) {
+      assert.fail(`pool shape L=${ps.nLayers} H=${ps.nKvHeads} D=${ps.headDim} does not fit model L=${nLayers} H=${cfg.nKvHeads} D=${hd}`);
+    }
+    const nSeq = batch.length;
+    if (out.length < nSeq * vocabSize) assert.fail(`out has ${out.length} floats, want ${nSeq * vocabSize}`);
+    if (nSeq === 0) return;
+
+    let rows = 0;
+    for (let s = 0; s < nSeq; s++) {
+      const c = batch[s]!;
+      const n = c.tokens.length;
+      if (n < 1) assert.fail(`chunk ${s} has no tokens`);
+      if (!(Number.isInteger(c.startPos) && c.startPos >= 0)) assert.fail(`chunk ${s} startPos ${c.startPos}`);
+      const end = c.startPos + n;
+      if (end > cfg.maxSeqLen) assert.fail(`chunk ${s} ends at position ${end}, past maxSeqLen ${cfg.maxSeqLen}`);
+      const needBlocks = Math.ceil(end / B);
+      if (c.blockTable.length < needBlocks) assert.fail(`chunk ${s} needs ${needBlocks} blocks, table has ${c.blockTable.length}`);
+      for (let b = 0; b < needBlocks; b++) {
+        const id = c.blockTable[b]!;
+        if (!(Number.isInteger(id) && id >= 0 && id < pool.total)) assert.fail(`chunk ${s} block ${b} id ${id} outside pool`);
+      }
+      for (let t = 0; t < n; t++) {
+        const tok = c.tokens[t]!;
+        if (!(Number.isInteger(tok) && tok >= 0 && tok < vocabSize)) assert.fail(`chunk ${s} token ${tok} outside vocab ${vocabSize}`);
+      }
+      rows += n;
+    }
+    this.reserve(rows, nSeq);
+    const { x, xb, xb2, q, k, v, hb, hb2, rowPos, rowSeq, lastRow } = this;
+    const w = this.w;
+
+    // Embed.
+    let r = 0;
+    for (let s = 0; s < nSeq; s++) {
+      const c = batch[s]!;
+      for (let t = 0; t < c.tokens.length; t++, r++) {
+        rowPos[r] = c.startPos + t;
+        rowSeq[r] = s;
+        const e = c.tokens[t]! * dim;
+        const o = r * dim;
+        for (let i = 0; i < dim; i++) x[o + i] = w.tokenEmbedding[e + i]!;
+      }
+      lastRow[s] = r - 1;
+    }
+
+    const data = pool.data;
+    const bits = this.bitsFor(pool);
+    const blockElems = pool.blockElems;
+    for (let l = 0; l < nLayers; l++) {
+      rmsnorm(xb, x, w.rmsAtt, l * dim, rows, dim, cfg.normEps);
+      matmul(q, xb, w.wq, l * dim * dim, rows, dim, dim);
+      matmul(k, xb, w.wk, l * kvDim * dim, rows, dim, kvDim);
+      matmul(v, xb, w.wv, l * kvDim * dim, rows, dim, kvDim);
+      this.rope(rows);
+
+      // Store every row's K/V before any attention, so rows of this call see each other
+      // exactly as later calls will: through the f16 slab.
+      for (let r = 0; r < rows; r++) {
+        const pos = rowPos[r]!;
+        const blk = batch[rowSeq[r]!]!.blockTable[(pos / B) | 0]!;
+        const slot = pos % B;
+        const ko = blk * blockElems + (2 * l * B + slot) * kvDim;
+        const vo = ko + B * kvDim;
+        const src = r * kvDim;
+        for (let i = 0; i < kvDim; i++) {
+          data[ko + i] = k[src + i]!;
+          data[vo + i] = v[src + i]!;
+        }
+      }
+
+      this.attention(bits, blockElems, B, l, batch, rows);
+      matmul(xb2, xb, w.wo, l * dim * dim, rows, dim, dim);
+      for (let i = 0, n = rows * dim; i < n; i++) x[i] += xb2[i]!;
+
+      rmsnorm(xb, x, w.rmsFfn, l * dim, rows, dim, cfg.normEps);
+      matmul(hb, xb, w.w1, l * hid * dim, rows, dim, hid);
+      matmul(hb2, xb, w.w3, l * hid * dim, rows, dim, hid);
+      for (let i = 0, n = rows * hid; i < n; i++) {
+        const a = hb[i]!;
+        hb[i] = (a / (1 + Math.exp(-a))) * hb2[i]!;
+      }
+      matmul(xb2, hb, w.w2, l * dim * hid, rows, hid, dim);
+      for (let i = 0, n = rows * dim; i < n; i++) x[i] += xb2[i]!;
+    }
+
+    // Only each chunk's last position needs logits.
+    const lastX = this.lastX;
+    for (let s = 0; s < nSeq; s++) {
+      const src = lastRow[s]! * dim;
+      for (let i = 0; i < dim; i++) xb[s * dim + i] = x[src + i]!;
+    }
+    rmsnorm(lastX, xb, w.rmsFinal, 0, nSeq, dim, cfg.normEps);
+    matmul(out, lastX, w.wcls, 0, nSeq, dim, vocabSize);
+
+    for (let r = 0; r < rows; r++) {
+      const pos = rowPos[r]!;
+      const blk = batch[rowSeq[r]!]!.blockTable[(pos / B) | 0]!;
+      const fill = (pos % B) + 1;
+      if (pool.fillOf(blk) < fill) pool.setFill(blk, fill);
+    }
+  }
+
+  private reserve(rows: number, nSeq: number): void {
+    if (rows > this.cap) {
+      const cap = Math.max(rows, this.cap * 2);
+      const { dim, hiddenDim } = this.cfg;
+      this.x = new Float32Array(cap * dim);
+      this.xb = new Float32Array(cap * dim);
+      this.xb2 = new Float32Array(cap * dim);
+      this.q = new Float32Array(cap * dim);
+      this.k = new Float32Array(cap * this.kvDim);
+      this.v = new Float32Array(cap * this.kvDim);
+      this.hb = new Float32Array(cap * hiddenDim);
+      this.hb2 = new Float32Array(cap * hiddenDim);
+      this.rowPos = new Int32Array(cap);
+      this.rowSeq = new Int32Array(cap);
+      this.cap = cap;
+    }
+    if (nSeq > this.seqCap) {
+      const cap = Math.max(nSeq, this.seqCap * 2);
+      this.lastX = new Float32Array(cap * this.cfg.dim);
+      this.lastRow = new Int32Array(cap);
+      this.seqCap = cap;
+    }
+  }
+
+  private bitsFor(pool: KvPool): Uint16Array {
+    if (this.bitsOf !== pool) {
+      const d = pool.data;
+      this.bits = new Uint16Array(d.buffer, d.byteOffset, d.length);
+      this.bitsOf = pool;
+    }
+    return this.bits;
+  }
+
+  private rope(rows: number): void {
+    const { q, k, rowPos, ropeCos, ropeSin } = this;
+    const dim = this.cfg.dim;
+    const kvDim = this.kvDim;
+    const hd = this.headDim;
+    const half = hd / 2;
+    for (let r = 0; r < rows; r++) {
+      const base = rowPos[r]! * half;
+      const qo = r * dim;
+      for (let i = 0; i < dim; i += 2) {
+        const t = base + ((i % hd) >> 1);
+        const c = ropeCos[t]!;
+        const s = ropeSin[t]!;
+        const a = q[qo + i]!;
+        const b = q[qo + i + 1]!;
+        q[qo + i] = a * c - b * s;
+        q[qo + i + 1] = a * s + b * c;
+      }
+      const ko = r * kvDim;
+      for (let i = 0; i < kvDim; i += 2) {
+        const t = base + ((i % hd) >> 1);
+        const c = ropeCos[t]!;
+        const s = ropeSin[t]!;
+        const a = k[ko + i]!;
+        const b = k[ko + i + 1]!;
+        k[ko + i] = a * c - b * s;
+        k[ko + i + 1] = a * s + b * c;
+      }
+    }
+  }
+
+  /**
+   * Causal grouped-query attention of every row over positions 0..pos, K/V read from the slab;
+   * result in xb. Each f16 K/V vector is decoded once and used by every query that needs it:
+   * the kvMul heads sharing its KV head and, in prefill, up to ATT_TILE consecutive rows of the
+   * same sequence. Every score is still one sequential sum over the head dimension and every
+   * output one sequential sum over positions 0..pos, so tiling never changes a bit.
+   */
+  private attention(
+    bits: Uint16Array,
+    blockElems: number,
+    B: number,
+    l: number,
+    batch: readonly SeqChunk[],
+    rows: number,
+  ): void {
+    const { q, xb, att, acc, kvec, rowPos, rowSeq } = this;
+    const lut = F16_TABLE;
+    const dim = this.cfg.dim;
+    const maxSeq = this.cfg.maxSeqLen;
+    const hd = this.headDim;
+    const kvDim = this.kvDim;
+    const kvMul = this.kvMul;
+    const nKv = this.cfg.nKvHeads;
+    const sqrtHd = Math.sqrt(hd);
+    const kLayer = 2 * l * B;
+    const vLayer = kLayer + B;
+    for (let r = 0; r < rows; ) {
+      // A tile: consecutive rows of one chunk, so positions rise by one per row.
+      const seq = rowSeq[r]!;
+      let rEnd = r + 1;
+      while (rEnd < rows && rEnd - r < ATT_TILE && rowSeq[rEnd] === seq) rEnd++;
+      const nr = rEnd - r;
+      const table = batch[seq]!.blockTable;
+      const firstPos = rowPos[r]!;
+      const n = rowPos[rEnd - 1]! + 1;
+      for (let g = 0; g < nKv; g++) {
+        const headOff = g * hd;
+        const qHead = r * dim + g * kvMul * hd;
+        for (let t0 = 0, b = 0; t0 < n; t0 += B, b++) {
+          const blockBase = table[b]! * blockElems + headOff;
+          const m = Math.min(B, n - t0);
+          for (let slot = 0; slot < m; slot++) {
+            const t = t0 + slot;
+            const ko = blockBase + (kLayer + slot) * kvDim;
+            for (let i = 0; i < hd; i++) kvec[i] = lut[bits[ko + i]!]!;
+            for (let j = t > firstPos ? t - firstPos : 0; j < nr; j++) {
+              for (let h = 0; h < kvMul; h++) {
+                const qo = qHead + j * dim + h * hd;
+                let s = 0;
+                for (let i = 0; i < hd; i++) s += q[qo + i]! * kvec[i]!;
+                att[(j * kvMul + h) * maxSeq + t] = s / sqrtHd;
+              }
+            }
+          }
+        }
+        for (let j = 0; j < nr; j++) {
+          const len = firstPos + j + 1;
+          for (let h = 0; h < kvMul; h++) {
+            const a0 = (j * kvMul + h) * maxSeq;
+            let max = -Infinity;
+            for (let t = 0; t < len; t++) if (att[a0 + t]! > max) max = att[a0 + t]!;
+            let sum = 0;
+            for (let t = 0; t < len; t++) {
+              att[a0 + t] = Math.exp(att[a0 + t]! - max);
+              sum += att[a0 + t]!;
+            }
+            for (let t = 0; t < len; t++) att[a0 + t] = att[a0 + t]! / sum;
+          }
+        }
+        acc.fill(0, 0, nr * kvMul * hd);
+        for (let t0 = 0, b = 0; t0 < n; t0 += B, b++) {
+          const blockBase = table[b]! * blockElems + headOff;
+          const m = Math.min(B, n - t0);
+          for (let slot = 0; slot < m; slot++) {
+            const t = t0 + slot;
+            const vo = blockBase + (vLayer + slot) * kvDim;
+            for (let i = 0; i < hd; i++) kvec[i] = lut[bits[vo + i]!]!;
+            for (let j = t > firstPos ? t - firstPos : 0; j < nr; j++) {
+              for (let h = 0; h < kvMul; h++) {
+                const a = att[(j * kvMul + h) * maxSeq + t]!;
+                const ao = (j * kvMul + h) * hd;
+                for (let i = 0; i < hd; i++) acc[ao + i] += a * kvec[i]!;
+              }
+            }
+          }
+        }
+        for (let j = 0; j < nr; j++) {
+          const src = j * kvMul * hd;
+          const dst = qHead + j * dim;
+          for (let i = 0, k = kvMul * hd; i < k; i++) xb[dst + i] = acc[src + i]!;
+        }
+      }
+      r = rEnd;
+    }
+  }
+}
+
+/** o[r] = g * x[r] / rms(x[r]) for each row, as run.c (eps inside the root). */
+function rmsnorm(
+  o: Float32Array,
+  x: Float32Array,
+  g: Float32Array,
+  gOff: number,
+  rows: number,
+  dim: number,
+  eps: number,
+): void {
+  for (let r = 0; r < rows; r++) {
+    const xo = r * dim;
+    let ss = 0;
+    for (let i = 0; i < dim; i++) ss += x[xo + i]! * x[xo + i]!;
+    const inv = 1 / Math.sqrt(ss / dim + eps);
+    for (let i = 0; i < dim; i++) o[xo + i] = g[gOff + i]! * (inv * x[xo + i]!);
+  }
+}

@@ -1,0 +1,124 @@
+import { kvDimOf, type ModelConfig, validateConfig } from "./config.ts";
+
+/**
+ * Weights in llama2.c's run.c layout. Every matrix is row-major (out, in) so that
+ * xout[i] = sum_j W[i*in + j] * x[j]; per-layer tensors are stacked along a leading L axis.
+ */
+export interface Weights {
+  /** (vocab, dim) */
+  tokenEmbedding: Float32Array;
+  /** (L, dim) */
+  rmsAtt: Float32Array;
+  /** (L, dim, dim): out = nHeads*headDim = dim */
+  wq: Float32Array;
+  /** (L, kvDim, dim) */
+  wk: Float32Array;
+  /** (L, kvDim, dim) */
+  wv: Float32Array;
+  /** (L, dim, dim) */
+  wo: Float32Array;
+  /** (L, dim) */
+  rmsFfn: Float32Array;
+  /** (L, hidden, dim) */
+  w1: Float32Array;
+  /** (L, dim, hidden) */
+  w2: Float32Array;
+  /** (L, hidden, dim) */
+  w3: Float32Array;
+  /** (dim) */
+  rmsFinal: Float32Array;
+  /** (vocab, dim); the same object as tokenEmbedding when the classifier is shared. */
+  wcls: Float32Array;
+}
+
+/** Element count of every tensor, in run.c file order. */
+export function weightSizes(cfg: ModelConfig): Record<keyof Weights, number> {
+  const { dim, hiddenDim: hid, nLayers: L, vocabSize: V } = cfg;
+  const kvDim = kvDimOf(cfg);
+  return {
+    tokenEmbedding: V * dim,
+    rmsAtt: L * dim,
+    wq: L * dim * dim,
+    wk: L * kvDim * dim,
+    wv: L * kvDim * dim,
+    wo: L * dim * dim,
+    rmsFfn: L * dim,
+    w1: L * hid * dim,
+    w2: L * dim * hid,
+    w3: L * hid * dim,
+    rmsFinal: dim,
+    wcls: V * dim,
+  };
+}
+
+/** Throws when a tensor's length disagrees with the config. */
+export function validateWeights(cfg: ModelConfig, w: Weights): void {
+  validateConfig(cfg);
+  const sizes = weightSizes(cfg);
+  for (const k of Object.keys(sizes) as (keyof Weights)[]) {
+    const a = w[k];
+    if (!(a instanceof Float32Array)) throw new Error(`weights.${k}: want a Float32Array`);
+    if (a.length !== sizes[k]) throw new Error(`weights.${k} has ${a.length} elements, want ${sizes[k]}`);
+  }
+}
+
+export interface SyntheticOptions {
+  /** wcls === tokenEmbedding (llama2.c "shared weights"). Default false. */
+  sharedClassifier?: boolean;
+  /** Standard deviation of an unshared classifier's logits for a unit-RMS input. Default 4. */
+  logitStd?: number;
+}
+
+/**
+ * Deterministic random weights: the same (cfg, seed) always gives the same bits. Matrices are
+ * uniform with variance 1/fan_in so every projection keeps unit-scale activations; the residual
+ * writers (wo, w2) are shrunk by 1/sqrt(2L) so the stream does not grow with depth.
+ */
+export function syntheticWeights(cfg: ModelConfig, seed: number, opts: SyntheticOptions = {}): Weights {
+  validateConfig(cfg);
+  const sizes = weightSizes(cfg);
+  const rng = splitmix32(seed);
+  const { dim, hiddenDim: hid, nLayers: L } = cfg;
+  const resid = 1 / Math.sqrt(2 * L);
+  const uniform = (n: number, std: number): Float32Array => {
+    // U(-a, a) has std a/sqrt(3).
+    const a = std * Math.sqrt(3);
+    const out = new Float32Array(n);
+    for (let i = 0; i < n; i++) out[i] = (rng() * 2 ** -31 - 1) * a;
+    return out;
+  };
+  const gains = (n: number): Float32Array => {
+    const out = new Float32Array(n);
+    for (let i = 0; i < n; i++) out[i] = 1 + (rng() * 2 ** -31 - 1) * 0.1;
+    return out;
+  };
+  const tokenEmbedding = uniform(sizes.tokenEmbedding, 1);
+  const w: Weights = {
+    tokenEmbedding,
+    rmsAtt: gains(sizes.rmsAtt),
+    wq: uniform(sizes.wq, 1 / Math.sqrt(dim)),
+    wk: uniform(sizes.wk, 1 / Math.sqrt(dim)),
+    wv: uniform(sizes.wv, 1 / Math.sqrt(dim)),
+    wo: uniform(sizes.wo, resid / Math.sqrt(dim)),
+    rmsFfn: gains(sizes.rmsFfn),
+    w1: uniform(sizes.w1, 1 / Math.sqrt(dim)),
+    w2: uniform(sizes.w2, resid / Math.sqrt(hid)),
+    w3: uniform(sizes.w3, 1 / Math.sqrt(dim)),
+    rmsFinal: gains(sizes.rmsFinal),
+    wcls: tokenEmbedding,
+  };
+  if (!opts.sharedClassifier) w.wcls = uniform(sizes.wcls, (opts.logitStd ?? 4) / Math.sqrt(dim));
+  return w;
+}
+
+/** A small counter-based generator (splitmix32 finaliser): uint32 outputs, seedable, no allocation. */
+export function splitmix32(seed: number): () => number {
+  let s = seed | 0;
+  return () => {
+    s = (s + 0x9e3779b9) | 0;
+    let z = s;
+    z = Math.imul(z ^ (z >>> 16), 0x21f0aaad);
+    z = Math.imul(z ^ (z >>> 15), 0x735a2d97);
+    return (z ^ (z >>> 15)) >>> 0;
+  };
+}

@@ -1,0 +1,69 @@
+import { KvPool } from "../../src/pool/index.ts";
+import { type ModelConfig, type SeqChunk, Transformer, kvShapeOf, syntheticWeights } from "../../src/model/index.ts";
+
+export const TINY: ModelConfig = {
+  name: "tiny",
+  dim: 32,
+  hiddenDim: 64,
+  nLayers: 2,
+  nHeads: 4,
+  nKvHeads: 2,
+  vocabSize: 64,
+  maxSeqLen: 64,
+  ropeTheta: 10000,
+  normEps: 1e-5,
+};
+
+export const B = 4;
+
+export function tinyModel(seed = 7, cfg: ModelConfig = TINY): Transformer {
+  return new Transformer(cfg, syntheticWeights(cfg, seed));
+}
+
+export function newPool(cfg: ModelConfig = TINY, blocks = 64): KvPool {
+  return new KvPool(kvShapeOf(cfg, B), blocks);
+}
+
+/** Deterministic pseudo-random token ids. */
+export function tokens(n: number, seed: number, vocab = TINY.vocabSize): number[] {
+  const out: number[] = [];
+  let s = seed >>> 0;
+  for (let i = 0; i < n; i++) {
+    s = (Math.imul(s, 1664525) + 1013904223) >>> 0;
+    out.push(s % vocab);
+  }
+  return out;
+}
+
+/** A sequence holding its blocks in one pool; grows its block table as positions are added. */
+export class Seq {
+  readonly blockTable: number[] = [];
+  pos = 0;
+  constructor(readonly pool: KvPool) {}
+
+  chunk(toks: readonly number[]): SeqChunk {
+    const need = Math.ceil((this.pos + toks.length) / this.pool.shape.blockTokens);
+    while (this.blockTable.length < need) this.blockTable.push(this.pool.allocate(1)![0]!);
+    const c: SeqChunk = { blockTable: this.blockTable, startPos: this.pos, tokens: toks };
+    this.pos += toks.length;
+    return c;
+  }
+}
+
+/** Runs one chunk alone; returns its last-position logits. */
+export function step(m: Transformer, seq: Seq, toks: readonly number[]): Float32Array {
+  const out = new Float32Array(m.cfg.vocabSize);
+  m.forward(seq.pool, [seq.chunk(toks)], out);
+  return out;
+}
+
+export function argmax(a: ArrayLike<number>): number {
+  let best = 0;
+  for (let i = 1; i < a.length; i++) if (a[i]! > a[best]!) best = i;
+  return best;
+}
+
+/** Bitwise equality of two float arrays (distinguishes -0 and NaN payloads). */
+export function bits(a: Float32Array): number[] {
+  return Array.from(new Uint32Array(a.buffer, a.byteOffset, a.length));
+}
