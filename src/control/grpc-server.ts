@@ -1,0 +1,104 @@
+import * as http2 from "node:http2";
+import type { ConnectRouter } from "@connectrpc/connect";
+import { connectNodeAdapter } from "@connectrpc/connect-node";
+
+export interface GrpcServerOptions {
+  /** Interface to bind; 127.0.0.1 unless told otherwise (tests and single-host clusters). */
+  host?: string;
+  /** 0 (the default) lets the OS pick; read the chosen one back from `port`. */
+  port?: number;
+  /** Largest single message accepted or sent, in bytes; Connect's default (~4 GiB) otherwise. */
+  maxMessageBytes?: number;
+}
+
+export interface GrpcServer {
+  /**
+   * "host:port" (the form WorkerStatus and PrefillRequest carry) built from the
+   * bind host; a server bound to 0.0.0.0 or :: must advertise a reachable name itself.
+   */
+  readonly address: string;
+  readonly host: string;
+  readonly port: number;
+  /**
+   * Stops accepting, resets every in-flight stream (handlers see ctx.signal
+   * abort), destroys every session, and resolves once the listener is closed;
+   * it does not wait for pooled client connections. Idempotent.
+   */
+  close(): Promise<void>;
+}
+
+/**
+ * Serves Connect routes over cleartext HTTP/2 (h2c), the transport gRPC clients
+ * (Connect's createGrpcTransport, grpc-js, grpc-go, grpcurl -plaintext) speak.
+ * The Connect and gRPC-web protocols are answered on the same port as well.
+ *
+ * Client streams: under Bun (and Node) a client that aborts mid-stream can end
+ * the handler's request iterable as if the stream had finished cleanly, with
+ * ctx.signal not aborted. A handler must check completeness itself (KvChunk
+ * counts against `total`) rather than trust the end of iteration.
+ */
+export async function serveGrpc(
+  routes: (router: ConnectRouter) => void,
+  opts: GrpcServerOptions = {},
+): Promise<GrpcServer> {
+  const host = opts.host ?? "127.0.0.1";
+  const handler = connectNodeAdapter({
+    routes,
+    ...(opts.maxMessageBytes !== undefined
+      ? { readMaxBytes: opts.maxMessageBytes, writeMaxBytes: opts.maxMessageBytes }
+      : {}),
+  });
+  const server = http2.createServer(handler);
+  // server.close() alone waits for clients to hang up, which a pooled client
+  // connection never does; track sessions so close() can end them.
+  const sessions = new Set<http2.ServerHttp2Session>();
+  const streams = new Set<http2.Http2Stream>();
+  server.on("stream", (stream) => {
+    streams.add(stream);
+    stream.once("close", () => streams.delete(stream));
+  });
+  server.on("session", (session) => {
+    sessions.add(session);
+    session.once("close", () => sessions.delete(session));
+    // An aborted client surfaces as a session error; it concerns that session only.
+    session.on("error", () => {});
+  });
+
+  await new Promise<void>((resolve, reject) => {
+    const onError = (err: Error) => reject(err);
+    server.once("error", onError);
+    server.listen(opts.port ?? 0, host, () => {
+      server.off("error", onError);
+      resolve();
+    });
+  });
+  const bound = server.address();
+  if (bound === null || typeof bound === "string") {
+    throw new Error(`grpc server bound to an unexpected address: ${String(bound)}`);
+  }
+  const port = bound.port;
+
+  let closing: Promise<void> | undefined;
+  return {
+    address: `${formatHost(host)}:${port}`,
+    host,
+    port,
+    close() {
+      closing ??= new Promise<void>((resolve) => {
+        server.close(() => resolve());
+        // An explicit reset, not just the session teardown, so that clients whose
+        // request side is still open see CANCEL rather than a bare close.
+        for (const stream of streams) stream.close(http2.constants.NGHTTP2_CANCEL);
+        streams.clear();
+        for (const session of sessions) session.destroy();
+        sessions.clear();
+      });
+      return closing;
+    },
+  };
+}
+
+// IPv6 literals need brackets in host:port form.
+function formatHost(host: string): string {
+  return host.includes(":") && !host.startsWith("[") ? `[${host}]` : host;
+}

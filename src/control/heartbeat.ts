@@ -1,0 +1,154 @@
+import type { HeartbeatAck, WorkerStatus } from "../gen/tl/control/v1/control_pb.ts";
+import { workerStatus, type WorkerIdentity, type WorkerLoad } from "./worker-status.ts";
+
+/** The gateway's WorkerRegistry as an engine sees it. */
+export interface Registry {
+  /** Implementations should give up when `signal` aborts; beatOnce bounds the call regardless. */
+  heartbeat(status: WorkerStatus, timeoutMs: number, signal?: AbortSignal): Promise<HeartbeatAck>;
+}
+
+export interface BeatState {
+  /** Consecutive failed beats; a success resets it. */
+  failures: number;
+  /** Seq of the last beat sent (0 before the first). */
+  seq: bigint;
+  /** Set by the first ack that asks for a drain and never cleared: the engine remembers it. */
+  drainRequested: boolean;
+  intervalMs: number;
+}
+
+export function newBeatState(intervalMs: number): BeatState {
+  return { failures: 0, seq: 0n, drainRequested: false, intervalMs };
+}
+
+/**
+ * Sends one beat and folds the outcome into `state`. Resolves within `timeoutMs`
+ * even when the registry never answers: the call is raced against a timer and
+ * aborted through its signal. Aborting `signal` (a stopping loop) ends it at
+ * once without counting a failure.
+ */
+export async function beatOnce(
+  registry: Registry,
+  status: WorkerStatus,
+  timeoutMs: number,
+  state: BeatState,
+  signal?: AbortSignal,
+): Promise<boolean> {
+  if (signal?.aborted) return false;
+  const call = new AbortController();
+  const onStop = () => call.abort(signal?.reason);
+  signal?.addEventListener("abort", onStop, { once: true });
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  const cut = new Promise<never>((_, reject) => {
+    timer = setTimeout(
+      () => call.abort(new Error(`heartbeat timed out after ${timeoutMs} ms`)),
+      timeoutMs,
+    );
+    call.signal.addEventListener("abort", () => reject(call.signal.reason), { once: true });
+  });
+  try {
+    const ack = await Promise.race([registry.heartbeat(status, timeoutMs, call.signal), cut]);
+    state.failures = 0;
+    if (ack.drain) state.drainRequested = true;
+    if (ack.intervalMs > 0) state.intervalMs = ack.intervalMs;
+    return true;
+  } catch {
+    if (!signal?.aborted) state.failures++;
+    return false;
+  } finally {
+    clearTimeout(timer);
+    signal?.removeEventListener("abort", onStop);
+    // Settles `cut` (already raced, so its rejection is handled) and cancels a call the timer did not.
+    call.abort(new Error("beat finished"));
+  }
+}
+
+/** An engine's beat loop: one beat at once, then one per interval, until stop(). */
+export class Heartbeat {
+  readonly state: BeatState;
+  private readonly stopper = new AbortController();
+  private drainNotified = false;
+  private loop: Promise<void> = Promise.resolve();
+
+  private constructor(
+    private readonly registry: Registry,
+    private readonly identity: WorkerIdentity,
+    private readonly loadFn: () => WorkerLoad,
+    intervalMs: number,
+    private readonly timeoutMs: number,
+    private readonly onDrain?: () => void,
+  ) {
+    this.state = newBeatState(intervalMs);
+  }
+
+  static spawn(
+    registry: Registry,
+    identity: WorkerIdentity,
+    loadFn: () => WorkerLoad,
+    intervalMs = 2000,
+    timeoutMs = 1000,
+    onDrain?: () => void,
+  ): Heartbeat {
+    const hb = new Heartbeat(registry, identity, loadFn, intervalMs, timeoutMs, onDrain);
+    hb.loop = hb.run();
+    return hb;
+  }
+
+  /** Ends the loop, aborting a beat in flight; resolves once the loop has exited. */
+  async stop(): Promise<void> {
+    this.stopper.abort(new Error("heartbeat stopped"));
+    await this.loop;
+  }
+
+  private async run(): Promise<void> {
+    const signal = this.stopper.signal;
+    while (!signal.aborted) {
+      const started = performance.now();
+      await this.beat(signal);
+      if (this.state.drainRequested && !this.drainNotified) {
+        this.drainNotified = true;
+        try {
+          this.onDrain?.();
+        } catch (err) {
+          // The engine's drain hook failing must not silence its heartbeat.
+          console.error("heartbeat: onDrain threw:", err);
+        }
+      }
+      // Fixed rate: a slow beat eats into the wait instead of stretching the period.
+      await sleep(this.state.intervalMs - (performance.now() - started), signal);
+    }
+  }
+
+  private async beat(signal: AbortSignal): Promise<void> {
+    this.state.seq += 1n;
+    let status: WorkerStatus;
+    try {
+      const load = this.loadFn();
+      status = workerStatus(
+        this.identity,
+        // Once told to drain the engine says so on every beat, whatever its load hook reports.
+        { ...load, draining: load.draining || this.state.drainRequested },
+        this.state.seq,
+      );
+    } catch {
+      this.state.failures++;
+      return;
+    }
+    await beatOnce(this.registry, status, this.timeoutMs, this.state, signal);
+  }
+}
+
+function sleep(ms: number, signal: AbortSignal): Promise<void> {
+  if (ms <= 0 || signal.aborted) return Promise.resolve();
+  return new Promise((resolve) => {
+    const done = () => {
+      clearTimeout(timer);
+      signal.removeEventListener("abort", done);
+      resolve();
+    };
+    // The beat loop alone must not keep a process alive.
+    const timer = setTimeout(done, ms);
+    timer.unref?.();
+    signal.addEventListener("abort", done, { once: true });
+  });
+}

@@ -1,0 +1,311 @@
+import type { Socket } from "bun";
+import type { KvAckLike, KvChunkLike } from "./kv-chunk.ts";
+import type { PushOptions } from "./kv-transport.ts";
+import { GrpcCode, TransferError } from "./kv-error.ts";
+import {
+  CHUNK_FIXED,
+  FRAME_ACK,
+  FRAME_CHUNK,
+  FRAME_END,
+  FRAME_ERROR,
+  FRAME_HEAD,
+  getU32,
+  getU64,
+  MAX_HANDLE_BYTES,
+  putU32,
+  putU64,
+  splitHostPort,
+} from "./data-plane-frame.ts";
+
+const encoder = new TextEncoder();
+const decoder = new TextDecoder();
+// Frames are staged and written in runs of this size: fewer syscalls, one copy.
+const STAGE_BYTES = 1024 * 1024;
+
+interface Waiter {
+  resolve(): void;
+  reject(e: TransferError): void;
+}
+
+/** One TCP connection to a data plane and the push it is carrying. */
+class Conn {
+  socket!: Socket<Conn>;
+  /** reply bytes collected so far (replies are small) */
+  private rx = new Uint8Array(256);
+  private have = 0;
+  private replyWaiter: { resolve(ack: Uint8Array): void; reject(e: TransferError): void } | undefined;
+  private drainWaiter: Waiter | undefined;
+  /** set once the connection is unusable */
+  dead: TransferError | undefined;
+  /** an ERROR or ACK that arrived while we were still writing */
+  early: Uint8Array | undefined;
+
+  constructor(readonly address: string) {}
+
+  onData(buf: Uint8Array): void {
+    if (this.have + buf.length > this.rx.length) {
+      const bigger = new Uint8Array(Math.max(this.rx.length * 2, this.have + buf.length));
+      bigger.set(this.rx.subarray(0, this.have));
+      this.rx = bigger;
+    }
+    this.rx.set(buf, this.have);
+    this.have += buf.length;
+    if (this.have < 4) return;
+    const len = 4 + getU32(this.rx, 0);
+    if (this.have < len) return;
+    const frame = this.rx.slice(0, len);
+    this.rx.copyWithin(0, len, this.have);
+    this.have -= len;
+    if (this.replyWaiter !== undefined) {
+      const w = this.replyWaiter;
+      this.replyWaiter = undefined;
+      w.resolve(frame);
+    } else {
+      this.early = frame;
+    }
+    // A reply while we write (an ERROR mid-push) must stop the writer.
+    this.drainWaiter?.resolve();
+    this.drainWaiter = undefined;
+  }
+
+  onDrain(): void {
+    const w = this.drainWaiter;
+    this.drainWaiter = undefined;
+    w?.resolve();
+  }
+
+  onClose(err?: Error): void {
+    this.dead ??= new TransferError(GrpcCode.UNAVAILABLE, `data plane ${this.address}: connection ${err ? `failed: ${err.message}` : "closed"}`);
+    this.drainWaiter?.reject(this.dead);
+    this.drainWaiter = undefined;
+    // An ERROR frame that arrived before the close still decides the outcome.
+    if (this.replyWaiter !== undefined && this.early === undefined) this.replyWaiter.reject(this.dead);
+    this.replyWaiter = undefined;
+  }
+
+  /** Writes all of `b`, waiting for drains; stops early (returns false) once a reply arrived. */
+  async writeAll(b: Uint8Array): Promise<boolean> {
+    let off = 0;
+    while (off < b.length) {
+      if (this.early !== undefined) return false;
+      if (this.dead) throw this.dead;
+      const w = this.socket.write(b.subarray(off));
+      if (w < 0) throw (this.dead ??= new TransferError(GrpcCode.UNAVAILABLE, `data plane ${this.address}: connection closed`));
+      off += w;
+      if (off < b.length) {
+        await new Promise<void>((resolve, reject) => {
+          this.drainWaiter = { resolve, reject };
+        });
+      }
+    }
+    return true;
+  }
+
+  reply(): Promise<Uint8Array> {
+    if (this.early !== undefined) {
+      const f = this.early;
+      this.early = undefined;
+      return Promise.resolve(f);
+    }
+    if (this.dead) return Promise.reject(this.dead);
+    return new Promise((resolve, reject) => {
+      this.replyWaiter = { resolve, reject };
+    });
+  }
+}
+
+export interface DataPlaneClientOptions {
+  /** Deadline of one push; default 30 000 ms. */
+  timeoutMs?: number;
+}
+
+/**
+ * The prefill side of the binary data plane (data-plane-frame.ts). Idle connections
+ * are kept per address and reused; a connection that saw an error is dropped.
+ */
+export class DataPlaneClient {
+  private readonly idle = new Map<string, Conn[]>();
+  private readonly open = new Set<Conn>();
+  private readonly timeoutMs: number;
+  private stage = new Uint8Array(STAGE_BYTES);
+
+  constructor(opts: DataPlaneClientOptions = {}) {
+    this.timeoutMs = opts.timeoutMs ?? 30_000;
+  }
+
+  private async connect(address: string): Promise<Conn> {
+    const list = this.idle.get(address);
+    while (list !== undefined && list.length > 0) {
+      const c = list.pop()!;
+      if (c.dead === undefined) {
+        c.socket.ref();
+        return c;
+      }
+    }
+    const { host, port } = splitHostPort(address);
+    const conn = new Conn(address);
+    try {
+      conn.socket = await Bun.connect<Conn>({
+        hostname: host,
+        port,
+        data: conn,
+        socket: {
+          data: (s, buf) => s.data.onData(buf),
+          drain: (s) => s.data.onDrain(),
+          close: (s, err) => {
+            s.data.onClose(err);
+            this.open.delete(s.data);
+          },
+          error: (s, err) => s.data.onClose(err),
+          connectError: (s, err) => s.data.onClose(err),
+        },
+      });
+    } catch (e) {
+      throw new TransferError(GrpcCode.UNAVAILABLE, `data plane ${address}: ${e instanceof Error ? e.message : String(e)}`);
+    }
+    conn.socket.setNoDelay(true);
+    this.open.add(conn);
+    return conn;
+  }
+
+  async push(address: string, chunks: readonly KvChunkLike[] | AsyncIterable<KvChunkLike>, opts: PushOptions = {}): Promise<KvAckLike> {
+    if (opts.signal?.aborted) throw new TransferError(GrpcCode.CANCELLED, `data plane push to ${address}: cancelled`);
+    const conn = await this.connect(address);
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    let onAbort: (() => void) | undefined;
+    // Hanging up mid-push is how P abandons it: D frees what the push took.
+    const stopped = new Promise<never>((_, reject) => {
+      const stop = (e: TransferError) => {
+        conn.dead ??= e;
+        reject(conn.dead);
+        conn.socket.terminate();
+      };
+      timer = setTimeout(
+        () => stop(new TransferError(GrpcCode.DEADLINE_EXCEEDED, `data plane push to ${address}: no answer within ${this.timeoutMs} ms`)),
+        this.timeoutMs,
+      );
+      if (opts.signal) {
+        onAbort = () => stop(new TransferError(GrpcCode.CANCELLED, `data plane push to ${address}: cancelled`));
+        opts.signal.addEventListener("abort", onAbort, { once: true });
+      }
+    });
+    stopped.catch(() => {});
+    let handleId = "";
+    let ok = false;
+    try {
+      const ack = await Promise.race([
+        this.run(conn, chunks, (h) => {
+          handleId = h;
+        }),
+        stopped,
+      ]);
+      ok = true;
+      return { ...ack, handleId };
+    } finally {
+      clearTimeout(timer);
+      if (onAbort) opts.signal!.removeEventListener("abort", onAbort);
+      if (ok && conn.dead === undefined) {
+        conn.socket.unref();
+        let list = this.idle.get(address);
+        if (list === undefined) this.idle.set(address, (list = []));
+        list.push(conn);
+      } else {
+        // A refused or broken push: the server discards this connection's input, so hang up.
+        conn.dead ??= new TransferError(GrpcCode.ABORTED, "push abandoned");
+        conn.socket.terminate();
+      }
+    }
+  }
+
+  private async run(
+    conn: Conn,
+    chunks: readonly KvChunkLike[] | AsyncIterable<KvChunkLike>,
+    onHandle: (h: string) => void,
+  ): Promise<Omit<KvAckLike, "handleId">> {
+    // Pushes on different connections may interleave at awaits: each run stages in
+    // its own buffer when the shared one is taken.
+    const stage = this.stage.length > 0 ? this.stage : new Uint8Array(STAGE_BYTES);
+    this.stage = new Uint8Array(0);
+    let used = 0;
+    let handle = "";
+    let hb = new Uint8Array(0);
+    let stopped = false;
+    try {
+      const flushStage = async () => {
+        if (used > 0 && !(await conn.writeAll(stage.subarray(0, used)))) stopped = true;
+        used = 0;
+      };
+      const frame = async (c: KvChunkLike) => {
+        if (c.handleId !== handle) {
+          handle = c.handleId;
+          hb = encoder.encode(handle);
+          if (hb.length > MAX_HANDLE_BYTES) throw new TransferError(GrpcCode.INVALID_ARGUMENT, `handle of ${hb.length} bytes`);
+          onHandle(handle);
+        }
+        const head = FRAME_HEAD + CHUNK_FIXED + hb.length;
+        const len = head + c.envelope.length;
+        if (used + len > stage.length) await flushStage();
+        if (stopped) return;
+        // An envelope bigger than the stage goes straight to the socket after its head.
+        const big = len > stage.length;
+        const o = used;
+        putU32(stage, o, len - 4);
+        stage[o + 4] = FRAME_CHUNK;
+        const b = o + FRAME_HEAD;
+        putU32(stage, b, c.index);
+        putU32(stage, b + 4, c.total);
+        putU64(stage, b + 8, c.hash);
+        putU32(stage, b + 16, c.kvFormat);
+        putU32(stage, b + 20, c.crc32c);
+        stage[b + 24] = hb.length & 0xff;
+        stage[b + 25] = hb.length >>> 8;
+        stage.set(hb, b + CHUNK_FIXED);
+        used += head;
+        if (big) {
+          await flushStage();
+          if (!stopped && !(await conn.writeAll(c.envelope))) stopped = true;
+        } else {
+          stage.set(c.envelope, used);
+          used += c.envelope.length;
+        }
+      };
+      if (Array.isArray(chunks)) {
+        for (const c of chunks as readonly KvChunkLike[]) {
+          await frame(c);
+          if (stopped) break;
+        }
+      } else {
+        // A producer may be slow (chunks as layers finish): send each chunk as it comes.
+        for await (const c of chunks as AsyncIterable<KvChunkLike>) {
+          await frame(c);
+          if (!stopped) await flushStage();
+          if (stopped) break;
+        }
+      }
+      if (!stopped) {
+        if (used + FRAME_HEAD > stage.length) await flushStage();
+        putU32(stage, used, 1);
+        stage[used + 4] = FRAME_END;
+        used += FRAME_HEAD;
+        await flushStage();
+      }
+    } finally {
+      this.stage = stage;
+    }
+    const r = await conn.reply();
+    if (r[4] === FRAME_ACK && r.length >= FRAME_HEAD + 20) {
+      return { blocksReceived: getU32(r, 5), blocksDeduped: getU32(r, 9), payloadBytes: getU64(r, 13), nTokens: getU32(r, 21) };
+    }
+    if (r[4] === FRAME_ERROR && r.length >= FRAME_HEAD + 4) {
+      conn.dead = new TransferError(getU32(r, 5), `data plane ${conn.address}: ${decoder.decode(r.subarray(9))}`);
+      throw conn.dead;
+    }
+    throw (conn.dead = new TransferError(GrpcCode.INTERNAL, `data plane ${conn.address}: unexpected reply type ${r[4]}`));
+  }
+
+  async close(): Promise<void> {
+    for (const c of this.open) c.socket.terminate();
+    this.open.clear();
+    this.idle.clear();
+  }
+}

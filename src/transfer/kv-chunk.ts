@@ -1,0 +1,28 @@
+/**
+ * One KvChunk of a push (contracts.md, tl.kv.v1), transport-neutral: the generated
+ * `KvChunk` message satisfies it, and so do the data plane's decoded frames.
+ */
+export interface KvChunkLike {
+  handleId: string;
+  index: number;
+  total: number;
+  /** the block's chained hash; 0n for the partial tail */
+  hash: bigint;
+  kvFormat: number;
+  /** a one-block envelope; empty = "you hold it, take a reference" */
+  envelope: Uint8Array;
+  /** CRC-32C of `envelope`; 0 when empty */
+  crc32c: number;
+}
+
+/** What D answers to a whole push (the KvAck message, transport-neutral). */
+export interface KvAckLike {
+  handleId: string;
+  blocksReceived: number;
+  blocksDeduped: number;
+  payloadBytes: bigint;
+  nTokens: number;
+}
+
+/** The only block format this engine speaks (kv-block.md). */
+export const KV_FORMAT = 1;

@@ -1,0 +1,323 @@
+import assert from "node:assert";
+import { chunkRecordHash, crc32c, EnvError, readEnvelope } from "../codec/index.ts";
+import type { KvPool } from "../pool/index.ts";
+import { KV_FORMAT, type KvAckLike, type KvChunkLike } from "./kv-chunk.ts";
+import { GrpcCode, hex32, hex64, KvError } from "./kv-error.ts";
+
+export interface KvReceiverOptions {
+  /** A handle (or a push in flight) not claimed or released within this is freed; default 60 000. */
+  ttlMs?: number;
+  /** Cap on accepted-but-unclaimed handles plus pushes in flight; default 1024. */
+  maxPending?: number;
+  /** Cap on pushes in flight at once; default 64. */
+  maxInFlight?: number;
+  /** Clock, replaceable in tests; default Date.now. */
+  now?: () => number;
+}
+
+/** The blocks a resumed request takes over from a handle. */
+export interface ClaimedHandle {
+  /** block ids in prompt order: the full blocks, then the tail if any */
+  blockIds: number[];
+  /** the chained hashes of the full blocks, in order */
+  hashes: bigint[];
+  /** full blocks × B + the tail's fill */
+  nTokens: number;
+}
+
+interface Held extends ClaimedHandle {
+  expiresAt: number;
+}
+
+/**
+ * The decode side of tl.kv.v1 over a shared KvPool, without any transport: KvService
+ * (gRPC) and the data plane server drive it alike, so both paths refuse and free the
+ * same way.
+ *
+ * Accepted pushes are held under their handle id until `claim` hands the references to
+ * a resumed request, `release` drops them, or the time to live ends, so a gateway that
+ * dies after Prefill cannot pin D's pool.
+ */
+export class KvReceiver {
+  readonly pool: KvPool;
+  readonly ttlMs: number;
+  readonly maxPending: number;
+  readonly maxInFlight: number;
+  private readonly now: () => number;
+  private readonly held = new Map<string, Held>();
+  /** @internal sessions register themselves here while open */
+  readonly inflight = new Map<string, PushSession>();
+  private readonly timer: ReturnType<typeof setInterval>;
+  private nextSweep = 0;
+
+  constructor(pool: KvPool, opts: KvReceiverOptions = {}) {
+    this.pool = pool;
+    this.ttlMs = opts.ttlMs ?? 60_000;
+    this.maxPending = opts.maxPending ?? 1024;
+    this.maxInFlight = opts.maxInFlight ?? 64;
+    this.now = opts.now ?? Date.now;
+    assert(this.ttlMs > 0 && this.maxPending >= 1 && this.maxInFlight >= 1, "ttlMs, maxPending and maxInFlight must be positive");
+    // The timer frees handles nobody asks about; the lazy sweeps in the accessors make
+    // expiry exact whenever someone does.
+    this.timer = setInterval(() => this.sweep(), Math.max(10, Math.min(this.ttlMs, 5_000)));
+    this.timer.unref?.();
+  }
+
+  /** Which hashes D holds (used or cached). Takes no reference and leaves the LRU alone. */
+  hasBlocks(hashes: readonly bigint[], kvFormat: number): boolean[] {
+    checkFormat(kvFormat);
+    const out = new Array<boolean>(hashes.length);
+    for (let i = 0; i < hashes.length; i++) out[i] = hashes[i] !== 0n && this.pool.lookup(hashes[i]!) >= 0;
+    return out;
+  }
+
+  /** Opens a push (on its first chunk). Refuses a handle id pending or in flight, or one push too many. */
+  begin(handleId: string, total: number): PushSession {
+    this.sweep();
+    if (handleId === "") throw new KvError(GrpcCode.INVALID_ARGUMENT, "empty handle_id");
+    if (!(Number.isInteger(total) && total >= 1)) throw new KvError(GrpcCode.INVALID_ARGUMENT, `total ${total} must be ≥ 1`);
+    if (this.held.has(handleId) || this.inflight.has(handleId)) {
+      throw new KvError(GrpcCode.ALREADY_EXISTS, `handle ${handleId} is already ${this.held.has(handleId) ? "pending" : "being pushed"}`);
+    }
+    if (this.inflight.size >= this.maxInFlight) {
+      throw new KvError(GrpcCode.RESOURCE_EXHAUSTED, `${this.inflight.size} pushes in flight, max ${this.maxInFlight}`);
+    }
+    if (this.held.size + this.inflight.size >= this.maxPending) {
+      throw new KvError(
+        GrpcCode.RESOURCE_EXHAUSTED,
+        `${this.held.size} handles pending + ${this.inflight.size} in flight, max ${this.maxPending}`,
+      );
+    }
+    const s = new PushSession(this, handleId, total, this.now() + this.ttlMs);
+    this.inflight.set(handleId, s);
+    this.nextSweep = Math.min(this.nextSweep, s.deadline);
+    return s;
+  }
+
+  /** A whole push at once: every chunk, then the end. On a refusal nothing stays taken. */
+  acceptAll(chunks: Iterable<KvChunkLike>): KvAckLike {
+    let s: PushSession | undefined;
+    try {
+      for (const c of chunks) {
+        s ??= this.begin(c.handleId, c.total);
+        s.accept(c);
+      }
+      if (s === undefined) throw new KvError(GrpcCode.INVALID_ARGUMENT, "empty push");
+      return s.finish();
+    } catch (e) {
+      s?.abort();
+      throw e;
+    }
+  }
+
+  /** Hands the handle's references to the caller (who must release them), or null if unknown or expired. */
+  claim(handleId: string): ClaimedHandle | null {
+    this.sweep();
+    const h = this.held.get(handleId);
+    if (h === undefined) return null;
+    this.held.delete(handleId);
+    return { blockIds: h.blockIds, hashes: h.hashes, nTokens: h.nTokens };
+  }
+
+  /** Frees a pending handle. Idempotent: false when unknown (never claimed, released or expired). */
+  release(handleId: string): boolean {
+    const h = this.held.get(handleId);
+    if (h === undefined) return false;
+    this.held.delete(handleId);
+    this.pool.releaseAll(h.blockIds);
+    return true;
+  }
+
+  /** Handles accepted and not yet claimed, released or expired. */
+  pending(): number {
+    this.sweep();
+    return this.held.size;
+  }
+
+  /** Pushes open right now. */
+  inFlight(): number {
+    this.sweep();
+    return this.inflight.size;
+  }
+
+  /** Frees expired handles and aborts pushes that outlived the time to live; returns how many. */
+  sweep(): number {
+    const t = this.now();
+    if (t < this.nextSweep) return 0;
+    let n = 0;
+    let next = Infinity;
+    for (const [id, h] of this.held) {
+      if (h.expiresAt <= t) {
+        this.held.delete(id);
+        this.pool.releaseAll(h.blockIds);
+        n++;
+      } else next = Math.min(next, h.expiresAt);
+    }
+    for (const s of [...this.inflight.values()]) {
+      if (s.deadline <= t) {
+        s.abort();
+        n++;
+      } else next = Math.min(next, s.deadline);
+    }
+    this.nextSweep = next;
+    return n;
+  }
+
+  /** Stops the timer and frees every pending handle and open push. */
+  close(): void {
+    clearInterval(this.timer);
+    for (const s of [...this.inflight.values()]) s.abort();
+    for (const id of [...this.held.keys()]) this.release(id);
+  }
+
+  /** @internal */
+  settle(s: PushSession, accepted: Held | null): void {
+    if (this.inflight.get(s.handleId) === s) this.inflight.delete(s.handleId);
+    if (accepted !== null) {
+      this.held.set(s.handleId, accepted);
+      this.nextSweep = Math.min(this.nextSweep, accepted.expiresAt);
+    }
+  }
+
+  /** @internal */
+  expiry(): number {
+    return this.now() + this.ttlMs;
+  }
+}
+
+/**
+ * One push being received. Every chunk is checked before anything is allocated; a
+ * refused chunk leaves the session open so the caller decides (it always aborts).
+ */
+export class PushSession {
+  private readonly taken: number[] = [];
+  private readonly hashes: bigint[] = [];
+  private next = 0;
+  private nTokens = 0;
+  private received = 0;
+  private deduped = 0;
+  private bytes = 0;
+  private state: "open" | "done" | "aborted" = "open";
+
+  constructor(
+    private readonly rx: KvReceiver,
+    readonly handleId: string,
+    readonly total: number,
+    /** @internal */ readonly deadline: number,
+  ) {}
+
+  get aborted(): boolean {
+    return this.state === "aborted";
+  }
+
+  /** Checks one chunk, then takes its block (a copy of the envelope, or a reference on D's cached copy). */
+  accept(c: KvChunkLike): void {
+    if (this.state !== "open") {
+      throw new KvError(GrpcCode.ABORTED, `push ${this.handleId} is ${this.state === "done" ? "finished" : "aborted (expired)"}`);
+    }
+    const pool = this.rx.pool;
+    const B = pool.shape.blockTokens;
+    if (c.handleId !== this.handleId) {
+      throw new KvError(GrpcCode.INVALID_ARGUMENT, `chunk ${c.index}: handle ${c.handleId}, push is ${this.handleId}`);
+    }
+    if (c.total !== this.total) throw new KvError(GrpcCode.INVALID_ARGUMENT, `chunk ${c.index}: total ${c.total}, push has ${this.total}`);
+    if (c.index !== this.next) throw new KvError(GrpcCode.INVALID_ARGUMENT, `chunk index ${c.index}, want ${this.next}`);
+    checkFormat(c.kvFormat);
+    const last = c.index === this.total - 1;
+    // Only the last block may be partial: a hashless block mid-push would shift every later token.
+    if (c.hash === 0n && !last) throw new KvError(GrpcCode.INVALID_ARGUMENT, `chunk ${c.index} of ${this.total}: hash 0 before the last chunk`);
+    const got = crc32c(c.envelope);
+    if (got !== c.crc32c >>> 0) throw new KvError(GrpcCode.DATA_LOSS, `chunk ${c.index}: crc mismatch: got ${hex32(got)}, want ${hex32(c.crc32c)}`);
+
+    if (c.envelope.length === 0) {
+      if (c.hash === 0n) throw new KvError(GrpcCode.INVALID_ARGUMENT, `chunk ${c.index}: empty envelope without a hash`);
+      const id = pool.lookup(c.hash);
+      if (id < 0) throw new KvError(GrpcCode.NOT_FOUND, `chunk ${c.index}: block ${hex64(c.hash)} no longer held`);
+      pool.acquire(id);
+      this.take(id, c.hash, B);
+      this.deduped++;
+      return;
+    }
+
+    let rec;
+    try {
+      const env = readEnvelope(c.envelope, pool.shape);
+      if (env.records.length !== 1) {
+        throw new KvError(GrpcCode.INVALID_ARGUMENT, `chunk ${c.index}: envelope holds ${env.records.length} blocks, want 1`);
+      }
+      rec = env.records[0]!;
+    } catch (e) {
+      if (e instanceof EnvError) throw new KvError(e.code, `chunk ${c.index}: ${e.message}`);
+      throw e;
+    }
+    const hash = chunkRecordHash(c.hash, rec, B);
+    if (hash === null) {
+      throw new KvError(
+        GrpcCode.DATA_LOSS,
+        `chunk ${c.index}: record hash ${hex64(rec.hash)} (fill ${rec.nTokens}) disagrees with chunk hash ${hex64(c.hash)}`,
+      );
+    }
+    if (hash !== 0n && rec.nTokens !== B) {
+      throw new KvError(GrpcCode.DATA_LOSS, `chunk ${c.index}: hash ${hex64(hash)} on a partial block (fill ${rec.nTokens})`);
+    }
+    const ids = pool.allocate(1);
+    if (ids === null) throw new KvError(GrpcCode.RESOURCE_EXHAUSTED, `chunk ${c.index}: no free block (${pool.used} of ${pool.total} in use)`);
+    const id = ids[0]!;
+    pool.bytes.set(rec.payload, id * pool.blockBytes);
+    pool.setFill(id, rec.nTokens);
+    // Named only when the push is accepted (finish): a refused push must leave D's
+    // cache as it was, so its copies go back free, not cached.
+    this.take(id, hash, rec.nTokens);
+    this.received++;
+    this.bytes += c.envelope.length;
+  }
+
+  private take(id: number, hash: bigint, fill: number): void {
+    this.taken.push(id);
+    if (hash !== 0n) this.hashes.push(hash);
+    this.nTokens += fill;
+    this.next++;
+  }
+
+  /** Ends a push that saw all `total` chunks; any other end is a refusal (and frees). */
+  finish(): KvAckLike {
+    if (this.state !== "open") {
+      throw new KvError(GrpcCode.ABORTED, `push ${this.handleId} is ${this.state === "done" ? "finished" : "aborted (expired)"}`);
+    }
+    if (this.next !== this.total) {
+      this.abort();
+      throw new KvError(GrpcCode.INVALID_ARGUMENT, `push ${this.handleId} ended after ${this.next} of ${this.total} chunks`);
+    }
+    this.state = "done";
+    // Full blocks are the leading ones. A hash another block owns meanwhile (a
+    // concurrent push of the same prefix) leaves this copy unnamed: freed, not cached, later.
+    const pool = this.rx.pool;
+    for (let i = 0; i < this.hashes.length; i++) pool.register(this.taken[i]!, this.hashes[i]!);
+    this.rx.settle(this, {
+      blockIds: this.taken,
+      hashes: this.hashes,
+      nTokens: this.nTokens,
+      expiresAt: this.rx.expiry(),
+    });
+    return {
+      handleId: this.handleId,
+      blocksReceived: this.received,
+      blocksDeduped: this.deduped,
+      payloadBytes: BigInt(this.bytes),
+      nTokens: this.nTokens,
+    };
+  }
+
+  /** Releases every block taken so far. Idempotent; a no-op after finish. */
+  abort(): void {
+    if (this.state !== "open") return;
+    this.state = "aborted";
+    this.rx.pool.releaseAll(this.taken);
+    this.taken.length = 0;
+    this.rx.settle(this, null);
+  }
+}
+
+function checkFormat(kvFormat: number): void {
+  if (kvFormat !== KV_FORMAT) throw new KvError(GrpcCode.FAILED_PRECONDITION, `kv_format ${kvFormat} not spoken, this engine speaks ${KV_FORMAT}`);
+}

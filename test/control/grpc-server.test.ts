@@ -1,0 +1,116 @@
+import { expect, test } from "bun:test";
+import * as net from "node:net";
+import { create } from "@bufbuild/protobuf";
+import { Code, ConnectError } from "@connectrpc/connect";
+import { closeGrpcClients, grpcClient, serveGrpc } from "../../src/control/index.ts";
+import { HeartbeatAckSchema, WorkerRegistry } from "../../src/gen/tl/control/v1/control_pb.ts";
+
+async function codeOf(p: Promise<unknown>): Promise<Code | undefined> {
+  try {
+    await p;
+    return undefined;
+  } catch (err) {
+    return ConnectError.from(err).code;
+  }
+}
+
+test("serve_grpc_close_is_prompt", async () => {
+  let sawAbort = false;
+  const server = await serveGrpc((router) =>
+    router.service(WorkerRegistry, {
+      heartbeat: async (status, ctx) => {
+        if (status.workerId === "hang") {
+          await new Promise<void>((resolve) => ctx.signal.addEventListener("abort", () => resolve()));
+          sawAbort = true;
+        }
+        return create(HeartbeatAckSchema, { intervalMs: 7 });
+      },
+      listWorkers: () => ({ workers: [] }),
+    }),
+  );
+  const client = grpcClient(WorkerRegistry, server.address);
+  expect((await client.heartbeat({ workerId: "w" })).intervalMs).toBe(7);
+
+  // A pooled idle connection plus a call in flight: close() must not wait on either.
+  const inFlight = codeOf(client.heartbeat({ workerId: "hang" }));
+  await new Promise((r) => setTimeout(r, 50));
+  const t0 = performance.now();
+  await server.close();
+  expect(performance.now() - t0).toBeLessThan(500);
+  expect(await inFlight).toBeDefined();
+  expect(sawAbort).toBe(true);
+  await server.close(); // idempotent
+
+  // The port is free again and the cached channel redials a new server there.
+  const again = await serveGrpc(
+    (router) =>
+      router.service(WorkerRegistry, {
+        heartbeat: () => create(HeartbeatAckSchema, { intervalMs: 9 }),
+        listWorkers: () => ({ workers: [] }),
+      }),
+    { port: server.port },
+  );
+  try {
+    expect(again.address).toBe(server.address);
+    expect((await client.heartbeat({ workerId: "w" })).intervalMs).toBe(9);
+    // The port is taken now.
+    await expect(serveGrpc(() => {}, { port: again.port })).rejects.toThrow();
+  } finally {
+    await again.close();
+  }
+});
+
+test("grpc_client_shares_connection_and_fails_fast", async () => {
+  const server = await serveGrpc(
+    (router) =>
+      router.service(WorkerRegistry, {
+        heartbeat: async (s, ctx) => {
+          if (s.model === "hang") await new Promise((resolve) => ctx.signal.addEventListener("abort", resolve));
+          return create(HeartbeatAckSchema, { intervalMs: s.model.length });
+        },
+        listWorkers: () => ({ workers: [] }),
+      }),
+    { maxMessageBytes: 1024 },
+  );
+  // Count TCP connections through a pass-through proxy in front of the server.
+  let connections = 0;
+  const sockets = new Set<net.Socket>();
+  const proxy = net.createServer((inbound) => {
+    connections++;
+    const outbound = net.connect(server.port, "127.0.0.1");
+    for (const s of [inbound, outbound]) {
+      sockets.add(s);
+      s.on("error", () => {});
+    }
+    inbound.pipe(outbound).pipe(inbound);
+  });
+  await new Promise<void>((r) => proxy.listen(0, "127.0.0.1", r));
+  const target = `127.0.0.1:${(proxy.address() as net.AddressInfo).port}`;
+  try {
+    const a = grpcClient(WorkerRegistry, target);
+    const b = grpcClient(WorkerRegistry, target, { timeoutMs: 1000 });
+    expect((await a.heartbeat({ model: "abc" })).intervalMs).toBe(3);
+    await Promise.all([b.heartbeat({ model: "x" }), a.listWorkers({}), b.listWorkers({})]);
+    expect(connections).toBe(1);
+
+    expect(await codeOf(a.heartbeat({ model: "m".repeat(4096) }))).toBe(Code.ResourceExhausted);
+
+    closeGrpcClients(target);
+    const c = grpcClient(WorkerRegistry, target);
+    expect((await c.heartbeat({ model: "abcd" })).intervalMs).toBe(4);
+    expect(connections).toBe(2);
+
+    // The connection dropping under a call without a deadline fails it at once, not never.
+    const dropped = codeOf(c.heartbeat({ model: "hang" }));
+    await new Promise((r) => setTimeout(r, 50));
+    const t0 = performance.now();
+    for (const s of sockets) s.destroy();
+    expect(await dropped).toBeDefined();
+    expect(performance.now() - t0).toBeLessThan(1000);
+  } finally {
+    closeGrpcClients(target);
+    for (const s of sockets) s.destroy();
+    await new Promise<void>((r) => proxy.close(() => r()));
+    await server.close();
+  }
+});

@@ -1,0 +1,131 @@
+// A stand-in for a transformer in tests: its "KV cache" is a fixed f16 pattern of
+// (position, token, layer, K/V, head, dim) written into a real KvPool, and its "logits"
+// hash every cached value of the sequence, so a lost, stale, misplaced or partly
+// copied block changes the next token.
+import { promptHashes, type KvShape } from "../../src/codec/index.ts";
+import type { KvPool } from "../../src/pool/index.ts";
+
+/** The value the fake model caches; multiples of 1/64 in [-16, 16), exact in f16. */
+export function patternValue(pos: number, token: number, layer: number, kv: 0 | 1, head: number, dim: number): number {
+  const x = (Math.imul(pos + 1, 2654435761) ^ Math.imul(token + 7, 40503) ^ (layer << 11) ^ (kv << 10) ^ (head << 7) ^ dim) >>> 0;
+  return ((x % 2048) - 1024) / 64;
+}
+
+/** Writes token `token` at position `pos` into slot `slot` of block `id`. */
+export function writeTokenKv(pool: KvPool, id: number, slot: number, pos: number, token: number): void {
+  const { nLayers, nKvHeads, headDim } = pool.shape;
+  const data = pool.data;
+  for (let l = 0; l < nLayers; l++) {
+    for (const kv of [0, 1] as const) {
+      for (let h = 0; h < nKvHeads; h++) {
+        const o = pool.offset(id, l, kv, slot, h);
+        for (let d = 0; d < headDim; d++) data[o + d] = patternValue(pos, token, l, kv, h, d);
+      }
+    }
+  }
+}
+
+export interface FakePrefill {
+  /** the prompt's blocks, full then the partial tail; the caller holds one reference on each */
+  ids: number[];
+  /** chained hashes of the full blocks */
+  hashes: bigint[];
+  /** leading blocks taken from the prefix cache instead of computed */
+  reused: number;
+}
+
+/**
+ * Prefills `tokens` into `pool`: allocates the blocks, writes the pattern, sets fills
+ * and registers the full blocks' hashes (a hash another block owns stays unregistered
+ * on this one). With `reusePrefix`, cached leading blocks are acquired, as an engine
+ * with a prefix cache would. Null, with nothing taken, when the pool is short.
+ */
+export function fakePrefill(pool: KvPool, tokens: readonly number[], opts: { reusePrefix?: boolean } = {}): FakePrefill | null {
+  const B = pool.shape.blockTokens;
+  const hashes = promptHashes(tokens, B);
+  const nBlocks = Math.ceil(tokens.length / B);
+  const ids: number[] = [];
+  if (opts.reusePrefix) {
+    for (const h of hashes) {
+      const id = pool.lookup(h);
+      if (id < 0) break;
+      pool.acquire(id);
+      ids.push(id);
+    }
+  }
+  const reused = ids.length;
+  const fresh = pool.allocate(nBlocks - reused);
+  if (fresh === null) {
+    pool.releaseAll(ids);
+    return null;
+  }
+  ids.push(...fresh);
+  for (let b = reused; b < nBlocks; b++) {
+    const id = ids[b]!;
+    const fill = Math.min(B, tokens.length - b * B);
+    for (let s = 0; s < fill; s++) writeTokenKv(pool, id, s, b * B + s, tokens[b * B + s]!);
+    pool.setFill(id, fill);
+    if (b < hashes.length) pool.register(id, hashes[b]!);
+  }
+  return { ids, hashes, reused };
+}
+
+function mix(h: number, v: number): number {
+  return Math.imul(h ^ v, 0x01000193);
+}
+
+/** A digest of every cached value of positions 0..nTokens-1 held in `ids` (in order). */
+export function kvDigest(pool: KvPool, ids: readonly number[], nTokens: number): number {
+  const { blockTokens: B, nLayers, nKvHeads, headDim } = pool.shape;
+  const bits = new Uint16Array(pool.data.buffer);
+  let h = 0x811c9dc5;
+  for (let p = 0; p < nTokens; p++) {
+    const id = ids[Math.floor(p / B)]!;
+    for (let l = 0; l < nLayers; l++) {
+      for (let kv = 0; kv < 2; kv++) {
+        const o = pool.offset(id, l, kv as 0 | 1, p % B, 0);
+        for (let i = 0; i < nKvHeads * headDim; i++) h = mix(h, bits[o + i]!);
+      }
+    }
+  }
+  return h >>> 0;
+}
+
+/** The digest a correct cache of `tokens` has: what kvDigest returns after a faithful prefill. */
+export function patternDigest(shape: KvShape, tokens: readonly number[]): number {
+  const { nLayers, nKvHeads, headDim } = shape;
+  const one = new Float16Array(1);
+  const bits = new Uint16Array(one.buffer);
+  let h = 0x811c9dc5;
+  for (let p = 0; p < tokens.length; p++) {
+    for (let l = 0; l < nLayers; l++) {
+      for (const kv of [0, 1] as const) {
+        for (let hd = 0; hd < nKvHeads; hd++) {
+          for (let d = 0; d < headDim; d++) {
+            one[0] = patternValue(p, tokens[p]!, l, kv, hd, d);
+            h = mix(h, bits[0]!);
+          }
+        }
+      }
+    }
+  }
+  return h >>> 0;
+}
+
+/** The fake model's next token: a function of every cached value of the sequence. */
+export function fakeNextToken(pool: KvPool, ids: readonly number[], nTokens: number, vocabSize: number): number {
+  return kvDigest(pool, ids, nTokens) % vocabSize;
+}
+
+/** A deterministic prompt of n token ids below `vocab`, different per `seed`. */
+export function fakePrompt(n: number, seed = 1, vocab = 32000): number[] {
+  const out = new Array<number>(n);
+  let x = seed >>> 0 || 1;
+  for (let i = 0; i < n; i++) {
+    x ^= x << 13;
+    x ^= x >>> 17;
+    x ^= x << 5;
+    out[i] = (x >>> 0) % vocab;
+  }
+  return out;
+}
