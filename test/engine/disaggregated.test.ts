@@ -116,3 +116,32 @@ describe("the decode side of the hand-off", () => {
     expect(D.receiver!.pending()).toBe(0);
   });
 });
+
+describe("disaggregated_equals_colocated with the default model", () => {
+  test("the same text through HTTP: gateway over P and D versus one engine", async () => {
+    const { startGateway } = await import("../../src/gateway/index.ts");
+    const { ByteTokenizer, SYNTHETIC_MODEL_NAME } = await import("../../src/model/index.ts");
+    const gw = await startGateway({ tokenizer: new ByteTokenizer(), modelName: SYNTHETIC_MODEL_NAME, maxModelLen: 2048, heartbeatIntervalMs: 100 });
+    const opts = { blockTokens: 16, numBlocks: 64, gatewayRegistry: gw.registryAddress, heartbeatIntervalMs: 100 };
+    const [p, d, c] = await Promise.all([
+      startEngineNode({ role: "prefill", ...opts }),
+      startEngineNode({ role: "decode", ...opts }),
+      startEngineNode({ role: "both", blockTokens: 16, numBlocks: 64 }),
+    ]);
+    try {
+      while (gw.registry.live().length < 2) await Bun.sleep(10);
+      for (const sampling of [{ temperature: 0 }, { temperature: 0.9, seed: 31 }, { temperature: 0.7, seed: 5 }]) {
+        const body = JSON.stringify({ messages: [{ role: "user", content: "Tell me about KV caches, please." }], max_tokens: 12, ...sampling });
+        const want = (await (await fetch(`http://${c.httpAddress}/v1/chat/completions`, { method: "POST", body })).json()) as { choices: { message: { content: string } }[] };
+        const res = await fetch(`http://${gw.httpAddress}/v1/chat/completions`, { method: "POST", body });
+        expect(res.headers.get("x-tl-served")).toBe("disaggregated");
+        const got = (await res.json()) as { choices: { message: { content: string } }[] };
+        expect(got.choices[0]!.message.content).toBe(want.choices[0]!.message.content);
+        expect(want.choices[0]!.message.content.length).toBeGreaterThan(0);
+      }
+    } finally {
+      await Promise.all([p.shutdown(), d.shutdown(), c.shutdown()]);
+      await gw.stop();
+    }
+  });
+});
