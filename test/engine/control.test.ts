@@ -3,8 +3,7 @@ import { create } from "@bufbuild/protobuf";
 import { Code, ConnectError } from "@connectrpc/connect";
 import { startEngineNode, type EngineNode } from "../../src/cli/engine-node.ts";
 import { grpcClient } from "../../src/control/index.ts";
-import { EngineControl, PrefillRequestSchema, type PrefillRequest } from "../../src/gen/tl/engine/v1/engine_pb.ts";
-import type { MessageInitShape } from "@bufbuild/protobuf";
+import { EngineControl, PrefillRequestSchema } from "../../src/gen/tl/engine/v1/engine_pb.ts";
 import { FakeRunner } from "../support/fake-runner.ts";
 import { fakeServedModel } from "../support/nodes.ts";
 
@@ -19,7 +18,14 @@ afterAll(async () => {
   await Promise.all([P?.shutdown(), D?.shutdown()]);
 });
 
-type Init = MessageInitShape<typeof PrefillRequestSchema>;
+interface Init {
+  requestId?: string;
+  promptTokens?: number[];
+  prompt?: string;
+  sampling?: { maxTokens?: number; temperature?: number; topP?: number; topK?: number; seed?: bigint };
+  decodeTarget?: string;
+  kvFormat?: number;
+}
 const good = (): Init => ({ requestId: "r1", promptTokens: [1, 2, 3, 4, 5], sampling: { maxTokens: 4 }, decodeTarget: D.kvAddress, kvFormat: 1 });
 
 async function refused(node: EngineNode, init: Init): Promise<Code> {
