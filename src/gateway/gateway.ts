@@ -14,6 +14,7 @@ import {
   HttpError,
   parseCompletion,
   requestId,
+  samplingOf,
   serveHttp,
   TokenQueue,
   type CompletionKind,
@@ -21,7 +22,7 @@ import {
   type HttpServer,
 } from "../http/index.ts";
 import type { Tokenizer } from "../model/index.ts";
-import { createMetrics, log, metricsResponse, type Metrics } from "../obs/index.ts";
+import { createMetrics, endSpan, extractHeaders, log, metricsResponse, SpanKind, startSpan, traceHeaders, type Attributes, type Metrics, type Span } from "../obs/index.ts";
 import { RegistryService } from "./registry-service.ts";
 import { KvAffinity, pickByLoad, pickDecode } from "./router.ts";
 import { WorkerRegistry, type WorkerView } from "./worker-registry.ts";
@@ -59,6 +60,14 @@ interface Served {
 
 const RETRYABLE = new Set([Code.DataLoss, Code.Unavailable, Code.DeadlineExceeded]);
 
+// Span attributes that never change, built once so tracing off allocates nothing per request.
+const SERVER_ATTRS: Record<CompletionKind, Attributes> = {
+  completion: { "tl.role": "gateway", "http.request.method": "POST", "url.path": "/v1/completions" },
+  chat: { "tl.role": "gateway", "http.request.method": "POST", "url.path": "/v1/chat/completions" },
+};
+const PREFILL_ATTRS: Attributes = { "tl.role": "gateway", "rpc.system": "grpc", "rpc.service": "tl.engine.v1.EngineControl", "rpc.method": "Prefill" };
+const RESUME_ATTRS: Attributes = { "tl.role": "gateway", "http.request.method": "POST", "url.path": "/v1/completions" };
+
 function httpStatusOf(code: Code): number {
   switch (code) {
     case Code.InvalidArgument:
@@ -93,25 +102,28 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
 
   const busy = (id: string, d: number) => inflight.set(id, (inflight.get(id) ?? 0) + d);
 
-  async function prefill(p: WorkerView, d: WorkerView, params: CompletionParams, id: string, signal: AbortSignal): Promise<KvHandle> {
+  async function prefill(p: WorkerView, d: WorkerView, params: CompletionParams, id: string, signal: AbortSignal, parent: Span): Promise<KvHandle> {
     const control = grpcClient(EngineControl, p.status.grpcAddress, { timeoutMs: prefillTimeoutMs });
-    return control.prefill(
-      create(PrefillRequestSchema, {
-        requestId: id,
-        promptTokens: params.promptTokens,
-        sampling: {
-          temperature: params.temperature,
-          topP: params.topP,
-          topK: params.topK,
-          seed: params.seed,
-          maxTokens: params.maxTokens,
-          stopTokenIds: params.stopTokenIds,
-        },
-        decodeTarget: d.status.kvAddress,
-        kvFormat: 1,
-      }),
-      { signal },
-    );
+    const span = startSpan("tl.engine.v1.EngineControl/Prefill", SpanKind.CLIENT, parent, PREFILL_ATTRS);
+    if (span.isRecording()) span.setAttributes({ "server.address": p.status.grpcAddress, "tl.worker_id": p.status.workerId, "tl.decode_target": d.status.kvAddress });
+    try {
+      const handle = await control.prefill(
+        create(PrefillRequestSchema, {
+          requestId: id,
+          promptTokens: params.promptTokens,
+          sampling: { ...samplingOf(params), stopTokenIds: [...params.stopTokenIds] },
+          decodeTarget: d.status.kvAddress,
+          kvFormat: 1,
+        }),
+        { signal, headers: traceHeaders(span) },
+      );
+      if (span.isRecording()) span.setAttributes({ "tl.kv.blocks_sent": handle.blocksSent, "tl.kv.blocks_deduped": handle.blocksDeduped, "tl.kv.payload_bytes": Number(handle.payloadBytes) });
+      endSpan(span);
+      return handle;
+    } catch (e) {
+      endSpan(span, e);
+      throw e;
+    }
   }
 
   function resumeBody(params: CompletionParams, tokens: readonly number[]) {
@@ -128,7 +140,18 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     };
   }
 
+  /** The request's SERVER span runs until its last token (respond) or its failure here. */
   async function complete(req: Request, kind: CompletionKind): Promise<Response> {
+    const span = startSpan(kind === "chat" ? "POST /v1/chat/completions" : "POST /v1/completions", SpanKind.SERVER, extractHeaders(req.headers), SERVER_ATTRS[kind]);
+    try {
+      return await route(req, kind, span);
+    } catch (e) {
+      endSpan(span, e);
+      throw e;
+    }
+  }
+
+  async function route(req: Request, kind: CompletionKind, span: Span): Promise<Response> {
     const arrived = performance.now();
     let body: unknown;
     try {
@@ -141,6 +164,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
       throw new HttpError(404, `model ${JSON.stringify(params.model)} is not served; this gateway serves ${JSON.stringify(opts.modelName)}`, "invalid_request_error", "model");
     }
     const id = req.headers.get("x-request-id") ?? requestId(kind === "chat" ? "chatcmpl" : "cmpl");
+    if (span.isRecording()) span.setAttribute("tl.request_id", id);
     const exclude = new Set<string>();
     let retried = false;
     const abort = new AbortController();
@@ -150,14 +174,14 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
       const workers = registry.live();
       const P = pickByLoad(workers, Role.PREFILL, inflight, exclude);
       const D = P ? pickDecode(workers, promptHashes(params.promptTokens, P.worker.status.blockTokens), affinity, inflight, exclude) : null;
-      if (!P || !D) return colocated(req, params, id, exclude, arrived, abort);
+      if (!P || !D) return colocated(req, params, id, exclude, arrived, abort, span);
       log.debug("route", { request_id: id, prefill: P.worker.status.workerId, prefill_why: P.why, decode: D.worker.status.workerId, decode_why: D.why });
       const pid = P.worker.status.workerId;
       const did = D.worker.status.workerId;
       let handle: KvHandle;
       busy(pid, 1);
       try {
-        handle = await prefill(P.worker, D.worker, params, id, abort.signal);
+        handle = await prefill(P.worker, D.worker, params, id, abort.signal, span);
       } catch (e) {
         const err = ConnectError.from(e);
         if (abort.signal.aborted) throw new HttpError(499, "client closed the request");
@@ -209,6 +233,8 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
         q.close({ reason: stop ? "stop" : "length" });
       } else {
         busy(did, 1);
+        const resume = startSpan("resume", SpanKind.CLIENT, span, RESUME_ATTRS);
+        if (resume.isRecording()) resume.setAttributes({ "server.address": D.worker.status.httpAddress, "tl.worker_id": did, "tl.kv.handle": handle.handleId });
         readTokenStream(
           `http://${D.worker.status.httpAddress}/v1/completions`,
           resumeBody(params, handle.promptTokens),
@@ -217,23 +243,25 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
             [FIRST_TOKEN_HEADER]: String(handle.firstToken),
             [DRAWS_HEADER]: String(handle.rngDrawsConsumed),
             "x-request-id": id,
+            ...traceHeaders(resume),
           },
           q,
           abort.signal,
           () => (claimed = true),
         ).finally(() => {
+          endSpan(resume, q.end.reason === "error" ? q.end.error : undefined);
           busy(did, -1);
           // Before D answered, the handle is still pending there: give it back.
           if (!claimed) release();
         });
       }
-      return respond(q, params, id, served, arrived, abort);
+      return respond(q, params, id, served, arrived, abort, span);
     }
     throw new HttpError(503, "no worker could take the request after retries", "server_error", null, { "retry-after": "1" });
   }
 
   /** No prefill/decode pair: a `both` engine does the whole request. */
-  function colocated(req: Request, params: CompletionParams, id: string, exclude: Set<string>, arrived: number, abort: AbortController): Response | Promise<Response> {
+  function colocated(req: Request, params: CompletionParams, id: string, exclude: Set<string>, arrived: number, abort: AbortController, span: Span): Response | Promise<Response> {
     const W = pickByLoad(registry.live(), Role.BOTH, inflight, exclude);
     if (!W) {
       throw new HttpError(503, "no engine is available: no prefill/decode pair and no colocated engine", "server_error", null, { "retry-after": "2" });
@@ -243,13 +271,16 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     const served: Served = { served: "colocated-fallback", prefillWorker: wid, decodeWorker: wid, blocksSent: 0, blocksDeduped: 0, payloadBytes: 0 };
     const q = new TokenQueue();
     busy(wid, 1);
-    readTokenStream(`http://${W.worker.status.httpAddress}/v1/completions`, resumeBody(params, params.promptTokens), { "x-request-id": id }, q, abort.signal, () => {}).finally(() =>
-      busy(wid, -1),
-    );
-    return respond(q, params, id, served, arrived, abort);
+    const call = startSpan("colocated", SpanKind.CLIENT, span, RESUME_ATTRS);
+    if (call.isRecording()) call.setAttributes({ "server.address": W.worker.status.httpAddress, "tl.worker_id": wid });
+    readTokenStream(`http://${W.worker.status.httpAddress}/v1/completions`, resumeBody(params, params.promptTokens), { "x-request-id": id, ...traceHeaders(call) }, q, abort.signal, () => {}).finally(() => {
+      endSpan(call, q.end.reason === "error" ? q.end.error : undefined);
+      busy(wid, -1);
+    });
+    return respond(q, params, id, served, arrived, abort, span);
   }
 
-  function respond(q: TokenQueue, params: CompletionParams, id: string, s: Served, arrived: number, abort: AbortController): Response | Promise<Response> {
+  function respond(q: TokenQueue, params: CompletionParams, id: string, s: Served, arrived: number, abort: AbortController, span: Span): Response | Promise<Response> {
     let n = 0;
     let firstAt = 0;
     const counted = new TokenQueue();
@@ -279,6 +310,8 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
         blocks_deduped: s.blocksDeduped,
         payload_bytes: s.payloadBytes,
       });
+      if (span.isRecording()) span.setAttributes({ "tl.served": s.served, "tl.prefill_worker": s.prefillWorker, "tl.decode_worker": s.decodeWorker, "tl.output_tokens": n, "tl.outcome": outcome });
+      endSpan(span, q.end.reason === "error" ? q.end.error : undefined);
     })();
     return completionResponse(counted, {
       id,

@@ -1,3 +1,4 @@
+import type { SamplingParams } from "../engine/index.ts";
 import type { Tokenizer } from "../model/index.ts";
 import { validateSampling } from "../rng/index.ts";
 import { HttpError } from "./errors.ts";
@@ -161,4 +162,9 @@ export function parseCompletion(kind: CompletionKind, raw: unknown, lim: ParseLi
     includeUsage: streamOpts?.include_usage === true,
     returnTokenIds: body.return_token_ids === true,
   };
+}
+
+/** The request's sampling fields, as the engine (and EngineControl's SamplingParams) name them. */
+export function samplingOf(p: CompletionParams): SamplingParams {
+  return { temperature: p.temperature, topP: p.topP, topK: p.topK, seed: p.seed, maxTokens: p.maxTokens, stopTokenIds: p.stopTokenIds };
 }

@@ -1,7 +1,7 @@
 import { promptHashes } from "../codec/index.ts";
 import type { Engine, Finish } from "../engine/index.ts";
 import type { Tokenizer } from "../model/index.ts";
-import { parseCompletion, type CompletionKind, type CompletionParams } from "./completion-request.ts";
+import { parseCompletion, samplingOf, type CompletionKind, type CompletionParams } from "./completion-request.ts";
 import { completionResponse } from "./completion-response.ts";
 import { errorResponse, HttpError } from "./errors.ts";
 import { TokenQueue } from "./token-queue.ts";
@@ -87,14 +87,7 @@ export function engineHttpHandler(ctx: EngineHttpContext): (req: Request) => Pro
     const done = engine.submit({
       requestId: id,
       promptTokens: params.promptTokens,
-      sampling: {
-        temperature: params.temperature,
-        topP: params.topP,
-        topK: params.topK,
-        seed: params.seed,
-        maxTokens: params.maxTokens,
-        stopTokenIds: params.stopTokenIds,
-      },
+      sampling: samplingOf(params),
       resume,
       onToken: (t) => {
         ttft ??= performance.now() - started;
