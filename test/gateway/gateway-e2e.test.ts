@@ -161,6 +161,23 @@ describe("gateway failures", () => {
     }
   });
 
+  test("a worker whose beats stop is evicted after 3 missed intervals, not before", async () => {
+    const k = await startTestCluster({ prefill: 1, decode: 1, intervalMs: 100 });
+    try {
+      const quiet = k.decode[0]!;
+      await quiet.heartbeat!.stop();
+      const stoppedAt = Date.now();
+      await Bun.sleep(150); // 1.5 intervals: still listed
+      expect(k.gateway.registry.live().map((w) => w.status.workerId)).toContain(quiet.workerId);
+      await k.waitForWorkers(1, 2000);
+      const gone = Date.now() - stoppedAt;
+      expect(gone).toBeGreaterThanOrEqual(200); // ≥ 3 intervals after the last beat, which came up to 1 interval before the stop
+      expect(k.gateway.registry.live().map((w) => w.status.workerId)).toEqual(["prefill-0"]);
+    } finally {
+      await k.stop();
+    }
+  });
+
   test("without a pair the gateway falls back to a both engine, and with nothing answers 503", async () => {
     const k = await startTestCluster({ both: 1 });
     try {
