@@ -76,6 +76,8 @@ export async function runCluster(config: Config, rest: Map<string, string>, opts
   const model = String(e.model);
   const tokenizer = String(e.tokenizer);
   const modelArgs = model ? ["--model", model, "--tokenizer", tokenizer] : [];
+  // Every role exports to the same collector (OTEL_EXPORTER_OTLP_ENDPOINT reaches them through the environment).
+  if (e.otlp_endpoint) modelArgs.push("--otlp-endpoint", String(e.otlp_endpoint));
   const beat = String(Math.min(Number(e.heartbeat_interval_ms), 1000));
 
   const httpPort = await freePort(8000);
@@ -110,7 +112,7 @@ export async function runCluster(config: Config, rest: Map<string, string>, opts
     }
     const print = (s: string) => process.stdout.write(s + "\n");
     print(`tl-engine cluster is up (model ${String(ready[0]!.model)}; its text is meaningless unless you pass --model/--tokenizer)`);
-    for (const r of ready) print(`  ${String(r.role).padEnd(8)} ${String(r.worker_id ?? "gateway").padEnd(10)} http ${String(r.http)}${r.grpc ? `  grpc ${String(r.grpc)}` : ""}${r.kv ? `  kv ${String(r.kv)}` : ""}${r.registry ? `  registry ${String(r.registry)}` : ""}`);
+    for (const r of ready) print(`  ${String(r.role).padEnd(8)} ${String(r.worker_id ?? "gateway").padEnd(10)} pid ${String(r.pid).padEnd(8)} http ${String(r.http)}${r.grpc ? `  grpc ${String(r.grpc)}` : ""}${r.kv ? `  kv ${String(r.kv)}` : ""}${r.registry ? `  registry ${String(r.registry)}` : ""}`);
     print("");
     print("try:");
     print(`  curl -N ${base}/v1/chat/completions -H 'content-type: application/json' \\`);

@@ -3,7 +3,7 @@ import { readFileSync } from "node:fs";
 export type Role = "prefill" | "decode" | "both" | "gateway";
 export const ROLES: readonly Role[] = ["prefill", "decode", "both", "gateway"];
 
-type Kind = "string" | "addr" | "addr?" | "int";
+type Kind = "string" | "addr" | "addr?" | "host?" | "url?" | "int";
 
 interface Spec {
   section: "engine" | "gateway";
@@ -19,6 +19,8 @@ export const SPECS: readonly Spec[] = [
   { section: "engine", key: "http_listen", kind: "addr", dflt: "127.0.0.1:8100", help: "OpenAI-compatible HTTP server" },
   { section: "engine", key: "grpc_listen", kind: "addr", dflt: "127.0.0.1:50051", help: "EngineControl (tl.engine.v1) gRPC server" },
   { section: "engine", key: "kv_listen", kind: "addr", dflt: "127.0.0.1:50061", help: "KvTransfer (tl.kv.v1) gRPC server; decode and both roles" },
+  { section: "engine", key: "kv_data_listen", kind: "addr?", dflt: "", help: "binary KV data plane beside KvTransfer; empty: a port the OS picks" },
+  { section: "engine", key: "advertise_host", kind: "host?", dflt: "", help: "host other processes reach this engine at (e.g. a pod IP); empty: the host it binds" },
   { section: "engine", key: "gateway_registry", kind: "addr?", dflt: "", help: "host:port of the gateway's WorkerRegistry; empty: no heartbeat" },
   { section: "engine", key: "model", kind: "string", dflt: "", help: "llama2.c checkpoint (.bin); empty: the embedded tl-synthetic-4l" },
   { section: "engine", key: "tokenizer", kind: "string", dflt: "", help: "llama2.c tokenizer.bin (with model)" },
@@ -29,6 +31,7 @@ export const SPECS: readonly Spec[] = [
   { section: "engine", key: "handle_ttl_s", kind: "int", dflt: 60, help: "seconds a pushed KV handle waits to be claimed" },
   { section: "engine", key: "heartbeat_interval_ms", kind: "int", dflt: 2000, help: "beat interval toward the gateway" },
   { section: "engine", key: "heartbeat_timeout_ms", kind: "int", dflt: 1000, help: "timeout of one beat" },
+  { section: "engine", key: "otlp_endpoint", kind: "url?", dflt: "", help: "OTLP/HTTP collector (e.g. http://127.0.0.1:4318) for traces; empty: OTEL_EXPORTER_OTLP_ENDPOINT, else tracing off" },
   { section: "engine", key: "drain_timeout_s", kind: "int", dflt: 30, help: "on SIGTERM, seconds to finish in-flight work" },
   { section: "gateway", key: "http_listen", kind: "addr", dflt: "127.0.0.1:8000", help: "OpenAI-compatible front door" },
   { section: "gateway", key: "registry_listen", kind: "addr", dflt: "127.0.0.1:50050", help: "WorkerRegistry (tl.control.v1) gRPC server" },
@@ -36,6 +39,7 @@ export const SPECS: readonly Spec[] = [
   { section: "gateway", key: "tokenizer", kind: "string", dflt: "", help: "as [engine] tokenizer" },
   { section: "gateway", key: "max_model_len", kind: "int", dflt: 2048, help: "as [engine] max_model_len" },
   { section: "gateway", key: "heartbeat_interval_ms", kind: "int", dflt: 2000, help: "interval engines are told to beat at" },
+  { section: "gateway", key: "otlp_endpoint", kind: "url?", dflt: "", help: "as [engine] otlp_endpoint" },
 ];
 
 export type Section = Record<string, string | number>;
@@ -62,6 +66,11 @@ function coerce(spec: Spec, raw: unknown, where: string): string | number {
   }
   if (typeof raw !== "string") throw new ConfigError(`${name}: want a string, got ${JSON.stringify(raw)}`);
   if (spec.kind === "addr" || (spec.kind === "addr?" && raw !== "")) parseAddr(raw, name);
+  if (spec.kind === "host?" && raw !== "") {
+    const ok = /^([A-Za-z0-9.-]+|[0-9a-fA-F]*:[0-9a-fA-F:]*:[0-9a-fA-F.]*)$/.test(raw) && !["0.0.0.0", "::"].includes(raw);
+    if (!ok) throw new ConfigError(`${name}: want a host name or IP address others can reach, got ${JSON.stringify(raw)}`);
+  }
+  if (spec.kind === "url?" && raw !== "" && !/^https?:\/\/[^/\s]+/.test(raw)) throw new ConfigError(`${name}: want an http:// or https:// URL, got ${JSON.stringify(raw)}`);
   return raw;
 }
 

@@ -1,7 +1,7 @@
 import { Code } from "@connectrpc/connect";
 import { hostname } from "node:os";
 import { startGateway, type Gateway } from "../gateway/index.ts";
-import { createMetrics, log, metricsResponse } from "../obs/index.ts";
+import { createMetrics, log, metricsResponse, shutdownTracing, startTracing, tracingEndpoint } from "../obs/index.ts";
 import { loadTokenizerFor, startEngineNode, type EngineNode } from "./engine-node.ts";
 import { parseAddr, type Config } from "./options.ts";
 
@@ -12,16 +12,25 @@ export async function runEngine(config: Config): Promise<EngineNode> {
   const http = parseAddr(String(e.http_listen));
   const grpc = parseAddr(String(e.grpc_listen));
   const kv = parseAddr(String(e.kv_listen));
-  if (http.host !== grpc.host) log.warn("http_listen and grpc_listen bind different hosts; both are advertised as given");
+  const kvData = e.kv_data_listen ? parseAddr(String(e.kv_data_listen)) : null;
+  const bound = role === "prefill" ? [grpc] : [grpc, kv, kvData ?? http];
+  if (bound.some((a) => a.host !== http.host)) log.warn(`every server binds http_listen's host ${http.host}; the other listen hosts are ignored`);
+  const advertiseHost = String(e.advertise_host) || undefined;
+  if (!advertiseHost && e.gateway_registry && ["0.0.0.0", "::"].includes(http.host)) {
+    log.warn(`binding ${http.host} without advertise_host: the gateway and peers are told ${http.host}, which only this host can reach`);
+  }
   const metrics = createMetrics();
+  traceTo(`tl-engine-${role}`, role, String(e.otlp_endpoint));
   let node: EngineNode;
   node = await startEngineNode({
     role,
     workerId: String(e.worker_id) || `${role}-${hostname()}-${process.pid}`,
     host: http.host,
+    advertiseHost,
     httpPort: http.port,
     grpcPort: grpc.port,
     kvPort: kv.port,
+    kvDataPort: kvData?.port,
     modelPath: String(e.model) || undefined,
     tokenizerPath: String(e.tokenizer) || undefined,
     blockTokens: Number(e.block_tokens),
@@ -60,7 +69,7 @@ export async function runEngine(config: Config): Promise<EngineNode> {
     },
   });
   console.log(
-    JSON.stringify({ msg: "ready", role, worker_id: node.workerId, model: node.model.name, http: node.httpAddress, grpc: node.grpcAddress, kv: node.kvAddress || null, gateway_registry: e.gateway_registry || null }),
+    JSON.stringify({ msg: "ready", role, worker_id: node.workerId, pid: process.pid, model: node.model.name, http: node.httpAddress, grpc: node.grpcAddress, kv: node.kvAddress || null, advertise_host: advertiseHost ?? null, gateway_registry: e.gateway_registry || null }),
   );
   return node;
 }
@@ -70,6 +79,7 @@ export async function runGateway(config: Config): Promise<Gateway> {
   const http = parseAddr(String(g.http_listen));
   const reg = parseAddr(String(g.registry_listen));
   const model = loadTokenizerFor({ modelPath: String(g.model) || undefined, tokenizerPath: String(g.tokenizer) || undefined });
+  traceTo("tl-engine-gateway", "gateway", String(g.otlp_endpoint));
   const gw = await startGateway({
     host: http.host,
     httpPort: http.port,
@@ -79,8 +89,16 @@ export async function runGateway(config: Config): Promise<Gateway> {
     maxModelLen: Math.min(Number(g.max_model_len), model.maxSeqLen),
     heartbeatIntervalMs: Number(g.heartbeat_interval_ms),
   });
-  console.log(JSON.stringify({ msg: "ready", role: "gateway", model: model.name, http: gw.httpAddress, registry: gw.registryAddress }));
+  console.log(JSON.stringify({ msg: "ready", role: "gateway", pid: process.pid, model: model.name, http: gw.httpAddress, registry: gw.registryAddress }));
   return gw;
+}
+
+/** OTLP export when the option or OTEL_EXPORTER_OTLP_ENDPOINT names a collector; off (no provider) otherwise. */
+function traceTo(serviceName: string, role: string, option: string): void {
+  const endpoint = tracingEndpoint(option || undefined);
+  if (endpoint === undefined) return;
+  startTracing({ serviceName, endpoint, attributes: { "tl.role": role } });
+  log.info("tracing", { endpoint, service: serviceName });
 }
 
 /** SIGTERM/SIGINT: stop admitting, finish in-flight work within the deadline, stop, exit 0. */
@@ -90,7 +108,8 @@ export function exitOnSignal(stop: () => Promise<unknown>): void {
     if (stopping) return;
     stopping = true;
     log.info("stopping", { signal: sig });
-    stop().then(
+    // Spans still batched are flushed before exit (bounded: a dead collector must not block it).
+    stop().then(() => shutdownTracing()).then(
       () => process.exit(0),
       (e) => {
         log.error("stop failed", { error: String(e) });

@@ -12,6 +12,7 @@ import {
   type SamplingParams as SamplingProto,
 } from "../gen/tl/engine/v1/engine_pb.ts";
 import type { Tokenizer } from "../model/index.ts";
+import { endSpan, extractHeaders, SpanKind, startSpan, traceparentOf, type Attributes, type Span } from "../obs/index.ts";
 import { validateSampling } from "../rng/index.ts";
 import { transfer, TransferError, type KvTransport, type TransferStats } from "../transfer/index.ts";
 
@@ -48,6 +49,10 @@ export function samplingFromProto(s: SamplingProto | undefined, chooseSeed: () =
   return { temperature, topP, topK: s.topK, seed, maxTokens: s.maxTokens, stopTokenIds: [...s.stopTokenIds] };
 }
 
+// Built once: tracing off allocates nothing per request.
+const PREFILL_SERVER_ATTRS: Attributes = { "tl.role": "prefill", "rpc.system": "grpc", "rpc.service": "tl.engine.v1.EngineControl", "rpc.method": "Prefill" };
+const ROLE_ATTRS: Attributes = { "tl.role": "prefill" };
+
 function randomSeed(): bigint {
   return crypto.getRandomValues(new BigUint64Array(1))[0]!;
 }
@@ -80,43 +85,78 @@ export function controlService(ctx: ControlContext): ServiceImpl<typeof EngineCo
     return { tokens, sampling };
   }
 
+  async function prefillTraced(req: PrefillRequest, signal: AbortSignal, parent: Span): Promise<KvHandle> {
+    const { tokens, sampling } = validate(req);
+    const onAbort = () => engine.cancel(req.requestId);
+    signal.addEventListener("abort", onAbort);
+    const step = startSpan("prefill", SpanKind.INTERNAL, parent, ROLE_ATTRS);
+    let f;
+    try {
+      f = await engine.submit({ requestId: req.requestId, promptTokens: tokens, sampling, prefillOnly: true });
+      if (step.isRecording()) step.setAttributes({ "tl.prompt_tokens": tokens.length, "tl.prefix_hit_tokens": f.prefixHitTokens, "tl.finish": f.reason });
+    } finally {
+      signal.removeEventListener("abort", onAbort);
+      endSpan(step);
+    }
+    if (f.reason === "cancelled") throw new ConnectError(`request ${req.requestId} cancelled`, Code.Canceled);
+    if (!f.prefill) throw new ConnectError(`prefill failed: ${f.error ?? f.reason}`, f.reason === "error" || f.reason === "length" ? Code.ResourceExhausted : Code.Internal);
+    const out = f.prefill;
+    const handle = create(KvHandleSchema, {
+      handleId: `${req.requestId}.${Math.random().toString(36).slice(2, 10)}`,
+      firstToken: out.firstToken,
+      blockHashes: out.hashes,
+      rngDrawsConsumed: out.draws,
+      promptTokens: tokens,
+      seed: sampling.seed,
+      finished: out.finished,
+    });
+    if (out.finished) return handle;
+    const started = performance.now();
+    // CLIENT of the decode engine's "kv.transfer" SERVER span, over gRPC metadata or the data plane's TRACE frame.
+    const span = startSpan("kv.transfer", SpanKind.CLIENT, parent, ROLE_ATTRS);
+    if (span.isRecording()) span.setAttributes({ "server.address": req.decodeTarget, "tl.kv.handle": handle.handleId, "tl.kv.blocks": out.blockIds.length });
+    try {
+      // transfer() consumes our references on every path, success or failure.
+      const stats = await transfer(ctx.transport!, req.decodeTarget, engine.pool, handle.handleId, out.blockIds, out.hashes, traceparentOf(span));
+      if (span.isRecording()) span.setAttributes({ "tl.kv.blocks_sent": stats.blocksSent, "tl.kv.blocks_deduped": stats.blocksDeduped, "tl.kv.payload_bytes": stats.payloadBytes });
+      endSpan(span);
+      ctx.onTransfer?.({ stats, code: null, ms: performance.now() - started, target: req.decodeTarget });
+      handle.blocksSent = stats.blocksSent;
+      handle.blocksDeduped = stats.blocksDeduped;
+      handle.payloadBytes = BigInt(stats.payloadBytes);
+      if (!signal.aborted) return handle;
+    } catch (e) {
+      const code = e instanceof TransferError ? (e.code as Code) : Code.Internal;
+      endSpan(span, e);
+      ctx.onTransfer?.({ stats: null, code, ms: performance.now() - started, target: req.decodeTarget });
+      // D may have accepted the push and only its ack was lost (a connection cut after D
+      // answered): nobody would claim that handle, so give it back now rather than at its
+      // time to live. ALREADY_EXISTS names a push that is not ours.
+      if (code !== Code.AlreadyExists) giveBack(req.decodeTarget, handle.handleId);
+      throw new ConnectError(`kv transfer to ${req.decodeTarget} failed: ${e instanceof Error ? e.message : String(e)}`, code);
+    }
+    // The caller went away during the push: it will never resume or release this handle.
+    giveBack(req.decodeTarget, handle.handleId);
+    throw new ConnectError(`request ${req.requestId} cancelled during the kv transfer`, Code.Canceled);
+  }
+
+  /** Best effort (Release is idempotent): frees a handle on D that no one will claim. */
+  function giveBack(target: string, handleId: string): void {
+    ctx.transport?.release?.(target, handleId).catch(() => {});
+  }
+
   return {
+    /** Traced as a SERVER span (parent from the caller's `traceparent` metadata) around prefillTraced. */
     async prefill(req, callCtx): Promise<KvHandle> {
-      const { tokens, sampling } = validate(req);
-      const onAbort = () => engine.cancel(req.requestId);
-      callCtx.signal.addEventListener("abort", onAbort);
-      let f;
+      const span = startSpan("tl.engine.v1.EngineControl/Prefill", SpanKind.SERVER, extractHeaders(callCtx.requestHeader), PREFILL_SERVER_ATTRS);
+      if (span.isRecording()) span.setAttributes({ "tl.worker_id": ctx.workerId, "tl.request_id": req.requestId });
       try {
-        f = await engine.submit({ requestId: req.requestId, promptTokens: tokens, sampling, prefillOnly: true });
-      } finally {
-        callCtx.signal.removeEventListener("abort", onAbort);
-      }
-      if (f.reason === "cancelled") throw new ConnectError(`request ${req.requestId} cancelled`, Code.Canceled);
-      if (!f.prefill) throw new ConnectError(`prefill failed: ${f.error ?? f.reason}`, f.reason === "error" || f.reason === "length" ? Code.ResourceExhausted : Code.Internal);
-      const out = f.prefill;
-      const handle = create(KvHandleSchema, {
-        handleId: `${req.requestId}.${Math.random().toString(36).slice(2, 10)}`,
-        firstToken: out.firstToken,
-        blockHashes: out.hashes,
-        rngDrawsConsumed: out.draws,
-        promptTokens: tokens,
-        seed: sampling.seed,
-        finished: out.finished,
-      });
-      if (out.finished) return handle;
-      const started = performance.now();
-      try {
-        // transfer() consumes our references on every path, success or failure.
-        const stats = await transfer(ctx.transport!, req.decodeTarget, engine.pool, handle.handleId, out.blockIds, out.hashes);
-        ctx.onTransfer?.({ stats, code: null, ms: performance.now() - started, target: req.decodeTarget });
-        handle.blocksSent = stats.blocksSent;
-        handle.blocksDeduped = stats.blocksDeduped;
-        handle.payloadBytes = BigInt(stats.payloadBytes);
+        const handle = await prefillTraced(req, callCtx.signal, span);
+        endSpan(span);
         return handle;
       } catch (e) {
-        const code = e instanceof TransferError ? (e.code as Code) : Code.Internal;
-        ctx.onTransfer?.({ stats: null, code, ms: performance.now() - started, target: req.decodeTarget });
-        throw new ConnectError(`kv transfer to ${req.decodeTarget} failed: ${e instanceof Error ? e.message : String(e)}`, code);
+        endSpan(span, e);
+        throw e;
       }
     },
 

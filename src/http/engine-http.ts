@@ -1,6 +1,7 @@
 import { promptHashes } from "../codec/index.ts";
 import type { Engine, Finish } from "../engine/index.ts";
 import type { Tokenizer } from "../model/index.ts";
+import { endSpan, extractHeaders, SpanKind, startSpan, type Attributes, type Span } from "../obs/index.ts";
 import { parseCompletion, samplingOf, type CompletionKind, type CompletionParams } from "./completion-request.ts";
 import { completionResponse } from "./completion-response.ts";
 import { errorResponse, HttpError } from "./errors.ts";
@@ -67,8 +68,29 @@ function headerInt(req: Request, name: string, max: number): number {
 export function engineHttpHandler(ctx: EngineHttpContext): (req: Request) => Promise<Response> {
   const { engine, tokenizer } = ctx;
   const limits = { tokenizer, maxModelLen: engine.maxModelLen };
+  // Span attributes built once, so tracing off allocates nothing per request.
+  const role = ctx.roles.length === 1 ? ctx.roles[0]! : "both";
+  const serverAttrs: Record<CompletionKind, Attributes> = {
+    completion: { "tl.role": role, "tl.worker_id": ctx.workerId, "http.request.method": "POST", "url.path": "/v1/completions" },
+    chat: { "tl.role": role, "tl.worker_id": ctx.workerId, "http.request.method": "POST", "url.path": "/v1/chat/completions" },
+  };
+  const stepAttrs: Attributes = { "tl.role": role, "tl.worker_id": ctx.workerId };
 
+  /**
+   * A SERVER span (child of the caller's `traceparent`, the gateway's resume span) that
+   * ends with the request, and under it the engine's work: "decode" for a resumed handle.
+   */
   async function complete(req: Request, kind: CompletionKind): Promise<Response> {
+    const span = startSpan(kind === "chat" ? "POST /v1/chat/completions" : "POST /v1/completions", SpanKind.SERVER, extractHeaders(req.headers), serverAttrs[kind]);
+    try {
+      return await completeTraced(req, kind, span);
+    } catch (e) {
+      endSpan(span, e);
+      throw e;
+    }
+  }
+
+  async function completeTraced(req: Request, kind: CompletionKind, span: Span): Promise<Response> {
     if (ctx.isDraining()) throw new HttpError(503, "engine is draining", "server_error", null, { "retry-after": "1" });
     const params = parseCompletion(kind, await readJson(req), limits);
     if (params.model !== undefined && params.model !== ctx.modelName) {
@@ -84,6 +106,8 @@ export function engineHttpHandler(ctx: EngineHttpContext): (req: Request) => Pro
     const q = new TokenQueue();
     const started = performance.now();
     let ttft: number | null = null;
+    const step = startSpan(resume ? "decode" : "generate", SpanKind.INTERNAL, span, stepAttrs);
+    if (span.isRecording()) span.setAttributes({ "tl.request_id": id, "tl.resumed": resume !== undefined, ...(handleId !== null ? { "tl.kv.handle": handleId } : {}) });
     const done = engine.submit({
       requestId: id,
       promptTokens: params.promptTokens,
@@ -109,6 +133,10 @@ export function engineHttpHandler(ctx: EngineHttpContext): (req: Request) => Pro
         ttftMs: ttft,
         durationMs: performance.now() - started,
       });
+      if (step.isRecording()) step.setAttributes({ "tl.prompt_tokens": f.promptTokens, "tl.output_tokens": f.outputTokens.length, "tl.prefix_hit_tokens": f.prefixHitTokens, "tl.finish": f.reason });
+      const failed = f.reason === "error" || f.reason === "cancelled" ? (f.error ?? f.reason) : undefined;
+      endSpan(step, failed);
+      endSpan(span, failed);
     });
     // Disconnects cancel the request wherever it is, which frees its blocks.
     req.signal.addEventListener("abort", () => engine.cancel(id));

@@ -21,7 +21,8 @@ const NONE = -1;
  *
  * A block's payload is contiguous in kv-block.md's v1 layout (per layer K then V, each
  * [B][H][D] f16), so export is one view and import one `set`. Slots at and past a block's
- * fill are zero because blocks are zeroed when handed out.
+ * fill are zero because blocks are zeroed when handed out (importBlock writes them zero
+ * instead).
  */
 export class KvPool {
   readonly shape: KvShape;
@@ -91,7 +92,35 @@ export class KvPool {
     return ids;
   }
 
-  private takeOne(): number {
+  /**
+   * One fresh block (refcount 1, not named) holding `payload` at fill `fill`, or -1 when
+   * none is available. The import path: the block is written once instead of zeroed and
+   * then overwritten. Slots past the fill are zeroed here, whatever `payload` holds there,
+   * so the pool's invariant does not depend on the sender.
+   */
+  importBlock(payload: Uint8Array, fill: number): number {
+    if (payload.length !== this.blockBytes) assert.fail(`payload ${payload.length} bytes, want ${this.blockBytes}`);
+    const B = this.shape.blockTokens;
+    if (!(Number.isInteger(fill) && fill >= 1 && fill <= B)) assert.fail(`fill ${fill} outside 1..${B}`);
+    if (this.available === 0) return NONE;
+    const id = this.takeOne(false);
+    const base = id * this.blockBytes;
+    if (fill === B) {
+      this.bytes.set(payload, base);
+    } else {
+      // Per layer, K then V: [B][H][D] each; the first `fill` token slots are live.
+      const section = B * this.slotElems * 2;
+      const used = fill * this.slotElems * 2;
+      for (let o = 0; o < this.blockBytes; o += section) {
+        this.bytes.set(payload.subarray(o, o + used), base + o);
+        this.bytes.fill(0, base + o + used, base + o + section);
+      }
+    }
+    this.fills[id] = fill;
+    return id;
+  }
+
+  private takeOne(zero = true): number {
     let id: number;
     if (this.freeTop > 0) {
       id = this.freeStack[--this.freeTop]!;
@@ -107,8 +136,10 @@ export class KvPool {
     this.refs[id] = 1;
     this.fills[id] = 0;
     this.nUsed++;
-    const base = id * this.blockElems;
-    this.data.fill(0, base, base + this.blockElems);
+    if (zero) {
+      const base = id * this.blockElems;
+      this.data.fill(0, base, base + this.blockElems);
+    }
     return id;
   }
 

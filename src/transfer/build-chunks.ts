@@ -50,7 +50,11 @@ export function buildChunks(
     rec.payload = pool.payload(id);
     const env = writeEnvelope(header, one, buf.subarray(o, o + E));
     o += E;
-    out[i] = { handleId, index: i, total, hash, kvFormat: KV_FORMAT, envelope: env, crc32c: crc32c(env) };
+    // The chunk CRC covers the envelope's own trailing CRC: extend that over its 4 bytes
+    // instead of reading the envelope a second time.
+    const n = env.length;
+    const own = (env[n - 4]! | (env[n - 3]! << 8) | (env[n - 2]! << 16) | (env[n - 1]! << 24)) >>> 0;
+    out[i] = { handleId, index: i, total, hash, kvFormat: KV_FORMAT, envelope: env, crc32c: crc32c(env.subarray(n - 4), own) };
   }
   return out;
 }

@@ -9,9 +9,11 @@ import {
   FRAME_END,
   FRAME_ERROR,
   FRAME_HEAD,
+  FRAME_TRACE,
   getU32,
   getU64,
   MAX_HANDLE_BYTES,
+  MAX_TRACE_BYTES,
   putU32,
   putU64,
   splitHostPort,
@@ -196,7 +198,7 @@ export class DataPlaneClient {
       const ack = await Promise.race([
         this.run(conn, chunks, (h) => {
           handleId = h;
-        }),
+        }, opts.traceparent),
         stopped,
       ]);
       ok = true;
@@ -221,6 +223,7 @@ export class DataPlaneClient {
     conn: Conn,
     chunks: readonly KvChunkLike[] | AsyncIterable<KvChunkLike>,
     onHandle: (h: string) => void,
+    traceparent?: string,
   ): Promise<Omit<KvAckLike, "handleId">> {
     // Pushes on different connections may interleave at awaits: each run stages in
     // its own buffer when the shared one is taken.
@@ -230,6 +233,13 @@ export class DataPlaneClient {
     let handle = "";
     let hb = new Uint8Array(0);
     let stopped = false;
+    if (traceparent !== undefined && traceparent.length <= MAX_TRACE_BYTES) {
+      const tb = encoder.encode(traceparent);
+      putU32(stage, 0, 1 + tb.length);
+      stage[4] = FRAME_TRACE;
+      stage.set(tb, FRAME_HEAD);
+      used = FRAME_HEAD + tb.length;
+    }
     try {
       const flushStage = async () => {
         if (used > 0 && !(await conn.writeAll(stage.subarray(0, used)))) stopped = true;

@@ -1,5 +1,6 @@
 import type { Socket, TCPSocketListener } from "bun";
 import { envelopeBytes } from "../codec/index.ts";
+import { endSpan, SpanKind, startSpan, tracingEnabled, type Attributes, type Span } from "../obs/index.ts";
 import { KV_FORMAT, type KvChunkLike } from "./kv-chunk.ts";
 import { GrpcCode, KvError } from "./kv-error.ts";
 import type { KvReceiver, PushSession } from "./kv-receiver.ts";
@@ -11,8 +12,10 @@ import {
   FRAME_END,
   FRAME_ERROR,
   FRAME_HEAD,
+  FRAME_TRACE,
   getU32,
   getU64,
+  MAX_TRACE_BYTES,
   putU32,
   putU64,
 } from "./data-plane-frame.ts";
@@ -40,6 +43,8 @@ class Conn {
   handleBytes = new Uint8Array(0);
   /** bytes of replies the socket did not take yet */
   out: Uint8Array[] = [];
+  /** kv.transfer SERVER span of the push in progress, when P sent a TRACE frame */
+  span: Span | undefined;
 
   constructor(readonly maxFrame: number) {
     this.acc = new Uint8Array(Math.min(maxFrame, 64 * 1024));
@@ -76,10 +81,12 @@ export async function serveDataPlane(receiver: KvReceiver, opts: { host?: string
         sockets.delete(s);
         s.data.session?.abort();
         s.data.session = undefined;
+        endTrace(s.data, "connection closed mid-push");
       },
       error(s) {
         s.data.session?.abort();
         s.data.session = undefined;
+        endTrace(s.data, "connection failed mid-push");
       },
     },
   });
@@ -146,7 +153,9 @@ function onData(rx: KvReceiver, s: Socket<Conn>, buf: Uint8Array): void {
 
 function checkLen(s: Socket<Conn>, len: number): boolean {
   if (len >= FRAME_HEAD && len <= s.data.maxFrame) return true;
-  refuse(s, new KvError(GrpcCode.INVALID_ARGUMENT, `data plane frame of ${len} bytes, limit ${s.data.maxFrame}`));
+  // Over the limit is refused as gRPC refuses an oversized message (readMaxBytes), before any of it is buffered.
+  const code = len < FRAME_HEAD ? GrpcCode.INVALID_ARGUMENT : GrpcCode.RESOURCE_EXHAUSTED;
+  refuse(s, new KvError(code, `data plane frame of ${len} bytes, ${len < FRAME_HEAD ? `need ≥ ${FRAME_HEAD}` : `limit ${s.data.maxFrame}`}`));
   return false;
 }
 
@@ -193,6 +202,12 @@ function onFrame(rx: KvReceiver, s: Socket<Conn>, f: Uint8Array): void {
       putU64(r, 13, ack.payloadBytes);
       putU32(r, 21, ack.nTokens);
       send(s, r);
+      if (c.span?.isRecording()) c.span.setAttributes({ "tl.kv.handle": s0.handleId, "tl.kv.blocks_sent": ack.blocksReceived, "tl.kv.blocks_deduped": ack.blocksDeduped, "tl.kv.payload_bytes": Number(ack.payloadBytes) });
+      endTrace(c);
+    } else if (type === FRAME_TRACE) {
+      if (f.length - FRAME_HEAD > MAX_TRACE_BYTES) throw new KvError(GrpcCode.INVALID_ARGUMENT, `trace frame of ${f.length} bytes, limit ${FRAME_HEAD + MAX_TRACE_BYTES}`);
+      endTrace(c, "a new push began before this one ended");
+      if (tracingEnabled()) c.span = startSpan("kv.transfer", SpanKind.SERVER, decoder.decode(f.subarray(FRAME_HEAD)), TRACE_ATTRS);
     } else {
       throw new KvError(GrpcCode.INVALID_ARGUMENT, `unknown data plane frame type ${type}`);
     }
@@ -207,6 +222,7 @@ function refuse(s: Socket<Conn>, e: KvError): void {
   c.session?.abort();
   c.session = undefined;
   c.refused = true;
+  endTrace(c, e);
   const msg = encoder.encode(e.message);
   const r = new Uint8Array(FRAME_HEAD + 4 + msg.length);
   putU32(r, 0, r.length - 4);
@@ -216,6 +232,14 @@ function refuse(s: Socket<Conn>, e: KvError): void {
   send(s, r);
   // The client hangs up on ERROR; one that does not is cut loose after a while.
   setTimeout(() => s.end(), 5_000).unref();
+}
+
+const TRACE_ATTRS: Attributes = { "tl.role": "decode", "tl.kv.transport": "data-plane" };
+
+function endTrace(c: Conn, error?: unknown): void {
+  if (c.span === undefined) return;
+  endSpan(c.span, error);
+  c.span = undefined;
 }
 
 function send(s: Socket<Conn>, r: Uint8Array): void {

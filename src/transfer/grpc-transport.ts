@@ -6,6 +6,7 @@ import type { KvAckLike, KvChunkLike } from "./kv-chunk.ts";
 import { GrpcCode, TransferError } from "./kv-error.ts";
 import type { KvTransport, PushOptions } from "./kv-transport.ts";
 import { DataPlaneClient } from "./data-plane-client.ts";
+import { grpcPush } from "./grpc-push.ts";
 
 export interface GrpcTransportOptions {
   /** Deadline of each call; default 30 000 ms. */
@@ -25,7 +26,7 @@ const WINDOW_BYTES = 32 * 1024 * 1024;
 
 /** KvTransport over tl.kv.v1 gRPC (Connect), one cached HTTP/2 client per target. */
 export class GrpcTransport implements KvTransport {
-  private readonly clients = new Map<string, Client<typeof KvTransfer>>();
+  private readonly clients = new Map<string, { client: Client<typeof KvTransfer>; session: Http2SessionManager }>();
   private readonly sessions: Http2SessionManager[] = [];
   private readonly dataPlanes = new Map<string, string>();
   private readonly timeoutMs: number;
@@ -39,6 +40,10 @@ export class GrpcTransport implements KvTransport {
   }
 
   private client(target: string): Client<typeof KvTransfer> {
+    return this.connection(target).client;
+  }
+
+  private connection(target: string): { client: Client<typeof KvTransfer>; session: Http2SessionManager } {
     let c = this.clients.get(target);
     if (c === undefined) {
       const baseUrl = `http://${target}`;
@@ -55,7 +60,7 @@ export class GrpcTransport implements KvTransport {
         writeMaxBytes: this.maxBytes,
         defaultTimeoutMs: this.timeoutMs,
       });
-      c = createClient(KvTransfer, transport);
+      c = { client: createClient(KvTransfer, transport), session: sessionManager };
       this.clients.set(target, c);
     }
     return c;
@@ -71,7 +76,7 @@ export class GrpcTransport implements KvTransport {
       else this.dataPlanes.delete(target);
       return res.present;
     } catch (e) {
-      throw toTransferError(e, `HasBlocks to ${target}`);
+      throw brokenOrTransferError(e, `HasBlocks to ${target}`);
     }
   }
 
@@ -83,15 +88,14 @@ export class GrpcTransport implements KvTransport {
   async push(target: string, chunks: readonly KvChunkLike[] | AsyncIterable<KvChunkLike>, opts: PushOptions = {}): Promise<KvAckLike> {
     const dp = this.dataPlaneOf(target);
     if (dp !== undefined && this.dp !== false) return this.dp.push(dp, chunks, opts);
-    try {
-      const ack = await this.client(target).pushKv(
-        Array.isArray(chunks) ? fromArray(chunks as readonly KvChunkLike[]) : (chunks as AsyncIterable<KvChunkLike>),
-        opts.signal ? { signal: opts.signal } : {},
-      );
-      return ack;
-    } catch (e) {
-      throw toTransferError(e, `PushKv to ${target}`);
-    }
+    // By hand over the same HTTP/2 connection: Connect's client copies every message
+    // three times (grpc-push.ts).
+    return grpcPush(this.connection(target).session, target, chunks, {
+      timeoutMs: this.timeoutMs,
+      maxReplyBytes: this.maxBytes,
+      ...(opts.signal ? { signal: opts.signal } : {}),
+      ...(opts.traceparent !== undefined ? { traceparent: opts.traceparent } : {}),
+    });
   }
 
   /** Release a pending handle on `target` (the gateway's call when its client went away). */
@@ -112,8 +116,17 @@ export class GrpcTransport implements KvTransport {
   }
 }
 
-async function* fromArray(chunks: readonly KvChunkLike[]): AsyncIterable<KvChunkLike> {
-  for (const c of chunks) yield c;
+/**
+ * A connection that breaks under a call (a reset HTTP/2 stream, a read ECONNRESET)
+ * surfaces from Connect as CANCELLED or ABORTED. Unless we cancelled, it is the peer
+ * being unreachable, which callers retry elsewhere: UNAVAILABLE. (D itself answers
+ * neither to a caller that is still there.)
+ */
+function brokenOrTransferError(e: unknown, what: string, signal?: AbortSignal): TransferError {
+  if (e instanceof ConnectError && (e.code === Code.Canceled || e.code === Code.Aborted) && !signal?.aborted) {
+    return new TransferError(GrpcCode.UNAVAILABLE, `${what}: connection broke (${Code[e.code]}): ${e.rawMessage}`);
+  }
+  return toTransferError(e, what);
 }
 
 export function toTransferError(e: unknown, what: string): TransferError {

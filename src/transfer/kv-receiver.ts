@@ -1,8 +1,9 @@
 import assert from "node:assert";
-import { chunkRecordHash, crc32c, EnvError, readEnvelope } from "../codec/index.ts";
+import { chunkRecordHash, EnvError, readEnvelope } from "../codec/index.ts";
 import type { KvPool } from "../pool/index.ts";
 import { KV_FORMAT, type KvAckLike, type KvChunkLike } from "./kv-chunk.ts";
 import { GrpcCode, hex32, hex64, KvError } from "./kv-error.ts";
+import { EnvelopeCrc, oneBlockRecord } from "./one-block-envelope.ts";
 
 export interface KvReceiverOptions {
   /** A handle (or a push in flight) not claimed or released within this is freed; default 60 000. */
@@ -49,6 +50,8 @@ export class KvReceiver {
   readonly inflight = new Map<string, PushSession>();
   private readonly timer: ReturnType<typeof setInterval>;
   private nextSweep = 0;
+  /** @internal scratch of PushSession.accept (pushes interleave only between chunks) */
+  readonly crc = new EnvelopeCrc();
 
   constructor(pool: KvPool, opts: KvReceiverOptions = {}) {
     this.pool = pool;
@@ -226,7 +229,9 @@ export class PushSession {
     const last = c.index === this.total - 1;
     // Only the last block may be partial: a hashless block mid-push would shift every later token.
     if (c.hash === 0n && !last) throw new KvError(GrpcCode.INVALID_ARGUMENT, `chunk ${c.index} of ${this.total}: hash 0 before the last chunk`);
-    const got = crc32c(c.envelope);
+    const crc = this.rx.crc;
+    crc.compute(c.envelope);
+    const got = crc.whole;
     if (got !== c.crc32c >>> 0) throw new KvError(GrpcCode.DATA_LOSS, `chunk ${c.index}: crc mismatch: got ${hex32(got)}, want ${hex32(c.crc32c)}`);
 
     if (c.envelope.length === 0) {
@@ -239,16 +244,18 @@ export class PushSession {
       return;
     }
 
-    let rec;
-    try {
-      const env = readEnvelope(c.envelope, pool.shape);
-      if (env.records.length !== 1) {
-        throw new KvError(GrpcCode.INVALID_ARGUMENT, `chunk ${c.index}: envelope holds ${env.records.length} blocks, want 1`);
+    let rec = oneBlockRecord(c.envelope, pool.shape, crc.inner);
+    if (rec === null) {
+      try {
+        const env = readEnvelope(c.envelope, pool.shape);
+        if (env.records.length !== 1) {
+          throw new KvError(GrpcCode.INVALID_ARGUMENT, `chunk ${c.index}: envelope holds ${env.records.length} blocks, want 1`);
+        }
+        rec = env.records[0]!;
+      } catch (e) {
+        if (e instanceof EnvError) throw new KvError(e.code, `chunk ${c.index}: ${e.message}`);
+        throw e;
       }
-      rec = env.records[0]!;
-    } catch (e) {
-      if (e instanceof EnvError) throw new KvError(e.code, `chunk ${c.index}: ${e.message}`);
-      throw e;
     }
     const hash = chunkRecordHash(c.hash, rec, B);
     if (hash === null) {
@@ -260,11 +267,9 @@ export class PushSession {
     if (hash !== 0n && rec.nTokens !== B) {
       throw new KvError(GrpcCode.DATA_LOSS, `chunk ${c.index}: hash ${hex64(hash)} on a partial block (fill ${rec.nTokens})`);
     }
-    const ids = pool.allocate(1);
-    if (ids === null) throw new KvError(GrpcCode.RESOURCE_EXHAUSTED, `chunk ${c.index}: no free block (${pool.used} of ${pool.total} in use)`);
-    const id = ids[0]!;
-    pool.bytes.set(rec.payload, id * pool.blockBytes);
-    pool.setFill(id, rec.nTokens);
+    // One write of the block (no zeroing first); slots past a partial fill come out zero.
+    const id = pool.importBlock(rec.payload, rec.nTokens);
+    if (id < 0) throw new KvError(GrpcCode.RESOURCE_EXHAUSTED, `chunk ${c.index}: no free block (${pool.used} of ${pool.total} in use)`);
     // Named only when the push is accepted (finish): a refused push must leave D's
     // cache as it was, so its copies go back free, not cached.
     this.take(id, hash, rec.nTokens);

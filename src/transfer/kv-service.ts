@@ -1,6 +1,7 @@
 import { Code, ConnectError, type HandlerContext, type ServiceImpl } from "@connectrpc/connect";
 import { envelopeBytes } from "../codec/index.ts";
 import { KvTransfer, type KvChunk } from "../gen/tl/kv/v1/kv_pb.ts";
+import { endSpan, extractHeaders, SpanKind, startSpan, type Attributes } from "../obs/index.ts";
 import { GrpcCode, KvError } from "./kv-error.ts";
 import type { KvReceiver, PushSession } from "./kv-receiver.ts";
 
@@ -23,6 +24,8 @@ export function kvService(receiver: KvReceiver, opts: KvServiceOptions = {}): Se
     },
     async pushKv(chunks: AsyncIterable<KvChunk>, ctx: HandlerContext) {
       let s: PushSession | undefined;
+      // Child of P's kv.transfer CLIENT span, named by the `traceparent` metadata.
+      const span = startSpan("kv.transfer", SpanKind.SERVER, extractHeaders(ctx.requestHeader), PUSH_ATTRS);
       try {
         for await (const c of chunks) {
           s ??= receiver.begin(c.handleId, c.total);
@@ -32,9 +35,13 @@ export function kvService(receiver: KvReceiver, opts: KvServiceOptions = {}): Se
         // loop above normally; the abort shows only here (and in the count).
         if (ctx.signal.aborted) throw new KvError(GrpcCode.CANCELLED, `push ${s?.handleId ?? ""} cancelled by the client`);
         if (s === undefined) throw new KvError(GrpcCode.INVALID_ARGUMENT, "empty push");
-        return s.finish();
+        const ack = s.finish();
+        if (span.isRecording()) span.setAttributes({ "tl.kv.handle": s.handleId, "tl.kv.blocks_sent": ack.blocksReceived, "tl.kv.blocks_deduped": ack.blocksDeduped, "tl.kv.payload_bytes": Number(ack.payloadBytes) });
+        endSpan(span);
+        return ack;
       } catch (e) {
         s?.abort();
+        endSpan(span, e);
         throw toConnectError(e);
       }
     },
@@ -43,6 +50,8 @@ export function kvService(receiver: KvReceiver, opts: KvServiceOptions = {}): Se
     },
   };
 }
+
+const PUSH_ATTRS: Attributes = { "tl.role": "decode", "tl.kv.transport": "grpc", "rpc.system": "grpc", "rpc.service": "tl.kv.v1.KvTransfer", "rpc.method": "PushKv" };
 
 function toConnectError(e: unknown): ConnectError {
   if (e instanceof KvError) return new ConnectError(e.message, e.code as Code);

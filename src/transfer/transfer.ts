@@ -50,7 +50,10 @@ export async function transfer(
   handleId: string,
   ids: readonly number[],
   hashes: readonly bigint[],
+  /** W3C traceparent of the caller's kv.transfer span, carried to D with each push. */
+  traceparent?: string,
 ): Promise<TransferStats> {
+  const pushOpts = traceparent === undefined ? undefined : { traceparent };
   let slab: Uint8Array | undefined;
   try {
     const present = await transport.hasBlocks(target, hashes, KV_FORMAT);
@@ -59,11 +62,11 @@ export async function transfer(
     slab = takeSlab(chunkSlabBytes(pool, ids.length, hashes.length, all));
     let ack;
     try {
-      ack = await transport.push(target, buildChunks(pool, handleId, ids, hashes, present, slab));
+      ack = await transport.push(target, buildChunks(pool, handleId, ids, hashes, present, slab), pushOpts);
     } catch (e) {
       const err = toTransferError(e, `push ${handleId}`);
       if (err.code !== GrpcCode.NOT_FOUND) throw err;
-      ack = await transport.push(target, buildChunks(pool, handleId, ids, hashes, all, slab));
+      ack = await transport.push(target, buildChunks(pool, handleId, ids, hashes, all, slab), pushOpts);
     }
     return {
       blocksSent: ack.blocksReceived,

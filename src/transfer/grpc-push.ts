@@ -1,0 +1,315 @@
+// PushKv as a gRPC client stream written by hand over a Connect HTTP/2 session.
+//
+// Connect's client copies each KvChunk three times before HTTP/2 sees it (protobuf
+// writer, its finish(), the gRPC length prefix) and waits for each write's callback
+// before serializing the next message. Measured on the bench (1,000 envelopes of 32 KiB),
+// those copies were about half of the push's CPU time. Here each message is a small
+// head (gRPC prefix and every field but the envelope) and the envelope itself, written
+// as a view, with writes issued until the stream asks to drain. The wire is plain
+// tl.kv.v1 gRPC: field 7 (crc32c) precedes field 6 (envelope) so the envelope ends the
+// message; protobuf parsers accept fields in any order.
+import * as http2 from "node:http2";
+import { fromBinary } from "@bufbuild/protobuf";
+import type { Http2SessionManager } from "@connectrpc/connect-node";
+import { KvAckSchema } from "../gen/tl/kv/v1/kv_pb.ts";
+import type { KvAckLike, KvChunkLike } from "./kv-chunk.ts";
+import { GrpcCode, TransferError } from "./kv-error.ts";
+
+const PATH = "/tl.kv.v1.KvTransfer/PushKv";
+const encoder = new TextEncoder();
+/** gRPC prefix 5, tags 6, varints ≤ 5 × 4, fixed64 8, fixed32 4, handle length varint ≤ 3 */
+const HEAD_FIXED = 5 + 6 + 20 + 8 + 4 + 3;
+
+export interface GrpcPushOptions {
+  timeoutMs: number;
+  /** Largest reply accepted. */
+  maxReplyBytes: number;
+  signal?: AbortSignal;
+  /** W3C traceparent, sent as gRPC metadata. */
+  traceparent?: string;
+}
+
+function varint(b: Uint8Array, o: number, v: number): number {
+  while (v > 0x7f) {
+    b[o++] = (v & 0x7f) | 0x80;
+    v >>>= 7;
+  }
+  b[o++] = v;
+  return o;
+}
+
+function varintBytes(v: number): number {
+  let n = 1;
+  while (v > 0x7f) {
+    v >>>= 7;
+    n++;
+  }
+  return n;
+}
+
+function u32le(b: Uint8Array, o: number, v: number): number {
+  b[o] = v & 0xff;
+  b[o + 1] = (v >>> 8) & 0xff;
+  b[o + 2] = (v >>> 16) & 0xff;
+  b[o + 3] = (v >>> 24) & 0xff;
+  return o + 4;
+}
+
+/**
+ * Writes the head of one KvChunk message at `o`: the gRPC prefix and fields 1-5 and 7
+ * (proto3: zero values omitted, as Connect's encoder does), then field 6's tag and
+ * length; the envelope bytes follow it on the wire. Returns the end offset.
+ */
+export function encodeChunkHead(b: Uint8Array, o: number, c: KvChunkLike, handle: Uint8Array): number {
+  const env = c.envelope.length;
+  let body = 0;
+  if (handle.length > 0) body += 1 + varintBytes(handle.length) + handle.length;
+  if (c.index !== 0) body += 1 + varintBytes(c.index);
+  if (c.total !== 0) body += 1 + varintBytes(c.total);
+  if (c.hash !== 0n) body += 9;
+  if (c.kvFormat !== 0) body += 1 + varintBytes(c.kvFormat);
+  if (c.crc32c !== 0) body += 5;
+  if (env > 0) body += 1 + varintBytes(env) + env;
+  b[o] = 0; // not compressed
+  b[o + 1] = (body >>> 24) & 0xff;
+  b[o + 2] = (body >>> 16) & 0xff;
+  b[o + 3] = (body >>> 8) & 0xff;
+  b[o + 4] = body & 0xff;
+  o += 5;
+  if (handle.length > 0) {
+    b[o++] = 0x0a;
+    o = varint(b, o, handle.length);
+    b.set(handle, o);
+    o += handle.length;
+  }
+  if (c.index !== 0) {
+    b[o++] = 0x10;
+    o = varint(b, o, c.index);
+  }
+  if (c.total !== 0) {
+    b[o++] = 0x18;
+    o = varint(b, o, c.total);
+  }
+  if (c.hash !== 0n) {
+    b[o++] = 0x21;
+    o = u32le(b, o, Number(c.hash & 0xffffffffn));
+    o = u32le(b, o, Number((c.hash >> 32n) & 0xffffffffn));
+  }
+  if (c.kvFormat !== 0) {
+    b[o++] = 0x28;
+    o = varint(b, o, c.kvFormat);
+  }
+  if (c.crc32c !== 0) {
+    b[o++] = 0x3d;
+    o = u32le(b, o, c.crc32c);
+  }
+  if (env > 0) {
+    b[o++] = 0x32;
+    o = varint(b, o, env);
+  }
+  return o;
+}
+
+/** What the gRPC status of a response says, or undefined while it has none. */
+function statusOf(h: http2.IncomingHttpHeaders): { code: number; message: string } | undefined {
+  const s = h["grpc-status"];
+  if (s === undefined) return undefined;
+  const code = Number(Array.isArray(s) ? s[0] : s);
+  const raw = h["grpc-message"];
+  let message = Array.isArray(raw) ? raw[0]! : (raw ?? "");
+  try {
+    message = decodeURIComponent(message);
+  } catch {
+    // not percent-encoded after all: keep it as sent
+  }
+  return { code: Number.isInteger(code) ? code : GrpcCode.UNKNOWN, message };
+}
+
+/** gRPC's mapping of HTTP statuses a proxy may answer with. */
+function codeOfHttp(status: number): number {
+  if (status === 429 || status === 502 || status === 503 || status === 504) return GrpcCode.UNAVAILABLE;
+  if (status === 400) return GrpcCode.INTERNAL;
+  return GrpcCode.UNKNOWN;
+}
+
+/**
+ * One PushKv call on `sm`'s connection. Resolves with the ack, or rejects with a
+ * TransferError carrying the server's status (a refusal mid-push stops the writes and
+ * reports the refusal), DEADLINE_EXCEEDED, CANCELLED on `signal`, or UNAVAILABLE when
+ * the connection breaks. Any end but a clean one resets the stream, so D frees the push.
+ */
+export async function grpcPush(
+  sm: Http2SessionManager,
+  target: string,
+  chunks: readonly KvChunkLike[] | AsyncIterable<KvChunkLike>,
+  opts: GrpcPushOptions,
+): Promise<KvAckLike> {
+  const what = `PushKv to ${target}`;
+  if (opts.signal?.aborted) throw new TransferError(GrpcCode.CANCELLED, `${what}: cancelled`);
+  let stream: http2.ClientHttp2Stream;
+  try {
+    stream = await sm.request(
+      "POST",
+      PATH,
+      {
+        "content-type": "application/grpc+proto",
+        te: "trailers",
+        "grpc-timeout": `${Math.max(1, Math.ceil(opts.timeoutMs))}m`,
+        ...(opts.traceparent !== undefined ? { traceparent: opts.traceparent } : {}),
+      },
+      {},
+    );
+  } catch (e) {
+    throw new TransferError(GrpcCode.UNAVAILABLE, `${what}: ${e instanceof Error ? e.message : String(e)}`);
+  }
+
+  // The outcome: the first of a status from the server, a local stop (deadline, cancel,
+  // failed producer) or a broken stream decides it.
+  let outcome: TransferError | KvAckLike | undefined;
+  let settle!: () => void;
+  const settled = new Promise<void>((resolve) => (settle = resolve));
+  let wake: (() => void) | undefined;
+  const decide = (o: TransferError | KvAckLike) => {
+    if (outcome !== undefined) return;
+    outcome = o;
+    settle();
+    wake?.();
+  };
+  const stop = (e: TransferError) => {
+    decide(e);
+    if (!stream.closed) stream.close(http2.constants.NGHTTP2_CANCEL);
+  };
+
+  let httpStatus = 0;
+  let rx = new Uint8Array(0);
+  let reply: Uint8Array | undefined;
+  stream.on("response", (h) => {
+    httpStatus = Number(h[":status"] ?? 0);
+    // A trailers-only response (an immediate refusal) carries its status in the headers.
+    const st = statusOf(h);
+    if (st !== undefined) finishWith(st);
+    else if (httpStatus !== 200) stop(new TransferError(codeOfHttp(httpStatus), `${what}: HTTP status ${httpStatus}`));
+  });
+  stream.on("data", (buf: Uint8Array) => {
+    sm.notifyResponseByteRead(stream);
+    if (reply !== undefined) return;
+    if (rx.length + buf.length > opts.maxReplyBytes + 5) {
+      stop(new TransferError(GrpcCode.RESOURCE_EXHAUSTED, `${what}: reply over ${opts.maxReplyBytes} bytes`));
+      return;
+    }
+    const joined = new Uint8Array(rx.length + buf.length);
+    joined.set(rx);
+    joined.set(buf, rx.length);
+    rx = joined;
+    if (rx.length < 5) return;
+    const len = ((rx[1]! << 24) | (rx[2]! << 16) | (rx[3]! << 8) | rx[4]!) >>> 0;
+    if (rx[0] !== 0) {
+      stop(new TransferError(GrpcCode.INTERNAL, `${what}: compressed reply (flags ${rx[0]})`));
+      return;
+    }
+    if (rx.length >= 5 + len) reply = rx.subarray(5, 5 + len);
+  });
+  stream.on("trailers", (h) => {
+    const st = statusOf(h);
+    if (st !== undefined) finishWith(st);
+  });
+  // Errors surface as the close below (or as the status already decided).
+  stream.on("error", () => {});
+  stream.on("close", () => {
+    if (outcome !== undefined) return;
+    // Not our own cancel (that decided already): the connection or the peer broke, which
+    // callers retry elsewhere.
+    decide(new TransferError(GrpcCode.UNAVAILABLE, `${what}: stream closed without a status (HTTP/2 code ${stream.rstCode ?? 0})`));
+  });
+  stream.on("drain", () => {
+    const w = wake;
+    wake = undefined;
+    w?.();
+  });
+
+  function finishWith(st: { code: number; message: string }): void {
+    if (st.code !== 0) {
+      decide(new TransferError(st.code, `${what}: ${st.message}`));
+    } else if (reply === undefined) {
+      decide(new TransferError(GrpcCode.INTERNAL, `${what}: status OK without a reply`));
+    } else {
+      try {
+        const ack = fromBinary(KvAckSchema, reply);
+        decide({
+          handleId: ack.handleId,
+          blocksReceived: ack.blocksReceived,
+          blocksDeduped: ack.blocksDeduped,
+          payloadBytes: ack.payloadBytes,
+          nTokens: ack.nTokens,
+        });
+      } catch (e) {
+        decide(new TransferError(GrpcCode.INTERNAL, `${what}: bad reply: ${e instanceof Error ? e.message : String(e)}`));
+      }
+    }
+    // A refusal may arrive while our side is still open: reset it, we are done.
+    if (st.code !== 0 && !stream.closed) stream.close(http2.constants.NGHTTP2_CANCEL);
+  }
+
+  const timer = setTimeout(
+    () => stop(new TransferError(GrpcCode.DEADLINE_EXCEEDED, `${what}: no answer within ${opts.timeoutMs} ms`)),
+    opts.timeoutMs,
+  );
+  const onAbort = () => stop(new TransferError(GrpcCode.CANCELLED, `${what}: cancelled`));
+  opts.signal?.addEventListener("abort", onAbort, { once: true });
+  try {
+    const writing = writeChunks(stream, chunks, () => outcome !== undefined, (resolve) => (wake = resolve)).then(
+      (complete) => {
+        if (complete && outcome === undefined) stream.end();
+      },
+      (e: unknown) => stop(new TransferError(GrpcCode.INTERNAL, `${what}: ${e instanceof Error ? e.message : String(e)}`)),
+    );
+    // A slow producer does not hold up an outcome that is already decided.
+    await Promise.race([writing, settled]);
+    await settled;
+  } finally {
+    clearTimeout(timer);
+    opts.signal?.removeEventListener("abort", onAbort);
+  }
+  if (outcome instanceof TransferError) throw outcome;
+  return outcome!;
+}
+
+/**
+ * Writes every chunk, pausing while the stream asks to drain; returns false when
+ * `done()` turned true (an outcome arrived) before the last one.
+ */
+async function writeChunks(
+  stream: http2.ClientHttp2Stream,
+  chunks: readonly KvChunkLike[] | AsyncIterable<KvChunkLike>,
+  done: () => boolean,
+  onDrain: (resolve: () => void) => void,
+): Promise<boolean> {
+  // Heads of one push share a buffer, handed out in slices: a written slice may still
+  // be queued in the stream, so none is reused within the push.
+  let heads = new Uint8Array(0);
+  let used = 0;
+  let handle = "";
+  let hb = new Uint8Array(0);
+  const one = async (c: KvChunkLike): Promise<boolean> => {
+    if (c.handleId !== handle) {
+      handle = c.handleId;
+      hb = encoder.encode(handle);
+    }
+    if (heads.length - used < HEAD_FIXED + hb.length) {
+      heads = new Uint8Array(Math.max(64 * 1024, 4 * (HEAD_FIXED + hb.length)));
+      used = 0;
+    }
+    const end = encodeChunkHead(heads, used, c, hb);
+    let more = stream.write(heads.subarray(used, end));
+    used = end;
+    if (c.envelope.length > 0) more = stream.write(c.envelope);
+    if (!more && !done()) await new Promise<void>((resolve) => onDrain(resolve));
+    return !done();
+  };
+  if (Array.isArray(chunks)) {
+    for (const c of chunks as readonly KvChunkLike[]) if (!(await one(c))) return false;
+  } else {
+    for await (const c of chunks as AsyncIterable<KvChunkLike>) if (!(await one(c))) return false;
+  }
+  return !done();
+}
