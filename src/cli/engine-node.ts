@@ -15,7 +15,7 @@ import {
   type Tokenizer,
 } from "../model/index.ts";
 import { KvPool } from "../pool/index.ts";
-import { GrpcTransport, KvReceiver, serveKv, type KvServer } from "../transfer/index.ts";
+import { GrpcTransport, KvReceiver, serveDataPlane, serveKv, type DataPlaneServer, type KvServer } from "../transfer/index.ts";
 import type { KvShape } from "../codec/index.ts";
 import { closeSync, openSync, readSync } from "node:fs";
 import { basename } from "node:path";
@@ -35,9 +35,13 @@ export interface EngineNodeOptions {
   role: EngineRole;
   workerId?: string;
   host?: string;
+  /** Host the gateway and peers reach this engine at (a pod IP); default: `host`. */
+  advertiseHost?: string;
   httpPort?: number;
   grpcPort?: number;
   kvPort?: number;
+  /** The binary data plane's port; 0 (default): the OS picks. */
+  kvDataPort?: number;
   /** A model given directly (tests), else loaded from modelPath/tokenizerPath, else the embedded one. */
   model?: ServedModel;
   modelPath?: string;
@@ -55,6 +59,8 @@ export interface EngineNodeOptions {
   useDataPlane?: boolean;
   /** Decode side: offer the binary data plane beside gRPC. */
   offerDataPlane?: boolean;
+  /** Decode side: the KvTransfer host:port heartbeats advertise, when peers reach it through a proxy or NAT (default: its own). */
+  advertiseKvAddress?: string;
   onRequestEnd?: (info: RequestEnd) => void;
   extraRoutes?: (req: Request, url: URL) => Promise<Response | null> | Response | null;
   onTransfer?: ControlContext["onTransfer"];
@@ -111,6 +117,7 @@ function served(name: string, t: Transformer, tokenizer: Tokenizer): ServedModel
 }
 
 let nodeCounter = 0;
+const STREAM_SETTLE_MS = 50;
 
 /** Starts one engine process's servers: HTTP, EngineControl, KvTransfer (decode roles), heartbeat. */
 export async function startEngineNode(opts: EngineNodeOptions): Promise<EngineNode> {
@@ -130,12 +137,24 @@ export async function startEngineNode(opts: EngineNodeOptions): Promise<EngineNo
   });
   const roles: ("prefill" | "decode")[] = role === "both" ? ["prefill", "decode"] : [role];
   const closers: (() => Promise<unknown>)[] = [];
+  const advertised = (address: string) => {
+    const adv = opts.advertiseHost;
+    if (!adv || address === "") return address;
+    return `${adv.includes(":") ? `[${adv}]` : adv}:${address.slice(address.lastIndexOf(":") + 1)}`;
+  };
   try {
     let receiver: KvReceiver | null = null;
     let kv: KvServer | null = null;
     if (receivesKv(role)) {
       receiver = new KvReceiver(pool, { ttlMs: (opts.handleTtlS ?? 60) * 1000 });
-      kv = await serveKv(receiver, { host, port: opts.kvPort ?? 0, dataPlane: opts.offerDataPlane ?? true });
+      // serveKv would advertise its data plane at the bound host, which peers cannot reach
+      // behind 0.0.0.0: start it here and advertise it as the other addresses are.
+      let dp: DataPlaneServer | null = null;
+      if (opts.offerDataPlane ?? true) {
+        dp = await serveDataPlane(receiver, { host, port: opts.kvDataPort ?? 0 });
+        closers.push(() => dp!.close());
+      }
+      kv = await serveKv(receiver, { host, port: opts.kvPort ?? 0, dataPlane: false, ...(dp ? { advertiseDataPlane: advertised(dp.address) } : {}) });
       closers.push(() => kv!.close(), async () => receiver!.close());
     }
     const transport = roles.includes("prefill") ? new GrpcTransport(opts.useDataPlane === false ? { dataPlane: false } : {}) : null;
@@ -169,7 +188,7 @@ export async function startEngineNode(opts: EngineNodeOptions): Promise<EngineNo
       const registry = new GrpcRegistry(opts.gatewayRegistry, opts.heartbeatTimeoutMs ?? 1000);
       heartbeat = Heartbeat.spawn(
         registry,
-        { workerId, httpAddress: http.address, grpcAddress: grpc.address, kvAddress: kv?.address ?? "", role, model: model.name, blockTokens: shape.blockTokens, totalBlocks: pool.total },
+        { workerId, httpAddress: advertised(http.address), grpcAddress: advertised(grpc.address), kvAddress: kv ? (opts.advertiseKvAddress ?? advertised(kv.address)) : "", role, model: model.name, blockTokens: shape.blockTokens, totalBlocks: pool.total },
         () => ({ queueDepth: engine.queueDepth, running: engine.runningCount, freeBlocks: pool.total - pool.used, draining: engine.isDraining }),
         opts.heartbeatIntervalMs ?? 2000,
         opts.heartbeatTimeoutMs ?? 1000,
@@ -192,7 +211,11 @@ export async function startEngineNode(opts: EngineNodeOptions): Promise<EngineNo
       shutdown(deadlineMs = 0) {
         down ??= (async () => {
           const remaining = await engine.drain(deadlineMs);
-          for (const id of engine.requestIds()) engine.cancel(id);
+          const cut = engine.requestIds();
+          for (const id of cut) engine.cancel(id);
+          // A cancelled stream writes its error event on the next turns of the event loop, and
+          // stopping HTTP cuts open connections: without this pause clients see a bare reset.
+          if (cut.length > 0) await Bun.sleep(STREAM_SETTLE_MS);
           for (const close of closers.reverse()) await close().catch(() => {});
           return remaining;
         })();

@@ -1,7 +1,6 @@
 // CRC-32C (Castagnoli): reflected polynomial 0x82F63B78, init and final xor 0xFFFFFFFF.
 // The native @node-rs/crc32 (SSE4.2 / ARMv8 CRC instructions) is used when it loads;
 // the slicing-by-8 table version keeps the engine working where it does not.
-import { createRequire } from "node:module";
 
 type CrcFn = (input: Uint8Array, initialState?: number | null) => number;
 
@@ -49,7 +48,8 @@ export function crc32cTable(bytes: Uint8Array, initial = 0): number {
 function loadNative(): CrcFn | null {
   if (process.env.TL_CRC32C === "table") return null;
   try {
-    const mod = createRequire(import.meta.url)("@node-rs/crc32") as { crc32c?: CrcFn };
+    // A literal require, so `bun build --compile` embeds the native binding in the binary.
+    const mod = require("@node-rs/crc32") as { crc32c?: CrcFn };
     const fn = mod.crc32c;
     // A binding that loads but computes something else must not be trusted.
     if (typeof fn !== "function" || fn(new TextEncoder().encode("123456789")) >>> 0 !== 0xe3069283) return null;

@@ -307,7 +307,8 @@ export class Engine {
       const victim = this.running[this.running.length - 1]!;
       if (victim === seq && this.running.length === 1) {
         // Alone and still short: the pool (less pending handles) cannot hold this sequence.
-        this.finish(seq, "length");
+        // An error, not "length": a client must not take a cut-off stream for a finished one.
+        this.finish(seq, "error", `out of KV blocks: ${upTo} tokens need ${need} more blocks, ${this.pool.available} of ${this.pool.total} available`);
         return false;
       }
       this.preempt(victim);

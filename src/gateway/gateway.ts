@@ -58,6 +58,27 @@ interface Served {
   payloadBytes: number;
 }
 
+const NEVER = new AbortController().signal;
+
+/** `p`, or a rejection as soon as `signal` aborts (p itself goes on). */
+function untilAborted<T>(p: Promise<T>, signal: AbortSignal): Promise<T> {
+  if (signal.aborted) return Promise.reject(signal.reason);
+  return new Promise<T>((resolve, reject) => {
+    const onAbort = () => reject(signal.reason);
+    signal.addEventListener("abort", onAbort, { once: true });
+    p.then(
+      (v) => {
+        signal.removeEventListener("abort", onAbort);
+        resolve(v);
+      },
+      (e) => {
+        signal.removeEventListener("abort", onAbort);
+        reject(e);
+      },
+    );
+  });
+}
+
 const RETRYABLE = new Set([Code.DataLoss, Code.Unavailable, Code.DeadlineExceeded]);
 
 // Span attributes that never change, built once so tracing off allocates nothing per request.
@@ -180,11 +201,19 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
       const did = D.worker.status.workerId;
       let handle: KvHandle;
       busy(pid, 1);
+      // Not cancelled along with the client: a Prefill cut short on our side can still
+      // finish on P and leave its handle pending on D with nobody to release it. When the
+      // client goes away, Cancel stops P's work instead and any handle the call still
+      // yields is given back (abandonPrefill).
+      const call = prefill(P.worker, D.worker, params, id, NEVER, span);
       try {
-        handle = await prefill(P.worker, D.worker, params, id, abort.signal, span);
+        handle = await untilAborted(call, abort.signal);
       } catch (e) {
+        if (abort.signal.aborted) {
+          abandonPrefill(call, P.worker, D.worker, id);
+          throw new HttpError(499, "client closed the request");
+        }
         const err = ConnectError.from(e);
-        if (abort.signal.aborted) throw new HttpError(499, "client closed the request");
         // A transfer failure is D's doing; anything else is P's.
         const blame = err.rawMessage.startsWith("kv transfer") ? did : pid;
         metrics.transferFailures.inc({ code: Code[err.code] ?? String(err.code) });
@@ -258,6 +287,22 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
       return respond(q, params, id, served, arrived, abort, span);
     }
     throw new HttpError(503, "no worker could take the request after retries", "server_error", null, { "retry-after": "1" });
+  }
+
+  /** The client left during Prefill: stop P's work, and release on D whatever handle the call still yields. */
+  function abandonPrefill(call: Promise<KvHandle>, p: WorkerView, d: WorkerView, id: string): void {
+    grpcClient(EngineControl, p.status.grpcAddress, { timeoutMs: 5000 })
+      .cancel({ requestId: id })
+      .catch(() => {});
+    call.then(
+      (h) => {
+        if (h.finished) return;
+        grpcClient(KvTransfer, d.status.kvAddress, { timeoutMs: 5000 })
+          .release({ handleId: h.handleId })
+          .catch((e) => log.warn("release failed", { request_id: id, handle: h.handleId, error: String(e) }));
+      },
+      () => {},
+    );
   }
 
   /** No prefill/decode pair: a `both` engine does the whole request. */

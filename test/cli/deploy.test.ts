@@ -1,0 +1,222 @@
+import { afterAll, expect, test } from "bun:test";
+import { readFileSync, readdirSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
+import { parseAddr, parseArgs, type Config } from "../../src/cli/options.ts";
+import { REPO, tempDir } from "./procs.ts";
+
+// The manifests are only as good as their agreement with the binary: every container's
+// args must be what `engine` accepts, and every port the config binds must be the one the
+// pod declares, the probes hit and the Services target.
+
+const K8S = join(REPO, "deploy", "k8s");
+const tmp = tempDir("tl-engine-deploy-");
+afterAll(() => tmp.remove());
+
+// A loose view of the Kubernetes objects this test reads.
+type Obj = Record<string, any>;
+
+function load(file: string): Obj[] {
+  const docs = Bun.YAML.parse(readFileSync(join(K8S, file), "utf8")) as Obj | Obj[];
+  return (Array.isArray(docs) ? docs : [docs]).filter((d) => d !== null);
+}
+
+const kustomization = load("kustomization.yaml")[0]!;
+const objects = (kustomization.resources as string[]).flatMap(load);
+const byKind = (kind: string) => objects.filter((o) => o.kind === kind);
+const workloads = byKind("Deployment");
+const services = byKind("Service");
+const workload = (name: string) => workloads.find((w) => w.metadata.name === name)!;
+
+/** What kubelet does to args: $(VAR) from the container's env; fieldRefs get sample values. */
+function expandArgs(pod: Obj, c: Obj): string[] {
+  const samples: Record<string, string> = { "metadata.name": `${pod.metadata.labels["app.kubernetes.io/component"]}-7d9f8-x2kq4`, "status.podIP": "10.244.1.7" };
+  const env = new Map<string, string>();
+  for (const e of c.env ?? []) {
+    const v = e.value ?? samples[e.valueFrom?.fieldRef?.fieldPath];
+    expect(v, `env ${e.name} of ${c.name}`).toBeDefined();
+    env.set(e.name, v);
+  }
+  return (c.args as string[]).map((a) =>
+    a.replace(/\$\((\w+)\)/g, (_, name: string) => {
+      expect(env.has(name), `$(${name}) in ${c.name}'s args is defined in its env`).toBe(true);
+      return env.get(name)!;
+    }),
+  );
+}
+
+/** The effective config a container starts with: its args, with --config read from the mounted ConfigMap. */
+function effectiveConfig(pod: Obj, c: Obj): Config {
+  const args = expandArgs(pod, c);
+  const i = args.indexOf("--config");
+  if (i >= 0) {
+    const path = args[i + 1]!;
+    const mount = (c.volumeMounts as Obj[]).find((m) => path.startsWith(m.mountPath + "/"));
+    expect(mount, `a volume mounted over ${path}`).toBeDefined();
+    const volume = (pod.spec.volumes as Obj[]).find((v) => v.name === mount!.name)!;
+    const cm = byKind("ConfigMap").find((m) => m.metadata.name === volume.configMap?.name);
+    expect(cm, `ConfigMap ${volume.configMap?.name}`).toBeDefined();
+    const key = path.slice(mount!.mountPath.length + 1);
+    expect(Object.keys(cm!.data)).toContain(key);
+    const local = join(tmp.path, `${c.name}-${key}`);
+    writeFileSync(local, cm!.data[key]);
+    args[i + 1] = local;
+  }
+  const parsed = parseArgs(args);
+  // main refuses options it does not know; so must the manifests.
+  expect({ container: c.name, unknown: [...parsed.rest.keys()] }).toEqual({ container: c.name, unknown: [] });
+  expect(parsed.help).toBe(false);
+  return parsed.config;
+}
+
+/** containerPort for a probe's or Service's port: a number, or the name of a declared port. */
+function resolvePort(c: Obj, port: number | string): number {
+  if (typeof port === "number") return port;
+  const p = (c.ports as Obj[]).find((x) => x.name === port);
+  expect(p, `port named ${port} on ${c.name}`).toBeDefined();
+  return p!.containerPort;
+}
+
+function selects(selector: Record<string, string>, labels: Record<string, string>): boolean {
+  return Object.entries(selector).every(([k, v]) => labels[k] === v);
+}
+
+interface Pod {
+  name: string;
+  template: Obj;
+  container: Obj;
+  config: Config;
+  /** listen key -> port the process binds */
+  listens: Map<string, number>;
+}
+
+const pods: Pod[] = workloads.map((w) => {
+  const template = w.spec.template;
+  expect(template.spec.containers.length).toBe(1);
+  const container = template.spec.containers[0];
+  const config = effectiveConfig(template, container);
+  const e = config.engine;
+  const g = config.gateway;
+  const listens = new Map<string, number>();
+  if (config.role === "gateway") {
+    listens.set("http_listen", parseAddr(String(g.http_listen)).port);
+    listens.set("registry_listen", parseAddr(String(g.registry_listen)).port);
+  } else {
+    listens.set("http_listen", parseAddr(String(e.http_listen)).port);
+    listens.set("grpc_listen", parseAddr(String(e.grpc_listen)).port);
+    if (config.role !== "prefill") {
+      listens.set("kv_listen", parseAddr(String(e.kv_listen)).port);
+      if (e.kv_data_listen) listens.set("kv_data_listen", parseAddr(String(e.kv_data_listen)).port);
+    }
+  }
+  return { name: w.metadata.name, template, container, config, listens };
+});
+const pod = (name: string) => pods.find((p) => p.name === name)!;
+
+test("deploy_manifests_parse_and_cover_the_layout", () => {
+  // Every manifest in the folder is applied (kind-config is for `kind`, not kubectl).
+  const files = readdirSync(K8S).filter((f) => f.endsWith(".yaml") && f !== "kustomization.yaml" && f !== "kind-config.yaml");
+  expect([...kustomization.resources].sort()).toEqual(files.sort());
+  const ns = byKind("Namespace")[0]!.metadata.name;
+  expect(kustomization.namespace).toBe(ns);
+  for (const o of objects) if (o.kind !== "Namespace") expect(o.metadata.namespace, `${o.kind}/${o.metadata.name}`).toBe(ns);
+
+  expect(pods.map((p) => [p.name, p.config.role, workload(p.name).spec.replicas])).toEqual([
+    ["gateway", "gateway", 1],
+    ["prefill", "prefill", 1],
+    ["decode", "decode", 2],
+  ]);
+  // One image everywhere: the compiled binary is every role.
+  expect(new Set(pods.map((p) => p.container.image)).size).toBe(1);
+  for (const w of workloads) {
+    expect(selects(w.spec.selector.matchLabels, w.spec.template.metadata.labels)).toBe(true);
+    // The image's ENTRYPOINT is the binary; a command here would bypass it.
+    expect(w.spec.template.spec.containers[0].command).toBeUndefined();
+  }
+});
+
+test("deploy_args_are_cli_options_and_ports_agree", () => {
+  for (const p of pods) {
+    const c = p.container;
+    const declared = (c.ports as Obj[]).map((x) => x.containerPort as number).sort();
+    // Every bound port declared, and nothing declared that nothing binds.
+    expect({ pod: p.name, ports: declared }).toEqual({ pod: p.name, ports: [...p.listens.values()].sort() });
+    const http = p.listens.get("http_listen")!;
+    for (const probe of ["readinessProbe", "livenessProbe"]) {
+      expect(c[probe]?.httpGet?.path, `${p.name} ${probe}`).toBe("/health");
+      expect(resolvePort(c, c[probe].httpGet.port)).toBe(http);
+    }
+    if (c.startupProbe) expect(resolvePort(c, c.startupProbe.httpGet.port)).toBe(http);
+    expect(Number(p.template.metadata.annotations?.["prometheus.io/port"])).toBe(http);
+    // Other pods connect: bind every interface.
+    for (const key of p.listens.keys()) {
+      const section = p.config.role === "gateway" ? p.config.gateway : p.config.engine;
+      expect(parseAddr(String(section[key])).host, `${p.name} ${key}`).toBe("0.0.0.0");
+    }
+  }
+});
+
+test("deploy_engines_advertise_their_pod_ip_and_beat_to_the_registry_service", () => {
+  const gw = pod("gateway");
+  const registryPort = gw.listens.get("registry_listen")!;
+  for (const p of [pod("prefill"), pod("decode")]) {
+    // Bound on 0.0.0.0, an engine must tell others its pod IP.
+    expect(p.config.engine.advertise_host).toBe("10.244.1.7");
+    const env = (p.container.env as Obj[]).find((e) => `$(${e.name})` === p.container.args[p.container.args.indexOf("--advertise-host") + 1]);
+    expect(env?.valueFrom?.fieldRef?.fieldPath).toBe("status.podIP");
+    const { host, port } = parseAddr(String(p.config.engine.gateway_registry));
+    const ns = gw.template.metadata.namespace ?? workload("gateway").metadata.namespace;
+    const svcName = host.replace(new RegExp(`\\.${ns}(\\.svc(\\.cluster\\.local)?)?$`), "");
+    const svc = services.find((s) => s.metadata.name === svcName);
+    expect(svc, `Service ${svcName} named by ${p.name}'s gateway_registry`).toBeDefined();
+    expect(selects(svc!.spec.selector, gw.template.metadata.labels)).toBe(true);
+    const sp = (svc!.spec.ports as Obj[]).find((x) => x.port === port);
+    expect(sp, `${svcName} serves port ${port}`).toBeDefined();
+    expect(resolvePort(gw.container, sp!.targetPort ?? sp!.port)).toBe(registryPort);
+  }
+});
+
+test("deploy_services_and_kind_reach_the_gateway", () => {
+  const gw = pod("gateway");
+  for (const s of services) {
+    const target = pods.find((p) => selects(s.spec.selector, p.template.metadata.labels));
+    expect(target, `pods behind Service ${s.metadata.name}`).toBeDefined();
+    for (const sp of s.spec.ports as Obj[]) expect([...target!.listens.values()]).toContain(resolvePort(target!.container, sp.targetPort ?? sp.port));
+  }
+  const front = services.find((s) => s.spec.type === "NodePort")!;
+  const http = (front.spec.ports as Obj[])[0]!;
+  expect(resolvePort(gw.container, http.targetPort)).toBe(gw.listens.get("http_listen")!);
+  const kind = load("kind-config.yaml")[0]!;
+  expect(kind.kind).toBe("Cluster");
+  expect(kind.apiVersion).toBe("kind.x-k8s.io/v1alpha4");
+  const mappings = (kind.nodes as Obj[]).flatMap((n) => n.extraPortMappings ?? []);
+  expect(mappings.map((m) => m.containerPort)).toContain(http.nodePort);
+  expect((kind.nodes as Obj[]).filter((n) => n.role === "worker").length).toBeGreaterThanOrEqual(2);
+});
+
+test("deploy_drain_fits_the_grace_period", () => {
+  for (const p of pods) {
+    const spec = p.template.spec;
+    const pause = p.container.lifecycle?.preStop?.sleep?.seconds;
+    expect(pause, `${p.name} preStop pause`).toBeGreaterThan(0);
+    // Kubelet counts the preStop pause inside the grace period, then SIGKILLs.
+    const drain = p.config.role === "gateway" ? 0 : Number(p.config.engine.drain_timeout_s);
+    expect(spec.terminationGracePeriodSeconds, p.name).toBeGreaterThan(pause + drain);
+  }
+});
+
+test("deploy_dockerfile_runs_the_compiled_binary", () => {
+  const lines = readFileSync(join(REPO, "deploy", "Dockerfile"), "utf8")
+    .split("\n")
+    .filter((l) => l.trim() !== "" && !l.startsWith("#"));
+  const copy = lines.find((l) => l.startsWith("COPY "))!.split(/\s+/);
+  // `npm run build` writes dist/engine.
+  const build = (JSON.parse(readFileSync(join(REPO, "package.json"), "utf8")) as { scripts: Record<string, string> }).scripts.build!;
+  const outfile = /--outfile (\S+)/.exec(build)![1]!;
+  expect(copy.at(-2)).toBe(outfile);
+  const entry = JSON.parse(lines.find((l) => l.startsWith("ENTRYPOINT "))!.slice("ENTRYPOINT ".length)) as string[];
+  expect(entry).toEqual([copy.at(-1)!]);
+  const ignore = readFileSync(join(REPO, "deploy", "Dockerfile.dockerignore"), "utf8");
+  expect(ignore).toContain(`!${outfile}`);
+  const exposed = lines.find((l) => l.startsWith("EXPOSE "))!.split(/\s+/).slice(1).map(Number);
+  for (const p of pods) for (const port of p.listens.values()) expect(exposed).toContain(port);
+});

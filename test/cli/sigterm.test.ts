@@ -1,0 +1,91 @@
+import { afterAll, expect, test } from "bun:test";
+import { alive, exitWithin, killAll, readSse, spawnProc } from "./procs.ts";
+
+afterAll(killAll);
+
+function startEngine(drainTimeoutS: number) {
+  return spawnProc([
+    process.execPath, "bin/engine.ts", "--role", "both",
+    "--http-listen", "127.0.0.1:0", "--grpc-listen", "127.0.0.1:0", "--kv-listen", "127.0.0.1:0",
+    "--drain-timeout-s", String(drainTimeoutS),
+  ]);
+}
+
+/** Starts a streamed completion; resolves once `after` events arrived, with the promise of the rest (wrapped, so it is not awaited). */
+async function streamUntil(http: string, maxTokens: number, after: number) {
+  const res = await fetch(`http://${http}/v1/completions`, {
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body: JSON.stringify({ prompt: "Once upon a time", max_tokens: maxTokens, stream: true, seed: 5, temperature: 0.7 }),
+  });
+  expect(res.status).toBe(200);
+  let seen = 0;
+  let reached!: () => void;
+  const started = new Promise<void>((r) => (reached = r));
+  const result = readSse(res, () => {
+    if (++seen === after) reached();
+  });
+  await Promise.race([started, result]);
+  return { result };
+}
+
+test("sigterm_finishes_streams_within_the_drain_deadline", async () => {
+  const e = startEngine(20);
+  try {
+    const ready = await e.ready();
+    const http = String(ready.http);
+    const maxTokens = 300;
+    const stream = await streamUntil(http, maxTokens, 3);
+    const t0 = Date.now();
+    e.proc.kill("SIGTERM");
+    // While it drains it stays alive but admits nothing new.
+    const health = async () => ((await (await fetch(`http://${http}/health`)).json()) as { status: string }).status;
+    while ((await health()) !== "draining") {
+      expect(Date.now() - t0).toBeLessThan(10_000);
+      await Bun.sleep(10);
+    }
+    const refused = await fetch(`http://${http}/v1/completions`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({ prompt: "late", max_tokens: 4 }),
+    });
+    expect(refused.status).toBe(503);
+    const r = await stream.result;
+    // All of it: finish_reason "length" comes only once max_tokens were generated.
+    expect(r).toMatchObject({ finish: "length", done: true, error: null, broke: null });
+    expect(await exitWithin(e.proc, 15_000)).toBe(0);
+    // It left when the work was done, not at the deadline.
+    expect(Date.now() - t0).toBeLessThan(20_000);
+    expect(alive(e.proc.pid)).toBe(false);
+  } finally {
+    e.proc.kill("SIGKILL");
+  }
+}, 40_000);
+
+test("sigterm_past_the_drain_deadline_errors_the_stream", async () => {
+  const drainS = 1;
+  const e = startEngine(drainS);
+  try {
+    const http = String((await e.ready()).http);
+    // Far more tokens than fit in the deadline.
+    const maxTokens = 1800;
+    const stream = await streamUntil(http, maxTokens, 3);
+    const t0 = Date.now();
+    e.proc.kill("SIGTERM");
+    const r = await stream.result;
+    const code = await exitWithin(e.proc, 15_000);
+    const waited = Date.now() - t0;
+    expect(code).toBe(0);
+    expect(alive(e.proc.pid)).toBe(false);
+    // Never a silent truncation: the stream ends with an error event, not [DONE], not a bare close.
+    expect(r.done).toBe(false);
+    expect(r.broke).toBeNull();
+    expect(r.error).toContain("cancelled");
+    expect(r.finish).toBeNull();
+    expect(r.events).toBeLessThan(maxTokens);
+    // The deadline was honoured: in-flight work kept running until it passed.
+    expect(waited).toBeGreaterThanOrEqual(drainS * 1000 - 50);
+  } finally {
+    e.proc.kill("SIGKILL");
+  }
+}, 40_000);
