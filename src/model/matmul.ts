@@ -1,14 +1,14 @@
+import assert from "node:assert";
+import { simdModuleBytes } from "./simd-module.ts";
+
 /**
- * y[r*d + i] = sum_{j<n} w[wOff + i*n + j] * x[r*n + j]  for r < rows, i < d.
- *
- * Batch invariance rests on one rule: every output is a single f64 accumulator summed over
- * j = 0, 1, ..., n-1 in order, then rounded once to f32 on store. The register tiles (4 weight
- * rows x 4, 2 or 1 token rows; 8 x 1 for a single row) only change which outputs are computed
- * side by side, never the order inside one, so a row's result is the same bits whatever else
- * shares the call.
- * JS forbids fused multiply-add, so `a += u * p` is the same two roundings on every engine.
+ * y[r*d + i] = dot(w[wOff + i*n .. + n), x[r*n .. + n))  for r < rows, i < d, every dot summed
+ * in one fixed order (see simd-module.ts): four f32 lanes over j = l (mod 4), folded as
+ * (s0 + s1) + (s2 + s3), then the n % 4 tail in order. This is the plain JS statement of that
+ * order: the bit-for-bit reference for the SIMD kernel, and its fallback. JS forbids fused
+ * multiply-add, and Math.fround after every product and sum gives f32 arithmetic exactly.
  */
-export function matmul(
+export function matmulRef(
   y: Float32Array,
   x: Float32Array,
   w: Float32Array,
@@ -17,126 +17,140 @@ export function matmul(
   n: number,
   d: number,
 ): void {
-  if (rows === 1) {
-    gemv(y, x, w, wOff, n, d);
-    return;
-  }
-  let i = 0;
-  for (; i + 4 <= d; i += 4) {
-    const w0 = wOff + i * n;
-    const w1 = w0 + n;
-    const w2 = w1 + n;
-    const w3 = w2 + n;
-    let r = 0;
-    for (; r + 4 <= rows; r += 4) {
-      const xa = r * n;
-      const xb = xa + n;
-      const xc = xb + n;
-      const xd = xc + n;
-      let a0 = 0, a1 = 0, a2 = 0, a3 = 0;
-      let b0 = 0, b1 = 0, b2 = 0, b3 = 0;
-      let c0 = 0, c1 = 0, c2 = 0, c3 = 0;
-      let d0 = 0, d1 = 0, d2 = 0, d3 = 0;
-      for (let j = 0; j < n; j++) {
-        const u0 = w[w0 + j]!, u1 = w[w1 + j]!, u2 = w[w2 + j]!, u3 = w[w3 + j]!;
-        let p = x[xa + j]!;
-        a0 += u0 * p; a1 += u1 * p; a2 += u2 * p; a3 += u3 * p;
-        p = x[xb + j]!;
-        b0 += u0 * p; b1 += u1 * p; b2 += u2 * p; b3 += u3 * p;
-        p = x[xc + j]!;
-        c0 += u0 * p; c1 += u1 * p; c2 += u2 * p; c3 += u3 * p;
-        p = x[xd + j]!;
-        d0 += u0 * p; d1 += u1 * p; d2 += u2 * p; d3 += u3 * p;
-      }
-      let o = r * d + i;
-      y[o] = a0; y[o + 1] = a1; y[o + 2] = a2; y[o + 3] = a3;
-      o += d;
-      y[o] = b0; y[o + 1] = b1; y[o + 2] = b2; y[o + 3] = b3;
-      o += d;
-      y[o] = c0; y[o + 1] = c1; y[o + 2] = c2; y[o + 3] = c3;
-      o += d;
-      y[o] = d0; y[o + 1] = d1; y[o + 2] = d2; y[o + 3] = d3;
-    }
-    if (r + 2 <= rows) {
-      const xa = r * n;
-      const xb = xa + n;
-      let a0 = 0, a1 = 0, a2 = 0, a3 = 0;
-      let b0 = 0, b1 = 0, b2 = 0, b3 = 0;
-      for (let j = 0; j < n; j++) {
-        const u0 = w[w0 + j]!, u1 = w[w1 + j]!, u2 = w[w2 + j]!, u3 = w[w3 + j]!;
-        let p = x[xa + j]!;
-        a0 += u0 * p; a1 += u1 * p; a2 += u2 * p; a3 += u3 * p;
-        p = x[xb + j]!;
-        b0 += u0 * p; b1 += u1 * p; b2 += u2 * p; b3 += u3 * p;
-      }
-      let o = r * d + i;
-      y[o] = a0; y[o + 1] = a1; y[o + 2] = a2; y[o + 3] = a3;
-      o += d;
-      y[o] = b0; y[o + 1] = b1; y[o + 2] = b2; y[o + 3] = b3;
-      r += 2;
-    }
-    if (r < rows) {
-      const xa = r * n;
-      let a0 = 0, a1 = 0, a2 = 0, a3 = 0;
-      for (let j = 0; j < n; j++) {
-        const p = x[xa + j]!;
-        a0 += w[w0 + j]! * p; a1 += w[w1 + j]! * p; a2 += w[w2 + j]! * p; a3 += w[w3 + j]! * p;
-      }
-      const o = r * d + i;
-      y[o] = a0; y[o + 1] = a1; y[o + 2] = a2; y[o + 3] = a3;
-    }
-  }
-  for (; i < d; i++) {
-    const w0 = wOff + i * n;
-    for (let r = 0; r < rows; r++) {
-      const xa = r * n;
-      let a0 = 0;
-      for (let j = 0; j < n; j++) a0 += w[w0 + j]! * x[xa + j]!;
-      y[r * d + i] = a0;
-    }
-  }
-}
-
-/** One token row (decode at batch 1): eight weight rows at a time for more independent sums. */
-function gemv(y: Float32Array, x: Float32Array, w: Float32Array, wOff: number, n: number, d: number): void {
-  let i = 0;
-  for (; i + 8 <= d; i += 8) {
-    const w0 = wOff + i * n;
-    const w1 = w0 + n, w2 = w1 + n, w3 = w2 + n, w4 = w3 + n, w5 = w4 + n, w6 = w5 + n, w7 = w6 + n;
-    let a0 = 0, a1 = 0, a2 = 0, a3 = 0, a4 = 0, a5 = 0, a6 = 0, a7 = 0;
-    for (let j = 0; j < n; j++) {
-      const p = x[j]!;
-      a0 += w[w0 + j]! * p; a1 += w[w1 + j]! * p; a2 += w[w2 + j]! * p; a3 += w[w3 + j]! * p;
-      a4 += w[w4 + j]! * p; a5 += w[w5 + j]! * p; a6 += w[w6 + j]! * p; a7 += w[w7 + j]! * p;
-    }
-    y[i] = a0; y[i + 1] = a1; y[i + 2] = a2; y[i + 3] = a3;
-    y[i + 4] = a4; y[i + 5] = a5; y[i + 6] = a6; y[i + 7] = a7;
-  }
-  for (; i < d; i++) {
-    const w0 = wOff + i * n;
-    let a0 = 0;
-    for (let j = 0; j < n; j++) a0 += w[w0 + j]! * x[j]!;
-    y[i] = a0;
-  }
-}
-
-/** The plain one-output-at-a-time loop: the bench's baseline and the shape matmul must equal bit for bit. */
-export function matmulNaive(
-  y: Float32Array,
-  x: Float32Array,
-  w: Float32Array,
-  wOff: number,
-  rows: number,
-  n: number,
-  d: number,
-): void {
+  const f = Math.fround;
+  const n4 = n - (n % 4);
   for (let r = 0; r < rows; r++) {
+    const xa = r * n;
     for (let i = 0; i < d; i++) {
-      const w0 = wOff + i * n;
-      const xa = r * n;
-      let a = 0;
-      for (let j = 0; j < n; j++) a += w[w0 + j]! * x[xa + j]!;
-      y[r * d + i] = a;
+      const wa = wOff + i * n;
+      let s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+      for (let j = 0; j < n4; j += 4) {
+        s0 = f(s0 + f(w[wa + j]! * x[xa + j]!));
+        s1 = f(s1 + f(w[wa + j + 1]! * x[xa + j + 1]!));
+        s2 = f(s2 + f(w[wa + j + 2]! * x[xa + j + 2]!));
+        s3 = f(s3 + f(w[wa + j + 3]! * x[xa + j + 3]!));
+      }
+      let s = f(f(s0 + s1) + f(s2 + s3));
+      for (let j = n4; j < n; j++) s = f(s + f(w[wa + j]! * x[xa + j]!));
+      y[r * d + i] = s;
     }
   }
+}
+
+const PAGE = 65536;
+const MAX_PLACED_BYTES = 2 ** 32 - 2 ** 28;
+
+interface SimdExports {
+  matmul(y: number, x: number, w: number, rows: number, n: number, d: number): void;
+}
+
+let compiled: WebAssembly.Module | null | undefined;
+
+/** The SIMD module, compiled once per process; null where the engine lacks WebAssembly SIMD. */
+function simdModule(): WebAssembly.Module | null {
+  if (compiled === undefined) {
+    const bytes = simdModuleBytes();
+    compiled = typeof WebAssembly === "object" && WebAssembly.validate(bytes) ? new WebAssembly.Module(bytes) : null;
+  }
+  return compiled;
+}
+
+/**
+ * A matmul over WebAssembly linear memory. The tensors given to the constructor are copied into
+ * the memory once and used from there; any other w has the rows it needs copied in per call (tests,
+ * micro-benchmarks). x is copied in and y out per call: rows*(n+d) floats against rows*n*d
+ * multiply-adds. Without WebAssembly SIMD, or for weights past wasm32's reach, every call runs
+ * matmulRef, which gives the same bits. Placing doubles the weights' memory while the caller
+ * keeps its own arrays.
+ */
+export class MatmulKernel {
+  private readonly mem: WebAssembly.Memory | null;
+  private readonly ex: SimdExports | null;
+  private f32 = new Float32Array(0);
+  private readonly placed = new Map<Float32Array, number>();
+  /** Byte offset where scratch (x, y, unplaced w) starts: after every placed tensor. */
+  private scratch = 0;
+
+  constructor(tensors: readonly Float32Array[] = []) {
+    const mod = simdModule();
+    let bytes = 0;
+    const unique = [...new Set(tensors)];
+    for (const t of unique) bytes += align16(t.byteLength);
+    // Weights past wasm32's 4 GiB (less scratch), or more than the engine will map, cannot be
+    // placed: such a model runs matmulRef.
+    let mem: WebAssembly.Memory | null = null;
+    if (mod !== null && bytes <= MAX_PLACED_BYTES) {
+      try {
+        mem = new WebAssembly.Memory({ initial: Math.max(1, Math.ceil(bytes / PAGE)) });
+      } catch (e) {
+        if (!(e instanceof RangeError)) throw e;
+      }
+    }
+    if (mod === null || mem === null) {
+      this.mem = null;
+      this.ex = null;
+      return;
+    }
+    this.mem = mem;
+    this.ex = new WebAssembly.Instance(mod, { env: { mem: this.mem } }).exports as unknown as SimdExports;
+    this.f32 = new Float32Array(this.mem.buffer);
+    for (const t of unique) {
+      this.placed.set(t, this.scratch);
+      this.f32.set(t, this.scratch >> 2);
+      this.scratch += align16(t.byteLength);
+    }
+  }
+
+  /** True when the SIMD module runs; false on the matmulRef fallback. */
+  get simd(): boolean {
+    return this.ex !== null;
+  }
+
+  matmul(y: Float32Array, x: Float32Array, w: Float32Array, wOff: number, rows: number, n: number, d: number): void {
+    const ex = this.ex;
+    if (ex === null) {
+      matmulRef(y, x, w, wOff, rows, n, d);
+      return;
+    }
+    if (x.length < rows * n || y.length < rows * d || w.length < wOff + n * d) {
+      assert.fail(`matmul ${rows}x${n} by ${d}x${n}: x ${x.length}, y ${y.length}, w ${w.length} from ${wOff}`);
+    }
+    const at = this.placed.get(w);
+    const xAt = this.scratch;
+    const yAt = xAt + align16(rows * n * 4);
+    const wAt = yAt + align16(rows * d * 4);
+    this.ensure(at === undefined ? wAt + n * d * 4 : wAt);
+    const f32 = this.f32;
+    // set() over subarray views (two small allocations per call): an element loop over a
+    // typed array on wasm memory ran the whole rows=1 call at half speed on Bun.
+    f32.set(x.subarray(0, rows * n), xAt >> 2);
+    let wPtr: number;
+    if (at === undefined) {
+      f32.set(w.subarray(wOff, wOff + n * d), wAt >> 2);
+      wPtr = wAt;
+    } else {
+      wPtr = at + wOff * 4;
+    }
+    ex.matmul(yAt, xAt, wPtr, rows, n, d);
+    y.set(f32.subarray(yAt >> 2, (yAt >> 2) + rows * d));
+  }
+
+  private ensure(bytes: number): void {
+    const mem = this.mem!;
+    if (bytes <= mem.buffer.byteLength) return;
+    mem.grow(Math.ceil((bytes - mem.buffer.byteLength) / PAGE));
+    this.f32 = new Float32Array(mem.buffer);
+  }
+}
+
+function align16(bytes: number): number {
+  return (bytes + 15) & ~15;
+}
+
+let shared: MatmulKernel | null = null;
+
+/** matmul on a process-wide kernel with nothing placed: w is copied in per call. */
+export function matmul(y: Float32Array, x: Float32Array, w: Float32Array, wOff: number, rows: number, n: number, d: number): void {
+  shared ??= new MatmulKernel();
+  shared.matmul(y, x, w, wOff, rows, n, d);
 }

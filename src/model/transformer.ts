@@ -1,7 +1,7 @@
 import assert from "node:assert";
 import type { KvPool } from "../pool/index.ts";
 import { headDimOf, kvDimOf, type ModelConfig } from "./config.ts";
-import { matmul } from "./matmul.ts";
+import { MatmulKernel } from "./matmul.ts";
 import { validateWeights, type Weights } from "./weights.ts";
 
 /**
@@ -45,6 +45,8 @@ export class Transformer {
   private readonly att: Float32Array;
   private readonly acc: Float64Array;
   private readonly kvec: Float32Array;
+  /** Holds its own copy of every weight matrix, in WebAssembly memory. */
+  private readonly mm: MatmulKernel;
 
   // Per-row scratch, grown (never shrunk) to the largest row count seen.
   private cap = 0;
@@ -86,6 +88,7 @@ export class Transformer {
     this.att = new Float32Array(ATT_TILE * this.kvMul * cfg.maxSeqLen);
     this.acc = new Float64Array(ATT_TILE * this.kvMul * this.headDim);
     this.kvec = new Float32Array(this.headDim);
+    this.mm = new MatmulKernel([weights.wq, weights.wk, weights.wv, weights.wo, weights.w1, weights.w2, weights.w3, weights.wcls]);
   }
 
   /**
@@ -132,6 +135,7 @@ export class Transformer {
     this.reserve(rows, nSeq);
     const { x, xb, xb2, q, k, v, hb, hb2, rowPos, rowSeq, lastRow } = this;
     const w = this.w;
+    const mm = this.mm;
 
     // Embed.
     let r = 0;
@@ -152,9 +156,9 @@ export class Transformer {
     const blockElems = pool.blockElems;
     for (let l = 0; l < nLayers; l++) {
       rmsnorm(xb, x, w.rmsAtt, l * dim, rows, dim, cfg.normEps);
-      matmul(q, xb, w.wq, l * dim * dim, rows, dim, dim);
-      matmul(k, xb, w.wk, l * kvDim * dim, rows, dim, kvDim);
-      matmul(v, xb, w.wv, l * kvDim * dim, rows, dim, kvDim);
+      mm.matmul(q, xb, w.wq, l * dim * dim, rows, dim, dim);
+      mm.matmul(k, xb, w.wk, l * kvDim * dim, rows, dim, kvDim);
+      mm.matmul(v, xb, w.wv, l * kvDim * dim, rows, dim, kvDim);
       this.rope(rows);
 
       // Store every row's K/V before any attention, so rows of this call see each other
@@ -173,17 +177,17 @@ export class Transformer {
       }
 
       this.attention(bits, blockElems, B, l, batch, rows);
-      matmul(xb2, xb, w.wo, l * dim * dim, rows, dim, dim);
+      mm.matmul(xb2, xb, w.wo, l * dim * dim, rows, dim, dim);
       for (let i = 0, n = rows * dim; i < n; i++) x[i] += xb2[i]!;
 
       rmsnorm(xb, x, w.rmsFfn, l * dim, rows, dim, cfg.normEps);
-      matmul(hb, xb, w.w1, l * hid * dim, rows, dim, hid);
-      matmul(hb2, xb, w.w3, l * hid * dim, rows, dim, hid);
+      mm.matmul(hb, xb, w.w1, l * hid * dim, rows, dim, hid);
+      mm.matmul(hb2, xb, w.w3, l * hid * dim, rows, dim, hid);
       for (let i = 0, n = rows * hid; i < n; i++) {
         const a = hb[i]!;
         hb[i] = (a / (1 + Math.exp(-a))) * hb2[i]!;
       }
-      matmul(xb2, hb, w.w2, l * dim * hid, rows, hid, dim);
+      mm.matmul(xb2, hb, w.w2, l * dim * hid, rows, hid, dim);
       for (let i = 0, n = rows * dim; i < n; i++) x[i] += xb2[i]!;
     }
 
@@ -194,7 +198,7 @@ export class Transformer {
       for (let i = 0; i < dim; i++) xb[s * dim + i] = x[src + i]!;
     }
     rmsnorm(lastX, xb, w.rmsFinal, 0, nSeq, dim, cfg.normEps);
-    matmul(out, lastX, w.wcls, 0, nSeq, dim, vocabSize);
+    mm.matmul(out, lastX, w.wcls, 0, nSeq, dim, vocabSize);
 
     for (let r = 0; r < rows; r++) {
       const pos = rowPos[r]!;

@@ -1,23 +1,47 @@
 import { describe, expect, test } from "bun:test";
 import { KvPool } from "../../src/pool/index.ts";
 import { Transformer, kvShapeOf, syntheticWeights, type ModelConfig, type Weights } from "../../src/model/index.ts";
-import { matmul, matmulNaive } from "../../src/model/matmul.ts";
+import { MatmulKernel, matmul, matmulRef } from "../../src/model/matmul.ts";
 import { B, Seq, TINY, argmax, bits, newPool, step, tinyModel, tokens } from "./helpers.ts";
 
 describe("matmul", () => {
   test("tiled_kernel_equals_naive_bitwise", () => {
-    const n = 37;
-    for (const d of [1, 3, 4, 6, 9, 17]) {
-      for (let rows = 1; rows <= 10; rows++) {
+    // The SIMD kernel against the fixed order written out in JS: every n % 4 tail, every weight
+    // row remainder of the 8- and 4-row strips, odd and even token rows, placed and copied w.
+    for (const n of [1, 3, 4, 37, 40]) {
+      for (const d of [1, 3, 4, 6, 9, 17]) {
         const w = new Float32Array(d * n + 5).map((_, i) => Math.sin(i * 1.7));
-        const x = new Float32Array(rows * n).map((_, i) => Math.cos(i * 0.3));
-        const y1 = new Float32Array(rows * d);
-        const y2 = new Float32Array(rows * d);
-        matmul(y1, x, w, 5, rows, n, d);
-        matmulNaive(y2, x, w, 5, rows, n, d);
-        expect(bits(y1)).toEqual(bits(y2));
+        const placed = new MatmulKernel([w]);
+        for (let rows = 1; rows <= 10; rows++) {
+          const x = new Float32Array(rows * n).map((_, i) => Math.cos(i * 0.3));
+          const y1 = new Float32Array(rows * d);
+          const y2 = new Float32Array(rows * d);
+          const y3 = new Float32Array(rows * d);
+          matmul(y1, x, w, 5, rows, n, d);
+          placed.matmul(y2, x, w, 5, rows, n, d);
+          matmulRef(y3, x, w, 5, rows, n, d);
+          expect(bits(y1)).toEqual(bits(y3));
+          expect(bits(y2)).toEqual(bits(y3));
+        }
       }
     }
+  });
+
+  test("matmul_order_is_f32_lanes_mod_4", () => {
+    // 2^24 + 1 is not an f32 (it rounds to 2^24, ties to even), so where the ones land tells the
+    // order apart. x is all ones: each output is a plain sum of the weight row.
+    const sum = (row: number[]): number => {
+      const y = new Float32Array(1);
+      matmul(y, new Float32Array(row.length).fill(1), new Float32Array(row), 0, 1, row.length, 1);
+      return y[0]!;
+    };
+    const big = 2 ** 24;
+    // f32, not f64: lane 0 and then the tail each drop a 1 (an f64 sum would give 2^24 + 2).
+    expect(sum([big, 0, 0, 0, 1, 0, 0, 0, 1])).toBe(big);
+    // Lanes, not one running sum: lane 1 holds 1 + 1 = 2 (a sequential f32 sum loses both ones).
+    expect(sum([big, 1, 0, 0, 0, 1, 0, 0])).toBe(big + 2);
+    // Folded as (s0 + s1) + (s2 + s3), not ((s0 + s1) + s2) + s3.
+    expect(sum([big, 0, 1, 1])).toBe(big + 2);
   });
 });
 
