@@ -210,7 +210,10 @@ export async function startEngineNode(opts: EngineNodeOptions): Promise<EngineNo
       heartbeat,
       shutdown(deadlineMs = 0) {
         down ??= (async () => {
-          const remaining = await engine.drain(deadlineMs);
+          const draining = engine.drain(deadlineMs);
+          // Tell the gateway now rather than on the next scheduled beat.
+          heartbeat?.beatNow();
+          const remaining = await draining;
           const cut = engine.requestIds();
           for (const id of cut) engine.cancel(id);
           // A cancelled stream writes its error event on the next turns of the event loop, and

@@ -33,7 +33,12 @@ export async function main(argv: readonly string[]): Promise<number | "serving">
     if (parsed.rest.size > 0) throw new ConfigError(`unknown option --${[...parsed.rest.keys()][0]}`);
     if (parsed.config.role === "gateway") {
       const gw = await runGateway(parsed.config);
-      exitOnSignal(() => gw.stop());
+      const deadlineMs = Number(parsed.config.gateway.drain_timeout_s) * 1000;
+      exitOnSignal(async () => {
+        const left = await gw.drain(deadlineMs);
+        log.info("drained", { role: "gateway", unfinished: left });
+        await gw.stop();
+      });
       return "serving";
     }
     const node = await runEngine(parsed.config);

@@ -38,6 +38,7 @@ export const SPECS: readonly Spec[] = [
   { section: "gateway", key: "model", kind: "string", dflt: "", help: "model the gateway tokenizes for; as [engine] model" },
   { section: "gateway", key: "tokenizer", kind: "string", dflt: "", help: "as [engine] tokenizer" },
   { section: "gateway", key: "max_model_len", kind: "int", dflt: 2048, help: "as [engine] max_model_len" },
+  { section: "gateway", key: "drain_timeout_s", kind: "int", dflt: 30, help: "on SIGTERM, seconds to let in-flight requests finish" },
   { section: "gateway", key: "heartbeat_interval_ms", kind: "int", dflt: 2000, help: "interval engines are told to beat at" },
   { section: "gateway", key: "otlp_endpoint", kind: "url?", dflt: "", help: "as [engine] otlp_endpoint" },
 ];

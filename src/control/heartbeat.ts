@@ -94,6 +94,13 @@ export class Heartbeat {
     return hb;
   }
 
+  private wake: (() => void) | null = null;
+
+  /** Cuts the current wait short, so the next beat (e.g. one saying "draining") goes out now. */
+  beatNow(): void {
+    this.wake?.();
+  }
+
   /** Ends the loop, aborting a beat in flight; resolves once the loop has exited. */
   async stop(): Promise<void> {
     this.stopper.abort(new Error("heartbeat stopped"));
@@ -115,7 +122,8 @@ export class Heartbeat {
         }
       }
       // Fixed rate: a slow beat eats into the wait instead of stretching the period.
-      await sleep(this.state.intervalMs - (performance.now() - started), signal);
+      await sleep(this.state.intervalMs - (performance.now() - started), signal, (w) => (this.wake = w));
+      this.wake = null;
     }
   }
 
@@ -138,7 +146,7 @@ export class Heartbeat {
   }
 }
 
-function sleep(ms: number, signal: AbortSignal): Promise<void> {
+function sleep(ms: number, signal: AbortSignal, onWake: (wake: () => void) => void): Promise<void> {
   if (ms <= 0 || signal.aborted) return Promise.resolve();
   return new Promise((resolve) => {
     const done = () => {
@@ -150,5 +158,6 @@ function sleep(ms: number, signal: AbortSignal): Promise<void> {
     const timer = setTimeout(done, ms);
     timer.unref?.();
     signal.addEventListener("abort", done, { once: true });
+    onWake(done);
   });
 }

@@ -45,6 +45,8 @@ export interface Gateway {
   readonly registryAddress: string;
   readonly registry: WorkerRegistry;
   readonly metrics: Metrics;
+  /** Refuses new requests (503) and waits for in-flight ones up to the deadline; resolves with those left. */
+  drain(deadlineMs: number): Promise<number>;
   stop(): Promise<void>;
 }
 
@@ -223,6 +225,13 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
           log.warn("prefill failed; retrying on another pair", { request_id: id, worker: blame, code: Code[err.code], error: err.rawMessage });
           continue;
         }
+        // A decode engine out of blocks is a fact about that engine: another may have room.
+        if (err.code === Code.ResourceExhausted && blame === did) {
+          retried = true;
+          exclude.add(did);
+          log.warn("decode engine has no room; routing elsewhere", { request_id: id, worker: did, error: err.rawMessage });
+          continue;
+        }
         if (err.code === Code.FailedPrecondition) {
           exclude.add(blame);
           log.warn("worker refused the request; routing elsewhere", { request_id: id, worker: blame, error: err.rawMessage });
@@ -338,6 +347,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
         counted.push(t);
       }
       counted.close(q.end);
+      active--;
       const outcome = q.end.reason === "error" ? "error" : q.end.reason === "cancelled" ? "cancelled" : "ok";
       metrics.requests.inc({ served: s.served, outcome });
       if (n > 1) metrics.tpot.observe({ served: s.served }, (performance.now() - firstAt) / 1000 / (n - 1));
@@ -381,11 +391,23 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     });
   }
 
+  let draining = false;
+  let active = 0;
   const handler = async (req: Request): Promise<Response> => {
     const url = new URL(req.url);
     try {
-      if (req.method === "POST" && url.pathname === "/v1/completions") return await complete(req, "completion");
-      if (req.method === "POST" && url.pathname === "/v1/chat/completions") return await complete(req, "chat");
+      const kind = req.method !== "POST" ? null : url.pathname === "/v1/completions" ? "completion" : url.pathname === "/v1/chat/completions" ? "chat" : null;
+      if (kind) {
+        if (draining) throw new HttpError(503, "gateway is draining", "server_error", null, { "retry-after": "1" });
+        // Counted until respond() has streamed the last token, or until complete() fails.
+        active++;
+        try {
+          return await complete(req, kind);
+        } catch (e) {
+          active--;
+          throw e;
+        }
+      }
       if (req.method === "GET" && url.pathname === "/v1/models") {
         return Response.json({ object: "list", data: [{ id: opts.modelName, object: "model", created: 0, owned_by: "tl-engine", max_model_len: opts.maxModelLen }] });
       }
@@ -413,6 +435,12 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     registryAddress: grpc.address,
     registry,
     metrics,
+    async drain(deadlineMs: number) {
+      draining = true;
+      const end = Date.now() + deadlineMs;
+      while (active > 0 && Date.now() < end) await Bun.sleep(10);
+      return active;
+    },
     async stop() {
       registryService.close();
       await http.stop();

@@ -128,3 +128,27 @@ test("heartbeat_beats_on_schedule", async () => {
     expect(registry.beats.length).toBe(1);
   }
 });
+
+test("beat_now_cuts_the_wait_short", async () => {
+  const { Heartbeat } = await import("../../src/control/index.ts");
+  const seen: number[] = [];
+  const registry = {
+    heartbeat: async () => {
+      seen.push(performance.now());
+      return { drain: false, intervalMs: 0 } as never;
+    },
+  };
+  const identity = { workerId: "w", httpAddress: "h:1", grpcAddress: "g:1", kvAddress: "", role: "prefill" as const, model: "m", blockTokens: 4, totalBlocks: 8 };
+  const hb = Heartbeat.spawn(registry, identity, () => ({ queueDepth: 0, running: 0, freeBlocks: 8, draining: false }), 10_000, 500);
+  try {
+    while (seen.length < 1) await Bun.sleep(5);
+    await Bun.sleep(20);
+    expect(seen.length).toBe(1); // the next scheduled beat is 10 s away
+    hb.beatNow();
+    const t = performance.now();
+    while (seen.length < 2 && performance.now() - t < 1000) await Bun.sleep(5);
+    expect(seen.length).toBe(2);
+  } finally {
+    await hb.stop();
+  }
+});

@@ -178,6 +178,24 @@ describe("gateway failures", () => {
     }
   });
 
+  test("a draining gateway refuses new requests and lets in-flight streams finish", async () => {
+    const k = await startTestCluster({ prefill: 1, decode: 1 });
+    try {
+      (k.decode[0]!.model.runner as FakeRunner).slowMs = 2;
+      const streaming = fetch(`http://${k.gateway.httpAddress}/v1/completions`, { method: "POST", body: JSON.stringify({ prompt: "keep going", max_tokens: 80, temperature: 0, stream: true }) });
+      const res = await streaming;
+      const drained = k.gateway.drain(10_000);
+      const late = await fetch(`http://${k.gateway.httpAddress}/v1/completions`, { method: "POST", body: JSON.stringify({ prompt: "too late", max_tokens: 2 }) });
+      expect(late.status).toBe(503);
+      expect(late.headers.get("retry-after")).toBe("1");
+      const events = await sseEvents(res);
+      expect(events.at(-1)).toBe("[DONE]");
+      expect(await drained).toBe(0);
+    } finally {
+      await k.stop();
+    }
+  });
+
   test("without a pair the gateway falls back to a both engine, and with nothing answers 503", async () => {
     const k = await startTestCluster({ both: 1 });
     try {
