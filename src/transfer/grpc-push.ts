@@ -1,11 +1,11 @@
 // PushKv as a gRPC client stream written by hand over a Connect HTTP/2 session.
 //
 // Connect's client copies each KvChunk three times before HTTP/2 sees it (protobuf
-// writer, its finish(), the gRPC length prefix) and waits for each write's callback
-// before serializing the next message. Measured on the bench (1,000 envelopes of 32 KiB),
-// those copies were about half of the push's CPU time. Here each message is a small
-// head (gRPC prefix and every field but the envelope) and the envelope itself, written
-// as a view, with writes issued until the stream asks to drain. The wire is plain
+// writer with its growth, finish(), the gRPC length prefix) and waits for each write's
+// callback before serializing the next message. Measured with bench/transfer.ts' shape
+// (1,000 envelopes of 32 KiB), those copies were about half of the push's CPU time.
+// Here each message is a small hand-encoded head (gRPC prefix and every field but the
+// envelope) followed by the envelope, copied once into a 1 MiB stage. The wire is plain
 // tl.kv.v1 gRPC: field 7 (crc32c) precedes field 6 (envelope) so the envelope ends the
 // message; protobuf parsers accept fields in any order.
 import * as http2 from "node:http2";
@@ -17,8 +17,8 @@ import { GrpcCode, TransferError } from "./kv-error.ts";
 
 const PATH = "/tl.kv.v1.KvTransfer/PushKv";
 const encoder = new TextEncoder();
-/** gRPC prefix 5, tags 6, varints ≤ 5 × 4, fixed64 8, fixed32 4, handle length varint ≤ 3 */
-const HEAD_FIXED = 5 + 6 + 20 + 8 + 4 + 3;
+/** Bound on a head without its handle: gRPC prefix 5, tags 6, four varints ≤ 5 each, fixed64 8, fixed32 4, handle length varint ≤ 5. */
+const HEAD_FIXED = 5 + 6 + 20 + 8 + 4 + 5;
 
 export interface GrpcPushOptions {
   timeoutMs: number;
@@ -168,12 +168,10 @@ export async function grpcPush(
   let outcome: TransferError | KvAckLike | undefined;
   let settle!: () => void;
   const settled = new Promise<void>((resolve) => (settle = resolve));
-  let wake: (() => void) | undefined;
   const decide = (o: TransferError | KvAckLike) => {
     if (outcome !== undefined) return;
     outcome = o;
     settle();
-    wake?.();
   };
   const stop = (e: TransferError) => {
     decide(e);
@@ -221,11 +219,6 @@ export async function grpcPush(
     // callers retry elsewhere.
     decide(new TransferError(GrpcCode.UNAVAILABLE, `${what}: stream closed without a status (HTTP/2 code ${stream.rstCode ?? 0})`));
   });
-  stream.on("drain", () => {
-    const w = wake;
-    wake = undefined;
-    w?.();
-  });
 
   function finishWith(st: { code: number; message: string }): void {
     if (st.code !== 0) {
@@ -257,7 +250,7 @@ export async function grpcPush(
   const onAbort = () => stop(new TransferError(GrpcCode.CANCELLED, `${what}: cancelled`));
   opts.signal?.addEventListener("abort", onAbort, { once: true });
   try {
-    const writing = writeChunks(stream, chunks, () => outcome !== undefined, (resolve) => (wake = resolve)).then(
+    const writing = writeChunks(stream, chunks, () => outcome !== undefined).then(
       (complete) => {
         if (complete && outcome === undefined) stream.end();
       },
@@ -274,42 +267,76 @@ export async function grpcPush(
   return outcome!;
 }
 
+const STAGE_BYTES = 1024 * 1024;
+const spareStages: Uint8Array[] = [];
+
 /**
- * Writes every chunk, pausing while the stream asks to drain; returns false when
- * `done()` turned true (an outcome arrived) before the last one.
+ * Writes every chunk through two alternating stage buffers of 1 MiB: one is written
+ * while the other fills, and a stage is refilled only after its write completed, so the
+ * stream never queues more than one write (Bun's http2 concatenates queued writes into
+ * a fresh buffer: writing head and envelope separately cost more than this one copy).
+ * Returns false when `done()` turned true (an outcome arrived) before the last chunk.
  */
 async function writeChunks(
   stream: http2.ClientHttp2Stream,
   chunks: readonly KvChunkLike[] | AsyncIterable<KvChunkLike>,
   done: () => boolean,
-  onDrain: (resolve: () => void) => void,
 ): Promise<boolean> {
-  // Heads of one push share a buffer, handed out in slices: a written slice may still
-  // be queued in the stream, so none is reused within the push.
-  let heads = new Uint8Array(0);
+  const stages = [spareStages.pop() ?? new Uint8Array(STAGE_BYTES), spareStages.pop() ?? new Uint8Array(STAGE_BYTES)];
+  let cur = 0;
   let used = 0;
+  let inflight: Promise<void> = Promise.resolve();
   let handle = "";
   let hb = new Uint8Array(0);
+  const flush = async (): Promise<void> => {
+    if (used === 0) return;
+    const b = stages[cur]!.subarray(0, used);
+    await inflight;
+    if (done()) return;
+    inflight = new Promise<void>((resolve) => stream.write(b, () => resolve()));
+    cur ^= 1;
+    used = 0;
+  };
   const one = async (c: KvChunkLike): Promise<boolean> => {
     if (c.handleId !== handle) {
       handle = c.handleId;
       hb = encoder.encode(handle);
     }
-    if (heads.length - used < HEAD_FIXED + hb.length) {
-      heads = new Uint8Array(Math.max(64 * 1024, 4 * (HEAD_FIXED + hb.length)));
-      used = 0;
+    const headMax = HEAD_FIXED + hb.length;
+    if (used + headMax + c.envelope.length > STAGE_BYTES) await flush();
+    if (done()) return false;
+    const st = stages[cur]!;
+    if (headMax + c.envelope.length > STAGE_BYTES) {
+      // Bigger than a stage: head staged, the envelope written as it is.
+      used = encodeChunkHead(st, 0, c, hb);
+      await flush();
+      await inflight;
+      if (done()) return false;
+      inflight = new Promise<void>((resolve) => stream.write(c.envelope, () => resolve()));
+      return !done();
     }
-    const end = encodeChunkHead(heads, used, c, hb);
-    let more = stream.write(heads.subarray(used, end));
-    used = end;
-    if (c.envelope.length > 0) more = stream.write(c.envelope);
-    if (!more && !done()) await new Promise<void>((resolve) => onDrain(resolve));
-    return !done();
+    used = encodeChunkHead(st, used, c, hb);
+    st.set(c.envelope, used);
+    used += c.envelope.length;
+    return true;
   };
-  if (Array.isArray(chunks)) {
-    for (const c of chunks as readonly KvChunkLike[]) if (!(await one(c))) return false;
-  } else {
-    for await (const c of chunks as AsyncIterable<KvChunkLike>) if (!(await one(c))) return false;
+  try {
+    if (Array.isArray(chunks)) {
+      for (const c of chunks as readonly KvChunkLike[]) if (!(await one(c))) return false;
+    } else {
+      for await (const c of chunks as AsyncIterable<KvChunkLike>) {
+        if (!(await one(c))) return false;
+        // A producer may be slow: what it gave goes out now.
+        await flush();
+      }
+    }
+    await flush();
+    await inflight;
+    return !done();
+  } finally {
+    // A stage still queued in a stream that was cut is not reused.
+    void inflight.then(() => {
+      if (spareStages.length < 4) spareStages.push(...stages);
+    });
   }
-  return !done();
 }

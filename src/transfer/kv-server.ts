@@ -38,7 +38,6 @@ export async function serveKv(receiver: KvReceiver, opts: ServeKvOptions = {}): 
       host,
       port: opts.port ?? 0,
       maxMessageBytes: kvMessageLimit(receiver),
-      ...(process.env.H2S === "1" ? { http2Settings: { initialWindowSize: 32 * 1024 * 1024, maxFrameSize: 1024 * 1024 } } : process.env.H2S === "2" ? { http2Settings: { initialWindowSize: 32 * 1024 * 1024 } } : {}),
     });
     return {
       address: srv.address,

@@ -1,4 +1,5 @@
 import { expect, test } from "bun:test";
+import { crc32c } from "../../src/codec/index.ts";
 import { KvPool } from "../../src/pool/index.ts";
 import { buildChunks, GrpcCode, KvError, KvReceiver } from "../../src/transfer/index.ts";
 import { fakePrefill, fakePrompt } from "../support/fake-model.ts";
@@ -50,6 +51,43 @@ test("receiver_caps_duplicates_and_shortage", () => {
     expect(snapshot(D, rx)).toEqual(before);
     P.releaseAll(pre.ids);
     P.releaseAll(long.ids);
+  } finally {
+    rx.close();
+  }
+});
+
+test("import_zeroes_slots_past_the_fill", () => {
+  // D's blocks are reused without zeroing on import: a tail whose envelope carries
+  // bytes past its fill (a writer that did not zero them) must still land zero there,
+  // and a reused block must not keep its previous contents.
+  const P = new KvPool(SHAPE, 8);
+  const D = new KvPool(SHAPE, 2);
+  const rx = new KvReceiver(D);
+  try {
+    D.bytes.fill(0x5a); // stale contents in every D block
+    const pre = fakePrefill(P, fakePrompt(6, 9))!; // one full block + a tail of 2
+    const tail = pre.ids[1]!;
+    const slot = SHAPE.nKvHeads * SHAPE.headDim * 2;
+    const section = SHAPE.blockTokens * slot;
+    const payload = P.payload(tail);
+    const live = payload.slice();
+    for (let s = 0; s < 2 * SHAPE.nLayers; s++) payload.fill(0x77, s * section + 2 * slot, (s + 1) * section);
+    const chunks = buildChunks(P, "t", pre.ids, pre.hashes, [false]);
+    // writeEnvelope zeroes past the fill itself: put the garbage back into the envelope and reseal it
+    const env = chunks[1]!.envelope;
+    for (let s = 0; s < 2 * SHAPE.nLayers; s++) env.fill(0x77, 40 + s * section + 2 * slot, 40 + (s + 1) * section);
+    const n = env.length;
+    const c = crc32c(env.subarray(0, n - 4));
+    env.set([c & 0xff, (c >>> 8) & 0xff, (c >>> 16) & 0xff, c >>> 24], n - 4);
+    chunks[1]!.crc32c = crc32c(env);
+    rx.acceptAll(chunks);
+    const got = rx.claim("t")!;
+    expect(D.payload(got.blockIds[0]!)).toEqual(P.payload(pre.ids[0]!));
+    const want = live.slice();
+    for (let s = 0; s < 2 * SHAPE.nLayers; s++) want.fill(0, s * section + 2 * slot, (s + 1) * section);
+    expect(D.payload(got.blockIds[1]!)).toEqual(want);
+    expect(D.fillOf(got.blockIds[1]!)).toBe(2);
+    D.releaseAll(got.blockIds);
   } finally {
     rx.close();
   }
