@@ -1,38 +1,129 @@
 import assert from "node:assert";
-import { crc32c, DTYPE_F16, ENVELOPE_VERSION, envelopeBytes, writeEnvelope, type EnvelopeHeader, type EnvelopeRecord } from "../codec/index.ts";
+import { envelopeBytes } from "../codec/index.ts";
 import type { KvPool } from "../pool/index.ts";
 import { KV_FORMAT, type KvChunkLike } from "./kv-chunk.ts";
+import { OneBlockEnvelopeWriter } from "./one-block-envelope.ts";
 
 const EMPTY = new Uint8Array(0);
 
+/** Where a push's chunks write their envelopes when a transport asks for the bytes. */
+interface Slab {
+  readonly writer: OneBlockEnvelopeWriter;
+  buf: Uint8Array | undefined;
+  readonly bytes: number;
+  readonly take: (() => Uint8Array) | undefined;
+}
+
+function slabBuffer(s: Slab): Uint8Array {
+  if (s.buf === undefined) {
+    const b = s.take?.();
+    s.buf = b !== undefined && b.length >= s.bytes ? b : new Uint8Array(s.bytes);
+  }
+  return s.buf;
+}
+
 /**
- * The chunks of one push: `ids` are the prompt's blocks in order (the full blocks,
- * named by `hashes`, then the partial tail when ids.length = hashes.length + 1).
- * A full block D has (`present[i]`) goes as an empty chunk; every other block as a
- * one-block envelope. All envelopes share one buffer: `slab` when it is large enough
- * (see chunkSlabBytes; the chunks are views into it), else one fresh allocation.
+ * A chunk whose envelope is still in P's pool. A transport that frames chunks itself
+ * (the data plane) writes the envelope straight into its send buffer with
+ * `writeEnvelope`, one copy from the pool; reading `envelope` or `crc32c` instead writes
+ * it once into the push's slab and keeps it. Assigning either field replaces the pool's
+ * block with the value given (fromPool turns false).
+ *
+ * The block must not change until the push ends: the caller's references keep it
+ * allocated, and a prefilled block is not written again.
+ */
+export class PoolChunk implements KvChunkLike {
+  readonly kvFormat = KV_FORMAT;
+  private env: Uint8Array | undefined;
+  private crc = 0;
+
+  constructor(
+    readonly handleId: string,
+    readonly index: number,
+    readonly total: number,
+    readonly hash: bigint,
+    private readonly pool: KvPool,
+    /** the pool block this chunk carries */
+    readonly blockId: number,
+    /** the envelope's record hash: `hash`, or 0 when P's pool does not own it */
+    private readonly recordHash: bigint,
+    private readonly fill: number,
+    private readonly slab: Slab,
+    private readonly slabOffset: number,
+  ) {}
+
+  /** True until the envelope is written into the slab (read) or replaced (assigned). */
+  get fromPool(): boolean {
+    return this.env === undefined;
+  }
+
+  /** Bytes of the envelope, known before it is written. */
+  get envelopeBytes(): number {
+    return this.env !== undefined ? this.env.length : this.slab.writer.bytes;
+  }
+
+  /** Writes the envelope at `out[o, o + envelopeBytes)` from the pool; returns its chunk CRC. */
+  writeEnvelope(out: Uint8Array, o: number): number {
+    return this.slab.writer.write(out, o, this.recordHash, this.fill, this.pool.payload(this.blockId));
+  }
+
+  get envelope(): Uint8Array {
+    if (this.env === undefined) this.materialize();
+    return this.env!;
+  }
+  set envelope(v: Uint8Array) {
+    if (this.env === undefined) this.materialize();
+    this.env = v;
+  }
+
+  get crc32c(): number {
+    if (this.env === undefined) this.materialize();
+    return this.crc;
+  }
+  set crc32c(v: number) {
+    if (this.env === undefined) this.materialize();
+    this.crc = v;
+  }
+
+  private materialize(): void {
+    const E = this.slab.writer.bytes;
+    const buf = slabBuffer(this.slab);
+    this.crc = this.writeEnvelope(buf, this.slabOffset);
+    this.env = buf.subarray(this.slabOffset, this.slabOffset + E);
+  }
+}
+
+/**
+ * The chunks of one push, envelopes not yet written: `ids` are the prompt's blocks in
+ * order (the full blocks, named by `hashes`, then the partial tail when ids.length =
+ * hashes.length + 1). A full block D has (`present[i]`) goes as an empty chunk; every
+ * other block as a one-block envelope (PoolChunk), written when a transport needs it:
+ * into its send buffer, or into `slab` when large enough (see chunkSlabBytes), else into
+ * one buffer allocated on first need. `slab` may be a function giving the buffer: it is
+ * called only if some envelope is asked for, so a push the data plane frames from the
+ * pool never takes one.
  *
  * A full block whose hash P's pool does not own (another block holds it) is written
  * with record hash 0 and named by the chunk hash, as kv-block.md asks.
  */
-export function buildChunks(
+export function poolChunks(
   pool: KvPool,
   handleId: string,
   ids: readonly number[],
   hashes: readonly bigint[],
   present: readonly boolean[],
-  slab?: Uint8Array,
+  slab?: Uint8Array | (() => Uint8Array),
 ): KvChunkLike[] {
   const nFull = hashes.length;
   assert(ids.length === nFull || ids.length === nFull + 1, `${ids.length} blocks for ${nFull} hashes`);
   assert(present.length === nFull, `${present.length} presence flags for ${nFull} hashes`);
-  const shape = pool.shape;
-  const E = envelopeBytes(shape, 1);
+  const writer = new OneBlockEnvelopeWriter(pool.shape);
+  const E = writer.bytes;
   const need = chunkSlabBytes(pool, ids.length, hashes.length, present);
-  const buf = slab !== undefined && slab.length >= need ? slab : new Uint8Array(need);
-  const header: EnvelopeHeader = { version: ENVELOPE_VERSION, dtype: DTYPE_F16, nBlocks: 1, ...shape };
-  const rec: EnvelopeRecord = { hash: 0n, nTokens: 0, payload: EMPTY };
-  const one = [rec];
+  const shared: Slab =
+    typeof slab === "function"
+      ? { writer, buf: undefined, bytes: need, take: slab }
+      : { writer, buf: slab !== undefined && slab.length >= need ? slab : undefined, bytes: need, take: undefined };
   const total = ids.length;
   const out = new Array<KvChunkLike>(total);
   let o = 0;
@@ -45,16 +136,31 @@ export function buildChunks(
     }
     const owned = pool.hashOf(id);
     assert(owned === 0n || owned === hash, `block ${id} owns hash ${owned}, prompt says ${hash}`);
-    rec.hash = owned;
-    rec.nTokens = pool.fillOf(id);
-    rec.payload = pool.payload(id);
-    const env = writeEnvelope(header, one, buf.subarray(o, o + E));
+    out[i] = new PoolChunk(handleId, i, total, hash, pool, id, owned, pool.fillOf(id), shared, o);
     o += E;
-    // The chunk CRC covers the envelope's own trailing CRC: extend that over its 4 bytes
-    // instead of reading the envelope a second time.
-    const n = env.length;
-    const own = (env[n - 4]! | (env[n - 3]! << 8) | (env[n - 2]! << 16) | (env[n - 1]! << 24)) >>> 0;
-    out[i] = { handleId, index: i, total, hash, kvFormat: KV_FORMAT, envelope: env, crc32c: crc32c(env.subarray(n - 4), own) };
+  }
+  return out;
+}
+
+/**
+ * poolChunks with every envelope written at once, as plain objects: the chunks are
+ * views into `slab` when it is large enough (see chunkSlabBytes), else into one fresh
+ * allocation.
+ */
+export function buildChunks(
+  pool: KvPool,
+  handleId: string,
+  ids: readonly number[],
+  hashes: readonly bigint[],
+  present: readonly boolean[],
+  slab?: Uint8Array,
+): KvChunkLike[] {
+  const out = poolChunks(pool, handleId, ids, hashes, present, slab);
+  for (let i = 0; i < out.length; i++) {
+    const c = out[i]!;
+    if (c instanceof PoolChunk) {
+      out[i] = { handleId, index: c.index, total: c.total, hash: c.hash, kvFormat: c.kvFormat, envelope: c.envelope, crc32c: c.crc32c };
+    }
   }
   return out;
 }

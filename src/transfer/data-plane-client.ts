@@ -2,6 +2,7 @@ import type { Socket } from "bun";
 import type { KvAckLike, KvChunkLike } from "./kv-chunk.ts";
 import type { PushOptions } from "./kv-transport.ts";
 import { GrpcCode, TransferError } from "./kv-error.ts";
+import { PoolChunk } from "./build-chunks.ts";
 import {
   CHUNK_FIXED,
   FRAME_ACK,
@@ -245,20 +246,17 @@ export class DataPlaneClient {
         if (used > 0 && !(await conn.writeAll(stage.subarray(0, used)))) stopped = true;
         used = 0;
       };
-      const frame = async (c: KvChunkLike) => {
+      /** Bytes of a CHUNK frame's head for `c`; a new handle is encoded once. */
+      const headOf = (c: KvChunkLike): number => {
         if (c.handleId !== handle) {
           handle = c.handleId;
           hb = encoder.encode(handle);
           if (hb.length > MAX_HANDLE_BYTES) throw new TransferError(GrpcCode.INVALID_ARGUMENT, `handle of ${hb.length} bytes`);
           onHandle(handle);
         }
-        const head = FRAME_HEAD + CHUNK_FIXED + hb.length;
-        const len = head + c.envelope.length;
-        if (used + len > stage.length) await flushStage();
-        if (stopped) return;
-        // An envelope bigger than the stage goes straight to the socket after its head.
-        const big = len > stage.length;
-        const o = used;
+        return FRAME_HEAD + CHUNK_FIXED + hb.length;
+      };
+      const putHead = (o: number, len: number, c: KvChunkLike, crc: number) => {
         putU32(stage, o, len - 4);
         stage[o + 4] = FRAME_CHUNK;
         const b = o + FRAME_HEAD;
@@ -266,21 +264,44 @@ export class DataPlaneClient {
         putU32(stage, b + 4, c.total);
         putU64(stage, b + 8, c.hash);
         putU32(stage, b + 16, c.kvFormat);
-        putU32(stage, b + 20, c.crc32c);
+        putU32(stage, b + 20, crc);
         stage[b + 24] = hb.length & 0xff;
         stage[b + 25] = hb.length >>> 8;
         stage.set(hb, b + CHUNK_FIXED);
-        used += head;
-        if (big) {
-          await flushStage();
-          if (!stopped && !(await conn.writeAll(c.envelope))) stopped = true;
+      };
+      // Frames `c` into the stage if it fits: no await, so a run of chunks costs no
+      // promise each. A block still in P's pool is written straight into the stage,
+      // envelope and CRCs: its one copy on this side.
+      const tryPut = (c: KvChunkLike): boolean => {
+        const head = headOf(c);
+        const direct = c instanceof PoolChunk && c.fromPool;
+        const len = head + (direct ? c.envelopeBytes : c.envelope.length);
+        if (used + len > stage.length) return false;
+        const o = used;
+        if (direct) {
+          putHead(o, len, c, c.writeEnvelope(stage, o + head));
         } else {
-          stage.set(c.envelope, used);
-          used += c.envelope.length;
+          putHead(o, len, c, c.crc32c);
+          stage.set(c.envelope, o + head);
         }
+        used = o + len;
+        return true;
+      };
+      const frame = async (c: KvChunkLike) => {
+        if (tryPut(c)) return;
+        await flushStage();
+        if (stopped || tryPut(c)) return;
+        // An envelope bigger than the stage goes straight to the socket after its head.
+        const env = c.envelope;
+        const head = headOf(c);
+        putHead(0, head + env.length, c, c.crc32c);
+        used = head;
+        await flushStage();
+        if (!stopped && !(await conn.writeAll(env))) stopped = true;
       };
       if (Array.isArray(chunks)) {
         for (const c of chunks as readonly KvChunkLike[]) {
+          if (tryPut(c)) continue;
           await frame(c);
           if (stopped) break;
         }

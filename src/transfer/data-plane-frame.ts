@@ -38,16 +38,8 @@ export function getU32(b: Uint8Array, o: number): number {
   return (b[o]! | (b[o + 1]! << 8) | (b[o + 2]! << 16) | (b[o + 3]! << 24)) >>> 0;
 }
 
-export function putU64(b: Uint8Array, o: number, v: bigint): void {
-  putU32(b, o, Number(v & 0xffffffffn));
-  putU32(b, o + 4, Number((v >> 32n) & 0xffffffffn));
-}
-
-export function getU64(b: Uint8Array, o: number): bigint {
-  const lo = getU32(b, o);
-  const hi = getU32(b, o + 4);
-  return hi === 0 ? BigInt(lo) : (BigInt(hi) << 32n) | BigInt(lo);
-}
+// Allocation-free u64 access, shared with the envelope fast path.
+export { getU64, putU64 } from "./one-block-envelope.ts";
 
 export function splitHostPort(address: string): { host: string; port: number } {
   const i = address.lastIndexOf(":");

@@ -5,7 +5,7 @@ export { serveDataPlane, type DataPlaneServer } from "./data-plane-server.ts";
 export { DataPlaneClient, type DataPlaneClientOptions } from "./data-plane-client.ts";
 export { GrpcTransport, type GrpcTransportOptions } from "./grpc-transport.ts";
 export type { KvTransport } from "./kv-transport.ts";
-export { buildChunks, chunkSlabBytes } from "./build-chunks.ts";
+export { buildChunks, chunkSlabBytes, poolChunks, PoolChunk } from "./build-chunks.ts";
 export { transfer, type TransferStats } from "./transfer.ts";
 export { KV_FORMAT, type KvChunkLike, type KvAckLike } from "./kv-chunk.ts";
 export { KvError, TransferError, GrpcCode, grpcCodeName } from "./kv-error.ts";

@@ -1,5 +1,5 @@
 import type { KvPool } from "../pool/index.ts";
-import { buildChunks, chunkSlabBytes } from "./build-chunks.ts";
+import { chunkSlabBytes, poolChunks } from "./build-chunks.ts";
 import { KV_FORMAT } from "./kv-chunk.ts";
 import { GrpcCode, TransferError } from "./kv-error.ts";
 import type { KvTransport } from "./kv-transport.ts";
@@ -58,15 +58,17 @@ export async function transfer(
   try {
     const present = await transport.hasBlocks(target, hashes, KV_FORMAT);
     const all = present.map(() => false);
-    // Sized for the resend too, which carries every payload.
-    slab = takeSlab(chunkSlabBytes(pool, ids.length, hashes.length, all));
+    // Taken only when the transport asks for envelope bytes (gRPC); the data plane
+    // writes them from the pool into its send buffer. Sized for the resend too, which
+    // carries every payload.
+    const getSlab = () => (slab ??= takeSlab(chunkSlabBytes(pool, ids.length, hashes.length, all)));
     let ack;
     try {
-      ack = await transport.push(target, buildChunks(pool, handleId, ids, hashes, present, slab), pushOpts);
+      ack = await transport.push(target, poolChunks(pool, handleId, ids, hashes, present, getSlab), pushOpts);
     } catch (e) {
       const err = toTransferError(e, `push ${handleId}`);
       if (err.code !== GrpcCode.NOT_FOUND) throw err;
-      ack = await transport.push(target, buildChunks(pool, handleId, ids, hashes, all, slab), pushOpts);
+      ack = await transport.push(target, poolChunks(pool, handleId, ids, hashes, all, getSlab), pushOpts);
     }
     return {
       blocksSent: ack.blocksReceived,
