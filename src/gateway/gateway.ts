@@ -260,12 +260,6 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
       const q = new TokenQueue();
       q.push(handle.firstToken);
       let claimed = false;
-      const release = () => {
-        if (claimed || handle.finished) return;
-        grpcClient(KvTransfer, D.worker.status.kvAddress, { timeoutMs: 5000 })
-          .release({ handleId: handle.handleId })
-          .catch((e) => log.warn("release failed", { request_id: id, handle: handle.handleId, error: String(e) }));
-      };
       if (handle.finished) {
         const stop = handle.firstToken === opts.tokenizer.eos || params.stopTokenIds.includes(handle.firstToken);
         q.close({ reason: stop ? "stop" : "length" });
@@ -290,7 +284,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
           endSpan(resume, q.end.reason === "error" ? q.end.error : undefined);
           busy(did, -1);
           // Before D answered, the handle is still pending there: give it back.
-          if (!claimed) release();
+          if (!claimed) releaseOn(D.worker, handle.handleId, id);
         });
       }
       return respond(q, params, id, served, arrived, abort, span);
@@ -305,13 +299,17 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
       .catch(() => {});
     call.then(
       (h) => {
-        if (h.finished) return;
-        grpcClient(KvTransfer, d.status.kvAddress, { timeoutMs: 5000 })
-          .release({ handleId: h.handleId })
-          .catch((e) => log.warn("release failed", { request_id: id, handle: h.handleId, error: String(e) }));
+        if (!h.finished) releaseOn(d, h.handleId, id);
       },
       () => {},
     );
+  }
+
+  /** Best effort: a handle nobody will claim goes back now rather than at its TTL. */
+  function releaseOn(d: WorkerView, handleId: string, requestId: string): void {
+    grpcClient(KvTransfer, d.status.kvAddress, { timeoutMs: 5000 })
+      .release({ handleId })
+      .catch((e) => log.warn("release failed", { request_id: requestId, handle: handleId, error: String(e) }));
   }
 
   /** No prefill/decode pair: a `both` engine does the whole request. */
