@@ -73,3 +73,54 @@ export const crc32cNative: ((bytes: Uint8Array, initial?: number) => number) | n
 export const crc32c: (bytes: Uint8Array, initial?: number) => number = native
   ? (bytes, initial = 0) => native(bytes, initial) >>> 0
   : crc32cTable;
+
+// Combining CRCs (zlib's crc32_combine, for the Castagnoli polynomial): with the
+// register as a polynomial over GF(2), crc(a ++ b) = crc(a)·x^(8·|b|) mod p ⊕ crc(b),
+// the 0xFFFFFFFF pre- and post-conditioning cancelling between the two terms. So a
+// cached CRC of a block's payload gives the CRC of any header + payload without
+// reading the payload again.
+
+/** a·b mod p, both reflected (bit 31 is x^0). */
+function multModP(a: number, b: number): number {
+  let p = 0;
+  for (let m = 0x80000000; m !== 0; m >>>= 1) {
+    if (a & m) {
+      p ^= b;
+      if ((a & (m - 1)) === 0) break;
+    }
+    b = b & 1 ? (b >>> 1) ^ POLY : b >>> 1;
+  }
+  return p >>> 0;
+}
+
+// X2N[k] = x^(2^k) mod p.
+const X2N = new Uint32Array(32);
+{
+  let p = 0x40000000; // x^1
+  X2N[0] = p;
+  for (let k = 1; k < 32; k++) X2N[k] = p = multModP(p, p);
+}
+
+/**
+ * The operator that shifts a CRC over `lenB` bytes (x^(8·lenB) mod p), for
+ * crc32cCombineWith: computed once per length, it makes each combine 32 steps at most.
+ */
+export function crc32cCombineOp(lenB: number): number {
+  if (!(Number.isSafeInteger(lenB) && lenB >= 0)) throw new Error(`length ${lenB} is not a byte count`);
+  let p = 0x80000000; // x^0
+  // n bits of lenB, starting at x^(2^3) since a byte is 8 bits.
+  for (let n = lenB, k = 3; n > 0; n = Math.floor(n / 2), k++) {
+    if (n % 2 === 1) p = multModP(X2N[k & 31]!, p);
+  }
+  return p;
+}
+
+/** crc32cCombine with the operator of crc32cCombineOp(|b|). */
+export function crc32cCombineWith(op: number, crcA: number, crcB: number): number {
+  return (multModP(op, crcA) ^ crcB) >>> 0;
+}
+
+/** CRC-32C of a ++ b from crcA = crc32c(a), crcB = crc32c(b) and lenB = b.length. */
+export function crc32cCombine(crcA: number, crcB: number, lenB: number): number {
+  return crc32cCombineWith(crc32cCombineOp(lenB), crcA, crcB);
+}

@@ -1,5 +1,6 @@
 import assert from "node:assert";
 import type { EnvelopeRecord } from "../codec/envelope.ts";
+import { crc32c } from "../codec/crc32c.ts";
 import { blockPayloadBytes, type KvShape } from "../codec/kv-shape.ts";
 
 const NONE = -1;
@@ -23,6 +24,11 @@ const NONE = -1;
  * [B][H][D] f16), so export is one view and import one `set`. Slots at and past a block's
  * fill are zero because blocks are zeroed when handed out (importBlock writes them zero
  * instead).
+ *
+ * A named block is full and its content final: it was registered once every slot was
+ * computed (or imported), the model writes only past a sequence's computed tokens, and
+ * prefix hits are shared read-only. So the CRC-32C of its payload is cached on first
+ * export (payloadCrc) until the block is handed out again.
  */
 export class KvPool {
   readonly shape: KvShape;
@@ -35,6 +41,8 @@ export class KvPool {
   private readonly refs: Int32Array;
   private readonly fills: Int32Array;
   private readonly hashes: BigUint64Array;
+  private readonly crcs: Uint32Array;
+  private readonly crcValid: Uint8Array;
   private readonly index = new Map<bigint, number>();
   private readonly freeStack: Int32Array;
   private freeTop = 0;
@@ -62,6 +70,8 @@ export class KvPool {
     this.refs = new Int32Array(numBlocks);
     this.fills = new Int32Array(numBlocks);
     this.hashes = new BigUint64Array(numBlocks);
+    this.crcs = new Uint32Array(numBlocks);
+    this.crcValid = new Uint8Array(numBlocks);
     this.prev = new Int32Array(numBlocks).fill(NONE);
     this.next = new Int32Array(numBlocks).fill(NONE);
     this.freeStack = new Int32Array(numBlocks);
@@ -135,6 +145,7 @@ export class KvPool {
     if (this.refs[id] !== 0) assert.fail(`block ${id} handed out with refcount ${this.refs[id]}`);
     this.refs[id] = 1;
     this.fills[id] = 0;
+    this.crcValid[id] = 0;
     this.nUsed++;
     if (zero) {
       const base = id * this.blockElems;
@@ -198,6 +209,7 @@ export class KvPool {
   setFill(id: number, n: number): void {
     if (!(n >= 0 && n <= this.shape.blockTokens)) assert.fail(`fill ${n} outside 0..${this.shape.blockTokens}`);
     this.fills[id] = n;
+    this.crcValid[id] = 0;
   }
   refCount(id: number): number {
     return this.refs[id]!;
@@ -214,6 +226,20 @@ export class KvPool {
 
   payload(id: number): Uint8Array {
     return this.bytes.subarray(id * this.blockBytes, (id + 1) * this.blockBytes);
+  }
+
+  /**
+   * CRC-32C of the block's payload when it is a named full block (its content can no
+   * longer change), computed once and kept until the block is handed out again; null for
+   * any other block, whose payload may still be written.
+   */
+  payloadCrc(id: number): number | null {
+    if (this.hashes[id] === 0n || this.fills[id] !== this.shape.blockTokens) return null;
+    if (this.crcValid[id] === 0) {
+      this.crcs[id] = crc32c(this.payload(id));
+      this.crcValid[id] = 1;
+    }
+    return this.crcs[id]!;
   }
 
   /** Records whose payloads are views into the slab: writing the envelope is the one copy. */

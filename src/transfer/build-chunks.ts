@@ -64,7 +64,11 @@ export class PoolChunk implements KvChunkLike {
 
   /** Writes the envelope at `out[o, o + envelopeBytes)` from the pool; returns its chunk CRC. */
   writeEnvelope(out: Uint8Array, o: number): number {
-    return this.slab.writer.write(out, o, this.recordHash, this.fill, this.pool.payload(this.blockId));
+    const id = this.blockId;
+    // A named block's payload CRC is cached in the pool; a block P does not name (record
+    // hash 0) or a partial one is read for its CRC as it is copied.
+    const known = this.recordHash !== 0n ? this.pool.payloadCrc(id) : null;
+    return this.slab.writer.write(out, o, this.recordHash, this.fill, this.pool.payload(id), known);
   }
 
   get envelope(): Uint8Array {

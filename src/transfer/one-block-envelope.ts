@@ -4,7 +4,7 @@
 // Anything this does not accept goes through readEnvelope, which refuses it with the
 // exact rule and message (or accepts it, e.g. a valid envelope of two blocks).
 // And the sender's writer of that one shape, straight from a pool block.
-import { crc32c, envelopeBytes, type EnvelopeRecord, type KvShape } from "../codec/index.ts";
+import { crc32c, crc32cCombineOp, crc32cCombineWith, envelopeBytes, type EnvelopeRecord, type KvShape } from "../codec/index.ts";
 
 const MAGIC = 0x564b4c54; // "TLKV"
 const HEADER_BYTES = 28;
@@ -130,6 +130,9 @@ export class OneBlockEnvelopeWriter {
   /** bytes of one [B][H][D] section and of one token slot in it */
   private readonly section: number;
   private readonly slot: number;
+  /** CRC-32C of the header, and the operator shifting a CRC over P bytes */
+  private readonly headerCrc: number;
+  private readonly shiftP: number;
 
   constructor(readonly shape: KvShape) {
     this.bytes = envelopeBytes(shape, 1);
@@ -144,13 +147,17 @@ export class OneBlockEnvelopeWriter {
     putU32(this.header, 24, shape.headDim);
     this.slot = shape.nKvHeads * shape.headDim * 2;
     this.section = shape.blockTokens * this.slot;
+    this.headerCrc = crc32c(this.header);
+    this.shiftP = crc32cCombineOp(this.payloadBytes);
   }
 
   /**
    * Writes the envelope of one block at `out[o, o + bytes)` and returns its chunk CRC
    * (CRC-32C of all `bytes`). `hash` ≠ 0 requires a full block (`fill` = B).
+   * `payloadCrc`, the CRC-32C of `payload` when the caller knows it (KvPool.payloadCrc),
+   * spares reading the payload again: the envelope CRC is the header's combined with it.
    */
-  write(out: Uint8Array, o: number, hash: bigint, fill: number, payload: Uint8Array): number {
+  write(out: Uint8Array, o: number, hash: bigint, fill: number, payload: Uint8Array, payloadCrc: number | null = null): number {
     const B = this.shape.blockTokens;
     const P = this.payloadBytes;
     if (payload.length !== P) throw new Error(`payload is ${payload.length} bytes, want P = ${P}`);
@@ -173,7 +180,16 @@ export class OneBlockEnvelopeWriter {
       }
     }
     const end = o + this.bytes - 4;
-    const inner = crc32c(out.subarray(o, end));
+    let inner: number;
+    if (payloadCrc !== null && fill === B) {
+      // The record head's 12 bytes as three u32s, then the payload by its known CRC.
+      let c = crc32cExtendU32(this.headerCrc, getU32(out, r));
+      c = crc32cExtendU32(c, getU32(out, r + 4));
+      c = crc32cExtendU32(c, fill);
+      inner = crc32cCombineWith(this.shiftP, c, payloadCrc);
+    } else {
+      inner = crc32c(out.subarray(o, end));
+    }
     putU32(out, end, inner);
     return crc32cExtendU32(inner, inner);
   }

@@ -1,5 +1,6 @@
 import { describe, expect, test } from "bun:test";
 import fc from "fast-check";
+import { crc32c } from "../../src/codec/index.ts";
 import { KvPool } from "../../src/pool/index.ts";
 
 const shape = { blockTokens: 2, nLayers: 1, nKvHeads: 1, headDim: 2 };
@@ -112,6 +113,38 @@ describe("KvPool", () => {
     // layout: slot past the fill reads as zero, and the offset formula is the spec's
     expect(src.data[src.offset(ids[1]!, 1, 1, 3, 1) + 2]).toBe(0);
     expect(src.offset(ids[1]!, 1, 1, 2, 1)).toBe(ids[1]! * src.blockElems + ((1 * 2 + 1) * 4 + 2) * 6 + 3);
+  });
+
+  test("pool_payload_crc_cached_for_named_full_blocks", () => {
+    const p = new KvPool(shape, 1);
+    const [a] = p.allocate(1)!;
+    p.data.fill(3, a! * p.blockElems, (a! + 1) * p.blockElems);
+    p.setFill(a!, 1);
+    expect(p.payloadCrc(a!)).toBeNull(); // partial: still being written
+    p.setFill(a!, 2);
+    expect(p.payloadCrc(a!)).toBeNull(); // full but unnamed
+    p.register(a!, 7n);
+    const first = crc32c(p.payload(a!));
+    expect(p.payloadCrc(a!)).toBe(first);
+    // Cached: a write the invariant forbids would not be seen, which is how we know it is kept.
+    p.data[a! * p.blockElems] = 1;
+    expect(p.payloadCrc(a!)).toBe(first);
+    // Evicted and handed out again: the cache goes with the name.
+    p.release(a!);
+    const [b] = p.allocate(1)!;
+    expect(b).toBe(a!);
+    p.data.fill(5, b! * p.blockElems, (b! + 1) * p.blockElems);
+    p.setFill(b!, 2);
+    p.register(b!, 8n);
+    expect(p.payloadCrc(b!)).toBe(crc32c(p.payload(b!)));
+    expect(p.payloadCrc(b!)).not.toBe(first);
+    // importBlock takes a fresh block too.
+    p.release(b!);
+    const payload = new Uint8Array(p.blockBytes).fill(9);
+    const c = p.importBlock(payload, 2);
+    expect(c).toBe(a!);
+    p.register(c, 9n);
+    expect(p.payloadCrc(c)).toBe(crc32c(payload));
   });
 
   test("a reused block comes back zeroed with fill 0", () => {

@@ -24,6 +24,10 @@ test("one_block_writer_matches_write_envelope", () => {
         expect(crc).toBe(crc32c(want));
         expect(out[at - 1] ?? 0xee).toBe(0xee); // nothing written outside [at, at + bytes)
         expect(out[at + w.bytes]).toBe(0xee);
+        // With the payload's CRC known (a pool's cached one), the same bytes and CRC.
+        const out2 = new Uint8Array(at + w.bytes + 7).fill(0xee);
+        expect(w.write(out2, at, h, fill, payload, crc32c(payload))).toBe(crc32c(want));
+        expect(Buffer.from(out2).equals(Buffer.from(out))).toBe(true);
       },
     ),
     { numRuns: 300 },
