@@ -15,6 +15,7 @@
 //   exit       the process ends
 import { KvPool } from "../src/pool/index.ts";
 import { KvReceiver, serveKv } from "../src/transfer/index.ts";
+import { listenRawSink } from "./raw-sink.ts";
 
 const [mode, arg, dims] = process.argv.slice(2);
 const say = (v: unknown) => process.stdout.write(JSON.stringify(v) + "\n");
@@ -28,21 +29,7 @@ let stop: () => Promise<void>;
 if (mode === "raw") {
   const total = Number(arg);
   if (!(total > 0)) throw new Error(`raw sink needs a byte count, got ${arg}`);
-  let got = 0;
-  const one = new Uint8Array(1);
-  const listener = Bun.listen({
-    hostname: "127.0.0.1",
-    port: 0,
-    socket: {
-      data(s, buf) {
-        got += buf.length;
-        while (got >= total) {
-          got -= total;
-          s.write(one);
-        }
-      },
-    },
-  });
+  const listener = listenRawSink(total);
   say({ address: `127.0.0.1:${listener.port}` });
   onCommand = (cmd) => {
     if (cmd === "cpu") return cpuMs();

@@ -11,6 +11,7 @@
 //   sides' CRCs and copies, while the raw TCP baseline only copies through the kernel.
 // Each repetition times raw TCP and both pushes back to back, and ratios are taken per
 // repetition (then the median), so a busy moment on the shared machine hits both.
+import { listenRawSink } from "./raw-sink.ts";
 import { mkdirSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import type { Socket } from "bun";
@@ -144,23 +145,9 @@ async function localKvSink(): Promise<Sink> {
   };
 }
 
-/** The same sink as transfer-sink.ts' raw mode: one byte back per `total` bytes received. */
+/** The same sink as transfer-sink.ts' raw mode, in this process. */
 async function localRawSink(total: number): Promise<Sink> {
-  let got = 0;
-  const one = new Uint8Array(1);
-  const listener = Bun.listen({
-    hostname: "127.0.0.1",
-    port: 0,
-    socket: {
-      data(s, buf) {
-        got += buf.length;
-        while (got >= total) {
-          got -= total;
-          s.write(one);
-        }
-      },
-    },
-  });
+  const listener = listenRawSink(total);
   return {
     address: `127.0.0.1:${listener.port}`,
     cpuMs: async () => 0,
