@@ -1,3 +1,4 @@
+import { type Code, ConnectError } from "@connectrpc/connect";
 import { create } from "@bufbuild/protobuf";
 import { HeartbeatAckSchema, type HeartbeatAck, type WorkerStatus } from "../../src/gen/tl/control/v1/control_pb.ts";
 import type { Registry } from "../../src/control/index.ts";
@@ -32,4 +33,14 @@ export async function eventually(cond: () => boolean | Promise<boolean>, withinM
     await sleep(10);
   }
   return cond();
+}
+
+/** The Connect code a call failed with, or undefined when it succeeded. */
+export async function codeOf(p: Promise<unknown>): Promise<Code | undefined> {
+  try {
+    await p;
+    return undefined;
+  } catch (err) {
+    return ConnectError.from(err).code;
+  }
 }

@@ -1,6 +1,6 @@
 import { expect, test } from "bun:test";
 import * as net from "node:net";
-import { Code, ConnectError } from "@connectrpc/connect";
+import { Code } from "@connectrpc/connect";
 import {
   GrpcRegistry,
   Heartbeat,
@@ -13,7 +13,7 @@ import {
 } from "../../src/control/index.ts";
 import { RegistryService, WorkerRegistry } from "../../src/gateway/index.ts";
 import { Role } from "../../src/gen/tl/control/v1/control_pb.ts";
-import { eventually } from "./fake-registry.ts";
+import { codeOf, eventually } from "./fake-registry.ts";
 
 const decode: WorkerIdentity = {
   workerId: "d1",
@@ -26,15 +26,6 @@ const decode: WorkerIdentity = {
   totalBlocks: 256,
 };
 const load: WorkerLoad = { queueDepth: 4, running: 1, freeBlocks: 200, draining: false };
-
-async function codeOf(p: Promise<unknown>): Promise<Code | undefined> {
-  try {
-    await p;
-    return undefined;
-  } catch (err) {
-    return ConnectError.from(err).code;
-  }
-}
 
 test("grpc_registry_roundtrip", async () => {
   const INTERVAL = 60;

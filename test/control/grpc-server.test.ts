@@ -1,18 +1,10 @@
 import { expect, test } from "bun:test";
 import * as net from "node:net";
 import { create } from "@bufbuild/protobuf";
-import { Code, ConnectError } from "@connectrpc/connect";
+import { Code } from "@connectrpc/connect";
 import { closeGrpcClients, grpcClient, serveGrpc } from "../../src/control/index.ts";
 import { HeartbeatAckSchema, WorkerRegistry } from "../../src/gen/tl/control/v1/control_pb.ts";
-
-async function codeOf(p: Promise<unknown>): Promise<Code | undefined> {
-  try {
-    await p;
-    return undefined;
-  } catch (err) {
-    return ConnectError.from(err).code;
-  }
-}
+import { codeOf } from "./fake-registry.ts";
 
 test("serve_grpc_close_is_prompt", async () => {
   let sawAbort = false;
