@@ -8,6 +8,7 @@ import {
   blockPayloadBytes,
   crc32cBackend,
   crc32cNative,
+  crc32cNodeRs,
   crc32cTable,
   envelopeBytes,
   promptHashes,
@@ -102,7 +103,16 @@ const tbl = report("crc32c.table_1MiB", rate(buf.length, () => void (sink ^= crc
 if (native) {
   const nat = report("crc32c.native_1MiB", rate(buf.length, () => void (sink ^= native(buf))));
   results["crc32c.native_vs_table"] = nat / tbl;
-  console.log(`  ratio native/table ${(nat / tbl).toFixed(1)}x`);
+  console.log(`  ratio native (${crc32cBackend})/table ${(nat / tbl).toFixed(1)}x`);
+}
+// The size a decode engine verifies one at a time: one block's envelope.
+const nodeRs = crc32cNodeRs();
+if (native && nodeRs && crc32cBackend !== "node-rs") {
+  const block = buf.subarray(0, envelopeBytes(SHAPE, 1) - 4);
+  const a = report(`crc32c.${crc32cBackend}_block`, rate(block.length, () => void (sink ^= native(block))));
+  const b = report("crc32c.node_rs_block", rate(block.length, () => void (sink ^= nodeRs(block))));
+  results[`crc32c.${crc32cBackend}_vs_node_rs_block`] = a / b;
+  console.log(`  ratio ${crc32cBackend}/@node-rs on ${block.length}-byte blocks ${(a / b).toFixed(1)}x`);
 }
 
 // Block hashing: a 4096-token prompt, chained, against BigInt-per-byte FNV.

@@ -1,5 +1,6 @@
 import { Code } from "@connectrpc/connect";
 import { hostname } from "node:os";
+import { crc32cBackend } from "../codec/index.ts";
 import { startGateway, type Gateway } from "../gateway/index.ts";
 import { createMetrics, log, metricsResponse, shutdownTracing, startTracing, tracingEndpoint } from "../obs/index.ts";
 import { loadTokenizerFor, startEngineNode, type EngineNode } from "./engine-node.ts";
@@ -69,7 +70,7 @@ export async function runEngine(config: Config): Promise<EngineNode> {
     },
   });
   console.log(
-    JSON.stringify({ msg: "ready", role, worker_id: node.workerId, pid: process.pid, model: node.model.name, http: node.httpAddress, grpc: node.grpcAddress, kv: node.kvAddress || null, advertise_host: advertiseHost ?? null, gateway_registry: e.gateway_registry || null }),
+    JSON.stringify({ msg: "ready", role, worker_id: node.workerId, pid: process.pid, model: node.model.name, http: node.httpAddress, grpc: node.grpcAddress, kv: node.kvAddress || null, advertise_host: advertiseHost ?? null, gateway_registry: e.gateway_registry || null, crc32c: crc32cBackend }),
   );
   return node;
 }

@@ -1,6 +1,12 @@
 // CRC-32C (Castagnoli): reflected polynomial 0x82F63B78, init and final xor 0xFFFFFFFF.
-// The native @node-rs/crc32 (SSE4.2 / ARMv8 CRC instructions) is used when it loads;
-// the slicing-by-8 table version keeps the engine working where it does not.
+// Three implementations, the fastest that loads is used:
+// - aws-crt's native checksums (the AWS Common Runtime's aws-c-checksums: carry-less
+//   multiply folding, PCLMULQDQ / AVX-512 on x86-64), its binding loaded on its own,
+//   without the package's JavaScript. On the bench VM: 2.5-4x @node-rs/crc32 on 32 KiB
+//   blocks, which a decode engine verifies at line rate (bench/codec.ts).
+// - @node-rs/crc32 (one stream of SSE4.2 / ARMv8 CRC instructions).
+// - the slicing-by-8 table version, so the engine works where neither loads.
+// TL_CRC32C=node-rs or =table picks a slower one (benchmarks and tests compare them).
 
 type CrcFn = (input: Uint8Array, initialState?: number | null) => number;
 
@@ -45,31 +51,80 @@ export function crc32cTable(bytes: Uint8Array, initial = 0): number {
   return ~crc >>> 0;
 }
 
-function loadNative(): CrcFn | null {
-  if (process.env.TL_CRC32C === "table") return null;
+/** A binding that loads but computes something else must not be trusted. */
+function checked(fn: CrcFn | undefined): CrcFn | null {
+  return typeof fn === "function" && fn(new TextEncoder().encode("123456789"), 0) >>> 0 === 0xe3069283 ? fn : null;
+}
+
+function loadAwsCrt(): CrcFn | null {
+  type Binding = { checksums_crc32c?: (input: Uint8Array, previous: number) => number };
+  let mod: Binding;
+  try {
+    if (process.platform === "linux" && process.arch === "x64") {
+      try {
+        // A literal path, so `bun build --compile` embeds this binding in the binary.
+        mod = require("aws-crt/dist/bin/linux-x64-glibc/aws-crt-nodejs.node") as Binding;
+      } catch {
+        mod = require("aws-crt/dist/bin/linux-x64-musl/aws-crt-nodejs.node") as Binding;
+      }
+    } else {
+      const libc = process.platform === "linux" ? ["glibc", "musl"] : ["cruntime"];
+      let found: Binding | undefined;
+      for (const c of libc) {
+        try {
+          found = require(`aws-crt/dist/bin/${process.platform}-${process.arch}-${c}/aws-crt-nodejs.node`) as Binding;
+          break;
+        } catch {}
+      }
+      if (found === undefined) return null;
+      mod = found;
+    }
+  } catch {
+    return null;
+  }
+  const f = mod.checksums_crc32c;
+  return typeof f === "function" ? checked((input, initial) => f(input, initial ?? 0)) : null;
+}
+
+function loadNodeRs(): CrcFn | null {
   try {
     // A literal require, so `bun build --compile` embeds the native binding in the binary.
-    const mod = require("@node-rs/crc32") as { crc32c?: CrcFn };
-    const fn = mod.crc32c;
-    // A binding that loads but computes something else must not be trusted.
-    if (typeof fn !== "function" || fn(new TextEncoder().encode("123456789")) >>> 0 !== 0xe3069283) return null;
-    return fn;
+    return checked((require("@node-rs/crc32") as { crc32c?: CrcFn }).crc32c);
   } catch {
     return null;
   }
 }
 
-const native = loadNative();
+export type Crc32cBackend = "aws-crt" | "node-rs" | "table";
 
-/** Which implementation crc32c() runs: "native" (@node-rs/crc32) or "table" (the fallback). */
-export const crc32cBackend: "native" | "table" = native ? "native" : "table";
+function load(): { backend: Crc32cBackend; fn: CrcFn | null } {
+  const want = process.env.TL_CRC32C;
+  if (want === "table") return { backend: "table", fn: null };
+  if (want !== "node-rs") {
+    const aws = loadAwsCrt();
+    if (aws) return { backend: "aws-crt", fn: aws };
+  }
+  const rs = loadNodeRs();
+  return rs ? { backend: "node-rs", fn: rs } : { backend: "table", fn: null };
+}
 
-/** The native binding itself, or null when it did not load (tests and benchmarks compare against it). */
+const { backend, fn: native } = load();
+
+/** Which implementation crc32c() runs (see the top of this file). */
+export const crc32cBackend: Crc32cBackend = backend;
+
+/** The native binding crc32c() runs, or null on the table fallback (tests and benchmarks compare against it). */
 export const crc32cNative: ((bytes: Uint8Array, initial?: number) => number) | null = native
   ? (bytes, initial = 0) => native(bytes, initial) >>> 0
   : null;
 
-/** CRC-32C of `bytes` (unsigned). The native binding reads the view in place, no copy. */
+/** @node-rs/crc32 alone, or null when it does not load: the baseline bench/codec.ts compares the fastest against. */
+export function crc32cNodeRs(): ((bytes: Uint8Array, initial?: number) => number) | null {
+  const rs = backend === "node-rs" ? native : loadNodeRs();
+  return rs ? (bytes, initial = 0) => rs(bytes, initial) >>> 0 : null;
+}
+
+/** CRC-32C of `bytes` (unsigned). The native bindings read the view in place, no copy. */
 export const crc32c: (bytes: Uint8Array, initial?: number) => number = native
   ? (bytes, initial = 0) => native(bytes, initial) >>> 0
   : crc32cTable;

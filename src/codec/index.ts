@@ -1,5 +1,5 @@
 export { fnv1a64, blockHash, promptHashes } from "./fnv1a64.ts";
-export { crc32c, crc32cTable, crc32cNative, crc32cBackend, crc32cCombine, crc32cCombineOp, crc32cCombineWith } from "./crc32c.ts";
+export { crc32c, crc32cTable, crc32cNative, crc32cNodeRs, crc32cBackend, type Crc32cBackend, crc32cCombine, crc32cCombineOp, crc32cCombineWith } from "./crc32c.ts";
 export { toF16Bits, fromF16Bits, roundF16, f16Bytes, f16View } from "./f16.ts";
 export {
   writeEnvelope,

@@ -52,6 +52,8 @@ test("binary_starts_in_each_role", async () => {
         expect(String(ready.registry)).toMatch(/^127\.0\.0\.1:[1-9]\d*$/);
       } else {
         expect(health.roles).toEqual(role === "both" ? ["prefill", "decode"] : [role]);
+        // The compiled binary carries the fastest CRC-32C binding, not the fallbacks.
+        if (process.platform === "linux" && process.arch === "x64") expect(ready.crc32c).toBe("aws-crt");
         // Only roles that receive KV serve KvTransfer.
         if (role === "prefill") expect(ready.kv).toBeNull();
         else expect(String(ready.kv)).toMatch(/^127\.0\.0\.1:[1-9]\d*$/);

@@ -1,5 +1,5 @@
 import { describe, expect, test } from "bun:test";
-import { crc32c, crc32cBackend, crc32cNative, crc32cTable } from "../../src/codec/index.ts";
+import { crc32c, crc32cBackend, crc32cNative, crc32cNodeRs, crc32cTable } from "../../src/codec/index.ts";
 import { crc32cRef, xorshift } from "./support.ts";
 
 const utf8 = (s: string) => new TextEncoder().encode(s);
@@ -13,14 +13,16 @@ describe("crc32c", () => {
     expect(crc32cTable(new Uint8Array(0))).toBe(0);
   });
 
-  test("the native binding is what crc32c runs here", () => {
-    // linux-x64 ships @node-rs/crc32; if this fails the engine is on the slow path.
-    expect(crc32cBackend).toBe("native");
+  test("the fastest native binding is what crc32c runs here", () => {
+    // aws-crt ships a linux-x64 binding; if this fails the engine is on a slower path.
+    expect(crc32cBackend).toBe("aws-crt");
     expect(crc32cNative).not.toBeNull();
+    expect(crc32cNodeRs()).not.toBeNull();
   });
 
   test("crc_fallback_equals_native", () => {
     const native = crc32cNative!;
+    const nodeRs = crc32cNodeRs()!;
     const rnd = xorshift(42);
     const backing = new Uint8Array(5000 + 16);
     for (let i = 0; i < backing.length; i++) backing[i] = rnd() & 0xff;
@@ -30,6 +32,7 @@ describe("crc32c", () => {
       const view = backing.subarray(off, off + len);
       const want = native(view);
       if (crc32cTable(view) !== want) throw new Error(`length ${len} offset ${off}: table 0x${crc32cTable(view).toString(16)} != native 0x${want.toString(16)}`);
+      if (nodeRs(view) !== want) throw new Error(`length ${len} offset ${off}: @node-rs 0x${nodeRs(view).toString(16)} != ${crc32cBackend} 0x${want.toString(16)}`);
       expect(crc32c(view)).toBe(want);
     }
     for (const len of [0, 1, 7, 8, 9, 63, 1000]) expect(crc32cTable(backing.subarray(3, 3 + len))).toBe(crc32cRef(backing.subarray(3, 3 + len)));
@@ -43,15 +46,18 @@ describe("crc32c", () => {
       const c = b.subarray(cut);
       expect(crc32cTable(c, crc32cTable(a))).toBe(crc32c(b));
       expect(crc32c(c, crc32c(a))).toBe(crc32c(b));
+      expect(crc32cNodeRs()!(c, crc32cNodeRs()!(a))).toBe(crc32c(b));
     }
   });
 
-  test("TL_CRC32C=table selects the fallback", () => {
-    const r = Bun.spawnSync({
-      cmd: [process.execPath, "-e", `import { crc32c, crc32cBackend } from "./src/codec/index.ts"; console.log(crc32cBackend, crc32c(new TextEncoder().encode("123456789")).toString(16));`],
-      env: { ...process.env, TL_CRC32C: "table" },
-      cwd: `${import.meta.dir}/../..`,
-    });
-    expect(r.stdout.toString().trim()).toBe("table e3069283");
+  test("TL_CRC32C selects a slower implementation", () => {
+    for (const want of ["table", "node-rs"]) {
+      const r = Bun.spawnSync({
+        cmd: [process.execPath, "-e", `import { crc32c, crc32cBackend } from "./src/codec/index.ts"; console.log(crc32cBackend, crc32c(new TextEncoder().encode("123456789")).toString(16));`],
+        env: { ...process.env, TL_CRC32C: want },
+        cwd: `${import.meta.dir}/../..`,
+      });
+      expect(r.stdout.toString().trim()).toBe(`${want} e3069283`);
+    }
   });
 });
