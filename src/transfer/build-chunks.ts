@@ -2,7 +2,8 @@ import assert from "node:assert";
 import { envelopeBytes } from "../codec/index.ts";
 import type { KvPool } from "../pool/index.ts";
 import { KV_FORMAT, type KvChunkLike } from "./kv-chunk.ts";
-import { OneBlockEnvelopeWriter } from "./one-block-envelope.ts";
+import { crc32c } from "../codec/index.ts";
+import { crc32cExtendU32, ENVELOPE_HEAD_BYTES, OneBlockEnvelopeWriter, putU32, putU64 } from "./one-block-envelope.ts";
 
 const EMPTY = new Uint8Array(0);
 
@@ -42,7 +43,7 @@ export class PoolChunk implements KvChunkLike {
     readonly index: number,
     readonly total: number,
     readonly hash: bigint,
-    private readonly pool: KvPool,
+    readonly pool: KvPool,
     /** the pool block this chunk carries */
     readonly blockId: number,
     /** the envelope's record hash: `hash`, or 0 when P's pool does not own it */
@@ -69,6 +70,27 @@ export class PoolChunk implements KvChunkLike {
     // hash 0) or a partial one is read for its CRC as it is copied.
     const known = this.recordHash !== 0n ? this.pool.payloadCrc(id) : null;
     return this.slab.writer.write(out, o, this.recordHash, this.fill, this.pool.payload(id), known);
+  }
+
+  /** A full block still in the pool: the data plane may send its payload as it lies there (RUN frames). */
+  get whole(): boolean {
+    return this.env === undefined && this.fill === this.pool.shape.blockTokens;
+  }
+
+  /**
+   * Writes this chunk's RUN entry at `out[o, o + RUN_ENTRY)` (data-plane-frame.ts): its
+   * hash and chunk CRC, the envelope's head and trailing CRC, all without copying the
+   * payload, whose CRC the pool caches for a named block.
+   */
+  writeRunEntry(out: Uint8Array, o: number): void {
+    const w = this.slab.writer;
+    const h = o + 12;
+    w.writeHead(out, h, this.recordHash, this.fill);
+    const known = this.recordHash !== 0n ? this.pool.payloadCrc(this.blockId) : null;
+    const inner = w.innerCrc(out, h, known ?? crc32c(this.pool.payload(this.blockId)));
+    putU64(out, o, this.hash);
+    putU32(out, o + 8, crc32cExtendU32(inner, inner));
+    putU32(out, h + ENVELOPE_HEAD_BYTES, inner);
   }
 
   get envelope(): Uint8Array {

@@ -10,13 +10,17 @@ import {
   FRAME_END,
   FRAME_ERROR,
   FRAME_HEAD,
+  FRAME_RUN,
   FRAME_TRACE,
   getU32,
   getU64,
   MAX_HANDLE_BYTES,
+  MAX_RUN,
   MAX_TRACE_BYTES,
   putU32,
   putU64,
+  RUN_ENTRY,
+  RUN_FIXED,
   splitHostPort,
 } from "./data-plane-frame.ts";
 
@@ -24,6 +28,9 @@ const encoder = new TextEncoder();
 const decoder = new TextDecoder();
 // Frames are staged and written in runs of this size: fewer syscalls, one copy.
 const STAGE_BYTES = 1024 * 1024;
+// Payloads adjacent in P's pool go to the socket straight from the pool from this many
+// bytes on; shorter stretches are copied into the stage, which costs less than a write.
+const DIRECT_BYTES = 256 * 1024;
 
 interface Waiter {
   resolve(): void;
@@ -299,11 +306,72 @@ export class DataPlaneClient {
         await flushStage();
         if (!stopped && !(await conn.writeAll(env))) stopped = true;
       };
+      /**
+       * Chunks [i, j) as one RUN frame: their entries in the stage, then their payloads,
+       * each stretch of blocks adjacent in the pool written from the pool itself.
+       */
+      const sendRun = async (list: readonly PoolChunk[], i: number, j: number) => {
+        const first = list[i]!;
+        const pool = first.pool;
+        const P = pool.blockBytes;
+        const head = FRAME_HEAD + RUN_FIXED + hb.length;
+        const len = head + (j - i) * RUN_ENTRY;
+        if (used + len > stage.length) await flushStage();
+        if (stopped) return;
+        putU32(stage, used, len - 4);
+        stage[used + 4] = FRAME_RUN;
+        const b = used + FRAME_HEAD;
+        putU32(stage, b, first.index);
+        putU32(stage, b + 4, j - i);
+        putU32(stage, b + 8, first.total);
+        putU32(stage, b + 12, first.kvFormat);
+        putU32(stage, b + 16, P);
+        stage[b + 20] = hb.length & 0xff;
+        stage[b + 21] = hb.length >>> 8;
+        stage.set(hb, b + RUN_FIXED);
+        let o = used + head;
+        for (let k = i; k < j; k++, o += RUN_ENTRY) list[k]!.writeRunEntry(stage, o);
+        used = o;
+        for (let k = i; k < j && !stopped; ) {
+          let q = k + 1;
+          while (q < j && list[q]!.blockId === list[q - 1]!.blockId + 1) q++;
+          const from = list[k]!.blockId * P;
+          const bytes = (q - k) * P;
+          if (bytes >= DIRECT_BYTES) {
+            await flushStage();
+            if (!stopped && !(await conn.writeAll(pool.bytes.subarray(from, from + bytes)))) stopped = true;
+          } else {
+            for (let m = k; m < q && !stopped; m++) {
+              if (used + P > stage.length) await flushStage();
+              stage.set(pool.payload(list[m]!.blockId), used);
+              used += P;
+            }
+          }
+          k = q;
+        }
+      };
+      /** Whether chunk k can join a RUN after chunk k-1 (or start one). */
+      const runnable = (list: readonly KvChunkLike[], k: number, start: number): boolean => {
+        const c = list[k]!;
+        if (!(c instanceof PoolChunk && c.whole)) return false;
+        if (k === start) return true;
+        const s0 = list[start] as PoolChunk;
+        return k - start < MAX_RUN && c.pool === s0.pool && c.handleId === s0.handleId && c.total === s0.total && c.index === list[k - 1]!.index + 1;
+      };
       if (Array.isArray(chunks)) {
-        for (const c of chunks as readonly KvChunkLike[]) {
+        const list = chunks as readonly KvChunkLike[];
+        for (let i = 0; i < list.length && !stopped; ) {
+          if (runnable(list, i, i)) {
+            headOf(list[i]!);
+            let j = i + 1;
+            while (j < list.length && runnable(list, j, i)) j++;
+            await sendRun(list as readonly PoolChunk[], i, j);
+            i = j;
+            continue;
+          }
+          const c = list[i++]!;
           if (tryPut(c)) continue;
           await frame(c);
-          if (stopped) break;
         }
       } else {
         // A producer may be slow (chunks as layers finish): send each chunk as it comes.

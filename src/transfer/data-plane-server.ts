@@ -12,12 +12,16 @@ import {
   FRAME_END,
   FRAME_ERROR,
   FRAME_HEAD,
+  FRAME_RUN,
   FRAME_TRACE,
   getU32,
   getU64,
+  MAX_RUN,
   MAX_TRACE_BYTES,
   putU32,
   putU64,
+  RUN_ENTRY,
+  RUN_FIXED,
 } from "./data-plane-frame.ts";
 
 export interface DataPlaneServer {
@@ -45,9 +49,23 @@ class Conn {
   out: Uint8Array[] = [];
   /** kv.transfer SERVER span of the push in progress, when P sent a TRACE frame */
   span: Span | undefined;
+  /** The RUN frame whose payloads are arriving: its entries (a copy), where they start, and how many payloads are still due. */
+  run = new Uint8Array(0);
+  runEntries = 0;
+  runNext = 0;
+  runLeft = 0;
+  /** a payload split across reads, collected; P bytes of the pool's shape */
+  readonly payload: Uint8Array;
+  payloadHave = 0;
 
-  constructor(readonly maxFrame: number) {
-    this.acc = new Uint8Array(Math.min(maxFrame, 64 * 1024));
+  constructor(
+    /** the largest CHUNK and RUN frames (their lengths, the payloads after a RUN apart) */
+    readonly maxChunk: number,
+    readonly maxRun: number,
+    payloadBytes: number,
+  ) {
+    this.acc = new Uint8Array(Math.min(Math.max(maxChunk, maxRun), 64 * 1024));
+    this.payload = new Uint8Array(payloadBytes);
   }
 }
 
@@ -60,15 +78,17 @@ class Conn {
  */
 export async function serveDataPlane(receiver: KvReceiver, opts: { host?: string; port?: number } = {}): Promise<DataPlaneServer> {
   const host = opts.host ?? "127.0.0.1";
-  // The largest legal frame: a full envelope plus the chunk head and a maximal handle.
-  const maxFrame = FRAME_HEAD + CHUNK_FIXED + 0xffff + envelopeBytes(receiver.pool.shape, 1);
+  // The largest legal frames: a full envelope plus the chunk head and a maximal handle;
+  // a RUN's head, handle and entries (its payloads follow the frame, one block at a time).
+  const maxChunk = FRAME_HEAD + CHUNK_FIXED + 0xffff + envelopeBytes(receiver.pool.shape, 1);
+  const maxRun = FRAME_HEAD + RUN_FIXED + 0xffff + MAX_RUN * RUN_ENTRY;
   const sockets = new Set<Socket<Conn>>();
   const listener: TCPSocketListener<Conn> = Bun.listen<Conn>({
     hostname: host,
     port: opts.port ?? 0,
     socket: {
       open(s) {
-        s.data = new Conn(maxFrame);
+        s.data = new Conn(maxChunk, maxRun, receiver.pool.blockBytes);
         sockets.add(s);
       },
       data(s, buf) {
@@ -112,19 +132,37 @@ function onData(rx: KvReceiver, s: Socket<Conn>, buf: Uint8Array): void {
   let off = 0;
   const n = buf.length;
   while (off < n && !c.refused) {
-    if (c.have > 0 || n - off < 4) {
+    if (c.runLeft > 0) {
+      // A RUN's payloads: each checked and imported where it lies in the read, or
+      // collected first when the read splits it.
+      const P = c.payload.length;
+      if (c.payloadHave === 0 && n - off >= P) {
+        onRunPayload(rx, s, buf.subarray(off, off + P));
+        off += P;
+        continue;
+      }
+      const k = Math.min(P - c.payloadHave, n - off);
+      c.payload.set(buf.subarray(off, off + k), c.payloadHave);
+      c.payloadHave += k;
+      off += k;
+      if (c.payloadHave < P) return;
+      c.payloadHave = 0;
+      onRunPayload(rx, s, c.payload);
+      continue;
+    }
+    if (c.have > 0 || n - off < FRAME_HEAD) {
       // Continue (or start) a frame split across reads: collect it in `acc`.
-      if (c.have < 4) {
-        const k = Math.min(4 - c.have, n - off);
+      if (c.have < FRAME_HEAD) {
+        const k = Math.min(FRAME_HEAD - c.have, n - off);
         c.acc.set(buf.subarray(off, off + k), c.have);
         c.have += k;
         off += k;
-        if (c.have < 4) return;
+        if (c.have < FRAME_HEAD) return;
       }
       const len = 4 + getU32(c.acc, 0);
-      if (!checkLen(s, len)) return;
+      if (!checkLen(s, len, c.acc[4]!)) return;
       if (c.acc.length < len) {
-        const bigger = new Uint8Array(Math.min(c.maxFrame, Math.max(len, c.acc.length * 2)));
+        const bigger = new Uint8Array(Math.max(len, Math.min(Math.max(c.maxChunk, c.maxRun), c.acc.length * 2)));
         bigger.set(c.acc.subarray(0, c.have));
         c.acc = bigger;
       }
@@ -138,7 +176,7 @@ function onData(rx: KvReceiver, s: Socket<Conn>, buf: Uint8Array): void {
       continue;
     }
     const len = 4 + getU32(buf, off);
-    if (!checkLen(s, len)) return;
+    if (!checkLen(s, len, buf[off + 4]!)) return;
     if (n - off >= len) {
       // Whole frame in this read: no copy.
       onFrame(rx, s, buf.subarray(off, off + len));
@@ -167,11 +205,12 @@ function release(buf: Uint8Array): void {
   if (ab instanceof ArrayBuffer && buf.byteOffset === 0 && buf.byteLength === ab.byteLength && !ab.detached) ab.transfer(0);
 }
 
-function checkLen(s: Socket<Conn>, len: number): boolean {
-  if (len >= FRAME_HEAD && len <= s.data.maxFrame) return true;
+function checkLen(s: Socket<Conn>, len: number, type: number): boolean {
+  const max = type === FRAME_RUN ? s.data.maxRun : s.data.maxChunk;
+  if (len >= FRAME_HEAD && len <= max) return true;
   // Over the limit is refused as gRPC refuses an oversized message (readMaxBytes), before any of it is buffered.
   const code = len < FRAME_HEAD ? GrpcCode.INVALID_ARGUMENT : GrpcCode.RESOURCE_EXHAUSTED;
-  refuse(s, new KvError(code, `data plane frame of ${len} bytes, ${len < FRAME_HEAD ? `need ≥ ${FRAME_HEAD}` : `limit ${s.data.maxFrame}`}`));
+  refuse(s, new KvError(code, `data plane frame of ${len} bytes, ${len < FRAME_HEAD ? `need ≥ ${FRAME_HEAD}` : `limit ${max}`}`));
   return false;
 }
 
@@ -186,11 +225,7 @@ function onFrame(rx: KvReceiver, s: Socket<Conn>, f: Uint8Array): void {
       const eo = o + CHUNK_FIXED + hl;
       if (eo > f.length) throw new KvError(GrpcCode.INVALID_ARGUMENT, `chunk frame of ${f.length} bytes, handle of ${hl}`);
       const ch = c.chunk;
-      const hb = f.subarray(o + CHUNK_FIXED, eo);
-      if (!sameBytes(hb, c.handleBytes)) {
-        ch.handleId = decoder.decode(hb);
-        c.handleBytes = hb.slice();
-      }
+      setHandle(c, f.subarray(o + CHUNK_FIXED, eo));
       ch.index = getU32(f, o);
       ch.total = getU32(f, o + 4);
       ch.hash = getU64(f, o + 8);
@@ -199,6 +234,8 @@ function onFrame(rx: KvReceiver, s: Socket<Conn>, f: Uint8Array): void {
       ch.envelope = f.subarray(eo);
       c.session ??= rx.begin(ch.handleId, ch.total);
       c.session.accept(ch);
+    } else if (type === FRAME_RUN) {
+      beginRun(rx, c, f);
     } else if (type === FRAME_END) {
       if (c.session === undefined) throw new KvError(GrpcCode.INVALID_ARGUMENT, "empty push");
       const s0 = c.session;
@@ -229,6 +266,66 @@ function onFrame(rx: KvReceiver, s: Socket<Conn>, f: Uint8Array): void {
     }
   } catch (e) {
     refuse(s, e instanceof KvError ? e : new KvError(GrpcCode.INTERNAL, e instanceof Error ? e.message : String(e)));
+  }
+}
+
+function setHandle(c: Conn, hb: Uint8Array): void {
+  if (!sameBytes(hb, c.handleBytes)) {
+    c.chunk.handleId = decoder.decode(hb);
+    c.handleBytes = hb.slice();
+  }
+}
+
+/** Checks a RUN frame and keeps its entries; the payloads that follow are onRunPayload's. */
+function beginRun(rx: KvReceiver, c: Conn, f: Uint8Array): void {
+  if (f.length < FRAME_HEAD + RUN_FIXED) throw new KvError(GrpcCode.INVALID_ARGUMENT, `run frame of ${f.length} bytes`);
+  const o = FRAME_HEAD;
+  const first = getU32(f, o);
+  const count = getU32(f, o + 4);
+  const payloadBytes = getU32(f, o + 16);
+  const hl = f[o + 20]! | (f[o + 21]! << 8);
+  const eo = o + RUN_FIXED + hl;
+  if (count < 1 || count > MAX_RUN) throw new KvError(GrpcCode.INVALID_ARGUMENT, `run of ${count} chunks, want 1..${MAX_RUN}`);
+  if (f.length !== eo + count * RUN_ENTRY) {
+    throw new KvError(GrpcCode.INVALID_ARGUMENT, `run frame of ${f.length} bytes, want ${eo + count * RUN_ENTRY} for ${count} chunks and a handle of ${hl}`);
+  }
+  // Another payload size is another block shape: refused as reader rule 7 refuses it.
+  const shape = rx.pool.shape;
+  if (payloadBytes !== c.payload.length) {
+    throw new KvError(
+      GrpcCode.FAILED_PRECONDITION,
+      `run of ${payloadBytes}-byte payloads, pool blocks (B=${shape.blockTokens} L=${shape.nLayers} H=${shape.nKvHeads} D=${shape.headDim}) are ${c.payload.length} bytes`,
+    );
+  }
+  const ch = c.chunk;
+  setHandle(c, f.subarray(o + RUN_FIXED, eo));
+  ch.index = first;
+  ch.total = getU32(f, o + 8);
+  ch.kvFormat = getU32(f, o + 12);
+  // The read buffer goes back to the allocator after this read: the entries are kept.
+  const bytes = count * RUN_ENTRY;
+  if (c.run.length < bytes) c.run = new Uint8Array(Math.max(bytes, Math.min(MAX_RUN * RUN_ENTRY, c.run.length * 2)));
+  c.run.set(f.subarray(eo), 0);
+  c.session ??= rx.begin(ch.handleId, ch.total);
+  c.runNext = 0;
+  c.runLeft = count;
+  c.payloadHave = 0;
+}
+
+function onRunPayload(rx: KvReceiver, s: Socket<Conn>, payload: Uint8Array): void {
+  const c = s.data;
+  try {
+    const e = c.runNext * RUN_ENTRY;
+    const ch = c.chunk;
+    ch.hash = getU64(c.run, e);
+    ch.crc32c = getU32(c.run, e + 8);
+    c.session!.acceptParts(ch, c.run, e + 12, payload, getU32(c.run, e + RUN_ENTRY - 4));
+    ch.index++;
+    c.runNext++;
+    c.runLeft--;
+  } catch (err) {
+    c.runLeft = 0;
+    refuse(s, err instanceof KvError ? err : new KvError(GrpcCode.INTERNAL, err instanceof Error ? err.message : String(err)));
   }
 }
 

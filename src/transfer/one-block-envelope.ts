@@ -9,13 +9,15 @@ import { crc32c, crc32cCombineOp, crc32cCombineWith, envelopeBytes, type Envelop
 const MAGIC = 0x564b4c54; // "TLKV"
 const HEADER_BYTES = 28;
 const RECORD_HEAD_BYTES = 12;
+/** The bytes of a one-block envelope before its payload: the header and the record head. */
+export const ENVELOPE_HEAD_BYTES = HEADER_BYTES + RECORD_HEAD_BYTES;
 const CRC_POLY = 0x82f63b78;
 
 function getU32(b: Uint8Array, o: number): number {
   return (b[o]! | (b[o + 1]! << 8) | (b[o + 2]! << 16) | (b[o + 3]! << 24)) >>> 0;
 }
 
-function putU32(b: Uint8Array, o: number, v: number): void {
+export function putU32(b: Uint8Array, o: number, v: number): void {
   b[o] = v & 0xff;
   b[o + 1] = (v >>> 8) & 0xff;
   b[o + 2] = (v >>> 16) & 0xff;
@@ -98,22 +100,37 @@ export class EnvelopeCrc {
 export function oneBlockRecord(env: Uint8Array, shape: KvShape, inner: number): EnvelopeRecord | null {
   const len = env.length;
   if (len !== envelopeBytes(shape, 1)) return null;
-  if (getU32(env, 0) !== MAGIC || getU32(env, len - 4) !== inner) return null;
+  return oneBlockRecordParts(env, 0, env.subarray(ENVELOPE_HEAD_BYTES, len - 4), getU32(env, len - 4), shape, inner);
+}
+
+/**
+ * oneBlockRecord for an envelope carried in three parts (the data plane's RUN frame):
+ * its first ENVELOPE_HEAD_BYTES at `head[h..]`, the payload, and the trailing CRC field.
+ * `inner` is the CRC-32C of head ++ payload, as the envelope would have it.
+ */
+export function oneBlockRecordParts(head: Uint8Array, h: number, payload: Uint8Array, trailer: number, shape: KvShape, inner: number): EnvelopeRecord | null {
+  if (ENVELOPE_HEAD_BYTES + payload.length + 4 !== envelopeBytes(shape, 1)) return null;
+  if (getU32(head, h) !== MAGIC || trailer >>> 0 !== inner >>> 0) return null;
   // version 1, dtype 1, one block
-  if (getU32(env, 4) !== 0x00010001 || getU32(env, 8) !== 1) return null;
+  if (getU32(head, h + 4) !== 0x00010001 || getU32(head, h + 8) !== 1) return null;
   const B = shape.blockTokens;
-  if (getU32(env, 12) !== B || getU32(env, 16) !== shape.nLayers || getU32(env, 20) !== shape.nKvHeads || getU32(env, 24) !== shape.headDim) {
+  if (getU32(head, h + 12) !== B || getU32(head, h + 16) !== shape.nLayers || getU32(head, h + 20) !== shape.nKvHeads || getU32(head, h + 24) !== shape.headDim) {
     return null;
   }
-  const fill = getU32(env, HEADER_BYTES + 8);
+  const r = h + HEADER_BYTES;
+  const fill = getU32(head, r + 8);
   if (fill < 1 || fill > B) return null;
-  if (fill !== B && (getU32(env, HEADER_BYTES) | getU32(env, HEADER_BYTES + 4)) !== 0) return null;
-  const p = HEADER_BYTES + RECORD_HEAD_BYTES;
-  return {
-    hash: getU64(env, HEADER_BYTES),
-    nTokens: fill,
-    payload: env.subarray(p, len - 4),
-  };
+  if (fill !== B && (getU32(head, r) | getU32(head, r + 4)) !== 0) return null;
+  return { hash: getU64(head, r), nTokens: fill, payload };
+}
+
+/** The whole envelope from its three parts: only for the slow path's exact verdict. */
+export function joinEnvelope(head: Uint8Array, h: number, payload: Uint8Array, trailer: number): Uint8Array {
+  const env = new Uint8Array(ENVELOPE_HEAD_BYTES + payload.length + 4);
+  env.set(head.subarray(h, h + ENVELOPE_HEAD_BYTES), 0);
+  env.set(payload, ENVELOPE_HEAD_BYTES);
+  putU32(env, ENVELOPE_HEAD_BYTES + payload.length, trailer);
+  return env;
 }
 
 /**
@@ -161,14 +178,9 @@ export class OneBlockEnvelopeWriter {
     const B = this.shape.blockTokens;
     const P = this.payloadBytes;
     if (payload.length !== P) throw new Error(`payload is ${payload.length} bytes, want P = ${P}`);
-    if (!(Number.isInteger(fill) && fill >= 1 && fill <= B)) throw new Error(`fill ${fill} not in 1..${B}`);
-    if (hash !== 0n && fill !== B) throw new Error(`hash on a partial block (fill ${fill} of ${B})`);
     if (!(o >= 0 && o + this.bytes <= out.length)) throw new Error(`envelope of ${this.bytes} bytes at ${o} overruns a buffer of ${out.length}`);
-    out.set(this.header, o);
-    const r = o + HEADER_BYTES;
-    putU64(out, r, hash);
-    putU32(out, r + 8, fill);
-    const p = r + RECORD_HEAD_BYTES;
+    this.writeHead(out, o, hash, fill);
+    const p = o + ENVELOPE_HEAD_BYTES;
     if (fill === B) {
       out.set(payload, p);
     } else {
@@ -180,17 +192,32 @@ export class OneBlockEnvelopeWriter {
       }
     }
     const end = o + this.bytes - 4;
-    let inner: number;
-    if (payloadCrc !== null && fill === B) {
-      // The record head's 12 bytes as three u32s, then the payload by its known CRC.
-      let c = crc32cExtendU32(this.headerCrc, getU32(out, r));
-      c = crc32cExtendU32(c, getU32(out, r + 4));
-      c = crc32cExtendU32(c, fill);
-      inner = crc32cCombineWith(this.shiftP, c, payloadCrc);
-    } else {
-      inner = crc32c(out.subarray(o, end));
-    }
+    const inner = payloadCrc !== null && fill === B ? this.innerCrc(out, o, payloadCrc) : crc32c(out.subarray(o, end));
     putU32(out, end, inner);
     return crc32cExtendU32(inner, inner);
+  }
+
+  /** Writes the ENVELOPE_HEAD_BYTES before the payload (header, record head) at `out[o..]`. */
+  writeHead(out: Uint8Array, o: number, hash: bigint, fill: number): void {
+    const B = this.shape.blockTokens;
+    if (!(Number.isInteger(fill) && fill >= 1 && fill <= B)) throw new Error(`fill ${fill} not in 1..${B}`);
+    if (hash !== 0n && fill !== B) throw new Error(`hash on a partial block (fill ${fill} of ${B})`);
+    out.set(this.header, o);
+    const r = o + HEADER_BYTES;
+    putU64(out, r, hash);
+    putU32(out, r + 8, fill);
+  }
+
+  /**
+   * The envelope's own CRC (of everything before its trailing field) from the head at
+   * `head[o..]` and the payload's CRC-32C, without reading the payload: the head's 12
+   * record bytes extend the header's known CRC, then the payload's is combined in.
+   */
+  innerCrc(head: Uint8Array, o: number, payloadCrc: number): number {
+    const r = o + HEADER_BYTES;
+    let c = crc32cExtendU32(this.headerCrc, getU32(head, r));
+    c = crc32cExtendU32(c, getU32(head, r + 4));
+    c = crc32cExtendU32(c, getU32(head, r + 8));
+    return crc32cCombineWith(this.shiftP, c, payloadCrc);
   }
 }
