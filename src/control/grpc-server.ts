@@ -2,6 +2,12 @@ import * as http2 from "node:http2";
 import type { ConnectRouter } from "@connectrpc/connect";
 import { connectNodeAdapter } from "@connectrpc/connect-node";
 
+// Bounded: what a client may send before the handler reads it is buffered here. (The
+// connection's own window stays at its default: raising it with setLocalWindowSize made
+// Bun's server stop granting window mid-stream.)
+const STREAM_WINDOW_BYTES = 4 * 1024 * 1024;
+const MAX_FRAME_BYTES = 2 ** 24 - 1;
+
 export interface GrpcServerOptions {
   /** Interface to bind; 127.0.0.1 unless told otherwise (tests and single-host clusters). */
   host?: string;
@@ -9,6 +15,8 @@ export interface GrpcServerOptions {
   port?: number;
   /** Largest single message accepted or sent, in bytes; Connect's default (~4 GiB) otherwise. */
   maxMessageBytes?: number;
+  /** Sees every request first; one it answers itself (returns true) never reaches Connect. */
+  intercept?: (req: http2.Http2ServerRequest, res: http2.Http2ServerResponse) => boolean;
 }
 
 export interface GrpcServer {
@@ -48,7 +56,13 @@ export async function serveGrpc(
       ? { readMaxBytes: opts.maxMessageBytes, writeMaxBytes: opts.maxMessageBytes }
       : {}),
   });
-  const server = http2.createServer(handler);
+  // Large windows and frames for what clients send: with the protocol's 64 KiB
+  // defaults a client stream of KV blocks stalls on a WINDOW_UPDATE every 64 KiB.
+  const intercept = opts.intercept;
+  const server = http2.createServer(
+    { settings: { initialWindowSize: STREAM_WINDOW_BYTES, maxFrameSize: MAX_FRAME_BYTES } },
+    intercept === undefined ? handler : (req, res) => void (intercept(req, res) || handler(req, res)),
+  );
   // server.close() alone waits for clients to hang up, which a pooled client
   // connection never does; track sessions so close() can end them.
   const sessions = new Set<http2.ServerHttp2Session>();

@@ -3,6 +3,7 @@ import { KvTransfer } from "../gen/tl/kv/v1/kv_pb.ts";
 import { serveDataPlane, type DataPlaneServer } from "./data-plane-server.ts";
 import type { KvReceiver } from "./kv-receiver.ts";
 import { kvMessageLimit, kvService } from "./kv-service.ts";
+import { pushKvHandler } from "./grpc-push-server.ts";
 
 export interface ServeKvOptions {
   /** default 127.0.0.1 */
@@ -38,6 +39,8 @@ export async function serveKv(receiver: KvReceiver, opts: ServeKvOptions = {}): 
       host,
       port: opts.port ?? 0,
       maxMessageBytes: kvMessageLimit(receiver),
+      // Plain gRPC PushKv, the hot path, is parsed in place; Connect answers the rest.
+      intercept: pushKvHandler(receiver, kvMessageLimit(receiver)),
     });
     return {
       address: srv.address,
