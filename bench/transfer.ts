@@ -25,7 +25,7 @@ import { poolChunks } from "../src/transfer/build-chunks.ts";
 
 const SHAPE: KvShape = { blockTokens: 16, nLayers: 4, nKvHeads: 4, headDim: 32 };
 const BLOCKS = 1000;
-const REPS = Number(process.env.BENCH_REPS ?? 7);
+const REPS = Number(process.env.BENCH_REPS ?? 15);
 /**
  * Untimed repetitions first: a decode engine in service has run its receive path many
  * times over, and JavaScriptCore moves it to its optimizing tiers only after it has run
