@@ -7,9 +7,10 @@
 // Fixed seed; TL_FUZZ_RUNS raises the total count (default 100 000), TL_FUZZ_SEED changes it.
 import { expect, test } from "bun:test";
 import fc from "fast-check";
-import { crc32c, EnvError, readEnvelope, writeEnvelope, type EnvelopeRecord, type KvShape } from "../../src/codec/index.ts";
+import { crc32c, envelopeBytes, EnvError, readEnvelope, writeEnvelope, type EnvelopeRecord, type KvShape } from "../../src/codec/index.ts";
 import { KvPool } from "../../src/pool/index.ts";
 import { buildChunks, GrpcCode, grpcCodeName, KvError, KvReceiver, type KvChunkLike, type PushSession } from "../../src/transfer/index.ts";
+import { ENVELOPE_HEAD_BYTES } from "../../src/transfer/one-block-envelope.ts";
 import { fakePrefill, fakePrompt } from "../support/fake-model.ts";
 
 const RUNS = Number(process.env.TL_FUZZ_RUNS ?? 100_000);
@@ -318,6 +319,8 @@ const pushCaseArb = fc.record({
   edits: fc.array(chunkEditArb, { minLength: 0, maxLength: 2 }),
   /** the client goes away after this many chunks instead of ending the push (-1: it ends it) */
   abortAfter: fc.oneof({ weight: 5, arbitrary: fc.constant(-1) }, { weight: 1, arbitrary: fc.nat(6) }),
+  /** envelopes of one block's length arrive cut in three, as in the data plane's RUN frames (acceptParts) */
+  parts: fc.boolean(),
 });
 
 function applyEdit(chunks: KvChunkLike[], e: ChunkEdit): KvChunkLike[] {
@@ -463,7 +466,12 @@ function runPush(pc: PushCase, stats: Map<string, number>): void {
     try {
       for (const c of fed) {
         s ??= rx.begin(c.handleId, c.total);
-        s.accept(c);
+        const n = c.envelope.length;
+        if (pc.parts && n === envelopeBytes(RX_SHAPE, 1)) {
+          s.acceptParts(c, c.envelope, 0, c.envelope.subarray(ENVELOPE_HEAD_BYTES, n - 4), new DataView(c.envelope.buffer, c.envelope.byteOffset + n - 4, 4).getUint32(0, true));
+        } else {
+          s.accept(c);
+        }
       }
       if (!ended) throw new KvError(GrpcCode.CANCELLED, "client went away");
       ack = s!.finish();
