@@ -2,7 +2,6 @@
 // gRPC and on the binary data plane, and HTTP clients that never read their stream.
 import { afterAll, describe, expect, test } from "bun:test";
 import * as net from "node:net";
-import type { Socket } from "bun";
 import { create } from "@bufbuild/protobuf";
 import { Code, ConnectError, createClient } from "@connectrpc/connect";
 import { createGrpcTransport } from "@connectrpc/connect-node";
@@ -10,11 +9,12 @@ import { envelopeBytes } from "../../src/codec/index.ts";
 import { KvChunkSchema, KvTransfer } from "../../src/gen/tl/kv/v1/kv_pb.ts";
 import { KvPool } from "../../src/pool/index.ts";
 import { buildChunks, GrpcCode, kvMessageLimit, TransferError, type KvChunkLike } from "../../src/transfer/index.ts";
-import { CHUNK_FIXED, FRAME_CHUNK, FRAME_ERROR, FRAME_HEAD, getU32, putU32, putU64 } from "../../src/transfer/data-plane-frame.ts";
+import { CHUNK_FIXED, FRAME_CHUNK, FRAME_HEAD, putU32, putU64 } from "../../src/transfer/data-plane-frame.ts";
 import { startEngineNode } from "../../src/cli/engine-node.ts";
 import { FakeRunner } from "../support/fake-runner.ts";
 import { fakePrefill, fakePrompt } from "../support/fake-model.ts";
 import { fakeServedModel, sseEvents, startTestCluster } from "../support/nodes.ts";
+import { rawConnect, type RawConn } from "../support/raw-data-plane.ts";
 import { prefillTransport, SHAPE, settle, snapshot, startDecode, type Decode } from "../transfer/harness.ts";
 
 const encoder = new TextEncoder();
@@ -37,42 +37,6 @@ function chunkFrame(c: KvChunkLike): Uint8Array {
   return f;
 }
 
-/** A raw data plane connection that records the ERROR frames D sends back. */
-interface RawConn {
-  socket: Socket<undefined>;
-  errors: { code: number; message: string }[];
-  closed: boolean;
-}
-
-async function rawConnect(address: string): Promise<RawConn> {
-  const i = address.lastIndexOf(":");
-  const conn: RawConn = { socket: undefined as unknown as Socket<undefined>, errors: [], closed: false };
-  let acc = new Uint8Array(0);
-  conn.socket = await Bun.connect({
-    hostname: address.slice(0, i),
-    port: Number(address.slice(i + 1)),
-    socket: {
-      data(_s, buf) {
-        const x = new Uint8Array(acc.length + buf.length);
-        x.set(acc);
-        x.set(buf, acc.length);
-        acc = x;
-        while (acc.length >= 4 && acc.length >= 4 + getU32(acc, 0)) {
-          const len = 4 + getU32(acc, 0);
-          if (acc[4] === FRAME_ERROR) conn.errors.push({ code: getU32(acc, 5), message: new TextDecoder().decode(acc.subarray(9, len)) });
-          acc = acc.slice(len);
-        }
-      },
-      close() {
-        conn.closed = true;
-      },
-      error() {
-        conn.closed = true;
-      },
-    },
-  });
-  return conn;
-}
 
 /** A prompt of `blocks` full blocks prefilled on a pool of P's, chunked as for a D that holds nothing. */
 function pushChunks(P: KvPool, handle: string, blocks: number, seed: number): KvChunkLike[] {

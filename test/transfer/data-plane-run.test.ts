@@ -2,14 +2,11 @@
 // their payloads, either straight from P's pool or copied through the client's stage;
 // and D's side of it, which must refuse, free and reassemble exactly as for CHUNK frames.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
-import type { Socket } from "bun";
 import { crc32c, envelopeBytes, promptHashes, type KvShape } from "../../src/codec/index.ts";
 import { KvPool } from "../../src/pool/index.ts";
 import { GrpcCode, PoolChunk, poolChunks, transfer } from "../../src/transfer/index.ts";
 import {
-  FRAME_ACK,
   FRAME_END,
-  FRAME_ERROR,
   FRAME_HEAD,
   FRAME_RUN,
   getU32,
@@ -21,6 +18,7 @@ import {
   RUN_FIXED,
 } from "../../src/transfer/data-plane-frame.ts";
 import { ENVELOPE_HEAD_BYTES } from "../../src/transfer/one-block-envelope.ts";
+import { concat, rawConnect, writeAll, type RawConn } from "../support/raw-data-plane.ts";
 import { evictAll, prefillTransport, settle, snapshot, startDecode, type Decode } from "./harness.ts";
 
 // Payloads of 32 KiB: a prompt of 40 full blocks is well past the client's direct threshold.
@@ -109,59 +107,6 @@ function spyDirect(pool: KvPool): number[] {
   return stretches;
 }
 
-/** A raw data plane connection that records D's ERROR and ACK frames. */
-interface RawConn {
-  socket: Socket<undefined>;
-  errors: { code: number; message: string }[];
-  acks: { blocksReceived: number; blocksDeduped: number; payloadBytes: bigint; nTokens: number }[];
-}
-
-async function rawConnect(address: string): Promise<RawConn> {
-  const i = address.lastIndexOf(":");
-  const conn: RawConn = { socket: undefined as unknown as Socket<undefined>, errors: [], acks: [] };
-  let acc = new Uint8Array(0);
-  conn.socket = await Bun.connect({
-    hostname: address.slice(0, i),
-    port: Number(address.slice(i + 1)),
-    socket: {
-      data(_s, buf) {
-        const x = new Uint8Array(acc.length + buf.length);
-        x.set(acc);
-        x.set(buf, acc.length);
-        acc = x;
-        while (acc.length >= 4 && acc.length >= 4 + getU32(acc, 0)) {
-          const len = 4 + getU32(acc, 0);
-          if (acc[4] === FRAME_ERROR) conn.errors.push({ code: getU32(acc, 5), message: new TextDecoder().decode(acc.subarray(9, len)) });
-          if (acc[4] === FRAME_ACK) conn.acks.push({ blocksReceived: getU32(acc, 5), blocksDeduped: getU32(acc, 9), payloadBytes: getU64(acc, 13), nTokens: getU32(acc, 21) });
-          acc = acc.slice(len);
-        }
-      },
-    },
-  });
-  conn.socket.setNoDelay(true);
-  return conn;
-}
-
-/** Bun's socket.write takes what the kernel takes now: the rest is written after a pause. */
-async function writeAll(s: Socket<undefined>, b: Uint8Array): Promise<void> {
-  for (let off = 0; off < b.length; ) {
-    const w = s.write(b.subarray(off));
-    if (w < 0) throw new Error("raw socket closed");
-    off += w;
-    if (off < b.length) await Bun.sleep(1);
-  }
-}
-
-function cat(...parts: Uint8Array[]): Uint8Array {
-  const out = new Uint8Array(parts.reduce((n, p) => n + p.length, 0));
-  let o = 0;
-  for (const p of parts) {
-    out.set(p, o);
-    o += p.length;
-  }
-  return out;
-}
-
 interface RunOpts {
   first?: number;
   count?: number;
@@ -211,7 +156,7 @@ function headAt(f: Uint8Array, k: number): number {
  */
 function reseal(f: Uint8Array, k: number, payload: Uint8Array, trailer?: number): void {
   const h = headAt(f, k);
-  const env = cat(f.subarray(h, h + ENVELOPE_HEAD_BYTES), payload, new Uint8Array(4));
+  const env = concat(f.subarray(h, h + ENVELOPE_HEAD_BYTES), payload, new Uint8Array(4));
   putU32(env, env.length - 4, trailer ?? crc32c(env.subarray(0, env.length - 4)));
   putU32(f, h + ENVELOPE_HEAD_BYTES, getU32(env, env.length - 4));
   putU32(f, entryAt(f, k) + 8, crc32c(env));
@@ -341,7 +286,7 @@ describe("hand-crafted RUN frames", () => {
     // The frames as crafted here are what D accepts: the refusals below are the edits'.
     {
       const c = await rawConnect(dp());
-      await writeAll(c.socket, cat(runFrame(ch), ...payloadsOf(ch), END));
+      await writeAll(c.socket, concat(runFrame(ch), ...payloadsOf(ch), END));
       await answer(c);
       expect([c.errors, c.acks]).toEqual([[], [{ blocksReceived: N, blocksDeduped: 0, payloadBytes: BigInt(N * E), nTokens: N * B }]]);
       claimAndCompare(d, "crafted", payloadsOf(ch), hashes, 0);
@@ -364,13 +309,13 @@ describe("hand-crafted RUN frames", () => {
       const f = runFrame(ch);
       const p = payloadsOf(ch);
       edit(f, p);
-      return { name, code, message, before: cat(f, p[0]!, p[1]!), held: 2, then: cat(p[2]!, p[3]!, END) };
+      return { name, code, message, before: concat(f, p[0]!, p[1]!), held: 2, then: concat(p[2]!, p[3]!, END) };
     };
     const whole = (name: string, code: number, message: RegExp, f: Uint8Array, withPayloads = true): Case => ({
       name,
       code,
       message,
-      then: withPayloads ? cat(f, ...payloadsOf(ch), END) : f,
+      then: withPayloads ? concat(f, ...payloadsOf(ch), END) : f,
     });
     const cases: Case[] = [
       afterTwo("flipped payload byte", GrpcCode.DATA_LOSS, /^chunk 2: crc mismatch/, (_f, p) => (p[2]![12345]! ^= 0x10)),
@@ -419,7 +364,7 @@ describe("hand-crafted RUN frames", () => {
         f[4] = FRAME_RUN;
         return f;
       })(), false),
-      whole("first index 1", GrpcCode.INVALID_ARGUMENT, /^chunk index 1, want 0/, cat(runFrame(ch.slice(1)), ...payloadsOf(ch.slice(1))), false),
+      whole("first index 1", GrpcCode.INVALID_ARGUMENT, /^chunk index 1, want 0/, concat(runFrame(ch.slice(1)), ...payloadsOf(ch.slice(1))), false),
       whole("kv_format 2", GrpcCode.FAILED_PRECONDITION, /^kv_format 2 not spoken/, runFrame(ch, { kvFormat: 2 })),
       whole("total 0", GrpcCode.INVALID_ARGUMENT, /^total 0 must be ≥ 1/, runFrame(ch, { total: 0 }), false),
       whole("empty handle", GrpcCode.INVALID_ARGUMENT, /^empty handle_id/, runFrame(ch, { handle: "" }), false),
@@ -435,15 +380,15 @@ describe("hand-crafted RUN frames", () => {
         name,
         code,
         message,
-        before: cat(runFrame(ch.slice(0, 2)), ...payloadsOf(ch.slice(0, 2))),
+        before: concat(runFrame(ch.slice(0, 2)), ...payloadsOf(ch.slice(0, 2))),
         held: 2,
-        then: cat(f, ...payloadsOf(rest), END),
+        then: concat(f, ...payloadsOf(rest), END),
       })),
       {
         name: "END before total",
         code: GrpcCode.INVALID_ARGUMENT,
         message: /^push crafted ended after 4 of 5 chunks/,
-        before: cat(runFrame(ch, { total: 5 }), ...payloadsOf(ch)),
+        before: concat(runFrame(ch, { total: 5 }), ...payloadsOf(ch)),
         held: 4,
         then: END,
       },
@@ -470,7 +415,7 @@ describe("hand-crafted RUN frames", () => {
       const hog = d.pool.allocate(d.pool.available - 2)!;
       const mid = snapshot(d.pool, d.rx);
       const c = await rawConnect(dp());
-      await writeAll(c.socket, cat(runFrame(ch), ...payloadsOf(ch), END));
+      await writeAll(c.socket, concat(runFrame(ch), ...payloadsOf(ch), END));
       await answer(c);
       expect([c.errors[0]?.code, c.errors[0]?.message]).toEqual([GrpcCode.RESOURCE_EXHAUSTED, expect.stringMatching(/^chunk 2: no free block/)]);
       c.socket.end();
@@ -487,10 +432,10 @@ describe("hand-crafted RUN frames", () => {
     const P2 = p[2]!.length / 2;
     const cuts: { name: string; sent: Uint8Array; held: number; hard: boolean }[] = [
       { name: "inside the entries", sent: f.subarray(0, f.length - 30), held: 0, hard: false },
-      { name: "2.5 payloads in", sent: cat(f, p[0]!, p[1]!, p[2]!.subarray(0, P2)), held: 2, hard: false },
-      { name: "2.5 payloads in, reset", sent: cat(f, p[0]!, p[1]!, p[2]!.subarray(0, P2)), held: 2, hard: true },
-      { name: "inside a second RUN's entries", sent: cat(runFrame(ch.slice(0, 2)), p[0]!, p[1]!, runFrame(ch.slice(2)).subarray(0, 40)), held: 2, hard: false },
-      { name: "every payload, no END", sent: cat(f, ...p), held: 4, hard: false },
+      { name: "2.5 payloads in", sent: concat(f, p[0]!, p[1]!, p[2]!.subarray(0, P2)), held: 2, hard: false },
+      { name: "2.5 payloads in, reset", sent: concat(f, p[0]!, p[1]!, p[2]!.subarray(0, P2)), held: 2, hard: true },
+      { name: "inside a second RUN's entries", sent: concat(runFrame(ch.slice(0, 2)), p[0]!, p[1]!, runFrame(ch.slice(2)).subarray(0, 40)), held: 2, hard: false },
+      { name: "every payload, no END", sent: concat(f, ...p), held: 4, hard: false },
     ];
     for (const k of cuts) {
       const c = await rawConnect(dp());
@@ -504,7 +449,7 @@ describe("hand-crafted RUN frames", () => {
     }
     // Nothing of the cut pushes lingers: the same handle is pushed whole on a new connection.
     const c = await rawConnect(dp());
-    await writeAll(c.socket, cat(f, ...p, END));
+    await writeAll(c.socket, concat(f, ...p, END));
     await answer(c);
     expect([c.errors, c.acks.length]).toEqual([[], 1]);
     expect(d.rx.release("crafted")).toBe(true);
@@ -538,7 +483,7 @@ describe("hand-crafted RUN frames", () => {
       putU64(second, headAt(second, 1) + RECORD, 0n);
       putU32(second, headAt(second, 1) + RECORD + 8, 5);
       reseal(second, 1, sent[4]!);
-      const bytes = cat(runFrame(chunks.slice(0, 3)), ...sent.slice(0, 3), second, ...sent.slice(3), END);
+      const bytes = concat(runFrame(chunks.slice(0, 3)), ...sent.slice(0, 3), second, ...sent.slice(3), END);
       const c = await rawConnect(dp());
       for (let off = 0, i = 0; off < bytes.length; i++) {
         const n = Math.min(sizes[i % sizes.length]!, bytes.length - off);

@@ -10,6 +10,7 @@ import { KvChunkSchema, KvTransfer } from "../../src/gen/tl/kv/v1/kv_pb.ts";
 import { KvPool } from "../../src/pool/index.ts";
 import { buildChunks, GrpcCode, type KvChunkLike } from "../../src/transfer/index.ts";
 import { fakePrefill, fakePrompt, kvDigest, patternDigest } from "../support/fake-model.ts";
+import { concat } from "../support/raw-data-plane.ts";
 import { SHAPE, settle, snapshot, startDecode, type Decode } from "./harness.ts";
 
 const cleanups: (() => Promise<void> | void)[] = [];
@@ -40,15 +41,6 @@ function grpcMessage(c: KvChunkLike, flags = 0): Uint8Array {
   return out;
 }
 
-function concat(parts: Uint8Array[]): Uint8Array {
-  const out = new Uint8Array(parts.reduce((n, p) => n + p.length, 0));
-  let o = 0;
-  for (const p of parts) {
-    out.set(p, o);
-    o += p.length;
-  }
-  return out;
-}
 
 /** A raw HTTP/2 PushKv: `body` written in pieces of the given sizes; the status and message from the trailers. */
 async function rawPush(target: string, body: Uint8Array, pieces: number[]): Promise<{ status: number; message: string; bytes: number }> {
@@ -79,7 +71,7 @@ async function rawPush(target: string, body: Uint8Array, pieces: number[]): Prom
 test("grpc_push_handler_reassembles_split_messages", async () => {
   const d = await decode();
   const { chunks, tokens } = promptChunks("split", 4 * SHAPE.blockTokens + 3);
-  const body = concat(chunks.map((c) => grpcMessage(c)));
+  const body = concat(...chunks.map((c) => grpcMessage(c)));
   // Prefixes and messages cut at odd places, and the whole stream in one write.
   for (const pieces of [[3], [1, 7, 40, 2], [body.length]]) {
     const r = await rawPush(d.target, body, pieces);
@@ -99,11 +91,11 @@ test("grpc_push_handler_refuses_broken_streams_and_frees", async () => {
   const whole = chunks.map((c) => grpcMessage(c));
   const cases: [string, Uint8Array, number, RegExp][] = [
     // Two chunks taken, then the stream ends inside the third message.
-    ["ends inside a message", concat([whole[0]!, whole[1]!, whole[2]!.subarray(0, 100)]), GrpcCode.INVALID_ARGUMENT, /inside a message/],
-    ["ends inside a prefix", concat([whole[0]!, whole[1]!.subarray(0, 3)]), GrpcCode.INVALID_ARGUMENT, /inside a message/],
-    ["compressed flag without an encoding", concat([whole[0]!, grpcMessage(chunks[1]!, 1)]), GrpcCode.INTERNAL, /compressed/],
-    ["not a KvChunk", concat([whole[0]!, Uint8Array.of(0, 0, 0, 0, 2, 0x0a, 0x7f)]), GrpcCode.INVALID_ARGUMENT, /KvChunk message/],
-    ["short of total", concat(whole.slice(0, 3)), GrpcCode.INVALID_ARGUMENT, /ended after 3 of 4 chunks/],
+    ["ends inside a message", concat(whole[0]!, whole[1]!, whole[2]!.subarray(0, 100)), GrpcCode.INVALID_ARGUMENT, /inside a message/],
+    ["ends inside a prefix", concat(whole[0]!, whole[1]!.subarray(0, 3)), GrpcCode.INVALID_ARGUMENT, /inside a message/],
+    ["compressed flag without an encoding", concat(whole[0]!, grpcMessage(chunks[1]!, 1)), GrpcCode.INTERNAL, /compressed/],
+    ["not a KvChunk", concat(whole[0]!, Uint8Array.of(0, 0, 0, 0, 2, 0x0a, 0x7f)), GrpcCode.INVALID_ARGUMENT, /KvChunk message/],
+    ["short of total", concat(...whole.slice(0, 3)), GrpcCode.INVALID_ARGUMENT, /ended after 3 of 4 chunks/],
     ["empty", new Uint8Array(0), GrpcCode.INVALID_ARGUMENT, /empty push/],
   ];
   for (const [what, body, code, message] of cases) {

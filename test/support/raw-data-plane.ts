@@ -1,0 +1,60 @@
+// A hand-driven data plane client for tests that write frames byte by byte: it records
+// what D answers (ERROR and ACK frames) and whether D hung up.
+import type { Socket } from "bun";
+import { FRAME_ACK, FRAME_ERROR, getU32, getU64 } from "../../src/transfer/data-plane-frame.ts";
+
+export interface RawConn {
+  socket: Socket<undefined>;
+  errors: { code: number; message: string }[];
+  acks: { blocksReceived: number; blocksDeduped: number; payloadBytes: bigint; nTokens: number }[];
+  closed: boolean;
+}
+
+export async function rawConnect(address: string): Promise<RawConn> {
+  const i = address.lastIndexOf(":");
+  const conn: RawConn = { socket: undefined as unknown as Socket<undefined>, errors: [], acks: [], closed: false };
+  let acc: Uint8Array = new Uint8Array(0);
+  conn.socket = await Bun.connect({
+    hostname: address.slice(0, i),
+    port: Number(address.slice(i + 1)),
+    socket: {
+      data(_s, buf) {
+        acc = concat(acc, buf);
+        while (acc.length >= 4 && acc.length >= 4 + getU32(acc, 0)) {
+          const len = 4 + getU32(acc, 0);
+          if (acc[4] === FRAME_ERROR) conn.errors.push({ code: getU32(acc, 5), message: new TextDecoder().decode(acc.subarray(9, len)) });
+          if (acc[4] === FRAME_ACK) conn.acks.push({ blocksReceived: getU32(acc, 5), blocksDeduped: getU32(acc, 9), payloadBytes: getU64(acc, 13), nTokens: getU32(acc, 21) });
+          acc = acc.slice(len);
+        }
+      },
+      close() {
+        conn.closed = true;
+      },
+      error() {
+        conn.closed = true;
+      },
+    },
+  });
+  conn.socket.setNoDelay(true);
+  return conn;
+}
+
+/** Bun's socket.write takes what the kernel takes now: the rest is written after a pause. */
+export async function writeAll(s: Socket<undefined>, b: Uint8Array): Promise<void> {
+  for (let off = 0; off < b.length; ) {
+    const w = s.write(b.subarray(off));
+    if (w < 0) throw new Error("raw socket closed");
+    off += w;
+    if (off < b.length) await Bun.sleep(1);
+  }
+}
+
+export function concat(...parts: Uint8Array[]): Uint8Array {
+  const out = new Uint8Array(parts.reduce((n, p) => n + p.length, 0));
+  let o = 0;
+  for (const p of parts) {
+    out.set(p, o);
+    o += p.length;
+  }
+  return out;
+}
