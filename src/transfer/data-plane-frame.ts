@@ -43,19 +43,8 @@ export const MAX_HANDLE_BYTES = 0xffff;
 /** A traceparent is 55 bytes; room for future versions, refused beyond. */
 export const MAX_TRACE_BYTES = 256;
 
-export function putU32(b: Uint8Array, o: number, v: number): void {
-  b[o] = v & 0xff;
-  b[o + 1] = (v >>> 8) & 0xff;
-  b[o + 2] = (v >>> 16) & 0xff;
-  b[o + 3] = (v >>> 24) & 0xff;
-}
-
-export function getU32(b: Uint8Array, o: number): number {
-  return (b[o]! | (b[o + 1]! << 8) | (b[o + 2]! << 16) | (b[o + 3]! << 24)) >>> 0;
-}
-
-// Allocation-free u64 access, shared with the envelope fast path.
-export { getU64, putU64 } from "./one-block-envelope.ts";
+// Little-endian fields, allocation-free u64 included: the envelope fast path's.
+export { getU32, getU64, putU32, putU64 } from "./one-block-envelope.ts";
 
 export function splitHostPort(address: string): { host: string; port: number } {
   const i = address.lastIndexOf(":");

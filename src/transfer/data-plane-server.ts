@@ -1,7 +1,7 @@
 import type { Socket, TCPSocketListener } from "bun";
 import { envelopeBytes } from "../codec/index.ts";
 import { endSpan, SpanKind, startSpan, tracingEnabled, type Attributes, type Span } from "../obs/index.ts";
-import { KV_FORMAT, type KvChunkLike } from "./kv-chunk.ts";
+import { ackSpanAttributes, KV_FORMAT, type KvChunkLike } from "./kv-chunk.ts";
 import { GrpcCode, KvError } from "./kv-error.ts";
 import type { KvReceiver, PushSession } from "./kv-receiver.ts";
 import {
@@ -240,13 +240,7 @@ function onFrame(rx: KvReceiver, s: Socket<Conn>, f: Uint8Array): void {
       if (c.session === undefined) throw new KvError(GrpcCode.INVALID_ARGUMENT, "empty push");
       const s0 = c.session;
       c.session = undefined;
-      let ack;
-      try {
-        ack = s0.finish();
-      } catch (e) {
-        s0.abort();
-        throw e;
-      }
+      const ack = s0.finish();
       const r = new Uint8Array(FRAME_HEAD + ACK_BODY);
       putU32(r, 0, r.length - 4);
       r[4] = FRAME_ACK;
@@ -255,7 +249,7 @@ function onFrame(rx: KvReceiver, s: Socket<Conn>, f: Uint8Array): void {
       putU64(r, 13, ack.payloadBytes);
       putU32(r, 21, ack.nTokens);
       send(s, r);
-      if (c.span?.isRecording()) c.span.setAttributes({ "tl.kv.handle": s0.handleId, "tl.kv.blocks_sent": ack.blocksReceived, "tl.kv.blocks_deduped": ack.blocksDeduped, "tl.kv.payload_bytes": Number(ack.payloadBytes) });
+      if (c.span?.isRecording()) c.span.setAttributes(ackSpanAttributes(ack));
       endTrace(c);
     } else if (type === FRAME_TRACE) {
       if (f.length - FRAME_HEAD > MAX_TRACE_BYTES) throw new KvError(GrpcCode.INVALID_ARGUMENT, `trace frame of ${f.length} bytes, limit ${FRAME_HEAD + MAX_TRACE_BYTES}`);

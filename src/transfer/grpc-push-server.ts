@@ -10,13 +10,14 @@
 import type * as http2 from "node:http2";
 import { create, fromBinary, toBinary } from "@bufbuild/protobuf";
 import { KvAckSchema, KvChunkSchema } from "../gen/tl/kv/v1/kv_pb.ts";
-import { endSpan, extractHeaders, SpanKind, startSpan, type Attributes, type Span } from "../obs/index.ts";
+import { endSpan, extractHeaders, SpanKind, startSpan, type Span } from "../obs/index.ts";
+import { GRPC_PREFIX_BYTES, grpcMessageLength, putGrpcPrefix } from "./grpc-prefix.ts";
+import { ackSpanAttributes } from "./kv-chunk.ts";
+import { PUSH_ATTRS } from "./kv-service.ts";
 import { GrpcCode, KvError } from "./kv-error.ts";
 import type { KvReceiver, PushSession } from "./kv-receiver.ts";
 
 const PATH = "/tl.kv.v1.KvTransfer/PushKv";
-const PREFIX = 5;
-const PUSH_ATTRS: Attributes = { "tl.role": "decode", "tl.kv.transport": "grpc", "rpc.system": "grpc", "rpc.service": "tl.kv.v1.KvTransfer", "rpc.method": "PushKv" };
 
 /**
  * PushKv over `receiver`, messages up to `maxMessageBytes` (larger: RESOURCE_EXHAUSTED
@@ -39,7 +40,7 @@ class PushStream {
   private session: PushSession | undefined;
   /** answered (ACK or error): what still arrives is discarded */
   private answered = false;
-  private readonly prefix = new Uint8Array(PREFIX);
+  private readonly prefix = new Uint8Array(GRPC_PREFIX_BYTES);
   private prefixHave = 0;
   /** length of the message being read, or -1 while reading a prefix */
   private need = -1;
@@ -89,17 +90,17 @@ class PushStream {
     try {
       while (off < n && !this.answered) {
         if (this.need < 0) {
-          if (this.prefixHave === 0 && n - off >= PREFIX) {
-            this.begin(buf[off]!, readU32BE(buf, off + 1));
-            off += PREFIX;
+          if (this.prefixHave === 0 && n - off >= GRPC_PREFIX_BYTES) {
+            this.begin(buf[off]!, grpcMessageLength(buf, off));
+            off += GRPC_PREFIX_BYTES;
           } else {
-            const k = Math.min(PREFIX - this.prefixHave, n - off);
+            const k = Math.min(GRPC_PREFIX_BYTES - this.prefixHave, n - off);
             this.prefix.set(buf.subarray(off, off + k), this.prefixHave);
             this.prefixHave += k;
             off += k;
-            if (this.prefixHave < PREFIX) return;
+            if (this.prefixHave < GRPC_PREFIX_BYTES) return;
             this.prefixHave = 0;
-            this.begin(this.prefix[0]!, readU32BE(this.prefix, 1));
+            this.begin(this.prefix[0]!, grpcMessageLength(this.prefix, 0));
           }
           if (this.need === 0) this.message(new Uint8Array(0));
           continue;
@@ -153,18 +154,12 @@ class PushStream {
       const s = this.session;
       if (s === undefined) throw new KvError(GrpcCode.INVALID_ARGUMENT, "empty push");
       this.session = undefined;
-      let ack;
-      try {
-        ack = s.finish();
-      } catch (e) {
-        s.abort();
-        throw e;
-      }
+      const ack = s.finish();
       const msg = toBinary(KvAckSchema, create(KvAckSchema, ack));
-      const body = new Uint8Array(PREFIX + msg.length);
-      writeU32BE(body, 1, msg.length);
-      body.set(msg, PREFIX);
-      if (this.span.isRecording()) this.span.setAttributes({ "tl.kv.handle": s.handleId, "tl.kv.blocks_sent": ack.blocksReceived, "tl.kv.blocks_deduped": ack.blocksDeduped, "tl.kv.payload_bytes": Number(ack.payloadBytes) });
+      const body = new Uint8Array(GRPC_PREFIX_BYTES + msg.length);
+      putGrpcPrefix(body, 0, msg.length);
+      body.set(msg, GRPC_PREFIX_BYTES);
+      if (this.span.isRecording()) this.span.setAttributes(ackSpanAttributes(ack));
       endSpan(this.span);
       this.answer(0, "", body);
     } catch (e) {
@@ -191,15 +186,4 @@ class PushStream {
     res.addTrailers(code === 0 ? { "grpc-status": "0" } : { "grpc-status": String(code), "grpc-message": encodeURIComponent(message) });
     res.end();
   }
-}
-
-function readU32BE(b: Uint8Array, o: number): number {
-  return ((b[o]! << 24) | (b[o + 1]! << 16) | (b[o + 2]! << 8) | b[o + 3]!) >>> 0;
-}
-
-function writeU32BE(b: Uint8Array, o: number, v: number): void {
-  b[o] = v >>> 24;
-  b[o + 1] = (v >>> 16) & 0xff;
-  b[o + 2] = (v >>> 8) & 0xff;
-  b[o + 3] = v & 0xff;
 }

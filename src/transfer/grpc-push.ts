@@ -13,7 +13,9 @@ import { fromBinary } from "@bufbuild/protobuf";
 import type { Http2SessionManager } from "@connectrpc/connect-node";
 import { KvAckSchema } from "../gen/tl/kv/v1/kv_pb.ts";
 import type { KvAckLike, KvChunkLike } from "./kv-chunk.ts";
+import { GRPC_PREFIX_BYTES, grpcMessageLength, putGrpcPrefix } from "./grpc-prefix.ts";
 import { GrpcCode, TransferError } from "./kv-error.ts";
+import { putU32, putU64 } from "./one-block-envelope.ts";
 
 const PATH = "/tl.kv.v1.KvTransfer/PushKv";
 const encoder = new TextEncoder();
@@ -47,14 +49,6 @@ function varintBytes(v: number): number {
   return n;
 }
 
-function u32le(b: Uint8Array, o: number, v: number): number {
-  b[o] = v & 0xff;
-  b[o + 1] = (v >>> 8) & 0xff;
-  b[o + 2] = (v >>> 16) & 0xff;
-  b[o + 3] = (v >>> 24) & 0xff;
-  return o + 4;
-}
-
 /**
  * Writes the head of one KvChunk message at `o`: the gRPC prefix and fields 1-5 and 7
  * (proto3: zero values omitted, as Connect's encoder does), then field 6's tag and
@@ -70,12 +64,8 @@ export function encodeChunkHead(b: Uint8Array, o: number, c: KvChunkLike, handle
   if (c.kvFormat !== 0) body += 1 + varintBytes(c.kvFormat);
   if (c.crc32c !== 0) body += 5;
   if (env > 0) body += 1 + varintBytes(env) + env;
-  b[o] = 0; // not compressed
-  b[o + 1] = (body >>> 24) & 0xff;
-  b[o + 2] = (body >>> 16) & 0xff;
-  b[o + 3] = (body >>> 8) & 0xff;
-  b[o + 4] = body & 0xff;
-  o += 5;
+  putGrpcPrefix(b, o, body);
+  o += GRPC_PREFIX_BYTES;
   if (handle.length > 0) {
     b[o++] = 0x0a;
     o = varint(b, o, handle.length);
@@ -92,8 +82,8 @@ export function encodeChunkHead(b: Uint8Array, o: number, c: KvChunkLike, handle
   }
   if (c.hash !== 0n) {
     b[o++] = 0x21;
-    o = u32le(b, o, Number(c.hash & 0xffffffffn));
-    o = u32le(b, o, Number((c.hash >> 32n) & 0xffffffffn));
+    putU64(b, o, c.hash);
+    o += 8;
   }
   if (c.kvFormat !== 0) {
     b[o++] = 0x28;
@@ -101,7 +91,8 @@ export function encodeChunkHead(b: Uint8Array, o: number, c: KvChunkLike, handle
   }
   if (c.crc32c !== 0) {
     b[o++] = 0x3d;
-    o = u32le(b, o, c.crc32c);
+    putU32(b, o, c.crc32c);
+    o += 4;
   }
   if (env > 0) {
     b[o++] = 0x32;
@@ -199,13 +190,13 @@ export async function grpcPush(
     joined.set(rx);
     joined.set(buf, rx.length);
     rx = joined;
-    if (rx.length < 5) return;
-    const len = ((rx[1]! << 24) | (rx[2]! << 16) | (rx[3]! << 8) | rx[4]!) >>> 0;
+    if (rx.length < GRPC_PREFIX_BYTES) return;
+    const len = grpcMessageLength(rx, 0);
     if (rx[0] !== 0) {
       stop(new TransferError(GrpcCode.INTERNAL, `${what}: compressed reply (flags ${rx[0]})`));
       return;
     }
-    if (rx.length >= 5 + len) reply = rx.subarray(5, 5 + len);
+    if (rx.length >= GRPC_PREFIX_BYTES + len) reply = rx.subarray(GRPC_PREFIX_BYTES, GRPC_PREFIX_BYTES + len);
   });
   stream.on("trailers", (h) => {
     const st = statusOf(h);

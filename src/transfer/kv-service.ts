@@ -2,6 +2,7 @@ import { Code, ConnectError, type HandlerContext, type ServiceImpl } from "@conn
 import { envelopeBytes } from "../codec/index.ts";
 import { KvTransfer, type KvChunk } from "../gen/tl/kv/v1/kv_pb.ts";
 import { endSpan, extractHeaders, SpanKind, startSpan, type Attributes } from "../obs/index.ts";
+import { ackSpanAttributes } from "./kv-chunk.ts";
 import { GrpcCode, KvError } from "./kv-error.ts";
 import type { KvReceiver, PushSession } from "./kv-receiver.ts";
 
@@ -36,7 +37,7 @@ export function kvService(receiver: KvReceiver, opts: KvServiceOptions = {}): Se
         if (ctx.signal.aborted) throw new KvError(GrpcCode.CANCELLED, `push ${s?.handleId ?? ""} cancelled by the client`);
         if (s === undefined) throw new KvError(GrpcCode.INVALID_ARGUMENT, "empty push");
         const ack = s.finish();
-        if (span.isRecording()) span.setAttributes({ "tl.kv.handle": s.handleId, "tl.kv.blocks_sent": ack.blocksReceived, "tl.kv.blocks_deduped": ack.blocksDeduped, "tl.kv.payload_bytes": Number(ack.payloadBytes) });
+        if (span.isRecording()) span.setAttributes(ackSpanAttributes(ack));
         endSpan(span);
         return ack;
       } catch (e) {
@@ -51,7 +52,8 @@ export function kvService(receiver: KvReceiver, opts: KvServiceOptions = {}): Se
   };
 }
 
-const PUSH_ATTRS: Attributes = { "tl.role": "decode", "tl.kv.transport": "grpc", "rpc.system": "grpc", "rpc.service": "tl.kv.v1.KvTransfer", "rpc.method": "PushKv" };
+/** The decode side's kv.transfer span of a gRPC PushKv, whichever handler serves it. */
+export const PUSH_ATTRS: Attributes = { "tl.role": "decode", "tl.kv.transport": "grpc", "rpc.system": "grpc", "rpc.service": "tl.kv.v1.KvTransfer", "rpc.method": "PushKv" };
 
 function toConnectError(e: unknown): ConnectError {
   if (e instanceof KvError) return new ConnectError(e.message, e.code as Code);

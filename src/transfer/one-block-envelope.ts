@@ -13,7 +13,7 @@ const RECORD_HEAD_BYTES = 12;
 export const ENVELOPE_HEAD_BYTES = HEADER_BYTES + RECORD_HEAD_BYTES;
 const CRC_POLY = 0x82f63b78;
 
-function getU32(b: Uint8Array, o: number): number {
+export function getU32(b: Uint8Array, o: number): number {
   return (b[o]! | (b[o + 1]! << 8) | (b[o + 2]! << 16) | (b[o + 3]! << 24)) >>> 0;
 }
 
