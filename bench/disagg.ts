@@ -16,6 +16,7 @@
 //   BENCH_DISAGG_TAG=rerun      write disagg.rerun.{json,svg} instead
 import { mkdirSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
+import { sseData } from "../src/http/index.ts";
 
 const SCALE = Number(process.env.BENCH_DISAGG_SCALE ?? 1);
 const WINDOW_S = 36 * SCALE;
@@ -243,28 +244,19 @@ async function send(base: string, r: Req, t0: number, signal: AbortSignal): Prom
     out.blocksDeduped = Number(h.get("x-tl-blocks-deduped") ?? 0);
     out.payloadBytes = Number(h.get("x-tl-payload-bytes") ?? 0);
     if (res.status !== 200) throw new Error(`status ${res.status}: ${(await res.text()).slice(0, 200)}`);
-    let buf = "";
     let done = false;
-    for await (const s of res.body!.pipeThrough(new TextDecoderStream())) {
+    for await (const data of sseData(res.body!)) {
       const now = performance.now();
-      buf += s;
-      let cut: number;
-      while ((cut = buf.indexOf("\n\n")) >= 0) {
-        const ev = buf.slice(0, cut);
-        buf = buf.slice(cut + 2);
-        if (!ev.startsWith("data: ")) continue;
-        const data = ev.slice(6);
-        if (data === "[DONE]") {
-          done = true;
-          continue;
-        }
-        const obj = JSON.parse(data) as { error?: { message?: string }; choices?: { token_ids?: number[] }[] };
-        if (obj.error) throw new Error(obj.error.message ?? "error event");
-        for (const c of obj.choices ?? []) {
-          for (const t of c.token_ids ?? []) {
-            ids.push(t);
-            stamps.push(now);
-          }
+      if (data === "[DONE]") {
+        done = true;
+        continue;
+      }
+      const obj = JSON.parse(data) as { error?: { message?: string }; choices?: { token_ids?: number[] }[] };
+      if (obj.error) throw new Error(obj.error.message ?? "error event");
+      for (const c of obj.choices ?? []) {
+        for (const t of c.token_ids ?? []) {
+          ids.push(t);
+          stamps.push(now);
         }
       }
     }

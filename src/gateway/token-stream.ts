@@ -1,4 +1,4 @@
-import type { TokenQueue } from "../http/index.ts";
+import { sseData, type TokenQueue } from "../http/index.ts";
 
 /**
  * POSTs a streaming completion with `return_token_ids` to an engine and feeds the ids
@@ -26,36 +26,20 @@ export async function readTokenStream(
       return;
     }
     onAccepted();
-    const reader = res.body!.pipeThrough(new TextDecoderStream()).getReader();
-    let buf = "";
     let finish: string | null = null;
-    for (;;) {
-      const { value, done } = await reader.read();
-      if (done) break;
-      buf += value;
-      let cut: number;
-      while ((cut = buf.indexOf("\n\n")) >= 0) {
-        const event = buf.slice(0, cut);
-        buf = buf.slice(cut + 2);
-        const data = event
-          .split("\n")
-          .filter((l) => l.startsWith("data: "))
-          .map((l) => l.slice(6))
-          .join("\n");
-        if (data === "") continue;
-        if (data === "[DONE]") {
-          q.close({ reason: finish === "length" ? "length" : "stop" });
-          return;
-        }
-        const obj = JSON.parse(data) as { error?: { message?: string }; choices?: { token_ids?: number[]; finish_reason?: string | null }[] };
-        if (obj.error) {
-          q.close({ reason: "error", error: obj.error.message ?? "engine reported an error" });
-          return;
-        }
-        for (const c of obj.choices ?? []) {
-          for (const t of c.token_ids ?? []) q.push(t);
-          if (c.finish_reason) finish = c.finish_reason;
-        }
+    for await (const data of sseData(res.body!)) {
+      if (data === "[DONE]") {
+        q.close({ reason: finish === "length" ? "length" : "stop" });
+        return;
+      }
+      const obj = JSON.parse(data) as { error?: { message?: string }; choices?: { token_ids?: number[]; finish_reason?: string | null }[] };
+      if (obj.error) {
+        q.close({ reason: "error", error: obj.error.message ?? "engine reported an error" });
+        return;
+      }
+      for (const c of obj.choices ?? []) {
+        for (const t of c.token_ids ?? []) q.push(t);
+        if (c.finish_reason) finish = c.finish_reason;
       }
     }
     q.close({ reason: "error", error: `stream from ${url} ended without [DONE]` });

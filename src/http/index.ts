@@ -4,3 +4,4 @@ export { engineHttpHandler, requestId, HANDLE_HEADER, FIRST_TOKEN_HEADER, DRAWS_
 export { HttpError, errorResponse } from "./errors.ts";
 export { serveHttp, type HttpServer } from "./serve-http.ts";
 export { TokenQueue, type StreamEnd, type EndReason } from "./token-queue.ts";
+export { sseData } from "./sse-data.ts";

@@ -11,6 +11,7 @@ import { grpcClient } from "../../src/control/index.ts";
 import { EngineControl } from "../../src/gen/tl/engine/v1/engine_pb.ts";
 import { KvTransfer } from "../../src/gen/tl/kv/v1/kv_pb.ts";
 import { startGateway, type Gateway } from "../../src/gateway/index.ts";
+import { sseData } from "../../src/http/index.ts";
 import { GrpcCode, KvError, type KvReceiver } from "../../src/transfer/index.ts";
 import { startCuttingProxy, type CuttingProxy } from "../support/cutting-proxy.ts";
 import { fakeServedModel } from "../support/nodes.ts";
@@ -161,36 +162,26 @@ async function send(addr: string, req: Req): Promise<Outcome> {
       const c = j.choices[0]!;
       return { kind: "ok", tokens: c.token_ids, finish: c.finish_reason, served };
     }
-    const reader = res.body!.pipeThrough(new TextDecoderStream()).getReader();
-    let buf = "";
     let events = 0;
     const tokens: number[] = [];
     let finish = "";
     let usage = -1;
-    for (;;) {
-      const { value, done } = await reader.read();
-      if (done) break;
-      buf += value;
-      let cut: number;
-      while ((cut = buf.indexOf("\n\n")) >= 0) {
-        const data = buf.slice(0, cut).replace(/^data: /, "");
-        buf = buf.slice(cut + 2);
-        if (data === "[DONE]") {
-          if (usage !== tokens.length) return { kind: "truncated", detail: `request ${req.i}: usage says ${usage} tokens, stream carried ${tokens.length}` };
-          return { kind: "ok", tokens, finish, served };
-        }
-        const ev = JSON.parse(data) as { error?: { message: string }; choices: { token_ids?: number[]; finish_reason: string | null }[]; usage?: { completion_tokens: number } };
-        if (ev.error) return { kind: "error", how: "event", detail: ev.error.message };
-        for (const c of ev.choices) {
-          tokens.push(...(c.token_ids ?? []));
-          if (c.finish_reason) finish = c.finish_reason;
-        }
-        if (ev.usage) usage = ev.usage.completion_tokens;
-        if (++events === req.abortAt) {
-          ac.abort();
-          await reader.cancel().catch(() => {});
-          return { kind: "aborted" };
-        }
+    // Leaving this loop (a return) cancels the body.
+    for await (const data of sseData(res.body!)) {
+      if (data === "[DONE]") {
+        if (usage !== tokens.length) return { kind: "truncated", detail: `request ${req.i}: usage says ${usage} tokens, stream carried ${tokens.length}` };
+        return { kind: "ok", tokens, finish, served };
+      }
+      const ev = JSON.parse(data) as { error?: { message: string }; choices: { token_ids?: number[]; finish_reason: string | null }[]; usage?: { completion_tokens: number } };
+      if (ev.error) return { kind: "error", how: "event", detail: ev.error.message };
+      for (const c of ev.choices) {
+        tokens.push(...(c.token_ids ?? []));
+        if (c.finish_reason) finish = c.finish_reason;
+      }
+      if (ev.usage) usage = ev.usage.completion_tokens;
+      if (++events === req.abortAt) {
+        ac.abort();
+        return { kind: "aborted" };
       }
     }
     return { kind: "truncated", detail: `request ${req.i}: stream ended after ${tokens.length} tokens without [DONE] or an error event` };
