@@ -17,6 +17,7 @@
 import { mkdirSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { sseData } from "../src/http/index.ts";
+import { stream } from "../src/rng/index.ts";
 
 const SCALE = Number(process.env.BENCH_DISAGG_SCALE ?? 1);
 const WINDOW_S = 36 * SCALE;
@@ -49,16 +50,10 @@ const TPOT_SLACK = 10;
 for (const r of RATES) if (!(r > 0)) throw new Error(`BENCH_DISAGG_RATES: want positive rates, got ${process.env.BENCH_DISAGG_RATES}`);
 if (!(SCALE > 0) || !(REPEAT >= 1) || !(MBT >= 1)) throw new Error("BENCH_DISAGG_SCALE, _REPEAT and _MBT must be positive");
 
-/** mulberry32: the workload's own stream, so both configurations get the same requests. */
+/** The workload's own PCG32 stream (src/rng), so both configurations get the same requests. */
 function prng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
+  const r = stream(seed, "bench-disagg");
+  return () => r.uniformF64();
 }
 const between = (rnd: () => number, lo: number, hi: number) => lo + Math.floor(rnd() * (hi - lo + 1));
 

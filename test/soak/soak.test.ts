@@ -12,6 +12,7 @@ import { EngineControl } from "../../src/gen/tl/engine/v1/engine_pb.ts";
 import { KvTransfer } from "../../src/gen/tl/kv/v1/kv_pb.ts";
 import { startGateway, type Gateway } from "../../src/gateway/index.ts";
 import { sseData } from "../../src/http/index.ts";
+import { stream } from "../../src/rng/index.ts";
 import { GrpcCode, KvError, type KvReceiver } from "../../src/transfer/index.ts";
 import { startCuttingProxy, type CuttingProxy } from "../support/cutting-proxy.ts";
 import { fakeServedModel } from "../support/nodes.ts";
@@ -25,16 +26,10 @@ const HANDLE_TTL_S = 1;
 const B = 4;
 const EOS = 257;
 
-/** mulberry32: a small seeded generator, so a failing run can be replayed. */
+/** The run's seeded PCG32 stream (src/rng), so a failing run can be replayed. */
 function rng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
+  const r = stream(seed, "soak");
+  return () => r.uniformF64();
 }
 
 // ---------------------------------------------------------------------------------------
