@@ -2,35 +2,10 @@
 // arrays allocated per call) measured in the same run. Writes bench/results/sampler.json.
 import { mkdirSync, writeFileSync } from "node:fs";
 import { SAMPLE_STREAM, sample, stream, type SamplingConfig } from "../src/rng/index.ts";
+import { referenceSample } from "../test/support/reference-sampler.ts";
 
 const VOCAB = 32000;
 const TOKENS = 200;
-
-function naiveSample(logits: Float32Array, cfg: SamplingConfig, u: number): number {
-  const order = Array.from(logits.keys()).sort((a, b) => logits[b]! - logits[a]! || a - b);
-  const m = cfg.topK > 0 && cfg.topK < order.length ? cfg.topK : order.length;
-  const kept = order.slice(0, m);
-  const w = kept.map((i) => Math.exp((logits[i]! - logits[kept[0]!]!) / cfg.temperature));
-  const sum = w.reduce((a, b) => a + b, 0);
-  const p = w.map((x) => x / sum);
-  let n = m;
-  let total = 0;
-  if (cfg.topP > 0 && cfg.topP < 1) {
-    for (let j = 0; j < m; j++) {
-      total += p[j]!;
-      if (total >= cfg.topP) {
-        n = j + 1;
-        break;
-      }
-    }
-  } else total = p.reduce((a, b) => a + b, 0);
-  let cum = 0;
-  for (let j = 0; j < n; j++) {
-    cum += p[j]!;
-    if (cum > u * total) return kept[j]!;
-  }
-  return kept[n - 1]!;
-}
 
 const gen = stream(1, "bench-logits");
 const logits = Float32Array.from({ length: VOCAB }, () => (gen.uniformF64() - 0.5) * 20);
@@ -53,7 +28,7 @@ for (const [name, cfg] of Object.entries(configs)) {
   const rng = stream(7, SAMPLE_STREAM);
   const ms = time(() => void sample(logits, cfg, rng));
   const base = stream(7, SAMPLE_STREAM);
-  const baselineMs = time(() => void naiveSample(logits, cfg, base.uniformF64()));
+  const baselineMs = time(() => void referenceSample(logits, cfg, base.uniformF64()));
   results[name] = { ms_per_token: ms, baseline_ms_per_token: baselineMs, speedup: baselineMs / ms };
   console.log(`${name}: ${ms.toFixed(3)} ms/token, naive ${baselineMs.toFixed(3)} ms/token, ratio ${(baselineMs / ms).toFixed(1)}x`);
 }

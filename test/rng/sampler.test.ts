@@ -10,45 +10,9 @@ import {
   validateSampling,
   type SamplingConfig,
 } from "../../src/rng/index.ts";
+import { referenceSample } from "../support/reference-sampler.ts";
 
 const GREEDY: SamplingConfig = { temperature: 0, topP: 0, topK: 0 };
-
-// Plain transcription of the documented order, with a comparator sort instead of
-// the module's keyed selection, to check the two agree token for token.
-function referenceSample(logits: Float32Array, cfg: SamplingConfig, u: number): number {
-  const order = Array.from(logits.keys()).sort((a, b) => {
-    const la = logits[a]!;
-    const lb = logits[b]!;
-    if (la !== lb) return la > lb ? -1 : 1;
-    return a - b;
-  });
-  const m = cfg.topK > 0 && cfg.topK < order.length ? cfg.topK : order.length;
-  const kept = order.slice(0, m);
-  const max = logits[kept[0]!]!;
-  const w = kept.map((i) => Math.exp((logits[i]! - max) / cfg.temperature));
-  let sum = 0;
-  for (const x of w) sum += x;
-  const p = w.map((x) => x / sum);
-  let n = m;
-  let total = 0;
-  if (cfg.topP > 0 && cfg.topP < 1) {
-    for (let j = 0; j < m; j++) {
-      total += p[j]!;
-      if (total >= cfg.topP) {
-        n = j + 1;
-        break;
-      }
-    }
-  } else {
-    for (const x of p) total += x;
-  }
-  let cum = 0;
-  for (let j = 0; j < n; j++) {
-    cum += p[j]!;
-    if (cum > u * total) return kept[j]!;
-  }
-  return kept[n - 1]!;
-}
 
 function frequencies(logits: number[], cfg: SamplingConfig, seed: number, draws: number): number[] {
   const rng = stream(seed, SAMPLE_STREAM);
