@@ -197,7 +197,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
       const workers = registry.live();
       const P = pickByLoad(workers, Role.PREFILL, inflight, exclude);
       const D = P ? pickDecode(workers, promptHashes(params.promptTokens, P.worker.status.blockTokens), affinity, inflight, exclude) : null;
-      if (!P || !D) return colocated(req, params, id, exclude, arrived, abort, span);
+      if (!P || !D) return colocated(params, id, exclude, arrived, abort, span);
       log.debug("route", { request_id: id, prefill: P.worker.status.workerId, prefill_why: P.why, decode: D.worker.status.workerId, decode_why: D.why });
       const pid = P.worker.status.workerId;
       const did = D.worker.status.workerId;
@@ -313,7 +313,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
   }
 
   /** No prefill/decode pair: a `both` engine does the whole request. */
-  function colocated(req: Request, params: CompletionParams, id: string, exclude: Set<string>, arrived: number, abort: AbortController, span: Span): Response | Promise<Response> {
+  function colocated(params: CompletionParams, id: string, exclude: Set<string>, arrived: number, abort: AbortController, span: Span): Response | Promise<Response> {
     const W = pickByLoad(registry.live(), Role.BOTH, inflight, exclude);
     if (!W) {
       throw new HttpError(503, "no engine is available: no prefill/decode pair and no colocated engine", "server_error", null, { "retry-after": "2" });

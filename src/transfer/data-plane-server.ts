@@ -49,9 +49,8 @@ class Conn {
   out: Uint8Array[] = [];
   /** kv.transfer SERVER span of the push in progress, when P sent a TRACE frame */
   span: Span | undefined;
-  /** The RUN frame whose payloads are arriving: its entries (a copy), where they start, and how many payloads are still due. */
+  /** The RUN frame whose payloads are arriving: its entries (a copy), the next one, and how many payloads are still due. */
   run = new Uint8Array(0);
-  runEntries = 0;
   runNext = 0;
   runLeft = 0;
   /** a payload split across reads, collected; P bytes of the pool's shape */
@@ -137,7 +136,7 @@ function onData(rx: KvReceiver, s: Socket<Conn>, buf: Uint8Array): void {
       // collected first when the read splits it.
       const P = c.payload.length;
       if (c.payloadHave === 0 && n - off >= P) {
-        onRunPayload(rx, s, buf.subarray(off, off + P));
+        onRunPayload(s, buf.subarray(off, off + P));
         off += P;
         continue;
       }
@@ -147,7 +146,7 @@ function onData(rx: KvReceiver, s: Socket<Conn>, buf: Uint8Array): void {
       off += k;
       if (c.payloadHave < P) return;
       c.payloadHave = 0;
-      onRunPayload(rx, s, c.payload);
+      onRunPayload(s, c.payload);
       continue;
     }
     if (c.have > 0 || n - off < FRAME_HEAD) {
@@ -306,7 +305,7 @@ function beginRun(rx: KvReceiver, c: Conn, f: Uint8Array): void {
   c.payloadHave = 0;
 }
 
-function onRunPayload(rx: KvReceiver, s: Socket<Conn>, payload: Uint8Array): void {
+function onRunPayload(s: Socket<Conn>, payload: Uint8Array): void {
   const c = s.data;
   try {
     const e = c.runNext * RUN_ENTRY;
@@ -318,7 +317,6 @@ function onRunPayload(rx: KvReceiver, s: Socket<Conn>, payload: Uint8Array): voi
     c.runNext++;
     c.runLeft--;
   } catch (err) {
-    c.runLeft = 0;
     refuse(s, err instanceof KvError ? err : new KvError(GrpcCode.INTERNAL, err instanceof Error ? err.message : String(err)));
   }
 }

@@ -5,7 +5,6 @@ import {
   buildChunks,
   GrpcCode,
   KvError,
-  KvReceiver,
   transfer,
   TransferError,
   type KvChunkLike,
