@@ -108,26 +108,33 @@ function load(): { backend: Crc32cBackend; fn: CrcFn | null } {
   return rs ? { backend: "node-rs", fn: rs } : { backend: "table", fn: null };
 }
 
-const { backend, fn: native } = load();
+// Chosen on first use, not at import: a process that never checks a CRC (the gateway,
+// which imports the codec for block hashes) never pays the ~50 ms of loading a binding.
+let active: { backend: Crc32cBackend; fn: CrcFn | null } | undefined;
 
 /** Which implementation crc32c() runs (see the top of this file). */
-export const crc32cBackend: Crc32cBackend = backend;
+export function crc32cBackend(): Crc32cBackend {
+  return (active ??= load()).backend;
+}
 
 /** The native binding crc32c() runs, or null on the table fallback (tests and benchmarks compare against it). */
-export const crc32cNative: ((bytes: Uint8Array, initial?: number) => number) | null = native
-  ? (bytes, initial = 0) => native(bytes, initial) >>> 0
-  : null;
+export function crc32cNative(): ((bytes: Uint8Array, initial?: number) => number) | null {
+  const f = (active ??= load()).fn;
+  return f ? (bytes, initial = 0) => f(bytes, initial) >>> 0 : null;
+}
 
 /** @node-rs/crc32 alone, or null when it does not load: the baseline bench/codec.ts compares the fastest against. */
 export function crc32cNodeRs(): ((bytes: Uint8Array, initial?: number) => number) | null {
-  const rs = backend === "node-rs" ? native : loadNodeRs();
+  active ??= load();
+  const rs = active.backend === "node-rs" ? active.fn : loadNodeRs();
   return rs ? (bytes, initial = 0) => rs(bytes, initial) >>> 0 : null;
 }
 
 /** CRC-32C of `bytes` (unsigned). The native bindings read the view in place, no copy. */
-export const crc32c: (bytes: Uint8Array, initial?: number) => number = native
-  ? (bytes, initial = 0) => native(bytes, initial) >>> 0
-  : crc32cTable;
+export function crc32c(bytes: Uint8Array, initial = 0): number {
+  const f = (active ??= load()).fn;
+  return f !== null ? f(bytes, initial) >>> 0 : crc32cTable(bytes, initial);
+}
 
 // Combining CRCs (zlib's crc32_combine, for the Castagnoli polynomial): with the
 // register as a polynomial over GF(2), crc(a ++ b) = crc(a)·x^(8·|b|) mod p ⊕ crc(b),
