@@ -158,6 +158,7 @@ export function helpText(): string {
     "usage:",
     "  engine --role prefill|decode|both|gateway [--config FILE.toml] [--option value ...]",
     "  engine cluster [--prefill N] [--decode M] [--model PATH --tokenizer PATH]",
+    "  engine certs --out DIR [--gateway N] [--prefill N] [--decode N] [--both N] [--admin N] [--dns NAMES] [--ip ADDRS] [--days D]",
     "  engine generate [--model PATH --tokenizer PATH] --prompt TEXT [--max-tokens N] [--temperature T] [--seed S]",
     "",
     "options (TOML key under [section]; flags override the file; the gateway role reads [gateway]):",
