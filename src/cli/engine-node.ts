@@ -2,7 +2,7 @@ import { GrpcRegistry, Heartbeat, receivesKv, serveGrpc, type EngineRole, type G
 import { controlService, type ControlContext } from "../control/control-service.ts";
 import { Engine, type ModelRunner } from "../engine/index.ts";
 import { EngineControl } from "../gen/tl/engine/v1/engine_pb.ts";
-import { engineHttpHandler, serveHttp, type HttpServer, type RequestEnd } from "../http/index.ts";
+import { engineHttpHandler, serveHttp, type FrontDoorOptions, type HttpServer, type RequestEnd } from "../http/index.ts";
 import {
   kvShapeOf,
   loadLlama2cCheckpoint,
@@ -63,6 +63,8 @@ export interface EngineNodeOptions {
   advertiseKvAddress?: string;
   onRequestEnd?: (info: RequestEnd) => void;
   extraRoutes?: (req: Request, url: URL) => Promise<Response | null> | Response | null;
+  /** API keys and the body bound of the engine's own HTTP port. */
+  frontDoor?: FrontDoorOptions;
   onTransfer?: ControlContext["onTransfer"];
 }
 
@@ -180,7 +182,7 @@ export async function startEngineNode(opts: EngineNodeOptions): Promise<EngineNo
         onRequestEnd: opts.onRequestEnd,
         extraRoutes: opts.extraRoutes,
       }),
-      { host, port: opts.httpPort ?? 0 },
+      { ...opts.frontDoor, host, port: opts.httpPort ?? 0 },
     );
     closers.push(() => http.stop());
     let heartbeat: Heartbeat | null = null;

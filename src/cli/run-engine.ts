@@ -5,6 +5,7 @@ import { startGateway, type Gateway } from "../gateway/index.ts";
 import { createMetrics, log, metricsResponse, shutdownTracing, startTracing, tracingEndpoint } from "../obs/index.ts";
 import { loadTokenizerFor, startEngineNode, type EngineNode } from "./engine-node.ts";
 import { parseAddr, type Config } from "./options.ts";
+import { securityFrom, type Security } from "./security.ts";
 
 /** Starts one engine from its config; prints one ready line with every address. */
 export async function runEngine(config: Config): Promise<EngineNode> {
@@ -16,6 +17,8 @@ export async function runEngine(config: Config): Promise<EngineNode> {
   const kvData = e.kv_data_listen ? parseAddr(String(e.kv_data_listen)) : null;
   const bound = role === "prefill" ? [grpc] : [grpc, kv, kvData ?? http];
   if (bound.some((a) => a.host !== http.host)) log.warn(`every server binds http_listen's host ${http.host}; the other listen hosts are ignored`);
+  const workerIdOpt = String(e.worker_id) || undefined;
+  const security = securityFrom(e, role, [http.host], workerIdOpt);
   const advertiseHost = String(e.advertise_host) || undefined;
   if (!advertiseHost && e.gateway_registry && ["0.0.0.0", "::"].includes(http.host)) {
     log.warn(`binding ${http.host} without advertise_host: the gateway and peers are told ${http.host}, which only this host can reach`);
@@ -25,7 +28,8 @@ export async function runEngine(config: Config): Promise<EngineNode> {
   let node: EngineNode;
   node = await startEngineNode({
     role,
-    workerId: String(e.worker_id) || `${role}-${hostname()}-${process.pid}`,
+    workerId: workerIdOpt ?? security.tls?.current.self.workerId ?? `${role}-${hostname()}-${process.pid}`,
+    frontDoor: frontDoorOf(security),
     host: http.host,
     advertiseHost,
     httpPort: http.port,
@@ -70,7 +74,7 @@ export async function runEngine(config: Config): Promise<EngineNode> {
     },
   });
   console.log(
-    JSON.stringify({ msg: "ready", role, worker_id: node.workerId, pid: process.pid, model: node.model.name, http: node.httpAddress, grpc: node.grpcAddress, kv: node.kvAddress || null, advertise_host: advertiseHost ?? null, gateway_registry: e.gateway_registry || null, crc32c: crc32cBackend() }),
+    JSON.stringify({ msg: "ready", role, worker_id: node.workerId, pid: process.pid, model: node.model.name, http: node.httpAddress, grpc: node.grpcAddress, kv: node.kvAddress || null, advertise_host: advertiseHost ?? null, gateway_registry: e.gateway_registry || null, tls: security.mode, api_key: security.apiKeys.length > 0, crc32c: crc32cBackend() }),
   );
   return node;
 }
@@ -79,6 +83,7 @@ export async function runGateway(config: Config): Promise<Gateway> {
   const g = config.gateway;
   const http = parseAddr(String(g.http_listen));
   const reg = parseAddr(String(g.registry_listen));
+  const security = securityFrom(g, "gateway", [http.host]);
   const model = loadTokenizerFor({ modelPath: String(g.model) || undefined, tokenizerPath: String(g.tokenizer) || undefined });
   traceTo("tl-engine-gateway", "gateway", String(g.otlp_endpoint));
   const gw = await startGateway({
@@ -89,9 +94,14 @@ export async function runGateway(config: Config): Promise<Gateway> {
     modelName: model.name,
     maxModelLen: Math.min(Number(g.max_model_len), model.maxSeqLen),
     heartbeatIntervalMs: Number(g.heartbeat_interval_ms),
+    frontDoor: frontDoorOf(security),
   });
-  console.log(JSON.stringify({ msg: "ready", role: "gateway", pid: process.pid, model: model.name, http: gw.httpAddress, registry: gw.registryAddress }));
+  console.log(JSON.stringify({ msg: "ready", role: "gateway", pid: process.pid, model: model.name, http: gw.httpAddress, registry: gw.registryAddress, tls: security.mode, api_key: security.apiKeys.length > 0 }));
   return gw;
+}
+
+function frontDoorOf(s: Security) {
+  return { apiKeys: s.apiKeys, metricsNeedKey: s.metricsNeedKey, maxRequestBytes: s.maxRequestBytes };
 }
 
 /** OTLP export when the option or OTEL_EXPORTER_OTLP_ENDPOINT names a collector; off (no provider) otherwise. */

@@ -19,6 +19,7 @@ import {
   TokenQueue,
   type CompletionKind,
   type CompletionParams,
+  type FrontDoorOptions,
   type HttpServer,
 } from "../http/index.ts";
 import type { Tokenizer } from "../model/index.ts";
@@ -38,6 +39,8 @@ export interface GatewayOptions {
   /** Beat interval told to engines; a worker is evicted after 3 silent intervals. */
   heartbeatIntervalMs?: number;
   prefillTimeoutMs?: number;
+  /** API keys and the body bound of the front door. */
+  frontDoor?: FrontDoorOptions;
 }
 
 export interface Gateway {
@@ -426,7 +429,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
       return errorResponse(e);
     }
   };
-  const http: HttpServer = serveHttp(handler, { host, port: opts.httpPort ?? 0 });
+  const http: HttpServer = serveHttp(handler, { ...opts.frontDoor, host, port: opts.httpPort ?? 0 });
 
   return {
     httpAddress: http.address,

@@ -2,6 +2,7 @@ export { parseCompletion, renderChat, randomSeed, samplingOf, type CompletionPar
 export { completionResponse, TextAssembler, type ResponseContext } from "./completion-response.ts";
 export { engineHttpHandler, requestId, HANDLE_HEADER, FIRST_TOKEN_HEADER, DRAWS_HEADER, type EngineHttpContext, type ClaimedKv, type RequestEnd } from "./engine-http.ts";
 export { HttpError, errorResponse } from "./errors.ts";
-export { serveHttp, type HttpServer } from "./serve-http.ts";
+export { serveHttp, type HttpServer, type ServeHttpOptions } from "./serve-http.ts";
 export { TokenQueue, type StreamEnd, type EndReason } from "./token-queue.ts";
 export { sseData } from "./sse-data.ts";
+export { apiKeysFrom, DEFAULT_MAX_REQUEST_BYTES, frontDoor, type FrontDoorOptions } from "./front-door.ts";

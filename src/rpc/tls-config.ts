@@ -1,4 +1,4 @@
-import { X509Certificate } from "node:crypto";
+import { createPrivateKey, X509Certificate } from "node:crypto";
 import { readFileSync, statSync } from "node:fs";
 import { identityFromSubjectAltName, peerIdentity, type PeerCertSource, type PeerIdentity } from "./peer-identity.ts";
 
@@ -52,6 +52,13 @@ export function loadTlsMaterial(files: TlsFiles): TlsMaterial {
   if (!leaf.checkIssued(ca) || !leaf.verify(ca.publicKey)) throw new TlsConfigError(`tls_cert ${files.cert}: not issued by the CA in ${files.ca}`);
   const self = identityFromSubjectAltName(leaf.subjectAltName);
   if (self === null) throw new TlsConfigError(`tls_cert ${files.cert}: no spiffe://tl-engine/<role>/<worker_id> URI SAN (got ${JSON.stringify(leaf.subjectAltName ?? "")})`);
+  let keyMatches = false;
+  try {
+    keyMatches = leaf.checkPrivateKey(createPrivateKey(material.key));
+  } catch (e) {
+    throw new TlsConfigError(`tls_key ${files.key}: not a PEM private key (${e instanceof Error ? e.message : String(e)})`);
+  }
+  if (!keyMatches) throw new TlsConfigError(`tls_key ${files.key}: does not belong to the certificate in ${files.cert}`);
   const notAfter = new Date(leaf.validTo);
   if (notAfter.getTime() < Date.now()) throw new TlsConfigError(`tls_cert ${files.cert}: expired at ${notAfter.toISOString()}`);
   return { ...material, self, notAfter };
