@@ -112,6 +112,8 @@ export class TlsSource {
   private stamp: string;
   private timer: ReturnType<typeof setInterval> | undefined;
   private readonly listeners = new Set<(m: TlsMaterial) => void>();
+  /** Bumped on every reload: clients key their cached connections by it. */
+  generation = 0;
 
   constructor(
     readonly files: TlsFiles,
@@ -147,6 +149,7 @@ export class TlsSource {
     }
     this.stamp = stamp;
     this.material = next;
+    this.generation++;
     for (const fn of this.listeners) fn(next);
     return true;
   }
