@@ -16,11 +16,8 @@ export function envelopeBytes(s: KvShape, nBlocks: number): number {
   return 28 + nBlocks * (12 + blockPayloadBytes(s)) + 4;
 }
 
-export function sameShape(a: KvShape, b: KvShape): boolean {
-  return (
-    a.blockTokens === b.blockTokens &&
-    a.nLayers === b.nLayers &&
-    a.nKvHeads === b.nKvHeads &&
-    a.headDim === b.headDim
-  );
-}
+/**
+ * The kv_format every contract message names (tl.kv.v1, tl.engine.v1, tl.control.v1):
+ * 1 is the v1 envelope of kv-block.md with f16 payloads, the only format this engine speaks.
+ */
+export const KV_FORMAT = 1;

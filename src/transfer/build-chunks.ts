@@ -1,7 +1,7 @@
 import assert from "node:assert";
-import { crc32c, envelopeBytes } from "../codec/index.ts";
+import { crc32c, envelopeBytes, KV_FORMAT } from "../codec/index.ts";
 import type { KvPool } from "../pool/index.ts";
-import { KV_FORMAT, type KvChunkLike } from "./kv-chunk.ts";
+import type { KvChunkLike } from "./kv-chunk.ts";
 import { crc32cExtendU32, ENVELOPE_HEAD_BYTES, OneBlockEnvelopeWriter, putU32, putU64 } from "./one-block-envelope.ts";
 
 const EMPTY = new Uint8Array(0);

@@ -1,7 +1,8 @@
 import type { Socket } from "bun";
 import type { KvAckLike, KvChunkLike } from "./kv-chunk.ts";
 import type { PushOptions } from "./kv-transport.ts";
-import { GrpcCode, TransferError } from "./kv-error.ts";
+import { TransferError } from "./kv-error.ts";
+import { Code } from "../rpc/status.ts";
 import { PoolChunk } from "./build-chunks.ts";
 import {
   CHUNK_FIXED,
@@ -85,7 +86,7 @@ class Conn {
   }
 
   onClose(err?: Error): void {
-    this.dead ??= new TransferError(GrpcCode.UNAVAILABLE, `data plane ${this.address}: connection ${err ? `failed: ${err.message}` : "closed"}`);
+    this.dead ??= new TransferError(Code.Unavailable, `data plane ${this.address}: connection ${err ? `failed: ${err.message}` : "closed"}`);
     this.drainWaiter?.reject(this.dead);
     this.drainWaiter = undefined;
     // An ERROR frame that arrived before the close still decides the outcome.
@@ -100,7 +101,7 @@ class Conn {
       if (this.early !== undefined) return false;
       if (this.dead) throw this.dead;
       const w = this.socket.write(b.subarray(off));
-      if (w < 0) throw (this.dead ??= new TransferError(GrpcCode.UNAVAILABLE, `data plane ${this.address}: connection closed`));
+      if (w < 0) throw (this.dead ??= new TransferError(Code.Unavailable, `data plane ${this.address}: connection closed`));
       off += w;
       if (off < b.length) {
         await new Promise<void>((resolve, reject) => {
@@ -171,7 +172,7 @@ export class DataPlaneClient {
         },
       });
     } catch (e) {
-      throw new TransferError(GrpcCode.UNAVAILABLE, `data plane ${address}: ${e instanceof Error ? e.message : String(e)}`);
+      throw new TransferError(Code.Unavailable, `data plane ${address}: ${e instanceof Error ? e.message : String(e)}`);
     }
     conn.socket.setNoDelay(true);
     this.open.add(conn);
@@ -179,7 +180,7 @@ export class DataPlaneClient {
   }
 
   async push(address: string, chunks: readonly KvChunkLike[] | AsyncIterable<KvChunkLike>, opts: PushOptions = {}): Promise<KvAckLike> {
-    if (opts.signal?.aborted) throw new TransferError(GrpcCode.CANCELLED, `data plane push to ${address}: cancelled`);
+    if (opts.signal?.aborted) throw new TransferError(Code.Canceled, `data plane push to ${address}: cancelled`);
     const conn = await this.connect(address);
     let timer: ReturnType<typeof setTimeout> | undefined;
     let onAbort: (() => void) | undefined;
@@ -191,11 +192,11 @@ export class DataPlaneClient {
         conn.socket.terminate();
       };
       timer = setTimeout(
-        () => stop(new TransferError(GrpcCode.DEADLINE_EXCEEDED, `data plane push to ${address}: no answer within ${this.timeoutMs} ms`)),
+        () => stop(new TransferError(Code.DeadlineExceeded, `data plane push to ${address}: no answer within ${this.timeoutMs} ms`)),
         this.timeoutMs,
       );
       if (opts.signal) {
-        onAbort = () => stop(new TransferError(GrpcCode.CANCELLED, `data plane push to ${address}: cancelled`));
+        onAbort = () => stop(new TransferError(Code.Canceled, `data plane push to ${address}: cancelled`));
         opts.signal.addEventListener("abort", onAbort, { once: true });
       }
     });
@@ -221,7 +222,7 @@ export class DataPlaneClient {
         list.push(conn);
       } else {
         // A refused or broken push: the server discards this connection's input, so hang up.
-        conn.dead ??= new TransferError(GrpcCode.ABORTED, "push abandoned");
+        conn.dead ??= new TransferError(Code.Aborted, "push abandoned");
         conn.socket.terminate();
       }
     }
@@ -258,7 +259,7 @@ export class DataPlaneClient {
         if (c.handleId !== handle) {
           handle = c.handleId;
           hb = encoder.encode(handle);
-          if (hb.length > MAX_HANDLE_BYTES) throw new TransferError(GrpcCode.INVALID_ARGUMENT, `handle of ${hb.length} bytes`);
+          if (hb.length > MAX_HANDLE_BYTES) throw new TransferError(Code.InvalidArgument, `handle of ${hb.length} bytes`);
           onHandle(handle);
         }
         return FRAME_HEAD + CHUNK_FIXED + hb.length;
@@ -399,7 +400,7 @@ export class DataPlaneClient {
       conn.dead = new TransferError(getU32(r, 5), `data plane ${conn.address}: ${decoder.decode(r.subarray(9))}`);
       throw conn.dead;
     }
-    throw (conn.dead = new TransferError(GrpcCode.INTERNAL, `data plane ${conn.address}: unexpected reply type ${r[4]}`));
+    throw (conn.dead = new TransferError(Code.Internal, `data plane ${conn.address}: unexpected reply type ${r[4]}`));
   }
 
   async close(): Promise<void> {

@@ -1,8 +1,9 @@
 import type { Socket, TCPSocketListener } from "bun";
-import { envelopeBytes } from "../codec/index.ts";
+import { envelopeBytes, KV_FORMAT } from "../codec/index.ts";
 import { endSpan, SpanKind, startSpan, tracingEnabled, type Attributes, type Span } from "../obs/index.ts";
-import { ackSpanAttributes, KV_FORMAT, type KvChunkLike } from "./kv-chunk.ts";
-import { GrpcCode, KvError } from "./kv-error.ts";
+import { ackSpanAttributes, type KvChunkLike } from "./kv-chunk.ts";
+import { KvError } from "./kv-error.ts";
+import { Code } from "../rpc/status.ts";
 import type { KvReceiver, PushSession } from "./kv-receiver.ts";
 import {
   ACK_BODY,
@@ -208,7 +209,7 @@ function checkLen(s: Socket<Conn>, len: number, type: number): boolean {
   const max = type === FRAME_RUN ? s.data.maxRun : s.data.maxChunk;
   if (len >= FRAME_HEAD && len <= max) return true;
   // Over the limit is refused as gRPC refuses an oversized message (readMaxBytes), before any of it is buffered.
-  const code = len < FRAME_HEAD ? GrpcCode.INVALID_ARGUMENT : GrpcCode.RESOURCE_EXHAUSTED;
+  const code = len < FRAME_HEAD ? Code.InvalidArgument : Code.ResourceExhausted;
   refuse(s, new KvError(code, `data plane frame of ${len} bytes, ${len < FRAME_HEAD ? `need ≥ ${FRAME_HEAD}` : `limit ${max}`}`));
   return false;
 }
@@ -218,11 +219,11 @@ function onFrame(rx: KvReceiver, s: Socket<Conn>, f: Uint8Array): void {
   try {
     const type = f[4]!;
     if (type === FRAME_CHUNK) {
-      if (f.length < FRAME_HEAD + CHUNK_FIXED) throw new KvError(GrpcCode.INVALID_ARGUMENT, `chunk frame of ${f.length} bytes`);
+      if (f.length < FRAME_HEAD + CHUNK_FIXED) throw new KvError(Code.InvalidArgument, `chunk frame of ${f.length} bytes`);
       const o = FRAME_HEAD;
       const hl = f[o + 24]! | (f[o + 25]! << 8);
       const eo = o + CHUNK_FIXED + hl;
-      if (eo > f.length) throw new KvError(GrpcCode.INVALID_ARGUMENT, `chunk frame of ${f.length} bytes, handle of ${hl}`);
+      if (eo > f.length) throw new KvError(Code.InvalidArgument, `chunk frame of ${f.length} bytes, handle of ${hl}`);
       const ch = c.chunk;
       setHandle(c, f.subarray(o + CHUNK_FIXED, eo));
       ch.index = getU32(f, o);
@@ -236,7 +237,7 @@ function onFrame(rx: KvReceiver, s: Socket<Conn>, f: Uint8Array): void {
     } else if (type === FRAME_RUN) {
       beginRun(rx, c, f);
     } else if (type === FRAME_END) {
-      if (c.session === undefined) throw new KvError(GrpcCode.INVALID_ARGUMENT, "empty push");
+      if (c.session === undefined) throw new KvError(Code.InvalidArgument, "empty push");
       const s0 = c.session;
       c.session = undefined;
       const ack = s0.finish();
@@ -251,14 +252,14 @@ function onFrame(rx: KvReceiver, s: Socket<Conn>, f: Uint8Array): void {
       if (c.span?.isRecording()) c.span.setAttributes(ackSpanAttributes(ack));
       endTrace(c);
     } else if (type === FRAME_TRACE) {
-      if (f.length - FRAME_HEAD > MAX_TRACE_BYTES) throw new KvError(GrpcCode.INVALID_ARGUMENT, `trace frame of ${f.length} bytes, limit ${FRAME_HEAD + MAX_TRACE_BYTES}`);
+      if (f.length - FRAME_HEAD > MAX_TRACE_BYTES) throw new KvError(Code.InvalidArgument, `trace frame of ${f.length} bytes, limit ${FRAME_HEAD + MAX_TRACE_BYTES}`);
       endTrace(c, "a new push began before this one ended");
       if (tracingEnabled()) c.span = startSpan("kv.transfer", SpanKind.SERVER, decoder.decode(f.subarray(FRAME_HEAD)), TRACE_ATTRS);
     } else {
-      throw new KvError(GrpcCode.INVALID_ARGUMENT, `unknown data plane frame type ${type}`);
+      throw new KvError(Code.InvalidArgument, `unknown data plane frame type ${type}`);
     }
   } catch (e) {
-    refuse(s, e instanceof KvError ? e : new KvError(GrpcCode.INTERNAL, e instanceof Error ? e.message : String(e)));
+    refuse(s, e instanceof KvError ? e : new KvError(Code.Internal, e instanceof Error ? e.message : String(e)));
   }
 }
 
@@ -271,22 +272,22 @@ function setHandle(c: Conn, hb: Uint8Array): void {
 
 /** Checks a RUN frame and keeps its entries; the payloads that follow are onRunPayload's. */
 function beginRun(rx: KvReceiver, c: Conn, f: Uint8Array): void {
-  if (f.length < FRAME_HEAD + RUN_FIXED) throw new KvError(GrpcCode.INVALID_ARGUMENT, `run frame of ${f.length} bytes`);
+  if (f.length < FRAME_HEAD + RUN_FIXED) throw new KvError(Code.InvalidArgument, `run frame of ${f.length} bytes`);
   const o = FRAME_HEAD;
   const first = getU32(f, o);
   const count = getU32(f, o + 4);
   const payloadBytes = getU32(f, o + 16);
   const hl = f[o + 20]! | (f[o + 21]! << 8);
   const eo = o + RUN_FIXED + hl;
-  if (count < 1 || count > MAX_RUN) throw new KvError(GrpcCode.INVALID_ARGUMENT, `run of ${count} chunks, want 1..${MAX_RUN}`);
+  if (count < 1 || count > MAX_RUN) throw new KvError(Code.InvalidArgument, `run of ${count} chunks, want 1..${MAX_RUN}`);
   if (f.length !== eo + count * RUN_ENTRY) {
-    throw new KvError(GrpcCode.INVALID_ARGUMENT, `run frame of ${f.length} bytes, want ${eo + count * RUN_ENTRY} for ${count} chunks and a handle of ${hl}`);
+    throw new KvError(Code.InvalidArgument, `run frame of ${f.length} bytes, want ${eo + count * RUN_ENTRY} for ${count} chunks and a handle of ${hl}`);
   }
   // Another payload size is another block shape: refused as reader rule 7 refuses it.
   const shape = rx.pool.shape;
   if (payloadBytes !== c.payload.length) {
     throw new KvError(
-      GrpcCode.FAILED_PRECONDITION,
+      Code.FailedPrecondition,
       `run of ${payloadBytes}-byte payloads, pool blocks (B=${shape.blockTokens} L=${shape.nLayers} H=${shape.nKvHeads} D=${shape.headDim}) are ${c.payload.length} bytes`,
     );
   }
@@ -317,7 +318,7 @@ function onRunPayload(s: Socket<Conn>, payload: Uint8Array): void {
     c.runNext++;
     c.runLeft--;
   } catch (err) {
-    refuse(s, err instanceof KvError ? err : new KvError(GrpcCode.INTERNAL, err instanceof Error ? err.message : String(err)));
+    refuse(s, err instanceof KvError ? err : new KvError(Code.Internal, err instanceof Error ? err.message : String(err)));
   }
 }
 
