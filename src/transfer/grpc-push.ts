@@ -16,7 +16,7 @@ import type { KvAckLike, KvChunkLike } from "./kv-chunk.ts";
 import { GRPC_PREFIX_BYTES, grpcMessageLength, putGrpcPrefix } from "./grpc-prefix.ts";
 import { TransferError } from "./kv-error.ts";
 import { Code, codeOfHttpStatus } from "../rpc/status.ts";
-import { putU32, putU64 } from "./one-block-envelope.ts";
+import { putU32, putU64 } from "../codec/index.ts";
 
 const PATH = "/tl.kv.v1.KvTransfer/PushKv";
 const encoder = new TextEncoder();

@@ -11,7 +11,7 @@ import { crc32c, envelopeBytes, EnvError, readEnvelope, writeEnvelope, type Enve
 import { KvPool } from "../../src/pool/index.ts";
 import { Code, codeName } from "../../src/rpc/status.ts";
 import { buildChunks, KvError, KvReceiver, type KvChunkLike, type PushSession } from "../../src/transfer/index.ts";
-import { ENVELOPE_HEAD_BYTES } from "../../src/transfer/one-block-envelope.ts";
+import { ENVELOPE_HEAD_BYTES } from "../../src/codec/index.ts";
 import { fakePrefill, fakePrompt } from "../support/fake-model.ts";
 
 const RUNS = Number(process.env.TL_FUZZ_RUNS ?? 100_000);

@@ -9,7 +9,8 @@ import { envelopeBytes } from "../../src/codec/index.ts";
 import { KvChunkSchema, KvTransfer } from "../../src/gen/tl/kv/v1/kv_pb.ts";
 import { KvPool } from "../../src/pool/index.ts";
 import { buildChunks, kvMessageLimit, TransferError, type KvChunkLike } from "../../src/transfer/index.ts";
-import { CHUNK_FIXED, FRAME_CHUNK, FRAME_HEAD, putU32, putU64 } from "../../src/transfer/data-plane-frame.ts";
+import { CHUNK_FIXED, encodeChunk, FRAME_CHUNK, FRAME_HEAD } from "../../src/transfer/data-plane-frame.ts";
+import { putU32 } from "../../src/codec/index.ts";
 import { startEngineNode } from "../../src/cli/engine-node.ts";
 import { FakeRunner } from "../support/fake-runner.ts";
 import { fakePrefill, fakePrompt } from "../support/fake-model.ts";
@@ -17,24 +18,10 @@ import { fakeServedModel, sseEvents, startTestCluster } from "../support/nodes.t
 import { rawConnect, type RawConn } from "../support/raw-data-plane.ts";
 import { prefillTransport, SHAPE, settle, snapshot, startDecode, type Decode } from "../transfer/harness.ts";
 
-const encoder = new TextEncoder();
 
-/** A data plane CHUNK frame, byte for byte as data-plane-frame.ts lays it out. */
+/** A data plane CHUNK frame, as the frame codec lays it out. */
 function chunkFrame(c: KvChunkLike): Uint8Array {
-  const h = encoder.encode(c.handleId);
-  const f = new Uint8Array(FRAME_HEAD + CHUNK_FIXED + h.length + c.envelope.length);
-  putU32(f, 0, f.length - 4);
-  f[4] = FRAME_CHUNK;
-  putU32(f, 5, c.index);
-  putU32(f, 9, c.total);
-  putU64(f, 13, c.hash);
-  putU32(f, 21, c.kvFormat);
-  putU32(f, 25, c.crc32c);
-  f[29] = h.length & 0xff;
-  f[30] = h.length >>> 8;
-  f.set(h, 31);
-  f.set(c.envelope, 31 + h.length);
-  return f;
+  return encodeChunk(c);
 }
 
 

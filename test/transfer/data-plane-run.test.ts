@@ -6,19 +6,8 @@ import { crc32c, envelopeBytes, promptHashes, type KvShape } from "../../src/cod
 import { KvPool } from "../../src/pool/index.ts";
 import { Code } from "../../src/rpc/status.ts";
 import { PoolChunk, poolChunks, transfer } from "../../src/transfer/index.ts";
-import {
-  FRAME_END,
-  FRAME_HEAD,
-  FRAME_RUN,
-  getU32,
-  getU64,
-  MAX_RUN,
-  putU32,
-  putU64,
-  RUN_ENTRY,
-  RUN_FIXED,
-} from "../../src/transfer/data-plane-frame.ts";
-import { ENVELOPE_HEAD_BYTES } from "../../src/transfer/one-block-envelope.ts";
+import { encodeEnd, encodeRunHead, FRAME_HEAD, FRAME_RUN, MAX_RUN, RUN_ENTRY, RUN_ENTRY_HEAD, RUN_FIXED, runFrameBytes } from "../../src/transfer/data-plane-frame.ts";
+import { ENVELOPE_HEAD_BYTES, getU16, getU32, getU64, putU32, putU64 } from "../../src/codec/index.ts";
 import { concat, rawConnect, writeAll, type RawConn } from "../support/raw-data-plane.ts";
 import { evictAll, prefillTransport, settle, snapshot, startDecode, type Decode } from "./harness.ts";
 
@@ -36,8 +25,7 @@ const RECORD = 28;
 const encoder = new TextEncoder();
 const END = (() => {
   const f = new Uint8Array(FRAME_HEAD);
-  putU32(f, 0, 1);
-  f[4] = FRAME_END;
+  encodeEnd(f, 0);
   return f;
 })();
 
@@ -124,30 +112,28 @@ function runFrame(chunks: readonly PoolChunk[], o: RunOpts = {}): Uint8Array {
   const c0 = chunks[0]!;
   const hb = encoder.encode(o.handle ?? c0.handleId);
   const entries = o.entries ?? chunks.length;
-  const head = FRAME_HEAD + RUN_FIXED + hb.length;
-  const f = new Uint8Array(head + entries * RUN_ENTRY);
+  const f = new Uint8Array(runFrameBytes(hb.length, entries));
+  const count = o.count ?? chunks.length;
+  const head = encodeRunHead(
+    f,
+    0,
+    { first: o.first ?? c0.index, count, total: o.total ?? c0.total, kvFormat: o.kvFormat ?? c0.kvFormat, payloadBytes: o.payloadBytes ?? c0.pool.blockBytes },
+    hb,
+  );
+  // The frame's length is its entry slots', whatever count it claims.
   putU32(f, 0, f.length - 4);
-  f[4] = FRAME_RUN;
-  putU32(f, 5, o.first ?? c0.index);
-  putU32(f, 9, o.count ?? chunks.length);
-  putU32(f, 13, o.total ?? c0.total);
-  putU32(f, 17, o.kvFormat ?? c0.kvFormat);
-  putU32(f, 21, o.payloadBytes ?? c0.pool.blockBytes);
-  f[25] = hb.length & 0xff;
-  f[26] = hb.length >>> 8;
-  f.set(hb, 27);
   for (let k = 0; k < Math.min(entries, chunks.length); k++) chunks[k]!.writeRunEntry(f, head + k * RUN_ENTRY);
   return f;
 }
 
 /** Offset of entry k in a RUN frame. */
 function entryAt(f: Uint8Array, k: number): number {
-  return FRAME_HEAD + RUN_FIXED + (f[25]! | (f[26]! << 8)) + k * RUN_ENTRY;
+  return FRAME_HEAD + RUN_FIXED + getU16(f, FRAME_HEAD + RUN_FIXED - 2) + k * RUN_ENTRY;
 }
 
 /** Offset of entry k's envelope head (header, then record head at +28). */
 function headAt(f: Uint8Array, k: number): number {
-  return entryAt(f, k) + 12;
+  return entryAt(f, k) + RUN_ENTRY_HEAD;
 }
 
 /**
