@@ -2,6 +2,7 @@ import type { SamplingParams } from "../engine/index.ts";
 import type { Tokenizer } from "../model/index.ts";
 import { validateSampling } from "../rng/index.ts";
 import { HttpError } from "./errors.ts";
+import { checkInputBounds } from "./input-bounds.ts";
 
 export type CompletionKind = "completion" | "chat";
 
@@ -104,6 +105,7 @@ function parseMessages(v: unknown): { role: string; content: string }[] {
 export function parseCompletion(kind: CompletionKind, raw: unknown, lim: ParseLimits): CompletionParams {
   if (typeof raw !== "object" || raw === null || Array.isArray(raw)) throw bad("request body must be a JSON object");
   const body = raw as Record<string, unknown>;
+  checkInputBounds(kind, body, lim.maxModelLen);
   const vocab = lim.tokenizer.vocabSize;
   let promptTokens: number[];
   if (kind === "chat") {

@@ -1,0 +1,54 @@
+import { HttpError } from "./errors.ts";
+
+/**
+ * Bounds checked on a parsed request body before any tokenizing or per-element work:
+ * what cannot fit the context is refused on its size alone. A token covers at most
+ * MAX_CHARS_PER_TOKEN characters of text here, so text longer than that many per
+ * token of context can only tokenize past it (the exact check follows tokenization).
+ */
+export const MAX_CHARS_PER_TOKEN = 64;
+export const MAX_STOP_SEQUENCES = 4;
+export const MAX_STOP_CHARS = 1024;
+export const MAX_STOP_TOKEN_IDS = 256;
+
+function tooBig(message: string, param: string): HttpError {
+  return new HttpError(400, message, "invalid_request_error", param);
+}
+
+export function checkInputBounds(kind: "completion" | "chat", body: Record<string, unknown>, maxModelLen: number): void {
+  const maxChars = maxModelLen * MAX_CHARS_PER_TOKEN;
+  if (kind === "chat") {
+    const m = body.messages;
+    if (Array.isArray(m)) {
+      if (m.length > maxModelLen) throw tooBig(`messages has ${m.length} entries; more than the context of ${maxModelLen} tokens can hold`, "messages");
+      let chars = 0;
+      for (const msg of m) chars += contentChars((msg as Record<string, unknown> | null)?.content);
+      if (chars > maxChars) throw tooBig(`messages hold ${chars} characters; more than the context of ${maxModelLen} tokens can hold`, "messages");
+    }
+  } else {
+    const p = body.prompt;
+    const one = Array.isArray(p) && p.length === 1 ? p[0] : p;
+    if (typeof one === "string" && one.length > maxChars) throw tooBig(`prompt of ${one.length} characters is longer than the context of ${maxModelLen} tokens can hold`, "prompt");
+    const ids = Array.isArray(one) ? one : Array.isArray(p) ? p : null;
+    if (ids !== null && ids.length > maxModelLen) throw tooBig(`prompt of ${ids.length} tokens exceeds the model's context of ${maxModelLen}`, "prompt");
+  }
+  const stop = body.stop;
+  const stops = typeof stop === "string" ? [stop] : Array.isArray(stop) ? stop : [];
+  if (stops.length > MAX_STOP_SEQUENCES) throw tooBig(`stop has ${stops.length} sequences; at most ${MAX_STOP_SEQUENCES}`, "stop");
+  for (const s of stops) {
+    if (typeof s === "string" && s.length > MAX_STOP_CHARS) throw tooBig(`a stop sequence of ${s.length} characters; at most ${MAX_STOP_CHARS}`, "stop");
+  }
+  const ids = body.stop_token_ids;
+  if (Array.isArray(ids) && ids.length > MAX_STOP_TOKEN_IDS) throw tooBig(`stop_token_ids has ${ids.length} entries; at most ${MAX_STOP_TOKEN_IDS}`, "stop_token_ids");
+}
+
+function contentChars(c: unknown): number {
+  if (typeof c === "string") return c.length;
+  if (!Array.isArray(c)) return 0;
+  let n = 0;
+  for (const part of c) {
+    const text = (part as Record<string, unknown> | null)?.text;
+    if (typeof text === "string") n += text.length;
+  }
+  return n;
+}
