@@ -2,6 +2,7 @@ import { GrpcRegistry, Heartbeat, receivesKv, serveGrpc, type EngineRole, type G
 import { controlService, type ControlContext } from "../control/control-service.ts";
 import { Engine, type ModelRunner } from "../engine/index.ts";
 import { EngineControl } from "../gen/tl/engine/v1/engine_pb.ts";
+import type { TlsSource } from "../rpc/tls-config.ts";
 import { engineHttpHandler, serveHttp, type FrontDoorOptions, type HttpServer, type RequestEnd } from "../http/index.ts";
 import {
   kvShapeOf,
@@ -65,6 +66,8 @@ export interface EngineNodeOptions {
   extraRoutes?: (req: Request, url: URL) => Promise<Response | null> | Response | null;
   /** API keys and the body bound of the engine's own HTTP port. */
   frontDoor?: FrontDoorOptions;
+  /** Mutual TLS on EngineControl, KvTransfer and the data plane, and toward the gateway and decode engines. */
+  tls?: TlsSource | null;
   onTransfer?: ControlContext["onTransfer"];
 }
 
@@ -125,6 +128,7 @@ const STREAM_SETTLE_MS = 50;
 export async function startEngineNode(opts: EngineNodeOptions): Promise<EngineNode> {
   const role = opts.role;
   const host = opts.host ?? "127.0.0.1";
+  const tls = opts.tls ?? null;
   const workerId = opts.workerId ?? `${role}-${process.pid}-${nodeCounter++}`;
   const model = opts.model ?? (await loadModel(opts));
   const shape: KvShape = { blockTokens: opts.blockTokens ?? 16, nLayers: model.nLayers, nKvHeads: model.nKvHeads, headDim: model.headDim };
@@ -153,13 +157,13 @@ export async function startEngineNode(opts: EngineNodeOptions): Promise<EngineNo
       // behind 0.0.0.0: start it here and advertise it as the other addresses are.
       let dp: DataPlaneServer | null = null;
       if (opts.offerDataPlane ?? true) {
-        dp = await serveDataPlane(receiver, { host, port: opts.kvDataPort ?? 0 });
+        dp = await serveDataPlane(receiver, { host, port: opts.kvDataPort ?? 0, tls });
         closers.push(() => dp!.close());
       }
-      kv = await serveKv(receiver, { host, port: opts.kvPort ?? 0, dataPlane: false, ...(dp ? { advertiseDataPlane: advertised(dp.address) } : {}) });
+      kv = await serveKv(receiver, { host, port: opts.kvPort ?? 0, dataPlane: false, tls, ...(dp ? { advertiseDataPlane: advertised(dp.address) } : {}) });
       closers.push(() => kv!.close(), async () => receiver!.close());
     }
-    const transport = roles.includes("prefill") ? new GrpcTransport(opts.useDataPlane === false ? { dataPlane: false } : {}) : null;
+    const transport = roles.includes("prefill") ? new GrpcTransport({ ...(opts.useDataPlane === false ? { dataPlane: false as const } : {}), ...(tls ? { tls } : {}) }) : null;
     if (transport) closers.push(() => transport.close());
     const grpc: GrpcServer = await serveGrpc(
       (r) =>
@@ -167,7 +171,7 @@ export async function startEngineNode(opts: EngineNodeOptions): Promise<EngineNo
           EngineControl,
           controlService({ workerId, roles, modelName: model.name, engine, tokenizer: model.tokenizer, transport, onTransfer: opts.onTransfer }),
         ),
-      { host, port: opts.grpcPort ?? 0 },
+      { host, port: opts.grpcPort ?? 0, tls },
     );
     closers.push(() => grpc.close());
     const http: HttpServer = serveHttp(
@@ -187,7 +191,7 @@ export async function startEngineNode(opts: EngineNodeOptions): Promise<EngineNo
     closers.push(() => http.stop());
     let heartbeat: Heartbeat | null = null;
     if (opts.gatewayRegistry) {
-      const registry = new GrpcRegistry(opts.gatewayRegistry, opts.heartbeatTimeoutMs ?? 1000);
+      const registry = new GrpcRegistry(opts.gatewayRegistry, opts.heartbeatTimeoutMs ?? 1000, tls ?? undefined);
       heartbeat = Heartbeat.spawn(
         registry,
         { workerId, httpAddress: advertised(http.address), grpcAddress: advertised(grpc.address), kvAddress: kv ? (opts.advertiseKvAddress ?? advertised(kv.address)) : "", role, model: model.name, blockTokens: shape.blockTokens, totalBlocks: pool.total },

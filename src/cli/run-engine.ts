@@ -30,6 +30,7 @@ export async function runEngine(config: Config): Promise<EngineNode> {
     role,
     workerId: workerIdOpt ?? security.tls?.current.self.workerId ?? `${role}-${hostname()}-${process.pid}`,
     frontDoor: frontDoorOf(security),
+    tls: security.tls,
     host: http.host,
     advertiseHost,
     httpPort: http.port,
@@ -95,6 +96,8 @@ export async function runGateway(config: Config): Promise<Gateway> {
     maxModelLen: Math.min(Number(g.max_model_len), model.maxSeqLen),
     heartbeatIntervalMs: Number(g.heartbeat_interval_ms),
     frontDoor: frontDoorOf(security),
+    tls: security.tls,
+    maxWorkers: Number(g.max_workers),
   });
   console.log(JSON.stringify({ msg: "ready", role: "gateway", pid: process.pid, model: model.name, http: gw.httpAddress, registry: gw.registryAddress, tls: security.mode, api_key: security.apiKeys.length > 0 }));
   return gw;

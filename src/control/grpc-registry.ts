@@ -6,6 +6,7 @@ import {
   type WorkerStatus,
 } from "../gen/tl/control/v1/control_pb.ts";
 import { grpcClient } from "./grpc-client.ts";
+import type { TlsSource } from "../rpc/tls-config.ts";
 import type { Registry } from "./heartbeat.ts";
 
 /** The gateway's WorkerRegistry over gRPC at `target` ("host:port"). */
@@ -15,8 +16,10 @@ export class GrpcRegistry implements Registry {
   constructor(
     readonly target: string,
     timeoutMs = 1000,
+    tls?: TlsSource,
   ) {
-    this.client = grpcClient(WorkerRegistry, target, { timeoutMs });
+    // Beats go only to a server whose certificate names the gateway.
+    this.client = grpcClient(WorkerRegistry, target, { timeoutMs, ...(tls ? { tls: { source: tls, expect: ["gateway"] } } : {}) });
   }
 
   heartbeat(status: WorkerStatus, timeoutMs: number, signal?: AbortSignal): Promise<HeartbeatAck> {

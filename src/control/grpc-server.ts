@@ -1,6 +1,7 @@
 import * as http2 from "node:http2";
 import type { ConnectRouter } from "@connectrpc/connect";
-import { connectNodeAdapter } from "@connectrpc/connect-node";
+import type { TlsSource } from "../rpc/tls-config.ts";
+import { createRpcServer } from "../rpc/tls-server.ts";
 
 // Bounded: what a client may send before the handler reads it is buffered here. (The
 // connection's own window stays at its default: raising it with setLocalWindowSize made
@@ -17,6 +18,10 @@ export interface GrpcServerOptions {
   maxMessageBytes?: number;
   /** Sees every request first; one it answers itself (returns true) never reaches Connect. */
   intercept?: (req: http2.Http2ServerRequest, res: http2.Http2ServerResponse) => boolean;
+  /** Mutual TLS with the cluster set, callers checked by role (src/rpc); cleartext h2c when absent. */
+  tls?: TlsSource | null;
+  /** Most concurrent connections; default 1024. */
+  maxSessions?: number;
 }
 
 export interface GrpcServer {
@@ -36,8 +41,9 @@ export interface GrpcServer {
 }
 
 /**
- * Serves Connect routes over cleartext HTTP/2 (h2c), the transport gRPC clients
- * (Connect's createGrpcTransport, grpc-js, grpc-go, grpcurl -plaintext) speak.
+ * Serves Connect routes over HTTP/2, the transport gRPC clients (Connect's
+ * createGrpcTransport, grpc-js, grpc-go, grpcurl) speak: mutual TLS with `tls`
+ * (every caller's role checked against src/rpc's method table), else cleartext h2c.
  * The Connect and gRPC-web protocols are answered on the same port as well.
  *
  * Client streams: under Bun (and Node) a client that aborts mid-stream can end
@@ -50,19 +56,16 @@ export async function serveGrpc(
   opts: GrpcServerOptions = {},
 ): Promise<GrpcServer> {
   const host = opts.host ?? "127.0.0.1";
-  const handler = connectNodeAdapter({
-    routes,
-    ...(opts.maxMessageBytes !== undefined
-      ? { readMaxBytes: opts.maxMessageBytes, writeMaxBytes: opts.maxMessageBytes }
-      : {}),
-  });
+  const maxSessions = opts.maxSessions ?? 1024;
   // Large windows and frames for what clients send: with the protocol's 64 KiB
   // defaults a client stream of KV blocks stalls on a WINDOW_UPDATE every 64 KiB.
-  const intercept = opts.intercept;
-  const server = http2.createServer(
-    { settings: { initialWindowSize: STREAM_WINDOW_BYTES, maxFrameSize: MAX_FRAME_BYTES } },
-    intercept === undefined ? handler : (req, res) => void (intercept(req, res) || handler(req, res)),
-  );
+  const { server, stopFollowing } = createRpcServer({
+    routes,
+    settings: { initialWindowSize: STREAM_WINDOW_BYTES, maxFrameSize: MAX_FRAME_BYTES },
+    maxMessageBytes: opts.maxMessageBytes,
+    intercept: opts.intercept,
+    tls: opts.tls ?? null,
+  });
   // server.close() alone waits for clients to hang up, which a pooled client
   // connection never does; track sessions so close() can end them.
   const sessions = new Set<http2.ServerHttp2Session>();
@@ -72,6 +75,11 @@ export async function serveGrpc(
     stream.once("close", () => streams.delete(stream));
   });
   server.on("session", (session) => {
+    // One bound on connections per port: a flood of idle ones is refused, not kept.
+    if (sessions.size >= maxSessions) {
+      session.destroy();
+      return;
+    }
     sessions.add(session);
     session.once("close", () => sessions.delete(session));
     // An aborted client surfaces as a session error; it concerns that session only.
@@ -98,6 +106,7 @@ export async function serveGrpc(
     host,
     port,
     close() {
+      stopFollowing();
       closing ??= new Promise<void>((resolve) => {
         server.close(() => resolve());
         // An explicit reset, not just the session teardown, so that clients whose

@@ -25,7 +25,8 @@ import {
 } from "../http/index.ts";
 import type { Tokenizer } from "../model/index.ts";
 import { createMetrics, endSpan, extractHeaders, log, metricsResponse, SpanKind, startSpan, traceHeaders, type Attributes, type Metrics, type Span } from "../obs/index.ts";
-import { RegistryService } from "./registry-service.ts";
+import { MAX_HEARTBEAT_BYTES, RegistryService } from "./registry-service.ts";
+import type { TlsSource } from "../rpc/tls-config.ts";
 import { KvAffinity, pickByLoad, pickDecode } from "./router.ts";
 import { WorkerRegistry, type WorkerView } from "./worker-registry.ts";
 import { readTokenStream } from "./token-stream.ts";
@@ -42,6 +43,10 @@ export interface GatewayOptions {
   prefillTimeoutMs?: number;
   /** API keys and the body bound of the front door. */
   frontDoor?: FrontDoorOptions;
+  /** Mutual TLS on the registry and toward every engine. */
+  tls?: TlsSource | null;
+  /** Most workers the registry holds (default 256). */
+  maxWorkers?: number;
 }
 
 export interface Gateway {
@@ -99,18 +104,28 @@ const RESUME_ATTRS: Attributes = { "tl.role": "gateway", "http.request.method": 
 export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
   const host = opts.host ?? "127.0.0.1";
   const registry = new WorkerRegistry({ intervalMs: opts.heartbeatIntervalMs ?? 2000 });
-  const registryService = new RegistryService(registry);
+  const registryService = new RegistryService(registry, { maxWorkers: opts.maxWorkers });
+  const tls = opts.tls ?? null;
+  // Every internal client dials over mTLS when the gateway holds a cluster set, and only
+  // reaches a server whose certificate names the role it is meant to play.
+  const toPrefill = tls ? { tls: { source: tls, expect: ["prefill", "both"] as const } } : {};
+  const toDecode = tls ? { tls: { source: tls, expect: ["decode", "both"] as const } } : {};
   const metrics = createMetrics();
   const affinity = new KvAffinity();
   const inflight = new Map<string, number>();
-  const grpc: GrpcServer = await serveGrpc((r) => r.service(WorkerRegistryService, registryService.impl), { host, port: opts.registryPort ?? 0 });
+  const grpc: GrpcServer = await serveGrpc((r) => r.service(WorkerRegistryService, registryService.impl), {
+    host,
+    port: opts.registryPort ?? 0,
+    tls,
+    maxMessageBytes: MAX_HEARTBEAT_BYTES,
+  });
   const limits = { tokenizer: opts.tokenizer, maxModelLen: opts.maxModelLen };
   const prefillTimeoutMs = opts.prefillTimeoutMs ?? 60_000;
 
   const busy = (id: string, d: number) => inflight.set(id, (inflight.get(id) ?? 0) + d);
 
   async function prefill(p: WorkerView, d: WorkerView, params: CompletionParams, id: string, signal: AbortSignal, parent: Span): Promise<KvHandle> {
-    const control = grpcClient(EngineControl, p.status.grpcAddress, { timeoutMs: prefillTimeoutMs });
+    const control = grpcClient(EngineControl, p.status.grpcAddress, { timeoutMs: prefillTimeoutMs, ...toPrefill });
     const span = startSpan("tl.engine.v1.EngineControl/Prefill", SpanKind.CLIENT, parent, PREFILL_ATTRS);
     if (span.isRecording()) span.setAttributes({ "server.address": p.status.grpcAddress, "tl.worker_id": p.status.workerId, "tl.decode_target": d.status.kvAddress });
     try {
@@ -278,7 +293,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
 
   /** The client left during Prefill: stop P's work, and release on D whatever handle the call still yields. */
   function abandonPrefill(call: Promise<KvHandle>, p: WorkerView, d: WorkerView, id: string): void {
-    grpcClient(EngineControl, p.status.grpcAddress, { timeoutMs: 5000 })
+    grpcClient(EngineControl, p.status.grpcAddress, { timeoutMs: 5000, ...toPrefill })
       .cancel({ requestId: id })
       .catch(() => {});
     call.then(
@@ -291,7 +306,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
 
   /** Best effort: a handle nobody will claim goes back now rather than at its TTL. */
   function releaseOn(d: WorkerView, handleId: string, requestId: string): void {
-    grpcClient(KvTransfer, d.status.kvAddress, { timeoutMs: 5000 })
+    grpcClient(KvTransfer, d.status.kvAddress, { timeoutMs: 5000, ...toDecode })
       .release({ handleId })
       .catch((e) => log.warn("release failed", { request_id: requestId, handle: handleId, error: String(e) }));
   }

@@ -5,6 +5,9 @@ import { ackSpanAttributes, type KvChunkLike } from "./kv-chunk.ts";
 import { KvError } from "./kv-error.ts";
 import { Code } from "../rpc/status.ts";
 import type { KvReceiver, PushSession } from "./kv-receiver.ts";
+import { admitBunPeer, bunServerTls } from "../rpc/bun-tls.ts";
+import { DATA_PLANE_PUSH } from "../rpc/peer-policy.ts";
+import type { TlsSource } from "../rpc/tls-config.ts";
 import {
   CHUNK_FIXED,
   decodeChunk,
@@ -28,6 +31,17 @@ import {
   runEntryTrailer,
 } from "./data-plane-frame.ts";
 
+export interface DataPlaneServerOptions {
+  host?: string;
+  port?: number;
+  /** Mutual TLS: only prefill (or both) certificates of the cluster may connect. */
+  tls?: TlsSource | null;
+  /** Most concurrent connections; default 256. */
+  maxConnections?: number;
+  /** A connection silent this long is cut (a push on it freed); default 30 000 ms. */
+  idleTimeoutMs?: number;
+}
+
 export interface DataPlaneServer {
   /** host:port, as advertised in HasBlocksResponse.data_plane_address */
   readonly address: string;
@@ -45,6 +59,8 @@ class Conn {
   session: PushSession | undefined;
   /** after an ERROR: input is discarded until the client hangs up */
   refused = false;
+  /** plaintext, or an mTLS peer whose certificate may push */
+  admitted = false;
   /** one reused chunk object: the receiver copies what it keeps */
   readonly chunk: KvChunkLike = { handleId: "", index: 0, total: 0, hash: 0n, kvFormat: KV_FORMAT, envelope: new Uint8Array(0), crc32c: 0 };
   handleBytes = new Uint8Array(0);
@@ -80,8 +96,11 @@ class Conn {
  * a time; a push is accepted only on an END frame after all `total` chunks, and a
  * connection that closes mid-push frees everything the push took.
  */
-export async function serveDataPlane(receiver: KvReceiver, opts: { host?: string; port?: number } = {}): Promise<DataPlaneServer> {
+export async function serveDataPlane(receiver: KvReceiver, opts: DataPlaneServerOptions = {}): Promise<DataPlaneServer> {
   const host = opts.host ?? "127.0.0.1";
+  const tls = opts.tls ?? null;
+  const maxConnections = opts.maxConnections ?? 256;
+  const idleS = Math.max(1, Math.ceil((opts.idleTimeoutMs ?? 30_000) / 1000));
   // The largest legal frames: a full envelope plus the chunk head and a maximal handle;
   // a RUN's head, handle and entries (its payloads follow the frame, one block at a time).
   const maxChunk = FRAME_HEAD + CHUNK_FIXED + 0xffff + envelopeBytes(receiver.pool.shape, 1);
@@ -90,25 +109,46 @@ export async function serveDataPlane(receiver: KvReceiver, opts: { host?: string
   const listener: TCPSocketListener<Conn> = Bun.listen<Conn>({
     hostname: host,
     port: opts.port ?? 0,
+    ...(tls !== null ? { tls: bunServerTls(tls) } : {}),
     socket: {
       open(s) {
+        // Beyond the cap a connection is cut before it costs a buffer.
+        if (sockets.size >= maxConnections) return void s.terminate();
         s.data = new Conn(maxChunk, maxRun, receiver.pool.blockBytes);
+        s.data.admitted = tls === null;
         sockets.add(s);
+        // Idle (no byte either way) this long: cut, and a push in progress is freed.
+        s.timeout(idleS);
+      },
+      handshake(s) {
+        if (s.data === undefined) return;
+        const why = admitBunPeer(s, DATA_PLANE_PUSH);
+        if (why === null) {
+          s.data.admitted = true;
+          return;
+        }
+        s.data.refused = true;
+        s.end();
+      },
+      timeout(s) {
+        s.terminate();
       },
       data(s, buf) {
-        onData(receiver, s, buf);
+        if (s.data?.admitted) onData(receiver, s, buf);
         release(buf);
       },
       drain(s) {
         flush(s);
       },
       close(s) {
+        if (s.data === undefined) return;
         sockets.delete(s);
         s.data.session?.abort();
         s.data.session = undefined;
         endTrace(s.data, "connection closed mid-push");
       },
       error(s) {
+        if (s.data === undefined) return;
         s.data.session?.abort();
         s.data.session = undefined;
         endTrace(s.data, "connection failed mid-push");

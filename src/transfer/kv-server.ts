@@ -2,6 +2,7 @@ import { serveGrpc } from "../control/grpc-server.ts";
 import { KvTransfer } from "../gen/tl/kv/v1/kv_pb.ts";
 import { serveDataPlane, type DataPlaneServer } from "./data-plane-server.ts";
 import type { KvReceiver } from "./kv-receiver.ts";
+import type { TlsSource } from "../rpc/tls-config.ts";
 import { kvMessageLimit, kvService } from "./kv-service.ts";
 import { pushKvHandler } from "./grpc-push-server.ts";
 
@@ -16,6 +17,11 @@ export interface ServeKvOptions {
   dataPlanePort?: number;
   /** Advertise this host:port instead of the data plane's own (a proxy or NAT in front of it). */
   advertiseDataPlane?: string;
+  /** Mutual TLS on both ports; callers checked by role (src/rpc). */
+  tls?: TlsSource | null;
+  /** The data plane's connection cap and idle timeout. */
+  dataPlaneMaxConnections?: number;
+  dataPlaneIdleTimeoutMs?: number;
 }
 
 export interface KvServer {
@@ -32,7 +38,10 @@ export interface KvServer {
 export async function serveKv(receiver: KvReceiver, opts: ServeKvOptions = {}): Promise<KvServer> {
   const host = opts.host ?? "127.0.0.1";
   let dp: DataPlaneServer | undefined;
-  if (opts.dataPlane ?? true) dp = await serveDataPlane(receiver, { host, port: opts.dataPlanePort ?? 0 });
+  const tls = opts.tls ?? null;
+  if (opts.dataPlane ?? true) {
+    dp = await serveDataPlane(receiver, { host, port: opts.dataPlanePort ?? 0, tls, maxConnections: opts.dataPlaneMaxConnections, idleTimeoutMs: opts.dataPlaneIdleTimeoutMs });
+  }
   const advertised = opts.advertiseDataPlane ?? dp?.address ?? "";
   try {
     const srv = await serveGrpc((r) => r.service(KvTransfer, kvService(receiver, { dataPlaneAddress: advertised })), {
@@ -41,6 +50,7 @@ export async function serveKv(receiver: KvReceiver, opts: ServeKvOptions = {}): 
       maxMessageBytes: kvMessageLimit(receiver),
       // Plain gRPC PushKv, the hot path, is parsed in place; Connect answers the rest.
       intercept: pushKvHandler(receiver, kvMessageLimit(receiver)),
+      tls,
     });
     return {
       address: srv.address,

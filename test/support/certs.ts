@@ -1,6 +1,6 @@
 // Cluster certificates for tests: one CA with a leaf per role, a second CA ("a stranger's")
 // with the same roles, all written to a private temp dir. Minted once per test file.
-import { mkdtempSync } from "node:fs";
+import { mkdtempSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { certFiles, issueCert, mintCa, writeCerts, type ClusterCerts } from "../../src/cli/certs.ts";
@@ -51,9 +51,17 @@ export function testPki(): Promise<TestPki> {
   return cached;
 }
 
+/** The cluster leaf `workerId` of `role`, issued the first time it is asked for. */
+export async function leafFiles(pki: TestPki, role: PeerRole, workerId: string): Promise<TlsFiles> {
+  if (pki.cluster.issued.some((c) => c.role === role && c.workerId === workerId)) return pki.files(role, workerId);
+  return extraLeaf(pki, role, workerId);
+}
+
 /** A leaf of the cluster CA with an arbitrary worker id (issued on demand). */
 export async function extraLeaf(pki: TestPki, role: PeerRole, workerId: string): Promise<TlsFiles> {
-  await issueCert(pki.cluster, role, workerId);
-  writeCerts(join(pki.dir, "cluster"), pki.cluster);
-  return pki.files(role, workerId);
+  const leaf = await issueCert(pki.cluster, role, workerId);
+  const f = pki.files(role, workerId);
+  writeFileSync(f.cert, leaf.certPem, { mode: 0o600 });
+  writeFileSync(f.key, leaf.keyPem, { mode: 0o600 });
+  return f;
 }
