@@ -1,4 +1,4 @@
-import { Template } from "@huggingface/jinja";
+import { Environment, Interpreter, Template } from "@huggingface/jinja";
 import type { Tokenizer } from "./tokenizer.ts";
 
 /** One OpenAI chat message as a template sees it: content may be null beside tool_calls; tool messages carry tool_call_id. */
@@ -48,22 +48,67 @@ export class ChatTemplate {
 
   /** The prompt text; a template's raise_exception or a render error becomes an Error naming the template. */
   render(messages: readonly ChatMessage[], opts: RenderOptions = {}): string {
+    // Template.render declares the library's strftime_now (whose month names follow the machine's
+    // locale) and refuses a second one, so the globals are declared here, with an English strftime.
+    const now = opts.now ?? (() => new Date());
     const vars: Record<string, unknown> = {
-      messages,
+      true: true,
+      false: false,
+      none: null,
+      True: true,
+      False: false,
+      None: null,
+      raise_exception: (message: unknown) => {
+        throw new ChatTemplateError(`${this.origin} refused the conversation: ${String(message)}`);
+      },
+      range: pyRange,
+      strftime_now: (format: string) => strftime(now(), format),
+      messages: messages.map(forTemplate),
       add_generation_prompt: opts.addGenerationPrompt ?? true,
       bos_token: this.tokens.bosToken ?? "",
       eos_token: this.tokens.eosToken ?? "",
     };
     if (opts.tools && opts.tools.length > 0) vars.tools = opts.tools;
-    // Ours rather than the library's: English names whatever the machine's locale, as Python's.
-    const now = opts.now ?? (() => new Date());
-    vars.strftime_now = (format: string) => strftime(now(), format);
+    const env = new Environment();
+    for (const [k, v] of Object.entries(vars)) env.set(k, v);
     try {
-      return this.template.render(vars);
+      const out = new Interpreter(env).run(this.template.parsed).value;
+      if (typeof out !== "string") throw new Error(`rendered a ${typeof out}, not text`);
+      return out;
     } catch (e) {
-      throw new ChatTemplateError(`${this.origin}: ${(e as Error).message}`);
+      if (e instanceof ChatTemplateError) throw e;
+      throw new ChatTemplateError(`${this.origin} failed to render: ${(e as Error).message}`);
     }
   }
+}
+
+/**
+ * OpenAI sends tool-call arguments as a JSON string; templates (Llama 3's `arguments | tojson`,
+ * Qwen's) expect the object, so a string that parses is handed over parsed, as vLLM does.
+ */
+function forTemplate(m: ChatMessage): ChatMessage {
+  const calls = m.tool_calls;
+  if (!Array.isArray(calls)) return m;
+  return {
+    ...m,
+    tool_calls: calls.map((c: { function?: { arguments?: unknown } }) => {
+      const args = c?.function?.arguments;
+      if (typeof args !== "string") return c;
+      try {
+        return { ...c, function: { ...c.function, arguments: JSON.parse(args) } };
+      } catch {
+        return c;
+      }
+    }),
+  };
+}
+
+function pyRange(start: number, stop?: number, step = 1): number[] {
+  if (stop === undefined) [start, stop] = [0, start];
+  if (step === 0) throw new Error("range() step must not be zero");
+  const out: number[] = [];
+  for (let i = start; step > 0 ? i < stop : i > stop; i += step) out.push(i);
+  return out;
 }
 
 /** The template refused the conversation (raise_exception) or could not render it: the request's fault. */
