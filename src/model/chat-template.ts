@@ -1,3 +1,4 @@
+import { readFileSync } from "node:fs";
 import { Environment, Interpreter, Template } from "@huggingface/jinja";
 import type { Tokenizer } from "./tokenizer.ts";
 
@@ -133,6 +134,22 @@ export function chatRenderer(tokenizer: Tokenizer, template: string | null, orig
       return ids;
     },
   };
+}
+
+/**
+ * The renderer a served model uses: the template in `overrideFile` (--chat-template) if given,
+ * else the model's own, else DEFAULT_CHAT_TEMPLATE. A file that cannot be read or parsed is
+ * refused here, at start-up, naming it.
+ */
+export function chatRendererFor(tokenizer: Tokenizer, modelTemplate: string | null, overrideFile?: string): ChatRenderer {
+  if (!overrideFile) return chatRenderer(tokenizer, modelTemplate, modelTemplate === null ? "default chat template" : "the model's chat template");
+  let text: string;
+  try {
+    text = readFileSync(overrideFile, "utf8");
+  } catch (e) {
+    throw new Error(`chat template ${overrideFile} cannot be read: ${(e as Error).message}`);
+  }
+  return chatRenderer(tokenizer, text, `chat template ${overrideFile}`);
 }
 
 const MONTHS = ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October", "November", "December"];
