@@ -112,6 +112,20 @@ describe("tokenizer.json through @huggingface/tokenizers", () => {
     expect(e.map((i) => (tok as unknown as { tokenOf(id: number): string }).tokenOf(i))).toEqual(["▁", "<0xC3>", "<0xA9>"]);
   });
 
+  test("metaspace_tokenizer_json_decodes_like_sentencepiece", async () => {
+    // Mistral v0.3 style: Metaspace pre-tokenizer and decoder instead of Prepend/Replace/Strip.
+    const meta = { type: "Metaspace", replacement: "▁", prepend_scheme: "first", split: false };
+    const json = { ...spmTokenizerJson().json, normalizer: null, pre_tokenizer: meta, decoder: meta };
+    const tok = (await buildTokenizer(hfSource(json, { bos_token: "<s>", eos_token: "</s>" }))).tokenizer;
+    const ref = await spmLike();
+    for (const text of ["hello world", "Hello world!", "héllo 😀 世"]) {
+      expect(tok.encode(text)).toEqual(ref.encode(text));
+      expect(tok.decode(tok.encode(text))).toBe(text);
+      const s = stream(tok, tok.encode(text));
+      expect(s.pieces.join("") + s.rest).toBe(text);
+    }
+  });
+
   test("sentencepiece_leading_space_after_bos", async () => {
     const tok = await spmLike();
     const hello = tok.encode("hello", { bos: false })[0]!;
