@@ -13,6 +13,7 @@ export { type EncodeOptions, type Tokenizer, ByteTokenizer, StreamDecoder } from
 export { type TokenizerSource, type GgufTokenizerMeta } from "./tokenizer-source.ts";
 export { type BuiltTokenizer, buildTokenizer } from "./build-tokenizer.ts";
 export { HfTokenizer } from "./hf-tokenizer.ts";
+export { tokenizerFingerprint } from "./tokenizer-fingerprint.ts";
 export {
   type ChatMessage,
   type ChatRenderer,

@@ -1,7 +1,8 @@
 import { describe, expect, test } from "bun:test";
 import { Tokenizer as HfLib } from "@huggingface/tokenizers";
 import { buildTokenizer } from "../../src/model/build-tokenizer.ts";
-import { StreamDecoder, type Tokenizer } from "../../src/model/tokenizer.ts";
+import { tokenizerFingerprint } from "../../src/model/tokenizer-fingerprint.ts";
+import { ByteTokenizer, StreamDecoder, type Tokenizer } from "../../src/model/tokenizer.ts";
 import type { TokenizerSource } from "../../src/model/tokenizer-source.ts";
 import { byteLevelGgufMeta, byteLevelTokenizerJson, spmGgufMeta, spmTokenizerJson, type ByteLevelOptions } from "../support/tokenizer-files.ts";
 
@@ -242,5 +243,22 @@ describe("tokenizer refusals", () => {
     await expect(buildTokenizer(hfSource(json, { eos_token: "<nope>" }))).rejects.toThrow('/models/test: eos_token "<nope>" is not in the vocabulary');
     await expect(buildTokenizer(hfSource(json, { bos_token: null }))).rejects.toThrow(/no EOS token/);
     await expect(buildTokenizer(hfSource(json, { eos_token: "<|im_end|>" }, { generationConfig: { eos_token_id: "x" } }))).rejects.toThrow(/generation_config.json eos_token_id must be a token id/);
+  });
+});
+
+describe("tokenizer fingerprint", () => {
+  test("fingerprint_tells_tokenizers_apart", async () => {
+    const qwen = await qwenLike();
+    const same = await qwenLike();
+    const fp = tokenizerFingerprint(qwen);
+    expect(fp).toMatch(/^[0-9a-f]{16}$/);
+    expect(tokenizerFingerprint(same)).toBe(fp);
+    // Same vocabulary, another pre-tokenizer (digits split differently): other ids for the probe.
+    const { json } = byteLevelTokenizerJson(QWEN);
+    const gpt2 = (await buildTokenizer(hfSource({ ...json, pre_tokenizer: { type: "ByteLevel", add_prefix_space: false, trim_offsets: true, use_regex: true } }, { bos_token: null, eos_token: "<|im_end|>" }))).tokenizer;
+    expect(tokenizerFingerprint(gpt2)).not.toBe(fp);
+    expect(tokenizerFingerprint(qwen, "{{ messages }}")).not.toBe(fp);
+    expect(tokenizerFingerprint(await spmLike())).not.toBe(fp);
+    expect(tokenizerFingerprint(new ByteTokenizer())).not.toBe(fp);
   });
 });
