@@ -1,4 +1,5 @@
 export { KvReceiver, PushSession, type KvReceiverOptions, type ClaimedHandle } from "./kv-receiver.ts";
+export { acceptAll, PushDriver, toKvError } from "./push-driver.ts";
 export { kvService, kvMessageLimit, type KvServiceOptions } from "./kv-service.ts";
 export { serveKv, type ServeKvOptions, type KvServer } from "./kv-server.ts";
 export { serveDataPlane, type DataPlaneServer } from "./data-plane-server.ts";
