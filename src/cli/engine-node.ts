@@ -1,4 +1,5 @@
-import { GrpcRegistry, Heartbeat, receivesKv, serveGrpc, type EngineRole, type GrpcServer } from "../control/index.ts";
+import { GrpcRegistry, Heartbeat, receivesKv, type EngineRole } from "../control/index.ts";
+import { serveGrpc, type GrpcServer } from "../rpc/index.ts";
 import { controlService, type ControlContext } from "../control/control-service.ts";
 import { Engine, type ModelRunner } from "../engine/index.ts";
 import { EngineControl } from "../gen/tl/engine/v1/engine_pb.ts";

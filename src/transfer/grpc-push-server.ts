@@ -12,7 +12,7 @@ import { create, fromBinary, toBinary } from "@bufbuild/protobuf";
 import { KvAckSchema, KvChunkSchema } from "../gen/tl/kv/v1/kv_pb.ts";
 import { extractHeaders } from "../obs/index.ts";
 import { Code } from "../rpc/status.ts";
-import { GRPC_PREFIX_BYTES, grpcMessageLength, putGrpcPrefix } from "./grpc-prefix.ts";
+import { GRPC_PREFIX_BYTES, grpcMessageLength, putGrpcPrefix, sendGrpcStatus } from "../rpc/grpc-wire.ts";
 import { KvError } from "./kv-error.ts";
 import type { KvReceiver } from "./kv-receiver.ts";
 import { GRPC_PUSH_ATTRS, PushDriver } from "./push-driver.ts";
@@ -139,11 +139,6 @@ class PushStream {
 
   private answer(code: number, message: string, body?: Uint8Array): void {
     this.answered = true;
-    const res = this.res;
-    if (res.headersSent || res.destroyed) return;
-    res.writeHead(200, { "content-type": this.contentType });
-    if (body !== undefined) res.write(body);
-    res.addTrailers(code === 0 ? { "grpc-status": "0" } : { "grpc-status": String(code), "grpc-message": encodeURIComponent(message) });
-    res.end();
+    sendGrpcStatus(this.res, this.contentType, code, message, body);
   }
 }
