@@ -1,4 +1,5 @@
-import { GrpcRegistry, Heartbeat, receivesKv, serveGrpc, type EngineRole, type GrpcServer } from "../control/index.ts";
+import { GrpcRegistry, Heartbeat, receivesKv, type EngineRole } from "../control/index.ts";
+import { serveGrpc, type GrpcServer } from "../rpc/index.ts";
 import { controlService, type ControlContext } from "../control/control-service.ts";
 import { Engine, type ModelRunner } from "../engine/index.ts";
 import { EngineControl } from "../gen/tl/engine/v1/engine_pb.ts";
@@ -16,7 +17,7 @@ import {
   type Tokenizer,
 } from "../model/index.ts";
 import { KvPool } from "../pool/index.ts";
-import { GrpcTransport, KvReceiver, serveDataPlane, serveKv, type DataPlaneServer, type KvServer } from "../transfer/index.ts";
+import { KvReceiver, RoutingTransport, serveDataPlane, serveKv, type DataPlaneServer, type KvServer } from "../transfer/index.ts";
 import type { KvShape } from "../codec/index.ts";
 import { closeSync, openSync, readSync } from "node:fs";
 import { basename } from "node:path";
@@ -163,7 +164,7 @@ export async function startEngineNode(opts: EngineNodeOptions): Promise<EngineNo
       kv = await serveKv(receiver, { host, port: opts.kvPort ?? 0, dataPlane: false, ...(dp ? { advertiseDataPlane: advertised(dp.address) } : {}) });
       closers.push(() => kv!.close(), async () => receiver!.close());
     }
-    const transport = roles.includes("prefill") ? new GrpcTransport(opts.useDataPlane === false ? { dataPlane: false } : {}) : null;
+    const transport = roles.includes("prefill") ? new RoutingTransport(opts.useDataPlane === false ? { dataPlane: false } : {}) : null;
     if (transport) closers.push(() => transport.close());
     const grpc: GrpcServer = await serveGrpc(
       (r) =>

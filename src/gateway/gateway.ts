@@ -2,7 +2,7 @@ import { create } from "@bufbuild/protobuf";
 import { ConnectError } from "@connectrpc/connect";
 import { Code, httpStatusOf } from "../rpc/status.ts";
 import { KV_FORMAT, promptHashes } from "../codec/index.ts";
-import { grpcClient, serveGrpc, type GrpcServer } from "../control/index.ts";
+import { grpcClient, serveGrpc, type GrpcServer } from "../rpc/index.ts";
 import { Role, WorkerRegistry as WorkerRegistryService } from "../gen/tl/control/v1/control_pb.ts";
 import { EngineControl, PrefillRequestSchema, type KvHandle } from "../gen/tl/engine/v1/engine_pb.ts";
 import { KvTransfer } from "../gen/tl/kv/v1/kv_pb.ts";
