@@ -1,44 +1,46 @@
-import type { ConnectRouter } from "@connectrpc/connect";
-import { connectNodeAdapter } from "@connectrpc/connect-node";
+import { ConnectError } from "@connectrpc/connect";
 import * as http2 from "node:http2";
-import { callerValues, refuseByRole } from "./peer-gate.ts";
+import type { PeerCheck } from "./grpc-server.ts";
+import { peerIdentity, type PeerCertSource } from "./peer-identity.ts";
+import { refusal } from "./peer-policy.ts";
+import { Code } from "./status.ts";
 import { serverTlsOptions, type TlsSource } from "./tls-config.ts";
 
-type Intercept = (req: http2.Http2ServerRequest, res: http2.Http2ServerResponse) => boolean;
+// A client that connects and never finishes its handshake holds a socket: not for long.
+const HANDSHAKE_TIMEOUT_MS = 10_000;
 
-export interface Http2ServeOptions {
-  routes: (router: ConnectRouter) => void;
-  settings: http2.Settings;
-  maxMessageBytes?: number;
-  /** Sees every (admitted) request first; one it answers itself (returns true) never reaches Connect. */
-  intercept?: Intercept;
-  /** mTLS with this cluster set, or cleartext h2c when null. */
-  tls: TlsSource | null;
+/**
+ * An HTTP/2 server that requires a certificate of the cluster CA from every client and
+ * takes rotated certificate files for new connections (setSecureContext).
+ */
+export function secureHttp2Server(
+  tls: TlsSource,
+  settings: http2.Settings,
+  onRequest: (req: http2.Http2ServerRequest, res: http2.Http2ServerResponse) => void,
+): { server: http2.Http2SecureServer; stopFollowing: () => void } {
+  const server = http2.createSecureServer({ settings, ...serverTlsOptions(tls.current), allowHTTP1: false, handshakeTimeout: HANDSHAKE_TIMEOUT_MS }, onRequest);
+  const stopFollowing = tls.onChange((m) => server.setSecureContext(serverTlsOptions(m)));
+  return { server, stopFollowing };
 }
 
 /**
- * The HTTP/2 server under every internal gRPC port. With `tls`, only a client holding a
- * certificate of the cluster CA gets past the handshake, the method table refuses a
- * wrong role before Connect or `intercept` reads the body, handlers find the caller
- * under `callerKey`, and rotated certificate files take effect for new connections.
+ * The method table (peer-policy.ts) as a PeerCheck: the caller's certificate must name a
+ * role the method is open to. Heartbeat's worker id is inside the body, so its handler
+ * checks that half itself (the caller is in its context values).
  */
-export function createRpcServer(opts: Http2ServeOptions): { server: http2.Http2Server | http2.Http2SecureServer; stopFollowing: () => void } {
-  const mtls = opts.tls !== null;
-  const handler = connectNodeAdapter({
-    routes: opts.routes,
-    contextValues: callerValues(mtls),
-    ...(opts.maxMessageBytes !== undefined ? { readMaxBytes: opts.maxMessageBytes, writeMaxBytes: opts.maxMessageBytes } : {}),
-  });
-  const intercept = opts.intercept;
-  const onRequest = (req: http2.Http2ServerRequest, res: http2.Http2ServerResponse) => {
-    if (mtls && refuseByRole(req, res)) return;
-    if (intercept !== undefined && intercept(req, res)) return;
-    void handler(req, res);
+export const rolePeerCheck: PeerCheck = (call) => {
+  const peer = peerIdentity(call.tls as PeerCertSource | undefined);
+  const method = call.method.split("?")[0]!.replace(/^\//, "");
+  const why = refusal(method, peer, peer?.workerId);
+  if (why !== null) throw new ConnectError(why.message, why.unauthenticated ? Code.Unauthenticated : Code.PermissionDenied);
+};
+
+/** On an mTLS server the role check runs first, then the server's own check (if any). */
+export function withRoleCheck(tls: TlsSource | null, own: PeerCheck | undefined): PeerCheck | undefined {
+  if (tls === null) return own;
+  if (own === undefined) return rolePeerCheck;
+  return (call) => {
+    rolePeerCheck(call);
+    own(call);
   };
-  const base = { settings: opts.settings };
-  if (opts.tls === null) return { server: http2.createServer(base, onRequest), stopFollowing: () => {} };
-  const tls = opts.tls;
-  const server = http2.createSecureServer({ ...base, ...serverTlsOptions(tls.current), allowHTTP1: false }, onRequest);
-  const stopFollowing = tls.onChange((m) => server.setSecureContext(serverTlsOptions(m)));
-  return { server, stopFollowing };
 }

@@ -1,4 +1,4 @@
-import { serveGrpc } from "../control/grpc-server.ts";
+import { type PeerCheck, serveGrpc } from "../rpc/index.ts";
 import { KvTransfer } from "../gen/tl/kv/v1/kv_pb.ts";
 import { serveDataPlane, type DataPlaneServer } from "./data-plane-server.ts";
 import type { KvReceiver } from "./kv-receiver.ts";
@@ -22,6 +22,8 @@ export interface ServeKvOptions {
   /** The data plane's connection cap and idle timeout. */
   dataPlaneMaxConnections?: number;
   dataPlaneIdleTimeoutMs?: number;
+  /** Who may call KvTransfer's methods (rpc/grpc-server.ts PeerCheck); every caller when omitted. */
+  peerCheck?: PeerCheck;
 }
 
 export interface KvServer {
@@ -51,6 +53,7 @@ export async function serveKv(receiver: KvReceiver, opts: ServeKvOptions = {}): 
       // Plain gRPC PushKv, the hot path, is parsed in place; Connect answers the rest.
       intercept: pushKvHandler(receiver, kvMessageLimit(receiver)),
       tls,
+      ...(opts.peerCheck ? { peerCheck: opts.peerCheck } : {}),
     });
     return {
       address: srv.address,

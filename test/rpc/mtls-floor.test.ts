@@ -1,9 +1,10 @@
-// The rpc floor's mTLS pieces on their own: the HTTP/2 server with the role gate, the
+// The rpc floor's mTLS pieces on their own: serveGrpc over mTLS with the role check, the
 // client's server check, and the Bun socket helpers the data plane uses.
 import { afterAll, beforeAll, expect, test } from "bun:test";
 import { Code, ConnectError, createClient } from "@connectrpc/connect";
 import { createGrpcTransport, Http2SessionManager } from "@connectrpc/connect-node";
 import type * as http2 from "node:http2";
+import { serveGrpc, type GrpcServer } from "../../src/rpc/grpc-server.ts";
 import { EngineControl } from "../../src/gen/tl/engine/v1/engine_pb.ts";
 import { callerOf } from "../../src/rpc/peer-gate.ts";
 import type { PeerRole } from "../../src/rpc/peer-identity.ts";
@@ -11,19 +12,16 @@ import { DATA_PLANE_PUSH, DECODE_TARGET_ROLES } from "../../src/rpc/peer-policy.
 import { admitBunPeer, bunDial, bunServerTls } from "../../src/rpc/bun-tls.ts";
 import { secureSessionOptions } from "../../src/rpc/tls-client.ts";
 import { clientTlsOptions, TlsSource, type TlsMaterial } from "../../src/rpc/tls-config.ts";
-import { createRpcServer } from "../../src/rpc/tls-server.ts";
 import { testPki, type TestPki } from "../support/certs.ts";
 
 let pki: TestPki;
-let server: http2.Http2Server | http2.Http2SecureServer;
+let server: GrpcServer;
 let port = 0;
 const calls: string[] = [];
 beforeAll(async () => {
   pki = await testPki();
-  ({ server } = createRpcServer({
-    tls: new TlsSource(pki.files("prefill")),
-    settings: {},
-    routes: (r) =>
+  server = await serveGrpc(
+    (r) =>
       r.service(EngineControl, {
         info: (_req, ctx) => {
           const c = callerOf(ctx);
@@ -35,9 +33,9 @@ beforeAll(async () => {
           return {};
         },
       }),
-  }));
-  await new Promise<void>((r) => server.listen(0, "127.0.0.1", () => r()));
-  port = (server.address() as { port: number }).port;
+    { tls: new TlsSource(pki.files("prefill")) },
+  );
+  port = server.port;
 });
 afterAll(() => server.close());
 

@@ -14,7 +14,7 @@ import { KvTransfer } from "../../src/gen/tl/kv/v1/kv_pb.ts";
 import { KvPool } from "../../src/pool/index.ts";
 import type { PeerRole } from "../../src/rpc/peer-identity.ts";
 import { CLUSTER_TLS_NAME, TlsSource, type TlsMaterial } from "../../src/rpc/tls-config.ts";
-import { buildChunks, DataPlaneClient, GrpcTransport, transfer } from "../../src/transfer/index.ts";
+import { buildChunks, DataPlaneClient, RoutingTransport, transfer } from "../../src/transfer/index.ts";
 import { testPki, type TestPki } from "../support/certs.ts";
 import { fakePrefill, fakePrompt } from "../support/fake-model.ts";
 import { startTestCluster, type TestCluster } from "../support/nodes.ts";
@@ -170,7 +170,7 @@ describe("mTLS cluster (1 prefill + 1 decode)", () => {
     expect(snapshot()).toEqual(before);
     // a prefill certificate pushes (over gRPC and over the data plane), and the handle is then released
     for (const dataPlane of [false, undefined] as const) {
-      const t = new GrpcTransport({ tls: new TlsSource(pki.files("prefill")), ...(dataPlane === false ? { dataPlane } : {}) });
+      const t = new RoutingTransport({ tls: new TlsSource(pki.files("prefill")), ...(dataPlane === false ? { dataPlane } : {}) });
       const mine = fakePrefill(pool, tokens)!;
       const stats = await transfer(t, D().kvAddress, pool, `ok-${dataPlane}`, mine.ids, mine.hashes);
       expect(stats.blocksSent + stats.blocksDeduped).toBe(mine.ids.length);

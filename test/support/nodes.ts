@@ -27,7 +27,7 @@ export async function sseEvents(res: Response): Promise<unknown[]> {
 }
 
 import { startEngineNode, type EngineNode, type EngineNodeOptions } from "../../src/cli/engine-node.ts";
-import { startGateway, type Gateway } from "../../src/gateway/index.ts";
+import { startGateway, type Gateway, type GatewayOptions } from "../../src/gateway/index.ts";
 import type { PeerRole } from "../../src/rpc/peer-identity.ts";
 import { TlsSource } from "../../src/rpc/tls-config.ts";
 import { leafFiles, type TestPki } from "./certs.ts";
@@ -50,6 +50,7 @@ export async function startTestCluster(opts: {
   both?: number;
   intervalMs?: number;
   node?: Partial<EngineNodeOptions>;
+  gateway?: Partial<GatewayOptions>;
   /** Mutual TLS everywhere, each process with its own leaf of this PKI (`<role>-<i>`). */
   pki?: TestPki;
 }): Promise<TestCluster> {
@@ -57,7 +58,7 @@ export async function startTestCluster(opts: {
   const tokenizer = fakeServedModel().tokenizer;
   const pki = opts.pki;
   const tlsFor = async (role: PeerRole, id: string) => (pki ? new TlsSource(await leafFiles(pki, role, id)) : null);
-  const gateway = await startGateway({ tokenizer, modelName: "fake", maxModelLen: 512, heartbeatIntervalMs: intervalMs, tls: await tlsFor("gateway", "gateway-0") });
+  const gateway = await startGateway({ tokenizer, modelName: "fake", maxModelLen: 512, heartbeatIntervalMs: intervalMs, tls: await tlsFor("gateway", "gateway-0"), ...opts.gateway });
   const start = async (role: "prefill" | "decode" | "both", i: number) =>
     startEngineNode({
       tls: await tlsFor(role, `${role}-${i}`),

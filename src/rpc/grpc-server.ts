@@ -1,13 +1,35 @@
 import * as http2 from "node:http2";
-import type { ConnectRouter } from "@connectrpc/connect";
-import type { TlsSource } from "../rpc/tls-config.ts";
-import { createRpcServer } from "../rpc/tls-server.ts";
+import { type ConnectRouter, ConnectError } from "@connectrpc/connect";
+import { connectNodeAdapter } from "@connectrpc/connect-node";
+import { sendGrpcStatus } from "./grpc-wire.ts";
+import { callerValues } from "./peer-gate.ts";
+import type { TlsSource } from "./tls-config.ts";
+import { secureHttp2Server, withRoleCheck } from "./tls-server.ts";
+import { Code } from "./status.ts";
 
 // Bounded: what a client may send before the handler reads it is buffered here. (The
 // connection's own window stays at its default: raising it with setLocalWindowSize made
 // Bun's server stop granting window mid-stream.)
 const STREAM_WINDOW_BYTES = 4 * 1024 * 1024;
 const MAX_FRAME_BYTES = 2 ** 24 - 1;
+
+/** Who is calling which method: what a peer check decides on. */
+export interface PeerCall {
+  /** "/package.Service/Method" */
+  readonly method: string;
+  /** the caller's address as the socket sees it */
+  readonly remoteAddress: string;
+  /** the TLS socket of the call when the server speaks TLS (its peer certificate names the caller); undefined in cleartext */
+  readonly tls: import("node:tls").TLSSocket | undefined;
+}
+
+/**
+ * Decides, before any handler (Connect's or an intercept's) sees a call, whether this
+ * caller may make it: throws a ConnectError (PERMISSION_DENIED, UNAUTHENTICATED) to
+ * refuse, answered as a trailers-only gRPC status. The one place a peer-role layer
+ * (mTLS identities against each method's allowed roles) plugs into every server.
+ */
+export type PeerCheck = (call: PeerCall) => void;
 
 export interface GrpcServerOptions {
   /** Interface to bind; 127.0.0.1 unless told otherwise (tests and single-host clusters). */
@@ -18,9 +40,16 @@ export interface GrpcServerOptions {
   maxMessageBytes?: number;
   /** Sees every request first; one it answers itself (returns true) never reaches Connect. */
   intercept?: (req: http2.Http2ServerRequest, res: http2.Http2ServerResponse) => boolean;
-  /** Mutual TLS with the cluster set, callers checked by role (src/rpc); cleartext h2c when absent. */
+  /** Runs for every call before its handler; see PeerCheck. */
+  peerCheck?: PeerCheck;
+  /**
+   * Mutual TLS with this cluster set: a client needs a certificate of the cluster CA to
+   * get past the handshake, each call is checked against the method table by the role
+   * its certificate names (before `peerCheck`), and handlers find the caller under
+   * `callerKey`. Cleartext h2c when absent.
+   */
   tls?: TlsSource | null;
-  /** Most concurrent connections; default 1024. */
+  /** Most concurrent connections (HTTP/2 sessions); more are closed at once. Default 1024. */
   maxSessions?: number;
 }
 
@@ -42,8 +71,8 @@ export interface GrpcServer {
 
 /**
  * Serves Connect routes over HTTP/2, the transport gRPC clients (Connect's
- * createGrpcTransport, grpc-js, grpc-go, grpcurl) speak: mutual TLS with `tls`
- * (every caller's role checked against src/rpc's method table), else cleartext h2c.
+ * createGrpcTransport, grpc-js, grpc-go, grpcurl) speak: mutual TLS with `tls`,
+ * cleartext h2c without.
  * The Connect and gRPC-web protocols are answered on the same port as well.
  *
  * Client streams: under Bun (and Node) a client that aborts mid-stream can end
@@ -56,16 +85,23 @@ export async function serveGrpc(
   opts: GrpcServerOptions = {},
 ): Promise<GrpcServer> {
   const host = opts.host ?? "127.0.0.1";
+  const tls = opts.tls ?? null;
   const maxSessions = opts.maxSessions ?? 1024;
+  const handler = connectNodeAdapter({
+    routes,
+    contextValues: callerValues(tls !== null),
+    ...(opts.maxMessageBytes !== undefined
+      ? { readMaxBytes: opts.maxMessageBytes, writeMaxBytes: opts.maxMessageBytes }
+      : {}),
+  });
   // Large windows and frames for what clients send: with the protocol's 64 KiB
   // defaults a client stream of KV blocks stalls on a WINDOW_UPDATE every 64 KiB.
-  const { server, stopFollowing } = createRpcServer({
-    routes,
-    settings: { initialWindowSize: STREAM_WINDOW_BYTES, maxFrameSize: MAX_FRAME_BYTES },
-    maxMessageBytes: opts.maxMessageBytes,
-    intercept: opts.intercept,
-    tls: opts.tls ?? null,
-  });
+  const intercept = opts.intercept;
+  const peerCheck = withRoleCheck(tls, opts.peerCheck);
+  const serve = intercept === undefined ? handler : (req: http2.Http2ServerRequest, res: http2.Http2ServerResponse) => void (intercept(req, res) || handler(req, res));
+  const onRequest = peerCheck === undefined ? serve : (req: http2.Http2ServerRequest, res: http2.Http2ServerResponse) => void (admit(peerCheck, req, res) && serve(req, res));
+  const settings = { initialWindowSize: STREAM_WINDOW_BYTES, maxFrameSize: MAX_FRAME_BYTES };
+  const { server, stopFollowing } = tls === null ? { server: http2.createServer({ settings }, onRequest), stopFollowing: () => {} } : secureHttp2Server(tls, settings, onRequest);
   // server.close() alone waits for clients to hang up, which a pooled client
   // connection never does; track sessions so close() can end them.
   const sessions = new Set<http2.ServerHttp2Session>();
@@ -119,6 +155,21 @@ export async function serveGrpc(
       return closing;
     },
   };
+}
+
+/** Runs the peer check; a refusal is answered here and the call goes no further. */
+function admit(check: PeerCheck, req: http2.Http2ServerRequest, res: http2.Http2ServerResponse): boolean {
+  const socket = req.socket as import("node:net").Socket & { encrypted?: boolean };
+  try {
+    check({ method: req.url, remoteAddress: socket.remoteAddress ?? "", tls: socket.encrypted ? (socket as import("node:tls").TLSSocket) : undefined });
+    return true;
+  } catch (e) {
+    const err = ConnectError.from(e, Code.PermissionDenied);
+    // Let the request body go: the call is over.
+    req.resume();
+    sendGrpcStatus(res, "application/grpc", err.code, err.rawMessage, undefined, true);
+    return false;
+  }
 }
 
 // IPv6 literals need brackets in host:port form.

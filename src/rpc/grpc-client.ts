@@ -2,7 +2,7 @@ import * as http2 from "node:http2";
 import type { DescService } from "@bufbuild/protobuf";
 import { Code, ConnectError, createClient, type Client, type Transport } from "@connectrpc/connect";
 import { createGrpcTransport, Http2SessionManager } from "@connectrpc/connect-node";
-import { channelKey, secureSessionOptions, type ClientTls } from "../rpc/tls-client.ts";
+import { channelKey, secureSessionOptions, type ClientTls } from "./tls-client.ts";
 
 export interface GrpcClientOptions {
   /** Deadline applied to every call that does not pass its own `timeoutMs`. */
