@@ -105,7 +105,7 @@ export async function mintCluster(counts: MintCounts, opts: MintOptions = {}): P
 }
 
 /** The file names one issued cert is written under in a `certs` directory. */
-export function certFiles(dir: string, c: { role: PeerRole; workerId: string }): { cert: string; key: string } {
+export function certFiles(dir: string, c: { workerId: string }): { cert: string; key: string } {
   return { cert: join(dir, `${c.workerId}.crt`), key: join(dir, `${c.workerId}.key`) };
 }
 

@@ -49,6 +49,7 @@ export const SPECS: readonly Spec[] = [
   { section: "gateway", key: "api_key", kind: "list", dflt: [], help: "Bearer key required on the HTTP API (repeatable; TL_API_KEY also read, comma-separated)" },
   { section: "gateway", key: "metrics_need_key", kind: "bool", dflt: false, help: "put /metrics behind the API key too" },
   { section: "gateway", key: "max_request_bytes", kind: "int", dflt: 4194304, help: "largest HTTP request body (413 beyond it)" },
+  { section: "gateway", key: "routing_headers", kind: "bool", dflt: false, help: "tell clients which workers served them (x-tl-prefill-worker, x-tl-decode-worker): debugging only" },
   { section: "gateway", key: "max_workers", kind: "int", dflt: 256, help: "most workers the registry holds (heartbeats of more are refused)" },
   { section: "gateway", key: "http_listen", kind: "addr", dflt: "127.0.0.1:8000", help: "OpenAI-compatible front door" },
   { section: "gateway", key: "registry_listen", kind: "addr", dflt: "127.0.0.1:50050", help: "WorkerRegistry (tl.control.v1) gRPC server" },
@@ -135,6 +136,9 @@ export function applyToml(c: Config, path: string): void {
   }
 }
 
+/** Subcommand flags that take no value (`engine cluster --plaintext`). */
+const STANDALONE_FLAGS = new Set(["plaintext"]);
+
 /**
  * Flags override the config file. `--http-listen` and the other keys both sections
  * have go to [gateway] for the gateway role and to [engine] otherwise.
@@ -142,7 +146,7 @@ export function applyToml(c: Config, path: string): void {
 export function parseArgs(argv: readonly string[]): { config: Config; rest: Map<string, string>; help: boolean } {
   const flags = new Map<string, string>();
   const lists = new Map<string, string[]>();
-  const kindOf = (name: string) => SPECS.find((s) => s.key === name.replaceAll("-", "_"))?.kind;
+  const kindOf = (name: string) => (STANDALONE_FLAGS.has(name) ? "bool" : SPECS.find((s) => s.key === name.replaceAll("-", "_"))?.kind);
   let help = false;
   for (let i = 0; i < argv.length; i++) {
     const a = argv[i]!;
@@ -189,7 +193,8 @@ export function helpText(): string {
     "",
     "usage:",
     "  engine --role prefill|decode|both|gateway [--config FILE.toml] [--option value ...]",
-    "  engine cluster [--prefill N] [--decode M] [--model PATH --tokenizer PATH]",
+    "  engine cluster [--prefill N] [--decode M] [--model PATH --tokenizer PATH] [--plaintext] [--api-key KEY]",
+    "                 (internal ports run mutual TLS with an ephemeral CA unless --plaintext)",
     "  engine certs --out DIR [--gateway N] [--prefill N] [--decode N] [--both N] [--admin N] [--dns NAMES] [--ip ADDRS] [--days D]",
     "  engine generate [--model PATH --tokenizer PATH] --prompt TEXT [--max-tokens N] [--temperature T] [--seed S]",
     "",

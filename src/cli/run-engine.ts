@@ -101,6 +101,8 @@ export async function runGateway(config: Config): Promise<Gateway> {
     frontDoor: frontDoorOf(security),
     tls: security.tls,
     maxWorkers: Number(g.max_workers),
+    routingHeaders: g.routing_headers === true,
+    ...(security.apiKeys[0] !== undefined ? { engineApiKey: security.apiKeys[0] } : {}),
   });
   console.log(JSON.stringify({ msg: "ready", role: "gateway", pid: process.pid, model: model.name, http: gw.httpAddress, registry: gw.registryAddress, tls: security.mode, api_key: security.apiKeys.length > 0 }));
   return gw;

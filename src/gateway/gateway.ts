@@ -1,6 +1,6 @@
 import { create } from "@bufbuild/protobuf";
 import { ConnectError } from "@connectrpc/connect";
-import { Code, httpStatusOf } from "../rpc/status.ts";
+import { Code, codeName, httpStatusOf } from "../rpc/status.ts";
 import { KV_FORMAT, promptHashes } from "../codec/index.ts";
 import { grpcClient, serveGrpc, type GrpcServer } from "../rpc/index.ts";
 import { Role, WorkerRegistry as WorkerRegistryService } from "../gen/tl/control/v1/control_pb.ts";
@@ -49,6 +49,10 @@ export interface GatewayOptions {
   tls?: TlsSource | null;
   /** Most workers the registry holds (default 256). */
   maxWorkers?: number;
+  /** Bearer key the gateway presents to engines' HTTP ports (they take the cluster's API keys too). */
+  engineApiKey?: string;
+  /** Tell clients which workers served them (x-tl-prefill-worker / x-tl-decode-worker, the last chunk's tl.*_worker): a debugging aid, off by default. */
+  routingHeaders?: boolean;
 }
 
 export interface Gateway {
@@ -110,6 +114,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
   const tls = opts.tls ?? null;
   // Every internal client dials over mTLS when the gateway holds a cluster set, and only
   // reaches a server whose certificate names the role it is meant to play.
+  const engineAuth: Record<string, string> = opts.engineApiKey ? { authorization: `Bearer ${opts.engineApiKey}` } : {};
   const toPrefill = tls ? { tls: { source: tls, expect: ["prefill", "both"] as const } } : {};
   const toDecode = tls ? { tls: { source: tls, expect: ["decode", "both"] as const } } : {};
   const metrics = createMetrics();
@@ -238,7 +243,11 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
           log.warn("worker refused the request; routing elsewhere", { request_id: id, worker: blame, error: err.rawMessage });
           continue;
         }
-        throw new HttpError(httpStatusOf(err.code), `prefill on ${pid} failed: ${err.rawMessage}`, err.code === Code.InvalidArgument ? "invalid_request_error" : "server_error");
+        // The client hears the request id and what kind of failure it was; which worker,
+        // where, and the engine's own words go to the log.
+        log.warn("prefill failed", { request_id: id, worker: pid, code: Code[err.code], error: err.rawMessage });
+        if (err.code === Code.InvalidArgument) throw new HttpError(400, `request ${id}: ${err.rawMessage}`);
+        throw new HttpError(httpStatusOf(err.code), `request ${id}: prefill failed (${codeName(err.code)})`, "server_error");
       } finally {
         busy(pid, -1);
       }
@@ -276,6 +285,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
             [FIRST_TOKEN_HEADER]: String(handle.firstToken),
             [DRAWS_HEADER]: String(handle.rngDrawsConsumed),
             "x-request-id": id,
+            ...engineAuth,
             ...traceHeaders(resume),
           },
           q,
@@ -326,7 +336,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     busy(wid, 1);
     const call = startSpan("colocated", SpanKind.CLIENT, span, RESUME_ATTRS);
     if (call.isRecording()) call.setAttributes({ "server.address": W.worker.status.httpAddress, "tl.worker_id": wid });
-    readTokenStream(`http://${W.worker.status.httpAddress}/v1/completions`, resumeBody(params, params.promptTokens), { "x-request-id": id, ...traceHeaders(call) }, q, abort.signal, () => {}).finally(() => {
+    readTokenStream(`http://${W.worker.status.httpAddress}/v1/completions`, resumeBody(params, params.promptTokens), { "x-request-id": id, ...engineAuth, ...traceHeaders(call) }, q, abort.signal, () => {}).finally(() => {
       endSpan(call, q.end.reason === "error" ? q.end.error : undefined);
       busy(wid, -1);
     });
@@ -345,7 +355,8 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
         }
         counted.push(t);
       }
-      counted.close(q.end);
+      // What went wrong in detail (engine addresses, handle ids) is logged below; the client hears its request id and the kind.
+      counted.close(q.end.reason === "error" ? { reason: "error", error: `request ${id}: generation failed on the ${s.served === "colocated-fallback" ? "engine" : "decode engine"}` } : q.end);
       active--;
       const outcome = q.end.reason === "error" ? "error" : q.end.reason === "cancelled" ? "cancelled" : "ok";
       metrics.requests.inc({ served: s.served, outcome });
@@ -377,15 +388,14 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
       headers: {
         "x-request-id": id,
         "x-tl-served": s.served,
-        "x-tl-prefill-worker": s.prefillWorker,
-        "x-tl-decode-worker": s.decodeWorker,
+        ...(opts.routingHeaders ? { "x-tl-prefill-worker": s.prefillWorker, "x-tl-decode-worker": s.decodeWorker } : {}),
         "x-tl-blocks-sent": String(s.blocksSent),
         "x-tl-blocks-deduped": String(s.blocksDeduped),
         "x-tl-payload-bytes": String(s.payloadBytes),
         "x-tl-seed": params.seed.toString(),
       },
       extra: () => ({
-        tl: { served: s.served, prefill_worker: s.prefillWorker, decode_worker: s.decodeWorker, blocks_sent: s.blocksSent, blocks_deduped: s.blocksDeduped, payload_bytes: s.payloadBytes },
+        tl: { served: s.served, ...(opts.routingHeaders ? { prefill_worker: s.prefillWorker, decode_worker: s.decodeWorker } : {}), blocks_sent: s.blocksSent, blocks_deduped: s.blocksDeduped, payload_bytes: s.payloadBytes },
       }),
     });
   }

@@ -33,7 +33,7 @@ export function testPki(): Promise<TestPki> {
     writeCerts(join(dir, "cluster"), cluster);
     writeCerts(join(dir, "other"), other);
     const filesIn = (sub: string) => (role: PeerRole, workerId = `${role}-0`): TlsFiles => ({
-      ...certFiles(join(dir, sub), { role, workerId }),
+      ...certFiles(join(dir, sub), { workerId }),
       ca: join(dir, sub, "ca.crt"),
     });
     const files = filesIn("cluster");
