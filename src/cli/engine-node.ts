@@ -190,7 +190,7 @@ export async function startEngineNode(opts: EngineNodeOptions): Promise<EngineNo
         workerId,
         roles,
         isDraining: () => engine.isDraining,
-        claim: receiver ? (h) => receiver!.claim(h) : undefined,
+        claim: receiver ? (h, fits) => receiver!.claim(h, fits) : undefined,
         onRequestEnd: opts.onRequestEnd,
         extraRoutes: opts.extraRoutes,
       }),

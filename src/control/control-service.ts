@@ -53,6 +53,14 @@ export function samplingFromProto(s: SamplingProto | undefined, chooseSeed: () =
 const PREFILL_SERVER_ATTRS: Attributes = { "tl.role": "prefill", "rpc.system": "grpc", "rpc.service": "tl.engine.v1.EngineControl", "rpc.method": "Prefill" };
 const ROLE_ATTRS: Attributes = { "tl.role": "prefill" };
 
+/**
+ * A handle id is a capability to D's blocks: 128 random bits, nothing the client chose
+ * (not its x-request-id) and nothing guessable.
+ */
+export function newHandleId(): string {
+  return Buffer.from(crypto.getRandomValues(new Uint8Array(16))).toString("hex");
+}
+
 function randomSeed(): bigint {
   return crypto.getRandomValues(new BigUint64Array(1))[0]!;
 }
@@ -102,7 +110,7 @@ export function controlService(ctx: ControlContext): ServiceImpl<typeof EngineCo
     if (!f.prefill) throw new ConnectError(`prefill failed: ${f.error ?? f.reason}`, f.reason === "error" || f.reason === "length" ? Code.ResourceExhausted : Code.Internal);
     const out = f.prefill;
     const handle = create(KvHandleSchema, {
-      handleId: `${req.requestId}.${Math.random().toString(36).slice(2, 10)}`,
+      handleId: newHandleId(),
       firstToken: out.firstToken,
       blockHashes: out.hashes,
       rngDrawsConsumed: out.draws,

@@ -19,7 +19,8 @@ export interface EngineHttpContext {
   roles: readonly string[];
   isDraining: () => boolean;
   /** Decode engines: takes a pushed handle over (null when unknown or expired). */
-  claim?: (handleId: string) => ClaimedHandle | null;
+  /** Hands over the handle's blocks if `fits` finds no fault with it; a faulted handle stays claimable. */
+  claim?: (handleId: string, fits: (h: ClaimedHandle) => string | null) => ClaimedHandle | { fault: string } | null;
   /** Called once per finished request, for logs and metrics. */
   onRequestEnd?: (info: RequestEnd) => void;
   /** Extra routes (e.g. /metrics), tried before the 404. */
@@ -153,19 +154,17 @@ export function engineHttpHandler(ctx: EngineHttpContext): (req: Request) => Pro
     if (!ctx.claim) throw new HttpError(400, `${HANDLE_HEADER} sent to an engine without the decode role`);
     const firstToken = headerInt(req, FIRST_TOKEN_HEADER, tokenizer.vocabSize);
     const draws = headerInt(req, DRAWS_HEADER, 2 ** 31);
-    const claimed = ctx.claim(handleId);
-    if (!claimed) throw new HttpError(404, `kv handle ${JSON.stringify(handleId)} is unknown or expired`, "not_found_error");
     const B = engine.pool.shape.blockTokens;
     const want = promptHashes(params.promptTokens, B);
-    const hashesMatch = want.length === claimed.hashes.length && want.every((h, i) => h === claimed.hashes[i]);
-    if (!hashesMatch || claimed.nTokens !== params.promptTokens.length) {
-      engine.pool.releaseAll(claimed.blockIds);
-      throw new HttpError(
-        409,
-        `kv handle ${JSON.stringify(handleId)} holds ${claimed.nTokens} tokens in ${claimed.hashes.length} full blocks; the prompt has ${params.promptTokens.length} tokens and its block hashes ${hashesMatch ? "match" : "differ"}`,
-        "conflict_error",
-      );
-    }
+    // A resume naming the wrong prompt is refused and the handle stays for the right one:
+    // whoever holds a handle id cannot destroy another request's KV by misusing it.
+    const claimed = ctx.claim(handleId, (h) => {
+      const hashesMatch = want.length === h.hashes.length && want.every((x, i) => x === h.hashes[i]);
+      if (hashesMatch && h.nTokens === params.promptTokens.length) return null;
+      return `kv handle holds ${h.nTokens} tokens in ${h.hashes.length} full blocks; the prompt has ${params.promptTokens.length} tokens and its block hashes ${hashesMatch ? "match" : "differ"}`;
+    });
+    if (!claimed) throw new HttpError(404, "kv handle is unknown or expired", "not_found_error");
+    if ("fault" in claimed) throw new HttpError(409, claimed.fault, "conflict_error");
     return { blockIds: claimed.blockIds, firstToken, draws };
   }
 

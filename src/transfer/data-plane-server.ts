@@ -9,6 +9,7 @@ import { DATA_PLANE_PUSH_ATTRS, PushDriver } from "./push-driver.ts";
 import { Reassembler } from "./reassembler.ts";
 import { admitBunPeer, bunServerTls } from "../rpc/bun-tls.ts";
 import { DATA_PLANE_PUSH } from "../rpc/peer-policy.ts";
+import { peerIdentity } from "../rpc/peer-identity.ts";
 import type { TlsSource } from "../rpc/tls-config.ts";
 import {
   CHUNK_FIXED,
@@ -129,6 +130,7 @@ export async function serveDataPlane(receiver: KvReceiver, opts: DataPlaneServer
         const why = admitBunPeer(s, DATA_PLANE_PUSH);
         if (why === null) {
           s.data.admitted = true;
+          s.data.push.peer = peerIdentity(s)?.workerId ?? "";
           return;
         }
         s.data.refused = true;
