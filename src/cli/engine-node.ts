@@ -190,6 +190,7 @@ export async function startEngineNode(opts: EngineNodeOptions): Promise<EngineNo
         workerId,
         roles,
         isDraining: () => engine.isDraining,
+        tls: tls === null ? "plaintext" : "mtls",
         claim: receiver ? (h, fits) => receiver!.claim(h, fits) : undefined,
         onRequestEnd: opts.onRequestEnd,
         extraRoutes: opts.extraRoutes,

@@ -18,6 +18,7 @@ import { validateSampling } from "../rng/index.ts";
 import { transfer, TransferError, type KvTransport, type TransferStats } from "../transfer/index.ts";
 
 const U64_MAX = (1n << 64n) - 1n;
+const MAX_DRAIN_MS = 3_600_000n;
 
 export interface ControlContext {
   workerId: string;
@@ -193,8 +194,14 @@ export function controlService(ctx: ControlContext): ServiceImpl<typeof EngineCo
       return create(CancelResponseSchema, { cancelled: engine.cancel(req.requestId) });
     },
 
+    /**
+     * Stops admitting for good (readiness turns 503), lets running requests finish until
+     * deadline_ms, then cuts what is left: the deadline is honoured, not just reported.
+     */
     async drain(req) {
+      if (req.deadlineMs > MAX_DRAIN_MS) throw invalid(`deadline_ms ${req.deadlineMs} exceeds ${MAX_DRAIN_MS} (one hour)`);
       const remaining = await engine.drain(Number(req.deadlineMs));
+      for (const id of engine.requestIds()) engine.cancel(id);
       return create(DrainResponseSchema, { remaining });
     },
   };

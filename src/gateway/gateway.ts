@@ -423,7 +423,13 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
       if (req.method === "GET" && url.pathname === "/health") {
         const live = registry.live();
         const count = (r: Role) => live.filter((w) => w.status.role === r).length;
-        return Response.json({ status: "ok", workers: { prefill: count(Role.PREFILL), decode: count(Role.DECODE), both: count(Role.BOTH) } });
+        return Response.json(
+          { status: draining ? "draining" : "ok", workers: { prefill: count(Role.PREFILL), decode: count(Role.DECODE), both: count(Role.BOTH) }, tls: tls === null ? "plaintext" : "mtls" },
+          { status: draining ? 503 : 200 },
+        );
+      }
+      if (req.method === "GET" && url.pathname === "/health/live") {
+        return Response.json({ status: "alive" });
       }
       if (req.method === "GET" && url.pathname === "/metrics") {
         const live = registry.live();

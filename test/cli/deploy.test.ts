@@ -141,8 +141,9 @@ test("deploy_args_are_cli_options_and_ports_agree", () => {
     // Every bound port declared, and nothing declared that nothing binds.
     expect({ pod: p.name, ports: declared }).toEqual({ pod: p.name, ports: [...p.listens.values()].sort() });
     const http = p.listens.get("http_listen")!;
-    for (const probe of ["readinessProbe", "livenessProbe"]) {
-      expect(c[probe]?.httpGet?.path, `${p.name} ${probe}`).toBe("/health");
+    // Readiness turns 503 while draining; liveness stays up (a draining engine must not be restarted).
+    for (const [probe, path] of [["readinessProbe", "/health"], ["livenessProbe", "/health/live"]] as const) {
+      expect(c[probe]?.httpGet?.path, `${p.name} ${probe}`).toBe(path);
       expect(resolvePort(c, c[probe].httpGet.port)).toBe(http);
     }
     if (c.startupProbe) expect(resolvePort(c, c.startupProbe.httpGet.port)).toBe(http);
