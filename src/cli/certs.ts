@@ -72,7 +72,7 @@ export async function issueCert(ca: ClusterCerts, role: PeerRole, workerId: stri
   ];
   const cert = await x509.X509CertificateGenerator.create({
     serialNumber: randomSerial(),
-    subject: `CN=${role}/${workerId}`,
+    subject: `CN=${role}/${workerId || "*"}`,
     issuer: ca.caCert.subject,
     notBefore: new Date(now - 60_000),
     notAfter: new Date(now + (opts.validDays ?? 365) * DAY_MS),
@@ -96,17 +96,24 @@ export async function issueCert(ca: ClusterCerts, role: PeerRole, workerId: stri
 /** How many processes of each role; the worker ids are `<role>-<i>` (gateway-0, prefill-1, ...). */
 export type MintCounts = Partial<Record<PeerRole, number>>;
 
-export async function mintCluster(counts: MintCounts, opts: MintOptions = {}): Promise<ClusterCerts> {
+export async function mintCluster(counts: MintCounts, opts: MintOptions & { perRole?: boolean } = {}): Promise<ClusterCerts> {
   const ca = await mintCa(opts);
   for (const role of PEER_ROLES) {
-    for (let i = 0; i < (counts[role] ?? 0); i++) await issueCert(ca, role, `${role}-${i}`, opts);
+    const n = counts[role] ?? 0;
+    // Role-level: one certificate a Deployment's pods share, speaking for any worker id <role>-...
+    if (opts.perRole) {
+      if (n > 0) await issueCert(ca, role, "", opts);
+      continue;
+    }
+    for (let i = 0; i < n; i++) await issueCert(ca, role, `${role}-${i}`, opts);
   }
   return ca;
 }
 
-/** The file names one issued cert is written under in a `certs` directory. */
-export function certFiles(dir: string, c: { workerId: string }): { cert: string; key: string } {
-  return { cert: join(dir, `${c.workerId}.crt`), key: join(dir, `${c.workerId}.key`) };
+/** The file names one issued cert is written under in a `certs` directory (`<role>.crt` for a role-level one). */
+export function certFiles(dir: string, c: { workerId: string; role?: PeerRole }): { cert: string; key: string } {
+  const name = c.workerId || c.role || "";
+  return { cert: join(dir, `${name}.crt`), key: join(dir, `${name}.key`) };
 }
 
 /** Writes ca.crt and <worker_id>.crt/.key into `dir` (created 0700); every file 0600. The CA key is never written. */
@@ -135,7 +142,8 @@ const COUNT_FLAGS = ["gateway", "prefill", "decode", "both", "admin"] as const;
 
 /**
  * `engine certs --out DIR [--gateway N] [--prefill N] [--decode N] [--both N] [--admin N]
- * [--dns NAME,...] [--ip ADDR,...] [--days D]`: a CA and one certificate per process.
+ * [--dns NAME,...] [--ip ADDR,...] [--days D] [--per-role]`: a CA and one certificate per
+ * process (or, with --per-role, one per role for a Deployment's pods to share).
  */
 export async function runCerts(rest: Map<string, string>): Promise<string> {
   const out = rest.get("out");
@@ -147,7 +155,7 @@ export async function runCerts(rest: Map<string, string>): Promise<string> {
     return Number(v);
   };
   for (const k of rest.keys()) {
-    if (!["out", "dns", "ip", "days", ...COUNT_FLAGS].includes(k)) throw new ConfigError(`certs: unknown option --${k}`);
+    if (!["out", "dns", "ip", "days", "per-role", ...COUNT_FLAGS].includes(k)) throw new ConfigError(`certs: unknown option --${k}`);
   }
   const counts: MintCounts = {
     gateway: num("gateway", 1, 64),
@@ -157,11 +165,11 @@ export async function runCerts(rest: Map<string, string>): Promise<string> {
     admin: num("admin", 1, 64),
   };
   const list = (k: string) => (rest.get(k) ?? "").split(",").map((s) => s.trim()).filter((s) => s !== "");
-  const opts: MintOptions = { dnsNames: list("dns"), ipAddresses: list("ip"), validDays: num("days", 365, 3650) || 365 };
+  const opts = { dnsNames: list("dns"), ipAddresses: list("ip"), validDays: num("days", 365, 3650) || 365, perRole: rest.get("per-role") === "true" };
   if (existsNonEmpty(out, "ca.crt")) throw new ConfigError(`certs: ${out} already holds ca.crt; refusing to overwrite a CA`);
   const set = await mintCluster(counts, opts);
   writeCerts(out, set);
-  return `wrote ${set.issued.length} certificates and ca.crt to ${out} (${set.issued.map((c) => c.workerId).join(", ")})`;
+  return `wrote ${set.issued.length} certificates and ca.crt to ${out} (${set.issued.map((c) => c.workerId || `${c.role} (any ${c.role}-* worker)`).join(", ")})`;
 }
 
 function existsNonEmpty(dir: string, name: string): boolean {

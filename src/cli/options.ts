@@ -137,7 +137,7 @@ export function applyToml(c: Config, path: string): void {
 }
 
 /** Subcommand flags that take no value (`engine cluster --plaintext`). */
-const STANDALONE_FLAGS = new Set(["plaintext"]);
+const STANDALONE_FLAGS = new Set(["plaintext", "per-role"]);
 
 /**
  * Flags override the config file. `--http-listen` and the other keys both sections
@@ -195,7 +195,7 @@ export function helpText(): string {
     "  engine --role prefill|decode|both|gateway [--config FILE.toml] [--option value ...]",
     "  engine cluster [--prefill N] [--decode M] [--model PATH --tokenizer PATH] [--plaintext] [--api-key KEY]",
     "                 (internal ports run mutual TLS with an ephemeral CA unless --plaintext)",
-    "  engine certs --out DIR [--gateway N] [--prefill N] [--decode N] [--both N] [--admin N] [--dns NAMES] [--ip ADDRS] [--days D]",
+    "  engine certs --out DIR [--gateway N] [--prefill N] [--decode N] [--both N] [--admin N] [--dns NAMES] [--ip ADDRS] [--days D] [--per-role]",
     "  engine generate [--model PATH --tokenizer PATH] --prompt TEXT [--max-tokens N] [--temperature T] [--seed S]",
     "",
     "options (TOML key under [section]; flags override the file; the gateway role reads [gateway]):",

@@ -29,7 +29,7 @@ export async function runEngine(config: Config): Promise<EngineNode> {
   let node: EngineNode;
   node = await startEngineNode({
     role,
-    workerId: workerIdOpt ?? security.tls?.current.self.workerId ?? `${role}-${hostname()}-${process.pid}`,
+    workerId: workerIdOpt ?? (security.tls?.current.self.workerId || undefined) ?? `${role}-${hostname()}-${process.pid}`,
     frontDoor: frontDoorOf(security),
     tls: security.tls,
     host: http.host,

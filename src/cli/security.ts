@@ -1,5 +1,5 @@
 import { log } from "../obs/index.ts";
-import type { PeerRole } from "../rpc/peer-identity.ts";
+import { speaksFor, type PeerRole } from "../rpc/peer-identity.ts";
 import { TlsConfigError, TlsSource } from "../rpc/tls-config.ts";
 import { apiKeysFrom } from "../http/front-door.ts";
 import { ConfigError, type Section } from "./options.ts";
@@ -41,7 +41,7 @@ export function securityFrom(section: Section, role: PeerRole, hosts: readonly s
     }
     const self = tls.current.self;
     if (self.role !== role) throw new ConfigError(`tls_cert ${files.cert} names role ${self.role}; this process runs as ${role}`);
-    if (workerId && workerId !== self.workerId) throw new ConfigError(`worker_id ${JSON.stringify(workerId)} differs from the certificate's ${JSON.stringify(self.workerId)} (the registry only takes heartbeats for the certificate's own id)`);
+    if (workerId && !speaksFor(self, workerId)) throw new ConfigError(`worker_id ${JSON.stringify(workerId)} differs from the certificate's ${JSON.stringify(self.workerId)} (the registry only takes heartbeats for the certificate's own id)`);
   }
   const open = hosts.filter((h) => !isLoopback(h));
   if (tls === null && open.length > 0) {

@@ -10,23 +10,41 @@ export const PEER_ROLES: readonly PeerRole[] = ["gateway", "prefill", "decode", 
 export const SPIFFE_TRUST_DOMAIN = "tl-engine";
 const WORKER_ID = /^[A-Za-z0-9._-]{1,128}$/;
 
+/**
+ * `workerId` "" is a role-level identity, `spiffe://tl-engine/<role>`: one certificate
+ * shared by every pod of a Deployment, which may speak for any worker id `<role>-...`
+ * (pod names). A per-process certificate binds exactly one worker id.
+ */
 export interface PeerIdentity {
   role: PeerRole;
   workerId: string;
 }
 
 export function spiffeId(role: PeerRole, workerId: string): string {
+  if (workerId === "") return `spiffe://${SPIFFE_TRUST_DOMAIN}/${role}`;
   if (!WORKER_ID.test(workerId)) throw new Error(`worker id ${JSON.stringify(workerId)}: want 1..128 of [A-Za-z0-9._-]`);
   return `spiffe://${SPIFFE_TRUST_DOMAIN}/${role}/${workerId}`;
 }
 
-/** The identity a `spiffe://tl-engine/<role>/<id>` URI names, or null for anything else. */
+/** The identity a `spiffe://tl-engine/<role>[/<id>]` URI names, or null for anything else. */
 export function parseSpiffeId(uri: string): PeerIdentity | null {
-  const m = /^spiffe:\/\/([^/]+)\/([a-z]+)\/([^/]+)$/.exec(uri);
+  const m = /^spiffe:\/\/([^/]+)\/([a-z]+)(?:\/([^/]+))?$/.exec(uri);
   if (!m || m[1] !== SPIFFE_TRUST_DOMAIN) return null;
   const role = m[2] as PeerRole;
-  if (!PEER_ROLES.includes(role) || !WORKER_ID.test(m[3]!)) return null;
-  return { role, workerId: m[3]! };
+  const workerId = m[3] ?? "";
+  if (!PEER_ROLES.includes(role) || (workerId !== "" && !WORKER_ID.test(workerId))) return null;
+  return { role, workerId };
+}
+
+/** Whether `id` may speak for worker `workerId`: its own id, or for a role-level identity any `<role>-...`. */
+export function speaksFor(id: PeerIdentity, workerId: string | undefined): boolean {
+  if (workerId === undefined || workerId === "") return false;
+  return id.workerId === "" ? workerId.startsWith(`${id.role}-`) && WORKER_ID.test(workerId) : id.workerId === workerId;
+}
+
+/** The key per-peer caps count under: the worker id, or `<role>/*` for a role-level identity. */
+export function peerKey(id: PeerIdentity): string {
+  return id.workerId === "" ? `${id.role}/*` : id.workerId;
 }
 
 /**
@@ -87,5 +105,5 @@ export function peerIdentity(socket: PeerCertSource | null | undefined): PeerIde
 }
 
 export function formatIdentity(id: PeerIdentity | null): string {
-  return id === null ? "an unidentified peer" : `${id.role}/${id.workerId}`;
+  return id === null ? "an unidentified peer" : `${id.role}/${id.workerId === "" ? "*" : id.workerId}`;
 }

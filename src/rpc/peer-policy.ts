@@ -1,4 +1,4 @@
-import { formatIdentity, PEER_ROLES, type PeerIdentity, type PeerRole } from "./peer-identity.ts";
+import { formatIdentity, PEER_ROLES, speaksFor, type PeerIdentity, type PeerRole } from "./peer-identity.ts";
 
 /**
  * Which certificate roles may call which internal method. A `both` engine plays
@@ -35,7 +35,8 @@ export const DECODE_TARGET_ROLES: readonly PeerRole[] = ["decode", "both"];
 /**
  * Why `peer` may not call `method` (a sentence for a PERMISSION_DENIED / UNAUTHENTICATED
  * error), or null when it may. `workerId` is the worker the request speaks for, checked
- * on sameWorker rules. A method missing from the table is refused: new RPCs start closed.
+ * on sameWorker rules (left to the caller when undefined: the id is in a body not yet
+ * read). A method missing from the table is refused: new RPCs start closed.
  */
 export function refusal(method: string, peer: PeerIdentity | null, workerId?: string): { unauthenticated: boolean; message: string } | null {
   if (peer === null) return { unauthenticated: true, message: `${method}: a cluster certificate is required` };
@@ -44,7 +45,7 @@ export function refusal(method: string, peer: PeerIdentity | null, workerId?: st
   if (!rule.roles.includes(peer.role)) {
     return { unauthenticated: false, message: `${method}: role ${peer.role} may not call it (allowed: ${rule.roles.join(", ")})` };
   }
-  if (rule.sameWorker && workerId !== peer.workerId) {
+  if (rule.sameWorker && workerId !== undefined && !speaksFor(peer, workerId)) {
     return { unauthenticated: false, message: `${method}: ${formatIdentity(peer)} may not speak for worker ${JSON.stringify(workerId ?? "")}` };
   }
   return null;

@@ -31,7 +31,7 @@ export function secureHttp2Server(
 export const rolePeerCheck: PeerCheck = (call) => {
   const peer = peerIdentity(call.tls as PeerCertSource | undefined);
   const method = call.method.split("?")[0]!.replace(/^\//, "");
-  const why = refusal(method, peer, peer?.workerId);
+  const why = refusal(method, peer);
   if (why !== null) throw new ConnectError(why.message, why.unauthenticated ? Code.Unauthenticated : Code.PermissionDenied);
 };
 

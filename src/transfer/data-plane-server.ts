@@ -9,7 +9,7 @@ import { DATA_PLANE_PUSH_ATTRS, PushDriver } from "./push-driver.ts";
 import { Reassembler } from "./reassembler.ts";
 import { admitBunPeer, bunServerTls } from "../rpc/bun-tls.ts";
 import { DATA_PLANE_PUSH } from "../rpc/peer-policy.ts";
-import { peerIdentity } from "../rpc/peer-identity.ts";
+import { peerIdentity, peerKey } from "../rpc/peer-identity.ts";
 import type { TlsSource } from "../rpc/tls-config.ts";
 import {
   CHUNK_FIXED,
@@ -130,7 +130,8 @@ export async function serveDataPlane(receiver: KvReceiver, opts: DataPlaneServer
         const why = admitBunPeer(s, DATA_PLANE_PUSH);
         if (why === null) {
           s.data.admitted = true;
-          s.data.push.peer = peerIdentity(s)?.workerId ?? "";
+          const id = peerIdentity(s);
+          s.data.push.peer = id === null ? "" : peerKey(id);
           return;
         }
         s.data.refused = true;

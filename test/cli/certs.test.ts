@@ -48,3 +48,12 @@ test("engine_certs_subcommand", async () => {
   expect(readdirSync(out)).toContain("decode-0.key");
   expect(await main(["certs"])).toBe(2);
 });
+
+test("certs_per_role_for_deployments", async () => {
+  const out = join(mkdtempSync(join(tmpdir(), "tl-certs-")), "pki");
+  expect(await main(["certs", "--out", out, "--per-role", "--dns", "gateway-registry"])).toBe(0);
+  expect(readdirSync(out).sort()).toEqual(["admin.crt", "admin.key", "ca.crt", "decode.crt", "decode.key", "gateway.crt", "gateway.key", "prefill.crt", "prefill.key"]);
+  const leaf = new X509Certificate(readFileSync(join(out, "decode.crt")));
+  expect(leaf.subjectAltName).toContain("URI:spiffe://tl-engine/decode,");
+  expect(loadTlsMaterial({ cert: join(out, "decode.crt"), key: join(out, "decode.key"), ca: join(out, "ca.crt") }).self).toEqual({ role: "decode", workerId: "" });
+});

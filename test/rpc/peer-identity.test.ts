@@ -7,14 +7,15 @@ describe("spiffe ids", () => {
   test("round trip", () => {
     expect(spiffeId("decode", "decode-0")).toBe("spiffe://tl-engine/decode/decode-0");
     expect(parseSpiffeId("spiffe://tl-engine/decode/decode-0")).toEqual({ role: "decode", workerId: "decode-0" });
+    expect(parseSpiffeId("spiffe://tl-engine/decode")).toEqual({ role: "decode", workerId: "" });
+    expect(spiffeId("prefill", "")).toBe("spiffe://tl-engine/prefill");
     expect(() => spiffeId("decode", "a/b")).toThrow(/worker id/);
-    expect(() => spiffeId("decode", "")).toThrow(/worker id/);
   });
   test("anything else is no identity", () => {
     for (const uri of [
       "spiffe://other/decode/d",
       "spiffe://tl-engine/root/d",
-      "spiffe://tl-engine/decode",
+      "spiffe://tl-engine/decode/",
       "spiffe://tl-engine/decode/d/extra",
       "spiffe://tl-engine/decode/d?x",
       "https://tl-engine/decode/d",
@@ -63,7 +64,14 @@ describe("method policy", () => {
     const m = "tl.control.v1.WorkerRegistry/Heartbeat";
     expect(refusal(m, who("decode", "d-1"), "d-1")).toBeNull();
     expect(refusal(m, who("decode", "d-1"), "d-2")?.message).toMatch(/decode\/d-1 may not speak for worker "d-2"/);
-    expect(refusal(m, who("decode", "d-1"), undefined)).not.toBeNull();
+    expect(refusal(m, who("decode", "d-1"), "")).not.toBeNull();
+    // undefined: the body is not read yet, the handler checks that half
+    expect(refusal(m, who("decode", "d-1"), undefined)).toBeNull();
+    // a role-level certificate (a Deployment's pods share it) speaks for <role>-* only
+    expect(refusal(m, who("decode", ""), "decode-7d9f8-x2kq4")).toBeNull();
+    expect(refusal(m, who("decode", ""), "prefill-7d9f8-x2kq4")?.message).toMatch(/decode\/\* may not speak/);
+    expect(refusal(m, who("decode", ""), "decode-")).toBeNull();
+    expect(refusal(m, who("decode", ""), "decode")).not.toBeNull();
   });
   test("no certificate: unauthenticated; unknown methods: closed", () => {
     expect(refusal("tl.engine.v1.EngineControl/Info", null)).toEqual({ unauthenticated: true, message: expect.stringMatching(/certificate is required/) });
