@@ -58,6 +58,8 @@ export interface EngineNodeOptions {
   maxModelLen?: number;
   maxBatchTokens?: number;
   handleTtlS?: number;
+  /** Decode side: a push silent this long is aborted and freed (default 10 000 ms). */
+  pushIdleTimeoutMs?: number;
   /** host:port of the gateway's WorkerRegistry; no heartbeat without it. */
   gatewayRegistry?: string;
   heartbeatIntervalMs?: number;
@@ -128,6 +130,7 @@ function served(name: string, t: Transformer, tokenizer: Tokenizer): ServedModel
 }
 
 let nodeCounter = 0;
+const CONTROL_MESSAGE_BYTES = 4 * 1024 * 1024;
 const STREAM_SETTLE_MS = 50;
 
 /** Starts one engine process's servers: HTTP, EngineControl, KvTransfer (decode roles), heartbeat. */
@@ -159,7 +162,7 @@ export async function startEngineNode(opts: EngineNodeOptions): Promise<EngineNo
     let receiver: KvReceiver | null = null;
     let kv: KvServer | null = null;
     if (receivesKv(role)) {
-      receiver = new KvReceiver(pool, { ttlMs: (opts.handleTtlS ?? 60) * 1000 });
+      receiver = new KvReceiver(pool, { ttlMs: (opts.handleTtlS ?? 60) * 1000, ...(opts.pushIdleTimeoutMs ? { pushIdleTimeoutMs: opts.pushIdleTimeoutMs } : {}) });
       // serveKv would advertise its data plane at the bound host, which peers cannot reach
       // behind 0.0.0.0: start it here and advertise it as the other addresses are.
       let dp: DataPlaneServer | null = null;
@@ -178,7 +181,8 @@ export async function startEngineNode(opts: EngineNodeOptions): Promise<EngineNo
           EngineControl,
           controlService({ workerId, roles, modelName: model.name, engine, tokenizer: model.tokenizer, transport, onTransfer: opts.onTransfer }),
         ),
-      { host, port: opts.grpcPort ?? 0, tls },
+      // A PrefillRequest is a prompt of at most max_model_len tokens plus sampling: 4 MiB is ample.
+      { host, port: opts.grpcPort ?? 0, tls, maxMessageBytes: CONTROL_MESSAGE_BYTES },
     );
     closers.push(() => grpc.close());
     const http: HttpServer = serveHttp(

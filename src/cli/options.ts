@@ -31,6 +31,7 @@ export const SPECS: readonly Spec[] = [
   { section: "engine", key: "max_model_len", kind: "int", dflt: 2048, help: "prompt + output tokens per request" },
   { section: "engine", key: "max_batch_tokens", kind: "int", dflt: 256, help: "tokens per engine step (prefill chunks + decodes)" },
   { section: "engine", key: "handle_ttl_s", kind: "int", dflt: 60, help: "seconds a pushed KV handle waits to be claimed" },
+  { section: "engine", key: "push_idle_timeout_ms", kind: "int", dflt: 10000, help: "a KV push that sends nothing this long is aborted and its blocks freed" },
   { section: "engine", key: "heartbeat_interval_ms", kind: "int", dflt: 2000, help: "beat interval toward the gateway" },
   { section: "engine", key: "heartbeat_timeout_ms", kind: "int", dflt: 1000, help: "timeout of one beat" },
   { section: "engine", key: "otlp_endpoint", kind: "url?", dflt: "", help: "OTLP/HTTP collector (e.g. http://127.0.0.1:4318) for traces; empty: OTEL_EXPORTER_OTLP_ENDPOINT, else tracing off" },

@@ -46,6 +46,7 @@ export async function runEngine(config: Config): Promise<EngineNode> {
     maxModelLen: Number(e.max_model_len),
     maxBatchTokens: Number(e.max_batch_tokens),
     handleTtlS: Number(e.handle_ttl_s),
+    pushIdleTimeoutMs: Number(e.push_idle_timeout_ms),
     gatewayRegistry: String(e.gateway_registry) || undefined,
     heartbeatIntervalMs: Number(e.heartbeat_interval_ms),
     heartbeatTimeoutMs: Number(e.heartbeat_timeout_ms),

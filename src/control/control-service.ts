@@ -1,7 +1,7 @@
 import { create } from "@bufbuild/protobuf";
 import { Code, ConnectError, type ServiceImpl } from "@connectrpc/connect";
 import { KV_FORMAT } from "../codec/index.ts";
-import type { Engine, SamplingParams } from "../engine/index.ts";
+import { MAX_CHARS_PER_TOKEN, MAX_STOP_TOKEN_IDS, type Engine, type SamplingParams } from "../engine/index.ts";
 import {
   CancelResponseSchema,
   DrainResponseSchema,
@@ -78,7 +78,13 @@ export function controlService(ctx: ControlContext): ServiceImpl<typeof EngineCo
     }
     if (engine.isDraining) throw new ConnectError(`worker ${ctx.workerId} is draining`, Code.Unavailable);
     if (req.requestId === "") throw invalid("request_id is empty");
+    if (req.requestId.length > 256) throw invalid(`request_id of ${req.requestId.length} characters; at most 256`);
     if (req.decodeTarget === "") throw invalid("decode_target is empty");
+    if (req.decodeTarget.length > 300) throw invalid(`decode_target of ${req.decodeTarget.length} characters is not a host:port`);
+    // Sizes first: what cannot fit the context is refused before it is scanned or tokenized.
+    if (req.promptTokens.length > engine.maxModelLen) throw invalid(`prompt of ${req.promptTokens.length} tokens exceeds max_model_len ${engine.maxModelLen}`);
+    if (req.prompt.length > engine.maxModelLen * MAX_CHARS_PER_TOKEN) throw invalid(`prompt of ${req.prompt.length} characters cannot fit max_model_len ${engine.maxModelLen}`);
+    if ((req.sampling?.stopTokenIds.length ?? 0) > MAX_STOP_TOKEN_IDS) throw invalid(`sampling.stop_token_ids has ${req.sampling!.stopTokenIds.length} entries; at most ${MAX_STOP_TOKEN_IDS}`);
     const hasTokens = req.promptTokens.length > 0;
     const hasText = req.prompt !== "";
     if (hasTokens === hasText) throw invalid(`exactly one of prompt_tokens and prompt must be set (got ${hasTokens ? "both" : "neither"})`);

@@ -1,16 +1,11 @@
+import { MAX_CHARS_PER_TOKEN, MAX_STOP_CHARS, MAX_STOP_SEQUENCES, MAX_STOP_TOKEN_IDS } from "../engine/index.ts";
 import { HttpError } from "./errors.ts";
 
 /**
  * Bounds checked on a parsed request body before any tokenizing or per-element work:
- * what cannot fit the context is refused on its size alone. A token covers at most
- * MAX_CHARS_PER_TOKEN characters of text here, so text longer than that many per
- * token of context can only tokenize past it (the exact check follows tokenization).
+ * what cannot fit the context is refused on its size alone (engine/input-limits.ts);
+ * the exact check follows tokenization.
  */
-export const MAX_CHARS_PER_TOKEN = 64;
-export const MAX_STOP_SEQUENCES = 4;
-export const MAX_STOP_CHARS = 1024;
-export const MAX_STOP_TOKEN_IDS = 256;
-
 function tooBig(message: string, param: string): HttpError {
   return new HttpError(400, message, "invalid_request_error", param);
 }

@@ -22,8 +22,9 @@ export function serveHttp(handler: (req: Request) => Promise<Response> | Respons
     hostname: host,
     port: opts.port ?? 0,
     idleTimeout: 255,
-    // Bun's own cut-off, a backstop behind the front door's 413 (which names the bound).
-    maxRequestBodySize: max + 64 * 1024,
+    // Bun's own cut-off (a bare 413) stays far above the front door's, which judges every
+    // body by its Content-Length or its count before reading on, and names the bound.
+    maxRequestBodySize: Math.max(128 * 1024 * 1024, max * 2),
     fetch: frontDoor(handler, opts),
   });
   const port = server.port!;
