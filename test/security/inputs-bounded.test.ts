@@ -22,7 +22,7 @@ afterAll(async () => {
   await c?.stop();
 });
 
-const gw = (path: string, body: BodyInit, headers: Record<string, string> = {}) => fetch(`http://${c.gateway.httpAddress}${path}`, { method: "POST", body, headers: { "content-type": "application/json", ...headers } });
+const gw = (path: string, body: string | Uint8Array, headers: Record<string, string> = {}) => fetch(`http://${c.gateway.httpAddress}${path}`, { method: "POST", body, headers: { "content-type": "application/json", ...headers } });
 const codeOf = (p: Promise<unknown>) => p.then(() => "ok", (e: unknown) => (e instanceof ConnectError ? Code[e.code] : String(e)));
 const atBaseline = () => {
   for (const n of c.all()) expect({ worker: n.workerId, used: n.pool.used, pending: n.receiver?.pending() ?? 0 }).toEqual({ worker: n.workerId, used: 0, pending: 0 });
