@@ -177,7 +177,7 @@ export async function startEngineNode(opts: EngineNodeOptions): Promise<EngineNo
         workerId,
         roles,
         isDraining: () => engine.isDraining,
-        claim: receiver ? (h) => receiver!.claim(h) : undefined,
+        receiver,
         onRequestEnd: opts.onRequestEnd,
         extraRoutes: opts.extraRoutes,
       }),

@@ -5,7 +5,6 @@ import { KV_FORMAT, promptHashes } from "../codec/index.ts";
 import { grpcClient, serveGrpc, type GrpcServer } from "../rpc/index.ts";
 import { Role, WorkerRegistry as WorkerRegistryService } from "../gen/tl/control/v1/control_pb.ts";
 import { EngineControl, PrefillRequestSchema, type KvHandle } from "../gen/tl/engine/v1/engine_pb.ts";
-import { KvTransfer } from "../gen/tl/kv/v1/kv_pb.ts";
 import {
   completionResponse,
   DRAWS_HEADER,
@@ -22,7 +21,9 @@ import {
   type CompletionParams,
   type HttpServer,
 } from "../http/index.ts";
+import { failedSideOf, releaseUnclaimed } from "../handoff/index.ts";
 import type { Tokenizer } from "../model/index.ts";
+import { RoutingTransport } from "../transfer/index.ts";
 import { createMetrics, endSpan, extractHeaders, log, metricsResponse, SpanKind, startSpan, traceHeaders, type Attributes, type Metrics, type Span } from "../obs/index.ts";
 import { RegistryService } from "./registry-service.ts";
 import { KvAffinity, pickByLoad, pickDecode } from "./router.ts";
@@ -104,6 +105,8 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
   const limits = { tokenizer: opts.tokenizer, maxModelLen: opts.maxModelLen };
   const prefillTimeoutMs = opts.prefillTimeoutMs ?? 60_000;
 
+  // Release only: pushes are the prefill engines' business.
+  const releaser = new RoutingTransport({ dataPlane: false, timeoutMs: 5000 });
   const busy = (id: string, d: number) => inflight.set(id, (inflight.get(id) ?? 0) + d);
 
   async function prefill(p: WorkerView, d: WorkerView, params: CompletionParams, id: string, signal: AbortSignal, parent: Span): Promise<KvHandle> {
@@ -197,8 +200,8 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
           throw new HttpError(499, "client closed the request");
         }
         const err = ConnectError.from(e);
-        // A transfer failure is D's doing; anything else is P's.
-        const blame = err.rawMessage.startsWith("kv transfer") ? did : pid;
+        // P says which side failed: a push D did not take is D's doing, anything else P's.
+        const blame = failedSideOf(err.metadata) === "decode" ? did : pid;
         metrics.transferFailures.inc({ code: Code[err.code] ?? String(err.code) });
         if (RETRYABLE.has(err.code) && !retried) {
           retried = true;
@@ -288,9 +291,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
 
   /** Best effort: a handle nobody will claim goes back now rather than at its TTL. */
   function releaseOn(d: WorkerView, handleId: string, requestId: string): void {
-    grpcClient(KvTransfer, d.status.kvAddress, { timeoutMs: 5000 })
-      .release({ handleId })
-      .catch((e) => log.warn("release failed", { request_id: requestId, handle: handleId, error: String(e) }));
+    releaseUnclaimed(releaser, d.status.kvAddress, handleId, (e) => log.warn("release failed", { request_id: requestId, handle: handleId, error: String(e) }));
   }
 
   /** No prefill/decode pair: a `both` engine does the whole request. */
@@ -424,6 +425,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
       registryService.close();
       await http.stop();
       await grpc.close();
+      await releaser.close();
     },
   };
 }

@@ -1,5 +1,5 @@
-import { promptHashes } from "../codec/index.ts";
-import type { ClaimedHandle } from "../transfer/index.ts";
+import { claimForResume, ResumeError } from "../handoff/index.ts";
+import type { KvReceiver } from "../transfer/index.ts";
 import type { Engine, Finish } from "../engine/index.ts";
 import type { Tokenizer } from "../model/index.ts";
 import { endSpan, extractHeaders, SpanKind, startSpan, type Attributes, type Span } from "../obs/index.ts";
@@ -16,8 +16,8 @@ export interface EngineHttpContext {
   workerId: string;
   roles: readonly string[];
   isDraining: () => boolean;
-  /** Decode engines: takes a pushed handle over (null when unknown or expired). */
-  claim?: (handleId: string) => ClaimedHandle | null;
+  /** Decode engines: where pushed handles wait for their resume. */
+  receiver?: KvReceiver | null;
   /** Called once per finished request, for logs and metrics. */
   onRequestEnd?: (info: RequestEnd) => void;
   /** Extra routes (e.g. /metrics), tried before the 404. */
@@ -146,25 +146,17 @@ export function engineHttpHandler(ctx: EngineHttpContext): (req: Request) => Pro
     });
   }
 
-  /** The decode side of the hand-off: take the handle's blocks, or say why not. */
+  /** The decode side of the hand-off (claimForResume), its refusals as HTTP errors. */
   function claimFor(req: Request, handleId: string, params: CompletionParams) {
-    if (!ctx.claim) throw new HttpError(400, `${HANDLE_HEADER} sent to an engine without the decode role`);
+    if (!ctx.receiver) throw new HttpError(400, `${HANDLE_HEADER} sent to an engine without the decode role`);
     const firstToken = headerInt(req, FIRST_TOKEN_HEADER, tokenizer.vocabSize);
     const draws = headerInt(req, DRAWS_HEADER, 2 ** 31);
-    const claimed = ctx.claim(handleId);
-    if (!claimed) throw new HttpError(404, `kv handle ${JSON.stringify(handleId)} is unknown or expired`, "not_found_error");
-    const B = engine.pool.shape.blockTokens;
-    const want = promptHashes(params.promptTokens, B);
-    const hashesMatch = want.length === claimed.hashes.length && want.every((h, i) => h === claimed.hashes[i]);
-    if (!hashesMatch || claimed.nTokens !== params.promptTokens.length) {
-      engine.pool.releaseAll(claimed.blockIds);
-      throw new HttpError(
-        409,
-        `kv handle ${JSON.stringify(handleId)} holds ${claimed.nTokens} tokens in ${claimed.hashes.length} full blocks; the prompt has ${params.promptTokens.length} tokens and its block hashes ${hashesMatch ? "match" : "differ"}`,
-        "conflict_error",
-      );
+    try {
+      return { blockIds: claimForResume(ctx.receiver, handleId, params.promptTokens), firstToken, draws };
+    } catch (e) {
+      if (!(e instanceof ResumeError)) throw e;
+      throw e.kind === "unknown" ? new HttpError(404, e.message, "not_found_error") : new HttpError(409, e.message, "conflict_error");
     }
-    return { blockIds: claimed.blockIds, firstToken, draws };
   }
 
   return async (req: Request): Promise<Response> => {

@@ -4,6 +4,7 @@ import { Code, ConnectError } from "@connectrpc/connect";
 import { startEngineNode, type EngineNode } from "../../src/cli/engine-node.ts";
 import { grpcClient } from "../../src/rpc/index.ts";
 import { EngineControl, PrefillRequestSchema } from "../../src/gen/tl/engine/v1/engine_pb.ts";
+import { FAILED_SIDE_HEADER, failedSideOf } from "../../src/handoff/index.ts";
 import { FakeRunner } from "../support/fake-runner.ts";
 import { fakeServedModel } from "../support/nodes.ts";
 
@@ -75,6 +76,22 @@ describe("prefill_rpc_validation_and_info", () => {
     D.receiver!.release(t.handleId);
     const one = await ctl.prefill(create(PrefillRequestSchema, { ...good(), requestId: "ok3", sampling: { maxTokens: 1 } }));
     expect([one.finished, one.blocksSent, D.receiver!.pending()]).toEqual([true, 0, 0]);
+    expect(P.pool.used).toBe(0);
+  });
+
+  test("a failed Prefill names the side that failed in its metadata, not in its message", async () => {
+    const ctl = grpcClient(EngineControl, P.grpcAddress);
+    const failure = (init: Init) =>
+      ctl.prefill(create(PrefillRequestSchema, init)).then(
+        () => null,
+        (e: unknown) => ConnectError.from(e),
+      );
+    // Nothing listens at the decode target: the push failed, D's side.
+    const dead = await failure({ ...good(), requestId: "dead-d", decodeTarget: "127.0.0.1:1" });
+    expect([dead?.code, dead && failedSideOf(dead.metadata), dead?.metadata.get(FAILED_SIDE_HEADER)]).toEqual([Code.Unavailable, "decode", "decode"]);
+    // A request P refuses is P's.
+    const bad = await failure({ ...good(), requestId: "bad-p", kvFormat: 2 });
+    expect([bad?.code, bad && failedSideOf(bad.metadata)]).toEqual([Code.FailedPrecondition, "prefill"]);
     expect(P.pool.used).toBe(0);
   });
 
