@@ -61,113 +61,54 @@ function headerInt(req: Request, name: string, max: number): number {
 
 /** OpenAI-compatible HTTP for one engine, including the decode side of the hand-off. */
 export function engineHttpHandler(ctx: EngineHttpContext): (req: Request) => Promise<Response> {
-  const { engine, tokenizer } = ctx;
-  const limits = { tokenizer, maxModelLen: engine.maxModelLen };
+  const http = new EngineHttp(ctx);
+  return (req) => http.handle(req);
+}
+
+/** A resumed request's start: the handle's blocks and where its sampling stands. */
+interface Resume {
+  blockIds: number[];
+  firstToken: number;
+  draws: number;
+}
+
+/** One request admitted: what it is, when it started, its spans and its token queue. */
+interface Admitted {
+  id: string;
+  kind: CompletionKind;
+  resume: Resume | undefined;
+  started: number;
+  span: Span;
+  step: Span;
+  q: TokenQueue;
+}
+
+class EngineHttp {
+  private readonly limits: { tokenizer: Tokenizer; maxModelLen: number };
   // Span attributes built once, so tracing off allocates nothing per request.
-  const role = ctx.roles.length === 1 ? ctx.roles[0]! : "both";
-  const serverAttrs: Record<CompletionKind, Attributes> = {
-    completion: { "tl.role": role, "tl.worker_id": ctx.workerId, "http.request.method": "POST", "url.path": "/v1/completions" },
-    chat: { "tl.role": role, "tl.worker_id": ctx.workerId, "http.request.method": "POST", "url.path": "/v1/chat/completions" },
-  };
-  const stepAttrs: Attributes = { "tl.role": role, "tl.worker_id": ctx.workerId };
+  private readonly serverAttrs: Record<CompletionKind, Attributes>;
+  private readonly stepAttrs: Attributes;
 
-  /**
-   * A SERVER span (child of the caller's `traceparent`, the gateway's resume span) that
-   * ends with the request, and under it the engine's work: "decode" for a resumed handle.
-   */
-  async function complete(req: Request, kind: CompletionKind): Promise<Response> {
-    const span = startSpan(kind === "chat" ? "POST /v1/chat/completions" : "POST /v1/completions", SpanKind.SERVER, extractHeaders(req.headers), serverAttrs[kind]);
-    try {
-      return await completeTraced(req, kind, span);
-    } catch (e) {
-      endSpan(span, e);
-      throw e;
-    }
+  constructor(private readonly ctx: EngineHttpContext) {
+    this.limits = { tokenizer: ctx.tokenizer, maxModelLen: ctx.engine.maxModelLen };
+    const role = ctx.roles.length === 1 ? ctx.roles[0]! : "both";
+    this.serverAttrs = {
+      completion: { "tl.role": role, "tl.worker_id": ctx.workerId, "http.request.method": "POST", "url.path": "/v1/completions" },
+      chat: { "tl.role": role, "tl.worker_id": ctx.workerId, "http.request.method": "POST", "url.path": "/v1/chat/completions" },
+    };
+    this.stepAttrs = { "tl.role": role, "tl.worker_id": ctx.workerId };
   }
 
-  async function completeTraced(req: Request, kind: CompletionKind, span: Span): Promise<Response> {
-    if (ctx.isDraining()) throw new HttpError(503, "engine is draining", "server_error", null, { "retry-after": "1" });
-    const params = parseCompletion(kind, await readJson(req), limits);
-    if (params.model !== undefined && params.model !== ctx.modelName) {
-      throw new HttpError(404, `model ${JSON.stringify(params.model)} not served here; this engine serves ${JSON.stringify(ctx.modelName)}`, "invalid_request_error", "model");
-    }
-    const handleId = req.headers.get(HANDLE_HEADER);
-    const resume = handleId === null ? undefined : claimFor(req, handleId, params);
-    const id = req.headers.get("x-request-id") ?? requestId(kind === "chat" ? "chatcmpl" : "cmpl");
-    if (engine.has(id)) {
-      if (resume) engine.pool.releaseAll(resume.blockIds);
-      throw new HttpError(409, `request ${id} is already in flight`);
-    }
-    const q = new TokenQueue();
-    const started = performance.now();
-    let ttft: number | null = null;
-    const step = startSpan(resume ? "decode" : "generate", SpanKind.INTERNAL, span, stepAttrs);
-    if (span.isRecording()) span.setAttributes({ "tl.request_id": id, "tl.resumed": resume !== undefined, ...(handleId !== null ? { "tl.kv.handle": handleId } : {}) });
-    const done = engine.submit({
-      requestId: id,
-      promptTokens: params.promptTokens,
-      sampling: samplingOf(params),
-      resume,
-      onToken: (t) => {
-        ttft ??= performance.now() - started;
-        q.push(t);
-      },
-    });
-    done.then((f: Finish) => {
-      // A cancel the reader did not ask for (Cancel RPC, shutdown) must read as a failure, not an end.
-      if (f.reason === "cancelled") q.close({ reason: "error", error: `request ${id} was cancelled on ${ctx.workerId}` });
-      else q.close({ reason: f.reason === "prefilled" ? "stop" : f.reason, error: f.error });
-      ctx.onRequestEnd?.({
-        requestId: id,
-        kind,
-        resumed: resume !== undefined,
-        promptTokens: f.promptTokens,
-        outputTokens: f.outputTokens.length,
-        prefixHitTokens: f.prefixHitTokens,
-        reason: f.reason,
-        ttftMs: ttft,
-        durationMs: performance.now() - started,
-      });
-      if (step.isRecording()) step.setAttributes({ "tl.prompt_tokens": f.promptTokens, "tl.output_tokens": f.outputTokens.length, "tl.prefix_hit_tokens": f.prefixHitTokens, "tl.finish": f.reason });
-      const failed = f.reason === "error" || f.reason === "cancelled" ? (f.error ?? f.reason) : undefined;
-      endSpan(step, failed);
-      endSpan(span, failed);
-    });
-    // Disconnects cancel the request wherever it is, which frees its blocks.
-    req.signal.addEventListener("abort", () => engine.cancel(id));
-    return completionResponse(q, {
-      id,
-      model: ctx.modelName,
-      tokenizer,
-      params,
-      onStop: () => engine.cancel(id),
-      onAbort: () => engine.cancel(id),
-      headers: { "x-request-id": id, "x-tl-seed": params.seed.toString(), "x-tl-worker": ctx.workerId },
-    });
-  }
-
-  /** The decode side of the hand-off (claimForResume), its refusals as HTTP errors. */
-  function claimFor(req: Request, handleId: string, params: CompletionParams) {
-    if (!ctx.receiver) throw new HttpError(400, `${HANDLE_HEADER} sent to an engine without the decode role`);
-    const firstToken = headerInt(req, FIRST_TOKEN_HEADER, tokenizer.vocabSize);
-    const draws = headerInt(req, DRAWS_HEADER, 2 ** 31);
-    try {
-      return { blockIds: claimForResume(ctx.receiver, handleId, params.promptTokens), firstToken, draws };
-    } catch (e) {
-      if (!(e instanceof ResumeError)) throw e;
-      throw e.kind === "unknown" ? new HttpError(404, e.message, "not_found_error") : new HttpError(409, e.message, "conflict_error");
-    }
-  }
-
-  return async (req: Request): Promise<Response> => {
+  async handle(req: Request): Promise<Response> {
+    const { ctx } = this;
     const url = new URL(req.url);
     try {
-      if (req.method === "POST" && url.pathname === "/v1/completions") return await complete(req, "completion");
-      if (req.method === "POST" && url.pathname === "/v1/chat/completions") return await complete(req, "chat");
+      if (req.method === "POST" && url.pathname === "/v1/completions") return await this.complete(req, "completion");
+      if (req.method === "POST" && url.pathname === "/v1/chat/completions") return await this.complete(req, "chat");
       if (req.method === "GET" && url.pathname === "/v1/models") {
         return Response.json({
           object: "list",
-          data: [{ id: ctx.modelName, object: "model", created: 0, owned_by: "tl-engine", max_model_len: engine.maxModelLen }],
+          data: [{ id: ctx.modelName, object: "model", created: 0, owned_by: "tl-engine", max_model_len: ctx.engine.maxModelLen }],
         });
       }
       if (req.method === "GET" && url.pathname === "/health") {
@@ -180,5 +121,104 @@ export function engineHttpHandler(ctx: EngineHttpContext): (req: Request) => Pro
     } catch (e) {
       return errorResponse(e);
     }
-  };
+  }
+
+  /**
+   * A SERVER span (child of the caller's `traceparent`, the gateway's resume span) that
+   * ends with the request, and under it the engine's work: "decode" for a resumed handle.
+   */
+  private async complete(req: Request, kind: CompletionKind): Promise<Response> {
+    const span = startSpan(kind === "chat" ? "POST /v1/chat/completions" : "POST /v1/completions", SpanKind.SERVER, extractHeaders(req.headers), this.serverAttrs[kind]);
+    try {
+      return await this.completeTraced(req, kind, span);
+    } catch (e) {
+      endSpan(span, e);
+      throw e;
+    }
+  }
+
+  private async completeTraced(req: Request, kind: CompletionKind, span: Span): Promise<Response> {
+    const { ctx } = this;
+    const engine = ctx.engine;
+    if (ctx.isDraining()) throw new HttpError(503, "engine is draining", "server_error", null, { "retry-after": "1" });
+    const params = parseCompletion(kind, await readJson(req), this.limits);
+    if (params.model !== undefined && params.model !== ctx.modelName) {
+      throw new HttpError(404, `model ${JSON.stringify(params.model)} not served here; this engine serves ${JSON.stringify(ctx.modelName)}`, "invalid_request_error", "model");
+    }
+    const handleId = req.headers.get(HANDLE_HEADER);
+    const resume = handleId === null ? undefined : this.claimFor(req, handleId, params);
+    const id = req.headers.get("x-request-id") ?? requestId(kind === "chat" ? "chatcmpl" : "cmpl");
+    if (engine.has(id)) {
+      if (resume) engine.pool.releaseAll(resume.blockIds);
+      throw new HttpError(409, `request ${id} is already in flight`);
+    }
+    const step = startSpan(resume ? "decode" : "generate", SpanKind.INTERNAL, span, this.stepAttrs);
+    if (span.isRecording()) span.setAttributes({ "tl.request_id": id, "tl.resumed": resume !== undefined, ...(handleId !== null ? { "tl.kv.handle": handleId } : {}) });
+    const a: Admitted = { id, kind, resume, started: performance.now(), span, step, q: new TokenQueue() };
+    this.submit(a, params);
+    // Disconnects cancel the request wherever it is, which frees its blocks.
+    req.signal.addEventListener("abort", () => engine.cancel(id));
+    return completionResponse(a.q, {
+      id,
+      model: ctx.modelName,
+      tokenizer: ctx.tokenizer,
+      params,
+      onStop: () => engine.cancel(id),
+      onAbort: () => engine.cancel(id),
+      headers: { "x-request-id": id, "x-tl-seed": params.seed.toString(), "x-tl-worker": ctx.workerId },
+    });
+  }
+
+  /** Hands the request to the engine; its tokens go to the queue, its finish to finished(). */
+  private submit(a: Admitted, params: CompletionParams): void {
+    let ttft: number | null = null;
+    const done = this.ctx.engine.submit({
+      requestId: a.id,
+      promptTokens: params.promptTokens,
+      sampling: samplingOf(params),
+      resume: a.resume,
+      onToken: (t) => {
+        ttft ??= performance.now() - a.started;
+        a.q.push(t);
+      },
+    });
+    done.then((f) => this.finished(a, f, ttft));
+  }
+
+  /** Closes the stream, reports the request, ends its spans. */
+  private finished(a: Admitted, f: Finish, ttft: number | null): void {
+    const { ctx } = this;
+    // A cancel the reader did not ask for (Cancel RPC, shutdown) must read as a failure, not an end.
+    if (f.reason === "cancelled") a.q.close({ reason: "error", error: `request ${a.id} was cancelled on ${ctx.workerId}` });
+    else a.q.close({ reason: f.reason === "prefilled" ? "stop" : f.reason, error: f.error });
+    ctx.onRequestEnd?.({
+      requestId: a.id,
+      kind: a.kind,
+      resumed: a.resume !== undefined,
+      promptTokens: f.promptTokens,
+      outputTokens: f.outputTokens.length,
+      prefixHitTokens: f.prefixHitTokens,
+      reason: f.reason,
+      ttftMs: ttft,
+      durationMs: performance.now() - a.started,
+    });
+    if (a.step.isRecording()) a.step.setAttributes({ "tl.prompt_tokens": f.promptTokens, "tl.output_tokens": f.outputTokens.length, "tl.prefix_hit_tokens": f.prefixHitTokens, "tl.finish": f.reason });
+    const failed = f.reason === "error" || f.reason === "cancelled" ? (f.error ?? f.reason) : undefined;
+    endSpan(a.step, failed);
+    endSpan(a.span, failed);
+  }
+
+  /** The decode side of the hand-off (claimForResume), its refusals as HTTP errors. */
+  private claimFor(req: Request, handleId: string, params: CompletionParams): Resume {
+    const { ctx } = this;
+    if (!ctx.receiver) throw new HttpError(400, `${HANDLE_HEADER} sent to an engine without the decode role`);
+    const firstToken = headerInt(req, FIRST_TOKEN_HEADER, ctx.tokenizer.vocabSize);
+    const draws = headerInt(req, DRAWS_HEADER, 2 ** 31);
+    try {
+      return { blockIds: claimForResume(ctx.receiver, handleId, params.promptTokens), firstToken, draws };
+    } catch (e) {
+      if (!(e instanceof ResumeError)) throw e;
+      throw e.kind === "unknown" ? new HttpError(404, e.message, "not_found_error") : new HttpError(409, e.message, "conflict_error");
+    }
+  }
 }
