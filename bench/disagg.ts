@@ -16,6 +16,7 @@
 //   BENCH_DISAGG_TAG=rerun      write disagg.rerun.{json,svg} instead
 import { mkdirSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
+import { type RoleProcess, spawnRole } from "../src/cli/spawn-role.ts";
 import { sseData } from "../src/http/index.ts";
 import { stream } from "../src/rng/index.ts";
 
@@ -98,48 +99,10 @@ function workload(rate: number, seed: number): Req[] {
 
 // ---- processes ----------------------------------------------------------------------
 
-interface Child {
-  name: string;
-  proc: Bun.Subprocess<"ignore", "pipe", "pipe">;
-  ready: Promise<Record<string, unknown>>;
-  tail: string[];
-}
+type Child = RoleProcess;
 
 function spawn(name: string, args: string[]): Child {
-  const proc = Bun.spawn([process.execPath, join(ROOT, "bin/engine.ts"), ...args], {
-    stdin: "ignore",
-    stdout: "pipe",
-    stderr: "pipe",
-    env: { ...process.env, TL_LOG_LEVEL: "warn" },
-  });
-  const tail: string[] = [];
-  void (async () => {
-    for await (const s of proc.stderr.pipeThrough(new TextDecoderStream())) {
-      tail.push(...s.split("\n").filter((l) => l.length > 0));
-      tail.splice(0, Math.max(0, tail.length - 20));
-    }
-  })().catch(() => {});
-  const ready = (async () => {
-    let buf = "";
-    for await (const s of proc.stdout.pipeThrough(new TextDecoderStream())) {
-      buf += s;
-      for (const line of buf.split("\n").slice(0, -1)) {
-        if (!line.startsWith("{")) continue;
-        const obj = JSON.parse(line) as Record<string, unknown>;
-        if (obj.msg === "ready") {
-          // Keep draining stdout so the child never blocks on a full pipe.
-          void (async () => {
-            for await (const _ of proc.stdout) {
-            }
-          })().catch(() => {});
-          return obj;
-        }
-      }
-      buf = buf.slice(buf.lastIndexOf("\n") + 1);
-    }
-    throw new Error(`${name} exited (code ${await proc.exited}) before it was ready: ${tail.join("\n")}`);
-  })();
-  return { name, proc, ready, tail };
+  return spawnRole(name, [process.execPath, join(ROOT, "bin/engine.ts"), ...args], { env: { ...process.env, TL_LOG_LEVEL: "warn" }, stderr: "tail" });
 }
 
 type ConfigName = "a" | "b";

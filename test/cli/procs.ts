@@ -1,6 +1,7 @@
 import { mkdtempSync, readdirSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { readyLineOf } from "../../src/cli/spawn-role.ts";
 
 export const REPO = join(import.meta.dir, "..", "..");
 
@@ -65,8 +66,7 @@ export function spawnProc(cmd: string[], opts: { cwd?: string } = {}): Proc {
     stderr: () => err,
     waitLine,
     async ready(timeoutMs) {
-      const line = await waitLine((l) => l.startsWith("{") && l.includes('"msg":"ready"'), timeoutMs);
-      return JSON.parse(line) as Record<string, unknown>;
+      return readyLineOf(await waitLine((l) => readyLineOf(l) !== null, timeoutMs))!;
     },
   };
 }
