@@ -278,6 +278,6 @@ const manifest = {
   }),
 };
 // Arrays of numbers and strings on one line keep the manifest readable.
-const json = JSON.stringify(manifest, null, 1).replace(/\[[^\[\]{}]*\]/g, (a) => a.replace(/\s*\n\s*/g, " "));
+const json = JSON.stringify(manifest, null, 1).replace(/\[[^[\]{}]*\]/g, (a) => a.replace(/\s*\n\s*/g, " "));
 writeFileSync(join(OUT_DIR, "manifest.json"), json + "\n");
 console.log(`wrote ${cases.length} envelopes and manifest.json to ${OUT_DIR}`);

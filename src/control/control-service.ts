@@ -5,7 +5,7 @@ import type { Engine, SamplingParams } from "../engine/index.ts";
 import {
   CancelResponseSchema,
   DrainResponseSchema,
-  EngineControl,
+  type EngineControl,
   InfoResponseSchema,
   KvHandleSchema,
   type InfoResponse,

@@ -1,4 +1,4 @@
-import * as http2 from "node:http2";
+import type * as http2 from "node:http2";
 import { Code, ConnectError, createClient, type Client } from "@connectrpc/connect";
 import { createGrpcTransport, Http2SessionManager } from "@connectrpc/connect-node";
 import { KvTransfer } from "../gen/tl/kv/v1/kv_pb.ts";

@@ -13,6 +13,7 @@ const tmp = tempDir("tl-engine-deploy-");
 afterAll(() => tmp.remove());
 
 // A loose view of the Kubernetes objects this test reads.
+// biome-ignore lint/suspicious/noExplicitAny: parsed YAML of any shape, read field by field
 type Obj = Record<string, any>;
 
 function load(file: string): Obj[] {
