@@ -65,14 +65,40 @@ export async function runCluster(config: Config, rest: Map<string, string>, opts
     await Promise.all(children.map((c) => Promise.race([c.proc.exited, Bun.sleep(15_000).then(() => c.proc.kill("SIGKILL"))])));
   };
   try {
-    const gw = startRole("gateway", ["--role", "gateway", "--http-listen", `127.0.0.1:${httpPort}`, "--registry-listen", `127.0.0.1:${regPort}`, "--heartbeat-interval-ms", beat, ...modelArgs]);
+    const gw = startRole("gateway", [
+      "--role",
+      "gateway",
+      "--http-listen",
+      `127.0.0.1:${httpPort}`,
+      "--registry-listen",
+      `127.0.0.1:${regPort}`,
+      "--heartbeat-interval-ms",
+      beat,
+      ...modelArgs,
+    ]);
     children.push(gw);
     await gw.ready;
     const engineArgs = async (role: string, i: number) => [
-      "--role", role, "--worker-id", `${role}-${i}`,
-      "--http-listen", `127.0.0.1:${await freePort()}`, "--grpc-listen", `127.0.0.1:${await freePort()}`, "--kv-listen", `127.0.0.1:${await freePort()}`,
-      "--gateway-registry", `127.0.0.1:${regPort}`, "--heartbeat-interval-ms", beat,
-      "--block-tokens", String(e.block_tokens), "--num-blocks", String(e.num_blocks), "--max-model-len", String(e.max_model_len),
+      "--role",
+      role,
+      "--worker-id",
+      `${role}-${i}`,
+      "--http-listen",
+      `127.0.0.1:${await freePort()}`,
+      "--grpc-listen",
+      `127.0.0.1:${await freePort()}`,
+      "--kv-listen",
+      `127.0.0.1:${await freePort()}`,
+      "--gateway-registry",
+      `127.0.0.1:${regPort}`,
+      "--heartbeat-interval-ms",
+      beat,
+      "--block-tokens",
+      String(e.block_tokens),
+      "--num-blocks",
+      String(e.num_blocks),
+      "--max-model-len",
+      String(e.max_model_len),
       ...modelArgs,
     ];
     for (let i = 0; i < nP; i++) children.push(startRole(`prefill-${i}`, await engineArgs("prefill", i)));
@@ -89,7 +115,10 @@ export async function runCluster(config: Config, rest: Map<string, string>, opts
     }
     const print = (s: string) => process.stdout.write(s + "\n");
     print(`tl-engine cluster is up (model ${String(ready[0]!.model)}; its text is meaningless unless you pass --model/--tokenizer)`);
-    for (const r of ready) print(`  ${String(r.role).padEnd(8)} ${String(r.worker_id ?? "gateway").padEnd(10)} pid ${String(r.pid).padEnd(8)} http ${String(r.http)}${r.grpc ? `  grpc ${String(r.grpc)}` : ""}${r.kv ? `  kv ${String(r.kv)}` : ""}${r.registry ? `  registry ${String(r.registry)}` : ""}`);
+    for (const r of ready)
+      print(
+        `  ${String(r.role).padEnd(8)} ${String(r.worker_id ?? "gateway").padEnd(10)} pid ${String(r.pid).padEnd(8)} http ${String(r.http)}${r.grpc ? `  grpc ${String(r.grpc)}` : ""}${r.kv ? `  kv ${String(r.kv)}` : ""}${r.registry ? `  registry ${String(r.registry)}` : ""}`,
+      );
     print("");
     print("try:");
     print(`  curl -N ${base}/v1/chat/completions -H 'content-type: application/json' \\`);

@@ -156,7 +156,10 @@ export async function startEngineNode(opts: EngineNodeOptions): Promise<EngineNo
         closers.push(() => dp!.close());
       }
       kv = await serveKv(receiver, { host, port: opts.kvPort ?? 0, dataPlane: false, ...(dp ? { advertiseDataPlane: advertised(dp.address) } : {}) });
-      closers.push(() => kv!.close(), async () => receiver!.close());
+      closers.push(
+        () => kv!.close(),
+        async () => receiver!.close(),
+      );
     }
     const transport = roles.includes("prefill") ? new RoutingTransport(opts.useDataPlane === false ? { dataPlane: false } : {}) : null;
     if (transport) closers.push(() => transport.close());
@@ -189,7 +192,16 @@ export async function startEngineNode(opts: EngineNodeOptions): Promise<EngineNo
       const registry = new GrpcRegistry(opts.gatewayRegistry, opts.heartbeatTimeoutMs ?? 1000);
       heartbeat = Heartbeat.spawn(
         registry,
-        { workerId, httpAddress: advertised(http.address), grpcAddress: advertised(grpc.address), kvAddress: kv ? (opts.advertiseKvAddress ?? advertised(kv.address)) : "", role, model: model.name, blockTokens: shape.blockTokens, totalBlocks: pool.total },
+        {
+          workerId,
+          httpAddress: advertised(http.address),
+          grpcAddress: advertised(grpc.address),
+          kvAddress: kv ? (opts.advertiseKvAddress ?? advertised(kv.address)) : "",
+          role,
+          model: model.name,
+          blockTokens: shape.blockTokens,
+          totalBlocks: pool.total,
+        },
         () => ({ queueDepth: engine.queueDepth, running: engine.runningCount, freeBlocks: pool.total - pool.used, draining: engine.isDraining }),
         opts.heartbeatIntervalMs ?? 2000,
         opts.heartbeatTimeoutMs ?? 1000,

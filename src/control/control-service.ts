@@ -138,7 +138,14 @@ export function controlService(ctx: ControlContext): ServiceImpl<typeof EngineCo
       try {
         const { tokens, sampling } = validatePrefill(ctx, req);
         const push: PrefillPushContext = { engine, transport: ctx.transport!, ...(ctx.onTransfer ? { onTransfer: ctx.onTransfer } : {}) };
-        const h = await prefillAndPush(push, { requestId: req.requestId, promptTokens: tokens, sampling, decodeTarget: req.decodeTarget, signal: callCtx.signal, parent: span });
+        const h = await prefillAndPush(push, {
+          requestId: req.requestId,
+          promptTokens: tokens,
+          sampling,
+          decodeTarget: req.decodeTarget,
+          signal: callCtx.signal,
+          parent: span,
+        });
         endSpan(span);
         return kvHandleOf(h);
       } catch (e) {

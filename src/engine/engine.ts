@@ -95,16 +95,7 @@ export class Engine {
       const s = req.sampling;
       const seeded = s.temperature > 0;
       const rng = !seeded ? null : req.resume ? resumeRng(s.seed, req.resume.draws) : stream(s.seed, SAMPLE_STREAM);
-      const seq = new Sequence(
-        req.requestId,
-        req.promptTokens,
-        s,
-        rng,
-        req.promptTokens.length,
-        req.prefillOnly ?? false,
-        req.onToken ?? (() => {}),
-        resolve,
-      );
+      const seq = new Sequence(req.requestId, req.promptTokens, s, rng, req.promptTokens.length, req.prefillOnly ?? false, req.onToken ?? (() => {}), resolve);
       if (!req.resume && Math.ceil((seq.promptLen + 1) / B) > this.pool.total) {
         resolve({ ...this.summary(seq, "error"), error: `prompt of ${seq.promptLen} tokens does not fit a pool of ${this.pool.total} blocks` });
         return;

@@ -51,7 +51,12 @@ export class Completions {
   constructor(private readonly ctx: CompletionsContext) {}
 
   async complete(req: Request, kind: CompletionKind): Promise<Response> {
-    const span = startSpan(kind === "chat" ? "POST /v1/chat/completions" : "POST /v1/completions", SpanKind.SERVER, extractHeaders(req.headers), SERVER_ATTRS[kind]);
+    const span = startSpan(
+      kind === "chat" ? "POST /v1/chat/completions" : "POST /v1/completions",
+      SpanKind.SERVER,
+      extractHeaders(req.headers),
+      SERVER_ATTRS[kind],
+    );
     try {
       return await this.route(await this.tripOf(req, kind, span));
     } catch (e) {
@@ -71,7 +76,12 @@ export class Completions {
     const { ctx } = this;
     const params = parseCompletion(kind, body, { tokenizer: ctx.tokenizer, maxModelLen: ctx.maxModelLen });
     if (params.model !== undefined && params.model !== ctx.modelName) {
-      throw new HttpError(404, `model ${JSON.stringify(params.model)} is not served; this gateway serves ${JSON.stringify(ctx.modelName)}`, "invalid_request_error", "model");
+      throw new HttpError(
+        404,
+        `model ${JSON.stringify(params.model)} is not served; this gateway serves ${JSON.stringify(ctx.modelName)}`,
+        "invalid_request_error",
+        "model",
+      );
     }
     const id = req.headers.get("x-request-id") ?? requestId(kind === "chat" ? "chatcmpl" : "cmpl");
     if (span.isRecording()) span.setAttribute("tl.request_id", id);
@@ -117,7 +127,11 @@ export class Completions {
       ctx.metrics.transferFailures.inc({ code: Code[err.code] ?? String(err.code) });
       const next = policy.decide(err, pid, did);
       if (!next.again) {
-        throw new HttpError(httpStatusOf(err.code), `prefill on ${pid} failed: ${err.rawMessage}`, err.code === Code.InvalidArgument ? "invalid_request_error" : "server_error");
+        throw new HttpError(
+          httpStatusOf(err.code),
+          `prefill on ${pid} failed: ${err.rawMessage}`,
+          err.code === Code.InvalidArgument ? "invalid_request_error" : "server_error",
+        );
       }
       exclude.add(next.exclude);
       log.warn(next.why, { request_id: t.requestId, worker: next.exclude, code: Code[err.code], error: err.rawMessage });
@@ -141,7 +155,13 @@ export class Completions {
     };
     recordHandoff(ctx.metrics, served, (performance.now() - t.arrived) / 1000);
     if (!handle.finished) ctx.affinity.record(did, handle.blockHashes);
-    log.debug("prefilled", { request_id: t.requestId, handle: handle.handleId, blocks_sent: served.blocksSent, blocks_deduped: served.blocksDeduped, payload_bytes: served.payloadBytes });
+    log.debug("prefilled", {
+      request_id: t.requestId,
+      handle: handle.handleId,
+      blocks_sent: served.blocksSent,
+      blocks_deduped: served.blocksDeduped,
+      payload_bytes: served.payloadBytes,
+    });
     const q = new TokenQueue();
     q.push(handle.firstToken);
     if (handle.finished) {
@@ -175,7 +195,9 @@ export class Completions {
 
   private respond(q: TokenQueue, t: Trip, s: Served): Response | Promise<Response> {
     const { ctx } = this;
-    const counted = followRequest(ctx.metrics, q, { requestId: t.requestId, params: t.params, served: s, arrived: t.arrived, span: t.span }, () => ctx.admission.leave());
+    const counted = followRequest(ctx.metrics, q, { requestId: t.requestId, params: t.params, served: s, arrived: t.arrived, span: t.span }, () =>
+      ctx.admission.leave(),
+    );
     return completionResponse(counted, {
       id: t.requestId,
       model: ctx.modelName,

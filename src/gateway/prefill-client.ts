@@ -35,7 +35,8 @@ export class PrefillClient {
   async prefill(p: WorkerView, d: WorkerView, params: CompletionParams, requestId: string, signal: AbortSignal, parent: Span): Promise<KvHandle> {
     const control = grpcClient(EngineControl, p.status.grpcAddress, { timeoutMs: this.timeoutMs });
     const span = startSpan("tl.engine.v1.EngineControl/Prefill", SpanKind.CLIENT, parent, PREFILL_ATTRS);
-    if (span.isRecording()) span.setAttributes({ "server.address": p.status.grpcAddress, "tl.worker_id": p.status.workerId, "tl.decode_target": d.status.kvAddress });
+    if (span.isRecording())
+      span.setAttributes({ "server.address": p.status.grpcAddress, "tl.worker_id": p.status.workerId, "tl.decode_target": d.status.kvAddress });
     try {
       const handle = await control.prefill(
         create(PrefillRequestSchema, {
@@ -47,7 +48,12 @@ export class PrefillClient {
         }),
         { signal, headers: traceHeaders(span) },
       );
-      if (span.isRecording()) span.setAttributes({ "tl.kv.blocks_sent": handle.blocksSent, "tl.kv.blocks_deduped": handle.blocksDeduped, "tl.kv.payload_bytes": Number(handle.payloadBytes) });
+      if (span.isRecording())
+        span.setAttributes({
+          "tl.kv.blocks_sent": handle.blocksSent,
+          "tl.kv.blocks_deduped": handle.blocksDeduped,
+          "tl.kv.payload_bytes": Number(handle.payloadBytes),
+        });
       endSpan(span);
       return handle;
     } catch (e) {

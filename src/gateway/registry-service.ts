@@ -64,15 +64,9 @@ function validate(status: WorkerStatus): void {
     throw new ConnectError("heartbeat: empty worker_id", Code.InvalidArgument);
   }
   if (status.kvFormat !== KV_FORMAT) {
-    throw new ConnectError(
-      `heartbeat from ${status.workerId}: kv_format ${status.kvFormat}, want ${KV_FORMAT}`,
-      Code.FailedPrecondition,
-    );
+    throw new ConnectError(`heartbeat from ${status.workerId}: kv_format ${status.kvFormat}, want ${KV_FORMAT}`, Code.FailedPrecondition);
   }
   if (status.role === Role.UNSPECIFIED || Role[status.role] === undefined) {
-    throw new ConnectError(
-      `heartbeat from ${status.workerId}: role ${status.role} is not prefill, decode or both`,
-      Code.InvalidArgument,
-    );
+    throw new ConnectError(`heartbeat from ${status.workerId}: role ${status.role} is not prefill, decode or both`, Code.InvalidArgument);
   }
 }

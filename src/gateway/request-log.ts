@@ -25,7 +25,16 @@ export function servedHeaders(s: Served): Record<string, string> {
 
 /** The last chunk's `tl` field. */
 export function servedExtra(s: Served) {
-  return { tl: { served: s.served, prefill_worker: s.prefillWorker, decode_worker: s.decodeWorker, blocks_sent: s.blocksSent, blocks_deduped: s.blocksDeduped, payload_bytes: s.payloadBytes } };
+  return {
+    tl: {
+      served: s.served,
+      prefill_worker: s.prefillWorker,
+      decode_worker: s.decodeWorker,
+      blocks_sent: s.blocksSent,
+      blocks_deduped: s.blocksDeduped,
+      payload_bytes: s.payloadBytes,
+    },
+  };
 }
 
 /** A request being followed to its last token: when it arrived, its id and params, its SERVER span. */
@@ -75,7 +84,14 @@ export function followRequest(metrics: Metrics, q: TokenQueue, r: FollowedReques
       blocks_deduped: s.blocksDeduped,
       payload_bytes: s.payloadBytes,
     });
-    if (r.span.isRecording()) r.span.setAttributes({ "tl.served": s.served, "tl.prefill_worker": s.prefillWorker, "tl.decode_worker": s.decodeWorker, "tl.output_tokens": n, "tl.outcome": outcome });
+    if (r.span.isRecording())
+      r.span.setAttributes({
+        "tl.served": s.served,
+        "tl.prefill_worker": s.prefillWorker,
+        "tl.decode_worker": s.decodeWorker,
+        "tl.output_tokens": n,
+        "tl.outcome": outcome,
+      });
     endSpan(r.span, q.end.reason === "error" ? q.end.error : undefined);
   })();
   return counted;

@@ -55,13 +55,27 @@ export function streamColocated(s: EngineStream): void {
   void stream(s, "colocated", s.params.promptTokens, {}, {}, () => {});
 }
 
-async function stream(s: EngineStream, name: string, tokens: readonly number[], headers: Record<string, string>, attrs: Attributes, onAccepted: () => void): Promise<void> {
+async function stream(
+  s: EngineStream,
+  name: string,
+  tokens: readonly number[],
+  headers: Record<string, string>,
+  attrs: Attributes,
+  onAccepted: () => void,
+): Promise<void> {
   const w = s.worker.status;
   s.inflight.add(w.workerId, 1);
   const span = startSpan(name, SpanKind.CLIENT, s.parent, RESUME_ATTRS);
   if (span.isRecording()) span.setAttributes({ "server.address": w.httpAddress, "tl.worker_id": w.workerId, ...attrs });
   try {
-    await readTokenStream(`http://${w.httpAddress}/v1/completions`, resumeBody(s.params, tokens), { ...headers, "x-request-id": s.requestId, ...traceHeaders(span) }, s.q, s.signal, onAccepted);
+    await readTokenStream(
+      `http://${w.httpAddress}/v1/completions`,
+      resumeBody(s.params, tokens),
+      { ...headers, "x-request-id": s.requestId, ...traceHeaders(span) },
+      s.q,
+      s.signal,
+      onAccepted,
+    );
   } finally {
     endSpan(span, s.q.end.reason === "error" ? s.q.end.error : undefined);
     s.inflight.add(w.workerId, -1);

@@ -41,7 +41,10 @@ export function gatewayRoutes(ctx: GatewayRoutesContext): (req: Request) => Prom
       const kind = req.method !== "POST" ? null : url.pathname === "/v1/completions" ? "completion" : url.pathname === "/v1/chat/completions" ? "chat" : null;
       if (kind) return await completion(req, kind);
       if (req.method === "GET" && url.pathname === "/v1/models") {
-        return Response.json({ object: "list", data: [{ id: ctx.modelName, object: "model", created: 0, owned_by: "tl-engine", max_model_len: ctx.maxModelLen }] });
+        return Response.json({
+          object: "list",
+          data: [{ id: ctx.modelName, object: "model", created: 0, owned_by: "tl-engine", max_model_len: ctx.maxModelLen }],
+        });
       }
       if (req.method === "GET" && url.pathname === "/health") {
         return Response.json({ status: "ok", workers: { prefill: liveCount(Role.PREFILL), decode: liveCount(Role.DECODE), both: liveCount(Role.BOTH) } });

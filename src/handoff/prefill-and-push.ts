@@ -79,14 +79,19 @@ async function prefill(engine: Engine, req: PrefillPushRequest) {
   let f;
   try {
     f = await engine.submit({ requestId: req.requestId, promptTokens: req.promptTokens, sampling: req.sampling, prefillOnly: true });
-    if (step.isRecording()) step.setAttributes({ "tl.prompt_tokens": req.promptTokens.length, "tl.prefix_hit_tokens": f.prefixHitTokens, "tl.finish": f.reason });
+    if (step.isRecording())
+      step.setAttributes({ "tl.prompt_tokens": req.promptTokens.length, "tl.prefix_hit_tokens": f.prefixHitTokens, "tl.finish": f.reason });
   } finally {
     req.signal.removeEventListener("abort", onAbort);
     endSpan(step);
   }
   if (f.reason === "cancelled") throw new HandoffError("prefill", Code.Canceled, `request ${req.requestId} cancelled`);
   if (!f.prefill) {
-    throw new HandoffError("prefill", f.reason === "error" || f.reason === "length" ? Code.ResourceExhausted : Code.Internal, `prefill failed: ${f.error ?? f.reason}`);
+    throw new HandoffError(
+      "prefill",
+      f.reason === "error" || f.reason === "length" ? Code.ResourceExhausted : Code.Internal,
+      `prefill failed: ${f.error ?? f.reason}`,
+    );
   }
   return f.prefill;
 }
@@ -99,7 +104,8 @@ async function push(ctx: PrefillPushContext, req: PrefillPushRequest, handleId: 
   if (span.isRecording()) span.setAttributes({ "server.address": target, "tl.kv.handle": handleId, "tl.kv.blocks": blockIds.length });
   try {
     const stats = await transfer(ctx.transport, target, ctx.engine.pool, handleId, blockIds, hashes, traceparentOf(span));
-    if (span.isRecording()) span.setAttributes({ "tl.kv.blocks_sent": stats.blocksSent, "tl.kv.blocks_deduped": stats.blocksDeduped, "tl.kv.payload_bytes": stats.payloadBytes });
+    if (span.isRecording())
+      span.setAttributes({ "tl.kv.blocks_sent": stats.blocksSent, "tl.kv.blocks_deduped": stats.blocksDeduped, "tl.kv.payload_bytes": stats.payloadBytes });
     endSpan(span);
     ctx.onTransfer?.({ stats, code: null, ms: performance.now() - started, target });
     return stats;

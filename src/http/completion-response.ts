@@ -131,7 +131,12 @@ function streamResponse(q: TokenQueue, ctx: ResponseContext): Response {
   const chunk = (text: string | null, finish: string | null, ids: number[] | null, first = false) => {
     const choice: Record<string, unknown> =
       p.kind === "chat"
-        ? { index: 0, delta: finish !== null && text === null ? {} : first ? { role: "assistant", content: text ?? "" } : { content: text }, logprobs: null, finish_reason: finish }
+        ? {
+            index: 0,
+            delta: finish !== null && text === null ? {} : first ? { role: "assistant", content: text ?? "" } : { content: text },
+            logprobs: null,
+            finish_reason: finish,
+          }
         : { index: 0, text: text ?? "", logprobs: null, finish_reason: finish };
     if (ids) choice.token_ids = ids;
     return { id: ctx.id, object, created, model: ctx.model, choices: [choice] };

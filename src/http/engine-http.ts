@@ -8,7 +8,6 @@ import { completionResponse } from "./completion-response.ts";
 import { errorResponse, HttpError } from "./errors.ts";
 import { TokenQueue } from "./token-queue.ts";
 
-
 export interface EngineHttpContext {
   engine: Engine;
   tokenizer: Tokenizer;
@@ -128,7 +127,12 @@ class EngineHttp {
    * ends with the request, and under it the engine's work: "decode" for a resumed handle.
    */
   private async complete(req: Request, kind: CompletionKind): Promise<Response> {
-    const span = startSpan(kind === "chat" ? "POST /v1/chat/completions" : "POST /v1/completions", SpanKind.SERVER, extractHeaders(req.headers), this.serverAttrs[kind]);
+    const span = startSpan(
+      kind === "chat" ? "POST /v1/chat/completions" : "POST /v1/completions",
+      SpanKind.SERVER,
+      extractHeaders(req.headers),
+      this.serverAttrs[kind],
+    );
     try {
       return await this.completeTraced(req, kind, span);
     } catch (e) {
@@ -143,7 +147,12 @@ class EngineHttp {
     if (ctx.isDraining()) throw new HttpError(503, "engine is draining", "server_error", null, { "retry-after": "1" });
     const params = parseCompletion(kind, await readJson(req), this.limits);
     if (params.model !== undefined && params.model !== ctx.modelName) {
-      throw new HttpError(404, `model ${JSON.stringify(params.model)} not served here; this engine serves ${JSON.stringify(ctx.modelName)}`, "invalid_request_error", "model");
+      throw new HttpError(
+        404,
+        `model ${JSON.stringify(params.model)} not served here; this engine serves ${JSON.stringify(ctx.modelName)}`,
+        "invalid_request_error",
+        "model",
+      );
     }
     const handleId = req.headers.get(HANDLE_HEADER);
     const resume = handleId === null ? undefined : this.claimFor(req, handleId, params);
@@ -153,7 +162,8 @@ class EngineHttp {
       throw new HttpError(409, `request ${id} is already in flight`);
     }
     const step = startSpan(resume ? "decode" : "generate", SpanKind.INTERNAL, span, this.stepAttrs);
-    if (span.isRecording()) span.setAttributes({ "tl.request_id": id, "tl.resumed": resume !== undefined, ...(handleId !== null ? { "tl.kv.handle": handleId } : {}) });
+    if (span.isRecording())
+      span.setAttributes({ "tl.request_id": id, "tl.resumed": resume !== undefined, ...(handleId !== null ? { "tl.kv.handle": handleId } : {}) });
     const a: Admitted = { id, kind, resume, started: performance.now(), span, step, q: new TokenQueue() };
     this.submit(a, params);
     // Disconnects cancel the request wherever it is, which frees its blocks.
@@ -202,7 +212,13 @@ class EngineHttp {
       ttftMs: ttft,
       durationMs: performance.now() - a.started,
     });
-    if (a.step.isRecording()) a.step.setAttributes({ "tl.prompt_tokens": f.promptTokens, "tl.output_tokens": f.outputTokens.length, "tl.prefix_hit_tokens": f.prefixHitTokens, "tl.finish": f.reason });
+    if (a.step.isRecording())
+      a.step.setAttributes({
+        "tl.prompt_tokens": f.promptTokens,
+        "tl.output_tokens": f.outputTokens.length,
+        "tl.prefix_hit_tokens": f.prefixHitTokens,
+        "tl.finish": f.reason,
+      });
     const failed = f.reason === "error" || f.reason === "cancelled" ? (f.error ?? f.reason) : undefined;
     endSpan(a.step, failed);
     endSpan(a.span, failed);

@@ -279,14 +279,7 @@ export class Transformer {
    * same sequence. Every score is still one sequential sum over the head dimension and every
    * output one sequential sum over positions 0..pos, so tiling never changes a bit.
    */
-  private attention(
-    bits: Uint16Array,
-    blockElems: number,
-    B: number,
-    l: number,
-    batch: readonly SeqChunk[],
-    rows: number,
-  ): void {
+  private attention(bits: Uint16Array, blockElems: number, B: number, l: number, batch: readonly SeqChunk[], rows: number): void {
     const { q, xb, att, acc, kvec, rowPos, rowSeq } = this;
     const lut = F16_TABLE;
     const dim = this.cfg.dim;
@@ -370,15 +363,7 @@ export class Transformer {
 }
 
 /** o[r] = g * x[r] / rms(x[r]) for each row, as run.c (eps inside the root). */
-function rmsnorm(
-  o: Float32Array,
-  x: Float32Array,
-  g: Float32Array,
-  gOff: number,
-  rows: number,
-  dim: number,
-  eps: number,
-): void {
+function rmsnorm(o: Float32Array, x: Float32Array, g: Float32Array, gOff: number, rows: number, dim: number, eps: number): void {
   for (let r = 0; r < rows; r++) {
     const xo = r * dim;
     let ss = 0;

@@ -213,9 +213,14 @@ export class DataPlaneClient {
     let ok = false;
     try {
       const ack = await Promise.race([
-        this.run(conn, chunks, (h) => {
-          handleId = h;
-        }, opts.traceparent),
+        this.run(
+          conn,
+          chunks,
+          (h) => {
+            handleId = h;
+          },
+          opts.traceparent,
+        ),
         stopped,
       ]);
       ok = true;

@@ -244,7 +244,13 @@ class PushCall {
   private ackOf(reply: Uint8Array): KvAckLike | TransferError {
     try {
       const ack = fromBinary(KvAckSchema, reply);
-      return { handleId: ack.handleId, blocksReceived: ack.blocksReceived, blocksDeduped: ack.blocksDeduped, payloadBytes: ack.payloadBytes, nTokens: ack.nTokens };
+      return {
+        handleId: ack.handleId,
+        blocksReceived: ack.blocksReceived,
+        blocksDeduped: ack.blocksDeduped,
+        payloadBytes: ack.payloadBytes,
+        nTokens: ack.nTokens,
+      };
     } catch (e) {
       return new TransferError(Code.Internal, `${this.what}: bad reply: ${e instanceof Error ? e.message : String(e)}`);
     }

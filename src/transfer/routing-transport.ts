@@ -75,7 +75,8 @@ export class RoutingTransport implements KvTransport {
       if (res.present.length !== hashes.length) {
         throw new TransferError(Code.Internal, `HasBlocks answered ${res.present.length} flags for ${hashes.length} hashes`);
       }
-      const route: PushRoute = res.dataPlaneAddress !== "" && this.dp !== false ? { target, via: "data-plane", address: res.dataPlaneAddress } : { target, via: "grpc" };
+      const route: PushRoute =
+        res.dataPlaneAddress !== "" && this.dp !== false ? { target, via: "data-plane", address: res.dataPlaneAddress } : { target, via: "grpc" };
       return { present: res.present, route };
     } catch (e) {
       throw brokenOrTransferError(e, `HasBlocks to ${target}`);

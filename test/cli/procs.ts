@@ -51,7 +51,10 @@ export function spawnProc(cmd: string[], opts: { cwd?: string } = {}): Proc {
         if (hit !== undefined) return finish(() => resolve(hit));
         if (ended) return finish(() => reject(new Error(`${cmd.join(" ")} ended its output (exit ${proc.exitCode}) without the line; stderr:\n${err}`)));
       };
-      const timer = setTimeout(() => finish(() => reject(new Error(`no such line within ${timeoutMs} ms from ${cmd.join(" ")}; stdout:\n${lines.join("\n")}\nstderr:\n${err}`))), timeoutMs);
+      const timer = setTimeout(
+        () => finish(() => reject(new Error(`no such line within ${timeoutMs} ms from ${cmd.join(" ")}; stdout:\n${lines.join("\n")}\nstderr:\n${err}`))),
+        timeoutMs,
+      );
       const finish = (f: () => void) => {
         clearTimeout(timer);
         waiters.delete(check);
@@ -168,7 +171,10 @@ export async function readSse(
           done = true;
           continue;
         }
-        const obj = JSON.parse(data) as Record<string, unknown> & { error?: { message: string }; choices?: { delta?: { content?: string }; text?: string; finish_reason?: string | null }[] };
+        const obj = JSON.parse(data) as Record<string, unknown> & {
+          error?: { message: string };
+          choices?: { delta?: { content?: string }; text?: string; finish_reason?: string | null }[];
+        };
         events++;
         if (obj.error) error = obj.error.message;
         text += obj.choices?.[0]?.delta?.content ?? obj.choices?.[0]?.text ?? "";

@@ -100,7 +100,23 @@ describe("prefill_rpc_validation_and_info", () => {
     try {
       const ctl = grpcClient(EngineControl, node.grpcAddress);
       const idle = await ctl.info({});
-      expect(idle).toMatchObject({ workerId: node.workerId, roles: ["prefill", "decode"], model: "fake", kvFormat: 1, blockTokens: 4, nLayers: 2, nKvHeads: 2, headDim: 4, totalBlocks: 32, freeBlocks: 32, queueDepth: 0, running: 0, draining: false, maxModelLen: 200, vocabSize: 258 });
+      expect(idle).toMatchObject({
+        workerId: node.workerId,
+        roles: ["prefill", "decode"],
+        model: "fake",
+        kvFormat: 1,
+        blockTokens: 4,
+        nLayers: 2,
+        nKvHeads: 2,
+        headDim: 4,
+        totalBlocks: 32,
+        freeBlocks: 32,
+        queueDepth: 0,
+        running: 0,
+        draining: false,
+        maxModelLen: 200,
+        vocabSize: 258,
+      });
       (node.model.runner as FakeRunner).slowMs = 5;
       const stream = fetch(`http://${node.httpAddress}/v1/completions`, {
         method: "POST",

@@ -29,7 +29,16 @@ function promptChunks(handle: string, nTokens: number): { chunks: KvChunkLike[];
   const P = new KvPool(SHAPE, 16);
   const tokens = fakePrompt(nTokens, nTokens);
   const { ids, hashes } = fakePrefill(P, tokens)!;
-  return { chunks: buildChunks(P, handle, ids, hashes, hashes.map(() => false)).map((c) => ({ ...c, envelope: c.envelope.slice() })), tokens };
+  return {
+    chunks: buildChunks(
+      P,
+      handle,
+      ids,
+      hashes,
+      hashes.map(() => false),
+    ).map((c) => ({ ...c, envelope: c.envelope.slice() })),
+    tokens,
+  };
 }
 
 function grpcMessage(c: KvChunkLike, flags = 0): Uint8Array {
@@ -40,7 +49,6 @@ function grpcMessage(c: KvChunkLike, flags = 0): Uint8Array {
   out.set(msg, 5);
   return out;
 }
-
 
 /** A raw HTTP/2 PushKv: `body` written in pieces of the given sizes; the status and message from the trailers. */
 async function rawPush(target: string, body: Uint8Array, pieces: number[]): Promise<{ status: number; message: string; bytes: number }> {
