@@ -24,8 +24,8 @@ export function detectModelFormat(path: string): ModelFormat {
   const head = readHead(path, 64);
   const u32 = head.length >= 4 ? new DataView(head.buffer).getUint32(0, true) : -1;
   if (u32 === GGUF_MAGIC) return { kind: "gguf", file: path };
-  const looks = lookOf(path, head, size);
-  if (looks !== null) throw refuse(path, looks);
+  // A legacy llama2.c file has no magic; its header implying the exact file length is the
+  // strongest sign there is, so it is tried before the guesses below.
   let llama2c: string;
   try {
     const h = parseLlama2cHeader(head, basename(path));
@@ -35,6 +35,8 @@ export function detectModelFormat(path: string): ModelFormat {
     if (e instanceof Error && e.message.includes("ak42")) throw refuse(path, "a versioned llama2.c export ('ak42' header; only legacy version-0 files are read)");
     llama2c = "its first bytes are no llama2.c header either";
   }
+  const looks = lookOf(path, head, size);
+  if (looks !== null) throw refuse(path, looks);
   if (looksLikeTokenizerBin(head, size)) throw refuse(path, "a llama2.c tokenizer.bin, not a model (pass it as --tokenizer, the checkpoint as --model)");
   throw refuse(path, `not a recognized model file (${llama2c})`);
 }

@@ -37,6 +37,7 @@ describe("model format detection refusals", () => {
     ["tokenizer.bin as model", () => file("tokenizer.bin", (() => { const p = tmp.path("t.bin"); writeLlama2cTokenizer(p, [{ piece: "<unk>", score: 0 }, { piece: "<s>", score: 0 }, { piece: "</s>", score: 0 }]); return readFileSync(p); })()), /a llama2\.c tokenizer\.bin, not a model/],
     ["random bytes", () => file("noise.bin", Uint8Array.from({ length: 100 }, (_, i) => (i * 37 + 11) & 0xff)), /not a recognized model file/],
     ["empty file", () => file("empty.bin", ""), /an empty file/],
+    ["versioned llama2.c export", () => file("v1.bin", Uint8Array.from({ length: 256 }, (_, i) => [0x32, 0x34, 0x6b, 0x61][i] ?? 1)), /a versioned llama2\.c export \('ak42' header/],
     ["dir without config.json", () => { const d = tmp.path("ggufdir"); mkdirSync(d, { recursive: true }); writeFileSync(`${d}/m.gguf`, ""); return d; }, /a directory without config\.json \(it holds m\.gguf: pass that file\)/],
     ["folder with only pickles", () => { const d = tmp.path("pt"); mkdirSync(d, { recursive: true }); writeFileSync(`${d}/config.json`, "{}"); writeFileSync(`${d}/pytorch_model.bin`, ""); return d; }, /only PyTorch pickle weights \(pytorch_model\.bin\)/],
     ["shards without index", () => { const d = tmp.path("shards"); mkdirSync(d, { recursive: true }); writeFileSync(`${d}/config.json`, "{}"); writeFileSync(`${d}/model-00001-of-00002.safetensors`, ""); return d; }, /without model\.safetensors\.index\.json/],
