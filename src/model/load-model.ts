@@ -4,6 +4,7 @@ import { assembleWeights, GGUF_NAMING, HF_NAMING, residentBytesOf, type WeightSt
 import { buildTokenizer } from "./build-tokenizer.ts";
 import type { ModelConfig } from "./config.ts";
 import { ggufTensorSource, ggufTokenizerSource, openGgufModel } from "./gguf-model.ts";
+import { idList } from "./hf-config.ts";
 import { hfFolderSpec, hfTensorSource, hfTokenizerSource } from "./hf-folder.ts";
 import { loadLlama2cCheckpoint, parseLlama2cHeader } from "./llama2c.ts";
 import { LoadProgress } from "./load-progress.ts";
@@ -68,7 +69,10 @@ export function readModelFiles(path: string, opts: ModelFilesOptions = {}): Mode
     const progress = new LoadProgress(name, src.totalBytes, opts.progress);
     const { weights, stats } = assembleWeights(spec, src, HF_NAMING, (n) => progress.add(n));
     progress.finish();
-    return { format: "hf", name, cfg: { ...spec.cfg, name }, weights, tokenizerSource, eosIds: spec.eosIds, stats };
+    // generation_config.json is what transformers' generate() stops on; config.json may list fewer (Llama 3).
+    const genEos = tokenizerSource.kind === "hf" ? idList((tokenizerSource.generationConfig as { eos_token_id?: unknown } | null)?.eos_token_id) : [];
+    const eosIds = [...new Set([...spec.eosIds, ...genEos])];
+    return { format: "hf", name, cfg: { ...spec.cfg, name }, weights, tokenizerSource, eosIds, stats };
   }
   const g = openGgufModel(fmt.file, opts.maxSeqLen);
   const tokenizerSource = ggufTokenizerSource(g);

@@ -34,6 +34,7 @@ describe("hf_folder_equals_llama2c", () => {
     const hf = readModelFiles(dir);
     expect(hf.format).toBe("hf");
     expect(hf.name).toBe("f32");
+    expect(hf.eosIds).toEqual([2, 3]); // config.json's 2, generation_config.json's [2, 3]
     expect(hf.stats).toEqual({ parameters: hf.stats.residentBytes / 4, dtype: "f32", residentBytes: hf.stats.residentBytes });
     expect(hf.tokenizerSource.kind).toBe("hf");
     if (hf.tokenizerSource.kind === "hf") {
