@@ -86,7 +86,12 @@ class Reader {
   str(what: string): string {
     const n = this.size(`${what} length`, this.bytes.length - this.at - 8);
     this.need(n, what);
-    const s = this.utf8.decode(this.bytes.subarray(this.at, this.at + n));
+    let s: string;
+    try {
+      s = this.utf8.decode(this.bytes.subarray(this.at, this.at + n));
+    } catch {
+      throw new Error(`GGUF ${this.file}: ${what} at byte ${this.at} is not valid UTF-8`);
+    }
     this.at += n;
     return s;
   }

@@ -45,7 +45,12 @@ function detectFolder(dir: string): ModelFormat {
   const files = readdirSync(dir);
   if (!files.includes("config.json")) {
     const gguf = files.filter((f) => f.endsWith(".gguf"));
-    const hint = gguf.length > 0 ? ` (it holds ${gguf.slice(0, 3).join(", ")}: pass that file)` : "";
+    const hint =
+      gguf.length > 0
+        ? ` (it holds ${gguf.slice(0, 3).join(", ")}: pass that file)`
+        : files.includes("snapshots")
+          ? " (a Hugging Face cache entry: pass its snapshots/<revision> folder, or download with --local-dir)"
+          : "";
     throw refuse(dir, `a directory without config.json${hint}`);
   }
   if (files.includes("model.safetensors.index.json")) return { kind: "hf", dir, shards: [] };

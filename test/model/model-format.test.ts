@@ -39,6 +39,7 @@ describe("model format detection refusals", () => {
     ["empty file", () => file("empty.bin", ""), /an empty file/],
     ["versioned llama2.c export", () => file("v1.bin", Uint8Array.from({ length: 256 }, (_, i) => [0x32, 0x34, 0x6b, 0x61][i] ?? 1)), /a versioned llama2\.c export \('ak42' header/],
     ["dir without config.json", () => { const d = tmp.path("ggufdir"); mkdirSync(d, { recursive: true }); writeFileSync(`${d}/m.gguf`, ""); return d; }, /a directory without config\.json \(it holds m\.gguf: pass that file\)/],
+    ["HF cache entry", () => { const d = tmp.path("models--org--m"); mkdirSync(`${d}/snapshots/abc`, { recursive: true }); return d; }, /a directory without config\.json \(a Hugging Face cache entry: pass its snapshots\/<revision> folder/],
     ["folder with only pickles", () => { const d = tmp.path("pt"); mkdirSync(d, { recursive: true }); writeFileSync(`${d}/config.json`, "{}"); writeFileSync(`${d}/pytorch_model.bin`, ""); return d; }, /only PyTorch pickle weights \(pytorch_model\.bin\)/],
     ["shards without index", () => { const d = tmp.path("shards"); mkdirSync(d, { recursive: true }); writeFileSync(`${d}/config.json`, "{}"); writeFileSync(`${d}/model-00001-of-00002.safetensors`, ""); return d; }, /without model\.safetensors\.index\.json/],
     ["GGUF with Q5_K tensors", () => file("q5k.gguf", encodeGguf([["general.architecture", GT.str, "llama"]], [{ name: "blk.0.ffn_down.weight", shape: [1, 256], type: "f32", bytes: new Uint8Array(176), typeId: 13 }])), /a GGUF file with Q5_K tensors: Q5_K \(e\.g\. blk\.0\.ffn_down\.weight\); supported tensor types: F32, F16, BF16, Q8_0, Q4_0, Q4_K/],
@@ -57,6 +58,20 @@ describe("model format detection refusals", () => {
     const d = tmp.path("hf-bare");
     writeHfFolder(d, CKPT, W);
     expect(refused(`${d}/model.safetensors`)).toMatch(new RegExp(`a bare safetensors file; pass its folder ${d}`));
+  });
+
+  test("a folder without tokenizer.json is refused by name", () => {
+    const d = tmp.path("no-tok");
+    writeHfFolder(d, CKPT, W);
+    rmSync(`${d}/tokenizer.json`);
+    writeFileSync(`${d}/tokenizer.model`, "");
+    expect(refused(d)).toMatch(/tokenizer\.json is missing \(only tokenizer\.model, a SentencePiece file, is there\)/);
+  });
+
+  test("a GGUF string that is not UTF-8 is refused with its place", () => {
+    const b = encodeGguf([["general.name", GT.str, "ab"]], []);
+    b[24 + 8 + "general.name".length + 4 + 8] = 0xff;
+    expect(() => parseGguf(b, "u.gguf")).toThrow(/GGUF u\.gguf: metadata general\.name at byte \d+ is not valid UTF-8/);
   });
 
   test("--tokenizer only with llama2.c; llama2.c needs it", () => {
