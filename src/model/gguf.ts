@@ -1,4 +1,4 @@
-import { byteLengthOf, elementCount, type RawDtype, type RawTensor } from "./raw-tensor.ts";
+import { byteLengthOf, DTYPE_BLOCK, elementCount, type RawDtype, type RawTensor } from "./raw-tensor.ts";
 
 /** "GGUF" read as a little-endian uint32. */
 export const GGUF_MAGIC = 0x46554747;
@@ -134,6 +134,9 @@ export function parseGguf(bytes: Uint8Array, file: string): GgufFile {
     if (t.offset % align !== 0) throw new Error(`GGUF ${file}: tensor ${t.name} offset ${t.offset} is not a multiple of the alignment ${align}`);
     const dt = ggmlDtype(t.type);
     if (dt === null) continue; // unreadable types are refused by whoever needs them, by name
+    // ggml quantizes each row on its own: a row must be whole blocks.
+    const rowLen = t.shape[t.shape.length - 1]!;
+    if (rowLen % DTYPE_BLOCK[dt].elems !== 0) throw new Error(`GGUF ${file}: tensor ${t.name} rows of ${rowLen} are not whole ${ggmlTypeName(t.type)} blocks of ${DTYPE_BLOCK[dt].elems}`);
     const end = dataOffset + t.offset + byteLengthOf(dt, elementCount(t.shape), t.name);
     if (end > bytes.length) throw new Error(`GGUF ${file}: tensor ${t.name} ends at byte ${end}, past the file's ${bytes.length}`);
   }

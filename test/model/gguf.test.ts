@@ -88,6 +88,35 @@ describe("gguf_equals_llama2c", () => {
   });
 });
 
+describe("q4_k", () => {
+  // Q4_K blocks are 256 values along a row, so this model's rows are 256 wide.
+  const WIDE: ModelConfig = { name: "wide", dim: 256, hiddenDim: 256, nLayers: 1, nHeads: 4, nKvHeads: 2, vocabSize: 64, maxSeqLen: 16, ropeTheta: 10000, normEps: 1e-5 };
+  const WW = syntheticWeights(WIDE, 8);
+  test("Q4_K GGUF: weights within 1.6 steps of their sub-block, prefill logits within 1.5", () => {
+    writeFileSync(tmp.path("q4k.gguf"), encodeGgufModel(WIDE, WW, { type: "q4_k" }));
+    const g = readModelFiles(tmp.path("q4k.gguf"));
+    expect(g.stats.dtype).toBe("f32+q4_k");
+    for (const k of ["wq", "w1", "wcls"] as const) {
+      const a = WW[k], b = g.weights[k];
+      for (let s = 0; s < a.length / 32; s++) {
+        const v = a.subarray(s * 32, s * 32 + 32);
+        const step = (Math.max(...v) - Math.min(0, ...v)) / 15;
+        // Rounding to a nibble costs half a step; 6-bit scales and mins cost up to about one more.
+        for (let j = 0; j < 32; j++) expect(Math.abs(v[j]! - b[s * 32 + j]!)).toBeLessThanOrEqual(1.6 * step + 1e-6);
+      }
+    }
+    const p = [1, 7, 30, 2, 9];
+    const want = greedy(WIDE, WW, p, 1).logits;
+    const err = maxAbsDiff(greedy(g.cfg, g.weights, p, 1).logits, want);
+    console.log(`q4_k: max |prefill logit error| ${err.toExponential(2)}`);
+    expect(err).toBeLessThan(1.5);
+  });
+
+  test("a quantized tensor whose rows are not whole blocks is refused", () => {
+    expect(() => readModelFiles((writeFileSync(tmp.path("bad-q4k.gguf"), encodeGgufModel(CKPT, W, { type: "q4_k" })), tmp.path("bad-q4k.gguf")))).toThrow(/rows of 32 are not whole Q4_K blocks of 256/);
+  });
+});
+
 /** Qwen2-shaped: q/k/v biases, tied embeddings, head_dim (16) != dim / heads (8), GQA. */
 const QWEN: ModelConfig = { name: "qwen", dim: 32, hiddenDim: 64, nLayers: 2, nHeads: 4, nKvHeads: 2, vocabSize: 64, maxSeqLen: 48, ropeTheta: 1000000, normEps: 1e-6, headDim: 16 };
 const QW = syntheticWeights(QWEN, 91, { sharedClassifier: true, biases: true });

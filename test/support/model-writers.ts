@@ -179,8 +179,8 @@ export function writeHfFolder(dir: string, cfg: ModelConfig, w: Weights, o: HfFo
 
 // ---- GGUF ----
 
-export type GgufType = "f32" | "f16" | "bf16" | "q8_0" | "q4_0";
-const GGML_TYPE_ID: Record<GgufType, number> = { f32: 0, f16: 1, q4_0: 2, q8_0: 8, bf16: 30 };
+export type GgufType = "f32" | "f16" | "bf16" | "q8_0" | "q4_0" | "q4_k";
+const GGML_TYPE_ID: Record<GgufType, number> = { f32: 0, f16: 1, q4_0: 2, q8_0: 8, q4_k: 12, bf16: 30 };
 
 /** A metadata entry: [key, gguf value type id, value]; arrays as [key, 9, [elemType, values]]. */
 export type GgufKv = [string, number, unknown];
@@ -227,7 +227,50 @@ export function quantizeQ4_0(x: Float32Array): Uint8Array {
   return out;
 }
 
+const f16Bits = (x: number) => new Uint16Array(new Float16Array([x]).buffer)[0]!;
+
+/**
+ * q4_k, a simple (not ggml's searching) quantizer producing valid blocks: per 32-value
+ * sub-block scale = (max - min) / 15 and min = -min(0, lowest); both quantized to 6 bits against
+ * the super-block's d and dmin; nibbles rounded.
+ */
+export function quantizeQ4K(x: Float32Array): Uint8Array {
+  const out = new Uint8Array((x.length / 256) * 144);
+  const dv = new DataView(out.buffer);
+  for (let b = 0; b < x.length / 256; b++) {
+    const scales: number[] = [], mins: number[] = [];
+    for (let j = 0; j < 8; j++) {
+      const v = x.subarray(b * 256 + 32 * j, b * 256 + 32 * j + 32);
+      const lo = Math.min(0, ...v), hi = Math.max(...v);
+      scales.push((hi - lo) / 15);
+      mins.push(-lo);
+    }
+    const d = new Float16Array([Math.max(...scales) / 63])[0]!;
+    const dmin = new Float16Array([Math.max(...mins) / 63])[0]!;
+    const sc = scales.map((s) => (d ? Math.min(63, Math.round(s / d)) : 0));
+    const mn = mins.map((m) => (dmin ? Math.min(63, Math.round(m / dmin)) : 0));
+    const at = b * 144;
+    dv.setUint16(at, f16Bits(d), true);
+    dv.setUint16(at + 2, f16Bits(dmin), true);
+    for (let j = 0; j < 4; j++) {
+      out[at + 4 + j] = sc[j]! | ((sc[j + 4]! >> 4) << 6);
+      out[at + 8 + j] = mn[j]! | ((mn[j + 4]! >> 4) << 6);
+      out[at + 12 + j] = (sc[j + 4]! & 0xf) | ((mn[j + 4]! & 0xf) << 4);
+    }
+    for (let j = 0; j < 8; j++) {
+      const scale = d * sc[j]!, off = dmin * mn[j]!;
+      for (let l = 0; l < 32; l++) {
+        const q = scale ? Math.max(0, Math.min(15, Math.round((x[b * 256 + 32 * j + l]! + off) / scale))) : 0;
+        // Sub-blocks pair up on 32 bytes: even ones in the low nibbles, odd ones in the high.
+        out[at + 16 + 32 * (j >> 1) + l]! |= j & 1 ? q << 4 : q;
+      }
+    }
+  }
+  return out;
+}
+
 function tensorBytes(data: Float32Array, type: GgufType): Uint8Array {
+  if (type === "q4_k") return quantizeQ4K(data);
   if (type === "q8_0") return quantizeQ8_0(data);
   if (type === "q4_0") return quantizeQ4_0(data);
   return encodeValues(data, type);
