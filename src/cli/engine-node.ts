@@ -1,11 +1,12 @@
-import { GrpcRegistry, Heartbeat, receivesKv, serveGrpc, type EngineRole, type GrpcServer } from "../control/index.ts";
+import { GrpcRegistry, Heartbeat, receivesKv, type EngineRole } from "../control/index.ts";
+import { serveGrpc, type GrpcServer } from "../rpc/index.ts";
 import { controlService, type ControlContext } from "../control/control-service.ts";
 import { Engine, type ModelRunner } from "../engine/index.ts";
 import { EngineControl } from "../gen/tl/engine/v1/engine_pb.ts";
 import { engineHttpHandler, serveHttp, type HttpServer, type RequestEnd } from "../http/index.ts";
-import { kvShapeOf, loadModel as loadModelFiles, Transformer, type LoadModelOptions, type ServableModel, type Tokenizer, type WeightStats } from "../model/index.ts";
+import { kvShapeOf, loadModel as loadModelFiles, Transformer, chatRendererFor, type LoadModelOptions, type ServableModel, type Tokenizer, type WeightStats } from "../model/index.ts";
 import { KvPool } from "../pool/index.ts";
-import { GrpcTransport, KvReceiver, serveDataPlane, serveKv, type DataPlaneServer, type KvServer } from "../transfer/index.ts";
+import { KvReceiver, RoutingTransport, serveDataPlane, serveKv, type DataPlaneServer, type KvServer } from "../transfer/index.ts";
 import type { KvShape } from "../codec/index.ts";
 
 /** A model ready to serve: what forward needs, how text maps to tokens, the KV shape per layer. */
@@ -41,6 +42,8 @@ export interface EngineNodeOptions {
   tokenizerPath?: string;
   /** What /v1/models lists and requests must name; default the model's folder or file name. */
   servedModelName?: string;
+  /** A Jinja chat template file overriding the model's (--chat-template). */
+  chatTemplatePath?: string;
   blockTokens?: number;
   numBlocks?: number;
   maxModelLen?: number;
@@ -110,6 +113,7 @@ export async function startEngineNode(opts: EngineNodeOptions): Promise<EngineNo
   const host = opts.host ?? "127.0.0.1";
   const workerId = opts.workerId ?? `${role}-${process.pid}-${nodeCounter++}`;
   const model = opts.model ?? (await loadModel({ ...opts, maxSeqLen: opts.maxModelLen }));
+  const chat = chatRendererFor(model.tokenizer, model.chatTemplate ?? null, opts.chatTemplatePath);
   const shape: KvShape = { blockTokens: opts.blockTokens ?? 16, nLayers: model.nLayers, nKvHeads: model.nKvHeads, headDim: model.headDim };
   const pool = new KvPool(shape, opts.numBlocks ?? 1024);
   const maxModelLen = Math.min(opts.maxModelLen ?? model.maxSeqLen, model.maxSeqLen);
@@ -118,7 +122,7 @@ export async function startEngineNode(opts: EngineNodeOptions): Promise<EngineNo
     pool,
     maxModelLen,
     maxBatchTokens: opts.maxBatchTokens ?? 256,
-    eosTokenIds: model.eosIds ? [...model.eosIds] : [model.tokenizer.eos],
+    eosTokenIds: model.eosIds ?? model.tokenizer.eosIds,
   });
   const roles: ("prefill" | "decode")[] = role === "both" ? ["prefill", "decode"] : [role];
   const closers: (() => Promise<unknown>)[] = [];
@@ -142,7 +146,7 @@ export async function startEngineNode(opts: EngineNodeOptions): Promise<EngineNo
       kv = await serveKv(receiver, { host, port: opts.kvPort ?? 0, dataPlane: false, ...(dp ? { advertiseDataPlane: advertised(dp.address) } : {}) });
       closers.push(() => kv!.close(), async () => receiver!.close());
     }
-    const transport = roles.includes("prefill") ? new GrpcTransport(opts.useDataPlane === false ? { dataPlane: false } : {}) : null;
+    const transport = roles.includes("prefill") ? new RoutingTransport(opts.useDataPlane === false ? { dataPlane: false } : {}) : null;
     if (transport) closers.push(() => transport.close());
     const grpc: GrpcServer = await serveGrpc(
       (r) =>
@@ -157,6 +161,7 @@ export async function startEngineNode(opts: EngineNodeOptions): Promise<EngineNo
       engineHttpHandler({
         engine,
         tokenizer: model.tokenizer,
+        chat,
         modelName: model.name,
         modelStats: model.stats,
         workerId,

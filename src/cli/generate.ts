@@ -38,7 +38,7 @@ export async function generate(config: Config, rest: Map<string, string>, out: (
     sampling: { temperature, topP: 1, topK: 0, seed: BigInt(seedRaw), maxTokens, stopTokenIds: [] },
     onToken: (t) => {
       if (tFirst === 0) tFirst = performance.now();
-      if (t !== model.tokenizer.eos) out(text.push(t));
+      if (!model.tokenizer.eosIds.includes(t)) out(text.push(t));
     },
   });
   const t1 = performance.now();

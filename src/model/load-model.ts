@@ -107,7 +107,8 @@ export async function loadModel(opts: LoadModelOptions): Promise<ServableModel> 
   if (tokenizer.vocabSize > files.cfg.vocabSize) {
     throw new Error(`${files.name}: the tokenizer has ${tokenizer.vocabSize} tokens, more than the model's vocab_size ${files.cfg.vocabSize}`);
   }
-  const eosIds = files.eosIds.length > 0 ? files.eosIds : [tokenizer.eos];
+  // The tokenizer's (tokenizer_config, generation_config, GGUF eot/eom) and the model config's.
+  const eosIds = [...new Set([...tokenizer.eosIds, ...files.eosIds])];
   return { format: files.format, name: opts.servedModelName || files.name, cfg: files.cfg, weights: files.weights, tokenizer, chatTemplate, eosIds, stats: files.stats };
 }
 
