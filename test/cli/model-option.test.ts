@@ -1,7 +1,9 @@
 import { afterAll, describe, expect, test } from "bun:test";
 import { startEngineNode } from "../../src/cli/engine-node.ts";
 import { parseArgs } from "../../src/cli/options.ts";
-import { LoadProgress, syntheticWeights, writeLlama2cCheckpoint, writeLlama2cTokenizer } from "../../src/model/index.ts";
+import { EngineControl } from "../../src/gen/tl/engine/v1/engine_pb.ts";
+import { grpcClient } from "../../src/rpc/index.ts";
+import { LoadProgress, syntheticWeights, tokenizerFingerprint, writeLlama2cCheckpoint, writeLlama2cTokenizer } from "../../src/model/index.ts";
 import { CKPT, tempDir } from "../model/format-helpers.ts";
 
 const tmp = tempDir("model-opt");
@@ -25,6 +27,8 @@ describe("--model / --served-model-name", () => {
       expect(models.data[0]).toMatchObject({ id: "mine", parameters: params, dtype: "f32", resident_bytes: params * 4 });
       const wrong = await fetch(`http://${node.httpAddress}/v1/completions`, { method: "POST", body: JSON.stringify({ model: "m", prompt: [1, 5], max_tokens: 2 }) });
       expect(wrong.status).toBe(404);
+      const info = await grpcClient(EngineControl, node.grpcAddress, { timeoutMs: 5000 }).info({});
+      expect({ model: info.model, vocab: info.vocabSize, fp: info.tokenizerFingerprint }).toEqual({ model: "mine", vocab: CKPT.vocabSize, fp: tokenizerFingerprint(node.model.tokenizer) });
       const ok = await fetch(`http://${node.httpAddress}/v1/completions`, { method: "POST", body: JSON.stringify({ model: "mine", prompt: [1, 5], max_tokens: 2, return_token_ids: true }) });
       expect(ok.status).toBe(200);
     } finally {
