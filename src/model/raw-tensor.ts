@@ -12,7 +12,7 @@ export interface RawTensor {
   bytes: Uint8Array;
 }
 
-export type RawDtype = "f32" | "f16" | "bf16" | "q8_0" | "q4_0" | "q4_k";
+export type RawDtype = "f32" | "f16" | "bf16" | "q8_0" | "q4_0" | "q4_k" | "q6_k";
 
 /** Elements and bytes of one quantization block (1 for plain types). */
 export const DTYPE_BLOCK: Readonly<Record<RawDtype, { elems: number; bytes: number }>> = {
@@ -22,6 +22,7 @@ export const DTYPE_BLOCK: Readonly<Record<RawDtype, { elems: number; bytes: numb
   q8_0: { elems: 32, bytes: 34 },
   q4_0: { elems: 32, bytes: 18 },
   q4_k: { elems: 256, bytes: 144 },
+  q6_k: { elems: 256, bytes: 210 },
 };
 
 export function elementCount(shape: readonly number[]): number {
@@ -48,7 +49,8 @@ const F16: Float32Array = (() => {
  * The tensor's values as f32, in the stored element order (a fresh array, except that an
  * aligned f32 tensor is returned as a view of its bytes). Dequantization follows ggml's
  * definitions: q8_0 is d * q; q4_0 is d * (nibble - 8), low nibbles first; q4_k is
- * d * scale_j * nibble - dmin * min_j over eight 32-element sub-blocks with 6-bit scales/mins.
+ * d * scale_j * nibble - dmin * min_j over eight 32-element sub-blocks with 6-bit scales/mins;
+ * q6_k is d * scale_j * (q - 32) over sixteen 16-element sub-blocks with int8 scales.
  */
 export function toFloat32(t: RawTensor): Float32Array {
   const n = elementCount(t.shape);
@@ -79,6 +81,9 @@ export function toFloat32(t: RawTensor): Float32Array {
       break;
     case "q4_k":
       dequantQ4K(b, dv, out);
+      break;
+    case "q6_k":
+      dequantQ6K(b, dv, out);
       break;
   }
   return out;
@@ -133,4 +138,31 @@ function scaleMinK4(b: Uint8Array, at: number, j: number): [number, number] {
   const sc = (b[at + j + 4]! & 0xf) | ((b[at + j - 4]! >> 6) << 4);
   const m = (b[at + j + 4]! >> 4) | ((b[at + j]! >> 6) << 4);
   return [sc, m];
+}
+
+/**
+ * Q6_K super-block (256 values, 210 bytes): 128 bytes of low nibbles, 64 bytes of 2-bit high
+ * parts, 16 int8 scales, f16 d. Each 128-value half reads 64 low-nibble bytes and 32 high bytes:
+ * value l + 32k (k = 0..3) takes nibble (k & 1 ? byte l+32 : byte l) >> (k >= 2 ? 4 : 0) and
+ * high bits 2k..2k+1 of byte l, scaled by the half's scale 2k + l/16.
+ */
+function dequantQ6K(b: Uint8Array, dv: DataView, out: Float32Array): void {
+  for (let at = 0, o = 0; o < out.length; at += 210, o += 256) {
+    const d = F16[dv.getUint16(at + 208, true)]!;
+    for (let half = 0; half < 2; half++) {
+      const ql = at + 64 * half;
+      const qh = at + 128 + 32 * half;
+      const sc = at + 192 + 8 * half;
+      const y = o + 128 * half;
+      for (let l = 0; l < 32; l++) {
+        const h = b[qh + l]!;
+        const is = l >> 4;
+        for (let k = 0; k < 4; k++) {
+          const lowByte = b[ql + l + (k & 1 ? 32 : 0)]!;
+          const q = ((k >= 2 ? lowByte >> 4 : lowByte & 0xf) | (((h >> (2 * k)) & 3) << 4)) - 32;
+          out[y + l + 32 * k] = d * ((b[sc + is + 2 * k]! << 24) >> 24) * q;
+        }
+      }
+    }
+  }
 }

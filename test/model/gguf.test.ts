@@ -88,6 +88,35 @@ describe("gguf_equals_llama2c", () => {
   });
 });
 
+describe("q6_k", () => {
+  test("q6_k dequantizes by ggml's definition", () => {
+    // Two super-blocks with varied bytes; the expected values follow ggml's loop literally.
+    const b = Uint8Array.from({ length: 420 }, (_, i) => (i * 73 + 19) & 0xff);
+    const dv = new DataView(b.buffer);
+    dv.setUint16(208, 0x3400, true); // 0.25
+    dv.setUint16(418, 0xb800, true); // -0.5
+    const got = toFloat32({ name: "k6", dtype: "q6_k", shape: [2, 256], bytes: b });
+    for (let blk = 0; blk < 2; blk++) {
+      const base = blk * 210;
+      const d = blk === 0 ? 0.25 : -0.5;
+      const s8 = (i: number) => (b[base + 192 + i]! << 24) >> 24;
+      for (let n = 0; n < 2; n++) {
+        const ql = base + 64 * n, qh = base + 128 + 32 * n, sc = 8 * n, y = blk * 256 + 128 * n;
+        for (let l = 0; l < 32; l++) {
+          const is = Math.floor(l / 16);
+          const q1 = ((b[ql + l]! & 0xf) | (((b[qh + l]! >> 0) & 3) << 4)) - 32;
+          const q2 = ((b[ql + l + 32]! & 0xf) | (((b[qh + l]! >> 2) & 3) << 4)) - 32;
+          const q3 = ((b[ql + l]! >> 4) | (((b[qh + l]! >> 4) & 3) << 4)) - 32;
+          const q4 = ((b[ql + l + 32]! >> 4) | (((b[qh + l]! >> 6) & 3) << 4)) - 32;
+          expect([got[y + l], got[y + l + 32], got[y + l + 64], got[y + l + 96]]).toEqual([
+            Math.fround(d * s8(sc + is) * q1), Math.fround(d * s8(sc + is + 2) * q2), Math.fround(d * s8(sc + is + 4) * q3), Math.fround(d * s8(sc + is + 6) * q4),
+          ]);
+        }
+      }
+    }
+  });
+});
+
 describe("q4_k", () => {
   // Q4_K blocks are 256 values along a row, so this model's rows are 256 wide.
   const WIDE: ModelConfig = { name: "wide", dim: 256, hiddenDim: 256, nLayers: 1, nHeads: 4, nKvHeads: 2, vocabSize: 64, maxSeqLen: 16, ropeTheta: 10000, normEps: 1e-5 };
