@@ -1,7 +1,7 @@
 import { create } from "@bufbuild/protobuf";
 import { Code, ConnectError } from "@connectrpc/connect";
 import { promptHashes } from "../codec/index.ts";
-import { grpcClient, serveGrpc, type GrpcServer } from "../control/index.ts";
+import { grpcClient, samplingToProto, serveGrpc, type GrpcServer } from "../control/index.ts";
 import { Role, WorkerRegistry as WorkerRegistryService } from "../gen/tl/control/v1/control_pb.ts";
 import { EngineControl, PrefillRequestSchema, type KvHandle } from "../gen/tl/engine/v1/engine_pb.ts";
 import { KvTransfer } from "../gen/tl/kv/v1/kv_pb.ts";
@@ -22,6 +22,7 @@ import {
   type HttpServer,
 } from "../http/index.ts";
 import type { Tokenizer } from "../model/index.ts";
+import type { TokenLogprobs } from "../rng/index.ts";
 import { createMetrics, endSpan, extractHeaders, log, metricsResponse, SpanKind, startSpan, traceHeaders, type Attributes, type Metrics, type Span } from "../obs/index.ts";
 import { RegistryService } from "./registry-service.ts";
 import { KvAffinity, pickByLoad, pickDecode } from "./router.ts";
@@ -111,6 +112,12 @@ function httpStatusOf(code: Code): number {
   }
 }
 
+/** The first token's logprobs P computed, when the request asked for them. */
+function firstLogprobs(h: KvHandle): TokenLogprobs | undefined {
+  if (h.firstTokenLogprob === undefined) return undefined;
+  return { logprob: h.firstTokenLogprob, top: h.firstTopLogprobs.map((t) => [t.token, t.logprob]) };
+}
+
 /** The front door: registry for heartbeats, OpenAI HTTP for clients, routing in between. */
 export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
   const host = opts.host ?? "127.0.0.1";
@@ -134,7 +141,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
         create(PrefillRequestSchema, {
           requestId: id,
           promptTokens: params.promptTokens,
-          sampling: { ...samplingOf(params), stopTokenIds: [...params.stopTokenIds] },
+          sampling: samplingToProto(samplingOf(params)),
           decodeTarget: d.status.kvAddress,
           kvFormat: 1,
         }),
@@ -158,6 +165,13 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
       top_k: params.topK,
       seed: params.seed.toString(),
       stop_token_ids: params.stopTokenIds,
+      presence_penalty: params.presencePenalty,
+      frequency_penalty: params.frequencyPenalty,
+      repetition_penalty: params.repetitionPenalty,
+      logit_bias: Object.fromEntries(params.logitBias),
+      min_tokens: params.minTokens,
+      ignore_eos: params.ignoreEos,
+      logprobs: params.topLogprobs,
       stream: true,
       return_token_ids: true,
     };
@@ -258,10 +272,10 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
       log.debug("prefilled", { request_id: id, handle: handle.handleId, blocks_sent: served.blocksSent, blocks_deduped: served.blocksDeduped, payload_bytes: served.payloadBytes });
 
       const q = new TokenQueue();
-      q.push(handle.firstToken);
+      q.push(handle.firstToken, firstLogprobs(handle));
       let claimed = false;
       if (handle.finished) {
-        const stop = handle.firstToken === opts.tokenizer.eos || params.stopTokenIds.includes(handle.firstToken);
+        const stop = (!params.ignoreEos && handle.firstToken === opts.tokenizer.eos) || params.stopTokenIds.includes(handle.firstToken);
         q.close({ reason: stop ? "stop" : "length" });
       } else {
         busy(did, 1);
@@ -342,7 +356,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
           firstAt = performance.now();
           if (s.served === "colocated-fallback") metrics.ttft.observe({ served: s.served }, (firstAt - arrived) / 1000);
         }
-        counted.push(t);
+        counted.push(t, q.logprobsAt(n - 1));
       }
       counted.close(q.end);
       active--;

@@ -1,4 +1,4 @@
-import { sseData, type TokenQueue } from "../http/index.ts";
+import { fromWire, sseData, type TokenQueue } from "../http/index.ts";
 
 /**
  * POSTs a streaming completion with `return_token_ids` to an engine and feeds the ids
@@ -32,13 +32,14 @@ export async function readTokenStream(
         q.close({ reason: finish === "length" ? "length" : "stop" });
         return;
       }
-      const obj = JSON.parse(data) as { error?: { message?: string }; choices?: { token_ids?: number[]; finish_reason?: string | null }[] };
+      const obj = JSON.parse(data) as { error?: { message?: string }; choices?: { token_ids?: number[]; tl_logprobs?: unknown[]; finish_reason?: string | null }[] };
       if (obj.error) {
         q.close({ reason: "error", error: obj.error.message ?? "engine reported an error" });
         return;
       }
       for (const c of obj.choices ?? []) {
-        for (const t of c.token_ids ?? []) q.push(t);
+        const ids = c.token_ids ?? [];
+        for (let i = 0; i < ids.length; i++) q.push(ids[i]!, fromWire(c.tl_logprobs?.[i]));
         if (c.finish_reason) finish = c.finish_reason;
       }
     }

@@ -45,6 +45,13 @@ export const HANDLE_HEADER = "x-tl-kv-handle";
 export const FIRST_TOKEN_HEADER = "x-tl-first-token";
 export const DRAWS_HEADER = "x-tl-rng-draws";
 
+type ResumeKv = { blockIds: number[]; firstToken: number; draws: number };
+
+/** The engine's request id of each choice: the request's own when there is one choice. */
+function choiceIds(id: string, choices: number): string[] {
+  return choices === 1 ? [id] : Array.from({ length: choices }, (_, i) => `${id}-${i}`);
+}
+
 let counter = 0;
 export function requestId(prefix: string): string {
   return `${prefix}-${Date.now().toString(36)}${(counter++).toString(36)}${Math.random().toString(36).slice(2, 8)}`;
@@ -97,25 +104,66 @@ export function engineHttpHandler(ctx: EngineHttpContext): (req: Request) => Pro
       throw new HttpError(404, `model ${JSON.stringify(params.model)} not served here; this engine serves ${JSON.stringify(ctx.modelName)}`, "invalid_request_error", "model");
     }
     const handleId = req.headers.get(HANDLE_HEADER);
+    if (handleId !== null && params.prompts.length * params.n > 1) throw new HttpError(400, `a resume (${HANDLE_HEADER}) continues one choice: n = 1 and one prompt`, "invalid_request_error", "n");
     const resume = handleId === null ? undefined : claimFor(req, handleId, params);
     const id = req.headers.get("x-request-id") ?? requestId(kind === "chat" ? "chatcmpl" : "cmpl");
-    if (engine.has(id)) {
+    const ids = choiceIds(id, params.prompts.length * params.n);
+    if (ids.some((c) => engine.has(c))) {
       if (resume) engine.pool.releaseAll(resume.blockIds);
       throw new HttpError(409, `request ${id} is already in flight`);
     }
+    if (span.isRecording()) span.setAttributes({ "tl.request_id": id, "tl.resumed": resume !== undefined, ...(handleId !== null ? { "tl.kv.handle": handleId } : {}) });
+    let left = ids.length;
+    let failure: string | undefined;
+    const choiceDone = (failed: string | undefined) => {
+      failure ??= failed;
+      if (--left === 0) endSpan(span, failure);
+    };
+    const queues = ids.map((cid, i) => generate(cid, i, params, kind, resume, span, choiceDone));
+    const cancelAll = () => ids.forEach((c) => engine.cancel(c));
+    // Disconnects cancel the request wherever it is, which frees its blocks.
+    req.signal.addEventListener("abort", cancelAll);
+    return completionResponse(queues, {
+      id,
+      model: ctx.modelName,
+      tokenizer,
+      params,
+      onStop: (i) => engine.cancel(ids[i]!),
+      onAbort: cancelAll,
+      headers: {
+        "x-request-id": id,
+        "x-tl-seed": params.seed.toString(),
+        "x-tl-worker": ctx.workerId,
+        ...(params.ignoredFields.length > 0 ? { "x-tl-ignored-fields": params.ignoredFields.join(",") } : {}),
+      },
+    });
+  }
+
+  /**
+   * Submits choice `index` (prompt ⌊index / n⌋, seed + index mod n as vLLM) and returns
+   * the queue its tokens arrive in; `onDone` runs when it finished, with why it failed.
+   */
+  function generate(
+    id: string,
+    index: number,
+    params: CompletionParams,
+    kind: CompletionKind,
+    resume: ResumeKv | undefined,
+    span: Span,
+    onDone: (failed: string | undefined) => void,
+  ): TokenQueue {
     const q = new TokenQueue();
     const started = performance.now();
     let ttft: number | null = null;
     const step = startSpan(resume ? "decode" : "generate", SpanKind.INTERNAL, span, stepAttrs);
-    if (span.isRecording()) span.setAttributes({ "tl.request_id": id, "tl.resumed": resume !== undefined, ...(handleId !== null ? { "tl.kv.handle": handleId } : {}) });
     const done = engine.submit({
       requestId: id,
-      promptTokens: params.promptTokens,
-      sampling: samplingOf(params),
+      promptTokens: params.prompts[Math.floor(index / params.n)]!,
+      sampling: samplingOf(params, index % params.n),
       resume,
-      onToken: (t) => {
+      onToken: (t, lp) => {
         ttft ??= performance.now() - started;
-        q.push(t);
+        q.push(t, lp);
       },
     });
     done.then((f: Finish) => {
@@ -136,23 +184,13 @@ export function engineHttpHandler(ctx: EngineHttpContext): (req: Request) => Pro
       if (step.isRecording()) step.setAttributes({ "tl.prompt_tokens": f.promptTokens, "tl.output_tokens": f.outputTokens.length, "tl.prefix_hit_tokens": f.prefixHitTokens, "tl.finish": f.reason });
       const failed = f.reason === "error" || f.reason === "cancelled" ? (f.error ?? f.reason) : undefined;
       endSpan(step, failed);
-      endSpan(span, failed);
+      onDone(failed);
     });
-    // Disconnects cancel the request wherever it is, which frees its blocks.
-    req.signal.addEventListener("abort", () => engine.cancel(id));
-    return completionResponse(q, {
-      id,
-      model: ctx.modelName,
-      tokenizer,
-      params,
-      onStop: () => engine.cancel(id),
-      onAbort: () => engine.cancel(id),
-      headers: { "x-request-id": id, "x-tl-seed": params.seed.toString(), "x-tl-worker": ctx.workerId },
-    });
+    return q;
   }
 
   /** The decode side of the hand-off: take the handle's blocks, or say why not. */
-  function claimFor(req: Request, handleId: string, params: CompletionParams) {
+  function claimFor(req: Request, handleId: string, params: CompletionParams): ResumeKv {
     if (!ctx.claim) throw new HttpError(400, `${HANDLE_HEADER} sent to an engine without the decode role`);
     const firstToken = headerInt(req, FIRST_TOKEN_HEADER, tokenizer.vocabSize);
     const draws = headerInt(req, DRAWS_HEADER, 2 ** 31);
@@ -171,6 +209,7 @@ export function engineHttpHandler(ctx: EngineHttpContext): (req: Request) => Pro
     }
     return { blockIds: claimed.blockIds, firstToken, draws };
   }
+
 
   return async (req: Request): Promise<Response> => {
     const url = new URL(req.url);
