@@ -6,6 +6,7 @@ import { Role, WorkerRegistry as WorkerRegistryService } from "../gen/tl/control
 import { EngineControl, PrefillRequestSchema, type KvHandle } from "../gen/tl/engine/v1/engine_pb.ts";
 import { KvTransfer } from "../gen/tl/kv/v1/kv_pb.ts";
 import {
+  choiceSeed,
   completionResponse,
   DRAWS_HEADER,
   errorResponse,
@@ -62,6 +63,19 @@ interface Served {
 }
 
 const NEVER = new AbortController().signal;
+
+/** One routed choice: its token stream and how it was served. */
+interface Routed {
+  q: TokenQueue;
+  served: Served;
+}
+
+/** Choice i of a request as a request of its own: prompt ⌊i / n⌋, seed + (i mod n) as vLLM. */
+function choiceParams(p: CompletionParams, i: number): CompletionParams {
+  if (p.prompts.length * p.n === 1) return p;
+  const prompt = p.prompts[Math.floor(i / p.n)]!;
+  return { ...p, promptTokens: prompt, prompts: [prompt], n: 1, seed: choiceSeed(p.seed, i % p.n) };
+}
 
 /** `p`, or a rejection as soon as `signal` aborts (p itself goes on). */
 function untilAborted<T>(p: Promise<T>, signal: AbortSignal): Promise<T> {
@@ -202,16 +216,32 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     }
     const id = req.headers.get("x-request-id") ?? requestId(kind === "chat" ? "chatcmpl" : "cmpl");
     if (span.isRecording()) span.setAttribute("tl.request_id", id);
+    // n > 1 and prompt lists: every choice is routed as a request of its own (P's prefix
+    // cache and D's HasBlocks dedup keep the repeated prompt's full blocks from being
+    // recomputed or resent), each with its own abort so a stop string ends only its choice.
+    const choices = params.prompts.length * params.n;
+    const aborts = Array.from({ length: choices }, () => new AbortController());
+    req.signal.addEventListener("abort", () => aborts.forEach((a) => a.abort()));
+    const routed = await Promise.all(
+      aborts.map((a, i) =>
+        routeChoice(choiceParams(params, i), choices === 1 ? id : `${id}-${i}`, arrived, a, span).catch((e: unknown) => {
+          aborts.forEach((x) => x.abort());
+          throw e;
+        }),
+      ),
+    );
+    return respond(routed.map((r) => r.q), params, id, routed[0]!.served, arrived, aborts, span);
+  }
+
+  /** Routes one choice: a prefill/decode pair (retried on another pair when nothing reached the client), else a colocated engine. */
+  async function routeChoice(params: CompletionParams, id: string, arrived: number, abort: AbortController, span: Span): Promise<Routed> {
     const exclude = new Set<string>();
     let retried = false;
-    const abort = new AbortController();
-    req.signal.addEventListener("abort", () => abort.abort());
-
     for (let attempt = 0; attempt < 4; attempt++) {
       const workers = registry.live();
       const P = pickByLoad(workers, Role.PREFILL, inflight, exclude);
       const D = P ? pickDecode(workers, promptHashes(params.promptTokens, P.worker.status.blockTokens), affinity, inflight, exclude) : null;
-      if (!P || !D) return colocated(params, id, exclude, arrived, abort, span);
+      if (!P || !D) return colocated(params, id, exclude, abort, span);
       log.debug("route", { request_id: id, prefill: P.worker.status.workerId, prefill_why: P.why, decode: D.worker.status.workerId, decode_why: D.why });
       const pid = P.worker.status.workerId;
       const did = D.worker.status.workerId;
@@ -301,7 +331,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
           if (!claimed) releaseOn(D.worker, handle.handleId, id);
         });
       }
-      return respond(q, params, id, served, arrived, abort, span);
+      return { q, served };
     }
     throw new HttpError(503, "no worker could take the request after retries", "server_error", null, { "retry-after": "1" });
   }
@@ -327,7 +357,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
   }
 
   /** No prefill/decode pair: a `both` engine does the whole request. */
-  function colocated(params: CompletionParams, id: string, exclude: Set<string>, arrived: number, abort: AbortController, span: Span): Response | Promise<Response> {
+  function colocated(params: CompletionParams, id: string, exclude: Set<string>, abort: AbortController, span: Span): Routed {
     const W = pickByLoad(registry.live(), Role.BOTH, inflight, exclude);
     if (!W) {
       throw new HttpError(503, "no engine is available: no prefill/decode pair and no colocated engine", "server_error", null, { "retry-after": "2" });
@@ -343,26 +373,31 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
       endSpan(call, q.end.reason === "error" ? q.end.error : undefined);
       busy(wid, -1);
     });
-    return respond(q, params, id, served, arrived, abort, span);
+    return { q, served };
   }
 
-  function respond(q: TokenQueue, params: CompletionParams, id: string, s: Served, arrived: number, abort: AbortController, span: Span): Response | Promise<Response> {
+  function respond(queues: TokenQueue[], params: CompletionParams, id: string, s: Served, arrived: number, aborts: AbortController[], span: Span): Response | Promise<Response> {
     let n = 0;
     let firstAt = 0;
-    const counted = new TokenQueue();
-    (async () => {
+    const relay = async (q: TokenQueue, counted: TokenQueue) => {
+      let i = 0;
       for await (const t of q) {
         if (n++ === 0) {
           firstAt = performance.now();
           if (s.served === "colocated-fallback") metrics.ttft.observe({ served: s.served }, (firstAt - arrived) / 1000);
         }
-        counted.push(t, q.logprobsAt(n - 1));
+        counted.push(t, q.logprobsAt(i++));
       }
       counted.close(q.end);
+    };
+    const counted = queues.map(() => new TokenQueue());
+    (async () => {
+      await Promise.all(queues.map((q, i) => relay(q, counted[i]!)));
       active--;
-      const outcome = q.end.reason === "error" ? "error" : q.end.reason === "cancelled" ? "cancelled" : "ok";
+      const end = queues.find((q) => q.end.reason === "error")?.end ?? queues.find((q) => q.end.reason === "cancelled")?.end ?? queues[0]!.end;
+      const outcome = end.reason === "error" ? "error" : end.reason === "cancelled" ? "cancelled" : "ok";
       metrics.requests.inc({ served: s.served, outcome });
-      if (n > 1) metrics.tpot.observe({ served: s.served }, (performance.now() - firstAt) / 1000 / (n - 1));
+      if (n > queues.length) metrics.tpot.observe({ served: s.served }, (performance.now() - firstAt) / 1000 / (n - queues.length));
       log.info("request", {
         request_id: id,
         served: s.served,
@@ -370,24 +405,26 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
         decode_worker: s.decodeWorker,
         prompt_tokens: params.promptTokens.length,
         output_tokens: n,
+        choices: queues.length,
         outcome,
-        error: q.end.error,
+        error: end.error,
         duration_ms: Math.round(performance.now() - arrived),
         blocks_sent: s.blocksSent,
         blocks_deduped: s.blocksDeduped,
         payload_bytes: s.payloadBytes,
       });
       if (span.isRecording()) span.setAttributes({ "tl.served": s.served, "tl.prefill_worker": s.prefillWorker, "tl.decode_worker": s.decodeWorker, "tl.output_tokens": n, "tl.outcome": outcome });
-      endSpan(span, q.end.reason === "error" ? q.end.error : undefined);
+      endSpan(span, end.reason === "error" ? end.error : undefined);
     })();
     return completionResponse(counted, {
       id,
       model: opts.modelName,
       tokenizer: opts.tokenizer,
       params,
-      onStop: () => abort.abort(),
-      onAbort: () => abort.abort(),
+      onStop: (i) => aborts[i]!.abort(),
+      onAbort: () => aborts.forEach((a) => a.abort()),
       headers: {
+        ...(params.ignoredFields.length > 0 ? { "x-tl-ignored-fields": params.ignoredFields.join(",") } : {}),
         "x-request-id": id,
         "x-tl-served": s.served,
         "x-tl-prefill-worker": s.prefillWorker,
