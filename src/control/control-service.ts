@@ -19,6 +19,8 @@ import { transfer, TransferError, type KvTransport, type TransferStats } from ".
 
 const KV_FORMAT = 1;
 const U64_MAX = (1n << 64n) - 1n;
+/** Choices one Prefill may sample (the HTTP layer's bound on n). */
+const MAX_CHOICES = 16;
 
 export interface ControlContext {
   workerId: string;
@@ -114,6 +116,7 @@ export function controlService(ctx: ControlContext): ServiceImpl<typeof EngineCo
     if (tokens.length + sampling.maxTokens > engine.maxModelLen) {
       throw invalid(`prompt (${tokens.length} tokens) + max_tokens (${sampling.maxTokens}) exceeds max_model_len ${engine.maxModelLen}`);
     }
+    if (req.n > MAX_CHOICES) throw invalid(`n ${req.n} > ${MAX_CHOICES}`);
     if (engine.has(req.requestId)) throw new ConnectError(`request ${req.requestId} already in flight`, Code.AlreadyExists);
     return { tokens, sampling };
   }
@@ -125,7 +128,7 @@ export function controlService(ctx: ControlContext): ServiceImpl<typeof EngineCo
     const step = startSpan("prefill", SpanKind.INTERNAL, parent, ROLE_ATTRS);
     let f;
     try {
-      f = await engine.submit({ requestId: req.requestId, promptTokens: tokens, sampling, prefillOnly: true });
+      f = await engine.submit({ requestId: req.requestId, promptTokens: tokens, sampling, prefillOnly: true, choices: Math.max(1, req.n) });
       if (step.isRecording()) step.setAttributes({ "tl.prompt_tokens": tokens.length, "tl.prefix_hit_tokens": f.prefixHitTokens, "tl.finish": f.reason });
     } finally {
       signal.removeEventListener("abort", onAbort);
@@ -144,6 +147,13 @@ export function controlService(ctx: ControlContext): ServiceImpl<typeof EngineCo
       finished: out.finished,
       firstTokenLogprob: out.firstLogprobs?.logprob,
       firstTopLogprobs: out.firstLogprobs?.top.map(([token, logprob]) => ({ token, logprob })) ?? [],
+      ...(out.choices.length > 1
+        ? {
+            choiceFirstTokens: out.choices.map((c) => c.token),
+            choiceFirstLogprobs: out.firstLogprobs ? out.choices.map((c) => c.logprobs!.logprob) : [],
+            choiceFinished: out.choices.map((c) => c.finished),
+          }
+        : {}),
     });
     if (out.finished) return handle;
     const started = performance.now();

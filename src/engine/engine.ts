@@ -1,5 +1,5 @@
 import assert from "node:assert";
-import { maskStops, processLogits, resumeRng, sample, stream, SAMPLE_STREAM, tokenLogprobs, type TokenLogprobs } from "../rng/index.ts";
+import { choiceSeed, maskStops, processLogits, resumeRng, sample, stream, SAMPLE_STREAM, tokenLogprobs, type TokenLogprobs } from "../rng/index.ts";
 import type { KvPool } from "../pool/index.ts";
 import type { ModelRunner, SeqChunk } from "./model-runner.ts";
 import { Sequence, type Finish, type FinishReason, type SamplingParams } from "./sequence.ts";
@@ -21,6 +21,8 @@ export interface EngineRequest {
   sampling: SamplingParams;
   /** Stop after the first token and hand the prompt's blocks to the caller. */
   prefillOnly?: boolean;
+  /** Prefill only: sample this many first tokens (choice j from stream(seed + j)); default 1. */
+  choices?: number;
   /** Continue a request another engine prefilled: the caller gives its references on blockIds. */
   resume?: { blockIds: number[]; firstToken: number; draws: number };
   /** Each emitted token, with its logprobs when the sampling params ask for them. */
@@ -105,6 +107,7 @@ export class Engine {
         rng,
         req.promptTokens.length,
         req.prefillOnly ?? false,
+        req.choices ?? 1,
         req.onToken ?? (() => {}),
         resolve,
       );
@@ -250,7 +253,32 @@ export class Engine {
     }
     const token = sample(logits, s, seq.rng);
     if (seq.rng) seq.draws++;
-    this.appendToken(seq, token, true, s.topLogprobs === undefined ? undefined : tokenLogprobs(raw, token, s.topLogprobs));
+    const logprobsOf = (t: number) => (s.topLogprobs === undefined ? undefined : tokenLogprobs(raw, t, s.topLogprobs));
+    // One prefill for n choices: the others' first tokens come from the same logits, each
+    // from its own stream with the same draw count as choice 0's.
+    for (let j = 1; j < seq.prefillChoices; j++) {
+      const t = sample(logits, s, seq.rng ? stream(choiceSeed(s.seed, j), SAMPLE_STREAM) : null);
+      seq.moreChoices.push({ token: t, logprobs: logprobsOf(t), finished: this.isStop(seq, t) || s.maxTokens <= 1 });
+    }
+    this.appendToken(seq, token, true, logprobsOf(token));
+  }
+
+  /**
+   * References a resumed prompt's blocks once more, for one more sequence of the same
+   * prompt (n > 1 after one prefill): full blocks are shared read-only, a partial tail is
+   * copied since each sequence writes its own tokens there. Null when no block is free.
+   */
+  sharePrompt(blockIds: readonly number[], promptLen: number): number[] | null {
+    const full = Math.floor(promptLen / this.pool.shape.blockTokens);
+    const out = blockIds.slice(0, full);
+    if (full < blockIds.length) {
+      const tail = blockIds[full]!;
+      const copy = this.pool.importBlock(this.pool.payload(tail), this.pool.fillOf(tail));
+      if (copy < 0) return null;
+      out.push(copy);
+    }
+    for (let b = 0; b < full; b++) this.pool.acquire(out[b]!);
+    return out;
   }
 
   private isStop(seq: Sequence, token: number): boolean {
@@ -281,10 +309,12 @@ export class Engine {
     seq.blockTable = [];
     const hashes = seq.hashes.slice(0, Math.floor(seq.promptLen / B));
     this.remove(seq);
-    if (finished) this.pool.releaseAll(blockIds);
+    const choices = [{ token: firstToken, logprobs: firstLogprobs, finished }, ...seq.moreChoices];
+    const all = choices.every((c) => c.finished);
+    if (all) this.pool.releaseAll(blockIds);
     seq.onFinish({
-      ...this.summary(seq, finished ? "stop" : "prefilled"),
-      prefill: { blockIds: finished ? [] : blockIds, hashes, firstToken, draws: seq.draws, finished, firstLogprobs },
+      ...this.summary(seq, all ? "stop" : "prefilled"),
+      prefill: { blockIds: all ? [] : blockIds, hashes, firstToken, draws: seq.draws, finished: all, firstLogprobs, choices },
     });
   }
 

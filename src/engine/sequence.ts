@@ -23,16 +23,26 @@ export interface SamplingParams {
 
 export type FinishReason = "stop" | "length" | "cancelled" | "prefilled" | "error";
 
+/** One choice's first token, sampled by the prefill engine. */
+export interface FirstToken {
+  token: number;
+  logprobs?: TokenLogprobs;
+  /** It ended this choice (a stop token, or max_tokens = 1). */
+  finished: boolean;
+}
+
 /** What a prefill-only request hands back: the caller owns one reference on each block. */
 export interface PrefillOutput {
   blockIds: number[];
   hashes: bigint[];
   firstToken: number;
   draws: number;
-  /** The first token already ended the request (stop token or max_tokens = 1). */
+  /** Every choice ended with its first token: no blocks are handed back. */
   finished: boolean;
   /** The first token's logprobs, when the request asked for them. */
   firstLogprobs?: TokenLogprobs;
+  /** Choice j's first token (j = 0 is firstToken), drawn from stream(seed + j): one prefill for n choices. */
+  choices: FirstToken[];
 }
 
 export interface Finish {
@@ -66,6 +76,8 @@ export class Sequence {
   readonly processing: LogitsConfig | null;
   /** Output token counts (and prompt tokens) for the penalties; null without processing. */
   readonly history: TokenHistory | null;
+  /** Prefill only: the first tokens of choices 1..n-1, sampled beside choice 0's. */
+  moreChoices: FirstToken[] = [];
 
   constructor(
     readonly requestId: string,
@@ -74,6 +86,8 @@ export class Sequence {
     readonly rng: Pcg32 | null,
     readonly promptLen: number,
     readonly prefillOnly: boolean,
+    /** Prefill only: first tokens to sample from the prompt's logits, one per choice. */
+    readonly prefillChoices: number,
     readonly onToken: (token: number, logprobs?: TokenLogprobs) => void,
     readonly onFinish: (f: Finish) => void,
   ) {

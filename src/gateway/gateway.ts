@@ -6,7 +6,7 @@ import { Role, WorkerRegistry as WorkerRegistryService } from "../gen/tl/control
 import { EngineControl, PrefillRequestSchema, type KvHandle } from "../gen/tl/engine/v1/engine_pb.ts";
 import { KvTransfer } from "../gen/tl/kv/v1/kv_pb.ts";
 import {
-  choiceSeed,
+  CHOICES_HEADER,
   completionResponse,
   DRAWS_HEADER,
   errorResponse,
@@ -64,17 +64,17 @@ interface Served {
 
 const NEVER = new AbortController().signal;
 
-/** One routed choice: its token stream and how it was served. */
+/** One routed prompt: its choices' token streams and how they were served. */
 interface Routed {
-  q: TokenQueue;
+  qs: TokenQueue[];
   served: Served;
 }
 
-/** Choice i of a request as a request of its own: prompt ⌊i / n⌋, seed + (i mod n) as vLLM. */
-function choiceParams(p: CompletionParams, i: number): CompletionParams {
-  if (p.prompts.length * p.n === 1) return p;
-  const prompt = p.prompts[Math.floor(i / p.n)]!;
-  return { ...p, promptTokens: prompt, prompts: [prompt], n: 1, seed: choiceSeed(p.seed, i % p.n) };
+/** Prompt k of a request as a request of its own (its n choices use seed + j, as vLLM). */
+function promptParams(p: CompletionParams, k: number): CompletionParams {
+  if (p.prompts.length === 1) return p;
+  const prompt = p.prompts[k]!;
+  return { ...p, promptTokens: prompt, prompts: [prompt] };
 }
 
 /** `p`, or a rejection as soon as `signal` aborts (p itself goes on). */
@@ -126,10 +126,12 @@ function httpStatusOf(code: Code): number {
   }
 }
 
-/** The first token's logprobs P computed, when the request asked for them. */
-function firstLogprobs(h: KvHandle): TokenLogprobs | undefined {
-  if (h.firstTokenLogprob === undefined) return undefined;
-  return { logprob: h.firstTokenLogprob, top: h.firstTopLogprobs.map((t) => [t.token, t.logprob]) };
+/** Each choice's first token as P sampled it, with its logprobs when the request asked for them. */
+function firstTokens(h: KvHandle): { token: number; logprobs?: TokenLogprobs; finished: boolean }[] {
+  const top = h.firstTopLogprobs.map((t): [number, number] => [t.token, t.logprob]);
+  const lp = (logprob: number | undefined) => (logprob === undefined ? undefined : { logprob, top });
+  if (h.choiceFirstTokens.length === 0) return [{ token: h.firstToken, logprobs: lp(h.firstTokenLogprob), finished: h.finished }];
+  return h.choiceFirstTokens.map((token, j) => ({ token, logprobs: lp(h.choiceFirstLogprobs[j]), finished: h.choiceFinished[j] ?? false }));
 }
 
 /** The front door: registry for heartbeats, OpenAI HTTP for clients, routing in between. */
@@ -158,6 +160,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
           sampling: samplingToProto(samplingOf(params)),
           decodeTarget: d.status.kvAddress,
           kvFormat: 1,
+          n: params.n,
         }),
         { signal, headers: traceHeaders(span) },
       );
@@ -170,9 +173,13 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     }
   }
 
-  function resumeBody(params: CompletionParams, tokens: readonly number[]) {
+  /** The completions body D (or a colocated engine) continues `n` choices of `params` with. */
+  function resumeBody(params: CompletionParams, tokens: readonly number[], n: number) {
     return {
       prompt: tokens,
+      n,
+      stop: params.stop,
+      include_stop_str_in_output: params.includeStopStr,
       max_tokens: params.maxTokens,
       temperature: params.temperature,
       top_p: params.topP,
@@ -216,25 +223,28 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     }
     const id = req.headers.get("x-request-id") ?? requestId(kind === "chat" ? "chatcmpl" : "cmpl");
     if (span.isRecording()) span.setAttribute("tl.request_id", id);
-    // n > 1 and prompt lists: every choice is routed as a request of its own (P's prefix
-    // cache and D's HasBlocks dedup keep the repeated prompt's full blocks from being
-    // recomputed or resent), each with its own abort so a stop string ends only its choice.
-    const choices = params.prompts.length * params.n;
-    const aborts = Array.from({ length: choices }, () => new AbortController());
+    // A list of prompts: each prompt is routed as a request of its own, with its own
+    // abort. Its n choices share one prefill and one resume (one D stream carrying them
+    // all); a stop string then ends its choice on D itself (stop is forwarded), so only a
+    // single-choice stream is cut from here.
+    const aborts = params.prompts.map(() => new AbortController());
     req.signal.addEventListener("abort", () => aborts.forEach((a) => a.abort()));
     const routed = await Promise.all(
-      aborts.map((a, i) =>
-        routeChoice(choiceParams(params, i), choices === 1 ? id : `${id}-${i}`, arrived, a, span).catch((e: unknown) => {
+      aborts.map((a, k) =>
+        routePrompt(promptParams(params, k), params.prompts.length === 1 ? id : `${id}-${k}`, arrived, a, span).catch((e: unknown) => {
           aborts.forEach((x) => x.abort());
           throw e;
         }),
       ),
     );
-    return respond(routed.map((r) => r.q), params, id, routed[0]!.served, arrived, aborts, span);
+    const onStop = (i: number) => {
+      if (params.n === 1) aborts[i]!.abort();
+    };
+    return respond(routed.flatMap((r) => r.qs), params, id, routed[0]!.served, arrived, onStop, () => aborts.forEach((a) => a.abort()), span);
   }
 
-  /** Routes one choice: a prefill/decode pair (retried on another pair when nothing reached the client), else a colocated engine. */
-  async function routeChoice(params: CompletionParams, id: string, arrived: number, abort: AbortController, span: Span): Promise<Routed> {
+  /** Routes one prompt's n choices: a prefill/decode pair (retried on another pair when nothing reached the client), else a colocated engine. */
+  async function routePrompt(params: CompletionParams, id: string, arrived: number, abort: AbortController, span: Span): Promise<Routed> {
     const exclude = new Set<string>();
     let retried = false;
     for (let attempt = 0; attempt < 4; attempt++) {
@@ -301,39 +311,57 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
       if (!handle.finished) affinity.record(did, handle.blockHashes);
       log.debug("prefilled", { request_id: id, handle: handle.handleId, blocks_sent: served.blocksSent, blocks_deduped: served.blocksDeduped, payload_bytes: served.payloadBytes });
 
-      const q = new TokenQueue();
-      q.push(handle.firstToken, firstLogprobs(handle));
-      let claimed = false;
-      if (handle.finished) {
-        const stop = (!params.ignoreEos && handle.firstToken === opts.tokenizer.eos) || params.stopTokenIds.includes(handle.firstToken);
-        q.close({ reason: stop ? "stop" : "length" });
-      } else {
-        busy(did, 1);
-        const resume = startSpan("resume", SpanKind.CLIENT, span, RESUME_ATTRS);
-        if (resume.isRecording()) resume.setAttributes({ "server.address": D.worker.status.httpAddress, "tl.worker_id": did, "tl.kv.handle": handle.handleId });
-        readTokenStream(
-          `http://${D.worker.status.httpAddress}/v1/completions`,
-          resumeBody(params, handle.promptTokens),
-          {
-            [HANDLE_HEADER]: handle.handleId,
-            [FIRST_TOKEN_HEADER]: String(handle.firstToken),
-            [DRAWS_HEADER]: String(handle.rngDrawsConsumed),
-            "x-request-id": id,
-            ...traceHeaders(resume),
-          },
-          q,
-          abort.signal,
-          () => (claimed = true),
-        ).finally(() => {
-          endSpan(resume, q.end.reason === "error" ? q.end.error : undefined);
-          busy(did, -1);
-          // Before D answered, the handle is still pending there: give it back.
-          if (!claimed) releaseOn(D.worker, handle.handleId, id);
-        });
-      }
-      return { q, served };
+      return { qs: resumeOnDecode(handle, params, D.worker, id, abort, span), served };
     }
     throw new HttpError(503, "no worker could take the request after retries", "server_error", null, { "retry-after": "1" });
+  }
+
+  /**
+   * The choices' queues after Prefill: each starts with the first token P sampled; a
+   * choice it ended is closed at once, the others continue in one resume on D.
+   */
+  function resumeOnDecode(handle: KvHandle, params: CompletionParams, d: WorkerView, id: string, abort: AbortController, span: Span): TokenQueue[] {
+    const first = firstTokens(handle);
+    const qs = first.map((c) => {
+      const q = new TokenQueue();
+      q.push(c.token, c.logprobs);
+      return q;
+    });
+    const open = first.flatMap((c, j) => (c.finished ? [] : [j]));
+    for (const [j, c] of first.entries()) {
+      if (!c.finished) continue;
+      const stop = (!params.ignoreEos && c.token === opts.tokenizer.eos) || params.stopTokenIds.includes(c.token);
+      qs[j]!.close({ reason: stop ? "stop" : "length" });
+    }
+    if (open.length === 0) return qs;
+    const did = d.status.workerId;
+    let claimed = false;
+    busy(did, 1);
+    const resume = startSpan("resume", SpanKind.CLIENT, span, RESUME_ATTRS);
+    if (resume.isRecording()) resume.setAttributes({ "server.address": d.status.httpAddress, "tl.worker_id": did, "tl.kv.handle": handle.handleId });
+    const resumed = open.map((j) => qs[j]!);
+    readTokenStream(
+      `http://${d.status.httpAddress}/v1/completions`,
+      resumeBody(params, handle.promptTokens, open.length),
+      {
+        [HANDLE_HEADER]: handle.handleId,
+        [FIRST_TOKEN_HEADER]: open.map((j) => first[j]!.token).join(","),
+        ...(params.n > 1 ? { [CHOICES_HEADER]: open.join(",") } : {}),
+        [DRAWS_HEADER]: String(handle.rngDrawsConsumed),
+        "x-request-id": id,
+        ...traceHeaders(resume),
+      },
+      resumed,
+      abort.signal,
+      () => (claimed = true),
+    ).finally(() => {
+      const failed = resumed.find((q) => q.end.reason === "error");
+      endSpan(resume, failed?.end.error);
+      busy(did, -1);
+      // Before D answered, the handle is still pending there: give it back.
+      if (!claimed) releaseOn(d, handle.handleId, id);
+    });
+    return qs;
   }
 
   /** The client left during Prefill: stop P's work, and release on D whatever handle the call still yields. */
@@ -365,18 +393,27 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     const wid = W.worker.status.workerId;
     log.debug("route", { request_id: id, colocated: wid, why: `no prefill/decode pair; ${W.why}` });
     const served: Served = { served: "colocated-fallback", prefillWorker: wid, decodeWorker: wid, blocksSent: 0, blocksDeduped: 0, payloadBytes: 0 };
-    const q = new TokenQueue();
+    const qs = Array.from({ length: params.n }, () => new TokenQueue());
     busy(wid, 1);
     const call = startSpan("colocated", SpanKind.CLIENT, span, RESUME_ATTRS);
     if (call.isRecording()) call.setAttributes({ "server.address": W.worker.status.httpAddress, "tl.worker_id": wid });
-    readTokenStream(`http://${W.worker.status.httpAddress}/v1/completions`, resumeBody(params, params.promptTokens), { "x-request-id": id, ...traceHeaders(call) }, q, abort.signal, () => {}).finally(() => {
-      endSpan(call, q.end.reason === "error" ? q.end.error : undefined);
+    readTokenStream(`http://${W.worker.status.httpAddress}/v1/completions`, resumeBody(params, params.promptTokens, params.n), { "x-request-id": id, ...traceHeaders(call) }, qs, abort.signal, () => {}).finally(() => {
+      endSpan(call, qs[0]!.end.reason === "error" ? qs[0]!.end.error : undefined);
       busy(wid, -1);
     });
-    return { q, served };
+    return { qs, served };
   }
 
-  function respond(queues: TokenQueue[], params: CompletionParams, id: string, s: Served, arrived: number, aborts: AbortController[], span: Span): Response | Promise<Response> {
+  function respond(
+    queues: TokenQueue[],
+    params: CompletionParams,
+    id: string,
+    s: Served,
+    arrived: number,
+    onStop: (choice: number) => void,
+    onAbort: () => void,
+    span: Span,
+  ): Response | Promise<Response> {
     let n = 0;
     let firstAt = 0;
     const relay = async (q: TokenQueue, counted: TokenQueue) => {
@@ -421,8 +458,8 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
       model: opts.modelName,
       tokenizer: opts.tokenizer,
       params,
-      onStop: (i) => aborts[i]!.abort(),
-      onAbort: () => aborts.forEach((a) => a.abort()),
+      onStop,
+      onAbort,
       headers: {
         ...(params.ignoredFields.length > 0 ? { "x-tl-ignored-fields": params.ignoredFields.join(",") } : {}),
         "x-request-id": id,

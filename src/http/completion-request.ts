@@ -1,6 +1,6 @@
 import type { SamplingParams } from "../engine/index.ts";
 import type { Tokenizer } from "../model/index.ts";
-import { MAX_TOP_LOGPROBS, randomSeed, validateLogits, validateSampling } from "../rng/index.ts";
+import { choiceSeed, MAX_TOP_LOGPROBS, randomSeed, validateLogits, validateSampling } from "../rng/index.ts";
 import { parseMessages, renderChat, type ChatMessage } from "./chat-messages.ts";
 import { HttpError } from "./errors.ts";
 import { auditFields } from "./openai-params.ts";
@@ -266,11 +266,6 @@ export function parseCompletion(kind: CompletionKind, raw: unknown, lim: ParseLi
   };
 }
 
-/** The seed of choice `index` (vLLM: seed + index), so n > 1 samples differ but each is reproducible. */
-export function choiceSeed(seed: bigint, index: number): bigint {
-  return (seed + BigInt(index)) & U64_MAX;
-}
-
 /** The request's sampling fields, as the engine (and EngineControl's SamplingParams) name them. */
 export function samplingOf(p: CompletionParams, choice = 0): SamplingParams {
   return {
@@ -290,4 +285,4 @@ export function samplingOf(p: CompletionParams, choice = 0): SamplingParams {
   };
 }
 
-export { randomSeed };
+export { choiceSeed, randomSeed };

@@ -2,7 +2,7 @@ import { promptHashes } from "../codec/index.ts";
 import type { Engine, Finish } from "../engine/index.ts";
 import type { Tokenizer } from "../model/index.ts";
 import { endSpan, extractHeaders, SpanKind, startSpan, type Attributes, type Span } from "../obs/index.ts";
-import { parseCompletion, samplingOf, type CompletionKind, type CompletionParams } from "./completion-request.ts";
+import { LIMITS, parseCompletion, samplingOf, type CompletionKind, type CompletionParams } from "./completion-request.ts";
 import { completionResponse } from "./completion-response.ts";
 import { errorResponse, HttpError } from "./errors.ts";
 import { TokenQueue } from "./token-queue.ts";
@@ -44,8 +44,11 @@ export interface RequestEnd {
 export const HANDLE_HEADER = "x-tl-kv-handle";
 export const FIRST_TOKEN_HEADER = "x-tl-first-token";
 export const DRAWS_HEADER = "x-tl-rng-draws";
+/** n > 1 resumes: each choice's seed offset (choice j samples from seed + j), comma-separated. */
+export const CHOICES_HEADER = "x-tl-choices";
 
-type ResumeKv = { blockIds: number[]; firstToken: number; draws: number };
+/** One resumed choice: its blocks, its first token, and its seed offset (choice j: seed + j). */
+type ResumeKv = { blockIds: number[]; firstToken: number; draws: number; choice: number };
 
 /** The engine's request id of each choice: the request's own when there is one choice. */
 function choiceIds(id: string, choices: number): string[] {
@@ -63,6 +66,17 @@ async function readJson(req: Request): Promise<unknown> {
   } catch (e) {
     throw new HttpError(400, `request body is not valid JSON: ${e instanceof Error ? e.message : String(e)}`);
   }
+}
+
+/** A header of `n` comma-separated integers in [0, max); `dflt` when absent. */
+function headerInts(req: Request, name: string, n: number, max: number, dflt?: number[]): number[] {
+  const v = req.headers.get(name);
+  if (v === null && dflt) return dflt;
+  const parts = v === null ? [] : v.split(",");
+  if (parts.length !== n || parts.some((p) => !/^\d{1,10}$/.test(p) || Number(p) >= max)) {
+    throw new HttpError(400, `${name} must be ${n} comma-separated integers in [0, ${max}) (one per choice), got ${JSON.stringify(v?.slice(0, 200) ?? null)}`);
+  }
+  return parts.map(Number);
 }
 
 function headerInt(req: Request, name: string, max: number): number {
@@ -104,22 +118,22 @@ export function engineHttpHandler(ctx: EngineHttpContext): (req: Request) => Pro
       throw new HttpError(404, `model ${JSON.stringify(params.model)} not served here; this engine serves ${JSON.stringify(ctx.modelName)}`, "invalid_request_error", "model");
     }
     const handleId = req.headers.get(HANDLE_HEADER);
-    if (handleId !== null && params.prompts.length * params.n > 1) throw new HttpError(400, `a resume (${HANDLE_HEADER}) continues one choice: n = 1 and one prompt`, "invalid_request_error", "n");
-    const resume = handleId === null ? undefined : claimFor(req, handleId, params);
+    if (handleId !== null && params.prompts.length > 1) throw new HttpError(400, `a resume (${HANDLE_HEADER}) continues one prompt`, "invalid_request_error", "prompt");
+    const resumes = handleId === null ? undefined : claimFor(req, handleId, params);
     const id = req.headers.get("x-request-id") ?? requestId(kind === "chat" ? "chatcmpl" : "cmpl");
     const ids = choiceIds(id, params.prompts.length * params.n);
     if (ids.some((c) => engine.has(c))) {
-      if (resume) engine.pool.releaseAll(resume.blockIds);
+      for (const r of resumes ?? []) engine.pool.releaseAll(r.blockIds);
       throw new HttpError(409, `request ${id} is already in flight`);
     }
-    if (span.isRecording()) span.setAttributes({ "tl.request_id": id, "tl.resumed": resume !== undefined, ...(handleId !== null ? { "tl.kv.handle": handleId } : {}) });
+    if (span.isRecording()) span.setAttributes({ "tl.request_id": id, "tl.resumed": resumes !== undefined, ...(handleId !== null ? { "tl.kv.handle": handleId } : {}) });
     let left = ids.length;
     let failure: string | undefined;
     const choiceDone = (failed: string | undefined) => {
       failure ??= failed;
       if (--left === 0) endSpan(span, failure);
     };
-    const queues = ids.map((cid, i) => generate(cid, i, params, kind, resume, span, choiceDone));
+    const queues = ids.map((cid, i) => generate(cid, i, params, kind, resumes?.[i], span, choiceDone));
     const cancelAll = () => ids.forEach((c) => engine.cancel(c));
     // Disconnects cancel the request wherever it is, which frees its blocks.
     req.signal.addEventListener("abort", cancelAll);
@@ -159,7 +173,7 @@ export function engineHttpHandler(ctx: EngineHttpContext): (req: Request) => Pro
     const done = engine.submit({
       requestId: id,
       promptTokens: params.prompts[Math.floor(index / params.n)]!,
-      sampling: samplingOf(params, index % params.n),
+      sampling: samplingOf(params, resume ? resume.choice : index % params.n),
       resume,
       onToken: (t, lp) => {
         ttft ??= performance.now() - started;
@@ -189,10 +203,15 @@ export function engineHttpHandler(ctx: EngineHttpContext): (req: Request) => Pro
     return q;
   }
 
-  /** The decode side of the hand-off: take the handle's blocks, or say why not. */
-  function claimFor(req: Request, handleId: string, params: CompletionParams): ResumeKv {
+  /**
+   * The decode side of the hand-off: take the handle's blocks, or say why not. With n > 1
+   * (one prefill for n choices) the first tokens and the choices' seed offsets come as
+   * comma-separated headers, and each choice after the first shares the prompt's blocks.
+   */
+  function claimFor(req: Request, handleId: string, params: CompletionParams): ResumeKv[] {
     if (!ctx.claim) throw new HttpError(400, `${HANDLE_HEADER} sent to an engine without the decode role`);
-    const firstToken = headerInt(req, FIRST_TOKEN_HEADER, tokenizer.vocabSize);
+    const firstTokens = headerInts(req, FIRST_TOKEN_HEADER, params.n, tokenizer.vocabSize);
+    const choices = headerInts(req, CHOICES_HEADER, params.n, LIMITS.n, Array.from({ length: params.n }, (_, i) => i));
     const draws = headerInt(req, DRAWS_HEADER, 2 ** 31);
     const claimed = ctx.claim(handleId);
     if (!claimed) throw new HttpError(404, `kv handle ${JSON.stringify(handleId)} is unknown or expired`, "not_found_error");
@@ -207,9 +226,17 @@ export function engineHttpHandler(ctx: EngineHttpContext): (req: Request) => Pro
         "conflict_error",
       );
     }
-    return { blockIds: claimed.blockIds, firstToken, draws };
+    const out: ResumeKv[] = [{ blockIds: claimed.blockIds, firstToken: firstTokens[0]!, draws, choice: choices[0]! }];
+    for (let i = 1; i < params.n; i++) {
+      const blockIds = engine.sharePrompt(claimed.blockIds, claimed.nTokens);
+      if (blockIds === null) {
+        for (const r of out) engine.pool.releaseAll(r.blockIds);
+        throw new HttpError(503, `out of KV blocks: ${params.n} choices need ${params.n - 1} more tail blocks, ${engine.pool.available} available`, "server_error", null, { "retry-after": "1" });
+      }
+      out.push({ blockIds, firstToken: firstTokens[i]!, draws, choice: choices[i]! });
+    }
+    return out;
   }
-
 
   return async (req: Request): Promise<Response> => {
     const url = new URL(req.url);

@@ -5,4 +5,4 @@ export { isIdentity, LOGIT_BIAS_LIMIT, maskStops, MAX_REPETITION_PENALTY, NO_PRO
 export type { LogitsConfig } from "./logits-processor.ts";
 export { MAX_TOP_LOGPROBS, tokenLogprobs } from "./logprobs.ts";
 export type { TokenLogprobs } from "./logprobs.ts";
-export { MAX_CHOSEN_SEED, randomSeed } from "./seed.ts";
+export { choiceSeed, MAX_CHOSEN_SEED, randomSeed } from "./seed.ts";

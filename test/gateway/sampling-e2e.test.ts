@@ -1,5 +1,6 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { startEngineNode, type EngineNode } from "../../src/cli/engine-node.ts";
+import { promptHashes } from "../../src/codec/index.ts";
 import { fakeServedModel, sseEvents, startTestCluster, type TestCluster } from "../support/nodes.ts";
 
 // The same request through the gateway over P and D, and on one colocated engine, must
@@ -65,6 +66,37 @@ describe("disaggregated equals colocated with the sampling parameters", () => {
       }
     });
   }
+
+  test("n = 3 is one prefill on P and one resume on D, whose choices share the pushed blocks", async () => {
+    const P = c.prefill[0]!;
+    const D = c.decode[0]!;
+    for (const prompt of [[9, 8, 7, 6, 5, 4, 3, 2], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]]) {
+      // max_tokens 40 keeps D busy long enough to look at its pool mid-stream.
+      const body = { prompt, n: 3, max_tokens: 40, temperature: 1, seed: 11, ignore_eos: true };
+      const before = P.engine.stats.prefillTokens;
+      const res = await fetch(`http://${c.gateway.httpAddress}/v1/completions`, { method: "POST", body: JSON.stringify({ ...body, stream: true, return_token_ids: true }) });
+      const reader = res.body!.getReader();
+      await reader.read();
+      expect(D.engine.inFlight).toBe(3);
+      // Every choice holds the prompt's first pushed block: one block, three references.
+      expect(D.pool.refCount(D.pool.lookup(promptHashes(prompt, 4)[0]!))).toBe(3);
+      while (!(await reader.read()).done);
+      expect(P.engine.stats.prefillTokens - before).toBe(prompt.length);
+      const got = await choices(c.gateway.httpAddress, "/v1/completions", body, false);
+      expect(got.choices).toEqual((await choices(solo.httpAddress, "/v1/completions", body, false)).choices);
+    }
+  });
+
+  test("a stop string ends one of n choices and leaves the others", async () => {
+    const body = { prompt: "stop strings", n: 3, max_tokens: 30, temperature: 1, seed: 21 };
+    const plain = await choices(solo.httpAddress, "/v1/completions", body, false);
+    const stop = plain.choices[1]!.text!.slice(3, 5);
+    for (const stream of [false, true]) {
+      const want = await choices(solo.httpAddress, "/v1/completions", { ...body, stop }, stream);
+      expect(want.choices[1]!.finish_reason).toBe("stop");
+      expect((await choices(c.gateway.httpAddress, "/v1/completions", { ...body, stop }, stream)).choices.map((x) => [x.text, x.finish_reason])).toEqual(want.choices.map((x) => [x.text, x.finish_reason]));
+    }
+  });
 
   test("min_tokens holds EOS back across the hand-off", async () => {
     const body = { prompt: "stop", max_tokens: 5, temperature: 0, logit_bias: { 257: 100 }, min_tokens: 3 };
