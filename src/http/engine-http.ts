@@ -122,7 +122,8 @@ export function engineHttpHandler(ctx: EngineHttpContext): (req: Request) => Pro
     const resumes = handleId === null ? undefined : claimFor(req, handleId, params);
     const id = req.headers.get("x-request-id") ?? requestId(kind === "chat" ? "chatcmpl" : "cmpl");
     const ids = choiceIds(id, params.prompts.length * params.n);
-    if (ids.some((c) => engine.has(c))) {
+    // The request id is taken while any request runs under it, with one choice or several.
+    if ([id, `${id}-0`, ...ids].some((c) => engine.has(c))) {
       for (const r of resumes ?? []) engine.pool.releaseAll(r.blockIds);
       throw new HttpError(409, `request ${id} is already in flight`);
     }
