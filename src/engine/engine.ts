@@ -253,14 +253,14 @@ export class Engine {
     }
     const token = sample(logits, s, seq.rng);
     if (seq.rng) seq.draws++;
-    const logprobsOf = (t: number) => (s.topLogprobs === undefined ? undefined : tokenLogprobs(raw, t, s.topLogprobs));
     // One prefill for n choices: the others' first tokens come from the same logits, each
     // from its own stream with the same draw count as choice 0's.
     for (let j = 1; j < seq.prefillChoices; j++) {
       const t = sample(logits, s, seq.rng ? stream(choiceSeed(s.seed, j), SAMPLE_STREAM) : null);
-      seq.moreChoices.push({ token: t, logprobs: logprobsOf(t), finished: this.isStop(seq, t) || s.maxTokens <= 1 });
+      const logprobs = s.topLogprobs === undefined ? undefined : tokenLogprobs(raw, t, s.topLogprobs);
+      seq.moreChoices.push({ token: t, logprobs, finished: this.isStop(seq, t) || s.maxTokens <= 1 });
     }
-    this.appendToken(seq, token, true, logprobsOf(token));
+    this.appendToken(seq, token, true, s.topLogprobs === undefined ? undefined : tokenLogprobs(raw, token, s.topLogprobs));
   }
 
   /**
