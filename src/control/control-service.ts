@@ -1,5 +1,6 @@
 import { create, type MessageInitShape } from "@bufbuild/protobuf";
 import { Code, ConnectError, type ServiceImpl } from "@connectrpc/connect";
+import { KV_FORMAT } from "../codec/index.ts";
 import type { Engine, SamplingParams } from "../engine/index.ts";
 import {
   CancelResponseSchema,
@@ -17,7 +18,6 @@ import { endSpan, extractHeaders, SpanKind, startSpan, traceparentOf, type Attri
 import { MAX_TOP_LOGPROBS, randomSeed, validateLogits, validateSampling } from "../rng/index.ts";
 import { transfer, TransferError, type KvTransport, type TransferStats } from "../transfer/index.ts";
 
-const KV_FORMAT = 1;
 const U64_MAX = (1n << 64n) - 1n;
 /** Choices one Prefill may sample (the HTTP layer's bound on n). */
 const MAX_CHOICES = 16;
