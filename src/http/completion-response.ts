@@ -13,6 +13,7 @@ export class TextAssembler {
   private readonly silent: Set<number>;
   private pending = "";
   private readonly holdBack: number;
+  private count = 0;
   stopped = false;
 
   constructor(
@@ -23,6 +24,8 @@ export class TextAssembler {
     prevToken = -1,
     /** vLLM's include_stop_str_in_output: the stop string stays at the end of the text. */
     private readonly includeStop = false,
+    /** vLLM's min_tokens: stop strings are not looked for before this many tokens. */
+    private readonly minTokens = 0,
   ) {
     this.decoder = new StreamDecoder(tokenizer, prevToken);
     this.silent = new Set([tokenizer.eos, tokenizer.bos, ...stopTokenIds]);
@@ -33,6 +36,12 @@ export class TextAssembler {
   push(token: number): string {
     if (this.stopped) return "";
     if (!this.silent.has(token)) this.pending += this.decoder.push(token);
+    if (++this.count < this.minTokens) {
+      // Too early to stop: the text goes out whole, so a stop string in it is never found later.
+      const out = this.pending;
+      this.pending = "";
+      return out;
+    }
     return this.release(false);
   }
 
@@ -75,6 +84,8 @@ export interface ResponseContext {
   headers?: Record<string, string>;
   /** Extra fields for the final JSON body or last chunk (how the request was served). */
   extra?: () => Record<string, unknown>;
+  /** Tokens of each choice emitted elsewhere before this stream (a resume: the first, from P); they count toward min_tokens. */
+  emittedBefore?: number;
 }
 
 function finishReason(q: TokenQueue, stopped: boolean): "stop" | "length" {
@@ -101,7 +112,7 @@ class ChoiceState {
     const p = ctx.params;
     const prompt = p.prompts[Math.floor(index / p.n)]!;
     this.echoed = p.echo ? ctx.tokenizer.decode(prompt) : "";
-    this.text = new TextAssembler(ctx.tokenizer, p.stop, p.stopTokenIds, prompt.at(-1), p.includeStopStr);
+    this.text = new TextAssembler(ctx.tokenizer, p.stop, p.stopTokenIds, prompt.at(-1), p.includeStopStr, p.minTokens - (ctx.emittedBefore ?? 0));
     this.logprobs = p.topLogprobs === null ? null : new LogprobsWriter(ctx.tokenizer, p.kind, prompt.at(-1) ?? -1, this.echoed.length);
   }
 

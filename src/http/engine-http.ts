@@ -140,6 +140,7 @@ export function engineHttpHandler(ctx: EngineHttpContext): (req: Request) => Pro
       params,
       onStop: (i) => engine.cancel(ids[i]!),
       onAbort: cancelAll,
+      emittedBefore: resumes ? 1 : 0,
       headers: {
         "x-request-id": id,
         "x-tl-seed": params.seed.toString(),

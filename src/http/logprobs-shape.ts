@@ -57,6 +57,8 @@ export class LogprobsWriter {
       this.tokenLogprobs.push(clamp(lp.logprob));
       const top: Record<string, number> = {};
       for (const [id, l] of lp.top) top[piece(id)] ??= clamp(l);
+      // As vLLM: the sampled token is always among the alternatives (up to logprobs + 1 entries).
+      top[text] ??= clamp(lp.logprob);
       this.tops.push(top);
       this.offsets.push(this.offset);
       this.offset += text.length;

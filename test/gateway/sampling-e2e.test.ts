@@ -1,6 +1,7 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { startEngineNode, type EngineNode } from "../../src/cli/engine-node.ts";
 import { promptHashes } from "../../src/codec/index.ts";
+import { FakeRunner } from "../support/fake-runner.ts";
 import { fakeServedModel, sseEvents, startTestCluster, type TestCluster } from "../support/nodes.ts";
 
 // The same request through the gateway over P and D, and on one colocated engine, must
@@ -70,20 +71,27 @@ describe("disaggregated equals colocated with the sampling parameters", () => {
   test("n = 3 is one prefill on P and one resume on D, whose choices share the pushed blocks", async () => {
     const P = c.prefill[0]!;
     const D = c.decode[0]!;
-    for (const prompt of [[9, 8, 7, 6, 5, 4, 3, 2], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]]) {
-      // max_tokens 40 keeps D busy long enough to look at its pool mid-stream.
-      const body = { prompt, n: 3, max_tokens: 40, temperature: 1, seed: 11, ignore_eos: true };
-      const before = P.engine.stats.prefillTokens;
-      const res = await fetch(`http://${c.gateway.httpAddress}/v1/completions`, { method: "POST", body: JSON.stringify({ ...body, stream: true, return_token_ids: true }) });
-      const reader = res.body!.getReader();
-      await reader.read();
-      expect(D.engine.inFlight).toBe(3);
-      // Every choice holds the prompt's first pushed block: one block, three references.
-      expect(D.pool.refCount(D.pool.lookup(promptHashes(prompt, 4)[0]!))).toBe(3);
-      while (!(await reader.read()).done);
-      expect(P.engine.stats.prefillTokens - before).toBe(prompt.length);
-      const got = await choices(c.gateway.httpAddress, "/v1/completions", body, false);
-      expect(got.choices).toEqual((await choices(solo.httpAddress, "/v1/completions", body, false)).choices);
+    (D.model.runner as FakeRunner).slowMs = 1;
+    try {
+      for (const prompt of [[9, 8, 7, 6, 5, 4, 3, 2], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]]) {
+        // max_tokens 200 at 1 ms a step keeps D busy long enough to look at its pool mid-stream.
+        const body = { prompt, n: 3, max_tokens: 200, temperature: 1, seed: 11, ignore_eos: true };
+        const before = P.engine.stats.prefillTokens;
+        const res = await fetch(`http://${c.gateway.httpAddress}/v1/completions`, { method: "POST", body: JSON.stringify({ ...body, stream: true, return_token_ids: true }) });
+        const reader = res.body!.getReader();
+        await reader.read();
+        const end = Date.now() + 3000;
+        while (D.engine.inFlight < 3 && Date.now() < end) await Bun.sleep(1);
+        expect(D.engine.inFlight).toBe(3);
+        // Every choice holds the prompt's first pushed block: one block, three references.
+        expect(D.pool.refCount(D.pool.lookup(promptHashes(prompt, 4)[0]!))).toBe(3);
+        while (!(await reader.read()).done);
+        expect(P.engine.stats.prefillTokens - before).toBe(prompt.length);
+        const got = await choices(c.gateway.httpAddress, "/v1/completions", body, false);
+        expect(got.choices).toEqual((await choices(solo.httpAddress, "/v1/completions", body, false)).choices);
+      }
+    } finally {
+      (D.model.runner as FakeRunner).slowMs = 0;
     }
   });
 
@@ -95,6 +103,17 @@ describe("disaggregated equals colocated with the sampling parameters", () => {
       const want = await choices(solo.httpAddress, "/v1/completions", { ...body, stop }, stream);
       expect(want.choices[1]!.finish_reason).toBe("stop");
       expect((await choices(c.gateway.httpAddress, "/v1/completions", { ...body, stop }, stream)).choices.map((x) => [x.text, x.finish_reason])).toEqual(want.choices.map((x) => [x.text, x.finish_reason]));
+    }
+  });
+
+  test("min_tokens holds stop strings back across the hand-off too", async () => {
+    const base = { prompt: "min and stop", max_tokens: 12, temperature: 0.6, seed: 8 };
+    const text = (await choices(solo.httpAddress, "/v1/completions", base, false)).choices[0]!.text!;
+    for (const stop of [text.slice(0, 1), text.slice(1, 2)]) {
+      for (const stream of [false, true]) {
+        const body = { ...base, stop, min_tokens: 5 };
+        expect((await choices(c.gateway.httpAddress, "/v1/completions", body, stream)).choices).toEqual((await choices(solo.httpAddress, "/v1/completions", body, stream)).choices);
+      }
     }
   });
 

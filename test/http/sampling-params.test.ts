@@ -90,6 +90,16 @@ describe("min_tokens, ignore_eos and stop_token_ids", () => {
     expect((await ids({ ...forced, min_tokens: 3 })).length).toBe(4);
   });
 
+  test("stop strings are not looked for before min_tokens (vLLM)", async () => {
+    const base = await complete({ prompt, temperature: 0, max_tokens: 10 });
+    const text = base.choices[0]!.text;
+    const stop = text.slice(0, 1);
+    expect((await complete({ prompt, temperature: 0, max_tokens: 10, stop })).choices[0]!.finish_reason).toBe("stop");
+    const late = (await complete({ prompt, temperature: 0, max_tokens: 10, stop, min_tokens: 8 })).choices[0]!;
+    expect(late.text.startsWith(stop)).toBe(true);
+    expect(late.token_ids.length).toBeGreaterThanOrEqual(8);
+  });
+
   test("include_stop_str_in_output keeps the stop string", async () => {
     const text = (await complete({ prompt, temperature: 0, max_tokens: 30 })).choices[0]!.text;
     const stop = text.slice(4, 6);
@@ -109,7 +119,7 @@ describe("logprobs", () => {
     expect(lp.text_offset[0]).toBe(0);
     for (let i = 0; i < 6; i++) {
       const top = Object.values(lp.top_logprobs[i]!);
-      expect(top.length).toBeGreaterThanOrEqual(1);
+      expect(top.length).toBeGreaterThanOrEqual(1); // keyed by text: bytes that decode alike collapse
       expect(lp.token_logprobs[i]).toBe(Math.max(...top));
       expect(lp.token_logprobs[i]!).toBeLessThan(0);
       if (i > 0) expect(lp.text_offset[i]).toBe(lp.text_offset[i - 1]! + lp.tokens[i - 1]!.length);
