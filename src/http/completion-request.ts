@@ -17,8 +17,10 @@ export interface CompletionParams {
   promptTokens: number[];
   /** Completions: every prompt of a list; choice i*n + j is prompt i's j-th sample. */
   prompts: number[][];
-  /** Choices per prompt. */
+  /** Choices generated per prompt: best_of when it is larger than n. */
   n: number;
+  /** Choices returned per prompt (the request's n): with best_of > n, the best by cumulative logprob. */
+  returned: number;
   /** Completions: the prompt's text starts each choice's text. */
   echo: boolean;
   maxTokens: number;
@@ -38,8 +40,10 @@ export interface CompletionParams {
   logitBias: Map<number, number>;
   minTokens: number;
   ignoreEos: boolean;
-  /** Alternatives per token when logprobs were asked for; null = no logprobs. */
+  /** Alternatives per token when logprobs are computed (asked for, or needed by best_of); null = none. */
   topLogprobs: number | null;
+  /** The request asked for logprobs: they are in the response. */
+  showLogprobs: boolean;
   stream: boolean;
   includeUsage: boolean;
   /** Extension (as in vLLM): each chunk carries the ids of its tokens; the gateway reads them. */
@@ -186,13 +190,17 @@ function parseMaxTokens(kind: CompletionKind, body: Record<string, unknown>, pro
   return maxTokens;
 }
 
-/** n, and best_of as vLLM accepts it: only equal to n (sampling more than is returned is not done). */
-function parseN(kind: CompletionKind, body: Record<string, unknown>, prompts: number): number {
-  const n = optInt(body, "n", 1, LIMITS.n) ?? 1;
-  const bestOf = kind === "completion" ? optInt(body, "best_of", 1, LIMITS.n) : undefined;
-  if (bestOf !== undefined && bestOf !== n) throw bad(`best_of = ${bestOf} ≠ n = ${n} is not supported (no candidates are generated beyond those returned)`, "best_of");
-  if (n * prompts > LIMITS.choices) throw bad(`${prompts} prompts × n = ${n} is ${n * prompts} choices; at most ${LIMITS.choices}`, "n");
-  return n;
+/**
+ * n, and best_of as vLLM (V0) did: best_of ≥ n candidates are generated per prompt and
+ * the n with the highest cumulative logprob returned; not with stream (as OpenAI).
+ */
+function parseN(kind: CompletionKind, body: Record<string, unknown>, prompts: number, stream: boolean): { n: number; returned: number } {
+  const returned = optInt(body, "n", 1, LIMITS.n) ?? 1;
+  const bestOf = (kind === "completion" ? optInt(body, "best_of", 1, LIMITS.n) : undefined) ?? returned;
+  if (bestOf < returned) throw bad(`best_of (${bestOf}) must be ≥ n (${returned})`, "best_of");
+  if (bestOf > returned && stream) throw bad(`best_of (${bestOf}) > n (${returned}) cannot be streamed`, "best_of");
+  if (bestOf * prompts > LIMITS.choices) throw bad(`${prompts} prompts × ${bestOf === returned ? "n" : "best_of"} = ${bestOf} is ${bestOf * prompts} choices; at most ${LIMITS.choices}`, bestOf === returned ? "n" : "best_of");
+  return { n: bestOf, returned };
 }
 
 /** Checks an OpenAI request body as vLLM does (every field: openai-params.ts), and tokenizes its prompts. */
@@ -209,7 +217,8 @@ export function parseCompletion(kind: CompletionKind, raw: unknown, lim: ParseLi
   } else prompts = parsePrompts(body.prompt, lim.tokenizer);
   const promptTokens = prompts[0]!;
   if (promptTokens.length === 0) throw bad("prompt is empty", "prompt");
-  const n = parseN(kind, body, prompts.length);
+  const stream = optBool(body, "stream");
+  const { n, returned } = parseN(kind, body, prompts.length, stream);
   const maxTokens = parseMaxTokens(kind, body, Math.max(...prompts.map((p) => p.length)), lim.maxModelLen);
 
   const temperature = optNumber(body, "temperature", 1);
@@ -236,7 +245,6 @@ export function parseCompletion(kind: CompletionKind, raw: unknown, lim: ParseLi
   const echo = kind === "completion" && optBool(body, "echo");
   if (echo && topLogprobs !== null) throw bad("echo with logprobs (prompt logprobs) is not supported", "echo");
 
-  const stream = optBool(body, "stream");
   const seedGiven = parseSeed(body.seed);
   return {
     kind,
@@ -245,6 +253,7 @@ export function parseCompletion(kind: CompletionKind, raw: unknown, lim: ParseLi
     promptTokens,
     prompts,
     n,
+    returned,
     echo,
     maxTokens,
     temperature,
@@ -258,7 +267,9 @@ export function parseCompletion(kind: CompletionKind, raw: unknown, lim: ParseLi
     ...processing,
     minTokens,
     ignoreEos: optBool(body, "ignore_eos"),
-    topLogprobs,
+    // best_of ranks candidates by cumulative logprob: computed even when not shown.
+    topLogprobs: topLogprobs ?? (n > returned ? 0 : null),
+    showLogprobs: topLogprobs !== null,
     stream,
     includeUsage: parseStreamOptions(body, stream),
     returnTokenIds: optBool(body, "return_token_ids"),

@@ -113,7 +113,7 @@ class ChoiceState {
     const prompt = p.prompts[Math.floor(index / p.n)]!;
     this.echoed = p.echo ? ctx.tokenizer.decode(prompt) : "";
     this.text = new TextAssembler(ctx.tokenizer, p.stop, p.stopTokenIds, prompt.at(-1), p.includeStopStr, p.minTokens - (ctx.emittedBefore ?? 0));
-    this.logprobs = p.topLogprobs === null ? null : new LogprobsWriter(ctx.tokenizer, p.kind, prompt.at(-1) ?? -1, this.echoed.length);
+    this.logprobs = !p.showLogprobs ? null : new LogprobsWriter(ctx.tokenizer, p.kind, prompt.at(-1) ?? -1, this.echoed.length);
   }
 
   /** Takes the next token; returns the text it releases. */
@@ -122,6 +122,13 @@ class ChoiceState {
     this.ids.push(t);
     if (this.logprobs && lp) this.logprobs.add(t, lp);
     return this.text.push(t);
+  }
+
+  /** The sum of the sampled tokens' logprobs: how best_of ranks candidates. */
+  get cumulativeLogprob(): number {
+    let sum = 0;
+    for (let i = 0; i < this.ids.length; i++) sum += this.q.logprobsAt(i)?.logprob ?? 0;
+    return sum;
   }
 
   get finish(): "stop" | "length" {
@@ -170,12 +177,12 @@ async function jsonResponse(choices: ChoiceState[], ctx: ResponseContext): Promi
     return errorResponse(new HttpError(502, `generation failed: ${failed}`, "server_error"));
   }
   const created = Math.floor(Date.now() / 1000);
-  const body = choices.map((c) => {
+  const body = bestOf(choices, p).map(([index, c]) => {
     const logprobs = c.logprobs?.take() ?? null;
     const choice: Record<string, unknown> =
       p.kind === "chat"
-        ? { index: c.index, message: { role: "assistant", content: c.out }, logprobs, finish_reason: c.finish }
-        : { index: c.index, text: c.out, logprobs, finish_reason: c.finish };
+        ? { index, message: { role: "assistant", content: c.out }, logprobs, finish_reason: c.finish }
+        : { index, text: c.out, logprobs, finish_reason: c.finish };
     if (p.returnTokenIds) {
       choice.token_ids = c.ids;
       if (c.logprobs) choice.tl_logprobs = c.wireLogprobs(0);
@@ -194,6 +201,18 @@ async function jsonResponse(choices: ChoiceState[], ctx: ResponseContext): Promi
     },
     { headers: ctx.headers },
   );
+}
+
+/** The choices returned, with their indices: per prompt, the `returned` best of its n by cumulative logprob (stable). */
+function bestOf(choices: ChoiceState[], p: CompletionParams): [number, ChoiceState][] {
+  if (p.returned === p.n) return choices.map((c) => [c.index, c]);
+  const out: [number, ChoiceState][] = [];
+  for (let k = 0; k < p.prompts.length; k++) {
+    const group = choices.slice(k * p.n, (k + 1) * p.n).map((c) => [c.cumulativeLogprob, c] as const);
+    group.sort((a, b) => b[0] - a[0]);
+    group.slice(0, p.returned).forEach(([, c], r) => out.push([k * p.returned + r, c]));
+  }
+  return out;
 }
 
 function usage(p: CompletionParams, choices: ChoiceState[]) {

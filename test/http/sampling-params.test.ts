@@ -163,6 +163,26 @@ describe("n, prompt lists, echo", () => {
     expect(best.choices.map((c) => c.token_ids)).toEqual(j.choices.map((c) => c.token_ids));
   });
 
+  test("best_of = 4, n = 2: the two candidates (seed + 0..3) with the highest cumulative logprob, per prompt", async () => {
+    const body = { prompt: ["ab", "cd"], temperature: 1, seed: 60, max_tokens: 6 };
+    const j = await complete({ ...body, n: 2, best_of: 4 });
+    expect(j.choices.map((c) => c.index)).toEqual([0, 1, 2, 3]);
+    expect(j.choices[0]!.logprobs).toBeNull(); // computed for the ranking, not asked for
+    let generated = 0;
+    for (const [k, p] of ["ab", "cd"].entries()) {
+      const cands = await Promise.all(
+        [0, 1, 2, 3].map(async (i) => {
+          const c = (await complete({ ...body, prompt: p, seed: 60 + i, logprobs: 0 })).choices[0]!;
+          return { ids: c.token_ids, score: (c.logprobs as { token_logprobs: number[] }).token_logprobs.reduce((a, b) => a + b, 0) };
+        }),
+      );
+      generated += cands.reduce((n, c) => n + c.ids.length, 0);
+      cands.sort((a, b) => b.score - a.score);
+      expect([j.choices[2 * k]!.token_ids, j.choices[2 * k + 1]!.token_ids]).toEqual([cands[0]!.ids, cands[1]!.ids]);
+    }
+    expect(j.usage.completion_tokens).toBe(generated); // every candidate counts, as OpenAI bills best_of
+  });
+
   test("a list of prompts (strings or token arrays) gives one choice per prompt, in order; streams carry the index", async () => {
     const j = await complete({ prompt: ["ab", "cd"], temperature: 0 });
     expect(j.choices[0]!.token_ids).toEqual(await ids({ prompt: "ab", temperature: 0 }));
@@ -222,7 +242,9 @@ describe("every refused parameter is a 400 that names it", () => {
     ["/v1/chat/completions", chat({ echo: true }), "echo", /echo/],
     ["/v1/chat/completions", chat({ top_logprobs: 21, logprobs: true }), "top_logprobs", /\[0, 20\]/],
     ["/v1/completions", { prompt: "x", suffix: "y" }, "suffix", /suffix/],
-    ["/v1/completions", { prompt: "x", best_of: 3 }, "best_of", /best_of = 3/],
+    ["/v1/completions", { prompt: "x", best_of: 2, n: 3 }, "best_of", /best_of \(2\) must be ≥ n \(3\)/],
+    ["/v1/completions", { prompt: "x", best_of: 3, stream: true }, "best_of", /cannot be streamed/],
+    ["/v1/completions", { prompt: Array(8).fill("x"), best_of: 9 }, "best_of", /choices; at most/],
     ["/v1/completions", { prompt: "x", echo: true, logprobs: 1 }, "echo", /echo with logprobs/],
     ["/v1/completions", { prompt: "x", logprobs: 21 }, "logprobs", /\[0, 20\]/],
     ["/v1/completions", { prompt: "x", top_p: 0 }, "top_p", /top_p must be in \(0, 1\], got 0/],
