@@ -96,6 +96,21 @@ describe("disaggregated equals colocated with the sampling parameters", () => {
     }
   });
 
+  test("n = 4 where P's first token ends some choices: D resumes only the others, each with its own seed", async () => {
+    const body = (seed: number) => ({ prompt: "mixed", n: 4, max_tokens: 6, temperature: 1, seed, logit_bias: { 257: 3.2 }, logprobs: 1 });
+    let seed = 0;
+    let want: Awaited<ReturnType<typeof choices>> | null = null;
+    for (; seed < 50; seed++) {
+      want = await choices(solo.httpAddress, "/v1/completions", body(seed), false);
+      const ended = want.choices.filter((x) => x.token_ids.length === 1 && x.token_ids[0] === 257).length;
+      if (ended > 0 && ended < 4) break;
+    }
+    expect(seed).toBeLessThan(50);
+    for (const stream of [false, true]) {
+      expect((await choices(c.gateway.httpAddress, "/v1/completions", body(seed), stream)).choices).toEqual((await choices(solo.httpAddress, "/v1/completions", body(seed), stream)).choices);
+    }
+  });
+
   test("a stop string ends one of n choices and leaves the others", async () => {
     const body = { prompt: "stop strings", n: 3, max_tokens: 30, temperature: 1, seed: 21 };
     const plain = await choices(solo.httpAddress, "/v1/completions", body, false);
