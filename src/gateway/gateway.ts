@@ -2,7 +2,8 @@ import { create } from "@bufbuild/protobuf";
 import { ConnectError } from "@connectrpc/connect";
 import { Code, httpStatusOf } from "../rpc/status.ts";
 import { KV_FORMAT, promptHashes } from "../codec/index.ts";
-import { grpcClient, samplingToProto, serveGrpc, type GrpcServer } from "../control/index.ts";
+import { samplingToProto } from "../control/index.ts";
+import { grpcClient, serveGrpc, type GrpcServer } from "../rpc/index.ts";
 import { Role, WorkerRegistry as WorkerRegistryService } from "../gen/tl/control/v1/control_pb.ts";
 import { EngineControl, PrefillRequestSchema, type KvHandle } from "../gen/tl/engine/v1/engine_pb.ts";
 import { KvTransfer } from "../gen/tl/kv/v1/kv_pb.ts";
@@ -23,7 +24,7 @@ import {
   type CompletionParams,
   type HttpServer,
 } from "../http/index.ts";
-import type { Tokenizer } from "../model/index.ts";
+import type { ChatRenderer, Tokenizer } from "../model/index.ts";
 import type { TokenLogprobs } from "../rng/index.ts";
 import { createMetrics, endSpan, extractHeaders, log, metricsResponse, SpanKind, startSpan, traceHeaders, type Attributes, type Metrics, type Span } from "../obs/index.ts";
 import { RegistryService } from "./registry-service.ts";
@@ -36,6 +37,8 @@ export interface GatewayOptions {
   httpPort?: number;
   registryPort?: number;
   tokenizer: Tokenizer;
+  /** The model's chat template, as the engines render it (prompt hashes must match theirs). */
+  chat?: ChatRenderer;
   modelName: string;
   maxModelLen: number;
   /** Beat interval told to engines; a worker is evicted after 3 silent intervals. */
@@ -124,7 +127,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
   const affinity = new KvAffinity();
   const inflight = new Map<string, number>();
   const grpc: GrpcServer = await serveGrpc((r) => r.service(WorkerRegistryService, registryService.impl), { host, port: opts.registryPort ?? 0 });
-  const limits = { tokenizer: opts.tokenizer, maxModelLen: opts.maxModelLen };
+  const limits = { tokenizer: opts.tokenizer, maxModelLen: opts.maxModelLen, chat: opts.chat };
   const prefillTimeoutMs = opts.prefillTimeoutMs ?? 60_000;
 
   const busy = (id: string, d: number) => inflight.set(id, (inflight.get(id) ?? 0) + d);
@@ -311,7 +314,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     const open = first.flatMap((c, j) => (c.finished ? [] : [j]));
     for (const [j, c] of first.entries()) {
       if (!c.finished) continue;
-      const stop = (!params.ignoreEos && c.token === opts.tokenizer.eos) || params.stopTokenIds.includes(c.token);
+      const stop = (!params.ignoreEos && opts.tokenizer.eosIds.includes(c.token)) || params.stopTokenIds.includes(c.token);
       qs[j]!.close({ reason: stop ? "stop" : "length" });
     }
     if (open.length === 0) return qs;

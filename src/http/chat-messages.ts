@@ -1,3 +1,4 @@
+import type { ChatMessage } from "../model/index.ts";
 import { HttpError } from "./errors.ts";
 
 export type ChatRole = "system" | "developer" | "user" | "assistant" | "tool";
@@ -7,17 +8,6 @@ export interface ChatToolCall {
   id: string;
   type: "function";
   function: { name: string; arguments: string };
-}
-
-/** One checked chat message, structured as the chat template receives it. */
-export interface ChatMessage {
-  role: ChatRole;
-  /** null only for an assistant message that carries tool_calls. */
-  content: string | null;
-  name?: string;
-  toolCalls?: ChatToolCall[];
-  /** The call a `tool` message answers. */
-  toolCallId?: string;
 }
 
 const ROLES: readonly ChatRole[] = ["system", "developer", "user", "assistant", "tool"];
@@ -51,7 +41,7 @@ function optString(m: Record<string, unknown>, key: string, where: string): stri
 }
 
 function toolCalls(v: unknown, where: string): ChatToolCall[] {
-  if (!Array.isArray(v) || v.length === 0) throw bad(`${where}.tool_calls must be a non-empty array`);
+  if (!Array.isArray(v)) throw bad(`${where}.tool_calls must be an array on an assistant message`);
   return v.map((c, j) => {
     const call = c as Record<string, unknown>;
     const fn = call?.function as Record<string, unknown> | undefined;
@@ -64,8 +54,9 @@ function toolCalls(v: unknown, where: string): ChatToolCall[] {
 }
 
 /**
- * Checks `messages` as OpenAI does: an assistant message may have `content: null` when
- * it carries `tool_calls`; a `tool` message answers a `tool_call_id`.
+ * Checks `messages` as OpenAI does and hands them on as the chat template sees them
+ * (OpenAI's field names): an assistant message may have `content: null` when it carries
+ * `tool_calls`; a `tool` message answers a `tool_call_id`.
  */
 export function parseMessages(v: unknown): ChatMessage[] {
   if (!Array.isArray(v) || v.length === 0) throw bad("messages must be a non-empty array");
@@ -77,33 +68,20 @@ export function parseMessages(v: unknown): ChatMessage[] {
     const role = m.role as ChatRole;
     if (!ROLES.includes(role)) throw bad(`${where}.role ${JSON.stringify(m.role)} is not one of ${ROLES.join(", ")}`);
     const name = optString(m, "name", where);
-    if (role === "assistant" && m.tool_calls !== undefined && m.tool_calls !== null) {
+    const named = name === undefined ? {} : { name };
+    const hasCalls = m.tool_calls !== undefined && m.tool_calls !== null;
+    if (hasCalls && role !== "assistant") throw bad(`${where}.tool_calls must be an array on an assistant message`);
+    if (hasCalls) {
       const content = m.content === null || m.content === undefined ? null : text(m.content, where);
-      return { role, content, name, toolCalls: toolCalls(m.tool_calls, where) };
+      return { role, content, ...named, tool_calls: toolCalls(m.tool_calls, where) };
     }
     if (m.content === null || m.content === undefined) throw bad(`${where}.content is required${role === "assistant" ? " unless the message has tool_calls" : ""}`);
     const content = text(m.content, where);
     if (role === "tool") {
       const toolCallId = optString(m, "tool_call_id", where);
       if (toolCallId === undefined) throw bad(`${where}.tool_call_id is required for a tool message`);
-      return { role, content, toolCallId };
+      return { role, content, tool_call_id: toolCallId };
     }
-    return { role, content, name };
+    return { role, content, ...named };
   });
-}
-
-/**
- * The chat template of the embedded and llama2.c models: a role line, the content, then
- * the assistant's turn. Tool calls render as their JSON after the content; tool results
- * as their content under the `tool` role.
- */
-export function renderChat(messages: readonly ChatMessage[]): string {
-  return (
-    messages
-      .map((m) => {
-        const calls = m.toolCalls ? JSON.stringify(m.toolCalls.map((c) => ({ name: c.function.name, arguments: c.function.arguments }))) : "";
-        return `<|${m.role}|>\n${m.content ?? ""}${calls}\n`;
-      })
-      .join("") + "<|assistant|>\n"
-  );
 }

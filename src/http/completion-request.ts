@@ -1,7 +1,7 @@
 import type { SamplingParams } from "../engine/index.ts";
-import type { Tokenizer } from "../model/index.ts";
+import { chatRenderer, ChatTemplateError, type ChatMessage, type ChatRenderer, type Tokenizer } from "../model/index.ts";
 import { choiceSeed, MAX_TOP_LOGPROBS, randomSeed, validateLogits, validateSampling } from "../rng/index.ts";
-import { parseMessages, renderChat, type ChatMessage } from "./chat-messages.ts";
+import { parseMessages } from "./chat-messages.ts";
 import { HttpError } from "./errors.ts";
 import { auditFields } from "./openai-params.ts";
 
@@ -55,6 +55,8 @@ export interface CompletionParams {
 export interface ParseLimits {
   tokenizer: Tokenizer;
   maxModelLen: number;
+  /** The model's chat template with its tokenizer; default: DEFAULT_CHAT_TEMPLATE on `tokenizer`. */
+  chat?: ChatRenderer;
 }
 
 /** Bounds on what one request may ask for, checked before any work. */
@@ -203,6 +205,16 @@ function parseN(kind: CompletionKind, body: Record<string, unknown>, prompts: nu
   return { n: bestOf, returned };
 }
 
+/** The chat prompt as the model's template renders it (`tools` are refused before: tool calling is a later step). */
+function chatPromptTokens(messages: ChatMessage[], lim: ParseLimits): number[] {
+  try {
+    return (lim.chat ?? chatRenderer(lim.tokenizer, null)).promptTokens(messages);
+  } catch (e) {
+    if (e instanceof ChatTemplateError) throw bad(e.message, "messages");
+    throw e;
+  }
+}
+
 /** Checks an OpenAI request body as vLLM does (every field: openai-params.ts), and tokenizes its prompts. */
 export function parseCompletion(kind: CompletionKind, raw: unknown, lim: ParseLimits): CompletionParams {
   if (typeof raw !== "object" || raw === null || Array.isArray(raw)) throw bad("request body must be a JSON object");
@@ -213,7 +225,7 @@ export function parseCompletion(kind: CompletionKind, raw: unknown, lim: ParseLi
   let prompts: number[][];
   if (kind === "chat") {
     messages = parseMessages(body.messages);
-    prompts = [lim.tokenizer.encode(renderChat(messages))];
+    prompts = [chatPromptTokens(messages, lim)];
   } else prompts = parsePrompts(body.prompt, lim.tokenizer);
   const promptTokens = prompts[0]!;
   if (promptTokens.length === 0) throw bad("prompt is empty", "prompt");

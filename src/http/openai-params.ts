@@ -66,7 +66,7 @@ const REFUSED_COMMON: Record<string, Refusal> = {
 const REFUSED: Record<CompletionKind, Record<string, Refusal>> = {
   chat: {
     ...REFUSED_COMMON,
-    tools: unless((v) => Array.isArray(v) && v.length === 0, TOOLS),
+    tools: (v) => (!Array.isArray(v) || v.some((t) => typeof t !== "object" || t === null) ? "tools must be an array of objects" : v.length > 0 ? TOOLS : null),
     tool_choice: unless((v) => v === "none", `${TOOLS} (only tool_choice "none")`),
     functions: never(TOOLS),
     function_call: unless((v) => v === "none", TOOLS),
@@ -108,7 +108,7 @@ export function auditFields(kind: CompletionKind, body: Record<string, unknown>)
   for (const [key, v] of Object.entries(body)) {
     if (v === null || v === undefined || IMPLEMENTED[kind].has(key)) continue;
     const why = IDENTITY.has(key) ? checkIdentity(key, v) : REFUSED[kind][key] ? REFUSED[kind][key]!(v) : (unknown.push(key), null);
-    if (why !== null) throw new HttpError(400, `${key}: ${why}`, "invalid_request_error", key);
+    if (why !== null) throw new HttpError(400, why.startsWith(key) ? why : `${key}: ${why}`, "invalid_request_error", key);
   }
   // Names only as far as they are safe in a header and a log line.
   const named = unknown.slice(0, 16).map((k) => (/^[A-Za-z0-9_.-]{1,64}$/.test(k) ? k : "?"));

@@ -2,7 +2,7 @@ import { afterAll, beforeAll, expect, test } from "bun:test";
 import { create } from "@bufbuild/protobuf";
 import { startEngineNode, type EngineNode } from "../../src/cli/engine-node.ts";
 import { promptHashes } from "../../src/codec/index.ts";
-import { grpcClient } from "../../src/control/index.ts";
+import { grpcClient } from "../../src/rpc/index.ts";
 import { EngineControl, PrefillRequestSchema } from "../../src/gen/tl/engine/v1/engine_pb.ts";
 import { CHOICES_HEADER, DRAWS_HEADER, FIRST_TOKEN_HEADER, HANDLE_HEADER } from "../../src/http/index.ts";
 import { FakeRunner } from "../support/fake-runner.ts";

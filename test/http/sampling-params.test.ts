@@ -216,7 +216,8 @@ describe("chat messages", () => {
     ];
     const j = await complete({ messages, temperature: 0, max_tokens: 3 }, "/v1/chat/completions");
     const short = await complete({ messages: messages.slice(0, 1), temperature: 0, max_tokens: 3 }, "/v1/chat/completions");
-    expect(j.usage.prompt_tokens).toBeGreaterThan(short.usage.prompt_tokens + 30); // the call and the result are in the prompt
+    // The default template renders each turn's content (the tool result here); a model's template renders the calls too.
+    expect(j.usage.prompt_tokens).toBeGreaterThan(short.usage.prompt_tokens + "sunny".length);
     expect((await refused({ messages: [{ role: "assistant", content: null }] }, "/v1/chat/completions")).message).toMatch(/content is required unless the message has tool_calls/);
     expect((await refused({ messages: [{ role: "tool", content: "x" }] }, "/v1/chat/completions")).message).toMatch(/tool_call_id is required/);
   });

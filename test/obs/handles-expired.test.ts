@@ -2,13 +2,13 @@ import { expect, test } from "bun:test";
 import { parseArgs } from "../../src/cli/options.ts";
 import { runEngine } from "../../src/cli/run-engine.ts";
 import { KvPool } from "../../src/pool/index.ts";
-import { buildChunks, KvReceiver } from "../../src/transfer/index.ts";
+import { acceptAll, buildChunks, KvReceiver } from "../../src/transfer/index.ts";
 import { fakePrefill, fakePrompt } from "../support/fake-model.ts";
 import { SHAPE } from "../transfer/harness.ts";
 
 function pushOne(P: KvPool, rx: KvReceiver, handle: string): void {
   const pre = fakePrefill(P, fakePrompt(2 * P.shape.blockTokens + 1, handle.length))!;
-  rx.acceptAll(buildChunks(P, handle, pre.ids, pre.hashes, pre.hashes.map(() => false)));
+  acceptAll(rx, buildChunks(P, handle, pre.ids, pre.hashes, pre.hashes.map(() => false)));
   P.releaseAll(pre.ids);
 }
 
