@@ -23,7 +23,7 @@ export function fromWire(v: unknown): TokenLogprobs | undefined {
 /**
  * One choice's logprobs in OpenAI's shapes, built token by token; `take` returns what
  * was added since the last take (a stream chunk's share, or the whole choice once).
- * chat: {content: [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]};
+ * chat: {content: [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}], refusal: null};
  * completions: {tokens, token_logprobs, top_logprobs: [{text: logprob}], text_offset}.
  */
 export class LogprobsWriter {
@@ -68,7 +68,7 @@ export class LogprobsWriter {
 
   take(): Record<string, unknown> {
     if (this.kind === "chat") {
-      const out = { content: this.content };
+      const out = { content: this.content, refusal: null };
       this.content = [];
       return out;
     }
