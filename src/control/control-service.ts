@@ -1,25 +1,28 @@
-import { create } from "@bufbuild/protobuf";
+import { create, type MessageInitShape } from "@bufbuild/protobuf";
 import { Code, ConnectError, type ServiceImpl } from "@connectrpc/connect";
 import { KV_FORMAT } from "../codec/index.ts";
 import type { Engine, SamplingParams } from "../engine/index.ts";
 import {
   CancelResponseSchema,
   DrainResponseSchema,
-  type EngineControl,
+  EngineControl,
   InfoResponseSchema,
   KvHandleSchema,
   type InfoResponse,
   type KvHandle,
   type PrefillRequest,
   type SamplingParams as SamplingProto,
+  type SamplingParamsSchema,
 } from "../gen/tl/engine/v1/engine_pb.ts";
 import type { Tokenizer } from "../model/index.ts";
 import { FAILED_SIDE_HEADER, type Handoff, HandoffError, type PrefillPushContext, prefillAndPush } from "../handoff/index.ts";
 import { endSpan, extractHeaders, SpanKind, startSpan, type Attributes } from "../obs/index.ts";
-import { validateSampling } from "../rng/index.ts";
+import { MAX_TOP_LOGPROBS, randomSeed, validateLogits, validateSampling } from "../rng/index.ts";
 import type { KvTransport } from "../transfer/index.ts";
 
 const U64_MAX = (1n << 64n) - 1n;
+/** Choices one Prefill may sample (the HTTP layer's bound on n). */
+const MAX_CHOICES = 16;
 
 export interface ControlContext {
   workerId: string;
@@ -27,6 +30,8 @@ export interface ControlContext {
   modelName: string;
   engine: Engine;
   tokenizer: Tokenizer;
+  /** tokenizerFingerprint(tokenizer), reported by Info. */
+  tokenizerFingerprint?: string;
   /** How this engine pushes KV to decode targets; required for the prefill role. */
   transport: KvTransport | null;
   /** Seconds-resolution observers for metrics and logs. */
@@ -38,7 +43,7 @@ function invalid(message: string): ConnectError {
 }
 
 /** Converts and checks SamplingParams; `seed` is chosen here when the request has none. */
-export function samplingFromProto(s: SamplingProto | undefined, chooseSeed: () => bigint): SamplingParams {
+export function samplingFromProto(s: SamplingProto | undefined, chooseSeed: () => bigint, vocab = Infinity): SamplingParams {
   if (!s) throw invalid("sampling is required (max_tokens ≥ 1)");
   const temperature = s.temperature;
   const topP = s.topP === 0 ? 1 : s.topP;
@@ -48,15 +53,47 @@ export function samplingFromProto(s: SamplingProto | undefined, chooseSeed: () =
   if (s.maxTokens < 1) throw invalid(`sampling.max_tokens ${s.maxTokens}: want ≥ 1`);
   const seed = s.seed ?? chooseSeed();
   if (seed < 0n || seed > U64_MAX) throw invalid(`sampling.seed ${seed} outside [0, 2^64)`);
-  return { temperature, topP, topK: s.topK, seed, maxTokens: s.maxTokens, stopTokenIds: [...s.stopTokenIds] };
+  const logitBias = new Map(Object.entries(s.logitBias).map(([k, v]) => [Number(k), v]));
+  const processing = { presencePenalty: s.presencePenalty, frequencyPenalty: s.frequencyPenalty, repetitionPenalty: s.repetitionPenalty === 0 ? 1 : s.repetitionPenalty, logitBias };
+  const bad = validateLogits(processing, vocab);
+  if (bad) throw invalid(`sampling: ${bad}`);
+  if (s.minTokens > s.maxTokens) throw invalid(`sampling.min_tokens ${s.minTokens} > max_tokens ${s.maxTokens}`);
+  if (s.topLogprobs !== undefined && s.topLogprobs > MAX_TOP_LOGPROBS) throw invalid(`sampling.top_logprobs ${s.topLogprobs} > ${MAX_TOP_LOGPROBS}`);
+  return {
+    temperature,
+    topP,
+    topK: s.topK,
+    seed,
+    maxTokens: s.maxTokens,
+    stopTokenIds: [...s.stopTokenIds],
+    ...processing,
+    minTokens: s.minTokens,
+    ignoreEos: s.ignoreEos,
+    topLogprobs: s.topLogprobs,
+  };
+}
+
+/** The engine's SamplingParams as EngineControl's message: the inverse of samplingFromProto. */
+export function samplingToProto(s: SamplingParams): MessageInitShape<typeof SamplingParamsSchema> {
+  return {
+    temperature: s.temperature,
+    topP: s.topP,
+    topK: s.topK,
+    seed: s.seed,
+    maxTokens: s.maxTokens,
+    stopTokenIds: [...s.stopTokenIds],
+    presencePenalty: s.presencePenalty ?? 0,
+    frequencyPenalty: s.frequencyPenalty ?? 0,
+    repetitionPenalty: s.repetitionPenalty ?? 1,
+    logitBias: Object.fromEntries(s.logitBias ?? []),
+    minTokens: s.minTokens ?? 0,
+    ignoreEos: s.ignoreEos ?? false,
+    topLogprobs: s.topLogprobs,
+  };
 }
 
 // Built once: tracing off allocates nothing per request.
 const PREFILL_SERVER_ATTRS: Attributes = { "tl.role": "prefill", "rpc.system": "grpc", "rpc.service": "tl.engine.v1.EngineControl", "rpc.method": "Prefill" };
-
-function randomSeed(): bigint {
-  return crypto.getRandomValues(new BigUint64Array(1))[0]!;
-}
 
 /** Every check of contracts.md on a PrefillRequest, before any work: the prompt's tokens and the sampling to use. */
 function validatePrefill(ctx: ControlContext, req: PrefillRequest): { tokens: number[]; sampling: SamplingParams } {
@@ -70,29 +107,40 @@ function validatePrefill(ctx: ControlContext, req: PrefillRequest): { tokens: nu
   const hasTokens = req.promptTokens.length > 0;
   const hasText = req.prompt !== "";
   if (hasTokens === hasText) throw invalid(`exactly one of prompt_tokens and prompt must be set (got ${hasTokens ? "both" : "neither"})`);
-  const sampling = samplingFromProto(req.sampling, randomSeed);
-  if (req.kvFormat !== KV_FORMAT) throw new ConnectError(`kv_format ${req.kvFormat} not supported; this engine speaks ${KV_FORMAT}`, Code.FailedPrecondition);
   const vocab = tokenizer.vocabSize;
+  const sampling = samplingFromProto(req.sampling, randomSeed, vocab);
+  if (req.kvFormat !== KV_FORMAT) throw new ConnectError(`kv_format ${req.kvFormat} not supported; this engine speaks ${KV_FORMAT}`, Code.FailedPrecondition);
   const bad = req.promptTokens.findIndex((t) => t >= vocab);
   if (bad >= 0) throw invalid(`prompt_tokens[${bad}] = ${req.promptTokens[bad]} ≥ vocab size ${vocab}`);
   const tokens = hasTokens ? [...req.promptTokens] : tokenizer.encode(req.prompt);
   if (tokens.length + sampling.maxTokens > engine.maxModelLen) {
     throw invalid(`prompt (${tokens.length} tokens) + max_tokens (${sampling.maxTokens}) exceeds max_model_len ${engine.maxModelLen}`);
   }
+  if (req.n > MAX_CHOICES) throw invalid(`n ${req.n} > ${MAX_CHOICES}`);
   if (engine.has(req.requestId)) throw new ConnectError(`request ${req.requestId} already in flight`, Code.AlreadyExists);
   return { tokens, sampling };
 }
 
 /** The hand-off as the KvHandle message. */
 function kvHandleOf(h: Handoff): KvHandle {
+  const out = h.prefill;
   return create(KvHandleSchema, {
     handleId: h.handleId,
-    firstToken: h.firstToken,
-    blockHashes: h.blockHashes,
-    rngDrawsConsumed: h.rngDrawsConsumed,
+    firstToken: out.firstToken,
+    blockHashes: out.hashes,
+    rngDrawsConsumed: out.draws,
     promptTokens: h.promptTokens,
     seed: h.seed,
-    finished: h.finished,
+    finished: out.finished,
+    firstTokenLogprob: out.firstLogprobs?.logprob,
+    firstTopLogprobs: out.firstLogprobs?.top.map(([token, logprob]) => ({ token, logprob })) ?? [],
+    ...(out.choices.length > 1
+      ? {
+          choiceFirstTokens: out.choices.map((c) => c.token),
+          choiceFirstLogprobs: out.firstLogprobs ? out.choices.map((c) => c.logprobs!.logprob) : [],
+          choiceFinished: out.choices.map((c) => c.finished),
+        }
+      : {}),
     blocksSent: h.stats?.blocksSent ?? 0,
     blocksDeduped: h.stats?.blocksDeduped ?? 0,
     payloadBytes: BigInt(h.stats?.payloadBytes ?? 0),
@@ -124,6 +172,7 @@ function infoOf(ctx: ControlContext): InfoResponse {
     draining: engine.isDraining,
     maxModelLen: engine.maxModelLen,
     vocabSize: ctx.tokenizer.vocabSize,
+    tokenizerFingerprint: ctx.tokenizerFingerprint ?? "",
   });
 }
 
@@ -142,6 +191,7 @@ export function controlService(ctx: ControlContext): ServiceImpl<typeof EngineCo
           requestId: req.requestId,
           promptTokens: tokens,
           sampling,
+          choices: Math.max(1, req.n),
           decodeTarget: req.decodeTarget,
           signal: callCtx.signal,
           parent: span,

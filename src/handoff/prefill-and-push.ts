@@ -1,4 +1,4 @@
-import type { Engine, SamplingParams } from "../engine/index.ts";
+import type { Engine, PrefillOutput, SamplingParams } from "../engine/index.ts";
 import { endSpan, type Span, SpanKind, startSpan, traceparentOf } from "../obs/index.ts";
 import { Code } from "../rpc/status.ts";
 import { type KvTransport, TransferError, type TransferStats, transfer } from "../transfer/index.ts";
@@ -18,6 +18,8 @@ export interface PrefillPushRequest {
   requestId: string;
   promptTokens: number[];
   sampling: SamplingParams;
+  /** choices sampled from the one prefill (n), each its first token from stream(seed + j) */
+  choices: number;
   /** KvTransfer host:port of the decode engine */
   decodeTarget: string;
   /** the caller going away: cancels the prefill, and a push it outlives is given back */
@@ -29,14 +31,11 @@ export interface PrefillPushRequest {
 /** What the decode side resumes from (the KvHandle message, transport-neutral). */
 export interface Handoff {
   handleId: string;
-  firstToken: number;
-  blockHashes: bigint[];
-  rngDrawsConsumed: number;
+  /** the engine's prefill: first tokens (one per choice), block hashes, draws; its block ids are consumed by the push */
+  prefill: PrefillOutput;
   promptTokens: number[];
   seed: bigint;
-  /** the first token ended the request: nothing was pushed */
-  finished: boolean;
-  /** the push's numbers; null when nothing was pushed */
+  /** the push's numbers; null when nothing was pushed (every choice ended with its first token) */
   stats: TransferStats | null;
 }
 
@@ -55,12 +54,9 @@ export async function prefillAndPush(ctx: PrefillPushContext, req: PrefillPushRe
   const out = await prefill(ctx.engine, req);
   const handoff: Handoff = {
     handleId: `${req.requestId}.${Math.random().toString(36).slice(2, 10)}`,
-    firstToken: out.firstToken,
-    blockHashes: out.hashes,
-    rngDrawsConsumed: out.draws,
+    prefill: out,
     promptTokens: req.promptTokens,
     seed: req.sampling.seed,
-    finished: out.finished,
     stats: null,
   };
   if (out.finished) return handoff;
@@ -78,7 +74,7 @@ async function prefill(engine: Engine, req: PrefillPushRequest) {
   const step = startSpan("prefill", SpanKind.INTERNAL, req.parent, ROLE_ATTRS);
   let f;
   try {
-    f = await engine.submit({ requestId: req.requestId, promptTokens: req.promptTokens, sampling: req.sampling, prefillOnly: true });
+    f = await engine.submit({ requestId: req.requestId, promptTokens: req.promptTokens, sampling: req.sampling, prefillOnly: true, choices: req.choices });
     if (step.isRecording())
       step.setAttributes({ "tl.prompt_tokens": req.promptTokens.length, "tl.prefix_hit_tokens": f.prefixHitTokens, "tl.finish": f.reason });
   } finally {

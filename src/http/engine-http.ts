@@ -1,21 +1,26 @@
 import { claimForResume, ResumeError } from "../handoff/index.ts";
 import type { KvReceiver } from "../transfer/index.ts";
 import type { Engine, Finish } from "../engine/index.ts";
-import type { Tokenizer } from "../model/index.ts";
+import type { ChatRenderer, Tokenizer } from "../model/index.ts";
 import { endSpan, extractHeaders, SpanKind, startSpan, type Attributes, type Span } from "../obs/index.ts";
-import { parseCompletion, samplingOf, type CompletionKind, type CompletionParams } from "./completion-request.ts";
+import { LIMITS, parseCompletion, samplingOf, type CompletionKind, type CompletionParams } from "./completion-request.ts";
 import { completionResponse } from "./completion-response.ts";
 import { errorResponse, HttpError } from "./errors.ts";
 import { TokenQueue } from "./token-queue.ts";
 
+
 export interface EngineHttpContext {
   engine: Engine;
   tokenizer: Tokenizer;
+  /** The model's chat template (default: DEFAULT_CHAT_TEMPLATE). */
+  chat?: ChatRenderer;
   modelName: string;
+  /** Listed beside the model in /v1/models when known. */
+  modelStats?: { parameters: number; dtype: string; residentBytes: number };
   workerId: string;
   roles: readonly string[];
   isDraining: () => boolean;
-  /** Decode engines: where pushed handles wait for their resume. */
+  /** Decode engines: where pushed handles wait for their resume (claimForResume). */
   receiver?: KvReceiver | null;
   /** Called once per finished request, for logs and metrics. */
   onRequestEnd?: (info: RequestEnd) => void;
@@ -38,6 +43,16 @@ export interface RequestEnd {
 export const HANDLE_HEADER = "x-tl-kv-handle";
 export const FIRST_TOKEN_HEADER = "x-tl-first-token";
 export const DRAWS_HEADER = "x-tl-rng-draws";
+/** n > 1 resumes: each choice's seed offset (choice j samples from seed + j), comma-separated. */
+export const CHOICES_HEADER = "x-tl-choices";
+
+/** One resumed choice: its blocks, its first token, and its seed offset (choice j: seed + j). */
+type ResumeKv = { blockIds: number[]; firstToken: number; draws: number; choice: number };
+
+/** The engine's request id of each choice: the request's own when there is one choice. */
+function choiceIds(id: string, choices: number): string[] {
+  return choices === 1 ? [id] : Array.from({ length: choices }, (_, i) => `${id}-${i}`);
+}
 
 let counter = 0;
 export function requestId(prefix: string): string {
@@ -52,6 +67,17 @@ async function readJson(req: Request): Promise<unknown> {
   }
 }
 
+/** A header of `n` comma-separated integers in [0, max); `dflt` when absent. */
+function headerInts(req: Request, name: string, n: number, max: number, dflt?: number[]): number[] {
+  const v = req.headers.get(name);
+  if (v === null && dflt) return dflt;
+  const parts = v === null ? [] : v.split(",");
+  if (parts.length !== n || parts.some((p) => !/^\d{1,10}$/.test(p) || Number(p) >= max)) {
+    throw new HttpError(400, `${name} must be ${n} comma-separated integers in [0, ${max}) (one per choice), got ${JSON.stringify(v?.slice(0, 200) ?? null)}`);
+  }
+  return parts.map(Number);
+}
+
 function headerInt(req: Request, name: string, max: number): number {
   const v = req.headers.get(name);
   if (v === null || !/^\d+$/.test(v) || Number(v) >= max) throw new HttpError(400, `${name} must be an integer in [0, ${max}), got ${JSON.stringify(v)}`);
@@ -60,54 +86,163 @@ function headerInt(req: Request, name: string, max: number): number {
 
 /** OpenAI-compatible HTTP for one engine, including the decode side of the hand-off. */
 export function engineHttpHandler(ctx: EngineHttpContext): (req: Request) => Promise<Response> {
-  const http = new EngineHttp(ctx);
-  return (req) => http.handle(req);
-}
-
-/** A resumed request's start: the handle's blocks and where its sampling stands. */
-interface Resume {
-  blockIds: number[];
-  firstToken: number;
-  draws: number;
-}
-
-/** One request admitted: what it is, when it started, its spans and its token queue. */
-interface Admitted {
-  id: string;
-  kind: CompletionKind;
-  resume: Resume | undefined;
-  started: number;
-  span: Span;
-  step: Span;
-  q: TokenQueue;
-}
-
-class EngineHttp {
-  private readonly limits: { tokenizer: Tokenizer; maxModelLen: number };
+  const { engine, tokenizer } = ctx;
+  const limits = { tokenizer, maxModelLen: engine.maxModelLen, chat: ctx.chat };
   // Span attributes built once, so tracing off allocates nothing per request.
-  private readonly serverAttrs: Record<CompletionKind, Attributes>;
-  private readonly stepAttrs: Attributes;
+  const role = ctx.roles.length === 1 ? ctx.roles[0]! : "both";
+  const serverAttrs: Record<CompletionKind, Attributes> = {
+    completion: { "tl.role": role, "tl.worker_id": ctx.workerId, "http.request.method": "POST", "url.path": "/v1/completions" },
+    chat: { "tl.role": role, "tl.worker_id": ctx.workerId, "http.request.method": "POST", "url.path": "/v1/chat/completions" },
+  };
+  const stepAttrs: Attributes = { "tl.role": role, "tl.worker_id": ctx.workerId };
 
-  constructor(private readonly ctx: EngineHttpContext) {
-    this.limits = { tokenizer: ctx.tokenizer, maxModelLen: ctx.engine.maxModelLen };
-    const role = ctx.roles.length === 1 ? ctx.roles[0]! : "both";
-    this.serverAttrs = {
-      completion: { "tl.role": role, "tl.worker_id": ctx.workerId, "http.request.method": "POST", "url.path": "/v1/completions" },
-      chat: { "tl.role": role, "tl.worker_id": ctx.workerId, "http.request.method": "POST", "url.path": "/v1/chat/completions" },
-    };
-    this.stepAttrs = { "tl.role": role, "tl.worker_id": ctx.workerId };
+  /**
+   * A SERVER span (child of the caller's `traceparent`, the gateway's resume span) that
+   * ends with the request, and under it the engine's work: "decode" for a resumed handle.
+   */
+  async function complete(req: Request, kind: CompletionKind): Promise<Response> {
+    const span = startSpan(kind === "chat" ? "POST /v1/chat/completions" : "POST /v1/completions", SpanKind.SERVER, extractHeaders(req.headers), serverAttrs[kind]);
+    try {
+      return await completeTraced(req, kind, span);
+    } catch (e) {
+      endSpan(span, e);
+      throw e;
+    }
   }
 
-  async handle(req: Request): Promise<Response> {
-    const { ctx } = this;
+  async function completeTraced(req: Request, kind: CompletionKind, span: Span): Promise<Response> {
+    if (ctx.isDraining()) throw new HttpError(503, "engine is draining", "server_error", null, { "retry-after": "1" });
+    const params = parseCompletion(kind, await readJson(req), limits);
+    if (params.model !== undefined && params.model !== ctx.modelName) {
+      throw new HttpError(404, `model ${JSON.stringify(params.model)} not served here; this engine serves ${JSON.stringify(ctx.modelName)}`, "invalid_request_error", "model");
+    }
+    const handleId = req.headers.get(HANDLE_HEADER);
+    if (handleId !== null && params.prompts.length > 1) throw new HttpError(400, `a resume (${HANDLE_HEADER}) continues one prompt`, "invalid_request_error", "prompt");
+    const resumes = handleId === null ? undefined : claimFor(req, handleId, params);
+    const id = req.headers.get("x-request-id") ?? requestId(kind === "chat" ? "chatcmpl" : "cmpl");
+    const ids = choiceIds(id, params.prompts.length * params.n);
+    // The request id is taken while any request runs under it, with one choice or several.
+    if ([id, `${id}-0`, ...ids].some((c) => engine.has(c))) {
+      for (const r of resumes ?? []) engine.pool.releaseAll(r.blockIds);
+      throw new HttpError(409, `request ${id} is already in flight`);
+    }
+    if (span.isRecording()) span.setAttributes({ "tl.request_id": id, "tl.resumed": resumes !== undefined, ...(handleId !== null ? { "tl.kv.handle": handleId } : {}) });
+    let left = ids.length;
+    let failure: string | undefined;
+    const choiceDone = (failed: string | undefined) => {
+      failure ??= failed;
+      if (--left === 0) endSpan(span, failure);
+    };
+    const queues = ids.map((cid, i) => generate(cid, i, params, kind, resumes?.[i], span, choiceDone));
+    const cancelAll = () => ids.forEach((c) => engine.cancel(c));
+    // Disconnects cancel the request wherever it is, which frees its blocks.
+    req.signal.addEventListener("abort", cancelAll);
+    return completionResponse(queues, {
+      id,
+      model: ctx.modelName,
+      tokenizer,
+      params,
+      onStop: (i) => engine.cancel(ids[i]!),
+      onAbort: cancelAll,
+      emittedBefore: resumes ? 1 : 0,
+      headers: {
+        "x-request-id": id,
+        "x-tl-seed": params.seed.toString(),
+        "x-tl-worker": ctx.workerId,
+        ...(params.ignoredFields.length > 0 ? { "x-tl-ignored-fields": params.ignoredFields.join(",") } : {}),
+      },
+    });
+  }
+
+  /**
+   * Submits choice `index` (prompt ⌊index / n⌋, seed + index mod n as vLLM) and returns
+   * the queue its tokens arrive in; `onDone` runs when it finished, with why it failed.
+   */
+  function generate(
+    id: string,
+    index: number,
+    params: CompletionParams,
+    kind: CompletionKind,
+    resume: ResumeKv | undefined,
+    span: Span,
+    onDone: (failed: string | undefined) => void,
+  ): TokenQueue {
+    const q = new TokenQueue();
+    const started = performance.now();
+    let ttft: number | null = null;
+    const step = startSpan(resume ? "decode" : "generate", SpanKind.INTERNAL, span, stepAttrs);
+    const done = engine.submit({
+      requestId: id,
+      promptTokens: params.prompts[Math.floor(index / params.n)]!,
+      sampling: samplingOf(params, resume ? resume.choice : index % params.n),
+      resume,
+      onToken: (t, lp) => {
+        ttft ??= performance.now() - started;
+        q.push(t, lp);
+      },
+    });
+    done.then((f: Finish) => {
+      // A cancel the reader did not ask for (Cancel RPC, shutdown) must read as a failure, not an end.
+      if (f.reason === "cancelled") q.close({ reason: "error", error: `request ${id} was cancelled on ${ctx.workerId}` });
+      else q.close({ reason: f.reason === "prefilled" ? "stop" : f.reason, error: f.error });
+      ctx.onRequestEnd?.({
+        requestId: id,
+        kind,
+        resumed: resume !== undefined,
+        promptTokens: f.promptTokens,
+        outputTokens: f.outputTokens.length,
+        prefixHitTokens: f.prefixHitTokens,
+        reason: f.reason,
+        ttftMs: ttft,
+        durationMs: performance.now() - started,
+      });
+      if (step.isRecording()) step.setAttributes({ "tl.prompt_tokens": f.promptTokens, "tl.output_tokens": f.outputTokens.length, "tl.prefix_hit_tokens": f.prefixHitTokens, "tl.finish": f.reason });
+      const failed = f.reason === "error" || f.reason === "cancelled" ? (f.error ?? f.reason) : undefined;
+      endSpan(step, failed);
+      onDone(failed);
+    });
+    return q;
+  }
+
+  /**
+   * The decode side of the hand-off: take the handle's blocks, or say why not. With n > 1
+   * (one prefill for n choices) the first tokens and the choices' seed offsets come as
+   * comma-separated headers, and each choice after the first shares the prompt's blocks.
+   */
+  function claimFor(req: Request, handleId: string, params: CompletionParams): ResumeKv[] {
+    if (!ctx.receiver) throw new HttpError(400, `${HANDLE_HEADER} sent to an engine without the decode role`);
+    const firstTokens = headerInts(req, FIRST_TOKEN_HEADER, params.n, tokenizer.vocabSize);
+    const choices = headerInts(req, CHOICES_HEADER, params.n, LIMITS.n, Array.from({ length: params.n }, (_, i) => i));
+    const draws = headerInt(req, DRAWS_HEADER, 2 ** 31);
+    let blockIdsOfHandle: number[];
+    try {
+      blockIdsOfHandle = claimForResume(ctx.receiver, handleId, params.promptTokens);
+    } catch (e) {
+      if (!(e instanceof ResumeError)) throw e;
+      throw e.kind === "unknown" ? new HttpError(404, e.message, "not_found_error") : new HttpError(409, e.message, "conflict_error");
+    }
+    const claimed = { blockIds: blockIdsOfHandle, nTokens: params.promptTokens.length };
+    const out: ResumeKv[] = [{ blockIds: claimed.blockIds, firstToken: firstTokens[0]!, draws, choice: choices[0]! }];
+    for (let i = 1; i < params.n; i++) {
+      const blockIds = engine.sharePrompt(claimed.blockIds, claimed.nTokens);
+      if (blockIds === null) {
+        for (const r of out) engine.pool.releaseAll(r.blockIds);
+        throw new HttpError(503, `out of KV blocks: ${params.n} choices need ${params.n - 1} more tail blocks, ${engine.pool.available} available`, "server_error", null, { "retry-after": "1" });
+      }
+      out.push({ blockIds, firstToken: firstTokens[i]!, draws, choice: choices[i]! });
+    }
+    return out;
+  }
+
+  return async (req: Request): Promise<Response> => {
     const url = new URL(req.url);
     try {
-      if (req.method === "POST" && url.pathname === "/v1/completions") return await this.complete(req, "completion");
-      if (req.method === "POST" && url.pathname === "/v1/chat/completions") return await this.complete(req, "chat");
+      if (req.method === "POST" && url.pathname === "/v1/completions") return await complete(req, "completion");
+      if (req.method === "POST" && url.pathname === "/v1/chat/completions") return await complete(req, "chat");
       if (req.method === "GET" && url.pathname === "/v1/models") {
         return Response.json({
           object: "list",
-          data: [{ id: ctx.modelName, object: "model", created: 0, owned_by: "tl-engine", max_model_len: ctx.engine.maxModelLen }],
+          data: [{ id: ctx.modelName, object: "model", created: 0, owned_by: "tl-engine", max_model_len: engine.maxModelLen, ...statsFields(ctx.modelStats) }],
         });
       }
       if (req.method === "GET" && url.pathname === "/health") {
@@ -120,121 +255,9 @@ class EngineHttp {
     } catch (e) {
       return errorResponse(e);
     }
-  }
+  };
+}
 
-  /**
-   * A SERVER span (child of the caller's `traceparent`, the gateway's resume span) that
-   * ends with the request, and under it the engine's work: "decode" for a resumed handle.
-   */
-  private async complete(req: Request, kind: CompletionKind): Promise<Response> {
-    const span = startSpan(
-      kind === "chat" ? "POST /v1/chat/completions" : "POST /v1/completions",
-      SpanKind.SERVER,
-      extractHeaders(req.headers),
-      this.serverAttrs[kind],
-    );
-    try {
-      return await this.completeTraced(req, kind, span);
-    } catch (e) {
-      endSpan(span, e);
-      throw e;
-    }
-  }
-
-  private async completeTraced(req: Request, kind: CompletionKind, span: Span): Promise<Response> {
-    const { ctx } = this;
-    const engine = ctx.engine;
-    if (ctx.isDraining()) throw new HttpError(503, "engine is draining", "server_error", null, { "retry-after": "1" });
-    const params = parseCompletion(kind, await readJson(req), this.limits);
-    if (params.model !== undefined && params.model !== ctx.modelName) {
-      throw new HttpError(
-        404,
-        `model ${JSON.stringify(params.model)} not served here; this engine serves ${JSON.stringify(ctx.modelName)}`,
-        "invalid_request_error",
-        "model",
-      );
-    }
-    const handleId = req.headers.get(HANDLE_HEADER);
-    const resume = handleId === null ? undefined : this.claimFor(req, handleId, params);
-    const id = req.headers.get("x-request-id") ?? requestId(kind === "chat" ? "chatcmpl" : "cmpl");
-    if (engine.has(id)) {
-      if (resume) engine.pool.releaseAll(resume.blockIds);
-      throw new HttpError(409, `request ${id} is already in flight`);
-    }
-    const step = startSpan(resume ? "decode" : "generate", SpanKind.INTERNAL, span, this.stepAttrs);
-    if (span.isRecording())
-      span.setAttributes({ "tl.request_id": id, "tl.resumed": resume !== undefined, ...(handleId !== null ? { "tl.kv.handle": handleId } : {}) });
-    const a: Admitted = { id, kind, resume, started: performance.now(), span, step, q: new TokenQueue() };
-    this.submit(a, params);
-    // Disconnects cancel the request wherever it is, which frees its blocks.
-    req.signal.addEventListener("abort", () => engine.cancel(id));
-    return completionResponse(a.q, {
-      id,
-      model: ctx.modelName,
-      tokenizer: ctx.tokenizer,
-      params,
-      onStop: () => engine.cancel(id),
-      onAbort: () => engine.cancel(id),
-      headers: { "x-request-id": id, "x-tl-seed": params.seed.toString(), "x-tl-worker": ctx.workerId },
-    });
-  }
-
-  /** Hands the request to the engine; its tokens go to the queue, its finish to finished(). */
-  private submit(a: Admitted, params: CompletionParams): void {
-    let ttft: number | null = null;
-    const done = this.ctx.engine.submit({
-      requestId: a.id,
-      promptTokens: params.promptTokens,
-      sampling: samplingOf(params),
-      resume: a.resume,
-      onToken: (t) => {
-        ttft ??= performance.now() - a.started;
-        a.q.push(t);
-      },
-    });
-    done.then((f) => this.finished(a, f, ttft));
-  }
-
-  /** Closes the stream, reports the request, ends its spans. */
-  private finished(a: Admitted, f: Finish, ttft: number | null): void {
-    const { ctx } = this;
-    // A cancel the reader did not ask for (Cancel RPC, shutdown) must read as a failure, not an end.
-    if (f.reason === "cancelled") a.q.close({ reason: "error", error: `request ${a.id} was cancelled on ${ctx.workerId}` });
-    else a.q.close({ reason: f.reason === "prefilled" ? "stop" : f.reason, error: f.error });
-    ctx.onRequestEnd?.({
-      requestId: a.id,
-      kind: a.kind,
-      resumed: a.resume !== undefined,
-      promptTokens: f.promptTokens,
-      outputTokens: f.outputTokens.length,
-      prefixHitTokens: f.prefixHitTokens,
-      reason: f.reason,
-      ttftMs: ttft,
-      durationMs: performance.now() - a.started,
-    });
-    if (a.step.isRecording())
-      a.step.setAttributes({
-        "tl.prompt_tokens": f.promptTokens,
-        "tl.output_tokens": f.outputTokens.length,
-        "tl.prefix_hit_tokens": f.prefixHitTokens,
-        "tl.finish": f.reason,
-      });
-    const failed = f.reason === "error" || f.reason === "cancelled" ? (f.error ?? f.reason) : undefined;
-    endSpan(a.step, failed);
-    endSpan(a.span, failed);
-  }
-
-  /** The decode side of the hand-off (claimForResume), its refusals as HTTP errors. */
-  private claimFor(req: Request, handleId: string, params: CompletionParams): Resume {
-    const { ctx } = this;
-    if (!ctx.receiver) throw new HttpError(400, `${HANDLE_HEADER} sent to an engine without the decode role`);
-    const firstToken = headerInt(req, FIRST_TOKEN_HEADER, ctx.tokenizer.vocabSize);
-    const draws = headerInt(req, DRAWS_HEADER, 2 ** 31);
-    try {
-      return { blockIds: claimForResume(ctx.receiver, handleId, params.promptTokens), firstToken, draws };
-    } catch (e) {
-      if (!(e instanceof ResumeError)) throw e;
-      throw e.kind === "unknown" ? new HttpError(404, e.message, "not_found_error") : new HttpError(409, e.message, "conflict_error");
-    }
-  }
+function statsFields(s: EngineHttpContext["modelStats"]): Record<string, unknown> {
+  return s ? { parameters: s.parameters, dtype: s.dtype, resident_bytes: s.residentBytes } : {};
 }
