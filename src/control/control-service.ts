@@ -5,7 +5,7 @@ import type { Engine, SamplingParams } from "../engine/index.ts";
 import {
   CancelResponseSchema,
   DrainResponseSchema,
-  EngineControl,
+  type EngineControl,
   InfoResponseSchema,
   KvHandleSchema,
   type InfoResponse,
@@ -54,7 +54,12 @@ export function samplingFromProto(s: SamplingProto | undefined, chooseSeed: () =
   const seed = s.seed ?? chooseSeed();
   if (seed < 0n || seed > U64_MAX) throw invalid(`sampling.seed ${seed} outside [0, 2^64)`);
   const logitBias = new Map(Object.entries(s.logitBias).map(([k, v]) => [Number(k), v]));
-  const processing = { presencePenalty: s.presencePenalty, frequencyPenalty: s.frequencyPenalty, repetitionPenalty: s.repetitionPenalty === 0 ? 1 : s.repetitionPenalty, logitBias };
+  const processing = {
+    presencePenalty: s.presencePenalty,
+    frequencyPenalty: s.frequencyPenalty,
+    repetitionPenalty: s.repetitionPenalty === 0 ? 1 : s.repetitionPenalty,
+    logitBias,
+  };
   const bad = validateLogits(processing, vocab);
   if (bad) throw invalid(`sampling: ${bad}`);
   if (s.minTokens > s.maxTokens) throw invalid(`sampling.min_tokens ${s.minTokens} > max_tokens ${s.maxTokens}`);

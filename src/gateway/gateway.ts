@@ -25,7 +25,19 @@ import {
 } from "../http/index.ts";
 import { type ChatRenderer, type Tokenizer, tokenizerFingerprint } from "../model/index.ts";
 import type { TokenLogprobs } from "../rng/index.ts";
-import { createMetrics, endSpan, extractHeaders, log, metricsResponse, SpanKind, startSpan, traceHeaders, type Attributes, type Metrics, type Span } from "../obs/index.ts";
+import {
+  createMetrics,
+  endSpan,
+  extractHeaders,
+  log,
+  metricsResponse,
+  SpanKind,
+  startSpan,
+  traceHeaders,
+  type Attributes,
+  type Metrics,
+  type Span,
+} from "../obs/index.ts";
 import { failedSideOf, releaseUnclaimed } from "../handoff/index.ts";
 import { RoutingTransport } from "../transfer/index.ts";
 import { RegistryService } from "./registry-service.ts";
@@ -140,7 +152,8 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
   async function prefill(p: WorkerView, d: WorkerView, params: CompletionParams, id: string, signal: AbortSignal, parent: Span): Promise<KvHandle> {
     const control = grpcClient(EngineControl, p.status.grpcAddress, { timeoutMs: prefillTimeoutMs });
     const span = startSpan("tl.engine.v1.EngineControl/Prefill", SpanKind.CLIENT, parent, PREFILL_ATTRS);
-    if (span.isRecording()) span.setAttributes({ "server.address": p.status.grpcAddress, "tl.worker_id": p.status.workerId, "tl.decode_target": d.status.kvAddress });
+    if (span.isRecording())
+      span.setAttributes({ "server.address": p.status.grpcAddress, "tl.worker_id": p.status.workerId, "tl.decode_target": d.status.kvAddress });
     try {
       const handle = await control.prefill(
         create(PrefillRequestSchema, {
@@ -153,7 +166,12 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
         }),
         { signal, headers: traceHeaders(span) },
       );
-      if (span.isRecording()) span.setAttributes({ "tl.kv.blocks_sent": handle.blocksSent, "tl.kv.blocks_deduped": handle.blocksDeduped, "tl.kv.payload_bytes": Number(handle.payloadBytes) });
+      if (span.isRecording())
+        span.setAttributes({
+          "tl.kv.blocks_sent": handle.blocksSent,
+          "tl.kv.blocks_deduped": handle.blocksDeduped,
+          "tl.kv.payload_bytes": Number(handle.payloadBytes),
+        });
       endSpan(span);
       return handle;
     } catch (e) {
@@ -189,7 +207,12 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
 
   /** The request's SERVER span runs until its last token (respond) or its failure here. */
   async function complete(req: Request, kind: CompletionKind): Promise<Response> {
-    const span = startSpan(kind === "chat" ? "POST /v1/chat/completions" : "POST /v1/completions", SpanKind.SERVER, extractHeaders(req.headers), SERVER_ATTRS[kind]);
+    const span = startSpan(
+      kind === "chat" ? "POST /v1/chat/completions" : "POST /v1/completions",
+      SpanKind.SERVER,
+      extractHeaders(req.headers),
+      SERVER_ATTRS[kind],
+    );
     try {
       return await route(req, kind, span);
     } catch (e) {
@@ -208,7 +231,12 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     }
     const params = parseCompletion(kind, body, limits);
     if (params.model !== undefined && params.model !== opts.modelName) {
-      throw new HttpError(404, `model ${JSON.stringify(params.model)} is not served; this gateway serves ${JSON.stringify(opts.modelName)}`, "invalid_request_error", "model");
+      throw new HttpError(
+        404,
+        `model ${JSON.stringify(params.model)} is not served; this gateway serves ${JSON.stringify(opts.modelName)}`,
+        "invalid_request_error",
+        "model",
+      );
     }
     const id = req.headers.get("x-request-id") ?? requestId(kind === "chat" ? "chatcmpl" : "cmpl");
     if (span.isRecording()) span.setAttribute("tl.request_id", id);
@@ -229,7 +257,16 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     const onStop = (i: number) => {
       if (params.n === 1) aborts[i]!.abort();
     };
-    return respond(routed.flatMap((r) => r.qs), params, id, routed[0]!.served, arrived, onStop, () => aborts.forEach((a) => a.abort()), span);
+    return respond(
+      routed.flatMap((r) => r.qs),
+      params,
+      id,
+      routed[0]!.served,
+      arrived,
+      onStop,
+      () => aborts.forEach((a) => a.abort()),
+      span,
+    );
   }
 
   /** Routes one prompt's n choices: a prefill/decode pair (retried on another pair when nothing reached the client), else a colocated engine. */
@@ -280,7 +317,11 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
           log.warn("worker refused the request; routing elsewhere", { request_id: id, worker: blame, error: err.rawMessage });
           continue;
         }
-        throw new HttpError(httpStatusOf(err.code), `prefill on ${pid} failed: ${err.rawMessage}`, err.code === Code.InvalidArgument ? "invalid_request_error" : "server_error");
+        throw new HttpError(
+          httpStatusOf(err.code),
+          `prefill on ${pid} failed: ${err.rawMessage}`,
+          err.code === Code.InvalidArgument ? "invalid_request_error" : "server_error",
+        );
       } finally {
         busy(pid, -1);
       }
@@ -298,7 +339,13 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
       metrics.kvBytes.inc(served.payloadBytes);
       metrics.ttft.observe({ served: served.served }, ttft);
       if (!handle.finished) affinity.record(did, handle.blockHashes);
-      log.debug("prefilled", { request_id: id, handle: handle.handleId, blocks_sent: served.blocksSent, blocks_deduped: served.blocksDeduped, payload_bytes: served.payloadBytes });
+      log.debug("prefilled", {
+        request_id: id,
+        handle: handle.handleId,
+        blocks_sent: served.blocksSent,
+        blocks_deduped: served.blocksDeduped,
+        payload_bytes: served.payloadBytes,
+      });
 
       return { qs: resumeOnDecode(handle, params, D.worker, id, abort, span), served };
     }
@@ -371,7 +418,6 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     releaseUnclaimed(releaser, d.status.kvAddress, handleId, (e) => log.warn("release failed", { request_id: requestId, handle: handleId, error: String(e) }));
   }
 
-
   /** No prefill/decode pair: a `both` engine does the whole request. */
   function colocated(params: CompletionParams, id: string, exclude: Set<string>, abort: AbortController, span: Span): Routed {
     const W = pickByLoad(registry.live(), Role.BOTH, inflight, exclude);
@@ -385,7 +431,14 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     busy(wid, 1);
     const call = startSpan("colocated", SpanKind.CLIENT, span, RESUME_ATTRS);
     if (call.isRecording()) call.setAttributes({ "server.address": W.worker.status.httpAddress, "tl.worker_id": wid });
-    readTokenStream(`http://${W.worker.status.httpAddress}/v1/completions`, resumeBody(params, params.promptTokens, params.n), { "x-request-id": id, ...traceHeaders(call) }, qs, abort.signal, () => {}).finally(() => {
+    readTokenStream(
+      `http://${W.worker.status.httpAddress}/v1/completions`,
+      resumeBody(params, params.promptTokens, params.n),
+      { "x-request-id": id, ...traceHeaders(call) },
+      qs,
+      abort.signal,
+      () => {},
+    ).finally(() => {
       endSpan(call, qs[0]!.end.reason === "error" ? qs[0]!.end.error : undefined);
       busy(wid, -1);
     });
@@ -438,7 +491,14 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
         blocks_deduped: s.blocksDeduped,
         payload_bytes: s.payloadBytes,
       });
-      if (span.isRecording()) span.setAttributes({ "tl.served": s.served, "tl.prefill_worker": s.prefillWorker, "tl.decode_worker": s.decodeWorker, "tl.output_tokens": n, "tl.outcome": outcome });
+      if (span.isRecording())
+        span.setAttributes({
+          "tl.served": s.served,
+          "tl.prefill_worker": s.prefillWorker,
+          "tl.decode_worker": s.decodeWorker,
+          "tl.output_tokens": n,
+          "tl.outcome": outcome,
+        });
       endSpan(span, end.reason === "error" ? end.error : undefined);
     })();
     return completionResponse(counted, {
@@ -460,7 +520,14 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
         "x-tl-seed": params.seed.toString(),
       },
       extra: () => ({
-        tl: { served: s.served, prefill_worker: s.prefillWorker, decode_worker: s.decodeWorker, blocks_sent: s.blocksSent, blocks_deduped: s.blocksDeduped, payload_bytes: s.payloadBytes },
+        tl: {
+          served: s.served,
+          prefill_worker: s.prefillWorker,
+          decode_worker: s.decodeWorker,
+          blocks_sent: s.blocksSent,
+          blocks_deduped: s.blocksDeduped,
+          payload_bytes: s.payloadBytes,
+        },
       }),
     });
   }
@@ -483,7 +550,10 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
         }
       }
       if (req.method === "GET" && url.pathname === "/v1/models") {
-        return Response.json({ object: "list", data: [{ id: opts.modelName, object: "model", created: 0, owned_by: "tl-engine", max_model_len: opts.maxModelLen }] });
+        return Response.json({
+          object: "list",
+          data: [{ id: opts.modelName, object: "model", created: 0, owned_by: "tl-engine", max_model_len: opts.maxModelLen }],
+        });
       }
       if (req.method === "GET" && url.pathname === "/health") {
         const live = registry.live();
@@ -492,7 +562,11 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
       }
       if (req.method === "GET" && url.pathname === "/metrics") {
         const live = registry.live();
-        for (const [name, r] of [["prefill", Role.PREFILL], ["decode", Role.DECODE], ["both", Role.BOTH]] as const) {
+        for (const [name, r] of [
+          ["prefill", Role.PREFILL],
+          ["decode", Role.DECODE],
+          ["both", Role.BOTH],
+        ] as const) {
           metrics.registryWorkers.set({ role: name }, live.filter((w) => w.status.role === r).length);
         }
         return metricsResponse(metrics);

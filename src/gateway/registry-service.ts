@@ -94,6 +94,9 @@ function sameModel(status: WorkerStatus, want: ExpectedModel): void {
     diff.push(`tokenizer fingerprint ${status.tokenizerFingerprint}, want ${want.tokenizerFingerprint}`);
   }
   if (diff.length > 0) {
-    throw new ConnectError(`heartbeat from ${status.workerId}: ${diff.join("; ")} (the gateway tokenizes for another model: its prompt hashes would not match)`, Code.FailedPrecondition);
+    throw new ConnectError(
+      `heartbeat from ${status.workerId}: ${diff.join("; ")} (the gateway tokenizes for another model: its prompt hashes would not match)`,
+      Code.FailedPrecondition,
+    );
   }
 }

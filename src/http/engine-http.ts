@@ -8,7 +8,6 @@ import { completionResponse } from "./completion-response.ts";
 import { errorResponse, HttpError } from "./errors.ts";
 import { TokenQueue } from "./token-queue.ts";
 
-
 export interface EngineHttpContext {
   engine: Engine;
   tokenizer: Tokenizer;
@@ -101,7 +100,12 @@ export function engineHttpHandler(ctx: EngineHttpContext): (req: Request) => Pro
    * ends with the request, and under it the engine's work: "decode" for a resumed handle.
    */
   async function complete(req: Request, kind: CompletionKind): Promise<Response> {
-    const span = startSpan(kind === "chat" ? "POST /v1/chat/completions" : "POST /v1/completions", SpanKind.SERVER, extractHeaders(req.headers), serverAttrs[kind]);
+    const span = startSpan(
+      kind === "chat" ? "POST /v1/chat/completions" : "POST /v1/completions",
+      SpanKind.SERVER,
+      extractHeaders(req.headers),
+      serverAttrs[kind],
+    );
     try {
       return await completeTraced(req, kind, span);
     } catch (e) {
@@ -114,10 +118,16 @@ export function engineHttpHandler(ctx: EngineHttpContext): (req: Request) => Pro
     if (ctx.isDraining()) throw new HttpError(503, "engine is draining", "server_error", null, { "retry-after": "1" });
     const params = parseCompletion(kind, await readJson(req), limits);
     if (params.model !== undefined && params.model !== ctx.modelName) {
-      throw new HttpError(404, `model ${JSON.stringify(params.model)} not served here; this engine serves ${JSON.stringify(ctx.modelName)}`, "invalid_request_error", "model");
+      throw new HttpError(
+        404,
+        `model ${JSON.stringify(params.model)} not served here; this engine serves ${JSON.stringify(ctx.modelName)}`,
+        "invalid_request_error",
+        "model",
+      );
     }
     const handleId = req.headers.get(HANDLE_HEADER);
-    if (handleId !== null && params.prompts.length > 1) throw new HttpError(400, `a resume (${HANDLE_HEADER}) continues one prompt`, "invalid_request_error", "prompt");
+    if (handleId !== null && params.prompts.length > 1)
+      throw new HttpError(400, `a resume (${HANDLE_HEADER}) continues one prompt`, "invalid_request_error", "prompt");
     const resumes = handleId === null ? undefined : claimFor(req, handleId, params);
     const id = req.headers.get("x-request-id") ?? requestId(kind === "chat" ? "chatcmpl" : "cmpl");
     const ids = choiceIds(id, params.prompts.length * params.n);
@@ -126,7 +136,8 @@ export function engineHttpHandler(ctx: EngineHttpContext): (req: Request) => Pro
       for (const r of resumes ?? []) engine.pool.releaseAll(r.blockIds);
       throw new HttpError(409, `request ${id} is already in flight`);
     }
-    if (span.isRecording()) span.setAttributes({ "tl.request_id": id, "tl.resumed": resumes !== undefined, ...(handleId !== null ? { "tl.kv.handle": handleId } : {}) });
+    if (span.isRecording())
+      span.setAttributes({ "tl.request_id": id, "tl.resumed": resumes !== undefined, ...(handleId !== null ? { "tl.kv.handle": handleId } : {}) });
     let left = ids.length;
     let failure: string | undefined;
     const choiceDone = (failed: string | undefined) => {
@@ -196,7 +207,13 @@ export function engineHttpHandler(ctx: EngineHttpContext): (req: Request) => Pro
         ttftMs: ttft,
         durationMs: performance.now() - started,
       });
-      if (step.isRecording()) step.setAttributes({ "tl.prompt_tokens": f.promptTokens, "tl.output_tokens": f.outputTokens.length, "tl.prefix_hit_tokens": f.prefixHitTokens, "tl.finish": f.reason });
+      if (step.isRecording())
+        step.setAttributes({
+          "tl.prompt_tokens": f.promptTokens,
+          "tl.output_tokens": f.outputTokens.length,
+          "tl.prefix_hit_tokens": f.prefixHitTokens,
+          "tl.finish": f.reason,
+        });
       const failed = f.reason === "error" || f.reason === "cancelled" ? (f.error ?? f.reason) : undefined;
       endSpan(step, failed);
       onDone(failed);
@@ -212,7 +229,13 @@ export function engineHttpHandler(ctx: EngineHttpContext): (req: Request) => Pro
   function claimFor(req: Request, handleId: string, params: CompletionParams): ResumeKv[] {
     if (!ctx.receiver) throw new HttpError(400, `${HANDLE_HEADER} sent to an engine without the decode role`);
     const firstTokens = headerInts(req, FIRST_TOKEN_HEADER, params.n, tokenizer.vocabSize);
-    const choices = headerInts(req, CHOICES_HEADER, params.n, LIMITS.n, Array.from({ length: params.n }, (_, i) => i));
+    const choices = headerInts(
+      req,
+      CHOICES_HEADER,
+      params.n,
+      LIMITS.n,
+      Array.from({ length: params.n }, (_, i) => i),
+    );
     const draws = headerInt(req, DRAWS_HEADER, 2 ** 31);
     let blockIdsOfHandle: number[];
     try {
@@ -227,7 +250,13 @@ export function engineHttpHandler(ctx: EngineHttpContext): (req: Request) => Pro
       const blockIds = engine.sharePrompt(claimed.blockIds, claimed.nTokens);
       if (blockIds === null) {
         for (const r of out) engine.pool.releaseAll(r.blockIds);
-        throw new HttpError(503, `out of KV blocks: ${params.n} choices need ${params.n - 1} more tail blocks, ${engine.pool.available} available`, "server_error", null, { "retry-after": "1" });
+        throw new HttpError(
+          503,
+          `out of KV blocks: ${params.n} choices need ${params.n - 1} more tail blocks, ${engine.pool.available} available`,
+          "server_error",
+          null,
+          { "retry-after": "1" },
+        );
       }
       out.push({ blockIds, firstToken: firstTokens[i]!, draws, choice: choices[i]! });
     }

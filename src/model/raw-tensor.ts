@@ -121,7 +121,10 @@ function dequantQ4K(b: Uint8Array, dv: DataView, out: Float32Array): void {
     for (let pair = 0; pair < 4; pair++) {
       const [s1, m1] = scaleMinK4(b, sc, 2 * pair);
       const [s2, m2] = scaleMinK4(b, sc, 2 * pair + 1);
-      const d1 = d * s1, mm1 = dmin * m1, d2 = d * s2, mm2 = dmin * m2;
+      const d1 = d * s1,
+        mm1 = dmin * m1,
+        d2 = d * s2,
+        mm2 = dmin * m2;
       const q = qs + 32 * pair;
       const y = o + 64 * pair;
       for (let l = 0; l < 32; l++) {

@@ -7,11 +7,7 @@ import { argmax, newPool, Seq, step, TINY } from "./helpers.ts";
 /** The llama2.c test checkpoint's shape, with a context long enough for the greedy runs. */
 export const CKPT: ModelConfig = { ...TINY, maxSeqLen: 48 };
 
-export const PROMPTS: number[][] = [
-  [1, 5, 9, 33, 2],
-  [1, 60, 61, 62, 7, 7, 7, 12, 40],
-  [3],
-];
+export const PROMPTS: number[][] = [[1, 5, 9, 33, 2], [1, 60, 61, 62, 7, 7, 7, 12, 40], [3]];
 
 /** Greedy decoding at token level: every step's logits and the tokens chosen. */
 export function greedy(cfg: ModelConfig, w: Weights, prompt: readonly number[], n: number): { tokens: number[]; logits: Float32Array[] } {

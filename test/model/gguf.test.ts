@@ -1,6 +1,14 @@
 import { afterAll, describe, expect, test } from "bun:test";
 import { writeFileSync } from "node:fs";
-import { type ModelConfig, parseGguf, readModelFiles, syntheticWeights, toFloat32, writeLlama2cCheckpoint, writeLlama2cTokenizer } from "../../src/model/index.ts";
+import {
+  type ModelConfig,
+  parseGguf,
+  readModelFiles,
+  syntheticWeights,
+  toFloat32,
+  writeLlama2cCheckpoint,
+  writeLlama2cTokenizer,
+} from "../../src/model/index.ts";
 import { encodeGgufModel, GT, writeHfFolder } from "../support/model-writers.ts";
 import { CKPT, greedy, maxAbsDiff, PROMPTS, tempDir } from "./format-helpers.ts";
 import { bits } from "./helpers.ts";
@@ -13,7 +21,11 @@ const N = 16;
 
 function reference(prompt: number[]) {
   writeLlama2cCheckpoint(tmp.path("ckpt.bin"), CKPT, W, false);
-  writeLlama2cTokenizer(tmp.path("tok.bin"), [{ piece: "<unk>", score: 0 }, { piece: "<s>", score: 0 }, { piece: "</s>", score: 0 }]);
+  writeLlama2cTokenizer(tmp.path("tok.bin"), [
+    { piece: "<unk>", score: 0 },
+    { piece: "<s>", score: 0 },
+    { piece: "</s>", score: 0 },
+  ]);
   const m = readModelFiles(tmp.path("ckpt.bin"), { tokenizerPath: tmp.path("tok.bin") });
   return greedy(m.cfg, m.weights, prompt, N);
 }
@@ -50,7 +62,11 @@ describe("gguf_equals_llama2c", () => {
 
   // Bounds on |logit error| over every greedy step (logits have std ~4): f16 rounds each weight
   // by <= 2^-11 relative, bf16 by <= 2^-8, q8_0 by <= amax/254 of its 32-block.
-  for (const [type, bound] of [["f16", 0.01], ["bf16", 0.08], ["q8_0", 0.15]] as const) {
+  for (const [type, bound] of [
+    ["f16", 0.01],
+    ["bf16", 0.08],
+    ["q8_0", 0.15],
+  ] as const) {
     test(`${type} GGUF: greedy tokens agree, logits within ${bound}`, () => {
       writeFileSync(tmp.path(`${type}.gguf`), encodeGgufModel(CKPT, W, { type }));
       const g = readModelFiles(tmp.path(`${type}.gguf`));
@@ -70,7 +86,8 @@ describe("gguf_equals_llama2c", () => {
     writeFileSync(tmp.path("q4_0.gguf"), encodeGgufModel(CKPT, W, { type: "q4_0" }));
     const g = readModelFiles(tmp.path("q4_0.gguf"));
     for (const k of ["wq", "w2", "wcls"] as const) {
-      const a = W[k], b = g.weights[k];
+      const a = W[k],
+        b = g.weights[k];
       for (let blk = 0; blk < a.length / 32; blk++) {
         let amax = 0;
         for (let j = 0; j < 32; j++) amax = Math.max(amax, Math.abs(a[blk * 32 + j]!));
@@ -101,7 +118,10 @@ describe("q6_k", () => {
       const d = blk === 0 ? 0.25 : -0.5;
       const s8 = (i: number) => (b[base + 192 + i]! << 24) >> 24;
       for (let n = 0; n < 2; n++) {
-        const ql = base + 64 * n, qh = base + 128 + 32 * n, sc = 8 * n, y = blk * 256 + 128 * n;
+        const ql = base + 64 * n,
+          qh = base + 128 + 32 * n,
+          sc = 8 * n,
+          y = blk * 256 + 128 * n;
         for (let l = 0; l < 32; l++) {
           const is = Math.floor(l / 16);
           const q1 = ((b[ql + l]! & 0xf) | (((b[qh + l]! >> 0) & 3) << 4)) - 32;
@@ -109,7 +129,10 @@ describe("q6_k", () => {
           const q3 = ((b[ql + l]! >> 4) | (((b[qh + l]! >> 4) & 3) << 4)) - 32;
           const q4 = ((b[ql + l + 32]! >> 4) | (((b[qh + l]! >> 6) & 3) << 4)) - 32;
           expect([got[y + l], got[y + l + 32], got[y + l + 64], got[y + l + 96]]).toEqual([
-            Math.fround(d * s8(sc + is) * q1), Math.fround(d * s8(sc + is + 2) * q2), Math.fround(d * s8(sc + is + 4) * q3), Math.fround(d * s8(sc + is + 6) * q4),
+            Math.fround(d * s8(sc + is) * q1),
+            Math.fround(d * s8(sc + is + 2) * q2),
+            Math.fround(d * s8(sc + is + 4) * q3),
+            Math.fround(d * s8(sc + is + 6) * q4),
           ]);
         }
       }
@@ -119,14 +142,26 @@ describe("q6_k", () => {
 
 describe("q4_k", () => {
   // Q4_K blocks are 256 values along a row, so this model's rows are 256 wide.
-  const WIDE: ModelConfig = { name: "wide", dim: 256, hiddenDim: 256, nLayers: 1, nHeads: 4, nKvHeads: 2, vocabSize: 64, maxSeqLen: 16, ropeTheta: 10000, normEps: 1e-5 };
+  const WIDE: ModelConfig = {
+    name: "wide",
+    dim: 256,
+    hiddenDim: 256,
+    nLayers: 1,
+    nHeads: 4,
+    nKvHeads: 2,
+    vocabSize: 64,
+    maxSeqLen: 16,
+    ropeTheta: 10000,
+    normEps: 1e-5,
+  };
   const WW = syntheticWeights(WIDE, 8);
   test("Q4_K GGUF: weights within 1.6 steps of their sub-block, prefill logits within 1.5", () => {
     writeFileSync(tmp.path("q4k.gguf"), encodeGgufModel(WIDE, WW, { type: "q4_k" }));
     const g = readModelFiles(tmp.path("q4k.gguf"));
     expect(g.stats.dtype).toBe("f32+q4_k");
     for (const k of ["wq", "w1", "wcls"] as const) {
-      const a = WW[k], b = g.weights[k];
+      const a = WW[k],
+        b = g.weights[k];
       for (let s = 0; s < a.length / 32; s++) {
         const v = a.subarray(s * 32, s * 32 + 32);
         const step = (Math.max(...v) - Math.min(0, ...v)) / 15;
@@ -142,12 +177,26 @@ describe("q4_k", () => {
   });
 
   test("a quantized tensor whose rows are not whole blocks is refused", () => {
-    expect(() => readModelFiles((writeFileSync(tmp.path("bad-q4k.gguf"), encodeGgufModel(CKPT, W, { type: "q4_k" })), tmp.path("bad-q4k.gguf")))).toThrow(/rows of 32 are not whole Q4_K blocks of 256/);
+    expect(() => readModelFiles((writeFileSync(tmp.path("bad-q4k.gguf"), encodeGgufModel(CKPT, W, { type: "q4_k" })), tmp.path("bad-q4k.gguf")))).toThrow(
+      /rows of 32 are not whole Q4_K blocks of 256/,
+    );
   });
 });
 
 /** Qwen2-shaped: q/k/v biases, tied embeddings, head_dim (16) != dim / heads (8), GQA. */
-const QWEN: ModelConfig = { name: "qwen", dim: 32, hiddenDim: 64, nLayers: 2, nHeads: 4, nKvHeads: 2, vocabSize: 64, maxSeqLen: 48, ropeTheta: 1000000, normEps: 1e-6, headDim: 16 };
+const QWEN: ModelConfig = {
+  name: "qwen",
+  dim: 32,
+  hiddenDim: 64,
+  nLayers: 2,
+  nHeads: 4,
+  nKvHeads: 2,
+  vocabSize: 64,
+  maxSeqLen: 48,
+  ropeTheta: 1000000,
+  normEps: 1e-6,
+  headDim: 16,
+};
 const QW = syntheticWeights(QWEN, 91, { sharedClassifier: true, biases: true });
 
 describe("qwen2_arch_biases_tied_head_dim", () => {
@@ -179,8 +228,15 @@ describe("gguf reader", () => {
   test("metadata of every value type, arrays included", () => {
     const bytes = encodeGgufModel(CKPT, W, {
       extraKvs: [
-        ["t.u8", GT.u8, 200], ["t.i8", GT.i8, -5], ["t.u16", GT.u16, 60000], ["t.i16", GT.i16, -30000], ["t.i32", GT.i32, -7],
-        ["t.f64", GT.f64, 0.1], ["t.bool", GT.bool, true], ["t.u64", GT.u64, 2 ** 40], ["t.i64", GT.i64, -(2 ** 40)],
+        ["t.u8", GT.u8, 200],
+        ["t.i8", GT.i8, -5],
+        ["t.u16", GT.u16, 60000],
+        ["t.i16", GT.i16, -30000],
+        ["t.i32", GT.i32, -7],
+        ["t.f64", GT.f64, 0.1],
+        ["t.bool", GT.bool, true],
+        ["t.u64", GT.u64, 2 ** 40],
+        ["t.i64", GT.i64, -(2 ** 40)],
         ["t.arr", GT.arr, [GT.arr, [[GT.u8, [1, 2]]]]],
       ],
     });

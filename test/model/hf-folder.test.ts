@@ -1,5 +1,12 @@
 import { afterAll, describe, expect, test } from "bun:test";
-import { syntheticWeights, readModelFiles, writeLlama2cCheckpoint, writeLlama2cTokenizer, splitHalfToInterleaved, interleavedToSplitHalf } from "../../src/model/index.ts";
+import {
+  syntheticWeights,
+  readModelFiles,
+  writeLlama2cCheckpoint,
+  writeLlama2cTokenizer,
+  splitHalfToInterleaved,
+  interleavedToSplitHalf,
+} from "../../src/model/index.ts";
 import { writeHfFolder } from "../support/model-writers.ts";
 import { CKPT, greedy, maxAbsDiff, PROMPTS, tempDir } from "./format-helpers.ts";
 import { bits } from "./helpers.ts";
@@ -14,7 +21,11 @@ const N = 16;
 function llama2cRun(prompt: number[]) {
   const path = tmp.path("ckpt.bin");
   writeLlama2cCheckpoint(path, CKPT, W, false);
-  writeLlama2cTokenizer(tmp.path("tok.bin"), [{ piece: "<unk>", score: 0 }, { piece: "<s>", score: 0 }, { piece: "</s>", score: 0 }]);
+  writeLlama2cTokenizer(tmp.path("tok.bin"), [
+    { piece: "<unk>", score: 0 },
+    { piece: "<s>", score: 0 },
+    { piece: "</s>", score: 0 },
+  ]);
   const m = readModelFiles(path, { tokenizerPath: tmp.path("tok.bin") });
   expect(m.format).toBe("llama2c");
   return greedy(m.cfg, m.weights, prompt, N);
@@ -60,7 +71,10 @@ describe("hf_folder_equals_llama2c", () => {
 
   // f16 keeps 11 significant bits, bf16 8: the logits of these unit-scale models move by at most
   // the bounds below (measured maxima: see the report), and greedy tokens still agree.
-  for (const [dtype, bound] of [["F16", 0.01], ["BF16", 0.08]] as const) {
+  for (const [dtype, bound] of [
+    ["F16", 0.01],
+    ["BF16", 0.08],
+  ] as const) {
     test(`${dtype.toLowerCase()} safetensors: greedy tokens agree, logits within ${bound}`, () => {
       const dir = tmp.path(dtype);
       writeHfFolder(dir, CKPT, W, { dtype });
