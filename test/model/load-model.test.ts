@@ -46,4 +46,12 @@ describe("load-model", () => {
     expect({ name: gg.name, format: gg.format, template: gg.chatTemplate, vocab: gg.tokenizer.vocabSize }).toEqual({ name: "m", format: "gguf", template: "{{ messages }}", vocab: CKPT.vocabSize });
     expect(gg.eosIds).toContain(2);
   });
+
+  test("loadTokenizerFor reads no tensor data: a folder whose weights are garbage still gives the gateway its tokenizer", async () => {
+    writeHfFolder(tmp.path("hf-gw"), CKPT, syntheticWeights(CKPT, 6));
+    writeFileSync(tmp.path("hf-gw", "model.safetensors"), "not tensors");
+    const t = await loadTokenizerFor({ modelPath: tmp.path("hf-gw"), maxSeqLen: 32 });
+    expect({ name: t.name, vocab: t.vocabSize, max: t.maxSeqLen, template: t.chatTemplate }).toEqual({ name: "hf-gw", vocab: CKPT.vocabSize, max: 32, template: "{{ messages }}" });
+    await expect(loadModel({ modelPath: tmp.path("hf-gw") })).rejects.toThrow(/safetensors/);
+  });
 });
