@@ -1,8 +1,8 @@
 import { afterAll, describe, expect, test } from "bun:test";
 import { writeFileSync } from "node:fs";
-import { type ModelConfig, parseGguf, readModelFiles, syntheticWeights, toFloat32, writeLlama2cCheckpoint, writeLlama2cTokenizer } from "../../src/model/index.ts";
+import { type ModelConfig, parseGguf, readModelFiles, syntheticWeights, toFloat32 } from "../../src/model/index.ts";
 import { encodeGgufModel, GT, writeHfFolder } from "../support/model-writers.ts";
-import { CKPT, greedy, maxAbsDiff, PROMPTS, tempDir } from "./format-helpers.ts";
+import { CKPT, greedy, llama2cReference, maxAbsDiff, PROMPTS, tempDir } from "./format-helpers.ts";
 import { bits } from "./helpers.ts";
 
 const tmp = tempDir("gguf");
@@ -11,12 +11,7 @@ afterAll(tmp.cleanup);
 const W = syntheticWeights(CKPT, 77);
 const N = 16;
 
-function reference(prompt: number[]) {
-  writeLlama2cCheckpoint(tmp.path("ckpt.bin"), CKPT, W, false);
-  writeLlama2cTokenizer(tmp.path("tok.bin"), [{ piece: "<unk>", score: 0 }, { piece: "<s>", score: 0 }, { piece: "</s>", score: 0 }]);
-  const m = readModelFiles(tmp.path("ckpt.bin"), { tokenizerPath: tmp.path("tok.bin") });
-  return greedy(m.cfg, m.weights, prompt, N);
-}
+const reference = (prompt: number[]) => llama2cReference(tmp.dir, CKPT, W, prompt, N);
 
 describe("gguf_equals_llama2c", () => {
   test("F32 GGUF (v3, Meta rope order as llama.cpp writes llama): bit-identical logits", () => {
