@@ -99,7 +99,7 @@ export function toFloat32(t: RawTensor): Float32Array {
 }
 
 function dequantQ8_0(b: Uint8Array, dv: DataView, out: Float32Array): void {
-  for (let blk = 0, at = 0, o = 0; o < out.length; blk++, at += 34, o += 32) {
+  for (let at = 0, o = 0; o < out.length; at += 34, o += 32) {
     const d = F16[dv.getUint16(at, true)]!;
     for (let j = 0; j < 32; j++) out[o + j] = d * ((b[at + 2 + j]! << 24) >> 24);
   }
@@ -148,7 +148,10 @@ function dequantQ4Q5K(five: boolean, b: Uint8Array, dv: DataView, out: Float32Ar
     for (let pair = 0; pair < 4; pair++) {
       const [s1, m1] = scaleMinK4(b, sc, 2 * pair);
       const [s2, m2] = scaleMinK4(b, sc, 2 * pair + 1);
-      const d1 = d * s1, mm1 = dmin * m1, d2 = d * s2, mm2 = dmin * m2;
+      const d1 = d * s1,
+        mm1 = dmin * m1,
+        d2 = d * s2,
+        mm2 = dmin * m2;
       const q = qs + 32 * pair;
       const y = o + 64 * pair;
       for (let l = 0; l < 32; l++) {

@@ -52,7 +52,10 @@ describe("hf_folder_equals_llama2c", () => {
 
   // f16 keeps 11 significant bits, bf16 8: the logits of these unit-scale models move by at most
   // the bounds below (measured maxima: see the report), and greedy tokens still agree.
-  for (const [dtype, bound] of [["F16", 0.01], ["BF16", 0.08]] as const) {
+  for (const [dtype, bound] of [
+    ["F16", 0.01],
+    ["BF16", 0.08],
+  ] as const) {
     test(`${dtype.toLowerCase()} safetensors: greedy tokens agree, logits within ${bound}`, () => {
       const dir = tmp.path(dtype);
       writeHfFolder(dir, CKPT, W, { dtype });

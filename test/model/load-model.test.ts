@@ -19,15 +19,28 @@ describe("load-model", () => {
 
   test("the gateway's loadTokenizerFor reads a llama2.c header through the real parser", async () => {
     writeLlama2cCheckpoint(tmp.path("m.bin"), CKPT, syntheticWeights(CKPT, 2, { sharedClassifier: true }), true);
-    writeLlama2cTokenizer(tmp.path("t.bin"), Array.from({ length: CKPT.vocabSize }, (_, i) => ({ piece: `p${i}`, score: 0 })));
+    writeLlama2cTokenizer(
+      tmp.path("t.bin"),
+      Array.from({ length: CKPT.vocabSize }, (_, i) => ({ piece: `p${i}`, score: 0 })),
+    );
     const t = await loadTokenizerFor({ modelPath: tmp.path("m.bin"), tokenizerPath: tmp.path("t.bin"), maxSeqLen: 40 });
-    expect({ name: t.name, vocab: t.tokenizer.vocabSize, max: t.maxSeqLen, v: t.vocabSize }).toEqual({ name: "m", vocab: CKPT.vocabSize, max: 40, v: CKPT.vocabSize });
+    expect({ name: t.name, vocab: t.tokenizer.vocabSize, max: t.maxSeqLen, v: t.vocabSize }).toEqual({
+      name: "m",
+      vocab: CKPT.vocabSize,
+      max: 40,
+      v: CKPT.vocabSize,
+    });
     expect((await loadTokenizerFor({ modelPath: tmp.path("m.bin"), tokenizerPath: tmp.path("t.bin"), servedModelName: "x" })).name).toBe("x");
-    await expect(loadTokenizerFor({ modelPath: tmp.path("t.bin"), tokenizerPath: tmp.path("t.bin") })).rejects.toThrow(/a llama2\.c tokenizer\.bin, not a model/);
+    await expect(loadTokenizerFor({ modelPath: tmp.path("t.bin"), tokenizerPath: tmp.path("t.bin") })).rejects.toThrow(
+      /a llama2\.c tokenizer\.bin, not a model/,
+    );
   });
 
   test("tokenizer.bin is read up to the checkpoint's vocabulary size", async () => {
-    writeLlama2cTokenizer(tmp.path("big.bin"), Array.from({ length: CKPT.vocabSize + 1 }, (_, i) => ({ piece: `p${i}`, score: 0 })));
+    writeLlama2cTokenizer(
+      tmp.path("big.bin"),
+      Array.from({ length: CKPT.vocabSize + 1 }, (_, i) => ({ piece: `p${i}`, score: 0 })),
+    );
     // tokenizer.bin has no count: read as the checkpoint's vocab, the extra entry is simply not read.
     const m = await loadModel({ modelPath: tmp.path("m.bin"), tokenizerPath: tmp.path("big.bin") });
     expect(m.tokenizer.vocabSize).toBe(CKPT.vocabSize);
@@ -43,7 +56,12 @@ describe("load-model", () => {
     expect(hf.eosIds).toContain(3);
     writeFileSync(tmp.path("m.gguf"), encodeGgufModel(CKPT, w));
     const gg = await loadModel({ modelPath: tmp.path("m.gguf") });
-    expect({ name: gg.name, format: gg.format, template: gg.chatTemplate, vocab: gg.tokenizer.vocabSize }).toEqual({ name: "m", format: "gguf", template: "{{ messages }}", vocab: CKPT.vocabSize });
+    expect({ name: gg.name, format: gg.format, template: gg.chatTemplate, vocab: gg.tokenizer.vocabSize }).toEqual({
+      name: "m",
+      format: "gguf",
+      template: "{{ messages }}",
+      vocab: CKPT.vocabSize,
+    });
     expect(gg.eosIds).toContain(2);
   });
 
@@ -51,7 +69,12 @@ describe("load-model", () => {
     writeHfFolder(tmp.path("hf-gw"), CKPT, syntheticWeights(CKPT, 6));
     writeFileSync(tmp.path("hf-gw", "model.safetensors"), "not tensors");
     const t = await loadTokenizerFor({ modelPath: tmp.path("hf-gw"), maxSeqLen: 32 });
-    expect({ name: t.name, vocab: t.vocabSize, max: t.maxSeqLen, template: t.chatTemplate }).toEqual({ name: "hf-gw", vocab: CKPT.vocabSize, max: 32, template: "{{ messages }}" });
+    expect({ name: t.name, vocab: t.vocabSize, max: t.maxSeqLen, template: t.chatTemplate }).toEqual({
+      name: "hf-gw",
+      vocab: CKPT.vocabSize,
+      max: 32,
+      template: "{{ messages }}",
+    });
     await expect(loadModel({ modelPath: tmp.path("hf-gw") })).rejects.toThrow(/safetensors/);
   });
 });
