@@ -117,7 +117,7 @@ export async function runCluster(config: Config, rest: Map<string, string>, opts
       await Bun.sleep(50);
     }
     const print = (s: string) => process.stdout.write(s + "\n");
-    print(`tl-engine cluster is up (model ${String(ready[0]!.model)}; its text is meaningless unless you pass --model/--tokenizer)`);
+    print(`tl-engine cluster is up (model ${String(ready[0]!.model)}${model ? "" : "; its text is meaningless unless you pass --model"})`);
     for (const r of ready)
       print(
         `  ${String(r.role).padEnd(8)} ${String(r.worker_id ?? "gateway").padEnd(10)} pid ${String(r.pid).padEnd(8)} http ${String(r.http)}${r.grpc ? `  grpc ${String(r.grpc)}` : ""}${r.kv ? `  kv ${String(r.kv)}` : ""}${r.registry ? `  registry ${String(r.registry)}` : ""}`,

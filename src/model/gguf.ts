@@ -58,8 +58,20 @@ const GGML_TYPES: Readonly<Record<number, string>> = {
   29: "IQ1_M",
   30: "BF16",
 };
-const READABLE: Readonly<Record<number, RawDtype>> = { 0: "f32", 1: "f16", 2: "q4_0", 8: "q8_0", 12: "q4_k", 14: "q6_k", 30: "bf16" };
-export const GGUF_READABLE_TYPES = "F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K";
+const READABLE: Readonly<Record<number, RawDtype>> = {
+  0: "f32",
+  1: "f16",
+  2: "q4_0",
+  3: "q4_1",
+  6: "q5_0",
+  7: "q5_1",
+  8: "q8_0",
+  12: "q4_k",
+  13: "q5_k",
+  14: "q6_k",
+  30: "bf16",
+};
+export const GGUF_READABLE_TYPES = "F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K";
 
 export function ggmlTypeName(type: number): string {
   return GGML_TYPES[type] ?? `type ${type}`;

@@ -1,16 +1,8 @@
 import { afterAll, describe, expect, test } from "bun:test";
 import { writeFileSync } from "node:fs";
-import {
-  type ModelConfig,
-  parseGguf,
-  readModelFiles,
-  syntheticWeights,
-  toFloat32,
-  writeLlama2cCheckpoint,
-  writeLlama2cTokenizer,
-} from "../../src/model/index.ts";
+import { type ModelConfig, parseGguf, readModelFiles, syntheticWeights, toFloat32 } from "../../src/model/index.ts";
 import { encodeGgufModel, GT, writeHfFolder } from "../support/model-writers.ts";
-import { CKPT, greedy, maxAbsDiff, PROMPTS, tempDir } from "./format-helpers.ts";
+import { CKPT, greedy, llama2cReference, maxAbsDiff, PROMPTS, tempDir } from "./format-helpers.ts";
 import { bits } from "./helpers.ts";
 
 const tmp = tempDir("gguf");
@@ -19,16 +11,7 @@ afterAll(tmp.cleanup);
 const W = syntheticWeights(CKPT, 77);
 const N = 16;
 
-function reference(prompt: number[]) {
-  writeLlama2cCheckpoint(tmp.path("ckpt.bin"), CKPT, W, false);
-  writeLlama2cTokenizer(tmp.path("tok.bin"), [
-    { piece: "<unk>", score: 0 },
-    { piece: "<s>", score: 0 },
-    { piece: "</s>", score: 0 },
-  ]);
-  const m = readModelFiles(tmp.path("ckpt.bin"), { tokenizerPath: tmp.path("tok.bin") });
-  return greedy(m.cfg, m.weights, prompt, N);
-}
+const reference = (prompt: number[]) => llama2cReference(tmp.dir, CKPT, W, prompt, N);
 
 describe("gguf_equals_llama2c", () => {
   test("F32 GGUF (v3, Meta rope order as llama.cpp writes llama): bit-identical logits", () => {
@@ -101,6 +84,68 @@ describe("gguf_equals_llama2c", () => {
       const err = maxAbsDiff(greedy(g.cfg, g.weights, p, 1).logits, reference(p).logits.slice(0, 1));
       console.log(`q4_0 prompt ${p.length}: max |prefill logit error| ${err.toExponential(2)}`);
       expect(err).toBeLessThan(2.5);
+    }
+  });
+});
+
+describe("32-value legacy blocks and q5_k", () => {
+  const bytes = (n: number) => Uint8Array.from({ length: n }, (_, i) => (i * 151 + 7) & 0xff);
+  const f16 = (dv: DataView, at: number, bits: number) => dv.setUint16(at, bits, true);
+  test("q4_1, q5_0, q5_1 dequantize by ggml's definitions", () => {
+    for (const [dtype, size] of [
+      ["q4_1", 20],
+      ["q5_0", 22],
+      ["q5_1", 24],
+    ] as const) {
+      const b = bytes(2 * size);
+      const dv = new DataView(b.buffer);
+      for (const blk of [0, 1]) {
+        f16(dv, blk * size, blk ? 0xb400 : 0x3800); // d = -0.25, 0.5
+        if (dtype !== "q5_0") f16(dv, blk * size + 2, 0x3c00); // m = 1
+      }
+      const got = toFloat32({ name: dtype, dtype, shape: [64], bytes: b });
+      for (const blk of [0, 1]) {
+        const at = blk * size;
+        const d = blk ? -0.25 : 0.5;
+        const qsAt = at + (dtype === "q4_1" ? 4 : dtype === "q5_0" ? 6 : 8);
+        const qh = dtype === "q4_1" ? 0 : dv.getUint32(qsAt - 4, true);
+        for (let j = 0; j < 16; j++) {
+          const xh0 = ((qh >>> j) << 4) & 0x10,
+            xh1 = (qh >>> (j + 12)) & 0x10;
+          const lo = (b[qsAt + j]! & 0x0f) | xh0,
+            hi = (b[qsAt + j]! >> 4) | xh1;
+          const want = dtype === "q5_0" ? [(lo - 16) * d, (hi - 16) * d] : [lo * d + 1, hi * d + 1];
+          expect([got[blk * 32 + j], got[blk * 32 + j + 16]]).toEqual(want);
+        }
+      }
+    }
+  });
+
+  test("q5_k dequantizes by ggml's definition", () => {
+    const b = bytes(176);
+    const dv = new DataView(b.buffer);
+    f16(dv, 0, 0x3c00); // d = 1
+    f16(dv, 2, 0x3400); // dmin = 0.25
+    const got = toFloat32({ name: "k5", dtype: "q5_k", shape: [256], bytes: b });
+    const scaleMin = (j: number): [number, number] => {
+      const q = (i: number) => b[4 + i]!;
+      return j < 4 ? [q(j) & 63, q(j + 4) & 63] : [(q(j + 4) & 0xf) | ((q(j - 4) >> 6) << 4), (q(j + 4) >> 4) | ((q(j) >> 6) << 4)];
+    };
+    let u1 = 1,
+      u2 = 2,
+      is = 0,
+      ql = 48,
+      y = 0;
+    for (let j = 0; j < 256; j += 64) {
+      const [s1, m1] = scaleMin(is),
+        [s2, m2] = scaleMin(is + 1);
+      for (let l = 0; l < 32; l++) expect(got[y + l]).toBe(Math.fround(s1 * ((b[ql + l]! & 0xf) + (b[16 + l]! & u1 ? 16 : 0)) - 0.25 * m1));
+      for (let l = 0; l < 32; l++) expect(got[y + 32 + l]).toBe(Math.fround(s2 * ((b[ql + l]! >> 4) + (b[16 + l]! & u2 ? 16 : 0)) - 0.25 * m2));
+      ql += 32;
+      is += 2;
+      u1 <<= 2;
+      u2 <<= 2;
+      y += 64;
     }
   });
 });

@@ -1,14 +1,7 @@
 import { afterAll, describe, expect, test } from "bun:test";
-import {
-  syntheticWeights,
-  readModelFiles,
-  writeLlama2cCheckpoint,
-  writeLlama2cTokenizer,
-  splitHalfToInterleaved,
-  interleavedToSplitHalf,
-} from "../../src/model/index.ts";
+import { interleavedToSplitHalf, readModelFiles, splitHalfToInterleaved, syntheticWeights } from "../../src/model/index.ts";
 import { writeHfFolder } from "../support/model-writers.ts";
-import { CKPT, greedy, maxAbsDiff, PROMPTS, tempDir } from "./format-helpers.ts";
+import { CKPT, greedy, llama2cReference, maxAbsDiff, PROMPTS, tempDir } from "./format-helpers.ts";
 import { bits } from "./helpers.ts";
 
 const tmp = tempDir("hf");
@@ -17,19 +10,7 @@ afterAll(tmp.cleanup);
 const W = syntheticWeights(CKPT, 77);
 const N = 16;
 
-/** The reference: the same weights through the llama2.c file and its loader. */
-function llama2cRun(prompt: number[]) {
-  const path = tmp.path("ckpt.bin");
-  writeLlama2cCheckpoint(path, CKPT, W, false);
-  writeLlama2cTokenizer(tmp.path("tok.bin"), [
-    { piece: "<unk>", score: 0 },
-    { piece: "<s>", score: 0 },
-    { piece: "</s>", score: 0 },
-  ]);
-  const m = readModelFiles(path, { tokenizerPath: tmp.path("tok.bin") });
-  expect(m.format).toBe("llama2c");
-  return greedy(m.cfg, m.weights, prompt, N);
-}
+const llama2cRun = (prompt: number[]) => llama2cReference(tmp.dir, CKPT, W, prompt, N);
 
 describe("hf_folder_equals_llama2c", () => {
   test("rope reorder: split-half then back is the identity, and it moves rows", () => {

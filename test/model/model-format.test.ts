@@ -120,16 +120,19 @@ describe("model format detection refusals", () => {
       /without model\.safetensors\.index\.json/,
     ],
     [
-      "GGUF with Q5_K tensors",
+      "GGUF with Q3_K and IQ4_XS tensors",
       () =>
         file(
-          "q5k.gguf",
+          "q3k.gguf",
           encodeGguf(
             [["general.architecture", GT.str, "llama"]],
-            [{ name: "blk.0.ffn_down.weight", shape: [1, 256], type: "f32", bytes: new Uint8Array(176), typeId: 13 }],
+            [
+              { name: "blk.0.ffn_down.weight", shape: [1, 256], type: "f32", bytes: new Uint8Array(110), typeId: 11 },
+              { name: "blk.0.ffn_up.weight", shape: [1, 256], type: "f32", bytes: new Uint8Array(136), typeId: 23 },
+            ],
           ),
         ),
-      /a GGUF file with Q5_K tensors: Q5_K \(e\.g\. blk\.0\.ffn_down\.weight\); supported tensor types: F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K/,
+      /a GGUF file with Q3_K, IQ4_XS tensors: Q3_K \(e\.g\. blk\.0\.ffn_down\.weight\), IQ4_XS \(e\.g\. blk\.0\.ffn_up\.weight\); supported tensor types: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K/,
     ],
   ];
   for (const [name, make, want] of cases) {
@@ -138,7 +141,7 @@ describe("model format detection refusals", () => {
       const msg = refused(path);
       expect(msg).toMatch(want);
       expect(msg).toContain(path);
-      if (!/Q5_K|no such file/.test(msg)) expect(msg).toContain("supported: a Hugging Face model folder");
+      if (!/Q3_K|no such file/.test(msg)) expect(msg).toContain("supported: a Hugging Face model folder");
     });
   }
 
