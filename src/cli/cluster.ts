@@ -3,8 +3,10 @@ import { createServer } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { certFiles, mintCluster, writeCerts } from "./certs.ts";
+import { sseData } from "../http/index.ts";
 import { log } from "../obs/index.ts";
 import { ConfigError, type Config } from "./options.ts";
+import { type RoleProcess, spawnRole } from "./spawn-role.ts";
 
 async function freePort(preferred = 0): Promise<number> {
   const tryPort = (p: number) =>
@@ -30,36 +32,11 @@ function selfCommand(): string[] {
   return main.startsWith("/$bunfs") || main.includes("~BUN") ? [process.execPath] : [process.execPath, main];
 }
 
-interface Child {
-  name: string;
-  proc: Bun.Subprocess<"ignore", "pipe", "inherit">;
-  ready: Promise<Record<string, unknown>>;
-}
+type Child = RoleProcess;
 
-function spawnRole(name: string, args: string[]): Child {
-  const proc = Bun.spawn([...selfCommand(), ...args], { stdin: "ignore", stdout: "pipe", stderr: "inherit" });
-  const ready = (async () => {
-    const reader = proc.stdout.pipeThrough(new TextDecoderStream()).getReader();
-    let buf = "";
-    for (;;) {
-      const { value, done } = await reader.read();
-      if (done) throw new Error(`${name} exited (code ${await proc.exited}) before it was ready`);
-      buf += value;
-      for (const line of buf.split("\n").slice(0, -1)) {
-        try {
-          const obj = JSON.parse(line) as Record<string, unknown>;
-          if (obj.msg === "ready") {
-            reader.releaseLock();
-            // Keep draining the child's stdout so it never blocks on a full pipe.
-            void proc.stdout.pipeTo(new WritableStream()).catch(() => {});
-            return obj;
-          }
-        } catch {}
-      }
-      buf = buf.slice(buf.lastIndexOf("\n") + 1);
-    }
-  })();
-  return { name, proc, ready };
+/** A role of this same program as its own process. */
+function startRole(name: string, args: string[]): Child {
+  return spawnRole(name, [...selfCommand(), ...args]);
 }
 
 /**
@@ -80,7 +57,9 @@ export async function runCluster(config: Config, rest: Map<string, string>, opts
   const e = config.engine;
   const model = String(e.model);
   const tokenizer = String(e.tokenizer);
-  const modelArgs = model ? ["--model", model, "--tokenizer", tokenizer] : [];
+  const modelArgs = model ? ["--model", model, ...(tokenizer ? ["--tokenizer", tokenizer] : [])] : [];
+  // The gateway and every engine must agree on the name requests give.
+  if (e.served_model_name) modelArgs.push("--served-model-name", String(e.served_model_name));
   // Every role exports to the same collector (OTEL_EXPORTER_OTLP_ENDPOINT reaches them through the environment).
   if (e.chat_template) modelArgs.push("--chat-template", String(e.chat_template));
   if (e.otlp_endpoint) modelArgs.push("--otlp-endpoint", String(e.otlp_endpoint));
@@ -102,18 +81,49 @@ export async function runCluster(config: Config, rest: Map<string, string>, opts
     if (pki !== null) rmSync(pki, { recursive: true, force: true });
   };
   try {
-    const gw = spawnRole("gateway", ["--role", "gateway", "--http-listen", `127.0.0.1:${httpPort}`, "--registry-listen", `127.0.0.1:${regPort}`, "--heartbeat-interval-ms", beat, "--routing-headers", ...modelArgs, ...keyArgs, ...tlsArgs("gateway-0")]);
+    const gw = startRole("gateway", [
+      "--role",
+      "gateway",
+      "--http-listen",
+      `127.0.0.1:${httpPort}`,
+      "--registry-listen",
+      `127.0.0.1:${regPort}`,
+      "--heartbeat-interval-ms",
+      beat,
+      "--routing-headers",
+      ...modelArgs,
+      ...keyArgs,
+      ...tlsArgs("gateway-0"),
+    ]);
     children.push(gw);
     await gw.ready;
     const engineArgs = async (role: string, i: number) => [
-      "--role", role, "--worker-id", `${role}-${i}`,
-      "--http-listen", `127.0.0.1:${await freePort()}`, "--grpc-listen", `127.0.0.1:${await freePort()}`, "--kv-listen", `127.0.0.1:${await freePort()}`,
-      "--gateway-registry", `127.0.0.1:${regPort}`, "--heartbeat-interval-ms", beat,
-      "--block-tokens", String(e.block_tokens), "--num-blocks", String(e.num_blocks), "--max-model-len", String(e.max_model_len),
-      ...modelArgs, ...keyArgs, ...tlsArgs(`${role}-${i}`),
+      "--role",
+      role,
+      "--worker-id",
+      `${role}-${i}`,
+      "--http-listen",
+      `127.0.0.1:${await freePort()}`,
+      "--grpc-listen",
+      `127.0.0.1:${await freePort()}`,
+      "--kv-listen",
+      `127.0.0.1:${await freePort()}`,
+      "--gateway-registry",
+      `127.0.0.1:${regPort}`,
+      "--heartbeat-interval-ms",
+      beat,
+      "--block-tokens",
+      String(e.block_tokens),
+      "--num-blocks",
+      String(e.num_blocks),
+      "--max-model-len",
+      String(e.max_model_len),
+      ...modelArgs,
+      ...keyArgs,
+      ...tlsArgs(`${role}-${i}`),
     ];
-    for (let i = 0; i < nP; i++) children.push(spawnRole(`prefill-${i}`, await engineArgs("prefill", i)));
-    for (let i = 0; i < nD; i++) children.push(spawnRole(`decode-${i}`, await engineArgs("decode", i)));
+    for (let i = 0; i < nP; i++) children.push(startRole(`prefill-${i}`, await engineArgs("prefill", i)));
+    for (let i = 0; i < nD; i++) children.push(startRole(`decode-${i}`, await engineArgs("decode", i)));
     const ready = await Promise.all(children.map((c) => c.ready));
     const base = `http://127.0.0.1:${httpPort}`;
     // Ready lines say the servers are up; the registry listing them says routing can begin.
@@ -125,9 +135,12 @@ export async function runCluster(config: Config, rest: Map<string, string>, opts
       await Bun.sleep(50);
     }
     const print = (s: string) => process.stdout.write(s + "\n");
-    print(`tl-engine cluster is up (model ${String(ready[0]!.model)}; its text is meaningless unless you pass --model/--tokenizer)`);
+    print(`tl-engine cluster is up (model ${String(ready[0]!.model)}${model ? "" : "; its text is meaningless unless you pass --model"})`);
     print(pki === null ? "internal ports: plaintext (--plaintext)" : `internal ports: mutual TLS, an ephemeral CA and certificates in ${pki} (removed on exit)`);
-    for (const r of ready) print(`  ${String(r.role).padEnd(8)} ${String(r.worker_id ?? "gateway").padEnd(10)} pid ${String(r.pid).padEnd(8)} http ${String(r.http)}${r.grpc ? `  grpc ${String(r.grpc)}` : ""}${r.kv ? `  kv ${String(r.kv)}` : ""}${r.registry ? `  registry ${String(r.registry)}` : ""}`);
+    for (const r of ready)
+      print(
+        `  ${String(r.role).padEnd(8)} ${String(r.worker_id ?? "gateway").padEnd(10)} pid ${String(r.pid).padEnd(8)} http ${String(r.http)}${r.grpc ? `  grpc ${String(r.grpc)}` : ""}${r.kv ? `  kv ${String(r.kv)}` : ""}${r.registry ? `  registry ${String(r.registry)}` : ""}`,
+      );
     print("");
     print("try:");
     const authFlag = auth.authorization ? ` -H 'authorization: ${auth.authorization}'` : "";
@@ -170,15 +183,10 @@ async function demo(base: string, print: (s: string) => void, auth: Record<strin
     return;
   }
   let text = "";
-  const reader = res.body!.pipeThrough(new TextDecoderStream()).getReader();
-  for (;;) {
-    const { value, done } = await reader.read();
-    if (done) break;
-    for (const line of value.split("\n")) {
-      if (!line.startsWith("data: ") || line === "data: [DONE]") continue;
-      const obj = JSON.parse(line.slice(6)) as { choices?: { delta?: { content?: string } }[] };
-      text += obj.choices?.[0]?.delta?.content ?? "";
-    }
+  for await (const data of sseData(res.body!)) {
+    if (data === "[DONE]") break;
+    const obj = JSON.parse(data) as { choices?: { delta?: { content?: string } }[] };
+    text += obj.choices?.[0]?.delta?.content ?? "";
   }
   const h = res.headers;
   print(`  > ${JSON.stringify(text)}`);

@@ -3,8 +3,8 @@ import { hostname } from "node:os";
 import { crc32cBackend } from "../codec/index.ts";
 import { startGateway, type Gateway } from "../gateway/index.ts";
 import { createMetrics, log, metricsResponse, shutdownTracing, startTracing, tracingEndpoint } from "../obs/index.ts";
-import { chatRendererFor } from "../model/index.ts";
-import { loadTokenizerFor, startEngineNode, type EngineNode } from "./engine-node.ts";
+import { chatRendererFor, loadTokenizerFor } from "../model/index.ts";
+import { startEngineNode, type EngineNode } from "./engine-node.ts";
 import { parseAddr, type Config } from "./options.ts";
 import { securityFrom, type Security } from "./security.ts";
 
@@ -40,6 +40,7 @@ export async function runEngine(config: Config): Promise<EngineNode> {
     kvDataPort: kvData?.port,
     modelPath: String(e.model) || undefined,
     tokenizerPath: String(e.tokenizer) || undefined,
+    servedModelName: String(e.served_model_name) || undefined,
     chatTemplatePath: String(e.chat_template) || undefined,
     blockTokens: Number(e.block_tokens),
     numBlocks: Number(e.num_blocks),
@@ -55,7 +56,21 @@ export async function runEngine(config: Config): Promise<EngineNode> {
       metrics.requests.inc({ served, outcome: r.reason });
       if (r.ttftMs !== null) metrics.ttft.observe({ served }, r.ttftMs / 1000);
       if (r.ttftMs !== null && r.outputTokens > 1) metrics.tpot.observe({ served }, (r.durationMs - r.ttftMs) / 1000 / (r.outputTokens - 1));
-      log.info("request", { request_id: r.requestId, role, path: served, prompt_tokens: r.promptTokens, output_tokens: r.outputTokens, prefix_hit_tokens: r.prefixHitTokens, finish: r.reason, ttft_ms: r.ttftMs, duration_ms: Math.round(r.durationMs) });
+      log.info("request", {
+        request_id: r.requestId,
+        role,
+        path: served,
+        prompt_tokens: r.promptTokens,
+        output_tokens: r.outputTokens,
+        prefix_hit_tokens: r.prefixHitTokens,
+        finish: r.reason,
+        ttft_ms: r.ttftMs,
+        duration_ms: Math.round(r.durationMs),
+      });
+    },
+    onHandleExpired: (handle) => {
+      metrics.handlesExpired.inc();
+      log.warn("kv handle expired unclaimed", { handle });
     },
     onTransfer: ({ stats, code, ms, target }) => {
       metrics.transferLatency.observe(ms / 1000);
@@ -78,7 +93,22 @@ export async function runEngine(config: Config): Promise<EngineNode> {
     },
   });
   console.log(
-    JSON.stringify({ msg: "ready", role, worker_id: node.workerId, pid: process.pid, model: node.model.name, http: node.httpAddress, grpc: node.grpcAddress, kv: node.kvAddress || null, advertise_host: advertiseHost ?? null, gateway_registry: e.gateway_registry || null, tls: security.mode, api_key: security.apiKeys.length > 0, crc32c: crc32cBackend() }),
+    JSON.stringify({
+      msg: "ready",
+      role,
+      worker_id: node.workerId,
+      pid: process.pid,
+      model: node.model.name,
+      ...modelFields(node),
+      http: node.httpAddress,
+      grpc: node.grpcAddress,
+      kv: node.kvAddress || null,
+      advertise_host: advertiseHost ?? null,
+      gateway_registry: e.gateway_registry || null,
+      tls: security.mode,
+      api_key: security.apiKeys.length > 0,
+      crc32c: crc32cBackend(),
+    }),
   );
   return node;
 }
@@ -88,7 +118,11 @@ export async function runGateway(config: Config): Promise<Gateway> {
   const http = parseAddr(String(g.http_listen));
   const reg = parseAddr(String(g.registry_listen));
   const security = securityFrom(g, "gateway", [http.host]);
-  const model = loadTokenizerFor({ modelPath: String(g.model) || undefined, tokenizerPath: String(g.tokenizer) || undefined });
+  const model = await loadTokenizerFor({
+    modelPath: String(g.model) || undefined,
+    tokenizerPath: String(g.tokenizer) || undefined,
+    servedModelName: String(g.served_model_name) || undefined,
+  });
   traceTo("tl-engine-gateway", "gateway", String(g.otlp_endpoint));
   const gw = await startGateway({
     host: http.host,
@@ -113,6 +147,11 @@ function frontDoorOf(s: Security) {
   return { apiKeys: s.apiKeys, metricsNeedKey: s.metricsNeedKey, maxRequestBytes: s.maxRequestBytes };
 }
 
+function modelFields(node: EngineNode): Record<string, unknown> {
+  const s = node.model.stats;
+  return s ? { parameters: s.parameters, dtype: s.dtype, resident_bytes: s.residentBytes } : {};
+}
+
 /** OTLP export when the option or OTEL_EXPORTER_OTLP_ENDPOINT names a collector; off (no provider) otherwise. */
 function traceTo(serviceName: string, role: string, option: string): void {
   const endpoint = tracingEndpoint(option || undefined);
@@ -129,13 +168,15 @@ export function exitOnSignal(stop: () => Promise<unknown>): void {
     stopping = true;
     log.info("stopping", { signal: sig });
     // Spans still batched are flushed before exit (bounded: a dead collector must not block it).
-    stop().then(() => shutdownTracing()).then(
-      () => process.exit(0),
-      (e) => {
-        log.error("stop failed", { error: String(e) });
-        process.exit(1);
-      },
-    );
+    stop()
+      .then(() => shutdownTracing())
+      .then(
+        () => process.exit(0),
+        (e) => {
+          log.error("stop failed", { error: String(e) });
+          process.exit(1);
+        },
+      );
   };
   process.on("SIGTERM", () => onSignal("SIGTERM"));
   process.on("SIGINT", () => onSignal("SIGINT"));

@@ -18,6 +18,15 @@ export interface RegistryServiceOptions {
   sweepEveryMs?: number;
   /** Most workers held; a beat from a new one beyond it is refused (default 256). */
   maxWorkers?: number;
+  /** The gateway's own model and tokenizer: beats from engines that differ are refused. */
+  expect?: ExpectedModel;
+}
+
+/** What every engine must match for the gateway's prompt-block hashes to be theirs. */
+export interface ExpectedModel {
+  model: string;
+  vocabSize: number;
+  tokenizerFingerprint: string;
 }
 
 /** Largest heartbeat accepted on the registry port (a WorkerStatus is a few hundred bytes). */
@@ -45,6 +54,7 @@ export class RegistryService {
         if (!known && registry.list().length >= maxWorkers) {
           throw new ConnectError(`heartbeat: the registry holds its maximum of ${maxWorkers} workers`, Code.ResourceExhausted);
         }
+        if (opts.expect) sameModel(status, opts.expect);
         return create(HeartbeatAckSchema, registry.beat(status));
       },
       listWorkers: () =>
@@ -93,15 +103,29 @@ function validate(status: WorkerStatus): void {
     throw new ConnectError("heartbeat: empty worker_id", Code.InvalidArgument);
   }
   if (status.kvFormat !== KV_FORMAT) {
-    throw new ConnectError(
-      `heartbeat from ${status.workerId}: kv_format ${status.kvFormat}, want ${KV_FORMAT}`,
-      Code.FailedPrecondition,
-    );
+    throw new ConnectError(`heartbeat from ${status.workerId}: kv_format ${status.kvFormat}, want ${KV_FORMAT}`, Code.FailedPrecondition);
   }
   if (status.role === Role.UNSPECIFIED || Role[status.role] === undefined) {
+    throw new ConnectError(`heartbeat from ${status.workerId}: role ${status.role} is not prefill, decode or both`, Code.InvalidArgument);
+  }
+}
+
+/**
+ * An engine whose model name, vocabulary or tokenizer differs from the gateway's would be
+ * routed by hashes of token ids it does not produce: refused, by value. Engines that report no
+ * vocab_size or fingerprint (older ones) are checked on what they do report.
+ */
+function sameModel(status: WorkerStatus, want: ExpectedModel): void {
+  const diff: string[] = [];
+  if (status.model !== want.model) diff.push(`model ${JSON.stringify(status.model)}, want ${JSON.stringify(want.model)}`);
+  if (status.vocabSize !== 0 && status.vocabSize !== want.vocabSize) diff.push(`vocab_size ${status.vocabSize}, want ${want.vocabSize}`);
+  if (status.tokenizerFingerprint !== "" && status.tokenizerFingerprint !== want.tokenizerFingerprint) {
+    diff.push(`tokenizer fingerprint ${status.tokenizerFingerprint}, want ${want.tokenizerFingerprint}`);
+  }
+  if (diff.length > 0) {
     throw new ConnectError(
-      `heartbeat from ${status.workerId}: role ${status.role} is not prefill, decode or both`,
-      Code.InvalidArgument,
+      `heartbeat from ${status.workerId}: ${diff.join("; ")} (the gateway tokenizes for another model: its prompt hashes would not match)`,
+      Code.FailedPrecondition,
     );
   }
 }

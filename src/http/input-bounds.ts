@@ -22,10 +22,13 @@ export function checkInputBounds(kind: "completion" | "chat", body: Record<strin
     }
   } else {
     const p = body.prompt;
-    const one = Array.isArray(p) && p.length === 1 ? p[0] : p;
-    if (typeof one === "string" && one.length > maxChars) throw tooBig(`prompt of ${one.length} characters is longer than the context of ${maxModelLen} tokens can hold`, "prompt");
-    const ids = Array.isArray(one) ? one : Array.isArray(p) ? p : null;
-    if (ids !== null && ids.length > maxModelLen) throw tooBig(`prompt of ${ids.length} tokens exceeds the model's context of ${maxModelLen}`, "prompt");
+    // One prompt (text or token ids) or a list of them: every one must fit on its own.
+    const list: unknown[] = Array.isArray(p) && p.length > 0 && typeof p[0] !== "number" ? p : [p];
+    if (list.length > maxModelLen) throw tooBig(`prompt lists ${list.length} prompts`, "prompt");
+    for (const one of list) {
+      if (typeof one === "string" && one.length > maxChars) throw tooBig(`prompt of ${one.length} characters is longer than the context of ${maxModelLen} tokens can hold`, "prompt");
+      if (Array.isArray(one) && one.length > maxModelLen) throw tooBig(`prompt of ${one.length} tokens exceeds the model's context of ${maxModelLen}`, "prompt");
+    }
   }
   const stop = body.stop;
   const stops = typeof stop === "string" ? [stop] : Array.isArray(stop) ? stop : [];

@@ -80,19 +80,14 @@ export interface GrpcServer {
  * ctx.signal not aborted. A handler must check completeness itself (KvChunk
  * counts against `total`) rather than trust the end of iteration.
  */
-export async function serveGrpc(
-  routes: (router: ConnectRouter) => void,
-  opts: GrpcServerOptions = {},
-): Promise<GrpcServer> {
+export async function serveGrpc(routes: (router: ConnectRouter) => void, opts: GrpcServerOptions = {}): Promise<GrpcServer> {
   const host = opts.host ?? "127.0.0.1";
   const tls = opts.tls ?? null;
   const maxSessions = opts.maxSessions ?? 1024;
   const handler = connectNodeAdapter({
     routes,
     contextValues: callerValues(tls !== null),
-    ...(opts.maxMessageBytes !== undefined
-      ? { readMaxBytes: opts.maxMessageBytes, writeMaxBytes: opts.maxMessageBytes }
-      : {}),
+    ...(opts.maxMessageBytes !== undefined ? { readMaxBytes: opts.maxMessageBytes, writeMaxBytes: opts.maxMessageBytes } : {}),
   });
   // Large windows and frames for what clients send: with the protocol's 64 KiB
   // defaults a client stream of KV blocks stalls on a WINDOW_UPDATE every 64 KiB.

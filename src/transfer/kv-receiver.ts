@@ -41,6 +41,8 @@ export interface KvReceiverOptions {
   pushIdleTimeoutMs?: number;
   /** Clock, replaceable in tests; default Date.now. */
   now?: () => number;
+  /** Called for each accepted handle its time to live freed (metrics: tl_kv_handles_expired_total). */
+  onExpired?: (handleId: string) => void;
 }
 
 /** The blocks a resumed request takes over from a handle. */
@@ -88,6 +90,7 @@ export class KvReceiver {
   readonly maxBlocksPerPeer: number;
   readonly pushIdleTimeoutMs: number;
   private readonly now: () => number;
+  private readonly onExpired: (handleId: string) => void;
   private readonly held = new Map<string, Held>();
   private readonly shares = new Map<string, PeerShare>();
   /** @internal sessions register themselves here while open */
@@ -107,6 +110,7 @@ export class KvReceiver {
     this.maxBlocksPerPeer = opts.maxBlocksPerPeer ?? Math.max(1, pool.total >> 1);
     this.pushIdleTimeoutMs = opts.pushIdleTimeoutMs ?? 10_000;
     this.now = opts.now ?? Date.now;
+    this.onExpired = opts.onExpired ?? (() => {});
     assert(this.ttlMs > 0 && this.maxPending >= 1 && this.maxInFlight >= 1, "ttlMs, maxPending and maxInFlight must be positive");
     assert(this.pushIdleTimeoutMs > 0, "pushIdleTimeoutMs must be positive");
     // The timer frees handles nobody asks about and pushes gone quiet; the lazy sweeps in
@@ -139,10 +143,7 @@ export class KvReceiver {
       throw new KvError(Code.ResourceExhausted, `${this.inflight.size} pushes in flight, max ${this.maxInFlight}`);
     }
     if (this.held.size + this.inflight.size >= this.maxPending) {
-      throw new KvError(
-        Code.ResourceExhausted,
-        `${this.held.size} handles pending + ${this.inflight.size} in flight, max ${this.maxPending}`,
-      );
+      throw new KvError(Code.ResourceExhausted, `${this.held.size} handles pending + ${this.inflight.size} in flight, max ${this.maxPending}`);
     }
     const share = peer === "" ? undefined : this.shareOf(peer);
     if (share !== undefined) {
@@ -229,6 +230,7 @@ export class KvReceiver {
       if (h.expiresAt <= t) {
         this.drop(id, h);
         this.pool.releaseAll(h.blockIds);
+        this.onExpired(id);
         n++;
       } else next = Math.min(next, h.expiresAt);
     }
@@ -389,10 +391,7 @@ export class PushSession {
     const B = pool.shape.blockTokens;
     const hash = chunkRecordHash(c.hash, rec, B);
     if (hash === null) {
-      throw new KvError(
-        Code.DataLoss,
-        `chunk ${c.index}: record hash ${hex64(rec.hash)} (fill ${rec.nTokens}) disagrees with chunk hash ${hex64(c.hash)}`,
-      );
+      throw new KvError(Code.DataLoss, `chunk ${c.index}: record hash ${hex64(rec.hash)} (fill ${rec.nTokens}) disagrees with chunk hash ${hex64(c.hash)}`);
     }
     if (hash !== 0n && rec.nTokens !== B) {
       throw new KvError(Code.DataLoss, `chunk ${c.index}: hash ${hex64(hash)} on a partial block (fill ${rec.nTokens})`);

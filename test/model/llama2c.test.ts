@@ -33,7 +33,7 @@ describe("llama2c checkpoint", () => {
       const got = loadLlama2cCheckpoint(path);
       expect(got.sharedClassifier).toBe(shared);
       expect(got.cfg).toEqual({ ...cfg, name: `m-${shared}` });
-      for (const k of Object.keys(w) as (keyof typeof w)[]) expect(bits(got.weights[k])).toEqual(bits(w[k]));
+      for (const k of Object.keys(w) as (keyof typeof w)[]) expect(bits(got.weights[k]!)).toEqual(bits(w[k]!));
       if (shared) expect(got.weights.wcls).toBe(got.weights.tokenEmbedding);
 
       const p = tokens(9, 22);
@@ -89,11 +89,7 @@ describe("llama2c tokenizer", () => {
       { piece: "a", score: 1.5 },
       { piece: "é", score: -2 },
     ]);
-    expect(Array.from(bytes)).toEqual([
-      2, 0, 0, 0, /* max_token_length */
-      0, 0, 0xc0, 0x3f, 1, 0, 0, 0, 0x61,
-      0, 0, 0, 0xc0, 2, 0, 0, 0, 0xc3, 0xa9,
-    ]);
+    expect(Array.from(bytes)).toEqual([2, 0, 0, 0 /* max_token_length */, 0, 0, 0xc0, 0x3f, 1, 0, 0, 0, 0x61, 0, 0, 0, 0xc0, 2, 0, 0, 0, 0xc3, 0xa9]);
   });
 
   test("tokenizer_bin_round_trip", () => {
