@@ -22,7 +22,9 @@ import { readFileSync } from "node:fs";
 
 const tlsFiles = process.env.TL_BENCH_TLS?.split(":");
 const tls = tlsFiles ? new TlsSource({ cert: tlsFiles[0]!, key: tlsFiles[1]!, ca: tlsFiles[2]! }) : null;
-const pem = tlsFiles ? { cert: readFileSync(tlsFiles[0]!, "utf8"), key: readFileSync(tlsFiles[1]!, "utf8"), ca: readFileSync(tlsFiles[2]!, "utf8") } : undefined;
+const pem = tlsFiles
+  ? { cert: readFileSync(tlsFiles[0]!, "utf8"), key: readFileSync(tlsFiles[1]!, "utf8"), ca: readFileSync(tlsFiles[2]!, "utf8") }
+  : undefined;
 
 const [mode, arg, dims] = process.argv.slice(2);
 const say = (v: unknown) => process.stdout.write(JSON.stringify(v) + "\n");

@@ -36,7 +36,11 @@ async function benchPki() {
   const dir = mkdtempSync(join(tmpdir(), "tl-bench-pki-"));
   writeCerts(dir, await mintCluster({ prefill: 1, decode: 1 }));
   const files = (id: string) => ({ ...certFiles(dir, { workerId: id }), ca: join(dir, "ca.crt") });
-  const pem = (f: { cert: string; key: string; ca: string }) => ({ cert: readFileSync(f.cert, "utf8"), key: readFileSync(f.key, "utf8"), ca: readFileSync(f.ca, "utf8") });
+  const pem = (f: { cert: string; key: string; ca: string }) => ({
+    cert: readFileSync(f.cert, "utf8"),
+    key: readFileSync(f.key, "utf8"),
+    ca: readFileSync(f.ca, "utf8"),
+  });
   return { prefill: files("prefill-0"), decode: files("decode-0"), pem };
 }
 type Pki = Awaited<ReturnType<typeof benchPki>>;
@@ -490,10 +494,13 @@ const crossProcess = await run(true);
 const pki = await benchPki();
 const crossProcessTls = await run(true, pki);
 /** TLS throughput / plaintext throughput of the same push, paired (1 = free; the bound for the data plane: ≥ 0.7). */
-const tlsCost = await measureTlsCost(pki, (() => {
-  const P = new KvPool(SHAPE, BLOCKS + 200);
-  return prefill(P, BLOCKS * SHAPE.blockTokens, 1);
-})());
+const tlsCost = await measureTlsCost(
+  pki,
+  (() => {
+    const P = new KvPool(SHAPE, BLOCKS + 200);
+    return prefill(P, BLOCKS * SHAPE.blockTokens, 1);
+  })(),
+);
 const inProcess = await run(false);
 const result = {
   shape: SHAPE,
@@ -512,7 +519,11 @@ const result = {
   crossProcessTls,
   tlsCost,
   inProcess,
-  loadAverage: (await Bun.file("/proc/loadavg").text().catch(() => "")).trim(),
+  loadAverage: (
+    await Bun.file("/proc/loadavg")
+      .text()
+      .catch(() => "")
+  ).trim(),
 };
 console.log(JSON.stringify(result, null, 2));
 console.log(

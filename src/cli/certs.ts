@@ -164,7 +164,11 @@ export async function runCerts(rest: Map<string, string>): Promise<string> {
     both: num("both", 0, 1024),
     admin: num("admin", 1, 64),
   };
-  const list = (k: string) => (rest.get(k) ?? "").split(",").map((s) => s.trim()).filter((s) => s !== "");
+  const list = (k: string) =>
+    (rest.get(k) ?? "")
+      .split(",")
+      .map((s) => s.trim())
+      .filter((s) => s !== "");
   const opts = { dnsNames: list("dns"), ipAddresses: list("ip"), validDays: num("days", 365, 3650) || 365, perRole: rest.get("per-role") === "true" };
   if (existsNonEmpty(out, "ca.crt")) throw new ConfigError(`certs: ${out} already holds ca.crt; refusing to overwrite a CA`);
   const set = await mintCluster(counts, opts);

@@ -68,9 +68,13 @@ export async function runCluster(config: Config, rest: Map<string, string>, opts
   // The API keys reach every child (and TL_API_KEY through the environment); the demo sends the first.
   const apiKeys = (e.api_key as readonly string[] | undefined) ?? [];
   const keyArgs = apiKeys.flatMap((k) => ["--api-key", k]);
-  const auth: Record<string, string> = apiKeys.length > 0 || process.env.TL_API_KEY ? { authorization: `Bearer ${apiKeys[0] ?? process.env.TL_API_KEY!.split(",")[0]!.trim()}` } : {};
+  const auth: Record<string, string> =
+    apiKeys.length > 0 || process.env.TL_API_KEY ? { authorization: `Bearer ${apiKeys[0] ?? process.env.TL_API_KEY!.split(",")[0]!.trim()}` } : {};
   const pki = plaintext ? null : await ephemeralPki(nP, nD);
-  const tlsArgs = (id: string) => (pki === null ? [] : ["--tls-cert", certFiles(pki, { workerId: id }).cert, "--tls-key", certFiles(pki, { workerId: id }).key, "--tls-ca", join(pki, "ca.crt")]);
+  const tlsArgs = (id: string) =>
+    pki === null
+      ? []
+      : ["--tls-cert", certFiles(pki, { workerId: id }).cert, "--tls-key", certFiles(pki, { workerId: id }).key, "--tls-ca", join(pki, "ca.crt")];
 
   const httpPort = await freePort(8000);
   const regPort = await freePort();
@@ -136,7 +140,9 @@ export async function runCluster(config: Config, rest: Map<string, string>, opts
     }
     const print = (s: string) => process.stdout.write(s + "\n");
     print(`tl-engine cluster is up (model ${String(ready[0]!.model)}${model ? "" : "; its text is meaningless unless you pass --model"})`);
-    print(pki === null ? "internal ports: plaintext (--plaintext)" : `internal ports: mutual TLS, an ephemeral CA and certificates in ${pki} (removed on exit)`);
+    print(
+      pki === null ? "internal ports: plaintext (--plaintext)" : `internal ports: mutual TLS, an ephemeral CA and certificates in ${pki} (removed on exit)`,
+    );
     for (const r of ready)
       print(
         `  ${String(r.role).padEnd(8)} ${String(r.worker_id ?? "gateway").padEnd(10)} pid ${String(r.pid).padEnd(8)} http ${String(r.http)}${r.grpc ? `  grpc ${String(r.grpc)}` : ""}${r.kv ? `  kv ${String(r.kv)}` : ""}${r.registry ? `  registry ${String(r.registry)}` : ""}`,

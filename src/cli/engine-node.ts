@@ -158,7 +158,11 @@ export async function startEngineNode(opts: EngineNodeOptions): Promise<EngineNo
     let receiver: KvReceiver | null = null;
     let kv: KvServer | null = null;
     if (receivesKv(role)) {
-      receiver = new KvReceiver(pool, { ttlMs: (opts.handleTtlS ?? 60) * 1000, onExpired: opts.onHandleExpired, ...(opts.pushIdleTimeoutMs ? { pushIdleTimeoutMs: opts.pushIdleTimeoutMs } : {}) });
+      receiver = new KvReceiver(pool, {
+        ttlMs: (opts.handleTtlS ?? 60) * 1000,
+        onExpired: opts.onHandleExpired,
+        ...(opts.pushIdleTimeoutMs ? { pushIdleTimeoutMs: opts.pushIdleTimeoutMs } : {}),
+      });
       // serveKv would advertise its data plane at the bound host, which peers cannot reach
       // behind 0.0.0.0: start it here and advertise it as the other addresses are.
       let dp: DataPlaneServer | null = null;
@@ -172,7 +176,9 @@ export async function startEngineNode(opts: EngineNodeOptions): Promise<EngineNo
         async () => receiver!.close(),
       );
     }
-    const transport = roles.includes("prefill") ? new RoutingTransport({ ...(opts.useDataPlane === false ? { dataPlane: false as const } : {}), ...(tls ? { tls } : {}) }) : null;
+    const transport = roles.includes("prefill")
+      ? new RoutingTransport({ ...(opts.useDataPlane === false ? { dataPlane: false as const } : {}), ...(tls ? { tls } : {}) })
+      : null;
     if (transport) closers.push(() => transport.close());
     const grpc: GrpcServer = await serveGrpc(
       (r) =>

@@ -67,21 +67,51 @@ export const SPECS: readonly Spec[] = [
     help: "OTLP/HTTP collector (e.g. http://127.0.0.1:4318) for traces; empty: OTEL_EXPORTER_OTLP_ENDPOINT, else tracing off",
   },
   { section: "engine", key: "drain_timeout_s", kind: "int", dflt: 30, help: "on SIGTERM, seconds to finish in-flight work" },
-  { section: "engine", key: "tls_cert", kind: "string", dflt: "", help: "PEM certificate naming this process (spiffe://tl-engine/<role>/<id>); with tls_key and tls_ca: mutual TLS on every internal port" },
+  {
+    section: "engine",
+    key: "tls_cert",
+    kind: "string",
+    dflt: "",
+    help: "PEM certificate naming this process (spiffe://tl-engine/<role>/<id>); with tls_key and tls_ca: mutual TLS on every internal port",
+  },
   { section: "engine", key: "tls_key", kind: "string", dflt: "", help: "PEM private key of tls_cert" },
   { section: "engine", key: "tls_ca", kind: "string", dflt: "", help: "PEM cluster CA every peer's certificate must chain to" },
   { section: "engine", key: "insecure", kind: "bool", dflt: false, help: "allow plaintext internal ports on a non-loopback address" },
-  { section: "engine", key: "api_key", kind: "list", dflt: [], help: "Bearer key required on the HTTP API (repeatable; TL_API_KEY also read, comma-separated)" },
+  {
+    section: "engine",
+    key: "api_key",
+    kind: "list",
+    dflt: [],
+    help: "Bearer key required on the HTTP API (repeatable; TL_API_KEY also read, comma-separated)",
+  },
   { section: "engine", key: "metrics_need_key", kind: "bool", dflt: false, help: "put /metrics behind the API key too" },
   { section: "engine", key: "max_request_bytes", kind: "int", dflt: 4194304, help: "largest HTTP request body (413 beyond it)" },
-  { section: "gateway", key: "tls_cert", kind: "string", dflt: "", help: "PEM certificate naming this process (spiffe://tl-engine/<role>/<id>); with tls_key and tls_ca: mutual TLS on every internal port" },
+  {
+    section: "gateway",
+    key: "tls_cert",
+    kind: "string",
+    dflt: "",
+    help: "PEM certificate naming this process (spiffe://tl-engine/<role>/<id>); with tls_key and tls_ca: mutual TLS on every internal port",
+  },
   { section: "gateway", key: "tls_key", kind: "string", dflt: "", help: "PEM private key of tls_cert" },
   { section: "gateway", key: "tls_ca", kind: "string", dflt: "", help: "PEM cluster CA every peer's certificate must chain to" },
   { section: "gateway", key: "insecure", kind: "bool", dflt: false, help: "allow plaintext internal ports on a non-loopback address" },
-  { section: "gateway", key: "api_key", kind: "list", dflt: [], help: "Bearer key required on the HTTP API (repeatable; TL_API_KEY also read, comma-separated)" },
+  {
+    section: "gateway",
+    key: "api_key",
+    kind: "list",
+    dflt: [],
+    help: "Bearer key required on the HTTP API (repeatable; TL_API_KEY also read, comma-separated)",
+  },
   { section: "gateway", key: "metrics_need_key", kind: "bool", dflt: false, help: "put /metrics behind the API key too" },
   { section: "gateway", key: "max_request_bytes", kind: "int", dflt: 4194304, help: "largest HTTP request body (413 beyond it)" },
-  { section: "gateway", key: "routing_headers", kind: "bool", dflt: false, help: "tell clients which workers served them (x-tl-prefill-worker, x-tl-decode-worker): debugging only" },
+  {
+    section: "gateway",
+    key: "routing_headers",
+    kind: "bool",
+    dflt: false,
+    help: "tell clients which workers served them (x-tl-prefill-worker, x-tl-decode-worker): debugging only",
+  },
   { section: "gateway", key: "max_workers", kind: "int", dflt: 256, help: "most workers the registry holds (heartbeats of more are refused)" },
   { section: "gateway", key: "http_listen", kind: "addr", dflt: "127.0.0.1:8000", help: "OpenAI-compatible front door" },
   { section: "gateway", key: "registry_listen", kind: "addr", dflt: "127.0.0.1:50050", help: "WorkerRegistry (tl.control.v1) gRPC server" },
@@ -119,7 +149,8 @@ function coerce(spec: Spec, raw: unknown, where: string): Value {
   }
   if (spec.kind === "list") {
     const list = typeof raw === "string" ? [raw] : raw;
-    if (!Array.isArray(list) || !list.every((v) => typeof v === "string" && v !== "")) throw new ConfigError(`${name}: want a non-empty string or a list of them, got ${JSON.stringify(raw)}`);
+    if (!Array.isArray(list) || !list.every((v) => typeof v === "string" && v !== ""))
+      throw new ConfigError(`${name}: want a non-empty string or a list of them, got ${JSON.stringify(raw)}`);
     return list as string[];
   }
   if (spec.kind === "int") {

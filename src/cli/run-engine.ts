@@ -139,7 +139,18 @@ export async function runGateway(config: Config): Promise<Gateway> {
     routingHeaders: g.routing_headers === true,
     ...(security.apiKeys[0] !== undefined ? { engineApiKey: security.apiKeys[0] } : {}),
   });
-  console.log(JSON.stringify({ msg: "ready", role: "gateway", pid: process.pid, model: model.name, http: gw.httpAddress, registry: gw.registryAddress, tls: security.mode, api_key: security.apiKeys.length > 0 }));
+  console.log(
+    JSON.stringify({
+      msg: "ready",
+      role: "gateway",
+      pid: process.pid,
+      model: model.name,
+      http: gw.httpAddress,
+      registry: gw.registryAddress,
+      tls: security.mode,
+      api_key: security.apiKeys.length > 0,
+    }),
+  );
   return gw;
 }
 

@@ -41,7 +41,10 @@ export function securityFrom(section: Section, role: PeerRole, hosts: readonly s
     }
     const self = tls.current.self;
     if (self.role !== role) throw new ConfigError(`tls_cert ${files.cert} names role ${self.role}; this process runs as ${role}`);
-    if (workerId && !speaksFor(self, workerId)) throw new ConfigError(`worker_id ${JSON.stringify(workerId)} differs from the certificate's ${JSON.stringify(self.workerId)} (the registry only takes heartbeats for the certificate's own id)`);
+    if (workerId && !speaksFor(self, workerId))
+      throw new ConfigError(
+        `worker_id ${JSON.stringify(workerId)} differs from the certificate's ${JSON.stringify(self.workerId)} (the registry only takes heartbeats for the certificate's own id)`,
+      );
   }
   const open = hosts.filter((h) => !isLoopback(h));
   if (tls === null && open.length > 0) {

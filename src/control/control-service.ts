@@ -114,8 +114,10 @@ function validatePrefill(ctx: ControlContext, req: PrefillRequest): { tokens: nu
   if (req.decodeTarget.length > 300) throw invalid(`decode_target of ${req.decodeTarget.length} characters is not a host:port`);
   // Sizes first: what cannot fit the context is refused before it is scanned or tokenized.
   if (req.promptTokens.length > engine.maxModelLen) throw invalid(`prompt of ${req.promptTokens.length} tokens exceeds max_model_len ${engine.maxModelLen}`);
-  if (req.prompt.length > engine.maxModelLen * MAX_CHARS_PER_TOKEN) throw invalid(`prompt of ${req.prompt.length} characters cannot fit max_model_len ${engine.maxModelLen}`);
-  if ((req.sampling?.stopTokenIds.length ?? 0) > MAX_STOP_TOKEN_IDS) throw invalid(`sampling.stop_token_ids has ${req.sampling!.stopTokenIds.length} entries; at most ${MAX_STOP_TOKEN_IDS}`);
+  if (req.prompt.length > engine.maxModelLen * MAX_CHARS_PER_TOKEN)
+    throw invalid(`prompt of ${req.prompt.length} characters cannot fit max_model_len ${engine.maxModelLen}`);
+  if ((req.sampling?.stopTokenIds.length ?? 0) > MAX_STOP_TOKEN_IDS)
+    throw invalid(`sampling.stop_token_ids has ${req.sampling!.stopTokenIds.length} entries; at most ${MAX_STOP_TOKEN_IDS}`);
   const hasTokens = req.promptTokens.length > 0;
   const hasText = req.prompt !== "";
   if (hasTokens === hasText) throw invalid(`exactly one of prompt_tokens and prompt must be set (got ${hasTokens ? "both" : "neither"})`);

@@ -237,7 +237,15 @@ export class Completions {
   }
 
   private streamOf(t: Trip, worker: EngineStream["worker"]): EngineStream {
-    return { worker, params: t.params, requestId: t.requestId, signal: t.abort.signal, parent: t.span, inflight: this.ctx.inflight, headers: this.ctx.engineHeaders ?? {} };
+    return {
+      worker,
+      params: t.params,
+      requestId: t.requestId,
+      signal: t.abort.signal,
+      parent: t.span,
+      inflight: this.ctx.inflight,
+      headers: this.ctx.engineHeaders ?? {},
+    };
   }
 
   private respond(queues: TokenQueue[], t: Trip, s: Served, onStop: (choice: number) => void, onAbort: () => void): Response | Promise<Response> {

@@ -88,7 +88,15 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     release: (kvAddress, handleId, requestId) =>
       releaseUnclaimed(releaser, kvAddress, handleId, (e) => log.warn("release failed", { request_id: requestId, handle: handleId, error: String(e) })),
   });
-  const routes = gatewayRoutes({ modelName: opts.modelName, maxModelLen: opts.maxModelLen, registry, metrics, admission, completions, tls: tls === null ? "plaintext" : "mtls" });
+  const routes = gatewayRoutes({
+    modelName: opts.modelName,
+    maxModelLen: opts.maxModelLen,
+    registry,
+    metrics,
+    admission,
+    completions,
+    tls: tls === null ? "plaintext" : "mtls",
+  });
   const http: HttpServer = serveHttp(routes, { ...opts.frontDoor, host, port: opts.httpPort ?? 0 });
   return {
     httpAddress: http.address,

@@ -64,7 +64,11 @@ export function followRequest(metrics: Metrics, queues: TokenQueue[], r: Followe
       counted.push(t, q.logprobsAt(i++));
     }
     // The detail (engine addresses, handle ids) is logged with the request; the client hears its id and the kind.
-    counted.close(q.end.reason === "error" ? { reason: "error", error: `request ${r.requestId}: generation failed on the ${s.served === "colocated-fallback" ? "engine" : "decode engine"}` } : q.end);
+    counted.close(
+      q.end.reason === "error"
+        ? { reason: "error", error: `request ${r.requestId}: generation failed on the ${s.served === "colocated-fallback" ? "engine" : "decode engine"}` }
+        : q.end,
+    );
   };
   const counted = queues.map(() => new TokenQueue());
   void (async () => {

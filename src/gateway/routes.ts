@@ -52,7 +52,11 @@ export function gatewayRoutes(ctx: GatewayRoutesContext): (req: Request) => Prom
         // Readiness: 503 while draining, so a Service stops sending it clients.
         const draining = admission.isDraining;
         return Response.json(
-          { status: draining ? "draining" : "ok", workers: { prefill: liveCount(Role.PREFILL), decode: liveCount(Role.DECODE), both: liveCount(Role.BOTH) }, tls: ctx.tls ?? "plaintext" },
+          {
+            status: draining ? "draining" : "ok",
+            workers: { prefill: liveCount(Role.PREFILL), decode: liveCount(Role.DECODE), both: liveCount(Role.BOTH) },
+            tls: ctx.tls ?? "plaintext",
+          },
           { status: draining ? 503 : 200 },
         );
       }

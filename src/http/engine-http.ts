@@ -127,7 +127,10 @@ class EngineHttp {
       if (req.method === "GET" && url.pathname === "/health") {
         // Readiness: 503 while draining, so a Service stops sending it work.
         const draining = ctx.isDraining();
-        return Response.json({ status: draining ? "draining" : "ok", worker_id: ctx.workerId, roles: ctx.roles, model: ctx.modelName, tls: ctx.tls ?? "plaintext" }, { status: draining ? 503 : 200 });
+        return Response.json(
+          { status: draining ? "draining" : "ok", worker_id: ctx.workerId, roles: ctx.roles, model: ctx.modelName, tls: ctx.tls ?? "plaintext" },
+          { status: draining ? 503 : 200 },
+        );
       }
       // Liveness stays up while draining: restarting an engine that is finishing its work would cut it.
       if (req.method === "GET" && url.pathname === "/health/live") return Response.json({ status: "alive" });

@@ -24,7 +24,11 @@ export function frontDoor(handler: Handler, opts: FrontDoorOptions = {}): Handle
   const max = opts.maxRequestBytes ?? DEFAULT_MAX_REQUEST_BYTES;
   return async (req) => {
     if (keys.length > 0 && needsKey(new URL(req.url).pathname, opts.metricsNeedKey === true) && !authorized(req, keys)) {
-      return errorResponse(new HttpError(401, "missing or invalid API key: send Authorization: Bearer <key>", "authentication_error", null, { "www-authenticate": 'Bearer realm="tl-engine"' }));
+      return errorResponse(
+        new HttpError(401, "missing or invalid API key: send Authorization: Bearer <key>", "authentication_error", null, {
+          "www-authenticate": 'Bearer realm="tl-engine"',
+        }),
+      );
     }
     if (req.body === null) return handler(req);
     const declared = req.headers.get("content-length");

@@ -26,8 +26,10 @@ export function checkInputBounds(kind: "completion" | "chat", body: Record<strin
     const list: unknown[] = Array.isArray(p) && p.length > 0 && typeof p[0] !== "number" ? p : [p];
     if (list.length > maxModelLen) throw tooBig(`prompt lists ${list.length} prompts`, "prompt");
     for (const one of list) {
-      if (typeof one === "string" && one.length > maxChars) throw tooBig(`prompt of ${one.length} characters is longer than the context of ${maxModelLen} tokens can hold`, "prompt");
-      if (Array.isArray(one) && one.length > maxModelLen) throw tooBig(`prompt of ${one.length} tokens exceeds the model's context of ${maxModelLen}`, "prompt");
+      if (typeof one === "string" && one.length > maxChars)
+        throw tooBig(`prompt of ${one.length} characters is longer than the context of ${maxModelLen} tokens can hold`, "prompt");
+      if (Array.isArray(one) && one.length > maxModelLen)
+        throw tooBig(`prompt of ${one.length} tokens exceeds the model's context of ${maxModelLen}`, "prompt");
     }
   }
   const stop = body.stop;
@@ -37,7 +39,8 @@ export function checkInputBounds(kind: "completion" | "chat", body: Record<strin
     if (typeof s === "string" && s.length > MAX_STOP_CHARS) throw tooBig(`a stop sequence of ${s.length} characters; at most ${MAX_STOP_CHARS}`, "stop");
   }
   const ids = body.stop_token_ids;
-  if (Array.isArray(ids) && ids.length > MAX_STOP_TOKEN_IDS) throw tooBig(`stop_token_ids has ${ids.length} entries; at most ${MAX_STOP_TOKEN_IDS}`, "stop_token_ids");
+  if (Array.isArray(ids) && ids.length > MAX_STOP_TOKEN_IDS)
+    throw tooBig(`stop_token_ids has ${ids.length} entries; at most ${MAX_STOP_TOKEN_IDS}`, "stop_token_ids");
 }
 
 function contentChars(c: unknown): number {

@@ -93,10 +93,13 @@ export async function serveGrpc(routes: (router: ConnectRouter) => void, opts: G
   // defaults a client stream of KV blocks stalls on a WINDOW_UPDATE every 64 KiB.
   const intercept = opts.intercept;
   const peerCheck = withRoleCheck(tls, opts.peerCheck);
-  const serve = intercept === undefined ? handler : (req: http2.Http2ServerRequest, res: http2.Http2ServerResponse) => void (intercept(req, res) || handler(req, res));
-  const onRequest = peerCheck === undefined ? serve : (req: http2.Http2ServerRequest, res: http2.Http2ServerResponse) => void (admit(peerCheck, req, res) && serve(req, res));
+  const serve =
+    intercept === undefined ? handler : (req: http2.Http2ServerRequest, res: http2.Http2ServerResponse) => void (intercept(req, res) || handler(req, res));
+  const onRequest =
+    peerCheck === undefined ? serve : (req: http2.Http2ServerRequest, res: http2.Http2ServerResponse) => void (admit(peerCheck, req, res) && serve(req, res));
   const settings = { initialWindowSize: STREAM_WINDOW_BYTES, maxFrameSize: MAX_FRAME_BYTES };
-  const { server, stopFollowing } = tls === null ? { server: http2.createServer({ settings }, onRequest), stopFollowing: () => {} } : secureHttp2Server(tls, settings, onRequest);
+  const { server, stopFollowing } =
+    tls === null ? { server: http2.createServer({ settings }, onRequest), stopFollowing: () => {} } : secureHttp2Server(tls, settings, onRequest);
   // server.close() alone waits for clients to hang up, which a pooled client
   // connection never does; track sessions so close() can end them.
   const sessions = new Set<http2.ServerHttp2Session>();

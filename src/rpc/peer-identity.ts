@@ -99,7 +99,7 @@ export interface PeerCertSource {
 
 /** The verified identity of a TLS socket's peer, or null (no cert, unverified, or no tl-engine URI). */
 export function peerIdentity(socket: PeerCertSource | null | undefined): PeerIdentity | null {
-  if (!socket || socket.authorized !== true) return null;
+  if (socket?.authorized !== true) return null;
   const cert = socket.getPeerCertificate(false) as { subjectaltname?: string } | null;
   return identityFromSubjectAltName(cert?.subjectaltname);
 }

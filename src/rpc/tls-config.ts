@@ -51,7 +51,8 @@ export function loadTlsMaterial(files: TlsFiles): TlsMaterial {
   }
   if (!leaf.checkIssued(ca) || !leaf.verify(ca.publicKey)) throw new TlsConfigError(`tls_cert ${files.cert}: not issued by the CA in ${files.ca}`);
   const self = identityFromSubjectAltName(leaf.subjectAltName);
-  if (self === null) throw new TlsConfigError(`tls_cert ${files.cert}: no spiffe://tl-engine/<role>/<worker_id> URI SAN (got ${JSON.stringify(leaf.subjectAltName ?? "")})`);
+  if (self === null)
+    throw new TlsConfigError(`tls_cert ${files.cert}: no spiffe://tl-engine/<role>/<worker_id> URI SAN (got ${JSON.stringify(leaf.subjectAltName ?? "")})`);
   let keyMatches = false;
   try {
     keyMatches = leaf.checkPrivateKey(createPrivateKey(material.key));

@@ -147,9 +147,13 @@ export class KvReceiver {
     }
     const share = peer === "" ? undefined : this.shareOf(peer);
     if (share !== undefined) {
-      if (share.inFlight >= this.maxInFlightPerPeer) throw new KvError(Code.ResourceExhausted, `peer ${peer}: ${share.inFlight} pushes in flight, max ${this.maxInFlightPerPeer}`);
+      if (share.inFlight >= this.maxInFlightPerPeer)
+        throw new KvError(Code.ResourceExhausted, `peer ${peer}: ${share.inFlight} pushes in flight, max ${this.maxInFlightPerPeer}`);
       if (share.pending + share.inFlight >= this.maxPendingPerPeer) {
-        throw new KvError(Code.ResourceExhausted, `peer ${peer}: ${share.pending} handles pending + ${share.inFlight} in flight, max ${this.maxPendingPerPeer}`);
+        throw new KvError(
+          Code.ResourceExhausted,
+          `peer ${peer}: ${share.pending} handles pending + ${share.inFlight} in flight, max ${this.maxPendingPerPeer}`,
+        );
       }
       share.inFlight++;
     }

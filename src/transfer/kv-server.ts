@@ -42,7 +42,13 @@ export async function serveKv(receiver: KvReceiver, opts: ServeKvOptions = {}): 
   let dp: DataPlaneServer | undefined;
   const tls = opts.tls ?? null;
   if (opts.dataPlane ?? true) {
-    dp = await serveDataPlane(receiver, { host, port: opts.dataPlanePort ?? 0, tls, maxConnections: opts.dataPlaneMaxConnections, idleTimeoutMs: opts.dataPlaneIdleTimeoutMs });
+    dp = await serveDataPlane(receiver, {
+      host,
+      port: opts.dataPlanePort ?? 0,
+      tls,
+      maxConnections: opts.dataPlaneMaxConnections,
+      idleTimeoutMs: opts.dataPlaneIdleTimeoutMs,
+    });
   }
   const advertised = opts.advertiseDataPlane ?? dp?.address ?? "";
   try {

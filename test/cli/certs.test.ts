@@ -10,11 +10,31 @@ import { main } from "../../src/cli/main.ts";
 
 test("certs_mints_a_cluster", async () => {
   const out = join(mkdtempSync(join(tmpdir(), "tl-certs-")), "pki");
-  const msg = await runCerts(new Map([["out", out], ["gateway", "1"], ["prefill", "2"], ["decode", "1"], ["dns", "gw.svc,d.svc"]]));
+  const msg = await runCerts(
+    new Map([
+      ["out", out],
+      ["gateway", "1"],
+      ["prefill", "2"],
+      ["decode", "1"],
+      ["dns", "gw.svc,d.svc"],
+    ]),
+  );
   expect(msg).toMatch(/wrote 5 certificates/);
   expect(statSync(out).mode & 0o777).toBe(0o700);
   const names = readdirSync(out).sort();
-  expect(names).toEqual(["admin-0.crt", "admin-0.key", "ca.crt", "decode-0.crt", "decode-0.key", "gateway-0.crt", "gateway-0.key", "prefill-0.crt", "prefill-0.key", "prefill-1.crt", "prefill-1.key"]);
+  expect(names).toEqual([
+    "admin-0.crt",
+    "admin-0.key",
+    "ca.crt",
+    "decode-0.crt",
+    "decode-0.key",
+    "gateway-0.crt",
+    "gateway-0.key",
+    "prefill-0.crt",
+    "prefill-0.key",
+    "prefill-1.crt",
+    "prefill-1.key",
+  ]);
   for (const n of names) expect(statSync(join(out, n)).mode & 0o777).toBe(0o600);
 
   const ca = new X509Certificate(readFileSync(join(out, "ca.crt")));
@@ -30,7 +50,10 @@ test("certs_mints_a_cluster", async () => {
     expect(leaf.subjectAltName).toContain("DNS:localhost");
     expect(leaf.subjectAltName).toContain("DNS:gw.svc");
     expect(leaf.subjectAltName).toContain("IP Address:127.0.0.1");
-    expect(loadTlsMaterial({ cert: join(out, `${id}.crt`), key: join(out, `${id}.key`), ca: join(out, "ca.crt") }).self).toEqual({ role: role as never, workerId: id });
+    expect(loadTlsMaterial({ cert: join(out, `${id}.crt`), key: join(out, `${id}.key`), ca: join(out, "ca.crt") }).self).toEqual({
+      role: role as never,
+      workerId: id,
+    });
   }
   // Minting again into the same dir would orphan every issued certificate: refused.
   await expect(runCerts(new Map([["out", out]]))).rejects.toThrow(/refusing to overwrite/);
@@ -38,8 +61,22 @@ test("certs_mints_a_cluster", async () => {
 
 test("certs_refuses_bad_options", async () => {
   await expect(runCerts(new Map())).rejects.toThrow(ConfigError);
-  await expect(runCerts(new Map([["out", "/tmp/x"], ["decode", "-1"]]))).rejects.toThrow(/--decode: want 0..1024/);
-  await expect(runCerts(new Map([["out", "/tmp/x"], ["frobnicate", "1"]]))).rejects.toThrow(/unknown option --frobnicate/);
+  await expect(
+    runCerts(
+      new Map([
+        ["out", "/tmp/x"],
+        ["decode", "-1"],
+      ]),
+    ),
+  ).rejects.toThrow(/--decode: want 0..1024/);
+  await expect(
+    runCerts(
+      new Map([
+        ["out", "/tmp/x"],
+        ["frobnicate", "1"],
+      ]),
+    ),
+  ).rejects.toThrow(/unknown option --frobnicate/);
 });
 
 test("engine_certs_subcommand", async () => {
@@ -52,8 +89,21 @@ test("engine_certs_subcommand", async () => {
 test("certs_per_role_for_deployments", async () => {
   const out = join(mkdtempSync(join(tmpdir(), "tl-certs-")), "pki");
   expect(await main(["certs", "--out", out, "--per-role", "--dns", "gateway-registry"])).toBe(0);
-  expect(readdirSync(out).sort()).toEqual(["admin.crt", "admin.key", "ca.crt", "decode.crt", "decode.key", "gateway.crt", "gateway.key", "prefill.crt", "prefill.key"]);
+  expect(readdirSync(out).sort()).toEqual([
+    "admin.crt",
+    "admin.key",
+    "ca.crt",
+    "decode.crt",
+    "decode.key",
+    "gateway.crt",
+    "gateway.key",
+    "prefill.crt",
+    "prefill.key",
+  ]);
   const leaf = new X509Certificate(readFileSync(join(out, "decode.crt")));
   expect(leaf.subjectAltName).toContain("URI:spiffe://tl-engine/decode,");
-  expect(loadTlsMaterial({ cert: join(out, "decode.crt"), key: join(out, "decode.key"), ca: join(out, "ca.crt") }).self).toEqual({ role: "decode", workerId: "" });
+  expect(loadTlsMaterial({ cert: join(out, "decode.crt"), key: join(out, "decode.key"), ca: join(out, "ca.crt") }).self).toEqual({
+    role: "decode",
+    workerId: "",
+  });
 });

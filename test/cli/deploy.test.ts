@@ -146,7 +146,10 @@ test("deploy_args_are_cli_options_and_ports_agree", () => {
     expect({ pod: p.name, ports: declared }).toEqual({ pod: p.name, ports: [...p.listens.values()].sort() });
     const http = p.listens.get("http_listen")!;
     // Readiness turns 503 while draining; liveness stays up (a draining engine must not be restarted).
-    for (const [probe, path] of [["readinessProbe", "/health"], ["livenessProbe", "/health/live"]] as const) {
+    for (const [probe, path] of [
+      ["readinessProbe", "/health"],
+      ["livenessProbe", "/health/live"],
+    ] as const) {
       expect(c[probe]?.httpGet?.path, `${p.name} ${probe}`).toBe(path);
       expect(resolvePort(c, c[probe].httpGet.port)).toBe(http);
     }
@@ -245,11 +248,16 @@ test("deploy_runs_mtls_from_secrets_behind_network_policies", () => {
   // Only prefill engines (and the gateway, for Release) reach the decode engines' KV ports;
   // only the gateway reaches the engines' control ports.
   const policies = byKind("NetworkPolicy");
-  const ingress = (component: string) => policies.find((n) => n.spec.podSelector.matchLabels?.["app.kubernetes.io/component"] === component)!.spec.ingress as Obj[];
+  const ingress = (component: string) =>
+    policies.find((n) => n.spec.podSelector.matchLabels?.["app.kubernetes.io/component"] === component)!.spec.ingress as Obj[];
   const allowed = (component: string, port: number) =>
     ingress(component)
       .filter((r) => (r.ports as Obj[]).some((x) => x.port === port))
-      .flatMap((r) => (r.from ?? [{ podSelector: { matchLabels: { "app.kubernetes.io/component": "*" } } }]).map((f: Obj) => f.podSelector.matchLabels?.["app.kubernetes.io/component"] ?? "engines"))
+      .flatMap((r) =>
+        (r.from ?? [{ podSelector: { matchLabels: { "app.kubernetes.io/component": "*" } } }]).map(
+          (f: Obj) => f.podSelector.matchLabels?.["app.kubernetes.io/component"] ?? "engines",
+        ),
+      )
       .sort();
   expect(allowed("decode", 50062)).toEqual(["prefill"]);
   expect(allowed("decode", 50061)).toEqual(["gateway", "prefill"]);

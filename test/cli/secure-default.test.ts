@@ -24,15 +24,21 @@ async function refused(args: string[]): Promise<string> {
 const ports = ["--grpc-listen", "127.0.0.1:0", "--kv-listen", "127.0.0.1:0"];
 
 test("plaintext_beyond_loopback_needs_insecure", async () => {
-  expect(await refused(["--role", "decode", "--http-listen", "0.0.0.0:0", ...ports])).toMatch(/refusing to listen on 0\.0\.0\.0 without TLS: give tls_cert, tls_key and tls_ca/);
+  expect(await refused(["--role", "decode", "--http-listen", "0.0.0.0:0", ...ports])).toMatch(
+    /refusing to listen on 0\.0\.0\.0 without TLS: give tls_cert, tls_key and tls_ca/,
+  );
   expect(await refused(["--role", "gateway", "--http-listen", "[::]:0", "--registry-listen", "127.0.0.1:0"])).toMatch(/refusing to listen on :: without TLS/);
   const pki = await testPki();
   const d = pki.files("decode");
   expect(await refused(["--role", "decode", "--tls-cert", d.cert, ...ports])).toMatch(/go together/);
   // a prefill certificate cannot run a decode engine, nor speak for another worker id
   const p = pki.files("prefill");
-  expect(await refused(["--role", "decode", "--tls-cert", p.cert, "--tls-key", p.key, "--tls-ca", p.ca, ...ports])).toMatch(/names role prefill; this process runs as decode/);
-  expect(await refused(["--role", "decode", "--worker-id", "decode-9", "--tls-cert", d.cert, "--tls-key", d.key, "--tls-ca", d.ca, ...ports])).toMatch(/differs from the certificate's "decode-0"/);
+  expect(await refused(["--role", "decode", "--tls-cert", p.cert, "--tls-key", p.key, "--tls-ca", p.ca, ...ports])).toMatch(
+    /names role prefill; this process runs as decode/,
+  );
+  expect(await refused(["--role", "decode", "--worker-id", "decode-9", "--tls-cert", d.cert, "--tls-key", d.key, "--tls-ca", d.ca, ...ports])).toMatch(
+    /differs from the certificate's "decode-0"/,
+  );
   expect(await refused(["--role", "decode", "--tls-cert", d.cert, "--tls-key", p.key, "--tls-ca", d.ca, ...ports])).toMatch(/does not belong/);
 });
 
@@ -41,7 +47,10 @@ test("ready_line_says_the_mode", async () => {
   const d = pki.files("both");
   const base = ["bun", "bin/engine.ts", "--role", "both", "--grpc-listen", "127.0.0.1:0", "--kv-listen", "127.0.0.1:0", "--num-blocks", "64"];
   const insecure = spawnProc([...base, "--http-listen", "0.0.0.0:0", "--insecure"], { cwd: REPO });
-  const mtls = spawnProc([...base, "--http-listen", "127.0.0.1:0", "--tls-cert", d.cert, "--tls-key", d.key, "--tls-ca", d.ca, "--api-key", "k1", "--api-key", "k2"], { cwd: REPO });
+  const mtls = spawnProc(
+    [...base, "--http-listen", "127.0.0.1:0", "--tls-cert", d.cert, "--tls-key", d.key, "--tls-ca", d.ca, "--api-key", "k1", "--api-key", "k2"],
+    { cwd: REPO },
+  );
   procs.push(insecure, mtls);
   expect(await insecure.ready()).toMatchObject({ tls: "plaintext", api_key: false });
   const ready = await mtls.ready();

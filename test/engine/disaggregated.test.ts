@@ -132,7 +132,10 @@ describe("the decode side of the hand-off", () => {
     expect(D.receiver!.pending()).toBe(1);
     expect(D.pool.used).toBeGreaterThan(0);
     // ...and the right resume takes it
-    const right = await post({ [HANDLE_HEADER]: h2.handleId, [FIRST_TOKEN_HEADER]: String(h2.firstToken), [DRAWS_HEADER]: String(h2.rngDrawsConsumed) }, handle.promptTokens);
+    const right = await post(
+      { [HANDLE_HEADER]: h2.handleId, [FIRST_TOKEN_HEADER]: String(h2.firstToken), [DRAWS_HEADER]: String(h2.rngDrawsConsumed) },
+      handle.promptTokens,
+    );
     expect(right.status).toBe(200);
     await right.text();
     expect(D.receiver!.pending()).toBe(0);

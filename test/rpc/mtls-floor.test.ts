@@ -43,15 +43,23 @@ function client(nodeOptions: http2.SecureClientSessionOptions) {
   const baseUrl = `https://127.0.0.1:${port}`;
   return createClient(EngineControl, createGrpcTransport({ baseUrl, sessionManager: new Http2SessionManager(baseUrl, undefined, nodeOptions) }));
 }
-const as = (role: PeerRole, expect?: readonly PeerRole[]) => client(secureSessionOptions({ source: new TlsSource(pki.files(role)), expect }, `127.0.0.1:${port}`));
-const codeOf = (p: Promise<unknown>) => p.then(() => "ok", (e: unknown) => (e instanceof ConnectError ? Code[e.code] : String(e)));
-const raw = (m: Partial<TlsMaterial>) => client({ ...clientTlsOptions({ ...(pki.material("gateway")), ...m } as TlsMaterial), cert: m.cert, key: m.key } as http2.SecureClientSessionOptions);
+const as = (role: PeerRole, expect?: readonly PeerRole[]) =>
+  client(secureSessionOptions({ source: new TlsSource(pki.files(role)), expect }, `127.0.0.1:${port}`));
+const codeOf = (p: Promise<unknown>) =>
+  p.then(
+    () => "ok",
+    (e: unknown) => (e instanceof ConnectError ? Code[e.code] : String(e)),
+  );
+const raw = (m: Partial<TlsMaterial>) =>
+  client({ ...clientTlsOptions({ ...pki.material("gateway"), ...m } as TlsMaterial), cert: m.cert, key: m.key } as http2.SecureClientSessionOptions);
 
 test("grpc_server_checks_roles_before_the_handler", async () => {
   calls.length = 0;
   expect((await as("decode").info({})).workerId).toBe("decode/decode-0");
   expect(await codeOf(as("decode").drain({}))).toBe("PermissionDenied");
-  const denied = await as("prefill").drain({}).catch((e: ConnectError) => e);
+  const denied = await as("prefill")
+    .drain({})
+    .catch((e: ConnectError) => e);
   expect((denied as ConnectError).rawMessage).toBe("tl.engine.v1.EngineControl/Drain: role prefill may not call it (allowed: gateway, admin)");
   expect(await codeOf(as("gateway").drain({}))).toBe("ok");
   expect(await codeOf(as("admin").drain({}))).toBe("ok");
@@ -71,7 +79,9 @@ test("grpc_server_refuses_strangers_at_the_handshake", async () => {
 
 test("grpc_client_checks_the_server_role", async () => {
   // The server holds a prefill certificate: a client that wants a decode engine stops at the handshake.
-  const e = await as("gateway", DECODE_TARGET_ROLES).info({}).catch((err: ConnectError) => err);
+  const e = await as("gateway", DECODE_TARGET_ROLES)
+    .info({})
+    .catch((err: ConnectError) => err);
   expect(e).toBeInstanceOf(ConnectError);
   expect((e as ConnectError).message).toContain(`127.0.0.1:${port} is prefill/prefill-0, not one of decode, both`);
   expect(await codeOf(as("gateway", ["prefill", "both"]).info({}))).toBe("ok");
@@ -97,7 +107,12 @@ test("bun_sockets_check_both_ends", async () => {
   const dial = async (role: PeerRole, expect: readonly PeerRole[]) => {
     const d = bunDial(new TlsSource(pki.files(role)), `127.0.0.1:${listener.port}`, expect);
     let got = "";
-    const sock = await Bun.connect({ hostname: "127.0.0.1", port: listener.port, tls: d.tls, socket: { handshake: (s, ok, err) => d.onHandshake(s, ok, err), data: (_s, b) => void (got += Buffer.from(b).toString()) } });
+    const sock = await Bun.connect({
+      hostname: "127.0.0.1",
+      port: listener.port,
+      tls: d.tls,
+      socket: { handshake: (s, ok, err) => d.onHandshake(s, ok, err), data: (_s, b) => void (got += Buffer.from(b).toString()) },
+    });
     try {
       await d.verified;
       sock.write("push");

@@ -21,7 +21,8 @@ describe("spiffe ids", () => {
       "https://tl-engine/decode/d",
       "spiffe://tl-engine/Decode/d",
       `spiffe://tl-engine/decode/${"x".repeat(129)}`,
-    ]) expect(parseSpiffeId(uri)).toBeNull();
+    ])
+      expect(parseSpiffeId(uri)).toBeNull();
   });
   test("read from node's subjectaltname", () => {
     const san = "URI:spiffe://tl-engine/prefill/p-1, DNS:localhost, IP Address:127.0.0.1";
@@ -48,7 +49,8 @@ describe("spiffe ids", () => {
 
 describe("method policy", () => {
   const who = (role: PeerRole, workerId = `${role}-0`) => ({ role, workerId });
-  const allowed = (method: string) => (["gateway", "prefill", "decode", "both", "admin"] as PeerRole[]).filter((r) => refusal(method, who(r), `${r}-0`) === null);
+  const allowed = (method: string) =>
+    (["gateway", "prefill", "decode", "both", "admin"] as PeerRole[]).filter((r) => refusal(method, who(r), `${r}-0`) === null);
 
   test("the table the issue asks for", () => {
     expect(allowed("tl.control.v1.WorkerRegistry/Heartbeat")).toEqual(["prefill", "decode", "both"]);

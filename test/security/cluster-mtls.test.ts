@@ -12,7 +12,11 @@ import { exitWithin, killAll, killTree, spawnProc } from "../cli/procs.ts";
 
 afterAll(killAll);
 
-const codeOf = (p: Promise<unknown>) => p.then(() => "ok", (e: unknown) => (e instanceof ConnectError ? Code[e.code] : String(e)));
+const codeOf = (p: Promise<unknown>) =>
+  p.then(
+    () => "ok",
+    (e: unknown) => (e instanceof ConnectError ? Code[e.code] : String(e)),
+  );
 
 test("cluster_runs_mtls_by_default", async () => {
   // As a user starts it, plus an API key for the front door.
@@ -31,7 +35,12 @@ test("cluster_runs_mtls_by_default", async () => {
     const openai = (apiKey: string) => new OpenAI({ baseURL: `http://${gateway}/v1`, apiKey, maxRetries: 0, timeout: 30_000 });
     const done = await openai("sk-test").completions.create({ model: "tl-synthetic-4l", prompt: "Once upon a time", max_tokens: 8 });
     expect(done.choices[0]!.text.length).toBeGreaterThan(0);
-    const refused = await openai("wrong").completions.create({ model: "m", prompt: "x", max_tokens: 1 }).then(() => null, (e: unknown) => e as { status?: number });
+    const refused = await openai("wrong")
+      .completions.create({ model: "m", prompt: "x", max_tokens: 1 })
+      .then(
+        () => null,
+        (e: unknown) => e as { status?: number },
+      );
     expect(refused?.status).toBe(401);
 
     // Every internal port refuses a plaintext client, and a certificate of another CA.
@@ -44,9 +53,21 @@ test("cluster_runs_mtls_by_default", async () => {
       [addr("decode", "kv"), (t) => createClient(KvTransfer, t).hasBlocks({ hashes: [1n], kvFormat: 1 })],
     ];
     for (const [target, call] of ports) {
-      expect({ target, plaintext: await codeOf(call(createGrpcTransport({ baseUrl: `http://${target}`, defaultTimeoutMs: 3000 }))) }).not.toEqual({ target, plaintext: "ok" });
-      const session = new Http2SessionManager(`https://${target}`, undefined, { ca: stranger.ca, cert: stranger.cert, key: stranger.key, servername: CLUSTER_TLS_NAME, rejectUnauthorized: false });
-      expect({ target, stranger: await codeOf(call(createGrpcTransport({ baseUrl: `https://${target}`, sessionManager: session, defaultTimeoutMs: 3000 }))) }).not.toEqual({ target, stranger: "ok" });
+      expect({ target, plaintext: await codeOf(call(createGrpcTransport({ baseUrl: `http://${target}`, defaultTimeoutMs: 3000 }))) }).not.toEqual({
+        target,
+        plaintext: "ok",
+      });
+      const session = new Http2SessionManager(`https://${target}`, undefined, {
+        ca: stranger.ca,
+        cert: stranger.cert,
+        key: stranger.key,
+        servername: CLUSTER_TLS_NAME,
+        rejectUnauthorized: false,
+      });
+      expect({
+        target,
+        stranger: await codeOf(call(createGrpcTransport({ baseUrl: `https://${target}`, sessionManager: session, defaultTimeoutMs: 3000 }))),
+      }).not.toEqual({ target, stranger: "ok" });
       session.abort();
     }
     const health = (await (await fetch(`http://${gateway}/health`)).json()) as { workers: { prefill: number; decode: number } };

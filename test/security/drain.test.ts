@@ -1,5 +1,5 @@
 import { afterAll, beforeAll, expect, test } from "bun:test";
-import { Code, ConnectError } from "@connectrpc/connect";
+import { Code, type ConnectError } from "@connectrpc/connect";
 import { EngineControl } from "../../src/gen/tl/engine/v1/engine_pb.ts";
 import { grpcClient } from "../../src/rpc/index.ts";
 import { startTestCluster, type TestCluster } from "../support/nodes.ts";
@@ -17,7 +17,10 @@ test("drain_honours_its_deadline_and_health_turns_not_ready", async () => {
   const http = (p: string) => fetch(`http://${e.httpAddress}${p}`);
   expect((await http("/health")).status).toBe(200);
   // A long request in flight, then Drain with a 200 ms deadline.
-  const long = fetch(`http://${e.httpAddress}/v1/completions`, { method: "POST", body: JSON.stringify({ prompt: "a long one", max_tokens: 400, stream: true, ignore_eos: true }) });
+  const long = fetch(`http://${e.httpAddress}/v1/completions`, {
+    method: "POST",
+    body: JSON.stringify({ prompt: "a long one", max_tokens: 400, stream: true, ignore_eos: true }),
+  });
   const res = await long;
   expect(res.status).toBe(200);
   const body = res.text();

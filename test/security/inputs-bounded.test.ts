@@ -22,10 +22,16 @@ afterAll(async () => {
   await c?.stop();
 });
 
-const gw = (path: string, body: string | Uint8Array, headers: Record<string, string> = {}) => fetch(`http://${c.gateway.httpAddress}${path}`, { method: "POST", body, headers: { "content-type": "application/json", ...headers } });
-const codeOf = (p: Promise<unknown>) => p.then(() => "ok", (e: unknown) => (e instanceof ConnectError ? Code[e.code] : String(e)));
+const gw = (path: string, body: string | Uint8Array, headers: Record<string, string> = {}) =>
+  fetch(`http://${c.gateway.httpAddress}${path}`, { method: "POST", body, headers: { "content-type": "application/json", ...headers } });
+const codeOf = (p: Promise<unknown>) =>
+  p.then(
+    () => "ok",
+    (e: unknown) => (e instanceof ConnectError ? Code[e.code] : String(e)),
+  );
 const atBaseline = () => {
-  for (const n of c.all()) expect({ worker: n.workerId, used: n.pool.used, pending: n.receiver?.pending() ?? 0 }).toEqual({ worker: n.workerId, used: 0, pending: 0 });
+  for (const n of c.all())
+    expect({ worker: n.workerId, used: n.pool.used, pending: n.receiver?.pending() ?? 0 }).toEqual({ worker: n.workerId, used: 0, pending: 0 });
 };
 
 describe("inputs_are_bounded", () => {
@@ -63,11 +69,41 @@ describe("inputs_are_bounded", () => {
 
   test("EngineControl: oversized messages and prompts are refused before work", async () => {
     const ctl = grpcClient(EngineControl, c.prefill[0]!.grpcAddress);
-    const big = await ctl.prefill(create(PrefillRequestSchema, { requestId: "r", prompt: "x".repeat(5 << 20), decodeTarget: c.decode[0]!.kvAddress, kvFormat: KV_FORMAT, sampling: { maxTokens: 1 } })).catch((e: ConnectError) => e);
+    const big = await ctl
+      .prefill(
+        create(PrefillRequestSchema, {
+          requestId: "r",
+          prompt: "x".repeat(5 << 20),
+          decodeTarget: c.decode[0]!.kvAddress,
+          kvFormat: KV_FORMAT,
+          sampling: { maxTokens: 1 },
+        }),
+      )
+      .catch((e: ConnectError) => e);
     expect((big as ConnectError).code).toBe(Code.ResourceExhausted);
-    const long = await ctl.prefill(create(PrefillRequestSchema, { requestId: "r", prompt: "x".repeat(1 << 20), decodeTarget: c.decode[0]!.kvAddress, kvFormat: KV_FORMAT, sampling: { maxTokens: 1 } })).catch((e: ConnectError) => e);
+    const long = await ctl
+      .prefill(
+        create(PrefillRequestSchema, {
+          requestId: "r",
+          prompt: "x".repeat(1 << 20),
+          decodeTarget: c.decode[0]!.kvAddress,
+          kvFormat: KV_FORMAT,
+          sampling: { maxTokens: 1 },
+        }),
+      )
+      .catch((e: ConnectError) => e);
     expect((long as ConnectError).rawMessage).toMatch(/cannot fit max_model_len/);
-    const ids = await ctl.prefill(create(PrefillRequestSchema, { requestId: "r", promptTokens: new Array(100_000).fill(1), decodeTarget: c.decode[0]!.kvAddress, kvFormat: KV_FORMAT, sampling: { maxTokens: 1 } })).catch((e: ConnectError) => e);
+    const ids = await ctl
+      .prefill(
+        create(PrefillRequestSchema, {
+          requestId: "r",
+          promptTokens: new Array(100_000).fill(1),
+          decodeTarget: c.decode[0]!.kvAddress,
+          kvFormat: KV_FORMAT,
+          sampling: { maxTokens: 1 },
+        }),
+      )
+      .catch((e: ConnectError) => e);
     expect((ids as ConnectError).rawMessage).toMatch(/prompt of 100000 tokens exceeds/);
     atBaseline();
   });
@@ -76,7 +112,19 @@ describe("inputs_are_bounded", () => {
     // The attacker's own connection (grpcClient would share the engines' cached one).
     const attacker = () => createClient(WorkerRegistry, createGrpcTransport({ baseUrl: `http://${c.gateway.registryAddress}`, defaultTimeoutMs: 10_000 }));
     let reg = attacker();
-    const beat = (workerId: string, extra = {}) => create(WorkerStatusSchema, { workerId, role: Role.DECODE, kvFormat: KV_FORMAT, httpAddress: "127.0.0.1:1", grpcAddress: "127.0.0.1:2", kvAddress: "127.0.0.1:3", model: "fake", blockTokens: 4, totalBlocks: 8, ...extra });
+    const beat = (workerId: string, extra = {}) =>
+      create(WorkerStatusSchema, {
+        workerId,
+        role: Role.DECODE,
+        kvFormat: KV_FORMAT,
+        httpAddress: "127.0.0.1:1",
+        grpcAddress: "127.0.0.1:2",
+        kvAddress: "127.0.0.1:3",
+        model: "fake",
+        blockTokens: 4,
+        totalBlocks: 8,
+        ...extra,
+      });
     // a 50 MB heartbeat
     expect(await codeOf(reg.heartbeat(beat("fat", { model: "m".repeat(50 << 20) })))).toBe("ResourceExhausted");
     await c.waitForWorkers(2);
@@ -98,9 +146,7 @@ test("inputs_are_bounded: the data plane caps connections and cuts idle ones", a
   const port = Number(dp.address.slice(dp.address.lastIndexOf(":") + 1));
   const closed: boolean[] = [];
   const socks = await Promise.all(
-    Array.from({ length: 10 }, (_, i) =>
-      Bun.connect({ hostname: "127.0.0.1", port, socket: { data() {}, close: () => void (closed[i] = true) } }),
-    ),
+    Array.from({ length: 10 }, (_, i) => Bun.connect({ hostname: "127.0.0.1", port, socket: { data() {}, close: () => void (closed[i] = true) } })),
   );
   await Bun.sleep(200);
   // beyond the cap: cut at once

@@ -44,14 +44,22 @@ function clientAs<T extends DescService>(service: T, target: string, who: Who): 
   sessions.push(session);
   return createClient(service, createGrpcTransport({ baseUrl, sessionManager: session, defaultTimeoutMs: 5000 }));
 }
-const plaintext = <T extends DescService>(service: T, target: string) => createClient(service, createGrpcTransport({ baseUrl: `http://${target}`, defaultTimeoutMs: 3000 }));
+const plaintext = <T extends DescService>(service: T, target: string) =>
+  createClient(service, createGrpcTransport({ baseUrl: `http://${target}`, defaultTimeoutMs: 3000 }));
 
-const codeOf = (p: Promise<unknown>) => p.then(() => "ok", (e: unknown) => (e instanceof ConnectError ? Code[e.code] : `threw ${String(e)}`));
+const codeOf = (p: Promise<unknown>) =>
+  p.then(
+    () => "ok",
+    (e: unknown) => (e instanceof ConnectError ? Code[e.code] : `threw ${String(e)}`),
+  );
 const refusedAtHandshake = async (p: Promise<unknown>) => expect(await codeOf(p)).toMatch(/^(Unavailable|Canceled|Internal|Unknown|DeadlineExceeded)$/);
 
 function snapshot() {
   return {
-    workers: c.gateway.registry.list().map((w) => `${w.status.workerId}:${Role[w.status.role]}:${w.status.draining}`).sort(),
+    workers: c.gateway.registry
+      .list()
+      .map((w) => `${w.status.workerId}:${Role[w.status.role]}:${w.status.draining}`)
+      .sort(),
     // blocks in use (a refused prefill may leave its prompt in P's prefix cache, as any finished one does)
     pools: c.all().map((n) => `${n.workerId}:${n.pool.used}`),
     pending: c.decode[0]!.receiver!.pending(),
@@ -61,7 +69,18 @@ function snapshot() {
 
 const P = () => c.prefill[0]!;
 const D = () => c.decode[0]!;
-const beat = (workerId: string, role: Role) => create(WorkerStatusSchema, { workerId, role, kvFormat: KV_FORMAT, httpAddress: "10.9.9.9:1", grpcAddress: "10.9.9.9:2", kvAddress: "10.9.9.9:3", model: "fake", blockTokens: 4, totalBlocks: 256 });
+const beat = (workerId: string, role: Role) =>
+  create(WorkerStatusSchema, {
+    workerId,
+    role,
+    kvFormat: KV_FORMAT,
+    httpAddress: "10.9.9.9:1",
+    grpcAddress: "10.9.9.9:2",
+    kvAddress: "10.9.9.9:3",
+    model: "fake",
+    blockTokens: 4,
+    totalBlocks: 256,
+  });
 
 /** A data-plane connection presenting `who`: what came back before the server hung up. */
 async function dataPlaneAs(who: Who): Promise<"admitted" | "refused"> {
@@ -95,7 +114,10 @@ async function dpAddress(): Promise<string> {
 
 describe("mTLS cluster (1 prefill + 1 decode)", () => {
   test("the openai path still works through the gateway", async () => {
-    const res = await fetch(`http://${c.gateway.httpAddress}/v1/completions`, { method: "POST", body: JSON.stringify({ prompt: "The quick brown fox jumps", max_tokens: 6, temperature: 0 }) });
+    const res = await fetch(`http://${c.gateway.httpAddress}/v1/completions`, {
+      method: "POST",
+      body: JSON.stringify({ prompt: "The quick brown fox jumps", max_tokens: 6, temperature: 0 }),
+    });
     expect(res.status).toBe(200);
     expect(res.headers.get("x-tl-served")).toBe("disaggregated");
     expect(Number(res.headers.get("x-tl-blocks-sent"))).toBeGreaterThan(0);
@@ -127,7 +149,8 @@ describe("mTLS cluster (1 prefill + 1 decode)", () => {
       expect(await codeOf(clientAs(KvTransfer, kv, who).release({ handleId: "h" }))).toBe("PermissionDenied");
     }
     // the data plane
-    for (const who of ["none", "stranger", "gateway", "decode", "admin"] as const) expect({ who, got: await dataPlaneAs(who) }).toEqual({ who, got: "refused" });
+    for (const who of ["none", "stranger", "gateway", "decode", "admin"] as const)
+      expect({ who, got: await dataPlaneAs(who) }).toEqual({ who, got: "refused" });
     expect(await dataPlaneAs("prefill")).toBe("admitted");
     expect(snapshot()).toEqual(before);
   });
@@ -136,11 +159,15 @@ describe("mTLS cluster (1 prefill + 1 decode)", () => {
     const before = snapshot();
     const reg = c.gateway.registryAddress;
     // a real prefill certificate posing as a decode worker (to be sent users' prompts and handles)
-    const posing = await clientAs(WorkerRegistry, reg, "prefill").heartbeat(beat("prefill-0", Role.DECODE)).catch((e: ConnectError) => e);
+    const posing = await clientAs(WorkerRegistry, reg, "prefill")
+      .heartbeat(beat("prefill-0", Role.DECODE))
+      .catch((e: ConnectError) => e);
     expect((posing as ConnectError).code).toBe(Code.PermissionDenied);
     expect((posing as ConnectError).rawMessage).toMatch(/role DECODE differs from its certificate's prefill/);
     // speaking for another worker id
-    const other = await clientAs(WorkerRegistry, reg, "decode").heartbeat(beat("decode-7", Role.DECODE)).catch((e: ConnectError) => e);
+    const other = await clientAs(WorkerRegistry, reg, "decode")
+      .heartbeat(beat("decode-7", Role.DECODE))
+      .catch((e: ConnectError) => e);
     expect((other as ConnectError).rawMessage).toMatch(/decode\/decode-0 may not speak for worker "decode-7"/);
     // nor list the registry (addresses) as an engine
     expect(await codeOf(clientAs(WorkerRegistry, reg, "decode").listWorkers({}))).toBe("PermissionDenied");
@@ -155,7 +182,14 @@ describe("mTLS cluster (1 prefill + 1 decode)", () => {
     for (const who of ["gateway", "decode", "admin"] as const) {
       const push = clientAs(KvTransfer, D().kvAddress, who).pushKv(
         (async function* () {
-          for (const ch of buildChunks(pool, `evil-${who}`, pre.ids, pre.hashes, pre.hashes.map(() => false))) yield ch;
+          for (const ch of buildChunks(
+            pool,
+            `evil-${who}`,
+            pre.ids,
+            pre.hashes,
+            pre.hashes.map(() => false),
+          ))
+            yield ch;
         })(),
       );
       expect({ who, got: await codeOf(push) }).toEqual({ who, got: "PermissionDenied" });
@@ -163,7 +197,18 @@ describe("mTLS cluster (1 prefill + 1 decode)", () => {
     expect(snapshot()).toEqual(before);
     // the data plane, with a client that would push anything: the server cuts a gateway certificate
     const asGateway = new DataPlaneClient({ tls: new TlsSource(pki.files("gateway")), timeoutMs: 3000 });
-    const dp = await asGateway.push(await dpAddress(), buildChunks(pool, "evil-dp", pre.ids, pre.hashes, pre.hashes.map(() => false))).catch((e: Error) => e);
+    const dp = await asGateway
+      .push(
+        await dpAddress(),
+        buildChunks(
+          pool,
+          "evil-dp",
+          pre.ids,
+          pre.hashes,
+          pre.hashes.map(() => false),
+        ),
+      )
+      .catch((e: Error) => e);
     expect(dp).toBeInstanceOf(Error);
     expect((dp as Error).message).toMatch(/handshake|closed/);
     await asGateway.close?.();
@@ -188,7 +233,13 @@ describe("mTLS cluster (1 prefill + 1 decode)", () => {
         const ctl = clientAs(EngineControl, n.grpcAddress, who);
         expect(await codeOf(ctl.drain({ deadlineMs: 0n }))).toBe("PermissionDenied");
         expect(await codeOf(ctl.cancel({ requestId: "x" }))).toBe("PermissionDenied");
-        expect(await codeOf(ctl.prefill(create(PrefillRequestSchema, { requestId: "r", prompt: "hi", decodeTarget: D().kvAddress, kvFormat: KV_FORMAT, sampling: { maxTokens: 1 } })))).toBe("PermissionDenied");
+        expect(
+          await codeOf(
+            ctl.prefill(
+              create(PrefillRequestSchema, { requestId: "r", prompt: "hi", decodeTarget: D().kvAddress, kvFormat: KV_FORMAT, sampling: { maxTokens: 1 } }),
+            ),
+          ),
+        ).toBe("PermissionDenied");
         // Info is open to every member
         expect((await ctl.info({})).workerId).toBe(n.workerId);
       }
@@ -213,7 +264,17 @@ describe("mTLS cluster (1 prefill + 1 decode)", () => {
     const before = snapshot();
     const ctl = clientAs(EngineControl, P().grpcAddress, "gateway");
     const aim = async (decodeTarget: string) => {
-      const e = await ctl.prefill(create(PrefillRequestSchema, { requestId: `ssrf-${decodeTarget}`, prompt: "a prompt long enough for two blocks", decodeTarget, kvFormat: KV_FORMAT, sampling: { maxTokens: 2 } })).catch((err: ConnectError) => err);
+      const e = await ctl
+        .prefill(
+          create(PrefillRequestSchema, {
+            requestId: `ssrf-${decodeTarget}`,
+            prompt: "a prompt long enough for two blocks",
+            decodeTarget,
+            kvFormat: KV_FORMAT,
+            sampling: { maxTokens: 2 },
+          }),
+        )
+        .catch((err: ConnectError) => err);
       expect(e).toBeInstanceOf(ConnectError);
       return (e as ConnectError).rawMessage;
     };

@@ -32,10 +32,12 @@ export function testPki(): Promise<TestPki> {
     }
     writeCerts(join(dir, "cluster"), cluster);
     writeCerts(join(dir, "other"), other);
-    const filesIn = (sub: string) => (role: PeerRole, workerId = `${role}-0`): TlsFiles => ({
-      ...certFiles(join(dir, sub), { workerId }),
-      ca: join(dir, sub, "ca.crt"),
-    });
+    const filesIn =
+      (sub: string) =>
+      (role: PeerRole, workerId = `${role}-0`): TlsFiles => ({
+        ...certFiles(join(dir, sub), { workerId }),
+        ca: join(dir, sub, "ca.crt"),
+      });
     const files = filesIn("cluster");
     const strangerFiles = filesIn("other");
     return {

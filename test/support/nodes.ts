@@ -56,7 +56,15 @@ export async function startTestCluster(opts: {
   const tokenizer = fakeServedModel().tokenizer;
   const pki = opts.pki;
   const tlsFor = async (role: PeerRole, id: string) => (pki ? new TlsSource(await leafFiles(pki, role, id)) : null);
-  const gateway = await startGateway({ tokenizer, modelName: "fake", maxModelLen: 512, heartbeatIntervalMs: intervalMs, tls: await tlsFor("gateway", "gateway-0"), routingHeaders: true, ...opts.gateway });
+  const gateway = await startGateway({
+    tokenizer,
+    modelName: "fake",
+    maxModelLen: 512,
+    heartbeatIntervalMs: intervalMs,
+    tls: await tlsFor("gateway", "gateway-0"),
+    routingHeaders: true,
+    ...opts.gateway,
+  });
   const start = async (role: "prefill" | "decode" | "both", i: number) =>
     startEngineNode({
       tls: await tlsFor(role, `${role}-${i}`),

@@ -11,7 +11,14 @@ function pushAs(rx: KvReceiver, peer: string, handleId: string, P: KvPool, token
   const push = new PushDriver(rx);
   push.peer = peer;
   try {
-    for (const c of buildChunks(P, handleId, pre.ids, pre.hashes, pre.hashes.map(() => false))) push.accept(c);
+    for (const c of buildChunks(
+      P,
+      handleId,
+      pre.ids,
+      pre.hashes,
+      pre.hashes.map(() => false),
+    ))
+      push.accept(c);
     return push.finish();
   } catch (e) {
     throw push.fail(e);
