@@ -1,4 +1,4 @@
-import type { Socket, TCPSocketListener } from "bun";
+import type { Socket, SocketHandler, TCPSocketListener } from "bun";
 import { envelopeBytes, KV_FORMAT, type KvShape } from "../codec/index.ts";
 import { tracingEnabled } from "../obs/index.ts";
 import type { KvChunkLike } from "./kv-chunk.ts";
@@ -111,64 +111,85 @@ export async function serveDataPlane(receiver: KvReceiver, opts: DataPlaneServer
   const maxChunk = FRAME_HEAD + CHUNK_FIXED + 0xffff + envelopeBytes(receiver.pool.shape, 1);
   const maxRun = FRAME_HEAD + RUN_FIXED + 0xffff + MAX_RUN * RUN_ENTRY;
   const sockets = new Set<Socket<Conn>>();
-  const listener: TCPSocketListener<Conn> = Bun.listen<Conn>({
-    hostname: host,
-    port: opts.port ?? 0,
-    ...(tls !== null ? { tls: bunServerTls(tls) } : {}),
-    socket: {
-      open(s) {
-        // Beyond the cap a connection is cut before it costs a buffer.
-        if (sockets.size >= maxConnections) return void s.terminate();
-        s.data = new Conn(receiver, maxChunk, maxRun, receiver.pool.blockBytes);
-        s.data.admitted = tls === null;
-        sockets.add(s);
-        // Idle (no byte either way) this long: cut, and a push in progress is freed.
-        s.timeout(idleS);
-      },
-      handshake(s) {
-        if (s.data === undefined) return;
-        const why = admitBunPeer(s, DATA_PLANE_PUSH);
-        if (why === null) {
-          s.data.admitted = true;
-          const id = peerIdentity(s);
-          s.data.push.peer = id === null ? "" : peerKey(id);
-          return;
-        }
-        s.data.refused = true;
-        s.end();
-      },
-      timeout(s) {
-        s.terminate();
-      },
-      data(s, buf) {
-        if (s.data?.admitted) onData(s, buf);
-        release(buf);
-      },
-      drain(s) {
-        flush(s);
-      },
-      close(s) {
-        if (s.data === undefined) return;
-        sockets.delete(s);
-        s.data.push.fail(new KvError(Code.Canceled, "connection closed mid-push"));
-      },
-      error(s) {
-        if (s.data === undefined) return;
-        s.data.push.fail(new KvError(Code.Canceled, "connection failed mid-push"));
-      },
-    },
-  });
+  const handlers = connHandlers(receiver, sockets, { tls, maxConnections, idleS, maxChunk, maxRun });
+  const listen = (port: number): TCPSocketListener<Conn> =>
+    Bun.listen<Conn>({ hostname: host, port, ...(tls !== null ? { tls: bunServerTls(tls) } : {}), socket: handlers });
+  let listener = listen(opts.port ?? 0);
+  // Bun's listener.reload() keeps its first certificate: on rotation, listen afresh on the
+  // same port (open connections stay on the old one until they end).
+  const stopFollowing =
+    tls?.onChange(() => {
+      const port = listener.port;
+      listener.stop(false);
+      listener = listen(port);
+    }) ?? (() => {});
   const address = `${host.includes(":") ? `[${host}]` : host}:${listener.port}`;
   return {
     address,
     port: listener.port,
     async close() {
+      stopFollowing();
       listener.stop(true);
       for (const s of sockets) {
         s.data.push.fail(new KvError(Code.Unavailable, "data plane closed"));
         s.terminate();
       }
       sockets.clear();
+    },
+  };
+}
+
+interface ConnLimits {
+  tls: TlsSource | null;
+  maxConnections: number;
+  idleS: number;
+  maxChunk: number;
+  maxRun: number;
+}
+
+/** A connection's life: the cap and idle timeout, the mTLS role check, frames into its push. */
+function connHandlers(receiver: KvReceiver, sockets: Set<Socket<Conn>>, lim: ConnLimits): SocketHandler<Conn> {
+  const { tls, maxConnections, idleS, maxChunk, maxRun } = lim;
+  return {
+    open(s) {
+      // Beyond the cap a connection is cut before it costs a buffer.
+      if (sockets.size >= maxConnections) return void s.terminate();
+      s.data = new Conn(receiver, maxChunk, maxRun, receiver.pool.blockBytes);
+      s.data.admitted = tls === null;
+      sockets.add(s);
+      // Idle (no byte either way) this long: cut, and a push in progress is freed.
+      s.timeout(idleS);
+    },
+    handshake(s) {
+      if (s.data === undefined) return;
+      const why = admitBunPeer(s, DATA_PLANE_PUSH);
+      if (why === null) {
+        s.data.admitted = true;
+        const id = peerIdentity(s);
+        s.data.push.peer = id === null ? "" : peerKey(id);
+        return;
+      }
+      s.data.refused = true;
+      s.end();
+    },
+    timeout(s) {
+      s.terminate();
+    },
+    data(s, buf) {
+      if (s.data?.admitted) onData(s, buf);
+      release(buf);
+    },
+    drain(s) {
+      flush(s);
+    },
+    close(s) {
+      if (s.data === undefined) return;
+      sockets.delete(s);
+      s.data.push.fail(new KvError(Code.Canceled, "connection closed mid-push"));
+    },
+    error(s) {
+      if (s.data === undefined) return;
+      s.data.push.fail(new KvError(Code.Canceled, "connection failed mid-push"));
     },
   };
 }
