@@ -43,12 +43,14 @@ interface Ledger {
   released: Set<string>;
   /** handles a resume asked for after they were gone (expired): D answered 404 */
   missed: Set<string>;
+  /** handles a resume named with the wrong prompt (409; the handle stays) */
+  faulted: Set<string>;
   notFound: number;
 }
 
 function instrument(node: EngineNode): Ledger {
   const rx = node.receiver as KvReceiver;
-  const l: Ledger = { node: node.workerId, accepted: new Set(), claimed: new Set(), released: new Set(), missed: new Set(), notFound: 0 };
+  const l: Ledger = { node: node.workerId, accepted: new Set(), claimed: new Set(), released: new Set(), missed: new Set(), faulted: new Set(), notFound: 0 };
   const begin = rx.begin.bind(rx);
   const claim = rx.claim.bind(rx);
   const release = rx.release.bind(rx);
@@ -75,7 +77,8 @@ function instrument(node: EngineNode): Ledger {
   rx.claim = ((h: string, fits?: (c: ClaimedHandle) => string | null) => {
     const r = fits === undefined ? claim(h) : claim(h, fits);
     if (r === null) l.missed.add(h);
-    else if (!("fault" in r)) l.claimed.add(h);
+    else if ("fault" in r) l.faulted.add(h);
+    else l.claimed.add(h);
     return r;
   }) as typeof rx.claim;
   rx.release = (h, by) => {
@@ -414,10 +417,8 @@ test(
     // Handle ids are random capabilities that no message repeats, so the ledger ties them.
     const toldExpired = (h: string) => ledgers.some((l) => l.missed.has(h));
     const leaked = expired.filter((h) => !directLeft.has(h) && !toldExpired(h));
-    const why = (h: string) => {
-      const i = Number(/^soak-(\d+)\./.exec(h)?.[1] ?? -1);
-      return `${h}: ${JSON.stringify({ abortAt: reqs[i]?.abortAt, stream: reqs[i]?.body.stream, outcome: outcomes[i] })}`;
-    };
+    const why = (h: string) =>
+      `${h}: ${JSON.stringify({ faulted: ledgers.some((l) => l.faulted.has(h)), accepted: ledgers.find((l) => l.accepted.has(h))?.node })}`;
     expect(leaked.map(why)).toEqual([]);
 
     const byKind = new Map<string, number>();
