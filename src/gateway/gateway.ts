@@ -388,6 +388,31 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     return { qs, served };
   }
 
+  /** Metrics, the request log line and the span's end, once every choice has ended. */
+  function recordRequest(queues: TokenQueue[], params: CompletionParams, id: string, s: Served, arrived: number, span: Span, n: number, firstAt: number): void {
+    const end = queues.find((q) => q.end.reason === "error")?.end ?? queues.find((q) => q.end.reason === "cancelled")?.end ?? queues[0]!.end;
+    const outcome = end.reason === "error" ? "error" : end.reason === "cancelled" ? "cancelled" : "ok";
+    metrics.requests.inc({ served: s.served, outcome });
+    if (n > queues.length) metrics.tpot.observe({ served: s.served }, (performance.now() - firstAt) / 1000 / (n - queues.length));
+    log.info("request", {
+      request_id: id,
+      served: s.served,
+      prefill_worker: s.prefillWorker,
+      decode_worker: s.decodeWorker,
+      prompt_tokens: params.promptTokens.length,
+      output_tokens: n,
+      choices: queues.length,
+      outcome,
+      error: end.error,
+      duration_ms: Math.round(performance.now() - arrived),
+      blocks_sent: s.blocksSent,
+      blocks_deduped: s.blocksDeduped,
+      payload_bytes: s.payloadBytes,
+    });
+    if (span.isRecording()) span.setAttributes({ "tl.served": s.served, "tl.prefill_worker": s.prefillWorker, "tl.decode_worker": s.decodeWorker, "tl.output_tokens": n, "tl.outcome": outcome });
+    endSpan(span, end.reason === "error" ? end.error : undefined);
+  }
+
   function respond(
     queues: TokenQueue[],
     params: CompletionParams,
@@ -415,27 +440,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     (async () => {
       await Promise.all(queues.map((q, i) => relay(q, counted[i]!)));
       active--;
-      const end = queues.find((q) => q.end.reason === "error")?.end ?? queues.find((q) => q.end.reason === "cancelled")?.end ?? queues[0]!.end;
-      const outcome = end.reason === "error" ? "error" : end.reason === "cancelled" ? "cancelled" : "ok";
-      metrics.requests.inc({ served: s.served, outcome });
-      if (n > queues.length) metrics.tpot.observe({ served: s.served }, (performance.now() - firstAt) / 1000 / (n - queues.length));
-      log.info("request", {
-        request_id: id,
-        served: s.served,
-        prefill_worker: s.prefillWorker,
-        decode_worker: s.decodeWorker,
-        prompt_tokens: params.promptTokens.length,
-        output_tokens: n,
-        choices: queues.length,
-        outcome,
-        error: end.error,
-        duration_ms: Math.round(performance.now() - arrived),
-        blocks_sent: s.blocksSent,
-        blocks_deduped: s.blocksDeduped,
-        payload_bytes: s.payloadBytes,
-      });
-      if (span.isRecording()) span.setAttributes({ "tl.served": s.served, "tl.prefill_worker": s.prefillWorker, "tl.decode_worker": s.decodeWorker, "tl.output_tokens": n, "tl.outcome": outcome });
-      endSpan(span, end.reason === "error" ? end.error : undefined);
+      recordRequest(queues, params, id, s, arrived, span, n, firstAt);
     })();
     return completionResponse(counted, {
       id,
