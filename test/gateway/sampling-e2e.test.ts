@@ -51,6 +51,7 @@ const cases: [string, string, Record<string, unknown>][] = [
   ["seeded, top_k/top_p, every processor, min_tokens", "/v1/completions", { prompt: [72, 101, 108, 108, 111], max_tokens: 16, temperature: 1.2, top_k: 40, top_p: 0.9, seed: 123456789, presence_penalty: -0.5, frequency_penalty: 1.9, repetition_penalty: 0.8, logit_bias: { [A]: 2, 66: -100, 257: 3 }, min_tokens: 6, logprobs: 2 }],
   ["chat with logprobs and a penalty", "/v1/chat/completions", { messages: [{ role: "user", content: "tell me" }], max_tokens: 10, temperature: 0.7, seed: 9, frequency_penalty: 1, logprobs: true, top_logprobs: 4 }],
   ["n = 3 and a list of prompts", "/v1/completions", { prompt: ["ab", [70, 71, 72, 73, 74]], n: 3, max_tokens: 8, temperature: 1, seed: 5, logprobs: 1, frequency_penalty: 0.5 }],
+  ["echo with n = 2 and include_stop_str_in_output", "/v1/completions", { prompt: "Echo me", echo: true, n: 2, max_tokens: 10, temperature: 0.9, seed: 4, include_stop_str_in_output: true, stop: ["e"] }],
   ["best_of = 3, n = 2", "/v1/completions", { prompt: "best of", n: 2, best_of: 3, max_tokens: 8, temperature: 1, seed: 31, presence_penalty: 0.5 }],
   ["the first token ends the request (EOS forced) and min_tokens: 1 lifts it", "/v1/completions", { prompt: "stop", max_tokens: 5, temperature: 0, logit_bias: { 257: 100 } }],
   ["ignore_eos", "/v1/completions", { prompt: "stop", max_tokens: 5, temperature: 0.5, seed: 1, logit_bias: { 257: 100 }, ignore_eos: true, logprobs: 1 }],
