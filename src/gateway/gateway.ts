@@ -24,7 +24,7 @@ import {
   type CompletionParams,
   type HttpServer,
 } from "../http/index.ts";
-import type { ChatRenderer, Tokenizer } from "../model/index.ts";
+import { type ChatRenderer, type Tokenizer, tokenizerFingerprint } from "../model/index.ts";
 import type { TokenLogprobs } from "../rng/index.ts";
 import { createMetrics, endSpan, extractHeaders, log, metricsResponse, SpanKind, startSpan, traceHeaders, type Attributes, type Metrics, type Span } from "../obs/index.ts";
 import { RegistryService } from "./registry-service.ts";
@@ -122,7 +122,9 @@ function firstTokens(h: KvHandle): { token: number; logprobs?: TokenLogprobs; fi
 export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
   const host = opts.host ?? "127.0.0.1";
   const registry = new WorkerRegistry({ intervalMs: opts.heartbeatIntervalMs ?? 2000 });
-  const registryService = new RegistryService(registry);
+  const registryService = new RegistryService(registry, {
+    expect: { model: opts.modelName, vocabSize: opts.tokenizer.vocabSize, tokenizerFingerprint: tokenizerFingerprint(opts.tokenizer) },
+  });
   const metrics = createMetrics();
   const affinity = new KvAffinity();
   const inflight = new Map<string, number>();
