@@ -50,6 +50,7 @@ const cases: [string, string, Record<string, unknown>][] = [
   ["seeded with repetition_penalty and logprobs", "/v1/completions", { prompt: "jumps over the lazy dog", max_tokens: 14, temperature: 0.9, seed: 77, repetition_penalty: 1.7, logprobs: 3 }],
   ["seeded, top_k/top_p, every processor, min_tokens", "/v1/completions", { prompt: [72, 101, 108, 108, 111], max_tokens: 16, temperature: 1.2, top_k: 40, top_p: 0.9, seed: 123456789, presence_penalty: -0.5, frequency_penalty: 1.9, repetition_penalty: 0.8, logit_bias: { [A]: 2, 66: -100, 257: 3 }, min_tokens: 6, logprobs: 2 }],
   ["chat with logprobs and a penalty", "/v1/chat/completions", { messages: [{ role: "user", content: "tell me" }], max_tokens: 10, temperature: 0.7, seed: 9, frequency_penalty: 1, logprobs: true, top_logprobs: 4 }],
+  ["chat with n = 2, logprobs and min_tokens", "/v1/chat/completions", { messages: [{ role: "user", content: "two ways" }], n: 2, max_tokens: 8, temperature: 1, seed: 13, logprobs: true, top_logprobs: 1, min_tokens: 3 }],
   ["n = 3 and a list of prompts", "/v1/completions", { prompt: ["ab", [70, 71, 72, 73, 74]], n: 3, max_tokens: 8, temperature: 1, seed: 5, logprobs: 1, frequency_penalty: 0.5 }],
   ["echo with n = 2 and include_stop_str_in_output", "/v1/completions", { prompt: "Echo me", echo: true, n: 2, max_tokens: 10, temperature: 0.9, seed: 4, include_stop_str_in_output: true, stop: ["e"] }],
   ["best_of = 3, n = 2", "/v1/completions", { prompt: "best of", n: 2, best_of: 3, max_tokens: 8, temperature: 1, seed: 31, presence_penalty: 0.5 }],
