@@ -5,14 +5,17 @@ import { promptHashes } from "../../src/codec/index.ts";
 import { grpcClient } from "../../src/rpc/index.ts";
 import { EngineControl, PrefillRequestSchema } from "../../src/gen/tl/engine/v1/engine_pb.ts";
 import { CHOICES_HEADER, DRAWS_HEADER, FIRST_TOKEN_HEADER, HANDLE_HEADER } from "../../src/http/index.ts";
-import { FakeRunner } from "../support/fake-runner.ts";
+import type { FakeRunner } from "../support/fake-runner.ts";
 import { fakeServedModel } from "../support/nodes.ts";
 
 // Every refusal of a resume gives back what the handle held, on D, at once.
 let P: EngineNode, D: EngineNode;
 beforeAll(async () => {
   const common = { blockTokens: 4, numBlocks: 64 };
-  [P, D] = await Promise.all([startEngineNode({ role: "prefill", model: fakeServedModel(), ...common }), startEngineNode({ role: "decode", model: fakeServedModel(), ...common })]);
+  [P, D] = await Promise.all([
+    startEngineNode({ role: "prefill", model: fakeServedModel(), ...common }),
+    startEngineNode({ role: "decode", model: fakeServedModel(), ...common }),
+  ]);
 });
 afterAll(async () => {
   await Promise.all([P, D].map((n) => n?.shutdown()));
@@ -22,7 +25,14 @@ const prompt = [5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15];
 
 async function push(requestId: string, n = 1) {
   return grpcClient(EngineControl, P.grpcAddress).prefill(
-    create(PrefillRequestSchema, { requestId, promptTokens: prompt, sampling: { maxTokens: 8, temperature: 1, seed: 3n }, decodeTarget: D.kvAddress, kvFormat: 1, n }),
+    create(PrefillRequestSchema, {
+      requestId,
+      promptTokens: prompt,
+      sampling: { maxTokens: 8, temperature: 1, seed: 3n },
+      decodeTarget: D.kvAddress,
+      kvFormat: 1,
+      n,
+    }),
   );
 }
 
@@ -45,7 +55,12 @@ test("a resume whose request id already runs on D is a 409 that releases the han
   (D.model.runner as FakeRunner).slowMs = 5;
   try {
     const ac = new AbortController();
-    const running = await fetch(`http://${D.httpAddress}/v1/completions`, { method: "POST", headers: { "x-request-id": "busy" }, body: JSON.stringify({ prompt: [1, 2, 3], max_tokens: 400, stream: true }), signal: ac.signal });
+    const running = await fetch(`http://${D.httpAddress}/v1/completions`, {
+      method: "POST",
+      headers: { "x-request-id": "busy" },
+      body: JSON.stringify({ prompt: [1, 2, 3], max_tokens: 400, stream: true }),
+      signal: ac.signal,
+    });
     await running.body!.getReader().read();
     const first = () => D.pool.refCount(D.pool.lookup(promptHashes(prompt, 4)[0]!));
     for (const n of [1, 3]) {
@@ -73,7 +88,11 @@ test("n = 3 resumed on one handle: every choice finishes and frees its blocks; a
   const ok = await resume(h.handleId, "three", h.choiceFirstTokens);
   expect(ok.status).toBe(200);
   const body = (await ok.json()) as { choices: { index: number; finish_reason: string }[] };
-  expect(body.choices.map((c) => [c.index, c.finish_reason])).toEqual([[0, "length"], [1, "length"], [2, "length"]]);
+  expect(body.choices.map((c) => [c.index, c.finish_reason])).toEqual([
+    [0, "length"],
+    [1, "length"],
+    [2, "length"],
+  ]);
   await idle();
 });
 
@@ -81,11 +100,25 @@ test("n = 3 on a decode engine without room for the choices' tail copies: 503, a
   const small = await startEngineNode({ role: "decode", model: fakeServedModel(), blockTokens: 4, numBlocks: 4 });
   try {
     const h = await grpcClient(EngineControl, P.grpcAddress).prefill(
-      create(PrefillRequestSchema, { requestId: "tight", promptTokens: prompt, sampling: { maxTokens: 1, temperature: 0 }, decodeTarget: small.kvAddress, kvFormat: 1, n: 3 }),
+      create(PrefillRequestSchema, {
+        requestId: "tight",
+        promptTokens: prompt,
+        sampling: { maxTokens: 1, temperature: 0 },
+        decodeTarget: small.kvAddress,
+        kvFormat: 1,
+        n: 3,
+      }),
     );
     expect(h.finished).toBe(true); // max_tokens 1: every choice ended on P, nothing pushed
     const pushed = await grpcClient(EngineControl, P.grpcAddress).prefill(
-      create(PrefillRequestSchema, { requestId: "tight2", promptTokens: prompt, sampling: { maxTokens: 4, temperature: 0 }, decodeTarget: small.kvAddress, kvFormat: 1, n: 3 }),
+      create(PrefillRequestSchema, {
+        requestId: "tight2",
+        promptTokens: prompt,
+        sampling: { maxTokens: 4, temperature: 0 },
+        decodeTarget: small.kvAddress,
+        kvFormat: 1,
+        n: 3,
+      }),
     );
     expect(small.pool.used).toBe(3); // 2 full blocks and the tail: one block left for 2 tail copies
     const res = await fetch(`http://${small.httpAddress}/v1/completions`, {
