@@ -51,14 +51,14 @@ async function idle(): Promise<void> {
 }
 
 test("a resume whose request id already runs on D is a 409 that releases the handle's blocks at once", async () => {
-  // 400 tokens at 5 ms a step: "busy" runs for the whole test, however loaded the machine.
+  // 400 tokens (EOS ignored) at 5 ms a step: "busy" runs for the whole test, however loaded the machine.
   (D.model.runner as FakeRunner).slowMs = 5;
   try {
     const ac = new AbortController();
     const running = await fetch(`http://${D.httpAddress}/v1/completions`, {
       method: "POST",
       headers: { "x-request-id": "busy" },
-      body: JSON.stringify({ prompt: [1, 2, 3], max_tokens: 400, stream: true }),
+      body: JSON.stringify({ prompt: [1, 2, 3], max_tokens: 400, ignore_eos: true, stream: true }),
       signal: ac.signal,
     });
     await running.body!.getReader().read();
