@@ -25,6 +25,7 @@ import {
   writeLlama2cCheckpoint,
 } from "../src/model/index.ts";
 import { MatmulKernel, matmulRef } from "../src/model/matmul.ts";
+import type { Matrix } from "../src/model/packed.ts";
 
 const BLOCK = 16;
 
@@ -117,7 +118,7 @@ function benchModel(cfg: ModelConfig, weights: Weights, prefillLen: number) {
 
 /** The SIMD kernel with w placed in its memory, as the Transformer uses it. */
 function placedKernel(): Kernel {
-  const kernels = new Map<Float32Array, MatmulKernel>();
+  const kernels = new Map<Matrix, MatmulKernel>();
   return (y, x, w, wOff, rows, n, d) => {
     let k = kernels.get(w);
     if (k === undefined) kernels.set(w, (k = new MatmulKernel([w])));

@@ -2,6 +2,7 @@ import assert from "node:assert";
 import type { KvPool } from "../pool/index.ts";
 import { headDimOf, kvDimOf, type ModelConfig } from "./config.ts";
 import { MatmulKernel } from "./matmul.ts";
+import { dequantizeInto, type Matrix } from "./packed.ts";
 import { validateWeights, type Weights } from "./weights.ts";
 
 /**
@@ -36,7 +37,7 @@ const ATT_TILE = 16;
  */
 export class Transformer {
   readonly cfg: ModelConfig;
-  private readonly w: Weights;
+  private readonly w: Weights<Matrix>;
   private readonly headDim: number;
   private readonly kvDim: number;
   private readonly kvMul: number;
@@ -50,24 +51,24 @@ export class Transformer {
 
   // Per-row scratch, grown (never shrunk) to the largest row count seen.
   private cap = 0;
-  private x = new Float32Array(0);
-  private xb = new Float32Array(0);
-  private xb2 = new Float32Array(0);
-  private q = new Float32Array(0);
-  private k = new Float32Array(0);
-  private v = new Float32Array(0);
-  private hb = new Float32Array(0);
-  private hb2 = new Float32Array(0);
+  private x: Float32Array = new Float32Array(0);
+  private xb: Float32Array = new Float32Array(0);
+  private xb2: Float32Array = new Float32Array(0);
+  private q: Float32Array = new Float32Array(0);
+  private k: Float32Array = new Float32Array(0);
+  private v: Float32Array = new Float32Array(0);
+  private hb: Float32Array = new Float32Array(0);
+  private hb2: Float32Array = new Float32Array(0);
   private rowPos = new Int32Array(0);
   private rowSeq = new Int32Array(0);
   private seqCap = 0;
-  private lastX = new Float32Array(0);
+  private lastX: Float32Array = new Float32Array(0);
   private lastRow = new Int32Array(0);
 
   private bitsOf: KvPool | null = null;
   private bits: Uint16Array = new Uint16Array(0);
 
-  constructor(cfg: ModelConfig, weights: Weights) {
+  constructor(cfg: ModelConfig, weights: Weights<Matrix>) {
     validateWeights(cfg, weights);
     this.cfg = cfg;
     this.w = weights;
@@ -144,9 +145,7 @@ export class Transformer {
       for (let t = 0; t < c.tokens.length; t++, r++) {
         rowPos[r] = c.startPos + t;
         rowSeq[r] = s;
-        const e = c.tokens[t]! * dim;
-        const o = r * dim;
-        for (let i = 0; i < dim; i++) x[o + i] = w.tokenEmbedding[e + i]!;
+        embed(x, r * dim, w.tokenEmbedding, c.tokens[t]! * dim, dim);
       }
       lastRow[s] = r - 1;
     }
@@ -212,21 +211,23 @@ export class Transformer {
     if (rows > this.cap) {
       const cap = Math.max(rows, this.cap * 2);
       const { dim, hiddenDim } = this.cfg;
+      // Matmul operands live in the kernel's memory, so no call copies them in or out.
+      const mm = this.mm;
       this.x = new Float32Array(cap * dim);
-      this.xb = new Float32Array(cap * dim);
-      this.xb2 = new Float32Array(cap * dim);
-      this.q = new Float32Array(cap * dim);
-      this.k = new Float32Array(cap * this.kvDim);
-      this.v = new Float32Array(cap * this.kvDim);
-      this.hb = new Float32Array(cap * hiddenDim);
-      this.hb2 = new Float32Array(cap * hiddenDim);
+      this.xb = mm.alloc(cap * dim);
+      this.xb2 = mm.alloc(cap * dim);
+      this.q = mm.alloc(cap * dim);
+      this.k = mm.alloc(cap * this.kvDim);
+      this.v = mm.alloc(cap * this.kvDim);
+      this.hb = mm.alloc(cap * hiddenDim);
+      this.hb2 = mm.alloc(cap * hiddenDim);
       this.rowPos = new Int32Array(cap);
       this.rowSeq = new Int32Array(cap);
       this.cap = cap;
     }
     if (nSeq > this.seqCap) {
       const cap = Math.max(nSeq, this.seqCap * 2);
-      this.lastX = new Float32Array(cap * this.cfg.dim);
+      this.lastX = this.mm.alloc(cap * this.cfg.dim);
       this.lastRow = new Int32Array(cap);
       this.seqCap = cap;
     }
@@ -367,6 +368,12 @@ export class Transformer {
       r = rEnd;
     }
   }
+}
+
+/** x[o .. o+dim) = row e/dim of the embedding, made f32 when packed. */
+function embed(x: Float32Array, o: number, emb: Matrix, e: number, dim: number): void {
+  if (emb instanceof Float32Array) for (let i = 0; i < dim; i++) x[o + i] = emb[e + i]!;
+  else dequantizeInto(emb, e, dim, x, o);
 }
 
 /** o[r] = g * x[r] / rms(x[r]) for each row, as run.c (eps inside the root). */
