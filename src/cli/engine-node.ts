@@ -12,7 +12,12 @@ import {
   SYNTHETIC_CONFIG,
   ByteTokenizer,
   Transformer,
+  castWeights,
+  type DType,
+  type Matrix,
+  type ModelConfig,
   type Tokenizer,
+  type Weights,
 } from "../model/index.ts";
 import { KvPool } from "../pool/index.ts";
 import { GrpcTransport, KvReceiver, serveDataPlane, serveKv, type DataPlaneServer, type KvServer } from "../transfer/index.ts";
@@ -29,6 +34,9 @@ export interface ServedModel {
   nKvHeads: number;
   headDim: number;
   maxSeqLen: number;
+  /** How the weights are held, and the threads the model runs on (for the ready line). */
+  dtype?: string;
+  threads?: number;
 }
 
 export interface EngineNodeOptions {
@@ -46,6 +54,8 @@ export interface EngineNodeOptions {
   model?: ServedModel;
   modelPath?: string;
   tokenizerPath?: string;
+  dtype?: ModelOptions["dtype"];
+  threads?: number;
   blockTokens?: number;
   numBlocks?: number;
   maxModelLen?: number;
@@ -82,15 +92,30 @@ export interface EngineNode {
   shutdown(deadlineMs?: number): Promise<number>;
 }
 
-export async function loadModel(opts: { modelPath?: string; tokenizerPath?: string }): Promise<ServedModel> {
+export interface ModelOptions {
+  modelPath?: string;
+  tokenizerPath?: string;
+  /** Weights in memory (default: as stored). */
+  dtype?: DType | "as-stored";
+  /** Threads the matmuls split over (default 1). */
+  threads?: number;
+}
+
+export async function loadModel(opts: ModelOptions): Promise<ServedModel> {
+  const dtype = opts.dtype ?? "as-stored";
+  const make = async (cfg: ModelConfig, weights: Weights<Matrix>): Promise<Transformer> => {
+    const t = new Transformer(cfg, castWeights(cfg, weights, dtype), { threads: opts.threads ?? 1 });
+    await t.ready();
+    return t;
+  };
   if (opts.modelPath) {
     if (!opts.tokenizerPath) throw new Error("--model needs --tokenizer (a llama2.c tokenizer.bin)");
     const m = loadLlama2cCheckpoint(opts.modelPath);
     const tokenizer = loadLlama2cTokenizer(opts.tokenizerPath, m.cfg.vocabSize);
-    return served(m.cfg.name, new Transformer(m.cfg, m.weights), tokenizer);
+    return served(m.cfg.name, await make(m.cfg, m.weights), tokenizer);
   }
   const m = loadSyntheticModel();
-  return served(SYNTHETIC_MODEL_NAME, new Transformer(m.cfg, m.weights), m.tokenizer);
+  return served(SYNTHETIC_MODEL_NAME, await make(m.cfg, m.weights), m.tokenizer);
 }
 
 /** What the gateway needs of a model: its name, tokenizer and context, without the weights. */
@@ -113,7 +138,7 @@ export function loadTokenizerFor(opts: { modelPath?: string; tokenizerPath?: str
 function served(name: string, t: Transformer, tokenizer: Tokenizer): ServedModel {
   const shape = kvShapeOf(t.cfg, 1);
   const runner: ModelRunner = { vocabSize: t.cfg.vocabSize, forward: (pool, batch, out) => t.forward(pool, batch, out) };
-  return { name, runner, tokenizer, nLayers: shape.nLayers, nKvHeads: shape.nKvHeads, headDim: shape.headDim, maxSeqLen: t.cfg.maxSeqLen };
+  return { name, runner, tokenizer, nLayers: shape.nLayers, nKvHeads: shape.nKvHeads, headDim: shape.headDim, maxSeqLen: t.cfg.maxSeqLen, dtype: t.dtype, threads: t.threads };
 }
 
 let nodeCounter = 0;

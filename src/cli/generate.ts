@@ -1,7 +1,7 @@
 import { Engine } from "../engine/index.ts";
 import { StreamDecoder } from "../model/index.ts";
 import { KvPool } from "../pool/index.ts";
-import { loadModel } from "./engine-node.ts";
+import { loadModel, type ModelOptions } from "./engine-node.ts";
 import { ConfigError, type Config } from "./options.ts";
 
 /** One engine in this process: prints the text as it comes, then prefill and decode speed. */
@@ -21,7 +21,12 @@ export async function generate(config: Config, rest: Map<string, string>, out: (
   if (!/^\d+$/.test(seedRaw)) throw new ConfigError(`--seed: want a non-negative integer, got ${JSON.stringify(seedRaw)}`);
   for (const k of rest.keys()) if (!["prompt", "max-tokens", "temperature", "seed"].includes(k)) throw new ConfigError(`unknown option --${k}`);
 
-  const model = await loadModel({ modelPath: String(e.model) || undefined, tokenizerPath: String(e.tokenizer) || undefined });
+  const model = await loadModel({
+    modelPath: String(e.model) || undefined,
+    tokenizerPath: String(e.tokenizer) || undefined,
+    dtype: String(e.dtype) as ModelOptions["dtype"],
+    threads: Number(e.threads),
+  });
   const B = Number(e.block_tokens);
   const tokens = model.tokenizer.encode(prompt);
   const maxModelLen = Math.min(model.maxSeqLen, Number(e.max_model_len));

@@ -3,7 +3,7 @@ import { hostname } from "node:os";
 import { crc32cBackend } from "../codec/index.ts";
 import { startGateway, type Gateway } from "../gateway/index.ts";
 import { createMetrics, log, metricsResponse, shutdownTracing, startTracing, tracingEndpoint } from "../obs/index.ts";
-import { loadTokenizerFor, startEngineNode, type EngineNode } from "./engine-node.ts";
+import { loadTokenizerFor, startEngineNode, type EngineNode, type ModelOptions } from "./engine-node.ts";
 import { parseAddr, type Config } from "./options.ts";
 
 /** Starts one engine from its config; prints one ready line with every address. */
@@ -34,6 +34,8 @@ export async function runEngine(config: Config): Promise<EngineNode> {
     kvDataPort: kvData?.port,
     modelPath: String(e.model) || undefined,
     tokenizerPath: String(e.tokenizer) || undefined,
+    dtype: String(e.dtype) as ModelOptions["dtype"],
+    threads: Number(e.threads),
     blockTokens: Number(e.block_tokens),
     numBlocks: Number(e.num_blocks),
     maxModelLen: Number(e.max_model_len),
@@ -70,7 +72,7 @@ export async function runEngine(config: Config): Promise<EngineNode> {
     },
   });
   console.log(
-    JSON.stringify({ msg: "ready", role, worker_id: node.workerId, pid: process.pid, model: node.model.name, http: node.httpAddress, grpc: node.grpcAddress, kv: node.kvAddress || null, advertise_host: advertiseHost ?? null, gateway_registry: e.gateway_registry || null, crc32c: crc32cBackend() }),
+    JSON.stringify({ msg: "ready", role, worker_id: node.workerId, pid: process.pid, model: node.model.name, dtype: node.model.dtype, threads: node.model.threads, http: node.httpAddress, grpc: node.grpcAddress, kv: node.kvAddress || null, advertise_host: advertiseHost ?? null, gateway_registry: e.gateway_registry || null, crc32c: crc32cBackend() }),
   );
   return node;
 }

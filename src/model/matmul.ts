@@ -1,5 +1,6 @@
 import assert from "node:assert";
 import { MATMUL_WASM_BASE64 } from "./kernels/matmul-wasm.ts";
+import { KernelThreads, type KernelName } from "./kernel-threads.ts";
 import { dequantizeInto, dtypeOf, matrixBytes, type DType, type Matrix } from "./packed.ts";
 
 /**
@@ -50,9 +51,18 @@ const PAGE = 65536;
 /** wasm32 addresses 4 GiB; weights past this (less room for activations) run matmulRef. */
 const MAX_PAGES = 65536;
 const MAX_PLACED_BYTES = 2 ** 32 - 2 ** 28;
+/** Multiply-adds below which a matmul stays on the calling thread: waking helpers costs more. */
+const SPLIT_MACS = 1 << 16;
+
+export interface KernelOptions {
+  /** Threads a large matmul's output rows are split over, the caller included (default 1). */
+  threads?: number;
+}
 
 type KernelFn = (y: number, x: number, w: number, rows: number, n: number, d: number, i0: number, i1: number) => void;
 export type KernelExports = Record<`matmul_${DType}`, KernelFn>;
+
+const KERNEL: Record<DType, KernelName> = { f32: "matmul_f32", f16: "matmul_f16", bf16: "matmul_bf16", q8_0: "matmul_q8_0" };
 
 let compiled: WebAssembly.Module | null | undefined;
 
@@ -96,8 +106,9 @@ export class MatmulKernel {
   private readonly buffers = new Set<ArrayBufferLike>();
   /** Byte offset where unallocated space (per-call copies) starts. */
   private top = 0;
+  private threads: KernelThreads | null = null;
 
-  constructor(tensors: readonly Matrix[] = []) {
+  constructor(tensors: readonly Matrix[] = [], opts: KernelOptions = {}) {
     const mod = kernelModule();
     const unique = [...new Set(tensors)];
     let bytes = 0;
@@ -116,6 +127,30 @@ export class MatmulKernel {
       this.u8.set(bytesOf(t), this.top);
       this.top += align16(byteLengthOf(t));
     }
+    const threads = opts.threads ?? 1;
+    if (!(Number.isInteger(threads) && threads >= 1)) throw new Error(`threads ${threads}: want a positive integer`);
+    if (threads > 1) this.threads = new KernelThreads(mod, mem, threads - 1);
+  }
+
+  /** Threads that run large matmuls (1 on the fallback). */
+  get threadCount(): number {
+    return this.threads === null ? 1 : this.threads.helpers + 1;
+  }
+
+  /** Calls whose rows were shared with helper threads (tests check the threads work). */
+  get splitCalls(): number {
+    return this.threads?.splitCalls ?? 0;
+  }
+
+  /** Settles when every helper thread runs (until then the caller does their share). */
+  ready(): Promise<void> {
+    return this.threads?.ready ?? Promise.resolve();
+  }
+
+  /** Stops the helper threads; later calls run on the caller alone. */
+  close(): void {
+    this.threads?.close();
+    this.threads = null;
   }
 
   /** True when the SIMD kernels run; false on the matmulRef fallback. */
@@ -170,7 +205,9 @@ export class MatmulKernel {
     if (inX) this.f32.set(x.subarray(0, rows * n), xAt >> 2);
     if (copyW) this.u8.set(bytesOf(w).subarray(matrixBytes(dt, wOff), matrixBytes(dt, wOff) + wBytes), wAt!);
     else wAt! += matrixBytes(dt, wOff);
-    ex[`matmul_${dt}`](yAt, xAt, wAt!, rows, n, d, 0, d);
+    const parts = this.threads === null || rows * n * d < SPLIT_MACS ? 1 : Math.min(this.threads.helpers + 1, Math.ceil(d / 8));
+    if (parts > 1) this.threads!.run(ex, KERNEL[dt], yAt, xAt, wAt!, rows, n, d, parts);
+    else ex[KERNEL[dt]](yAt, xAt, wAt!, rows, n, d, 0, d);
     if (inY) y.set(this.f32.subarray(yAt >> 2, (yAt >> 2) + rows * d));
   }
 

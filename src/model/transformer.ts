@@ -1,9 +1,9 @@
 import assert from "node:assert";
 import type { KvPool } from "../pool/index.ts";
 import { headDimOf, kvDimOf, type ModelConfig } from "./config.ts";
-import { MatmulKernel } from "./matmul.ts";
+import { type KernelOptions, MatmulKernel } from "./matmul.ts";
 import { dequantizeInto, type Matrix } from "./packed.ts";
-import { validateWeights, type Weights } from "./weights.ts";
+import { validateWeights, weightsDType, type Weights } from "./weights.ts";
 
 /**
  * One sequence's share of a forward pass: `tokens` sit at positions
@@ -68,7 +68,7 @@ export class Transformer {
   private bitsOf: KvPool | null = null;
   private bits: Uint16Array = new Uint16Array(0);
 
-  constructor(cfg: ModelConfig, weights: Weights<Matrix>) {
+  constructor(cfg: ModelConfig, weights: Weights<Matrix>, opts: KernelOptions = {}) {
     validateWeights(cfg, weights);
     this.cfg = cfg;
     this.w = weights;
@@ -89,7 +89,32 @@ export class Transformer {
     this.att = new Float32Array(ATT_TILE * this.kvMul * cfg.maxSeqLen);
     this.acc = new Float64Array(ATT_TILE * this.kvMul * this.headDim);
     this.kvec = new Float32Array(this.headDim);
-    this.mm = new MatmulKernel([weights.wq, weights.wk, weights.wv, weights.wo, weights.w1, weights.w2, weights.w3, weights.wcls]);
+    this.mm = new MatmulKernel([weights.wq, weights.wk, weights.wv, weights.wo, weights.w1, weights.w2, weights.w3, weights.wcls], opts);
+  }
+
+  /** The weights' dtype in memory. */
+  get dtype(): string {
+    return weightsDType(this.w);
+  }
+
+  /** Threads the matmuls run on. */
+  get threads(): number {
+    return this.mm.threadCount;
+  }
+
+  /** Matmul calls shared with helper threads so far. */
+  get splitCalls(): number {
+    return this.mm.splitCalls;
+  }
+
+  /** Settles when every matmul thread runs; forward works before, on fewer threads. */
+  ready(): Promise<void> {
+    return this.mm.ready();
+  }
+
+  /** Stops the matmul helper threads (the model still runs, on the caller alone). */
+  close(): void {
+    this.mm.close();
   }
 
   /**
