@@ -1,7 +1,7 @@
 import assert from "node:assert";
 import { MATMUL_WASM_BASE64 } from "./kernels/matmul-wasm.ts";
 import { KernelThreads, type KernelName } from "./kernel-threads.ts";
-import { dequantizeInto, dtypeOf, matrixBytes, type DType, type Matrix } from "./packed.ts";
+import { assertFinite16, dequantizeInto, dtypeOf, matrixBytes, type DType, type Matrix } from "./packed.ts";
 
 /**
  * y[r*d + i] = dot(w[wOff + i*n .. + n), x[r*n .. + n))  for r < rows, i < d, every dot summed
@@ -111,6 +111,7 @@ export class MatmulKernel {
   constructor(tensors: readonly Matrix[] = [], opts: KernelOptions = {}) {
     const mod = kernelModule();
     const unique = [...new Set(tensors)];
+    for (const t of unique) if (!(t instanceof Float32Array)) assertFinite16(t);
     let bytes = 0;
     for (const t of unique) bytes += align16(byteLengthOf(t));
     const mem = mod !== null && bytes <= MAX_PLACED_BYTES ? sharedMemory(Math.ceil(bytes / PAGE)) : null;

@@ -137,3 +137,20 @@ export function dequantize(m: PackedMatrix): Float32Array {
   dequantizeInto(m, 0, m.length, out);
   return out;
 }
+
+/**
+ * Throws when an f16 matrix (or a q8_0 scale) holds inf or NaN: the kernels convert f16 by
+ * shifting and rebiasing, exact for every finite value only.
+ */
+export function assertFinite16(m: PackedMatrix): void {
+  const { u16 } = viewsOf(m);
+  if (m.dtype === "f16") {
+    for (let i = 0; i < m.length; i++) if ((u16[i]! & 0x7c00) === 0x7c00) throw new Error(`f16 weight ${i} is inf or NaN (0x${u16[i]!.toString(16)})`);
+  } else if (m.dtype === "q8_0") {
+    const { dv } = viewsOf(m);
+    for (let at = 0; at < m.bytes.byteLength; at += Q8_0_BLOCK_BYTES) {
+      const h = dv.getUint16(at, true);
+      if ((h & 0x7c00) === 0x7c00) throw new Error(`q8_0 block ${at / Q8_0_BLOCK_BYTES} has an inf or NaN scale (0x${h.toString(16)})`);
+    }
+  }
+}

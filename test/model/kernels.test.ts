@@ -72,6 +72,12 @@ describe("kernels", () => {
     }
   });
 
+  test("f16_inf_or_nan_weights_are_refused", () => {
+    const u = new Uint16Array([0x3c00, 0x7c00, 0, 0]);
+    const w: PackedMatrix = { dtype: "f16", cols: 4, length: 4, bytes: new Uint8Array(u.buffer) };
+    expect(() => new MatmulKernel([w])).toThrow(/f16 weight 1 is inf or NaN/);
+  });
+
   test("bf16_kernel_equals_reference_on_dequantized_weights", () => {
     for (const n of [3, 4, 37, 64]) {
       for (const d of [1, 9, 17]) {

@@ -43,7 +43,7 @@ const Q8_BYTES: i32 = 34;
   return 8;
 }
 
-/** f16 bits (low 16 of h) to f32, exact: normals rebias, subnormals are m * 2^-24, inf/NaN keep all ones. */
+/** f16 bits (low 16 of h) to f32, exact for finite values as f16x4 (normals rebias, subnormals are m * 2^-24). */
 @inline function f16ToF32(h: u32): f32 {
   const sign = (h & 0x8000) << 16;
   const em = h & 0x7fff;
@@ -51,20 +51,23 @@ const Q8_BYTES: i32 = 34;
     const m = <f32>em * reinterpret<f32>(0x33800000); // 2^-24
     return reinterpret<f32>(reinterpret<u32>(m) | sign);
   }
-  let bits = (em << 13) + (112 << 23);
-  if (em >= 0x7c00) bits += 112 << 23;
-  return reinterpret<f32>(bits | sign);
+  return reinterpret<f32>(((em << 13) + (112 << 23)) | sign);
 }
 
-/** Four f16 bit patterns (u16 zero-extended in i32 lanes) to f32x4, exactly as f16ToF32. */
-@inline function f16x4(h: v128): v128 {
-  const sign = i32x4.shl(v128.and(h, i32x4.splat(0x8000)), 16);
-  const em = v128.and(h, i32x4.splat(0x7fff));
-  const sub = f32x4.mul(f32x4.convert_i32x4_s(em), f32x4.splat(reinterpret<f32>(0x33800000)));
-  let bits = i32x4.add(i32x4.shl(em, 13), i32x4.splat(112 << 23));
-  bits = i32x4.add(bits, v128.and(i32x4.ge_u(em, i32x4.splat(0x7c00)), i32x4.splat(112 << 23)));
-  const isSub = i32x4.lt_u(em, i32x4.splat(0x400));
-  return v128.or(v128.bitselect(sub, bits, isSub), sign);
+/** Four 16-bit patterns at p, each moved to the top half of an i32 lane (low half zero). */
+@inline function top16x4(p: usize): v128 {
+  return i8x16.shuffle(f32x4.splat(0), v128.load64_zero(p), 0, 1, 16, 17, 2, 3, 18, 19, 4, 5, 20, 21, 6, 7, 22, 23);
+}
+
+/**
+ * f16 patterns in the top halves of i32 lanes to f32x4: sign and exponent-mantissa moved to
+ * f32's places (shift right 3 keeping the sign, clear the three copies), then times 2^112 to
+ * rebias. Exact for every finite f16, subnormals included (they pass through f32 subnormals);
+ * inf and NaN would come out finite, so MatmulKernel refuses f16 weights holding them.
+ */
+@inline function f16x4(t: v128): v128 {
+  const bits = v128.and(i32x4.shr_s(t, 3), i32x4.splat(0x8fffffff));
+  return f32x4.mul(bits, f32x4.splat(reinterpret<f32>(0x77800000)));
 }
 
 /** The splatted scale of the q8_0 block at p; unused (folded away) for other dtypes. */
@@ -76,8 +79,8 @@ const Q8_BYTES: i32 = 34;
 /** Weights g*4 .. g*4+3 of the chunk at p, as f32x4. */
 @inline function w4(dt: i32, p: usize, g: i32, scale: v128): v128 {
   if (dt == F32) return v128.load(p);
-  if (dt == F16) return f16x4(v128.load16x4_u(p));
-  if (dt == BF16) return i32x4.shl(v128.load16x4_u(p), 16);
+  if (dt == F16) return f16x4(top16x4(p));
+  if (dt == BF16) return top16x4(p);
   const q = i32x4.extend_low_i16x8_s(i16x8.extend_low_i8x16_s(v128.load32_zero(p + 2 + (<usize>g << 2))));
   return f32x4.mul(f32x4.convert_i32x4_s(q), scale);
 }
@@ -187,6 +190,37 @@ const Q8_BYTES: i32 = 34;
   store<f32>(yb + 12, finish(dt, b3, w0 + 3 * rb, xr2, n4, n));
 }
 
+/** Weight rows i .. i+3 against token row r: the odd token of a batch, and f16 at batch 1. */
+@inline function strip4x1(dt: i32, y: usize, x: usize, w: usize, n: i32, d: i32, i: i32, r: i32): void {
+  const rb = rowBytes(dt, n);
+  const cl = chunkLen(dt);
+  const cb = chunkBytes(dt);
+  const nChunks = (n & ~3) / cl;
+  const w0 = w + <usize>i * rb;
+  const xr = x + ((<usize>r * <usize>n) << 2);
+  let a0 = f32x4.splat(0), a1 = a0, a2 = a0, a3 = a0;
+  let p = w0;
+  let xp = xr;
+  for (let c = 0; c < nChunks; c++) {
+    const s0 = chunkScale(dt, p), s1 = chunkScale(dt, p + rb), s2 = chunkScale(dt, p + 2 * rb), s3 = chunkScale(dt, p + 3 * rb);
+    for (let g = 0; g < cl; g += 4) {
+      const xv = v128.load(xp);
+      a0 = fma4(a0, w4(dt, p, g >> 2, s0), xv);
+      a1 = fma4(a1, w4(dt, p + rb, g >> 2, s1), xv);
+      a2 = fma4(a2, w4(dt, p + 2 * rb, g >> 2, s2), xv);
+      a3 = fma4(a3, w4(dt, p + 3 * rb, g >> 2, s3), xv);
+      xp += 16;
+    }
+    p += cb;
+  }
+  const n4 = n & ~3;
+  const yo = y + ((<usize>r * <usize>d + <usize>i) << 2);
+  store<f32>(yo, finish(dt, a0, w0, xr, n4, n));
+  store<f32>(yo + 4, finish(dt, a1, w0 + rb, xr, n4, n));
+  store<f32>(yo + 8, finish(dt, a2, w0 + 2 * rb, xr, n4, n));
+  store<f32>(yo + 12, finish(dt, a3, w0 + 3 * rb, xr, n4, n));
+}
+
 /** One weight row against one token row: the leftovers. */
 @inline function strip1x1(dt: i32, y: usize, x: usize, w: usize, n: i32, d: i32, i: i32, r: i32): void {
   const rb = rowBytes(dt, n);
@@ -221,12 +255,7 @@ const Q8_BYTES: i32 = 34;
     for (; i + 4 <= i1; i += 4) {
       let r = 0;
       for (; r + 2 <= rows; r += 2) strip4x2(dt, y, x, w, n, d, i, r);
-      for (; r < rows; r++) {
-        strip1x1(dt, y, x, w, n, d, i, r);
-        strip1x1(dt, y, x, w, n, d, i + 1, r);
-        strip1x1(dt, y, x, w, n, d, i + 2, r);
-        strip1x1(dt, y, x, w, n, d, i + 3, r);
-      }
+      if (r < rows) strip4x1(dt, y, x, w, n, d, i, r);
     }
   }
   for (; i < i1; i++) {
