@@ -1,4 +1,5 @@
 import { create } from "@bufbuild/protobuf";
+import { KV_FORMAT } from "../codec/index.ts";
 import { Role, WorkerStatusSchema, type WorkerStatus } from "../gen/tl/control/v1/control_pb.ts";
 
 export type EngineRole = "prefill" | "decode" | "both";
@@ -14,6 +15,9 @@ export interface WorkerIdentity {
   model: string;
   blockTokens: number;
   totalBlocks: number;
+  /** The tokenizer's vocabulary size and fingerprint, so a gateway can refuse a tokenizer unlike its own. */
+  vocabSize?: number;
+  tokenizerFingerprint?: string;
 }
 
 /** What a worker is doing; sampled afresh for every beat. */
@@ -23,8 +27,6 @@ export interface WorkerLoad {
   freeBlocks: number;
   draining: boolean;
 }
-
-export const KV_FORMAT = 1;
 
 const ROLES: Record<EngineRole, Role> = {
   prefill: Role.PREFILL,
@@ -58,5 +60,7 @@ export function workerStatus(identity: WorkerIdentity, load: WorkerLoad, seq: bi
     draining: load.draining,
     seq,
     blockTokens: identity.blockTokens,
+    vocabSize: identity.vocabSize ?? 0,
+    tokenizerFingerprint: identity.tokenizerFingerprint ?? "",
   });
 }

@@ -7,10 +7,24 @@ export {
   kvShapeOf,
   validateConfig,
 } from "./config.ts";
-export { type Weights, type SyntheticOptions, castWeights, syntheticWeights, validateWeights, weightSizes, weightsDType } from "./weights.ts";
+export { type Weights, type SyntheticOptions, castWeights, syntheticWeights, validateWeights, weightSizes, weightsBytes, weightsDType } from "./weights.ts";
 export { type DType, type Matrix, type PackedMatrix, DTYPES, castMatrix, dequantize } from "./packed.ts";
 export { type SeqChunk, Transformer } from "./transformer.ts";
 export { type EncodeOptions, type Tokenizer, ByteTokenizer, StreamDecoder } from "./tokenizer.ts";
+export { type TokenizerSource, type GgufTokenizerMeta } from "./tokenizer-source.ts";
+export { type BuiltTokenizer, buildTokenizer } from "./build-tokenizer.ts";
+export { HfTokenizer } from "./hf-tokenizer.ts";
+export { tokenizerFingerprint } from "./tokenizer-fingerprint.ts";
+export {
+  type ChatMessage,
+  type ChatRenderer,
+  type RenderOptions,
+  ChatTemplate,
+  ChatTemplateError,
+  DEFAULT_CHAT_TEMPLATE,
+  chatRenderer,
+  chatRendererFor,
+} from "./chat-template.ts";
 export { type LoadedModel, SYNTHETIC_CONFIG, SYNTHETIC_MODEL_NAME, loadSyntheticModel } from "./synthetic.ts";
 export {
   type Llama2cModel,
@@ -25,3 +39,23 @@ export {
   writeLlama2cCheckpoint,
   writeLlama2cTokenizer,
 } from "./llama2c.ts";
+export { type RopeScaling, qDimOf, ropeFrequencies } from "./config.ts";
+export { type RawDtype, type RawTensor, DTYPE_BLOCK, toFloat32 } from "./raw-tensor.ts";
+export { MAX_SAFETENSORS_HEADER, parseSafetensors } from "./safetensors.ts";
+export { type GgufFile, type GgufTensorInfo, type GgufValue, GGUF_MAGIC, ggmlTypeName, parseGguf } from "./gguf.ts";
+export { interleavedToSplitHalf, splitHalfToInterleaved } from "./rope-order.ts";
+export { type ModelSpec, UnsupportedModelError } from "./model-spec.ts";
+export { hfModelSpec } from "./hf-config.ts";
+export { ggufModelSpec } from "./gguf-config.ts";
+export { type TensorSource, type WeightStats, assembleWeights, GGUF_NAMING, HF_NAMING } from "./assemble-weights.ts";
+export { type ModelFormat, ModelFormatError, SUPPORTED_FORMATS, detectModelFormat } from "./model-format.ts";
+export { LoadProgress } from "./load-progress.ts";
+export {
+  type LoadModelOptions,
+  type ModelFiles,
+  type ModelFilesOptions,
+  type ServableModel,
+  loadModel,
+  loadTokenizerFor,
+  readModelFiles,
+} from "./load-model.ts";

@@ -1,4 +1,4 @@
-import { kvDimOf, type ModelConfig, validateConfig } from "./config.ts";
+import { kvDimOf, type ModelConfig, qDimOf, validateConfig } from "./config.ts";
 import { castMatrix, dtypeOf, type DType, type Matrix } from "./packed.ts";
 
 /**
@@ -12,13 +12,13 @@ export interface Weights<M extends Matrix = Float32Array> {
   tokenEmbedding: M;
   /** (L, dim) */
   rmsAtt: Float32Array;
-  /** (L, dim, dim): out = nHeads*headDim = dim */
+  /** (L, qDim, dim): qDim = nHeads*headDim (= dim unless the config gives headDim) */
   wq: M;
   /** (L, kvDim, dim) */
   wk: M;
   /** (L, kvDim, dim) */
   wv: M;
-  /** (L, dim, dim) */
+  /** (L, dim, qDim) */
   wo: M;
   /** (L, dim) */
   rmsFfn: Float32Array;
@@ -32,19 +32,27 @@ export interface Weights<M extends Matrix = Float32Array> {
   rmsFinal: Float32Array;
   /** (vocab, dim); the same object as tokenEmbedding when the classifier is shared. */
   wcls: M;
+  /** Projection biases (Qwen2): (L, qDim), (L, kvDim), (L, kvDim); all three or none. */
+  bq?: Float32Array;
+  bk?: Float32Array;
+  bv?: Float32Array;
 }
 
+/** The tensors every model has; the optional biases are checked beside them. */
+export type DenseWeightName = Exclude<keyof Weights, "bq" | "bk" | "bv">;
+
 /** Element count of every tensor, in run.c file order. */
-export function weightSizes(cfg: ModelConfig): Record<keyof Weights, number> {
+export function weightSizes(cfg: ModelConfig): Record<DenseWeightName, number> {
   const { dim, hiddenDim: hid, nLayers: L, vocabSize: V } = cfg;
   const kvDim = kvDimOf(cfg);
+  const qDim = qDimOf(cfg);
   return {
     tokenEmbedding: V * dim,
     rmsAtt: L * dim,
-    wq: L * dim * dim,
+    wq: L * qDim * dim,
     wk: L * kvDim * dim,
     wv: L * kvDim * dim,
-    wo: L * dim * dim,
+    wo: L * dim * qDim,
     rmsFfn: L * dim,
     w1: L * hid * dim,
     w2: L * dim * hid,
@@ -66,7 +74,7 @@ function isMatrix(a: unknown): a is Matrix {
 
 /** Row length (the `in` axis) of each matrix. */
 export function matrixCols(cfg: ModelConfig, k: (typeof MATRICES)[number]): number {
-  return k === "w2" ? cfg.hiddenDim : cfg.dim;
+  return k === "w2" ? cfg.hiddenDim : k === "wo" ? qDimOf(cfg) : cfg.dim;
 }
 
 /**
@@ -83,6 +91,15 @@ export function castWeights(cfg: ModelConfig, w: Weights<Matrix>, dtype: DType |
   return out;
 }
 
+/** Bytes the weights take in memory (a shared classifier counted once). */
+export function weightsBytes(w: Weights<Matrix>): number {
+  let bytes = 0;
+  for (const t of new Set(Object.values(w) as (Matrix | undefined)[])) {
+    if (t !== undefined) bytes += t instanceof Float32Array ? t.byteLength : t.bytes.byteLength;
+  }
+  return bytes;
+}
+
 /** The one dtype of every layer matrix, or "mixed". */
 export function weightsDType(w: Weights<Matrix>): DType | "mixed" {
   const d = new Set(MATRICES.map((k) => dtypeOf(w[k])));
@@ -93,14 +110,24 @@ export function weightsDType(w: Weights<Matrix>): DType | "mixed" {
 export function validateWeights(cfg: ModelConfig, w: Weights<Matrix>): void {
   validateConfig(cfg);
   const sizes = weightSizes(cfg);
-  for (const k of Object.keys(sizes) as (keyof Weights)[]) {
+  for (const k of Object.keys(sizes) as DenseWeightName[]) {
     const a = w[k];
     if (NORMS.has(k) ? !(a instanceof Float32Array) : !isMatrix(a)) throw new Error(`weights.${k}: want a Float32Array${NORMS.has(k) ? "" : " or a packed matrix"}`);
     if (a.length !== sizes[k]) throw new Error(`weights.${k} has ${a.length} elements, want ${sizes[k]}`);
   }
+  const biases = { bq: cfg.nLayers * qDimOf(cfg), bk: cfg.nLayers * kvDimOf(cfg), bv: cfg.nLayers * kvDimOf(cfg) };
+  const present = (["bq", "bk", "bv"] as const).filter((k) => w[k] !== undefined);
+  if (present.length !== 0 && present.length !== 3) throw new Error(`weights has biases ${present.join(", ")}: want all of bq, bk, bv or none`);
+  for (const k of present) {
+    const a = w[k]!;
+    if (!(a instanceof Float32Array)) throw new Error(`weights.${k}: want a Float32Array`);
+    if (a.length !== biases[k]) throw new Error(`weights.${k} has ${a.length} elements, want ${biases[k]}`);
+  }
 }
 
 export interface SyntheticOptions {
+  /** Also draw q/k/v biases (Qwen2-style). Default false. */
+  biases?: boolean;
   /** wcls === tokenEmbedding (llama2.c "shared weights"). Default false. */
   sharedClassifier?: boolean;
   /** Standard deviation of an unshared classifier's logits for a unit-RMS input. Default 4. */
@@ -137,7 +164,7 @@ export function syntheticWeights(cfg: ModelConfig, seed: number, opts: Synthetic
     wq: uniform(sizes.wq, 1 / Math.sqrt(dim)),
     wk: uniform(sizes.wk, 1 / Math.sqrt(dim)),
     wv: uniform(sizes.wv, 1 / Math.sqrt(dim)),
-    wo: uniform(sizes.wo, resid / Math.sqrt(dim)),
+    wo: uniform(sizes.wo, resid / Math.sqrt(qDimOf(cfg))),
     rmsFfn: gains(sizes.rmsFfn),
     w1: uniform(sizes.w1, 1 / Math.sqrt(dim)),
     w2: uniform(sizes.w2, resid / Math.sqrt(hid)),
@@ -146,6 +173,11 @@ export function syntheticWeights(cfg: ModelConfig, seed: number, opts: Synthetic
     wcls: tokenEmbedding,
   };
   if (!opts.sharedClassifier) w.wcls = uniform(sizes.wcls, (opts.logitStd ?? 4) / Math.sqrt(dim));
+  if (opts.biases) {
+    w.bq = uniform(L * qDimOf(cfg), 0.5);
+    w.bk = uniform(L * kvDimOf(cfg), 0.5);
+    w.bv = uniform(L * kvDimOf(cfg), 0.5);
+  }
   return w;
 }
 
