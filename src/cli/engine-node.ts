@@ -42,6 +42,8 @@ export interface ServedModel {
   threads?: number;
   /** Settles when the model's threads run. */
   ready?: () => Promise<void>;
+  /** Stops the model's helper threads. */
+  close?: () => void;
 }
 
 export interface EngineNodeOptions {
@@ -137,6 +139,7 @@ export function servedModelOf(m: Pick<ServableModel, "name" | "cfg" | "weights" 
     dtype: t.dtype,
     threads: t.threads,
     ready: () => t.ready(),
+    close: () => t.close(),
   };
 }
 
@@ -259,6 +262,8 @@ export async function startEngineNode(opts: EngineNodeOptions): Promise<EngineNo
           // stopping HTTP cuts open connections: without this pause clients see a bare reset.
           if (cut.length > 0) await Bun.sleep(STREAM_SETTLE_MS);
           for (const close of closers.reverse()) await close().catch(() => {});
+          // A model this node loaded is its own; one handed in may serve other nodes.
+          if (opts.model === undefined) model.close?.();
           return remaining;
         })();
         return down;

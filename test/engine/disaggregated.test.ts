@@ -115,6 +115,7 @@ describe("disaggregated_equals_colocated_across_thread_counts", () => {
   });
   afterAll(async () => {
     await Promise.all(Object.values(T ?? {}).map((n) => n.shutdown()));
+    for (const n of Object.values(T ?? {})) n.model.close?.();
   });
   for (const sampling of [{ temperature: 0 }, { temperature: 0.9, seed: 7 }]) {
     test(`${sampling.temperature === 0 ? "greedy" : `seed ${sampling.seed}`}`, async () => {

@@ -25,5 +25,6 @@ describe("model options", () => {
     const f32 = await loadModel({});
     expect(f32.dtype).toBe("f32");
     expect(f32.threads).toBe(1);
+    m.close?.();
   });
 });
