@@ -101,7 +101,11 @@ function benchPhases(m: Transformer, prefillLen: number): { prefill: Phase; deco
     const perSeq = Math.ceil((ctx + steps) / BLOCK);
     const dp = new KvPool(kvShapeOf(cfg, BLOCK), perSeq * batch);
     const tables = Array.from({ length: batch }, () => dp.allocate(perSeq)!);
-    m.forward(dp, tables.map((t, s) => ({ blockTable: t, startPos: 0, tokens: prompt.slice(s, s + ctx) })), out);
+    m.forward(
+      dp,
+      tables.map((t, s) => ({ blockTable: t, startPos: 0, tokens: prompt.slice(s, s + ctx) })),
+      out,
+    );
     let pos = ctx;
     const chunks = tables.map((t) => ({ blockTable: t, startPos: 0, tokens: [0] }));
     const ms = timeIt(() => {
@@ -188,7 +192,15 @@ const prefixAgreement = (a: number[], b: number[]): number => {
 /** numpy's float32 matmul GFLOP/s on a 512-token prefill's layer shapes; null where numpy does not import. */
 function numpyPrefillGflops(cfg: ModelConfig, rows: number): number | null {
   const kv = kvDimOf(cfg);
-  const shapes = [[cfg.dim, cfg.dim], [kv, cfg.dim], [kv, cfg.dim], [cfg.dim, cfg.dim], [cfg.hiddenDim, cfg.dim], [cfg.hiddenDim, cfg.dim], [cfg.dim, cfg.hiddenDim]];
+  const shapes = [
+    [cfg.dim, cfg.dim],
+    [kv, cfg.dim],
+    [kv, cfg.dim],
+    [cfg.dim, cfg.dim],
+    [cfg.hiddenDim, cfg.dim],
+    [cfg.hiddenDim, cfg.dim],
+    [cfg.dim, cfg.hiddenDim],
+  ];
   const script = `
 import numpy as np, time, json
 rows, L, shapes = ${rows}, ${cfg.nLayers}, ${JSON.stringify(shapes)}
@@ -214,10 +226,21 @@ print(json.dumps(flops / best / 1e9))
 }
 
 /** Decode tok/s of one greedy request through Engine.step, and the event loop's delay while it runs. */
-async function engineLoop(m: Transformer, prompt: number[], maxTokens: number, batch: number): Promise<{ decodeTokensPerSec: number; loopDelayP99Ms: number; loopDelayMaxMs: number }> {
+async function engineLoop(
+  m: Transformer,
+  prompt: number[],
+  maxTokens: number,
+  batch: number,
+): Promise<{ decodeTokensPerSec: number; loopDelayP99Ms: number; loopDelayMaxMs: number }> {
   const cfg = m.cfg;
   const pool = new KvPool(kvShapeOf(cfg, BLOCK), batch * Math.ceil((prompt.length + maxTokens + 1) / BLOCK) + 4);
-  const engine = new Engine({ model: { vocabSize: cfg.vocabSize, forward: (p, b, o) => m.forward(p, b, o) }, pool, maxModelLen: cfg.maxSeqLen, maxBatchTokens: 512, maxRunning: batch });
+  const engine = new Engine({
+    model: { vocabSize: cfg.vocabSize, forward: (p, b, o) => m.forward(p, b, o) },
+    pool,
+    maxModelLen: cfg.maxSeqLen,
+    maxBatchTokens: 512,
+    maxRunning: batch,
+  });
   // The event loop's delay: how late a 1 ms timer fires, every time it fires while the engine runs.
   const lags: number[] = [];
   let last = performance.now();
@@ -230,17 +253,19 @@ async function engineLoop(m: Transformer, prompt: number[], maxTokens: number, b
   let decoded = 0;
   await Promise.all(
     Array.from({ length: batch }, (_, s) =>
-      engine.submit({
-        requestId: `r${s}`,
-        promptTokens: prompt.map((t) => (t + s) % cfg.vocabSize),
-        sampling: { temperature: 0, topP: 1, topK: 0, seed: 0n, maxTokens, stopTokenIds: [] },
-        onToken: () => {
-          if (first === 0) first = performance.now();
-          else decoded++;
-        },
-      }).then((f) => {
-        if (f.reason === "error") throw new Error(`engine request failed: ${f.error}`);
-      }),
+      engine
+        .submit({
+          requestId: `r${s}`,
+          promptTokens: prompt.map((t) => (t + s) % cfg.vocabSize),
+          sampling: { temperature: 0, topP: 1, topK: 0, seed: 0n, maxTokens, stopTokenIds: [] },
+          onToken: () => {
+            if (first === 0) first = performance.now();
+            else decoded++;
+          },
+        })
+        .then((f) => {
+          if (f.reason === "error") throw new Error(`engine request failed: ${f.error}`);
+        }),
     ),
   );
   const end = performance.now();
@@ -261,9 +286,22 @@ const simd: Kernel = (y, x, w, wOff, rows, n, d) => {
 };
 const tiled1 = matmulGflops(simd, 1, 256, 768);
 const tiled64 = matmulGflops(simd, 64, 256, 768);
-console.log(`plain JS matmul (1x256 by 768x256): ${naive1.toFixed(2)} GFLOP/s; SIMD kernel, one thread: rows=1 ${tiled1.toFixed(2)} (${(tiled1 / naive1).toFixed(2)}x), rows=64 ${tiled64.toFixed(2)} GFLOP/s (${(tiled64 / naive1).toFixed(2)}x)`);
+console.log(
+  `plain JS matmul (1x256 by 768x256): ${naive1.toFixed(2)} GFLOP/s; SIMD kernel, one thread: rows=1 ${tiled1.toFixed(2)} (${(tiled1 / naive1).toFixed(2)}x), rows=64 ${tiled64.toFixed(2)} GFLOP/s (${(tiled64 / naive1).toFixed(2)}x)`,
+);
 
-const ts: ModelConfig = { name: "tinystories-15m-shape", dim: 288, hiddenDim: 768, nLayers: 6, nHeads: 6, nKvHeads: 6, vocabSize: 32000, maxSeqLen: 256, ropeTheta: 10000, normEps: 1e-5 };
+const ts: ModelConfig = {
+  name: "tinystories-15m-shape",
+  dim: 288,
+  hiddenDim: 768,
+  nLayers: 6,
+  nHeads: 6,
+  nKvHeads: 6,
+  vocabSize: 32000,
+  maxSeqLen: 256,
+  ropeTheta: 10000,
+  normEps: 1e-5,
+};
 const dir = mkdtempSync(join(tmpdir(), "tl-bench-model-"));
 const results: Record<string, unknown> = { bench: "model", cores: CORES, threads: THREADS, loadBefore: loadAverage() };
 try {
@@ -299,11 +337,22 @@ try {
     for (const [name, r] of Object.entries(c)) vs[name] = ours.tokensPerSec / r.tokensPerSec;
     const vsF32Tokens = dt === "f32" ? steps : prefixAgreement(ours.tokens, (decode.f32 as { tokens: number[] }).tokens);
     const cAgree = refs.length > 0 ? prefixAgreement(ours.tokens, c[refs[0]!.name]!.tokens) : null;
-    decode[dt] = { tokensPerSec: ours.tokensPerSec, weightGBps: (bytes * ours.tokensPerSec) / 1e9, weightMB: bytes / 1e6, vsC: vs, leadingTokensAgreeWithF32: vsF32Tokens, leadingTokensAgreeWithC: cAgree, tokens: ours.tokens };
+    decode[dt] = {
+      tokensPerSec: ours.tokensPerSec,
+      weightGBps: (bytes * ours.tokensPerSec) / 1e9,
+      weightMB: bytes / 1e6,
+      vsC: vs,
+      leadingTokensAgreeWithF32: vsF32Tokens,
+      leadingTokensAgreeWithC: cAgree,
+      tokens: ours.tokens,
+    };
     console.log(
       `decode batch 1, ${dt}, ${THREADS} threads: ${ours.tokensPerSec.toFixed(1)} tok/s, ${((bytes * ours.tokensPerSec) / 1e9).toFixed(2)} GB/s of ${(bytes / 1e6).toFixed(1)} MB weights; ` +
-        Object.entries(vs).map(([k, v]) => `${v.toFixed(2)}x ${k}`).join(", ") +
-        `; first ${vsF32Tokens} greedy tokens agree with f32` + (cAgree === null ? "" : `, ${cAgree} with C`),
+        Object.entries(vs)
+          .map(([k, v]) => `${v.toFixed(2)}x ${k}`)
+          .join(", ") +
+        `; first ${vsF32Tokens} greedy tokens agree with f32` +
+        (cAgree === null ? "" : `, ${cAgree} with C`),
     );
   }
   for (const [name, r] of Object.entries(c)) console.log(`C ${name}: ${r.tokensPerSec.toFixed(1)} tok/s`);
@@ -329,7 +378,11 @@ try {
   const np = numpyPrefillGflops(cfg, 512);
   const ourPrefill = (phases.f32 as { prefill: Phase }).prefill.gflops;
   results.numpy = np === null ? null : { prefillGflops: np, oursF32PrefillGflops: ourPrefill, ratio: ourPrefill / np };
-  console.log(np === null ? "numpy: does not import, prefill comparison skipped" : `prefill 512 matmul GFLOP/s: ours f32 ${ourPrefill.toFixed(2)}, numpy ${np.toFixed(2)}: ${(ourPrefill / np).toFixed(3)}x (target >= 0.25x)`);
+  console.log(
+    np === null
+      ? "numpy: does not import, prefill comparison skipped"
+      : `prefill 512 matmul GFLOP/s: ours f32 ${ourPrefill.toFixed(2)}, numpy ${np.toFixed(2)}: ${(ourPrefill / np).toFixed(3)}x (target >= 0.25x)`,
+  );
 
   // ---- greedy agreement of packed dtypes with f32 on the test prompts (64 steps)
   const prompts = [[1], [1, 400, 3000, 12], [1, 31999, 7, 7, 7, 2048]];
@@ -345,21 +398,40 @@ try {
       for (let j = 0; j < r.logits[at]!.length; j++) maxDiff = Math.max(maxDiff, Math.abs(r.logits[at]![j]! - refRuns[i]!.logits[at]![j]!));
       return { prompt: p, leadingTokensAgree: k, maxLogitDiffAtStep: at, maxLogitDiff: maxDiff };
     });
-    console.log(`${dt} vs f32 greedy (64 steps): ` + (agreement[dt] as { leadingTokensAgree: number; maxLogitDiff: number; maxLogitDiffAtStep: number }[]).map((a) => `${a.leadingTokensAgree}/64 agree (max |logit diff| ${a.maxLogitDiff.toExponential(2)} at step ${a.maxLogitDiffAtStep})`).join("; "));
+    console.log(
+      `${dt} vs f32 greedy (64 steps): ` +
+        (agreement[dt] as { leadingTokensAgree: number; maxLogitDiff: number; maxLogitDiffAtStep: number }[])
+          .map((a) => `${a.leadingTokensAgree}/64 agree (max |logit diff| ${a.maxLogitDiff.toExponential(2)} at step ${a.maxLogitDiffAtStep})`)
+          .join("; "),
+    );
   }
   results.greedyVsF32 = agreement;
 
   // ---- the engine loop around the same f32 model, and the event loop's delay
   const alone = runOurs(f32m, 128, [1]).tokensPerSec;
   const eng = await engineLoop(f32m, [1], 128, 1);
-  console.log(`engine loop decode: ${eng.decodeTokensPerSec.toFixed(1)} tok/s vs transformer alone ${alone.toFixed(1)}: ${(eng.decodeTokensPerSec / alone).toFixed(2)}x (target >= 0.9x)`);
+  console.log(
+    `engine loop decode: ${eng.decodeTokensPerSec.toFixed(1)} tok/s vs transformer alone ${alone.toFixed(1)}: ${(eng.decodeTokensPerSec / alone).toFixed(2)}x (target >= 0.9x)`,
+  );
   const longM = new Transformer(long, loaded.weights, { threads: THREADS });
   await longM.ready();
-  const prefillLoop = await engineLoop(longM, Array.from({ length: 511 }, (_, i) => (i * 13 + 1) % ts.vocabSize), 1, 1);
+  const prefillLoop = await engineLoop(
+    longM,
+    Array.from({ length: 511 }, (_, i) => (i * 13 + 1) % ts.vocabSize),
+    1,
+    1,
+  );
   const decode32 = await engineLoop(longM, [1, 2, 3, 4], 48, 32);
   longM.close();
-  console.log(`event loop delay p99: 512-token prefill ${prefillLoop.loopDelayP99Ms.toFixed(1)} ms, batch-32 decode ${decode32.loopDelayP99Ms.toFixed(1)} ms (target <= 10 ms; the forward runs on the main thread)`);
-  results.engine = { decodeTokensPerSec: eng.decodeTokensPerSec, transformerAloneTokensPerSec: alone, ratio: eng.decodeTokensPerSec / alone, loopDelayP99Ms: { prefill512: prefillLoop.loopDelayP99Ms, decodeBatch32: decode32.loopDelayP99Ms } };
+  console.log(
+    `event loop delay p99: 512-token prefill ${prefillLoop.loopDelayP99Ms.toFixed(1)} ms, batch-32 decode ${decode32.loopDelayP99Ms.toFixed(1)} ms (target <= 10 ms; the forward runs on the main thread)`,
+  );
+  results.engine = {
+    decodeTokensPerSec: eng.decodeTokensPerSec,
+    transformerAloneTokensPerSec: alone,
+    ratio: eng.decodeTokensPerSec / alone,
+    loopDelayP99Ms: { prefill512: prefillLoop.loopDelayP99Ms, decodeBatch32: decode32.loopDelayP99Ms },
+  };
   for (const m of models.values()) m.close();
 } finally {
   rmSync(dir, { recursive: true, force: true });
@@ -371,5 +443,7 @@ mkdirSync(join(import.meta.dir, "results"), { recursive: true });
 writeFileSync(join(import.meta.dir, "results", "model.json"), JSON.stringify(results, null, 2) + "\n");
 
 function loadAverage(): string {
-  return loadavg().map((l) => l.toFixed(2)).join(" ");
+  return loadavg()
+    .map((l) => l.toFixed(2))
+    .join(" ");
 }

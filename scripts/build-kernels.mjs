@@ -12,8 +12,21 @@ const KERNELS = ["matmul"];
 const DIR = "src/model/kernels";
 // Shared memory (threads) and 128-bit SIMD; no relaxed SIMD, so every engine rounds alike.
 const FLAGS = [
-  "-O3", "--runtime", "stub", "--noAssert", "--importMemory", "--noExportMemory", "--sharedMemory",
-  "--initialMemory", "1", "--maximumMemory", "65536", "--enable", "simd,threads", "--disable", "relaxed-simd",
+  "-O3",
+  "--runtime",
+  "stub",
+  "--noAssert",
+  "--importMemory",
+  "--noExportMemory",
+  "--sharedMemory",
+  "--initialMemory",
+  "1",
+  "--maximumMemory",
+  "65536",
+  "--enable",
+  "simd,threads",
+  "--disable",
+  "relaxed-simd",
 ];
 
 function build(name, outDir) {

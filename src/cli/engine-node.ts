@@ -120,7 +120,10 @@ export async function loadModel(opts: LoadModelOptions & ModelOptions): Promise<
 }
 
 /** A loaded model behind a Transformer, as the engine runs it. */
-export function servedModelOf(m: Pick<ServableModel, "name" | "cfg" | "weights" | "tokenizer" | "eosIds" | "stats" | "chatTemplate">, opts: ModelOptions = {}): ServedModel {
+export function servedModelOf(
+  m: Pick<ServableModel, "name" | "cfg" | "weights" | "tokenizer" | "eosIds" | "stats" | "chatTemplate">,
+  opts: ModelOptions = {},
+): ServedModel {
   const weights = castWeights(m.cfg, m.weights, inMemoryDType(opts.dtype ?? "as-stored", m.stats.dtype));
   const t = new Transformer(m.cfg, weights, { threads: opts.threads ?? 1 });
   const shape = kvShapeOf(t.cfg, 1);
@@ -195,7 +198,10 @@ export async function startEngineNode(opts: EngineNodeOptions): Promise<EngineNo
         closers.push(() => dp!.close());
       }
       kv = await serveKv(receiver, { host, port: opts.kvPort ?? 0, dataPlane: false, ...(dp ? { advertiseDataPlane: advertised(dp.address) } : {}) });
-      closers.push(() => kv!.close(), async () => receiver!.close());
+      closers.push(
+        () => kv!.close(),
+        async () => receiver!.close(),
+      );
     }
     const transport = roles.includes("prefill") ? new RoutingTransport(opts.useDataPlane === false ? { dataPlane: false } : {}) : null;
     if (transport) closers.push(() => transport.close());
@@ -203,7 +209,16 @@ export async function startEngineNode(opts: EngineNodeOptions): Promise<EngineNo
       (r) =>
         r.service(
           EngineControl,
-          controlService({ workerId, roles, modelName: model.name, engine, tokenizer: model.tokenizer, tokenizerFingerprint: fingerprint, transport, onTransfer: opts.onTransfer }),
+          controlService({
+            workerId,
+            roles,
+            modelName: model.name,
+            engine,
+            tokenizer: model.tokenizer,
+            tokenizerFingerprint: fingerprint,
+            transport,
+            onTransfer: opts.onTransfer,
+          }),
         ),
       { host, port: opts.grpcPort ?? 0 },
     );
@@ -218,7 +233,7 @@ export async function startEngineNode(opts: EngineNodeOptions): Promise<EngineNo
         workerId,
         roles,
         isDraining: () => engine.isDraining,
-        claim: receiver ? (h) => receiver!.claim(h) : undefined,
+        receiver,
         onRequestEnd: opts.onRequestEnd,
         extraRoutes: opts.extraRoutes,
       }),
@@ -230,7 +245,18 @@ export async function startEngineNode(opts: EngineNodeOptions): Promise<EngineNo
       const registry = new GrpcRegistry(opts.gatewayRegistry, opts.heartbeatTimeoutMs ?? 1000);
       heartbeat = Heartbeat.spawn(
         registry,
-        { workerId, httpAddress: advertised(http.address), grpcAddress: advertised(grpc.address), kvAddress: kv ? (opts.advertiseKvAddress ?? advertised(kv.address)) : "", role, model: model.name, blockTokens: shape.blockTokens, totalBlocks: pool.total, vocabSize: model.tokenizer.vocabSize, tokenizerFingerprint: fingerprint },
+        {
+          workerId,
+          httpAddress: advertised(http.address),
+          grpcAddress: advertised(grpc.address),
+          kvAddress: kv ? (opts.advertiseKvAddress ?? advertised(kv.address)) : "",
+          role,
+          model: model.name,
+          blockTokens: shape.blockTokens,
+          totalBlocks: pool.total,
+          vocabSize: model.tokenizer.vocabSize,
+          tokenizerFingerprint: fingerprint,
+        },
         () => ({ queueDepth: engine.queueDepth, running: engine.runningCount, freeBlocks: pool.total - pool.used, draining: engine.isDraining }),
         opts.heartbeatIntervalMs ?? 2000,
         opts.heartbeatTimeoutMs ?? 1000,

@@ -11,15 +11,7 @@ import { assertFinite16, dequantizeInto, dtypeOf, matrixBytes, type DType, type 
  * is exact), and their fallback. JS forbids fused multiply-add, and Math.fround after every
  * product and sum gives f32 arithmetic exactly.
  */
-export function matmulRef(
-  y: Float32Array,
-  x: Float32Array,
-  w: Matrix,
-  wOff: number,
-  rows: number,
-  n: number,
-  d: number,
-): void {
+export function matmulRef(y: Float32Array, x: Float32Array, w: Matrix, wOff: number, rows: number, n: number, d: number): void {
   if (!(w instanceof Float32Array)) {
     // The fallback's only allocation: engines without WebAssembly SIMD, and the tests' oracle.
     const f = new Float32Array(n * d);
@@ -33,7 +25,10 @@ export function matmulRef(
     const xa = r * n;
     for (let i = 0; i < d; i++) {
       const wa = wOff + i * n;
-      let s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+      let s0 = 0,
+        s1 = 0,
+        s2 = 0,
+        s3 = 0;
       for (let j = 0; j < n4; j += 4) {
         s0 = f(s0 + f(w[wa + j]! * x[xa + j]!));
         s1 = f(s1 + f(w[wa + j + 1]! * x[xa + j + 1]!));

@@ -112,7 +112,8 @@ export function validateWeights(cfg: ModelConfig, w: Weights<Matrix>): void {
   const sizes = weightSizes(cfg);
   for (const k of Object.keys(sizes) as DenseWeightName[]) {
     const a = w[k];
-    if (NORMS.has(k) ? !(a instanceof Float32Array) : !isMatrix(a)) throw new Error(`weights.${k}: want a Float32Array${NORMS.has(k) ? "" : " or a packed matrix"}`);
+    if (NORMS.has(k) ? !(a instanceof Float32Array) : !isMatrix(a))
+      throw new Error(`weights.${k}: want a Float32Array${NORMS.has(k) ? "" : " or a packed matrix"}`);
     if (a.length !== sizes[k]) throw new Error(`weights.${k} has ${a.length} elements, want ${sizes[k]}`);
   }
   const biases = { bq: cfg.nLayers * qDimOf(cfg), bk: cfg.nLayers * kvDimOf(cfg), bv: cfg.nLayers * kvDimOf(cfg) };

@@ -101,7 +101,13 @@ describe("kernels", () => {
   });
 
   test("f32_kernel_equals_reference", () => {
-    for (const n of [5, 32, 288]) for (const d of [3, 16, 33]) checkAgainstRef(new Float32Array(d * n).map((_, i) => Math.cos(i * 0.9)), n, d);
+    for (const n of [5, 32, 288])
+      for (const d of [3, 16, 33])
+        checkAgainstRef(
+          new Float32Array(d * n).map((_, i) => Math.cos(i * 0.9)),
+          n,
+          d,
+        );
   });
 
   test("q8_0_layout_is_ggml_block", () => {

@@ -5,7 +5,18 @@ import { castWeights } from "../../src/model/weights.ts";
 import { Seq, bits, tokens } from "./helpers.ts";
 
 // Big enough that every matmul of a prefill, and the classifier of a decode, is split.
-const MID: ModelConfig = { name: "mid", dim: 64, hiddenDim: 160, nLayers: 2, nHeads: 4, nKvHeads: 2, vocabSize: 1024, maxSeqLen: 128, ropeTheta: 10000, normEps: 1e-5 };
+const MID: ModelConfig = {
+  name: "mid",
+  dim: 64,
+  hiddenDim: 160,
+  nLayers: 2,
+  nHeads: 4,
+  nKvHeads: 2,
+  vocabSize: 1024,
+  maxSeqLen: 128,
+  ropeTheta: 10000,
+  normEps: 1e-5,
+};
 const B = 8;
 const models: Transformer[] = [];
 afterAll(() => models.forEach((m) => m.close()));
@@ -25,7 +36,11 @@ function run(m: Transformer, together: boolean): number[][] {
   const out = new Float32Array(3 * MID.vocabSize);
   const pass = (chunks: number[][]): void => {
     if (together) {
-      m.forward(pool, chunks.map((c, s) => seqs[s]!.chunk(c)), out);
+      m.forward(
+        pool,
+        chunks.map((c, s) => seqs[s]!.chunk(c)),
+        out,
+      );
       for (let s = 0; s < 3; s++) logits.push(bits(out.subarray(s * MID.vocabSize, (s + 1) * MID.vocabSize)));
     } else {
       for (let s = 0; s < 3; s++) {
