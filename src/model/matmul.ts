@@ -1,5 +1,5 @@
 import assert from "node:assert";
-import { MATMUL_WASM_BASE64 } from "./kernels/matmul-wasm.ts";
+import { KERNELS_WASM_BASE64 } from "./kernels/kernels-wasm.ts";
 import { KernelThreads, type KernelName } from "./kernel-threads.ts";
 import { assertFinite16, dequantizeInto, dtypeOf, matrixBytes, type DType, type Matrix } from "./packed.ts";
 
@@ -46,6 +46,11 @@ const PAGE = 65536;
 /** wasm32 addresses 4 GiB; weights past this (less room for activations) run matmulRef. */
 const MAX_PAGES = 65536;
 const MAX_PLACED_BYTES = 2 ** 32 - 2 ** 28;
+/**
+ * Bytes at the start of the memory left to the kernels' static data (AssemblyScript's expf
+ * table): every instantiation, each helper thread's too, writes its data segments there.
+ */
+export const KERNEL_RESERVED_BYTES = 65536;
 /** Multiply-adds below which a matmul stays on the calling thread: waking helpers costs more. */
 const SPLIT_MACS = 1 << 16;
 
@@ -55,7 +60,22 @@ export interface KernelOptions {
 }
 
 type KernelFn = (y: number, x: number, w: number, rows: number, n: number, d: number, i0: number, i1: number) => void;
-export type KernelExports = Record<`matmul_${DType}`, KernelFn>;
+export type KernelExports = Record<`matmul_${DType}`, KernelFn> & {
+  attend(
+    out: number,
+    q: number,
+    kv: number,
+    att: number,
+    firstPos: number,
+    nr: number,
+    B: number,
+    blockBytes: number,
+    nKv: number,
+    kvMul: number,
+    hd: number,
+    qStride: number,
+  ): void;
+};
 
 const KERNEL: Record<DType, KernelName> = { f32: "matmul_f32", f16: "matmul_f16", bf16: "matmul_bf16", q8_0: "matmul_q8_0" };
 
@@ -64,7 +84,7 @@ let compiled: WebAssembly.Module | null | undefined;
 /** The kernel module, compiled once per process; null where the engine lacks WebAssembly SIMD or threads. */
 export function kernelModule(): WebAssembly.Module | null {
   if (compiled === undefined) {
-    const bytes = Uint8Array.from(atob(MATMUL_WASM_BASE64), (c) => c.charCodeAt(0));
+    const bytes = Uint8Array.from(atob(KERNELS_WASM_BASE64), (c) => c.charCodeAt(0));
     compiled = null;
     if (typeof WebAssembly === "object" && typeof SharedArrayBuffer === "function" && WebAssembly.validate(bytes)) {
       compiled = new WebAssembly.Module(bytes);
@@ -100,7 +120,7 @@ export class MatmulKernel {
   /** Every SharedArrayBuffer object the memory has shown (one per size): views on any are ours. */
   private readonly buffers = new Set<ArrayBufferLike>();
   /** Byte offset where unallocated space (per-call copies) starts. */
-  private top = 0;
+  private top = KERNEL_RESERVED_BYTES;
   private threads: KernelThreads | null = null;
 
   constructor(tensors: readonly Matrix[] = [], opts: KernelOptions = {}) {
@@ -109,7 +129,7 @@ export class MatmulKernel {
     for (const t of unique) if (!(t instanceof Float32Array)) assertFinite16(t);
     let bytes = 0;
     for (const t of unique) bytes += align16(byteLengthOf(t));
-    const mem = mod !== null && bytes <= MAX_PLACED_BYTES ? sharedMemory(Math.ceil(bytes / PAGE)) : null;
+    const mem = mod !== null && bytes <= MAX_PLACED_BYTES ? sharedMemory(Math.ceil((KERNEL_RESERVED_BYTES + bytes) / PAGE)) : null;
     if (mod === null || mem === null) {
       this.memory = null;
       this.ex = null;
@@ -170,8 +190,22 @@ export class MatmulKernel {
     return a;
   }
 
+  /** Bytes living in the memory (null on the fallback); never freed. */
+  allocBytes(bytes: number): Uint8Array | null {
+    if (this.ex === null) return null;
+    const at = this.top;
+    this.top += align16(bytes);
+    this.ensure(this.top);
+    return new Uint8Array(this.memory!.buffer, at, bytes);
+  }
+
+  /** The kernels' exports, to call on arrays allocated here (null on the fallback). */
+  get exports(): KernelExports | null {
+    return this.ex;
+  }
+
   /** Byte offset of an array allocated here, or -1 for any other array. */
-  addressOf(a: Float32Array): number {
+  addressOf(a: ArrayBufferView): number {
     return this.buffers.has(a.buffer) ? a.byteOffset : -1;
   }
 

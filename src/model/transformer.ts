@@ -67,6 +67,8 @@ export class Transformer {
   private lastX: Float32Array = new Float32Array(0);
   private lastRow = new Int32Array(0);
 
+  private kvScratch: Uint8Array | null = null;
+  private attScratch: Float32Array = new Float32Array(0);
   private bitsOf: KvPool | null = null;
   private bits: Uint16Array = new Uint16Array(0);
 
@@ -210,7 +212,8 @@ export class Transformer {
         }
       }
 
-      this.attention(bits, blockElems, B, l, batch, rows);
+      if (this.mm.simd) this.attentionSimd(pool, l, batch, rows);
+      else this.attention(bits, blockElems, B, l, batch, rows);
       mm.matmul(xb2, xb, w.wo, l * dim * qDim, rows, qDim, dim);
       for (let i = 0, n = rows * dim; i < n; i++) x[i]! += xb2[i]!;
 
@@ -306,6 +309,58 @@ export class Transformer {
         k[ko + i] = a * c - b * s;
         k[ko + i + 1] = a * s + b * c;
       }
+    }
+  }
+
+  /**
+   * Attention in the SIMD kernel (kernels/assembly/attention.ts states its order): per chunk and
+   * layer, the K and V sections of the chunk's blocks are copied from the slab into kernel memory
+   * (one copy per block), then every row of the chunk attends there. Each row's result depends
+   * only on its query and the cached K/V, so chunking and batching never change a bit.
+   */
+  private attentionSimd(pool: KvPool, l: number, batch: readonly SeqChunk[], rows: number): void {
+    const ex = this.mm.exports!;
+    const B = pool.shape.blockTokens;
+    const kvDim = this.kvDim;
+    const layerBytes = 2 * B * kvDim * 2;
+    const need = Math.ceil(this.cfg.maxSeqLen / B) * layerBytes;
+    if (this.kvScratch === null || this.kvScratch.byteLength < need) {
+      this.kvScratch = this.mm.allocBytes(need)!;
+      this.attScratch = this.mm.alloc(this.cfg.maxSeqLen);
+    }
+    const kvs = this.kvScratch;
+    const kvAt = this.mm.addressOf(kvs);
+    const attAt = this.mm.addressOf(this.attScratch);
+    const qAt = this.mm.addressOf(this.q);
+    const xbAt = this.mm.addressOf(this.xb);
+    const src = pool.bytes;
+    const { rowPos, rowSeq } = this;
+    for (let r = 0; r < rows; ) {
+      const seq = rowSeq[r]!;
+      let rEnd = r + 1;
+      while (rEnd < rows && rowSeq[rEnd] === seq) rEnd++;
+      const table = batch[seq]!.blockTable;
+      const n = rowPos[rEnd - 1]! + 1;
+      for (let b = 0, nb = Math.ceil(n / B); b < nb; b++) {
+        const from = table[b]! * pool.blockBytes + l * layerBytes;
+        kvs.set(src.subarray(from, from + layerBytes), b * layerBytes);
+      }
+      const rowBytes = this.qDim * 4;
+      ex.attend(
+        xbAt + r * rowBytes,
+        qAt + r * rowBytes,
+        kvAt,
+        attAt,
+        rowPos[r]!,
+        rEnd - r,
+        B,
+        layerBytes,
+        this.cfg.nKvHeads,
+        this.kvMul,
+        this.headDim,
+        this.qDim,
+      );
+      r = rEnd;
     }
   }
 

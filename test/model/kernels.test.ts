@@ -1,5 +1,6 @@
 import { describe, expect, test } from "bun:test";
-import { MatmulKernel, matmul, matmulRef } from "../../src/model/matmul.ts";
+import { KERNELS_WASM_BASE64 } from "../../src/model/kernels/kernels-wasm.ts";
+import { KERNEL_RESERVED_BYTES, MatmulKernel, matmul, matmulRef } from "../../src/model/matmul.ts";
 import { castMatrix, dequantize, Q8_0_BLOCK_BYTES, QK8_0, type PackedMatrix } from "../../src/model/packed.ts";
 import { Transformer, syntheticWeights } from "../../src/model/index.ts";
 import { castWeights, MATRICES, weightsDType } from "../../src/model/weights.ts";
@@ -156,5 +157,42 @@ describe("packed weights in the transformer", () => {
         expect(bits(a)).toEqual(bits(b));
       }
     }
+  });
+});
+
+describe("kernel module", () => {
+  test("static_data_stays_inside_the_reserved_bytes", () => {
+    // Every instantiation (each helper thread's too) writes the data segments into the shared
+    // memory: they must end before the first placed weight.
+    const b = Uint8Array.from(atob(KERNELS_WASM_BASE64), (c) => c.charCodeAt(0));
+    let i = 8;
+    const leb = (): number => {
+      let n = 0;
+      for (let sh = 0; ; sh += 7) {
+        const c = b[i++]!;
+        n |= (c & 0x7f) << sh;
+        if (c < 0x80) return n;
+      }
+    };
+    let end = 0;
+    while (i < b.length) {
+      const id = b[i++]!;
+      const size = leb();
+      const next = i + size;
+      if (id === 11) {
+        for (let count = leb(); count > 0; count--) {
+          expect(leb()).toBe(0); // an active segment of memory 0
+          expect(b[i++]).toBe(0x41); // i32.const offset
+          const at = leb();
+          expect(b[i++]).toBe(0x0b);
+          const len = leb();
+          end = Math.max(end, at + len);
+          i += len;
+        }
+      }
+      i = next;
+    }
+    expect(end).toBeGreaterThan(0);
+    expect(end).toBeLessThanOrEqual(KERNEL_RESERVED_BYTES);
   });
 });
