@@ -2,7 +2,7 @@ import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { promptHashes } from "../../src/codec/index.ts";
 import { blockPayloadBytes } from "../../src/codec/index.ts";
 import { startEngineNode } from "../../src/cli/engine-node.ts";
-import type { FakeRunner } from "../support/fake-runner.ts";
+import type { FakeRunner } from "../support/fake-model.ts";
 import { fakeServedModel, sseEvents, startTestCluster, type TestCluster } from "../support/nodes.ts";
 
 let c: TestCluster;
