@@ -1,23 +1,40 @@
 import { createServer } from "node:net";
 import { log } from "../obs/index.ts";
-import { ConfigError, type Config } from "./options.ts";
+import { clusterFlags } from "./cluster-flags.ts";
+import { ConfigError, parseAddr, type Config } from "./options.ts";
+import { PARENT_PID_ENV, stopRequests } from "./stop-requests.ts";
 
-async function freePort(preferred = 0): Promise<number> {
-  const tryPort = (p: number) =>
-    new Promise<number>((resolve, reject) => {
-      const s = createServer();
-      s.once("error", reject);
-      s.listen(p, "127.0.0.1", () => {
-        const port = (s.address() as { port: number }).port;
-        s.close(() => resolve(port));
-      });
+function tryPort(port: number, host = "127.0.0.1"): Promise<number> {
+  return new Promise<number>((resolve, reject) => {
+    const s = createServer();
+    s.once("error", reject);
+    s.listen(port, host, () => {
+      const bound = (s.address() as { port: number }).port;
+      s.close(() => resolve(bound));
     });
-  if (preferred > 0) {
+  });
+}
+
+const freePort = () => tryPort(0);
+
+const DEFAULT_FRONT_PORT = 8000;
+
+/** The gateway's address: the one asked for (which must be free), else 8000, else any free port, saying so. */
+export async function frontDoor(asked: string | null, preferred = DEFAULT_FRONT_PORT): Promise<{ host: string; port: number; note: string | null }> {
+  if (asked !== null) {
+    const { host, port } = parseAddr(asked, "--http-listen");
     try {
-      return await tryPort(preferred);
-    } catch {}
+      return { host, port: await tryPort(port, host), note: null };
+    } catch (e) {
+      throw new ConfigError(`--http-listen ${asked}: cannot listen there (${e instanceof Error ? e.message : String(e)})`);
+    }
   }
-  return tryPort(0);
+  try {
+    return { host: "127.0.0.1", port: await tryPort(preferred), note: null };
+  } catch {
+    const port = await freePort();
+    return { host: "127.0.0.1", port, note: `port ${preferred} is busy; the gateway listens on 127.0.0.1:${port} instead (--http-listen picks one)` };
+  }
 }
 
 /** How to start this same program again: the compiled binary, or bun with this script. */
@@ -33,7 +50,9 @@ interface Child {
 }
 
 function spawnRole(name: string, args: string[]): Child {
-  const proc = Bun.spawn([...selfCommand(), ...args], { stdin: "ignore", stdout: "pipe", stderr: "inherit" });
+  // Each child watches this pid and stops when this process is gone, however it died.
+  const env = { ...process.env, [PARENT_PID_ENV]: String(process.pid) };
+  const proc = Bun.spawn([...selfCommand(), ...args], { stdin: "ignore", stdout: "pipe", stderr: "inherit", env });
   const ready = (async () => {
     const reader = proc.stdout.pipeThrough(new TextDecoderStream()).getReader();
     let buf = "";
@@ -72,36 +91,41 @@ export async function runCluster(config: Config, rest: Map<string, string>, opts
   const nP = count("prefill", 1);
   const nD = count("decode", 2);
   for (const k of rest.keys()) if (!["prefill", "decode"].includes(k)) throw new ConfigError(`unknown option --${k}`);
-  const e = config.engine;
-  const model = String(e.model);
-  const tokenizer = String(e.tokenizer);
-  const modelArgs = model ? ["--model", model, "--tokenizer", tokenizer] : [];
-  // Every role exports to the same collector (OTEL_EXPORTER_OTLP_ENDPOINT reaches them through the environment).
-  if (e.otlp_endpoint) modelArgs.push("--otlp-endpoint", String(e.otlp_endpoint));
-  const beat = String(Math.min(Number(e.heartbeat_interval_ms), 1000));
-
-  const httpPort = await freePort(8000);
-  const regPort = await freePort();
+  // Every option is passed on to the processes it concerns or refused here, before anything starts.
+  const flags = clusterFlags(config);
+  const wait = opts.wait ?? true;
+  // Asked for from the start: a signal, or the parent (npm, a shell, a supervisor) dying, during start-up stops it too.
+  const stopped = wait ? stopRequests(process.ppid) : null;
+  const front = await frontDoor(flags.httpListen);
+  if (front.note) log.warn(front.note);
+  const httpPort = front.port;
+  const reg = flags.registryListen ? parseAddr(flags.registryListen, "--registry-listen") : { host: "127.0.0.1", port: await freePort() };
+  const regPort = reg.port;
   const children: Child[] = [];
+  let up = false;
   const stopAll = async () => {
     for (const c of children) c.proc.kill("SIGTERM");
     await Promise.all(children.map((c) => Promise.race([c.proc.exited, Bun.sleep(15_000).then(() => c.proc.kill("SIGKILL"))])));
   };
+  void stopped?.then(async () => {
+    if (up) return;
+    await stopAll();
+    process.exit(1);
+  });
   try {
-    const gw = spawnRole("gateway", ["--role", "gateway", "--http-listen", `127.0.0.1:${httpPort}`, "--registry-listen", `127.0.0.1:${regPort}`, "--heartbeat-interval-ms", beat, ...modelArgs]);
+    const gw = spawnRole("gateway", ["--role", "gateway", "--http-listen", `${front.host}:${httpPort}`, "--registry-listen", `${reg.host}:${regPort}`, ...flags.gateway]);
     children.push(gw);
     await gw.ready;
     const engineArgs = async (role: string, i: number) => [
       "--role", role, "--worker-id", `${role}-${i}`,
       "--http-listen", `127.0.0.1:${await freePort()}`, "--grpc-listen", `127.0.0.1:${await freePort()}`, "--kv-listen", `127.0.0.1:${await freePort()}`,
-      "--gateway-registry", `127.0.0.1:${regPort}`, "--heartbeat-interval-ms", beat,
-      "--block-tokens", String(e.block_tokens), "--num-blocks", String(e.num_blocks), "--max-model-len", String(e.max_model_len),
-      ...modelArgs,
+      "--gateway-registry", `${reg.host === "0.0.0.0" ? "127.0.0.1" : reg.host}:${regPort}`,
+      ...flags.engines,
     ];
     for (let i = 0; i < nP; i++) children.push(spawnRole(`prefill-${i}`, await engineArgs("prefill", i)));
     for (let i = 0; i < nD; i++) children.push(spawnRole(`decode-${i}`, await engineArgs("decode", i)));
     const ready = await Promise.all(children.map((c) => c.ready));
-    const base = `http://127.0.0.1:${httpPort}`;
+    const base = `http://${front.host === "0.0.0.0" ? "127.0.0.1" : front.host}:${httpPort}`;
     // Ready lines say the servers are up; the registry listing them says routing can begin.
     const deadline = Date.now() + 30_000;
     for (;;) {
@@ -113,18 +137,17 @@ export async function runCluster(config: Config, rest: Map<string, string>, opts
     const print = (s: string) => process.stdout.write(s + "\n");
     print(`tl-engine cluster is up (model ${String(ready[0]!.model)}; its text is meaningless unless you pass --model/--tokenizer)`);
     for (const r of ready) print(`  ${String(r.role).padEnd(8)} ${String(r.worker_id ?? "gateway").padEnd(10)} pid ${String(r.pid).padEnd(8)} http ${String(r.http)}${r.grpc ? `  grpc ${String(r.grpc)}` : ""}${r.kv ? `  kv ${String(r.kv)}` : ""}${r.registry ? `  registry ${String(r.registry)}` : ""}`);
+    if (front.note) print(`  (${front.note})`);
     print("");
     print("try:");
     print(`  curl -N ${base}/v1/chat/completions -H 'content-type: application/json' \\`);
     print(`    -d '{"messages":[{"role":"user","content":"Hello!"}],"max_tokens":32,"stream":true}'`);
     print(`  curl ${base}/metrics`);
     if (opts.demo ?? true) await demo(base, print);
-    if (opts.wait ?? true) {
+    up = true;
+    if (stopped) {
       print("\nserving; Ctrl-C stops every process");
-      await new Promise<void>((resolve) => {
-        process.once("SIGINT", () => resolve());
-        process.once("SIGTERM", () => resolve());
-      });
+      log.info("stopping", { signal: await stopped });
       print("stopping...");
       await stopAll();
     }

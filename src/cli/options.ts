@@ -48,12 +48,14 @@ export interface Config {
   role: Role;
   engine: Section;
   gateway: Section;
+  /** "section.key" of every option the config file or a flag set (the rest are defaults). */
+  given: Set<string>;
 }
 
 export class ConfigError extends Error {}
 
 export function defaults(): Config {
-  const c: Config = { role: "both", engine: {}, gateway: {} };
+  const c: Config = { role: "both", engine: {}, gateway: {}, given: new Set() };
   for (const s of SPECS) c[s.section][s.key] = s.dflt;
   return c;
 }
@@ -103,6 +105,7 @@ export function applyToml(c: Config, path: string): void {
       const spec = SPECS.find((s) => s.section === table && s.key === key);
       if (!spec) throw new ConfigError(`config ${path}: unknown key ${table}.${key}`);
       c[table][key] = coerce(spec, value, `config ${path}:`);
+      c.given.add(`${table}.${key}`);
     }
   }
 }
@@ -147,6 +150,7 @@ export function parseArgs(argv: readonly string[]): { config: Config; rest: Map<
       continue;
     }
     config[spec.section][key] = coerce(spec, value, `--${name}:`);
+    config.given.add(`${spec.section}.${key}`);
   }
   return { config, rest, help };
 }

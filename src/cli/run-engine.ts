@@ -5,6 +5,7 @@ import { startGateway, type Gateway } from "../gateway/index.ts";
 import { createMetrics, log, metricsResponse, shutdownTracing, startTracing, tracingEndpoint } from "../obs/index.ts";
 import { loadTokenizerFor, startEngineNode, type EngineNode } from "./engine-node.ts";
 import { parseAddr, type Config } from "./options.ts";
+import { parentFromEnv, stopRequests } from "./stop-requests.ts";
 
 /** Starts one engine from its config; prints one ready line with every address. */
 export async function runEngine(config: Config): Promise<EngineNode> {
@@ -102,13 +103,13 @@ function traceTo(serviceName: string, role: string, option: string): void {
   log.info("tracing", { endpoint, service: serviceName });
 }
 
-/** SIGTERM/SIGINT: stop admitting, finish in-flight work within the deadline, stop, exit 0. */
+/**
+ * SIGTERM, SIGINT, SIGHUP, or the `engine cluster` that started this process going away
+ * (however it died): stop admitting, finish in-flight work within the deadline, stop, exit 0.
+ */
 export function exitOnSignal(stop: () => Promise<unknown>): void {
-  let stopping = false;
-  const onSignal = (sig: string) => {
-    if (stopping) return;
-    stopping = true;
-    log.info("stopping", { signal: sig });
+  void stopRequests(parentFromEnv()).then((why) => {
+    log.info("stopping", { signal: why });
     // Spans still batched are flushed before exit (bounded: a dead collector must not block it).
     stop().then(() => shutdownTracing()).then(
       () => process.exit(0),
@@ -117,7 +118,5 @@ export function exitOnSignal(stop: () => Promise<unknown>): void {
         process.exit(1);
       },
     );
-  };
-  process.on("SIGTERM", () => onSignal("SIGTERM"));
-  process.on("SIGINT", () => onSignal("SIGINT"));
+  });
 }
