@@ -2,7 +2,7 @@ import { Code } from "@connectrpc/connect";
 import { hostname } from "node:os";
 import { crc32cBackend } from "../codec/index.ts";
 import { startGateway, type Gateway } from "../gateway/index.ts";
-import { createMetrics, log, metricsResponse, shutdownTracing, startTracing, tracingEndpoint } from "../obs/index.ts";
+import { createMetrics, log, metricsResponse, recordEngineState, recordFinished, shutdownTracing, startTracing, tracingEndpoint } from "../obs/index.ts";
 import { loadTokenizerFor, startEngineNode, type EngineNode } from "./engine-node.ts";
 import { parseAddr, type Config } from "./options.ts";
 import { parentFromEnv, stopRequests } from "./stop-requests.ts";
@@ -21,7 +21,7 @@ export async function runEngine(config: Config): Promise<EngineNode> {
   if (!advertiseHost && e.gateway_registry && ["0.0.0.0", "::"].includes(http.host)) {
     log.warn(`binding ${http.host} without advertise_host: the gateway and peers are told ${http.host}, which only this host can reach`);
   }
-  const metrics = createMetrics();
+  const metrics = createMetrics(role);
   traceTo(`tl-engine-${role}`, role, String(e.otlp_endpoint));
   let node: EngineNode;
   node = await startEngineNode({
@@ -67,9 +67,13 @@ export async function runEngine(config: Config): Promise<EngineNode> {
       metrics.poolBlocks.set({ state: "free" }, pool.free);
       metrics.handlesPending.set(node.receiver?.pending() ?? 0);
       metrics.heartbeatMisses.set(node.heartbeat?.state.failures ?? 0);
+      const engine = node.engine;
+      recordEngineState(metrics, node.model.name, { running: engine.runningCount, waiting: engine.queueDepth, preemptions: engine.stats.preemptions, usedBlocks: pool.used, totalBlocks: pool.total });
       return metricsResponse(metrics);
     },
   });
+  // Every request the engine runs, whichever door it came in by (HTTP, Prefill, a resume).
+  node.engine.onFinish((f) => recordFinished(metrics, node.model.name, f));
   console.log(
     JSON.stringify({ msg: "ready", role, worker_id: node.workerId, pid: process.pid, model: node.model.name, http: node.httpAddress, grpc: node.grpcAddress, kv: node.kvAddress || null, advertise_host: advertiseHost ?? null, gateway_registry: e.gateway_registry || null, crc32c: crc32cBackend() }),
   );

@@ -28,6 +28,12 @@ export interface Finish {
   outputTokens: number[];
   prefixHitTokens: number;
   preemptions: number;
+  /** The request continued from another engine's prefill (its first token came with it). */
+  resumed: boolean;
+  /** Milliseconds from submit to first being scheduled; null when it never was. */
+  queueMs: number | null;
+  /** Milliseconds from submit to this finish. */
+  e2eMs: number;
   error?: string;
   prefill?: PrefillOutput;
 }
@@ -49,6 +55,10 @@ export class Sequence {
   prefixHitTokens = 0;
   preemptions = 0;
   draws = 0;
+  resumed = false;
+  /** Engine clock readings: when submitted, and when first scheduled (null until then). */
+  arrivedMs = 0;
+  scheduledMs: number | null = null;
 
   constructor(
     readonly requestId: string,

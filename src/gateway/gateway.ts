@@ -22,7 +22,7 @@ import {
   type HttpServer,
 } from "../http/index.ts";
 import type { Tokenizer } from "../model/index.ts";
-import { createMetrics, endSpan, extractHeaders, log, metricsResponse, SpanKind, startSpan, traceHeaders, type Attributes, type Metrics, type Span } from "../obs/index.ts";
+import { createMetrics, endSpan, extractHeaders, log, metricsResponse, recordServed, SpanKind, startSpan, traceHeaders, type Attributes, type Metrics, type Span } from "../obs/index.ts";
 import { RegistryService } from "./registry-service.ts";
 import { KvAffinity, pickByLoad, pickDecode } from "./router.ts";
 import { WorkerRegistry, type WorkerView } from "./worker-registry.ts";
@@ -116,7 +116,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
   const host = opts.host ?? "127.0.0.1";
   const registry = new WorkerRegistry({ intervalMs: opts.heartbeatIntervalMs ?? 2000 });
   const registryService = new RegistryService(registry);
-  const metrics = createMetrics();
+  const metrics = createMetrics("gateway");
   const affinity = new KvAffinity();
   const inflight = new Map<string, number>();
   const grpc: GrpcServer = await serveGrpc((r) => r.service(WorkerRegistryService, registryService.impl), { host, port: opts.registryPort ?? 0 });
@@ -348,6 +348,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
       active--;
       const outcome = q.end.reason === "error" ? "error" : q.end.reason === "cancelled" ? "cancelled" : "ok";
       metrics.requests.inc({ served: s.served, outcome });
+      recordServed(metrics, opts.modelName, { promptTokens: params.promptTokens.length, outputTokens: n, e2eMs: performance.now() - arrived });
       if (n > 1) metrics.tpot.observe({ served: s.served }, (performance.now() - firstAt) / 1000 / (n - 1));
       log.info("request", {
         request_id: id,
