@@ -2,9 +2,7 @@ export { serveGrpc, type GrpcServer, type GrpcServerOptions } from "./grpc-serve
 export { grpcClient, closeGrpcClients, type GrpcClientOptions } from "./grpc-client.ts";
 export {
   workerStatus,
-  roleToProto,
   receivesKv,
-  KV_FORMAT,
   type EngineRole,
   type WorkerIdentity,
   type WorkerLoad,

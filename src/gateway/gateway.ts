@@ -1,6 +1,7 @@
 import { create } from "@bufbuild/protobuf";
-import { Code, ConnectError } from "@connectrpc/connect";
-import { promptHashes } from "../codec/index.ts";
+import { ConnectError } from "@connectrpc/connect";
+import { Code, httpStatusOf } from "../rpc/status.ts";
+import { KV_FORMAT, promptHashes } from "../codec/index.ts";
 import { grpcClient, serveGrpc, type GrpcServer } from "../control/index.ts";
 import { Role, WorkerRegistry as WorkerRegistryService } from "../gen/tl/control/v1/control_pb.ts";
 import { EngineControl, PrefillRequestSchema, type KvHandle } from "../gen/tl/engine/v1/engine_pb.ts";
@@ -91,26 +92,6 @@ const SERVER_ATTRS: Record<CompletionKind, Attributes> = {
 const PREFILL_ATTRS: Attributes = { "tl.role": "gateway", "rpc.system": "grpc", "rpc.service": "tl.engine.v1.EngineControl", "rpc.method": "Prefill" };
 const RESUME_ATTRS: Attributes = { "tl.role": "gateway", "http.request.method": "POST", "url.path": "/v1/completions" };
 
-function httpStatusOf(code: Code): number {
-  switch (code) {
-    case Code.InvalidArgument:
-      return 400;
-    case Code.NotFound:
-      return 404;
-    case Code.AlreadyExists:
-      return 409;
-    case Code.ResourceExhausted:
-      return 429;
-    case Code.Unavailable:
-    case Code.FailedPrecondition:
-      return 503;
-    case Code.DeadlineExceeded:
-      return 504;
-    default:
-      return 502;
-  }
-}
-
 /** The front door: registry for heartbeats, OpenAI HTTP for clients, routing in between. */
 export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
   const host = opts.host ?? "127.0.0.1";
@@ -136,7 +117,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
           promptTokens: params.promptTokens,
           sampling: { ...samplingOf(params), stopTokenIds: [...params.stopTokenIds] },
           decodeTarget: d.status.kvAddress,
-          kvFormat: 1,
+          kvFormat: KV_FORMAT,
         }),
         { signal, headers: traceHeaders(span) },
       );

@@ -1,4 +1,5 @@
 import { promptHashes } from "../codec/index.ts";
+import type { ClaimedHandle } from "../transfer/index.ts";
 import type { Engine, Finish } from "../engine/index.ts";
 import type { Tokenizer } from "../model/index.ts";
 import { endSpan, extractHeaders, SpanKind, startSpan, type Attributes, type Span } from "../obs/index.ts";
@@ -7,12 +8,6 @@ import { completionResponse } from "./completion-response.ts";
 import { errorResponse, HttpError } from "./errors.ts";
 import { TokenQueue } from "./token-queue.ts";
 
-/** The blocks a resumed request takes over: what KvReceiver.claim hands back. */
-export interface ClaimedKv {
-  blockIds: number[];
-  hashes: bigint[];
-  nTokens: number;
-}
 
 export interface EngineHttpContext {
   engine: Engine;
@@ -22,7 +17,7 @@ export interface EngineHttpContext {
   roles: readonly string[];
   isDraining: () => boolean;
   /** Decode engines: takes a pushed handle over (null when unknown or expired). */
-  claim?: (handleId: string) => ClaimedKv | null;
+  claim?: (handleId: string) => ClaimedHandle | null;
   /** Called once per finished request, for logs and metrics. */
   onRequestEnd?: (info: RequestEnd) => void;
   /** Extra routes (e.g. /metrics), tried before the 404. */

@@ -1,4 +1,4 @@
-export { log, setLogLevel } from "./log.ts";
+export { log } from "./log.ts";
 export { createMetrics, metricsResponse, recordEngineState, recordFinished, recordServed, type EngineState, type FinishedRequest, type Metrics, type MetricsRole } from "./metrics.ts";
 export {
   endSpan,

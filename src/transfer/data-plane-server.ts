@@ -1,27 +1,31 @@
 import type { Socket, TCPSocketListener } from "bun";
-import { envelopeBytes } from "../codec/index.ts";
+import { envelopeBytes, KV_FORMAT } from "../codec/index.ts";
 import { endSpan, SpanKind, startSpan, tracingEnabled, type Attributes, type Span } from "../obs/index.ts";
-import { ackSpanAttributes, KV_FORMAT, type KvChunkLike } from "./kv-chunk.ts";
-import { GrpcCode, KvError } from "./kv-error.ts";
+import { ackSpanAttributes, type KvChunkLike } from "./kv-chunk.ts";
+import { KvError } from "./kv-error.ts";
+import { Code } from "../rpc/status.ts";
 import type { KvReceiver, PushSession } from "./kv-receiver.ts";
 import {
-  ACK_BODY,
   CHUNK_FIXED,
-  FRAME_ACK,
+  decodeChunk,
+  decodeRun,
+  decodeTrace,
+  encodeAck,
+  encodeError,
   FRAME_CHUNK,
   FRAME_END,
-  FRAME_ERROR,
   FRAME_HEAD,
   FRAME_RUN,
   FRAME_TRACE,
-  getU32,
-  getU64,
+  frameBytes,
   MAX_RUN,
-  MAX_TRACE_BYTES,
-  putU32,
-  putU64,
   RUN_ENTRY,
+  RUN_ENTRY_HEAD,
   RUN_FIXED,
+  type RunHead,
+  runEntryCrc,
+  runEntryHash,
+  runEntryTrailer,
 } from "./data-plane-frame.ts";
 
 export interface DataPlaneServer {
@@ -32,7 +36,6 @@ export interface DataPlaneServer {
 }
 
 const decoder = new TextDecoder();
-const encoder = new TextEncoder();
 
 /** Per-connection state: a frame being reassembled and the push it belongs to. */
 class Conn {
@@ -45,6 +48,8 @@ class Conn {
   /** one reused chunk object: the receiver copies what it keeps */
   readonly chunk: KvChunkLike = { handleId: "", index: 0, total: 0, hash: 0n, kvFormat: KV_FORMAT, envelope: new Uint8Array(0), crc32c: 0 };
   handleBytes = new Uint8Array(0);
+  /** one reused RUN head */
+  readonly runHead: RunHead = { first: 0, count: 0, total: 0, kvFormat: 0, payloadBytes: 0, entries: new Uint8Array(0) };
   /** bytes of replies the socket did not take yet */
   out: Uint8Array[] = [];
   /** kv.transfer SERVER span of the push in progress, when P sent a TRACE frame */
@@ -158,7 +163,7 @@ function onData(rx: KvReceiver, s: Socket<Conn>, buf: Uint8Array): void {
         off += k;
         if (c.have < FRAME_HEAD) return;
       }
-      const len = 4 + getU32(c.acc, 0);
+      const len = frameBytes(c.acc, 0);
       if (!checkLen(s, len, c.acc[4]!)) return;
       if (c.acc.length < len) {
         const bigger = new Uint8Array(Math.max(len, Math.min(Math.max(c.maxChunk, c.maxRun), c.acc.length * 2)));
@@ -174,7 +179,7 @@ function onData(rx: KvReceiver, s: Socket<Conn>, buf: Uint8Array): void {
       onFrame(rx, s, c.acc.subarray(0, len));
       continue;
     }
-    const len = 4 + getU32(buf, off);
+    const len = frameBytes(buf, off);
     if (!checkLen(s, len, buf[off + 4]!)) return;
     if (n - off >= len) {
       // Whole frame in this read: no copy.
@@ -208,7 +213,7 @@ function checkLen(s: Socket<Conn>, len: number, type: number): boolean {
   const max = type === FRAME_RUN ? s.data.maxRun : s.data.maxChunk;
   if (len >= FRAME_HEAD && len <= max) return true;
   // Over the limit is refused as gRPC refuses an oversized message (readMaxBytes), before any of it is buffered.
-  const code = len < FRAME_HEAD ? GrpcCode.INVALID_ARGUMENT : GrpcCode.RESOURCE_EXHAUSTED;
+  const code = len < FRAME_HEAD ? Code.InvalidArgument : Code.ResourceExhausted;
   refuse(s, new KvError(code, `data plane frame of ${len} bytes, ${len < FRAME_HEAD ? `need ≥ ${FRAME_HEAD}` : `limit ${max}`}`));
   return false;
 }
@@ -218,47 +223,29 @@ function onFrame(rx: KvReceiver, s: Socket<Conn>, f: Uint8Array): void {
   try {
     const type = f[4]!;
     if (type === FRAME_CHUNK) {
-      if (f.length < FRAME_HEAD + CHUNK_FIXED) throw new KvError(GrpcCode.INVALID_ARGUMENT, `chunk frame of ${f.length} bytes`);
-      const o = FRAME_HEAD;
-      const hl = f[o + 24]! | (f[o + 25]! << 8);
-      const eo = o + CHUNK_FIXED + hl;
-      if (eo > f.length) throw new KvError(GrpcCode.INVALID_ARGUMENT, `chunk frame of ${f.length} bytes, handle of ${hl}`);
       const ch = c.chunk;
-      setHandle(c, f.subarray(o + CHUNK_FIXED, eo));
-      ch.index = getU32(f, o);
-      ch.total = getU32(f, o + 4);
-      ch.hash = getU64(f, o + 8);
-      ch.kvFormat = getU32(f, o + 16);
-      ch.crc32c = getU32(f, o + 20);
-      ch.envelope = f.subarray(eo);
+      setHandle(c, decodeChunk(f, ch));
       c.session ??= rx.begin(ch.handleId, ch.total);
       c.session.accept(ch);
     } else if (type === FRAME_RUN) {
       beginRun(rx, c, f);
     } else if (type === FRAME_END) {
-      if (c.session === undefined) throw new KvError(GrpcCode.INVALID_ARGUMENT, "empty push");
+      if (c.session === undefined) throw new KvError(Code.InvalidArgument, "empty push");
       const s0 = c.session;
       c.session = undefined;
       const ack = s0.finish();
-      const r = new Uint8Array(FRAME_HEAD + ACK_BODY);
-      putU32(r, 0, r.length - 4);
-      r[4] = FRAME_ACK;
-      putU32(r, 5, ack.blocksReceived);
-      putU32(r, 9, ack.blocksDeduped);
-      putU64(r, 13, ack.payloadBytes);
-      putU32(r, 21, ack.nTokens);
-      send(s, r);
+      send(s, encodeAck(ack));
       if (c.span?.isRecording()) c.span.setAttributes(ackSpanAttributes(ack));
       endTrace(c);
     } else if (type === FRAME_TRACE) {
-      if (f.length - FRAME_HEAD > MAX_TRACE_BYTES) throw new KvError(GrpcCode.INVALID_ARGUMENT, `trace frame of ${f.length} bytes, limit ${FRAME_HEAD + MAX_TRACE_BYTES}`);
+      const traceparent = decodeTrace(f);
       endTrace(c, "a new push began before this one ended");
-      if (tracingEnabled()) c.span = startSpan("kv.transfer", SpanKind.SERVER, decoder.decode(f.subarray(FRAME_HEAD)), TRACE_ATTRS);
+      if (tracingEnabled()) c.span = startSpan("kv.transfer", SpanKind.SERVER, traceparent, TRACE_ATTRS);
     } else {
-      throw new KvError(GrpcCode.INVALID_ARGUMENT, `unknown data plane frame type ${type}`);
+      throw new KvError(Code.InvalidArgument, `unknown data plane frame type ${type}`);
     }
   } catch (e) {
-    refuse(s, e instanceof KvError ? e : new KvError(GrpcCode.INTERNAL, e instanceof Error ? e.message : String(e)));
+    refuse(s, e instanceof KvError ? e : new KvError(Code.Internal, e instanceof Error ? e.message : String(e)));
   }
 }
 
@@ -271,34 +258,26 @@ function setHandle(c: Conn, hb: Uint8Array): void {
 
 /** Checks a RUN frame and keeps its entries; the payloads that follow are onRunPayload's. */
 function beginRun(rx: KvReceiver, c: Conn, f: Uint8Array): void {
-  if (f.length < FRAME_HEAD + RUN_FIXED) throw new KvError(GrpcCode.INVALID_ARGUMENT, `run frame of ${f.length} bytes`);
-  const o = FRAME_HEAD;
-  const first = getU32(f, o);
-  const count = getU32(f, o + 4);
-  const payloadBytes = getU32(f, o + 16);
-  const hl = f[o + 20]! | (f[o + 21]! << 8);
-  const eo = o + RUN_FIXED + hl;
-  if (count < 1 || count > MAX_RUN) throw new KvError(GrpcCode.INVALID_ARGUMENT, `run of ${count} chunks, want 1..${MAX_RUN}`);
-  if (f.length !== eo + count * RUN_ENTRY) {
-    throw new KvError(GrpcCode.INVALID_ARGUMENT, `run frame of ${f.length} bytes, want ${eo + count * RUN_ENTRY} for ${count} chunks and a handle of ${hl}`);
-  }
+  const run = c.runHead;
+  const handle = decodeRun(f, run);
+  const { count, payloadBytes } = run;
   // Another payload size is another block shape: refused as reader rule 7 refuses it.
   const shape = rx.pool.shape;
   if (payloadBytes !== c.payload.length) {
     throw new KvError(
-      GrpcCode.FAILED_PRECONDITION,
+      Code.FailedPrecondition,
       `run of ${payloadBytes}-byte payloads, pool blocks (B=${shape.blockTokens} L=${shape.nLayers} H=${shape.nKvHeads} D=${shape.headDim}) are ${c.payload.length} bytes`,
     );
   }
   const ch = c.chunk;
-  setHandle(c, f.subarray(o + RUN_FIXED, eo));
-  ch.index = first;
-  ch.total = getU32(f, o + 8);
-  ch.kvFormat = getU32(f, o + 12);
+  setHandle(c, handle);
+  ch.index = run.first;
+  ch.total = run.total;
+  ch.kvFormat = run.kvFormat;
   // The read buffer goes back to the allocator after this read: the entries are kept.
   const bytes = count * RUN_ENTRY;
   if (c.run.length < bytes) c.run = new Uint8Array(Math.max(bytes, Math.min(MAX_RUN * RUN_ENTRY, c.run.length * 2)));
-  c.run.set(f.subarray(eo), 0);
+  c.run.set(run.entries, 0);
   c.session ??= rx.begin(ch.handleId, ch.total);
   c.runNext = 0;
   c.runLeft = count;
@@ -310,14 +289,14 @@ function onRunPayload(s: Socket<Conn>, payload: Uint8Array): void {
   try {
     const e = c.runNext * RUN_ENTRY;
     const ch = c.chunk;
-    ch.hash = getU64(c.run, e);
-    ch.crc32c = getU32(c.run, e + 8);
-    c.session!.acceptParts(ch, c.run, e + 12, payload, getU32(c.run, e + RUN_ENTRY - 4));
+    ch.hash = runEntryHash(c.run, e);
+    ch.crc32c = runEntryCrc(c.run, e);
+    c.session!.acceptParts(ch, c.run, e + RUN_ENTRY_HEAD, payload, runEntryTrailer(c.run, e));
     ch.index++;
     c.runNext++;
     c.runLeft--;
   } catch (err) {
-    refuse(s, err instanceof KvError ? err : new KvError(GrpcCode.INTERNAL, err instanceof Error ? err.message : String(err)));
+    refuse(s, err instanceof KvError ? err : new KvError(Code.Internal, err instanceof Error ? err.message : String(err)));
   }
 }
 
@@ -328,13 +307,7 @@ function refuse(s: Socket<Conn>, e: KvError): void {
   c.session = undefined;
   c.refused = true;
   endTrace(c, e);
-  const msg = encoder.encode(e.message);
-  const r = new Uint8Array(FRAME_HEAD + 4 + msg.length);
-  putU32(r, 0, r.length - 4);
-  r[4] = FRAME_ERROR;
-  putU32(r, 5, e.code);
-  r.set(msg, 9);
-  send(s, r);
+  send(s, encodeError(e.code, e.message));
   // The client hangs up on ERROR; one that does not is cut loose after a while.
   setTimeout(() => s.end(), 5_000).unref();
 }

@@ -14,7 +14,8 @@ import { endSpan, extractHeaders, SpanKind, startSpan, type Span } from "../obs/
 import { GRPC_PREFIX_BYTES, grpcMessageLength, putGrpcPrefix } from "./grpc-prefix.ts";
 import { ackSpanAttributes } from "./kv-chunk.ts";
 import { PUSH_ATTRS } from "./kv-service.ts";
-import { GrpcCode, KvError } from "./kv-error.ts";
+import { KvError } from "./kv-error.ts";
+import { Code } from "../rpc/status.ts";
 import type { KvReceiver, PushSession } from "./kv-receiver.ts";
 
 const PATH = "/tl.kv.v1.KvTransfer/PushKv";
@@ -75,7 +76,7 @@ class PushStream {
       if (this.answered) return;
       this.answered = true;
       this.session?.abort();
-      endSpan(this.span, new KvError(GrpcCode.CANCELLED, "push stream closed before it ended"));
+      endSpan(this.span, new KvError(Code.Canceled, "push stream closed before it ended"));
     };
     this.req.on("aborted", gone);
     this.req.on("error", gone);
@@ -129,8 +130,8 @@ class PushStream {
   }
 
   private begin(flags: number, len: number): void {
-    if (flags & 1) throw new KvError(GrpcCode.INTERNAL, "compressed message without a grpc-encoding");
-    if (len > this.maxBytes) throw new KvError(GrpcCode.RESOURCE_EXHAUSTED, `message size ${len} is larger than configured readMaxBytes ${this.maxBytes}`);
+    if (flags & 1) throw new KvError(Code.Internal, "compressed message without a grpc-encoding");
+    if (len > this.maxBytes) throw new KvError(Code.ResourceExhausted, `message size ${len} is larger than configured readMaxBytes ${this.maxBytes}`);
     this.need = len;
   }
 
@@ -139,7 +140,7 @@ class PushStream {
     try {
       c = fromBinary(KvChunkSchema, bytes);
     } catch (e) {
-      throw new KvError(GrpcCode.INVALID_ARGUMENT, `KvChunk message: ${e instanceof Error ? e.message : String(e)}`);
+      throw new KvError(Code.InvalidArgument, `KvChunk message: ${e instanceof Error ? e.message : String(e)}`);
     }
     this.session ??= this.rx.begin(c.handleId, c.total);
     this.session.accept(c);
@@ -148,11 +149,11 @@ class PushStream {
   private onEnd(): void {
     if (this.answered) return;
     try {
-      if (this.need >= 0 || this.prefixHave > 0) throw new KvError(GrpcCode.INVALID_ARGUMENT, "stream ended inside a message");
+      if (this.need >= 0 || this.prefixHave > 0) throw new KvError(Code.InvalidArgument, "stream ended inside a message");
       // As with Connect on Bun, a client that resets mid-stream can look like a clean
       // end here: finish() refuses a push short of its `total` chunks.
       const s = this.session;
-      if (s === undefined) throw new KvError(GrpcCode.INVALID_ARGUMENT, "empty push");
+      if (s === undefined) throw new KvError(Code.InvalidArgument, "empty push");
       this.session = undefined;
       const ack = s.finish();
       const msg = toBinary(KvAckSchema, create(KvAckSchema, ack));
@@ -172,7 +173,7 @@ class PushStream {
     if (this.answered) return;
     this.session?.abort();
     this.session = undefined;
-    const err = e instanceof KvError ? e : new KvError(GrpcCode.INTERNAL, e instanceof Error ? e.message : String(e));
+    const err = e instanceof KvError ? e : new KvError(Code.Internal, e instanceof Error ? e.message : String(e));
     endSpan(this.span, err);
     this.answer(err.code, err.message);
   }

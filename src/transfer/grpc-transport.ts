@@ -3,7 +3,7 @@ import { Code, ConnectError, createClient, type Client } from "@connectrpc/conne
 import { createGrpcTransport, Http2SessionManager } from "@connectrpc/connect-node";
 import { KvTransfer } from "../gen/tl/kv/v1/kv_pb.ts";
 import type { KvAckLike, KvChunkLike } from "./kv-chunk.ts";
-import { GrpcCode, TransferError } from "./kv-error.ts";
+import { TransferError } from "./kv-error.ts";
 import type { KvTransport, PushOptions } from "./kv-transport.ts";
 import { DataPlaneClient } from "./data-plane-client.ts";
 import { grpcPush } from "./grpc-push.ts";
@@ -70,7 +70,7 @@ export class GrpcTransport implements KvTransport {
     try {
       const res = await this.client(target).hasBlocks({ hashes: hashes as bigint[], kvFormat });
       if (res.present.length !== hashes.length) {
-        throw new TransferError(GrpcCode.INTERNAL, `HasBlocks answered ${res.present.length} flags for ${hashes.length} hashes`);
+        throw new TransferError(Code.Internal, `HasBlocks answered ${res.present.length} flags for ${hashes.length} hashes`);
       }
       if (res.dataPlaneAddress !== "") this.dataPlanes.set(target, res.dataPlaneAddress);
       else this.dataPlanes.delete(target);
@@ -124,7 +124,7 @@ export class GrpcTransport implements KvTransport {
  */
 function brokenOrTransferError(e: unknown, what: string, signal?: AbortSignal): TransferError {
   if (e instanceof ConnectError && (e.code === Code.Canceled || e.code === Code.Aborted) && !signal?.aborted) {
-    return new TransferError(GrpcCode.UNAVAILABLE, `${what}: connection broke (${Code[e.code]}): ${e.rawMessage}`);
+    return new TransferError(Code.Unavailable, `${what}: connection broke (${Code[e.code]}): ${e.rawMessage}`);
   }
   return toTransferError(e, what);
 }

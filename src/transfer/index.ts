@@ -7,5 +7,6 @@ export { GrpcTransport, type GrpcTransportOptions } from "./grpc-transport.ts";
 export type { KvTransport } from "./kv-transport.ts";
 export { buildChunks, chunkSlabBytes, poolChunks, PoolChunk } from "./build-chunks.ts";
 export { transfer, type TransferStats } from "./transfer.ts";
-export { KV_FORMAT, type KvChunkLike, type KvAckLike } from "./kv-chunk.ts";
-export { KvError, TransferError, GrpcCode, grpcCodeName } from "./kv-error.ts";
+export type { KvChunkLike, KvAckLike } from "./kv-chunk.ts";
+export { KV_FORMAT } from "../codec/index.ts";
+export { KvError, TransferError } from "./kv-error.ts";

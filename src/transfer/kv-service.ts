@@ -3,7 +3,7 @@ import { envelopeBytes } from "../codec/index.ts";
 import { KvTransfer, type KvChunk } from "../gen/tl/kv/v1/kv_pb.ts";
 import { endSpan, extractHeaders, SpanKind, startSpan, type Attributes } from "../obs/index.ts";
 import { ackSpanAttributes } from "./kv-chunk.ts";
-import { GrpcCode, KvError } from "./kv-error.ts";
+import { KvError } from "./kv-error.ts";
 import type { KvReceiver, PushSession } from "./kv-receiver.ts";
 
 export interface KvServiceOptions {
@@ -34,8 +34,8 @@ export function kvService(receiver: KvReceiver, opts: KvServiceOptions = {}): Se
         }
         // With Connect on Bun and Node a client that aborts mid-stream can end the
         // loop above normally; the abort shows only here (and in the count).
-        if (ctx.signal.aborted) throw new KvError(GrpcCode.CANCELLED, `push ${s?.handleId ?? ""} cancelled by the client`);
-        if (s === undefined) throw new KvError(GrpcCode.INVALID_ARGUMENT, "empty push");
+        if (ctx.signal.aborted) throw new KvError(Code.Canceled, `push ${s?.handleId ?? ""} cancelled by the client`);
+        if (s === undefined) throw new KvError(Code.InvalidArgument, "empty push");
         const ack = s.finish();
         if (span.isRecording()) span.setAttributes(ackSpanAttributes(ack));
         endSpan(span);

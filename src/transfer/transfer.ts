@@ -1,7 +1,8 @@
+import { KV_FORMAT } from "../codec/index.ts";
 import type { KvPool } from "../pool/index.ts";
 import { chunkSlabBytes, poolChunks } from "./build-chunks.ts";
-import { KV_FORMAT } from "./kv-chunk.ts";
-import { GrpcCode, TransferError } from "./kv-error.ts";
+import { TransferError } from "./kv-error.ts";
+import { Code } from "../rpc/status.ts";
 import type { KvTransport } from "./kv-transport.ts";
 import { toTransferError } from "./grpc-transport.ts";
 
@@ -67,7 +68,7 @@ export async function transfer(
       ack = await transport.push(target, poolChunks(pool, handleId, ids, hashes, present, getSlab), pushOpts);
     } catch (e) {
       const err = toTransferError(e, `push ${handleId}`);
-      if (err.code !== GrpcCode.NOT_FOUND) throw err;
+      if (err.code !== Code.NotFound) throw err;
       ack = await transport.push(target, poolChunks(pool, handleId, ids, hashes, all, getSlab), pushOpts);
     }
     return {

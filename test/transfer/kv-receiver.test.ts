@@ -1,7 +1,8 @@
 import { expect, test } from "bun:test";
 import { crc32c } from "../../src/codec/index.ts";
 import { KvPool } from "../../src/pool/index.ts";
-import { buildChunks, GrpcCode, KvError, KvReceiver } from "../../src/transfer/index.ts";
+import { Code } from "../../src/rpc/status.ts";
+import { buildChunks, KvError, KvReceiver } from "../../src/transfer/index.ts";
 import { fakePrefill, fakePrompt } from "../support/fake-model.ts";
 import { SHAPE, snapshot } from "./harness.ts";
 
@@ -24,13 +25,13 @@ test("receiver_caps_duplicates_and_shortage", () => {
     const pre = fakePrefill(P, tokens)!;
     const none = [false, false];
     rx.acceptAll(buildChunks(P, "a", pre.ids, pre.hashes, none));
-    expect(code(() => rx.acceptAll(buildChunks(P, "a", pre.ids, pre.hashes, none)))).toBe(GrpcCode.ALREADY_EXISTS);
+    expect(code(() => rx.acceptAll(buildChunks(P, "a", pre.ids, pre.hashes, none)))).toBe(Code.AlreadyExists);
     const open = rx.begin("b", 3);
-    expect(code(() => rx.begin("b", 3))).toBe(GrpcCode.ALREADY_EXISTS);
-    expect(code(() => rx.begin("c", 3))).toBe(GrpcCode.RESOURCE_EXHAUSTED); // in flight
+    expect(code(() => rx.begin("b", 3))).toBe(Code.AlreadyExists);
+    expect(code(() => rx.begin("c", 3))).toBe(Code.ResourceExhausted); // in flight
     open.abort();
     rx.acceptAll(buildChunks(P, "b", pre.ids, pre.hashes, [true, true]));
-    expect(code(() => rx.begin("c", 3))).toBe(GrpcCode.RESOURCE_EXHAUSTED); // pending
+    expect(code(() => rx.begin("c", 3))).toBe(Code.ResourceExhausted); // pending
     expect(rx.release("a")).toBe(true);
     expect(rx.release("b")).toBe(true);
 
@@ -38,7 +39,7 @@ test("receiver_caps_duplicates_and_shortage", () => {
     const base = snapshot(D, rx);
     const long = fakePrefill(P, fakePrompt(28, 6))!;
     expect(code(() => rx.acceptAll(buildChunks(P, "d", long.ids, long.hashes, long.hashes.map(() => false))))).toBe(
-      GrpcCode.RESOURCE_EXHAUSTED,
+      Code.ResourceExhausted,
     );
     // Allocating may have evicted cached blocks (an LRU cache's ordinary cost); nothing is held.
     const after = snapshot(D, rx);
@@ -47,7 +48,7 @@ test("receiver_caps_duplicates_and_shortage", () => {
     // a hashless (partial) block before the last chunk would shift every later token
     const chunks = buildChunks(P, "e", pre.ids, pre.hashes, none);
     const before = snapshot(D, rx);
-    expect(code(() => rx.acceptAll([chunks[0]!, { ...chunks[2]!, index: 1 }, { ...chunks[1]!, index: 2 }]))).toBe(GrpcCode.INVALID_ARGUMENT);
+    expect(code(() => rx.acceptAll([chunks[0]!, { ...chunks[2]!, index: 1 }, { ...chunks[1]!, index: 2 }]))).toBe(Code.InvalidArgument);
     expect(snapshot(D, rx)).toEqual(before);
     P.releaseAll(pre.ids);
     P.releaseAll(long.ids);
