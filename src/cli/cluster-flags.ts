@@ -23,6 +23,8 @@ export const CLUSTER_OPTIONS: Readonly<Record<string, Rule>> = {
   gateway_registry: { refuse: "the cluster's engines beat to its own gateway (--registry-listen picks its address)" },
   model: "all",
   tokenizer: "all",
+  // The gateway renders chat prompts (what it hashes and P prefills) with the engines' template.
+  chat_template: "all",
   max_model_len: "all",
   drain_timeout_s: "all",
   heartbeat_interval_ms: "all",

@@ -22,7 +22,7 @@ import {
   type CompletionParams,
   type HttpServer,
 } from "../http/index.ts";
-import type { Tokenizer } from "../model/index.ts";
+import type { ChatRenderer, Tokenizer } from "../model/index.ts";
 import { createMetrics, endSpan, extractHeaders, log, metricsResponse, recordServed, SpanKind, startSpan, traceHeaders, type Attributes, type Metrics, type Span } from "../obs/index.ts";
 import { RegistryService } from "./registry-service.ts";
 import { KvAffinity, pickByLoad, pickDecode } from "./router.ts";
@@ -34,6 +34,8 @@ export interface GatewayOptions {
   httpPort?: number;
   registryPort?: number;
   tokenizer: Tokenizer;
+  /** The model's chat template, as the engines render it (prompt hashes must match theirs). */
+  chat?: ChatRenderer;
   modelName: string;
   maxModelLen: number;
   /** Beat interval told to engines; a worker is evicted after 3 silent intervals. */
@@ -101,7 +103,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
   const affinity = new KvAffinity();
   const inflight = new Map<string, number>();
   const grpc: GrpcServer = await serveGrpc((r) => r.service(WorkerRegistryService, registryService.impl), { host, port: opts.registryPort ?? 0 });
-  const limits = { tokenizer: opts.tokenizer, maxModelLen: opts.maxModelLen };
+  const limits = { tokenizer: opts.tokenizer, maxModelLen: opts.maxModelLen, chat: opts.chat };
   const prefillTimeoutMs = opts.prefillTimeoutMs ?? 60_000;
 
   const busy = (id: string, d: number) => inflight.set(id, (inflight.get(id) ?? 0) + d);
@@ -242,7 +244,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
       q.push(handle.firstToken);
       let claimed = false;
       if (handle.finished) {
-        const stop = handle.firstToken === opts.tokenizer.eos || params.stopTokenIds.includes(handle.firstToken);
+        const stop = opts.tokenizer.eosIds.includes(handle.firstToken) || params.stopTokenIds.includes(handle.firstToken);
         q.close({ reason: stop ? "stop" : "length" });
       } else {
         busy(did, 1);
