@@ -22,6 +22,8 @@ export const CLUSTER_OPTIONS: Readonly<Record<string, Rule>> = {
   advertise_host: { refuse: "the cluster's processes reach each other on loopback" },
   gateway_registry: { refuse: "the cluster's engines beat to its own gateway (--registry-listen picks its address)" },
   model: "all",
+  // The gateway and every engine must agree on the name requests give.
+  served_model_name: "all",
   tokenizer: "all",
   // The gateway renders chat prompts (what it hashes and P prefills) with the engines' template.
   chat_template: "all",

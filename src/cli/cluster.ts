@@ -1,6 +1,6 @@
 import { createServer } from "node:net";
 import { log } from "../obs/index.ts";
-import { clusterFlags } from "./cluster-flags.ts";
+import { clusterFlags, type ClusterFlags } from "./cluster-flags.ts";
 import { ConfigError, parseAddr, type Config } from "./options.ts";
 import { PARENT_PID_ENV, stopRequests } from "./stop-requests.ts";
 
@@ -15,27 +15,33 @@ function tryPort(port: number, host = "127.0.0.1"): Promise<number> {
   });
 }
 
-const freePort = () => tryPort(0);
-
 const DEFAULT_FRONT_PORT = 8000;
+/** Any free port, chosen by the OS at bind time: nothing can take it between a probe and the bind. */
+const ANY_PORT = "127.0.0.1:0";
 
-/** The gateway's address: the one asked for (which must be free), else 8000, else any free port, saying so. */
-export async function frontDoor(asked: string | null, preferred = DEFAULT_FRONT_PORT): Promise<{ host: string; port: number; note: string | null }> {
+/**
+ * Where the gateway listens: the address asked for (which must be free now: an error
+ * before anything starts), else `preferred` on loopback when it is free, else a port the
+ * OS picks, with `busy` saying which port was taken.
+ */
+export async function frontDoor(asked: string | null, preferred = DEFAULT_FRONT_PORT): Promise<{ listen: string; busy: number | null }> {
   if (asked !== null) {
     const { host, port } = parseAddr(asked, "--http-listen");
     try {
-      return { host, port: await tryPort(port, host), note: null };
+      await tryPort(port, host);
+      return { listen: asked, busy: null };
     } catch (e) {
       throw new ConfigError(`--http-listen ${asked}: cannot listen there (${e instanceof Error ? e.message : String(e)})`);
     }
   }
   try {
-    return { host: "127.0.0.1", port: await tryPort(preferred), note: null };
+    return { listen: `127.0.0.1:${await tryPort(preferred)}`, busy: null };
   } catch {
-    const port = await freePort();
-    return { host: "127.0.0.1", port, note: `port ${preferred} is busy; the gateway listens on 127.0.0.1:${port} instead (--http-listen picks one)` };
+    return { listen: ANY_PORT, busy: preferred };
   }
 }
+
+export const busyNote = (busy: number, http: string) => `port ${busy} is busy; the gateway listens on ${http} instead (--http-listen picks one)`;
 
 /** How to start this same program again: the compiled binary, or bun with this script. */
 function selfCommand(): string[] {
@@ -78,6 +84,26 @@ function spawnRole(name: string, args: string[]): Child {
 }
 
 /**
+ * Starts the gateway where `door` says. The preferred port can be taken between the probe
+ * and the gateway's bind (other programs start clusters too): then once more on a port the
+ * OS picks, which nothing can take first.
+ */
+async function startFront(door: { listen: string; busy: number | null }, flags: ClusterFlags, children: Child[]): Promise<{ ready: Record<string, unknown>; busy: number | null }> {
+  const start = (listen: string) => {
+    const gw = spawnRole("gateway", ["--role", "gateway", "--http-listen", listen, "--registry-listen", flags.registryListen ?? ANY_PORT, ...flags.gateway]);
+    children.push(gw);
+    return gw.ready;
+  };
+  if (flags.httpListen !== null || door.listen === ANY_PORT) return { ready: await start(door.listen), busy: door.busy };
+  try {
+    return { ready: await start(door.listen), busy: null };
+  } catch {
+    children.pop();
+    return { ready: await start(ANY_PORT), busy: parseAddr(door.listen).port };
+  }
+}
+
+/**
  * `engine cluster`: a gateway, N prefill and M decode engines, each its own process on
  * loopback, as in production; one demo request; then serve until Ctrl-C.
  */
@@ -96,11 +122,7 @@ export async function runCluster(config: Config, rest: Map<string, string>, opts
   const wait = opts.wait ?? true;
   // Asked for from the start: a signal, or the parent (npm, a shell, a supervisor) dying, during start-up stops it too.
   const stopped = wait ? stopRequests(process.ppid) : null;
-  const front = await frontDoor(flags.httpListen);
-  if (front.note) log.warn(front.note);
-  const httpPort = front.port;
-  const reg = flags.registryListen ? parseAddr(flags.registryListen, "--registry-listen") : { host: "127.0.0.1", port: await freePort() };
-  const regPort = reg.port;
+  const door = await frontDoor(flags.httpListen);
   const children: Child[] = [];
   let up = false;
   const stopAll = async () => {
@@ -113,19 +135,23 @@ export async function runCluster(config: Config, rest: Map<string, string>, opts
     process.exit(1);
   });
   try {
-    const gw = spawnRole("gateway", ["--role", "gateway", "--http-listen", `${front.host}:${httpPort}`, "--registry-listen", `${reg.host}:${regPort}`, ...flags.gateway]);
-    children.push(gw);
-    await gw.ready;
-    const engineArgs = async (role: string, i: number) => [
-      "--role", role, "--worker-id", `${role}-${i}`,
-      "--http-listen", `127.0.0.1:${await freePort()}`, "--grpc-listen", `127.0.0.1:${await freePort()}`, "--kv-listen", `127.0.0.1:${await freePort()}`,
-      "--gateway-registry", `${reg.host === "0.0.0.0" ? "127.0.0.1" : reg.host}:${regPort}`,
-      ...flags.engines,
+    const { ready: gwReady, busy } = await startFront(door, flags, children);
+    const note = busy === null ? null : busyNote(busy, String(gwReady.http));
+    if (note) log.warn(note);
+    const http = parseAddr(String(gwReady.http));
+    const reg = parseAddr(String(gwReady.registry));
+    const loopback = (h: string) => (h === "0.0.0.0" ? "127.0.0.1" : h);
+    // Engines bind ports the OS picks and say which in their ready lines and heartbeats.
+    const engineArgs = (role: string, i: number) => [
+      "--role", role, "--worker-id", `${role}-${i}`, "--http-listen", ANY_PORT, "--grpc-listen", ANY_PORT, "--kv-listen", ANY_PORT,
+      "--gateway-registry", `${loopback(reg.host)}:${reg.port}`, ...flags.engines,
     ];
-    for (let i = 0; i < nP; i++) children.push(spawnRole(`prefill-${i}`, await engineArgs("prefill", i)));
-    for (let i = 0; i < nD; i++) children.push(spawnRole(`decode-${i}`, await engineArgs("decode", i)));
+    for (let i = 0; i < nP; i++) children.push(spawnRole(`prefill-${i}`, engineArgs("prefill", i)));
+    for (let i = 0; i < nD; i++) children.push(spawnRole(`decode-${i}`, engineArgs("decode", i)));
     const ready = await Promise.all(children.map((c) => c.ready));
-    const base = `http://${front.host === "0.0.0.0" ? "127.0.0.1" : front.host}:${httpPort}`;
+    const httpPort = http.port;
+    const regPort = reg.port;
+    const base = `http://${loopback(http.host)}:${httpPort}`;
     // Ready lines say the servers are up; the registry listing them says routing can begin.
     const deadline = Date.now() + 30_000;
     for (;;) {
@@ -137,7 +163,7 @@ export async function runCluster(config: Config, rest: Map<string, string>, opts
     const print = (s: string) => process.stdout.write(s + "\n");
     print(`tl-engine cluster is up (model ${String(ready[0]!.model)}; its text is meaningless unless you pass --model/--tokenizer)`);
     for (const r of ready) print(`  ${String(r.role).padEnd(8)} ${String(r.worker_id ?? "gateway").padEnd(10)} pid ${String(r.pid).padEnd(8)} http ${String(r.http)}${r.grpc ? `  grpc ${String(r.grpc)}` : ""}${r.kv ? `  kv ${String(r.kv)}` : ""}${r.registry ? `  registry ${String(r.registry)}` : ""}`);
-    if (front.note) print(`  (${front.note})`);
+    if (note) print(`  (${note})`);
     print("");
     print("try:");
     print(`  curl -N ${base}/v1/chat/completions -H 'content-type: application/json' \\`);

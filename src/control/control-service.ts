@@ -25,6 +25,8 @@ export interface ControlContext {
   modelName: string;
   engine: Engine;
   tokenizer: Tokenizer;
+  /** tokenizerFingerprint(tokenizer), reported by Info. */
+  tokenizerFingerprint?: string;
   /** How this engine pushes KV to decode targets; required for the prefill role. */
   transport: KvTransport | null;
   /** Seconds-resolution observers for metrics and logs. */
@@ -178,6 +180,7 @@ export function controlService(ctx: ControlContext): ServiceImpl<typeof EngineCo
         draining: engine.isDraining,
         maxModelLen: engine.maxModelLen,
         vocabSize: vocab,
+        tokenizerFingerprint: ctx.tokenizerFingerprint ?? "",
       });
     },
 

@@ -1,5 +1,3 @@
-export { serveGrpc, type GrpcServer, type GrpcServerOptions } from "./grpc-server.ts";
-export { grpcClient, closeGrpcClients, type GrpcClientOptions } from "./grpc-client.ts";
 export {
   workerStatus,
   receivesKv,

@@ -2,7 +2,7 @@ import { create } from "@bufbuild/protobuf";
 import { ConnectError } from "@connectrpc/connect";
 import { Code, httpStatusOf } from "../rpc/status.ts";
 import { KV_FORMAT, promptHashes } from "../codec/index.ts";
-import { grpcClient, serveGrpc, type GrpcServer } from "../control/index.ts";
+import { grpcClient, serveGrpc, type GrpcServer } from "../rpc/index.ts";
 import { Role, WorkerRegistry as WorkerRegistryService } from "../gen/tl/control/v1/control_pb.ts";
 import { EngineControl, PrefillRequestSchema, type KvHandle } from "../gen/tl/engine/v1/engine_pb.ts";
 import { KvTransfer } from "../gen/tl/kv/v1/kv_pb.ts";
@@ -22,7 +22,7 @@ import {
   type CompletionParams,
   type HttpServer,
 } from "../http/index.ts";
-import type { ChatRenderer, Tokenizer } from "../model/index.ts";
+import { type ChatRenderer, type Tokenizer, tokenizerFingerprint } from "../model/index.ts";
 import { createMetrics, endSpan, extractHeaders, log, metricsResponse, recordServed, SpanKind, startSpan, traceHeaders, type Attributes, type Metrics, type Span } from "../obs/index.ts";
 import { RegistryService } from "./registry-service.ts";
 import { KvAffinity, pickByLoad, pickDecode } from "./router.ts";
@@ -98,7 +98,9 @@ const RESUME_ATTRS: Attributes = { "tl.role": "gateway", "http.request.method": 
 export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
   const host = opts.host ?? "127.0.0.1";
   const registry = new WorkerRegistry({ intervalMs: opts.heartbeatIntervalMs ?? 2000 });
-  const registryService = new RegistryService(registry);
+  const registryService = new RegistryService(registry, {
+    expect: { model: opts.modelName, vocabSize: opts.tokenizer.vocabSize, tokenizerFingerprint: tokenizerFingerprint(opts.tokenizer) },
+  });
   const metrics = createMetrics("gateway");
   const affinity = new KvAffinity();
   const inflight = new Map<string, number>();

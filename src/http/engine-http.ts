@@ -15,6 +15,8 @@ export interface EngineHttpContext {
   /** The model's chat template (default: DEFAULT_CHAT_TEMPLATE). */
   chat?: ChatRenderer;
   modelName: string;
+  /** Listed beside the model in /v1/models when known. */
+  modelStats?: { parameters: number; dtype: string; residentBytes: number };
   workerId: string;
   roles: readonly string[];
   isDraining: () => boolean;
@@ -177,7 +179,7 @@ export function engineHttpHandler(ctx: EngineHttpContext): (req: Request) => Pro
       if (req.method === "GET" && url.pathname === "/v1/models") {
         return Response.json({
           object: "list",
-          data: [{ id: ctx.modelName, object: "model", created: 0, owned_by: "tl-engine", max_model_len: engine.maxModelLen }],
+          data: [{ id: ctx.modelName, object: "model", created: 0, owned_by: "tl-engine", max_model_len: engine.maxModelLen, ...statsFields(ctx.modelStats) }],
         });
       }
       if (req.method === "GET" && url.pathname === "/health") {
@@ -191,4 +193,8 @@ export function engineHttpHandler(ctx: EngineHttpContext): (req: Request) => Pro
       return errorResponse(e);
     }
   };
+}
+
+function statsFields(s: EngineHttpContext["modelStats"]): Record<string, unknown> {
+  return s ? { parameters: s.parameters, dtype: s.dtype, resident_bytes: s.residentBytes } : {};
 }

@@ -19,8 +19,11 @@ import {
   RUN_ENTRY,
   runFrameBytes,
 } from "./data-plane-frame.ts";
+import { Reassembler } from "./reassembler.ts";
 
 const encoder = new TextEncoder();
+// D answers a push with one small frame: ACK, or ERROR with its message.
+const MAX_REPLY_BYTES = 64 * 1024;
 // Frames are staged and written in runs of this size: fewer syscalls, one copy.
 const STAGE_BYTES = 1024 * 1024;
 // Payloads adjacent in P's pool go to the socket straight from the pool from this many
@@ -35,9 +38,8 @@ interface Waiter {
 /** One TCP connection to a data plane and the push it is carrying. */
 class Conn {
   socket!: Socket<Conn>;
-  /** reply bytes collected so far (replies are small) */
-  private rx = new Uint8Array(256);
-  private have = 0;
+  /** replies (ACK, ERROR: small) split across reads */
+  private readonly rx = new Reassembler(256, MAX_REPLY_BYTES);
   private replyWaiter: { resolve(ack: Uint8Array): void; reject(e: TransferError): void } | undefined;
   private drainWaiter: Waiter | undefined;
   /** set once the connection is unusable */
@@ -48,19 +50,24 @@ class Conn {
   constructor(readonly address: string) {}
 
   onData(buf: Uint8Array): void {
-    if (this.have + buf.length > this.rx.length) {
-      const bigger = new Uint8Array(Math.max(this.rx.length * 2, this.have + buf.length));
-      bigger.set(this.rx.subarray(0, this.have));
-      this.rx = bigger;
+    const r = this.rx;
+    for (let off = 0; off < buf.length; ) {
+      const len = r.head(buf, off, 4, frameBytes);
+      off += r.consumed;
+      if (len < 0) return;
+      if (len > MAX_REPLY_BYTES) {
+        this.onClose(new Error(`reply frame of ${len} bytes, limit ${MAX_REPLY_BYTES}`));
+        this.socket.terminate();
+        return;
+      }
+      const f = r.take(buf, off, len);
+      off += r.consumed;
+      if (f === null) return;
+      this.deliver(f.slice());
     }
-    this.rx.set(buf, this.have);
-    this.have += buf.length;
-    if (this.have < 4) return;
-    const len = frameBytes(this.rx, 0);
-    if (this.have < len) return;
-    const frame = this.rx.slice(0, len);
-    this.rx.copyWithin(0, len, this.have);
-    this.have -= len;
+  }
+
+  private deliver(frame: Uint8Array): void {
     if (this.replyWaiter !== undefined) {
       const w = this.replyWaiter;
       this.replyWaiter = undefined;

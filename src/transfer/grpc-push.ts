@@ -13,7 +13,7 @@ import { fromBinary } from "@bufbuild/protobuf";
 import type { Http2SessionManager } from "@connectrpc/connect-node";
 import { KvAckSchema } from "../gen/tl/kv/v1/kv_pb.ts";
 import type { KvAckLike, KvChunkLike } from "./kv-chunk.ts";
-import { GRPC_PREFIX_BYTES, grpcMessageLength, putGrpcPrefix } from "./grpc-prefix.ts";
+import { GRPC_PREFIX_BYTES, grpcMessageLength, grpcStatusOf, putGrpcPrefix } from "../rpc/grpc-wire.ts";
 import { TransferError } from "./kv-error.ts";
 import { Code, codeOfHttpStatus } from "../rpc/status.ts";
 import { putU32, putU64 } from "../codec/index.ts";
@@ -102,21 +102,6 @@ function encodeChunkHead(b: Uint8Array, o: number, c: KvChunkLike, handle: Uint8
   return o;
 }
 
-/** What the gRPC status of a response says, or undefined while it has none. */
-function statusOf(h: http2.IncomingHttpHeaders): { code: number; message: string } | undefined {
-  const s = h["grpc-status"];
-  if (s === undefined) return undefined;
-  const code = Number(Array.isArray(s) ? s[0] : s);
-  const raw = h["grpc-message"];
-  let message = Array.isArray(raw) ? raw[0]! : (raw ?? "");
-  try {
-    message = decodeURIComponent(message);
-  } catch {
-    // not percent-encoded after all: keep it as sent
-  }
-  return { code: Number.isInteger(code) ? code : Code.Unknown, message };
-}
-
 /**
  * One PushKv call on `sm`'s connection. Resolves with the ack, or rejects with a
  * TransferError carrying the server's status (a refusal mid-push stops the writes and
@@ -169,7 +154,7 @@ export async function grpcPush(
   stream.on("response", (h) => {
     httpStatus = Number(h[":status"] ?? 0);
     // A trailers-only response (an immediate refusal) carries its status in the headers.
-    const st = statusOf(h);
+    const st = grpcStatusOf(h);
     if (st !== undefined) finishWith(st);
     else if (httpStatus !== 200) stop(new TransferError(codeOfHttpStatus(httpStatus), `${what}: HTTP status ${httpStatus}`));
   });
@@ -193,7 +178,7 @@ export async function grpcPush(
     if (rx.length >= GRPC_PREFIX_BYTES + len) reply = rx.subarray(GRPC_PREFIX_BYTES, GRPC_PREFIX_BYTES + len);
   });
   stream.on("trailers", (h) => {
-    const st = statusOf(h);
+    const st = grpcStatusOf(h);
     if (st !== undefined) finishWith(st);
   });
   // Errors surface as the close below (or as the status already decided).

@@ -19,6 +19,12 @@ export class KvError extends Error {
   }
 }
 
+/** `e` as a failed transfer: a TransferError as it is, anything else INTERNAL naming `what`. */
+export function transferError(e: unknown, what: string): TransferError {
+  if (e instanceof TransferError) return e;
+  return new TransferError(Code.Internal, `${what}: ${e instanceof Error ? e.message : String(e)}`);
+}
+
 /** A failed transfer on the prefill side; `code` is the gRPC status the peer (or the transport) reported. */
 export class TransferError extends Error {
   override readonly name = "TransferError";

@@ -116,22 +116,6 @@ export class KvReceiver {
     return s;
   }
 
-  /** A whole push at once: every chunk, then the end. On a refusal nothing stays taken. */
-  acceptAll(chunks: Iterable<KvChunkLike>): KvAckLike {
-    let s: PushSession | undefined;
-    try {
-      for (const c of chunks) {
-        s ??= this.begin(c.handleId, c.total);
-        s.accept(c);
-      }
-      if (s === undefined) throw new KvError(Code.InvalidArgument, "empty push");
-      return s.finish();
-    } catch (e) {
-      s?.abort();
-      throw e;
-    }
-  }
-
   /** Hands the handle's references to the caller (who must release them), or null if unknown or expired. */
   claim(handleId: string): ClaimedHandle | null {
     this.sweep();

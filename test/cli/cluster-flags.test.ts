@@ -1,7 +1,7 @@
 import { expect, test } from "bun:test";
 import { createServer, type Server } from "node:net";
 import { CLUSTER_OPTIONS, clusterFlags } from "../../src/cli/cluster-flags.ts";
-import { frontDoor } from "../../src/cli/cluster.ts";
+import { busyNote, frontDoor } from "../../src/cli/cluster.ts";
 import { ConfigError, parseArgs, SPECS } from "../../src/cli/options.ts";
 import { spawnProc } from "./procs.ts";
 
@@ -71,16 +71,16 @@ function hold(): Promise<{ server: Server; port: number }> {
 test("cluster_says_when_its_default_port_was_busy", async () => {
   const held = await hold();
   try {
-    const d = await frontDoor(null, held.port);
-    expect(d.port).not.toBe(held.port);
-    expect(d.note).toBe(`port ${held.port} is busy; the gateway listens on 127.0.0.1:${d.port} instead (--http-listen picks one)`);
+    // Busy: the gateway binds a port the OS picks, and the note names both.
+    expect(await frontDoor(null, held.port)).toEqual({ listen: "127.0.0.1:0", busy: held.port });
+    expect(busyNote(held.port, "127.0.0.1:41234")).toBe(`port ${held.port} is busy; the gateway listens on 127.0.0.1:41234 instead (--http-listen picks one)`);
     // A port the user asked for is theirs or an error, never silently another.
     await expect(frontDoor(`127.0.0.1:${held.port}`)).rejects.toThrow(`--http-listen 127.0.0.1:${held.port}: cannot listen there`);
   } finally {
     held.server.close();
   }
-  const free = await frontDoor(null, held.port);
-  expect(free).toEqual({ host: "127.0.0.1", port: held.port, note: null });
+  expect(await frontDoor(null, held.port)).toEqual({ listen: `127.0.0.1:${held.port}`, busy: null });
+  expect(await frontDoor(`127.0.0.1:${held.port}`)).toEqual({ listen: `127.0.0.1:${held.port}`, busy: null });
 });
 
 test("cluster_refuses_an_option_before_starting_anything", async () => {

@@ -10,7 +10,7 @@ import fc from "fast-check";
 import { crc32c, envelopeBytes, EnvError, readEnvelope, writeEnvelope, type EnvelopeRecord, type KvShape } from "../../src/codec/index.ts";
 import { KvPool } from "../../src/pool/index.ts";
 import { Code, codeName } from "../../src/rpc/status.ts";
-import { buildChunks, KvError, KvReceiver, type KvChunkLike, type PushSession } from "../../src/transfer/index.ts";
+import { acceptAll, buildChunks, KvError, KvReceiver, type KvChunkLike, type PushSession } from "../../src/transfer/index.ts";
 import { ENVELOPE_HEAD_BYTES } from "../../src/codec/index.ts";
 import { fakePrefill, fakePrompt } from "../support/fake-model.ts";
 
@@ -445,7 +445,7 @@ function runPush(pc: PushCase, stats: Map<string, number>): void {
     const pendingIds = new Set<string>();
     if (pc.held) {
       const other = fakePrefill(P, fakePrompt(3, 999, 250))!;
-      rx.acceptAll(buildChunks(P, "held", other.ids, other.hashes, [false]));
+      acceptAll(rx, buildChunks(P, "held", other.ids, other.hashes, [false]));
       P.releaseAll(other.ids);
       pendingIds.add("held");
     }

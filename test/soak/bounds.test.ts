@@ -16,7 +16,7 @@ import { FakeRunner } from "../support/fake-runner.ts";
 import { fakePrefill, fakePrompt } from "../support/fake-model.ts";
 import { fakeServedModel, sseEvents, startTestCluster } from "../support/nodes.ts";
 import { rawConnect, type RawConn } from "../support/raw-data-plane.ts";
-import { prefillTransport, SHAPE, settle, snapshot, startDecode, type Decode } from "../transfer/harness.ts";
+import { prefillTransport, pushTo, SHAPE, settle, snapshot, startDecode, type Decode } from "../transfer/harness.ts";
 
 
 /** A data plane CHUNK frame, as the frame codec lays it out. */
@@ -58,7 +58,7 @@ describe("pushes that never finish", () => {
         yield chunks[1]!;
         await gone;
       }
-      return t.push(d.target, stall()).then(
+      return pushTo(t, d.target, stall()).then(
         () => "accepted",
         (e: unknown) => (e instanceof TransferError ? e.code : `untyped: ${String(e)}`),
       );
@@ -68,7 +68,7 @@ describe("pushes that never finish", () => {
     expect(d.pool.used).toBe(CAP * 2);
     // A legitimate push meanwhile is refused too (the cap is D's, not per peer), and takes nothing.
     const other = pushChunks(P, "legit", 3, 999);
-    expect(await t.push(d.target, other).catch((e: TransferError) => e.code)).toBe(Code.ResourceExhausted);
+    expect(await pushTo(t, d.target, other).catch((e: TransferError) => e.code)).toBe(Code.ResourceExhausted);
     go();
     const codes = await Promise.all(outcomes);
     // The refused ones: RESOURCE_EXHAUSTED; the ones in flight end short: INVALID_ARGUMENT. None accepted.
@@ -86,7 +86,7 @@ describe("pushes that never finish", () => {
         yield chunks[1]!;
         await new Promise<void>((r) => ac.signal.addEventListener("abort", () => r()));
       }
-      return t.push(d.target, stall(), { signal: ac.signal }).catch(() => "refused");
+      return pushTo(t, d.target, stall(), { signal: ac.signal }).catch(() => "refused");
     });
     expect(await settle(() => d.rx.inFlight() === CAP)).toBe(true);
     for (const ac of acs) ac.abort();
@@ -156,7 +156,7 @@ describe("oversized messages", () => {
     const P = new KvPool(SHAPE, 8);
     const t = prefillTransport("grpc");
     cleanups.push(() => t.close());
-    const ok = await t.push(d.target, pushChunks(P, "fits", 1, 7));
+    const ok = await pushTo(t, d.target, pushChunks(P, "fits", 1, 7));
     expect(ok.blocksReceived).toBe(1);
     d.rx.release("fits");
     expect(snapshot(d.pool, d.rx)).toEqual({ ...base, cached: base.cached + 1, free: base.free - 1 });

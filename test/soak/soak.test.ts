@@ -7,7 +7,7 @@
 // and TL_SOAK_SEED override the count and the seed.
 import { afterAll, expect, test } from "bun:test";
 import { startEngineNode, type EngineNode, type EngineNodeOptions } from "../../src/cli/engine-node.ts";
-import { grpcClient } from "../../src/control/index.ts";
+import { grpcClient } from "../../src/rpc/index.ts";
 import { EngineControl } from "../../src/gen/tl/engine/v1/engine_pb.ts";
 import { KvTransfer } from "../../src/gen/tl/kv/v1/kv_pb.ts";
 import { startGateway, type Gateway } from "../../src/gateway/index.ts";

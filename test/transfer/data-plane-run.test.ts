@@ -9,7 +9,7 @@ import { PoolChunk, poolChunks, transfer } from "../../src/transfer/index.ts";
 import { encodeEnd, encodeRunHead, FRAME_HEAD, FRAME_RUN, MAX_RUN, RUN_ENTRY, RUN_ENTRY_HEAD, RUN_FIXED, runFrameBytes } from "../../src/transfer/data-plane-frame.ts";
 import { ENVELOPE_HEAD_BYTES, getU16, getU32, getU64, putU32, putU64 } from "../../src/codec/index.ts";
 import { concat, rawConnect, writeAll, type RawConn } from "../support/raw-data-plane.ts";
-import { evictAll, prefillTransport, settle, snapshot, startDecode, type Decode } from "./harness.ts";
+import { dataPlaneOf, evictAll, prefillTransport, settle, snapshot, startDecode, type Decode } from "./harness.ts";
 
 // Payloads of 32 KiB: a prompt of 40 full blocks is well past the client's direct threshold.
 const SHAPE: KvShape = { blockTokens: 16, nLayers: 4, nKvHeads: 4, headDim: 32 };
@@ -199,7 +199,7 @@ test("run_frames_move_contiguous_and_scattered_blocks", async () => {
     const stretches = spyDirect(P);
     const h = `run-${name}`;
     const st = await transfer(t, d.target, P, h, ids, hashes);
-    expect(t.dataPlaneOf(d.target)).toBe(d.server.dataPlaneAddress);
+    expect(await dataPlaneOf(t, d.target)).toBe(d.server.dataPlaneAddress);
     expect([name, st]).toEqual([name, { blocksSent: FULL + 1, blocksDeduped: 0, payloadBytes: (FULL + 1) * E, nTokens }]);
     expect([name, stretches]).toEqual([name, direct]);
     // transfer consumed P's references: full blocks stay cached, the tail is free again
