@@ -54,6 +54,13 @@ export interface ClusterFlags {
 
 const flag = (key: string) => `--${key.replaceAll("_", "-")}`;
 
+/** An option as argv: a list repeats its flag, a boolean is `--flag=true|false`, the rest `--flag value`. */
+function asArgs(key: string, value: unknown): string[] {
+  if (Array.isArray(value)) return value.flatMap((v) => [flag(key), String(v)]);
+  if (typeof value === "boolean") return [`${flag(key)}=${value}`];
+  return [flag(key), String(value)];
+}
+
 /**
  * The flags each of the cluster's processes gets from the options given to `engine
  * cluster` (on the command line or in its --config file): the gateway takes an option
@@ -67,13 +74,13 @@ export function clusterFlags(config: Config): ClusterFlags {
     if (!keys.has(key)) continue;
     const rule = CLUSTER_OPTIONS[key] ?? { refuse: "engine cluster has no use for it" };
     if (typeof rule === "object") throw new ConfigError(`${flag(key)} is not accepted by engine cluster: ${rule.refuse}`);
-    const engineValue = config.given.has(`engine.${key}`) ? String(config.engine[key]) : undefined;
-    const gatewayValue = config.given.has(`gateway.${key}`) ? String(config.gateway[key]) : engineValue;
-    if (key === "http_listen") out.httpListen = gatewayValue!;
-    else if (key === "registry_listen") out.registryListen = gatewayValue!;
+    const engineValue = config.given.has(`engine.${key}`) ? config.engine[key] : undefined;
+    const gatewayValue = config.given.has(`gateway.${key}`) ? config.gateway[key] : engineValue;
+    if (key === "http_listen") out.httpListen = String(gatewayValue);
+    else if (key === "registry_listen") out.registryListen = String(gatewayValue);
     else {
-      if (rule !== "engines" && gatewayValue !== undefined) out.gateway.push(flag(key), gatewayValue);
-      if (rule !== "gateway" && engineValue !== undefined) out.engines.push(flag(key), engineValue);
+      if (rule !== "engines" && gatewayValue !== undefined) out.gateway.push(...asArgs(key, gatewayValue));
+      if (rule !== "gateway" && engineValue !== undefined) out.engines.push(...asArgs(key, engineValue));
     }
   }
   for (const addr of [out.httpListen, out.registryListen]) if (addr !== null) parseAddr(addr);
