@@ -62,6 +62,8 @@ export interface EngineNodeOptions {
   onRequestEnd?: (info: RequestEnd) => void;
   extraRoutes?: (req: Request, url: URL) => Promise<Response | null> | Response | null;
   onTransfer?: ControlContext["onTransfer"];
+  /** A pushed handle nobody claimed or released was freed by its time to live. */
+  onHandleExpired?: (handleId: string) => void;
 }
 
 export interface EngineNode {
@@ -137,7 +139,7 @@ export async function startEngineNode(opts: EngineNodeOptions): Promise<EngineNo
     let receiver: KvReceiver | null = null;
     let kv: KvServer | null = null;
     if (receivesKv(role)) {
-      receiver = new KvReceiver(pool, { ttlMs: (opts.handleTtlS ?? 60) * 1000 });
+      receiver = new KvReceiver(pool, { ttlMs: (opts.handleTtlS ?? 60) * 1000, onExpired: opts.onHandleExpired });
       // serveKv would advertise its data plane at the bound host, which peers cannot reach
       // behind 0.0.0.0: start it here and advertise it as the other addresses are.
       let dp: DataPlaneServer | null = null;

@@ -53,6 +53,10 @@ export async function runEngine(config: Config): Promise<EngineNode> {
       if (r.ttftMs !== null && r.outputTokens > 1) metrics.tpot.observe({ served }, (r.durationMs - r.ttftMs) / 1000 / (r.outputTokens - 1));
       log.info("request", { request_id: r.requestId, role, path: served, prompt_tokens: r.promptTokens, output_tokens: r.outputTokens, prefix_hit_tokens: r.prefixHitTokens, finish: r.reason, ttft_ms: r.ttftMs, duration_ms: Math.round(r.durationMs) });
     },
+    onHandleExpired: (handle) => {
+      metrics.handlesExpired.inc();
+      log.warn("kv handle expired unclaimed", { handle });
+    },
     onTransfer: ({ stats, code, ms, target }) => {
       metrics.transferLatency.observe(ms / 1000);
       if (stats) {
