@@ -15,7 +15,7 @@ async function enginePids(p: Proc): Promise<number[]> {
 }
 
 const cmdline = (pid: number) => readFileSync(`/proc/${pid}/cmdline`, "utf8").split("\0");
-const valueOf = (args: string[], flag: string) => (args.includes(flag) ? args[args.indexOf(flag) + 1] : undefined);
+const argAfter = (args: string[], flag: string) => (args.includes(flag) ? args[args.indexOf(flag) + 1] : undefined);
 
 test("sigterm_to_npm_start_stops_the_whole_tree", async () => {
   // Exactly what a user (or `timeout`, or a supervisor) runs: npm → sh → bun cluster → 4 engines.
@@ -71,10 +71,10 @@ test("engines_exit_when_the_cluster_is_killed_and_got_every_option", async () =>
     // The options reached the processes they concern.
     expect(c.lines.find((l) => l.trim().startsWith("gateway"))).toContain(`http ${front}`);
     const gw = cmdline(gateway);
-    expect([valueOf(gw, "--http-listen"), valueOf(gw, "--drain-timeout-s"), valueOf(gw, "--max-batch-tokens")]).toEqual([front, "3", undefined]);
+    expect([argAfter(gw, "--http-listen"), argAfter(gw, "--drain-timeout-s"), argAfter(gw, "--max-batch-tokens")]).toEqual([front, "3", undefined]);
     for (const pid of engines) {
       const args = cmdline(pid);
-      expect([valueOf(args, "--max-batch-tokens"), valueOf(args, "--drain-timeout-s"), valueOf(args, "--num-blocks")]).toEqual(["64", "3", "512"]);
+      expect([argAfter(args, "--max-batch-tokens"), argAfter(args, "--drain-timeout-s"), argAfter(args, "--num-blocks")]).toEqual(["64", "3", "512"]);
     }
     // SIGKILL: the cluster cannot tell anyone; its children notice on their own.
     c.proc.kill("SIGKILL");
