@@ -1,7 +1,9 @@
 import { createServer } from "node:net";
+import { sseData } from "../http/index.ts";
 import { log } from "../obs/index.ts";
 import { clusterFlags, type ClusterFlags } from "./cluster-flags.ts";
 import { ConfigError, parseAddr, type Config } from "./options.ts";
+import { type RoleProcess, spawnRole } from "./spawn-role.ts";
 import { PARENT_PID_ENV, stopRequests } from "./stop-requests.ts";
 
 function tryPort(port: number, host = "127.0.0.1"): Promise<number> {
@@ -49,38 +51,11 @@ function selfCommand(): string[] {
   return main.startsWith("/$bunfs") || main.includes("~BUN") ? [process.execPath] : [process.execPath, main];
 }
 
-interface Child {
-  name: string;
-  proc: Bun.Subprocess<"ignore", "pipe", "inherit">;
-  ready: Promise<Record<string, unknown>>;
-}
+type Child = RoleProcess;
 
-function spawnRole(name: string, args: string[]): Child {
-  // Each child watches this pid and stops when this process is gone, however it died.
-  const env = { ...process.env, [PARENT_PID_ENV]: String(process.pid) };
-  const proc = Bun.spawn([...selfCommand(), ...args], { stdin: "ignore", stdout: "pipe", stderr: "inherit", env });
-  const ready = (async () => {
-    const reader = proc.stdout.pipeThrough(new TextDecoderStream()).getReader();
-    let buf = "";
-    for (;;) {
-      const { value, done } = await reader.read();
-      if (done) throw new Error(`${name} exited (code ${await proc.exited}) before it was ready`);
-      buf += value;
-      for (const line of buf.split("\n").slice(0, -1)) {
-        try {
-          const obj = JSON.parse(line) as Record<string, unknown>;
-          if (obj.msg === "ready") {
-            reader.releaseLock();
-            // Keep draining the child's stdout so it never blocks on a full pipe.
-            void proc.stdout.pipeTo(new WritableStream()).catch(() => {});
-            return obj;
-          }
-        } catch {}
-      }
-      buf = buf.slice(buf.lastIndexOf("\n") + 1);
-    }
-  })();
-  return { name, proc, ready };
+/** A role of this same program as its own process, which stops by itself when this one is gone, however it died. */
+function startRole(name: string, args: string[]): Child {
+  return spawnRole(name, [...selfCommand(), ...args], { env: { ...process.env, [PARENT_PID_ENV]: String(process.pid) } });
 }
 
 /**
@@ -88,9 +63,13 @@ function spawnRole(name: string, args: string[]): Child {
  * and the gateway's bind (other programs start clusters too): then once more on a port the
  * OS picks, which nothing can take first.
  */
-async function startFront(door: { listen: string; busy: number | null }, flags: ClusterFlags, children: Child[]): Promise<{ ready: Record<string, unknown>; busy: number | null }> {
+async function startFront(
+  door: { listen: string; busy: number | null },
+  flags: ClusterFlags,
+  children: Child[],
+): Promise<{ ready: Record<string, unknown>; busy: number | null }> {
   const start = (listen: string) => {
-    const gw = spawnRole("gateway", ["--role", "gateway", "--http-listen", listen, "--registry-listen", flags.registryListen ?? ANY_PORT, ...flags.gateway]);
+    const gw = startRole("gateway", ["--role", "gateway", "--http-listen", listen, "--registry-listen", flags.registryListen ?? ANY_PORT, ...flags.gateway]);
     children.push(gw);
     return gw.ready;
   };
@@ -143,11 +122,22 @@ export async function runCluster(config: Config, rest: Map<string, string>, opts
     const loopback = (h: string) => (h === "0.0.0.0" ? "127.0.0.1" : h);
     // Engines bind ports the OS picks and say which in their ready lines and heartbeats.
     const engineArgs = (role: string, i: number) => [
-      "--role", role, "--worker-id", `${role}-${i}`, "--http-listen", ANY_PORT, "--grpc-listen", ANY_PORT, "--kv-listen", ANY_PORT,
-      "--gateway-registry", `${loopback(reg.host)}:${reg.port}`, ...flags.engines,
+      "--role",
+      role,
+      "--worker-id",
+      `${role}-${i}`,
+      "--http-listen",
+      ANY_PORT,
+      "--grpc-listen",
+      ANY_PORT,
+      "--kv-listen",
+      ANY_PORT,
+      "--gateway-registry",
+      `${loopback(reg.host)}:${reg.port}`,
+      ...flags.engines,
     ];
-    for (let i = 0; i < nP; i++) children.push(spawnRole(`prefill-${i}`, engineArgs("prefill", i)));
-    for (let i = 0; i < nD; i++) children.push(spawnRole(`decode-${i}`, engineArgs("decode", i)));
+    for (let i = 0; i < nP; i++) children.push(startRole(`prefill-${i}`, engineArgs("prefill", i)));
+    for (let i = 0; i < nD; i++) children.push(startRole(`decode-${i}`, engineArgs("decode", i)));
     const ready = await Promise.all(children.map((c) => c.ready));
     const httpPort = http.port;
     const regPort = reg.port;
@@ -161,8 +151,12 @@ export async function runCluster(config: Config, rest: Map<string, string>, opts
       await Bun.sleep(50);
     }
     const print = (s: string) => process.stdout.write(s + "\n");
-    print(`tl-engine cluster is up (model ${String(ready[0]!.model)}; its text is meaningless unless you pass --model/--tokenizer)`);
-    for (const r of ready) print(`  ${String(r.role).padEnd(8)} ${String(r.worker_id ?? "gateway").padEnd(10)} pid ${String(r.pid).padEnd(8)} http ${String(r.http)}${r.grpc ? `  grpc ${String(r.grpc)}` : ""}${r.kv ? `  kv ${String(r.kv)}` : ""}${r.registry ? `  registry ${String(r.registry)}` : ""}`);
+    const embedded = !config.engine.model;
+    print(`tl-engine cluster is up (model ${String(ready[0]!.model)}${embedded ? "; its text is meaningless unless you pass --model" : ""})`);
+    for (const r of ready)
+      print(
+        `  ${String(r.role).padEnd(8)} ${String(r.worker_id ?? "gateway").padEnd(10)} pid ${String(r.pid).padEnd(8)} http ${String(r.http)}${r.grpc ? `  grpc ${String(r.grpc)}` : ""}${r.kv ? `  kv ${String(r.kv)}` : ""}${r.registry ? `  registry ${String(r.registry)}` : ""}`,
+      );
     if (note) print(`  (${note})`);
     print("");
     print("try:");
@@ -196,15 +190,10 @@ async function demo(base: string, print: (s: string) => void) {
     return;
   }
   let text = "";
-  const reader = res.body!.pipeThrough(new TextDecoderStream()).getReader();
-  for (;;) {
-    const { value, done } = await reader.read();
-    if (done) break;
-    for (const line of value.split("\n")) {
-      if (!line.startsWith("data: ") || line === "data: [DONE]") continue;
-      const obj = JSON.parse(line.slice(6)) as { choices?: { delta?: { content?: string } }[] };
-      text += obj.choices?.[0]?.delta?.content ?? "";
-    }
+  for await (const data of sseData(res.body!)) {
+    if (data === "[DONE]") break;
+    const obj = JSON.parse(data) as { choices?: { delta?: { content?: string } }[] };
+    text += obj.choices?.[0]?.delta?.content ?? "";
   }
   const h = res.headers;
   print(`  > ${JSON.stringify(text)}`);

@@ -5,7 +5,14 @@ import { busyNote, frontDoor } from "../../src/cli/cluster.ts";
 import { ConfigError, parseArgs, SPECS } from "../../src/cli/options.ts";
 import { spawnProc } from "./procs.ts";
 
-const SAMPLE: Record<string, string> = { int: "7", addr: "127.0.0.1:1234", "addr?": "127.0.0.1:1234", "host?": "10.1.2.3", "url?": "http://127.0.0.1:4318", string: "x.bin" };
+const SAMPLE: Record<string, string> = {
+  int: "7",
+  addr: "127.0.0.1:1234",
+  "addr?": "127.0.0.1:1234",
+  "host?": "10.1.2.3",
+  "url?": "http://127.0.0.1:4318",
+  string: "x.bin",
+};
 const flagOf = (key: string) => `--${key.replaceAll("_", "-")}`;
 const keys = [...new Set(SPECS.map((s) => s.key))];
 
@@ -58,7 +65,12 @@ test("cluster_option_from_the_gateway_table_reaches_only_the_gateway", () => {
   expect(f.gateway.slice(f.gateway.indexOf("--max-model-len"), f.gateway.indexOf("--max-model-len") + 2)).toEqual(["--max-model-len", "256"]);
   expect(f.engines.slice(f.engines.indexOf("--max-model-len"), f.engines.indexOf("--max-model-len") + 2)).toEqual(["--max-model-len", "512"]);
   // Nothing given: only the cluster's own beat interval, no defaults restated.
-  expect(clusterFlags(parseArgs([]).config)).toEqual({ gateway: ["--heartbeat-interval-ms", "1000"], engines: ["--heartbeat-interval-ms", "1000"], httpListen: null, registryListen: null });
+  expect(clusterFlags(parseArgs([]).config)).toEqual({
+    gateway: ["--heartbeat-interval-ms", "1000"],
+    engines: ["--heartbeat-interval-ms", "1000"],
+    httpListen: null,
+    registryListen: null,
+  });
 });
 
 function hold(): Promise<{ server: Server; port: number }> {

@@ -27,10 +27,12 @@ type Obj = Record<string, any>;
 
 function parseFile(file: string): Obj[] {
   const docs = parseAllDocuments(readFileSync(join(K8S, file), "utf8"));
-  return docs.map((d, i) => {
-    expect({ file, doc: i, errors: d.errors.map((e) => e.message) }).toEqual({ file, doc: i, errors: [] });
-    return d.toJS() as Obj;
-  }).filter((o) => o !== null);
+  return docs
+    .map((d, i) => {
+      expect({ file, doc: i, errors: d.errors.map((e) => e.message) }).toEqual({ file, doc: i, errors: [] });
+      return d.toJS() as Obj;
+    })
+    .filter((o) => o !== null);
 }
 
 const kustomization = parseFile("kustomization.yaml")[0]!;

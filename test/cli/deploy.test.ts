@@ -31,7 +31,10 @@ const workload = (name: string) => workloads.find((w) => w.metadata.name === nam
 
 /** What kubelet does to args: $(VAR) from the container's env; fieldRefs get sample values. */
 function expandArgs(pod: Obj, c: Obj): string[] {
-  const samples: Record<string, string> = { "metadata.name": `${pod.metadata.labels["app.kubernetes.io/component"]}-7d9f8-x2kq4`, "status.podIP": "10.244.1.7" };
+  const samples: Record<string, string> = {
+    "metadata.name": `${pod.metadata.labels["app.kubernetes.io/component"]}-7d9f8-x2kq4`,
+    "status.podIP": "10.244.1.7",
+  };
   const env = new Map<string, string>();
   for (const e of c.env ?? []) {
     const v = e.value ?? samples[e.valueFrom?.fieldRef?.fieldPath];
@@ -217,7 +220,9 @@ function dockerfile(): { stages: string[][]; ignore: string[] } {
     if (line.startsWith("FROM ")) stages.push([]);
     stages.at(-1)!.push(line.replace(/\s+/g, " "));
   }
-  const ignore = readFileSync(join(REPO, "deploy", "Dockerfile.dockerignore"), "utf8").split("\n").filter((l) => l.trim() !== "" && !l.startsWith("#"));
+  const ignore = readFileSync(join(REPO, "deploy", "Dockerfile.dockerignore"), "utf8")
+    .split("\n")
+    .filter((l) => l.trim() !== "" && !l.startsWith("#"));
   return { stages, ignore };
 }
 
@@ -234,7 +239,11 @@ test("deploy_dockerfile_runs_the_compiled_binary", () => {
   expect(copy.at(-2)).toBe(`${workdir}/${outfile}`);
   const entrypoint = JSON.parse(run.find((l) => l.startsWith("ENTRYPOINT "))!.slice("ENTRYPOINT ".length)) as string[];
   expect(entrypoint).toEqual([copy.at(-1)!]);
-  const exposed = run.find((l) => l.startsWith("EXPOSE "))!.split(" ").slice(1).map(Number);
+  const exposed = run
+    .find((l) => l.startsWith("EXPOSE "))!
+    .split(" ")
+    .slice(1)
+    .map(Number);
   for (const p of pods) for (const port of p.listens.values()) expect(exposed).toContain(port);
 });
 
@@ -267,7 +276,12 @@ test("deploy_pods_run_as_the_images_numeric_user", () => {
   const [uid, gid] = user.split(":").map(Number);
   for (const p of pods) {
     const sc = p.template.spec.securityContext;
-    expect({ pod: p.name, runAsNonRoot: sc.runAsNonRoot, runAsUser: sc.runAsUser, runAsGroup: sc.runAsGroup }).toEqual({ pod: p.name, runAsNonRoot: true, runAsUser: uid, runAsGroup: gid });
+    expect({ pod: p.name, runAsNonRoot: sc.runAsNonRoot, runAsUser: sc.runAsUser, runAsGroup: sc.runAsGroup }).toEqual({
+      pod: p.name,
+      runAsNonRoot: true,
+      runAsUser: uid,
+      runAsGroup: gid,
+    });
     expect(p.container.securityContext.readOnlyRootFilesystem).toBe(true);
   }
 });
@@ -292,7 +306,10 @@ test("deploy_model_comes_from_a_read_only_volume", () => {
       const pv = volumes.find((v) => v.metadata.name === claim!.spec.volumeName)!;
       expect(pv.spec.storageClassName).toBe(claim!.spec.storageClassName);
       for (const node of kind.nodes as Obj[]) {
-        expect((node.extraMounts as Obj[] | undefined)?.map((m) => m.containerPath), `kind ${node.role} mounts ${pv.spec.hostPath.path}`).toContain(pv.spec.hostPath.path);
+        expect(
+          (node.extraMounts as Obj[] | undefined)?.map((m) => m.containerPath),
+          `kind ${node.role} mounts ${pv.spec.hostPath.path}`,
+        ).toContain(pv.spec.hostPath.path);
       }
     }
   }

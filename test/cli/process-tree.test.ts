@@ -61,8 +61,19 @@ async function freeLoopbackPort(): Promise<number> {
 test("engines_exit_when_the_cluster_is_killed_and_got_every_option", async () => {
   const front = `127.0.0.1:${await freeLoopbackPort()}`;
   const c = spawnProc([
-    process.execPath, "bin/engine.ts", "cluster", "--decode", "1",
-    "--http-listen", front, "--max-batch-tokens", "64", "--drain-timeout-s", "3", "--num-blocks", "512",
+    process.execPath,
+    "bin/engine.ts",
+    "cluster",
+    "--decode",
+    "1",
+    "--http-listen",
+    front,
+    "--max-batch-tokens",
+    "64",
+    "--drain-timeout-s",
+    "3",
+    "--num-blocks",
+    "512",
   ]);
   let pids: number[] = [];
   try {

@@ -16,19 +16,34 @@ const times = <T>(n: number, f: () => T) => Array.from({ length: n }, f);
 const EVALUATORS: [RegExp, (m: RegExpExecArray) => string][] = [
   [/^fnv1a64\("(.*)"\)$/, (m) => hex(fnv1a64(utf8(m[1]!)), 16)],
   [/^crc32c\("(.*)"\)$/, (m) => hex(crc32c(utf8(m[1]!)), 8)],
-  [/^blockHashes\(B=(\d+), \[([\d, ]+)\]\)$/, (m) => promptHashes(m[2]!.split(", ").map(Number), Number(m[1])).map((h) => hex(h, 16)).join(", ")],
-  [/^pcg32\((\d+), (\d+)\)\.next_u32 × (\d+)$/, (m) => {
-    const r = Pcg32.seeded(BigInt(m[1]!), BigInt(m[2]!));
-    return times(Number(m[3]), () => hex(r.nextU32(), 8)).join(", ");
-  }],
-  [/^stream\((\d+), "(\w+)"\)\.next_u32 × (\d+)$/, (m) => {
-    const r = stream(BigInt(m[1]!), m[2]!);
-    return times(Number(m[3]), () => hex(r.nextU32(), 8)).join(", ");
-  }],
-  [/^stream\((\d+), "(\w+)"\)\.uniform_f64 × (\d+)$/, (m) => {
-    const r = stream(BigInt(m[1]!), m[2]!);
-    return times(Number(m[3]), () => String(r.uniformF64())).join(", ");
-  }],
+  [
+    /^blockHashes\(B=(\d+), \[([\d, ]+)\]\)$/,
+    (m) =>
+      promptHashes(m[2]!.split(", ").map(Number), Number(m[1]))
+        .map((h) => hex(h, 16))
+        .join(", "),
+  ],
+  [
+    /^pcg32\((\d+), (\d+)\)\.next_u32 × (\d+)$/,
+    (m) => {
+      const r = Pcg32.seeded(BigInt(m[1]!), BigInt(m[2]!));
+      return times(Number(m[3]), () => hex(r.nextU32(), 8)).join(", ");
+    },
+  ],
+  [
+    /^stream\((\d+), "(\w+)"\)\.next_u32 × (\d+)$/,
+    (m) => {
+      const r = stream(BigInt(m[1]!), m[2]!);
+      return times(Number(m[3]), () => hex(r.nextU32(), 8)).join(", ");
+    },
+  ],
+  [
+    /^stream\((\d+), "(\w+)"\)\.uniform_f64 × (\d+)$/,
+    (m) => {
+      const r = stream(BigInt(m[1]!), m[2]!);
+      return times(Number(m[3]), () => String(r.uniformF64())).join(", ");
+    },
+  ],
   [/^resume_rng\((\d+), (\d+)\)\.uniform_f64$/, (m) => String(resumeRng(BigInt(m[1]!), Number(m[2])).uniformF64())],
 ];
 

@@ -63,7 +63,9 @@ test("docs_grpc_services_document_every_method", () => {
     for (const svc of file.services) {
       const text = section(`## ${svc.typeName.replace(/\.(\w+)$/, "")} · ${svc.name}`);
       expect(text, `a "## ${svc.typeName} section"`).not.toBeNull();
-      const documented = [...text!.matchAll(/^\| (\w+) \| (stream )?(\w+) \| (stream )?(\w+) \|$/gm)].filter((m) => m[1] !== "rpc").map((m) => [m[1], `${m[2] ?? ""}${m[3]}`, `${m[4] ?? ""}${m[5]}`]);
+      const documented = [...text!.matchAll(/^\| (\w+) \| (stream )?(\w+) \| (stream )?(\w+) \|$/gm)]
+        .filter((m) => m[1] !== "rpc")
+        .map((m) => [m[1], `${m[2] ?? ""}${m[3]}`, `${m[4] ?? ""}${m[5]}`]);
       const want = svc.methods.map((m) => [
         m.name,
         `${m.methodKind === "client_streaming" || m.methodKind === "bidi_streaming" ? "stream " : ""}${m.input.name}`,

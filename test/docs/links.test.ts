@@ -6,7 +6,13 @@ import { dirname, join } from "node:path";
 // none of them sends the reader outside it.
 
 const REPO = join(import.meta.dir, "..", "..");
-const DOCS = ["README.md", "ARCHITECTURE.md", ...readdirSync(join(REPO, "docs")).filter((f) => f.endsWith(".md")).map((f) => `docs/${f}`)];
+const DOCS = [
+  "README.md",
+  "ARCHITECTURE.md",
+  ...readdirSync(join(REPO, "docs"))
+    .filter((f) => f.endsWith(".md"))
+    .map((f) => `docs/${f}`),
+];
 const TOP = ["src", "test", "docs", "deploy", "bench", "proto", "parity", "scripts", "bin", "tools"];
 
 test("docs_links_and_named_paths_exist", () => {

@@ -12,7 +12,17 @@ import { FakeRunner } from "../support/fake-runner.ts";
 // and absent where the role never does.
 
 const SERVING = ["tl_prompt_tokens_total", "tl_generation_tokens_total", "tl_e2e_request_latency_seconds"];
-const ENGINE = ["tl_request_queue_time_seconds", "tl_num_requests_running", "tl_num_requests_waiting", "tl_num_preemptions_total", "tl_kv_cache_usage_perc", "tl_prefix_cache_queries_total", "tl_prefix_cache_hits_total", "tl_pool_blocks", "tl_heartbeat_failures"];
+const ENGINE = [
+  "tl_request_queue_time_seconds",
+  "tl_num_requests_running",
+  "tl_num_requests_waiting",
+  "tl_num_preemptions_total",
+  "tl_kv_cache_usage_perc",
+  "tl_prefix_cache_queries_total",
+  "tl_prefix_cache_hits_total",
+  "tl_pool_blocks",
+  "tl_heartbeat_failures",
+];
 const SENDER = ["tl_kv_transfer_bytes_total", "tl_kv_blocks_sent_total", "tl_kv_blocks_deduped_total", "tl_kv_transfer_failures_total"];
 const COMMON = ["tl_time_to_first_token_seconds", "tl_time_per_output_token_seconds", "tl_requests_total", ...SERVING];
 const EXPECTED: Record<MetricsRole, string[]> = {
@@ -83,7 +93,9 @@ const scrape = async (http: string) => (await fetch(`http://${http}/metrics`)).t
 
 beforeAll(async () => {
   const common = ["--http-listen", "127.0.0.1:0", "--grpc-listen", "127.0.0.1:0", "--kv-listen", "127.0.0.1:0", "--heartbeat-interval-ms", "100"];
-  gateway = await runGateway(parseArgs(["--role", "gateway", "--http-listen", "127.0.0.1:0", "--registry-listen", "127.0.0.1:0", "--heartbeat-interval-ms", "100"]).config);
+  gateway = await runGateway(
+    parseArgs(["--role", "gateway", "--http-listen", "127.0.0.1:0", "--registry-listen", "127.0.0.1:0", "--heartbeat-interval-ms", "100"]).config,
+  );
   const registry = ["--gateway-registry", gateway.registryAddress];
   prefill = await runEngine(parseArgs(["--role", "prefill", "--worker-id", "p0", ...common, ...registry]).config);
   decode = await runEngine(parseArgs(["--role", "decode", "--worker-id", "d0", ...common, ...registry]).config);
