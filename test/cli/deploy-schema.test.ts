@@ -1,14 +1,18 @@
 import { expect, test } from "bun:test";
-import { readFileSync } from "node:fs";
+import { readdirSync, readFileSync } from "node:fs";
 import { join } from "node:path";
+import { Certificate, ClusterIssuer, Issuer } from "@kubernetes-models/cert-manager/cert-manager.io/v1";
 import { Deployment } from "kubernetes-models/apps/v1";
+import { NetworkPolicy } from "kubernetes-models/networking.k8s.io/v1";
 import { PodDisruptionBudget } from "kubernetes-models/policy/v1";
 import { ConfigMap, Namespace, PersistentVolume, PersistentVolumeClaim, Service } from "kubernetes-models/v1";
 import { parseAllDocuments } from "yaml";
 import { REPO } from "./procs.ts";
 
-// Every object `kubectl apply -k deploy/k8s` sends, checked against the Kubernetes API's
-// own schemas (types, formats, required fields) before any cluster sees it.
+// Every object in deploy/k8s (what `kubectl apply -k deploy/k8s` sends, and the optional
+// manifests beside it, such as cert-manager's), checked against the API's own schemas
+// (types, formats, required fields) before any cluster sees it. kind-config.yaml is
+// kind's and kustomization.yaml kustomize's: neither is an API object.
 
 const K8S = join(REPO, "deploy", "k8s");
 
@@ -21,6 +25,10 @@ const SCHEMAS: Record<string, new (data: any) => { validate(): void }> = {
   "v1/PersistentVolumeClaim": PersistentVolumeClaim,
   "apps/v1/Deployment": Deployment,
   "policy/v1/PodDisruptionBudget": PodDisruptionBudget,
+  "networking.k8s.io/v1/NetworkPolicy": NetworkPolicy,
+  "cert-manager.io/v1/Certificate": Certificate,
+  "cert-manager.io/v1/Issuer": Issuer,
+  "cert-manager.io/v1/ClusterIssuer": ClusterIssuer,
 };
 
 type Obj = Record<string, any>;
@@ -35,8 +43,15 @@ function parseFile(file: string): Obj[] {
     .filter((o) => o !== null);
 }
 
-const kustomization = parseFile("kustomization.yaml")[0]!;
-const documents = (kustomization.resources as string[]).flatMap((file) => parseFile(file).map((obj) => ({ file, obj })));
+const NOT_API_OBJECTS = ["kind-config.yaml", "kustomization.yaml"];
+const files = (readdirSync(K8S, { recursive: true }) as string[]).filter((f) => f.endsWith(".yaml") && !NOT_API_OBJECTS.includes(f)).sort();
+const documents = files.flatMap((file) => parseFile(file).map((obj) => ({ file, obj })));
+
+test("deploy_schema_check_reads_every_applied_manifest", () => {
+  // Everything kustomize applies is among what is validated here.
+  const kustomization = parseFile("kustomization.yaml")[0]!;
+  for (const r of kustomization.resources as string[]) expect(files).toContain(r);
+});
 
 function validate(obj: Obj): void {
   const Schema = SCHEMAS[`${obj.apiVersion}/${obj.kind}`];
