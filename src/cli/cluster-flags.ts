@@ -5,6 +5,7 @@ type Route = "all" | "engines" | "gateway";
 type Rule = Route | { refuse: string };
 
 const OWN_PORTS = "each engine of the cluster listens on a free loopback port it picks";
+const CLUSTER_PKI = "the cluster mints one certificate per process from an ephemeral CA (--plaintext turns mutual TLS off)";
 
 /**
  * How `engine cluster` treats every option: passed on to the processes it concerns, or
@@ -36,6 +37,18 @@ export const CLUSTER_OPTIONS: Readonly<Record<string, Rule>> = {
   max_batch_tokens: "engines",
   handle_ttl_s: "engines",
   heartbeat_timeout_ms: "engines",
+  push_idle_timeout_ms: "engines",
+  // Every process's HTTP API asks for the key; the gateway presents it to the engines.
+  api_key: "all",
+  metrics_need_key: "all",
+  max_request_bytes: "all",
+  max_workers: "gateway",
+  routing_headers: "gateway",
+  // Only the front door can leave loopback (--http-listen); plaintext there needs the user's say-so.
+  insecure: "gateway",
+  tls_cert: { refuse: CLUSTER_PKI },
+  tls_key: { refuse: CLUSTER_PKI },
+  tls_ca: { refuse: CLUSTER_PKI },
 };
 
 /** Beats a local cluster uses unless told otherwise: fast enough that start-up waits little. */

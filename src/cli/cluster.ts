@@ -1,6 +1,10 @@
+import { mkdtempSync, rmSync } from "node:fs";
 import { createServer } from "node:net";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 import { sseData } from "../http/index.ts";
 import { log } from "../obs/index.ts";
+import { certFiles, mintCluster, writeCerts } from "./certs.ts";
 import { clusterFlags, type ClusterFlags } from "./cluster-flags.ts";
 import { ConfigError, parseAddr, type Config } from "./options.ts";
 import { type RoleProcess, spawnRole } from "./spawn-role.ts";
@@ -66,10 +70,20 @@ function startRole(name: string, args: string[]): Child {
 async function startFront(
   door: { listen: string; busy: number | null },
   flags: ClusterFlags,
+  extra: string[],
   children: Child[],
 ): Promise<{ ready: Record<string, unknown>; busy: number | null }> {
   const start = (listen: string) => {
-    const gw = startRole("gateway", ["--role", "gateway", "--http-listen", listen, "--registry-listen", flags.registryListen ?? ANY_PORT, ...flags.gateway]);
+    const gw = startRole("gateway", [
+      "--role",
+      "gateway",
+      "--http-listen",
+      listen,
+      "--registry-listen",
+      flags.registryListen ?? ANY_PORT,
+      ...flags.gateway,
+      ...extra,
+    ]);
     children.push(gw);
     return gw.ready;
   };
@@ -97,18 +111,29 @@ export async function runCluster(config: Config, rest: Map<string, string>, opts
   };
   const nP = count("prefill", 1);
   const nD = count("decode", 2);
-  for (const k of rest.keys()) if (!["prefill", "decode"].includes(k)) throw new ConfigError(`unknown option --${k}`);
+  for (const k of rest.keys()) if (!["prefill", "decode", "plaintext"].includes(k)) throw new ConfigError(`unknown option --${k}`);
+  const plaintext = rest.get("plaintext") === "true";
   // Every option is passed on to the processes it concerns or refused here, before anything starts.
   const flags = clusterFlags(config);
+  // The API keys reach every child (the option through clusterFlags, TL_API_KEY through the environment); the demo sends the first.
+  const apiKeys = (config.engine.api_key as readonly string[] | undefined) ?? [];
+  const auth: Record<string, string> =
+    apiKeys.length > 0 || process.env.TL_API_KEY ? { authorization: `Bearer ${apiKeys[0] ?? process.env.TL_API_KEY!.split(",")[0]!.trim()}` } : {};
   const wait = opts.wait ?? true;
   // Asked for from the start: a signal, or the parent (npm, a shell, a supervisor) dying, during start-up stops it too.
   const stopped = wait ? stopRequests(process.ppid) : null;
   const door = await frontDoor(flags.httpListen);
+  const pki = plaintext ? null : await ephemeralPki(nP, nD);
+  const tlsArgs = (id: string) =>
+    pki === null
+      ? []
+      : ["--tls-cert", certFiles(pki, { workerId: id }).cert, "--tls-key", certFiles(pki, { workerId: id }).key, "--tls-ca", join(pki, "ca.crt")];
   const children: Child[] = [];
   let up = false;
   const stopAll = async () => {
     for (const c of children) c.proc.kill("SIGTERM");
     await Promise.all(children.map((c) => Promise.race([c.proc.exited, Bun.sleep(15_000).then(() => c.proc.kill("SIGKILL"))])));
+    if (pki !== null) rmSync(pki, { recursive: true, force: true });
   };
   void stopped?.then(async () => {
     if (up) return;
@@ -116,7 +141,7 @@ export async function runCluster(config: Config, rest: Map<string, string>, opts
     process.exit(1);
   });
   try {
-    const { ready: gwReady, busy } = await startFront(door, flags, children);
+    const { ready: gwReady, busy } = await startFront(door, flags, ["--routing-headers", ...tlsArgs("gateway-0")], children);
     const note = busy === null ? null : busyNote(busy, String(gwReady.http));
     if (note) log.warn(note);
     const http = parseAddr(String(gwReady.http));
@@ -137,6 +162,7 @@ export async function runCluster(config: Config, rest: Map<string, string>, opts
       "--gateway-registry",
       `${loopback(reg.host)}:${reg.port}`,
       ...flags.engines,
+      ...tlsArgs(`${role}-${i}`),
     ];
     for (let i = 0; i < nP; i++) children.push(startRole(`prefill-${i}`, engineArgs("prefill", i)));
     for (let i = 0; i < nD; i++) children.push(startRole(`decode-${i}`, engineArgs("decode", i)));
@@ -147,7 +173,7 @@ export async function runCluster(config: Config, rest: Map<string, string>, opts
     // Ready lines say the servers are up; the registry listing them says routing can begin.
     const deadline = Date.now() + 30_000;
     for (;;) {
-      const h = (await (await fetch(`${base}/health`)).json()) as { workers: { prefill: number; decode: number } };
+      const h = (await (await fetch(`${base}/health`, { headers: auth })).json()) as { workers: { prefill: number; decode: number } };
       if (h.workers.prefill === nP && h.workers.decode === nD) break;
       if (Date.now() > deadline) throw new Error(`registry lists ${JSON.stringify(h.workers)}, want ${nP} prefill and ${nD} decode`);
       await Bun.sleep(50);
@@ -155,6 +181,9 @@ export async function runCluster(config: Config, rest: Map<string, string>, opts
     const print = (s: string) => process.stdout.write(s + "\n");
     const embedded = !config.engine.model;
     print(`tl-engine cluster is up (model ${String(ready[0]!.model)}${embedded ? "; its text is meaningless unless you pass --model" : ""})`);
+    print(
+      pki === null ? "internal ports: plaintext (--plaintext)" : `internal ports: mutual TLS, an ephemeral CA and certificates in ${pki} (removed on exit)`,
+    );
     for (const r of ready)
       print(
         `  ${String(r.role).padEnd(8)} ${String(r.worker_id ?? "gateway").padEnd(10)} pid ${String(r.pid).padEnd(8)} http ${String(r.http)}${r.grpc ? `  grpc ${String(r.grpc)}` : ""}${r.kv ? `  kv ${String(r.kv)}` : ""}${r.registry ? `  registry ${String(r.registry)}` : ""}`,
@@ -162,10 +191,11 @@ export async function runCluster(config: Config, rest: Map<string, string>, opts
     if (note) print(`  (${note})`);
     print("");
     print("try:");
-    print(`  curl -N ${base}/v1/chat/completions -H 'content-type: application/json' \\`);
+    const authFlag = auth.authorization ? ` -H 'authorization: ${auth.authorization}'` : "";
+    print(`  curl -N ${base}/v1/chat/completions -H 'content-type: application/json'${authFlag} \\`);
     print(`    -d '{"messages":[{"role":"user","content":"Hello!"}],"max_tokens":32,"stream":true}'`);
     print(`  curl ${base}/metrics`);
-    if (opts.demo ?? true) await demo(base, print);
+    if (opts.demo ?? true) await demo(base, print, auth);
     up = true;
     if (stopped) {
       print("\nserving; Ctrl-C stops every process");
@@ -180,11 +210,18 @@ export async function runCluster(config: Config, rest: Map<string, string>, opts
   }
 }
 
-async function demo(base: string, print: (s: string) => void) {
+/** A CA and one certificate per process, in a fresh 0700 temp directory (keys 0600), for this run only. */
+async function ephemeralPki(nP: number, nD: number): Promise<string> {
+  const dir = mkdtempSync(join(tmpdir(), "tl-cluster-pki-"));
+  writeCerts(dir, await mintCluster({ gateway: 1, prefill: nP, decode: nD }));
+  return dir;
+}
+
+async function demo(base: string, print: (s: string) => void, auth: Record<string, string>) {
   print("\ndemo: one streamed chat completion through the gateway");
   const res = await fetch(`${base}/v1/chat/completions`, {
     method: "POST",
-    headers: { "content-type": "application/json" },
+    headers: { "content-type": "application/json", ...auth },
     body: JSON.stringify({ messages: [{ role: "user", content: "Tell me a story." }], max_tokens: 48, stream: true, seed: 7, temperature: 0.8 }),
   });
   if (res.status !== 200) {

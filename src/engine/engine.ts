@@ -123,6 +123,7 @@ export class Engine {
           resolve(f);
           for (const listen of this.finishListeners) listen(f);
         },
+        this.model.vocabSize,
       );
       seq.arrivedMs = this.now();
       if (!req.resume && Math.ceil((seq.promptLen + 1) / B) > this.pool.total) {

@@ -12,6 +12,8 @@ const SAMPLE: Record<string, string> = {
   "host?": "10.1.2.3",
   "url?": "http://127.0.0.1:4318",
   string: "x.bin",
+  bool: "true",
+  list: "key-1",
 };
 const flagOf = (key: string) => `--${key.replaceAll("_", "-")}`;
 const keys = [...new Set(SPECS.map((s) => s.key))];
@@ -19,10 +21,13 @@ const keys = [...new Set(SPECS.map((s) => s.key))];
 /** What `engine cluster --<key> <value>` does with the option: where it went, or the error. */
 function route(key: string): { gateway: string | null; engines: string | null; front: string | null; refused: string | null } {
   const kind = SPECS.find((s) => s.key === key)!.kind;
-  const { config } = parseArgs([flagOf(key), SAMPLE[kind]!]);
+  // A boolean stands alone on the command line; `--flag=value` says the value outright.
+  const { config } = parseArgs([`${flagOf(key)}=${SAMPLE[kind]!}`]);
   try {
     const f = clusterFlags(config);
     const valueIn = (list: string[]) => {
+      const joined = list.find((a) => a.startsWith(`${flagOf(key)}=`));
+      if (joined !== undefined) return joined.slice(flagOf(key).length + 1);
       const i = list.indexOf(flagOf(key));
       return i < 0 ? null : list[i + 1]!;
     };
