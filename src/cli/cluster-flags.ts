@@ -38,6 +38,8 @@ export const CLUSTER_OPTIONS: Readonly<Record<string, Rule>> = {
   handle_ttl_s: "engines",
   heartbeat_timeout_ms: "engines",
   push_idle_timeout_ms: "engines",
+  dtype: "engines",
+  threads: "engines",
   // Every process's HTTP API asks for the key; the gateway presents it to the engines.
   api_key: "all",
   metrics_need_key: "all",
