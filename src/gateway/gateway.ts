@@ -10,7 +10,7 @@ import { Completions } from "./completions.ts";
 import { InFlight, PairPicker } from "./pair-picker.ts";
 import { PrefillClient } from "./prefill-client.ts";
 import { RegistryService } from "./registry-service.ts";
-import { KvAffinity } from "./router.ts";
+import { type CostWeights, DEFAULT_WEIGHTS, KvAffinity, Suspects } from "./router.ts";
 import { gatewayRoutes } from "./routes.ts";
 import { WorkerRegistry } from "./worker-registry.ts";
 
@@ -25,8 +25,27 @@ export interface GatewayOptions {
   maxModelLen: number;
   /** Beat interval told to engines; a worker is evicted after 3 silent intervals. */
   heartbeatIntervalMs?: number;
+  /** Deadline of one Prefill call (P's prefill and its push to D). */
   prefillTimeoutMs?: number;
+  /** Deadline for an engine stream's first byte (a resume: D's claim and first event). */
+  firstByteTimeoutMs?: number;
+  /** Deadline between two events of an engine stream once it started. */
+  interTokenTimeoutMs?: number;
+  /** How long an engine that missed a deadline is scored out. */
+  suspectCooldownMs?: number;
+  /** The decode-engine cost's weights (see CostWeights). */
+  routeWeights?: CostWeights;
+  /** Prompts with fewer uncached tokens on the chosen D are prefilled there; 0 (the default here): always disaggregate. */
+  disaggMinUncachedTokens?: number;
 }
+
+/** The library's defaults; the CLI's [gateway] keys carry their own (see src/cli/options.ts). */
+export const GATEWAY_DEFAULTS = {
+  prefillTimeoutMs: 60_000,
+  firstByteTimeoutMs: 30_000,
+  interTokenTimeoutMs: 10_000,
+  suspectCooldownMs: 10_000,
+} as const;
 
 export interface Gateway {
   readonly httpAddress: string;
@@ -48,6 +67,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
   const metrics = createMetrics();
   const affinity = new KvAffinity();
   const inflight = new InFlight();
+  const suspects = new Suspects(opts.suspectCooldownMs ?? GATEWAY_DEFAULTS.suspectCooldownMs);
   const admission = new Admission();
   // Release only: pushes are the prefill engines' business.
   const releaser = new RoutingTransport({ dataPlane: false, timeoutMs: 5000 });
@@ -57,10 +77,15 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     chat: opts.chat,
     modelName: opts.modelName,
     maxModelLen: opts.maxModelLen,
-    picker: new PairPicker(registry, affinity, inflight),
-    prefill: new PrefillClient(opts.prefillTimeoutMs ?? 60_000),
+    picker: new PairPicker(registry, affinity, inflight, suspects, opts.routeWeights ?? DEFAULT_WEIGHTS),
+    prefill: new PrefillClient(opts.prefillTimeoutMs ?? GATEWAY_DEFAULTS.prefillTimeoutMs),
     affinity,
-    inflight,
+    suspects,
+    deadlines: {
+      firstByteMs: opts.firstByteTimeoutMs ?? GATEWAY_DEFAULTS.firstByteTimeoutMs,
+      interTokenMs: opts.interTokenTimeoutMs ?? GATEWAY_DEFAULTS.interTokenTimeoutMs,
+    },
+    disaggMinUncachedTokens: opts.disaggMinUncachedTokens ?? 0,
     metrics,
     admission,
     release: (kvAddress, handleId, requestId) =>
