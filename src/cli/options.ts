@@ -3,7 +3,7 @@ import { readFileSync } from "node:fs";
 export type Role = "prefill" | "decode" | "both" | "gateway";
 export const ROLES: readonly Role[] = ["prefill", "decode", "both", "gateway"];
 
-type Kind = "string" | "addr" | "addr?" | "host?" | "url?" | "int";
+type Kind = "string" | "addr" | "addr?" | "host?" | "url?" | "int" | "uint" | "num";
 
 interface Spec {
   section: "engine" | "gateway";
@@ -75,6 +75,25 @@ export const SPECS: readonly Spec[] = [
   { section: "gateway", key: "drain_timeout_s", kind: "int", dflt: 30, help: "on SIGTERM, seconds to let in-flight requests finish" },
   { section: "gateway", key: "heartbeat_interval_ms", kind: "int", dflt: 2000, help: "interval engines are told to beat at" },
   { section: "gateway", key: "otlp_endpoint", kind: "url?", dflt: "", help: "as [engine] otlp_endpoint" },
+  {
+    section: "gateway",
+    key: "route_overlap_weight",
+    kind: "num",
+    dflt: 1,
+    help: "decode cost per prompt block the engine lacks (cost = this × uncached blocks + route_load_weight × requests)",
+  },
+  { section: "gateway", key: "route_load_weight", kind: "num", dflt: 8, help: "decode cost per request running on the engine, in blocks" },
+  { section: "gateway", key: "prefill_timeout_ms", kind: "int", dflt: 60000, help: "deadline of one Prefill (P's prefill and push)" },
+  { section: "gateway", key: "first_byte_timeout_ms", kind: "int", dflt: 30000, help: "deadline for an engine stream's first event" },
+  { section: "gateway", key: "inter_token_timeout_ms", kind: "int", dflt: 10000, help: "deadline between two events of an engine stream" },
+  { section: "gateway", key: "suspect_cooldown_ms", kind: "int", dflt: 10000, help: "how long an engine that missed a deadline is routed around" },
+  {
+    section: "gateway",
+    key: "disagg_min_uncached_tokens",
+    kind: "uint",
+    dflt: 32,
+    help: "prefill on the decode engine itself when fewer prompt tokens than this are uncached there; 0: always disaggregate",
+  },
 ];
 
 export type Section = Record<string, string | number>;
@@ -98,6 +117,12 @@ function coerce(spec: Spec, raw: unknown, where: string): string | number {
     const n = typeof raw === "string" && /^\d+$/.test(raw) ? Number(raw) : raw;
     if (typeof n !== "number" || !Number.isSafeInteger(n) || n < 1) throw new ConfigError(`${name}: want a positive integer, got ${JSON.stringify(raw)}`);
     return n;
+  }
+  if (spec.kind === "uint" || spec.kind === "num") {
+    const n = typeof raw === "string" && /^\d+(\.\d+)?$/.test(raw) ? Number(raw) : raw;
+    const ok = typeof n === "number" && Number.isFinite(n) && n >= 0 && (spec.kind === "num" || Number.isSafeInteger(n));
+    if (!ok) throw new ConfigError(`${name}: want a ${spec.kind === "num" ? "number" : "integer"} ≥ 0, got ${JSON.stringify(raw)}`);
+    return n as number;
   }
   if (typeof raw !== "string") throw new ConfigError(`${name}: want a string, got ${JSON.stringify(raw)}`);
   if (spec.kind === "addr" || (spec.kind === "addr?" && raw !== "")) parseAddr(raw, name);

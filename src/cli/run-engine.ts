@@ -124,6 +124,12 @@ export async function runGateway(config: Config): Promise<Gateway> {
     modelName: model.name,
     maxModelLen: Math.min(Number(g.max_model_len), model.maxSeqLen),
     heartbeatIntervalMs: Number(g.heartbeat_interval_ms),
+    routeWeights: { overlap: Number(g.route_overlap_weight), load: Number(g.route_load_weight) },
+    prefillTimeoutMs: Number(g.prefill_timeout_ms),
+    firstByteTimeoutMs: Number(g.first_byte_timeout_ms),
+    interTokenTimeoutMs: Number(g.inter_token_timeout_ms),
+    suspectCooldownMs: Number(g.suspect_cooldown_ms),
+    disaggMinUncachedTokens: Number(g.disagg_min_uncached_tokens),
   });
   console.log(JSON.stringify({ msg: "ready", role: "gateway", pid: process.pid, model: model.name, http: gw.httpAddress, registry: gw.registryAddress }));
   return gw;
