@@ -21,7 +21,12 @@ const ROOT = join(import.meta.dir, "..");
 const PARTS = new Set((process.env.BENCH_ROUTING_PARTS ?? "burst,freeze,disagg").split(","));
 /** Beats every second: a frozen engine is a beat late (suspect) after 1 s, evicted after 3 s. */
 const BEAT_MS = 1000;
-const LENGTHS = [16, 32, 64, 128, 256, 512];
+const LENGTHS = [16, 32, 64, 128, 256, 512, 1024, 1536];
+/** Streams kept running on the decode engine while TTFT is measured: a decode engine at work. */
+const BACKGROUND = 8;
+/** The freeze part: output tokens per request, and the gap that makes an engine suspect. */
+const FREEZE_OUTPUT = Number(process.env.BENCH_ROUTING_FREEZE_OUTPUT ?? 128);
+const STALL_MS = 200;
 
 function spawn(name: string, args: string[]): RoleProcess {
   return spawnRole(name, [process.execPath, join(ROOT, "bin/engine.ts"), ...args], { env: { ...process.env, TL_LOG_LEVEL: "error" }, stderr: "tail" });
@@ -129,11 +134,14 @@ async function burst(): Promise<void> {
 
 async function freeze(): Promise<void> {
   // Deadlines a little above what a loaded machine shows, so only the frozen engine misses them.
-  const flags = ["--disagg-min-uncached-tokens", "0", "--prefill-timeout-ms", "1500", "--first-byte-timeout-ms", "1500", "--inter-token-timeout-ms", "1000"];
+  const flags = [
+    ...["--disagg-min-uncached-tokens", "0", "--prefill-timeout-ms", "1500", "--first-byte-timeout-ms", "1500"],
+    ...["--inter-token-timeout-ms", "1000", "--stall-suspect-ms", String(STALL_MS)],
+  ];
   const c = await startCluster(2, flags);
   try {
     const N = 16;
-    const run = (salt: number) => send(c.base, prompt(64, salt), 32);
+    const run = (salt: number) => send(c.base, prompt(64, salt), FREEZE_OUTPUT);
     await run(-1);
     // Normal: the same shape of traffic, requests every 100 ms over two engines, with streams in flight.
     const paced = async (salt0: number) => {
@@ -148,12 +156,13 @@ async function freeze(): Promise<void> {
     const normal = median(before.map((r) => r.totalMs));
     // Keep streams on both engines at the freeze, as traffic would.
     const inFlight = [run(5000), run(5001), run(5002), run(5003)];
-    await Bun.sleep(50);
+    await Bun.sleep(300);
     const victim = c.decode[1]!;
     victim.proc.kill("SIGSTOP");
     const after = await paced(2000);
     victim.proc.kill("SIGCONT");
     await Promise.all(inFlight);
+    for (const r of after) if (!r.ok) console.log(`  failed after the freeze (${r.served} on ${r.decode}): ${r.error}`);
     const ratios = after.map((r) => r.totalMs / normal);
     const within = ratios.filter((x) => x <= 2).length;
     const onVictim = after.filter((r) => r.decode === "decode-1").length;
@@ -163,6 +172,8 @@ async function freeze(): Promise<void> {
     );
     results.freeze = {
       requests: N,
+      outputTokens: FREEZE_OUTPUT,
+      stallSuspectMs: STALL_MS,
       normalMs: normal,
       afterMs: after.map((r) => Math.round(r.totalMs)),
       ratioP50: median(ratios),
@@ -182,8 +193,8 @@ async function freeze(): Promise<void> {
 async function ttftSweep(threshold: number): Promise<{ length: number; ttftMs: number; served: string }[]> {
   const c = await startCluster(1, ["--disagg-min-uncached-tokens", String(threshold)]);
   let stop = false;
-  const background = Array.from({ length: 4 }, async (_, k) => {
-    for (let i = 0; !stop; i++) await send(c.base, prompt(24, 9000 + k * 1000 + i), 64);
+  const background = Array.from({ length: BACKGROUND }, async (_, k) => {
+    for (let i = 0; !stop; i++) await send(c.base, prompt(24, 9000 + k * 1000 + i), 128);
   });
   try {
     await Bun.sleep(300);
@@ -201,6 +212,21 @@ async function ttftSweep(threshold: number): Promise<{ length: number; ttftMs: n
   }
 }
 
+/**
+ * Where disaggregated TTFT stops losing: from the first length after which every ratio
+ * is ≤ 1.05 (within noise of a tie), interpolated (in log length) between it and the
+ * length before to ratio 1, rounded to 16-token blocks.
+ */
+function crossover(rows: { length: number; ratio: number }[]): number {
+  let i = rows.length;
+  while (i > 0 && rows[i - 1]!.ratio <= 1.05) i--;
+  if (i === rows.length) return rows.at(-1)!.length * 2;
+  if (i === 0) return rows[0]!.length;
+  const [a, b] = [rows[i - 1]!, rows[i]!];
+  const f = Math.min(1, Math.max(0, (a.ratio - 1) / (a.ratio - b.ratio)));
+  return Math.round((a.length * (b.length / a.length) ** f) / 16) * 16;
+}
+
 async function disagg(): Promise<void> {
   const remote = await ttftSweep(0);
   const local = await ttftSweep(1_000_000);
@@ -209,11 +235,9 @@ async function disagg(): Promise<void> {
     console.log(
       `prompt ${String(r.length).padStart(4)} tokens: TTFT disaggregated ${r.disaggregatedMs.toFixed(1)} ms, decode-local ${r.decodeLocalMs.toFixed(1)} ms, ratio ${r.ratio.toFixed(2)}`,
     );
-  // The first length from which disaggregation no longer loses (ratio ≤ 1), and stays so.
-  let cross = LENGTHS.at(-1)! * 2;
-  for (let i = rows.length - 1; i >= 0 && rows[i]!.ratio <= 1; i--) cross = rows[i]!.length;
-  console.log(`disaggregated TTFT stops losing at ${cross} prompt tokens: the measured disagg_min_uncached_tokens`);
-  results.disagg = { rows, crossoverTokens: cross, served: { disaggregated: remote[0]!.served, local: local[0]!.served }, loadavg: load() };
+  const cross = crossover(rows);
+  console.log(`disaggregated TTFT stops losing at ~${cross} prompt tokens (busy decode engine): the measured disagg_min_uncached_tokens`);
+  results.disagg = { backgroundStreams: BACKGROUND, rows, crossoverTokens: cross, served: { disaggregated: remote[0]!.served, local: local[0]!.served }, loadavg: load() };
 }
 
 if (PARTS.has("burst")) await burst();

@@ -77,6 +77,9 @@ export async function runCluster(config: Config, rest: Map<string, string>, opts
       `127.0.0.1:${regPort}`,
       "--heartbeat-interval-ms",
       beat,
+      // The cluster shows the prefill → decode hand-off: every request crosses it (no conditional disaggregation).
+      "--disagg-min-uncached-tokens",
+      "0",
       ...modelArgs,
     ]);
     children.push(gw);

@@ -86,12 +86,20 @@ export const SPECS: readonly Spec[] = [
   { section: "gateway", key: "prefill_timeout_ms", kind: "int", dflt: 60000, help: "deadline of one Prefill (P's prefill and push)" },
   { section: "gateway", key: "first_byte_timeout_ms", kind: "int", dflt: 30000, help: "deadline for an engine stream's first event" },
   { section: "gateway", key: "inter_token_timeout_ms", kind: "int", dflt: 10000, help: "deadline between two events of an engine stream" },
+  {
+    section: "gateway",
+    key: "stall_suspect_ms",
+    kind: "int",
+    dflt: 1000,
+    help: "a gap this long between two events makes the engine suspect (new work routes around it) without ending the stream",
+  },
   { section: "gateway", key: "suspect_cooldown_ms", kind: "int", dflt: 10000, help: "how long an engine that missed a deadline is routed around" },
   {
     section: "gateway",
     key: "disagg_min_uncached_tokens",
     kind: "uint",
-    dflt: 32,
+    // bench/routing.ts: disaggregated TTFT stops losing to a busy decode engine's own prefill near here.
+    dflt: 416,
     help: "prefill on the decode engine itself when fewer prompt tokens than this are uncached there; 0: always disaggregate",
   },
 ];

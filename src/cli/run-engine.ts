@@ -128,6 +128,7 @@ export async function runGateway(config: Config): Promise<Gateway> {
     prefillTimeoutMs: Number(g.prefill_timeout_ms),
     firstByteTimeoutMs: Number(g.first_byte_timeout_ms),
     interTokenTimeoutMs: Number(g.inter_token_timeout_ms),
+    stallSuspectMs: Number(g.stall_suspect_ms),
     suspectCooldownMs: Number(g.suspect_cooldown_ms),
     disaggMinUncachedTokens: Number(g.disagg_min_uncached_tokens),
   });

@@ -207,13 +207,21 @@ export class Completions {
     // client goes away, Cancel stops P's work instead and any handle the call still
     // yields is given back.
     const call = ctx.prefill.prefill(p, d, t.params, t.requestId, NEVER, t.span);
+    // D turning suspect meanwhile (another stream saw it stall) routes this prompt again at once.
+    const suspect = ctx.suspects.signal(did);
     try {
-      return await untilAborted(call, t.abort.signal);
+      return await untilAborted(call, AbortSignal.any([t.abort.signal, suspect]));
     } catch (e) {
       pair.releaseDecode();
-      if (t.abort.signal.aborted) {
+      if (t.abort.signal.aborted || suspect.aborted) {
         ctx.prefill.abandon(call, p, t.requestId, (h) => ctx.release(d.status.kvAddress, h, t.requestId));
-        throw new HttpError(499, "client closed the request");
+      }
+      if (t.abort.signal.aborted) throw new HttpError(499, "client closed the request");
+      if (suspect.aborted) {
+        exclude.add(did);
+        policy.streamFailed();
+        log.warn("decode engine became suspect during Prefill; routing again", { request_id: t.requestId, worker: did });
+        return null;
       }
       const err = ConnectError.from(e);
       ctx.metrics.transferFailures.inc({ code: Code[err.code] ?? String(err.code) });

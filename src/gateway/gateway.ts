@@ -31,6 +31,8 @@ export interface GatewayOptions {
   firstByteTimeoutMs?: number;
   /** Deadline between two events of an engine stream once it started. */
   interTokenTimeoutMs?: number;
+  /** A gap this long between two events makes the engine suspect without ending the stream. */
+  stallSuspectMs?: number;
   /** How long an engine that missed a deadline is scored out. */
   suspectCooldownMs?: number;
   /** The decode-engine cost's weights (see CostWeights). */
@@ -44,6 +46,7 @@ export const GATEWAY_DEFAULTS = {
   prefillTimeoutMs: 60_000,
   firstByteTimeoutMs: 30_000,
   interTokenTimeoutMs: 10_000,
+  stallSuspectMs: 1000,
   suspectCooldownMs: 10_000,
 } as const;
 
@@ -84,6 +87,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     deadlines: {
       firstByteMs: opts.firstByteTimeoutMs ?? GATEWAY_DEFAULTS.firstByteTimeoutMs,
       interTokenMs: opts.interTokenTimeoutMs ?? GATEWAY_DEFAULTS.interTokenTimeoutMs,
+      stallMs: opts.stallSuspectMs ?? GATEWAY_DEFAULTS.stallSuspectMs,
     },
     disaggMinUncachedTokens: opts.disaggMinUncachedTokens ?? 0,
     metrics,

@@ -46,6 +46,7 @@ export class KvAffinity {
  */
 export class Suspects {
   private readonly until = new Map<string, number>();
+  private readonly watchers = new Map<string, AbortController>();
 
   constructor(
     readonly cooldownMs = 10_000,
@@ -54,6 +55,15 @@ export class Suspects {
 
   mark(workerId: string): void {
     this.until.set(workerId, this.now() + this.cooldownMs);
+    this.watchers.get(workerId)?.abort(new Error(`${workerId} became suspect`));
+    this.watchers.delete(workerId);
+  }
+
+  /** Aborts when `workerId` is next marked, so work waiting on it can go elsewhere at once. */
+  signal(workerId: string): AbortSignal {
+    let c = this.watchers.get(workerId);
+    if (!c) this.watchers.set(workerId, (c = new AbortController()));
+    return c.signal;
   }
 
   has(workerId: string): boolean {

@@ -8,6 +8,8 @@ export interface StreamDeadlines {
   firstByteMs: number;
   /** Between two SSE events. */
   interTokenMs: number;
+  /** A gap this long between two events already makes the engine suspect (`onMissed`), without ending the stream. */
+  stallMs: number;
   onMissed: (what: string) => void;
 }
 
@@ -21,24 +23,28 @@ class Watchdog {
   missed: string | null = null;
   private first = true;
   private timer: ReturnType<typeof setTimeout>;
+  private stall: ReturnType<typeof setTimeout> | undefined;
 
   constructor(private readonly d: StreamDeadlines) {
     this.timer = setTimeout(() => this.fire(), d.firstByteMs);
   }
 
-  /** An event arrived: the inter-token deadline runs from now. */
+  /** An event arrived: the inter-token deadline (and the stall watch) runs from now. */
   tick(): void {
     if (!this.first) {
       this.timer.refresh();
+      this.stall?.refresh();
       return;
     }
     this.first = false;
     clearTimeout(this.timer);
     this.timer = setTimeout(() => this.fire(), this.d.interTokenMs);
+    if (this.d.stallMs < this.d.interTokenMs) this.stall = setTimeout(() => this.d.onMissed(`stalled over ${this.d.stallMs} ms`), this.d.stallMs);
   }
 
   stop(): void {
     clearTimeout(this.timer);
+    clearTimeout(this.stall);
   }
 
   private fire(): void {
