@@ -52,7 +52,19 @@ async function startCluster(decodes: number, gatewayFlags: string[]): Promise<Cl
   children.push(gw);
   const g = await gw.ready;
   const engine = (role: string, id: string) =>
-    spawn(id, ["--role", role, "--worker-id", id, ...listen, "--grpc-listen", "127.0.0.1:0", "--kv-listen", "127.0.0.1:0", "--gateway-registry", String(g.registry)]);
+    spawn(id, [
+      "--role",
+      role,
+      "--worker-id",
+      id,
+      ...listen,
+      "--grpc-listen",
+      "127.0.0.1:0",
+      "--kv-listen",
+      "127.0.0.1:0",
+      "--gateway-registry",
+      String(g.registry),
+    ]);
   const p = engine("prefill", "prefill-0");
   const ds = Array.from({ length: decodes }, (_, i) => engine("decode", `decode-${i}`));
   children.push(p, ...ds);
@@ -230,14 +242,25 @@ function crossover(rows: { length: number; ratio: number }[]): number {
 async function disagg(): Promise<void> {
   const remote = await ttftSweep(0);
   const local = await ttftSweep(1_000_000);
-  const rows = LENGTHS.map((length, i) => ({ length, disaggregatedMs: remote[i]!.ttftMs, decodeLocalMs: local[i]!.ttftMs, ratio: remote[i]!.ttftMs / local[i]!.ttftMs }));
+  const rows = LENGTHS.map((length, i) => ({
+    length,
+    disaggregatedMs: remote[i]!.ttftMs,
+    decodeLocalMs: local[i]!.ttftMs,
+    ratio: remote[i]!.ttftMs / local[i]!.ttftMs,
+  }));
   for (const r of rows)
     console.log(
       `prompt ${String(r.length).padStart(4)} tokens: TTFT disaggregated ${r.disaggregatedMs.toFixed(1)} ms, decode-local ${r.decodeLocalMs.toFixed(1)} ms, ratio ${r.ratio.toFixed(2)}`,
     );
   const cross = crossover(rows);
   console.log(`disaggregated TTFT stops losing at ~${cross} prompt tokens (busy decode engine): the measured disagg_min_uncached_tokens`);
-  results.disagg = { backgroundStreams: BACKGROUND, rows, crossoverTokens: cross, served: { disaggregated: remote[0]!.served, local: local[0]!.served }, loadavg: load() };
+  results.disagg = {
+    backgroundStreams: BACKGROUND,
+    rows,
+    crossoverTokens: cross,
+    served: { disaggregated: remote[0]!.served, local: local[0]!.served },
+    loadavg: load(),
+  };
 }
 
 if (PARTS.has("burst")) await burst();

@@ -129,7 +129,7 @@ function coerce(spec: Spec, raw: unknown, where: string): string | number {
   if (spec.kind === "uint" || spec.kind === "num") {
     const n = typeof raw === "string" && /^\d+(\.\d+)?$/.test(raw) ? Number(raw) : raw;
     const ok = typeof n === "number" && Number.isFinite(n) && n >= 0 && (spec.kind === "num" || Number.isSafeInteger(n));
-    if (!ok) throw new ConfigError(`${name}: want a ${spec.kind === "num" ? "number" : "integer"} ≥ 0, got ${JSON.stringify(raw)}`);
+    if (!ok) throw new ConfigError(`${name}: want ${spec.kind === "num" ? "a number" : "an integer"} ≥ 0, got ${JSON.stringify(raw)}`);
     return n as number;
   }
   if (typeof raw !== "string") throw new ConfigError(`${name}: want a string, got ${JSON.stringify(raw)}`);

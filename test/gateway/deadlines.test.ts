@@ -55,7 +55,12 @@ async function waitDecodeIdle(timeoutMs = 3000) {
 describe("deadlines route around a frozen engine", () => {
   test("a decode engine whose KV port never answers: Prefill misses its deadline, the request is retried on the other engine, later ones avoid it", async () => {
     fakeDecode("decode-frozen-kv", { httpAddress: frozenAddr(), kvAddress: frozenAddr() });
-    const want = await (await fetch(`http://${c.decode[0]!.httpAddress}/v1/completions`, { method: "POST", body: JSON.stringify({ prompt: "frozen one", max_tokens: 6, temperature: 0 }) })).json() as { choices: { text: string }[] };
+    const want = (await (
+      await fetch(`http://${c.decode[0]!.httpAddress}/v1/completions`, {
+        method: "POST",
+        body: JSON.stringify({ prompt: "frozen one", max_tokens: 6, temperature: 0 }),
+      })
+    ).json()) as { choices: { text: string }[] };
     const first = await post({ prompt: "frozen one", max_tokens: 6, temperature: 0 });
     expect(first.status).toBe(200);
     expect(first.headers.get("x-tl-served")).toBe("disaggregated-retried");

@@ -84,7 +84,12 @@ test("a suspect is scored out for its cool-down, a worker a beat late at once; w
   suspects.mark("d1");
   expect(["d0", "d1"]).toContain(decodeOf());
   now += 5001;
-  for (const [id, role] of [["p", Role.PREFILL], ["d0", Role.DECODE], ["d1", Role.DECODE]] as const) registry.beat(beat(id, role));
+  for (const [id, role] of [
+    ["p", Role.PREFILL],
+    ["d0", Role.DECODE],
+    ["d1", Role.DECODE],
+  ] as const)
+    registry.beat(beat(id, role));
   expect(decodeOf()).toBe("d0");
   // d0 stops beating: a whole interval late, it is routed around before eviction (3 intervals).
   now += 1200;
@@ -97,11 +102,17 @@ test("a suspect is scored out for its cool-down, a worker a beat late at once; w
 test("retry policy: a deadline P never explained makes both engines suspect and excludes neither; a named side is blamed alone", () => {
   const own = new RetryPolicy().decide(new ConnectError("deadline", Code.DeadlineExceeded), "p", "d0");
   expect(own).toEqual({ again: true, exclude: null, why: expect.any(String), suspect: ["p", "d0"] });
-  const named = new RetryPolicy().decide(
-    new ConnectError("push timed out", Code.DeadlineExceeded, new Headers({ [FAILED_SIDE_HEADER]: "decode" })),
-    "p",
-    "d0",
-  );
+  const named = new RetryPolicy().decide(new ConnectError("push timed out", Code.DeadlineExceeded, new Headers({ [FAILED_SIDE_HEADER]: "decode" })), "p", "d0");
   expect(named).toEqual({ again: true, exclude: "d0", why: expect.any(String), suspect: ["d0"] });
   expect(new RetryPolicy().decide(new ConnectError("bad", Code.InvalidArgument), "p", "d0")).toEqual({ again: false, suspect: [] });
+});
+
+test("[gateway] routing keys: weights take decimals ≥ 0, the disaggregation threshold takes 0, anything else is refused by name", async () => {
+  const { parseArgs, ConfigError } = await import("../../src/cli/options.ts");
+  const g = parseArgs(["--role", "gateway", "--route-overlap-weight", "0.5", "--route-load-weight", "12", "--disagg-min-uncached-tokens", "0"]).config.gateway;
+  expect([g.route_overlap_weight, g.route_load_weight, g.disagg_min_uncached_tokens]).toEqual([0.5, 12, 0]);
+  expect(parseArgs(["--role", "gateway"]).config.gateway.disagg_min_uncached_tokens).toBe(416);
+  expect(() => parseArgs(["--role", "gateway", "--route-load-weight", "-1"])).toThrow(ConfigError);
+  expect(() => parseArgs(["--role", "gateway", "--disagg-min-uncached-tokens", "1.5"])).toThrow(/disagg_min_uncached_tokens: want an integer ≥ 0/);
+  expect(() => parseArgs(["--role", "gateway", "--prefill-timeout-ms", "0"])).toThrow(/prefill_timeout_ms: want a positive integer/);
 });
