@@ -54,6 +54,8 @@ export interface Gateway {
   readonly httpAddress: string;
   readonly registryAddress: string;
   readonly registry: WorkerRegistry;
+  /** Engines routed around for now (they missed a deadline). */
+  readonly suspects: Suspects;
   readonly metrics: Metrics;
   /** Refuses new requests (503) and waits for in-flight ones up to the deadline; resolves with those left. */
   drain(deadlineMs: number): Promise<number>;
@@ -101,6 +103,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     httpAddress: http.address,
     registryAddress: grpc.address,
     registry,
+    suspects,
     metrics,
     drain: (deadlineMs) => admission.drain(deadlineMs),
     async stop() {

@@ -118,3 +118,42 @@ describe("deadlines route around a frozen engine", () => {
     }
   });
 });
+
+describe("an engine turning suspect", () => {
+  test("re-routes a Prefill waiting on it at once, long before that Prefill's own deadline", async () => {
+    // A minute of Prefill deadline: only the suspicion can end this request within the test's time.
+    const k = await startTestCluster({ prefill: 1, decode: 1, gateway: { prefillTimeoutMs: 60_000 } });
+    const hang = Bun.listen({ hostname: "127.0.0.1", port: 0, socket: { data() {}, open() {} } });
+    const addr = `127.0.0.1:${hang.port}`;
+    const status = create(WorkerStatusSchema, {
+      workerId: "decode-hangs",
+      role: Role.DECODE,
+      kvFormat: 1,
+      seq: 1n,
+      blockTokens: 4,
+      freeBlocks: 100_000,
+      model: "fake",
+      httpAddress: addr,
+      kvAddress: addr,
+      grpcAddress: addr,
+    });
+    k.gateway.registry.beat(status);
+    const beating = setInterval(() => k.gateway.registry.beat(status), 30);
+    try {
+      const pending = fetch(`http://${k.gateway.httpAddress}/v1/completions`, {
+        method: "POST",
+        body: JSON.stringify({ prompt: "waiting on a frozen engine", max_tokens: 3, temperature: 0 }),
+      });
+      await Bun.sleep(200);
+      // What a stalled stream on that engine elsewhere would do.
+      k.gateway.suspects.mark("decode-hangs");
+      const res = await pending;
+      expect([res.status, res.headers.get("x-tl-served"), res.headers.get("x-tl-decode-worker")]).toEqual([200, "disaggregated-retried", "decode-0"]);
+      await res.text();
+    } finally {
+      clearInterval(beating);
+      hang.stop(true);
+      await k.stop();
+    }
+  });
+});
