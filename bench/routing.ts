@@ -12,7 +12,7 @@
 //   npx bun bench/routing.ts
 //   BENCH_ROUTING_PARTS=burst,freeze,disagg   a subset
 import { loadavg } from "node:os";
-import { mkdirSync, writeFileSync } from "node:fs";
+import { existsSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { type RoleProcess, spawnRole } from "../src/cli/spawn-role.ts";
 import { sseData } from "../src/http/index.ts";
@@ -269,4 +269,7 @@ if (PARTS.has("disagg")) await disagg();
 results.loadavgAtEnd = load();
 console.log(`load average at end: ${load().join(" ")}`);
 mkdirSync(join(ROOT, "bench/results"), { recursive: true });
-writeFileSync(join(ROOT, "bench/results/routing.json"), `${JSON.stringify(results, null, 2)}\n`);
+// A subset run (BENCH_ROUTING_PARTS) keeps the other parts' last results.
+const file = join(ROOT, "bench/results/routing.json");
+const previous = existsSync(file) && PARTS.size < 3 ? (JSON.parse(readFileSync(file, "utf8")) as Record<string, unknown>) : {};
+writeFileSync(file, `${JSON.stringify({ ...previous, ...results }, null, 2)}\n`);
