@@ -111,7 +111,7 @@ test("[gateway] routing keys: weights take decimals ≥ 0, the disaggregation th
   const { parseArgs, ConfigError } = await import("../../src/cli/options.ts");
   const g = parseArgs(["--role", "gateway", "--route-overlap-weight", "0.5", "--route-load-weight", "12", "--disagg-min-uncached-tokens", "0"]).config.gateway;
   expect([g.route_overlap_weight, g.route_load_weight, g.disagg_min_uncached_tokens]).toEqual([0.5, 12, 0]);
-  expect(parseArgs(["--role", "gateway"]).config.gateway.disagg_min_uncached_tokens).toBe(416);
+  expect(parseArgs(["--role", "gateway"]).config.gateway.disagg_min_uncached_tokens).toBe(512);
   expect(() => parseArgs(["--role", "gateway", "--route-load-weight", "-1"])).toThrow(ConfigError);
   expect(() => parseArgs(["--role", "gateway", "--disagg-min-uncached-tokens", "1.5"])).toThrow(/disagg_min_uncached_tokens: want an integer ≥ 0/);
   expect(() => parseArgs(["--role", "gateway", "--prefill-timeout-ms", "0"])).toThrow(/prefill_timeout_ms: want a positive integer/);
