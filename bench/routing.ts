@@ -48,7 +48,8 @@ async function startCluster(decodes: number, gatewayFlags: string[]): Promise<Cl
     await Promise.all(children.map((c) => Promise.race([c.proc.exited, Bun.sleep(5000).then(() => c.proc.kill("SIGKILL"))])));
   };
   const listen = ["--http-listen", "127.0.0.1:0", "--heartbeat-interval-ms", String(BEAT_MS)];
-  const gw = spawn("gateway", ["--role", "gateway", ...listen, "--registry-listen", "127.0.0.1:0", ...gatewayFlags]);
+  // --routing-headers: the burst counts which decode engine served each request.
+  const gw = spawn("gateway", ["--role", "gateway", ...listen, "--registry-listen", "127.0.0.1:0", "--routing-headers", ...gatewayFlags]);
   children.push(gw);
   const g = await gw.ready;
   const engine = (role: string, id: string) =>

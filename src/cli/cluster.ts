@@ -1,4 +1,8 @@
+import { mkdtempSync, rmSync } from "node:fs";
 import { createServer } from "node:net";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { certFiles, mintCluster, writeCerts } from "./certs.ts";
 import { sseData } from "../http/index.ts";
 import { log } from "../obs/index.ts";
 import { ConfigError, type Config } from "./options.ts";
@@ -50,7 +54,8 @@ export async function runCluster(config: Config, rest: Map<string, string>, opts
   };
   const nP = count("prefill", 1);
   const nD = count("decode", 2);
-  for (const k of rest.keys()) if (!["prefill", "decode"].includes(k)) throw new ConfigError(`unknown option --${k}`);
+  for (const k of rest.keys()) if (!["prefill", "decode", "plaintext"].includes(k)) throw new ConfigError(`unknown option --${k}`);
+  const plaintext = rest.get("plaintext") === "true";
   const e = config.engine;
   const model = String(e.model);
   const tokenizer = String(e.tokenizer);
@@ -62,12 +67,24 @@ export async function runCluster(config: Config, rest: Map<string, string>, opts
   if (e.otlp_endpoint) modelArgs.push("--otlp-endpoint", String(e.otlp_endpoint));
   const beat = String(Math.min(Number(e.heartbeat_interval_ms), 1000));
 
+  // The API keys reach every child (and TL_API_KEY through the environment); the demo sends the first.
+  const apiKeys = (e.api_key as readonly string[] | undefined) ?? [];
+  const keyArgs = apiKeys.flatMap((k) => ["--api-key", k]);
+  const auth: Record<string, string> =
+    apiKeys.length > 0 || process.env.TL_API_KEY ? { authorization: `Bearer ${apiKeys[0] ?? process.env.TL_API_KEY!.split(",")[0]!.trim()}` } : {};
+  const pki = plaintext ? null : await ephemeralPki(nP, nD);
+  const tlsArgs = (id: string) =>
+    pki === null
+      ? []
+      : ["--tls-cert", certFiles(pki, { workerId: id }).cert, "--tls-key", certFiles(pki, { workerId: id }).key, "--tls-ca", join(pki, "ca.crt")];
+
   const httpPort = await freePort(8000);
   const regPort = await freePort();
   const children: Child[] = [];
   const stopAll = async () => {
     for (const c of children) c.proc.kill("SIGTERM");
     await Promise.all(children.map((c) => Promise.race([c.proc.exited, Bun.sleep(15_000).then(() => c.proc.kill("SIGKILL"))])));
+    if (pki !== null) rmSync(pki, { recursive: true, force: true });
   };
   try {
     const gw = startRole("gateway", [
@@ -82,7 +99,10 @@ export async function runCluster(config: Config, rest: Map<string, string>, opts
       // The cluster shows the prefill → decode hand-off: every request crosses it (no conditional disaggregation).
       "--disagg-min-uncached-tokens",
       "0",
+      "--routing-headers",
       ...modelArgs,
+      ...keyArgs,
+      ...tlsArgs("gateway-0"),
     ]);
     children.push(gw);
     await gw.ready;
@@ -108,6 +128,8 @@ export async function runCluster(config: Config, rest: Map<string, string>, opts
       "--max-model-len",
       String(e.max_model_len),
       ...modelArgs,
+      ...keyArgs,
+      ...tlsArgs(`${role}-${i}`),
     ];
     for (let i = 0; i < nP; i++) children.push(startRole(`prefill-${i}`, await engineArgs("prefill", i)));
     for (let i = 0; i < nD; i++) children.push(startRole(`decode-${i}`, await engineArgs("decode", i)));
@@ -116,23 +138,27 @@ export async function runCluster(config: Config, rest: Map<string, string>, opts
     // Ready lines say the servers are up; the registry listing them says routing can begin.
     const deadline = Date.now() + 30_000;
     for (;;) {
-      const h = (await (await fetch(`${base}/health`)).json()) as { workers: { prefill: number; decode: number } };
+      const h = (await (await fetch(`${base}/health`, { headers: auth })).json()) as { workers: { prefill: number; decode: number } };
       if (h.workers.prefill === nP && h.workers.decode === nD) break;
       if (Date.now() > deadline) throw new Error(`registry lists ${JSON.stringify(h.workers)}, want ${nP} prefill and ${nD} decode`);
       await Bun.sleep(50);
     }
     const print = (s: string) => process.stdout.write(s + "\n");
     print(`tl-engine cluster is up (model ${String(ready[0]!.model)}${model ? "" : "; its text is meaningless unless you pass --model"})`);
+    print(
+      pki === null ? "internal ports: plaintext (--plaintext)" : `internal ports: mutual TLS, an ephemeral CA and certificates in ${pki} (removed on exit)`,
+    );
     for (const r of ready)
       print(
         `  ${String(r.role).padEnd(8)} ${String(r.worker_id ?? "gateway").padEnd(10)} pid ${String(r.pid).padEnd(8)} http ${String(r.http)}${r.grpc ? `  grpc ${String(r.grpc)}` : ""}${r.kv ? `  kv ${String(r.kv)}` : ""}${r.registry ? `  registry ${String(r.registry)}` : ""}`,
       );
     print("");
     print("try:");
-    print(`  curl -N ${base}/v1/chat/completions -H 'content-type: application/json' \\`);
+    const authFlag = auth.authorization ? ` -H 'authorization: ${auth.authorization}'` : "";
+    print(`  curl -N ${base}/v1/chat/completions -H 'content-type: application/json'${authFlag} \\`);
     print(`    -d '{"messages":[{"role":"user","content":"Hello!"}],"max_tokens":32,"stream":true}'`);
     print(`  curl ${base}/metrics`);
-    if (opts.demo ?? true) await demo(base, print);
+    if (opts.demo ?? true) await demo(base, print, auth);
     if (opts.wait ?? true) {
       print("\nserving; Ctrl-C stops every process");
       await new Promise<void>((resolve) => {
@@ -149,11 +175,18 @@ export async function runCluster(config: Config, rest: Map<string, string>, opts
   }
 }
 
-async function demo(base: string, print: (s: string) => void) {
+/** A CA and one certificate per process, in a fresh 0700 temp directory (keys 0600), for this run only. */
+async function ephemeralPki(nP: number, nD: number): Promise<string> {
+  const dir = mkdtempSync(join(tmpdir(), "tl-cluster-pki-"));
+  writeCerts(dir, await mintCluster({ gateway: 1, prefill: nP, decode: nD }));
+  return dir;
+}
+
+async function demo(base: string, print: (s: string) => void, auth: Record<string, string>) {
   print("\ndemo: one streamed chat completion through the gateway");
   const res = await fetch(`${base}/v1/chat/completions`, {
     method: "POST",
-    headers: { "content-type": "application/json" },
+    headers: { "content-type": "application/json", ...auth },
     body: JSON.stringify({ messages: [{ role: "user", content: "Tell me a story." }], max_tokens: 48, stream: true, seed: 7, temperature: 0.8 }),
   });
   if (res.status !== 200) {

@@ -3,13 +3,18 @@ import { serveGrpc, type GrpcServer } from "../rpc/index.ts";
 import { controlService, type ControlContext } from "../control/control-service.ts";
 import { Engine, type ModelRunner } from "../engine/index.ts";
 import { EngineControl } from "../gen/tl/engine/v1/engine_pb.ts";
-import { engineHttpHandler, serveHttp, type HttpServer, type RequestEnd } from "../http/index.ts";
+import type { TlsSource } from "../rpc/tls-config.ts";
+import { engineHttpHandler, serveHttp, type FrontDoorOptions, type HttpServer, type RequestEnd } from "../http/index.ts";
 import {
+  castWeights,
+  DTYPES,
   kvShapeOf,
+  weightsBytes,
   loadModel as loadModelFiles,
   Transformer,
   chatRendererFor,
   tokenizerFingerprint,
+  type DType,
   type LoadModelOptions,
   type ServableModel,
   type Tokenizer,
@@ -33,6 +38,13 @@ export interface ServedModel {
   /** Parameter count, stored dtype and resident bytes, for the ready line and /v1/models. */
   stats?: WeightStats;
   chatTemplate?: string | null;
+  /** How the weights are held in memory, and the threads the model runs on (for the ready line). */
+  dtype?: string;
+  threads?: number;
+  /** Settles when the model's threads run. */
+  ready?: () => Promise<void>;
+  /** Stops the model's helper threads. */
+  close?: () => void;
 }
 
 export interface EngineNodeOptions {
@@ -50,6 +62,8 @@ export interface EngineNodeOptions {
   model?: ServedModel;
   modelPath?: string;
   tokenizerPath?: string;
+  dtype?: ModelOptions["dtype"];
+  threads?: number;
   /** What /v1/models lists and requests must name; default the model's folder or file name. */
   servedModelName?: string;
   /** A Jinja chat template file overriding the model's (--chat-template). */
@@ -59,6 +73,8 @@ export interface EngineNodeOptions {
   maxModelLen?: number;
   maxBatchTokens?: number;
   handleTtlS?: number;
+  /** Decode side: a push silent this long is aborted and freed (default 10 000 ms). */
+  pushIdleTimeoutMs?: number;
   /** host:port of the gateway's WorkerRegistry; no heartbeat without it. */
   gatewayRegistry?: string;
   heartbeatIntervalMs?: number;
@@ -71,6 +87,10 @@ export interface EngineNodeOptions {
   advertiseKvAddress?: string;
   onRequestEnd?: (info: RequestEnd) => void;
   extraRoutes?: (req: Request, url: URL) => Promise<Response | null> | Response | null;
+  /** API keys and the body bound of the engine's own HTTP port. */
+  frontDoor?: FrontDoorOptions;
+  /** Mutual TLS on EngineControl, KvTransfer and the data plane, and toward the gateway and decode engines. */
+  tls?: TlsSource | null;
   onTransfer?: ControlContext["onTransfer"];
   /** A pushed handle nobody claimed or released was freed by its time to live. */
   onHandleExpired?: (handleId: string) => void;
@@ -92,14 +112,27 @@ export interface EngineNode {
   shutdown(deadlineMs?: number): Promise<number>;
 }
 
+export interface ModelOptions {
+  /** Weights in memory (default: as stored). */
+  dtype?: DType | "as-stored";
+  /** Threads the matmuls split over (default 1). */
+  threads?: number;
+}
+
 /** Loads the model `--model` names (any supported format; none: the embedded one) and wraps it for the engine. */
-export async function loadModel(opts: LoadModelOptions): Promise<ServedModel> {
-  return servedModelOf(await loadModelFiles(opts));
+export async function loadModel(opts: LoadModelOptions & ModelOptions): Promise<ServedModel> {
+  const m = servedModelOf(await loadModelFiles(opts), opts);
+  await m.ready?.();
+  return m;
 }
 
 /** A loaded model behind a Transformer, as the engine runs it. */
-export function servedModelOf(m: Pick<ServableModel, "name" | "cfg" | "weights" | "tokenizer" | "eosIds" | "stats" | "chatTemplate">): ServedModel {
-  const t = new Transformer(m.cfg, m.weights);
+export function servedModelOf(
+  m: Pick<ServableModel, "name" | "cfg" | "weights" | "tokenizer" | "eosIds" | "stats" | "chatTemplate">,
+  opts: ModelOptions = {},
+): ServedModel {
+  const weights = castWeights(m.cfg, m.weights, inMemoryDType(opts.dtype ?? "as-stored", m.stats.dtype));
+  const t = new Transformer(m.cfg, weights, { threads: opts.threads ?? 1 });
   const shape = kvShapeOf(t.cfg, 1);
   const runner: ModelRunner = { vocabSize: t.cfg.vocabSize, forward: (pool, batch, out) => t.forward(pool, batch, out) };
   return {
@@ -111,12 +144,27 @@ export function servedModelOf(m: Pick<ServableModel, "name" | "cfg" | "weights" 
     headDim: shape.headDim,
     maxSeqLen: t.cfg.maxSeqLen,
     eosIds: m.eosIds,
-    stats: m.stats,
+    stats: { ...m.stats, residentBytes: weightsBytes(weights) },
     chatTemplate: m.chatTemplate,
+    dtype: t.dtype,
+    threads: t.threads,
+    ready: () => t.ready(),
+    close: () => t.close(),
   };
 }
 
+/**
+ * The dtype the weights are held in: the option's, or for "as-stored" the file's when it is one
+ * the kernels read (loaders hand f32 copies today; f16, bf16 and q8_0 are packed again, exactly
+ * for the 16-bit types), else f32.
+ */
+function inMemoryDType(opt: DType | "as-stored", stored: string): DType | "as-stored" {
+  if (opt !== "as-stored") return opt;
+  return (DTYPES as readonly string[]).includes(stored) ? (stored as DType) : "as-stored";
+}
+
 let nodeCounter = 0;
+const CONTROL_MESSAGE_BYTES = 4 * 1024 * 1024;
 const STREAM_SETTLE_MS = 50;
 
 /** Starts one engine process's servers: HTTP, EngineControl, KvTransfer (decode roles), heartbeat. */
@@ -125,6 +173,7 @@ const STREAM_SETTLE_MS = 50;
 export async function startEngineNode(opts: EngineNodeOptions): Promise<EngineNode> {
   const role = opts.role;
   const host = opts.host ?? "127.0.0.1";
+  const tls = opts.tls ?? null;
   const workerId = opts.workerId ?? `${role}-${process.pid}-${nodeCounter++}`;
   const model = opts.model ?? (await loadModel({ ...opts, maxSeqLen: opts.maxModelLen }));
   const chat = chatRendererFor(model.tokenizer, model.chatTemplate ?? null, opts.chatTemplatePath);
@@ -151,21 +200,27 @@ export async function startEngineNode(opts: EngineNodeOptions): Promise<EngineNo
     let receiver: KvReceiver | null = null;
     let kv: KvServer | null = null;
     if (receivesKv(role)) {
-      receiver = new KvReceiver(pool, { ttlMs: (opts.handleTtlS ?? 60) * 1000, onExpired: opts.onHandleExpired });
+      receiver = new KvReceiver(pool, {
+        ttlMs: (opts.handleTtlS ?? 60) * 1000,
+        onExpired: opts.onHandleExpired,
+        ...(opts.pushIdleTimeoutMs ? { pushIdleTimeoutMs: opts.pushIdleTimeoutMs } : {}),
+      });
       // serveKv would advertise its data plane at the bound host, which peers cannot reach
       // behind 0.0.0.0: start it here and advertise it as the other addresses are.
       let dp: DataPlaneServer | null = null;
       if (opts.offerDataPlane ?? true) {
-        dp = await serveDataPlane(receiver, { host, port: opts.kvDataPort ?? 0 });
+        dp = await serveDataPlane(receiver, { host, port: opts.kvDataPort ?? 0, tls });
         closers.push(() => dp!.close());
       }
-      kv = await serveKv(receiver, { host, port: opts.kvPort ?? 0, dataPlane: false, ...(dp ? { advertiseDataPlane: advertised(dp.address) } : {}) });
+      kv = await serveKv(receiver, { host, port: opts.kvPort ?? 0, dataPlane: false, tls, ...(dp ? { advertiseDataPlane: advertised(dp.address) } : {}) });
       closers.push(
         () => kv!.close(),
         async () => receiver!.close(),
       );
     }
-    const transport = roles.includes("prefill") ? new RoutingTransport(opts.useDataPlane === false ? { dataPlane: false } : {}) : null;
+    const transport = roles.includes("prefill")
+      ? new RoutingTransport({ ...(opts.useDataPlane === false ? { dataPlane: false as const } : {}), ...(tls ? { tls } : {}) })
+      : null;
     if (transport) closers.push(() => transport.close());
     const grpc: GrpcServer = await serveGrpc(
       (r) =>
@@ -182,7 +237,8 @@ export async function startEngineNode(opts: EngineNodeOptions): Promise<EngineNo
             onTransfer: opts.onTransfer,
           }),
         ),
-      { host, port: opts.grpcPort ?? 0 },
+      // A PrefillRequest is a prompt of at most max_model_len tokens plus sampling: 4 MiB is ample.
+      { host, port: opts.grpcPort ?? 0, tls, maxMessageBytes: CONTROL_MESSAGE_BYTES },
     );
     closers.push(() => grpc.close());
     const http: HttpServer = serveHttp(
@@ -195,16 +251,17 @@ export async function startEngineNode(opts: EngineNodeOptions): Promise<EngineNo
         workerId,
         roles,
         isDraining: () => engine.isDraining,
+        tls: tls === null ? "plaintext" : "mtls",
         receiver,
         onRequestEnd: opts.onRequestEnd,
         extraRoutes: opts.extraRoutes,
       }),
-      { host, port: opts.httpPort ?? 0 },
+      { ...opts.frontDoor, host, port: opts.httpPort ?? 0 },
     );
     closers.push(() => http.stop());
     let heartbeat: Heartbeat | null = null;
     if (opts.gatewayRegistry) {
-      const registry = new GrpcRegistry(opts.gatewayRegistry, opts.heartbeatTimeoutMs ?? 1000);
+      const registry = new GrpcRegistry(opts.gatewayRegistry, opts.heartbeatTimeoutMs ?? 1000, tls ?? undefined);
       heartbeat = Heartbeat.spawn(
         registry,
         {
@@ -250,6 +307,8 @@ export async function startEngineNode(opts: EngineNodeOptions): Promise<EngineNo
           // stopping HTTP cuts open connections: without this pause clients see a bare reset.
           if (cut.length > 0) await Bun.sleep(STREAM_SETTLE_MS);
           for (const close of closers.reverse()) await close().catch(() => {});
+          // A model this node loaded is its own; one handed in may serve other nodes.
+          if (opts.model === undefined) model.close?.();
           return remaining;
         })();
         return down;

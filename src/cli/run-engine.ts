@@ -4,8 +4,9 @@ import { crc32cBackend } from "../codec/index.ts";
 import { startGateway, type Gateway } from "../gateway/index.ts";
 import { createMetrics, log, metricsResponse, shutdownTracing, startTracing, tracingEndpoint } from "../obs/index.ts";
 import { chatRendererFor, loadTokenizerFor } from "../model/index.ts";
-import { startEngineNode, type EngineNode } from "./engine-node.ts";
+import { startEngineNode, type EngineNode, type ModelOptions } from "./engine-node.ts";
 import { parseAddr, type Config } from "./options.ts";
+import { securityFrom, type Security } from "./security.ts";
 
 /** Starts one engine from its config; prints one ready line with every address. */
 // Long by design: config to options, one field each, read top to bottom beside the
@@ -19,6 +20,8 @@ export async function runEngine(config: Config): Promise<EngineNode> {
   const kvData = e.kv_data_listen ? parseAddr(String(e.kv_data_listen)) : null;
   const bound = role === "prefill" ? [grpc] : [grpc, kv, kvData ?? http];
   if (bound.some((a) => a.host !== http.host)) log.warn(`every server binds http_listen's host ${http.host}; the other listen hosts are ignored`);
+  const workerIdOpt = String(e.worker_id) || undefined;
+  const security = securityFrom(e, role, [http.host], workerIdOpt);
   const advertiseHost = String(e.advertise_host) || undefined;
   if (!advertiseHost && e.gateway_registry && ["0.0.0.0", "::"].includes(http.host)) {
     log.warn(`binding ${http.host} without advertise_host: the gateway and peers are told ${http.host}, which only this host can reach`);
@@ -28,7 +31,9 @@ export async function runEngine(config: Config): Promise<EngineNode> {
   let node: EngineNode;
   node = await startEngineNode({
     role,
-    workerId: String(e.worker_id) || `${role}-${hostname()}-${process.pid}`,
+    workerId: workerIdOpt ?? (security.tls?.current.self.workerId || undefined) ?? `${role}-${hostname()}-${process.pid}`,
+    frontDoor: frontDoorOf(security),
+    tls: security.tls,
     host: http.host,
     advertiseHost,
     httpPort: http.port,
@@ -39,11 +44,14 @@ export async function runEngine(config: Config): Promise<EngineNode> {
     tokenizerPath: String(e.tokenizer) || undefined,
     servedModelName: String(e.served_model_name) || undefined,
     chatTemplatePath: String(e.chat_template) || undefined,
+    dtype: String(e.dtype) as ModelOptions["dtype"],
+    threads: Number(e.threads),
     blockTokens: Number(e.block_tokens),
     numBlocks: Number(e.num_blocks),
     maxModelLen: Number(e.max_model_len),
     maxBatchTokens: Number(e.max_batch_tokens),
     handleTtlS: Number(e.handle_ttl_s),
+    pushIdleTimeoutMs: Number(e.push_idle_timeout_ms),
     gatewayRegistry: String(e.gateway_registry) || undefined,
     heartbeatIntervalMs: Number(e.heartbeat_interval_ms),
     heartbeatTimeoutMs: Number(e.heartbeat_timeout_ms),
@@ -101,6 +109,8 @@ export async function runEngine(config: Config): Promise<EngineNode> {
       kv: node.kvAddress || null,
       advertise_host: advertiseHost ?? null,
       gateway_registry: e.gateway_registry || null,
+      tls: security.mode,
+      api_key: security.apiKeys.length > 0,
       crc32c: crc32cBackend(),
     }),
   );
@@ -111,6 +121,7 @@ export async function runGateway(config: Config): Promise<Gateway> {
   const g = config.gateway;
   const http = parseAddr(String(g.http_listen));
   const reg = parseAddr(String(g.registry_listen));
+  const security = securityFrom(g, "gateway", [http.host]);
   const model = await loadTokenizerFor({
     modelPath: String(g.model) || undefined,
     tokenizerPath: String(g.tokenizer) || undefined,
@@ -126,6 +137,11 @@ export async function runGateway(config: Config): Promise<Gateway> {
     modelName: model.name,
     maxModelLen: Math.min(Number(g.max_model_len), model.maxSeqLen),
     heartbeatIntervalMs: Number(g.heartbeat_interval_ms),
+    frontDoor: frontDoorOf(security),
+    tls: security.tls,
+    maxWorkers: Number(g.max_workers),
+    routingHeaders: g.routing_headers === true,
+    ...(security.apiKeys[0] !== undefined ? { engineApiKey: security.apiKeys[0] } : {}),
     routeWeights: { overlap: Number(g.route_overlap_weight), load: Number(g.route_load_weight) },
     prefillTimeoutMs: Number(g.prefill_timeout_ms),
     firstByteTimeoutMs: Number(g.first_byte_timeout_ms),
@@ -134,13 +150,29 @@ export async function runGateway(config: Config): Promise<Gateway> {
     suspectCooldownMs: Number(g.suspect_cooldown_ms),
     disaggMinUncachedTokens: Number(g.disagg_min_uncached_tokens),
   });
-  console.log(JSON.stringify({ msg: "ready", role: "gateway", pid: process.pid, model: model.name, http: gw.httpAddress, registry: gw.registryAddress }));
+  console.log(
+    JSON.stringify({
+      msg: "ready",
+      role: "gateway",
+      pid: process.pid,
+      model: model.name,
+      http: gw.httpAddress,
+      registry: gw.registryAddress,
+      tls: security.mode,
+      api_key: security.apiKeys.length > 0,
+    }),
+  );
   return gw;
+}
+
+function frontDoorOf(s: Security) {
+  return { apiKeys: s.apiKeys, metricsNeedKey: s.metricsNeedKey, maxRequestBytes: s.maxRequestBytes };
 }
 
 function modelFields(node: EngineNode): Record<string, unknown> {
   const s = node.model.stats;
-  return s ? { parameters: s.parameters, dtype: s.dtype, resident_bytes: s.residentBytes } : {};
+  const held = { weights_dtype: node.model.dtype ?? null, threads: node.model.threads ?? null };
+  return s ? { parameters: s.parameters, dtype: s.dtype, resident_bytes: s.residentBytes, ...held } : held;
 }
 
 /** OTLP export when the option or OTEL_EXPORTER_OTLP_ENDPOINT names a collector; off (no provider) otherwise. */

@@ -51,6 +51,8 @@ export interface EngineStream {
   /** Gives back the engine's reservation; runs once the stream ended (or never started). */
   release: () => void;
   deadlines?: StreamDeadlines | undefined;
+  /** Sent to the engine with every request (its API key). */
+  headers: Record<string, string>;
 }
 
 /**
@@ -131,7 +133,7 @@ async function stream(
     return await readTokenStream(
       `http://${w.httpAddress}/v1/completions`,
       body,
-      { ...headers, "x-request-id": s.requestId, ...traceHeaders(span) },
+      { ...s.headers, ...headers, "x-request-id": s.requestId, ...traceHeaders(span) },
       qs,
       s.signal,
       onAccepted,

@@ -1,6 +1,6 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { create } from "@bufbuild/protobuf";
-import { startEngineNode, type EngineNode } from "../../src/cli/engine-node.ts";
+import { loadModel, startEngineNode, type EngineNode } from "../../src/cli/engine-node.ts";
 import { grpcClient } from "../../src/rpc/index.ts";
 import { EngineControl, PrefillRequestSchema } from "../../src/gen/tl/engine/v1/engine_pb.ts";
 import { DRAWS_HEADER, FIRST_TOKEN_HEADER, HANDLE_HEADER } from "../../src/http/index.ts";
@@ -21,8 +21,16 @@ afterAll(async () => {
   await Promise.all([P, D, C].map((n) => n?.shutdown()));
 });
 
-async function colocated(prompt: number[], sampling: Record<string, unknown>): Promise<number[]> {
-  const res = await fetch(`http://${C.httpAddress}/v1/completions`, {
+interface Trio {
+  P: EngineNode;
+  D: EngineNode;
+  C: EngineNode;
+}
+
+const fakes = (): Trio => ({ P, D, C });
+
+async function colocated(prompt: number[], sampling: Record<string, unknown>, t: Trio = fakes()): Promise<number[]> {
+  const res = await fetch(`http://${t.C.httpAddress}/v1/completions`, {
     method: "POST",
     body: JSON.stringify({ prompt, max_tokens: 12, return_token_ids: true, ...sampling }),
   });
@@ -31,7 +39,8 @@ async function colocated(prompt: number[], sampling: Record<string, unknown>): P
   return body.choices[0]!.token_ids;
 }
 
-async function disaggregated(prompt: number[], sampling: { temperature: number; seed?: number }, stream: boolean) {
+async function disaggregated(prompt: number[], sampling: { temperature: number; seed?: number }, stream: boolean, t: Trio = fakes()) {
+  const { P, D } = t;
   const control = grpcClient(EngineControl, P.grpcAddress, { timeoutMs: 10_000 });
   const handle = await control.prefill(
     create(PrefillRequestSchema, {
@@ -96,8 +105,38 @@ describe("disaggregated_equals_colocated", () => {
   }
 });
 
+describe("disaggregated_equals_colocated_across_thread_counts", () => {
+  // The real synthetic model, P on 2 threads, D on 3, the colocated engine on 1: every matmul
+  // of its 256-wide layers is split, and the tokens must not notice.
+  let T: Trio;
+  beforeAll(async () => {
+    const common = { blockTokens: B, numBlocks: 64 };
+    const [tp, td, tc] = await Promise.all([2, 3, 1].map((threads) => loadModel({ threads })));
+    const [p, d, c] = await Promise.all([
+      startEngineNode({ role: "prefill", model: tp, ...common }),
+      startEngineNode({ role: "decode", model: td, ...common }),
+      startEngineNode({ role: "both", model: tc, ...common }),
+    ]);
+    T = { P: p, D: d, C: c };
+    expect([tp!.threads, td!.threads, tc!.threads]).toEqual([2, 3, 1]);
+  });
+  afterAll(async () => {
+    await Promise.all(Object.values(T ?? {}).map((n) => n.shutdown()));
+    for (const n of Object.values(T ?? {})) n.model.close?.();
+  });
+  for (const sampling of [{ temperature: 0 }, { temperature: 0.9, seed: 7 }]) {
+    test(`${sampling.temperature === 0 ? "greedy" : `seed ${sampling.seed}`}`, async () => {
+      const prompt = prompts["with a tail"];
+      const want = await colocated(prompt, sampling, T);
+      expect(want.length).toBe(12);
+      const got = await disaggregated(prompt, sampling, false, T);
+      expect(got.tokens).toEqual(want);
+    });
+  }
+});
+
 describe("the decode side of the hand-off", () => {
-  test("an unknown handle is 404, a mismatched prompt 409 and frees the handle", async () => {
+  test("an unknown handle is 404, a mismatched prompt 409 and the handle stays for the right resume", async () => {
     const post = (headers: Record<string, string>, prompt: number[]) =>
       fetch(`http://${D.httpAddress}/v1/completions`, {
         method: "POST",
@@ -125,8 +164,23 @@ describe("the decode side of the hand-off", () => {
     other[0] = 90;
     const conflict = await post({ [HANDLE_HEADER]: h2.handleId }, other);
     expect(conflict.status).toBe(409);
-    expect(D.pool.used).toBe(0);
+    const message = ((await conflict.json()) as { error: { message: string } }).error.message;
+    expect(message).toMatch(/block hashes differ/);
+    expect(message).not.toContain(h2.handleId);
+    // A wrong resume cannot destroy another request's KV: the handle is still there...
+    expect(D.receiver!.pending()).toBe(1);
+    expect(D.pool.used).toBeGreaterThan(0);
+    // ...and the right resume takes it
+    const right = await post(
+      { [HANDLE_HEADER]: h2.handleId, [FIRST_TOKEN_HEADER]: String(h2.firstToken), [DRAWS_HEADER]: String(h2.rngDrawsConsumed) },
+      handle.promptTokens,
+    );
+    expect(right.status).toBe(200);
+    await right.text();
     expect(D.receiver!.pending()).toBe(0);
+    for (let i = 0; i < 100 && D.pool.used > 0; i++) await Bun.sleep(10);
+    expect(D.pool.used).toBe(0);
+    expect(h2.handleId).toMatch(/^[0-9a-f]{32}$/);
   });
 });
 
