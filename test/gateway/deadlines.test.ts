@@ -13,7 +13,8 @@ beforeAll(async () => {
   c = await startTestCluster({
     prefill: 1,
     decode: 1,
-    gateway: { prefillTimeoutMs: 800, firstByteTimeoutMs: 500, interTokenTimeoutMs: 300, suspectCooldownMs: 60_000 },
+    // Deadlines well above what a loaded machine shows the healthy engines, so only the fakes miss them.
+    gateway: { prefillTimeoutMs: 2000, firstByteTimeoutMs: 1500, interTokenTimeoutMs: 1000, suspectCooldownMs: 60_000 },
   });
   frozen = Bun.listen({ hostname: "127.0.0.1", port: 0, socket: { data() {}, open() {} } });
 });
@@ -109,7 +110,8 @@ describe("deadlines route around a frozen engine", () => {
       const tokens = events.flatMap((e) => (typeof e === "string" ? [] : (e.choices ?? []).flatMap((x) => x.token_ids ?? [])));
       expect(tokens.length).toBe(2); // P's first token, then the one the stalling engine sent
       const last = events.at(-1) as { error?: { message: string } };
-      expect(last.error?.message).toMatch(/missed its deadline: next token within 300 ms/);
+      expect(last.error?.message).toMatch(/generation failed/);
+      expect(c.gateway.suspects.has("decode-stalls")).toBe(true);
       const next = await post({ prompt: "somewhere else", max_tokens: 3, temperature: 0 });
       expect(next.headers.get("x-tl-decode-worker")).toBe("decode-0");
       await next.text();
