@@ -73,8 +73,10 @@ async function startCluster(decodes: number, gatewayFlags: string[]): Promise<Cl
     await Promise.all(children.map((c) => c.ready));
     const base = `http://${String(g.http)}`;
     const end = Date.now() + 30_000;
-    while (((await (await fetch(`${base}/health`)).json()) as { workers: { decode: number; prefill: number } }).workers.decode !== decodes) {
-      if (Date.now() > end) throw new Error("decode engines never registered");
+    for (;;) {
+      const { workers } = (await (await fetch(`${base}/health`)).json()) as { workers: { decode: number; prefill: number } };
+      if (workers.decode === decodes && workers.prefill === 1) break;
+      if (Date.now() > end) throw new Error(`engines never registered: ${JSON.stringify(workers)}`);
       await Bun.sleep(50);
     }
     return { base, decode: ds, stop };
@@ -138,6 +140,7 @@ async function burst(): Promise<void> {
     for (const r of rs) by.set(r.decode, (by.get(r.decode) ?? 0) + 1);
     const busier = Math.max(...by.values()) / rs.length;
     const ok = rs.filter((r) => r.ok).length;
+    for (const r of rs.filter((x) => !x.ok).slice(0, 2)) console.log(`  failed: ${r.error}`);
     console.log(`burst of 100: per decode engine ${JSON.stringify(Object.fromEntries(by))}; busier share ${busier.toFixed(2)} (target ≤ 0.60); ok ${ok}/100`);
     results.burst = { requests: 100, byDecode: Object.fromEntries(by), busierShare: busier, ok, loadavg: load() };
   } finally {
