@@ -46,6 +46,15 @@ export const CLUSTER_OPTIONS: Readonly<Record<string, Rule>> = {
   max_request_bytes: "all",
   max_workers: "gateway",
   routing_headers: "gateway",
+  route_overlap_weight: "gateway",
+  route_load_weight: "gateway",
+  prefill_timeout_ms: "gateway",
+  first_byte_timeout_ms: "gateway",
+  inter_token_timeout_ms: "gateway",
+  stall_suspect_ms: "gateway",
+  suspect_cooldown_ms: "gateway",
+  // The cluster disaggregates every request unless told otherwise (see runCluster).
+  disagg_min_uncached_tokens: "gateway",
   // Only the front door can leave loopback (--http-listen); plaintext there needs the user's say-so.
   insecure: "gateway",
   tls_cert: { refuse: CLUSTER_PKI },

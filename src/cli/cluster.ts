@@ -141,7 +141,13 @@ export async function runCluster(config: Config, rest: Map<string, string>, opts
     process.exit(1);
   });
   try {
-    const { ready: gwReady, busy } = await startFront(door, flags, ["--routing-headers", ...tlsArgs("gateway-0")], children);
+    const { ready: gwReady, busy } = await startFront(
+      door,
+      flags,
+      // The cluster shows the prefill → decode hand-off: every request crosses it unless the user sets a threshold.
+      [...(config.given.has("gateway.disagg_min_uncached_tokens") ? [] : ["--disagg-min-uncached-tokens", "0"]), "--routing-headers", ...tlsArgs("gateway-0")],
+      children,
+    );
     const note = busy === null ? null : busyNote(busy, String(gwReady.http));
     if (note) log.warn(note);
     const http = parseAddr(String(gwReady.http));

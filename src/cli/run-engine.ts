@@ -153,6 +153,13 @@ export async function runGateway(config: Config): Promise<Gateway> {
     maxWorkers: Number(g.max_workers),
     routingHeaders: g.routing_headers === true,
     ...(security.apiKeys[0] !== undefined ? { engineApiKey: security.apiKeys[0] } : {}),
+    routeWeights: { overlap: Number(g.route_overlap_weight), load: Number(g.route_load_weight) },
+    prefillTimeoutMs: Number(g.prefill_timeout_ms),
+    firstByteTimeoutMs: Number(g.first_byte_timeout_ms),
+    interTokenTimeoutMs: Number(g.inter_token_timeout_ms),
+    stallSuspectMs: Number(g.stall_suspect_ms),
+    suspectCooldownMs: Number(g.suspect_cooldown_ms),
+    disaggMinUncachedTokens: Number(g.disagg_min_uncached_tokens),
   });
   console.log(
     JSON.stringify({

@@ -3,7 +3,8 @@ import { endSpan, log, type Metrics, recordServed, type Span } from "../obs/inde
 
 /** How one request was served, as reported in headers, the last chunk and /metrics. */
 export interface Served {
-  served: "disaggregated" | "disaggregated-retried" | "colocated-fallback";
+  /** decode-local: prefilled on the decode engine itself (conditional disaggregation), no transfer. */
+  served: "disaggregated" | "disaggregated-retried" | "decode-local" | "colocated-fallback";
   prefillWorker: string;
   decodeWorker: string;
   blocksSent: number;
@@ -61,7 +62,8 @@ export function followRequest(metrics: Metrics, queues: TokenQueue[], r: Followe
     for await (const t of q) {
       if (n++ === 0) {
         firstAt = performance.now();
-        if (s.served === "colocated-fallback") metrics.ttft.observe({ served: s.served }, (firstAt - r.arrived) / 1000);
+        // A hand-off observed its TTFT when token 1 came back from P; a single-engine request does here.
+        if (s.served === "colocated-fallback" || s.served === "decode-local") metrics.ttft.observe({ served: s.served }, (firstAt - r.arrived) / 1000);
       }
       counted.push(t, q.logprobsAt(i++));
     }
