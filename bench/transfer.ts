@@ -20,7 +20,7 @@ import { join } from "node:path";
 import type { Socket } from "bun";
 import { envelopeBytes, promptHashes, type KvShape } from "../src/codec/index.ts";
 import { KvPool } from "../src/pool/index.ts";
-import { DataPlaneClient, GrpcTransport, KvReceiver, serveKv, transfer } from "../src/transfer/index.ts";
+import { DataPlaneClient, KvReceiver, RoutingTransport, serveKv, transfer } from "../src/transfer/index.ts";
 import { poolChunks } from "../src/transfer/build-chunks.ts";
 
 const SHAPE: KvShape = { blockTokens: 16, nLayers: 4, nKvHeads: 4, headDim: 32 };
@@ -268,7 +268,7 @@ async function measurePath(path: Path, crossProcess: boolean, big: Prompt, small
   const rawSink = crossProcess ? await childSink(["raw", String(BYTES)]) : await localRawSink(BYTES);
   const kv = crossProcess ? await childSink(["kv", String(BLOCKS), dims]) : await localKvSink();
   const raw = await rawSender(rawSink.address);
-  const t = new GrpcTransport({ dataPlane: path === "dataPlane" ? new DataPlaneClient({ timeoutMs: 60_000 }) : false, timeoutMs: 60_000 });
+  const t = new RoutingTransport({ dataPlane: path === "dataPlane" ? new DataPlaneClient({ timeoutMs: 60_000 }) : false, timeoutMs: 60_000 });
   let h = 0;
   // One envelope buffer for every push, as transfer() reuses its own: a fresh 32 MB
   // buffer per push would time page faults, not the transfer.
@@ -277,11 +277,13 @@ async function measurePath(path: Path, crossProcess: boolean, big: Prompt, small
 
   // A cold push as transfer() makes it, without HasBlocks: chunks from P's pool (the
   // envelopes are written by the transport, into its send buffer or the slab) and PushKv.
+  const { route } = await t.hasBlocks(kv.address, [], 1);
+  if ((route.via === "data-plane") !== (path === "dataPlane")) throw new Error(`${path}: wrong transport`);
   const push = async (from: Prompt): Promise<Timed> => {
     const id = `push-${h++}`;
     let blocks = 0;
     const r = await timed([kv], async () => {
-      const ack = await t.push(kv.address, poolChunks(from.pool, id, from.ids, from.hashes, notPresent, slab));
+      const ack = await t.push(route, poolChunks(from.pool, id, from.ids, from.hashes, notPresent, slab));
       blocks = ack.blocksReceived;
     });
     if (blocks !== BLOCKS) throw new Error(`${path}: ${blocks} blocks received`);
@@ -291,8 +293,6 @@ async function measurePath(path: Path, crossProcess: boolean, big: Prompt, small
   };
   const rawRun = () => timed([rawSink], () => raw.send(BYTES));
 
-  await t.hasBlocks(kv.address, [], 1);
-  if ((t.dataPlaneOf(kv.address) !== undefined) !== (path === "dataPlane")) throw new Error(`${path}: wrong transport`);
   const rawRuns: Timed[] = [];
   const pushRuns: Timed[] = [];
   const scatteredRuns: Timed[] = [];

@@ -19,8 +19,9 @@ export { Pcg32, stream, resumeRng, sample, type SamplingConfig } from "./rng/ind
 export { KvPool } from "./pool/index.ts";
 export { Engine, type EngineOptions, type EngineRequest, type ModelRunner, type SeqChunk, type Finish, type SamplingParams } from "./engine/index.ts";
 export { Transformer, loadSyntheticModel, loadLlama2cCheckpoint, loadLlama2cTokenizer, ByteTokenizer, type Tokenizer, type ModelConfig } from "./model/index.ts";
-export { KvReceiver, serveKv, GrpcTransport, transfer, TransferError, KvError, type KvTransport, type TransferStats } from "./transfer/index.ts";
-export { Heartbeat, GrpcRegistry, serveGrpc, grpcClient } from "./control/index.ts";
+export { KvReceiver, serveKv, RoutingTransport, transfer, TransferError, KvError, type KvTransport, type TransferStats } from "./transfer/index.ts";
+export { Heartbeat, GrpcRegistry } from "./control/index.ts";
+export { serveGrpc, grpcClient, Code } from "./rpc/index.ts";
 export { controlService, samplingFromProto } from "./control/control-service.ts";
 export { startEngineNode, type EngineNode, type EngineNodeOptions } from "./cli/engine-node.ts";
 export { startGateway, WorkerRegistry, type Gateway, type GatewayOptions } from "./gateway/index.ts";

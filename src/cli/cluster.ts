@@ -77,6 +77,7 @@ export async function runCluster(config: Config, rest: Map<string, string>, opts
   const tokenizer = String(e.tokenizer);
   const modelArgs = model ? ["--model", model, "--tokenizer", tokenizer] : [];
   // Every role exports to the same collector (OTEL_EXPORTER_OTLP_ENDPOINT reaches them through the environment).
+  if (e.chat_template) modelArgs.push("--chat-template", String(e.chat_template));
   if (e.otlp_endpoint) modelArgs.push("--otlp-endpoint", String(e.otlp_endpoint));
   const beat = String(Math.min(Number(e.heartbeat_interval_ms), 1000));
 

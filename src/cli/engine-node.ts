@@ -1,4 +1,5 @@
-import { GrpcRegistry, Heartbeat, receivesKv, serveGrpc, type EngineRole, type GrpcServer } from "../control/index.ts";
+import { GrpcRegistry, Heartbeat, receivesKv, type EngineRole } from "../control/index.ts";
+import { serveGrpc, type GrpcServer } from "../rpc/index.ts";
 import { controlService, type ControlContext } from "../control/control-service.ts";
 import { Engine, type ModelRunner } from "../engine/index.ts";
 import { EngineControl } from "../gen/tl/engine/v1/engine_pb.ts";
@@ -11,11 +12,12 @@ import {
   SYNTHETIC_MODEL_NAME,
   SYNTHETIC_CONFIG,
   ByteTokenizer,
+  chatRendererFor,
   Transformer,
   type Tokenizer,
 } from "../model/index.ts";
 import { KvPool } from "../pool/index.ts";
-import { GrpcTransport, KvReceiver, serveDataPlane, serveKv, type DataPlaneServer, type KvServer } from "../transfer/index.ts";
+import { KvReceiver, RoutingTransport, serveDataPlane, serveKv, type DataPlaneServer, type KvServer } from "../transfer/index.ts";
 import type { KvShape } from "../codec/index.ts";
 import { closeSync, openSync, readSync } from "node:fs";
 import { basename } from "node:path";
@@ -29,6 +31,8 @@ export interface ServedModel {
   nKvHeads: number;
   headDim: number;
   maxSeqLen: number;
+  /** The chat template the model ships (tokenizer_config.json, GGUF), if any. */
+  chatTemplate?: string | null;
 }
 
 export interface EngineNodeOptions {
@@ -46,6 +50,8 @@ export interface EngineNodeOptions {
   model?: ServedModel;
   modelPath?: string;
   tokenizerPath?: string;
+  /** A Jinja chat template file overriding the model's (--chat-template). */
+  chatTemplatePath?: string;
   blockTokens?: number;
   numBlocks?: number;
   maxModelLen?: number;
@@ -94,7 +100,7 @@ export async function loadModel(opts: { modelPath?: string; tokenizerPath?: stri
 }
 
 /** What the gateway needs of a model: its name, tokenizer and context, without the weights. */
-export function loadTokenizerFor(opts: { modelPath?: string; tokenizerPath?: string }): { name: string; tokenizer: Tokenizer; maxSeqLen: number } {
+export function loadTokenizerFor(opts: { modelPath?: string; tokenizerPath?: string }): { name: string; tokenizer: Tokenizer; maxSeqLen: number; chatTemplate?: string | null } {
   if (opts.modelPath) {
     if (!opts.tokenizerPath) throw new Error("model needs tokenizer (a llama2.c tokenizer.bin)");
     const fd = openSync(opts.modelPath, "r");
@@ -125,6 +131,7 @@ export async function startEngineNode(opts: EngineNodeOptions): Promise<EngineNo
   const host = opts.host ?? "127.0.0.1";
   const workerId = opts.workerId ?? `${role}-${process.pid}-${nodeCounter++}`;
   const model = opts.model ?? (await loadModel(opts));
+  const chat = chatRendererFor(model.tokenizer, model.chatTemplate ?? null, opts.chatTemplatePath);
   const shape: KvShape = { blockTokens: opts.blockTokens ?? 16, nLayers: model.nLayers, nKvHeads: model.nKvHeads, headDim: model.headDim };
   const pool = new KvPool(shape, opts.numBlocks ?? 1024);
   const maxModelLen = Math.min(opts.maxModelLen ?? model.maxSeqLen, model.maxSeqLen);
@@ -133,7 +140,7 @@ export async function startEngineNode(opts: EngineNodeOptions): Promise<EngineNo
     pool,
     maxModelLen,
     maxBatchTokens: opts.maxBatchTokens ?? 256,
-    eosTokenIds: [model.tokenizer.eos],
+    eosTokenIds: model.tokenizer.eosIds,
   });
   const roles: ("prefill" | "decode")[] = role === "both" ? ["prefill", "decode"] : [role];
   const closers: (() => Promise<unknown>)[] = [];
@@ -157,7 +164,7 @@ export async function startEngineNode(opts: EngineNodeOptions): Promise<EngineNo
       kv = await serveKv(receiver, { host, port: opts.kvPort ?? 0, dataPlane: false, ...(dp ? { advertiseDataPlane: advertised(dp.address) } : {}) });
       closers.push(() => kv!.close(), async () => receiver!.close());
     }
-    const transport = roles.includes("prefill") ? new GrpcTransport(opts.useDataPlane === false ? { dataPlane: false } : {}) : null;
+    const transport = roles.includes("prefill") ? new RoutingTransport(opts.useDataPlane === false ? { dataPlane: false } : {}) : null;
     if (transport) closers.push(() => transport.close());
     const grpc: GrpcServer = await serveGrpc(
       (r) =>
@@ -172,6 +179,7 @@ export async function startEngineNode(opts: EngineNodeOptions): Promise<EngineNo
       engineHttpHandler({
         engine,
         tokenizer: model.tokenizer,
+        chat,
         modelName: model.name,
         workerId,
         roles,

@@ -27,7 +27,7 @@ export async function generate(config: Config, rest: Map<string, string>, out: (
   const maxModelLen = Math.min(model.maxSeqLen, Number(e.max_model_len));
   if (tokens.length + maxTokens > maxModelLen) throw new ConfigError(`prompt (${tokens.length} tokens) + --max-tokens ${maxTokens} exceeds the context of ${maxModelLen}`);
   const pool = new KvPool({ blockTokens: B, nLayers: model.nLayers, nKvHeads: model.nKvHeads, headDim: model.headDim }, Math.ceil(maxModelLen / B) + 1);
-  const engine = new Engine({ model: model.runner, pool, maxModelLen, maxBatchTokens: Math.max(Number(e.max_batch_tokens), tokens.length), eosTokenIds: [model.tokenizer.eos] });
+  const engine = new Engine({ model: model.runner, pool, maxModelLen, maxBatchTokens: Math.max(Number(e.max_batch_tokens), tokens.length), eosTokenIds: model.tokenizer.eosIds });
   const text = new StreamDecoder(model.tokenizer);
   out(prompt);
   const t0 = performance.now();
@@ -38,7 +38,7 @@ export async function generate(config: Config, rest: Map<string, string>, out: (
     sampling: { temperature, topP: 1, topK: 0, seed: BigInt(seedRaw), maxTokens, stopTokenIds: [] },
     onToken: (t) => {
       if (tFirst === 0) tFirst = performance.now();
-      if (t !== model.tokenizer.eos) out(text.push(t));
+      if (!model.tokenizer.eosIds.includes(t)) out(text.push(t));
     },
   });
   const t1 = performance.now();

@@ -3,6 +3,7 @@ import { hostname } from "node:os";
 import { crc32cBackend } from "../codec/index.ts";
 import { startGateway, type Gateway } from "../gateway/index.ts";
 import { createMetrics, log, metricsResponse, shutdownTracing, startTracing, tracingEndpoint } from "../obs/index.ts";
+import { chatRendererFor } from "../model/index.ts";
 import { loadTokenizerFor, startEngineNode, type EngineNode } from "./engine-node.ts";
 import { parseAddr, type Config } from "./options.ts";
 
@@ -34,6 +35,7 @@ export async function runEngine(config: Config): Promise<EngineNode> {
     kvDataPort: kvData?.port,
     modelPath: String(e.model) || undefined,
     tokenizerPath: String(e.tokenizer) || undefined,
+    chatTemplatePath: String(e.chat_template) || undefined,
     blockTokens: Number(e.block_tokens),
     numBlocks: Number(e.num_blocks),
     maxModelLen: Number(e.max_model_len),
@@ -86,6 +88,7 @@ export async function runGateway(config: Config): Promise<Gateway> {
     httpPort: http.port,
     registryPort: reg.port,
     tokenizer: model.tokenizer,
+    chat: chatRendererFor(model.tokenizer, model.chatTemplate ?? null, String(g.chat_template) || undefined),
     modelName: model.name,
     maxModelLen: Math.min(Number(g.max_model_len), model.maxSeqLen),
     heartbeatIntervalMs: Number(g.heartbeat_interval_ms),

@@ -51,6 +51,19 @@ export function crc32cTable(bytes: Uint8Array, initial = 0): number {
   return ~crc >>> 0;
 }
 
+/**
+ * crc32c(le32(v), prev): the CRC of whatever gave `prev`, followed by the 4 bytes of `v`,
+ * by table: cheaper than handing a native binding a 4-byte view.
+ */
+export function crc32cExtendU32(prev: number, v: number): number {
+  let c = ~prev ^ v;
+  c = T[c & 0xff]! ^ (c >>> 8);
+  c = T[c & 0xff]! ^ (c >>> 8);
+  c = T[c & 0xff]! ^ (c >>> 8);
+  c = T[c & 0xff]! ^ (c >>> 8);
+  return ~c >>> 0;
+}
+
 /** A binding that loads but computes something else must not be trusted. */
 function checked(fn: CrcFn | undefined): CrcFn | null {
   return typeof fn === "function" && fn(new TextEncoder().encode("123456789"), 0) >>> 0 === 0xe3069283 ? fn : null;

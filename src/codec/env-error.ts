@@ -4,8 +4,8 @@
 export type EnvErrorKind = "Format" | "Version" | "Shape";
 
 /** gRPC status codes used here; the numbers equal Connect's `Code` enum values. */
-export const GRPC_FAILED_PRECONDITION = 9;
-export const GRPC_DATA_LOSS = 15;
+const GRPC_FAILED_PRECONDITION = 9;
+const GRPC_DATA_LOSS = 15;
 
 /** Format is corruption (retry elsewhere); Version and Shape mean this worker will never read it. */
 export function grpcCodeOf(kind: EnvErrorKind): number {

@@ -3,17 +3,19 @@
 // Fields are read and written byte by byte on the Uint8Array itself: the reader must
 // refuse before it allocates anything (no DataView, no records), and the writer
 // allocates at most the one output buffer.
+import { getU16, getU32, getU64, putU16, putU32, putU64 } from "./bytes.ts";
 import { crc32c } from "./crc32c.ts";
 import { EnvError, hex32, hex64 } from "./env-error.ts";
-import { blockPayloadBytes, type KvShape } from "./kv-shape.ts";
+import { blockPayloadBytes, copyPayload, type KvShape } from "./kv-shape.ts";
 
 export const ENVELOPE_VERSION = 1;
 export const DTYPE_F16 = 1;
 /** magic "TLKV" read as a little-endian u32. */
-const MAGIC = 0x564b4c54;
-const HEADER_BYTES = 28;
-const RECORD_HEAD_BYTES = 12;
-const CRC_BYTES = 4;
+export const MAGIC = 0x564b4c54;
+/** The layout (kv-block.md): a 28-byte header, per record a 12-byte head (u64 hash, u32 fill) and P payload bytes, a trailing u32 CRC. */
+export const HEADER_BYTES = 28;
+export const RECORD_HEAD_BYTES = 12;
+export const CRC_BYTES = 4;
 const U64_MAX = 0xffffffffffffffffn;
 
 export interface EnvelopeHeader {
@@ -35,37 +37,30 @@ export interface EnvelopeRecord {
   payload: Uint8Array;
 }
 
-function getU16(b: Uint8Array, o: number): number {
-  return b[o]! | (b[o + 1]! << 8);
-}
-
-function getU32(b: Uint8Array, o: number): number {
-  return (b[o]! | (b[o + 1]! << 8) | (b[o + 2]! << 16) | (b[o + 3]! << 24)) >>> 0;
-}
-
-function putU16(b: Uint8Array, o: number, v: number): void {
-  b[o] = v & 0xff;
-  b[o + 1] = (v >>> 8) & 0xff;
-}
-
-function putU32(b: Uint8Array, o: number, v: number): void {
-  b[o] = v & 0xff;
-  b[o + 1] = (v >>> 8) & 0xff;
-  b[o + 2] = (v >>> 16) & 0xff;
-  b[o + 3] = v >>> 24;
-}
-
-function putU64(b: Uint8Array, o: number, v: bigint): void {
-  putU32(b, o, Number(v & 0xffffffffn));
-  putU32(b, o + 4, Number(v >> 32n));
-}
-
 function isU32(v: number): boolean {
   return Number.isInteger(v) && v >= 0 && v <= 0xffffffff;
 }
 
 function headerShape(h: EnvelopeHeader): KvShape {
   return { blockTokens: h.blockTokens, nLayers: h.nLayers, nKvHeads: h.nKvHeads, headDim: h.headDim };
+}
+
+/** Writes the 28-byte header of a v1 f16 envelope of `nBlocks` blocks of `shape` at `b[o]`. */
+export function putEnvelopeHeader(b: Uint8Array, o: number, nBlocks: number, shape: KvShape): void {
+  putU32(b, o, MAGIC);
+  putU16(b, o + 4, ENVELOPE_VERSION);
+  putU16(b, o + 6, DTYPE_F16);
+  putU32(b, o + 8, nBlocks);
+  putU32(b, o + 12, shape.blockTokens);
+  putU32(b, o + 16, shape.nLayers);
+  putU32(b, o + 20, shape.nKvHeads);
+  putU32(b, o + 24, shape.headDim);
+}
+
+/** Writes a record head (u64 hash, u32 fill) at `b[o]`. */
+export function putRecordHead(b: Uint8Array, o: number, hash: bigint, fill: number): void {
+  putU64(b, o, hash);
+  putU32(b, o + 8, fill);
 }
 
 /**
@@ -102,33 +97,14 @@ export function writeEnvelope(header: EnvelopeHeader, records: readonly Envelope
   }
 
   const buf = out && out.length >= E ? out.subarray(0, E) : new Uint8Array(E);
-  putU32(buf, 0, MAGIC);
-  putU16(buf, 4, ENVELOPE_VERSION);
-  putU16(buf, 6, DTYPE_F16);
-  putU32(buf, 8, records.length);
-  putU32(buf, 12, B);
-  putU32(buf, 16, L);
-  putU32(buf, 20, H);
-  putU32(buf, 24, D);
-
-  const section = B * H * D * 2; // one [B][H][D] f16 array: K or V of one layer
-  const slotBytes = H * D * 2;
+  const shape = headerShape(header);
+  putEnvelopeHeader(buf, 0, records.length, shape);
   let o = HEADER_BYTES;
   for (let i = 0; i < records.length; i++) {
     const r = records[i]!;
-    putU64(buf, o, r.hash);
-    putU32(buf, o + 8, r.nTokens);
+    putRecordHead(buf, o, r.hash, r.nTokens);
     o += RECORD_HEAD_BYTES;
-    if (r.nTokens === B) {
-      buf.set(r.payload, o);
-    } else {
-      const used = r.nTokens * slotBytes;
-      for (let s = 0; s < 2 * L; s++) {
-        const base = s * section;
-        buf.set(r.payload.subarray(base, base + used), o + base);
-        buf.fill(0, o + base + used, o + base + section);
-      }
-    }
+    copyPayload(buf, o, r.payload, r.nTokens, shape);
     o += P;
   }
   putU32(buf, o, crc32c(buf.subarray(0, o)));
@@ -195,15 +171,11 @@ export function verifyEnvelope(buf: Uint8Array, expect?: KvShape): EnvelopeHeade
   for (let i = 0, o = HEADER_BYTES; i < n; i++, o += rec) {
     const fill = getU32(buf, o + 8);
     if (fill !== B && (getU32(buf, o) | getU32(buf, o + 4)) !== 0) {
-      throw new EnvError("Format", 9, `record ${i}: hash ${hex64(readHash(buf, o))} on a partial block (fill ${fill} of ${B})`);
+      throw new EnvError("Format", 9, `record ${i}: hash ${hex64(getU64(buf, o))} on a partial block (fill ${fill} of ${B})`);
     }
   }
 
   return { version, dtype, nBlocks: n, blockTokens: B, nLayers: L, nKvHeads: H, headDim: D };
-}
-
-function readHash(buf: Uint8Array, o: number): bigint {
-  return (BigInt(getU32(buf, o + 4)) << 32n) | BigInt(getU32(buf, o));
 }
 
 /**
@@ -216,7 +188,7 @@ export function envelopeRecordAt(buf: Uint8Array, header: EnvelopeHeader, index:
   }
   const P = blockPayloadBytes(headerShape(header));
   const o = HEADER_BYTES + index * (RECORD_HEAD_BYTES + P);
-  return { hash: readHash(buf, o), nTokens: getU32(buf, o + 8), payload: buf.subarray(o + RECORD_HEAD_BYTES, o + RECORD_HEAD_BYTES + P) };
+  return { hash: getU64(buf, o), nTokens: getU32(buf, o + 8), payload: buf.subarray(o + RECORD_HEAD_BYTES, o + RECORD_HEAD_BYTES + P) };
 }
 
 /** Rules 1..9 in order (verifyEnvelope), then the records as zero-copy views into `buf`. */

@@ -27,11 +27,3 @@ export function roundF16(x: number): number {
 export function f16Bytes(a: Float16Array): Uint8Array {
   return new Uint8Array(a.buffer, a.byteOffset, a.byteLength);
 }
-
-/** A Float16Array view over f16 bytes; the offset and length must be 2-byte aligned. */
-export function f16View(bytes: Uint8Array): Float16Array {
-  if ((bytes.byteOffset | bytes.byteLength) & 1) {
-    throw new Error(`f16 view needs even offset and length, got offset ${bytes.byteOffset}, length ${bytes.byteLength}`);
-  }
-  return new Float16Array(bytes.buffer, bytes.byteOffset, bytes.byteLength / 2);
-}

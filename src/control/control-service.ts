@@ -1,5 +1,6 @@
 import { create } from "@bufbuild/protobuf";
 import { Code, ConnectError, type ServiceImpl } from "@connectrpc/connect";
+import { KV_FORMAT } from "../codec/index.ts";
 import type { Engine, SamplingParams } from "../engine/index.ts";
 import {
   CancelResponseSchema,
@@ -16,7 +17,6 @@ import { endSpan, extractHeaders, SpanKind, startSpan, traceparentOf, type Attri
 import { validateSampling } from "../rng/index.ts";
 import { transfer, TransferError, type KvTransport, type TransferStats } from "../transfer/index.ts";
 
-const KV_FORMAT = 1;
 const U64_MAX = (1n << 64n) - 1n;
 
 export interface ControlContext {

@@ -5,7 +5,7 @@ import {
   type WorkerEntry,
   type WorkerStatus,
 } from "../gen/tl/control/v1/control_pb.ts";
-import { grpcClient } from "./grpc-client.ts";
+import { grpcClient } from "../rpc/index.ts";
 import type { Registry } from "./heartbeat.ts";
 
 /** The gateway's WorkerRegistry over gRPC at `target` ("host:port"). */

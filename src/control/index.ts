@@ -1,10 +1,6 @@
-export { serveGrpc, type GrpcServer, type GrpcServerOptions } from "./grpc-server.ts";
-export { grpcClient, closeGrpcClients, type GrpcClientOptions } from "./grpc-client.ts";
 export {
   workerStatus,
-  roleToProto,
   receivesKv,
-  KV_FORMAT,
   type EngineRole,
   type WorkerIdentity,
   type WorkerLoad,

@@ -1,4 +1,5 @@
 import { create } from "@bufbuild/protobuf";
+import { KV_FORMAT } from "../codec/index.ts";
 import { Role, WorkerStatusSchema, type WorkerStatus } from "../gen/tl/control/v1/control_pb.ts";
 
 export type EngineRole = "prefill" | "decode" | "both";
@@ -23,8 +24,6 @@ export interface WorkerLoad {
   freeBlocks: number;
   draining: boolean;
 }
-
-export const KV_FORMAT = 1;
 
 const ROLES: Record<EngineRole, Role> = {
   prefill: Role.PREFILL,

@@ -1,11 +1,8 @@
+import type { SeqChunk } from "../model/index.ts";
 import type { KvPool } from "../pool/index.ts";
 
-/** One sequence's slice of a step: `tokens` sit at positions startPos.. of the sequence. */
-export interface SeqChunk {
-  blockTable: ArrayLike<number>;
-  startPos: number;
-  tokens: ArrayLike<number>;
-}
+// One sequence's slice of a step is the model's own type: defined once, beside forward().
+export type { SeqChunk };
 
 /**
  * What the engine loop needs from a model: write each chunk's K/V into the pool through

@@ -1,7 +1,8 @@
 import { create } from "@bufbuild/protobuf";
-import { Code, ConnectError } from "@connectrpc/connect";
-import { promptHashes } from "../codec/index.ts";
-import { grpcClient, serveGrpc, type GrpcServer } from "../control/index.ts";
+import { ConnectError } from "@connectrpc/connect";
+import { Code, httpStatusOf } from "../rpc/status.ts";
+import { KV_FORMAT, promptHashes } from "../codec/index.ts";
+import { grpcClient, serveGrpc, type GrpcServer } from "../rpc/index.ts";
 import { Role, WorkerRegistry as WorkerRegistryService } from "../gen/tl/control/v1/control_pb.ts";
 import { EngineControl, PrefillRequestSchema, type KvHandle } from "../gen/tl/engine/v1/engine_pb.ts";
 import { KvTransfer } from "../gen/tl/kv/v1/kv_pb.ts";
@@ -21,7 +22,7 @@ import {
   type CompletionParams,
   type HttpServer,
 } from "../http/index.ts";
-import type { Tokenizer } from "../model/index.ts";
+import type { ChatRenderer, Tokenizer } from "../model/index.ts";
 import { createMetrics, endSpan, extractHeaders, log, metricsResponse, SpanKind, startSpan, traceHeaders, type Attributes, type Metrics, type Span } from "../obs/index.ts";
 import { RegistryService } from "./registry-service.ts";
 import { KvAffinity, pickByLoad, pickDecode } from "./router.ts";
@@ -33,6 +34,8 @@ export interface GatewayOptions {
   httpPort?: number;
   registryPort?: number;
   tokenizer: Tokenizer;
+  /** The model's chat template, as the engines render it (prompt hashes must match theirs). */
+  chat?: ChatRenderer;
   modelName: string;
   maxModelLen: number;
   /** Beat interval told to engines; a worker is evicted after 3 silent intervals. */
@@ -91,26 +94,6 @@ const SERVER_ATTRS: Record<CompletionKind, Attributes> = {
 const PREFILL_ATTRS: Attributes = { "tl.role": "gateway", "rpc.system": "grpc", "rpc.service": "tl.engine.v1.EngineControl", "rpc.method": "Prefill" };
 const RESUME_ATTRS: Attributes = { "tl.role": "gateway", "http.request.method": "POST", "url.path": "/v1/completions" };
 
-function httpStatusOf(code: Code): number {
-  switch (code) {
-    case Code.InvalidArgument:
-      return 400;
-    case Code.NotFound:
-      return 404;
-    case Code.AlreadyExists:
-      return 409;
-    case Code.ResourceExhausted:
-      return 429;
-    case Code.Unavailable:
-    case Code.FailedPrecondition:
-      return 503;
-    case Code.DeadlineExceeded:
-      return 504;
-    default:
-      return 502;
-  }
-}
-
 /** The front door: registry for heartbeats, OpenAI HTTP for clients, routing in between. */
 export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
   const host = opts.host ?? "127.0.0.1";
@@ -120,7 +103,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
   const affinity = new KvAffinity();
   const inflight = new Map<string, number>();
   const grpc: GrpcServer = await serveGrpc((r) => r.service(WorkerRegistryService, registryService.impl), { host, port: opts.registryPort ?? 0 });
-  const limits = { tokenizer: opts.tokenizer, maxModelLen: opts.maxModelLen };
+  const limits = { tokenizer: opts.tokenizer, maxModelLen: opts.maxModelLen, chat: opts.chat };
   const prefillTimeoutMs = opts.prefillTimeoutMs ?? 60_000;
 
   const busy = (id: string, d: number) => inflight.set(id, (inflight.get(id) ?? 0) + d);
@@ -136,7 +119,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
           promptTokens: params.promptTokens,
           sampling: { ...samplingOf(params), stopTokenIds: [...params.stopTokenIds] },
           decodeTarget: d.status.kvAddress,
-          kvFormat: 1,
+          kvFormat: KV_FORMAT,
         }),
         { signal, headers: traceHeaders(span) },
       );
@@ -261,7 +244,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
       q.push(handle.firstToken);
       let claimed = false;
       if (handle.finished) {
-        const stop = handle.firstToken === opts.tokenizer.eos || params.stopTokenIds.includes(handle.firstToken);
+        const stop = opts.tokenizer.eosIds.includes(handle.firstToken) || params.stopTokenIds.includes(handle.firstToken);
         q.close({ reason: stop ? "stop" : "length" });
       } else {
         busy(did, 1);

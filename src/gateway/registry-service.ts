@@ -8,7 +8,7 @@ import {
   WorkerRegistry as WorkerRegistryService,
   type WorkerStatus,
 } from "../gen/tl/control/v1/control_pb.ts";
-import { KV_FORMAT } from "../control/worker-status.ts";
+import { KV_FORMAT } from "../codec/index.ts";
 import type { WorkerRegistry } from "./worker-registry.ts";
 
 export interface RegistryServiceOptions {

@@ -1,5 +1,5 @@
 import type { SamplingParams } from "../engine/index.ts";
-import type { Tokenizer } from "../model/index.ts";
+import { chatRenderer, ChatTemplateError, type ChatMessage, type ChatRenderer, type Tokenizer } from "../model/index.ts";
 import { validateSampling } from "../rng/index.ts";
 import { HttpError } from "./errors.ts";
 
@@ -28,6 +28,8 @@ export interface CompletionParams {
 export interface ParseLimits {
   tokenizer: Tokenizer;
   maxModelLen: number;
+  /** The model's chat template with its tokenizer; default: DEFAULT_CHAT_TEMPLATE on `tokenizer`. */
+  chat?: ChatRenderer;
 }
 
 const U64_MAX = (1n << 64n) - 1n;
@@ -74,30 +76,47 @@ function parseTokenIds(v: unknown[], vocab: number, param: string): number[] {
   });
 }
 
-/** The chat template of the embedded and llama2.c models: a role line, the content, then the assistant's turn. */
-export function renderChat(messages: { role: string; content: string }[]): string {
-  return messages.map((m) => `<|${m.role}|>\n${m.content}\n`).join("") + "<|assistant|>\n";
-}
-
-function parseMessages(v: unknown): { role: string; content: string }[] {
+/** The messages as the template sees them: text parts joined; tool_calls, tool_call_id and name kept. */
+function parseMessages(v: unknown): ChatMessage[] {
   if (!Array.isArray(v) || v.length === 0) throw bad("messages must be a non-empty array", "messages");
   return v.map((m, i) => {
     if (typeof m !== "object" || m === null) throw bad(`messages[${i}] must be an object`, "messages");
-    const { role, content } = m as Record<string, unknown>;
+    const { role, content, ...rest } = m as Record<string, unknown>;
     if (typeof role !== "string" || !["system", "user", "assistant", "developer", "tool"].includes(role)) {
       throw bad(`messages[${i}].role ${JSON.stringify(role)} is not one of system, user, assistant, developer, tool`, "messages");
     }
-    if (typeof content === "string") return { role, content };
+    if (rest.tool_calls !== undefined && rest.tool_calls !== null && (role !== "assistant" || !Array.isArray(rest.tool_calls))) {
+      throw bad(`messages[${i}].tool_calls must be an array on an assistant message`, "messages");
+    }
+    if (typeof content === "string") return { ...rest, role, content };
+    if ((content === null || content === undefined) && Array.isArray(rest.tool_calls)) return { ...rest, role, content: null };
     if (Array.isArray(content)) {
       const parts = content.map((p) => {
         const part = p as Record<string, unknown>;
         if (part?.type !== "text" || typeof part.text !== "string") throw bad(`messages[${i}].content: only text parts are supported`, "messages");
         return part.text;
       });
-      return { role, content: parts.join("") };
+      return { ...rest, role, content: parts.join("") };
     }
     throw bad(`messages[${i}].content must be a string or text parts`, "messages");
   });
+}
+
+function parseTools(v: unknown): unknown[] | undefined {
+  if (v === undefined || v === null) return undefined;
+  if (!Array.isArray(v) || v.some((t) => typeof t !== "object" || t === null)) throw bad("tools must be an array of objects", "tools");
+  return v;
+}
+
+function chatPromptTokens(body: Record<string, unknown>, lim: ParseLimits): number[] {
+  const messages = parseMessages(body.messages);
+  const tools = parseTools(body.tools);
+  try {
+    return (lim.chat ?? chatRenderer(lim.tokenizer, null)).promptTokens(messages, tools);
+  } catch (e) {
+    if (e instanceof ChatTemplateError) throw bad(e.message, "messages");
+    throw e;
+  }
 }
 
 /** Checks an OpenAI request body the way the OpenAI API does, and tokenizes its prompt. */
@@ -107,7 +126,7 @@ export function parseCompletion(kind: CompletionKind, raw: unknown, lim: ParseLi
   const vocab = lim.tokenizer.vocabSize;
   let promptTokens: number[];
   if (kind === "chat") {
-    promptTokens = lim.tokenizer.encode(renderChat(parseMessages(body.messages)));
+    promptTokens = chatPromptTokens(body, lim);
   } else {
     const p = body.prompt;
     if (p === "" || (Array.isArray(p) && p.length === 1 && p[0] === "")) throw bad("prompt is empty", "prompt");

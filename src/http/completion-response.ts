@@ -22,7 +22,7 @@ export class TextAssembler {
     prevToken = -1,
   ) {
     this.decoder = new StreamDecoder(tokenizer, prevToken);
-    this.silent = new Set([tokenizer.eos, tokenizer.bos, ...stopTokenIds]);
+    this.silent = new Set([...tokenizer.eosIds, tokenizer.bos, ...stopTokenIds]);
     this.holdBack = Math.max(0, ...stop.map((s) => s.length - 1));
   }
 

@@ -1,28 +1,25 @@
 import { promptHashes } from "../codec/index.ts";
+import type { ClaimedHandle } from "../transfer/index.ts";
 import type { Engine, Finish } from "../engine/index.ts";
-import type { Tokenizer } from "../model/index.ts";
+import type { ChatRenderer, Tokenizer } from "../model/index.ts";
 import { endSpan, extractHeaders, SpanKind, startSpan, type Attributes, type Span } from "../obs/index.ts";
 import { parseCompletion, samplingOf, type CompletionKind, type CompletionParams } from "./completion-request.ts";
 import { completionResponse } from "./completion-response.ts";
 import { errorResponse, HttpError } from "./errors.ts";
 import { TokenQueue } from "./token-queue.ts";
 
-/** The blocks a resumed request takes over: what KvReceiver.claim hands back. */
-export interface ClaimedKv {
-  blockIds: number[];
-  hashes: bigint[];
-  nTokens: number;
-}
 
 export interface EngineHttpContext {
   engine: Engine;
   tokenizer: Tokenizer;
+  /** The model's chat template (default: DEFAULT_CHAT_TEMPLATE). */
+  chat?: ChatRenderer;
   modelName: string;
   workerId: string;
   roles: readonly string[];
   isDraining: () => boolean;
   /** Decode engines: takes a pushed handle over (null when unknown or expired). */
-  claim?: (handleId: string) => ClaimedKv | null;
+  claim?: (handleId: string) => ClaimedHandle | null;
   /** Called once per finished request, for logs and metrics. */
   onRequestEnd?: (info: RequestEnd) => void;
   /** Extra routes (e.g. /metrics), tried before the 404. */
@@ -67,7 +64,7 @@ function headerInt(req: Request, name: string, max: number): number {
 /** OpenAI-compatible HTTP for one engine, including the decode side of the hand-off. */
 export function engineHttpHandler(ctx: EngineHttpContext): (req: Request) => Promise<Response> {
   const { engine, tokenizer } = ctx;
-  const limits = { tokenizer, maxModelLen: engine.maxModelLen };
+  const limits = { tokenizer, maxModelLen: engine.maxModelLen, chat: ctx.chat };
   // Span attributes built once, so tracing off allocates nothing per request.
   const role = ctx.roles.length === 1 ? ctx.roles[0]! : "both";
   const serverAttrs: Record<CompletionKind, Attributes> = {

@@ -1,6 +1,6 @@
-export { parseCompletion, renderChat, randomSeed, samplingOf, type CompletionParams, type CompletionKind } from "./completion-request.ts";
+export { parseCompletion, randomSeed, samplingOf, type CompletionParams, type CompletionKind } from "./completion-request.ts";
 export { completionResponse, TextAssembler, type ResponseContext } from "./completion-response.ts";
-export { engineHttpHandler, requestId, HANDLE_HEADER, FIRST_TOKEN_HEADER, DRAWS_HEADER, type EngineHttpContext, type ClaimedKv, type RequestEnd } from "./engine-http.ts";
+export { engineHttpHandler, requestId, HANDLE_HEADER, FIRST_TOKEN_HEADER, DRAWS_HEADER, type EngineHttpContext, type RequestEnd } from "./engine-http.ts";
 export { HttpError, errorResponse } from "./errors.ts";
 export { serveHttp, type HttpServer } from "./serve-http.ts";
 export { TokenQueue, type StreamEnd, type EndReason } from "./token-queue.ts";

@@ -10,6 +10,20 @@ export {
 export { type Weights, type SyntheticOptions, syntheticWeights, validateWeights, weightSizes } from "./weights.ts";
 export { type SeqChunk, Transformer } from "./transformer.ts";
 export { type EncodeOptions, type Tokenizer, ByteTokenizer, StreamDecoder } from "./tokenizer.ts";
+export { type TokenizerSource, type GgufTokenizerMeta } from "./tokenizer-source.ts";
+export { type BuiltTokenizer, buildTokenizer } from "./build-tokenizer.ts";
+export { HfTokenizer } from "./hf-tokenizer.ts";
+export { tokenizerFingerprint } from "./tokenizer-fingerprint.ts";
+export {
+  type ChatMessage,
+  type ChatRenderer,
+  type RenderOptions,
+  ChatTemplate,
+  ChatTemplateError,
+  DEFAULT_CHAT_TEMPLATE,
+  chatRenderer,
+  chatRendererFor,
+} from "./chat-template.ts";
 export { type LoadedModel, SYNTHETIC_CONFIG, SYNTHETIC_MODEL_NAME, loadSyntheticModel } from "./synthetic.ts";
 export {
   type Llama2cModel,

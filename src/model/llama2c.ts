@@ -201,6 +201,10 @@ export class Llama2cTokenizer implements Tokenizer {
   readonly vocabSize: number;
   readonly bos = 1;
   readonly eos = 2;
+  readonly eosIds = [2];
+  readonly addBos = true;
+  readonly bosToken = "<s>";
+  readonly eosToken = "</s>";
   private readonly pieces: Uint8Array[];
   private readonly keys: string[];
   private readonly scores: Float32Array;

@@ -1,7 +1,7 @@
 import assert from "node:assert";
 
 export interface EncodeOptions {
-  /** Prepend the BOS id. Default true. */
+  /** Prepend the BOS id. Default: the tokenizer's `addBos`. */
   bos?: boolean;
   /** Append the EOS id. Default false. */
   eos?: boolean;
@@ -10,8 +10,17 @@ export interface EncodeOptions {
 /** Text <-> token ids. Decoding works on bytes so that streams can cut between tokens anywhere. */
 export interface Tokenizer {
   readonly vocabSize: number;
+  /** The BOS id, or -1 for a vocabulary without one (Qwen2). */
   readonly bos: number;
+  /** The main end-of-sequence id (what `encode(..., { eos: true })` appends). */
   readonly eos: number;
+  /** Every id that ends generation (Llama 3 has several: <|end_of_text|>, <|eom_id|>, <|eot_id|>); holds `eos`. */
+  readonly eosIds: readonly number[];
+  /** Whether a prompt starts with BOS unless told otherwise (tokenizer_config's add_bos_token). */
+  readonly addBos: boolean;
+  /** The text of the BOS and EOS tokens, as chat templates spell them (`bos_token`, `eos_token`). */
+  readonly bosToken?: string;
+  readonly eosToken?: string;
   encode(text: string, opts?: EncodeOptions): number[];
   /** UTF-8 of all the pieces (invalid sequences become U+FFFD); BOS and EOS give nothing. */
   decode(ids: readonly number[]): string;
@@ -65,6 +74,8 @@ export class ByteTokenizer implements Tokenizer {
   readonly vocabSize = 258;
   readonly bos = 256;
   readonly eos = 257;
+  readonly eosIds = [257];
+  readonly addBos = true;
   private readonly utf8 = new TextEncoder();
 
   encode(text: string, opts: EncodeOptions = {}): number[] {

@@ -178,7 +178,7 @@ export class Transformer {
 
       this.attention(bits, blockElems, B, l, batch, rows);
       mm.matmul(xb2, xb, w.wo, l * dim * dim, rows, dim, dim);
-      for (let i = 0, n = rows * dim; i < n; i++) x[i] += xb2[i]!;
+      for (let i = 0, n = rows * dim; i < n; i++) x[i]! += xb2[i]!;
 
       rmsnorm(xb, x, w.rmsFfn, l * dim, rows, dim, cfg.normEps);
       mm.matmul(hb, xb, w.w1, l * hid * dim, rows, dim, hid);
@@ -188,7 +188,7 @@ export class Transformer {
         hb[i] = (a / (1 + Math.exp(-a))) * hb2[i]!;
       }
       mm.matmul(xb2, hb, w.w2, l * dim * hid, rows, hid, dim);
-      for (let i = 0, n = rows * dim; i < n; i++) x[i] += xb2[i]!;
+      for (let i = 0, n = rows * dim; i < n; i++) x[i]! += xb2[i]!;
     }
 
     // Only each chunk's last position needs logits.
@@ -353,7 +353,7 @@ export class Transformer {
               for (let h = 0; h < kvMul; h++) {
                 const a = att[(j * kvMul + h) * maxSeq + t]!;
                 const ao = (j * kvMul + h) * hd;
-                for (let i = 0; i < hd; i++) acc[ao + i] += a * kvec[i]!;
+                for (let i = 0; i < hd; i++) acc[ao + i]! += a * kvec[i]!;
               }
             }
           }

@@ -1,4 +1,4 @@
-export { log, setLogLevel } from "./log.ts";
+export { log } from "./log.ts";
 export { createMetrics, metricsResponse, type Metrics } from "./metrics.ts";
 export {
   endSpan,

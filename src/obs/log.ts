@@ -7,11 +7,7 @@ function threshold(): number {
   return LEVELS[(v in LEVELS ? v : "info") as Level];
 }
 
-let min = threshold();
-
-export function setLogLevel(level: Level): void {
-  min = LEVELS[level];
-}
+const min = threshold();
 
 function write(level: Level, msg: string, fields: Record<string, unknown>): void {
   if (LEVELS[level] < min) return;

@@ -1,7 +1,7 @@
 import assert from "node:assert";
 import type { EnvelopeRecord } from "../codec/envelope.ts";
 import { crc32c } from "../codec/crc32c.ts";
-import { blockPayloadBytes, type KvShape } from "../codec/kv-shape.ts";
+import { blockPayloadBytes, copyPayload, type KvShape } from "../codec/kv-shape.ts";
 
 const NONE = -1;
 
@@ -115,17 +115,7 @@ export class KvPool {
     if (this.available === 0) return NONE;
     const id = this.takeOne(false);
     const base = id * this.blockBytes;
-    if (fill === B) {
-      this.bytes.set(payload, base);
-    } else {
-      // Per layer, K then V: [B][H][D] each; the first `fill` token slots are live.
-      const section = B * this.slotElems * 2;
-      const used = fill * this.slotElems * 2;
-      for (let o = 0; o < this.blockBytes; o += section) {
-        this.bytes.set(payload.subarray(o, o + used), base + o);
-        this.bytes.fill(0, base + o + used, base + o + section);
-      }
-    }
+    copyPayload(this.bytes, base, payload, fill, this.shape);
     this.fills[id] = fill;
     return id;
   }

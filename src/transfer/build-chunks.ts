@@ -1,8 +1,8 @@
 import assert from "node:assert";
-import { crc32c, envelopeBytes } from "../codec/index.ts";
+import { crc32c, crc32cExtendU32, envelopeBytes, KV_FORMAT, OneBlockEnvelopeWriter } from "../codec/index.ts";
 import type { KvPool } from "../pool/index.ts";
-import { KV_FORMAT, type KvChunkLike } from "./kv-chunk.ts";
-import { crc32cExtendU32, ENVELOPE_HEAD_BYTES, OneBlockEnvelopeWriter, putU32, putU64 } from "./one-block-envelope.ts";
+import type { KvChunkLike } from "./kv-chunk.ts";
+import { putRunEntry, RUN_ENTRY_HEAD } from "./data-plane-frame.ts";
 
 const EMPTY = new Uint8Array(0);
 
@@ -83,13 +83,11 @@ export class PoolChunk implements KvChunkLike {
    */
   writeRunEntry(out: Uint8Array, o: number): void {
     const w = this.slab.writer;
-    const h = o + 12;
+    const h = o + RUN_ENTRY_HEAD;
     w.writeHead(out, h, this.recordHash, this.fill);
     const known = this.recordHash !== 0n ? this.pool.payloadCrc(this.blockId) : null;
     const inner = w.innerCrc(out, h, known ?? crc32c(this.pool.payload(this.blockId)));
-    putU64(out, o, this.hash);
-    putU32(out, o + 8, crc32cExtendU32(inner, inner));
-    putU32(out, h + ENVELOPE_HEAD_BYTES, inner);
+    putRunEntry(out, o, this.hash, crc32cExtendU32(inner, inner), inner);
   }
 
   get envelope(): Uint8Array {

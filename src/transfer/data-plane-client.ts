@@ -1,31 +1,29 @@
 import type { Socket } from "bun";
 import type { KvAckLike, KvChunkLike } from "./kv-chunk.ts";
 import type { PushOptions } from "./kv-transport.ts";
-import { GrpcCode, TransferError } from "./kv-error.ts";
+import { TransferError } from "./kv-error.ts";
+import { Code } from "../rpc/status.ts";
 import { PoolChunk } from "./build-chunks.ts";
 import {
-  CHUNK_FIXED,
-  FRAME_ACK,
-  FRAME_CHUNK,
-  FRAME_END,
-  FRAME_ERROR,
+  chunkHeadBytes,
+  decodeReply,
+  encodeChunkHead,
+  encodeEnd,
+  encodeRunHead,
+  encodeTrace,
   FRAME_HEAD,
-  FRAME_RUN,
-  FRAME_TRACE,
-  getU32,
-  getU64,
+  frameBytes,
   MAX_HANDLE_BYTES,
   MAX_RUN,
   MAX_TRACE_BYTES,
-  putU32,
-  putU64,
   RUN_ENTRY,
-  RUN_FIXED,
-  splitHostPort,
+  runFrameBytes,
 } from "./data-plane-frame.ts";
+import { Reassembler } from "./reassembler.ts";
 
 const encoder = new TextEncoder();
-const decoder = new TextDecoder();
+// D answers a push with one small frame: ACK, or ERROR with its message.
+const MAX_REPLY_BYTES = 64 * 1024;
 // Frames are staged and written in runs of this size: fewer syscalls, one copy.
 const STAGE_BYTES = 1024 * 1024;
 // Payloads adjacent in P's pool go to the socket straight from the pool from this many
@@ -40,9 +38,8 @@ interface Waiter {
 /** One TCP connection to a data plane and the push it is carrying. */
 class Conn {
   socket!: Socket<Conn>;
-  /** reply bytes collected so far (replies are small) */
-  private rx = new Uint8Array(256);
-  private have = 0;
+  /** replies (ACK, ERROR: small) split across reads */
+  private readonly rx = new Reassembler(256, MAX_REPLY_BYTES);
   private replyWaiter: { resolve(ack: Uint8Array): void; reject(e: TransferError): void } | undefined;
   private drainWaiter: Waiter | undefined;
   /** set once the connection is unusable */
@@ -53,19 +50,24 @@ class Conn {
   constructor(readonly address: string) {}
 
   onData(buf: Uint8Array): void {
-    if (this.have + buf.length > this.rx.length) {
-      const bigger = new Uint8Array(Math.max(this.rx.length * 2, this.have + buf.length));
-      bigger.set(this.rx.subarray(0, this.have));
-      this.rx = bigger;
+    const r = this.rx;
+    for (let off = 0; off < buf.length; ) {
+      const len = r.head(buf, off, 4, frameBytes);
+      off += r.consumed;
+      if (len < 0) return;
+      if (len > MAX_REPLY_BYTES) {
+        this.onClose(new Error(`reply frame of ${len} bytes, limit ${MAX_REPLY_BYTES}`));
+        this.socket.terminate();
+        return;
+      }
+      const f = r.take(buf, off, len);
+      off += r.consumed;
+      if (f === null) return;
+      this.deliver(f.slice());
     }
-    this.rx.set(buf, this.have);
-    this.have += buf.length;
-    if (this.have < 4) return;
-    const len = 4 + getU32(this.rx, 0);
-    if (this.have < len) return;
-    const frame = this.rx.slice(0, len);
-    this.rx.copyWithin(0, len, this.have);
-    this.have -= len;
+  }
+
+  private deliver(frame: Uint8Array): void {
     if (this.replyWaiter !== undefined) {
       const w = this.replyWaiter;
       this.replyWaiter = undefined;
@@ -85,7 +87,7 @@ class Conn {
   }
 
   onClose(err?: Error): void {
-    this.dead ??= new TransferError(GrpcCode.UNAVAILABLE, `data plane ${this.address}: connection ${err ? `failed: ${err.message}` : "closed"}`);
+    this.dead ??= new TransferError(Code.Unavailable, `data plane ${this.address}: connection ${err ? `failed: ${err.message}` : "closed"}`);
     this.drainWaiter?.reject(this.dead);
     this.drainWaiter = undefined;
     // An ERROR frame that arrived before the close still decides the outcome.
@@ -100,7 +102,7 @@ class Conn {
       if (this.early !== undefined) return false;
       if (this.dead) throw this.dead;
       const w = this.socket.write(b.subarray(off));
-      if (w < 0) throw (this.dead ??= new TransferError(GrpcCode.UNAVAILABLE, `data plane ${this.address}: connection closed`));
+      if (w < 0) throw (this.dead ??= new TransferError(Code.Unavailable, `data plane ${this.address}: connection closed`));
       off += w;
       if (off < b.length) {
         await new Promise<void>((resolve, reject) => {
@@ -122,6 +124,12 @@ class Conn {
       this.replyWaiter = { resolve, reject };
     });
   }
+}
+
+function splitHostPort(address: string): { host: string; port: number } {
+  const i = address.lastIndexOf(":");
+  if (i < 0) throw new Error(`address ${address} is not host:port`);
+  return { host: address.slice(0, i).replace(/^\[|\]$/g, ""), port: Number(address.slice(i + 1)) };
 }
 
 export interface DataPlaneClientOptions {
@@ -171,7 +179,7 @@ export class DataPlaneClient {
         },
       });
     } catch (e) {
-      throw new TransferError(GrpcCode.UNAVAILABLE, `data plane ${address}: ${e instanceof Error ? e.message : String(e)}`);
+      throw new TransferError(Code.Unavailable, `data plane ${address}: ${e instanceof Error ? e.message : String(e)}`);
     }
     conn.socket.setNoDelay(true);
     this.open.add(conn);
@@ -179,7 +187,7 @@ export class DataPlaneClient {
   }
 
   async push(address: string, chunks: readonly KvChunkLike[] | AsyncIterable<KvChunkLike>, opts: PushOptions = {}): Promise<KvAckLike> {
-    if (opts.signal?.aborted) throw new TransferError(GrpcCode.CANCELLED, `data plane push to ${address}: cancelled`);
+    if (opts.signal?.aborted) throw new TransferError(Code.Canceled, `data plane push to ${address}: cancelled`);
     const conn = await this.connect(address);
     let timer: ReturnType<typeof setTimeout> | undefined;
     let onAbort: (() => void) | undefined;
@@ -191,11 +199,11 @@ export class DataPlaneClient {
         conn.socket.terminate();
       };
       timer = setTimeout(
-        () => stop(new TransferError(GrpcCode.DEADLINE_EXCEEDED, `data plane push to ${address}: no answer within ${this.timeoutMs} ms`)),
+        () => stop(new TransferError(Code.DeadlineExceeded, `data plane push to ${address}: no answer within ${this.timeoutMs} ms`)),
         this.timeoutMs,
       );
       if (opts.signal) {
-        onAbort = () => stop(new TransferError(GrpcCode.CANCELLED, `data plane push to ${address}: cancelled`));
+        onAbort = () => stop(new TransferError(Code.Canceled, `data plane push to ${address}: cancelled`));
         opts.signal.addEventListener("abort", onAbort, { once: true });
       }
     });
@@ -221,7 +229,7 @@ export class DataPlaneClient {
         list.push(conn);
       } else {
         // A refused or broken push: the server discards this connection's input, so hang up.
-        conn.dead ??= new TransferError(GrpcCode.ABORTED, "push abandoned");
+        conn.dead ??= new TransferError(Code.Aborted, "push abandoned");
         conn.socket.terminate();
       }
     }
@@ -241,13 +249,7 @@ export class DataPlaneClient {
     let handle = "";
     let hb = new Uint8Array(0);
     let stopped = false;
-    if (traceparent !== undefined && traceparent.length <= MAX_TRACE_BYTES) {
-      const tb = encoder.encode(traceparent);
-      putU32(stage, 0, 1 + tb.length);
-      stage[4] = FRAME_TRACE;
-      stage.set(tb, FRAME_HEAD);
-      used = FRAME_HEAD + tb.length;
-    }
+    if (traceparent !== undefined && traceparent.length <= MAX_TRACE_BYTES) used = encodeTrace(stage, 0, encoder.encode(traceparent));
     try {
       const flushStage = async () => {
         if (used > 0 && !(await conn.writeAll(stage.subarray(0, used)))) stopped = true;
@@ -258,23 +260,13 @@ export class DataPlaneClient {
         if (c.handleId !== handle) {
           handle = c.handleId;
           hb = encoder.encode(handle);
-          if (hb.length > MAX_HANDLE_BYTES) throw new TransferError(GrpcCode.INVALID_ARGUMENT, `handle of ${hb.length} bytes`);
+          if (hb.length > MAX_HANDLE_BYTES) throw new TransferError(Code.InvalidArgument, `handle of ${hb.length} bytes`);
           onHandle(handle);
         }
-        return FRAME_HEAD + CHUNK_FIXED + hb.length;
+        return chunkHeadBytes(hb.length);
       };
       const putHead = (o: number, len: number, c: KvChunkLike, crc: number) => {
-        putU32(stage, o, len - 4);
-        stage[o + 4] = FRAME_CHUNK;
-        const b = o + FRAME_HEAD;
-        putU32(stage, b, c.index);
-        putU32(stage, b + 4, c.total);
-        putU64(stage, b + 8, c.hash);
-        putU32(stage, b + 16, c.kvFormat);
-        putU32(stage, b + 20, crc);
-        stage[b + 24] = hb.length & 0xff;
-        stage[b + 25] = hb.length >>> 8;
-        stage.set(hb, b + CHUNK_FIXED);
+        encodeChunkHead(stage, o, c, crc, hb, len - chunkHeadBytes(hb.length));
       };
       // Frames `c` into the stage if it fits: no await, so a run of chunks costs no
       // promise each. A block still in P's pool is written straight into the stage,
@@ -314,22 +306,10 @@ export class DataPlaneClient {
         const first = list[i]!;
         const pool = first.pool;
         const P = pool.blockBytes;
-        const head = FRAME_HEAD + RUN_FIXED + hb.length;
-        const len = head + (j - i) * RUN_ENTRY;
+        const len = runFrameBytes(hb.length, j - i);
         if (used + len > stage.length) await flushStage();
         if (stopped) return;
-        putU32(stage, used, len - 4);
-        stage[used + 4] = FRAME_RUN;
-        const b = used + FRAME_HEAD;
-        putU32(stage, b, first.index);
-        putU32(stage, b + 4, j - i);
-        putU32(stage, b + 8, first.total);
-        putU32(stage, b + 12, first.kvFormat);
-        putU32(stage, b + 16, P);
-        stage[b + 20] = hb.length & 0xff;
-        stage[b + 21] = hb.length >>> 8;
-        stage.set(hb, b + RUN_FIXED);
-        let o = used + head;
+        let o = encodeRunHead(stage, used, { first: first.index, count: j - i, total: first.total, kvFormat: first.kvFormat, payloadBytes: P }, hb);
         for (let k = i; k < j; k++, o += RUN_ENTRY) list[k]!.writeRunEntry(stage, o);
         used = o;
         for (let k = i; k < j && !stopped; ) {
@@ -383,23 +363,16 @@ export class DataPlaneClient {
       }
       if (!stopped) {
         if (used + FRAME_HEAD > stage.length) await flushStage();
-        putU32(stage, used, 1);
-        stage[used + 4] = FRAME_END;
-        used += FRAME_HEAD;
+        used = encodeEnd(stage, used);
         await flushStage();
       }
     } finally {
       this.stage = stage;
     }
-    const r = await conn.reply();
-    if (r[4] === FRAME_ACK && r.length >= FRAME_HEAD + 20) {
-      return { blocksReceived: getU32(r, 5), blocksDeduped: getU32(r, 9), payloadBytes: getU64(r, 13), nTokens: getU32(r, 21) };
-    }
-    if (r[4] === FRAME_ERROR && r.length >= FRAME_HEAD + 4) {
-      conn.dead = new TransferError(getU32(r, 5), `data plane ${conn.address}: ${decoder.decode(r.subarray(9))}`);
-      throw conn.dead;
-    }
-    throw (conn.dead = new TransferError(GrpcCode.INTERNAL, `data plane ${conn.address}: unexpected reply type ${r[4]}`));
+    const r = decodeReply(await conn.reply());
+    if (r.kind === "ack") return r.ack;
+    if (r.kind === "error") throw (conn.dead = new TransferError(r.code, `data plane ${conn.address}: ${r.message}`));
+    throw (conn.dead = new TransferError(Code.Internal, `data plane ${conn.address}: unexpected reply type ${r.type}`));
   }
 
   async close(): Promise<void> {

@@ -1,27 +1,33 @@
 import type { Socket, TCPSocketListener } from "bun";
-import { envelopeBytes } from "../codec/index.ts";
-import { endSpan, SpanKind, startSpan, tracingEnabled, type Attributes, type Span } from "../obs/index.ts";
-import { ackSpanAttributes, KV_FORMAT, type KvChunkLike } from "./kv-chunk.ts";
-import { GrpcCode, KvError } from "./kv-error.ts";
-import type { KvReceiver, PushSession } from "./kv-receiver.ts";
+import { envelopeBytes, KV_FORMAT, type KvShape } from "../codec/index.ts";
+import { tracingEnabled } from "../obs/index.ts";
+import type { KvChunkLike } from "./kv-chunk.ts";
+import { KvError } from "./kv-error.ts";
+import { Code } from "../rpc/status.ts";
+import type { KvReceiver } from "./kv-receiver.ts";
+import { DATA_PLANE_PUSH_ATTRS, PushDriver } from "./push-driver.ts";
+import { Reassembler } from "./reassembler.ts";
 import {
-  ACK_BODY,
   CHUNK_FIXED,
-  FRAME_ACK,
+  decodeChunk,
+  decodeRun,
+  decodeTrace,
+  encodeAck,
+  encodeError,
   FRAME_CHUNK,
   FRAME_END,
-  FRAME_ERROR,
   FRAME_HEAD,
   FRAME_RUN,
   FRAME_TRACE,
-  getU32,
-  getU64,
+  frameBytes,
   MAX_RUN,
-  MAX_TRACE_BYTES,
-  putU32,
-  putU64,
   RUN_ENTRY,
+  RUN_ENTRY_HEAD,
   RUN_FIXED,
+  type RunHead,
+  runEntryCrc,
+  runEntryHash,
+  runEntryTrailer,
 } from "./data-plane-frame.ts";
 
 export interface DataPlaneServer {
@@ -32,39 +38,42 @@ export interface DataPlaneServer {
 }
 
 const decoder = new TextDecoder();
-const encoder = new TextEncoder();
 
 /** Per-connection state: a frame being reassembled and the push it belongs to. */
 class Conn {
-  /** reassembly buffer for a frame split across reads */
-  acc: Uint8Array;
-  have = 0;
-  session: PushSession | undefined;
+  /** frames split across reads */
+  readonly frames: Reassembler;
+  /** the push on this connection, one at a time */
+  readonly push: PushDriver;
   /** after an ERROR: input is discarded until the client hangs up */
   refused = false;
   /** one reused chunk object: the receiver copies what it keeps */
   readonly chunk: KvChunkLike = { handleId: "", index: 0, total: 0, hash: 0n, kvFormat: KV_FORMAT, envelope: new Uint8Array(0), crc32c: 0 };
   handleBytes = new Uint8Array(0);
+  /** one reused RUN head */
+  readonly runHead: RunHead = { first: 0, count: 0, total: 0, kvFormat: 0, payloadBytes: 0, entries: new Uint8Array(0) };
   /** bytes of replies the socket did not take yet */
   out: Uint8Array[] = [];
-  /** kv.transfer SERVER span of the push in progress, when P sent a TRACE frame */
-  span: Span | undefined;
   /** The RUN frame whose payloads are arriving: its entries (a copy), the next one, and how many payloads are still due. */
   run = new Uint8Array(0);
   runNext = 0;
   runLeft = 0;
-  /** a payload split across reads, collected; P bytes of the pool's shape */
-  readonly payload: Uint8Array;
-  payloadHave = 0;
+  /** the RUN's payloads, P bytes of the pool's shape each */
+  readonly payloads: Reassembler;
+  readonly shape: KvShape;
 
   constructor(
+    rx: KvReceiver,
     /** the largest CHUNK and RUN frames (their lengths, the payloads after a RUN apart) */
     readonly maxChunk: number,
     readonly maxRun: number,
-    payloadBytes: number,
+    readonly payloadBytes: number,
   ) {
-    this.acc = new Uint8Array(Math.min(Math.max(maxChunk, maxRun), 64 * 1024));
-    this.payload = new Uint8Array(payloadBytes);
+    const max = Math.max(maxChunk, maxRun);
+    this.frames = new Reassembler(Math.min(max, 64 * 1024), max);
+    this.payloads = new Reassembler(payloadBytes);
+    this.push = new PushDriver(rx);
+    this.shape = rx.pool.shape;
   }
 }
 
@@ -87,11 +96,11 @@ export async function serveDataPlane(receiver: KvReceiver, opts: { host?: string
     port: opts.port ?? 0,
     socket: {
       open(s) {
-        s.data = new Conn(maxChunk, maxRun, receiver.pool.blockBytes);
+        s.data = new Conn(receiver, maxChunk, maxRun, receiver.pool.blockBytes);
         sockets.add(s);
       },
       data(s, buf) {
-        onData(receiver, s, buf);
+        onData(s, buf);
         release(buf);
       },
       drain(s) {
@@ -99,14 +108,10 @@ export async function serveDataPlane(receiver: KvReceiver, opts: { host?: string
       },
       close(s) {
         sockets.delete(s);
-        s.data.session?.abort();
-        s.data.session = undefined;
-        endTrace(s.data, "connection closed mid-push");
+        s.data.push.fail(new KvError(Code.Canceled, "connection closed mid-push"));
       },
       error(s) {
-        s.data.session?.abort();
-        s.data.session = undefined;
-        endTrace(s.data, "connection failed mid-push");
+        s.data.push.fail(new KvError(Code.Canceled, "connection failed mid-push"));
       },
     },
   });
@@ -117,7 +122,7 @@ export async function serveDataPlane(receiver: KvReceiver, opts: { host?: string
     async close() {
       listener.stop(true);
       for (const s of sockets) {
-        s.data.session?.abort();
+        s.data.push.fail(new KvError(Code.Unavailable, "data plane closed"));
         s.terminate();
       }
       sockets.clear();
@@ -125,67 +130,27 @@ export async function serveDataPlane(receiver: KvReceiver, opts: { host?: string
   };
 }
 
-function onData(rx: KvReceiver, s: Socket<Conn>, buf: Uint8Array): void {
+function onData(s: Socket<Conn>, buf: Uint8Array): void {
   const c = s.data;
-  if (c.refused) return;
   let off = 0;
-  const n = buf.length;
-  while (off < n && !c.refused) {
+  while (off < buf.length && !c.refused) {
     if (c.runLeft > 0) {
       // A RUN's payloads: each checked and imported where it lies in the read, or
       // collected first when the read splits it.
-      const P = c.payload.length;
-      if (c.payloadHave === 0 && n - off >= P) {
-        onRunPayload(s, buf.subarray(off, off + P));
-        off += P;
-        continue;
-      }
-      const k = Math.min(P - c.payloadHave, n - off);
-      c.payload.set(buf.subarray(off, off + k), c.payloadHave);
-      c.payloadHave += k;
-      off += k;
-      if (c.payloadHave < P) return;
-      c.payloadHave = 0;
-      onRunPayload(s, c.payload);
+      const payload = c.payloads.take(buf, off, c.payloadBytes);
+      off += c.payloads.consumed;
+      if (payload === null) return;
+      onRunPayload(s, payload);
       continue;
     }
-    if (c.have > 0 || n - off < FRAME_HEAD) {
-      // Continue (or start) a frame split across reads: collect it in `acc`.
-      if (c.have < FRAME_HEAD) {
-        const k = Math.min(FRAME_HEAD - c.have, n - off);
-        c.acc.set(buf.subarray(off, off + k), c.have);
-        c.have += k;
-        off += k;
-        if (c.have < FRAME_HEAD) return;
-      }
-      const len = 4 + getU32(c.acc, 0);
-      if (!checkLen(s, len, c.acc[4]!)) return;
-      if (c.acc.length < len) {
-        const bigger = new Uint8Array(Math.max(len, Math.min(Math.max(c.maxChunk, c.maxRun), c.acc.length * 2)));
-        bigger.set(c.acc.subarray(0, c.have));
-        c.acc = bigger;
-      }
-      const k = Math.min(len - c.have, n - off);
-      c.acc.set(buf.subarray(off, off + k), c.have);
-      c.have += k;
-      off += k;
-      if (c.have < len) return;
-      c.have = 0;
-      onFrame(rx, s, c.acc.subarray(0, len));
-      continue;
-    }
-    const len = 4 + getU32(buf, off);
-    if (!checkLen(s, len, buf[off + 4]!)) return;
-    if (n - off >= len) {
-      // Whole frame in this read: no copy.
-      onFrame(rx, s, buf.subarray(off, off + len));
-      off += len;
-    } else {
-      if (c.acc.length < len) c.acc = new Uint8Array(len);
-      c.acc.set(buf.subarray(off), 0);
-      c.have = n - off;
-      off = n;
-    }
+    const r = c.frames;
+    const len = r.head(buf, off, FRAME_HEAD, frameBytes);
+    off += r.consumed;
+    if (len < 0 || !checkLen(s, len, r.headBuf[r.headAt + 4]!)) return;
+    const f = r.take(buf, off, len);
+    off += r.consumed;
+    if (f === null) return;
+    onFrame(s, f);
   }
 }
 
@@ -208,57 +173,30 @@ function checkLen(s: Socket<Conn>, len: number, type: number): boolean {
   const max = type === FRAME_RUN ? s.data.maxRun : s.data.maxChunk;
   if (len >= FRAME_HEAD && len <= max) return true;
   // Over the limit is refused as gRPC refuses an oversized message (readMaxBytes), before any of it is buffered.
-  const code = len < FRAME_HEAD ? GrpcCode.INVALID_ARGUMENT : GrpcCode.RESOURCE_EXHAUSTED;
+  const code = len < FRAME_HEAD ? Code.InvalidArgument : Code.ResourceExhausted;
   refuse(s, new KvError(code, `data plane frame of ${len} bytes, ${len < FRAME_HEAD ? `need ≥ ${FRAME_HEAD}` : `limit ${max}`}`));
   return false;
 }
 
-function onFrame(rx: KvReceiver, s: Socket<Conn>, f: Uint8Array): void {
+function onFrame(s: Socket<Conn>, f: Uint8Array): void {
   const c = s.data;
   try {
     const type = f[4]!;
     if (type === FRAME_CHUNK) {
-      if (f.length < FRAME_HEAD + CHUNK_FIXED) throw new KvError(GrpcCode.INVALID_ARGUMENT, `chunk frame of ${f.length} bytes`);
-      const o = FRAME_HEAD;
-      const hl = f[o + 24]! | (f[o + 25]! << 8);
-      const eo = o + CHUNK_FIXED + hl;
-      if (eo > f.length) throw new KvError(GrpcCode.INVALID_ARGUMENT, `chunk frame of ${f.length} bytes, handle of ${hl}`);
-      const ch = c.chunk;
-      setHandle(c, f.subarray(o + CHUNK_FIXED, eo));
-      ch.index = getU32(f, o);
-      ch.total = getU32(f, o + 4);
-      ch.hash = getU64(f, o + 8);
-      ch.kvFormat = getU32(f, o + 16);
-      ch.crc32c = getU32(f, o + 20);
-      ch.envelope = f.subarray(eo);
-      c.session ??= rx.begin(ch.handleId, ch.total);
-      c.session.accept(ch);
+      setHandle(c, decodeChunk(f, c.chunk));
+      c.push.accept(c.chunk);
     } else if (type === FRAME_RUN) {
-      beginRun(rx, c, f);
+      beginRun(c, f);
     } else if (type === FRAME_END) {
-      if (c.session === undefined) throw new KvError(GrpcCode.INVALID_ARGUMENT, "empty push");
-      const s0 = c.session;
-      c.session = undefined;
-      const ack = s0.finish();
-      const r = new Uint8Array(FRAME_HEAD + ACK_BODY);
-      putU32(r, 0, r.length - 4);
-      r[4] = FRAME_ACK;
-      putU32(r, 5, ack.blocksReceived);
-      putU32(r, 9, ack.blocksDeduped);
-      putU64(r, 13, ack.payloadBytes);
-      putU32(r, 21, ack.nTokens);
-      send(s, r);
-      if (c.span?.isRecording()) c.span.setAttributes(ackSpanAttributes(ack));
-      endTrace(c);
+      send(s, encodeAck(c.push.finish()));
     } else if (type === FRAME_TRACE) {
-      if (f.length - FRAME_HEAD > MAX_TRACE_BYTES) throw new KvError(GrpcCode.INVALID_ARGUMENT, `trace frame of ${f.length} bytes, limit ${FRAME_HEAD + MAX_TRACE_BYTES}`);
-      endTrace(c, "a new push began before this one ended");
-      if (tracingEnabled()) c.span = startSpan("kv.transfer", SpanKind.SERVER, decoder.decode(f.subarray(FRAME_HEAD)), TRACE_ATTRS);
+      const traceparent = decodeTrace(f);
+      if (tracingEnabled()) c.push.trace(traceparent, DATA_PLANE_PUSH_ATTRS);
     } else {
-      throw new KvError(GrpcCode.INVALID_ARGUMENT, `unknown data plane frame type ${type}`);
+      throw new KvError(Code.InvalidArgument, `unknown data plane frame type ${type}`);
     }
   } catch (e) {
-    refuse(s, e instanceof KvError ? e : new KvError(GrpcCode.INTERNAL, e instanceof Error ? e.message : String(e)));
+    refuse(s, e);
   }
 }
 
@@ -270,39 +208,31 @@ function setHandle(c: Conn, hb: Uint8Array): void {
 }
 
 /** Checks a RUN frame and keeps its entries; the payloads that follow are onRunPayload's. */
-function beginRun(rx: KvReceiver, c: Conn, f: Uint8Array): void {
-  if (f.length < FRAME_HEAD + RUN_FIXED) throw new KvError(GrpcCode.INVALID_ARGUMENT, `run frame of ${f.length} bytes`);
-  const o = FRAME_HEAD;
-  const first = getU32(f, o);
-  const count = getU32(f, o + 4);
-  const payloadBytes = getU32(f, o + 16);
-  const hl = f[o + 20]! | (f[o + 21]! << 8);
-  const eo = o + RUN_FIXED + hl;
-  if (count < 1 || count > MAX_RUN) throw new KvError(GrpcCode.INVALID_ARGUMENT, `run of ${count} chunks, want 1..${MAX_RUN}`);
-  if (f.length !== eo + count * RUN_ENTRY) {
-    throw new KvError(GrpcCode.INVALID_ARGUMENT, `run frame of ${f.length} bytes, want ${eo + count * RUN_ENTRY} for ${count} chunks and a handle of ${hl}`);
-  }
+function beginRun(c: Conn, f: Uint8Array): void {
+  const run = c.runHead;
+  const handle = decodeRun(f, run);
+  const { count, payloadBytes } = run;
   // Another payload size is another block shape: refused as reader rule 7 refuses it.
-  const shape = rx.pool.shape;
-  if (payloadBytes !== c.payload.length) {
+  if (payloadBytes !== c.payloadBytes) {
+    const shape = c.shape;
     throw new KvError(
-      GrpcCode.FAILED_PRECONDITION,
-      `run of ${payloadBytes}-byte payloads, pool blocks (B=${shape.blockTokens} L=${shape.nLayers} H=${shape.nKvHeads} D=${shape.headDim}) are ${c.payload.length} bytes`,
+      Code.FailedPrecondition,
+      `run of ${payloadBytes}-byte payloads, pool blocks (B=${shape.blockTokens} L=${shape.nLayers} H=${shape.nKvHeads} D=${shape.headDim}) are ${c.payloadBytes} bytes`,
     );
   }
   const ch = c.chunk;
-  setHandle(c, f.subarray(o + RUN_FIXED, eo));
-  ch.index = first;
-  ch.total = getU32(f, o + 8);
-  ch.kvFormat = getU32(f, o + 12);
+  setHandle(c, handle);
+  ch.index = run.first;
+  ch.total = run.total;
+  ch.kvFormat = run.kvFormat;
   // The read buffer goes back to the allocator after this read: the entries are kept.
   const bytes = count * RUN_ENTRY;
   if (c.run.length < bytes) c.run = new Uint8Array(Math.max(bytes, Math.min(MAX_RUN * RUN_ENTRY, c.run.length * 2)));
-  c.run.set(f.subarray(eo), 0);
-  c.session ??= rx.begin(ch.handleId, ch.total);
+  c.run.set(run.entries, 0);
+  c.push.begin(ch.handleId, ch.total);
   c.runNext = 0;
   c.runLeft = count;
-  c.payloadHave = 0;
+  c.payloads.reset();
 }
 
 function onRunPayload(s: Socket<Conn>, payload: Uint8Array): void {
@@ -310,41 +240,24 @@ function onRunPayload(s: Socket<Conn>, payload: Uint8Array): void {
   try {
     const e = c.runNext * RUN_ENTRY;
     const ch = c.chunk;
-    ch.hash = getU64(c.run, e);
-    ch.crc32c = getU32(c.run, e + 8);
-    c.session!.acceptParts(ch, c.run, e + 12, payload, getU32(c.run, e + RUN_ENTRY - 4));
+    ch.hash = runEntryHash(c.run, e);
+    ch.crc32c = runEntryCrc(c.run, e);
+    c.push.acceptParts(ch, c.run, e + RUN_ENTRY_HEAD, payload, runEntryTrailer(c.run, e));
     ch.index++;
     c.runNext++;
     c.runLeft--;
   } catch (err) {
-    refuse(s, err instanceof KvError ? err : new KvError(GrpcCode.INTERNAL, err instanceof Error ? err.message : String(err)));
+    refuse(s, err);
   }
 }
 
 /** Frees the push, answers ERROR, and ignores the connection's input from here on. */
-function refuse(s: Socket<Conn>, e: KvError): void {
-  const c = s.data;
-  c.session?.abort();
-  c.session = undefined;
-  c.refused = true;
-  endTrace(c, e);
-  const msg = encoder.encode(e.message);
-  const r = new Uint8Array(FRAME_HEAD + 4 + msg.length);
-  putU32(r, 0, r.length - 4);
-  r[4] = FRAME_ERROR;
-  putU32(r, 5, e.code);
-  r.set(msg, 9);
-  send(s, r);
+function refuse(s: Socket<Conn>, e: unknown): void {
+  const err = s.data.push.fail(e);
+  s.data.refused = true;
+  send(s, encodeError(err.code, err.message));
   // The client hangs up on ERROR; one that does not is cut loose after a while.
   setTimeout(() => s.end(), 5_000).unref();
-}
-
-const TRACE_ATTRS: Attributes = { "tl.role": "decode", "tl.kv.transport": "data-plane" };
-
-function endTrace(c: Conn, error?: unknown): void {
-  if (c.span === undefined) return;
-  endSpan(c.span, error);
-  c.span = undefined;
 }
 
 function send(s: Socket<Conn>, r: Uint8Array): void {

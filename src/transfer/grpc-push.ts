@@ -13,9 +13,10 @@ import { fromBinary } from "@bufbuild/protobuf";
 import type { Http2SessionManager } from "@connectrpc/connect-node";
 import { KvAckSchema } from "../gen/tl/kv/v1/kv_pb.ts";
 import type { KvAckLike, KvChunkLike } from "./kv-chunk.ts";
-import { GRPC_PREFIX_BYTES, grpcMessageLength, putGrpcPrefix } from "./grpc-prefix.ts";
-import { GrpcCode, TransferError } from "./kv-error.ts";
-import { putU32, putU64 } from "./one-block-envelope.ts";
+import { GRPC_PREFIX_BYTES, grpcMessageLength, grpcStatusOf, putGrpcPrefix } from "../rpc/grpc-wire.ts";
+import { TransferError } from "./kv-error.ts";
+import { Code, codeOfHttpStatus } from "../rpc/status.ts";
+import { putU32, putU64 } from "../codec/index.ts";
 
 const PATH = "/tl.kv.v1.KvTransfer/PushKv";
 const encoder = new TextEncoder();
@@ -54,7 +55,7 @@ function varintBytes(v: number): number {
  * (proto3: zero values omitted, as Connect's encoder does), then field 6's tag and
  * length; the envelope bytes follow it on the wire. Returns the end offset.
  */
-export function encodeChunkHead(b: Uint8Array, o: number, c: KvChunkLike, handle: Uint8Array): number {
+function encodeChunkHead(b: Uint8Array, o: number, c: KvChunkLike, handle: Uint8Array): number {
   const env = c.envelope.length;
   let body = 0;
   if (handle.length > 0) body += 1 + varintBytes(handle.length) + handle.length;
@@ -101,28 +102,6 @@ export function encodeChunkHead(b: Uint8Array, o: number, c: KvChunkLike, handle
   return o;
 }
 
-/** What the gRPC status of a response says, or undefined while it has none. */
-function statusOf(h: http2.IncomingHttpHeaders): { code: number; message: string } | undefined {
-  const s = h["grpc-status"];
-  if (s === undefined) return undefined;
-  const code = Number(Array.isArray(s) ? s[0] : s);
-  const raw = h["grpc-message"];
-  let message = Array.isArray(raw) ? raw[0]! : (raw ?? "");
-  try {
-    message = decodeURIComponent(message);
-  } catch {
-    // not percent-encoded after all: keep it as sent
-  }
-  return { code: Number.isInteger(code) ? code : GrpcCode.UNKNOWN, message };
-}
-
-/** gRPC's mapping of HTTP statuses a proxy may answer with. */
-function codeOfHttp(status: number): number {
-  if (status === 429 || status === 502 || status === 503 || status === 504) return GrpcCode.UNAVAILABLE;
-  if (status === 400) return GrpcCode.INTERNAL;
-  return GrpcCode.UNKNOWN;
-}
-
 /**
  * One PushKv call on `sm`'s connection. Resolves with the ack, or rejects with a
  * TransferError carrying the server's status (a refusal mid-push stops the writes and
@@ -136,7 +115,7 @@ export async function grpcPush(
   opts: GrpcPushOptions,
 ): Promise<KvAckLike> {
   const what = `PushKv to ${target}`;
-  if (opts.signal?.aborted) throw new TransferError(GrpcCode.CANCELLED, `${what}: cancelled`);
+  if (opts.signal?.aborted) throw new TransferError(Code.Canceled, `${what}: cancelled`);
   let stream: http2.ClientHttp2Stream;
   try {
     stream = await sm.request(
@@ -151,7 +130,7 @@ export async function grpcPush(
       {},
     );
   } catch (e) {
-    throw new TransferError(GrpcCode.UNAVAILABLE, `${what}: ${e instanceof Error ? e.message : String(e)}`);
+    throw new TransferError(Code.Unavailable, `${what}: ${e instanceof Error ? e.message : String(e)}`);
   }
 
   // The outcome: the first of a status from the server, a local stop (deadline, cancel,
@@ -175,15 +154,15 @@ export async function grpcPush(
   stream.on("response", (h) => {
     httpStatus = Number(h[":status"] ?? 0);
     // A trailers-only response (an immediate refusal) carries its status in the headers.
-    const st = statusOf(h);
+    const st = grpcStatusOf(h);
     if (st !== undefined) finishWith(st);
-    else if (httpStatus !== 200) stop(new TransferError(codeOfHttp(httpStatus), `${what}: HTTP status ${httpStatus}`));
+    else if (httpStatus !== 200) stop(new TransferError(codeOfHttpStatus(httpStatus), `${what}: HTTP status ${httpStatus}`));
   });
   stream.on("data", (buf: Uint8Array) => {
     sm.notifyResponseByteRead(stream);
     if (reply !== undefined) return;
     if (rx.length + buf.length > opts.maxReplyBytes + 5) {
-      stop(new TransferError(GrpcCode.RESOURCE_EXHAUSTED, `${what}: reply over ${opts.maxReplyBytes} bytes`));
+      stop(new TransferError(Code.ResourceExhausted, `${what}: reply over ${opts.maxReplyBytes} bytes`));
       return;
     }
     const joined = new Uint8Array(rx.length + buf.length);
@@ -193,13 +172,13 @@ export async function grpcPush(
     if (rx.length < GRPC_PREFIX_BYTES) return;
     const len = grpcMessageLength(rx, 0);
     if (rx[0] !== 0) {
-      stop(new TransferError(GrpcCode.INTERNAL, `${what}: compressed reply (flags ${rx[0]})`));
+      stop(new TransferError(Code.Internal, `${what}: compressed reply (flags ${rx[0]})`));
       return;
     }
     if (rx.length >= GRPC_PREFIX_BYTES + len) reply = rx.subarray(GRPC_PREFIX_BYTES, GRPC_PREFIX_BYTES + len);
   });
   stream.on("trailers", (h) => {
-    const st = statusOf(h);
+    const st = grpcStatusOf(h);
     if (st !== undefined) finishWith(st);
   });
   // Errors surface as the close below (or as the status already decided).
@@ -208,14 +187,14 @@ export async function grpcPush(
     if (outcome !== undefined) return;
     // Not our own cancel (that decided already): the connection or the peer broke, which
     // callers retry elsewhere.
-    decide(new TransferError(GrpcCode.UNAVAILABLE, `${what}: stream closed without a status (HTTP/2 code ${stream.rstCode ?? 0})`));
+    decide(new TransferError(Code.Unavailable, `${what}: stream closed without a status (HTTP/2 code ${stream.rstCode ?? 0})`));
   });
 
   function finishWith(st: { code: number; message: string }): void {
     if (st.code !== 0) {
       decide(new TransferError(st.code, `${what}: ${st.message}`));
     } else if (reply === undefined) {
-      decide(new TransferError(GrpcCode.INTERNAL, `${what}: status OK without a reply`));
+      decide(new TransferError(Code.Internal, `${what}: status OK without a reply`));
     } else {
       try {
         const ack = fromBinary(KvAckSchema, reply);
@@ -227,7 +206,7 @@ export async function grpcPush(
           nTokens: ack.nTokens,
         });
       } catch (e) {
-        decide(new TransferError(GrpcCode.INTERNAL, `${what}: bad reply: ${e instanceof Error ? e.message : String(e)}`));
+        decide(new TransferError(Code.Internal, `${what}: bad reply: ${e instanceof Error ? e.message : String(e)}`));
       }
     }
     // A refusal may arrive while our side is still open: reset it, we are done.
@@ -235,17 +214,17 @@ export async function grpcPush(
   }
 
   const timer = setTimeout(
-    () => stop(new TransferError(GrpcCode.DEADLINE_EXCEEDED, `${what}: no answer within ${opts.timeoutMs} ms`)),
+    () => stop(new TransferError(Code.DeadlineExceeded, `${what}: no answer within ${opts.timeoutMs} ms`)),
     opts.timeoutMs,
   );
-  const onAbort = () => stop(new TransferError(GrpcCode.CANCELLED, `${what}: cancelled`));
+  const onAbort = () => stop(new TransferError(Code.Canceled, `${what}: cancelled`));
   opts.signal?.addEventListener("abort", onAbort, { once: true });
   try {
     const writing = writeChunks(stream, chunks, () => outcome !== undefined).then(
       (complete) => {
         if (complete && outcome === undefined) stream.end();
       },
-      (e: unknown) => stop(new TransferError(GrpcCode.INTERNAL, `${what}: ${e instanceof Error ? e.message : String(e)}`)),
+      (e: unknown) => stop(new TransferError(Code.Internal, `${what}: ${e instanceof Error ? e.message : String(e)}`)),
     );
     // A slow producer does not hold up an outcome that is already decided.
     await Promise.race([writing, settled]);

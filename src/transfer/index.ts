@@ -1,11 +1,13 @@
 export { KvReceiver, PushSession, type KvReceiverOptions, type ClaimedHandle } from "./kv-receiver.ts";
+export { acceptAll, PushDriver, toKvError } from "./push-driver.ts";
 export { kvService, kvMessageLimit, type KvServiceOptions } from "./kv-service.ts";
 export { serveKv, type ServeKvOptions, type KvServer } from "./kv-server.ts";
 export { serveDataPlane, type DataPlaneServer } from "./data-plane-server.ts";
 export { DataPlaneClient, type DataPlaneClientOptions } from "./data-plane-client.ts";
-export { GrpcTransport, type GrpcTransportOptions } from "./grpc-transport.ts";
-export type { KvTransport } from "./kv-transport.ts";
+export { RoutingTransport, type RoutingTransportOptions } from "./routing-transport.ts";
+export type { BlockPresence, KvTransport, PushOptions, PushRoute } from "./kv-transport.ts";
 export { buildChunks, chunkSlabBytes, poolChunks, PoolChunk } from "./build-chunks.ts";
 export { transfer, type TransferStats } from "./transfer.ts";
-export { KV_FORMAT, type KvChunkLike, type KvAckLike } from "./kv-chunk.ts";
-export { KvError, TransferError, GrpcCode, grpcCodeName } from "./kv-error.ts";
+export type { KvChunkLike, KvAckLike } from "./kv-chunk.ts";
+export { KV_FORMAT } from "../codec/index.ts";
+export { KvError, TransferError } from "./kv-error.ts";

@@ -1,30 +1,7 @@
-// The decode side's receiver and the prefill side's transfer are kept free of Connect
-// so they can be driven by either transport (gRPC or the binary data plane); they
-// speak gRPC status numbers, which equal Connect's `Code` values.
-
-/** gRPC status codes used by the KV transfer paths. */
-export const GrpcCode = {
-  CANCELLED: 1,
-  UNKNOWN: 2,
-  INVALID_ARGUMENT: 3,
-  DEADLINE_EXCEEDED: 4,
-  NOT_FOUND: 5,
-  ALREADY_EXISTS: 6,
-  RESOURCE_EXHAUSTED: 8,
-  FAILED_PRECONDITION: 9,
-  ABORTED: 10,
-  INTERNAL: 13,
-  UNAVAILABLE: 14,
-  DATA_LOSS: 15,
-} as const;
-
-const NAMES: Record<number, string> = Object.fromEntries(
-  Object.entries(GrpcCode).map(([k, v]) => [v, k]),
-);
-
-export function grpcCodeName(code: number): string {
-  return NAMES[code] ?? `CODE_${code}`;
-}
+// The decode side's receiver and the prefill side's transfer speak gRPC status codes
+// (Connect's `Code`, src/rpc/status.ts) whichever transport carries them: gRPC or the
+// binary data plane.
+import { Code, codeName } from "../rpc/status.ts";
 
 /** A refusal by the decode side's receiver. */
 export class KvError extends Error {
@@ -35,6 +12,17 @@ export class KvError extends Error {
   ) {
     super(message);
   }
+
+  /** `e` as a refusal: itself, or INTERNAL with its message (a bug, not a verdict). */
+  static from(e: unknown): KvError {
+    return e instanceof KvError ? e : new KvError(Code.Internal, e instanceof Error ? e.message : String(e));
+  }
+}
+
+/** `e` as a failed transfer: a TransferError as it is, anything else INTERNAL naming `what`. */
+export function transferError(e: unknown, what: string): TransferError {
+  if (e instanceof TransferError) return e;
+  return new TransferError(Code.Internal, `${what}: ${e instanceof Error ? e.message : String(e)}`);
 }
 
 /** A failed transfer on the prefill side; `code` is the gRPC status the peer (or the transport) reported. */
@@ -44,14 +32,6 @@ export class TransferError extends Error {
     readonly code: number,
     message: string,
   ) {
-    super(`${grpcCodeName(code)}: ${message}`);
+    super(`${codeName(code)}: ${message}`);
   }
-}
-
-export function hex32(v: number): string {
-  return "0x" + (v >>> 0).toString(16).padStart(8, "0");
-}
-
-export function hex64(v: bigint): string {
-  return "0x" + v.toString(16).padStart(16, "0");
 }

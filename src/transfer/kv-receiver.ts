@@ -1,9 +1,25 @@
 import assert from "node:assert";
-import { chunkRecordHash, crc32c, EnvError, readEnvelope, type EnvelopeRecord } from "../codec/index.ts";
+import {
+  chunkRecordHash,
+  crc32c,
+  crc32cExtendU32,
+  ENVELOPE_HEAD_BYTES,
+  EnvelopeCrc,
+  envelopeHeadCrc,
+  EnvError,
+  type EnvelopeRecord,
+  hex32,
+  hex64,
+  joinEnvelope,
+  KV_FORMAT,
+  oneBlockRecord,
+  oneBlockRecordParts,
+  readEnvelope,
+} from "../codec/index.ts";
 import type { KvPool } from "../pool/index.ts";
-import { KV_FORMAT, type KvAckLike, type KvChunkLike } from "./kv-chunk.ts";
-import { GrpcCode, hex32, hex64, KvError } from "./kv-error.ts";
-import { crc32cExtendU32, ENVELOPE_HEAD_BYTES, EnvelopeCrc, getU32, joinEnvelope, oneBlockRecord, oneBlockRecordParts } from "./one-block-envelope.ts";
+import type { KvAckLike, KvChunkLike } from "./kv-chunk.ts";
+import { KvError } from "./kv-error.ts";
+import { Code } from "../rpc/status.ts";
 
 export interface KvReceiverOptions {
   /** A handle (or a push in flight) not claimed or released within this is freed; default 60 000. */
@@ -80,17 +96,17 @@ export class KvReceiver {
   /** Opens a push (on its first chunk). Refuses a handle id pending or in flight, or one push too many. */
   begin(handleId: string, total: number): PushSession {
     this.sweep();
-    if (handleId === "") throw new KvError(GrpcCode.INVALID_ARGUMENT, "empty handle_id");
-    if (!(Number.isInteger(total) && total >= 1)) throw new KvError(GrpcCode.INVALID_ARGUMENT, `total ${total} must be ≥ 1`);
+    if (handleId === "") throw new KvError(Code.InvalidArgument, "empty handle_id");
+    if (!(Number.isInteger(total) && total >= 1)) throw new KvError(Code.InvalidArgument, `total ${total} must be ≥ 1`);
     if (this.held.has(handleId) || this.inflight.has(handleId)) {
-      throw new KvError(GrpcCode.ALREADY_EXISTS, `handle ${handleId} is already ${this.held.has(handleId) ? "pending" : "being pushed"}`);
+      throw new KvError(Code.AlreadyExists, `handle ${handleId} is already ${this.held.has(handleId) ? "pending" : "being pushed"}`);
     }
     if (this.inflight.size >= this.maxInFlight) {
-      throw new KvError(GrpcCode.RESOURCE_EXHAUSTED, `${this.inflight.size} pushes in flight, max ${this.maxInFlight}`);
+      throw new KvError(Code.ResourceExhausted, `${this.inflight.size} pushes in flight, max ${this.maxInFlight}`);
     }
     if (this.held.size + this.inflight.size >= this.maxPending) {
       throw new KvError(
-        GrpcCode.RESOURCE_EXHAUSTED,
+        Code.ResourceExhausted,
         `${this.held.size} handles pending + ${this.inflight.size} in flight, max ${this.maxPending}`,
       );
     }
@@ -98,22 +114,6 @@ export class KvReceiver {
     this.inflight.set(handleId, s);
     this.nextSweep = Math.min(this.nextSweep, s.deadline);
     return s;
-  }
-
-  /** A whole push at once: every chunk, then the end. On a refusal nothing stays taken. */
-  acceptAll(chunks: Iterable<KvChunkLike>): KvAckLike {
-    let s: PushSession | undefined;
-    try {
-      for (const c of chunks) {
-        s ??= this.begin(c.handleId, c.total);
-        s.accept(c);
-      }
-      if (s === undefined) throw new KvError(GrpcCode.INVALID_ARGUMENT, "empty push");
-      return s.finish();
-    } catch (e) {
-      s?.abort();
-      throw e;
-    }
   }
 
   /** Hands the handle's references to the caller (who must release them), or null if unknown or expired. */
@@ -236,10 +236,7 @@ export class PushSession {
    */
   acceptParts(c: ChunkFields, head: Uint8Array, h: number, payload: Uint8Array, trailer: number): void {
     this.checkChunk(c);
-    // The 40 head bytes by table, ten u32 steps: a native call and a view per block cost more.
-    let headCrc = 0;
-    for (let o = h; o < h + ENVELOPE_HEAD_BYTES; o += 4) headCrc = crc32cExtendU32(headCrc, getU32(head, o));
-    const inner = crc32c(payload, headCrc);
+    const inner = crc32c(payload, envelopeHeadCrc(head, h));
     this.checkCrc(c, crc32cExtendU32(inner, trailer));
     const rec = oneBlockRecordParts(head, h, payload, trailer, this.rx.pool.shape, inner);
     this.importRecord(c, rec ?? this.slowRecord(c, joinEnvelope(head, h, payload, trailer)), ENVELOPE_HEAD_BYTES + payload.length + 4);
@@ -247,28 +244,28 @@ export class PushSession {
 
   private checkChunk(c: ChunkFields): void {
     if (this.state !== "open") {
-      throw new KvError(GrpcCode.ABORTED, `push ${this.handleId} is ${this.state === "done" ? "finished" : "aborted (expired)"}`);
+      throw new KvError(Code.Aborted, `push ${this.handleId} is ${this.state === "done" ? "finished" : "aborted (expired)"}`);
     }
     if (c.handleId !== this.handleId) {
-      throw new KvError(GrpcCode.INVALID_ARGUMENT, `chunk ${c.index}: handle ${c.handleId}, push is ${this.handleId}`);
+      throw new KvError(Code.InvalidArgument, `chunk ${c.index}: handle ${c.handleId}, push is ${this.handleId}`);
     }
-    if (c.total !== this.total) throw new KvError(GrpcCode.INVALID_ARGUMENT, `chunk ${c.index}: total ${c.total}, push has ${this.total}`);
-    if (c.index !== this.next) throw new KvError(GrpcCode.INVALID_ARGUMENT, `chunk index ${c.index}, want ${this.next}`);
+    if (c.total !== this.total) throw new KvError(Code.InvalidArgument, `chunk ${c.index}: total ${c.total}, push has ${this.total}`);
+    if (c.index !== this.next) throw new KvError(Code.InvalidArgument, `chunk index ${c.index}, want ${this.next}`);
     checkFormat(c.kvFormat);
     // Only the last block may be partial: a hashless block mid-push would shift every later token.
-    if (c.hash === 0n && c.index !== this.total - 1) throw new KvError(GrpcCode.INVALID_ARGUMENT, `chunk ${c.index} of ${this.total}: hash 0 before the last chunk`);
+    if (c.hash === 0n && c.index !== this.total - 1) throw new KvError(Code.InvalidArgument, `chunk ${c.index} of ${this.total}: hash 0 before the last chunk`);
   }
 
   private checkCrc(c: ChunkFields, got: number): void {
-    if (got !== c.crc32c >>> 0) throw new KvError(GrpcCode.DATA_LOSS, `chunk ${c.index}: crc mismatch: got ${hex32(got)}, want ${hex32(c.crc32c)}`);
+    if (got !== c.crc32c >>> 0) throw new KvError(Code.DataLoss, `chunk ${c.index}: crc mismatch: got ${hex32(got)}, want ${hex32(c.crc32c)}`);
   }
 
   /** A present block (empty envelope): a reference on D's cached copy. */
   private takeCached(c: ChunkFields): void {
-    if (c.hash === 0n) throw new KvError(GrpcCode.INVALID_ARGUMENT, `chunk ${c.index}: empty envelope without a hash`);
+    if (c.hash === 0n) throw new KvError(Code.InvalidArgument, `chunk ${c.index}: empty envelope without a hash`);
     const pool = this.rx.pool;
     const id = pool.lookup(c.hash);
-    if (id < 0) throw new KvError(GrpcCode.NOT_FOUND, `chunk ${c.index}: block ${hex64(c.hash)} no longer held`);
+    if (id < 0) throw new KvError(Code.NotFound, `chunk ${c.index}: block ${hex64(c.hash)} no longer held`);
     pool.acquire(id);
     this.take(id, c.hash, pool.shape.blockTokens);
     this.deduped++;
@@ -279,7 +276,7 @@ export class PushSession {
     try {
       const env = readEnvelope(envelope, this.rx.pool.shape);
       if (env.records.length !== 1) {
-        throw new KvError(GrpcCode.INVALID_ARGUMENT, `chunk ${c.index}: envelope holds ${env.records.length} blocks, want 1`);
+        throw new KvError(Code.InvalidArgument, `chunk ${c.index}: envelope holds ${env.records.length} blocks, want 1`);
       }
       return env.records[0]!;
     } catch (e) {
@@ -294,16 +291,16 @@ export class PushSession {
     const hash = chunkRecordHash(c.hash, rec, B);
     if (hash === null) {
       throw new KvError(
-        GrpcCode.DATA_LOSS,
+        Code.DataLoss,
         `chunk ${c.index}: record hash ${hex64(rec.hash)} (fill ${rec.nTokens}) disagrees with chunk hash ${hex64(c.hash)}`,
       );
     }
     if (hash !== 0n && rec.nTokens !== B) {
-      throw new KvError(GrpcCode.DATA_LOSS, `chunk ${c.index}: hash ${hex64(hash)} on a partial block (fill ${rec.nTokens})`);
+      throw new KvError(Code.DataLoss, `chunk ${c.index}: hash ${hex64(hash)} on a partial block (fill ${rec.nTokens})`);
     }
     // One write of the block (no zeroing first); slots past a partial fill come out zero.
     const id = pool.importBlock(rec.payload, rec.nTokens);
-    if (id < 0) throw new KvError(GrpcCode.RESOURCE_EXHAUSTED, `chunk ${c.index}: no free block (${pool.used} of ${pool.total} in use)`);
+    if (id < 0) throw new KvError(Code.ResourceExhausted, `chunk ${c.index}: no free block (${pool.used} of ${pool.total} in use)`);
     // Named only when the push is accepted (finish): a refused push must leave D's
     // cache as it was, so its copies go back free, not cached.
     this.take(id, hash, rec.nTokens);
@@ -321,11 +318,11 @@ export class PushSession {
   /** Ends a push that saw all `total` chunks; any other end is a refusal, thrown with every block already freed. */
   finish(): KvAckLike {
     if (this.state !== "open") {
-      throw new KvError(GrpcCode.ABORTED, `push ${this.handleId} is ${this.state === "done" ? "finished" : "aborted (expired)"}`);
+      throw new KvError(Code.Aborted, `push ${this.handleId} is ${this.state === "done" ? "finished" : "aborted (expired)"}`);
     }
     if (this.next !== this.total) {
       this.abort();
-      throw new KvError(GrpcCode.INVALID_ARGUMENT, `push ${this.handleId} ended after ${this.next} of ${this.total} chunks`);
+      throw new KvError(Code.InvalidArgument, `push ${this.handleId} ended after ${this.next} of ${this.total} chunks`);
     }
     this.state = "done";
     // Full blocks are the leading ones. A hash another block owns meanwhile (a
@@ -358,5 +355,5 @@ export class PushSession {
 }
 
 function checkFormat(kvFormat: number): void {
-  if (kvFormat !== KV_FORMAT) throw new KvError(GrpcCode.FAILED_PRECONDITION, `kv_format ${kvFormat} not spoken, this engine speaks ${KV_FORMAT}`);
+  if (kvFormat !== KV_FORMAT) throw new KvError(Code.FailedPrecondition, `kv_format ${kvFormat} not spoken, this engine speaks ${KV_FORMAT}`);
 }

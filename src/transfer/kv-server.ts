@@ -1,4 +1,4 @@
-import { serveGrpc } from "../control/grpc-server.ts";
+import { type PeerCheck, serveGrpc } from "../rpc/index.ts";
 import { KvTransfer } from "../gen/tl/kv/v1/kv_pb.ts";
 import { serveDataPlane, type DataPlaneServer } from "./data-plane-server.ts";
 import type { KvReceiver } from "./kv-receiver.ts";
@@ -16,6 +16,8 @@ export interface ServeKvOptions {
   dataPlanePort?: number;
   /** Advertise this host:port instead of the data plane's own (a proxy or NAT in front of it). */
   advertiseDataPlane?: string;
+  /** Who may call KvTransfer's methods (rpc/grpc-server.ts PeerCheck); every caller when omitted. */
+  peerCheck?: PeerCheck;
 }
 
 export interface KvServer {
@@ -41,6 +43,7 @@ export async function serveKv(receiver: KvReceiver, opts: ServeKvOptions = {}): 
       maxMessageBytes: kvMessageLimit(receiver),
       // Plain gRPC PushKv, the hot path, is parsed in place; Connect answers the rest.
       intercept: pushKvHandler(receiver, kvMessageLimit(receiver)),
+      ...(opts.peerCheck ? { peerCheck: opts.peerCheck } : {}),
     });
     return {
       address: srv.address,

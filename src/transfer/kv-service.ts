@@ -1,10 +1,10 @@
 import { Code, ConnectError, type HandlerContext, type ServiceImpl } from "@connectrpc/connect";
 import { envelopeBytes } from "../codec/index.ts";
 import { KvTransfer, type KvChunk } from "../gen/tl/kv/v1/kv_pb.ts";
-import { endSpan, extractHeaders, SpanKind, startSpan, type Attributes } from "../obs/index.ts";
-import { ackSpanAttributes } from "./kv-chunk.ts";
-import { GrpcCode, KvError } from "./kv-error.ts";
-import type { KvReceiver, PushSession } from "./kv-receiver.ts";
+import { extractHeaders } from "../obs/index.ts";
+import { KvError } from "./kv-error.ts";
+import type { KvReceiver } from "./kv-receiver.ts";
+import { GRPC_PUSH_ATTRS, PushDriver, toKvError } from "./push-driver.ts";
 
 export interface KvServiceOptions {
   /** host:port of a binary data plane for this receiver, advertised in HasBlocksResponse; "" for none. */
@@ -20,30 +20,25 @@ export function kvService(receiver: KvReceiver, opts: KvServiceOptions = {}): Se
       try {
         return { present: receiver.hasBlocks(req.hashes, req.kvFormat), dataPlaneAddress: dataPlane() };
       } catch (e) {
-        throw toConnectError(e);
+        throw toConnectError(toKvError(e));
       }
     },
     async pushKv(chunks: AsyncIterable<KvChunk>, ctx: HandlerContext) {
-      let s: PushSession | undefined;
+      const push = new PushDriver(receiver);
       // Child of P's kv.transfer CLIENT span, named by the `traceparent` metadata.
-      const span = startSpan("kv.transfer", SpanKind.SERVER, extractHeaders(ctx.requestHeader), PUSH_ATTRS);
+      push.trace(extractHeaders(ctx.requestHeader), GRPC_PUSH_ATTRS);
+      let handleId = "";
       try {
         for await (const c of chunks) {
-          s ??= receiver.begin(c.handleId, c.total);
-          s.accept(c);
+          if (handleId === "") handleId = c.handleId;
+          push.accept(c);
         }
         // With Connect on Bun and Node a client that aborts mid-stream can end the
         // loop above normally; the abort shows only here (and in the count).
-        if (ctx.signal.aborted) throw new KvError(GrpcCode.CANCELLED, `push ${s?.handleId ?? ""} cancelled by the client`);
-        if (s === undefined) throw new KvError(GrpcCode.INVALID_ARGUMENT, "empty push");
-        const ack = s.finish();
-        if (span.isRecording()) span.setAttributes(ackSpanAttributes(ack));
-        endSpan(span);
-        return ack;
+        if (ctx.signal.aborted) throw new KvError(Code.Canceled, `push ${handleId} cancelled by the client`);
+        return push.finish();
       } catch (e) {
-        s?.abort();
-        endSpan(span, e);
-        throw toConnectError(e);
+        throw toConnectError(push.fail(e));
       }
     },
     release(req) {
@@ -52,12 +47,8 @@ export function kvService(receiver: KvReceiver, opts: KvServiceOptions = {}): Se
   };
 }
 
-/** The decode side's kv.transfer span of a gRPC PushKv, whichever handler serves it. */
-export const PUSH_ATTRS: Attributes = { "tl.role": "decode", "tl.kv.transport": "grpc", "rpc.system": "grpc", "rpc.service": "tl.kv.v1.KvTransfer", "rpc.method": "PushKv" };
-
-function toConnectError(e: unknown): ConnectError {
-  if (e instanceof KvError) return new ConnectError(e.message, e.code as Code);
-  return ConnectError.from(e, Code.Internal);
+function toConnectError(e: KvError): ConnectError {
+  return new ConnectError(e.message, e.code as Code);
 }
 
 /**

@@ -1,13 +1,25 @@
 import type { KvAckLike, KvChunkLike } from "./kv-chunk.ts";
 
 /**
+ * The path a push to a decode engine takes, chosen from its HasBlocks answer: gRPC
+ * PushKv at its KvTransfer address, or the binary data plane it advertised.
+ */
+export type PushRoute = { readonly target: string; readonly via: "grpc" } | { readonly target: string; readonly via: "data-plane"; readonly address: string };
+
+/** What D answers to HasBlocks: which hashes it holds, and the route a push to it takes. */
+export interface BlockPresence {
+  present: boolean[];
+  route: PushRoute;
+}
+
+/**
  * How the prefill side reaches a decode engine's KvTransfer. Implementations throw
  * TransferError (with the gRPC code) on every failure.
  */
 export interface KvTransport {
-  hasBlocks(target: string, hashes: readonly bigint[], kvFormat: number): Promise<boolean[]>;
-  /** One whole push; `signal` abandons it (D frees what it took). */
-  push(target: string, chunks: readonly KvChunkLike[] | AsyncIterable<KvChunkLike>, opts?: PushOptions): Promise<KvAckLike>;
+  hasBlocks(target: string, hashes: readonly bigint[], kvFormat: number): Promise<BlockPresence>;
+  /** One whole push along `route` (from hasBlocks); `signal` abandons it (D frees what it took). */
+  push(route: PushRoute, chunks: readonly KvChunkLike[] | AsyncIterable<KvChunkLike>, opts?: PushOptions): Promise<KvAckLike>;
   /** Frees a handle D holds for a push whose caller is gone; false when D does not hold it. Optional. */
   release?(target: string, handleId: string): Promise<boolean>;
   /** Closes every cached connection. */

@@ -1,9 +1,9 @@
+import { KV_FORMAT } from "../codec/index.ts";
 import type { KvPool } from "../pool/index.ts";
 import { chunkSlabBytes, poolChunks } from "./build-chunks.ts";
-import { KV_FORMAT } from "./kv-chunk.ts";
-import { GrpcCode, TransferError } from "./kv-error.ts";
+import { transferError } from "./kv-error.ts";
+import { Code } from "../rpc/status.ts";
 import type { KvTransport } from "./kv-transport.ts";
-import { toTransferError } from "./grpc-transport.ts";
 
 export interface TransferStats {
   /** envelopes D imported */
@@ -56,7 +56,7 @@ export async function transfer(
   const pushOpts = traceparent === undefined ? undefined : { traceparent };
   let slab: Uint8Array | undefined;
   try {
-    const present = await transport.hasBlocks(target, hashes, KV_FORMAT);
+    const { present, route } = await transport.hasBlocks(target, hashes, KV_FORMAT);
     const all = present.map(() => false);
     // Taken only when the transport asks for envelope bytes (gRPC); the data plane
     // writes them from the pool into its send buffer. Sized for the resend too, which
@@ -64,11 +64,11 @@ export async function transfer(
     const getSlab = () => (slab ??= takeSlab(chunkSlabBytes(pool, ids.length, hashes.length, all)));
     let ack;
     try {
-      ack = await transport.push(target, poolChunks(pool, handleId, ids, hashes, present, getSlab), pushOpts);
+      ack = await transport.push(route, poolChunks(pool, handleId, ids, hashes, present, getSlab), pushOpts);
     } catch (e) {
-      const err = toTransferError(e, `push ${handleId}`);
-      if (err.code !== GrpcCode.NOT_FOUND) throw err;
-      ack = await transport.push(target, poolChunks(pool, handleId, ids, hashes, all, getSlab), pushOpts);
+      const err = transferError(e, `push ${handleId}`);
+      if (err.code !== Code.NotFound) throw err;
+      ack = await transport.push(route, poolChunks(pool, handleId, ids, hashes, all, getSlab), pushOpts);
     }
     return {
       blocksSent: ack.blocksReceived,
@@ -77,7 +77,7 @@ export async function transfer(
       nTokens: ack.nTokens,
     };
   } catch (e) {
-    throw e instanceof TransferError ? e : toTransferError(e, `transfer ${handleId} to ${target}`);
+    throw transferError(e, `transfer ${handleId} to ${target}`);
   } finally {
     pool.releaseAll(ids);
     if (slab !== undefined) giveSlab(slab);

@@ -2,11 +2,12 @@ import { afterAll, expect, test } from "bun:test";
 import { createServer } from "node:net";
 import { ConfigError, parseArgs } from "../../src/cli/options.ts";
 import { Role } from "../../src/gen/tl/control/v1/control_pb.ts";
-import { GrpcTransport } from "../../src/transfer/index.ts";
+import { RoutingTransport } from "../../src/transfer/index.ts";
+import { dataPlaneOf } from "../transfer/harness.ts";
 import { startTestCluster, type TestCluster } from "../support/nodes.ts";
 
 const clusters: TestCluster[] = [];
-const transport = new GrpcTransport();
+const transport = new RoutingTransport();
 afterAll(async () => {
   await transport.close();
   await Promise.all(clusters.map((c) => c.stop()));
@@ -44,8 +45,7 @@ test("advertise_host_reaches_the_registry_and_the_data_plane", async () => {
   expect(portOf(d.httpAddress)).toBe(portOf(decode.httpAddress));
   expect(live.find((w) => w.status.role === Role.PREFILL)!.status.kvAddress).toBe("");
 
-  await transport.hasBlocks(d.kvAddress, [], 1);
-  expect(transport.dataPlaneOf(d.kvAddress)).toMatch(/^localhost:[1-9]\d*$/);
+  expect(await dataPlaneOf(transport, d.kvAddress)).toMatch(/^localhost:[1-9]\d*$/);
 
   // The advertised addresses carry real traffic: a request served across both engines.
   const res = await fetch(`http://${c.gateway.httpAddress}/v1/completions`, {
@@ -61,8 +61,7 @@ test("advertise_host_reaches_the_registry_and_the_data_plane", async () => {
   const fixed = await startTestCluster({ decode: 1, intervalMs: 500, node: { advertiseHost: "localhost", kvDataPort: dataPort } });
   clusters.push(fixed);
   const fk = fixed.gateway.registry.live()[0]!.status.kvAddress;
-  await transport.hasBlocks(fk, [], 1);
-  expect(transport.dataPlaneOf(fk)).toBe(`localhost:${dataPort}`);
+  expect(await dataPlaneOf(transport, fk)).toBe(`localhost:${dataPort}`);
 });
 
 test("advertise_host_option_values", () => {

@@ -6,12 +6,12 @@ import {
   Heartbeat,
   beatOnce,
   newBeatState,
-  serveGrpc,
   workerStatus,
   type WorkerIdentity,
   type WorkerLoad,
 } from "../../src/control/index.ts";
 import { RegistryService, WorkerRegistry } from "../../src/gateway/index.ts";
+import { serveGrpc } from "../../src/rpc/index.ts";
 import { Role } from "../../src/gen/tl/control/v1/control_pb.ts";
 import { codeOf, eventually } from "./fake-registry.ts";
 

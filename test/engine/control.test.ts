@@ -2,7 +2,7 @@ import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { create } from "@bufbuild/protobuf";
 import { Code, ConnectError } from "@connectrpc/connect";
 import { startEngineNode, type EngineNode } from "../../src/cli/engine-node.ts";
-import { grpcClient } from "../../src/control/index.ts";
+import { grpcClient } from "../../src/rpc/index.ts";
 import { EngineControl, PrefillRequestSchema } from "../../src/gen/tl/engine/v1/engine_pb.ts";
 import { FakeRunner } from "../support/fake-runner.ts";
 import { fakeServedModel } from "../support/nodes.ts";

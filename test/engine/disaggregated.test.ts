@@ -1,7 +1,7 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { create } from "@bufbuild/protobuf";
 import { startEngineNode, type EngineNode } from "../../src/cli/engine-node.ts";
-import { grpcClient } from "../../src/control/index.ts";
+import { grpcClient } from "../../src/rpc/index.ts";
 import { EngineControl, PrefillRequestSchema } from "../../src/gen/tl/engine/v1/engine_pb.ts";
 import { DRAWS_HEADER, FIRST_TOKEN_HEADER, HANDLE_HEADER } from "../../src/http/index.ts";
 import { fakeServedModel, sseEvents } from "../support/nodes.ts";

@@ -9,8 +9,9 @@ import { expect, test } from "bun:test";
 import fc from "fast-check";
 import { crc32c, envelopeBytes, EnvError, readEnvelope, writeEnvelope, type EnvelopeRecord, type KvShape } from "../../src/codec/index.ts";
 import { KvPool } from "../../src/pool/index.ts";
-import { buildChunks, GrpcCode, grpcCodeName, KvError, KvReceiver, type KvChunkLike, type PushSession } from "../../src/transfer/index.ts";
-import { ENVELOPE_HEAD_BYTES } from "../../src/transfer/one-block-envelope.ts";
+import { Code, codeName } from "../../src/rpc/status.ts";
+import { acceptAll, buildChunks, KvError, KvReceiver, type KvChunkLike, type PushSession } from "../../src/transfer/index.ts";
+import { ENVELOPE_HEAD_BYTES } from "../../src/codec/index.ts";
 import { fakePrefill, fakePrompt } from "../support/fake-model.ts";
 
 const RUNS = Number(process.env.TL_FUZZ_RUNS ?? 100_000);
@@ -377,23 +378,23 @@ function applyEdit(chunks: KvChunkLike[], e: ChunkEdit): KvChunkLike[] {
  * null when the push must be accepted. No eviction can happen: D has room for every block.
  */
 function judgePush(chunks: readonly KvChunkLike[], d: KvPool, pendingIds: Set<string>, ended: boolean): Set<number> | null {
-  const IA = GrpcCode.INVALID_ARGUMENT;
+  const IA = Code.InvalidArgument;
   const first = chunks[0]!;
   const begin = new Set<number>();
   if (first.handleId === "" || !(first.total >= 1)) begin.add(IA);
-  else if (pendingIds.has(first.handleId)) begin.add(GrpcCode.ALREADY_EXISTS);
+  else if (pendingIds.has(first.handleId)) begin.add(Code.AlreadyExists);
   if (begin.size > 0) return begin;
   const { handleId, total } = first;
   for (let k = 0; k < chunks.length; k++) {
     const c = chunks[k]!;
     const why = new Set<number>();
     if (c.handleId !== handleId || c.total !== total || c.index !== k) why.add(IA);
-    if (c.kvFormat !== 1) why.add(GrpcCode.FAILED_PRECONDITION);
+    if (c.kvFormat !== 1) why.add(Code.FailedPrecondition);
     if (c.hash === 0n && c.index !== total - 1) why.add(IA);
     if (crc32c(c.envelope) !== c.crc32c) why.add(DATA_LOSS);
     if (c.envelope.length === 0) {
       if (c.hash === 0n) why.add(IA);
-      else if (d.lookup(c.hash) < 0) why.add(GrpcCode.NOT_FOUND);
+      else if (d.lookup(c.hash) < 0) why.add(Code.NotFound);
     } else {
       const v = judgeEnvelope(c.envelope, d.shape);
       if (!v.ok) why.add(v.code);
@@ -406,7 +407,7 @@ function judgePush(chunks: readonly KvChunkLike[], d: KvPool, pendingIds: Set<st
     }
     if (why.size > 0) return why;
   }
-  if (!ended) return new Set([GrpcCode.CANCELLED]); // the client went away: refused (we abort it ourselves)
+  if (!ended) return new Set([Code.Canceled]); // the client went away: refused (we abort it ourselves)
   if (chunks.length !== total) return new Set([IA]);
   return null;
 }
@@ -444,7 +445,7 @@ function runPush(pc: PushCase, stats: Map<string, number>): void {
     const pendingIds = new Set<string>();
     if (pc.held) {
       const other = fakePrefill(P, fakePrompt(3, 999, 250))!;
-      rx.acceptAll(buildChunks(P, "held", other.ids, other.hashes, [false]));
+      acceptAll(rx, buildChunks(P, "held", other.ids, other.hashes, [false]));
       P.releaseAll(other.ids);
       pendingIds.add("held");
     }
@@ -456,7 +457,7 @@ function runPush(pc: PushCase, stats: Map<string, number>): void {
     if (chunks.length === 0) return;
     const ended = pc.abortAfter < 0 || pc.abortAfter >= chunks.length;
     const fed = ended ? chunks : chunks.slice(0, pc.abortAfter);
-    const want = fed.length === 0 ? new Set([GrpcCode.CANCELLED]) : judgePush(fed, D, pendingIds, ended);
+    const want = fed.length === 0 ? new Set([Code.Canceled]) : judgePush(fed, D, pendingIds, ended);
     const base = snap(D, rx);
 
     // Driven as the gRPC service and the data plane drive it: begin on the first chunk, accept each, finish at the end.
@@ -473,7 +474,7 @@ function runPush(pc: PushCase, stats: Map<string, number>): void {
           s.accept(c);
         }
       }
-      if (!ended) throw new KvError(GrpcCode.CANCELLED, "client went away");
+      if (!ended) throw new KvError(Code.Canceled, "client went away");
       ack = s!.finish();
     } catch (e) {
       s?.abort();
@@ -482,15 +483,15 @@ function runPush(pc: PushCase, stats: Map<string, number>): void {
 
     if (err !== undefined) {
       if (!(err instanceof KvError)) fail(`untyped error from the receiver: ${String(err)}`);
-      if (want === null) fail(`valid push refused: ${grpcCodeName(err.code)} ${err.message}`);
-      if (!want.has(err.code)) fail(`refused with ${grpcCodeName(err.code)} (${err.message}), oracle allows ${[...want].map(grpcCodeName).join("|")}`);
+      if (want === null) fail(`valid push refused: ${codeName(err.code)} ${err.message}`);
+      if (!want.has(err.code)) fail(`refused with ${codeName(err.code)} (${err.message}), oracle allows ${[...want].map(codeName).join("|")}`);
       const after = snap(D, rx);
       if (!sameSnap(after, base)) fail(`refusal left D changed: ${JSON.stringify(base)} -> ${JSON.stringify(after)}`);
-      const k = grpcCodeName(err.code);
+      const k = codeName(err.code);
       stats.set(k, (stats.get(k) ?? 0) + 1);
       return;
     }
-    if (want !== null) fail(`accepted a push the oracle refuses (${[...want].map(grpcCodeName).join("|")})`);
+    if (want !== null) fail(`accepted a push the oracle refuses (${[...want].map(codeName).join("|")})`);
     // Accepted: D holds exactly what the chunks said, under their handle.
     const id = fed[0]!.handleId;
     const held = rx.claim(id);

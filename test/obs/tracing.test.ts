@@ -4,7 +4,7 @@ import { InMemorySpanExporter, type ReadableSpan } from "@opentelemetry/sdk-trac
 import type { Socket } from "bun";
 import { setupTracing, startSpan, traceparentOf, tracingEnabled, tracingEndpoint } from "../../src/obs/index.ts";
 import { DataPlaneClient, KV_FORMAT, type KvChunkLike } from "../../src/transfer/index.ts";
-import { ACK_BODY, FRAME_ACK, FRAME_CHUNK, FRAME_END, FRAME_HEAD, FRAME_TRACE, getU32, putU32 } from "../../src/transfer/data-plane-frame.ts";
+import { encodeAck, FRAME_CHUNK, FRAME_END, FRAME_HEAD, FRAME_TRACE, frameBytes } from "../../src/transfer/data-plane-frame.ts";
 import { startTestCluster, type TestCluster } from "../support/nodes.ts";
 
 // One provider for this test process, set up by the first traced test (after the
@@ -197,14 +197,10 @@ test("data_plane_trace_frame_only_when_traced", async () => {
       data(s: Socket<undefined>, buf: Uint8Array) {
         bytes.push(...buf);
         const b = Uint8Array.from(bytes);
-        if (b.length >= FRAME_HEAD && b[b.length - 1] === FRAME_END && getU32(b, b.length - FRAME_HEAD) === 1) {
+        if (b.length >= FRAME_HEAD && b[b.length - 1] === FRAME_END && frameBytes(b, b.length - FRAME_HEAD) === FRAME_HEAD) {
           got.push(b);
           bytes = [];
-          const ack = new Uint8Array(FRAME_HEAD + ACK_BODY);
-          putU32(ack, 0, ack.length - 4);
-          ack[4] = FRAME_ACK;
-          putU32(ack, 5, 1);
-          s.write(ack);
+          s.write(encodeAck({ blocksReceived: 1, blocksDeduped: 0, payloadBytes: 0n, nTokens: 0 }));
         }
       },
     },
@@ -225,7 +221,7 @@ test("data_plane_trace_frame_only_when_traced", async () => {
   // Traced: one TRACE frame carrying the traceparent, then the same push.
   const t = got[1]!;
   expect(t[4]).toBe(FRAME_TRACE);
-  const len = 4 + getU32(t, 0);
+  const len = frameBytes(t, 0);
   expect(new TextDecoder().decode(t.subarray(FRAME_HEAD, len))).toBe(traceparent);
   expect([...t.subarray(len)]).toEqual([...got[0]!]);
 });

@@ -8,33 +8,20 @@ import { createGrpcTransport } from "@connectrpc/connect-node";
 import { envelopeBytes } from "../../src/codec/index.ts";
 import { KvChunkSchema, KvTransfer } from "../../src/gen/tl/kv/v1/kv_pb.ts";
 import { KvPool } from "../../src/pool/index.ts";
-import { buildChunks, GrpcCode, kvMessageLimit, TransferError, type KvChunkLike } from "../../src/transfer/index.ts";
-import { CHUNK_FIXED, FRAME_CHUNK, FRAME_HEAD, putU32, putU64 } from "../../src/transfer/data-plane-frame.ts";
+import { buildChunks, kvMessageLimit, TransferError, type KvChunkLike } from "../../src/transfer/index.ts";
+import { CHUNK_FIXED, encodeChunk, FRAME_CHUNK, FRAME_HEAD } from "../../src/transfer/data-plane-frame.ts";
+import { putU32 } from "../../src/codec/index.ts";
 import { startEngineNode } from "../../src/cli/engine-node.ts";
 import { FakeRunner } from "../support/fake-runner.ts";
 import { fakePrefill, fakePrompt } from "../support/fake-model.ts";
 import { fakeServedModel, sseEvents, startTestCluster } from "../support/nodes.ts";
 import { rawConnect, type RawConn } from "../support/raw-data-plane.ts";
-import { prefillTransport, SHAPE, settle, snapshot, startDecode, type Decode } from "../transfer/harness.ts";
+import { prefillTransport, pushTo, SHAPE, settle, snapshot, startDecode, type Decode } from "../transfer/harness.ts";
 
-const encoder = new TextEncoder();
 
-/** A data plane CHUNK frame, byte for byte as data-plane-frame.ts lays it out. */
+/** A data plane CHUNK frame, as the frame codec lays it out. */
 function chunkFrame(c: KvChunkLike): Uint8Array {
-  const h = encoder.encode(c.handleId);
-  const f = new Uint8Array(FRAME_HEAD + CHUNK_FIXED + h.length + c.envelope.length);
-  putU32(f, 0, f.length - 4);
-  f[4] = FRAME_CHUNK;
-  putU32(f, 5, c.index);
-  putU32(f, 9, c.total);
-  putU64(f, 13, c.hash);
-  putU32(f, 21, c.kvFormat);
-  putU32(f, 25, c.crc32c);
-  f[29] = h.length & 0xff;
-  f[30] = h.length >>> 8;
-  f.set(h, 31);
-  f.set(c.envelope, 31 + h.length);
-  return f;
+  return encodeChunk(c);
 }
 
 
@@ -71,7 +58,7 @@ describe("pushes that never finish", () => {
         yield chunks[1]!;
         await gone;
       }
-      return t.push(d.target, stall()).then(
+      return pushTo(t, d.target, stall()).then(
         () => "accepted",
         (e: unknown) => (e instanceof TransferError ? e.code : `untyped: ${String(e)}`),
       );
@@ -81,12 +68,12 @@ describe("pushes that never finish", () => {
     expect(d.pool.used).toBe(CAP * 2);
     // A legitimate push meanwhile is refused too (the cap is D's, not per peer), and takes nothing.
     const other = pushChunks(P, "legit", 3, 999);
-    expect(await t.push(d.target, other).catch((e: TransferError) => e.code)).toBe(GrpcCode.RESOURCE_EXHAUSTED);
+    expect(await pushTo(t, d.target, other).catch((e: TransferError) => e.code)).toBe(Code.ResourceExhausted);
     go();
     const codes = await Promise.all(outcomes);
     // The refused ones: RESOURCE_EXHAUSTED; the ones in flight end short: INVALID_ARGUMENT. None accepted.
-    expect(codes.filter((c) => c === GrpcCode.RESOURCE_EXHAUSTED).length).toBe(PEERS - CAP);
-    expect(codes.filter((c) => c === GrpcCode.INVALID_ARGUMENT).length).toBe(CAP);
+    expect(codes.filter((c) => c === Code.ResourceExhausted).length).toBe(PEERS - CAP);
+    expect(codes.filter((c) => c === Code.InvalidArgument).length).toBe(CAP);
     expect(await settle(() => d.rx.inFlight() === 0 && d.pool.used === 0)).toBe(true);
     expect(snapshot(d.pool, d.rx)).toEqual(base);
 
@@ -99,7 +86,7 @@ describe("pushes that never finish", () => {
         yield chunks[1]!;
         await new Promise<void>((r) => ac.signal.addEventListener("abort", () => r()));
       }
-      return t.push(d.target, stall(), { signal: ac.signal }).catch(() => "refused");
+      return pushTo(t, d.target, stall(), { signal: ac.signal }).catch(() => "refused");
     });
     expect(await settle(() => d.rx.inFlight() === CAP)).toBe(true);
     for (const ac of acs) ac.abort();
@@ -126,7 +113,7 @@ describe("pushes that never finish", () => {
     expect(await settle(() => conns.filter((c) => c.errors.length > 0).length === PEERS - CAP)).toBe(true);
     expect(d.rx.inFlight()).toBe(CAP);
     expect(d.pool.used).toBe(CAP * 2);
-    for (const c of conns) for (const e of c.errors) expect([e.code, e.message]).toEqual([GrpcCode.RESOURCE_EXHAUSTED, expect.stringMatching(/in flight, max 6/)]);
+    for (const c of conns) for (const e of c.errors) expect([e.code, e.message]).toEqual([Code.ResourceExhausted, expect.stringMatching(/in flight, max 6/)]);
     // Half the stalled peers hang up: their half-pushes are freed at once.
     const stalled = conns.filter((c) => c.errors.length === 0);
     for (const c of stalled.slice(0, CAP / 2)) c.socket.end();
@@ -169,7 +156,7 @@ describe("oversized messages", () => {
     const P = new KvPool(SHAPE, 8);
     const t = prefillTransport("grpc");
     cleanups.push(() => t.close());
-    const ok = await t.push(d.target, pushChunks(P, "fits", 1, 7));
+    const ok = await pushTo(t, d.target, pushChunks(P, "fits", 1, 7));
     expect(ok.blocksReceived).toBe(1);
     d.rx.release("fits");
     expect(snapshot(d.pool, d.rx)).toEqual({ ...base, cached: base.cached + 1, free: base.free - 1 });
@@ -189,7 +176,7 @@ describe("oversized messages", () => {
       c.socket.write(head);
       c.socket.flush();
       expect(await settle(() => c.errors.length > 0, 3_000)).toBe(true);
-      expect([len, c.errors[0]!.code, c.errors[0]!.message]).toEqual([len, GrpcCode.RESOURCE_EXHAUSTED, expect.stringMatching(/limit/)]);
+      expect([len, c.errors[0]!.code, c.errors[0]!.message]).toEqual([len, Code.ResourceExhausted, expect.stringMatching(/limit/)]);
       c.socket.end();
     }
     // A frame at the limit is read in full (and refused for what it says, not its size).
@@ -201,7 +188,7 @@ describe("oversized messages", () => {
     c.socket.write(f);
     c.socket.flush();
     expect(await settle(() => c.errors.length > 0, 3_000)).toBe(true);
-    expect(c.errors[0]!.code).toBe(GrpcCode.DATA_LOSS);
+    expect(c.errors[0]!.code).toBe(Code.DataLoss);
     c.socket.end();
     expect(await settle(() => dd.rx.inFlight() === 0)).toBe(true);
     expect(snapshot(dd.pool, dd.rx)).toEqual(base);

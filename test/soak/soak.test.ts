@@ -7,13 +7,14 @@
 // and TL_SOAK_SEED override the count and the seed.
 import { afterAll, expect, test } from "bun:test";
 import { startEngineNode, type EngineNode, type EngineNodeOptions } from "../../src/cli/engine-node.ts";
-import { grpcClient } from "../../src/control/index.ts";
+import { grpcClient } from "../../src/rpc/index.ts";
 import { EngineControl } from "../../src/gen/tl/engine/v1/engine_pb.ts";
 import { KvTransfer } from "../../src/gen/tl/kv/v1/kv_pb.ts";
 import { startGateway, type Gateway } from "../../src/gateway/index.ts";
 import { sseData } from "../../src/http/index.ts";
 import { stream } from "../../src/rng/index.ts";
-import { GrpcCode, KvError, type KvReceiver } from "../../src/transfer/index.ts";
+import { Code } from "../../src/rpc/status.ts";
+import { KvError, type KvReceiver } from "../../src/transfer/index.ts";
 import { startCuttingProxy, type CuttingProxy } from "../support/cutting-proxy.ts";
 import { fakeServedModel } from "../support/nodes.ts";
 
@@ -58,7 +59,7 @@ function instrument(node: EngineNode): Ledger {
         accept(c);
       } catch (e) {
         // An empty chunk for a block D evicted after HasBlocks: the prefill side resends.
-        if (e instanceof KvError && e.code === GrpcCode.NOT_FOUND) l.notFound++;
+        if (e instanceof KvError && e.code === Code.NotFound) l.notFound++;
         throw e;
       }
     };

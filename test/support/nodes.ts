@@ -27,7 +27,7 @@ export async function sseEvents(res: Response): Promise<unknown[]> {
 }
 
 import { startEngineNode, type EngineNode, type EngineNodeOptions } from "../../src/cli/engine-node.ts";
-import { startGateway, type Gateway } from "../../src/gateway/index.ts";
+import { startGateway, type Gateway, type GatewayOptions } from "../../src/gateway/index.ts";
 
 export interface TestCluster {
   gateway: Gateway;
@@ -47,10 +47,11 @@ export async function startTestCluster(opts: {
   both?: number;
   intervalMs?: number;
   node?: Partial<EngineNodeOptions>;
+  gateway?: Partial<GatewayOptions>;
 }): Promise<TestCluster> {
   const intervalMs = opts.intervalMs ?? 100;
   const tokenizer = fakeServedModel().tokenizer;
-  const gateway = await startGateway({ tokenizer, modelName: "fake", maxModelLen: 512, heartbeatIntervalMs: intervalMs });
+  const gateway = await startGateway({ tokenizer, modelName: "fake", maxModelLen: 512, heartbeatIntervalMs: intervalMs, ...opts.gateway });
   const start = (role: "prefill" | "decode" | "both", i: number) =>
     startEngineNode({
       role,

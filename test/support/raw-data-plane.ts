@@ -1,7 +1,7 @@
 // A hand-driven data plane client for tests that write frames byte by byte: it records
 // what D answers (ERROR and ACK frames) and whether D hung up.
 import type { Socket } from "bun";
-import { FRAME_ACK, FRAME_ERROR, getU32, getU64 } from "../../src/transfer/data-plane-frame.ts";
+import { decodeReply, frameBytes } from "../../src/transfer/data-plane-frame.ts";
 
 export interface RawConn {
   socket: Socket<undefined>;
@@ -20,10 +20,11 @@ export async function rawConnect(address: string): Promise<RawConn> {
     socket: {
       data(_s, buf) {
         acc = concat(acc, buf);
-        while (acc.length >= 4 && acc.length >= 4 + getU32(acc, 0)) {
-          const len = 4 + getU32(acc, 0);
-          if (acc[4] === FRAME_ERROR) conn.errors.push({ code: getU32(acc, 5), message: new TextDecoder().decode(acc.subarray(9, len)) });
-          if (acc[4] === FRAME_ACK) conn.acks.push({ blocksReceived: getU32(acc, 5), blocksDeduped: getU32(acc, 9), payloadBytes: getU64(acc, 13), nTokens: getU32(acc, 21) });
+        while (acc.length >= 4 && acc.length >= frameBytes(acc, 0)) {
+          const len = frameBytes(acc, 0);
+          const r = decodeReply(acc.subarray(0, len));
+          if (r.kind === "error") conn.errors.push({ code: r.code, message: r.message });
+          if (r.kind === "ack") conn.acks.push(r.ack);
           acc = acc.slice(len);
         }
       },

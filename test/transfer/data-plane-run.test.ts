@@ -4,22 +4,12 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { crc32c, envelopeBytes, promptHashes, type KvShape } from "../../src/codec/index.ts";
 import { KvPool } from "../../src/pool/index.ts";
-import { GrpcCode, PoolChunk, poolChunks, transfer } from "../../src/transfer/index.ts";
-import {
-  FRAME_END,
-  FRAME_HEAD,
-  FRAME_RUN,
-  getU32,
-  getU64,
-  MAX_RUN,
-  putU32,
-  putU64,
-  RUN_ENTRY,
-  RUN_FIXED,
-} from "../../src/transfer/data-plane-frame.ts";
-import { ENVELOPE_HEAD_BYTES } from "../../src/transfer/one-block-envelope.ts";
+import { Code } from "../../src/rpc/status.ts";
+import { PoolChunk, poolChunks, transfer } from "../../src/transfer/index.ts";
+import { encodeEnd, encodeRunHead, FRAME_HEAD, FRAME_RUN, MAX_RUN, RUN_ENTRY, RUN_ENTRY_HEAD, RUN_FIXED, runFrameBytes } from "../../src/transfer/data-plane-frame.ts";
+import { ENVELOPE_HEAD_BYTES, getU16, getU32, getU64, putU32, putU64 } from "../../src/codec/index.ts";
 import { concat, rawConnect, writeAll, type RawConn } from "../support/raw-data-plane.ts";
-import { evictAll, prefillTransport, settle, snapshot, startDecode, type Decode } from "./harness.ts";
+import { dataPlaneOf, evictAll, prefillTransport, settle, snapshot, startDecode, type Decode } from "./harness.ts";
 
 // Payloads of 32 KiB: a prompt of 40 full blocks is well past the client's direct threshold.
 const SHAPE: KvShape = { blockTokens: 16, nLayers: 4, nKvHeads: 4, headDim: 32 };
@@ -35,8 +25,7 @@ const RECORD = 28;
 const encoder = new TextEncoder();
 const END = (() => {
   const f = new Uint8Array(FRAME_HEAD);
-  putU32(f, 0, 1);
-  f[4] = FRAME_END;
+  encodeEnd(f, 0);
   return f;
 })();
 
@@ -123,30 +112,28 @@ function runFrame(chunks: readonly PoolChunk[], o: RunOpts = {}): Uint8Array {
   const c0 = chunks[0]!;
   const hb = encoder.encode(o.handle ?? c0.handleId);
   const entries = o.entries ?? chunks.length;
-  const head = FRAME_HEAD + RUN_FIXED + hb.length;
-  const f = new Uint8Array(head + entries * RUN_ENTRY);
+  const f = new Uint8Array(runFrameBytes(hb.length, entries));
+  const count = o.count ?? chunks.length;
+  const head = encodeRunHead(
+    f,
+    0,
+    { first: o.first ?? c0.index, count, total: o.total ?? c0.total, kvFormat: o.kvFormat ?? c0.kvFormat, payloadBytes: o.payloadBytes ?? c0.pool.blockBytes },
+    hb,
+  );
+  // The frame's length is its entry slots', whatever count it claims.
   putU32(f, 0, f.length - 4);
-  f[4] = FRAME_RUN;
-  putU32(f, 5, o.first ?? c0.index);
-  putU32(f, 9, o.count ?? chunks.length);
-  putU32(f, 13, o.total ?? c0.total);
-  putU32(f, 17, o.kvFormat ?? c0.kvFormat);
-  putU32(f, 21, o.payloadBytes ?? c0.pool.blockBytes);
-  f[25] = hb.length & 0xff;
-  f[26] = hb.length >>> 8;
-  f.set(hb, 27);
   for (let k = 0; k < Math.min(entries, chunks.length); k++) chunks[k]!.writeRunEntry(f, head + k * RUN_ENTRY);
   return f;
 }
 
 /** Offset of entry k in a RUN frame. */
 function entryAt(f: Uint8Array, k: number): number {
-  return FRAME_HEAD + RUN_FIXED + (f[25]! | (f[26]! << 8)) + k * RUN_ENTRY;
+  return FRAME_HEAD + RUN_FIXED + getU16(f, FRAME_HEAD + RUN_FIXED - 2) + k * RUN_ENTRY;
 }
 
 /** Offset of entry k's envelope head (header, then record head at +28). */
 function headAt(f: Uint8Array, k: number): number {
-  return entryAt(f, k) + 12;
+  return entryAt(f, k) + RUN_ENTRY_HEAD;
 }
 
 /**
@@ -212,7 +199,7 @@ test("run_frames_move_contiguous_and_scattered_blocks", async () => {
     const stretches = spyDirect(P);
     const h = `run-${name}`;
     const st = await transfer(t, d.target, P, h, ids, hashes);
-    expect(t.dataPlaneOf(d.target)).toBe(d.server.dataPlaneAddress);
+    expect(await dataPlaneOf(t, d.target)).toBe(d.server.dataPlaneAddress);
     expect([name, st]).toEqual([name, { blocksSent: FULL + 1, blocksDeduped: 0, payloadBytes: (FULL + 1) * E, nTokens }]);
     expect([name, stretches]).toEqual([name, direct]);
     // transfer consumed P's references: full blocks stay cached, the tail is free again
@@ -318,63 +305,63 @@ describe("hand-crafted RUN frames", () => {
       then: withPayloads ? concat(f, ...payloadsOf(ch), END) : f,
     });
     const cases: Case[] = [
-      afterTwo("flipped payload byte", GrpcCode.DATA_LOSS, /^chunk 2: crc mismatch/, (_f, p) => (p[2]![12345]! ^= 0x10)),
-      afterTwo("flipped envelope head byte", GrpcCode.DATA_LOSS, /^chunk 2: crc mismatch/, (f) => (f[headAt(f, 2) + 13]! ^= 1)),
-      afterTwo("bad magic, CRCs resealed", GrpcCode.DATA_LOSS, /^chunk 2: rule 2: bad magic/, (f, p) => {
+      afterTwo("flipped payload byte", Code.DataLoss, /^chunk 2: crc mismatch/, (_f, p) => (p[2]![12345]! ^= 0x10)),
+      afterTwo("flipped envelope head byte", Code.DataLoss, /^chunk 2: crc mismatch/, (f) => (f[headAt(f, 2) + 13]! ^= 1)),
+      afterTwo("bad magic, CRCs resealed", Code.DataLoss, /^chunk 2: rule 2: bad magic/, (f, p) => {
         f[headAt(f, 2)]! ^= 0xff;
         reseal(f, 2, p[2]!);
       }),
-      afterTwo("envelope CRC field wrong, chunk CRC resealed", GrpcCode.DATA_LOSS, /^chunk 2: rule 3: crc mismatch/, (f, p) => {
+      afterTwo("envelope CRC field wrong, chunk CRC resealed", Code.DataLoss, /^chunk 2: rule 3: crc mismatch/, (f, p) => {
         reseal(f, 2, p[2]!, getU32(f, headAt(f, 2) + ENVELOPE_HEAD_BYTES) ^ 1);
       }),
-      afterTwo("version 2, CRCs resealed", GrpcCode.FAILED_PRECONDITION, /^chunk 2: rule 4: version 2/, (f, p) => {
+      afterTwo("version 2, CRCs resealed", Code.FailedPrecondition, /^chunk 2: rule 4: version 2/, (f, p) => {
         f[headAt(f, 2) + 4] = 2;
         reseal(f, 2, p[2]!);
       }),
-      afterTwo("heads and head_dim swapped, CRCs resealed", GrpcCode.FAILED_PRECONDITION, /^chunk 2: rule 7: shape B=16 L=4 H=32 D=4/, (f, p) => {
+      afterTwo("heads and head_dim swapped, CRCs resealed", Code.FailedPrecondition, /^chunk 2: rule 7: shape B=16 L=4 H=32 D=4/, (f, p) => {
         putU32(f, headAt(f, 2) + 20, SHAPE.headDim);
         putU32(f, headAt(f, 2) + 24, SHAPE.nKvHeads);
         reseal(f, 2, p[2]!);
       }),
-      afterTwo("fill 0, CRCs resealed", GrpcCode.DATA_LOSS, /^chunk 2: rule 8: record 0: fill 0/, (f, p) => {
+      afterTwo("fill 0, CRCs resealed", Code.DataLoss, /^chunk 2: rule 8: record 0: fill 0/, (f, p) => {
         putU32(f, headAt(f, 2) + RECORD + 8, 0);
         reseal(f, 2, p[2]!);
       }),
-      afterTwo("partial fill under a hash, CRCs resealed", GrpcCode.DATA_LOSS, /^chunk 2: rule 9: record 0: hash 0x[0-9a-f]{16} on a partial block/, (f, p) => {
+      afterTwo("partial fill under a hash, CRCs resealed", Code.DataLoss, /^chunk 2: rule 9: record 0: hash 0x[0-9a-f]{16} on a partial block/, (f, p) => {
         putU32(f, headAt(f, 2) + RECORD + 8, 5);
         reseal(f, 2, p[2]!);
       }),
-      afterTwo("record hash disagrees with the chunk hash", GrpcCode.DATA_LOSS, /^chunk 2: record hash 0x[0-9a-f]{16} \(fill 16\) disagrees with chunk hash/, (f) => {
+      afterTwo("record hash disagrees with the chunk hash", Code.DataLoss, /^chunk 2: record hash 0x[0-9a-f]{16} \(fill 16\) disagrees with chunk hash/, (f) => {
         putU64(f, entryAt(f, 2), getU64(f, entryAt(f, 2)) ^ 1n);
       }),
-      afterTwo("hash 0 before the last chunk", GrpcCode.INVALID_ARGUMENT, /^chunk 2 of 4: hash 0 before the last chunk/, (f) => putU64(f, entryAt(f, 2), 0n)),
-      whole("payload bytes field not D's block size", GrpcCode.FAILED_PRECONDITION, /^run of 16384-byte payloads, pool blocks \(B=16 L=4 H=4 D=32\) are 32768 bytes/, runFrame(ch, { payloadBytes: 16384 }), false),
-      whole("count 0", GrpcCode.INVALID_ARGUMENT, /^run of 0 chunks, want 1\.\.1024/, runFrame(ch, { count: 0, entries: 0 }), false),
-      whole("count past MAX_RUN", GrpcCode.INVALID_ARGUMENT, /^run of 1025 chunks, want 1\.\.1024/, runFrame(ch, { count: MAX_RUN + 1, entries: MAX_RUN + 1 }), false),
-      whole("fewer entries than count", GrpcCode.INVALID_ARGUMENT, /^run frame of \d+ bytes, want \d+ for 4 chunks/, runFrame(ch, { entries: 3 }), false),
-      whole("more entries than count", GrpcCode.INVALID_ARGUMENT, /^run frame of \d+ bytes, want \d+ for 3 chunks/, runFrame(ch, { count: 3 }), false),
-      whole("handle longer than the frame", GrpcCode.INVALID_ARGUMENT, /^run frame of \d+ bytes, want/, (() => {
+      afterTwo("hash 0 before the last chunk", Code.InvalidArgument, /^chunk 2 of 4: hash 0 before the last chunk/, (f) => putU64(f, entryAt(f, 2), 0n)),
+      whole("payload bytes field not D's block size", Code.FailedPrecondition, /^run of 16384-byte payloads, pool blocks \(B=16 L=4 H=4 D=32\) are 32768 bytes/, runFrame(ch, { payloadBytes: 16384 }), false),
+      whole("count 0", Code.InvalidArgument, /^run of 0 chunks, want 1\.\.1024/, runFrame(ch, { count: 0, entries: 0 }), false),
+      whole("count past MAX_RUN", Code.InvalidArgument, /^run of 1025 chunks, want 1\.\.1024/, runFrame(ch, { count: MAX_RUN + 1, entries: MAX_RUN + 1 }), false),
+      whole("fewer entries than count", Code.InvalidArgument, /^run frame of \d+ bytes, want \d+ for 4 chunks/, runFrame(ch, { entries: 3 }), false),
+      whole("more entries than count", Code.InvalidArgument, /^run frame of \d+ bytes, want \d+ for 3 chunks/, runFrame(ch, { count: 3 }), false),
+      whole("handle longer than the frame", Code.InvalidArgument, /^run frame of \d+ bytes, want/, (() => {
         const f = runFrame(ch);
         f[26] = 0xff;
         return f;
       })(), false),
-      whole("frame shorter than a RUN head", GrpcCode.INVALID_ARGUMENT, /^run frame of 15 bytes/, (() => {
+      whole("frame shorter than a RUN head", Code.InvalidArgument, /^run frame of 15 bytes/, (() => {
         const f = new Uint8Array(15);
         putU32(f, 0, 11);
         f[4] = FRAME_RUN;
         return f;
       })(), false),
-      whole("first index 1", GrpcCode.INVALID_ARGUMENT, /^chunk index 1, want 0/, concat(runFrame(ch.slice(1)), ...payloadsOf(ch.slice(1))), false),
-      whole("kv_format 2", GrpcCode.FAILED_PRECONDITION, /^kv_format 2 not spoken/, runFrame(ch, { kvFormat: 2 })),
-      whole("total 0", GrpcCode.INVALID_ARGUMENT, /^total 0 must be ≥ 1/, runFrame(ch, { total: 0 }), false),
-      whole("empty handle", GrpcCode.INVALID_ARGUMENT, /^empty handle_id/, runFrame(ch, { handle: "" }), false),
+      whole("first index 1", Code.InvalidArgument, /^chunk index 1, want 0/, concat(runFrame(ch.slice(1)), ...payloadsOf(ch.slice(1))), false),
+      whole("kv_format 2", Code.FailedPrecondition, /^kv_format 2 not spoken/, runFrame(ch, { kvFormat: 2 })),
+      whole("total 0", Code.InvalidArgument, /^total 0 must be ≥ 1/, runFrame(ch, { total: 0 }), false),
+      whole("empty handle", Code.InvalidArgument, /^empty handle_id/, runFrame(ch, { handle: "" }), false),
       // Refusals on a later RUN frame of the same push, after the first one's blocks were taken.
       ...(
         [
-          ["second RUN skips a chunk", GrpcCode.INVALID_ARGUMENT, /^chunk index 3, want 2/, runFrame(ch.slice(3)), ch.slice(3)],
-          ["second RUN repeats a chunk", GrpcCode.INVALID_ARGUMENT, /^chunk index 1, want 2/, runFrame(ch.slice(1)), ch.slice(1)],
-          ["second RUN with another total", GrpcCode.INVALID_ARGUMENT, /^chunk 2: total 5, push has 4/, runFrame(ch.slice(2), { total: 5 }), ch.slice(2)],
-          ["second RUN with another handle", GrpcCode.INVALID_ARGUMENT, /^chunk 2: handle other, push is crafted/, runFrame(ch.slice(2), { handle: "other" }), ch.slice(2)],
+          ["second RUN skips a chunk", Code.InvalidArgument, /^chunk index 3, want 2/, runFrame(ch.slice(3)), ch.slice(3)],
+          ["second RUN repeats a chunk", Code.InvalidArgument, /^chunk index 1, want 2/, runFrame(ch.slice(1)), ch.slice(1)],
+          ["second RUN with another total", Code.InvalidArgument, /^chunk 2: total 5, push has 4/, runFrame(ch.slice(2), { total: 5 }), ch.slice(2)],
+          ["second RUN with another handle", Code.InvalidArgument, /^chunk 2: handle other, push is crafted/, runFrame(ch.slice(2), { handle: "other" }), ch.slice(2)],
         ] as const
       ).map(([name, code, message, f, rest]): Case => ({
         name,
@@ -386,7 +373,7 @@ describe("hand-crafted RUN frames", () => {
       })),
       {
         name: "END before total",
-        code: GrpcCode.INVALID_ARGUMENT,
+        code: Code.InvalidArgument,
         message: /^push crafted ended after 4 of 5 chunks/,
         before: concat(runFrame(ch, { total: 5 }), ...payloadsOf(ch)),
         held: 4,
@@ -417,7 +404,7 @@ describe("hand-crafted RUN frames", () => {
       const c = await rawConnect(dp());
       await writeAll(c.socket, concat(runFrame(ch), ...payloadsOf(ch), END));
       await answer(c);
-      expect([c.errors[0]?.code, c.errors[0]?.message]).toEqual([GrpcCode.RESOURCE_EXHAUSTED, expect.stringMatching(/^chunk 2: no free block/)]);
+      expect([c.errors[0]?.code, c.errors[0]?.message]).toEqual([Code.ResourceExhausted, expect.stringMatching(/^chunk 2: no free block/)]);
       c.socket.end();
       expect(snapshot(d.pool, d.rx)).toEqual(mid);
       d.pool.releaseAll(hog);

@@ -8,7 +8,7 @@ import { Code, ConnectError, createClient } from "@connectrpc/connect";
 import { compressionGzip, createConnectTransport, createGrpcTransport } from "@connectrpc/connect-node";
 import { KvChunkSchema, KvTransfer } from "../../src/gen/tl/kv/v1/kv_pb.ts";
 import { KvPool } from "../../src/pool/index.ts";
-import { buildChunks, GrpcCode, type KvChunkLike } from "../../src/transfer/index.ts";
+import { buildChunks, type KvChunkLike } from "../../src/transfer/index.ts";
 import { fakePrefill, fakePrompt, kvDigest, patternDigest } from "../support/fake-model.ts";
 import { concat } from "../support/raw-data-plane.ts";
 import { SHAPE, settle, snapshot, startDecode, type Decode } from "./harness.ts";
@@ -91,12 +91,12 @@ test("grpc_push_handler_refuses_broken_streams_and_frees", async () => {
   const whole = chunks.map((c) => grpcMessage(c));
   const cases: [string, Uint8Array, number, RegExp][] = [
     // Two chunks taken, then the stream ends inside the third message.
-    ["ends inside a message", concat(whole[0]!, whole[1]!, whole[2]!.subarray(0, 100)), GrpcCode.INVALID_ARGUMENT, /inside a message/],
-    ["ends inside a prefix", concat(whole[0]!, whole[1]!.subarray(0, 3)), GrpcCode.INVALID_ARGUMENT, /inside a message/],
-    ["compressed flag without an encoding", concat(whole[0]!, grpcMessage(chunks[1]!, 1)), GrpcCode.INTERNAL, /compressed/],
-    ["not a KvChunk", concat(whole[0]!, Uint8Array.of(0, 0, 0, 0, 2, 0x0a, 0x7f)), GrpcCode.INVALID_ARGUMENT, /KvChunk message/],
-    ["short of total", concat(...whole.slice(0, 3)), GrpcCode.INVALID_ARGUMENT, /ended after 3 of 4 chunks/],
-    ["empty", new Uint8Array(0), GrpcCode.INVALID_ARGUMENT, /empty push/],
+    ["ends inside a message", concat(whole[0]!, whole[1]!, whole[2]!.subarray(0, 100)), Code.InvalidArgument, /inside a message/],
+    ["ends inside a prefix", concat(whole[0]!, whole[1]!.subarray(0, 3)), Code.InvalidArgument, /inside a message/],
+    ["compressed flag without an encoding", concat(whole[0]!, grpcMessage(chunks[1]!, 1)), Code.Internal, /compressed/],
+    ["not a KvChunk", concat(whole[0]!, Uint8Array.of(0, 0, 0, 0, 2, 0x0a, 0x7f)), Code.InvalidArgument, /KvChunk message/],
+    ["short of total", concat(...whole.slice(0, 3)), Code.InvalidArgument, /ended after 3 of 4 chunks/],
+    ["empty", new Uint8Array(0), Code.InvalidArgument, /empty push/],
   ];
   for (const [what, body, code, message] of cases) {
     const r = await rawPush(d.target, body, [1000]);

@@ -1,7 +1,8 @@
 // Decode and prefill sides wired for the transfer tests, over either path.
 import type { KvShape } from "../../src/codec/index.ts";
 import { KvPool } from "../../src/pool/index.ts";
-import { DataPlaneClient, GrpcTransport, KvReceiver, serveKv, type KvReceiverOptions, type KvServer } from "../../src/transfer/index.ts";
+import { KV_FORMAT } from "../../src/codec/index.ts";
+import { DataPlaneClient, KvReceiver, RoutingTransport, serveKv, type KvChunkLike, type KvReceiverOptions, type KvServer, type PushOptions, type PushRoute } from "../../src/transfer/index.ts";
 
 export type Path = "grpc" | "data-plane";
 export const PATHS: Path[] = ["grpc", "data-plane"];
@@ -41,8 +42,24 @@ export async function startDecode(
   };
 }
 
-export function prefillTransport(path: Path, timeoutMs = 10_000): GrpcTransport {
-  return new GrpcTransport({ timeoutMs, dataPlane: path === "data-plane" ? new DataPlaneClient({ timeoutMs }) : false });
+export function prefillTransport(path: Path, timeoutMs = 10_000): RoutingTransport {
+  return new RoutingTransport({ timeoutMs, dataPlane: path === "data-plane" ? new DataPlaneClient({ timeoutMs }) : false });
+}
+
+/** The route `t` takes to `target` (a HasBlocks of nothing). */
+export async function routeTo(t: RoutingTransport, target: string): Promise<PushRoute> {
+  return (await t.hasBlocks(target, [], KV_FORMAT)).route;
+}
+
+/** The data plane address a push to `target` dials, or undefined when it goes over gRPC. */
+export async function dataPlaneOf(t: RoutingTransport, target: string): Promise<string | undefined> {
+  const route = await routeTo(t, target);
+  return route.via === "data-plane" ? route.address : undefined;
+}
+
+/** One push to `target` along the route its HasBlocks answer names. */
+export async function pushTo(t: RoutingTransport, target: string, chunks: readonly KvChunkLike[] | AsyncIterable<KvChunkLike>, opts?: PushOptions) {
+  return t.push(await routeTo(t, target), chunks, opts);
 }
 
 export interface Snapshot {

@@ -1,7 +1,8 @@
 import { expect, test } from "bun:test";
 import { crc32c } from "../../src/codec/index.ts";
 import { KvPool } from "../../src/pool/index.ts";
-import { buildChunks, GrpcCode, KvError, KvReceiver } from "../../src/transfer/index.ts";
+import { Code } from "../../src/rpc/status.ts";
+import { acceptAll, buildChunks, KvError, KvReceiver } from "../../src/transfer/index.ts";
 import { fakePrefill, fakePrompt } from "../support/fake-model.ts";
 import { SHAPE, snapshot } from "./harness.ts";
 
@@ -23,22 +24,22 @@ test("receiver_caps_duplicates_and_shortage", () => {
     const tokens = fakePrompt(9, 5);
     const pre = fakePrefill(P, tokens)!;
     const none = [false, false];
-    rx.acceptAll(buildChunks(P, "a", pre.ids, pre.hashes, none));
-    expect(code(() => rx.acceptAll(buildChunks(P, "a", pre.ids, pre.hashes, none)))).toBe(GrpcCode.ALREADY_EXISTS);
+    acceptAll(rx, buildChunks(P, "a", pre.ids, pre.hashes, none));
+    expect(code(() => acceptAll(rx, buildChunks(P, "a", pre.ids, pre.hashes, none)))).toBe(Code.AlreadyExists);
     const open = rx.begin("b", 3);
-    expect(code(() => rx.begin("b", 3))).toBe(GrpcCode.ALREADY_EXISTS);
-    expect(code(() => rx.begin("c", 3))).toBe(GrpcCode.RESOURCE_EXHAUSTED); // in flight
+    expect(code(() => rx.begin("b", 3))).toBe(Code.AlreadyExists);
+    expect(code(() => rx.begin("c", 3))).toBe(Code.ResourceExhausted); // in flight
     open.abort();
-    rx.acceptAll(buildChunks(P, "b", pre.ids, pre.hashes, [true, true]));
-    expect(code(() => rx.begin("c", 3))).toBe(GrpcCode.RESOURCE_EXHAUSTED); // pending
+    acceptAll(rx, buildChunks(P, "b", pre.ids, pre.hashes, [true, true]));
+    expect(code(() => rx.begin("c", 3))).toBe(Code.ResourceExhausted); // pending
     expect(rx.release("a")).toBe(true);
     expect(rx.release("b")).toBe(true);
 
     // the pool runs dry mid-push: nothing stays taken
     const base = snapshot(D, rx);
     const long = fakePrefill(P, fakePrompt(28, 6))!;
-    expect(code(() => rx.acceptAll(buildChunks(P, "d", long.ids, long.hashes, long.hashes.map(() => false))))).toBe(
-      GrpcCode.RESOURCE_EXHAUSTED,
+    expect(code(() => acceptAll(rx, buildChunks(P, "d", long.ids, long.hashes, long.hashes.map(() => false))))).toBe(
+      Code.ResourceExhausted,
     );
     // Allocating may have evicted cached blocks (an LRU cache's ordinary cost); nothing is held.
     const after = snapshot(D, rx);
@@ -47,7 +48,7 @@ test("receiver_caps_duplicates_and_shortage", () => {
     // a hashless (partial) block before the last chunk would shift every later token
     const chunks = buildChunks(P, "e", pre.ids, pre.hashes, none);
     const before = snapshot(D, rx);
-    expect(code(() => rx.acceptAll([chunks[0]!, { ...chunks[2]!, index: 1 }, { ...chunks[1]!, index: 2 }]))).toBe(GrpcCode.INVALID_ARGUMENT);
+    expect(code(() => acceptAll(rx, [chunks[0]!, { ...chunks[2]!, index: 1 }, { ...chunks[1]!, index: 2 }]))).toBe(Code.InvalidArgument);
     expect(snapshot(D, rx)).toEqual(before);
     P.releaseAll(pre.ids);
     P.releaseAll(long.ids);
@@ -80,7 +81,7 @@ test("import_zeroes_slots_past_the_fill", () => {
     const c = crc32c(env.subarray(0, n - 4));
     env.set([c & 0xff, (c >>> 8) & 0xff, (c >>> 16) & 0xff, c >>> 24], n - 4);
     chunks[1]!.crc32c = crc32c(env);
-    rx.acceptAll(chunks);
+    acceptAll(rx, chunks);
     const got = rx.claim("t")!;
     expect(D.payload(got.blockIds[0]!)).toEqual(P.payload(pre.ids[0]!));
     const want = live.slice();

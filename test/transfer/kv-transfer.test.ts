@@ -1,9 +1,9 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { crc32c, readEnvelope, writeEnvelope } from "../../src/codec/index.ts";
 import { KvPool } from "../../src/pool/index.ts";
+import { Code } from "../../src/rpc/status.ts";
 import {
   buildChunks,
-  GrpcCode,
   KvError,
   transfer,
   TransferError,
@@ -12,7 +12,7 @@ import {
 } from "../../src/transfer/index.ts";
 import { startCuttingProxy } from "../support/cutting-proxy.ts";
 import { fakePrefill, fakePrompt, kvDigest, patternDigest } from "../support/fake-model.ts";
-import { ENVELOPE_BYTES, evictAll, PATHS, prefillTransport, SHAPE, settle, snapshot, startDecode, type Decode } from "./harness.ts";
+import { dataPlaneOf, ENVELOPE_BYTES, evictAll, PATHS, prefillTransport, pushTo, SHAPE, settle, snapshot, startDecode, type Decode } from "./harness.ts";
 
 async function refusal(p: Promise<unknown>): Promise<TransferError> {
   try {
@@ -72,13 +72,13 @@ for (const path of PATHS) {
       const absent = fakePrompt(8, 12);
       const asked = [...pre.hashes, ...fakePrefill(new KvPool(SHAPE, 4), absent)!.hashes];
       expect(d.rx.hasBlocks(asked, 1)).toEqual([true, true, true, false, false]);
-      expect(await t.hasBlocks(d.target, asked, 1)).toEqual([true, true, true, false, false]);
+      expect((await t.hasBlocks(d.target, asked, 1)).present).toEqual([true, true, true, false, false]);
       // the path under test is the one pushes take
-      expect(t.dataPlaneOf(d.target)).toBe(path === "data-plane" ? d.server.dataPlaneAddress : undefined);
+      expect(await dataPlaneOf(t, d.target)).toBe(path === "data-plane" ? d.server.dataPlaneAddress : undefined);
       expect(snapshot(d.pool, d.rx)).toEqual(before);
       for (const id of pre.ids) expect(d.pool.refCount(id)).toBe(id === pre.ids[0] ? 1 : 0);
       expect(() => d.rx.hasBlocks(asked, 2)).toThrow(KvError);
-      expect((await refusal(t.hasBlocks(d.target, asked, 2))).code).toBe(GrpcCode.FAILED_PRECONDITION);
+      expect((await refusal(t.hasBlocks(d.target, asked, 2))).code).toBe(Code.FailedPrecondition);
       expect(snapshot(d.pool, d.rx)).toEqual(before);
       d.pool.release(pre.ids[0]!);
       evictAll(d.pool);
@@ -117,35 +117,35 @@ for (const path of PATHS) {
       const wrongShape = buildChunks(other, hid, otherPre.ids, otherPre.hashes, [true, false, false, false]).map(cloneChunk);
       const twoBlocks = writeEnvelope({ version: 1, dtype: 1, nBlocks: 2, ...SHAPE }, P.export(src.ids.slice(1, 3)));
       const cases: [string, number, (c: KvChunkLike[]) => KvChunkLike[]][] = [
-        ["bad chunk crc", GrpcCode.DATA_LOSS, (c) => ((c[2]!.crc32c ^= 1), c)],
-        ["corrupt envelope", GrpcCode.DATA_LOSS, (c) => ((c[2]!.envelope[100]! ^= 0x40), (c[2]!.crc32c = crc32c(c[2]!.envelope)), c)],
-        ["version 2", GrpcCode.FAILED_PRECONDITION, (c) => ((c[3]!.envelope[4] = 2), reseal(c[3]!), c)],
-        ["wrong shape", GrpcCode.FAILED_PRECONDITION, (c) => [...c.slice(0, 3), ...wrongShape.slice(3)]],
-        ["wrong kv_format", GrpcCode.FAILED_PRECONDITION, (c) => ((c[2]!.kvFormat = 2), c)],
-        ["out-of-order index", GrpcCode.INVALID_ARGUMENT, (c) => [c[0]!, c[1]!, c[3]!, c[2]!, c[4]!]],
-        ["mismatched total", GrpcCode.INVALID_ARGUMENT, (c) => ((c[2]!.total = 4), c)],
-        ["mismatched handle", GrpcCode.INVALID_ARGUMENT, (c) => ((c[2]!.handleId = "other"), c)],
-        ["record hash disagrees", GrpcCode.DATA_LOSS, (c) => ((c[2]!.hash ^= 1n), c)],
-        ["two blocks in one envelope", GrpcCode.INVALID_ARGUMENT, (c) => ((c[2]!.envelope = twoBlocks), (c[2]!.crc32c = crc32c(twoBlocks)), c)],
-        ["ends early", GrpcCode.INVALID_ARGUMENT, (c) => c.slice(0, 4)],
+        ["bad chunk crc", Code.DataLoss, (c) => ((c[2]!.crc32c ^= 1), c)],
+        ["corrupt envelope", Code.DataLoss, (c) => ((c[2]!.envelope[100]! ^= 0x40), (c[2]!.crc32c = crc32c(c[2]!.envelope)), c)],
+        ["version 2", Code.FailedPrecondition, (c) => ((c[3]!.envelope[4] = 2), reseal(c[3]!), c)],
+        ["wrong shape", Code.FailedPrecondition, (c) => [...c.slice(0, 3), ...wrongShape.slice(3)]],
+        ["wrong kv_format", Code.FailedPrecondition, (c) => ((c[2]!.kvFormat = 2), c)],
+        ["out-of-order index", Code.InvalidArgument, (c) => [c[0]!, c[1]!, c[3]!, c[2]!, c[4]!]],
+        ["mismatched total", Code.InvalidArgument, (c) => ((c[2]!.total = 4), c)],
+        ["mismatched handle", Code.InvalidArgument, (c) => ((c[2]!.handleId = "other"), c)],
+        ["record hash disagrees", Code.DataLoss, (c) => ((c[2]!.hash ^= 1n), c)],
+        ["two blocks in one envelope", Code.InvalidArgument, (c) => ((c[2]!.envelope = twoBlocks), (c[2]!.crc32c = crc32c(twoBlocks)), c)],
+        ["ends early", Code.InvalidArgument, (c) => c.slice(0, 4)],
       ];
       for (const [name, code, edit] of cases) {
-        const err = await refusal(t.push(d.target, edit(good())));
+        const err = await refusal(pushTo(t, d.target, edit(good())));
         expect([name, err.code]).toEqual([name, code]);
         expect([name, snapshot(d.pool, d.rx)]).toEqual([name, before]);
       }
-      expect((await refusal(t.push(d.target, good().map((c, i) => (i === 2 ? { ...c, crc32c: c.crc32c ^ 1 } : c))))).message).toMatch(
+      expect((await refusal(pushTo(t, d.target, good().map((c, i) => (i === 2 ? { ...c, crc32c: c.crc32c ^ 1 } : c))))).message).toMatch(
         /crc mismatch: got 0x[0-9a-f]{8}, want 0x[0-9a-f]{8}/,
       );
       // evicted dedup block
       evictAll(d.pool);
       const evicted = snapshot(d.pool, d.rx);
-      expect((await refusal(t.push(d.target, good()))).code).toBe(GrpcCode.NOT_FOUND);
+      expect((await refusal(pushTo(t, d.target, good()))).code).toBe(Code.NotFound);
       expect(snapshot(d.pool, d.rx)).toEqual(evicted);
       // the same chunks, untouched, are accepted once D holds block 0 again
       const again = fakePrefill(d.pool, tokens.slice(0, 4))!;
       d.pool.releaseAll(again.ids);
-      const ack = await t.push(d.target, good());
+      const ack = await pushTo(t, d.target, good());
       expect([ack.blocksReceived, ack.blocksDeduped, ack.nTokens]).toEqual([4, 1, 18]);
       claimAndCheck(d, hid, [...tokens.slice(0, 4), ...big.slice(4)]);
       P.releaseAll(src.ids);
@@ -158,7 +158,7 @@ for (const path of PATHS) {
       const chunks = buildChunks(P, handle(), dup.ids, dup.hashes, [false, false, false, false]);
       expect(readEnvelope(chunks[1]!.envelope, SHAPE).records[0]!.hash).toBe(0n);
       expect(chunks[1]!.hash).toBe(dup.hashes[1]!);
-      await t.push(d.target, chunks);
+      await pushTo(t, d.target, chunks);
       const held = d.rx.claim(chunks[0]!.handleId)!;
       expect(held.hashes).toEqual(dup.hashes);
       for (let i = 0; i < 4; i++) expect(d.pool.lookup(dup.hashes[i]!)).toBe(held.blockIds[i]!);
@@ -268,7 +268,7 @@ for (const path of PATHS) {
         const pre = fakePrefill(P, tokens)!;
         const err = await refusal(transfer(tp, via, P, "cut", pre.ids, pre.hashes));
         expect(proxy.cuts()).toBe(1);
-        expect<number[]>([GrpcCode.UNAVAILABLE, GrpcCode.INTERNAL, GrpcCode.CANCELLED, GrpcCode.ABORTED, GrpcCode.UNKNOWN]).toContain(err.code);
+        expect<number[]>([Code.Unavailable, Code.Internal, Code.Canceled, Code.Aborted, Code.Unknown]).toContain(err.code);
         // P dropped its references before the error reached us
         expect(P.used).toBe(baseP.used);
         expect(await settle(() => dc.rx.inFlight() === 0 && dc.pool.used === baseD.used)).toBe(true);
@@ -304,7 +304,7 @@ for (const path of PATHS) {
           }
           if (how === "throw") throw new Error("prefill engine gave up");
         }
-        const p = how === "abort" ? t.push(d.target, five(), { signal: ac.signal }) : t.push(d.target, five());
+        const p = how === "abort" ? pushTo(t, d.target, five(), { signal: ac.signal }) : pushTo(t, d.target, five());
         await p.then(
           () => {
             throw new Error(`${how}: push accepted`);

@@ -1,7 +1,7 @@
 import { expect, test } from "bun:test";
 import fc from "fast-check";
 import { blockPayloadBytes, crc32c, writeEnvelope } from "../../src/codec/index.ts";
-import { OneBlockEnvelopeWriter } from "../../src/transfer/one-block-envelope.ts";
+import { OneBlockEnvelopeWriter } from "../../src/codec/index.ts";
 
 test("one_block_writer_matches_write_envelope", () => {
   fc.assert(

@@ -3,12 +3,12 @@ import { Code, ConnectError, createClient, type Client } from "@connectrpc/conne
 import { createGrpcTransport, Http2SessionManager } from "@connectrpc/connect-node";
 import { KvTransfer } from "../gen/tl/kv/v1/kv_pb.ts";
 import type { KvAckLike, KvChunkLike } from "./kv-chunk.ts";
-import { GrpcCode, TransferError } from "./kv-error.ts";
-import type { KvTransport, PushOptions } from "./kv-transport.ts";
+import { TransferError, transferError } from "./kv-error.ts";
+import type { BlockPresence, KvTransport, PushOptions, PushRoute } from "./kv-transport.ts";
 import { DataPlaneClient } from "./data-plane-client.ts";
 import { grpcPush } from "./grpc-push.ts";
 
-export interface GrpcTransportOptions {
+export interface RoutingTransportOptions {
   /** Deadline of each call; default 30 000 ms. */
   timeoutMs?: number;
   /** Largest message sent or accepted; default 64 MiB. */
@@ -24,16 +24,19 @@ export interface GrpcTransportOptions {
 // run at loopback speed instead of one window per round trip.
 const WINDOW_BYTES = 32 * 1024 * 1024;
 
-/** KvTransport over tl.kv.v1 gRPC (Connect), one cached HTTP/2 client per target. */
-export class GrpcTransport implements KvTransport {
+/**
+ * KvTransport over tl.kv.v1: HasBlocks and Release over gRPC (Connect, one cached HTTP/2
+ * client per target), pushes along the route HasBlocks chose: the binary data plane a
+ * decode engine advertises when this transport uses data planes, else gRPC PushKv.
+ */
+export class RoutingTransport implements KvTransport {
   private readonly clients = new Map<string, { client: Client<typeof KvTransfer>; session: Http2SessionManager }>();
   private readonly sessions: Http2SessionManager[] = [];
-  private readonly dataPlanes = new Map<string, string>();
   private readonly timeoutMs: number;
   private readonly maxBytes: number;
   private readonly dp: DataPlaneClient | false;
 
-  constructor(opts: GrpcTransportOptions = {}) {
+  constructor(opts: RoutingTransportOptions = {}) {
     this.timeoutMs = opts.timeoutMs ?? 30_000;
     this.maxBytes = opts.maxMessageBytes ?? 64 * 1024 * 1024;
     this.dp = opts.dataPlane ?? new DataPlaneClient({ timeoutMs: this.timeoutMs });
@@ -66,28 +69,25 @@ export class GrpcTransport implements KvTransport {
     return c;
   }
 
-  async hasBlocks(target: string, hashes: readonly bigint[], kvFormat: number): Promise<boolean[]> {
+  async hasBlocks(target: string, hashes: readonly bigint[], kvFormat: number): Promise<BlockPresence> {
     try {
       const res = await this.client(target).hasBlocks({ hashes: hashes as bigint[], kvFormat });
       if (res.present.length !== hashes.length) {
-        throw new TransferError(GrpcCode.INTERNAL, `HasBlocks answered ${res.present.length} flags for ${hashes.length} hashes`);
+        throw new TransferError(Code.Internal, `HasBlocks answered ${res.present.length} flags for ${hashes.length} hashes`);
       }
-      if (res.dataPlaneAddress !== "") this.dataPlanes.set(target, res.dataPlaneAddress);
-      else this.dataPlanes.delete(target);
-      return res.present;
+      const route: PushRoute = res.dataPlaneAddress !== "" && this.dp !== false ? { target, via: "data-plane", address: res.dataPlaneAddress } : { target, via: "grpc" };
+      return { present: res.present, route };
     } catch (e) {
       throw brokenOrTransferError(e, `HasBlocks to ${target}`);
     }
   }
 
-  /** The data plane `target` advertised in its last HasBlocks answer, if this transport uses data planes. */
-  dataPlaneOf(target: string): string | undefined {
-    return this.dp === false ? undefined : this.dataPlanes.get(target);
-  }
-
-  async push(target: string, chunks: readonly KvChunkLike[] | AsyncIterable<KvChunkLike>, opts: PushOptions = {}): Promise<KvAckLike> {
-    const dp = this.dataPlaneOf(target);
-    if (dp !== undefined && this.dp !== false) return this.dp.push(dp, chunks, opts);
+  async push(route: PushRoute, chunks: readonly KvChunkLike[] | AsyncIterable<KvChunkLike>, opts: PushOptions = {}): Promise<KvAckLike> {
+    if (route.via === "data-plane") {
+      if (this.dp === false) throw new TransferError(Code.FailedPrecondition, `push to ${route.target}: this transport does not use data planes`);
+      return this.dp.push(route.address, chunks, opts);
+    }
+    const target = route.target;
     // By hand over the same HTTP/2 connection: Connect's client copies every message
     // three times (grpc-push.ts).
     return grpcPush(this.connection(target).session, target, chunks, {
@@ -111,7 +111,6 @@ export class GrpcTransport implements KvTransport {
     for (const s of this.sessions) s.abort();
     this.sessions.length = 0;
     this.clients.clear();
-    this.dataPlanes.clear();
     if (this.dp !== false) await this.dp.close();
   }
 }
@@ -124,14 +123,13 @@ export class GrpcTransport implements KvTransport {
  */
 function brokenOrTransferError(e: unknown, what: string, signal?: AbortSignal): TransferError {
   if (e instanceof ConnectError && (e.code === Code.Canceled || e.code === Code.Aborted) && !signal?.aborted) {
-    return new TransferError(GrpcCode.UNAVAILABLE, `${what}: connection broke (${Code[e.code]}): ${e.rawMessage}`);
+    return new TransferError(Code.Unavailable, `${what}: connection broke (${Code[e.code]}): ${e.rawMessage}`);
   }
   return toTransferError(e, what);
 }
 
-export function toTransferError(e: unknown, what: string): TransferError {
-  if (e instanceof TransferError) return e;
+/** A Connect error with its code; anything else as transferError() has it. */
+function toTransferError(e: unknown, what: string): TransferError {
   if (e instanceof ConnectError) return new TransferError(e.code, `${what}: ${e.rawMessage}`);
-  const msg = e instanceof Error ? e.message : String(e);
-  return new TransferError(Code.Internal, `${what}: ${msg}`);
+  return transferError(e, what);
 }

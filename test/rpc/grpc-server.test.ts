@@ -1,10 +1,10 @@
 import { expect, test } from "bun:test";
 import * as net from "node:net";
 import { create } from "@bufbuild/protobuf";
-import { Code } from "@connectrpc/connect";
-import { closeGrpcClients, grpcClient, serveGrpc } from "../../src/control/index.ts";
+import { Code, ConnectError } from "@connectrpc/connect";
+import { closeGrpcClients, grpcClient, serveGrpc } from "../../src/rpc/index.ts";
 import { HeartbeatAckSchema, WorkerRegistry } from "../../src/gen/tl/control/v1/control_pb.ts";
-import { codeOf } from "./fake-registry.ts";
+import { codeOf } from "../control/fake-registry.ts";
 
 test("serve_grpc_close_is_prompt", async () => {
   let sawAbort = false;
@@ -103,6 +103,42 @@ test("grpc_client_shares_connection_and_fails_fast", async () => {
     closeGrpcClients(target);
     for (const s of sockets) s.destroy();
     await new Promise<void>((r) => proxy.close(() => r()));
+    await server.close();
+  }
+});
+
+test("peer_check_refuses_before_the_handler", async () => {
+  const seen: { method: string; remoteAddress: string; tls: boolean }[] = [];
+  let listed = 0;
+  const server = await serveGrpc(
+    (router) =>
+      router.service(WorkerRegistry, {
+        heartbeat: () => create(HeartbeatAckSchema, { intervalMs: 3 }),
+        listWorkers: () => {
+          listed++;
+          return { workers: [] };
+        },
+      }),
+    {
+      peerCheck: (call) => {
+        seen.push({ method: call.method, remoteAddress: call.remoteAddress, tls: call.tls !== undefined });
+        if (call.method.endsWith("/ListWorkers")) throw new ConnectError(`caller ${call.remoteAddress} may not call ${call.method}`, Code.PermissionDenied);
+      },
+    },
+  );
+  try {
+    const client = grpcClient(WorkerRegistry, server.address);
+    expect((await client.heartbeat({ workerId: "w" })).intervalMs).toBe(3);
+    const err = await client.listWorkers({}).then(
+      () => null,
+      (e: unknown) => ConnectError.from(e),
+    );
+    expect([err?.code, err?.rawMessage]).toEqual([Code.PermissionDenied, "caller 127.0.0.1 may not call /tl.control.v1.WorkerRegistry/ListWorkers"]);
+    expect(listed).toBe(0);
+    expect(seen.map((s) => s.method)).toEqual(["/tl.control.v1.WorkerRegistry/Heartbeat", "/tl.control.v1.WorkerRegistry/ListWorkers"]);
+    expect(seen.every((s) => s.remoteAddress === "127.0.0.1" && !s.tls)).toBe(true);
+  } finally {
+    closeGrpcClients(server.address);
     await server.close();
   }
 });

@@ -1,12 +1,32 @@
 import * as http2 from "node:http2";
-import type { ConnectRouter } from "@connectrpc/connect";
+import { type ConnectRouter, ConnectError } from "@connectrpc/connect";
 import { connectNodeAdapter } from "@connectrpc/connect-node";
+import { sendGrpcStatus } from "./grpc-wire.ts";
+import { Code } from "./status.ts";
 
 // Bounded: what a client may send before the handler reads it is buffered here. (The
 // connection's own window stays at its default: raising it with setLocalWindowSize made
 // Bun's server stop granting window mid-stream.)
 const STREAM_WINDOW_BYTES = 4 * 1024 * 1024;
 const MAX_FRAME_BYTES = 2 ** 24 - 1;
+
+/** Who is calling which method: what a peer check decides on. */
+export interface PeerCall {
+  /** "/package.Service/Method" */
+  readonly method: string;
+  /** the caller's address as the socket sees it */
+  readonly remoteAddress: string;
+  /** the TLS socket of the call when the server speaks TLS (its peer certificate names the caller); undefined in cleartext */
+  readonly tls: import("node:tls").TLSSocket | undefined;
+}
+
+/**
+ * Decides, before any handler (Connect's or an intercept's) sees a call, whether this
+ * caller may make it: throws a ConnectError (PERMISSION_DENIED, UNAUTHENTICATED) to
+ * refuse, answered as a trailers-only gRPC status. The one place a peer-role layer
+ * (mTLS identities against each method's allowed roles) plugs into every server.
+ */
+export type PeerCheck = (call: PeerCall) => void;
 
 export interface GrpcServerOptions {
   /** Interface to bind; 127.0.0.1 unless told otherwise (tests and single-host clusters). */
@@ -17,6 +37,8 @@ export interface GrpcServerOptions {
   maxMessageBytes?: number;
   /** Sees every request first; one it answers itself (returns true) never reaches Connect. */
   intercept?: (req: http2.Http2ServerRequest, res: http2.Http2ServerResponse) => boolean;
+  /** Runs for every call before its handler; see PeerCheck. */
+  peerCheck?: PeerCheck;
 }
 
 export interface GrpcServer {
@@ -59,9 +81,11 @@ export async function serveGrpc(
   // Large windows and frames for what clients send: with the protocol's 64 KiB
   // defaults a client stream of KV blocks stalls on a WINDOW_UPDATE every 64 KiB.
   const intercept = opts.intercept;
+  const peerCheck = opts.peerCheck;
+  const serve = intercept === undefined ? handler : (req: http2.Http2ServerRequest, res: http2.Http2ServerResponse) => void (intercept(req, res) || handler(req, res));
   const server = http2.createServer(
     { settings: { initialWindowSize: STREAM_WINDOW_BYTES, maxFrameSize: MAX_FRAME_BYTES } },
-    intercept === undefined ? handler : (req, res) => void (intercept(req, res) || handler(req, res)),
+    peerCheck === undefined ? serve : (req, res) => void (admit(peerCheck, req, res) && serve(req, res)),
   );
   // server.close() alone waits for clients to hang up, which a pooled client
   // connection never does; track sessions so close() can end them.
@@ -110,6 +134,21 @@ export async function serveGrpc(
       return closing;
     },
   };
+}
+
+/** Runs the peer check; a refusal is answered here and the call goes no further. */
+function admit(check: PeerCheck, req: http2.Http2ServerRequest, res: http2.Http2ServerResponse): boolean {
+  const socket = req.socket as import("node:net").Socket & { encrypted?: boolean };
+  try {
+    check({ method: req.url, remoteAddress: socket.remoteAddress ?? "", tls: socket.encrypted ? (socket as import("node:tls").TLSSocket) : undefined });
+    return true;
+  } catch (e) {
+    const err = ConnectError.from(e, Code.PermissionDenied);
+    // Let the request body go: the call is over.
+    req.resume();
+    sendGrpcStatus(res, "application/grpc", err.code, err.rawMessage, undefined, true);
+    return false;
+  }
 }
 
 // IPv6 literals need brackets in host:port form.
