@@ -75,7 +75,9 @@ export async function runCluster(config: Config, rest: Map<string, string>, opts
   const e = config.engine;
   const model = String(e.model);
   const tokenizer = String(e.tokenizer);
-  const modelArgs = model ? ["--model", model, "--tokenizer", tokenizer] : [];
+  const modelArgs = model ? ["--model", model, ...(tokenizer ? ["--tokenizer", tokenizer] : [])] : [];
+  // The gateway and every engine must agree on the name requests give.
+  if (e.served_model_name) modelArgs.push("--served-model-name", String(e.served_model_name));
   // Every role exports to the same collector (OTEL_EXPORTER_OTLP_ENDPOINT reaches them through the environment).
   if (e.chat_template) modelArgs.push("--chat-template", String(e.chat_template));
   if (e.otlp_endpoint) modelArgs.push("--otlp-endpoint", String(e.otlp_endpoint));

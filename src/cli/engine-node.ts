@@ -4,23 +4,10 @@ import { controlService, type ControlContext } from "../control/control-service.
 import { Engine, type ModelRunner } from "../engine/index.ts";
 import { EngineControl } from "../gen/tl/engine/v1/engine_pb.ts";
 import { engineHttpHandler, serveHttp, type HttpServer, type RequestEnd } from "../http/index.ts";
-import {
-  kvShapeOf,
-  loadLlama2cCheckpoint,
-  loadLlama2cTokenizer,
-  loadSyntheticModel,
-  SYNTHETIC_MODEL_NAME,
-  SYNTHETIC_CONFIG,
-  ByteTokenizer,
-  chatRendererFor,
-  Transformer,
-  type Tokenizer,
-} from "../model/index.ts";
+import { kvShapeOf, loadModel as loadModelFiles, Transformer, chatRendererFor, tokenizerFingerprint, type LoadModelOptions, type ServableModel, type Tokenizer, type WeightStats } from "../model/index.ts";
 import { KvPool } from "../pool/index.ts";
 import { KvReceiver, RoutingTransport, serveDataPlane, serveKv, type DataPlaneServer, type KvServer } from "../transfer/index.ts";
 import type { KvShape } from "../codec/index.ts";
-import { closeSync, openSync, readSync } from "node:fs";
-import { basename } from "node:path";
 
 /** A model ready to serve: what forward needs, how text maps to tokens, the KV shape per layer. */
 export interface ServedModel {
@@ -31,7 +18,10 @@ export interface ServedModel {
   nKvHeads: number;
   headDim: number;
   maxSeqLen: number;
-  /** The chat template the model ships (tokenizer_config.json, GGUF), if any. */
+  /** Ids that end generation (several for Llama 3); default: the tokenizer's EOS. */
+  eosIds?: readonly number[];
+  /** Parameter count, stored dtype and resident bytes, for the ready line and /v1/models. */
+  stats?: WeightStats;
   chatTemplate?: string | null;
 }
 
@@ -50,6 +40,8 @@ export interface EngineNodeOptions {
   model?: ServedModel;
   modelPath?: string;
   tokenizerPath?: string;
+  /** What /v1/models lists and requests must name; default the model's folder or file name. */
+  servedModelName?: string;
   /** A Jinja chat template file overriding the model's (--chat-template). */
   chatTemplatePath?: string;
   blockTokens?: number;
@@ -70,6 +62,8 @@ export interface EngineNodeOptions {
   onRequestEnd?: (info: RequestEnd) => void;
   extraRoutes?: (req: Request, url: URL) => Promise<Response | null> | Response | null;
   onTransfer?: ControlContext["onTransfer"];
+  /** A pushed handle nobody claimed or released was freed by its time to live. */
+  onHandleExpired?: (handleId: string) => void;
 }
 
 export interface EngineNode {
@@ -88,38 +82,28 @@ export interface EngineNode {
   shutdown(deadlineMs?: number): Promise<number>;
 }
 
-export async function loadModel(opts: { modelPath?: string; tokenizerPath?: string }): Promise<ServedModel> {
-  if (opts.modelPath) {
-    if (!opts.tokenizerPath) throw new Error("--model needs --tokenizer (a llama2.c tokenizer.bin)");
-    const m = loadLlama2cCheckpoint(opts.modelPath);
-    const tokenizer = loadLlama2cTokenizer(opts.tokenizerPath, m.cfg.vocabSize);
-    return served(m.cfg.name, new Transformer(m.cfg, m.weights), tokenizer);
-  }
-  const m = loadSyntheticModel();
-  return served(SYNTHETIC_MODEL_NAME, new Transformer(m.cfg, m.weights), m.tokenizer);
+/** Loads the model `--model` names (any supported format; none: the embedded one) and wraps it for the engine. */
+export async function loadModel(opts: LoadModelOptions): Promise<ServedModel> {
+  return servedModelOf(await loadModelFiles(opts));
 }
 
-/** What the gateway needs of a model: its name, tokenizer and context, without the weights. */
-export function loadTokenizerFor(opts: { modelPath?: string; tokenizerPath?: string }): { name: string; tokenizer: Tokenizer; maxSeqLen: number; chatTemplate?: string | null } {
-  if (opts.modelPath) {
-    if (!opts.tokenizerPath) throw new Error("model needs tokenizer (a llama2.c tokenizer.bin)");
-    const fd = openSync(opts.modelPath, "r");
-    const header = new Int32Array(7);
-    try {
-      readSync(fd, header, 0, 28, 0);
-    } finally {
-      closeSync(fd);
-    }
-    const vocab = Math.abs(header[5]!);
-    return { name: basename(opts.modelPath).replace(/\.bin$/, ""), tokenizer: loadLlama2cTokenizer(opts.tokenizerPath, vocab), maxSeqLen: header[6]! };
-  }
-  return { name: SYNTHETIC_MODEL_NAME, tokenizer: new ByteTokenizer(), maxSeqLen: SYNTHETIC_CONFIG.maxSeqLen };
-}
-
-function served(name: string, t: Transformer, tokenizer: Tokenizer): ServedModel {
+/** A loaded model behind a Transformer, as the engine runs it. */
+export function servedModelOf(m: Pick<ServableModel, "name" | "cfg" | "weights" | "tokenizer" | "eosIds" | "stats" | "chatTemplate">): ServedModel {
+  const t = new Transformer(m.cfg, m.weights);
   const shape = kvShapeOf(t.cfg, 1);
   const runner: ModelRunner = { vocabSize: t.cfg.vocabSize, forward: (pool, batch, out) => t.forward(pool, batch, out) };
-  return { name, runner, tokenizer, nLayers: shape.nLayers, nKvHeads: shape.nKvHeads, headDim: shape.headDim, maxSeqLen: t.cfg.maxSeqLen };
+  return {
+    name: m.name,
+    runner,
+    tokenizer: m.tokenizer,
+    nLayers: shape.nLayers,
+    nKvHeads: shape.nKvHeads,
+    headDim: shape.headDim,
+    maxSeqLen: t.cfg.maxSeqLen,
+    eosIds: m.eosIds,
+    stats: m.stats,
+    chatTemplate: m.chatTemplate,
+  };
 }
 
 let nodeCounter = 0;
@@ -130,8 +114,10 @@ export async function startEngineNode(opts: EngineNodeOptions): Promise<EngineNo
   const role = opts.role;
   const host = opts.host ?? "127.0.0.1";
   const workerId = opts.workerId ?? `${role}-${process.pid}-${nodeCounter++}`;
-  const model = opts.model ?? (await loadModel(opts));
+  const model = opts.model ?? (await loadModel({ ...opts, maxSeqLen: opts.maxModelLen }));
   const chat = chatRendererFor(model.tokenizer, model.chatTemplate ?? null, opts.chatTemplatePath);
+  // Told to the gateway (heartbeat) and peers (Info): a gateway refuses an engine that tokenizes differently.
+  const fingerprint = tokenizerFingerprint(model.tokenizer);
   const shape: KvShape = { blockTokens: opts.blockTokens ?? 16, nLayers: model.nLayers, nKvHeads: model.nKvHeads, headDim: model.headDim };
   const pool = new KvPool(shape, opts.numBlocks ?? 1024);
   const maxModelLen = Math.min(opts.maxModelLen ?? model.maxSeqLen, model.maxSeqLen);
@@ -140,7 +126,7 @@ export async function startEngineNode(opts: EngineNodeOptions): Promise<EngineNo
     pool,
     maxModelLen,
     maxBatchTokens: opts.maxBatchTokens ?? 256,
-    eosTokenIds: model.tokenizer.eosIds,
+    eosTokenIds: model.eosIds ?? model.tokenizer.eosIds,
   });
   const roles: ("prefill" | "decode")[] = role === "both" ? ["prefill", "decode"] : [role];
   const closers: (() => Promise<unknown>)[] = [];
@@ -153,7 +139,7 @@ export async function startEngineNode(opts: EngineNodeOptions): Promise<EngineNo
     let receiver: KvReceiver | null = null;
     let kv: KvServer | null = null;
     if (receivesKv(role)) {
-      receiver = new KvReceiver(pool, { ttlMs: (opts.handleTtlS ?? 60) * 1000 });
+      receiver = new KvReceiver(pool, { ttlMs: (opts.handleTtlS ?? 60) * 1000, onExpired: opts.onHandleExpired });
       // serveKv would advertise its data plane at the bound host, which peers cannot reach
       // behind 0.0.0.0: start it here and advertise it as the other addresses are.
       let dp: DataPlaneServer | null = null;
@@ -170,7 +156,7 @@ export async function startEngineNode(opts: EngineNodeOptions): Promise<EngineNo
       (r) =>
         r.service(
           EngineControl,
-          controlService({ workerId, roles, modelName: model.name, engine, tokenizer: model.tokenizer, transport, onTransfer: opts.onTransfer }),
+          controlService({ workerId, roles, modelName: model.name, engine, tokenizer: model.tokenizer, tokenizerFingerprint: fingerprint, transport, onTransfer: opts.onTransfer }),
         ),
       { host, port: opts.grpcPort ?? 0 },
     );
@@ -181,6 +167,7 @@ export async function startEngineNode(opts: EngineNodeOptions): Promise<EngineNo
         tokenizer: model.tokenizer,
         chat,
         modelName: model.name,
+        modelStats: model.stats,
         workerId,
         roles,
         isDraining: () => engine.isDraining,
@@ -196,7 +183,7 @@ export async function startEngineNode(opts: EngineNodeOptions): Promise<EngineNo
       const registry = new GrpcRegistry(opts.gatewayRegistry, opts.heartbeatTimeoutMs ?? 1000);
       heartbeat = Heartbeat.spawn(
         registry,
-        { workerId, httpAddress: advertised(http.address), grpcAddress: advertised(grpc.address), kvAddress: kv ? (opts.advertiseKvAddress ?? advertised(kv.address)) : "", role, model: model.name, blockTokens: shape.blockTokens, totalBlocks: pool.total },
+        { workerId, httpAddress: advertised(http.address), grpcAddress: advertised(grpc.address), kvAddress: kv ? (opts.advertiseKvAddress ?? advertised(kv.address)) : "", role, model: model.name, blockTokens: shape.blockTokens, totalBlocks: pool.total, vocabSize: model.tokenizer.vocabSize, tokenizerFingerprint: fingerprint },
         () => ({ queueDepth: engine.queueDepth, running: engine.runningCount, freeBlocks: pool.total - pool.used, draining: engine.isDraining }),
         opts.heartbeatIntervalMs ?? 2000,
         opts.heartbeatTimeoutMs ?? 1000,

@@ -3,8 +3,8 @@ import { hostname } from "node:os";
 import { crc32cBackend } from "../codec/index.ts";
 import { startGateway, type Gateway } from "../gateway/index.ts";
 import { createMetrics, log, metricsResponse, shutdownTracing, startTracing, tracingEndpoint } from "../obs/index.ts";
-import { chatRendererFor } from "../model/index.ts";
-import { loadTokenizerFor, startEngineNode, type EngineNode } from "./engine-node.ts";
+import { chatRendererFor, loadTokenizerFor } from "../model/index.ts";
+import { startEngineNode, type EngineNode } from "./engine-node.ts";
 import { parseAddr, type Config } from "./options.ts";
 
 /** Starts one engine from its config; prints one ready line with every address. */
@@ -35,6 +35,7 @@ export async function runEngine(config: Config): Promise<EngineNode> {
     kvDataPort: kvData?.port,
     modelPath: String(e.model) || undefined,
     tokenizerPath: String(e.tokenizer) || undefined,
+    servedModelName: String(e.served_model_name) || undefined,
     chatTemplatePath: String(e.chat_template) || undefined,
     blockTokens: Number(e.block_tokens),
     numBlocks: Number(e.num_blocks),
@@ -50,6 +51,10 @@ export async function runEngine(config: Config): Promise<EngineNode> {
       if (r.ttftMs !== null) metrics.ttft.observe({ served }, r.ttftMs / 1000);
       if (r.ttftMs !== null && r.outputTokens > 1) metrics.tpot.observe({ served }, (r.durationMs - r.ttftMs) / 1000 / (r.outputTokens - 1));
       log.info("request", { request_id: r.requestId, role, path: served, prompt_tokens: r.promptTokens, output_tokens: r.outputTokens, prefix_hit_tokens: r.prefixHitTokens, finish: r.reason, ttft_ms: r.ttftMs, duration_ms: Math.round(r.durationMs) });
+    },
+    onHandleExpired: (handle) => {
+      metrics.handlesExpired.inc();
+      log.warn("kv handle expired unclaimed", { handle });
     },
     onTransfer: ({ stats, code, ms, target }) => {
       metrics.transferLatency.observe(ms / 1000);
@@ -72,7 +77,7 @@ export async function runEngine(config: Config): Promise<EngineNode> {
     },
   });
   console.log(
-    JSON.stringify({ msg: "ready", role, worker_id: node.workerId, pid: process.pid, model: node.model.name, http: node.httpAddress, grpc: node.grpcAddress, kv: node.kvAddress || null, advertise_host: advertiseHost ?? null, gateway_registry: e.gateway_registry || null, crc32c: crc32cBackend() }),
+    JSON.stringify({ msg: "ready", role, worker_id: node.workerId, pid: process.pid, model: node.model.name, ...modelFields(node), http: node.httpAddress, grpc: node.grpcAddress, kv: node.kvAddress || null, advertise_host: advertiseHost ?? null, gateway_registry: e.gateway_registry || null, crc32c: crc32cBackend() }),
   );
   return node;
 }
@@ -81,7 +86,11 @@ export async function runGateway(config: Config): Promise<Gateway> {
   const g = config.gateway;
   const http = parseAddr(String(g.http_listen));
   const reg = parseAddr(String(g.registry_listen));
-  const model = loadTokenizerFor({ modelPath: String(g.model) || undefined, tokenizerPath: String(g.tokenizer) || undefined });
+  const model = await loadTokenizerFor({
+    modelPath: String(g.model) || undefined,
+    tokenizerPath: String(g.tokenizer) || undefined,
+    servedModelName: String(g.served_model_name) || undefined,
+  });
   traceTo("tl-engine-gateway", "gateway", String(g.otlp_endpoint));
   const gw = await startGateway({
     host: http.host,
@@ -95,6 +104,11 @@ export async function runGateway(config: Config): Promise<Gateway> {
   });
   console.log(JSON.stringify({ msg: "ready", role: "gateway", pid: process.pid, model: model.name, http: gw.httpAddress, registry: gw.registryAddress }));
   return gw;
+}
+
+function modelFields(node: EngineNode): Record<string, unknown> {
+  const s = node.model.stats;
+  return s ? { parameters: s.parameters, dtype: s.dtype, resident_bytes: s.residentBytes } : {};
 }
 
 /** OTLP export when the option or OTEL_EXPORTER_OTLP_ENDPOINT names a collector; off (no provider) otherwise. */

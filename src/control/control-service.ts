@@ -1,4 +1,4 @@
-import { create } from "@bufbuild/protobuf";
+import { create, type MessageInitShape } from "@bufbuild/protobuf";
 import { Code, ConnectError, type ServiceImpl } from "@connectrpc/connect";
 import { KV_FORMAT } from "../codec/index.ts";
 import type { Engine, SamplingParams } from "../engine/index.ts";
@@ -11,13 +11,16 @@ import {
   type KvHandle,
   type PrefillRequest,
   type SamplingParams as SamplingProto,
+  type SamplingParamsSchema,
 } from "../gen/tl/engine/v1/engine_pb.ts";
 import type { Tokenizer } from "../model/index.ts";
 import { endSpan, extractHeaders, SpanKind, startSpan, traceparentOf, type Attributes, type Span } from "../obs/index.ts";
-import { validateSampling } from "../rng/index.ts";
+import { MAX_TOP_LOGPROBS, randomSeed, validateLogits, validateSampling } from "../rng/index.ts";
 import { transfer, TransferError, type KvTransport, type TransferStats } from "../transfer/index.ts";
 
 const U64_MAX = (1n << 64n) - 1n;
+/** Choices one Prefill may sample (the HTTP layer's bound on n). */
+const MAX_CHOICES = 16;
 
 export interface ControlContext {
   workerId: string;
@@ -25,6 +28,8 @@ export interface ControlContext {
   modelName: string;
   engine: Engine;
   tokenizer: Tokenizer;
+  /** tokenizerFingerprint(tokenizer), reported by Info. */
+  tokenizerFingerprint?: string;
   /** How this engine pushes KV to decode targets; required for the prefill role. */
   transport: KvTransport | null;
   /** Seconds-resolution observers for metrics and logs. */
@@ -36,7 +41,7 @@ function invalid(message: string): ConnectError {
 }
 
 /** Converts and checks SamplingParams; `seed` is chosen here when the request has none. */
-export function samplingFromProto(s: SamplingProto | undefined, chooseSeed: () => bigint): SamplingParams {
+export function samplingFromProto(s: SamplingProto | undefined, chooseSeed: () => bigint, vocab = Infinity): SamplingParams {
   if (!s) throw invalid("sampling is required (max_tokens ≥ 1)");
   const temperature = s.temperature;
   const topP = s.topP === 0 ? 1 : s.topP;
@@ -46,16 +51,48 @@ export function samplingFromProto(s: SamplingProto | undefined, chooseSeed: () =
   if (s.maxTokens < 1) throw invalid(`sampling.max_tokens ${s.maxTokens}: want ≥ 1`);
   const seed = s.seed ?? chooseSeed();
   if (seed < 0n || seed > U64_MAX) throw invalid(`sampling.seed ${seed} outside [0, 2^64)`);
-  return { temperature, topP, topK: s.topK, seed, maxTokens: s.maxTokens, stopTokenIds: [...s.stopTokenIds] };
+  const logitBias = new Map(Object.entries(s.logitBias).map(([k, v]) => [Number(k), v]));
+  const processing = { presencePenalty: s.presencePenalty, frequencyPenalty: s.frequencyPenalty, repetitionPenalty: s.repetitionPenalty === 0 ? 1 : s.repetitionPenalty, logitBias };
+  const bad = validateLogits(processing, vocab);
+  if (bad) throw invalid(`sampling: ${bad}`);
+  if (s.minTokens > s.maxTokens) throw invalid(`sampling.min_tokens ${s.minTokens} > max_tokens ${s.maxTokens}`);
+  if (s.topLogprobs !== undefined && s.topLogprobs > MAX_TOP_LOGPROBS) throw invalid(`sampling.top_logprobs ${s.topLogprobs} > ${MAX_TOP_LOGPROBS}`);
+  return {
+    temperature,
+    topP,
+    topK: s.topK,
+    seed,
+    maxTokens: s.maxTokens,
+    stopTokenIds: [...s.stopTokenIds],
+    ...processing,
+    minTokens: s.minTokens,
+    ignoreEos: s.ignoreEos,
+    topLogprobs: s.topLogprobs,
+  };
+}
+
+/** The engine's SamplingParams as EngineControl's message: the inverse of samplingFromProto. */
+export function samplingToProto(s: SamplingParams): MessageInitShape<typeof SamplingParamsSchema> {
+  return {
+    temperature: s.temperature,
+    topP: s.topP,
+    topK: s.topK,
+    seed: s.seed,
+    maxTokens: s.maxTokens,
+    stopTokenIds: [...s.stopTokenIds],
+    presencePenalty: s.presencePenalty ?? 0,
+    frequencyPenalty: s.frequencyPenalty ?? 0,
+    repetitionPenalty: s.repetitionPenalty ?? 1,
+    logitBias: Object.fromEntries(s.logitBias ?? []),
+    minTokens: s.minTokens ?? 0,
+    ignoreEos: s.ignoreEos ?? false,
+    topLogprobs: s.topLogprobs,
+  };
 }
 
 // Built once: tracing off allocates nothing per request.
 const PREFILL_SERVER_ATTRS: Attributes = { "tl.role": "prefill", "rpc.system": "grpc", "rpc.service": "tl.engine.v1.EngineControl", "rpc.method": "Prefill" };
 const ROLE_ATTRS: Attributes = { "tl.role": "prefill" };
-
-function randomSeed(): bigint {
-  return crypto.getRandomValues(new BigUint64Array(1))[0]!;
-}
 
 /** EngineControl: Prefill (then push to decode_target), Info, Cancel, Drain. */
 export function controlService(ctx: ControlContext): ServiceImpl<typeof EngineControl> {
@@ -73,7 +110,7 @@ export function controlService(ctx: ControlContext): ServiceImpl<typeof EngineCo
     const hasTokens = req.promptTokens.length > 0;
     const hasText = req.prompt !== "";
     if (hasTokens === hasText) throw invalid(`exactly one of prompt_tokens and prompt must be set (got ${hasTokens ? "both" : "neither"})`);
-    const sampling = samplingFromProto(req.sampling, randomSeed);
+    const sampling = samplingFromProto(req.sampling, randomSeed, vocab);
     if (req.kvFormat !== KV_FORMAT) throw new ConnectError(`kv_format ${req.kvFormat} not supported; this engine speaks ${KV_FORMAT}`, Code.FailedPrecondition);
     const bad = req.promptTokens.findIndex((t) => t >= vocab);
     if (bad >= 0) throw invalid(`prompt_tokens[${bad}] = ${req.promptTokens[bad]} ≥ vocab size ${vocab}`);
@@ -81,6 +118,7 @@ export function controlService(ctx: ControlContext): ServiceImpl<typeof EngineCo
     if (tokens.length + sampling.maxTokens > engine.maxModelLen) {
       throw invalid(`prompt (${tokens.length} tokens) + max_tokens (${sampling.maxTokens}) exceeds max_model_len ${engine.maxModelLen}`);
     }
+    if (req.n > MAX_CHOICES) throw invalid(`n ${req.n} > ${MAX_CHOICES}`);
     if (engine.has(req.requestId)) throw new ConnectError(`request ${req.requestId} already in flight`, Code.AlreadyExists);
     return { tokens, sampling };
   }
@@ -92,7 +130,7 @@ export function controlService(ctx: ControlContext): ServiceImpl<typeof EngineCo
     const step = startSpan("prefill", SpanKind.INTERNAL, parent, ROLE_ATTRS);
     let f;
     try {
-      f = await engine.submit({ requestId: req.requestId, promptTokens: tokens, sampling, prefillOnly: true });
+      f = await engine.submit({ requestId: req.requestId, promptTokens: tokens, sampling, prefillOnly: true, choices: Math.max(1, req.n) });
       if (step.isRecording()) step.setAttributes({ "tl.prompt_tokens": tokens.length, "tl.prefix_hit_tokens": f.prefixHitTokens, "tl.finish": f.reason });
     } finally {
       signal.removeEventListener("abort", onAbort);
@@ -109,6 +147,15 @@ export function controlService(ctx: ControlContext): ServiceImpl<typeof EngineCo
       promptTokens: tokens,
       seed: sampling.seed,
       finished: out.finished,
+      firstTokenLogprob: out.firstLogprobs?.logprob,
+      firstTopLogprobs: out.firstLogprobs?.top.map(([token, logprob]) => ({ token, logprob })) ?? [],
+      ...(out.choices.length > 1
+        ? {
+            choiceFirstTokens: out.choices.map((c) => c.token),
+            choiceFirstLogprobs: out.firstLogprobs ? out.choices.map((c) => c.logprobs!.logprob) : [],
+            choiceFinished: out.choices.map((c) => c.finished),
+          }
+        : {}),
     });
     if (out.finished) return handle;
     const started = performance.now();
@@ -178,6 +225,7 @@ export function controlService(ctx: ControlContext): ServiceImpl<typeof EngineCo
         draining: engine.isDraining,
         maxModelLen: engine.maxModelLen,
         vocabSize: vocab,
+        tokenizerFingerprint: ctx.tokenizerFingerprint ?? "",
       });
     },
 

@@ -7,3 +7,4 @@ export {
 } from "./worker-status.ts";
 export { Heartbeat, beatOnce, newBeatState, type BeatState, type Registry } from "./heartbeat.ts";
 export { GrpcRegistry } from "./grpc-registry.ts";
+export { controlService, samplingFromProto, samplingToProto, type ControlContext } from "./control-service.ts";

@@ -15,6 +15,9 @@ export interface WorkerIdentity {
   model: string;
   blockTokens: number;
   totalBlocks: number;
+  /** The tokenizer's vocabulary size and fingerprint, so a gateway can refuse a tokenizer unlike its own. */
+  vocabSize?: number;
+  tokenizerFingerprint?: string;
 }
 
 /** What a worker is doing; sampled afresh for every beat. */
@@ -57,5 +60,7 @@ export function workerStatus(identity: WorkerIdentity, load: WorkerLoad, seq: bi
     draining: load.draining,
     seq,
     blockTokens: identity.blockTokens,
+    vocabSize: identity.vocabSize ?? 0,
+    tokenizerFingerprint: identity.tokenizerFingerprint ?? "",
   });
 }

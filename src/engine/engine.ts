@@ -1,5 +1,5 @@
 import assert from "node:assert";
-import { resumeRng, sample, stream, SAMPLE_STREAM } from "../rng/index.ts";
+import { choiceSeed, maskStops, processLogits, resumeRng, sample, stream, SAMPLE_STREAM, tokenLogprobs, type TokenLogprobs } from "../rng/index.ts";
 import type { KvPool } from "../pool/index.ts";
 import type { ModelRunner, SeqChunk } from "./model-runner.ts";
 import { Sequence, type Finish, type FinishReason, type SamplingParams } from "./sequence.ts";
@@ -21,9 +21,12 @@ export interface EngineRequest {
   sampling: SamplingParams;
   /** Stop after the first token and hand the prompt's blocks to the caller. */
   prefillOnly?: boolean;
+  /** Prefill only: sample this many first tokens (choice j from stream(seed + j)); default 1. */
+  choices?: number;
   /** Continue a request another engine prefilled: the caller gives its references on blockIds. */
   resume?: { blockIds: number[]; firstToken: number; draws: number };
-  onToken?: (token: number) => void;
+  /** Each emitted token, with its logprobs when the sampling params ask for them. */
+  onToken?: (token: number, logprobs?: TokenLogprobs) => void;
 }
 
 export interface EngineStats {
@@ -56,6 +59,8 @@ export class Engine {
   private readonly byId = new Map<string, Sequence>();
   private scheduled = false;
   private logits = new Float32Array(0);
+  /** Scratch for one sequence's processed logits (penalties, bias, min_tokens). */
+  private processed = new Float32Array(0);
   private draining = false;
 
   constructor(opts: EngineOptions) {
@@ -102,6 +107,7 @@ export class Engine {
         rng,
         req.promptTokens.length,
         req.prefillOnly ?? false,
+        req.choices ?? 1,
         req.onToken ?? (() => {}),
         resolve,
       );
@@ -223,20 +229,71 @@ export class Engine {
       seq.numComputed += n;
       this.markComputed(seq, from, B);
       if (seq.numComputed < seq.tokens.length) continue;
-      const token = sample(this.logits.subarray(i * V, (i + 1) * V), seq.sampling, seq.rng);
-      if (seq.rng) seq.draws++;
-      this.appendToken(seq, token, true);
+      this.sampleNext(seq, this.logits.subarray(i * V, (i + 1) * V));
     }
   }
 
+  /**
+   * Processes a copy of the logits as the request asks (the model's own stay intact for
+   * logprobs), samples (the draw count depends on the temperature alone), and appends.
+   */
+  private sampleNext(seq: Sequence, raw: Float32Array): void {
+    const s = seq.sampling;
+    const masked = seq.outputCount < (s.minTokens ?? 0);
+    let logits = raw;
+    if (seq.processing || masked) {
+      if (this.processed.length !== raw.length) this.processed = new Float32Array(raw.length);
+      logits = this.processed;
+      logits.set(raw);
+      if (seq.processing) processLogits(logits, seq.processing, seq.history!);
+      if (masked) {
+        if (!s.ignoreEos) maskStops(logits, this.eos);
+        maskStops(logits, s.stopTokenIds);
+      }
+    }
+    const token = sample(logits, s, seq.rng);
+    if (seq.rng) seq.draws++;
+    // One prefill for n choices: the others' first tokens come from the same logits, each
+    // from its own stream with the same draw count as choice 0's.
+    for (let j = 1; j < seq.prefillChoices; j++) {
+      const t = sample(logits, s, seq.rng ? stream(choiceSeed(s.seed, j), SAMPLE_STREAM) : null);
+      const logprobs = s.topLogprobs === undefined ? undefined : tokenLogprobs(raw, t, s.topLogprobs);
+      seq.moreChoices.push({ token: t, logprobs, finished: this.isStop(seq, t) || s.maxTokens <= 1 });
+    }
+    this.appendToken(seq, token, true, s.topLogprobs === undefined ? undefined : tokenLogprobs(raw, token, s.topLogprobs));
+  }
+
+  /**
+   * References a resumed prompt's blocks once more, for one more sequence of the same
+   * prompt (n > 1 after one prefill): full blocks are shared read-only, a partial tail is
+   * copied since each sequence writes its own tokens there. Null when no block is free.
+   */
+  sharePrompt(blockIds: readonly number[], promptLen: number): number[] | null {
+    const full = Math.floor(promptLen / this.pool.shape.blockTokens);
+    const out = blockIds.slice(0, full);
+    if (full < blockIds.length) {
+      const tail = blockIds[full]!;
+      const copy = this.pool.importBlock(this.pool.payload(tail), this.pool.fillOf(tail));
+      if (copy < 0) return null;
+      out.push(copy);
+    }
+    for (let b = 0; b < full; b++) this.pool.acquire(out[b]!);
+    return out;
+  }
+
+  private isStop(seq: Sequence, token: number): boolean {
+    return (!seq.sampling.ignoreEos && this.eos.has(token)) || seq.sampling.stopTokenIds.includes(token);
+  }
+
   /** Records a sampled token; false when it finished the sequence. */
-  private appendToken(seq: Sequence, token: number, emit: boolean): boolean {
+  private appendToken(seq: Sequence, token: number, emit: boolean, logprobs?: TokenLogprobs): boolean {
     seq.tokens.push(token);
     seq.outputCount++;
-    if (emit) seq.onToken(token);
-    const stopped = this.eos.has(token) || seq.sampling.stopTokenIds.includes(token);
+    seq.history?.add(token);
+    if (emit) seq.onToken(token, logprobs);
+    const stopped = this.isStop(seq, token);
     if (seq.prefillOnly) {
-      this.finishPrefill(seq, token, stopped || seq.outputCount >= seq.sampling.maxTokens);
+      this.finishPrefill(seq, token, stopped || seq.outputCount >= seq.sampling.maxTokens, logprobs);
       return false;
     }
     if (stopped) this.finish(seq, "stop");
@@ -244,7 +301,7 @@ export class Engine {
     return seq.state !== "finished";
   }
 
-  private finishPrefill(seq: Sequence, firstToken: number, finished: boolean): void {
+  private finishPrefill(seq: Sequence, firstToken: number, finished: boolean, firstLogprobs?: TokenLogprobs): void {
     const B = this.pool.shape.blockTokens;
     const blockIds = seq.blockTable.slice(0, Math.ceil(seq.promptLen / B));
     const extra = seq.blockTable.slice(blockIds.length);
@@ -252,10 +309,12 @@ export class Engine {
     seq.blockTable = [];
     const hashes = seq.hashes.slice(0, Math.floor(seq.promptLen / B));
     this.remove(seq);
-    if (finished) this.pool.releaseAll(blockIds);
+    const choices = [{ token: firstToken, logprobs: firstLogprobs, finished }, ...seq.moreChoices];
+    const all = choices.every((c) => c.finished);
+    if (all) this.pool.releaseAll(blockIds);
     seq.onFinish({
-      ...this.summary(seq, finished ? "stop" : "prefilled"),
-      prefill: { blockIds: finished ? [] : blockIds, hashes, firstToken, draws: seq.draws, finished },
+      ...this.summary(seq, all ? "stop" : "prefilled"),
+      prefill: { blockIds: all ? [] : blockIds, hashes, firstToken, draws: seq.draws, finished: all, firstLogprobs, choices },
     });
   }
 

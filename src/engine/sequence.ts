@@ -1,5 +1,5 @@
 import { blockHash } from "../codec/index.ts";
-import type { Pcg32 } from "../rng/index.ts";
+import { isIdentity, TokenHistory, type LogitsConfig, type Pcg32, type TokenLogprobs } from "../rng/index.ts";
 
 export interface SamplingParams {
   temperature: number;
@@ -8,9 +8,28 @@ export interface SamplingParams {
   seed: bigint;
   maxTokens: number;
   stopTokenIds: readonly number[];
+  /** vLLM's penalties and OpenAI's logit_bias; absent = off (see rng/logits-processor.ts). */
+  presencePenalty?: number;
+  frequencyPenalty?: number;
+  repetitionPenalty?: number;
+  logitBias?: ReadonlyMap<number, number>;
+  /** EOS and stop_token_ids cannot be sampled before this many output tokens. */
+  minTokens?: number;
+  /** EOS does not end the request (stop_token_ids still do). */
+  ignoreEos?: boolean;
+  /** Report each token's logprob and this many alternatives; absent = no logprobs. */
+  topLogprobs?: number;
 }
 
 export type FinishReason = "stop" | "length" | "cancelled" | "prefilled" | "error";
+
+/** One choice's first token, sampled by the prefill engine. */
+export interface FirstToken {
+  token: number;
+  logprobs?: TokenLogprobs;
+  /** It ended this choice (a stop token, or max_tokens = 1). */
+  finished: boolean;
+}
 
 /** What a prefill-only request hands back: the caller owns one reference on each block. */
 export interface PrefillOutput {
@@ -18,8 +37,12 @@ export interface PrefillOutput {
   hashes: bigint[];
   firstToken: number;
   draws: number;
-  /** The first token already ended the request (stop token or max_tokens = 1). */
+  /** Every choice ended with its first token: no blocks are handed back. */
   finished: boolean;
+  /** The first token's logprobs, when the request asked for them. */
+  firstLogprobs?: TokenLogprobs;
+  /** Choice j's first token (j = 0 is firstToken), drawn from stream(seed + j): one prefill for n choices. */
+  choices: FirstToken[];
 }
 
 export interface Finish {
@@ -49,6 +72,12 @@ export class Sequence {
   prefixHitTokens = 0;
   preemptions = 0;
   draws = 0;
+  /** How this request changes the logits before sampling; null when it does not. */
+  readonly processing: LogitsConfig | null;
+  /** Output token counts (and prompt tokens) for the penalties; null without processing. */
+  readonly history: TokenHistory | null;
+  /** Prefill only: the first tokens of choices 1..n-1, sampled beside choice 0's. */
+  moreChoices: FirstToken[] = [];
 
   constructor(
     readonly requestId: string,
@@ -57,10 +86,15 @@ export class Sequence {
     readonly rng: Pcg32 | null,
     readonly promptLen: number,
     readonly prefillOnly: boolean,
-    readonly onToken: (token: number) => void,
+    /** Prefill only: first tokens to sample from the prompt's logits, one per choice. */
+    readonly prefillChoices: number,
+    readonly onToken: (token: number, logprobs?: TokenLogprobs) => void,
     readonly onFinish: (f: Finish) => void,
   ) {
     this.tokens = [...promptTokens];
+    const processing = logitsConfigOf(sampling);
+    this.processing = isIdentity(processing) ? null : processing;
+    this.history = this.processing ? new TokenHistory(promptTokens, processing.repetitionPenalty !== 1) : null;
   }
 
   /** Extends `hashes` to every full block of tokens[0..upTo). */
@@ -74,4 +108,13 @@ export class Sequence {
   get outputTokens(): number[] {
     return this.tokens.slice(this.promptLen);
   }
+}
+
+export function logitsConfigOf(s: SamplingParams): LogitsConfig {
+  return {
+    presencePenalty: s.presencePenalty ?? 0,
+    frequencyPenalty: s.frequencyPenalty ?? 0,
+    repetitionPenalty: s.repetitionPenalty ?? 1,
+    logitBias: s.logitBias ?? new Map(),
+  };
 }

@@ -2,11 +2,13 @@ import { create } from "@bufbuild/protobuf";
 import { ConnectError } from "@connectrpc/connect";
 import { Code, httpStatusOf } from "../rpc/status.ts";
 import { KV_FORMAT, promptHashes } from "../codec/index.ts";
+import { samplingToProto } from "../control/index.ts";
 import { grpcClient, serveGrpc, type GrpcServer } from "../rpc/index.ts";
 import { Role, WorkerRegistry as WorkerRegistryService } from "../gen/tl/control/v1/control_pb.ts";
 import { EngineControl, PrefillRequestSchema, type KvHandle } from "../gen/tl/engine/v1/engine_pb.ts";
 import { KvTransfer } from "../gen/tl/kv/v1/kv_pb.ts";
 import {
+  CHOICES_HEADER,
   completionResponse,
   DRAWS_HEADER,
   errorResponse,
@@ -22,7 +24,8 @@ import {
   type CompletionParams,
   type HttpServer,
 } from "../http/index.ts";
-import type { ChatRenderer, Tokenizer } from "../model/index.ts";
+import { type ChatRenderer, type Tokenizer, tokenizerFingerprint } from "../model/index.ts";
+import type { TokenLogprobs } from "../rng/index.ts";
 import { createMetrics, endSpan, extractHeaders, log, metricsResponse, SpanKind, startSpan, traceHeaders, type Attributes, type Metrics, type Span } from "../obs/index.ts";
 import { RegistryService } from "./registry-service.ts";
 import { KvAffinity, pickByLoad, pickDecode } from "./router.ts";
@@ -65,6 +68,19 @@ interface Served {
 
 const NEVER = new AbortController().signal;
 
+/** One routed prompt: its choices' token streams and how they were served. */
+interface Routed {
+  qs: TokenQueue[];
+  served: Served;
+}
+
+/** Prompt k of a request as a request of its own (its n choices use seed + j, as vLLM). */
+function promptParams(p: CompletionParams, k: number): CompletionParams {
+  if (p.prompts.length === 1) return p;
+  const prompt = p.prompts[k]!;
+  return { ...p, promptTokens: prompt, prompts: [prompt] };
+}
+
 /** `p`, or a rejection as soon as `signal` aborts (p itself goes on). */
 function untilAborted<T>(p: Promise<T>, signal: AbortSignal): Promise<T> {
   if (signal.aborted) return Promise.reject(signal.reason);
@@ -94,11 +110,21 @@ const SERVER_ATTRS: Record<CompletionKind, Attributes> = {
 const PREFILL_ATTRS: Attributes = { "tl.role": "gateway", "rpc.system": "grpc", "rpc.service": "tl.engine.v1.EngineControl", "rpc.method": "Prefill" };
 const RESUME_ATTRS: Attributes = { "tl.role": "gateway", "http.request.method": "POST", "url.path": "/v1/completions" };
 
+/** Each choice's first token as P sampled it, with its logprobs when the request asked for them. */
+function firstTokens(h: KvHandle): { token: number; logprobs?: TokenLogprobs; finished: boolean }[] {
+  const top = h.firstTopLogprobs.map((t): [number, number] => [t.token, t.logprob]);
+  const lp = (logprob: number | undefined) => (logprob === undefined ? undefined : { logprob, top });
+  if (h.choiceFirstTokens.length === 0) return [{ token: h.firstToken, logprobs: lp(h.firstTokenLogprob), finished: h.finished }];
+  return h.choiceFirstTokens.map((token, j) => ({ token, logprobs: lp(h.choiceFirstLogprobs[j]), finished: h.choiceFinished[j] ?? false }));
+}
+
 /** The front door: registry for heartbeats, OpenAI HTTP for clients, routing in between. */
 export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
   const host = opts.host ?? "127.0.0.1";
   const registry = new WorkerRegistry({ intervalMs: opts.heartbeatIntervalMs ?? 2000 });
-  const registryService = new RegistryService(registry);
+  const registryService = new RegistryService(registry, {
+    expect: { model: opts.modelName, vocabSize: opts.tokenizer.vocabSize, tokenizerFingerprint: tokenizerFingerprint(opts.tokenizer) },
+  });
   const metrics = createMetrics();
   const affinity = new KvAffinity();
   const inflight = new Map<string, number>();
@@ -117,9 +143,10 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
         create(PrefillRequestSchema, {
           requestId: id,
           promptTokens: params.promptTokens,
-          sampling: { ...samplingOf(params), stopTokenIds: [...params.stopTokenIds] },
+          sampling: samplingToProto(samplingOf(params)),
           decodeTarget: d.status.kvAddress,
           kvFormat: KV_FORMAT,
+          n: params.n,
         }),
         { signal, headers: traceHeaders(span) },
       );
@@ -132,15 +159,26 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     }
   }
 
-  function resumeBody(params: CompletionParams, tokens: readonly number[]) {
+  /** The completions body D (or a colocated engine) continues `n` choices of `params` with. */
+  function resumeBody(params: CompletionParams, tokens: readonly number[], n: number) {
     return {
       prompt: tokens,
+      n,
+      stop: params.stop,
+      include_stop_str_in_output: params.includeStopStr,
       max_tokens: params.maxTokens,
       temperature: params.temperature,
       top_p: params.topP,
       top_k: params.topK,
       seed: params.seed.toString(),
       stop_token_ids: params.stopTokenIds,
+      presence_penalty: params.presencePenalty,
+      frequency_penalty: params.frequencyPenalty,
+      repetition_penalty: params.repetitionPenalty,
+      logit_bias: Object.fromEntries(params.logitBias),
+      min_tokens: params.minTokens,
+      ignore_eos: params.ignoreEos,
+      logprobs: params.topLogprobs,
       stream: true,
       return_token_ids: true,
     };
@@ -171,16 +209,35 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     }
     const id = req.headers.get("x-request-id") ?? requestId(kind === "chat" ? "chatcmpl" : "cmpl");
     if (span.isRecording()) span.setAttribute("tl.request_id", id);
+    // A list of prompts: each prompt is routed as a request of its own, with its own
+    // abort. Its n choices share one prefill and one resume (one D stream carrying them
+    // all); a stop string then ends its choice on D itself (stop is forwarded), so only a
+    // single-choice stream is cut from here.
+    const aborts = params.prompts.map(() => new AbortController());
+    req.signal.addEventListener("abort", () => aborts.forEach((a) => a.abort()));
+    const routed = await Promise.all(
+      aborts.map((a, k) =>
+        routePrompt(promptParams(params, k), params.prompts.length === 1 ? id : `${id}-${k}`, arrived, a, span).catch((e: unknown) => {
+          aborts.forEach((x) => x.abort());
+          throw e;
+        }),
+      ),
+    );
+    const onStop = (i: number) => {
+      if (params.n === 1) aborts[i]!.abort();
+    };
+    return respond(routed.flatMap((r) => r.qs), params, id, routed[0]!.served, arrived, onStop, () => aborts.forEach((a) => a.abort()), span);
+  }
+
+  /** Routes one prompt's n choices: a prefill/decode pair (retried on another pair when nothing reached the client), else a colocated engine. */
+  async function routePrompt(params: CompletionParams, id: string, arrived: number, abort: AbortController, span: Span): Promise<Routed> {
     const exclude = new Set<string>();
     let retried = false;
-    const abort = new AbortController();
-    req.signal.addEventListener("abort", () => abort.abort());
-
     for (let attempt = 0; attempt < 4; attempt++) {
       const workers = registry.live();
       const P = pickByLoad(workers, Role.PREFILL, inflight, exclude);
       const D = P ? pickDecode(workers, promptHashes(params.promptTokens, P.worker.status.blockTokens), affinity, inflight, exclude) : null;
-      if (!P || !D) return colocated(params, id, exclude, arrived, abort, span);
+      if (!P || !D) return colocated(params, id, exclude, abort, span);
       log.debug("route", { request_id: id, prefill: P.worker.status.workerId, prefill_why: P.why, decode: D.worker.status.workerId, decode_why: D.why });
       const pid = P.worker.status.workerId;
       const did = D.worker.status.workerId;
@@ -240,39 +297,57 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
       if (!handle.finished) affinity.record(did, handle.blockHashes);
       log.debug("prefilled", { request_id: id, handle: handle.handleId, blocks_sent: served.blocksSent, blocks_deduped: served.blocksDeduped, payload_bytes: served.payloadBytes });
 
-      const q = new TokenQueue();
-      q.push(handle.firstToken);
-      let claimed = false;
-      if (handle.finished) {
-        const stop = opts.tokenizer.eosIds.includes(handle.firstToken) || params.stopTokenIds.includes(handle.firstToken);
-        q.close({ reason: stop ? "stop" : "length" });
-      } else {
-        busy(did, 1);
-        const resume = startSpan("resume", SpanKind.CLIENT, span, RESUME_ATTRS);
-        if (resume.isRecording()) resume.setAttributes({ "server.address": D.worker.status.httpAddress, "tl.worker_id": did, "tl.kv.handle": handle.handleId });
-        readTokenStream(
-          `http://${D.worker.status.httpAddress}/v1/completions`,
-          resumeBody(params, handle.promptTokens),
-          {
-            [HANDLE_HEADER]: handle.handleId,
-            [FIRST_TOKEN_HEADER]: String(handle.firstToken),
-            [DRAWS_HEADER]: String(handle.rngDrawsConsumed),
-            "x-request-id": id,
-            ...traceHeaders(resume),
-          },
-          q,
-          abort.signal,
-          () => (claimed = true),
-        ).finally(() => {
-          endSpan(resume, q.end.reason === "error" ? q.end.error : undefined);
-          busy(did, -1);
-          // Before D answered, the handle is still pending there: give it back.
-          if (!claimed) releaseOn(D.worker, handle.handleId, id);
-        });
-      }
-      return respond(q, params, id, served, arrived, abort, span);
+      return { qs: resumeOnDecode(handle, params, D.worker, id, abort, span), served };
     }
     throw new HttpError(503, "no worker could take the request after retries", "server_error", null, { "retry-after": "1" });
+  }
+
+  /**
+   * The choices' queues after Prefill: each starts with the first token P sampled; a
+   * choice it ended is closed at once, the others continue in one resume on D.
+   */
+  function resumeOnDecode(handle: KvHandle, params: CompletionParams, d: WorkerView, id: string, abort: AbortController, span: Span): TokenQueue[] {
+    const first = firstTokens(handle);
+    const qs = first.map((c) => {
+      const q = new TokenQueue();
+      q.push(c.token, c.logprobs);
+      return q;
+    });
+    const open = first.flatMap((c, j) => (c.finished ? [] : [j]));
+    for (const [j, c] of first.entries()) {
+      if (!c.finished) continue;
+      const stop = (!params.ignoreEos && opts.tokenizer.eosIds.includes(c.token)) || params.stopTokenIds.includes(c.token);
+      qs[j]!.close({ reason: stop ? "stop" : "length" });
+    }
+    if (open.length === 0) return qs;
+    const did = d.status.workerId;
+    let claimed = false;
+    busy(did, 1);
+    const resume = startSpan("resume", SpanKind.CLIENT, span, RESUME_ATTRS);
+    if (resume.isRecording()) resume.setAttributes({ "server.address": d.status.httpAddress, "tl.worker_id": did, "tl.kv.handle": handle.handleId });
+    const resumed = open.map((j) => qs[j]!);
+    readTokenStream(
+      `http://${d.status.httpAddress}/v1/completions`,
+      resumeBody(params, handle.promptTokens, open.length),
+      {
+        [HANDLE_HEADER]: handle.handleId,
+        [FIRST_TOKEN_HEADER]: open.map((j) => first[j]!.token).join(","),
+        ...(params.n > 1 ? { [CHOICES_HEADER]: open.join(",") } : {}),
+        [DRAWS_HEADER]: String(handle.rngDrawsConsumed),
+        "x-request-id": id,
+        ...traceHeaders(resume),
+      },
+      resumed,
+      abort.signal,
+      () => (claimed = true),
+    ).finally(() => {
+      const failed = resumed.find((q) => q.end.reason === "error");
+      endSpan(resume, failed?.end.error);
+      busy(did, -1);
+      // Before D answered, the handle is still pending there: give it back.
+      if (!claimed) releaseOn(d, handle.handleId, id);
+    });
+    return qs;
   }
 
   /** The client left during Prefill: stop P's work, and release on D whatever handle the call still yields. */
@@ -296,7 +371,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
   }
 
   /** No prefill/decode pair: a `both` engine does the whole request. */
-  function colocated(params: CompletionParams, id: string, exclude: Set<string>, arrived: number, abort: AbortController, span: Span): Response | Promise<Response> {
+  function colocated(params: CompletionParams, id: string, exclude: Set<string>, abort: AbortController, span: Span): Routed {
     const W = pickByLoad(registry.live(), Role.BOTH, inflight, exclude);
     if (!W) {
       throw new HttpError(503, "no engine is available: no prefill/decode pair and no colocated engine", "server_error", null, { "retry-after": "2" });
@@ -304,34 +379,48 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     const wid = W.worker.status.workerId;
     log.debug("route", { request_id: id, colocated: wid, why: `no prefill/decode pair; ${W.why}` });
     const served: Served = { served: "colocated-fallback", prefillWorker: wid, decodeWorker: wid, blocksSent: 0, blocksDeduped: 0, payloadBytes: 0 };
-    const q = new TokenQueue();
+    const qs = Array.from({ length: params.n }, () => new TokenQueue());
     busy(wid, 1);
     const call = startSpan("colocated", SpanKind.CLIENT, span, RESUME_ATTRS);
     if (call.isRecording()) call.setAttributes({ "server.address": W.worker.status.httpAddress, "tl.worker_id": wid });
-    readTokenStream(`http://${W.worker.status.httpAddress}/v1/completions`, resumeBody(params, params.promptTokens), { "x-request-id": id, ...traceHeaders(call) }, q, abort.signal, () => {}).finally(() => {
-      endSpan(call, q.end.reason === "error" ? q.end.error : undefined);
+    readTokenStream(`http://${W.worker.status.httpAddress}/v1/completions`, resumeBody(params, params.promptTokens, params.n), { "x-request-id": id, ...traceHeaders(call) }, qs, abort.signal, () => {}).finally(() => {
+      endSpan(call, qs[0]!.end.reason === "error" ? qs[0]!.end.error : undefined);
       busy(wid, -1);
     });
-    return respond(q, params, id, served, arrived, abort, span);
+    return { qs, served };
   }
 
-  function respond(q: TokenQueue, params: CompletionParams, id: string, s: Served, arrived: number, abort: AbortController, span: Span): Response | Promise<Response> {
+  function respond(
+    queues: TokenQueue[],
+    params: CompletionParams,
+    id: string,
+    s: Served,
+    arrived: number,
+    onStop: (choice: number) => void,
+    onAbort: () => void,
+    span: Span,
+  ): Response | Promise<Response> {
     let n = 0;
     let firstAt = 0;
-    const counted = new TokenQueue();
-    (async () => {
+    const relay = async (q: TokenQueue, counted: TokenQueue) => {
+      let i = 0;
       for await (const t of q) {
         if (n++ === 0) {
           firstAt = performance.now();
           if (s.served === "colocated-fallback") metrics.ttft.observe({ served: s.served }, (firstAt - arrived) / 1000);
         }
-        counted.push(t);
+        counted.push(t, q.logprobsAt(i++));
       }
       counted.close(q.end);
+    };
+    const counted = queues.map(() => new TokenQueue());
+    (async () => {
+      await Promise.all(queues.map((q, i) => relay(q, counted[i]!)));
       active--;
-      const outcome = q.end.reason === "error" ? "error" : q.end.reason === "cancelled" ? "cancelled" : "ok";
+      const end = queues.find((q) => q.end.reason === "error")?.end ?? queues.find((q) => q.end.reason === "cancelled")?.end ?? queues[0]!.end;
+      const outcome = end.reason === "error" ? "error" : end.reason === "cancelled" ? "cancelled" : "ok";
       metrics.requests.inc({ served: s.served, outcome });
-      if (n > 1) metrics.tpot.observe({ served: s.served }, (performance.now() - firstAt) / 1000 / (n - 1));
+      if (n > queues.length) metrics.tpot.observe({ served: s.served }, (performance.now() - firstAt) / 1000 / (n - queues.length));
       log.info("request", {
         request_id: id,
         served: s.served,
@@ -339,24 +428,26 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
         decode_worker: s.decodeWorker,
         prompt_tokens: params.promptTokens.length,
         output_tokens: n,
+        choices: queues.length,
         outcome,
-        error: q.end.error,
+        error: end.error,
         duration_ms: Math.round(performance.now() - arrived),
         blocks_sent: s.blocksSent,
         blocks_deduped: s.blocksDeduped,
         payload_bytes: s.payloadBytes,
       });
       if (span.isRecording()) span.setAttributes({ "tl.served": s.served, "tl.prefill_worker": s.prefillWorker, "tl.decode_worker": s.decodeWorker, "tl.output_tokens": n, "tl.outcome": outcome });
-      endSpan(span, q.end.reason === "error" ? q.end.error : undefined);
+      endSpan(span, end.reason === "error" ? end.error : undefined);
     })();
     return completionResponse(counted, {
       id,
       model: opts.modelName,
       tokenizer: opts.tokenizer,
       params,
-      onStop: () => abort.abort(),
-      onAbort: () => abort.abort(),
+      onStop,
+      onAbort,
       headers: {
+        ...(params.ignoredFields.length > 0 ? { "x-tl-ignored-fields": params.ignoredFields.join(",") } : {}),
         "x-request-id": id,
         "x-tl-served": s.served,
         "x-tl-prefill-worker": s.prefillWorker,

@@ -14,6 +14,15 @@ import type { WorkerRegistry } from "./worker-registry.ts";
 export interface RegistryServiceOptions {
   /** How often dead workers are forgotten; the registry's interval by default. */
   sweepEveryMs?: number;
+  /** The gateway's own model and tokenizer: beats from engines that differ are refused. */
+  expect?: ExpectedModel;
+}
+
+/** What every engine must match for the gateway's prompt-block hashes to be theirs. */
+export interface ExpectedModel {
+  model: string;
+  vocabSize: number;
+  tokenizerFingerprint: string;
 }
 
 /**
@@ -32,6 +41,7 @@ export class RegistryService {
     this.impl = {
       heartbeat: (status) => {
         validate(status);
+        if (opts.expect) sameModel(status, opts.expect);
         return create(HeartbeatAckSchema, registry.beat(status));
       },
       listWorkers: () =>
@@ -74,5 +84,22 @@ function validate(status: WorkerStatus): void {
       `heartbeat from ${status.workerId}: role ${status.role} is not prefill, decode or both`,
       Code.InvalidArgument,
     );
+  }
+}
+
+/**
+ * An engine whose model name, vocabulary or tokenizer differs from the gateway's would be
+ * routed by hashes of token ids it does not produce: refused, by value. Engines that report no
+ * vocab_size or fingerprint (older ones) are checked on what they do report.
+ */
+function sameModel(status: WorkerStatus, want: ExpectedModel): void {
+  const diff: string[] = [];
+  if (status.model !== want.model) diff.push(`model ${JSON.stringify(status.model)}, want ${JSON.stringify(want.model)}`);
+  if (status.vocabSize !== 0 && status.vocabSize !== want.vocabSize) diff.push(`vocab_size ${status.vocabSize}, want ${want.vocabSize}`);
+  if (status.tokenizerFingerprint !== "" && status.tokenizerFingerprint !== want.tokenizerFingerprint) {
+    diff.push(`tokenizer fingerprint ${status.tokenizerFingerprint}, want ${want.tokenizerFingerprint}`);
+  }
+  if (diff.length > 0) {
+    throw new ConnectError(`heartbeat from ${status.workerId}: ${diff.join("; ")} (the gateway tokenizes for another model: its prompt hashes would not match)`, Code.FailedPrecondition);
   }
 }

@@ -1,6 +1,7 @@
 import { StreamDecoder, type Tokenizer } from "../model/index.ts";
 import type { CompletionParams } from "./completion-request.ts";
 import { errorResponse, HttpError } from "./errors.ts";
+import { LogprobsWriter, toWire } from "./logprobs-shape.ts";
 import type { TokenQueue } from "./token-queue.ts";
 
 /**
@@ -12,6 +13,7 @@ export class TextAssembler {
   private readonly silent: Set<number>;
   private pending = "";
   private readonly holdBack: number;
+  private count = 0;
   stopped = false;
 
   constructor(
@@ -20,6 +22,10 @@ export class TextAssembler {
     stopTokenIds: readonly number[],
     /** The prompt's last token: some tokenizers render a piece differently after BOS. */
     prevToken = -1,
+    /** vLLM's include_stop_str_in_output: the stop string stays at the end of the text. */
+    private readonly includeStop = false,
+    /** vLLM's min_tokens: stop strings are not looked for before this many tokens. */
+    private readonly minTokens = 0,
   ) {
     this.decoder = new StreamDecoder(tokenizer, prevToken);
     this.silent = new Set([...tokenizer.eosIds, tokenizer.bos, ...stopTokenIds]);
@@ -30,6 +36,12 @@ export class TextAssembler {
   push(token: number): string {
     if (this.stopped) return "";
     if (!this.silent.has(token)) this.pending += this.decoder.push(token);
+    if (++this.count < this.minTokens) {
+      // Too early to stop: the text goes out whole, so a stop string in it is never found later.
+      const out = this.pending;
+      this.pending = "";
+      return out;
+    }
     return this.release(false);
   }
 
@@ -48,7 +60,8 @@ export class TextAssembler {
     }
     if (cut >= 0) {
       this.stopped = true;
-      const out = this.pending.slice(0, cut);
+      const hit = this.includeStop ? this.stop.find((s) => this.pending.startsWith(s, cut))! : "";
+      const out = this.pending.slice(0, cut + hit.length);
       this.pending = "";
       return out;
     }
@@ -64,112 +77,211 @@ export interface ResponseContext {
   model: string;
   tokenizer: Tokenizer;
   params: CompletionParams;
-  /** A stop string ended the text: the producer should stop. */
-  onStop: () => void;
+  /** A stop string ended choice `index`'s text: its producer should stop. */
+  onStop: (index: number) => void;
   /** The client went away before the end. */
   onAbort: () => void;
   headers?: Record<string, string>;
   /** Extra fields for the final JSON body or last chunk (how the request was served). */
   extra?: () => Record<string, unknown>;
+  /** Tokens of each choice emitted elsewhere before this stream (a resume: the first, from P); they count toward min_tokens. */
+  emittedBefore?: number;
 }
 
 function finishReason(q: TokenQueue, stopped: boolean): "stop" | "length" {
   return stopped || q.end.reason === "stop" || q.end.reason === "cancelled" ? "stop" : "length";
 }
 
-/** Answers an OpenAI request from a token queue, as SSE or as one JSON body. */
-export function completionResponse(q: TokenQueue, ctx: ResponseContext): Promise<Response> | Response {
-  return ctx.params.stream ? streamResponse(q, ctx) : jsonResponse(q, ctx);
+/**
+ * One choice being assembled from its queue: text with stop strings applied, the ids,
+ * and the logprobs in OpenAI's shape. Choice i samples prompt ⌊i / n⌋.
+ */
+class ChoiceState {
+  readonly text: TextAssembler;
+  readonly logprobs: LogprobsWriter | null;
+  readonly ids: number[] = [];
+  /** Completions with echo: the prompt's text, sent before the first token's. */
+  readonly echoed: string;
+  out = "";
+
+  constructor(
+    ctx: ResponseContext,
+    readonly index: number,
+    readonly q: TokenQueue,
+  ) {
+    const p = ctx.params;
+    const prompt = p.prompts[Math.floor(index / p.n)]!;
+    this.echoed = p.echo ? ctx.tokenizer.decode(prompt) : "";
+    this.text = new TextAssembler(ctx.tokenizer, p.stop, p.stopTokenIds, prompt.at(-1), p.includeStopStr, p.minTokens - (ctx.emittedBefore ?? 0));
+    this.logprobs = !p.showLogprobs ? null : new LogprobsWriter(ctx.tokenizer, p.kind, prompt.at(-1) ?? -1, this.echoed.length);
+  }
+
+  /** Takes the next token; returns the text it releases. */
+  push(t: number): string {
+    const lp = this.q.logprobsAt(this.ids.length);
+    this.ids.push(t);
+    if (this.logprobs && lp) this.logprobs.add(t, lp);
+    return this.text.push(t);
+  }
+
+  /** The sum of the sampled tokens' logprobs: how best_of ranks candidates. */
+  get cumulativeLogprob(): number {
+    let sum = 0;
+    for (let i = 0; i < this.ids.length; i++) sum += this.q.logprobsAt(i)?.logprob ?? 0;
+    return sum;
+  }
+
+  get finish(): "stop" | "length" {
+    return finishReason(this.q, this.text.stopped);
+  }
+
+  /** The internal hop's exact form of the logprobs of `ids` (see logprobs-shape.ts). */
+  wireLogprobs(from: number): unknown[] {
+    const out: unknown[] = [];
+    for (let i = from; i < this.ids.length; i++) {
+      const lp = this.q.logprobsAt(i);
+      if (lp) out.push(toWire(lp));
+    }
+    return out;
+  }
 }
 
-async function jsonResponse(q: TokenQueue, ctx: ResponseContext): Promise<Response> {
-  const p = ctx.params;
-  const text = new TextAssembler(ctx.tokenizer, p.stop, p.stopTokenIds, p.promptTokens.at(-1));
-  const ids: number[] = [];
-  let out = "";
-  for await (const t of q) {
-    ids.push(t);
-    out += text.push(t);
-    if (text.stopped) {
-      ctx.onStop();
+/** Answers an OpenAI request from one token queue per choice, as SSE or as one JSON body. */
+export function completionResponse(queues: TokenQueue | TokenQueue[], ctx: ResponseContext): Promise<Response> | Response {
+  const qs = Array.isArray(queues) ? queues : [queues];
+  const choices = qs.map((q, i) => new ChoiceState(ctx, i, q));
+  return ctx.params.stream ? streamResponse(choices, ctx) : jsonResponse(choices, ctx);
+}
+
+/** Reads choice c to its end; the error message when it failed. */
+async function collect(c: ChoiceState, ctx: ResponseContext): Promise<string | null> {
+  c.out = c.echoed;
+  for await (const t of c.q) {
+    c.out += c.push(t);
+    if (c.text.stopped) {
+      ctx.onStop(c.index);
       break;
     }
   }
-  if (!text.stopped && q.end.reason === "error") {
-    return errorResponse(new HttpError(502, `generation failed: ${q.end.error ?? "unknown error"}`, "server_error"));
+  if (!c.text.stopped && c.q.end.reason === "error") return c.q.end.error ?? "unknown error";
+  c.out += c.text.flush();
+  return null;
+}
+
+async function jsonResponse(choices: ChoiceState[], ctx: ResponseContext): Promise<Response> {
+  const p = ctx.params;
+  const errors = await Promise.all(choices.map((c) => collect(c, ctx)));
+  const failed = errors.find((e) => e !== null);
+  if (failed !== undefined) {
+    ctx.onAbort();
+    return errorResponse(new HttpError(502, `generation failed: ${failed}`, "server_error"));
   }
-  out += text.flush();
   const created = Math.floor(Date.now() / 1000);
-  const finish = finishReason(q, text.stopped);
-  const choice =
-    p.kind === "chat"
-      ? { index: 0, message: { role: "assistant", content: out }, logprobs: null, finish_reason: finish }
-      : { index: 0, text: out, logprobs: null, finish_reason: finish };
+  const body = bestOf(choices, p).map(([index, c]) => {
+    const logprobs = c.logprobs?.take() ?? null;
+    const choice: Record<string, unknown> =
+      p.kind === "chat"
+        ? { index, message: { role: "assistant", content: c.out }, logprobs, finish_reason: c.finish }
+        : { index, text: c.out, logprobs, finish_reason: c.finish };
+    if (p.returnTokenIds) {
+      choice.token_ids = c.ids;
+      if (c.logprobs) choice.tl_logprobs = c.wireLogprobs(0);
+    }
+    return choice;
+  });
   return Response.json(
     {
       id: ctx.id,
       object: p.kind === "chat" ? "chat.completion" : "text_completion",
       created,
       model: ctx.model,
-      choices: [p.returnTokenIds ? { ...choice, token_ids: ids } : choice],
-      usage: usage(p, ids.length),
+      choices: body,
+      usage: usage(p, choices),
       ...ctx.extra?.(),
     },
     { headers: ctx.headers },
   );
 }
 
-function usage(p: CompletionParams, completion: number) {
-  return { prompt_tokens: p.promptTokens.length, completion_tokens: completion, total_tokens: p.promptTokens.length + completion };
+/** The choices returned, with their indices: per prompt, the `returned` best of its n by cumulative logprob (stable). */
+function bestOf(choices: ChoiceState[], p: CompletionParams): [number, ChoiceState][] {
+  if (p.returned === p.n) return choices.map((c) => [c.index, c]);
+  const out: [number, ChoiceState][] = [];
+  for (let k = 0; k < p.prompts.length; k++) {
+    const group = choices.slice(k * p.n, (k + 1) * p.n).map((c) => [c.cumulativeLogprob, c] as const);
+    group.sort((a, b) => b[0] - a[0]);
+    group.slice(0, p.returned).forEach(([, c], r) => out.push([k * p.returned + r, c]));
+  }
+  return out;
 }
 
-function streamResponse(q: TokenQueue, ctx: ResponseContext): Response {
+function usage(p: CompletionParams, choices: ChoiceState[]) {
+  const prompt = p.prompts.reduce((s, x) => s + x.length, 0);
+  const completion = choices.reduce((s, c) => s + c.ids.length, 0);
+  return { prompt_tokens: prompt, completion_tokens: completion, total_tokens: prompt + completion };
+}
+
+function streamResponse(choices: ChoiceState[], ctx: ResponseContext): Response {
   const p = ctx.params;
   const enc = new TextEncoder();
   const created = Math.floor(Date.now() / 1000);
   const object = p.kind === "chat" ? "chat.completion.chunk" : "text_completion";
-  const chunk = (text: string | null, finish: string | null, ids: number[] | null, first = false) => {
+  /** One chunk of choice c: `from` is the first id it reports (token_ids and logprobs). */
+  const chunk = (c: ChoiceState, text: string | null, finish: string | null, from: number | null, first = false) => {
+    const logprobs = from !== null && c.logprobs ? c.logprobs.take() : null;
     const choice: Record<string, unknown> =
       p.kind === "chat"
-        ? { index: 0, delta: finish !== null && text === null ? {} : first ? { role: "assistant", content: text ?? "" } : { content: text }, logprobs: null, finish_reason: finish }
-        : { index: 0, text: text ?? "", logprobs: null, finish_reason: finish };
-    if (ids) choice.token_ids = ids;
+        ? { index: c.index, delta: finish !== null && text === null ? {} : first ? { role: "assistant", content: text ?? "" } : { content: text }, logprobs, finish_reason: finish }
+        : { index: c.index, text: text ?? "", logprobs, finish_reason: finish };
+    if (p.returnTokenIds && from !== null) {
+      choice.token_ids = c.ids.slice(from);
+      if (c.logprobs) choice.tl_logprobs = c.wireLogprobs(from);
+    }
     return { id: ctx.id, object, created, model: ctx.model, choices: [choice] };
   };
   let done = false;
+  let failed = false;
   const body = new ReadableStream<Uint8Array>({
     async start(controller) {
       const send = (obj: unknown) => controller.enqueue(enc.encode(`data: ${JSON.stringify(obj)}\n\n`));
-      const text = new TextAssembler(ctx.tokenizer, p.stop, p.stopTokenIds, p.promptTokens.at(-1));
-      let n = 0;
-      let first = true;
-      try {
+      /** Streams choice c to its end; false when it failed (the error event is sent). */
+      const run = async (c: ChoiceState): Promise<void> => {
+        let first = true;
         if (p.kind === "chat") {
-          send(chunk("", null, p.returnTokenIds ? [] : null, true));
+          send(chunk(c, "", null, null, true));
           first = false;
-        }
-        for await (const t of q) {
-          n++;
-          const delta = text.push(t);
-          if (delta.length > 0 || p.returnTokenIds) send(chunk(delta, null, p.returnTokenIds ? [t] : null, first));
+        } else if (c.echoed.length > 0) send(chunk(c, c.echoed, null, null));
+        for await (const t of c.q) {
+          if (failed) return;
+          const from = c.ids.length;
+          const delta = c.push(t);
+          if (delta.length > 0 || p.returnTokenIds || c.logprobs) send(chunk(c, delta, null, from, first));
           first = false;
-          if (text.stopped) {
-            ctx.onStop();
+          if (c.text.stopped) {
+            ctx.onStop(c.index);
             break;
           }
         }
-        if (!text.stopped && q.end.reason === "error") {
+        if (failed) return;
+        if (!c.text.stopped && c.q.end.reason === "error") {
           // Never a silent truncation: the client sees the stream fail.
-          send({ error: { message: `generation failed: ${q.end.error ?? "unknown error"}`, type: "server_error", code: 502 } });
+          failed = true;
+          send({ error: { message: `generation failed: ${c.q.end.error ?? "unknown error"}`, type: "server_error", code: 502 } });
+          return;
+        }
+        const rest = c.text.flush();
+        if (rest.length > 0) send(chunk(c, rest, null, p.returnTokenIds ? c.ids.length : null));
+        send({ ...chunk(c, null, c.finish, null), ...ctx.extra?.() });
+      };
+      try {
+        await Promise.all(choices.map(run));
+        if (failed) {
+          ctx.onAbort();
           done = true;
           controller.close();
           return;
         }
-        const rest = text.flush();
-        if (rest.length > 0) send(chunk(rest, null, p.returnTokenIds ? [] : null));
-        const last = chunk(null, finishReason(q, text.stopped), null);
-        send({ ...last, ...ctx.extra?.() });
-        if (p.includeUsage) send({ id: ctx.id, object, created, model: ctx.model, choices: [], usage: usage(p, n) });
+        if (p.includeUsage) send({ id: ctx.id, object, created, model: ctx.model, choices: [], usage: usage(p, choices) });
         controller.enqueue(enc.encode("data: [DONE]\n\n"));
         done = true;
         controller.close();

@@ -3,7 +3,7 @@ import type { ClaimedHandle } from "../transfer/index.ts";
 import type { Engine, Finish } from "../engine/index.ts";
 import type { ChatRenderer, Tokenizer } from "../model/index.ts";
 import { endSpan, extractHeaders, SpanKind, startSpan, type Attributes, type Span } from "../obs/index.ts";
-import { parseCompletion, samplingOf, type CompletionKind, type CompletionParams } from "./completion-request.ts";
+import { LIMITS, parseCompletion, samplingOf, type CompletionKind, type CompletionParams } from "./completion-request.ts";
 import { completionResponse } from "./completion-response.ts";
 import { errorResponse, HttpError } from "./errors.ts";
 import { TokenQueue } from "./token-queue.ts";
@@ -15,6 +15,8 @@ export interface EngineHttpContext {
   /** The model's chat template (default: DEFAULT_CHAT_TEMPLATE). */
   chat?: ChatRenderer;
   modelName: string;
+  /** Listed beside the model in /v1/models when known. */
+  modelStats?: { parameters: number; dtype: string; residentBytes: number };
   workerId: string;
   roles: readonly string[];
   isDraining: () => boolean;
@@ -41,6 +43,16 @@ export interface RequestEnd {
 export const HANDLE_HEADER = "x-tl-kv-handle";
 export const FIRST_TOKEN_HEADER = "x-tl-first-token";
 export const DRAWS_HEADER = "x-tl-rng-draws";
+/** n > 1 resumes: each choice's seed offset (choice j samples from seed + j), comma-separated. */
+export const CHOICES_HEADER = "x-tl-choices";
+
+/** One resumed choice: its blocks, its first token, and its seed offset (choice j: seed + j). */
+type ResumeKv = { blockIds: number[]; firstToken: number; draws: number; choice: number };
+
+/** The engine's request id of each choice: the request's own when there is one choice. */
+function choiceIds(id: string, choices: number): string[] {
+  return choices === 1 ? [id] : Array.from({ length: choices }, (_, i) => `${id}-${i}`);
+}
 
 let counter = 0;
 export function requestId(prefix: string): string {
@@ -53,6 +65,17 @@ async function readJson(req: Request): Promise<unknown> {
   } catch (e) {
     throw new HttpError(400, `request body is not valid JSON: ${e instanceof Error ? e.message : String(e)}`);
   }
+}
+
+/** A header of `n` comma-separated integers in [0, max); `dflt` when absent. */
+function headerInts(req: Request, name: string, n: number, max: number, dflt?: number[]): number[] {
+  const v = req.headers.get(name);
+  if (v === null && dflt) return dflt;
+  const parts = v === null ? [] : v.split(",");
+  if (parts.length !== n || parts.some((p) => !/^\d{1,10}$/.test(p) || Number(p) >= max)) {
+    throw new HttpError(400, `${name} must be ${n} comma-separated integers in [0, ${max}) (one per choice), got ${JSON.stringify(v?.slice(0, 200) ?? null)}`);
+  }
+  return parts.map(Number);
 }
 
 function headerInt(req: Request, name: string, max: number): number {
@@ -94,25 +117,68 @@ export function engineHttpHandler(ctx: EngineHttpContext): (req: Request) => Pro
       throw new HttpError(404, `model ${JSON.stringify(params.model)} not served here; this engine serves ${JSON.stringify(ctx.modelName)}`, "invalid_request_error", "model");
     }
     const handleId = req.headers.get(HANDLE_HEADER);
-    const resume = handleId === null ? undefined : claimFor(req, handleId, params);
+    if (handleId !== null && params.prompts.length > 1) throw new HttpError(400, `a resume (${HANDLE_HEADER}) continues one prompt`, "invalid_request_error", "prompt");
+    const resumes = handleId === null ? undefined : claimFor(req, handleId, params);
     const id = req.headers.get("x-request-id") ?? requestId(kind === "chat" ? "chatcmpl" : "cmpl");
-    if (engine.has(id)) {
-      if (resume) engine.pool.releaseAll(resume.blockIds);
+    const ids = choiceIds(id, params.prompts.length * params.n);
+    // The request id is taken while any request runs under it, with one choice or several.
+    if ([id, `${id}-0`, ...ids].some((c) => engine.has(c))) {
+      for (const r of resumes ?? []) engine.pool.releaseAll(r.blockIds);
       throw new HttpError(409, `request ${id} is already in flight`);
     }
+    if (span.isRecording()) span.setAttributes({ "tl.request_id": id, "tl.resumed": resumes !== undefined, ...(handleId !== null ? { "tl.kv.handle": handleId } : {}) });
+    let left = ids.length;
+    let failure: string | undefined;
+    const choiceDone = (failed: string | undefined) => {
+      failure ??= failed;
+      if (--left === 0) endSpan(span, failure);
+    };
+    const queues = ids.map((cid, i) => generate(cid, i, params, kind, resumes?.[i], span, choiceDone));
+    const cancelAll = () => ids.forEach((c) => engine.cancel(c));
+    // Disconnects cancel the request wherever it is, which frees its blocks.
+    req.signal.addEventListener("abort", cancelAll);
+    return completionResponse(queues, {
+      id,
+      model: ctx.modelName,
+      tokenizer,
+      params,
+      onStop: (i) => engine.cancel(ids[i]!),
+      onAbort: cancelAll,
+      emittedBefore: resumes ? 1 : 0,
+      headers: {
+        "x-request-id": id,
+        "x-tl-seed": params.seed.toString(),
+        "x-tl-worker": ctx.workerId,
+        ...(params.ignoredFields.length > 0 ? { "x-tl-ignored-fields": params.ignoredFields.join(",") } : {}),
+      },
+    });
+  }
+
+  /**
+   * Submits choice `index` (prompt ⌊index / n⌋, seed + index mod n as vLLM) and returns
+   * the queue its tokens arrive in; `onDone` runs when it finished, with why it failed.
+   */
+  function generate(
+    id: string,
+    index: number,
+    params: CompletionParams,
+    kind: CompletionKind,
+    resume: ResumeKv | undefined,
+    span: Span,
+    onDone: (failed: string | undefined) => void,
+  ): TokenQueue {
     const q = new TokenQueue();
     const started = performance.now();
     let ttft: number | null = null;
     const step = startSpan(resume ? "decode" : "generate", SpanKind.INTERNAL, span, stepAttrs);
-    if (span.isRecording()) span.setAttributes({ "tl.request_id": id, "tl.resumed": resume !== undefined, ...(handleId !== null ? { "tl.kv.handle": handleId } : {}) });
     const done = engine.submit({
       requestId: id,
-      promptTokens: params.promptTokens,
-      sampling: samplingOf(params),
+      promptTokens: params.prompts[Math.floor(index / params.n)]!,
+      sampling: samplingOf(params, resume ? resume.choice : index % params.n),
       resume,
-      onToken: (t) => {
+      onToken: (t, lp) => {
         ttft ??= performance.now() - started;
-        q.push(t);
+        q.push(t, lp);
       },
     });
     done.then((f: Finish) => {
@@ -133,25 +199,20 @@ export function engineHttpHandler(ctx: EngineHttpContext): (req: Request) => Pro
       if (step.isRecording()) step.setAttributes({ "tl.prompt_tokens": f.promptTokens, "tl.output_tokens": f.outputTokens.length, "tl.prefix_hit_tokens": f.prefixHitTokens, "tl.finish": f.reason });
       const failed = f.reason === "error" || f.reason === "cancelled" ? (f.error ?? f.reason) : undefined;
       endSpan(step, failed);
-      endSpan(span, failed);
+      onDone(failed);
     });
-    // Disconnects cancel the request wherever it is, which frees its blocks.
-    req.signal.addEventListener("abort", () => engine.cancel(id));
-    return completionResponse(q, {
-      id,
-      model: ctx.modelName,
-      tokenizer,
-      params,
-      onStop: () => engine.cancel(id),
-      onAbort: () => engine.cancel(id),
-      headers: { "x-request-id": id, "x-tl-seed": params.seed.toString(), "x-tl-worker": ctx.workerId },
-    });
+    return q;
   }
 
-  /** The decode side of the hand-off: take the handle's blocks, or say why not. */
-  function claimFor(req: Request, handleId: string, params: CompletionParams) {
+  /**
+   * The decode side of the hand-off: take the handle's blocks, or say why not. With n > 1
+   * (one prefill for n choices) the first tokens and the choices' seed offsets come as
+   * comma-separated headers, and each choice after the first shares the prompt's blocks.
+   */
+  function claimFor(req: Request, handleId: string, params: CompletionParams): ResumeKv[] {
     if (!ctx.claim) throw new HttpError(400, `${HANDLE_HEADER} sent to an engine without the decode role`);
-    const firstToken = headerInt(req, FIRST_TOKEN_HEADER, tokenizer.vocabSize);
+    const firstTokens = headerInts(req, FIRST_TOKEN_HEADER, params.n, tokenizer.vocabSize);
+    const choices = headerInts(req, CHOICES_HEADER, params.n, LIMITS.n, Array.from({ length: params.n }, (_, i) => i));
     const draws = headerInt(req, DRAWS_HEADER, 2 ** 31);
     const claimed = ctx.claim(handleId);
     if (!claimed) throw new HttpError(404, `kv handle ${JSON.stringify(handleId)} is unknown or expired`, "not_found_error");
@@ -166,7 +227,16 @@ export function engineHttpHandler(ctx: EngineHttpContext): (req: Request) => Pro
         "conflict_error",
       );
     }
-    return { blockIds: claimed.blockIds, firstToken, draws };
+    const out: ResumeKv[] = [{ blockIds: claimed.blockIds, firstToken: firstTokens[0]!, draws, choice: choices[0]! }];
+    for (let i = 1; i < params.n; i++) {
+      const blockIds = engine.sharePrompt(claimed.blockIds, claimed.nTokens);
+      if (blockIds === null) {
+        for (const r of out) engine.pool.releaseAll(r.blockIds);
+        throw new HttpError(503, `out of KV blocks: ${params.n} choices need ${params.n - 1} more tail blocks, ${engine.pool.available} available`, "server_error", null, { "retry-after": "1" });
+      }
+      out.push({ blockIds, firstToken: firstTokens[i]!, draws, choice: choices[i]! });
+    }
+    return out;
   }
 
   return async (req: Request): Promise<Response> => {
@@ -177,7 +247,7 @@ export function engineHttpHandler(ctx: EngineHttpContext): (req: Request) => Pro
       if (req.method === "GET" && url.pathname === "/v1/models") {
         return Response.json({
           object: "list",
-          data: [{ id: ctx.modelName, object: "model", created: 0, owned_by: "tl-engine", max_model_len: engine.maxModelLen }],
+          data: [{ id: ctx.modelName, object: "model", created: 0, owned_by: "tl-engine", max_model_len: engine.maxModelLen, ...statsFields(ctx.modelStats) }],
         });
       }
       if (req.method === "GET" && url.pathname === "/health") {
@@ -191,4 +261,8 @@ export function engineHttpHandler(ctx: EngineHttpContext): (req: Request) => Pro
       return errorResponse(e);
     }
   };
+}
+
+function statsFields(s: EngineHttpContext["modelStats"]): Record<string, unknown> {
+  return s ? { parameters: s.parameters, dtype: s.dtype, resident_bytes: s.residentBytes } : {};
 }

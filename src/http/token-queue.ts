@@ -1,3 +1,5 @@
+import type { TokenLogprobs } from "../rng/index.ts";
+
 export type EndReason = "stop" | "length" | "cancelled" | "error";
 
 export interface StreamEnd {
@@ -14,11 +16,21 @@ export class TokenQueue implements AsyncIterable<number> {
   private readonly buf: number[] = [];
   private wake: (() => void) | null = null;
   private ended: StreamEnd | null = null;
+  /** Logprobs by position in the stream, when the producer has them. */
+  private readonly logprobs: (TokenLogprobs | undefined)[] = [];
+  private pushed = 0;
 
-  push(token: number): void {
+  push(token: number, logprobs?: TokenLogprobs): void {
     if (this.ended) return;
+    if (logprobs) this.logprobs[this.pushed] = logprobs;
+    this.pushed++;
     this.buf.push(token);
     this.notify();
+  }
+
+  /** The logprobs of the i-th token pushed (0-based), if its producer gave them. */
+  logprobsAt(i: number): TokenLogprobs | undefined {
+    return this.logprobs[i];
   }
 
   close(end: StreamEnd): void {

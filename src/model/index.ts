@@ -38,3 +38,23 @@ export {
   writeLlama2cCheckpoint,
   writeLlama2cTokenizer,
 } from "./llama2c.ts";
+export { type RopeScaling, qDimOf, ropeFrequencies } from "./config.ts";
+export { type RawDtype, type RawTensor, DTYPE_BLOCK, toFloat32 } from "./raw-tensor.ts";
+export { MAX_SAFETENSORS_HEADER, parseSafetensors } from "./safetensors.ts";
+export { type GgufFile, type GgufTensorInfo, type GgufValue, GGUF_MAGIC, ggmlTypeName, parseGguf } from "./gguf.ts";
+export { interleavedToSplitHalf, splitHalfToInterleaved } from "./rope-order.ts";
+export { type ModelSpec, UnsupportedModelError } from "./model-spec.ts";
+export { hfModelSpec } from "./hf-config.ts";
+export { ggufModelSpec } from "./gguf-config.ts";
+export { type TensorSource, type WeightStats, assembleWeights, GGUF_NAMING, HF_NAMING } from "./assemble-weights.ts";
+export { type ModelFormat, ModelFormatError, SUPPORTED_FORMATS, detectModelFormat } from "./model-format.ts";
+export { LoadProgress } from "./load-progress.ts";
+export {
+  type LoadModelOptions,
+  type ModelFiles,
+  type ModelFilesOptions,
+  type ServableModel,
+  loadModel,
+  loadTokenizerFor,
+  readModelFiles,
+} from "./load-model.ts";

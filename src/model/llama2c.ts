@@ -1,6 +1,7 @@
 import assert from "node:assert";
 import { readFileSync, writeFileSync } from "node:fs";
 import { basename } from "node:path";
+import { mapFile } from "./mapped-file.ts";
 import { DEFAULT_NORM_EPS, DEFAULT_ROPE_THETA, headDimOf, type ModelConfig, validateConfig } from "./config.ts";
 import type { EncodeOptions, Tokenizer } from "./tokenizer.ts";
 import { validateWeights, weightSizes, type Weights } from "./weights.ts";
@@ -26,9 +27,20 @@ export interface Llama2cModel {
  * Reads a legacy checkpoint. Tensors are views into `bytes` (copied once only if the bytes are
  * not 4-byte aligned), so the file's buffer must stay untouched while the model lives.
  */
-export function parseLlama2cCheckpoint(bytes: Uint8Array, name = "llama2c"): Llama2cModel {
+export interface Llama2cHeader {
+  cfg: ModelConfig;
+  sharedClassifier: boolean;
+  /** f32 values after the header: tensors, the RoPE tables, and wcls unless shared. */
+  floats: number;
+  /** The exact file length this header implies. */
+  fileBytes: number;
+  /** The seven header ints, for error messages. */
+  raw: number[];
+}
+
+/** Reads and validates the 28-byte header (the checkpoint's first bytes; more may follow). */
+export function parseLlama2cHeader(bytes: Uint8Array, name = "llama2c"): Llama2cHeader {
   if (bytes.length < HEADER_BYTES) throw new Error(`llama2.c checkpoint is ${bytes.length} bytes, shorter than the ${HEADER_BYTES}-byte header`);
-  if (bytes.byteOffset % 4 !== 0) bytes = bytes.slice();
   const dv = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
   if (dv.getUint32(0, true) === AK42_MAGIC) throw new Error("llama2.c checkpoint has the 'ak42' versioned header; only legacy (version 0) files are read");
   const h = Array.from({ length: 7 }, (_, i) => dv.getInt32(i * 4, true));
@@ -48,14 +60,24 @@ export function parseLlama2cCheckpoint(bytes: Uint8Array, name = "llama2c"): Lla
   validateConfig(cfg);
   const sharedClassifier = vocabRaw > 0;
   const sizes = weightSizes(cfg);
-  const freqElems = seqLen * (headDimOf(cfg) / 2);
   let floats = 0;
   for (const k of FILE_ORDER) floats += sizes[k];
-  floats += 2 * freqElems;
+  floats += 2 * seqLen * (headDimOf(cfg) / 2);
   if (!sharedClassifier) floats += sizes.wcls;
-  const want = HEADER_BYTES + 4 * floats;
-  if (bytes.length !== want) {
-    throw new Error(`llama2.c checkpoint is ${bytes.length} bytes, header [${h.join(", ")}] implies ${want}`);
+  return { cfg, sharedClassifier, floats, fileBytes: HEADER_BYTES + 4 * floats, raw: h };
+}
+
+/**
+ * Reads a legacy checkpoint. Tensors are views into `bytes` (copied once only if the bytes are
+ * not 4-byte aligned), so the file's buffer must stay untouched while the model lives.
+ */
+export function parseLlama2cCheckpoint(bytes: Uint8Array, name = "llama2c"): Llama2cModel {
+  if (bytes.byteOffset % 4 !== 0) bytes = bytes.slice();
+  const { cfg, sharedClassifier, floats, fileBytes, raw } = parseLlama2cHeader(bytes, name);
+  const sizes = weightSizes(cfg);
+  const freqElems = cfg.maxSeqLen * (headDimOf(cfg) / 2);
+  if (bytes.length !== fileBytes) {
+    throw new Error(`llama2.c checkpoint is ${bytes.length} bytes, header [${raw.join(", ")}] implies ${fileBytes}`);
   }
   const f32 = new Float32Array(bytes.buffer, bytes.byteOffset + HEADER_BYTES, floats);
   let at = 0;
@@ -73,13 +95,13 @@ export function parseLlama2cCheckpoint(bytes: Uint8Array, name = "llama2c"): Lla
 }
 
 export function loadLlama2cCheckpoint(path: string): Llama2cModel {
-  const buf = readFileSync(path);
-  return parseLlama2cCheckpoint(new Uint8Array(buf.buffer, buf.byteOffset, buf.byteLength), basename(path).replace(/\.bin$/, ""));
+  return parseLlama2cCheckpoint(mapFile(path), basename(path).replace(/\.bin$/, ""));
 }
 
 /** The legacy file bytes; the RoPE tables old readers expect are written as run.c would compute them. */
 export function encodeLlama2cCheckpoint(cfg: ModelConfig, weights: Weights, sharedClassifier: boolean): Uint8Array {
   validateWeights(cfg, weights);
+  assert(headDimOf(cfg) * cfg.nHeads === cfg.dim && !cfg.ropeScaling && !weights.bq, "llama2.c files hold neither head_dim, rope scaling nor biases");
   if (sharedClassifier) {
     assert(weights.wcls === weights.tokenEmbedding || equalF32(weights.wcls, weights.tokenEmbedding), "sharedClassifier but wcls differs from tokenEmbedding");
   }

@@ -1,6 +1,6 @@
 import assert from "node:assert";
 import type { KvPool } from "../pool/index.ts";
-import { headDimOf, kvDimOf, type ModelConfig } from "./config.ts";
+import { headDimOf, kvDimOf, type ModelConfig, qDimOf, ropeFrequencies } from "./config.ts";
 import { MatmulKernel } from "./matmul.ts";
 import { validateWeights, type Weights } from "./weights.ts";
 
@@ -38,6 +38,8 @@ export class Transformer {
   readonly cfg: ModelConfig;
   private readonly w: Weights;
   private readonly headDim: number;
+  /** nHeads * headDim: equal to dim unless the model gives its own head_dim. */
+  private readonly qDim: number;
   private readonly kvDim: number;
   private readonly kvMul: number;
   private readonly ropeCos: Float64Array;
@@ -72,15 +74,17 @@ export class Transformer {
     this.cfg = cfg;
     this.w = weights;
     this.headDim = headDimOf(cfg);
+    this.qDim = qDimOf(cfg);
     this.kvDim = kvDimOf(cfg);
     this.kvMul = cfg.nHeads / cfg.nKvHeads;
-    // RoPE as run.c: pair (i, i+1) of each head turns by pos / theta^(i / headDim).
+    // RoPE as run.c: pair (i, i+1) of each head turns by pos * freq[i/2] (see ropeFrequencies).
     const half = this.headDim / 2;
+    const freqs = ropeFrequencies(cfg);
     this.ropeCos = new Float64Array(cfg.maxSeqLen * half);
     this.ropeSin = new Float64Array(cfg.maxSeqLen * half);
     for (let p = 0; p < cfg.maxSeqLen; p++) {
       for (let k = 0; k < half; k++) {
-        const freq = 1 / Math.pow(cfg.ropeTheta, (2 * k) / this.headDim);
+        const freq = freqs[k]!;
         this.ropeCos[p * half + k] = Math.cos(p * freq);
         this.ropeSin[p * half + k] = Math.sin(p * freq);
       }
@@ -100,6 +104,7 @@ export class Transformer {
     const cfg = this.cfg;
     const { dim, hiddenDim: hid, nLayers, vocabSize } = cfg;
     const hd = this.headDim;
+    const qDim = this.qDim;
     const kvDim = this.kvDim;
     const B = pool.shape.blockTokens;
     // Checks are written `if (!ok) assert.fail(...)` so the messages are only built on failure:
@@ -156,9 +161,14 @@ export class Transformer {
     const blockElems = pool.blockElems;
     for (let l = 0; l < nLayers; l++) {
       rmsnorm(xb, x, w.rmsAtt, l * dim, rows, dim, cfg.normEps);
-      mm.matmul(q, xb, w.wq, l * dim * dim, rows, dim, dim);
+      mm.matmul(q, xb, w.wq, l * qDim * dim, rows, dim, qDim);
       mm.matmul(k, xb, w.wk, l * kvDim * dim, rows, dim, kvDim);
       mm.matmul(v, xb, w.wv, l * kvDim * dim, rows, dim, kvDim);
+      if (w.bq) {
+        addBias(q, w.bq, l * qDim, rows, qDim);
+        addBias(k, w.bk!, l * kvDim, rows, kvDim);
+        addBias(v, w.bv!, l * kvDim, rows, kvDim);
+      }
       this.rope(rows);
 
       // Store every row's K/V before any attention, so rows of this call see each other
@@ -177,7 +187,7 @@ export class Transformer {
       }
 
       this.attention(bits, blockElems, B, l, batch, rows);
-      mm.matmul(xb2, xb, w.wo, l * dim * dim, rows, dim, dim);
+      mm.matmul(xb2, xb, w.wo, l * dim * qDim, rows, qDim, dim);
       for (let i = 0, n = rows * dim; i < n; i++) x[i]! += xb2[i]!;
 
       rmsnorm(xb, x, w.rmsFfn, l * dim, rows, dim, cfg.normEps);
@@ -213,9 +223,10 @@ export class Transformer {
       const cap = Math.max(rows, this.cap * 2);
       const { dim, hiddenDim } = this.cfg;
       this.x = new Float32Array(cap * dim);
-      this.xb = new Float32Array(cap * dim);
+      // xb holds the normed input (dim) and then the attention output (qDim).
+      this.xb = new Float32Array(cap * Math.max(dim, this.qDim));
       this.xb2 = new Float32Array(cap * dim);
-      this.q = new Float32Array(cap * dim);
+      this.q = new Float32Array(cap * this.qDim);
       this.k = new Float32Array(cap * this.kvDim);
       this.v = new Float32Array(cap * this.kvDim);
       this.hb = new Float32Array(cap * hiddenDim);
@@ -243,7 +254,7 @@ export class Transformer {
 
   private rope(rows: number): void {
     const { q, k, rowPos, ropeCos, ropeSin } = this;
-    const dim = this.cfg.dim;
+    const dim = this.qDim;
     const kvDim = this.kvDim;
     const hd = this.headDim;
     const half = hd / 2;
@@ -289,7 +300,8 @@ export class Transformer {
   ): void {
     const { q, xb, att, acc, kvec, rowPos, rowSeq } = this;
     const lut = F16_TABLE;
-    const dim = this.cfg.dim;
+    // Row stride of q and of the attention output in xb.
+    const dim = this.qDim;
     const maxSeq = this.cfg.maxSeqLen;
     const hd = this.headDim;
     const kvDim = this.kvDim;
@@ -366,6 +378,14 @@ export class Transformer {
       }
       r = rEnd;
     }
+  }
+}
+
+/** x[r] += b for each row of width n. */
+function addBias(x: Float32Array, b: Float32Array, bOff: number, rows: number, n: number): void {
+  for (let r = 0; r < rows; r++) {
+    const o = r * n;
+    for (let i = 0; i < n; i++) x[o + i]! += b[bOff + i]!;
   }
 }
 

@@ -1,4 +1,4 @@
-import { kvDimOf, type ModelConfig, validateConfig } from "./config.ts";
+import { kvDimOf, type ModelConfig, qDimOf, validateConfig } from "./config.ts";
 
 /**
  * Weights in llama2.c's run.c layout. Every matrix is row-major (out, in) so that
@@ -9,13 +9,13 @@ export interface Weights {
   tokenEmbedding: Float32Array;
   /** (L, dim) */
   rmsAtt: Float32Array;
-  /** (L, dim, dim): out = nHeads*headDim = dim */
+  /** (L, qDim, dim): qDim = nHeads*headDim (= dim unless the config gives headDim) */
   wq: Float32Array;
   /** (L, kvDim, dim) */
   wk: Float32Array;
   /** (L, kvDim, dim) */
   wv: Float32Array;
-  /** (L, dim, dim) */
+  /** (L, dim, qDim) */
   wo: Float32Array;
   /** (L, dim) */
   rmsFfn: Float32Array;
@@ -29,19 +29,27 @@ export interface Weights {
   rmsFinal: Float32Array;
   /** (vocab, dim); the same object as tokenEmbedding when the classifier is shared. */
   wcls: Float32Array;
+  /** Projection biases (Qwen2): (L, qDim), (L, kvDim), (L, kvDim); all three or none. */
+  bq?: Float32Array;
+  bk?: Float32Array;
+  bv?: Float32Array;
 }
 
+/** The tensors every model has; the optional biases are checked beside them. */
+export type DenseWeightName = Exclude<keyof Weights, "bq" | "bk" | "bv">;
+
 /** Element count of every tensor, in run.c file order. */
-export function weightSizes(cfg: ModelConfig): Record<keyof Weights, number> {
+export function weightSizes(cfg: ModelConfig): Record<DenseWeightName, number> {
   const { dim, hiddenDim: hid, nLayers: L, vocabSize: V } = cfg;
   const kvDim = kvDimOf(cfg);
+  const qDim = qDimOf(cfg);
   return {
     tokenEmbedding: V * dim,
     rmsAtt: L * dim,
-    wq: L * dim * dim,
+    wq: L * qDim * dim,
     wk: L * kvDim * dim,
     wv: L * kvDim * dim,
-    wo: L * dim * dim,
+    wo: L * dim * qDim,
     rmsFfn: L * dim,
     w1: L * hid * dim,
     w2: L * dim * hid,
@@ -55,14 +63,24 @@ export function weightSizes(cfg: ModelConfig): Record<keyof Weights, number> {
 export function validateWeights(cfg: ModelConfig, w: Weights): void {
   validateConfig(cfg);
   const sizes = weightSizes(cfg);
-  for (const k of Object.keys(sizes) as (keyof Weights)[]) {
+  for (const k of Object.keys(sizes) as DenseWeightName[]) {
     const a = w[k];
     if (!(a instanceof Float32Array)) throw new Error(`weights.${k}: want a Float32Array`);
     if (a.length !== sizes[k]) throw new Error(`weights.${k} has ${a.length} elements, want ${sizes[k]}`);
   }
+  const biases = { bq: cfg.nLayers * qDimOf(cfg), bk: cfg.nLayers * kvDimOf(cfg), bv: cfg.nLayers * kvDimOf(cfg) };
+  const present = (["bq", "bk", "bv"] as const).filter((k) => w[k] !== undefined);
+  if (present.length !== 0 && present.length !== 3) throw new Error(`weights has biases ${present.join(", ")}: want all of bq, bk, bv or none`);
+  for (const k of present) {
+    const a = w[k]!;
+    if (!(a instanceof Float32Array)) throw new Error(`weights.${k}: want a Float32Array`);
+    if (a.length !== biases[k]) throw new Error(`weights.${k} has ${a.length} elements, want ${biases[k]}`);
+  }
 }
 
 export interface SyntheticOptions {
+  /** Also draw q/k/v biases (Qwen2-style). Default false. */
+  biases?: boolean;
   /** wcls === tokenEmbedding (llama2.c "shared weights"). Default false. */
   sharedClassifier?: boolean;
   /** Standard deviation of an unshared classifier's logits for a unit-RMS input. Default 4. */
@@ -99,7 +117,7 @@ export function syntheticWeights(cfg: ModelConfig, seed: number, opts: Synthetic
     wq: uniform(sizes.wq, 1 / Math.sqrt(dim)),
     wk: uniform(sizes.wk, 1 / Math.sqrt(dim)),
     wv: uniform(sizes.wv, 1 / Math.sqrt(dim)),
-    wo: uniform(sizes.wo, resid / Math.sqrt(dim)),
+    wo: uniform(sizes.wo, resid / Math.sqrt(qDimOf(cfg))),
     rmsFfn: gains(sizes.rmsFfn),
     w1: uniform(sizes.w1, 1 / Math.sqrt(dim)),
     w2: uniform(sizes.w2, resid / Math.sqrt(hid)),
@@ -108,6 +126,11 @@ export function syntheticWeights(cfg: ModelConfig, seed: number, opts: Synthetic
     wcls: tokenEmbedding,
   };
   if (!opts.sharedClassifier) w.wcls = uniform(sizes.wcls, (opts.logitStd ?? 4) / Math.sqrt(dim));
+  if (opts.biases) {
+    w.bq = uniform(L * qDimOf(cfg), 0.5);
+    w.bk = uniform(L * kvDimOf(cfg), 0.5);
+    w.bv = uniform(L * kvDimOf(cfg), 0.5);
+  }
   return w;
 }
 

@@ -30,6 +30,8 @@ export interface KvReceiverOptions {
   maxInFlight?: number;
   /** Clock, replaceable in tests; default Date.now. */
   now?: () => number;
+  /** Called for each accepted handle its time to live freed (metrics: tl_kv_handles_expired_total). */
+  onExpired?: (handleId: string) => void;
 }
 
 /** The blocks a resumed request takes over from a handle. */
@@ -64,6 +66,7 @@ export class KvReceiver {
   readonly maxPending: number;
   readonly maxInFlight: number;
   private readonly now: () => number;
+  private readonly onExpired: (handleId: string) => void;
   private readonly held = new Map<string, Held>();
   /** @internal sessions register themselves here while open */
   readonly inflight = new Map<string, PushSession>();
@@ -78,6 +81,7 @@ export class KvReceiver {
     this.maxPending = opts.maxPending ?? 1024;
     this.maxInFlight = opts.maxInFlight ?? 64;
     this.now = opts.now ?? Date.now;
+    this.onExpired = opts.onExpired ?? (() => {});
     assert(this.ttlMs > 0 && this.maxPending >= 1 && this.maxInFlight >= 1, "ttlMs, maxPending and maxInFlight must be positive");
     // The timer frees handles nobody asks about; the lazy sweeps in the accessors make
     // expiry exact whenever someone does.
@@ -156,6 +160,7 @@ export class KvReceiver {
       if (h.expiresAt <= t) {
         this.held.delete(id);
         this.pool.releaseAll(h.blockIds);
+        this.onExpired(id);
         n++;
       } else next = Math.min(next, h.expiresAt);
     }

@@ -20,7 +20,7 @@ describe("engine HTTP (OpenAI-compatible)", () => {
     expect(await (await fetch(url("/health"))).json()).toMatchObject({ status: "ok", roles: ["prefill", "decode"] });
     const cases: [unknown, number, RegExp][] = [
       [{ prompt: "x", max_tokens: 0 }, 400, /max_tokens/],
-      [{ prompt: "x", n: 2 }, 400, /n = 2/],
+      [{ prompt: "x", n: 17 }, 400, /\bn must be an integer in \[1, 16\]/],
       [{ prompt: [1, 999] }, 400, /outside the vocabulary/],
       [{ prompt: "x", stop: 5 }, 400, /stop/],
       [{ prompt: "x", top_p: 2 }, 400, /top_p|topP|top-p/i],

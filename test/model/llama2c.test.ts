@@ -33,7 +33,7 @@ describe("llama2c checkpoint", () => {
       const got = loadLlama2cCheckpoint(path);
       expect(got.sharedClassifier).toBe(shared);
       expect(got.cfg).toEqual({ ...cfg, name: `m-${shared}` });
-      for (const k of Object.keys(w) as (keyof typeof w)[]) expect(bits(got.weights[k])).toEqual(bits(w[k]));
+      for (const k of Object.keys(w) as (keyof typeof w)[]) expect(bits(got.weights[k]!)).toEqual(bits(w[k]!));
       if (shared) expect(got.weights.wcls).toBe(got.weights.tokenEmbedding);
 
       const p = tokens(9, 22);

@@ -173,6 +173,24 @@ describe("transformer", () => {
     expect(Math.max(...got) - Math.min(...got)).toBeGreaterThan(1);
   });
 
+  test("reference_forward_agrees_with_head_dim_and_biases", () => {
+    // head_dim 16 over dim 32 with 4 heads (qDim 64 != dim), q/k/v biases, theta 1e6.
+    const cfg: ModelConfig = { ...TINY, maxSeqLen: 32, headDim: 16, ropeTheta: 1e6 };
+    const w = syntheticWeights(cfg, 17, { biases: true, sharedClassifier: true });
+    const m = new Transformer(cfg, w);
+    const ref = new Reference(cfg, w);
+    const s = new Seq(new KvPool(kvShapeOf(cfg, B), 16));
+    expect(s.pool.shape.headDim).toBe(16);
+    const p = tokens(9, 5);
+    let got: Float32Array = step(m, s, p.slice(0, 5));
+    let want: Float32Array = new Float32Array(0);
+    for (let i = 0; i < 5; i++) want = ref.forward(p[i]!, i);
+    expectClose(got, want, 1e-4);
+    got = step(m, s, p.slice(5));
+    for (let i = 5; i < 9; i++) want = ref.forward(p[i]!, i);
+    expectClose(got, want, 1e-4);
+  });
+
   test("shared_classifier_and_gqa_shapes", () => {
     // MHA (nKvHeads = nHeads), MQA (1), and a dim not divisible by 4 rows in the kernels.
     for (const cfg of [
@@ -210,7 +228,10 @@ function expectClose(got: Float32Array, want: Float32Array, tol: number): void {
   expect(worst).toBeLessThan(tol);
 }
 
-/** run.c's forward written out plainly, one position at a time, with a dense f16 K/V cache. */
+/**
+ * run.c's forward written out plainly, one position at a time, with a dense f16 K/V cache;
+ * also Qwen2's q/k/v biases and a head_dim that is not dim / nHeads.
+ */
 class Reference {
   private readonly kc: Float16Array[];
   private readonly vc: Float16Array[];
@@ -218,14 +239,15 @@ class Reference {
     private readonly c: ModelConfig,
     private readonly w: Weights,
   ) {
-    const kvDim = (c.dim / c.nHeads) * c.nKvHeads;
+    const kvDim = (c.headDim ?? c.dim / c.nHeads) * c.nKvHeads;
     this.kc = Array.from({ length: c.nLayers }, () => new Float16Array(c.maxSeqLen * kvDim));
     this.vc = Array.from({ length: c.nLayers }, () => new Float16Array(c.maxSeqLen * kvDim));
   }
 
   forward(token: number, pos: number): Float32Array {
     const { c, w } = this;
-    const hs = c.dim / c.nHeads;
+    const hs = c.headDim ?? c.dim / c.nHeads;
+    const qDim = hs * c.nHeads;
     const kvDim = hs * c.nKvHeads;
     const kvMul = c.nHeads / c.nKvHeads;
     const x = Float32Array.from(w.tokenEmbedding.subarray(token * c.dim, (token + 1) * c.dim));
@@ -246,11 +268,16 @@ class Reference {
     };
     for (let l = 0; l < c.nLayers; l++) {
       const xb = norm(x, w.rmsAtt, l * c.dim);
-      const q = mm(w.wq, l * c.dim * c.dim, xb, c.dim);
+      const q = mm(w.wq, l * qDim * c.dim, xb, qDim);
       const k = mm(w.wk, l * kvDim * c.dim, xb, kvDim);
       const v = mm(w.wv, l * kvDim * c.dim, xb, kvDim);
-      for (let i = 0; i < c.dim; i += 2) {
-        const f = 1 / Math.pow(10000, (i % hs) / hs);
+      if (w.bq) {
+        for (let i = 0; i < qDim; i++) q[i]! += w.bq[l * qDim + i]!;
+        for (let i = 0; i < kvDim; i++) k[i]! += w.bk![l * kvDim + i]!;
+        for (let i = 0; i < kvDim; i++) v[i]! += w.bv![l * kvDim + i]!;
+      }
+      for (let i = 0; i < qDim; i += 2) {
+        const f = 1 / Math.pow(c.ropeTheta, (i % hs) / hs);
         const cs = Math.cos(pos * f);
         const sn = Math.sin(pos * f);
         for (const vec of i < kvDim ? [q, k] : [q]) {
@@ -262,7 +289,7 @@ class Reference {
       }
       this.kc[l]!.set(k, pos * kvDim);
       this.vc[l]!.set(v, pos * kvDim);
-      const out = new Float32Array(c.dim);
+      const out = new Float32Array(qDim);
       for (let h = 0; h < c.nHeads; h++) {
         const kvh = Math.floor(h / kvMul);
         const att = new Float32Array(pos + 1);
@@ -281,7 +308,7 @@ class Reference {
           for (let i = 0; i < hs; i++) out[h * hs + i]! += (att[t]! / sum) * this.vc[l]![t * kvDim + kvh * hs + i]!;
         }
       }
-      const o = mm(w.wo, l * c.dim * c.dim, out, c.dim);
+      const o = mm(w.wo, l * c.dim * qDim, out, c.dim);
       for (let i = 0; i < c.dim; i++) x[i]! += o[i]!;
       const xb2 = norm(x, w.rmsFfn, l * c.dim);
       const h1 = mm(w.w1, l * c.hiddenDim * c.dim, xb2, c.hiddenDim);

@@ -12,7 +12,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file tl/control/v1/control.proto.
  */
 export const file_tl_control_v1_control: GenFile = /*@__PURE__*/
-  fileDesc("Cht0bC9jb250cm9sL3YxL2NvbnRyb2wucHJvdG8SDXRsLmNvbnRyb2wudjEirAIKDFdvcmtlclN0YXR1cxIRCgl3b3JrZXJfaWQYASABKAkSFAoMaHR0cF9hZGRyZXNzGAIgASgJEhQKDGdycGNfYWRkcmVzcxgDIAEoCRISCgprdl9hZGRyZXNzGAQgASgJEiEKBHJvbGUYBSABKA4yEy50bC5jb250cm9sLnYxLlJvbGUSDQoFbW9kZWwYBiABKAkSEQoJa3ZfZm9ybWF0GAcgASgNEhMKC3F1ZXVlX2RlcHRoGAggASgNEg8KB3J1bm5pbmcYCSABKA0SEwoLZnJlZV9ibG9ja3MYCiABKA0SFAoMdG90YWxfYmxvY2tzGAsgASgNEhAKCGRyYWluaW5nGAwgASgIEgsKA3NlcRgNIAEoBBIUCgxibG9ja190b2tlbnMYDiABKA0iMgoMSGVhcnRiZWF0QWNrEg0KBWRyYWluGAEgASgIEhMKC2ludGVydmFsX21zGAIgASgNIhQKEkxpc3RXb3JrZXJzUmVxdWVzdCJCChNMaXN0V29ya2Vyc1Jlc3BvbnNlEisKB3dvcmtlcnMYASADKAsyGi50bC5jb250cm9sLnYxLldvcmtlckVudHJ5ImUKC1dvcmtlckVudHJ5EisKBnN0YXR1cxgBIAEoCzIbLnRsLmNvbnRyb2wudjEuV29ya2VyU3RhdHVzEhkKEWxhc3Rfc2Vlbl91bml4X21zGAIgASgDEg4KBm1pc3NlZBgDIAEoDSpOCgRSb2xlEhQKEFJPTEVfVU5TUEVDSUZJRUQQABIQCgxST0xFX1BSRUZJTEwQARIPCgtST0xFX0RFQ09ERRACEg0KCVJPTEVfQk9USBADMq0BCg5Xb3JrZXJSZWdpc3RyeRJFCglIZWFydGJlYXQSGy50bC5jb250cm9sLnYxLldvcmtlclN0YXR1cxobLnRsLmNvbnRyb2wudjEuSGVhcnRiZWF0QWNrElQKC0xpc3RXb3JrZXJzEiEudGwuY29udHJvbC52MS5MaXN0V29ya2Vyc1JlcXVlc3QaIi50bC5jb250cm9sLnYxLkxpc3RXb3JrZXJzUmVzcG9uc2ViBnByb3RvMw");
+  fileDesc("Cht0bC9jb250cm9sL3YxL2NvbnRyb2wucHJvdG8SDXRsLmNvbnRyb2wudjEi3wIKDFdvcmtlclN0YXR1cxIRCgl3b3JrZXJfaWQYASABKAkSFAoMaHR0cF9hZGRyZXNzGAIgASgJEhQKDGdycGNfYWRkcmVzcxgDIAEoCRISCgprdl9hZGRyZXNzGAQgASgJEiEKBHJvbGUYBSABKA4yEy50bC5jb250cm9sLnYxLlJvbGUSDQoFbW9kZWwYBiABKAkSEQoJa3ZfZm9ybWF0GAcgASgNEhMKC3F1ZXVlX2RlcHRoGAggASgNEg8KB3J1bm5pbmcYCSABKA0SEwoLZnJlZV9ibG9ja3MYCiABKA0SFAoMdG90YWxfYmxvY2tzGAsgASgNEhAKCGRyYWluaW5nGAwgASgIEgsKA3NlcRgNIAEoBBIUCgxibG9ja190b2tlbnMYDiABKA0SEgoKdm9jYWJfc2l6ZRgPIAEoDRIdChV0b2tlbml6ZXJfZmluZ2VycHJpbnQYECABKAkiMgoMSGVhcnRiZWF0QWNrEg0KBWRyYWluGAEgASgIEhMKC2ludGVydmFsX21zGAIgASgNIhQKEkxpc3RXb3JrZXJzUmVxdWVzdCJCChNMaXN0V29ya2Vyc1Jlc3BvbnNlEisKB3dvcmtlcnMYASADKAsyGi50bC5jb250cm9sLnYxLldvcmtlckVudHJ5ImUKC1dvcmtlckVudHJ5EisKBnN0YXR1cxgBIAEoCzIbLnRsLmNvbnRyb2wudjEuV29ya2VyU3RhdHVzEhkKEWxhc3Rfc2Vlbl91bml4X21zGAIgASgDEg4KBm1pc3NlZBgDIAEoDSpOCgRSb2xlEhQKEFJPTEVfVU5TUEVDSUZJRUQQABIQCgxST0xFX1BSRUZJTEwQARIPCgtST0xFX0RFQ09ERRACEg0KCVJPTEVfQk9USBADMq0BCg5Xb3JrZXJSZWdpc3RyeRJFCglIZWFydGJlYXQSGy50bC5jb250cm9sLnYxLldvcmtlclN0YXR1cxobLnRsLmNvbnRyb2wudjEuSGVhcnRiZWF0QWNrElQKC0xpc3RXb3JrZXJzEiEudGwuY29udHJvbC52MS5MaXN0V29ya2Vyc1JlcXVlc3QaIi50bC5jb250cm9sLnYxLkxpc3RXb3JrZXJzUmVzcG9uc2ViBnByb3RvMw");
 
 /**
  * @generated from message tl.control.v1.WorkerStatus
@@ -87,6 +87,21 @@ export type WorkerStatus = Message<"tl.control.v1.WorkerStatus"> & {
    * @generated from field: uint32 block_tokens = 14;
    */
   blockTokens: number;
+
+  /**
+   * The engine's tokenizer: its vocabulary size and tokenizerFingerprint() (a digest of its
+   * pieces, special ids, BOS policy and the ids of a probe text). A gateway refuses beats whose
+   * model, vocab_size or (non-empty) fingerprint differ from its own tokenizer's, since its
+   * prompt-block hashes would not match the engine's. Empty: not reported (older engines).
+   *
+   * @generated from field: uint32 vocab_size = 15;
+   */
+  vocabSize: number;
+
+  /**
+   * @generated from field: string tokenizer_fingerprint = 16;
+   */
+  tokenizerFingerprint: string;
 };
 
 /**

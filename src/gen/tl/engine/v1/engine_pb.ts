@@ -12,7 +12,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file tl/engine/v1/engine.proto.
  */
 export const file_tl_engine_v1_engine: GenFile = /*@__PURE__*/
-  fileDesc("Chl0bC9lbmdpbmUvdjEvZW5naW5lLnByb3RvEgx0bC5lbmdpbmUudjEiiwEKDlNhbXBsaW5nUGFyYW1zEhMKC3RlbXBlcmF0dXJlGAEgASgCEg0KBXRvcF9wGAIgASgCEg0KBXRvcF9rGAMgASgNEhEKBHNlZWQYBCABKARIAIgBARISCgptYXhfdG9rZW5zGAUgASgNEhYKDnN0b3BfdG9rZW5faWRzGAYgAygNQgcKBV9zZWVkIqUBCg5QcmVmaWxsUmVxdWVzdBISCgpyZXF1ZXN0X2lkGAEgASgJEhUKDXByb21wdF90b2tlbnMYAiADKA0SDgoGcHJvbXB0GAMgASgJEi4KCHNhbXBsaW5nGAQgASgLMhwudGwuZW5naW5lLnYxLlNhbXBsaW5nUGFyYW1zEhUKDWRlY29kZV90YXJnZXQYBSABKAkSEQoJa3ZfZm9ybWF0GAYgASgNIt8BCghLdkhhbmRsZRIRCgloYW5kbGVfaWQYASABKAkSEwoLZmlyc3RfdG9rZW4YAiABKA0SFAoMYmxvY2tfaGFzaGVzGAMgAygGEhoKEnJuZ19kcmF3c19jb25zdW1lZBgEIAEoDRIVCg1wcm9tcHRfdG9rZW5zGAUgAygNEgwKBHNlZWQYBiABKAQSEwoLYmxvY2tzX3NlbnQYByABKA0SFgoOYmxvY2tzX2RlZHVwZWQYCCABKA0SFQoNcGF5bG9hZF9ieXRlcxgJIAEoBBIQCghmaW5pc2hlZBgKIAEoCCINCgtJbmZvUmVxdWVzdCKuAgoMSW5mb1Jlc3BvbnNlEhEKCXdvcmtlcl9pZBgBIAEoCRINCgVyb2xlcxgCIAMoCRINCgVtb2RlbBgDIAEoCRIRCglrdl9mb3JtYXQYBCABKA0SFAoMYmxvY2tfdG9rZW5zGAUgASgNEhAKCG5fbGF5ZXJzGAYgASgNEhIKCm5fa3ZfaGVhZHMYByABKA0SEAoIaGVhZF9kaW0YCCABKA0SFAoMdG90YWxfYmxvY2tzGAkgASgNEhMKC2ZyZWVfYmxvY2tzGAogASgNEhMKC3F1ZXVlX2RlcHRoGAsgASgNEg8KB3J1bm5pbmcYDCABKA0SEAoIZHJhaW5pbmcYDSABKAgSFQoNbWF4X21vZGVsX2xlbhgOIAEoDRISCgp2b2NhYl9zaXplGA8gASgNIiMKDUNhbmNlbFJlcXVlc3QSEgoKcmVxdWVzdF9pZBgBIAEoCSIjCg5DYW5jZWxSZXNwb25zZRIRCgljYW5jZWxsZWQYASABKAgiIwoMRHJhaW5SZXF1ZXN0EhMKC2RlYWRsaW5lX21zGAEgASgDIiIKDURyYWluUmVzcG9uc2USEQoJcmVtYWluaW5nGAEgASgFMpYCCg1FbmdpbmVDb250cm9sEj8KB1ByZWZpbGwSHC50bC5lbmdpbmUudjEuUHJlZmlsbFJlcXVlc3QaFi50bC5lbmdpbmUudjEuS3ZIYW5kbGUSPQoESW5mbxIZLnRsLmVuZ2luZS52MS5JbmZvUmVxdWVzdBoaLnRsLmVuZ2luZS52MS5JbmZvUmVzcG9uc2USQwoGQ2FuY2VsEhsudGwuZW5naW5lLnYxLkNhbmNlbFJlcXVlc3QaHC50bC5lbmdpbmUudjEuQ2FuY2VsUmVzcG9uc2USQAoFRHJhaW4SGi50bC5lbmdpbmUudjEuRHJhaW5SZXF1ZXN0GhsudGwuZW5naW5lLnYxLkRyYWluUmVzcG9uc2ViBnByb3RvMw");
+  fileDesc("Chl0bC9lbmdpbmUvdjEvZW5naW5lLnByb3RvEgx0bC5lbmdpbmUudjEiowMKDlNhbXBsaW5nUGFyYW1zEhMKC3RlbXBlcmF0dXJlGAEgASgCEg0KBXRvcF9wGAIgASgCEg0KBXRvcF9rGAMgASgNEhEKBHNlZWQYBCABKARIAIgBARISCgptYXhfdG9rZW5zGAUgASgNEhYKDnN0b3BfdG9rZW5faWRzGAYgAygNEhgKEHByZXNlbmNlX3BlbmFsdHkYByABKAESGQoRZnJlcXVlbmN5X3BlbmFsdHkYCCABKAESGgoScmVwZXRpdGlvbl9wZW5hbHR5GAkgASgBEj8KCmxvZ2l0X2JpYXMYCiADKAsyKy50bC5lbmdpbmUudjEuU2FtcGxpbmdQYXJhbXMuTG9naXRCaWFzRW50cnkSEgoKbWluX3Rva2VucxgLIAEoDRISCgppZ25vcmVfZW9zGAwgASgIEhkKDHRvcF9sb2dwcm9icxgNIAEoDUgBiAEBGjAKDkxvZ2l0Qmlhc0VudHJ5EgsKA2tleRgBIAEoDRINCgV2YWx1ZRgCIAEoAToCOAFCBwoFX3NlZWRCDwoNX3RvcF9sb2dwcm9icyIuCgxUb2tlbkxvZ3Byb2ISDQoFdG9rZW4YASABKA0SDwoHbG9ncHJvYhgCIAEoASKwAQoOUHJlZmlsbFJlcXVlc3QSEgoKcmVxdWVzdF9pZBgBIAEoCRIVCg1wcm9tcHRfdG9rZW5zGAIgAygNEg4KBnByb21wdBgDIAEoCRIuCghzYW1wbGluZxgEIAEoCzIcLnRsLmVuZ2luZS52MS5TYW1wbGluZ1BhcmFtcxIVCg1kZWNvZGVfdGFyZ2V0GAUgASgJEhEKCWt2X2Zvcm1hdBgGIAEoDRIJCgFuGAcgASgNIqYDCghLdkhhbmRsZRIRCgloYW5kbGVfaWQYASABKAkSEwoLZmlyc3RfdG9rZW4YAiABKA0SFAoMYmxvY2tfaGFzaGVzGAMgAygGEhoKEnJuZ19kcmF3c19jb25zdW1lZBgEIAEoDRIVCg1wcm9tcHRfdG9rZW5zGAUgAygNEgwKBHNlZWQYBiABKAQSEwoLYmxvY2tzX3NlbnQYByABKA0SFgoOYmxvY2tzX2RlZHVwZWQYCCABKA0SFQoNcGF5bG9hZF9ieXRlcxgJIAEoBBIQCghmaW5pc2hlZBgKIAEoCBIgChNmaXJzdF90b2tlbl9sb2dwcm9iGAsgASgBSACIAQESNgoSZmlyc3RfdG9wX2xvZ3Byb2JzGAwgAygLMhoudGwuZW5naW5lLnYxLlRva2VuTG9ncHJvYhIbChNjaG9pY2VfZmlyc3RfdG9rZW5zGA0gAygNEh0KFWNob2ljZV9maXJzdF9sb2dwcm9icxgOIAMoARIXCg9jaG9pY2VfZmluaXNoZWQYDyADKAhCFgoUX2ZpcnN0X3Rva2VuX2xvZ3Byb2IiDQoLSW5mb1JlcXVlc3QizQIKDEluZm9SZXNwb25zZRIRCgl3b3JrZXJfaWQYASABKAkSDQoFcm9sZXMYAiADKAkSDQoFbW9kZWwYAyABKAkSEQoJa3ZfZm9ybWF0GAQgASgNEhQKDGJsb2NrX3Rva2VucxgFIAEoDRIQCghuX2xheWVycxgGIAEoDRISCgpuX2t2X2hlYWRzGAcgASgNEhAKCGhlYWRfZGltGAggASgNEhQKDHRvdGFsX2Jsb2NrcxgJIAEoDRITCgtmcmVlX2Jsb2NrcxgKIAEoDRITCgtxdWV1ZV9kZXB0aBgLIAEoDRIPCgdydW5uaW5nGAwgASgNEhAKCGRyYWluaW5nGA0gASgIEhUKDW1heF9tb2RlbF9sZW4YDiABKA0SEgoKdm9jYWJfc2l6ZRgPIAEoDRIdChV0b2tlbml6ZXJfZmluZ2VycHJpbnQYECABKAkiIwoNQ2FuY2VsUmVxdWVzdBISCgpyZXF1ZXN0X2lkGAEgASgJIiMKDkNhbmNlbFJlc3BvbnNlEhEKCWNhbmNlbGxlZBgBIAEoCCIjCgxEcmFpblJlcXVlc3QSEwoLZGVhZGxpbmVfbXMYASABKAMiIgoNRHJhaW5SZXNwb25zZRIRCglyZW1haW5pbmcYASABKAUylgIKDUVuZ2luZUNvbnRyb2wSPwoHUHJlZmlsbBIcLnRsLmVuZ2luZS52MS5QcmVmaWxsUmVxdWVzdBoWLnRsLmVuZ2luZS52MS5LdkhhbmRsZRI9CgRJbmZvEhkudGwuZW5naW5lLnYxLkluZm9SZXF1ZXN0GhoudGwuZW5naW5lLnYxLkluZm9SZXNwb25zZRJDCgZDYW5jZWwSGy50bC5lbmdpbmUudjEuQ2FuY2VsUmVxdWVzdBocLnRsLmVuZ2luZS52MS5DYW5jZWxSZXNwb25zZRJACgVEcmFpbhIaLnRsLmVuZ2luZS52MS5EcmFpblJlcXVlc3QaGy50bC5lbmdpbmUudjEuRHJhaW5SZXNwb25zZWIGcHJvdG8z");
 
 /**
  * @generated from message tl.engine.v1.SamplingParams
@@ -47,6 +47,47 @@ export type SamplingParams = Message<"tl.engine.v1.SamplingParams"> & {
    * @generated from field: repeated uint32 stop_token_ids = 6;
    */
   stopTokenIds: number[];
+
+  /**
+   * Added for OpenAI/vLLM parameters (docs: the hand-off note). 0 / absent = off.
+   *
+   * @generated from field: double presence_penalty = 7;
+   */
+  presencePenalty: number;
+
+  /**
+   * @generated from field: double frequency_penalty = 8;
+   */
+  frequencyPenalty: number;
+
+  /**
+   * 0 = 1 (off); otherwise > 0.
+   *
+   * @generated from field: double repetition_penalty = 9;
+   */
+  repetitionPenalty: number;
+
+  /**
+   * @generated from field: map<uint32, double> logit_bias = 10;
+   */
+  logitBias: { [key: number]: number };
+
+  /**
+   * @generated from field: uint32 min_tokens = 11;
+   */
+  minTokens: number;
+
+  /**
+   * @generated from field: bool ignore_eos = 12;
+   */
+  ignoreEos: boolean;
+
+  /**
+   * Present: report the first token's logprob and this many alternatives (0..20).
+   *
+   * @generated from field: optional uint32 top_logprobs = 13;
+   */
+  topLogprobs?: number | undefined;
 };
 
 /**
@@ -55,6 +96,30 @@ export type SamplingParams = Message<"tl.engine.v1.SamplingParams"> & {
  */
 export const SamplingParamsSchema: GenMessage<SamplingParams> = /*@__PURE__*/
   messageDesc(file_tl_engine_v1_engine, 0);
+
+/**
+ * One token's log-probability (natural log, of the model's raw distribution).
+ *
+ * @generated from message tl.engine.v1.TokenLogprob
+ */
+export type TokenLogprob = Message<"tl.engine.v1.TokenLogprob"> & {
+  /**
+   * @generated from field: uint32 token = 1;
+   */
+  token: number;
+
+  /**
+   * @generated from field: double logprob = 2;
+   */
+  logprob: number;
+};
+
+/**
+ * Describes the message tl.engine.v1.TokenLogprob.
+ * Use `create(TokenLogprobSchema)` to create a new message.
+ */
+export const TokenLogprobSchema: GenMessage<TokenLogprob> = /*@__PURE__*/
+  messageDesc(file_tl_engine_v1_engine, 1);
 
 /**
  * @generated from message tl.engine.v1.PrefillRequest
@@ -89,6 +154,13 @@ export type PrefillRequest = Message<"tl.engine.v1.PrefillRequest"> & {
    * @generated from field: uint32 kv_format = 6;
    */
   kvFormat: number;
+
+  /**
+   * Choices sharing this prefill (OpenAI n); 0 = 1. Choice j samples from stream(seed + j).
+   *
+   * @generated from field: uint32 n = 7;
+   */
+  n: number;
 };
 
 /**
@@ -96,7 +168,7 @@ export type PrefillRequest = Message<"tl.engine.v1.PrefillRequest"> & {
  * Use `create(PrefillRequestSchema)` to create a new message.
  */
 export const PrefillRequestSchema: GenMessage<PrefillRequest> = /*@__PURE__*/
-  messageDesc(file_tl_engine_v1_engine, 1);
+  messageDesc(file_tl_engine_v1_engine, 2);
 
 /**
  * @generated from message tl.engine.v1.KvHandle
@@ -151,6 +223,38 @@ export type KvHandle = Message<"tl.engine.v1.KvHandle"> & {
    * @generated from field: bool finished = 10;
    */
   finished: boolean;
+
+  /**
+   * Set when SamplingParams.top_logprobs is present: first_token's logprob and the alternatives.
+   *
+   * @generated from field: optional double first_token_logprob = 11;
+   */
+  firstTokenLogprob?: number | undefined;
+
+  /**
+   * @generated from field: repeated tl.engine.v1.TokenLogprob first_top_logprobs = 12;
+   */
+  firstTopLogprobs: TokenLogprob[];
+
+  /**
+   * n > 1 only, one entry per choice (entry 0 repeats first_token / first_token_logprob):
+   * the choices' first tokens, their logprobs (when asked for; the alternatives are
+   * first_top_logprobs for all, as they come from the same logits), and whether the first
+   * token ended that choice. `finished` is true only when every choice ended.
+   *
+   * @generated from field: repeated uint32 choice_first_tokens = 13;
+   */
+  choiceFirstTokens: number[];
+
+  /**
+   * @generated from field: repeated double choice_first_logprobs = 14;
+   */
+  choiceFirstLogprobs: number[];
+
+  /**
+   * @generated from field: repeated bool choice_finished = 15;
+   */
+  choiceFinished: boolean[];
 };
 
 /**
@@ -158,7 +262,7 @@ export type KvHandle = Message<"tl.engine.v1.KvHandle"> & {
  * Use `create(KvHandleSchema)` to create a new message.
  */
 export const KvHandleSchema: GenMessage<KvHandle> = /*@__PURE__*/
-  messageDesc(file_tl_engine_v1_engine, 2);
+  messageDesc(file_tl_engine_v1_engine, 3);
 
 /**
  * @generated from message tl.engine.v1.InfoRequest
@@ -171,7 +275,7 @@ export type InfoRequest = Message<"tl.engine.v1.InfoRequest"> & {
  * Use `create(InfoRequestSchema)` to create a new message.
  */
 export const InfoRequestSchema: GenMessage<InfoRequest> = /*@__PURE__*/
-  messageDesc(file_tl_engine_v1_engine, 3);
+  messageDesc(file_tl_engine_v1_engine, 4);
 
 /**
  * @generated from message tl.engine.v1.InfoResponse
@@ -251,6 +355,13 @@ export type InfoResponse = Message<"tl.engine.v1.InfoResponse"> & {
    * @generated from field: uint32 vocab_size = 15;
    */
   vocabSize: number;
+
+  /**
+   * As tl.control.v1.WorkerStatus.tokenizer_fingerprint.
+   *
+   * @generated from field: string tokenizer_fingerprint = 16;
+   */
+  tokenizerFingerprint: string;
 };
 
 /**
@@ -258,7 +369,7 @@ export type InfoResponse = Message<"tl.engine.v1.InfoResponse"> & {
  * Use `create(InfoResponseSchema)` to create a new message.
  */
 export const InfoResponseSchema: GenMessage<InfoResponse> = /*@__PURE__*/
-  messageDesc(file_tl_engine_v1_engine, 4);
+  messageDesc(file_tl_engine_v1_engine, 5);
 
 /**
  * @generated from message tl.engine.v1.CancelRequest
@@ -275,7 +386,7 @@ export type CancelRequest = Message<"tl.engine.v1.CancelRequest"> & {
  * Use `create(CancelRequestSchema)` to create a new message.
  */
 export const CancelRequestSchema: GenMessage<CancelRequest> = /*@__PURE__*/
-  messageDesc(file_tl_engine_v1_engine, 5);
+  messageDesc(file_tl_engine_v1_engine, 6);
 
 /**
  * @generated from message tl.engine.v1.CancelResponse
@@ -292,7 +403,7 @@ export type CancelResponse = Message<"tl.engine.v1.CancelResponse"> & {
  * Use `create(CancelResponseSchema)` to create a new message.
  */
 export const CancelResponseSchema: GenMessage<CancelResponse> = /*@__PURE__*/
-  messageDesc(file_tl_engine_v1_engine, 6);
+  messageDesc(file_tl_engine_v1_engine, 7);
 
 /**
  * @generated from message tl.engine.v1.DrainRequest
@@ -309,7 +420,7 @@ export type DrainRequest = Message<"tl.engine.v1.DrainRequest"> & {
  * Use `create(DrainRequestSchema)` to create a new message.
  */
 export const DrainRequestSchema: GenMessage<DrainRequest> = /*@__PURE__*/
-  messageDesc(file_tl_engine_v1_engine, 7);
+  messageDesc(file_tl_engine_v1_engine, 8);
 
 /**
  * @generated from message tl.engine.v1.DrainResponse
@@ -326,7 +437,7 @@ export type DrainResponse = Message<"tl.engine.v1.DrainResponse"> & {
  * Use `create(DrainResponseSchema)` to create a new message.
  */
 export const DrainResponseSchema: GenMessage<DrainResponse> = /*@__PURE__*/
-  messageDesc(file_tl_engine_v1_engine, 8);
+  messageDesc(file_tl_engine_v1_engine, 9);
 
 /**
  * @generated from service tl.engine.v1.EngineControl

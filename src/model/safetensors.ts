@@ -1,0 +1,62 @@
+import { byteLengthOf, elementCount, type RawDtype, type RawTensor } from "./raw-tensor.ts";
+
+/** safetensors' own reader refuses headers above 100 MB; so do we, before parsing any of it. */
+export const MAX_SAFETENSORS_HEADER = 100 * 1024 * 1024;
+
+const DTYPES: Readonly<Record<string, RawDtype>> = { F32: "f32", F16: "f16", BF16: "bf16" };
+
+/**
+ * The tensors of one .safetensors file: an 8-byte little-endian header length, a JSON header
+ * mapping names to { dtype, shape, data_offsets } relative to the data section, then the data.
+ * Every entry is checked before any view is made: offsets inside the data, lengths matching
+ * dtype x shape, no two tensors overlapping. Tensors are views into `bytes`.
+ */
+export function parseSafetensors(bytes: Uint8Array, file: string): Map<string, RawTensor> {
+  if (bytes.length < 8) throw new Error(`safetensors ${file}: ${bytes.length} bytes, shorter than the 8-byte header length`);
+  const dv = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
+  const n = dv.getBigUint64(0, true);
+  if (n > BigInt(Math.min(MAX_SAFETENSORS_HEADER, bytes.length - 8))) {
+    throw new Error(`safetensors ${file}: header length ${n} exceeds ${bytes.length < MAX_SAFETENSORS_HEADER + 8 ? `the file's ${bytes.length - 8} bytes after it` : `the ${MAX_SAFETENSORS_HEADER}-byte limit`}`);
+  }
+  const headerLen = Number(n);
+  let header: unknown;
+  try {
+    header = JSON.parse(new TextDecoder("utf-8", { fatal: true }).decode(bytes.subarray(8, 8 + headerLen)));
+  } catch (e) {
+    throw new Error(`safetensors ${file}: header is not valid JSON (${e instanceof Error ? e.message : String(e)})`);
+  }
+  if (typeof header !== "object" || header === null || Array.isArray(header)) throw new Error(`safetensors ${file}: header is not a JSON object`);
+  const data = bytes.subarray(8 + headerLen);
+  const out = new Map<string, RawTensor>();
+  const spans: [number, number, string][] = [];
+  for (const [name, entry] of Object.entries(header as Record<string, unknown>)) {
+    if (name === "__metadata__") continue;
+    const t = tensorOf(name, entry, data, file);
+    out.set(name, t);
+    spans.push([t.bytes.byteOffset - data.byteOffset, t.bytes.byteOffset - data.byteOffset + t.bytes.length, name]);
+  }
+  spans.sort((a, b) => a[0] - b[0]);
+  for (let i = 1; i < spans.length; i++) {
+    if (spans[i]![0] < spans[i - 1]![1]) throw new Error(`safetensors ${file}: tensors ${spans[i - 1]![2]} and ${spans[i]![2]} overlap`);
+  }
+  return out;
+}
+
+function tensorOf(name: string, entry: unknown, data: Uint8Array, file: string): RawTensor {
+  const where = `safetensors ${file}: tensor ${name}`;
+  if (typeof entry !== "object" || entry === null) throw new Error(`${where}: entry is not an object`);
+  const { dtype, shape, data_offsets: offs } = entry as Record<string, unknown>;
+  if (typeof dtype !== "string") throw new Error(`${where}: dtype missing`);
+  const dt = DTYPES[dtype];
+  if (dt === undefined) throw new Error(`${where} has dtype ${dtype}: supported ${Object.keys(DTYPES).join(", ")}`);
+  if (!Array.isArray(shape) || shape.length > 8 || !shape.every((d) => Number.isSafeInteger(d) && d >= 0)) {
+    throw new Error(`${where}: shape ${JSON.stringify(shape)} is not a list of at most 8 non-negative integers`);
+  }
+  if (!Array.isArray(offs) || offs.length !== 2 || !offs.every((o) => Number.isSafeInteger(o) && o >= 0) || offs[0] > offs[1] || offs[1] > data.length) {
+    throw new Error(`${where}: data_offsets ${JSON.stringify(offs)} outside the ${data.length}-byte data section`);
+  }
+  const elems = elementCount(shape as number[]);
+  const want = byteLengthOf(dt, elems, name);
+  if (offs[1] - offs[0] !== want) throw new Error(`${where}: ${offs[1] - offs[0]} bytes, want ${want} for ${dtype} ${JSON.stringify(shape)}`);
+  return { name, dtype: dt, shape: shape as number[], bytes: data.subarray(offs[0], offs[1]) };
+}

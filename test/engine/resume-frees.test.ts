@@ -1,0 +1,77 @@
+import { afterAll, beforeAll, expect, test } from "bun:test";
+import { create } from "@bufbuild/protobuf";
+import { startEngineNode, type EngineNode } from "../../src/cli/engine-node.ts";
+import { promptHashes } from "../../src/codec/index.ts";
+import { grpcClient } from "../../src/rpc/index.ts";
+import { EngineControl, PrefillRequestSchema } from "../../src/gen/tl/engine/v1/engine_pb.ts";
+import { CHOICES_HEADER, DRAWS_HEADER, FIRST_TOKEN_HEADER, HANDLE_HEADER } from "../../src/http/index.ts";
+import { FakeRunner } from "../support/fake-runner.ts";
+import { fakeServedModel } from "../support/nodes.ts";
+
+// Every refusal of a resume gives back what the handle held, on D, at once.
+let P: EngineNode, D: EngineNode;
+beforeAll(async () => {
+  const common = { blockTokens: 4, numBlocks: 64 };
+  [P, D] = await Promise.all([startEngineNode({ role: "prefill", model: fakeServedModel(), ...common }), startEngineNode({ role: "decode", model: fakeServedModel(), ...common })]);
+});
+afterAll(async () => {
+  await Promise.all([P, D].map((n) => n?.shutdown()));
+});
+
+const prompt = [5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15];
+
+async function push(requestId: string, n = 1) {
+  return grpcClient(EngineControl, P.grpcAddress).prefill(
+    create(PrefillRequestSchema, { requestId, promptTokens: prompt, sampling: { maxTokens: 8, temperature: 1, seed: 3n }, decodeTarget: D.kvAddress, kvFormat: 1, n }),
+  );
+}
+
+function resume(handleId: string, requestId: string, firstTokens: number[], extra: Record<string, string> = {}) {
+  return fetch(`http://${D.httpAddress}/v1/completions`, {
+    method: "POST",
+    headers: { [HANDLE_HEADER]: handleId, [FIRST_TOKEN_HEADER]: firstTokens.join(","), [DRAWS_HEADER]: "1", "x-request-id": requestId, ...extra },
+    body: JSON.stringify({ prompt, max_tokens: 8, temperature: 1, seed: 3, n: firstTokens.length }),
+  });
+}
+
+async function idle(): Promise<void> {
+  const end = Date.now() + 3000;
+  while ((D.engine.inFlight > 0 || D.pool.used > 0) && Date.now() < end) await Bun.sleep(5);
+  expect([D.engine.inFlight, D.pool.used, D.receiver!.pending()]).toEqual([0, 0, 0]);
+}
+
+test("a resume whose request id already runs on D is a 409 that releases the handle's blocks at once", async () => {
+  (D.model.runner as FakeRunner).slowMs = 2;
+  try {
+    const ac = new AbortController();
+    const running = await fetch(`http://${D.httpAddress}/v1/completions`, { method: "POST", headers: { "x-request-id": "busy" }, body: JSON.stringify({ prompt: [1, 2, 3], max_tokens: 200, stream: true }), signal: ac.signal });
+    await running.body!.getReader().read();
+    const first = () => D.pool.refCount(D.pool.lookup(promptHashes(prompt, 4)[0]!));
+    for (const n of [1, 3]) {
+      const h = await push(`busy-push-${n}`, n);
+      expect(D.receiver!.pending()).toBe(1);
+      const res = await resume(h.handleId, "busy", n === 1 ? [h.firstToken] : h.choiceFirstTokens);
+      expect(res.status).toBe(409);
+      expect(((await res.json()) as { error: { message: string } }).error.message).toMatch(/busy is already in flight/);
+      // The handle's full blocks stay cached but unreferenced; its tail and any copy are free.
+      expect([D.receiver!.pending(), first(), D.engine.inFlight]).toEqual([0, 0, 1]);
+    }
+    ac.abort();
+  } finally {
+    (D.model.runner as FakeRunner).slowMs = 0;
+  }
+  await idle();
+});
+
+test("n = 3 resumed on one handle: every choice finishes and frees its blocks; a bad choice header is a 400 before the claim", async () => {
+  const h = await push("three", 3);
+  expect(h.choiceFirstTokens.length).toBe(3);
+  const bad = await resume(h.handleId, "three", h.choiceFirstTokens, { [CHOICES_HEADER]: "0,1" });
+  expect(bad.status).toBe(400);
+  expect(D.receiver!.pending()).toBe(1); // refused before any work: still the gateway's to release
+  const ok = await resume(h.handleId, "three", h.choiceFirstTokens);
+  expect(ok.status).toBe(200);
+  const body = (await ok.json()) as { choices: { index: number; finish_reason: string }[] };
+  expect(body.choices.map((c) => [c.index, c.finish_reason])).toEqual([[0, "length"], [1, "length"], [2, "length"]]);
+  await idle();
+});

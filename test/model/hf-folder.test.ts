@@ -1,0 +1,79 @@
+import { afterAll, describe, expect, test } from "bun:test";
+import { syntheticWeights, readModelFiles, writeLlama2cCheckpoint, writeLlama2cTokenizer, splitHalfToInterleaved, interleavedToSplitHalf } from "../../src/model/index.ts";
+import { writeHfFolder } from "../support/model-writers.ts";
+import { CKPT, greedy, maxAbsDiff, PROMPTS, tempDir } from "./format-helpers.ts";
+import { bits } from "./helpers.ts";
+
+const tmp = tempDir("hf");
+afterAll(tmp.cleanup);
+
+const W = syntheticWeights(CKPT, 77);
+const N = 16;
+
+/** The reference: the same weights through the llama2.c file and its loader. */
+function llama2cRun(prompt: number[]) {
+  const path = tmp.path("ckpt.bin");
+  writeLlama2cCheckpoint(path, CKPT, W, false);
+  writeLlama2cTokenizer(tmp.path("tok.bin"), [{ piece: "<unk>", score: 0 }, { piece: "<s>", score: 0 }, { piece: "</s>", score: 0 }]);
+  const m = readModelFiles(path, { tokenizerPath: tmp.path("tok.bin") });
+  expect(m.format).toBe("llama2c");
+  return greedy(m.cfg, m.weights, prompt, N);
+}
+
+describe("hf_folder_equals_llama2c", () => {
+  test("rope reorder: split-half then back is the identity, and it moves rows", () => {
+    const m = Float32Array.from({ length: 2 * 8 * 3 }, (_, i) => i);
+    const split = interleavedToSplitHalf(m, 2, 8, 3);
+    expect(Array.from(split.subarray(3, 6))).toEqual([6, 7, 8]); // row 1 of the split order is interleaved row 2
+    expect(Array.from(splitHalfToInterleaved(split, 2, 8, 3))).toEqual(Array.from(m));
+  });
+
+  test("f32 safetensors: same greedy tokens and bit-identical logits", () => {
+    const dir = tmp.path("f32");
+    writeHfFolder(dir, CKPT, W);
+    const hf = readModelFiles(dir);
+    expect(hf.format).toBe("hf");
+    expect(hf.name).toBe("f32");
+    expect(hf.eosIds).toEqual([2, 3]); // config.json's 2, generation_config.json's [2, 3]
+    expect(hf.stats).toEqual({ parameters: hf.stats.residentBytes / 4, dtype: "f32", residentBytes: hf.stats.residentBytes });
+    expect(hf.tokenizerSource.kind).toBe("hf");
+    if (hf.tokenizerSource.kind === "hf") {
+      expect((hf.tokenizerSource.tokenizerJson as { model: { type: string } }).model.type).toBe("BPE");
+      expect(hf.tokenizerSource.configEosIds).toEqual([2]);
+      expect((hf.tokenizerSource.generationConfig as { eos_token_id: number[] }).eos_token_id).toEqual([2, 3]);
+    }
+    for (const p of PROMPTS) {
+      const want = llama2cRun(p);
+      const got = greedy(hf.cfg, hf.weights, p, N);
+      expect(got.tokens).toEqual(want.tokens);
+      expect(got.logits.map(bits)).toEqual(want.logits.map(bits));
+    }
+  });
+
+  test("sharded safetensors with an index: bit-identical logits", () => {
+    const dir = tmp.path("sharded");
+    writeHfFolder(dir, CKPT, W, { shards: 3 });
+    const hf = readModelFiles(dir);
+    const want = llama2cRun(PROMPTS[1]!);
+    expect(greedy(hf.cfg, hf.weights, PROMPTS[1]!, N).logits.map(bits)).toEqual(want.logits.map(bits));
+  });
+
+  // f16 keeps 11 significant bits, bf16 8: the logits of these unit-scale models move by at most
+  // the bounds below (measured maxima: see the report), and greedy tokens still agree.
+  for (const [dtype, bound] of [["F16", 0.01], ["BF16", 0.08]] as const) {
+    test(`${dtype.toLowerCase()} safetensors: greedy tokens agree, logits within ${bound}`, () => {
+      const dir = tmp.path(dtype);
+      writeHfFolder(dir, CKPT, W, { dtype });
+      const hf = readModelFiles(dir);
+      expect(hf.stats.dtype).toBe(dtype.toLowerCase());
+      for (const p of PROMPTS) {
+        const want = llama2cRun(p);
+        const got = greedy(hf.cfg, hf.weights, p, N);
+        const err = maxAbsDiff(got.logits, want.logits);
+        console.log(`${dtype} prompt ${p.length}: max |logit error| ${err.toExponential(2)}`);
+        expect(err).toBeLessThan(bound);
+        expect(got.tokens).toEqual(want.tokens);
+      }
+    });
+  }
+});

@@ -1,0 +1,33 @@
+import { afterAll, describe, expect, test } from "bun:test";
+import { loadModel, loadTokenizerFor, SYNTHETIC_MODEL_NAME, syntheticWeights, writeLlama2cCheckpoint, writeLlama2cTokenizer } from "../../src/model/index.ts";
+import { CKPT, tempDir } from "./format-helpers.ts";
+
+const tmp = tempDir("load");
+afterAll(tmp.cleanup);
+
+describe("load-model", () => {
+  test("no --model: the embedded model with its byte tokenizer and size", async () => {
+    const m = await loadModel({});
+    expect(m.name).toBe(SYNTHETIC_MODEL_NAME);
+    expect(m.format).toBe("synthetic");
+    expect(m.tokenizer.vocabSize).toBe(258);
+    expect(m.eosIds).toEqual([257]);
+    expect(m.stats.residentBytes).toBe(m.stats.parameters * 4);
+  });
+
+  test("the gateway's loadTokenizerFor reads a llama2.c header through the real parser", async () => {
+    writeLlama2cCheckpoint(tmp.path("m.bin"), CKPT, syntheticWeights(CKPT, 2, { sharedClassifier: true }), true);
+    writeLlama2cTokenizer(tmp.path("t.bin"), Array.from({ length: CKPT.vocabSize }, (_, i) => ({ piece: `p${i}`, score: 0 })));
+    const t = await loadTokenizerFor({ modelPath: tmp.path("m.bin"), tokenizerPath: tmp.path("t.bin"), maxSeqLen: 40 });
+    expect({ name: t.name, vocab: t.tokenizer.vocabSize, max: t.maxSeqLen, v: t.vocabSize }).toEqual({ name: "m", vocab: CKPT.vocabSize, max: 40, v: CKPT.vocabSize });
+    expect((await loadTokenizerFor({ modelPath: tmp.path("m.bin"), tokenizerPath: tmp.path("t.bin"), servedModelName: "x" })).name).toBe("x");
+    await expect(loadTokenizerFor({ modelPath: tmp.path("t.bin"), tokenizerPath: tmp.path("t.bin") })).rejects.toThrow(/a llama2\.c tokenizer\.bin, not a model/);
+  });
+
+  test("tokenizer.bin is read up to the checkpoint's vocabulary size", async () => {
+    writeLlama2cTokenizer(tmp.path("big.bin"), Array.from({ length: CKPT.vocabSize + 1 }, (_, i) => ({ piece: `p${i}`, score: 0 })));
+    // tokenizer.bin has no count: read as the checkpoint's vocab, the extra entry is simply not read.
+    const m = await loadModel({ modelPath: tmp.path("m.bin"), tokenizerPath: tmp.path("big.bin") });
+    expect(m.tokenizer.vocabSize).toBe(CKPT.vocabSize);
+  });
+});
