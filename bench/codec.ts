@@ -54,7 +54,10 @@ function fill(b: Uint8Array): Uint8Array {
 }
 
 function records(n: number): EnvelopeRecord[] {
-  const hashes = promptHashes(Array.from({ length: n * SHAPE.blockTokens }, (_, i) => i), SHAPE.blockTokens);
+  const hashes = promptHashes(
+    Array.from({ length: n * SHAPE.blockTokens }, (_, i) => i),
+    SHAPE.blockTokens,
+  );
   return hashes.map((hash) => ({ hash, nTokens: SHAPE.blockTokens, payload: fill(new Uint8Array(P)) }));
 }
 
@@ -68,7 +71,10 @@ function report(name: string, bps: number): number {
 
 console.log(`shape B=16 L=4 H=4 D=32, P=${P}; crc32c backend: ${crc32cBackend()}`);
 
-for (const [label, n] of [["one_block", 1], [`multi_${MULTI}`, MULTI]] as const) {
+for (const [label, n] of [
+  ["one_block", 1],
+  [`multi_${MULTI}`, MULTI],
+] as const) {
   const recs = records(n);
   const E = envelopeBytes(SHAPE, n);
   const header = { version: 1, dtype: 1, nBlocks: n, ...SHAPE };
@@ -82,10 +88,22 @@ for (const [label, n] of [["one_block", 1], [`multi_${MULTI}`, MULTI]] as const)
   report(`${label}.memcpy_baseline`, memcpy);
   // Baseline: CRC-32C alone over the envelope, the floor of read+verify's cost.
   const crcOnly = crc32cNative() ?? crc32cTable;
-  const crcBase = report(`${label}.crc_only_baseline`, rate(E, () => void (sink ^= crcOnly(env.subarray(0, E - 4)))));
-  const w = report(`${label}.write_into`, rate(E, () => void writeEnvelope(header, recs, out)));
-  const wf = report(`${label}.write_fresh`, rate(E, () => void writeEnvelope(header, recs)));
-  const r = report(`${label}.read_verify`, rate(E, () => void (sink += readEnvelope(env, SHAPE).records.length)));
+  const crcBase = report(
+    `${label}.crc_only_baseline`,
+    rate(E, () => void (sink ^= crcOnly(env.subarray(0, E - 4)))),
+  );
+  const w = report(
+    `${label}.write_into`,
+    rate(E, () => void writeEnvelope(header, recs, out)),
+  );
+  const wf = report(
+    `${label}.write_fresh`,
+    rate(E, () => void writeEnvelope(header, recs)),
+  );
+  const r = report(
+    `${label}.read_verify`,
+    rate(E, () => void (sink += readEnvelope(env, SHAPE).records.length)),
+  );
   results[`${label}.write_into_vs_memcpy`] = w / memcpy;
   results[`${label}.write_fresh_vs_memcpy`] = wf / memcpy;
   results[`${label}.read_verify_vs_memcpy`] = r / memcpy;
@@ -99,9 +117,15 @@ for (const [label, n] of [["one_block", 1], [`multi_${MULTI}`, MULTI]] as const)
 
 const buf = fill(new Uint8Array(1 << 20));
 const native = crc32cNative();
-const tbl = report("crc32c.table_1MiB", rate(buf.length, () => void (sink ^= crc32cTable(buf))));
+const tbl = report(
+  "crc32c.table_1MiB",
+  rate(buf.length, () => void (sink ^= crc32cTable(buf))),
+);
 if (native) {
-  const nat = report("crc32c.native_1MiB", rate(buf.length, () => void (sink ^= native(buf))));
+  const nat = report(
+    "crc32c.native_1MiB",
+    rate(buf.length, () => void (sink ^= native(buf))),
+  );
   results["crc32c.native_vs_table"] = nat / tbl;
   console.log(`  ratio native (${crc32cBackend()})/table ${(nat / tbl).toFixed(1)}x`);
 }
@@ -109,8 +133,14 @@ if (native) {
 const nodeRs = crc32cNodeRs();
 if (native && nodeRs && crc32cBackend() !== "node-rs") {
   const block = buf.subarray(0, envelopeBytes(SHAPE, 1) - 4);
-  const a = report(`crc32c.${crc32cBackend()}_block`, rate(block.length, () => void (sink ^= native(block))));
-  const b = report("crc32c.node_rs_block", rate(block.length, () => void (sink ^= nodeRs(block))));
+  const a = report(
+    `crc32c.${crc32cBackend()}_block`,
+    rate(block.length, () => void (sink ^= native(block))),
+  );
+  const b = report(
+    "crc32c.node_rs_block",
+    rate(block.length, () => void (sink ^= nodeRs(block))),
+  );
   results[`crc32c.${crc32cBackend()}_vs_node_rs_block`] = a / b;
   console.log(`  ratio ${crc32cBackend()}/@node-rs on ${block.length}-byte blocks ${(a / b).toFixed(1)}x`);
 }
@@ -137,7 +167,9 @@ const slow = rate(hashBytes, () => void (sink += promptHashesBigInt(tokens, 16).
 results["prompt_hashes.tokens_per_s"] = fast / 4;
 results["prompt_hashes.bigint_tokens_per_s"] = slow / 4;
 results["prompt_hashes.vs_bigint"] = fast / slow;
-console.log(`prompt_hashes                      ${(fast / 4 / 1e6).toFixed(1)} Mtokens/s, BigInt FNV ${(slow / 4 / 1e6).toFixed(2)} Mtokens/s, ratio ${(fast / slow).toFixed(1)}x`);
+console.log(
+  `prompt_hashes                      ${(fast / 4 / 1e6).toFixed(1)} Mtokens/s, BigInt FNV ${(slow / 4 / 1e6).toFixed(2)} Mtokens/s, ratio ${(fast / slow).toFixed(1)}x`,
+);
 
 const target = results["one_block.read_verify"]! >= 3;
 console.log(`target read+verify ≥ 3 GB/s on one-block envelopes: ${target ? "met" : "NOT met"}`);
@@ -145,5 +177,18 @@ console.log(`target read+verify ≥ 3 GB/s on one-block envelopes: ${target ? "m
 mkdirSync(new URL("./results/", import.meta.url), { recursive: true });
 writeFileSync(
   new URL("./results/codec.json", import.meta.url),
-  JSON.stringify({ shape: SHAPE, payload_bytes: P, multi_blocks: MULTI, crc32c_backend: crc32cBackend(), unit: "GB/s unless named", results, read_verify_target_met: target, sink: sink & 1 }, null, 2) + "\n",
+  JSON.stringify(
+    {
+      shape: SHAPE,
+      payload_bytes: P,
+      multi_blocks: MULTI,
+      crc32c_backend: crc32cBackend(),
+      unit: "GB/s unless named",
+      results,
+      read_verify_target_met: target,
+      sink: sink & 1,
+    },
+    null,
+    2,
+  ) + "\n",
 );

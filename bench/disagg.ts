@@ -16,6 +16,7 @@
 //   BENCH_DISAGG_TAG=rerun      write disagg.rerun.{json,svg} instead
 import { mkdirSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
+import { type RoleProcess, spawnRole } from "../src/cli/spawn-role.ts";
 import { sseData } from "../src/http/index.ts";
 import { stream } from "../src/rng/index.ts";
 
@@ -98,48 +99,10 @@ function workload(rate: number, seed: number): Req[] {
 
 // ---- processes ----------------------------------------------------------------------
 
-interface Child {
-  name: string;
-  proc: Bun.Subprocess<"ignore", "pipe", "pipe">;
-  ready: Promise<Record<string, unknown>>;
-  tail: string[];
-}
+type Child = RoleProcess;
 
 function spawn(name: string, args: string[]): Child {
-  const proc = Bun.spawn([process.execPath, join(ROOT, "bin/engine.ts"), ...args], {
-    stdin: "ignore",
-    stdout: "pipe",
-    stderr: "pipe",
-    env: { ...process.env, TL_LOG_LEVEL: "warn" },
-  });
-  const tail: string[] = [];
-  void (async () => {
-    for await (const s of proc.stderr.pipeThrough(new TextDecoderStream())) {
-      tail.push(...s.split("\n").filter((l) => l.length > 0));
-      tail.splice(0, Math.max(0, tail.length - 20));
-    }
-  })().catch(() => {});
-  const ready = (async () => {
-    let buf = "";
-    for await (const s of proc.stdout.pipeThrough(new TextDecoderStream())) {
-      buf += s;
-      for (const line of buf.split("\n").slice(0, -1)) {
-        if (!line.startsWith("{")) continue;
-        const obj = JSON.parse(line) as Record<string, unknown>;
-        if (obj.msg === "ready") {
-          // Keep draining stdout so the child never blocks on a full pipe.
-          void (async () => {
-            for await (const _ of proc.stdout) {
-            }
-          })().catch(() => {});
-          return obj;
-        }
-      }
-      buf = buf.slice(buf.lastIndexOf("\n") + 1);
-    }
-    throw new Error(`${name} exited (code ${await proc.exited}) before it was ready: ${tail.join("\n")}`);
-  })();
-  return { name, proc, ready, tail };
+  return spawnRole(name, [process.execPath, join(ROOT, "bin/engine.ts"), ...args], { env: { ...process.env, TL_LOG_LEVEL: "warn" }, stderr: "tail" });
 }
 
 type ConfigName = "a" | "b";
@@ -161,23 +124,50 @@ async function startCluster(cfg: ConfigName): Promise<Cluster> {
     await Promise.all(children.map((c) => Promise.race([c.proc.exited, Bun.sleep(5000).then(() => c.proc.kill("SIGKILL"))])));
   };
   try {
-    const gw = spawn("gateway", ["--role", "gateway", "--http-listen", "127.0.0.1:0", "--registry-listen", "127.0.0.1:0", "--heartbeat-interval-ms", String(BEAT_MS)]);
+    const gw = spawn("gateway", [
+      "--role",
+      "gateway",
+      "--http-listen",
+      "127.0.0.1:0",
+      "--registry-listen",
+      "127.0.0.1:0",
+      "--heartbeat-interval-ms",
+      String(BEAT_MS),
+    ]);
     children.push(gw);
     const g = await gw.ready;
     const roles = CONFIGS[cfg].roles;
     roles.forEach((role, i) =>
       children.push(
         spawn(`${role}-${i}`, [
-          "--role", role, "--worker-id", `${role}-${i}`,
-          "--http-listen", "127.0.0.1:0", "--grpc-listen", "127.0.0.1:0", "--kv-listen", "127.0.0.1:0",
-          "--gateway-registry", String(g.registry), "--heartbeat-interval-ms", String(BEAT_MS),
-          "--max-batch-tokens", String(MBT), "--drain-timeout-s", "2",
+          "--role",
+          role,
+          "--worker-id",
+          `${role}-${i}`,
+          "--http-listen",
+          "127.0.0.1:0",
+          "--grpc-listen",
+          "127.0.0.1:0",
+          "--kv-listen",
+          "127.0.0.1:0",
+          "--gateway-registry",
+          String(g.registry),
+          "--heartbeat-interval-ms",
+          String(BEAT_MS),
+          "--max-batch-tokens",
+          String(MBT),
+          "--drain-timeout-s",
+          "2",
         ]),
       ),
     );
     await Promise.all(children.map((c) => c.ready));
     const base = `http://${String(g.http)}`;
-    const want = { prefill: roles.filter((r) => r === "prefill").length, decode: roles.filter((r) => r === "decode").length, both: roles.filter((r) => r === "both").length };
+    const want = {
+      prefill: roles.filter((r) => r === "prefill").length,
+      decode: roles.filter((r) => r === "decode").length,
+      both: roles.filter((r) => r === "both").length,
+    };
     const deadline = Date.now() + 30_000;
     for (;;) {
       const h = (await (await fetch(`${base}/health`)).json()) as { workers: typeof want };
@@ -225,7 +215,21 @@ async function send(base: string, r: Req, t0: number, signal: AbortSignal): Prom
   const due = t0 + r.at * 1000;
   const ids: number[] = [];
   const stamps: number[] = [];
-  const out: Outcome = { id: r.id, kind: r.kind, ok: false, ttftMs: 0, gotFirst: false, tpotMs: null, maxGapMs: 0, tokens: 0, digest: "", served: "", blocksSent: 0, blocksDeduped: 0, payloadBytes: 0 };
+  const out: Outcome = {
+    id: r.id,
+    kind: r.kind,
+    ok: false,
+    ttftMs: 0,
+    gotFirst: false,
+    tpotMs: null,
+    maxGapMs: 0,
+    tokens: 0,
+    digest: "",
+    served: "",
+    blocksSent: 0,
+    blocksDeduped: 0,
+    payloadBytes: 0,
+  };
   try {
     const res = await fetch(`${base}/v1/completions`, {
       method: "POST",
@@ -355,9 +359,18 @@ function summarize(config: ConfigName, rate: number, runs: { outcomes: Outcome[]
     ttftP99Ms: pct(ttfts, 99),
     tpotP50Ms: pct(tpots, 50),
     tpotP99Ms: pct(tpots, 99),
-    maxGapP99Ms: pct(ok.filter((o) => o.tokens > 1).map((o) => o.maxGapMs), 99),
-    shortTpotP99Ms: pct(ok.filter((o) => o.kind === "short" && o.tpotMs !== null).map((o) => o.tpotMs!), 99),
-    longTtftP50Ms: pct(all.filter((o) => o.kind === "long").map((o) => o.ttftMs), 50),
+    maxGapP99Ms: pct(
+      ok.filter((o) => o.tokens > 1).map((o) => o.maxGapMs),
+      99,
+    ),
+    shortTpotP99Ms: pct(
+      ok.filter((o) => o.kind === "short" && o.tpotMs !== null).map((o) => o.tpotMs!),
+      99,
+    ),
+    longTtftP50Ms: pct(
+      all.filter((o) => o.kind === "long").map((o) => o.ttftMs),
+      50,
+    ),
     blocksSent,
     blocksDeduped,
     kvBytes,
@@ -390,12 +403,25 @@ async function unloaded(cfg: ConfigName): Promise<Unloaded> {
     };
     await seq([request(rnd, "warm-0", 0, "long", 400), request(rnd, "warm-1", 0, "short", 40)]);
     // No shared prefix on these: the worst prompt of the mix, computed in full.
-    const longs = await seq(Array.from({ length: 4 }, (_, i) => ({ ...request(rnd, `cal-long-${i}`, 0, "short", LONG_PROMPT[1]), kind: "long" as const, maxTokens: LONG_OUTPUT })));
-    const shorts = await seq(Array.from({ length: 4 }, (_, i) => ({ ...request(rnd, `cal-short-${i}`, 0, "short", SHORT_PROMPT[1]), maxTokens: SHORT_OUTPUT[1] })));
+    const longs = await seq(
+      Array.from({ length: 4 }, (_, i) => ({ ...request(rnd, `cal-long-${i}`, 0, "short", LONG_PROMPT[1]), kind: "long" as const, maxTokens: LONG_OUTPUT })),
+    );
+    const shorts = await seq(
+      Array.from({ length: 4 }, (_, i) => ({ ...request(rnd, `cal-short-${i}`, 0, "short", SHORT_PROMPT[1]), maxTokens: SHORT_OUTPUT[1] })),
+    );
     return {
-      longTtftMs: pct(longs.map((o) => o.ttftMs), 50),
-      shortTtftMs: pct(shorts.map((o) => o.ttftMs), 50),
-      tpotMs: pct(shorts.flatMap((o) => (o.tpotMs === null ? [] : [o.tpotMs])), 50),
+      longTtftMs: pct(
+        longs.map((o) => o.ttftMs),
+        50,
+      ),
+      shortTtftMs: pct(
+        shorts.map((o) => o.ttftMs),
+        50,
+      ),
+      tpotMs: pct(
+        shorts.flatMap((o) => (o.tpotMs === null ? [] : [o.tpotMs])),
+        50,
+      ),
     };
   } finally {
     await c.stop();
@@ -421,8 +447,12 @@ async function calibrate(): Promise<Targets & { unloaded: Record<ConfigName, Unl
 // ---- the chart ----------------------------------------------------------------------
 
 function svgChart(points: Point[], t: Targets): string {
-  const W = 920, H = 380, M = { l: 64, r: 16, t: 44, b: 52 }, GAP = 70;
-  const pw = (W - M.l - M.r - GAP) / 2, ph = H - M.t - M.b;
+  const W = 920,
+    H = 380,
+    M = { l: 64, r: 16, t: 44, b: 52 },
+    GAP = 70;
+  const pw = (W - M.l - M.r - GAP) / 2,
+    ph = H - M.t - M.b;
   const rates = [...new Set(points.map((p) => p.rate))].sort((a, b) => a - b);
   const xMax = Math.max(...rates) * 1.05;
   const color = { a: "#d62728", b: "#1f77b4" };
@@ -455,13 +485,21 @@ function svgChart(points: Point[], t: Targets): string {
     for (const cfg of ["a", "b"] as const) {
       const ps = points.filter((p) => p.config === cfg && Number.isFinite(p[key]) && p[key] > 0).sort((a, b) => a.rate - b.rate);
       if (ps.length === 0) continue;
-      parts.push(`<polyline fill="none" stroke="${color[cfg]}" stroke-width="2" points="${ps.map((p) => `${X(p.rate).toFixed(1)},${Y(p[key]).toFixed(1)}`).join(" ")}"/>`);
-      for (const p of ps) parts.push(`<circle cx="${X(p.rate).toFixed(1)}" cy="${Y(p[key]).toFixed(1)}" r="3.5" fill="${color[cfg]}"><title>${esc(CONFIGS[cfg].label)} @ ${p.rate} req/s: ${p[key].toFixed(1)} ms</title></circle>`);
+      parts.push(
+        `<polyline fill="none" stroke="${color[cfg]}" stroke-width="2" points="${ps.map((p) => `${X(p.rate).toFixed(1)},${Y(p[key]).toFixed(1)}`).join(" ")}"/>`,
+      );
+      for (const p of ps)
+        parts.push(
+          `<circle cx="${X(p.rate).toFixed(1)}" cy="${Y(p[key]).toFixed(1)}" r="3.5" fill="${color[cfg]}"><title>${esc(CONFIGS[cfg].label)} @ ${p.rate} req/s: ${p[key].toFixed(1)} ms</title></circle>`,
+        );
     }
     return parts.join("\n");
   };
   const legend = (["a", "b"] as const)
-    .map((cfg, i) => `<line x1="${M.l + i * 240}" x2="${M.l + i * 240 + 24}" y1="${H - 10}" y2="${H - 10}" stroke="${color[cfg]}" stroke-width="2"/><text x="${M.l + i * 240 + 30}" y="${H - 6}" font-size="12">${esc(CONFIGS[cfg].label)}</text>`)
+    .map(
+      (cfg, i) =>
+        `<line x1="${M.l + i * 240}" x2="${M.l + i * 240 + 24}" y1="${H - 10}" y2="${H - 10}" stroke="${color[cfg]}" stroke-width="2"/><text x="${M.l + i * 240 + 30}" y="${H - 6}" font-size="12">${esc(CONFIGS[cfg].label)}</text>`,
+    )
     .join("\n");
   return `<?xml version="1.0" encoding="UTF-8"?>
 <svg xmlns="http://www.w3.org/2000/svg" width="${W}" height="${H}" viewBox="0 0 ${W} ${H}" font-family="sans-serif" font-size="12">
@@ -479,11 +517,15 @@ ${legend}
 const f1 = (v: number) => (Number.isFinite(v) ? v.toFixed(1) : "-");
 const f0 = (v: number) => (Number.isFinite(v) ? v.toFixed(0) : "-");
 const started = performance.now();
-console.log(`disagg bench: rates ${RATES.join(", ")} req/s, ${WINDOW_S}s of arrivals per point x ${REPEAT}, max_batch_tokens ${MBT}, drain cap ${DRAIN_CAP_S}s`);
+console.log(
+  `disagg bench: rates ${RATES.join(", ")} req/s, ${WINDOW_S}s of arrivals per point x ${REPEAT}, max_batch_tokens ${MBT}, drain cap ${DRAIN_CAP_S}s`,
+);
 const targets = await calibrate();
 for (const cfg of ["a", "b"] as const) {
   const u = targets.unloaded[cfg];
-  console.log(`calibration, one request at a time on ${CONFIGS[cfg].label}: ${LONG_PROMPT[1]}-token prompt TTFT ${f0(u.longTtftMs)} ms, ${SHORT_PROMPT[1]}-token prompt TTFT ${f0(u.shortTtftMs)} ms, TPOT ${f1(u.tpotMs)} ms`);
+  console.log(
+    `calibration, one request at a time on ${CONFIGS[cfg].label}: ${LONG_PROMPT[1]}-token prompt TTFT ${f0(u.longTtftMs)} ms, ${SHORT_PROMPT[1]}-token prompt TTFT ${f0(u.shortTtftMs)} ms, TPOT ${f1(u.tpotMs)} ms`,
+  );
 }
 console.log(`targets: TTFT <= ${targets.ttftMs} ms and TPOT <= ${targets.tpotMs} ms (${targets.how})`);
 
@@ -511,7 +553,18 @@ for (const rate of RATES) {
     }
   }
   for (const cfg of ["a", "b"] as const) {
-    const rows = runs[cfg].flatMap((r) => r.outcomes).map((o) => [o.kind, Math.round(o.ttftMs), o.tpotMs === null ? null : Math.round(o.tpotMs * 100) / 100, o.tokens, o.ok] as [string, number, number | null, number, boolean]);
+    const rows = runs[cfg]
+      .flatMap((r) => r.outcomes)
+      .map(
+        (o) =>
+          [o.kind, Math.round(o.ttftMs), o.tpotMs === null ? null : Math.round(o.tpotMs * 100) / 100, o.tokens, o.ok] as [
+            string,
+            number,
+            number | null,
+            number,
+            boolean,
+          ],
+      );
     raw.push({ config: cfg, rate, requests: rows });
   }
   const pa = summarize("a", rate, runs.a, targets);
@@ -525,7 +578,9 @@ for (const rate of RATES) {
         (p.errors.length ? `  errors: ${p.errors.join(" | ")}` : ""),
     );
   }
-  console.log(`  ${String(rate).padStart(4)} req/s ratio (b)/(a): goodput ${(pb.goodput / pa.goodput).toFixed(2)}x, TPOT p99 ${(pb.tpotP99Ms / pa.tpotP99Ms).toFixed(2)}x, TTFT p99 ${(pb.ttftP99Ms / pa.ttftP99Ms).toFixed(2)}x`);
+  console.log(
+    `  ${String(rate).padStart(4)} req/s ratio (b)/(a): goodput ${(pb.goodput / pa.goodput).toFixed(2)}x, TPOT p99 ${(pb.tpotP99Ms / pa.tpotP99Ms).toFixed(2)}x, TTFT p99 ${(pb.ttftP99Ms / pa.ttftP99Ms).toFixed(2)}x`,
+  );
 }
 
 const ratios = RATES.map((rate) => {
@@ -542,7 +597,8 @@ for (const r of ratios) {
       `${f1(a.tpotP99Ms).padStart(8)} ${f1(b.tpotP99Ms).padStart(6)} ${r.tpotP99.toFixed(2).padStart(6)}x | ${f0(a.ttftP99Ms).padStart(8)} ${f0(b.ttftP99Ms).padStart(6)} ${r.ttftP99.toFixed(2).padStart(6)}x | ${f1(a.shortTpotP99Ms).padStart(19)} ${f1(b.shortTpotP99Ms).padStart(5)}`,
   );
 }
-if (mismatches.length > 0) console.log(`WARNING: ${mismatches.length} seeded requests gave different tokens in (a) and (b), e.g. ${JSON.stringify(mismatches[0])}`);
+if (mismatches.length > 0)
+  console.log(`WARNING: ${mismatches.length} seeded requests gave different tokens in (a) and (b), e.g. ${JSON.stringify(mismatches[0])}`);
 else console.log("seeded outputs: identical in (a) and (b) for every request both completed");
 
 const dir = join(ROOT, "bench/results");

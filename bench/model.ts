@@ -223,7 +223,9 @@ const simd = placedKernel();
 const tiled1 = matmulGflops(simd, 1, 256, 768);
 const tiled64 = matmulGflops(simd, 64, 256, 768);
 console.log(`baseline plain JS matmul (1x256 by 768x256): ${naive1.toFixed(2)} GFLOP/s`);
-console.log(`SIMD matmul: rows=1 ${tiled1.toFixed(2)} GFLOP/s (${(tiled1 / naive1).toFixed(2)}x), rows=64 ${tiled64.toFixed(2)} GFLOP/s (${(tiled64 / naive1).toFixed(2)}x)`);
+console.log(
+  `SIMD matmul: rows=1 ${tiled1.toFixed(2)} GFLOP/s (${(tiled1 / naive1).toFixed(2)}x), rows=64 ${tiled64.toFixed(2)} GFLOP/s (${(tiled64 / naive1).toFixed(2)}x)`,
+);
 
 const t0 = performance.now();
 const syn = loadSyntheticModel();

@@ -34,7 +34,4 @@ for (const [name, cfg] of Object.entries(configs)) {
 }
 
 mkdirSync(new URL("./results/", import.meta.url), { recursive: true });
-writeFileSync(
-  new URL("./results/sampler.json", import.meta.url),
-  JSON.stringify({ vocab: VOCAB, tokens: TOKENS, results }, null, 2) + "\n",
-);
+writeFileSync(new URL("./results/sampler.json", import.meta.url), JSON.stringify({ vocab: VOCAB, tokens: TOKENS, results }, null, 2) + "\n");

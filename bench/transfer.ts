@@ -357,7 +357,13 @@ async function measurePath(path: Path, crossProcess: boolean, big: Prompt, small
   return {
     // the same push from blocks no two of which are adjacent in P's pool
     pushScattered: summary(scatteredRuns, rawRuns),
-    push: { ...summary(pushRuns, rawRuns), rawTcpMs: round(rawMs, 2), rawTcpGbps: round(gbps(rawMs)), rawTcpCpuMs: round(median(rawRuns.map((x) => x.cpuMs)), 1), rawRunsMs: rawRuns.map((x) => round(x.ms, 1)) },
+    push: {
+      ...summary(pushRuns, rawRuns),
+      rawTcpMs: round(rawMs, 2),
+      rawTcpGbps: round(gbps(rawMs)),
+      rawTcpCpuMs: round(median(rawRuns.map((x) => x.cpuMs)), 1),
+      rawRunsMs: rawRuns.map((x) => round(x.ms, 1)),
+    },
     transferCold: { ...cold, gbps: round(gbps(cold.ms)), ratioToRawTcp: round(rawMs / cold.ms) },
     transferWarm: { ...warm, speedupOverCold: round(cold.ms / warm.ms, 1) },
     latency2kTokens: { pushes: LAT_PUSHES, p50: round(pct(lat, 50), 2), p99: round(pct(lat, 99), 2) },

@@ -115,8 +115,7 @@ function values(s: Shape, blk: number, fill: number): number[] {
     for (let kv = 0; kv < 2; kv++)
       for (let slot = 0; slot < s.block_tokens; slot++)
         for (let h = 0; h < s.n_kv_heads; h++)
-          for (let d = 0; d < s.head_dim; d++)
-            out.push(slot < fill ? (((blk * 37 + l * 19 + kv * 11 + slot * 7 + h * 5 + d * 3) % 29) - 14) / 4 : 0);
+          for (let d = 0; d < s.head_dim; d++) out.push(slot < fill ? (((blk * 37 + l * 19 + kv * 11 + slot * 7 + h * 5 + d * 3) % 29) - 14) / 4 : 0);
   return out;
 }
 
@@ -153,23 +152,14 @@ const ok = (file: string, shape: Shape, tokens: number[], note: string, drop?: S
   cases.push(c);
   return c;
 };
-const bad = (
-  file: string,
-  shape: Shape,
-  bytes: Uint8Array,
-  kind: "Format" | "Version" | "Shape",
-  rule: number,
-  note: string,
-  expectShape?: Shape,
-) => cases.push({ file, status: "corrupt", bytes, shape, note, error: { kind, rule }, expectShape });
+const bad = (file: string, shape: Shape, bytes: Uint8Array, kind: "Format" | "Version" | "Shape", rule: number, note: string, expectShape?: Shape) =>
+  cases.push({ file, status: "corrupt", bytes, shape, note, error: { kind, rule }, expectShape });
 
 // The worked example of kv-block.md, values given explicitly.
 const ex: Shape = { block_tokens: 2, n_layers: 1, n_kv_heads: 1, head_dim: 2 };
 const exRecs: Rec[] = [{ hash: chainHashes([1, 2], 2)[0]!, fill: 2, values: [1, 2, 3, 4, 0.5, -1, 0, 0.25] }];
 const exBytes = build(ex, exRecs);
-const SPEC_HEX =
-  "544c4b5601000100010000000200000001000000010000000200000066937b02c1b01aa902000000003c00400042004400380" +
-  "0bc000000341c540b4f";
+const SPEC_HEX = "544c4b5601000100010000000200000001000000010000000200000066937b02c1b01aa902000000003c00400042004400380" + "0bc000000341c540b4f";
 if (Buffer.from(exBytes).toString("hex") !== SPEC_HEX) throw new Error("worked example differs from kv-block.md");
 cases.push({
   file: "worked_example.bin",
@@ -190,7 +180,12 @@ ok("hash0_full_block.bin", s4, [5, 9, 2, 7, 11, 3, 8, 1], "2 full blocks; the fi
 const s22: Shape = { block_tokens: 2, n_layers: 2, n_kv_heads: 2, head_dim: 3 };
 ok("l2_h2.bin", s22, [100, 200, 300, 400, 500], "B=2 L=2 H=2 D=3: 2 full blocks and a tail of fill 1");
 const s16: Shape = { block_tokens: 16, n_layers: 4, n_kv_heads: 4, head_dim: 32 };
-ok("engine_shape.bin", s16, Array.from({ length: 20 }, (_, i) => (i * 7919) % 32000), "the default engine shape B=16 L=4 H=4 D=32: one full block and a tail of 4");
+ok(
+  "engine_shape.bin",
+  s16,
+  Array.from({ length: 20 }, (_, i) => (i * 7919) % 32000),
+  "the default engine shape B=16 L=4 H=4 D=32: one full block and a tail of 4",
+);
 
 const copy = (b: Uint8Array) => new Uint8Array(b);
 const setU = (b: Uint8Array, off: number, v: number, size: 2 | 4 | 8) => {
@@ -213,7 +208,14 @@ bad("bad_magic_bad_crc.bin", ex, copy(exBytes).fill(0x58, 0, 1), "Format", 2, "m
 bad("version_2.bin", ex, fixCrc(setU(copy(exBytes), 4, 2, 2)), "Version", 4, "version 2 with a valid CRC");
 bad("version_2_bad_crc.bin", ex, setU(copy(exBytes), 4, 2, 2), "Format", 3, "version 2 and a stale CRC: the CRC is checked first");
 bad("dtype_2.bin", ex, fixCrc(setU(copy(exBytes), 6, 2, 2)), "Version", 5, "dtype 2 (fp8, format v2) with a valid CRC");
-bad("truncated.bin", s4, fixCrc(three.bytes.slice(0, three.bytes.length - 8)), "Format", 6, "three_full_blocks cut by 8 bytes, CRC recomputed over what is left");
+bad(
+  "truncated.bin",
+  s4,
+  fixCrc(three.bytes.slice(0, three.bytes.length - 8)),
+  "Format",
+  6,
+  "three_full_blocks cut by 8 bytes, CRC recomputed over what is left",
+);
 bad("truncated_bad_crc.bin", s4, three.bytes.slice(0, three.bytes.length - 16), "Format", 3, "three_full_blocks cut by 16 bytes");
 bad("n_blocks_mismatch.bin", s4, fixCrc(setU(copy(three.bytes), 8, 4, 4)), "Format", 6, "n_blocks 4 on three records, CRC recomputed");
 bad("zero_head_dim.bin", ex, fixCrc(setU(copy(exBytes), 24, 0, 4)), "Format", 6, "head_dim 0, CRC recomputed");
@@ -278,6 +280,6 @@ const manifest = {
   }),
 };
 // Arrays of numbers and strings on one line keep the manifest readable.
-const json = JSON.stringify(manifest, null, 1).replace(/\[[^\[\]{}]*\]/g, (a) => a.replace(/\s*\n\s*/g, " "));
+const json = JSON.stringify(manifest, null, 1).replace(/\[[^[\]{}]*\]/g, (a) => a.replace(/\s*\n\s*/g, " "));
 writeFileSync(join(OUT_DIR, "manifest.json"), json + "\n");
 console.log(`wrote ${cases.length} envelopes and manifest.json to ${OUT_DIR}`);

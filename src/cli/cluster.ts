@@ -1,6 +1,8 @@
 import { createServer } from "node:net";
+import { sseData } from "../http/index.ts";
 import { log } from "../obs/index.ts";
 import { ConfigError, type Config } from "./options.ts";
+import { type RoleProcess, spawnRole } from "./spawn-role.ts";
 
 async function freePort(preferred = 0): Promise<number> {
   const tryPort = (p: number) =>
@@ -26,36 +28,11 @@ function selfCommand(): string[] {
   return main.startsWith("/$bunfs") || main.includes("~BUN") ? [process.execPath] : [process.execPath, main];
 }
 
-interface Child {
-  name: string;
-  proc: Bun.Subprocess<"ignore", "pipe", "inherit">;
-  ready: Promise<Record<string, unknown>>;
-}
+type Child = RoleProcess;
 
-function spawnRole(name: string, args: string[]): Child {
-  const proc = Bun.spawn([...selfCommand(), ...args], { stdin: "ignore", stdout: "pipe", stderr: "inherit" });
-  const ready = (async () => {
-    const reader = proc.stdout.pipeThrough(new TextDecoderStream()).getReader();
-    let buf = "";
-    for (;;) {
-      const { value, done } = await reader.read();
-      if (done) throw new Error(`${name} exited (code ${await proc.exited}) before it was ready`);
-      buf += value;
-      for (const line of buf.split("\n").slice(0, -1)) {
-        try {
-          const obj = JSON.parse(line) as Record<string, unknown>;
-          if (obj.msg === "ready") {
-            reader.releaseLock();
-            // Keep draining the child's stdout so it never blocks on a full pipe.
-            void proc.stdout.pipeTo(new WritableStream()).catch(() => {});
-            return obj;
-          }
-        } catch {}
-      }
-      buf = buf.slice(buf.lastIndexOf("\n") + 1);
-    }
-  })();
-  return { name, proc, ready };
+/** A role of this same program as its own process. */
+function startRole(name: string, args: string[]): Child {
+  return spawnRole(name, [...selfCommand(), ...args]);
 }
 
 /**
@@ -91,18 +68,44 @@ export async function runCluster(config: Config, rest: Map<string, string>, opts
     await Promise.all(children.map((c) => Promise.race([c.proc.exited, Bun.sleep(15_000).then(() => c.proc.kill("SIGKILL"))])));
   };
   try {
-    const gw = spawnRole("gateway", ["--role", "gateway", "--http-listen", `127.0.0.1:${httpPort}`, "--registry-listen", `127.0.0.1:${regPort}`, "--heartbeat-interval-ms", beat, ...modelArgs]);
+    const gw = startRole("gateway", [
+      "--role",
+      "gateway",
+      "--http-listen",
+      `127.0.0.1:${httpPort}`,
+      "--registry-listen",
+      `127.0.0.1:${regPort}`,
+      "--heartbeat-interval-ms",
+      beat,
+      ...modelArgs,
+    ]);
     children.push(gw);
     await gw.ready;
     const engineArgs = async (role: string, i: number) => [
-      "--role", role, "--worker-id", `${role}-${i}`,
-      "--http-listen", `127.0.0.1:${await freePort()}`, "--grpc-listen", `127.0.0.1:${await freePort()}`, "--kv-listen", `127.0.0.1:${await freePort()}`,
-      "--gateway-registry", `127.0.0.1:${regPort}`, "--heartbeat-interval-ms", beat,
-      "--block-tokens", String(e.block_tokens), "--num-blocks", String(e.num_blocks), "--max-model-len", String(e.max_model_len),
+      "--role",
+      role,
+      "--worker-id",
+      `${role}-${i}`,
+      "--http-listen",
+      `127.0.0.1:${await freePort()}`,
+      "--grpc-listen",
+      `127.0.0.1:${await freePort()}`,
+      "--kv-listen",
+      `127.0.0.1:${await freePort()}`,
+      "--gateway-registry",
+      `127.0.0.1:${regPort}`,
+      "--heartbeat-interval-ms",
+      beat,
+      "--block-tokens",
+      String(e.block_tokens),
+      "--num-blocks",
+      String(e.num_blocks),
+      "--max-model-len",
+      String(e.max_model_len),
       ...modelArgs,
     ];
-    for (let i = 0; i < nP; i++) children.push(spawnRole(`prefill-${i}`, await engineArgs("prefill", i)));
-    for (let i = 0; i < nD; i++) children.push(spawnRole(`decode-${i}`, await engineArgs("decode", i)));
+    for (let i = 0; i < nP; i++) children.push(startRole(`prefill-${i}`, await engineArgs("prefill", i)));
+    for (let i = 0; i < nD; i++) children.push(startRole(`decode-${i}`, await engineArgs("decode", i)));
     const ready = await Promise.all(children.map((c) => c.ready));
     const base = `http://127.0.0.1:${httpPort}`;
     // Ready lines say the servers are up; the registry listing them says routing can begin.
@@ -114,8 +117,11 @@ export async function runCluster(config: Config, rest: Map<string, string>, opts
       await Bun.sleep(50);
     }
     const print = (s: string) => process.stdout.write(s + "\n");
-    print(`tl-engine cluster is up (model ${String(ready[0]!.model)}; its text is meaningless unless you pass --model/--tokenizer)`);
-    for (const r of ready) print(`  ${String(r.role).padEnd(8)} ${String(r.worker_id ?? "gateway").padEnd(10)} pid ${String(r.pid).padEnd(8)} http ${String(r.http)}${r.grpc ? `  grpc ${String(r.grpc)}` : ""}${r.kv ? `  kv ${String(r.kv)}` : ""}${r.registry ? `  registry ${String(r.registry)}` : ""}`);
+    print(`tl-engine cluster is up (model ${String(ready[0]!.model)}${model ? "" : "; its text is meaningless unless you pass --model"})`);
+    for (const r of ready)
+      print(
+        `  ${String(r.role).padEnd(8)} ${String(r.worker_id ?? "gateway").padEnd(10)} pid ${String(r.pid).padEnd(8)} http ${String(r.http)}${r.grpc ? `  grpc ${String(r.grpc)}` : ""}${r.kv ? `  kv ${String(r.kv)}` : ""}${r.registry ? `  registry ${String(r.registry)}` : ""}`,
+      );
     print("");
     print("try:");
     print(`  curl -N ${base}/v1/chat/completions -H 'content-type: application/json' \\`);
@@ -150,15 +156,10 @@ async function demo(base: string, print: (s: string) => void) {
     return;
   }
   let text = "";
-  const reader = res.body!.pipeThrough(new TextDecoderStream()).getReader();
-  for (;;) {
-    const { value, done } = await reader.read();
-    if (done) break;
-    for (const line of value.split("\n")) {
-      if (!line.startsWith("data: ") || line === "data: [DONE]") continue;
-      const obj = JSON.parse(line.slice(6)) as { choices?: { delta?: { content?: string } }[] };
-      text += obj.choices?.[0]?.delta?.content ?? "";
-    }
+  for await (const data of sseData(res.body!)) {
+    if (data === "[DONE]") break;
+    const obj = JSON.parse(data) as { choices?: { delta?: { content?: string } }[] };
+    text += obj.choices?.[0]?.delta?.content ?? "";
   }
   const h = res.headers;
   print(`  > ${JSON.stringify(text)}`);

@@ -4,7 +4,17 @@ import { controlService, type ControlContext } from "../control/control-service.
 import { Engine, type ModelRunner } from "../engine/index.ts";
 import { EngineControl } from "../gen/tl/engine/v1/engine_pb.ts";
 import { engineHttpHandler, serveHttp, type HttpServer, type RequestEnd } from "../http/index.ts";
-import { kvShapeOf, loadModel as loadModelFiles, Transformer, chatRendererFor, tokenizerFingerprint, type LoadModelOptions, type ServableModel, type Tokenizer, type WeightStats } from "../model/index.ts";
+import {
+  kvShapeOf,
+  loadModel as loadModelFiles,
+  Transformer,
+  chatRendererFor,
+  tokenizerFingerprint,
+  type LoadModelOptions,
+  type ServableModel,
+  type Tokenizer,
+  type WeightStats,
+} from "../model/index.ts";
 import { KvPool } from "../pool/index.ts";
 import { KvReceiver, RoutingTransport, serveDataPlane, serveKv, type DataPlaneServer, type KvServer } from "../transfer/index.ts";
 import type { KvShape } from "../codec/index.ts";
@@ -148,7 +158,10 @@ export async function startEngineNode(opts: EngineNodeOptions): Promise<EngineNo
         closers.push(() => dp!.close());
       }
       kv = await serveKv(receiver, { host, port: opts.kvPort ?? 0, dataPlane: false, ...(dp ? { advertiseDataPlane: advertised(dp.address) } : {}) });
-      closers.push(() => kv!.close(), async () => receiver!.close());
+      closers.push(
+        () => kv!.close(),
+        async () => receiver!.close(),
+      );
     }
     const transport = roles.includes("prefill") ? new RoutingTransport(opts.useDataPlane === false ? { dataPlane: false } : {}) : null;
     if (transport) closers.push(() => transport.close());
@@ -156,7 +169,16 @@ export async function startEngineNode(opts: EngineNodeOptions): Promise<EngineNo
       (r) =>
         r.service(
           EngineControl,
-          controlService({ workerId, roles, modelName: model.name, engine, tokenizer: model.tokenizer, tokenizerFingerprint: fingerprint, transport, onTransfer: opts.onTransfer }),
+          controlService({
+            workerId,
+            roles,
+            modelName: model.name,
+            engine,
+            tokenizer: model.tokenizer,
+            tokenizerFingerprint: fingerprint,
+            transport,
+            onTransfer: opts.onTransfer,
+          }),
         ),
       { host, port: opts.grpcPort ?? 0 },
     );
@@ -171,7 +193,7 @@ export async function startEngineNode(opts: EngineNodeOptions): Promise<EngineNo
         workerId,
         roles,
         isDraining: () => engine.isDraining,
-        claim: receiver ? (h) => receiver!.claim(h) : undefined,
+        receiver,
         onRequestEnd: opts.onRequestEnd,
         extraRoutes: opts.extraRoutes,
       }),
@@ -183,7 +205,18 @@ export async function startEngineNode(opts: EngineNodeOptions): Promise<EngineNo
       const registry = new GrpcRegistry(opts.gatewayRegistry, opts.heartbeatTimeoutMs ?? 1000);
       heartbeat = Heartbeat.spawn(
         registry,
-        { workerId, httpAddress: advertised(http.address), grpcAddress: advertised(grpc.address), kvAddress: kv ? (opts.advertiseKvAddress ?? advertised(kv.address)) : "", role, model: model.name, blockTokens: shape.blockTokens, totalBlocks: pool.total, vocabSize: model.tokenizer.vocabSize, tokenizerFingerprint: fingerprint },
+        {
+          workerId,
+          httpAddress: advertised(http.address),
+          grpcAddress: advertised(grpc.address),
+          kvAddress: kv ? (opts.advertiseKvAddress ?? advertised(kv.address)) : "",
+          role,
+          model: model.name,
+          blockTokens: shape.blockTokens,
+          totalBlocks: pool.total,
+          vocabSize: model.tokenizer.vocabSize,
+          tokenizerFingerprint: fingerprint,
+        },
         () => ({ queueDepth: engine.queueDepth, running: engine.runningCount, freeBlocks: pool.total - pool.used, draining: engine.isDraining }),
         opts.heartbeatIntervalMs ?? 2000,
         opts.heartbeatTimeoutMs ?? 1000,

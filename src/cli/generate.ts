@@ -21,13 +21,25 @@ export async function generate(config: Config, rest: Map<string, string>, out: (
   if (!/^\d+$/.test(seedRaw)) throw new ConfigError(`--seed: want a non-negative integer, got ${JSON.stringify(seedRaw)}`);
   for (const k of rest.keys()) if (!["prompt", "max-tokens", "temperature", "seed"].includes(k)) throw new ConfigError(`unknown option --${k}`);
 
-  const model = await loadModel({ modelPath: String(e.model) || undefined, tokenizerPath: String(e.tokenizer) || undefined, servedModelName: String(e.served_model_name) || undefined, maxSeqLen: Number(e.max_model_len) });
+  const model = await loadModel({
+    modelPath: String(e.model) || undefined,
+    tokenizerPath: String(e.tokenizer) || undefined,
+    servedModelName: String(e.served_model_name) || undefined,
+    maxSeqLen: Number(e.max_model_len),
+  });
   const B = Number(e.block_tokens);
   const tokens = model.tokenizer.encode(prompt);
   const maxModelLen = Math.min(model.maxSeqLen, Number(e.max_model_len));
-  if (tokens.length + maxTokens > maxModelLen) throw new ConfigError(`prompt (${tokens.length} tokens) + --max-tokens ${maxTokens} exceeds the context of ${maxModelLen}`);
+  if (tokens.length + maxTokens > maxModelLen)
+    throw new ConfigError(`prompt (${tokens.length} tokens) + --max-tokens ${maxTokens} exceeds the context of ${maxModelLen}`);
   const pool = new KvPool({ blockTokens: B, nLayers: model.nLayers, nKvHeads: model.nKvHeads, headDim: model.headDim }, Math.ceil(maxModelLen / B) + 1);
-  const engine = new Engine({ model: model.runner, pool, maxModelLen, maxBatchTokens: Math.max(Number(e.max_batch_tokens), tokens.length), eosTokenIds: model.eosIds ? [...model.eosIds] : [model.tokenizer.eos] });
+  const engine = new Engine({
+    model: model.runner,
+    pool,
+    maxModelLen,
+    maxBatchTokens: Math.max(Number(e.max_batch_tokens), tokens.length),
+    eosTokenIds: model.eosIds ? [...model.eosIds] : [model.tokenizer.eos],
+  });
   const text = new StreamDecoder(model.tokenizer);
   out(prompt);
   const t0 = performance.now();
@@ -46,5 +58,7 @@ export async function generate(config: Config, rest: Map<string, string>, out: (
   const decoded = f.outputTokens.length - 1;
   const prefillTps = (tokens.length / (tFirst - t0)) * 1000;
   const decodeTps = decoded > 0 ? (decoded / (t1 - tFirst)) * 1000 : 0;
-  out(`[${model.name}] prefill ${tokens.length} tokens at ${prefillTps.toFixed(1)} tok/s, decode ${decoded} tokens at ${decodeTps.toFixed(1)} tok/s (${f.reason})\n`);
+  out(
+    `[${model.name}] prefill ${tokens.length} tokens at ${prefillTps.toFixed(1)} tok/s, decode ${decoded} tokens at ${decodeTps.toFixed(1)} tok/s (${f.reason})\n`,
+  );
 }

@@ -20,12 +20,36 @@ export const SPECS: readonly Spec[] = [
   { section: "engine", key: "grpc_listen", kind: "addr", dflt: "127.0.0.1:50051", help: "EngineControl (tl.engine.v1) gRPC server" },
   { section: "engine", key: "kv_listen", kind: "addr", dflt: "127.0.0.1:50061", help: "KvTransfer (tl.kv.v1) gRPC server; decode and both roles" },
   { section: "engine", key: "kv_data_listen", kind: "addr?", dflt: "", help: "binary KV data plane beside KvTransfer; empty: a port the OS picks" },
-  { section: "engine", key: "advertise_host", kind: "host?", dflt: "", help: "host other processes reach this engine at (e.g. a pod IP); empty: the host it binds" },
+  {
+    section: "engine",
+    key: "advertise_host",
+    kind: "host?",
+    dflt: "",
+    help: "host other processes reach this engine at (e.g. a pod IP); empty: the host it binds",
+  },
   { section: "engine", key: "gateway_registry", kind: "addr?", dflt: "", help: "host:port of the gateway's WorkerRegistry; empty: no heartbeat" },
-  { section: "engine", key: "model", kind: "string", dflt: "", help: "a Hugging Face model folder, a GGUF file or a llama2.c .bin; empty: the embedded tl-synthetic-4l" },
+  {
+    section: "engine",
+    key: "model",
+    kind: "string",
+    dflt: "",
+    help: "a Hugging Face model folder, a GGUF file or a llama2.c .bin; empty: the embedded tl-synthetic-4l",
+  },
   { section: "engine", key: "tokenizer", kind: "string", dflt: "", help: "llama2.c tokenizer.bin (only with a llama2.c model)" },
-  { section: "engine", key: "served_model_name", kind: "string", dflt: "", help: "the name /v1/models lists and requests must give; empty: the model's folder or file name" },
-  { section: "engine", key: "chat_template", kind: "string", dflt: "", help: "Jinja chat template file overriding the model's; empty: the model's, else <|role|> lines" },
+  {
+    section: "engine",
+    key: "served_model_name",
+    kind: "string",
+    dflt: "",
+    help: "the name /v1/models lists and requests must give; empty: the model's folder or file name",
+  },
+  {
+    section: "engine",
+    key: "chat_template",
+    kind: "string",
+    dflt: "",
+    help: "Jinja chat template file overriding the model's; empty: the model's, else <|role|> lines",
+  },
   { section: "engine", key: "block_tokens", kind: "int", dflt: 16, help: "tokens per KV block" },
   { section: "engine", key: "num_blocks", kind: "int", dflt: 2048, help: "KV pool capacity in blocks" },
   { section: "engine", key: "max_model_len", kind: "int", dflt: 2048, help: "prompt + output tokens per request" },
@@ -33,7 +57,13 @@ export const SPECS: readonly Spec[] = [
   { section: "engine", key: "handle_ttl_s", kind: "int", dflt: 60, help: "seconds a pushed KV handle waits to be claimed" },
   { section: "engine", key: "heartbeat_interval_ms", kind: "int", dflt: 2000, help: "beat interval toward the gateway" },
   { section: "engine", key: "heartbeat_timeout_ms", kind: "int", dflt: 1000, help: "timeout of one beat" },
-  { section: "engine", key: "otlp_endpoint", kind: "url?", dflt: "", help: "OTLP/HTTP collector (e.g. http://127.0.0.1:4318) for traces; empty: OTEL_EXPORTER_OTLP_ENDPOINT, else tracing off" },
+  {
+    section: "engine",
+    key: "otlp_endpoint",
+    kind: "url?",
+    dflt: "",
+    help: "OTLP/HTTP collector (e.g. http://127.0.0.1:4318) for traces; empty: OTEL_EXPORTER_OTLP_ENDPOINT, else tracing off",
+  },
   { section: "engine", key: "drain_timeout_s", kind: "int", dflt: 30, help: "on SIGTERM, seconds to finish in-flight work" },
   { section: "gateway", key: "http_listen", kind: "addr", dflt: "127.0.0.1:8000", help: "OpenAI-compatible front door" },
   { section: "gateway", key: "registry_listen", kind: "addr", dflt: "127.0.0.1:50050", help: "WorkerRegistry (tl.control.v1) gRPC server" },
@@ -75,7 +105,8 @@ function coerce(spec: Spec, raw: unknown, where: string): string | number {
     const ok = /^([A-Za-z0-9.-]+|[0-9a-fA-F]*:[0-9a-fA-F:]*:[0-9a-fA-F.]*)$/.test(raw) && !["0.0.0.0", "::"].includes(raw);
     if (!ok) throw new ConfigError(`${name}: want a host name or IP address others can reach, got ${JSON.stringify(raw)}`);
   }
-  if (spec.kind === "url?" && raw !== "" && !/^https?:\/\/[^/\s]+/.test(raw)) throw new ConfigError(`${name}: want an http:// or https:// URL, got ${JSON.stringify(raw)}`);
+  if (spec.kind === "url?" && raw !== "" && !/^https?:\/\/[^/\s]+/.test(raw))
+    throw new ConfigError(`${name}: want an http:// or https:// URL, got ${JSON.stringify(raw)}`);
   return raw;
 }
 
@@ -101,7 +132,8 @@ export function applyToml(c: Config, path: string): void {
     throw new ConfigError(`config ${path}: not valid TOML: ${e instanceof Error ? e.message : String(e)}`);
   }
   for (const [table, body] of Object.entries(doc)) {
-    if (table !== "engine" && table !== "gateway") throw new ConfigError(`config ${path}: unknown key ${JSON.stringify(table)} (tables are [engine] and [gateway])`);
+    if (table !== "engine" && table !== "gateway")
+      throw new ConfigError(`config ${path}: unknown key ${JSON.stringify(table)} (tables are [engine] and [gateway])`);
     if (typeof body !== "object" || body === null || Array.isArray(body)) throw new ConfigError(`config ${path}: ${table} must be a table`);
     for (const [key, value] of Object.entries(body)) {
       const spec = SPECS.find((s) => s.section === table && s.key === key);
@@ -170,6 +202,11 @@ export function helpText(): string {
     const flag = `--${s.key.replaceAll("_", "-")}`;
     lines.push(`  [${s.section}] ${s.key.padEnd(22)} ${flag.padEnd(26)} ${s.help} (default: ${JSON.stringify(s.dflt)})`);
   }
-  lines.push("", "  --role ROLE        prefill | decode | both | gateway (default: \"both\")", "  --config FILE      TOML file with [engine] and [gateway] tables", "  --help             this text");
+  lines.push(
+    "",
+    '  --role ROLE        prefill | decode | both | gateway (default: "both")',
+    "  --config FILE      TOML file with [engine] and [gateway] tables",
+    "  --help             this text",
+  );
   return lines.join("\n");
 }

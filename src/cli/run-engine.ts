@@ -50,7 +50,17 @@ export async function runEngine(config: Config): Promise<EngineNode> {
       metrics.requests.inc({ served, outcome: r.reason });
       if (r.ttftMs !== null) metrics.ttft.observe({ served }, r.ttftMs / 1000);
       if (r.ttftMs !== null && r.outputTokens > 1) metrics.tpot.observe({ served }, (r.durationMs - r.ttftMs) / 1000 / (r.outputTokens - 1));
-      log.info("request", { request_id: r.requestId, role, path: served, prompt_tokens: r.promptTokens, output_tokens: r.outputTokens, prefix_hit_tokens: r.prefixHitTokens, finish: r.reason, ttft_ms: r.ttftMs, duration_ms: Math.round(r.durationMs) });
+      log.info("request", {
+        request_id: r.requestId,
+        role,
+        path: served,
+        prompt_tokens: r.promptTokens,
+        output_tokens: r.outputTokens,
+        prefix_hit_tokens: r.prefixHitTokens,
+        finish: r.reason,
+        ttft_ms: r.ttftMs,
+        duration_ms: Math.round(r.durationMs),
+      });
     },
     onHandleExpired: (handle) => {
       metrics.handlesExpired.inc();
@@ -77,7 +87,20 @@ export async function runEngine(config: Config): Promise<EngineNode> {
     },
   });
   console.log(
-    JSON.stringify({ msg: "ready", role, worker_id: node.workerId, pid: process.pid, model: node.model.name, ...modelFields(node), http: node.httpAddress, grpc: node.grpcAddress, kv: node.kvAddress || null, advertise_host: advertiseHost ?? null, gateway_registry: e.gateway_registry || null, crc32c: crc32cBackend() }),
+    JSON.stringify({
+      msg: "ready",
+      role,
+      worker_id: node.workerId,
+      pid: process.pid,
+      model: node.model.name,
+      ...modelFields(node),
+      http: node.httpAddress,
+      grpc: node.grpcAddress,
+      kv: node.kvAddress || null,
+      advertise_host: advertiseHost ?? null,
+      gateway_registry: e.gateway_registry || null,
+      crc32c: crc32cBackend(),
+    }),
   );
   return node;
 }
@@ -127,13 +150,15 @@ export function exitOnSignal(stop: () => Promise<unknown>): void {
     stopping = true;
     log.info("stopping", { signal: sig });
     // Spans still batched are flushed before exit (bounded: a dead collector must not block it).
-    stop().then(() => shutdownTracing()).then(
-      () => process.exit(0),
-      (e) => {
-        log.error("stop failed", { error: String(e) });
-        process.exit(1);
-      },
-    );
+    stop()
+      .then(() => shutdownTracing())
+      .then(
+        () => process.exit(0),
+        (e) => {
+          log.error("stop failed", { error: String(e) });
+          process.exit(1);
+        },
+      );
   };
   process.on("SIGTERM", () => onSignal("SIGTERM"));
   process.on("SIGINT", () => onSignal("SIGINT"));

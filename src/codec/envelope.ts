@@ -77,7 +77,12 @@ export function writeEnvelope(header: EnvelopeHeader, records: readonly Envelope
   if (header.nBlocks !== records.length) {
     throw new Error(`header.nBlocks ${header.nBlocks} != records.length ${records.length}`);
   }
-  for (const [name, v] of [["blockTokens", B], ["nLayers", L], ["nKvHeads", H], ["headDim", D]] as const) {
+  for (const [name, v] of [
+    ["blockTokens", B],
+    ["nLayers", L],
+    ["nKvHeads", H],
+    ["headDim", D],
+  ] as const) {
     if (!isU32(v) || v < 1) throw new Error(`${name} ${v} must be a u32 ≥ 1`);
   }
   const P = blockPayloadBytes(headerShape(header));
@@ -149,11 +154,7 @@ export function verifyEnvelope(buf: Uint8Array, expect?: KvShape): EnvelopeHeade
   const P = 4 * L * H * B * D;
   const rec = RECORD_HEAD_BYTES + P;
   if (rec > body ? n !== 0 || body !== 0 : body % rec !== 0 || body / rec !== n) {
-    throw new EnvError(
-      "Format",
-      6,
-      `length ${len} != E = 28 + ${n}·(12 + P) + 4 with P = 4·${L}·${H}·${B}·${D}${rec <= body ? ` = ${P}` : ""}`,
-    );
+    throw new EnvError("Format", 6, `length ${len} != E = 28 + ${n}·(12 + P) + 4 with P = 4·${L}·${H}·${B}·${D}${rec <= body ? ` = ${P}` : ""}`);
   }
 
   if (expect && (B !== expect.blockTokens || L !== expect.nLayers || H !== expect.nKvHeads || D !== expect.headDim)) {

@@ -1,6 +1,17 @@
 export { fnv1a64, blockHash, promptHashes } from "./fnv1a64.ts";
 export { getU16, getU32, getU64, putU16, putU32, putU64 } from "./bytes.ts";
-export { crc32c, crc32cTable, crc32cNative, crc32cNodeRs, crc32cBackend, type Crc32cBackend, crc32cCombine, crc32cCombineOp, crc32cCombineWith, crc32cExtendU32 } from "./crc32c.ts";
+export {
+  crc32c,
+  crc32cTable,
+  crc32cNative,
+  crc32cNodeRs,
+  crc32cBackend,
+  type Crc32cBackend,
+  crc32cCombine,
+  crc32cCombineOp,
+  crc32cCombineWith,
+  crc32cExtendU32,
+} from "./crc32c.ts";
 export { toF16Bits, fromF16Bits, roundF16, f16Bytes } from "./f16.ts";
 export {
   writeEnvelope,

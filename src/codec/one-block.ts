@@ -56,7 +56,12 @@ export function oneBlockRecordParts(head: Uint8Array, h: number, payload: Uint8A
   // version 1, dtype 1, one block
   if (getU32(head, h + 4) !== 0x00010001 || getU32(head, h + 8) !== 1) return null;
   const B = shape.blockTokens;
-  if (getU32(head, h + 12) !== B || getU32(head, h + 16) !== shape.nLayers || getU32(head, h + 20) !== shape.nKvHeads || getU32(head, h + 24) !== shape.headDim) {
+  if (
+    getU32(head, h + 12) !== B ||
+    getU32(head, h + 16) !== shape.nLayers ||
+    getU32(head, h + 20) !== shape.nKvHeads ||
+    getU32(head, h + 24) !== shape.headDim
+  ) {
     return null;
   }
   const r = h + HEADER_BYTES;

@@ -5,18 +5,20 @@ import type { Engine, SamplingParams } from "../engine/index.ts";
 import {
   CancelResponseSchema,
   DrainResponseSchema,
-  EngineControl,
+  type EngineControl,
   InfoResponseSchema,
   KvHandleSchema,
+  type InfoResponse,
   type KvHandle,
   type PrefillRequest,
   type SamplingParams as SamplingProto,
   type SamplingParamsSchema,
 } from "../gen/tl/engine/v1/engine_pb.ts";
 import type { Tokenizer } from "../model/index.ts";
-import { endSpan, extractHeaders, SpanKind, startSpan, traceparentOf, type Attributes, type Span } from "../obs/index.ts";
+import { FAILED_SIDE_HEADER, type Handoff, HandoffError, type PrefillPushContext, prefillAndPush } from "../handoff/index.ts";
+import { endSpan, extractHeaders, SpanKind, startSpan, type Attributes } from "../obs/index.ts";
 import { MAX_TOP_LOGPROBS, randomSeed, validateLogits, validateSampling } from "../rng/index.ts";
-import { transfer, TransferError, type KvTransport, type TransferStats } from "../transfer/index.ts";
+import type { KvTransport } from "../transfer/index.ts";
 
 const U64_MAX = (1n << 64n) - 1n;
 /** Choices one Prefill may sample (the HTTP layer's bound on n). */
@@ -33,7 +35,7 @@ export interface ControlContext {
   /** How this engine pushes KV to decode targets; required for the prefill role. */
   transport: KvTransport | null;
   /** Seconds-resolution observers for metrics and logs. */
-  onTransfer?: (outcome: { stats: TransferStats | null; code: Code | null; ms: number; target: string }) => void;
+  onTransfer?: PrefillPushContext["onTransfer"];
 }
 
 function invalid(message: string): ConnectError {
@@ -52,7 +54,12 @@ export function samplingFromProto(s: SamplingProto | undefined, chooseSeed: () =
   const seed = s.seed ?? chooseSeed();
   if (seed < 0n || seed > U64_MAX) throw invalid(`sampling.seed ${seed} outside [0, 2^64)`);
   const logitBias = new Map(Object.entries(s.logitBias).map(([k, v]) => [Number(k), v]));
-  const processing = { presencePenalty: s.presencePenalty, frequencyPenalty: s.frequencyPenalty, repetitionPenalty: s.repetitionPenalty === 0 ? 1 : s.repetitionPenalty, logitBias };
+  const processing = {
+    presencePenalty: s.presencePenalty,
+    frequencyPenalty: s.frequencyPenalty,
+    repetitionPenalty: s.repetitionPenalty === 0 ? 1 : s.repetitionPenalty,
+    logitBias,
+  };
   const bad = validateLogits(processing, vocab);
   if (bad) throw invalid(`sampling: ${bad}`);
   if (s.minTokens > s.maxTokens) throw invalid(`sampling.min_tokens ${s.minTokens} > max_tokens ${s.maxTokens}`);
@@ -92,141 +99,118 @@ export function samplingToProto(s: SamplingParams): MessageInitShape<typeof Samp
 
 // Built once: tracing off allocates nothing per request.
 const PREFILL_SERVER_ATTRS: Attributes = { "tl.role": "prefill", "rpc.system": "grpc", "rpc.service": "tl.engine.v1.EngineControl", "rpc.method": "Prefill" };
-const ROLE_ATTRS: Attributes = { "tl.role": "prefill" };
 
-/** EngineControl: Prefill (then push to decode_target), Info, Cancel, Drain. */
-export function controlService(ctx: ControlContext): ServiceImpl<typeof EngineControl> {
+/** Every check of contracts.md on a PrefillRequest, before any work: the prompt's tokens and the sampling to use. */
+function validatePrefill(ctx: ControlContext, req: PrefillRequest): { tokens: number[]; sampling: SamplingParams } {
   const { engine, tokenizer } = ctx;
+  if (!ctx.roles.includes("prefill") || ctx.transport === null) {
+    throw new ConnectError(`worker ${ctx.workerId} has no prefill role (roles: ${ctx.roles.join(", ")})`, Code.FailedPrecondition);
+  }
+  if (engine.isDraining) throw new ConnectError(`worker ${ctx.workerId} is draining`, Code.Unavailable);
+  if (req.requestId === "") throw invalid("request_id is empty");
+  if (req.decodeTarget === "") throw invalid("decode_target is empty");
+  const hasTokens = req.promptTokens.length > 0;
+  const hasText = req.prompt !== "";
+  if (hasTokens === hasText) throw invalid(`exactly one of prompt_tokens and prompt must be set (got ${hasTokens ? "both" : "neither"})`);
   const vocab = tokenizer.vocabSize;
-
-  /** Every check of contracts.md, before any work. */
-  function validate(req: PrefillRequest): { tokens: number[]; sampling: SamplingParams } {
-    if (!ctx.roles.includes("prefill") || ctx.transport === null) {
-      throw new ConnectError(`worker ${ctx.workerId} has no prefill role (roles: ${ctx.roles.join(", ")})`, Code.FailedPrecondition);
-    }
-    if (engine.isDraining) throw new ConnectError(`worker ${ctx.workerId} is draining`, Code.Unavailable);
-    if (req.requestId === "") throw invalid("request_id is empty");
-    if (req.decodeTarget === "") throw invalid("decode_target is empty");
-    const hasTokens = req.promptTokens.length > 0;
-    const hasText = req.prompt !== "";
-    if (hasTokens === hasText) throw invalid(`exactly one of prompt_tokens and prompt must be set (got ${hasTokens ? "both" : "neither"})`);
-    const sampling = samplingFromProto(req.sampling, randomSeed, vocab);
-    if (req.kvFormat !== KV_FORMAT) throw new ConnectError(`kv_format ${req.kvFormat} not supported; this engine speaks ${KV_FORMAT}`, Code.FailedPrecondition);
-    const bad = req.promptTokens.findIndex((t) => t >= vocab);
-    if (bad >= 0) throw invalid(`prompt_tokens[${bad}] = ${req.promptTokens[bad]} ≥ vocab size ${vocab}`);
-    const tokens = hasTokens ? [...req.promptTokens] : tokenizer.encode(req.prompt);
-    if (tokens.length + sampling.maxTokens > engine.maxModelLen) {
-      throw invalid(`prompt (${tokens.length} tokens) + max_tokens (${sampling.maxTokens}) exceeds max_model_len ${engine.maxModelLen}`);
-    }
-    if (req.n > MAX_CHOICES) throw invalid(`n ${req.n} > ${MAX_CHOICES}`);
-    if (engine.has(req.requestId)) throw new ConnectError(`request ${req.requestId} already in flight`, Code.AlreadyExists);
-    return { tokens, sampling };
+  const sampling = samplingFromProto(req.sampling, randomSeed, vocab);
+  if (req.kvFormat !== KV_FORMAT) throw new ConnectError(`kv_format ${req.kvFormat} not supported; this engine speaks ${KV_FORMAT}`, Code.FailedPrecondition);
+  const bad = req.promptTokens.findIndex((t) => t >= vocab);
+  if (bad >= 0) throw invalid(`prompt_tokens[${bad}] = ${req.promptTokens[bad]} ≥ vocab size ${vocab}`);
+  const tokens = hasTokens ? [...req.promptTokens] : tokenizer.encode(req.prompt);
+  if (tokens.length + sampling.maxTokens > engine.maxModelLen) {
+    throw invalid(`prompt (${tokens.length} tokens) + max_tokens (${sampling.maxTokens}) exceeds max_model_len ${engine.maxModelLen}`);
   }
+  if (req.n > MAX_CHOICES) throw invalid(`n ${req.n} > ${MAX_CHOICES}`);
+  if (engine.has(req.requestId)) throw new ConnectError(`request ${req.requestId} already in flight`, Code.AlreadyExists);
+  return { tokens, sampling };
+}
 
-  async function prefillTraced(req: PrefillRequest, signal: AbortSignal, parent: Span): Promise<KvHandle> {
-    const { tokens, sampling } = validate(req);
-    const onAbort = () => engine.cancel(req.requestId);
-    signal.addEventListener("abort", onAbort);
-    const step = startSpan("prefill", SpanKind.INTERNAL, parent, ROLE_ATTRS);
-    let f;
-    try {
-      f = await engine.submit({ requestId: req.requestId, promptTokens: tokens, sampling, prefillOnly: true, choices: Math.max(1, req.n) });
-      if (step.isRecording()) step.setAttributes({ "tl.prompt_tokens": tokens.length, "tl.prefix_hit_tokens": f.prefixHitTokens, "tl.finish": f.reason });
-    } finally {
-      signal.removeEventListener("abort", onAbort);
-      endSpan(step);
-    }
-    if (f.reason === "cancelled") throw new ConnectError(`request ${req.requestId} cancelled`, Code.Canceled);
-    if (!f.prefill) throw new ConnectError(`prefill failed: ${f.error ?? f.reason}`, f.reason === "error" || f.reason === "length" ? Code.ResourceExhausted : Code.Internal);
-    const out = f.prefill;
-    const handle = create(KvHandleSchema, {
-      handleId: `${req.requestId}.${Math.random().toString(36).slice(2, 10)}`,
-      firstToken: out.firstToken,
-      blockHashes: out.hashes,
-      rngDrawsConsumed: out.draws,
-      promptTokens: tokens,
-      seed: sampling.seed,
-      finished: out.finished,
-      firstTokenLogprob: out.firstLogprobs?.logprob,
-      firstTopLogprobs: out.firstLogprobs?.top.map(([token, logprob]) => ({ token, logprob })) ?? [],
-      ...(out.choices.length > 1
-        ? {
-            choiceFirstTokens: out.choices.map((c) => c.token),
-            choiceFirstLogprobs: out.firstLogprobs ? out.choices.map((c) => c.logprobs!.logprob) : [],
-            choiceFinished: out.choices.map((c) => c.finished),
-          }
-        : {}),
-    });
-    if (out.finished) return handle;
-    const started = performance.now();
-    // CLIENT of the decode engine's "kv.transfer" SERVER span, over gRPC metadata or the data plane's TRACE frame.
-    const span = startSpan("kv.transfer", SpanKind.CLIENT, parent, ROLE_ATTRS);
-    if (span.isRecording()) span.setAttributes({ "server.address": req.decodeTarget, "tl.kv.handle": handle.handleId, "tl.kv.blocks": out.blockIds.length });
-    try {
-      // transfer() consumes our references on every path, success or failure.
-      const stats = await transfer(ctx.transport!, req.decodeTarget, engine.pool, handle.handleId, out.blockIds, out.hashes, traceparentOf(span));
-      if (span.isRecording()) span.setAttributes({ "tl.kv.blocks_sent": stats.blocksSent, "tl.kv.blocks_deduped": stats.blocksDeduped, "tl.kv.payload_bytes": stats.payloadBytes });
-      endSpan(span);
-      ctx.onTransfer?.({ stats, code: null, ms: performance.now() - started, target: req.decodeTarget });
-      handle.blocksSent = stats.blocksSent;
-      handle.blocksDeduped = stats.blocksDeduped;
-      handle.payloadBytes = BigInt(stats.payloadBytes);
-      if (!signal.aborted) return handle;
-    } catch (e) {
-      const code = e instanceof TransferError ? (e.code as Code) : Code.Internal;
-      endSpan(span, e);
-      ctx.onTransfer?.({ stats: null, code, ms: performance.now() - started, target: req.decodeTarget });
-      // D may have accepted the push and only its ack was lost (a connection cut after D
-      // answered): nobody would claim that handle, so give it back now rather than at its
-      // time to live. ALREADY_EXISTS names a push that is not ours.
-      if (code !== Code.AlreadyExists) giveBack(req.decodeTarget, handle.handleId);
-      throw new ConnectError(`kv transfer to ${req.decodeTarget} failed: ${e instanceof Error ? e.message : String(e)}`, code);
-    }
-    // The caller went away during the push: it will never resume or release this handle.
-    giveBack(req.decodeTarget, handle.handleId);
-    throw new ConnectError(`request ${req.requestId} cancelled during the kv transfer`, Code.Canceled);
-  }
+/** The hand-off as the KvHandle message. */
+function kvHandleOf(h: Handoff): KvHandle {
+  const out = h.prefill;
+  return create(KvHandleSchema, {
+    handleId: h.handleId,
+    firstToken: out.firstToken,
+    blockHashes: out.hashes,
+    rngDrawsConsumed: out.draws,
+    promptTokens: h.promptTokens,
+    seed: h.seed,
+    finished: out.finished,
+    firstTokenLogprob: out.firstLogprobs?.logprob,
+    firstTopLogprobs: out.firstLogprobs?.top.map(([token, logprob]) => ({ token, logprob })) ?? [],
+    ...(out.choices.length > 1
+      ? {
+          choiceFirstTokens: out.choices.map((c) => c.token),
+          choiceFirstLogprobs: out.firstLogprobs ? out.choices.map((c) => c.logprobs!.logprob) : [],
+          choiceFinished: out.choices.map((c) => c.finished),
+        }
+      : {}),
+    blocksSent: h.stats?.blocksSent ?? 0,
+    blocksDeduped: h.stats?.blocksDeduped ?? 0,
+    payloadBytes: BigInt(h.stats?.payloadBytes ?? 0),
+  });
+}
 
-  /** Best effort (Release is idempotent): frees a handle on D that no one will claim. */
-  function giveBack(target: string, handleId: string): void {
-    ctx.transport?.release?.(target, handleId).catch(() => {});
-  }
+/** A failed hand-off as the caller sees it: its code, and the side that failed in the response metadata. */
+function toConnectError(e: unknown): unknown {
+  if (!(e instanceof HandoffError)) return e;
+  return new ConnectError(e.message, e.code, new Headers({ [FAILED_SIDE_HEADER]: e.side }));
+}
 
+function infoOf(ctx: ControlContext): InfoResponse {
+  const { engine } = ctx;
+  const pool = engine.pool;
+  return create(InfoResponseSchema, {
+    workerId: ctx.workerId,
+    roles: [...ctx.roles],
+    model: ctx.modelName,
+    kvFormat: KV_FORMAT,
+    blockTokens: pool.shape.blockTokens,
+    nLayers: pool.shape.nLayers,
+    nKvHeads: pool.shape.nKvHeads,
+    headDim: pool.shape.headDim,
+    totalBlocks: pool.total,
+    freeBlocks: pool.total - pool.used,
+    queueDepth: engine.queueDepth,
+    running: engine.runningCount,
+    draining: engine.isDraining,
+    maxModelLen: engine.maxModelLen,
+    vocabSize: ctx.tokenizer.vocabSize,
+    tokenizerFingerprint: ctx.tokenizerFingerprint ?? "",
+  });
+}
+
+/** EngineControl over one engine, a thin adapter: Prefill (prefillAndPush), Info, Cancel, Drain. */
+export function controlService(ctx: ControlContext): ServiceImpl<typeof EngineControl> {
+  const { engine } = ctx;
   return {
-    /** Traced as a SERVER span (parent from the caller's `traceparent` metadata) around prefillTraced. */
+    /** Traced as a SERVER span (parent from the caller's `traceparent` metadata) around the hand-off. */
     async prefill(req, callCtx): Promise<KvHandle> {
       const span = startSpan("tl.engine.v1.EngineControl/Prefill", SpanKind.SERVER, extractHeaders(callCtx.requestHeader), PREFILL_SERVER_ATTRS);
       if (span.isRecording()) span.setAttributes({ "tl.worker_id": ctx.workerId, "tl.request_id": req.requestId });
       try {
-        const handle = await prefillTraced(req, callCtx.signal, span);
+        const { tokens, sampling } = validatePrefill(ctx, req);
+        const push: PrefillPushContext = { engine, transport: ctx.transport!, ...(ctx.onTransfer ? { onTransfer: ctx.onTransfer } : {}) };
+        const h = await prefillAndPush(push, {
+          requestId: req.requestId,
+          promptTokens: tokens,
+          sampling,
+          choices: Math.max(1, req.n),
+          decodeTarget: req.decodeTarget,
+          signal: callCtx.signal,
+          parent: span,
+        });
         endSpan(span);
-        return handle;
+        return kvHandleOf(h);
       } catch (e) {
         endSpan(span, e);
-        throw e;
+        throw toConnectError(e);
       }
     },
 
     info() {
-      const pool = engine.pool;
-      return create(InfoResponseSchema, {
-        workerId: ctx.workerId,
-        roles: [...ctx.roles],
-        model: ctx.modelName,
-        kvFormat: KV_FORMAT,
-        blockTokens: pool.shape.blockTokens,
-        nLayers: pool.shape.nLayers,
-        nKvHeads: pool.shape.nKvHeads,
-        headDim: pool.shape.headDim,
-        totalBlocks: pool.total,
-        freeBlocks: pool.total - pool.used,
-        queueDepth: engine.queueDepth,
-        running: engine.runningCount,
-        draining: engine.isDraining,
-        maxModelLen: engine.maxModelLen,
-        vocabSize: vocab,
-        tokenizerFingerprint: ctx.tokenizerFingerprint ?? "",
-      });
+      return infoOf(ctx);
     },
 
     cancel(req) {

@@ -1,10 +1,5 @@
 import type { Client } from "@connectrpc/connect";
-import {
-  WorkerRegistry,
-  type HeartbeatAck,
-  type WorkerEntry,
-  type WorkerStatus,
-} from "../gen/tl/control/v1/control_pb.ts";
+import { WorkerRegistry, type HeartbeatAck, type WorkerEntry, type WorkerStatus } from "../gen/tl/control/v1/control_pb.ts";
 import { grpcClient } from "../rpc/index.ts";
 import type { Registry } from "./heartbeat.ts";
 

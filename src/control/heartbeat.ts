@@ -27,23 +27,14 @@ export function newBeatState(intervalMs: number): BeatState {
  * aborted through its signal. Aborting `signal` (a stopping loop) ends it at
  * once without counting a failure.
  */
-export async function beatOnce(
-  registry: Registry,
-  status: WorkerStatus,
-  timeoutMs: number,
-  state: BeatState,
-  signal?: AbortSignal,
-): Promise<boolean> {
+export async function beatOnce(registry: Registry, status: WorkerStatus, timeoutMs: number, state: BeatState, signal?: AbortSignal): Promise<boolean> {
   if (signal?.aborted) return false;
   const call = new AbortController();
   const onStop = () => call.abort(signal?.reason);
   signal?.addEventListener("abort", onStop, { once: true });
   let timer: ReturnType<typeof setTimeout> | undefined;
   const cut = new Promise<never>((_, reject) => {
-    timer = setTimeout(
-      () => call.abort(new Error(`heartbeat timed out after ${timeoutMs} ms`)),
-      timeoutMs,
-    );
+    timer = setTimeout(() => call.abort(new Error(`heartbeat timed out after ${timeoutMs} ms`)), timeoutMs);
     call.signal.addEventListener("abort", () => reject(call.signal.reason), { once: true });
   });
   try {
@@ -81,14 +72,7 @@ export class Heartbeat {
     this.state = newBeatState(intervalMs);
   }
 
-  static spawn(
-    registry: Registry,
-    identity: WorkerIdentity,
-    loadFn: () => WorkerLoad,
-    intervalMs = 2000,
-    timeoutMs = 1000,
-    onDrain?: () => void,
-  ): Heartbeat {
+  static spawn(registry: Registry, identity: WorkerIdentity, loadFn: () => WorkerLoad, intervalMs = 2000, timeoutMs = 1000, onDrain?: () => void): Heartbeat {
     const hb = new Heartbeat(registry, identity, loadFn, intervalMs, timeoutMs, onDrain);
     hb.loop = hb.run();
     return hb;

@@ -6,7 +6,6 @@ import { samplingToProto } from "../control/index.ts";
 import { grpcClient, serveGrpc, type GrpcServer } from "../rpc/index.ts";
 import { Role, WorkerRegistry as WorkerRegistryService } from "../gen/tl/control/v1/control_pb.ts";
 import { EngineControl, PrefillRequestSchema, type KvHandle } from "../gen/tl/engine/v1/engine_pb.ts";
-import { KvTransfer } from "../gen/tl/kv/v1/kv_pb.ts";
 import {
   CHOICES_HEADER,
   completionResponse,
@@ -26,7 +25,21 @@ import {
 } from "../http/index.ts";
 import { type ChatRenderer, type Tokenizer, tokenizerFingerprint } from "../model/index.ts";
 import type { TokenLogprobs } from "../rng/index.ts";
-import { createMetrics, endSpan, extractHeaders, log, metricsResponse, SpanKind, startSpan, traceHeaders, type Attributes, type Metrics, type Span } from "../obs/index.ts";
+import {
+  createMetrics,
+  endSpan,
+  extractHeaders,
+  log,
+  metricsResponse,
+  SpanKind,
+  startSpan,
+  traceHeaders,
+  type Attributes,
+  type Metrics,
+  type Span,
+} from "../obs/index.ts";
+import { failedSideOf, releaseUnclaimed } from "../handoff/index.ts";
+import { RoutingTransport } from "../transfer/index.ts";
 import { RegistryService } from "./registry-service.ts";
 import { KvAffinity, pickByLoad, pickDecode } from "./router.ts";
 import { WorkerRegistry, type WorkerView } from "./worker-registry.ts";
@@ -132,12 +145,15 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
   const limits = { tokenizer: opts.tokenizer, maxModelLen: opts.maxModelLen, chat: opts.chat };
   const prefillTimeoutMs = opts.prefillTimeoutMs ?? 60_000;
 
+  // Release only: pushes are the prefill engines' business.
+  const releaser = new RoutingTransport({ dataPlane: false, timeoutMs: 5000 });
   const busy = (id: string, d: number) => inflight.set(id, (inflight.get(id) ?? 0) + d);
 
   async function prefill(p: WorkerView, d: WorkerView, params: CompletionParams, id: string, signal: AbortSignal, parent: Span): Promise<KvHandle> {
     const control = grpcClient(EngineControl, p.status.grpcAddress, { timeoutMs: prefillTimeoutMs });
     const span = startSpan("tl.engine.v1.EngineControl/Prefill", SpanKind.CLIENT, parent, PREFILL_ATTRS);
-    if (span.isRecording()) span.setAttributes({ "server.address": p.status.grpcAddress, "tl.worker_id": p.status.workerId, "tl.decode_target": d.status.kvAddress });
+    if (span.isRecording())
+      span.setAttributes({ "server.address": p.status.grpcAddress, "tl.worker_id": p.status.workerId, "tl.decode_target": d.status.kvAddress });
     try {
       const handle = await control.prefill(
         create(PrefillRequestSchema, {
@@ -150,7 +166,12 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
         }),
         { signal, headers: traceHeaders(span) },
       );
-      if (span.isRecording()) span.setAttributes({ "tl.kv.blocks_sent": handle.blocksSent, "tl.kv.blocks_deduped": handle.blocksDeduped, "tl.kv.payload_bytes": Number(handle.payloadBytes) });
+      if (span.isRecording())
+        span.setAttributes({
+          "tl.kv.blocks_sent": handle.blocksSent,
+          "tl.kv.blocks_deduped": handle.blocksDeduped,
+          "tl.kv.payload_bytes": Number(handle.payloadBytes),
+        });
       endSpan(span);
       return handle;
     } catch (e) {
@@ -186,7 +207,12 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
 
   /** The request's SERVER span runs until its last token (respond) or its failure here. */
   async function complete(req: Request, kind: CompletionKind): Promise<Response> {
-    const span = startSpan(kind === "chat" ? "POST /v1/chat/completions" : "POST /v1/completions", SpanKind.SERVER, extractHeaders(req.headers), SERVER_ATTRS[kind]);
+    const span = startSpan(
+      kind === "chat" ? "POST /v1/chat/completions" : "POST /v1/completions",
+      SpanKind.SERVER,
+      extractHeaders(req.headers),
+      SERVER_ATTRS[kind],
+    );
     try {
       return await route(req, kind, span);
     } catch (e) {
@@ -205,7 +231,12 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     }
     const params = parseCompletion(kind, body, limits);
     if (params.model !== undefined && params.model !== opts.modelName) {
-      throw new HttpError(404, `model ${JSON.stringify(params.model)} is not served; this gateway serves ${JSON.stringify(opts.modelName)}`, "invalid_request_error", "model");
+      throw new HttpError(
+        404,
+        `model ${JSON.stringify(params.model)} is not served; this gateway serves ${JSON.stringify(opts.modelName)}`,
+        "invalid_request_error",
+        "model",
+      );
     }
     const id = req.headers.get("x-request-id") ?? requestId(kind === "chat" ? "chatcmpl" : "cmpl");
     if (span.isRecording()) span.setAttribute("tl.request_id", id);
@@ -226,7 +257,16 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     const onStop = (i: number) => {
       if (params.n === 1) aborts[i]!.abort();
     };
-    return respond(routed.flatMap((r) => r.qs), params, id, routed[0]!.served, arrived, onStop, () => aborts.forEach((a) => a.abort()), span);
+    return respond(
+      routed.flatMap((r) => r.qs),
+      params,
+      id,
+      routed[0]!.served,
+      arrived,
+      onStop,
+      () => aborts.forEach((a) => a.abort()),
+      span,
+    );
   }
 
   /** Routes one prompt's n choices: a prefill/decode pair (retried on another pair when nothing reached the client), else a colocated engine. */
@@ -256,8 +296,8 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
           throw new HttpError(499, "client closed the request");
         }
         const err = ConnectError.from(e);
-        // A transfer failure is D's doing; anything else is P's.
-        const blame = err.rawMessage.startsWith("kv transfer") ? did : pid;
+        // P says which side failed: a push D did not take is D's doing, anything else P's.
+        const blame = failedSideOf(err.metadata) === "decode" ? did : pid;
         metrics.transferFailures.inc({ code: Code[err.code] ?? String(err.code) });
         if (RETRYABLE.has(err.code) && !retried) {
           retried = true;
@@ -277,7 +317,11 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
           log.warn("worker refused the request; routing elsewhere", { request_id: id, worker: blame, error: err.rawMessage });
           continue;
         }
-        throw new HttpError(httpStatusOf(err.code), `prefill on ${pid} failed: ${err.rawMessage}`, err.code === Code.InvalidArgument ? "invalid_request_error" : "server_error");
+        throw new HttpError(
+          httpStatusOf(err.code),
+          `prefill on ${pid} failed: ${err.rawMessage}`,
+          err.code === Code.InvalidArgument ? "invalid_request_error" : "server_error",
+        );
       } finally {
         busy(pid, -1);
       }
@@ -295,7 +339,13 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
       metrics.kvBytes.inc(served.payloadBytes);
       metrics.ttft.observe({ served: served.served }, ttft);
       if (!handle.finished) affinity.record(did, handle.blockHashes);
-      log.debug("prefilled", { request_id: id, handle: handle.handleId, blocks_sent: served.blocksSent, blocks_deduped: served.blocksDeduped, payload_bytes: served.payloadBytes });
+      log.debug("prefilled", {
+        request_id: id,
+        handle: handle.handleId,
+        blocks_sent: served.blocksSent,
+        blocks_deduped: served.blocksDeduped,
+        payload_bytes: served.payloadBytes,
+      });
 
       return { qs: resumeOnDecode(handle, params, D.worker, id, abort, span), served };
     }
@@ -365,9 +415,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
 
   /** Best effort: a handle nobody will claim goes back now rather than at its TTL. */
   function releaseOn(d: WorkerView, handleId: string, requestId: string): void {
-    grpcClient(KvTransfer, d.status.kvAddress, { timeoutMs: 5000 })
-      .release({ handleId })
-      .catch((e) => log.warn("release failed", { request_id: requestId, handle: handleId, error: String(e) }));
+    releaseUnclaimed(releaser, d.status.kvAddress, handleId, (e) => log.warn("release failed", { request_id: requestId, handle: handleId, error: String(e) }));
   }
 
   /** No prefill/decode pair: a `both` engine does the whole request. */
@@ -383,7 +431,14 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     busy(wid, 1);
     const call = startSpan("colocated", SpanKind.CLIENT, span, RESUME_ATTRS);
     if (call.isRecording()) call.setAttributes({ "server.address": W.worker.status.httpAddress, "tl.worker_id": wid });
-    readTokenStream(`http://${W.worker.status.httpAddress}/v1/completions`, resumeBody(params, params.promptTokens, params.n), { "x-request-id": id, ...traceHeaders(call) }, qs, abort.signal, () => {}).finally(() => {
+    readTokenStream(
+      `http://${W.worker.status.httpAddress}/v1/completions`,
+      resumeBody(params, params.promptTokens, params.n),
+      { "x-request-id": id, ...traceHeaders(call) },
+      qs,
+      abort.signal,
+      () => {},
+    ).finally(() => {
       endSpan(call, qs[0]!.end.reason === "error" ? qs[0]!.end.error : undefined);
       busy(wid, -1);
     });
@@ -436,7 +491,14 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
         blocks_deduped: s.blocksDeduped,
         payload_bytes: s.payloadBytes,
       });
-      if (span.isRecording()) span.setAttributes({ "tl.served": s.served, "tl.prefill_worker": s.prefillWorker, "tl.decode_worker": s.decodeWorker, "tl.output_tokens": n, "tl.outcome": outcome });
+      if (span.isRecording())
+        span.setAttributes({
+          "tl.served": s.served,
+          "tl.prefill_worker": s.prefillWorker,
+          "tl.decode_worker": s.decodeWorker,
+          "tl.output_tokens": n,
+          "tl.outcome": outcome,
+        });
       endSpan(span, end.reason === "error" ? end.error : undefined);
     })();
     return completionResponse(counted, {
@@ -458,7 +520,14 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
         "x-tl-seed": params.seed.toString(),
       },
       extra: () => ({
-        tl: { served: s.served, prefill_worker: s.prefillWorker, decode_worker: s.decodeWorker, blocks_sent: s.blocksSent, blocks_deduped: s.blocksDeduped, payload_bytes: s.payloadBytes },
+        tl: {
+          served: s.served,
+          prefill_worker: s.prefillWorker,
+          decode_worker: s.decodeWorker,
+          blocks_sent: s.blocksSent,
+          blocks_deduped: s.blocksDeduped,
+          payload_bytes: s.payloadBytes,
+        },
       }),
     });
   }
@@ -481,7 +550,10 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
         }
       }
       if (req.method === "GET" && url.pathname === "/v1/models") {
-        return Response.json({ object: "list", data: [{ id: opts.modelName, object: "model", created: 0, owned_by: "tl-engine", max_model_len: opts.maxModelLen }] });
+        return Response.json({
+          object: "list",
+          data: [{ id: opts.modelName, object: "model", created: 0, owned_by: "tl-engine", max_model_len: opts.maxModelLen }],
+        });
       }
       if (req.method === "GET" && url.pathname === "/health") {
         const live = registry.live();
@@ -490,7 +562,11 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
       }
       if (req.method === "GET" && url.pathname === "/metrics") {
         const live = registry.live();
-        for (const [name, r] of [["prefill", Role.PREFILL], ["decode", Role.DECODE], ["both", Role.BOTH]] as const) {
+        for (const [name, r] of [
+          ["prefill", Role.PREFILL],
+          ["decode", Role.DECODE],
+          ["both", Role.BOTH],
+        ] as const) {
           metrics.registryWorkers.set({ role: name }, live.filter((w) => w.status.role === r).length);
         }
         return metricsResponse(metrics);
@@ -517,6 +593,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
       registryService.close();
       await http.stop();
       await grpc.close();
+      await releaser.close();
     },
   };
 }

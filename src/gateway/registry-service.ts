@@ -74,16 +74,10 @@ function validate(status: WorkerStatus): void {
     throw new ConnectError("heartbeat: empty worker_id", Code.InvalidArgument);
   }
   if (status.kvFormat !== KV_FORMAT) {
-    throw new ConnectError(
-      `heartbeat from ${status.workerId}: kv_format ${status.kvFormat}, want ${KV_FORMAT}`,
-      Code.FailedPrecondition,
-    );
+    throw new ConnectError(`heartbeat from ${status.workerId}: kv_format ${status.kvFormat}, want ${KV_FORMAT}`, Code.FailedPrecondition);
   }
   if (status.role === Role.UNSPECIFIED || Role[status.role] === undefined) {
-    throw new ConnectError(
-      `heartbeat from ${status.workerId}: role ${status.role} is not prefill, decode or both`,
-      Code.InvalidArgument,
-    );
+    throw new ConnectError(`heartbeat from ${status.workerId}: role ${status.role} is not prefill, decode or both`, Code.InvalidArgument);
   }
 }
 
@@ -100,6 +94,9 @@ function sameModel(status: WorkerStatus, want: ExpectedModel): void {
     diff.push(`tokenizer fingerprint ${status.tokenizerFingerprint}, want ${want.tokenizerFingerprint}`);
   }
   if (diff.length > 0) {
-    throw new ConnectError(`heartbeat from ${status.workerId}: ${diff.join("; ")} (the gateway tokenizes for another model: its prompt hashes would not match)`, Code.FailedPrecondition);
+    throw new ConnectError(
+      `heartbeat from ${status.workerId}: ${diff.join("; ")} (the gateway tokenizes for another model: its prompt hashes would not match)`,
+      Code.FailedPrecondition,
+    );
   }
 }

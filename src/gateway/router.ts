@@ -50,9 +50,7 @@ function load(w: WorkerView, inflight: ReadonlyMap<string, number>): number {
 
 function byLoad(inflight: ReadonlyMap<string, number>) {
   return (a: WorkerView, b: WorkerView) =>
-    load(a, inflight) - load(b, inflight) ||
-    b.status.freeBlocks - a.status.freeBlocks ||
-    (a.status.workerId < b.status.workerId ? -1 : 1);
+    load(a, inflight) - load(b, inflight) || b.status.freeBlocks - a.status.freeBlocks || (a.status.workerId < b.status.workerId ? -1 : 1);
 }
 
 function describe(w: WorkerView, inflight: ReadonlyMap<string, number>): string {

@@ -35,7 +35,10 @@ export async function readTokenStream(
         qs.forEach((q, i) => q.close({ reason: finish[i] === "length" ? "length" : "stop" }));
         return;
       }
-      const obj = JSON.parse(data) as { error?: { message?: string }; choices?: { index?: number; token_ids?: number[]; tl_logprobs?: unknown[]; finish_reason?: string | null }[] };
+      const obj = JSON.parse(data) as {
+        error?: { message?: string };
+        choices?: { index?: number; token_ids?: number[]; tl_logprobs?: unknown[]; finish_reason?: string | null }[];
+      };
       if (obj.error) {
         closeAll({ reason: "error", error: obj.error.message ?? "engine reported an error" });
         return;

@@ -41,9 +41,7 @@ export class WorkerRegistry {
     this.evictAfterMissed = opts.evictAfterMissed ?? 3;
     this.now = opts.now ?? Date.now;
     if (!(this.intervalMs > 0) || !(this.evictAfterMissed >= 1)) {
-      throw new RangeError(
-        `worker registry: intervalMs ${this.intervalMs} must be > 0 and evictAfterMissed ${this.evictAfterMissed} ≥ 1`,
-      );
+      throw new RangeError(`worker registry: intervalMs ${this.intervalMs} must be > 0 and evictAfterMissed ${this.evictAfterMissed} ≥ 1`);
     }
   }
 
@@ -102,9 +100,7 @@ export class WorkerRegistry {
    * drain; with `role`, only those that can play it ("both" plays either).
    */
   live(role?: "prefill" | "decode"): WorkerView[] {
-    return this.list().filter(
-      (w) => !w.status.draining && !w.drainRequested && (role === undefined || plays(w.status.role, role)),
-    );
+    return this.list().filter((w) => !w.status.draining && !w.drainRequested && (role === undefined || plays(w.status.role, role)));
   }
 
   private missed(entry: Entry, now: number): number {

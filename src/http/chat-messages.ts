@@ -75,7 +75,8 @@ export function parseMessages(v: unknown): ChatMessage[] {
       const content = m.content === null || m.content === undefined ? null : text(m.content, where);
       return { role, content, ...named, tool_calls: toolCalls(m.tool_calls, where) };
     }
-    if (m.content === null || m.content === undefined) throw bad(`${where}.content is required${role === "assistant" ? " unless the message has tool_calls" : ""}`);
+    if (m.content === null || m.content === undefined)
+      throw bad(`${where}.content is required${role === "assistant" ? " unless the message has tool_calls" : ""}`);
     const content = text(m.content, where);
     if (role === "tool") {
       const toolCallId = optString(m, "tool_call_id", where);

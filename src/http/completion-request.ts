@@ -125,7 +125,8 @@ function parsePrompts(p: unknown, tokenizer: Tokenizer): number[][] {
     if (p.length > LIMITS.prompts) throw bad(`prompt has ${p.length} prompts; at most ${LIMITS.prompts}`, "prompt");
     prompts = p.map(one);
   } else prompts = [null];
-  if (prompts.some((x) => x === null)) throw bad("prompt must be a string, an array of strings, an array of token ids, or an array of token-id arrays", "prompt");
+  if (prompts.some((x) => x === null))
+    throw bad("prompt must be a string, an array of strings, an array of token ids, or an array of token-id arrays", "prompt");
   if (prompts.some((x) => x!.length === 0)) throw bad("prompt is empty", "prompt");
   return prompts as number[][];
 }
@@ -187,7 +188,10 @@ function parseMaxTokens(kind: CompletionKind, body: Record<string, unknown>, pro
   }
   const maxTokens = given ?? (kind === "chat" ? room : Math.min(16, room));
   if (promptLen + maxTokens > maxModelLen) {
-    throw bad(`prompt (${promptLen} tokens) + max_tokens (${maxTokens}) = ${promptLen + maxTokens} exceeds the model's context of ${maxModelLen}`, "max_tokens");
+    throw bad(
+      `prompt (${promptLen} tokens) + max_tokens (${maxTokens}) = ${promptLen + maxTokens} exceeds the model's context of ${maxModelLen}`,
+      "max_tokens",
+    );
   }
   return maxTokens;
 }
@@ -201,7 +205,11 @@ function parseN(kind: CompletionKind, body: Record<string, unknown>, prompts: nu
   const bestOf = (kind === "completion" ? optInt(body, "best_of", 1, LIMITS.n) : undefined) ?? returned;
   if (bestOf < returned) throw bad(`best_of (${bestOf}) must be ≥ n (${returned})`, "best_of");
   if (bestOf > returned && stream) throw bad(`best_of (${bestOf}) > n (${returned}) cannot be streamed`, "best_of");
-  if (bestOf * prompts > LIMITS.choices) throw bad(`${prompts} prompts × ${bestOf === returned ? "n" : "best_of"} = ${bestOf} is ${bestOf * prompts} choices; at most ${LIMITS.choices}`, bestOf === returned ? "n" : "best_of");
+  if (bestOf * prompts > LIMITS.choices)
+    throw bad(
+      `${prompts} prompts × ${bestOf === returned ? "n" : "best_of"} = ${bestOf} is ${bestOf * prompts} choices; at most ${LIMITS.choices}`,
+      bestOf === returned ? "n" : "best_of",
+    );
   return { n: bestOf, returned };
 }
 
@@ -242,7 +250,8 @@ export function parseCompletion(kind: CompletionKind, raw: unknown, lim: ParseLi
 
   const stopTokenIds = body.stop_token_ids === undefined || body.stop_token_ids === null ? [] : Array.isArray(body.stop_token_ids) ? body.stop_token_ids : null;
   if (stopTokenIds === null) throw bad("stop_token_ids must be an array of token ids", "stop_token_ids");
-  if (stopTokenIds.length > LIMITS.stopTokenIds) throw bad(`stop_token_ids has ${stopTokenIds.length} entries; at most ${LIMITS.stopTokenIds}`, "stop_token_ids");
+  if (stopTokenIds.length > LIMITS.stopTokenIds)
+    throw bad(`stop_token_ids has ${stopTokenIds.length} entries; at most ${LIMITS.stopTokenIds}`, "stop_token_ids");
   const processing = {
     presencePenalty: optNumber(body, "presence_penalty", 0),
     frequencyPenalty: optNumber(body, "frequency_penalty", 0),

@@ -231,7 +231,12 @@ function streamResponse(choices: ChoiceState[], ctx: ResponseContext): Response 
     const logprobs = from !== null && c.logprobs ? c.logprobs.take() : null;
     const choice: Record<string, unknown> =
       p.kind === "chat"
-        ? { index: c.index, delta: finish !== null && text === null ? {} : first ? { role: "assistant", content: text ?? "" } : { content: text }, logprobs, finish_reason: finish }
+        ? {
+            index: c.index,
+            delta: finish !== null && text === null ? {} : first ? { role: "assistant", content: text ?? "" } : { content: text },
+            logprobs,
+            finish_reason: finish,
+          }
         : { index: c.index, text: text ?? "", logprobs, finish_reason: finish };
     if (p.returnTokenIds && from !== null) {
       choice.token_ids = c.ids.slice(from);

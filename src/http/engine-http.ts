@@ -1,5 +1,5 @@
-import { promptHashes } from "../codec/index.ts";
-import type { ClaimedHandle } from "../transfer/index.ts";
+import { claimForResume, ResumeError } from "../handoff/index.ts";
+import type { KvReceiver } from "../transfer/index.ts";
 import type { Engine, Finish } from "../engine/index.ts";
 import type { ChatRenderer, Tokenizer } from "../model/index.ts";
 import { endSpan, extractHeaders, SpanKind, startSpan, type Attributes, type Span } from "../obs/index.ts";
@@ -7,7 +7,6 @@ import { LIMITS, parseCompletion, samplingOf, type CompletionKind, type Completi
 import { completionResponse } from "./completion-response.ts";
 import { errorResponse, HttpError } from "./errors.ts";
 import { TokenQueue } from "./token-queue.ts";
-
 
 export interface EngineHttpContext {
   engine: Engine;
@@ -20,8 +19,8 @@ export interface EngineHttpContext {
   workerId: string;
   roles: readonly string[];
   isDraining: () => boolean;
-  /** Decode engines: takes a pushed handle over (null when unknown or expired). */
-  claim?: (handleId: string) => ClaimedHandle | null;
+  /** Decode engines: where pushed handles wait for their resume (claimForResume). */
+  receiver?: KvReceiver | null;
   /** Called once per finished request, for logs and metrics. */
   onRequestEnd?: (info: RequestEnd) => void;
   /** Extra routes (e.g. /metrics), tried before the 404. */
@@ -101,7 +100,12 @@ export function engineHttpHandler(ctx: EngineHttpContext): (req: Request) => Pro
    * ends with the request, and under it the engine's work: "decode" for a resumed handle.
    */
   async function complete(req: Request, kind: CompletionKind): Promise<Response> {
-    const span = startSpan(kind === "chat" ? "POST /v1/chat/completions" : "POST /v1/completions", SpanKind.SERVER, extractHeaders(req.headers), serverAttrs[kind]);
+    const span = startSpan(
+      kind === "chat" ? "POST /v1/chat/completions" : "POST /v1/completions",
+      SpanKind.SERVER,
+      extractHeaders(req.headers),
+      serverAttrs[kind],
+    );
     try {
       return await completeTraced(req, kind, span);
     } catch (e) {
@@ -114,10 +118,16 @@ export function engineHttpHandler(ctx: EngineHttpContext): (req: Request) => Pro
     if (ctx.isDraining()) throw new HttpError(503, "engine is draining", "server_error", null, { "retry-after": "1" });
     const params = parseCompletion(kind, await readJson(req), limits);
     if (params.model !== undefined && params.model !== ctx.modelName) {
-      throw new HttpError(404, `model ${JSON.stringify(params.model)} not served here; this engine serves ${JSON.stringify(ctx.modelName)}`, "invalid_request_error", "model");
+      throw new HttpError(
+        404,
+        `model ${JSON.stringify(params.model)} not served here; this engine serves ${JSON.stringify(ctx.modelName)}`,
+        "invalid_request_error",
+        "model",
+      );
     }
     const handleId = req.headers.get(HANDLE_HEADER);
-    if (handleId !== null && params.prompts.length > 1) throw new HttpError(400, `a resume (${HANDLE_HEADER}) continues one prompt`, "invalid_request_error", "prompt");
+    if (handleId !== null && params.prompts.length > 1)
+      throw new HttpError(400, `a resume (${HANDLE_HEADER}) continues one prompt`, "invalid_request_error", "prompt");
     const resumes = handleId === null ? undefined : claimFor(req, handleId, params);
     const id = req.headers.get("x-request-id") ?? requestId(kind === "chat" ? "chatcmpl" : "cmpl");
     const ids = choiceIds(id, params.prompts.length * params.n);
@@ -126,7 +136,8 @@ export function engineHttpHandler(ctx: EngineHttpContext): (req: Request) => Pro
       for (const r of resumes ?? []) engine.pool.releaseAll(r.blockIds);
       throw new HttpError(409, `request ${id} is already in flight`);
     }
-    if (span.isRecording()) span.setAttributes({ "tl.request_id": id, "tl.resumed": resumes !== undefined, ...(handleId !== null ? { "tl.kv.handle": handleId } : {}) });
+    if (span.isRecording())
+      span.setAttributes({ "tl.request_id": id, "tl.resumed": resumes !== undefined, ...(handleId !== null ? { "tl.kv.handle": handleId } : {}) });
     let left = ids.length;
     let failure: string | undefined;
     const choiceDone = (failed: string | undefined) => {
@@ -196,7 +207,13 @@ export function engineHttpHandler(ctx: EngineHttpContext): (req: Request) => Pro
         ttftMs: ttft,
         durationMs: performance.now() - started,
       });
-      if (step.isRecording()) step.setAttributes({ "tl.prompt_tokens": f.promptTokens, "tl.output_tokens": f.outputTokens.length, "tl.prefix_hit_tokens": f.prefixHitTokens, "tl.finish": f.reason });
+      if (step.isRecording())
+        step.setAttributes({
+          "tl.prompt_tokens": f.promptTokens,
+          "tl.output_tokens": f.outputTokens.length,
+          "tl.prefix_hit_tokens": f.prefixHitTokens,
+          "tl.finish": f.reason,
+        });
       const failed = f.reason === "error" || f.reason === "cancelled" ? (f.error ?? f.reason) : undefined;
       endSpan(step, failed);
       onDone(failed);
@@ -210,29 +227,36 @@ export function engineHttpHandler(ctx: EngineHttpContext): (req: Request) => Pro
    * comma-separated headers, and each choice after the first shares the prompt's blocks.
    */
   function claimFor(req: Request, handleId: string, params: CompletionParams): ResumeKv[] {
-    if (!ctx.claim) throw new HttpError(400, `${HANDLE_HEADER} sent to an engine without the decode role`);
+    if (!ctx.receiver) throw new HttpError(400, `${HANDLE_HEADER} sent to an engine without the decode role`);
     const firstTokens = headerInts(req, FIRST_TOKEN_HEADER, params.n, tokenizer.vocabSize);
-    const choices = headerInts(req, CHOICES_HEADER, params.n, LIMITS.n, Array.from({ length: params.n }, (_, i) => i));
+    const choices = headerInts(
+      req,
+      CHOICES_HEADER,
+      params.n,
+      LIMITS.n,
+      Array.from({ length: params.n }, (_, i) => i),
+    );
     const draws = headerInt(req, DRAWS_HEADER, 2 ** 31);
-    const claimed = ctx.claim(handleId);
-    if (!claimed) throw new HttpError(404, `kv handle ${JSON.stringify(handleId)} is unknown or expired`, "not_found_error");
-    const B = engine.pool.shape.blockTokens;
-    const want = promptHashes(params.promptTokens, B);
-    const hashesMatch = want.length === claimed.hashes.length && want.every((h, i) => h === claimed.hashes[i]);
-    if (!hashesMatch || claimed.nTokens !== params.promptTokens.length) {
-      engine.pool.releaseAll(claimed.blockIds);
-      throw new HttpError(
-        409,
-        `kv handle ${JSON.stringify(handleId)} holds ${claimed.nTokens} tokens in ${claimed.hashes.length} full blocks; the prompt has ${params.promptTokens.length} tokens and its block hashes ${hashesMatch ? "match" : "differ"}`,
-        "conflict_error",
-      );
+    let blockIdsOfHandle: number[];
+    try {
+      blockIdsOfHandle = claimForResume(ctx.receiver, handleId, params.promptTokens);
+    } catch (e) {
+      if (!(e instanceof ResumeError)) throw e;
+      throw e.kind === "unknown" ? new HttpError(404, e.message, "not_found_error") : new HttpError(409, e.message, "conflict_error");
     }
+    const claimed = { blockIds: blockIdsOfHandle, nTokens: params.promptTokens.length };
     const out: ResumeKv[] = [{ blockIds: claimed.blockIds, firstToken: firstTokens[0]!, draws, choice: choices[0]! }];
     for (let i = 1; i < params.n; i++) {
       const blockIds = engine.sharePrompt(claimed.blockIds, claimed.nTokens);
       if (blockIds === null) {
         for (const r of out) engine.pool.releaseAll(r.blockIds);
-        throw new HttpError(503, `out of KV blocks: ${params.n} choices need ${params.n - 1} more tail blocks, ${engine.pool.available} available`, "server_error", null, { "retry-after": "1" });
+        throw new HttpError(
+          503,
+          `out of KV blocks: ${params.n} choices need ${params.n - 1} more tail blocks, ${engine.pool.available} available`,
+          "server_error",
+          null,
+          { "retry-after": "1" },
+        );
       }
       out.push({ blockIds, firstToken: firstTokens[i]!, draws, choice: choices[i]! });
     }

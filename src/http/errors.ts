@@ -14,8 +14,5 @@ export class HttpError extends Error {
 /** OpenAI's error shape: `{"error": {"message", "type", "param", "code"}}`. */
 export function errorResponse(e: unknown): Response {
   const err = e instanceof HttpError ? e : new HttpError(500, e instanceof Error ? e.message : String(e));
-  return Response.json(
-    { error: { message: err.message, type: err.type, param: err.param, code: err.status } },
-    { status: err.status, headers: err.headers },
-  );
+  return Response.json({ error: { message: err.message, type: err.type, param: err.param, code: err.status } }, { status: err.status, headers: err.headers });
 }

@@ -1,7 +1,16 @@
 export { choiceSeed, LIMITS, parseCompletion, randomSeed, samplingOf, type CompletionParams, type CompletionKind } from "./completion-request.ts";
 export { parseMessages, type ChatRole, type ChatToolCall } from "./chat-messages.ts";
 export { completionResponse, TextAssembler, type ResponseContext } from "./completion-response.ts";
-export { engineHttpHandler, requestId, HANDLE_HEADER, FIRST_TOKEN_HEADER, DRAWS_HEADER, CHOICES_HEADER, type EngineHttpContext, type RequestEnd } from "./engine-http.ts";
+export {
+  engineHttpHandler,
+  requestId,
+  HANDLE_HEADER,
+  FIRST_TOKEN_HEADER,
+  DRAWS_HEADER,
+  CHOICES_HEADER,
+  type EngineHttpContext,
+  type RequestEnd,
+} from "./engine-http.ts";
 export { HttpError, errorResponse } from "./errors.ts";
 export { serveHttp, type HttpServer } from "./serve-http.ts";
 export { TokenQueue, type StreamEnd, type EndReason } from "./token-queue.ts";

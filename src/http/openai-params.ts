@@ -14,15 +14,38 @@ import { HttpError } from "./errors.ts";
  */
 type Refusal = (v: unknown) => string | null;
 
-const never = (why: string): Refusal => () => why;
-const unless = (ok: (v: unknown) => boolean, why: string): Refusal => (v) => (ok(v) ? null : why);
+const never =
+  (why: string): Refusal =>
+  () =>
+    why;
+const unless =
+  (ok: (v: unknown) => boolean, why: string): Refusal =>
+  (v) =>
+    ok(v) ? null : why;
 const TOOLS = "tool calling is not supported yet";
 const SAMPLER = "is not supported by this engine's sampler";
 
 const IMPLEMENTED_COMMON = [
-  "model", "frequency_penalty", "presence_penalty", "logit_bias", "logprobs", "max_tokens", "n", "seed", "stop", "stream",
-  "stream_options", "temperature", "top_p", "top_k", "repetition_penalty", "min_tokens", "ignore_eos", "stop_token_ids",
-  "include_stop_str_in_output", "return_token_ids",
+  "model",
+  "frequency_penalty",
+  "presence_penalty",
+  "logit_bias",
+  "logprobs",
+  "max_tokens",
+  "n",
+  "seed",
+  "stop",
+  "stream",
+  "stream_options",
+  "temperature",
+  "top_p",
+  "top_k",
+  "repetition_penalty",
+  "min_tokens",
+  "ignore_eos",
+  "stop_token_ids",
+  "include_stop_str_in_output",
+  "return_token_ids",
 ];
 const IMPLEMENTED: Record<CompletionKind, ReadonlySet<string>> = {
   chat: new Set([...IMPLEMENTED_COMMON, "messages", "max_completion_tokens", "top_logprobs"]),
@@ -33,7 +56,10 @@ const IDENTITY = new Set(["user", "safety_identifier", "prompt_cache_key", "meta
 
 const REFUSED_COMMON: Record<string, Refusal> = {
   suffix: never("suffix (insertion) is not supported"),
-  response_format: unless((v) => (v as { type?: unknown })?.type === "text", "response_format json_object / json_schema (structured output) is not supported yet; only {\"type\": \"text\"}"),
+  response_format: unless(
+    (v) => (v as { type?: unknown })?.type === "text",
+    'response_format json_object / json_schema (structured output) is not supported yet; only {"type": "text"}',
+  ),
   min_p: never(`min_p ${SAMPLER}`),
   typical_p: never(`typical_p ${SAMPLER}`),
   use_beam_search: unless((v) => v === false, "beam search is not supported"),
@@ -93,7 +119,11 @@ function checkIdentity(key: string, v: unknown): string | null {
   if (key === "store") return v === false ? null : "store: true is not supported (nothing is stored)";
   if (key === "service_tier") return v === "auto" || v === "default" ? null : `service_tier ${JSON.stringify(v)} is not supported; "auto" or "default"`;
   if (key === "metadata") {
-    const ok = typeof v === "object" && !Array.isArray(v) && Object.keys(v as object).length <= 16 && Object.values(v as object).every((s) => typeof s === "string" && s.length <= 512);
+    const ok =
+      typeof v === "object" &&
+      !Array.isArray(v) &&
+      Object.keys(v as object).length <= 16 &&
+      Object.values(v as object).every((s) => typeof s === "string" && s.length <= 512);
     return ok ? null : "metadata must be an object of at most 16 string values of at most 512 characters";
   }
   return typeof v === "string" && v.length <= 512 ? null : `${key} must be a string of at most 512 characters`;

@@ -85,7 +85,12 @@ export interface WeightStats {
  * silently ignore (an o_proj bias, extra experts...). `onBytes` is told the stored bytes of
  * each tensor once it is converted, for a progress line.
  */
-export function assembleWeights(spec: ModelSpec, src: TensorSource, naming: TensorNaming, onBytes: (n: number) => void = () => {}): { weights: Weights; stats: WeightStats } {
+export function assembleWeights(
+  spec: ModelSpec,
+  src: TensorSource,
+  naming: TensorNaming,
+  onBytes: (n: number) => void = () => {},
+): { weights: Weights; stats: WeightStats } {
   const { cfg } = spec;
   const { dim, hiddenDim: hid, nLayers: L, vocabSize: V } = cfg;
   const qDim = qDimOf(cfg);
@@ -148,7 +153,9 @@ function refuseUnused(src: TensorSource, used: ReadonlySet<string>, naming: Tens
   }
   if (extra.length > 0) {
     const more = extra.length > 3 ? ` and ${extra.length - 3} more` : "";
-    throw new Error(`${model}: tensors ${extra.slice(0, 3).join(", ")}${more} are not used by this architecture (an unsupported option, e.g. o_proj bias or experts): refusing rather than ignoring them`);
+    throw new Error(
+      `${model}: tensors ${extra.slice(0, 3).join(", ")}${more} are not used by this architecture (an unsupported option, e.g. o_proj bias or experts): refusing rather than ignoring them`,
+    );
   }
 }
 

@@ -21,7 +21,13 @@ export async function buildTokenizer(src: TokenizerSource): Promise<BuiltTokeniz
       return buildHf(src);
     case "gguf": {
       const files = ggufTokenizerFiles(src.meta, src.file);
-      const tokenizer = new HfTokenizer(files.tokenizerJson, { origin: src.file, bos: files.bos, eos: files.eos, extraEosIds: files.extraEosIds, addBos: files.addBos });
+      const tokenizer = new HfTokenizer(files.tokenizerJson, {
+        origin: src.file,
+        bos: files.bos,
+        eos: files.eos,
+        extraEosIds: files.extraEosIds,
+        addBos: files.addBos,
+      });
       return { tokenizer, chatTemplate: src.meta.chatTemplate };
     }
   }
@@ -34,7 +40,8 @@ function buildHf(src: HfSource): BuiltTokenizer {
   const gen = asRecord(src.generationConfig);
   const origin = src.dir;
   const extraEosIds = [...idList(gen.eos_token_id, `${origin}/generation_config.json eos_token_id`), ...src.configEosIds];
-  const bos = "bos_token" in cfg ? tokenText(cfg.bos_token, `${origin}/tokenizer_config.json bos_token`) : (idList(gen.bos_token_id, "bos")[0] ?? src.configBosId);
+  const bos =
+    "bos_token" in cfg ? tokenText(cfg.bos_token, `${origin}/tokenizer_config.json bos_token`) : (idList(gen.bos_token_id, "bos")[0] ?? src.configBosId);
   const eos = "eos_token" in cfg ? tokenText(cfg.eos_token, `${origin}/tokenizer_config.json eos_token`) : (extraEosIds[0] ?? null);
   const addBos = typeof cfg.add_bos_token === "boolean" ? cfg.add_bos_token : null;
   const tokenizer = new HfTokenizer(src.tokenizerJson, { origin, bos, eos, extraEosIds, addBos });
@@ -58,7 +65,8 @@ function tokenText(v: unknown, what: string): string | null {
 function idList(v: unknown, what: string): number[] {
   if (v === null || v === undefined) return [];
   const list = Array.isArray(v) ? v : [v];
-  for (const id of list) if (!Number.isInteger(id) || (id as number) < 0) throw new Error(`${what} must be a token id or a list of them, got ${JSON.stringify(v)}`);
+  for (const id of list)
+    if (!Number.isInteger(id) || (id as number) < 0) throw new Error(`${what} must be a token id or a list of them, got ${JSON.stringify(v)}`);
   return list as number[];
 }
 

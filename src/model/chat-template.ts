@@ -160,19 +160,32 @@ export function strftime(d: Date, format: string): string {
   const pad = (n: number) => String(n).padStart(2, "0");
   return format.replace(/%([a-zA-Z%])/g, (all, c: string) => {
     switch (c) {
-      case "d": return pad(d.getDate());
-      case "m": return pad(d.getMonth() + 1);
-      case "Y": return String(d.getFullYear());
-      case "y": return pad(d.getFullYear() % 100);
-      case "b": return MONTHS[d.getMonth()]!.slice(0, 3);
-      case "B": return MONTHS[d.getMonth()]!;
-      case "a": return DAYS[d.getDay()]!.slice(0, 3);
-      case "A": return DAYS[d.getDay()]!;
-      case "H": return pad(d.getHours());
-      case "M": return pad(d.getMinutes());
-      case "S": return pad(d.getSeconds());
-      case "%": return "%";
-      default: return all;
+      case "d":
+        return pad(d.getDate());
+      case "m":
+        return pad(d.getMonth() + 1);
+      case "Y":
+        return String(d.getFullYear());
+      case "y":
+        return pad(d.getFullYear() % 100);
+      case "b":
+        return MONTHS[d.getMonth()]!.slice(0, 3);
+      case "B":
+        return MONTHS[d.getMonth()]!;
+      case "a":
+        return DAYS[d.getDay()]!.slice(0, 3);
+      case "A":
+        return DAYS[d.getDay()]!;
+      case "H":
+        return pad(d.getHours());
+      case "M":
+        return pad(d.getMinutes());
+      case "S":
+        return pad(d.getSeconds());
+      case "%":
+        return "%";
+      default:
+        return all;
     }
   });
 }

@@ -94,7 +94,9 @@ export function validateConfig(cfg: ModelConfig): void {
   if (s?.type === "factors" && s.factors.length !== hd / 2) throw new Error(`model config rope factors: ${s.factors.length}, want headDim/2 = ${hd / 2}`);
   if (s?.type === "factors" && !s.factors.every((f) => f > 0)) throw new Error("model config rope factors: want every factor > 0");
   if (s?.type === "llama3" && !(s.factor > 0 && s.lowFreqFactor > 0 && s.highFreqFactor > s.lowFreqFactor && s.originalMaxPositions > 0)) {
-    throw new Error(`model config rope_scaling llama3 ${JSON.stringify(s)}: want factor > 0, 0 < low_freq_factor < high_freq_factor, original_max_position_embeddings > 0`);
+    throw new Error(
+      `model config rope_scaling llama3 ${JSON.stringify(s)}: want factor > 0, 0 < low_freq_factor < high_freq_factor, original_max_position_embeddings > 0`,
+    );
   }
   if (!(cfg.ropeTheta > 0)) throw new Error(`model config ropeTheta ${cfg.ropeTheta}: want > 0`);
   if (!(cfg.normEps > 0)) throw new Error(`model config normEps ${cfg.normEps}: want > 0`);

@@ -22,7 +22,8 @@ export interface GgufTensorFacts {
 export function ggufModelSpec(meta: ReadonlyMap<string, GgufValue>, facts: GgufTensorFacts, name: string, maxSeqLen = Infinity): ModelSpec {
   const refuse = (what: string) => new UnsupportedModelError(`${name}: GGUF ${what}`);
   const arch = meta.get("general.architecture");
-  if (typeof arch !== "string" || !(arch in GGUF_ARCHS)) throw refuse(`general.architecture ${JSON.stringify(arch)} is not supported (supported: ${Object.keys(GGUF_ARCHS).join(", ")})`);
+  if (typeof arch !== "string" || !(arch in GGUF_ARCHS))
+    throw refuse(`general.architecture ${JSON.stringify(arch)} is not supported (supported: ${Object.keys(GGUF_ARCHS).join(", ")})`);
   const get = (k: string) => meta.get(`${arch}.${k}`);
   const int = (k: string, dflt?: number): number => {
     const v = get(k) ?? dflt;
@@ -38,7 +39,8 @@ export function ggufModelSpec(meta: ReadonlyMap<string, GgufValue>, facts: GgufT
   if (experts !== undefined && experts !== 0) throw refuse(`${arch}.expert_count = ${String(experts)}: mixture-of-experts models are not supported`);
   const ctx = int("context_length");
   const window = get("attention.sliding_window");
-  if (window !== undefined && !(typeof window === "number" && window >= ctx)) throw refuse(`${arch}.attention.sliding_window = ${String(window)} is not supported (sliding-window attention)`);
+  if (window !== undefined && !(typeof window === "number" && window >= ctx))
+    throw refuse(`${arch}.attention.sliding_window = ${String(window)} is not supported (sliding-window attention)`);
   const scaling = get("rope.scaling.type");
   if (scaling !== undefined && scaling !== "none") throw refuse(`${arch}.rope.scaling.type ${JSON.stringify(scaling)} is not supported`);
   const dim = int("embedding_length");
@@ -67,5 +69,12 @@ export function ggufModelSpec(meta: ReadonlyMap<string, GgufValue>, facts: GgufT
   validateConfig(cfg);
   const eosIds = idList([meta.get("tokenizer.ggml.eos_token_id"), meta.get("tokenizer.ggml.eot_token_id"), meta.get("tokenizer.ggml.eom_token_id")]);
   const bos = meta.get("tokenizer.ggml.bos_token_id");
-  return { cfg, tied: !facts.hasOutput, biases: facts.hasQBias, ropeOrder: GGUF_ARCHS[arch]!, eosIds: [...new Set(eosIds)], bosId: typeof bos === "number" ? bos : null };
+  return {
+    cfg,
+    tied: !facts.hasOutput,
+    biases: facts.hasQBias,
+    ropeOrder: GGUF_ARCHS[arch]!,
+    eosIds: [...new Set(eosIds)],
+    bosId: typeof bos === "number" ? bos : null,
+  };
 }

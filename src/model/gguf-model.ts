@@ -23,7 +23,9 @@ export function openGgufModel(file: string, maxSeqLen?: number): GgufModelFile {
   for (const t of gguf.tensors) if (ggmlDtype(t.type) === null && !bad.has(ggmlTypeName(t.type))) bad.set(ggmlTypeName(t.type), t.name);
   if (bad.size > 0) {
     const list = [...bad].map(([type, name]) => `${type} (e.g. ${name})`).join(", ");
-    throw new UnsupportedModelError(`--model ${file}: a GGUF file with ${[...bad.keys()].join(", ")} tensors: ${list}; supported tensor types: ${GGUF_READABLE_TYPES}`);
+    throw new UnsupportedModelError(
+      `--model ${file}: a GGUF file with ${[...bad.keys()].join(", ")} tensors: ${list}; supported tensor types: ${GGUF_READABLE_TYPES}`,
+    );
   }
   const has = (n: string) => gguf.tensors.find((t) => t.name === n);
   const embd = has("token_embd.weight");

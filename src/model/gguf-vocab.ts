@@ -47,11 +47,15 @@ export interface GgufTokenizerFiles {
 export function ggufTokenizerFiles(meta: GgufTokenizerMeta, file: string): GgufTokenizerFiles {
   const n = meta.tokens.length;
   if (n === 0) throw new Error(`${file}: tokenizer.ggml.tokens is empty`);
-  for (const [key, arr] of [["scores", meta.scores], ["token_type", meta.tokenTypes]] as const) {
+  for (const [key, arr] of [
+    ["scores", meta.scores],
+    ["token_type", meta.tokenTypes],
+  ] as const) {
     if (arr && arr.length !== n) throw new Error(`${file}: tokenizer.ggml.${key} has ${arr.length} entries for ${n} tokens`);
   }
   const checkId = (key: string, id: number | null) => {
-    if (id !== null && (!Number.isInteger(id) || id < 0 || id >= n)) throw new Error(`${file}: tokenizer.ggml.${key} = ${id} outside the vocabulary 0..${n - 1}`);
+    if (id !== null && (!Number.isInteger(id) || id < 0 || id >= n))
+      throw new Error(`${file}: tokenizer.ggml.${key} = ${id} outside the vocabulary 0..${n - 1}`);
     return id;
   };
   const bosId = checkId("bos_token_id", meta.bosId);
@@ -92,7 +96,9 @@ interface ModelParts {
 }
 
 function unsupported(model: string, file: string): never {
-  throw new Error(`${file}: GGUF tokenizer model ${JSON.stringify(model)} (tokenizer.ggml.model) is not supported; supported: ${GGUF_TOKENIZER_MODELS.map((m) => JSON.stringify(m)).join(", ")}`);
+  throw new Error(
+    `${file}: GGUF tokenizer model ${JSON.stringify(model)} (tokenizer.ggml.model) is not supported; supported: ${GGUF_TOKENIZER_MODELS.map((m) => JSON.stringify(m)).join(", ")}`,
+  );
 }
 
 function vocabOf(tokens: readonly string[]): Record<string, number> {
@@ -108,7 +114,9 @@ function bpeModel(meta: GgufTokenizerMeta, file: string): ModelParts {
   if (!meta.merges) throw new Error(`${file}: tokenizer.ggml.model "gpt2" needs tokenizer.ggml.merges`);
   const pre = PRE_TOKENIZERS[meta.pre ?? "default"];
   if (!pre) {
-    throw new Error(`${file}: GGUF pre-tokenizer ${JSON.stringify(meta.pre)} (tokenizer.ggml.pre) is not supported; supported: ${Object.keys(PRE_TOKENIZERS).join(", ")}`);
+    throw new Error(
+      `${file}: GGUF pre-tokenizer ${JSON.stringify(meta.pre)} (tokenizer.ggml.pre) is not supported; supported: ${Object.keys(PRE_TOKENIZERS).join(", ")}`,
+    );
   }
   return {
     model: {

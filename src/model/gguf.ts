@@ -28,13 +28,50 @@ export interface GgufFile {
 
 /** ggml's type numbers, by name, for the types this engine reads and those it names in errors. */
 const GGML_TYPES: Readonly<Record<number, string>> = {
-  0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0", 9: "Q8_1", 10: "Q2_K", 11: "Q3_K",
-  12: "Q4_K", 13: "Q5_K", 14: "Q6_K", 15: "Q8_K", 16: "IQ2_XXS", 17: "IQ2_XS", 18: "IQ3_XXS", 19: "IQ1_S",
-  20: "IQ4_NL", 21: "IQ3_S", 22: "IQ2_S", 23: "IQ4_XS", 24: "I8", 25: "I16", 26: "I32", 27: "I64", 28: "F64",
-  29: "IQ1_M", 30: "BF16",
+  0: "F32",
+  1: "F16",
+  2: "Q4_0",
+  3: "Q4_1",
+  6: "Q5_0",
+  7: "Q5_1",
+  8: "Q8_0",
+  9: "Q8_1",
+  10: "Q2_K",
+  11: "Q3_K",
+  12: "Q4_K",
+  13: "Q5_K",
+  14: "Q6_K",
+  15: "Q8_K",
+  16: "IQ2_XXS",
+  17: "IQ2_XS",
+  18: "IQ3_XXS",
+  19: "IQ1_S",
+  20: "IQ4_NL",
+  21: "IQ3_S",
+  22: "IQ2_S",
+  23: "IQ4_XS",
+  24: "I8",
+  25: "I16",
+  26: "I32",
+  27: "I64",
+  28: "F64",
+  29: "IQ1_M",
+  30: "BF16",
 };
-const READABLE: Readonly<Record<number, RawDtype>> = { 0: "f32", 1: "f16", 2: "q4_0", 8: "q8_0", 12: "q4_k", 14: "q6_k", 30: "bf16" };
-export const GGUF_READABLE_TYPES = "F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K";
+const READABLE: Readonly<Record<number, RawDtype>> = {
+  0: "f32",
+  1: "f16",
+  2: "q4_0",
+  3: "q4_1",
+  6: "q5_0",
+  7: "q5_1",
+  8: "q8_0",
+  12: "q4_k",
+  13: "q5_k",
+  14: "q6_k",
+  30: "bf16",
+};
+export const GGUF_READABLE_TYPES = "F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K";
 
 export function ggmlTypeName(type: number): string {
   return GGML_TYPES[type] ?? `type ${type}`;
@@ -60,17 +97,59 @@ class Reader {
     this.dv = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
   }
   need(n: number, what: string): void {
-    if (this.at + n > this.bytes.length) throw new Error(`GGUF ${this.file}: truncated reading ${what} at byte ${this.at} (file is ${this.bytes.length} bytes)`);
+    if (this.at + n > this.bytes.length)
+      throw new Error(`GGUF ${this.file}: truncated reading ${what} at byte ${this.at} (file is ${this.bytes.length} bytes)`);
   }
-  u8(): number { this.need(1, "u8"); return this.dv.getUint8(this.at++); }
-  i8(): number { this.need(1, "i8"); return this.dv.getInt8(this.at++); }
-  u16(): number { this.need(2, "u16"); const v = this.dv.getUint16(this.at, true); this.at += 2; return v; }
-  i16(): number { this.need(2, "i16"); const v = this.dv.getInt16(this.at, true); this.at += 2; return v; }
-  u32(): number { this.need(4, "u32"); const v = this.dv.getUint32(this.at, true); this.at += 4; return v; }
-  i32(): number { this.need(4, "i32"); const v = this.dv.getInt32(this.at, true); this.at += 4; return v; }
-  f32(): number { this.need(4, "f32"); const v = this.dv.getFloat32(this.at, true); this.at += 4; return v; }
-  f64(): number { this.need(8, "f64"); const v = this.dv.getFloat64(this.at, true); this.at += 8; return v; }
-  u64(): number | bigint { this.need(8, "u64"); const v = this.dv.getBigUint64(this.at, true); this.at += 8; return v <= BigInt(Number.MAX_SAFE_INTEGER) ? Number(v) : v; }
+  u8(): number {
+    this.need(1, "u8");
+    return this.dv.getUint8(this.at++);
+  }
+  i8(): number {
+    this.need(1, "i8");
+    return this.dv.getInt8(this.at++);
+  }
+  u16(): number {
+    this.need(2, "u16");
+    const v = this.dv.getUint16(this.at, true);
+    this.at += 2;
+    return v;
+  }
+  i16(): number {
+    this.need(2, "i16");
+    const v = this.dv.getInt16(this.at, true);
+    this.at += 2;
+    return v;
+  }
+  u32(): number {
+    this.need(4, "u32");
+    const v = this.dv.getUint32(this.at, true);
+    this.at += 4;
+    return v;
+  }
+  i32(): number {
+    this.need(4, "i32");
+    const v = this.dv.getInt32(this.at, true);
+    this.at += 4;
+    return v;
+  }
+  f32(): number {
+    this.need(4, "f32");
+    const v = this.dv.getFloat32(this.at, true);
+    this.at += 4;
+    return v;
+  }
+  f64(): number {
+    this.need(8, "f64");
+    const v = this.dv.getFloat64(this.at, true);
+    this.at += 8;
+    return v;
+  }
+  u64(): number | bigint {
+    this.need(8, "u64");
+    const v = this.dv.getBigUint64(this.at, true);
+    this.at += 8;
+    return v <= BigInt(Number.MAX_SAFE_INTEGER) ? Number(v) : v;
+  }
   i64(): number | bigint {
     this.need(8, "i64");
     const v = this.dv.getBigInt64(this.at, true);
@@ -136,7 +215,8 @@ export function parseGguf(bytes: Uint8Array, file: string): GgufFile {
     if (dt === null) continue; // unreadable types are refused by whoever needs them, by name
     // ggml quantizes each row on its own: a row must be whole blocks.
     const rowLen = t.shape[t.shape.length - 1]!;
-    if (rowLen % DTYPE_BLOCK[dt].elems !== 0) throw new Error(`GGUF ${file}: tensor ${t.name} rows of ${rowLen} are not whole ${ggmlTypeName(t.type)} blocks of ${DTYPE_BLOCK[dt].elems}`);
+    if (rowLen % DTYPE_BLOCK[dt].elems !== 0)
+      throw new Error(`GGUF ${file}: tensor ${t.name} rows of ${rowLen} are not whole ${ggmlTypeName(t.type)} blocks of ${DTYPE_BLOCK[dt].elems}`);
     const end = dataOffset + t.offset + byteLengthOf(dt, elementCount(t.shape), t.name);
     if (end > bytes.length) throw new Error(`GGUF ${file}: tensor ${t.name} ends at byte ${end}, past the file's ${bytes.length}`);
   }
@@ -145,19 +225,27 @@ export function parseGguf(bytes: Uint8Array, file: string): GgufFile {
 
 function readValue(r: Reader, type: number, key: string, depth: number): GgufValue {
   switch (type) {
-    case 0: return r.u8();
-    case 1: return r.i8();
-    case 2: return r.u16();
-    case 3: return r.i16();
-    case 4: return r.u32();
-    case 5: return r.i32();
-    case 6: return r.f32();
+    case 0:
+      return r.u8();
+    case 1:
+      return r.i8();
+    case 2:
+      return r.u16();
+    case 3:
+      return r.i16();
+    case 4:
+      return r.u32();
+    case 5:
+      return r.i32();
+    case 6:
+      return r.f32();
     case 7: {
       const b = r.u8();
       if (b > 1) throw new Error(`GGUF ${r.file}: metadata ${key} bool is ${b}`);
       return b === 1;
     }
-    case 8: return r.str(`metadata ${key}`);
+    case 8:
+      return r.str(`metadata ${key}`);
     case 9: {
       if (depth > 2) throw new Error(`GGUF ${r.file}: metadata ${key} nests arrays deeper than 3`);
       const elemType = r.u32();
@@ -167,9 +255,12 @@ function readValue(r: Reader, type: number, key: string, depth: number): GgufVal
       for (let i = 0; i < n; i++) out[i] = readValue(r, elemType, key, depth + 1);
       return out;
     }
-    case 10: return r.u64();
-    case 11: return r.i64();
-    case 12: return r.f64();
+    case 10:
+      return r.u64();
+    case 11:
+      return r.i64();
+    case 12:
+      return r.f64();
     default:
       throw new Error(`GGUF ${r.file}: metadata ${key} has unknown value type ${type}`);
   }

@@ -15,7 +15,8 @@ export function hfModelSpec(json: unknown, name: string, maxSeqLen = Infinity): 
   const c = json as Record<string, unknown>;
   const refuse = (what: string) => new UnsupportedModelError(`${name}: config.json ${what}`);
   const type = c.model_type;
-  if (typeof type !== "string" || !(type in HF_TYPES)) throw refuse(`model_type ${JSON.stringify(type)} is not supported (supported: ${Object.keys(HF_TYPES).join(", ")})`);
+  if (typeof type !== "string" || !(type in HF_TYPES))
+    throw refuse(`model_type ${JSON.stringify(type)} is not supported (supported: ${Object.keys(HF_TYPES).join(", ")})`);
   const archs = c.architectures;
   if (archs !== undefined && (!Array.isArray(archs) || archs.length !== 1 || archs[0] !== HF_TYPES[type])) {
     throw refuse(`architectures ${JSON.stringify(archs)} is not supported for model_type ${type} (want ["${HF_TYPES[type]}"])`);
@@ -28,7 +29,8 @@ export function hfModelSpec(json: unknown, name: string, maxSeqLen = Infinity): 
   if (c.mlp_bias === true) throw refuse("mlp_bias = true is not supported");
   const int = (k: string, dflt?: number): number => {
     const v = c[k] ?? dflt;
-    if (typeof v !== "number" || !Number.isSafeInteger(v) || v < 1) throw new Error(`${name}: config.json ${k} = ${JSON.stringify(c[k])}: want a positive integer`);
+    if (typeof v !== "number" || !Number.isSafeInteger(v) || v < 1)
+      throw new Error(`${name}: config.json ${k} = ${JSON.stringify(c[k])}: want a positive integer`);
     return v;
   };
   const num = (k: string, dflt: number): number => {
@@ -59,7 +61,14 @@ export function hfModelSpec(json: unknown, name: string, maxSeqLen = Infinity): 
   validateConfig(cfg);
   const tie = c.tie_word_embeddings ?? false;
   if (typeof tie !== "boolean") throw new Error(`${name}: config.json tie_word_embeddings = ${JSON.stringify(tie)}: want a boolean`);
-  return { cfg, tied: tie, biases: type === "qwen2", ropeOrder: "split-half", eosIds: idList(c.eos_token_id), bosId: typeof c.bos_token_id === "number" ? c.bos_token_id : null };
+  return {
+    cfg,
+    tied: tie,
+    biases: type === "qwen2",
+    ropeOrder: "split-half",
+    eosIds: idList(c.eos_token_id),
+    bosId: typeof c.bos_token_id === "number" ? c.bos_token_id : null,
+  };
 }
 
 /** Refuses a sliding window that would change attention within the context we serve. */
@@ -83,7 +92,13 @@ function ropeScaling(s: unknown, refuse: (what: string) => Error): RopeScaling |
     if (typeof r[k] !== "number") throw refuse(`rope_scaling ${k} = ${JSON.stringify(r[k])}: want a number`);
     return r[k] as number;
   };
-  return { type: "llama3", factor: n("factor"), lowFreqFactor: n("low_freq_factor"), highFreqFactor: n("high_freq_factor"), originalMaxPositions: n("original_max_position_embeddings") };
+  return {
+    type: "llama3",
+    factor: n("factor"),
+    lowFreqFactor: n("low_freq_factor"),
+    highFreqFactor: n("high_freq_factor"),
+    originalMaxPositions: n("original_max_position_embeddings"),
+  };
 }
 
 /** An id or a list of ids (eos_token_id is either), as a list of valid ids. */

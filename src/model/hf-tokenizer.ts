@@ -64,9 +64,11 @@ export class HfTokenizer implements Tokenizer {
     const eosIds = opts.eos === null ? [] : [this.idOf(opts.eos, "eos_token", opts.origin)];
     for (const id of opts.extraEosIds) if (!eosIds.includes(id)) eosIds.push(id);
     for (const id of eosIds) {
-      if (!Number.isInteger(id) || id < 0 || id >= this.vocabSize) throw new Error(`${opts.origin}: eos token id ${id} is outside the vocabulary 0..${this.vocabSize - 1}`);
+      if (!Number.isInteger(id) || id < 0 || id >= this.vocabSize)
+        throw new Error(`${opts.origin}: eos token id ${id} is outside the vocabulary 0..${this.vocabSize - 1}`);
     }
-    if (eosIds.length === 0) throw new Error(`${opts.origin}: no EOS token (tokenizer_config.json eos_token, generation_config.json or config.json eos_token_id)`);
+    if (eosIds.length === 0)
+      throw new Error(`${opts.origin}: no EOS token (tokenizer_config.json eos_token, generation_config.json or config.json eos_token_id)`);
     this.eos = eosIds[0]!;
     this.eosIds = eosIds;
     const bosText = this.bos >= 0 ? this.lib.id_to_token(this.bos) : undefined;
@@ -121,7 +123,8 @@ export class HfTokenizer implements Tokenizer {
 
   private idOf(token: string | number, what: string, origin: string): number {
     if (typeof token === "number") {
-      if (!Number.isInteger(token) || token < 0 || token >= this.vocabSize) throw new Error(`${origin}: ${what} id ${token} is outside the vocabulary 0..${this.vocabSize - 1}`);
+      if (!Number.isInteger(token) || token < 0 || token >= this.vocabSize)
+        throw new Error(`${origin}: ${what} id ${token} is outside the vocabulary 0..${this.vocabSize - 1}`);
       return token;
     }
     const id = this.lib.token_to_id(token);
@@ -146,7 +149,12 @@ export class HfTokenizer implements Tokenizer {
       }
       const token = this.lib.id_to_token(id);
       if (token === undefined) continue;
-      pieces[id] = style === "generic" ? this.genericPiece(id) : style === "byte-level" ? (byteLevelBytes(token) ?? utf8.encode(token)) : metaspacePiece(token, byteFallback);
+      pieces[id] =
+        style === "generic"
+          ? this.genericPiece(id)
+          : style === "byte-level"
+            ? (byteLevelBytes(token) ?? utf8.encode(token))
+            : metaspacePiece(token, byteFallback);
     }
     return pieces;
   }

@@ -10,7 +10,7 @@ export {
 export { type Weights, type SyntheticOptions, syntheticWeights, validateWeights, weightSizes } from "./weights.ts";
 export { type SeqChunk, Transformer } from "./transformer.ts";
 export { type EncodeOptions, type Tokenizer, ByteTokenizer, StreamDecoder } from "./tokenizer.ts";
-export { type TokenizerSource, type GgufTokenizerMeta } from "./tokenizer-source.ts";
+export type { TokenizerSource, GgufTokenizerMeta } from "./tokenizer-source.ts";
 export { type BuiltTokenizer, buildTokenizer } from "./build-tokenizer.ts";
 export { HfTokenizer } from "./hf-tokenizer.ts";
 export { tokenizerFingerprint } from "./tokenizer-fingerprint.ts";

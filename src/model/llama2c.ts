@@ -194,7 +194,8 @@ export function parseLlama2cTokenizer(bytes: Uint8Array, vocabSize?: number): Ll
     if (at + 8 > bytes.length) throw new Error(`tokenizer.bin truncated in entry ${pieces.length} at byte ${at}`);
     const score = dv.getFloat32(at, true);
     const len = dv.getInt32(at + 4, true);
-    if (len < 0 || at + 8 + len > bytes.length) throw new Error(`tokenizer.bin entry ${pieces.length} has length ${len} at byte ${at}, file is ${bytes.length} bytes`);
+    if (len < 0 || at + 8 + len > bytes.length)
+      throw new Error(`tokenizer.bin entry ${pieces.length} has length ${len} at byte ${at}, file is ${bytes.length} bytes`);
     if (len > maxLen) throw new Error(`tokenizer.bin entry ${pieces.length} has length ${len} > max_token_length ${maxLen}`);
     pieces.push(bytes.slice(at + 8, at + 8 + len));
     scores.push(score);

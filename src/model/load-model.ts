@@ -109,18 +109,44 @@ export async function loadModel(opts: LoadModelOptions): Promise<ServableModel> 
   }
   // The tokenizer's (tokenizer_config, generation_config, GGUF eot/eom) and the model config's.
   const eosIds = [...new Set([...tokenizer.eosIds, ...files.eosIds])];
-  return { format: files.format, name: opts.servedModelName || files.name, cfg: files.cfg, weights: files.weights, tokenizer, chatTemplate, eosIds, stats: files.stats };
+  return {
+    format: files.format,
+    name: opts.servedModelName || files.name,
+    cfg: files.cfg,
+    weights: files.weights,
+    tokenizer,
+    chatTemplate,
+    eosIds,
+    stats: files.stats,
+  };
 }
 
 function syntheticFiles(): ModelFiles {
   const m = loadSyntheticModel();
   const bytes = residentBytesOf(m.weights);
-  return { format: "synthetic", name: SYNTHETIC_MODEL_NAME, cfg: m.cfg, weights: m.weights, tokenizerSource: { kind: "byte" }, eosIds: [], stats: { parameters: bytes / 4, dtype: "f32", residentBytes: bytes } };
+  return {
+    format: "synthetic",
+    name: SYNTHETIC_MODEL_NAME,
+    cfg: m.cfg,
+    weights: m.weights,
+    tokenizerSource: { kind: "byte" },
+    eosIds: [],
+    stats: { parameters: bytes / 4, dtype: "f32", residentBytes: bytes },
+  };
 }
 
 /** What a gateway needs of a model: its name, tokenizer and context. Reads no tensor data. */
-export async function loadTokenizerFor(opts: LoadModelOptions): Promise<{ name: string; tokenizer: Tokenizer; chatTemplate: string | null; maxSeqLen: number; vocabSize: number }> {
-  if (!opts.modelPath) return { name: opts.servedModelName || SYNTHETIC_MODEL_NAME, tokenizer: (await buildTokenizer({ kind: "byte" })).tokenizer, chatTemplate: null, maxSeqLen: SYNTHETIC_CONFIG.maxSeqLen, vocabSize: SYNTHETIC_CONFIG.vocabSize };
+export async function loadTokenizerFor(
+  opts: LoadModelOptions,
+): Promise<{ name: string; tokenizer: Tokenizer; chatTemplate: string | null; maxSeqLen: number; vocabSize: number }> {
+  if (!opts.modelPath)
+    return {
+      name: opts.servedModelName || SYNTHETIC_MODEL_NAME,
+      tokenizer: (await buildTokenizer({ kind: "byte" })).tokenizer,
+      chatTemplate: null,
+      maxSeqLen: SYNTHETIC_CONFIG.maxSeqLen,
+      vocabSize: SYNTHETIC_CONFIG.vocabSize,
+    };
   const fmt = detectModelFormat(opts.modelPath);
   refuseStrayTokenizer(fmt, opts.tokenizerPath);
   let cfg: ModelConfig;
@@ -139,7 +165,13 @@ export async function loadTokenizerFor(opts: LoadModelOptions): Promise<{ name: 
     src = ggufTokenizerSource(g);
   }
   const { tokenizer, chatTemplate } = await buildTokenizer(src);
-  return { name: opts.servedModelName || defaultName(fmt), tokenizer, chatTemplate, maxSeqLen: Math.min(cfg.maxSeqLen, opts.maxSeqLen ?? Infinity), vocabSize: cfg.vocabSize };
+  return {
+    name: opts.servedModelName || defaultName(fmt),
+    tokenizer,
+    chatTemplate,
+    maxSeqLen: Math.min(cfg.maxSeqLen, opts.maxSeqLen ?? Infinity),
+    vocabSize: cfg.vocabSize,
+  };
 }
 
 function defaultName(fmt: ModelFormat): string {

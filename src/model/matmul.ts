@@ -8,22 +8,17 @@ import { simdModuleBytes } from "./simd-module.ts";
  * order: the bit-for-bit reference for the SIMD kernel, and its fallback. JS forbids fused
  * multiply-add, and Math.fround after every product and sum gives f32 arithmetic exactly.
  */
-export function matmulRef(
-  y: Float32Array,
-  x: Float32Array,
-  w: Float32Array,
-  wOff: number,
-  rows: number,
-  n: number,
-  d: number,
-): void {
+export function matmulRef(y: Float32Array, x: Float32Array, w: Float32Array, wOff: number, rows: number, n: number, d: number): void {
   const f = Math.fround;
   const n4 = n - (n % 4);
   for (let r = 0; r < rows; r++) {
     const xa = r * n;
     for (let i = 0; i < d; i++) {
       const wa = wOff + i * n;
-      let s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+      let s0 = 0,
+        s1 = 0,
+        s2 = 0,
+        s3 = 0;
       for (let j = 0; j < n4; j += 4) {
         s0 = f(s0 + f(w[wa + j]! * x[xa + j]!));
         s1 = f(s1 + f(w[wa + j + 1]! * x[xa + j + 1]!));

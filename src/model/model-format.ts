@@ -4,10 +4,7 @@ import { GGUF_MAGIC } from "./gguf.ts";
 import { parseLlama2cHeader } from "./llama2c.ts";
 
 /** What `--model PATH` points at, decided from the path's kind and the file's first bytes. */
-export type ModelFormat =
-  | { kind: "hf"; dir: string; shards: string[] }
-  | { kind: "gguf"; file: string }
-  | { kind: "llama2c"; file: string };
+export type ModelFormat = { kind: "hf"; dir: string; shards: string[] } | { kind: "gguf"; file: string } | { kind: "llama2c"; file: string };
 
 export const SUPPORTED_FORMATS =
   "supported: a Hugging Face model folder (config.json + model.safetensors or sharded *.safetensors with model.safetensors.index.json), a GGUF file (v2/v3), a llama2.c .bin checkpoint (with --tokenizer tokenizer.bin)";
@@ -32,7 +29,8 @@ export function detectModelFormat(path: string): ModelFormat {
     if (h.fileBytes === size) return { kind: "llama2c", file: path };
     llama2c = `as a llama2.c checkpoint its header [${h.raw.join(", ")}] implies ${h.fileBytes} bytes, the file has ${size}`;
   } catch (e) {
-    if (e instanceof Error && e.message.includes("ak42")) throw refuse(path, "a versioned llama2.c export ('ak42' header; only legacy version-0 files are read)");
+    if (e instanceof Error && e.message.includes("ak42"))
+      throw refuse(path, "a versioned llama2.c export ('ak42' header; only legacy version-0 files are read)");
     llama2c = "its first bytes are no llama2.c header either";
   }
   const looks = lookOf(path, head, size);
@@ -82,7 +80,9 @@ function lookOf(path: string, head: Uint8Array, size: number): string | null {
   if (["lmgg", "fmgg", "tjgg", "algg", "GGML", "GGJT"].includes(text(0, 4))) return "a legacy GGML file (before GGUF; convert it to GGUF)";
   if (isSafetensors(head, size)) {
     const folder = dirname(path);
-    const hint = existsSync(join(folder, "config.json")) ? `; pass its folder ${folder}` : "; it needs config.json (and tokenizer.json) beside it in a Hugging Face folder";
+    const hint = existsSync(join(folder, "config.json"))
+      ? `; pass its folder ${folder}`
+      : "; it needs config.json (and tokenizer.json) beside it in a Hugging Face folder";
     return `a bare safetensors file${hint}`;
   }
   if (/^\s*[{[]/.test(text(0, Math.min(head.length, 16)))) return jsonLook(path, size);
@@ -104,7 +104,8 @@ function jsonLook(path: string, size: number): string {
     return "a text file that is not valid JSON, not a model";
   }
   const o = (typeof doc === "object" && doc !== null ? doc : {}) as Record<string, unknown>;
-  if ("model" in o && ("added_tokens" in o || "pre_tokenizer" in o || "normalizer" in o)) return "a tokenizer.json, not a model (pass the folder holding it and the weights)";
+  if ("model" in o && ("added_tokens" in o || "pre_tokenizer" in o || "normalizer" in o))
+    return "a tokenizer.json, not a model (pass the folder holding it and the weights)";
   if ("model_type" in o || "architectures" in o) return "a Hugging Face config.json (pass the folder holding it)";
   if ("weight_map" in o) return "a safetensors index (pass the folder holding it)";
   return "a JSON file, not a model";

@@ -12,7 +12,7 @@ export interface RawTensor {
   bytes: Uint8Array;
 }
 
-export type RawDtype = "f32" | "f16" | "bf16" | "q8_0" | "q4_0" | "q4_k" | "q6_k";
+export type RawDtype = "f32" | "f16" | "bf16" | "q8_0" | "q4_0" | "q4_1" | "q5_0" | "q5_1" | "q4_k" | "q5_k" | "q6_k";
 
 /** Elements and bytes of one quantization block (1 for plain types). */
 export const DTYPE_BLOCK: Readonly<Record<RawDtype, { elems: number; bytes: number }>> = {
@@ -21,7 +21,11 @@ export const DTYPE_BLOCK: Readonly<Record<RawDtype, { elems: number; bytes: numb
   bf16: { elems: 1, bytes: 2 },
   q8_0: { elems: 32, bytes: 34 },
   q4_0: { elems: 32, bytes: 18 },
+  q4_1: { elems: 32, bytes: 20 },
+  q5_0: { elems: 32, bytes: 22 },
+  q5_1: { elems: 32, bytes: 24 },
   q4_k: { elems: 256, bytes: 144 },
+  q5_k: { elems: 256, bytes: 176 },
   q6_k: { elems: 256, bytes: 210 },
 };
 
@@ -48,8 +52,9 @@ const F16: Float32Array = (() => {
 /**
  * The tensor's values as f32, in the stored element order (a fresh array, except that an
  * aligned f32 tensor is returned as a view of its bytes). Dequantization follows ggml's
- * definitions: q8_0 is d * q; q4_0 is d * (nibble - 8), low nibbles first; q4_k is
- * d * scale_j * nibble - dmin * min_j over eight 32-element sub-blocks with 6-bit scales/mins;
+ * definitions: q8_0 is d * q; q4_0 is d * (nibble - 8), low nibbles first, q4_1 d * nibble + m,
+ * q5_0/q5_1 the same with a fifth bit from a 32-bit mask; q4_k (q5_k) is
+ * d * scale_j * q - dmin * min_j over eight 32-element sub-blocks with 6-bit scales/mins;
  * q6_k is d * scale_j * (q - 32) over sixteen 16-element sub-blocks with int8 scales.
  */
 export function toFloat32(t: RawTensor): Float32Array {
@@ -77,10 +82,14 @@ export function toFloat32(t: RawTensor): Float32Array {
       dequantQ8_0(b, dv, out);
       break;
     case "q4_0":
-      dequantQ4_0(b, dv, out);
+    case "q4_1":
+    case "q5_0":
+    case "q5_1":
+      dequantLegacy(t.dtype, b, dv, out);
       break;
     case "q4_k":
-      dequantQ4K(b, dv, out);
+    case "q5_k":
+      dequantQ4Q5K(t.dtype === "q5_k", b, dv, out);
       break;
     case "q6_k":
       dequantQ6K(b, dv, out);
@@ -90,19 +99,34 @@ export function toFloat32(t: RawTensor): Float32Array {
 }
 
 function dequantQ8_0(b: Uint8Array, dv: DataView, out: Float32Array): void {
-  for (let blk = 0, at = 0, o = 0; o < out.length; blk++, at += 34, o += 32) {
+  for (let at = 0, o = 0; o < out.length; at += 34, o += 32) {
     const d = F16[dv.getUint16(at, true)]!;
     for (let j = 0; j < 32; j++) out[o + j] = d * ((b[at + 2 + j]! << 24) >> 24);
   }
 }
 
-function dequantQ4_0(b: Uint8Array, dv: DataView, out: Float32Array): void {
-  for (let at = 0, o = 0; o < out.length; at += 18, o += 32) {
+/**
+ * The 32-value block types: f16 d, then (q4_1, q5_1) an f16 offset m, then (q5_*) a 32-bit
+ * little-endian mask of fifth bits, then 16 bytes of nibbles; value j takes the low nibble of
+ * byte j, value j + 16 the high one, and bit j (j + 16) of the mask. The _0 types are signed
+ * around 8 (16): d * (q - 8); the _1 types are d * q + m.
+ */
+function dequantLegacy(dtype: "q4_0" | "q4_1" | "q5_0" | "q5_1", b: Uint8Array, dv: DataView, out: Float32Array): void {
+  const { bytes } = DTYPE_BLOCK[dtype];
+  const offset = dtype === "q4_1" || dtype === "q5_1";
+  const five = dtype === "q5_0" || dtype === "q5_1";
+  const bias = offset ? 0 : five ? 16 : 8;
+  const qs = 2 + (offset ? 2 : 0) + (five ? 4 : 0);
+  for (let at = 0, o = 0; o < out.length; at += bytes, o += 32) {
     const d = F16[dv.getUint16(at, true)]!;
+    const m = offset ? F16[dv.getUint16(at + 2, true)]! : 0;
+    const qh = five ? dv.getUint32(at + qs - 4, true) : 0;
     for (let j = 0; j < 16; j++) {
-      const q = b[at + 2 + j]!;
-      out[o + j] = ((q & 0xf) - 8) * d;
-      out[o + j + 16] = ((q >> 4) - 8) * d;
+      const q = b[at + qs + j]!;
+      const q0 = ((q & 0xf) | (((qh >>> j) & 1) << 4)) - bias;
+      const q1 = ((q >> 4) | (((qh >>> (j + 16)) & 1) << 4)) - bias;
+      out[o + j] = offset ? q0 * d + m : q0 * d;
+      out[o + j + 16] = offset ? q1 * d + m : q1 * d;
     }
   }
 }
@@ -110,23 +134,30 @@ function dequantQ4_0(b: Uint8Array, dv: DataView, out: Float32Array): void {
 /**
  * Q4_K super-block (256 values, 144 bytes): f16 d, f16 dmin, 12 bytes packing eight 6-bit
  * scales and eight 6-bit mins, 128 bytes of nibbles. Sub-blocks come in pairs sharing 32 bytes:
- * the first takes the low nibbles, the second the high ones.
+ * the first takes the low nibbles, the second the high ones. Q5_K (176 bytes) puts 32 bytes of
+ * fifth bits before the nibbles: sub-block s takes bit s of each of those bytes.
  */
-function dequantQ4K(b: Uint8Array, dv: DataView, out: Float32Array): void {
-  for (let at = 0, o = 0; o < out.length; at += 144, o += 256) {
+function dequantQ4Q5K(five: boolean, b: Uint8Array, dv: DataView, out: Float32Array): void {
+  const bytes = five ? 176 : 144;
+  for (let at = 0, o = 0; o < out.length; at += bytes, o += 256) {
     const d = F16[dv.getUint16(at, true)]!;
     const dmin = F16[dv.getUint16(at + 2, true)]!;
     const sc = at + 4;
-    const qs = at + 16;
+    const qh = at + 16;
+    const qs = five ? at + 48 : at + 16;
     for (let pair = 0; pair < 4; pair++) {
       const [s1, m1] = scaleMinK4(b, sc, 2 * pair);
       const [s2, m2] = scaleMinK4(b, sc, 2 * pair + 1);
-      const d1 = d * s1, mm1 = dmin * m1, d2 = d * s2, mm2 = dmin * m2;
+      const d1 = d * s1,
+        mm1 = dmin * m1,
+        d2 = d * s2,
+        mm2 = dmin * m2;
       const q = qs + 32 * pair;
       const y = o + 64 * pair;
       for (let l = 0; l < 32; l++) {
-        out[y + l] = d1 * (b[q + l]! & 0xf) - mm1;
-        out[y + 32 + l] = d2 * (b[q + l]! >> 4) - mm2;
+        const h = five ? b[qh + l]! : 0;
+        out[y + l] = d1 * ((b[q + l]! & 0xf) | (((h >> (2 * pair)) & 1) << 4)) - mm1;
+        out[y + 32 + l] = d2 * ((b[q + l]! >> 4) | (((h >> (2 * pair + 1)) & 1) << 4)) - mm2;
       }
     }
   }

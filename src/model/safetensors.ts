@@ -16,7 +16,9 @@ export function parseSafetensors(bytes: Uint8Array, file: string): Map<string, R
   const dv = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
   const n = dv.getBigUint64(0, true);
   if (n > BigInt(Math.min(MAX_SAFETENSORS_HEADER, bytes.length - 8))) {
-    throw new Error(`safetensors ${file}: header length ${n} exceeds ${bytes.length < MAX_SAFETENSORS_HEADER + 8 ? `the file's ${bytes.length - 8} bytes after it` : `the ${MAX_SAFETENSORS_HEADER}-byte limit`}`);
+    throw new Error(
+      `safetensors ${file}: header length ${n} exceeds ${bytes.length < MAX_SAFETENSORS_HEADER + 8 ? `the file's ${bytes.length - 8} bytes after it` : `the ${MAX_SAFETENSORS_HEADER}-byte limit`}`,
+    );
   }
   const headerLen = Number(n);
   let header: unknown;

@@ -12,13 +12,37 @@
 // n % 4 tail one by one. Nothing in it depends on the row count or on which tile computes it.
 
 // Opcodes (core and 0xfd-prefixed SIMD) used below.
-const I32 = 0x7f, F32 = 0x7d, V128 = 0x7b;
-const BLOCK = 0x02, LOOP = 0x03, END = 0x0b, BR = 0x0c, BR_IF = 0x0d, CALL = 0x10, VOID = 0x40;
-const DROP = 0x1a, GET = 0x20, SET = 0x21;
-const F32_LOAD = 0x2a, F32_STORE = 0x38;
-const I32_CONST = 0x41, I32_NE = 0x47, I32_GE_U = 0x4f, I32_GT_U = 0x4b, I32_ADD = 0x6a, I32_MUL = 0x6c, I32_AND = 0x71, I32_SHL = 0x74;
-const F32_ADD = 0x92, F32_MUL = 0x94;
-const SIMD = 0xfd, V128_LOAD = 0x00, V128_CONST = 0x0c, F32X4_EXTRACT = 0x1f, F32X4_ADD = 0xe4, F32X4_MUL = 0xe6;
+const I32 = 0x7f,
+  F32 = 0x7d,
+  V128 = 0x7b;
+const BLOCK = 0x02,
+  LOOP = 0x03,
+  END = 0x0b,
+  BR = 0x0c,
+  BR_IF = 0x0d,
+  CALL = 0x10,
+  VOID = 0x40;
+const DROP = 0x1a,
+  GET = 0x20,
+  SET = 0x21;
+const F32_LOAD = 0x2a,
+  F32_STORE = 0x38;
+const I32_CONST = 0x41,
+  I32_NE = 0x47,
+  I32_GE_U = 0x4f,
+  I32_GT_U = 0x4b,
+  I32_ADD = 0x6a,
+  I32_MUL = 0x6c,
+  I32_AND = 0x71,
+  I32_SHL = 0x74;
+const F32_ADD = 0x92,
+  F32_MUL = 0x94;
+const SIMD = 0xfd,
+  V128_LOAD = 0x00,
+  V128_CONST = 0x0c,
+  F32X4_EXTRACT = 0x1f,
+  F32X4_ADD = 0xe4,
+  F32X4_MUL = 0xe6;
 
 type Code = (number | Code)[];
 
@@ -75,12 +99,14 @@ function finBody(): Code {
   const [ACC, WP, XP, J, END_, S] = [0, 1, 2, 3, 4, 5];
   const lane = (l: number): Code => [get(ACC), simd(F32X4_EXTRACT), l];
   return [
-    1, 1, F32, // one local: s
+    1,
+    1,
+    F32, // one local: s
     [lane(0), lane(1), F32_ADD, lane(2), lane(3), F32_ADD, F32_ADD, set(S)],
-    whileNot([get(J), get(END_), I32_GE_U], [
-      get(S), fload(add(get(WP), get(J))), fload(add(get(XP), get(J))), F32_MUL, F32_ADD, set(S),
-      add(get(J), i32(4)), set(J),
-    ]),
+    whileNot(
+      [get(J), get(END_), I32_GE_U],
+      [get(S), fload(add(get(WP), get(J))), fload(add(get(XP), get(J))), F32_MUL, F32_ADD, set(S), add(get(J), i32(4)), set(J)],
+    ),
     get(S),
     END,
   ];
@@ -94,7 +120,9 @@ function finBody(): Code {
 function stripBody(WR: number, XR: number): Code {
   const [Y, X, W, N, D, I, R, REND] = [0, 1, 2, 3, 4, 5, 6, 7];
   let next = 8;
-  const NB = next++, N4B = next++, J = next++;
+  const NB = next++,
+    N4B = next++,
+    J = next++;
   const wrow = Array.from({ length: WR }, () => next++);
   const xrow = Array.from({ length: XR }, () => next++);
   const nI32 = next - 8;
@@ -106,30 +134,54 @@ function stripBody(WR: number, XR: number): Code {
   const perTile: Code = [
     xrow.map((l, t): Code => [add(get(X), mul(add(get(R), i32(t)), get(NB))), set(l)]),
     acc.map((l): Code => [zero, set(l)]),
-    i32(0), set(J),
-    whileNot([get(J), get(N4B), I32_GE_U], [
-      xv.map((l, t): Code => [vload(add(get(xrow[t]!), get(J))), set(l)]),
-      wrow.map((wl, a): Code => [
-        vload(add(get(wl), get(J))), set(U),
-        xv.map((xl, t): Code => {
-          const al = acc[a * XR + t]!;
-          return [get(al), get(U), get(xl), simd(F32X4_MUL), simd(F32X4_ADD), set(al)];
-        }),
-      ]),
-      add(get(J), i32(16)), set(J),
-    ]),
-    wrow.map((wl, a): Code =>
-      xrow.map((xl, t): Code => [
-        // &y[(r + t) * d + i + a]
-        add(get(Y), [mul(add(get(R), i32(t)), get(D)), get(I), I32_ADD, i32(a), I32_ADD, i32(2), I32_SHL]),
-        get(acc[a * XR + t]!), get(wl), get(xl), get(N4B), get(NB), CALL, ...uleb(FIN),
-        F32_STORE, 2, 0,
-      ]),
+    i32(0),
+    set(J),
+    whileNot(
+      [get(J), get(N4B), I32_GE_U],
+      [
+        xv.map((l, t): Code => [vload(add(get(xrow[t]!), get(J))), set(l)]),
+        wrow.map(
+          (wl, a): Code => [
+            vload(add(get(wl), get(J))),
+            set(U),
+            xv.map((xl, t): Code => {
+              const al = acc[a * XR + t]!;
+              return [get(al), get(U), get(xl), simd(F32X4_MUL), simd(F32X4_ADD), set(al)];
+            }),
+          ],
+        ),
+        add(get(J), i32(16)),
+        set(J),
+      ],
     ),
-    add(get(R), i32(XR)), set(R),
+    wrow.map(
+      (wl, a): Code =>
+        xrow.map(
+          (xl, t): Code => [
+            // &y[(r + t) * d + i + a]
+            add(get(Y), [mul(add(get(R), i32(t)), get(D)), get(I), I32_ADD, i32(a), I32_ADD, i32(2), I32_SHL]),
+            get(acc[a * XR + t]!),
+            get(wl),
+            get(xl),
+            get(N4B),
+            get(NB),
+            CALL,
+            ...uleb(FIN),
+            F32_STORE,
+            2,
+            0,
+          ],
+        ),
+    ),
+    add(get(R), i32(XR)),
+    set(R),
   ];
   return [
-    2, ...uleb(nI32), I32, ...uleb(nV), V128,
+    2,
+    ...uleb(nI32),
+    I32,
+    ...uleb(nV),
+    V128,
     [get(N), i32(2), I32_SHL, set(NB)],
     [get(N), i32(-4), I32_AND, i32(2), I32_SHL, set(N4B)],
     wrow.map((l, a): Code => [add(get(W), mul(add(get(I), i32(a)), get(NB))), set(l)]),
@@ -149,12 +201,13 @@ function matmulBody(): Code {
   const call = (wr: number, xr: number, r: Code): Code => [get(Y), get(X), get(W), get(N), get(D), get(I), r, get(ROWS), CALL, ...uleb(stripIndex(wr, xr))];
   const stepI = (k: number): Code => [add(get(I), i32(k)), set(I)];
   return [
-    1, 2, I32,
-    i32(0), set(I),
+    1,
+    2,
+    I32,
+    i32(0),
+    set(I),
     // rows === 1: 8-row strips.
-    [BLOCK, VOID, get(ROWS), i32(1), I32_NE, BR_IF, 0,
-      whileNot([add(get(I), i32(8)), get(D), I32_GT_U], [call(8, 1, i32(0)), DROP, stepI(8)]),
-      END],
+    [BLOCK, VOID, get(ROWS), i32(1), I32_NE, BR_IF, 0, whileNot([add(get(I), i32(8)), get(D), I32_GT_U], [call(8, 1, i32(0)), DROP, stepI(8)]), END],
     whileNot([add(get(I), i32(4)), get(D), I32_GT_U], [call(4, 2, i32(0)), set(R), call(4, 1, get(R)), DROP, stepI(4)]),
     whileNot([get(I), get(D), I32_GE_U], [call(1, 1, i32(0)), DROP, stepI(1)]),
     END,
@@ -186,7 +239,14 @@ export function simdModuleBytes(): Uint8Array {
     return [...uleb(b.length), ...b];
   });
   const bytes = [
-    0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00,
+    0x00,
+    0x61,
+    0x73,
+    0x6d,
+    0x01,
+    0x00,
+    0x00,
+    0x00,
     ...section(1, vec(types)),
     // import env.mem: memory, no maximum, min 1 page
     ...section(2, vec([[...name("env"), ...name("mem"), 0x02, 0x00, 0x01]])),

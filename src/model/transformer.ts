@@ -290,14 +290,7 @@ export class Transformer {
    * same sequence. Every score is still one sequential sum over the head dimension and every
    * output one sequential sum over positions 0..pos, so tiling never changes a bit.
    */
-  private attention(
-    bits: Uint16Array,
-    blockElems: number,
-    B: number,
-    l: number,
-    batch: readonly SeqChunk[],
-    rows: number,
-  ): void {
+  private attention(bits: Uint16Array, blockElems: number, B: number, l: number, batch: readonly SeqChunk[], rows: number): void {
     const { q, xb, att, acc, kvec, rowPos, rowSeq } = this;
     const lut = F16_TABLE;
     // Row stride of q and of the attention output in xb.
@@ -390,15 +383,7 @@ function addBias(x: Float32Array, b: Float32Array, bOff: number, rows: number, n
 }
 
 /** o[r] = g * x[r] / rms(x[r]) for each row, as run.c (eps inside the root). */
-function rmsnorm(
-  o: Float32Array,
-  x: Float32Array,
-  g: Float32Array,
-  gOff: number,
-  rows: number,
-  dim: number,
-  eps: number,
-): void {
+function rmsnorm(o: Float32Array, x: Float32Array, g: Float32Array, gOff: number, rows: number, dim: number, eps: number): void {
   for (let r = 0; r < rows; r++) {
     const xo = r * dim;
     let ss = 0;

@@ -8,9 +8,26 @@ export function createMetrics() {
   const registers = [registry];
   return {
     registry,
-    ttft: new Histogram({ name: "tl_time_to_first_token_seconds", help: "Time from request arrival to its first token", labelNames: ["served"], buckets: LATENCY_BUCKETS, registers }),
-    tpot: new Histogram({ name: "tl_time_per_output_token_seconds", help: "Mean time between output tokens of a request", labelNames: ["served"], buckets: [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1], registers }),
-    requests: new Counter({ name: "tl_requests_total", help: "Requests by how they were served and how they ended", labelNames: ["served", "outcome"], registers }),
+    ttft: new Histogram({
+      name: "tl_time_to_first_token_seconds",
+      help: "Time from request arrival to its first token",
+      labelNames: ["served"],
+      buckets: LATENCY_BUCKETS,
+      registers,
+    }),
+    tpot: new Histogram({
+      name: "tl_time_per_output_token_seconds",
+      help: "Mean time between output tokens of a request",
+      labelNames: ["served"],
+      buckets: [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1],
+      registers,
+    }),
+    requests: new Counter({
+      name: "tl_requests_total",
+      help: "Requests by how they were served and how they ended",
+      labelNames: ["served", "outcome"],
+      registers,
+    }),
     kvBytes: new Counter({ name: "tl_kv_transfer_bytes_total", help: "KV envelope bytes pushed to decode engines", registers }),
     blocksSent: new Counter({ name: "tl_kv_blocks_sent_total", help: "KV blocks sent as envelopes", registers }),
     blocksDeduped: new Counter({ name: "tl_kv_blocks_deduped_total", help: "KV blocks the decode engine already held (not sent)", registers }),

@@ -207,11 +207,7 @@ export class KvPool {
 
   /** Element index into `data` of the head_dim vector for (block, layer, K=0/V=1, slot, head). */
   offset(id: number, layer: number, kv: 0 | 1, slot: number, head: number): number {
-    return (
-      id * this.blockElems +
-      ((layer * 2 + kv) * this.shape.blockTokens + slot) * this.slotElems +
-      head * this.shape.headDim
-    );
+    return id * this.blockElems + ((layer * 2 + kv) * this.shape.blockTokens + slot) * this.slotElems + head * this.shape.headDim;
   }
 
   payload(id: number): Uint8Array {

@@ -15,7 +15,12 @@ export interface LogitsConfig {
   logitBias: ReadonlyMap<number, number>;
 }
 
-export const NO_PROCESSING: LogitsConfig = Object.freeze({ presencePenalty: 0, frequencyPenalty: 0, repetitionPenalty: 1, logitBias: new Map<number, number>() });
+export const NO_PROCESSING: LogitsConfig = Object.freeze({
+  presencePenalty: 0,
+  frequencyPenalty: 0,
+  repetitionPenalty: 1,
+  logitBias: new Map<number, number>(),
+});
 
 /** Range limits, as vLLM checks them. */
 export const PENALTY_LIMIT = 2;
@@ -24,7 +29,10 @@ export const MAX_REPETITION_PENALTY = 100;
 
 /** Returns why `cfg` is out of range, or null when it is valid. */
 export function validateLogits(cfg: LogitsConfig, vocab: number): string | null {
-  for (const [name, v] of [["presence_penalty", cfg.presencePenalty], ["frequency_penalty", cfg.frequencyPenalty]] as const) {
+  for (const [name, v] of [
+    ["presence_penalty", cfg.presencePenalty],
+    ["frequency_penalty", cfg.frequencyPenalty],
+  ] as const) {
     if (!Number.isFinite(v) || Math.abs(v) > PENALTY_LIMIT) return `${name} must be in [-${PENALTY_LIMIT}, ${PENALTY_LIMIT}], got ${v}`;
   }
   const r = cfg.repetitionPenalty;

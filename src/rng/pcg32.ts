@@ -81,8 +81,7 @@ export class Pcg32 {
     const low = a0 * b0 + (mid % 0x10000) * 0x10000; // < 2^33, exact
     const lowCarry = low >= TWO_32 ? 1 : 0;
     const prodLo = low >>> 0;
-    const prodHi =
-      (a1 * b1 + Math.floor(mid / 0x10000) + lowCarry + Math.imul(hi, MULT_LO) + Math.imul(lo, MULT_HI)) >>> 0;
+    const prodHi = (a1 * b1 + Math.floor(mid / 0x10000) + lowCarry + Math.imul(hi, MULT_LO) + Math.imul(lo, MULT_HI)) >>> 0;
 
     const sumLo = prodLo + this.incLo;
     this.stateLo = sumLo >>> 0;

@@ -38,10 +38,7 @@ class ClosingAwareSessionManager extends Http2SessionManager {
     });
     stream.once("close", () => {
       if (!responded && stream.rstCode === http2.constants.NGHTTP2_NO_ERROR) {
-        stream.emit(
-          "error",
-          new ConnectError(`http/2 stream to ${this.authority} closed before a response`, Code.Unavailable),
-        );
+        stream.emit("error", new ConnectError(`http/2 stream to ${this.authority} closed before a response`, Code.Unavailable));
       }
     });
     return stream;
@@ -67,11 +64,7 @@ function channel(target: string): Channel {
  * A gRPC (h2c) client for `service` at `target` ("host:port"). Clients for the
  * same target share one cached connection; `opts.timeoutMs` is per client.
  */
-export function grpcClient<T extends DescService>(
-  service: T,
-  target: string,
-  opts: GrpcClientOptions = {},
-): Client<T> {
+export function grpcClient<T extends DescService>(service: T, target: string, opts: GrpcClientOptions = {}): Client<T> {
   const { transport } = channel(target);
   const defaultTimeout = opts.timeoutMs;
   if (defaultTimeout === undefined) return createClient(service, transport);

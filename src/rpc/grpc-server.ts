@@ -67,22 +67,18 @@ export interface GrpcServer {
  * ctx.signal not aborted. A handler must check completeness itself (KvChunk
  * counts against `total`) rather than trust the end of iteration.
  */
-export async function serveGrpc(
-  routes: (router: ConnectRouter) => void,
-  opts: GrpcServerOptions = {},
-): Promise<GrpcServer> {
+export async function serveGrpc(routes: (router: ConnectRouter) => void, opts: GrpcServerOptions = {}): Promise<GrpcServer> {
   const host = opts.host ?? "127.0.0.1";
   const handler = connectNodeAdapter({
     routes,
-    ...(opts.maxMessageBytes !== undefined
-      ? { readMaxBytes: opts.maxMessageBytes, writeMaxBytes: opts.maxMessageBytes }
-      : {}),
+    ...(opts.maxMessageBytes !== undefined ? { readMaxBytes: opts.maxMessageBytes, writeMaxBytes: opts.maxMessageBytes } : {}),
   });
   // Large windows and frames for what clients send: with the protocol's 64 KiB
   // defaults a client stream of KV blocks stalls on a WINDOW_UPDATE every 64 KiB.
   const intercept = opts.intercept;
   const peerCheck = opts.peerCheck;
-  const serve = intercept === undefined ? handler : (req: http2.Http2ServerRequest, res: http2.Http2ServerResponse) => void (intercept(req, res) || handler(req, res));
+  const serve =
+    intercept === undefined ? handler : (req: http2.Http2ServerRequest, res: http2.Http2ServerResponse) => void (intercept(req, res) || handler(req, res));
   const server = http2.createServer(
     { settings: { initialWindowSize: STREAM_WINDOW_BYTES, maxFrameSize: MAX_FRAME_BYTES } },
     peerCheck === undefined ? serve : (req, res) => void (admit(peerCheck, req, res) && serve(req, res)),

@@ -41,7 +41,14 @@ export function grpcStatusOf(h: http2.IncomingHttpHeaders): { code: number; mess
  * status as trailers, or the status in the headers alone (`trailersOnly`, a refusal
  * before any handler). Nothing when the response is already under way or gone.
  */
-export function sendGrpcStatus(res: http2.Http2ServerResponse, contentType: string, code: number, message: string, body?: Uint8Array, trailersOnly = false): void {
+export function sendGrpcStatus(
+  res: http2.Http2ServerResponse,
+  contentType: string,
+  code: number,
+  message: string,
+  body?: Uint8Array,
+  trailersOnly = false,
+): void {
   if (res.headersSent || res.destroyed) return;
   const status = code === 0 ? { "grpc-status": "0" } : { "grpc-status": String(code), "grpc-message": encodeURIComponent(message) };
   if (trailersOnly) {

@@ -5,6 +5,7 @@ import { TransferError } from "./kv-error.ts";
 import { Code } from "../rpc/status.ts";
 import { PoolChunk } from "./build-chunks.ts";
 import {
+  type AckBody,
   chunkHeadBytes,
   decodeReply,
   encodeChunkHead,
@@ -212,9 +213,14 @@ export class DataPlaneClient {
     let ok = false;
     try {
       const ack = await Promise.race([
-        this.run(conn, chunks, (h) => {
-          handleId = h;
-        }, opts.traceparent),
+        this.run(
+          conn,
+          chunks,
+          (h) => {
+            handleId = h;
+          },
+          opts.traceparent,
+        ),
         stopped,
       ]);
       ok = true;
@@ -240,132 +246,17 @@ export class DataPlaneClient {
     chunks: readonly KvChunkLike[] | AsyncIterable<KvChunkLike>,
     onHandle: (h: string) => void,
     traceparent?: string,
-  ): Promise<Omit<KvAckLike, "handleId">> {
+  ): Promise<AckBody> {
     // Pushes on different connections may interleave at awaits: each run stages in
     // its own buffer when the shared one is taken.
     const stage = this.stage.length > 0 ? this.stage : new Uint8Array(STAGE_BYTES);
     this.stage = new Uint8Array(0);
-    let used = 0;
-    let handle = "";
-    let hb = new Uint8Array(0);
-    let stopped = false;
-    if (traceparent !== undefined && traceparent.length <= MAX_TRACE_BYTES) used = encodeTrace(stage, 0, encoder.encode(traceparent));
     try {
-      const flushStage = async () => {
-        if (used > 0 && !(await conn.writeAll(stage.subarray(0, used)))) stopped = true;
-        used = 0;
-      };
-      /** Bytes of a CHUNK frame's head for `c`; a new handle is encoded once. */
-      const headOf = (c: KvChunkLike): number => {
-        if (c.handleId !== handle) {
-          handle = c.handleId;
-          hb = encoder.encode(handle);
-          if (hb.length > MAX_HANDLE_BYTES) throw new TransferError(Code.InvalidArgument, `handle of ${hb.length} bytes`);
-          onHandle(handle);
-        }
-        return chunkHeadBytes(hb.length);
-      };
-      const putHead = (o: number, len: number, c: KvChunkLike, crc: number) => {
-        encodeChunkHead(stage, o, c, crc, hb, len - chunkHeadBytes(hb.length));
-      };
-      // Frames `c` into the stage if it fits: no await, so a run of chunks costs no
-      // promise each. A block still in P's pool is written straight into the stage,
-      // envelope and CRCs: its one copy on this side.
-      const tryPut = (c: KvChunkLike): boolean => {
-        const head = headOf(c);
-        const direct = c instanceof PoolChunk && c.fromPool;
-        const len = head + (direct ? c.envelopeBytes : c.envelope.length);
-        if (used + len > stage.length) return false;
-        const o = used;
-        if (direct) {
-          putHead(o, len, c, c.writeEnvelope(stage, o + head));
-        } else {
-          putHead(o, len, c, c.crc32c);
-          stage.set(c.envelope, o + head);
-        }
-        used = o + len;
-        return true;
-      };
-      const frame = async (c: KvChunkLike) => {
-        if (tryPut(c)) return;
-        await flushStage();
-        if (stopped || tryPut(c)) return;
-        // An envelope bigger than the stage goes straight to the socket after its head.
-        const env = c.envelope;
-        const head = headOf(c);
-        putHead(0, head + env.length, c, c.crc32c);
-        used = head;
-        await flushStage();
-        if (!stopped && !(await conn.writeAll(env))) stopped = true;
-      };
-      /**
-       * Chunks [i, j) as one RUN frame: their entries in the stage, then their payloads,
-       * each stretch of blocks adjacent in the pool written from the pool itself.
-       */
-      const sendRun = async (list: readonly PoolChunk[], i: number, j: number) => {
-        const first = list[i]!;
-        const pool = first.pool;
-        const P = pool.blockBytes;
-        const len = runFrameBytes(hb.length, j - i);
-        if (used + len > stage.length) await flushStage();
-        if (stopped) return;
-        let o = encodeRunHead(stage, used, { first: first.index, count: j - i, total: first.total, kvFormat: first.kvFormat, payloadBytes: P }, hb);
-        for (let k = i; k < j; k++, o += RUN_ENTRY) list[k]!.writeRunEntry(stage, o);
-        used = o;
-        for (let k = i; k < j && !stopped; ) {
-          let q = k + 1;
-          while (q < j && list[q]!.blockId === list[q - 1]!.blockId + 1) q++;
-          const from = list[k]!.blockId * P;
-          const bytes = (q - k) * P;
-          if (bytes >= DIRECT_BYTES) {
-            await flushStage();
-            if (!stopped && !(await conn.writeAll(pool.bytes.subarray(from, from + bytes)))) stopped = true;
-          } else {
-            for (let m = k; m < q && !stopped; m++) {
-              if (used + P > stage.length) await flushStage();
-              stage.set(pool.payload(list[m]!.blockId), used);
-              used += P;
-            }
-          }
-          k = q;
-        }
-      };
-      /** Whether chunk k can join a RUN after chunk k-1 (or start one). */
-      const runnable = (list: readonly KvChunkLike[], k: number, start: number): boolean => {
-        const c = list[k]!;
-        if (!(c instanceof PoolChunk && c.whole)) return false;
-        if (k === start) return true;
-        const s0 = list[start] as PoolChunk;
-        return k - start < MAX_RUN && c.pool === s0.pool && c.handleId === s0.handleId && c.total === s0.total && c.index === list[k - 1]!.index + 1;
-      };
-      if (Array.isArray(chunks)) {
-        const list = chunks as readonly KvChunkLike[];
-        for (let i = 0; i < list.length && !stopped; ) {
-          if (runnable(list, i, i)) {
-            headOf(list[i]!);
-            let j = i + 1;
-            while (j < list.length && runnable(list, j, i)) j++;
-            await sendRun(list as readonly PoolChunk[], i, j);
-            i = j;
-            continue;
-          }
-          const c = list[i++]!;
-          if (tryPut(c)) continue;
-          await frame(c);
-        }
-      } else {
-        // A producer may be slow (chunks as layers finish): send each chunk as it comes.
-        for await (const c of chunks as AsyncIterable<KvChunkLike>) {
-          await frame(c);
-          if (!stopped) await flushStage();
-          if (stopped) break;
-        }
-      }
-      if (!stopped) {
-        if (used + FRAME_HEAD > stage.length) await flushStage();
-        used = encodeEnd(stage, used);
-        await flushStage();
-      }
+      const w = new PushWriter(conn, stage, onHandle);
+      if (traceparent !== undefined) w.trace(traceparent);
+      if (Array.isArray(chunks)) await w.writeList(chunks as readonly KvChunkLike[]);
+      else await w.writeStream(chunks as AsyncIterable<KvChunkLike>);
+      await w.end();
     } finally {
       this.stage = stage;
     }
@@ -379,5 +270,159 @@ export class DataPlaneClient {
     for (const c of this.open) c.socket.terminate();
     this.open.clear();
     this.idle.clear();
+  }
+}
+
+/**
+ * Frames one push into a stage buffer and writes it to the connection in runs of
+ * STAGE_BYTES: fewer syscalls, one copy. A block still in P's pool is written straight
+ * into the stage (CHUNK) or handed to the socket as it lies there (RUN payloads of
+ * adjacent blocks). `stopped` turns true once D answered mid-push (an ERROR): the
+ * writer then writes nothing more.
+ */
+class PushWriter {
+  private used = 0;
+  private handle = "";
+  private hb = new Uint8Array(0);
+  stopped = false;
+
+  constructor(
+    private readonly conn: Conn,
+    private readonly stage: Uint8Array,
+    private readonly onHandle: (h: string) => void,
+  ) {}
+
+  /** A TRACE frame first: names the parent of D's span for this push. Too long a traceparent is left out. */
+  trace(traceparent: string): void {
+    if (traceparent.length <= MAX_TRACE_BYTES) this.used = encodeTrace(this.stage, this.used, encoder.encode(traceparent));
+  }
+
+  /** A list known whole: full blocks still in the pool go as RUN frames, the rest as CHUNKs. */
+  async writeList(list: readonly KvChunkLike[]): Promise<void> {
+    for (let i = 0; i < list.length && !this.stopped; ) {
+      if (this.runnable(list, i, i)) {
+        this.headOf(list[i]!);
+        let j = i + 1;
+        while (j < list.length && this.runnable(list, j, i)) j++;
+        await this.sendRun(list as readonly PoolChunk[], i, j);
+        i = j;
+        continue;
+      }
+      const c = list[i++]!;
+      if (!this.tryPut(c)) await this.frame(c);
+    }
+  }
+
+  /** A producer may be slow (chunks as layers finish): each chunk goes out as it comes. */
+  async writeStream(chunks: AsyncIterable<KvChunkLike>): Promise<void> {
+    for await (const c of chunks) {
+      await this.frame(c);
+      if (!this.stopped) await this.flush();
+      if (this.stopped) break;
+    }
+  }
+
+  /** The END frame, unless D already answered. */
+  async end(): Promise<void> {
+    if (this.stopped) return;
+    if (this.used + FRAME_HEAD > this.stage.length) await this.flush();
+    this.used = encodeEnd(this.stage, this.used);
+    await this.flush();
+  }
+
+  private async flush(): Promise<void> {
+    if (this.used > 0 && !(await this.conn.writeAll(this.stage.subarray(0, this.used)))) this.stopped = true;
+    this.used = 0;
+  }
+
+  /** Bytes of a CHUNK frame's head for `c`; a new handle is encoded once. */
+  private headOf(c: KvChunkLike): number {
+    if (c.handleId !== this.handle) {
+      this.handle = c.handleId;
+      this.hb = encoder.encode(this.handle);
+      if (this.hb.length > MAX_HANDLE_BYTES) throw new TransferError(Code.InvalidArgument, `handle of ${this.hb.length} bytes`);
+      this.onHandle(this.handle);
+    }
+    return chunkHeadBytes(this.hb.length);
+  }
+
+  /**
+   * Frames `c` into the stage if it fits: no await, so a run of chunks costs no
+   * promise each. A block still in P's pool is written straight into the stage,
+   * envelope and CRCs: its one copy on this side.
+   */
+  private tryPut(c: KvChunkLike): boolean {
+    const head = this.headOf(c);
+    const direct = c instanceof PoolChunk && c.fromPool;
+    const bytes = direct ? c.envelopeBytes : c.envelope.length;
+    const o = this.used;
+    if (o + head + bytes > this.stage.length) return false;
+    const e = o + head;
+    if (direct) {
+      encodeChunkHead(this.stage, o, c, c.writeEnvelope(this.stage, e), this.hb, bytes);
+    } else {
+      encodeChunkHead(this.stage, o, c, c.crc32c, this.hb, bytes);
+      this.stage.set(c.envelope, e);
+    }
+    this.used = e + bytes;
+    return true;
+  }
+
+  /** `c` after a flush; an envelope bigger than the stage goes straight to the socket after its head. */
+  private async frame(c: KvChunkLike): Promise<void> {
+    if (this.tryPut(c)) return;
+    await this.flush();
+    if (this.stopped || this.tryPut(c)) return;
+    const env = c.envelope;
+    this.used = encodeChunkHead(this.stage, 0, c, c.crc32c, this.hb, env.length);
+    await this.flush();
+    if (!this.stopped && !(await this.conn.writeAll(env))) this.stopped = true;
+  }
+
+  /** Whether chunk k can join a RUN after chunk k-1 (or start one at `start`). */
+  private runnable(list: readonly KvChunkLike[], k: number, start: number): boolean {
+    const c = list[k]!;
+    if (!(c instanceof PoolChunk && c.whole)) return false;
+    if (k === start) return true;
+    const s0 = list[start] as PoolChunk;
+    return k - start < MAX_RUN && c.pool === s0.pool && c.handleId === s0.handleId && c.total === s0.total && c.index === list[k - 1]!.index + 1;
+  }
+
+  /**
+   * Chunks [i, j) as one RUN frame: their entries in the stage, then their payloads,
+   * each stretch of blocks adjacent in the pool written from the pool itself.
+   */
+  private async sendRun(list: readonly PoolChunk[], i: number, j: number): Promise<void> {
+    const first = list[i]!;
+    const P = first.pool.blockBytes;
+    if (this.used + runFrameBytes(this.hb.length, j - i) > this.stage.length) await this.flush();
+    if (this.stopped) return;
+    let o = encodeRunHead(this.stage, this.used, { first: first.index, count: j - i, total: first.total, kvFormat: first.kvFormat, payloadBytes: P }, this.hb);
+    for (let k = i; k < j; k++, o += RUN_ENTRY) list[k]!.writeRunEntry(this.stage, o);
+    this.used = o;
+    for (let k = i; k < j && !this.stopped; ) {
+      let q = k + 1;
+      while (q < j && list[q]!.blockId === list[q - 1]!.blockId + 1) q++;
+      await this.sendPayloads(list, k, q);
+      k = q;
+    }
+  }
+
+  /** The payloads of chunks [k, q), adjacent in the pool: from the pool itself when long enough, else through the stage. */
+  private async sendPayloads(list: readonly PoolChunk[], k: number, q: number): Promise<void> {
+    const pool = list[k]!.pool;
+    const P = pool.blockBytes;
+    const from = list[k]!.blockId * P;
+    const bytes = (q - k) * P;
+    if (bytes >= DIRECT_BYTES) {
+      await this.flush();
+      if (!this.stopped && !(await this.conn.writeAll(pool.bytes.subarray(from, from + bytes)))) this.stopped = true;
+      return;
+    }
+    for (let m = k; m < q && !this.stopped; m++) {
+      if (this.used + P > this.stage.length) await this.flush();
+      this.stage.set(pool.payload(list[m]!.blockId), this.used);
+      this.used += P;
+    }
   }
 }

@@ -77,7 +77,14 @@ export function chunkHeadBytes(handleBytes: number): number {
  * Writes a CHUNK frame's head for `c` at `out[o..]`, `crc` as its crc32c field and an
  * envelope of `envelopeBytes` to follow; returns where the envelope goes.
  */
-export function encodeChunkHead(out: Uint8Array, o: number, c: Omit<ChunkFields, "envelope" | "crc32c">, crc: number, handle: Uint8Array, envelopeBytes: number): number {
+export function encodeChunkHead(
+  out: Uint8Array,
+  o: number,
+  c: Omit<ChunkFields, "envelope" | "crc32c">,
+  crc: number,
+  handle: Uint8Array,
+  envelopeBytes: number,
+): number {
   const head = chunkHeadBytes(handle.length);
   putFrameHead(out, o, FRAME_CHUNK, head + envelopeBytes);
   const b = o + FRAME_HEAD;
@@ -197,7 +204,8 @@ export function encodeTrace(out: Uint8Array, o: number, traceparent: Uint8Array)
 
 /** The traceparent of the TRACE frame `f`; refuses one over MAX_TRACE_BYTES. */
 export function decodeTrace(f: Uint8Array): string {
-  if (f.length - FRAME_HEAD > MAX_TRACE_BYTES) throw new KvError(Code.InvalidArgument, `trace frame of ${f.length} bytes, limit ${FRAME_HEAD + MAX_TRACE_BYTES}`);
+  if (f.length - FRAME_HEAD > MAX_TRACE_BYTES)
+    throw new KvError(Code.InvalidArgument, `trace frame of ${f.length} bytes, limit ${FRAME_HEAD + MAX_TRACE_BYTES}`);
   return decoder.decode(f.subarray(FRAME_HEAD));
 }
 

@@ -132,109 +132,129 @@ export async function grpcPush(
   } catch (e) {
     throw new TransferError(Code.Unavailable, `${what}: ${e instanceof Error ? e.message : String(e)}`);
   }
+  return new PushCall(sm, stream, what, opts).run(chunks);
+}
 
-  // The outcome: the first of a status from the server, a local stop (deadline, cancel,
-  // failed producer) or a broken stream decides it.
-  let outcome: TransferError | KvAckLike | undefined;
-  let settle!: () => void;
-  const settled = new Promise<void>((resolve) => (settle = resolve));
-  const decide = (o: TransferError | KvAckLike) => {
-    if (outcome !== undefined) return;
-    outcome = o;
-    settle();
-  };
-  const stop = (e: TransferError) => {
-    decide(e);
-    if (!stream.closed) stream.close(http2.constants.NGHTTP2_CANCEL);
-  };
+/**
+ * One PushKv stream's outcome: the first of a status from the server, a local stop
+ * (deadline, cancel, failed producer) or a broken stream decides it.
+ */
+class PushCall {
+  private outcome: TransferError | KvAckLike | undefined;
+  private settle!: () => void;
+  private readonly settled = new Promise<void>((resolve) => (this.settle = resolve));
+  private rx = new Uint8Array(0);
+  private reply: Uint8Array | undefined;
 
-  let httpStatus = 0;
-  let rx = new Uint8Array(0);
-  let reply: Uint8Array | undefined;
-  stream.on("response", (h) => {
-    httpStatus = Number(h[":status"] ?? 0);
+  constructor(
+    private readonly sm: Http2SessionManager,
+    private readonly stream: http2.ClientHttp2Stream,
+    private readonly what: string,
+    private readonly opts: GrpcPushOptions,
+  ) {
+    stream.on("response", (h) => this.onResponse(h));
+    stream.on("data", (buf: Uint8Array) => this.onData(buf));
+    stream.on("trailers", (h) => {
+      const st = grpcStatusOf(h);
+      if (st !== undefined) this.finishWith(st);
+    });
+    // Errors surface as the close below (or as the status already decided).
+    stream.on("error", () => {});
+    stream.on("close", () => {
+      // Not our own cancel (that decided already): the connection or the peer broke, which
+      // callers retry elsewhere.
+      this.decide(new TransferError(Code.Unavailable, `${what}: stream closed without a status (HTTP/2 code ${stream.rstCode ?? 0})`));
+    });
+  }
+
+  /** Writes the chunks (a refusal mid-push stops the writes) and waits for the outcome. */
+  async run(chunks: readonly KvChunkLike[] | AsyncIterable<KvChunkLike>): Promise<KvAckLike> {
+    const { opts, what } = this;
+    const timer = setTimeout(() => this.stop(new TransferError(Code.DeadlineExceeded, `${what}: no answer within ${opts.timeoutMs} ms`)), opts.timeoutMs);
+    const onAbort = () => this.stop(new TransferError(Code.Canceled, `${what}: cancelled`));
+    opts.signal?.addEventListener("abort", onAbort, { once: true });
+    try {
+      const writing = writeChunks(this.stream, chunks, () => this.outcome !== undefined).then(
+        (complete) => {
+          if (complete && this.outcome === undefined) this.stream.end();
+        },
+        (e: unknown) => this.stop(new TransferError(Code.Internal, `${what}: ${e instanceof Error ? e.message : String(e)}`)),
+      );
+      // A slow producer does not hold up an outcome that is already decided.
+      await Promise.race([writing, this.settled]);
+      await this.settled;
+    } finally {
+      clearTimeout(timer);
+      opts.signal?.removeEventListener("abort", onAbort);
+    }
+    if (this.outcome instanceof TransferError) throw this.outcome;
+    return this.outcome!;
+  }
+
+  private decide(o: TransferError | KvAckLike): void {
+    if (this.outcome !== undefined) return;
+    this.outcome = o;
+    this.settle();
+  }
+
+  /** Decides with `e` and resets the stream: D frees the push. */
+  private stop(e: TransferError): void {
+    this.decide(e);
+    if (!this.stream.closed) this.stream.close(http2.constants.NGHTTP2_CANCEL);
+  }
+
+  private onResponse(h: http2.IncomingHttpHeaders): void {
+    const httpStatus = Number(h[":status"] ?? 0);
     // A trailers-only response (an immediate refusal) carries its status in the headers.
     const st = grpcStatusOf(h);
-    if (st !== undefined) finishWith(st);
-    else if (httpStatus !== 200) stop(new TransferError(codeOfHttpStatus(httpStatus), `${what}: HTTP status ${httpStatus}`));
-  });
-  stream.on("data", (buf: Uint8Array) => {
-    sm.notifyResponseByteRead(stream);
-    if (reply !== undefined) return;
-    if (rx.length + buf.length > opts.maxReplyBytes + 5) {
-      stop(new TransferError(Code.ResourceExhausted, `${what}: reply over ${opts.maxReplyBytes} bytes`));
-      return;
-    }
-    const joined = new Uint8Array(rx.length + buf.length);
-    joined.set(rx);
-    joined.set(buf, rx.length);
-    rx = joined;
-    if (rx.length < GRPC_PREFIX_BYTES) return;
-    const len = grpcMessageLength(rx, 0);
-    if (rx[0] !== 0) {
-      stop(new TransferError(Code.Internal, `${what}: compressed reply (flags ${rx[0]})`));
-      return;
-    }
-    if (rx.length >= GRPC_PREFIX_BYTES + len) reply = rx.subarray(GRPC_PREFIX_BYTES, GRPC_PREFIX_BYTES + len);
-  });
-  stream.on("trailers", (h) => {
-    const st = grpcStatusOf(h);
-    if (st !== undefined) finishWith(st);
-  });
-  // Errors surface as the close below (or as the status already decided).
-  stream.on("error", () => {});
-  stream.on("close", () => {
-    if (outcome !== undefined) return;
-    // Not our own cancel (that decided already): the connection or the peer broke, which
-    // callers retry elsewhere.
-    decide(new TransferError(Code.Unavailable, `${what}: stream closed without a status (HTTP/2 code ${stream.rstCode ?? 0})`));
-  });
+    if (st !== undefined) this.finishWith(st);
+    else if (httpStatus !== 200) this.stop(new TransferError(codeOfHttpStatus(httpStatus), `${this.what}: HTTP status ${httpStatus}`));
+  }
 
-  function finishWith(st: { code: number; message: string }): void {
-    if (st.code !== 0) {
-      decide(new TransferError(st.code, `${what}: ${st.message}`));
-    } else if (reply === undefined) {
-      decide(new TransferError(Code.Internal, `${what}: status OK without a reply`));
-    } else {
-      try {
-        const ack = fromBinary(KvAckSchema, reply);
-        decide({
-          handleId: ack.handleId,
-          blocksReceived: ack.blocksReceived,
-          blocksDeduped: ack.blocksDeduped,
-          payloadBytes: ack.payloadBytes,
-          nTokens: ack.nTokens,
-        });
-      } catch (e) {
-        decide(new TransferError(Code.Internal, `${what}: bad reply: ${e instanceof Error ? e.message : String(e)}`));
-      }
+  /** The reply (one small KvAck) gathered; anything past it is ignored. */
+  private onData(buf: Uint8Array): void {
+    this.sm.notifyResponseByteRead(this.stream);
+    if (this.reply !== undefined) return;
+    const max = this.opts.maxReplyBytes;
+    if (this.rx.length + buf.length > max + GRPC_PREFIX_BYTES) {
+      this.stop(new TransferError(Code.ResourceExhausted, `${this.what}: reply over ${max} bytes`));
+      return;
     }
+    const joined = new Uint8Array(this.rx.length + buf.length);
+    joined.set(this.rx);
+    joined.set(buf, this.rx.length);
+    this.rx = joined;
+    if (this.rx.length < GRPC_PREFIX_BYTES) return;
+    if (this.rx[0] !== 0) {
+      this.stop(new TransferError(Code.Internal, `${this.what}: compressed reply (flags ${this.rx[0]})`));
+      return;
+    }
+    const len = grpcMessageLength(this.rx, 0);
+    if (this.rx.length >= GRPC_PREFIX_BYTES + len) this.reply = this.rx.subarray(GRPC_PREFIX_BYTES, GRPC_PREFIX_BYTES + len);
+  }
+
+  private finishWith(st: { code: number; message: string }): void {
+    if (st.code !== 0) this.decide(new TransferError(st.code, `${this.what}: ${st.message}`));
+    else if (this.reply === undefined) this.decide(new TransferError(Code.Internal, `${this.what}: status OK without a reply`));
+    else this.decide(this.ackOf(this.reply));
     // A refusal may arrive while our side is still open: reset it, we are done.
-    if (st.code !== 0 && !stream.closed) stream.close(http2.constants.NGHTTP2_CANCEL);
+    if (st.code !== 0 && !this.stream.closed) this.stream.close(http2.constants.NGHTTP2_CANCEL);
   }
 
-  const timer = setTimeout(
-    () => stop(new TransferError(Code.DeadlineExceeded, `${what}: no answer within ${opts.timeoutMs} ms`)),
-    opts.timeoutMs,
-  );
-  const onAbort = () => stop(new TransferError(Code.Canceled, `${what}: cancelled`));
-  opts.signal?.addEventListener("abort", onAbort, { once: true });
-  try {
-    const writing = writeChunks(stream, chunks, () => outcome !== undefined).then(
-      (complete) => {
-        if (complete && outcome === undefined) stream.end();
-      },
-      (e: unknown) => stop(new TransferError(Code.Internal, `${what}: ${e instanceof Error ? e.message : String(e)}`)),
-    );
-    // A slow producer does not hold up an outcome that is already decided.
-    await Promise.race([writing, settled]);
-    await settled;
-  } finally {
-    clearTimeout(timer);
-    opts.signal?.removeEventListener("abort", onAbort);
+  private ackOf(reply: Uint8Array): KvAckLike | TransferError {
+    try {
+      const ack = fromBinary(KvAckSchema, reply);
+      return {
+        handleId: ack.handleId,
+        blocksReceived: ack.blocksReceived,
+        blocksDeduped: ack.blocksDeduped,
+        payloadBytes: ack.payloadBytes,
+        nTokens: ack.nTokens,
+      };
+    } catch (e) {
+      return new TransferError(Code.Internal, `${this.what}: bad reply: ${e instanceof Error ? e.message : String(e)}`);
+    }
   }
-  if (outcome instanceof TransferError) throw outcome;
-  return outcome!;
 }
 
 const STAGE_BYTES = 1024 * 1024;

@@ -26,5 +26,10 @@ export interface KvAckLike {
 
 /** The attributes a decode side's kv.transfer span gets for an accepted push. */
 export function ackSpanAttributes(ack: KvAckLike): Record<string, string | number> {
-  return { "tl.kv.handle": ack.handleId, "tl.kv.blocks_sent": ack.blocksReceived, "tl.kv.blocks_deduped": ack.blocksDeduped, "tl.kv.payload_bytes": Number(ack.payloadBytes) };
+  return {
+    "tl.kv.handle": ack.handleId,
+    "tl.kv.blocks_sent": ack.blocksReceived,
+    "tl.kv.blocks_deduped": ack.blocksDeduped,
+    "tl.kv.payload_bytes": Number(ack.payloadBytes),
+  };
 }

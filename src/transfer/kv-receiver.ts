@@ -109,10 +109,7 @@ export class KvReceiver {
       throw new KvError(Code.ResourceExhausted, `${this.inflight.size} pushes in flight, max ${this.maxInFlight}`);
     }
     if (this.held.size + this.inflight.size >= this.maxPending) {
-      throw new KvError(
-        Code.ResourceExhausted,
-        `${this.held.size} handles pending + ${this.inflight.size} in flight, max ${this.maxPending}`,
-      );
+      throw new KvError(Code.ResourceExhausted, `${this.held.size} handles pending + ${this.inflight.size} in flight, max ${this.maxPending}`);
     }
     const s = new PushSession(this, handleId, total, this.now() + this.ttlMs);
     this.inflight.set(handleId, s);
@@ -295,10 +292,7 @@ export class PushSession {
     const B = pool.shape.blockTokens;
     const hash = chunkRecordHash(c.hash, rec, B);
     if (hash === null) {
-      throw new KvError(
-        Code.DataLoss,
-        `chunk ${c.index}: record hash ${hex64(rec.hash)} (fill ${rec.nTokens}) disagrees with chunk hash ${hex64(c.hash)}`,
-      );
+      throw new KvError(Code.DataLoss, `chunk ${c.index}: record hash ${hex64(rec.hash)} (fill ${rec.nTokens}) disagrees with chunk hash ${hex64(c.hash)}`);
     }
     if (hash !== 0n && rec.nTokens !== B) {
       throw new KvError(Code.DataLoss, `chunk ${c.index}: hash ${hex64(hash)} on a partial block (fill ${rec.nTokens})`);

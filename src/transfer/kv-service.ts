@@ -1,6 +1,6 @@
 import { Code, ConnectError, type HandlerContext, type ServiceImpl } from "@connectrpc/connect";
 import { envelopeBytes } from "../codec/index.ts";
-import { KvTransfer, type KvChunk } from "../gen/tl/kv/v1/kv_pb.ts";
+import type { KvTransfer, KvChunk } from "../gen/tl/kv/v1/kv_pb.ts";
 import { extractHeaders } from "../obs/index.ts";
 import { KvError } from "./kv-error.ts";
 import type { KvReceiver } from "./kv-receiver.ts";

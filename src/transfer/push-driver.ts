@@ -6,7 +6,13 @@ import { KvError } from "./kv-error.ts";
 import type { KvReceiver, PushSession } from "./kv-receiver.ts";
 
 /** The decode side's kv.transfer span of a gRPC PushKv, whichever handler serves it. */
-export const GRPC_PUSH_ATTRS: Attributes = { "tl.role": "decode", "tl.kv.transport": "grpc", "rpc.system": "grpc", "rpc.service": "tl.kv.v1.KvTransfer", "rpc.method": "PushKv" };
+export const GRPC_PUSH_ATTRS: Attributes = {
+  "tl.role": "decode",
+  "tl.kv.transport": "grpc",
+  "rpc.system": "grpc",
+  "rpc.service": "tl.kv.v1.KvTransfer",
+  "rpc.method": "PushKv",
+};
 /** ... and of a push over the binary data plane. */
 export const DATA_PLANE_PUSH_ATTRS: Attributes = { "tl.role": "decode", "tl.kv.transport": "data-plane" };
 

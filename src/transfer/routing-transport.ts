@@ -1,4 +1,4 @@
-import * as http2 from "node:http2";
+import type * as http2 from "node:http2";
 import { Code, ConnectError, createClient, type Client } from "@connectrpc/connect";
 import { createGrpcTransport, Http2SessionManager } from "@connectrpc/connect-node";
 import { KvTransfer } from "../gen/tl/kv/v1/kv_pb.ts";
@@ -75,7 +75,8 @@ export class RoutingTransport implements KvTransport {
       if (res.present.length !== hashes.length) {
         throw new TransferError(Code.Internal, `HasBlocks answered ${res.present.length} flags for ${hashes.length} hashes`);
       }
-      const route: PushRoute = res.dataPlaneAddress !== "" && this.dp !== false ? { target, via: "data-plane", address: res.dataPlaneAddress } : { target, via: "grpc" };
+      const route: PushRoute =
+        res.dataPlaneAddress !== "" && this.dp !== false ? { target, via: "data-plane", address: res.dataPlaneAddress } : { target, via: "grpc" };
       return { present: res.present, route };
     } catch (e) {
       throw brokenOrTransferError(e, `HasBlocks to ${target}`);

@@ -2,7 +2,19 @@ import { expect, test } from "bun:test";
 import * as api from "../../src/index.ts";
 
 test("public_api_exports_the_named_library", () => {
-  for (const name of ["fnv1a64", "blockHash", "promptHashes", "crc32c", "writeEnvelope", "readEnvelope", "EnvError", "Pcg32", "stream", "resumeRng", "KvPool"]) {
+  for (const name of [
+    "fnv1a64",
+    "blockHash",
+    "promptHashes",
+    "crc32c",
+    "writeEnvelope",
+    "readEnvelope",
+    "EnvError",
+    "Pcg32",
+    "stream",
+    "resumeRng",
+    "KvPool",
+  ]) {
     expect(typeof (api as Record<string, unknown>)[name]).toBe("function");
   }
   // envelope field names as kv-block.md, camelCased

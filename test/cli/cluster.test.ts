@@ -35,7 +35,18 @@ async function chat(baseURL: string, seed: number): Promise<{ text: string; serv
 test("cluster_serves_openai_clients", async () => {
   // As a user would: `npm start` is `bun bin/engine.ts cluster`.
   const cluster = spawnProc([process.execPath, "bin/engine.ts", "cluster"]);
-  const colocated = spawnProc([process.execPath, "bin/engine.ts", "--role", "both", "--http-listen", "127.0.0.1:0", "--grpc-listen", "127.0.0.1:0", "--kv-listen", "127.0.0.1:0"]);
+  const colocated = spawnProc([
+    process.execPath,
+    "bin/engine.ts",
+    "--role",
+    "both",
+    "--http-listen",
+    "127.0.0.1:0",
+    "--grpc-listen",
+    "127.0.0.1:0",
+    "--kv-listen",
+    "127.0.0.1:0",
+  ]);
   try {
     const t0 = performance.now();
     await cluster.waitLine((l) => l.startsWith("serving;"), 45_000);

@@ -13,6 +13,7 @@ const tmp = tempDir("tl-engine-deploy-");
 afterAll(() => tmp.remove());
 
 // A loose view of the Kubernetes objects this test reads.
+// biome-ignore lint/suspicious/noExplicitAny: parsed YAML of any shape, read field by field
 type Obj = Record<string, any>;
 
 function load(file: string): Obj[] {
@@ -29,7 +30,10 @@ const workload = (name: string) => workloads.find((w) => w.metadata.name === nam
 
 /** What kubelet does to args: $(VAR) from the container's env; fieldRefs get sample values. */
 function expandArgs(pod: Obj, c: Obj): string[] {
-  const samples: Record<string, string> = { "metadata.name": `${pod.metadata.labels["app.kubernetes.io/component"]}-7d9f8-x2kq4`, "status.podIP": "10.244.1.7" };
+  const samples: Record<string, string> = {
+    "metadata.name": `${pod.metadata.labels["app.kubernetes.io/component"]}-7d9f8-x2kq4`,
+    "status.podIP": "10.244.1.7",
+  };
   const env = new Map<string, string>();
   for (const e of c.env ?? []) {
     const v = e.value ?? samples[e.valueFrom?.fieldRef?.fieldPath];
@@ -217,6 +221,10 @@ test("deploy_dockerfile_runs_the_compiled_binary", () => {
   expect(entry).toEqual([copy.at(-1)!]);
   const ignore = readFileSync(join(REPO, "deploy", "Dockerfile.dockerignore"), "utf8");
   expect(ignore).toContain(`!${outfile}`);
-  const exposed = lines.find((l) => l.startsWith("EXPOSE "))!.split(/\s+/).slice(1).map(Number);
+  const exposed = lines
+    .find((l) => l.startsWith("EXPOSE "))!
+    .split(/\s+/)
+    .slice(1)
+    .map(Number);
   for (const p of pods) for (const port of p.listens.values()) expect(exposed).toContain(port);
 });

@@ -1,6 +1,7 @@
 import { mkdtempSync, readdirSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { readyLineOf } from "../../src/cli/spawn-role.ts";
 
 export const REPO = join(import.meta.dir, "..", "..");
 
@@ -50,7 +51,10 @@ export function spawnProc(cmd: string[], opts: { cwd?: string } = {}): Proc {
         if (hit !== undefined) return finish(() => resolve(hit));
         if (ended) return finish(() => reject(new Error(`${cmd.join(" ")} ended its output (exit ${proc.exitCode}) without the line; stderr:\n${err}`)));
       };
-      const timer = setTimeout(() => finish(() => reject(new Error(`no such line within ${timeoutMs} ms from ${cmd.join(" ")}; stdout:\n${lines.join("\n")}\nstderr:\n${err}`))), timeoutMs);
+      const timer = setTimeout(
+        () => finish(() => reject(new Error(`no such line within ${timeoutMs} ms from ${cmd.join(" ")}; stdout:\n${lines.join("\n")}\nstderr:\n${err}`))),
+        timeoutMs,
+      );
       const finish = (f: () => void) => {
         clearTimeout(timer);
         waiters.delete(check);
@@ -65,8 +69,7 @@ export function spawnProc(cmd: string[], opts: { cwd?: string } = {}): Proc {
     stderr: () => err,
     waitLine,
     async ready(timeoutMs) {
-      const line = await waitLine((l) => l.startsWith("{") && l.includes('"msg":"ready"'), timeoutMs);
-      return JSON.parse(line) as Record<string, unknown>;
+      return readyLineOf(await waitLine((l) => readyLineOf(l) !== null, timeoutMs))!;
     },
   };
 }
@@ -168,7 +171,10 @@ export async function readSse(
           done = true;
           continue;
         }
-        const obj = JSON.parse(data) as Record<string, unknown> & { error?: { message: string }; choices?: { delta?: { content?: string }; text?: string; finish_reason?: string | null }[] };
+        const obj = JSON.parse(data) as Record<string, unknown> & {
+          error?: { message: string };
+          choices?: { delta?: { content?: string }; text?: string; finish_reason?: string | null }[];
+        };
         events++;
         if (obj.error) error = obj.error.message;
         text += obj.choices?.[0]?.delta?.content ?? obj.choices?.[0]?.text ?? "";

@@ -5,9 +5,18 @@ afterAll(killAll);
 
 function startEngine(drainTimeoutS: number) {
   return spawnProc([
-    process.execPath, "bin/engine.ts", "--role", "both",
-    "--http-listen", "127.0.0.1:0", "--grpc-listen", "127.0.0.1:0", "--kv-listen", "127.0.0.1:0",
-    "--drain-timeout-s", String(drainTimeoutS),
+    process.execPath,
+    "bin/engine.ts",
+    "--role",
+    "both",
+    "--http-listen",
+    "127.0.0.1:0",
+    "--grpc-listen",
+    "127.0.0.1:0",
+    "--kv-listen",
+    "127.0.0.1:0",
+    "--drain-timeout-s",
+    String(drainTimeoutS),
   ]);
 }
 

@@ -24,7 +24,13 @@ describe("crc32cCombine", () => {
   test("crc32c_combine_block_sized_payloads", () => {
     // The lengths the data plane combines over: a pool block's payload, with the
     // 40 bytes of envelope header and record head in front.
-    for (const [lenA, lenB] of [[40, 32768], [0, 32768], [40, 0], [1, 65537], [40, 1 << 20]] as const) {
+    for (const [lenA, lenB] of [
+      [40, 32768],
+      [0, 32768],
+      [40, 0],
+      [1, 65537],
+      [40, 1 << 20],
+    ] as const) {
       const a = new Uint8Array(lenA).map((_, i) => (i * 31 + 7) & 0xff);
       const b = new Uint8Array(lenB).map((_, i) => (i * 131 + 17 + (i >>> 9)) & 0xff);
       expect(crc32cCombine(crc32c(a), crc32c(b), lenB)).toBe(crc32c(concat(a, b)));

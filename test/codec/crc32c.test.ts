@@ -5,7 +5,7 @@ import { crc32cRef, xorshift } from "./support.ts";
 const utf8 = (s: string) => new TextEncoder().encode(s);
 
 describe("crc32c", () => {
-  test("check value CRC-32C(\"123456789\") = 0xe3069283", () => {
+  test('check value CRC-32C("123456789") = 0xe3069283', () => {
     expect(crc32c(utf8("123456789"))).toBe(0xe3069283);
     expect(crc32cTable(utf8("123456789"))).toBe(0xe3069283);
     expect(crc32cRef(utf8("123456789"))).toBe(0xe3069283);
@@ -31,8 +31,10 @@ describe("crc32c", () => {
       const off = rnd() % 16; // unaligned subarray views
       const view = backing.subarray(off, off + len);
       const want = native(view);
-      if (crc32cTable(view) !== want) throw new Error(`length ${len} offset ${off}: table 0x${crc32cTable(view).toString(16)} != native 0x${want.toString(16)}`);
-      if (nodeRs(view) !== want) throw new Error(`length ${len} offset ${off}: @node-rs 0x${nodeRs(view).toString(16)} != ${crc32cBackend()} 0x${want.toString(16)}`);
+      if (crc32cTable(view) !== want)
+        throw new Error(`length ${len} offset ${off}: table 0x${crc32cTable(view).toString(16)} != native 0x${want.toString(16)}`);
+      if (nodeRs(view) !== want)
+        throw new Error(`length ${len} offset ${off}: @node-rs 0x${nodeRs(view).toString(16)} != ${crc32cBackend()} 0x${want.toString(16)}`);
       expect(crc32c(view)).toBe(want);
     }
     for (const len of [0, 1, 7, 8, 9, 63, 1000]) expect(crc32cTable(backing.subarray(3, 3 + len))).toBe(crc32cRef(backing.subarray(3, 3 + len)));
@@ -53,7 +55,11 @@ describe("crc32c", () => {
   test("TL_CRC32C selects a slower implementation", () => {
     for (const want of ["table", "node-rs"]) {
       const r = Bun.spawnSync({
-        cmd: [process.execPath, "-e", `import { crc32c, crc32cBackend } from "./src/codec/index.ts"; console.log(crc32cBackend(), crc32c(new TextEncoder().encode("123456789")).toString(16));`],
+        cmd: [
+          process.execPath,
+          "-e",
+          `import { crc32c, crc32cBackend } from "./src/codec/index.ts"; console.log(crc32cBackend(), crc32c(new TextEncoder().encode("123456789")).toString(16));`,
+        ],
         env: { ...process.env, TL_CRC32C: want },
         cwd: `${import.meta.dir}/../..`,
       });

@@ -1,13 +1,6 @@
 import { describe, expect, test } from "bun:test";
 import fc from "fast-check";
-import {
-  blockPayloadBytes,
-  EnvError,
-  readEnvelope,
-  writeEnvelope,
-  type EnvelopeRecord,
-  type KvShape,
-} from "../../src/codec/index.ts";
+import { blockPayloadBytes, EnvError, readEnvelope, writeEnvelope, type EnvelopeRecord, type KvShape } from "../../src/codec/index.ts";
 
 const shapeArb: fc.Arbitrary<KvShape> = fc.record({
   blockTokens: fc.integer({ min: 1, max: 4 }),
@@ -18,19 +11,19 @@ const shapeArb: fc.Arbitrary<KvShape> = fc.record({
 
 function recordArb(s: KvShape): fc.Arbitrary<EnvelopeRecord> {
   const P = blockPayloadBytes(s);
-  return fc
-    .record({
-      nTokens: fc.integer({ min: 1, max: s.blockTokens }),
-      hash: fc.oneof(fc.constant(0n), fc.bigInt({ min: 1n, max: (1n << 64n) - 1n })),
-      payload: fc.uint8Array({ minLength: P, maxLength: P }),
-    })
-    // Only full blocks carry a hash.
-    .map((r) => (r.nTokens === s.blockTokens ? r : { ...r, hash: 0n }));
+  return (
+    fc
+      .record({
+        nTokens: fc.integer({ min: 1, max: s.blockTokens }),
+        hash: fc.oneof(fc.constant(0n), fc.bigInt({ min: 1n, max: (1n << 64n) - 1n })),
+        payload: fc.uint8Array({ minLength: P, maxLength: P }),
+      })
+      // Only full blocks carry a hash.
+      .map((r) => (r.nTokens === s.blockTokens ? r : { ...r, hash: 0n }))
+  );
 }
 
-const envelopeArb = shapeArb.chain((shape) =>
-  fc.array(recordArb(shape), { minLength: 1, maxLength: 4 }).map((records) => ({ shape, records })),
-);
+const envelopeArb = shapeArb.chain((shape) => fc.array(recordArb(shape), { minLength: 1, maxLength: 4 }).map((records) => ({ shape, records })));
 
 /** The payload as written: slots at and past the fill zeroed in every K and V section. */
 function masked(s: KvShape, r: EnvelopeRecord): Uint8Array {

@@ -37,8 +37,14 @@ describe("envelope", () => {
     expect(blockPayloadBytes(s)).toBe(16);
     expect(envelopeBytes(s, 1)).toBe(60);
     const block = new Float16Array(blockPayloadBytes(s) / 2);
-    const K = [[1, 2], [3, 4]];
-    const V = [[0.5, -1], [0, 0.25]];
+    const K = [
+      [1, 2],
+      [3, 4],
+    ];
+    const V = [
+      [0.5, -1],
+      [0, 0.25],
+    ];
     for (let slot = 0; slot < 2; slot++) {
       for (let d = 0; d < 2; d++) {
         block[elemOffset(s, 0, 0, slot, 0) + d] = K[slot]![d]!;
@@ -135,7 +141,12 @@ describe("envelope", () => {
     }
     expect(readEnvelope(base()).header.blockTokens).toBe(2);
     // Rule 8: fill in 1..B, on any record.
-    for (const [rec, fill] of [[0, 0], [1, 0], [1, 3], [0, 0xffffffff]] as const) {
+    for (const [rec, fill] of [
+      [0, 0],
+      [1, 0],
+      [1, 3],
+      [0, 0xffffffff],
+    ] as const) {
       expectRefused(() => readEnvelope(fixCrc(u32(base(), 28 + rec * REC + 8, fill))), "Format", 8, DATA_LOSS);
     }
     // Rule 9: a hash on a partial block — a writer that hashed the tail, or dropped a fill.

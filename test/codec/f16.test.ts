@@ -7,7 +7,7 @@ import { xorshift } from "./support.ts";
 function refBits(x: number): number {
   if (Number.isNaN(x)) return 0x7e00;
   const sign = x < 0 || Object.is(x, -0) ? 0x8000 : 0;
-  let a = Math.abs(x);
+  const a = Math.abs(x);
   if (a === Infinity) return sign | 0x7c00;
   if (a === 0) return sign;
   // Scale to units of 2^-24 (the subnormal step) while the exponent is small enough.

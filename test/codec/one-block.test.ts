@@ -6,7 +6,12 @@ import { OneBlockEnvelopeWriter } from "../../src/codec/index.ts";
 test("one_block_writer_matches_write_envelope", () => {
   fc.assert(
     fc.property(
-      fc.record({ blockTokens: fc.integer({ min: 1, max: 5 }), nLayers: fc.integer({ min: 1, max: 3 }), nKvHeads: fc.integer({ min: 1, max: 3 }), headDim: fc.integer({ min: 1, max: 4 }) }),
+      fc.record({
+        blockTokens: fc.integer({ min: 1, max: 5 }),
+        nLayers: fc.integer({ min: 1, max: 3 }),
+        nKvHeads: fc.integer({ min: 1, max: 3 }),
+        headDim: fc.integer({ min: 1, max: 4 }),
+      }),
       fc.integer({ min: 0, max: 1000 }),
       fc.bigInt({ min: 1n, max: (1n << 64n) - 1n }),
       fc.boolean(),

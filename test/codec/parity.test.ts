@@ -91,7 +91,12 @@ describe("parity kv.wire.v1", () => {
         const at = written.findIndex((b, i) => b !== golden[i]);
         throw new Error(`${c.file}: writer differs from the golden at byte ${at} (lengths ${written.length}, ${golden.length})`);
       }
-      expect("0x" + crc32c(golden.subarray(0, golden.length - 4)).toString(16).padStart(8, "0")).toBe(c.crc!);
+      expect(
+        "0x" +
+          crc32c(golden.subarray(0, golden.length - 4))
+            .toString(16)
+            .padStart(8, "0"),
+      ).toBe(c.crc!);
 
       const back = readEnvelope(golden, s);
       expect(back.header).toEqual({ version: 1, dtype: 1, nBlocks: c.n_blocks!, ...s });

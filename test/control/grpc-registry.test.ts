@@ -1,15 +1,7 @@
 import { expect, test } from "bun:test";
 import * as net from "node:net";
 import { Code } from "@connectrpc/connect";
-import {
-  GrpcRegistry,
-  Heartbeat,
-  beatOnce,
-  newBeatState,
-  workerStatus,
-  type WorkerIdentity,
-  type WorkerLoad,
-} from "../../src/control/index.ts";
+import { GrpcRegistry, Heartbeat, beatOnce, newBeatState, workerStatus, type WorkerIdentity, type WorkerLoad } from "../../src/control/index.ts";
 import { RegistryService, WorkerRegistry } from "../../src/gateway/index.ts";
 import { serveGrpc } from "../../src/rpc/index.ts";
 import { Role } from "../../src/gen/tl/control/v1/control_pb.ts";
@@ -67,9 +59,7 @@ test("grpc_registry_roundtrip", async () => {
     expect(registry.live()).toEqual([]);
 
     // Validation travels as status codes.
-    expect(await codeOf(client.heartbeat(workerStatus({ ...decode, workerId: "" }, load, 1n), 1000))).toBe(
-      Code.InvalidArgument,
-    );
+    expect(await codeOf(client.heartbeat(workerStatus({ ...decode, workerId: "" }, load, 1n), 1000))).toBe(Code.InvalidArgument);
     const wrongFormat = workerStatus(decode, load, 3n);
     wrongFormat.kvFormat = 2;
     expect(await codeOf(client.heartbeat(wrongFormat, 1000))).toBe(Code.FailedPrecondition);

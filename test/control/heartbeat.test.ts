@@ -42,7 +42,11 @@ test("beat_once_counts_failures_and_drain", async () => {
 
   // Drain is sticky; interval_ms 0 keeps the interval, > 0 replaces it.
   registry.mode = "ok";
-  registry.acks = [{ drain: true, intervalMs: 0 }, { drain: false, intervalMs: 500 }, { drain: false, intervalMs: 0 }];
+  registry.acks = [
+    { drain: true, intervalMs: 0 },
+    { drain: false, intervalMs: 500 },
+    { drain: false, intervalMs: 0 },
+  ];
   expect(await beatOnce(registry, status, 1000, state)).toBe(true);
   expect(state.failures).toBe(0);
   expect(state.drainRequested).toBe(true);
@@ -98,7 +102,14 @@ test("heartbeat_beats_on_schedule", async () => {
     const registry = new FakeRegistry();
     registry.acks = [{ intervalMs: 1000 }];
     let drains = 0;
-    const hb = Heartbeat.spawn(registry, identity, () => idle, 20, 1000, () => drains++);
+    const hb = Heartbeat.spawn(
+      registry,
+      identity,
+      () => idle,
+      20,
+      1000,
+      () => drains++,
+    );
     await sleep(300);
     // 20 ms would have given ~15 beats; the ack stretched it to 1 s.
     expect(registry.beats.length).toBe(1);
@@ -138,7 +149,16 @@ test("beat_now_cuts_the_wait_short", async () => {
       return { drain: false, intervalMs: 0 } as never;
     },
   };
-  const identity = { workerId: "w", httpAddress: "h:1", grpcAddress: "g:1", kvAddress: "", role: "prefill" as const, model: "m", blockTokens: 4, totalBlocks: 8 };
+  const identity = {
+    workerId: "w",
+    httpAddress: "h:1",
+    grpcAddress: "g:1",
+    kvAddress: "",
+    role: "prefill" as const,
+    model: "m",
+    blockTokens: 4,
+    totalBlocks: 8,
+  };
   const hb = Heartbeat.spawn(registry, identity, () => ({ queueDepth: 0, running: 0, freeBlocks: 8, draining: false }), 10_000, 500);
   try {
     while (seen.length < 1) await Bun.sleep(5);

@@ -4,7 +4,8 @@ import { Code, ConnectError } from "@connectrpc/connect";
 import { startEngineNode, type EngineNode } from "../../src/cli/engine-node.ts";
 import { grpcClient } from "../../src/rpc/index.ts";
 import { EngineControl, PrefillRequestSchema } from "../../src/gen/tl/engine/v1/engine_pb.ts";
-import { FakeRunner } from "../support/fake-runner.ts";
+import { FAILED_SIDE_HEADER, failedSideOf } from "../../src/handoff/index.ts";
+import type { FakeRunner } from "../support/fake-runner.ts";
 import { fakeServedModel } from "../support/nodes.ts";
 
 let P: EngineNode, D: EngineNode;
@@ -78,12 +79,44 @@ describe("prefill_rpc_validation_and_info", () => {
     expect(P.pool.used).toBe(0);
   });
 
+  test("a failed Prefill names the side that failed in its metadata, not in its message", async () => {
+    const ctl = grpcClient(EngineControl, P.grpcAddress);
+    const failure = (init: Init) =>
+      ctl.prefill(create(PrefillRequestSchema, init)).then(
+        () => null,
+        (e: unknown) => ConnectError.from(e),
+      );
+    // Nothing listens at the decode target: the push failed, D's side.
+    const dead = await failure({ ...good(), requestId: "dead-d", decodeTarget: "127.0.0.1:1" });
+    expect([dead?.code, dead && failedSideOf(dead.metadata), dead?.metadata.get(FAILED_SIDE_HEADER)]).toEqual([Code.Unavailable, "decode", "decode"]);
+    // A request P refuses is P's.
+    const bad = await failure({ ...good(), requestId: "bad-p", kvFormat: 2 });
+    expect([bad?.code, bad && failedSideOf(bad.metadata)]).toEqual([Code.FailedPrecondition, "prefill"]);
+    expect(P.pool.used).toBe(0);
+  });
+
   test("Info is live; Cancel frees; Drain stops admission and returns the remaining count", async () => {
     const node = await startEngineNode({ role: "both", model: fakeServedModel(), blockTokens: 4, numBlocks: 32, maxModelLen: 200 });
     try {
       const ctl = grpcClient(EngineControl, node.grpcAddress);
       const idle = await ctl.info({});
-      expect(idle).toMatchObject({ workerId: node.workerId, roles: ["prefill", "decode"], model: "fake", kvFormat: 1, blockTokens: 4, nLayers: 2, nKvHeads: 2, headDim: 4, totalBlocks: 32, freeBlocks: 32, queueDepth: 0, running: 0, draining: false, maxModelLen: 200, vocabSize: 258 });
+      expect(idle).toMatchObject({
+        workerId: node.workerId,
+        roles: ["prefill", "decode"],
+        model: "fake",
+        kvFormat: 1,
+        blockTokens: 4,
+        nLayers: 2,
+        nKvHeads: 2,
+        headDim: 4,
+        totalBlocks: 32,
+        freeBlocks: 32,
+        queueDepth: 0,
+        running: 0,
+        draining: false,
+        maxModelLen: 200,
+        vocabSize: 258,
+      });
       (node.model.runner as FakeRunner).slowMs = 5;
       const stream = fetch(`http://${node.httpAddress}/v1/completions`, {
         method: "POST",

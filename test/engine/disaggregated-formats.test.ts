@@ -14,7 +14,18 @@ import { sseEvents } from "../support/nodes.ts";
 // qwen2-arch Q8_0 GGUF (biases, tied embeddings, head_dim != dim/heads). A byte tokenizer stands
 // in for theirs (vocab 258): requests are token ids, so only the weights path is under test.
 const tmp = tempDir("disagg-fmt");
-const LLAMA: ModelConfig = { name: "l", dim: 32, hiddenDim: 64, nLayers: 2, nHeads: 4, nKvHeads: 2, vocabSize: 258, maxSeqLen: 64, ropeTheta: 10000, normEps: 1e-5 };
+const LLAMA: ModelConfig = {
+  name: "l",
+  dim: 32,
+  hiddenDim: 64,
+  nLayers: 2,
+  nHeads: 4,
+  nKvHeads: 2,
+  vocabSize: 258,
+  maxSeqLen: 64,
+  ropeTheta: 10000,
+  normEps: 1e-5,
+};
 const QWEN: ModelConfig = { ...LLAMA, name: "q", headDim: 16, ropeTheta: 1e6, normEps: 1e-6 };
 const B = 4;
 
@@ -29,7 +40,10 @@ const models: Record<string, () => string> = {
     return tmp.path("hf");
   },
   "qwen2 q8_0 gguf": () => {
-    writeFileSync(tmp.path("q.gguf"), encodeGgufModel(QWEN, syntheticWeights(QWEN, 12, { sharedClassifier: true, biases: true }), { arch: "qwen2", tied: true, type: "q8_0" }));
+    writeFileSync(
+      tmp.path("q.gguf"),
+      encodeGgufModel(QWEN, syntheticWeights(QWEN, 12, { sharedClassifier: true, biases: true }), { arch: "qwen2", tied: true, type: "q8_0" }),
+    );
     return tmp.path("q.gguf");
   },
 };
@@ -52,11 +66,18 @@ for (const [label, make] of Object.entries(models)) {
       await Promise.all([P, D, C].map((n) => n?.shutdown()));
     });
 
-    const prompts = [[65, 66, 67], [72, 101, 108, 108, 111, 44, 32, 119], [84, 104, 101, 32, 113, 117, 105, 99, 107, 32, 98]];
+    const prompts = [
+      [65, 66, 67],
+      [72, 101, 108, 108, 111, 44, 32, 119],
+      [84, 104, 101, 32, 113, 117, 105, 99, 107, 32, 98],
+    ];
     for (const prompt of prompts) {
       for (const sampling of [{ temperature: 0 }, { temperature: 0.9, seed: 7 }]) {
         test(`${prompt.length}-token prompt, ${sampling.temperature === 0 ? "greedy" : "seeded"}`, async () => {
-          const res = await fetch(`http://${C.httpAddress}/v1/completions`, { method: "POST", body: JSON.stringify({ prompt, max_tokens: 10, return_token_ids: true, ...sampling }) });
+          const res = await fetch(`http://${C.httpAddress}/v1/completions`, {
+            method: "POST",
+            body: JSON.stringify({ prompt, max_tokens: 10, return_token_ids: true, ...sampling }),
+          });
           expect(res.status).toBe(200);
           const want = ((await res.json()) as { choices: { token_ids: number[] }[] }).choices[0]!.token_ids;
           const control = grpcClient(EngineControl, P.grpcAddress, { timeoutMs: 10_000 });
@@ -72,7 +93,14 @@ for (const [label, make] of Object.entries(models)) {
           const r2 = await fetch(`http://${D.httpAddress}/v1/completions`, {
             method: "POST",
             headers: { [HANDLE_HEADER]: handle.handleId, [FIRST_TOKEN_HEADER]: String(handle.firstToken), [DRAWS_HEADER]: String(handle.rngDrawsConsumed) },
-            body: JSON.stringify({ prompt: handle.promptTokens, max_tokens: 10, temperature: sampling.temperature, seed: handle.seed.toString(), stream: true, return_token_ids: true }),
+            body: JSON.stringify({
+              prompt: handle.promptTokens,
+              max_tokens: 10,
+              temperature: sampling.temperature,
+              seed: handle.seed.toString(),
+              stream: true,
+              return_token_ids: true,
+            }),
           });
           expect(r2.status).toBe(200);
           const events = (await sseEvents(r2)) as ({ choices: { token_ids?: number[] }[] } | string)[];
@@ -106,8 +134,19 @@ describe("engines with different model shapes refuse each other's pushes", () =>
       expect(D.pool.shape.headDim).toBe(8);
       const control = grpcClient(EngineControl, src.grpcAddress, { timeoutMs: 10_000 });
       const err = await control
-        .prefill(create(PrefillRequestSchema, { requestId: `shape-${path}`, promptTokens: [65, 66, 67, 68, 69], sampling: { temperature: 0, maxTokens: 4 }, decodeTarget: D.kvAddress, kvFormat: 1 }))
-        .then(() => null, (e: unknown) => e as { code: number; message: string });
+        .prefill(
+          create(PrefillRequestSchema, {
+            requestId: `shape-${path}`,
+            promptTokens: [65, 66, 67, 68, 69],
+            sampling: { temperature: 0, maxTokens: 4 },
+            decodeTarget: D.kvAddress,
+            kvFormat: 1,
+          }),
+        )
+        .then(
+          () => null,
+          (e: unknown) => e as { code: number; message: string },
+        );
       expect(err).not.toBeNull();
       console.log(`refused push over the ${path}: ${err!.message}`);
       expect(err!.message).toMatch(/failed_precondition/);

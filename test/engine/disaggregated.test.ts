@@ -52,7 +52,14 @@ async function disaggregated(prompt: number[], sampling: { temperature: number; 
       [FIRST_TOKEN_HEADER]: String(handle.firstToken),
       [DRAWS_HEADER]: String(handle.rngDrawsConsumed),
     },
-    body: JSON.stringify({ prompt: handle.promptTokens, max_tokens: 12, temperature: sampling.temperature, seed: handle.seed.toString(), stream, return_token_ids: true }),
+    body: JSON.stringify({
+      prompt: handle.promptTokens,
+      max_tokens: 12,
+      temperature: sampling.temperature,
+      seed: handle.seed.toString(),
+      stream,
+      return_token_ids: true,
+    }),
   });
   expect(res.status).toBe(200);
   let rest: number[];
@@ -105,7 +112,13 @@ describe("the decode side of the hand-off", () => {
     // the handle above was claimed; push another and resume it with a different prompt
     const control = grpcClient(EngineControl, P.grpcAddress);
     const h2 = await control.prefill(
-      create(PrefillRequestSchema, { requestId: "mismatch", promptTokens: handle.promptTokens, sampling: { maxTokens: 8 }, decodeTarget: D.kvAddress, kvFormat: 1 }),
+      create(PrefillRequestSchema, {
+        requestId: "mismatch",
+        promptTokens: handle.promptTokens,
+        sampling: { maxTokens: 8 },
+        decodeTarget: D.kvAddress,
+        kvFormat: 1,
+      }),
     );
     expect(D.receiver!.pending()).toBe(1);
     const other = [...handle.promptTokens];
@@ -132,7 +145,9 @@ describe("disaggregated_equals_colocated with the default model", () => {
       while (gw.registry.live().length < 2) await Bun.sleep(10);
       for (const sampling of [{ temperature: 0 }, { temperature: 0.9, seed: 31 }, { temperature: 0.7, seed: 5 }]) {
         const body = JSON.stringify({ messages: [{ role: "user", content: "Tell me about KV caches, please." }], max_tokens: 12, ...sampling });
-        const want = (await (await fetch(`http://${c.httpAddress}/v1/chat/completions`, { method: "POST", body })).json()) as { choices: { message: { content: string } }[] };
+        const want = (await (await fetch(`http://${c.httpAddress}/v1/chat/completions`, { method: "POST", body })).json()) as {
+          choices: { message: { content: string } }[];
+        };
         const res = await fetch(`http://${gw.httpAddress}/v1/chat/completions`, { method: "POST", body });
         expect(res.headers.get("x-tl-served")).toBe("disaggregated");
         const got = (await res.json()) as { choices: { message: { content: string } }[] };

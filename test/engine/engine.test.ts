@@ -32,9 +32,7 @@ describe("engine", () => {
       const { engine, pool } = makeEngine(64, 8); // small budget: chunked prefill mixed with decodes
       const streamed: number[][] = prompts.map(() => []);
       const together = await Promise.all(
-        prompts.map((p, i) =>
-          engine.submit({ requestId: `r${i}`, promptTokens: p, sampling, onToken: (t) => streamed[i]!.push(t) }),
-        ),
+        prompts.map((p, i) => engine.submit({ requestId: `r${i}`, promptTokens: p, sampling, onToken: (t) => streamed[i]!.push(t) })),
       );
       expect(together.map((f) => f.outputTokens)).toEqual(alone);
       expect(streamed).toEqual(alone);

@@ -5,14 +5,17 @@ import { promptHashes } from "../../src/codec/index.ts";
 import { grpcClient } from "../../src/rpc/index.ts";
 import { EngineControl, PrefillRequestSchema } from "../../src/gen/tl/engine/v1/engine_pb.ts";
 import { CHOICES_HEADER, DRAWS_HEADER, FIRST_TOKEN_HEADER, HANDLE_HEADER } from "../../src/http/index.ts";
-import { FakeRunner } from "../support/fake-runner.ts";
+import type { FakeRunner } from "../support/fake-runner.ts";
 import { fakeServedModel } from "../support/nodes.ts";
 
 // Every refusal of a resume gives back what the handle held, on D, at once.
 let P: EngineNode, D: EngineNode;
 beforeAll(async () => {
   const common = { blockTokens: 4, numBlocks: 64 };
-  [P, D] = await Promise.all([startEngineNode({ role: "prefill", model: fakeServedModel(), ...common }), startEngineNode({ role: "decode", model: fakeServedModel(), ...common })]);
+  [P, D] = await Promise.all([
+    startEngineNode({ role: "prefill", model: fakeServedModel(), ...common }),
+    startEngineNode({ role: "decode", model: fakeServedModel(), ...common }),
+  ]);
 });
 afterAll(async () => {
   await Promise.all([P, D].map((n) => n?.shutdown()));
@@ -22,7 +25,14 @@ const prompt = [5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15];
 
 async function push(requestId: string, n = 1) {
   return grpcClient(EngineControl, P.grpcAddress).prefill(
-    create(PrefillRequestSchema, { requestId, promptTokens: prompt, sampling: { maxTokens: 8, temperature: 1, seed: 3n }, decodeTarget: D.kvAddress, kvFormat: 1, n }),
+    create(PrefillRequestSchema, {
+      requestId,
+      promptTokens: prompt,
+      sampling: { maxTokens: 8, temperature: 1, seed: 3n },
+      decodeTarget: D.kvAddress,
+      kvFormat: 1,
+      n,
+    }),
   );
 }
 
@@ -44,7 +54,12 @@ test("a resume whose request id already runs on D is a 409 that releases the han
   (D.model.runner as FakeRunner).slowMs = 2;
   try {
     const ac = new AbortController();
-    const running = await fetch(`http://${D.httpAddress}/v1/completions`, { method: "POST", headers: { "x-request-id": "busy" }, body: JSON.stringify({ prompt: [1, 2, 3], max_tokens: 200, stream: true }), signal: ac.signal });
+    const running = await fetch(`http://${D.httpAddress}/v1/completions`, {
+      method: "POST",
+      headers: { "x-request-id": "busy" },
+      body: JSON.stringify({ prompt: [1, 2, 3], max_tokens: 200, stream: true }),
+      signal: ac.signal,
+    });
     await running.body!.getReader().read();
     const first = () => D.pool.refCount(D.pool.lookup(promptHashes(prompt, 4)[0]!));
     for (const n of [1, 3]) {
@@ -72,6 +87,10 @@ test("n = 3 resumed on one handle: every choice finishes and frees its blocks; a
   const ok = await resume(h.handleId, "three", h.choiceFirstTokens);
   expect(ok.status).toBe(200);
   const body = (await ok.json()) as { choices: { index: number; finish_reason: string }[] };
-  expect(body.choices.map((c) => [c.index, c.finish_reason])).toEqual([[0, "length"], [1, "length"], [2, "length"]]);
+  expect(body.choices.map((c) => [c.index, c.finish_reason])).toEqual([
+    [0, "length"],
+    [1, "length"],
+    [2, "length"],
+  ]);
   await idle();
 });

@@ -94,11 +94,21 @@ const mutationArb: fc.Arbitrary<Mutation> = fc.oneof(
   { weight: 4, arbitrary: fc.record({ t: fc.constant("flip" as const), at: position, bit: fc.integer({ min: 0, max: 7 }) }) },
   { weight: 2, arbitrary: fc.record({ t: fc.constant("byte" as const), at: position, value: fc.integer({ min: 0, max: 255 }) }) },
   { weight: 2, arbitrary: fc.record({ t: fc.constant("truncate" as const), keep: position }) },
-  { weight: 2, arbitrary: fc.record({ t: fc.constant("extend" as const), bytes: fc.array(fc.integer({ min: 0, max: 255 }), { minLength: 1, maxLength: 40 }) }) },
+  {
+    weight: 2,
+    arbitrary: fc.record({ t: fc.constant("extend" as const), bytes: fc.array(fc.integer({ min: 0, max: 255 }), { minLength: 1, maxLength: 40 }) }),
+  },
   { weight: 4, arbitrary: fc.record({ t: fc.constant("u32" as const), field: fc.constantFrom(8, 12, 16, 20, 24), value: interesting }) },
   { weight: 2, arbitrary: fc.record({ t: fc.constant("u16" as const), field: fc.constantFrom(0, 2, 4, 6), value: fc.constantFrom(0, 1, 2, 3, 0xffff) }) },
   { weight: 3, arbitrary: fc.record({ t: fc.constant("fill" as const), record: fc.nat(3), value: interesting }) },
-  { weight: 3, arbitrary: fc.record({ t: fc.constant("hash" as const), record: fc.nat(3), value: fc.oneof(fc.constant(0n), fc.constant(1n), fc.bigInt({ min: 0n, max: (1n << 64n) - 1n })) }) },
+  {
+    weight: 3,
+    arbitrary: fc.record({
+      t: fc.constant("hash" as const),
+      record: fc.nat(3),
+      value: fc.oneof(fc.constant(0n), fc.constant(1n), fc.bigInt({ min: 0n, max: (1n << 64n) - 1n })),
+    }),
+  },
   {
     weight: 2,
     arbitrary: fc.record({
@@ -207,10 +217,13 @@ function bytesFrom(seed: number, n: number): Uint8Array {
 
 const baseArb = fc.record({
   shape: fc.nat(SHAPES.length - 1),
-  records: fc.array(fc.record({ full: fc.boolean(), fill: fc.nat(), hashed: fc.boolean(), hash: fc.bigInt({ min: 1n, max: (1n << 64n) - 1n }), seed: fc.nat() }), {
-    minLength: 0,
-    maxLength: 3,
-  }),
+  records: fc.array(
+    fc.record({ full: fc.boolean(), fill: fc.nat(), hashed: fc.boolean(), hash: fc.bigInt({ min: 1n, max: (1n << 64n) - 1n }), seed: fc.nat() }),
+    {
+      minLength: 0,
+      maxLength: 3,
+    },
+  ),
 });
 
 type BaseCase = typeof baseArb extends fc.Arbitrary<infer T> ? T : never;
@@ -246,7 +259,8 @@ function checkEnvelope(buf: Uint8Array, expect: KvShape | undefined, stats: Map<
   } catch (e) {
     if (!(e instanceof EnvError)) fail(`untyped error from readEnvelope: ${String(e)}`);
     if (want.ok) fail(`valid envelope refused: ${e.message}`);
-    if (e.rule !== want.rule || e.code !== want.code) fail(`refused by rule ${e.rule} (code ${e.code}), oracle says rule ${want.rule} (code ${want.code}): ${e.message}`);
+    if (e.rule !== want.rule || e.code !== want.code)
+      fail(`refused by rule ${e.rule} (code ${e.code}), oracle says rule ${want.rule} (code ${want.code}): ${e.message}`);
     if (!e.message.startsWith(`rule ${e.rule}: `)) fail(`message does not name the rule: ${e.message}`);
     const k = `rule ${e.rule}`;
     stats.set(k, (stats.get(k) ?? 0) + 1);
@@ -254,12 +268,19 @@ function checkEnvelope(buf: Uint8Array, expect: KvShape | undefined, stats: Map<
   }
   if (!want.ok) fail(`accepted an envelope the oracle refuses by rule ${want.rule}`);
   const h = got.header;
-  if (h.nBlocks !== want.n || h.blockTokens !== want.shape.blockTokens || h.nLayers !== want.shape.nLayers || h.nKvHeads !== want.shape.nKvHeads || h.headDim !== want.shape.headDim) {
+  if (
+    h.nBlocks !== want.n ||
+    h.blockTokens !== want.shape.blockTokens ||
+    h.nLayers !== want.shape.nLayers ||
+    h.nKvHeads !== want.shape.nKvHeads ||
+    h.headDim !== want.shape.headDim
+  ) {
     fail(`accepted with header ${JSON.stringify(h)}, oracle reads n=${want.n} ${JSON.stringify(want.shape)}`);
   }
   want.records.forEach((r, i) => {
     const g = got!.records[i]!;
-    if (g.hash !== r.hash || g.nTokens !== r.fill || !Buffer.from(g.payload).equals(Buffer.from(r.payload))) fail(`record ${i} read differently than the oracle`);
+    if (g.hash !== r.hash || g.nTokens !== r.fill || !Buffer.from(g.payload).equals(Buffer.from(r.payload)))
+      fail(`record ${i} read differently than the oracle`);
   });
   stats.set("accepted", (stats.get("accepted") ?? 0) + 1);
 }
@@ -288,7 +309,12 @@ const chunkEditArb: fc.Arbitrary<ChunkEdit> = fc.oneof(
   fc.record({ t: fc.constant("handle" as const), i: fc.nat(8), value: fc.constantFrom("", "held", "other", "h") }),
   fc.record({ t: fc.constant("index" as const), i: fc.nat(8), delta: fc.constantFrom(-1, 1, 2, 1000, -0x80000000) }),
   fc.record({ t: fc.constant("total" as const), i: fc.nat(8), value: fc.constantFrom(0, 1, 2, 3, 7, 0xffffffff) }),
-  fc.record({ t: fc.constant("hash" as const), i: fc.nat(8), how: fc.constantFrom("zero" as const, "xor" as const, "other" as const, "random" as const), value: fc.bigInt({ min: 1n, max: (1n << 64n) - 1n }) }),
+  fc.record({
+    t: fc.constant("hash" as const),
+    i: fc.nat(8),
+    how: fc.constantFrom("zero" as const, "xor" as const, "other" as const, "random" as const),
+    value: fc.bigInt({ min: 1n, max: (1n << 64n) - 1n }),
+  }),
   fc.record({ t: fc.constant("format" as const), i: fc.nat(8), value: fc.constantFrom(0, 2, 0xffffffff) }),
   fc.record({ t: fc.constant("crc" as const), i: fc.nat(8), xor: fc.integer({ min: 1, max: 0xffffffff }) }),
   {
@@ -450,7 +476,13 @@ function runPush(pc: PushCase, stats: Map<string, number>): void {
       pendingIds.add("held");
     }
     const pre = fakePrefill(P, tokens)!;
-    const built = buildChunks(P, "h", pre.ids, pre.hashes, pre.hashes.map((_, i) => pc.present[i]!));
+    const built = buildChunks(
+      P,
+      "h",
+      pre.ids,
+      pre.hashes,
+      pre.hashes.map((_, i) => pc.present[i]!),
+    );
     // Own copies: edits must not reach the shared slab, and accepted payloads are compared below.
     let chunks: KvChunkLike[] = built.map((c) => ({ ...c, envelope: c.envelope.slice() }));
     for (const e of pc.edits) chunks = applyEdit(chunks, e);
@@ -469,7 +501,13 @@ function runPush(pc: PushCase, stats: Map<string, number>): void {
         s ??= rx.begin(c.handleId, c.total);
         const n = c.envelope.length;
         if (pc.parts && n === envelopeBytes(RX_SHAPE, 1)) {
-          s.acceptParts(c, c.envelope, 0, c.envelope.subarray(ENVELOPE_HEAD_BYTES, n - 4), new DataView(c.envelope.buffer, c.envelope.byteOffset + n - 4, 4).getUint32(0, true));
+          s.acceptParts(
+            c,
+            c.envelope,
+            0,
+            c.envelope.subarray(ENVELOPE_HEAD_BYTES, n - 4),
+            new DataView(c.envelope.buffer, c.envelope.byteOffset + n - 4, 4).getUint32(0, true),
+          );
         } else {
           s.accept(c);
         }
@@ -516,7 +554,8 @@ function runPush(pc: PushCase, stats: Map<string, number>): void {
       }
       if (!Buffer.from(D.payload(bid)).equals(Buffer.from(payload))) fail(`chunk ${k}: block ${bid} does not hold the chunk's payload`);
     });
-    if (held.nTokens !== fills || held.blockIds.length !== fed.length) fail(`handle holds ${held.nTokens} tokens in ${held.blockIds.length} blocks, chunks say ${fills} in ${fed.length}`);
+    if (held.nTokens !== fills || held.blockIds.length !== fed.length)
+      fail(`handle holds ${held.nTokens} tokens in ${held.blockIds.length} blocks, chunks say ${fills} in ${fed.length}`);
     if (ack!.blocksReceived !== received || ack!.blocksDeduped !== fed.length - received || ack!.payloadBytes !== BigInt(bytes) || ack!.nTokens !== fills) {
       fail(`ack ${JSON.stringify({ ...ack!, payloadBytes: String(ack!.payloadBytes) })} disagrees with the chunks`);
     }

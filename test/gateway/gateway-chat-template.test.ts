@@ -17,7 +17,10 @@ afterAll(() => C?.stop());
 describe("gateway chat templates", () => {
   test("gateway_renders_chat_with_the_model_template", async () => {
     const messages = [{ role: "user", content: "Hi there" }];
-    const r = await fetch(`http://${C.gateway.httpAddress}/v1/chat/completions`, { method: "POST", body: JSON.stringify({ messages, max_tokens: 4, temperature: 0 }) });
+    const r = await fetch(`http://${C.gateway.httpAddress}/v1/chat/completions`, {
+      method: "POST",
+      body: JSON.stringify({ messages, max_tokens: 4, temperature: 0 }),
+    });
     expect(r.headers.get("x-tl-served")).toBe("disaggregated");
     const j = (await r.json()) as { usage: { prompt_tokens: number } };
     // The prompt the gateway hashed and P prefilled is SmolLM2's rendering (byte tokenizer: its UTF-8 length + BOS).

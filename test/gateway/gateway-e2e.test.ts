@@ -2,7 +2,7 @@ import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { promptHashes } from "../../src/codec/index.ts";
 import { blockPayloadBytes } from "../../src/codec/index.ts";
 import { startEngineNode } from "../../src/cli/engine-node.ts";
-import { FakeRunner } from "../support/fake-runner.ts";
+import type { FakeRunner } from "../support/fake-runner.ts";
 import { fakeServedModel, sseEvents, startTestCluster, type TestCluster } from "../support/nodes.ts";
 
 let c: TestCluster;
@@ -129,7 +129,12 @@ describe("gateway failures", () => {
     try {
       for (const d of k.decode) (d.model.runner as FakeRunner).slowMs = 2;
       const streams = await Promise.all(
-        [0, 1, 2, 3].map((i) => fetch(`http://${k.gateway.httpAddress}/v1/completions`, { method: "POST", body: JSON.stringify({ prompt: `stream ${i} ${"x".repeat(i * 9)}`, max_tokens: 300, temperature: 0, stream: true }) })),
+        [0, 1, 2, 3].map((i) =>
+          fetch(`http://${k.gateway.httpAddress}/v1/completions`, {
+            method: "POST",
+            body: JSON.stringify({ prompt: `stream ${i} ${"x".repeat(i * 9)}`, max_tokens: 300, temperature: 0, stream: true }),
+          }),
+        ),
       );
       const victim = k.decode[0]!;
       const onVictim = streams.filter((s) => s.headers.get("x-tl-decode-worker") === victim.workerId);
@@ -149,13 +154,21 @@ describe("gateway failures", () => {
       for (const d of k.decode) (d.model.runner as FakeRunner).slowMs = 0;
       // New requests go to the survivor, before and after the registry evicts the dead one.
       for (let i = 0; i < 3; i++) {
-        const r = await fetch(`http://${k.gateway.httpAddress}/v1/completions`, { method: "POST", body: JSON.stringify({ prompt: `after ${i}`, max_tokens: 3, temperature: 0 }) });
+        const r = await fetch(`http://${k.gateway.httpAddress}/v1/completions`, {
+          method: "POST",
+          body: JSON.stringify({ prompt: `after ${i}`, max_tokens: 3, temperature: 0 }),
+        });
         expect(r.status).toBe(200);
         expect(r.headers.get("x-tl-decode-worker")).toBe(k.decode[1]!.workerId);
         await r.text();
       }
       await k.waitForWorkers(2, 3000);
-      expect(k.gateway.registry.live().map((w) => w.status.workerId).sort()).toEqual(["decode-1", "prefill-0"]);
+      expect(
+        k.gateway.registry
+          .live()
+          .map((w) => w.status.workerId)
+          .sort(),
+      ).toEqual(["decode-1", "prefill-0"]);
     } finally {
       await k.stop();
     }
@@ -182,10 +195,16 @@ describe("gateway failures", () => {
     const k = await startTestCluster({ prefill: 1, decode: 1 });
     try {
       (k.decode[0]!.model.runner as FakeRunner).slowMs = 2;
-      const streaming = fetch(`http://${k.gateway.httpAddress}/v1/completions`, { method: "POST", body: JSON.stringify({ prompt: "keep going", max_tokens: 80, temperature: 0, stream: true }) });
+      const streaming = fetch(`http://${k.gateway.httpAddress}/v1/completions`, {
+        method: "POST",
+        body: JSON.stringify({ prompt: "keep going", max_tokens: 80, temperature: 0, stream: true }),
+      });
       const res = await streaming;
       const drained = k.gateway.drain(10_000);
-      const late = await fetch(`http://${k.gateway.httpAddress}/v1/completions`, { method: "POST", body: JSON.stringify({ prompt: "too late", max_tokens: 2 }) });
+      const late = await fetch(`http://${k.gateway.httpAddress}/v1/completions`, {
+        method: "POST",
+        body: JSON.stringify({ prompt: "too late", max_tokens: 2 }),
+      });
       expect(late.status).toBe(503);
       expect(late.headers.get("retry-after")).toBe("1");
       const events = await sseEvents(res);
@@ -199,7 +218,10 @@ describe("gateway failures", () => {
   test("without a pair the gateway falls back to a both engine, and with nothing answers 503", async () => {
     const k = await startTestCluster({ both: 1 });
     try {
-      const r = await fetch(`http://${k.gateway.httpAddress}/v1/completions`, { method: "POST", body: JSON.stringify({ prompt: "hello", max_tokens: 4, temperature: 0 }) });
+      const r = await fetch(`http://${k.gateway.httpAddress}/v1/completions`, {
+        method: "POST",
+        body: JSON.stringify({ prompt: "hello", max_tokens: 4, temperature: 0 }),
+      });
       expect(r.status).toBe(200);
       expect(r.headers.get("x-tl-served")).toBe("colocated-fallback");
       await r.text();
@@ -214,7 +236,12 @@ describe("gateway failures", () => {
   });
 
   test("bad requests are 400 in OpenAI's error shape", async () => {
-    for (const body of [{ prompt: "x", max_tokens: 0 }, { prompt: "", max_tokens: 2 }, { prompt: "x", temperature: -1 }, { prompt: "x", max_tokens: 10_000 }]) {
+    for (const body of [
+      { prompt: "x", max_tokens: 0 },
+      { prompt: "", max_tokens: 2 },
+      { prompt: "x", temperature: -1 },
+      { prompt: "x", max_tokens: 10_000 },
+    ]) {
       const r = await post("/v1/completions", body);
       expect(r.status).toBe(400);
       const j = (await r.json()) as { error: { message: string; type: string } };

@@ -2,13 +2,7 @@ import { expect, test } from "bun:test";
 import { create } from "@bufbuild/protobuf";
 import { Code, ConnectError, type HandlerContext } from "@connectrpc/connect";
 import { RegistryService, WorkerRegistry } from "../../src/gateway/index.ts";
-import {
-  ListWorkersRequestSchema,
-  ListWorkersResponseSchema,
-  Role,
-  WorkerStatusSchema,
-  type WorkerStatus,
-} from "../../src/gen/tl/control/v1/control_pb.ts";
+import { ListWorkersRequestSchema, ListWorkersResponseSchema, Role, WorkerStatusSchema, type WorkerStatus } from "../../src/gen/tl/control/v1/control_pb.ts";
 
 const beat = (workerId: string, role: Role, extra: Partial<Omit<WorkerStatus, "$typeName" | "$unknown">> = {}) =>
   create(WorkerStatusSchema, { workerId, role, kvFormat: 1, seq: 1n, ...extra });
@@ -96,10 +90,7 @@ test("registry_service_validates", async () => {
 
     const ack = await svc.impl.heartbeat!(beat("w", Role.DECODE), ctx);
     expect(ack).toMatchObject({ drain: false, intervalMs: 100 });
-    const listed = create(
-      ListWorkersResponseSchema,
-      await svc.impl.listWorkers!(create(ListWorkersRequestSchema), ctx),
-    );
+    const listed = create(ListWorkersResponseSchema, await svc.impl.listWorkers!(create(ListWorkersRequestSchema), ctx));
     expect(listed.workers.map((w) => [w.status?.workerId, w.lastSeenUnixMs, w.missed])).toEqual([["w", 5000n, 0]]);
   } finally {
     svc.close();

@@ -12,7 +12,9 @@ function fakeDecode(chunks: unknown[], end: "clean" | "done" | "error"): { url: 
     port: 0,
     hostname: "127.0.0.1",
     fetch() {
-      const body = chunks.map((c) => `data: ${JSON.stringify(c)}\n\n`).join("") + (end === "done" ? "data: [DONE]\n\n" : end === "error" ? `data: ${JSON.stringify({ error: { message: "boom" } })}\n\n` : "");
+      const body =
+        chunks.map((c) => `data: ${JSON.stringify(c)}\n\n`).join("") +
+        (end === "done" ? "data: [DONE]\n\n" : end === "error" ? `data: ${JSON.stringify({ error: { message: "boom" } })}\n\n` : "");
       return new Response(body, { headers: { "content-type": "text/event-stream" } });
     },
   });

@@ -12,7 +12,18 @@ const other = new Llama2cTokenizer(
   new Float32Array(258),
 );
 const want = { model: "m", vocabSize: byte.vocabSize, tokenizerFingerprint: tokenizerFingerprint(byte) };
-const base: WorkerIdentity = { workerId: "d1", httpAddress: "127.0.0.1:1", grpcAddress: "127.0.0.1:2", kvAddress: "127.0.0.1:3", role: "decode", model: "m", blockTokens: 16, totalBlocks: 8, vocabSize: byte.vocabSize, tokenizerFingerprint: want.tokenizerFingerprint };
+const base: WorkerIdentity = {
+  workerId: "d1",
+  httpAddress: "127.0.0.1:1",
+  grpcAddress: "127.0.0.1:2",
+  kvAddress: "127.0.0.1:3",
+  role: "decode",
+  model: "m",
+  blockTokens: 16,
+  totalBlocks: 8,
+  vocabSize: byte.vocabSize,
+  tokenizerFingerprint: want.tokenizerFingerprint,
+};
 const load = { queueDepth: 0, running: 0, freeBlocks: 8, draining: false };
 
 let server: GrpcServer, registry: WorkerRegistry, service: RegistryService, client: GrpcRegistry;
@@ -36,7 +47,12 @@ describe("gateway refuses engines that tokenize differently", () => {
   test("a matching engine registers; an older one reporting nothing but the model too", async () => {
     await client.heartbeat(workerStatus(base, load, 1n), 1000);
     await client.heartbeat(workerStatus({ ...base, workerId: "old", vocabSize: undefined, tokenizerFingerprint: undefined }, load, 1n), 1000);
-    expect(registry.list().map((w) => w.status.workerId).sort()).toEqual(["d1", "old"]);
+    expect(
+      registry
+        .list()
+        .map((w) => w.status.workerId)
+        .sort(),
+    ).toEqual(["d1", "old"]);
   });
 
   const cases: [string, Partial<WorkerIdentity>, RegExp][] = [
@@ -47,7 +63,10 @@ describe("gateway refuses engines that tokenize differently", () => {
   for (const [name, change, msg] of cases) {
     test(`${name}: FAILED_PRECONDITION naming both values, not listed`, async () => {
       const id = `bad-${name.replaceAll(" ", "-")}`;
-      const err = await client.heartbeat(workerStatus({ ...base, workerId: id, ...change }, load, 1n), 1000).then(() => null, (e: Error) => e);
+      const err = await client.heartbeat(workerStatus({ ...base, workerId: id, ...change }, load, 1n), 1000).then(
+        () => null,
+        (e: Error) => e,
+      );
       expect(err?.message).toMatch(msg);
       expect(err?.message).toMatch(/failed_precondition|FAILED_PRECONDITION/i);
       expect(registry.list().some((w) => w.status.workerId === id)).toBe(false);

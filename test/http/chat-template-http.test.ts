@@ -14,8 +14,18 @@ afterAll(async () => {
   for (const n of nodes) await n.shutdown();
 });
 
-async function node(chatTemplate: string | null, chatTemplatePath?: string): Promise<(body: unknown) => Promise<{ status: number; json: Record<string, any> }>> {
-  const n = await startEngineNode({ role: "both", model: { ...fakeServedModel(), maxSeqLen: 2048, chatTemplate }, chatTemplatePath, blockTokens: 16, numBlocks: 256, maxModelLen: 2048 });
+async function node(
+  chatTemplate: string | null,
+  chatTemplatePath?: string,
+): Promise<(body: unknown) => Promise<{ status: number; json: Record<string, any> }>> {
+  const n = await startEngineNode({
+    role: "both",
+    model: { ...fakeServedModel(), maxSeqLen: 2048, chatTemplate },
+    chatTemplatePath,
+    blockTokens: 16,
+    numBlocks: 256,
+    maxModelLen: 2048,
+  });
   nodes.push(n);
   return async (body) => {
     const r = await fetch(`http://${n.httpAddress}/v1/chat/completions`, { method: "POST", body: JSON.stringify(body) });
@@ -40,7 +50,10 @@ describe("chat requests through the model's template", () => {
     expect([refused.status, refused.json.error.param]).toEqual([400, "tools"]);
     expect({ status: r.status, error: r.json.error }).toEqual({ status: 200, error: undefined });
     // The byte tokenizer makes the prompt's length its rendered text's UTF-8 length, plus BOS.
-    const want = new ChatTemplate(QWEN25, {}).render(HISTORY.map((m) => ({ ...m })), {});
+    const want = new ChatTemplate(QWEN25, {}).render(
+      HISTORY.map((m) => ({ ...m })),
+      {},
+    );
     expect(want).toContain('{"name": "get_weather", "arguments": {"city": "Oslo"}}');
     expect(want).toContain("<tool_response>\n3 C\n</tool_response>");
     expect(r.json.usage.prompt_tokens).toBe(utf8Len(want) + 1);
@@ -76,7 +89,13 @@ describe("chat requests through the model's template", () => {
 
   test("no_template_gets_the_default", async () => {
     const chat = await node(null);
-    const r = await chat({ messages: [{ role: "system", content: "s" }, { role: "user", content: "hi" }], max_tokens: 2 });
+    const r = await chat({
+      messages: [
+        { role: "system", content: "s" },
+        { role: "user", content: "hi" },
+      ],
+      max_tokens: 2,
+    });
     expect(r.json.usage.prompt_tokens).toBe(utf8Len("<|system|>\ns\n<|user|>\nhi\n<|assistant|>\n") + 1);
   });
 });

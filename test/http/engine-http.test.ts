@@ -2,7 +2,7 @@ import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { startEngineNode, type EngineNode } from "../../src/cli/engine-node.ts";
 import { TextAssembler } from "../../src/http/index.ts";
 import { ByteTokenizer } from "../../src/model/index.ts";
-import { FakeRunner } from "../support/fake-runner.ts";
+import type { FakeRunner } from "../support/fake-runner.ts";
 import { fakeServedModel, sseEvents } from "../support/nodes.ts";
 
 let E: EngineNode;
@@ -41,11 +41,18 @@ describe("engine HTTP (OpenAI-compatible)", () => {
 
   test("completion and chat, JSON and SSE, agree on the text, usage and finish_reason", async () => {
     const body = { prompt: "Hello there", max_tokens: 9, temperature: 0.7, seed: 11 };
-    const j = (await (await post("/v1/completions", body)).json()) as { object: string; choices: { text: string; finish_reason: string }[]; usage: Record<string, number> };
+    const j = (await (await post("/v1/completions", body)).json()) as {
+      object: string;
+      choices: { text: string; finish_reason: string }[];
+      usage: Record<string, number>;
+    };
     expect(j.object).toBe("text_completion");
     expect(j.usage).toEqual({ prompt_tokens: 12, completion_tokens: 9, total_tokens: 21 });
     expect(j.choices[0]!.finish_reason).toBe("length");
-    const events = (await sseEvents(await post("/v1/completions", { ...body, stream: true, stream_options: { include_usage: true } }))) as ({ choices: { text: string; finish_reason: string | null }[]; usage?: unknown } | string)[];
+    const events = (await sseEvents(await post("/v1/completions", { ...body, stream: true, stream_options: { include_usage: true } }))) as (
+      | { choices: { text: string; finish_reason: string | null }[]; usage?: unknown }
+      | string
+    )[];
     expect(events.at(-1)).toBe("[DONE]");
     const chunks = events.filter((e): e is Exclude<typeof e, string> => typeof e !== "string");
     expect(chunks.flatMap((c) => c.choices.map((x) => x.text)).join("")).toBe(j.choices[0]!.text);
@@ -66,9 +73,14 @@ describe("engine HTTP (OpenAI-compatible)", () => {
     const text = base.choices[0]!.text;
     const stop = text.slice(5, 7);
     const want = text.slice(0, text.indexOf(stop));
-    const j = (await (await post("/v1/completions", { prompt: "stop test", max_tokens: 30, temperature: 0, stop })).json()) as { choices: { text: string; finish_reason: string }[] };
+    const j = (await (await post("/v1/completions", { prompt: "stop test", max_tokens: 30, temperature: 0, stop })).json()) as {
+      choices: { text: string; finish_reason: string }[];
+    };
     expect(j.choices[0]).toMatchObject({ text: want, finish_reason: "stop" });
-    const events = (await sseEvents(await post("/v1/completions", { prompt: "stop test", max_tokens: 30, temperature: 0, stop, stream: true }))) as ({ choices: { text: string; finish_reason: string | null }[] } | string)[];
+    const events = (await sseEvents(await post("/v1/completions", { prompt: "stop test", max_tokens: 30, temperature: 0, stop, stream: true }))) as (
+      | { choices: { text: string; finish_reason: string | null }[] }
+      | string
+    )[];
     expect(events.flatMap((e) => (typeof e === "string" ? [] : e.choices.map((c) => c.text))).join("")).toBe(want);
     await Bun.sleep(20);
     expect(E.pool.used).toBe(0);

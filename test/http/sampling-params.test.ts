@@ -105,7 +105,9 @@ describe("min_tokens, ignore_eos and stop_token_ids", () => {
     const stop = text.slice(4, 6);
     const cut = text.indexOf(stop);
     expect((await complete({ prompt, temperature: 0, max_tokens: 30, stop })).choices[0]!.text).toBe(text.slice(0, cut));
-    expect((await complete({ prompt, temperature: 0, max_tokens: 30, stop, include_stop_str_in_output: true })).choices[0]!.text).toBe(text.slice(0, cut + stop.length));
+    expect((await complete({ prompt, temperature: 0, max_tokens: 30, stop, include_stop_str_in_output: true })).choices[0]!.text).toBe(
+      text.slice(0, cut + stop.length),
+    );
   });
 });
 
@@ -130,7 +132,11 @@ describe("logprobs", () => {
   test("chat: content[{token, logprob, bytes, top_logprobs}], JSON and stream agree", async () => {
     const body = { messages: [{ role: "user", content: "hi" }], temperature: 0.7, seed: 3, max_tokens: 5, logprobs: true, top_logprobs: 2 };
     const j = await complete(body, "/v1/chat/completions");
-    const content = (j.choices[0]!.logprobs as { content: { token: string; logprob: number; bytes: number[]; top_logprobs: { token: string; logprob: number; bytes: number[] }[] }[] }).content;
+    const content = (
+      j.choices[0]!.logprobs as {
+        content: { token: string; logprob: number; bytes: number[]; top_logprobs: { token: string; logprob: number; bytes: number[] }[] }[];
+      }
+    ).content;
     expect(content.length).toBe(5);
     for (const e of content) {
       expect(e.top_logprobs.length).toBe(2);
@@ -191,7 +197,10 @@ describe("n, prompt lists, echo", () => {
     expect(t.choices.map((c) => c.index)).toEqual([0, 1, 2, 3]);
     expect(t.choices[3]!.token_ids).toEqual(await ids({ prompt: [A, A], temperature: 0 }));
     expect(t.usage.prompt_tokens).toBe(5);
-    const res = await fetch(`http://${E.httpAddress}/v1/completions`, { method: "POST", body: JSON.stringify({ prompt: ["ab", "cd"], temperature: 0, max_tokens: 12, stream: true }) });
+    const res = await fetch(`http://${E.httpAddress}/v1/completions`, {
+      method: "POST",
+      body: JSON.stringify({ prompt: ["ab", "cd"], temperature: 0, max_tokens: 12, stream: true }),
+    });
     const events = (await sseEvents(res)).filter((e): e is { choices: { index: number; text: string }[] } => typeof e !== "string");
     for (const i of [0, 1]) {
       expect(events.flatMap((e) => e.choices.filter((c) => c.index === i).map((c) => c.text)).join("")).toBe(j.choices[i]!.text);
@@ -201,7 +210,10 @@ describe("n, prompt lists, echo", () => {
   test("echo puts the prompt's text before the completion, in JSON and in a stream", async () => {
     const plain = (await complete({ prompt: "Hey", temperature: 0 })).choices[0]!.text;
     expect((await complete({ prompt: "Hey", temperature: 0, echo: true })).choices[0]!.text).toBe(`Hey${plain}`);
-    const res = await fetch(`http://${E.httpAddress}/v1/completions`, { method: "POST", body: JSON.stringify({ prompt: "Hey", temperature: 0, max_tokens: 12, echo: true, stream: true }) });
+    const res = await fetch(`http://${E.httpAddress}/v1/completions`, {
+      method: "POST",
+      body: JSON.stringify({ prompt: "Hey", temperature: 0, max_tokens: 12, echo: true, stream: true }),
+    });
     const events = (await sseEvents(res)).filter((e): e is { choices: { text: string }[] } => typeof e !== "string");
     expect(events.flatMap((e) => e.choices.map((c) => c.text)).join("")).toBe(`Hey${plain}`);
   });
@@ -218,7 +230,9 @@ describe("chat messages", () => {
     const short = await complete({ messages: messages.slice(0, 1), temperature: 0, max_tokens: 3 }, "/v1/chat/completions");
     // The default template renders each turn's content (the tool result here); a model's template renders the calls too.
     expect(j.usage.prompt_tokens).toBeGreaterThan(short.usage.prompt_tokens + "sunny".length);
-    expect((await refused({ messages: [{ role: "assistant", content: null }] }, "/v1/chat/completions")).message).toMatch(/content is required unless the message has tool_calls/);
+    expect((await refused({ messages: [{ role: "assistant", content: null }] }, "/v1/chat/completions")).message).toMatch(
+      /content is required unless the message has tool_calls/,
+    );
     expect((await refused({ messages: [{ role: "tool", content: "x" }] }, "/v1/chat/completions")).message).toMatch(/tool_call_id is required/);
   });
 });
@@ -284,7 +298,15 @@ describe("every refused parameter is a 400 that names it", () => {
   });
 
   test("accepted without effect: response_format text, tool_choice none, user, metadata; unknown fields are named in a header", async () => {
-    const ok = { messages: [{ role: "user", content: "hi" }], max_tokens: 2, response_format: { type: "text" }, tool_choice: "none", user: "u1", metadata: { a: "b" }, store: false };
+    const ok = {
+      messages: [{ role: "user", content: "hi" }],
+      max_tokens: 2,
+      response_format: { type: "text" },
+      tool_choice: "none",
+      user: "u1",
+      metadata: { a: "b" },
+      store: false,
+    };
     const res = await fetch(`http://${E.httpAddress}/v1/chat/completions`, { method: "POST", body: JSON.stringify({ ...ok, frobnicate: 1 }) });
     expect(res.status).toBe(200);
     expect(res.headers.get("x-tl-ignored-fields")).toBe("frobnicate");
@@ -295,7 +317,10 @@ describe("every refused parameter is a 400 that names it", () => {
 describe("seeds", () => {
   test("a chosen seed is below 2^53 and, sent back as a JSON number, reproduces the tokens", async () => {
     for (let i = 0; i < 5; i++) {
-      const res = await fetch(`http://${E.httpAddress}/v1/completions`, { method: "POST", body: JSON.stringify({ prompt, max_tokens: 8, return_token_ids: true }) });
+      const res = await fetch(`http://${E.httpAddress}/v1/completions`, {
+        method: "POST",
+        body: JSON.stringify({ prompt, max_tokens: 8, return_token_ids: true }),
+      });
       const seed = BigInt(res.headers.get("x-tl-seed")!);
       expect(seed < 2n ** 53n).toBe(true);
       const first = ((await res.json()) as Body).choices[0]!.token_ids;

@@ -18,7 +18,12 @@ const CHAT: ChatMessage[] = [
   { role: "assistant", content: "Hello!" },
   { role: "user", content: "Weather?" },
 ];
-const TOOLS = [{ type: "function", function: { name: "get_weather", description: "Weather now", parameters: { type: "object", properties: { city: { type: "string" } }, required: ["city"] } } }];
+const TOOLS = [
+  {
+    type: "function",
+    function: { name: "get_weather", description: "Weather now", parameters: { type: "object", properties: { city: { type: "string" } }, required: ["city"] } },
+  },
+];
 const TOOL_HISTORY: ChatMessage[] = [
   { role: "user", content: "Weather in Oslo?" },
   { role: "assistant", content: null, tool_calls: [{ id: "call_1", type: "function", function: { name: "get_weather", arguments: '{"city": "Oslo"}' } }] },
@@ -107,7 +112,10 @@ describe("chat prompts as token ids", () => {
   test("default_chat_template", () => {
     const tok = new ByteTokenizer();
     const r = chatRenderer(tok, null);
-    const ids = r.promptTokens([{ role: "system", content: "Be brief." }, { role: "user", content: "Hi" }]);
+    const ids = r.promptTokens([
+      { role: "system", content: "Be brief." },
+      { role: "user", content: "Hi" },
+    ]);
     expect(ids).toEqual(tok.encode("<|system|>\nBe brief.\n<|user|>\nHi\n<|assistant|>\n"));
     expect(new ChatTemplate(DEFAULT_CHAT_TEMPLATE, {}).render([{ role: "user", content: "x" }], { addGenerationPrompt: false })).toBe("<|user|>\nx\n");
   });

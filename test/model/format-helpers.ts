@@ -1,17 +1,13 @@
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { type ModelConfig, Transformer, type Weights } from "../../src/model/index.ts";
+import { type ModelConfig, readModelFiles, Transformer, type Weights, writeLlama2cCheckpoint, writeLlama2cTokenizer } from "../../src/model/index.ts";
 import { argmax, newPool, Seq, step, TINY } from "./helpers.ts";
 
 /** The llama2.c test checkpoint's shape, with a context long enough for the greedy runs. */
 export const CKPT: ModelConfig = { ...TINY, maxSeqLen: 48 };
 
-export const PROMPTS: number[][] = [
-  [1, 5, 9, 33, 2],
-  [1, 60, 61, 62, 7, 7, 7, 12, 40],
-  [3],
-];
+export const PROMPTS: number[][] = [[1, 5, 9, 33, 2], [1, 60, 61, 62, 7, 7, 7, 12, 40], [3]];
 
 /** Greedy decoding at token level: every step's logits and the tokens chosen. */
 export function greedy(cfg: ModelConfig, w: Weights, prompt: readonly number[], n: number): { tokens: number[]; logits: Float32Array[] } {
@@ -35,4 +31,23 @@ export function maxAbsDiff(a: readonly Float32Array[], b: readonly Float32Array[
 export function tempDir(tag: string): { dir: string; path: (...p: string[]) => string; cleanup: () => void } {
   const dir = mkdtempSync(join(tmpdir(), `tl-${tag}-`));
   return { dir, path: (...p) => join(dir, ...p), cleanup: () => rmSync(dir, { recursive: true, force: true }) };
+}
+
+/** The reference every format is compared with: the weights through a llama2.c file and its loader. */
+export function llama2cReference(
+  dir: string,
+  cfg: ModelConfig,
+  w: Weights,
+  prompt: readonly number[],
+  n: number,
+): { tokens: number[]; logits: Float32Array[] } {
+  writeLlama2cCheckpoint(join(dir, "ckpt.bin"), cfg, w, false);
+  writeLlama2cTokenizer(join(dir, "tok.bin"), [
+    { piece: "<unk>", score: 0 },
+    { piece: "<s>", score: 0 },
+    { piece: "</s>", score: 0 },
+  ]);
+  const m = readModelFiles(join(dir, "ckpt.bin"), { tokenizerPath: join(dir, "tok.bin") });
+  if (m.format !== "llama2c") throw new Error(`reference loaded as ${m.format}`);
+  return greedy(m.cfg, m.weights, prompt, n);
 }

@@ -1,8 +1,8 @@
 import { afterAll, describe, expect, test } from "bun:test";
 import { writeFileSync } from "node:fs";
-import { type ModelConfig, parseGguf, readModelFiles, syntheticWeights, toFloat32, writeLlama2cCheckpoint, writeLlama2cTokenizer } from "../../src/model/index.ts";
+import { type ModelConfig, parseGguf, readModelFiles, syntheticWeights, toFloat32 } from "../../src/model/index.ts";
 import { encodeGgufModel, GT, writeHfFolder } from "../support/model-writers.ts";
-import { CKPT, greedy, maxAbsDiff, PROMPTS, tempDir } from "./format-helpers.ts";
+import { CKPT, greedy, llama2cReference, maxAbsDiff, PROMPTS, tempDir } from "./format-helpers.ts";
 import { bits } from "./helpers.ts";
 
 const tmp = tempDir("gguf");
@@ -11,12 +11,7 @@ afterAll(tmp.cleanup);
 const W = syntheticWeights(CKPT, 77);
 const N = 16;
 
-function reference(prompt: number[]) {
-  writeLlama2cCheckpoint(tmp.path("ckpt.bin"), CKPT, W, false);
-  writeLlama2cTokenizer(tmp.path("tok.bin"), [{ piece: "<unk>", score: 0 }, { piece: "<s>", score: 0 }, { piece: "</s>", score: 0 }]);
-  const m = readModelFiles(tmp.path("ckpt.bin"), { tokenizerPath: tmp.path("tok.bin") });
-  return greedy(m.cfg, m.weights, prompt, N);
-}
+const reference = (prompt: number[]) => llama2cReference(tmp.dir, CKPT, W, prompt, N);
 
 describe("gguf_equals_llama2c", () => {
   test("F32 GGUF (v3, Meta rope order as llama.cpp writes llama): bit-identical logits", () => {
@@ -50,7 +45,11 @@ describe("gguf_equals_llama2c", () => {
 
   // Bounds on |logit error| over every greedy step (logits have std ~4): f16 rounds each weight
   // by <= 2^-11 relative, bf16 by <= 2^-8, q8_0 by <= amax/254 of its 32-block.
-  for (const [type, bound] of [["f16", 0.01], ["bf16", 0.08], ["q8_0", 0.15]] as const) {
+  for (const [type, bound] of [
+    ["f16", 0.01],
+    ["bf16", 0.08],
+    ["q8_0", 0.15],
+  ] as const) {
     test(`${type} GGUF: greedy tokens agree, logits within ${bound}`, () => {
       writeFileSync(tmp.path(`${type}.gguf`), encodeGgufModel(CKPT, W, { type }));
       const g = readModelFiles(tmp.path(`${type}.gguf`));
@@ -70,7 +69,8 @@ describe("gguf_equals_llama2c", () => {
     writeFileSync(tmp.path("q4_0.gguf"), encodeGgufModel(CKPT, W, { type: "q4_0" }));
     const g = readModelFiles(tmp.path("q4_0.gguf"));
     for (const k of ["wq", "w2", "wcls"] as const) {
-      const a = W[k], b = g.weights[k];
+      const a = W[k],
+        b = g.weights[k];
       for (let blk = 0; blk < a.length / 32; blk++) {
         let amax = 0;
         for (let j = 0; j < 32; j++) amax = Math.max(amax, Math.abs(a[blk * 32 + j]!));
@@ -88,6 +88,68 @@ describe("gguf_equals_llama2c", () => {
   });
 });
 
+describe("32-value legacy blocks and q5_k", () => {
+  const bytes = (n: number) => Uint8Array.from({ length: n }, (_, i) => (i * 151 + 7) & 0xff);
+  const f16 = (dv: DataView, at: number, bits: number) => dv.setUint16(at, bits, true);
+  test("q4_1, q5_0, q5_1 dequantize by ggml's definitions", () => {
+    for (const [dtype, size] of [
+      ["q4_1", 20],
+      ["q5_0", 22],
+      ["q5_1", 24],
+    ] as const) {
+      const b = bytes(2 * size);
+      const dv = new DataView(b.buffer);
+      for (const blk of [0, 1]) {
+        f16(dv, blk * size, blk ? 0xb400 : 0x3800); // d = -0.25, 0.5
+        if (dtype !== "q5_0") f16(dv, blk * size + 2, 0x3c00); // m = 1
+      }
+      const got = toFloat32({ name: dtype, dtype, shape: [64], bytes: b });
+      for (const blk of [0, 1]) {
+        const at = blk * size;
+        const d = blk ? -0.25 : 0.5;
+        const qsAt = at + (dtype === "q4_1" ? 4 : dtype === "q5_0" ? 6 : 8);
+        const qh = dtype === "q4_1" ? 0 : dv.getUint32(qsAt - 4, true);
+        for (let j = 0; j < 16; j++) {
+          const xh0 = ((qh >>> j) << 4) & 0x10,
+            xh1 = (qh >>> (j + 12)) & 0x10;
+          const lo = (b[qsAt + j]! & 0x0f) | xh0,
+            hi = (b[qsAt + j]! >> 4) | xh1;
+          const want = dtype === "q5_0" ? [(lo - 16) * d, (hi - 16) * d] : [lo * d + 1, hi * d + 1];
+          expect([got[blk * 32 + j], got[blk * 32 + j + 16]]).toEqual(want);
+        }
+      }
+    }
+  });
+
+  test("q5_k dequantizes by ggml's definition", () => {
+    const b = bytes(176);
+    const dv = new DataView(b.buffer);
+    f16(dv, 0, 0x3c00); // d = 1
+    f16(dv, 2, 0x3400); // dmin = 0.25
+    const got = toFloat32({ name: "k5", dtype: "q5_k", shape: [256], bytes: b });
+    const scaleMin = (j: number): [number, number] => {
+      const q = (i: number) => b[4 + i]!;
+      return j < 4 ? [q(j) & 63, q(j + 4) & 63] : [(q(j + 4) & 0xf) | ((q(j - 4) >> 6) << 4), (q(j + 4) >> 4) | ((q(j) >> 6) << 4)];
+    };
+    let u1 = 1,
+      u2 = 2,
+      is = 0,
+      ql = 48,
+      y = 0;
+    for (let j = 0; j < 256; j += 64) {
+      const [s1, m1] = scaleMin(is),
+        [s2, m2] = scaleMin(is + 1);
+      for (let l = 0; l < 32; l++) expect(got[y + l]).toBe(Math.fround(s1 * ((b[ql + l]! & 0xf) + (b[16 + l]! & u1 ? 16 : 0)) - 0.25 * m1));
+      for (let l = 0; l < 32; l++) expect(got[y + 32 + l]).toBe(Math.fround(s2 * ((b[ql + l]! >> 4) + (b[16 + l]! & u2 ? 16 : 0)) - 0.25 * m2));
+      ql += 32;
+      is += 2;
+      u1 <<= 2;
+      u2 <<= 2;
+      y += 64;
+    }
+  });
+});
+
 describe("q6_k", () => {
   test("q6_k dequantizes by ggml's definition", () => {
     // Two super-blocks with varied bytes; the expected values follow ggml's loop literally.
@@ -101,7 +163,10 @@ describe("q6_k", () => {
       const d = blk === 0 ? 0.25 : -0.5;
       const s8 = (i: number) => (b[base + 192 + i]! << 24) >> 24;
       for (let n = 0; n < 2; n++) {
-        const ql = base + 64 * n, qh = base + 128 + 32 * n, sc = 8 * n, y = blk * 256 + 128 * n;
+        const ql = base + 64 * n,
+          qh = base + 128 + 32 * n,
+          sc = 8 * n,
+          y = blk * 256 + 128 * n;
         for (let l = 0; l < 32; l++) {
           const is = Math.floor(l / 16);
           const q1 = ((b[ql + l]! & 0xf) | (((b[qh + l]! >> 0) & 3) << 4)) - 32;
@@ -109,7 +174,10 @@ describe("q6_k", () => {
           const q3 = ((b[ql + l]! >> 4) | (((b[qh + l]! >> 4) & 3) << 4)) - 32;
           const q4 = ((b[ql + l + 32]! >> 4) | (((b[qh + l]! >> 6) & 3) << 4)) - 32;
           expect([got[y + l], got[y + l + 32], got[y + l + 64], got[y + l + 96]]).toEqual([
-            Math.fround(d * s8(sc + is) * q1), Math.fround(d * s8(sc + is + 2) * q2), Math.fround(d * s8(sc + is + 4) * q3), Math.fround(d * s8(sc + is + 6) * q4),
+            Math.fround(d * s8(sc + is) * q1),
+            Math.fround(d * s8(sc + is + 2) * q2),
+            Math.fround(d * s8(sc + is + 4) * q3),
+            Math.fround(d * s8(sc + is + 6) * q4),
           ]);
         }
       }
@@ -119,14 +187,26 @@ describe("q6_k", () => {
 
 describe("q4_k", () => {
   // Q4_K blocks are 256 values along a row, so this model's rows are 256 wide.
-  const WIDE: ModelConfig = { name: "wide", dim: 256, hiddenDim: 256, nLayers: 1, nHeads: 4, nKvHeads: 2, vocabSize: 64, maxSeqLen: 16, ropeTheta: 10000, normEps: 1e-5 };
+  const WIDE: ModelConfig = {
+    name: "wide",
+    dim: 256,
+    hiddenDim: 256,
+    nLayers: 1,
+    nHeads: 4,
+    nKvHeads: 2,
+    vocabSize: 64,
+    maxSeqLen: 16,
+    ropeTheta: 10000,
+    normEps: 1e-5,
+  };
   const WW = syntheticWeights(WIDE, 8);
   test("Q4_K GGUF: weights within 1.6 steps of their sub-block, prefill logits within 1.5", () => {
     writeFileSync(tmp.path("q4k.gguf"), encodeGgufModel(WIDE, WW, { type: "q4_k" }));
     const g = readModelFiles(tmp.path("q4k.gguf"));
     expect(g.stats.dtype).toBe("f32+q4_k");
     for (const k of ["wq", "w1", "wcls"] as const) {
-      const a = WW[k], b = g.weights[k];
+      const a = WW[k],
+        b = g.weights[k];
       for (let s = 0; s < a.length / 32; s++) {
         const v = a.subarray(s * 32, s * 32 + 32);
         const step = (Math.max(...v) - Math.min(0, ...v)) / 15;
@@ -142,12 +222,26 @@ describe("q4_k", () => {
   });
 
   test("a quantized tensor whose rows are not whole blocks is refused", () => {
-    expect(() => readModelFiles((writeFileSync(tmp.path("bad-q4k.gguf"), encodeGgufModel(CKPT, W, { type: "q4_k" })), tmp.path("bad-q4k.gguf")))).toThrow(/rows of 32 are not whole Q4_K blocks of 256/);
+    expect(() => readModelFiles((writeFileSync(tmp.path("bad-q4k.gguf"), encodeGgufModel(CKPT, W, { type: "q4_k" })), tmp.path("bad-q4k.gguf")))).toThrow(
+      /rows of 32 are not whole Q4_K blocks of 256/,
+    );
   });
 });
 
 /** Qwen2-shaped: q/k/v biases, tied embeddings, head_dim (16) != dim / heads (8), GQA. */
-const QWEN: ModelConfig = { name: "qwen", dim: 32, hiddenDim: 64, nLayers: 2, nHeads: 4, nKvHeads: 2, vocabSize: 64, maxSeqLen: 48, ropeTheta: 1000000, normEps: 1e-6, headDim: 16 };
+const QWEN: ModelConfig = {
+  name: "qwen",
+  dim: 32,
+  hiddenDim: 64,
+  nLayers: 2,
+  nHeads: 4,
+  nKvHeads: 2,
+  vocabSize: 64,
+  maxSeqLen: 48,
+  ropeTheta: 1000000,
+  normEps: 1e-6,
+  headDim: 16,
+};
 const QW = syntheticWeights(QWEN, 91, { sharedClassifier: true, biases: true });
 
 describe("qwen2_arch_biases_tied_head_dim", () => {
@@ -179,8 +273,15 @@ describe("gguf reader", () => {
   test("metadata of every value type, arrays included", () => {
     const bytes = encodeGgufModel(CKPT, W, {
       extraKvs: [
-        ["t.u8", GT.u8, 200], ["t.i8", GT.i8, -5], ["t.u16", GT.u16, 60000], ["t.i16", GT.i16, -30000], ["t.i32", GT.i32, -7],
-        ["t.f64", GT.f64, 0.1], ["t.bool", GT.bool, true], ["t.u64", GT.u64, 2 ** 40], ["t.i64", GT.i64, -(2 ** 40)],
+        ["t.u8", GT.u8, 200],
+        ["t.i8", GT.i8, -5],
+        ["t.u16", GT.u16, 60000],
+        ["t.i16", GT.i16, -30000],
+        ["t.i32", GT.i32, -7],
+        ["t.f64", GT.f64, 0.1],
+        ["t.bool", GT.bool, true],
+        ["t.u64", GT.u64, 2 ** 40],
+        ["t.i64", GT.i64, -(2 ** 40)],
         ["t.arr", GT.arr, [GT.arr, [[GT.u8, [1, 2]]]]],
       ],
     });

@@ -1,7 +1,7 @@
 import { afterAll, describe, expect, test } from "bun:test";
-import { syntheticWeights, readModelFiles, writeLlama2cCheckpoint, writeLlama2cTokenizer, splitHalfToInterleaved, interleavedToSplitHalf } from "../../src/model/index.ts";
+import { interleavedToSplitHalf, readModelFiles, splitHalfToInterleaved, syntheticWeights } from "../../src/model/index.ts";
 import { writeHfFolder } from "../support/model-writers.ts";
-import { CKPT, greedy, maxAbsDiff, PROMPTS, tempDir } from "./format-helpers.ts";
+import { CKPT, greedy, llama2cReference, maxAbsDiff, PROMPTS, tempDir } from "./format-helpers.ts";
 import { bits } from "./helpers.ts";
 
 const tmp = tempDir("hf");
@@ -10,15 +10,7 @@ afterAll(tmp.cleanup);
 const W = syntheticWeights(CKPT, 77);
 const N = 16;
 
-/** The reference: the same weights through the llama2.c file and its loader. */
-function llama2cRun(prompt: number[]) {
-  const path = tmp.path("ckpt.bin");
-  writeLlama2cCheckpoint(path, CKPT, W, false);
-  writeLlama2cTokenizer(tmp.path("tok.bin"), [{ piece: "<unk>", score: 0 }, { piece: "<s>", score: 0 }, { piece: "</s>", score: 0 }]);
-  const m = readModelFiles(path, { tokenizerPath: tmp.path("tok.bin") });
-  expect(m.format).toBe("llama2c");
-  return greedy(m.cfg, m.weights, prompt, N);
-}
+const llama2cRun = (prompt: number[]) => llama2cReference(tmp.dir, CKPT, W, prompt, N);
 
 describe("hf_folder_equals_llama2c", () => {
   test("rope reorder: split-half then back is the identity, and it moves rows", () => {
@@ -60,7 +52,10 @@ describe("hf_folder_equals_llama2c", () => {
 
   // f16 keeps 11 significant bits, bf16 8: the logits of these unit-scale models move by at most
   // the bounds below (measured maxima: see the report), and greedy tokens still agree.
-  for (const [dtype, bound] of [["F16", 0.01], ["BF16", 0.08]] as const) {
+  for (const [dtype, bound] of [
+    ["F16", 0.01],
+    ["BF16", 0.08],
+  ] as const) {
     test(`${dtype.toLowerCase()} safetensors: greedy tokens agree, logits within ${bound}`, () => {
       const dir = tmp.path(dtype);
       writeHfFolder(dir, CKPT, W, { dtype });

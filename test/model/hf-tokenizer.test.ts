@@ -88,7 +88,11 @@ describe("tokenizer.json through @huggingface/tokenizers", () => {
     expect(tok.eos).toBe(id("<|eot_id|>"));
     expect([...tok.eosIds].sort()).toEqual([id("<|eot_id|>"), id("<|end_of_text|>")].sort());
     // Without tokenizer_config.json, generation_config's list gives them all, config.json the BOS.
-    const bare = (await buildTokenizer(hfSource(json, null, { generationConfig: { eos_token_id: [id("<|end_of_text|>"), id("<|eot_id|>")] }, configBosId: id("<|begin_of_text|>") }))).tokenizer;
+    const bare = (
+      await buildTokenizer(
+        hfSource(json, null, { generationConfig: { eos_token_id: [id("<|end_of_text|>"), id("<|eot_id|>")] }, configBosId: id("<|begin_of_text|>") }),
+      )
+    ).tokenizer;
     expect(bare.eos).toBe(id("<|end_of_text|>"));
     expect(bare.eosIds).toEqual([id("<|end_of_text|>"), id("<|eot_id|>")]);
     expect(bare.bos).toBe(id("<|begin_of_text|>"));
@@ -224,25 +228,37 @@ describe("tokenizer refusals", () => {
 
   test("unsupported_gguf_pre_tokenizer_refused", async () => {
     const meta = { ...byteLevelGgufMeta(QWEN), pre: "deepseek-coder" };
-    await expect(buildTokenizer({ kind: "gguf", file: "/m.gguf", meta })).rejects.toThrow(/GGUF pre-tokenizer "deepseek-coder" \(tokenizer.ggml.pre\) is not supported; supported: default, gpt-2, llama-bpe/);
+    await expect(buildTokenizer({ kind: "gguf", file: "/m.gguf", meta })).rejects.toThrow(
+      /GGUF pre-tokenizer "deepseek-coder" \(tokenizer.ggml.pre\) is not supported; supported: default, gpt-2, llama-bpe/,
+    );
   });
 
   test("gguf_vocab_inconsistencies_refused", async () => {
     const meta = spmGgufMeta();
-    await expect(buildTokenizer({ kind: "gguf", file: "/m.gguf", meta: { ...meta, scores: [1, 2] } })).rejects.toThrow(`/m.gguf: tokenizer.ggml.scores has 2 entries for ${meta.tokens.length} tokens`);
-    await expect(buildTokenizer({ kind: "gguf", file: "/m.gguf", meta: { ...meta, eosId: 99999 } })).rejects.toThrow(/tokenizer.ggml.eos_token_id = 99999 outside the vocabulary/);
-    await expect(buildTokenizer({ kind: "gguf", file: "/m.gguf", meta: { ...byteLevelGgufMeta(QWEN), merges: null } })).rejects.toThrow(/"gpt2" needs tokenizer.ggml.merges/);
+    await expect(buildTokenizer({ kind: "gguf", file: "/m.gguf", meta: { ...meta, scores: [1, 2] } })).rejects.toThrow(
+      `/m.gguf: tokenizer.ggml.scores has 2 entries for ${meta.tokens.length} tokens`,
+    );
+    await expect(buildTokenizer({ kind: "gguf", file: "/m.gguf", meta: { ...meta, eosId: 99999 } })).rejects.toThrow(
+      /tokenizer.ggml.eos_token_id = 99999 outside the vocabulary/,
+    );
+    await expect(buildTokenizer({ kind: "gguf", file: "/m.gguf", meta: { ...byteLevelGgufMeta(QWEN), merges: null } })).rejects.toThrow(
+      /"gpt2" needs tokenizer.ggml.merges/,
+    );
   });
 
   test("malformed_tokenizer_json_refused", async () => {
     await expect(buildTokenizer(hfSource([1, 2]))).rejects.toThrow("/models/test: tokenizer.json is malformed: want a JSON object");
     await expect(buildTokenizer(hfSource({ version: "1.0" }))).rejects.toThrow('/models/test: tokenizer.json is malformed: no "model" object');
     await expect(buildTokenizer(hfSource({ model: { type: "BPE" } }))).rejects.toThrow('tokenizer.json is malformed: model has no "vocab"');
-    await expect(buildTokenizer(hfSource({ model: { type: "WordLevel", vocab: {} } }))).rejects.toThrow('tokenizer.json model type "WordLevel" is not supported (supported: BPE, Unigram, WordPiece)');
+    await expect(buildTokenizer(hfSource({ model: { type: "WordLevel", vocab: {} } }))).rejects.toThrow(
+      'tokenizer.json model type "WordLevel" is not supported (supported: BPE, Unigram, WordPiece)',
+    );
     const { json } = byteLevelTokenizerJson(QWEN);
     await expect(buildTokenizer(hfSource(json, { eos_token: "<nope>" }))).rejects.toThrow('/models/test: eos_token "<nope>" is not in the vocabulary');
     await expect(buildTokenizer(hfSource(json, { bos_token: null }))).rejects.toThrow(/no EOS token/);
-    await expect(buildTokenizer(hfSource(json, { eos_token: "<|im_end|>" }, { generationConfig: { eos_token_id: "x" } }))).rejects.toThrow(/generation_config.json eos_token_id must be a token id/);
+    await expect(buildTokenizer(hfSource(json, { eos_token: "<|im_end|>" }, { generationConfig: { eos_token_id: "x" } }))).rejects.toThrow(
+      /generation_config.json eos_token_id must be a token id/,
+    );
   });
 });
 
@@ -255,7 +271,14 @@ describe("tokenizer fingerprint", () => {
     expect(tokenizerFingerprint(same)).toBe(fp);
     // Same vocabulary, another pre-tokenizer (digits split differently): other ids for the probe.
     const { json } = byteLevelTokenizerJson(QWEN);
-    const gpt2 = (await buildTokenizer(hfSource({ ...json, pre_tokenizer: { type: "ByteLevel", add_prefix_space: false, trim_offsets: true, use_regex: true } }, { bos_token: null, eos_token: "<|im_end|>" }))).tokenizer;
+    const gpt2 = (
+      await buildTokenizer(
+        hfSource(
+          { ...json, pre_tokenizer: { type: "ByteLevel", add_prefix_space: false, trim_offsets: true, use_regex: true } },
+          { bos_token: null, eos_token: "<|im_end|>" },
+        ),
+      )
+    ).tokenizer;
     expect(tokenizerFingerprint(gpt2)).not.toBe(fp);
     expect(tokenizerFingerprint(qwen, "{{ messages }}")).not.toBe(fp);
     expect(tokenizerFingerprint(await spmLike())).not.toBe(fp);

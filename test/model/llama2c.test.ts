@@ -89,11 +89,7 @@ describe("llama2c tokenizer", () => {
       { piece: "a", score: 1.5 },
       { piece: "é", score: -2 },
     ]);
-    expect(Array.from(bytes)).toEqual([
-      2, 0, 0, 0, /* max_token_length */
-      0, 0, 0xc0, 0x3f, 1, 0, 0, 0, 0x61,
-      0, 0, 0, 0xc0, 2, 0, 0, 0, 0xc3, 0xa9,
-    ]);
+    expect(Array.from(bytes)).toEqual([2, 0, 0, 0 /* max_token_length */, 0, 0, 0xc0, 0x3f, 1, 0, 0, 0, 0x61, 0, 0, 0, 0xc0, 2, 0, 0, 0, 0xc3, 0xa9]);
   });
 
   test("tokenizer_bin_round_trip", () => {

@@ -33,16 +33,107 @@ describe("model format detection refusals", () => {
     ["tokenizer.json", () => file("tokenizer.json", JSON.stringify(TINY_TOKENIZER_JSON)), /a tokenizer\.json, not a model/],
     ["config.json", () => file("config.json", JSON.stringify({ model_type: "llama" })), /a Hugging Face config\.json \(pass the folder/],
     ["other JSON", () => file("x.json", "[1,2]"), /a JSON file, not a model/],
-    ["bare safetensors", () => file((mkdirSync(tmp.path("bare"), { recursive: true }), "bare/model.safetensors"), encodeSafetensors([{ name: "a", shape: [2], data: new Float32Array(2) }], "F32")), /a bare safetensors file; it needs config\.json/],
-    ["tokenizer.bin as model", () => file("tokenizer.bin", (() => { const p = tmp.path("t.bin"); writeLlama2cTokenizer(p, [{ piece: "<unk>", score: 0 }, { piece: "<s>", score: 0 }, { piece: "</s>", score: 0 }]); return readFileSync(p); })()), /a llama2\.c tokenizer\.bin, not a model/],
-    ["random bytes", () => file("noise.bin", Uint8Array.from({ length: 100 }, (_, i) => (i * 37 + 11) & 0xff)), /not a recognized model file/],
+    [
+      "bare safetensors",
+      () =>
+        file(
+          (mkdirSync(tmp.path("bare"), { recursive: true }), "bare/model.safetensors"),
+          encodeSafetensors([{ name: "a", shape: [2], data: new Float32Array(2) }], "F32"),
+        ),
+      /a bare safetensors file; it needs config\.json/,
+    ],
+    [
+      "tokenizer.bin as model",
+      () =>
+        file(
+          "tokenizer.bin",
+          (() => {
+            const p = tmp.path("t.bin");
+            writeLlama2cTokenizer(p, [
+              { piece: "<unk>", score: 0 },
+              { piece: "<s>", score: 0 },
+              { piece: "</s>", score: 0 },
+            ]);
+            return readFileSync(p);
+          })(),
+        ),
+      /a llama2\.c tokenizer\.bin, not a model/,
+    ],
+    [
+      "random bytes",
+      () =>
+        file(
+          "noise.bin",
+          Uint8Array.from({ length: 100 }, (_, i) => (i * 37 + 11) & 0xff),
+        ),
+      /not a recognized model file/,
+    ],
     ["empty file", () => file("empty.bin", ""), /an empty file/],
-    ["versioned llama2.c export", () => file("v1.bin", Uint8Array.from({ length: 256 }, (_, i) => [0x32, 0x34, 0x6b, 0x61][i] ?? 1)), /a versioned llama2\.c export \('ak42' header/],
-    ["dir without config.json", () => { const d = tmp.path("ggufdir"); mkdirSync(d, { recursive: true }); writeFileSync(`${d}/m.gguf`, ""); return d; }, /a directory without config\.json \(it holds m\.gguf: pass that file\)/],
-    ["HF cache entry", () => { const d = tmp.path("models--org--m"); mkdirSync(`${d}/snapshots/abc`, { recursive: true }); return d; }, /a directory without config\.json \(a Hugging Face cache entry: pass its snapshots\/<revision> folder/],
-    ["folder with only pickles", () => { const d = tmp.path("pt"); mkdirSync(d, { recursive: true }); writeFileSync(`${d}/config.json`, "{}"); writeFileSync(`${d}/pytorch_model.bin`, ""); return d; }, /only PyTorch pickle weights \(pytorch_model\.bin\)/],
-    ["shards without index", () => { const d = tmp.path("shards"); mkdirSync(d, { recursive: true }); writeFileSync(`${d}/config.json`, "{}"); writeFileSync(`${d}/model-00001-of-00002.safetensors`, ""); return d; }, /without model\.safetensors\.index\.json/],
-    ["GGUF with Q5_K tensors", () => file("q5k.gguf", encodeGguf([["general.architecture", GT.str, "llama"]], [{ name: "blk.0.ffn_down.weight", shape: [1, 256], type: "f32", bytes: new Uint8Array(176), typeId: 13 }])), /a GGUF file with Q5_K tensors: Q5_K \(e\.g\. blk\.0\.ffn_down\.weight\); supported tensor types: F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K/],
+    [
+      "versioned llama2.c export",
+      () =>
+        file(
+          "v1.bin",
+          Uint8Array.from({ length: 256 }, (_, i) => [0x32, 0x34, 0x6b, 0x61][i] ?? 1),
+        ),
+      /a versioned llama2\.c export \('ak42' header/,
+    ],
+    [
+      "dir without config.json",
+      () => {
+        const d = tmp.path("ggufdir");
+        mkdirSync(d, { recursive: true });
+        writeFileSync(`${d}/m.gguf`, "");
+        return d;
+      },
+      /a directory without config\.json \(it holds m\.gguf: pass that file\)/,
+    ],
+    [
+      "HF cache entry",
+      () => {
+        const d = tmp.path("models--org--m");
+        mkdirSync(`${d}/snapshots/abc`, { recursive: true });
+        return d;
+      },
+      /a directory without config\.json \(a Hugging Face cache entry: pass its snapshots\/<revision> folder/,
+    ],
+    [
+      "folder with only pickles",
+      () => {
+        const d = tmp.path("pt");
+        mkdirSync(d, { recursive: true });
+        writeFileSync(`${d}/config.json`, "{}");
+        writeFileSync(`${d}/pytorch_model.bin`, "");
+        return d;
+      },
+      /only PyTorch pickle weights \(pytorch_model\.bin\)/,
+    ],
+    [
+      "shards without index",
+      () => {
+        const d = tmp.path("shards");
+        mkdirSync(d, { recursive: true });
+        writeFileSync(`${d}/config.json`, "{}");
+        writeFileSync(`${d}/model-00001-of-00002.safetensors`, "");
+        return d;
+      },
+      /without model\.safetensors\.index\.json/,
+    ],
+    [
+      "GGUF with Q3_K and IQ4_XS tensors",
+      () =>
+        file(
+          "q3k.gguf",
+          encodeGguf(
+            [["general.architecture", GT.str, "llama"]],
+            [
+              { name: "blk.0.ffn_down.weight", shape: [1, 256], type: "f32", bytes: new Uint8Array(110), typeId: 11 },
+              { name: "blk.0.ffn_up.weight", shape: [1, 256], type: "f32", bytes: new Uint8Array(136), typeId: 23 },
+            ],
+          ),
+        ),
+      /a GGUF file with Q3_K, IQ4_XS tensors: Q3_K \(e\.g\. blk\.0\.ffn_down\.weight\), IQ4_XS \(e\.g\. blk\.0\.ffn_up\.weight\); supported tensor types: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K/,
+    ],
   ];
   for (const [name, make, want] of cases) {
     test(`refuses ${name}`, () => {
@@ -50,7 +141,7 @@ describe("model format detection refusals", () => {
       const msg = refused(path);
       expect(msg).toMatch(want);
       expect(msg).toContain(path);
-      if (!/Q5_K|no such file/.test(msg)) expect(msg).toContain("supported: a Hugging Face model folder");
+      if (!/Q3_K|no such file/.test(msg)) expect(msg).toContain("supported: a Hugging Face model folder");
     });
   }
 
@@ -77,7 +168,9 @@ describe("model format detection refusals", () => {
   test("--tokenizer only with llama2.c; llama2.c needs it", () => {
     const d = tmp.path("hf-tok");
     writeHfFolder(d, CKPT, W);
-    expect(refused(d, { tokenizerPath: "/x/tokenizer.bin" })).toMatch(/--tokenizer \/x\/tokenizer\.bin: only llama2\.c checkpoints take --tokenizer; --model is a Hugging Face folder/);
+    expect(refused(d, { tokenizerPath: "/x/tokenizer.bin" })).toMatch(
+      /--tokenizer \/x\/tokenizer\.bin: only llama2\.c checkpoints take --tokenizer; --model is a Hugging Face folder/,
+    );
     const ck = tmp.path("c.bin");
     writeLlama2cCheckpoint(ck, CKPT, W, false);
     expect(refused(ck)).toMatch(/is a llama2\.c checkpoint: it needs --tokenizer/);
@@ -98,7 +191,11 @@ describe("architecture refusals name the option", () => {
     ["architectures mismatch", { architectures: ["LlamaForSequenceClassification"] }, /architectures \["LlamaForSequenceClassification"\] is not supported/],
     ["MoE", { num_local_experts: 8 }, /num_local_experts = 8: mixture-of-experts models are not supported/],
     ["mistral sliding window", { model_type: "mistral", architectures: ["MistralForCausalLM"], sliding_window: 16 }, /sliding_window = 16 is not supported/],
-    ["qwen2 sliding window in use", { model_type: "qwen2", architectures: ["Qwen2ForCausalLM"], use_sliding_window: true, sliding_window: 16 }, /sliding_window = 16 is not supported/],
+    [
+      "qwen2 sliding window in use",
+      { model_type: "qwen2", architectures: ["Qwen2ForCausalLM"], use_sliding_window: true, sliding_window: 16 },
+      /sliding_window = 16 is not supported/,
+    ],
     ["rope_scaling linear", { rope_scaling: { type: "linear", factor: 2 } }, /rope_scaling type "linear" is not supported \(supported: llama3, default\)/],
     ["rope_scaling yarn", { rope_scaling: { rope_type: "yarn", factor: 4 } }, /rope_scaling type "yarn" is not supported/],
     ["attention_bias", { attention_bias: true }, /attention_bias = true \(a bias on o_proj too\) is not supported/],
@@ -130,7 +227,10 @@ describe("architecture refusals name the option", () => {
     const idx = JSON.parse(readFileSync(`${d}/model.safetensors.index.json`, "utf8"));
     idx.weight_map["model.layers.0.self_attn.o_proj.bias"] = "extra.safetensors";
     writeFileSync(`${d}/model.safetensors.index.json`, JSON.stringify(idx));
-    writeFileSync(`${d}/extra.safetensors`, encodeSafetensors([{ name: "model.layers.0.self_attn.o_proj.bias", shape: [32], data: new Float32Array(32) }], "F32"));
+    writeFileSync(
+      `${d}/extra.safetensors`,
+      encodeSafetensors([{ name: "model.layers.0.self_attn.o_proj.bias", shape: [32], data: new Float32Array(32) }], "F32"),
+    );
     expect(refused(d)).toMatch(/tensors model\.layers\.0\.self_attn\.o_proj\.bias are not used by this architecture/);
   });
 
@@ -169,11 +269,31 @@ describe("hostile safetensors", () => {
     return out;
   };
   const cases: [string, Uint8Array, RegExp][] = [
-    ["header longer than the file", (() => { const b = good.slice(); new DataView(b.buffer).setBigUint64(0, 1n << 40n, true); return b; })(), /header length 1099511627776 exceeds/],
-    ["not JSON", (() => { const b = good.slice(); b[8] = 0x7a; return b; })(), /header is not valid JSON/],
+    [
+      "header longer than the file",
+      (() => {
+        const b = good.slice();
+        new DataView(b.buffer).setBigUint64(0, 1n << 40n, true);
+        return b;
+      })(),
+      /header length 1099511627776 exceeds/,
+    ],
+    [
+      "not JSON",
+      (() => {
+        const b = good.slice();
+        b[8] = 0x7a;
+        return b;
+      })(),
+      /header is not valid JSON/,
+    ],
     ["offsets past the data", withHeader({ a: { dtype: "F32", shape: [4], data_offsets: [0, 32] } }), /data_offsets \[0,32\] outside the 16-byte data section/],
     ["length not dtype x shape", withHeader({ a: { dtype: "F32", shape: [3], data_offsets: [0, 16] } }), /16 bytes, want 12 for F32 \[3\]/],
-    ["overlap", withHeader({ a: { dtype: "F32", shape: [2], data_offsets: [0, 8] }, b: { dtype: "F32", shape: [2], data_offsets: [4, 12] } }), /tensors a and b overlap/],
+    [
+      "overlap",
+      withHeader({ a: { dtype: "F32", shape: [2], data_offsets: [0, 8] }, b: { dtype: "F32", shape: [2], data_offsets: [4, 12] } }),
+      /tensors a and b overlap/,
+    ],
     ["unsupported dtype", withHeader({ a: { dtype: "I64", shape: [2], data_offsets: [0, 16] } }), /tensor a has dtype I64: supported F32, F16, BF16/],
     ["bad shape", withHeader({ a: { dtype: "F32", shape: [-1], data_offsets: [0, 4] } }), /shape \[-1\] is not a list/],
     ["header not an object", withHeader([1]), /header is not a JSON object/],

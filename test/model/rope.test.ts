@@ -9,14 +9,16 @@ afterAll(tmp.cleanup);
 
 describe("rope order", () => {
   test("HF rotate_half RoPE on split-half vectors == interleaved RoPE on the reordered vectors", () => {
-    const hd = 8, half = 4;
+    const hd = 8,
+      half = 4;
     const q = Float32Array.from({ length: hd }, (_, i) => Math.sin(i + 1));
     const k = Float32Array.from({ length: hd }, (_, i) => Math.cos(3 * i));
     const freq = (i: number) => 1 / Math.pow(10000, (2 * i) / hd);
     const rotateHalf = (v: Float32Array, pos: number) => {
       const o = new Float64Array(hd);
       for (let i = 0; i < half; i++) {
-        const c = Math.cos(pos * freq(i)), s = Math.sin(pos * freq(i));
+        const c = Math.cos(pos * freq(i)),
+          s = Math.sin(pos * freq(i));
         o[i] = v[i]! * c - v[i + half]! * s;
         o[i + half] = v[i + half]! * c + v[i]! * s;
       }
@@ -25,28 +27,47 @@ describe("rope order", () => {
     const interleaved = (v: Float32Array, pos: number) => {
       const o = new Float64Array(hd);
       for (let i = 0; i < half; i++) {
-        const c = Math.cos(pos * freq(i)), s = Math.sin(pos * freq(i));
+        const c = Math.cos(pos * freq(i)),
+          s = Math.sin(pos * freq(i));
         o[2 * i] = v[2 * i]! * c - v[2 * i + 1]! * s;
         o[2 * i + 1] = v[2 * i]! * s + v[2 * i + 1]! * c;
       }
       return o;
     };
     const dot = (a: Float64Array, b: Float64Array) => a.reduce((s, x, i) => s + x * b[i]!, 0);
-    const qi = splitHalfToInterleaved(q, 1, hd, 1), ki = splitHalfToInterleaved(k, 1, hd, 1);
-    for (const [pq, pk] of [[5, 2], [17, 17], [30, 0]] as const) {
+    const qi = splitHalfToInterleaved(q, 1, hd, 1),
+      ki = splitHalfToInterleaved(k, 1, hd, 1);
+    for (const [pq, pk] of [
+      [5, 2],
+      [17, 17],
+      [30, 0],
+    ] as const) {
       expect(dot(interleaved(qi, pq), interleaved(ki, pk))).toBeCloseTo(dot(rotateHalf(q, pq), rotateHalf(k, pk)), 12);
     }
   });
 });
 
 const L3 = { type: "llama3", factor: 8, lowFreqFactor: 1, highFreqFactor: 4, originalMaxPositions: 64 } as const;
-const CFG: ModelConfig = { name: "l3", dim: 32, hiddenDim: 64, nLayers: 2, nHeads: 2, nKvHeads: 1, vocabSize: 64, maxSeqLen: 48, ropeTheta: 500000, normEps: 1e-5 };
+const CFG: ModelConfig = {
+  name: "l3",
+  dim: 32,
+  hiddenDim: 64,
+  nLayers: 2,
+  nHeads: 2,
+  nKvHeads: 1,
+  vocabSize: 64,
+  maxSeqLen: 48,
+  ropeTheta: 500000,
+  normEps: 1e-5,
+};
 
 describe("llama3 rope scaling", () => {
   test("short wavelengths kept, long ones divided by factor, a blend between", () => {
     const plain = ropeFrequencies(CFG);
     const scaled = ropeFrequencies({ ...CFG, ropeScaling: L3 });
-    let kept = 0, divided = 0, blended = 0;
+    let kept = 0,
+      divided = 0,
+      blended = 0;
     for (let i = 0; i < plain.length; i++) {
       const wavelen = (2 * Math.PI) / plain[i]!;
       if (wavelen < 64 / 4) {
@@ -66,7 +87,9 @@ describe("llama3 rope scaling", () => {
 
   test("HF config rope_scaling llama3 == GGUF rope_freqs factors; both differ from unscaled", () => {
     const w = syntheticWeights(CFG, 3);
-    writeHfFolder(tmp.path("l3"), CFG, w, { config: { rope_scaling: { rope_type: "llama3", factor: 8, low_freq_factor: 1, high_freq_factor: 4, original_max_position_embeddings: 64 } } });
+    writeHfFolder(tmp.path("l3"), CFG, w, {
+      config: { rope_scaling: { rope_type: "llama3", factor: 8, low_freq_factor: 1, high_freq_factor: 4, original_max_position_embeddings: 64 } },
+    });
     const plain = ropeFrequencies(CFG);
     const scaled = ropeFrequencies({ ...CFG, ropeScaling: L3 });
     const factors = Float32Array.from(plain, (p, i) => p / scaled[i]!);

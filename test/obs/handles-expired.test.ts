@@ -8,7 +8,16 @@ import { SHAPE } from "../transfer/harness.ts";
 
 function pushOne(P: KvPool, rx: KvReceiver, handle: string): void {
   const pre = fakePrefill(P, fakePrompt(2 * P.shape.blockTokens + 1, handle.length))!;
-  acceptAll(rx, buildChunks(P, handle, pre.ids, pre.hashes, pre.hashes.map(() => false)));
+  acceptAll(
+    rx,
+    buildChunks(
+      P,
+      handle,
+      pre.ids,
+      pre.hashes,
+      pre.hashes.map(() => false),
+    ),
+  );
   P.releaseAll(pre.ids);
 }
 
@@ -32,7 +41,18 @@ test("the receiver reports each handle its time to live freed, and only those", 
 });
 
 test("tl_kv_handles_expired_total counts an unclaimed handle on a decode engine's /metrics", async () => {
-  const { config } = parseArgs(["--role", "decode", "--http-listen", "127.0.0.1:0", "--grpc-listen", "127.0.0.1:0", "--kv-listen", "127.0.0.1:0", "--handle-ttl-s", "1"]);
+  const { config } = parseArgs([
+    "--role",
+    "decode",
+    "--http-listen",
+    "127.0.0.1:0",
+    "--grpc-listen",
+    "127.0.0.1:0",
+    "--kv-listen",
+    "127.0.0.1:0",
+    "--handle-ttl-s",
+    "1",
+  ]);
   const node = await runEngine(config);
   try {
     const metric = async () => {

@@ -106,7 +106,9 @@ test("tracing_endpoint_resolution", () => {
   expect(tracingEndpoint("http://c:4318/", {})).toBe("http://c:4318/v1/traces");
   expect(tracingEndpoint("http://c:4318/v1/traces", {})).toBe("http://c:4318/v1/traces");
   expect(tracingEndpoint(undefined, { OTEL_EXPORTER_OTLP_ENDPOINT: "http://env:4318" })).toBe("http://env:4318/v1/traces");
-  expect(tracingEndpoint(undefined, { OTEL_EXPORTER_OTLP_ENDPOINT: "http://env:4318", OTEL_EXPORTER_OTLP_TRACES_ENDPOINT: "http://t:1/x" })).toBe("http://t:1/x");
+  expect(tracingEndpoint(undefined, { OTEL_EXPORTER_OTLP_ENDPOINT: "http://env:4318", OTEL_EXPORTER_OTLP_TRACES_ENDPOINT: "http://t:1/x" })).toBe(
+    "http://t:1/x",
+  );
   expect(tracingEndpoint("http://opt:4318", { OTEL_EXPORTER_OTLP_ENDPOINT: "http://env:4318" })).toBe("http://opt:4318/v1/traces");
 });
 

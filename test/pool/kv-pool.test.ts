@@ -101,7 +101,10 @@ describe("KvPool", () => {
     }
     src.register(ids[0]!, 42n);
     const recs = src.export(ids);
-    expect(recs.map((r) => [r.hash, r.nTokens])).toEqual([[42n, 4], [0n, 3]]);
+    expect(recs.map((r) => [r.hash, r.nTokens])).toEqual([
+      [42n, 4],
+      [0n, 3],
+    ]);
     dst.allocate(1); // so ids differ between pools
     const got = dst.import(recs)!;
     expect(got).toEqual([1, 2]);

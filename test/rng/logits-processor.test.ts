@@ -1,5 +1,15 @@
 import { expect, test } from "bun:test";
-import { maskStops, processLogits, sample, stream, SAMPLE_STREAM, TokenHistory, tokenLogprobs, validateLogits, type LogitsConfig } from "../../src/rng/index.ts";
+import {
+  maskStops,
+  processLogits,
+  sample,
+  stream,
+  SAMPLE_STREAM,
+  TokenHistory,
+  tokenLogprobs,
+  validateLogits,
+  type LogitsConfig,
+} from "../../src/rng/index.ts";
 
 const cfg = (c: Partial<LogitsConfig>): LogitsConfig => ({ presencePenalty: 0, frequencyPenalty: 0, repetitionPenalty: 1, logitBias: new Map(), ...c });
 
@@ -16,7 +26,18 @@ test("frequency subtracts per occurrence and presence once, over output tokens o
   const h = new TokenHistory([3], false);
   for (const t of [0, 0, 0, 1]) h.add(t);
   const l = new Float32Array([1, 1, 1, 1]);
-  processLogits(l, cfg({ frequencyPenalty: 0.5, presencePenalty: 0.25, logitBias: new Map([[2, -1], [3, 2]]) }), h);
+  processLogits(
+    l,
+    cfg({
+      frequencyPenalty: 0.5,
+      presencePenalty: 0.25,
+      logitBias: new Map([
+        [2, -1],
+        [3, 2],
+      ]),
+    }),
+    h,
+  );
   expect([...l]).toEqual([1 - 1.5 - 0.25, 1 - 0.5 - 0.25, 0, 3]);
   maskStops(l, [1, 99]);
   expect(l[1]).toBe(-Infinity);

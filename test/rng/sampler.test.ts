@@ -1,15 +1,6 @@
 import { expect, test } from "bun:test";
 import fc from "fast-check";
-import {
-  Pcg32,
-  SAMPLE_STREAM,
-  drawsPerToken,
-  resumeRng,
-  sample,
-  stream,
-  validateSampling,
-  type SamplingConfig,
-} from "../../src/rng/index.ts";
+import { Pcg32, SAMPLE_STREAM, drawsPerToken, resumeRng, sample, stream, validateSampling, type SamplingConfig } from "../../src/rng/index.ts";
 import { referenceSample } from "../support/reference-sampler.ts";
 
 const GREEDY: SamplingConfig = { temperature: 0, topP: 0, topK: 0 };

@@ -12,23 +12,27 @@ import { buildChunks, kvMessageLimit, TransferError, type KvChunkLike } from "..
 import { CHUNK_FIXED, encodeChunk, FRAME_CHUNK, FRAME_HEAD } from "../../src/transfer/data-plane-frame.ts";
 import { putU32 } from "../../src/codec/index.ts";
 import { startEngineNode } from "../../src/cli/engine-node.ts";
-import { FakeRunner } from "../support/fake-runner.ts";
+import type { FakeRunner } from "../support/fake-runner.ts";
 import { fakePrefill, fakePrompt } from "../support/fake-model.ts";
 import { fakeServedModel, sseEvents, startTestCluster } from "../support/nodes.ts";
 import { rawConnect, type RawConn } from "../support/raw-data-plane.ts";
 import { prefillTransport, pushTo, SHAPE, settle, snapshot, startDecode, type Decode } from "../transfer/harness.ts";
-
 
 /** A data plane CHUNK frame, as the frame codec lays it out. */
 function chunkFrame(c: KvChunkLike): Uint8Array {
   return encodeChunk(c);
 }
 
-
 /** A prompt of `blocks` full blocks prefilled on a pool of P's, chunked as for a D that holds nothing. */
 function pushChunks(P: KvPool, handle: string, blocks: number, seed: number): KvChunkLike[] {
   const pre = fakePrefill(P, fakePrompt(blocks * SHAPE.blockTokens, seed))!;
-  const chunks = buildChunks(P, handle, pre.ids, pre.hashes, pre.hashes.map(() => false)).map((c) => ({ ...c, envelope: c.envelope.slice() }));
+  const chunks = buildChunks(
+    P,
+    handle,
+    pre.ids,
+    pre.hashes,
+    pre.hashes.map(() => false),
+  ).map((c) => ({ ...c, envelope: c.envelope.slice() }));
   P.releaseAll(pre.ids);
   return chunks;
 }
@@ -45,7 +49,10 @@ describe("pushes that never finish", () => {
   test("gRPC: refused with RESOURCE_EXHAUSTED past the in-flight cap; D's pool stays bounded; freed when the peer goes", async () => {
     const d = await startDecode("grpc", { blocks: 64, rx: { maxInFlight: CAP } });
     const t = prefillTransport("grpc");
-    cleanups.push(() => t.close(), () => d.close());
+    cleanups.push(
+      () => t.close(),
+      () => d.close(),
+    );
     const P = new KvPool(SHAPE, 256);
     const base = snapshot(d.pool, d.rx);
     // Each peer sends 2 of its 4 chunks, then stalls until told to go.
@@ -211,7 +218,10 @@ describe("slow HTTP clients", () => {
   test("clients that never read their SSE stream do not stall the engine loop or the gateway for others", async () => {
     const k = await startTestCluster({ prefill: 1, decode: 1, both: 0 });
     const solo = await startEngineNode({ role: "both", model: fakeServedModel(), blockTokens: 4, numBlocks: 256 });
-    cleanups.push(() => solo.shutdown(), () => k.stop());
+    cleanups.push(
+      () => solo.shutdown(),
+      () => k.stop(),
+    );
     for (const n of [...k.decode, solo]) (n.model.runner as FakeRunner).slowMs = 1;
     const slowBody = { prompt: "a slow reader ".repeat(8), max_tokens: 380, temperature: 0, stream: true, stream_options: { include_usage: true } };
     const slow: net.Socket[] = [];

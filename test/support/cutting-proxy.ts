@@ -15,10 +15,7 @@ export interface CuttingProxy {
  * `target` is host:port, or a function giving it when a connection arrives (a target
  * started after the proxy). Only the first `maxCuts` connections (default: all) are cut.
  */
-export async function startCuttingProxy(
-  target: string | (() => string),
-  opts: { cutAfterBytes: number; maxCuts?: number },
-): Promise<CuttingProxy> {
+export async function startCuttingProxy(target: string | (() => string), opts: { cutAfterBytes: number; maxCuts?: number }): Promise<CuttingProxy> {
   const sockets = new Set<net.Socket>();
   let cut = 0;
   let conns = 0;

@@ -66,9 +66,18 @@ const HF: LayerNames = {
   cls: "lm_head.weight",
   layer: (l, f) => `model.layers.${l}.${f}`,
   fields: {
-    rmsAtt: "input_layernorm.weight", wq: "self_attn.q_proj.weight", wk: "self_attn.k_proj.weight", wv: "self_attn.v_proj.weight",
-    wo: "self_attn.o_proj.weight", rmsFfn: "post_attention_layernorm.weight", w1: "mlp.gate_proj.weight", w2: "mlp.down_proj.weight",
-    w3: "mlp.up_proj.weight", bq: "self_attn.q_proj.bias", bk: "self_attn.k_proj.bias", bv: "self_attn.v_proj.bias",
+    rmsAtt: "input_layernorm.weight",
+    wq: "self_attn.q_proj.weight",
+    wk: "self_attn.k_proj.weight",
+    wv: "self_attn.v_proj.weight",
+    wo: "self_attn.o_proj.weight",
+    rmsFfn: "post_attention_layernorm.weight",
+    w1: "mlp.gate_proj.weight",
+    w2: "mlp.down_proj.weight",
+    w3: "mlp.up_proj.weight",
+    bq: "self_attn.q_proj.bias",
+    bk: "self_attn.k_proj.bias",
+    bv: "self_attn.v_proj.bias",
   },
 };
 const GG: LayerNames = {
@@ -77,9 +86,18 @@ const GG: LayerNames = {
   cls: "output.weight",
   layer: (l, f) => `blk.${l}.${f}`,
   fields: {
-    rmsAtt: "attn_norm.weight", wq: "attn_q.weight", wk: "attn_k.weight", wv: "attn_v.weight", wo: "attn_output.weight",
-    rmsFfn: "ffn_norm.weight", w1: "ffn_gate.weight", w2: "ffn_down.weight", w3: "ffn_up.weight", bq: "attn_q.bias",
-    bk: "attn_k.bias", bv: "attn_v.bias",
+    rmsAtt: "attn_norm.weight",
+    wq: "attn_q.weight",
+    wk: "attn_k.weight",
+    wv: "attn_v.weight",
+    wo: "attn_output.weight",
+    rmsFfn: "ffn_norm.weight",
+    w1: "ffn_gate.weight",
+    w2: "ffn_down.weight",
+    w3: "ffn_up.weight",
+    bq: "attn_q.bias",
+    bk: "attn_k.bias",
+    bv: "attn_v.bias",
   },
 };
 
@@ -94,8 +112,18 @@ export function namedTensors(cfg: ModelConfig, w: Weights, names: "hf" | "gguf",
   const qDim = qDimOf(cfg);
   const kvDim = kvDimOf(cfg);
   const shapes: Record<string, number[]> = {
-    rmsAtt: [dim], wq: [qDim, dim], wk: [kvDim, dim], wv: [kvDim, dim], wo: [dim, qDim], rmsFfn: [dim],
-    w1: [hid, dim], w2: [dim, hid], w3: [hid, dim], bq: [qDim], bk: [kvDim], bv: [kvDim],
+    rmsAtt: [dim],
+    wq: [qDim, dim],
+    wk: [kvDim, dim],
+    wv: [kvDim, dim],
+    wo: [dim, qDim],
+    rmsFfn: [dim],
+    w1: [hid, dim],
+    w2: [dim, hid],
+    w3: [hid, dim],
+    bq: [qDim],
+    bk: [kvDim],
+    bv: [kvDim],
   };
   const out: NamedTensor[] = [{ name: n.embed, shape: [V, dim], data: w.tokenEmbedding }];
   for (let l = 0; l < L; l++) {
@@ -123,7 +151,17 @@ export const TINY_TOKENIZER_JSON = {
   pre_tokenizer: { type: "ByteLevel", add_prefix_space: false, trim_offsets: true, use_regex: true },
   post_processor: null,
   decoder: { type: "ByteLevel", add_prefix_space: true, trim_offsets: true, use_regex: true },
-  model: { type: "BPE", dropout: null, unk_token: null, continuing_subword_prefix: null, end_of_word_suffix: null, fuse_unk: false, byte_fallback: false, vocab: { "<s>": 0, a: 1, b: 2, ab: 3 }, merges: ["a b"] },
+  model: {
+    type: "BPE",
+    dropout: null,
+    unk_token: null,
+    continuing_subword_prefix: null,
+    end_of_word_suffix: null,
+    fuse_unk: false,
+    byte_fallback: false,
+    vocab: { "<s>": 0, a: 1, b: 2, ab: 3 },
+    merges: ["a b"],
+  },
 };
 
 export interface HfFolderOptions {
@@ -140,15 +178,28 @@ export function hfConfigJson(cfg: ModelConfig, o: HfFolderOptions = {}): Record<
   const type = o.modelType ?? "llama";
   const arch = { llama: "LlamaForCausalLM", qwen2: "Qwen2ForCausalLM", mistral: "MistralForCausalLM" }[type];
   const c: Record<string, unknown> = {
-    architectures: [arch], model_type: type, hidden_size: cfg.dim, intermediate_size: cfg.hiddenDim, num_hidden_layers: cfg.nLayers,
-    num_attention_heads: cfg.nHeads, num_key_value_heads: cfg.nKvHeads, vocab_size: cfg.vocabSize, max_position_embeddings: cfg.maxSeqLen,
-    rope_theta: cfg.ropeTheta, rms_norm_eps: cfg.normEps, hidden_act: "silu", tie_word_embeddings: o.tied ?? false, torch_dtype: "float32",
-    bos_token_id: 1, eos_token_id: 2,
+    architectures: [arch],
+    model_type: type,
+    hidden_size: cfg.dim,
+    intermediate_size: cfg.hiddenDim,
+    num_hidden_layers: cfg.nLayers,
+    num_attention_heads: cfg.nHeads,
+    num_key_value_heads: cfg.nKvHeads,
+    vocab_size: cfg.vocabSize,
+    max_position_embeddings: cfg.maxSeqLen,
+    rope_theta: cfg.ropeTheta,
+    rms_norm_eps: cfg.normEps,
+    hidden_act: "silu",
+    tie_word_embeddings: o.tied ?? false,
+    torch_dtype: "float32",
+    bos_token_id: 1,
+    eos_token_id: 2,
   };
   if (cfg.headDim !== undefined) c.head_dim = cfg.headDim;
   if (type === "qwen2") Object.assign(c, { sliding_window: 4096, use_sliding_window: false });
-  for (const [k, v] of Object.entries(o.config ?? {})) if (v === undefined) delete c[k];
-  else c[k] = v;
+  for (const [k, v] of Object.entries(o.config ?? {}))
+    if (v === undefined) delete c[k];
+    else c[k] = v;
   return c;
 }
 
@@ -157,7 +208,10 @@ export function writeHfFolder(dir: string, cfg: ModelConfig, w: Weights, o: HfFo
   mkdirSync(dir, { recursive: true });
   writeFileSync(join(dir, "config.json"), JSON.stringify(hfConfigJson(cfg, o)));
   writeFileSync(join(dir, "tokenizer.json"), JSON.stringify(TINY_TOKENIZER_JSON));
-  writeFileSync(join(dir, "tokenizer_config.json"), JSON.stringify({ bos_token: "<s>", eos_token: "<s>", add_bos_token: true, chat_template: "{{ messages }}" }));
+  writeFileSync(
+    join(dir, "tokenizer_config.json"),
+    JSON.stringify({ bos_token: "<s>", eos_token: "<s>", add_bos_token: true, chat_template: "{{ messages }}" }),
+  );
   writeFileSync(join(dir, "generation_config.json"), JSON.stringify({ eos_token_id: [2, 3], bos_token_id: 1 }));
   const tensors = namedTensors(cfg, w, "hf", { tied: o.tied ?? false, splitHalf: true });
   const dtype = o.dtype ?? "F32";
@@ -238,10 +292,12 @@ export function quantizeQ4K(x: Float32Array): Uint8Array {
   const out = new Uint8Array((x.length / 256) * 144);
   const dv = new DataView(out.buffer);
   for (let b = 0; b < x.length / 256; b++) {
-    const scales: number[] = [], mins: number[] = [];
+    const scales: number[] = [],
+      mins: number[] = [];
     for (let j = 0; j < 8; j++) {
       const v = x.subarray(b * 256 + 32 * j, b * 256 + 32 * j + 32);
-      const lo = Math.min(0, ...v), hi = Math.max(...v);
+      const lo = Math.min(0, ...v),
+        hi = Math.max(...v);
       scales.push((hi - lo) / 15);
       mins.push(-lo);
     }
@@ -258,7 +314,8 @@ export function quantizeQ4K(x: Float32Array): Uint8Array {
       out[at + 12 + j] = (sc[j + 4]! & 0xf) | ((mn[j + 4]! & 0xf) << 4);
     }
     for (let j = 0; j < 8; j++) {
-      const scale = d * sc[j]!, off = dmin * mn[j]!;
+      const scale = d * sc[j]!,
+        off = dmin * mn[j]!;
       for (let l = 0; l < 32; l++) {
         const q = scale ? Math.max(0, Math.min(15, Math.round((x[b * 256 + 32 * j + l]! + off) / scale))) : 0;
         // Sub-blocks pair up on 32 bytes: even ones in the low nibbles, odd ones in the high.
@@ -290,22 +347,57 @@ export function encodeGguf(kvs: readonly GgufKv[], tensors: readonly GgufTensorI
   const align = opts.alignment ?? 32;
   const parts: number[] = [];
   const enc = new TextEncoder();
-  const u32 = (v: number) => { const b = new Uint8Array(4); new DataView(b.buffer).setUint32(0, v, true); parts.push(...b); };
-  const u64 = (v: number | bigint) => { const b = new Uint8Array(8); new DataView(b.buffer).setBigUint64(0, BigInt(v), true); parts.push(...b); };
-  const str = (s: string) => { const b = enc.encode(s); u64(b.length); for (const x of b) parts.push(x); };
+  const u32 = (v: number) => {
+    const b = new Uint8Array(4);
+    new DataView(b.buffer).setUint32(0, v, true);
+    parts.push(...b);
+  };
+  const u64 = (v: number | bigint) => {
+    const b = new Uint8Array(8);
+    new DataView(b.buffer).setBigUint64(0, BigInt(v), true);
+    parts.push(...b);
+  };
+  const str = (s: string) => {
+    const b = enc.encode(s);
+    u64(b.length);
+    for (const x of b) parts.push(x);
+  };
   const value = (type: number, v: unknown): void => {
     const b = new Uint8Array(8);
     const dv = new DataView(b.buffer);
     switch (type) {
-      case GT.u8: parts.push(Number(v) & 0xff); return;
-      case GT.i8: dv.setInt8(0, Number(v)); parts.push(b[0]!); return;
-      case GT.u16: dv.setUint16(0, Number(v), true); parts.push(...b.subarray(0, 2)); return;
-      case GT.i16: dv.setInt16(0, Number(v), true); parts.push(...b.subarray(0, 2)); return;
-      case GT.u32: u32(Number(v)); return;
-      case GT.i32: dv.setInt32(0, Number(v), true); parts.push(...b.subarray(0, 4)); return;
-      case GT.f32: dv.setFloat32(0, Number(v), true); parts.push(...b.subarray(0, 4)); return;
-      case GT.bool: parts.push(v ? 1 : 0); return;
-      case GT.str: str(String(v)); return;
+      case GT.u8:
+        parts.push(Number(v) & 0xff);
+        return;
+      case GT.i8:
+        dv.setInt8(0, Number(v));
+        parts.push(b[0]!);
+        return;
+      case GT.u16:
+        dv.setUint16(0, Number(v), true);
+        parts.push(...b.subarray(0, 2));
+        return;
+      case GT.i16:
+        dv.setInt16(0, Number(v), true);
+        parts.push(...b.subarray(0, 2));
+        return;
+      case GT.u32:
+        u32(Number(v));
+        return;
+      case GT.i32:
+        dv.setInt32(0, Number(v), true);
+        parts.push(...b.subarray(0, 4));
+        return;
+      case GT.f32:
+        dv.setFloat32(0, Number(v), true);
+        parts.push(...b.subarray(0, 4));
+        return;
+      case GT.bool:
+        parts.push(v ? 1 : 0);
+        return;
+      case GT.str:
+        str(String(v));
+        return;
       case GT.arr: {
         const [et, vals] = v as [number, unknown[]];
         u32(et);
@@ -313,9 +405,17 @@ export function encodeGguf(kvs: readonly GgufKv[], tensors: readonly GgufTensorI
         for (const x of vals) value(et, x);
         return;
       }
-      case GT.u64: u64(BigInt(v as number)); return;
-      case GT.i64: dv.setBigInt64(0, BigInt(v as number), true); parts.push(...b); return;
-      case GT.f64: dv.setFloat64(0, Number(v), true); parts.push(...b); return;
+      case GT.u64:
+        u64(BigInt(v as number));
+        return;
+      case GT.i64:
+        dv.setBigInt64(0, BigInt(v as number), true);
+        parts.push(...b);
+        return;
+      case GT.f64:
+        dv.setFloat64(0, Number(v), true);
+        parts.push(...b);
+        return;
     }
     throw new Error(`gguf writer: type ${type}`);
   };

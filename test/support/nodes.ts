@@ -1,3 +1,4 @@
+import { sseData } from "../../src/http/index.ts";
 import { ByteTokenizer } from "../../src/model/index.ts";
 import type { ServedModel } from "../../src/cli/engine-node.ts";
 import { FakeRunner } from "./fake-runner.ts";
@@ -18,12 +19,9 @@ export function fakeServedModel(): ServedModel {
 
 /** Reads an SSE body into its JSON events (the [DONE] marker becomes the string "[DONE]"). */
 export async function sseEvents(res: Response): Promise<unknown[]> {
-  const text = await res.text();
-  return text
-    .split("\n\n")
-    .filter((b) => b.startsWith("data: "))
-    .map((b) => b.slice(6))
-    .map((d) => (d === "[DONE]" ? d : JSON.parse(d)));
+  const out: unknown[] = [];
+  for await (const d of sseData(res.body!)) out.push(d === "[DONE]" ? d : JSON.parse(d));
+  return out;
 }
 
 import { startEngineNode, type EngineNode, type EngineNodeOptions } from "../../src/cli/engine-node.ts";

@@ -26,7 +26,9 @@ export const REAL_PRE_TOKENIZERS = {
     pretokenizers: [
       {
         type: "Split",
-        pattern: { Regex: "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+" },
+        pattern: {
+          Regex: "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
+        },
         behavior: "Isolated",
         invert: false,
       },
@@ -48,9 +50,22 @@ const EMOJI = bl("😀");
  * [" \xF0", "\x9F", "\x98\x80"], while "😀" alone becomes one token; then English words and digits.
  */
 const BPE_MERGES: [string, string][] = [
-  ["Ġ", "ð"], [EMOJI[0]!, EMOJI[1]!], [EMOJI[2]!, EMOJI[3]!], [EMOJI.slice(0, 2), EMOJI.slice(2)],
-  ["Ġ", "w"], ["o", "r"], ["Ġw", "or"], ["l", "d"], ["Ġwor", "ld"], ["h", "e"], ["l", "l"], ["he", "ll"], ["hell", "o"],
-  ["Ġ", "h"], ["1", "2"], ["12", "3"],
+  ["Ġ", "ð"],
+  [EMOJI[0]!, EMOJI[1]!],
+  [EMOJI[2]!, EMOJI[3]!],
+  [EMOJI.slice(0, 2), EMOJI.slice(2)],
+  ["Ġ", "w"],
+  ["o", "r"],
+  ["Ġw", "or"],
+  ["l", "d"],
+  ["Ġwor", "ld"],
+  ["h", "e"],
+  ["l", "l"],
+  ["he", "ll"],
+  ["hell", "o"],
+  ["Ġ", "h"],
+  ["1", "2"],
+  ["12", "3"],
 ];
 
 export interface ByteLevelOptions {
@@ -125,7 +140,17 @@ export function byteLevelGgufMeta(opts: ByteLevelOptions): GgufTokenizerMeta {
 
 /** SentencePiece merges, best first; every joined piece has exactly one split in the vocabulary. */
 const SPM_MERGES: [string, string][] = [
-  ["l", "l"], ["▁", "h"], ["▁h", "e"], ["▁he", "ll"], ["▁hell", "o"], ["▁", "w"], ["o", "r"], ["▁w", "or"], ["▁wor", "l"], ["▁worl", "d"], ["▁", "H"],
+  ["l", "l"],
+  ["▁", "h"],
+  ["▁h", "e"],
+  ["▁he", "ll"],
+  ["▁hell", "o"],
+  ["▁", "w"],
+  ["o", "r"],
+  ["▁w", "or"],
+  ["▁wor", "l"],
+  ["▁worl", "d"],
+  ["▁", "H"],
 ];
 const SPM_CHARS = ["▁", "h", "e", "l", "o", "w", "r", "d", "H", "i", "!", "世"];
 
@@ -167,7 +192,12 @@ export function spmTokenizerJson(): { json: object; tokens: string[]; scores: nu
     post_processor: {
       type: "TemplateProcessing",
       single: [{ SpecialToken: { id: "<s>", type_id: 0 } }, { Sequence: { id: "A", type_id: 0 } }],
-      pair: [{ SpecialToken: { id: "<s>", type_id: 0 } }, { Sequence: { id: "A", type_id: 0 } }, { SpecialToken: { id: "<s>", type_id: 1 } }, { Sequence: { id: "B", type_id: 1 } }],
+      pair: [
+        { SpecialToken: { id: "<s>", type_id: 0 } },
+        { Sequence: { id: "A", type_id: 0 } },
+        { SpecialToken: { id: "<s>", type_id: 1 } },
+        { Sequence: { id: "B", type_id: 1 } },
+      ],
       special_tokens: { "<s>": { id: "<s>", ids: [1], tokens: ["<s>"] } },
     },
     decoder: {

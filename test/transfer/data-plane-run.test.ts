@@ -6,7 +6,17 @@ import { crc32c, envelopeBytes, promptHashes, type KvShape } from "../../src/cod
 import { KvPool } from "../../src/pool/index.ts";
 import { Code } from "../../src/rpc/status.ts";
 import { PoolChunk, poolChunks, transfer } from "../../src/transfer/index.ts";
-import { encodeEnd, encodeRunHead, FRAME_HEAD, FRAME_RUN, MAX_RUN, RUN_ENTRY, RUN_ENTRY_HEAD, RUN_FIXED, runFrameBytes } from "../../src/transfer/data-plane-frame.ts";
+import {
+  encodeEnd,
+  encodeRunHead,
+  FRAME_HEAD,
+  FRAME_RUN,
+  MAX_RUN,
+  RUN_ENTRY,
+  RUN_ENTRY_HEAD,
+  RUN_FIXED,
+  runFrameBytes,
+} from "../../src/transfer/data-plane-frame.ts";
 import { ENVELOPE_HEAD_BYTES, getU16, getU32, getU64, putU32, putU64 } from "../../src/codec/index.ts";
 import { concat, rawConnect, writeAll, type RawConn } from "../support/raw-data-plane.ts";
 import { dataPlaneOf, evictAll, prefillTransport, settle, snapshot, startDecode, type Decode } from "./harness.ts";
@@ -151,7 +161,13 @@ function reseal(f: Uint8Array, k: number, payload: Uint8Array, trailer?: number)
 
 /** The chunks of a prompt held in P's blocks, as D holding none of them gets them. */
 function runChunks(P: KvPool, handle: string, ids: readonly number[], hashes: readonly bigint[]): PoolChunk[] {
-  return poolChunks(P, handle, ids, hashes, hashes.map(() => false)).map((c) => {
+  return poolChunks(
+    P,
+    handle,
+    ids,
+    hashes,
+    hashes.map(() => false),
+  ).map((c) => {
     if (!(c instanceof PoolChunk && c.whole)) throw new Error(`chunk ${c.index} is not a full pool block`);
     return c;
   });
@@ -165,7 +181,10 @@ function payloadsOf(chunks: readonly PoolChunk[]): Uint8Array[] {
 test("run_frames_move_contiguous_and_scattered_blocks", async () => {
   const d = await startDecode("data-plane", { shape: SHAPE, blocks: 256 });
   const t = prefillTransport("data-plane");
-  cleanups.push(() => t.close(), () => d.close());
+  cleanups.push(
+    () => t.close(),
+    () => d.close(),
+  );
   const FULL = 40;
   const FILL = 5;
   const nTokens = FULL * B + FILL;
@@ -331,26 +350,55 @@ describe("hand-crafted RUN frames", () => {
         putU32(f, headAt(f, 2) + RECORD + 8, 5);
         reseal(f, 2, p[2]!);
       }),
-      afterTwo("record hash disagrees with the chunk hash", Code.DataLoss, /^chunk 2: record hash 0x[0-9a-f]{16} \(fill 16\) disagrees with chunk hash/, (f) => {
-        putU64(f, entryAt(f, 2), getU64(f, entryAt(f, 2)) ^ 1n);
-      }),
+      afterTwo(
+        "record hash disagrees with the chunk hash",
+        Code.DataLoss,
+        /^chunk 2: record hash 0x[0-9a-f]{16} \(fill 16\) disagrees with chunk hash/,
+        (f) => {
+          putU64(f, entryAt(f, 2), getU64(f, entryAt(f, 2)) ^ 1n);
+        },
+      ),
       afterTwo("hash 0 before the last chunk", Code.InvalidArgument, /^chunk 2 of 4: hash 0 before the last chunk/, (f) => putU64(f, entryAt(f, 2), 0n)),
-      whole("payload bytes field not D's block size", Code.FailedPrecondition, /^run of 16384-byte payloads, pool blocks \(B=16 L=4 H=4 D=32\) are 32768 bytes/, runFrame(ch, { payloadBytes: 16384 }), false),
+      whole(
+        "payload bytes field not D's block size",
+        Code.FailedPrecondition,
+        /^run of 16384-byte payloads, pool blocks \(B=16 L=4 H=4 D=32\) are 32768 bytes/,
+        runFrame(ch, { payloadBytes: 16384 }),
+        false,
+      ),
       whole("count 0", Code.InvalidArgument, /^run of 0 chunks, want 1\.\.1024/, runFrame(ch, { count: 0, entries: 0 }), false),
-      whole("count past MAX_RUN", Code.InvalidArgument, /^run of 1025 chunks, want 1\.\.1024/, runFrame(ch, { count: MAX_RUN + 1, entries: MAX_RUN + 1 }), false),
+      whole(
+        "count past MAX_RUN",
+        Code.InvalidArgument,
+        /^run of 1025 chunks, want 1\.\.1024/,
+        runFrame(ch, { count: MAX_RUN + 1, entries: MAX_RUN + 1 }),
+        false,
+      ),
       whole("fewer entries than count", Code.InvalidArgument, /^run frame of \d+ bytes, want \d+ for 4 chunks/, runFrame(ch, { entries: 3 }), false),
       whole("more entries than count", Code.InvalidArgument, /^run frame of \d+ bytes, want \d+ for 3 chunks/, runFrame(ch, { count: 3 }), false),
-      whole("handle longer than the frame", Code.InvalidArgument, /^run frame of \d+ bytes, want/, (() => {
-        const f = runFrame(ch);
-        f[26] = 0xff;
-        return f;
-      })(), false),
-      whole("frame shorter than a RUN head", Code.InvalidArgument, /^run frame of 15 bytes/, (() => {
-        const f = new Uint8Array(15);
-        putU32(f, 0, 11);
-        f[4] = FRAME_RUN;
-        return f;
-      })(), false),
+      whole(
+        "handle longer than the frame",
+        Code.InvalidArgument,
+        /^run frame of \d+ bytes, want/,
+        (() => {
+          const f = runFrame(ch);
+          f[26] = 0xff;
+          return f;
+        })(),
+        false,
+      ),
+      whole(
+        "frame shorter than a RUN head",
+        Code.InvalidArgument,
+        /^run frame of 15 bytes/,
+        (() => {
+          const f = new Uint8Array(15);
+          putU32(f, 0, 11);
+          f[4] = FRAME_RUN;
+          return f;
+        })(),
+        false,
+      ),
       whole("first index 1", Code.InvalidArgument, /^chunk index 1, want 0/, concat(runFrame(ch.slice(1)), ...payloadsOf(ch.slice(1))), false),
       whole("kv_format 2", Code.FailedPrecondition, /^kv_format 2 not spoken/, runFrame(ch, { kvFormat: 2 })),
       whole("total 0", Code.InvalidArgument, /^total 0 must be ≥ 1/, runFrame(ch, { total: 0 }), false),
@@ -361,16 +409,24 @@ describe("hand-crafted RUN frames", () => {
           ["second RUN skips a chunk", Code.InvalidArgument, /^chunk index 3, want 2/, runFrame(ch.slice(3)), ch.slice(3)],
           ["second RUN repeats a chunk", Code.InvalidArgument, /^chunk index 1, want 2/, runFrame(ch.slice(1)), ch.slice(1)],
           ["second RUN with another total", Code.InvalidArgument, /^chunk 2: total 5, push has 4/, runFrame(ch.slice(2), { total: 5 }), ch.slice(2)],
-          ["second RUN with another handle", Code.InvalidArgument, /^chunk 2: handle other, push is crafted/, runFrame(ch.slice(2), { handle: "other" }), ch.slice(2)],
+          [
+            "second RUN with another handle",
+            Code.InvalidArgument,
+            /^chunk 2: handle other, push is crafted/,
+            runFrame(ch.slice(2), { handle: "other" }),
+            ch.slice(2),
+          ],
         ] as const
-      ).map(([name, code, message, f, rest]): Case => ({
-        name,
-        code,
-        message,
-        before: concat(runFrame(ch.slice(0, 2)), ...payloadsOf(ch.slice(0, 2))),
-        held: 2,
-        then: concat(f, ...payloadsOf(rest), END),
-      })),
+      ).map(
+        ([name, code, message, f, rest]): Case => ({
+          name,
+          code,
+          message,
+          before: concat(runFrame(ch.slice(0, 2)), ...payloadsOf(ch.slice(0, 2))),
+          held: 2,
+          then: concat(f, ...payloadsOf(rest), END),
+        }),
+      ),
       {
         name: "END before total",
         code: Code.InvalidArgument,
@@ -421,7 +477,12 @@ describe("hand-crafted RUN frames", () => {
       { name: "inside the entries", sent: f.subarray(0, f.length - 30), held: 0, hard: false },
       { name: "2.5 payloads in", sent: concat(f, p[0]!, p[1]!, p[2]!.subarray(0, P2)), held: 2, hard: false },
       { name: "2.5 payloads in, reset", sent: concat(f, p[0]!, p[1]!, p[2]!.subarray(0, P2)), held: 2, hard: true },
-      { name: "inside a second RUN's entries", sent: concat(runFrame(ch.slice(0, 2)), p[0]!, p[1]!, runFrame(ch.slice(2)).subarray(0, 40)), held: 2, hard: false },
+      {
+        name: "inside a second RUN's entries",
+        sent: concat(runFrame(ch.slice(0, 2)), p[0]!, p[1]!, runFrame(ch.slice(2)).subarray(0, 40)),
+        held: 2,
+        hard: false,
+      },
       { name: "every payload, no END", sent: concat(f, ...p), held: 4, hard: false },
     ];
     for (const k of cuts) {

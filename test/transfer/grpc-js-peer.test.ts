@@ -14,7 +14,9 @@ const PROTO_ROOT = join(import.meta.dir, "../../proto");
 type Cb<T> = (err: grpc.ServiceError | null, res: T) => void;
 interface KvTransferClient extends grpc.Client {
   HasBlocks(req: object, cb: Cb<{ present: boolean[]; data_plane_address: string }>): void;
-  PushKv(cb: Cb<{ handle_id: string; blocks_received: number; blocks_deduped: number; payload_bytes: string; n_tokens: number }>): grpc.ClientWritableStream<object>;
+  PushKv(
+    cb: Cb<{ handle_id: string; blocks_received: number; blocks_deduped: number; payload_bytes: string; n_tokens: number }>,
+  ): grpc.ClientWritableStream<object>;
   Release(req: object, cb: Cb<{ released: boolean }>): void;
 }
 
@@ -23,7 +25,9 @@ let client: KvTransferClient;
 beforeAll(async () => {
   d = await startDecode("data-plane");
   const def = protoLoader.loadSync("tl/kv/v1/kv.proto", { includeDirs: [PROTO_ROOT], keepCase: true, longs: String, defaults: true });
-  const pkg = grpc.loadPackageDefinition(def) as unknown as { tl: { kv: { v1: { KvTransfer: new (addr: string, creds: grpc.ChannelCredentials) => KvTransferClient } } } };
+  const pkg = grpc.loadPackageDefinition(def) as unknown as {
+    tl: { kv: { v1: { KvTransfer: new (addr: string, creds: grpc.ChannelCredentials) => KvTransferClient } } };
+  };
   client = new pkg.tl.kv.v1.KvTransfer(d.target, grpc.credentials.createInsecure());
 });
 afterAll(async () => {
@@ -51,7 +55,15 @@ test("grpc_js_peer_interoperates", async () => {
   const ack = await call<{ handle_id: string; blocks_received: number; blocks_deduped: number; payload_bytes: string; n_tokens: number }>((cb) => {
     const w = client.PushKv(cb);
     for (const c of chunks) {
-      w.write({ handle_id: c.handleId, index: c.index, total: c.total, hash: c.hash.toString(), kv_format: c.kvFormat, envelope: Buffer.from(c.envelope), crc32c: c.crc32c });
+      w.write({
+        handle_id: c.handleId,
+        index: c.index,
+        total: c.total,
+        hash: c.hash.toString(),
+        kv_format: c.kvFormat,
+        envelope: Buffer.from(c.envelope),
+        crc32c: c.crc32c,
+      });
     }
     w.end();
   });
@@ -62,7 +74,16 @@ test("grpc_js_peer_interoperates", async () => {
   const before = snapshot(d.pool, d.rx);
   const refused = await call((cb) => {
     const w = client.PushKv(cb);
-    for (const c of buildChunks(P, "bad", pre.ids, pre.hashes, has.present)) w.write({ handle_id: c.handleId, index: c.index, total: c.total, hash: c.hash.toString(), kv_format: c.kvFormat, envelope: Buffer.from(c.envelope), crc32c: c.crc32c ^ (c.index === 2 ? 1 : 0) });
+    for (const c of buildChunks(P, "bad", pre.ids, pre.hashes, has.present))
+      w.write({
+        handle_id: c.handleId,
+        index: c.index,
+        total: c.total,
+        hash: c.hash.toString(),
+        kv_format: c.kvFormat,
+        envelope: Buffer.from(c.envelope),
+        crc32c: c.crc32c ^ (c.index === 2 ? 1 : 0),
+      });
     w.end();
   }).catch((e: grpc.ServiceError) => e);
   expect((refused as grpc.ServiceError).code).toBe(grpc.status.DATA_LOSS);
@@ -78,7 +99,16 @@ test("grpc_js_peer_interoperates", async () => {
   P.releaseAll(pre.ids);
   await call((cb) => {
     const w = client.PushKv(cb);
-    for (const c of buildChunks(P, "to-release", again.ids, again.hashes, [true, true])) w.write({ handle_id: c.handleId, index: c.index, total: c.total, hash: c.hash.toString(), kv_format: c.kvFormat, envelope: Buffer.from(c.envelope), crc32c: c.crc32c });
+    for (const c of buildChunks(P, "to-release", again.ids, again.hashes, [true, true]))
+      w.write({
+        handle_id: c.handleId,
+        index: c.index,
+        total: c.total,
+        hash: c.hash.toString(),
+        kv_format: c.kvFormat,
+        envelope: Buffer.from(c.envelope),
+        crc32c: c.crc32c,
+      });
     w.end();
   });
   expect(await call<{ released: boolean }>((cb) => client.Release({ handle_id: "to-release" }, cb))).toEqual({ released: true });

@@ -4,7 +4,7 @@
 import { afterAll, expect, test } from "bun:test";
 import * as http2 from "node:http2";
 import { create, toBinary } from "@bufbuild/protobuf";
-import { Code, ConnectError, createClient } from "@connectrpc/connect";
+import { Code, type ConnectError, createClient } from "@connectrpc/connect";
 import { compressionGzip, createConnectTransport, createGrpcTransport } from "@connectrpc/connect-node";
 import { KvChunkSchema, KvTransfer } from "../../src/gen/tl/kv/v1/kv_pb.ts";
 import { KvPool } from "../../src/pool/index.ts";
@@ -29,7 +29,16 @@ function promptChunks(handle: string, nTokens: number): { chunks: KvChunkLike[];
   const P = new KvPool(SHAPE, 16);
   const tokens = fakePrompt(nTokens, nTokens);
   const { ids, hashes } = fakePrefill(P, tokens)!;
-  return { chunks: buildChunks(P, handle, ids, hashes, hashes.map(() => false)).map((c) => ({ ...c, envelope: c.envelope.slice() })), tokens };
+  return {
+    chunks: buildChunks(
+      P,
+      handle,
+      ids,
+      hashes,
+      hashes.map(() => false),
+    ).map((c) => ({ ...c, envelope: c.envelope.slice() })),
+    tokens,
+  };
 }
 
 function grpcMessage(c: KvChunkLike, flags = 0): Uint8Array {
@@ -40,7 +49,6 @@ function grpcMessage(c: KvChunkLike, flags = 0): Uint8Array {
   out.set(msg, 5);
   return out;
 }
-
 
 /** A raw HTTP/2 PushKv: `body` written in pieces of the given sizes; the status and message from the trailers. */
 async function rawPush(target: string, body: Uint8Array, pieces: number[]): Promise<{ status: number; message: string; bytes: number }> {

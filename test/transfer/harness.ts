@@ -2,7 +2,17 @@
 import type { KvShape } from "../../src/codec/index.ts";
 import { KvPool } from "../../src/pool/index.ts";
 import { KV_FORMAT } from "../../src/codec/index.ts";
-import { DataPlaneClient, KvReceiver, RoutingTransport, serveKv, type KvChunkLike, type KvReceiverOptions, type KvServer, type PushOptions, type PushRoute } from "../../src/transfer/index.ts";
+import {
+  DataPlaneClient,
+  KvReceiver,
+  RoutingTransport,
+  serveKv,
+  type KvChunkLike,
+  type KvReceiverOptions,
+  type KvServer,
+  type PushOptions,
+  type PushRoute,
+} from "../../src/transfer/index.ts";
 
 export type Path = "grpc" | "data-plane";
 export const PATHS: Path[] = ["grpc", "data-plane"];

@@ -38,9 +38,20 @@ test("receiver_caps_duplicates_and_shortage", () => {
     // the pool runs dry mid-push: nothing stays taken
     const base = snapshot(D, rx);
     const long = fakePrefill(P, fakePrompt(28, 6))!;
-    expect(code(() => acceptAll(rx, buildChunks(P, "d", long.ids, long.hashes, long.hashes.map(() => false))))).toBe(
-      Code.ResourceExhausted,
-    );
+    expect(
+      code(() =>
+        acceptAll(
+          rx,
+          buildChunks(
+            P,
+            "d",
+            long.ids,
+            long.hashes,
+            long.hashes.map(() => false),
+          ),
+        ),
+      ),
+    ).toBe(Code.ResourceExhausted);
     // Allocating may have evicted cached blocks (an LRU cache's ordinary cost); nothing is held.
     const after = snapshot(D, rx);
     expect({ ...after, free: after.free + after.cached, cached: 0 }).toEqual({ ...base, free: base.free + base.cached, cached: 0 });

@@ -2,14 +2,7 @@ import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { crc32c, readEnvelope, writeEnvelope } from "../../src/codec/index.ts";
 import { KvPool } from "../../src/pool/index.ts";
 import { Code } from "../../src/rpc/status.ts";
-import {
-  buildChunks,
-  KvError,
-  transfer,
-  TransferError,
-  type KvChunkLike,
-  type KvTransport,
-} from "../../src/transfer/index.ts";
+import { buildChunks, KvError, transfer, TransferError, type KvChunkLike, type KvTransport } from "../../src/transfer/index.ts";
 import { startCuttingProxy } from "../support/cutting-proxy.ts";
 import { fakePrefill, fakePrompt, kvDigest, patternDigest } from "../support/fake-model.ts";
 import { dataPlaneOf, ENVELOPE_BYTES, evictAll, PATHS, prefillTransport, pushTo, SHAPE, settle, snapshot, startDecode, type Decode } from "./harness.ts";
@@ -134,9 +127,17 @@ for (const path of PATHS) {
         expect([name, err.code]).toEqual([name, code]);
         expect([name, snapshot(d.pool, d.rx)]).toEqual([name, before]);
       }
-      expect((await refusal(pushTo(t, d.target, good().map((c, i) => (i === 2 ? { ...c, crc32c: c.crc32c ^ 1 } : c))))).message).toMatch(
-        /crc mismatch: got 0x[0-9a-f]{8}, want 0x[0-9a-f]{8}/,
-      );
+      expect(
+        (
+          await refusal(
+            pushTo(
+              t,
+              d.target,
+              good().map((c, i) => (i === 2 ? { ...c, crc32c: c.crc32c ^ 1 } : c)),
+            ),
+          )
+        ).message,
+      ).toMatch(/crc mismatch: got 0x[0-9a-f]{8}, want 0x[0-9a-f]{8}/);
       // evicted dedup block
       evictAll(d.pool);
       const evicted = snapshot(d.pool, d.rx);
