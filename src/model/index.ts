@@ -25,6 +25,7 @@ export {
   chatRendererFor,
 } from "./chat-template.ts";
 export { type LoadedModel, SYNTHETIC_CONFIG, SYNTHETIC_MODEL_NAME, loadSyntheticModel } from "./synthetic.ts";
+export { DEFAULT_MODEL_NAME, defaultModelDir } from "./default-model.ts";
 export {
   type Llama2cModel,
   type VocabEntry,
@@ -56,5 +57,6 @@ export {
   type ServableModel,
   loadModel,
   loadTokenizerFor,
+  modelPathOf,
   readModelFiles,
 } from "./load-model.ts";
