@@ -2,3 +2,7 @@ export { WorkerRegistry, type WorkerRegistryOptions, type WorkerView } from "./w
 export { RegistryService, type RegistryServiceOptions } from "./registry-service.ts";
 export { KvAffinity, pickByLoad, pickDecode, type Pick } from "./router.ts";
 export { startGateway, type Gateway, type GatewayOptions } from "./gateway.ts";
+export { Admission } from "./admission.ts";
+export { InFlight, PairPicker, RetryPolicy, type Pair, type RetryDecision } from "./pair-picker.ts";
+export { PrefillClient } from "./prefill-client.ts";
+export { Completions } from "./completions.ts";

@@ -85,21 +85,61 @@ function headerInt(req: Request, name: string, max: number): number {
 
 /** OpenAI-compatible HTTP for one engine, including the decode side of the hand-off. */
 export function engineHttpHandler(ctx: EngineHttpContext): (req: Request) => Promise<Response> {
-  const { engine, tokenizer } = ctx;
-  const limits = { tokenizer, maxModelLen: engine.maxModelLen, chat: ctx.chat };
+  const http = new EngineHttp(ctx);
+  return (req) => http.handle(req);
+}
+
+class EngineHttp {
+  private readonly engine: Engine;
+  private readonly tokenizer: Tokenizer;
+  private readonly limits: { tokenizer: Tokenizer; maxModelLen: number; chat: ChatRenderer | undefined };
   // Span attributes built once, so tracing off allocates nothing per request.
-  const role = ctx.roles.length === 1 ? ctx.roles[0]! : "both";
-  const serverAttrs: Record<CompletionKind, Attributes> = {
-    completion: { "tl.role": role, "tl.worker_id": ctx.workerId, "http.request.method": "POST", "url.path": "/v1/completions" },
-    chat: { "tl.role": role, "tl.worker_id": ctx.workerId, "http.request.method": "POST", "url.path": "/v1/chat/completions" },
-  };
-  const stepAttrs: Attributes = { "tl.role": role, "tl.worker_id": ctx.workerId };
+  private readonly serverAttrs: Record<CompletionKind, Attributes>;
+  private readonly stepAttrs: Attributes;
+
+  constructor(private readonly ctx: EngineHttpContext) {
+    const { engine, tokenizer } = ctx;
+    this.engine = engine;
+    this.tokenizer = tokenizer;
+    this.limits = { tokenizer, maxModelLen: engine.maxModelLen, chat: ctx.chat };
+    const role = ctx.roles.length === 1 ? ctx.roles[0]! : "both";
+    this.serverAttrs = {
+      completion: { "tl.role": role, "tl.worker_id": ctx.workerId, "http.request.method": "POST", "url.path": "/v1/completions" },
+      chat: { "tl.role": role, "tl.worker_id": ctx.workerId, "http.request.method": "POST", "url.path": "/v1/chat/completions" },
+    };
+    this.stepAttrs = { "tl.role": role, "tl.worker_id": ctx.workerId };
+  }
+
+  async handle(req: Request): Promise<Response> {
+    const { ctx, engine } = this;
+    const url = new URL(req.url);
+    try {
+      if (req.method === "POST" && url.pathname === "/v1/completions") return await this.complete(req, "completion");
+      if (req.method === "POST" && url.pathname === "/v1/chat/completions") return await this.complete(req, "chat");
+      if (req.method === "GET" && url.pathname === "/v1/models") {
+        return Response.json({
+          object: "list",
+          data: [{ id: ctx.modelName, object: "model", created: 0, owned_by: "tl-engine", max_model_len: engine.maxModelLen, ...statsFields(ctx.modelStats) }],
+        });
+      }
+      if (req.method === "GET" && url.pathname === "/health") {
+        // Alive while draining (liveness must not restart it); the status says it takes no new work.
+        return Response.json({ status: ctx.isDraining() ? "draining" : "ok", worker_id: ctx.workerId, roles: ctx.roles, model: ctx.modelName });
+      }
+      const extra = await ctx.extraRoutes?.(req, url);
+      if (extra) return extra;
+      throw new HttpError(404, `no route for ${req.method} ${url.pathname}`, "not_found_error");
+    } catch (e) {
+      return errorResponse(e);
+    }
+  }
 
   /**
    * A SERVER span (child of the caller's `traceparent`, the gateway's resume span) that
    * ends with the request, and under it the engine's work: "decode" for a resumed handle.
    */
-  async function complete(req: Request, kind: CompletionKind): Promise<Response> {
+  private async complete(req: Request, kind: CompletionKind): Promise<Response> {
+    const { serverAttrs } = this;
     const span = startSpan(
       kind === "chat" ? "POST /v1/chat/completions" : "POST /v1/completions",
       SpanKind.SERVER,
@@ -107,14 +147,15 @@ export function engineHttpHandler(ctx: EngineHttpContext): (req: Request) => Pro
       serverAttrs[kind],
     );
     try {
-      return await completeTraced(req, kind, span);
+      return await this.completeTraced(req, kind, span);
     } catch (e) {
       endSpan(span, e);
       throw e;
     }
   }
 
-  async function completeTraced(req: Request, kind: CompletionKind, span: Span): Promise<Response> {
+  private async completeTraced(req: Request, kind: CompletionKind, span: Span): Promise<Response> {
+    const { ctx, engine, tokenizer, limits } = this;
     if (ctx.isDraining()) throw new HttpError(503, "engine is draining", "server_error", null, { "retry-after": "1" });
     const params = parseCompletion(kind, await readJson(req), limits);
     if (params.model !== undefined && params.model !== ctx.modelName) {
@@ -128,7 +169,7 @@ export function engineHttpHandler(ctx: EngineHttpContext): (req: Request) => Pro
     const handleId = req.headers.get(HANDLE_HEADER);
     if (handleId !== null && params.prompts.length > 1)
       throw new HttpError(400, `a resume (${HANDLE_HEADER}) continues one prompt`, "invalid_request_error", "prompt");
-    const resumes = handleId === null ? undefined : claimFor(req, handleId, params);
+    const resumes = handleId === null ? undefined : this.claimFor(req, handleId, params);
     const id = req.headers.get("x-request-id") ?? requestId(kind === "chat" ? "chatcmpl" : "cmpl");
     const ids = choiceIds(id, params.prompts.length * params.n);
     // The request id is taken while any request runs under it, with one choice or several.
@@ -144,7 +185,7 @@ export function engineHttpHandler(ctx: EngineHttpContext): (req: Request) => Pro
       failure ??= failed;
       if (--left === 0) endSpan(span, failure);
     };
-    const queues = ids.map((cid, i) => generate(cid, i, params, kind, resumes?.[i], span, choiceDone));
+    const queues = ids.map((cid, i) => this.generate(cid, i, params, kind, resumes?.[i], span, choiceDone));
     const cancelAll = () => ids.forEach((c) => engine.cancel(c));
     // Disconnects cancel the request wherever it is, which frees its blocks.
     req.signal.addEventListener("abort", cancelAll);
@@ -169,7 +210,7 @@ export function engineHttpHandler(ctx: EngineHttpContext): (req: Request) => Pro
    * Submits choice `index` (prompt ⌊index / n⌋, seed + index mod n as vLLM) and returns
    * the queue its tokens arrive in; `onDone` runs when it finished, with why it failed.
    */
-  function generate(
+  private generate(
     id: string,
     index: number,
     params: CompletionParams,
@@ -178,6 +219,7 @@ export function engineHttpHandler(ctx: EngineHttpContext): (req: Request) => Pro
     span: Span,
     onDone: (failed: string | undefined) => void,
   ): TokenQueue {
+    const { ctx, engine, stepAttrs } = this;
     const q = new TokenQueue();
     const started = performance.now();
     let ttft: number | null = null;
@@ -226,7 +268,8 @@ export function engineHttpHandler(ctx: EngineHttpContext): (req: Request) => Pro
    * (one prefill for n choices) the first tokens and the choices' seed offsets come as
    * comma-separated headers, and each choice after the first shares the prompt's blocks.
    */
-  function claimFor(req: Request, handleId: string, params: CompletionParams): ResumeKv[] {
+  private claimFor(req: Request, handleId: string, params: CompletionParams): ResumeKv[] {
+    const { ctx, engine, tokenizer } = this;
     if (!ctx.receiver) throw new HttpError(400, `${HANDLE_HEADER} sent to an engine without the decode role`);
     const firstTokens = headerInts(req, FIRST_TOKEN_HEADER, params.n, tokenizer.vocabSize);
     const choices = headerInts(
@@ -262,29 +305,6 @@ export function engineHttpHandler(ctx: EngineHttpContext): (req: Request) => Pro
     }
     return out;
   }
-
-  return async (req: Request): Promise<Response> => {
-    const url = new URL(req.url);
-    try {
-      if (req.method === "POST" && url.pathname === "/v1/completions") return await complete(req, "completion");
-      if (req.method === "POST" && url.pathname === "/v1/chat/completions") return await complete(req, "chat");
-      if (req.method === "GET" && url.pathname === "/v1/models") {
-        return Response.json({
-          object: "list",
-          data: [{ id: ctx.modelName, object: "model", created: 0, owned_by: "tl-engine", max_model_len: engine.maxModelLen, ...statsFields(ctx.modelStats) }],
-        });
-      }
-      if (req.method === "GET" && url.pathname === "/health") {
-        // Alive while draining (liveness must not restart it); the status says it takes no new work.
-        return Response.json({ status: ctx.isDraining() ? "draining" : "ok", worker_id: ctx.workerId, roles: ctx.roles, model: ctx.modelName });
-      }
-      const extra = await ctx.extraRoutes?.(req, url);
-      if (extra) return extra;
-      throw new HttpError(404, `no route for ${req.method} ${url.pathname}`, "not_found_error");
-    } catch (e) {
-      return errorResponse(e);
-    }
-  };
 }
 
 function statsFields(s: EngineHttpContext["modelStats"]): Record<string, unknown> {

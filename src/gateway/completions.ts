@@ -1,0 +1,260 @@
+import { ConnectError } from "@connectrpc/connect";
+import type { KvHandle } from "../gen/tl/engine/v1/engine_pb.ts";
+import { type CompletionKind, type CompletionParams, completionResponse, HttpError, parseCompletion, requestId, type TokenQueue } from "../http/index.ts";
+import type { ChatRenderer, Tokenizer } from "../model/index.ts";
+import { type Attributes, endSpan, extractHeaders, log, type Metrics, type Span, SpanKind, startSpan } from "../obs/index.ts";
+import { Code, httpStatusOf } from "../rpc/status.ts";
+import type { Admission } from "./admission.ts";
+import { type InFlight, type Pair, type PairPicker, RetryPolicy } from "./pair-picker.ts";
+import { type PrefillClient, untilAborted } from "./prefill-client.ts";
+import { followRequest, recordHandoff, type Served, servedExtra, servedHeaders } from "./request-log.ts";
+import { type EngineStream, streamColocated, streamResume } from "./resume-stream.ts";
+import type { KvAffinity } from "./router.ts";
+
+const NEVER = new AbortController().signal;
+
+// Span attributes that never change, built once so tracing off allocates nothing per request.
+const SERVER_ATTRS: Record<CompletionKind, Attributes> = {
+  completion: { "tl.role": "gateway", "http.request.method": "POST", "url.path": "/v1/completions" },
+  chat: { "tl.role": "gateway", "http.request.method": "POST", "url.path": "/v1/chat/completions" },
+};
+
+export interface CompletionsContext {
+  tokenizer: Tokenizer;
+  /** The model's chat template, as the engines render it (prompt hashes must match theirs). */
+  chat?: ChatRenderer | undefined;
+  modelName: string;
+  maxModelLen: number;
+  picker: PairPicker;
+  prefill: PrefillClient;
+  affinity: KvAffinity;
+  inflight: InFlight;
+  metrics: Metrics;
+  admission: Admission;
+  /** Gives an unclaimed handle back to its decode engine (releaseUnclaimed). */
+  release: (kvAddress: string, handleId: string, requestId: string) => void;
+}
+
+/** One prompt on its way through the gateway: parsed, named, traced, abortable by its client. */
+interface Trip {
+  params: CompletionParams;
+  requestId: string;
+  arrived: number;
+  abort: AbortController;
+  span: Span;
+}
+
+/** One routed prompt: its choices' token streams and how they were served. */
+interface Routed {
+  qs: TokenQueue[];
+  served: Served;
+}
+
+/** Prompt k of a request as a request of its own (its n choices use seed + j, as vLLM). */
+function promptParams(p: CompletionParams, k: number): CompletionParams {
+  if (p.prompts.length === 1) return p;
+  const prompt = p.prompts[k]!;
+  return { ...p, promptTokens: prompt, prompts: [prompt] };
+}
+
+/**
+ * The gateway's completions: pick a pair, Prefill on P (pushing to D), emit token 1 at
+ * once and stream the rest from D; retries per RetryPolicy; no pair at all falls back
+ * to a `both` engine. The request's SERVER span runs until its last token or its failure.
+ */
+export class Completions {
+  constructor(private readonly ctx: CompletionsContext) {}
+
+  async complete(req: Request, kind: CompletionKind): Promise<Response> {
+    const span = startSpan(
+      kind === "chat" ? "POST /v1/chat/completions" : "POST /v1/completions",
+      SpanKind.SERVER,
+      extractHeaders(req.headers),
+      SERVER_ATTRS[kind],
+    );
+    try {
+      return await this.routeAll(req, await this.tripOf(req, kind, span));
+    } catch (e) {
+      endSpan(span, e);
+      throw e;
+    }
+  }
+
+  private async tripOf(req: Request, kind: CompletionKind, span: Span): Promise<Trip> {
+    const arrived = performance.now();
+    let body: unknown;
+    try {
+      body = await req.json();
+    } catch (e) {
+      throw new HttpError(400, `request body is not valid JSON: ${e instanceof Error ? e.message : String(e)}`);
+    }
+    const { ctx } = this;
+    const params = parseCompletion(kind, body, { tokenizer: ctx.tokenizer, maxModelLen: ctx.maxModelLen, chat: ctx.chat });
+    if (params.model !== undefined && params.model !== ctx.modelName) {
+      throw new HttpError(
+        404,
+        `model ${JSON.stringify(params.model)} is not served; this gateway serves ${JSON.stringify(ctx.modelName)}`,
+        "invalid_request_error",
+        "model",
+      );
+    }
+    const id = req.headers.get("x-request-id") ?? requestId(kind === "chat" ? "chatcmpl" : "cmpl");
+    if (span.isRecording()) span.setAttribute("tl.request_id", id);
+    return { params, requestId: id, arrived, abort: new AbortController(), span };
+  }
+
+  /**
+   * A list of prompts: each prompt is routed as a request of its own, with its own
+   * abort. Its n choices share one prefill and one resume (one D stream carrying them
+   * all); a stop string then ends its choice on D itself (stop is forwarded), so only a
+   * single-choice stream is cut from here.
+   */
+  private async routeAll(req: Request, t: Trip): Promise<Response> {
+    const { params } = t;
+    const trips = params.prompts.map(
+      (_, k): Trip => ({
+        ...t,
+        params: promptParams(params, k),
+        requestId: params.prompts.length === 1 ? t.requestId : `${t.requestId}-${k}`,
+        abort: new AbortController(),
+      }),
+    );
+    const abortAll = () => trips.forEach((x) => x.abort.abort());
+    req.signal.addEventListener("abort", abortAll);
+    const routed = await Promise.all(
+      trips.map((x) =>
+        this.route(x).catch((e: unknown) => {
+          abortAll();
+          throw e;
+        }),
+      ),
+    );
+    const onStop = (i: number) => {
+      if (params.n === 1) trips[i]!.abort.abort();
+    };
+    return this.respond(
+      routed.flatMap((r) => r.qs),
+      t,
+      routed[0]!.served,
+      onStop,
+      abortAll,
+    );
+  }
+
+  /** Routes one prompt's n choices: a prefill/decode pair (retried on another pair per RetryPolicy), else a colocated engine. */
+  private async route(t: Trip): Promise<Routed> {
+    const exclude = new Set<string>();
+    const policy = new RetryPolicy();
+    for (let attempt = 0; attempt < RetryPolicy.MAX_ATTEMPTS; attempt++) {
+      const pair = this.ctx.picker.pair(t.params.promptTokens, exclude);
+      if (!pair) return this.colocated(t, exclude);
+      const handle = await this.prefillOn(pair, t, policy, exclude);
+      if (handle !== null) return this.disaggregated(t, pair, handle, policy.wasRetried);
+    }
+    throw new HttpError(503, "no worker could take the request after retries", "server_error", null, { "retry-after": "1" });
+  }
+
+  /** Prefill on the pair: the handle, or null when the policy routes again (`exclude` grown). */
+  private async prefillOn(pair: Pair, t: Trip, policy: RetryPolicy, exclude: Set<string>): Promise<KvHandle | null> {
+    const { ctx } = this;
+    const p = pair.prefill.worker;
+    const d = pair.decode.worker;
+    const pid = p.status.workerId;
+    const did = d.status.workerId;
+    log.debug("route", { request_id: t.requestId, prefill: pid, prefill_why: pair.prefill.why, decode: did, decode_why: pair.decode.why });
+    ctx.inflight.add(pid, 1);
+    // Not cancelled along with the client: a Prefill cut short on our side can still
+    // finish on P and leave its handle pending on D with nobody to release it. When the
+    // client goes away, Cancel stops P's work instead and any handle the call still
+    // yields is given back.
+    const call = ctx.prefill.prefill(p, d, t.params, t.requestId, NEVER, t.span);
+    try {
+      return await untilAborted(call, t.abort.signal);
+    } catch (e) {
+      if (t.abort.signal.aborted) {
+        ctx.prefill.abandon(call, p, t.requestId, (h) => ctx.release(d.status.kvAddress, h, t.requestId));
+        throw new HttpError(499, "client closed the request");
+      }
+      const err = ConnectError.from(e);
+      ctx.metrics.transferFailures.inc({ code: Code[err.code] ?? String(err.code) });
+      const next = policy.decide(err, pid, did);
+      if (!next.again) {
+        throw new HttpError(
+          httpStatusOf(err.code),
+          `prefill on ${pid} failed: ${err.rawMessage}`,
+          err.code === Code.InvalidArgument ? "invalid_request_error" : "server_error",
+        );
+      }
+      exclude.add(next.exclude);
+      log.warn(next.why, { request_id: t.requestId, worker: next.exclude, code: Code[err.code], error: err.rawMessage });
+      return null;
+    } finally {
+      ctx.inflight.add(pid, -1);
+    }
+  }
+
+  /** Token 1 from the handle now, the rest resumed on D. */
+  private disaggregated(t: Trip, pair: Pair, handle: KvHandle, retried: boolean): Routed {
+    const { ctx } = this;
+    const did = pair.decode.worker.status.workerId;
+    const served: Served = {
+      served: retried ? "disaggregated-retried" : "disaggregated",
+      prefillWorker: pair.prefill.worker.status.workerId,
+      decodeWorker: did,
+      blocksSent: handle.blocksSent,
+      blocksDeduped: handle.blocksDeduped,
+      payloadBytes: Number(handle.payloadBytes),
+    };
+    recordHandoff(ctx.metrics, served, (performance.now() - t.arrived) / 1000);
+    if (!handle.finished) ctx.affinity.record(did, handle.blockHashes);
+    log.debug("prefilled", {
+      request_id: t.requestId,
+      handle: handle.handleId,
+      blocks_sent: served.blocksSent,
+      blocks_deduped: served.blocksDeduped,
+      payload_bytes: served.payloadBytes,
+    });
+    const d = pair.decode.worker;
+    // Before D answered, the handle is still pending there: give it back.
+    const qs = streamResume(this.streamOf(t, d), handle, ctx.tokenizer, (h) => ctx.release(d.status.kvAddress, h, t.requestId));
+    return { qs, served };
+  }
+
+  /** No prefill/decode pair: a `both` engine does the whole request. */
+  private colocated(t: Trip, exclude: ReadonlySet<string>): Routed {
+    const W = this.ctx.picker.colocated(exclude);
+    if (!W) {
+      throw new HttpError(503, "no engine is available: no prefill/decode pair and no colocated engine", "server_error", null, { "retry-after": "2" });
+    }
+    const wid = W.worker.status.workerId;
+    log.debug("route", { request_id: t.requestId, colocated: wid, why: `no prefill/decode pair; ${W.why}` });
+    const served: Served = { served: "colocated-fallback", prefillWorker: wid, decodeWorker: wid, blocksSent: 0, blocksDeduped: 0, payloadBytes: 0 };
+    return { qs: streamColocated(this.streamOf(t, W.worker)), served };
+  }
+
+  private streamOf(t: Trip, worker: EngineStream["worker"]): EngineStream {
+    return { worker, params: t.params, requestId: t.requestId, signal: t.abort.signal, parent: t.span, inflight: this.ctx.inflight };
+  }
+
+  private respond(queues: TokenQueue[], t: Trip, s: Served, onStop: (choice: number) => void, onAbort: () => void): Response | Promise<Response> {
+    const { ctx } = this;
+    const p = t.params;
+    const followed = { requestId: t.requestId, params: p, served: s, arrived: t.arrived, span: t.span };
+    const counted = followRequest(ctx.metrics, queues, followed, () => ctx.admission.leave());
+    return completionResponse(counted, {
+      id: t.requestId,
+      model: ctx.modelName,
+      tokenizer: ctx.tokenizer,
+      params: p,
+      onStop,
+      onAbort,
+      headers: {
+        ...(p.ignoredFields.length > 0 ? { "x-tl-ignored-fields": p.ignoredFields.join(",") } : {}),
+        "x-request-id": t.requestId,
+        ...servedHeaders(s),
+        "x-tl-seed": p.seed.toString(),
+      },
+      extra: () => servedExtra(s),
+    });
+  }
+}
