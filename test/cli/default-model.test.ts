@@ -55,17 +55,23 @@ test("default_model_generate_gives_the_stored_greedy_continuations", async () =>
   }
 });
 
-test("default_model_gateway_gives_the_stored_greedy_tokens_disaggregated", async () => {
+/** A greedy completion of g's prompt from `http`: its served header, ids and text. */
+async function complete(http: string, g: Greedy) {
+  const res = await fetch(`http://${http}/v1/completions`, {
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body: JSON.stringify({ model: DEFAULT_MODEL_NAME, prompt: g.prompt, max_tokens: g.completion_ids.length, temperature: 0, return_token_ids: true }),
+  });
+  expect(res.status).toBe(200);
+  const body = (await res.json()) as { choices: { text: string; token_ids: number[] }[] };
+  return { served: res.headers.get("x-tl-served"), ids: body.choices[0]!.token_ids, text: body.choices[0]!.text };
+}
+
+test("default_model_gateway_gives_the_stored_greedy_tokens_disaggregated_and_colocated", async () => {
   for (const g of expected.greedy) {
-    const res = await fetch(`http://${cluster.gateway.httpAddress}/v1/completions`, {
-      method: "POST",
-      headers: { "content-type": "application/json" },
-      body: JSON.stringify({ model: DEFAULT_MODEL_NAME, prompt: g.prompt, max_tokens: g.completion_ids.length, temperature: 0, return_token_ids: true }),
-    });
-    expect(res.status).toBe(200);
-    expect(res.headers.get("x-tl-served")).toBe("disaggregated");
-    const body = (await res.json()) as { choices: { text: string; token_ids: number[] }[] };
-    expect(body.choices[0]!.token_ids).toEqual(g.completion_ids);
-    expect(body.choices[0]!.text).toBe(g.completion_text);
+    const want = { ids: g.completion_ids, text: g.completion_text };
+    expect(await complete(cluster.gateway.httpAddress, g)).toEqual({ served: "disaggregated", ...want });
+    // One engine serving the whole request (no hand-off header) gives the same ids.
+    expect(await complete(cluster.prefill[0]!.httpAddress, g)).toEqual({ served: null, ...want });
   }
 });
