@@ -40,6 +40,8 @@ function startRole(name: string, args: string[]): Child {
  * `engine cluster`: a gateway, N prefill and M decode engines, each its own process on
  * loopback, as in production; one demo request; then serve until Ctrl-C.
  */
+// Long by design: the processes it spawns are pushed onto `children` as they start and
+// stopAll() in the one catch ends exactly those; split, a failed step would leak them.
 export async function runCluster(config: Config, rest: Map<string, string>, opts: { demo?: boolean; wait?: boolean } = {}) {
   const count = (k: string, d: number) => {
     const v = rest.get(k);

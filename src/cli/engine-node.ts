@@ -120,6 +120,8 @@ let nodeCounter = 0;
 const STREAM_SETTLE_MS = 50;
 
 /** Starts one engine process's servers: HTTP, EngineControl, KvTransfer (decode roles), heartbeat. */
+// Long by design: one start-up sequence whose every server is pushed onto `closers`
+// as it starts, so a failure anywhere stops exactly what was started (the catch below).
 export async function startEngineNode(opts: EngineNodeOptions): Promise<EngineNode> {
   const role = opts.role;
   const host = opts.host ?? "127.0.0.1";

@@ -8,6 +8,8 @@ import { startEngineNode, type EngineNode } from "./engine-node.ts";
 import { parseAddr, type Config } from "./options.ts";
 
 /** Starts one engine from its config; prints one ready line with every address. */
+// Long by design: config to options, one field each, read top to bottom beside the
+// option table (options.ts); a helper per field would only scatter the mapping.
 export async function runEngine(config: Config): Promise<EngineNode> {
   const e = config.engine;
   const role = config.role as "prefill" | "decode" | "both";

@@ -67,6 +67,8 @@ export interface GrpcServer {
  * ctx.signal not aborted. A handler must check completeness itself (KvChunk
  * counts against `total`) rather than trust the end of iteration.
  */
+// Long by design: the server, its session and stream tracking and its close() share
+// the sets close() empties; apart, close() could miss a stream opened in between.
 export async function serveGrpc(routes: (router: ConnectRouter) => void, opts: GrpcServerOptions = {}): Promise<GrpcServer> {
   const host = opts.host ?? "127.0.0.1";
   const handler = connectNodeAdapter({
