@@ -5,6 +5,7 @@
 //   bun bench/transfer-sink.ts raw <total>   a TCP sink answering one byte per <total> bytes
 //   bun bench/transfer-sink.ts kv <blocks> <B,L,H,D>   KvReceiver + serveKv (gRPC and
 //                                            data plane) over a pool of that shape
+// With TL_BENCH_TLS=<cert>:<key>:<ca> (PEM files) both serve over mutual TLS.
 //
 // The first stdout line is JSON with the listening address. Then one command per stdin
 // line, one JSON answer per command on stdout:
@@ -16,6 +17,14 @@
 import { KvPool } from "../src/pool/index.ts";
 import { KvReceiver, serveKv } from "../src/transfer/index.ts";
 import { listenRawSink } from "./raw-sink.ts";
+import { TlsSource } from "../src/rpc/tls-config.ts";
+import { readFileSync } from "node:fs";
+
+const tlsFiles = process.env.TL_BENCH_TLS?.split(":");
+const tls = tlsFiles ? new TlsSource({ cert: tlsFiles[0]!, key: tlsFiles[1]!, ca: tlsFiles[2]! }) : null;
+const pem = tlsFiles
+  ? { cert: readFileSync(tlsFiles[0]!, "utf8"), key: readFileSync(tlsFiles[1]!, "utf8"), ca: readFileSync(tlsFiles[2]!, "utf8") }
+  : undefined;
 
 const [mode, arg, dims] = process.argv.slice(2);
 const say = (v: unknown) => process.stdout.write(JSON.stringify(v) + "\n");
@@ -29,7 +38,7 @@ let stop: () => Promise<void>;
 if (mode === "raw") {
   const total = Number(arg);
   if (!(total > 0)) throw new Error(`raw sink needs a byte count, got ${arg}`);
-  const listener = listenRawSink(total);
+  const listener = listenRawSink(total, pem);
   say({ address: `127.0.0.1:${listener.port}` });
   onCommand = (cmd) => {
     if (cmd === "cpu") return cpuMs();
@@ -41,8 +50,9 @@ if (mode === "raw") {
 } else if (mode === "kv") {
   const [blockTokens, nLayers, nKvHeads, headDim] = (dims ?? "").split(",").map(Number) as [number, number, number, number];
   const pool = new KvPool({ blockTokens, nLayers, nKvHeads, headDim }, Number(arg) + 200);
-  const rx = new KvReceiver(pool, { maxPending: 4096 });
-  const server = await serveKv(rx);
+  // One pusher (the bench) may hold the whole pool: it is the only peer.
+  const rx = new KvReceiver(pool, { maxPending: 4096, maxPendingPerPeer: 4096, maxBlocksPerPeer: pool.total });
+  const server = await serveKv(rx, { tls });
   say({ address: server.address, dataPlane: server.dataPlaneAddress });
   onCommand = (cmd, a) => {
     if (cmd === "cpu") return cpuMs();

@@ -14,6 +14,10 @@
 //   sides' CRCs and copies, while the raw TCP baseline only copies through the kernel.
 // Each repetition times raw TCP and both pushes back to back, and ratios are taken per
 // repetition (then the median), so a busy moment on the shared machine hits both.
+// - crossProcessTls: the cross-process run again with every connection on mutual TLS
+//   (cluster certificates, as a deployment runs), beside raw TLS moving the same bytes;
+//   tlsCost says what TLS costs each path against its plaintext push (the issue's bound:
+//   the data plane keeps at least 70% of its plaintext throughput).
 import { listenRawSink } from "./raw-sink.ts";
 import { mkdirSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
@@ -22,6 +26,24 @@ import { envelopeBytes, promptHashes, type KvShape } from "../src/codec/index.ts
 import { KvPool } from "../src/pool/index.ts";
 import { DataPlaneClient, KvReceiver, RoutingTransport, serveKv, transfer } from "../src/transfer/index.ts";
 import { poolChunks } from "../src/transfer/build-chunks.ts";
+import { mkdtempSync, readFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { certFiles, mintCluster, writeCerts } from "../src/cli/certs.ts";
+import { TlsSource } from "../src/rpc/tls-config.ts";
+
+/** A cluster CA with a prefill leaf (this process) and a decode leaf (the sinks). */
+async function benchPki() {
+  const dir = mkdtempSync(join(tmpdir(), "tl-bench-pki-"));
+  writeCerts(dir, await mintCluster({ prefill: 1, decode: 1 }));
+  const files = (id: string) => ({ ...certFiles(dir, { workerId: id }), ca: join(dir, "ca.crt") });
+  const pem = (f: { cert: string; key: string; ca: string }) => ({
+    cert: readFileSync(f.cert, "utf8"),
+    key: readFileSync(f.key, "utf8"),
+    ca: readFileSync(f.ca, "utf8"),
+  });
+  return { prefill: files("prefill-0"), decode: files("decode-0"), pem };
+}
+type Pki = Awaited<ReturnType<typeof benchPki>>;
 
 const SHAPE: KvShape = { blockTokens: 16, nLayers: 4, nKvHeads: 4, headDim: 32 };
 const BLOCKS = 1000;
@@ -102,8 +124,9 @@ interface Sink {
 }
 
 /** bench/transfer-sink.ts in a child process, driven by one command per stdin line. */
-async function childSink(args: string[]): Promise<Sink> {
+async function childSink(args: string[], pki?: Pki): Promise<Sink> {
   const proc = Bun.spawn([process.execPath, join(import.meta.dir, "transfer-sink.ts"), ...args], {
+    env: { ...process.env, ...(pki ? { TL_BENCH_TLS: `${pki.decode.cert}:${pki.decode.key}:${pki.decode.ca}` } : {}) },
     stdin: "pipe",
     stdout: "pipe",
     stderr: "inherit",
@@ -183,15 +206,21 @@ async function localRawSink(total: number): Promise<Sink> {
   };
 }
 
-/** Raw TCP sender: one connection, RAW_WRITE-byte writes honouring backpressure, until the sink's byte. */
-async function rawSender(address: string): Promise<{ send(total: number): Promise<void>; close(): void }> {
+/** Raw TCP (or, with pki, raw mutual TLS) sender: one connection, RAW_WRITE-byte writes honouring backpressure, until the sink's byte. */
+async function rawSender(address: string, pki?: Pki): Promise<{ send(total: number): Promise<void>; close(): void }> {
   let answered: () => void = () => {};
   let drained: () => void = () => {};
+  let shook: () => void = () => {};
+  const handshake = new Promise<void>((res) => (shook = res));
   const i = address.lastIndexOf(":");
   const sock: Socket<undefined> = await Bun.connect({
     hostname: address.slice(0, i),
     port: Number(address.slice(i + 1)),
+    ...(pki ? { tls: { ...pki.pem(pki.prefill), serverName: "localhost" } } : {}),
     socket: {
+      handshake() {
+        shook();
+      },
       data() {
         answered();
       },
@@ -200,6 +229,8 @@ async function rawSender(address: string): Promise<{ send(total: number): Promis
       },
     },
   });
+  // Bun.connect resolves before the TLS handshake; what is written before it is lost.
+  if (pki) await handshake;
   sock.setNoDelay(true);
   const chunk = new Uint8Array(RAW_WRITE).fill(7);
   return {
@@ -262,13 +293,18 @@ type Path = "dataPlane" | "grpc";
  * one path; a gRPC push's garbage would otherwise be collected during the next data
  * plane push, and the reverse).
  */
-async function measurePath(path: Path, crossProcess: boolean, big: Prompt, small: Prompt, scattered: Prompt) {
+async function measurePath(path: Path, crossProcess: boolean, big: Prompt, small: Prompt, scattered: Prompt, pki?: Pki) {
   const P = big.pool;
   const dims = `${SHAPE.blockTokens},${SHAPE.nLayers},${SHAPE.nKvHeads},${SHAPE.headDim}`;
-  const rawSink = crossProcess ? await childSink(["raw", String(BYTES)]) : await localRawSink(BYTES);
-  const kv = crossProcess ? await childSink(["kv", String(BLOCKS), dims]) : await localKvSink();
-  const raw = await rawSender(rawSink.address);
-  const t = new RoutingTransport({ dataPlane: path === "dataPlane" ? new DataPlaneClient({ timeoutMs: 60_000 }) : false, timeoutMs: 60_000 });
+  const rawSink = crossProcess ? await childSink(["raw", String(BYTES)], pki) : await localRawSink(BYTES);
+  const kv = crossProcess ? await childSink(["kv", String(BLOCKS), dims], pki) : await localKvSink();
+  const raw = await rawSender(rawSink.address, pki);
+  const tls = pki ? new TlsSource(pki.prefill) : undefined;
+  const t = new RoutingTransport({
+    dataPlane: path === "dataPlane" ? new DataPlaneClient({ timeoutMs: 60_000, ...(tls ? { tls } : {}) }) : false,
+    timeoutMs: 60_000,
+    ...(tls ? { tls } : {}),
+  });
   let h = 0;
   // One envelope buffer for every push, as transfer() reuses its own: a fresh 32 MB
   // buffer per push would time page faults, not the transfer.
@@ -370,18 +406,101 @@ async function measurePath(path: Path, crossProcess: boolean, big: Prompt, small
   };
 }
 
-async function run(crossProcess: boolean) {
+async function run(crossProcess: boolean, pki?: Pki) {
   const P = new KvPool(SHAPE, BLOCKS + 200);
   const big = prefill(P, BLOCKS * SHAPE.blockTokens, 1);
   const small = prefill(P, LAT_TOKENS, 2);
   const scattered = prefill(new KvPool(SHAPE, 2 * BLOCKS), BLOCKS * SHAPE.blockTokens, 1, 2);
   return {
-    dataPlane: await measurePath("dataPlane", crossProcess, big, small, scattered),
-    grpc: await measurePath("grpc", crossProcess, big, small, scattered),
+    dataPlane: await measurePath("dataPlane", crossProcess, big, small, scattered, pki),
+    grpc: await measurePath("grpc", crossProcess, big, small, scattered, pki),
   };
 }
 
+/**
+ * What mutual TLS costs, measured in pairs: per repetition a plaintext push and the same
+ * push over mTLS (each to its own decode process), raw TCP and raw TLS, back to back;
+ * the ratio (plaintext ms / TLS ms, i.e. the share of throughput TLS keeps) per pair,
+ * then the median, so the shared machine's busy moments hit both sides of a pair.
+ */
+async function measureTlsCost(pki: Pki, big: Prompt) {
+  const dims = `${SHAPE.blockTokens},${SHAPE.nLayers},${SHAPE.nKvHeads},${SHAPE.headDim}`;
+  const side = async (withTls: boolean, path: Path) => {
+    const kv = await childSink(["kv", String(BLOCKS), dims], withTls ? pki : undefined);
+    const tls = withTls ? new TlsSource(pki.prefill) : undefined;
+    const t = new RoutingTransport({
+      dataPlane: path === "dataPlane" ? new DataPlaneClient({ timeoutMs: 60_000, ...(tls ? { tls } : {}) }) : false,
+      timeoutMs: 60_000,
+      ...(tls ? { tls } : {}),
+    });
+    const { route } = await t.hasBlocks(kv.address, [], 1);
+    return { kv, t, route };
+  };
+  const slab = new Uint8Array(BYTES);
+  const notPresent = big.hashes.map(() => false);
+  let h = 0;
+  const pushOnce = async (s: Awaited<ReturnType<typeof side>>) => {
+    const id = `tls-${h++}`;
+    const t0 = performance.now();
+    const ack = await s.t.push(s.route, poolChunks(big.pool, id, big.ids, big.hashes, notPresent, slab));
+    const ms = performance.now() - t0;
+    if (ack.blocksReceived !== BLOCKS) throw new Error(`${ack.blocksReceived} blocks received`);
+    await s.kv.release(id);
+    await s.kv.evict();
+    return ms;
+  };
+  const out: Record<string, { keeps: number; plainGbps: number; tlsGbps: number }> = {};
+  for (const path of ["dataPlane", "grpc"] as const) {
+    const plain = await side(false, path);
+    const secure = await side(true, path);
+    const keeps: number[] = [];
+    const pMs: number[] = [];
+    const sMs: number[] = [];
+    for (let r = 0; r < WARMUP + REPS; r++) {
+      const a = await pushOnce(plain);
+      const b = await pushOnce(secure);
+      if (r < WARMUP) continue;
+      keeps.push(a / b);
+      pMs.push(a);
+      sMs.push(b);
+    }
+    out[path] = { keeps: round(median(keeps)), plainGbps: round(gbps(median(pMs))), tlsGbps: round(gbps(median(sMs))) };
+    for (const s of [plain, secure]) {
+      await s.t.close();
+      await s.kv.close();
+    }
+  }
+  const rawPlainSink = await childSink(["raw", String(BYTES)]);
+  const rawTlsSink = await childSink(["raw", String(BYTES)], pki);
+  const rawPlain = await rawSender(rawPlainSink.address);
+  const rawTls = await rawSender(rawTlsSink.address, pki);
+  const rawKeeps: number[] = [];
+  for (let r = 0; r < WARMUP + REPS; r++) {
+    const t0 = performance.now();
+    await rawPlain.send(BYTES);
+    const t1 = performance.now();
+    await rawTls.send(BYTES);
+    const t2 = performance.now();
+    if (r >= WARMUP) rawKeeps.push((t1 - t0) / (t2 - t1));
+  }
+  rawPlain.close();
+  rawTls.close();
+  await rawPlainSink.close();
+  await rawTlsSink.close();
+  return { dataPlane: out.dataPlane!, grpc: out.grpc!, rawTcp: { keeps: round(median(rawKeeps)) } };
+}
+
 const crossProcess = await run(true);
+const pki = await benchPki();
+const crossProcessTls = await run(true, pki);
+/** TLS throughput / plaintext throughput of the same push, paired (1 = free; the issue's bound for the data plane: ≥ 0.7). */
+const tlsCost = await measureTlsCost(
+  pki,
+  (() => {
+    const P = new KvPool(SHAPE, BLOCKS + 200);
+    return prefill(P, BLOCKS * SHAPE.blockTokens, 1);
+  })(),
+);
 const inProcess = await run(false);
 const result = {
   shape: SHAPE,
@@ -396,13 +515,25 @@ const result = {
   // push: chunks built from P's pool and pushed (envelope writing included), cold D.
   // ratioToRawTcp: wall time; cpuRatioToRawTcp: CPU time of sender and receiver together.
   crossProcess,
+  // the same over mutual TLS; its "rawTcp" baseline is raw TLS
+  crossProcessTls,
+  tlsCost,
   inProcess,
+  loadAverage: (
+    await Bun.file("/proc/loadavg")
+      .text()
+      .catch(() => "")
+  ).trim(),
 };
 console.log(JSON.stringify(result, null, 2));
 console.log(
   `push / raw TCP: data plane ${crossProcess.dataPlane.push.ratioToRawTcp} cross-process (${crossProcess.dataPlane.pushScattered.ratioToRawTcp} from scattered blocks), ` +
     `${inProcess.dataPlane.push.ratioToRawTcp} in one process (${inProcess.dataPlane.pushScattered.ratioToRawTcp}); ` +
     `gRPC ${crossProcess.grpc.push.ratioToRawTcp} / ${inProcess.grpc.push.ratioToRawTcp}`,
+);
+console.log(
+  `mutual TLS keeps ${tlsCost.dataPlane.keeps} of the data plane's plaintext throughput (${tlsCost.dataPlane.tlsGbps} vs ${tlsCost.dataPlane.plainGbps} GB/s, paired), ` +
+    `${tlsCost.grpc.keeps} of gRPC's; raw TLS keeps ${tlsCost.rawTcp.keeps} of raw TCP; data plane over TLS / raw TLS ${crossProcessTls.dataPlane.push.ratioToRawTcp}`,
 );
 const dir = join(import.meta.dir, "results");
 mkdirSync(dir, { recursive: true });

@@ -1,4 +1,8 @@
+import { mkdtempSync, rmSync } from "node:fs";
 import { createServer } from "node:net";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { certFiles, mintCluster, writeCerts } from "./certs.ts";
 import { sseData } from "../http/index.ts";
 import { SYNTHETIC_MODEL_NAME } from "../model/index.ts";
 import { log } from "../obs/index.ts";
@@ -51,7 +55,8 @@ export async function runCluster(config: Config, rest: Map<string, string>, opts
   };
   const nP = count("prefill", 1);
   const nD = count("decode", 2);
-  for (const k of rest.keys()) if (!["prefill", "decode"].includes(k)) throw new ConfigError(`unknown option --${k}`);
+  for (const k of rest.keys()) if (!["prefill", "decode", "plaintext"].includes(k)) throw new ConfigError(`unknown option --${k}`);
+  const plaintext = rest.get("plaintext") === "true";
   const e = config.engine;
   const model = String(e.model);
   const tokenizer = String(e.tokenizer);
@@ -63,12 +68,24 @@ export async function runCluster(config: Config, rest: Map<string, string>, opts
   if (e.otlp_endpoint) modelArgs.push("--otlp-endpoint", String(e.otlp_endpoint));
   const beat = String(Math.min(Number(e.heartbeat_interval_ms), 1000));
 
+  // The API keys reach every child (and TL_API_KEY through the environment); the demo sends the first.
+  const apiKeys = (e.api_key as readonly string[] | undefined) ?? [];
+  const keyArgs = apiKeys.flatMap((k) => ["--api-key", k]);
+  const auth: Record<string, string> =
+    apiKeys.length > 0 || process.env.TL_API_KEY ? { authorization: `Bearer ${apiKeys[0] ?? process.env.TL_API_KEY!.split(",")[0]!.trim()}` } : {};
+  const pki = plaintext ? null : await ephemeralPki(nP, nD);
+  const tlsArgs = (id: string) =>
+    pki === null
+      ? []
+      : ["--tls-cert", certFiles(pki, { workerId: id }).cert, "--tls-key", certFiles(pki, { workerId: id }).key, "--tls-ca", join(pki, "ca.crt")];
+
   const httpPort = await freePort(8000);
   const regPort = await freePort();
   const children: Child[] = [];
   const stopAll = async () => {
     for (const c of children) c.proc.kill("SIGTERM");
     await Promise.all(children.map((c) => Promise.race([c.proc.exited, Bun.sleep(15_000).then(() => c.proc.kill("SIGKILL"))])));
+    if (pki !== null) rmSync(pki, { recursive: true, force: true });
   };
   try {
     const gw = startRole("gateway", [
@@ -80,7 +97,10 @@ export async function runCluster(config: Config, rest: Map<string, string>, opts
       `127.0.0.1:${regPort}`,
       "--heartbeat-interval-ms",
       beat,
+      "--routing-headers",
       ...modelArgs,
+      ...keyArgs,
+      ...tlsArgs("gateway-0"),
     ]);
     children.push(gw);
     await gw.ready;
@@ -106,6 +126,8 @@ export async function runCluster(config: Config, rest: Map<string, string>, opts
       "--max-model-len",
       String(e.max_model_len),
       ...modelArgs,
+      ...keyArgs,
+      ...tlsArgs(`${role}-${i}`),
     ];
     for (let i = 0; i < nP; i++) children.push(startRole(`prefill-${i}`, await engineArgs("prefill", i)));
     for (let i = 0; i < nD; i++) children.push(startRole(`decode-${i}`, await engineArgs("decode", i)));
@@ -114,7 +136,7 @@ export async function runCluster(config: Config, rest: Map<string, string>, opts
     // Ready lines say the servers are up; the registry listing them says routing can begin.
     const deadline = Date.now() + 30_000;
     for (;;) {
-      const h = (await (await fetch(`${base}/health`)).json()) as { workers: { prefill: number; decode: number } };
+      const h = (await (await fetch(`${base}/health`, { headers: auth })).json()) as { workers: { prefill: number; decode: number } };
       if (h.workers.prefill === nP && h.workers.decode === nD) break;
       if (Date.now() > deadline) throw new Error(`registry lists ${JSON.stringify(h.workers)}, want ${nP} prefill and ${nD} decode`);
       await Bun.sleep(50);
@@ -122,18 +144,22 @@ export async function runCluster(config: Config, rest: Map<string, string>, opts
     const print = (s: string) => process.stdout.write(s + "\n");
     const synthetic = ready[0]!.model === SYNTHETIC_MODEL_NAME;
     print(`tl-engine cluster is up (model ${String(ready[0]!.model)}${synthetic ? "; its random weights make meaningless text" : ""})`);
+    print(
+      pki === null ? "internal ports: plaintext (--plaintext)" : `internal ports: mutual TLS, an ephemeral CA and certificates in ${pki} (removed on exit)`,
+    );
     for (const r of ready)
       print(
         `  ${String(r.role).padEnd(8)} ${String(r.worker_id ?? "gateway").padEnd(10)} pid ${String(r.pid).padEnd(8)} http ${String(r.http)}${r.grpc ? `  grpc ${String(r.grpc)}` : ""}${r.kv ? `  kv ${String(r.kv)}` : ""}${r.registry ? `  registry ${String(r.registry)}` : ""}`,
       );
     print("");
     print("try:");
-    print(`  curl -N ${base}/v1/chat/completions -H 'content-type: application/json' \\`);
+    const authFlag = auth.authorization ? ` -H 'authorization: ${auth.authorization}'` : "";
+    print(`  curl -N ${base}/v1/chat/completions -H 'content-type: application/json'${authFlag} \\`);
     print(`    -d '{"messages":[{"role":"user","content":"In the beginning God created the heaven and the earth."}],"max_tokens":32,"stream":true}'`);
     print(`  curl ${base}/metrics`);
     // Any engine also serves a request whole when no hand-off header comes with it.
     const colocatedHttp = ready.find((r) => r.role === "decode")?.http;
-    if (opts.demo ?? true) await demo(base, colocatedHttp === undefined ? undefined : String(colocatedHttp), print);
+    if (opts.demo ?? true) await demo(base, colocatedHttp === undefined ? undefined : String(colocatedHttp), print, auth);
     if (opts.wait ?? true) {
       print("\nserving; Ctrl-C stops every process");
       await new Promise<void>((resolve) => {
@@ -150,6 +176,13 @@ export async function runCluster(config: Config, rest: Map<string, string>, opts
   }
 }
 
+/** A CA and one certificate per process, in a fresh 0700 temp directory (keys 0600), for this run only. */
+async function ephemeralPki(nP: number, nD: number): Promise<string> {
+  const dir = mkdtempSync(join(tmpdir(), "tl-cluster-pki-"));
+  writeCerts(dir, await mintCluster({ gateway: 1, prefill: nP, decode: nD }));
+  return dir;
+}
+
 /** The demo request: seeded sampling, so the colocated run must give the same words. */
 export const DEMO_REQUEST = {
   prompt: "And God said unto Moses, I AM THAT I AM: and he said, Thus shalt thou say unto the children of Israel,",
@@ -163,16 +196,16 @@ export const DEMO_REQUEST = {
  * One request through the gateway (prefill on P, KV pushed to D, decode on D), the same request
  * again (its prompt blocks now cached on D), and once more on a single engine with no hand-off.
  */
-async function demo(base: string, colocatedHttp: string | undefined, print: (s: string) => void) {
+async function demo(base: string, colocatedHttp: string | undefined, print: (s: string) => void, auth: Record<string, string>) {
   print(`\ndemo: one prompt, sampled (seed ${DEMO_REQUEST.seed}, temperature ${DEMO_REQUEST.temperature}, ${DEMO_REQUEST.max_tokens} tokens)`);
-  const disagg = await streamCompletion(base);
+  const disagg = await streamCompletion(base, auth);
   if (typeof disagg === "string") return print(`  demo failed: ${disagg}`);
   const h = disagg.headers;
   print(
     `  ${h.get("x-tl-served")}: prefill on ${h.get("x-tl-prefill-worker")}, decode on ${h.get("x-tl-decode-worker")}, KV blocks sent ${h.get("x-tl-blocks-sent")}`,
   );
   print(`    > ${JSON.stringify(DEMO_REQUEST.prompt + disagg.text)}`);
-  const again = await streamCompletion(base);
+  const again = await streamCompletion(base, auth);
   if (typeof again !== "string") {
     const a = again.headers;
     print(
@@ -180,7 +213,7 @@ async function demo(base: string, colocatedHttp: string | undefined, print: (s: 
     );
   }
   if (colocatedHttp === undefined) return;
-  const local = await streamCompletion(`http://${colocatedHttp}`);
+  const local = await streamCompletion(`http://${colocatedHttp}`, auth);
   if (typeof local === "string") return print(`  colocated run failed: ${local}`);
   print(`  colocated on one engine (${colocatedHttp}), no KV hand-off:`);
   print(`    > ${JSON.stringify(DEMO_REQUEST.prompt + local.text)}`);
@@ -189,8 +222,9 @@ async function demo(base: string, colocatedHttp: string | undefined, print: (s: 
 }
 
 /** The demo request streamed from `base`: its text and headers, or why it failed. */
-async function streamCompletion(base: string): Promise<{ text: string; headers: Headers } | string> {
-  const res = await fetch(`${base}/v1/completions`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(DEMO_REQUEST) });
+async function streamCompletion(base: string, auth: Record<string, string>): Promise<{ text: string; headers: Headers } | string> {
+  const headers = { "content-type": "application/json", ...auth };
+  const res = await fetch(`${base}/v1/completions`, { method: "POST", headers, body: JSON.stringify(DEMO_REQUEST) });
   if (res.status !== 200) return `${res.status} ${await res.text()}`;
   let text = "";
   for await (const data of sseData(res.body!)) {

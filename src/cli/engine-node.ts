@@ -3,7 +3,8 @@ import { serveGrpc, type GrpcServer } from "../rpc/index.ts";
 import { controlService, type ControlContext } from "../control/control-service.ts";
 import { Engine, type ModelRunner } from "../engine/index.ts";
 import { EngineControl } from "../gen/tl/engine/v1/engine_pb.ts";
-import { engineHttpHandler, serveHttp, type HttpServer, type RequestEnd } from "../http/index.ts";
+import type { TlsSource } from "../rpc/tls-config.ts";
+import { engineHttpHandler, serveHttp, type FrontDoorOptions, type HttpServer, type RequestEnd } from "../http/index.ts";
 import {
   kvShapeOf,
   loadModel as loadModelFiles,
@@ -59,6 +60,8 @@ export interface EngineNodeOptions {
   maxModelLen?: number;
   maxBatchTokens?: number;
   handleTtlS?: number;
+  /** Decode side: a push silent this long is aborted and freed (default 10 000 ms). */
+  pushIdleTimeoutMs?: number;
   /** host:port of the gateway's WorkerRegistry; no heartbeat without it. */
   gatewayRegistry?: string;
   heartbeatIntervalMs?: number;
@@ -71,6 +74,10 @@ export interface EngineNodeOptions {
   advertiseKvAddress?: string;
   onRequestEnd?: (info: RequestEnd) => void;
   extraRoutes?: (req: Request, url: URL) => Promise<Response | null> | Response | null;
+  /** API keys and the body bound of the engine's own HTTP port. */
+  frontDoor?: FrontDoorOptions;
+  /** Mutual TLS on EngineControl, KvTransfer and the data plane, and toward the gateway and decode engines. */
+  tls?: TlsSource | null;
   onTransfer?: ControlContext["onTransfer"];
   /** A pushed handle nobody claimed or released was freed by its time to live. */
   onHandleExpired?: (handleId: string) => void;
@@ -117,6 +124,7 @@ export function servedModelOf(m: Pick<ServableModel, "name" | "cfg" | "weights" 
 }
 
 let nodeCounter = 0;
+const CONTROL_MESSAGE_BYTES = 4 * 1024 * 1024;
 const STREAM_SETTLE_MS = 50;
 
 /** Starts one engine process's servers: HTTP, EngineControl, KvTransfer (decode roles), heartbeat. */
@@ -125,6 +133,7 @@ const STREAM_SETTLE_MS = 50;
 export async function startEngineNode(opts: EngineNodeOptions): Promise<EngineNode> {
   const role = opts.role;
   const host = opts.host ?? "127.0.0.1";
+  const tls = opts.tls ?? null;
   const workerId = opts.workerId ?? `${role}-${process.pid}-${nodeCounter++}`;
   const model = opts.model ?? (await loadModel({ ...opts, maxSeqLen: opts.maxModelLen }));
   const chat = chatRendererFor(model.tokenizer, model.chatTemplate ?? null, opts.chatTemplatePath);
@@ -151,21 +160,27 @@ export async function startEngineNode(opts: EngineNodeOptions): Promise<EngineNo
     let receiver: KvReceiver | null = null;
     let kv: KvServer | null = null;
     if (receivesKv(role)) {
-      receiver = new KvReceiver(pool, { ttlMs: (opts.handleTtlS ?? 60) * 1000, onExpired: opts.onHandleExpired });
+      receiver = new KvReceiver(pool, {
+        ttlMs: (opts.handleTtlS ?? 60) * 1000,
+        onExpired: opts.onHandleExpired,
+        ...(opts.pushIdleTimeoutMs ? { pushIdleTimeoutMs: opts.pushIdleTimeoutMs } : {}),
+      });
       // serveKv would advertise its data plane at the bound host, which peers cannot reach
       // behind 0.0.0.0: start it here and advertise it as the other addresses are.
       let dp: DataPlaneServer | null = null;
       if (opts.offerDataPlane ?? true) {
-        dp = await serveDataPlane(receiver, { host, port: opts.kvDataPort ?? 0 });
+        dp = await serveDataPlane(receiver, { host, port: opts.kvDataPort ?? 0, tls });
         closers.push(() => dp!.close());
       }
-      kv = await serveKv(receiver, { host, port: opts.kvPort ?? 0, dataPlane: false, ...(dp ? { advertiseDataPlane: advertised(dp.address) } : {}) });
+      kv = await serveKv(receiver, { host, port: opts.kvPort ?? 0, dataPlane: false, tls, ...(dp ? { advertiseDataPlane: advertised(dp.address) } : {}) });
       closers.push(
         () => kv!.close(),
         async () => receiver!.close(),
       );
     }
-    const transport = roles.includes("prefill") ? new RoutingTransport(opts.useDataPlane === false ? { dataPlane: false } : {}) : null;
+    const transport = roles.includes("prefill")
+      ? new RoutingTransport({ ...(opts.useDataPlane === false ? { dataPlane: false as const } : {}), ...(tls ? { tls } : {}) })
+      : null;
     if (transport) closers.push(() => transport.close());
     const grpc: GrpcServer = await serveGrpc(
       (r) =>
@@ -182,7 +197,8 @@ export async function startEngineNode(opts: EngineNodeOptions): Promise<EngineNo
             onTransfer: opts.onTransfer,
           }),
         ),
-      { host, port: opts.grpcPort ?? 0 },
+      // A PrefillRequest is a prompt of at most max_model_len tokens plus sampling: 4 MiB is ample.
+      { host, port: opts.grpcPort ?? 0, tls, maxMessageBytes: CONTROL_MESSAGE_BYTES },
     );
     closers.push(() => grpc.close());
     const http: HttpServer = serveHttp(
@@ -195,16 +211,17 @@ export async function startEngineNode(opts: EngineNodeOptions): Promise<EngineNo
         workerId,
         roles,
         isDraining: () => engine.isDraining,
+        tls: tls === null ? "plaintext" : "mtls",
         receiver,
         onRequestEnd: opts.onRequestEnd,
         extraRoutes: opts.extraRoutes,
       }),
-      { host, port: opts.httpPort ?? 0 },
+      { ...opts.frontDoor, host, port: opts.httpPort ?? 0 },
     );
     closers.push(() => http.stop());
     let heartbeat: Heartbeat | null = null;
     if (opts.gatewayRegistry) {
-      const registry = new GrpcRegistry(opts.gatewayRegistry, opts.heartbeatTimeoutMs ?? 1000);
+      const registry = new GrpcRegistry(opts.gatewayRegistry, opts.heartbeatTimeoutMs ?? 1000, tls ?? undefined);
       heartbeat = Heartbeat.spawn(
         registry,
         {

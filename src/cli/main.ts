@@ -1,4 +1,5 @@
 import { log } from "../obs/index.ts";
+import { runCerts } from "./certs.ts";
 import { runCluster } from "./cluster.ts";
 import { generate } from "./generate.ts";
 import { ConfigError, helpText, parseArgs } from "./options.ts";
@@ -6,7 +7,7 @@ import { exitOnSignal, runEngine, runGateway } from "./run-engine.ts";
 
 /** `engine [cluster|generate] [--role ...] [options]`; returns the exit code of a command that ends. */
 export async function main(argv: readonly string[]): Promise<number | "serving"> {
-  const sub = argv[0] === "cluster" || argv[0] === "generate" ? argv[0] : null;
+  const sub = argv[0] === "cluster" || argv[0] === "generate" || argv[0] === "certs" ? argv[0] : null;
   let parsed;
   try {
     parsed = parseArgs(sub ? argv.slice(1) : argv);
@@ -24,6 +25,10 @@ export async function main(argv: readonly string[]): Promise<number | "serving">
   try {
     if (sub === "generate") {
       await generate(parsed.config, parsed.rest);
+      return 0;
+    }
+    if (sub === "certs") {
+      process.stdout.write((await runCerts(parsed.rest)) + "\n");
       return 0;
     }
     if (sub === "cluster") {

@@ -3,13 +3,14 @@ import { readFileSync } from "node:fs";
 export type Role = "prefill" | "decode" | "both" | "gateway";
 export const ROLES: readonly Role[] = ["prefill", "decode", "both", "gateway"];
 
-type Kind = "string" | "addr" | "addr?" | "host?" | "url?" | "int";
+type Kind = "string" | "addr" | "addr?" | "host?" | "url?" | "int" | "bool" | "list";
+type Value = string | number | boolean | readonly string[];
 
 interface Spec {
   section: "engine" | "gateway";
   key: string;
   kind: Kind;
-  dflt: string | number;
+  dflt: Value;
   help: string;
 }
 
@@ -55,6 +56,7 @@ export const SPECS: readonly Spec[] = [
   { section: "engine", key: "max_model_len", kind: "int", dflt: 2048, help: "prompt + output tokens per request" },
   { section: "engine", key: "max_batch_tokens", kind: "int", dflt: 256, help: "tokens per engine step (prefill chunks + decodes)" },
   { section: "engine", key: "handle_ttl_s", kind: "int", dflt: 60, help: "seconds a pushed KV handle waits to be claimed" },
+  { section: "engine", key: "push_idle_timeout_ms", kind: "int", dflt: 10000, help: "a KV push that sends nothing this long is aborted and its blocks freed" },
   { section: "engine", key: "heartbeat_interval_ms", kind: "int", dflt: 2000, help: "beat interval toward the gateway" },
   { section: "engine", key: "heartbeat_timeout_ms", kind: "int", dflt: 1000, help: "timeout of one beat" },
   {
@@ -65,6 +67,52 @@ export const SPECS: readonly Spec[] = [
     help: "OTLP/HTTP collector (e.g. http://127.0.0.1:4318) for traces; empty: OTEL_EXPORTER_OTLP_ENDPOINT, else tracing off",
   },
   { section: "engine", key: "drain_timeout_s", kind: "int", dflt: 30, help: "on SIGTERM, seconds to finish in-flight work" },
+  {
+    section: "engine",
+    key: "tls_cert",
+    kind: "string",
+    dflt: "",
+    help: "PEM certificate naming this process (spiffe://tl-engine/<role>/<id>); with tls_key and tls_ca: mutual TLS on every internal port",
+  },
+  { section: "engine", key: "tls_key", kind: "string", dflt: "", help: "PEM private key of tls_cert" },
+  { section: "engine", key: "tls_ca", kind: "string", dflt: "", help: "PEM cluster CA every peer's certificate must chain to" },
+  { section: "engine", key: "insecure", kind: "bool", dflt: false, help: "allow plaintext internal ports on a non-loopback address" },
+  {
+    section: "engine",
+    key: "api_key",
+    kind: "list",
+    dflt: [],
+    help: "Bearer key required on the HTTP API (repeatable; TL_API_KEY also read, comma-separated)",
+  },
+  { section: "engine", key: "metrics_need_key", kind: "bool", dflt: false, help: "put /metrics behind the API key too" },
+  { section: "engine", key: "max_request_bytes", kind: "int", dflt: 4194304, help: "largest HTTP request body (413 beyond it)" },
+  {
+    section: "gateway",
+    key: "tls_cert",
+    kind: "string",
+    dflt: "",
+    help: "PEM certificate naming this process (spiffe://tl-engine/<role>/<id>); with tls_key and tls_ca: mutual TLS on every internal port",
+  },
+  { section: "gateway", key: "tls_key", kind: "string", dflt: "", help: "PEM private key of tls_cert" },
+  { section: "gateway", key: "tls_ca", kind: "string", dflt: "", help: "PEM cluster CA every peer's certificate must chain to" },
+  { section: "gateway", key: "insecure", kind: "bool", dflt: false, help: "allow plaintext internal ports on a non-loopback address" },
+  {
+    section: "gateway",
+    key: "api_key",
+    kind: "list",
+    dflt: [],
+    help: "Bearer key required on the HTTP API (repeatable; TL_API_KEY also read, comma-separated)",
+  },
+  { section: "gateway", key: "metrics_need_key", kind: "bool", dflt: false, help: "put /metrics behind the API key too" },
+  { section: "gateway", key: "max_request_bytes", kind: "int", dflt: 4194304, help: "largest HTTP request body (413 beyond it)" },
+  {
+    section: "gateway",
+    key: "routing_headers",
+    kind: "bool",
+    dflt: false,
+    help: "tell clients which workers served them (x-tl-prefill-worker, x-tl-decode-worker): debugging only",
+  },
+  { section: "gateway", key: "max_workers", kind: "int", dflt: 256, help: "most workers the registry holds (heartbeats of more are refused)" },
   { section: "gateway", key: "http_listen", kind: "addr", dflt: "127.0.0.1:8000", help: "OpenAI-compatible front door" },
   { section: "gateway", key: "registry_listen", kind: "addr", dflt: "127.0.0.1:50050", help: "WorkerRegistry (tl.control.v1) gRPC server" },
   { section: "gateway", key: "model", kind: "string", dflt: "", help: "model the gateway tokenizes for; as [engine] model" },
@@ -77,7 +125,7 @@ export const SPECS: readonly Spec[] = [
   { section: "gateway", key: "otlp_endpoint", kind: "url?", dflt: "", help: "as [engine] otlp_endpoint" },
 ];
 
-export type Section = Record<string, string | number>;
+export type Section = Record<string, Value>;
 export interface Config {
   role: Role;
   engine: Section;
@@ -92,8 +140,19 @@ export function defaults(): Config {
   return c;
 }
 
-function coerce(spec: Spec, raw: unknown, where: string): string | number {
+function coerce(spec: Spec, raw: unknown, where: string): Value {
   const name = `${where} ${spec.section}.${spec.key}`;
+  if (spec.kind === "bool") {
+    const b = raw === "true" || raw === "" ? true : raw === "false" ? false : raw;
+    if (typeof b !== "boolean") throw new ConfigError(`${name}: want true or false, got ${JSON.stringify(raw)}`);
+    return b;
+  }
+  if (spec.kind === "list") {
+    const list = typeof raw === "string" ? [raw] : raw;
+    if (!Array.isArray(list) || !list.every((v) => typeof v === "string" && v !== ""))
+      throw new ConfigError(`${name}: want a non-empty string or a list of them, got ${JSON.stringify(raw)}`);
+    return list as string[];
+  }
   if (spec.kind === "int") {
     const n = typeof raw === "string" && /^\d+$/.test(raw) ? Number(raw) : raw;
     if (typeof n !== "number" || !Number.isSafeInteger(n) || n < 1) throw new ConfigError(`${name}: want a positive integer, got ${JSON.stringify(raw)}`);
@@ -143,12 +202,17 @@ export function applyToml(c: Config, path: string): void {
   }
 }
 
+/** Subcommand flags that take no value (`engine cluster --plaintext`). */
+const STANDALONE_FLAGS = new Set(["plaintext", "per-role"]);
+
 /**
  * Flags override the config file. `--http-listen` and the other keys both sections
  * have go to [gateway] for the gateway role and to [engine] otherwise.
  */
 export function parseArgs(argv: readonly string[]): { config: Config; rest: Map<string, string>; help: boolean } {
   const flags = new Map<string, string>();
+  const lists = new Map<string, string[]>();
+  const kindOf = (name: string) => (STANDALONE_FLAGS.has(name) ? "bool" : SPECS.find((s) => s.key === name.replaceAll("-", "_"))?.kind);
   let help = false;
   for (let i = 0; i < argv.length; i++) {
     const a = argv[i]!;
@@ -159,9 +223,11 @@ export function parseArgs(argv: readonly string[]): { config: Config; rest: Map<
     if (!a.startsWith("--")) throw new ConfigError(`unexpected argument ${JSON.stringify(a)}`);
     const eq = a.indexOf("=");
     const name = eq >= 0 ? a.slice(2, eq) : a.slice(2);
-    const value = eq >= 0 ? a.slice(eq + 1) : argv[++i];
+    // A boolean flag stands alone (`--insecure`) unless written `--insecure=false`.
+    const value = eq >= 0 ? a.slice(eq + 1) : kindOf(name) === "bool" ? "true" : argv[++i];
     if (value === undefined) throw new ConfigError(`--${name} needs a value`);
-    flags.set(name, value);
+    if (kindOf(name) === "list") lists.set(name, [...(lists.get(name) ?? []), value]);
+    else flags.set(name, value);
   }
   const config = defaults();
   const role = flags.get("role");
@@ -174,12 +240,12 @@ export function parseArgs(argv: readonly string[]): { config: Config; rest: Map<
   flags.delete("config");
   if (file !== undefined) applyToml(config, file);
   const rest = new Map<string, string>();
-  for (const [name, value] of flags) {
+  for (const [name, value] of [...flags, ...lists] as [string, string | string[]][]) {
     const key = name.replaceAll("-", "_");
     const prefer = config.role === "gateway" ? "gateway" : "engine";
     const spec = SPECS.find((s) => s.key === key && s.section === prefer) ?? SPECS.find((s) => s.key === key);
     if (!spec) {
-      rest.set(name, value);
+      rest.set(name, String(value));
       continue;
     }
     config[spec.section][key] = coerce(spec, value, `--${name}:`);
@@ -194,6 +260,8 @@ export function helpText(): string {
     "usage:",
     "  engine --role prefill|decode|both|gateway [--config FILE.toml] [--option value ...]",
     "  engine cluster [--prefill N] [--decode M] [--model PATH [--tokenizer PATH]] [--served-model-name NAME]",
+    "                 [--plaintext] [--api-key KEY] (internal ports run mutual TLS with an ephemeral CA unless --plaintext)",
+    "  engine certs --out DIR [--gateway N] [--prefill N] [--decode N] [--both N] [--admin N] [--dns NAMES] [--ip ADDRS] [--days D] [--per-role]",
     "  engine generate [--model PATH [--tokenizer PATH]] --prompt TEXT [--max-tokens N] [--temperature T] [--seed S]",
     "",
     "options (TOML key under [section]; flags override the file; the gateway role reads [gateway]):",

@@ -6,6 +6,7 @@ import { createMetrics, log, metricsResponse, shutdownTracing, startTracing, tra
 import { chatRendererFor, loadTokenizerFor } from "../model/index.ts";
 import { startEngineNode, type EngineNode } from "./engine-node.ts";
 import { parseAddr, type Config } from "./options.ts";
+import { securityFrom, type Security } from "./security.ts";
 
 /** Starts one engine from its config; prints one ready line with every address. */
 // Long by design: config to options, one field each, read top to bottom beside the
@@ -19,6 +20,8 @@ export async function runEngine(config: Config): Promise<EngineNode> {
   const kvData = e.kv_data_listen ? parseAddr(String(e.kv_data_listen)) : null;
   const bound = role === "prefill" ? [grpc] : [grpc, kv, kvData ?? http];
   if (bound.some((a) => a.host !== http.host)) log.warn(`every server binds http_listen's host ${http.host}; the other listen hosts are ignored`);
+  const workerIdOpt = String(e.worker_id) || undefined;
+  const security = securityFrom(e, role, [http.host], workerIdOpt);
   const advertiseHost = String(e.advertise_host) || undefined;
   if (!advertiseHost && e.gateway_registry && ["0.0.0.0", "::"].includes(http.host)) {
     log.warn(`binding ${http.host} without advertise_host: the gateway and peers are told ${http.host}, which only this host can reach`);
@@ -28,7 +31,9 @@ export async function runEngine(config: Config): Promise<EngineNode> {
   let node: EngineNode;
   node = await startEngineNode({
     role,
-    workerId: String(e.worker_id) || `${role}-${hostname()}-${process.pid}`,
+    workerId: workerIdOpt ?? (security.tls?.current.self.workerId || undefined) ?? `${role}-${hostname()}-${process.pid}`,
+    frontDoor: frontDoorOf(security),
+    tls: security.tls,
     host: http.host,
     advertiseHost,
     httpPort: http.port,
@@ -44,6 +49,7 @@ export async function runEngine(config: Config): Promise<EngineNode> {
     maxModelLen: Number(e.max_model_len),
     maxBatchTokens: Number(e.max_batch_tokens),
     handleTtlS: Number(e.handle_ttl_s),
+    pushIdleTimeoutMs: Number(e.push_idle_timeout_ms),
     gatewayRegistry: String(e.gateway_registry) || undefined,
     heartbeatIntervalMs: Number(e.heartbeat_interval_ms),
     heartbeatTimeoutMs: Number(e.heartbeat_timeout_ms),
@@ -101,6 +107,8 @@ export async function runEngine(config: Config): Promise<EngineNode> {
       kv: node.kvAddress || null,
       advertise_host: advertiseHost ?? null,
       gateway_registry: e.gateway_registry || null,
+      tls: security.mode,
+      api_key: security.apiKeys.length > 0,
       crc32c: crc32cBackend(),
     }),
   );
@@ -111,6 +119,7 @@ export async function runGateway(config: Config): Promise<Gateway> {
   const g = config.gateway;
   const http = parseAddr(String(g.http_listen));
   const reg = parseAddr(String(g.registry_listen));
+  const security = securityFrom(g, "gateway", [http.host]);
   const model = await loadTokenizerFor({
     modelPath: String(g.model) || undefined,
     tokenizerPath: String(g.tokenizer) || undefined,
@@ -126,9 +135,29 @@ export async function runGateway(config: Config): Promise<Gateway> {
     modelName: model.name,
     maxModelLen: Math.min(Number(g.max_model_len), model.maxSeqLen),
     heartbeatIntervalMs: Number(g.heartbeat_interval_ms),
+    frontDoor: frontDoorOf(security),
+    tls: security.tls,
+    maxWorkers: Number(g.max_workers),
+    routingHeaders: g.routing_headers === true,
+    ...(security.apiKeys[0] !== undefined ? { engineApiKey: security.apiKeys[0] } : {}),
   });
-  console.log(JSON.stringify({ msg: "ready", role: "gateway", pid: process.pid, model: model.name, http: gw.httpAddress, registry: gw.registryAddress }));
+  console.log(
+    JSON.stringify({
+      msg: "ready",
+      role: "gateway",
+      pid: process.pid,
+      model: model.name,
+      http: gw.httpAddress,
+      registry: gw.registryAddress,
+      tls: security.mode,
+      api_key: security.apiKeys.length > 0,
+    }),
+  );
   return gw;
+}
+
+function frontDoorOf(s: Security) {
+  return { apiKeys: s.apiKeys, metricsNeedKey: s.metricsNeedKey, maxRequestBytes: s.maxRequestBytes };
 }
 
 function modelFields(node: EngineNode): Record<string, unknown> {

@@ -1,7 +1,7 @@
 import { create, type MessageInitShape } from "@bufbuild/protobuf";
 import { Code, ConnectError, type ServiceImpl } from "@connectrpc/connect";
 import { KV_FORMAT } from "../codec/index.ts";
-import type { Engine, SamplingParams } from "../engine/index.ts";
+import { MAX_CHARS_PER_TOKEN, MAX_STOP_TOKEN_IDS, type Engine, type SamplingParams } from "../engine/index.ts";
 import {
   CancelResponseSchema,
   DrainResponseSchema,
@@ -23,6 +23,7 @@ import type { KvTransport } from "../transfer/index.ts";
 const U64_MAX = (1n << 64n) - 1n;
 /** Choices one Prefill may sample (the HTTP layer's bound on n). */
 const MAX_CHOICES = 16;
+const MAX_DRAIN_MS = 3_600_000n;
 
 export interface ControlContext {
   workerId: string;
@@ -108,7 +109,15 @@ function validatePrefill(ctx: ControlContext, req: PrefillRequest): { tokens: nu
   }
   if (engine.isDraining) throw new ConnectError(`worker ${ctx.workerId} is draining`, Code.Unavailable);
   if (req.requestId === "") throw invalid("request_id is empty");
+  if (req.requestId.length > 256) throw invalid(`request_id of ${req.requestId.length} characters; at most 256`);
   if (req.decodeTarget === "") throw invalid("decode_target is empty");
+  if (req.decodeTarget.length > 300) throw invalid(`decode_target of ${req.decodeTarget.length} characters is not a host:port`);
+  // Sizes first: what cannot fit the context is refused before it is scanned or tokenized.
+  if (req.promptTokens.length > engine.maxModelLen) throw invalid(`prompt of ${req.promptTokens.length} tokens exceeds max_model_len ${engine.maxModelLen}`);
+  if (req.prompt.length > engine.maxModelLen * MAX_CHARS_PER_TOKEN)
+    throw invalid(`prompt of ${req.prompt.length} characters cannot fit max_model_len ${engine.maxModelLen}`);
+  if ((req.sampling?.stopTokenIds.length ?? 0) > MAX_STOP_TOKEN_IDS)
+    throw invalid(`sampling.stop_token_ids has ${req.sampling!.stopTokenIds.length} entries; at most ${MAX_STOP_TOKEN_IDS}`);
   const hasTokens = req.promptTokens.length > 0;
   const hasText = req.prompt !== "";
   if (hasTokens === hasText) throw invalid(`exactly one of prompt_tokens and prompt must be set (got ${hasTokens ? "both" : "neither"})`);
@@ -217,8 +226,14 @@ export function controlService(ctx: ControlContext): ServiceImpl<typeof EngineCo
       return create(CancelResponseSchema, { cancelled: engine.cancel(req.requestId) });
     },
 
+    /**
+     * Stops admitting for good (readiness turns 503), lets running requests finish until
+     * deadline_ms, then cuts what is left: the deadline is honoured, not just reported.
+     */
     async drain(req) {
+      if (req.deadlineMs > MAX_DRAIN_MS) throw invalid(`deadline_ms ${req.deadlineMs} exceeds ${MAX_DRAIN_MS} (one hour)`);
       const remaining = await engine.drain(Number(req.deadlineMs));
+      for (const id of engine.requestIds()) engine.cancel(id);
       return create(DrainResponseSchema, { remaining });
     },
   };

@@ -1,6 +1,7 @@
 import type { Client } from "@connectrpc/connect";
 import { WorkerRegistry, type HeartbeatAck, type WorkerEntry, type WorkerStatus } from "../gen/tl/control/v1/control_pb.ts";
 import { grpcClient } from "../rpc/index.ts";
+import type { TlsSource } from "../rpc/tls-config.ts";
 import type { Registry } from "./heartbeat.ts";
 
 /** The gateway's WorkerRegistry over gRPC at `target` ("host:port"). */
@@ -10,8 +11,10 @@ export class GrpcRegistry implements Registry {
   constructor(
     readonly target: string,
     timeoutMs = 1000,
+    tls?: TlsSource,
   ) {
-    this.client = grpcClient(WorkerRegistry, target, { timeoutMs });
+    // Beats go only to a server whose certificate names the gateway.
+    this.client = grpcClient(WorkerRegistry, target, { timeoutMs, ...(tls ? { tls: { source: tls, expect: ["gateway"] } } : {}) });
   }
 
   heartbeat(status: WorkerStatus, timeoutMs: number, signal?: AbortSignal): Promise<HeartbeatAck> {

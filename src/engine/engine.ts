@@ -110,6 +110,7 @@ export class Engine {
         req.choices ?? 1,
         req.onToken ?? (() => {}),
         resolve,
+        this.model.vocabSize,
       );
       if (!req.resume && Math.ceil((seq.promptLen + 1) / B) > this.pool.total) {
         resolve({ ...this.summary(seq, "error"), error: `prompt of ${seq.promptLen} tokens does not fit a pool of ${this.pool.total} blocks` });

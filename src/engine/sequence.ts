@@ -1,5 +1,5 @@
 import { blockHash } from "../codec/index.ts";
-import { isIdentity, TokenHistory, type LogitsConfig, type Pcg32, type TokenLogprobs } from "../rng/index.ts";
+import { compileLogits, isIdentity, TokenHistory, type CompiledLogits, type LogitsConfig, type Pcg32, type TokenLogprobs } from "../rng/index.ts";
 
 export interface SamplingParams {
   temperature: number;
@@ -73,7 +73,7 @@ export class Sequence {
   preemptions = 0;
   draws = 0;
   /** How this request changes the logits before sampling; null when it does not. */
-  readonly processing: LogitsConfig | null;
+  readonly processing: CompiledLogits | null;
   /** Output token counts (and prompt tokens) for the penalties; null without processing. */
   readonly history: TokenHistory | null;
   /** Prefill only: the first tokens of choices 1..n-1, sampled beside choice 0's. */
@@ -90,11 +90,12 @@ export class Sequence {
     readonly prefillChoices: number,
     readonly onToken: (token: number, logprobs?: TokenLogprobs) => void,
     readonly onFinish: (f: Finish) => void,
+    vocab: number,
   ) {
     this.tokens = [...promptTokens];
     const processing = logitsConfigOf(sampling);
-    this.processing = isIdentity(processing) ? null : processing;
-    this.history = this.processing ? new TokenHistory(promptTokens, processing.repetitionPenalty !== 1) : null;
+    this.processing = isIdentity(processing) ? null : compileLogits(processing);
+    this.history = this.processing ? new TokenHistory(promptTokens, processing.repetitionPenalty !== 1, vocab) : null;
   }
 
   /** Extends `hashes` to every full block of tokens[0..upTo). */

@@ -3,7 +3,7 @@ import type { KvHandle } from "../gen/tl/engine/v1/engine_pb.ts";
 import { type CompletionKind, type CompletionParams, completionResponse, HttpError, parseCompletion, requestId, type TokenQueue } from "../http/index.ts";
 import type { ChatRenderer, Tokenizer } from "../model/index.ts";
 import { type Attributes, endSpan, extractHeaders, log, type Metrics, type Span, SpanKind, startSpan } from "../obs/index.ts";
-import { Code, httpStatusOf } from "../rpc/status.ts";
+import { Code, codeName, httpStatusOf } from "../rpc/status.ts";
 import type { Admission } from "./admission.ts";
 import { type InFlight, type Pair, type PairPicker, RetryPolicy } from "./pair-picker.ts";
 import { type PrefillClient, untilAborted } from "./prefill-client.ts";
@@ -33,6 +33,10 @@ export interface CompletionsContext {
   admission: Admission;
   /** Gives an unclaimed handle back to its decode engine (releaseUnclaimed). */
   release: (kvAddress: string, handleId: string, requestId: string) => void;
+  /** Sent with every request to an engine's HTTP port (its API key). */
+  engineHeaders?: Record<string, string>;
+  /** Name the workers that served a request to its client (debugging only). */
+  routingHeaders?: boolean;
 }
 
 /** One prompt on its way through the gateway: parsed, named, traced, abortable by its client. */
@@ -179,11 +183,11 @@ export class Completions {
       ctx.metrics.transferFailures.inc({ code: Code[err.code] ?? String(err.code) });
       const next = policy.decide(err, pid, did);
       if (!next.again) {
-        throw new HttpError(
-          httpStatusOf(err.code),
-          `prefill on ${pid} failed: ${err.rawMessage}`,
-          err.code === Code.InvalidArgument ? "invalid_request_error" : "server_error",
-        );
+        // The client hears its request id and the kind of failure; which worker, where,
+        // and the engine's own words go to the log.
+        log.warn("prefill failed", { request_id: t.requestId, worker: pid, code: Code[err.code], error: err.rawMessage });
+        if (err.code === Code.InvalidArgument) throw new HttpError(400, `request ${t.requestId}: ${err.rawMessage}`);
+        throw new HttpError(httpStatusOf(err.code), `request ${t.requestId}: prefill failed (${codeName(err.code)})`, "server_error");
       }
       exclude.add(next.exclude);
       log.warn(next.why, { request_id: t.requestId, worker: next.exclude, code: Code[err.code], error: err.rawMessage });
@@ -233,7 +237,15 @@ export class Completions {
   }
 
   private streamOf(t: Trip, worker: EngineStream["worker"]): EngineStream {
-    return { worker, params: t.params, requestId: t.requestId, signal: t.abort.signal, parent: t.span, inflight: this.ctx.inflight };
+    return {
+      worker,
+      params: t.params,
+      requestId: t.requestId,
+      signal: t.abort.signal,
+      parent: t.span,
+      inflight: this.ctx.inflight,
+      headers: this.ctx.engineHeaders ?? {},
+    };
   }
 
   private respond(queues: TokenQueue[], t: Trip, s: Served, onStop: (choice: number) => void, onAbort: () => void): Response | Promise<Response> {
@@ -251,10 +263,10 @@ export class Completions {
       headers: {
         ...(p.ignoredFields.length > 0 ? { "x-tl-ignored-fields": p.ignoredFields.join(",") } : {}),
         "x-request-id": t.requestId,
-        ...servedHeaders(s),
+        ...servedHeaders(s, ctx.routingHeaders === true),
         "x-tl-seed": p.seed.toString(),
       },
-      extra: () => servedExtra(s),
+      extra: () => servedExtra(s, ctx.routingHeaders === true),
     });
   }
 }

@@ -1,6 +1,7 @@
 import { WorkerRegistry as WorkerRegistryService } from "../gen/tl/control/v1/control_pb.ts";
 import { releaseUnclaimed } from "../handoff/index.ts";
-import { type HttpServer, serveHttp } from "../http/index.ts";
+import { type FrontDoorOptions, type HttpServer, serveHttp } from "../http/index.ts";
+import type { TlsSource } from "../rpc/tls-config.ts";
 import { type ChatRenderer, type Tokenizer, tokenizerFingerprint } from "../model/index.ts";
 import { createMetrics, log, type Metrics } from "../obs/index.ts";
 import { type GrpcServer, serveGrpc } from "../rpc/index.ts";
@@ -9,7 +10,7 @@ import { Admission } from "./admission.ts";
 import { Completions } from "./completions.ts";
 import { InFlight, PairPicker } from "./pair-picker.ts";
 import { PrefillClient } from "./prefill-client.ts";
-import { RegistryService } from "./registry-service.ts";
+import { MAX_HEARTBEAT_BYTES, RegistryService } from "./registry-service.ts";
 import { KvAffinity } from "./router.ts";
 import { gatewayRoutes } from "./routes.ts";
 import { WorkerRegistry } from "./worker-registry.ts";
@@ -26,6 +27,16 @@ export interface GatewayOptions {
   /** Beat interval told to engines; a worker is evicted after 3 silent intervals. */
   heartbeatIntervalMs?: number;
   prefillTimeoutMs?: number;
+  /** API keys and the body bound of the front door. */
+  frontDoor?: FrontDoorOptions;
+  /** Mutual TLS on the registry and toward every engine. */
+  tls?: TlsSource | null;
+  /** Most workers the registry holds (default 256). */
+  maxWorkers?: number;
+  /** Bearer key the gateway presents to engines' HTTP ports (they take the cluster's API keys too). */
+  engineApiKey?: string;
+  /** Tell clients which workers served them (x-tl-prefill-worker / x-tl-decode-worker, the last chunk's tl.*_worker): a debugging aid, off by default. */
+  routingHeaders?: boolean;
 }
 
 export interface Gateway {
@@ -42,7 +53,9 @@ export interface Gateway {
 export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
   const host = opts.host ?? "127.0.0.1";
   const registry = new WorkerRegistry({ intervalMs: opts.heartbeatIntervalMs ?? 2000 });
+  const tls = opts.tls ?? null;
   const registryService = new RegistryService(registry, {
+    maxWorkers: opts.maxWorkers,
     expect: { model: opts.modelName, vocabSize: opts.tokenizer.vocabSize, tokenizerFingerprint: tokenizerFingerprint(opts.tokenizer) },
   });
   const metrics = createMetrics();
@@ -50,15 +63,24 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
   const inflight = new InFlight();
   const admission = new Admission();
   // Release only: pushes are the prefill engines' business.
-  const releaser = new RoutingTransport({ dataPlane: false, timeoutMs: 5000 });
-  const grpc: GrpcServer = await serveGrpc((r) => r.service(WorkerRegistryService, registryService.impl), { host, port: opts.registryPort ?? 0 });
+  // Every internal client dials over mTLS when the gateway holds a cluster set, and only
+  // reaches a server whose certificate names the role it is meant to play.
+  const releaser = new RoutingTransport({ dataPlane: false, timeoutMs: 5000, ...(tls ? { tls } : {}) });
+  const grpc: GrpcServer = await serveGrpc((r) => r.service(WorkerRegistryService, registryService.impl), {
+    host,
+    port: opts.registryPort ?? 0,
+    tls,
+    maxMessageBytes: MAX_HEARTBEAT_BYTES,
+  });
   const completions = new Completions({
     tokenizer: opts.tokenizer,
     chat: opts.chat,
     modelName: opts.modelName,
     maxModelLen: opts.maxModelLen,
     picker: new PairPicker(registry, affinity, inflight),
-    prefill: new PrefillClient(opts.prefillTimeoutMs ?? 60_000),
+    prefill: new PrefillClient(opts.prefillTimeoutMs ?? 60_000, tls),
+    engineHeaders: opts.engineApiKey ? { authorization: `Bearer ${opts.engineApiKey}` } : {},
+    routingHeaders: opts.routingHeaders === true,
     affinity,
     inflight,
     metrics,
@@ -66,8 +88,16 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     release: (kvAddress, handleId, requestId) =>
       releaseUnclaimed(releaser, kvAddress, handleId, (e) => log.warn("release failed", { request_id: requestId, handle: handleId, error: String(e) })),
   });
-  const routes = gatewayRoutes({ modelName: opts.modelName, maxModelLen: opts.maxModelLen, registry, metrics, admission, completions });
-  const http: HttpServer = serveHttp(routes, { host, port: opts.httpPort ?? 0 });
+  const routes = gatewayRoutes({
+    modelName: opts.modelName,
+    maxModelLen: opts.maxModelLen,
+    registry,
+    metrics,
+    admission,
+    completions,
+    tls: tls === null ? "plaintext" : "mtls",
+  });
+  const http: HttpServer = serveHttp(routes, { ...opts.frontDoor, host, port: opts.httpPort ?? 0 });
   return {
     httpAddress: http.address,
     registryAddress: grpc.address,

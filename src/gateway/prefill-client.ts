@@ -5,6 +5,8 @@ import { EngineControl, type KvHandle, PrefillRequestSchema } from "../gen/tl/en
 import { type CompletionParams, samplingOf } from "../http/index.ts";
 import { type Attributes, endSpan, type Span, SpanKind, startSpan, traceHeaders } from "../obs/index.ts";
 import { grpcClient } from "../rpc/index.ts";
+import type { ClientTls } from "../rpc/tls-client.ts";
+import type { TlsSource } from "../rpc/tls-config.ts";
 import type { WorkerView } from "./worker-registry.ts";
 
 const PREFILL_ATTRS: Attributes = { "tl.role": "gateway", "rpc.system": "grpc", "rpc.service": "tl.engine.v1.EngineControl", "rpc.method": "Prefill" };
@@ -30,11 +32,19 @@ export function untilAborted<T>(p: Promise<T>, signal: AbortSignal): Promise<T> 
 
 /** The gateway's side of EngineControl.Prefill: ask P to prefill and push to D, or to stop. */
 export class PrefillClient {
-  constructor(private readonly timeoutMs: number) {}
+  /** Over mTLS, P's certificate must name a prefill (or both) engine. */
+  private readonly tls: { tls?: ClientTls };
+
+  constructor(
+    private readonly timeoutMs: number,
+    tls: TlsSource | null = null,
+  ) {
+    this.tls = tls ? { tls: { source: tls, expect: ["prefill", "both"] } } : {};
+  }
 
   /** Prefill on `p` pushing to `d`, under a CLIENT span of `parent`; resolves with the handle D holds. */
   async prefill(p: WorkerView, d: WorkerView, params: CompletionParams, requestId: string, signal: AbortSignal, parent: Span): Promise<KvHandle> {
-    const control = grpcClient(EngineControl, p.status.grpcAddress, { timeoutMs: this.timeoutMs });
+    const control = grpcClient(EngineControl, p.status.grpcAddress, { timeoutMs: this.timeoutMs, ...this.tls });
     const span = startSpan("tl.engine.v1.EngineControl/Prefill", SpanKind.CLIENT, parent, PREFILL_ATTRS);
     if (span.isRecording())
       span.setAttributes({ "server.address": p.status.grpcAddress, "tl.worker_id": p.status.workerId, "tl.decode_target": d.status.kvAddress });
@@ -66,7 +76,7 @@ export class PrefillClient {
 
   /** The client left during Prefill: stop P's work, and hand whatever handle the call still yields to `release`. */
   abandon(call: Promise<KvHandle>, p: WorkerView, requestId: string, release: (handleId: string) => void): void {
-    grpcClient(EngineControl, p.status.grpcAddress, { timeoutMs: 5000 })
+    grpcClient(EngineControl, p.status.grpcAddress, { timeoutMs: 5000, ...this.tls })
       .cancel({ requestId })
       .catch(() => {});
     call.then(

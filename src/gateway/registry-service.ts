@@ -10,10 +10,14 @@ import {
 } from "../gen/tl/control/v1/control_pb.ts";
 import { KV_FORMAT } from "../codec/index.ts";
 import type { WorkerRegistry } from "./worker-registry.ts";
+import { callerOf, type Caller } from "../rpc/peer-gate.ts";
+import { refusal } from "../rpc/peer-policy.ts";
 
 export interface RegistryServiceOptions {
   /** How often dead workers are forgotten; the registry's interval by default. */
   sweepEveryMs?: number;
+  /** Most workers held; a beat from a new one beyond it is refused (default 256). */
+  maxWorkers?: number;
   /** The gateway's own model and tokenizer: beats from engines that differ are refused. */
   expect?: ExpectedModel;
 }
@@ -24,6 +28,9 @@ export interface ExpectedModel {
   vocabSize: number;
   tokenizerFingerprint: string;
 }
+
+/** Largest heartbeat accepted on the registry port (a WorkerStatus is a few hundred bytes). */
+export const MAX_HEARTBEAT_BYTES = 16 * 1024;
 
 /**
  * tl.control.v1.WorkerRegistry over a WorkerRegistry. Mount with
@@ -38,9 +45,15 @@ export class RegistryService {
     readonly registry: WorkerRegistry,
     opts: RegistryServiceOptions = {},
   ) {
+    const maxWorkers = opts.maxWorkers ?? 256;
     this.impl = {
-      heartbeat: (status) => {
+      heartbeat: (status, ctx) => {
         validate(status);
+        checkCaller(status, callerOf(ctx));
+        const known = registry.list().some((w) => w.status.workerId === status.workerId);
+        if (!known && registry.list().length >= maxWorkers) {
+          throw new ConnectError(`heartbeat: the registry holds its maximum of ${maxWorkers} workers`, Code.ResourceExhausted);
+        }
         if (opts.expect) sameModel(status, opts.expect);
         return create(HeartbeatAckSchema, registry.beat(status));
       },
@@ -66,6 +79,22 @@ export class RegistryService {
 
   close(): void {
     clearInterval(this.sweeper);
+  }
+}
+
+const CERT_ROLE: Partial<Record<Role, string>> = { [Role.PREFILL]: "prefill", [Role.DECODE]: "decode", [Role.BOTH]: "both" };
+
+/**
+ * On an mTLS port the beat must come from the worker it describes, playing the role its
+ * certificate names: a prefill certificate cannot register a decode worker (and so be
+ * sent users' prompts and handles). The method table has already checked it is an engine.
+ */
+function checkCaller(status: WorkerStatus, caller: Caller): void {
+  if (caller === undefined) return;
+  const why = refusal("tl.control.v1.WorkerRegistry/Heartbeat", caller, status.workerId);
+  if (why !== null) throw new ConnectError(why.message, why.unauthenticated ? Code.Unauthenticated : Code.PermissionDenied);
+  if (CERT_ROLE[status.role] !== caller.role) {
+    throw new ConnectError(`heartbeat from ${status.workerId}: role ${Role[status.role]} differs from its certificate's ${caller.role}`, Code.PermissionDenied);
   }
 }
 

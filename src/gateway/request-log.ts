@@ -12,11 +12,10 @@ export interface Served {
 }
 
 /** The response headers that say how a request was served. */
-export function servedHeaders(s: Served): Record<string, string> {
+export function servedHeaders(s: Served, routing: boolean): Record<string, string> {
   return {
     "x-tl-served": s.served,
-    "x-tl-prefill-worker": s.prefillWorker,
-    "x-tl-decode-worker": s.decodeWorker,
+    ...(routing ? { "x-tl-prefill-worker": s.prefillWorker, "x-tl-decode-worker": s.decodeWorker } : {}),
     "x-tl-blocks-sent": String(s.blocksSent),
     "x-tl-blocks-deduped": String(s.blocksDeduped),
     "x-tl-payload-bytes": String(s.payloadBytes),
@@ -24,12 +23,11 @@ export function servedHeaders(s: Served): Record<string, string> {
 }
 
 /** The last chunk's `tl` field. */
-export function servedExtra(s: Served) {
+export function servedExtra(s: Served, routing: boolean) {
   return {
     tl: {
       served: s.served,
-      prefill_worker: s.prefillWorker,
-      decode_worker: s.decodeWorker,
+      ...(routing ? { prefill_worker: s.prefillWorker, decode_worker: s.decodeWorker } : {}),
       blocks_sent: s.blocksSent,
       blocks_deduped: s.blocksDeduped,
       payload_bytes: s.payloadBytes,
@@ -65,7 +63,12 @@ export function followRequest(metrics: Metrics, queues: TokenQueue[], r: Followe
       }
       counted.push(t, q.logprobsAt(i++));
     }
-    counted.close(q.end);
+    // The detail (engine addresses, handle ids) is logged with the request; the client hears its id and the kind.
+    counted.close(
+      q.end.reason === "error"
+        ? { reason: "error", error: `request ${r.requestId}: generation failed on the ${s.served === "colocated-fallback" ? "engine" : "decode engine"}` }
+        : q.end,
+    );
   };
   const counted = queues.map(() => new TokenQueue());
   void (async () => {

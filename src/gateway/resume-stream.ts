@@ -50,6 +50,8 @@ export interface EngineStream {
   signal: AbortSignal;
   parent: Span;
   inflight: InFlight;
+  /** Sent to the engine with every request (its API key). */
+  headers: Record<string, string>;
 }
 
 /**
@@ -112,7 +114,7 @@ async function stream(
     await readTokenStream(
       `http://${w.httpAddress}/v1/completions`,
       body,
-      { ...headers, "x-request-id": s.requestId, ...traceHeaders(span) },
+      { ...s.headers, ...headers, "x-request-id": s.requestId, ...traceHeaders(span) },
       qs,
       s.signal,
       onAccepted,

@@ -12,6 +12,8 @@ export interface GatewayRoutesContext {
   metrics: Metrics;
   admission: Admission;
   completions: Completions;
+  /** What /health reports as the internal ports' mode. */
+  tls?: "mtls" | "plaintext";
 }
 
 const ROLES = [
@@ -47,8 +49,19 @@ export function gatewayRoutes(ctx: GatewayRoutesContext): (req: Request) => Prom
         });
       }
       if (req.method === "GET" && url.pathname === "/health") {
-        return Response.json({ status: "ok", workers: { prefill: liveCount(Role.PREFILL), decode: liveCount(Role.DECODE), both: liveCount(Role.BOTH) } });
+        // Readiness: 503 while draining, so a Service stops sending it clients.
+        const draining = admission.isDraining;
+        return Response.json(
+          {
+            status: draining ? "draining" : "ok",
+            workers: { prefill: liveCount(Role.PREFILL), decode: liveCount(Role.DECODE), both: liveCount(Role.BOTH) },
+            tls: ctx.tls ?? "plaintext",
+          },
+          { status: draining ? 503 : 200 },
+        );
       }
+      // Liveness stays up while draining.
+      if (req.method === "GET" && url.pathname === "/health/live") return Response.json({ status: "alive" });
       if (req.method === "GET" && url.pathname === "/metrics") {
         for (const [name, r] of ROLES) ctx.metrics.registryWorkers.set({ role: name }, liveCount(r));
         return metricsResponse(ctx.metrics);

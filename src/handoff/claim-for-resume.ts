@@ -17,19 +17,18 @@ export class ResumeError extends Error {
  * The decode engine's half of the hand-off: takes the handle's blocks over for a request
  * whose prompt is `promptTokens`, after checking the handle holds exactly that prompt
  * (its token count and every full block's chained hash). The caller owns one reference
- * on each returned block; a mismatch gives the blocks back before it throws.
+ * on each returned block. A mismatch leaves the handle pending for the right resume:
+ * whoever holds a handle id cannot destroy another request's KV by misusing it. Messages
+ * never repeat the handle id (a capability).
  */
 export function claimForResume(receiver: KvReceiver, handleId: string, promptTokens: readonly number[]): number[] {
-  const claimed = receiver.claim(handleId);
-  if (!claimed) throw new ResumeError("unknown", `kv handle ${JSON.stringify(handleId)} is unknown or expired`);
   const want = promptHashes(promptTokens, receiver.pool.shape.blockTokens);
-  const hashesMatch = want.length === claimed.hashes.length && want.every((h, i) => h === claimed.hashes[i]);
-  if (!hashesMatch || claimed.nTokens !== promptTokens.length) {
-    receiver.pool.releaseAll(claimed.blockIds);
-    throw new ResumeError(
-      "mismatch",
-      `kv handle ${JSON.stringify(handleId)} holds ${claimed.nTokens} tokens in ${claimed.hashes.length} full blocks; the prompt has ${promptTokens.length} tokens and its block hashes ${hashesMatch ? "match" : "differ"}`,
-    );
-  }
+  const claimed = receiver.claim(handleId, (h) => {
+    const hashesMatch = want.length === h.hashes.length && want.every((x, i) => x === h.hashes[i]);
+    if (hashesMatch && h.nTokens === promptTokens.length) return null;
+    return `kv handle holds ${h.nTokens} tokens in ${h.hashes.length} full blocks; the prompt has ${promptTokens.length} tokens and its block hashes ${hashesMatch ? "match" : "differ"}`;
+  });
+  if (!claimed) throw new ResumeError("unknown", "kv handle is unknown or expired");
+  if ("fault" in claimed) throw new ResumeError("mismatch", claimed.fault);
   return claimed.blockIds;
 }

@@ -39,6 +39,14 @@ export interface Handoff {
   stats: TransferStats | null;
 }
 
+/**
+ * A handle id is a capability to D's blocks: 128 random bits, nothing the client chose
+ * (not its x-request-id) and nothing guessable.
+ */
+export function newHandleId(): string {
+  return Buffer.from(crypto.getRandomValues(new Uint8Array(16))).toString("hex");
+}
+
 // Built once: tracing off allocates nothing per request.
 const ROLE_ATTRS = { "tl.role": "prefill" };
 
@@ -53,7 +61,7 @@ const ROLE_ATTRS = { "tl.role": "prefill" };
 export async function prefillAndPush(ctx: PrefillPushContext, req: PrefillPushRequest): Promise<Handoff> {
   const out = await prefill(ctx.engine, req);
   const handoff: Handoff = {
-    handleId: `${req.requestId}.${Math.random().toString(36).slice(2, 10)}`,
+    handleId: newHandleId(),
     prefill: out,
     promptTokens: req.promptTokens,
     seed: req.sampling.seed,

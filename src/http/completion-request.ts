@@ -4,6 +4,7 @@ import { choiceSeed, MAX_TOP_LOGPROBS, randomSeed, validateLogits, validateSampl
 import { parseMessages } from "./chat-messages.ts";
 import { HttpError } from "./errors.ts";
 import { auditFields } from "./openai-params.ts";
+import { checkInputBounds } from "./input-bounds.ts";
 
 export type CompletionKind = "completion" | "chat";
 
@@ -223,10 +224,44 @@ function chatPromptTokens(messages: ChatMessage[], lim: ParseLimits): number[] {
   }
 }
 
+/** The fields that shape sampling: temperature, top_p/top_k, the logits processors, min_tokens, stop_token_ids. */
+function parseSamplingFields(body: Record<string, unknown>, vocab: number, maxTokens: number) {
+  const temperature = optNumber(body, "temperature", 1);
+  const topP = optNumber(body, "top_p", 1);
+  if (!(topP > 0 && topP <= 1)) throw bad(`top_p must be in (0, 1], got ${topP}`, "top_p");
+  const topK = optInt(body, "top_k", -1) ?? 0;
+  const problem = validateSampling({ temperature, topP, topK: topK < 0 ? 0 : topK });
+  if (problem) throw bad(problem, problem.split(" ")[0]!);
+
+  const ids = body.stop_token_ids === undefined || body.stop_token_ids === null ? [] : Array.isArray(body.stop_token_ids) ? body.stop_token_ids : null;
+  if (ids === null) throw bad("stop_token_ids must be an array of token ids", "stop_token_ids");
+  if (ids.length > LIMITS.stopTokenIds) throw bad(`stop_token_ids has ${ids.length} entries; at most ${LIMITS.stopTokenIds}`, "stop_token_ids");
+  const processing = {
+    presencePenalty: optNumber(body, "presence_penalty", 0),
+    frequencyPenalty: optNumber(body, "frequency_penalty", 0),
+    repetitionPenalty: optNumber(body, "repetition_penalty", 1),
+    logitBias: parseLogitBias(body.logit_bias, vocab),
+  };
+  const invalid = validateLogits(processing, vocab);
+  if (invalid) throw bad(invalid, invalid.split(/[ []/)[0]!);
+  const minTokens = optInt(body, "min_tokens", 0) ?? 0;
+  if (minTokens > maxTokens) throw bad(`min_tokens (${minTokens}) must be ≤ max_tokens (${maxTokens})`, "min_tokens");
+  return {
+    temperature,
+    topP,
+    topK: topK < 0 ? 0 : topK,
+    stopTokenIds: parseTokenIds(ids, vocab, "stop_token_ids"),
+    ...processing,
+    minTokens,
+    ignoreEos: optBool(body, "ignore_eos"),
+  };
+}
+
 /** Checks an OpenAI request body as vLLM does (every field: openai-params.ts), and tokenizes its prompts. */
 export function parseCompletion(kind: CompletionKind, raw: unknown, lim: ParseLimits): CompletionParams {
   if (typeof raw !== "object" || raw === null || Array.isArray(raw)) throw bad("request body must be a JSON object");
   const body = raw as Record<string, unknown>;
+  checkInputBounds(kind, body, lim.maxModelLen);
   const ignoredFields = auditFields(kind, body);
   const vocab = lim.tokenizer.vocabSize;
   let messages: ChatMessage[] | null = null;
@@ -241,27 +276,7 @@ export function parseCompletion(kind: CompletionKind, raw: unknown, lim: ParseLi
   const { n, returned } = parseN(kind, body, prompts.length, stream);
   const maxTokens = parseMaxTokens(kind, body, Math.max(...prompts.map((p) => p.length)), lim.maxModelLen);
 
-  const temperature = optNumber(body, "temperature", 1);
-  const topP = optNumber(body, "top_p", 1);
-  if (!(topP > 0 && topP <= 1)) throw bad(`top_p must be in (0, 1], got ${topP}`, "top_p");
-  const topK = optInt(body, "top_k", -1) ?? 0;
-  const problem = validateSampling({ temperature, topP, topK: topK < 0 ? 0 : topK });
-  if (problem) throw bad(problem, problem.split(" ")[0]!);
-
-  const stopTokenIds = body.stop_token_ids === undefined || body.stop_token_ids === null ? [] : Array.isArray(body.stop_token_ids) ? body.stop_token_ids : null;
-  if (stopTokenIds === null) throw bad("stop_token_ids must be an array of token ids", "stop_token_ids");
-  if (stopTokenIds.length > LIMITS.stopTokenIds)
-    throw bad(`stop_token_ids has ${stopTokenIds.length} entries; at most ${LIMITS.stopTokenIds}`, "stop_token_ids");
-  const processing = {
-    presencePenalty: optNumber(body, "presence_penalty", 0),
-    frequencyPenalty: optNumber(body, "frequency_penalty", 0),
-    repetitionPenalty: optNumber(body, "repetition_penalty", 1),
-    logitBias: parseLogitBias(body.logit_bias, vocab),
-  };
-  const invalid = validateLogits(processing, vocab);
-  if (invalid) throw bad(invalid, invalid.split(/[ []/)[0]!);
-  const minTokens = optInt(body, "min_tokens", 0) ?? 0;
-  if (minTokens > maxTokens) throw bad(`min_tokens (${minTokens}) must be ≤ max_tokens (${maxTokens})`, "min_tokens");
+  const sampling = parseSamplingFields(body, vocab, maxTokens);
   const topLogprobs = parseLogprobs(kind, body);
   const echo = kind === "completion" && optBool(body, "echo");
   if (echo && topLogprobs !== null) throw bad("echo with logprobs (prompt logprobs) is not supported", "echo");
@@ -277,17 +292,11 @@ export function parseCompletion(kind: CompletionKind, raw: unknown, lim: ParseLi
     returned,
     echo,
     maxTokens,
-    temperature,
-    topP,
-    topK: topK < 0 ? 0 : topK,
+    ...sampling,
     seed: seedGiven ?? randomSeed(),
     seedChosen: seedGiven === undefined,
     stop: parseStop(body.stop),
-    stopTokenIds: parseTokenIds(stopTokenIds, vocab, "stop_token_ids"),
     includeStopStr: optBool(body, "include_stop_str_in_output"),
-    ...processing,
-    minTokens,
-    ignoreEos: optBool(body, "ignore_eos"),
     // best_of ranks candidates by cumulative logprob: computed even when not shown.
     topLogprobs: topLogprobs ?? (n > returned ? 0 : null),
     showLogprobs: topLogprobs !== null,

@@ -221,13 +221,23 @@ function usage(p: CompletionParams, choices: ChoiceState[]) {
   return { prompt_tokens: prompt, completion_tokens: completion, total_tokens: prompt + completion };
 }
 
-function streamResponse(choices: ChoiceState[], ctx: ResponseContext): Response {
-  const p = ctx.params;
-  const enc = new TextEncoder();
-  const created = Math.floor(Date.now() / 1000);
-  const object = p.kind === "chat" ? "chat.completion.chunk" : "text_completion";
+/** The SSE side of one response: each choice's chunks, interleaved as their tokens arrive. */
+class ChunkWriter {
+  private readonly created = Math.floor(Date.now() / 1000);
+  readonly object: string;
+  /** One choice failed: the error event is out and nothing more is written. */
+  failed = false;
+
+  constructor(
+    private readonly ctx: ResponseContext,
+    readonly send: (obj: unknown) => void,
+  ) {
+    this.object = ctx.params.kind === "chat" ? "chat.completion.chunk" : "text_completion";
+  }
+
   /** One chunk of choice c: `from` is the first id it reports (token_ids and logprobs). */
-  const chunk = (c: ChoiceState, text: string | null, finish: string | null, from: number | null, first = false) => {
+  chunk(c: ChoiceState, text: string | null, finish: string | null, from: number | null, first = false) {
+    const p = this.ctx.params;
     const logprobs = from !== null && c.logprobs ? c.logprobs.take() : null;
     const choice: Record<string, unknown> =
       p.kind === "chat"
@@ -242,51 +252,60 @@ function streamResponse(choices: ChoiceState[], ctx: ResponseContext): Response 
       choice.token_ids = c.ids.slice(from);
       if (c.logprobs) choice.tl_logprobs = c.wireLogprobs(from);
     }
-    return { id: ctx.id, object, created, model: ctx.model, choices: [choice] };
-  };
+    return { id: this.ctx.id, object: this.object, created: this.created, model: this.ctx.model, choices: [choice] };
+  }
+
+  usage(choices: ChoiceState[]) {
+    return { id: this.ctx.id, object: this.object, created: this.created, model: this.ctx.model, choices: [], usage: usage(this.ctx.params, choices) };
+  }
+
+  /** Streams choice c to its end; on its failure sends the error event and marks the response failed. */
+  async streamChoice(c: ChoiceState): Promise<void> {
+    const p = this.ctx.params;
+    let first = true;
+    if (p.kind === "chat") {
+      this.send(this.chunk(c, "", null, null, true));
+      first = false;
+    } else if (c.echoed.length > 0) this.send(this.chunk(c, c.echoed, null, null));
+    for await (const t of c.q) {
+      if (this.failed) return;
+      const from = c.ids.length;
+      const delta = c.push(t);
+      if (delta.length > 0 || p.returnTokenIds || c.logprobs) this.send(this.chunk(c, delta, null, from, first));
+      first = false;
+      if (c.text.stopped) {
+        this.ctx.onStop(c.index);
+        break;
+      }
+    }
+    if (this.failed) return;
+    if (!c.text.stopped && c.q.end.reason === "error") {
+      // Never a silent truncation: the client sees the stream fail.
+      this.failed = true;
+      this.send({ error: { message: `generation failed: ${c.q.end.error ?? "unknown error"}`, type: "server_error", code: 502 } });
+      return;
+    }
+    const rest = c.text.flush();
+    if (rest.length > 0) this.send(this.chunk(c, rest, null, p.returnTokenIds ? c.ids.length : null));
+    this.send({ ...this.chunk(c, null, c.finish, null), ...this.ctx.extra?.() });
+  }
+}
+
+function streamResponse(choices: ChoiceState[], ctx: ResponseContext): Response {
+  const enc = new TextEncoder();
   let done = false;
-  let failed = false;
   const body = new ReadableStream<Uint8Array>({
     async start(controller) {
-      const send = (obj: unknown) => controller.enqueue(enc.encode(`data: ${JSON.stringify(obj)}\n\n`));
-      /** Streams choice c to its end; false when it failed (the error event is sent). */
-      const run = async (c: ChoiceState): Promise<void> => {
-        let first = true;
-        if (p.kind === "chat") {
-          send(chunk(c, "", null, null, true));
-          first = false;
-        } else if (c.echoed.length > 0) send(chunk(c, c.echoed, null, null));
-        for await (const t of c.q) {
-          if (failed) return;
-          const from = c.ids.length;
-          const delta = c.push(t);
-          if (delta.length > 0 || p.returnTokenIds || c.logprobs) send(chunk(c, delta, null, from, first));
-          first = false;
-          if (c.text.stopped) {
-            ctx.onStop(c.index);
-            break;
-          }
-        }
-        if (failed) return;
-        if (!c.text.stopped && c.q.end.reason === "error") {
-          // Never a silent truncation: the client sees the stream fail.
-          failed = true;
-          send({ error: { message: `generation failed: ${c.q.end.error ?? "unknown error"}`, type: "server_error", code: 502 } });
-          return;
-        }
-        const rest = c.text.flush();
-        if (rest.length > 0) send(chunk(c, rest, null, p.returnTokenIds ? c.ids.length : null));
-        send({ ...chunk(c, null, c.finish, null), ...ctx.extra?.() });
-      };
+      const w = new ChunkWriter(ctx, (obj) => controller.enqueue(enc.encode(`data: ${JSON.stringify(obj)}\n\n`)));
       try {
-        await Promise.all(choices.map(run));
-        if (failed) {
+        await Promise.all(choices.map((c) => w.streamChoice(c)));
+        if (w.failed) {
           ctx.onAbort();
           done = true;
           controller.close();
           return;
         }
-        if (p.includeUsage) send({ id: ctx.id, object, created, model: ctx.model, choices: [], usage: usage(p, choices) });
+        if (ctx.params.includeUsage) w.send(w.usage(choices));
         controller.enqueue(enc.encode("data: [DONE]\n\n"));
         done = true;
         controller.close();

@@ -19,6 +19,8 @@ export interface EngineHttpContext {
   workerId: string;
   roles: readonly string[];
   isDraining: () => boolean;
+  /** What /health reports as the internal ports' mode. */
+  tls?: "mtls" | "plaintext";
   /** Decode engines: where pushed handles wait for their resume (claimForResume). */
   receiver?: KvReceiver | null;
   /** Called once per finished request, for logs and metrics. */
@@ -123,9 +125,15 @@ class EngineHttp {
         });
       }
       if (req.method === "GET" && url.pathname === "/health") {
-        // Alive while draining (liveness must not restart it); the status says it takes no new work.
-        return Response.json({ status: ctx.isDraining() ? "draining" : "ok", worker_id: ctx.workerId, roles: ctx.roles, model: ctx.modelName });
+        // Readiness: 503 while draining, so a Service stops sending it work.
+        const draining = ctx.isDraining();
+        return Response.json(
+          { status: draining ? "draining" : "ok", worker_id: ctx.workerId, roles: ctx.roles, model: ctx.modelName, tls: ctx.tls ?? "plaintext" },
+          { status: draining ? 503 : 200 },
+        );
       }
+      // Liveness stays up while draining: restarting an engine that is finishing its work would cut it.
+      if (req.method === "GET" && url.pathname === "/health/live") return Response.json({ status: "alive" });
       const extra = await ctx.extraRoutes?.(req, url);
       if (extra) return extra;
       throw new HttpError(404, `no route for ${req.method} ${url.pathname}`, "not_found_error");

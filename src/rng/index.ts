@@ -2,6 +2,7 @@ export { Pcg32, SAMPLE_STREAM, resumeRng, stream } from "./pcg32.ts";
 export { MAX_TEMPERATURE, drawsPerToken, sample, validateSampling } from "./sampler.ts";
 export type { SamplingConfig } from "./sampler.ts";
 export {
+  compileLogits,
   isIdentity,
   LOGIT_BIAS_LIMIT,
   maskStops,
@@ -12,7 +13,7 @@ export {
   TokenHistory,
   validateLogits,
 } from "./logits-processor.ts";
-export type { LogitsConfig } from "./logits-processor.ts";
+export type { CompiledLogits, LogitsConfig } from "./logits-processor.ts";
 export { MAX_TOP_LOGPROBS, tokenLogprobs } from "./logprobs.ts";
 export type { TokenLogprobs } from "./logprobs.ts";
 export { choiceSeed, MAX_CHOSEN_SEED, randomSeed } from "./seed.ts";

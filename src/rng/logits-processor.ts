@@ -52,41 +52,75 @@ export function isIdentity(cfg: LogitsConfig): boolean {
 /**
  * The token history processing depends on: how often each token occurs in the output,
  * and (for the repetition penalty) which tokens occur in the prompt. Kept per sequence
- * and updated once per token, so processing costs O(distinct tokens), not O(vocab).
+ * and updated once per token; counts are indexed by token id and the distinct ids kept
+ * in order, so processing costs O(distinct tokens) and allocates nothing per token.
  */
 export class TokenHistory {
-  readonly outputCounts = new Map<number, number>();
-  readonly promptTokens: ReadonlySet<number>;
+  /** Output occurrences by token id. */
+  readonly counts: Uint32Array;
+  /** Distinct output tokens, in first-occurrence order. */
+  readonly outputIds: number[] = [];
+  /** 1 for a token of the prompt (only when the repetition penalty is on). */
+  readonly inPrompt: Uint8Array;
+  /** Distinct prompt tokens. */
+  readonly promptIds: number[] = [];
 
-  constructor(prompt: readonly number[], trackPrompt: boolean) {
-    this.promptTokens = trackPrompt ? new Set(prompt) : new Set();
+  constructor(prompt: readonly number[], trackPrompt: boolean, vocab: number) {
+    this.counts = new Uint32Array(vocab);
+    this.inPrompt = new Uint8Array(trackPrompt ? vocab : 0);
+    if (!trackPrompt) return;
+    for (const t of prompt) {
+      if (this.inPrompt[t] === 0) this.promptIds.push(t);
+      this.inPrompt[t] = 1;
+    }
   }
 
   add(token: number): void {
-    this.outputCounts.set(token, (this.outputCounts.get(token) ?? 0) + 1);
+    if (token >= this.counts.length) return;
+    if (this.counts[token] === 0) this.outputIds.push(token);
+    this.counts[token]!++;
   }
+}
+
+/** LogitsConfig with logit_bias as parallel arrays, for a loop that allocates nothing. */
+export interface CompiledLogits {
+  presencePenalty: number;
+  frequencyPenalty: number;
+  repetitionPenalty: number;
+  biasIds: Uint32Array;
+  biasValues: Float64Array;
+}
+
+export function compileLogits(cfg: LogitsConfig): CompiledLogits {
+  return {
+    presencePenalty: cfg.presencePenalty,
+    frequencyPenalty: cfg.frequencyPenalty,
+    repetitionPenalty: cfg.repetitionPenalty,
+    biasIds: Uint32Array.from(cfg.logitBias.keys()),
+    biasValues: Float64Array.from(cfg.logitBias.values()),
+  };
 }
 
 /**
  * Applies, in vLLM's order, logit_bias, then the repetition penalty (over prompt and
  * output tokens), then the frequency and presence penalties (over output tokens), in place.
  */
-export function processLogits(logits: Float32Array, cfg: LogitsConfig, h: TokenHistory): void {
-  for (const [id, b] of cfg.logitBias) logits[id] = logits[id]! + b;
+export function processLogits(logits: Float32Array, cfg: CompiledLogits, h: TokenHistory): void {
+  for (let i = 0; i < cfg.biasIds.length; i++) logits[cfg.biasIds[i]!] = logits[cfg.biasIds[i]!]! + cfg.biasValues[i]!;
   const r = cfg.repetitionPenalty;
   if (r !== 1) {
-    const penalize = (id: number) => {
-      const l = logits[id]!;
-      logits[id] = l > 0 ? l / r : l * r;
-    };
-    for (const id of h.promptTokens) penalize(id);
-    for (const id of h.outputCounts.keys()) if (!h.promptTokens.has(id)) penalize(id);
+    for (const id of h.promptIds) logits[id] = penalize(logits[id]!, r);
+    for (const id of h.outputIds) if (h.inPrompt[id] !== 1) logits[id] = penalize(logits[id]!, r);
   }
   const f = cfg.frequencyPenalty;
   const p = cfg.presencePenalty;
   if (f !== 0 || p !== 0) {
-    for (const [id, n] of h.outputCounts) logits[id] = logits[id]! - f * n - p;
+    for (const id of h.outputIds) logits[id] = logits[id]! - f * h.counts[id]! - p;
   }
+}
+
+function penalize(l: number, r: number): number {
+  return l > 0 ? l / r : l * r;
 }
 
 /** min_tokens: the tokens that would end the request cannot be sampled yet. */

@@ -2,15 +2,19 @@ import * as http2 from "node:http2";
 import type { DescService } from "@bufbuild/protobuf";
 import { Code, ConnectError, createClient, type Client, type Transport } from "@connectrpc/connect";
 import { createGrpcTransport, Http2SessionManager } from "@connectrpc/connect-node";
+import { channelKey, secureSessionOptions, type ClientTls } from "./tls-client.ts";
 
 export interface GrpcClientOptions {
   /** Deadline applied to every call that does not pass its own `timeoutMs`. */
   timeoutMs?: number;
+  /** Dial over mutual TLS, the server's role checked at the handshake (src/rpc); h2c when absent. */
+  tls?: ClientTls;
 }
 
 interface Channel {
   readonly transport: Transport;
   readonly session: Http2SessionManager;
+  readonly target: string;
 }
 
 // One HTTP/2 connection per target, shared by every client of every service on it:
@@ -45,17 +49,19 @@ class ClosingAwareSessionManager extends Http2SessionManager {
   }
 }
 
-function channel(target: string): Channel {
-  let ch = channels.get(target);
+function channel(target: string, tls: ClientTls | undefined): Channel {
+  const key = channelKey(target, tls);
+  let ch = channels.get(key);
   if (ch === undefined) {
-    const baseUrl = `http://${target}`;
+    const baseUrl = `${tls ? "https" : "http"}://${target}`;
     // The manager reconnects by itself after a broken connection, so a cached
     // channel to a restarted peer heals on the next call. Idle connections are
-    // unref'd and do not keep the process alive.
-    const session = new ClosingAwareSessionManager(baseUrl);
+    // unref'd and do not keep the process alive. (A rotated certificate is a new
+    // key, hence a new channel; the old one idles out.)
+    const session = new ClosingAwareSessionManager(baseUrl, undefined, tls ? secureSessionOptions(tls, target) : undefined);
     const transport = createGrpcTransport({ baseUrl, sessionManager: session });
-    ch = { transport, session };
-    channels.set(target, ch);
+    ch = { transport, session, target };
+    channels.set(key, ch);
   }
   return ch;
 }
@@ -65,7 +71,7 @@ function channel(target: string): Channel {
  * same target share one cached connection; `opts.timeoutMs` is per client.
  */
 export function grpcClient<T extends DescService>(service: T, target: string, opts: GrpcClientOptions = {}): Client<T> {
-  const { transport } = channel(target);
+  const { transport } = channel(target, opts.tls);
   const defaultTimeout = opts.timeoutMs;
   if (defaultTimeout === undefined) return createClient(service, transport);
   const timed: Transport = {
@@ -82,9 +88,9 @@ export function grpcClient<T extends DescService>(service: T, target: string, op
  * flight on it fail. A later grpcClient() for the target dials afresh.
  */
 export function closeGrpcClients(target?: string): void {
-  const targets = target === undefined ? [...channels.keys()] : [target];
-  for (const t of targets) {
-    channels.get(t)?.session.abort();
-    channels.delete(t);
+  for (const [key, ch] of channels) {
+    if (target !== undefined && ch.target !== target) continue;
+    ch.session.abort();
+    channels.delete(key);
   }
 }

@@ -2,6 +2,9 @@ import * as http2 from "node:http2";
 import { type ConnectRouter, ConnectError } from "@connectrpc/connect";
 import { connectNodeAdapter } from "@connectrpc/connect-node";
 import { sendGrpcStatus } from "./grpc-wire.ts";
+import { callerValues } from "./peer-gate.ts";
+import type { TlsSource } from "./tls-config.ts";
+import { secureHttp2Server, withRoleCheck } from "./tls-server.ts";
 import { Code } from "./status.ts";
 
 // Bounded: what a client may send before the handler reads it is buffered here. (The
@@ -39,6 +42,15 @@ export interface GrpcServerOptions {
   intercept?: (req: http2.Http2ServerRequest, res: http2.Http2ServerResponse) => boolean;
   /** Runs for every call before its handler; see PeerCheck. */
   peerCheck?: PeerCheck;
+  /**
+   * Mutual TLS with this cluster set: a client needs a certificate of the cluster CA to
+   * get past the handshake, each call is checked against the method table by the role
+   * its certificate names (before `peerCheck`), and handlers find the caller under
+   * `callerKey`. Cleartext h2c when absent.
+   */
+  tls?: TlsSource | null;
+  /** Most concurrent connections (HTTP/2 sessions); more are closed at once. Default 1024. */
+  maxSessions?: number;
 }
 
 export interface GrpcServer {
@@ -58,8 +70,9 @@ export interface GrpcServer {
 }
 
 /**
- * Serves Connect routes over cleartext HTTP/2 (h2c), the transport gRPC clients
- * (Connect's createGrpcTransport, grpc-js, grpc-go, grpcurl -plaintext) speak.
+ * Serves Connect routes over HTTP/2, the transport gRPC clients (Connect's
+ * createGrpcTransport, grpc-js, grpc-go, grpcurl) speak: mutual TLS with `tls`,
+ * cleartext h2c without.
  * The Connect and gRPC-web protocols are answered on the same port as well.
  *
  * Client streams: under Bun (and Node) a client that aborts mid-stream can end
@@ -71,20 +84,24 @@ export interface GrpcServer {
 // the sets close() empties; apart, close() could miss a stream opened in between.
 export async function serveGrpc(routes: (router: ConnectRouter) => void, opts: GrpcServerOptions = {}): Promise<GrpcServer> {
   const host = opts.host ?? "127.0.0.1";
+  const tls = opts.tls ?? null;
+  const maxSessions = opts.maxSessions ?? 1024;
   const handler = connectNodeAdapter({
     routes,
+    contextValues: callerValues(tls !== null),
     ...(opts.maxMessageBytes !== undefined ? { readMaxBytes: opts.maxMessageBytes, writeMaxBytes: opts.maxMessageBytes } : {}),
   });
   // Large windows and frames for what clients send: with the protocol's 64 KiB
   // defaults a client stream of KV blocks stalls on a WINDOW_UPDATE every 64 KiB.
   const intercept = opts.intercept;
-  const peerCheck = opts.peerCheck;
+  const peerCheck = withRoleCheck(tls, opts.peerCheck);
   const serve =
     intercept === undefined ? handler : (req: http2.Http2ServerRequest, res: http2.Http2ServerResponse) => void (intercept(req, res) || handler(req, res));
-  const server = http2.createServer(
-    { settings: { initialWindowSize: STREAM_WINDOW_BYTES, maxFrameSize: MAX_FRAME_BYTES } },
-    peerCheck === undefined ? serve : (req, res) => void (admit(peerCheck, req, res) && serve(req, res)),
-  );
+  const onRequest =
+    peerCheck === undefined ? serve : (req: http2.Http2ServerRequest, res: http2.Http2ServerResponse) => void (admit(peerCheck, req, res) && serve(req, res));
+  const settings = { initialWindowSize: STREAM_WINDOW_BYTES, maxFrameSize: MAX_FRAME_BYTES };
+  const { server, stopFollowing } =
+    tls === null ? { server: http2.createServer({ settings }, onRequest), stopFollowing: () => {} } : secureHttp2Server(tls, settings, onRequest);
   // server.close() alone waits for clients to hang up, which a pooled client
   // connection never does; track sessions so close() can end them.
   const sessions = new Set<http2.ServerHttp2Session>();
@@ -94,6 +111,11 @@ export async function serveGrpc(routes: (router: ConnectRouter) => void, opts: G
     stream.once("close", () => streams.delete(stream));
   });
   server.on("session", (session) => {
+    // One bound on connections per port: a flood of idle ones is refused, not kept.
+    if (sessions.size >= maxSessions) {
+      session.destroy();
+      return;
+    }
     sessions.add(session);
     session.once("close", () => sessions.delete(session));
     // An aborted client surfaces as a session error; it concerns that session only.
@@ -120,6 +142,7 @@ export async function serveGrpc(routes: (router: ConnectRouter) => void, opts: G
     host,
     port,
     close() {
+      stopFollowing();
       closing ??= new Promise<void>((resolve) => {
         server.close(() => resolve());
         // An explicit reset, not just the session teardown, so that clients whose

@@ -3,6 +3,9 @@ import type { KvAckLike, KvChunkLike } from "./kv-chunk.ts";
 import type { PushOptions } from "./kv-transport.ts";
 import { TransferError } from "./kv-error.ts";
 import { Code } from "../rpc/status.ts";
+import { bunDial, type BunDial } from "../rpc/bun-tls.ts";
+import { DECODE_TARGET_ROLES } from "../rpc/peer-policy.ts";
+import type { TlsSource } from "../rpc/tls-config.ts";
 import { PoolChunk } from "./build-chunks.ts";
 import {
   type AckBody,
@@ -136,6 +139,8 @@ function splitHostPort(address: string): { host: string; port: number } {
 export interface DataPlaneClientOptions {
   /** Deadline of one push; default 30 000 ms. */
   timeoutMs?: number;
+  /** Mutual TLS: connect only to servers whose certificate names a decode (or both) engine. */
+  tls?: TlsSource;
 }
 
 /**
@@ -148,8 +153,11 @@ export class DataPlaneClient {
   private readonly timeoutMs: number;
   private stage = new Uint8Array(STAGE_BYTES);
 
+  private readonly tls: TlsSource | undefined;
+
   constructor(opts: DataPlaneClientOptions = {}) {
     this.timeoutMs = opts.timeoutMs ?? 30_000;
+    this.tls = opts.tls;
   }
 
   private async connect(address: string): Promise<Conn> {
@@ -163,15 +171,22 @@ export class DataPlaneClient {
     }
     const { host, port } = splitHostPort(address);
     const conn = new Conn(address);
+    // Bun.connect resolves before the TLS handshake and drops writes made before it:
+    // wait for the handshake, and for the server's certificate to name a decode engine.
+    const dial = this.tls === undefined ? undefined : bunDial(this.tls, `data plane ${address}`, DECODE_TARGET_ROLES);
     try {
       conn.socket = await Bun.connect<Conn>({
         hostname: host,
         port,
         data: conn,
+        ...(dial !== undefined ? { tls: dial.tls } : {}),
         socket: {
+          handshake: (s, ok, err) => dial?.onHandshake(s, ok, err),
           data: (s, buf) => s.data.onData(buf),
           drain: (s) => s.data.onDrain(),
           close: (s, err) => {
+            // A server that hangs up mid-handshake (it refused our certificate): say so now.
+            dial?.onHandshake(s, false, err ?? new Error("connection closed during the handshake"));
             s.data.onClose(err);
             this.open.delete(s.data);
           },
@@ -182,9 +197,27 @@ export class DataPlaneClient {
     } catch (e) {
       throw new TransferError(Code.Unavailable, `data plane ${address}: ${e instanceof Error ? e.message : String(e)}`);
     }
+    if (dial !== undefined) await this.verified(conn, dial);
     conn.socket.setNoDelay(true);
     this.open.add(conn);
     return conn;
+  }
+
+  /** Waits (up to the push deadline) for the handshake's verdict; a refused server is hung up on. */
+  private async verified(conn: Conn, dial: BunDial): Promise<void> {
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    const late = new Promise<never>((_, reject) => {
+      timer = setTimeout(() => reject(new Error(`no TLS handshake within ${this.timeoutMs} ms`)), this.timeoutMs);
+    });
+    try {
+      await Promise.race([dial.verified, late]);
+    } catch (e) {
+      conn.socket.terminate();
+      const refusedRole = e instanceof Error && / is [a-z]+\/.*, not one of /.test(e.message);
+      throw new TransferError(refusedRole ? Code.PermissionDenied : Code.Unavailable, e instanceof Error ? e.message : String(e));
+    } finally {
+      clearTimeout(timer);
+    }
   }
 
   async push(address: string, chunks: readonly KvChunkLike[] | AsyncIterable<KvChunkLike>, opts: PushOptions = {}): Promise<KvAckLike> {

@@ -1,4 +1,4 @@
-import type { Socket, TCPSocketListener } from "bun";
+import type { Socket, SocketHandler, TCPSocketListener } from "bun";
 import { envelopeBytes, KV_FORMAT, type KvShape } from "../codec/index.ts";
 import { tracingEnabled } from "../obs/index.ts";
 import type { KvChunkLike } from "./kv-chunk.ts";
@@ -7,6 +7,10 @@ import { Code } from "../rpc/status.ts";
 import type { KvReceiver } from "./kv-receiver.ts";
 import { DATA_PLANE_PUSH_ATTRS, PushDriver } from "./push-driver.ts";
 import { Reassembler } from "./reassembler.ts";
+import { admitBunPeer, bunServerTls } from "../rpc/bun-tls.ts";
+import { DATA_PLANE_PUSH } from "../rpc/peer-policy.ts";
+import { peerIdentity, peerKey } from "../rpc/peer-identity.ts";
+import type { TlsSource } from "../rpc/tls-config.ts";
 import {
   CHUNK_FIXED,
   decodeChunk,
@@ -30,6 +34,17 @@ import {
   runEntryTrailer,
 } from "./data-plane-frame.ts";
 
+export interface DataPlaneServerOptions {
+  host?: string;
+  port?: number;
+  /** Mutual TLS: only prefill (or both) certificates of the cluster may connect. */
+  tls?: TlsSource | null;
+  /** Most concurrent connections; default 256. */
+  maxConnections?: number;
+  /** A connection silent this long is cut (a push on it freed); default 30 000 ms. */
+  idleTimeoutMs?: number;
+}
+
 export interface DataPlaneServer {
   /** host:port, as advertised in HasBlocksResponse.data_plane_address */
   readonly address: string;
@@ -47,6 +62,8 @@ class Conn {
   readonly push: PushDriver;
   /** after an ERROR: input is discarded until the client hangs up */
   refused = false;
+  /** plaintext, or an mTLS peer whose certificate may push */
+  admitted = false;
   /** one reused chunk object: the receiver copies what it keeps */
   readonly chunk: KvChunkLike = { handleId: "", index: 0, total: 0, hash: 0n, kvFormat: KV_FORMAT, envelope: new Uint8Array(0), crc32c: 0 };
   handleBytes = new Uint8Array(0);
@@ -84,48 +101,95 @@ class Conn {
  * a time; a push is accepted only on an END frame after all `total` chunks, and a
  * connection that closes mid-push frees everything the push took.
  */
-export async function serveDataPlane(receiver: KvReceiver, opts: { host?: string; port?: number } = {}): Promise<DataPlaneServer> {
+export async function serveDataPlane(receiver: KvReceiver, opts: DataPlaneServerOptions = {}): Promise<DataPlaneServer> {
   const host = opts.host ?? "127.0.0.1";
+  const tls = opts.tls ?? null;
+  const maxConnections = opts.maxConnections ?? 256;
+  const idleS = Math.max(1, Math.ceil((opts.idleTimeoutMs ?? 30_000) / 1000));
   // The largest legal frames: a full envelope plus the chunk head and a maximal handle;
   // a RUN's head, handle and entries (its payloads follow the frame, one block at a time).
   const maxChunk = FRAME_HEAD + CHUNK_FIXED + 0xffff + envelopeBytes(receiver.pool.shape, 1);
   const maxRun = FRAME_HEAD + RUN_FIXED + 0xffff + MAX_RUN * RUN_ENTRY;
   const sockets = new Set<Socket<Conn>>();
-  const listener: TCPSocketListener<Conn> = Bun.listen<Conn>({
-    hostname: host,
-    port: opts.port ?? 0,
-    socket: {
-      open(s) {
-        s.data = new Conn(receiver, maxChunk, maxRun, receiver.pool.blockBytes);
-        sockets.add(s);
-      },
-      data(s, buf) {
-        onData(s, buf);
-        release(buf);
-      },
-      drain(s) {
-        flush(s);
-      },
-      close(s) {
-        sockets.delete(s);
-        s.data.push.fail(new KvError(Code.Canceled, "connection closed mid-push"));
-      },
-      error(s) {
-        s.data.push.fail(new KvError(Code.Canceled, "connection failed mid-push"));
-      },
-    },
-  });
+  const handlers = connHandlers(receiver, sockets, { tls, maxConnections, idleS, maxChunk, maxRun });
+  const listen = (port: number): TCPSocketListener<Conn> =>
+    Bun.listen<Conn>({ hostname: host, port, ...(tls !== null ? { tls: bunServerTls(tls) } : {}), socket: handlers });
+  let listener = listen(opts.port ?? 0);
+  // Bun's listener.reload() keeps its first certificate: on rotation, listen afresh on the
+  // same port (open connections stay on the old one until they end).
+  const stopFollowing =
+    tls?.onChange(() => {
+      const port = listener.port;
+      listener.stop(false);
+      listener = listen(port);
+    }) ?? (() => {});
   const address = `${host.includes(":") ? `[${host}]` : host}:${listener.port}`;
   return {
     address,
     port: listener.port,
     async close() {
+      stopFollowing();
       listener.stop(true);
       for (const s of sockets) {
         s.data.push.fail(new KvError(Code.Unavailable, "data plane closed"));
         s.terminate();
       }
       sockets.clear();
+    },
+  };
+}
+
+interface ConnLimits {
+  tls: TlsSource | null;
+  maxConnections: number;
+  idleS: number;
+  maxChunk: number;
+  maxRun: number;
+}
+
+/** A connection's life: the cap and idle timeout, the mTLS role check, frames into its push. */
+function connHandlers(receiver: KvReceiver, sockets: Set<Socket<Conn>>, lim: ConnLimits): SocketHandler<Conn> {
+  const { tls, maxConnections, idleS, maxChunk, maxRun } = lim;
+  return {
+    open(s) {
+      // Beyond the cap a connection is cut before it costs a buffer.
+      if (sockets.size >= maxConnections) return void s.terminate();
+      s.data = new Conn(receiver, maxChunk, maxRun, receiver.pool.blockBytes);
+      s.data.admitted = tls === null;
+      sockets.add(s);
+      // Idle (no byte either way) this long: cut, and a push in progress is freed.
+      s.timeout(idleS);
+    },
+    handshake(s) {
+      if (s.data === undefined) return;
+      const why = admitBunPeer(s, DATA_PLANE_PUSH);
+      if (why === null) {
+        s.data.admitted = true;
+        const id = peerIdentity(s);
+        s.data.push.peer = id === null ? "" : peerKey(id);
+        return;
+      }
+      s.data.refused = true;
+      s.end();
+    },
+    timeout(s) {
+      s.terminate();
+    },
+    data(s, buf) {
+      if (s.data?.admitted) onData(s, buf);
+      release(buf);
+    },
+    drain(s) {
+      flush(s);
+    },
+    close(s) {
+      if (s.data === undefined) return;
+      sockets.delete(s);
+      s.data.push.fail(new KvError(Code.Canceled, "connection closed mid-push"));
+    },
+    error(s) {
+      if (s.data === undefined) return;
+      s.data.push.fail(new KvError(Code.Canceled, "connection failed mid-push"));
     },
   };
 }

@@ -15,6 +15,7 @@ import { Code } from "../rpc/status.ts";
 import { GRPC_PREFIX_BYTES, grpcMessageLength, putGrpcPrefix, sendGrpcStatus } from "../rpc/grpc-wire.ts";
 import { KvError } from "./kv-error.ts";
 import type { KvReceiver } from "./kv-receiver.ts";
+import { peerIdentity, peerKey, type PeerCertSource } from "../rpc/peer-identity.ts";
 import { GRPC_PUSH_ATTRS, PushDriver } from "./push-driver.ts";
 import { Reassembler } from "./reassembler.ts";
 
@@ -52,6 +53,8 @@ class PushStream {
     private readonly contentType: string,
   ) {
     this.push = new PushDriver(rx);
+    const id = peerIdentity(req.socket as unknown as PeerCertSource);
+    this.push.peer = id === null ? "" : peerKey(id);
     // Child of P's kv.transfer CLIENT span, named by the `traceparent` metadata.
     const headers = new Headers();
     for (const k of ["traceparent", "tracestate"]) {

@@ -28,6 +28,17 @@ export interface KvReceiverOptions {
   maxPending?: number;
   /** Cap on pushes in flight at once; default 64. */
   maxInFlight?: number;
+  /**
+   * Caps per identified peer (a prefill engine's certificate), so one cannot take
+   * another's share: pushes in flight (default half of maxInFlight), handles pending
+   * plus pushes in flight (half of maxPending), and blocks held by both (half the pool).
+   * Pushes from the anonymous peer "" (plaintext) answer only to the global caps.
+   */
+  maxInFlightPerPeer?: number;
+  maxPendingPerPeer?: number;
+  maxBlocksPerPeer?: number;
+  /** A push that receives nothing for this long is aborted and freed; default 10 000 ms. */
+  pushIdleTimeoutMs?: number;
   /** Clock, replaceable in tests; default Date.now. */
   now?: () => number;
   /** Called for each accepted handle its time to live freed (metrics: tl_kv_handles_expired_total). */
@@ -49,6 +60,15 @@ type ChunkFields = Omit<KvChunkLike, "envelope">;
 
 interface Held extends ClaimedHandle {
   expiresAt: number;
+  /** the peer that pushed it ("" when unidentified) */
+  peer: string;
+}
+
+/** What one identified peer holds on this receiver right now. */
+interface PeerShare {
+  inFlight: number;
+  pending: number;
+  blocks: number;
 }
 
 /**
@@ -65,9 +85,14 @@ export class KvReceiver {
   readonly ttlMs: number;
   readonly maxPending: number;
   readonly maxInFlight: number;
+  readonly maxInFlightPerPeer: number;
+  readonly maxPendingPerPeer: number;
+  readonly maxBlocksPerPeer: number;
+  readonly pushIdleTimeoutMs: number;
   private readonly now: () => number;
   private readonly onExpired: (handleId: string) => void;
   private readonly held = new Map<string, Held>();
+  private readonly shares = new Map<string, PeerShare>();
   /** @internal sessions register themselves here while open */
   readonly inflight = new Map<string, PushSession>();
   private readonly timer: ReturnType<typeof setInterval>;
@@ -80,12 +105,17 @@ export class KvReceiver {
     this.ttlMs = opts.ttlMs ?? 60_000;
     this.maxPending = opts.maxPending ?? 1024;
     this.maxInFlight = opts.maxInFlight ?? 64;
+    this.maxInFlightPerPeer = opts.maxInFlightPerPeer ?? Math.max(1, this.maxInFlight >> 1);
+    this.maxPendingPerPeer = opts.maxPendingPerPeer ?? Math.max(1, this.maxPending >> 1);
+    this.maxBlocksPerPeer = opts.maxBlocksPerPeer ?? Math.max(1, pool.total >> 1);
+    this.pushIdleTimeoutMs = opts.pushIdleTimeoutMs ?? 10_000;
     this.now = opts.now ?? Date.now;
     this.onExpired = opts.onExpired ?? (() => {});
     assert(this.ttlMs > 0 && this.maxPending >= 1 && this.maxInFlight >= 1, "ttlMs, maxPending and maxInFlight must be positive");
-    // The timer frees handles nobody asks about; the lazy sweeps in the accessors make
-    // expiry exact whenever someone does.
-    this.timer = setInterval(() => this.sweep(), Math.max(10, Math.min(this.ttlMs, 5_000)));
+    assert(this.pushIdleTimeoutMs > 0, "pushIdleTimeoutMs must be positive");
+    // The timer frees handles nobody asks about and pushes gone quiet; the lazy sweeps in
+    // the accessors make expiry exact whenever someone does.
+    this.timer = setInterval(() => this.sweep(), Math.max(10, Math.min(this.ttlMs, this.pushIdleTimeoutMs, 5_000)));
     this.timer.unref?.();
   }
 
@@ -97,8 +127,12 @@ export class KvReceiver {
     return out;
   }
 
-  /** Opens a push (on its first chunk). Refuses a handle id pending or in flight, or one push too many. */
-  begin(handleId: string, total: number): PushSession {
+  /**
+   * Opens a push (on its first chunk) for `peer` (the pushing engine's worker id, "" when
+   * unidentified). Refuses a handle id pending or in flight, or one push too many, for
+   * this receiver or for this peer.
+   */
+  begin(handleId: string, total: number, peer = ""): PushSession {
     this.sweep();
     if (handleId === "") throw new KvError(Code.InvalidArgument, "empty handle_id");
     if (!(Number.isInteger(total) && total >= 1)) throw new KvError(Code.InvalidArgument, `total ${total} must be ≥ 1`);
@@ -111,28 +145,71 @@ export class KvReceiver {
     if (this.held.size + this.inflight.size >= this.maxPending) {
       throw new KvError(Code.ResourceExhausted, `${this.held.size} handles pending + ${this.inflight.size} in flight, max ${this.maxPending}`);
     }
-    const s = new PushSession(this, handleId, total, this.now() + this.ttlMs);
+    const share = peer === "" ? undefined : this.shareOf(peer);
+    if (share !== undefined) {
+      if (share.inFlight >= this.maxInFlightPerPeer)
+        throw new KvError(Code.ResourceExhausted, `peer ${peer}: ${share.inFlight} pushes in flight, max ${this.maxInFlightPerPeer}`);
+      if (share.pending + share.inFlight >= this.maxPendingPerPeer) {
+        throw new KvError(
+          Code.ResourceExhausted,
+          `peer ${peer}: ${share.pending} handles pending + ${share.inFlight} in flight, max ${this.maxPendingPerPeer}`,
+        );
+      }
+      share.inFlight++;
+    }
+    const s = new PushSession(this, handleId, total, this.now() + this.ttlMs, peer, this.now());
     this.inflight.set(handleId, s);
-    this.nextSweep = Math.min(this.nextSweep, s.deadline);
+    this.nextSweep = Math.min(this.nextSweep, s.deadline, s.lastActive + this.pushIdleTimeoutMs);
     return s;
   }
 
-  /** Hands the handle's references to the caller (who must release them), or null if unknown or expired. */
-  claim(handleId: string): ClaimedHandle | null {
+  /**
+   * Hands the handle's references to the caller (who must release them), or null if
+   * unknown or expired. With `fits`, only a handle it finds no fault with is handed
+   * over; one it faults (a resume naming the wrong prompt) stays pending for the right
+   * claim, and the fault comes back instead.
+   */
+  claim(handleId: string): ClaimedHandle | null;
+  claim(handleId: string, fits: (h: ClaimedHandle) => string | null): ClaimedHandle | { fault: string } | null;
+  claim(handleId: string, fits?: (h: ClaimedHandle) => string | null): ClaimedHandle | { fault: string } | null {
     this.sweep();
     const h = this.held.get(handleId);
     if (h === undefined) return null;
-    this.held.delete(handleId);
-    return { blockIds: h.blockIds, hashes: h.hashes, nTokens: h.nTokens };
+    const handed = { blockIds: h.blockIds, hashes: h.hashes, nTokens: h.nTokens };
+    const fault = fits?.(handed) ?? null;
+    if (fault !== null) return { fault };
+    this.drop(handleId, h);
+    return handed;
   }
 
-  /** Frees a pending handle. Idempotent: false when unknown (never claimed, released or expired). */
-  release(handleId: string): boolean {
+  /**
+   * Frees a pending handle. Idempotent: false when unknown (never claimed, released or
+   * expired). With `by` (a peer's worker id), only that peer's own handles: another's
+   * answers false, exactly as an unknown one, so handle ids cannot be probed.
+   */
+  release(handleId: string, by?: string): boolean {
     const h = this.held.get(handleId);
-    if (h === undefined) return false;
-    this.held.delete(handleId);
+    if (h === undefined || (by !== undefined && h.peer !== by)) return false;
+    this.drop(handleId, h);
     this.pool.releaseAll(h.blockIds);
     return true;
+  }
+
+  /** What `peer` holds now: pushes in flight, handles pending, blocks (both together). */
+  shareOf(peer: string): PeerShare {
+    let s = this.shares.get(peer);
+    if (s === undefined) this.shares.set(peer, (s = { inFlight: 0, pending: 0, blocks: 0 }));
+    return s;
+  }
+
+  /** Forgets a pending handle (its references go to the caller or back to the pool). */
+  private drop(handleId: string, h: Held): void {
+    this.held.delete(handleId);
+    if (h.peer === "") return;
+    const share = this.shareOf(h.peer);
+    share.pending--;
+    share.blocks -= h.blockIds.length;
+    if (share.inFlight === 0 && share.pending === 0) this.shares.delete(h.peer);
   }
 
   /** Handles accepted and not yet claimed, released or expired. */
@@ -155,17 +232,18 @@ export class KvReceiver {
     let next = Infinity;
     for (const [id, h] of this.held) {
       if (h.expiresAt <= t) {
-        this.held.delete(id);
+        this.drop(id, h);
         this.pool.releaseAll(h.blockIds);
         this.onExpired(id);
         n++;
       } else next = Math.min(next, h.expiresAt);
     }
     for (const s of [...this.inflight.values()]) {
-      if (s.deadline <= t) {
+      const quietUntil = s.lastActive + this.pushIdleTimeoutMs;
+      if (s.deadline <= t || quietUntil <= t) {
         s.abort();
         n++;
-      } else next = Math.min(next, s.deadline);
+      } else next = Math.min(next, s.deadline, quietUntil);
     }
     this.nextSweep = next;
     return n;
@@ -178,9 +256,25 @@ export class KvReceiver {
     for (const id of [...this.held.keys()]) this.release(id);
   }
 
+  /** @internal `blocks` taken (or, negative, given back) by a push of `peer`; refuses past its share. */
+  charge(peer: string, blocks: number): void {
+    if (peer === "") return;
+    const share = this.shareOf(peer);
+    if (blocks > 0 && share.blocks + blocks > this.maxBlocksPerPeer) {
+      throw new KvError(Code.ResourceExhausted, `peer ${peer}: holds ${share.blocks} blocks, max ${this.maxBlocksPerPeer}`);
+    }
+    share.blocks += blocks;
+  }
+
   /** @internal */
   settle(s: PushSession, accepted: Held | null): void {
     if (this.inflight.get(s.handleId) === s) this.inflight.delete(s.handleId);
+    if (s.peer !== "") {
+      const share = this.shareOf(s.peer);
+      share.inFlight--;
+      if (accepted !== null) share.pending++;
+      else if (share.pending === 0 && share.inFlight === 0 && share.blocks === 0) this.shares.delete(s.peer);
+    }
     if (accepted !== null) {
       this.held.set(s.handleId, accepted);
       this.nextSweep = Math.min(this.nextSweep, accepted.expiresAt);
@@ -190,6 +284,11 @@ export class KvReceiver {
   /** @internal */
   expiry(): number {
     return this.now() + this.ttlMs;
+  }
+
+  /** @internal */
+  clock(): number {
+    return this.now();
   }
 }
 
@@ -212,6 +311,10 @@ export class PushSession {
     readonly handleId: string,
     readonly total: number,
     /** @internal */ readonly deadline: number,
+    /** the pushing peer ("" when unidentified) */
+    readonly peer: string,
+    /** @internal when the last chunk arrived (the idle timeout counts from it) */
+    public lastActive: number,
   ) {}
 
   get aborted(): boolean {
@@ -308,6 +411,13 @@ export class PushSession {
   }
 
   private take(id: number, hash: bigint, fill: number): void {
+    try {
+      this.rx.charge(this.peer, 1);
+    } catch (e) {
+      this.rx.pool.release(id);
+      throw e;
+    }
+    this.lastActive = this.rx.clock();
     this.taken.push(id);
     if (hash !== 0n) this.hashes.push(hash);
     this.nTokens += fill;
@@ -333,6 +443,7 @@ export class PushSession {
       hashes: this.hashes,
       nTokens: this.nTokens,
       expiresAt: this.rx.expiry(),
+      peer: this.peer,
     });
     return {
       handleId: this.handleId,
@@ -348,6 +459,7 @@ export class PushSession {
     if (this.state !== "open") return;
     this.state = "aborted";
     this.rx.pool.releaseAll(this.taken);
+    this.rx.charge(this.peer, -this.taken.length);
     this.taken.length = 0;
     this.rx.settle(this, null);
   }

@@ -2,6 +2,7 @@ import { type PeerCheck, serveGrpc } from "../rpc/index.ts";
 import { KvTransfer } from "../gen/tl/kv/v1/kv_pb.ts";
 import { serveDataPlane, type DataPlaneServer } from "./data-plane-server.ts";
 import type { KvReceiver } from "./kv-receiver.ts";
+import type { TlsSource } from "../rpc/tls-config.ts";
 import { kvMessageLimit, kvService } from "./kv-service.ts";
 import { pushKvHandler } from "./grpc-push-server.ts";
 
@@ -16,6 +17,11 @@ export interface ServeKvOptions {
   dataPlanePort?: number;
   /** Advertise this host:port instead of the data plane's own (a proxy or NAT in front of it). */
   advertiseDataPlane?: string;
+  /** Mutual TLS on both ports; callers checked by role (src/rpc). */
+  tls?: TlsSource | null;
+  /** The data plane's connection cap and idle timeout. */
+  dataPlaneMaxConnections?: number;
+  dataPlaneIdleTimeoutMs?: number;
   /** Who may call KvTransfer's methods (rpc/grpc-server.ts PeerCheck); every caller when omitted. */
   peerCheck?: PeerCheck;
 }
@@ -34,7 +40,16 @@ export interface KvServer {
 export async function serveKv(receiver: KvReceiver, opts: ServeKvOptions = {}): Promise<KvServer> {
   const host = opts.host ?? "127.0.0.1";
   let dp: DataPlaneServer | undefined;
-  if (opts.dataPlane ?? true) dp = await serveDataPlane(receiver, { host, port: opts.dataPlanePort ?? 0 });
+  const tls = opts.tls ?? null;
+  if (opts.dataPlane ?? true) {
+    dp = await serveDataPlane(receiver, {
+      host,
+      port: opts.dataPlanePort ?? 0,
+      tls,
+      maxConnections: opts.dataPlaneMaxConnections,
+      idleTimeoutMs: opts.dataPlaneIdleTimeoutMs,
+    });
+  }
   const advertised = opts.advertiseDataPlane ?? dp?.address ?? "";
   try {
     const srv = await serveGrpc((r) => r.service(KvTransfer, kvService(receiver, { dataPlaneAddress: advertised })), {
@@ -43,6 +58,7 @@ export async function serveKv(receiver: KvReceiver, opts: ServeKvOptions = {}): 
       maxMessageBytes: kvMessageLimit(receiver),
       // Plain gRPC PushKv, the hot path, is parsed in place; Connect answers the rest.
       intercept: pushKvHandler(receiver, kvMessageLimit(receiver)),
+      tls,
       ...(opts.peerCheck ? { peerCheck: opts.peerCheck } : {}),
     });
     return {

@@ -1,3 +1,5 @@
+import { callerOf } from "../rpc/peer-gate.ts";
+import { peerKey } from "../rpc/peer-identity.ts";
 import { Code, ConnectError, type HandlerContext, type ServiceImpl } from "@connectrpc/connect";
 import { envelopeBytes } from "../codec/index.ts";
 import type { KvTransfer, KvChunk } from "../gen/tl/kv/v1/kv_pb.ts";
@@ -25,6 +27,8 @@ export function kvService(receiver: KvReceiver, opts: KvServiceOptions = {}): Se
     },
     async pushKv(chunks: AsyncIterable<KvChunk>, ctx: HandlerContext) {
       const push = new PushDriver(receiver);
+      const caller = callerOf(ctx);
+      push.peer = caller === undefined ? "" : peerKey(caller);
       // Child of P's kv.transfer CLIENT span, named by the `traceparent` metadata.
       push.trace(extractHeaders(ctx.requestHeader), GRPC_PUSH_ATTRS);
       let handleId = "";
@@ -41,8 +45,10 @@ export function kvService(receiver: KvReceiver, opts: KvServiceOptions = {}): Se
         throw toConnectError(push.fail(e));
       }
     },
-    release(req) {
-      return { released: receiver.release(req.handleId) };
+    release(req, ctx) {
+      // A prefill engine gives back only what it pushed; the gateway (which saw the handle in KvHandle) any.
+      const caller = callerOf(ctx);
+      return { released: receiver.release(req.handleId, caller === undefined || caller.role === "gateway" ? undefined : peerKey(caller)) };
     },
   };
 }

@@ -37,6 +37,8 @@ export function toKvError(e: unknown): KvError {
 export class PushDriver {
   private session: PushSession | undefined;
   private span: Span | undefined;
+  /** The pushing peer's worker id (its mTLS certificate's); "" when unidentified. */
+  peer = "";
 
   constructor(private readonly rx: KvReceiver) {}
 
@@ -53,7 +55,7 @@ export class PushDriver {
 
   /** Opens the push on its first chunk (later calls keep it): a RUN frame's head opens it before its payloads. */
   begin(handleId: string, total: number): PushSession {
-    this.session ??= this.rx.begin(handleId, total);
+    this.session ??= this.rx.begin(handleId, total, this.peer);
     return this.session;
   }
 

@@ -7,6 +7,9 @@ import { TransferError, transferError } from "./kv-error.ts";
 import type { BlockPresence, KvTransport, PushOptions, PushRoute } from "./kv-transport.ts";
 import { DataPlaneClient } from "./data-plane-client.ts";
 import { grpcPush } from "./grpc-push.ts";
+import { DECODE_TARGET_ROLES } from "../rpc/peer-policy.ts";
+import { channelKey, secureSessionOptions } from "../rpc/tls-client.ts";
+import type { TlsSource } from "../rpc/tls-config.ts";
 
 export interface RoutingTransportOptions {
   /** Deadline of each call; default 30 000 ms. */
@@ -18,6 +21,8 @@ export interface RoutingTransportOptions {
    * advertises one (default: a DataPlaneClient of its own); false keeps every push on gRPC.
    */
   dataPlane?: DataPlaneClient | false;
+  /** Mutual TLS to decode engines: the handshake fails unless the target's certificate names decode (or both). */
+  tls?: TlsSource;
 }
 
 // One HTTP/2 stream carries a whole push: windows far above the 64 KiB default let it
@@ -35,11 +40,13 @@ export class RoutingTransport implements KvTransport {
   private readonly timeoutMs: number;
   private readonly maxBytes: number;
   private readonly dp: DataPlaneClient | false;
+  private readonly tls: TlsSource | undefined;
 
   constructor(opts: RoutingTransportOptions = {}) {
     this.timeoutMs = opts.timeoutMs ?? 30_000;
     this.maxBytes = opts.maxMessageBytes ?? 64 * 1024 * 1024;
-    this.dp = opts.dataPlane ?? new DataPlaneClient({ timeoutMs: this.timeoutMs });
+    this.tls = opts.tls;
+    this.dp = opts.dataPlane ?? new DataPlaneClient({ timeoutMs: this.timeoutMs, ...(opts.tls ? { tls: opts.tls } : {}) });
   }
 
   private client(target: string): Client<typeof KvTransfer> {
@@ -47,13 +54,16 @@ export class RoutingTransport implements KvTransport {
   }
 
   private connection(target: string): { client: Client<typeof KvTransfer>; session: Http2SessionManager } {
-    let c = this.clients.get(target);
+    const tls = this.tls === undefined ? undefined : { source: this.tls, expect: DECODE_TARGET_ROLES };
+    const key = channelKey(target, tls);
+    let c = this.clients.get(key);
     if (c === undefined) {
-      const baseUrl = `http://${target}`;
+      const baseUrl = `${tls ? "https" : "http"}://${target}`;
       // Our own session manager, so close() can end the connection.
       const sessionManager = new Http2SessionManager(baseUrl, { idleConnectionTimeoutMs: 60_000 }, {
         settings: { initialWindowSize: WINDOW_BYTES, maxFrameSize: 16 * 1024 * 1024 - 1 },
         maxSessionMemory: 256,
+        ...(tls ? secureSessionOptions(tls, target) : {}),
       } satisfies http2.ClientSessionOptions);
       this.sessions.push(sessionManager);
       const transport = createGrpcTransport({
@@ -64,7 +74,7 @@ export class RoutingTransport implements KvTransport {
         defaultTimeoutMs: this.timeoutMs,
       });
       c = { client: createClient(KvTransfer, transport), session: sessionManager };
-      this.clients.set(target, c);
+      this.clients.set(key, c);
     }
     return c;
   }

@@ -145,8 +145,12 @@ test("deploy_args_are_cli_options_and_ports_agree", () => {
     // Every bound port declared, and nothing declared that nothing binds.
     expect({ pod: p.name, ports: declared }).toEqual({ pod: p.name, ports: [...p.listens.values()].sort() });
     const http = p.listens.get("http_listen")!;
-    for (const probe of ["readinessProbe", "livenessProbe"]) {
-      expect(c[probe]?.httpGet?.path, `${p.name} ${probe}`).toBe("/health");
+    // Readiness turns 503 while draining; liveness stays up (a draining engine must not be restarted).
+    for (const [probe, path] of [
+      ["readinessProbe", "/health"],
+      ["livenessProbe", "/health/live"],
+    ] as const) {
+      expect(c[probe]?.httpGet?.path, `${p.name} ${probe}`).toBe(path);
       expect(resolvePort(c, c[probe].httpGet.port)).toBe(http);
     }
     if (c.startupProbe) expect(resolvePort(c, c.startupProbe.httpGet.port)).toBe(http);
@@ -227,4 +231,38 @@ test("deploy_dockerfile_runs_the_compiled_binary", () => {
     .slice(1)
     .map(Number);
   for (const p of pods) for (const port of p.listens.values()) expect(exposed).toContain(port);
+});
+
+test("deploy_runs_mtls_from_secrets_behind_network_policies", () => {
+  for (const p of pods) {
+    const section = p.config.role === "gateway" ? p.config.gateway : p.config.engine;
+    // Every pod binds 0.0.0.0: it must run mutual TLS, from its role's Secret.
+    const files = ["tls_cert", "tls_key", "tls_ca"].map((k) => String(section[k]));
+    const mount = (p.container.volumeMounts as Obj[]).find((m) => files.every((f) => f.startsWith(m.mountPath + "/")));
+    expect(mount, `${p.name}: the tls files lie under one mount`).toBeDefined();
+    const volume = (p.template.spec.volumes as Obj[]).find((v) => v.name === mount!.name)!;
+    expect(volume.secret?.secretName).toBe(`tl-engine-${p.config.role}-tls`);
+    expect(files.map((f) => f.slice(mount!.mountPath.length + 1))).toEqual(["tls.crt", "tls.key", "ca.crt"]);
+    expect(section.insecure).not.toBe(true);
+  }
+  // Only prefill engines (and the gateway, for Release) reach the decode engines' KV ports;
+  // only the gateway reaches the engines' control ports.
+  const policies = byKind("NetworkPolicy");
+  const ingress = (component: string) =>
+    policies.find((n) => n.spec.podSelector.matchLabels?.["app.kubernetes.io/component"] === component)!.spec.ingress as Obj[];
+  const allowed = (component: string, port: number) =>
+    ingress(component)
+      .filter((r) => (r.ports as Obj[]).some((x) => x.port === port))
+      .flatMap((r) =>
+        (r.from ?? [{ podSelector: { matchLabels: { "app.kubernetes.io/component": "*" } } }]).map(
+          (f: Obj) => f.podSelector.matchLabels?.["app.kubernetes.io/component"] ?? "engines",
+        ),
+      )
+      .sort();
+  expect(allowed("decode", 50062)).toEqual(["prefill"]);
+  expect(allowed("decode", 50061)).toEqual(["gateway", "prefill"]);
+  expect(allowed("decode", 50051)).toEqual(["gateway"]);
+  expect(allowed("prefill", 50051)).toEqual(["gateway"]);
+  expect(allowed("gateway", 50050)).toEqual(["engines"]);
+  expect(policies.some((n) => Object.keys(n.spec.podSelector.matchLabels).length === 1 && n.spec.ingress === undefined)).toBe(true);
 });

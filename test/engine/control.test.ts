@@ -133,7 +133,7 @@ describe("prefill_rpc_validation_and_info", () => {
       const refusedHttp = await fetch(`http://${node.httpAddress}/v1/completions`, { method: "POST", body: JSON.stringify({ prompt: "x", max_tokens: 2 }) });
       expect(refusedHttp.status).toBe(503);
       expect(await refused(node, { ...good(), requestId: "late" })).toBe(Code.Unavailable);
-      expect((await ctl.cancel({ requestId: "long" })).cancelled).toBe(true);
+      // Drain honours its deadline: what still ran at it was cut, so nothing is left to cancel.
       expect((await ctl.cancel({ requestId: "long" })).cancelled).toBe(false);
       const events = await (await stream).text();
       expect(events).toContain("cancelled"); // an error event, not a silent end

@@ -97,7 +97,7 @@ describe("disaggregated_equals_colocated", () => {
 });
 
 describe("the decode side of the hand-off", () => {
-  test("an unknown handle is 404, a mismatched prompt 409 and frees the handle", async () => {
+  test("an unknown handle is 404, a mismatched prompt 409 and the handle stays for the right resume", async () => {
     const post = (headers: Record<string, string>, prompt: number[]) =>
       fetch(`http://${D.httpAddress}/v1/completions`, {
         method: "POST",
@@ -125,8 +125,23 @@ describe("the decode side of the hand-off", () => {
     other[0] = 90;
     const conflict = await post({ [HANDLE_HEADER]: h2.handleId }, other);
     expect(conflict.status).toBe(409);
-    expect(D.pool.used).toBe(0);
+    const message = ((await conflict.json()) as { error: { message: string } }).error.message;
+    expect(message).toMatch(/block hashes differ/);
+    expect(message).not.toContain(h2.handleId);
+    // A wrong resume cannot destroy another request's KV: the handle is still there...
+    expect(D.receiver!.pending()).toBe(1);
+    expect(D.pool.used).toBeGreaterThan(0);
+    // ...and the right resume takes it
+    const right = await post(
+      { [HANDLE_HEADER]: h2.handleId, [FIRST_TOKEN_HEADER]: String(h2.firstToken), [DRAWS_HEADER]: String(h2.rngDrawsConsumed) },
+      handle.promptTokens,
+    );
+    expect(right.status).toBe(200);
+    await right.text();
     expect(D.receiver!.pending()).toBe(0);
+    for (let i = 0; i < 100 && D.pool.used > 0; i++) await Bun.sleep(10);
+    expect(D.pool.used).toBe(0);
+    expect(h2.handleId).toMatch(/^[0-9a-f]{32}$/);
   });
 });
 

@@ -51,13 +51,14 @@ async function idle(): Promise<void> {
 }
 
 test("a resume whose request id already runs on D is a 409 that releases the handle's blocks at once", async () => {
-  (D.model.runner as FakeRunner).slowMs = 2;
+  // 400 tokens (EOS ignored) at 5 ms a step: "busy" runs for the whole test, however loaded the machine.
+  (D.model.runner as FakeRunner).slowMs = 5;
   try {
     const ac = new AbortController();
     const running = await fetch(`http://${D.httpAddress}/v1/completions`, {
       method: "POST",
       headers: { "x-request-id": "busy" },
-      body: JSON.stringify({ prompt: [1, 2, 3], max_tokens: 200, stream: true }),
+      body: JSON.stringify({ prompt: [1, 2, 3], max_tokens: 400, ignore_eos: true, stream: true }),
       signal: ac.signal,
     });
     await running.body!.getReader().read();
@@ -93,4 +94,42 @@ test("n = 3 resumed on one handle: every choice finishes and frees its blocks; a
     [2, "length"],
   ]);
   await idle();
+});
+
+test("n = 3 on a decode engine without room for the choices' tail copies: 503, and every block taken is back", async () => {
+  const small = await startEngineNode({ role: "decode", model: fakeServedModel(), blockTokens: 4, numBlocks: 4 });
+  try {
+    const h = await grpcClient(EngineControl, P.grpcAddress).prefill(
+      create(PrefillRequestSchema, {
+        requestId: "tight",
+        promptTokens: prompt,
+        sampling: { maxTokens: 1, temperature: 0 },
+        decodeTarget: small.kvAddress,
+        kvFormat: 1,
+        n: 3,
+      }),
+    );
+    expect(h.finished).toBe(true); // max_tokens 1: every choice ended on P, nothing pushed
+    const pushed = await grpcClient(EngineControl, P.grpcAddress).prefill(
+      create(PrefillRequestSchema, {
+        requestId: "tight2",
+        promptTokens: prompt,
+        sampling: { maxTokens: 4, temperature: 0 },
+        decodeTarget: small.kvAddress,
+        kvFormat: 1,
+        n: 3,
+      }),
+    );
+    expect(small.pool.used).toBe(3); // 2 full blocks and the tail: one block left for 2 tail copies
+    const res = await fetch(`http://${small.httpAddress}/v1/completions`, {
+      method: "POST",
+      headers: { [HANDLE_HEADER]: pushed.handleId, [FIRST_TOKEN_HEADER]: pushed.choiceFirstTokens.join(","), [DRAWS_HEADER]: "0", "x-request-id": "tight2" },
+      body: JSON.stringify({ prompt, max_tokens: 4, temperature: 0, n: 3 }),
+    });
+    expect(res.status).toBe(503);
+    expect(((await res.json()) as { error: { message: string } }).error.message).toMatch(/out of KV blocks: 3 choices/);
+    expect([small.pool.used, small.receiver!.pending(), small.engine.inFlight]).toEqual([0, 0, 0]);
+  } finally {
+    await small.shutdown();
+  }
 });

@@ -107,9 +107,19 @@ const cases: [string, string, Record<string, unknown>][] = [
     { messages: [{ role: "user", content: "tell me" }], max_tokens: 10, temperature: 0.7, seed: 9, frequency_penalty: 1, logprobs: true, top_logprobs: 4 },
   ],
   [
+    "chat with n = 2, logprobs and min_tokens",
+    "/v1/chat/completions",
+    { messages: [{ role: "user", content: "two ways" }], n: 2, max_tokens: 8, temperature: 1, seed: 13, logprobs: true, top_logprobs: 1, min_tokens: 3 },
+  ],
+  [
     "n = 3 and a list of prompts",
     "/v1/completions",
     { prompt: ["ab", [70, 71, 72, 73, 74]], n: 3, max_tokens: 8, temperature: 1, seed: 5, logprobs: 1, frequency_penalty: 0.5 },
+  ],
+  [
+    "echo with n = 2 and include_stop_str_in_output",
+    "/v1/completions",
+    { prompt: "Echo me", echo: true, n: 2, max_tokens: 10, temperature: 0.9, seed: 4, include_stop_str_in_output: true, stop: ["e"] },
   ],
   ["best_of = 3, n = 2", "/v1/completions", { prompt: "best of", n: 2, best_of: 3, max_tokens: 8, temperature: 1, seed: 31, presence_penalty: 0.5 }],
   [

@@ -1,5 +1,6 @@
 import { expect, test } from "bun:test";
 import {
+  compileLogits,
   maskStops,
   processLogits,
   sample,
@@ -12,21 +13,22 @@ import {
 } from "../../src/rng/index.ts";
 
 const cfg = (c: Partial<LogitsConfig>): LogitsConfig => ({ presencePenalty: 0, frequencyPenalty: 0, repetitionPenalty: 1, logitBias: new Map(), ...c });
+const apply = (l: Float32Array, c: LogitsConfig, h: TokenHistory) => processLogits(l, compileLogits(c), h);
 
 test("repetition_penalty divides positive and multiplies negative logits of prompt and output tokens, once each", () => {
-  const h = new TokenHistory([0, 1, 1], true);
+  const h = new TokenHistory([0, 1, 1], true, 4);
   h.add(2);
   h.add(1);
   const l = new Float32Array([2, -2, 3, 4]);
-  processLogits(l, cfg({ repetitionPenalty: 2 }), h);
+  apply(l, cfg({ repetitionPenalty: 2 }), h);
   expect([...l]).toEqual([1, -4, 1.5, 4]);
 });
 
 test("frequency subtracts per occurrence and presence once, over output tokens only; logit_bias adds", () => {
-  const h = new TokenHistory([3], false);
+  const h = new TokenHistory([3], false, 4);
   for (const t of [0, 0, 0, 1]) h.add(t);
   const l = new Float32Array([1, 1, 1, 1]);
-  processLogits(
+  apply(
     l,
     cfg({
       frequencyPenalty: 0.5,
@@ -45,10 +47,10 @@ test("frequency subtracts per occurrence and presence once, over output tokens o
 
 test("processing changes logits, never the draw count: one draw per seeded token whatever is set", () => {
   const l = new Float32Array(64).map((_, i) => Math.sin(i) * 3);
-  const h = new TokenHistory([1, 2, 3], true);
+  const h = new TokenHistory([1, 2, 3], true, 64);
   for (const c of [cfg({}), cfg({ repetitionPenalty: 1.5, frequencyPenalty: 2, presencePenalty: -2, logitBias: new Map([[5, 100]]) })]) {
     const x = l.slice();
-    processLogits(x, c, h);
+    apply(x, c, h);
     const rng = stream(9n, SAMPLE_STREAM);
     const ref = stream(9n, SAMPLE_STREAM);
     sample(x, { temperature: 0.7, topP: 0.9, topK: 10 }, rng);

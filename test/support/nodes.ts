@@ -26,6 +26,9 @@ export async function sseEvents(res: Response): Promise<unknown[]> {
 
 import { startEngineNode, type EngineNode, type EngineNodeOptions } from "../../src/cli/engine-node.ts";
 import { startGateway, type Gateway, type GatewayOptions } from "../../src/gateway/index.ts";
+import type { PeerRole } from "../../src/rpc/peer-identity.ts";
+import { TlsSource } from "../../src/rpc/tls-config.ts";
+import { leafFiles, type TestPki } from "./certs.ts";
 
 export interface TestCluster {
   gateway: Gateway;
@@ -46,12 +49,25 @@ export async function startTestCluster(opts: {
   intervalMs?: number;
   node?: Partial<EngineNodeOptions>;
   gateway?: Partial<GatewayOptions>;
+  /** Mutual TLS everywhere, each process with its own leaf of this PKI (`<role>-<i>`). */
+  pki?: TestPki;
 }): Promise<TestCluster> {
   const intervalMs = opts.intervalMs ?? 100;
   const tokenizer = fakeServedModel().tokenizer;
-  const gateway = await startGateway({ tokenizer, modelName: "fake", maxModelLen: 512, heartbeatIntervalMs: intervalMs, ...opts.gateway });
-  const start = (role: "prefill" | "decode" | "both", i: number) =>
+  const pki = opts.pki;
+  const tlsFor = async (role: PeerRole, id: string) => (pki ? new TlsSource(await leafFiles(pki, role, id)) : null);
+  const gateway = await startGateway({
+    tokenizer,
+    modelName: "fake",
+    maxModelLen: 512,
+    heartbeatIntervalMs: intervalMs,
+    tls: await tlsFor("gateway", "gateway-0"),
+    routingHeaders: true,
+    ...opts.gateway,
+  });
+  const start = async (role: "prefill" | "decode" | "both", i: number) =>
     startEngineNode({
+      tls: await tlsFor(role, `${role}-${i}`),
       role,
       workerId: `${role}-${i}`,
       model: fakeServedModel(),

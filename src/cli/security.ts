@@ -1,0 +1,63 @@
+import { log } from "../obs/index.ts";
+import { speaksFor, type PeerRole } from "../rpc/peer-identity.ts";
+import { TlsConfigError, TlsSource } from "../rpc/tls-config.ts";
+import { apiKeysFrom } from "../http/front-door.ts";
+import { ConfigError, type Section } from "./options.ts";
+
+export type TlsMode = "mtls" | "plaintext";
+
+/** What one process's [engine] or [gateway] section says about TLS, keys and bounds, checked. */
+export interface Security {
+  tls: TlsSource | null;
+  mode: TlsMode;
+  apiKeys: string[];
+  metricsNeedKey: boolean;
+  maxRequestBytes: number;
+}
+
+/** 127.0.0.0/8, ::1 and localhost: the only hosts plaintext may bind without --insecure. */
+export function isLoopback(host: string): boolean {
+  const h = host.replace(/^\[|\]$/g, "").toLowerCase();
+  return h === "localhost" || h === "::1" || /^127\.\d{1,3}\.\d{1,3}\.\d{1,3}$/.test(h) || /^::ffff:127\./.test(h);
+}
+
+/**
+ * Reads the security options of `section` for a process of `role` that binds `hosts`.
+ * Refuses (ConfigError, before anything listens): a partial tls_* set, a certificate
+ * naming another role or worker id, and a non-loopback bind without TLS unless
+ * `insecure` is set.
+ */
+export function securityFrom(section: Section, role: PeerRole, hosts: readonly string[], workerId?: string): Security {
+  const files = { cert: String(section.tls_cert ?? ""), key: String(section.tls_key ?? ""), ca: String(section.tls_ca ?? "") };
+  const given = [files.cert, files.key, files.ca].filter((f) => f !== "").length;
+  if (given !== 0 && given !== 3) throw new ConfigError("tls_cert, tls_key and tls_ca go together: give all three or none");
+  let tls: TlsSource | null = null;
+  if (given === 3) {
+    try {
+      tls = new TlsSource(files, { onError: (e) => log.warn("tls files changed but were not loaded; keeping the previous set", { error: e.message }) });
+    } catch (e) {
+      if (e instanceof TlsConfigError) throw new ConfigError(e.message);
+      throw e;
+    }
+    const self = tls.current.self;
+    if (self.role !== role) throw new ConfigError(`tls_cert ${files.cert} names role ${self.role}; this process runs as ${role}`);
+    if (workerId && !speaksFor(self, workerId))
+      throw new ConfigError(
+        `worker_id ${JSON.stringify(workerId)} differs from the certificate's ${JSON.stringify(self.workerId)} (the registry only takes heartbeats for the certificate's own id)`,
+      );
+  }
+  const open = hosts.filter((h) => !isLoopback(h));
+  if (tls === null && open.length > 0) {
+    if (section.insecure !== true) {
+      throw new ConfigError(`refusing to listen on ${open[0]} without TLS: give tls_cert, tls_key and tls_ca (\`engine certs\` mints them), or --insecure`);
+    }
+    log.warn("internal ports listen in plaintext beyond loopback (--insecure)", { hosts: open });
+  }
+  return {
+    tls,
+    mode: tls === null ? "plaintext" : "mtls",
+    apiKeys: apiKeysFrom((section.api_key as readonly string[] | undefined) ?? []),
+    metricsNeedKey: section.metrics_need_key === true,
+    maxRequestBytes: Number(section.max_request_bytes ?? 4 * 1024 * 1024),
+  };
+}

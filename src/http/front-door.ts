@@ -1,0 +1,101 @@
+import { createHash, timingSafeEqual } from "node:crypto";
+import { errorResponse, HttpError } from "./errors.ts";
+
+export type Handler = (req: Request) => Promise<Response> | Response;
+
+export const DEFAULT_MAX_REQUEST_BYTES = 4 * 1024 * 1024;
+
+export interface FrontDoorOptions {
+  /** Bearer keys accepted on /v1/* (vLLM's --api-key); none: the door is open. */
+  apiKeys?: readonly string[];
+  /** Put /metrics behind the key as well (default: open, like /health). */
+  metricsNeedKey?: boolean;
+  /** Largest request body; a larger one gets 413 before any handler reads it. */
+  maxRequestBytes?: number;
+}
+
+/**
+ * Every HTTP request passes here before routing: the API key on every path but
+ * /health (and /metrics unless asked), then the body bound. Bodies with a Content-Length are judged by it;
+ * chunked ones are read here, counting, and stop at the first byte past the bound.
+ */
+export function frontDoor(handler: Handler, opts: FrontDoorOptions = {}): Handler {
+  const keys = (opts.apiKeys ?? []).filter((k) => k !== "").map(digest);
+  const max = opts.maxRequestBytes ?? DEFAULT_MAX_REQUEST_BYTES;
+  return async (req) => {
+    if (keys.length > 0 && needsKey(new URL(req.url).pathname, opts.metricsNeedKey === true) && !authorized(req, keys)) {
+      return errorResponse(
+        new HttpError(401, "missing or invalid API key: send Authorization: Bearer <key>", "authentication_error", null, {
+          "www-authenticate": 'Bearer realm="tl-engine"',
+        }),
+      );
+    }
+    if (req.body === null) return handler(req);
+    const declared = req.headers.get("content-length");
+    if (declared !== null) {
+      if (!/^\d+$/.test(declared)) return errorResponse(new HttpError(400, `content-length ${JSON.stringify(declared.slice(0, 32))}: not a byte count`));
+      if (Number(declared) > max) return tooLarge(`${declared} bytes`, max);
+      return handler(req);
+    }
+    const body = await readBounded(req.body, max);
+    if (body === null) return tooLarge("more bytes", max);
+    // The same request (headers, abort signal) over the bytes already read.
+    return handler(new Request(req, { body }));
+  };
+}
+
+function tooLarge(got: string, max: number): Response {
+  return errorResponse(new HttpError(413, `request body of ${got} exceeds max_request_bytes (${max})`));
+}
+
+/** Reads a stream whole unless it exceeds `max` bytes (then null, the stream cancelled). */
+async function readBounded(stream: ReadableStream<Uint8Array>, max: number): Promise<Uint8Array | null> {
+  const parts: Uint8Array[] = [];
+  let have = 0;
+  const reader = stream.getReader();
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) break;
+    have += value.byteLength;
+    if (have > max) {
+      await reader.cancel().catch(() => {});
+      return null;
+    }
+    parts.push(value);
+  }
+  const out = new Uint8Array(have);
+  let at = 0;
+  for (const p of parts) {
+    out.set(p, at);
+    at += p.byteLength;
+  }
+  return out;
+}
+
+// Hashing first gives equal-length inputs, so timingSafeEqual never leaks the key's length.
+function digest(s: string): Buffer {
+  return createHash("sha256").update(s).digest();
+}
+
+function authorized(req: Request, keys: readonly Buffer[]): boolean {
+  const m = /^Bearer\s+(\S+)\s*$/i.exec(req.headers.get("authorization") ?? "");
+  if (!m) return false;
+  const got = digest(m[1]!);
+  let ok = false;
+  // Every key is compared, so timing says nothing about which one matched.
+  for (const k of keys) ok = timingSafeEqual(got, k) || ok;
+  return ok;
+}
+
+// Only the probes are open; everything else (/v1/*, and any path a router might
+// normalise into one) needs the key.
+function needsKey(path: string, metricsNeedKey: boolean): boolean {
+  if (path === "/health") return false;
+  if (path === "/metrics") return metricsNeedKey;
+  return true;
+}
+
+/** API keys from the option list plus TL_API_KEY (comma-separated). */
+export function apiKeysFrom(list: readonly string[], env: string | undefined = process.env.TL_API_KEY): string[] {
+  return [...list, ...(env ?? "").split(",")].map((k) => k.trim()).filter((k) => k !== "");
+}
