@@ -2,7 +2,10 @@
  * A plain float32 forward of a llama2.c legacy checkpoint, written in the style of Karpathy's
  * run.c (rmsnorm, matmul, RoPE, grouped-query attention over an f32 cache, SwiGLU), so that
  * bench/model.ts can time our TypeScript decode against the C loop it is measured by.
- * Build exactly as llama2.c's `make run`:  gcc -O3 -o run_ref run_ref.c -lm
+ * Built two ways, as llama2.c's Makefile builds run.c:
+ *   `make run`:    gcc -O3 -o run_ref run_ref.c -lm
+ *   `make runomp`: gcc -Ofast -fopenmp -march=native -o run_ref run_ref.c -lm  (OMP_NUM_THREADS = cores)
+ * The pragmas are run.c's: matmul rows and attention heads split across OpenMP threads.
  *
  * usage: run_ref CHECKPOINT STEPS [TOKEN]
  * Starts from TOKEN (default 1, BOS) at position 0 and decodes STEPS positions greedily.
@@ -50,7 +53,9 @@ static void softmax(float *x, int size) {
 
 /* W (d,n) @ x (n,) -> xout (d,): the loop run.c spends its time in. */
 static void matmul(float *xout, const float *x, const float *w, int n, int d) {
-  for (int i = 0; i < d; i++) {
+  int i;
+#pragma omp parallel for private(i)
+  for (i = 0; i < d; i++) {
     float val = 0.0f;
     for (int j = 0; j < n; j++) val += w[i * n + j] * x[j];
     xout[i] = val;
@@ -83,7 +88,9 @@ static float *forward(const Config *p, const Weights *w, RunState *s, int token,
         vec[i + 1] = v0 * fci + v1 * fcr;
       }
     }
-    for (int h = 0; h < p->n_heads; h++) {
+    int h;
+#pragma omp parallel for private(h)
+    for (h = 0; h < p->n_heads; h++) {
       float *q = s->q + h * head_size;
       float *att = s->att + h * p->seq_len;
       for (int t = 0; t <= pos; t++) {

@@ -6,11 +6,15 @@ import { EngineControl } from "../gen/tl/engine/v1/engine_pb.ts";
 import type { TlsSource } from "../rpc/tls-config.ts";
 import { engineHttpHandler, serveHttp, type FrontDoorOptions, type HttpServer, type RequestEnd } from "../http/index.ts";
 import {
+  castWeights,
+  DTYPES,
   kvShapeOf,
+  weightsBytes,
   loadModel as loadModelFiles,
   Transformer,
   chatRendererFor,
   tokenizerFingerprint,
+  type DType,
   type LoadModelOptions,
   type ServableModel,
   type Tokenizer,
@@ -34,6 +38,13 @@ export interface ServedModel {
   /** Parameter count, stored dtype and resident bytes, for the ready line and /v1/models. */
   stats?: WeightStats;
   chatTemplate?: string | null;
+  /** How the weights are held in memory, and the threads the model runs on (for the ready line). */
+  dtype?: string;
+  threads?: number;
+  /** Settles when the model's threads run. */
+  ready?: () => Promise<void>;
+  /** Stops the model's helper threads. */
+  close?: () => void;
 }
 
 export interface EngineNodeOptions {
@@ -51,6 +62,8 @@ export interface EngineNodeOptions {
   model?: ServedModel;
   modelPath?: string;
   tokenizerPath?: string;
+  dtype?: ModelOptions["dtype"];
+  threads?: number;
   /** What /v1/models lists and requests must name; default the model's folder or file name. */
   servedModelName?: string;
   /** A Jinja chat template file overriding the model's (--chat-template). */
@@ -99,14 +112,27 @@ export interface EngineNode {
   shutdown(deadlineMs?: number): Promise<number>;
 }
 
+export interface ModelOptions {
+  /** Weights in memory (default: as stored). */
+  dtype?: DType | "as-stored";
+  /** Threads the matmuls split over (default 1). */
+  threads?: number;
+}
+
 /** Loads the model `--model` names (any supported format; none: the embedded one) and wraps it for the engine. */
-export async function loadModel(opts: LoadModelOptions): Promise<ServedModel> {
-  return servedModelOf(await loadModelFiles(opts));
+export async function loadModel(opts: LoadModelOptions & ModelOptions): Promise<ServedModel> {
+  const m = servedModelOf(await loadModelFiles(opts), opts);
+  await m.ready?.();
+  return m;
 }
 
 /** A loaded model behind a Transformer, as the engine runs it. */
-export function servedModelOf(m: Pick<ServableModel, "name" | "cfg" | "weights" | "tokenizer" | "eosIds" | "stats" | "chatTemplate">): ServedModel {
-  const t = new Transformer(m.cfg, m.weights);
+export function servedModelOf(
+  m: Pick<ServableModel, "name" | "cfg" | "weights" | "tokenizer" | "eosIds" | "stats" | "chatTemplate">,
+  opts: ModelOptions = {},
+): ServedModel {
+  const weights = castWeights(m.cfg, m.weights, inMemoryDType(opts.dtype ?? "as-stored", m.stats.dtype));
+  const t = new Transformer(m.cfg, weights, { threads: opts.threads ?? 1 });
   const shape = kvShapeOf(t.cfg, 1);
   const runner: ModelRunner = { vocabSize: t.cfg.vocabSize, forward: (pool, batch, out) => t.forward(pool, batch, out) };
   return {
@@ -118,9 +144,23 @@ export function servedModelOf(m: Pick<ServableModel, "name" | "cfg" | "weights" 
     headDim: shape.headDim,
     maxSeqLen: t.cfg.maxSeqLen,
     eosIds: m.eosIds,
-    stats: m.stats,
+    stats: { ...m.stats, residentBytes: weightsBytes(weights) },
     chatTemplate: m.chatTemplate,
+    dtype: t.dtype,
+    threads: t.threads,
+    ready: () => t.ready(),
+    close: () => t.close(),
   };
+}
+
+/**
+ * The dtype the weights are held in: the option's, or for "as-stored" the file's when it is one
+ * the kernels read (loaders hand f32 copies today; f16, bf16 and q8_0 are packed again, exactly
+ * for the 16-bit types), else f32.
+ */
+function inMemoryDType(opt: DType | "as-stored", stored: string): DType | "as-stored" {
+  if (opt !== "as-stored") return opt;
+  return (DTYPES as readonly string[]).includes(stored) ? (stored as DType) : "as-stored";
 }
 
 let nodeCounter = 0;
@@ -267,6 +307,8 @@ export async function startEngineNode(opts: EngineNodeOptions): Promise<EngineNo
           // stopping HTTP cuts open connections: without this pause clients see a bare reset.
           if (cut.length > 0) await Bun.sleep(STREAM_SETTLE_MS);
           for (const close of closers.reverse()) await close().catch(() => {});
+          // A model this node loaded is its own; one handed in may serve other nodes.
+          if (opts.model === undefined) model.close?.();
           return remaining;
         })();
         return down;

@@ -1,7 +1,7 @@
 import { Engine } from "../engine/index.ts";
 import { StreamDecoder } from "../model/index.ts";
 import { KvPool } from "../pool/index.ts";
-import { loadModel } from "./engine-node.ts";
+import { loadModel, type ModelOptions } from "./engine-node.ts";
 import { ConfigError, type Config } from "./options.ts";
 
 /** One engine in this process: prints the text as it comes, then prefill and decode speed. */
@@ -26,6 +26,8 @@ export async function generate(config: Config, rest: Map<string, string>, out: (
     tokenizerPath: String(e.tokenizer) || undefined,
     servedModelName: String(e.served_model_name) || undefined,
     maxSeqLen: Number(e.max_model_len),
+    dtype: String(e.dtype) as ModelOptions["dtype"],
+    threads: Number(e.threads),
   });
   const B = Number(e.block_tokens);
   const tokens = model.tokenizer.encode(prompt);

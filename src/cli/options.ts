@@ -1,9 +1,10 @@
 import { readFileSync } from "node:fs";
+import { availableParallelism } from "node:os";
 
 export type Role = "prefill" | "decode" | "both" | "gateway";
 export const ROLES: readonly Role[] = ["prefill", "decode", "both", "gateway"];
 
-type Kind = "string" | "addr" | "addr?" | "host?" | "url?" | "int" | "bool" | "list";
+type Kind = "string" | "addr" | "addr?" | "host?" | "url?" | "int" | "bool" | "list" | "choice";
 type Value = string | number | boolean | readonly string[];
 
 interface Spec {
@@ -12,6 +13,8 @@ interface Spec {
   kind: Kind;
   dflt: Value;
   help: string;
+  /** The values a "choice" takes. */
+  choices?: readonly string[];
 }
 
 /** Every option, as a TOML key under its section and as a --flag (key with dashes). */
@@ -51,6 +54,15 @@ export const SPECS: readonly Spec[] = [
     dflt: "",
     help: "Jinja chat template file overriding the model's; empty: the model's, else <|role|> lines",
   },
+  {
+    section: "engine",
+    key: "dtype",
+    kind: "choice",
+    choices: ["as-stored", "f32", "f16", "bf16", "q8_0"],
+    dflt: "as-stored",
+    help: "weights in memory: f32, f16, bf16 or q8_0 (quantized at load); as-stored keeps the file's (llama2.c: f32)",
+  },
+  { section: "engine", key: "threads", kind: "int", dflt: availableParallelism(), help: "threads the model's matmuls split over (default: all cores)" },
   { section: "engine", key: "block_tokens", kind: "int", dflt: 16, help: "tokens per KV block" },
   { section: "engine", key: "num_blocks", kind: "int", dflt: 2048, help: "KV pool capacity in blocks" },
   { section: "engine", key: "max_model_len", kind: "int", dflt: 2048, help: "prompt + output tokens per request" },
@@ -159,6 +171,8 @@ function coerce(spec: Spec, raw: unknown, where: string): Value {
     return n;
   }
   if (typeof raw !== "string") throw new ConfigError(`${name}: want a string, got ${JSON.stringify(raw)}`);
+  if (spec.kind === "choice" && !spec.choices!.includes(raw))
+    throw new ConfigError(`${name}: want one of ${spec.choices!.join(", ")}, got ${JSON.stringify(raw)}`);
   if (spec.kind === "addr" || (spec.kind === "addr?" && raw !== "")) parseAddr(raw, name);
   if (spec.kind === "host?" && raw !== "") {
     const ok = /^([A-Za-z0-9.-]+|[0-9a-fA-F]*:[0-9a-fA-F:]*:[0-9a-fA-F.]*)$/.test(raw) && !["0.0.0.0", "::"].includes(raw);

@@ -4,7 +4,7 @@ import { crc32cBackend } from "../codec/index.ts";
 import { startGateway, type Gateway } from "../gateway/index.ts";
 import { createMetrics, log, metricsResponse, shutdownTracing, startTracing, tracingEndpoint } from "../obs/index.ts";
 import { chatRendererFor, loadTokenizerFor } from "../model/index.ts";
-import { startEngineNode, type EngineNode } from "./engine-node.ts";
+import { startEngineNode, type EngineNode, type ModelOptions } from "./engine-node.ts";
 import { parseAddr, type Config } from "./options.ts";
 import { securityFrom, type Security } from "./security.ts";
 
@@ -44,6 +44,8 @@ export async function runEngine(config: Config): Promise<EngineNode> {
     tokenizerPath: String(e.tokenizer) || undefined,
     servedModelName: String(e.served_model_name) || undefined,
     chatTemplatePath: String(e.chat_template) || undefined,
+    dtype: String(e.dtype) as ModelOptions["dtype"],
+    threads: Number(e.threads),
     blockTokens: Number(e.block_tokens),
     numBlocks: Number(e.num_blocks),
     maxModelLen: Number(e.max_model_len),
@@ -162,7 +164,8 @@ function frontDoorOf(s: Security) {
 
 function modelFields(node: EngineNode): Record<string, unknown> {
   const s = node.model.stats;
-  return s ? { parameters: s.parameters, dtype: s.dtype, resident_bytes: s.residentBytes } : {};
+  const held = { weights_dtype: node.model.dtype ?? null, threads: node.model.threads ?? null };
+  return s ? { parameters: s.parameters, dtype: s.dtype, resident_bytes: s.residentBytes, ...held } : held;
 }
 
 /** OTLP export when the option or OTEL_EXPORTER_OTLP_ENDPOINT names a collector; off (no provider) otherwise. */

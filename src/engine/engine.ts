@@ -4,6 +4,18 @@ import type { KvPool } from "../pool/index.ts";
 import type { ModelRunner, SeqChunk } from "./model-runner.ts";
 import { Sequence, type Finish, type FinishReason, type SamplingParams } from "./sequence.ts";
 
+/** One sequence's share of a step: n tokens from its numComputed. */
+interface Planned {
+  seq: Sequence;
+  n: number;
+}
+
+/** What the scheduler hands the model runner: the planned chunks and the batch built from them. */
+interface StepPlan {
+  planned: Planned[];
+  batch: SeqChunk[];
+}
+
 export interface EngineOptions {
   model: ModelRunner;
   pool: KvPool;
@@ -170,9 +182,21 @@ export class Engine {
 
   /** One scheduling step and one forward; exposed for tests that drive the loop by hand. */
   step(): void {
+    const plan = this.plan();
+    if (plan === null) return;
+    this.forward(plan);
+    this.postprocess(plan);
+  }
+
+  /**
+   * The scheduler's half of a step: each running sequence's next chunk, then waiting ones
+   * admitted while the token budget and the pool last; blocks are reserved here (preempting when
+   * short), so the forward only reads the plan. Null when there is nothing to run.
+   */
+  private plan(): StepPlan | null {
     const B = this.pool.shape.blockTokens;
     let budget = this.maxBatchTokens;
-    const planned: { seq: Sequence; n: number }[] = [];
+    const planned: Planned[] = [];
 
     for (let i = 0; i < this.running.length && budget > 0; i++) {
       const seq = this.running[i]!;
@@ -209,20 +233,33 @@ export class Engine {
       planned.push({ seq, n });
       budget -= n;
     }
-    if (planned.length === 0) return;
-
+    if (planned.length === 0) return null;
     const batch: SeqChunk[] = planned.map(({ seq, n }) => ({
       blockTable: seq.blockTable,
       startPos: seq.numComputed,
       tokens: seq.tokens.slice(seq.numComputed, seq.numComputed + n),
     }));
-    const V = this.model.vocabSize;
-    if (this.logits.length < planned.length * V) this.logits = new Float32Array(planned.length * V);
-    this.model.forward(this.pool, batch, this.logits);
-    this.stats.steps++;
+    return { planned, batch };
+  }
 
-    for (let i = 0; i < planned.length; i++) {
-      const { seq, n } = planned[i]!;
+  /** The model runner's half: one forward over the plan's batch into the logits buffer. */
+  private forward(plan: StepPlan): void {
+    const V = this.model.vocabSize;
+    if (this.logits.length < plan.planned.length * V) this.logits = new Float32Array(plan.planned.length * V);
+    this.model.forward(this.pool, plan.batch, this.logits);
+    this.stats.steps++;
+  }
+
+  /**
+   * After the forward: the one place computed positions are recorded (fills, and hashes of
+   * newly full blocks registered for prefix hits), then sampling where a chunk reached the end
+   * of its tokens. A sequence cancelled meanwhile is skipped.
+   */
+  private postprocess(plan: StepPlan): void {
+    const B = this.pool.shape.blockTokens;
+    const V = this.model.vocabSize;
+    for (let i = 0; i < plan.planned.length; i++) {
+      const { seq, n } = plan.planned[i]!;
       if (seq.state !== "running") continue;
       if (seq.numComputed >= seq.promptLen) this.stats.decodeTokens += n;
       else this.stats.prefillTokens += n;

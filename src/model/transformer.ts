@@ -1,8 +1,9 @@
 import assert from "node:assert";
 import type { KvPool } from "../pool/index.ts";
 import { headDimOf, kvDimOf, type ModelConfig, qDimOf, ropeFrequencies } from "./config.ts";
-import { MatmulKernel } from "./matmul.ts";
-import { validateWeights, type Weights } from "./weights.ts";
+import { type KernelOptions, MatmulKernel } from "./matmul.ts";
+import { dequantizeInto, type Matrix } from "./packed.ts";
+import { validateWeights, weightsDType, type Weights } from "./weights.ts";
 
 /**
  * One sequence's share of a forward pass: `tokens` sit at positions
@@ -36,7 +37,7 @@ const ATT_TILE = 16;
  */
 export class Transformer {
   readonly cfg: ModelConfig;
-  private readonly w: Weights;
+  private readonly w: Weights<Matrix>;
   private readonly headDim: number;
   /** nHeads * headDim: equal to dim unless the model gives its own head_dim. */
   private readonly qDim: number;
@@ -52,24 +53,26 @@ export class Transformer {
 
   // Per-row scratch, grown (never shrunk) to the largest row count seen.
   private cap = 0;
-  private x = new Float32Array(0);
-  private xb = new Float32Array(0);
-  private xb2 = new Float32Array(0);
-  private q = new Float32Array(0);
-  private k = new Float32Array(0);
-  private v = new Float32Array(0);
-  private hb = new Float32Array(0);
-  private hb2 = new Float32Array(0);
+  private x: Float32Array = new Float32Array(0);
+  private xb: Float32Array = new Float32Array(0);
+  private xb2: Float32Array = new Float32Array(0);
+  private q: Float32Array = new Float32Array(0);
+  private k: Float32Array = new Float32Array(0);
+  private v: Float32Array = new Float32Array(0);
+  private hb: Float32Array = new Float32Array(0);
+  private hb2: Float32Array = new Float32Array(0);
   private rowPos = new Int32Array(0);
   private rowSeq = new Int32Array(0);
   private seqCap = 0;
-  private lastX = new Float32Array(0);
+  private lastX: Float32Array = new Float32Array(0);
   private lastRow = new Int32Array(0);
 
+  private kvScratch: Uint8Array | null = null;
+  private attScratch: Float32Array = new Float32Array(0);
   private bitsOf: KvPool | null = null;
   private bits: Uint16Array = new Uint16Array(0);
 
-  constructor(cfg: ModelConfig, weights: Weights) {
+  constructor(cfg: ModelConfig, weights: Weights<Matrix>, opts: KernelOptions = {}) {
     validateWeights(cfg, weights);
     this.cfg = cfg;
     this.w = weights;
@@ -92,7 +95,32 @@ export class Transformer {
     this.att = new Float32Array(ATT_TILE * this.kvMul * cfg.maxSeqLen);
     this.acc = new Float64Array(ATT_TILE * this.kvMul * this.headDim);
     this.kvec = new Float32Array(this.headDim);
-    this.mm = new MatmulKernel([weights.wq, weights.wk, weights.wv, weights.wo, weights.w1, weights.w2, weights.w3, weights.wcls]);
+    this.mm = new MatmulKernel([weights.wq, weights.wk, weights.wv, weights.wo, weights.w1, weights.w2, weights.w3, weights.wcls], opts);
+  }
+
+  /** The weights' dtype in memory. */
+  get dtype(): string {
+    return weightsDType(this.w);
+  }
+
+  /** Threads the matmuls run on. */
+  get threads(): number {
+    return this.mm.threadCount;
+  }
+
+  /** Matmul calls shared with helper threads so far. */
+  get splitCalls(): number {
+    return this.mm.splitCalls;
+  }
+
+  /** Settles when every matmul thread runs; forward works before, on fewer threads. */
+  ready(): Promise<void> {
+    return this.mm.ready();
+  }
+
+  /** Stops the matmul helper threads (the model still runs, on the caller alone). */
+  close(): void {
+    this.mm.close();
   }
 
   /**
@@ -149,9 +177,7 @@ export class Transformer {
       for (let t = 0; t < c.tokens.length; t++, r++) {
         rowPos[r] = c.startPos + t;
         rowSeq[r] = s;
-        const e = c.tokens[t]! * dim;
-        const o = r * dim;
-        for (let i = 0; i < dim; i++) x[o + i] = w.tokenEmbedding[e + i]!;
+        embed(x, r * dim, w.tokenEmbedding, c.tokens[t]! * dim, dim);
       }
       lastRow[s] = r - 1;
     }
@@ -186,7 +212,8 @@ export class Transformer {
         }
       }
 
-      this.attention(bits, blockElems, B, l, batch, rows);
+      if (this.mm.simd) this.attentionSimd(pool, l, batch, rows);
+      else this.attention(bits, blockElems, B, l, batch, rows);
       mm.matmul(xb2, xb, w.wo, l * dim * qDim, rows, qDim, dim);
       for (let i = 0, n = rows * dim; i < n; i++) x[i]! += xb2[i]!;
 
@@ -222,22 +249,24 @@ export class Transformer {
     if (rows > this.cap) {
       const cap = Math.max(rows, this.cap * 2);
       const { dim, hiddenDim } = this.cfg;
+      // Matmul operands live in the kernel's memory, so no call copies them in or out.
+      const mm = this.mm;
       this.x = new Float32Array(cap * dim);
       // xb holds the normed input (dim) and then the attention output (qDim).
-      this.xb = new Float32Array(cap * Math.max(dim, this.qDim));
-      this.xb2 = new Float32Array(cap * dim);
-      this.q = new Float32Array(cap * this.qDim);
-      this.k = new Float32Array(cap * this.kvDim);
-      this.v = new Float32Array(cap * this.kvDim);
-      this.hb = new Float32Array(cap * hiddenDim);
-      this.hb2 = new Float32Array(cap * hiddenDim);
+      this.xb = mm.alloc(cap * Math.max(dim, this.qDim));
+      this.xb2 = mm.alloc(cap * dim);
+      this.q = mm.alloc(cap * this.qDim);
+      this.k = mm.alloc(cap * this.kvDim);
+      this.v = mm.alloc(cap * this.kvDim);
+      this.hb = mm.alloc(cap * hiddenDim);
+      this.hb2 = mm.alloc(cap * hiddenDim);
       this.rowPos = new Int32Array(cap);
       this.rowSeq = new Int32Array(cap);
       this.cap = cap;
     }
     if (nSeq > this.seqCap) {
       const cap = Math.max(nSeq, this.seqCap * 2);
-      this.lastX = new Float32Array(cap * this.cfg.dim);
+      this.lastX = this.mm.alloc(cap * this.cfg.dim);
       this.lastRow = new Int32Array(cap);
       this.seqCap = cap;
     }
@@ -280,6 +309,58 @@ export class Transformer {
         k[ko + i] = a * c - b * s;
         k[ko + i + 1] = a * s + b * c;
       }
+    }
+  }
+
+  /**
+   * Attention in the SIMD kernel (kernels/assembly/attention.ts states its order): per chunk and
+   * layer, the K and V sections of the chunk's blocks are copied from the slab into kernel memory
+   * (one copy per block), then every row of the chunk attends there. Each row's result depends
+   * only on its query and the cached K/V, so chunking and batching never change a bit.
+   */
+  private attentionSimd(pool: KvPool, l: number, batch: readonly SeqChunk[], rows: number): void {
+    const ex = this.mm.exports!;
+    const B = pool.shape.blockTokens;
+    const kvDim = this.kvDim;
+    const layerBytes = 2 * B * kvDim * 2;
+    const need = Math.ceil(this.cfg.maxSeqLen / B) * layerBytes;
+    if (this.kvScratch === null || this.kvScratch.byteLength < need) {
+      this.kvScratch = this.mm.allocBytes(need)!;
+      this.attScratch = this.mm.alloc(this.cfg.maxSeqLen);
+    }
+    const kvs = this.kvScratch;
+    const kvAt = this.mm.addressOf(kvs);
+    const attAt = this.mm.addressOf(this.attScratch);
+    const qAt = this.mm.addressOf(this.q);
+    const xbAt = this.mm.addressOf(this.xb);
+    const src = pool.bytes;
+    const { rowPos, rowSeq } = this;
+    for (let r = 0; r < rows; ) {
+      const seq = rowSeq[r]!;
+      let rEnd = r + 1;
+      while (rEnd < rows && rowSeq[rEnd] === seq) rEnd++;
+      const table = batch[seq]!.blockTable;
+      const n = rowPos[rEnd - 1]! + 1;
+      for (let b = 0, nb = Math.ceil(n / B); b < nb; b++) {
+        const from = table[b]! * pool.blockBytes + l * layerBytes;
+        kvs.set(src.subarray(from, from + layerBytes), b * layerBytes);
+      }
+      const rowBytes = this.qDim * 4;
+      ex.attend(
+        xbAt + r * rowBytes,
+        qAt + r * rowBytes,
+        kvAt,
+        attAt,
+        rowPos[r]!,
+        rEnd - r,
+        B,
+        layerBytes,
+        this.cfg.nKvHeads,
+        this.kvMul,
+        this.headDim,
+        this.qDim,
+      );
+      r = rEnd;
     }
   }
 
@@ -372,6 +453,12 @@ export class Transformer {
       r = rEnd;
     }
   }
+}
+
+/** x[o .. o+dim) = row e/dim of the embedding, made f32 when packed. */
+function embed(x: Float32Array, o: number, emb: Matrix, e: number, dim: number): void {
+  if (emb instanceof Float32Array) for (let i = 0; i < dim; i++) x[o + i] = emb[e + i]!;
+  else dequantizeInto(emb, e, dim, x, o);
 }
 
 /** x[r] += b for each row of width n. */

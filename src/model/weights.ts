@@ -1,34 +1,37 @@
 import { kvDimOf, type ModelConfig, qDimOf, validateConfig } from "./config.ts";
+import { castMatrix, dtypeOf, type DType, type Matrix } from "./packed.ts";
 
 /**
  * Weights in llama2.c's run.c layout. Every matrix is row-major (out, in) so that
  * xout[i] = sum_j W[i*in + j] * x[j]; per-layer tensors are stacked along a leading L axis.
+ * Loaders give f32 matrices (the default M); castWeights may pack them (f16, bf16, q8_0: see
+ * packed.ts) for the Transformer, which takes either. Norm gains are always f32.
  */
-export interface Weights {
+export interface Weights<M extends Matrix = Float32Array> {
   /** (vocab, dim) */
-  tokenEmbedding: Float32Array;
+  tokenEmbedding: M;
   /** (L, dim) */
   rmsAtt: Float32Array;
   /** (L, qDim, dim): qDim = nHeads*headDim (= dim unless the config gives headDim) */
-  wq: Float32Array;
+  wq: M;
   /** (L, kvDim, dim) */
-  wk: Float32Array;
+  wk: M;
   /** (L, kvDim, dim) */
-  wv: Float32Array;
+  wv: M;
   /** (L, dim, qDim) */
-  wo: Float32Array;
+  wo: M;
   /** (L, dim) */
   rmsFfn: Float32Array;
   /** (L, hidden, dim) */
-  w1: Float32Array;
+  w1: M;
   /** (L, dim, hidden) */
-  w2: Float32Array;
+  w2: M;
   /** (L, hidden, dim) */
-  w3: Float32Array;
+  w3: M;
   /** (dim) */
   rmsFinal: Float32Array;
   /** (vocab, dim); the same object as tokenEmbedding when the classifier is shared. */
-  wcls: Float32Array;
+  wcls: M;
   /** Projection biases (Qwen2): (L, qDim), (L, kvDim), (L, kvDim); all three or none. */
   bq?: Float32Array;
   bk?: Float32Array;
@@ -59,13 +62,58 @@ export function weightSizes(cfg: ModelConfig): Record<DenseWeightName, number> {
   };
 }
 
+const NORMS = new Set<keyof Weights<Matrix>>(["rmsAtt", "rmsFfn", "rmsFinal"]);
+/** The matrices, which may be packed; `in` is a row's length. */
+export const MATRICES = ["tokenEmbedding", "wq", "wk", "wv", "wo", "w1", "w2", "w3", "wcls"] as const;
+
+function isMatrix(a: unknown): a is Matrix {
+  if (a instanceof Float32Array) return true;
+  const p = a as { dtype?: unknown; bytes?: unknown };
+  return typeof a === "object" && a !== null && ["f16", "bf16", "q8_0"].includes(p.dtype as string) && p.bytes instanceof Uint8Array;
+}
+
+/** Row length (the `in` axis) of each matrix. */
+export function matrixCols(cfg: ModelConfig, k: (typeof MATRICES)[number]): number {
+  return k === "w2" ? cfg.hiddenDim : k === "wo" ? qDimOf(cfg) : cfg.dim;
+}
+
+/**
+ * The weights with every matrix in `dtype` (`as-stored` keeps each as it is). A shared
+ * classifier stays shared: the embedding is then read from the packed rows.
+ */
+export function castWeights(cfg: ModelConfig, w: Weights<Matrix>, dtype: DType | "as-stored"): Weights<Matrix> {
+  if (dtype === "as-stored") return w;
+  const out = { ...w };
+  for (const k of MATRICES) {
+    if (k === "wcls" && w.wcls === w.tokenEmbedding) out.wcls = out.tokenEmbedding;
+    else out[k] = castMatrix(w[k], dtype, matrixCols(cfg, k));
+  }
+  return out;
+}
+
+/** Bytes the weights take in memory (a shared classifier counted once). */
+export function weightsBytes(w: Weights<Matrix>): number {
+  let bytes = 0;
+  for (const t of new Set(Object.values(w) as (Matrix | undefined)[])) {
+    if (t !== undefined) bytes += t instanceof Float32Array ? t.byteLength : t.bytes.byteLength;
+  }
+  return bytes;
+}
+
+/** The one dtype of every layer matrix, or "mixed". */
+export function weightsDType(w: Weights<Matrix>): DType | "mixed" {
+  const d = new Set(MATRICES.map((k) => dtypeOf(w[k])));
+  return d.size === 1 ? [...d][0]! : "mixed";
+}
+
 /** Throws when a tensor's length disagrees with the config. */
-export function validateWeights(cfg: ModelConfig, w: Weights): void {
+export function validateWeights(cfg: ModelConfig, w: Weights<Matrix>): void {
   validateConfig(cfg);
   const sizes = weightSizes(cfg);
   for (const k of Object.keys(sizes) as DenseWeightName[]) {
     const a = w[k];
-    if (!(a instanceof Float32Array)) throw new Error(`weights.${k}: want a Float32Array`);
+    if (NORMS.has(k) ? !(a instanceof Float32Array) : !isMatrix(a))
+      throw new Error(`weights.${k}: want a Float32Array${NORMS.has(k) ? "" : " or a packed matrix"}`);
     if (a.length !== sizes[k]) throw new Error(`weights.${k} has ${a.length} elements, want ${sizes[k]}`);
   }
   const biases = { bq: cfg.nLayers * qDimOf(cfg), bk: cfg.nLayers * kvDimOf(cfg), bv: cfg.nLayers * kvDimOf(cfg) };

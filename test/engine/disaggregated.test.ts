@@ -1,6 +1,6 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { create } from "@bufbuild/protobuf";
-import { startEngineNode, type EngineNode } from "../../src/cli/engine-node.ts";
+import { loadModel, startEngineNode, type EngineNode } from "../../src/cli/engine-node.ts";
 import { grpcClient } from "../../src/rpc/index.ts";
 import { EngineControl, PrefillRequestSchema } from "../../src/gen/tl/engine/v1/engine_pb.ts";
 import { DRAWS_HEADER, FIRST_TOKEN_HEADER, HANDLE_HEADER } from "../../src/http/index.ts";
@@ -21,8 +21,16 @@ afterAll(async () => {
   await Promise.all([P, D, C].map((n) => n?.shutdown()));
 });
 
-async function colocated(prompt: number[], sampling: Record<string, unknown>): Promise<number[]> {
-  const res = await fetch(`http://${C.httpAddress}/v1/completions`, {
+interface Trio {
+  P: EngineNode;
+  D: EngineNode;
+  C: EngineNode;
+}
+
+const fakes = (): Trio => ({ P, D, C });
+
+async function colocated(prompt: number[], sampling: Record<string, unknown>, t: Trio = fakes()): Promise<number[]> {
+  const res = await fetch(`http://${t.C.httpAddress}/v1/completions`, {
     method: "POST",
     body: JSON.stringify({ prompt, max_tokens: 12, return_token_ids: true, ...sampling }),
   });
@@ -31,7 +39,8 @@ async function colocated(prompt: number[], sampling: Record<string, unknown>): P
   return body.choices[0]!.token_ids;
 }
 
-async function disaggregated(prompt: number[], sampling: { temperature: number; seed?: number }, stream: boolean) {
+async function disaggregated(prompt: number[], sampling: { temperature: number; seed?: number }, stream: boolean, t: Trio = fakes()) {
+  const { P, D } = t;
   const control = grpcClient(EngineControl, P.grpcAddress, { timeoutMs: 10_000 });
   const handle = await control.prefill(
     create(PrefillRequestSchema, {
@@ -93,6 +102,36 @@ describe("disaggregated_equals_colocated", () => {
         expect(D.receiver!.pending()).toBe(0);
       });
     }
+  }
+});
+
+describe("disaggregated_equals_colocated_across_thread_counts", () => {
+  // The real synthetic model, P on 2 threads, D on 3, the colocated engine on 1: every matmul
+  // of its 256-wide layers is split, and the tokens must not notice.
+  let T: Trio;
+  beforeAll(async () => {
+    const common = { blockTokens: B, numBlocks: 64 };
+    const [tp, td, tc] = await Promise.all([2, 3, 1].map((threads) => loadModel({ threads })));
+    const [p, d, c] = await Promise.all([
+      startEngineNode({ role: "prefill", model: tp, ...common }),
+      startEngineNode({ role: "decode", model: td, ...common }),
+      startEngineNode({ role: "both", model: tc, ...common }),
+    ]);
+    T = { P: p, D: d, C: c };
+    expect([tp!.threads, td!.threads, tc!.threads]).toEqual([2, 3, 1]);
+  });
+  afterAll(async () => {
+    await Promise.all(Object.values(T ?? {}).map((n) => n.shutdown()));
+    for (const n of Object.values(T ?? {})) n.model.close?.();
+  });
+  for (const sampling of [{ temperature: 0 }, { temperature: 0.9, seed: 7 }]) {
+    test(`${sampling.temperature === 0 ? "greedy" : `seed ${sampling.seed}`}`, async () => {
+      const prompt = prompts["with a tail"];
+      const want = await colocated(prompt, sampling, T);
+      expect(want.length).toBe(12);
+      const got = await disaggregated(prompt, sampling, false, T);
+      expect(got.tokens).toEqual(want);
+    });
   }
 });
 

@@ -1,0 +1,29 @@
+// f16 to f32 conversions shared by the kernels: exact for every finite f16.
+
+/** f16 bits (low 16 of h) to f32, exact for finite values as f16x4 (normals rebias, subnormals are m * 2^-24). */
+@inline export function f16ToF32(h: u32): f32 {
+  const sign = (h & 0x8000) << 16;
+  const em = h & 0x7fff;
+  if (em < 0x400) {
+    const m = <f32>em * reinterpret<f32>(0x33800000); // 2^-24
+    return reinterpret<f32>(reinterpret<u32>(m) | sign);
+  }
+  return reinterpret<f32>(((em << 13) + (112 << 23)) | sign);
+}
+
+/** Four 16-bit patterns at p, each moved to the top half of an i32 lane (low half zero). */
+@inline export function top16x4(p: usize): v128 {
+  return i8x16.shuffle(f32x4.splat(0), v128.load64_zero(p), 0, 1, 16, 17, 2, 3, 18, 19, 4, 5, 20, 21, 6, 7, 22, 23);
+}
+
+/**
+ * f16 patterns in the top halves of i32 lanes to f32x4: sign and exponent-mantissa moved to
+ * f32's places (shift right 3 keeping the sign, clear the three copies), then times 2^112 to
+ * rebias. Exact for every finite f16, subnormals included (they pass through f32 subnormals);
+ * inf and NaN would come out finite, so MatmulKernel refuses f16 weights holding them.
+ */
+@inline export function f16x4(t: v128): v128 {
+  const bits = v128.and(i32x4.shr_s(t, 3), i32x4.splat(0x8fffffff));
+  return f32x4.mul(bits, f32x4.splat(reinterpret<f32>(0x77800000)));
+}
+

@@ -1,0 +1,156 @@
+import assert from "node:assert";
+
+/** How a weight matrix is held in memory. */
+export type DType = "f32" | "f16" | "bf16" | "q8_0";
+export const DTYPES: readonly DType[] = ["f32", "f16", "bf16", "q8_0"];
+
+/** ggml's Q8_0: blocks of QK weights, each an f16 scale then QK int8 (8.5 bits per weight). */
+export const QK8_0 = 32;
+export const Q8_0_BLOCK_BYTES = 2 + QK8_0;
+
+/**
+ * A matrix kept in a 16-bit or q8_0 dtype: `bytes` holds its `length` elements row-major, rows of
+ * `cols` elements (q8_0 rows are whole blocks, so cols % 32 === 0). The kernels read these bytes
+ * directly; nothing here is inflated to f32.
+ */
+export interface PackedMatrix {
+  readonly dtype: "f16" | "bf16" | "q8_0";
+  readonly cols: number;
+  readonly length: number;
+  readonly bytes: Uint8Array;
+}
+
+/** A weight matrix: plain f32 (what every loader can hand over) or packed. */
+export type Matrix = Float32Array | PackedMatrix;
+
+export function dtypeOf(m: Matrix): DType {
+  return m instanceof Float32Array ? "f32" : m.dtype;
+}
+
+/** Bytes of `elems` consecutive elements (whole q8_0 blocks). */
+export function matrixBytes(dtype: DType, elems: number): number {
+  if (dtype === "f32") return elems * 4;
+  if (dtype === "q8_0") return (elems / QK8_0) * Q8_0_BLOCK_BYTES;
+  return elems * 2;
+}
+
+// f16 bits -> value, exact (the engine's own Float16Array conversion, tabulated once).
+let f16Table: Float32Array | null = null;
+export function f16Values(): Float32Array {
+  if (f16Table === null) {
+    const bits = new Uint16Array(65536);
+    for (let i = 0; i < 65536; i++) bits[i] = i;
+    f16Table = new Float32Array(new Float16Array(bits.buffer));
+  }
+  return f16Table;
+}
+
+const bf16Scratch = new Float32Array(1);
+const bf16Bits = new Uint32Array(bf16Scratch.buffer);
+
+/** f32 -> bf16 bits, round to nearest even; NaN stays a quiet NaN. */
+function toBf16(x: number): number {
+  bf16Scratch[0] = x;
+  const b = bf16Bits[0]!;
+  if ((b & 0x7fffffff) > 0x7f800000) return ((b >>> 16) | 0x40) & 0xffff;
+  return ((b + 0x7fff + ((b >>> 16) & 1)) >>> 16) & 0xffff;
+}
+
+/**
+ * q8_0 quantization as ggml's reference: per block d = max|x| / 127, q = round(x / d) (ties
+ * away from zero), d stored as f16; x / d computed as x * (1 / d) in f32.
+ */
+function quantizeQ8Row(src: Float32Array, from: number, cols: number, out: DataView, at: number): void {
+  const f = Math.fround;
+  for (let b = 0; b < cols; b += QK8_0, at += Q8_0_BLOCK_BYTES) {
+    let amax = 0;
+    for (let j = 0; j < QK8_0; j++) amax = Math.max(amax, Math.abs(src[from + b + j]!));
+    const d = f(amax / 127);
+    const id = d !== 0 ? f(1 / d) : 0;
+    out.setFloat16(at, d, true);
+    for (let j = 0; j < QK8_0; j++) {
+      const v = f(src[from + b + j]! * id);
+      out.setInt8(at + 2 + j, Math.sign(v) * Math.round(Math.abs(v)));
+    }
+  }
+}
+
+/** m in `dtype` (m itself when it already is); rows of `cols` elements. */
+export function castMatrix(m: Matrix, dtype: DType, cols: number): Matrix {
+  if (dtypeOf(m) === dtype) return m;
+  const src = m instanceof Float32Array ? m : dequantize(m);
+  if (dtype === "f32") return src;
+  if (src.length % cols !== 0) assert.fail(`matrix of ${src.length} elements is not whole rows of ${cols}`);
+  if (dtype === "q8_0" && cols % QK8_0 !== 0) throw new Error(`q8_0 needs rows that are whole blocks of ${QK8_0}: a row has ${cols}`);
+  const bytes = new Uint8Array(matrixBytes(dtype, src.length));
+  if (dtype === "f16") new Float16Array(bytes.buffer).set(src);
+  else if (dtype === "bf16") {
+    const u = new Uint16Array(bytes.buffer);
+    for (let i = 0; i < src.length; i++) u[i] = toBf16(src[i]!);
+  } else {
+    const view = new DataView(bytes.buffer);
+    const rb = matrixBytes("q8_0", cols);
+    for (let r = 0, n = src.length / cols; r < n; r++) quantizeQ8Row(src, r * cols, cols, view, r * rb);
+  }
+  return { dtype, cols, length: src.length, bytes };
+}
+
+// Views of each matrix's bytes, made once: dequantizing an embedding row per token allocates nothing.
+const views = new WeakMap<PackedMatrix, { u16: Uint16Array; dv: DataView }>();
+function viewsOf(m: PackedMatrix): { u16: Uint16Array; dv: DataView } {
+  let v = views.get(m);
+  if (v === undefined) {
+    const b = m.bytes;
+    v = { u16: new Uint16Array(b.buffer, b.byteOffset, b.byteLength >> 1), dv: new DataView(b.buffer, b.byteOffset, b.byteLength) };
+    views.set(m, v);
+  }
+  return v;
+}
+
+/**
+ * Elements from .. from+count of a packed matrix as f32 (exact: every packed value is an f32),
+ * into out at outAt. Whole q8_0 blocks only.
+ */
+export function dequantizeInto(m: PackedMatrix, from: number, count: number, out: Float32Array, outAt = 0): void {
+  const { u16, dv } = viewsOf(m);
+  if (m.dtype === "f16") {
+    const lut = f16Values();
+    for (let i = 0; i < count; i++) out[outAt + i] = lut[u16[from + i]!]!;
+  } else if (m.dtype === "bf16") {
+    for (let i = 0; i < count; i++) {
+      bf16Bits[0] = u16[from + i]! << 16;
+      out[outAt + i] = bf16Scratch[0]!;
+    }
+  } else {
+    if (from % QK8_0 !== 0 || count % QK8_0 !== 0) assert.fail(`q8_0 dequantize ${from}+${count}: not whole blocks`);
+    const lut = f16Values();
+    for (let b = 0; b < count; b += QK8_0) {
+      const at = ((from + b) / QK8_0) * Q8_0_BLOCK_BYTES;
+      const d = lut[dv.getUint16(at, true)]!;
+      for (let j = 0; j < QK8_0; j++) out[outAt + b + j] = Math.fround(d * dv.getInt8(at + 2 + j));
+    }
+  }
+}
+
+export function dequantize(m: PackedMatrix): Float32Array {
+  const out = new Float32Array(m.length);
+  dequantizeInto(m, 0, m.length, out);
+  return out;
+}
+
+/**
+ * Throws when an f16 matrix (or a q8_0 scale) holds inf or NaN: the kernels convert f16 by
+ * shifting and rebiasing, exact for every finite value only.
+ */
+export function assertFinite16(m: PackedMatrix): void {
+  const { u16 } = viewsOf(m);
+  if (m.dtype === "f16") {
+    for (let i = 0; i < m.length; i++) if ((u16[i]! & 0x7c00) === 0x7c00) throw new Error(`f16 weight ${i} is inf or NaN (0x${u16[i]!.toString(16)})`);
+  } else if (m.dtype === "q8_0") {
+    const { dv } = viewsOf(m);
+    for (let at = 0; at < m.bytes.byteLength; at += Q8_0_BLOCK_BYTES) {
+      const h = dv.getUint16(at, true);
+      if ((h & 0x7c00) === 0x7c00) throw new Error(`q8_0 block ${at / Q8_0_BLOCK_BYTES} has an inf or NaN scale (0x${h.toString(16)})`);
+    }
+  }
+}

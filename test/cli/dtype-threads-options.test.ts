@@ -1,0 +1,30 @@
+import { describe, expect, test } from "bun:test";
+import { availableParallelism } from "node:os";
+import { loadModel } from "../../src/cli/engine-node.ts";
+import { ConfigError, helpText, parseArgs } from "../../src/cli/options.ts";
+
+describe("model options", () => {
+  test("dtype_and_threads_flags_and_defaults", () => {
+    const d = parseArgs([]).config.engine;
+    expect(d.dtype).toBe("as-stored");
+    expect(d.threads).toBe(availableParallelism());
+    const c = parseArgs(["--dtype", "q8_0", "--threads", "3"]).config.engine;
+    expect(c.dtype).toBe("q8_0");
+    expect(c.threads).toBe(3);
+    expect(() => parseArgs(["--dtype", "f8"])).toThrow(ConfigError);
+    expect(() => parseArgs(["--dtype", "f8"])).toThrow(/want one of as-stored, f32, f16, bf16, q8_0/);
+    expect(() => parseArgs(["--threads", "0"])).toThrow(/positive integer/);
+    expect(helpText()).toContain("--dtype");
+    expect(helpText()).toContain("--threads");
+  });
+
+  test("load_model_packs_the_weights_and_starts_threads", async () => {
+    const m = await loadModel({ dtype: "bf16", threads: 2 });
+    expect(m.dtype).toBe("bf16");
+    expect(m.threads).toBe(2);
+    const f32 = await loadModel({});
+    expect(f32.dtype).toBe("f32");
+    expect(f32.threads).toBe(1);
+    m.close?.();
+  });
+});

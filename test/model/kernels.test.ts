@@ -1,0 +1,198 @@
+import { describe, expect, test } from "bun:test";
+import { KERNELS_WASM_BASE64 } from "../../src/model/kernels/kernels-wasm.ts";
+import { KERNEL_RESERVED_BYTES, MatmulKernel, matmul, matmulRef } from "../../src/model/matmul.ts";
+import { castMatrix, dequantize, Q8_0_BLOCK_BYTES, QK8_0, type PackedMatrix } from "../../src/model/packed.ts";
+import { Transformer, syntheticWeights } from "../../src/model/index.ts";
+import { castWeights, MATRICES, weightsDType } from "../../src/model/weights.ts";
+import { Seq, TINY, bits, newPool, step, tokens } from "./helpers.ts";
+
+/** f16 bit patterns of every kind but NaN and inf: zeros, subnormals, normals of both signs. */
+function f16Matrix(d: number, n: number, seed: number): PackedMatrix {
+  const u = new Uint16Array(d * n);
+  let s = seed;
+  for (let i = 0; i < u.length; i++) {
+    s = (Math.imul(s, 1103515245) + 12345) >>> 0;
+    let h = s >>> 16;
+    if ((h & 0x7c00) === 0x7c00) h &= ~0x4000; // keep exponents finite
+    u[i] = i % 7 === 0 ? h & 0x83ff : h; // every 7th a subnormal (or zero)
+  }
+  return { dtype: "f16", cols: n, length: u.length, bytes: new Uint8Array(u.buffer) };
+}
+
+function checkAgainstRef(w: PackedMatrix | Float32Array, n: number, d: number): void {
+  const placed = new MatmulKernel([w]);
+  const wf = w instanceof Float32Array ? w : dequantize(w);
+  for (const rows of [1, 2, 3, 5, 8]) {
+    const x = new Float32Array(rows * n).map((_, i) => Math.cos(i * 0.37) * 3);
+    const want = new Float32Array(rows * d);
+    const viaPlaced = new Float32Array(rows * d);
+    const viaCopy = new Float32Array(rows * d);
+    const viaRefPacked = new Float32Array(rows * d);
+    matmulRef(want, x, wf, 0, rows, n, d);
+    placed.matmul(viaPlaced, x, w, 0, rows, n, d);
+    matmul(viaCopy, x, w, 0, rows, n, d);
+    matmulRef(viaRefPacked, x, w, 0, rows, n, d);
+    expect(bits(viaPlaced)).toEqual(bits(want));
+    expect(bits(viaCopy)).toEqual(bits(want));
+    expect(bits(viaRefPacked)).toEqual(bits(want));
+  }
+  // A layer's slice: rows from the middle of the matrix.
+  if (d >= 4) {
+    const x = new Float32Array(n).map((_, i) => Math.sin(i));
+    const want = new Float32Array(2);
+    const got = new Float32Array(2);
+    matmulRef(want, x, wf, 2 * n, 1, n, 2);
+    placed.matmul(got, x, w, 2 * n, 1, n, 2);
+    expect(bits(got)).toEqual(bits(want));
+  }
+}
+
+describe("kernels", () => {
+  test("f16_kernel_equals_reference_on_dequantized_weights", () => {
+    // Every n % 4 tail (the scalar f16 conversion), every strip remainder.
+    for (const n of [1, 3, 4, 37, 64]) for (const d of [1, 7, 9, 17]) checkAgainstRef(f16Matrix(d, n, n * 31 + d), n, d);
+  });
+
+  test("f16_conversion_is_exact_for_every_finite_pattern", () => {
+    // One-hot x picks single weights out: the vector path (n = 4) and the scalar tail (n = 3).
+    const finite = Array.from({ length: 65536 }, (_, h) => h).filter((h) => (h & 0x7c00) !== 0x7c00);
+    const lut = new Float32Array(new Float16Array(Uint16Array.from(finite).buffer));
+    for (const n of [4, 3]) {
+      const d = Math.ceil(finite.length / n);
+      const u = new Uint16Array(d * n);
+      u.set(finite);
+      const w: PackedMatrix = { dtype: "f16", cols: n, length: u.length, bytes: new Uint8Array(u.buffer) };
+      const x = new Float32Array(n * n);
+      for (let j = 0; j < n; j++) x[j * n + j] = 1;
+      const y = new Float32Array(n * d);
+      new MatmulKernel([w]).matmul(y, x, w, 0, n, n, d);
+      for (let k = 0; k < finite.length; k++) {
+        const got = y[(k % n) * d + Math.floor(k / n)]!;
+        if (!Object.is(got, lut[k]!)) expect(`f16 0x${finite[k]!.toString(16)} -> ${got}`).toBe(`f16 0x${finite[k]!.toString(16)} -> ${lut[k]}`);
+      }
+    }
+  });
+
+  test("f16_inf_or_nan_weights_are_refused", () => {
+    const u = new Uint16Array([0x3c00, 0x7c00, 0, 0]);
+    const w: PackedMatrix = { dtype: "f16", cols: 4, length: 4, bytes: new Uint8Array(u.buffer) };
+    expect(() => new MatmulKernel([w])).toThrow(/f16 weight 1 is inf or NaN/);
+  });
+
+  test("bf16_kernel_equals_reference_on_dequantized_weights", () => {
+    for (const n of [3, 4, 37, 64]) {
+      for (const d of [1, 9, 17]) {
+        const f = new Float32Array(d * n).map((_, i) => Math.sin(i * 1.3) * 10 ** ((i % 9) - 4));
+        const m = castMatrix(f, "bf16", n) as PackedMatrix;
+        expect(m.bytes.byteLength).toBe(2 * d * n);
+        checkAgainstRef(m, n, d);
+      }
+    }
+  });
+
+  test("q8_0_kernel_equals_reference_on_dequantized_weights", () => {
+    for (const n of [32, 64, 96, 288]) {
+      for (const d of [1, 8, 9, 17]) {
+        const f = new Float32Array(d * n).map((_, i) => Math.sin(i * 0.7) * (1 + (i % 5)));
+        const m = castMatrix(f, "q8_0", n) as PackedMatrix;
+        expect(m.bytes.byteLength).toBe((d * n * Q8_0_BLOCK_BYTES) / QK8_0);
+        checkAgainstRef(m, n, d);
+      }
+    }
+  });
+
+  test("f32_kernel_equals_reference", () => {
+    for (const n of [5, 32, 288])
+      for (const d of [3, 16, 33])
+        checkAgainstRef(
+          new Float32Array(d * n).map((_, i) => Math.cos(i * 0.9)),
+          n,
+          d,
+        );
+  });
+
+  test("q8_0_layout_is_ggml_block", () => {
+    // One block: the f16 scale max|x| / 127 first, then round(x / scale) as int8.
+    const x = new Float32Array(32).map((_, i) => (i - 10) * 0.5);
+    const m = castMatrix(x, "q8_0", 32) as PackedMatrix;
+    const dv = new DataView(m.bytes.buffer);
+    const scale = dv.getFloat16(0, true);
+    expect(scale).toBe(Math.f16round(10.5 / 127));
+    const want = Math.fround(1 / Math.fround(10.5 / 127));
+    for (let j = 0; j < 32; j++) {
+      const v = Math.fround(x[j]! * want);
+      expect(dv.getInt8(2 + j)).toBe(Math.sign(v) * Math.round(Math.abs(v)));
+    }
+    expect(dv.getInt8(2 + 31)).toBe(127);
+    const back = dequantize(m);
+    for (let j = 0; j < 32; j++) expect(Math.abs(back[j]! - x[j]!)).toBeLessThanOrEqual(scale / 2 + 1e-6);
+  });
+
+  test("q8_0_rejects_rows_that_are_not_whole_blocks", () => {
+    expect(() => castMatrix(new Float32Array(40), "q8_0", 40)).toThrow(/whole blocks of 32/);
+  });
+
+  test("f16_and_bf16_round_to_nearest_even", () => {
+    const x = new Float32Array([1 + 2 ** -11, 1 + 3 * 2 ** -11, 1 + 2 ** -8, 1 + 3 * 2 ** -8, -0, 65504]);
+    const h = dequantize(castMatrix(x, "f16", 1) as PackedMatrix);
+    expect([...h]).toEqual([1, 1 + 2 ** -9, 1 + 2 ** -8, 1 + 3 * 2 ** -8, -0, 65504]);
+    const b = dequantize(castMatrix(x, "bf16", 1) as PackedMatrix);
+    expect([...b.subarray(0, 4)]).toEqual([1, 1, 1, 1 + 2 ** -6]);
+  });
+});
+
+describe("packed weights in the transformer", () => {
+  test("packed_model_equals_f32_model_of_its_dequantized_weights", () => {
+    // TINY's rows (32, 64) are whole q8_0 blocks; a shared classifier stays shared when packed.
+    for (const dtype of ["f16", "bf16", "q8_0"] as const) {
+      for (const shared of [false, true]) {
+        const w = castWeights(TINY, syntheticWeights(TINY, 11, { sharedClassifier: shared }), dtype);
+        expect(weightsDType(w)).toBe(dtype);
+        expect(w.wcls === w.tokenEmbedding).toBe(shared);
+        const asF32 = { ...w };
+        for (const k of MATRICES) asF32[k] = dequantize(w[k] as PackedMatrix);
+        const prompt = tokens(13, 5);
+        const a = step(new Transformer(TINY, w), new Seq(newPool()), prompt);
+        const b = step(new Transformer(TINY, asF32), new Seq(newPool()), prompt);
+        expect(bits(a)).toEqual(bits(b));
+      }
+    }
+  });
+});
+
+describe("kernel module", () => {
+  test("static_data_stays_inside_the_reserved_bytes", () => {
+    // Every instantiation (each helper thread's too) writes the data segments into the shared
+    // memory: they must end before the first placed weight.
+    const b = Uint8Array.from(atob(KERNELS_WASM_BASE64), (c) => c.charCodeAt(0));
+    let i = 8;
+    const leb = (): number => {
+      let n = 0;
+      for (let sh = 0; ; sh += 7) {
+        const c = b[i++]!;
+        n |= (c & 0x7f) << sh;
+        if (c < 0x80) return n;
+      }
+    };
+    let end = 0;
+    while (i < b.length) {
+      const id = b[i++]!;
+      const size = leb();
+      const next = i + size;
+      if (id === 11) {
+        for (let count = leb(); count > 0; count--) {
+          expect(leb()).toBe(0); // an active segment of memory 0
+          expect(b[i++]).toBe(0x41); // i32.const offset
+          const at = leb();
+          expect(b[i++]).toBe(0x0b);
+          const len = leb();
+          end = Math.max(end, at + len);
+          i += len;
+        }
+      }
+      i = next;
+    }
+    expect(end).toBeGreaterThan(0);
+    expect(end).toBeLessThanOrEqual(KERNEL_RESERVED_BYTES);
+  });
+});

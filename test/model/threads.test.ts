@@ -1,0 +1,77 @@
+import { afterAll, describe, expect, test } from "bun:test";
+import { KvPool } from "../../src/pool/index.ts";
+import { Transformer, kvShapeOf, syntheticWeights, type ModelConfig } from "../../src/model/index.ts";
+import { castWeights } from "../../src/model/weights.ts";
+import { Seq, bits, tokens } from "./helpers.ts";
+
+// Big enough that every matmul of a prefill, and the classifier of a decode, is split.
+const MID: ModelConfig = {
+  name: "mid",
+  dim: 64,
+  hiddenDim: 160,
+  nLayers: 2,
+  nHeads: 4,
+  nKvHeads: 2,
+  vocabSize: 1024,
+  maxSeqLen: 128,
+  ropeTheta: 10000,
+  normEps: 1e-5,
+};
+const B = 8;
+const models: Transformer[] = [];
+afterAll(() => models.forEach((m) => m.close()));
+
+function model(threads: number, dtype: "f32" | "q8_0" = "f32"): Transformer {
+  const m = new Transformer(MID, castWeights(MID, syntheticWeights(MID, 3), dtype), { threads });
+  models.push(m);
+  return m;
+}
+
+/** Prefill three prompts in one batch, then decode all three for a few steps in one batch. */
+function run(m: Transformer, together: boolean): number[][] {
+  const pool = new KvPool(kvShapeOf(MID, B), 64);
+  const seqs = [0, 1, 2].map(() => new Seq(pool));
+  const prompts = [tokens(37, 1, MID.vocabSize), tokens(5, 2, MID.vocabSize), tokens(20, 3, MID.vocabSize)];
+  const logits: number[][] = [];
+  const out = new Float32Array(3 * MID.vocabSize);
+  const pass = (chunks: number[][]): void => {
+    if (together) {
+      m.forward(
+        pool,
+        chunks.map((c, s) => seqs[s]!.chunk(c)),
+        out,
+      );
+      for (let s = 0; s < 3; s++) logits.push(bits(out.subarray(s * MID.vocabSize, (s + 1) * MID.vocabSize)));
+    } else {
+      for (let s = 0; s < 3; s++) {
+        m.forward(pool, [seqs[s]!.chunk(chunks[s]!)], out);
+        logits.push(bits(out.subarray(0, MID.vocabSize)));
+      }
+    }
+  };
+  pass(prompts);
+  for (let t = 0; t < 4; t++) pass([[t + 1], [t + 7], [t + 9]]);
+  return logits;
+}
+
+describe("threads", () => {
+  test("logits_are_bit_identical_across_thread_counts_and_batches", async () => {
+    const want = run(model(1), false);
+    for (const threads of [1, 2, 3]) {
+      const m = model(threads);
+      await m.ready();
+      expect(m.threads).toBe(threads);
+      expect(run(m, true)).toEqual(want);
+      expect(run(m, false)).toEqual(want);
+      if (threads > 1) expect(m.splitCalls).toBeGreaterThan(0);
+    }
+  });
+
+  test("q8_0_logits_are_bit_identical_across_thread_counts", async () => {
+    const want = run(model(1, "q8_0"), true);
+    const [three, two] = [model(3, "q8_0"), model(2, "q8_0")];
+    await Promise.all([three.ready(), two.ready()]);
+    expect(run(three, true)).toEqual(want);
+    expect(run(two, false)).toEqual(want);
+  });
+});
