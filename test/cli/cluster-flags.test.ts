@@ -7,6 +7,8 @@ import { spawnProc } from "./procs.ts";
 
 const SAMPLE: Record<string, string> = {
   int: "7",
+  uint: "0",
+  num: "1.5",
   addr: "127.0.0.1:1234",
   "addr?": "127.0.0.1:1234",
   "host?": "10.1.2.3",

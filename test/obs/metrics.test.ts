@@ -94,7 +94,19 @@ const scrape = async (http: string) => (await fetch(`http://${http}/metrics`)).t
 beforeAll(async () => {
   const common = ["--http-listen", "127.0.0.1:0", "--grpc-listen", "127.0.0.1:0", "--kv-listen", "127.0.0.1:0", "--heartbeat-interval-ms", "100"];
   gateway = await runGateway(
-    parseArgs(["--role", "gateway", "--http-listen", "127.0.0.1:0", "--registry-listen", "127.0.0.1:0", "--heartbeat-interval-ms", "100"]).config,
+    parseArgs([
+      "--role",
+      "gateway",
+      "--http-listen",
+      "127.0.0.1:0",
+      "--registry-listen",
+      "127.0.0.1:0",
+      "--heartbeat-interval-ms",
+      "100",
+      // Every request crosses the hand-off, so the disaggregated families are set.
+      "--disagg-min-uncached-tokens",
+      "0",
+    ]).config,
   );
   const registry = ["--gateway-registry", gateway.registryAddress];
   prefill = await runEngine(parseArgs(["--role", "prefill", "--worker-id", "p0", ...common, ...registry]).config);
