@@ -67,7 +67,7 @@ describe.each(PATHS)("%s", (path) => {
       expect(err).toBeInstanceOf(HandoffError);
       expect((err as HandoffError).side).toBe("decode");
       expect(net.grpc.cuts() + (net.dp?.cuts() ?? 0)).toBeGreaterThan(0); // it was the ack that went, after D took the handle
-      expect(await settle(() => rx!.pending() === 0)).toBe(true);
+      expect(await settle(() => rx!.pending() === 0, 3000)).toBe(true);
       const after = snapshot(net.d.pool, rx);
       // The pushed full blocks may stay cached (unreferenced); nothing is held.
       expect([after.used, after.pending, after.inFlight]).toEqual([before.used, 0, 0]);
@@ -91,7 +91,7 @@ describe.each(PATHS)("%s", (path) => {
       const err = await call;
       expect(err).toBeInstanceOf(HandoffError);
       expect((err as HandoffError).code).toBe(Code.Canceled);
-      expect(await settle(() => net.d.rx.pending() === 0)).toBe(true);
+      expect(await settle(() => net.d.rx.pending() === 0, 3000)).toBe(true);
       expect([net.d.pool.used, net.d.rx.inFlight(), P.pool.used]).toEqual([0, 0, 0]);
     } finally {
       await transport.close();
