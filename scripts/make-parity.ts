@@ -244,7 +244,7 @@ mkdirSync(OUT_DIR, { recursive: true });
 const shapeJson = (s: Shape) => ({ ...s });
 const manifest = {
   format: "kv.wire.v1",
-  spec: "shared/spec/kv-block.md",
+  spec: "docs/kv-block.md",
   generator: "scripts/make-parity.ts",
   payload_formula:
     "value(block, layer, kv, slot, head, dim) = ((block*37 + layer*19 + kv*11 + slot*7 + head*5 + dim*3) % 29 - 14) / 4 for slot < fill, else 0; in layout order (layer, K then V, slot, head, dim); block counts records from 0",

@@ -2,29 +2,52 @@ import { mkdtempSync, rmSync } from "node:fs";
 import { createServer } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { certFiles, mintCluster, writeCerts } from "./certs.ts";
 import { sseData } from "../http/index.ts";
 import { log } from "../obs/index.ts";
-import { ConfigError, type Config } from "./options.ts";
+import { certFiles, mintCluster, writeCerts } from "./certs.ts";
+import { clusterFlags, type ClusterFlags } from "./cluster-flags.ts";
+import { ConfigError, parseAddr, type Config } from "./options.ts";
 import { type RoleProcess, spawnRole } from "./spawn-role.ts";
+import { PARENT_PID_ENV, stopRequests } from "./stop-requests.ts";
 
-async function freePort(preferred = 0): Promise<number> {
-  const tryPort = (p: number) =>
-    new Promise<number>((resolve, reject) => {
-      const s = createServer();
-      s.once("error", reject);
-      s.listen(p, "127.0.0.1", () => {
-        const port = (s.address() as { port: number }).port;
-        s.close(() => resolve(port));
-      });
+function tryPort(port: number, host = "127.0.0.1"): Promise<number> {
+  return new Promise<number>((resolve, reject) => {
+    const s = createServer();
+    s.once("error", reject);
+    s.listen(port, host, () => {
+      const bound = (s.address() as { port: number }).port;
+      s.close(() => resolve(bound));
     });
-  if (preferred > 0) {
-    try {
-      return await tryPort(preferred);
-    } catch {}
-  }
-  return tryPort(0);
+  });
 }
+
+const DEFAULT_FRONT_PORT = 8000;
+/** Any free port, chosen by the OS at bind time: nothing can take it between a probe and the bind. */
+const ANY_PORT = "127.0.0.1:0";
+
+/**
+ * Where the gateway listens: the address asked for (which must be free now: an error
+ * before anything starts), else `preferred` on loopback when it is free, else a port the
+ * OS picks, with `busy` saying which port was taken.
+ */
+export async function frontDoor(asked: string | null, preferred = DEFAULT_FRONT_PORT): Promise<{ listen: string; busy: number | null }> {
+  if (asked !== null) {
+    const { host, port } = parseAddr(asked, "--http-listen");
+    try {
+      await tryPort(port, host);
+      return { listen: asked, busy: null };
+    } catch (e) {
+      throw new ConfigError(`--http-listen ${asked}: cannot listen there (${e instanceof Error ? e.message : String(e)})`);
+    }
+  }
+  try {
+    return { listen: `127.0.0.1:${await tryPort(preferred)}`, busy: null };
+  } catch {
+    return { listen: ANY_PORT, busy: preferred };
+  }
+}
+
+export const busyNote = (busy: number, http: string) => `port ${busy} is busy; the gateway listens on ${http} instead (--http-listen picks one)`;
 
 /** How to start this same program again: the compiled binary, or bun with this script. */
 function selfCommand(): string[] {
@@ -34,9 +57,43 @@ function selfCommand(): string[] {
 
 type Child = RoleProcess;
 
-/** A role of this same program as its own process. */
+/** A role of this same program as its own process, which stops by itself when this one is gone, however it died. */
 function startRole(name: string, args: string[]): Child {
-  return spawnRole(name, [...selfCommand(), ...args]);
+  return spawnRole(name, [...selfCommand(), ...args], { env: { ...process.env, [PARENT_PID_ENV]: String(process.pid) } });
+}
+
+/**
+ * Starts the gateway where `door` says. The preferred port can be taken between the probe
+ * and the gateway's bind (other programs start clusters too): then once more on a port the
+ * OS picks, which nothing can take first.
+ */
+async function startFront(
+  door: { listen: string; busy: number | null },
+  flags: ClusterFlags,
+  extra: string[],
+  children: Child[],
+): Promise<{ ready: Record<string, unknown>; busy: number | null }> {
+  const start = (listen: string) => {
+    const gw = startRole("gateway", [
+      "--role",
+      "gateway",
+      "--http-listen",
+      listen,
+      "--registry-listen",
+      flags.registryListen ?? ANY_PORT,
+      ...flags.gateway,
+      ...extra,
+    ]);
+    children.push(gw);
+    return gw.ready;
+  };
+  if (flags.httpListen !== null || door.listen === ANY_PORT) return { ready: await start(door.listen), busy: door.busy };
+  try {
+    return { ready: await start(door.listen), busy: null };
+  } catch {
+    children.pop();
+    return { ready: await start(ANY_PORT), busy: parseAddr(door.listen).port };
+  }
 }
 
 /**
@@ -56,82 +113,69 @@ export async function runCluster(config: Config, rest: Map<string, string>, opts
   const nD = count("decode", 2);
   for (const k of rest.keys()) if (!["prefill", "decode", "plaintext"].includes(k)) throw new ConfigError(`unknown option --${k}`);
   const plaintext = rest.get("plaintext") === "true";
-  const e = config.engine;
-  const model = String(e.model);
-  const tokenizer = String(e.tokenizer);
-  const modelArgs = model ? ["--model", model, ...(tokenizer ? ["--tokenizer", tokenizer] : [])] : [];
-  // The gateway and every engine must agree on the name requests give.
-  if (e.served_model_name) modelArgs.push("--served-model-name", String(e.served_model_name));
-  // Every role exports to the same collector (OTEL_EXPORTER_OTLP_ENDPOINT reaches them through the environment).
-  if (e.chat_template) modelArgs.push("--chat-template", String(e.chat_template));
-  if (e.otlp_endpoint) modelArgs.push("--otlp-endpoint", String(e.otlp_endpoint));
-  const beat = String(Math.min(Number(e.heartbeat_interval_ms), 1000));
-
-  // The API keys reach every child (and TL_API_KEY through the environment); the demo sends the first.
-  const apiKeys = (e.api_key as readonly string[] | undefined) ?? [];
-  const keyArgs = apiKeys.flatMap((k) => ["--api-key", k]);
+  // Every option is passed on to the processes it concerns or refused here, before anything starts.
+  const flags = clusterFlags(config);
+  // The API keys reach every child (the option through clusterFlags, TL_API_KEY through the environment); the demo sends the first.
+  const apiKeys = (config.engine.api_key as readonly string[] | undefined) ?? [];
   const auth: Record<string, string> =
     apiKeys.length > 0 || process.env.TL_API_KEY ? { authorization: `Bearer ${apiKeys[0] ?? process.env.TL_API_KEY!.split(",")[0]!.trim()}` } : {};
+  const wait = opts.wait ?? true;
+  // Asked for from the start: a signal, or the parent (npm, a shell, a supervisor) dying, during start-up stops it too.
+  const stopped = wait ? stopRequests(process.ppid) : null;
+  const door = await frontDoor(flags.httpListen);
   const pki = plaintext ? null : await ephemeralPki(nP, nD);
   const tlsArgs = (id: string) =>
     pki === null
       ? []
       : ["--tls-cert", certFiles(pki, { workerId: id }).cert, "--tls-key", certFiles(pki, { workerId: id }).key, "--tls-ca", join(pki, "ca.crt")];
-
-  const httpPort = await freePort(8000);
-  const regPort = await freePort();
   const children: Child[] = [];
+  let up = false;
   const stopAll = async () => {
     for (const c of children) c.proc.kill("SIGTERM");
     await Promise.all(children.map((c) => Promise.race([c.proc.exited, Bun.sleep(15_000).then(() => c.proc.kill("SIGKILL"))])));
     if (pki !== null) rmSync(pki, { recursive: true, force: true });
   };
+  void stopped?.then(async () => {
+    if (up) return;
+    await stopAll();
+    process.exit(1);
+  });
   try {
-    const gw = startRole("gateway", [
-      "--role",
-      "gateway",
-      "--http-listen",
-      `127.0.0.1:${httpPort}`,
-      "--registry-listen",
-      `127.0.0.1:${regPort}`,
-      "--heartbeat-interval-ms",
-      beat,
-      "--routing-headers",
-      ...modelArgs,
-      ...keyArgs,
-      ...tlsArgs("gateway-0"),
-    ]);
-    children.push(gw);
-    await gw.ready;
-    const engineArgs = async (role: string, i: number) => [
+    const { ready: gwReady, busy } = await startFront(
+      door,
+      flags,
+      // The cluster shows the prefill → decode hand-off: every request crosses it unless the user sets a threshold.
+      [...(config.given.has("gateway.disagg_min_uncached_tokens") ? [] : ["--disagg-min-uncached-tokens", "0"]), "--routing-headers", ...tlsArgs("gateway-0")],
+      children,
+    );
+    const note = busy === null ? null : busyNote(busy, String(gwReady.http));
+    if (note) log.warn(note);
+    const http = parseAddr(String(gwReady.http));
+    const reg = parseAddr(String(gwReady.registry));
+    const loopback = (h: string) => (h === "0.0.0.0" ? "127.0.0.1" : h);
+    // Engines bind ports the OS picks and say which in their ready lines and heartbeats.
+    const engineArgs = (role: string, i: number) => [
       "--role",
       role,
       "--worker-id",
       `${role}-${i}`,
       "--http-listen",
-      `127.0.0.1:${await freePort()}`,
+      ANY_PORT,
       "--grpc-listen",
-      `127.0.0.1:${await freePort()}`,
+      ANY_PORT,
       "--kv-listen",
-      `127.0.0.1:${await freePort()}`,
+      ANY_PORT,
       "--gateway-registry",
-      `127.0.0.1:${regPort}`,
-      "--heartbeat-interval-ms",
-      beat,
-      "--block-tokens",
-      String(e.block_tokens),
-      "--num-blocks",
-      String(e.num_blocks),
-      "--max-model-len",
-      String(e.max_model_len),
-      ...modelArgs,
-      ...keyArgs,
+      `${loopback(reg.host)}:${reg.port}`,
+      ...flags.engines,
       ...tlsArgs(`${role}-${i}`),
     ];
-    for (let i = 0; i < nP; i++) children.push(startRole(`prefill-${i}`, await engineArgs("prefill", i)));
-    for (let i = 0; i < nD; i++) children.push(startRole(`decode-${i}`, await engineArgs("decode", i)));
+    for (let i = 0; i < nP; i++) children.push(startRole(`prefill-${i}`, engineArgs("prefill", i)));
+    for (let i = 0; i < nD; i++) children.push(startRole(`decode-${i}`, engineArgs("decode", i)));
     const ready = await Promise.all(children.map((c) => c.ready));
-    const base = `http://127.0.0.1:${httpPort}`;
+    const httpPort = http.port;
+    const regPort = reg.port;
+    const base = `http://${loopback(http.host)}:${httpPort}`;
     // Ready lines say the servers are up; the registry listing them says routing can begin.
     const deadline = Date.now() + 30_000;
     for (;;) {
@@ -141,7 +185,8 @@ export async function runCluster(config: Config, rest: Map<string, string>, opts
       await Bun.sleep(50);
     }
     const print = (s: string) => process.stdout.write(s + "\n");
-    print(`tl-engine cluster is up (model ${String(ready[0]!.model)}${model ? "" : "; its text is meaningless unless you pass --model"})`);
+    const embedded = !config.engine.model;
+    print(`tl-engine cluster is up (model ${String(ready[0]!.model)}${embedded ? "; its text is meaningless unless you pass --model" : ""})`);
     print(
       pki === null ? "internal ports: plaintext (--plaintext)" : `internal ports: mutual TLS, an ephemeral CA and certificates in ${pki} (removed on exit)`,
     );
@@ -149,6 +194,7 @@ export async function runCluster(config: Config, rest: Map<string, string>, opts
       print(
         `  ${String(r.role).padEnd(8)} ${String(r.worker_id ?? "gateway").padEnd(10)} pid ${String(r.pid).padEnd(8)} http ${String(r.http)}${r.grpc ? `  grpc ${String(r.grpc)}` : ""}${r.kv ? `  kv ${String(r.kv)}` : ""}${r.registry ? `  registry ${String(r.registry)}` : ""}`,
       );
+    if (note) print(`  (${note})`);
     print("");
     print("try:");
     const authFlag = auth.authorization ? ` -H 'authorization: ${auth.authorization}'` : "";
@@ -156,12 +202,10 @@ export async function runCluster(config: Config, rest: Map<string, string>, opts
     print(`    -d '{"messages":[{"role":"user","content":"Hello!"}],"max_tokens":32,"stream":true}'`);
     print(`  curl ${base}/metrics`);
     if (opts.demo ?? true) await demo(base, print, auth);
-    if (opts.wait ?? true) {
+    up = true;
+    if (stopped) {
       print("\nserving; Ctrl-C stops every process");
-      await new Promise<void>((resolve) => {
-        process.once("SIGINT", () => resolve());
-        process.once("SIGTERM", () => resolve());
-      });
+      log.info("stopping", { signal: await stopped });
       print("stopping...");
       await stopAll();
     }

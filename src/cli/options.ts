@@ -4,7 +4,7 @@ import { availableParallelism } from "node:os";
 export type Role = "prefill" | "decode" | "both" | "gateway";
 export const ROLES: readonly Role[] = ["prefill", "decode", "both", "gateway"];
 
-type Kind = "string" | "addr" | "addr?" | "host?" | "url?" | "int" | "bool" | "list" | "choice";
+type Kind = "string" | "addr" | "addr?" | "host?" | "url?" | "int" | "uint" | "num" | "bool" | "list" | "choice";
 type Value = string | number | boolean | readonly string[];
 
 interface Spec {
@@ -135,6 +135,34 @@ export const SPECS: readonly Spec[] = [
   { section: "gateway", key: "drain_timeout_s", kind: "int", dflt: 30, help: "on SIGTERM, seconds to let in-flight requests finish" },
   { section: "gateway", key: "heartbeat_interval_ms", kind: "int", dflt: 2000, help: "interval engines are told to beat at" },
   { section: "gateway", key: "otlp_endpoint", kind: "url?", dflt: "", help: "as [engine] otlp_endpoint" },
+  {
+    section: "gateway",
+    key: "route_overlap_weight",
+    kind: "num",
+    dflt: 1,
+    help: "decode cost per prompt block the engine lacks (cost = this × uncached blocks + route_load_weight × requests)",
+  },
+  { section: "gateway", key: "route_load_weight", kind: "num", dflt: 8, help: "decode cost per request running on the engine, in blocks" },
+  { section: "gateway", key: "prefill_timeout_ms", kind: "int", dflt: 60000, help: "deadline of one Prefill (P's prefill and push)" },
+  { section: "gateway", key: "first_byte_timeout_ms", kind: "int", dflt: 30000, help: "deadline for an engine stream's first event" },
+  { section: "gateway", key: "inter_token_timeout_ms", kind: "int", dflt: 10000, help: "deadline between two events of an engine stream" },
+  {
+    section: "gateway",
+    key: "stall_suspect_ms",
+    kind: "int",
+    dflt: 1000,
+    help: "a gap this long between two events makes the engine suspect (new work routes around it) without ending the stream",
+  },
+  { section: "gateway", key: "suspect_cooldown_ms", kind: "int", dflt: 10000, help: "how long an engine that missed a deadline is routed around" },
+  {
+    section: "gateway",
+    key: "disagg_min_uncached_tokens",
+    kind: "uint",
+    // bench/routing.ts, 3 runs on a shared 2-core machine with the decode engine busy: below 256
+    // tokens disaggregated TTFT loses 1.5-5×; at 512 it reaches parity (ratios 0.68, 1.03, 1.42).
+    dflt: 512,
+    help: "prefill on the decode engine itself when fewer prompt tokens than this are uncached there; 0: always disaggregate",
+  },
 ];
 
 export type Section = Record<string, Value>;
@@ -142,12 +170,14 @@ export interface Config {
   role: Role;
   engine: Section;
   gateway: Section;
+  /** "section.key" of every option the config file or a flag set (the rest are defaults). */
+  given: Set<string>;
 }
 
 export class ConfigError extends Error {}
 
 export function defaults(): Config {
-  const c: Config = { role: "both", engine: {}, gateway: {} };
+  const c: Config = { role: "both", engine: {}, gateway: {}, given: new Set() };
   for (const s of SPECS) c[s.section][s.key] = s.dflt;
   return c;
 }
@@ -169,6 +199,12 @@ function coerce(spec: Spec, raw: unknown, where: string): Value {
     const n = typeof raw === "string" && /^\d+$/.test(raw) ? Number(raw) : raw;
     if (typeof n !== "number" || !Number.isSafeInteger(n) || n < 1) throw new ConfigError(`${name}: want a positive integer, got ${JSON.stringify(raw)}`);
     return n;
+  }
+  if (spec.kind === "uint" || spec.kind === "num") {
+    const n = typeof raw === "string" && /^\d+(\.\d+)?$/.test(raw) ? Number(raw) : raw;
+    const ok = typeof n === "number" && Number.isFinite(n) && n >= 0 && (spec.kind === "num" || Number.isSafeInteger(n));
+    if (!ok) throw new ConfigError(`${name}: want ${spec.kind === "num" ? "a number" : "an integer"} ≥ 0, got ${JSON.stringify(raw)}`);
+    return n as number;
   }
   if (typeof raw !== "string") throw new ConfigError(`${name}: want a string, got ${JSON.stringify(raw)}`);
   if (spec.kind === "choice" && !spec.choices!.includes(raw))
@@ -212,6 +248,7 @@ export function applyToml(c: Config, path: string): void {
       const spec = SPECS.find((s) => s.section === table && s.key === key);
       if (!spec) throw new ConfigError(`config ${path}: unknown key ${table}.${key}`);
       c[table][key] = coerce(spec, value, `config ${path}:`);
+      c.given.add(`${table}.${key}`);
     }
   }
 }
@@ -263,6 +300,7 @@ export function parseArgs(argv: readonly string[]): { config: Config; rest: Map<
       continue;
     }
     config[spec.section][key] = coerce(spec, value, `--${name}:`);
+    config.given.add(`${spec.section}.${key}`);
   }
   return { config, rest, help };
 }

@@ -2,11 +2,12 @@ import { Code } from "@connectrpc/connect";
 import { hostname } from "node:os";
 import { crc32cBackend } from "../codec/index.ts";
 import { startGateway, type Gateway } from "../gateway/index.ts";
-import { createMetrics, log, metricsResponse, shutdownTracing, startTracing, tracingEndpoint } from "../obs/index.ts";
+import { createMetrics, log, metricsResponse, recordEngineState, recordFinished, shutdownTracing, startTracing, tracingEndpoint } from "../obs/index.ts";
 import { chatRendererFor, loadTokenizerFor } from "../model/index.ts";
 import { startEngineNode, type EngineNode, type ModelOptions } from "./engine-node.ts";
 import { parseAddr, type Config } from "./options.ts";
 import { securityFrom, type Security } from "./security.ts";
+import { parentFromEnv, stopRequests } from "./stop-requests.ts";
 
 /** Starts one engine from its config; prints one ready line with every address. */
 // Long by design: config to options, one field each, read top to bottom beside the
@@ -26,7 +27,7 @@ export async function runEngine(config: Config): Promise<EngineNode> {
   if (!advertiseHost && e.gateway_registry && ["0.0.0.0", "::"].includes(http.host)) {
     log.warn(`binding ${http.host} without advertise_host: the gateway and peers are told ${http.host}, which only this host can reach`);
   }
-  const metrics = createMetrics();
+  const metrics = createMetrics(role);
   traceTo(`tl-engine-${role}`, role, String(e.otlp_endpoint));
   let node: EngineNode;
   node = await startEngineNode({
@@ -93,9 +94,19 @@ export async function runEngine(config: Config): Promise<EngineNode> {
       metrics.poolBlocks.set({ state: "free" }, pool.free);
       metrics.handlesPending.set(node.receiver?.pending() ?? 0);
       metrics.heartbeatMisses.set(node.heartbeat?.state.failures ?? 0);
+      const engine = node.engine;
+      recordEngineState(metrics, node.model.name, {
+        running: engine.runningCount,
+        waiting: engine.queueDepth,
+        preemptions: engine.stats.preemptions,
+        usedBlocks: pool.used,
+        totalBlocks: pool.total,
+      });
       return metricsResponse(metrics);
     },
   });
+  // Every request the engine runs, whichever door it came in by (HTTP, Prefill, a resume).
+  node.engine.onFinish((f) => recordFinished(metrics, node.model.name, f));
   console.log(
     JSON.stringify({
       msg: "ready",
@@ -142,6 +153,13 @@ export async function runGateway(config: Config): Promise<Gateway> {
     maxWorkers: Number(g.max_workers),
     routingHeaders: g.routing_headers === true,
     ...(security.apiKeys[0] !== undefined ? { engineApiKey: security.apiKeys[0] } : {}),
+    routeWeights: { overlap: Number(g.route_overlap_weight), load: Number(g.route_load_weight) },
+    prefillTimeoutMs: Number(g.prefill_timeout_ms),
+    firstByteTimeoutMs: Number(g.first_byte_timeout_ms),
+    interTokenTimeoutMs: Number(g.inter_token_timeout_ms),
+    stallSuspectMs: Number(g.stall_suspect_ms),
+    suspectCooldownMs: Number(g.suspect_cooldown_ms),
+    disaggMinUncachedTokens: Number(g.disagg_min_uncached_tokens),
   });
   console.log(
     JSON.stringify({
@@ -176,13 +194,13 @@ function traceTo(serviceName: string, role: string, option: string): void {
   log.info("tracing", { endpoint, service: serviceName });
 }
 
-/** SIGTERM/SIGINT: stop admitting, finish in-flight work within the deadline, stop, exit 0. */
+/**
+ * SIGTERM, SIGINT, SIGHUP, or the `engine cluster` that started this process going away
+ * (however it died): stop admitting, finish in-flight work within the deadline, stop, exit 0.
+ */
 export function exitOnSignal(stop: () => Promise<unknown>): void {
-  let stopping = false;
-  const onSignal = (sig: string) => {
-    if (stopping) return;
-    stopping = true;
-    log.info("stopping", { signal: sig });
+  void stopRequests(parentFromEnv()).then((why) => {
+    log.info("stopping", { signal: why });
     // Spans still batched are flushed before exit (bounded: a dead collector must not block it).
     stop()
       .then(() => shutdownTracing())
@@ -193,7 +211,5 @@ export function exitOnSignal(stop: () => Promise<unknown>): void {
           process.exit(1);
         },
       );
-  };
-  process.on("SIGTERM", () => onSignal("SIGTERM"));
-  process.on("SIGINT", () => onSignal("SIGINT"));
+  });
 }

@@ -25,6 +25,8 @@ export interface EngineOptions {
   maxModelLen: number;
   /** Token ids that end every request (the tokenizer's EOS). */
   eosTokenIds?: readonly number[];
+  /** Milliseconds on a monotonic clock, for queue and end-to-end times (default performance.now). */
+  now?: () => number;
 }
 
 export interface EngineRequest {
@@ -74,6 +76,8 @@ export class Engine {
   /** Scratch for one sequence's processed logits (penalties, bias, min_tokens). */
   private processed = new Float32Array(0);
   private draining = false;
+  private readonly now: () => number;
+  private readonly finishListeners: ((f: Finish) => void)[] = [];
 
   constructor(opts: EngineOptions) {
     this.model = opts.model;
@@ -82,6 +86,7 @@ export class Engine {
     this.maxBatchTokens = opts.maxBatchTokens ?? 512;
     this.maxRunning = opts.maxRunning ?? 64;
     this.eos = new Set(opts.eosTokenIds ?? []);
+    this.now = opts.now ?? (() => performance.now());
     assert(this.maxBatchTokens >= 1);
   }
 
@@ -104,6 +109,11 @@ export class Engine {
     return this.byId.has(requestId);
   }
 
+  /** Calls `listener` with every request's Finish (for metrics), after the request's own promise settles. */
+  onFinish(listener: (f: Finish) => void): void {
+    this.finishListeners.push(listener);
+  }
+
   /** Queues a request; the promise settles when it finishes, is cancelled or fails. */
   submit(req: EngineRequest): Promise<Finish> {
     assert(!this.byId.has(req.requestId), `request ${req.requestId} already in flight`);
@@ -121,11 +131,15 @@ export class Engine {
         req.prefillOnly ?? false,
         req.choices ?? 1,
         req.onToken ?? (() => {}),
-        resolve,
+        (f) => {
+          resolve(f);
+          for (const listen of this.finishListeners) listen(f);
+        },
         this.model.vocabSize,
       );
+      seq.arrivedMs = this.now();
       if (!req.resume && Math.ceil((seq.promptLen + 1) / B) > this.pool.total) {
-        resolve({ ...this.summary(seq, "error"), error: `prompt of ${seq.promptLen} tokens does not fit a pool of ${this.pool.total} blocks` });
+        seq.onFinish({ ...this.summary(seq, "error"), error: `prompt of ${seq.promptLen} tokens does not fit a pool of ${this.pool.total} blocks` });
         return;
       }
       this.byId.set(seq.requestId, seq);
@@ -136,6 +150,8 @@ export class Engine {
         seq.numComputed = seq.promptLen;
         seq.hashUpTo(seq.promptLen, B);
         seq.draws = r.draws;
+        seq.resumed = true;
+        seq.scheduledMs = seq.arrivedMs;
         seq.state = "running";
         this.running.push(seq);
         // The first token was sampled and emitted elsewhere; it is only the next input here.
@@ -228,6 +244,7 @@ export class Engine {
         this.stats.prefixHitTokens += seq.numComputed;
       }
       this.waiting.shift();
+      seq.scheduledMs ??= this.now();
       seq.state = "running";
       this.running.push(seq);
       planned.push({ seq, n });
@@ -370,6 +387,9 @@ export class Engine {
       outputTokens: seq.outputTokens,
       prefixHitTokens: seq.prefixHitTokens,
       preemptions: seq.preemptions,
+      resumed: seq.resumed,
+      queueMs: seq.scheduledMs === null ? null : seq.scheduledMs - seq.arrivedMs,
+      e2eMs: this.now() - seq.arrivedMs,
     };
   }
 

@@ -51,6 +51,12 @@ export interface Finish {
   outputTokens: number[];
   prefixHitTokens: number;
   preemptions: number;
+  /** The request continued from another engine's prefill (its first token came with it). */
+  resumed: boolean;
+  /** Milliseconds from submit to first being scheduled; null when it never was. */
+  queueMs: number | null;
+  /** Milliseconds from submit to this finish. */
+  e2eMs: number;
   error?: string;
   prefill?: PrefillOutput;
 }
@@ -72,6 +78,10 @@ export class Sequence {
   prefixHitTokens = 0;
   preemptions = 0;
   draws = 0;
+  resumed = false;
+  /** Engine clock readings: when submitted, and when first scheduled (null until then). */
+  arrivedMs = 0;
+  scheduledMs: number | null = null;
   /** How this request changes the logits before sampling; null when it does not. */
   readonly processing: CompiledLogits | null;
   /** Output token counts (and prompt tokens) for the penalties; null without processing. */

@@ -5,11 +5,14 @@ import type { ChatRenderer, Tokenizer } from "../model/index.ts";
 import { type Attributes, endSpan, extractHeaders, log, type Metrics, type Span, SpanKind, startSpan } from "../obs/index.ts";
 import { Code, codeName, httpStatusOf } from "../rpc/status.ts";
 import type { Admission } from "./admission.ts";
-import { type InFlight, type Pair, type PairPicker, RetryPolicy } from "./pair-picker.ts";
+import { promptHashes } from "../codec/index.ts";
+import type { Pair, PairPicker } from "./pair-picker.ts";
+import { RetryPolicy } from "./pair-picker.ts";
 import { type PrefillClient, untilAborted } from "./prefill-client.ts";
 import { followRequest, recordHandoff, type Served, servedExtra, servedHeaders } from "./request-log.ts";
-import { type EngineStream, streamColocated, streamResume } from "./resume-stream.ts";
-import type { KvAffinity } from "./router.ts";
+import { type EngineStream, type Streaming, streamColocated, streamResume } from "./resume-stream.ts";
+import type { KvAffinity, Suspects } from "./router.ts";
+import type { StreamDeadlines } from "./token-stream.ts";
 
 const NEVER = new AbortController().signal;
 
@@ -28,7 +31,15 @@ export interface CompletionsContext {
   picker: PairPicker;
   prefill: PrefillClient;
   affinity: KvAffinity;
-  inflight: InFlight;
+  /** Engines that missed a deadline, scored out by the picker for a while. */
+  suspects: Suspects;
+  /** An engine's stream: its first byte and the gaps between tokens. */
+  deadlines: Omit<StreamDeadlines, "onMissed">;
+  /**
+   * Conditional disaggregation: a prompt with fewer uncached tokens than this on the
+   * chosen decode engine is prefilled there (served "decode-local"); 0: always disaggregate.
+   */
+  disaggMinUncachedTokens: number;
   metrics: Metrics;
   admission: Admission;
   /** Gives an unclaimed handle back to its decode engine (releaseUnclaimed). */
@@ -48,9 +59,8 @@ interface Trip {
   span: Span;
 }
 
-/** One routed prompt: its choices' token streams and how they were served. */
-interface Routed {
-  qs: TokenQueue[];
+/** One routed prompt: its choices' token streams, the engine's answer and how they were served. */
+interface Routed extends Streaming {
   served: Served;
 }
 
@@ -145,17 +155,47 @@ export class Completions {
     );
   }
 
-  /** Routes one prompt's n choices: a prefill/decode pair (retried on another pair per RetryPolicy), else a colocated engine. */
+  /**
+   * Routes one prompt's n choices: on a pair (prefilled on P, or on D itself when D
+   * lacks few of its tokens), else on a colocated engine. A failed Prefill routes again
+   * per RetryPolicy; an engine that fails the stream before it answered (nothing has
+   * reached the client yet) is left out and the prompt routed again.
+   */
   private async route(t: Trip): Promise<Routed> {
     const exclude = new Set<string>();
     const policy = new RetryPolicy();
     for (let attempt = 0; attempt < RetryPolicy.MAX_ATTEMPTS; attempt++) {
       const pair = this.ctx.picker.pair(t.params.promptTokens, exclude);
-      if (!pair) return this.colocated(t, exclude);
-      const handle = await this.prefillOn(pair, t, policy, exclude);
-      if (handle !== null) return this.disaggregated(t, pair, handle, policy.wasRetried);
+      const routed = pair ? await this.onPair(pair, t, policy, exclude) : this.colocated(t, exclude, policy.wasRetried);
+      if (routed === null) continue;
+      const answer = await routed.answer;
+      if (answer !== "failed") return routed;
+      if (t.abort.signal.aborted) throw new HttpError(499, "client closed the request");
+      if (!pair) return routed; // no other engine to try: the client gets the stream's error
+      const did = routed.served.decodeWorker;
+      this.ctx.suspects.mark(did);
+      exclude.add(did);
+      policy.streamFailed();
+      log.warn("engine failed the stream before answering; routing again", { request_id: t.requestId, worker: did });
     }
     throw new HttpError(503, "no worker could take the request after retries", "server_error", null, { "retry-after": "1" });
+  }
+
+  /** The pair's way: decode-local when D lacks few tokens, else Prefill on P; null when the policy routes again. */
+  private async onPair(pair: Pair, t: Trip, policy: RetryPolicy, exclude: Set<string>): Promise<Routed | null> {
+    const uncached = this.uncachedOn(pair, t.params.promptTokens);
+    if (uncached < this.ctx.disaggMinUncachedTokens) {
+      pair.releasePrefill();
+      return this.decodeLocal(t, pair, uncached);
+    }
+    const handle = await this.prefillOn(pair, t, policy, exclude);
+    return handle === null ? null : this.disaggregated(t, pair, handle, policy.wasRetried);
+  }
+
+  /** Prompt tokens outside the leading blocks the gateway believes D holds (the picker's hits, in D's blocks). */
+  private uncachedOn(pair: Pair, tokens: readonly number[]): number {
+    const pb = pair.prefill.worker.status.blockTokens;
+    return Math.max(0, tokens.length - pair.decode.hits * pb);
   }
 
   /** Prefill on the pair: the handle, or null when the policy routes again (`exclude` grown). */
@@ -166,22 +206,31 @@ export class Completions {
     const pid = p.status.workerId;
     const did = d.status.workerId;
     log.debug("route", { request_id: t.requestId, prefill: pid, prefill_why: pair.prefill.why, decode: did, decode_why: pair.decode.why });
-    ctx.inflight.add(pid, 1);
     // Not cancelled along with the client: a Prefill cut short on our side can still
     // finish on P and leave its handle pending on D with nobody to release it. When the
     // client goes away, Cancel stops P's work instead and any handle the call still
     // yields is given back.
     const call = ctx.prefill.prefill(p, d, t.params, t.requestId, NEVER, t.span);
+    // D turning suspect meanwhile (another stream saw it stall) routes this prompt again at once.
+    const suspect = ctx.suspects.signal(did);
     try {
-      return await untilAborted(call, t.abort.signal);
+      return await untilAborted(call, AbortSignal.any([t.abort.signal, suspect]));
     } catch (e) {
-      if (t.abort.signal.aborted) {
+      pair.releaseDecode();
+      if (t.abort.signal.aborted || suspect.aborted) {
         ctx.prefill.abandon(call, p, t.requestId, (h) => ctx.release(d.status.kvAddress, h, t.requestId));
-        throw new HttpError(499, "client closed the request");
+      }
+      if (t.abort.signal.aborted) throw new HttpError(499, "client closed the request");
+      if (suspect.aborted) {
+        exclude.add(did);
+        policy.streamFailed();
+        log.warn("decode engine became suspect during Prefill; routing again", { request_id: t.requestId, worker: did });
+        return null;
       }
       const err = ConnectError.from(e);
       ctx.metrics.transferFailures.inc({ code: Code[err.code] ?? String(err.code) });
       const next = policy.decide(err, pid, did);
+      for (const w of next.suspect) ctx.suspects.mark(w);
       if (!next.again) {
         // The client hears its request id and the kind of failure; which worker, where,
         // and the engine's own words go to the log.
@@ -189,11 +238,11 @@ export class Completions {
         if (err.code === Code.InvalidArgument) throw new HttpError(400, `request ${t.requestId}: ${err.rawMessage}`);
         throw new HttpError(httpStatusOf(err.code), `request ${t.requestId}: prefill failed (${codeName(err.code)})`, "server_error");
       }
-      exclude.add(next.exclude);
-      log.warn(next.why, { request_id: t.requestId, worker: next.exclude, code: Code[err.code], error: err.rawMessage });
+      if (next.exclude !== null) exclude.add(next.exclude);
+      log.warn(next.why, { request_id: t.requestId, worker: next.exclude, suspect: next.suspect, code: Code[err.code], error: err.rawMessage });
       return null;
     } finally {
-      ctx.inflight.add(pid, -1);
+      pair.releasePrefill();
     }
   }
 
@@ -220,30 +269,48 @@ export class Completions {
     });
     const d = pair.decode.worker;
     // Before D answered, the handle is still pending there: give it back.
-    const qs = streamResume(this.streamOf(t, d), handle, ctx.tokenizer, (h) => ctx.release(d.status.kvAddress, h, t.requestId));
-    return { qs, served };
+    const s = streamResume(this.streamOf(t, d, pair.releaseDecode), handle, ctx.tokenizer, (h) => ctx.release(d.status.kvAddress, h, t.requestId));
+    return { ...s, served };
+  }
+
+  /** Conditional disaggregation: D lacks fewer tokens than the threshold, so it prefills them itself, no transfer. */
+  private decodeLocal(t: Trip, pair: Pair, uncached: number): Routed {
+    const d = pair.decode.worker;
+    const did = d.status.workerId;
+    log.debug("route", { request_id: t.requestId, decode_local: did, uncached_tokens: uncached, why: pair.decode.why });
+    // D caches the prompt's full blocks now, as after a push.
+    this.ctx.affinity.record(did, promptHashes(t.params.promptTokens, pair.prefill.worker.status.blockTokens));
+    const served: Served = { served: "decode-local", prefillWorker: did, decodeWorker: did, blocksSent: 0, blocksDeduped: 0, payloadBytes: 0 };
+    return { ...streamColocated(this.streamOf(t, d, pair.releaseDecode), "decode-local"), served };
   }
 
   /** No prefill/decode pair: a `both` engine does the whole request. */
-  private colocated(t: Trip, exclude: ReadonlySet<string>): Routed {
+  private colocated(t: Trip, exclude: ReadonlySet<string>, retried: boolean): Routed {
     const W = this.ctx.picker.colocated(exclude);
     if (!W) {
       throw new HttpError(503, "no engine is available: no prefill/decode pair and no colocated engine", "server_error", null, { "retry-after": "2" });
     }
-    const wid = W.worker.status.workerId;
-    log.debug("route", { request_id: t.requestId, colocated: wid, why: `no prefill/decode pair; ${W.why}` });
+    const w = W.pick.worker;
+    const wid = w.status.workerId;
+    log.debug("route", { request_id: t.requestId, colocated: wid, retried, why: `no prefill/decode pair; ${W.pick.why}` });
     const served: Served = { served: "colocated-fallback", prefillWorker: wid, decodeWorker: wid, blocksSent: 0, blocksDeduped: 0, payloadBytes: 0 };
-    return { qs: streamColocated(this.streamOf(t, W.worker)), served };
+    return { ...streamColocated(this.streamOf(t, w, W.release)), served };
   }
 
-  private streamOf(t: Trip, worker: EngineStream["worker"]): EngineStream {
+  private streamOf(t: Trip, worker: EngineStream["worker"], release: () => void): EngineStream {
+    const { suspects, deadlines } = this.ctx;
+    const onMissed = (what: string) => {
+      suspects.mark(worker.status.workerId);
+      log.warn("engine missed a deadline; suspect for a while", { request_id: t.requestId, worker: worker.status.workerId, missed: what });
+    };
     return {
       worker,
       params: t.params,
       requestId: t.requestId,
       signal: t.abort.signal,
       parent: t.span,
-      inflight: this.ctx.inflight,
+      release,
+      deadlines: { ...deadlines, onMissed },
       headers: this.ctx.engineHeaders ?? {},
     };
   }
@@ -251,7 +318,7 @@ export class Completions {
   private respond(queues: TokenQueue[], t: Trip, s: Served, onStop: (choice: number) => void, onAbort: () => void): Response | Promise<Response> {
     const { ctx } = this;
     const p = t.params;
-    const followed = { requestId: t.requestId, params: p, served: s, arrived: t.arrived, span: t.span };
+    const followed = { requestId: t.requestId, modelName: ctx.modelName, params: p, served: s, arrived: t.arrived, span: t.span };
     const counted = followRequest(ctx.metrics, queues, followed, () => ctx.admission.leave());
     return completionResponse(counted, {
       id: t.requestId,

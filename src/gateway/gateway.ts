@@ -11,7 +11,7 @@ import { Completions } from "./completions.ts";
 import { InFlight, PairPicker } from "./pair-picker.ts";
 import { PrefillClient } from "./prefill-client.ts";
 import { MAX_HEARTBEAT_BYTES, RegistryService } from "./registry-service.ts";
-import { KvAffinity } from "./router.ts";
+import { type CostWeights, DEFAULT_WEIGHTS, KvAffinity, Suspects } from "./router.ts";
 import { gatewayRoutes } from "./routes.ts";
 import { WorkerRegistry } from "./worker-registry.ts";
 
@@ -26,7 +26,20 @@ export interface GatewayOptions {
   maxModelLen: number;
   /** Beat interval told to engines; a worker is evicted after 3 silent intervals. */
   heartbeatIntervalMs?: number;
+  /** Deadline of one Prefill call (P's prefill and its push to D). */
   prefillTimeoutMs?: number;
+  /** Deadline for an engine stream's first byte (a resume: D's claim and first event). */
+  firstByteTimeoutMs?: number;
+  /** Deadline between two events of an engine stream once it started. */
+  interTokenTimeoutMs?: number;
+  /** A gap this long between two events makes the engine suspect without ending the stream. */
+  stallSuspectMs?: number;
+  /** How long an engine that missed a deadline is scored out. */
+  suspectCooldownMs?: number;
+  /** The decode-engine cost's weights (see CostWeights). */
+  routeWeights?: CostWeights;
+  /** Prompts with fewer uncached tokens on the chosen D are prefilled there; 0 (the default here): always disaggregate. */
+  disaggMinUncachedTokens?: number;
   /** API keys and the body bound of the front door. */
   frontDoor?: FrontDoorOptions;
   /** Mutual TLS on the registry and toward every engine. */
@@ -39,10 +52,21 @@ export interface GatewayOptions {
   routingHeaders?: boolean;
 }
 
+/** The library's defaults; the CLI's [gateway] keys carry their own (see src/cli/options.ts). */
+export const GATEWAY_DEFAULTS = {
+  prefillTimeoutMs: 60_000,
+  firstByteTimeoutMs: 30_000,
+  interTokenTimeoutMs: 10_000,
+  stallSuspectMs: 1000,
+  suspectCooldownMs: 10_000,
+} as const;
+
 export interface Gateway {
   readonly httpAddress: string;
   readonly registryAddress: string;
   readonly registry: WorkerRegistry;
+  /** Engines routed around for now (they missed a deadline). */
+  readonly suspects: Suspects;
   readonly metrics: Metrics;
   /** Refuses new requests (503) and waits for in-flight ones up to the deadline; resolves with those left. */
   drain(deadlineMs: number): Promise<number>;
@@ -58,9 +82,10 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     maxWorkers: opts.maxWorkers,
     expect: { model: opts.modelName, vocabSize: opts.tokenizer.vocabSize, tokenizerFingerprint: tokenizerFingerprint(opts.tokenizer) },
   });
-  const metrics = createMetrics();
+  const metrics = createMetrics("gateway");
   const affinity = new KvAffinity();
   const inflight = new InFlight();
+  const suspects = new Suspects(opts.suspectCooldownMs ?? GATEWAY_DEFAULTS.suspectCooldownMs);
   const admission = new Admission();
   // Release only: pushes are the prefill engines' business.
   // Every internal client dials over mTLS when the gateway holds a cluster set, and only
@@ -77,12 +102,18 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     chat: opts.chat,
     modelName: opts.modelName,
     maxModelLen: opts.maxModelLen,
-    picker: new PairPicker(registry, affinity, inflight),
-    prefill: new PrefillClient(opts.prefillTimeoutMs ?? 60_000, tls),
+    picker: new PairPicker(registry, affinity, inflight, suspects, opts.routeWeights ?? DEFAULT_WEIGHTS),
+    prefill: new PrefillClient(opts.prefillTimeoutMs ?? GATEWAY_DEFAULTS.prefillTimeoutMs, tls),
     engineHeaders: opts.engineApiKey ? { authorization: `Bearer ${opts.engineApiKey}` } : {},
     routingHeaders: opts.routingHeaders === true,
     affinity,
-    inflight,
+    suspects,
+    deadlines: {
+      firstByteMs: opts.firstByteTimeoutMs ?? GATEWAY_DEFAULTS.firstByteTimeoutMs,
+      interTokenMs: opts.interTokenTimeoutMs ?? GATEWAY_DEFAULTS.interTokenTimeoutMs,
+      stallMs: opts.stallSuspectMs ?? GATEWAY_DEFAULTS.stallSuspectMs,
+    },
+    disaggMinUncachedTokens: opts.disaggMinUncachedTokens ?? 0,
     metrics,
     admission,
     release: (kvAddress, handleId, requestId) =>
@@ -102,6 +133,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     httpAddress: http.address,
     registryAddress: grpc.address,
     registry,
+    suspects,
     metrics,
     drain: (deadlineMs) => admission.drain(deadlineMs),
     async stop() {

@@ -1,9 +1,10 @@
 import { type CompletionParams, TokenQueue } from "../http/index.ts";
-import { endSpan, log, type Metrics, type Span } from "../obs/index.ts";
+import { endSpan, log, type Metrics, recordServed, type Span } from "../obs/index.ts";
 
 /** How one request was served, as reported in headers, the last chunk and /metrics. */
 export interface Served {
-  served: "disaggregated" | "disaggregated-retried" | "colocated-fallback";
+  /** decode-local: prefilled on the decode engine itself (conditional disaggregation), no transfer. */
+  served: "disaggregated" | "disaggregated-retried" | "decode-local" | "colocated-fallback";
   prefillWorker: string;
   decodeWorker: string;
   blocksSent: number;
@@ -38,6 +39,8 @@ export function servedExtra(s: Served, routing: boolean) {
 /** A request being followed to its last token: when it arrived, its id and params, its SERVER span. */
 export interface FollowedRequest {
   requestId: string;
+  /** the served model's name, the `model_name` label of its metrics */
+  modelName: string;
   params: CompletionParams;
   served: Served;
   /** performance.now() at arrival */
@@ -59,7 +62,8 @@ export function followRequest(metrics: Metrics, queues: TokenQueue[], r: Followe
     for await (const t of q) {
       if (n++ === 0) {
         firstAt = performance.now();
-        if (s.served === "colocated-fallback") metrics.ttft.observe({ served: s.served }, (firstAt - r.arrived) / 1000);
+        // A hand-off observed its TTFT when token 1 came back from P; a single-engine request does here.
+        if (s.served === "colocated-fallback" || s.served === "decode-local") metrics.ttft.observe({ served: s.served }, (firstAt - r.arrived) / 1000);
       }
       counted.push(t, q.logprobsAt(i++));
     }
@@ -77,6 +81,7 @@ export function followRequest(metrics: Metrics, queues: TokenQueue[], r: Followe
     const end = queues.find((q) => q.end.reason === "error")?.end ?? queues.find((q) => q.end.reason === "cancelled")?.end ?? queues[0]!.end;
     const outcome = end.reason === "error" ? "error" : end.reason === "cancelled" ? "cancelled" : "ok";
     metrics.requests.inc({ served: s.served, outcome });
+    recordServed(metrics, r.modelName, { promptTokens: r.params.promptTokens.length, outputTokens: n, e2eMs: performance.now() - r.arrived });
     if (n > queues.length) metrics.tpot.observe({ served: s.served }, (performance.now() - firstAt) / 1000 / (n - queues.length));
     log.info("request", {
       request_id: r.requestId,

@@ -3,8 +3,7 @@ import { CHOICES_HEADER, type CompletionParams, DRAWS_HEADER, FIRST_TOKEN_HEADER
 import type { Tokenizer } from "../model/index.ts";
 import { type Attributes, endSpan, type Span, SpanKind, startSpan, traceHeaders } from "../obs/index.ts";
 import type { TokenLogprobs } from "../rng/index.ts";
-import type { InFlight } from "./pair-picker.ts";
-import { readTokenStream } from "./token-stream.ts";
+import { readTokenStream, type StreamDeadlines, type StreamOutcome } from "./token-stream.ts";
 import type { WorkerView } from "./worker-registry.ts";
 
 const RESUME_ATTRS: Attributes = { "tl.role": "gateway", "http.request.method": "POST", "url.path": "/v1/completions" };
@@ -49,9 +48,20 @@ export interface EngineStream {
   requestId: string;
   signal: AbortSignal;
   parent: Span;
-  inflight: InFlight;
+  /** Gives back the engine's reservation; runs once the stream ended (or never started). */
+  release: () => void;
+  deadlines?: StreamDeadlines | undefined;
   /** Sent to the engine with every request (its API key). */
   headers: Record<string, string>;
+}
+
+/**
+ * The choices' queues, and the engine's answer: "accepted" as soon as it answered 200,
+ * else how the stream ended before that ("refused", or "failed": broken or too slow).
+ */
+export interface Streaming {
+  qs: TokenQueue[];
+  answer: Promise<StreamOutcome>;
 }
 
 /**
@@ -60,7 +70,7 @@ export interface EngineStream {
  * (X-TL-KV-Handle and friends) under a "resume" CLIENT span. A handle D never claimed
  * (it refused, or the stream failed before it answered) goes to `onUnclaimed`.
  */
-export function streamResume(s: EngineStream, handle: KvHandle, tokenizer: Tokenizer, onUnclaimed: (handleId: string) => void): TokenQueue[] {
+export function streamResume(s: EngineStream, handle: KvHandle, tokenizer: Tokenizer, onUnclaimed: (handleId: string) => void): Streaming {
   const { params } = s;
   const first = firstTokens(handle);
   const qs = first.map((c) => {
@@ -74,7 +84,10 @@ export function streamResume(s: EngineStream, handle: KvHandle, tokenizer: Token
     const stop = (!params.ignoreEos && tokenizer.eosIds.includes(c.token)) || params.stopTokenIds.includes(c.token);
     qs[j]!.close({ reason: stop ? "stop" : "length" });
   }
-  if (open.length === 0) return qs;
+  if (open.length === 0) {
+    s.release();
+    return { qs, answer: Promise.resolve("accepted") };
+  }
   let claimed = false;
   const headers = {
     [HANDLE_HEADER]: handle.handleId,
@@ -83,17 +96,23 @@ export function streamResume(s: EngineStream, handle: KvHandle, tokenizer: Token
     [DRAWS_HEADER]: String(handle.rngDrawsConsumed),
   };
   const resumed = open.map((j) => qs[j]!);
-  void stream(s, "resume", handle.promptTokens, resumed, headers, { "tl.kv.handle": handle.handleId }, () => (claimed = true)).finally(() => {
+  const answer = Promise.withResolvers<StreamOutcome>();
+  void stream(s, "resume", handle.promptTokens, resumed, headers, { "tl.kv.handle": handle.handleId }, () => {
+    claimed = true;
+    answer.resolve("accepted");
+  }).then((outcome) => {
+    answer.resolve(outcome);
     if (!claimed) onUnclaimed(handle.handleId);
   });
-  return qs;
+  return { qs, answer: answer.promise };
 }
 
-/** The whole prompt, its n choices, on one `both` engine, under a "colocated" CLIENT span. */
-export function streamColocated(s: EngineStream): TokenQueue[] {
+/** The whole prompt, its n choices, on one engine (a `both` one, or a decode engine prefilling locally), under a CLIENT span `name`. */
+export function streamColocated(s: EngineStream, name = "colocated"): Streaming {
   const qs = Array.from({ length: s.params.n }, () => new TokenQueue());
-  void stream(s, "colocated", s.params.promptTokens, qs, {}, {}, () => {});
-  return qs;
+  const answer = Promise.withResolvers<StreamOutcome>();
+  void stream(s, name, s.params.promptTokens, qs, {}, {}, () => answer.resolve("accepted")).then((outcome) => answer.resolve(outcome));
+  return { qs, answer: answer.promise };
 }
 
 async function stream(
@@ -104,23 +123,27 @@ async function stream(
   headers: Record<string, string>,
   attrs: Attributes,
   onAccepted: () => void,
-): Promise<void> {
+): Promise<StreamOutcome> {
   const w = s.worker.status;
-  s.inflight.add(w.workerId, 1);
   const span = startSpan(name, SpanKind.CLIENT, s.parent, RESUME_ATTRS);
   if (span.isRecording()) span.setAttributes({ "server.address": w.httpAddress, "tl.worker_id": w.workerId, ...attrs });
   try {
     const body = resumeBody(s.params, tokens, qs.length);
-    await readTokenStream(
+    // readTokenStream settles every failure as an outcome; anything else thrown is a failure too.
+    return await readTokenStream(
       `http://${w.httpAddress}/v1/completions`,
       body,
       { ...s.headers, ...headers, "x-request-id": s.requestId, ...traceHeaders(span) },
       qs,
       s.signal,
       onAccepted,
+      s.deadlines,
     );
+  } catch (e) {
+    for (const q of qs) q.close({ reason: "error", error: `stream to ${w.workerId} failed: ${e instanceof Error ? e.message : String(e)}` });
+    return "failed";
   } finally {
     endSpan(span, qs.find((q) => q.end.reason === "error")?.end.error);
-    s.inflight.add(w.workerId, -1);
+    s.release();
   }
 }

@@ -1,5 +1,15 @@
 export { log } from "./log.ts";
-export { createMetrics, metricsResponse, type Metrics } from "./metrics.ts";
+export {
+  createMetrics,
+  metricsResponse,
+  recordEngineState,
+  recordFinished,
+  recordServed,
+  type EngineState,
+  type FinishedRequest,
+  type Metrics,
+  type MetricsRole,
+} from "./metrics.ts";
 export {
   endSpan,
   extractHeaders,

@@ -1,6 +1,7 @@
 import { afterAll, expect, test } from "bun:test";
 import { readFileSync, readdirSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
+import { parseAllDocuments } from "yaml";
 import { parseAddr, parseArgs, type Config } from "../../src/cli/options.ts";
 import { REPO, tempDir } from "./procs.ts";
 
@@ -13,12 +14,12 @@ const tmp = tempDir("tl-engine-deploy-");
 afterAll(() => tmp.remove());
 
 // A loose view of the Kubernetes objects this test reads.
-// biome-ignore lint/suspicious/noExplicitAny: parsed YAML of any shape, read field by field
 type Obj = Record<string, any>;
 
 function load(file: string): Obj[] {
-  const docs = Bun.YAML.parse(readFileSync(join(K8S, file), "utf8")) as Obj | Obj[];
-  return (Array.isArray(docs) ? docs : [docs]).filter((d) => d !== null);
+  return parseAllDocuments(readFileSync(join(K8S, file), "utf8"))
+    .map((d) => d.toJS() as Obj)
+    .filter((d) => d !== null);
 }
 
 const kustomization = load("kustomization.yaml")[0]!;
@@ -122,7 +123,9 @@ test("deploy_manifests_parse_and_cover_the_layout", () => {
   expect([...kustomization.resources].sort()).toEqual(files.sort());
   const ns = byKind("Namespace")[0]!.metadata.name;
   expect(kustomization.namespace).toBe(ns);
-  for (const o of objects) if (o.kind !== "Namespace") expect(o.metadata.namespace, `${o.kind}/${o.metadata.name}`).toBe(ns);
+  // Cluster-scoped objects have no namespace; every other one is in the app's.
+  const clusterScoped = ["Namespace", "PersistentVolume"];
+  for (const o of objects) expect(o.metadata.namespace, `${o.kind}/${o.metadata.name}`).toBe(clusterScoped.includes(o.kind) ? undefined : ns);
 
   expect(pods.map((p) => [p.name, p.config.role, workload(p.name).spec.replicas])).toEqual([
     ["gateway", "gateway", 1],
@@ -212,25 +215,108 @@ test("deploy_drain_fits_the_grace_period", () => {
   }
 });
 
-test("deploy_dockerfile_runs_the_compiled_binary", () => {
-  const lines = readFileSync(join(REPO, "deploy", "Dockerfile"), "utf8")
+/** The Dockerfile's instructions by stage (comments and continuations folded), and its .dockerignore. */
+function dockerfile(): { stages: string[][]; ignore: string[] } {
+  const text = readFileSync(join(REPO, "deploy", "Dockerfile"), "utf8").replace(/\\\n/g, " ");
+  const stages: string[][] = [];
+  for (const line of text.split("\n").map((l) => l.trim())) {
+    if (line === "" || line.startsWith("#")) continue;
+    if (line.startsWith("FROM ")) stages.push([]);
+    stages.at(-1)!.push(line.replace(/\s+/g, " "));
+  }
+  const ignore = readFileSync(join(REPO, "deploy", "Dockerfile.dockerignore"), "utf8")
     .split("\n")
     .filter((l) => l.trim() !== "" && !l.startsWith("#"));
-  const copy = lines.find((l) => l.startsWith("COPY "))!.split(/\s+/);
-  // `npm run build` writes dist/engine.
-  const build = (JSON.parse(readFileSync(join(REPO, "package.json"), "utf8")) as { scripts: Record<string, string> }).scripts.build!;
-  const outfile = /--outfile (\S+)/.exec(build)![1]!;
-  expect(copy.at(-2)).toBe(outfile);
-  const entry = JSON.parse(lines.find((l) => l.startsWith("ENTRYPOINT "))!.slice("ENTRYPOINT ".length)) as string[];
-  expect(entry).toEqual([copy.at(-1)!]);
-  const ignore = readFileSync(join(REPO, "deploy", "Dockerfile.dockerignore"), "utf8");
-  expect(ignore).toContain(`!${outfile}`);
-  const exposed = lines
+  return { stages, ignore };
+}
+
+test("deploy_dockerfile_runs_the_compiled_binary", () => {
+  const { stages } = dockerfile();
+  const [build, run] = [stages[0]!, stages.at(-1)!];
+  // The build stage compiles what `npm run build` compiles.
+  const script = (JSON.parse(readFileSync(join(REPO, "package.json"), "utf8")) as { scripts: Record<string, string> }).scripts.build!;
+  const [entry, outfile] = [/--compile (\S+)/.exec(script)![1]!, /--outfile (\S+)/.exec(script)![1]!];
+  const compile = build.find((l) => l.includes("bun build --compile"))!;
+  expect(compile).toContain(` ${entry} --outfile ${outfile}`);
+  const workdir = build.find((l) => l.startsWith("WORKDIR "))!.split(" ")[1]!;
+  const copy = run.find((l) => l.startsWith("COPY --from="))!.split(" ");
+  expect(copy.at(-2)).toBe(`${workdir}/${outfile}`);
+  const entrypoint = JSON.parse(run.find((l) => l.startsWith("ENTRYPOINT "))!.slice("ENTRYPOINT ".length)) as string[];
+  expect(entrypoint).toEqual([copy.at(-1)!]);
+  const exposed = run
     .find((l) => l.startsWith("EXPOSE "))!
-    .split(/\s+/)
+    .split(" ")
     .slice(1)
     .map(Number);
   for (const p of pods) for (const port of p.listens.values()) expect(exposed).toContain(port);
+});
+
+test("deploy_image_is_compiled_for_the_target_platform", () => {
+  const { stages, ignore } = dockerfile();
+  const build = stages[0]!;
+  // The builder runs natively and cross-compiles: bun's --target for each TARGETARCH.
+  expect(build[0]).toStartWith("FROM --platform=$BUILDPLATFORM ");
+  expect(build).toContain("ARG TARGETARCH");
+  const compile = build.find((l) => l.includes("bun build --compile"))!;
+  expect(compile).toContain('case "$TARGETARCH" in');
+  expect(compile).toContain("amd64) target=bun-linux-x64 ;;");
+  expect(compile).toContain("arm64) target=bun-linux-arm64 ;;");
+  expect(compile).toContain('--target="$target"');
+  // An unknown arch stops the build instead of shipping the builder's binary.
+  expect(compile).toMatch(/\*\) .*exit 1 ;;/);
+  // Everything the build stage copies is in the build context the .dockerignore leaves.
+  expect(ignore[0]).toBe("*");
+  const kept = ignore.filter((l) => l.startsWith("!")).map((l) => l.slice(1).replace(/\/$/, ""));
+  for (const line of build.filter((l) => l.startsWith("COPY "))) {
+    for (const src of line.split(" ").slice(1, -1)) expect(kept, `COPY ${src}`).toContain(src);
+  }
+});
+
+test("deploy_pods_run_as_the_images_numeric_user", () => {
+  const run = dockerfile().stages.at(-1)!;
+  const user = run.find((l) => l.startsWith("USER "))!.split(" ")[1]!;
+  // The kubelet can only prove runAsNonRoot for a numeric user: uid:gid, neither root.
+  expect(user).toMatch(/^[1-9]\d*:[1-9]\d*$/);
+  const [uid, gid] = user.split(":").map(Number);
+  for (const p of pods) {
+    const sc = p.template.spec.securityContext;
+    expect({ pod: p.name, runAsNonRoot: sc.runAsNonRoot, runAsUser: sc.runAsUser, runAsGroup: sc.runAsGroup }).toEqual({
+      pod: p.name,
+      runAsNonRoot: true,
+      runAsUser: uid,
+      runAsGroup: gid,
+    });
+    expect(p.container.securityContext.readOnlyRootFilesystem).toBe(true);
+  }
+});
+
+test("deploy_model_comes_from_a_read_only_volume", () => {
+  const claims = byKind("PersistentVolumeClaim");
+  const volumes = byKind("PersistentVolume");
+  const kind = load("kind-config.yaml")[0]!;
+  for (const p of pods) {
+    const section = p.config.role === "gateway" ? p.config.gateway : p.config.engine;
+    for (const key of ["model", "tokenizer"]) {
+      const path = String(section[key]);
+      expect(path, `${p.name} ${key}`).toStartWith("/");
+      const mount = (p.container.volumeMounts as Obj[]).find((m) => path.startsWith(m.mountPath + "/"));
+      expect(mount, `${p.name}: a volume mounted over ${path}`).toBeDefined();
+      expect(mount!.readOnly).toBe(true);
+      const volume = (p.template.spec.volumes as Obj[]).find((v) => v.name === mount!.name)!;
+      const claim = claims.find((c) => c.metadata.name === volume.persistentVolumeClaim?.claimName);
+      expect(claim, `${p.name}: the claim behind ${path}`).toBeDefined();
+      expect(claim!.spec.accessModes).toContain("ReadOnlyMany");
+      // The claim binds the volume kind's nodes mount from the host, on every node.
+      const pv = volumes.find((v) => v.metadata.name === claim!.spec.volumeName)!;
+      expect(pv.spec.storageClassName).toBe(claim!.spec.storageClassName);
+      for (const node of kind.nodes as Obj[]) {
+        expect(
+          (node.extraMounts as Obj[] | undefined)?.map((m) => m.containerPath),
+          `kind ${node.role} mounts ${pv.spec.hostPath.path}`,
+        ).toContain(pv.spec.hostPath.path);
+      }
+    }
+  }
 });
 
 test("deploy_runs_mtls_from_secrets_behind_network_policies", () => {

@@ -81,14 +81,36 @@ export async function killAll(): Promise<void> {
   await Promise.all(procs.map((p) => p.exited));
 }
 
-/** True while a process with this pid exists (signal 0 only checks). */
+/** True while a process with this pid runs (signal 0 only checks); a zombie (exited, not yet reaped) counts as gone. */
 export function alive(pid: number): boolean {
   try {
     process.kill(pid, 0);
-    return true;
   } catch (e) {
     return (e as NodeJS.ErrnoException).code === "EPERM";
   }
+  return statOf(pid)?.state !== "Z";
+}
+
+/** State and parent of a process from /proc (Linux); null where there is none. */
+function statOf(pid: number): { state: string; ppid: number } | null {
+  try {
+    // The comm field may hold spaces and parens: the state and ppid follow its last ')'.
+    const stat = readFileSync(`/proc/${pid}/stat`, "utf8");
+    const [state, ppid] = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
+    return { state: state!, ppid: Number(ppid) };
+  } catch {
+    return null;
+  }
+}
+
+/** Every live process below `pid`, children first (Linux /proc; empty elsewhere). */
+export function descendantsOf(pid: number): number[] {
+  const out: number[] = [];
+  for (let frontier = [pid]; frontier.length > 0; ) {
+    frontier = frontier.flatMap(childrenOf).filter(alive);
+    out.push(...frontier);
+  }
+  return out;
 }
 
 /** Pids whose parent is `pid` (Linux /proc; empty elsewhere): cleanup for a cluster that failed before it listed them. */
@@ -100,13 +122,7 @@ export function childrenOf(pid: number): number[] {
   } catch {
     return out;
   }
-  for (const d of entries) {
-    try {
-      // The comm field may hold spaces and parens: the ppid is the second field after its last ')'.
-      const stat = readFileSync(`/proc/${d}/stat`, "utf8");
-      if (Number(stat.slice(stat.lastIndexOf(")") + 2).split(" ")[1]) === pid) out.push(Number(d));
-    } catch {}
-  }
+  for (const d of entries) if (statOf(Number(d))?.ppid === pid) out.push(Number(d));
   return out;
 }
 

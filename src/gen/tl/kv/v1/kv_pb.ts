@@ -3,7 +3,7 @@
 /* eslint-disable */
 
 // KV-cache block transfer between a prefill engine and a decode engine.
-// Field numbers are fixed by shared/spec/contracts.md; add, never renumber.
+// Field numbers are fixed by docs/grpc-services.md; add, never renumber.
 
 import type { GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
 import { fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
