@@ -22,7 +22,8 @@ async function cluster(node: Parameters<typeof startTestCluster>[0]["node"] = {}
   return c;
 }
 
-const state = (k: TestCluster) => k.all().map((n) => ({ worker: n.workerId, used: n.pool.used, pending: n.receiver?.pending() ?? 0, inFlight: n.engine.inFlight }));
+const state = (k: TestCluster) =>
+  k.all().map((n) => ({ worker: n.workerId, used: n.pool.used, pending: n.receiver?.pending() ?? 0, inFlight: n.engine.inFlight }));
 
 /** Polls (bounded, far below the time to live) until every engine is back at baseline. */
 async function baseline(k: TestCluster, maxMs = 3000): Promise<void> {
