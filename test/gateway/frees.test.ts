@@ -76,7 +76,7 @@ test("D refuses the resume (it began draining after the push): the gateway relea
   await baseline(k);
 });
 
-test("the client leaves after the 200 headers, before D claims the handle: the gateway releases it", async () => {
+test("the client leaves while the resume waits for D's answer (D never claimed): the gateway releases the handle", async () => {
   const k = await cluster();
   const D = k.decode[0]!;
   let reached!: () => void;
@@ -87,10 +87,25 @@ test("the client leaves after the 200 headers, before D claims the handle: the g
     return new Promise((_, reject) => init.signal!.addEventListener("abort", () => reject(init.signal!.reason)));
   });
   const ac = new AbortController();
-  const res = await post(k, { prompt: "hello there", max_tokens: 8, stream: true }, ac.signal);
-  expect(res.status).toBe(200);
+  const res = post(k, { prompt: "hello there", max_tokens: 8, stream: true }, ac.signal).catch((e: unknown) => e);
   await resumed;
   expect(D.receiver!.pending()).toBe(1);
+  ac.abort();
+  expect(await res).toBeInstanceOf(Error);
+  await baseline(k);
+});
+
+test("the client leaves after the 200 headers, once D claimed the handle: D cancels the request and frees it", async () => {
+  const k = await cluster();
+  const D = k.decode[0]!;
+  // 450 tokens at 10 ms a step: D would run past the baseline's deadline unless it cancels.
+  (D.model.runner as FakeRunner).slowMs = 10;
+  const ac = new AbortController();
+  const res = await post(k, { prompt: "hello there", max_tokens: 450, ignore_eos: true, stream: true }, ac.signal);
+  expect(res.status).toBe(200);
+  const reader = res.body!.getReader();
+  expect((await reader.read()).done).toBe(false);
+  expect([D.receiver!.pending(), D.engine.inFlight]).toEqual([0, 1]); // claimed and running
   ac.abort();
   await baseline(k);
 });
