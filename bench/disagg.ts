@@ -101,8 +101,12 @@ function workload(rate: number, seed: number): Req[] {
 
 type Child = RoleProcess;
 
+/** Every process on tl-synthetic-4l (its context and pace are what the bench's loads are sized for), not the default. */
 function spawn(name: string, args: string[]): Child {
-  return spawnRole(name, [process.execPath, join(ROOT, "bin/engine.ts"), ...args], { env: { ...process.env, TL_LOG_LEVEL: "warn" }, stderr: "tail" });
+  return spawnRole(name, [process.execPath, join(ROOT, "bin/engine.ts"), ...args, "--model", "tl-synthetic-4l"], {
+    env: { ...process.env, TL_LOG_LEVEL: "warn" },
+    stderr: "tail",
+  });
 }
 
 type ConfigName = "a" | "b";

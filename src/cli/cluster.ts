@@ -3,6 +3,7 @@ import { createServer } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { sseData } from "../http/index.ts";
+import { SYNTHETIC_MODEL_NAME } from "../model/index.ts";
 import { log } from "../obs/index.ts";
 import { certFiles, mintCluster, writeCerts } from "./certs.ts";
 import { clusterFlags, type ClusterFlags } from "./cluster-flags.ts";
@@ -185,8 +186,8 @@ export async function runCluster(config: Config, rest: Map<string, string>, opts
       await Bun.sleep(50);
     }
     const print = (s: string) => process.stdout.write(s + "\n");
-    const embedded = !config.engine.model;
-    print(`tl-engine cluster is up (model ${String(ready[0]!.model)}${embedded ? "; its text is meaningless unless you pass --model" : ""})`);
+    const synthetic = ready[0]!.model === SYNTHETIC_MODEL_NAME;
+    print(`tl-engine cluster is up (model ${String(ready[0]!.model)}${synthetic ? "; its random weights make meaningless text" : ""})`);
     print(
       pki === null ? "internal ports: plaintext (--plaintext)" : `internal ports: mutual TLS, an ephemeral CA and certificates in ${pki} (removed on exit)`,
     );
@@ -199,9 +200,11 @@ export async function runCluster(config: Config, rest: Map<string, string>, opts
     print("try:");
     const authFlag = auth.authorization ? ` -H 'authorization: ${auth.authorization}'` : "";
     print(`  curl -N ${base}/v1/chat/completions -H 'content-type: application/json'${authFlag} \\`);
-    print(`    -d '{"messages":[{"role":"user","content":"Hello!"}],"max_tokens":32,"stream":true}'`);
+    print(`    -d '{"messages":[{"role":"user","content":"In the beginning God created the heaven and the earth."}],"max_tokens":32,"stream":true}'`);
     print(`  curl ${base}/metrics`);
-    if (opts.demo ?? true) await demo(base, print, auth);
+    // Any engine also serves a request whole when no hand-off header comes with it.
+    const colocatedHttp = ready.find((r) => r.role === "decode")?.http;
+    if (opts.demo ?? true) await demo(base, colocatedHttp === undefined ? undefined : String(colocatedHttp), print, auth);
     up = true;
     if (stopped) {
       print("\nserving; Ctrl-C stops every process");
@@ -223,28 +226,54 @@ async function ephemeralPki(nP: number, nD: number): Promise<string> {
   return dir;
 }
 
-async function demo(base: string, print: (s: string) => void, auth: Record<string, string>) {
-  print("\ndemo: one streamed chat completion through the gateway");
-  const res = await fetch(`${base}/v1/chat/completions`, {
-    method: "POST",
-    headers: { "content-type": "application/json", ...auth },
-    body: JSON.stringify({ messages: [{ role: "user", content: "Tell me a story." }], max_tokens: 48, stream: true, seed: 7, temperature: 0.8 }),
-  });
-  if (res.status !== 200) {
-    print(`  demo failed: ${res.status} ${await res.text()}`);
-    return;
+/** The demo request: seeded sampling, so the colocated run must give the same words. */
+export const DEMO_REQUEST = {
+  prompt: "And God said unto Moses, I AM THAT I AM: and he said, Thus shalt thou say unto the children of Israel,",
+  max_tokens: 40,
+  stream: true,
+  seed: 7,
+  temperature: 0.8,
+};
+
+/**
+ * One request through the gateway (prefill on P, KV pushed to D, decode on D), the same request
+ * again (its prompt blocks now cached on D), and once more on a single engine with no hand-off.
+ */
+async function demo(base: string, colocatedHttp: string | undefined, print: (s: string) => void, auth: Record<string, string>) {
+  print(`\ndemo: one prompt, sampled (seed ${DEMO_REQUEST.seed}, temperature ${DEMO_REQUEST.temperature}, ${DEMO_REQUEST.max_tokens} tokens)`);
+  const disagg = await streamCompletion(base, auth);
+  if (typeof disagg === "string") return print(`  demo failed: ${disagg}`);
+  const h = disagg.headers;
+  print(
+    `  ${h.get("x-tl-served")}: prefill on ${h.get("x-tl-prefill-worker")}, decode on ${h.get("x-tl-decode-worker")}, KV blocks sent ${h.get("x-tl-blocks-sent")}`,
+  );
+  print(`    > ${JSON.stringify(DEMO_REQUEST.prompt + disagg.text)}`);
+  const again = await streamCompletion(base, auth);
+  if (typeof again !== "string") {
+    const a = again.headers;
+    print(
+      `  again: decode on ${a.get("x-tl-decode-worker")}, KV blocks sent ${a.get("x-tl-blocks-sent")}, deduped ${a.get("x-tl-blocks-deduped")} (already there)`,
+    );
   }
+  if (colocatedHttp === undefined) return;
+  const local = await streamCompletion(`http://${colocatedHttp}`, auth);
+  if (typeof local === "string") return print(`  colocated run failed: ${local}`);
+  print(`  colocated on one engine (${colocatedHttp}), no KV hand-off:`);
+  print(`    > ${JSON.stringify(DEMO_REQUEST.prompt + local.text)}`);
+  print(`  same text: ${local.text === disagg.text ? "yes" : "NO"}`);
+  log.debug("demo done");
+}
+
+/** The demo request streamed from `base`: its text and headers, or why it failed. */
+async function streamCompletion(base: string, auth: Record<string, string>): Promise<{ text: string; headers: Headers } | string> {
+  const headers = { "content-type": "application/json", ...auth };
+  const res = await fetch(`${base}/v1/completions`, { method: "POST", headers, body: JSON.stringify(DEMO_REQUEST) });
+  if (res.status !== 200) return `${res.status} ${await res.text()}`;
   let text = "";
   for await (const data of sseData(res.body!)) {
     if (data === "[DONE]") break;
-    const obj = JSON.parse(data) as { choices?: { delta?: { content?: string } }[] };
-    text += obj.choices?.[0]?.delta?.content ?? "";
+    const obj = JSON.parse(data) as { choices?: { text?: string }[] };
+    text += obj.choices?.[0]?.text ?? "";
   }
-  const h = res.headers;
-  print(`  > ${JSON.stringify(text)}`);
-  print(
-    `  served ${h.get("x-tl-served")}: prefill on ${h.get("x-tl-prefill-worker")}, decode on ${h.get("x-tl-decode-worker")}; ` +
-      `KV blocks sent ${h.get("x-tl-blocks-sent")}, deduped ${h.get("x-tl-blocks-deduped")}, ${h.get("x-tl-payload-bytes")} bytes`,
-  );
-  log.debug("demo done");
+  return { text, headers: res.headers };
 }

@@ -7,7 +7,7 @@ import { ConfigError, type Config } from "./options.ts";
 /** One engine in this process: prints the text as it comes, then prefill and decode speed. */
 export async function generate(config: Config, rest: Map<string, string>, out: (s: string) => void = (s) => process.stdout.write(s)): Promise<void> {
   const e = config.engine;
-  const prompt = rest.get("prompt") ?? "Once upon a time";
+  const prompt = rest.get("prompt") ?? "In the beginning God created";
   const num = (name: string, dflt: number, ok: (n: number) => boolean) => {
     const v = rest.get(name);
     if (v === undefined) return dflt;

@@ -37,7 +37,7 @@ export const SPECS: readonly Spec[] = [
     key: "model",
     kind: "string",
     dflt: "",
-    help: "a Hugging Face model folder, a GGUF file or a llama2.c .bin; empty: the embedded tl-synthetic-4l",
+    help: "a Hugging Face model folder, a GGUF file or a llama2.c .bin; empty: the embedded tl-kjv-small; tl-synthetic-4l: the seeded random model",
   },
   { section: "engine", key: "tokenizer", kind: "string", dflt: "", help: "llama2.c tokenizer.bin (only with a llama2.c model)" },
   {

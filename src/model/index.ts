@@ -26,6 +26,7 @@ export {
   chatRendererFor,
 } from "./chat-template.ts";
 export { type LoadedModel, SYNTHETIC_CONFIG, SYNTHETIC_MODEL_NAME, loadSyntheticModel } from "./synthetic.ts";
+export { DEFAULT_MODEL_NAME, defaultModelDir } from "./default-model.ts";
 export {
   type Llama2cModel,
   type VocabEntry,
@@ -57,5 +58,6 @@ export {
   type ServableModel,
   loadModel,
   loadTokenizerFor,
+  modelPathOf,
   readModelFiles,
 } from "./load-model.ts";

@@ -10,6 +10,7 @@ import { loadLlama2cCheckpoint, parseLlama2cHeader } from "./llama2c.ts";
 import { LoadProgress } from "./load-progress.ts";
 import { mapFile } from "./mapped-file.ts";
 import { detectModelFormat, ModelFormatError, type ModelFormat } from "./model-format.ts";
+import { DEFAULT_MODEL_NAME, defaultModelDir } from "./default-model.ts";
 import { loadSyntheticModel, SYNTHETIC_CONFIG, SYNTHETIC_MODEL_NAME } from "./synthetic.ts";
 import type { TokenizerSource } from "./tokenizer-source.ts";
 import type { Tokenizer } from "./tokenizer.ts";
@@ -96,13 +97,24 @@ export interface ServableModel {
 }
 
 export interface LoadModelOptions extends ModelFilesOptions {
-  /** Empty or absent: the embedded tl-synthetic-4l. */
+  /** A path, or an embedded model's name; empty or absent: the embedded default (see modelPathOf). */
   modelPath?: string;
   servedModelName?: string;
 }
 
+/**
+ * What `--model` names: empty or tl-kjv-small is the embedded default (a Hugging Face folder, read
+ * like any user's), tl-synthetic-4l the seeded random model tests and benchmarks use, anything else
+ * a path. The names win over same-named files in the working directory; `./name` reaches those.
+ */
+export function modelPathOf(modelPath: string | undefined): string {
+  if (!modelPath || modelPath === DEFAULT_MODEL_NAME) return defaultModelDir();
+  return modelPath;
+}
+
 export async function loadModel(opts: LoadModelOptions): Promise<ServableModel> {
-  const files = opts.modelPath ? readModelFiles(opts.modelPath, opts) : syntheticFiles();
+  const path = modelPathOf(opts.modelPath);
+  const files = path === SYNTHETIC_MODEL_NAME ? syntheticFiles() : readModelFiles(path, opts);
   const { tokenizer, chatTemplate } = await buildTokenizer(files.tokenizerSource);
   if (tokenizer.vocabSize > files.cfg.vocabSize) {
     throw new Error(`${files.name}: the tokenizer has ${tokenizer.vocabSize} tokens, more than the model's vocab_size ${files.cfg.vocabSize}`);
@@ -139,7 +151,8 @@ function syntheticFiles(): ModelFiles {
 export async function loadTokenizerFor(
   opts: LoadModelOptions,
 ): Promise<{ name: string; tokenizer: Tokenizer; chatTemplate: string | null; maxSeqLen: number; vocabSize: number }> {
-  if (!opts.modelPath)
+  const path = modelPathOf(opts.modelPath);
+  if (path === SYNTHETIC_MODEL_NAME)
     return {
       name: opts.servedModelName || SYNTHETIC_MODEL_NAME,
       tokenizer: (await buildTokenizer({ kind: "byte" })).tokenizer,
@@ -147,7 +160,7 @@ export async function loadTokenizerFor(
       maxSeqLen: SYNTHETIC_CONFIG.maxSeqLen,
       vocabSize: SYNTHETIC_CONFIG.vocabSize,
     };
-  const fmt = detectModelFormat(opts.modelPath);
+  const fmt = detectModelFormat(path);
   refuseStrayTokenizer(fmt, opts.tokenizerPath);
   let cfg: ModelConfig;
   let src: TokenizerSource;

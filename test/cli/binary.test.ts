@@ -1,8 +1,13 @@
 import { afterAll, beforeAll, expect, test } from "bun:test";
-import { writeFileSync } from "node:fs";
+import { readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { ROLES, SPECS } from "../../src/cli/options.ts";
+import { DEFAULT_MODEL_NAME } from "../../src/model/index.ts";
 import { alive, exitWithin, killAll, killTree, REPO, spawnProc, tempDir, waitGone } from "./procs.ts";
+
+const expected = JSON.parse(readFileSync(join(REPO, "models", DEFAULT_MODEL_NAME, "expected.json"), "utf8")) as {
+  greedy: { prompt: string; completion_ids: number[] }[];
+};
 
 // One compiled binary for the whole file: the test is about what `npm run build` ships.
 const dir = tempDir("tl-engine-bin-");
@@ -127,8 +132,16 @@ test("binary_runs_the_cluster", async () => {
     const pids = rows.map((l) => Number(/ pid (\d+)/.exec(l)![1]));
     const gateway = /http (127\.0\.0\.1:\d+)/.exec(rows[0]!)![1]!;
     expect(await (await fetch(`http://${gateway}/health`)).json()).toMatchObject({ workers: { prefill: 1, decode: 1 } });
-    const demo = c.lines.find((l) => l.includes("served "));
-    expect(demo).toContain("served disaggregated");
+    // The embedded default model, materialized from the binary (cwd is a temp dir, not the repo).
+    expect(c.lines[0]).toContain(`(model ${DEFAULT_MODEL_NAME})`);
+    expect(c.lines.some((l) => l.startsWith("  disaggregated: prefill on prefill-0, decode on decode-0"))).toBe(true);
+    expect(c.lines).toContain("  same text: yes");
+    const g = expected.greedy[0]!;
+    const res = await fetch(`http://${gateway}/v1/completions`, {
+      method: "POST",
+      body: JSON.stringify({ prompt: g.prompt, max_tokens: g.completion_ids.length, temperature: 0, return_token_ids: true }),
+    });
+    expect(((await res.json()) as { choices: { token_ids: number[] }[] }).choices[0]!.token_ids).toEqual(g.completion_ids);
     for (const pid of pids) expect(alive(pid)).toBe(true);
     c.proc.kill("SIGINT");
     expect(await exitWithin(c.proc, 20_000)).toBe(0);

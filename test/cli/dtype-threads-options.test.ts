@@ -2,6 +2,7 @@ import { describe, expect, test } from "bun:test";
 import { availableParallelism } from "node:os";
 import { loadModel } from "../../src/cli/engine-node.ts";
 import { ConfigError, helpText, parseArgs } from "../../src/cli/options.ts";
+import { SYNTHETIC_MODEL_NAME } from "../../src/model/index.ts";
 
 describe("model options", () => {
   test("dtype_and_threads_flags_and_defaults", () => {
@@ -19,10 +20,11 @@ describe("model options", () => {
   });
 
   test("load_model_packs_the_weights_and_starts_threads", async () => {
-    const m = await loadModel({ dtype: "bf16", threads: 2 });
+    // The synthetic model: f32 as generated (the default tl-kjv-small is stored as f16).
+    const m = await loadModel({ modelPath: SYNTHETIC_MODEL_NAME, dtype: "bf16", threads: 2 });
     expect(m.dtype).toBe("bf16");
     expect(m.threads).toBe(2);
-    const f32 = await loadModel({});
+    const f32 = await loadModel({ modelPath: SYNTHETIC_MODEL_NAME });
     expect(f32.dtype).toBe("f32");
     expect(f32.threads).toBe(1);
     m.close?.();

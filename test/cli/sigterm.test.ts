@@ -17,6 +17,9 @@ function startEngine(drainTimeoutS: number) {
     "127.0.0.1:0",
     "--drain-timeout-s",
     String(drainTimeoutS),
+    // The synthetic model: long streams that never stop early, at its pace.
+    "--model",
+    "tl-synthetic-4l",
   ]);
 }
 

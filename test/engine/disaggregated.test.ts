@@ -187,8 +187,11 @@ describe("the decode side of the hand-off", () => {
 describe("disaggregated_equals_colocated with the default model", () => {
   test("the same text through HTTP: gateway over P and D versus one engine", async () => {
     const { startGateway } = await import("../../src/gateway/index.ts");
-    const { ByteTokenizer, SYNTHETIC_MODEL_NAME } = await import("../../src/model/index.ts");
-    const gw = await startGateway({ tokenizer: new ByteTokenizer(), modelName: SYNTHETIC_MODEL_NAME, maxModelLen: 2048, heartbeatIntervalMs: 100 });
+    const { chatRendererFor, loadTokenizerFor } = await import("../../src/model/index.ts");
+    // The gateway tokenizes and renders chat prompts as the engines' default model does (tl-kjv-small).
+    const m = await loadTokenizerFor({});
+    const chat = chatRendererFor(m.tokenizer, m.chatTemplate);
+    const gw = await startGateway({ tokenizer: m.tokenizer, chat, modelName: m.name, maxModelLen: m.maxSeqLen, heartbeatIntervalMs: 100 });
     const opts = { blockTokens: 16, numBlocks: 64, gatewayRegistry: gw.registryAddress, heartbeatIntervalMs: 100 };
     const [p, d, c] = await Promise.all([
       startEngineNode({ role: "prefill", ...opts }),

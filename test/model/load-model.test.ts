@@ -1,5 +1,13 @@
 import { afterAll, describe, expect, test } from "bun:test";
-import { loadModel, loadTokenizerFor, SYNTHETIC_MODEL_NAME, syntheticWeights, writeLlama2cCheckpoint, writeLlama2cTokenizer } from "../../src/model/index.ts";
+import {
+  DEFAULT_MODEL_NAME,
+  loadModel,
+  loadTokenizerFor,
+  SYNTHETIC_MODEL_NAME,
+  syntheticWeights,
+  writeLlama2cCheckpoint,
+  writeLlama2cTokenizer,
+} from "../../src/model/index.ts";
 import { writeFileSync } from "node:fs";
 import { encodeGgufModel, writeHfFolder } from "../support/model-writers.ts";
 import { CKPT, tempDir } from "./format-helpers.ts";
@@ -8,8 +16,23 @@ const tmp = tempDir("load");
 afterAll(tmp.cleanup);
 
 describe("load-model", () => {
-  test("no --model: the embedded model with its byte tokenizer and size", async () => {
-    const m = await loadModel({});
+  test("no --model: the embedded tl-kjv-small folder, through the HF loader", async () => {
+    for (const modelPath of [undefined, "", DEFAULT_MODEL_NAME]) {
+      const m = await loadModel({ modelPath });
+      expect({ name: m.name, format: m.format, vocab: m.tokenizer.vocabSize, eos: m.eosIds, dtype: m.stats.dtype }).toEqual({
+        name: DEFAULT_MODEL_NAME,
+        format: "hf",
+        vocab: 1024,
+        eos: [1],
+        dtype: "f16",
+      });
+      const t = await loadTokenizerFor({ modelPath });
+      expect({ name: t.name, vocab: t.tokenizer.vocabSize, max: t.maxSeqLen }).toEqual({ name: DEFAULT_MODEL_NAME, vocab: 1024, max: 256 });
+    }
+  });
+
+  test("--model tl-synthetic-4l: the seeded model with its byte tokenizer and size", async () => {
+    const m = await loadModel({ modelPath: SYNTHETIC_MODEL_NAME });
     expect(m.name).toBe(SYNTHETIC_MODEL_NAME);
     expect(m.format).toBe("synthetic");
     expect(m.tokenizer.vocabSize).toBe(258);

@@ -6,6 +6,7 @@ import { existsSync, statSync } from "node:fs";
 import { WorkerRegistry } from "../../src/gen/tl/control/v1/control_pb.ts";
 import { EngineControl } from "../../src/gen/tl/engine/v1/engine_pb.ts";
 import { KvTransfer } from "../../src/gen/tl/kv/v1/kv_pb.ts";
+import { DEFAULT_MODEL_NAME } from "../../src/model/index.ts";
 import { CLUSTER_TLS_NAME } from "../../src/rpc/tls-config.ts";
 import { testPki } from "../support/certs.ts";
 import { exitWithin, killAll, killTree, spawnProc } from "../cli/procs.ts";
@@ -33,7 +34,7 @@ test("cluster_runs_mtls_by_default", async () => {
 
     // The openai client works through the gateway (with the key), and not without it.
     const openai = (apiKey: string) => new OpenAI({ baseURL: `http://${gateway}/v1`, apiKey, maxRetries: 0, timeout: 30_000 });
-    const done = await openai("sk-test").completions.create({ model: "tl-synthetic-4l", prompt: "Once upon a time", max_tokens: 8 });
+    const done = await openai("sk-test").completions.create({ model: DEFAULT_MODEL_NAME, prompt: "Once upon a time", max_tokens: 8 });
     expect(done.choices[0]!.text.length).toBeGreaterThan(0);
     const refused = await openai("wrong")
       .completions.create({ model: "m", prompt: "x", max_tokens: 1 })
