@@ -1,6 +1,6 @@
 import { afterEach, expect, test } from "bun:test";
 import { HANDLE_HEADER } from "../../src/http/index.ts";
-import type { FakeRunner } from "../support/fake-runner.ts";
+import type { FakeRunner } from "../support/fake-model.ts";
 import { startGateProxy, type GateProxy } from "../support/gate-proxy.ts";
 import { sseEvents, startTestCluster, type TestCluster } from "../support/nodes.ts";
 
