@@ -2,7 +2,7 @@ import { claimForResume, ResumeError } from "../handoff/index.ts";
 import type { KvReceiver } from "../transfer/index.ts";
 import type { Engine, Finish } from "../engine/index.ts";
 import type { ChatRenderer, Tokenizer } from "../model/index.ts";
-import { endSpan, extractHeaders, SpanKind, startSpan, type Attributes, type Span } from "../obs/index.ts";
+import { endSpan, extractHeaders, log, SpanKind, startSpan, type Attributes, type Span } from "../obs/index.ts";
 import { LIMITS, parseCompletion, samplingOf, type CompletionKind, type CompletionParams } from "./completion-request.ts";
 import { completionResponse } from "./completion-response.ts";
 import { errorResponse, HttpError } from "./errors.ts";
@@ -301,9 +301,11 @@ class EngineHttp {
       const blockIds = engine.sharePrompt(claimed.blockIds, claimed.nTokens);
       if (blockIds === null) {
         for (const r of out) engine.pool.releaseAll(r.blockIds);
+        // Pool figures stay in the logs and /metrics: the error goes to a client.
+        log.warn("resume: out of KV blocks for its choices", { choices: params.n, available: engine.pool.available });
         throw new HttpError(
           503,
-          `out of KV blocks: ${params.n} choices need ${params.n - 1} more tail blocks, ${engine.pool.available} available`,
+          `out of KV blocks: ${params.n} choices need ${params.n - 1} more tail blocks`,
           "server_error",
           null,
           { "retry-after": "1" },
