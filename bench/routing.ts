@@ -52,8 +52,7 @@ async function startCluster(decodes: number, gatewayFlags: string[]): Promise<Cl
   const gw = spawn("gateway", roleArgs("gateway", [...beat, "--routing-headers", ...gatewayFlags]));
   children.push(gw);
   const g = await gw.ready;
-  const engine = (role: "prefill" | "decode", id: string) =>
-    spawn(id, roleArgs(role, ["--worker-id", id, ...beat, "--gateway-registry", String(g.registry)]));
+  const engine = (role: "prefill" | "decode", id: string) => spawn(id, roleArgs(role, ["--worker-id", id, ...beat, "--gateway-registry", String(g.registry)]));
   const p = engine("prefill", "prefill-0");
   const ds = Array.from({ length: decodes }, (_, i) => engine("decode", `decode-${i}`));
   children.push(p, ...ds);

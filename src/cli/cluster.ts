@@ -154,14 +154,7 @@ export async function runCluster(config: Config, rest: Map<string, string>, opts
     const loopback = (h: string) => (h === "0.0.0.0" ? "127.0.0.1" : h);
     // Engines bind ports the OS picks and say which in their ready lines and heartbeats.
     const engineArgs = (role: "prefill" | "decode", i: number) =>
-      roleArgs(role, [
-        "--worker-id",
-        `${role}-${i}`,
-        "--gateway-registry",
-        `${loopback(reg.host)}:${reg.port}`,
-        ...flags.engines,
-        ...tlsArgs(`${role}-${i}`),
-      ]);
+      roleArgs(role, ["--worker-id", `${role}-${i}`, "--gateway-registry", `${loopback(reg.host)}:${reg.port}`, ...flags.engines, ...tlsArgs(`${role}-${i}`)]);
     for (let i = 0; i < nP; i++) children.push(startRole(`prefill-${i}`, engineArgs("prefill", i)));
     for (let i = 0; i < nD; i++) children.push(startRole(`decode-${i}`, engineArgs("decode", i)));
     const ready = await Promise.all(children.map((c) => c.ready));

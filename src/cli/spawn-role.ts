@@ -1,3 +1,5 @@
+import type { Role } from "./options.ts";
+
 /** Any free loopback port, chosen by the OS at bind time: nothing can take it between a probe and the bind. */
 export const ANY_PORT = "127.0.0.1:0";
 
@@ -6,7 +8,7 @@ export const ANY_PORT = "127.0.0.1:0";
  * which ports it got in its ready line), then `extra`: how the cluster, tests and benches
  * start a role on loopback.
  */
-export function roleArgs(role: "prefill" | "decode" | "both" | "gateway", extra: readonly string[] = []): string[] {
+export function roleArgs(role: Role, extra: readonly string[] = []): string[] {
   const listen =
     role === "gateway"
       ? ["--http-listen", ANY_PORT, "--registry-listen", ANY_PORT]
