@@ -100,6 +100,8 @@ class ChoiceState {
   readonly text: TextAssembler;
   readonly logprobs: LogprobsWriter | null;
   readonly ids: number[] = [];
+  /** How many of `ids` a chunk has carried: the final chunk carries the rest, so a stream's token_ids add up to the ids. */
+  reported = 0;
   /** Completions with echo: the prompt's text, sent before the first token's. */
   readonly echoed: string;
   out = "";
@@ -183,10 +185,9 @@ async function jsonResponse(choices: ChoiceState[], ctx: ResponseContext): Promi
       p.kind === "chat"
         ? { index, message: { role: "assistant", content: c.out }, logprobs, finish_reason: c.finish }
         : { index, text: c.out, logprobs, finish_reason: c.finish };
-    if (p.returnTokenIds) {
-      choice.token_ids = c.ids;
-      if (c.logprobs) choice.tl_logprobs = c.wireLogprobs(0);
-    }
+    // Always there (users check the engine at token level); return_token_ids adds the internal hop's logprobs.
+    choice.token_ids = c.ids;
+    if (p.returnTokenIds && c.logprobs) choice.tl_logprobs = c.wireLogprobs(0);
     return choice;
   });
   return Response.json(
@@ -235,7 +236,11 @@ class ChunkWriter {
     this.object = ctx.params.kind === "chat" ? "chat.completion.chunk" : "text_completion";
   }
 
-  /** One chunk of choice c: `from` is the first id it reports (token_ids and logprobs). */
+  /**
+   * One chunk of choice c: `from` is the first id it reports (token_ids and logprobs). The
+   * final chunk (`finish` set) always carries the ids no chunk carried yet: with
+   * return_token_ids each chunk carries its own, otherwise the final one carries them all.
+   */
   chunk(c: ChoiceState, text: string | null, finish: string | null, from: number | null, first = false) {
     const p = this.ctx.params;
     const logprobs = from !== null && c.logprobs ? c.logprobs.take() : null;
@@ -248,9 +253,11 @@ class ChunkWriter {
             finish_reason: finish,
           }
         : { index: c.index, text: text ?? "", logprobs, finish_reason: finish };
-    if (p.returnTokenIds && from !== null) {
+    if (finish !== null) from = c.reported;
+    if (from !== null && (p.returnTokenIds || finish !== null)) {
       choice.token_ids = c.ids.slice(from);
-      if (c.logprobs) choice.tl_logprobs = c.wireLogprobs(from);
+      if (p.returnTokenIds && c.logprobs) choice.tl_logprobs = c.wireLogprobs(from);
+      c.reported = c.ids.length;
     }
     return { id: this.ctx.id, object: this.object, created: this.created, model: this.ctx.model, choices: [choice] };
   }

@@ -45,7 +45,19 @@ function buildHf(src: HfSource): BuiltTokenizer {
   const eos = "eos_token" in cfg ? tokenText(cfg.eos_token, `${origin}/tokenizer_config.json eos_token`) : (extraEosIds[0] ?? null);
   const addBos = typeof cfg.add_bos_token === "boolean" ? cfg.add_bos_token : null;
   const tokenizer = new HfTokenizer(src.tokenizerJson, { origin, bos, eos, extraEosIds, addBos });
-  return { tokenizer, chatTemplate: chatTemplateOf(cfg.chat_template, origin) };
+  return { tokenizer, chatTemplate: hfChatTemplate(src, cfg) };
+}
+
+/**
+ * The folder's template, in transformers' order: chat_template.jinja clobbers tokenizer_config's
+ * chat_template; chat_template.json (a processor's file, which transformers' tokenizer ignores)
+ * is the last resort, so a folder that ships only it still gets its own template.
+ */
+function hfChatTemplate(src: HfSource, cfg: Record<string, unknown>): string | null {
+  if (src.chatTemplateFile != null) return src.chatTemplateFile;
+  const own = chatTemplateOf(cfg.chat_template, `${src.dir}/tokenizer_config.json`);
+  if (own !== null || src.chatTemplateJson == null) return own;
+  return chatTemplateOf(asRecord(src.chatTemplateJson).chat_template ?? null, `${src.dir}/chat_template.json`);
 }
 
 function asRecord(v: unknown): Record<string, unknown> {
@@ -71,7 +83,7 @@ function idList(v: unknown, what: string): number[] {
 }
 
 /** chat_template: a string, or a list of named templates of which "default" is the chat one. */
-function chatTemplateOf(v: unknown, origin: string): string | null {
+function chatTemplateOf(v: unknown, file: string): string | null {
   if (v === undefined || v === null) return null;
   if (typeof v === "string") return v;
   if (Array.isArray(v)) {
@@ -79,5 +91,5 @@ function chatTemplateOf(v: unknown, origin: string): string | null {
     const t = named.find((n) => n.name === "default") ?? named[0];
     if (t && typeof t.template === "string") return t.template;
   }
-  throw new Error(`${origin}/tokenizer_config.json chat_template must be a string or a list of {name, template}, got ${JSON.stringify(v).slice(0, 80)}`);
+  throw new Error(`${file} chat_template must be a string or a list of {name, template}, got ${JSON.stringify(v).slice(0, 80)}`);
 }

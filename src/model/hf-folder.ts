@@ -8,19 +8,27 @@ import type { RawTensor } from "./raw-tensor.ts";
 import { parseSafetensors } from "./safetensors.ts";
 import type { TokenizerSource } from "./tokenizer-source.ts";
 
-/** JSON files of a model folder are small; anything past this is not what it claims to be. */
+/** JSON and template files of a model folder are small; anything past this is not what it claims to be. */
 const MAX_JSON_BYTES = 64 * 1024 * 1024;
 
-function readJson(dir: string, file: string, required: boolean): unknown {
+/** A small text file of the folder (JSON, a template), or null when it is absent and not required. */
+function readText(dir: string, file: string, required: boolean): string | null {
   const path = join(dir, file);
   if (!existsSync(path)) {
     if (required) throw new Error(`${dir}: ${file} is missing`);
     return null;
   }
   const bytes = readFileSync(path);
-  if (bytes.length > MAX_JSON_BYTES) throw new Error(`${path}: ${bytes.length} bytes, more than ${MAX_JSON_BYTES} for a JSON file`);
+  if (bytes.length > MAX_JSON_BYTES) throw new Error(`${path}: ${bytes.length} bytes, more than ${MAX_JSON_BYTES} for a JSON or template file`);
+  return bytes.toString("utf8");
+}
+
+function readJson(dir: string, file: string, required: boolean): unknown {
+  const text = readText(dir, file, required);
+  if (text === null) return null;
+  const path = join(dir, file);
   try {
-    return JSON.parse(bytes.toString("utf8"));
+    return JSON.parse(text);
   } catch (e) {
     throw new Error(`${path}: not valid JSON (${e instanceof Error ? e.message : String(e)})`);
   }
@@ -46,6 +54,8 @@ export function hfTokenizerSource(dir: string): TokenizerSource {
     generationConfig: readJson(dir, "generation_config.json", false),
     configEosIds: idList(config.eos_token_id),
     configBosId: typeof config.bos_token_id === "number" ? config.bos_token_id : null,
+    chatTemplateFile: readText(dir, "chat_template.jinja", false),
+    chatTemplateJson: readJson(dir, "chat_template.json", false),
   };
 }
 

@@ -20,6 +20,10 @@ export type TokenizerSource =
       /** config.json's eos_token_id / bos_token_id, which some folders give only there. */
       configEosIds: readonly number[];
       configBosId: number | null;
+      /** chat_template.jinja beside it (newer folders): wins over tokenizer_config's chat_template, as in transformers. */
+      chatTemplateFile?: string | null;
+      /** chat_template.json, parsed ({"chat_template": ...}, a processor's file): used only when neither of the above has one. */
+      chatTemplateJson?: unknown;
     }
   | { kind: "gguf"; file: string; meta: GgufTokenizerMeta };
 

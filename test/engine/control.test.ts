@@ -5,7 +5,7 @@ import { startEngineNode, type EngineNode } from "../../src/cli/engine-node.ts";
 import { grpcClient } from "../../src/rpc/index.ts";
 import { EngineControl, PrefillRequestSchema } from "../../src/gen/tl/engine/v1/engine_pb.ts";
 import { FAILED_SIDE_HEADER, failedSideOf } from "../../src/handoff/index.ts";
-import type { FakeRunner } from "../support/fake-runner.ts";
+import type { FakeRunner } from "../support/fake-model.ts";
 import { fakeServedModel } from "../support/nodes.ts";
 
 let P: EngineNode, D: EngineNode;

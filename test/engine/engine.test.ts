@@ -1,7 +1,7 @@
 import { describe, expect, test } from "bun:test";
 import { Engine, type SamplingParams } from "../../src/engine/index.ts";
 import { KvPool } from "../../src/pool/index.ts";
-import { FakeRunner } from "../support/fake-runner.ts";
+import { FakeRunner } from "../support/fake-model.ts";
 
 const shape = { blockTokens: 4, nLayers: 2, nKvHeads: 1, headDim: 4 };
 const greedy: SamplingParams = { temperature: 0, topP: 1, topK: 0, seed: 0n, maxTokens: 12, stopTokenIds: [] };

@@ -5,7 +5,7 @@ import { promptHashes } from "../../src/codec/index.ts";
 import { grpcClient } from "../../src/rpc/index.ts";
 import { EngineControl, PrefillRequestSchema } from "../../src/gen/tl/engine/v1/engine_pb.ts";
 import { CHOICES_HEADER, DRAWS_HEADER, FIRST_TOKEN_HEADER, HANDLE_HEADER } from "../../src/http/index.ts";
-import type { FakeRunner } from "../support/fake-runner.ts";
+import type { FakeRunner } from "../support/fake-model.ts";
 import { fakeServedModel } from "../support/nodes.ts";
 
 // Every refusal of a resume gives back what the handle held, on D, at once.
@@ -23,13 +23,14 @@ afterAll(async () => {
 });
 
 const prompt = [5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15];
+// EOS ignored on both sides: every choice runs to max_tokens whatever the fake model samples.
 
 async function push(requestId: string, n = 1) {
   return grpcClient(EngineControl, P.grpcAddress).prefill(
     create(PrefillRequestSchema, {
       requestId,
       promptTokens: prompt,
-      sampling: { maxTokens: 8, temperature: 1, seed: 3n },
+      sampling: { maxTokens: 8, temperature: 1, seed: 3n, ignoreEos: true },
       decodeTarget: D.kvAddress,
       kvFormat: 1,
       n,
@@ -41,7 +42,7 @@ function resume(handleId: string, requestId: string, firstTokens: number[], extr
   return fetch(`http://${D.httpAddress}/v1/completions`, {
     method: "POST",
     headers: { [HANDLE_HEADER]: handleId, [FIRST_TOKEN_HEADER]: firstTokens.join(","), [DRAWS_HEADER]: "1", "x-request-id": requestId, ...extra },
-    body: JSON.stringify({ prompt, max_tokens: 8, temperature: 1, seed: 3, n: firstTokens.length }),
+    body: JSON.stringify({ prompt, max_tokens: 8, temperature: 1, seed: 3, n: firstTokens.length, ignore_eos: true }),
   });
 }
 

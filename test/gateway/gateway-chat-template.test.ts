@@ -29,3 +29,25 @@ describe("gateway chat templates", () => {
     expect(j.usage.prompt_tokens).toBe(new TextEncoder().encode(text).length + 1);
   });
 });
+
+describe("gateway and engines with different chat templates", () => {
+  test("engine_template_never_touches_gateway_chat: registered, served with the gateway's rendering", async () => {
+    // Engines keep the default template; only the gateway has SmolLM2's. Their tokenizers agree, so they register.
+    const file = join(mkdtempSync(join(tmpdir(), "tl-gw-chat-")), "smollm2.jinja");
+    writeFileSync(file, SMOLLM2);
+    const c = await startTestCluster({ prefill: 1, decode: 1, gateway: { chat: chatRendererFor(new ByteTokenizer(), null, file) } });
+    try {
+      const messages = [{ role: "user", content: "Hi there" }];
+      const body = JSON.stringify({ messages, max_tokens: 4, temperature: 0 });
+      const r = await fetch(`http://${c.gateway.httpAddress}/v1/chat/completions`, { method: "POST", body });
+      expect(r.headers.get("x-tl-served")).toBe("disaggregated");
+      const viaGateway = ((await r.json()) as { usage: { prompt_tokens: number } }).usage.prompt_tokens;
+      expect(viaGateway).toBe(new TextEncoder().encode(new ChatTemplate(SMOLLM2, {}).render(messages)).length + 1);
+      // The engine's own template renders another prompt: the gateway's tokens, not its template, reached it.
+      const direct = await fetch(`http://${c.decode[0]!.httpAddress}/v1/chat/completions`, { method: "POST", body });
+      expect(((await direct.json()) as { usage: { prompt_tokens: number } }).usage.prompt_tokens).not.toBe(viaGateway);
+    } finally {
+      await c.stop();
+    }
+  });
+});

@@ -2,7 +2,7 @@ import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { promptHashes } from "../../src/codec/index.ts";
 import { blockPayloadBytes } from "../../src/codec/index.ts";
 import { startEngineNode } from "../../src/cli/engine-node.ts";
-import type { FakeRunner } from "../support/fake-runner.ts";
+import type { FakeRunner } from "../support/fake-model.ts";
 import { fakeServedModel, sseEvents, startTestCluster, type TestCluster } from "../support/nodes.ts";
 
 let c: TestCluster;
@@ -45,17 +45,21 @@ describe("gateway end to end (1 prefill + 2 decode)", () => {
       for (const sampling of [{ temperature: 0 }, { temperature: 0.8, seed: 42 }]) {
         const body = { prompt: "The quick brown fox", max_tokens: 10, ...sampling };
         const want = (await (await fetch(`http://${solo.httpAddress}/v1/completions`, { method: "POST", body: JSON.stringify(body) })).json()) as {
-          choices: { text: string }[];
+          choices: { text: string; token_ids: number[] }[];
         };
+        expect(want.choices[0]!.token_ids.length).toBe(10);
         const res = await post("/v1/completions", body);
         expect(res.status).toBe(200);
         expect(res.headers.get("x-tl-served")).toBe("disaggregated");
-        const got = (await res.json()) as { choices: { text: string; finish_reason: string }[]; usage: { completion_tokens: number } };
+        const got = (await res.json()) as { choices: { text: string; token_ids: number[] }[]; usage: { completion_tokens: number } };
         expect(got.choices[0]!.text).toBe(want.choices[0]!.text);
+        expect(got.choices[0]!.token_ids).toEqual(want.choices[0]!.token_ids);
         expect(got.usage.completion_tokens).toBe(10);
         const s = await post("/v1/completions", { ...body, stream: true });
-        const events = (await sseEvents(s)) as ({ choices: { text: string }[] } | string)[];
+        const events = (await sseEvents(s)) as ({ choices: { text: string; token_ids?: number[] }[] } | string)[];
         expect(events.at(-1)).toBe("[DONE]");
+        // The final chunk carries the generated ids, P's first token included.
+        expect((events.at(-2) as { choices: { token_ids?: number[] }[] }).choices[0]!.token_ids).toEqual(want.choices[0]!.token_ids);
         expect(events.flatMap((e) => (typeof e === "string" ? [] : e.choices.map((x) => x.text))).join("")).toBe(want.choices[0]!.text);
       }
       const chat = await post("/v1/chat/completions", { messages: [{ role: "user", content: "hi" }], max_tokens: 5, temperature: 0 });

@@ -1,7 +1,7 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { startEngineNode, type EngineNode } from "../../src/cli/engine-node.ts";
 import { promptHashes } from "../../src/codec/index.ts";
-import type { FakeRunner } from "../support/fake-runner.ts";
+import type { FakeRunner } from "../support/fake-model.ts";
 import { fakeServedModel, sseEvents, startTestCluster, type TestCluster } from "../support/nodes.ts";
 
 // The same request through the gateway over P and D, and on one colocated engine, must

@@ -2,7 +2,7 @@ import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { startEngineNode, type EngineNode } from "../../src/cli/engine-node.ts";
 import { TextAssembler } from "../../src/http/index.ts";
 import { ByteTokenizer } from "../../src/model/index.ts";
-import type { FakeRunner } from "../support/fake-runner.ts";
+import type { FakeRunner } from "../support/fake-model.ts";
 import { fakeServedModel, sseEvents } from "../support/nodes.ts";
 
 let E: EngineNode;
@@ -66,6 +66,30 @@ describe("engine HTTP (OpenAI-compatible)", () => {
     expect(first.choices[0]!.delta.role).toBe("assistant");
     const last = chat.at(-2) as Exclude<(typeof chat)[0], string>;
     expect(last.choices[0]!.finish_reason).toBe("length");
+  });
+
+  test("token_ids_always: the JSON choice and the final chunk carry the generated ids without return_token_ids", async () => {
+    type Chunk = { choices: { token_ids?: number[]; finish_reason: string | null }[] };
+    for (const [path, base] of [
+      ["/v1/completions", { prompt: "Hello there" }],
+      ["/v1/chat/completions", { messages: [{ role: "user", content: "hi" }] }],
+    ] as const) {
+      const body = { ...base, max_tokens: 7, temperature: 0.7, seed: 3 };
+      const want = ((await (await post(path, { ...body, return_token_ids: true })).json()) as { choices: { token_ids: number[] }[] }).choices[0]!.token_ids;
+      expect(want.length).toBe(7);
+      const j = (await (await post(path, body)).json()) as { choices: { token_ids: number[] }[] };
+      expect({ path, ids: j.choices[0]!.token_ids }).toEqual({ path, ids: want });
+      const chunks = ((await sseEvents(await post(path, { ...body, stream: true }))) as (Chunk | string)[]).filter((e): e is Chunk => typeof e !== "string");
+      const last = chunks.at(-1)!.choices[0]!;
+      expect({ path, finish: last.finish_reason, ids: last.token_ids }).toEqual({ path, finish: "length", ids: want });
+      expect(chunks.slice(0, -1).every((c) => c.choices[0]!.token_ids === undefined)).toBe(true);
+      // With return_token_ids each chunk carries its own ids, and the final one the (empty) rest: they add up once.
+      const each = ((await sseEvents(await post(path, { ...body, stream: true, return_token_ids: true }))) as (Chunk | string)[]).filter(
+        (e): e is Chunk => typeof e !== "string",
+      );
+      expect(each.flatMap((c) => c.choices[0]!.token_ids ?? [])).toEqual(want);
+      expect(each.at(-1)!.choices[0]!.token_ids).toEqual([]);
+    }
   });
 
   test("a stop string ends the text before it, in JSON and in a stream", async () => {

@@ -1,5 +1,7 @@
 import { afterAll, describe, expect, test } from "bun:test";
-import { interleavedToSplitHalf, readModelFiles, splitHalfToInterleaved, syntheticWeights } from "../../src/model/index.ts";
+import { writeFileSync } from "node:fs";
+import { join } from "node:path";
+import { interleavedToSplitHalf, loadModel, loadTokenizerFor, readModelFiles, splitHalfToInterleaved, syntheticWeights } from "../../src/model/index.ts";
 import { writeHfFolder } from "../support/model-writers.ts";
 import { CKPT, greedy, llama2cReference, maxAbsDiff, PROMPTS, tempDir } from "./format-helpers.ts";
 import { bits } from "./helpers.ts";
@@ -71,4 +73,34 @@ describe("hf_folder_equals_llama2c", () => {
       }
     });
   }
+});
+
+describe("hf_chat_template_files", () => {
+  const template = async (dir: string) => (await loadTokenizerFor({ modelPath: dir })).chatTemplate;
+  const tokenizerConfig = (dir: string, cfg: Record<string, unknown>) => writeFileSync(join(dir, "tokenizer_config.json"), JSON.stringify(cfg));
+
+  test("chat_template.jinja beside tokenizer_config.json wins, as in transformers; chat_template.json is the last resort", async () => {
+    const dir = tmp.path("templates");
+    writeHfFolder(dir, CKPT, W);
+    expect(await template(dir)).toBe("{{ messages }}");
+    // Only the processor's chat_template.json: tokenizer_config's template still comes first.
+    writeFileSync(join(dir, "chat_template.json"), JSON.stringify({ chat_template: "from json" }));
+    expect(await template(dir)).toBe("{{ messages }}");
+    tokenizerConfig(dir, { bos_token: "<s>", eos_token: "<s>" });
+    expect(await template(dir)).toBe("from json");
+    writeFileSync(join(dir, "chat_template.jinja"), "{{ 'from jinja' }}\n");
+    expect(await template(dir)).toBe("{{ 'from jinja' }}\n");
+    tokenizerConfig(dir, { bos_token: "<s>", eos_token: "<s>", chat_template: "{{ messages }}" });
+    expect(await template(dir)).toBe("{{ 'from jinja' }}\n");
+    // The engine's loader reads the same files.
+    expect((await loadModel({ modelPath: dir })).chatTemplate).toBe("{{ 'from jinja' }}\n");
+  });
+
+  test("a malformed chat_template.json is refused naming the file", async () => {
+    const dir = tmp.path("bad-template-json");
+    writeHfFolder(dir, CKPT, W);
+    tokenizerConfig(dir, { bos_token: "<s>", eos_token: "<s>" });
+    writeFileSync(join(dir, "chat_template.json"), JSON.stringify({ chat_template: 7 }));
+    await expect(template(dir)).rejects.toThrow(`${dir}/chat_template.json chat_template must be a string`);
+  });
 });

@@ -7,7 +7,7 @@ import type { Gateway } from "../../src/gateway/index.ts";
 import { Engine, type Finish } from "../../src/engine/index.ts";
 import { createMetrics, recordEngineState, recordFinished, type MetricsRole } from "../../src/obs/index.ts";
 import { KvPool } from "../../src/pool/index.ts";
-import { FakeRunner } from "../support/fake-runner.ts";
+import { FakeRunner } from "../support/fake-model.ts";
 
 // What operators chart, by vLLM's names with tl_: each set where its role does the work,
 // and absent where the role never does.

@@ -12,7 +12,7 @@ import { buildChunks, kvMessageLimit, TransferError, type KvChunkLike } from "..
 import { CHUNK_FIXED, encodeChunk, FRAME_CHUNK, FRAME_HEAD } from "../../src/transfer/data-plane-frame.ts";
 import { putU32 } from "../../src/codec/index.ts";
 import { startEngineNode } from "../../src/cli/engine-node.ts";
-import type { FakeRunner } from "../support/fake-runner.ts";
+import type { FakeRunner } from "../support/fake-model.ts";
 import { fakePrefill, fakePrompt } from "../support/fake-model.ts";
 import { fakeServedModel, sseEvents, startTestCluster } from "../support/nodes.ts";
 import { rawConnect, type RawConn } from "../support/raw-data-plane.ts";

@@ -1,8 +1,10 @@
-// A stand-in for a transformer in tests: its "KV cache" is a fixed f16 pattern of
+// The one stand-in for a transformer in tests: its "KV cache" is a fixed f16 pattern of
 // (position, token, layer, K/V, head, dim) written into a real KvPool, and its "logits"
 // hash every cached value of the sequence, so a lost, stale, misplaced or partly
-// copied block changes the next token.
+// copied block changes the next token. Engines run it as `FakeRunner`; transfer tests
+// fill pools with the same pattern through `fakePrefill` and check them with `patternDigest`.
 import { promptHashes, type KvShape } from "../../src/codec/index.ts";
+import type { ModelRunner, SeqChunk } from "../../src/engine/index.ts";
 import type { KvPool } from "../../src/pool/index.ts";
 
 /** The value the fake model caches; multiples of 1/64 in [-16, 16), exact in f16. */
@@ -75,7 +77,7 @@ function mix(h: number, v: number): number {
 }
 
 /** A digest of every cached value of positions 0..nTokens-1 held in `ids` (in order). */
-export function kvDigest(pool: KvPool, ids: readonly number[], nTokens: number): number {
+export function kvDigest(pool: KvPool, ids: ArrayLike<number>, nTokens: number): number {
   const { blockTokens: B, nLayers, nKvHeads, headDim } = pool.shape;
   const bits = new Uint16Array(pool.data.buffer);
   let h = 0x811c9dc5;
@@ -112,9 +114,49 @@ export function patternDigest(shape: KvShape, tokens: readonly number[]): number
   return h >>> 0;
 }
 
-/** The fake model's next token: a function of every cached value of the sequence. */
-export function fakeNextToken(pool: KvPool, ids: readonly number[], nTokens: number, vocabSize: number): number {
-  return kvDigest(pool, ids, nTokens) % vocabSize;
+/** The fake model's logits for a cache with this digest: a spread distribution in [0, 4), so sampling has choices. */
+export function fakeLogits(digest: number, row: Float32Array): void {
+  let x = digest || 1;
+  for (let v = 0; v < row.length; v++) {
+    x ^= x << 13;
+    x ^= x >>> 17;
+    x ^= x << 5;
+    row[v] = ((x >>> 0) % 1000) / 250;
+  }
+}
+
+/**
+ * The fake model as a ModelRunner: each chunk's tokens are cached with the pattern at their
+ * positions through the block table, and its logits come from the digest of the whole
+ * sequence read back through that table, so nothing depends on the batch.
+ */
+export class FakeRunner implements ModelRunner {
+  forwardCalls = 0;
+  tokensComputed = 0;
+
+  /** Busy time per forward, so streams last long enough to be interrupted. */
+  slowMs = 0;
+
+  constructor(readonly vocabSize = 64) {}
+
+  forward(pool: KvPool, batch: readonly SeqChunk[], out: Float32Array): void {
+    this.forwardCalls++;
+    if (this.slowMs > 0) {
+      const until = performance.now() + this.slowMs;
+      while (performance.now() < until);
+    }
+    const B = pool.shape.blockTokens;
+    for (let i = 0; i < batch.length; i++) {
+      const c = batch[i]!;
+      for (let t = 0; t < c.tokens.length; t++) {
+        const pos = c.startPos + t;
+        writeTokenKv(pool, c.blockTable[Math.floor(pos / B)]!, pos % B, pos, c.tokens[t]!);
+        this.tokensComputed++;
+      }
+      const digest = kvDigest(pool, c.blockTable, c.startPos + c.tokens.length);
+      fakeLogits(digest, out.subarray(i * this.vocabSize, (i + 1) * this.vocabSize));
+    }
+  }
 }
 
 /** A deterministic prompt of n token ids below `vocab`, different per `seed`. */

@@ -1,7 +1,7 @@
 import { sseData } from "../../src/http/index.ts";
 import { ByteTokenizer } from "../../src/model/index.ts";
 import type { ServedModel } from "../../src/cli/engine-node.ts";
-import { FakeRunner } from "./fake-runner.ts";
+import { FakeRunner } from "./fake-model.ts";
 
 /** The fake model behind a byte tokenizer: fast, and any misplaced KV changes its tokens. */
 export function fakeServedModel(): ServedModel {
