@@ -16,7 +16,7 @@
 //   BENCH_DISAGG_TAG=rerun      write disagg.rerun.{json,svg} instead
 import { mkdirSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
-import { type RoleProcess, spawnRole } from "../src/cli/spawn-role.ts";
+import { type RoleProcess, roleArgs, spawnRole } from "../src/cli/spawn-role.ts";
 import { sseData } from "../src/http/index.ts";
 import { stream } from "../src/rng/index.ts";
 
@@ -128,41 +128,27 @@ async function startCluster(cfg: ConfigName): Promise<Cluster> {
     await Promise.all(children.map((c) => Promise.race([c.proc.exited, Bun.sleep(5000).then(() => c.proc.kill("SIGKILL"))])));
   };
   try {
-    const gw = spawn("gateway", [
-      "--role",
-      "gateway",
-      "--http-listen",
-      "127.0.0.1:0",
-      "--registry-listen",
-      "127.0.0.1:0",
-      "--heartbeat-interval-ms",
-      String(BEAT_MS),
-    ]);
+    const gw = spawn("gateway", roleArgs("gateway", ["--heartbeat-interval-ms", String(BEAT_MS)]));
     children.push(gw);
     const g = await gw.ready;
     const roles = CONFIGS[cfg].roles;
     roles.forEach((role, i) =>
       children.push(
-        spawn(`${role}-${i}`, [
-          "--role",
-          role,
-          "--worker-id",
+        spawn(
           `${role}-${i}`,
-          "--http-listen",
-          "127.0.0.1:0",
-          "--grpc-listen",
-          "127.0.0.1:0",
-          "--kv-listen",
-          "127.0.0.1:0",
-          "--gateway-registry",
-          String(g.registry),
-          "--heartbeat-interval-ms",
-          String(BEAT_MS),
-          "--max-batch-tokens",
-          String(MBT),
-          "--drain-timeout-s",
-          "2",
-        ]),
+          roleArgs(role, [
+            "--worker-id",
+            `${role}-${i}`,
+            "--gateway-registry",
+            String(g.registry),
+            "--heartbeat-interval-ms",
+            String(BEAT_MS),
+            "--max-batch-tokens",
+            String(MBT),
+            "--drain-timeout-s",
+            "2",
+          ]),
+        ),
       ),
     );
     await Promise.all(children.map((c) => c.ready));

@@ -14,7 +14,7 @@
 import { loadavg } from "node:os";
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
-import { type RoleProcess, spawnRole } from "../src/cli/spawn-role.ts";
+import { type RoleProcess, roleArgs, spawnRole } from "../src/cli/spawn-role.ts";
 import { sseData } from "../src/http/index.ts";
 
 const ROOT = join(import.meta.dir, "..");
@@ -47,25 +47,12 @@ async function startCluster(decodes: number, gatewayFlags: string[]): Promise<Cl
     }
     await Promise.all(children.map((c) => Promise.race([c.proc.exited, Bun.sleep(5000).then(() => c.proc.kill("SIGKILL"))])));
   };
-  const listen = ["--http-listen", "127.0.0.1:0", "--heartbeat-interval-ms", String(BEAT_MS)];
+  const beat = ["--heartbeat-interval-ms", String(BEAT_MS)];
   // --routing-headers: the burst counts which decode engine served each request.
-  const gw = spawn("gateway", ["--role", "gateway", ...listen, "--registry-listen", "127.0.0.1:0", "--routing-headers", ...gatewayFlags]);
+  const gw = spawn("gateway", roleArgs("gateway", [...beat, "--routing-headers", ...gatewayFlags]));
   children.push(gw);
   const g = await gw.ready;
-  const engine = (role: string, id: string) =>
-    spawn(id, [
-      "--role",
-      role,
-      "--worker-id",
-      id,
-      ...listen,
-      "--grpc-listen",
-      "127.0.0.1:0",
-      "--kv-listen",
-      "127.0.0.1:0",
-      "--gateway-registry",
-      String(g.registry),
-    ]);
+  const engine = (role: "prefill" | "decode", id: string) => spawn(id, roleArgs(role, ["--worker-id", id, ...beat, "--gateway-registry", String(g.registry)]));
   const p = engine("prefill", "prefill-0");
   const ds = Array.from({ length: decodes }, (_, i) => engine("decode", `decode-${i}`));
   children.push(p, ...ds);

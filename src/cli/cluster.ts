@@ -8,7 +8,7 @@ import { log } from "../obs/index.ts";
 import { certFiles, mintCluster, writeCerts } from "./certs.ts";
 import { clusterFlags, type ClusterFlags } from "./cluster-flags.ts";
 import { ConfigError, parseAddr, type Config } from "./options.ts";
-import { type RoleProcess, spawnRole } from "./spawn-role.ts";
+import { ANY_PORT, type RoleProcess, roleArgs, spawnRole } from "./spawn-role.ts";
 import { PARENT_PID_ENV, stopRequests } from "./stop-requests.ts";
 
 function tryPort(port: number, host = "127.0.0.1"): Promise<number> {
@@ -23,8 +23,6 @@ function tryPort(port: number, host = "127.0.0.1"): Promise<number> {
 }
 
 const DEFAULT_FRONT_PORT = 8000;
-/** Any free port, chosen by the OS at bind time: nothing can take it between a probe and the bind. */
-const ANY_PORT = "127.0.0.1:0";
 
 /**
  * Where the gateway listens: the address asked for (which must be free now: an error
@@ -155,22 +153,8 @@ export async function runCluster(config: Config, rest: Map<string, string>, opts
     const reg = parseAddr(String(gwReady.registry));
     const loopback = (h: string) => (h === "0.0.0.0" ? "127.0.0.1" : h);
     // Engines bind ports the OS picks and say which in their ready lines and heartbeats.
-    const engineArgs = (role: string, i: number) => [
-      "--role",
-      role,
-      "--worker-id",
-      `${role}-${i}`,
-      "--http-listen",
-      ANY_PORT,
-      "--grpc-listen",
-      ANY_PORT,
-      "--kv-listen",
-      ANY_PORT,
-      "--gateway-registry",
-      `${loopback(reg.host)}:${reg.port}`,
-      ...flags.engines,
-      ...tlsArgs(`${role}-${i}`),
-    ];
+    const engineArgs = (role: "prefill" | "decode", i: number) =>
+      roleArgs(role, ["--worker-id", `${role}-${i}`, "--gateway-registry", `${loopback(reg.host)}:${reg.port}`, ...flags.engines, ...tlsArgs(`${role}-${i}`)]);
     for (let i = 0; i < nP; i++) children.push(startRole(`prefill-${i}`, engineArgs("prefill", i)));
     for (let i = 0; i < nD; i++) children.push(startRole(`decode-${i}`, engineArgs("decode", i)));
     const ready = await Promise.all(children.map((c) => c.ready));

@@ -1,3 +1,21 @@
+import type { Role } from "./options.ts";
+
+/** Any free loopback port, chosen by the OS at bind time: nothing can take it between a probe and the bind. */
+export const ANY_PORT = "127.0.0.1:0";
+
+/**
+ * `--role <role>` and every listen address that role binds, each on ANY_PORT (the role says
+ * which ports it got in its ready line), then `extra`: how the cluster, tests and benches
+ * start a role on loopback.
+ */
+export function roleArgs(role: Role, extra: readonly string[] = []): string[] {
+  const listen =
+    role === "gateway"
+      ? ["--http-listen", ANY_PORT, "--registry-listen", ANY_PORT]
+      : ["--http-listen", ANY_PORT, "--grpc-listen", ANY_PORT, "--kv-listen", ANY_PORT];
+  return ["--role", role, ...listen, ...extra];
+}
+
 /**
  * The JSON `{"msg":"ready",...}` line every role prints once it serves (with its
  * addresses), or null for any other line.

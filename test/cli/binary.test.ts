@@ -1,7 +1,8 @@
 import { afterAll, beforeAll, expect, test } from "bun:test";
 import { readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
-import { ROLES, SPECS } from "../../src/cli/options.ts";
+import { type Role, ROLES, SPECS } from "../../src/cli/options.ts";
+import { roleArgs } from "../../src/cli/spawn-role.ts";
 import { DEFAULT_MODEL_NAME } from "../../src/model/index.ts";
 import { alive, exitWithin, killAll, killTree, REPO, spawnProc, tempDir, waitGone } from "./procs.ts";
 
@@ -33,13 +34,10 @@ async function run(args: string[]): Promise<{ code: number; out: string; err: st
   return { code: await exitWithin(p, 20_000), out, err };
 }
 
-function roleArgs(role: string): string[] {
-  if (role === "gateway") return ["--role", "gateway", "--http-listen", "127.0.0.1:0", "--registry-listen", "127.0.0.1:0"];
-  return ["--role", role, "--http-listen", "127.0.0.1:0", "--grpc-listen", "127.0.0.1:0", "--kv-listen", "127.0.0.1:0", "--num-blocks", "64"];
-}
+const argsOf = (role: Role) => (role === "gateway" ? roleArgs(role) : roleArgs(role, ["--num-blocks", "64"]));
 
 test("binary_starts_in_each_role", async () => {
-  const procs = ROLES.map((role) => ({ role, p: spawnProc([bin, ...roleArgs(role)], { cwd: dir.path }) }));
+  const procs = ROLES.map((role) => ({ role, p: spawnProc([bin, ...argsOf(role)], { cwd: dir.path }) }));
   try {
     for (const { role, p } of procs) {
       const ready = await p.ready();

@@ -1,5 +1,6 @@
 import { afterAll, expect, test } from "bun:test";
 import OpenAI from "openai";
+import { roleArgs } from "../../src/cli/spawn-role.ts";
 import { alive, exitWithin, killAll, killTree, spawnProc, waitGone } from "./procs.ts";
 
 afterAll(killAll);
@@ -35,18 +36,7 @@ async function chat(baseURL: string, seed: number): Promise<{ text: string; serv
 test("cluster_serves_openai_clients", async () => {
   // As a user would: `npm start` is `bun bin/engine.ts cluster`.
   const cluster = spawnProc([process.execPath, "bin/engine.ts", "cluster"]);
-  const colocated = spawnProc([
-    process.execPath,
-    "bin/engine.ts",
-    "--role",
-    "both",
-    "--http-listen",
-    "127.0.0.1:0",
-    "--grpc-listen",
-    "127.0.0.1:0",
-    "--kv-listen",
-    "127.0.0.1:0",
-  ]);
+  const colocated = spawnProc([process.execPath, "bin/engine.ts", ...roleArgs("both")]);
   try {
     const t0 = performance.now();
     await cluster.waitLine((l) => l.startsWith("serving;"), 45_000);

@@ -1,4 +1,5 @@
 import { afterAll, expect, test } from "bun:test";
+import { roleArgs } from "../../src/cli/spawn-role.ts";
 import { alive, exitWithin, killAll, readSse, spawnProc } from "./procs.ts";
 
 afterAll(killAll);
@@ -7,19 +8,13 @@ function startEngine(drainTimeoutS: number) {
   return spawnProc([
     process.execPath,
     "bin/engine.ts",
-    "--role",
-    "both",
-    "--http-listen",
-    "127.0.0.1:0",
-    "--grpc-listen",
-    "127.0.0.1:0",
-    "--kv-listen",
-    "127.0.0.1:0",
-    "--drain-timeout-s",
-    String(drainTimeoutS),
-    // The synthetic model: long streams that never stop early, at its pace.
-    "--model",
-    "tl-synthetic-4l",
+    ...roleArgs("both", [
+      "--drain-timeout-s",
+      String(drainTimeoutS),
+      // The synthetic model: long streams that never stop early, at its pace.
+      "--model",
+      "tl-synthetic-4l",
+    ]),
   ]);
 }
 

@@ -3,7 +3,7 @@ import { writeFileSync } from "node:fs";
 import { type ModelConfig, parseGguf, readModelFiles, syntheticWeights, toFloat32 } from "../../src/model/index.ts";
 import { encodeGgufModel, GT, writeHfFolder } from "../support/model-writers.ts";
 import { CKPT, greedy, llama2cReference, maxAbsDiff, PROMPTS, tempDir } from "./format-helpers.ts";
-import { bits } from "./helpers.ts";
+import { bits, TINY } from "./helpers.ts";
 
 const tmp = tempDir("gguf");
 afterAll(tmp.cleanup);
@@ -229,19 +229,7 @@ describe("q4_k", () => {
 });
 
 /** Qwen2-shaped: q/k/v biases, tied embeddings, head_dim (16) != dim / heads (8), GQA. */
-const QWEN: ModelConfig = {
-  name: "qwen",
-  dim: 32,
-  hiddenDim: 64,
-  nLayers: 2,
-  nHeads: 4,
-  nKvHeads: 2,
-  vocabSize: 64,
-  maxSeqLen: 48,
-  ropeTheta: 1000000,
-  normEps: 1e-6,
-  headDim: 16,
-};
+const QWEN: ModelConfig = { ...TINY, name: "qwen", maxSeqLen: 48, ropeTheta: 1000000, normEps: 1e-6, headDim: 16 };
 const QW = syntheticWeights(QWEN, 91, { sharedClassifier: true, biases: true });
 
 describe("qwen2_arch_biases_tied_head_dim", () => {

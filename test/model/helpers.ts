@@ -1,3 +1,6 @@
+import { expect } from "bun:test";
+import { type MatmulKernel, matmul, matmulRef } from "../../src/model/matmul.ts";
+import type { Matrix } from "../../src/model/packed.ts";
 import { KvPool } from "../../src/pool/index.ts";
 import { type ModelConfig, type SeqChunk, Transformer, kvShapeOf, syntheticWeights } from "../../src/model/index.ts";
 
@@ -64,6 +67,30 @@ export function argmax(a: ArrayLike<number>): number {
 }
 
 /** Bitwise equality of two float arrays (distinguishes -0 and NaN payloads). */
+/**
+ * The copying matmul and `placed`'s kernel over `w` (from `wOff`) give, bit for bit, `want`; without
+ * `want`, what matmulRef gives on the same `w`; with it, matmulRef on `w` must give `want` too.
+ */
+export function expectMatmulsGive(
+  placed: MatmulKernel,
+  x: Float32Array,
+  w: Matrix,
+  shape: { wOff: number; rows: number; n: number; d: number },
+  want?: Float32Array,
+): void {
+  const { wOff, rows, n, d } = shape;
+  const run = (mul: typeof matmul) => {
+    const y = new Float32Array(rows * d);
+    mul(y, x, w, wOff, rows, n, d);
+    return bits(y);
+  };
+  const viaRef = run(matmulRef);
+  const expected = want ? bits(want) : viaRef;
+  expect(run(matmul)).toEqual(expected);
+  expect(run((...a) => placed.matmul(...a))).toEqual(expected);
+  if (want) expect(viaRef).toEqual(expected);
+}
+
 export function bits(a: Float32Array): number[] {
   return Array.from(new Uint32Array(a.buffer, a.byteOffset, a.length));
 }

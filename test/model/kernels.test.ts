@@ -1,10 +1,10 @@
 import { describe, expect, test } from "bun:test";
 import { KERNELS_WASM_BASE64 } from "../../src/model/kernels/kernels-wasm.ts";
-import { KERNEL_RESERVED_BYTES, MatmulKernel, matmul, matmulRef } from "../../src/model/matmul.ts";
+import { KERNEL_RESERVED_BYTES, MatmulKernel, matmulRef } from "../../src/model/matmul.ts";
 import { castMatrix, dequantize, Q8_0_BLOCK_BYTES, QK8_0, type PackedMatrix } from "../../src/model/packed.ts";
 import { Transformer, syntheticWeights } from "../../src/model/index.ts";
 import { castWeights, MATRICES, weightsDType } from "../../src/model/weights.ts";
-import { Seq, TINY, bits, newPool, step, tokens } from "./helpers.ts";
+import { Seq, TINY, bits, expectMatmulsGive, newPool, step, tokens } from "./helpers.ts";
 
 /** f16 bit patterns of every kind but NaN and inf: zeros, subnormals, normals of both signs. */
 function f16Matrix(d: number, n: number, seed: number): PackedMatrix {
@@ -25,16 +25,8 @@ function checkAgainstRef(w: PackedMatrix | Float32Array, n: number, d: number): 
   for (const rows of [1, 2, 3, 5, 8]) {
     const x = new Float32Array(rows * n).map((_, i) => Math.cos(i * 0.37) * 3);
     const want = new Float32Array(rows * d);
-    const viaPlaced = new Float32Array(rows * d);
-    const viaCopy = new Float32Array(rows * d);
-    const viaRefPacked = new Float32Array(rows * d);
     matmulRef(want, x, wf, 0, rows, n, d);
-    placed.matmul(viaPlaced, x, w, 0, rows, n, d);
-    matmul(viaCopy, x, w, 0, rows, n, d);
-    matmulRef(viaRefPacked, x, w, 0, rows, n, d);
-    expect(bits(viaPlaced)).toEqual(bits(want));
-    expect(bits(viaCopy)).toEqual(bits(want));
-    expect(bits(viaRefPacked)).toEqual(bits(want));
+    expectMatmulsGive(placed, x, w, { wOff: 0, rows, n, d }, want);
   }
   // A layer's slice: rows from the middle of the matrix.
   if (d >= 4) {

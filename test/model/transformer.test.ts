@@ -1,8 +1,8 @@
 import { describe, expect, test } from "bun:test";
 import { KvPool } from "../../src/pool/index.ts";
 import { Transformer, kvShapeOf, syntheticWeights, type ModelConfig, type Weights } from "../../src/model/index.ts";
-import { MatmulKernel, matmul, matmulRef } from "../../src/model/matmul.ts";
-import { B, Seq, TINY, argmax, bits, newPool, step, tinyModel, tokens } from "./helpers.ts";
+import { MatmulKernel, matmul } from "../../src/model/matmul.ts";
+import { B, Seq, TINY, argmax, bits, expectMatmulsGive, newPool, step, tinyModel, tokens } from "./helpers.ts";
 
 describe("matmul", () => {
   test("tiled_kernel_equals_naive_bitwise", () => {
@@ -14,14 +14,7 @@ describe("matmul", () => {
         const placed = new MatmulKernel([w]);
         for (let rows = 1; rows <= 10; rows++) {
           const x = new Float32Array(rows * n).map((_, i) => Math.cos(i * 0.3));
-          const y1 = new Float32Array(rows * d);
-          const y2 = new Float32Array(rows * d);
-          const y3 = new Float32Array(rows * d);
-          matmul(y1, x, w, 5, rows, n, d);
-          placed.matmul(y2, x, w, 5, rows, n, d);
-          matmulRef(y3, x, w, 5, rows, n, d);
-          expect(bits(y1)).toEqual(bits(y3));
-          expect(bits(y2)).toEqual(bits(y3));
+          expectMatmulsGive(placed, x, w, { wOff: 5, rows, n, d });
         }
       }
     }

@@ -1,6 +1,7 @@
 import { expect, test } from "bun:test";
 import { parseArgs } from "../../src/cli/options.ts";
 import { runEngine } from "../../src/cli/run-engine.ts";
+import { roleArgs } from "../../src/cli/spawn-role.ts";
 import { KvPool } from "../../src/pool/index.ts";
 import { acceptAll, buildChunks, KvReceiver } from "../../src/transfer/index.ts";
 import { fakePrefill, fakePrompt } from "../support/fake-model.ts";
@@ -41,18 +42,7 @@ test("the receiver reports each handle its time to live freed, and only those", 
 });
 
 test("tl_kv_handles_expired_total counts an unclaimed handle on a decode engine's /metrics", async () => {
-  const { config } = parseArgs([
-    "--role",
-    "decode",
-    "--http-listen",
-    "127.0.0.1:0",
-    "--grpc-listen",
-    "127.0.0.1:0",
-    "--kv-listen",
-    "127.0.0.1:0",
-    "--handle-ttl-s",
-    "1",
-  ]);
+  const { config } = parseArgs(roleArgs("decode", ["--handle-ttl-s", "1"]));
   const node = await runEngine(config);
   try {
     const metric = async () => {

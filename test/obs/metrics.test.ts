@@ -1,6 +1,7 @@
 import { afterAll, beforeAll, expect, test } from "bun:test";
 import { parseArgs } from "../../src/cli/options.ts";
 import { runEngine, runGateway } from "../../src/cli/run-engine.ts";
+import { roleArgs } from "../../src/cli/spawn-role.ts";
 import type { EngineNode } from "../../src/cli/engine-node.ts";
 import type { Gateway } from "../../src/gateway/index.ts";
 import { Engine, type Finish } from "../../src/engine/index.ts";
@@ -92,25 +93,12 @@ let decode: EngineNode;
 const scrape = async (http: string) => (await fetch(`http://${http}/metrics`)).text();
 
 beforeAll(async () => {
-  const common = ["--http-listen", "127.0.0.1:0", "--grpc-listen", "127.0.0.1:0", "--kv-listen", "127.0.0.1:0", "--heartbeat-interval-ms", "100"];
-  gateway = await runGateway(
-    parseArgs([
-      "--role",
-      "gateway",
-      "--http-listen",
-      "127.0.0.1:0",
-      "--registry-listen",
-      "127.0.0.1:0",
-      "--heartbeat-interval-ms",
-      "100",
-      // Every request crosses the hand-off, so the disaggregated families are set.
-      "--disagg-min-uncached-tokens",
-      "0",
-    ]).config,
-  );
+  const beat = ["--heartbeat-interval-ms", "100"];
+  // Every request crosses the hand-off, so the disaggregated families are set.
+  gateway = await runGateway(parseArgs(roleArgs("gateway", [...beat, "--disagg-min-uncached-tokens", "0"])).config);
   const registry = ["--gateway-registry", gateway.registryAddress];
-  prefill = await runEngine(parseArgs(["--role", "prefill", "--worker-id", "p0", ...common, ...registry]).config);
-  decode = await runEngine(parseArgs(["--role", "decode", "--worker-id", "d0", ...common, ...registry]).config);
+  prefill = await runEngine(parseArgs(roleArgs("prefill", ["--worker-id", "p0", ...beat, ...registry])).config);
+  decode = await runEngine(parseArgs(roleArgs("decode", ["--worker-id", "d0", ...beat, ...registry])).config);
   for (const end = Date.now() + 10_000; gateway.registry.live().length < 2; ) {
     if (Date.now() > end) throw new Error("engines never registered");
     await Bun.sleep(20);

@@ -68,6 +68,11 @@ const BPE_MERGES: [string, string][] = [
   ["12", "3"],
 ];
 
+/** tokenizer.json's model.vocab: each token's id is its index (these fixtures hold no duplicates). */
+function idsOf(tokens: readonly string[]): Record<string, number> {
+  return Object.fromEntries(tokens.map((t, i) => [t, i]));
+}
+
 export interface ByteLevelOptions {
   pre: keyof typeof REAL_PRE_TOKENIZERS;
   /** Llama 3 style: BOS <|begin_of_text|> added by the post-processor. */
@@ -82,8 +87,7 @@ export function byteLevelTokenizerJson(opts: ByteLevelOptions): { json: object; 
   const special = opts.bos ? ["<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>"] : ["<|endoftext|>", "<|im_start|>", "<|im_end|>"];
   const first = tokens.length;
   tokens.push(...special);
-  const vocab: Record<string, number> = {};
-  tokens.forEach((t, i) => (vocab[t] = i));
+  const vocab = idsOf(tokens);
   const json = {
     version: "1.0",
     truncation: null,
@@ -174,8 +178,7 @@ export function spmTokenizerJson(): { json: object; tokens: string[]; scores: nu
     types.push(1);
     scores.push(-1000 - i);
   });
-  const vocab: Record<string, number> = {};
-  tokens.forEach((t, i) => (vocab[t] = i));
+  const vocab = idsOf(tokens);
   const json = {
     version: "1.0",
     truncation: null,
