@@ -303,13 +303,7 @@ class EngineHttp {
         for (const r of out) engine.pool.releaseAll(r.blockIds);
         // Pool figures stay in the logs and /metrics: the error goes to a client.
         log.warn("resume: out of KV blocks for its choices", { choices: params.n, available: engine.pool.available });
-        throw new HttpError(
-          503,
-          `out of KV blocks: ${params.n} choices need ${params.n - 1} more tail blocks`,
-          "server_error",
-          null,
-          { "retry-after": "1" },
-        );
+        throw new HttpError(503, `out of KV blocks: ${params.n} choices need ${params.n - 1} more tail blocks`, "server_error", null, { "retry-after": "1" });
       }
       out.push({ blockIds, firstToken: firstTokens[i]!, draws, choice: choices[i]! });
     }
