@@ -1,8 +1,9 @@
 import { headDimOf, kvDimOf, qDimOf } from "./config.ts";
 import type { ModelSpec } from "./model-spec.ts";
-import { elementCount, type RawTensor, toFloat32 } from "./raw-tensor.ts";
-import { splitHalfToInterleaved } from "./rope-order.ts";
-import { type DenseWeightName, validateWeights, type Weights } from "./weights.ts";
+import { dequantize, dtypeOf, type DType, type Matrix, matrixBytes, type PackedMatrix } from "./packed.ts";
+import { byteLengthOf, elementCount, type RawTensor, toFloat32 } from "./raw-tensor.ts";
+import { splitHalfToInterleaved, splitHalfToInterleavedBytes } from "./rope-order.ts";
+import { type DenseWeightName, validateWeights, type Weights, weightsBytes } from "./weights.ts";
 
 /** Where named tensors come from (one safetensors file, several shards, a GGUF file). */
 export interface TensorSource {
@@ -74,31 +75,36 @@ export interface WeightStats {
   parameters: number;
   /** The stored dtypes, e.g. "bf16" or "q8_0+f32". */
   dtype: string;
-  /** Bytes the weights take as this engine holds them (f32). */
+  /** Bytes the weights take as this engine holds them (f32, or packed as loaded). */
   residentBytes: number;
 }
 
 /**
  * Builds the transformer's Weights from a file's tensors: checks every shape against the spec,
- * converts to f32 (toFloat32, the one conversion), stacks layers, reorders q/k rows into the
- * interleaved RoPE order when the file uses split halves, and refuses tensors the model would
- * silently ignore (an o_proj bias, extra experts...). `onBytes` is told the stored bytes of
- * each tensor once it is converted, for a progress line.
+ * stacks layers, reorders q/k rows into the interleaved RoPE order when the file uses split
+ * halves, and refuses tensors the model would silently ignore (an o_proj bias, extra experts...).
+ * A matrix stored in `dtype` (f16, bf16, q8_0; "as-stored": the one dtype every matrix of the
+ * file shares, if the kernels read it) is kept packed, straight from the file's bytes with rows
+ * moved whole; everything else goes through toFloat32, the one conversion. `onBytes` is told the
+ * stored bytes of each tensor once it is taken, for a progress line.
  */
 export function assembleWeights(
   spec: ModelSpec,
   src: TensorSource,
   naming: TensorNaming,
   onBytes: (n: number) => void = () => {},
-): { weights: Weights; stats: WeightStats } {
+  dtype: DType | "as-stored" = "f32",
+): { weights: Weights<Matrix>; stats: WeightStats } {
   const { cfg } = spec;
   const { dim, hiddenDim: hid, nLayers: L, vocabSize: V } = cfg;
   const qDim = qDimOf(cfg);
   const kvDim = kvDimOf(cfg);
+  const hd = headDimOf(cfg);
+  const keep = packedTarget(dtype, matrixDtypes(spec, src, naming));
   const used = new Set<string>();
   const dtypes = new Set<string>();
   let parameters = 0;
-  const take = (name: string, shape: readonly number[], permuteRows = false): Float32Array => {
+  const raw = (name: string, shape: readonly number[]): RawTensor => {
     const t = src.get(name);
     if (t === undefined) throw new Error(`${cfg.name}: tensor ${name} is missing`);
     if (t.shape.length !== shape.length || t.shape.some((d, i) => d !== shape[i])) {
@@ -107,10 +113,23 @@ export function assembleWeights(
     used.add(name);
     dtypes.add(t.dtype);
     parameters += elementCount(shape);
-    let v = toFloat32(t);
-    if (permuteRows && spec.ropeOrder === "split-half") v = splitHalfToInterleaved(v, shape[0]! / headDimOf(cfg), headDimOf(cfg), shape[1] ?? 1);
     onBytes(t.bytes.length);
-    return v;
+    return t;
+  };
+  const permuted = (permuteRows: boolean) => permuteRows && spec.ropeOrder === "split-half";
+  const take = (name: string, shape: readonly number[], permuteRows = false): Float32Array => {
+    const v = toFloat32(raw(name, shape));
+    return permuted(permuteRows) ? splitHalfToInterleaved(v, shape[0]! / hd, hd, shape[1] ?? 1) : v;
+  };
+  const takeMatrix = (name: string, shape: readonly [number, number], permuteRows = false): Matrix => {
+    const t = raw(name, shape);
+    if (t.dtype !== keep) {
+      const v = toFloat32(t);
+      return permuted(permuteRows) ? splitHalfToInterleaved(v, shape[0] / hd, hd, shape[1]) : v;
+    }
+    const stored = packedBytesOf(t, cfg.name);
+    const bytes = permuted(permuteRows) ? splitHalfToInterleavedBytes(stored, shape[0] / hd, hd, matrixBytes(keep, shape[1])) : t.bytes;
+    return { dtype: keep, cols: shape[1], length: shape[0] * shape[1], bytes };
   };
   const stacked = (field: LayerField, shape: readonly number[], permuteRows = false): Float32Array => {
     const per = elementCount(shape);
@@ -118,22 +137,26 @@ export function assembleWeights(
     for (let l = 0; l < L; l++) out.set(take(naming.layerPrefix(l) + naming.layer[field], shape, permuteRows), l * per);
     return out;
   };
-  const tokenEmbedding = take(naming.embed, [V, dim]);
-  const w: Weights = {
+  const stackedMatrix = (field: LayerField, shape: readonly [number, number], permuteRows = false): Matrix => {
+    const layers = Array.from({ length: L }, (_, l) => takeMatrix(naming.layerPrefix(l) + naming.layer[field], shape, permuteRows));
+    return stackLayers(layers, shape[1]);
+  };
+  const tokenEmbedding = takeMatrix(naming.embed, [V, dim]);
+  const w: Weights<Matrix> = {
     tokenEmbedding,
     rmsAtt: stacked("rmsAtt", [dim]),
-    wq: stacked("wq", [qDim, dim], true),
-    wk: stacked("wk", [kvDim, dim], true),
-    wv: stacked("wv", [kvDim, dim]),
-    wo: stacked("wo", [dim, qDim]),
+    wq: stackedMatrix("wq", [qDim, dim], true),
+    wk: stackedMatrix("wk", [kvDim, dim], true),
+    wv: stackedMatrix("wv", [kvDim, dim]),
+    wo: stackedMatrix("wo", [dim, qDim]),
     rmsFfn: stacked("rmsFfn", [dim]),
-    w1: stacked("w1", [hid, dim]),
-    w2: stacked("w2", [dim, hid]),
-    w3: stacked("w3", [hid, dim]),
+    w1: stackedMatrix("w1", [hid, dim]),
+    w2: stackedMatrix("w2", [dim, hid]),
+    w3: stackedMatrix("w3", [hid, dim]),
     rmsFinal: take(naming.finalNorm, [dim]),
     wcls: tokenEmbedding,
   };
-  if (!spec.tied) w.wcls = take(naming.classifier, [V, dim]);
+  if (!spec.tied) w.wcls = takeMatrix(naming.classifier, [V, dim]);
   if (spec.biases) {
     w.bq = stacked("bq", [qDim], true);
     w.bk = stacked("bk", [kvDim], true);
@@ -141,7 +164,47 @@ export function assembleWeights(
   }
   refuseUnused(src, used, naming, spec, cfg.name);
   validateWeights(cfg, w);
-  return { weights: w, stats: { parameters, dtype: [...dtypes].sort().join("+"), residentBytes: residentBytesOf(w) } };
+  return { weights: w, stats: { parameters, dtype: [...dtypes].sort().join("+"), residentBytes: weightsBytes(w) } };
+}
+
+/** The stored dtypes of the 2-D matrices the model will take (headers only; no tensor data read). */
+function matrixDtypes(spec: ModelSpec, src: TensorSource, naming: TensorNaming): Set<string> {
+  const names = [naming.embed, ...(spec.tied ? [] : [naming.classifier])];
+  const fields: LayerField[] = ["wq", "wk", "wv", "wo", "w1", "w2", "w3"];
+  for (let l = 0; l < spec.cfg.nLayers; l++) for (const f of fields) names.push(naming.layerPrefix(l) + naming.layer[f]);
+  return new Set(names.map((n) => src.get(n)?.dtype ?? "missing"));
+}
+
+/** The packed dtype matrices stored in it are kept in, or null: every matrix becomes f32 first. */
+function packedTarget(dtype: DType | "as-stored", stored: ReadonlySet<string>): PackedMatrix["dtype"] | null {
+  const d = dtype === "as-stored" ? (stored.size === 1 ? [...stored][0]! : "f32") : dtype;
+  return d === "f16" || d === "bf16" || d === "q8_0" ? d : null;
+}
+
+/**
+ * A tensor kept packed: its byte length checked, its bytes a view of the file, copied only when
+ * at an odd offset (packed matrices are read through 16-bit views).
+ */
+function packedBytesOf(t: RawTensor, model: string): Uint8Array {
+  const want = byteLengthOf(t.dtype, elementCount(t.shape), t.name);
+  if (t.bytes.length !== want) throw new Error(`${model}: tensor ${t.name}: ${t.bytes.length} bytes, want ${want} for ${t.dtype} ${JSON.stringify(t.shape)}`);
+  return t.bytes.byteOffset % 2 === 0 ? t.bytes : t.bytes.slice();
+}
+
+/** Layers stacked along a leading axis: packed when every layer is (bytes concatenated), else f32. */
+function stackLayers(layers: Matrix[], cols: number): Matrix {
+  const first = layers[0]!;
+  const per = first.length;
+  if (layers.every((m) => !(m instanceof Float32Array) && m.dtype === dtypeOf(first))) {
+    const p = layers as PackedMatrix[];
+    const rowBytes = p[0]!.bytes.length;
+    const bytes = new Uint8Array(rowBytes * p.length);
+    p.forEach((m, l) => bytes.set(m.bytes, l * rowBytes));
+    return { dtype: p[0]!.dtype, cols, length: per * p.length, bytes };
+  }
+  const out = new Float32Array(per * layers.length);
+  layers.forEach((m, l) => out.set(m instanceof Float32Array ? m : dequantize(m), l * per));
+  return out;
 }
 
 function refuseUnused(src: TensorSource, used: ReadonlySet<string>, naming: TensorNaming, spec: ModelSpec, model: string): void {

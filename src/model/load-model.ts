@@ -14,6 +14,7 @@ import { DEFAULT_MODEL_NAME, defaultModelDir } from "./default-model.ts";
 import { loadSyntheticModel, SYNTHETIC_CONFIG, SYNTHETIC_MODEL_NAME } from "./synthetic.ts";
 import type { TokenizerSource } from "./tokenizer-source.ts";
 import type { Tokenizer } from "./tokenizer.ts";
+import type { DType, Matrix } from "./packed.ts";
 import type { Weights } from "./weights.ts";
 
 export type ModelFormatKind = ModelFormat["kind"] | "synthetic";
@@ -25,19 +26,25 @@ export interface ModelFilesOptions {
   maxSeqLen?: number;
   /** Where the progress line of a slow load goes (default stderr). */
   progress?: (line: string) => void;
+  /**
+   * The dtype the engine will hold the weights in (default f32). Matrices a safetensors or GGUF
+   * file stores in it (f16, bf16, q8_0; "as-stored": the file's one matrix dtype) are kept packed
+   * as read, never inflated to f32; the rest arrive as f32.
+   */
+  dtype?: DType | "as-stored";
 }
 
 /** A model's weights and where its tokenizer comes from, read from disk; no tokenizer built yet. */
-export interface ModelFiles {
+export interface ModelFiles<M extends Matrix = Matrix> {
   format: ModelFormatKind;
   /** The folder or file name: the default served name. */
   name: string;
   cfg: ModelConfig;
   /**
-   * f32 for now, whatever the stored dtype (the kernels need it; the performance work keeps
-   * 16-bit and q8_0 weights as stored). Untouched f32 tensors are views into the mapped file.
+   * f32, except matrices stored in the `dtype` option's packed dtype, kept as stored. Untouched
+   * f32 tensors and unpermuted packed ones are views into the mapped file.
    */
-  weights: Weights;
+  weights: Weights<M>;
   tokenizerSource: TokenizerSource;
   /** Ids that end generation, from the model's own files (empty: the tokenizer's EOS). */
   eosIds: number[];
@@ -45,6 +52,8 @@ export interface ModelFiles {
 }
 
 /** Reads the model at `path` (format from the path and its magic bytes), weights included. */
+export function readModelFiles(path: string, opts?: ModelFilesOptions & { dtype?: "f32" }): ModelFiles<Float32Array>;
+export function readModelFiles(path: string, opts?: ModelFilesOptions): ModelFiles;
 export function readModelFiles(path: string, opts: ModelFilesOptions = {}): ModelFiles {
   const fmt = detectModelFormat(path);
   refuseStrayTokenizer(fmt, opts.tokenizerPath);
@@ -68,7 +77,7 @@ export function readModelFiles(path: string, opts: ModelFilesOptions = {}): Mode
     const tokenizerSource = hfTokenizerSource(fmt.dir);
     const src = hfTensorSource(fmt.dir);
     const progress = new LoadProgress(name, src.totalBytes, opts.progress);
-    const { weights, stats } = assembleWeights(spec, src, HF_NAMING, (n) => progress.add(n));
+    const { weights, stats } = assembleWeights(spec, src, HF_NAMING, (n) => progress.add(n), opts.dtype);
     progress.finish();
     // generation_config.json is what transformers' generate() stops on; config.json may list fewer (Llama 3).
     const genEos = tokenizerSource.kind === "hf" ? idList((tokenizerSource.generationConfig as { eos_token_id?: unknown } | null)?.eos_token_id) : [];
@@ -78,7 +87,7 @@ export function readModelFiles(path: string, opts: ModelFilesOptions = {}): Mode
   const g = openGgufModel(fmt.file, opts.maxSeqLen);
   const tokenizerSource = ggufTokenizerSource(g);
   const progress = new LoadProgress(name, g.bytes.length, opts.progress);
-  const { weights, stats } = assembleWeights(g.spec, ggufTensorSource(g), GGUF_NAMING, (n) => progress.add(n));
+  const { weights, stats } = assembleWeights(g.spec, ggufTensorSource(g), GGUF_NAMING, (n) => progress.add(n), opts.dtype);
   progress.finish();
   return { format: "gguf", name, cfg: { ...g.spec.cfg, name }, weights, tokenizerSource, eosIds: g.spec.eosIds, stats };
 }
@@ -89,7 +98,7 @@ export interface ServableModel {
   /** What /v1/models lists and requests must name. */
   name: string;
   cfg: ModelConfig;
-  weights: Weights;
+  weights: Weights<Matrix>;
   tokenizer: Tokenizer;
   chatTemplate: string | null;
   eosIds: number[];
