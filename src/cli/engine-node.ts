@@ -155,8 +155,8 @@ export function servedModelOf(
 
 /**
  * The dtype the weights are held in: the option's, or for "as-stored" the file's when it is one
- * the kernels read (loaders hand f32 copies today; f16, bf16 and q8_0 are packed again, exactly
- * for the 16-bit types), else f32.
+ * the kernels read, else f32. Matrices the loader already kept packed in it pass through
+ * untouched (castMatrix returns them as they are); any f32 ones are packed here.
  */
 function inMemoryDType(opt: DType | "as-stored", stored: string): DType | "as-stored" {
   if (opt !== "as-stored") return opt;

@@ -1,7 +1,7 @@
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { type ModelConfig, readModelFiles, Transformer, type Weights, writeLlama2cCheckpoint, writeLlama2cTokenizer } from "../../src/model/index.ts";
+import { type Matrix, type ModelConfig, readModelFiles, Transformer, type Weights, writeLlama2cCheckpoint, writeLlama2cTokenizer } from "../../src/model/index.ts";
 import { argmax, newPool, Seq, step, TINY } from "./helpers.ts";
 
 /** The llama2.c test checkpoint's shape, with a context long enough for the greedy runs. */
@@ -10,7 +10,7 @@ export const CKPT: ModelConfig = { ...TINY, maxSeqLen: 48 };
 export const PROMPTS: number[][] = [[1, 5, 9, 33, 2], [1, 60, 61, 62, 7, 7, 7, 12, 40], [3]];
 
 /** Greedy decoding at token level: every step's logits and the tokens chosen. */
-export function greedy(cfg: ModelConfig, w: Weights, prompt: readonly number[], n: number): { tokens: number[]; logits: Float32Array[] } {
+export function greedy(cfg: ModelConfig, w: Weights<Matrix>, prompt: readonly number[], n: number): { tokens: number[]; logits: Float32Array[] } {
   const m = new Transformer(cfg, w);
   const seq = new Seq(newPool(cfg));
   const logits: Float32Array[] = [step(m, seq, prompt)];

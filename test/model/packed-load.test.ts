@@ -1,0 +1,71 @@
+import { afterAll, describe, expect, test } from "bun:test";
+import { writeFileSync } from "node:fs";
+import { castWeights, type DType, type Matrix, type ModelConfig, readModelFiles, syntheticWeights, type Weights, weightsDType } from "../../src/model/index.ts";
+import { encodeGgufModel, writeHfFolder } from "../support/model-writers.ts";
+import { CKPT, greedy, PROMPTS, tempDir } from "./format-helpers.ts";
+import { bits, TINY } from "./helpers.ts";
+
+const tmp = tempDir("packed-load");
+afterAll(() => tmp.cleanup());
+
+const W = syntheticWeights(CKPT, 17);
+/** Qwen2-shaped (biases, tied, head_dim 16 != dim / heads, GQA): split-half q/k rows in both formats. */
+const QWEN: ModelConfig = { ...TINY, name: "qwen", maxSeqLen: 48, ropeTheta: 1000000, normEps: 1e-6, headDim: 16 };
+const QW = syntheticWeights(QWEN, 91, { sharedClassifier: true, biases: true });
+const MATRICES = ["tokenEmbedding", "wq", "wk", "wv", "wo", "w1", "w2", "w3", "wcls"] as const;
+
+interface Case {
+  name: string;
+  cfg: ModelConfig;
+  dtype: DType;
+  write: (path: string) => void;
+}
+
+const CASES: Case[] = [
+  { name: "hf-f16", cfg: CKPT, dtype: "f16", write: (p) => writeHfFolder(p, CKPT, W, { dtype: "F16" }) },
+  { name: "hf-bf16-sharded", cfg: CKPT, dtype: "bf16", write: (p) => writeHfFolder(p, CKPT, W, { dtype: "BF16", shards: 3 }) },
+  { name: "hf-qwen-f16", cfg: QWEN, dtype: "f16", write: (p) => writeHfFolder(p, QWEN, QW, { modelType: "qwen2", tied: true, dtype: "F16" }) },
+  { name: "g-f16.gguf", cfg: CKPT, dtype: "f16", write: (p) => writeFileSync(p, encodeGgufModel(CKPT, W, { type: "f16" })) },
+  { name: "g-bf16.gguf", cfg: CKPT, dtype: "bf16", write: (p) => writeFileSync(p, encodeGgufModel(CKPT, W, { type: "bf16" })) },
+  { name: "g-q8.gguf", cfg: CKPT, dtype: "q8_0", write: (p) => writeFileSync(p, encodeGgufModel(CKPT, W, { type: "q8_0" })) },
+  { name: "g-qwen-q8.gguf", cfg: QWEN, dtype: "q8_0", write: (p) => writeFileSync(p, encodeGgufModel(QWEN, QW, { arch: "qwen2", tied: true, type: "q8_0" })) },
+];
+
+function packedBytes(w: Weights<Matrix>, k: (typeof MATRICES)[number]): Uint8Array {
+  const m = w[k];
+  if (m instanceof Float32Array) throw new Error(`${k} is f32, want packed`);
+  return m.bytes;
+}
+
+describe("weights_kept_in_their_stored_dtype", () => {
+  for (const c of CASES) {
+    test(`${c.name}: packed straight from the file = f32 then packed, bytes and logits bit for bit`, () => {
+      const path = tmp.path(c.name);
+      c.write(path);
+      for (const dtype of ["as-stored", c.dtype] as const) {
+        const direct = readModelFiles(path, { dtype });
+        expect(weightsDType(direct.weights)).toBe(c.dtype);
+        const old = castWeights(c.cfg, readModelFiles(path).weights, c.dtype);
+        for (const k of MATRICES) expect(packedBytes(direct.weights, k)).toEqual(packedBytes(old, k));
+        for (const p of PROMPTS.slice(0, 2)) {
+          const got = greedy(direct.cfg, direct.weights, p, 6);
+          const want = greedy(c.cfg, old, p, 6);
+          expect(got.tokens).toEqual(want.tokens);
+          expect(got.logits.map(bits)).toEqual(want.logits.map(bits));
+        }
+      }
+    });
+  }
+
+  test("a target dtype the file does not store goes through f32 (cast later), and f32 stays the default", () => {
+    const path = tmp.path("hf-f16");
+    expect(weightsDType(readModelFiles(path).weights)).toBe("f32");
+    expect(weightsDType(readModelFiles(path, { dtype: "bf16" }).weights)).toBe("f32");
+    expect(weightsDType(readModelFiles(path, { dtype: "f32" }).weights)).toBe("f32");
+  });
+
+  test("a q8_0 file asked for f16 is read as f32 (the engine then casts it)", () => {
+    writeFileSync(tmp.path("q8.gguf"), encodeGgufModel(CKPT, W, { type: "q8_0" }));
+    expect(weightsDType(readModelFiles(tmp.path("q8.gguf"), { dtype: "f16" }).weights)).toBe("f32");
+  });
+});
