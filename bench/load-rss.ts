@@ -1,0 +1,92 @@
+// RSS while loading an f16 Hugging Face folder of a ~43M-parameter model: today's path (every
+// matrix to f32, then packed back to f16) against the matrices packed straight from the file.
+// Each load runs in a fresh child process so one's garbage never counts against the other.
+// Prints peak RSS growth (VmHWM minus the RSS before loading) and its anonymous / file-backed
+// parts after the load; the mapped file's pages are clean and shared with the page cache.
+import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { loadavg, tmpdir } from "node:os";
+import { join } from "node:path";
+import { servedModelOf } from "../src/cli/engine-node.ts";
+import { castWeights, type ModelConfig, readModelFiles, syntheticWeights, weightsBytes } from "../src/model/index.ts";
+import { ByteTokenizer } from "../src/model/tokenizer.ts";
+import { writeHfFolder } from "../test/support/model-writers.ts";
+
+const CFG: ModelConfig = {
+  name: "rss-43m",
+  dim: 512,
+  hiddenDim: 1024,
+  nLayers: 4,
+  nHeads: 8,
+  nKvHeads: 8,
+  vocabSize: 32000,
+  maxSeqLen: 256,
+  ropeTheta: 10000,
+  normEps: 1e-5,
+};
+const MODES = ["f32-then-pack", "packed-direct", "f32-then-pack+transformer", "packed-direct+transformer"] as const;
+type Mode = (typeof MODES)[number];
+const MB = 1024 * 1024;
+
+function status(): Record<string, number> {
+  const out: Record<string, number> = {};
+  for (const line of readFileSync("/proc/self/status", "utf8").split("\n")) {
+    const m = /^(VmRSS|VmHWM|RssAnon|RssFile):\s+(\d+) kB/.exec(line);
+    if (m) out[m[1]!] = Number(m[2]) * 1024;
+  }
+  return out;
+}
+
+function child(mode: Mode, dir: string): void {
+  Bun.gc(true);
+  const before = status();
+  const direct = mode.startsWith("packed-direct");
+  const files = readModelFiles(dir, direct ? { dtype: "as-stored" } : {});
+  const weights = castWeights(files.cfg, files.weights, "f16");
+  let served: ReturnType<typeof servedModelOf> | null = null;
+  if (mode.endsWith("+transformer")) {
+    const tokenizer = new ByteTokenizer();
+    served = servedModelOf({ ...files, weights, tokenizer, chatTemplate: null }, { dtype: "f16" });
+  }
+  const after = status();
+  const report = {
+    mode,
+    weightBytes: weightsBytes(weights),
+    peakGrowth: after.VmHWM! - before.VmRSS!,
+    anonGrowth: after.RssAnon! - before.RssAnon!,
+    fileGrowth: after.RssFile! - before.RssFile!,
+  };
+  served?.close?.();
+  console.log(JSON.stringify(report));
+}
+
+async function main(): Promise<void> {
+  const dir = mkdtempSync(join(tmpdir(), "tl-bench-rss-"));
+  const loadBefore = loadavg().map((l) => l.toFixed(2)).join(" ");
+  try {
+    writeHfFolder(join(dir, "m"), CFG, syntheticWeights(CFG, 43), { dtype: "F16" });
+    const rows: Record<string, number>[] = [];
+    for (const mode of MODES) {
+      const p = Bun.spawn([process.execPath, import.meta.path, "--child", mode, join(dir, "m")], { stdout: "pipe", stderr: "inherit" });
+      const out = await new Response(p.stdout).text();
+      if ((await p.exited) !== 0) throw new Error(`child ${mode} failed`);
+      rows.push(JSON.parse(out.trim().split("\n").at(-1)!));
+    }
+    const fmt = (n: number) => `${(n / MB).toFixed(1)} MiB`;
+    for (const r of rows) {
+      console.log(`${r.mode}: peak RSS growth ${fmt(r.peakGrowth!)} (anon ${fmt(r.anonGrowth!)}, file-backed ${fmt(r.fileGrowth!)}); weights ${fmt(r.weightBytes!)}`);
+    }
+    const ratio = rows[1]!.peakGrowth! / rows[0]!.peakGrowth!;
+    const ratioT = rows[3]!.peakGrowth! / rows[2]!.peakGrowth!;
+    console.log(`packed-direct / f32-then-pack peak growth: ${ratio.toFixed(2)}x loading, ${ratioT.toFixed(2)}x with the Transformer built; load ${loadBefore}`);
+    mkdirSync(join(import.meta.dir, "results"), { recursive: true });
+    writeFileSync(
+      join(import.meta.dir, "results", "load-rss.json"),
+      JSON.stringify({ bench: "load-rss", config: CFG, loadBefore, loadAfter: loadavg(), rows, ratio, ratioWithTransformer: ratioT }, null, 2) + "\n",
+    );
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+}
+
+if (process.argv[2] === "--child") child(process.argv[3] as Mode, process.argv[4]!);
+else await main();
