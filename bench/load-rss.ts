@@ -61,7 +61,9 @@ function child(mode: Mode, dir: string): void {
 
 async function main(): Promise<void> {
   const dir = mkdtempSync(join(tmpdir(), "tl-bench-rss-"));
-  const loadBefore = loadavg().map((l) => l.toFixed(2)).join(" ");
+  const loadBefore = loadavg()
+    .map((l) => l.toFixed(2))
+    .join(" ");
   try {
     writeHfFolder(join(dir, "m"), CFG, syntheticWeights(CFG, 43), { dtype: "F16" });
     const rows: Record<string, number>[] = [];
@@ -73,11 +75,15 @@ async function main(): Promise<void> {
     }
     const fmt = (n: number) => `${(n / MB).toFixed(1)} MiB`;
     for (const r of rows) {
-      console.log(`${r.mode}: peak RSS growth ${fmt(r.peakGrowth!)} (anon ${fmt(r.anonGrowth!)}, file-backed ${fmt(r.fileGrowth!)}); weights ${fmt(r.weightBytes!)}`);
+      console.log(
+        `${r.mode}: peak RSS growth ${fmt(r.peakGrowth!)} (anon ${fmt(r.anonGrowth!)}, file-backed ${fmt(r.fileGrowth!)}); weights ${fmt(r.weightBytes!)}`,
+      );
     }
     const ratio = rows[1]!.peakGrowth! / rows[0]!.peakGrowth!;
     const ratioT = rows[3]!.peakGrowth! / rows[2]!.peakGrowth!;
-    console.log(`packed-direct / f32-then-pack peak growth: ${ratio.toFixed(2)}x loading, ${ratioT.toFixed(2)}x with the Transformer built; load ${loadBefore}`);
+    console.log(
+      `packed-direct / f32-then-pack peak growth: ${ratio.toFixed(2)}x loading, ${ratioT.toFixed(2)}x with the Transformer built; load ${loadBefore}`,
+    );
     mkdirSync(join(import.meta.dir, "results"), { recursive: true });
     writeFileSync(
       join(import.meta.dir, "results", "load-rss.json"),

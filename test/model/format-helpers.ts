@@ -1,7 +1,15 @@
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { type Matrix, type ModelConfig, readModelFiles, Transformer, type Weights, writeLlama2cCheckpoint, writeLlama2cTokenizer } from "../../src/model/index.ts";
+import {
+  type Matrix,
+  type ModelConfig,
+  readModelFiles,
+  Transformer,
+  type Weights,
+  writeLlama2cCheckpoint,
+  writeLlama2cTokenizer,
+} from "../../src/model/index.ts";
 import { argmax, newPool, Seq, step, TINY } from "./helpers.ts";
 
 /** The llama2.c test checkpoint's shape, with a context long enough for the greedy runs. */
