@@ -88,6 +88,8 @@ export interface WeightStats {
  * moved whole; everything else goes through toFloat32, the one conversion. `onBytes` is told the
  * stored bytes of each tensor once it is taken, for a progress line.
  */
+// Long by design: the weight table below reads as the model's tensor list, and the small
+// closures above it share one shape check, one used-set and one dtype decision.
 export function assembleWeights(
   spec: ModelSpec,
   src: TensorSource,
