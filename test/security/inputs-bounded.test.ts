@@ -69,41 +69,18 @@ describe("inputs_are_bounded", () => {
 
   test("EngineControl: oversized messages and prompts are refused before work", async () => {
     const ctl = grpcClient(EngineControl, c.prefill[0]!.grpcAddress);
-    const big = await ctl
-      .prefill(
-        create(PrefillRequestSchema, {
-          requestId: "r",
-          prompt: "x".repeat(5 << 20),
-          decodeTarget: c.decode[0]!.kvAddress,
-          kvFormat: KV_FORMAT,
-          sampling: { maxTokens: 1 },
-        }),
-      )
-      .catch((e: ConnectError) => e);
+    // Each request differs from a valid one only in its prompt.
+    const prefill = (prompt: { prompt: string } | { promptTokens: number[] }) =>
+      ctl
+        .prefill(
+          create(PrefillRequestSchema, { requestId: "r", ...prompt, decodeTarget: c.decode[0]!.kvAddress, kvFormat: KV_FORMAT, sampling: { maxTokens: 1 } }),
+        )
+        .catch((e: ConnectError) => e);
+    const big = await prefill({ prompt: "x".repeat(5 << 20) });
     expect((big as ConnectError).code).toBe(Code.ResourceExhausted);
-    const long = await ctl
-      .prefill(
-        create(PrefillRequestSchema, {
-          requestId: "r",
-          prompt: "x".repeat(1 << 20),
-          decodeTarget: c.decode[0]!.kvAddress,
-          kvFormat: KV_FORMAT,
-          sampling: { maxTokens: 1 },
-        }),
-      )
-      .catch((e: ConnectError) => e);
+    const long = await prefill({ prompt: "x".repeat(1 << 20) });
     expect((long as ConnectError).rawMessage).toMatch(/cannot fit max_model_len/);
-    const ids = await ctl
-      .prefill(
-        create(PrefillRequestSchema, {
-          requestId: "r",
-          promptTokens: new Array(100_000).fill(1),
-          decodeTarget: c.decode[0]!.kvAddress,
-          kvFormat: KV_FORMAT,
-          sampling: { maxTokens: 1 },
-        }),
-      )
-      .catch((e: ConnectError) => e);
+    const ids = await prefill({ promptTokens: new Array(100_000).fill(1) });
     expect((ids as ConnectError).rawMessage).toMatch(/prompt of 100000 tokens exceeds/);
     atBaseline();
   });

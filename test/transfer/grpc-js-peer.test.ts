@@ -20,6 +20,12 @@ interface KvTransferClient extends grpc.Client {
   Release(req: object, cb: Cb<{ released: boolean }>): void;
 }
 
+/** A chunk as grpc-js's proto-loader wants it (keepCase, u64 as a string); `crcXor` flips bits of its CRC. */
+function grpcJsChunk(c: ReturnType<typeof buildChunks>[number], crcXor = 0): object {
+  const { handleId, index, total, hash, kvFormat, envelope, crc32c } = c;
+  return { handle_id: handleId, index, total, hash: hash.toString(), kv_format: kvFormat, envelope: Buffer.from(envelope), crc32c: (crc32c ^ crcXor) >>> 0 };
+}
+
 let d: Decode;
 let client: KvTransferClient;
 beforeAll(async () => {
@@ -55,15 +61,7 @@ test("grpc_js_peer_interoperates", async () => {
   const ack = await call<{ handle_id: string; blocks_received: number; blocks_deduped: number; payload_bytes: string; n_tokens: number }>((cb) => {
     const w = client.PushKv(cb);
     for (const c of chunks) {
-      w.write({
-        handle_id: c.handleId,
-        index: c.index,
-        total: c.total,
-        hash: c.hash.toString(),
-        kv_format: c.kvFormat,
-        envelope: Buffer.from(c.envelope),
-        crc32c: c.crc32c,
-      });
+      w.write(grpcJsChunk(c));
     }
     w.end();
   });
@@ -74,16 +72,7 @@ test("grpc_js_peer_interoperates", async () => {
   const before = snapshot(d.pool, d.rx);
   const refused = await call((cb) => {
     const w = client.PushKv(cb);
-    for (const c of buildChunks(P, "bad", pre.ids, pre.hashes, has.present))
-      w.write({
-        handle_id: c.handleId,
-        index: c.index,
-        total: c.total,
-        hash: c.hash.toString(),
-        kv_format: c.kvFormat,
-        envelope: Buffer.from(c.envelope),
-        crc32c: c.crc32c ^ (c.index === 2 ? 1 : 0),
-      });
+    for (const c of buildChunks(P, "bad", pre.ids, pre.hashes, has.present)) w.write(grpcJsChunk(c, c.index === 2 ? 1 : 0));
     w.end();
   }).catch((e: grpc.ServiceError) => e);
   expect((refused as grpc.ServiceError).code).toBe(grpc.status.DATA_LOSS);
@@ -99,16 +88,7 @@ test("grpc_js_peer_interoperates", async () => {
   P.releaseAll(pre.ids);
   await call((cb) => {
     const w = client.PushKv(cb);
-    for (const c of buildChunks(P, "to-release", again.ids, again.hashes, [true, true]))
-      w.write({
-        handle_id: c.handleId,
-        index: c.index,
-        total: c.total,
-        hash: c.hash.toString(),
-        kv_format: c.kvFormat,
-        envelope: Buffer.from(c.envelope),
-        crc32c: c.crc32c,
-      });
+    for (const c of buildChunks(P, "to-release", again.ids, again.hashes, [true, true])) w.write(grpcJsChunk(c));
     w.end();
   });
   expect(await call<{ released: boolean }>((cb) => client.Release({ handle_id: "to-release" }, cb))).toEqual({ released: true });
