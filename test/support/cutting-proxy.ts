@@ -11,6 +11,24 @@ export interface CuttingProxy {
   close(): Promise<void>;
 }
 
+/** Connects to `target` (host:port, or a function giving it as a connection arrives; IPv6 hosts in brackets). */
+export function connectUpstream(target: string | (() => string)): net.Socket {
+  const to = typeof target === "function" ? target() : target;
+  const i = to.lastIndexOf(":");
+  return net.connect({ host: to.slice(0, i).replace(/^\[|\]$/g, ""), port: Number(to.slice(i + 1)) });
+}
+
+/** A reset, not a FIN, on both sides: each peer must see a broken stream, not a clean end. */
+export function resetBoth(a: net.Socket, b: net.Socket): void {
+  for (const s of [a, b]) {
+    try {
+      s.resetAndDestroy();
+    } catch {
+      s.destroy();
+    }
+  }
+}
+
 /**
  * `target` is host:port, or a function giving it when a connection arrives (a target
  * started after the proxy). Only the first `maxCuts` connections (default: all) are cut.
@@ -20,21 +38,10 @@ export async function startCuttingProxy(target: string | (() => string), opts: {
   let cut = 0;
   let conns = 0;
   const server = net.createServer((client) => {
-    const to = typeof target === "function" ? target() : target;
-    const i = to.lastIndexOf(":");
-    const upstream = net.connect({ host: to.slice(0, i).replace(/^\[|\]$/g, ""), port: Number(to.slice(i + 1)) });
+    const upstream = connectUpstream(target);
     sockets.add(client);
     sockets.add(upstream);
-    // A reset, not a FIN: the peer must see a broken stream, not a clean end.
-    const kill = () => {
-      for (const s of [client, upstream]) {
-        try {
-          s.resetAndDestroy();
-        } catch {
-          s.destroy();
-        }
-      }
-    };
+    const kill = () => resetBoth(client, upstream);
     let sent = 0;
     const limit = conns++ < (opts.maxCuts ?? Infinity) ? opts.cutAfterBytes : Infinity;
     client.on("data", (buf: Buffer) => {

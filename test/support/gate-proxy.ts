@@ -2,6 +2,7 @@
 // opened (a slow link), and reset both sides when the decode side answers while a
 // condition holds (an ack lost on the way back), the first `maxCuts` times.
 import * as net from "node:net";
+import { connectUpstream, resetBoth } from "./cutting-proxy.ts";
 
 export interface GateProxy {
   /** host:port to dial instead of the target */
@@ -26,18 +27,8 @@ export async function startGateProxy(
   const arrived = new Promise<void>((r) => (onArrive = r));
   const sockets = new Set<net.Socket>();
   const server = net.createServer((client) => {
-    const to = typeof target === "function" ? target() : target;
-    const i = to.lastIndexOf(":");
-    const upstream = net.connect({ host: to.slice(0, i), port: Number(to.slice(i + 1)) });
-    const kill = () => {
-      for (const s of [client, upstream]) {
-        try {
-          s.resetAndDestroy();
-        } catch {
-          s.destroy();
-        }
-      }
-    };
+    const upstream = connectUpstream(target);
+    const kill = () => resetBoth(client, upstream);
     client.on("data", (buf: Buffer) => {
       onArrive();
       if (opened) upstream.write(buf);
