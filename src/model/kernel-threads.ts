@@ -1,44 +1,89 @@
 import assert from "node:assert";
 import type { KernelExports } from "./matmul.ts";
+import type { DType } from "./packed.ts";
 
 /**
- * Helper threads that take shares of one matmul's output rows over the kernel's shared memory.
+ * Helper threads that take chunks of a dispatch's matmuls over the kernel's shared memory.
  *
- * Invariant: a call is whole when `run` returns. The caller computes its own share meanwhile,
- * each helper computes the rows it is handed whole (every dot product in the kernel's one
- * order), so outputs are the same bits whatever the thread count. Helpers spin briefly on their
- * slot's generation counter, then sleep on it (Atomics.wait), and count themselves done on DONE.
- * A helper is handed rows only once it has set its READY flag: a worker may need the caller's
- * event loop to start, so a caller that blocked on one not yet running would wait forever.
+ * Invariant: a dispatch is whole when `run` returns. Its jobs (a matmul each) are cut into chunks
+ * of whole 8-row strips; every thread, the caller included, claims chunks until none are left
+ * (kernels/assembly/dispatch.ts) and computes each whole, every dot product in the kernel's one
+ * order, so outputs are the same bits whatever the thread count and whichever thread took a
+ * chunk. A helper that is late, descheduled or never started only leaves more chunks to the
+ * others; the caller waits only for chunks already claimed. Helpers spin briefly on the
+ * generation counter, then sleep on it (Atomics.wait) with their WAITING flag up, so the caller
+ * wakes only sleepers.
  */
-const SLOT = 12; // gen, fn, y, x, w, rows, n, d, i0, i1, ready (+ padding)
-const READY = 10;
-const DONE = 0;
+
+// A queued job, as MatmulKernel writes it and the kernels take it.
+export const J_FN = 0;
+export const J_Y = 1;
+export const J_X = 2;
+export const J_W = 3;
+export const J_ROWS = 4;
+export const J_N = 5;
+export const J_D = 6;
+export const J_R0 = 7;
+export const JOB_INTS = 8;
+export const KERNEL_INDEX: Record<DType, number> = { f32: 0, f16: 1, bf16: 2, q8_0: 3 };
+
+// The control block in the shared memory, in i32 slots (dispatch.ts reads the same layout). The
+// counters sit on cache lines of their own.
+const GEN = 0;
+const NEXT = 16;
+const DONE = 32;
+const TOTAL = 48;
+const COUNT = 49;
+const SCRATCH = 50;
+const STRIDE = 51;
+const WAITING = 52;
+const HELPED = 53;
+const JOBS = 64;
+/** fn, y, x, w, rows, n, d, r0, chunk rows, first chunk. */
+const CTRL_JOB = 10;
+const MAX_DISPATCH_JOBS = 8;
+const SLEEPING = JOBS + MAX_DISPATCH_JOBS * CTRL_JOB;
+/** Bytes of the control block for `helpers` helpers. */
+export function controlBytes(helpers: number): number {
+  return (SLEEPING + helpers + 1) * 4;
+}
+/** Chunks each job is cut into per thread: enough that a slow thread's share is taken over. */
+const CHUNKS_PER_THREAD = 4;
+/** Spins on a counter before sleeping on it: a decode step hands out dozens of dispatches back to back. */
+const SPINS = 20000;
+
+/** Runs queued jobs whole on the calling thread. */
+export function runJobs(ex: KernelExports, jobs: Int32Array, count: number, scratch: number): void {
+  for (let j = 0, b = 0; j < count; j++, b += JOB_INTS) {
+    const r0 = jobs[b + J_R0]!;
+    const fn = FNS[jobs[b + J_FN]!]!;
+    ex[fn](jobs[b + J_Y]!, jobs[b + J_X]!, jobs[b + J_W]!, jobs[b + J_ROWS]!, jobs[b + J_N]!, jobs[b + J_D]!, r0, r0, r0 + jobs[b + J_D]!, scratch);
+  }
+}
+
 const FNS = ["matmul_f32", "matmul_f16", "matmul_bf16", "matmul_q8_0"] as const;
-export type KernelName = (typeof FNS)[number];
 
 // The helper's whole program. It is a string run from a Blob URL rather than a module file so a
 // binary made by `bun build --compile` carries it without a second entry point. It instantiates
-// the kernel module on the shared memory, then computes whatever rows its slot is handed.
+// the kernel module on the shared memory, then joins every dispatch it sees.
 const HELPER_SOURCE = `
-const FNS = ${JSON.stringify(FNS)};
 self.onmessage = (e) => {
-  const { module, memory, ctrl: buf, slot } = e.data;
+  const { module, memory, ctrl, ints, thread } = e.data;
   const ex = new WebAssembly.Instance(module, { env: { memory } }).exports;
-  const ctrl = new Int32Array(buf);
-  let seen = Atomics.load(ctrl, slot);
-  Atomics.store(ctrl, slot + ${READY}, 1);
+  const c = new Int32Array(memory.buffer, ctrl, ints);
+  const sleeping = ${SLEEPING} + thread;
+  let seen = Atomics.load(c, ${GEN});
   postMessage("ready");
   for (;;) {
-    // Spin a little first: one decode step hands out dozens of small matmuls back to back.
-    for (let spins = 0; Atomics.load(ctrl, slot) === seen; spins++) {
-      if (spins > 20000) Atomics.wait(ctrl, slot, seen, 100);
+    for (let spins = 0; Atomics.load(c, ${GEN}) === seen; spins++) {
+      if (spins > ${SPINS}) {
+        Atomics.store(c, sleeping, 1);
+        Atomics.wait(c, ${GEN}, seen, 1000);
+        Atomics.store(c, sleeping, 0);
+      }
     }
-    seen = Atomics.load(ctrl, slot);
-    const c = slot;
-    ex[FNS[ctrl[c + 1]]](ctrl[c + 2], ctrl[c + 3], ctrl[c + 4], ctrl[c + 5], ctrl[c + 6], ctrl[c + 7], ctrl[c + 8], ctrl[c + 9]);
-    Atomics.add(ctrl, ${DONE}, 1);
-    Atomics.notify(ctrl, ${DONE});
+    seen = Atomics.load(c, ${GEN});
+    ex.run_chunks(ctrl, thread, seen);
   }
 };
 `;
@@ -46,18 +91,20 @@ let helperUrl: string | null = null;
 
 export class KernelThreads {
   readonly helpers: number;
+  private readonly ctrlAt: number;
   private readonly ctrl: Int32Array;
   private readonly workers: Worker[] = [];
   private gen = 0;
-  /** Calls that were shared with at least one helper. */
-  splitCalls = 0;
   /** Settles when every helper runs. */
   readonly ready: Promise<void>;
 
-  constructor(module: WebAssembly.Module, memory: WebAssembly.Memory, helpers: number) {
-    assert(Number.isInteger(helpers) && helpers >= 1, `helpers ${helpers}`);
+  /** `ctrlAt`: controlBytes(helpers) zeroed bytes of the memory, 64-byte aligned. */
+  constructor(module: WebAssembly.Module, memory: WebAssembly.Memory, helpers: number, ctrlAt: number) {
+    assert(Number.isInteger(helpers) && helpers >= 1 && helpers < 64, `helpers ${helpers}`);
+    assert(ctrlAt % 64 === 0, `control block at ${ctrlAt}`);
     this.helpers = helpers;
-    this.ctrl = new Int32Array(new SharedArrayBuffer((1 + helpers) * SLOT * 4));
+    this.ctrlAt = ctrlAt;
+    this.ctrl = new Int32Array(memory.buffer, ctrlAt, controlBytes(helpers) / 4);
     const started: Promise<void>[] = [];
     for (let h = 0; h < helpers; h++) {
       helperUrl ??= URL.createObjectURL(new Blob([HELPER_SOURCE], { type: "application/javascript" }));
@@ -68,50 +115,65 @@ export class KernelThreads {
           w.addEventListener("error", (e) => reject(new Error(`kernel helper thread failed: ${e.message}`)), { once: true });
         }),
       );
-      w.postMessage({ module, memory, ctrl: this.ctrl.buffer, slot: (1 + h) * SLOT });
+      w.postMessage({ module, memory, ctrl: ctrlAt, ints: this.ctrl.length, thread: h + 1 });
       // Helpers never keep the process alive: an engine that stops exits.
       w.unref();
       this.workers.push(w);
     }
     this.ready = Promise.all(started).then(() => {});
-    // A helper that failed to start is never READY, so it is never handed rows.
+    // A helper that failed to start never claims a chunk: the caller computes them all.
     this.ready.catch(() => {});
   }
 
+  /** Chunks computed by helper threads so far (tests check the threads work). */
+  get helperChunks(): number {
+    return Atomics.load(this.ctrl, HELPED);
+  }
+
   /**
-   * y = x W^T over rows i0..i1 of d, split into `parts` aligned ranges: the helpers take the
-   * first parts - 1, the caller the last. Blocks (spinning, then sleeping) until all are done.
+   * Runs `count` queued jobs on every thread that joins. Thread t's scratch is scratch + t * stride.
+   * Blocks (spinning, then sleeping) until every chunk is done.
    */
-  run(ex: KernelExports, fn: KernelName, y: number, x: number, w: number, rows: number, n: number, d: number, parts: number): void {
-    const ctrl = this.ctrl;
-    const per = Math.ceil(d / parts / 8) * 8;
-    Atomics.store(ctrl, DONE, 0);
-    let handed = 0;
-    let i0 = 0;
-    this.gen++;
-    for (let h = 0; h < this.helpers && handed < parts - 1 && i0 + per < d; h++) {
-      const s = (1 + h) * SLOT;
-      if (Atomics.load(ctrl, s + READY) === 0) continue;
-      ctrl[s + 1] = FNS.indexOf(fn);
-      ctrl[s + 2] = y;
-      ctrl[s + 3] = x;
-      ctrl[s + 4] = w;
-      ctrl[s + 5] = rows;
-      ctrl[s + 6] = n;
-      ctrl[s + 7] = d;
-      ctrl[s + 8] = i0;
-      ctrl[s + 9] = i0 + per;
-      Atomics.store(ctrl, s, this.gen);
-      Atomics.notify(ctrl, s);
-      handed++;
-      i0 += per;
+  run(ex: KernelExports, jobs: Int32Array, count: number, scratch: number, stride: number): void {
+    assert(count <= MAX_DISPATCH_JOBS, `dispatch of ${count} jobs`);
+    const c = this.ctrl;
+    const threads = this.helpers + 1;
+    let total = 0;
+    for (let j = 0; j < count; j++) {
+      const b = j * JOB_INTS;
+      const o = JOBS + j * CTRL_JOB;
+      for (let i = 0; i < JOB_INTS; i++) c[o + i] = jobs[b + i]!;
+      const r0 = jobs[b + J_R0]!;
+      const span = r0 + jobs[b + J_D]! - (r0 & ~7);
+      const per = Math.max(8, Math.ceil(span / (threads * CHUNKS_PER_THREAD) / 8) * 8);
+      c[o + 8] = per;
+      c[o + 9] = total;
+      total += Math.ceil(span / per);
     }
-    if (handed > 0) this.splitCalls++;
-    ex[fn](y, x, w, rows, n, d, i0, d);
+    assert(total < 65536, `dispatch of ${total} chunks`);
+    this.gen = (this.gen + 1) & 0x7fff;
+    c[COUNT] = count;
+    c[SCRATCH] = scratch;
+    c[STRIDE] = stride;
+    Atomics.store(c, DONE, 0);
+    Atomics.store(c, TOTAL, total);
+    Atomics.store(c, NEXT, this.gen << 16);
+    Atomics.store(c, GEN, this.gen);
+    for (let h = 1; h <= this.helpers; h++) {
+      if (Atomics.load(c, SLEEPING + h) !== 0) {
+        Atomics.notify(c, GEN);
+        break;
+      }
+    }
+    ex.run_chunks(this.ctrlAt, 0, this.gen);
     for (let spins = 0; ; spins++) {
-      const done = Atomics.load(ctrl, DONE);
-      if (done === handed) break;
-      if (spins > 20000) Atomics.wait(ctrl, DONE, done, 50);
+      const done = Atomics.load(c, DONE);
+      if (done === total) break;
+      if (spins > SPINS) {
+        Atomics.store(c, WAITING, 1);
+        Atomics.wait(c, DONE, done, 10);
+        Atomics.store(c, WAITING, 0);
+      }
     }
   }
 

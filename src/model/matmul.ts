@@ -1,7 +1,8 @@
 import assert from "node:assert";
 import { KERNELS_WASM_BASE64 } from "./kernels/kernels-wasm.ts";
-import { KernelThreads, type KernelName } from "./kernel-threads.ts";
-import { assertFinite16, dequantizeInto, dtypeOf, matrixBytes, type DType, type Matrix } from "./packed.ts";
+import { controlBytes, J_D, J_FN, J_N, J_R0, J_ROWS, J_W, J_X, J_Y, JOB_INTS, KERNEL_INDEX, KernelThreads, runJobs } from "./kernel-threads.ts";
+import { assertFinite16, dequantizeInto, dtypeOf, type DType, type Matrix } from "./packed.ts";
+import { packStrips, stripLayoutBytes } from "./strip-layout.ts";
 
 /**
  * y[r*d + i] = dot(w[wOff + i*n .. + n), x[r*n .. + n))  for r < rows, i < d, every dot summed
@@ -51,16 +52,26 @@ const MAX_PLACED_BYTES = 2 ** 32 - 2 ** 28;
  * table): every instantiation, each helper thread's too, writes its data segments there.
  */
 export const KERNEL_RESERVED_BYTES = 65536;
-/** Multiply-adds below which a matmul stays on the calling thread: waking helpers costs more. */
+/** Multiply-adds below which a dispatch stays on the calling thread: waking helpers costs more. */
 const SPLIT_MACS = 1 << 16;
+/** Matmuls one dispatch carries (queue flushes itself when full). */
+export const MAX_JOBS = 4;
 
 export interface KernelOptions {
   /** Threads a large matmul's output rows are split over, the caller included (default 1). */
   threads?: number;
 }
 
-type KernelFn = (y: number, x: number, w: number, rows: number, n: number, d: number, i0: number, i1: number) => void;
+/** A weight matrix to place, with the length of its rows. */
+export interface Placement {
+  matrix: Matrix;
+  cols: number;
+}
+
+type KernelFn = (y: number, x: number, w: number, rows: number, n: number, d: number, r0: number, g0: number, g1: number, scratch: number) => void;
 export type KernelExports = Record<`matmul_${DType}`, KernelFn> & {
+  /** Claims and computes chunks of dispatch `gen` (kernels/assembly/dispatch.ts). */
+  run_chunks(ctrl: number, thread: number, gen: number): number;
   attend(
     out: number,
     q: number,
@@ -76,8 +87,6 @@ export type KernelExports = Record<`matmul_${DType}`, KernelFn> & {
     qStride: number,
   ): void;
 };
-
-const KERNEL: Record<DType, KernelName> = { f32: "matmul_f32", f16: "matmul_f16", bf16: "matmul_bf16", q8_0: "matmul_q8_0" };
 
 let compiled: WebAssembly.Module | null | undefined;
 
@@ -103,32 +112,61 @@ function sharedMemory(pages: number): WebAssembly.Memory | null {
   }
 }
 
+/** Where a placed matrix lives: its strips at `at`, rows of `cols`. */
+interface Placed {
+  at: number;
+  cols: number;
+}
+
 /**
  * Matmuls over one shared WebAssembly memory. The matrices given to the constructor are copied
- * into it once, in their own dtype, and used from there; any other w has the rows it needs copied
- * in per call (tests, micro-benchmarks). Activations allocated with `alloc` live in the memory
- * too and go to the kernel in place; other x and y are copied in and out per call. Without
- * WebAssembly SIMD, or for weights past wasm32's reach, every call runs matmulRef, which gives
- * the same bits.
+ * into it once, in their own dtype and the kernels' strip layout (strip-layout.ts), and used from
+ * there (a bare f32 matrix, whose row length is not known yet, on its first call); any other w
+ * has the rows it needs packed in per call (tests, micro-benchmarks). Activations allocated with
+ * `alloc` live in the memory too and go to the kernel in place; other x and y are copied in and
+ * out per call. Without WebAssembly SIMD, or for weights past wasm32's reach, every call runs
+ * matmulRef, which gives the same bits.
+ *
+ * Matmuls are dispatched in groups: `queue` several that do not feed each other, then `flush`
+ * runs them in one handoff to the helper threads (each thread takes its share of every one).
+ * `matmul` is queue-and-flush of one.
  */
 export class MatmulKernel {
   readonly memory: WebAssembly.Memory | null;
   private readonly ex: KernelExports | null;
   private f32 = new Float32Array(0);
   private u8 = new Uint8Array(0);
-  private readonly placed = new Map<Matrix, number>();
+  private readonly placed = new Map<Matrix, Placed>();
+  /** Bare f32 matrices to place at their first call, when their row length is known. */
+  private readonly unplaced = new Set<Float32Array>();
   /** Every SharedArrayBuffer object the memory has shown (one per size): views on any are ours. */
   private readonly buffers = new Set<ArrayBufferLike>();
   /** Byte offset where unallocated space (per-call copies) starts. */
   private top = KERNEL_RESERVED_BYTES;
   private threads: KernelThreads | null = null;
 
-  constructor(tensors: readonly Matrix[] = [], opts: KernelOptions = {}) {
+  // The queued jobs: JOB_INTS ints each, as the kernels and the helper threads take them.
+  private readonly jobs = new Int32Array(MAX_JOBS * JOB_INTS);
+  private queued = 0;
+  private queuedMacs = 0;
+  private maxCols = 0;
+  /** End of this dispatch's per-call copies, above `top`. */
+  private tempTop = 0;
+  /** Outputs to copy back after the dispatch (null: the kernel wrote them in place). */
+  private readonly outs: (Float32Array | null)[] = new Array(MAX_JOBS).fill(null);
+  private readonly inputs: (Float32Array | null)[] = new Array(MAX_JOBS).fill(null);
+
+  constructor(tensors: readonly (Matrix | Placement)[] = [], opts: KernelOptions = {}) {
     const mod = kernelModule();
-    const unique = [...new Set(tensors)];
-    for (const t of unique) if (!(t instanceof Float32Array)) assertFinite16(t);
+    const cols = new Map<Matrix, number>();
+    for (const t of tensors) {
+      const m = "matrix" in t ? t.matrix : t;
+      const c = "matrix" in t ? t.cols : m instanceof Float32Array ? 0 : m.cols;
+      if (!cols.has(m) || cols.get(m) === 0) cols.set(m, c);
+    }
+    for (const m of cols.keys()) if (!(m instanceof Float32Array)) assertFinite16(m);
     let bytes = 0;
-    for (const t of unique) bytes += align16(byteLengthOf(t));
+    for (const [m, c] of cols) bytes += c > 0 ? align16(stripLayoutBytes(dtypeOf(m), Math.ceil(m.length / c), c)) : 0;
     const mem = mod !== null && bytes <= MAX_PLACED_BYTES ? sharedMemory(Math.ceil((KERNEL_RESERVED_BYTES + bytes) / PAGE)) : null;
     if (mod === null || mem === null) {
       this.memory = null;
@@ -138,14 +176,16 @@ export class MatmulKernel {
     this.memory = mem;
     this.ex = new WebAssembly.Instance(mod, { env: { memory: mem } }).exports as unknown as KernelExports;
     this.refresh();
-    for (const t of unique) {
-      this.placed.set(t, this.top);
-      this.u8.set(bytesOf(t), this.top);
-      this.top += align16(byteLengthOf(t));
+    for (const [m, c] of cols) {
+      if (c > 0) this.place(m, c);
+      else this.unplaced.add(m as Float32Array);
     }
     const threads = opts.threads ?? 1;
     if (!(Number.isInteger(threads) && threads >= 1)) throw new Error(`threads ${threads}: want a positive integer`);
-    if (threads > 1) this.threads = new KernelThreads(mod, mem, threads - 1);
+    if (threads > 1) {
+      const ctrl = this.grab(controlBytes(threads - 1) + 48);
+      this.threads = new KernelThreads(mod, mem, threads - 1, (ctrl + 63) & ~63);
+    }
   }
 
   /** Threads that run large matmuls (1 on the fallback). */
@@ -153,9 +193,9 @@ export class MatmulKernel {
     return this.threads === null ? 1 : this.threads.helpers + 1;
   }
 
-  /** Calls whose rows were shared with helper threads (tests check the threads work). */
+  /** Chunks of matmuls that helper threads computed (tests check the threads work). */
   get splitCalls(): number {
-    return this.threads?.splitCalls ?? 0;
+    return this.threads?.helperChunks ?? 0;
   }
 
   /** Settles when every helper thread runs (until then the caller does their share). */
@@ -174,17 +214,15 @@ export class MatmulKernel {
     return this.ex !== null;
   }
 
-  /** Byte offset of a placed matrix (for threads that share the memory), or -1. */
+  /** Byte offset of a placed matrix's strips (for threads that share the memory), or -1. */
   offsetOf(w: Matrix): number {
-    return this.placed.get(w) ?? -1;
+    return this.placed.get(w)?.at ?? -1;
   }
 
   /** A zeroed f32 array living in the memory (a plain array on the fallback); never freed. */
   alloc(floats: number): Float32Array {
     if (this.ex === null) return new Float32Array(floats);
-    const at = this.top;
-    this.top += align16(floats * 4);
-    this.ensure(this.top);
+    const at = this.grab(floats * 4);
     const a = new Float32Array(this.memory!.buffer, at, floats);
     a.fill(0);
     return a;
@@ -193,9 +231,7 @@ export class MatmulKernel {
   /** Bytes living in the memory (null on the fallback); never freed. */
   allocBytes(bytes: number): Uint8Array | null {
     if (this.ex === null) return null;
-    const at = this.top;
-    this.top += align16(bytes);
-    this.ensure(this.top);
+    const at = this.grab(bytes);
     return new Uint8Array(this.memory!.buffer, at, bytes);
   }
 
@@ -209,9 +245,18 @@ export class MatmulKernel {
     return this.buffers.has(a.buffer) ? a.byteOffset : -1;
   }
 
+  /** y = x W^T now: rows x (rows, n) against d rows of w from element wOff. */
   matmul(y: Float32Array, x: Float32Array, w: Matrix, wOff: number, rows: number, n: number, d: number): void {
-    const ex = this.ex;
-    if (ex === null) {
+    this.queue(y, x, w, wOff, rows, n, d);
+    this.flush();
+  }
+
+  /**
+   * Adds y = x W^T to the next dispatch. Jobs of one dispatch run at once in any order, so no
+   * job's y may be another's x (asserted); x and y are read and written only by `flush`.
+   */
+  queue(y: Float32Array, x: Float32Array, w: Matrix, wOff: number, rows: number, n: number, d: number): void {
+    if (this.ex === null) {
       matmulRef(y, x, w, wOff, rows, n, d);
       return;
     }
@@ -220,25 +265,112 @@ export class MatmulKernel {
       assert.fail(`matmul ${rows}x${n} by ${d}x${n}: x ${x.length}, y ${y.length}, w ${w.length} from ${wOff}`);
     }
     if (dt === "q8_0" && (n % 32 !== 0 || wOff % 32 !== 0)) assert.fail(`q8_0 matmul needs whole blocks: n ${n}, from ${wOff}`);
-    let top = this.top;
+    if (this.queued === MAX_JOBS) this.flush();
+    if (this.unplaced.has(w as Float32Array)) {
+      // Placing takes permanent space, which the queued jobs' copies may occupy.
+      this.flush();
+      this.unplaced.delete(w as Float32Array);
+      if (w.length % n === 0) this.place(w, n);
+    }
+    const p = this.placed.get(w);
+    let wAt: number;
+    let r0: number;
+    if (p !== undefined && p.cols === n && wOff % n === 0) {
+      wAt = p.at;
+      r0 = wOff / n;
+    } else {
+      wAt = this.temp(stripLayoutBytes(dt, d, n));
+      packStrips(w, wOff, d, n, this.u8, wAt);
+      r0 = 0;
+    }
     let xAt = this.addressOf(x);
+    if (xAt < 0) {
+      xAt = this.temp(rows * n * 4);
+      this.f32.set(x.subarray(0, rows * n), xAt >> 2);
+    }
     let yAt = this.addressOf(y);
-    const inX = xAt < 0;
-    const inY = yAt < 0;
-    if (inX) (xAt = top), (top += align16(rows * n * 4));
-    if (inY) (yAt = top), (top += align16(rows * d * 4));
-    const wBytes = matrixBytes(dt, n * d);
-    let wAt = this.placed.get(w);
-    const copyW = wAt === undefined;
-    if (copyW) wAt = top;
-    this.ensure(copyW ? top + wBytes : top);
-    if (inX) this.f32.set(x.subarray(0, rows * n), xAt >> 2);
-    if (copyW) this.u8.set(bytesOf(w).subarray(matrixBytes(dt, wOff), matrixBytes(dt, wOff) + wBytes), wAt!);
-    else wAt! += matrixBytes(dt, wOff);
-    const parts = this.threads === null || rows * n * d < SPLIT_MACS ? 1 : Math.min(this.threads.helpers + 1, Math.ceil(d / 8));
-    if (parts > 1) this.threads!.run(ex, KERNEL[dt], yAt, xAt, wAt!, rows, n, d, parts);
-    else ex[KERNEL[dt]](yAt, xAt, wAt!, rows, n, d, 0, d);
-    if (inY) y.set(this.f32.subarray(yAt >> 2, (yAt >> 2) + rows * d));
+    const copyY = yAt < 0;
+    if (copyY) yAt = this.temp(rows * d * 4);
+    for (let j = 0; j < this.queued; j++) {
+      const b = j * JOB_INTS;
+      const jobs = this.jobs;
+      const feeds = this.inputs[j] === y || overlaps(yAt, rows * d, jobs[b + J_X]!, jobs[b + J_ROWS]! * jobs[b + J_N]!);
+      const fed = this.outs[j] === x || overlaps(xAt, rows * n, jobs[b + J_Y]!, jobs[b + J_ROWS]! * jobs[b + J_D]!);
+      if (feeds || fed)
+        assert.fail(`matmul queue: job ${this.queued}'s ${feeds ? "output" : "input"} is job ${j}'s ${feeds ? "input" : "output"}; flush between them`);
+    }
+    const j = this.queued++;
+    const b = j * JOB_INTS;
+    const jobs = this.jobs;
+    jobs[b + J_FN] = KERNEL_INDEX[dt];
+    jobs[b + J_Y] = yAt;
+    jobs[b + J_X] = xAt;
+    jobs[b + J_W] = wAt;
+    jobs[b + J_ROWS] = rows;
+    jobs[b + J_N] = n;
+    jobs[b + J_D] = d;
+    jobs[b + J_R0] = r0;
+    this.outs[j] = copyY ? y : null;
+    this.inputs[j] = x;
+    this.queuedMacs += rows * n * d;
+    if (n > this.maxCols) this.maxCols = n;
+  }
+
+  /** Runs the queued matmuls, split over the threads when they are big enough. */
+  flush(): void {
+    const count = this.queued;
+    if (count === 0) return;
+    const ex = this.ex!;
+    const threads = this.threads;
+    const split = threads !== null && this.queuedMacs >= SPLIT_MACS;
+    // Each thread's scratch for a dequantized strip (32 bytes per column), above the copies.
+    const stride = align16(32 * this.maxCols);
+    const scratch = this.temp(stride * (split ? threads.helpers + 1 : 1));
+    if (split) threads.run(ex, this.jobs, count, scratch, stride);
+    else runJobs(ex, this.jobs, count, scratch);
+    for (let j = 0; j < count; j++) {
+      const y = this.outs[j]!;
+      if (y !== null) {
+        const b = j * JOB_INTS;
+        const at = this.jobs[b + J_Y]! >> 2;
+        y.set(this.f32.subarray(at, at + this.jobs[b + J_ROWS]! * this.jobs[b + J_D]!));
+        this.outs[j] = null;
+      }
+      this.inputs[j] = null;
+    }
+    this.queued = 0;
+    this.queuedMacs = 0;
+    this.maxCols = 0;
+    this.tempTop = this.top;
+  }
+
+  /** Copies m into the memory in the strip layout, rows of `cols`. */
+  private place(m: Matrix, cols: number): void {
+    const dt = dtypeOf(m);
+    if (m.length % cols !== 0) assert.fail(`matrix of ${m.length} elements is not whole rows of ${cols}`);
+    if (dt === "q8_0" && cols % 32 !== 0) assert.fail(`q8_0 matrix rows of ${cols}: not whole blocks`);
+    const rows = m.length / cols;
+    const at = this.grab(stripLayoutBytes(dt, rows, cols));
+    packStrips(m, 0, rows, cols, this.u8, at);
+    this.placed.set(m, { at, cols });
+  }
+
+  /** Permanent space of `bytes` (16-byte aligned) at the top; the memory grows to hold it. */
+  private grab(bytes: number): number {
+    if (this.queued > 0) assert.fail("kernel memory allocated while matmuls are queued: flush first");
+    const at = this.top;
+    this.top += align16(bytes);
+    this.ensure(this.top);
+    return at;
+  }
+
+  /** Space for this dispatch only, above the permanent top. */
+  private temp(bytes: number): number {
+    if (this.tempTop < this.top) this.tempTop = this.top;
+    const at = this.tempTop;
+    this.tempTop += align16(bytes);
+    this.ensure(this.tempTop);
+    return at;
   }
 
   private ensure(bytes: number): void {
@@ -255,12 +387,9 @@ export class MatmulKernel {
   }
 }
 
-function byteLengthOf(m: Matrix): number {
-  return m instanceof Float32Array ? m.byteLength : m.bytes.byteLength;
-}
-
-function bytesOf(m: Matrix): Uint8Array {
-  return m instanceof Float32Array ? new Uint8Array(m.buffer, m.byteOffset, m.byteLength) : m.bytes;
+/** Whether float ranges [a, a + n) and [b, b + m) (byte offsets a, b) share memory. */
+function overlaps(a: number, n: number, b: number, m: number): boolean {
+  return a < b + 4 * m && b < a + 4 * n;
 }
 
 function align16(bytes: number): number {

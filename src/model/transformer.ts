@@ -95,7 +95,19 @@ export class Transformer {
     this.att = new Float32Array(ATT_TILE * this.kvMul * cfg.maxSeqLen);
     this.acc = new Float64Array(ATT_TILE * this.kvMul * this.headDim);
     this.kvec = new Float32Array(this.headDim);
-    this.mm = new MatmulKernel([weights.wq, weights.wk, weights.wv, weights.wo, weights.w1, weights.w2, weights.w3, weights.wcls], opts);
+    const { dim, hiddenDim } = cfg;
+    const w = weights;
+    const placements = [
+      { matrix: w.wq, cols: dim },
+      { matrix: w.wk, cols: dim },
+      { matrix: w.wv, cols: dim },
+      { matrix: w.wo, cols: this.qDim },
+      { matrix: w.w1, cols: dim },
+      { matrix: w.w2, cols: hiddenDim },
+      { matrix: w.w3, cols: dim },
+      { matrix: w.wcls, cols: dim },
+    ];
+    this.mm = new MatmulKernel(placements, opts);
   }
 
   /** The weights' dtype in memory. */
@@ -187,9 +199,11 @@ export class Transformer {
     const blockElems = pool.blockElems;
     for (let l = 0; l < nLayers; l++) {
       rmsnorm(xb, x, w.rmsAtt, l * dim, rows, dim, cfg.normEps);
-      mm.matmul(q, xb, w.wq, l * qDim * dim, rows, dim, qDim);
-      mm.matmul(k, xb, w.wk, l * kvDim * dim, rows, dim, kvDim);
-      mm.matmul(v, xb, w.wv, l * kvDim * dim, rows, dim, kvDim);
+      // One dispatch for q, k and v, one for w1 and w3: each hands the helper threads their share once.
+      mm.queue(q, xb, w.wq, l * qDim * dim, rows, dim, qDim);
+      mm.queue(k, xb, w.wk, l * kvDim * dim, rows, dim, kvDim);
+      mm.queue(v, xb, w.wv, l * kvDim * dim, rows, dim, kvDim);
+      mm.flush();
       if (w.bq) {
         addBias(q, w.bq, l * qDim, rows, qDim);
         addBias(k, w.bk!, l * kvDim, rows, kvDim);
@@ -218,8 +232,9 @@ export class Transformer {
       for (let i = 0, n = rows * dim; i < n; i++) x[i]! += xb2[i]!;
 
       rmsnorm(xb, x, w.rmsFfn, l * dim, rows, dim, cfg.normEps);
-      mm.matmul(hb, xb, w.w1, l * hid * dim, rows, dim, hid);
-      mm.matmul(hb2, xb, w.w3, l * hid * dim, rows, dim, hid);
+      mm.queue(hb, xb, w.w1, l * hid * dim, rows, dim, hid);
+      mm.queue(hb2, xb, w.w3, l * hid * dim, rows, dim, hid);
+      mm.flush();
       for (let i = 0, n = rows * hid; i < n; i++) {
         const a = hb[i]!;
         hb[i] = (a / (1 + Math.exp(-a))) * hb2[i]!;

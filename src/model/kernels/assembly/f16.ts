@@ -17,13 +17,13 @@
 }
 
 /**
- * f16 patterns in the top halves of i32 lanes to f32x4: sign and exponent-mantissa moved to
- * f32's places (shift right 3 keeping the sign, clear the three copies), then times 2^112 to
- * rebias. Exact for every finite f16, subnormals included (they pass through f32 subnormals);
+ * f16 patterns in the top halves of i32 lanes to f32x4 (whatever the low halves hold): sign and
+ * exponent-mantissa moved to f32's places (shift right 3 keeping the sign, clear the three copies
+ * and what came down from the low half), then times 2^112 to rebias. Exact for every finite f16, subnormals included (they pass through f32 subnormals);
  * inf and NaN would come out finite, so MatmulKernel refuses f16 weights holding them.
  */
 @inline export function f16x4(t: v128): v128 {
-  const bits = v128.and(i32x4.shr_s(t, 3), i32x4.splat(0x8fffffff));
+  const bits = v128.and(i32x4.shr_s(t, 3), i32x4.splat(0x8fffe000));
   return f32x4.mul(bits, f32x4.splat(reinterpret<f32>(0x77800000)));
 }
 

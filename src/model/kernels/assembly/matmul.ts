@@ -1,10 +1,12 @@
-// Matrix-vector kernels of the transformer, in AssemblyScript (built by scripts/build-kernels.mjs
-// into ../matmul.wasm; `npm test` fails when that file is not what this source builds).
+// Matrix-vector and matrix-matrix kernels of the transformer, in AssemblyScript (built by
+// scripts/build-kernels.mjs into ../kernels.wasm; `npm test` fails when that file is not what this
+// source builds).
 //
-//   y[r*d + i] = dot(W row i, x row r)   for r < rows, i0 <= i < i1
+//   y[r*d + (g - r0)] = dot(W row g, x row r)   for r < rows, g0 <= g < g1
 //
-// W is (d, n) row-major in one of four dtypes; x and y are f32. Every argument that names memory
-// is a byte offset into the one imported memory.
+// x and y are f32; W is in one of four dtypes, in the STRIP LAYOUT below (MatmulKernel packs every
+// matrix so when it places it). Every argument that names memory is a byte offset into the one
+// imported memory.
 //
 // THE ORDER. Every output, whatever its dtype, tile, batch or thread, is summed the same way:
 // each weight is first made an f32 exactly (f16, bf16 and int8 * f16-scale all fit in f32), then
@@ -13,8 +15,20 @@
 // tail one by one. So a 16-bit or q8_0 matrix gives the bits that the f32 kernel gives on its
 // dequantized copy, and matmulRef in matmul.ts states the order in plain JS.
 //
-// Tiles only decide which outputs share the loads: one token row takes 8 weight rows at a time
-// (eight independent sums in flight); more rows take 4 weight rows by 2 tokens, then the odd token.
+// THE STRIP LAYOUT. Rows go in strips of 8 (the last padded with zero rows), and a strip holds its
+// rows' weights group by group: group c of rows 0..7 back to back, so a strip is read front to
+// back in one stream (eight row streams defeat the prefetcher). A group is
+//   f32:       4 weights of each row (16 bytes a row, 128 a group);
+//   f16, bf16: 8 weights of each row (16 bytes a row) stored in the order 0 4 1 5 2 6 3 7, so each
+//              32-bit lane holds weight l low and weight l + 4 high and both halves widen in place;
+//   q8_0:      one 32-weight block of each row: the 8 f16 scales (16 bytes), then the 8 rows' 32
+//              int8 (272 bytes a group).
+// Weights past the last whole group of a row (n % 4, or n % 8 for 16-bit) follow the groups, row
+// by row in their natural order.
+//
+// Tiles only decide which outputs share the loads: one token row takes a whole strip (eight sums
+// in flight); more token rows take 4 weight rows by 2 tokens from an f32 strip, packed dtypes
+// being first dequantized a strip at a time into `scratch` (exact, so the bits stay the same).
 
 import { f16ToF32, f16x4, top16x4 } from "./f16";
 
@@ -23,234 +37,342 @@ const F16: i32 = 1;
 const BF16: i32 = 2;
 const Q8_0: i32 = 3;
 
-/** q8_0 (ggml): blocks of 32 weights, an f16 scale then 32 int8, 34 bytes. */
-const QK: i32 = 32;
-const Q8_BYTES: i32 = 34;
+/** Rows per strip. */
+const S: i32 = 8;
 
-/** Bytes of one weight row of n elements. */
-@inline function rowBytes(dt: i32, n: i32): usize {
-  if (dt == F32) return <usize>n << 2;
-  if (dt == Q8_0) return <usize>(n / QK) * Q8_BYTES;
-  return <usize>n << 1;
-}
-
-/** Weights per chunk of the inner loop: a q8_0 block shares one scale; other dtypes go by 4. */
-@inline function chunkLen(dt: i32): i32 {
-  return dt == Q8_0 ? QK : 4;
-}
-
-@inline function chunkBytes(dt: i32): usize {
-  if (dt == F32) return 16;
-  if (dt == Q8_0) return Q8_BYTES;
+/** Weights of one row in one group. */
+@inline function groupLen(dt: i32): i32 {
+  if (dt == F32) return 4;
+  if (dt == Q8_0) return 32;
   return 8;
 }
 
-/** The splatted scale of the q8_0 block at p; unused (folded away) for other dtypes. */
-@inline function chunkScale(dt: i32, p: usize): v128 {
-  if (dt == Q8_0) return f32x4.splat(f16ToF32(<u32>load<u16>(p)));
-  return f32x4.splat(0);
+/** Bytes of one group (all 8 rows). */
+@inline function groupBytes(dt: i32): usize {
+  return dt == Q8_0 ? 272 : 128;
 }
 
-/** Weights g*4 .. g*4+3 of the chunk at p, as f32x4. */
-@inline function w4(dt: i32, p: usize, g: i32, scale: v128): v128 {
-  if (dt == F32) return v128.load(p);
-  if (dt == F16) return f16x4(top16x4(p));
-  if (dt == BF16) return top16x4(p);
-  const q = i32x4.extend_low_i16x8_s(i16x8.extend_low_i8x16_s(v128.load32_zero(p + 2 + (<usize>g << 2))));
-  return f32x4.mul(f32x4.convert_i32x4_s(q), scale);
+/** Weights of a row held in whole groups. */
+@inline function mainLen(dt: i32, n: i32): i32 {
+  if (dt == F32) return n & ~3;
+  if (dt == Q8_0) return n;
+  return n & ~7;
 }
 
-/** Weight j of a row at p, as f32 (the n % 4 tail; q8_0 rows have none). */
-@inline function w1(dt: i32, p: usize, j: i32): f32 {
-  if (dt == F32) return load<f32>(p + (<usize>j << 2));
-  if (dt == F16) return f16ToF32(<u32>load<u16>(p + (<usize>j << 1)));
-  return reinterpret<f32>(<u32>load<u16>(p + (<usize>j << 1)) << 16);
+@inline function elemShift(dt: i32): i32 {
+  return dt == F32 ? 2 : 1;
 }
 
-/** The fold and the tail: (s0 + s1) + (s2 + s3), then w[j] * x[j] for n4 <= j < n in order. */
-@inline function finish(dt: i32, acc: v128, wRow: usize, xRow: usize, n4: i32, n: i32): f32 {
-  let s = (f32x4.extract_lane(acc, 0) + f32x4.extract_lane(acc, 1)) + (f32x4.extract_lane(acc, 2) + f32x4.extract_lane(acc, 3));
-  for (let j = n4; j < n; j++) s += w1(dt, wRow, j) * load<f32>(xRow + (<usize>j << 2));
-  return s;
+/** Bytes of one strip of rows of n weights. */
+@inline function stripBytes(dt: i32, n: i32): usize {
+  if (dt == Q8_0) return <usize>(n / 32) * 272;
+  return (<usize>(S * n)) << elemShift(dt);
+}
+
+/** Where row k's weights past the groups start, in the strip at sp. */
+@inline function tailOf(dt: i32, sp: usize, n: i32, k: i32): usize {
+  const main = mainLen(dt, n);
+  return sp + <usize>(main / groupLen(dt)) * groupBytes(dt) + ((<usize>(k * (n - main))) << elemShift(dt));
 }
 
 @inline function fma4(acc: v128, w: v128, x: v128): v128 {
   return f32x4.add(acc, f32x4.mul(w, x));
 }
 
-/** Weight rows i .. i+7 against token row r. */
-@inline function strip8x1(dt: i32, y: usize, x: usize, w: usize, n: i32, d: i32, i: i32, r: i32): void {
-  const rb = rowBytes(dt, n);
-  const cl = chunkLen(dt);
-  const cb = chunkBytes(dt);
-  const nChunks = (n & ~3) / cl;
-  const w0 = w + <usize>i * rb;
-  const xr = x + ((<usize>r * <usize>n) << 2);
-  let a0 = f32x4.splat(0), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
-  let p = w0;
-  let xp = xr;
-  for (let c = 0; c < nChunks; c++) {
-    const s0 = chunkScale(dt, p), s1 = chunkScale(dt, p + rb), s2 = chunkScale(dt, p + 2 * rb), s3 = chunkScale(dt, p + 3 * rb);
-    const s4 = chunkScale(dt, p + 4 * rb), s5 = chunkScale(dt, p + 5 * rb), s6 = chunkScale(dt, p + 6 * rb), s7 = chunkScale(dt, p + 7 * rb);
-    for (let g = 0; g < cl; g += 4) {
-      const xv = v128.load(xp);
-      a0 = fma4(a0, w4(dt, p, g >> 2, s0), xv);
-      a1 = fma4(a1, w4(dt, p + rb, g >> 2, s1), xv);
-      a2 = fma4(a2, w4(dt, p + 2 * rb, g >> 2, s2), xv);
-      a3 = fma4(a3, w4(dt, p + 3 * rb, g >> 2, s3), xv);
-      a4 = fma4(a4, w4(dt, p + 4 * rb, g >> 2, s4), xv);
-      a5 = fma4(a5, w4(dt, p + 5 * rb, g >> 2, s5), xv);
-      a6 = fma4(a6, w4(dt, p + 6 * rb, g >> 2, s6), xv);
-      a7 = fma4(a7, w4(dt, p + 7 * rb, g >> 2, s7), xv);
-      xp += 16;
-    }
-    p += cb;
-  }
-  const n4 = n & ~3;
-  const yo = y + ((<usize>r * <usize>d + <usize>i) << 2);
-  store<f32>(yo, finish(dt, a0, w0, xr, n4, n));
-  store<f32>(yo + 4, finish(dt, a1, w0 + rb, xr, n4, n));
-  store<f32>(yo + 8, finish(dt, a2, w0 + 2 * rb, xr, n4, n));
-  store<f32>(yo + 12, finish(dt, a3, w0 + 3 * rb, xr, n4, n));
-  store<f32>(yo + 16, finish(dt, a4, w0 + 4 * rb, xr, n4, n));
-  store<f32>(yo + 20, finish(dt, a5, w0 + 5 * rb, xr, n4, n));
-  store<f32>(yo + 24, finish(dt, a6, w0 + 6 * rb, xr, n4, n));
-  store<f32>(yo + 28, finish(dt, a7, w0 + 7 * rb, xr, n4, n));
+/** Weights 0..3 of a 16-bit group row (lanes' low halves). */
+@inline function lo16(dt: i32, v: v128): v128 {
+  const t = i32x4.shl(v, 16);
+  return dt == F16 ? f16x4(t) : t;
 }
 
-/** Weight rows i .. i+3 against token rows r and r+1: each weight load serves two tokens. */
-@inline function strip4x2(dt: i32, y: usize, x: usize, w: usize, n: i32, d: i32, i: i32, r: i32): void {
-  const rb = rowBytes(dt, n);
-  const cl = chunkLen(dt);
-  const cb = chunkBytes(dt);
-  const nChunks = (n & ~3) / cl;
-  const w0 = w + <usize>i * rb;
-  const xr = x + ((<usize>r * <usize>n) << 2);
-  const xs = <usize>n << 2;
-  let a0 = f32x4.splat(0), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
-  let p = w0;
-  let xp = xr;
-  for (let c = 0; c < nChunks; c++) {
-    const s0 = chunkScale(dt, p), s1 = chunkScale(dt, p + rb), s2 = chunkScale(dt, p + 2 * rb), s3 = chunkScale(dt, p + 3 * rb);
-    for (let g = 0; g < cl; g += 4) {
-      const xa = v128.load(xp);
-      const xb = v128.load(xp + xs);
-      let u = w4(dt, p, g >> 2, s0);
-      a0 = fma4(a0, u, xa);
-      b0 = fma4(b0, u, xb);
-      u = w4(dt, p + rb, g >> 2, s1);
-      a1 = fma4(a1, u, xa);
-      b1 = fma4(b1, u, xb);
-      u = w4(dt, p + 2 * rb, g >> 2, s2);
-      a2 = fma4(a2, u, xa);
-      b2 = fma4(b2, u, xb);
-      u = w4(dt, p + 3 * rb, g >> 2, s3);
-      a3 = fma4(a3, u, xa);
-      b3 = fma4(b3, u, xb);
-      xp += 16;
-    }
-    p += cb;
-  }
-  const n4 = n & ~3;
-  const ya = y + ((<usize>r * <usize>d + <usize>i) << 2);
-  const yb = ya + (<usize>d << 2);
-  const xr2 = xr + xs;
-  store<f32>(ya, finish(dt, a0, w0, xr, n4, n));
-  store<f32>(ya + 4, finish(dt, a1, w0 + rb, xr, n4, n));
-  store<f32>(ya + 8, finish(dt, a2, w0 + 2 * rb, xr, n4, n));
-  store<f32>(ya + 12, finish(dt, a3, w0 + 3 * rb, xr, n4, n));
-  store<f32>(yb, finish(dt, b0, w0, xr2, n4, n));
-  store<f32>(yb + 4, finish(dt, b1, w0 + rb, xr2, n4, n));
-  store<f32>(yb + 8, finish(dt, b2, w0 + 2 * rb, xr2, n4, n));
-  store<f32>(yb + 12, finish(dt, b3, w0 + 3 * rb, xr2, n4, n));
+/** Weights 4..7 of a 16-bit group row (lanes' high halves). */
+@inline function hi16(dt: i32, v: v128): v128 {
+  return dt == F16 ? f16x4(v) : v128.and(v, i32x4.splat(0xffff0000));
 }
 
-/** Weight rows i .. i+3 against token row r: the odd token of a batch, and f16 at batch 1. */
-@inline function strip4x1(dt: i32, y: usize, x: usize, w: usize, n: i32, d: i32, i: i32, r: i32): void {
-  const rb = rowBytes(dt, n);
-  const cl = chunkLen(dt);
-  const cb = chunkBytes(dt);
-  const nChunks = (n & ~3) / cl;
-  const w0 = w + <usize>i * rb;
-  const xr = x + ((<usize>r * <usize>n) << 2);
-  let a0 = f32x4.splat(0), a1 = a0, a2 = a0, a3 = a0;
-  let p = w0;
-  let xp = xr;
-  for (let c = 0; c < nChunks; c++) {
-    const s0 = chunkScale(dt, p), s1 = chunkScale(dt, p + rb), s2 = chunkScale(dt, p + 2 * rb), s3 = chunkScale(dt, p + 3 * rb);
-    for (let g = 0; g < cl; g += 4) {
-      const xv = v128.load(xp);
-      a0 = fma4(a0, w4(dt, p, g >> 2, s0), xv);
-      a1 = fma4(a1, w4(dt, p + rb, g >> 2, s1), xv);
-      a2 = fma4(a2, w4(dt, p + 2 * rb, g >> 2, s2), xv);
-      a3 = fma4(a3, w4(dt, p + 3 * rb, g >> 2, s3), xv);
-      xp += 16;
-    }
-    p += cb;
-  }
-  const n4 = n & ~3;
-  const yo = y + ((<usize>r * <usize>d + <usize>i) << 2);
-  store<f32>(yo, finish(dt, a0, w0, xr, n4, n));
-  store<f32>(yo + 4, finish(dt, a1, w0 + rb, xr, n4, n));
-  store<f32>(yo + 8, finish(dt, a2, w0 + 2 * rb, xr, n4, n));
-  store<f32>(yo + 12, finish(dt, a3, w0 + 3 * rb, xr, n4, n));
+/** int8 q[0..3] of v (lanes `part`) times the scale, as f32x4 (exact). */
+@inline function q8x4(v: v128, part: i32, scale: v128): v128 {
+  let h: v128;
+  if (part < 2) h = i16x8.extend_low_i8x16_s(v);
+  else h = i16x8.extend_high_i8x16_s(v);
+  const q = (part & 1) == 0 ? i32x4.extend_low_i16x8_s(h) : i32x4.extend_high_i16x8_s(h);
+  return f32x4.mul(f32x4.convert_i32x4_s(q), scale);
 }
 
-/** One weight row against one token row: the leftovers. */
-@inline function strip1x1(dt: i32, y: usize, x: usize, w: usize, n: i32, d: i32, i: i32, r: i32): void {
-  const rb = rowBytes(dt, n);
-  const cl = chunkLen(dt);
-  const cb = chunkBytes(dt);
-  const nChunks = (n & ~3) / cl;
-  const w0 = w + <usize>i * rb;
-  const xr = x + ((<usize>r * <usize>n) << 2);
-  let a0 = f32x4.splat(0);
-  let p = w0;
-  let xp = xr;
-  for (let c = 0; c < nChunks; c++) {
-    const s0 = chunkScale(dt, p);
-    for (let g = 0; g < cl; g += 4) {
-      a0 = fma4(a0, w4(dt, p, g >> 2, s0), v128.load(xp));
-      xp += 16;
-    }
-    p += cb;
-  }
-  store<f32>(y + ((<usize>r * <usize>d + <usize>i) << 2), finish(dt, a0, w0, xr, n & ~3, n));
+/** The 8 scales of the q8_0 group at g, as two f32x4 (rows 0..3, 4..7). */
+@inline function scalesLo(g: usize): v128 {
+  return f16x4(top16x4(g));
+}
+
+@inline function scalesHi(g: usize): v128 {
+  return f16x4(top16x4(g + 8));
+}
+
+/** Lane k of v in every lane (k a constant once inlined). */
+@inline function lane(v: v128, k: i32): v128 {
+  if (k == 0) return f32x4.shuffle(v, v, 0, 0, 0, 0);
+  if (k == 1) return f32x4.shuffle(v, v, 1, 1, 1, 1);
+  if (k == 2) return f32x4.shuffle(v, v, 2, 2, 2, 2);
+  return f32x4.shuffle(v, v, 3, 3, 3, 3);
 }
 
 /**
- * Output rows i0 .. i1 of every token row (a thread's share: the split never changes an output).
- * Weight strips outside, token rows inside, so a strip stays in cache across a prefill's rows.
+ * acc plus row k's weights of the group at g times x from xp, in j order (one group: 4, 8 or 32
+ * weights). `scale` is row k's q8_0 scale, splatted (unused for the other dtypes).
  */
-@inline function matmul(dt: i32, y: usize, x: usize, w: usize, rows: i32, n: i32, d: i32, i0: i32, i1: i32): void {
-  let i = i0;
-  if (rows == 1) {
-    for (; i + 8 <= i1; i += 8) strip8x1(dt, y, x, w, n, d, i, 0);
-  } else {
-    for (; i + 4 <= i1; i += 4) {
-      let r = 0;
-      for (; r + 2 <= rows; r += 2) strip4x2(dt, y, x, w, n, d, i, r);
-      if (r < rows) strip4x1(dt, y, x, w, n, d, i, r);
+@inline function groupDot(dt: i32, acc: v128, g: usize, k: i32, xp: usize, scale: v128): v128 {
+  if (dt == F32) return fma4(acc, v128.load(g + (<usize>k << 4)), v128.load(xp));
+  if (dt == Q8_0) {
+    const q = g + 16 + (<usize>k << 5);
+    const a = v128.load(q);
+    const b = v128.load(q, 16);
+    acc = fma4(acc, q8x4(a, 0, scale), v128.load(xp));
+    acc = fma4(acc, q8x4(a, 1, scale), v128.load(xp, 16));
+    acc = fma4(acc, q8x4(a, 2, scale), v128.load(xp, 32));
+    acc = fma4(acc, q8x4(a, 3, scale), v128.load(xp, 48));
+    acc = fma4(acc, q8x4(b, 0, scale), v128.load(xp, 64));
+    acc = fma4(acc, q8x4(b, 1, scale), v128.load(xp, 80));
+    acc = fma4(acc, q8x4(b, 2, scale), v128.load(xp, 96));
+    return fma4(acc, q8x4(b, 3, scale), v128.load(xp, 112));
+  }
+  const v = v128.load(g + (<usize>k << 4));
+  acc = fma4(acc, lo16(dt, v), v128.load(xp));
+  return fma4(acc, hi16(dt, v), v128.load(xp, 16));
+}
+
+/** Weight i of a row's tail at p, as f32. */
+@inline function tail1(dt: i32, p: usize, i: i32): f32 {
+  if (dt == F32) return load<f32>(p + (<usize>i << 2));
+  if (dt == F16) return f16ToF32(<u32>load<u16>(p + (<usize>i << 1)));
+  return reinterpret<f32>(<u32>load<u16>(p + (<usize>i << 1)) << 16);
+}
+
+/**
+ * The end of one dot: a 16-bit row's tail group of 4 (when n % 8 >= 4) into the lanes, the fold
+ * (s0 + s1) + (s2 + s3), then w[j] * x[j] for the n % 4 last j in order. tp: the row's tail.
+ */
+@inline function finish(dt: i32, acc: v128, tp: usize, xRow: usize, n: i32): f32 {
+  const main = mainLen(dt, n);
+  const n4 = n & ~3;
+  if (dt != F32 && dt != Q8_0 && main < n4) {
+    let w = top16x4(tp);
+    if (dt == F16) w = f16x4(w);
+    acc = fma4(acc, w, v128.load(xRow + (<usize>main << 2)));
+  }
+  let s = (f32x4.extract_lane(acc, 0) + f32x4.extract_lane(acc, 1)) + (f32x4.extract_lane(acc, 2) + f32x4.extract_lane(acc, 3));
+  for (let j = n4; j < n; j++) s += tail1(dt, tp, j - main) * load<f32>(xRow + (<usize>j << 2));
+  return s;
+}
+
+/** The 8 rows of the strip at sp against one token row xr; outputs at yo, yo + 4, ... */
+@inline function strip8x1(dt: i32, yo: usize, xr: usize, sp: usize, n: i32): void {
+  const gl = groupLen(dt);
+  const gb = groupBytes(dt);
+  const groups = mainLen(dt, n) / gl;
+  let a0 = f32x4.splat(0), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+  let g = sp;
+  let xp = xr;
+  for (let c = 0; c < groups; c++) {
+    let lo = a0, hi = a0;
+    if (dt == Q8_0) {
+      lo = scalesLo(g);
+      hi = scalesHi(g);
+    }
+    a0 = groupDot(dt, a0, g, 0, xp, lane(lo, 0));
+    a1 = groupDot(dt, a1, g, 1, xp, lane(lo, 1));
+    a2 = groupDot(dt, a2, g, 2, xp, lane(lo, 2));
+    a3 = groupDot(dt, a3, g, 3, xp, lane(lo, 3));
+    a4 = groupDot(dt, a4, g, 4, xp, lane(hi, 0));
+    a5 = groupDot(dt, a5, g, 5, xp, lane(hi, 1));
+    a6 = groupDot(dt, a6, g, 6, xp, lane(hi, 2));
+    a7 = groupDot(dt, a7, g, 7, xp, lane(hi, 3));
+    g += gb;
+    xp += <usize>gl << 2;
+  }
+  store<f32>(yo, finish(dt, a0, tailOf(dt, sp, n, 0), xr, n));
+  store<f32>(yo, finish(dt, a1, tailOf(dt, sp, n, 1), xr, n), 4);
+  store<f32>(yo, finish(dt, a2, tailOf(dt, sp, n, 2), xr, n), 8);
+  store<f32>(yo, finish(dt, a3, tailOf(dt, sp, n, 3), xr, n), 12);
+  store<f32>(yo, finish(dt, a4, tailOf(dt, sp, n, 4), xr, n), 16);
+  store<f32>(yo, finish(dt, a5, tailOf(dt, sp, n, 5), xr, n), 20);
+  store<f32>(yo, finish(dt, a6, tailOf(dt, sp, n, 6), xr, n), 24);
+  store<f32>(yo, finish(dt, a7, tailOf(dt, sp, n, 7), xr, n), 28);
+}
+
+/** Row k of the strip at sp against one token row xr. */
+@inline function row1x1(dt: i32, xr: usize, sp: usize, k: i32, n: i32): f32 {
+  const gl = groupLen(dt);
+  const gb = groupBytes(dt);
+  const groups = mainLen(dt, n) / gl;
+  let a = f32x4.splat(0);
+  let g = sp;
+  let xp = xr;
+  for (let c = 0; c < groups; c++) {
+    let scale = a;
+    if (dt == Q8_0) scale = f32x4.splat(f16ToF32(<u32>load<u16>(g + (<usize>k << 1))));
+    a = groupDot(dt, a, g, k, xp, scale);
+    g += gb;
+    xp += <usize>gl << 2;
+  }
+  return finish(dt, a, tailOf(dt, sp, n, k), xr, n);
+}
+
+/** Rows h*4 .. h*4+3 of the f32 strip at sp against token rows xa and xa + xs: 8 sums in flight. */
+@inline function half4x2(ya: usize, yb: usize, xa: usize, xs: usize, sp: usize, h: i32, n: i32): void {
+  const groups = n >> 2;
+  let a0 = f32x4.splat(0), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+  let g = sp + (<usize>h << 6);
+  let xp = xa;
+  for (let c = 0; c < groups; c++) {
+    const x0 = v128.load(xp);
+    const x1 = v128.load(xp + xs);
+    let u = v128.load(g);
+    a0 = fma4(a0, u, x0);
+    b0 = fma4(b0, u, x1);
+    u = v128.load(g, 16);
+    a1 = fma4(a1, u, x0);
+    b1 = fma4(b1, u, x1);
+    u = v128.load(g, 32);
+    a2 = fma4(a2, u, x0);
+    b2 = fma4(b2, u, x1);
+    u = v128.load(g, 48);
+    a3 = fma4(a3, u, x0);
+    b3 = fma4(b3, u, x1);
+    g += 128;
+    xp += 16;
+  }
+  const k = h << 2;
+  const xb = xa + xs;
+  store<f32>(ya, finish(F32, a0, tailOf(F32, sp, n, k), xa, n));
+  store<f32>(ya, finish(F32, a1, tailOf(F32, sp, n, k + 1), xa, n), 4);
+  store<f32>(ya, finish(F32, a2, tailOf(F32, sp, n, k + 2), xa, n), 8);
+  store<f32>(ya, finish(F32, a3, tailOf(F32, sp, n, k + 3), xa, n), 12);
+  store<f32>(yb, finish(F32, b0, tailOf(F32, sp, n, k), xb, n));
+  store<f32>(yb, finish(F32, b1, tailOf(F32, sp, n, k + 1), xb, n), 4);
+  store<f32>(yb, finish(F32, b2, tailOf(F32, sp, n, k + 2), xb, n), 8);
+  store<f32>(yb, finish(F32, b3, tailOf(F32, sp, n, k + 3), xb, n), 12);
+}
+
+/**
+ * The f32 strip at sp against every token row: pairs of tokens by half strips, then the odd token.
+ * The strip (at most 32 n bytes) stays in cache while the token rows stream past it.
+ */
+function stripRows(yo: usize, x: usize, sp: usize, rows: i32, n: i32, d: i32): void {
+  const xs = <usize>n << 2;
+  const ys = <usize>d << 2;
+  let r = 0;
+  for (; r + 2 <= rows; r += 2) {
+    const xa = x + <usize>r * xs;
+    const ya = yo + <usize>r * ys;
+    half4x2(ya, ya + ys, xa, xs, sp, 0, n);
+    half4x2(ya + 16, ya + ys + 16, xa, xs, sp, 1, n);
+  }
+  if (r < rows) strip8x1(F32, yo + <usize>r * ys, x + <usize>r * xs, sp, n);
+}
+
+/** The strip at sp, made f32 in the f32 strip layout at dst (exact). */
+@inline function dequantStrip(dt: i32, dst: usize, sp: usize, n: i32): void {
+  const gl = groupLen(dt);
+  const gb = groupBytes(dt);
+  const groups = mainLen(dt, n) / gl;
+  let g = sp;
+  let o = dst;
+  for (let c = 0; c < groups; c++) {
+    if (dt == Q8_0) {
+      const lo = scalesLo(g);
+      const hi = scalesHi(g);
+      dequantQ8Row(o, g, 0, lane(lo, 0));
+      dequantQ8Row(o, g, 1, lane(lo, 1));
+      dequantQ8Row(o, g, 2, lane(lo, 2));
+      dequantQ8Row(o, g, 3, lane(lo, 3));
+      dequantQ8Row(o, g, 4, lane(hi, 0));
+      dequantQ8Row(o, g, 5, lane(hi, 1));
+      dequantQ8Row(o, g, 6, lane(hi, 2));
+      dequantQ8Row(o, g, 7, lane(hi, 3));
+      o += 8 * 128;
+    } else {
+      for (let k = 0; k < S; k++) {
+        const v = v128.load(g + (<usize>k << 4));
+        v128.store(o + (<usize>k << 4), lo16(dt, v));
+        v128.store(o + (<usize>k << 4), hi16(dt, v), 128);
+      }
+      o += 256;
+    }
+    g += gb;
+  }
+  const main = mainLen(dt, n);
+  if (main == n) return;
+  // The tails: weights main .. n4 go into one more f32 group, n4 .. n into the f32 tails.
+  const n4 = n & ~3;
+  for (let k = 0; k < S; k++) {
+    const tp = tailOf(dt, sp, n, k);
+    for (let j = main; j < n; j++) {
+      const v = tail1(dt, tp, j - main);
+      if (j < n4) store<f32>(o + (<usize>k << 4) + (<usize>(j - main) << 2), v);
+      else store<f32>(tailOf(F32, dst, n, k) + (<usize>(j - n4) << 2), v);
     }
   }
-  for (; i < i1; i++) {
-    for (let r = 0; r < rows; r++) strip1x1(dt, y, x, w, n, d, i, r);
+}
+
+/** Row k's 32 weights of the q8_0 group at g into the 8 f32 groups at o. */
+@inline function dequantQ8Row(o: usize, g: usize, k: i32, scale: v128): void {
+  const q = g + 16 + (<usize>k << 5);
+  const a = v128.load(q);
+  const b = v128.load(q, 16);
+  const p = o + (<usize>k << 4);
+  v128.store(p, q8x4(a, 0, scale));
+  v128.store(p, q8x4(a, 1, scale), 128);
+  v128.store(p, q8x4(a, 2, scale), 256);
+  v128.store(p, q8x4(a, 3, scale), 384);
+  v128.store(p, q8x4(b, 0, scale), 512);
+  v128.store(p, q8x4(b, 1, scale), 640);
+  v128.store(p, q8x4(b, 2, scale), 768);
+  v128.store(p, q8x4(b, 3, scale), 896);
+}
+
+/**
+ * Rows g0 .. g1 of the matrix at w (a thread's share: the split never changes an output) against
+ * every token row; row g's outputs go to column g - r0 of y. Rows of a strip not wholly in the
+ * range go one at a time. `scratch` (32 n bytes of this thread's own) holds a dequantized strip.
+ */
+@inline function matmul(dt: i32, y: usize, x: usize, w: usize, rows: i32, n: i32, d: i32, r0: i32, g0: i32, g1: i32, scratch: usize): void {
+  const sb = stripBytes(dt, n);
+  const xs = <usize>n << 2;
+  const ys = <usize>d << 2;
+  let g = g0;
+  for (; g < g1 && ((g & (S - 1)) != 0 || g + S > g1); g++) {
+    const sp = w + <usize>(g >> 3) * sb;
+    for (let r = 0; r < rows; r++) store<f32>(y + <usize>r * ys + (<usize>(g - r0) << 2), row1x1(dt, x + <usize>r * xs, sp, g & (S - 1), n));
+  }
+  for (; g + S <= g1; g += S) {
+    const sp = w + <usize>(g >> 3) * sb;
+    const yo = y + (<usize>(g - r0) << 2);
+    if (rows == 1) strip8x1(dt, yo, x, sp, n);
+    else if (dt == F32) stripRows(yo, x, sp, rows, n, d);
+    else {
+      dequantStrip(dt, scratch, sp, n);
+      stripRows(yo, x, scratch, rows, n, d);
+    }
+  }
+  for (; g < g1; g++) {
+    const sp = w + <usize>(g >> 3) * sb;
+    for (let r = 0; r < rows; r++) store<f32>(y + <usize>r * ys + (<usize>(g - r0) << 2), row1x1(dt, x + <usize>r * xs, sp, g & (S - 1), n));
   }
 }
 
-export function matmul_f32(y: usize, x: usize, w: usize, rows: i32, n: i32, d: i32, i0: i32, i1: i32): void {
-  matmul(F32, y, x, w, rows, n, d, i0, i1);
+export function matmul_f32(y: usize, x: usize, w: usize, rows: i32, n: i32, d: i32, r0: i32, g0: i32, g1: i32, scratch: usize): void {
+  matmul(F32, y, x, w, rows, n, d, r0, g0, g1, scratch);
 }
 
-export function matmul_f16(y: usize, x: usize, w: usize, rows: i32, n: i32, d: i32, i0: i32, i1: i32): void {
-  matmul(F16, y, x, w, rows, n, d, i0, i1);
+export function matmul_f16(y: usize, x: usize, w: usize, rows: i32, n: i32, d: i32, r0: i32, g0: i32, g1: i32, scratch: usize): void {
+  matmul(F16, y, x, w, rows, n, d, r0, g0, g1, scratch);
 }
 
-export function matmul_bf16(y: usize, x: usize, w: usize, rows: i32, n: i32, d: i32, i0: i32, i1: i32): void {
-  matmul(BF16, y, x, w, rows, n, d, i0, i1);
+export function matmul_bf16(y: usize, x: usize, w: usize, rows: i32, n: i32, d: i32, r0: i32, g0: i32, g1: i32, scratch: usize): void {
+  matmul(BF16, y, x, w, rows, n, d, r0, g0, g1, scratch);
 }
 
 /** n must be a multiple of 32 (the caller checks). */
-export function matmul_q8_0(y: usize, x: usize, w: usize, rows: i32, n: i32, d: i32, i0: i32, i1: i32): void {
-  matmul(Q8_0, y, x, w, rows, n, d, i0, i1);
+export function matmul_q8_0(y: usize, x: usize, w: usize, rows: i32, n: i32, d: i32, r0: i32, g0: i32, g1: i32, scratch: usize): void {
+  matmul(Q8_0, y, x, w, rows, n, d, r0, g0, g1, scratch);
 }
