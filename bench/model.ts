@@ -37,7 +37,12 @@ import { MATRICES } from "../src/model/weights.ts";
 const BLOCK = 16;
 const CORES = availableParallelism();
 const THREADS = Number(process.env.BENCH_THREADS ?? CORES);
-const DTYPES: DType[] = ["f32", "f16", "bf16", "q8_0"];
+const DTYPES: DType[] = (process.env.BENCH_DTYPES?.split(",") as DType[] | undefined) ?? ["f32", "f16", "bf16", "q8_0"];
+// BENCH_PARTS (comma-separated, default all) runs only some parts: micro, decode, phases, numpy,
+// greedy, engine. A partial run prints its figures but leaves bench/results/model.json alone.
+const ALL_PARTS = ["micro", "decode", "phases", "numpy", "greedy", "engine"];
+const PARTS = new Set(process.env.BENCH_PARTS?.split(",") ?? ALL_PARTS);
+const FULL = ALL_PARTS.every((p) => PARTS.has(p)) && process.env.BENCH_DTYPES === undefined;
 
 function timeIt(fn: () => void, minMs = 400): number {
   fn();
@@ -225,6 +230,47 @@ print(json.dumps(flops / best / 1e9))
   return Number(r.stdout.trim());
 }
 
+/**
+ * Our matmul GFLOP/s on the layer matmuls of a `rows`-token prefill, the shapes numpy runs: each
+ * layer's q/k/v in one dispatch, wo, w1/w3 in one dispatch, w2, as Transformer.forward calls them.
+ */
+function oursPrefillMatmulGflops(cfg: ModelConfig, w: Weights<Matrix>, rows: number): number {
+  const { dim, hiddenDim: hid, nLayers } = cfg;
+  const kv = kvDimOf(cfg);
+  const mm = new MatmulKernel(
+    [
+      { matrix: w.wq, cols: dim },
+      { matrix: w.wk, cols: dim },
+      { matrix: w.wv, cols: dim },
+      { matrix: w.wo, cols: dim },
+      { matrix: w.w1, cols: dim },
+      { matrix: w.w2, cols: hid },
+      { matrix: w.w3, cols: dim },
+    ],
+    { threads: THREADS },
+  );
+  const xb = mm.alloc(rows * dim).map((_, i) => Math.sin(i));
+  const hb = mm.alloc(rows * hid).map((_, i) => Math.cos(i));
+  const [q, k, v, o, h1, h3] = [dim, kv, kv, dim, hid, hid].map((d) => mm.alloc(rows * d));
+  const once = (): void => {
+    for (let l = 0; l < nLayers; l++) {
+      mm.queue(q!, xb, w.wq, l * dim * dim, rows, dim, dim);
+      mm.queue(k!, xb, w.wk, l * kv * dim, rows, dim, kv);
+      mm.queue(v!, xb, w.wv, l * kv * dim, rows, dim, kv);
+      mm.flush();
+      mm.matmul(o!, xb, w.wo, l * dim * dim, rows, dim, dim);
+      mm.queue(h1!, xb, w.w1, l * hid * dim, rows, dim, hid);
+      mm.queue(h3!, xb, w.w3, l * hid * dim, rows, dim, hid);
+      mm.flush();
+      mm.matmul(o!, hb, w.w2, l * dim * hid, rows, hid, dim);
+    }
+  };
+  const ms = timeIt(once, 1500);
+  mm.close();
+  const flops = 2 * rows * nLayers * (2 * dim * dim + 2 * kv * dim + 3 * dim * hid);
+  return flops / ms / 1e6;
+}
+
 /** Decode tok/s of one greedy request through Engine.step, and the event loop's delay while it runs. */
 async function engineLoop(
   m: Transformer,
@@ -277,18 +323,22 @@ async function engineLoop(
 }
 
 // ---- micro baselines
-const naive1 = matmulGflops(matmulRef, 1, 256, 768);
-const placed = new Map<Matrix, MatmulKernel>();
-const simd: Kernel = (y, x, w, wOff, rows, n, d) => {
-  let k = placed.get(w);
-  if (k === undefined) placed.set(w, (k = new MatmulKernel([w])));
-  k.matmul(y, x, w, wOff, rows, n, d);
-};
-const tiled1 = matmulGflops(simd, 1, 256, 768);
-const tiled64 = matmulGflops(simd, 64, 256, 768);
-console.log(
-  `plain JS matmul (1x256 by 768x256): ${naive1.toFixed(2)} GFLOP/s; SIMD kernel, one thread: rows=1 ${tiled1.toFixed(2)} (${(tiled1 / naive1).toFixed(2)}x), rows=64 ${tiled64.toFixed(2)} GFLOP/s (${(tiled64 / naive1).toFixed(2)}x)`,
-);
+let micro: Record<string, number> | null = null;
+if (PARTS.has("micro")) {
+  const naive1 = matmulGflops(matmulRef, 1, 256, 768);
+  const placed = new Map<Matrix, MatmulKernel>();
+  const simd: Kernel = (y, x, w, wOff, rows, n, d) => {
+    let k = placed.get(w);
+    if (k === undefined) placed.set(w, (k = new MatmulKernel([w])));
+    k.matmul(y, x, w, wOff, rows, n, d);
+  };
+  const tiled1 = matmulGflops(simd, 1, 256, 768);
+  const tiled64 = matmulGflops(simd, 64, 256, 768);
+  console.log(
+    `plain JS matmul (1x256 by 768x256): ${naive1.toFixed(2)} GFLOP/s; SIMD kernel, one thread: rows=1 ${tiled1.toFixed(2)} (${(tiled1 / naive1).toFixed(2)}x), rows=64 ${tiled64.toFixed(2)} GFLOP/s (${(tiled64 / naive1).toFixed(2)}x)`,
+  );
+  micro = { plainJsMatmulGflops: naive1, simdMatmulGflopsRows1: tiled1, simdMatmulGflopsRows64: tiled64 };
+}
 
 const ts: ModelConfig = {
   name: "tinystories-15m-shape",
@@ -309,6 +359,7 @@ try {
   writeLlama2cCheckpoint(path, ts, syntheticWeights(ts, 15, { sharedClassifier: true }), true);
   const loaded = loadLlama2cCheckpoint(path);
   const cfg = { ...loaded.cfg, name: ts.name };
+  const long = { ...cfg, maxSeqLen: 512 };
   const models = new Map<DType, Transformer>();
   for (const dt of DTYPES) {
     const m = new Transformer(cfg, castWeights(cfg, loaded.weights, dt), { threads: THREADS });
@@ -316,131 +367,160 @@ try {
     models.set(dt, m);
   }
 
+  const f32m = models.get("f32")!;
+
   // ---- batch-1 decode against run.c, each dtype
-  const refs = buildReferences(dir);
-  const steps = ts.maxSeqLen;
-  const c: Record<string, { tokensPerSec: number; tokens: number[] }> = {};
-  for (const ref of refs) {
-    let best = runReference(ref, path, steps);
-    const again = runReference(ref, path, steps);
-    if (again.tokensPerSec > best.tokensPerSec) best = again;
-    c[ref.name] = best;
+  if (PARTS.has("decode")) {
+    const refs = buildReferences(dir);
+    const steps = ts.maxSeqLen;
+    const c: Record<string, { tokensPerSec: number; tokens: number[] }> = {};
+    for (const ref of refs) {
+      let best = runReference(ref, path, steps);
+      const again = runReference(ref, path, steps);
+      if (again.tokensPerSec > best.tokensPerSec) best = again;
+      c[ref.name] = best;
+    }
+    const decode: Record<string, unknown> = {};
+    for (const [dt, m] of models) {
+      runOurs(m, 16);
+      let ours = runOurs(m, steps);
+      const again = runOurs(m, steps);
+      if (again.tokensPerSec > ours.tokensPerSec) ours = again;
+      const bytes = weightBytesPerToken(cfg, castWeights(cfg, loaded.weights, dt));
+      const vs: Record<string, number> = {};
+      for (const [name, r] of Object.entries(c)) vs[name] = ours.tokensPerSec / r.tokensPerSec;
+      const vsF32Tokens = dt === "f32" ? steps : prefixAgreement(ours.tokens, (decode.f32 as { tokens: number[] }).tokens);
+      const cAgree = refs.length > 0 ? prefixAgreement(ours.tokens, c[refs[0]!.name]!.tokens) : null;
+      decode[dt] = {
+        tokensPerSec: ours.tokensPerSec,
+        weightGBps: (bytes * ours.tokensPerSec) / 1e9,
+        weightMB: bytes / 1e6,
+        vsC: vs,
+        leadingTokensAgreeWithF32: vsF32Tokens,
+        leadingTokensAgreeWithC: cAgree,
+        tokens: ours.tokens,
+      };
+      console.log(
+        `decode batch 1, ${dt}, ${THREADS} threads: ${ours.tokensPerSec.toFixed(1)} tok/s, ${((bytes * ours.tokensPerSec) / 1e9).toFixed(2)} GB/s of ${(bytes / 1e6).toFixed(1)} MB weights; ` +
+          Object.entries(vs)
+            .map(([k, v]) => `${v.toFixed(2)}x ${k}`)
+            .join(", ") +
+          `; first ${vsF32Tokens} greedy tokens agree with f32` +
+          (cAgree === null ? "" : `, ${cAgree} with C`),
+      );
+    }
+    for (const [name, r] of Object.entries(c)) console.log(`C ${name}: ${r.tokensPerSec.toFixed(1)} tok/s`);
+    results.cReference = Object.fromEntries(refs.map((r) => [r.name, { command: r.command, env: r.env, tokensPerSec: c[r.name]!.tokensPerSec }]));
+    results.decodeBatch1 = decode;
   }
-  const decode: Record<string, unknown> = {};
-  for (const [dt, m] of models) {
-    runOurs(m, 16);
-    let ours = runOurs(m, steps);
-    const again = runOurs(m, steps);
-    if (again.tokensPerSec > ours.tokensPerSec) ours = again;
-    const bytes = weightBytesPerToken(cfg, castWeights(cfg, loaded.weights, dt));
-    const vs: Record<string, number> = {};
-    for (const [name, r] of Object.entries(c)) vs[name] = ours.tokensPerSec / r.tokensPerSec;
-    const vsF32Tokens = dt === "f32" ? steps : prefixAgreement(ours.tokens, (decode.f32 as { tokens: number[] }).tokens);
-    const cAgree = refs.length > 0 ? prefixAgreement(ours.tokens, c[refs[0]!.name]!.tokens) : null;
-    decode[dt] = {
-      tokensPerSec: ours.tokensPerSec,
-      weightGBps: (bytes * ours.tokensPerSec) / 1e9,
-      weightMB: bytes / 1e6,
-      vsC: vs,
-      leadingTokensAgreeWithF32: vsF32Tokens,
-      leadingTokensAgreeWithC: cAgree,
-      tokens: ours.tokens,
-    };
-    console.log(
-      `decode batch 1, ${dt}, ${THREADS} threads: ${ours.tokensPerSec.toFixed(1)} tok/s, ${((bytes * ours.tokensPerSec) / 1e9).toFixed(2)} GB/s of ${(bytes / 1e6).toFixed(1)} MB weights; ` +
-        Object.entries(vs)
-          .map(([k, v]) => `${v.toFixed(2)}x ${k}`)
-          .join(", ") +
-        `; first ${vsF32Tokens} greedy tokens agree with f32` +
-        (cAgree === null ? "" : `, ${cAgree} with C`),
-    );
-  }
-  for (const [name, r] of Object.entries(c)) console.log(`C ${name}: ${r.tokensPerSec.toFixed(1)} tok/s`);
-  results.cReference = Object.fromEntries(refs.map((r) => [r.name, { command: r.command, env: r.env, tokensPerSec: c[r.name]!.tokensPerSec }]));
-  results.decodeBatch1 = decode;
 
   // ---- phases: prefill 512 (a 512-context copy of the shape), batch-8 decode, per dtype
-  const long = { ...cfg, maxSeqLen: 512 };
   const phases: Record<string, unknown> = {};
-  for (const dt of DTYPES) {
-    const m = new Transformer(long, castWeights(long, loaded.weights, dt), { threads: THREADS });
-    await m.ready();
-    const p = benchPhases(m, 512);
-    m.close();
-    const b8 = p.decode.batch8!.tokensPerSec / p.decode.batch1!.tokensPerSec;
-    phases[dt] = { ...p, batch8OverBatch1: b8 };
+  if (PARTS.has("phases")) {
+    for (const dt of DTYPES) {
+      const m = new Transformer(long, castWeights(long, loaded.weights, dt), { threads: THREADS });
+      await m.ready();
+      const p = benchPhases(m, 512);
+      m.close();
+      const b8 = p.decode.batch8!.tokensPerSec / p.decode.batch1!.tokensPerSec;
+      phases[dt] = { ...p, batch8OverBatch1: b8 };
+      console.log(
+        `${dt}: prefill 512: ${p.prefill.tokensPerSec.toFixed(0)} tok/s, ${p.prefill.gflops.toFixed(2)} GFLOP/s; ` +
+          `decode batch1 ${p.decode.batch1!.tokensPerSec.toFixed(1)} tok/s, batch8 ${p.decode.batch8!.tokensPerSec.toFixed(1)} tok/s (${b8.toFixed(2)}x batch 1, target >= 4x)`,
+      );
+    }
+    results.phases = phases;
+  }
+
+  // ---- the prefill's matmuls against numpy's on the same shapes
+  if (PARTS.has("numpy")) {
+    const np = numpyPrefillGflops(cfg, 512);
+    const ourPrefill = (phases.f32 as { prefill: Phase } | undefined)?.prefill.gflops ?? null;
+    const ourMatmuls = oursPrefillMatmulGflops(cfg, castWeights(cfg, loaded.weights, "f32"), 512);
+    results.numpy =
+      np === null
+        ? null
+        : {
+            prefillGflops: np,
+            oursF32PrefillMatmulGflops: ourMatmuls,
+            matmulRatio: ourMatmuls / np,
+            oursF32PrefillGflops: ourPrefill,
+            ratio: ourPrefill === null ? null : ourPrefill / np,
+          };
     console.log(
-      `${dt}: prefill 512: ${p.prefill.tokensPerSec.toFixed(0)} tok/s, ${p.prefill.gflops.toFixed(2)} GFLOP/s; ` +
-        `decode batch1 ${p.decode.batch1!.tokensPerSec.toFixed(1)} tok/s, batch8 ${p.decode.batch8!.tokensPerSec.toFixed(1)} tok/s (${b8.toFixed(2)}x batch 1, target >= 4x)`,
+      np === null
+        ? "numpy: does not import, prefill comparison skipped"
+        : `prefill 512, GFLOP/s: numpy's matmuls ${np.toFixed(2)}; ours f32, the same matmuls alone ${ourMatmuls.toFixed(2)}: ${(ourMatmuls / np).toFixed(3)}x (target >= 0.25x)` +
+            (ourPrefill === null
+              ? ""
+              : `; the whole prefill forward (attention and the rest included) ${ourPrefill.toFixed(2)}: ${(ourPrefill / np).toFixed(3)}x`),
     );
   }
-  results.phases = phases;
-  const np = numpyPrefillGflops(cfg, 512);
-  const ourPrefill = (phases.f32 as { prefill: Phase }).prefill.gflops;
-  results.numpy = np === null ? null : { prefillGflops: np, oursF32PrefillGflops: ourPrefill, ratio: ourPrefill / np };
-  console.log(
-    np === null
-      ? "numpy: does not import, prefill comparison skipped"
-      : `prefill 512 matmul GFLOP/s: ours f32 ${ourPrefill.toFixed(2)}, numpy ${np.toFixed(2)}: ${(ourPrefill / np).toFixed(3)}x (target >= 0.25x)`,
-  );
 
   // ---- greedy agreement of packed dtypes with f32 on the test prompts (64 steps)
-  const prompts = [[1], [1, 400, 3000, 12], [1, 31999, 7, 7, 7, 2048]];
-  const agreement: Record<string, unknown[]> = {};
-  const f32m = models.get("f32")!;
-  const refRuns = prompts.map((p) => runOurs(f32m, 64, p, true));
-  for (const dt of DTYPES.filter((d) => d !== "f32")) {
-    agreement[dt] = prompts.map((p, i) => {
-      const r = runOurs(models.get(dt)!, 64, p, true);
-      const k = prefixAgreement(r.tokens, refRuns[i]!.tokens);
-      const at = Math.min(k, 63);
-      let maxDiff = 0;
-      for (let j = 0; j < r.logits[at]!.length; j++) maxDiff = Math.max(maxDiff, Math.abs(r.logits[at]![j]! - refRuns[i]!.logits[at]![j]!));
-      return { prompt: p, leadingTokensAgree: k, maxLogitDiffAtStep: at, maxLogitDiff: maxDiff };
-    });
-    console.log(
-      `${dt} vs f32 greedy (64 steps): ` +
-        (agreement[dt] as { leadingTokensAgree: number; maxLogitDiff: number; maxLogitDiffAtStep: number }[])
-          .map((a) => `${a.leadingTokensAgree}/64 agree (max |logit diff| ${a.maxLogitDiff.toExponential(2)} at step ${a.maxLogitDiffAtStep})`)
-          .join("; "),
-    );
+  if (PARTS.has("greedy")) {
+    const prompts = [[1], [1, 400, 3000, 12], [1, 31999, 7, 7, 7, 2048]];
+    const agreement: Record<string, unknown[]> = {};
+    const f32m = models.get("f32")!;
+    const refRuns = prompts.map((p) => runOurs(f32m, 64, p, true));
+    for (const dt of DTYPES.filter((d) => d !== "f32")) {
+      agreement[dt] = prompts.map((p, i) => {
+        const r = runOurs(models.get(dt)!, 64, p, true);
+        const k = prefixAgreement(r.tokens, refRuns[i]!.tokens);
+        const at = Math.min(k, 63);
+        let maxDiff = 0;
+        for (let j = 0; j < r.logits[at]!.length; j++) maxDiff = Math.max(maxDiff, Math.abs(r.logits[at]![j]! - refRuns[i]!.logits[at]![j]!));
+        return { prompt: p, leadingTokensAgree: k, maxLogitDiffAtStep: at, maxLogitDiff: maxDiff };
+      });
+      console.log(
+        `${dt} vs f32 greedy (64 steps): ` +
+          (agreement[dt] as { leadingTokensAgree: number; maxLogitDiff: number; maxLogitDiffAtStep: number }[])
+            .map((a) => `${a.leadingTokensAgree}/64 agree (max |logit diff| ${a.maxLogitDiff.toExponential(2)} at step ${a.maxLogitDiffAtStep})`)
+            .join("; "),
+      );
+    }
+    results.greedyVsF32 = agreement;
   }
-  results.greedyVsF32 = agreement;
 
   // ---- the engine loop around the same f32 model, and the event loop's delay
-  const alone = runOurs(f32m, 128, [1]).tokensPerSec;
-  const eng = await engineLoop(f32m, [1], 128, 1);
-  console.log(
-    `engine loop decode: ${eng.decodeTokensPerSec.toFixed(1)} tok/s vs transformer alone ${alone.toFixed(1)}: ${(eng.decodeTokensPerSec / alone).toFixed(2)}x (target >= 0.9x)`,
-  );
-  const longM = new Transformer(long, loaded.weights, { threads: THREADS });
-  await longM.ready();
-  const prefillLoop = await engineLoop(
-    longM,
-    Array.from({ length: 511 }, (_, i) => (i * 13 + 1) % ts.vocabSize),
-    1,
-    1,
-  );
-  const decode32 = await engineLoop(longM, [1, 2, 3, 4], 48, 32);
-  longM.close();
-  console.log(
-    `event loop delay p99: 512-token prefill ${prefillLoop.loopDelayP99Ms.toFixed(1)} ms, batch-32 decode ${decode32.loopDelayP99Ms.toFixed(1)} ms (target <= 10 ms; the forward runs on the main thread)`,
-  );
-  results.engine = {
-    decodeTokensPerSec: eng.decodeTokensPerSec,
-    transformerAloneTokensPerSec: alone,
-    ratio: eng.decodeTokensPerSec / alone,
-    loopDelayP99Ms: { prefill512: prefillLoop.loopDelayP99Ms, decodeBatch32: decode32.loopDelayP99Ms },
-  };
+  if (PARTS.has("engine")) {
+    const alone = runOurs(f32m, 128, [1]).tokensPerSec;
+    const eng = await engineLoop(f32m, [1], 128, 1);
+    console.log(
+      `engine loop decode: ${eng.decodeTokensPerSec.toFixed(1)} tok/s vs transformer alone ${alone.toFixed(1)}: ${(eng.decodeTokensPerSec / alone).toFixed(2)}x (target >= 0.9x)`,
+    );
+    const longM = new Transformer(long, loaded.weights, { threads: THREADS });
+    await longM.ready();
+    const prefillLoop = await engineLoop(
+      longM,
+      Array.from({ length: 511 }, (_, i) => (i * 13 + 1) % ts.vocabSize),
+      1,
+      1,
+    );
+    const decode32 = await engineLoop(longM, [1, 2, 3, 4], 48, 32);
+    longM.close();
+    console.log(
+      `event loop delay p99: 512-token prefill ${prefillLoop.loopDelayP99Ms.toFixed(1)} ms, batch-32 decode ${decode32.loopDelayP99Ms.toFixed(1)} ms (target <= 10 ms; the forward runs on the main thread)`,
+    );
+    results.engine = {
+      decodeTokensPerSec: eng.decodeTokensPerSec,
+      transformerAloneTokensPerSec: alone,
+      ratio: eng.decodeTokensPerSec / alone,
+      loopDelayP99Ms: { prefill512: prefillLoop.loopDelayP99Ms, decodeBatch32: decode32.loopDelayP99Ms },
+    };
+  }
+
   for (const m of models.values()) m.close();
 } finally {
   rmSync(dir, { recursive: true, force: true });
 }
-results.micro = { plainJsMatmulGflops: naive1, simdMatmulGflopsRows1: tiled1, simdMatmulGflopsRows64: tiled64 };
+if (micro !== null) results.micro = micro;
 results.loadAfter = loadAverage();
 console.log(`load average before ${results.loadBefore}, after ${results.loadAfter} (${CORES} cores)`);
-mkdirSync(join(import.meta.dir, "results"), { recursive: true });
-writeFileSync(join(import.meta.dir, "results", "model.json"), JSON.stringify(results, null, 2) + "\n");
+if (FULL) {
+  mkdirSync(join(import.meta.dir, "results"), { recursive: true });
+  writeFileSync(join(import.meta.dir, "results", "model.json"), JSON.stringify(results, null, 2) + "\n");
+}
 
 function loadAverage(): string {
   return loadavg()

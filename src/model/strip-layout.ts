@@ -4,7 +4,7 @@ import { type DType, type Matrix, Q8_0_BLOCK_BYTES, QK8_0, dtypeOf } from "./pac
 /**
  * The strip layout the matmul kernels read (kernels/assembly/matmul.ts states it): rows in strips
  * of STRIP_ROWS, the last padded with zero rows; a strip holds group c of all its rows back to back
- * (f32: 4 weights a row; f16 and bf16: 8, in the order 0 4 1 5 2 6 3 7; q8_0: one block, the 8
+ * (f32: 4 weights a row; f16: 8; bf16: 8, in the order 0 4 1 5 2 6 3 7; q8_0: one block, the 8
  * scales first), then each row's weights past its last whole group, in order. The bytes per weight
  * are the dtype's own: nothing is widened.
  */
@@ -39,7 +39,7 @@ export function packStrips(m: Matrix, from: number, rows: number, n: number, dst
   dst.fill(0, at, at + total);
   if (m instanceof Float32Array) packF32(m, from, rows, n, new Float32Array(dst.buffer, dst.byteOffset + at, total / 4));
   else if (dt === "q8_0") packQ8(m.bytes, (from / QK8_0) * Q8_0_BLOCK_BYTES, rows, n, dst.subarray(at, at + total));
-  else packU16(u16View(m.bytes), from, rows, n, new Uint16Array(dst.buffer, dst.byteOffset + at, total / 2));
+  else packU16(u16View(m.bytes), from, rows, n, new Uint16Array(dst.buffer, dst.byteOffset + at, total / 2), dt === "bf16");
 }
 
 function u16View(b: Uint8Array): Uint16Array {
@@ -67,7 +67,8 @@ function packF32(src: Float32Array, from: number, rows: number, n: number, out: 
   }
 }
 
-function packU16(src: Uint16Array, from: number, rows: number, n: number, out: Uint16Array): void {
+/** `interleave`: each group's weights in the order 0 4 1 5 2 6 3 7 (bf16), else in order (f16). */
+function packU16(src: Uint16Array, from: number, rows: number, n: number, out: Uint16Array, interleave: boolean): void {
   const main = mainLen("f16", n);
   const tail = n - main;
   const strip = STRIP_ROWS * n;
@@ -76,10 +77,12 @@ function packU16(src: Uint16Array, from: number, rows: number, n: number, out: U
     const k = r % STRIP_ROWS;
     const base = Math.floor(r / STRIP_ROWS) * strip;
     for (let c = 0, o = base + k * 8; c < main; c += 8, o += 64) {
-      for (let i = 0; i < 4; i++) {
-        out[o + 2 * i] = src[s + c + i]!;
-        out[o + 2 * i + 1] = src[s + c + 4 + i]!;
-      }
+      if (interleave) {
+        for (let i = 0; i < 4; i++) {
+          out[o + 2 * i] = src[s + c + i]!;
+          out[o + 2 * i + 1] = src[s + c + 4 + i]!;
+        }
+      } else for (let i = 0; i < 8; i++) out[o + i] = src[s + c + i]!;
     }
     const t = base + STRIP_ROWS * main + k * tail;
     for (let j = 0; j < tail; j++) out[t + j] = src[s + main + j]!;

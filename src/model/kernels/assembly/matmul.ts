@@ -19,8 +19,9 @@
 // rows' weights group by group: group c of rows 0..7 back to back, so a strip is read front to
 // back in one stream (eight row streams defeat the prefetcher). A group is
 //   f32:       4 weights of each row (16 bytes a row, 128 a group);
-//   f16, bf16: 8 weights of each row (16 bytes a row) stored in the order 0 4 1 5 2 6 3 7, so each
-//              32-bit lane holds weight l low and weight l + 4 high and both halves widen in place;
+//   f16, bf16: 8 weights of each row (16 bytes a row); bf16 in the order 0 4 1 5 2 6 3 7, so each
+//              32-bit lane holds weight l low and weight l + 4 high and both halves widen in place
+//              (f16 widens by sign extension, in order);
 //   q8_0:      one 32-weight block of each row: the 8 f16 scales (16 bytes), then the 8 rows' 32
 //              int8 (272 bytes a group).
 // Weights past the last whole group of a row (n % 4, or n % 8 for 16-bit) follow the groups, row
@@ -30,12 +31,17 @@
 // in flight); more token rows take 4 weight rows by 2 tokens from an f32 strip, packed dtypes
 // being first dequantized a strip at a time into `scratch` (exact, so the bits stay the same).
 
-import { f16ToF32, f16x4, top16x4 } from "./f16";
+import { f16bits, f16ext, f16ToF32, f16x4, top16x4 } from "./f16";
 
 const F32: i32 = 0;
 const F16: i32 = 1;
 const BF16: i32 = 2;
 const Q8_0: i32 = 3;
+/**
+ * f16 weights against x scaled by 2^112 (exact while |x| < 2^16): the weights' f32 patterns then
+ * need no rebias multiply, and each product w * x is the same real number, so rounds the same.
+ */
+const F16X: i32 = 4;
 
 /** Rows per strip. */
 const S: i32 = 8;
@@ -79,15 +85,18 @@ const S: i32 = 8;
   return f32x4.add(acc, f32x4.mul(w, x));
 }
 
-/** Weights 0..3 of a 16-bit group row (lanes' low halves). */
+/** Weights 0..3 of a 16-bit group row: f16 sign-extended from the low four, bf16 the lanes' low halves moved up (times 2^16, not a shift: see f16ext). */
 @inline function lo16(dt: i32, v: v128): v128 {
-  const t = i32x4.shl(v, 16);
-  return dt == F16 ? f16x4(t) : t;
+  if (dt == F16) return f16ext(i32x4.extend_low_i16x8_s(v));
+  if (dt == F16X) return f16bits(i32x4.extend_low_i16x8_s(v));
+  return i32x4.mul(v, i32x4.splat(0x10000));
 }
 
-/** Weights 4..7 of a 16-bit group row (lanes' high halves). */
+/** Weights 4..7 of a 16-bit group row: f16 the high four, bf16 the lanes' high halves. */
 @inline function hi16(dt: i32, v: v128): v128 {
-  return dt == F16 ? f16x4(v) : v128.and(v, i32x4.splat(0xffff0000));
+  if (dt == F16) return f16ext(i32x4.extend_high_i16x8_s(v));
+  if (dt == F16X) return f16bits(i32x4.extend_high_i16x8_s(v));
+  return v128.and(v, i32x4.splat(0xffff0000));
 }
 
 /** int8 q[0..3] of v (lanes `part`) times the scale, as f32x4 (exact). */
@@ -118,10 +127,11 @@ const S: i32 = 8;
 
 /**
  * acc plus row k's weights of the group at g times x from xp, in j order (one group: 4, 8 or 32
- * weights). `scale` is row k's q8_0 scale, splatted (unused for the other dtypes).
+ * weights). `scale` is row k's q8_0 scale, splatted (unused for the other dtypes); x0 and x1 are
+ * x at xp and xp + 16, loaded once for all the strip's rows (q8_0 loads its own).
  */
-@inline function groupDot(dt: i32, acc: v128, g: usize, k: i32, xp: usize, scale: v128): v128 {
-  if (dt == F32) return fma4(acc, v128.load(g + (<usize>k << 4)), v128.load(xp));
+@inline function groupDot(dt: i32, acc: v128, g: usize, k: i32, xp: usize, scale: v128, x0: v128, x1: v128): v128 {
+  if (dt == F32) return fma4(acc, v128.load(g + (<usize>k << 4)), x0);
   if (dt == Q8_0) {
     const q = g + 16 + (<usize>k << 5);
     const a = v128.load(q);
@@ -136,8 +146,13 @@ const S: i32 = 8;
     return fma4(acc, q8x4(b, 3, scale), v128.load(xp, 112));
   }
   const v = v128.load(g + (<usize>k << 4));
-  acc = fma4(acc, lo16(dt, v), v128.load(xp));
-  return fma4(acc, hi16(dt, v), v128.load(xp, 16));
+  acc = fma4(acc, lo16(dt, v), x0);
+  return fma4(acc, hi16(dt, v), x1);
+}
+
+/** x at xp + 16 for the 16-bit dtypes' second half group (zero, unused, for the others). */
+@inline function x1Of(dt: i32, xp: usize): v128 {
+  return dt == F32 || dt == Q8_0 ? f32x4.splat(0) : v128.load(xp, 16);
 }
 
 /** Weight i of a row's tail at p, as f32. */
@@ -164,39 +179,45 @@ const S: i32 = 8;
   return s;
 }
 
-/** The 8 rows of the strip at sp against one token row xr; outputs at yo, yo + 4, ... */
-@inline function strip8x1(dt: i32, yo: usize, xr: usize, sp: usize, n: i32): void {
+/**
+ * The 8 rows of the strip at sp against one token row xr; outputs at yo, yo + 4, ... The groups
+ * read x from xq: xr itself, or for F16X xr scaled by 2^112 (the tails read xr).
+ */
+@inline function strip8x1(dt: i32, yo: usize, xr: usize, sp: usize, n: i32, xq: usize): void {
   const gl = groupLen(dt);
   const gb = groupBytes(dt);
   const groups = mainLen(dt, n) / gl;
   let a0 = f32x4.splat(0), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
   let g = sp;
-  let xp = xr;
+  let xp = xq;
   for (let c = 0; c < groups; c++) {
     let lo = a0, hi = a0;
     if (dt == Q8_0) {
       lo = scalesLo(g);
       hi = scalesHi(g);
     }
-    a0 = groupDot(dt, a0, g, 0, xp, lane(lo, 0));
-    a1 = groupDot(dt, a1, g, 1, xp, lane(lo, 1));
-    a2 = groupDot(dt, a2, g, 2, xp, lane(lo, 2));
-    a3 = groupDot(dt, a3, g, 3, xp, lane(lo, 3));
-    a4 = groupDot(dt, a4, g, 4, xp, lane(hi, 0));
-    a5 = groupDot(dt, a5, g, 5, xp, lane(hi, 1));
-    a6 = groupDot(dt, a6, g, 6, xp, lane(hi, 2));
-    a7 = groupDot(dt, a7, g, 7, xp, lane(hi, 3));
+    const x0 = dt == Q8_0 ? lo : v128.load(xp);
+    const x1 = x1Of(dt, xp);
+    a0 = groupDot(dt, a0, g, 0, xp, lane(lo, 0), x0, x1);
+    a1 = groupDot(dt, a1, g, 1, xp, lane(lo, 1), x0, x1);
+    a2 = groupDot(dt, a2, g, 2, xp, lane(lo, 2), x0, x1);
+    a3 = groupDot(dt, a3, g, 3, xp, lane(lo, 3), x0, x1);
+    a4 = groupDot(dt, a4, g, 4, xp, lane(hi, 0), x0, x1);
+    a5 = groupDot(dt, a5, g, 5, xp, lane(hi, 1), x0, x1);
+    a6 = groupDot(dt, a6, g, 6, xp, lane(hi, 2), x0, x1);
+    a7 = groupDot(dt, a7, g, 7, xp, lane(hi, 3), x0, x1);
     g += gb;
     xp += <usize>gl << 2;
   }
-  store<f32>(yo, finish(dt, a0, tailOf(dt, sp, n, 0), xr, n));
-  store<f32>(yo, finish(dt, a1, tailOf(dt, sp, n, 1), xr, n), 4);
-  store<f32>(yo, finish(dt, a2, tailOf(dt, sp, n, 2), xr, n), 8);
-  store<f32>(yo, finish(dt, a3, tailOf(dt, sp, n, 3), xr, n), 12);
-  store<f32>(yo, finish(dt, a4, tailOf(dt, sp, n, 4), xr, n), 16);
-  store<f32>(yo, finish(dt, a5, tailOf(dt, sp, n, 5), xr, n), 20);
-  store<f32>(yo, finish(dt, a6, tailOf(dt, sp, n, 6), xr, n), 24);
-  store<f32>(yo, finish(dt, a7, tailOf(dt, sp, n, 7), xr, n), 28);
+  const td = dt == F16X ? F16 : dt;
+  store<f32>(yo, finish(td, a0, tailOf(dt, sp, n, 0), xr, n));
+  store<f32>(yo, finish(td, a1, tailOf(dt, sp, n, 1), xr, n), 4);
+  store<f32>(yo, finish(td, a2, tailOf(dt, sp, n, 2), xr, n), 8);
+  store<f32>(yo, finish(td, a3, tailOf(dt, sp, n, 3), xr, n), 12);
+  store<f32>(yo, finish(td, a4, tailOf(dt, sp, n, 4), xr, n), 16);
+  store<f32>(yo, finish(td, a5, tailOf(dt, sp, n, 5), xr, n), 20);
+  store<f32>(yo, finish(td, a6, tailOf(dt, sp, n, 6), xr, n), 24);
+  store<f32>(yo, finish(td, a7, tailOf(dt, sp, n, 7), xr, n), 28);
 }
 
 /** Row k of the strip at sp against one token row xr. */
@@ -210,7 +231,7 @@ const S: i32 = 8;
   for (let c = 0; c < groups; c++) {
     let scale = a;
     if (dt == Q8_0) scale = f32x4.splat(f16ToF32(<u32>load<u16>(g + (<usize>k << 1))));
-    a = groupDot(dt, a, g, k, xp, scale);
+    a = groupDot(dt, a, g, k, xp, scale, dt == Q8_0 ? scale : v128.load(xp), x1Of(dt, xp));
     g += gb;
     xp += <usize>gl << 2;
   }
@@ -267,7 +288,7 @@ function stripRows(yo: usize, x: usize, sp: usize, rows: i32, n: i32, d: i32): v
     half4x2(ya, ya + ys, xa, xs, sp, 0, n);
     half4x2(ya + 16, ya + ys + 16, xa, xs, sp, 1, n);
   }
-  if (r < rows) strip8x1(F32, yo + <usize>r * ys, x + <usize>r * xs, sp, n);
+  if (r < rows) strip8x1(F32, yo + <usize>r * ys, x + <usize>r * xs, sp, n, x + <usize>r * xs);
 }
 
 /** The strip at sp, made f32 in the f32 strip layout at dst (exact). */
@@ -314,6 +335,26 @@ function stripRows(yo: usize, x: usize, sp: usize, rows: i32, n: i32, d: i32): v
   }
 }
 
+/** x[0 .. n) times 2^112 into dst, when every |x| < 2^16 (so exactly); false (dst unspecified) otherwise. */
+@inline function scaleX(dst: usize, x: usize, n: i32): bool {
+  const k = f32x4.splat(reinterpret<f32>(0x77800000));
+  let m = f32x4.splat(0);
+  const n4 = n & ~3;
+  for (let j = 0; j < n4; j += 4) {
+    const v = v128.load(x + (<usize>j << 2));
+    m = f32x4.max(m, f32x4.abs(v));
+    v128.store(dst + (<usize>j << 2), f32x4.mul(v, k));
+  }
+  let s = max(max(f32x4.extract_lane(m, 0), f32x4.extract_lane(m, 1)), max(f32x4.extract_lane(m, 2), f32x4.extract_lane(m, 3)));
+  for (let j = n4; j < n; j++) {
+    const v = load<f32>(x + (<usize>j << 2));
+    s = max(s, abs(v));
+    store<f32>(dst + (<usize>j << 2), v * reinterpret<f32>(0x77800000));
+  }
+  // NaN fails the comparison too (f32x4.max and max propagate it).
+  return s < 65536;
+}
+
 /** Row k's 32 weights of the q8_0 group at g into the 8 f32 groups at o. */
 @inline function dequantQ8Row(o: usize, g: usize, k: i32, scale: v128): void {
   const q = g + 16 + (<usize>k << 5);
@@ -339,6 +380,8 @@ function stripRows(yo: usize, x: usize, sp: usize, rows: i32, n: i32, d: i32): v
   const sb = stripBytes(dt, n);
   const xs = <usize>n << 2;
   const ys = <usize>d << 2;
+  // One f16 token row runs on x scaled by 2^112 in scratch, unless some |x| >= 2^16 (or is NaN).
+  const scaled = dt == F16 && rows == 1 && scaleX(scratch, x, n);
   let g = g0;
   for (; g < g1 && ((g & (S - 1)) != 0 || g + S > g1); g++) {
     const sp = w + <usize>(g >> 3) * sb;
@@ -347,8 +390,10 @@ function stripRows(yo: usize, x: usize, sp: usize, rows: i32, n: i32, d: i32): v
   for (; g + S <= g1; g += S) {
     const sp = w + <usize>(g >> 3) * sb;
     const yo = y + (<usize>(g - r0) << 2);
-    if (rows == 1) strip8x1(dt, yo, x, sp, n);
-    else if (dt == F32) stripRows(yo, x, sp, rows, n, d);
+    if (rows == 1) {
+      if (dt == F16 && scaled) strip8x1(F16X, yo, x, sp, n, scratch);
+      else strip8x1(dt, yo, x, sp, n, x);
+    } else if (dt == F32) stripRows(yo, x, sp, rows, n, d);
     else {
       dequantStrip(dt, scratch, sp, n);
       stripRows(yo, x, scratch, rows, n, d);
