@@ -1,0 +1,132 @@
+import { afterAll, describe, expect, test } from "bun:test";
+import { MatmulKernel, matmulRef } from "../../src/model/matmul.ts";
+import { castMatrix, type DType, dequantize, type Matrix, type PackedMatrix } from "../../src/model/packed.ts";
+import { bits } from "./helpers.ts";
+
+// The strip-layout kernels against matmulRef, bit for bit: every tile (batch 1 strips, 4x2 tiles,
+// the odd token, single rows of strips cut by a slice or a thread), every dtype, every tail.
+
+const kernels: MatmulKernel[] = [];
+afterAll(() => kernels.forEach((k) => k.close()));
+
+function kernel(ms: { matrix: Matrix; cols: number }[], threads = 1): MatmulKernel {
+  const k = new MatmulKernel(ms, { threads });
+  kernels.push(k);
+  return k;
+}
+
+function weights(dt: DType, d: number, n: number, seed: number): Matrix {
+  const f = new Float32Array(d * n).map((_, i) => Math.sin(i * 0.61 + seed) * (1 + (i % 7)) * 10 ** ((i % 5) - 2));
+  return castMatrix(f, dt, n);
+}
+
+function input(rows: number, n: number, seed: number): Float32Array {
+  return new Float32Array(rows * n).map((_, i) => Math.cos(i * 0.37 + seed) * 3);
+}
+
+function ref(x: Float32Array, w: Matrix, wOff: number, rows: number, n: number, d: number): number[] {
+  const y = new Float32Array(rows * d);
+  matmulRef(y, x, w instanceof Float32Array ? w : dequantize(w), wOff, rows, n, d);
+  return bits(y);
+}
+
+const NS: Record<DType, number[]> = { f32: [1, 3, 4, 9, 36, 42], f16: [1, 5, 8, 12, 15, 40, 44], bf16: [3, 8, 13, 44], q8_0: [32, 96] };
+
+describe("strip kernels", () => {
+  for (const dt of ["f32", "f16", "bf16", "q8_0"] as const) {
+    test(`${dt}_every_tile_and_slice_equals_reference`, () => {
+      for (const n of NS[dt]) {
+        // 29 rows: three whole strips and a padded fourth.
+        const w = weights(dt, 29, n, n);
+        const k = kernel([{ matrix: w, cols: n }]);
+        for (const rows of [1, 2, 3, 4, 5, 6, 7, 8, 9]) {
+          const x = input(rows, n, rows);
+          // The whole matrix, slices from strip starts and from inside strips, odd lengths.
+          for (const [r0, d] of [
+            [0, 29],
+            [8, 16],
+            [3, 9],
+            [5, 1],
+            [11, 17],
+            [24, 5],
+          ] as const) {
+            const y = new Float32Array(rows * d);
+            k.matmul(y, x, w, r0 * n, rows, n, d);
+            expect(bits(y)).toEqual(ref(x, w, r0 * n, rows, n, d));
+          }
+        }
+      }
+    });
+  }
+
+  test("f16_batch_1_takes_the_exact_path_for_large_or_non_finite_x", () => {
+    // Scaling x by 2^112 would overflow past 2^16: those calls must still give matmulRef's bits.
+    const n = 24;
+    const w = weights("f16", 16, n, 2);
+    const k = kernel([{ matrix: w, cols: n }]);
+    for (const big of [65535.9, 65536, 1e6, 3e38, Number.POSITIVE_INFINITY]) {
+      const x = input(1, n, 4);
+      x[5] = big;
+      x[17] = -big / 3;
+      const y = new Float32Array(16);
+      k.matmul(y, x, w, 0, 1, n, 16);
+      expect(bits(y)).toEqual(ref(x, w, 0, 1, n, 16));
+    }
+    const x = input(1, n, 5);
+    x[2] = Number.NaN;
+    const y = new Float32Array(16);
+    k.matmul(y, x, w, 0, 1, n, 16);
+    const want = new Float32Array(16);
+    matmulRef(want, x, dequantize(w as PackedMatrix), 0, 1, n, 16);
+    for (let i = 0; i < 16; i++) expect(Number.isNaN(y[i]!)).toBe(Number.isNaN(want[i]!));
+  });
+});
+
+describe("dispatch", () => {
+  // Big enough to be split: every dtype's kernel, batch 1 and batched, three jobs in one dispatch.
+  const n = 96;
+  const mats = (["f16", "bf16", "q8_0"] as const).map((dt, i) => weights(dt, 8 * 64 + 5, n, i));
+  const run = (k: MatmulKernel, rows: number): number[][] => {
+    const x = k.alloc(rows * n);
+    x.set(input(rows, n, rows));
+    const ys = mats.map(() => k.alloc(rows * 400));
+    // Slices from inside a strip, of odd lengths, so every thread's cut meets partial strips.
+    mats.forEach((w, j) => k.queue(ys[j]!, x, w, (3 + j * 50) * n, rows, n, 400));
+    k.flush();
+    return ys.map((y) => bits(y));
+  };
+
+  test("one_dispatch_of_several_matmuls_equals_each_alone_on_any_thread_count", async () => {
+    for (const rows of [1, 5]) {
+      const x = input(rows, n, rows);
+      const want = mats.map((w, j) => ref(x, w, (3 + j * 50) * n, rows, n, 400));
+      for (const threads of [1, 2, 3]) {
+        const k = kernel(
+          mats.map((matrix) => ({ matrix, cols: n })),
+          threads,
+        );
+        await k.ready();
+        expect(run(k, rows)).toEqual(want);
+        // A helper takes chunks once it is awake and scheduled: on a loaded machine that may take
+        // a few dispatches, and every one of them must give the same bits.
+        const deadline = performance.now() + 5000;
+        while (threads > 1 && k.splitCalls === 0 && performance.now() < deadline) expect(run(k, rows)).toEqual(want);
+        if (threads > 1) expect(k.splitCalls).toBeGreaterThan(0);
+      }
+    }
+  });
+
+  test("a_job_feeding_another_in_one_dispatch_is_refused", () => {
+    const w = weights("f32", 16, 16, 0);
+    const k = kernel([{ matrix: w, cols: 16 }]);
+    const a = k.alloc(16);
+    const b = k.alloc(16);
+    k.queue(b, a, w, 0, 1, 16, 16);
+    expect(() => k.queue(a, b, w, 0, 1, 16, 16)).toThrow(/job 1's output is job 0's input/);
+    const c = new Float32Array(16);
+    k.flush();
+    k.queue(c, a, w, 0, 1, 16, 16);
+    expect(() => k.queue(b, c, w, 0, 1, 16, 16)).toThrow(/flush between them/);
+    k.flush();
+  });
+});
