@@ -38,6 +38,8 @@ const SCRATCH = 50;
 const STRIDE = 51;
 const WAITING = 52;
 const HELPED = 53;
+/** Set by a helper whose kernel call threw: its claimed chunk will never be done. */
+const FAILED = 54;
 const JOBS = 64;
 /** fn, y, x, w, rows, n, d, r0, chunk rows, first chunk. */
 const CTRL_JOB = 10;
@@ -83,7 +85,13 @@ self.onmessage = (e) => {
       }
     }
     seen = Atomics.load(c, ${GEN});
-    ex.run_chunks(ctrl, thread, seen);
+    try {
+      ex.run_chunks(ctrl, thread, seen);
+    } catch (err) {
+      Atomics.store(c, ${FAILED}, 1);
+      Atomics.notify(c, ${DONE});
+      throw err;
+    }
   }
 };
 `;
@@ -169,6 +177,7 @@ export class KernelThreads {
     for (let spins = 0; ; spins++) {
       const done = Atomics.load(c, DONE);
       if (done === total) break;
+      if (Atomics.load(c, FAILED) !== 0) assert.fail(`kernel helper thread failed: ${total - done} of ${total} chunks never done`);
       if (spins > SPINS) {
         Atomics.store(c, WAITING, 1);
         Atomics.wait(c, DONE, done, 10);
