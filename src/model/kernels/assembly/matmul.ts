@@ -275,13 +275,15 @@ const S: i32 = 8;
 }
 
 /**
- * The f32 strip at sp against every token row: pairs of tokens by half strips, then the odd token.
- * The strip (at most 32 n bytes) stays in cache while the token rows stream past it.
+ * The f32 strip at sp against every token row: the first token by the whole strip (which reads the
+ * strip front to back, as the prefetcher likes), then pairs of tokens by half strips, then the odd
+ * one. The strip (at most 32 n bytes) stays in cache while the token rows stream past it.
  */
 function stripRows(yo: usize, x: usize, sp: usize, rows: i32, n: i32, d: i32): void {
   const xs = <usize>n << 2;
   const ys = <usize>d << 2;
-  let r = 0;
+  strip8x1(F32, yo, x, sp, n, x);
+  let r = 1;
   for (; r + 2 <= rows; r += 2) {
     const xa = x + <usize>r * xs;
     const ya = yo + <usize>r * ys;
