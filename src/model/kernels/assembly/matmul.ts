@@ -184,6 +184,12 @@ const S: i32 = 8;
  * read x from xq: xr itself, or for F16X xr scaled by 2^112 (the tails read xr).
  */
 @inline function strip8x1(dt: i32, yo: usize, xr: usize, sp: usize, n: i32, xq: usize): void {
+  if (dt == Q8_0) {
+    // Four sums in flight: eight, with the widening's temporaries, spill registers.
+    q8Half(yo, xr, sp, n, 0);
+    q8Half(yo + 16, xr, sp, n, 1);
+    return;
+  }
   const gl = groupLen(dt);
   const gb = groupBytes(dt);
   const groups = mainLen(dt, n) / gl;
@@ -218,6 +224,28 @@ const S: i32 = 8;
   store<f32>(yo, finish(td, a5, tailOf(dt, sp, n, 5), xr, n), 20);
   store<f32>(yo, finish(td, a6, tailOf(dt, sp, n, 6), xr, n), 24);
   store<f32>(yo, finish(td, a7, tailOf(dt, sp, n, 7), xr, n), 28);
+}
+
+/** Rows h*4 .. h*4+3 of the q8_0 strip at sp against one token row xr; outputs at yo, yo + 4, ... */
+@inline function q8Half(yo: usize, xr: usize, sp: usize, n: i32, h: i32): void {
+  const groups = n >> 5;
+  const k = h << 2;
+  let a0 = f32x4.splat(0), a1 = a0, a2 = a0, a3 = a0;
+  let g = sp;
+  let xp = xr;
+  for (let c = 0; c < groups; c++) {
+    const sv = h == 0 ? scalesLo(g) : scalesHi(g);
+    a0 = groupDot(Q8_0, a0, g, k, xp, lane(sv, 0), sv, sv);
+    a1 = groupDot(Q8_0, a1, g, k + 1, xp, lane(sv, 1), sv, sv);
+    a2 = groupDot(Q8_0, a2, g, k + 2, xp, lane(sv, 2), sv, sv);
+    a3 = groupDot(Q8_0, a3, g, k + 3, xp, lane(sv, 3), sv, sv);
+    g += 272;
+    xp += 128;
+  }
+  store<f32>(yo, finish(Q8_0, a0, 0, xr, n));
+  store<f32>(yo, finish(Q8_0, a1, 0, xr, n), 4);
+  store<f32>(yo, finish(Q8_0, a2, 0, xr, n), 8);
+  store<f32>(yo, finish(Q8_0, a3, 0, xr, n), 12);
 }
 
 /** Row k of the strip at sp against one token row xr. */
