@@ -53,6 +53,13 @@ export function controlBytes(helpers: number): number {
 const CHUNKS_PER_THREAD = 4;
 /** Spins on a counter before sleeping on it: a decode step hands out dozens of dispatches back to back. */
 const SPINS = 20000;
+/**
+ * A caller that waited this long (ms) for a helper's chunk after finishing its own work met a
+ * helper that lost its core mid-chunk (an oversubscribed machine): dispatches then stay on the
+ * caller for BACKOFF_MS, which costs less than waiting out the scheduler's time slices.
+ */
+const STALL_MS = 0.5;
+const BACKOFF_MS = 50;
 
 /** Runs queued jobs whole on the calling thread. */
 export function runJobs(ex: KernelExports, jobs: Int32Array, count: number, scratch: number): void {
@@ -103,6 +110,7 @@ export class KernelThreads {
   private readonly ctrl: Int32Array;
   private readonly workers: Worker[] = [];
   private gen = 0;
+  private backoffUntil = 0;
   /** Settles when every helper runs. */
   readonly ready: Promise<void>;
 
@@ -136,6 +144,11 @@ export class KernelThreads {
   /** Chunks computed by helper threads so far (tests check the threads work). */
   get helperChunks(): number {
     return Atomics.load(this.ctrl, HELPED);
+  }
+
+  /** False while backing off after a stalled helper (see STALL_MS): run the dispatch alone. */
+  get available(): boolean {
+    return this.backoffUntil === 0 || performance.now() >= this.backoffUntil;
   }
 
   /**
@@ -174,6 +187,13 @@ export class KernelThreads {
       }
     }
     ex.run_chunks(this.ctrlAt, 0, this.gen);
+    if (Atomics.load(c, DONE) !== total) this.waitFor(total);
+  }
+
+  /** Waits for the helpers' last claimed chunks, and backs off if that took a stall. */
+  private waitFor(total: number): void {
+    const c = this.ctrl;
+    const t0 = performance.now();
     for (let spins = 0; ; spins++) {
       const done = Atomics.load(c, DONE);
       if (done === total) break;
@@ -184,6 +204,8 @@ export class KernelThreads {
         Atomics.store(c, WAITING, 0);
       }
     }
+    const t = performance.now();
+    this.backoffUntil = t - t0 > STALL_MS ? t + BACKOFF_MS : 0;
   }
 
   /** Stops the helpers; the kernel then runs on the caller alone. */

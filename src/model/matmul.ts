@@ -322,7 +322,7 @@ export class MatmulKernel {
     if (count === 0) return;
     const ex = this.ex!;
     const threads = this.threads;
-    const split = threads !== null && this.queuedMacs >= SPLIT_MACS;
+    const split = threads !== null && this.queuedMacs >= SPLIT_MACS && threads.available;
     // Each thread's scratch for a dequantized strip (32 bytes per column), above the copies.
     const stride = align16(32 * this.maxCols);
     const scratch = this.temp(stride * (split ? threads.helpers + 1 : 1));
