@@ -28,8 +28,10 @@
 // by row in their natural order.
 //
 // Tiles only decide which outputs share the loads: one token row takes a whole strip (eight sums
-// in flight); more token rows take 4 weight rows by 2 tokens from an f32 strip, packed dtypes
-// being first dequantized a strip at a time into `scratch` (exact, so the bits stay the same).
+// in flight; q8_0 two halves of four), f16 against x scaled by 2^112 (see F16X); more token rows
+// take 4 weight rows by 2 tokens from an f32 strip, packed dtypes being first dequantized a strip
+// at a time into `scratch` (exact, so the bits stay the same). No vector shift runs in a loop:
+// JavaScriptCore moves each one's count through a scalar register (multiplies stand in for them).
 
 import { f16bits, f16ext, f16ToF32, f16x4, top16x4 } from "./f16";
 
@@ -110,11 +112,11 @@ const S: i32 = 8;
 
 /** The 8 scales of the q8_0 group at g, as two f32x4 (rows 0..3, 4..7). */
 @inline function scalesLo(g: usize): v128 {
-  return f16x4(top16x4(g));
+  return f16ext(i32x4.extend_low_i16x8_s(v128.load(g)));
 }
 
 @inline function scalesHi(g: usize): v128 {
-  return f16x4(top16x4(g + 8));
+  return f16ext(i32x4.extend_high_i16x8_s(v128.load(g)));
 }
 
 /** Lane k of v in every lane (k a constant once inlined). */
