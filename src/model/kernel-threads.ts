@@ -159,6 +159,10 @@ export class KernelThreads {
     assert(count <= MAX_DISPATCH_JOBS, `dispatch of ${count} jobs`);
     const c = this.ctrl;
     const threads = this.helpers + 1;
+    this.gen = (this.gen + 1) & 0x7fff;
+    // Close claims first: a helper still finishing the last dispatch, which read NEXT before this
+    // store, must fail its compare-and-swap rather than take a chunk of the new jobs written below.
+    Atomics.store(c, NEXT, (this.gen << 16) | 0xffff);
     let total = 0;
     for (let j = 0; j < count; j++) {
       const b = j * JOB_INTS;
@@ -171,8 +175,7 @@ export class KernelThreads {
       c[o + 9] = total;
       total += Math.ceil(span / per);
     }
-    assert(total < 65536, `dispatch of ${total} chunks`);
-    this.gen = (this.gen + 1) & 0x7fff;
+    assert(total < 65535, `dispatch of ${total} chunks`);
     c[COUNT] = count;
     c[SCRATCH] = scratch;
     c[STRIDE] = stride;
@@ -197,6 +200,7 @@ export class KernelThreads {
     for (let spins = 0; ; spins++) {
       const done = Atomics.load(c, DONE);
       if (done === total) break;
+      if (done > total) assert.fail(`dispatch counted ${done} chunks done of ${total}`);
       if (Atomics.load(c, FAILED) !== 0) assert.fail(`kernel helper thread failed: ${total - done} of ${total} chunks never done`);
       if (spins > SPINS) {
         Atomics.store(c, WAITING, 1);

@@ -116,6 +116,28 @@ describe("dispatch", () => {
     }
   });
 
+  test("thousands_of_small_dispatches_back_to_back_all_finish_and_agree", async () => {
+    // The helpers finish one dispatch while the caller writes the next, of another size: no
+    // chunk may be taken twice or lost (either hangs the caller) and every dispatch gives the
+    // same bits.
+    const w = weights("bf16", 1024, 72, 9);
+    for (const threads of [2, 3]) {
+      const k = kernel([{ matrix: w, cols: 72 }], threads);
+      await k.ready();
+      const x = k.alloc(72);
+      x.set(input(1, 72, 3));
+      const ys = [0, 1, 2].map(() => k.alloc(1024));
+      const want = ref(x, w, 0, 1, 72, 1024);
+      for (let i = 0; i < 10000; i++) {
+        // One job, then three: 8 chunks a job per helper, so dispatch sizes alternate.
+        const jobs = i % 2 === 0 ? 1 : 3;
+        for (let j = 0; j < jobs; j++) k.queue(ys[j]!, x, w, 0, 1, 72, 1024);
+        k.flush();
+        if (i % 1000 === 1) for (const y of ys) expect(bits(y)).toEqual(want);
+      }
+    }
+  });
+
   test("a_job_feeding_another_in_one_dispatch_is_refused", () => {
     const w = weights("f32", 16, 16, 0);
     const k = kernel([{ matrix: w, cols: 16 }]);

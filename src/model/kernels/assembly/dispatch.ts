@@ -1,7 +1,8 @@
 // One dispatch of matmuls shared by every thread (built with matmul.ts into one module).
 //
-// The caller writes the dispatch into a control block in the shared memory: its jobs (a matmul
-// each), every job cut into chunks of whole 8-row strips, and the chunk counter NEXT = gen << 16.
+// The caller writes the dispatch into a control block in the shared memory: first NEXT =
+// gen << 16 | 0xffff (claims closed: a thread still in the last dispatch fails its swap), then the
+// jobs (a matmul each), every job cut into chunks of whole 8-row strips, then NEXT = gen << 16.
 // Each thread (the caller too) then claims chunks one at a time with compare-and-swap, computes
 // each whole, and counts it in DONE; the dispatch is over when DONE reaches TOTAL. A thread that
 // is slow or descheduled only delays the chunk it holds: the others take the rest. A claim checks
