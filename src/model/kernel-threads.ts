@@ -51,8 +51,14 @@ export function controlBytes(helpers: number): number {
 }
 /** Chunks each job is cut into per thread: enough that a slow thread's share is taken over. */
 const CHUNKS_PER_THREAD = 4;
-/** Spins on a counter before sleeping on it: a decode step hands out dozens of dispatches back to back. */
+/** The caller spins this many times on DONE before sleeping on it. */
 const SPINS = 20000;
+/**
+ * A helper spins this long (ms) after a dispatch before sleeping: a decode step hands out dozens
+ * of dispatches with the caller's own work (attention, norms) between them, and a sleeping
+ * helper wakes too late to take any of a small dispatch.
+ */
+const HELPER_SPIN_MS = 2;
 /**
  * A caller that waited this long (ms) for a helper's chunk after finishing its own work met a
  * helper that lost its core mid-chunk (an oversubscribed machine): dispatches then stay on the
@@ -84,11 +90,13 @@ self.onmessage = (e) => {
   let seen = Atomics.load(c, ${GEN});
   postMessage("ready");
   for (;;) {
-    for (let spins = 0; Atomics.load(c, ${GEN}) === seen; spins++) {
-      if (spins > ${SPINS}) {
+    let idle = performance.now();
+    for (let spins = 1; Atomics.load(c, ${GEN}) === seen; spins++) {
+      if ((spins & 1023) === 0 && performance.now() - idle > ${HELPER_SPIN_MS}) {
         Atomics.store(c, sleeping, 1);
         Atomics.wait(c, ${GEN}, seen, 1000);
         Atomics.store(c, sleeping, 0);
+        idle = performance.now();
       }
     }
     seen = Atomics.load(c, ${GEN});
