@@ -266,22 +266,12 @@ export class MatmulKernel {
     }
     if (dt === "q8_0" && (n % 32 !== 0 || wOff % 32 !== 0)) assert.fail(`q8_0 matmul needs whole blocks: n ${n}, from ${wOff}`);
     if (this.queued === MAX_JOBS) this.flush();
-    if (this.unplaced.has(w as Float32Array)) {
-      // Placing takes permanent space, which the queued jobs' copies may occupy.
-      this.flush();
-      this.unplaced.delete(w as Float32Array);
-      if (w.length % n === 0) this.place(w, n);
-    }
-    const p = this.placed.get(w);
-    let wAt: number;
-    let r0: number;
-    if (p !== undefined && p.cols === n && wOff % n === 0) {
-      wAt = p.at;
-      r0 = wOff / n;
-    } else {
+    const p = this.placedFor(w, n);
+    const inPlace = p !== undefined && wOff % n === 0;
+    let wAt = inPlace ? p.at : -1;
+    if (!inPlace) {
       wAt = this.temp(stripLayoutBytes(dt, d, n));
       packStrips(w, wOff, d, n, this.u8, wAt);
-      r0 = 0;
     }
     let xAt = this.addressOf(x);
     if (xAt < 0) {
@@ -291,14 +281,7 @@ export class MatmulKernel {
     let yAt = this.addressOf(y);
     const copyY = yAt < 0;
     if (copyY) yAt = this.temp(rows * d * 4);
-    for (let j = 0; j < this.queued; j++) {
-      const b = j * JOB_INTS;
-      const jobs = this.jobs;
-      const feeds = this.inputs[j] === y || overlaps(yAt, rows * d, jobs[b + J_X]!, jobs[b + J_ROWS]! * jobs[b + J_N]!);
-      const fed = this.outs[j] === x || overlaps(xAt, rows * n, jobs[b + J_Y]!, jobs[b + J_ROWS]! * jobs[b + J_D]!);
-      if (feeds || fed)
-        assert.fail(`matmul queue: job ${this.queued}'s ${feeds ? "output" : "input"} is job ${j}'s ${feeds ? "input" : "output"}; flush between them`);
-    }
+    this.assertIndependent(x, xAt, y, yAt, rows * n, rows * d);
     const j = this.queued++;
     const b = j * JOB_INTS;
     const jobs = this.jobs;
@@ -309,11 +292,36 @@ export class MatmulKernel {
     jobs[b + J_ROWS] = rows;
     jobs[b + J_N] = n;
     jobs[b + J_D] = d;
-    jobs[b + J_R0] = r0;
+    jobs[b + J_R0] = inPlace ? wOff / n : 0;
     this.outs[j] = copyY ? y : null;
     this.inputs[j] = x;
     this.queuedMacs += rows * n * d;
     if (n > this.maxCols) this.maxCols = n;
+  }
+
+  /** Where w lives in rows of n, placing a bare f32 matrix at its first call; undefined if not so placed. */
+  private placedFor(w: Matrix, n: number): Placed | undefined {
+    if (this.unplaced.has(w as Float32Array)) {
+      // Placing takes permanent space, which the queued jobs' copies may occupy.
+      this.flush();
+      this.unplaced.delete(w as Float32Array);
+      if (w.length % n === 0) this.place(w, n);
+    }
+    const p = this.placed.get(w);
+    return p !== undefined && p.cols === n ? p : undefined;
+  }
+
+  /** Fails when the job about to be queued (x: xFloats at xAt, y: yFloats at yAt) feeds or is fed by a queued one. */
+  private assertIndependent(x: Float32Array, xAt: number, y: Float32Array, yAt: number, xFloats: number, yFloats: number): void {
+    const jobs = this.jobs;
+    for (let j = 0; j < this.queued; j++) {
+      const b = j * JOB_INTS;
+      const feeds = this.inputs[j] === y || overlaps(yAt, yFloats, jobs[b + J_X]!, jobs[b + J_ROWS]! * jobs[b + J_N]!);
+      const fed = this.outs[j] === x || overlaps(xAt, xFloats, jobs[b + J_Y]!, jobs[b + J_ROWS]! * jobs[b + J_D]!);
+      if (feeds || fed) {
+        assert.fail(`matmul queue: job ${this.queued}'s ${feeds ? "output" : "input"} is job ${j}'s ${feeds ? "input" : "output"}; flush between them`);
+      }
+    }
   }
 
   /** Runs the queued matmuls, split over the threads when they are big enough. */
