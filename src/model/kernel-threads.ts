@@ -49,8 +49,13 @@ const SLEEPING = JOBS + MAX_DISPATCH_JOBS * CTRL_JOB;
 export function controlBytes(helpers: number): number {
   return (SLEEPING + helpers + 1) * 4;
 }
-/** Chunks each job is cut into per thread: enough that a slow thread's share is taken over. */
+/** Chunks each job is cut into per thread at least: enough that a slow thread's share is taken over. */
 const CHUNKS_PER_THREAD = 4;
+/**
+ * Multiply-adds a chunk holds at most: the threads finish a job at most one chunk apart, so a
+ * big job (the classifier) is cut finer than CHUNKS_PER_THREAD alone would.
+ */
+const CHUNK_MACS = 1 << 16;
 /** The caller spins this many times on DONE before sleeping on it. */
 const SPINS = 20000;
 /**
@@ -178,7 +183,8 @@ export class KernelThreads {
       for (let i = 0; i < JOB_INTS; i++) c[o + i] = jobs[b + i]!;
       const r0 = jobs[b + J_R0]!;
       const span = r0 + jobs[b + J_D]! - (r0 & ~7);
-      const per = Math.max(8, Math.ceil(span / (threads * CHUNKS_PER_THREAD) / 8) * 8);
+      const chunks = Math.max(threads * CHUNKS_PER_THREAD, Math.ceil((jobs[b + J_ROWS]! * jobs[b + J_N]! * span) / CHUNK_MACS));
+      const per = Math.max(8, Math.ceil(span / chunks / 8) * 8);
       c[o + 8] = per;
       c[o + 9] = total;
       total += Math.ceil(span / per);
