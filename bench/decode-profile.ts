@@ -1,12 +1,19 @@
-// Where batch-1 decode time goes: whole forward vs time inside MatmulKernel.matmul (kernel +
-// thread handoff) vs the rest of forward (JS), per dtype and thread count; plus the kernel
-// alone (single thread, the same 43 calls in the same order) and the bare handoff round trip.
-import { KvPool } from "../src/pool/index.ts";
+// Where a decode step's time goes, on the TinyStories-15M shape, per weight dtype and thread
+// count: the whole forward, the time inside the matmul dispatches (kernel plus the helper threads'
+// handoff) and the rest of forward (attention, norms, the JS between); beside it the kernel alone
+// (the same calls in the same order on one thread, nothing between them) and the bare handoff of
+// a split dispatch that does almost nothing. Ratios: 2 threads over 1, and the kernel alone over
+// the matmuls inside the model (what handoff and cache misses cost). Env: DTYPES, THREADS, BATCH.
+import { mkdirSync, writeFileSync } from "node:fs";
+import { availableParallelism, loadavg } from "node:os";
+import { join } from "node:path";
 import { type DType, type ModelConfig, Transformer, castWeights, kvShapeOf, syntheticWeights } from "../src/model/index.ts";
 import { MatmulKernel } from "../src/model/matmul.ts";
+import type { Matrix } from "../src/model/packed.ts";
+import { KvPool } from "../src/pool/index.ts";
 
 const cfg: ModelConfig = {
-  name: "ts15m",
+  name: "tinystories-15m-shape",
   dim: 288,
   hiddenDim: 768,
   nLayers: 6,
@@ -17,108 +24,162 @@ const cfg: ModelConfig = {
   ropeTheta: 10000,
   normEps: 1e-5,
 };
-const dtypes = (process.env.DTYPES ?? "f32,f16,bf16,q8_0").split(",") as DType[];
-const threadCounts = (process.env.THREADS ?? "1,2").split(",").map(Number);
-const batch = Number(process.env.BATCH ?? 1);
-const base = syntheticWeights(cfg, 15, { sharedClassifier: true });
+const DTYPES = (process.env.DTYPES ?? "f32,f16,bf16,q8_0").split(",") as DType[];
+const THREADS = (process.env.THREADS ?? `1,${availableParallelism()}`).split(",").map(Number);
+const BATCH = Number(process.env.BATCH ?? 1);
+const STEPS = 180;
 
-for (const dt of dtypes) {
-  const w = castWeights(cfg, base, dt);
-  for (const threads of threadCounts) {
-    const m = new Transformer(cfg, w, { threads });
-    await m.ready();
-    const mm = (m as unknown as { mm: MatmulKernel }).mm;
-    const queue = mm.queue.bind(mm);
-    const flush = mm.flush.bind(mm);
-    let mmMs = 0;
-    let calls = 0;
-    let flushes = 0;
-    const calls_: { n: number; d: number; rows: number; w: unknown; wOff: number }[] = [];
-    let record = false;
-    mm.queue = (y, x, ww, wOff, rows, n, d) => {
-      const t = performance.now();
-      queue(y, x, ww, wOff, rows, n, d);
-      mmMs += performance.now() - t;
-      calls++;
-      if (record) calls_.push({ n, d, rows, w: ww, wOff });
-    };
-    mm.flush = () => {
-      const t = performance.now();
-      flush();
-      mmMs += performance.now() - t;
-      flushes++;
-    };
-    const pool = new KvPool(kvShapeOf(cfg, 16), 16 * batch + 1);
-    const tables = Array.from({ length: batch }, () => pool.allocate(16)!);
-    const out = new Float32Array(batch * cfg.vocabSize);
-    const chunks = tables.map((t) => ({ blockTable: t, startPos: 0, tokens: [1] }));
-    const stepOnce = (pos: number) => {
-      for (let s = 0; s < batch; s++) {
-        chunks[s]!.startPos = pos;
-        chunks[s]!.tokens[0] = (pos * 31 + s) % cfg.vocabSize;
-      }
-      m.forward(pool, chunks, out);
-    };
-    for (let p = 0; p < 64; p++) stepOnce(p);
-    record = true;
-    stepOnce(64);
-    record = false;
-    mmMs = 0;
-    calls = 0;
-    flushes = 0;
-    const steps = 192;
-    const t0 = performance.now();
-    for (let p = 64; p < 64 + steps; p++) stepOnce(p);
-    const total = performance.now() - t0;
-    const perTok = total / steps;
-    const line = `${dt} threads=${threads} batch=${batch}: ${((1000 / perTok) * batch).toFixed(1)} tok/s; per step ${(perTok * 1000).toFixed(0)} us = matmul ${((mmMs / steps) * 1000).toFixed(0)} us (${calls / steps} matmuls in ${flushes / steps} dispatches) + rest ${(((total - mmMs) / steps) * 1000).toFixed(0)} us`;
-    // Kernel alone on this thread: the same calls in order, via exports.
-    const ex = mm.exports!;
-    const fn = `matmul_${dt}` as const;
-    const xAt = mm.addressOf(mm.alloc(batch * cfg.hiddenDim));
-    const yAt = mm.addressOf(mm.alloc(batch * cfg.vocabSize));
-    const sAt = mm.addressOf(mm.alloc(8 * cfg.hiddenDim));
-    const jobs = calls_.map((c) => [mm.offsetOf(c.w as never), c.rows, c.n, c.d, c.wOff / c.n] as const);
-    const runAll = () => {
-      for (const [wAt, rows, n, d, r0] of jobs) ex[fn](yAt, xAt, wAt, rows, n, d, r0, r0, r0 + d, sAt);
-    };
-    for (let i = 0; i < 20; i++) runAll();
-    const k0 = performance.now();
-    const reps = 100;
-    for (let i = 0; i < reps; i++) runAll();
-    const kUs = ((performance.now() - k0) / reps) * 1000;
-    let layerUs = 0;
-    {
-      const layerJobs = jobs.filter(([, , , d]) => d !== cfg.vocabSize);
-      const k1 = performance.now();
-      for (let i = 0; i < reps; i++) for (const [wAt, rows, n, d, r0] of layerJobs) ex[fn](yAt, xAt, wAt, rows, n, d, r0, r0, r0 + d, sAt);
-      layerUs = ((performance.now() - k1) / reps) * 1000;
+interface Call {
+  w: Matrix;
+  wOff: number;
+  rows: number;
+  n: number;
+  d: number;
+}
+
+interface Profile {
+  tokensPerSec: number;
+  stepUs: number;
+  matmulUs: number;
+  restUs: number;
+  dispatches: number;
+  kernelAloneUs: { layers: number; classifier: number };
+}
+
+/** Decode at BATCH over a 64-token context, with the kernel's queue and flush timed. */
+async function profile(w: ReturnType<typeof castWeights>, threads: number): Promise<Profile> {
+  const m = new Transformer(cfg, w, { threads });
+  await m.ready();
+  // The model's own kernel, reached for timing: every matmul goes through queue and flush.
+  const mm = (m as unknown as { mm: MatmulKernel }).mm;
+  const queue = mm.queue.bind(mm);
+  const flush = mm.flush.bind(mm);
+  let inside = 0;
+  let dispatches = 0;
+  let calls: Call[] | null = null;
+  mm.queue = (y, x, ww, wOff, rows, n, d) => {
+    const t = performance.now();
+    queue(y, x, ww, wOff, rows, n, d);
+    inside += performance.now() - t;
+    calls?.push({ w: ww, wOff, rows, n, d });
+  };
+  mm.flush = () => {
+    const t = performance.now();
+    flush();
+    inside += performance.now() - t;
+    dispatches++;
+  };
+  const pool = new KvPool(kvShapeOf(cfg, 16), 16 * BATCH + 1);
+  const chunks = Array.from({ length: BATCH }, () => ({ blockTable: pool.allocate(16)!, startPos: 0, tokens: [1] }));
+  const out = new Float32Array(BATCH * cfg.vocabSize);
+  const step = (pos: number): void => {
+    for (let s = 0; s < BATCH; s++) {
+      chunks[s]!.startPos = pos;
+      chunks[s]!.tokens[0] = (pos * 31 + s) % cfg.vocabSize;
     }
-    console.log(`${line}; kernel alone 1 thread ${kUs.toFixed(0)} us (layers ${layerUs.toFixed(0)}, classifier ${(kUs - layerUs).toFixed(0)})`);
-    m.close();
-  }
+    m.forward(pool, chunks, out);
+  };
+  for (let p = 0; p < 64; p++) step(p);
+  calls = [];
+  step(64);
+  const recorded = calls;
+  calls = null;
+  inside = 0;
+  dispatches = 0;
+  const t0 = performance.now();
+  for (let p = 65; p < 65 + STEPS; p++) step(p);
+  const total = performance.now() - t0;
+  const kernelAloneUs = kernelAlone(mm, recorded);
+  m.close();
+  return {
+    tokensPerSec: ((STEPS * BATCH) / total) * 1000,
+    stepUs: (total / STEPS) * 1000,
+    matmulUs: (inside / STEPS) * 1000,
+    restUs: ((total - inside) / STEPS) * 1000,
+    dispatches: dispatches / STEPS,
+    kernelAloneUs,
+  };
 }
-// The bare handoff: a split matmul that does almost nothing.
-{
-  const w = new Float32Array(16 * 4096).fill(0.5);
-  const k = new MatmulKernel([{ matrix: w, cols: 16 }], { threads: 2 });
-  await k.ready();
-  const x = k.alloc(16),
-    y = k.alloc(4096);
-  const reps = 20000;
-  let split = 1e9;
-  let one = 1e9;
-  const k1 = new MatmulKernel([{ matrix: w, cols: 16 }]);
-  const x1 = k1.alloc(16),
-    y1 = k1.alloc(4096);
-  for (let round = 0; round < 5; round++) {
+
+/** One step's matmul calls run back to back through the kernel exports, on this thread. */
+function kernelAlone(mm: MatmulKernel, calls: Call[]): { layers: number; classifier: number } {
+  const ex = mm.exports!;
+  const x = mm.addressOf(mm.alloc(BATCH * cfg.hiddenDim));
+  const y = mm.addressOf(mm.alloc(BATCH * cfg.vocabSize));
+  const scratch = mm.addressOf(mm.alloc(8 * cfg.hiddenDim));
+  const time = (cs: Call[]): number => {
+    const run = (): void => {
+      for (const c of cs) {
+        const r0 = c.wOff / c.n;
+        const fn = `matmul_${c.w instanceof Float32Array ? "f32" : c.w.dtype}` as const;
+        ex[fn](y, x, mm.offsetOf(c.w), c.rows, c.n, c.d, r0, r0, r0 + c.d, scratch);
+      }
+    };
+    for (let i = 0; i < 10; i++) run();
+    const reps = 50;
     const t0 = performance.now();
-    for (let i = 0; i < reps; i++) k.matmul(y, x, w, 0, 1, 16, 4096);
-    split = Math.min(split, ((performance.now() - t0) / reps) * 1000);
-    const t1 = performance.now();
-    for (let i = 0; i < reps; i++) k1.matmul(y1, x1, w, 0, 1, 16, 4096);
-    one = Math.min(one, ((performance.now() - t1) / reps) * 1000);
-  }
-  console.log(`16x4096 f32 matmul (64K MACs): 2 threads ${split.toFixed(2)} us, 1 thread ${one.toFixed(2)} us`);
-  k.close();
+    for (let i = 0; i < reps; i++) run();
+    return ((performance.now() - t0) / reps) * 1000;
+  };
+  return {
+    layers: time(calls.filter((c) => c.d !== cfg.vocabSize)),
+    classifier: time(calls.filter((c) => c.d === cfg.vocabSize)),
+  };
 }
+
+/** µs of a dispatch of 64K multiply-adds (16 x 4096 f32), split over 2 threads and on 1. */
+async function handoff(): Promise<{ twoThreadsUs: number; oneThreadUs: number }> {
+  const w = new Float32Array(16 * 4096).fill(0.5);
+  const two = new MatmulKernel([{ matrix: w, cols: 16 }], { threads: 2 });
+  const one = new MatmulKernel([{ matrix: w, cols: 16 }]);
+  await two.ready();
+  const best = (k: MatmulKernel): number => {
+    const x = k.alloc(16);
+    const y = k.alloc(4096);
+    let b = Number.POSITIVE_INFINITY;
+    for (let round = 0; round < 5; round++) {
+      const t0 = performance.now();
+      for (let i = 0; i < 10000; i++) k.matmul(y, x, w, 0, 1, 16, 4096);
+      b = Math.min(b, (performance.now() - t0) / 10);
+    }
+    return b;
+  };
+  const r = { twoThreadsUs: best(two), oneThreadUs: best(one) };
+  two.close();
+  return r;
+}
+
+const load = (): string =>
+  loadavg()
+    .map((l) => l.toFixed(2))
+    .join(" ");
+const results: Record<string, unknown> = { bench: "decode-profile", batch: BATCH, loadBefore: load() };
+const base = syntheticWeights(cfg, 15, { sharedClassifier: true });
+const byDtype: Record<string, Record<string, Profile>> = {};
+for (const dt of DTYPES) {
+  const w = castWeights(cfg, base, dt);
+  byDtype[dt] = {};
+  for (const threads of THREADS) {
+    const p = await profile(w, threads);
+    byDtype[dt]![`threads${threads}`] = p;
+    const alone = p.kernelAloneUs.layers + p.kernelAloneUs.classifier;
+    console.log(
+      `${dt}, ${threads} threads, batch ${BATCH}: ${p.tokensPerSec.toFixed(1)} tok/s; a step ${p.stepUs.toFixed(0)} us = ` +
+        `matmuls ${p.matmulUs.toFixed(0)} us in ${p.dispatches} dispatches + the rest ${p.restUs.toFixed(0)} us; ` +
+        `kernel alone on one thread ${alone.toFixed(0)} us (layers ${p.kernelAloneUs.layers.toFixed(0)}, classifier ${p.kernelAloneUs.classifier.toFixed(0)}): ` +
+        `${(alone / p.matmulUs).toFixed(2)}x the matmuls in the model`,
+    );
+  }
+  const [a, b] = THREADS.map((t) => byDtype[dt]![`threads${t}`]!);
+  if (a !== undefined && b !== undefined) console.log(`${dt}: ${THREADS[1]} threads over ${THREADS[0]}: ${(b.tokensPerSec / a.tokensPerSec).toFixed(2)}x`);
+}
+results.decode = byDtype;
+const h = await handoff();
+results.handoff = h;
+console.log(
+  `a split dispatch of 64K multiply-adds: 2 threads ${h.twoThreadsUs.toFixed(2)} us, 1 thread ${h.oneThreadUs.toFixed(2)} us (${(h.oneThreadUs / h.twoThreadsUs).toFixed(2)}x)`,
+);
+results.loadAfter = load();
+console.log(`load average before ${results.loadBefore}, after ${results.loadAfter} (${availableParallelism()} cores)`);
+mkdirSync(join(import.meta.dir, "results"), { recursive: true });
+writeFileSync(join(import.meta.dir, "results", "decode-profile.json"), `${JSON.stringify(results, null, 2)}\n`);
