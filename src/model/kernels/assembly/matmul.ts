@@ -228,19 +228,37 @@ const S: i32 = 8;
   store<f32>(yo, finish(td, a7, tailOf(dt, sp, n, 7), xr, n), 28);
 }
 
-/** Rows h*4 .. h*4+3 of the q8_0 strip at sp against one token row xr; outputs at yo, yo + 4, ... */
+/** acc plus 16 int8 weights at q, times `scale`, times x0..x3, in j order. */
+@inline function q8x16(acc: v128, q: usize, scale: v128, x0: v128, x1: v128, x2: v128, x3: v128): v128 {
+  const a = v128.load(q);
+  acc = fma4(acc, q8x4(a, 0, scale), x0);
+  acc = fma4(acc, q8x4(a, 1, scale), x1);
+  acc = fma4(acc, q8x4(a, 2, scale), x2);
+  return fma4(acc, q8x4(a, 3, scale), x3);
+}
+
+/**
+ * Rows h*4 .. h*4+3 of the q8_0 strip at sp against one token row xr; outputs at yo, yo + 4, ...
+ * Each 16 weights' x is loaded once for the four rows.
+ */
 @inline function q8Half(yo: usize, xr: usize, sp: usize, n: i32, h: i32): void {
   const groups = n >> 5;
-  const k = h << 2;
+  const k = <usize>(h << 2);
   let a0 = f32x4.splat(0), a1 = a0, a2 = a0, a3 = a0;
   let g = sp;
   let xp = xr;
   for (let c = 0; c < groups; c++) {
     const sv = h == 0 ? scalesLo(g) : scalesHi(g);
-    a0 = groupDot(Q8_0, a0, g, k, xp, lane(sv, 0), sv, sv);
-    a1 = groupDot(Q8_0, a1, g, k + 1, xp, lane(sv, 1), sv, sv);
-    a2 = groupDot(Q8_0, a2, g, k + 2, xp, lane(sv, 2), sv, sv);
-    a3 = groupDot(Q8_0, a3, g, k + 3, xp, lane(sv, 3), sv, sv);
+    const s0 = lane(sv, 0), s1 = lane(sv, 1), s2 = lane(sv, 2), s3 = lane(sv, 3);
+    const q = g + 16 + (k << 5);
+    for (let half: usize = 0; half < 32; half += 16) {
+      const x0 = v128.load(xp + (half << 2)), x1 = v128.load(xp + (half << 2), 16);
+      const x2 = v128.load(xp + (half << 2), 32), x3 = v128.load(xp + (half << 2), 48);
+      a0 = q8x16(a0, q + half, s0, x0, x1, x2, x3);
+      a1 = q8x16(a1, q + 32 + half, s1, x0, x1, x2, x3);
+      a2 = q8x16(a2, q + 64 + half, s2, x0, x1, x2, x3);
+      a3 = q8x16(a3, q + 96 + half, s3, x0, x1, x2, x3);
+    }
     g += 272;
     xp += 128;
   }
