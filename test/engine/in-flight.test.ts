@@ -137,3 +137,33 @@ describe("engine with an asynchronous model", () => {
     expect(engine.inFlight).toBe(0);
   });
 });
+
+describe("an engine whose model thread dies", () => {
+  test("fails the requests it was running, frees their blocks, drains, and fails new ones at once", async () => {
+    const { startEngineNode } = await import("../../src/cli/engine-node.ts");
+    const node = await startEngineNode({ role: "both", modelPath: "tl-synthetic-4l", threads: 1, blockTokens: 16, numBlocks: 64, maxModelLen: 512 });
+    try {
+      expect(node.model.sharedSlab).toBe(true);
+      let tokens = 0;
+      const running = node.engine.submit({
+        requestId: "long",
+        promptTokens: [72, 101, 108, 108, 111],
+        sampling: { ...greedy, maxTokens: 400, ignoreEos: true },
+        onToken: () => tokens++,
+      });
+      while (tokens < 3) await Bun.sleep(1);
+      // As a crash would: the model thread goes away without a word.
+      (node.model.runner as unknown as { worker: Worker }).worker.terminate();
+      const f = await running;
+      expect(f.reason).toBe("error");
+      expect(f.error).toMatch(/model worker died/);
+      expect(node.pool.used).toBe(0);
+      expect(node.engine.isDraining).toBe(true);
+      const late = await node.engine.submit({ requestId: "late", promptTokens: [1, 2], sampling: greedy });
+      expect(late.reason).toBe("error");
+      expect(node.pool.used).toBe(0);
+    } finally {
+      await node.shutdown();
+    }
+  });
+});
