@@ -67,20 +67,24 @@ export class ModelWorker {
     const worker = new Worker(THREAD_ENTRY);
     const ctrl = new Int32Array(new SharedArrayBuffer(CTRL_BYTES), 0, CTRL_INTS);
     return new Promise<ModelWorker>((resolve, reject) => {
-      const fail = (why: string) => {
-        worker.terminate();
-        reject(new Error(why));
+      // Only until the model is loaded: from then on the instance watches the thread.
+      const onError = (e: ErrorEvent) => done(`model worker failed to start: ${e.message}`);
+      const onMessage = (e: MessageEvent<FromModelThread>) => {
+        const m = e.data;
+        done(m.type === "load-failed" ? m.message : null, m.type === "loaded" ? m.info : undefined);
       };
-      worker.addEventListener("error", (e) => fail(`model worker failed to start: ${e.message}`), { once: true });
-      worker.addEventListener(
-        "message",
-        (e: MessageEvent<FromModelThread>) => {
-          const m = e.data;
-          if (m.type === "loaded") resolve(new ModelWorker(worker, ctrl, m.info));
-          else if (m.type === "load-failed") fail(m.message);
-        },
-        { once: true },
-      );
+      const done = (why: string | null, info?: LoadedInfo) => {
+        worker.removeEventListener("error", onError);
+        worker.removeEventListener("message", onMessage);
+        if (info) {
+          resolve(new ModelWorker(worker, ctrl, info));
+          return;
+        }
+        worker.terminate();
+        reject(new Error(why ?? "model worker: unexpected message before its model loaded"));
+      };
+      worker.addEventListener("error", onError);
+      worker.addEventListener("message", onMessage);
       worker.postMessage({ type: "load", opts, ctrl: ctrl.buffer } satisfies ToModelThread);
     });
   }
