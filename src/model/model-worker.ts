@@ -105,7 +105,7 @@ export class ModelWorker {
    */
   forward(pool: KvPool, batch: readonly SeqChunk[], out: Float32Array): Promise<void> {
     if (this.dead) return Promise.reject(this.dead);
-    assert(this.pending === null, "model worker: a forward is already in flight");
+    assert(this.pending === null, "model worker: a forward is already in flight (one engine per model thread)");
     const nLogits = batch.length * this.vocabSize;
     if (out.length < nLogits) assert.fail(`out has ${out.length} floats, want ${nLogits}`);
     if (pool !== this.pool) this.sharePool(pool);
@@ -116,7 +116,8 @@ export class ModelWorker {
       this.send({ plan: this.plan.buffer });
     }
     writePlan(this.plan, batch, pool.shape.blockTokens);
-    const gen = ++this.gen;
+    // Int32 like the cell it is stored in, so it wraps with it (2^31 steps is weeks of decode).
+    const gen = (this.gen = (this.gen + 1) | 0);
     return new Promise<void>((resolve, reject) => {
       this.pending = { gen, resolve, reject, out: out === shared ? null : out, nLogits };
       // Held while a forward runs, so a process with nothing else to do still waits for it.

@@ -85,6 +85,28 @@ describe("engine with an asynchronous model", () => {
     expect(pool.used).toBe(0);
   });
 
+  test("preemption under a short pool gives the synchronous model's tokens", async () => {
+    const prompts = [
+      [3, 1, 4, 1, 5],
+      [9, 2, 6, 5, 3, 5],
+      [8, 9, 7, 9],
+    ];
+    const long = { ...greedy, maxTokens: 10 };
+    const run = async (model: ModelRunner, pump?: (p: Promise<unknown>) => Promise<void>) => {
+      const pool = new KvPool(shape, 8);
+      const engine = new Engine({ model, pool, maxBatchTokens: 64, maxModelLen: 64 });
+      const all = Promise.all(prompts.map((p, i) => engine.submit({ requestId: `r${i}`, promptTokens: p, sampling: long })));
+      if (pump) await pump(all);
+      const done = await all;
+      expect(pool.used).toBe(0);
+      return { tokens: done.map((f) => f.outputTokens), preemptions: engine.stats.preemptions };
+    };
+    const want = await run(new FakeRunner());
+    expect(want.preemptions).toBeGreaterThan(0);
+    const runner = new GatedRunner();
+    expect(await run(runner, (p) => pump(runner, p))).toEqual(want);
+  });
+
   test("a request cancelled mid-forward keeps its blocks until the forward ends", async () => {
     const { pool, runner, engine } = setup(4);
     const a = engine.submit({ requestId: "a", promptTokens: [1, 2, 3, 4, 5, 6, 7], sampling: greedy });

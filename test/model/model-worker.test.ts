@@ -52,6 +52,13 @@ describe("ModelWorker", () => {
     await w.forward(theirs, next, own);
     local.forward(mine, next, want);
     expect(own).toEqual(want.subarray(0, V));
+    // A bigger batch than any before grows the plan and logits buffers between two forwards.
+    const wider = [10, 11, 12].map((id, i) => ({ blockTable: [id], startPos: 0, tokens: prompt.slice(i, i + 8) }));
+    const more = new Float32Array(3 * V);
+    local.forward(mine, wider, more);
+    const got = w.logitsBuffer(3);
+    await w.forward(theirs, wider, got);
+    expect(got.subarray(0, 3 * V)).toEqual(more);
   });
 
   test("a forward the model refuses fails alone; the thread keeps serving", async () => {
