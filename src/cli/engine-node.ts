@@ -364,6 +364,7 @@ export async function startEngineNode(opts: EngineNodeOptions): Promise<EngineNo
     };
   } catch (e) {
     for (const close of closers.reverse()) await close().catch(() => {});
+    if (opts.model === undefined) model.close?.();
     throw e;
   }
 }
