@@ -10,14 +10,14 @@
 // - `engine generate`'s loop (Engine.step around the same model) against the transformer alone,
 //   and the event loop's delay p99 while that engine prefills 512 tokens and decodes at batch 32,
 //   with the model on the event loop's thread and on a model thread of its own (ModelWorker, as
-//   engines run it); BENCH_MODEL_PART=engine runs only this part;
+//   engines run it; bench/engine-loop.ts);
 // - greedy tokens of each packed dtype against f32 for 64 steps on the test prompts.
 // The plain JS matmul (matmulRef) and the SIMD kernel alone are the micro baselines.
 import { spawnSync } from "node:child_process";
 import { mkdtempSync, mkdirSync, rmSync, writeFileSync } from "node:fs";
 import { availableParallelism, loadavg, tmpdir } from "node:os";
 import { join } from "node:path";
-import { Engine, type ModelRunner } from "../src/engine/index.ts";
+import { enginePart } from "./engine-loop.ts";
 import { KvPool } from "../src/pool/index.ts";
 import {
   type DType,
@@ -29,7 +29,6 @@ import {
   kvDimOf,
   kvShapeOf,
   loadLlama2cCheckpoint,
-  ModelWorker,
   syntheticWeights,
   writeLlama2cCheckpoint,
 } from "../src/model/index.ts";
@@ -41,7 +40,6 @@ const BLOCK = 16;
 const CORES = availableParallelism();
 const THREADS = Number(process.env.BENCH_THREADS ?? CORES);
 const DTYPES: DType[] = ["f32", "f16", "bf16", "q8_0"];
-const ENGINE_ONLY = process.env.BENCH_MODEL_PART === "engine";
 
 function timeIt(fn: () => void, minMs = 400): number {
   fn();
@@ -229,60 +227,19 @@ print(json.dumps(flops / best / 1e9))
   return Number(r.stdout.trim());
 }
 
-/** Decode tok/s of `batch` greedy requests through Engine.step, and the event loop's delay while they run. */
-async function engineLoop(
-  model: ModelRunner,
-  cfg: ModelConfig,
-  prompt: number[],
-  maxTokens: number,
-  batch: number,
-): Promise<{ decodeTokensPerSec: number; loopDelayP99Ms: number; loopDelayMaxMs: number }> {
-  const blocks = batch * Math.ceil((prompt.length + maxTokens + 1) / BLOCK) + 4;
-  const pool = new KvPool(kvShapeOf(cfg, BLOCK), blocks, { shared: model instanceof ModelWorker });
-  const engine = new Engine({
-    model,
-    pool,
-    maxModelLen: cfg.maxSeqLen,
-    maxBatchTokens: 512,
-    maxRunning: batch,
-  });
-  // The event loop's delay: how late a 1 ms timer fires, every time it fires while the engine runs.
-  const lags: number[] = [];
-  let last = performance.now();
-  const timer = setInterval(() => {
-    const now = performance.now();
-    lags.push(Math.max(0, now - last - 1));
-    last = now;
-  }, 1);
-  let first = 0;
-  let decoded = 0;
-  await Promise.all(
-    Array.from({ length: batch }, (_, s) =>
-      engine
-        .submit({
-          requestId: `r${s}`,
-          promptTokens: prompt.map((t) => (t + s) % cfg.vocabSize),
-          sampling: { temperature: 0, topP: 1, topK: 0, seed: 0n, maxTokens, stopTokenIds: [] },
-          onToken: () => {
-            if (first === 0) first = performance.now();
-            else decoded++;
-          },
-        })
-        .then((f) => {
-          if (f.reason === "error") throw new Error(`engine request failed: ${f.error}`);
-        }),
-    ),
-  );
-  const end = performance.now();
-  clearInterval(timer);
-  lags.push(performance.now() - last);
-  lags.sort((a, b) => a - b);
-  const p99 = lags[Math.min(lags.length - 1, Math.floor(lags.length * 0.99))]!;
-  return { decodeTokensPerSec: (decoded / (end - first)) * 1000, loopDelayP99Ms: p99, loopDelayMaxMs: lags[lags.length - 1]! };
-}
-
 // ---- micro baselines
-const microResult = ENGINE_ONLY ? null : micro();
+const naive1 = matmulGflops(matmulRef, 1, 256, 768);
+const placed = new Map<Matrix, MatmulKernel>();
+const simd: Kernel = (y, x, w, wOff, rows, n, d) => {
+  let k = placed.get(w);
+  if (k === undefined) placed.set(w, (k = new MatmulKernel([w])));
+  k.matmul(y, x, w, wOff, rows, n, d);
+};
+const tiled1 = matmulGflops(simd, 1, 256, 768);
+const tiled64 = matmulGflops(simd, 64, 256, 768);
+console.log(
+  `plain JS matmul (1x256 by 768x256): ${naive1.toFixed(2)} GFLOP/s; SIMD kernel, one thread: rows=1 ${tiled1.toFixed(2)} (${(tiled1 / naive1).toFixed(2)}x), rows=64 ${tiled64.toFixed(2)} GFLOP/s (${(tiled64 / naive1).toFixed(2)}x)`,
+);
 
 const ts: ModelConfig = {
   name: "tinystories-15m-shape",
@@ -303,25 +260,6 @@ try {
   writeLlama2cCheckpoint(path, ts, syntheticWeights(ts, 15, { sharedClassifier: true }), true);
   const loaded = loadLlama2cCheckpoint(path);
   const cfg = { ...loaded.cfg, name: ts.name };
-  const long = { ...cfg, maxSeqLen: 512 };
-  if (!ENGINE_ONLY) await modelParts(path, cfg, loaded.weights);
-  results.engine = await enginePart(dir, long, loaded.weights);
-} finally {
-  rmSync(dir, { recursive: true, force: true });
-}
-results.micro = microResult;
-results.loadAfter = loadAverage();
-console.log(`load average before ${results.loadBefore}, after ${results.loadAfter} (${CORES} cores)`);
-mkdirSync(join(import.meta.dir, "results"), { recursive: true });
-const out = ENGINE_ONLY ? "model-engine.json" : "model.json";
-writeFileSync(join(import.meta.dir, "results", out), JSON.stringify(results, null, 2) + "\n");
-
-/**
- * Batch-1 decode of each dtype against run.c, the phases, numpy, greedy agreement.
- * Long by design: the bench's sections in the order they print.
- */
-async function modelParts(path: string, cfg: ModelConfig, weights: Weights): Promise<void> {
-  const loaded = { weights };
   const models = new Map<DType, Transformer>();
   for (const dt of DTYPES) {
     const m = new Transformer(cfg, castWeights(cfg, loaded.weights, dt), { threads: THREADS });
@@ -420,68 +358,20 @@ async function modelParts(path: string, cfg: ModelConfig, weights: Weights): Pro
   }
   results.greedyVsF32 = agreement;
 
+  // ---- the engine loop around the same f32 model, and the event loop's delay
+  results.engine = await enginePart(dir, long, loaded.weights, (m: Transformer) => {
+    runOurs(m, 16);
+    return Math.max(runOurs(m, 128, [1]).tokensPerSec, runOurs(m, 128, [1]).tokensPerSec);
+  });
   for (const m of models.values()) m.close();
+} finally {
+  rmSync(dir, { recursive: true, force: true });
 }
-
-/**
- * The engine loop around the f32 model against the transformer alone, and the event loop's delay
- * while it prefills 512 tokens and decodes at batch 32: the model on this thread, then on a model
- * thread of its own that loads the same weights from a file, as engines run it.
- */
-async function enginePart(dir: string, long: ModelConfig, weights: Weights): Promise<Record<string, unknown>> {
-  const path = join(dir, "stories15M-512.bin");
-  writeLlama2cCheckpoint(path, long, weights, true);
-  // The loader wants a llama2.c model's tokenizer file; the engine here is fed token ids.
-  const tokenizerPath = join(dir, "tokenizer.bin");
-  writeFileSync(tokenizerPath, "");
-  const local = new Transformer(long, weights, { threads: THREADS });
-  await local.ready();
-  const worker = await ModelWorker.start({ modelPath: path, tokenizerPath, threads: THREADS, dtype: "f32" });
-  const runners: Record<string, ModelRunner> = { main: { vocabSize: long.vocabSize, forward: (p, b, o) => local.forward(p, b, o) }, worker };
-  runOurs(local, 16);
-  const alone = Math.max(runOurs(local, 128, [1]).tokensPerSec, runOurs(local, 128, [1]).tokensPerSec);
-  const prompt = Array.from({ length: 511 }, (_, i) => (i * 13 + 1) % long.vocabSize);
-  const out: Record<string, unknown> = { transformerAloneTokensPerSec: alone };
-  for (const [where, runner] of Object.entries(runners)) {
-    await engineLoop(runner, long, [1], 16, 1);
-    const [a, b] = [await engineLoop(runner, long, [1], 128, 1), await engineLoop(runner, long, [1], 128, 1)];
-    const eng = a.decodeTokensPerSec > b.decodeTokensPerSec ? a : b;
-    const prefill = await engineLoop(runner, long, prompt, 1, 1);
-    const decode32 = await engineLoop(runner, long, [1, 2, 3, 4], 48, 32);
-    const ratio = eng.decodeTokensPerSec / alone;
-    console.log(
-      `engine loop, model on the ${where} thread: decode ${eng.decodeTokensPerSec.toFixed(1)} tok/s vs transformer alone ${alone.toFixed(1)}: ${ratio.toFixed(2)}x (target >= 0.9x); ` +
-        `event loop delay p99: 512-token prefill ${prefill.loopDelayP99Ms.toFixed(1)} ms, batch-32 decode ${decode32.loopDelayP99Ms.toFixed(1)} ms (target <= 10 ms)`,
-    );
-    out[where] = {
-      decodeTokensPerSec: eng.decodeTokensPerSec,
-      ratio,
-      loopDelayP99Ms: { prefill512: prefill.loopDelayP99Ms, decodeBatch32: decode32.loopDelayP99Ms },
-      loopDelayMaxMs: { prefill512: prefill.loopDelayMaxMs, decodeBatch32: decode32.loopDelayMaxMs },
-      decodeBatch32TokensPerSec: decode32.decodeTokensPerSec,
-    };
-  }
-  worker.close();
-  local.close();
-  return out;
-}
-
-/** The plain JS matmul and the SIMD kernel alone, on one thread. */
-function micro(): Record<string, number> {
-  const naive1 = matmulGflops(matmulRef, 1, 256, 768);
-  const placed = new Map<Matrix, MatmulKernel>();
-  const simd: Kernel = (y, x, w, wOff, rows, n, d) => {
-    let k = placed.get(w);
-    if (k === undefined) placed.set(w, (k = new MatmulKernel([w])));
-    k.matmul(y, x, w, wOff, rows, n, d);
-  };
-  const tiled1 = matmulGflops(simd, 1, 256, 768);
-  const tiled64 = matmulGflops(simd, 64, 256, 768);
-  console.log(
-    `plain JS matmul (1x256 by 768x256): ${naive1.toFixed(2)} GFLOP/s; SIMD kernel, one thread: rows=1 ${tiled1.toFixed(2)} (${(tiled1 / naive1).toFixed(2)}x), rows=64 ${tiled64.toFixed(2)} GFLOP/s (${(tiled64 / naive1).toFixed(2)}x)`,
-  );
-  return { plainJsMatmulGflops: naive1, simdMatmulGflopsRows1: tiled1, simdMatmulGflopsRows64: tiled64 };
-}
+results.micro = { plainJsMatmulGflops: naive1, simdMatmulGflopsRows1: tiled1, simdMatmulGflopsRows64: tiled64 };
+results.loadAfter = loadAverage();
+console.log(`load average before ${results.loadBefore}, after ${results.loadAfter} (${CORES} cores)`);
+mkdirSync(join(import.meta.dir, "results"), { recursive: true });
+writeFileSync(join(import.meta.dir, "results", "model.json"), JSON.stringify(results, null, 2) + "\n");
 
 function loadAverage(): string {
   return loadavg()
