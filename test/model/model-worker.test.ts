@@ -61,6 +61,27 @@ describe("ModelWorker", () => {
     expect(got.subarray(0, 3 * V)).toEqual(more);
   });
 
+  test("the caller's event loop keeps turning while a forward runs", async () => {
+    const w = await start();
+    const pool = new KvPool(kvShapeOf(m.cfg, 8), 40, { shared: true });
+    const long = Array.from({ length: 250 }, (_, i) => 32 + (i % 90));
+    const table = Array.from({ length: 32 }, (_, i) => i);
+    let settled = false;
+    let turns = 0;
+    const tick = () => {
+      if (settled) return;
+      turns++;
+      setImmediate(tick);
+    };
+    const f = w.forward(pool, [{ blockTable: table, startPos: 0, tokens: long }], w.logitsBuffer(1)).then(() => {
+      settled = true;
+    });
+    setImmediate(tick);
+    await f;
+    // A forward that blocked this thread (the model on it, or an Atomics.wait) would settle first.
+    expect(turns).toBeGreaterThan(0);
+  });
+
   test("a forward the model refuses fails alone; the thread keeps serving", async () => {
     const w = await start();
     const pool = new KvPool(kvShapeOf(m.cfg, 8), 4, { shared: true });
