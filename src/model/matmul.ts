@@ -105,7 +105,9 @@ function sharedMemory(pages: number): WebAssembly.Memory | null {
 
 /**
  * Matmuls over one shared WebAssembly memory. The matrices given to the constructor are copied
- * into it once, in their own dtype, and used from there; any other w has the rows it needs copied
+ * into it once, in their own dtype, and used from there through `views` (the kernel keeps no
+ * reference to the originals, so a caller that drops them holds each weight once); any other w
+ * has the rows it needs copied
  * in per call (tests, micro-benchmarks). Activations allocated with `alloc` live in the memory
  * too and go to the kernel in place; other x and y are copied in and out per call. Without
  * WebAssembly SIMD, or for weights past wasm32's reach, every call runs matmulRef, which gives
@@ -116,7 +118,13 @@ export class MatmulKernel {
   private readonly ex: KernelExports | null;
   private f32 = new Float32Array(0);
   private u8 = new Uint8Array(0);
+  /** Placed matrices by their views (never the originals, so those can be collected). */
   private readonly placed = new Map<Matrix, number>();
+  /**
+   * The constructor's tensors, index for index, as views on their copies in the memory (the
+   * tensors themselves on the fallback). Call matmul with these: the originals are not kept.
+   */
+  readonly views: readonly Matrix[];
   /** Every SharedArrayBuffer object the memory has shown (one per size): views on any are ours. */
   private readonly buffers = new Set<ArrayBufferLike>();
   /** Byte offset where unallocated space (per-call copies) starts. */
@@ -133,16 +141,21 @@ export class MatmulKernel {
     if (mod === null || mem === null) {
       this.memory = null;
       this.ex = null;
+      this.views = tensors;
       return;
     }
     this.memory = mem;
     this.ex = new WebAssembly.Instance(mod, { env: { memory: mem } }).exports as unknown as KernelExports;
     this.refresh();
+    const viewOf = new Map<Matrix, Matrix>();
     for (const t of unique) {
-      this.placed.set(t, this.top);
+      const v = viewAt(t, this.memory.buffer, this.top);
       this.u8.set(bytesOf(t), this.top);
+      this.placed.set(v, this.top);
+      viewOf.set(t, v);
       this.top += align16(byteLengthOf(t));
     }
+    this.views = tensors.map((t) => viewOf.get(t)!);
     const threads = opts.threads ?? 1;
     if (!(Number.isInteger(threads) && threads >= 1)) throw new Error(`threads ${threads}: want a positive integer`);
     if (threads > 1) this.threads = new KernelThreads(mod, mem, threads - 1);
@@ -257,6 +270,12 @@ export class MatmulKernel {
 
 function byteLengthOf(m: Matrix): number {
   return m instanceof Float32Array ? m.byteLength : m.bytes.byteLength;
+}
+
+/** A matrix like m over the bytes at `at` of buf. */
+function viewAt(m: Matrix, buf: ArrayBufferLike, at: number): Matrix {
+  if (m instanceof Float32Array) return new Float32Array(buf, at, m.length);
+  return { dtype: m.dtype, cols: m.cols, length: m.length, bytes: new Uint8Array(buf, at, m.bytes.byteLength) };
 }
 
 function bytesOf(m: Matrix): Uint8Array {

@@ -3,7 +3,7 @@ import type { KvPool } from "../pool/index.ts";
 import { headDimOf, kvDimOf, type ModelConfig, qDimOf, ropeFrequencies } from "./config.ts";
 import { type KernelOptions, MatmulKernel } from "./matmul.ts";
 import { dequantizeInto, type Matrix } from "./packed.ts";
-import { validateWeights, weightsDType, type Weights } from "./weights.ts";
+import { MATRICES, validateWeights, weightsDType, type Weights } from "./weights.ts";
 
 /**
  * One sequence's share of a forward pass: `tokens` sit at positions
@@ -48,7 +48,7 @@ export class Transformer {
   private readonly att: Float32Array;
   private readonly acc: Float64Array;
   private readonly kvec: Float32Array;
-  /** Holds its own copy of every weight matrix, in WebAssembly memory. */
+  /** Holds the one copy of every weight matrix, in WebAssembly memory (`w`'s matrices view it). */
   private readonly mm: MatmulKernel;
 
   // Per-row scratch, grown (never shrunk) to the largest row count seen.
@@ -75,7 +75,6 @@ export class Transformer {
   constructor(cfg: ModelConfig, weights: Weights<Matrix>, opts: KernelOptions = {}) {
     validateWeights(cfg, weights);
     this.cfg = cfg;
-    this.w = weights;
     this.headDim = headDimOf(cfg);
     this.qDim = qDimOf(cfg);
     this.kvDim = kvDimOf(cfg);
@@ -95,7 +94,17 @@ export class Transformer {
     this.att = new Float32Array(ATT_TILE * this.kvMul * cfg.maxSeqLen);
     this.acc = new Float64Array(ATT_TILE * this.kvMul * this.headDim);
     this.kvec = new Float32Array(this.headDim);
-    this.mm = new MatmulKernel([weights.wq, weights.wk, weights.wv, weights.wo, weights.w1, weights.w2, weights.w3, weights.wcls], opts);
+    // Every matrix, the embedding too, is read through its view on the kernel's copy: nothing
+    // here keeps the caller's matrices alive, so once the caller lets go each weight is held once.
+    this.mm = new MatmulKernel(
+      MATRICES.map((k) => weights[k]),
+      opts,
+    );
+    const w: Weights<Matrix> = { ...weights };
+    MATRICES.forEach((k, i) => {
+      w[k] = this.mm.views[i]!;
+    });
+    this.w = w;
   }
 
   /** The weights' dtype in memory. */
