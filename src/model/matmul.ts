@@ -1,6 +1,7 @@
 import assert from "node:assert";
 import { KERNELS_WASM_BASE64 } from "./kernels/kernels-wasm.ts";
 import { KernelThreads, type KernelName } from "./kernel-threads.ts";
+import type { LayerKernelExports } from "./layer-kernels.ts";
 import { assertFinite16, dequantizeInto, dtypeOf, matrixBytes, type DType, type Matrix } from "./packed.ts";
 
 /**
@@ -60,22 +61,7 @@ export interface KernelOptions {
 }
 
 type KernelFn = (y: number, x: number, w: number, rows: number, n: number, d: number, i0: number, i1: number) => void;
-export type KernelExports = Record<`matmul_${DType}`, KernelFn> & {
-  attend(
-    out: number,
-    q: number,
-    kv: number,
-    att: number,
-    firstPos: number,
-    nr: number,
-    B: number,
-    blockBytes: number,
-    nKv: number,
-    kvMul: number,
-    hd: number,
-    qStride: number,
-  ): void;
-};
+export type KernelExports = Record<`matmul_${DType}`, KernelFn> & LayerKernelExports;
 
 const KERNEL: Record<DType, KernelName> = { f32: "matmul_f32", f16: "matmul_f16", bf16: "matmul_bf16", q8_0: "matmul_q8_0" };
 

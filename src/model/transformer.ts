@@ -24,6 +24,25 @@ const F16_TABLE: Float32Array = (() => {
   return new Float32Array(new Float16Array(bits.buffer));
 })();
 
+/** What `Transformer.profile` times, index for index. */
+export const FORWARD_PHASES = ["embed", "rmsnorm", "matmul", "bias", "rope", "kvWrite", "attention", "residual", "swiglu"] as const;
+const P_EMBED = 0;
+const P_NORM = 1;
+const P_MATMUL = 2;
+const P_BIAS = 3;
+const P_ROPE = 4;
+const P_KV = 5;
+const P_ATT = 6;
+const P_RESID = 7;
+const P_SWIGLU = 8;
+
+/** Adds the milliseconds since t to prof[phase]; returns now. */
+function lap(prof: Float64Array, phase: number, t: number): number {
+  const now = performance.now();
+  prof[phase]! += now - t;
+  return now;
+}
+
 /** Query rows of one sequence that share each decoded K/V vector in prefill attention. */
 const ATT_TILE = 16;
 
@@ -50,6 +69,11 @@ export class Transformer {
   private readonly kvec: Float32Array;
   /** Holds the one copy of every weight matrix, in WebAssembly memory (`w`'s matrices view it). */
   private readonly mm: MatmulKernel;
+  /**
+   * When set (FORWARD_PHASES.length long), forward adds each phase's milliseconds into it: the
+   * benchmark's profile. Null in service: then timing costs one branch per phase.
+   */
+  profile: Float64Array | null = null;
 
   // Per-row scratch, grown (never shrunk) to the largest row count seen.
   private cap = 0;
@@ -68,6 +92,10 @@ export class Transformer {
   private lastRow = new Int32Array(0);
 
   private kvScratch: Uint8Array | null = null;
+  /** Floats per query in the attention kernel's score scratch (four queries at a time). */
+  private get attStride(): number {
+    return (this.cfg.maxSeqLen + 3) & ~3;
+  }
   private attScratch: Float32Array = new Float32Array(0);
   private bitsOf: KvPool | null = null;
   private bits: Uint16Array = new Uint16Array(0);
@@ -178,6 +206,8 @@ export class Transformer {
     const { x, xb, xb2, q, k, v, hb, hb2, rowPos, rowSeq, lastRow } = this;
     const w = this.w;
     const mm = this.mm;
+    const prof = this.profile;
+    let t = prof === null ? 0 : performance.now();
 
     // Embed.
     let r = 0;
@@ -190,21 +220,26 @@ export class Transformer {
       }
       lastRow[s] = r - 1;
     }
+    if (prof) t = lap(prof, P_EMBED, t);
 
     const data = pool.data;
     const bits = this.bitsFor(pool);
     const blockElems = pool.blockElems;
     for (let l = 0; l < nLayers; l++) {
       rmsnorm(xb, x, w.rmsAtt, l * dim, rows, dim, cfg.normEps);
+      if (prof) t = lap(prof, P_NORM, t);
       mm.matmul(q, xb, w.wq, l * qDim * dim, rows, dim, qDim);
       mm.matmul(k, xb, w.wk, l * kvDim * dim, rows, dim, kvDim);
       mm.matmul(v, xb, w.wv, l * kvDim * dim, rows, dim, kvDim);
+      if (prof) t = lap(prof, P_MATMUL, t);
       if (w.bq) {
         addBias(q, w.bq, l * qDim, rows, qDim);
         addBias(k, w.bk!, l * kvDim, rows, kvDim);
         addBias(v, w.bv!, l * kvDim, rows, kvDim);
+        if (prof) t = lap(prof, P_BIAS, t);
       }
       this.rope(rows);
+      if (prof) t = lap(prof, P_ROPE, t);
 
       // Store every row's K/V before any attention, so rows of this call see each other
       // exactly as later calls will: through the f16 slab.
@@ -221,20 +256,30 @@ export class Transformer {
         }
       }
 
+      if (prof) t = lap(prof, P_KV, t);
+
       if (this.mm.simd) this.attentionSimd(pool, l, batch, rows);
       else this.attention(bits, blockElems, B, l, batch, rows);
+      if (prof) t = lap(prof, P_ATT, t);
       mm.matmul(xb2, xb, w.wo, l * dim * qDim, rows, qDim, dim);
+      if (prof) t = lap(prof, P_MATMUL, t);
       for (let i = 0, n = rows * dim; i < n; i++) x[i]! += xb2[i]!;
+      if (prof) t = lap(prof, P_RESID, t);
 
       rmsnorm(xb, x, w.rmsFfn, l * dim, rows, dim, cfg.normEps);
+      if (prof) t = lap(prof, P_NORM, t);
       mm.matmul(hb, xb, w.w1, l * hid * dim, rows, dim, hid);
       mm.matmul(hb2, xb, w.w3, l * hid * dim, rows, dim, hid);
+      if (prof) t = lap(prof, P_MATMUL, t);
       for (let i = 0, n = rows * hid; i < n; i++) {
         const a = hb[i]!;
         hb[i] = (a / (1 + Math.exp(-a))) * hb2[i]!;
       }
+      if (prof) t = lap(prof, P_SWIGLU, t);
       mm.matmul(xb2, hb, w.w2, l * dim * hid, rows, hid, dim);
+      if (prof) t = lap(prof, P_MATMUL, t);
       for (let i = 0, n = rows * dim; i < n; i++) x[i]! += xb2[i]!;
+      if (prof) t = lap(prof, P_RESID, t);
     }
 
     // Only each chunk's last position needs logits.
@@ -244,7 +289,9 @@ export class Transformer {
       for (let i = 0; i < dim; i++) xb[s * dim + i] = x[src + i]!;
     }
     rmsnorm(lastX, xb, w.rmsFinal, 0, nSeq, dim, cfg.normEps);
+    if (prof) t = lap(prof, P_NORM, t);
     mm.matmul(out, lastX, w.wcls, 0, nSeq, dim, vocabSize);
+    if (prof) lap(prof, P_MATMUL, t);
 
     for (let r = 0; r < rows; r++) {
       const pos = rowPos[r]!;
@@ -335,7 +382,7 @@ export class Transformer {
     const need = Math.ceil(this.cfg.maxSeqLen / B) * layerBytes;
     if (this.kvScratch === null || this.kvScratch.byteLength < need) {
       this.kvScratch = this.mm.allocBytes(need)!;
-      this.attScratch = this.mm.alloc(this.cfg.maxSeqLen);
+      this.attScratch = this.mm.alloc(4 * this.attStride);
     }
     const kvs = this.kvScratch;
     const kvAt = this.mm.addressOf(kvs);
@@ -360,6 +407,7 @@ export class Transformer {
         qAt + r * rowBytes,
         kvAt,
         attAt,
+        this.attStride,
         rowPos[r]!,
         rEnd - r,
         B,

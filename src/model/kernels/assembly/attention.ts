@@ -10,29 +10,186 @@
 // dimension in the matmul order (four lanes by i mod 4, folded (s0 + s1) + (s2 + s3), the tail in
 // order), divided by sqrt(hd); softmax subtracts the max, exponentiates (AssemblyScript's own
 // expf, the same bits on every engine), sums t = 0.. in order and divides; each output element
-// sums att[t] * v[t][i] over t = 0.. in order. All in f32.
+// sums att[t] * v[t][i] over t = 0.. in order, from +0. All in f32.
+//
+// Tiles only decide which queries share the loads: the queries of one KV head (a row's kvMul
+// heads, then the next row's) go four at a time, so each f16 K or V vector is decoded once for
+// four of them and four sums are in flight; a remainder goes one by one. A query never sums a
+// term past its own position, so no tile changes a bit.
 
 import { f16ToF32, f16x4, top16x4 } from "./f16";
 
+/** Byte address of position t's vector at element `off` of the K section (add vOff for V). */
 @inline function kAt(kv: usize, t: i32, B: i32, blockBytes: usize, kvDim: i32, off: i32): usize {
   const b = t / B;
   return kv + <usize>b * blockBytes + ((<usize>(t - b * B) * <usize>kvDim + <usize>off) << 1);
 }
 
-@inline function score(qp: usize, kp: usize, hd: i32): f32 {
-  let acc = f32x4.splat(0);
-  const hd4 = hd & ~3;
-  for (let i = 0; i < hd4; i += 4) acc = f32x4.add(acc, f32x4.mul(v128.load(qp + (<usize>i << 2)), f16x4(top16x4(kp + (<usize>i << 1)))));
-  let s = (f32x4.extract_lane(acc, 0) + f32x4.extract_lane(acc, 1)) + (f32x4.extract_lane(acc, 2) + f32x4.extract_lane(acc, 3));
+@inline function fold(a: v128): f32 {
+  return (f32x4.extract_lane(a, 0) + f32x4.extract_lane(a, 1)) + (f32x4.extract_lane(a, 2) + f32x4.extract_lane(a, 3));
+}
+
+@inline function ld(p: usize, i: i32): v128 {
+  return v128.load(p + (<usize>i << 2));
+}
+
+@inline function kv4(p: usize, i: i32): v128 {
+  return f16x4(top16x4(p + (<usize>i << 1)));
+}
+
+/** The n % 4 tail of a score: q[i] * k[i] for hd4 <= i < hd, in order. */
+@inline function scoreTail(s: f32, qp: usize, kp: usize, hd4: i32, hd: i32): f32 {
   for (let i = hd4; i < hd; i++) s += load<f32>(qp + (<usize>i << 2)) * f16ToF32(<u32>load<u16>(kp + (<usize>i << 1)));
   return s;
 }
 
+/** att[t] = q . k[t] / sqrt(hd) for t < len, one query. */
+function scores1(qp: usize, att: usize, len: i32, kv: usize, B: i32, blockBytes: usize, kvDim: i32, off: i32, hd: i32): void {
+  const hd4 = hd & ~3;
+  const sqrtHd = Mathf.sqrt(<f32>hd);
+  for (let t = 0; t < len; t++) {
+    const kp = kAt(kv, t, B, blockBytes, kvDim, off);
+    let a = f32x4.splat(0);
+    for (let i = 0; i < hd4; i += 4) a = f32x4.add(a, f32x4.mul(ld(qp, i), kv4(kp, i)));
+    store<f32>(att + (<usize>t << 2), scoreTail(fold(a), qp, kp, hd4, hd) / sqrtHd);
+  }
+}
+
+/** scores1 for four queries at once over t < len (each query's later positions are its own). */
+function scores4(q0: usize, q1: usize, q2: usize, q3: usize, att: usize, attStep: usize, len: i32, kv: usize, B: i32, blockBytes: usize, kvDim: i32, off: i32, hd: i32): void {
+  const hd4 = hd & ~3;
+  const sqrtHd = Mathf.sqrt(<f32>hd);
+  for (let t = 0; t < len; t++) {
+    const kp = kAt(kv, t, B, blockBytes, kvDim, off);
+    let a0 = f32x4.splat(0);
+    let a1 = a0;
+    let a2 = a0;
+    let a3 = a0;
+    for (let i = 0; i < hd4; i += 4) {
+      const k = kv4(kp, i);
+      a0 = f32x4.add(a0, f32x4.mul(ld(q0, i), k));
+      a1 = f32x4.add(a1, f32x4.mul(ld(q1, i), k));
+      a2 = f32x4.add(a2, f32x4.mul(ld(q2, i), k));
+      a3 = f32x4.add(a3, f32x4.mul(ld(q3, i), k));
+    }
+    const at = att + (<usize>t << 2);
+    store<f32>(at, scoreTail(fold(a0), q0, kp, hd4, hd) / sqrtHd);
+    store<f32>(at + attStep, scoreTail(fold(a1), q1, kp, hd4, hd) / sqrtHd);
+    store<f32>(at + 2 * attStep, scoreTail(fold(a2), q2, kp, hd4, hd) / sqrtHd);
+    store<f32>(at + 3 * attStep, scoreTail(fold(a3), q3, kp, hd4, hd) / sqrtHd);
+  }
+}
+
+/** att[0 .. len) = softmax(att[0 .. len)): max, then exp and the sum in order, then divide. */
+function softmax(att: usize, len: i32): void {
+  let max = -Infinity as f32;
+  for (let t = 0; t < len; t++) {
+    const s = load<f32>(att + (<usize>t << 2));
+    if (s > max) max = s;
+  }
+  let sum: f32 = 0;
+  for (let t = 0; t < len; t++) {
+    const e = Mathf.exp(load<f32>(att + (<usize>t << 2)) - max);
+    store<f32>(att + (<usize>t << 2), e);
+    sum += e;
+  }
+  // Lane-wise division rounds each element as the scalar one does.
+  const len4 = len & ~3;
+  const s4 = f32x4.splat(sum);
+  for (let t = 0; t < len4; t += 4) v128.store(att + (<usize>t << 2), f32x4.div(ld(att, t), s4));
+  for (let t = len4; t < len; t++) store<f32>(att + (<usize>t << 2), load<f32>(att + (<usize>t << 2)) / sum);
+}
+
+/** Adds att[t] * v[t][i .. i+4) for t0 <= t < t1 to o, in order. */
+@inline function accumulate(o: v128, att: usize, t0: i32, t1: i32, vp: usize, B: i32, blockBytes: usize, kvDim: i32, off: i32, i: i32): v128 {
+  for (let t = t0; t < t1; t++) {
+    const p = v128.load32_splat(att + (<usize>t << 2));
+    o = f32x4.add(o, f32x4.mul(p, kv4(kAt(vp, t, B, blockBytes, kvDim, off), i)));
+  }
+  return o;
+}
+
+/** The n % 4 tail of an output: element i of sum over t < len of att[t] * v[t], in order. */
+function outTail(att: usize, len: i32, vp: usize, B: i32, blockBytes: usize, kvDim: i32, off: i32, i: i32): f32 {
+  let s: f32 = 0;
+  for (let t = 0; t < len; t++) s += load<f32>(att + (<usize>t << 2)) * f16ToF32(<u32>load<u16>(kAt(vp, t, B, blockBytes, kvDim, off) + (<usize>i << 1)));
+  return s;
+}
+
+/** out = sum over t < len of att[t] * v[t], one query. */
+function values1(op: usize, att: usize, len: i32, vp: usize, B: i32, blockBytes: usize, kvDim: i32, off: i32, hd: i32): void {
+  const hd4 = hd & ~3;
+  for (let i = 0; i < hd4; i += 4) v128.store(op + (<usize>i << 2), accumulate(f32x4.splat(0), att, 0, len, vp, B, blockBytes, kvDim, off, i));
+  for (let i = hd4; i < hd; i++) store<f32>(op + (<usize>i << 2), outTail(att, len, vp, B, blockBytes, kvDim, off, i));
+}
+
+/**
+ * values1 for four queries whose lengths rise (len0 <= len1 <= len2 <= len3): every V chunk of a
+ * position all four attend to is decoded once for the four; each then adds its own last positions.
+ */
+function values4(
+  op0: usize,
+  op1: usize,
+  op2: usize,
+  op3: usize,
+  att: usize,
+  attStep: usize,
+  len0: i32,
+  len1: i32,
+  len2: i32,
+  len3: i32,
+  vp: usize,
+  B: i32,
+  blockBytes: usize,
+  kvDim: i32,
+  off: i32,
+  hd: i32,
+): void {
+  const hd4 = hd & ~3;
+  const att1 = att + attStep;
+  const att2 = att1 + attStep;
+  const att3 = att2 + attStep;
+  for (let i = 0; i < hd4; i += 4) {
+    let o0 = f32x4.splat(0);
+    let o1 = o0;
+    let o2 = o0;
+    let o3 = o0;
+    for (let t = 0; t < len0; t++) {
+      const v = kv4(kAt(vp, t, B, blockBytes, kvDim, off), i);
+      const at = <usize>t << 2;
+      o0 = f32x4.add(o0, f32x4.mul(v128.load32_splat(att + at), v));
+      o1 = f32x4.add(o1, f32x4.mul(v128.load32_splat(att1 + at), v));
+      o2 = f32x4.add(o2, f32x4.mul(v128.load32_splat(att2 + at), v));
+      o3 = f32x4.add(o3, f32x4.mul(v128.load32_splat(att3 + at), v));
+    }
+    o1 = accumulate(o1, att1, len0, len1, vp, B, blockBytes, kvDim, off, i);
+    o2 = accumulate(o2, att2, len0, len2, vp, B, blockBytes, kvDim, off, i);
+    o3 = accumulate(o3, att3, len0, len3, vp, B, blockBytes, kvDim, off, i);
+    const a = <usize>i << 2;
+    v128.store(op0 + a, o0);
+    v128.store(op1 + a, o1);
+    v128.store(op2 + a, o2);
+    v128.store(op3 + a, o3);
+  }
+  for (let i = hd4; i < hd; i++) {
+    const a = <usize>i << 2;
+    store<f32>(op0 + a, outTail(att, len0, vp, B, blockBytes, kvDim, off, i));
+    store<f32>(op1 + a, outTail(att1, len1, vp, B, blockBytes, kvDim, off, i));
+    store<f32>(op2 + a, outTail(att2, len2, vp, B, blockBytes, kvDim, off, i));
+    store<f32>(op3 + a, outTail(att3, len3, vp, B, blockBytes, kvDim, off, i));
+  }
+}
+
+/**
+ * Rows j < nr of one sequence (row j at position firstPos + j) attend over kv. att is scratch of
+ * 4 * attStride floats, attStride >= firstPos + nr.
+ */
 export function attend(
   out: usize,
   q: usize,
   kv: usize,
   att: usize,
+  attStride: i32,
   firstPos: i32,
   nr: i32,
   B: i32,
@@ -43,45 +200,41 @@ export function attend(
   qStride: i32,
 ): void {
   const kvDim = nKv * hd;
-  const vOff = <usize>B * <usize>kvDim * 2;
-  const sqrtHd = Mathf.sqrt(<f32>hd);
-  const hd4 = hd & ~3;
-  for (let j = 0; j < nr; j++) {
-    const len = firstPos + j + 1;
-    for (let g = 0; g < nKv; g++) {
-      for (let h = 0; h < kvMul; h++) {
-        const o = (<usize>j * <usize>qStride + <usize>((g * kvMul + h) * hd)) << 2;
-        const qp = q + o;
-        let max = -Infinity as f32;
-        for (let t = 0; t < len; t++) {
-          const s = score(qp, kAt(kv, t, B, blockBytes, kvDim, g * hd), hd) / sqrtHd;
-          store<f32>(att + (<usize>t << 2), s);
-          if (s > max) max = s;
-        }
-        let sum: f32 = 0;
-        for (let t = 0; t < len; t++) {
-          const e = Mathf.exp(load<f32>(att + (<usize>t << 2)) - max);
-          store<f32>(att + (<usize>t << 2), e);
-          sum += e;
-        }
-        for (let t = 0; t < len; t++) store<f32>(att + (<usize>t << 2), load<f32>(att + (<usize>t << 2)) / sum);
-        // out = sum over t in order of att[t] * v[t], position by position over the row.
-        const op = out + o;
-        for (let i = 0; i < hd; i++) store<f32>(op + (<usize>i << 2), 0);
-        for (let t = 0; t < len; t++) {
-          const p = load<f32>(att + (<usize>t << 2));
-          const pv = f32x4.splat(p);
-          const vp = kAt(kv, t, B, blockBytes, kvDim, g * hd) + vOff;
-          for (let i = 0; i < hd4; i += 4) {
-            const a = op + (<usize>i << 2);
-            v128.store(a, f32x4.add(v128.load(a), f32x4.mul(pv, f16x4(top16x4(vp + (<usize>i << 1))))));
-          }
-          for (let i = hd4; i < hd; i++) {
-            const a = op + (<usize>i << 2);
-            store<f32>(a, load<f32>(a) + p * f16ToF32(<u32>load<u16>(vp + (<usize>i << 1))));
-          }
-        }
-      }
+  const vp = kv + <usize>B * <usize>kvDim * 2;
+  const attStep = <usize>attStride << 2;
+  const nq = nr * kvMul;
+  for (let g = 0; g < nKv; g++) {
+    const off = g * hd;
+    // Query c of this KV head: row c / kvMul, head g * kvMul + c % kvMul.
+    let c = 0;
+    for (; c + 4 <= nq; c += 4) {
+      const o0 = queryAt(c, kvMul, g, hd, qStride);
+      const o1 = queryAt(c + 1, kvMul, g, hd, qStride);
+      const o2 = queryAt(c + 2, kvMul, g, hd, qStride);
+      const o3 = queryAt(c + 3, kvMul, g, hd, qStride);
+      const len3 = firstPos + (c + 3) / kvMul + 1;
+      scores4(q + o0, q + o1, q + o2, q + o3, att, attStep, len3, kv, B, blockBytes, kvDim, off, hd);
+      const len0 = firstPos + c / kvMul + 1;
+      const len1 = firstPos + (c + 1) / kvMul + 1;
+      const len2 = firstPos + (c + 2) / kvMul + 1;
+      softmax(att, len0);
+      softmax(att + attStep, len1);
+      softmax(att + 2 * attStep, len2);
+      softmax(att + 3 * attStep, len3);
+      values4(out + o0, out + o1, out + o2, out + o3, att, attStep, len0, len1, len2, len3, vp, B, blockBytes, kvDim, off, hd);
+    }
+    for (; c < nq; c++) {
+      const o = queryAt(c, kvMul, g, hd, qStride);
+      const len = firstPos + c / kvMul + 1;
+      scores1(q + o, att, len, kv, B, blockBytes, kvDim, off, hd);
+      softmax(att, len);
+      values1(out + o, att, len, vp, B, blockBytes, kvDim, off, hd);
     }
   }
+}
+
+/** Byte offset of query c of KV head g in q (and of its output in out). */
+@inline function queryAt(c: i32, kvMul: i32, g: i32, hd: i32, qStride: i32): usize {
+  const j = c / kvMul;
+  return (<usize>j * <usize>qStride + <usize>((g * kvMul + c - j * kvMul) * hd)) << 2;
 }
