@@ -1,7 +1,8 @@
 import assert from "node:assert";
 import type { KvPool } from "../pool/index.ts";
 import { headDimOf, kvDimOf, type ModelConfig, qDimOf, ropeFrequencies } from "./config.ts";
-import { type KernelOptions, MatmulKernel } from "./matmul.ts";
+import { swigluF32 } from "./f32-math.ts";
+import { type KernelExports, type KernelOptions, MatmulKernel } from "./matmul.ts";
 import { dequantizeInto, type Matrix } from "./packed.ts";
 import { MATRICES, validateWeights, weightsDType, type Weights } from "./weights.ts";
 
@@ -92,11 +93,15 @@ export class Transformer {
   private lastRow = new Int32Array(0);
 
   private kvScratch: Uint8Array | null = null;
+  private kvHalf: Uint8Array | null = null;
+  private kvHalf16: Uint16Array = new Uint16Array(0);
   /** Floats per query in the attention kernel's score scratch (four queries at a time). */
   private get attStride(): number {
     return (this.cfg.maxSeqLen + 3) & ~3;
   }
   private attScratch: Float32Array = new Float32Array(0);
+  /** One KV head's K then V made f32 for the attention kernel's tiles. */
+  private linScratch: Float32Array = new Float32Array(0);
   private bitsOf: KvPool | null = null;
   private bits: Uint16Array = new Uint16Array(0);
 
@@ -207,6 +212,7 @@ export class Transformer {
     const w = this.w;
     const mm = this.mm;
     const prof = this.profile;
+    const ex = mm.exports;
     let t = prof === null ? 0 : performance.now();
 
     // Embed.
@@ -243,27 +249,16 @@ export class Transformer {
 
       // Store every row's K/V before any attention, so rows of this call see each other
       // exactly as later calls will: through the f16 slab.
-      for (let r = 0; r < rows; r++) {
-        const pos = rowPos[r]!;
-        const blk = batch[rowSeq[r]!]!.blockTable[(pos / B) | 0]!;
-        const slot = pos % B;
-        const ko = blk * blockElems + (2 * l * B + slot) * kvDim;
-        const vo = ko + B * kvDim;
-        const src = r * kvDim;
-        for (let i = 0; i < kvDim; i++) {
-          data[ko + i] = k[src + i]!;
-          data[vo + i] = v[src + i]!;
-        }
-      }
-
+      if (ex !== null) this.storeKvSimd(ex, bits, blockElems, B, l, batch, rows);
+      else storeKv(data, k, v, rowPos, rowSeq, batch, blockElems, B, l, kvDim, rows);
       if (prof) t = lap(prof, P_KV, t);
 
-      if (this.mm.simd) this.attentionSimd(pool, l, batch, rows);
+      if (ex !== null) this.attentionSimd(pool, l, batch, rows);
       else this.attention(bits, blockElems, B, l, batch, rows);
       if (prof) t = lap(prof, P_ATT, t);
       mm.matmul(xb2, xb, w.wo, l * dim * qDim, rows, qDim, dim);
       if (prof) t = lap(prof, P_MATMUL, t);
-      for (let i = 0, n = rows * dim; i < n; i++) x[i]! += xb2[i]!;
+      this.addInto(x, xb2, rows * dim);
       if (prof) t = lap(prof, P_RESID, t);
 
       rmsnorm(xb, x, w.rmsFfn, l * dim, rows, dim, cfg.normEps);
@@ -271,14 +266,12 @@ export class Transformer {
       mm.matmul(hb, xb, w.w1, l * hid * dim, rows, dim, hid);
       mm.matmul(hb2, xb, w.w3, l * hid * dim, rows, dim, hid);
       if (prof) t = lap(prof, P_MATMUL, t);
-      for (let i = 0, n = rows * hid; i < n; i++) {
-        const a = hb[i]!;
-        hb[i] = (a / (1 + Math.exp(-a))) * hb2[i]!;
-      }
+      if (ex !== null) ex.swiglu(mm.addressOf(hb), mm.addressOf(hb2), rows * hid);
+      else swigluF32(hb, hb2, rows * hid);
       if (prof) t = lap(prof, P_SWIGLU, t);
       mm.matmul(xb2, hb, w.w2, l * dim * hid, rows, hid, dim);
       if (prof) t = lap(prof, P_MATMUL, t);
-      for (let i = 0, n = rows * dim; i < n; i++) x[i]! += xb2[i]!;
+      this.addInto(x, xb2, rows * dim);
       if (prof) t = lap(prof, P_RESID, t);
     }
 
@@ -307,7 +300,7 @@ export class Transformer {
       const { dim, hiddenDim } = this.cfg;
       // Matmul operands live in the kernel's memory, so no call copies them in or out.
       const mm = this.mm;
-      this.x = new Float32Array(cap * dim);
+      this.x = mm.alloc(cap * dim);
       // xb holds the normed input (dim) and then the attention output (qDim).
       this.xb = mm.alloc(cap * Math.max(dim, this.qDim));
       this.xb2 = mm.alloc(cap * dim);
@@ -316,6 +309,9 @@ export class Transformer {
       this.v = mm.alloc(cap * this.kvDim);
       this.hb = mm.alloc(cap * hiddenDim);
       this.hb2 = mm.alloc(cap * hiddenDim);
+      // The rows' K then V as f16, on their way to the slab (null on the fallback).
+      this.kvHalf = mm.allocBytes(cap * 2 * this.kvDim * 2);
+      if (this.kvHalf !== null) this.kvHalf16 = new Uint16Array(this.kvHalf.buffer, this.kvHalf.byteOffset, cap * 2 * this.kvDim);
       this.rowPos = new Int32Array(cap);
       this.rowSeq = new Int32Array(cap);
       this.cap = cap;
@@ -325,6 +321,36 @@ export class Transformer {
       this.lastX = this.mm.alloc(cap * this.cfg.dim);
       this.lastRow = new Int32Array(cap);
       this.seqCap = cap;
+    }
+  }
+
+  /** x += y over n floats (both in the kernel's memory on the SIMD path): the same bits either way. */
+  private addInto(x: Float32Array, y: Float32Array, n: number): void {
+    const ex = this.mm.exports;
+    if (ex !== null) ex.add_into(this.mm.addressOf(x), this.mm.addressOf(y), n);
+    else for (let i = 0; i < n; i++) x[i]! += y[i]!;
+  }
+
+  /**
+   * storeKv through the kernel: every row's K and V rounded to f16 in kernel memory (to_f16
+   * rounds as Float16Array does), then moved into the slab as bit patterns.
+   */
+  private storeKvSimd(ex: KernelExports, bits: Uint16Array, blockElems: number, B: number, l: number, batch: readonly SeqChunk[], rows: number): void {
+    const { kvDim, rowPos, rowSeq, kvHalf16: half } = this;
+    const mm = this.mm;
+    const at = mm.addressOf(this.kvHalf!);
+    const n = rows * kvDim;
+    ex.to_f16(at, mm.addressOf(this.k), n);
+    ex.to_f16(at + 2 * n, mm.addressOf(this.v), n);
+    for (let r = 0; r < rows; r++) {
+      const pos = rowPos[r]!;
+      const ko = batch[rowSeq[r]!]!.blockTable[(pos / B) | 0]! * blockElems + (2 * l * B + (pos % B)) * kvDim;
+      const vo = ko + B * kvDim;
+      const src = r * kvDim;
+      for (let i = 0; i < kvDim; i++) {
+        bits[ko + i] = half[src + i]!;
+        bits[vo + i] = half[n + src + i]!;
+      }
     }
   }
 
@@ -383,6 +409,7 @@ export class Transformer {
     if (this.kvScratch === null || this.kvScratch.byteLength < need) {
       this.kvScratch = this.mm.allocBytes(need)!;
       this.attScratch = this.mm.alloc(4 * this.attStride);
+      this.linScratch = this.mm.alloc(2 * this.attStride * this.headDim);
     }
     const kvs = this.kvScratch;
     const kvAt = this.mm.addressOf(kvs);
@@ -408,6 +435,7 @@ export class Transformer {
         kvAt,
         attAt,
         this.attStride,
+        this.mm.addressOf(this.linScratch),
         rowPos[r]!,
         rEnd - r,
         B,
@@ -508,6 +536,32 @@ export class Transformer {
         }
       }
       r = rEnd;
+    }
+  }
+}
+
+/** Row r's K and V (f32, kvDim each) into its position's slot of layer l in the slab, as f16. */
+function storeKv(
+  data: Float16Array,
+  k: Float32Array,
+  v: Float32Array,
+  rowPos: Int32Array,
+  rowSeq: Int32Array,
+  batch: readonly SeqChunk[],
+  blockElems: number,
+  B: number,
+  l: number,
+  kvDim: number,
+  rows: number,
+): void {
+  for (let r = 0; r < rows; r++) {
+    const pos = rowPos[r]!;
+    const ko = batch[rowSeq[r]!]!.blockTable[(pos / B) | 0]! * blockElems + (2 * l * B + (pos % B)) * kvDim;
+    const vo = ko + B * kvDim;
+    const src = r * kvDim;
+    for (let i = 0; i < kvDim; i++) {
+      data[ko + i] = k[src + i]!;
+      data[vo + i] = v[src + i]!;
     }
   }
 }

@@ -8,16 +8,19 @@
 //
 // THE ORDER, fixed whatever rows are computed together: each score is a dot over the head
 // dimension in the matmul order (four lanes by i mod 4, folded (s0 + s1) + (s2 + s3), the tail in
-// order), divided by sqrt(hd); softmax subtracts the max, exponentiates (AssemblyScript's own
-// expf, the same bits on every engine), sums t = 0.. in order and divides; each output element
+// order), divided by sqrt(hd); softmax subtracts the max, exponentiates (math.ts's exp4, the same
+// bits on every engine), sums t = 0.. in order and divides; each output element
 // sums att[t] * v[t][i] over t = 0.. in order, from +0. All in f32.
 //
 // Tiles only decide which queries share the loads: the queries of one KV head (a row's kvMul
-// heads, then the next row's) go four at a time, so each f16 K or V vector is decoded once for
-// four of them and four sums are in flight; a remainder goes one by one. A query never sums a
-// term past its own position, so no tile changes a bit.
+// heads, then the next row's) go four at a time over that head's K and V made f32 first (exact),
+// so each K or V chunk is loaded once for four of them and four sums are in flight. Fewer than
+// four queries (decode) read the f16 blocks directly. A query never sums a term past its own
+// position, so no tile changes a bit.
 
+import { to_f16 } from "./elementwise";
 import { f16ToF32, f16x4, top16x4 } from "./f16";
+import { exp1, exp4 } from "./math";
 
 /** Byte address of position t's vector at element `off` of the K section (add vOff for V). */
 @inline function kAt(kv: usize, t: i32, B: i32, blockBytes: usize, kvDim: i32, off: i32): usize {
@@ -55,29 +58,39 @@ function scores1(qp: usize, att: usize, len: i32, kv: usize, B: i32, blockBytes:
   }
 }
 
-/** scores1 for four queries at once over t < len (each query's later positions are its own). */
-function scores4(q0: usize, q1: usize, q2: usize, q3: usize, att: usize, attStep: usize, len: i32, kv: usize, B: i32, blockBytes: usize, kvDim: i32, off: i32, hd: i32): void {
+/**
+ * scores1 for four queries at once over t < len (each query's later positions are its own), K
+ * already f32 and contiguous: position t's vector at k + t * hd floats.
+ */
+function scores4(q0: usize, q1: usize, q2: usize, q3: usize, att: usize, attStep: usize, len: i32, k: usize, hd: i32): void {
   const hd4 = hd & ~3;
   const sqrtHd = Mathf.sqrt(<f32>hd);
-  for (let t = 0; t < len; t++) {
-    const kp = kAt(kv, t, B, blockBytes, kvDim, off);
+  const rowBytes = <usize>hd << 2;
+  let kp = k;
+  for (let t = 0; t < len; t++, kp += rowBytes) {
     let a0 = f32x4.splat(0);
     let a1 = a0;
     let a2 = a0;
     let a3 = a0;
     for (let i = 0; i < hd4; i += 4) {
-      const k = kv4(kp, i);
-      a0 = f32x4.add(a0, f32x4.mul(ld(q0, i), k));
-      a1 = f32x4.add(a1, f32x4.mul(ld(q1, i), k));
-      a2 = f32x4.add(a2, f32x4.mul(ld(q2, i), k));
-      a3 = f32x4.add(a3, f32x4.mul(ld(q3, i), k));
+      const kk = ld(kp, i);
+      a0 = f32x4.add(a0, f32x4.mul(ld(q0, i), kk));
+      a1 = f32x4.add(a1, f32x4.mul(ld(q1, i), kk));
+      a2 = f32x4.add(a2, f32x4.mul(ld(q2, i), kk));
+      a3 = f32x4.add(a3, f32x4.mul(ld(q3, i), kk));
     }
     const at = att + (<usize>t << 2);
-    store<f32>(at, scoreTail(fold(a0), q0, kp, hd4, hd) / sqrtHd);
-    store<f32>(at + attStep, scoreTail(fold(a1), q1, kp, hd4, hd) / sqrtHd);
-    store<f32>(at + 2 * attStep, scoreTail(fold(a2), q2, kp, hd4, hd) / sqrtHd);
-    store<f32>(at + 3 * attStep, scoreTail(fold(a3), q3, kp, hd4, hd) / sqrtHd);
+    store<f32>(at, tailF32(fold(a0), q0, kp, hd4, hd) / sqrtHd);
+    store<f32>(at + attStep, tailF32(fold(a1), q1, kp, hd4, hd) / sqrtHd);
+    store<f32>(at + 2 * attStep, tailF32(fold(a2), q2, kp, hd4, hd) / sqrtHd);
+    store<f32>(at + 3 * attStep, tailF32(fold(a3), q3, kp, hd4, hd) / sqrtHd);
   }
+}
+
+/** scoreTail over an f32 k. */
+@inline function tailF32(s: f32, qp: usize, kp: usize, hd4: i32, hd: i32): f32 {
+  for (let i = hd4; i < hd; i++) s += load<f32>(qp + (<usize>i << 2)) * load<f32>(kp + (<usize>i << 2));
+  return s;
 }
 
 /** att[0 .. len) = softmax(att[0 .. len)): max, then exp and the sum in order, then divide. */
@@ -87,26 +100,27 @@ function softmax(att: usize, len: i32): void {
     const s = load<f32>(att + (<usize>t << 2));
     if (s > max) max = s;
   }
+  // e^(s - max) four at a time, summed one by one in order.
   let sum: f32 = 0;
-  for (let t = 0; t < len; t++) {
-    const e = Mathf.exp(load<f32>(att + (<usize>t << 2)) - max);
+  const len4 = len & ~3;
+  const m4 = f32x4.splat(max);
+  for (let t = 0; t < len4; t += 4) {
+    const e = exp4(f32x4.sub(ld(att, t), m4));
+    v128.store(att + (<usize>t << 2), e);
+    sum += f32x4.extract_lane(e, 0);
+    sum += f32x4.extract_lane(e, 1);
+    sum += f32x4.extract_lane(e, 2);
+    sum += f32x4.extract_lane(e, 3);
+  }
+  for (let t = len4; t < len; t++) {
+    const e = exp1(load<f32>(att + (<usize>t << 2)) - max);
     store<f32>(att + (<usize>t << 2), e);
     sum += e;
   }
   // Lane-wise division rounds each element as the scalar one does.
-  const len4 = len & ~3;
   const s4 = f32x4.splat(sum);
   for (let t = 0; t < len4; t += 4) v128.store(att + (<usize>t << 2), f32x4.div(ld(att, t), s4));
   for (let t = len4; t < len; t++) store<f32>(att + (<usize>t << 2), load<f32>(att + (<usize>t << 2)) / sum);
-}
-
-/** Adds att[t] * v[t][i .. i+4) for t0 <= t < t1 to o, in order. */
-@inline function accumulate(o: v128, att: usize, t0: i32, t1: i32, vp: usize, B: i32, blockBytes: usize, kvDim: i32, off: i32, i: i32): v128 {
-  for (let t = t0; t < t1; t++) {
-    const p = v128.load32_splat(att + (<usize>t << 2));
-    o = f32x4.add(o, f32x4.mul(p, kv4(kAt(vp, t, B, blockBytes, kvDim, off), i)));
-  }
-  return o;
 }
 
 /** The n % 4 tail of an output: element i of sum over t < len of att[t] * v[t], in order. */
@@ -119,13 +133,33 @@ function outTail(att: usize, len: i32, vp: usize, B: i32, blockBytes: usize, kvD
 /** out = sum over t < len of att[t] * v[t], one query. */
 function values1(op: usize, att: usize, len: i32, vp: usize, B: i32, blockBytes: usize, kvDim: i32, off: i32, hd: i32): void {
   const hd4 = hd & ~3;
-  for (let i = 0; i < hd4; i += 4) v128.store(op + (<usize>i << 2), accumulate(f32x4.splat(0), att, 0, len, vp, B, blockBytes, kvDim, off, i));
+  for (let i = 0; i < hd4; i += 4) {
+    let o = f32x4.splat(0);
+    for (let t = 0; t < len; t++) o = f32x4.add(o, f32x4.mul(v128.load32_splat(att + (<usize>t << 2)), kv4(kAt(vp, t, B, blockBytes, kvDim, off), i)));
+    v128.store(op + (<usize>i << 2), o);
+  }
   for (let i = hd4; i < hd; i++) store<f32>(op + (<usize>i << 2), outTail(att, len, vp, B, blockBytes, kvDim, off, i));
 }
 
+/** Adds att[t] * v[t][i .. i+4) for t0 <= t < t1 to o, in order; v f32 as in scores4. */
+@inline function accumulate(o: v128, att: usize, t0: i32, t1: i32, v: usize, hd: i32, i: i32): v128 {
+  const rowBytes = <usize>hd << 2;
+  let vp = v + <usize>t0 * rowBytes + (<usize>i << 2);
+  for (let t = t0; t < t1; t++, vp += rowBytes) o = f32x4.add(o, f32x4.mul(v128.load32_splat(att + (<usize>t << 2)), v128.load(vp)));
+  return o;
+}
+
+/** Element i of sum over t < len of att[t] * v[t], in order; v f32 as in scores4. */
+@inline function outTailF32(att: usize, len: i32, v: usize, hd: i32, i: i32): f32 {
+  let s: f32 = 0;
+  for (let t = 0; t < len; t++) s += load<f32>(att + (<usize>t << 2)) * load<f32>(v + ((<usize>t * <usize>hd + <usize>i) << 2));
+  return s;
+}
+
 /**
- * values1 for four queries whose lengths rise (len0 <= len1 <= len2 <= len3): every V chunk of a
- * position all four attend to is decoded once for the four; each then adds its own last positions.
+ * values1 for four queries whose lengths rise (len0 <= len1 <= len2 <= len3), v f32 as in scores4:
+ * every V chunk of a position all four attend to is loaded once for the four; each then adds its
+ * own last positions.
  */
 function values4(
   op0: usize,
@@ -138,33 +172,31 @@ function values4(
   len1: i32,
   len2: i32,
   len3: i32,
-  vp: usize,
-  B: i32,
-  blockBytes: usize,
-  kvDim: i32,
-  off: i32,
+  v: usize,
   hd: i32,
 ): void {
   const hd4 = hd & ~3;
   const att1 = att + attStep;
   const att2 = att1 + attStep;
   const att3 = att2 + attStep;
+  const rowBytes = <usize>hd << 2;
   for (let i = 0; i < hd4; i += 4) {
     let o0 = f32x4.splat(0);
     let o1 = o0;
     let o2 = o0;
     let o3 = o0;
-    for (let t = 0; t < len0; t++) {
-      const v = kv4(kAt(vp, t, B, blockBytes, kvDim, off), i);
+    let vp = v + (<usize>i << 2);
+    for (let t = 0; t < len0; t++, vp += rowBytes) {
+      const vv = v128.load(vp);
       const at = <usize>t << 2;
-      o0 = f32x4.add(o0, f32x4.mul(v128.load32_splat(att + at), v));
-      o1 = f32x4.add(o1, f32x4.mul(v128.load32_splat(att1 + at), v));
-      o2 = f32x4.add(o2, f32x4.mul(v128.load32_splat(att2 + at), v));
-      o3 = f32x4.add(o3, f32x4.mul(v128.load32_splat(att3 + at), v));
+      o0 = f32x4.add(o0, f32x4.mul(v128.load32_splat(att + at), vv));
+      o1 = f32x4.add(o1, f32x4.mul(v128.load32_splat(att1 + at), vv));
+      o2 = f32x4.add(o2, f32x4.mul(v128.load32_splat(att2 + at), vv));
+      o3 = f32x4.add(o3, f32x4.mul(v128.load32_splat(att3 + at), vv));
     }
-    o1 = accumulate(o1, att1, len0, len1, vp, B, blockBytes, kvDim, off, i);
-    o2 = accumulate(o2, att2, len0, len2, vp, B, blockBytes, kvDim, off, i);
-    o3 = accumulate(o3, att3, len0, len3, vp, B, blockBytes, kvDim, off, i);
+    o1 = accumulate(o1, att1, len0, len1, v, hd, i);
+    o2 = accumulate(o2, att2, len0, len2, v, hd, i);
+    o3 = accumulate(o3, att3, len0, len3, v, hd, i);
     const a = <usize>i << 2;
     v128.store(op0 + a, o0);
     v128.store(op1 + a, o1);
@@ -173,16 +205,30 @@ function values4(
   }
   for (let i = hd4; i < hd; i++) {
     const a = <usize>i << 2;
-    store<f32>(op0 + a, outTail(att, len0, vp, B, blockBytes, kvDim, off, i));
-    store<f32>(op1 + a, outTail(att1, len1, vp, B, blockBytes, kvDim, off, i));
-    store<f32>(op2 + a, outTail(att2, len2, vp, B, blockBytes, kvDim, off, i));
-    store<f32>(op3 + a, outTail(att3, len3, vp, B, blockBytes, kvDim, off, i));
+    store<f32>(op0 + a, outTailF32(att, len0, v, hd, i));
+    store<f32>(op1 + a, outTailF32(att1, len1, v, hd, i));
+    store<f32>(op2 + a, outTailF32(att2, len2, v, hd, i));
+    store<f32>(op3 + a, outTailF32(att3, len3, v, hd, i));
+  }
+}
+
+/** Positions t < n of KV head `off / hd`, f16 in the paged kv, as f32 at dst + t * hd floats (exact). */
+function linearize(dst: usize, kv: usize, n: i32, B: i32, blockBytes: usize, kvDim: i32, off: i32, hd: i32): void {
+  const hd4 = hd & ~3;
+  const rowBytes = <usize>hd << 2;
+  for (let t0 = 0, b = 0; t0 < n; t0 += B, b++) {
+    let src = kv + <usize>b * blockBytes + (<usize>off << 1);
+    const m = min(B, n - t0);
+    for (let s = 0; s < m; s++, src += <usize>kvDim << 1, dst += rowBytes) {
+      for (let i = 0; i < hd4; i += 4) v128.store(dst + (<usize>i << 2), kv4(src, i));
+      for (let i = hd4; i < hd; i++) store<f32>(dst + (<usize>i << 2), f16ToF32(<u32>load<u16>(src + (<usize>i << 1))));
+    }
   }
 }
 
 /**
  * Rows j < nr of one sequence (row j at position firstPos + j) attend over kv. att is scratch of
- * 4 * attStride floats, attStride >= firstPos + nr.
+ * 4 * attStride floats, attStride >= firstPos + nr; lin of 2 * attStride * hd floats.
  */
 export function attend(
   out: usize,
@@ -190,6 +236,7 @@ export function attend(
   kv: usize,
   att: usize,
   attStride: i32,
+  lin: usize,
   firstPos: i32,
   nr: i32,
   B: i32,
@@ -203,32 +250,45 @@ export function attend(
   const vp = kv + <usize>B * <usize>kvDim * 2;
   const attStep = <usize>attStride << 2;
   const nq = nr * kvMul;
+  const n = firstPos + nr;
+  const kLin = lin;
+  const vLin = lin + <usize>attStride * <usize>hd * 4;
   for (let g = 0; g < nKv; g++) {
     const off = g * hd;
     // Query c of this KV head: row c / kvMul, head g * kvMul + c % kvMul.
-    let c = 0;
-    for (; c + 4 <= nq; c += 4) {
+    if (nq < 4) {
+      // Decode: too few queries to pay for making K and V f32 first.
+      for (let c = 0; c < nq; c++) {
+        const o = queryAt(c, kvMul, g, hd, qStride);
+        const len = firstPos + c / kvMul + 1;
+        scores1(q + o, att, len, kv, B, blockBytes, kvDim, off, hd);
+        softmax(att, len);
+        values1(out + o, att, len, vp, B, blockBytes, kvDim, off, hd);
+      }
+      continue;
+    }
+    linearize(kLin, kv, n, B, blockBytes, kvDim, off, hd);
+    linearize(vLin, vp, n, B, blockBytes, kvDim, off, hd);
+    // Four at a time; a last short tile repeats its last query, which only writes its own
+    // result again.
+    for (let c = 0; c < nq; c += 4) {
+      const c1 = min(c + 1, nq - 1);
+      const c2 = min(c + 2, nq - 1);
+      const c3 = min(c + 3, nq - 1);
       const o0 = queryAt(c, kvMul, g, hd, qStride);
-      const o1 = queryAt(c + 1, kvMul, g, hd, qStride);
-      const o2 = queryAt(c + 2, kvMul, g, hd, qStride);
-      const o3 = queryAt(c + 3, kvMul, g, hd, qStride);
-      const len3 = firstPos + (c + 3) / kvMul + 1;
-      scores4(q + o0, q + o1, q + o2, q + o3, att, attStep, len3, kv, B, blockBytes, kvDim, off, hd);
+      const o1 = queryAt(c1, kvMul, g, hd, qStride);
+      const o2 = queryAt(c2, kvMul, g, hd, qStride);
+      const o3 = queryAt(c3, kvMul, g, hd, qStride);
       const len0 = firstPos + c / kvMul + 1;
-      const len1 = firstPos + (c + 1) / kvMul + 1;
-      const len2 = firstPos + (c + 2) / kvMul + 1;
+      const len1 = firstPos + c1 / kvMul + 1;
+      const len2 = firstPos + c2 / kvMul + 1;
+      const len3 = firstPos + c3 / kvMul + 1;
+      scores4(q + o0, q + o1, q + o2, q + o3, att, attStep, len3, kLin, hd);
       softmax(att, len0);
       softmax(att + attStep, len1);
       softmax(att + 2 * attStep, len2);
       softmax(att + 3 * attStep, len3);
-      values4(out + o0, out + o1, out + o2, out + o3, att, attStep, len0, len1, len2, len3, vp, B, blockBytes, kvDim, off, hd);
-    }
-    for (; c < nq; c++) {
-      const o = queryAt(c, kvMul, g, hd, qStride);
-      const len = firstPos + c / kvMul + 1;
-      scores1(q + o, att, len, kv, B, blockBytes, kvDim, off, hd);
-      softmax(att, len);
-      values1(out + o, att, len, vp, B, blockBytes, kvDim, off, hd);
+      values4(out + o0, out + o1, out + o2, out + o3, att, attStep, len0, len1, len2, len3, vLin, hd);
     }
   }
 }
@@ -237,4 +297,18 @@ export function attend(
 @inline function queryAt(c: i32, kvMul: i32, g: i32, hd: i32, qStride: i32): usize {
   const j = c / kvMul;
   return (<usize>j * <usize>qStride + <usize>((g * kvMul + c - j * kvMul) * hd)) << 2;
+}
+
+/**
+ * Rows r < rows of k and v (f32, kvDim each; row r at position firstPos + r) rounded to f16 into
+ * their slots of kv, laid out as attend reads it (the f16 rounding of elementwise.ts's to_f16).
+ */
+export function kv_store(kv: usize, k: usize, v: usize, rows: i32, firstPos: i32, B: i32, blockBytes: usize, kvDim: i32): void {
+  const vOff = <usize>B * <usize>kvDim * 2;
+  const rowBytes = <usize>kvDim << 2;
+  for (let r = 0; r < rows; r++) {
+    const p = kAt(kv, firstPos + r, B, blockBytes, kvDim, 0);
+    to_f16(p, k + <usize>r * rowBytes, kvDim);
+    to_f16(p + vOff, v + <usize>r * rowBytes, kvDim);
+  }
 }
