@@ -127,7 +127,7 @@ describe("exp and swiglu", () => {
 
 /**
  * attend's order in plain JS: per query, scores as four lanes by i mod 4 folded (s0 + s1) +
- * (s2 + s3) then the tail, over sqrt(hd); softmax's max, expF32 and in-order sum, a divide; each
+ * (s2 + s3) then the tail, over sqrt(hd); softmax's max, expF32, the sum in that order too, a divide; each
  * output a sum over t in order from +0.
  */
 function attendRef(
@@ -165,12 +165,13 @@ function attendRef(
         att[t] = f(sc / sqrtHd);
       }
       let max = -Infinity;
-      for (let t = 0; t < len; t++) if (att[t]! > max) max = att[t]!;
-      let sum = 0;
-      for (let t = 0; t < len; t++) {
-        att[t] = expF32(f(att[t]! - max));
-        sum = f(sum + att[t]!);
-      }
+      for (let t = 0; t < len; t++) max = Math.max(max, att[t]!);
+      const len4 = len - (len % 4);
+      const e = [0, 0, 0, 0];
+      for (let t = 0; t < len; t++) att[t] = expF32(f(att[t]! - max));
+      for (let t = 0; t < len4; t++) e[t % 4] = f(e[t % 4]! + att[t]!);
+      let sum = f(f(e[0]! + e[1]!) + f(e[2]! + e[3]!));
+      for (let t = len4; t < len; t++) sum = f(sum + att[t]!);
       for (let t = 0; t < len; t++) att[t] = f(att[t]! / sum);
       for (let i = 0; i < hd; i++) {
         let o = 0;

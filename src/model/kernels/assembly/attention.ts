@@ -9,7 +9,7 @@
 // THE ORDER, fixed whatever rows are computed together: each score is a dot over the head
 // dimension in the matmul order (four lanes by i mod 4, folded (s0 + s1) + (s2 + s3), the tail in
 // order), divided by sqrt(hd); softmax subtracts the max, exponentiates (math.ts's exp4, the same
-// bits on every engine), sums t = 0.. in order and divides; each output element
+// bits on every engine), sums in the matmul order over t and divides; each output element
 // sums att[t] * v[t][i] over t = 0.. in order, from +0. All in f32.
 //
 // Tiles only decide which queries share the loads: the queries of one KV head (a row's kvMul
@@ -93,27 +93,27 @@ function scores4(q0: usize, q1: usize, q2: usize, q3: usize, att: usize, attStep
   return s;
 }
 
-/** att[0 .. len) = softmax(att[0 .. len)): max, then exp and the sum in order, then divide. */
+/**
+ * att[0 .. len) = softmax(att[0 .. len)): the max (lane-wise, which any order gives alike), then
+ * e^(s - max) with the sum in the matmul order (four lanes by t mod 4, folded (s0 + s1) +
+ * (s2 + s3), the tail in order), then each divided by the sum.
+ */
 function softmax(att: usize, len: i32): void {
-  let max = -Infinity as f32;
-  for (let t = 0; t < len; t++) {
-    const s = load<f32>(att + (<usize>t << 2));
-    if (s > max) max = s;
-  }
-  // e^(s - max) four at a time, summed one by one in order.
-  let sum: f32 = 0;
   const len4 = len & ~3;
-  const m4 = f32x4.splat(max);
+  let mx = f32x4.splat(-Infinity);
+  for (let t = 0; t < len4; t += 4) mx = f32x4.max(mx, ld(att, t));
+  let top = max(max(f32x4.extract_lane(mx, 0), f32x4.extract_lane(mx, 1)), max(f32x4.extract_lane(mx, 2), f32x4.extract_lane(mx, 3)));
+  for (let t = len4; t < len; t++) top = max(top, load<f32>(att + (<usize>t << 2)));
+  const m4 = f32x4.splat(top);
+  let acc = f32x4.splat(0);
   for (let t = 0; t < len4; t += 4) {
     const e = exp4(f32x4.sub(ld(att, t), m4));
     v128.store(att + (<usize>t << 2), e);
-    sum += f32x4.extract_lane(e, 0);
-    sum += f32x4.extract_lane(e, 1);
-    sum += f32x4.extract_lane(e, 2);
-    sum += f32x4.extract_lane(e, 3);
+    acc = f32x4.add(acc, e);
   }
+  let sum = fold(acc);
   for (let t = len4; t < len; t++) {
-    const e = exp1(load<f32>(att + (<usize>t << 2)) - max);
+    const e = exp1(load<f32>(att + (<usize>t << 2)) - top);
     store<f32>(att + (<usize>t << 2), e);
     sum += e;
   }
@@ -180,7 +180,52 @@ function values4(
   const att2 = att1 + attStep;
   const att3 = att2 + attStep;
   const rowBytes = <usize>hd << 2;
-  for (let i = 0; i < hd4; i += 4) {
+  let i = 0;
+  // Eight elements at a time (eight sums in flight), then four.
+  for (; i + 8 <= hd4; i += 8) {
+    let o0 = f32x4.splat(0);
+    let o1 = o0;
+    let o2 = o0;
+    let o3 = o0;
+    let p0 = o0;
+    let p1 = o0;
+    let p2 = o0;
+    let p3 = o0;
+    let vp = v + (<usize>i << 2);
+    for (let t = 0; t < len0; t++, vp += rowBytes) {
+      const va = v128.load(vp);
+      const vb = v128.load(vp, 16);
+      const at = <usize>t << 2;
+      const a0 = v128.load32_splat(att + at);
+      const a1 = v128.load32_splat(att1 + at);
+      const a2 = v128.load32_splat(att2 + at);
+      const a3 = v128.load32_splat(att3 + at);
+      o0 = f32x4.add(o0, f32x4.mul(a0, va));
+      p0 = f32x4.add(p0, f32x4.mul(a0, vb));
+      o1 = f32x4.add(o1, f32x4.mul(a1, va));
+      p1 = f32x4.add(p1, f32x4.mul(a1, vb));
+      o2 = f32x4.add(o2, f32x4.mul(a2, va));
+      p2 = f32x4.add(p2, f32x4.mul(a2, vb));
+      o3 = f32x4.add(o3, f32x4.mul(a3, va));
+      p3 = f32x4.add(p3, f32x4.mul(a3, vb));
+    }
+    o1 = accumulate(o1, att1, len0, len1, v, hd, i);
+    o2 = accumulate(o2, att2, len0, len2, v, hd, i);
+    o3 = accumulate(o3, att3, len0, len3, v, hd, i);
+    p1 = accumulate(p1, att1, len0, len1, v, hd, i + 4);
+    p2 = accumulate(p2, att2, len0, len2, v, hd, i + 4);
+    p3 = accumulate(p3, att3, len0, len3, v, hd, i + 4);
+    const a = <usize>i << 2;
+    v128.store(op0 + a, o0);
+    v128.store(op1 + a, o1);
+    v128.store(op2 + a, o2);
+    v128.store(op3 + a, o3);
+    v128.store(op0 + a, p0, 16);
+    v128.store(op1 + a, p1, 16);
+    v128.store(op2 + a, p2, 16);
+    v128.store(op3 + a, p3, 16);
+  }
+  for (; i < hd4; i += 4) {
     let o0 = f32x4.splat(0);
     let o1 = o0;
     let o2 = o0;
