@@ -67,7 +67,45 @@ function scores4(q0: usize, q1: usize, q2: usize, q3: usize, att: usize, attStep
   const sqrtHd = Mathf.sqrt(<f32>hd);
   const rowBytes = <usize>hd << 2;
   let kp = k;
-  for (let t = 0; t < len; t++, kp += rowBytes) {
+  let t = 0;
+  // Two positions at a time (eight sums in flight, each q chunk loaded once for both), then one.
+  for (; t + 2 <= len; t += 2, kp += 2 * rowBytes) {
+    let a0 = f32x4.splat(0);
+    let a1 = a0;
+    let a2 = a0;
+    let a3 = a0;
+    let b0 = a0;
+    let b1 = a0;
+    let b2 = a0;
+    let b3 = a0;
+    const kq = kp + rowBytes;
+    for (let i = 0; i < hd4; i += 4) {
+      const ka = ld(kp, i);
+      const kb = ld(kq, i);
+      const x0 = ld(q0, i);
+      const x1 = ld(q1, i);
+      const x2 = ld(q2, i);
+      const x3 = ld(q3, i);
+      a0 = f32x4.add(a0, f32x4.mul(x0, ka));
+      b0 = f32x4.add(b0, f32x4.mul(x0, kb));
+      a1 = f32x4.add(a1, f32x4.mul(x1, ka));
+      b1 = f32x4.add(b1, f32x4.mul(x1, kb));
+      a2 = f32x4.add(a2, f32x4.mul(x2, ka));
+      b2 = f32x4.add(b2, f32x4.mul(x2, kb));
+      a3 = f32x4.add(a3, f32x4.mul(x3, ka));
+      b3 = f32x4.add(b3, f32x4.mul(x3, kb));
+    }
+    const at = att + (<usize>t << 2);
+    store<f32>(at, tailF32(fold(a0), q0, kp, hd4, hd) / sqrtHd);
+    store<f32>(at + attStep, tailF32(fold(a1), q1, kp, hd4, hd) / sqrtHd);
+    store<f32>(at + 2 * attStep, tailF32(fold(a2), q2, kp, hd4, hd) / sqrtHd);
+    store<f32>(at + 3 * attStep, tailF32(fold(a3), q3, kp, hd4, hd) / sqrtHd);
+    store<f32>(at + 4, tailF32(fold(b0), q0, kq, hd4, hd) / sqrtHd);
+    store<f32>(at + 4 + attStep, tailF32(fold(b1), q1, kq, hd4, hd) / sqrtHd);
+    store<f32>(at + 4 + 2 * attStep, tailF32(fold(b2), q2, kq, hd4, hd) / sqrtHd);
+    store<f32>(at + 4 + 3 * attStep, tailF32(fold(b3), q3, kq, hd4, hd) / sqrtHd);
+  }
+  for (; t < len; t++, kp += rowBytes) {
     let a0 = f32x4.splat(0);
     let a1 = a0;
     let a2 = a0;
