@@ -46,15 +46,46 @@ import { exp1, exp4 } from "./math";
   return s;
 }
 
-/** att[t] = q . k[t] / sqrt(hd) for t < len, one query. */
+/** One score: q . k over hd in the matmul order. */
+@inline function score1(qp: usize, kp: usize, hd4: i32, hd: i32): f32 {
+  let a = f32x4.splat(0);
+  for (let i = 0; i < hd4; i += 4) a = f32x4.add(a, f32x4.mul(ld(qp, i), kv4(kp, i)));
+  return scoreTail(fold(a), qp, kp, hd4, hd);
+}
+
+/** att[t] = q . k[t] / sqrt(hd) for t < len, one query, f16 K read from the blocks (decode). */
 function scores1(qp: usize, att: usize, len: i32, kv: usize, B: i32, blockBytes: usize, kvDim: i32, off: i32, hd: i32): void {
   const hd4 = hd & ~3;
   const sqrtHd = Mathf.sqrt(<f32>hd);
-  for (let t = 0; t < len; t++) {
-    const kp = kAt(kv, t, B, blockBytes, kvDim, off);
-    let a = f32x4.splat(0);
-    for (let i = 0; i < hd4; i += 4) a = f32x4.add(a, f32x4.mul(ld(qp, i), kv4(kp, i)));
-    store<f32>(att + (<usize>t << 2), scoreTail(fold(a), qp, kp, hd4, hd) / sqrtHd);
+  const slotBytes = <usize>kvDim << 1;
+  for (let t0 = 0, b = 0; t0 < len; t0 += B, b++) {
+    const base = kv + <usize>b * blockBytes + (<usize>off << 1);
+    const m = min(B, len - t0);
+    let s = 0;
+    // Four positions at a time: four sums in flight.
+    for (; s + 4 <= m; s += 4) {
+      const k0 = base + <usize>s * slotBytes;
+      const k1 = k0 + slotBytes;
+      const k2 = k1 + slotBytes;
+      const k3 = k2 + slotBytes;
+      let a0 = f32x4.splat(0);
+      let a1 = a0;
+      let a2 = a0;
+      let a3 = a0;
+      for (let i = 0; i < hd4; i += 4) {
+        const x = ld(qp, i);
+        a0 = f32x4.add(a0, f32x4.mul(x, kv4(k0, i)));
+        a1 = f32x4.add(a1, f32x4.mul(x, kv4(k1, i)));
+        a2 = f32x4.add(a2, f32x4.mul(x, kv4(k2, i)));
+        a3 = f32x4.add(a3, f32x4.mul(x, kv4(k3, i)));
+      }
+      const at = att + (<usize>(t0 + s) << 2);
+      store<f32>(at, scoreTail(fold(a0), qp, k0, hd4, hd) / sqrtHd);
+      store<f32>(at + 4, scoreTail(fold(a1), qp, k1, hd4, hd) / sqrtHd);
+      store<f32>(at + 8, scoreTail(fold(a2), qp, k2, hd4, hd) / sqrtHd);
+      store<f32>(at + 12, scoreTail(fold(a3), qp, k3, hd4, hd) / sqrtHd);
+    }
+    for (; s < m; s++) store<f32>(att + (<usize>(t0 + s) << 2), score1(qp, base + <usize>s * slotBytes, hd4, hd) / sqrtHd);
   }
 }
 
@@ -168,10 +199,35 @@ function outTail(att: usize, len: i32, vp: usize, B: i32, blockBytes: usize, kvD
   return s;
 }
 
-/** out = sum over t < len of att[t] * v[t], one query. */
+/** out = sum over t < len of att[t] * v[t], one query, f16 V read from the blocks (decode). */
 function values1(op: usize, att: usize, len: i32, vp: usize, B: i32, blockBytes: usize, kvDim: i32, off: i32, hd: i32): void {
   const hd4 = hd & ~3;
-  for (let i = 0; i < hd4; i += 4) {
+  const slotBytes = <usize>kvDim << 1;
+  let i = 0;
+  // Sixteen elements at a time (four sums in flight), then four.
+  for (; i + 16 <= hd4; i += 16) {
+    let o0 = f32x4.splat(0);
+    let o1 = o0;
+    let o2 = o0;
+    let o3 = o0;
+    for (let t0 = 0, b = 0; t0 < len; t0 += B, b++) {
+      let p = vp + <usize>b * blockBytes + (<usize>off << 1);
+      const m = min(B, len - t0);
+      for (let s = 0; s < m; s++, p += slotBytes) {
+        const a = v128.load32_splat(att + (<usize>(t0 + s) << 2));
+        o0 = f32x4.add(o0, f32x4.mul(a, kv4(p, i)));
+        o1 = f32x4.add(o1, f32x4.mul(a, kv4(p, i + 4)));
+        o2 = f32x4.add(o2, f32x4.mul(a, kv4(p, i + 8)));
+        o3 = f32x4.add(o3, f32x4.mul(a, kv4(p, i + 12)));
+      }
+    }
+    const o = op + (<usize>i << 2);
+    v128.store(o, o0);
+    v128.store(o, o1, 16);
+    v128.store(o, o2, 32);
+    v128.store(o, o3, 48);
+  }
+  for (; i < hd4; i += 4) {
     let o = f32x4.splat(0);
     for (let t = 0; t < len; t++) o = f32x4.add(o, f32x4.mul(v128.load32_splat(att + (<usize>t << 2)), kv4(kAt(vp, t, B, blockBytes, kvDim, off), i)));
     v128.store(op + (<usize>i << 2), o);
