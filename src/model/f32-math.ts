@@ -52,3 +52,28 @@ export function swigluF32(h: Float32Array, g: Float32Array, n: number): void {
     h[i] = f(f(a / f(1 + expF32(-a))) * g[i]!);
   }
 }
+
+/**
+ * a[o .. o+len) = softmax of itself as attention.ts's kernel computes it: the max, e^(x - max),
+ * their sum as four lanes by index mod 4 folded (s0 + s1) + (s2 + s3) then the tail in order,
+ * then each divided by the sum.
+ */
+export function softmaxF32(a: Float32Array, o: number, len: number): void {
+  let max = -Infinity;
+  for (let t = 0; t < len; t++) max = Math.max(max, a[o + t]!);
+  const len4 = len - (len % 4);
+  let s0 = 0;
+  let s1 = 0;
+  let s2 = 0;
+  let s3 = 0;
+  for (let t = 0; t < len; t++) a[o + t] = expF32(f(a[o + t]! - max));
+  for (let t = 0; t < len4; t += 4) {
+    s0 = f(s0 + a[o + t]!);
+    s1 = f(s1 + a[o + t + 1]!);
+    s2 = f(s2 + a[o + t + 2]!);
+    s3 = f(s3 + a[o + t + 3]!);
+  }
+  let sum = f(f(s0 + s1) + f(s2 + s3));
+  for (let t = len4; t < len; t++) sum = f(sum + a[o + t]!);
+  for (let t = 0; t < len; t++) a[o + t] = a[o + t]! / sum;
+}

@@ -58,6 +58,8 @@ const SPLIT_MACS = 1 << 16;
 export interface KernelOptions {
   /** Threads a large matmul's output rows are split over, the caller included (default 1). */
   threads?: number;
+  /** false: the plain-JS fallback even where SIMD runs (tests hold the two paths together). */
+  simd?: boolean;
 }
 
 type KernelFn = (y: number, x: number, w: number, rows: number, n: number, d: number, i0: number, i1: number) => void;
@@ -118,7 +120,7 @@ export class MatmulKernel {
   private threads: KernelThreads | null = null;
 
   constructor(tensors: readonly Matrix[] = [], opts: KernelOptions = {}) {
-    const mod = kernelModule();
+    const mod = opts.simd === false ? null : kernelModule();
     const unique = [...new Set(tensors)];
     for (const t of unique) if (!(t instanceof Float32Array)) assertFinite16(t);
     let bytes = 0;

@@ -1,7 +1,7 @@
 import assert from "node:assert";
 import type { KvPool } from "../pool/index.ts";
 import { headDimOf, kvDimOf, type ModelConfig, qDimOf, ropeFrequencies } from "./config.ts";
-import { swigluF32 } from "./f32-math.ts";
+import { softmaxF32, swigluF32 } from "./f32-math.ts";
 import { type KernelExports, type KernelOptions, MatmulKernel } from "./matmul.ts";
 import { dequantizeInto, type Matrix } from "./packed.ts";
 import { MATRICES, validateWeights, weightsDType, type Weights } from "./weights.ts";
@@ -66,7 +66,8 @@ export class Transformer {
   private readonly ropeCos: Float64Array;
   private readonly ropeSin: Float64Array;
   private readonly att: Float32Array;
-  private readonly acc: Float64Array;
+  /** f32, so each `+=` rounds as the kernel's add. */
+  private readonly acc: Float32Array;
   private readonly kvec: Float32Array;
   /** Holds the one copy of every weight matrix, in WebAssembly memory (`w`'s matrices view it). */
   private readonly mm: MatmulKernel;
@@ -125,7 +126,7 @@ export class Transformer {
       }
     }
     this.att = new Float32Array(ATT_TILE * this.kvMul * cfg.maxSeqLen);
-    this.acc = new Float64Array(ATT_TILE * this.kvMul * this.headDim);
+    this.acc = new Float32Array(ATT_TILE * this.kvMul * this.headDim);
     this.kvec = new Float32Array(this.headDim);
     // Every matrix, the embedding too, is read through its view on the kernel's copy: nothing
     // here keeps the caller's matrices alive, so once the caller lets go each weight is held once.
@@ -450,23 +451,27 @@ export class Transformer {
   }
 
   /**
+   * The attention kernel's arithmetic in plain JS (kernels/assembly/attention.ts states the
+   * order; every operation rounded to f32), for engines without WebAssembly SIMD: the same bits.
    * Causal grouped-query attention of every row over positions 0..pos, K/V read from the slab;
    * result in xb. Each f16 K/V vector is decoded once and used by every query that needs it:
    * the kvMul heads sharing its KV head and, in prefill, up to ATT_TILE consecutive rows of the
-   * same sequence. Every score is still one sequential sum over the head dimension and every
-   * output one sequential sum over positions 0..pos, so tiling never changes a bit.
+   * same sequence. Tiling never changes a bit: each score and each output is its own sum.
    */
+  // Long by design: one loop nest, scores then softmax then values per tile, as the kernel's.
   private attention(bits: Uint16Array, blockElems: number, B: number, l: number, batch: readonly SeqChunk[], rows: number): void {
     const { q, xb, att, acc, kvec, rowPos, rowSeq } = this;
+    const f = Math.fround;
     const lut = F16_TABLE;
     // Row stride of q and of the attention output in xb.
     const dim = this.qDim;
     const maxSeq = this.cfg.maxSeqLen;
     const hd = this.headDim;
+    const hd4 = hd - (hd % 4);
     const kvDim = this.kvDim;
     const kvMul = this.kvMul;
     const nKv = this.cfg.nKvHeads;
-    const sqrtHd = Math.sqrt(hd);
+    const sqrtHd = f(Math.sqrt(hd));
     const kLayer = 2 * l * B;
     const vLayer = kLayer + B;
     for (let r = 0; r < rows; ) {
@@ -491,27 +496,24 @@ export class Transformer {
             for (let j = t > firstPos ? t - firstPos : 0; j < nr; j++) {
               for (let h = 0; h < kvMul; h++) {
                 const qo = qHead + j * dim + h * hd;
-                let s = 0;
-                for (let i = 0; i < hd; i++) s += q[qo + i]! * kvec[i]!;
+                let s0 = 0;
+                let s1 = 0;
+                let s2 = 0;
+                let s3 = 0;
+                for (let i = 0; i < hd4; i += 4) {
+                  s0 = f(s0 + f(q[qo + i]! * kvec[i]!));
+                  s1 = f(s1 + f(q[qo + i + 1]! * kvec[i + 1]!));
+                  s2 = f(s2 + f(q[qo + i + 2]! * kvec[i + 2]!));
+                  s3 = f(s3 + f(q[qo + i + 3]! * kvec[i + 3]!));
+                }
+                let s = f(f(s0 + s1) + f(s2 + s3));
+                for (let i = hd4; i < hd; i++) s = f(s + f(q[qo + i]! * kvec[i]!));
                 att[(j * kvMul + h) * maxSeq + t] = s / sqrtHd;
               }
             }
           }
         }
-        for (let j = 0; j < nr; j++) {
-          const len = firstPos + j + 1;
-          for (let h = 0; h < kvMul; h++) {
-            const a0 = (j * kvMul + h) * maxSeq;
-            let max = -Infinity;
-            for (let t = 0; t < len; t++) if (att[a0 + t]! > max) max = att[a0 + t]!;
-            let sum = 0;
-            for (let t = 0; t < len; t++) {
-              att[a0 + t] = Math.exp(att[a0 + t]! - max);
-              sum += att[a0 + t]!;
-            }
-            for (let t = 0; t < len; t++) att[a0 + t] = att[a0 + t]! / sum;
-          }
-        }
+        for (let j = 0; j < nr; j++) for (let h = 0; h < kvMul; h++) softmaxF32(att, (j * kvMul + h) * maxSeq, firstPos + j + 1);
         acc.fill(0, 0, nr * kvMul * hd);
         for (let t0 = 0, b = 0; t0 < n; t0 += B, b++) {
           const blockBase = table[b]! * blockElems + headOff;
@@ -524,7 +526,7 @@ export class Transformer {
               for (let h = 0; h < kvMul; h++) {
                 const a = att[(j * kvMul + h) * maxSeq + t]!;
                 const ao = (j * kvMul + h) * hd;
-                for (let i = 0; i < hd; i++) acc[ao + i]! += a * kvec[i]!;
+                for (let i = 0; i < hd; i++) acc[ao + i]! += f(a * kvec[i]!);
               }
             }
           }
