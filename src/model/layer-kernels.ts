@@ -20,7 +20,6 @@ export interface LayerKernelExports {
     hd: number,
     qStride: number,
   ): void;
-  kv_store(kv: number, k: number, v: number, rows: number, firstPos: number, B: number, blockBytes: number, kvDim: number): void;
   swiglu(h: number, g: number, n: number): void;
   add_into(x: number, y: number, n: number): void;
   to_f16(dst: number, src: number, n: number): void;

@@ -247,25 +247,4 @@ describe("attention kernel", () => {
       }
     }
   });
-
-  test("kv_store_writes_float16array_bits_in_attend_layout", () => {
-    const B = 4;
-    const kvDim = 12;
-    const blockBytes = 2 * B * kvDim * 2;
-    const rows = 7;
-    const firstPos = 3;
-    const kv = new Float32Array(rows * kvDim).map((_, i) => Math.sin(i) * 100);
-    const vv = new Float32Array(rows * kvDim).map((_, i) => Math.cos(i) * 1e-5);
-    const mem = mk.allocBytes(3 * blockBytes)!;
-    ex.kv_store(mk.addressOf(mem), mk.addressOf(f32(kv)), mk.addressOf(f32(vv)), rows, firstPos, B, blockBytes, kvDim);
-    const got = new Uint16Array(mem.buffer, mem.byteOffset, mem.byteLength / 2);
-    const want = new Float16Array(3 * 2 * B * kvDim);
-    for (let r = 0; r < rows; r++) {
-      const p = firstPos + r;
-      const o = Math.floor(p / B) * 2 * B * kvDim + (p % B) * kvDim;
-      want.set(kv.subarray(r * kvDim, (r + 1) * kvDim), o);
-      want.set(vv.subarray(r * kvDim, (r + 1) * kvDim), o + B * kvDim);
-    }
-    expect(Array.from(got)).toEqual(Array.from(new Uint16Array(want.buffer)));
-  });
 });

@@ -18,7 +18,6 @@
 // four queries (decode) read the f16 blocks directly. A query never sums a term past its own
 // position, so no tile changes a bit.
 
-import { to_f16 } from "./elementwise";
 import { f16ToF32, f16x4, top16x4 } from "./f16";
 import { exp1, exp4 } from "./math";
 
@@ -436,18 +435,4 @@ export function attend(
 @inline function queryAt(c: i32, kvMul: i32, g: i32, hd: i32, qStride: i32): usize {
   const j = c / kvMul;
   return (<usize>j * <usize>qStride + <usize>((g * kvMul + c - j * kvMul) * hd)) << 2;
-}
-
-/**
- * Rows r < rows of k and v (f32, kvDim each; row r at position firstPos + r) rounded to f16 into
- * their slots of kv, laid out as attend reads it (the f16 rounding of elementwise.ts's to_f16).
- */
-export function kv_store(kv: usize, k: usize, v: usize, rows: i32, firstPos: i32, B: i32, blockBytes: usize, kvDim: i32): void {
-  const vOff = <usize>B * <usize>kvDim * 2;
-  const rowBytes = <usize>kvDim << 2;
-  for (let r = 0; r < rows; r++) {
-    const p = kAt(kv, firstPos + r, B, blockBytes, kvDim, 0);
-    to_f16(p, k + <usize>r * rowBytes, kvDim);
-    to_f16(p + vOff, v + <usize>r * rowBytes, kvDim);
-  }
 }
