@@ -2,6 +2,7 @@ import assert from "node:assert";
 import { KERNELS_WASM_BASE64 } from "./kernels/kernels-wasm.ts";
 import { KernelThreads, type KernelName } from "./kernel-threads.ts";
 import type { LayerKernelExports } from "./layer-kernels.ts";
+import { copyBytes } from "./mapped-file.ts";
 import { assertFinite16, dequantizeInto, dtypeOf, matrixBytes, type DType, type Matrix } from "./packed.ts";
 
 /**
@@ -122,11 +123,11 @@ export class MatmulKernel {
   constructor(tensors: readonly Matrix[] = [], opts: KernelOptions = {}) {
     const mod = opts.simd === false ? null : kernelModule();
     const unique = [...new Set(tensors)];
-    for (const t of unique) if (!(t instanceof Float32Array)) assertFinite16(t);
     let bytes = 0;
     for (const t of unique) bytes += align16(byteLengthOf(t));
     const mem = mod !== null && bytes <= MAX_PLACED_BYTES ? sharedMemory(Math.ceil((KERNEL_RESERVED_BYTES + bytes) / PAGE)) : null;
     if (mod === null || mem === null) {
+      for (const t of unique) if (!(t instanceof Float32Array)) assertFinite16(t);
       this.memory = null;
       this.ex = null;
       this.views = tensors;
@@ -138,11 +139,13 @@ export class MatmulKernel {
     const viewOf = new Map<Matrix, Matrix>();
     for (const t of unique) {
       const v = viewAt(t, this.memory.buffer, this.top);
-      this.u8.set(bytesOf(t), this.top);
+      copyBytes(this.u8, this.top, bytesOf(t));
       this.placed.set(v, this.top);
       viewOf.set(t, v);
       this.top += align16(byteLengthOf(t));
     }
+    // Checked on the copies: reading a mapped file's originals would page every page of it in.
+    for (const v of viewOf.values()) if (!(v instanceof Float32Array)) assertFinite16(v);
     this.views = tensors.map((t) => viewOf.get(t)!);
     const threads = opts.threads ?? 1;
     if (!(Number.isInteger(threads) && threads >= 1)) throw new Error(`threads ${threads}: want a positive integer`);

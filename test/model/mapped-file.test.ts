@@ -1,0 +1,30 @@
+import { afterAll, describe, expect, test } from "bun:test";
+import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { copyBytes, mapFile } from "../../src/model/mapped-file.ts";
+
+const dir = mkdtempSync(join(tmpdir(), "tl-mapped-"));
+afterAll(() => rmSync(dir, { recursive: true, force: true }));
+
+describe("mapped files", () => {
+  test("copy_bytes_of_a_mapped_view_reads_the_file_and_equals_a_plain_copy", () => {
+    const data = Uint8Array.from({ length: 300001 }, (_, i) => (i * 131 + 7) & 255);
+    const path = join(dir, "t.bin");
+    writeFileSync(path, data);
+    const m = mapFile(path);
+    const mem = new Uint8Array(new SharedArrayBuffer(400000));
+    // Odd offsets and lengths both ways, past one read's reach, and a source that is not mapped.
+    for (const [from, len, at] of [
+      [0, 300001, 0],
+      [12345, 99999, 7],
+      [299990, 11, 399989],
+    ] as const) {
+      copyBytes(mem, at, m.subarray(from, from + len));
+      expect(Buffer.from(mem.subarray(at, at + len)).equals(Buffer.from(data.subarray(from, from + len)))).toBe(true);
+    }
+    const plain = data.slice(5, 50);
+    copyBytes(mem, 1, plain);
+    expect(Array.from(mem.subarray(1, 46))).toEqual(Array.from(plain));
+  });
+});
