@@ -1,5 +1,5 @@
 import { afterAll, describe, expect, test } from "bun:test";
-import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { mkdtempSync, renameSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { copyBytes, mapFile } from "../../src/model/mapped-file.ts";
@@ -26,5 +26,19 @@ describe("mapped files", () => {
     const plain = data.slice(5, 50);
     copyBytes(mem, 1, plain);
     expect(Array.from(mem.subarray(1, 46))).toEqual(Array.from(plain));
+  });
+
+  test("copy_bytes_reads_the_mapped_file_even_after_its_path_is_replaced", () => {
+    const path = join(dir, "r.bin");
+    writeFileSync(
+      path,
+      Uint8Array.from({ length: 1000 }, (_, i) => i & 255),
+    );
+    const m = mapFile(path);
+    writeFileSync(join(dir, "r2.bin"), new Uint8Array(1000).fill(9));
+    renameSync(join(dir, "r2.bin"), path);
+    const out = new Uint8Array(100);
+    copyBytes(out, 0, m.subarray(300, 400));
+    expect(Array.from(out)).toEqual(Array.from({ length: 100 }, (_, i) => (300 + i) & 255));
   });
 });
