@@ -34,12 +34,25 @@ import {
 } from "../src/model/index.ts";
 import { MatmulKernel, matmulRef } from "../src/model/matmul.ts";
 import { matrixBytes, dtypeOf } from "../src/model/packed.ts";
+import { FORWARD_PHASES } from "../src/model/transformer.ts";
 import { MATRICES } from "../src/model/weights.ts";
 
 const BLOCK = 16;
 const CORES = availableParallelism();
 const THREADS = Number(process.env.BENCH_THREADS ?? CORES);
 const DTYPES: DType[] = ["f32", "f16", "bf16", "q8_0"];
+const TS_SHAPE: ModelConfig = {
+  name: "tinystories-15m-shape",
+  dim: 288,
+  hiddenDim: 768,
+  nLayers: 6,
+  nHeads: 6,
+  nKvHeads: 6,
+  vocabSize: 32000,
+  maxSeqLen: 256,
+  ropeTheta: 10000,
+  normEps: 1e-5,
+};
 
 function timeIt(fn: () => void, minMs = 400): number {
   fn();
@@ -227,6 +240,64 @@ print(json.dumps(flops / best / 1e9))
   return Number(r.stdout.trim());
 }
 
+/** Prefill tok/s of `len` tokens, and each forward phase's share of the time (FORWARD_PHASES). */
+function prefillProfile(m: Transformer, len: number): { tokensPerSec: number; share: Record<string, number>; msPerPrefill: Record<string, number> } {
+  const blocks = Math.ceil(len / BLOCK);
+  const pool = new KvPool(kvShapeOf(m.cfg, BLOCK), blocks);
+  const table = pool.allocate(blocks)!;
+  const prompt = Array.from({ length: len }, (_, i) => (i * 7919 + 13) % m.cfg.vocabSize);
+  const out = new Float32Array(m.cfg.vocabSize);
+  const run = () => m.forward(pool, [{ blockTable: table, startPos: 0, tokens: prompt }], out);
+  const ms = timeIt(run, 1500);
+  const prof = new Float64Array(FORWARD_PHASES.length);
+  m.profile = prof;
+  let runs = 0;
+  timeIt(() => {
+    run();
+    runs++;
+  }, 1000);
+  m.profile = null;
+  const total = prof.reduce((a, b) => a + b, 0);
+  return {
+    tokensPerSec: (len / ms) * 1000,
+    share: Object.fromEntries(FORWARD_PHASES.map((p, i) => [p, prof[i]! / total])),
+    msPerPrefill: Object.fromEntries(FORWARD_PHASES.map((p, i) => [p, prof[i]! / runs])),
+  };
+}
+
+// BENCH_ONLY=prefill: just the 512-token prefill of each dtype (BENCH_DTYPES, default f32,f16) on one
+// thread and on BENCH_THREADS, with each forward phase's share (Transformer.profile), into
+// results/model-prefill.json. Profile before this round's attention and elementwise kernels
+// (f32, 1 thread, ms per prefill): matmul 215, attention 180, swiglu 38, kvWrite 20, residual 9.2,
+// rmsnorm 3.0, rope 1.6; 1076 tok/s.
+if (process.env.BENCH_ONLY === "prefill") {
+  const loadBefore = loadAverage();
+  const cfg: ModelConfig = { ...TS_SHAPE, maxSeqLen: 512 };
+  const w = syntheticWeights(cfg, 15, { sharedClassifier: true });
+  const dtypes = (process.env.BENCH_DTYPES ?? "f32,f16").split(",") as DType[];
+  const rows: Record<string, unknown> = {};
+  // One thread first: attention and the elementwise parts run on the caller alone, so their
+  // share is clearest there; then all threads, as the engine runs.
+  for (const threads of [...new Set([1, THREADS])]) {
+    for (const dt of dtypes) {
+      const m = new Transformer(cfg, castWeights(cfg, w, dt), { threads });
+      await m.ready();
+      const p = prefillProfile(m, 512);
+      m.close();
+      rows[`${dt}, ${threads} threads`] = p;
+      const share = Object.entries(p.share)
+        .map(([k, v]) => `${k} ${(v * 100).toFixed(1)}% (${p.msPerPrefill[k]!.toFixed(1)} ms)`)
+        .join(", ");
+      console.log(`${dt}: prefill 512 on ${threads} threads: ${p.tokensPerSec.toFixed(0)} tok/s; profile: ${share}`);
+    }
+  }
+  const out = { bench: "model-prefill", cores: CORES, loadBefore, loadAfter: loadAverage(), rows };
+  console.log(`load average before ${loadBefore}, after ${out.loadAfter} (${CORES} cores)`);
+  mkdirSync(join(import.meta.dir, "results"), { recursive: true });
+  writeFileSync(join(import.meta.dir, "results", "model-prefill.json"), JSON.stringify(out, null, 2) + "\n");
+  process.exit(0);
+}
+
 // ---- micro baselines
 const naive1 = matmulGflops(matmulRef, 1, 256, 768);
 const placed = new Map<Matrix, MatmulKernel>();
@@ -241,18 +312,8 @@ console.log(
   `plain JS matmul (1x256 by 768x256): ${naive1.toFixed(2)} GFLOP/s; SIMD kernel, one thread: rows=1 ${tiled1.toFixed(2)} (${(tiled1 / naive1).toFixed(2)}x), rows=64 ${tiled64.toFixed(2)} GFLOP/s (${(tiled64 / naive1).toFixed(2)}x)`,
 );
 
-const ts: ModelConfig = {
-  name: "tinystories-15m-shape",
-  dim: 288,
-  hiddenDim: 768,
-  nLayers: 6,
-  nHeads: 6,
-  nKvHeads: 6,
-  vocabSize: 32000,
-  maxSeqLen: 256,
-  ropeTheta: 10000,
-  normEps: 1e-5,
-};
+const ts: ModelConfig = TS_SHAPE;
+
 const dir = mkdtempSync(join(tmpdir(), "tl-bench-model-"));
 const results: Record<string, unknown> = { bench: "model", cores: CORES, threads: THREADS, loadBefore: loadAverage() };
 try {

@@ -1,6 +1,8 @@
 import assert from "node:assert";
 import { KERNELS_WASM_BASE64 } from "./kernels/kernels-wasm.ts";
 import { KernelThreads, type KernelName } from "./kernel-threads.ts";
+import type { LayerKernelExports } from "./layer-kernels.ts";
+import { copyBytes } from "./mapped-file.ts";
 import { assertFinite16, dequantizeInto, dtypeOf, matrixBytes, type DType, type Matrix } from "./packed.ts";
 
 /**
@@ -57,25 +59,12 @@ const SPLIT_MACS = 1 << 16;
 export interface KernelOptions {
   /** Threads a large matmul's output rows are split over, the caller included (default 1). */
   threads?: number;
+  /** false: the plain-JS fallback even where SIMD runs (tests hold the two paths together). */
+  simd?: boolean;
 }
 
 type KernelFn = (y: number, x: number, w: number, rows: number, n: number, d: number, i0: number, i1: number) => void;
-export type KernelExports = Record<`matmul_${DType}`, KernelFn> & {
-  attend(
-    out: number,
-    q: number,
-    kv: number,
-    att: number,
-    firstPos: number,
-    nr: number,
-    B: number,
-    blockBytes: number,
-    nKv: number,
-    kvMul: number,
-    hd: number,
-    qStride: number,
-  ): void;
-};
+export type KernelExports = Record<`matmul_${DType}`, KernelFn> & LayerKernelExports;
 
 const KERNEL: Record<DType, KernelName> = { f32: "matmul_f32", f16: "matmul_f16", bf16: "matmul_bf16", q8_0: "matmul_q8_0" };
 
@@ -105,7 +94,9 @@ function sharedMemory(pages: number): WebAssembly.Memory | null {
 
 /**
  * Matmuls over one shared WebAssembly memory. The matrices given to the constructor are copied
- * into it once, in their own dtype, and used from there; any other w has the rows it needs copied
+ * into it once, in their own dtype, and used from there through `views` (the kernel keeps no
+ * reference to the originals, so a caller that drops them holds each weight once); any other w
+ * has the rows it needs copied
  * in per call (tests, micro-benchmarks). Activations allocated with `alloc` live in the memory
  * too and go to the kernel in place; other x and y are copied in and out per call. Without
  * WebAssembly SIMD, or for weights past wasm32's reach, every call runs matmulRef, which gives
@@ -116,7 +107,13 @@ export class MatmulKernel {
   private readonly ex: KernelExports | null;
   private f32 = new Float32Array(0);
   private u8 = new Uint8Array(0);
+  /** Placed matrices by their views (never the originals, so those can be collected). */
   private readonly placed = new Map<Matrix, number>();
+  /**
+   * The constructor's tensors, index for index, as views on their copies in the memory (the
+   * tensors themselves on the fallback). Call matmul with these: the originals are not kept.
+   */
+  readonly views: readonly Matrix[];
   /** Every SharedArrayBuffer object the memory has shown (one per size): views on any are ours. */
   private readonly buffers = new Set<ArrayBufferLike>();
   /** Byte offset where unallocated space (per-call copies) starts. */
@@ -124,25 +121,32 @@ export class MatmulKernel {
   private threads: KernelThreads | null = null;
 
   constructor(tensors: readonly Matrix[] = [], opts: KernelOptions = {}) {
-    const mod = kernelModule();
+    const mod = opts.simd === false ? null : kernelModule();
     const unique = [...new Set(tensors)];
-    for (const t of unique) if (!(t instanceof Float32Array)) assertFinite16(t);
     let bytes = 0;
     for (const t of unique) bytes += align16(byteLengthOf(t));
     const mem = mod !== null && bytes <= MAX_PLACED_BYTES ? sharedMemory(Math.ceil((KERNEL_RESERVED_BYTES + bytes) / PAGE)) : null;
     if (mod === null || mem === null) {
+      for (const t of unique) if (!(t instanceof Float32Array)) assertFinite16(t);
       this.memory = null;
       this.ex = null;
+      this.views = tensors;
       return;
     }
     this.memory = mem;
     this.ex = new WebAssembly.Instance(mod, { env: { memory: mem } }).exports as unknown as KernelExports;
     this.refresh();
+    const viewOf = new Map<Matrix, Matrix>();
     for (const t of unique) {
-      this.placed.set(t, this.top);
-      this.u8.set(bytesOf(t), this.top);
+      const v = viewAt(t, this.memory.buffer, this.top);
+      copyBytes(this.u8, this.top, bytesOf(t));
+      this.placed.set(v, this.top);
+      viewOf.set(t, v);
       this.top += align16(byteLengthOf(t));
     }
+    // Checked on the copies: reading a mapped file's originals would page every page of it in.
+    for (const v of viewOf.values()) if (!(v instanceof Float32Array)) assertFinite16(v);
+    this.views = tensors.map((t) => viewOf.get(t)!);
     const threads = opts.threads ?? 1;
     if (!(Number.isInteger(threads) && threads >= 1)) throw new Error(`threads ${threads}: want a positive integer`);
     if (threads > 1) this.threads = new KernelThreads(mod, mem, threads - 1);
@@ -257,6 +261,12 @@ export class MatmulKernel {
 
 function byteLengthOf(m: Matrix): number {
   return m instanceof Float32Array ? m.byteLength : m.bytes.byteLength;
+}
+
+/** A matrix like m over the bytes at `at` of buf. */
+function viewAt(m: Matrix, buf: ArrayBufferLike, at: number): Matrix {
+  if (m instanceof Float32Array) return new Float32Array(buf, at, m.length);
+  return { dtype: m.dtype, cols: m.cols, length: m.length, bytes: new Uint8Array(buf, at, m.bytes.byteLength) };
 }
 
 function bytesOf(m: Matrix): Uint8Array {
