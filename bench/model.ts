@@ -8,14 +8,16 @@
 // - a 512-token prefill's matmul GFLOP/s against numpy (OpenBLAS sgemm, all cores) on the same
 //   shapes, where numpy imports;
 // - `engine generate`'s loop (Engine.step around the same model) against the transformer alone,
-//   and the event loop's delay p99 while that engine prefills 512 tokens and decodes at batch 32;
+//   and the event loop's delay p99 while that engine prefills 512 tokens and decodes at batch 32,
+//   with the model on the event loop's thread and on a model thread of its own (ModelWorker, as
+//   engines run it; bench/engine-loop.ts);
 // - greedy tokens of each packed dtype against f32 for 64 steps on the test prompts.
 // The plain JS matmul (matmulRef) and the SIMD kernel alone are the micro baselines.
 import { spawnSync } from "node:child_process";
 import { mkdtempSync, mkdirSync, rmSync, writeFileSync } from "node:fs";
 import { availableParallelism, loadavg, tmpdir } from "node:os";
 import { join } from "node:path";
-import { Engine } from "../src/engine/index.ts";
+import { enginePart } from "./engine-loop.ts";
 import { KvPool } from "../src/pool/index.ts";
 import {
   type DType,
@@ -32,17 +34,25 @@ import {
 } from "../src/model/index.ts";
 import { MatmulKernel, matmulRef } from "../src/model/matmul.ts";
 import { matrixBytes, dtypeOf } from "../src/model/packed.ts";
+import { FORWARD_PHASES } from "../src/model/transformer.ts";
 import { MATRICES } from "../src/model/weights.ts";
 
 const BLOCK = 16;
 const CORES = availableParallelism();
 const THREADS = Number(process.env.BENCH_THREADS ?? CORES);
-const DTYPES: DType[] = (process.env.BENCH_DTYPES?.split(",") as DType[] | undefined) ?? ["f32", "f16", "bf16", "q8_0"];
-// BENCH_PARTS (comma-separated, default all) runs only some parts: micro, decode, phases, numpy,
-// greedy, engine. A partial run prints its figures but leaves bench/results/model.json alone.
-const ALL_PARTS = ["micro", "decode", "phases", "numpy", "greedy", "engine"];
-const PARTS = new Set(process.env.BENCH_PARTS?.split(",") ?? ALL_PARTS);
-const FULL = ALL_PARTS.every((p) => PARTS.has(p)) && process.env.BENCH_DTYPES === undefined;
+const DTYPES: DType[] = ["f32", "f16", "bf16", "q8_0"];
+const TS_SHAPE: ModelConfig = {
+  name: "tinystories-15m-shape",
+  dim: 288,
+  hiddenDim: 768,
+  nLayers: 6,
+  nHeads: 6,
+  nKvHeads: 6,
+  vocabSize: 32000,
+  maxSeqLen: 256,
+  ropeTheta: 10000,
+  normEps: 1e-5,
+};
 
 function timeIt(fn: () => void, minMs = 400): number {
   fn();
@@ -194,42 +204,6 @@ const prefixAgreement = (a: number[], b: number[]): number => {
   return i;
 };
 
-/** numpy's float32 matmul GFLOP/s on a 512-token prefill's layer shapes; null where numpy does not import. */
-function numpyPrefillGflops(cfg: ModelConfig, rows: number): number | null {
-  const kv = kvDimOf(cfg);
-  const shapes = [
-    [cfg.dim, cfg.dim],
-    [kv, cfg.dim],
-    [kv, cfg.dim],
-    [cfg.dim, cfg.dim],
-    [cfg.hiddenDim, cfg.dim],
-    [cfg.hiddenDim, cfg.dim],
-    [cfg.dim, cfg.hiddenDim],
-  ];
-  const script = `
-import numpy as np, time, json
-rows, L, shapes = ${rows}, ${cfg.nLayers}, ${JSON.stringify(shapes)}
-ws = [[np.random.rand(d, n).astype(np.float32) for d, n in shapes] for _ in range(L)]
-xs = {n: np.random.rand(rows, n).astype(np.float32) for _, n in shapes}
-def once():
-    for l in range(L):
-        for (d, n), w in zip(shapes, ws[l]): xs[n] @ w.T
-once()
-best = 1e9
-for _ in range(7):
-    t = time.perf_counter(); once(); best = min(best, time.perf_counter() - t)
-flops = 2 * rows * L * sum(d * n for d, n in shapes)
-print(json.dumps(flops / best / 1e9))
-`;
-  // This machine's OpenBLAS tuning variables are for another core type: unset both for numpy only.
-  const env = { ...process.env };
-  delete env.OPENBLAS_CORETYPE;
-  delete env.OPENBLAS_L2_SIZE;
-  const r = spawnSync("python3", ["-c", script], { encoding: "utf8", env });
-  if (r.status !== 0) return null;
-  return Number(r.stdout.trim());
-}
-
 /**
  * Our matmul GFLOP/s on the layer matmuls of a `rows`-token prefill, the shapes numpy runs: each
  * layer's q/k/v in one dispatch, wo, w1/w3 in one dispatch, w2, as Transformer.forward calls them.
@@ -271,87 +245,116 @@ function oursPrefillMatmulGflops(cfg: ModelConfig, w: Weights<Matrix>, rows: num
   return flops / ms / 1e6;
 }
 
-/** Decode tok/s of one greedy request through Engine.step, and the event loop's delay while it runs. */
-async function engineLoop(
-  m: Transformer,
-  prompt: number[],
-  maxTokens: number,
-  batch: number,
-): Promise<{ decodeTokensPerSec: number; loopDelayP99Ms: number; loopDelayMaxMs: number }> {
-  const cfg = m.cfg;
-  const pool = new KvPool(kvShapeOf(cfg, BLOCK), batch * Math.ceil((prompt.length + maxTokens + 1) / BLOCK) + 4);
-  const engine = new Engine({
-    model: { vocabSize: cfg.vocabSize, forward: (p, b, o) => m.forward(p, b, o) },
-    pool,
-    maxModelLen: cfg.maxSeqLen,
-    maxBatchTokens: 512,
-    maxRunning: batch,
-  });
-  // The event loop's delay: how late a 1 ms timer fires, every time it fires while the engine runs.
-  const lags: number[] = [];
-  let last = performance.now();
-  const timer = setInterval(() => {
-    const now = performance.now();
-    lags.push(Math.max(0, now - last - 1));
-    last = now;
-  }, 1);
-  let first = 0;
-  let decoded = 0;
-  await Promise.all(
-    Array.from({ length: batch }, (_, s) =>
-      engine
-        .submit({
-          requestId: `r${s}`,
-          promptTokens: prompt.map((t) => (t + s) % cfg.vocabSize),
-          sampling: { temperature: 0, topP: 1, topK: 0, seed: 0n, maxTokens, stopTokenIds: [] },
-          onToken: () => {
-            if (first === 0) first = performance.now();
-            else decoded++;
-          },
-        })
-        .then((f) => {
-          if (f.reason === "error") throw new Error(`engine request failed: ${f.error}`);
-        }),
-    ),
-  );
-  const end = performance.now();
-  clearInterval(timer);
-  lags.push(performance.now() - last);
-  lags.sort((a, b) => a - b);
-  const p99 = lags[Math.min(lags.length - 1, Math.floor(lags.length * 0.99))]!;
-  return { decodeTokensPerSec: (decoded / (end - first)) * 1000, loopDelayP99Ms: p99, loopDelayMaxMs: lags[lags.length - 1]! };
+/** numpy's float32 matmul GFLOP/s on a 512-token prefill's layer shapes; null where numpy does not import. */
+function numpyPrefillGflops(cfg: ModelConfig, rows: number): number | null {
+  const kv = kvDimOf(cfg);
+  const shapes = [
+    [cfg.dim, cfg.dim],
+    [kv, cfg.dim],
+    [kv, cfg.dim],
+    [cfg.dim, cfg.dim],
+    [cfg.hiddenDim, cfg.dim],
+    [cfg.hiddenDim, cfg.dim],
+    [cfg.dim, cfg.hiddenDim],
+  ];
+  const script = `
+import numpy as np, time, json
+rows, L, shapes = ${rows}, ${cfg.nLayers}, ${JSON.stringify(shapes)}
+ws = [[np.random.rand(d, n).astype(np.float32) for d, n in shapes] for _ in range(L)]
+xs = {n: np.random.rand(rows, n).astype(np.float32) for _, n in shapes}
+def once():
+    for l in range(L):
+        for (d, n), w in zip(shapes, ws[l]): xs[n] @ w.T
+once()
+best = 1e9
+for _ in range(7):
+    t = time.perf_counter(); once(); best = min(best, time.perf_counter() - t)
+flops = 2 * rows * L * sum(d * n for d, n in shapes)
+print(json.dumps(flops / best / 1e9))
+`;
+  // This machine's OpenBLAS tuning variables are for another core type: unset both for numpy only.
+  const env = { ...process.env };
+  delete env.OPENBLAS_CORETYPE;
+  delete env.OPENBLAS_L2_SIZE;
+  const r = spawnSync("python3", ["-c", script], { encoding: "utf8", env });
+  if (r.status !== 0) return null;
+  return Number(r.stdout.trim());
+}
+
+/** Prefill tok/s of `len` tokens, and each forward phase's share of the time (FORWARD_PHASES). */
+function prefillProfile(m: Transformer, len: number): { tokensPerSec: number; share: Record<string, number>; msPerPrefill: Record<string, number> } {
+  const blocks = Math.ceil(len / BLOCK);
+  const pool = new KvPool(kvShapeOf(m.cfg, BLOCK), blocks);
+  const table = pool.allocate(blocks)!;
+  const prompt = Array.from({ length: len }, (_, i) => (i * 7919 + 13) % m.cfg.vocabSize);
+  const out = new Float32Array(m.cfg.vocabSize);
+  const run = () => m.forward(pool, [{ blockTable: table, startPos: 0, tokens: prompt }], out);
+  const ms = timeIt(run, 1500);
+  const prof = new Float64Array(FORWARD_PHASES.length);
+  m.profile = prof;
+  let runs = 0;
+  timeIt(() => {
+    run();
+    runs++;
+  }, 1000);
+  m.profile = null;
+  const total = prof.reduce((a, b) => a + b, 0);
+  return {
+    tokensPerSec: (len / ms) * 1000,
+    share: Object.fromEntries(FORWARD_PHASES.map((p, i) => [p, prof[i]! / total])),
+    msPerPrefill: Object.fromEntries(FORWARD_PHASES.map((p, i) => [p, prof[i]! / runs])),
+  };
+}
+
+// BENCH_ONLY=prefill: just the 512-token prefill of each dtype (BENCH_DTYPES, default f32,f16) on one
+// thread and on BENCH_THREADS, with each forward phase's share (Transformer.profile), into
+// results/model-prefill.json. Profile before this round's attention and elementwise kernels
+// (f32, 1 thread, ms per prefill): matmul 215, attention 180, swiglu 38, kvWrite 20, residual 9.2,
+// rmsnorm 3.0, rope 1.6; 1076 tok/s.
+if (process.env.BENCH_ONLY === "prefill") {
+  const loadBefore = loadAverage();
+  const cfg: ModelConfig = { ...TS_SHAPE, maxSeqLen: 512 };
+  const w = syntheticWeights(cfg, 15, { sharedClassifier: true });
+  const dtypes = (process.env.BENCH_DTYPES ?? "f32,f16").split(",") as DType[];
+  const rows: Record<string, unknown> = {};
+  // One thread first: attention and the elementwise parts run on the caller alone, so their
+  // share is clearest there; then all threads, as the engine runs.
+  for (const threads of [...new Set([1, THREADS])]) {
+    for (const dt of dtypes) {
+      const m = new Transformer(cfg, castWeights(cfg, w, dt), { threads });
+      await m.ready();
+      const p = prefillProfile(m, 512);
+      m.close();
+      rows[`${dt}, ${threads} threads`] = p;
+      const share = Object.entries(p.share)
+        .map(([k, v]) => `${k} ${(v * 100).toFixed(1)}% (${p.msPerPrefill[k]!.toFixed(1)} ms)`)
+        .join(", ");
+      console.log(`${dt}: prefill 512 on ${threads} threads: ${p.tokensPerSec.toFixed(0)} tok/s; profile: ${share}`);
+    }
+  }
+  const out = { bench: "model-prefill", cores: CORES, loadBefore, loadAfter: loadAverage(), rows };
+  console.log(`load average before ${loadBefore}, after ${out.loadAfter} (${CORES} cores)`);
+  mkdirSync(join(import.meta.dir, "results"), { recursive: true });
+  writeFileSync(join(import.meta.dir, "results", "model-prefill.json"), JSON.stringify(out, null, 2) + "\n");
+  process.exit(0);
 }
 
 // ---- micro baselines
-let micro: Record<string, number> | null = null;
-if (PARTS.has("micro")) {
-  const naive1 = matmulGflops(matmulRef, 1, 256, 768);
-  const placed = new Map<Matrix, MatmulKernel>();
-  const simd: Kernel = (y, x, w, wOff, rows, n, d) => {
-    let k = placed.get(w);
-    if (k === undefined) placed.set(w, (k = new MatmulKernel([w])));
-    k.matmul(y, x, w, wOff, rows, n, d);
-  };
-  const tiled1 = matmulGflops(simd, 1, 256, 768);
-  const tiled64 = matmulGflops(simd, 64, 256, 768);
-  console.log(
-    `plain JS matmul (1x256 by 768x256): ${naive1.toFixed(2)} GFLOP/s; SIMD kernel, one thread: rows=1 ${tiled1.toFixed(2)} (${(tiled1 / naive1).toFixed(2)}x), rows=64 ${tiled64.toFixed(2)} GFLOP/s (${(tiled64 / naive1).toFixed(2)}x)`,
-  );
-  micro = { plainJsMatmulGflops: naive1, simdMatmulGflopsRows1: tiled1, simdMatmulGflopsRows64: tiled64 };
-}
-
-const ts: ModelConfig = {
-  name: "tinystories-15m-shape",
-  dim: 288,
-  hiddenDim: 768,
-  nLayers: 6,
-  nHeads: 6,
-  nKvHeads: 6,
-  vocabSize: 32000,
-  maxSeqLen: 256,
-  ropeTheta: 10000,
-  normEps: 1e-5,
+const naive1 = matmulGflops(matmulRef, 1, 256, 768);
+const placed = new Map<Matrix, MatmulKernel>();
+const simd: Kernel = (y, x, w, wOff, rows, n, d) => {
+  let k = placed.get(w);
+  if (k === undefined) placed.set(w, (k = new MatmulKernel([w])));
+  k.matmul(y, x, w, wOff, rows, n, d);
 };
+const tiled1 = matmulGflops(simd, 1, 256, 768);
+const tiled64 = matmulGflops(simd, 64, 256, 768);
+console.log(
+  `plain JS matmul (1x256 by 768x256): ${naive1.toFixed(2)} GFLOP/s; SIMD kernel, one thread: rows=1 ${tiled1.toFixed(2)} (${(tiled1 / naive1).toFixed(2)}x), rows=64 ${tiled64.toFixed(2)} GFLOP/s (${(tiled64 / naive1).toFixed(2)}x)`,
+);
+
+const ts: ModelConfig = TS_SHAPE;
+
 const dir = mkdtempSync(join(tmpdir(), "tl-bench-model-"));
 const results: Record<string, unknown> = { bench: "model", cores: CORES, threads: THREADS, loadBefore: loadAverage() };
 try {
@@ -359,7 +362,6 @@ try {
   writeLlama2cCheckpoint(path, ts, syntheticWeights(ts, 15, { sharedClassifier: true }), true);
   const loaded = loadLlama2cCheckpoint(path);
   const cfg = { ...loaded.cfg, name: ts.name };
-  const long = { ...cfg, maxSeqLen: 512 };
   const models = new Map<DType, Transformer>();
   for (const dt of DTYPES) {
     const m = new Transformer(cfg, castWeights(cfg, loaded.weights, dt), { threads: THREADS });
@@ -367,160 +369,117 @@ try {
     models.set(dt, m);
   }
 
-  const f32m = models.get("f32")!;
-
   // ---- batch-1 decode against run.c, each dtype
-  if (PARTS.has("decode")) {
-    const refs = buildReferences(dir);
-    const steps = ts.maxSeqLen;
-    const c: Record<string, { tokensPerSec: number; tokens: number[] }> = {};
-    for (const ref of refs) {
-      let best = runReference(ref, path, steps);
-      const again = runReference(ref, path, steps);
-      if (again.tokensPerSec > best.tokensPerSec) best = again;
-      c[ref.name] = best;
-    }
-    const decode: Record<string, unknown> = {};
-    for (const [dt, m] of models) {
-      runOurs(m, 16);
-      let ours = runOurs(m, steps);
-      const again = runOurs(m, steps);
-      if (again.tokensPerSec > ours.tokensPerSec) ours = again;
-      const bytes = weightBytesPerToken(cfg, castWeights(cfg, loaded.weights, dt));
-      const vs: Record<string, number> = {};
-      for (const [name, r] of Object.entries(c)) vs[name] = ours.tokensPerSec / r.tokensPerSec;
-      const vsF32Tokens = dt === "f32" ? steps : prefixAgreement(ours.tokens, (decode.f32 as { tokens: number[] }).tokens);
-      const cAgree = refs.length > 0 ? prefixAgreement(ours.tokens, c[refs[0]!.name]!.tokens) : null;
-      decode[dt] = {
-        tokensPerSec: ours.tokensPerSec,
-        weightGBps: (bytes * ours.tokensPerSec) / 1e9,
-        weightMB: bytes / 1e6,
-        vsC: vs,
-        leadingTokensAgreeWithF32: vsF32Tokens,
-        leadingTokensAgreeWithC: cAgree,
-        tokens: ours.tokens,
-      };
-      console.log(
-        `decode batch 1, ${dt}, ${THREADS} threads: ${ours.tokensPerSec.toFixed(1)} tok/s, ${((bytes * ours.tokensPerSec) / 1e9).toFixed(2)} GB/s of ${(bytes / 1e6).toFixed(1)} MB weights; ` +
-          Object.entries(vs)
-            .map(([k, v]) => `${v.toFixed(2)}x ${k}`)
-            .join(", ") +
-          `; first ${vsF32Tokens} greedy tokens agree with f32` +
-          (cAgree === null ? "" : `, ${cAgree} with C`),
-      );
-    }
-    for (const [name, r] of Object.entries(c)) console.log(`C ${name}: ${r.tokensPerSec.toFixed(1)} tok/s`);
-    results.cReference = Object.fromEntries(refs.map((r) => [r.name, { command: r.command, env: r.env, tokensPerSec: c[r.name]!.tokensPerSec }]));
-    results.decodeBatch1 = decode;
+  const refs = buildReferences(dir);
+  const steps = ts.maxSeqLen;
+  const c: Record<string, { tokensPerSec: number; tokens: number[] }> = {};
+  for (const ref of refs) {
+    let best = runReference(ref, path, steps);
+    const again = runReference(ref, path, steps);
+    if (again.tokensPerSec > best.tokensPerSec) best = again;
+    c[ref.name] = best;
   }
+  const decode: Record<string, unknown> = {};
+  for (const [dt, m] of models) {
+    runOurs(m, 16);
+    let ours = runOurs(m, steps);
+    const again = runOurs(m, steps);
+    if (again.tokensPerSec > ours.tokensPerSec) ours = again;
+    const bytes = weightBytesPerToken(cfg, castWeights(cfg, loaded.weights, dt));
+    const vs: Record<string, number> = {};
+    for (const [name, r] of Object.entries(c)) vs[name] = ours.tokensPerSec / r.tokensPerSec;
+    const vsF32Tokens = dt === "f32" ? steps : prefixAgreement(ours.tokens, (decode.f32 as { tokens: number[] }).tokens);
+    const cAgree = refs.length > 0 ? prefixAgreement(ours.tokens, c[refs[0]!.name]!.tokens) : null;
+    decode[dt] = {
+      tokensPerSec: ours.tokensPerSec,
+      weightGBps: (bytes * ours.tokensPerSec) / 1e9,
+      weightMB: bytes / 1e6,
+      vsC: vs,
+      leadingTokensAgreeWithF32: vsF32Tokens,
+      leadingTokensAgreeWithC: cAgree,
+      tokens: ours.tokens,
+    };
+    console.log(
+      `decode batch 1, ${dt}, ${THREADS} threads: ${ours.tokensPerSec.toFixed(1)} tok/s, ${((bytes * ours.tokensPerSec) / 1e9).toFixed(2)} GB/s of ${(bytes / 1e6).toFixed(1)} MB weights; ` +
+        Object.entries(vs)
+          .map(([k, v]) => `${v.toFixed(2)}x ${k}`)
+          .join(", ") +
+        `; first ${vsF32Tokens} greedy tokens agree with f32` +
+        (cAgree === null ? "" : `, ${cAgree} with C`),
+    );
+  }
+  for (const [name, r] of Object.entries(c)) console.log(`C ${name}: ${r.tokensPerSec.toFixed(1)} tok/s`);
+  results.cReference = Object.fromEntries(refs.map((r) => [r.name, { command: r.command, env: r.env, tokensPerSec: c[r.name]!.tokensPerSec }]));
+  results.decodeBatch1 = decode;
 
   // ---- phases: prefill 512 (a 512-context copy of the shape), batch-8 decode, per dtype
+  const long = { ...cfg, maxSeqLen: 512 };
   const phases: Record<string, unknown> = {};
-  if (PARTS.has("phases")) {
-    for (const dt of DTYPES) {
-      const m = new Transformer(long, castWeights(long, loaded.weights, dt), { threads: THREADS });
-      await m.ready();
-      const p = benchPhases(m, 512);
-      m.close();
-      const b8 = p.decode.batch8!.tokensPerSec / p.decode.batch1!.tokensPerSec;
-      phases[dt] = { ...p, batch8OverBatch1: b8 };
-      console.log(
-        `${dt}: prefill 512: ${p.prefill.tokensPerSec.toFixed(0)} tok/s, ${p.prefill.gflops.toFixed(2)} GFLOP/s; ` +
-          `decode batch1 ${p.decode.batch1!.tokensPerSec.toFixed(1)} tok/s, batch8 ${p.decode.batch8!.tokensPerSec.toFixed(1)} tok/s (${b8.toFixed(2)}x batch 1, target >= 4x)`,
-      );
-    }
-    results.phases = phases;
-  }
-
-  // ---- the prefill's matmuls against numpy's on the same shapes
-  if (PARTS.has("numpy")) {
-    const np = numpyPrefillGflops(cfg, 512);
-    const ourPrefill = (phases.f32 as { prefill: Phase } | undefined)?.prefill.gflops ?? null;
-    const ourMatmuls = oursPrefillMatmulGflops(cfg, castWeights(cfg, loaded.weights, "f32"), 512);
-    results.numpy =
-      np === null
-        ? null
-        : {
-            prefillGflops: np,
-            oursF32PrefillMatmulGflops: ourMatmuls,
-            matmulRatio: ourMatmuls / np,
-            oursF32PrefillGflops: ourPrefill,
-            ratio: ourPrefill === null ? null : ourPrefill / np,
-          };
+  for (const dt of DTYPES) {
+    const m = new Transformer(long, castWeights(long, loaded.weights, dt), { threads: THREADS });
+    await m.ready();
+    const p = benchPhases(m, 512);
+    m.close();
+    const b8 = p.decode.batch8!.tokensPerSec / p.decode.batch1!.tokensPerSec;
+    phases[dt] = { ...p, batch8OverBatch1: b8 };
     console.log(
-      np === null
-        ? "numpy: does not import, prefill comparison skipped"
-        : `prefill 512, GFLOP/s: numpy's matmuls ${np.toFixed(2)}; ours f32, the same matmuls alone ${ourMatmuls.toFixed(2)}: ${(ourMatmuls / np).toFixed(3)}x (target >= 0.25x)` +
-            (ourPrefill === null
-              ? ""
-              : `; the whole prefill forward (attention and the rest included) ${ourPrefill.toFixed(2)}: ${(ourPrefill / np).toFixed(3)}x`),
+      `${dt}: prefill 512: ${p.prefill.tokensPerSec.toFixed(0)} tok/s, ${p.prefill.gflops.toFixed(2)} GFLOP/s; ` +
+        `decode batch1 ${p.decode.batch1!.tokensPerSec.toFixed(1)} tok/s, batch8 ${p.decode.batch8!.tokensPerSec.toFixed(1)} tok/s (${b8.toFixed(2)}x batch 1, target >= 4x)`,
     );
   }
+  results.phases = phases;
+  const np = numpyPrefillGflops(cfg, 512);
+  const ourPrefill = (phases.f32 as { prefill: Phase }).prefill.gflops;
+  // The matmuls alone, the shapes numpy runs: the whole forward also counts attention and the rest.
+  const ourMatmuls = oursPrefillMatmulGflops(cfg, castWeights(cfg, loaded.weights, "f32"), 512);
+  results.numpy =
+    np === null
+      ? null
+      : { prefillGflops: np, oursF32PrefillMatmulGflops: ourMatmuls, matmulRatio: ourMatmuls / np, oursF32PrefillGflops: ourPrefill, ratio: ourPrefill / np };
+  console.log(
+    np === null
+      ? "numpy: does not import, prefill comparison skipped"
+      : `prefill 512, GFLOP/s: numpy's matmuls ${np.toFixed(2)}; ours f32, the same matmuls alone ${ourMatmuls.toFixed(2)}: ${(ourMatmuls / np).toFixed(3)}x (target >= 0.25x); ` +
+          `the whole prefill forward (attention and the rest included) ${ourPrefill.toFixed(2)}: ${(ourPrefill / np).toFixed(3)}x`,
+  );
 
   // ---- greedy agreement of packed dtypes with f32 on the test prompts (64 steps)
-  if (PARTS.has("greedy")) {
-    const prompts = [[1], [1, 400, 3000, 12], [1, 31999, 7, 7, 7, 2048]];
-    const agreement: Record<string, unknown[]> = {};
-    const f32m = models.get("f32")!;
-    const refRuns = prompts.map((p) => runOurs(f32m, 64, p, true));
-    for (const dt of DTYPES.filter((d) => d !== "f32")) {
-      agreement[dt] = prompts.map((p, i) => {
-        const r = runOurs(models.get(dt)!, 64, p, true);
-        const k = prefixAgreement(r.tokens, refRuns[i]!.tokens);
-        const at = Math.min(k, 63);
-        let maxDiff = 0;
-        for (let j = 0; j < r.logits[at]!.length; j++) maxDiff = Math.max(maxDiff, Math.abs(r.logits[at]![j]! - refRuns[i]!.logits[at]![j]!));
-        return { prompt: p, leadingTokensAgree: k, maxLogitDiffAtStep: at, maxLogitDiff: maxDiff };
-      });
-      console.log(
-        `${dt} vs f32 greedy (64 steps): ` +
-          (agreement[dt] as { leadingTokensAgree: number; maxLogitDiff: number; maxLogitDiffAtStep: number }[])
-            .map((a) => `${a.leadingTokensAgree}/64 agree (max |logit diff| ${a.maxLogitDiff.toExponential(2)} at step ${a.maxLogitDiffAtStep})`)
-            .join("; "),
-      );
-    }
-    results.greedyVsF32 = agreement;
+  const prompts = [[1], [1, 400, 3000, 12], [1, 31999, 7, 7, 7, 2048]];
+  const agreement: Record<string, unknown[]> = {};
+  const f32m = models.get("f32")!;
+  const refRuns = prompts.map((p) => runOurs(f32m, 64, p, true));
+  for (const dt of DTYPES.filter((d) => d !== "f32")) {
+    agreement[dt] = prompts.map((p, i) => {
+      const r = runOurs(models.get(dt)!, 64, p, true);
+      const k = prefixAgreement(r.tokens, refRuns[i]!.tokens);
+      const at = Math.min(k, 63);
+      let maxDiff = 0;
+      for (let j = 0; j < r.logits[at]!.length; j++) maxDiff = Math.max(maxDiff, Math.abs(r.logits[at]![j]! - refRuns[i]!.logits[at]![j]!));
+      return { prompt: p, leadingTokensAgree: k, maxLogitDiffAtStep: at, maxLogitDiff: maxDiff };
+    });
+    console.log(
+      `${dt} vs f32 greedy (64 steps): ` +
+        (agreement[dt] as { leadingTokensAgree: number; maxLogitDiff: number; maxLogitDiffAtStep: number }[])
+          .map((a) => `${a.leadingTokensAgree}/64 agree (max |logit diff| ${a.maxLogitDiff.toExponential(2)} at step ${a.maxLogitDiffAtStep})`)
+          .join("; "),
+    );
   }
+  results.greedyVsF32 = agreement;
 
   // ---- the engine loop around the same f32 model, and the event loop's delay
-  if (PARTS.has("engine")) {
-    const alone = runOurs(f32m, 128, [1]).tokensPerSec;
-    const eng = await engineLoop(f32m, [1], 128, 1);
-    console.log(
-      `engine loop decode: ${eng.decodeTokensPerSec.toFixed(1)} tok/s vs transformer alone ${alone.toFixed(1)}: ${(eng.decodeTokensPerSec / alone).toFixed(2)}x (target >= 0.9x)`,
-    );
-    const longM = new Transformer(long, loaded.weights, { threads: THREADS });
-    await longM.ready();
-    const prefillLoop = await engineLoop(
-      longM,
-      Array.from({ length: 511 }, (_, i) => (i * 13 + 1) % ts.vocabSize),
-      1,
-      1,
-    );
-    const decode32 = await engineLoop(longM, [1, 2, 3, 4], 48, 32);
-    longM.close();
-    console.log(
-      `event loop delay p99: 512-token prefill ${prefillLoop.loopDelayP99Ms.toFixed(1)} ms, batch-32 decode ${decode32.loopDelayP99Ms.toFixed(1)} ms (target <= 10 ms; the forward runs on the main thread)`,
-    );
-    results.engine = {
-      decodeTokensPerSec: eng.decodeTokensPerSec,
-      transformerAloneTokensPerSec: alone,
-      ratio: eng.decodeTokensPerSec / alone,
-      loopDelayP99Ms: { prefill512: prefillLoop.loopDelayP99Ms, decodeBatch32: decode32.loopDelayP99Ms },
-    };
-  }
-
+  results.engine = await enginePart(dir, long, loaded.weights, (m: Transformer) => {
+    runOurs(m, 16);
+    return Math.max(runOurs(m, 128, [1]).tokensPerSec, runOurs(m, 128, [1]).tokensPerSec);
+  });
   for (const m of models.values()) m.close();
 } finally {
   rmSync(dir, { recursive: true, force: true });
 }
-if (micro !== null) results.micro = micro;
+results.micro = { plainJsMatmulGflops: naive1, simdMatmulGflopsRows1: tiled1, simdMatmulGflopsRows64: tiled64 };
 results.loadAfter = loadAverage();
 console.log(`load average before ${results.loadBefore}, after ${results.loadAfter} (${CORES} cores)`);
-if (FULL) {
-  mkdirSync(join(import.meta.dir, "results"), { recursive: true });
-  writeFileSync(join(import.meta.dir, "results", "model.json"), JSON.stringify(results, null, 2) + "\n");
-}
+mkdirSync(join(import.meta.dir, "results"), { recursive: true });
+writeFileSync(join(import.meta.dir, "results", "model.json"), JSON.stringify(results, null, 2) + "\n");
 
 function loadAverage(): string {
   return loadavg()

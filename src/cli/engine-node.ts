@@ -1,3 +1,4 @@
+import { log } from "../obs/index.ts";
 import { GrpcRegistry, Heartbeat, receivesKv, type EngineRole } from "../control/index.ts";
 import { serveGrpc, type GrpcServer } from "../rpc/index.ts";
 import { controlService, type ControlContext } from "../control/control-service.ts";
@@ -6,9 +7,10 @@ import { EngineControl } from "../gen/tl/engine/v1/engine_pb.ts";
 import type { TlsSource } from "../rpc/tls-config.ts";
 import { engineHttpHandler, serveHttp, type FrontDoorOptions, type HttpServer, type RequestEnd } from "../http/index.ts";
 import {
-  castWeights,
-  DTYPES,
+  holdWeights,
   kvShapeOf,
+  loadTokenizerFor,
+  ModelWorker,
   weightsBytes,
   loadModel as loadModelFiles,
   Transformer,
@@ -16,6 +18,7 @@ import {
   tokenizerFingerprint,
   type DType,
   type LoadModelOptions,
+  type ModelConfig,
   type ServableModel,
   type Tokenizer,
   type WeightStats,
@@ -45,6 +48,10 @@ export interface ServedModel {
   ready?: () => Promise<void>;
   /** Stops the model's helper threads. */
   close?: () => void;
+  /** The model runs on another thread over the KV slab: the pool must be made shared. */
+  sharedSlab?: boolean;
+  /** Calls `listener` if the model's thread dies (every forward fails from then on). */
+  onDeath?: (listener: (e: Error) => void) => void;
 }
 
 export interface EngineNodeOptions {
@@ -64,6 +71,7 @@ export interface EngineNodeOptions {
   tokenizerPath?: string;
   dtype?: ModelOptions["dtype"];
   threads?: number;
+  modelThread?: ModelOptions["modelThread"];
   /** What /v1/models lists and requests must name; default the model's folder or file name. */
   servedModelName?: string;
   /** A Jinja chat template file overriding the model's (--chat-template). */
@@ -117,13 +125,57 @@ export interface ModelOptions {
   dtype?: DType | "as-stored";
   /** Threads the matmuls split over (default 1). */
   threads?: number;
+  /** Where forwards run: a model thread of their own (default), or the engine's event loop. */
+  modelThread?: "worker" | "main";
 }
 
 /** Loads the model `--model` names (any supported format; none: the embedded one) and wraps it for the engine. */
 export async function loadModel(opts: LoadModelOptions & ModelOptions): Promise<ServedModel> {
+  if ((opts.modelThread ?? "worker") === "worker") return loadModelThread(opts);
   const m = servedModelOf(await loadModelFiles(opts), opts);
   await m.ready?.();
   return m;
+}
+
+/**
+ * The model on a thread of its own, which loads the weights itself: this thread holds only the
+ * tokenizer and config, and its event loop never waits behind a forward.
+ */
+async function loadModelThread(opts: LoadModelOptions & ModelOptions): Promise<ServedModel> {
+  const { modelPath, tokenizerPath, maxSeqLen, dtype, threads } = opts;
+  const started = ModelWorker.start({ modelPath, tokenizerPath, maxSeqLen, dtype, threads: threads ?? 1 });
+  // A bad path or tokenizer is told by the tokenizer's load, in the same words as in-thread.
+  const tok = await loadTokenizerFor(opts).catch((e: unknown) => {
+    void started.then(
+      (w) => w.close(),
+      () => {},
+    );
+    throw e;
+  });
+  const w = await started;
+  const cfg: ModelConfig = w.info.cfg;
+  if (tok.tokenizer.vocabSize > cfg.vocabSize) {
+    w.close();
+    throw new Error(`${w.info.name}: the tokenizer has ${tok.tokenizer.vocabSize} tokens, more than the model's vocab_size ${cfg.vocabSize}`);
+  }
+  const shape = kvShapeOf(cfg, 1);
+  return {
+    name: opts.servedModelName || w.info.name,
+    runner: w,
+    tokenizer: tok.tokenizer,
+    nLayers: shape.nLayers,
+    nKvHeads: shape.nKvHeads,
+    headDim: shape.headDim,
+    maxSeqLen: cfg.maxSeqLen,
+    eosIds: [...new Set([...tok.tokenizer.eosIds, ...w.info.eosIds])],
+    stats: w.info.stats,
+    chatTemplate: tok.chatTemplate,
+    dtype: w.info.dtype,
+    threads: w.info.threads,
+    close: () => w.close(),
+    sharedSlab: true,
+    onDeath: (listener) => w.onDeath(listener),
+  };
 }
 
 /** A loaded model behind a Transformer, as the engine runs it. */
@@ -131,7 +183,7 @@ export function servedModelOf(
   m: Pick<ServableModel, "name" | "cfg" | "weights" | "tokenizer" | "eosIds" | "stats" | "chatTemplate">,
   opts: ModelOptions = {},
 ): ServedModel {
-  const weights = castWeights(m.cfg, m.weights, inMemoryDType(opts.dtype ?? "as-stored", m.stats.dtype));
+  const weights = holdWeights(m.cfg, m.weights, m.stats.dtype, opts.dtype);
   const t = new Transformer(m.cfg, weights, { threads: opts.threads ?? 1 });
   const shape = kvShapeOf(t.cfg, 1);
   const runner: ModelRunner = { vocabSize: t.cfg.vocabSize, forward: (pool, batch, out) => t.forward(pool, batch, out) };
@@ -153,16 +205,6 @@ export function servedModelOf(
   };
 }
 
-/**
- * The dtype the weights are held in: the option's, or for "as-stored" the file's when it is one
- * the kernels read, else f32. Matrices the loader already kept packed in it pass through
- * untouched (castMatrix returns them as they are); any f32 ones are packed here.
- */
-function inMemoryDType(opt: DType | "as-stored", stored: string): DType | "as-stored" {
-  if (opt !== "as-stored") return opt;
-  return (DTYPES as readonly string[]).includes(stored) ? (stored as DType) : "as-stored";
-}
-
 let nodeCounter = 0;
 const CONTROL_MESSAGE_BYTES = 4 * 1024 * 1024;
 const STREAM_SETTLE_MS = 50;
@@ -180,7 +222,7 @@ export async function startEngineNode(opts: EngineNodeOptions): Promise<EngineNo
   // Told to the gateway (heartbeat) and peers (Info): a gateway refuses an engine that tokenizes differently.
   const fingerprint = tokenizerFingerprint(model.tokenizer);
   const shape: KvShape = { blockTokens: opts.blockTokens ?? 16, nLayers: model.nLayers, nKvHeads: model.nKvHeads, headDim: model.headDim };
-  const pool = new KvPool(shape, opts.numBlocks ?? 1024);
+  const pool = new KvPool(shape, opts.numBlocks ?? 1024, { shared: model.sharedSlab === true });
   const maxModelLen = Math.min(opts.maxModelLen ?? model.maxSeqLen, model.maxSeqLen);
   const engine = new Engine({
     model: model.runner,
@@ -283,6 +325,12 @@ export async function startEngineNode(opts: EngineNodeOptions): Promise<EngineNo
       );
       closers.push(() => heartbeat!.stop());
     }
+    // Every forward fails from now on: stop taking requests and tell the gateway at once.
+    model.onDeath?.((e) => {
+      log.error("model thread died", { worker_id: workerId, error: e.message });
+      void engine.drain(0);
+      heartbeat?.beatNow();
+    });
     let down: Promise<number> | null = null;
     return {
       workerId,
@@ -316,6 +364,7 @@ export async function startEngineNode(opts: EngineNodeOptions): Promise<EngineNo
     };
   } catch (e) {
     for (const close of closers.reverse()) await close().catch(() => {});
+    if (opts.model === undefined) model.close?.();
     throw e;
   }
 }

@@ -28,13 +28,16 @@ export async function generate(config: Config, rest: Map<string, string>, out: (
     maxSeqLen: Number(e.max_model_len),
     dtype: String(e.dtype) as ModelOptions["dtype"],
     threads: Number(e.threads),
+    modelThread: String(e.model_thread) as ModelOptions["modelThread"],
   });
   const B = Number(e.block_tokens);
   const tokens = model.tokenizer.encode(prompt);
   const maxModelLen = Math.min(model.maxSeqLen, Number(e.max_model_len));
   if (tokens.length + maxTokens > maxModelLen)
     throw new ConfigError(`prompt (${tokens.length} tokens) + --max-tokens ${maxTokens} exceeds the context of ${maxModelLen}`);
-  const pool = new KvPool({ blockTokens: B, nLayers: model.nLayers, nKvHeads: model.nKvHeads, headDim: model.headDim }, Math.ceil(maxModelLen / B) + 1);
+  const pool = new KvPool({ blockTokens: B, nLayers: model.nLayers, nKvHeads: model.nKvHeads, headDim: model.headDim }, Math.ceil(maxModelLen / B) + 1, {
+    shared: model.sharedSlab === true,
+  });
   const engine = new Engine({
     model: model.runner,
     pool,

@@ -47,6 +47,7 @@ export async function runEngine(config: Config): Promise<EngineNode> {
     chatTemplatePath: String(e.chat_template) || undefined,
     dtype: String(e.dtype) as ModelOptions["dtype"],
     threads: Number(e.threads),
+    modelThread: String(e.model_thread) as ModelOptions["modelThread"],
     blockTokens: Number(e.block_tokens),
     numBlocks: Number(e.num_blocks),
     maxModelLen: Number(e.max_model_len),
@@ -182,7 +183,7 @@ function frontDoorOf(s: Security) {
 
 function modelFields(node: EngineNode): Record<string, unknown> {
   const s = node.model.stats;
-  const held = { weights_dtype: node.model.dtype ?? null, threads: node.model.threads ?? null };
+  const held = { weights_dtype: node.model.dtype ?? null, threads: node.model.threads ?? null, model_thread: node.model.sharedSlab ? "worker" : "main" };
   return s ? { parameters: s.parameters, dtype: s.dtype, resident_bytes: s.residentBytes, ...held } : held;
 }
 

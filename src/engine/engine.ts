@@ -59,6 +59,11 @@ export interface EngineStats {
  * When blocks run out, the most recently admitted running sequence is preempted: its
  * blocks go back and it waits at the front to be recomputed (its rng is kept, and
  * recompute draws nothing, so its tokens stay the same).
+ *
+ * A model on another thread makes the forward asynchronous; the engine keeps serving meanwhile.
+ * Invariant: every block of a sequence in the in-flight batch stays referenced until the forward
+ * settles, so a cancel or finish meanwhile defers giving its blocks back (giveBack), and no
+ * block the model thread may still write is zeroed, imported into or handed to another request.
  */
 export class Engine {
   readonly pool: KvPool;
@@ -72,7 +77,11 @@ export class Engine {
   private readonly running: Sequence[] = [];
   private readonly byId = new Map<string, Sequence>();
   private scheduled = false;
-  private logits = new Float32Array(0);
+  /** A step is under way (its forward may be running on another thread). */
+  private stepping = false;
+  /** Blocks of sequences that ended while their forward was in flight, given back when it settles. */
+  private readonly deferred: number[] = [];
+  private logits: Float32Array = new Float32Array(0);
   /** Scratch for one sequence's processed logits (penalties, bias, min_tokens). */
   private processed = new Float32Array(0);
   private draining = false;
@@ -180,28 +189,47 @@ export class Engine {
   }
 
   private kick(): void {
-    if (this.scheduled) return;
+    if (this.scheduled || this.stepping) return;
     this.scheduled = true;
-    setImmediate(() => {
-      this.scheduled = false;
-      if (this.running.length === 0 && this.waiting.length === 0) return;
-      try {
-        this.step();
-      } catch (e) {
-        // A model failure must not strand requests or their blocks.
-        const msg = e instanceof Error ? e.message : String(e);
-        for (const seq of [...this.running, ...this.waiting]) this.finish(seq, "error", msg);
-      }
-      if (this.running.length > 0 || this.waiting.length > 0) this.kick();
-    });
+    setImmediate(() => void this.loopOnce());
+  }
+
+  private async loopOnce(): Promise<void> {
+    this.scheduled = false;
+    if (this.running.length === 0 && this.waiting.length === 0) return;
+    this.stepping = true;
+    try {
+      await this.step();
+    } catch (e) {
+      // A model failure must not strand requests or their blocks.
+      const msg = e instanceof Error ? e.message : String(e);
+      for (const seq of [...this.running, ...this.waiting]) this.finish(seq, "error", msg);
+    } finally {
+      this.stepping = false;
+    }
+    if (this.running.length > 0 || this.waiting.length > 0) this.kick();
   }
 
   /** One scheduling step and one forward; exposed for tests that drive the loop by hand. */
-  step(): void {
+  async step(): Promise<void> {
     const plan = this.plan();
     if (plan === null) return;
-    this.forward(plan);
+    const pending = this.forward(plan);
+    if (pending) await this.holdWhile(plan, pending);
     this.postprocess(plan);
+  }
+
+  /** Marks the batch in flight until `pending` settles, then gives back what ended meanwhile. */
+  private async holdWhile(plan: StepPlan, pending: Promise<void>): Promise<void> {
+    const planned = plan.planned;
+    for (let i = 0; i < planned.length; i++) planned[i]!.seq.inFlight = true;
+    try {
+      await pending;
+    } finally {
+      for (let i = 0; i < planned.length; i++) planned[i]!.seq.inFlight = false;
+      this.pool.releaseAll(this.deferred);
+      this.deferred.length = 0;
+    }
   }
 
   /**
@@ -259,12 +287,15 @@ export class Engine {
     return { planned, batch };
   }
 
-  /** The model runner's half: one forward over the plan's batch into the logits buffer. */
-  private forward(plan: StepPlan): void {
+  /** The model runner's half: one forward over the plan's batch into the logits buffer (a promise when it runs elsewhere). */
+  private forward(plan: StepPlan): void | Promise<void> {
+    const n = plan.planned.length;
     const V = this.model.vocabSize;
-    if (this.logits.length < plan.planned.length * V) this.logits = new Float32Array(plan.planned.length * V);
-    this.model.forward(this.pool, plan.batch, this.logits);
+    if (this.model.logitsBuffer) this.logits = this.model.logitsBuffer(n);
+    else if (this.logits.length < n * V) this.logits = new Float32Array(n * V);
+    const pending = this.model.forward(this.pool, plan.batch, this.logits);
     this.stats.steps++;
+    return pending;
   }
 
   /**
@@ -360,13 +391,13 @@ export class Engine {
     const B = this.pool.shape.blockTokens;
     const blockIds = seq.blockTable.slice(0, Math.ceil(seq.promptLen / B));
     const extra = seq.blockTable.slice(blockIds.length);
-    this.pool.releaseAll(extra);
+    this.giveBack(seq, extra);
     seq.blockTable = [];
     const hashes = seq.hashes.slice(0, Math.floor(seq.promptLen / B));
     this.remove(seq);
     const choices = [{ token: firstToken, logprobs: firstLogprobs, finished }, ...seq.moreChoices];
     const all = choices.every((c) => c.finished);
-    if (all) this.pool.releaseAll(blockIds);
+    if (all) this.giveBack(seq, blockIds);
     seq.onFinish({
       ...this.summary(seq, all ? "stop" : "prefilled"),
       prefill: { blockIds: all ? [] : blockIds, hashes, firstToken, draws: seq.draws, finished: all, firstLogprobs, choices },
@@ -403,9 +434,15 @@ export class Engine {
   }
 
   private releaseBlocks(seq: Sequence): void {
-    this.pool.releaseAll(seq.blockTable);
+    this.giveBack(seq, seq.blockTable);
     seq.blockTable = [];
     seq.numComputed = 0;
+  }
+
+  /** Returns seq's references on `ids` now, or, while seq's forward is in flight, once it settles. */
+  private giveBack(seq: Sequence, ids: readonly number[]): void {
+    if (!seq.inFlight) this.pool.releaseAll(ids);
+    else for (let i = 0; i < ids.length; i++) this.deferred.push(ids[i]!);
   }
 
   /**

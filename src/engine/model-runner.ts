@@ -8,8 +8,17 @@ export type { SeqChunk };
  * What the engine loop needs from a model: write each chunk's K/V into the pool through
  * the block table and return the logits of each chunk's last position. Implementations
  * must be batch-invariant: a sequence's logits may not depend on what else is in `batch`.
+ *
+ * forward is synchronous for a model on the engine's thread, and returns a promise for one on
+ * another thread (a model worker): until it settles the engine keeps every block of `batch`
+ * referenced, so none is zeroed, imported into or handed out while the model may touch it.
  */
 export interface ModelRunner {
   readonly vocabSize: number;
-  forward(pool: KvPool, batch: readonly SeqChunk[], out: Float32Array): void;
+  forward(pool: KvPool, batch: readonly SeqChunk[], out: Float32Array): void | Promise<void>;
+  /**
+   * The buffer forward should write `nSeq` sequences' logits into (a model thread's shared
+   * one, so nothing is copied); absent: the engine keeps its own.
+   */
+  logitsBuffer?(nSeq: number): Float32Array;
 }

@@ -72,6 +72,8 @@ export class Sequence {
   readonly tokens: number[];
   numComputed = 0;
   blockTable: number[] = [];
+  /** In the batch of a forward still running: its blocks may not be given back yet. */
+  inFlight = false;
   /** Hashes of the full blocks of `tokens` computed so far, chained from 0. */
   readonly hashes: bigint[] = [];
   outputCount = 0;

@@ -1,4 +1,5 @@
 import { headDimOf, kvDimOf, qDimOf } from "./config.ts";
+import { copyBytes } from "./mapped-file.ts";
 import type { ModelSpec } from "./model-spec.ts";
 import { dequantize, dtypeOf, type DType, type Matrix, matrixBytes, type PackedMatrix } from "./packed.ts";
 import { byteLengthOf, elementCount, type RawTensor, toFloat32 } from "./raw-tensor.ts";
@@ -201,7 +202,7 @@ function stackLayers(layers: Matrix[], cols: number): Matrix {
     const p = layers as PackedMatrix[];
     const rowBytes = p[0]!.bytes.length;
     const bytes = new Uint8Array(rowBytes * p.length);
-    p.forEach((m, l) => bytes.set(m.bytes, l * rowBytes));
+    p.forEach((m, l) => copyBytes(bytes, l * rowBytes, m.bytes));
     return { dtype: p[0]!.dtype, cols, length: per * p.length, bytes };
   }
   const out = new Float32Array(per * layers.length);

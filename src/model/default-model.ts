@@ -1,6 +1,7 @@
 import { existsSync, mkdirSync, readFileSync, renameSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { basename, dirname, join } from "node:path";
+import { threadId } from "node:worker_threads";
 import configPath from "../../models/tl-kjv-small/config.json" with { type: "file" };
 import generationConfigPath from "../../models/tl-kjv-small/generation_config.json" with { type: "file" };
 import weightsPath from "../../models/tl-kjv-small/model.safetensors" with { type: "file" };
@@ -36,8 +37,9 @@ export function defaultModelDir(): string {
   ).toString(16);
   const dir = join(tmpdir(), "tl-engine-models", `${DEFAULT_MODEL_NAME}-${key}`, DEFAULT_MODEL_NAME);
   if (existsSync(join(dir, "config.json"))) return dir;
-  // Written beside the final folder and renamed, so a concurrent start never sees half a folder.
-  const tmp = `${dir}.${process.pid}.tmp`;
+  // Written beside the final folder and renamed, so a concurrent start never sees half a folder;
+  // named by thread too, since an engine's model thread reads the model while its main thread does.
+  const tmp = `${dir}.${process.pid}.${threadId}.tmp`;
   mkdirSync(tmp, { recursive: true });
   for (const [name, p] of Object.entries(EMBEDDED)) writeFileSync(join(tmp, name), readFileSync(p));
   try {

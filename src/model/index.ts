@@ -60,4 +60,8 @@ export {
   loadTokenizerFor,
   modelPathOf,
   readModelFiles,
+  readModelFilesFor,
 } from "./load-model.ts";
+export { holdWeights } from "./held-weights.ts";
+export { ModelWorker } from "./model-worker.ts";
+export type { LoadedInfo, ModelThreadOptions } from "./model-worker-protocol.ts";

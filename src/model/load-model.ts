@@ -121,9 +121,14 @@ export function modelPathOf(modelPath: string | undefined): string {
   return modelPath;
 }
 
-export async function loadModel(opts: LoadModelOptions): Promise<ServableModel> {
+/** The files of the model `--model` names (tl-synthetic-4l's too), weights included; no tokenizer built. */
+export function readModelFilesFor(opts: LoadModelOptions): ModelFiles {
   const path = modelPathOf(opts.modelPath);
-  const files = path === SYNTHETIC_MODEL_NAME ? syntheticFiles() : readModelFiles(path, opts);
+  return path === SYNTHETIC_MODEL_NAME ? syntheticFiles() : readModelFiles(path, opts);
+}
+
+export async function loadModel(opts: LoadModelOptions): Promise<ServableModel> {
+  const files = readModelFilesFor(opts);
   const { tokenizer, chatTemplate } = await buildTokenizer(files.tokenizerSource);
   if (tokenizer.vocabSize > files.cfg.vocabSize) {
     throw new Error(`${files.name}: the tokenizer has ${tokenizer.vocabSize} tokens, more than the model's vocab_size ${files.cfg.vocabSize}`);

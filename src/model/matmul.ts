@@ -1,8 +1,9 @@
 import assert from "node:assert";
 import { KERNELS_WASM_BASE64 } from "./kernels/kernels-wasm.ts";
 import { controlBytes, J_D, J_FN, J_N, J_R0, J_ROWS, J_W, J_X, J_Y, JOB_INTS, KERNEL_INDEX, KernelThreads, runJobs } from "./kernel-threads.ts";
+import type { LayerKernelExports } from "./layer-kernels.ts";
 import { assertFinite16, dequantizeInto, dtypeOf, type DType, type Matrix } from "./packed.ts";
-import { packStrips, stripLayoutBytes } from "./strip-layout.ts";
+import { type MemoryViews, packStrips, readStripRow, stripLayoutBytes } from "./strip-layout.ts";
 
 /**
  * y[r*d + i] = dot(w[wOff + i*n .. + n), x[r*n .. + n))  for r < rows, i < d, every dot summed
@@ -60,6 +61,8 @@ export const MAX_JOBS = 4;
 export interface KernelOptions {
   /** Threads a large matmul's output rows are split over, the caller included (default 1). */
   threads?: number;
+  /** false: the plain-JS fallback even where SIMD runs (tests hold the two paths together). */
+  simd?: boolean;
 }
 
 /** A weight matrix to place, with the length of its rows. */
@@ -69,24 +72,11 @@ export interface Placement {
 }
 
 type KernelFn = (y: number, x: number, w: number, rows: number, n: number, d: number, r0: number, g0: number, g1: number, scratch: number) => void;
-export type KernelExports = Record<`matmul_${DType}`, KernelFn> & {
-  /** Claims and computes chunks of dispatch `gen` (kernels/assembly/dispatch.ts). */
-  run_chunks(ctrl: number, thread: number, gen: number): number;
-  attend(
-    out: number,
-    q: number,
-    kv: number,
-    att: number,
-    firstPos: number,
-    nr: number,
-    B: number,
-    blockBytes: number,
-    nKv: number,
-    kvMul: number,
-    hd: number,
-    qStride: number,
-  ): void;
-};
+export type KernelExports = Record<`matmul_${DType}`, KernelFn> &
+  LayerKernelExports & {
+    /** Claims and computes chunks of dispatch `gen` (kernels/assembly/dispatch.ts). */
+    run_chunks(ctrl: number, thread: number, gen: number): number;
+  };
 
 let compiled: WebAssembly.Module | null | undefined;
 
@@ -121,8 +111,10 @@ interface Placed {
 /**
  * Matmuls over one shared WebAssembly memory. The matrices given to the constructor are copied
  * into it once, in their own dtype and the kernels' strip layout (strip-layout.ts), and used from
- * there (a bare f32 matrix, whose row length is not known yet, on its first call); any other w
- * has the rows it needs packed in per call (tests, micro-benchmarks). Activations allocated with
+ * there through `views` (the kernel keeps no reference to the originals, so a caller that drops
+ * them holds each weight once; a bare f32 matrix, whose row length is not known yet, is placed
+ * at its first call and kept); any other w has the rows it needs packed in per call (tests,
+ * micro-benchmarks). Activations allocated with
  * `alloc` live in the memory too and go to the kernel in place; other x and y are copied in and
  * out per call. Without WebAssembly SIMD, or for weights past wasm32's reach, every call runs
  * matmulRef, which gives the same bits.
@@ -136,7 +128,16 @@ export class MatmulKernel {
   private readonly ex: KernelExports | null;
   private f32 = new Float32Array(0);
   private u8 = new Uint8Array(0);
+  /** The memory as f32, u16 and i8, for reading placed rows. */
+  private views16: MemoryViews = { f32: this.f32, u16: new Uint16Array(0), i8: new Int8Array(0) };
+  /** Placed matrices by their views (never the originals, so those can be collected). */
   private readonly placed = new Map<Matrix, Placed>();
+  /**
+   * The constructor's tensors, index for index: views on their copies in the memory, which hold
+   * the strip layout (so read their rows with `rowInto`, never their elements), or on the
+   * fallback the tensors themselves. Call matmul with these: the originals are not kept.
+   */
+  readonly views: readonly Matrix[];
   /** Bare f32 matrices to place at their first call, when their row length is known. */
   private readonly unplaced = new Set<Float32Array>();
   /** Every SharedArrayBuffer object the memory has shown (one per size): views on any are ours. */
@@ -157,29 +158,33 @@ export class MatmulKernel {
   private readonly inputs: (Float32Array | null)[] = new Array(MAX_JOBS).fill(null);
 
   constructor(tensors: readonly (Matrix | Placement)[] = [], opts: KernelOptions = {}) {
-    const mod = kernelModule();
+    const mod = opts.simd === false ? null : kernelModule();
+    const matrices = tensors.map((t) => ("matrix" in t ? t.matrix : t));
     const cols = new Map<Matrix, number>();
-    for (const t of tensors) {
-      const m = "matrix" in t ? t.matrix : t;
+    tensors.forEach((t, i) => {
+      const m = matrices[i]!;
       const c = "matrix" in t ? t.cols : m instanceof Float32Array ? 0 : m.cols;
       if (!cols.has(m) || cols.get(m) === 0) cols.set(m, c);
-    }
-    for (const m of cols.keys()) if (!(m instanceof Float32Array)) assertFinite16(m);
+    });
     let bytes = 0;
     for (const [m, c] of cols) bytes += c > 0 ? align16(stripLayoutBytes(dtypeOf(m), Math.ceil(m.length / c), c)) : 0;
     const mem = mod !== null && bytes <= MAX_PLACED_BYTES ? sharedMemory(Math.ceil((KERNEL_RESERVED_BYTES + bytes) / PAGE)) : null;
     if (mod === null || mem === null) {
+      for (const m of cols.keys()) if (!(m instanceof Float32Array)) assertFinite16(m);
       this.memory = null;
       this.ex = null;
+      this.views = matrices;
       return;
     }
     this.memory = mem;
     this.ex = new WebAssembly.Instance(mod, { env: { memory: mem } }).exports as unknown as KernelExports;
     this.refresh();
+    const viewOf = new Map<Matrix, Matrix>();
     for (const [m, c] of cols) {
-      if (c > 0) this.place(m, c);
+      if (c > 0) viewOf.set(m, this.place(m, c));
       else this.unplaced.add(m as Float32Array);
     }
+    this.views = matrices.map((m) => viewOf.get(m) ?? m);
     const threads = opts.threads ?? 1;
     if (!(Number.isInteger(threads) && threads >= 1)) throw new Error(`threads ${threads}: want a positive integer`);
     if (threads > 1) {
@@ -245,6 +250,17 @@ export class MatmulKernel {
     return this.buffers.has(a.buffer) ? a.byteOffset : -1;
   }
 
+  /**
+   * Elements from .. from + count of one row of m (a view, or any matrix) as f32 into out at
+   * outAt: from a placed matrix's strips, or where m is not placed straight from m.
+   */
+  rowInto(m: Matrix, from: number, count: number, out: Float32Array, outAt = 0): void {
+    const p = this.placed.get(m);
+    if (p !== undefined) readStripRow(dtypeOf(m), this.views16, p.at, p.cols, from, count, out, outAt);
+    else if (m instanceof Float32Array) for (let i = 0; i < count; i++) out[outAt + i] = m[from + i]!;
+    else dequantizeInto(m, from, count, out, outAt);
+  }
+
   /** y = x W^T now: rows x (rows, n) against d rows of w from element wOff. */
   matmul(y: Float32Array, x: Float32Array, w: Matrix, wOff: number, rows: number, n: number, d: number): void {
     this.queue(y, x, w, wOff, rows, n, d);
@@ -305,7 +321,8 @@ export class MatmulKernel {
       // Placing takes permanent space, which the queued jobs' copies may occupy.
       this.flush();
       this.unplaced.delete(w as Float32Array);
-      if (w.length % n === 0) this.place(w, n);
+      // Kept under the original too: a bare matrix's caller has no view to call with.
+      if (w.length % n === 0) this.placed.set(w, this.placed.get(this.place(w, n))!);
     }
     const p = this.placed.get(w);
     return p !== undefined && p.cols === n ? p : undefined;
@@ -352,15 +369,23 @@ export class MatmulKernel {
     this.tempTop = this.top;
   }
 
-  /** Copies m into the memory in the strip layout, rows of `cols`. */
-  private place(m: Matrix, cols: number): void {
+  /**
+   * Copies m into the memory in the strip layout, rows of `cols` (16-bit weights checked finite
+   * on the way), and returns its view: a matrix like m over the copy.
+   */
+  private place(m: Matrix, cols: number): Matrix {
     const dt = dtypeOf(m);
     if (m.length % cols !== 0) assert.fail(`matrix of ${m.length} elements is not whole rows of ${cols}`);
     if (dt === "q8_0" && cols % 32 !== 0) assert.fail(`q8_0 matrix rows of ${cols}: not whole blocks`);
     const rows = m.length / cols;
-    const at = this.grab(stripLayoutBytes(dt, rows, cols));
+    const bytes = stripLayoutBytes(dt, rows, cols);
+    const at = this.grab(bytes);
     packStrips(m, 0, rows, cols, this.u8, at);
-    this.placed.set(m, { at, cols });
+    const buf = this.memory!.buffer;
+    const v: Matrix =
+      m instanceof Float32Array ? new Float32Array(buf, at, m.length) : { dtype: m.dtype, cols, length: m.length, bytes: new Uint8Array(buf, at, bytes) };
+    this.placed.set(v, { at, cols });
+    return v;
   }
 
   /** Permanent space of `bytes` (16-byte aligned) at the top; the memory grows to hold it. */
@@ -392,6 +417,7 @@ export class MatmulKernel {
     this.buffers.add(buf);
     this.f32 = new Float32Array(buf);
     this.u8 = new Uint8Array(buf);
+    this.views16 = { f32: this.f32, u16: new Uint16Array(buf), i8: new Int8Array(buf) };
   }
 }
 

@@ -1,5 +1,6 @@
 import assert from "node:assert";
-import { type DType, type Matrix, Q8_0_BLOCK_BYTES, QK8_0, dtypeOf } from "./packed.ts";
+import { copyBytes } from "./mapped-file.ts";
+import { type DType, dtypeOf, f16Values, type Matrix, matrixBytes, Q8_0_BLOCK_BYTES, QK8_0 } from "./packed.ts";
 
 /**
  * The strip layout the matmul kernels read (kernels/assembly/matmul.ts states it): rows in strips
@@ -30,53 +31,75 @@ export function stripLayoutBytes(dt: DType, rows: number, n: number): number {
 
 /**
  * `rows` rows of n weights of m, from element `from` (whole q8_0 blocks), into `dst` (the kernel
- * memory's bytes) at `at` (16-byte aligned) in the strip layout; padding rows are written as zeros.
+ * memory's bytes) at `at` (16-byte aligned) in the strip layout; padding rows are written as
+ * zeros. The rows are read a strip at a time with copyBytes (a mapped file's pages are never
+ * touched), and 16-bit weights and q8_0 scales are checked finite on the way (the kernels widen
+ * f16 exactly for finite values only).
  */
 export function packStrips(m: Matrix, from: number, rows: number, n: number, dst: Uint8Array, at: number): void {
   const dt = dtypeOf(m);
   assert(at % 16 === 0, `strip layout at ${at}: not 16-byte aligned`);
   const total = stripLayoutBytes(dt, rows, n);
   dst.fill(0, at, at + total);
-  if (m instanceof Float32Array) packF32(m, from, rows, n, new Float32Array(dst.buffer, dst.byteOffset + at, total / 4));
-  else if (dt === "q8_0") packQ8(m.bytes, (from / QK8_0) * Q8_0_BLOCK_BYTES, rows, n, dst.subarray(at, at + total));
-  else packU16(u16View(m.bytes), from, rows, n, new Uint16Array(dst.buffer, dst.byteOffset + at, total / 2), dt === "bf16");
+  const src = m instanceof Float32Array ? new Uint8Array(m.buffer, m.byteOffset, m.byteLength) : m.bytes;
+  const rowBytes = matrixBytes(dt, n);
+  const first = matrixBytes(dt, from);
+  const stage = new ArrayBuffer(STRIP_ROWS * rowBytes);
+  const stageU8 = new Uint8Array(stage);
+  const sb = stripBytes(dt, n);
+  for (let r = 0; r < rows; r += STRIP_ROWS) {
+    const k = Math.min(STRIP_ROWS, rows - r);
+    copyBytes(stageU8, 0, src.subarray(first + r * rowBytes, first + (r + k) * rowBytes));
+    const o = at + (r / STRIP_ROWS) * sb;
+    if (dt === "f32") packF32(new Float32Array(stage), k, n, new Float32Array(dst.buffer, dst.byteOffset + o, sb / 4));
+    else if (dt === "q8_0") {
+      assertFiniteScales(stageU8, k, n, from / QK8_0 + (r * n) / QK8_0);
+      packQ8(stageU8, k, n, dst.subarray(o, o + sb));
+    } else {
+      const u16 = new Uint16Array(stage);
+      if (dt === "f16") assertFiniteF16(u16, k * n, from + r * n);
+      packU16(u16, k, n, new Uint16Array(dst.buffer, dst.byteOffset + o, sb / 2), dt === "bf16");
+    }
+  }
 }
 
-function u16View(b: Uint8Array): Uint16Array {
-  // A 16-bit matrix mapped from a file may sit at an odd offset: copy it once, aligned.
-  const a = b.byteOffset % 2 === 0 ? b : b.slice();
-  return new Uint16Array(a.buffer, a.byteOffset, a.byteLength >> 1);
+function assertFiniteF16(u16: Uint16Array, count: number, firstIndex: number): void {
+  for (let i = 0; i < count; i++) {
+    if ((u16[i]! & 0x7c00) === 0x7c00) throw new Error(`f16 weight ${firstIndex + i} is inf or NaN (0x${u16[i]!.toString(16)})`);
+  }
 }
 
-function packF32(src: Float32Array, from: number, rows: number, n: number, out: Float32Array): void {
+function assertFiniteScales(b: Uint8Array, rows: number, n: number, firstBlock: number): void {
+  for (let i = 0, blocks = (rows * n) / QK8_0; i < blocks; i++) {
+    const h = b[i * Q8_0_BLOCK_BYTES]! | (b[i * Q8_0_BLOCK_BYTES + 1]! << 8);
+    if ((h & 0x7c00) === 0x7c00) throw new Error(`q8_0 block ${firstBlock + i} has an inf or NaN scale (0x${h.toString(16)})`);
+  }
+}
+
+/** Up to STRIP_ROWS rows of src (rows of n, from its start) into one strip at out. */
+function packF32(src: Float32Array, rows: number, n: number, out: Float32Array): void {
   const main = mainLen("f32", n);
   const tail = n - main;
-  const strip = STRIP_ROWS * n;
-  for (let r = 0; r < rows; r++) {
-    const s = from + r * n;
-    const k = r % STRIP_ROWS;
-    const base = Math.floor(r / STRIP_ROWS) * strip;
-    for (let c = 0, o = base + k * 4; c < main; c += 4, o += 32) {
+  for (let k = 0; k < rows; k++) {
+    const s = k * n;
+    for (let c = 0, o = k * 4; c < main; c += 4, o += 32) {
       out[o] = src[s + c]!;
       out[o + 1] = src[s + c + 1]!;
       out[o + 2] = src[s + c + 2]!;
       out[o + 3] = src[s + c + 3]!;
     }
-    const t = base + STRIP_ROWS * main + k * tail;
+    const t = STRIP_ROWS * main + k * tail;
     for (let j = 0; j < tail; j++) out[t + j] = src[s + main + j]!;
   }
 }
 
 /** `interleave`: each group's weights in the order 0 4 1 5 2 6 3 7 (bf16), else in order (f16). */
-function packU16(src: Uint16Array, from: number, rows: number, n: number, out: Uint16Array, interleave: boolean): void {
+function packU16(src: Uint16Array, rows: number, n: number, out: Uint16Array, interleave: boolean): void {
   const main = mainLen("f16", n);
   const tail = n - main;
-  const strip = STRIP_ROWS * n;
-  for (let r = 0; r < rows; r++) {
-    const s = from + r * n;
-    const k = r % STRIP_ROWS;
-    const base = Math.floor(r / STRIP_ROWS) * strip;
-    for (let c = 0, o = base + k * 8; c < main; c += 8, o += 64) {
+  for (let k = 0; k < rows; k++) {
+    const s = k * n;
+    for (let c = 0, o = k * 8; c < main; c += 8, o += 64) {
       if (interleave) {
         for (let i = 0; i < 4; i++) {
           out[o + 2 * i] = src[s + c + i]!;
@@ -84,22 +107,19 @@ function packU16(src: Uint16Array, from: number, rows: number, n: number, out: U
         }
       } else for (let i = 0; i < 8; i++) out[o + i] = src[s + c + i]!;
     }
-    const t = base + STRIP_ROWS * main + k * tail;
+    const t = STRIP_ROWS * main + k * tail;
     for (let j = 0; j < tail; j++) out[t + j] = src[s + main + j]!;
   }
 }
 
-function packQ8(src: Uint8Array, from: number, rows: number, n: number, out: Uint8Array): void {
+function packQ8(src: Uint8Array, rows: number, n: number, out: Uint8Array): void {
   const blocks = n / QK8_0;
   const rowBytes = blocks * Q8_0_BLOCK_BYTES;
   const group = STRIP_ROWS * Q8_0_BLOCK_BYTES;
-  for (let r = 0; r < rows; r++) {
-    const s = from + r * rowBytes;
-    const k = r % STRIP_ROWS;
-    const base = Math.floor(r / STRIP_ROWS) * blocks * group;
+  for (let k = 0; k < rows; k++) {
     for (let c = 0; c < blocks; c++) {
-      const b = s + c * Q8_0_BLOCK_BYTES;
-      const g = base + c * group;
+      const b = k * rowBytes + c * Q8_0_BLOCK_BYTES;
+      const g = c * group;
       out[g + 2 * k] = src[b]!;
       out[g + 2 * k + 1] = src[b + 1]!;
       const q = g + 2 * STRIP_ROWS + QK8_0 * k;
@@ -107,3 +127,54 @@ function packQ8(src: Uint8Array, from: number, rows: number, n: number, out: Uin
     }
   }
 }
+
+/** Typed views of the kernel memory that readStripRow reads through. */
+export interface MemoryViews {
+  f32: Float32Array;
+  u16: Uint16Array;
+  i8: Int8Array;
+}
+
+/**
+ * Elements from .. from + count of one row (row floor(from / n)) of the matrix whose strips are
+ * at byte `at` of the memory, made f32 (exactly) into out at outAt: the embedding's lookup when
+ * the classifier shares it.
+ */
+export function readStripRow(dt: DType, mem: MemoryViews, at: number, n: number, from: number, count: number, out: Float32Array, outAt: number): void {
+  const r = Math.floor(from / n);
+  const j0 = from - r * n;
+  if (j0 + count > n) assert.fail(`strip row read ${from}+${count} crosses a row of ${n}`);
+  const base = at + Math.floor(r / STRIP_ROWS) * stripBytes(dt, n);
+  const k = r % STRIP_ROWS;
+  const main = mainLen(dt, n);
+  if (dt === "q8_0") {
+    const lut = f16Values();
+    for (let j = j0; j < j0 + count; j++) {
+      const g = base + (j >> 5) * STRIP_ROWS * Q8_0_BLOCK_BYTES;
+      out[outAt + j - j0] = Math.fround(lut[mem.u16[(g + 2 * k) >> 1]!]! * mem.i8[g + 2 * STRIP_ROWS + QK8_0 * k + (j & 31)]!);
+    }
+    return;
+  }
+  const es = dt === "f32" ? 4 : 2;
+  const gl = dt === "f32" ? 4 : 8;
+  const lut = dt === "f16" ? f16Values() : null;
+  for (let j = j0; j < j0 + count; j++) {
+    let p: number;
+    if (j < main) {
+      const i = j % gl;
+      const slot = dt === "bf16" ? (i < 4 ? 2 * i : 2 * (i - 4) + 1) : i;
+      p = base + Math.floor(j / gl) * 128 + k * 16 + slot * es;
+    } else p = base + STRIP_ROWS * main * es + k * (n - main) * es + (j - main) * es;
+    let v: number;
+    if (dt === "f32") v = mem.f32[p >> 2]!;
+    else if (lut !== null) v = lut[mem.u16[p >> 1]!]!;
+    else {
+      bf16Bits[0] = mem.u16[p >> 1]! << 16;
+      v = bf16Value[0]!;
+    }
+    out[outAt + j - j0] = v;
+  }
+}
+
+const bf16Value = new Float32Array(1);
+const bf16Bits = new Uint32Array(bf16Value.buffer);

@@ -1,9 +1,10 @@
 import assert from "node:assert";
 import type { KvPool } from "../pool/index.ts";
 import { headDimOf, kvDimOf, type ModelConfig, qDimOf, ropeFrequencies } from "./config.ts";
-import { type KernelOptions, MatmulKernel } from "./matmul.ts";
-import { dequantizeInto, type Matrix } from "./packed.ts";
-import { validateWeights, weightsDType, type Weights } from "./weights.ts";
+import { softmaxF32, swigluF32 } from "./f32-math.ts";
+import { type KernelExports, type KernelOptions, MatmulKernel } from "./matmul.ts";
+import type { Matrix } from "./packed.ts";
+import { MATRICES, matrixCols, validateWeights, weightsDType, type Weights } from "./weights.ts";
 
 /**
  * One sequence's share of a forward pass: `tokens` sit at positions
@@ -23,6 +24,25 @@ const F16_TABLE: Float32Array = (() => {
   for (let i = 0; i < 65536; i++) bits[i] = i;
   return new Float32Array(new Float16Array(bits.buffer));
 })();
+
+/** What `Transformer.profile` times, index for index. */
+export const FORWARD_PHASES = ["embed", "rmsnorm", "matmul", "bias", "rope", "kvWrite", "attention", "residual", "swiglu"] as const;
+const P_EMBED = 0;
+const P_NORM = 1;
+const P_MATMUL = 2;
+const P_BIAS = 3;
+const P_ROPE = 4;
+const P_KV = 5;
+const P_ATT = 6;
+const P_RESID = 7;
+const P_SWIGLU = 8;
+
+/** Adds the milliseconds since t to prof[phase]; returns now. */
+function lap(prof: Float64Array, phase: number, t: number): number {
+  const now = performance.now();
+  prof[phase]! += now - t;
+  return now;
+}
 
 /** Query rows of one sequence that share each decoded K/V vector in prefill attention. */
 const ATT_TILE = 16;
@@ -46,10 +66,16 @@ export class Transformer {
   private readonly ropeCos: Float64Array;
   private readonly ropeSin: Float64Array;
   private readonly att: Float32Array;
-  private readonly acc: Float64Array;
+  /** f32, so each `+=` rounds as the kernel's add. */
+  private readonly acc: Float32Array;
   private readonly kvec: Float32Array;
-  /** Holds its own copy of every weight matrix, in WebAssembly memory. */
+  /** Holds the one copy of every weight matrix, in WebAssembly memory (`w`'s matrices view it). */
   private readonly mm: MatmulKernel;
+  /**
+   * When set (FORWARD_PHASES.length long), forward adds each phase's milliseconds into it: the
+   * benchmark's profile. Null in service: then timing costs one branch per phase.
+   */
+  profile: Float64Array | null = null;
 
   // Per-row scratch, grown (never shrunk) to the largest row count seen.
   private cap = 0;
@@ -68,14 +94,21 @@ export class Transformer {
   private lastRow = new Int32Array(0);
 
   private kvScratch: Uint8Array | null = null;
+  private kvHalf: Uint8Array | null = null;
+  private kvHalf16: Uint16Array = new Uint16Array(0);
+  /** Floats per query in the attention kernel's score scratch (four queries at a time). */
+  private get attStride(): number {
+    return (this.cfg.maxSeqLen + 3) & ~3;
+  }
   private attScratch: Float32Array = new Float32Array(0);
+  /** One KV head's K then V made f32 for the attention kernel's tiles. */
+  private linScratch: Float32Array = new Float32Array(0);
   private bitsOf: KvPool | null = null;
   private bits: Uint16Array = new Uint16Array(0);
 
   constructor(cfg: ModelConfig, weights: Weights<Matrix>, opts: KernelOptions = {}) {
     validateWeights(cfg, weights);
     this.cfg = cfg;
-    this.w = weights;
     this.headDim = headDimOf(cfg);
     this.qDim = qDimOf(cfg);
     this.kvDim = kvDimOf(cfg);
@@ -93,21 +126,19 @@ export class Transformer {
       }
     }
     this.att = new Float32Array(ATT_TILE * this.kvMul * cfg.maxSeqLen);
-    this.acc = new Float64Array(ATT_TILE * this.kvMul * this.headDim);
+    this.acc = new Float32Array(ATT_TILE * this.kvMul * this.headDim);
     this.kvec = new Float32Array(this.headDim);
-    const { dim, hiddenDim } = cfg;
-    const w = weights;
-    const placements = [
-      { matrix: w.wq, cols: dim },
-      { matrix: w.wk, cols: dim },
-      { matrix: w.wv, cols: dim },
-      { matrix: w.wo, cols: this.qDim },
-      { matrix: w.w1, cols: dim },
-      { matrix: w.w2, cols: hiddenDim },
-      { matrix: w.w3, cols: dim },
-      { matrix: w.wcls, cols: dim },
-    ];
-    this.mm = new MatmulKernel(placements, opts);
+    // Every matrix, the embedding too, is read through its view on the kernel's copy: nothing
+    // here keeps the caller's matrices alive, so once the caller lets go each weight is held once.
+    this.mm = new MatmulKernel(
+      MATRICES.map((k) => ({ matrix: weights[k], cols: matrixCols(cfg, k) })),
+      opts,
+    );
+    const w: Weights<Matrix> = { ...weights };
+    MATRICES.forEach((k, i) => {
+      w[k] = this.mm.views[i]!;
+    });
+    this.w = w;
   }
 
   /** The weights' dtype in memory. */
@@ -181,6 +212,9 @@ export class Transformer {
     const { x, xb, xb2, q, k, v, hb, hb2, rowPos, rowSeq, lastRow } = this;
     const w = this.w;
     const mm = this.mm;
+    const prof = this.profile;
+    const ex = mm.exports;
+    let t = prof === null ? 0 : performance.now();
 
     // Embed.
     let r = 0;
@@ -189,58 +223,61 @@ export class Transformer {
       for (let t = 0; t < c.tokens.length; t++, r++) {
         rowPos[r] = c.startPos + t;
         rowSeq[r] = s;
-        embed(x, r * dim, w.tokenEmbedding, c.tokens[t]! * dim, dim);
+        // The embedding's copy is in the kernels' strip layout: its rows are read through mm.
+        mm.rowInto(w.tokenEmbedding, c.tokens[t]! * dim, dim, x, r * dim);
       }
       lastRow[s] = r - 1;
     }
+    if (prof) t = lap(prof, P_EMBED, t);
 
     const data = pool.data;
     const bits = this.bitsFor(pool);
     const blockElems = pool.blockElems;
     for (let l = 0; l < nLayers; l++) {
       rmsnorm(xb, x, w.rmsAtt, l * dim, rows, dim, cfg.normEps);
+      if (prof) t = lap(prof, P_NORM, t);
       // One dispatch for q, k and v, one for w1 and w3: each hands the helper threads their share once.
       mm.queue(q, xb, w.wq, l * qDim * dim, rows, dim, qDim);
       mm.queue(k, xb, w.wk, l * kvDim * dim, rows, dim, kvDim);
       mm.queue(v, xb, w.wv, l * kvDim * dim, rows, dim, kvDim);
       mm.flush();
+      if (prof) t = lap(prof, P_MATMUL, t);
       if (w.bq) {
         addBias(q, w.bq, l * qDim, rows, qDim);
         addBias(k, w.bk!, l * kvDim, rows, kvDim);
         addBias(v, w.bv!, l * kvDim, rows, kvDim);
+        if (prof) t = lap(prof, P_BIAS, t);
       }
       this.rope(rows);
+      if (prof) t = lap(prof, P_ROPE, t);
 
       // Store every row's K/V before any attention, so rows of this call see each other
       // exactly as later calls will: through the f16 slab.
-      for (let r = 0; r < rows; r++) {
-        const pos = rowPos[r]!;
-        const blk = batch[rowSeq[r]!]!.blockTable[(pos / B) | 0]!;
-        const slot = pos % B;
-        const ko = blk * blockElems + (2 * l * B + slot) * kvDim;
-        const vo = ko + B * kvDim;
-        const src = r * kvDim;
-        for (let i = 0; i < kvDim; i++) {
-          data[ko + i] = k[src + i]!;
-          data[vo + i] = v[src + i]!;
-        }
-      }
+      if (ex !== null) this.storeKvSimd(ex, bits, blockElems, B, l, batch, rows);
+      else storeKv(data, k, v, rowPos, rowSeq, batch, blockElems, B, l, kvDim, rows);
+      if (prof) t = lap(prof, P_KV, t);
 
-      if (this.mm.simd) this.attentionSimd(pool, l, batch, rows);
+      if (ex !== null) this.attentionSimd(pool, l, batch, rows);
       else this.attention(bits, blockElems, B, l, batch, rows);
+      if (prof) t = lap(prof, P_ATT, t);
       mm.matmul(xb2, xb, w.wo, l * dim * qDim, rows, qDim, dim);
-      for (let i = 0, n = rows * dim; i < n; i++) x[i]! += xb2[i]!;
+      if (prof) t = lap(prof, P_MATMUL, t);
+      this.addInto(x, xb2, rows * dim);
+      if (prof) t = lap(prof, P_RESID, t);
 
       rmsnorm(xb, x, w.rmsFfn, l * dim, rows, dim, cfg.normEps);
+      if (prof) t = lap(prof, P_NORM, t);
       mm.queue(hb, xb, w.w1, l * hid * dim, rows, dim, hid);
       mm.queue(hb2, xb, w.w3, l * hid * dim, rows, dim, hid);
       mm.flush();
-      for (let i = 0, n = rows * hid; i < n; i++) {
-        const a = hb[i]!;
-        hb[i] = (a / (1 + Math.exp(-a))) * hb2[i]!;
-      }
+      if (prof) t = lap(prof, P_MATMUL, t);
+      if (ex !== null) ex.swiglu(mm.addressOf(hb), mm.addressOf(hb2), rows * hid);
+      else swigluF32(hb, hb2, rows * hid);
+      if (prof) t = lap(prof, P_SWIGLU, t);
       mm.matmul(xb2, hb, w.w2, l * dim * hid, rows, hid, dim);
-      for (let i = 0, n = rows * dim; i < n; i++) x[i]! += xb2[i]!;
+      if (prof) t = lap(prof, P_MATMUL, t);
+      this.addInto(x, xb2, rows * dim);
+      if (prof) t = lap(prof, P_RESID, t);
     }
 
     // Only each chunk's last position needs logits.
@@ -250,7 +287,9 @@ export class Transformer {
       for (let i = 0; i < dim; i++) xb[s * dim + i] = x[src + i]!;
     }
     rmsnorm(lastX, xb, w.rmsFinal, 0, nSeq, dim, cfg.normEps);
+    if (prof) t = lap(prof, P_NORM, t);
     mm.matmul(out, lastX, w.wcls, 0, nSeq, dim, vocabSize);
+    if (prof) lap(prof, P_MATMUL, t);
 
     for (let r = 0; r < rows; r++) {
       const pos = rowPos[r]!;
@@ -266,7 +305,7 @@ export class Transformer {
       const { dim, hiddenDim } = this.cfg;
       // Matmul operands live in the kernel's memory, so no call copies them in or out.
       const mm = this.mm;
-      this.x = new Float32Array(cap * dim);
+      this.x = mm.alloc(cap * dim);
       // xb holds the normed input (dim) and then the attention output (qDim).
       this.xb = mm.alloc(cap * Math.max(dim, this.qDim));
       this.xb2 = mm.alloc(cap * dim);
@@ -275,6 +314,9 @@ export class Transformer {
       this.v = mm.alloc(cap * this.kvDim);
       this.hb = mm.alloc(cap * hiddenDim);
       this.hb2 = mm.alloc(cap * hiddenDim);
+      // The rows' K then V as f16, on their way to the slab (null on the fallback).
+      this.kvHalf = mm.allocBytes(cap * 2 * this.kvDim * 2);
+      if (this.kvHalf !== null) this.kvHalf16 = new Uint16Array(this.kvHalf.buffer, this.kvHalf.byteOffset, cap * 2 * this.kvDim);
       this.rowPos = new Int32Array(cap);
       this.rowSeq = new Int32Array(cap);
       this.cap = cap;
@@ -284,6 +326,36 @@ export class Transformer {
       this.lastX = this.mm.alloc(cap * this.cfg.dim);
       this.lastRow = new Int32Array(cap);
       this.seqCap = cap;
+    }
+  }
+
+  /** x += y over n floats (both in the kernel's memory on the SIMD path): the same bits either way. */
+  private addInto(x: Float32Array, y: Float32Array, n: number): void {
+    const ex = this.mm.exports;
+    if (ex !== null) ex.add_into(this.mm.addressOf(x), this.mm.addressOf(y), n);
+    else for (let i = 0; i < n; i++) x[i]! += y[i]!;
+  }
+
+  /**
+   * storeKv through the kernel: every row's K and V rounded to f16 in kernel memory (to_f16
+   * rounds as Float16Array does), then moved into the slab as bit patterns.
+   */
+  private storeKvSimd(ex: KernelExports, bits: Uint16Array, blockElems: number, B: number, l: number, batch: readonly SeqChunk[], rows: number): void {
+    const { kvDim, rowPos, rowSeq, kvHalf16: half } = this;
+    const mm = this.mm;
+    const at = mm.addressOf(this.kvHalf!);
+    const n = rows * kvDim;
+    ex.to_f16(at, mm.addressOf(this.k), n);
+    ex.to_f16(at + 2 * n, mm.addressOf(this.v), n);
+    for (let r = 0; r < rows; r++) {
+      const pos = rowPos[r]!;
+      const ko = batch[rowSeq[r]!]!.blockTable[(pos / B) | 0]! * blockElems + (2 * l * B + (pos % B)) * kvDim;
+      const vo = ko + B * kvDim;
+      const src = r * kvDim;
+      for (let i = 0; i < kvDim; i++) {
+        bits[ko + i] = half[src + i]!;
+        bits[vo + i] = half[n + src + i]!;
+      }
     }
   }
 
@@ -341,7 +413,8 @@ export class Transformer {
     const need = Math.ceil(this.cfg.maxSeqLen / B) * layerBytes;
     if (this.kvScratch === null || this.kvScratch.byteLength < need) {
       this.kvScratch = this.mm.allocBytes(need)!;
-      this.attScratch = this.mm.alloc(this.cfg.maxSeqLen);
+      this.attScratch = this.mm.alloc(4 * this.attStride);
+      this.linScratch = this.mm.alloc(2 * this.attStride * this.headDim);
     }
     const kvs = this.kvScratch;
     const kvAt = this.mm.addressOf(kvs);
@@ -366,6 +439,8 @@ export class Transformer {
         qAt + r * rowBytes,
         kvAt,
         attAt,
+        this.attStride,
+        this.mm.addressOf(this.linScratch),
         rowPos[r]!,
         rEnd - r,
         B,
@@ -380,23 +455,27 @@ export class Transformer {
   }
 
   /**
+   * The attention kernel's arithmetic in plain JS (kernels/assembly/attention.ts states the
+   * order; every operation rounded to f32), for engines without WebAssembly SIMD: the same bits.
    * Causal grouped-query attention of every row over positions 0..pos, K/V read from the slab;
    * result in xb. Each f16 K/V vector is decoded once and used by every query that needs it:
    * the kvMul heads sharing its KV head and, in prefill, up to ATT_TILE consecutive rows of the
-   * same sequence. Every score is still one sequential sum over the head dimension and every
-   * output one sequential sum over positions 0..pos, so tiling never changes a bit.
+   * same sequence. Tiling never changes a bit: each score and each output is its own sum.
    */
+  // Long by design: one loop nest, scores then softmax then values per tile, as the kernel's.
   private attention(bits: Uint16Array, blockElems: number, B: number, l: number, batch: readonly SeqChunk[], rows: number): void {
     const { q, xb, att, acc, kvec, rowPos, rowSeq } = this;
+    const f = Math.fround;
     const lut = F16_TABLE;
     // Row stride of q and of the attention output in xb.
     const dim = this.qDim;
     const maxSeq = this.cfg.maxSeqLen;
     const hd = this.headDim;
+    const hd4 = hd - (hd % 4);
     const kvDim = this.kvDim;
     const kvMul = this.kvMul;
     const nKv = this.cfg.nKvHeads;
-    const sqrtHd = Math.sqrt(hd);
+    const sqrtHd = f(Math.sqrt(hd));
     const kLayer = 2 * l * B;
     const vLayer = kLayer + B;
     for (let r = 0; r < rows; ) {
@@ -421,27 +500,24 @@ export class Transformer {
             for (let j = t > firstPos ? t - firstPos : 0; j < nr; j++) {
               for (let h = 0; h < kvMul; h++) {
                 const qo = qHead + j * dim + h * hd;
-                let s = 0;
-                for (let i = 0; i < hd; i++) s += q[qo + i]! * kvec[i]!;
+                let s0 = 0;
+                let s1 = 0;
+                let s2 = 0;
+                let s3 = 0;
+                for (let i = 0; i < hd4; i += 4) {
+                  s0 = f(s0 + f(q[qo + i]! * kvec[i]!));
+                  s1 = f(s1 + f(q[qo + i + 1]! * kvec[i + 1]!));
+                  s2 = f(s2 + f(q[qo + i + 2]! * kvec[i + 2]!));
+                  s3 = f(s3 + f(q[qo + i + 3]! * kvec[i + 3]!));
+                }
+                let s = f(f(s0 + s1) + f(s2 + s3));
+                for (let i = hd4; i < hd; i++) s = f(s + f(q[qo + i]! * kvec[i]!));
                 att[(j * kvMul + h) * maxSeq + t] = s / sqrtHd;
               }
             }
           }
         }
-        for (let j = 0; j < nr; j++) {
-          const len = firstPos + j + 1;
-          for (let h = 0; h < kvMul; h++) {
-            const a0 = (j * kvMul + h) * maxSeq;
-            let max = -Infinity;
-            for (let t = 0; t < len; t++) if (att[a0 + t]! > max) max = att[a0 + t]!;
-            let sum = 0;
-            for (let t = 0; t < len; t++) {
-              att[a0 + t] = Math.exp(att[a0 + t]! - max);
-              sum += att[a0 + t]!;
-            }
-            for (let t = 0; t < len; t++) att[a0 + t] = att[a0 + t]! / sum;
-          }
-        }
+        for (let j = 0; j < nr; j++) for (let h = 0; h < kvMul; h++) softmaxF32(att, (j * kvMul + h) * maxSeq, firstPos + j + 1);
         acc.fill(0, 0, nr * kvMul * hd);
         for (let t0 = 0, b = 0; t0 < n; t0 += B, b++) {
           const blockBase = table[b]! * blockElems + headOff;
@@ -454,7 +530,7 @@ export class Transformer {
               for (let h = 0; h < kvMul; h++) {
                 const a = att[(j * kvMul + h) * maxSeq + t]!;
                 const ao = (j * kvMul + h) * hd;
-                for (let i = 0; i < hd; i++) acc[ao + i]! += a * kvec[i]!;
+                for (let i = 0; i < hd; i++) acc[ao + i]! += f(a * kvec[i]!);
               }
             }
           }
@@ -470,10 +546,30 @@ export class Transformer {
   }
 }
 
-/** x[o .. o+dim) = row e/dim of the embedding, made f32 when packed. */
-function embed(x: Float32Array, o: number, emb: Matrix, e: number, dim: number): void {
-  if (emb instanceof Float32Array) for (let i = 0; i < dim; i++) x[o + i] = emb[e + i]!;
-  else dequantizeInto(emb, e, dim, x, o);
+/** Row r's K and V (f32, kvDim each) into its position's slot of layer l in the slab, as f16. */
+function storeKv(
+  data: Float16Array,
+  k: Float32Array,
+  v: Float32Array,
+  rowPos: Int32Array,
+  rowSeq: Int32Array,
+  batch: readonly SeqChunk[],
+  blockElems: number,
+  B: number,
+  l: number,
+  kvDim: number,
+  rows: number,
+): void {
+  for (let r = 0; r < rows; r++) {
+    const pos = rowPos[r]!;
+    const ko = batch[rowSeq[r]!]!.blockTable[(pos / B) | 0]! * blockElems + (2 * l * B + (pos % B)) * kvDim;
+    const vo = ko + B * kvDim;
+    const src = r * kvDim;
+    for (let i = 0; i < kvDim; i++) {
+      data[ko + i] = k[src + i]!;
+      data[vo + i] = v[src + i]!;
+    }
+  }
 }
 
 /** x[r] += b for each row of width n. */

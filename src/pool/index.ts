@@ -1,1 +1,1 @@
-export { KvPool } from "./kv-pool.ts";
+export { KvPool, type KvPoolOptions } from "./kv-pool.ts";

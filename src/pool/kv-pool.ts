@@ -5,6 +5,13 @@ import { blockPayloadBytes, copyPayload, type KvShape } from "../codec/kv-shape.
 
 const NONE = -1;
 
+export interface KvPoolOptions {
+  /** Put the slab on a SharedArrayBuffer, so another thread can see the same bytes. */
+  shared?: boolean;
+  /** Use this slab (another thread's pool's, as `slab` gives it) instead of a fresh zeroed one. */
+  slab?: SharedArrayBuffer;
+}
+
 /**
  * A fixed set of KV-cache blocks in one preallocated slab, with refcounts and a prefix
  * index from chained block hash to block.
@@ -29,6 +36,10 @@ const NONE = -1;
  * computed (or imported), the model writes only past a sequence's computed tokens, and
  * prefix hits are shared read-only. So the CRC-32C of its payload is cached on first
  * export (payloadCrc) until the block is handed out again.
+ *
+ * The slab may be a SharedArrayBuffer, so a model thread writes K/V into it in place; all the
+ * bookkeeping (refcounts, free stack, LRU, hashes, fills, CRCs) is this thread's alone, and a
+ * block is written by the model thread only while a forward that holds it is in flight.
  */
 export class KvPool {
   readonly shape: KvShape;
@@ -55,7 +66,7 @@ export class KvPool {
   private nCached = 0;
   private readonly slotElems: number;
 
-  constructor(shape: KvShape, numBlocks: number) {
+  constructor(shape: KvShape, numBlocks: number, opts: KvPoolOptions = {}) {
     if (!(Number.isInteger(numBlocks) && numBlocks >= 1)) assert.fail(`numBlocks must be ≥ 1, got ${numBlocks}`);
     for (const k of ["blockTokens", "nLayers", "nKvHeads", "headDim"] as const) {
       if (!(Number.isInteger(shape[k]) && shape[k] >= 1)) assert.fail(`${k} must be ≥ 1, got ${shape[k]}`);
@@ -65,7 +76,10 @@ export class KvPool {
     this.blockBytes = blockPayloadBytes(shape);
     this.blockElems = this.blockBytes / 2;
     this.slotElems = shape.nKvHeads * shape.headDim;
-    this.data = new Float16Array(numBlocks * this.blockElems);
+    const slabBytes = numBlocks * this.blockBytes;
+    const slab = opts.slab ?? (opts.shared ? new SharedArrayBuffer(slabBytes) : new ArrayBuffer(slabBytes));
+    if (slab.byteLength !== slabBytes) assert.fail(`slab of ${slab.byteLength} bytes, want ${slabBytes} for ${numBlocks} blocks`);
+    this.data = new Float16Array(slab);
     this.bytes = new Uint8Array(this.data.buffer);
     this.refs = new Int32Array(numBlocks);
     this.fills = new Int32Array(numBlocks);
@@ -78,6 +92,11 @@ export class KvPool {
     // Low ids on top, so a fresh pool hands out 0, 1, 2, ...
     for (let i = 0; i < numBlocks; i++) this.freeStack[i] = numBlocks - 1 - i;
     this.freeTop = numBlocks;
+  }
+
+  /** The buffer under `data` and `bytes`: hand it to a model thread when it is shared. */
+  get slab(): ArrayBufferLike {
+    return this.data.buffer;
   }
 
   get used(): number {

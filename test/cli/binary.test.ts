@@ -16,7 +16,11 @@ const bin = join(dir.path, "engine");
 
 beforeAll(async () => {
   const t0 = performance.now();
-  const build = Bun.spawn([process.execPath, "build", "--compile", "bin/engine.ts", "--outfile", bin], { cwd: REPO, stdout: "pipe", stderr: "pipe" });
+  // What `npm run build` runs (its entry points: the engine and its model thread), into our folder.
+  const script = (JSON.parse(readFileSync(join(REPO, "package.json"), "utf8")) as { scripts: Record<string, string> }).scripts.build!;
+  const args = script.split(/\s+/).slice(1);
+  args[args.indexOf("--outfile") + 1] = bin;
+  const build = Bun.spawn([process.execPath, ...args], { cwd: REPO, stdout: "pipe", stderr: "pipe" });
   const code = await build.exited;
   if (code !== 0) throw new Error(`bun build --compile failed (${code}):\n${await new Response(build.stderr).text()}`);
   if (process.env.TL_TEST_TIMINGS) console.log(`compiled bin/engine.ts in ${Math.round(performance.now() - t0)} ms`);
@@ -57,6 +61,8 @@ test("binary_starts_in_each_role", async () => {
         expect(health.roles).toEqual(role === "both" ? ["prefill", "decode"] : [role]);
         // The compiled binary carries the fastest CRC-32C binding, not the fallbacks.
         if (process.platform === "linux" && process.arch === "x64") expect(ready.crc32c).toBe("aws-crt");
+        // The binary carries the model thread's entry point, and engines run the model there.
+        expect(ready.model_thread).toBe("worker");
         // Only roles that receive KV serve KvTransfer.
         if (role === "prefill") expect(ready.kv).toBeNull();
         else expect(String(ready.kv)).toMatch(/^127\.0\.0\.1:[1-9]\d*$/);

@@ -235,7 +235,7 @@ test("deploy_dockerfile_runs_the_compiled_binary", () => {
   const [build, run] = [stages[0]!, stages.at(-1)!];
   // The build stage compiles what `npm run build` compiles.
   const script = (JSON.parse(readFileSync(join(REPO, "package.json"), "utf8")) as { scripts: Record<string, string> }).scripts.build!;
-  const [entry, outfile] = [/--compile (\S+)/.exec(script)![1]!, /--outfile (\S+)/.exec(script)![1]!];
+  const [entry, outfile] = [/--compile (.+?) --outfile/.exec(script)![1]!, /--outfile (\S+)/.exec(script)![1]!];
   const compile = build.find((l) => l.includes("bun build --compile"))!;
   expect(compile).toContain(` ${entry} --outfile ${outfile}`);
   const workdir = build.find((l) => l.startsWith("WORKDIR "))!.split(" ")[1]!;

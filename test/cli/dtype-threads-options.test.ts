@@ -28,5 +28,23 @@ describe("model options", () => {
     expect(f32.dtype).toBe("f32");
     expect(f32.threads).toBe(1);
     m.close?.();
+    f32.close?.();
+  });
+
+  test("model_thread_flag: the model on a thread of its own by default, on the event loop when asked", async () => {
+    expect(parseArgs([]).config.engine.model_thread).toBe("worker");
+    expect(parseArgs(["--model-thread", "main"]).config.engine.model_thread).toBe("main");
+    expect(() => parseArgs(["--model-thread", "gpu"])).toThrow(/want one of worker, main/);
+    expect(helpText()).toContain("--model-thread");
+    const [worker, main] = await Promise.all(
+      (["worker", "main"] as const).map((modelThread) => loadModel({ modelPath: SYNTHETIC_MODEL_NAME, dtype: "bf16", threads: 2, modelThread })),
+    );
+    // The same model either way: the worker loaded its own copy of the weights.
+    for (const k of ["name", "nLayers", "nKvHeads", "headDim", "maxSeqLen", "dtype", "threads", "stats", "eosIds"] as const)
+      expect(worker![k]).toEqual(main![k]);
+    expect([worker!.sharedSlab, main!.sharedSlab]).toEqual([true, undefined]);
+    expect(worker!.runner.logitsBuffer).toBeFunction();
+    worker!.close?.();
+    main!.close?.();
   });
 });

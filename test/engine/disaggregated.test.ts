@@ -107,11 +107,13 @@ describe("disaggregated_equals_colocated", () => {
 
 describe("disaggregated_equals_colocated_across_thread_counts", () => {
   // The real synthetic model, P on 2 threads, D on 3, the colocated engine on 1: every matmul
-  // of its 256-wide layers is split, and the tokens must not notice.
+  // of its 256-wide layers is split, and the tokens must not notice. P and D run the model on
+  // a thread of its own, the colocated engine on its event loop: nor must that.
   let T: Trio;
   beforeAll(async () => {
     const common = { blockTokens: B, numBlocks: 64 };
-    const [tp, td, tc] = await Promise.all([2, 3, 1].map((threads) => loadModel({ threads })));
+    const where = ["worker", "worker", "main"] as const;
+    const [tp, td, tc] = await Promise.all([2, 3, 1].map((threads, i) => loadModel({ threads, modelThread: where[i] })));
     const [p, d, c] = await Promise.all([
       startEngineNode({ role: "prefill", model: tp, ...common }),
       startEngineNode({ role: "decode", model: td, ...common }),
@@ -119,6 +121,7 @@ describe("disaggregated_equals_colocated_across_thread_counts", () => {
     ]);
     T = { P: p, D: d, C: c };
     expect([tp!.threads, td!.threads, tc!.threads]).toEqual([2, 3, 1]);
+    expect([tp!.sharedSlab, td!.sharedSlab, tc!.sharedSlab]).toEqual([true, true, undefined]);
   });
   afterAll(async () => {
     await Promise.all(Object.values(T ?? {}).map((n) => n.shutdown()));

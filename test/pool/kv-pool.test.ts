@@ -198,4 +198,16 @@ describe("KvPool", () => {
       { numRuns: 300 },
     );
   });
+
+  test("a shared slab: two pools over one SharedArrayBuffer see each other's bytes, bookkeeping apart", () => {
+    const a = new KvPool(shape, 3, { shared: true });
+    expect(a.slab).toBeInstanceOf(SharedArrayBuffer);
+    const b = new KvPool(shape, 3, { slab: a.slab as SharedArrayBuffer });
+    const [id] = a.allocate(1)!;
+    b.data[b.offset(id!, 1, 1, 0, 0)] = 1.5;
+    expect(a.data[a.offset(id!, 1, 1, 0, 0)]).toBe(1.5);
+    expect(b.used).toBe(0);
+    expect(() => new KvPool(shape, 4, { slab: a.slab as SharedArrayBuffer })).toThrow(/slab of \d+ bytes, want \d+ for 4 blocks/);
+    expect(new KvPool(shape, 1).slab).toBeInstanceOf(ArrayBuffer);
+  });
 });

@@ -8,31 +8,373 @@
 //
 // THE ORDER, fixed whatever rows are computed together: each score is a dot over the head
 // dimension in the matmul order (four lanes by i mod 4, folded (s0 + s1) + (s2 + s3), the tail in
-// order), divided by sqrt(hd); softmax subtracts the max, exponentiates (AssemblyScript's own
-// expf, the same bits on every engine), sums t = 0.. in order and divides; each output element
-// sums att[t] * v[t][i] over t = 0.. in order. All in f32.
+// order), divided by sqrt(hd); softmax subtracts the max, exponentiates (math.ts's exp4, the same
+// bits on every engine), sums in the matmul order over t and divides; each output element
+// sums att[t] * v[t][i] over t = 0.. in order, from +0. All in f32.
+//
+// Tiles only decide which queries share the loads: the queries of one KV head (a row's kvMul
+// heads, then the next row's) go four at a time over that head's K and V made f32 first (exact),
+// so each K or V chunk is loaded once for four of them and four sums are in flight. Fewer than
+// four queries (decode) read the f16 blocks directly. A query never sums a term past its own
+// position, so no tile changes a bit.
 
 import { f16ToF32, f16x4, top16x4 } from "./f16";
+import { exp1, exp4 } from "./math";
 
+/** Byte address of position t's vector at element `off` of the K section (add vOff for V). */
 @inline function kAt(kv: usize, t: i32, B: i32, blockBytes: usize, kvDim: i32, off: i32): usize {
   const b = t / B;
   return kv + <usize>b * blockBytes + ((<usize>(t - b * B) * <usize>kvDim + <usize>off) << 1);
 }
 
-@inline function score(qp: usize, kp: usize, hd: i32): f32 {
-  let acc = f32x4.splat(0);
-  const hd4 = hd & ~3;
-  for (let i = 0; i < hd4; i += 4) acc = f32x4.add(acc, f32x4.mul(v128.load(qp + (<usize>i << 2)), f16x4(top16x4(kp + (<usize>i << 1)))));
-  let s = (f32x4.extract_lane(acc, 0) + f32x4.extract_lane(acc, 1)) + (f32x4.extract_lane(acc, 2) + f32x4.extract_lane(acc, 3));
+@inline function fold(a: v128): f32 {
+  return (f32x4.extract_lane(a, 0) + f32x4.extract_lane(a, 1)) + (f32x4.extract_lane(a, 2) + f32x4.extract_lane(a, 3));
+}
+
+@inline function ld(p: usize, i: i32): v128 {
+  return v128.load(p + (<usize>i << 2));
+}
+
+@inline function kv4(p: usize, i: i32): v128 {
+  return f16x4(top16x4(p + (<usize>i << 1)));
+}
+
+/** The n % 4 tail of a score: q[i] * k[i] for hd4 <= i < hd, in order. */
+@inline function scoreTail(s: f32, qp: usize, kp: usize, hd4: i32, hd: i32): f32 {
   for (let i = hd4; i < hd; i++) s += load<f32>(qp + (<usize>i << 2)) * f16ToF32(<u32>load<u16>(kp + (<usize>i << 1)));
   return s;
 }
 
+/** One score: q . k over hd in the matmul order. */
+@inline function score1(qp: usize, kp: usize, hd4: i32, hd: i32): f32 {
+  let a = f32x4.splat(0);
+  for (let i = 0; i < hd4; i += 4) a = f32x4.add(a, f32x4.mul(ld(qp, i), kv4(kp, i)));
+  return scoreTail(fold(a), qp, kp, hd4, hd);
+}
+
+/** att[t] = q . k[t] / sqrt(hd) for t < len, one query, f16 K read from the blocks (decode). */
+function scores1(qp: usize, att: usize, len: i32, kv: usize, B: i32, blockBytes: usize, kvDim: i32, off: i32, hd: i32): void {
+  const hd4 = hd & ~3;
+  const sqrtHd = Mathf.sqrt(<f32>hd);
+  const slotBytes = <usize>kvDim << 1;
+  for (let t0 = 0, b = 0; t0 < len; t0 += B, b++) {
+    const base = kv + <usize>b * blockBytes + (<usize>off << 1);
+    const m = min(B, len - t0);
+    let s = 0;
+    // Four positions at a time: four sums in flight.
+    for (; s + 4 <= m; s += 4) {
+      const k0 = base + <usize>s * slotBytes;
+      const k1 = k0 + slotBytes;
+      const k2 = k1 + slotBytes;
+      const k3 = k2 + slotBytes;
+      let a0 = f32x4.splat(0);
+      let a1 = a0;
+      let a2 = a0;
+      let a3 = a0;
+      for (let i = 0; i < hd4; i += 4) {
+        const x = ld(qp, i);
+        a0 = f32x4.add(a0, f32x4.mul(x, kv4(k0, i)));
+        a1 = f32x4.add(a1, f32x4.mul(x, kv4(k1, i)));
+        a2 = f32x4.add(a2, f32x4.mul(x, kv4(k2, i)));
+        a3 = f32x4.add(a3, f32x4.mul(x, kv4(k3, i)));
+      }
+      const at = att + (<usize>(t0 + s) << 2);
+      store<f32>(at, scoreTail(fold(a0), qp, k0, hd4, hd) / sqrtHd);
+      store<f32>(at + 4, scoreTail(fold(a1), qp, k1, hd4, hd) / sqrtHd);
+      store<f32>(at + 8, scoreTail(fold(a2), qp, k2, hd4, hd) / sqrtHd);
+      store<f32>(at + 12, scoreTail(fold(a3), qp, k3, hd4, hd) / sqrtHd);
+    }
+    for (; s < m; s++) store<f32>(att + (<usize>(t0 + s) << 2), score1(qp, base + <usize>s * slotBytes, hd4, hd) / sqrtHd);
+  }
+}
+
+/**
+ * scores1 for four queries at once over t < len (each query's later positions are its own), K
+ * already f32 and contiguous: position t's vector at k + t * hd floats.
+ */
+function scores4(q0: usize, q1: usize, q2: usize, q3: usize, att: usize, attStep: usize, len: i32, k: usize, hd: i32): void {
+  const hd4 = hd & ~3;
+  const sqrtHd = Mathf.sqrt(<f32>hd);
+  const rowBytes = <usize>hd << 2;
+  let kp = k;
+  let t = 0;
+  // Two positions at a time (eight sums in flight, each q chunk loaded once for both), then one.
+  for (; t + 2 <= len; t += 2, kp += 2 * rowBytes) {
+    let a0 = f32x4.splat(0);
+    let a1 = a0;
+    let a2 = a0;
+    let a3 = a0;
+    let b0 = a0;
+    let b1 = a0;
+    let b2 = a0;
+    let b3 = a0;
+    const kq = kp + rowBytes;
+    for (let i = 0; i < hd4; i += 4) {
+      const ka = ld(kp, i);
+      const kb = ld(kq, i);
+      const x0 = ld(q0, i);
+      const x1 = ld(q1, i);
+      const x2 = ld(q2, i);
+      const x3 = ld(q3, i);
+      a0 = f32x4.add(a0, f32x4.mul(x0, ka));
+      b0 = f32x4.add(b0, f32x4.mul(x0, kb));
+      a1 = f32x4.add(a1, f32x4.mul(x1, ka));
+      b1 = f32x4.add(b1, f32x4.mul(x1, kb));
+      a2 = f32x4.add(a2, f32x4.mul(x2, ka));
+      b2 = f32x4.add(b2, f32x4.mul(x2, kb));
+      a3 = f32x4.add(a3, f32x4.mul(x3, ka));
+      b3 = f32x4.add(b3, f32x4.mul(x3, kb));
+    }
+    const at = att + (<usize>t << 2);
+    store<f32>(at, tailF32(fold(a0), q0, kp, hd4, hd) / sqrtHd);
+    store<f32>(at + attStep, tailF32(fold(a1), q1, kp, hd4, hd) / sqrtHd);
+    store<f32>(at + 2 * attStep, tailF32(fold(a2), q2, kp, hd4, hd) / sqrtHd);
+    store<f32>(at + 3 * attStep, tailF32(fold(a3), q3, kp, hd4, hd) / sqrtHd);
+    store<f32>(at + 4, tailF32(fold(b0), q0, kq, hd4, hd) / sqrtHd);
+    store<f32>(at + 4 + attStep, tailF32(fold(b1), q1, kq, hd4, hd) / sqrtHd);
+    store<f32>(at + 4 + 2 * attStep, tailF32(fold(b2), q2, kq, hd4, hd) / sqrtHd);
+    store<f32>(at + 4 + 3 * attStep, tailF32(fold(b3), q3, kq, hd4, hd) / sqrtHd);
+  }
+  for (; t < len; t++, kp += rowBytes) {
+    let a0 = f32x4.splat(0);
+    let a1 = a0;
+    let a2 = a0;
+    let a3 = a0;
+    for (let i = 0; i < hd4; i += 4) {
+      const kk = ld(kp, i);
+      a0 = f32x4.add(a0, f32x4.mul(ld(q0, i), kk));
+      a1 = f32x4.add(a1, f32x4.mul(ld(q1, i), kk));
+      a2 = f32x4.add(a2, f32x4.mul(ld(q2, i), kk));
+      a3 = f32x4.add(a3, f32x4.mul(ld(q3, i), kk));
+    }
+    const at = att + (<usize>t << 2);
+    store<f32>(at, tailF32(fold(a0), q0, kp, hd4, hd) / sqrtHd);
+    store<f32>(at + attStep, tailF32(fold(a1), q1, kp, hd4, hd) / sqrtHd);
+    store<f32>(at + 2 * attStep, tailF32(fold(a2), q2, kp, hd4, hd) / sqrtHd);
+    store<f32>(at + 3 * attStep, tailF32(fold(a3), q3, kp, hd4, hd) / sqrtHd);
+  }
+}
+
+/** scoreTail over an f32 k. */
+@inline function tailF32(s: f32, qp: usize, kp: usize, hd4: i32, hd: i32): f32 {
+  for (let i = hd4; i < hd; i++) s += load<f32>(qp + (<usize>i << 2)) * load<f32>(kp + (<usize>i << 2));
+  return s;
+}
+
+/**
+ * att[0 .. len) = softmax(att[0 .. len)): the max (lane-wise, which any order gives alike), then
+ * e^(s - max) with the sum in the matmul order (four lanes by t mod 4, folded (s0 + s1) +
+ * (s2 + s3), the tail in order), then each divided by the sum.
+ */
+function softmax(att: usize, len: i32): void {
+  const len4 = len & ~3;
+  let mx = f32x4.splat(-Infinity);
+  for (let t = 0; t < len4; t += 4) mx = f32x4.max(mx, ld(att, t));
+  let top = max(max(f32x4.extract_lane(mx, 0), f32x4.extract_lane(mx, 1)), max(f32x4.extract_lane(mx, 2), f32x4.extract_lane(mx, 3)));
+  for (let t = len4; t < len; t++) top = max(top, load<f32>(att + (<usize>t << 2)));
+  const m4 = f32x4.splat(top);
+  let acc = f32x4.splat(0);
+  for (let t = 0; t < len4; t += 4) {
+    const e = exp4(f32x4.sub(ld(att, t), m4));
+    v128.store(att + (<usize>t << 2), e);
+    acc = f32x4.add(acc, e);
+  }
+  let sum = fold(acc);
+  for (let t = len4; t < len; t++) {
+    const e = exp1(load<f32>(att + (<usize>t << 2)) - top);
+    store<f32>(att + (<usize>t << 2), e);
+    sum += e;
+  }
+  // Lane-wise division rounds each element as the scalar one does.
+  const s4 = f32x4.splat(sum);
+  for (let t = 0; t < len4; t += 4) v128.store(att + (<usize>t << 2), f32x4.div(ld(att, t), s4));
+  for (let t = len4; t < len; t++) store<f32>(att + (<usize>t << 2), load<f32>(att + (<usize>t << 2)) / sum);
+}
+
+/** The n % 4 tail of an output: element i of sum over t < len of att[t] * v[t], in order. */
+function outTail(att: usize, len: i32, vp: usize, B: i32, blockBytes: usize, kvDim: i32, off: i32, i: i32): f32 {
+  let s: f32 = 0;
+  for (let t = 0; t < len; t++) s += load<f32>(att + (<usize>t << 2)) * f16ToF32(<u32>load<u16>(kAt(vp, t, B, blockBytes, kvDim, off) + (<usize>i << 1)));
+  return s;
+}
+
+/** out = sum over t < len of att[t] * v[t], one query, f16 V read from the blocks (decode). */
+function values1(op: usize, att: usize, len: i32, vp: usize, B: i32, blockBytes: usize, kvDim: i32, off: i32, hd: i32): void {
+  const hd4 = hd & ~3;
+  const slotBytes = <usize>kvDim << 1;
+  let i = 0;
+  // Sixteen elements at a time (four sums in flight), then four.
+  for (; i + 16 <= hd4; i += 16) {
+    let o0 = f32x4.splat(0);
+    let o1 = o0;
+    let o2 = o0;
+    let o3 = o0;
+    for (let t0 = 0, b = 0; t0 < len; t0 += B, b++) {
+      let p = vp + <usize>b * blockBytes + (<usize>off << 1);
+      const m = min(B, len - t0);
+      for (let s = 0; s < m; s++, p += slotBytes) {
+        const a = v128.load32_splat(att + (<usize>(t0 + s) << 2));
+        o0 = f32x4.add(o0, f32x4.mul(a, kv4(p, i)));
+        o1 = f32x4.add(o1, f32x4.mul(a, kv4(p, i + 4)));
+        o2 = f32x4.add(o2, f32x4.mul(a, kv4(p, i + 8)));
+        o3 = f32x4.add(o3, f32x4.mul(a, kv4(p, i + 12)));
+      }
+    }
+    const o = op + (<usize>i << 2);
+    v128.store(o, o0);
+    v128.store(o, o1, 16);
+    v128.store(o, o2, 32);
+    v128.store(o, o3, 48);
+  }
+  for (; i < hd4; i += 4) {
+    let o = f32x4.splat(0);
+    for (let t = 0; t < len; t++) o = f32x4.add(o, f32x4.mul(v128.load32_splat(att + (<usize>t << 2)), kv4(kAt(vp, t, B, blockBytes, kvDim, off), i)));
+    v128.store(op + (<usize>i << 2), o);
+  }
+  for (let i = hd4; i < hd; i++) store<f32>(op + (<usize>i << 2), outTail(att, len, vp, B, blockBytes, kvDim, off, i));
+}
+
+/** Adds att[t] * v[t][i .. i+4) for t0 <= t < t1 to o, in order; v f32 as in scores4. */
+@inline function accumulate(o: v128, att: usize, t0: i32, t1: i32, v: usize, hd: i32, i: i32): v128 {
+  const rowBytes = <usize>hd << 2;
+  let vp = v + <usize>t0 * rowBytes + (<usize>i << 2);
+  for (let t = t0; t < t1; t++, vp += rowBytes) o = f32x4.add(o, f32x4.mul(v128.load32_splat(att + (<usize>t << 2)), v128.load(vp)));
+  return o;
+}
+
+/** Element i of sum over t < len of att[t] * v[t], in order; v f32 as in scores4. */
+@inline function outTailF32(att: usize, len: i32, v: usize, hd: i32, i: i32): f32 {
+  let s: f32 = 0;
+  for (let t = 0; t < len; t++) s += load<f32>(att + (<usize>t << 2)) * load<f32>(v + ((<usize>t * <usize>hd + <usize>i) << 2));
+  return s;
+}
+
+/**
+ * values1 for four queries whose lengths rise (len0 <= len1 <= len2 <= len3), v f32 as in scores4:
+ * every V chunk of a position all four attend to is loaded once for the four; each then adds its
+ * own last positions.
+ */
+function values4(
+  op0: usize,
+  op1: usize,
+  op2: usize,
+  op3: usize,
+  att: usize,
+  attStep: usize,
+  len0: i32,
+  len1: i32,
+  len2: i32,
+  len3: i32,
+  v: usize,
+  hd: i32,
+): void {
+  const hd4 = hd & ~3;
+  const att1 = att + attStep;
+  const att2 = att1 + attStep;
+  const att3 = att2 + attStep;
+  const rowBytes = <usize>hd << 2;
+  let i = 0;
+  // Eight elements at a time (eight sums in flight), then four.
+  for (; i + 8 <= hd4; i += 8) {
+    let o0 = f32x4.splat(0);
+    let o1 = o0;
+    let o2 = o0;
+    let o3 = o0;
+    let p0 = o0;
+    let p1 = o0;
+    let p2 = o0;
+    let p3 = o0;
+    let vp = v + (<usize>i << 2);
+    for (let t = 0; t < len0; t++, vp += rowBytes) {
+      const va = v128.load(vp);
+      const vb = v128.load(vp, 16);
+      const at = <usize>t << 2;
+      const a0 = v128.load32_splat(att + at);
+      const a1 = v128.load32_splat(att1 + at);
+      const a2 = v128.load32_splat(att2 + at);
+      const a3 = v128.load32_splat(att3 + at);
+      o0 = f32x4.add(o0, f32x4.mul(a0, va));
+      p0 = f32x4.add(p0, f32x4.mul(a0, vb));
+      o1 = f32x4.add(o1, f32x4.mul(a1, va));
+      p1 = f32x4.add(p1, f32x4.mul(a1, vb));
+      o2 = f32x4.add(o2, f32x4.mul(a2, va));
+      p2 = f32x4.add(p2, f32x4.mul(a2, vb));
+      o3 = f32x4.add(o3, f32x4.mul(a3, va));
+      p3 = f32x4.add(p3, f32x4.mul(a3, vb));
+    }
+    o1 = accumulate(o1, att1, len0, len1, v, hd, i);
+    o2 = accumulate(o2, att2, len0, len2, v, hd, i);
+    o3 = accumulate(o3, att3, len0, len3, v, hd, i);
+    p1 = accumulate(p1, att1, len0, len1, v, hd, i + 4);
+    p2 = accumulate(p2, att2, len0, len2, v, hd, i + 4);
+    p3 = accumulate(p3, att3, len0, len3, v, hd, i + 4);
+    const a = <usize>i << 2;
+    v128.store(op0 + a, o0);
+    v128.store(op1 + a, o1);
+    v128.store(op2 + a, o2);
+    v128.store(op3 + a, o3);
+    v128.store(op0 + a, p0, 16);
+    v128.store(op1 + a, p1, 16);
+    v128.store(op2 + a, p2, 16);
+    v128.store(op3 + a, p3, 16);
+  }
+  for (; i < hd4; i += 4) {
+    let o0 = f32x4.splat(0);
+    let o1 = o0;
+    let o2 = o0;
+    let o3 = o0;
+    let vp = v + (<usize>i << 2);
+    for (let t = 0; t < len0; t++, vp += rowBytes) {
+      const vv = v128.load(vp);
+      const at = <usize>t << 2;
+      o0 = f32x4.add(o0, f32x4.mul(v128.load32_splat(att + at), vv));
+      o1 = f32x4.add(o1, f32x4.mul(v128.load32_splat(att1 + at), vv));
+      o2 = f32x4.add(o2, f32x4.mul(v128.load32_splat(att2 + at), vv));
+      o3 = f32x4.add(o3, f32x4.mul(v128.load32_splat(att3 + at), vv));
+    }
+    o1 = accumulate(o1, att1, len0, len1, v, hd, i);
+    o2 = accumulate(o2, att2, len0, len2, v, hd, i);
+    o3 = accumulate(o3, att3, len0, len3, v, hd, i);
+    const a = <usize>i << 2;
+    v128.store(op0 + a, o0);
+    v128.store(op1 + a, o1);
+    v128.store(op2 + a, o2);
+    v128.store(op3 + a, o3);
+  }
+  for (let i = hd4; i < hd; i++) {
+    const a = <usize>i << 2;
+    store<f32>(op0 + a, outTailF32(att, len0, v, hd, i));
+    store<f32>(op1 + a, outTailF32(att1, len1, v, hd, i));
+    store<f32>(op2 + a, outTailF32(att2, len2, v, hd, i));
+    store<f32>(op3 + a, outTailF32(att3, len3, v, hd, i));
+  }
+}
+
+/** Positions t < n of KV head `off / hd`, f16 in the paged kv, as f32 at dst + t * hd floats (exact). */
+function linearize(dst: usize, kv: usize, n: i32, B: i32, blockBytes: usize, kvDim: i32, off: i32, hd: i32): void {
+  const hd4 = hd & ~3;
+  const rowBytes = <usize>hd << 2;
+  for (let t0 = 0, b = 0; t0 < n; t0 += B, b++) {
+    let src = kv + <usize>b * blockBytes + (<usize>off << 1);
+    const m = min(B, n - t0);
+    for (let s = 0; s < m; s++, src += <usize>kvDim << 1, dst += rowBytes) {
+      for (let i = 0; i < hd4; i += 4) v128.store(dst + (<usize>i << 2), kv4(src, i));
+      for (let i = hd4; i < hd; i++) store<f32>(dst + (<usize>i << 2), f16ToF32(<u32>load<u16>(src + (<usize>i << 1))));
+    }
+  }
+}
+
+/**
+ * Rows j < nr of one sequence (row j at position firstPos + j) attend over kv. att is scratch of
+ * 4 * attStride floats, attStride >= firstPos + nr; lin of 2 * attStride * hd floats.
+ */
 export function attend(
   out: usize,
   q: usize,
   kv: usize,
   att: usize,
+  attStride: i32,
+  lin: usize,
   firstPos: i32,
   nr: i32,
   B: i32,
@@ -43,45 +385,54 @@ export function attend(
   qStride: i32,
 ): void {
   const kvDim = nKv * hd;
-  const vOff = <usize>B * <usize>kvDim * 2;
-  const sqrtHd = Mathf.sqrt(<f32>hd);
-  const hd4 = hd & ~3;
-  for (let j = 0; j < nr; j++) {
-    const len = firstPos + j + 1;
-    for (let g = 0; g < nKv; g++) {
-      for (let h = 0; h < kvMul; h++) {
-        const o = (<usize>j * <usize>qStride + <usize>((g * kvMul + h) * hd)) << 2;
-        const qp = q + o;
-        let max = -Infinity as f32;
-        for (let t = 0; t < len; t++) {
-          const s = score(qp, kAt(kv, t, B, blockBytes, kvDim, g * hd), hd) / sqrtHd;
-          store<f32>(att + (<usize>t << 2), s);
-          if (s > max) max = s;
-        }
-        let sum: f32 = 0;
-        for (let t = 0; t < len; t++) {
-          const e = Mathf.exp(load<f32>(att + (<usize>t << 2)) - max);
-          store<f32>(att + (<usize>t << 2), e);
-          sum += e;
-        }
-        for (let t = 0; t < len; t++) store<f32>(att + (<usize>t << 2), load<f32>(att + (<usize>t << 2)) / sum);
-        // out = sum over t in order of att[t] * v[t], position by position over the row.
-        const op = out + o;
-        for (let i = 0; i < hd; i++) store<f32>(op + (<usize>i << 2), 0);
-        for (let t = 0; t < len; t++) {
-          const p = load<f32>(att + (<usize>t << 2));
-          const pv = f32x4.splat(p);
-          const vp = kAt(kv, t, B, blockBytes, kvDim, g * hd) + vOff;
-          for (let i = 0; i < hd4; i += 4) {
-            const a = op + (<usize>i << 2);
-            v128.store(a, f32x4.add(v128.load(a), f32x4.mul(pv, f16x4(top16x4(vp + (<usize>i << 1))))));
-          }
-          for (let i = hd4; i < hd; i++) {
-            const a = op + (<usize>i << 2);
-            store<f32>(a, load<f32>(a) + p * f16ToF32(<u32>load<u16>(vp + (<usize>i << 1))));
-          }
-        }
+  const vp = kv + <usize>B * <usize>kvDim * 2;
+  const attStep = <usize>attStride << 2;
+  const nq = nr * kvMul;
+  const n = firstPos + nr;
+  const kLin = lin;
+  const vLin = lin + <usize>attStride * <usize>hd * 4;
+  for (let g = 0; g < nKv; g++) {
+    const off = g * hd;
+    // Query c of this KV head: row c / kvMul, head g * kvMul + c % kvMul.
+    if (nq < 4) {
+      // Decode: too few queries to pay for making K and V f32 first.
+      for (let c = 0; c < nq; c++) {
+        const o = queryAt(c, kvMul, g, hd, qStride);
+        const len = firstPos + c / kvMul + 1;
+        scores1(q + o, att, len, kv, B, blockBytes, kvDim, off, hd);
+        softmax(att, len);
+        values1(out + o, att, len, vp, B, blockBytes, kvDim, off, hd);
       }
+      continue;
+    }
+    linearize(kLin, kv, n, B, blockBytes, kvDim, off, hd);
+    linearize(vLin, vp, n, B, blockBytes, kvDim, off, hd);
+    // Four at a time; a last short tile repeats its last query, which only writes its own
+    // result again.
+    for (let c = 0; c < nq; c += 4) {
+      const c1 = min(c + 1, nq - 1);
+      const c2 = min(c + 2, nq - 1);
+      const c3 = min(c + 3, nq - 1);
+      const o0 = queryAt(c, kvMul, g, hd, qStride);
+      const o1 = queryAt(c1, kvMul, g, hd, qStride);
+      const o2 = queryAt(c2, kvMul, g, hd, qStride);
+      const o3 = queryAt(c3, kvMul, g, hd, qStride);
+      const len0 = firstPos + c / kvMul + 1;
+      const len1 = firstPos + c1 / kvMul + 1;
+      const len2 = firstPos + c2 / kvMul + 1;
+      const len3 = firstPos + c3 / kvMul + 1;
+      scores4(q + o0, q + o1, q + o2, q + o3, att, attStep, len3, kLin, hd);
+      softmax(att, len0);
+      softmax(att + attStep, len1);
+      softmax(att + 2 * attStep, len2);
+      softmax(att + 3 * attStep, len3);
+      values4(out + o0, out + o1, out + o2, out + o3, att, attStep, len0, len1, len2, len3, vLin, hd);
     }
   }
+}
+
+/** Byte offset of query c of KV head g in q (and of its output in out). */
+@inline function queryAt(c: i32, kvMul: i32, g: i32, hd: i32, qStride: i32): usize {
+  const j = c / kvMul;
+  return (<usize>j * <usize>qStride + <usize>((g * kvMul + c - j * kvMul) * hd)) << 2;
 }

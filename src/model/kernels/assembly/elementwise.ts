@@ -1,0 +1,52 @@
+// The transformer's elementwise kernels in AssemblyScript: SwiGLU, the residual add and the
+// f32 -> f16 rounding of K/V for the cache (built with matmul.ts into one module).
+//
+// THE ORDER. Every result is a fixed sequence of f32 operations, each rounded (WebAssembly never
+// fuses), lane by lane, so src/model/f32-math.ts writes the same steps out in plain JS with
+// Math.fround and gets the same bits; tests hold the two together.
+
+import { exp4, f16Bits4 } from "./math";
+
+/** silu(a) * b = (a / (1 + e^-a)) * b lane by lane. */
+@inline function swiglu4(a: v128, b: v128): v128 {
+  const e = exp4(f32x4.neg(a));
+  return f32x4.mul(f32x4.div(a, f32x4.add(f32x4.splat(1), e)), b);
+}
+
+/** h[i] = silu(h[i]) * g[i] for i < n (f32 arrays at h and g). */
+export function swiglu(h: usize, g: usize, n: i32): void {
+  const n4 = n & ~3;
+  for (let i = 0; i < n4; i += 4) {
+    const a = h + (<usize>i << 2);
+    v128.store(a, swiglu4(v128.load(a), v128.load(g + (<usize>i << 2))));
+  }
+  for (let i = n4; i < n; i++) {
+    const a = h + (<usize>i << 2);
+    store<f32>(a, f32x4.extract_lane(swiglu4(f32x4.splat(load<f32>(a)), f32x4.splat(load<f32>(g + (<usize>i << 2)))), 0));
+  }
+}
+
+/** x[i] += y[i] for i < n: one f32 add each, as JS's x[i] += y[i] on Float32Arrays gives. */
+export function add_into(x: usize, y: usize, n: i32): void {
+  const n4 = n & ~3;
+  for (let i = 0; i < n4; i += 4) {
+    const a = x + (<usize>i << 2);
+    v128.store(a, f32x4.add(v128.load(a), v128.load(y + (<usize>i << 2))));
+  }
+  for (let i = n4; i < n; i++) {
+    const a = x + (<usize>i << 2);
+    store<f32>(a, load<f32>(a) + load<f32>(y + (<usize>i << 2)));
+  }
+}
+
+/** n f32 at src to f16 at dst (see f16Bits4). */
+export function to_f16(dst: usize, src: usize, n: i32): void {
+  const n4 = n & ~3;
+  for (let i = 0; i < n4; i += 4) {
+    const h = f16Bits4(v128.load(src + (<usize>i << 2)));
+    v128.store64_lane(dst + (<usize>i << 1), i16x8.narrow_i32x4_u(h, h), 0);
+  }
+  for (let i = n4; i < n; i++) {
+    store<u16>(dst + (<usize>i << 1), <u16>i32x4.extract_lane(f16Bits4(i32x4.splat(load<i32>(src + (<usize>i << 2)))), 0));
+  }
+}

@@ -1,0 +1,26 @@
+/**
+ * The exports of the kernel module besides the matmuls (kernels/assembly/attention.ts and
+ * elementwise.ts state their orders). Every argument that names memory is a byte offset into the
+ * kernel's memory.
+ */
+export interface LayerKernelExports {
+  attend(
+    out: number,
+    q: number,
+    kv: number,
+    att: number,
+    attStride: number,
+    lin: number,
+    firstPos: number,
+    nr: number,
+    B: number,
+    blockBytes: number,
+    nKv: number,
+    kvMul: number,
+    hd: number,
+    qStride: number,
+  ): void;
+  swiglu(h: number, g: number, n: number): void;
+  add_into(x: number, y: number, n: number): void;
+  to_f16(dst: number, src: number, n: number): void;
+}

@@ -1,0 +1,76 @@
+// The model thread's program (a Worker entry: `npm run build` names it beside bin/engine.ts). It
+// loads the weights itself, so the engine's thread never holds them, then runs every forward the
+// engine hands it over shared memory (model-worker-protocol.ts states the handshake).
+import { KvPool } from "../pool/index.ts";
+import { holdWeights } from "./held-weights.ts";
+import { readModelFilesFor } from "./load-model.ts";
+import { CTRL_INTS, DONE, FAILED, type FromModelThread, GEN, readPlan, type ToModelThread, VER, writeError } from "./model-worker-protocol.ts";
+import { type SeqChunk, Transformer } from "./transformer.ts";
+import { weightsBytes } from "./weights.ts";
+
+declare const self: { onmessage: ((e: MessageEvent<ToModelThread>) => void) | null; postMessage(m: FromModelThread): void };
+
+let model: Transformer | null = null;
+let ctrl: Int32Array = new Int32Array(CTRL_INTS);
+let pool: KvPool | null = null;
+let plan: Int32Array = new Int32Array(0);
+let logits: Float32Array = new Float32Array(0);
+let version = 0;
+let buffersArrived: (() => void) | null = null;
+const chunks: SeqChunk[] = [];
+
+self.onmessage = (e) => {
+  const m = e.data;
+  if (m.type === "load") void load(m);
+  else if (m.type === "buffers") {
+    if (m.pool) pool = new KvPool(m.pool.shape, m.pool.numBlocks, { slab: m.pool.slab });
+    if (m.plan) plan = new Int32Array(m.plan);
+    if (m.logits) logits = new Float32Array(m.logits);
+    version = m.version;
+    buffersArrived?.();
+  } else {
+    model?.close();
+    process.exit(0);
+  }
+};
+
+async function load(m: Extract<ToModelThread, { type: "load" }>): Promise<void> {
+  try {
+    const o = m.opts;
+    const files = readModelFilesFor({ modelPath: o.modelPath, tokenizerPath: o.tokenizerPath, maxSeqLen: o.maxSeqLen, dtype: o.dtype });
+    const weights = holdWeights(files.cfg, files.weights, files.stats.dtype, o.dtype);
+    const t = new Transformer(files.cfg, weights, { threads: o.threads ?? 1 });
+    await t.ready();
+    model = t;
+    ctrl = new Int32Array(m.ctrl, 0, CTRL_INTS);
+    const stats = { ...files.stats, residentBytes: weightsBytes(weights) };
+    self.postMessage({ type: "loaded", info: { name: files.name, cfg: t.cfg, eosIds: files.eosIds, stats, dtype: t.dtype, threads: t.threads } });
+  } catch (e) {
+    self.postMessage({ type: "load-failed", message: e instanceof Error ? e.message : String(e) });
+    return;
+  }
+  await serve(model);
+}
+
+/** Runs each forward the engine posts, forever; a forward that throws fails that step alone. */
+async function serve(t: Transformer): Promise<void> {
+  // From 0, not the current GEN: the engine may post its first forward before this loop starts.
+  let seen = 0;
+  for (;;) {
+    const w = Atomics.waitAsync(ctrl, GEN, seen);
+    if (w.async) await w.value;
+    const gen = Atomics.load(ctrl, GEN);
+    if (gen === seen) continue;
+    seen = gen;
+    while (version < Atomics.load(ctrl, VER)) await new Promise<void>((resolve) => (buffersArrived = resolve));
+    try {
+      if (pool === null) throw new Error("model thread: forward before the engine shared its KV pool");
+      t.forward(pool, readPlan(plan, chunks), logits);
+    } catch (e) {
+      writeError(ctrl, e instanceof Error ? e.message : String(e));
+      Atomics.store(ctrl, FAILED, gen);
+    }
+    Atomics.store(ctrl, DONE, gen);
+    Atomics.notify(ctrl, DONE);
+  }
+}

@@ -1,0 +1,126 @@
+// The model on its own thread: the same logits and the same K/V bits as the Transformer in this
+// thread, over a KV slab both threads share; failures fail the forward, never hang it.
+import { afterAll, describe, expect, test } from "bun:test";
+import { kvShapeOf, loadSyntheticModel, ModelWorker, SYNTHETIC_MODEL_NAME, Transformer } from "../../src/model/index.ts";
+import { KvPool } from "../../src/pool/index.ts";
+
+const m = loadSyntheticModel();
+const local = new Transformer(m.cfg, m.weights);
+const workers: ModelWorker[] = [];
+afterAll(() => {
+  for (const w of workers) w.close();
+  local.close();
+});
+
+async function start(threads = 1): Promise<ModelWorker> {
+  const w = await ModelWorker.start({ modelPath: SYNTHETIC_MODEL_NAME, threads, maxSeqLen: 256 });
+  workers.push(w);
+  return w;
+}
+
+const prompt = Array.from({ length: 37 }, (_, i) => 32 + ((i * 7) % 90));
+
+describe("ModelWorker", () => {
+  test("prefill then decode give the in-thread Transformer's logits and K/V bits", async () => {
+    const w = await start(2);
+    expect(w.info.threads).toBe(2);
+    expect(w.info.cfg.vocabSize).toBe(m.cfg.vocabSize);
+    const shape = kvShapeOf(m.cfg, 8);
+    const mine = new KvPool(shape, 16);
+    const theirs = new KvPool(shape, 16, { shared: true });
+    const V = m.cfg.vocabSize;
+    const want = new Float32Array(2 * V);
+    // Two sequences, the second one's table out of order, then one decode step each.
+    const tables = [
+      [0, 1, 2, 3, 4],
+      [9, 7, 8, 5, 6],
+    ];
+    const steps = [
+      tables.map((t, i) => ({ blockTable: t, startPos: 0, tokens: prompt.slice(0, 30 + i) })),
+      tables.map((t, i) => ({ blockTable: t, startPos: 30 + i, tokens: [prompt[30 + i]!] })),
+    ];
+    for (const batch of steps) {
+      local.forward(mine, batch, want);
+      const got = w.logitsBuffer(batch.length);
+      await w.forward(theirs, batch, got);
+      expect(got.subarray(0, 2 * V)).toEqual(want);
+    }
+    expect(Buffer.from(theirs.bytes).equals(Buffer.from(mine.bytes))).toBe(true);
+    // A caller's own logits buffer is filled too.
+    const own = new Float32Array(V);
+    const next = [{ blockTable: tables[0]!, startPos: 31, tokens: [5] }];
+    await w.forward(theirs, next, own);
+    local.forward(mine, next, want);
+    expect(own).toEqual(want.subarray(0, V));
+    // A bigger batch than any before grows the plan and logits buffers between two forwards.
+    const wider = [10, 11, 12].map((id, i) => ({ blockTable: [id], startPos: 0, tokens: prompt.slice(i, i + 8) }));
+    const more = new Float32Array(3 * V);
+    local.forward(mine, wider, more);
+    const got = w.logitsBuffer(3);
+    await w.forward(theirs, wider, got);
+    expect(got.subarray(0, 3 * V)).toEqual(more);
+  });
+
+  test("the caller's event loop keeps turning while a forward runs", async () => {
+    const w = await start();
+    const pool = new KvPool(kvShapeOf(m.cfg, 8), 40, { shared: true });
+    const long = Array.from({ length: 250 }, (_, i) => 32 + (i % 90));
+    const table = Array.from({ length: 32 }, (_, i) => i);
+    let settled = false;
+    let turns = 0;
+    const tick = () => {
+      if (settled) return;
+      turns++;
+      setImmediate(tick);
+    };
+    const f = w.forward(pool, [{ blockTable: table, startPos: 0, tokens: long }], w.logitsBuffer(1)).then(() => {
+      settled = true;
+    });
+    setImmediate(tick);
+    await f;
+    // A forward that blocked this thread (the model on it, or an Atomics.wait) would settle first.
+    expect(turns).toBeGreaterThan(0);
+  });
+
+  test("a forward the model refuses fails alone; the thread keeps serving", async () => {
+    const w = await start();
+    const pool = new KvPool(kvShapeOf(m.cfg, 8), 4, { shared: true });
+    const out = w.logitsBuffer(1);
+    await expect(w.forward(pool, [{ blockTable: [0], startPos: 0, tokens: [9999] }], out)).rejects.toThrow(/token 9999 outside vocab 258/);
+    await w.forward(pool, [{ blockTable: [0], startPos: 0, tokens: [65] }], out);
+    expect(Number.isFinite(out[0]!)).toBe(true);
+  });
+
+  test("a private slab is refused with what to do", async () => {
+    const w = await start();
+    expect(() => w.forward(new KvPool(kvShapeOf(m.cfg, 8), 4), [{ blockTable: [0], startPos: 0, tokens: [65] }], w.logitsBuffer(1))).toThrow(
+      /slab must be shared/,
+    );
+  });
+
+  test("a closed or dead thread fails the forward in flight and every later one", async () => {
+    const w = await start();
+    const pool = new KvPool(kvShapeOf(m.cfg, 8), 40, { shared: true });
+    const long = Array.from({ length: 250 }, (_, i) => 32 + (i % 90));
+    const table = Array.from({ length: 32 }, (_, i) => i);
+    const inFlight = w.forward(pool, [{ blockTable: table, startPos: 0, tokens: long }], w.logitsBuffer(1));
+    w.close();
+    await expect(inFlight).rejects.toThrow(/model worker died: closed/);
+    await expect(w.forward(pool, [{ blockTable: [0], startPos: 0, tokens: [65] }], w.logitsBuffer(1))).rejects.toThrow(/model worker died/);
+  });
+
+  test("a thread that dies mid-forward fails it at once", async () => {
+    const w = await start();
+    const pool = new KvPool(kvShapeOf(m.cfg, 8), 40, { shared: true });
+    const long = Array.from({ length: 250 }, (_, i) => 32 + (i % 90));
+    const table = Array.from({ length: 32 }, (_, i) => i);
+    const inFlight = w.forward(pool, [{ blockTable: table, startPos: 0, tokens: long }], w.logitsBuffer(1));
+    // As a crash would: the thread goes away without a word.
+    (w as unknown as { worker: Worker }).worker.terminate();
+    await expect(inFlight).rejects.toThrow(/model worker died: thread exited/);
+  });
+
+  test("a model that does not load fails start with the loader's message", async () => {
+    await expect(ModelWorker.start({ modelPath: "/nonexistent/model.gguf" })).rejects.toThrow(/nonexistent/);
+  });
+});
