@@ -132,6 +132,8 @@ export class MatmulKernel {
   private views16: MemoryViews = { f32: this.f32, u16: new Uint16Array(0), i8: new Int8Array(0) };
   /** Placed matrices by their views (never the originals, so those can be collected). */
   private readonly placed = new Map<Matrix, Placed>();
+  /** The same by the originals, weakly: a caller that kept one may call with it too. */
+  private readonly byOriginal = new WeakMap<Matrix, Placed>();
   /**
    * The constructor's tensors, index for index: views on their copies in the memory, which hold
    * the strip layout (so read their rows with `rowInto`, never their elements), or on the
@@ -181,8 +183,11 @@ export class MatmulKernel {
     this.refresh();
     const viewOf = new Map<Matrix, Matrix>();
     for (const [m, c] of cols) {
-      if (c > 0) viewOf.set(m, this.place(m, c));
-      else this.unplaced.add(m as Float32Array);
+      if (c > 0) {
+        const v = this.place(m, c);
+        viewOf.set(m, v);
+        this.byOriginal.set(m, this.placed.get(v)!);
+      } else this.unplaced.add(m as Float32Array);
     }
     this.views = matrices.map((m) => viewOf.get(m) ?? m);
     const threads = opts.threads ?? 1;
@@ -221,7 +226,7 @@ export class MatmulKernel {
 
   /** Byte offset of a placed matrix's strips (for threads that share the memory), or -1. */
   offsetOf(w: Matrix): number {
-    return this.placed.get(w)?.at ?? -1;
+    return (this.placed.get(w) ?? this.byOriginal.get(w))?.at ?? -1;
   }
 
   /** A zeroed f32 array living in the memory (a plain array on the fallback); never freed. */
@@ -255,7 +260,7 @@ export class MatmulKernel {
    * outAt: from a placed matrix's strips, or where m is not placed straight from m.
    */
   rowInto(m: Matrix, from: number, count: number, out: Float32Array, outAt = 0): void {
-    const p = this.placed.get(m);
+    const p = this.placed.get(m) ?? this.byOriginal.get(m);
     if (p !== undefined) readStripRow(dtypeOf(m), this.views16, p.at, p.cols, from, count, out, outAt);
     else if (m instanceof Float32Array) for (let i = 0; i < count; i++) out[outAt + i] = m[from + i]!;
     else dequantizeInto(m, from, count, out, outAt);
@@ -324,7 +329,7 @@ export class MatmulKernel {
       // Kept under the original too: a bare matrix's caller has no view to call with.
       if (w.length % n === 0) this.placed.set(w, this.placed.get(this.place(w, n))!);
     }
-    const p = this.placed.get(w);
+    const p = this.placed.get(w) ?? this.byOriginal.get(w);
     return p !== undefined && p.cols === n ? p : undefined;
   }
 
