@@ -82,6 +82,39 @@ describe("strip kernels", () => {
   });
 });
 
+describe("placed matrices", () => {
+  test("row_into_reads_every_row_of_the_strips_exactly", () => {
+    // The embedding's lookup when the classifier shares it: every row, whole and in part.
+    for (const dt of ["f32", "f16", "bf16", "q8_0"] as const) {
+      for (const n of dt === "q8_0" ? [32, 64] : [4, 13, 40]) {
+        const w = weights(dt, 19, n, 5);
+        const want = w instanceof Float32Array ? w : dequantize(w);
+        const k = kernel([{ matrix: w, cols: n }]);
+        const view = k.views[0]!;
+        expect(k.offsetOf(view)).toBeGreaterThan(0);
+        expect(k.offsetOf(w)).toBe(k.offsetOf(view));
+        const out = new Float32Array(n + 2);
+        for (let r = 0; r < 19; r++) {
+          k.rowInto(view, r * n, n, out, 1);
+          expect(bits(out.subarray(1, n + 1))).toEqual(bits(want.subarray(r * n, (r + 1) * n)));
+        }
+        k.rowInto(view, 7 * n + 1, n - 3, out, 0);
+        expect(bits(out.subarray(0, n - 3))).toEqual(bits(want.subarray(7 * n + 1, 8 * n - 2)));
+      }
+    }
+  });
+
+  test("placing_refuses_inf_or_nan_16_bit_weights_and_q8_0_scales", () => {
+    const u = new Uint16Array(16 * 8).fill(0x3c00);
+    u[8 * 5 + 3] = 0x7e00;
+    const f16: PackedMatrix = { dtype: "f16", cols: 8, length: u.length, bytes: new Uint8Array(u.buffer) };
+    expect(() => kernel([{ matrix: f16, cols: 8 }])).toThrow(/f16 weight 43 is inf or NaN \(0x7e00\)/);
+    const q = castMatrix(new Float32Array(32 * 10).fill(1), "q8_0", 32) as PackedMatrix;
+    new DataView(q.bytes.buffer).setUint16(34 * 9, 0x7c00, true);
+    expect(() => kernel([{ matrix: q, cols: 32 }])).toThrow(/q8_0 block 9 has an inf or NaN scale/);
+  });
+});
+
 describe("dispatch", () => {
   // Big enough to be split: every dtype's kernel, batch 1 and batched, three jobs in one dispatch.
   const n = 96;
