@@ -466,12 +466,13 @@ try {
   }
   results.greedyVsF32 = agreement;
 
-  // ---- the engine loop around the same f32 model, and the event loop's delay
+  // ---- the engine loop around the same f32 model, and the event loop's delay. The models above
+  // close first: their idle helper threads must not share the two cores with the engine's.
+  for (const m of models.values()) m.close();
   results.engine = await enginePart(dir, long, loaded.weights, (m: Transformer) => {
     runOurs(m, 16);
     return Math.max(runOurs(m, 128, [1]).tokensPerSec, runOurs(m, 128, [1]).tokensPerSec);
   });
-  for (const m of models.values()) m.close();
 } finally {
   rmSync(dir, { recursive: true, force: true });
 }
