@@ -11,19 +11,9 @@ import { type DType, type ModelConfig, Transformer, castWeights, kvShapeOf, synt
 import { MatmulKernel } from "../src/model/matmul.ts";
 import type { Matrix } from "../src/model/packed.ts";
 import { KvPool } from "../src/pool/index.ts";
+import { TS_SHAPE } from "./ts-shape.ts";
 
-const cfg: ModelConfig = {
-  name: "tinystories-15m-shape",
-  dim: 288,
-  hiddenDim: 768,
-  nLayers: 6,
-  nHeads: 6,
-  nKvHeads: 6,
-  vocabSize: 32000,
-  maxSeqLen: 256,
-  ropeTheta: 10000,
-  normEps: 1e-5,
-};
+const cfg: ModelConfig = TS_SHAPE;
 const DTYPES = (process.env.DTYPES ?? "f32,f16,bf16,q8_0").split(",") as DType[];
 const THREADS = (process.env.THREADS ?? `1,${availableParallelism()}`).split(",").map(Number);
 const BATCH = Number(process.env.BATCH ?? 1);

@@ -36,23 +36,12 @@ import { MatmulKernel, matmulRef } from "../src/model/matmul.ts";
 import { matrixBytes, dtypeOf } from "../src/model/packed.ts";
 import { FORWARD_PHASES } from "../src/model/transformer.ts";
 import { MATRICES } from "../src/model/weights.ts";
+import { TS_SHAPE } from "./ts-shape.ts";
 
 const BLOCK = 16;
 const CORES = availableParallelism();
 const THREADS = Number(process.env.BENCH_THREADS ?? CORES);
 const DTYPES: DType[] = ["f32", "f16", "bf16", "q8_0"];
-const TS_SHAPE: ModelConfig = {
-  name: "tinystories-15m-shape",
-  dim: 288,
-  hiddenDim: 768,
-  nLayers: 6,
-  nHeads: 6,
-  nKvHeads: 6,
-  vocabSize: 32000,
-  maxSeqLen: 256,
-  ropeTheta: 10000,
-  normEps: 1e-5,
-};
 
 function timeIt(fn: () => void, minMs = 400): number {
   fn();

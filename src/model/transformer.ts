@@ -348,8 +348,7 @@ export class Transformer {
     ex.to_f16(at, mm.addressOf(this.k), n);
     ex.to_f16(at + 2 * n, mm.addressOf(this.v), n);
     for (let r = 0; r < rows; r++) {
-      const pos = rowPos[r]!;
-      const ko = batch[rowSeq[r]!]!.blockTable[(pos / B) | 0]! * blockElems + (2 * l * B + (pos % B)) * kvDim;
+      const ko = kSlotOf(batch[rowSeq[r]!]!.blockTable, rowPos[r]!, blockElems, B, l, kvDim);
       const vo = ko + B * kvDim;
       const src = r * kvDim;
       for (let i = 0; i < kvDim; i++) {
@@ -546,6 +545,11 @@ export class Transformer {
   }
 }
 
+/** Element index in the slab of position pos's K vector in layer l (its V follows B * kvDim later). */
+function kSlotOf(table: ArrayLike<number>, pos: number, blockElems: number, B: number, l: number, kvDim: number): number {
+  return table[(pos / B) | 0]! * blockElems + (2 * l * B + (pos % B)) * kvDim;
+}
+
 /** Row r's K and V (f32, kvDim each) into its position's slot of layer l in the slab, as f16. */
 function storeKv(
   data: Float16Array,
@@ -561,8 +565,7 @@ function storeKv(
   rows: number,
 ): void {
   for (let r = 0; r < rows; r++) {
-    const pos = rowPos[r]!;
-    const ko = batch[rowSeq[r]!]!.blockTable[(pos / B) | 0]! * blockElems + (2 * l * B + (pos % B)) * kvDim;
+    const ko = kSlotOf(batch[rowSeq[r]!]!.blockTable, rowPos[r]!, blockElems, B, l, kvDim);
     const vo = ko + B * kvDim;
     const src = r * kvDim;
     for (let i = 0; i < kvDim; i++) {
