@@ -17,6 +17,25 @@ interface Spec {
   choices?: readonly string[];
 }
 
+/** The peer-check and front-door options, the same in both sections. */
+function securityOptions(section: Spec["section"]): Spec[] {
+  return [
+    {
+      section,
+      key: "tls_cert",
+      kind: "string",
+      dflt: "",
+      help: "PEM certificate naming this process (spiffe://tl-engine/<role>/<id>); with tls_key and tls_ca: mutual TLS on every internal port",
+    },
+    { section, key: "tls_key", kind: "string", dflt: "", help: "PEM private key of tls_cert" },
+    { section, key: "tls_ca", kind: "string", dflt: "", help: "PEM cluster CA every peer's certificate must chain to" },
+    { section, key: "insecure", kind: "bool", dflt: false, help: "allow plaintext internal ports on a non-loopback address" },
+    { section, key: "api_key", kind: "list", dflt: [], help: "Bearer key required on the HTTP API (repeatable; TL_API_KEY also read, comma-separated)" },
+    { section, key: "metrics_need_key", kind: "bool", dflt: false, help: "put /metrics behind the API key too" },
+    { section, key: "max_request_bytes", kind: "int", dflt: 4194304, help: "largest HTTP request body (413 beyond it)" },
+  ];
+}
+
 /** Every option, as a TOML key under its section and as a --flag (key with dashes). */
 export const SPECS: readonly Spec[] = [
   { section: "engine", key: "worker_id", kind: "string", dflt: "", help: "worker id reported to the gateway (default: role-hostname-pid)" },
@@ -87,44 +106,8 @@ export const SPECS: readonly Spec[] = [
     help: "OTLP/HTTP collector (e.g. http://127.0.0.1:4318) for traces; empty: OTEL_EXPORTER_OTLP_ENDPOINT, else tracing off",
   },
   { section: "engine", key: "drain_timeout_s", kind: "int", dflt: 30, help: "on SIGTERM, seconds to finish in-flight work" },
-  {
-    section: "engine",
-    key: "tls_cert",
-    kind: "string",
-    dflt: "",
-    help: "PEM certificate naming this process (spiffe://tl-engine/<role>/<id>); with tls_key and tls_ca: mutual TLS on every internal port",
-  },
-  { section: "engine", key: "tls_key", kind: "string", dflt: "", help: "PEM private key of tls_cert" },
-  { section: "engine", key: "tls_ca", kind: "string", dflt: "", help: "PEM cluster CA every peer's certificate must chain to" },
-  { section: "engine", key: "insecure", kind: "bool", dflt: false, help: "allow plaintext internal ports on a non-loopback address" },
-  {
-    section: "engine",
-    key: "api_key",
-    kind: "list",
-    dflt: [],
-    help: "Bearer key required on the HTTP API (repeatable; TL_API_KEY also read, comma-separated)",
-  },
-  { section: "engine", key: "metrics_need_key", kind: "bool", dflt: false, help: "put /metrics behind the API key too" },
-  { section: "engine", key: "max_request_bytes", kind: "int", dflt: 4194304, help: "largest HTTP request body (413 beyond it)" },
-  {
-    section: "gateway",
-    key: "tls_cert",
-    kind: "string",
-    dflt: "",
-    help: "PEM certificate naming this process (spiffe://tl-engine/<role>/<id>); with tls_key and tls_ca: mutual TLS on every internal port",
-  },
-  { section: "gateway", key: "tls_key", kind: "string", dflt: "", help: "PEM private key of tls_cert" },
-  { section: "gateway", key: "tls_ca", kind: "string", dflt: "", help: "PEM cluster CA every peer's certificate must chain to" },
-  { section: "gateway", key: "insecure", kind: "bool", dflt: false, help: "allow plaintext internal ports on a non-loopback address" },
-  {
-    section: "gateway",
-    key: "api_key",
-    kind: "list",
-    dflt: [],
-    help: "Bearer key required on the HTTP API (repeatable; TL_API_KEY also read, comma-separated)",
-  },
-  { section: "gateway", key: "metrics_need_key", kind: "bool", dflt: false, help: "put /metrics behind the API key too" },
-  { section: "gateway", key: "max_request_bytes", kind: "int", dflt: 4194304, help: "largest HTTP request body (413 beyond it)" },
+  ...securityOptions("engine"),
+  ...securityOptions("gateway"),
   {
     section: "gateway",
     key: "routing_headers",
