@@ -226,7 +226,7 @@ export class MatmulKernel {
 
   /** Byte offset of a placed matrix's strips (for threads that share the memory), or -1. */
   offsetOf(w: Matrix): number {
-    return (this.placed.get(w) ?? this.byOriginal.get(w))?.at ?? -1;
+    return this.find(w)?.at ?? -1;
   }
 
   /** A zeroed f32 array living in the memory (a plain array on the fallback); never freed. */
@@ -260,7 +260,7 @@ export class MatmulKernel {
    * outAt: from a placed matrix's strips, or where m is not placed straight from m.
    */
   rowInto(m: Matrix, from: number, count: number, out: Float32Array, outAt = 0): void {
-    const p = this.placed.get(m) ?? this.byOriginal.get(m);
+    const p = this.find(m);
     if (p !== undefined) readStripRow(dtypeOf(m), this.views16, p.at, p.cols, from, count, out, outAt);
     else if (m instanceof Float32Array) for (let i = 0; i < count; i++) out[outAt + i] = m[from + i]!;
     else dequantizeInto(m, from, count, out, outAt);
@@ -329,8 +329,13 @@ export class MatmulKernel {
       // Kept under the original too: a bare matrix's caller has no view to call with.
       if (w.length % n === 0) this.placed.set(w, this.placed.get(this.place(w, n))!);
     }
-    const p = this.placed.get(w) ?? this.byOriginal.get(w);
+    const p = this.find(w);
     return p !== undefined && p.cols === n ? p : undefined;
+  }
+
+  /** Where a placed matrix lives, found by its view or (weakly) by its original. */
+  private find(w: Matrix): Placed | undefined {
+    return this.placed.get(w) ?? this.byOriginal.get(w);
   }
 
   /** Fails when the job about to be queued (x: xFloats at xAt, y: yFloats at yAt) feeds or is fed by a queued one. */
