@@ -10,6 +10,7 @@ import {
   holdWeights,
   kvShapeOf,
   loadTokenizerFor,
+  servingEosIds,
   ModelWorker,
   weightsBytes,
   loadModel as loadModelFiles,
@@ -154,9 +155,12 @@ async function loadModelThread(opts: LoadModelOptions & ModelOptions): Promise<S
   });
   const w = await started;
   const cfg: ModelConfig = w.info.cfg;
-  if (tok.tokenizer.vocabSize > cfg.vocabSize) {
+  let eosIds: number[];
+  try {
+    eosIds = servingEosIds(w.info.name, tok.tokenizer, cfg.vocabSize, w.info.eosIds);
+  } catch (e) {
     w.close();
-    throw new Error(`${w.info.name}: the tokenizer has ${tok.tokenizer.vocabSize} tokens, more than the model's vocab_size ${cfg.vocabSize}`);
+    throw e;
   }
   const shape = kvShapeOf(cfg, 1);
   return {
@@ -167,7 +171,7 @@ async function loadModelThread(opts: LoadModelOptions & ModelOptions): Promise<S
     nKvHeads: shape.nKvHeads,
     headDim: shape.headDim,
     maxSeqLen: cfg.maxSeqLen,
-    eosIds: [...new Set([...tok.tokenizer.eosIds, ...w.info.eosIds])],
+    eosIds,
     stats: w.info.stats,
     chatTemplate: tok.chatTemplate,
     dtype: w.info.dtype,

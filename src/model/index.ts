@@ -61,6 +61,7 @@ export {
   modelPathOf,
   readModelFiles,
   readModelFilesFor,
+  servingEosIds,
 } from "./load-model.ts";
 export { holdWeights } from "./held-weights.ts";
 export { ModelWorker } from "./model-worker.ts";

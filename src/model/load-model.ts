@@ -127,14 +127,22 @@ export function readModelFilesFor(opts: LoadModelOptions): ModelFiles {
   return path === SYNTHETIC_MODEL_NAME ? syntheticFiles() : readModelFiles(path, opts);
 }
 
+/**
+ * The ids that end generation for a model and its tokenizer: the tokenizer's (tokenizer_config,
+ * generation_config, GGUF eot/eom) and the model config's. Throws when the tokenizer has ids the
+ * model cannot embed.
+ */
+export function servingEosIds(name: string, tokenizer: Tokenizer, vocabSize: number, modelEosIds: readonly number[]): number[] {
+  if (tokenizer.vocabSize > vocabSize) {
+    throw new Error(`${name}: the tokenizer has ${tokenizer.vocabSize} tokens, more than the model's vocab_size ${vocabSize}`);
+  }
+  return [...new Set([...tokenizer.eosIds, ...modelEosIds])];
+}
+
 export async function loadModel(opts: LoadModelOptions): Promise<ServableModel> {
   const files = readModelFilesFor(opts);
   const { tokenizer, chatTemplate } = await buildTokenizer(files.tokenizerSource);
-  if (tokenizer.vocabSize > files.cfg.vocabSize) {
-    throw new Error(`${files.name}: the tokenizer has ${tokenizer.vocabSize} tokens, more than the model's vocab_size ${files.cfg.vocabSize}`);
-  }
-  // The tokenizer's (tokenizer_config, generation_config, GGUF eot/eom) and the model config's.
-  const eosIds = [...new Set([...tokenizer.eosIds, ...files.eosIds])];
+  const eosIds = servingEosIds(files.name, tokenizer, files.cfg.vocabSize, files.eosIds);
   return {
     format: files.format,
     name: opts.servedModelName || files.name,
