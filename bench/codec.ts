@@ -2,7 +2,8 @@
 // the default engine shape and one large multi-block envelope; CRC-32C native against
 // the pure-TS table fallback; block hashing against a BigInt FNV. Baselines are measured
 // in the same run (memcpy of the same bytes, the table CRC, BigInt FNV) and printed as
-// ratios. Writes bench/results/codec.json. Run: npx bun bench/codec.ts
+// ratios. Writes bench/results/codec.json. Run: npx bun bench/codec.ts (TL_CRC32C=aws-crt
+// measures aws-crt's binding against @node-rs/crc32, the default, per block).
 import { mkdirSync, writeFileSync } from "node:fs";
 import {
   blockPayloadBytes,

@@ -1,12 +1,12 @@
 // CRC-32C (Castagnoli): reflected polynomial 0x82F63B78, init and final xor 0xFFFFFFFF.
-// Three implementations, the fastest that loads is used:
-// - aws-crt's native checksums (the AWS Common Runtime's aws-c-checksums: carry-less
-//   multiply folding, PCLMULQDQ / AVX-512 on x86-64), its binding loaded on its own,
-//   without the package's JavaScript. On the bench VM: 2.5-4x @node-rs/crc32 on 32 KiB
-//   blocks, which a decode engine verifies at line rate (bench/codec.ts).
-// - @node-rs/crc32 (one stream of SSE4.2 / ARMv8 CRC instructions).
-// - the slicing-by-8 table version, so the engine works where neither loads.
-// TL_CRC32C=node-rs or =table picks a slower one (benchmarks and tests compare them).
+// Three implementations:
+// - @node-rs/crc32 (one stream of SSE4.2 / ARMv8 CRC instructions): the default.
+// - aws-crt's native checksums (the AWS Common Runtime's aws-c-checksums: carry-less multiply
+//   folding), 2.5-4x faster on 32 KiB blocks (bench/codec.ts), only with TL_CRC32C=aws-crt: its
+//   binding installs a crash handler that took the SIGPWR JavaScriptCore sends to suspend threads,
+//   and killed engines running a model thread ("Signal received: 30" in a test run).
+// - the slicing-by-8 table version, where neither loads.
+// TL_CRC32C=aws-crt, =node-rs or =table picks one (benchmarks and tests compare them).
 
 type CrcFn = (input: Uint8Array, initialState?: number | null) => number;
 
@@ -113,7 +113,7 @@ export type Crc32cBackend = "aws-crt" | "node-rs" | "table";
 function load(): { backend: Crc32cBackend; fn: CrcFn | null } {
   const want = process.env.TL_CRC32C;
   if (want === "table") return { backend: "table", fn: null };
-  if (want !== "node-rs") {
+  if (want === "aws-crt") {
     const aws = loadAwsCrt();
     if (aws) return { backend: "aws-crt", fn: aws };
   }

@@ -13,11 +13,26 @@ describe("crc32c", () => {
     expect(crc32cTable(new Uint8Array(0))).toBe(0);
   });
 
-  test("the fastest native binding is what crc32c runs here", () => {
-    // aws-crt ships a linux-x64 binding; if this fails the engine is on a slower path.
-    expect(crc32cBackend()).toBe("aws-crt");
+  test("crc32c runs @node-rs/crc32 unless told otherwise", () => {
+    // Not aws-crt: its crash handler kills a process whose threads JavaScriptCore suspends.
+    if (process.env.TL_CRC32C === undefined) expect(crc32cBackend()).toBe("node-rs");
     expect(crc32cNative()).not.toBeNull();
     expect(crc32cNodeRs()).not.toBeNull();
+  });
+
+  test("TL_CRC32C=aws-crt runs aws-crt's binding, with the same values", () => {
+    // A process of its own: the choice is made once per process, and aws-crt's handler stays there.
+    const script = `import { crc32c, crc32cBackend } from ${JSON.stringify(`${import.meta.dir}/../../src/codec/index.ts`)};
+      const b = new Uint8Array(5000).map((_, i) => (i * 131) & 0xff);
+      console.log(JSON.stringify([crc32cBackend(), crc32c(new TextEncoder().encode("123456789")), crc32c(b.subarray(3)), crc32c(b.subarray(7, 7 + 61), 0x1234)]));`;
+    const r = Bun.spawnSync([process.execPath, "-e", script], { env: { ...process.env, TL_CRC32C: "aws-crt" } });
+    expect(r.exitCode).toBe(0);
+    const [backend, check, long, seeded] = JSON.parse(r.stdout.toString()) as [string, number, number, number];
+    if (process.platform === "linux" && process.arch === "x64") expect(backend).toBe("aws-crt");
+    const b = new Uint8Array(5000).map((_, i) => (i * 131) & 0xff);
+    expect(check).toBe(0xe3069283);
+    expect(long).toBe(crc32cTable(b.subarray(3)));
+    expect(seeded).toBe(crc32cTable(b.subarray(7, 7 + 61), 0x1234));
   });
 
   test("crc_fallback_equals_native", () => {
