@@ -2,7 +2,7 @@ import assert from "node:assert";
 import { KERNELS_WASM_BASE64 } from "./kernels/kernels-wasm.ts";
 import { controlBytes, J_D, J_FN, J_N, J_R0, J_ROWS, J_W, J_X, J_Y, JOB_INTS, KERNEL_INDEX, KernelThreads, runJobs } from "./kernel-threads.ts";
 import type { LayerKernelExports } from "./layer-kernels.ts";
-import { assertFinite16, dequantizeInto, dtypeOf, type DType, type Matrix } from "./packed.ts";
+import { assertFinite16, dequantizeInto, dtypeOf, type DType, f16Values, type Matrix, type PackedMatrix, Q8_0_BLOCK_BYTES, QK8_0 } from "./packed.ts";
 import { type MemoryViews, packStrips, readStripRow, stripLayoutBytes } from "./strip-layout.ts";
 
 /**
@@ -14,6 +14,10 @@ import { type MemoryViews, packStrips, readStripRow, stripLayoutBytes } from "./
  * product and sum gives f32 arithmetic exactly.
  */
 export function matmulRef(y: Float32Array, x: Float32Array, w: Matrix, wOff: number, rows: number, n: number, d: number): void {
+  if (!(w instanceof Float32Array) && w.dtype === "q8_0") {
+    matmulQ8Ref(y, x, w, wOff, rows, n, d);
+    return;
+  }
   if (!(w instanceof Float32Array)) {
     // The fallback's only allocation: engines without WebAssembly SIMD, and the tests' oracle.
     const f = new Float32Array(n * d);
@@ -39,6 +43,67 @@ export function matmulRef(y: Float32Array, x: Float32Array, w: Matrix, wOff: num
       }
       let s = f(f(s0 + s1) + f(s2 + s3));
       for (let j = n4; j < n; j++) s = f(s + f(w[wa + j]! * x[xa + j]!));
+      y[r * d + i] = s;
+    }
+  }
+}
+
+/** Bytes of one token row of n quantized for the q8_0 kernel (kernels/assembly/q8.ts's qRowBytes). */
+export function q8RowBytes(n: number): number {
+  return (2 * n + n / 8 + 15) & ~15;
+}
+
+// The plain-JS q8_0 path's quantized x row, grown as needed (the fallback runs on one thread).
+let refQ = new Int16Array(0);
+let refScales = new Float32Array(0);
+
+/**
+ * x row at xa quantized as kernels/assembly/q8.ts's quantize_q8_x does, into refQ and refScales:
+ * per 32-block s = max|x| / 127, q = nearest-even(x * (1 / s)) saturated to i16, all in f32.
+ */
+function quantizeRowRef(x: Float32Array, xa: number, n: number): void {
+  const f = Math.fround;
+  if (refQ.length < n) {
+    refQ = new Int16Array(n);
+    refScales = new Float32Array(n / QK8_0);
+  }
+  for (let b = 0; b < n / QK8_0; b++) {
+    let a = 0;
+    for (let j = 0; j < QK8_0; j++) a = Math.max(a, Math.abs(x[xa + b * QK8_0 + j]!));
+    const s = f(a / 127);
+    const inv = s === 0 ? 0 : f(1 / s);
+    refScales[b] = s;
+    for (let j = 0; j < QK8_0; j++) {
+      const v = Math.min(Math.max(f(x[xa + b * QK8_0 + j]! * inv), -32768), 32767);
+      const r = Math.round(v);
+      // Math.round takes halves up; the kernel's f32x4.nearest takes them to even.
+      refQ[b * QK8_0 + j] = Number.isNaN(v) ? 0 : r - v === 0.5 && (r & 1) !== 0 ? r - 1 : r;
+    }
+  }
+}
+
+/**
+ * The q8_0 kernel's order in plain JS (see THE Q8 ORDER in kernels/assembly/q8.ts): x quantized
+ * per 32-block, then per output one running f32 sum over the blocks in order of
+ * f32(integer dot) * (weight scale * x scale). w is read in its ggml blocks, nothing inflated.
+ */
+export function matmulQ8Ref(y: Float32Array, x: Float32Array, w: PackedMatrix, wOff: number, rows: number, n: number, d: number): void {
+  const f = Math.fround;
+  const f16 = f16Values();
+  const b = w.bytes;
+  const q8 = new Int8Array(b.buffer, b.byteOffset, b.byteLength);
+  const blocks = n / QK8_0;
+  for (let r = 0; r < rows; r++) {
+    quantizeRowRef(x, r * n, n);
+    for (let i = 0; i < d; i++) {
+      const first = (wOff + i * n) / QK8_0;
+      let s = 0;
+      for (let k = 0; k < blocks; k++) {
+        const at = (first + k) * Q8_0_BLOCK_BYTES;
+        let dot = 0;
+        for (let j = 0; j < QK8_0; j++) dot += q8[at + 2 + j]! * refQ[k * QK8_0 + j]!;
+        s = f(s + f(f(dot) * f(f16[b[at]! | (b[at + 1]! << 8)]! * refScales[k]!)));
+      }
       y[r * d + i] = s;
     }
   }
@@ -76,6 +141,8 @@ export type KernelExports = Record<`matmul_${DType}`, KernelFn> &
   LayerKernelExports & {
     /** Claims and computes chunks of dispatch `gen` (kernels/assembly/dispatch.ts). */
     run_chunks(ctrl: number, thread: number, gen: number): number;
+    /** rows token rows of n f32 at x quantized for the q8_0 kernel at dst (q8RowBytes(n) each). */
+    quantize_q8_x(dst: number, x: number, rows: number, n: number): void;
   };
 
 let compiled: WebAssembly.Module | null | undefined;
@@ -158,6 +225,8 @@ export class MatmulKernel {
   /** Outputs to copy back after the dispatch (null: the kernel wrote them in place). */
   private readonly outs: (Float32Array | null)[] = new Array(MAX_JOBS).fill(null);
   private readonly inputs: (Float32Array | null)[] = new Array(MAX_JOBS).fill(null);
+  /** Each queued q8_0 job's f32 x, once its J_X points at the quantized copy. */
+  private readonly q8From = new Int32Array(MAX_JOBS);
 
   constructor(tensors: readonly (Matrix | Placement)[] = [], opts: KernelOptions = {}) {
     const mod = opts.simd === false ? null : kernelModule();
@@ -358,6 +427,7 @@ export class MatmulKernel {
     const ex = this.ex!;
     const threads = this.threads;
     const split = threads !== null && this.queuedMacs >= SPLIT_MACS && threads.available;
+    this.quantizeQ8Inputs(ex, count);
     // Each thread's scratch for a dequantized strip (32 bytes per column), above the copies.
     const stride = align16(32 * this.maxCols);
     const scratch = this.temp(stride * (split ? threads.helpers + 1 : 1));
@@ -377,6 +447,32 @@ export class MatmulKernel {
     this.queuedMacs = 0;
     this.maxCols = 0;
     this.tempTop = this.top;
+  }
+
+  /**
+   * Quantizes the x of every queued q8_0 job for the integer kernel (q8.ts), in this dispatch's
+   * space, and points the job at it: once per x, so jobs sharing one (q, k, v; w1, w3) share it.
+   */
+  private quantizeQ8Inputs(ex: KernelExports, count: number): void {
+    const jobs = this.jobs;
+    for (let j = 0; j < count; j++) {
+      const b = j * JOB_INTS;
+      if (jobs[b + J_FN] !== KERNEL_INDEX.q8_0) continue;
+      const x = jobs[b + J_X]!;
+      const rows = jobs[b + J_ROWS]!;
+      const n = jobs[b + J_N]!;
+      let at = -1;
+      for (let i = 0; i < j && at < 0; i++) {
+        const o = i * JOB_INTS;
+        if (jobs[o + J_FN] === KERNEL_INDEX.q8_0 && this.q8From[i] === x && jobs[o + J_ROWS] === rows && jobs[o + J_N] === n) at = jobs[o + J_X]!;
+      }
+      if (at < 0) {
+        at = this.temp(rows * q8RowBytes(n));
+        ex.quantize_q8_x(at, x, rows, n);
+      }
+      this.q8From[j] = x;
+      jobs[b + J_X] = at;
+    }
   }
 
   /**

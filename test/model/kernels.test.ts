@@ -21,7 +21,8 @@ function f16Matrix(d: number, n: number, seed: number): PackedMatrix {
 
 function checkAgainstRef(w: PackedMatrix | Float32Array, n: number, d: number): void {
   const placed = new MatmulKernel([w]);
-  const wf = w instanceof Float32Array ? w : dequantize(w);
+  // q8_0's reference is its own integer order (matmulQ8Ref), not the f32 one on a dequantized copy.
+  const wf = w instanceof Float32Array || w.dtype === "q8_0" ? w : dequantize(w);
   for (const rows of [1, 2, 3, 5, 8]) {
     const x = new Float32Array(rows * n).map((_, i) => Math.cos(i * 0.37) * 3);
     const want = new Float32Array(rows * d);
@@ -82,7 +83,7 @@ describe("kernels", () => {
     }
   });
 
-  test("q8_0_kernel_equals_reference_on_dequantized_weights", () => {
+  test("q8_0_kernel_equals_its_integer_reference", () => {
     for (const n of [32, 64, 96, 288]) {
       for (const d of [1, 8, 9, 17]) {
         const f = new Float32Array(d * n).map((_, i) => Math.sin(i * 0.7) * (1 + (i % 5)));
@@ -134,7 +135,7 @@ describe("kernels", () => {
 });
 
 describe("packed weights in the transformer", () => {
-  test("packed_model_equals_f32_model_of_its_dequantized_weights", () => {
+  test("packed_model_equals_f32_model_of_its_dequantized_weights_and_q8_0_is_near_it", () => {
     // TINY's rows (32, 64) are whole q8_0 blocks; a shared classifier stays shared when packed.
     for (const dtype of ["f16", "bf16", "q8_0"] as const) {
       for (const shared of [false, true]) {
@@ -146,7 +147,14 @@ describe("packed weights in the transformer", () => {
         const prompt = tokens(13, 5);
         const a = step(new Transformer(TINY, w), new Seq(newPool()), prompt);
         const b = step(new Transformer(TINY, asF32), new Seq(newPool()), prompt);
-        expect(bits(a)).toEqual(bits(b));
+        if (dtype !== "q8_0") expect(bits(a)).toEqual(bits(b));
+        else {
+          // q8_0 also quantizes x (ggml's q8_0 x q8_0), so it is near its dequantized model, not equal.
+          const err = Math.max(...a.map((v, i) => Math.abs(v - b[i]!)));
+          const scale = Math.max(...b.map(Math.abs));
+          expect(err).toBeGreaterThan(0);
+          expect(err).toBeLessThan(0.02 * scale);
+        }
       }
     }
   });

@@ -26,7 +26,8 @@ function input(rows: number, n: number, seed: number): Float32Array {
 
 function ref(x: Float32Array, w: Matrix, wOff: number, rows: number, n: number, d: number): number[] {
   const y = new Float32Array(rows * d);
-  matmulRef(y, x, w instanceof Float32Array ? w : dequantize(w), wOff, rows, n, d);
+  // matmulRef reads packed w itself: 16-bit dequantized exactly, q8_0 in its integer order.
+  matmulRef(y, x, w, wOff, rows, n, d);
   return bits(y);
 }
 

@@ -9,7 +9,8 @@
 // the generation, so a thread still looking at an old dispatch can never take a chunk of a new
 // one. Which thread computes a chunk never changes a bit of it (kernels/assembly/matmul.ts).
 
-import { matmul_bf16, matmul_f16, matmul_f32, matmul_q8_0 } from "./matmul";
+import { matmul_bf16, matmul_f16, matmul_f32 } from "./matmul";
+import { matmul_q8_0 } from "./q8";
 
 // Control block, in i32 slots (MatmulKernel's kernel-threads.ts writes the same layout).
 const NEXT: usize = 16 << 2;

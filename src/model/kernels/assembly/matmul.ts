@@ -467,7 +467,3 @@ export function matmul_bf16(y: usize, x: usize, w: usize, rows: i32, n: i32, d: 
   matmul(BF16, y, x, w, rows, n, d, r0, g0, g1, scratch);
 }
 
-/** n must be a multiple of 32 (the caller checks). */
-export function matmul_q8_0(y: usize, x: usize, w: usize, rows: i32, n: i32, d: i32, r0: i32, g0: i32, g1: i32, scratch: usize): void {
-  matmul(Q8_0, y, x, w, rows, n, d, r0, g0, g1, scratch);
-}
