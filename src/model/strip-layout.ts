@@ -6,7 +6,7 @@ import { type DType, dtypeOf, f16Values, type Matrix, matrixBytes, Q8_0_BLOCK_BY
  * The strip layout the matmul kernels read (kernels/assembly/matmul.ts states it): rows in strips
  * of STRIP_ROWS, the last padded with zero rows; a strip holds group c of all its rows back to back
  * (f32: 4 weights a row; f16: 8; bf16: 8, in the order 0 4 1 5 2 6 3 7; q8_0: one block, the 8
- * scales first), then each row's weights past its last whole group, in order. The bytes per weight
+ * scales first, the int8 in pairs of four rows: q8Slot), then each row's weights past its last whole group, in order. The bytes per weight
  * are the dtype's own: nothing is widened.
  */
 export const STRIP_ROWS = 8;
@@ -112,6 +112,15 @@ function packU16(src: Uint16Array, rows: number, n: number, out: Uint16Array, in
   }
 }
 
+/**
+ * Where weight j of row k sits in a q8_0 group: after the 8 scales, rows 0..3 then rows 4..7,
+ * each four in pairs of weights (j, j + 1) row after row, so 8 bytes hold one pair of four rows
+ * (which one i32x4.dot_i16x8_s takes against the pair of x: kernels/assembly/q8.ts).
+ */
+export function q8Slot(k: number, j: number): number {
+  return 2 * STRIP_ROWS + (k >> 2) * 128 + (j >> 1) * 8 + (k & 3) * 2 + (j & 1);
+}
+
 function packQ8(src: Uint8Array, rows: number, n: number, out: Uint8Array): void {
   const blocks = n / QK8_0;
   const rowBytes = blocks * Q8_0_BLOCK_BYTES;
@@ -122,8 +131,7 @@ function packQ8(src: Uint8Array, rows: number, n: number, out: Uint8Array): void
       const g = c * group;
       out[g + 2 * k] = src[b]!;
       out[g + 2 * k + 1] = src[b + 1]!;
-      const q = g + 2 * STRIP_ROWS + QK8_0 * k;
-      for (let j = 0; j < QK8_0; j++) out[q + j] = src[b + 2 + j]!;
+      for (let j = 0; j < QK8_0; j++) out[g + q8Slot(k, j)] = src[b + 2 + j]!;
     }
   }
 }
@@ -151,7 +159,7 @@ export function readStripRow(dt: DType, mem: MemoryViews, at: number, n: number,
     const lut = f16Values();
     for (let j = j0; j < j0 + count; j++) {
       const g = base + (j >> 5) * STRIP_ROWS * Q8_0_BLOCK_BYTES;
-      out[outAt + j - j0] = Math.fround(lut[mem.u16[(g + 2 * k) >> 1]!]! * mem.i8[g + 2 * STRIP_ROWS + QK8_0 * k + (j & 31)]!);
+      out[outAt + j - j0] = Math.fround(lut[mem.u16[(g + 2 * k) >> 1]!]! * mem.i8[g + q8Slot(k, j & 31)]!);
     }
     return;
   }

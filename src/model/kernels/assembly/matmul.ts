@@ -8,12 +8,19 @@
 // matrix so when it places it). Every argument that names memory is a byte offset into the one
 // imported memory.
 //
-// THE ORDER. Every output, whatever its dtype, tile, batch or thread, is summed the same way:
-// each weight is first made an f32 exactly (f16, bf16 and int8 * f16-scale all fit in f32), then
+// THE ORDER. Every f32, f16 or bf16 output, whatever its tile, batch or thread, is summed the same way:
+// each weight is first made an f32 exactly (f16 and bf16 fit in f32), then
 // four f32 lanes sum j = l (mod 4) for j < n - n % 4, each `s + w * x` rounded after the product
 // and after the sum (WebAssembly never fuses them), then (s0 + s1) + (s2 + s3), then the n % 4
-// tail one by one. So a 16-bit or q8_0 matrix gives the bits that the f32 kernel gives on its
+// tail one by one. So a 16-bit matrix gives the bits that the f32 kernel gives on its
 // dequantized copy, and matmulRef in matmul.ts states the order in plain JS.
+//
+// THE Q8 ORDER. q8_0 runs in integers (q8.ts, which states it in full), so it does NOT equal the
+// f32 kernel on its dequantized copy: each token row is quantized per 32-block to i16 values and an
+// f32 scale s = max|x| / 127, each block's integer dot I_b is exact, and an output is one running
+// f32 sum from 0 over the blocks in order of f32(I_b) * (weight scale_b * s_b), each product and
+// sum rounded. Again per output row only: any tile, batch or thread gives the same bits, and
+// matmulQ8Ref in matmul.ts states it in plain JS.
 //
 // THE STRIP LAYOUT. Rows go in strips of 8 (the last padded with zero rows), and a strip holds its
 // rows' weights group by group: group c of rows 0..7 back to back, so a strip is read front to

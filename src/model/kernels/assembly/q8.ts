@@ -19,7 +19,10 @@
 // and a conversion per block go away).
 //
 // The weights are in matmul.ts's STRIP LAYOUT: a group is one 32-weight block of 8 rows, the 8
-// f16 scales (one v128, widened once per group) then the 8 rows' 32 int8.
+// f16 scales (one v128, widened once per group), then rows 0..3 and rows 4..7, each half as 16
+// pairs of weights (j, j + 1) of its four rows, 8 bytes a pair (strip-layout.ts's q8Slot). So one
+// v128.load8x8_s and one i32x4.dot_i16x8_s against x's pair splatted give four rows' partial
+// sums in four lanes: no reduction across lanes, ever.
 
 import { f16ext, f16ToF32 } from "./f16";
 
@@ -64,31 +67,12 @@ export function quantize_q8_x(dst: usize, x: usize, rows: i32, n: i32): void {
   }
 }
 
-/** The exact integer dot of 32 int8 weights at w with 32 i16 x (x0..x3, 8 each), as 4 partial i32 lanes. */
-@inline function blockDot(w: usize, x0: v128, x1: v128, x2: v128, x3: v128): v128 {
-  const a = v128.load(w);
-  const b = v128.load(w, 16);
-  const s = i32x4.add(i32x4.dot_i16x8_s(i16x8.extend_low_i8x16_s(a), x0), i32x4.dot_i16x8_s(i16x8.extend_high_i8x16_s(a), x1));
-  return i32x4.add(s, i32x4.add(i32x4.dot_i16x8_s(i16x8.extend_low_i8x16_s(b), x2), i32x4.dot_i16x8_s(i16x8.extend_high_i8x16_s(b), x3)));
-}
-
-/** [sum of a's lanes, b's, c's, d's] (exact integers, so any order). */
-@inline function sum4(a: v128, b: v128, c: v128, d: v128): v128 {
-  const ab = i32x4.add(i32x4.shuffle(a, b, 0, 4, 1, 5), i32x4.shuffle(a, b, 2, 6, 3, 7));
-  const cd = i32x4.add(i32x4.shuffle(c, d, 0, 4, 1, 5), i32x4.shuffle(c, d, 2, 6, 3, 7));
-  return i32x4.add(i32x4.shuffle(ab, cd, 0, 1, 4, 5), i32x4.shuffle(ab, cd, 2, 3, 6, 7));
-}
-
 /** acc + f32(I) * (wscale * xscale), lane by lane (four rows' running sums). */
 @inline function addBlock(acc: v128, sums: v128, wscale: v128, xscale: v128): v128 {
   return f32x4.add(acc, f32x4.mul(f32x4.convert_i32x4_s(sums), f32x4.mul(wscale, xscale)));
 }
 
-/**
- * The 8 rows of the strip at sp against one quantized token row xq; outputs at yo, yo + 4, ...
- * Each block's x is loaded once for the 8 rows, each row's integer dot reduced with three others
- * so one f32x4 carries four rows' running sums.
- */
+/** The 8 rows of the strip at sp against one quantized token row xq; outputs at yo, yo + 4, ... */
 @inline function strip8(yo: usize, xq: usize, sp: usize, n: i32): void {
   const blocks = n >> 5;
   let lo = f32x4.splat(0);
@@ -97,20 +81,66 @@ export function quantize_q8_x(dst: usize, x: usize, rows: i32, n: i32): void {
   let xp = xq;
   let sp4 = xq + (<usize>n << 1);
   for (let c = 0; c < blocks; c++) {
-    const x0 = v128.load(xp), x1 = v128.load(xp, 16), x2 = v128.load(xp, 32), x3 = v128.load(xp, 48);
+    const w = g + 16;
+    // Two chains of adds per half, so each waits on the other's latency only.
+    let la = i32x4.splat(0), lb = la, ha = la, hb = la;
+    for (let p: usize = 0; p < 16; p += 2) {
+      const x0 = v128.load32_splat(xp + (p << 2));
+      const x1 = v128.load32_splat(xp + (p << 2), 4);
+      const q = w + (p << 3);
+      la = i32x4.add(la, i32x4.dot_i16x8_s(v128.load8x8_s(q), x0));
+      ha = i32x4.add(ha, i32x4.dot_i16x8_s(v128.load8x8_s(q, 128), x0));
+      lb = i32x4.add(lb, i32x4.dot_i16x8_s(v128.load8x8_s(q, 8), x1));
+      hb = i32x4.add(hb, i32x4.dot_i16x8_s(v128.load8x8_s(q, 136), x1));
+    }
     const xs = v128.load32_splat(sp4);
     const ws = v128.load(g);
-    const w = g + 16;
-    const s0 = sum4(blockDot(w, x0, x1, x2, x3), blockDot(w + 32, x0, x1, x2, x3), blockDot(w + 64, x0, x1, x2, x3), blockDot(w + 96, x0, x1, x2, x3));
-    lo = addBlock(lo, s0, f16ext(i32x4.extend_low_i16x8_s(ws)), xs);
-    const s1 = sum4(blockDot(w + 128, x0, x1, x2, x3), blockDot(w + 160, x0, x1, x2, x3), blockDot(w + 192, x0, x1, x2, x3), blockDot(w + 224, x0, x1, x2, x3));
-    hi = addBlock(hi, s1, f16ext(i32x4.extend_high_i16x8_s(ws)), xs);
+    lo = addBlock(lo, i32x4.add(la, lb), f16ext(i32x4.extend_low_i16x8_s(ws)), xs);
+    hi = addBlock(hi, i32x4.add(ha, hb), f16ext(i32x4.extend_high_i16x8_s(ws)), xs);
     g += GROUP;
     xp += 64;
     sp4 += 4;
   }
   v128.store(yo, lo);
   v128.store(yo, hi, 16);
+}
+
+/**
+ * Four rows (half h of the strip at sp) against four quantized token rows from xq, qb bytes
+ * apart; token t's outputs at yo + t * ys. Each pair of weights is widened once for the four.
+ */
+@inline function tile4x4(yo: usize, ys: usize, xq: usize, qb: usize, sp: usize, h: i32, n: i32): void {
+  const blocks = n >> 5;
+  let a0 = f32x4.splat(0), a1 = a0, a2 = a0, a3 = a0;
+  let g = sp;
+  let xp = xq;
+  let sp4 = xq + (<usize>n << 1);
+  for (let c = 0; c < blocks; c++) {
+    const w = g + 16 + (<usize>h << 7);
+    let i0 = i32x4.splat(0), i1 = i0, i2 = i0, i3 = i0;
+    for (let p: usize = 0; p < 16; p++) {
+      const v = v128.load8x8_s(w + (p << 3));
+      const x = xp + (p << 2);
+      i0 = i32x4.add(i0, i32x4.dot_i16x8_s(v, v128.load32_splat(x)));
+      i1 = i32x4.add(i1, i32x4.dot_i16x8_s(v, v128.load32_splat(x + qb)));
+      i2 = i32x4.add(i2, i32x4.dot_i16x8_s(v, v128.load32_splat(x + 2 * qb)));
+      i3 = i32x4.add(i3, i32x4.dot_i16x8_s(v, v128.load32_splat(x + 3 * qb)));
+    }
+    const ws = v128.load(g);
+    const wsc = f16ext(h == 0 ? i32x4.extend_low_i16x8_s(ws) : i32x4.extend_high_i16x8_s(ws));
+    a0 = addBlock(a0, i0, wsc, v128.load32_splat(sp4));
+    a1 = addBlock(a1, i1, wsc, v128.load32_splat(sp4 + qb));
+    a2 = addBlock(a2, i2, wsc, v128.load32_splat(sp4 + 2 * qb));
+    a3 = addBlock(a3, i3, wsc, v128.load32_splat(sp4 + 3 * qb));
+    g += GROUP;
+    xp += 64;
+    sp4 += 4;
+  }
+  const o = yo + (<usize>h << 4);
+  v128.store(o, a0);
+  v128.store(o + ys, a1);
+  v128.store(o + 2 * ys, a2);
+  v128.store(o + 3 * ys, a3);
 }
 
 /** Row k of the strip at sp against one quantized token row xq (the same sum as strip8's). */
@@ -120,9 +150,14 @@ export function quantize_q8_x(dst: usize, x: usize, rows: i32, n: i32): void {
   let g = sp;
   let xp = xq;
   let sp4 = xq + (<usize>n << 1);
+  const w0 = <usize>(16 + ((k >> 2) << 7) + ((k & 3) << 1));
   for (let c = 0; c < blocks; c++) {
-    const p = blockDot(g + 16 + (<usize>k << 5), v128.load(xp), v128.load(xp, 16), v128.load(xp, 32), v128.load(xp, 48));
-    const i = i32x4.extract_lane(p, 0) + i32x4.extract_lane(p, 1) + (i32x4.extract_lane(p, 2) + i32x4.extract_lane(p, 3));
+    let i = 0;
+    for (let p: usize = 0; p < 16; p++) {
+      const w = g + w0 + (p << 3);
+      const x = xp + (p << 2);
+      i += <i32>load<i8>(w) * <i32>load<i16>(x) + <i32>load<i8>(w, 1) * <i32>load<i16>(x, 2);
+    }
     acc += <f32>i * (f16ToF32(<u32>load<u16>(g + (<usize>k << 1))) * load<f32>(sp4));
     g += GROUP;
     xp += 64;
@@ -132,9 +167,24 @@ export function quantize_q8_x(dst: usize, x: usize, rows: i32, n: i32): void {
 }
 
 /**
+ * The whole strip at sp against every quantized token row from xq: four tokens at a time by
+ * 4x4 tiles (the strip, 8.5 n bytes, stays in cache while the tokens pass), the rest one by one.
+ */
+@inline function stripRows(yo: usize, ys: usize, xq: usize, qb: usize, sp: usize, rows: i32, n: i32): void {
+  let r = 0;
+  for (; r + 4 <= rows; r += 4) {
+    const x = xq + <usize>r * qb;
+    const y = yo + <usize>r * ys;
+    tile4x4(y, ys, x, qb, sp, 0, n);
+    tile4x4(y, ys, x, qb, sp, 1, n);
+  }
+  for (; r < rows; r++) strip8(yo + <usize>r * ys, xq + <usize>r * qb, sp, n);
+}
+
+/**
  * Rows g0 .. g1 of the q8_0 matrix at w (a thread's share) against every quantized token row at
  * xq; row g's outputs go to column g - r0 of y. Rows of a strip not wholly in the range go one at
- * a time. n must be a multiple of 32 (the caller checks).
+ * a time. n must be a multiple of 32 (the caller checks); `scratch` is unused.
  */
 export function matmul_q8_0(y: usize, xq: usize, w: usize, rows: i32, n: i32, d: i32, r0: i32, g0: i32, g1: i32, scratch: usize): void {
   const sb = <usize>(n >> 5) * GROUP;
@@ -145,11 +195,7 @@ export function matmul_q8_0(y: usize, xq: usize, w: usize, rows: i32, n: i32, d:
     const sp = w + <usize>(g >> 3) * sb;
     for (let r = 0; r < rows; r++) store<f32>(y + <usize>r * ys + (<usize>(g - r0) << 2), row1(xq + <usize>r * qb, sp, g & (S - 1), n));
   }
-  for (; g + S <= g1; g += S) {
-    const sp = w + <usize>(g >> 3) * sb;
-    const yo = y + (<usize>(g - r0) << 2);
-    for (let r = 0; r < rows; r++) strip8(yo + <usize>r * ys, xq + <usize>r * qb, sp, n);
-  }
+  for (; g + S <= g1; g += S) stripRows(y + (<usize>(g - r0) << 2), ys, xq, qb, w + <usize>(g >> 3) * sb, rows, n);
   for (; g < g1; g++) {
     const sp = w + <usize>(g >> 3) * sb;
     for (let r = 0; r < rows; r++) store<f32>(y + <usize>r * ys + (<usize>(g - r0) << 2), row1(xq + <usize>r * qb, sp, g & (S - 1), n));
