@@ -1,0 +1,154 @@
+import { afterAll, describe, expect, test } from "bun:test";
+import { MatmulKernel, matmulQ8Ref, matmulRef } from "../../src/model/matmul.ts";
+import { castMatrix, dequantize, type PackedMatrix } from "../../src/model/packed.ts";
+import { bits } from "./helpers.ts";
+
+// The integer q8_0 kernel (kernels/assembly/q8.ts) against matmulQ8Ref, bit for bit: x's
+// quantization at its edges (zero blocks, ties, NaN, huge and tiny values), every tile and tail,
+// and each output depending only on its own token row, whatever the batch, dispatch or thread.
+
+const kernels: MatmulKernel[] = [];
+afterAll(() => kernels.forEach((k) => k.close()));
+
+function kernel(ms: PackedMatrix[], n: number, threads = 1): MatmulKernel {
+  const k = new MatmulKernel(
+    ms.map((matrix) => ({ matrix, cols: n })),
+    { threads },
+  );
+  kernels.push(k);
+  return k;
+}
+
+function weights(d: number, n: number, seed: number): PackedMatrix {
+  const f = new Float32Array(d * n).map((_, i) => Math.sin(i * 0.61 + seed) * (1 + (i % 7)) * 10 ** ((i % 5) - 2));
+  return castMatrix(f, "q8_0", n) as PackedMatrix;
+}
+
+function input(rows: number, n: number, seed: number): Float32Array {
+  return new Float32Array(rows * n).map((_, i) => Math.cos(i * 0.37 + seed) * 3);
+}
+
+function ref(x: Float32Array, w: PackedMatrix, wOff: number, rows: number, n: number, d: number): number[] {
+  const y = new Float32Array(rows * d);
+  matmulQ8Ref(y, x, w, wOff, rows, n, d);
+  return bits(y);
+}
+
+describe("q8_0 integer kernel", () => {
+  test("matmul_ref_of_a_q8_0_matrix_is_the_integer_order", () => {
+    // The fallback (matmulRef) and the kernel's oracle are one function; the integer order is not
+    // the f32 one on the dequantized copy, but near it.
+    const n = 96;
+    const w = weights(13, n, 1);
+    const x = input(3, n, 2);
+    const y = new Float32Array(3 * 13);
+    matmulRef(y, x, w, 0, 3, n, 13);
+    expect(bits(y)).toEqual(ref(x, w, 0, 3, n, 13));
+    const f = new Float32Array(3 * 13);
+    matmulRef(f, x, dequantize(w), 0, 3, n, 13);
+    expect(bits(f)).not.toEqual(bits(y));
+    for (let i = 0; i < f.length; i++) expect(Math.abs(f[i]! - y[i]!)).toBeLessThan(0.02 * Math.max(...f.map(Math.abs)));
+  });
+
+  test("x_quantization_edges_give_the_reference_bits", () => {
+    const n = 64;
+    const w = weights(24, n, 3);
+    const k = kernel([w], n);
+    const cases: [string, (x: Float32Array) => void][] = [
+      ["a zero block", (x) => x.fill(0, 0, 32)],
+      ["a block of -0", (x) => x.fill(-0, 32, 64)],
+      // max 127 and x = 0.5, 1.5, 2.5: ties of x / s, which go to even.
+      ["ties", (x) => x.set([127, 0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 3.5], 0)],
+      ["a NaN", (x) => (x[40] = Number.NaN)],
+      ["an infinity", (x) => (x[3] = Number.POSITIVE_INFINITY)],
+      ["huge values", (x) => x.fill(3e38, 0, 16)],
+      ["subnormal values", (x) => x.fill(1e-44, 32, 64)],
+      ["one subnormal beside zeros", (x) => (x.fill(0, 0, 32), (x[7] = -3e-45))],
+      // s = max / 127 is a nonzero subnormal whose inverse overflows to inf: q saturates (0 * inf is NaN, so 0).
+      ["a scale whose inverse overflows", (x) => (x.fill(1e-37, 0, 32), (x[5] = 0), (x[6] = -5e-38))],
+    ];
+    for (const [name, edit] of cases) {
+      for (const rows of [1, 5]) {
+        const x = input(rows, n, 7);
+        edit(x);
+        const y = new Float32Array(rows * 24);
+        k.matmul(y, x, w, 0, rows, n, 24);
+        expect([name, bits(y)]).toEqual([name, ref(x, w, 0, rows, n, 24)]);
+      }
+    }
+  });
+
+  test("every_tile_tail_and_slice_equals_reference", () => {
+    for (const n of [32, 64, 288]) {
+      // 37 rows: four whole strips and a padded fifth.
+      const w = weights(37, n, n);
+      const k = kernel([w], n);
+      for (let rows = 1; rows <= 11; rows++) {
+        const x = input(rows, n, rows);
+        for (const [r0, d] of [
+          [0, 37],
+          [8, 24],
+          [3, 9],
+          [5, 1],
+          [11, 26],
+          [32, 5],
+        ] as const) {
+          const y = new Float32Array(rows * d);
+          k.matmul(y, x, w, r0 * n, rows, n, d);
+          expect(bits(y)).toEqual(ref(x, w, r0 * n, rows, n, d));
+        }
+      }
+    }
+  });
+
+  test("a_row_gives_the_same_bits_alone_and_in_any_batch", () => {
+    // Prefill (many rows, the 4x4 tiles) and decode (one row, the strip) of one token must agree.
+    const n = 96;
+    const w = weights(40, n, 5);
+    const k = kernel([w], n);
+    const x = input(9, n, 3);
+    const alone = [...Array(9).keys()].map((r) => {
+      const y = new Float32Array(40);
+      k.matmul(y, x.subarray(r * n, (r + 1) * n), w, 0, 1, n, 40);
+      return bits(y);
+    });
+    for (const [from, rows] of [
+      [0, 9],
+      [1, 4],
+      [2, 7],
+      [5, 3],
+    ] as const) {
+      const y = new Float32Array(rows * 40);
+      k.matmul(y, x.subarray(from * n, (from + rows) * n), w, 0, rows, n, 40);
+      for (let r = 0; r < rows; r++) expect(bits(y.subarray(r * 40, (r + 1) * 40))).toEqual(alone[from + r]!);
+    }
+  });
+
+  test("jobs_sharing_an_x_in_one_dispatch_and_jobs_with_their_own_on_any_thread_count", async () => {
+    // q, k, v share x (quantized once); a fourth job has its own x of the same shape.
+    const n = 96;
+    const ws = [0, 1, 2, 3].map((i) => weights(8 * 40 + 3, n, i));
+    for (const threads of [1, 2, 3]) {
+      const k = kernel(ws, n, threads);
+      await k.ready();
+      for (const rows of [1, 6]) {
+        const x = k.alloc(rows * n);
+        x.set(input(rows, n, rows));
+        const other = k.alloc(rows * n);
+        other.set(input(rows, n, rows + 10));
+        const ys = ws.map(() => k.alloc(rows * 300));
+        const xs = [x, x, x, other];
+        const want = ws.map((w, j) => ref(xs[j]!, w, (1 + j) * n, rows, n, 300));
+        const once = (): number[][] => {
+          ws.forEach((w, j) => k.queue(ys[j]!, xs[j]!, w, (1 + j) * n, rows, n, 300));
+          k.flush();
+          return ys.map((y) => bits(y));
+        };
+        expect(once()).toEqual(want);
+        const deadline = performance.now() + 5000;
+        while (threads > 1 && k.splitCalls === 0 && performance.now() < deadline) expect(once()).toEqual(want);
+        if (threads > 1) expect(k.splitCalls).toBeGreaterThan(0);
+      }
+    }
+  });
+});
