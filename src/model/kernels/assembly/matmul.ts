@@ -4,12 +4,12 @@
 //
 //   y[r*d + (g - r0)] = dot(W row g, x row r)   for r < rows, g0 <= g < g1
 //
-// x and y are f32; W is in one of four dtypes, in the STRIP LAYOUT below (MatmulKernel packs every
-// matrix so when it places it). Every argument that names memory is a byte offset into the one
-// imported memory.
+// x and y are f32; W is f32, f16 or bf16 (q8_0 has its own kernel, q8.ts), in the STRIP LAYOUT
+// below (MatmulKernel packs every matrix so when it places it). Every argument that names memory
+// is a byte offset into the one imported memory.
 //
-// THE ORDER. Every f32, f16 or bf16 output, whatever its tile, batch or thread, is summed the same way:
-// each weight is first made an f32 exactly (f16 and bf16 fit in f32), then
+// THE ORDER. Every f32, f16 or bf16 output, whatever its tile, batch or thread, is summed the
+// same way: each weight is first made an f32 exactly (f16 and bf16 fit in f32), then
 // four f32 lanes sum j = l (mod 4) for j < n - n % 4, each `s + w * x` rounded after the product
 // and after the sum (WebAssembly never fuses them), then (s0 + s1) + (s2 + s3), then the n % 4
 // tail one by one. So a 16-bit matrix gives the bits that the f32 kernel gives on its
@@ -30,12 +30,12 @@
 //              32-bit lane holds weight l low and weight l + 4 high and both halves widen in place
 //              (f16 widens by sign extension, in order);
 //   q8_0:      one 32-weight block of each row: the 8 f16 scales (16 bytes), then the 8 rows' 32
-//              int8 (272 bytes a group).
+//              int8 in pairs of weights of four rows (272 bytes a group; q8.ts reads it).
 // Weights past the last whole group of a row (n % 4, or n % 8 for 16-bit) follow the groups, row
 // by row in their natural order.
 //
 // Tiles only decide which outputs share the loads: one token row takes a whole strip (eight sums
-// in flight; q8_0 two halves of four), f16 against x scaled by 2^112 (see F16X); more token rows
+// in flight), f16 against x scaled by 2^112 (see F16X); more token rows
 // take 4 weight rows by 2 tokens from an f32 strip, packed dtypes being first dequantized a strip
 // at a time into `scratch` (exact, so the bits stay the same). No vector shift runs in a loop:
 // JavaScriptCore moves each one's count through a scalar register (multiplies stand in for them).
@@ -45,7 +45,6 @@ import { f16bits, f16ext, f16ToF32, f16x4, top16x4 } from "./f16";
 const F32: i32 = 0;
 const F16: i32 = 1;
 const BF16: i32 = 2;
-const Q8_0: i32 = 3;
 /**
  * f16 weights against x scaled by 2^112 (exact while |x| < 2^16): the weights' f32 patterns then
  * need no rebias multiply, and each product w * x is the same real number, so rounds the same.
@@ -58,19 +57,17 @@ const S: i32 = 8;
 /** Weights of one row in one group. */
 @inline function groupLen(dt: i32): i32 {
   if (dt == F32) return 4;
-  if (dt == Q8_0) return 32;
   return 8;
 }
 
 /** Bytes of one group (all 8 rows). */
 @inline function groupBytes(dt: i32): usize {
-  return dt == Q8_0 ? 272 : 128;
+  return 128;
 }
 
 /** Weights of a row held in whole groups. */
 @inline function mainLen(dt: i32, n: i32): i32 {
   if (dt == F32) return n & ~3;
-  if (dt == Q8_0) return n;
   return n & ~7;
 }
 
@@ -80,7 +77,6 @@ const S: i32 = 8;
 
 /** Bytes of one strip of rows of n weights. */
 @inline function stripBytes(dt: i32, n: i32): usize {
-  if (dt == Q8_0) return <usize>(n / 32) * 272;
   return (<usize>(S * n)) << elemShift(dt);
 }
 
@@ -108,52 +104,12 @@ const S: i32 = 8;
   return v128.and(v, i32x4.splat(0xffff0000));
 }
 
-/** int8 q[0..3] of v (lanes `part`) times the scale, as f32x4 (exact). */
-@inline function q8x4(v: v128, part: i32, scale: v128): v128 {
-  let h: v128;
-  if (part < 2) h = i16x8.extend_low_i8x16_s(v);
-  else h = i16x8.extend_high_i8x16_s(v);
-  const q = (part & 1) == 0 ? i32x4.extend_low_i16x8_s(h) : i32x4.extend_high_i16x8_s(h);
-  return f32x4.mul(f32x4.convert_i32x4_s(q), scale);
-}
-
-/** The 8 scales of the q8_0 group at g, as two f32x4 (rows 0..3, 4..7). */
-@inline function scalesLo(g: usize): v128 {
-  return f16ext(i32x4.extend_low_i16x8_s(v128.load(g)));
-}
-
-@inline function scalesHi(g: usize): v128 {
-  return f16ext(i32x4.extend_high_i16x8_s(v128.load(g)));
-}
-
-/** Lane k of v in every lane (k a constant once inlined). */
-@inline function lane(v: v128, k: i32): v128 {
-  if (k == 0) return f32x4.shuffle(v, v, 0, 0, 0, 0);
-  if (k == 1) return f32x4.shuffle(v, v, 1, 1, 1, 1);
-  if (k == 2) return f32x4.shuffle(v, v, 2, 2, 2, 2);
-  return f32x4.shuffle(v, v, 3, 3, 3, 3);
-}
-
 /**
- * acc plus row k's weights of the group at g times x from xp, in j order (one group: 4, 8 or 32
- * weights). `scale` is row k's q8_0 scale, splatted (unused for the other dtypes); x0 and x1 are
- * x at xp and xp + 16, loaded once for all the strip's rows (q8_0 loads its own).
+ * acc plus row k's weights of the group at g times x, in j order (one group: 4 or 8 weights); x0
+ * and x1 are x at xp and xp + 16, loaded once for all the strip's rows.
  */
-@inline function groupDot(dt: i32, acc: v128, g: usize, k: i32, xp: usize, scale: v128, x0: v128, x1: v128): v128 {
+@inline function groupDot(dt: i32, acc: v128, g: usize, k: i32, x0: v128, x1: v128): v128 {
   if (dt == F32) return fma4(acc, v128.load(g + (<usize>k << 4)), x0);
-  if (dt == Q8_0) {
-    const q = g + 16 + (<usize>k << 5);
-    const a = v128.load(q);
-    const b = v128.load(q, 16);
-    acc = fma4(acc, q8x4(a, 0, scale), v128.load(xp));
-    acc = fma4(acc, q8x4(a, 1, scale), v128.load(xp, 16));
-    acc = fma4(acc, q8x4(a, 2, scale), v128.load(xp, 32));
-    acc = fma4(acc, q8x4(a, 3, scale), v128.load(xp, 48));
-    acc = fma4(acc, q8x4(b, 0, scale), v128.load(xp, 64));
-    acc = fma4(acc, q8x4(b, 1, scale), v128.load(xp, 80));
-    acc = fma4(acc, q8x4(b, 2, scale), v128.load(xp, 96));
-    return fma4(acc, q8x4(b, 3, scale), v128.load(xp, 112));
-  }
   const v = v128.load(g + (<usize>k << 4));
   acc = fma4(acc, lo16(dt, v), x0);
   return fma4(acc, hi16(dt, v), x1);
@@ -161,7 +117,7 @@ const S: i32 = 8;
 
 /** x at xp + 16 for the 16-bit dtypes' second half group (zero, unused, for the others). */
 @inline function x1Of(dt: i32, xp: usize): v128 {
-  return dt == F32 || dt == Q8_0 ? f32x4.splat(0) : v128.load(xp, 16);
+  return dt == F32 ? f32x4.splat(0) : v128.load(xp, 16);
 }
 
 /** Weight i of a row's tail at p, as f32. */
@@ -178,7 +134,7 @@ const S: i32 = 8;
 @inline function finish(dt: i32, acc: v128, tp: usize, xRow: usize, n: i32): f32 {
   const main = mainLen(dt, n);
   const n4 = n & ~3;
-  if (dt != F32 && dt != Q8_0 && main < n4) {
+  if (dt != F32 && main < n4) {
     let w = top16x4(tp);
     if (dt == F16) w = f16x4(w);
     acc = fma4(acc, w, v128.load(xRow + (<usize>main << 2)));
@@ -193,12 +149,6 @@ const S: i32 = 8;
  * read x from xq: xr itself, or for F16X xr scaled by 2^112 (the tails read xr).
  */
 @inline function strip8x1(dt: i32, yo: usize, xr: usize, sp: usize, n: i32, xq: usize): void {
-  if (dt == Q8_0) {
-    // Four sums in flight: eight, with the widening's temporaries, spill registers.
-    q8Half(yo, xr, sp, n, 0);
-    q8Half(yo + 16, xr, sp, n, 1);
-    return;
-  }
   const gl = groupLen(dt);
   const gb = groupBytes(dt);
   const groups = mainLen(dt, n) / gl;
@@ -206,21 +156,16 @@ const S: i32 = 8;
   let g = sp;
   let xp = xq;
   for (let c = 0; c < groups; c++) {
-    let lo = a0, hi = a0;
-    if (dt == Q8_0) {
-      lo = scalesLo(g);
-      hi = scalesHi(g);
-    }
-    const x0 = dt == Q8_0 ? lo : v128.load(xp);
+    const x0 = v128.load(xp);
     const x1 = x1Of(dt, xp);
-    a0 = groupDot(dt, a0, g, 0, xp, lane(lo, 0), x0, x1);
-    a1 = groupDot(dt, a1, g, 1, xp, lane(lo, 1), x0, x1);
-    a2 = groupDot(dt, a2, g, 2, xp, lane(lo, 2), x0, x1);
-    a3 = groupDot(dt, a3, g, 3, xp, lane(lo, 3), x0, x1);
-    a4 = groupDot(dt, a4, g, 4, xp, lane(hi, 0), x0, x1);
-    a5 = groupDot(dt, a5, g, 5, xp, lane(hi, 1), x0, x1);
-    a6 = groupDot(dt, a6, g, 6, xp, lane(hi, 2), x0, x1);
-    a7 = groupDot(dt, a7, g, 7, xp, lane(hi, 3), x0, x1);
+    a0 = groupDot(dt, a0, g, 0, x0, x1);
+    a1 = groupDot(dt, a1, g, 1, x0, x1);
+    a2 = groupDot(dt, a2, g, 2, x0, x1);
+    a3 = groupDot(dt, a3, g, 3, x0, x1);
+    a4 = groupDot(dt, a4, g, 4, x0, x1);
+    a5 = groupDot(dt, a5, g, 5, x0, x1);
+    a6 = groupDot(dt, a6, g, 6, x0, x1);
+    a7 = groupDot(dt, a7, g, 7, x0, x1);
     g += gb;
     xp += <usize>gl << 2;
   }
@@ -235,46 +180,6 @@ const S: i32 = 8;
   store<f32>(yo, finish(td, a7, tailOf(dt, sp, n, 7), xr, n), 28);
 }
 
-/** acc plus 16 int8 weights at q, times `scale`, times x0..x3, in j order. */
-@inline function q8x16(acc: v128, q: usize, scale: v128, x0: v128, x1: v128, x2: v128, x3: v128): v128 {
-  const a = v128.load(q);
-  acc = fma4(acc, q8x4(a, 0, scale), x0);
-  acc = fma4(acc, q8x4(a, 1, scale), x1);
-  acc = fma4(acc, q8x4(a, 2, scale), x2);
-  return fma4(acc, q8x4(a, 3, scale), x3);
-}
-
-/**
- * Rows h*4 .. h*4+3 of the q8_0 strip at sp against one token row xr; outputs at yo, yo + 4, ...
- * Each 16 weights' x is loaded once for the four rows.
- */
-@inline function q8Half(yo: usize, xr: usize, sp: usize, n: i32, h: i32): void {
-  const groups = n >> 5;
-  const k = <usize>(h << 2);
-  let a0 = f32x4.splat(0), a1 = a0, a2 = a0, a3 = a0;
-  let g = sp;
-  let xp = xr;
-  for (let c = 0; c < groups; c++) {
-    const sv = h == 0 ? scalesLo(g) : scalesHi(g);
-    const s0 = lane(sv, 0), s1 = lane(sv, 1), s2 = lane(sv, 2), s3 = lane(sv, 3);
-    const q = g + 16 + (k << 5);
-    for (let half: usize = 0; half < 32; half += 16) {
-      const x0 = v128.load(xp + (half << 2)), x1 = v128.load(xp + (half << 2), 16);
-      const x2 = v128.load(xp + (half << 2), 32), x3 = v128.load(xp + (half << 2), 48);
-      a0 = q8x16(a0, q + half, s0, x0, x1, x2, x3);
-      a1 = q8x16(a1, q + 32 + half, s1, x0, x1, x2, x3);
-      a2 = q8x16(a2, q + 64 + half, s2, x0, x1, x2, x3);
-      a3 = q8x16(a3, q + 96 + half, s3, x0, x1, x2, x3);
-    }
-    g += 272;
-    xp += 128;
-  }
-  store<f32>(yo, finish(Q8_0, a0, 0, xr, n));
-  store<f32>(yo, finish(Q8_0, a1, 0, xr, n), 4);
-  store<f32>(yo, finish(Q8_0, a2, 0, xr, n), 8);
-  store<f32>(yo, finish(Q8_0, a3, 0, xr, n), 12);
-}
-
 /** Row k of the strip at sp against one token row xr. */
 @inline function row1x1(dt: i32, xr: usize, sp: usize, k: i32, n: i32): f32 {
   const gl = groupLen(dt);
@@ -284,9 +189,7 @@ const S: i32 = 8;
   let g = sp;
   let xp = xr;
   for (let c = 0; c < groups; c++) {
-    let scale = a;
-    if (dt == Q8_0) scale = f32x4.splat(f16ToF32(<u32>load<u16>(g + (<usize>k << 1))));
-    a = groupDot(dt, a, g, k, xp, scale, dt == Q8_0 ? scale : v128.load(xp), x1Of(dt, xp));
+    a = groupDot(dt, a, g, k, v128.load(xp), x1Of(dt, xp));
     g += gb;
     xp += <usize>gl << 2;
   }
@@ -356,26 +259,12 @@ function stripRows(yo: usize, x: usize, sp: usize, rows: i32, n: i32, d: i32): v
   let g = sp;
   let o = dst;
   for (let c = 0; c < groups; c++) {
-    if (dt == Q8_0) {
-      const lo = scalesLo(g);
-      const hi = scalesHi(g);
-      dequantQ8Row(o, g, 0, lane(lo, 0));
-      dequantQ8Row(o, g, 1, lane(lo, 1));
-      dequantQ8Row(o, g, 2, lane(lo, 2));
-      dequantQ8Row(o, g, 3, lane(lo, 3));
-      dequantQ8Row(o, g, 4, lane(hi, 0));
-      dequantQ8Row(o, g, 5, lane(hi, 1));
-      dequantQ8Row(o, g, 6, lane(hi, 2));
-      dequantQ8Row(o, g, 7, lane(hi, 3));
-      o += 8 * 128;
-    } else {
-      for (let k = 0; k < S; k++) {
-        const v = v128.load(g + (<usize>k << 4));
-        v128.store(o + (<usize>k << 4), lo16(dt, v));
-        v128.store(o + (<usize>k << 4), hi16(dt, v), 128);
-      }
-      o += 256;
+    for (let k = 0; k < S; k++) {
+      const v = v128.load(g + (<usize>k << 4));
+      v128.store(o + (<usize>k << 4), lo16(dt, v));
+      v128.store(o + (<usize>k << 4), hi16(dt, v), 128);
     }
+    o += 256;
     g += gb;
   }
   const main = mainLen(dt, n);
@@ -410,22 +299,6 @@ function stripRows(yo: usize, x: usize, sp: usize, rows: i32, n: i32, d: i32): v
   }
   // NaN fails the comparison too (f32x4.max and max propagate it).
   return s < 65536;
-}
-
-/** Row k's 32 weights of the q8_0 group at g into the 8 f32 groups at o. */
-@inline function dequantQ8Row(o: usize, g: usize, k: i32, scale: v128): void {
-  const q = g + 16 + (<usize>k << 5);
-  const a = v128.load(q);
-  const b = v128.load(q, 16);
-  const p = o + (<usize>k << 4);
-  v128.store(p, q8x4(a, 0, scale));
-  v128.store(p, q8x4(a, 1, scale), 128);
-  v128.store(p, q8x4(a, 2, scale), 256);
-  v128.store(p, q8x4(a, 3, scale), 384);
-  v128.store(p, q8x4(b, 0, scale), 512);
-  v128.store(p, q8x4(b, 1, scale), 640);
-  v128.store(p, q8x4(b, 2, scale), 768);
-  v128.store(p, q8x4(b, 3, scale), 896);
 }
 
 /**
