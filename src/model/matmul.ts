@@ -48,11 +48,6 @@ export function matmulRef(y: Float32Array, x: Float32Array, w: Matrix, wOff: num
   }
 }
 
-/** Bytes of one token row of n quantized for the q8_0 kernel (kernels/assembly/q8.ts's qRowBytes). */
-export function q8RowBytes(n: number): number {
-  return (2 * n + n / 8 + 15) & ~15;
-}
-
 // The plain-JS q8_0 path's quantized x row, grown as needed (the fallback runs on one thread).
 let refQ = new Int16Array(0);
 let refScales = new Float32Array(0);
@@ -141,8 +136,9 @@ export type KernelExports = Record<`matmul_${DType}`, KernelFn> &
   LayerKernelExports & {
     /** Claims and computes chunks of dispatch `gen` (kernels/assembly/dispatch.ts). */
     run_chunks(ctrl: number, thread: number, gen: number): number;
-    /** rows token rows of n f32 at x quantized for the q8_0 kernel at dst (q8RowBytes(n) each). */
+    /** rows token rows of n f32 at x quantized for the q8_0 kernel at dst (q8_row_bytes(n) each). */
     quantize_q8_x(dst: number, x: number, rows: number, n: number): void;
+    q8_row_bytes(n: number): number;
   };
 
 let compiled: WebAssembly.Module | null | undefined;
@@ -467,7 +463,7 @@ export class MatmulKernel {
         if (jobs[o + J_FN] === KERNEL_INDEX.q8_0 && this.q8From[i] === x && jobs[o + J_ROWS] === rows && jobs[o + J_N] === n) at = jobs[o + J_X]!;
       }
       if (at < 0) {
-        at = this.temp(rows * q8RowBytes(n));
+        at = this.temp(rows * ex.q8_row_bytes(n));
         ex.quantize_q8_x(at, x, rows, n);
       }
       this.q8From[j] = x;

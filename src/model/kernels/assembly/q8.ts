@@ -33,7 +33,17 @@ const GROUP: usize = 272;
 
 /** Bytes of one quantized token row of n (a multiple of 32). */
 @inline function qRowBytes(n: i32): usize {
-  return (<usize>(2 * n + (n >> 3)) + 15) & ~15;
+  return (<usize>(8 * n + (n >> 3)) + 15) & ~15;
+}
+
+/** qRowBytes, for MatmulKernel to size the space (one statement of the layout, here). */
+export function q8_row_bytes(n: i32): i32 {
+  return <i32>qRowBytes(n);
+}
+
+/** Where a quantized row's block scales start: after its n / 2 splatted pairs. */
+@inline function scalesOf(xq: usize, n: i32): usize {
+  return xq + (<usize>n << 3);
 }
 
 /**
@@ -46,12 +56,12 @@ export function quantize_q8_x(dst: usize, x: usize, rows: i32, n: i32): void {
   for (let r = 0; r < rows; r++) {
     const xr = x + <usize>r * (<usize>n << 2);
     const qr = dst + <usize>r * qb;
-    const sr = qr + (<usize>n << 1);
-    for (let b = 0; b < blocks; b++) quantizeBlock(qr + (<usize>b << 6), sr + (<usize>b << 2), xr + (<usize>b << 7));
+    const sr = scalesOf(qr, n);
+    for (let b = 0; b < blocks; b++) quantizeBlock(qr + (<usize>b << 8), sr + (<usize>b << 2), xr + (<usize>b << 7));
   }
 }
 
-/** One 32-element block of f32 at xp into 32 i16 at qp and its scale at sp. */
+/** One 32-element block of f32 at xp into 16 splatted pairs of i16 at qp (256 bytes) and its scale at sp. */
 @inline function quantizeBlock(qp: usize, sp: usize, xp: usize): void {
   let m = f32x4.abs(v128.load(xp));
   for (let i: usize = 16; i < 128; i += 16) m = f32x4.max(m, f32x4.abs(v128.load(xp + i)));
@@ -63,7 +73,12 @@ export function quantize_q8_x(dst: usize, x: usize, rows: i32, n: i32): void {
   for (let i: usize = 0; i < 128; i += 32) {
     const lo = i32x4.trunc_sat_f32x4_s(f32x4.nearest(f32x4.mul(v128.load(xp + i), inv)));
     const hi = i32x4.trunc_sat_f32x4_s(f32x4.nearest(f32x4.mul(v128.load(xp + i, 16), inv)));
-    v128.store(qp + (i >> 1), i16x8.narrow_i32x4_s(lo, hi));
+    const q = i16x8.narrow_i32x4_s(lo, hi);
+    const o = qp + (i << 1);
+    v128.store(o, i32x4.shuffle(q, q, 0, 0, 0, 0));
+    v128.store(o, i32x4.shuffle(q, q, 1, 1, 1, 1), 16);
+    v128.store(o, i32x4.shuffle(q, q, 2, 2, 2, 2), 32);
+    v128.store(o, i32x4.shuffle(q, q, 3, 3, 3, 3), 48);
   }
 }
 
@@ -79,14 +94,14 @@ export function quantize_q8_x(dst: usize, x: usize, rows: i32, n: i32): void {
   let hi = lo;
   let g = sp;
   let xp = xq;
-  let sp4 = xq + (<usize>n << 1);
+  let sp4 = scalesOf(xq, n);
   for (let c = 0; c < blocks; c++) {
     const w = g + 16;
     // Two chains of adds per half, so each waits on the other's latency only.
     let la = i32x4.splat(0), lb = la, ha = la, hb = la;
     for (let p: usize = 0; p < 16; p += 2) {
-      const x0 = v128.load32_splat(xp + (p << 2));
-      const x1 = v128.load32_splat(xp + (p << 2), 4);
+      const x0 = v128.load(xp + (p << 4));
+      const x1 = v128.load(xp + (p << 4), 16);
       const q = w + (p << 3);
       la = i32x4.add(la, i32x4.dot_i16x8_s(v128.load8x8_s(q), x0));
       ha = i32x4.add(ha, i32x4.dot_i16x8_s(v128.load8x8_s(q, 128), x0));
@@ -98,7 +113,7 @@ export function quantize_q8_x(dst: usize, x: usize, rows: i32, n: i32): void {
     lo = addBlock(lo, i32x4.add(la, lb), f16ext(i32x4.extend_low_i16x8_s(ws)), xs);
     hi = addBlock(hi, i32x4.add(ha, hb), f16ext(i32x4.extend_high_i16x8_s(ws)), xs);
     g += GROUP;
-    xp += 64;
+    xp += 256;
     sp4 += 4;
   }
   v128.store(yo, lo);
@@ -114,17 +129,17 @@ export function quantize_q8_x(dst: usize, x: usize, rows: i32, n: i32): void {
   let a0 = f32x4.splat(0), a1 = a0, a2 = a0, a3 = a0;
   let g = sp;
   let xp = xq;
-  let sp4 = xq + (<usize>n << 1);
+  let sp4 = scalesOf(xq, n);
   for (let c = 0; c < blocks; c++) {
     const w = g + 16 + (<usize>h << 7);
     let i0 = i32x4.splat(0), i1 = i0, i2 = i0, i3 = i0;
     for (let p: usize = 0; p < 16; p++) {
       const v = v128.load8x8_s(w + (p << 3));
-      const x = xp + (p << 2);
-      i0 = i32x4.add(i0, i32x4.dot_i16x8_s(v, v128.load32_splat(x)));
-      i1 = i32x4.add(i1, i32x4.dot_i16x8_s(v, v128.load32_splat(x + qb)));
-      i2 = i32x4.add(i2, i32x4.dot_i16x8_s(v, v128.load32_splat(x + 2 * qb)));
-      i3 = i32x4.add(i3, i32x4.dot_i16x8_s(v, v128.load32_splat(x + 3 * qb)));
+      const x = xp + (p << 4);
+      i0 = i32x4.add(i0, i32x4.dot_i16x8_s(v, v128.load(x)));
+      i1 = i32x4.add(i1, i32x4.dot_i16x8_s(v, v128.load(x + qb)));
+      i2 = i32x4.add(i2, i32x4.dot_i16x8_s(v, v128.load(x + 2 * qb)));
+      i3 = i32x4.add(i3, i32x4.dot_i16x8_s(v, v128.load(x + 3 * qb)));
     }
     const ws = v128.load(g);
     const wsc = f16ext(h == 0 ? i32x4.extend_low_i16x8_s(ws) : i32x4.extend_high_i16x8_s(ws));
@@ -133,7 +148,7 @@ export function quantize_q8_x(dst: usize, x: usize, rows: i32, n: i32): void {
     a2 = addBlock(a2, i2, wsc, v128.load32_splat(sp4 + 2 * qb));
     a3 = addBlock(a3, i3, wsc, v128.load32_splat(sp4 + 3 * qb));
     g += GROUP;
-    xp += 64;
+    xp += 256;
     sp4 += 4;
   }
   const o = yo + (<usize>h << 4);
@@ -149,18 +164,18 @@ export function quantize_q8_x(dst: usize, x: usize, rows: i32, n: i32): void {
   let acc: f32 = 0;
   let g = sp;
   let xp = xq;
-  let sp4 = xq + (<usize>n << 1);
+  let sp4 = scalesOf(xq, n);
   const w0 = <usize>(16 + ((k >> 2) << 7) + ((k & 3) << 1));
   for (let c = 0; c < blocks; c++) {
     let i = 0;
     for (let p: usize = 0; p < 16; p++) {
       const w = g + w0 + (p << 3);
-      const x = xp + (p << 2);
+      const x = xp + (p << 4);
       i += <i32>load<i8>(w) * <i32>load<i16>(x) + <i32>load<i8>(w, 1) * <i32>load<i16>(x, 2);
     }
     acc += <f32>i * (f16ToF32(<u32>load<u16>(g + (<usize>k << 1))) * load<f32>(sp4));
     g += GROUP;
-    xp += 64;
+    xp += 256;
     sp4 += 4;
   }
   return acc;
