@@ -99,10 +99,10 @@ export function quantize_q8_x(dst: usize, x: usize, rows: i32, n: i32): void {
     const w = g + 16;
     // Two chains of adds per half, so each waits on the other's latency only.
     let la = i32x4.splat(0), lb = la, ha = la, hb = la;
-    for (let p: usize = 0; p < 16; p += 2) {
-      const x0 = v128.load(xp + (p << 4));
-      const x1 = v128.load(xp + (p << 4), 16);
-      const q = w + (p << 3);
+    // Pointers stepped rather than indexed: the loads' offsets are immediates.
+    for (let q = w, x = xp; q < w + 128; q += 16, x += 32) {
+      const x0 = v128.load(x);
+      const x1 = v128.load(x, 16);
       la = i32x4.add(la, i32x4.dot_i16x8_s(v128.load8x8_s(q), x0));
       ha = i32x4.add(ha, i32x4.dot_i16x8_s(v128.load8x8_s(q, 128), x0));
       lb = i32x4.add(lb, i32x4.dot_i16x8_s(v128.load8x8_s(q, 8), x1));
@@ -133,13 +133,18 @@ export function quantize_q8_x(dst: usize, x: usize, rows: i32, n: i32): void {
   for (let c = 0; c < blocks; c++) {
     const w = g + 16 + (<usize>h << 7);
     let i0 = i32x4.splat(0), i1 = i0, i2 = i0, i3 = i0;
-    for (let p: usize = 0; p < 16; p++) {
-      const v = v128.load8x8_s(w + (p << 3));
-      const x = xp + (p << 4);
-      i0 = i32x4.add(i0, i32x4.dot_i16x8_s(v, v128.load(x)));
-      i1 = i32x4.add(i1, i32x4.dot_i16x8_s(v, v128.load(x + qb)));
-      i2 = i32x4.add(i2, i32x4.dot_i16x8_s(v, v128.load(x + 2 * qb)));
-      i3 = i32x4.add(i3, i32x4.dot_i16x8_s(v, v128.load(x + 3 * qb)));
+    // Pointers stepped rather than indexed, two pairs a turn: the loads' offsets are immediates.
+    for (let q = w, x0 = xp, x1 = xp + qb, x2 = x1 + qb, x3 = x2 + qb; q < w + 128; q += 16, x0 += 32, x1 += 32, x2 += 32, x3 += 32) {
+      let v = v128.load8x8_s(q);
+      i0 = i32x4.add(i0, i32x4.dot_i16x8_s(v, v128.load(x0)));
+      i1 = i32x4.add(i1, i32x4.dot_i16x8_s(v, v128.load(x1)));
+      i2 = i32x4.add(i2, i32x4.dot_i16x8_s(v, v128.load(x2)));
+      i3 = i32x4.add(i3, i32x4.dot_i16x8_s(v, v128.load(x3)));
+      v = v128.load8x8_s(q, 8);
+      i0 = i32x4.add(i0, i32x4.dot_i16x8_s(v, v128.load(x0, 16)));
+      i1 = i32x4.add(i1, i32x4.dot_i16x8_s(v, v128.load(x1, 16)));
+      i2 = i32x4.add(i2, i32x4.dot_i16x8_s(v, v128.load(x2, 16)));
+      i3 = i32x4.add(i3, i32x4.dot_i16x8_s(v, v128.load(x3, 16)));
     }
     const ws = v128.load(g);
     const wsc = f16ext(h == 0 ? i32x4.extend_low_i16x8_s(ws) : i32x4.extend_high_i16x8_s(ws));
