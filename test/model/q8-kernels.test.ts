@@ -124,6 +124,25 @@ describe("q8_0 integer kernel", () => {
     }
   });
 
+  test("a_prefill_sized_batch_gives_each_row_its_decode_bits", () => {
+    // 8x2 tiles over 117 rows (the odd one by strip8), against the reference and each row alone.
+    const n = 288;
+    const rows = 117;
+    const w = weights(21, n, 8);
+    const k = kernel([w], n);
+    const x = input(rows, n, 4);
+    x.fill(0, 5 * n, 6 * n);
+    x[7 * n + 3] = Number.NaN;
+    const y = new Float32Array(rows * 21);
+    k.matmul(y, x, w, 0, rows, n, 21);
+    expect(bits(y)).toEqual(ref(x, w, 0, rows, n, 21));
+    for (const r of [0, 5, 7, 116]) {
+      const one = new Float32Array(21);
+      k.matmul(one, x.subarray(r * n, (r + 1) * n), w, 0, 1, n, 21);
+      expect(bits(one)).toEqual(bits(y.subarray(r * 21, (r + 1) * 21)));
+    }
+  });
+
   test("jobs_sharing_an_x_in_one_dispatch_and_jobs_with_their_own_on_any_thread_count", async () => {
     // q, k, v share x (quantized once); a fourth job has its own x of the same shape.
     const n = 96;

@@ -120,49 +120,6 @@ export function quantize_q8_x(dst: usize, x: usize, rows: i32, n: i32): void {
   v128.store(yo, hi, 16);
 }
 
-/**
- * Four rows (half h of the strip at sp) against four quantized token rows from xq, qb bytes
- * apart; token t's outputs at yo + t * ys. Each pair of weights is widened once for the four.
- */
-@inline function tile4x4(yo: usize, ys: usize, xq: usize, qb: usize, sp: usize, h: i32, n: i32): void {
-  const blocks = n >> 5;
-  let a0 = f32x4.splat(0), a1 = a0, a2 = a0, a3 = a0;
-  let g = sp;
-  let xp = xq;
-  let sp4 = scalesOf(xq, n);
-  for (let c = 0; c < blocks; c++) {
-    const w = g + 16 + (<usize>h << 7);
-    let i0 = i32x4.splat(0), i1 = i0, i2 = i0, i3 = i0;
-    // Pointers stepped rather than indexed, two pairs a turn: the loads' offsets are immediates.
-    for (let q = w, x0 = xp, x1 = xp + qb, x2 = x1 + qb, x3 = x2 + qb; q < w + 128; q += 16, x0 += 32, x1 += 32, x2 += 32, x3 += 32) {
-      let v = v128.load8x8_s(q);
-      i0 = i32x4.add(i0, i32x4.dot_i16x8_s(v, v128.load(x0)));
-      i1 = i32x4.add(i1, i32x4.dot_i16x8_s(v, v128.load(x1)));
-      i2 = i32x4.add(i2, i32x4.dot_i16x8_s(v, v128.load(x2)));
-      i3 = i32x4.add(i3, i32x4.dot_i16x8_s(v, v128.load(x3)));
-      v = v128.load8x8_s(q, 8);
-      i0 = i32x4.add(i0, i32x4.dot_i16x8_s(v, v128.load(x0, 16)));
-      i1 = i32x4.add(i1, i32x4.dot_i16x8_s(v, v128.load(x1, 16)));
-      i2 = i32x4.add(i2, i32x4.dot_i16x8_s(v, v128.load(x2, 16)));
-      i3 = i32x4.add(i3, i32x4.dot_i16x8_s(v, v128.load(x3, 16)));
-    }
-    const ws = v128.load(g);
-    const wsc = f16ext(h == 0 ? i32x4.extend_low_i16x8_s(ws) : i32x4.extend_high_i16x8_s(ws));
-    a0 = addBlock(a0, i0, wsc, v128.load32_splat(sp4));
-    a1 = addBlock(a1, i1, wsc, v128.load32_splat(sp4 + qb));
-    a2 = addBlock(a2, i2, wsc, v128.load32_splat(sp4 + 2 * qb));
-    a3 = addBlock(a3, i3, wsc, v128.load32_splat(sp4 + 3 * qb));
-    g += GROUP;
-    xp += 256;
-    sp4 += 4;
-  }
-  const o = yo + (<usize>h << 4);
-  v128.store(o, a0);
-  v128.store(o + ys, a1);
-  v128.store(o + 2 * ys, a2);
-  v128.store(o + 3 * ys, a3);
-}
-
 /** Row k of the strip at sp against one quantized token row xq (the same sum as strip8's). */
 @inline function row1(xq: usize, sp: usize, k: i32, n: i32): f32 {
   const blocks = n >> 5;
@@ -187,17 +144,56 @@ export function quantize_q8_x(dst: usize, x: usize, rows: i32, n: i32): void {
 }
 
 /**
- * The whole strip at sp against every quantized token row from xq: four tokens at a time by
- * 4x4 tiles (the strip, 8.5 n bytes, stays in cache while the tokens pass), the rest one by one.
+ * The 8 rows of the strip at sp against two quantized token rows, xq and xq + qb; token t's
+ * outputs at yo + t * ys. Each pair of weights is widened once for both tokens, and x is read
+ * once per strip (a prefill's x streams from beyond L2 once per strip).
+ */
+@inline function tile8x2(yo: usize, ys: usize, xq: usize, qb: usize, sp: usize, n: i32): void {
+  const blocks = n >> 5;
+  let la = f32x4.splat(0), ha = la, lb = la, hb = la;
+  let g = sp;
+  let xp = xq;
+  let sp4 = scalesOf(xq, n);
+  for (let c = 0; c < blocks; c++) {
+    const w = g + 16;
+    let i0 = i32x4.splat(0), i1 = i0, i2 = i0, i3 = i0;
+    for (let q = w, x0 = xp, x1 = xp + qb; q < w + 128; q += 8, x0 += 16, x1 += 16) {
+      const lo = v128.load8x8_s(q);
+      const hi = v128.load8x8_s(q, 128);
+      const xa = v128.load(x0);
+      const xb = v128.load(x1);
+      i0 = i32x4.add(i0, i32x4.dot_i16x8_s(lo, xa));
+      i1 = i32x4.add(i1, i32x4.dot_i16x8_s(hi, xa));
+      i2 = i32x4.add(i2, i32x4.dot_i16x8_s(lo, xb));
+      i3 = i32x4.add(i3, i32x4.dot_i16x8_s(hi, xb));
+    }
+    const ws = v128.load(g);
+    const wlo = f16ext(i32x4.extend_low_i16x8_s(ws));
+    const whi = f16ext(i32x4.extend_high_i16x8_s(ws));
+    const xsa = v128.load32_splat(sp4);
+    const xsb = v128.load32_splat(sp4 + qb);
+    la = addBlock(la, i0, wlo, xsa);
+    ha = addBlock(ha, i1, whi, xsa);
+    lb = addBlock(lb, i2, wlo, xsb);
+    hb = addBlock(hb, i3, whi, xsb);
+    g += GROUP;
+    xp += 256;
+    sp4 += 4;
+  }
+  v128.store(yo, la);
+  v128.store(yo, ha, 16);
+  v128.store(yo + ys, lb);
+  v128.store(yo + ys, hb, 16);
+}
+
+/**
+ * The whole strip at sp against every quantized token row from xq: two tokens at a time by 8x2
+ * tiles (the strip, 8.5 n bytes, stays in cache while the tokens pass), the odd one by strip8.
+ * (4 rows x 4 tokens, which reads x twice per strip, measured slower.)
  */
 @inline function stripRows(yo: usize, ys: usize, xq: usize, qb: usize, sp: usize, rows: i32, n: i32): void {
   let r = 0;
-  for (; r + 4 <= rows; r += 4) {
-    const x = xq + <usize>r * qb;
-    const y = yo + <usize>r * ys;
-    tile4x4(y, ys, x, qb, sp, 0, n);
-    tile4x4(y, ys, x, qb, sp, 1, n);
-  }
+  for (; r + 2 <= rows; r += 2) tile8x2(yo + <usize>r * ys, ys, xq + <usize>r * qb, qb, sp, n);
   for (; r < rows; r++) strip8(yo + <usize>r * ys, xq + <usize>r * qb, sp, n);
 }
 
