@@ -94,7 +94,8 @@ async function profile(w: ReturnType<typeof castWeights>, threads: number): Prom
 /** One step's matmul calls run back to back through the kernel exports, on this thread. */
 function kernelAlone(mm: MatmulKernel, calls: Call[]): { layers: number; classifier: number } {
   const ex = mm.exports!;
-  const x = mm.addressOf(mm.alloc(BATCH * cfg.hiddenDim));
+  // Room for q8_0's quantized x too (q8_row_bytes: about 8.1 bytes an element, zeros here).
+  const x = mm.addressOf(mm.alloc(BATCH * cfg.hiddenDim * 3));
   const y = mm.addressOf(mm.alloc(BATCH * cfg.vocabSize));
   const scratch = mm.addressOf(mm.alloc(8 * cfg.hiddenDim));
   const time = (cs: Call[]): number => {
