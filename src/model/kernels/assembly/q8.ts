@@ -3,20 +3,24 @@
 // THE Q8 ORDER (q8_0 only; the other dtypes keep THE ORDER in matmul.ts). Each token row x is
 // first quantized by quantize_q8_x, once per dispatch, in 32-element blocks: a = max |x_j| of the
 // block, scale s = a / 127, q_j = nearest-even(x_j * (s == 0 ? 0 : 1 / s)), saturated to i16
-// (every step in f32; q lies in [-127, 127] for finite x). Then
+// (every step in f32; q lies in [-127, 127] unless 1 / s overflows, as for a subnormal s). Then
 //
 //   y = sum over blocks b, in order, of  f32(I_b) * (wscale_b * s_b)
 //
-// where I_b = sum_j w_j q_j is the block's exact integer dot (|I_b| < 2^24, so f32(I_b) is exact
-// and the order inside a block does not matter), wscale_b the weights' f16 scale made f32, every
+// where I_b = sum_j w_j q_j is the block's exact integer dot (in i32 whatever q is; the order
+// inside a block does not matter; |I_b| < 2^24 unless q saturated, so f32(I_b) is exact, and
+// otherwise rounds to nearest even like JS's Math.fround), wscale_b the weights' f16 scale made f32, every
 // product and sum rounded to f32 (WebAssembly never fuses them), starting from 0. One running sum
 // per output row: it depends only on the row's weights and its own token row, never on the tile,
 // the batch or the thread. matmulQ8Ref in matmul.ts states it in plain JS.
 //
-// QUANTIZED X: row r at xq + r * qRowBytes(n): the n values as i16 (widened once here, so the
-// inner loop is i32x4.dot_i16x8_s against them), then the n / 32 block scales as f32 (f32 rather
-// than ggml's f16: this is scratch, not storage, so the extra bytes cost nothing and a rounding
-// and a conversion per block go away).
+// QUANTIZED X: row r at xq + r * qRowBytes(n): the values as i16 (widened once here, so the
+// inner loop is i32x4.dot_i16x8_s against them), each pair (j, j + 1) splatted over a whole v128
+// (16 bytes a pair: the kernels load it as it is, where a load32_splat would cost a shuffle per
+// pair per strip; measured faster even for a 512-token prefill, whose x then outgrows L2), then
+// the n / 32 block scales as f32 (f32 rather than ggml's f16: this is scratch, not storage, so
+// the extra bytes cost nothing and a rounding and a conversion per block go away). MatmulKernel
+// places it in the dispatch's own space, above the permanent allocations: nothing per token.
 //
 // The weights are in matmul.ts's STRIP LAYOUT: a group is one 32-weight block of 8 rows, the 8
 // f16 scales (one v128, widened once per group), then rows 0..3 and rows 4..7, each half as 16
