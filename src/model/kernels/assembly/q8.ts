@@ -9,10 +9,10 @@
 //
 // where I_b = sum_j w_j q_j is the block's exact integer dot (in i32 whatever q is; the order
 // inside a block does not matter; |I_b| < 2^24 unless q saturated, so f32(I_b) is exact, and
-// otherwise rounds to nearest even like JS's Math.fround), wscale_b the weights' f16 scale made f32, every
-// product and sum rounded to f32 (WebAssembly never fuses them), starting from 0. One running sum
-// per output row: it depends only on the row's weights and its own token row, never on the tile,
-// the batch or the thread. matmulQ8Ref in matmul.ts states it in plain JS.
+// otherwise rounds to nearest even like JS's Math.fround), wscale_b the weights' f16 scale made
+// f32, every product and sum rounded to f32 (WebAssembly never fuses them), starting from 0. One
+// running sum per output row: it depends only on the row's weights and its own token row, never
+// on the tile, the batch or the thread. matmulQ8Ref in matmul.ts states it in plain JS.
 //
 // QUANTIZED X: row r at xq + r * qRowBytes(n): the values as i16 (widened once here, so the
 // inner loop is i32x4.dot_i16x8_s against them), each pair (j, j + 1) splatted over a whole v128
