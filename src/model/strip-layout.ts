@@ -6,8 +6,8 @@ import { type DType, dtypeOf, f16Values, type Matrix, matrixBytes, Q8_0_BLOCK_BY
  * The strip layout the matmul kernels read (kernels/assembly/matmul.ts states it): rows in strips
  * of STRIP_ROWS, the last padded with zero rows; a strip holds group c of all its rows back to back
  * (f32: 4 weights a row; f16: 8; bf16: 8, in the order 0 4 1 5 2 6 3 7; q8_0: one block, the 8
- * scales first, the int8 in pairs of four rows: q8Slot), then each row's weights past its last whole group, in order. The bytes per weight
- * are the dtype's own: nothing is widened.
+ * scales first, the int8 in pairs of four rows: q8Slot), then each row's weights past its last
+ * whole group, in order. The bytes per weight are the dtype's own: nothing is widened.
  */
 export const STRIP_ROWS = 8;
 
