@@ -10,8 +10,9 @@ import { type MemoryViews, packStrips, readStripRow, stripLayoutBytes } from "./
  * in one fixed order (see kernels/assembly/matmul.ts): four f32 lanes over j = l (mod 4), folded
  * as (s0 + s1) + (s2 + s3), then the n % 4 tail in order. This is the plain JS statement of that
  * order: the bit-for-bit reference for the f32, f16 and bf16 kernels (a 16-bit w is first made
- * f32, which is exact), and their fallback; a q8_0 w goes to matmulQ8Ref, its kernel's own order. JS forbids fused multiply-add, and Math.fround after every
- * product and sum gives f32 arithmetic exactly.
+ * f32, which is exact), and their fallback; a q8_0 w goes to matmulQ8Ref, its kernel's own
+ * order. JS forbids fused multiply-add, and Math.fround after every product and sum gives f32
+ * arithmetic exactly.
  */
 export function matmulRef(y: Float32Array, x: Float32Array, w: Matrix, wOff: number, rows: number, n: number, d: number): void {
   if (!(w instanceof Float32Array) && w.dtype === "q8_0") {
