@@ -42,3 +42,17 @@
 @inline export function f16bits(h: v128): v128 {
   return v128.and(i32x4.mul(h, i32x4.splat(8192)), i32x4.splat(0x8fffe000));
 }
+
+/**
+ * f16bits of the f16 patterns in the low halves of v's i32 lanes (high halves ignored): one
+ * 16-bit dot product (x86 pmaddwd) does the sign extension and the times 2^13 at once,
+ * low * 8192 + high * 0; the mask then clears the sign's copies as in f16bits.
+ */
+@inline export function f16bitsLo(v: v128): v128 {
+  return v128.and(i32x4.dot_i16x8_s(v, i16x8(8192, 0, 8192, 0, 8192, 0, 8192, 0)), i32x4.splat(0x8fffe000));
+}
+
+/** f16bits of the patterns in the high halves of v's i32 lanes (low * 0 + high * 8192). */
+@inline export function f16bitsHi(v: v128): v128 {
+  return v128.and(i32x4.dot_i16x8_s(v, i16x8(0, 8192, 0, 8192, 0, 8192, 0, 8192)), i32x4.splat(0x8fffe000));
+}
