@@ -47,6 +47,13 @@
  * f16bits of the f16 patterns in the low halves of v's i32 lanes (high halves ignored): one
  * 16-bit dot product (x86 pmaddwd) does the sign extension and the times 2^13 at once,
  * low * 8192 + high * 0; the mask then clears the sign's copies as in f16bits.
+ *
+ * Two operations per four weights, twice bf16's one. No single operation does it whatever the
+ * 16 bits hold: the pattern needs the sign at bit 31 and the exponent-mantissa at 13..27, so
+ * both halves of the lane; a dot product alone cannot give the patterns of -k * 2^-24, k = 1..7
+ * (0x80002000 ..: as i32 below -2^31 + 2^16, which no sum of two products of 16-bit values
+ * reaches), and a lane holding one weight ready for an and leaves the other no run of 15 free
+ * bits to move into place.
  */
 @inline export function f16bitsLo(v: v128): v128 {
   return v128.and(i32x4.dot_i16x8_s(v, i16x8(8192, 0, 8192, 0, 8192, 0, 8192, 0)), i32x4.splat(0x8fffe000));
