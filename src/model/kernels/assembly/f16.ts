@@ -24,9 +24,8 @@
  */
 @inline export function f16x4(t: v128): v128 {
   const bits = v128.and(i32x4.shr_s(t, 3), i32x4.splat(0x8fffe000));
-  return f32x4.mul(bits, f32x4.splat(reinterpret<f32>(0x77800000)));
+  return rebias(bits);
 }
-
 
 /**
  * f16 patterns sign-extended into i32 lanes to f32x4, exact for every finite f16 like f16x4:
@@ -35,7 +34,12 @@
  * WebAssembly vector shift through a scalar register, a multiply by a constant is one instruction.
  */
 @inline export function f16ext(h: v128): v128 {
-  return f32x4.mul(f16bits(h), f32x4.splat(reinterpret<f32>(0x77800000)));
+  return rebias(f16bits(h));
+}
+
+/** f16bits' patterns (the f16 values times 2^-112) times 2^112: the f16 values as f32 (exact). */
+@inline export function rebias(bits: v128): v128 {
+  return f32x4.mul(bits, f32x4.splat(reinterpret<f32>(0x77800000)));
 }
 
 /** f16ext before the rebias: the f32 whose value is the f16's times 2^-112 (exact). */

@@ -33,7 +33,7 @@
 // at a time into `scratch` (exact, so the bits stay the same). No vector shift runs in a loop:
 // JavaScriptCore moves each one's count through a scalar register (multiplies stand in for them).
 
-import { f16bitsHi, f16bitsLo, f16ext, f16ToF32, f16x4, top16x4 } from "./f16";
+import { f16bitsHi, f16bitsLo, f16ext, f16ToF32, f16x4, rebias, top16x4 } from "./f16";
 
 const F32: i32 = 0;
 const F16: i32 = 1;
@@ -89,14 +89,14 @@ const S: i32 = 8;
 
 /** Weights 0..3 of a 16-bit group row: the lanes' low halves (f16 see f16bitsLo; bf16 moved up, times 2^16 rather than a shift: see f16ext). */
 @inline function lo16(dt: i32, v: v128): v128 {
-  if (dt == F16) return f32x4.mul(f16bitsLo(v), f32x4.splat(reinterpret<f32>(0x77800000)));
+  if (dt == F16) return rebias(f16bitsLo(v));
   if (dt == F16X) return f16bitsLo(v);
   return i32x4.mul(v, i32x4.splat(0x10000));
 }
 
 /** Weights 4..7 of a 16-bit group row: the lanes' high halves. */
 @inline function hi16(dt: i32, v: v128): v128 {
-  if (dt == F16) return f32x4.mul(f16bitsHi(v), f32x4.splat(reinterpret<f32>(0x77800000)));
+  if (dt == F16) return rebias(f16bitsHi(v));
   if (dt == F16X) return f16bitsHi(v);
   return v128.and(v, i32x4.splat(0xffff0000));
 }
