@@ -1,6 +1,6 @@
 import assert from "node:assert";
 import { KERNELS_WASM_BASE64 } from "./kernels/kernels-wasm.ts";
-import { controlBytes, J_D, J_FN, J_N, J_R0, J_ROWS, J_W, J_X, J_Y, JOB_INTS, KERNEL_INDEX, KernelThreads, runJobs } from "./kernel-threads.ts";
+import { controlBytes, J_ATTEND, J_D, J_FN, J_N, J_R0, J_ROWS, J_W, J_X, J_Y, JOB_INTS, KERNEL_INDEX, KernelThreads, runJobs } from "./kernel-threads.ts";
 import type { LayerKernelExports } from "./layer-kernels.ts";
 import { assertFinite16, dequantizeInto, dtypeOf, type DType, type Matrix } from "./packed.ts";
 import { type MemoryViews, packStrips, readStripRow, stripLayoutBytes } from "./strip-layout.ts";
@@ -238,6 +238,15 @@ export class MatmulKernel {
     return a;
   }
 
+  /** A zeroed i32 array living in the memory (a plain array on the fallback); never freed. */
+  allocInts(ints: number): Int32Array {
+    if (this.ex === null) return new Int32Array(ints);
+    const at = this.grab(ints * 4);
+    const a = new Int32Array(this.memory!.buffer, at, ints);
+    a.fill(0);
+    return a;
+  }
+
   /** Bytes living in the memory (null on the fallback); never freed. */
   allocBytes(bytes: number): Uint8Array | null {
     if (this.ex === null) return null;
@@ -380,6 +389,27 @@ export class MatmulKernel {
   }
 
   /**
+   * Runs the attention dispatch whose parameters are at `params` (kernels/assembly/attention.ts):
+   * `pieces` (sequence, KV head) pieces, shared with the helper threads when its `macs`
+   * multiply-adds are worth the handoff. Each thread has `scratchBytes` of scratch of its own.
+   */
+  attend(params: number, pieces: number, macs: number, scratchBytes: number): void {
+    this.flush();
+    const ex = this.ex!;
+    const threads = this.threads;
+    const split = threads !== null && pieces > 1 && macs >= SPLIT_MACS && threads.available;
+    const jobs = this.jobs;
+    jobs[J_FN] = J_ATTEND;
+    jobs[J_W] = params;
+    jobs[J_ROWS] = pieces;
+    const stride = align16(scratchBytes);
+    const scratch = this.temp(stride * (split ? threads.helpers + 1 : 1));
+    if (split) threads.run(ex, jobs, 1, scratch, stride);
+    else runJobs(ex, jobs, 1, scratch);
+    this.tempTop = this.top;
+  }
+
+  /**
    * Copies m into the memory in the strip layout, rows of `cols` (16-bit weights checked finite
    * on the way), and returns its view: a matrix like m over the copy.
    */
@@ -402,8 +432,9 @@ export class MatmulKernel {
   private grab(bytes: number): number {
     if (this.queued > 0) assert.fail("kernel memory allocated while matmuls are queued: flush first");
     const at = this.top;
-    this.top += align16(bytes);
-    this.ensure(this.top);
+    // Grown first: a memory that cannot grow (RangeError) leaves the top where it was.
+    this.ensure(at + align16(bytes));
+    this.top = at + align16(bytes);
     return at;
   }
 

@@ -1,5 +1,7 @@
 import assert from "node:assert";
-import type { KvPool } from "../pool/index.ts";
+import type { KvShape } from "../codec/index.ts";
+import { KvPool } from "../pool/index.ts";
+import { blockPayloadBytes } from "../codec/kv-shape.ts";
 import { headDimOf, kvDimOf, type ModelConfig, qDimOf, ropeFrequencies } from "./config.ts";
 import { softmaxF32, swigluF32 } from "./f32-math.ts";
 import { type KernelExports, type KernelOptions, MatmulKernel } from "./matmul.ts";
@@ -25,6 +27,12 @@ const F16_TABLE: Float32Array = (() => {
   return new Float32Array(new Float16Array(bits.buffer));
 })();
 
+/** Where a KV pool's slab lives inside a shared buffer (KvPool's `slab` and `slabOffset` options). */
+export interface KvSlab {
+  slab: SharedArrayBuffer;
+  slabOffset: number;
+}
+
 /** What `Transformer.profile` times, index for index. */
 export const FORWARD_PHASES = ["embed", "rmsnorm", "matmul", "bias", "rope", "kvWrite", "attention", "residual", "swiglu"] as const;
 const P_EMBED = 0;
@@ -43,6 +51,11 @@ function lap(prof: Float64Array, phase: number, t: number): number {
   prof[phase]! += now - t;
   return now;
 }
+
+// The attention dispatch's parameter layout (kernels/assembly/attention.ts): ATT_SEQS shared
+// slots, then per sequence out, q, table, firstPos, rows.
+const ATT_SEQS = 8;
+const ATT_SEQ_INTS = 5;
 
 /** Query rows of one sequence that share each decoded K/V vector in prefill attention. */
 const ATT_TILE = 16;
@@ -93,16 +106,21 @@ export class Transformer {
   private lastX: Float32Array = new Float32Array(0);
   private lastRow = new Int32Array(0);
 
+  /** The batch's K/V blocks when the pool's slab is not in the kernel memory: copied per layer. */
   private kvScratch: Uint8Array | null = null;
+  /** Per sequence, its blocks' byte addresses (maxBlocks slots each) for the attention kernel. */
+  private attTables: Int32Array = new Int32Array(0);
+  /** The attention dispatch's parameters and pieces (kernels/assembly/attention.ts's layout). */
+  private attParams: Int32Array = new Int32Array(0);
+  private attPieces: Int32Array = new Int32Array(0);
   private kvHalf: Uint8Array | null = null;
   private kvHalf16: Uint16Array = new Uint16Array(0);
   /** Floats per query in the attention kernel's score scratch (four queries at a time). */
   private get attStride(): number {
     return (this.cfg.maxSeqLen + 3) & ~3;
   }
-  private attScratch: Float32Array = new Float32Array(0);
-  /** One KV head's K then V made f32 for the attention kernel's tiles. */
-  private linScratch: Float32Array = new Float32Array(0);
+  /** Blocks of a sequence as long as the model allows (the pool's B is fixed per forward). */
+  private maxBlocks = 0;
   private bitsOf: KvPool | null = null;
   private bits: Uint16Array = new Uint16Array(0);
 
@@ -161,6 +179,28 @@ export class Transformer {
     return this.mm.ready();
   }
 
+  /**
+   * Room for a KV pool's slab of `bytes` in the kernel memory, where attention reads the blocks
+   * in place instead of copying each layer's: build the pool with these options. Null on the
+   * fallback, or when the memory (wasm32: 4 GiB) cannot hold it; a pool elsewhere still works.
+   */
+  kvSlab(bytes: number): KvSlab | null {
+    let a: Uint8Array | null = null;
+    try {
+      a = this.mm.allocBytes(bytes);
+    } catch (e) {
+      if (!(e instanceof RangeError)) throw e;
+    }
+    if (a === null) return null;
+    a.fill(0);
+    return { slab: a.buffer as SharedArrayBuffer, slabOffset: a.byteOffset };
+  }
+
+  /** A KV pool whose slab is in the kernel memory when it fits there (see kvSlab), else its own. */
+  kvPool(shape: KvShape, numBlocks: number): KvPool {
+    return new KvPool(shape, numBlocks, this.kvSlab(numBlocks * blockPayloadBytes(shape)) ?? {});
+  }
+
   /** Stops the matmul helper threads (the model still runs, on the caller alone). */
   close(): void {
     this.mm.close();
@@ -208,6 +248,11 @@ export class Transformer {
       }
       rows += n;
     }
+    if (this.maxBlocks < Math.ceil(cfg.maxSeqLen / B)) {
+      // A pool of smaller blocks than the last: the tables are laid out anew.
+      this.maxBlocks = Math.ceil(cfg.maxSeqLen / B);
+      this.seqCap = 0;
+    }
     this.reserve(rows, nSeq);
     const { x, xb, xb2, q, k, v, hb, hb2, rowPos, rowSeq, lastRow } = this;
     const w = this.w;
@@ -233,6 +278,7 @@ export class Transformer {
     const data = pool.data;
     const bits = this.bitsFor(pool);
     const blockElems = pool.blockElems;
+    const inPlace = ex !== null && this.attentionTables(pool, batch);
     for (let l = 0; l < nLayers; l++) {
       rmsnorm(xb, x, w.rmsAtt, l * dim, rows, dim, cfg.normEps);
       if (prof) t = lap(prof, P_NORM, t);
@@ -257,7 +303,7 @@ export class Transformer {
       else storeKv(data, k, v, rowPos, rowSeq, batch, blockElems, B, l, kvDim, rows);
       if (prof) t = lap(prof, P_KV, t);
 
-      if (ex !== null) this.attentionSimd(pool, l, batch, rows);
+      if (ex !== null) this.attentionSimd(pool, l, batch, inPlace);
       else this.attention(bits, blockElems, B, l, batch, rows);
       if (prof) t = lap(prof, P_ATT, t);
       mm.matmul(xb2, xb, w.wo, l * dim * qDim, rows, qDim, dim);
@@ -325,6 +371,9 @@ export class Transformer {
       const cap = Math.max(nSeq, this.seqCap * 2);
       this.lastX = this.mm.alloc(cap * this.cfg.dim);
       this.lastRow = new Int32Array(cap);
+      this.attParams = this.mm.allocInts(ATT_SEQS + ATT_SEQ_INTS * cap);
+      this.attTables = this.mm.allocInts(cap * this.maxBlocks);
+      this.attPieces = this.mm.allocInts(2 * cap * this.cfg.nKvHeads);
       this.seqCap = cap;
     }
   }
@@ -399,58 +448,87 @@ export class Transformer {
   }
 
   /**
-   * Attention in the SIMD kernel (kernels/assembly/attention.ts states its order): per chunk and
-   * layer, the K and V sections of the chunk's blocks are copied from the slab into kernel memory
-   * (one copy per block), then every row of the chunk attends there. Each row's result depends
-   * only on its query and the cached K/V, so chunking and batching never change a bit.
+   * Fills the attention kernel's block tables for this forward: each sequence's blocks read in
+   * place when the pool's slab lives in the kernel memory (returns true), else the addresses of
+   * their copies in kvScratch, which attentionSimd fills per layer.
    */
-  private attentionSimd(pool: KvPool, l: number, batch: readonly SeqChunk[], rows: number): void {
-    const ex = this.mm.exports!;
+  private attentionTables(pool: KvPool, batch: readonly SeqChunk[]): boolean {
     const B = pool.shape.blockTokens;
-    const kvDim = this.kvDim;
-    const layerBytes = 2 * B * kvDim * 2;
-    const need = Math.ceil(this.cfg.maxSeqLen / B) * layerBytes;
-    if (this.kvScratch === null || this.kvScratch.byteLength < need) {
-      this.kvScratch = this.mm.allocBytes(need)!;
-      this.attScratch = this.mm.alloc(4 * this.attStride);
-      this.linScratch = this.mm.alloc(2 * this.attStride * this.headDim);
+    const mb = this.maxBlocks;
+    const tables = this.attTables;
+    const slabAt = this.mm.addressOf(pool.bytes);
+    const layerBytes = 2 * B * this.kvDim * 2;
+    if (slabAt < 0) {
+      const need = batch.length * mb * layerBytes;
+      if (this.kvScratch === null || this.kvScratch.byteLength < need) this.kvScratch = this.mm.allocBytes(Math.max(need, 2 * (this.kvScratch?.byteLength ?? 0)))!;
     }
-    const kvs = this.kvScratch;
-    const kvAt = this.mm.addressOf(kvs);
-    const attAt = this.mm.addressOf(this.attScratch);
-    const qAt = this.mm.addressOf(this.q);
-    const xbAt = this.mm.addressOf(this.xb);
-    const src = pool.bytes;
-    const { rowPos, rowSeq } = this;
-    for (let r = 0; r < rows; ) {
-      const seq = rowSeq[r]!;
-      let rEnd = r + 1;
-      while (rEnd < rows && rowSeq[rEnd] === seq) rEnd++;
-      const table = batch[seq]!.blockTable;
-      const n = rowPos[rEnd - 1]! + 1;
-      for (let b = 0, nb = Math.ceil(n / B); b < nb; b++) {
-        const from = table[b]! * pool.blockBytes + l * layerBytes;
-        kvs.set(src.subarray(from, from + layerBytes), b * layerBytes);
+    const kvAt = slabAt < 0 ? this.mm.addressOf(this.kvScratch!) : 0;
+    for (let s = 0; s < batch.length; s++) {
+      const c = batch[s]!;
+      const nb = Math.ceil((c.startPos + c.tokens.length) / B);
+      for (let b = 0; b < nb; b++) tables[s * mb + b] = slabAt >= 0 ? slabAt + c.blockTable[b]! * pool.blockBytes : kvAt + (s * mb + b) * layerBytes;
+    }
+    return slabAt >= 0;
+  }
+
+  /**
+   * Attention in the SIMD kernel (kernels/assembly/attention.ts states its order), in pieces
+   * shared with the helper threads as the matmuls are: a decoding sequence whole (its heads read
+   * the blocks together), a prefill one per KV head. The blocks are read
+   * through attentionTables': in place, or from this layer's copy made here (one per block). Each
+   * row's result depends only on its query and the cached K/V, so chunking, batching and threads
+   * never change a bit.
+   */
+  private attentionSimd(pool: KvPool, l: number, batch: readonly SeqChunk[], inPlace: boolean): void {
+    const mm = this.mm;
+    const B = pool.shape.blockTokens;
+    const layerBytes = 2 * B * this.kvDim * 2;
+    const mb = this.maxBlocks;
+    const p = this.attParams;
+    const rowBytes = this.qDim * 4;
+    const qAt = mm.addressOf(this.q);
+    const xbAt = mm.addressOf(this.xb);
+    const tablesAt = mm.addressOf(this.attTables);
+    const nKv = this.cfg.nKvHeads;
+    const pieces = this.attPieces;
+    let nPieces = 0;
+    let macs = 0;
+    for (let s = 0, r = 0; s < batch.length; s++) {
+      const c = batch[s]!;
+      const nr = c.tokens.length;
+      const n = c.startPos + nr;
+      if (!inPlace) {
+        const kvs = this.kvScratch!;
+        const src = pool.bytes;
+        for (let b = 0, nb = Math.ceil(n / B); b < nb; b++) {
+          const from = c.blockTable[b]! * pool.blockBytes + l * layerBytes;
+          kvs.set(src.subarray(from, from + layerBytes), (s * mb + b) * layerBytes);
+        }
       }
-      const rowBytes = this.qDim * 4;
-      ex.attend(
-        xbAt + r * rowBytes,
-        qAt + r * rowBytes,
-        kvAt,
-        attAt,
-        this.attStride,
-        this.mm.addressOf(this.linScratch),
-        rowPos[r]!,
-        rEnd - r,
-        B,
-        layerBytes,
-        this.cfg.nKvHeads,
-        this.kvMul,
-        this.headDim,
-        this.qDim,
-      );
-      r = rEnd;
+      const o = ATT_SEQS + s * ATT_SEQ_INTS;
+      p[o] = xbAt + r * rowBytes;
+      p[o + 1] = qAt + r * rowBytes;
+      p[o + 2] = tablesAt + s * mb * 4;
+      p[o + 3] = c.startPos;
+      p[o + 4] = nr;
+      // The kernel streams a sequence with fewer than four queries per KV head (attendStream).
+      for (let g = nr * this.kvMul < 4 ? -1 : 0; g < (nr * this.kvMul < 4 ? 0 : nKv); g++, nPieces++) {
+        pieces[2 * nPieces] = s;
+        pieces[2 * nPieces + 1] = g;
+      }
+      macs += 2 * nr * n * this.qDim;
+      r += nr;
     }
+    p[0] = mm.addressOf(pieces);
+    p[1] = B;
+    p[2] = this.cfg.nKvHeads;
+    p[3] = this.kvMul;
+    p[4] = this.headDim;
+    p[5] = this.qDim;
+    p[6] = inPlace ? l * layerBytes : 0;
+    p[7] = this.attStride;
+    const scratchBytes = Math.max(4 * this.attStride + 2 * this.attStride * this.headDim, 4 * nKv * this.attStride) * 4;
+    mm.attend(mm.addressOf(p), nPieces, macs, scratchBytes);
   }
 
   /**
