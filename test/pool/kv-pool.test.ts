@@ -226,6 +226,6 @@ describe("KvPool", () => {
     expect(p.payload(ids[0]!).every((b) => b === 0)).toBe(true);
     expect(new KvPool(shape, 3, { slab: buf, slabOffset: 64 }).data[p.offset(ids[2]!, 0, 1, 1, 0)]).toBe(1.5);
     expect(() => new KvPool(shape, 3, { slab: buf, slabOffset: 65 })).toThrow(/slab offset 65: \d+ bytes for 3 blocks must fit 16-aligned in \d+/);
-    expect(() => new KvPool(shape, 3, { slab: buf, slabOffset: 128 })).toThrow(/slab offset 128/);
+    expect(() => new KvPool(shape, 3, { slab: buf, slabOffset: 144 })).toThrow(/slab offset 144/);
   });
 });
