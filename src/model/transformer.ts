@@ -122,6 +122,8 @@ export class Transformer {
   /** Blocks of a sequence as long as the model allows (the pool's B is fixed per forward). */
   private maxBlocks = 0;
   private bitsOf: KvPool | null = null;
+  /** The rooms kvSlab gave, by offset. */
+  private readonly slabs = new Map<number, Uint8Array>();
   private bits: Uint16Array = new Uint16Array(0);
 
   constructor(cfg: ModelConfig, weights: Weights<Matrix>, opts: KernelOptions = {}) {
@@ -193,7 +195,15 @@ export class Transformer {
     }
     if (a === null) return null;
     a.fill(0);
+    this.slabs.set(a.byteOffset, a);
     return { slab: a.buffer as SharedArrayBuffer, slabOffset: a.byteOffset };
+  }
+
+  /** A KV pool over room kvSlab gave at `slabOffset` (another thread's pool's twin). */
+  kvPoolAt(shape: KvShape, numBlocks: number, slabOffset: number): KvPool {
+    const a = this.slabs.get(slabOffset);
+    if (a === undefined) assert.fail(`no KV slab was given at ${slabOffset}`);
+    return new KvPool(shape, numBlocks, { slab: a.buffer as SharedArrayBuffer, slabOffset });
   }
 
   /** A KV pool whose slab is in the kernel memory when it fits there (see kvSlab), else its own. */
@@ -460,7 +470,8 @@ export class Transformer {
     const layerBytes = 2 * B * this.kvDim * 2;
     if (slabAt < 0) {
       const need = batch.length * mb * layerBytes;
-      if (this.kvScratch === null || this.kvScratch.byteLength < need) this.kvScratch = this.mm.allocBytes(Math.max(need, 2 * (this.kvScratch?.byteLength ?? 0)))!;
+      if (this.kvScratch === null || this.kvScratch.byteLength < need)
+        this.kvScratch = this.mm.allocBytes(Math.max(need, 2 * (this.kvScratch?.byteLength ?? 0)))!;
     }
     const kvAt = slabAt < 0 ? this.mm.addressOf(this.kvScratch!) : 0;
     for (let s = 0; s < batch.length; s++) {
