@@ -383,7 +383,7 @@ export class Transformer {
       this.lastRow = new Int32Array(cap);
       this.attParams = this.mm.allocInts(ATT_SEQS + ATT_SEQ_INTS * cap);
       this.attTables = this.mm.allocInts(cap * this.maxBlocks);
-      this.attPieces = this.mm.allocInts(2 * cap * this.cfg.nKvHeads);
+      this.attPieces = this.mm.allocInts(3 * cap * this.cfg.nKvHeads);
       this.seqCap = cap;
     }
   }
@@ -502,6 +502,8 @@ export class Transformer {
     const tablesAt = mm.addressOf(this.attTables);
     const nKv = this.cfg.nKvHeads;
     const pieces = this.attPieces;
+    // Head ranges per decoding sequence: two pieces per thread over the batch at least.
+    const parts = Math.min(nKv, Math.ceil((2 * mm.threadCount) / batch.length));
     let nPieces = 0;
     let macs = 0;
     for (let s = 0, r = 0; s < batch.length; s++) {
@@ -522,10 +524,13 @@ export class Transformer {
       p[o + 2] = tablesAt + s * mb * 4;
       p[o + 3] = c.startPos;
       p[o + 4] = nr;
-      // The kernel streams a sequence with fewer than four queries per KV head (attendStream).
-      for (let g = nr * this.kvMul < 4 ? -1 : 0; g < (nr * this.kvMul < 4 ? 0 : nKv); g++, nPieces++) {
-        pieces[2 * nPieces] = s;
-        pieces[2 * nPieces + 1] = g;
+      // A prefill sequence goes KV head by KV head; a decoding one (streamed: attendStream) in
+      // `parts` ranges of KV heads, so that a small batch still gives every thread a share.
+      const per = nr * this.kvMul < 4 ? Math.ceil(nKv / parts) : 1;
+      for (let g = 0; g < nKv; g += per, nPieces++) {
+        pieces[3 * nPieces] = s;
+        pieces[3 * nPieces + 1] = g;
+        pieces[3 * nPieces + 2] = Math.min(nKv, g + per);
       }
       macs += 2 * nr * n * this.qDim;
       r += nr;
@@ -539,7 +544,8 @@ export class Transformer {
     p[6] = inPlace ? l * layerBytes : 0;
     p[7] = this.attStride;
     const scratchBytes = Math.max(4 * this.attStride + 2 * this.attStride * this.headDim, 4 * nKv * this.attStride) * 4;
-    mm.attend(mm.addressOf(p), nPieces, macs, scratchBytes);
+    // An attention multiply-add (f16 widening, softmax) costs about four of a matmul's.
+    mm.attend(mm.addressOf(p), nPieces, 4 * macs, scratchBytes);
   }
 
   /**

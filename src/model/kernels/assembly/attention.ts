@@ -296,11 +296,11 @@ function linearize(dst: usize, table: usize, secOff: usize, n: i32, B: i32, kvDi
 }
 
 /**
- * Rows j < nr of one sequence, every head, when each KV head has fewer than four queries (decode):
- * too few to pay for making K and V f32 first, so the f16 blocks are read in place, position by
- * position across all heads (front to back, one stream the prefetcher follows; head by head it
- * would be a strided walk through memory). att holds nr * nHeads score rows of attStride floats;
- * the outputs sum in place from +0, each element in t order.
+ * Rows j < nr of one sequence, the heads of KV heads g0 .. g1, when each KV head has fewer than
+ * four queries (decode): too few to pay for making K and V f32 first, so the f16 blocks are read
+ * in place, position by position across the heads (front to back, a stream the prefetcher
+ * follows; head by head it would be a strided walk through memory). att holds nr * nHeads score
+ * rows of attStride floats; the outputs sum in place from +0, each element in t order.
  */
 function attendStream(
   out: usize,
@@ -316,23 +316,25 @@ function attendStream(
   kvMul: i32,
   hd: i32,
   qStride: i32,
+  g0: i32,
+  g1: i32,
 ): void {
   const kvDim = nKv * hd;
   const nH = nKv * kvMul;
   const vOff = layerOff + <usize>B * <usize>kvDim * 2;
   const attStep = <usize>attStride << 2;
-  const n = firstPos + nr;
   for (let j = 0; j < nr; j++) {
     const rowAtt = att + <usize>(j * nH) * attStep;
     const qRow = q + ((<usize>j * <usize>qStride) << 2);
-    streamScores(qRow, rowAtt, attStep, firstPos + j + 1, table, layerOff, B, nKv, kvMul, hd);
-    for (let h = 0; h < nH; h++) softmax(rowAtt + <usize>h * attStep, firstPos + j + 1);
-    streamValues(out + ((<usize>j * <usize>qStride) << 2), rowAtt, attStep, firstPos + j + 1, table, vOff, B, nKv, kvMul, hd);
+    const len = firstPos + j + 1;
+    streamScores(qRow, rowAtt, attStep, len, table, layerOff, B, nKv, kvMul, hd, g0, g1);
+    for (let h = g0 * kvMul; h < g1 * kvMul; h++) softmax(rowAtt + <usize>h * attStep, len);
+    streamValues(out + ((<usize>j * <usize>qStride) << 2), rowAtt, attStep, len, table, vOff, B, nKv, kvMul, hd, g0, g1);
   }
 }
 
-/** Row att[h][t] = q_h . k[t] / sqrt(hd) for every head h and t < len: four positions at a time. */
-function streamScores(q: usize, att: usize, attStep: usize, len: i32, table: usize, layerOff: usize, B: i32, nKv: i32, kvMul: i32, hd: i32): void {
+/** Row att[h][t] = q_h . k[t] / sqrt(hd) for the heads h of KV heads g0 .. g1 and t < len: four positions at a time. */
+function streamScores(q: usize, att: usize, attStep: usize, len: i32, table: usize, layerOff: usize, B: i32, nKv: i32, kvMul: i32, hd: i32, g0: i32, g1: i32): void {
   const hd4 = hd & ~3;
   const sqrtHd = Mathf.sqrt(<f32>hd);
   const slotBytes = <usize>(nKv * hd) << 1;
@@ -347,7 +349,7 @@ function streamScores(q: usize, att: usize, attStep: usize, len: i32, table: usi
       const k1 = k0 + (live > 1 ? slotBytes : 0);
       const k2 = k0 + (live > 2 ? 2 * slotBytes : 0);
       const k3 = k0 + (live > 3 ? 3 * slotBytes : 0);
-      for (let g = 0; g < nKv; g++) {
+      for (let g = g0; g < g1; g++) {
         const ko = <usize>(g * hd) << 1;
         for (let hh = 0; hh < kvMul; hh++) {
           const h = g * kvMul + hh;
@@ -381,12 +383,11 @@ function streamScores(q: usize, att: usize, attStep: usize, len: i32, table: usi
   }
 }
 
-/** out_h = sum over t < len of att[h][t] * v[t] for every head h, summed in out from +0 in t order. */
-function streamValues(out: usize, att: usize, attStep: usize, len: i32, table: usize, vOff: usize, B: i32, nKv: i32, kvMul: i32, hd: i32): void {
+/** out_h = sum over t < len of att[h][t] * v[t] for the heads h of KV heads g0 .. g1, summed in out from +0 in t order. */
+function streamValues(out: usize, att: usize, attStep: usize, len: i32, table: usize, vOff: usize, B: i32, nKv: i32, kvMul: i32, hd: i32, g0: i32, g1: i32): void {
   const hd4 = hd & ~3;
-  const nH = nKv * kvMul;
   const slotBytes = <usize>(nKv * hd) << 1;
-  for (let h = 0; h < nH; h++) {
+  for (let h = g0 * kvMul; h < g1 * kvMul; h++) {
     const o = out + (<usize>(h * hd) << 2);
     for (let i = 0; i < hd; i++) store<f32>(o + (<usize>i << 2), 0);
   }
@@ -395,7 +396,7 @@ function streamValues(out: usize, att: usize, attStep: usize, len: i32, table: u
     const m = min(B, len - t0);
     for (let s = 0; s < m; s++, p += slotBytes) {
       const t = t0 + s;
-      for (let g = 0; g < nKv; g++) {
+      for (let g = g0; g < g1; g++) {
         const vp = p + (<usize>(g * hd) << 1);
         for (let hh = 0; hh < kvMul; hh++) {
           const h = g * kvMul + hh;
@@ -492,13 +493,14 @@ export function attend(
   hd: i32,
   qStride: i32,
 ): void {
-  if (nr * kvMul < 4) attendStream(out, q, table, layerOff, att, attStride, firstPos, nr, B, nKv, kvMul, hd, qStride);
+  if (nr * kvMul < 4) attendStream(out, q, table, layerOff, att, attStride, firstPos, nr, B, nKv, kvMul, hd, qStride, 0, nKv);
   else for (let g = 0; g < nKv; g++) attendHead(out, q, table, layerOff, att, attStride, lin, firstPos, nr, B, nKv, kvMul, hd, qStride, g);
 }
 
 // An attention dispatch's parameters, in i32 slots at `params` (Transformer writes them): the
-// shared ones, then ATT_SEQ_INTS per sequence. Piece c of the dispatch is the pair at
-// pieces + 8c: a sequence and a KV head, or -1 for all its heads streamed (decode).
+// shared ones, then ATT_SEQ_INTS per sequence. Piece c of the dispatch is the triple at
+// pieces + 12c: a sequence and its KV heads g0 .. g1, streamed together when the sequence has
+// fewer than four queries per KV head (decode), else one by one.
 const A_PIECES = 0;
 const A_B = 1;
 const A_NKV = 2;
@@ -527,16 +529,18 @@ export function attend_jobs(params: usize, c0: i32, c1: i32, scratch: usize): vo
   const pieces = <usize>load<i32>(params + (A_PIECES << 2));
   const lin = scratch + (<usize>attStride << 4);
   for (let c = c0; c < c1; c++) {
-    const s = load<i32>(pieces + (<usize>c << 3));
-    const g = load<i32>(pieces + (<usize>c << 3), 4);
+    const pc = pieces + <usize>c * 12;
+    const s = load<i32>(pc);
+    const g0 = load<i32>(pc, 4);
+    const g1 = load<i32>(pc, 8);
     const p = params + (<usize>(A_SEQS + s * ATT_SEQ_INTS) << 2);
     const out = <usize>load<i32>(p);
     const q = <usize>load<i32>(p, 4);
     const table = <usize>load<i32>(p, 8);
     const firstPos = load<i32>(p, 12);
     const nr = load<i32>(p, 16);
-    if (g < 0) attendStream(out, q, table, layerOff, scratch, attStride, firstPos, nr, B, nKv, kvMul, hd, qStride);
-    else attendHead(out, q, table, layerOff, scratch, attStride, lin, firstPos, nr, B, nKv, kvMul, hd, qStride, g);
+    if (nr * kvMul < 4) attendStream(out, q, table, layerOff, scratch, attStride, firstPos, nr, B, nKv, kvMul, hd, qStride, g0, g1);
+    else for (let g = g0; g < g1; g++) attendHead(out, q, table, layerOff, scratch, attStride, lin, firstPos, nr, B, nKv, kvMul, hd, qStride, g);
   }
 }
 
