@@ -5,7 +5,12 @@
  */
 export class Admission {
   private draining = false;
-  private active = 0;
+  private admitted = 0;
+
+  /** Requests admitted and not yet left. */
+  get active(): number {
+    return this.admitted;
+  }
 
   get isDraining(): boolean {
     return this.draining;
@@ -13,18 +18,18 @@ export class Admission {
 
   /** One request admitted; `leave` must follow exactly once. */
   enter(): void {
-    this.active++;
+    this.admitted++;
   }
 
   leave(): void {
-    this.active--;
+    this.admitted--;
   }
 
   /** Refuses from now on and waits up to `deadlineMs` for the active requests; resolves with those left. */
   async drain(deadlineMs: number): Promise<number> {
     this.draining = true;
     const end = Date.now() + deadlineMs;
-    while (this.active > 0 && Date.now() < end) await Bun.sleep(10);
-    return this.active;
+    while (this.admitted > 0 && Date.now() < end) await Bun.sleep(10);
+    return this.admitted;
   }
 }

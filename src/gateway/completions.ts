@@ -5,6 +5,7 @@ import type { ChatRenderer, Tokenizer } from "../model/index.ts";
 import { type Attributes, endSpan, extractHeaders, log, type Metrics, type Span, SpanKind, startSpan } from "../obs/index.ts";
 import { Code, codeName, httpStatusOf } from "../rpc/status.ts";
 import type { Admission } from "./admission.ts";
+import type { PendingWork } from "./pending-work.ts";
 import { promptHashes } from "../codec/index.ts";
 import type { Pair, PairPicker } from "./pair-picker.ts";
 import { RetryPolicy } from "./pair-picker.ts";
@@ -44,6 +45,8 @@ export interface CompletionsContext {
   admission: Admission;
   /** Gives an unclaimed handle back to its decode engine (releaseUnclaimed). */
   release: (kvAddress: string, handleId: string, requestId: string) => void;
+  /** What the gateway still owes engines after a client left (an abandoned Prefill's handle): stop() settles it. */
+  pending: PendingWork;
   /** Sent with every request to an engine's HTTP port (its API key). */
   engineHeaders?: Record<string, string>;
   /** Name the workers that served a request to its client (debugging only). */
@@ -218,7 +221,7 @@ export class Completions {
     } catch (e) {
       pair.releaseDecode();
       if (t.abort.signal.aborted || suspect.aborted) {
-        ctx.prefill.abandon(call, p, t.requestId, (h) => ctx.release(d.status.kvAddress, h, t.requestId));
+        ctx.pending.track(ctx.prefill.abandon(call, p, t.requestId, (h) => ctx.release(d.status.kvAddress, h, t.requestId)));
       }
       if (t.abort.signal.aborted) throw new HttpError(499, "client closed the request");
       if (suspect.aborted) {

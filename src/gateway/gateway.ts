@@ -7,6 +7,7 @@ import { createMetrics, log, type Metrics } from "../obs/index.ts";
 import { type GrpcServer, serveGrpc } from "../rpc/index.ts";
 import { RoutingTransport } from "../transfer/index.ts";
 import { Admission } from "./admission.ts";
+import { PendingWork } from "./pending-work.ts";
 import { Completions } from "./completions.ts";
 import { InFlight, PairPicker } from "./pair-picker.ts";
 import { PrefillClient } from "./prefill-client.ts";
@@ -53,6 +54,9 @@ export interface GatewayOptions {
 }
 
 /** The library's defaults; the CLI's [gateway] keys carry their own (see src/cli/options.ts). */
+/** How long stop() waits for cut requests to give back what they hold (PendingWork). */
+const STOP_SETTLE_MS = 2000;
+
 export const GATEWAY_DEFAULTS = {
   prefillTimeoutMs: 60_000,
   firstByteTimeoutMs: 30_000,
@@ -87,6 +91,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
   const inflight = new InFlight();
   const suspects = new Suspects(opts.suspectCooldownMs ?? GATEWAY_DEFAULTS.suspectCooldownMs);
   const admission = new Admission();
+  const pending = new PendingWork();
   // Release only: pushes are the prefill engines' business.
   // Every internal client dials over mTLS when the gateway holds a cluster set, and only
   // reaches a server whose certificate names the role it is meant to play.
@@ -117,7 +122,10 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     metrics,
     admission,
     release: (kvAddress, handleId, requestId) =>
-      releaseUnclaimed(releaser, kvAddress, handleId, (e) => log.warn("release failed", { request_id: requestId, handle: handleId, error: String(e) })),
+      pending.track(
+        releaseUnclaimed(releaser, kvAddress, handleId, (e) => log.warn("release failed", { request_id: requestId, handle: handleId, error: String(e) })),
+      ),
+    pending,
   });
   const routes = gatewayRoutes({
     modelName: opts.modelName,
@@ -139,6 +147,9 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     async stop() {
       registryService.close();
       await http.stop();
+      // The requests that stop cut still owe their engines a release or two: let those go
+      // out while the releaser is open, or the handles would wait out their time to live.
+      await pending.settle(STOP_SETTLE_MS, () => admission.active > 0);
       await grpc.close();
       await releaser.close();
     },

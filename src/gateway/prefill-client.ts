@@ -74,12 +74,15 @@ export class PrefillClient {
     }
   }
 
-  /** The client left during Prefill: stop P's work, and hand whatever handle the call still yields to `release`. */
-  abandon(call: Promise<KvHandle>, p: WorkerView, requestId: string, release: (handleId: string) => void): void {
+  /**
+   * The client left during Prefill: stop P's work, and hand whatever handle the call still
+   * yields to `release`. Resolves once the call has answered and `release` (if due) was called.
+   */
+  abandon(call: Promise<KvHandle>, p: WorkerView, requestId: string, release: (handleId: string) => void): Promise<void> {
     grpcClient(EngineControl, p.status.grpcAddress, { timeoutMs: 5000, ...this.tls })
       .cancel({ requestId })
       .catch(() => {});
-    call.then(
+    return call.then(
       (h) => {
         if (!h.finished) release(h.handleId);
       },

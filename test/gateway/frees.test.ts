@@ -151,6 +151,34 @@ test("the client disconnects while P pushes: the handle the Prefill still yields
   await baseline(k);
 });
 
+test("the gateway stops while P pushes: stop() waits to release the handle the Prefill still yields", async () => {
+  let k!: TestCluster;
+  const kv: GateProxy = await startGateProxy(() => k.decode[0]!.kvAddress, { held: true });
+  closers.push(() => kv.close());
+  k = await cluster({ advertiseKvAddress: kv.address });
+  const P = k.prefill[0]!;
+  let cancelled!: () => void;
+  const cancelSeen = new Promise<void>((r) => (cancelled = r));
+  const cancel = P.engine.cancel.bind(P.engine);
+  P.engine.cancel = (...a) => {
+    cancelled();
+    return cancel(...a);
+  };
+  const res = post(k, { prompt: "hello there", max_tokens: 8, stream: true }).catch((e: unknown) => e);
+  await kv.arrived; // the push has begun
+  let stopDone = false;
+  const stopped = k.gateway.stop().then(() => (stopDone = true)); // cuts the client: the gateway abandons the Prefill
+  await cancelSeen;
+  await Bun.sleep(100);
+  // Still stopping: it owes D the release of a handle, and the releaser must be open for it.
+  expect(stopDone).toBe(false);
+  kv.open(); // the Prefill now yields its handle
+  await stopped;
+  expect(await res).toBeInstanceOf(Error);
+  expect(k.decode[0]!.receiver!.pending()).toBe(0); // released before stop() resolved, not at its TTL
+  await baseline(k);
+});
+
 test("a hard reset of D's connection mid-stream: the client's last event is an error, and D frees the request", async () => {
   const k = await cluster();
   const D = k.decode[0]!;
