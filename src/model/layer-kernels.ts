@@ -25,4 +25,5 @@ export interface LayerKernelExports {
   swiglu(h: number, g: number, n: number): void;
   add_into(x: number, y: number, n: number): void;
   to_f16(dst: number, src: number, n: number): void;
+  store_kv(dst: number, layerOff: number, vOff: number, k: number, v: number, rows: number, kvDim: number): void;
 }

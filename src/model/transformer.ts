@@ -101,6 +101,8 @@ export class Transformer {
   private hb: Float32Array = new Float32Array(0);
   private hb2: Float32Array = new Float32Array(0);
   private rowPos = new Int32Array(0);
+  /** Each row's K slot (layer 0) in the slab, as a byte address, when the slab is in the kernel memory. */
+  private kvDst: Int32Array = new Int32Array(0);
   private rowSeq = new Int32Array(0);
   private seqCap = 0;
   private lastX: Float32Array = new Float32Array(0);
@@ -289,6 +291,10 @@ export class Transformer {
     const bits = this.bitsFor(pool);
     const blockElems = pool.blockElems;
     const inPlace = ex !== null && this.attentionTables(pool, batch);
+    if (inPlace) {
+      const slabAt = mm.addressOf(pool.bytes);
+      for (let r = 0; r < rows; r++) this.kvDst[r] = slabAt + 2 * kSlotOf(batch[rowSeq[r]!]!.blockTable, rowPos[r]!, blockElems, B, 0, kvDim);
+    }
     for (let l = 0; l < nLayers; l++) {
       rmsnorm(xb, x, w.rmsAtt, l * dim, rows, dim, cfg.normEps);
       if (prof) t = lap(prof, P_NORM, t);
@@ -309,7 +315,8 @@ export class Transformer {
 
       // Store every row's K/V before any attention, so rows of this call see each other
       // exactly as later calls will: through the f16 slab.
-      if (ex !== null) this.storeKvSimd(ex, bits, blockElems, B, l, batch, rows);
+      if (inPlace) ex!.store_kv(mm.addressOf(this.kvDst), l * 2 * B * kvDim * 2, B * kvDim * 2, mm.addressOf(k), mm.addressOf(v), rows, kvDim);
+      else if (ex !== null) this.storeKvSimd(ex, bits, blockElems, B, l, batch, rows);
       else storeKv(data, k, v, rowPos, rowSeq, batch, blockElems, B, l, kvDim, rows);
       if (prof) t = lap(prof, P_KV, t);
 
@@ -374,6 +381,7 @@ export class Transformer {
       this.kvHalf = mm.allocBytes(cap * 2 * this.kvDim * 2);
       if (this.kvHalf !== null) this.kvHalf16 = new Uint16Array(this.kvHalf.buffer, this.kvHalf.byteOffset, cap * 2 * this.kvDim);
       this.rowPos = new Int32Array(cap);
+      this.kvDst = this.mm.allocInts(cap);
       this.rowSeq = new Int32Array(cap);
       this.cap = cap;
     }
@@ -396,8 +404,9 @@ export class Transformer {
   }
 
   /**
-   * storeKv through the kernel: every row's K and V rounded to f16 in kernel memory (to_f16
-   * rounds as Float16Array does), then moved into the slab as bit patterns.
+   * storeKv through the kernel for a slab outside the kernel memory: every row's K and V rounded
+   * to f16 in kernel memory (to_f16 rounds as Float16Array does), then moved into the slab as bit
+   * patterns. (A slab inside it is written in place by the kernel's store_kv.)
    */
   private storeKvSimd(ex: KernelExports, bits: Uint16Array, blockElems: number, B: number, l: number, batch: readonly SeqChunk[], rows: number): void {
     const { kvDim, rowPos, rowSeq, kvHalf16: half } = this;

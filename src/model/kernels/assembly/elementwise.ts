@@ -39,6 +39,19 @@ export function add_into(x: usize, y: usize, n: i32): void {
   }
 }
 
+/**
+ * Each row r's K and V (kvDim f32 each, rows back to back at k and v) as f16 (to_f16) into the KV
+ * cache in place: K at the byte address dst[r] (an i32) plus layerOff, V vOff bytes past it.
+ */
+export function store_kv(dst: usize, layerOff: usize, vOff: usize, k: usize, v: usize, rows: i32, kvDim: i32): void {
+  for (let r = 0; r < rows; r++) {
+    const at = <usize>load<i32>(dst + (<usize>r << 2)) + layerOff;
+    const src = <usize>(r * kvDim) << 2;
+    to_f16(at, k + src, kvDim);
+    to_f16(at + vOff, v + src, kvDim);
+  }
+}
+
 /** n f32 at src to f16 at dst (see f16Bits4). */
 export function to_f16(dst: usize, src: usize, n: i32): void {
   const n4 = n & ~3;
