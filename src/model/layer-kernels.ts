@@ -25,5 +25,7 @@ export interface LayerKernelExports {
   swiglu(h: number, g: number, n: number): void;
   add_into(x: number, y: number, n: number): void;
   to_f16(dst: number, src: number, n: number): void;
+  rmsnorm(o: number, x: number, g: number, rows: number, dim: number, eps: number): void;
+  rope(q: number, k: number, pos: number, cos: number, sin: number, rows: number, qDim: number, kvDim: number, hd: number): void;
   store_kv(dst: number, layerOff: number, vOff: number, k: number, v: number, rows: number, kvDim: number): void;
 }

@@ -247,6 +247,15 @@ export class MatmulKernel {
     return a;
   }
 
+  /** A zeroed f64 array living in the memory (a plain array on the fallback); never freed. */
+  allocF64(n: number): Float64Array {
+    if (this.ex === null) return new Float64Array(n);
+    const at = this.grab(n * 8);
+    const a = new Float64Array(this.memory!.buffer, at, n);
+    a.fill(0);
+    return a;
+  }
+
   /** Bytes living in the memory (null on the fallback); never freed. */
   allocBytes(bytes: number): Uint8Array | null {
     if (this.ex === null) return null;

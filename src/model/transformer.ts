@@ -100,7 +100,7 @@ export class Transformer {
   private v: Float32Array = new Float32Array(0);
   private hb: Float32Array = new Float32Array(0);
   private hb2: Float32Array = new Float32Array(0);
-  private rowPos = new Int32Array(0);
+  private rowPos: Int32Array = new Int32Array(0);
   /** Each row's K slot (layer 0) in the slab, as a byte address, when the slab is in the kernel memory. */
   private kvDst: Int32Array = new Int32Array(0);
   private rowSeq = new Int32Array(0);
@@ -135,21 +135,6 @@ export class Transformer {
     this.qDim = qDimOf(cfg);
     this.kvDim = kvDimOf(cfg);
     this.kvMul = cfg.nHeads / cfg.nKvHeads;
-    // RoPE as run.c: pair (i, i+1) of each head turns by pos * freq[i/2] (see ropeFrequencies).
-    const half = this.headDim / 2;
-    const freqs = ropeFrequencies(cfg);
-    this.ropeCos = new Float64Array(cfg.maxSeqLen * half);
-    this.ropeSin = new Float64Array(cfg.maxSeqLen * half);
-    for (let p = 0; p < cfg.maxSeqLen; p++) {
-      for (let k = 0; k < half; k++) {
-        const freq = freqs[k]!;
-        this.ropeCos[p * half + k] = Math.cos(p * freq);
-        this.ropeSin[p * half + k] = Math.sin(p * freq);
-      }
-    }
-    this.att = new Float32Array(ATT_TILE * this.kvMul * cfg.maxSeqLen);
-    this.acc = new Float32Array(ATT_TILE * this.kvMul * this.headDim);
-    this.kvec = new Float32Array(this.headDim);
     // Every matrix, the embedding too, is read through its view on the kernel's copy: nothing
     // here keeps the caller's matrices alive, so once the caller lets go each weight is held once.
     this.mm = new MatmulKernel(
@@ -160,7 +145,28 @@ export class Transformer {
     MATRICES.forEach((k, i) => {
       w[k] = this.mm.views[i]!;
     });
+    // The norms' weights and the RoPE tables live in the kernel memory too, for its rmsnorm and rope.
+    for (const k of ["rmsAtt", "rmsFfn", "rmsFinal"] as const) {
+      const a = this.mm.alloc(weights[k].length);
+      a.set(weights[k]);
+      w[k] = a;
+    }
     this.w = w;
+    // RoPE as run.c: pair (i, i+1) of each head turns by pos * freq[i/2] (see ropeFrequencies).
+    const half = this.headDim / 2;
+    const freqs = ropeFrequencies(cfg);
+    this.ropeCos = this.mm.allocF64(cfg.maxSeqLen * half);
+    this.ropeSin = this.mm.allocF64(cfg.maxSeqLen * half);
+    for (let p = 0; p < cfg.maxSeqLen; p++) {
+      for (let k = 0; k < half; k++) {
+        const freq = freqs[k]!;
+        this.ropeCos[p * half + k] = Math.cos(p * freq);
+        this.ropeSin[p * half + k] = Math.sin(p * freq);
+      }
+    }
+    this.att = new Float32Array(ATT_TILE * this.kvMul * cfg.maxSeqLen);
+    this.acc = new Float32Array(ATT_TILE * this.kvMul * this.headDim);
+    this.kvec = new Float32Array(this.headDim);
   }
 
   /** The weights' dtype in memory. */
@@ -296,7 +302,7 @@ export class Transformer {
       for (let r = 0; r < rows; r++) this.kvDst[r] = slabAt + 2 * kSlotOf(batch[rowSeq[r]!]!.blockTable, rowPos[r]!, blockElems, B, 0, kvDim);
     }
     for (let l = 0; l < nLayers; l++) {
-      rmsnorm(xb, x, w.rmsAtt, l * dim, rows, dim, cfg.normEps);
+      this.rmsnorm(xb, x, w.rmsAtt, l * dim, rows);
       if (prof) t = lap(prof, P_NORM, t);
       // One dispatch for q, k and v, one for w1 and w3: each hands the helper threads their share once.
       mm.queue(q, xb, w.wq, l * qDim * dim, rows, dim, qDim);
@@ -328,7 +334,7 @@ export class Transformer {
       this.addInto(x, xb2, rows * dim);
       if (prof) t = lap(prof, P_RESID, t);
 
-      rmsnorm(xb, x, w.rmsFfn, l * dim, rows, dim, cfg.normEps);
+      this.rmsnorm(xb, x, w.rmsFfn, l * dim, rows);
       if (prof) t = lap(prof, P_NORM, t);
       mm.queue(hb, xb, w.w1, l * hid * dim, rows, dim, hid);
       mm.queue(hb2, xb, w.w3, l * hid * dim, rows, dim, hid);
@@ -349,7 +355,7 @@ export class Transformer {
       const src = lastRow[s]! * dim;
       for (let i = 0; i < dim; i++) xb[s * dim + i] = x[src + i]!;
     }
-    rmsnorm(lastX, xb, w.rmsFinal, 0, nSeq, dim, cfg.normEps);
+    this.rmsnorm(lastX, xb, w.rmsFinal, 0, nSeq);
     if (prof) t = lap(prof, P_NORM, t);
     mm.matmul(out, lastX, w.wcls, 0, nSeq, dim, vocabSize);
     if (prof) lap(prof, P_MATMUL, t);
@@ -380,7 +386,7 @@ export class Transformer {
       // The rows' K then V as f16, on their way to the slab (null on the fallback).
       this.kvHalf = mm.allocBytes(cap * 2 * this.kvDim * 2);
       if (this.kvHalf !== null) this.kvHalf16 = new Uint16Array(this.kvHalf.buffer, this.kvHalf.byteOffset, cap * 2 * this.kvDim);
-      this.rowPos = new Int32Array(cap);
+      this.rowPos = this.mm.allocInts(cap);
       this.kvDst = this.mm.allocInts(cap);
       this.rowSeq = new Int32Array(cap);
       this.cap = cap;
@@ -435,8 +441,24 @@ export class Transformer {
     return this.bits;
   }
 
+  /** rmsnorm (below) of rows of x into o, by the kernel when there is one: the same bits. */
+  private rmsnorm(o: Float32Array, x: Float32Array, g: Float32Array, gOff: number, rows: number): void {
+    const mm = this.mm;
+    const ex = mm.exports;
+    const { dim, normEps } = this.cfg;
+    if (ex !== null) ex.rmsnorm(mm.addressOf(o), mm.addressOf(x), mm.addressOf(g) + 4 * gOff, rows, dim, normEps);
+    else rmsnorm(o, x, g, gOff, rows, dim, normEps);
+  }
+
+  /** RoPE of every row's q and k at its position, by the kernel when there is one (the same bits as this JS). */
   private rope(rows: number): void {
     const { q, k, rowPos, ropeCos, ropeSin } = this;
+    const mm = this.mm;
+    const ex = mm.exports;
+    if (ex !== null) {
+      ex.rope(mm.addressOf(q), mm.addressOf(k), mm.addressOf(rowPos), mm.addressOf(ropeCos), mm.addressOf(ropeSin), rows, this.qDim, this.kvDim, this.headDim);
+      return;
+    }
     const dim = this.qDim;
     const kvDim = this.kvDim;
     const hd = this.headDim;
