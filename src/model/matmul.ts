@@ -403,7 +403,7 @@ export class MatmulKernel {
    * multiply-adds are worth the handoff. Each thread has `scratchBytes` of scratch of its own.
    */
   attend(params: number, pieces: number, macs: number, scratchBytes: number): void {
-    this.flush();
+    if (this.queued > 0) this.flush();
     const ex = this.ex!;
     const threads = this.threads;
     const split = threads !== null && pieces > 1 && macs >= SPLIT_MACS && threads.available;
