@@ -381,10 +381,14 @@ function stripRows(yo: usize, x: usize, sp: usize, rows: i32, n: i32, d: i32): v
       dequantQ8Row(o, g, 7, lane(hi, 3));
       o += 8 * 128;
     } else {
-      for (let k = 0; k < S; k++) {
-        const v = v128.load(g + (<usize>k << 4));
-        v128.store(o + (<usize>k << 4), lo16(dt, v));
-        v128.store(o + (<usize>k << 4), hi16(dt, v), 128);
+      // Two rows an iteration: half the loop's overhead.
+      for (let k: usize = 0; k < <usize>S; k += 2) {
+        const v = v128.load(g + (k << 4));
+        const v1 = v128.load(g + (k << 4), 16);
+        v128.store(o + (k << 4), lo16(dt, v));
+        v128.store(o + (k << 4), hi16(dt, v), 128);
+        v128.store(o + (k << 4), lo16(dt, v1), 16);
+        v128.store(o + (k << 4), hi16(dt, v1), 144);
       }
       o += 256;
     }
