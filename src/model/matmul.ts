@@ -155,6 +155,8 @@ export class MatmulKernel {
   private maxCols = 0;
   /** End of this dispatch's per-call copies, above `top`. */
   private tempTop = 0;
+  /** The highest tempTop ever: above it and above `top` no byte was ever written. */
+  private dirtyTop = 0;
   /** Outputs to copy back after the dispatch (null: the kernel wrote them in place). */
   private readonly outs: (Float32Array | null)[] = new Array(MAX_JOBS).fill(null);
   private readonly inputs: (Float32Array | null)[] = new Array(MAX_JOBS).fill(null);
@@ -253,6 +255,20 @@ export class MatmulKernel {
     const at = this.grab(n * 8);
     const a = new Float64Array(this.memory!.buffer, at, n);
     a.fill(0);
+    return a;
+  }
+
+  /**
+   * Zeroed bytes living in the memory (null on the fallback); never freed. Only what per-call
+   * copies may have written is cleared: pages never used stay untouched, so a big region (the KV
+   * slab) costs resident memory only as it fills.
+   */
+  allocZeroed(bytes: number): Uint8Array | null {
+    if (this.ex === null) return null;
+    const dirty = Math.max(this.top, this.dirtyTop);
+    const at = this.grab(bytes);
+    const a = new Uint8Array(this.memory!.buffer, at, bytes);
+    a.fill(0, 0, Math.max(0, Math.min(bytes, dirty - at)));
     return a;
   }
 
@@ -453,6 +469,7 @@ export class MatmulKernel {
     const at = this.tempTop;
     this.tempTop += align16(bytes);
     this.ensure(this.tempTop);
+    if (this.tempTop > this.dirtyTop) this.dirtyTop = this.tempTop;
     return at;
   }
 

@@ -197,12 +197,11 @@ export class Transformer {
   kvSlab(bytes: number): KvSlab | null {
     let a: Uint8Array | null = null;
     try {
-      a = this.mm.allocBytes(bytes);
+      a = this.mm.allocZeroed(bytes);
     } catch (e) {
       if (!(e instanceof RangeError)) throw e;
     }
     if (a === null) return null;
-    a.fill(0);
     this.slabs.set(a.byteOffset, a);
     return { slab: a.buffer as SharedArrayBuffer, slabOffset: a.byteOffset };
   }
