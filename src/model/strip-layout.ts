@@ -5,7 +5,7 @@ import { type DType, dtypeOf, f16Values, type Matrix, matrixBytes, Q8_0_BLOCK_BY
 /**
  * The strip layout the matmul kernels read (kernels/assembly/matmul.ts states it): rows in strips
  * of STRIP_ROWS, the last padded with zero rows; a strip holds group c of all its rows back to back
- * (f32: 4 weights a row; f16: 8; bf16: 8, in the order 0 4 1 5 2 6 3 7; q8_0: one block, the 8
+ * (f32: 4 weights a row; f16 and bf16: 8, in the order 0 4 1 5 2 6 3 7; q8_0: one block, the 8
  * scales first), then each row's weights past its last whole group, in order. The bytes per weight
  * are the dtype's own: nothing is widened.
  */
@@ -58,7 +58,7 @@ export function packStrips(m: Matrix, from: number, rows: number, n: number, dst
     } else {
       const u16 = new Uint16Array(stage);
       if (dt === "f16") assertFiniteF16(u16, k * n, from + r * n);
-      packU16(u16, k, n, new Uint16Array(dst.buffer, dst.byteOffset + o, sb / 2), dt === "bf16");
+      packU16(u16, k, n, new Uint16Array(dst.buffer, dst.byteOffset + o, sb / 2));
     }
   }
 }
@@ -93,19 +93,17 @@ function packF32(src: Float32Array, rows: number, n: number, out: Float32Array):
   }
 }
 
-/** `interleave`: each group's weights in the order 0 4 1 5 2 6 3 7 (bf16), else in order (f16). */
-function packU16(src: Uint16Array, rows: number, n: number, out: Uint16Array, interleave: boolean): void {
+/** Each group's weights in the order 0 4 1 5 2 6 3 7 (weight l in the low half of 32-bit lane l, l + 4 in the high). */
+function packU16(src: Uint16Array, rows: number, n: number, out: Uint16Array): void {
   const main = mainLen("f16", n);
   const tail = n - main;
   for (let k = 0; k < rows; k++) {
     const s = k * n;
     for (let c = 0, o = k * 8; c < main; c += 8, o += 64) {
-      if (interleave) {
-        for (let i = 0; i < 4; i++) {
-          out[o + 2 * i] = src[s + c + i]!;
-          out[o + 2 * i + 1] = src[s + c + 4 + i]!;
-        }
-      } else for (let i = 0; i < 8; i++) out[o + i] = src[s + c + i]!;
+      for (let i = 0; i < 4; i++) {
+        out[o + 2 * i] = src[s + c + i]!;
+        out[o + 2 * i + 1] = src[s + c + 4 + i]!;
+      }
     }
     const t = STRIP_ROWS * main + k * tail;
     for (let j = 0; j < tail; j++) out[t + j] = src[s + main + j]!;
@@ -162,7 +160,7 @@ export function readStripRow(dt: DType, mem: MemoryViews, at: number, n: number,
     let p: number;
     if (j < main) {
       const i = j % gl;
-      const slot = dt === "bf16" ? (i < 4 ? 2 * i : 2 * (i - 4) + 1) : i;
+      const slot = dt === "f32" ? i : i < 4 ? 2 * i : 2 * (i - 4) + 1;
       p = base + Math.floor(j / gl) * 128 + k * 16 + slot * es;
     } else p = base + STRIP_ROWS * main * es + k * (n - main) * es + (j - main) * es;
     let v: number;

@@ -65,6 +65,30 @@ describe("kernels", () => {
     }
   });
 
+  test("f16_conversion_in_whole_groups_is_exact_for_every_finite_pattern_at_batch_1", () => {
+    // n = 8: every weight in a whole group. One token row at a time, x one-hot at j: x = 1 takes
+    // the kernel on x scaled by 2^112, x = 2^16 the one on plain x (y = w * 2^16, still exact).
+    const finite = Array.from({ length: 65536 }, (_, h) => h).filter((h) => (h & 0x7c00) !== 0x7c00);
+    const lut = new Float32Array(new Float16Array(Uint16Array.from(finite).buffer));
+    const n = 8;
+    const d = finite.length / n;
+    const u = Uint16Array.from(finite);
+    const w: PackedMatrix = { dtype: "f16", cols: n, length: u.length, bytes: new Uint8Array(u.buffer) };
+    const k = new MatmulKernel([w]);
+    const y = new Float32Array(d);
+    for (const one of [1, 65536]) {
+      for (let j = 0; j < n; j++) {
+        const x = new Float32Array(n);
+        x[j] = one;
+        k.matmul(y, x, k.views[0]!, 0, 1, n, d);
+        for (let r = 0; r < d; r++) {
+          const want = Math.fround(lut[r * n + j]! * one) + 0; // sums start at +0: -0 comes out +0
+          if (!Object.is(y[r]!, want)) expect(`f16 0x${finite[r * n + j]!.toString(16)} * ${one} -> ${y[r]}`).toBe(`-> ${want}`);
+        }
+      }
+    }
+  });
+
   test("f16_inf_or_nan_weights_are_refused", () => {
     const u = new Uint16Array([0x3c00, 0x7c00, 0, 0]);
     const w: PackedMatrix = { dtype: "f16", cols: 4, length: 4, bytes: new Uint8Array(u.buffer) };

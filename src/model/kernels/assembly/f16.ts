@@ -24,9 +24,8 @@
  */
 @inline export function f16x4(t: v128): v128 {
   const bits = v128.and(i32x4.shr_s(t, 3), i32x4.splat(0x8fffe000));
-  return f32x4.mul(bits, f32x4.splat(reinterpret<f32>(0x77800000)));
+  return rebias(bits);
 }
-
 
 /**
  * f16 patterns sign-extended into i32 lanes to f32x4, exact for every finite f16 like f16x4:
@@ -35,10 +34,36 @@
  * WebAssembly vector shift through a scalar register, a multiply by a constant is one instruction.
  */
 @inline export function f16ext(h: v128): v128 {
-  return f32x4.mul(f16bits(h), f32x4.splat(reinterpret<f32>(0x77800000)));
+  return rebias(f16bits(h));
+}
+
+/** f16bits' patterns (the f16 values times 2^-112) times 2^112: the f16 values as f32 (exact). */
+@inline export function rebias(bits: v128): v128 {
+  return f32x4.mul(bits, f32x4.splat(reinterpret<f32>(0x77800000)));
 }
 
 /** f16ext before the rebias: the f32 whose value is the f16's times 2^-112 (exact). */
 @inline export function f16bits(h: v128): v128 {
   return v128.and(i32x4.mul(h, i32x4.splat(8192)), i32x4.splat(0x8fffe000));
+}
+
+/**
+ * f16bits of the f16 patterns in the low halves of v's i32 lanes (high halves ignored): one
+ * 16-bit dot product (x86 pmaddwd) does the sign extension and the times 2^13 at once,
+ * low * 8192 + high * 0; the mask then clears the sign's copies as in f16bits.
+ *
+ * Two operations per four weights, twice bf16's one. No single operation does it whatever the
+ * 16 bits hold: the pattern needs the sign at bit 31 and the exponent-mantissa at 13..27, so
+ * both halves of the lane; a dot product alone cannot give the patterns of -k * 2^-24, k = 1..7
+ * (0x80002000 ..: as i32 below -2^31 + 2^16, which no sum of two products of 16-bit values
+ * reaches), and a lane holding one weight ready for an and leaves the other no run of 15 free
+ * bits to move into place.
+ */
+@inline export function f16bitsLo(v: v128): v128 {
+  return v128.and(i32x4.dot_i16x8_s(v, i16x8(8192, 0, 8192, 0, 8192, 0, 8192, 0)), i32x4.splat(0x8fffe000));
+}
+
+/** f16bits of the patterns in the high halves of v's i32 lanes (low * 0 + high * 8192). */
+@inline export function f16bitsHi(v: v128): v128 {
+  return v128.and(i32x4.dot_i16x8_s(v, i16x8(0, 8192, 0, 8192, 0, 8192, 0, 8192)), i32x4.splat(0x8fffe000));
 }

@@ -19,9 +19,9 @@
 // rows' weights group by group: group c of rows 0..7 back to back, so a strip is read front to
 // back in one stream (eight row streams defeat the prefetcher). A group is
 //   f32:       4 weights of each row (16 bytes a row, 128 a group);
-//   f16, bf16: 8 weights of each row (16 bytes a row); bf16 in the order 0 4 1 5 2 6 3 7, so each
+//   f16, bf16: 8 weights of each row (16 bytes a row) in the order 0 4 1 5 2 6 3 7, so each
 //              32-bit lane holds weight l low and weight l + 4 high and both halves widen in place
-//              (f16 widens by sign extension, in order);
+//              (bf16 by a multiply or an and, f16 by one 16-bit dot product and an and each);
 //   q8_0:      one 32-weight block of each row: the 8 f16 scales (16 bytes), then the 8 rows' 32
 //              int8 (272 bytes a group).
 // Weights past the last whole group of a row (n % 4, or n % 8 for 16-bit) follow the groups, row
@@ -33,7 +33,7 @@
 // at a time into `scratch` (exact, so the bits stay the same). No vector shift runs in a loop:
 // JavaScriptCore moves each one's count through a scalar register (multiplies stand in for them).
 
-import { f16bits, f16ext, f16ToF32, f16x4, top16x4 } from "./f16";
+import { f16bitsHi, f16bitsLo, f16ext, f16ToF32, f16x4, rebias, top16x4 } from "./f16";
 
 const F32: i32 = 0;
 const F16: i32 = 1;
@@ -87,17 +87,17 @@ const S: i32 = 8;
   return f32x4.add(acc, f32x4.mul(w, x));
 }
 
-/** Weights 0..3 of a 16-bit group row: f16 sign-extended from the low four, bf16 the lanes' low halves moved up (times 2^16, not a shift: see f16ext). */
+/** Weights 0..3 of a 16-bit group row: the lanes' low halves (f16 see f16bitsLo; bf16 moved up, times 2^16 rather than a shift: see f16ext). */
 @inline function lo16(dt: i32, v: v128): v128 {
-  if (dt == F16) return f16ext(i32x4.extend_low_i16x8_s(v));
-  if (dt == F16X) return f16bits(i32x4.extend_low_i16x8_s(v));
+  if (dt == F16) return rebias(f16bitsLo(v));
+  if (dt == F16X) return f16bitsLo(v);
   return i32x4.mul(v, i32x4.splat(0x10000));
 }
 
-/** Weights 4..7 of a 16-bit group row: f16 the high four, bf16 the lanes' high halves. */
+/** Weights 4..7 of a 16-bit group row: the lanes' high halves. */
 @inline function hi16(dt: i32, v: v128): v128 {
-  if (dt == F16) return f16ext(i32x4.extend_high_i16x8_s(v));
-  if (dt == F16X) return f16bits(i32x4.extend_high_i16x8_s(v));
+  if (dt == F16) return rebias(f16bitsHi(v));
+  if (dt == F16X) return f16bitsHi(v);
   return v128.and(v, i32x4.splat(0xffff0000));
 }
 
