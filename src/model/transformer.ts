@@ -295,11 +295,7 @@ export class Transformer {
     const data = pool.data;
     const bits = this.bitsFor(pool);
     const blockElems = pool.blockElems;
-    const inPlace = ex !== null && this.attentionTables(pool, batch);
-    if (inPlace) {
-      const slabAt = mm.addressOf(pool.bytes);
-      for (let r = 0; r < rows; r++) this.kvDst[r] = slabAt + 2 * kSlotOf(batch[rowSeq[r]!]!.blockTable, rowPos[r]!, blockElems, B, 0, kvDim);
-    }
+    const inPlace = ex !== null && this.attentionTables(pool, batch, rows);
     for (let l = 0; l < nLayers; l++) {
       this.rmsnorm(xb, x, w.rmsAtt, l * dim, rows);
       if (prof) t = lap(prof, P_NORM, t);
@@ -489,10 +485,11 @@ export class Transformer {
 
   /**
    * Fills the attention kernel's block tables for this forward: each sequence's blocks read in
-   * place when the pool's slab lives in the kernel memory (returns true), else the addresses of
-   * their copies in kvScratch, which attentionSimd fills per layer.
+   * place when the pool's slab lives in the kernel memory (returns true; then each row's K/V slot
+   * goes to kvDst too, for store_kv), else the addresses of their copies in kvScratch, which
+   * attentionSimd fills per layer.
    */
-  private attentionTables(pool: KvPool, batch: readonly SeqChunk[]): boolean {
+  private attentionTables(pool: KvPool, batch: readonly SeqChunk[], rows: number): boolean {
     const B = pool.shape.blockTokens;
     const mb = this.maxBlocks;
     const tables = this.attTables;
@@ -509,7 +506,10 @@ export class Transformer {
       const nb = Math.ceil((c.startPos + c.tokens.length) / B);
       for (let b = 0; b < nb; b++) tables[s * mb + b] = slabAt >= 0 ? slabAt + c.blockTable[b]! * pool.blockBytes : kvAt + (s * mb + b) * layerBytes;
     }
-    return slabAt >= 0;
+    if (slabAt < 0) return false;
+    const { rowPos, rowSeq, kvDst } = this;
+    for (let r = 0; r < rows; r++) kvDst[r] = slabAt + 2 * kSlotOf(batch[rowSeq[r]!]!.blockTable, rowPos[r]!, pool.blockElems, B, 0, this.kvDim);
+    return true;
   }
 
   /**
