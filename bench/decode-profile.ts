@@ -10,7 +10,6 @@ import { join } from "node:path";
 import { type DType, type ModelConfig, Transformer, castWeights, kvShapeOf, syntheticWeights } from "../src/model/index.ts";
 import { MatmulKernel } from "../src/model/matmul.ts";
 import type { Matrix } from "../src/model/packed.ts";
-import { KvPool } from "../src/pool/index.ts";
 import { TS_SHAPE } from "./ts-shape.ts";
 
 const cfg: ModelConfig = TS_SHAPE;
@@ -59,7 +58,7 @@ async function profile(w: ReturnType<typeof castWeights>, threads: number): Prom
     inside += performance.now() - t;
     dispatches++;
   };
-  const pool = new KvPool(kvShapeOf(cfg, 16), 16 * BATCH + 1);
+  const pool = m.kvPool(kvShapeOf(cfg, 16), 16 * BATCH + 1);
   const chunks = Array.from({ length: BATCH }, () => ({ blockTable: pool.allocate(16)!, startPos: 0, tokens: [1] }));
   const out = new Float32Array(BATCH * cfg.vocabSize);
   const step = (pos: number): void => {

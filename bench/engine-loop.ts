@@ -6,7 +6,8 @@ import { writeFileSync } from "node:fs";
 import { availableParallelism } from "node:os";
 import { join } from "node:path";
 import { Engine, type ModelRunner } from "../src/engine/index.ts";
-import { type ModelConfig, ModelWorker, Transformer, type Weights, kvShapeOf, writeLlama2cCheckpoint } from "../src/model/index.ts";
+import { blockPayloadBytes } from "../src/codec/index.ts";
+import { type KvSlab, type ModelConfig, ModelWorker, Transformer, type Weights, kvShapeOf, writeLlama2cCheckpoint } from "../src/model/index.ts";
 import { KvPool } from "../src/pool/index.ts";
 
 const BLOCK = 16;
@@ -19,9 +20,19 @@ interface LoopResult {
 }
 
 /** Decode tok/s of `batch` greedy requests through Engine.step, and the event loop's delay while they run. */
-export async function engineLoop(model: ModelRunner, cfg: ModelConfig, prompt: number[], maxTokens: number, batch: number): Promise<LoopResult> {
+export async function engineLoop(
+  model: ModelRunner,
+  cfg: ModelConfig,
+  prompt: number[],
+  maxTokens: number,
+  batch: number,
+  kvSlab?: (bytes: number) => Promise<KvSlab | null>,
+): Promise<LoopResult> {
   const blocks = batch * Math.ceil((prompt.length + maxTokens + 1) / BLOCK) + 4;
-  const pool = new KvPool(kvShapeOf(cfg, BLOCK), blocks, { shared: model instanceof ModelWorker });
+  const shape = kvShapeOf(cfg, BLOCK);
+  // As engines make it (kvPoolFor): in the model kernels' memory, where attention reads it in place.
+  const room = (await kvSlab?.(blocks * blockPayloadBytes(shape))) ?? null;
+  const pool = new KvPool(shape, blocks, room ?? { shared: model instanceof ModelWorker });
   const engine = new Engine({ model, pool, maxModelLen: cfg.maxSeqLen, maxBatchTokens: 512, maxRunning: batch });
   // The event loop's delay: how late a 1 ms timer fires, every time it fires while the engine runs.
   const lags: number[] = [];
@@ -72,15 +83,20 @@ export async function enginePart(dir: string, long: ModelConfig, weights: Weight
   await local.ready();
   const worker = await ModelWorker.start({ modelPath: path, tokenizerPath, threads: THREADS, dtype: "f32" });
   const runners: Record<string, ModelRunner> = { main: { vocabSize: long.vocabSize, forward: (p, b, o) => local.forward(p, b, o) }, worker };
+  const slabs: Record<string, (bytes: number) => Promise<KvSlab | null>> = {
+    main: async (bytes) => local.kvSlab(bytes),
+    worker: (bytes) => worker.kvSlab(bytes),
+  };
   const aloneTps = alone(local);
   const prompt = Array.from({ length: 511 }, (_, i) => (i * 13 + 1) % long.vocabSize);
   const out: Record<string, unknown> = { transformerAloneTokensPerSec: aloneTps };
   for (const [where, runner] of Object.entries(runners)) {
-    await engineLoop(runner, long, [1], 16, 1);
-    const [a, b] = [await engineLoop(runner, long, [1], 128, 1), await engineLoop(runner, long, [1], 128, 1)];
+    const slab = slabs[where];
+    await engineLoop(runner, long, [1], 16, 1, slab);
+    const [a, b] = [await engineLoop(runner, long, [1], 128, 1, slab), await engineLoop(runner, long, [1], 128, 1, slab)];
     const eng = a.decodeTokensPerSec > b.decodeTokensPerSec ? a : b;
-    const prefill = await engineLoop(runner, long, prompt, 1, 1);
-    const decode32 = await engineLoop(runner, long, [1, 2, 3, 4], 48, 32);
+    const prefill = await engineLoop(runner, long, prompt, 1, 1, slab);
+    const decode32 = await engineLoop(runner, long, [1, 2, 3, 4], 48, 32, slab);
     const ratio = eng.decodeTokensPerSec / aloneTps;
     console.log(
       `engine loop, model on the ${where} thread: decode ${eng.decodeTokensPerSec.toFixed(1)} tok/s vs transformer alone ${aloneTps.toFixed(1)}: ${ratio.toFixed(2)}x (target >= 0.9x); ` +

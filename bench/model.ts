@@ -18,7 +18,6 @@ import { mkdtempSync, mkdirSync, rmSync, writeFileSync } from "node:fs";
 import { availableParallelism, loadavg, tmpdir } from "node:os";
 import { join } from "node:path";
 import { enginePart } from "./engine-loop.ts";
-import { KvPool } from "../src/pool/index.ts";
 import {
   type DType,
   type Matrix,
@@ -92,7 +91,7 @@ function benchPhases(m: Transformer, prefillLen: number): { prefill: Phase; deco
   const f = flopsPerToken(cfg);
   const phase = (tokens: number, ms: number, flops: number): Phase => ({ tokensPerSec: (tokens / ms) * 1000, gflops: flops / ms / 1e6 });
   const blocks = Math.ceil(prefillLen / BLOCK);
-  const pool = new KvPool(kvShapeOf(cfg, BLOCK), blocks);
+  const pool = m.kvPool(kvShapeOf(cfg, BLOCK), blocks);
   const table = pool.allocate(blocks)!;
   const prompt = Array.from({ length: prefillLen }, (_, i) => (i * 7919 + 13) % cfg.vocabSize);
   const out = new Float32Array(8 * cfg.vocabSize);
@@ -103,7 +102,7 @@ function benchPhases(m: Transformer, prefillLen: number): { prefill: Phase; deco
   const steps = 64;
   for (const batch of [1, 8]) {
     const perSeq = Math.ceil((ctx + steps) / BLOCK);
-    const dp = new KvPool(kvShapeOf(cfg, BLOCK), perSeq * batch);
+    const dp = m.kvPool(kvShapeOf(cfg, BLOCK), perSeq * batch);
     const tables = Array.from({ length: batch }, () => dp.allocate(perSeq)!);
     m.forward(
       dp,
@@ -167,7 +166,7 @@ function runReference(ref: Reference, path: string, steps: number): { tokens: nu
 function runOurs(m: Transformer, steps: number, first = [1], keepLogits = false): { tokens: number[]; tokensPerSec: number; logits: Float32Array[] } {
   const cfg = m.cfg;
   const n = Math.ceil((steps + first.length) / BLOCK);
-  const pool = new KvPool(kvShapeOf(cfg, BLOCK), n);
+  const pool = m.kvPool(kvShapeOf(cfg, BLOCK), n);
   const table = pool.allocate(n)!;
   const out = new Float32Array(cfg.vocabSize);
   const chunk = { blockTable: table, startPos: 0, tokens: first.slice() };
@@ -273,7 +272,7 @@ print(json.dumps(flops / best / 1e9))
 /** Prefill tok/s of `len` tokens, and each forward phase's share of the time (FORWARD_PHASES). */
 function prefillProfile(m: Transformer, len: number): { tokensPerSec: number; share: Record<string, number>; msPerPrefill: Record<string, number> } {
   const blocks = Math.ceil(len / BLOCK);
-  const pool = new KvPool(kvShapeOf(m.cfg, BLOCK), blocks);
+  const pool = m.kvPool(kvShapeOf(m.cfg, BLOCK), blocks);
   const table = pool.allocate(blocks)!;
   const prompt = Array.from({ length: len }, (_, i) => (i * 7919 + 13) % m.cfg.vocabSize);
   const out = new Float32Array(m.cfg.vocabSize);

@@ -18,6 +18,7 @@ import {
   chatRendererFor,
   tokenizerFingerprint,
   type DType,
+  type KvSlab,
   type LoadModelOptions,
   type ModelConfig,
   type ServableModel,
@@ -26,7 +27,7 @@ import {
 } from "../model/index.ts";
 import { KvPool } from "../pool/index.ts";
 import { KvReceiver, RoutingTransport, serveDataPlane, serveKv, type DataPlaneServer, type KvServer } from "../transfer/index.ts";
-import type { KvShape } from "../codec/index.ts";
+import { blockPayloadBytes, type KvShape } from "../codec/index.ts";
 
 /** A model ready to serve: what forward needs, how text maps to tokens, the KV shape per layer. */
 export interface ServedModel {
@@ -51,6 +52,8 @@ export interface ServedModel {
   close?: () => void;
   /** The model runs on another thread over the KV slab: the pool must be made shared. */
   sharedSlab?: boolean;
+  /** Room for the KV slab in the model kernels' memory, where attention reads it in place (kvPoolFor). */
+  kvSlab?: (bytes: number) => Promise<KvSlab | null>;
   /** Calls `listener` if the model's thread dies (every forward fails from then on). */
   onDeath?: (listener: (e: Error) => void) => void;
 }
@@ -178,6 +181,7 @@ async function loadModelThread(opts: LoadModelOptions & ModelOptions): Promise<S
     threads: w.info.threads,
     close: () => w.close(),
     sharedSlab: true,
+    kvSlab: (bytes) => w.kvSlab(bytes),
     onDeath: (listener) => w.onDeath(listener),
   };
 }
@@ -206,7 +210,14 @@ export function servedModelOf(
     threads: t.threads,
     ready: () => t.ready(),
     close: () => t.close(),
+    kvSlab: async (bytes) => t.kvSlab(bytes),
   };
+}
+
+/** The engine's KV pool: in the model kernels' memory when the model has room (attention reads it in place), else a slab of its own. */
+export async function kvPoolFor(model: ServedModel, shape: KvShape, numBlocks: number): Promise<KvPool> {
+  const room = (await model.kvSlab?.(numBlocks * blockPayloadBytes(shape))) ?? null;
+  return new KvPool(shape, numBlocks, room ?? { shared: model.sharedSlab === true });
 }
 
 let nodeCounter = 0;
@@ -226,7 +237,7 @@ export async function startEngineNode(opts: EngineNodeOptions): Promise<EngineNo
   // Told to the gateway (heartbeat) and peers (Info): a gateway refuses an engine that tokenizes differently.
   const fingerprint = tokenizerFingerprint(model.tokenizer);
   const shape: KvShape = { blockTokens: opts.blockTokens ?? 16, nLayers: model.nLayers, nKvHeads: model.nKvHeads, headDim: model.headDim };
-  const pool = new KvPool(shape, opts.numBlocks ?? 1024, { shared: model.sharedSlab === true });
+  const pool = await kvPoolFor(model, shape, opts.numBlocks ?? 1024);
   const maxModelLen = Math.min(opts.maxModelLen ?? model.maxSeqLen, model.maxSeqLen);
   const engine = new Engine({
     model: model.runner,

@@ -1,7 +1,6 @@
 import { Engine } from "../engine/index.ts";
 import { StreamDecoder } from "../model/index.ts";
-import { KvPool } from "../pool/index.ts";
-import { loadModel, type ModelOptions } from "./engine-node.ts";
+import { kvPoolFor, loadModel, type ModelOptions } from "./engine-node.ts";
 import { ConfigError, type Config } from "./options.ts";
 
 /** One engine in this process: prints the text as it comes, then prefill and decode speed. */
@@ -35,9 +34,11 @@ export async function generate(config: Config, rest: Map<string, string>, out: (
   const maxModelLen = Math.min(model.maxSeqLen, Number(e.max_model_len));
   if (tokens.length + maxTokens > maxModelLen)
     throw new ConfigError(`prompt (${tokens.length} tokens) + --max-tokens ${maxTokens} exceeds the context of ${maxModelLen}`);
-  const pool = new KvPool({ blockTokens: B, nLayers: model.nLayers, nKvHeads: model.nKvHeads, headDim: model.headDim }, Math.ceil(maxModelLen / B) + 1, {
-    shared: model.sharedSlab === true,
-  });
+  const pool = await kvPoolFor(
+    model,
+    { blockTokens: B, nLayers: model.nLayers, nKvHeads: model.nKvHeads, headDim: model.headDim },
+    Math.ceil(maxModelLen / B) + 1,
+  );
   const engine = new Engine({
     model: model.runner,
     pool,

@@ -1,6 +1,6 @@
 import assert from "node:assert";
 import { KERNELS_WASM_BASE64 } from "./kernels/kernels-wasm.ts";
-import { controlBytes, J_D, J_FN, J_N, J_R0, J_ROWS, J_W, J_X, J_Y, JOB_INTS, KERNEL_INDEX, KernelThreads, runJobs } from "./kernel-threads.ts";
+import { controlBytes, J_ATTEND, J_D, J_FN, J_N, J_R0, J_ROWS, J_W, J_X, J_Y, JOB_INTS, KERNEL_INDEX, KernelThreads, runJobs } from "./kernel-threads.ts";
 import type { LayerKernelExports } from "./layer-kernels.ts";
 import { assertFinite16, dequantizeInto, dtypeOf, type DType, f16Values, type Matrix, type PackedMatrix, Q8_0_BLOCK_BYTES, QK8_0 } from "./packed.ts";
 import { type MemoryViews, packStrips, readStripRow, stripLayoutBytes } from "./strip-layout.ts";
@@ -219,6 +219,8 @@ export class MatmulKernel {
   private maxCols = 0;
   /** End of this dispatch's per-call copies, above `top`. */
   private tempTop = 0;
+  /** The highest tempTop ever: above it and above `top` no byte was ever written. */
+  private dirtyTop = 0;
   /** Outputs to copy back after the dispatch (null: the kernel wrote them in place). */
   private readonly outs: (Float32Array | null)[] = new Array(MAX_JOBS).fill(null);
   private readonly inputs: (Float32Array | null)[] = new Array(MAX_JOBS).fill(null);
@@ -301,6 +303,38 @@ export class MatmulKernel {
     const at = this.grab(floats * 4);
     const a = new Float32Array(this.memory!.buffer, at, floats);
     a.fill(0);
+    return a;
+  }
+
+  /** A zeroed i32 array living in the memory (a plain array on the fallback); never freed. */
+  allocInts(ints: number): Int32Array {
+    if (this.ex === null) return new Int32Array(ints);
+    const at = this.grab(ints * 4);
+    const a = new Int32Array(this.memory!.buffer, at, ints);
+    a.fill(0);
+    return a;
+  }
+
+  /** A zeroed f64 array living in the memory (a plain array on the fallback); never freed. */
+  allocF64(n: number): Float64Array {
+    if (this.ex === null) return new Float64Array(n);
+    const at = this.grab(n * 8);
+    const a = new Float64Array(this.memory!.buffer, at, n);
+    a.fill(0);
+    return a;
+  }
+
+  /**
+   * Zeroed bytes living in the memory (null on the fallback); never freed. Only what per-call
+   * copies may have written is cleared: pages never used stay untouched, so a big region (the KV
+   * slab) costs resident memory only as it fills.
+   */
+  allocZeroed(bytes: number): Uint8Array | null {
+    if (this.ex === null) return null;
+    const dirty = Math.max(this.top, this.dirtyTop);
+    const at = this.grab(bytes);
+    const a = new Uint8Array(this.memory!.buffer, at, bytes);
+    a.fill(0, 0, Math.max(0, Math.min(bytes, dirty - at)));
     return a;
   }
 
@@ -473,6 +507,27 @@ export class MatmulKernel {
   }
 
   /**
+   * Runs the attention dispatch whose parameters are at `params` (kernels/assembly/attention.ts):
+   * `pieces` (sequence, KV head) pieces, shared with the helper threads when its `macs`
+   * multiply-adds are worth the handoff. Each thread has `scratchBytes` of scratch of its own.
+   */
+  attend(params: number, pieces: number, macs: number, scratchBytes: number): void {
+    if (this.queued > 0) this.flush();
+    const ex = this.ex!;
+    const threads = this.threads;
+    const split = threads !== null && pieces > 1 && macs >= SPLIT_MACS && threads.available;
+    const jobs = this.jobs;
+    jobs[J_FN] = J_ATTEND;
+    jobs[J_W] = params;
+    jobs[J_ROWS] = pieces;
+    const stride = align16(scratchBytes);
+    const scratch = this.temp(stride * (split ? threads.helpers + 1 : 1));
+    if (split) threads.run(ex, jobs, 1, scratch, stride);
+    else runJobs(ex, jobs, 1, scratch);
+    this.tempTop = this.top;
+  }
+
+  /**
    * Copies m into the memory in the strip layout, rows of `cols` (16-bit weights checked finite
    * on the way), and returns its view: a matrix like m over the copy.
    */
@@ -495,8 +550,9 @@ export class MatmulKernel {
   private grab(bytes: number): number {
     if (this.queued > 0) assert.fail("kernel memory allocated while matmuls are queued: flush first");
     const at = this.top;
-    this.top += align16(bytes);
-    this.ensure(this.top);
+    // Grown first: a memory that cannot grow (RangeError) leaves the top where it was.
+    this.ensure(at + align16(bytes));
+    this.top = at + align16(bytes);
     return at;
   }
 
@@ -506,6 +562,7 @@ export class MatmulKernel {
     const at = this.tempTop;
     this.tempTop += align16(bytes);
     this.ensure(this.tempTop);
+    if (this.tempTop > this.dirtyTop) this.dirtyTop = this.tempTop;
     return at;
   }
 

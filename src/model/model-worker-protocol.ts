@@ -1,7 +1,7 @@
 import type { KvShape } from "../codec/index.ts";
 import type { ModelConfig } from "./config.ts";
 import type { DType } from "./packed.ts";
-import type { SeqChunk } from "./transformer.ts";
+import type { KvSlab, SeqChunk } from "./transformer.ts";
 import type { WeightStats } from "./assemble-weights.ts";
 
 /**
@@ -53,10 +53,13 @@ export type ToModelThread =
   | {
       type: "buffers";
       version: number;
-      pool?: { shape: KvShape; numBlocks: number; slab: SharedArrayBuffer };
+      /** inKernel: the slab is room the thread gave (kv-slab) in its kernel memory, at slabOffset. */
+      pool?: { shape: KvShape; numBlocks: number; slab: SharedArrayBuffer; slabOffset: number; inKernel: boolean };
       plan?: SharedArrayBuffer;
       logits?: SharedArrayBuffer;
     }
+  /** Asks for room for a KV slab of `bytes` in the model's kernel memory (answered by kv-slab). */
+  | { type: "kv-slab"; bytes: number }
   | { type: "close" };
 
 /** What the model thread tells about the model it holds. */
@@ -69,7 +72,11 @@ export interface LoadedInfo {
   threads: number;
 }
 
-export type FromModelThread = { type: "loaded"; info: LoadedInfo } | { type: "load-failed"; message: string };
+export type FromModelThread =
+  | { type: "loaded"; info: LoadedInfo }
+  | { type: "load-failed"; message: string }
+  /** The room asked for, or null when the kernel memory cannot hold it (or there is none). */
+  | { type: "kv-slab"; slab: KvSlab | null };
 
 /** Int32s the plan of `batch` takes: the count, then per chunk its header, tokens and blocks. */
 export function planInts(batch: readonly SeqChunk[], blockTokens: number): number {

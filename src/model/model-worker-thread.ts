@@ -23,11 +23,18 @@ self.onmessage = (e) => {
   const m = e.data;
   if (m.type === "load") void load(m);
   else if (m.type === "buffers") {
-    if (m.pool) pool = new KvPool(m.pool.shape, m.pool.numBlocks, { slab: m.pool.slab });
+    if (m.pool) {
+      const p = m.pool;
+      // The kernels know their memory by its own buffer objects, not the engine's copy of one.
+      pool =
+        p.inKernel && model ? model.kvPoolAt(p.shape, p.numBlocks, p.slabOffset) : new KvPool(p.shape, p.numBlocks, { slab: p.slab, slabOffset: p.slabOffset });
+    }
     if (m.plan) plan = new Int32Array(m.plan);
     if (m.logits) logits = new Float32Array(m.logits);
     version = m.version;
     buffersArrived?.();
+  } else if (m.type === "kv-slab") {
+    self.postMessage({ type: "kv-slab", slab: model?.kvSlab(m.bytes) ?? null });
   } else {
     model?.close();
     process.exit(0);

@@ -15,7 +15,7 @@ import {
   VER,
   writePlan,
 } from "./model-worker-protocol.ts";
-import type { SeqChunk } from "./transformer.ts";
+import type { KvSlab, SeqChunk } from "./transformer.ts";
 
 // A compiled binary holds its entry points at the root of its own file system (Bun resolves a
 // worker named relative to that root); from a checkout the thread is the file beside this one.
@@ -49,6 +49,8 @@ export class ModelWorker {
   private plan = new Int32Array(new SharedArrayBuffer(0));
   private logits = new Float32Array(new SharedArrayBuffer(0));
   private pending: Pending | null = null;
+  /** Slabs the thread gave room for in its kernel memory (kvSlab). */
+  private readonly kernelSlabs = new Set<ArrayBufferLike>();
   private dead: Error | null = null;
   private readonly deathListeners: ((e: Error) => void)[] = [];
 
@@ -128,6 +130,35 @@ export class ModelWorker {
     });
   }
 
+  /**
+   * Room for a KV pool's slab of `bytes` in the model thread's kernel memory, where its attention
+   * reads the blocks in place (build the pool with these options); null when there is none.
+   */
+  kvSlab(bytes: number): Promise<KvSlab | null> {
+    if (this.dead) return Promise.reject(this.dead);
+    return new Promise<KvSlab | null>((resolve, reject) => {
+      const onMessage = (e: MessageEvent<FromModelThread>) => {
+        if (e.data.type !== "kv-slab") return;
+        off();
+        const s = e.data.slab;
+        if (s !== null) this.kernelSlabs.add(s.slab);
+        resolve(s);
+      };
+      const onDeath = (err: Error) => {
+        off();
+        reject(err);
+      };
+      const off = () => {
+        this.worker.removeEventListener("message", onMessage);
+        const i = this.deathListeners.indexOf(onDeath);
+        if (i >= 0) this.deathListeners.splice(i, 1);
+      };
+      this.worker.addEventListener("message", onMessage);
+      this.deathListeners.push(onDeath);
+      this.worker.postMessage({ type: "kv-slab", bytes } satisfies ToModelThread);
+    });
+  }
+
   /** Calls `listener` when the thread dies unasked (not on close). */
   onDeath(listener: (e: Error) => void): void {
     this.deathListeners.push(listener);
@@ -144,7 +175,7 @@ export class ModelWorker {
     const slab = pool.slab;
     if (!(slab instanceof SharedArrayBuffer)) assert.fail("model worker: the KV pool's slab must be shared (new KvPool(shape, n, { shared: true }))");
     this.pool = pool;
-    this.send({ pool: { shape: pool.shape, numBlocks: pool.total, slab } });
+    this.send({ pool: { shape: pool.shape, numBlocks: pool.total, slab, slabOffset: pool.slabOffset, inKernel: this.kernelSlabs.has(slab) } });
   }
 
   private send(buffers: Omit<Extract<ToModelThread, { type: "buffers" }>, "type" | "version">): void {

@@ -1,5 +1,7 @@
 import assert from "node:assert";
-import type { KvPool } from "../pool/index.ts";
+import type { KvShape } from "../codec/index.ts";
+import { KvPool } from "../pool/index.ts";
+import { blockPayloadBytes } from "../codec/kv-shape.ts";
 import { headDimOf, kvDimOf, type ModelConfig, qDimOf, ropeFrequencies } from "./config.ts";
 import { softmaxF32, swigluF32 } from "./f32-math.ts";
 import { type KernelExports, type KernelOptions, MatmulKernel } from "./matmul.ts";
@@ -25,6 +27,12 @@ const F16_TABLE: Float32Array = (() => {
   return new Float32Array(new Float16Array(bits.buffer));
 })();
 
+/** Where a KV pool's slab lives inside a shared buffer (KvPool's `slab` and `slabOffset` options). */
+export interface KvSlab {
+  slab: SharedArrayBuffer;
+  slabOffset: number;
+}
+
 /** What `Transformer.profile` times, index for index. */
 export const FORWARD_PHASES = ["embed", "rmsnorm", "matmul", "bias", "rope", "kvWrite", "attention", "residual", "swiglu"] as const;
 const P_EMBED = 0;
@@ -43,6 +51,11 @@ function lap(prof: Float64Array, phase: number, t: number): number {
   prof[phase]! += now - t;
   return now;
 }
+
+// The attention dispatch's parameter layout (kernels/assembly/attention.ts): ATT_SEQS shared
+// slots, then per sequence out, q, table, firstPos, rows.
+const ATT_SEQS = 8;
+const ATT_SEQ_INTS = 5;
 
 /** Query rows of one sequence that share each decoded K/V vector in prefill attention. */
 const ATT_TILE = 16;
@@ -87,23 +100,32 @@ export class Transformer {
   private v: Float32Array = new Float32Array(0);
   private hb: Float32Array = new Float32Array(0);
   private hb2: Float32Array = new Float32Array(0);
-  private rowPos = new Int32Array(0);
+  private rowPos: Int32Array = new Int32Array(0);
+  /** Each row's K slot (layer 0) in the slab, as a byte address, when the slab is in the kernel memory. */
+  private kvDst: Int32Array = new Int32Array(0);
   private rowSeq = new Int32Array(0);
   private seqCap = 0;
   private lastX: Float32Array = new Float32Array(0);
   private lastRow = new Int32Array(0);
 
+  /** The batch's K/V blocks when the pool's slab is not in the kernel memory: copied per layer. */
   private kvScratch: Uint8Array | null = null;
+  /** Per sequence, its blocks' byte addresses (maxBlocks slots each) for the attention kernel. */
+  private attTables: Int32Array = new Int32Array(0);
+  /** The attention dispatch's parameters and pieces (kernels/assembly/attention.ts's layout). */
+  private attParams: Int32Array = new Int32Array(0);
+  private attPieces: Int32Array = new Int32Array(0);
   private kvHalf: Uint8Array | null = null;
   private kvHalf16: Uint16Array = new Uint16Array(0);
   /** Floats per query in the attention kernel's score scratch (four queries at a time). */
   private get attStride(): number {
     return (this.cfg.maxSeqLen + 3) & ~3;
   }
-  private attScratch: Float32Array = new Float32Array(0);
-  /** One KV head's K then V made f32 for the attention kernel's tiles. */
-  private linScratch: Float32Array = new Float32Array(0);
+  /** Blocks of a sequence as long as the model allows (the pool's B is fixed per forward). */
+  private maxBlocks = 0;
   private bitsOf: KvPool | null = null;
+  /** The rooms kvSlab gave, by offset. */
+  private readonly slabs = new Map<number, Uint8Array>();
   private bits: Uint16Array = new Uint16Array(0);
 
   constructor(cfg: ModelConfig, weights: Weights<Matrix>, opts: KernelOptions = {}) {
@@ -113,21 +135,6 @@ export class Transformer {
     this.qDim = qDimOf(cfg);
     this.kvDim = kvDimOf(cfg);
     this.kvMul = cfg.nHeads / cfg.nKvHeads;
-    // RoPE as run.c: pair (i, i+1) of each head turns by pos * freq[i/2] (see ropeFrequencies).
-    const half = this.headDim / 2;
-    const freqs = ropeFrequencies(cfg);
-    this.ropeCos = new Float64Array(cfg.maxSeqLen * half);
-    this.ropeSin = new Float64Array(cfg.maxSeqLen * half);
-    for (let p = 0; p < cfg.maxSeqLen; p++) {
-      for (let k = 0; k < half; k++) {
-        const freq = freqs[k]!;
-        this.ropeCos[p * half + k] = Math.cos(p * freq);
-        this.ropeSin[p * half + k] = Math.sin(p * freq);
-      }
-    }
-    this.att = new Float32Array(ATT_TILE * this.kvMul * cfg.maxSeqLen);
-    this.acc = new Float32Array(ATT_TILE * this.kvMul * this.headDim);
-    this.kvec = new Float32Array(this.headDim);
     // Every matrix, the embedding too, is read through its view on the kernel's copy: nothing
     // here keeps the caller's matrices alive, so once the caller lets go each weight is held once.
     this.mm = new MatmulKernel(
@@ -138,7 +145,28 @@ export class Transformer {
     MATRICES.forEach((k, i) => {
       w[k] = this.mm.views[i]!;
     });
+    // The norms' weights and the RoPE tables live in the kernel memory too, for its rmsnorm and rope.
+    for (const k of ["rmsAtt", "rmsFfn", "rmsFinal"] as const) {
+      const a = this.mm.alloc(weights[k].length);
+      a.set(weights[k]);
+      w[k] = a;
+    }
     this.w = w;
+    // RoPE as run.c: pair (i, i+1) of each head turns by pos * freq[i/2] (see ropeFrequencies).
+    const half = this.headDim / 2;
+    const freqs = ropeFrequencies(cfg);
+    this.ropeCos = this.mm.allocF64(cfg.maxSeqLen * half);
+    this.ropeSin = this.mm.allocF64(cfg.maxSeqLen * half);
+    for (let p = 0; p < cfg.maxSeqLen; p++) {
+      for (let k = 0; k < half; k++) {
+        const freq = freqs[k]!;
+        this.ropeCos[p * half + k] = Math.cos(p * freq);
+        this.ropeSin[p * half + k] = Math.sin(p * freq);
+      }
+    }
+    this.att = new Float32Array(ATT_TILE * this.kvMul * cfg.maxSeqLen);
+    this.acc = new Float32Array(ATT_TILE * this.kvMul * this.headDim);
+    this.kvec = new Float32Array(this.headDim);
   }
 
   /** The weights' dtype in memory. */
@@ -159,6 +187,35 @@ export class Transformer {
   /** Settles when every matmul thread runs; forward works before, on fewer threads. */
   ready(): Promise<void> {
     return this.mm.ready();
+  }
+
+  /**
+   * Room for a KV pool's slab of `bytes` in the kernel memory, where attention reads the blocks
+   * in place instead of copying each layer's: build the pool with these options. Null on the
+   * fallback, or when the memory (wasm32: 4 GiB) cannot hold it; a pool elsewhere still works.
+   */
+  kvSlab(bytes: number): KvSlab | null {
+    let a: Uint8Array | null = null;
+    try {
+      a = this.mm.allocZeroed(bytes);
+    } catch (e) {
+      if (!(e instanceof RangeError)) throw e;
+    }
+    if (a === null) return null;
+    this.slabs.set(a.byteOffset, a);
+    return { slab: a.buffer as SharedArrayBuffer, slabOffset: a.byteOffset };
+  }
+
+  /** A KV pool over room kvSlab gave at `slabOffset` (another thread's pool's twin). */
+  kvPoolAt(shape: KvShape, numBlocks: number, slabOffset: number): KvPool {
+    const a = this.slabs.get(slabOffset);
+    if (a === undefined) assert.fail(`no KV slab was given at ${slabOffset}`);
+    return new KvPool(shape, numBlocks, { slab: a.buffer as SharedArrayBuffer, slabOffset });
+  }
+
+  /** A KV pool whose slab is in the kernel memory when it fits there (see kvSlab), else its own. */
+  kvPool(shape: KvShape, numBlocks: number): KvPool {
+    return new KvPool(shape, numBlocks, this.kvSlab(numBlocks * blockPayloadBytes(shape)) ?? {});
   }
 
   /** Stops the matmul helper threads (the model still runs, on the caller alone). */
@@ -208,6 +265,11 @@ export class Transformer {
       }
       rows += n;
     }
+    if (this.maxBlocks < Math.ceil(cfg.maxSeqLen / B)) {
+      // A pool of smaller blocks than the last: the tables are laid out anew.
+      this.maxBlocks = Math.ceil(cfg.maxSeqLen / B);
+      this.seqCap = 0;
+    }
     this.reserve(rows, nSeq);
     const { x, xb, xb2, q, k, v, hb, hb2, rowPos, rowSeq, lastRow } = this;
     const w = this.w;
@@ -233,8 +295,9 @@ export class Transformer {
     const data = pool.data;
     const bits = this.bitsFor(pool);
     const blockElems = pool.blockElems;
+    const inPlace = ex !== null && this.attentionTables(pool, batch, rows);
     for (let l = 0; l < nLayers; l++) {
-      rmsnorm(xb, x, w.rmsAtt, l * dim, rows, dim, cfg.normEps);
+      this.rmsnorm(xb, x, w.rmsAtt, l * dim, rows);
       if (prof) t = lap(prof, P_NORM, t);
       // One dispatch for q, k and v, one for w1 and w3: each hands the helper threads their share once.
       mm.queue(q, xb, w.wq, l * qDim * dim, rows, dim, qDim);
@@ -253,11 +316,12 @@ export class Transformer {
 
       // Store every row's K/V before any attention, so rows of this call see each other
       // exactly as later calls will: through the f16 slab.
-      if (ex !== null) this.storeKvSimd(ex, bits, blockElems, B, l, batch, rows);
+      if (inPlace) ex!.store_kv(mm.addressOf(this.kvDst), l * 2 * B * kvDim * 2, B * kvDim * 2, mm.addressOf(k), mm.addressOf(v), rows, kvDim);
+      else if (ex !== null) this.storeKvSimd(ex, bits, blockElems, B, l, batch, rows);
       else storeKv(data, k, v, rowPos, rowSeq, batch, blockElems, B, l, kvDim, rows);
       if (prof) t = lap(prof, P_KV, t);
 
-      if (ex !== null) this.attentionSimd(pool, l, batch, rows);
+      if (ex !== null) this.attentionSimd(pool, l, batch, inPlace);
       else this.attention(bits, blockElems, B, l, batch, rows);
       if (prof) t = lap(prof, P_ATT, t);
       mm.matmul(xb2, xb, w.wo, l * dim * qDim, rows, qDim, dim);
@@ -265,7 +329,7 @@ export class Transformer {
       this.addInto(x, xb2, rows * dim);
       if (prof) t = lap(prof, P_RESID, t);
 
-      rmsnorm(xb, x, w.rmsFfn, l * dim, rows, dim, cfg.normEps);
+      this.rmsnorm(xb, x, w.rmsFfn, l * dim, rows);
       if (prof) t = lap(prof, P_NORM, t);
       mm.queue(hb, xb, w.w1, l * hid * dim, rows, dim, hid);
       mm.queue(hb2, xb, w.w3, l * hid * dim, rows, dim, hid);
@@ -286,7 +350,7 @@ export class Transformer {
       const src = lastRow[s]! * dim;
       for (let i = 0; i < dim; i++) xb[s * dim + i] = x[src + i]!;
     }
-    rmsnorm(lastX, xb, w.rmsFinal, 0, nSeq, dim, cfg.normEps);
+    this.rmsnorm(lastX, xb, w.rmsFinal, 0, nSeq);
     if (prof) t = lap(prof, P_NORM, t);
     mm.matmul(out, lastX, w.wcls, 0, nSeq, dim, vocabSize);
     if (prof) lap(prof, P_MATMUL, t);
@@ -317,7 +381,8 @@ export class Transformer {
       // The rows' K then V as f16, on their way to the slab (null on the fallback).
       this.kvHalf = mm.allocBytes(cap * 2 * this.kvDim * 2);
       if (this.kvHalf !== null) this.kvHalf16 = new Uint16Array(this.kvHalf.buffer, this.kvHalf.byteOffset, cap * 2 * this.kvDim);
-      this.rowPos = new Int32Array(cap);
+      this.rowPos = this.mm.allocInts(cap);
+      this.kvDst = this.mm.allocInts(cap);
       this.rowSeq = new Int32Array(cap);
       this.cap = cap;
     }
@@ -325,6 +390,9 @@ export class Transformer {
       const cap = Math.max(nSeq, this.seqCap * 2);
       this.lastX = this.mm.alloc(cap * this.cfg.dim);
       this.lastRow = new Int32Array(cap);
+      this.attParams = this.mm.allocInts(ATT_SEQS + ATT_SEQ_INTS * cap);
+      this.attTables = this.mm.allocInts(cap * this.maxBlocks);
+      this.attPieces = this.mm.allocInts(3 * cap * this.cfg.nKvHeads);
       this.seqCap = cap;
     }
   }
@@ -337,8 +405,9 @@ export class Transformer {
   }
 
   /**
-   * storeKv through the kernel: every row's K and V rounded to f16 in kernel memory (to_f16
-   * rounds as Float16Array does), then moved into the slab as bit patterns.
+   * storeKv through the kernel for a slab outside the kernel memory: every row's K and V rounded
+   * to f16 in kernel memory (to_f16 rounds as Float16Array does), then moved into the slab as bit
+   * patterns. (A slab inside it is written in place by the kernel's store_kv.)
    */
   private storeKvSimd(ex: KernelExports, bits: Uint16Array, blockElems: number, B: number, l: number, batch: readonly SeqChunk[], rows: number): void {
     const { kvDim, rowPos, rowSeq, kvHalf16: half } = this;
@@ -367,8 +436,24 @@ export class Transformer {
     return this.bits;
   }
 
+  /** rmsnorm (below) of rows of x into o, by the kernel when there is one: the same bits. */
+  private rmsnorm(o: Float32Array, x: Float32Array, g: Float32Array, gOff: number, rows: number): void {
+    const mm = this.mm;
+    const ex = mm.exports;
+    const { dim, normEps } = this.cfg;
+    if (ex !== null) ex.rmsnorm(mm.addressOf(o), mm.addressOf(x), mm.addressOf(g) + 4 * gOff, rows, dim, normEps);
+    else rmsnorm(o, x, g, gOff, rows, dim, normEps);
+  }
+
+  /** RoPE of every row's q and k at its position, by the kernel when there is one (the same bits as this JS). */
   private rope(rows: number): void {
     const { q, k, rowPos, ropeCos, ropeSin } = this;
+    const mm = this.mm;
+    const ex = mm.exports;
+    if (ex !== null) {
+      ex.rope(mm.addressOf(q), mm.addressOf(k), mm.addressOf(rowPos), mm.addressOf(ropeCos), mm.addressOf(ropeSin), rows, this.qDim, this.kvDim, this.headDim);
+      return;
+    }
     const dim = this.qDim;
     const kvDim = this.kvDim;
     const hd = this.headDim;
@@ -399,58 +484,98 @@ export class Transformer {
   }
 
   /**
-   * Attention in the SIMD kernel (kernels/assembly/attention.ts states its order): per chunk and
-   * layer, the K and V sections of the chunk's blocks are copied from the slab into kernel memory
-   * (one copy per block), then every row of the chunk attends there. Each row's result depends
-   * only on its query and the cached K/V, so chunking and batching never change a bit.
+   * Fills the attention kernel's block tables for this forward: each sequence's blocks read in
+   * place when the pool's slab lives in the kernel memory (returns true; then each row's K/V slot
+   * goes to kvDst too, for store_kv), else the addresses of their copies in kvScratch, which
+   * attentionSimd fills per layer.
    */
-  private attentionSimd(pool: KvPool, l: number, batch: readonly SeqChunk[], rows: number): void {
-    const ex = this.mm.exports!;
+  private attentionTables(pool: KvPool, batch: readonly SeqChunk[], rows: number): boolean {
     const B = pool.shape.blockTokens;
-    const kvDim = this.kvDim;
-    const layerBytes = 2 * B * kvDim * 2;
-    const need = Math.ceil(this.cfg.maxSeqLen / B) * layerBytes;
-    if (this.kvScratch === null || this.kvScratch.byteLength < need) {
-      this.kvScratch = this.mm.allocBytes(need)!;
-      this.attScratch = this.mm.alloc(4 * this.attStride);
-      this.linScratch = this.mm.alloc(2 * this.attStride * this.headDim);
+    const mb = this.maxBlocks;
+    const tables = this.attTables;
+    const slabAt = this.mm.addressOf(pool.bytes);
+    const layerBytes = 2 * B * this.kvDim * 2;
+    if (slabAt < 0) {
+      const need = batch.length * mb * layerBytes;
+      if (this.kvScratch === null || this.kvScratch.byteLength < need)
+        this.kvScratch = this.mm.allocBytes(Math.max(need, 2 * (this.kvScratch?.byteLength ?? 0)))!;
     }
-    const kvs = this.kvScratch;
-    const kvAt = this.mm.addressOf(kvs);
-    const attAt = this.mm.addressOf(this.attScratch);
-    const qAt = this.mm.addressOf(this.q);
-    const xbAt = this.mm.addressOf(this.xb);
-    const src = pool.bytes;
-    const { rowPos, rowSeq } = this;
-    for (let r = 0; r < rows; ) {
-      const seq = rowSeq[r]!;
-      let rEnd = r + 1;
-      while (rEnd < rows && rowSeq[rEnd] === seq) rEnd++;
-      const table = batch[seq]!.blockTable;
-      const n = rowPos[rEnd - 1]! + 1;
-      for (let b = 0, nb = Math.ceil(n / B); b < nb; b++) {
-        const from = table[b]! * pool.blockBytes + l * layerBytes;
-        kvs.set(src.subarray(from, from + layerBytes), b * layerBytes);
+    const kvAt = slabAt < 0 ? this.mm.addressOf(this.kvScratch!) : 0;
+    for (let s = 0; s < batch.length; s++) {
+      const c = batch[s]!;
+      const nb = Math.ceil((c.startPos + c.tokens.length) / B);
+      for (let b = 0; b < nb; b++) tables[s * mb + b] = slabAt >= 0 ? slabAt + c.blockTable[b]! * pool.blockBytes : kvAt + (s * mb + b) * layerBytes;
+    }
+    if (slabAt < 0) return false;
+    const { rowPos, rowSeq, kvDst } = this;
+    for (let r = 0; r < rows; r++) kvDst[r] = slabAt + 2 * kSlotOf(batch[rowSeq[r]!]!.blockTable, rowPos[r]!, pool.blockElems, B, 0, this.kvDim);
+    return true;
+  }
+
+  /**
+   * Attention in the SIMD kernel (kernels/assembly/attention.ts states its order), in pieces
+   * shared with the helper threads as the matmuls are: a decoding sequence whole (its heads read
+   * the blocks together), a prefill one per KV head. The blocks are read
+   * through attentionTables': in place, or from this layer's copy made here (one per block). Each
+   * row's result depends only on its query and the cached K/V, so chunking, batching and threads
+   * never change a bit.
+   */
+  private attentionSimd(pool: KvPool, l: number, batch: readonly SeqChunk[], inPlace: boolean): void {
+    const mm = this.mm;
+    const B = pool.shape.blockTokens;
+    const layerBytes = 2 * B * this.kvDim * 2;
+    const mb = this.maxBlocks;
+    const p = this.attParams;
+    const rowBytes = this.qDim * 4;
+    const qAt = mm.addressOf(this.q);
+    const xbAt = mm.addressOf(this.xb);
+    const tablesAt = mm.addressOf(this.attTables);
+    const nKv = this.cfg.nKvHeads;
+    const pieces = this.attPieces;
+    // Head ranges per decoding sequence: two pieces per thread over the batch at least.
+    const parts = Math.min(nKv, Math.ceil((2 * mm.threadCount) / batch.length));
+    let nPieces = 0;
+    let macs = 0;
+    for (let s = 0, r = 0; s < batch.length; s++) {
+      const c = batch[s]!;
+      const nr = c.tokens.length;
+      const n = c.startPos + nr;
+      if (!inPlace) {
+        const kvs = this.kvScratch!;
+        const src = pool.bytes;
+        for (let b = 0, nb = Math.ceil(n / B); b < nb; b++) {
+          const from = c.blockTable[b]! * pool.blockBytes + l * layerBytes;
+          kvs.set(src.subarray(from, from + layerBytes), (s * mb + b) * layerBytes);
+        }
       }
-      const rowBytes = this.qDim * 4;
-      ex.attend(
-        xbAt + r * rowBytes,
-        qAt + r * rowBytes,
-        kvAt,
-        attAt,
-        this.attStride,
-        this.mm.addressOf(this.linScratch),
-        rowPos[r]!,
-        rEnd - r,
-        B,
-        layerBytes,
-        this.cfg.nKvHeads,
-        this.kvMul,
-        this.headDim,
-        this.qDim,
-      );
-      r = rEnd;
+      const o = ATT_SEQS + s * ATT_SEQ_INTS;
+      p[o] = xbAt + r * rowBytes;
+      p[o + 1] = qAt + r * rowBytes;
+      p[o + 2] = tablesAt + s * mb * 4;
+      p[o + 3] = c.startPos;
+      p[o + 4] = nr;
+      // A prefill sequence goes KV head by KV head; a decoding one (streamed: attendStream) in
+      // `parts` ranges of KV heads, so that a small batch still gives every thread a share.
+      const per = nr * this.kvMul < 4 ? Math.ceil(nKv / parts) : 1;
+      for (let g = 0; g < nKv; g += per, nPieces++) {
+        pieces[3 * nPieces] = s;
+        pieces[3 * nPieces + 1] = g;
+        pieces[3 * nPieces + 2] = Math.min(nKv, g + per);
+      }
+      macs += 2 * nr * n * this.qDim;
+      r += nr;
     }
+    p[0] = mm.addressOf(pieces);
+    p[1] = B;
+    p[2] = this.cfg.nKvHeads;
+    p[3] = this.kvMul;
+    p[4] = this.headDim;
+    p[5] = this.qDim;
+    p[6] = inPlace ? l * layerBytes : 0;
+    p[7] = this.attStride;
+    const scratchBytes = Math.max(4 * this.attStride + 2 * this.attStride * this.headDim, 4 * nKv * this.attStride) * 4;
+    // An attention multiply-add (f16 widening, softmax) costs about four of a matmul's.
+    mm.attend(mm.addressOf(p), nPieces, 4 * macs, scratchBytes);
   }
 
   /**

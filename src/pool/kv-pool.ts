@@ -10,6 +10,12 @@ export interface KvPoolOptions {
   shared?: boolean;
   /** Use this slab (another thread's pool's, as `slab` gives it) instead of a fresh zeroed one. */
   slab?: SharedArrayBuffer;
+  /**
+   * Where the pool's bytes start in `slab` (default 0, and then the slab must be exactly the
+   * pool's size): a pool may live inside a bigger shared buffer, such as the model kernels'
+   * memory, where attention reads the blocks in place.
+   */
+  slabOffset?: number;
 }
 
 /**
@@ -78,9 +84,14 @@ export class KvPool {
     this.slotElems = shape.nKvHeads * shape.headDim;
     const slabBytes = numBlocks * this.blockBytes;
     const slab = opts.slab ?? (opts.shared ? new SharedArrayBuffer(slabBytes) : new ArrayBuffer(slabBytes));
-    if (slab.byteLength !== slabBytes) assert.fail(`slab of ${slab.byteLength} bytes, want ${slabBytes} for ${numBlocks} blocks`);
-    this.data = new Float16Array(slab);
-    this.bytes = new Uint8Array(this.data.buffer);
+    const at = opts.slabOffset;
+    if (at === undefined) {
+      if (slab.byteLength !== slabBytes) assert.fail(`slab of ${slab.byteLength} bytes, want ${slabBytes} for ${numBlocks} blocks`);
+    } else if (!(Number.isInteger(at) && at >= 0 && at % 16 === 0 && at + slabBytes <= slab.byteLength)) {
+      assert.fail(`slab offset ${at}: ${slabBytes} bytes for ${numBlocks} blocks must fit 16-aligned in ${slab.byteLength}`);
+    }
+    this.data = new Float16Array(slab, at ?? 0, slabBytes / 2);
+    this.bytes = new Uint8Array(slab, at ?? 0, slabBytes);
     this.refs = new Int32Array(numBlocks);
     this.fills = new Int32Array(numBlocks);
     this.hashes = new BigUint64Array(numBlocks);
@@ -94,9 +105,14 @@ export class KvPool {
     this.freeTop = numBlocks;
   }
 
-  /** The buffer under `data` and `bytes`: hand it to a model thread when it is shared. */
+  /** The buffer under `data` and `bytes`: hand it to a model thread when it is shared (with slabOffset). */
   get slab(): ArrayBufferLike {
     return this.data.buffer;
+  }
+
+  /** Where the pool's bytes start in `slab`. */
+  get slabOffset(): number {
+    return this.data.byteOffset;
   }
 
   get used(): number {

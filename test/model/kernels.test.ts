@@ -220,3 +220,16 @@ describe("kernel module", () => {
     expect(end).toBeLessThanOrEqual(KERNEL_RESERVED_BYTES);
   });
 });
+
+describe("kernel memory", () => {
+  test("allocZeroed gives zero bytes where per-call copies wrote before", () => {
+    const k = new MatmulKernel();
+    // A matmul on arrays outside the memory copies x and y in above the top: non-zero bytes there.
+    const x = new Float32Array(64 * 64).fill(3);
+    const w = new Float32Array(64 * 64).fill(2);
+    k.matmul(new Float32Array(64 * 64), x, w, 0, 64, 64, 64);
+    const a = k.allocZeroed(3 * 64 * 64 * 4)!;
+    expect(a.every((b) => b === 0)).toBe(true);
+    expect(k.addressOf(a)).toBeGreaterThan(0);
+  });
+});

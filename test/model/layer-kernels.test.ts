@@ -214,24 +214,30 @@ describe("attention kernel", () => {
         const kvBits = new Uint16Array(kvVals.buffer);
         const qv = new Float32Array(nr * qStride).map((_, i) => Math.cos(i * 0.377 + seed) * 1.5);
         seed++;
-        const kvMem = mk.allocBytes(kvBits.byteLength)!;
-        kvMem.set(new Uint8Array(kvBits.buffer));
+        // The blocks scattered in reverse order behind a spare one, found through the table.
+        const kvMem = mk.allocBytes(kvBits.byteLength + blockElems * 2)!;
+        const table = mk.allocInts(nb);
+        for (let b = 0; b < nb; b++) {
+          const at = (nb - b) * blockElems * 2;
+          kvMem.set(new Uint8Array(kvBits.buffer, b * blockElems * 2, blockElems * 2), at);
+          table[b] = mk.addressOf(kvMem) + at;
+        }
         const q = f32(qv);
         const out = mk.alloc(nr * qStride);
         const attStride = (n + 3) & ~3;
-        const att = mk.alloc(4 * attStride);
+        const att = mk.alloc(4 * nKv * attStride);
         const lin = mk.alloc(2 * attStride * hd);
         ex.attend(
           mk.addressOf(out),
           mk.addressOf(q),
-          mk.addressOf(kvMem),
+          mk.addressOf(table),
+          0,
           mk.addressOf(att),
           attStride,
           mk.addressOf(lin),
           firstPos,
           nr,
           B,
-          blockElems * 2,
           nKv,
           kvMul,
           hd,

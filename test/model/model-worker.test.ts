@@ -61,6 +61,34 @@ describe("ModelWorker", () => {
     expect(got.subarray(0, 3 * V)).toEqual(more);
   });
 
+  test("a KV pool in the thread's kernel memory (kvSlab) gives the same logits and K/V bits", async () => {
+    const w = await start(2);
+    const shape = kvShapeOf(m.cfg, 8);
+    const room = await w.kvSlab(16 * new KvPool(shape, 1).blockBytes);
+    expect(room).not.toBeNull();
+    const theirs = new KvPool(shape, 16, room!);
+    expect(theirs.slabOffset).toBeGreaterThan(0);
+    const mine = new KvPool(shape, 16);
+    const V = m.cfg.vocabSize;
+    const want = new Float32Array(2 * V);
+    const tables = [
+      [3, 1, 2, 0, 4],
+      [9, 7, 8, 5, 6],
+    ];
+    const steps = [
+      tables.map((t, i) => ({ blockTable: t, startPos: 0, tokens: prompt.slice(0, 30 + i) })),
+      tables.map((t, i) => ({ blockTable: t, startPos: 30 + i, tokens: [prompt[30 + i]!] })),
+      tables.map((t, i) => ({ blockTable: t, startPos: 31 + i, tokens: [7 + i] })),
+    ];
+    for (const batch of steps) {
+      local.forward(mine, batch, want);
+      const got = w.logitsBuffer(batch.length);
+      await w.forward(theirs, batch, got);
+      expect(got.subarray(0, 2 * V)).toEqual(want);
+    }
+    expect(Buffer.from(theirs.bytes).equals(Buffer.from(mine.bytes))).toBe(true);
+  });
+
   test("the caller's event loop keeps turning while a forward runs", async () => {
     const w = await start();
     const pool = new KvPool(kvShapeOf(m.cfg, 8), 40, { shared: true });

@@ -78,3 +78,45 @@ describe("threads", () => {
     expect(run(two, false)).toEqual(want);
   });
 });
+
+// Long contexts and wide heads: every decode step's attention (4 sequences over ~150 positions)
+// is big enough to be shared with the helpers, as the prefill's is.
+const WIDE: ModelConfig = { ...MID, name: "wide", dim: 128, hiddenDim: 64, nLayers: 1, nHeads: 4, nKvHeads: 4, maxSeqLen: 256 };
+
+/** Four prompts prefilled apart, then decoded together or apart; the pool in the kernel memory or not. */
+function runWide(m: Transformer, together: boolean, inKernel: boolean): number[][] {
+  const shape = kvShapeOf(WIDE, B);
+  const pool = inKernel ? m.kvPool(shape, 100) : new KvPool(shape, 100);
+  const seqs = [0, 1, 2, 3].map(() => new Seq(pool));
+  const logits: number[][] = [];
+  const out = new Float32Array(4 * WIDE.vocabSize);
+  seqs.forEach((s, i) => m.forward(pool, [s.chunk(tokens(140 + 3 * i, 11 + i, WIDE.vocabSize))], out));
+  for (let t = 0; t < 6; t++) {
+    const chunks = seqs.map((s, i) => s.chunk([(t * 5 + i) % WIDE.vocabSize]));
+    if (together) m.forward(pool, chunks, out);
+    else chunks.forEach((c, i) => m.forward(pool, [c], out.subarray(i * WIDE.vocabSize)));
+    for (let s = 0; s < 4; s++) logits.push(bits(out.subarray(s * WIDE.vocabSize, (s + 1) * WIDE.vocabSize)));
+  }
+  return logits;
+}
+
+describe("threaded attention", () => {
+  test("decode_attention_is_bit_identical_across_threads_batches_and_where_the_slab_lives", async () => {
+    const one = new Transformer(WIDE, syntheticWeights(WIDE, 5), { threads: 1 });
+    models.push(one);
+    const want = runWide(one, false, false);
+    expect(runWide(one, true, true)).toEqual(want);
+    for (const threads of [2, 3]) {
+      const m = new Transformer(WIDE, syntheticWeights(WIDE, 5), { threads });
+      models.push(m);
+      await m.ready();
+      for (const inKernel of [true, false]) {
+        expect(runWide(m, true, inKernel)).toEqual(want);
+        expect(runWide(m, false, inKernel)).toEqual(want);
+      }
+      const deadline = performance.now() + 5000;
+      while (m.splitCalls === 0 && performance.now() < deadline) expect(runWide(m, true, true)).toEqual(want);
+      expect(m.splitCalls).toBeGreaterThan(0);
+    }
+  });
+});

@@ -210,4 +210,22 @@ describe("KvPool", () => {
     expect(() => new KvPool(shape, 4, { slab: a.slab as SharedArrayBuffer })).toThrow(/slab of \d+ bytes, want \d+ for 4 blocks/);
     expect(new KvPool(shape, 1).slab).toBeInstanceOf(ArrayBuffer);
   });
+
+  test("a slab inside a bigger shared buffer: the pool's bytes start at slabOffset, its neighbours untouched", () => {
+    const one = new KvPool(shape, 1).blockBytes;
+    const buf = new SharedArrayBuffer(64 + 3 * one + 64);
+    const outside = new Uint8Array(buf);
+    outside.fill(7);
+    const p = new KvPool(shape, 3, { slab: buf, slabOffset: 64 });
+    expect([p.slab, p.slabOffset, p.bytes.byteLength]).toEqual([buf, 64, 3 * one]);
+    const ids = p.allocate(3)!;
+    p.data[p.offset(ids[2]!, 0, 1, 1, 0)] = 1.5;
+    // Handed-out blocks are zeroed, and only they: the bytes around the slab keep their 7s.
+    expect(outside[63]).toBe(7);
+    expect(outside[64 + 3 * one]).toBe(7);
+    expect(p.payload(ids[0]!).every((b) => b === 0)).toBe(true);
+    expect(new KvPool(shape, 3, { slab: buf, slabOffset: 64 }).data[p.offset(ids[2]!, 0, 1, 1, 0)]).toBe(1.5);
+    expect(() => new KvPool(shape, 3, { slab: buf, slabOffset: 65 })).toThrow(/slab offset 65: \d+ bytes for 3 blocks must fit 16-aligned in \d+/);
+    expect(() => new KvPool(shape, 3, { slab: buf, slabOffset: 144 })).toThrow(/slab offset 144/);
+  });
 });

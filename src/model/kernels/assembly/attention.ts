@@ -1,9 +1,10 @@
-// Causal grouped-query attention over K/V copied from the paged f16 cache, in AssemblyScript
-// (built with matmul.ts into one module by scripts/build-kernels.mjs).
+// Causal grouped-query attention over the paged f16 cache, in AssemblyScript (built with
+// matmul.ts into one module by scripts/build-kernels.mjs).
 //
-// kv holds the blocks of one sequence for one layer, back to back: block b's K section
-// [B][H][D] f16 then its V section, `blockBytes` apart. Query row j (position firstPos + j) of
-// head g*kvMul + h attends to positions 0 .. firstPos + j, reading q and writing out at
+// A sequence's blocks are found through its table: i32 byte addresses, block b's at table + 4b;
+// its layer's K section [B][H][D] f16 starts layerOff bytes further, its V section right after
+// (the KV pool's v1 block layout, read in place). Query row j (position firstPos + j) of head
+// g*kvMul + h attends to positions 0 .. firstPos + j, reading q and writing out at
 // (j * qStride + (g*kvMul + h) * hd) floats.
 //
 // THE ORDER, fixed whatever rows are computed together: each score is a dot over the head
@@ -15,16 +16,15 @@
 // Tiles only decide which queries share the loads: the queries of one KV head (a row's kvMul
 // heads, then the next row's) go four at a time over that head's K and V made f32 first (exact),
 // so each K or V chunk is loaded once for four of them and four sums are in flight. Fewer than
-// four queries (decode) read the f16 blocks directly. A query never sums a term past its own
-// position, so no tile changes a bit.
+// four queries per KV head (decode) read the f16 blocks directly, all heads of a position
+// together. A query never sums a term past its own position, so no tile changes a bit.
 
-import { f16ToF32, f16x4, top16x4 } from "./f16";
+import { f16ext, f16ToF32, f16x4, top16x4 } from "./f16";
 import { exp1, exp4 } from "./math";
 
-/** Byte address of position t's vector at element `off` of the K section (add vOff for V). */
-@inline function kAt(kv: usize, t: i32, B: i32, blockBytes: usize, kvDim: i32, off: i32): usize {
-  const b = t / B;
-  return kv + <usize>b * blockBytes + ((<usize>(t - b * B) * <usize>kvDim + <usize>off) << 1);
+/** Byte address of block b's section at layerOff: the layer's K, or its V at B * kvDim * 2 past. */
+@inline function blockAt(table: usize, b: i32, layerOff: usize): usize {
+  return <usize>load<i32>(table + (<usize>b << 2)) + layerOff;
 }
 
 @inline function fold(a: v128): f32 {
@@ -39,58 +39,32 @@ import { exp1, exp4 } from "./math";
   return f16x4(top16x4(p + (<usize>i << 1)));
 }
 
+/** Elements i .. i+3 of the eight f16 at p + 2i loaded as v (kv8lo), and i+4 .. i+7 (kv8hi). */
+@inline function kv8lo(v: v128): v128 {
+  return f16ext(i32x4.extend_low_i16x8_s(v));
+}
+
+@inline function kv8hi(v: v128): v128 {
+  return f16ext(i32x4.extend_high_i16x8_s(v));
+}
+
+/** acc + q[i .. i+8) * k[i .. i+8) in two steps of four (the matmul order), k eight f16 at kp + 2i. */
+@inline function dot8(acc: v128, qp: usize, kp: usize, i: i32): v128 {
+  const v = v128.load(kp + (<usize>i << 1));
+  acc = f32x4.add(acc, f32x4.mul(ld(qp, i), kv8lo(v)));
+  return f32x4.add(acc, f32x4.mul(ld(qp, i + 4), kv8hi(v)));
+}
+
 /** The n % 4 tail of a score: q[i] * k[i] for hd4 <= i < hd, in order. */
 @inline function scoreTail(s: f32, qp: usize, kp: usize, hd4: i32, hd: i32): f32 {
   for (let i = hd4; i < hd; i++) s += load<f32>(qp + (<usize>i << 2)) * f16ToF32(<u32>load<u16>(kp + (<usize>i << 1)));
   return s;
 }
 
-/** One score: q . k over hd in the matmul order. */
-@inline function score1(qp: usize, kp: usize, hd4: i32, hd: i32): f32 {
-  let a = f32x4.splat(0);
-  for (let i = 0; i < hd4; i += 4) a = f32x4.add(a, f32x4.mul(ld(qp, i), kv4(kp, i)));
-  return scoreTail(fold(a), qp, kp, hd4, hd);
-}
-
-/** att[t] = q . k[t] / sqrt(hd) for t < len, one query, f16 K read from the blocks (decode). */
-function scores1(qp: usize, att: usize, len: i32, kv: usize, B: i32, blockBytes: usize, kvDim: i32, off: i32, hd: i32): void {
-  const hd4 = hd & ~3;
-  const sqrtHd = Mathf.sqrt(<f32>hd);
-  const slotBytes = <usize>kvDim << 1;
-  for (let t0 = 0, b = 0; t0 < len; t0 += B, b++) {
-    const base = kv + <usize>b * blockBytes + (<usize>off << 1);
-    const m = min(B, len - t0);
-    let s = 0;
-    // Four positions at a time: four sums in flight.
-    for (; s + 4 <= m; s += 4) {
-      const k0 = base + <usize>s * slotBytes;
-      const k1 = k0 + slotBytes;
-      const k2 = k1 + slotBytes;
-      const k3 = k2 + slotBytes;
-      let a0 = f32x4.splat(0);
-      let a1 = a0;
-      let a2 = a0;
-      let a3 = a0;
-      for (let i = 0; i < hd4; i += 4) {
-        const x = ld(qp, i);
-        a0 = f32x4.add(a0, f32x4.mul(x, kv4(k0, i)));
-        a1 = f32x4.add(a1, f32x4.mul(x, kv4(k1, i)));
-        a2 = f32x4.add(a2, f32x4.mul(x, kv4(k2, i)));
-        a3 = f32x4.add(a3, f32x4.mul(x, kv4(k3, i)));
-      }
-      const at = att + (<usize>(t0 + s) << 2);
-      store<f32>(at, scoreTail(fold(a0), qp, k0, hd4, hd) / sqrtHd);
-      store<f32>(at + 4, scoreTail(fold(a1), qp, k1, hd4, hd) / sqrtHd);
-      store<f32>(at + 8, scoreTail(fold(a2), qp, k2, hd4, hd) / sqrtHd);
-      store<f32>(at + 12, scoreTail(fold(a3), qp, k3, hd4, hd) / sqrtHd);
-    }
-    for (; s < m; s++) store<f32>(att + (<usize>(t0 + s) << 2), score1(qp, base + <usize>s * slotBytes, hd4, hd) / sqrtHd);
-  }
-}
-
 /**
- * scores1 for four queries at once over t < len (each query's later positions are its own), K
- * already f32 and contiguous: position t's vector at k + t * hd floats.
+ * att[q][t] = q . k[t] / sqrt(hd) (the matmul order) for four queries at once over t < len (each
+ * query's later positions are its own), K already f32 and contiguous: position t's vector at
+ * k + t * hd floats.
  */
 function scores4(q0: usize, q1: usize, q2: usize, q3: usize, att: usize, attStep: usize, len: i32, k: usize, hd: i32): void {
   const hd4 = hd & ~3;
@@ -155,7 +129,7 @@ function scores4(q0: usize, q1: usize, q2: usize, q3: usize, att: usize, attStep
   }
 }
 
-/** scoreTail over an f32 k. */
+/** The n % 4 tail of a score over an f32 k: q[i] * k[i] for hd4 <= i < hd, in order. */
 @inline function tailF32(s: f32, qp: usize, kp: usize, hd4: i32, hd: i32): f32 {
   for (let i = hd4; i < hd; i++) s += load<f32>(qp + (<usize>i << 2)) * load<f32>(kp + (<usize>i << 2));
   return s;
@@ -191,49 +165,6 @@ function softmax(att: usize, len: i32): void {
   for (let t = len4; t < len; t++) store<f32>(att + (<usize>t << 2), load<f32>(att + (<usize>t << 2)) / sum);
 }
 
-/** The n % 4 tail of an output: element i of sum over t < len of att[t] * v[t], in order. */
-function outTail(att: usize, len: i32, vp: usize, B: i32, blockBytes: usize, kvDim: i32, off: i32, i: i32): f32 {
-  let s: f32 = 0;
-  for (let t = 0; t < len; t++) s += load<f32>(att + (<usize>t << 2)) * f16ToF32(<u32>load<u16>(kAt(vp, t, B, blockBytes, kvDim, off) + (<usize>i << 1)));
-  return s;
-}
-
-/** out = sum over t < len of att[t] * v[t], one query, f16 V read from the blocks (decode). */
-function values1(op: usize, att: usize, len: i32, vp: usize, B: i32, blockBytes: usize, kvDim: i32, off: i32, hd: i32): void {
-  const hd4 = hd & ~3;
-  const slotBytes = <usize>kvDim << 1;
-  let i = 0;
-  // Sixteen elements at a time (four sums in flight), then four.
-  for (; i + 16 <= hd4; i += 16) {
-    let o0 = f32x4.splat(0);
-    let o1 = o0;
-    let o2 = o0;
-    let o3 = o0;
-    for (let t0 = 0, b = 0; t0 < len; t0 += B, b++) {
-      let p = vp + <usize>b * blockBytes + (<usize>off << 1);
-      const m = min(B, len - t0);
-      for (let s = 0; s < m; s++, p += slotBytes) {
-        const a = v128.load32_splat(att + (<usize>(t0 + s) << 2));
-        o0 = f32x4.add(o0, f32x4.mul(a, kv4(p, i)));
-        o1 = f32x4.add(o1, f32x4.mul(a, kv4(p, i + 4)));
-        o2 = f32x4.add(o2, f32x4.mul(a, kv4(p, i + 8)));
-        o3 = f32x4.add(o3, f32x4.mul(a, kv4(p, i + 12)));
-      }
-    }
-    const o = op + (<usize>i << 2);
-    v128.store(o, o0);
-    v128.store(o, o1, 16);
-    v128.store(o, o2, 32);
-    v128.store(o, o3, 48);
-  }
-  for (; i < hd4; i += 4) {
-    let o = f32x4.splat(0);
-    for (let t = 0; t < len; t++) o = f32x4.add(o, f32x4.mul(v128.load32_splat(att + (<usize>t << 2)), kv4(kAt(vp, t, B, blockBytes, kvDim, off), i)));
-    v128.store(op + (<usize>i << 2), o);
-  }
-  for (let i = hd4; i < hd; i++) store<f32>(op + (<usize>i << 2), outTail(att, len, vp, B, blockBytes, kvDim, off, i));
-}
-
 /** Adds att[t] * v[t][i .. i+4) for t0 <= t < t1 to o, in order; v f32 as in scores4. */
 @inline function accumulate(o: v128, att: usize, t0: i32, t1: i32, v: usize, hd: i32, i: i32): v128 {
   const rowBytes = <usize>hd << 2;
@@ -250,7 +181,7 @@ function values1(op: usize, att: usize, len: i32, vp: usize, B: i32, blockBytes:
 }
 
 /**
- * values1 for four queries whose lengths rise (len0 <= len1 <= len2 <= len3), v f32 as in scores4:
+ * out = sum over t < len of att[t] * v[t] for four queries whose lengths rise (len0 <= len1 <= len2 <= len3), v f32 as in scores4:
  * every V chunk of a position all four attend to is loaded once for the four; each then adds its
  * own last positions.
  */
@@ -351,11 +282,11 @@ function values4(
 }
 
 /** Positions t < n of KV head `off / hd`, f16 in the paged kv, as f32 at dst + t * hd floats (exact). */
-function linearize(dst: usize, kv: usize, n: i32, B: i32, blockBytes: usize, kvDim: i32, off: i32, hd: i32): void {
+function linearize(dst: usize, table: usize, secOff: usize, n: i32, B: i32, kvDim: i32, off: i32, hd: i32): void {
   const hd4 = hd & ~3;
   const rowBytes = <usize>hd << 2;
   for (let t0 = 0, b = 0; t0 < n; t0 += B, b++) {
-    let src = kv + <usize>b * blockBytes + (<usize>off << 1);
+    let src = blockAt(table, b, secOff) + (<usize>off << 1);
     const m = min(B, n - t0);
     for (let s = 0; s < m; s++, src += <usize>kvDim << 1, dst += rowBytes) {
       for (let i = 0; i < hd4; i += 4) v128.store(dst + (<usize>i << 2), kv4(src, i));
@@ -365,69 +296,251 @@ function linearize(dst: usize, kv: usize, n: i32, B: i32, blockBytes: usize, kvD
 }
 
 /**
- * Rows j < nr of one sequence (row j at position firstPos + j) attend over kv. att is scratch of
- * 4 * attStride floats, attStride >= firstPos + nr; lin of 2 * attStride * hd floats.
+ * Rows j < nr of one sequence, the heads of KV heads g0 .. g1, when each KV head has fewer than
+ * four queries (decode): too few to pay for making K and V f32 first, so the f16 blocks are read
+ * in place, position by position across the heads (front to back, a stream the prefetcher
+ * follows; head by head it would be a strided walk through memory). att holds nr * nHeads score
+ * rows of attStride floats; the outputs sum in place from +0, each element in t order.
  */
-export function attend(
+function attendStream(
   out: usize,
   q: usize,
-  kv: usize,
+  table: usize,
+  layerOff: usize,
+  att: usize,
+  attStride: i32,
+  firstPos: i32,
+  nr: i32,
+  B: i32,
+  nKv: i32,
+  kvMul: i32,
+  hd: i32,
+  qStride: i32,
+  g0: i32,
+  g1: i32,
+): void {
+  const kvDim = nKv * hd;
+  const nH = nKv * kvMul;
+  const vOff = layerOff + <usize>B * <usize>kvDim * 2;
+  const attStep = <usize>attStride << 2;
+  for (let j = 0; j < nr; j++) {
+    const rowAtt = att + <usize>(j * nH) * attStep;
+    const qRow = q + ((<usize>j * <usize>qStride) << 2);
+    const len = firstPos + j + 1;
+    streamScores(qRow, rowAtt, attStep, len, table, layerOff, B, nKv, kvMul, hd, g0, g1);
+    for (let h = g0 * kvMul; h < g1 * kvMul; h++) softmax(rowAtt + <usize>h * attStep, len);
+    streamValues(out + ((<usize>j * <usize>qStride) << 2), rowAtt, attStep, len, table, vOff, B, nKv, kvMul, hd, g0, g1);
+  }
+}
+
+/** Row att[h][t] = q_h . k[t] / sqrt(hd) for the heads h of KV heads g0 .. g1 and t < len: four positions at a time. */
+function streamScores(q: usize, att: usize, attStep: usize, len: i32, table: usize, layerOff: usize, B: i32, nKv: i32, kvMul: i32, hd: i32, g0: i32, g1: i32): void {
+  const hd4 = hd & ~3;
+  const sqrtHd = Mathf.sqrt(<f32>hd);
+  const slotBytes = <usize>(nKv * hd) << 1;
+  for (let t0 = 0, b = 0; t0 < len; t0 += B, b++) {
+    const base = blockAt(table, b, layerOff);
+    const m = min(B, len - t0);
+    for (let s = 0; s < m; s += 4) {
+      // The last group of a block may hold fewer than four positions: the extra sums read
+      // slots of the block (inside it) and are never stored.
+      const live = min(4, m - s);
+      const k0 = base + <usize>s * slotBytes;
+      const k1 = k0 + (live > 1 ? slotBytes : 0);
+      const k2 = k0 + (live > 2 ? 2 * slotBytes : 0);
+      const k3 = k0 + (live > 3 ? 3 * slotBytes : 0);
+      for (let g = g0; g < g1; g++) {
+        const ko = <usize>(g * hd) << 1;
+        for (let hh = 0; hh < kvMul; hh++) {
+          const h = g * kvMul + hh;
+          const qp = q + (<usize>(h * hd) << 2);
+          let a0 = f32x4.splat(0);
+          let a1 = a0;
+          let a2 = a0;
+          let a3 = a0;
+          let i = 0;
+          for (; i + 8 <= hd4; i += 8) {
+            a0 = dot8(a0, qp, k0 + ko, i);
+            a1 = dot8(a1, qp, k1 + ko, i);
+            a2 = dot8(a2, qp, k2 + ko, i);
+            a3 = dot8(a3, qp, k3 + ko, i);
+          }
+          if (i < hd4) {
+            const x = ld(qp, i);
+            a0 = f32x4.add(a0, f32x4.mul(x, kv4(k0 + ko, i)));
+            a1 = f32x4.add(a1, f32x4.mul(x, kv4(k1 + ko, i)));
+            a2 = f32x4.add(a2, f32x4.mul(x, kv4(k2 + ko, i)));
+            a3 = f32x4.add(a3, f32x4.mul(x, kv4(k3 + ko, i)));
+          }
+          const at = att + <usize>h * attStep + (<usize>(t0 + s) << 2);
+          store<f32>(at, scoreTail(fold(a0), qp, k0 + ko, hd4, hd) / sqrtHd);
+          if (live > 1) store<f32>(at + 4, scoreTail(fold(a1), qp, k1 + ko, hd4, hd) / sqrtHd);
+          if (live > 2) store<f32>(at + 8, scoreTail(fold(a2), qp, k2 + ko, hd4, hd) / sqrtHd);
+          if (live > 3) store<f32>(at + 12, scoreTail(fold(a3), qp, k3 + ko, hd4, hd) / sqrtHd);
+        }
+      }
+    }
+  }
+}
+
+/** out_h = sum over t < len of att[h][t] * v[t] for the heads h of KV heads g0 .. g1, summed in out from +0 in t order. */
+function streamValues(out: usize, att: usize, attStep: usize, len: i32, table: usize, vOff: usize, B: i32, nKv: i32, kvMul: i32, hd: i32, g0: i32, g1: i32): void {
+  const hd4 = hd & ~3;
+  const slotBytes = <usize>(nKv * hd) << 1;
+  for (let h = g0 * kvMul; h < g1 * kvMul; h++) {
+    const o = out + (<usize>(h * hd) << 2);
+    for (let i = 0; i < hd; i++) store<f32>(o + (<usize>i << 2), 0);
+  }
+  for (let t0 = 0, b = 0; t0 < len; t0 += B, b++) {
+    let p = blockAt(table, b, vOff);
+    const m = min(B, len - t0);
+    for (let s = 0; s < m; s++, p += slotBytes) {
+      const t = t0 + s;
+      for (let g = g0; g < g1; g++) {
+        const vp = p + (<usize>(g * hd) << 1);
+        for (let hh = 0; hh < kvMul; hh++) {
+          const h = g * kvMul + hh;
+          const ap = att + <usize>h * attStep + (<usize>t << 2);
+          const a = v128.load32_splat(ap);
+          const o = out + (<usize>(h * hd) << 2);
+          let i = 0;
+          for (; i + 8 <= hd4; i += 8) {
+            const v = v128.load(vp + (<usize>i << 1));
+            v128.store(o + (<usize>i << 2), f32x4.add(ld(o, i), f32x4.mul(a, kv8lo(v))));
+            v128.store(o + (<usize>i << 2), f32x4.add(ld(o, i + 4), f32x4.mul(a, kv8hi(v))), 16);
+          }
+          if (i < hd4) v128.store(o + (<usize>i << 2), f32x4.add(ld(o, i), f32x4.mul(a, kv4(vp, i))));
+          const a1 = load<f32>(ap);
+          for (let i = hd4; i < hd; i++) store<f32>(o + (<usize>i << 2), load<f32>(o + (<usize>i << 2)) + a1 * f16ToF32(<u32>load<u16>(vp + (<usize>i << 1))));
+        }
+      }
+    }
+  }
+}
+
+/**
+ * Rows j < nr of one sequence (row j at position firstPos + j) attend with KV head g's queries
+ * over the blocks of `table` (see the top), when they are at least four (a prefill). att is
+ * scratch of 4 * attStride floats, attStride >= firstPos + nr; lin of 2 * attStride * hd floats.
+ * Each output depends only on its query and the cache, so computing heads apart (on any thread)
+ * never changes a bit.
+ */
+function attendHead(
+  out: usize,
+  q: usize,
+  table: usize,
+  layerOff: usize,
   att: usize,
   attStride: i32,
   lin: usize,
   firstPos: i32,
   nr: i32,
   B: i32,
-  blockBytes: usize,
+  nKv: i32,
+  kvMul: i32,
+  hd: i32,
+  qStride: i32,
+  g: i32,
+): void {
+  const kvDim = nKv * hd;
+  const vOff = layerOff + <usize>B * <usize>kvDim * 2;
+  const attStep = <usize>attStride << 2;
+  const nq = nr * kvMul;
+  const n = firstPos + nr;
+  const off = g * hd;
+  // Query c of this KV head: row c / kvMul, head g * kvMul + c % kvMul.
+  const kLin = lin;
+  const vLin = lin + <usize>attStride * <usize>hd * 4;
+  linearize(kLin, table, layerOff, n, B, kvDim, off, hd);
+  linearize(vLin, table, vOff, n, B, kvDim, off, hd);
+  // Four at a time; a last short tile repeats its last query, which only writes its own
+  // result again.
+  for (let c = 0; c < nq; c += 4) {
+    const c1 = min(c + 1, nq - 1);
+    const c2 = min(c + 2, nq - 1);
+    const c3 = min(c + 3, nq - 1);
+    const o0 = queryAt(c, kvMul, g, hd, qStride);
+    const o1 = queryAt(c1, kvMul, g, hd, qStride);
+    const o2 = queryAt(c2, kvMul, g, hd, qStride);
+    const o3 = queryAt(c3, kvMul, g, hd, qStride);
+    const len0 = firstPos + c / kvMul + 1;
+    const len1 = firstPos + c1 / kvMul + 1;
+    const len2 = firstPos + c2 / kvMul + 1;
+    const len3 = firstPos + c3 / kvMul + 1;
+    scores4(q + o0, q + o1, q + o2, q + o3, att, attStep, len3, kLin, hd);
+    softmax(att, len0);
+    softmax(att + attStep, len1);
+    softmax(att + 2 * attStep, len2);
+    softmax(att + 3 * attStep, len3);
+    values4(out + o0, out + o1, out + o2, out + o3, att, attStep, len0, len1, len2, len3, vLin, hd);
+  }
+}
+
+/** Every head of one sequence: streamed (decode) or KV head by KV head (see the two). att: 4 * nKv * attStride floats. */
+export function attend(
+  out: usize,
+  q: usize,
+  table: usize,
+  layerOff: usize,
+  att: usize,
+  attStride: i32,
+  lin: usize,
+  firstPos: i32,
+  nr: i32,
+  B: i32,
   nKv: i32,
   kvMul: i32,
   hd: i32,
   qStride: i32,
 ): void {
-  const kvDim = nKv * hd;
-  const vp = kv + <usize>B * <usize>kvDim * 2;
-  const attStep = <usize>attStride << 2;
-  const nq = nr * kvMul;
-  const n = firstPos + nr;
-  const kLin = lin;
-  const vLin = lin + <usize>attStride * <usize>hd * 4;
-  for (let g = 0; g < nKv; g++) {
-    const off = g * hd;
-    // Query c of this KV head: row c / kvMul, head g * kvMul + c % kvMul.
-    if (nq < 4) {
-      // Decode: too few queries to pay for making K and V f32 first.
-      for (let c = 0; c < nq; c++) {
-        const o = queryAt(c, kvMul, g, hd, qStride);
-        const len = firstPos + c / kvMul + 1;
-        scores1(q + o, att, len, kv, B, blockBytes, kvDim, off, hd);
-        softmax(att, len);
-        values1(out + o, att, len, vp, B, blockBytes, kvDim, off, hd);
-      }
-      continue;
-    }
-    linearize(kLin, kv, n, B, blockBytes, kvDim, off, hd);
-    linearize(vLin, vp, n, B, blockBytes, kvDim, off, hd);
-    // Four at a time; a last short tile repeats its last query, which only writes its own
-    // result again.
-    for (let c = 0; c < nq; c += 4) {
-      const c1 = min(c + 1, nq - 1);
-      const c2 = min(c + 2, nq - 1);
-      const c3 = min(c + 3, nq - 1);
-      const o0 = queryAt(c, kvMul, g, hd, qStride);
-      const o1 = queryAt(c1, kvMul, g, hd, qStride);
-      const o2 = queryAt(c2, kvMul, g, hd, qStride);
-      const o3 = queryAt(c3, kvMul, g, hd, qStride);
-      const len0 = firstPos + c / kvMul + 1;
-      const len1 = firstPos + c1 / kvMul + 1;
-      const len2 = firstPos + c2 / kvMul + 1;
-      const len3 = firstPos + c3 / kvMul + 1;
-      scores4(q + o0, q + o1, q + o2, q + o3, att, attStep, len3, kLin, hd);
-      softmax(att, len0);
-      softmax(att + attStep, len1);
-      softmax(att + 2 * attStep, len2);
-      softmax(att + 3 * attStep, len3);
-      values4(out + o0, out + o1, out + o2, out + o3, att, attStep, len0, len1, len2, len3, vLin, hd);
-    }
+  if (nr * kvMul < 4) attendStream(out, q, table, layerOff, att, attStride, firstPos, nr, B, nKv, kvMul, hd, qStride, 0, nKv);
+  else for (let g = 0; g < nKv; g++) attendHead(out, q, table, layerOff, att, attStride, lin, firstPos, nr, B, nKv, kvMul, hd, qStride, g);
+}
+
+// An attention dispatch's parameters, in i32 slots at `params` (Transformer writes them): the
+// shared ones, then ATT_SEQ_INTS per sequence. Piece c of the dispatch is the triple at
+// pieces + 12c: a sequence and its KV heads g0 .. g1, streamed together when the sequence has
+// fewer than four queries per KV head (decode), else one by one.
+const A_PIECES = 0;
+const A_B = 1;
+const A_NKV = 2;
+const A_KVMUL = 3;
+const A_HD = 4;
+const A_QSTRIDE = 5;
+const A_LAYEROFF = 6;
+const A_ATTSTRIDE = 7;
+const A_SEQS = 8;
+/** Per sequence: out, q, table (byte addresses), firstPos, rows. */
+const ATT_SEQ_INTS = 5;
+
+/**
+ * Pieces c0 .. c1 of the attention dispatch at params, on this thread; scratch holds att
+ * (4 * attStride floats) then lin (2 * attStride * hd floats), or att of 4 * nKv * attStride
+ * floats for a streamed piece.
+ */
+export function attend_jobs(params: usize, c0: i32, c1: i32, scratch: usize): void {
+  const nKv = load<i32>(params + (A_NKV << 2));
+  const hd = load<i32>(params + (A_HD << 2));
+  const attStride = load<i32>(params + (A_ATTSTRIDE << 2));
+  const B = load<i32>(params + (A_B << 2));
+  const kvMul = load<i32>(params + (A_KVMUL << 2));
+  const qStride = load<i32>(params + (A_QSTRIDE << 2));
+  const layerOff = <usize>load<i32>(params + (A_LAYEROFF << 2));
+  const pieces = <usize>load<i32>(params + (A_PIECES << 2));
+  const lin = scratch + (<usize>attStride << 4);
+  for (let c = c0; c < c1; c++) {
+    const pc = pieces + <usize>c * 12;
+    const s = load<i32>(pc);
+    const g0 = load<i32>(pc, 4);
+    const g1 = load<i32>(pc, 8);
+    const p = params + (<usize>(A_SEQS + s * ATT_SEQ_INTS) << 2);
+    const out = <usize>load<i32>(p);
+    const q = <usize>load<i32>(p, 4);
+    const table = <usize>load<i32>(p, 8);
+    const firstPos = load<i32>(p, 12);
+    const nr = load<i32>(p, 16);
+    if (nr * kvMul < 4) attendStream(out, q, table, layerOff, scratch, attStride, firstPos, nr, B, nKv, kvMul, hd, qStride, g0, g1);
+    else for (let g = g0; g < g1; g++) attendHead(out, q, table, layerOff, scratch, attStride, lin, firstPos, nr, B, nKv, kvMul, hd, qStride, g);
   }
 }
 

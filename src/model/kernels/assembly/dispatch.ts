@@ -1,4 +1,5 @@
-// One dispatch of matmuls shared by every thread (built with matmul.ts into one module).
+// One dispatch of matmuls, or of attention, shared by every thread (built with matmul.ts into one
+// module).
 //
 // The caller writes the dispatch into a control block in the shared memory: first NEXT =
 // gen << 16 | 0xffff (claims closed: a thread still in the last dispatch fails its swap), then the
@@ -7,8 +8,11 @@
 // each whole, and counts it in DONE; the dispatch is over when DONE reaches TOTAL. A thread that
 // is slow or descheduled only delays the chunk it holds: the others take the rest. A claim checks
 // the generation, so a thread still looking at an old dispatch can never take a chunk of a new
-// one. Which thread computes a chunk never changes a bit of it (kernels/assembly/matmul.ts).
+// one. Which thread computes a chunk never changes a bit of it (kernels/assembly/matmul.ts). An
+// attention job (fn ATTEND, its parameters at w) is cut into one chunk per sequence and KV head,
+// each computed whole (kernels/assembly/attention.ts).
 
+import { attend_jobs } from "./attention";
 import { matmul_bf16, matmul_f16, matmul_f32 } from "./matmul";
 import { matmul_q8_0 } from "./q8";
 
@@ -24,16 +28,21 @@ const HELPED: usize = 53 << 2;
 const JOBS: usize = 64 << 2;
 /** A job: fn, y, x, w, rows, n, d, r0, chunk rows, first chunk. */
 const JOB_BYTES: usize = 10 << 2;
+const ATTEND: i32 = 4;
 
 /** Computes chunk c (of job j, whose chunks start at `first`) on this thread. */
 @inline function runChunk(job: usize, c: i32, first: i32, scratch: usize): void {
+  const fn = load<i32>(job);
+  if (fn == ATTEND) {
+    attend_jobs(<usize>load<i32>(job, 12), c - first, c - first + 1, scratch);
+    return;
+  }
   const r0 = load<i32>(job, 28);
   const end = r0 + load<i32>(job, 24);
   const per = load<i32>(job, 32);
   const base = r0 & ~7;
   const g0 = max(r0, base + (c - first) * per);
   const g1 = min(end, base + (c - first + 1) * per);
-  const fn = load<i32>(job);
   const y = <usize>load<i32>(job, 4);
   const x = <usize>load<i32>(job, 8);
   const w = <usize>load<i32>(job, 12);

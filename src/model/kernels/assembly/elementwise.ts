@@ -26,6 +26,53 @@ export function swiglu(h: usize, g: usize, n: i32): void {
   }
 }
 
+/**
+ * o[r] = g * (inv * x[r]), inv = 1 / sqrt(sum of x[r][i]^2 / dim + eps), for rows of dim f32: in
+ * f64, every product and sum rounded to f64 in i order and the result once to f32, as JS's
+ * rmsnorm in transformer.ts computes it (so both give the same bits).
+ */
+export function rmsnorm(o: usize, x: usize, g: usize, rows: i32, dim: i32, eps: f64): void {
+  for (let r = 0; r < rows; r++) {
+    const xr = x + (<usize>(r * dim) << 2);
+    const orow = o + (<usize>(r * dim) << 2);
+    let ss: f64 = 0;
+    for (let i = 0; i < dim; i++) {
+      const v = <f64>load<f32>(xr + (<usize>i << 2));
+      ss += v * v;
+    }
+    const inv = 1 / Math.sqrt(ss / <f64>dim + eps);
+    for (let i = 0; i < dim; i++) {
+      store<f32>(orow + (<usize>i << 2), <f32>(<f64>load<f32>(g + (<usize>i << 2)) * (inv * <f64>load<f32>(xr + (<usize>i << 2)))));
+    }
+  }
+}
+
+/**
+ * RoPE of one row of n f32 at p (heads of hd): pair (i, i + 1) turns by the angle at t = base +
+ * (i mod hd) / 2 of the f64 tables cos and sin, in f64 as JS's rope in transformer.ts (a c - b s,
+ * a s + b c, each rounded to f64, then to f32).
+ */
+@inline function ropeRow(p: usize, n: i32, hd: i32, base: i32, cos: usize, sin: usize): void {
+  for (let i = 0; i < n; i += 2) {
+    const t = <usize>(base + ((i % hd) >> 1)) << 3;
+    const c = load<f64>(cos + t);
+    const s = load<f64>(sin + t);
+    const a = <f64>load<f32>(p + (<usize>i << 2));
+    const b = <f64>load<f32>(p + (<usize>i << 2), 4);
+    store<f32>(p + (<usize>i << 2), <f32>(a * c - b * s));
+    store<f32>(p + (<usize>i << 2), <f32>(a * s + b * c), 4);
+  }
+}
+
+/** RoPE of every row's q (qDim) and k (kvDim), row r at position pos[r] (i32), tables of hd / 2 angles per position. */
+export function rope(q: usize, k: usize, pos: usize, cos: usize, sin: usize, rows: i32, qDim: i32, kvDim: i32, hd: i32): void {
+  for (let r = 0; r < rows; r++) {
+    const base = load<i32>(pos + (<usize>r << 2)) * (hd >> 1);
+    ropeRow(q + (<usize>(r * qDim) << 2), qDim, hd, base, cos, sin);
+    ropeRow(k + (<usize>(r * kvDim) << 2), kvDim, hd, base, cos, sin);
+  }
+}
+
 /** x[i] += y[i] for i < n: one f32 add each, as JS's x[i] += y[i] on Float32Arrays gives. */
 export function add_into(x: usize, y: usize, n: i32): void {
   const n4 = n & ~3;
@@ -36,6 +83,19 @@ export function add_into(x: usize, y: usize, n: i32): void {
   for (let i = n4; i < n; i++) {
     const a = x + (<usize>i << 2);
     store<f32>(a, load<f32>(a) + load<f32>(y + (<usize>i << 2)));
+  }
+}
+
+/**
+ * Each row r's K and V (kvDim f32 each, rows back to back at k and v) as f16 (to_f16) into the KV
+ * cache in place: K at the byte address dst[r] (an i32) plus layerOff, V vOff bytes past it.
+ */
+export function store_kv(dst: usize, layerOff: usize, vOff: usize, k: usize, v: usize, rows: i32, kvDim: i32): void {
+  for (let r = 0; r < rows; r++) {
+    const at = <usize>load<i32>(dst + (<usize>r << 2)) + layerOff;
+    const src = <usize>(r * kvDim) << 2;
+    to_f16(at, k + src, kvDim);
+    to_f16(at + vOff, v + src, kvDim);
   }
 }
 
