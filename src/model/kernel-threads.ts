@@ -1,6 +1,7 @@
 import assert from "node:assert";
 import type { KernelExports } from "./matmul.ts";
 import type { DType } from "./packed.ts";
+import { StallBackoff } from "./stall-backoff.ts";
 
 /**
  * Helper threads that take chunks of a dispatch's matmuls over the kernel's shared memory.
@@ -73,13 +74,6 @@ const SPINS = 20000;
  * helper wakes too late to take any of a small dispatch.
  */
 const HELPER_SPIN_MS = 2;
-/**
- * A caller that waited this long (ms) for a helper's chunk after finishing its own work met a
- * helper that lost its core mid-chunk (an oversubscribed machine): dispatches then stay on the
- * caller for BACKOFF_MS, which costs less than waiting out the scheduler's time slices.
- */
-const STALL_MS = 0.5;
-const BACKOFF_MS = 50;
 
 /** Runs queued jobs whole on the calling thread. */
 export function runJobs(ex: KernelExports, jobs: Int32Array, count: number, scratch: number): void {
@@ -136,7 +130,8 @@ export class KernelThreads {
   private readonly ctrl: Int32Array;
   private readonly workers: Worker[] = [];
   private gen = 0;
-  private backoffUntil = 0;
+  /** A helper that lost its core mid-chunk keeps dispatches on the caller for a while. */
+  private readonly backoff = new StallBackoff();
   /** Settles when every helper runs. */
   readonly ready: Promise<void>;
 
@@ -172,9 +167,9 @@ export class KernelThreads {
     return Atomics.load(this.ctrl, HELPED);
   }
 
-  /** False while backing off after a stalled helper (see STALL_MS): run the dispatch alone. */
+  /** False while backing off after a stalled helper (StallBackoff): run the dispatch alone. */
   get available(): boolean {
-    return this.backoffUntil === 0 || performance.now() >= this.backoffUntil;
+    return this.backoff.available(performance.now());
   }
 
   /**
@@ -241,7 +236,7 @@ export class KernelThreads {
       }
     }
     const t = performance.now();
-    this.backoffUntil = t - t0 > STALL_MS ? t + BACKOFF_MS : 0;
+    this.backoff.note(t - t0, t);
   }
 
   /** Stops the helpers; the kernel then runs on the caller alone. */

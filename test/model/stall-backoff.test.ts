@@ -1,0 +1,32 @@
+import { expect, test } from "bun:test";
+import { StallBackoff } from "../../src/model/stall-backoff.ts";
+
+test("a lone stall backs off briefly; stalls close together double the backoff up to its cap", () => {
+  const b = new StallBackoff(0.5, 2, 50);
+  b.note(0.4, 1000); // waited, but not a stall
+  expect(b.available(1000)).toBe(true);
+  b.note(3, 1000);
+  expect(b.currentMs).toBe(2);
+  expect(b.available(1001.9)).toBe(false);
+  expect(b.available(1002)).toBe(true);
+  // Each stall within 50 ms of the last backoff's end: 4, 8, 16, 32, then 50 at most.
+  let now = 1002;
+  for (const want of [4, 8, 16, 32, 50, 50]) {
+    now += 10;
+    b.note(5, now);
+    expect(b.currentMs).toBe(want);
+    expect(b.available(now + want - 0.01)).toBe(false);
+    now += want;
+  }
+});
+
+test("after 50 ms without a stall, the next stall backs off briefly again", () => {
+  const b = new StallBackoff(0.5, 2, 50);
+  b.note(5, 0);
+  b.note(5, 10);
+  b.note(5, 30);
+  expect(b.currentMs).toBe(8);
+  b.note(5, 38 + 50.5); // the last backoff ended at 38
+  expect(b.currentMs).toBe(2);
+  expect(b.available(88.5 + 2)).toBe(true);
+});
