@@ -127,9 +127,12 @@ test("the client disconnects while P is still prefilling: P's work is cancelled 
   expect(k.decode[0]!.receiver!.pending()).toBe(0);
 });
 
-test("the client disconnects while P pushes: the handle the Prefill still yields is released on D", async () => {
+/**
+ * A cluster whose D's KvTransfer is reached through a proxy that holds every push until
+ * `kv.open()`; `cancelSeen` settles when a Cancel reaches P.
+ */
+async function heldPushCluster(): Promise<{ k: TestCluster; kv: GateProxy; cancelSeen: Promise<void> }> {
   let k!: TestCluster;
-  // D's KvTransfer is reached through a proxy that holds the push until the gateway gave up.
   const kv: GateProxy = await startGateProxy(() => k.decode[0]!.kvAddress, { held: true });
   closers.push(() => kv.close());
   k = await cluster({ advertiseKvAddress: kv.address });
@@ -141,6 +144,11 @@ test("the client disconnects while P pushes: the handle the Prefill still yields
     cancelled();
     return cancel(...a);
   };
+  return { k, kv, cancelSeen };
+}
+
+test("the client disconnects while P pushes: the handle the Prefill still yields is released on D", async () => {
+  const { k, kv, cancelSeen } = await heldPushCluster();
   const ac = new AbortController();
   const res = post(k, { prompt: "hello there", max_tokens: 8, stream: true }, ac.signal).catch((e: unknown) => e);
   await kv.arrived; // the push has begun
@@ -152,18 +160,7 @@ test("the client disconnects while P pushes: the handle the Prefill still yields
 });
 
 test("the gateway stops while P pushes: stop() waits to release the handle the Prefill still yields", async () => {
-  let k!: TestCluster;
-  const kv: GateProxy = await startGateProxy(() => k.decode[0]!.kvAddress, { held: true });
-  closers.push(() => kv.close());
-  k = await cluster({ advertiseKvAddress: kv.address });
-  const P = k.prefill[0]!;
-  let cancelled!: () => void;
-  const cancelSeen = new Promise<void>((r) => (cancelled = r));
-  const cancel = P.engine.cancel.bind(P.engine);
-  P.engine.cancel = (...a) => {
-    cancelled();
-    return cancel(...a);
-  };
+  const { k, kv, cancelSeen } = await heldPushCluster();
   const res = post(k, { prompt: "hello there", max_tokens: 8, stream: true }).catch((e: unknown) => e);
   await kv.arrived; // the push has begun
   let stopDone = false;
