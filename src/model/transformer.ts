@@ -89,6 +89,8 @@ export class Transformer {
    * benchmark's profile. Null in service: then timing costs one branch per phase.
    */
   profile: Float64Array | null = null;
+  /** When the phase being timed began (profiling only). */
+  private lapT = 0;
 
   // Per-row scratch, grown (never shrunk) to the largest row count seen.
   private cap = 0;
@@ -229,22 +231,40 @@ export class Transformer {
    * out[i*vocab .. (i+1)*vocab). All rows of the batch share one pass over each weight matrix.
    */
   forward(pool: KvPool, batch: readonly SeqChunk[], out: Float32Array): void {
+    const rows = this.checkBatch(pool, batch, out);
+    if (rows === 0) return;
+    const B = pool.shape.blockTokens;
+    if (this.maxBlocks < Math.ceil(this.cfg.maxSeqLen / B)) {
+      // A pool of smaller blocks than the last: the tables are laid out anew.
+      this.maxBlocks = Math.ceil(this.cfg.maxSeqLen / B);
+      this.seqCap = 0;
+    }
+    this.reserve(rows, batch.length);
+    if (this.profile) this.lapT = performance.now();
+    this.embed(batch);
+    this.lap(P_EMBED);
+    const inPlace = this.mm.exports !== null && this.attentionTables(pool, batch, rows);
+    for (let l = 0; l < this.cfg.nLayers; l++) {
+      this.attentionBlock(pool, batch, l, rows, inPlace);
+      this.feedForwardBlock(l, rows);
+    }
+    this.logits(batch.length, out);
+    raiseFills(pool, batch, this.rowPos, this.rowSeq, rows);
+  }
+
+  /** The batch's rows after checking it fits the model, the pool and `out`; 0 for an empty batch. */
+  private checkBatch(pool: KvPool, batch: readonly SeqChunk[], out: Float32Array): number {
     const cfg = this.cfg;
-    const { dim, hiddenDim: hid, nLayers, vocabSize } = cfg;
-    const hd = this.headDim;
-    const qDim = this.qDim;
-    const kvDim = this.kvDim;
+    const { nLayers, vocabSize } = cfg;
     const B = pool.shape.blockTokens;
     // Checks are written `if (!ok) assert.fail(...)` so the messages are only built on failure:
     // forward runs once per token and must not allocate in steady state.
     const ps = pool.shape;
-    if (ps.nLayers !== nLayers || ps.nKvHeads !== cfg.nKvHeads || ps.headDim !== hd) {
-      assert.fail(`pool shape L=${ps.nLayers} H=${ps.nKvHeads} D=${ps.headDim} does not fit model L=${nLayers} H=${cfg.nKvHeads} D=${hd}`);
+    if (ps.nLayers !== nLayers || ps.nKvHeads !== cfg.nKvHeads || ps.headDim !== this.headDim) {
+      assert.fail(`pool shape L=${ps.nLayers} H=${ps.nKvHeads} D=${ps.headDim} does not fit model L=${nLayers} H=${cfg.nKvHeads} D=${this.headDim}`);
     }
     const nSeq = batch.length;
     if (out.length < nSeq * vocabSize) assert.fail(`out has ${out.length} floats, want ${nSeq * vocabSize}`);
-    if (nSeq === 0) return;
-
     let rows = 0;
     for (let s = 0; s < nSeq; s++) {
       const c = batch[s]!;
@@ -265,102 +285,102 @@ export class Transformer {
       }
       rows += n;
     }
-    if (this.maxBlocks < Math.ceil(cfg.maxSeqLen / B)) {
-      // A pool of smaller blocks than the last: the tables are laid out anew.
-      this.maxBlocks = Math.ceil(cfg.maxSeqLen / B);
-      this.seqCap = 0;
-    }
-    this.reserve(rows, nSeq);
-    const { x, xb, xb2, q, k, v, hb, hb2, rowPos, rowSeq, lastRow } = this;
-    const w = this.w;
-    const mm = this.mm;
-    const prof = this.profile;
-    const ex = mm.exports;
-    let t = prof === null ? 0 : performance.now();
+    return rows;
+  }
 
-    // Embed.
+  /** Each row's position, sequence and embedding (into x); each sequence's last row. */
+  private embed(batch: readonly SeqChunk[]): void {
+    const { x, rowPos, rowSeq, lastRow, mm } = this;
+    const dim = this.cfg.dim;
     let r = 0;
-    for (let s = 0; s < nSeq; s++) {
+    for (let s = 0; s < batch.length; s++) {
       const c = batch[s]!;
       for (let t = 0; t < c.tokens.length; t++, r++) {
         rowPos[r] = c.startPos + t;
         rowSeq[r] = s;
         // The embedding's copy is in the kernels' strip layout: its rows are read through mm.
-        mm.rowInto(w.tokenEmbedding, c.tokens[t]! * dim, dim, x, r * dim);
+        mm.rowInto(this.w.tokenEmbedding, c.tokens[t]! * dim, dim, x, r * dim);
       }
       lastRow[s] = r - 1;
     }
-    if (prof) t = lap(prof, P_EMBED, t);
+  }
 
-    const data = pool.data;
-    const bits = this.bitsFor(pool);
-    const blockElems = pool.blockElems;
-    const inPlace = ex !== null && this.attentionTables(pool, batch, rows);
-    for (let l = 0; l < nLayers; l++) {
-      this.rmsnorm(xb, x, w.rmsAtt, l * dim, rows);
-      if (prof) t = lap(prof, P_NORM, t);
-      // One dispatch for q, k and v, one for w1 and w3: each hands the helper threads their share once.
-      mm.queue(q, xb, w.wq, l * qDim * dim, rows, dim, qDim);
-      mm.queue(k, xb, w.wk, l * kvDim * dim, rows, dim, kvDim);
-      mm.queue(v, xb, w.wv, l * kvDim * dim, rows, dim, kvDim);
-      mm.flush();
-      if (prof) t = lap(prof, P_MATMUL, t);
-      if (w.bq) {
-        addBias(q, w.bq, l * qDim, rows, qDim);
-        addBias(k, w.bk!, l * kvDim, rows, kvDim);
-        addBias(v, w.bv!, l * kvDim, rows, kvDim);
-        if (prof) t = lap(prof, P_BIAS, t);
-      }
-      this.rope(rows);
-      if (prof) t = lap(prof, P_ROPE, t);
-
-      // Store every row's K/V before any attention, so rows of this call see each other
-      // exactly as later calls will: through the f16 slab.
-      if (inPlace) ex!.store_kv(mm.addressOf(this.kvDst), l * 2 * B * kvDim * 2, B * kvDim * 2, mm.addressOf(k), mm.addressOf(v), rows, kvDim);
-      else if (ex !== null) this.storeKvSimd(ex, bits, blockElems, B, l, batch, rows);
-      else storeKv(data, k, v, rowPos, rowSeq, batch, blockElems, B, l, kvDim, rows);
-      if (prof) t = lap(prof, P_KV, t);
-
-      if (ex !== null) this.attentionSimd(pool, l, batch, inPlace);
-      else this.attention(bits, blockElems, B, l, batch, rows);
-      if (prof) t = lap(prof, P_ATT, t);
-      mm.matmul(xb2, xb, w.wo, l * dim * qDim, rows, qDim, dim);
-      if (prof) t = lap(prof, P_MATMUL, t);
-      this.addInto(x, xb2, rows * dim);
-      if (prof) t = lap(prof, P_RESID, t);
-
-      this.rmsnorm(xb, x, w.rmsFfn, l * dim, rows);
-      if (prof) t = lap(prof, P_NORM, t);
-      mm.queue(hb, xb, w.w1, l * hid * dim, rows, dim, hid);
-      mm.queue(hb2, xb, w.w3, l * hid * dim, rows, dim, hid);
-      mm.flush();
-      if (prof) t = lap(prof, P_MATMUL, t);
-      if (ex !== null) ex.swiglu(mm.addressOf(hb), mm.addressOf(hb2), rows * hid);
-      else swigluF32(hb, hb2, rows * hid);
-      if (prof) t = lap(prof, P_SWIGLU, t);
-      mm.matmul(xb2, hb, w.w2, l * dim * hid, rows, hid, dim);
-      if (prof) t = lap(prof, P_MATMUL, t);
-      this.addInto(x, xb2, rows * dim);
-      if (prof) t = lap(prof, P_RESID, t);
+  /** Layer l's attention half: norm, q/k/v, RoPE, the K/V store, attention, wo, residual. */
+  private attentionBlock(pool: KvPool, batch: readonly SeqChunk[], l: number, rows: number, inPlace: boolean): void {
+    const { x, xb, xb2, q, k, v, w, mm } = this;
+    const { dim } = this.cfg;
+    const { qDim, kvDim } = this;
+    const ex = mm.exports;
+    const B = pool.shape.blockTokens;
+    this.rmsnorm(xb, x, w.rmsAtt, l * dim, rows);
+    this.lap(P_NORM);
+    // One dispatch for q, k and v: it hands the helper threads their share once.
+    mm.queue(q, xb, w.wq, l * qDim * dim, rows, dim, qDim);
+    mm.queue(k, xb, w.wk, l * kvDim * dim, rows, dim, kvDim);
+    mm.queue(v, xb, w.wv, l * kvDim * dim, rows, dim, kvDim);
+    mm.flush();
+    this.lap(P_MATMUL);
+    if (w.bq) {
+      addBias(q, w.bq, l * qDim, rows, qDim);
+      addBias(k, w.bk!, l * kvDim, rows, kvDim);
+      addBias(v, w.bv!, l * kvDim, rows, kvDim);
+      this.lap(P_BIAS);
     }
+    this.rope(rows);
+    this.lap(P_ROPE);
+    // Store every row's K/V before any attention, so rows of this call see each other
+    // exactly as later calls will: through the f16 slab.
+    const bits = this.bitsFor(pool);
+    if (inPlace) ex!.store_kv(mm.addressOf(this.kvDst), l * 2 * B * kvDim * 2, B * kvDim * 2, mm.addressOf(k), mm.addressOf(v), rows, kvDim);
+    else if (ex !== null) this.storeKvSimd(ex, bits, pool.blockElems, B, l, batch, rows);
+    else storeKv(pool.data, k, v, this.rowPos, this.rowSeq, batch, pool.blockElems, B, l, kvDim, rows);
+    this.lap(P_KV);
+    if (ex !== null) this.attentionSimd(pool, l, batch, inPlace);
+    else this.attention(bits, pool.blockElems, B, l, batch, rows);
+    this.lap(P_ATT);
+    mm.matmul(xb2, xb, w.wo, l * dim * qDim, rows, qDim, dim);
+    this.lap(P_MATMUL);
+    this.addInto(x, xb2, rows * dim);
+    this.lap(P_RESID);
+  }
 
-    // Only each chunk's last position needs logits.
-    const lastX = this.lastX;
+  /** Layer l's feed-forward half: norm, w1/w3, SwiGLU, w2, residual. */
+  private feedForwardBlock(l: number, rows: number): void {
+    const { x, xb, xb2, hb, hb2, w, mm } = this;
+    const { dim, hiddenDim: hid } = this.cfg;
+    const ex = mm.exports;
+    this.rmsnorm(xb, x, w.rmsFfn, l * dim, rows);
+    this.lap(P_NORM);
+    mm.queue(hb, xb, w.w1, l * hid * dim, rows, dim, hid);
+    mm.queue(hb2, xb, w.w3, l * hid * dim, rows, dim, hid);
+    mm.flush();
+    this.lap(P_MATMUL);
+    if (ex !== null) ex.swiglu(mm.addressOf(hb), mm.addressOf(hb2), rows * hid);
+    else swigluF32(hb, hb2, rows * hid);
+    this.lap(P_SWIGLU);
+    mm.matmul(xb2, hb, w.w2, l * dim * hid, rows, hid, dim);
+    this.lap(P_MATMUL);
+    this.addInto(x, xb2, rows * dim);
+    this.lap(P_RESID);
+  }
+
+  /** The final norm and the classifier, for each sequence's last row only. */
+  private logits(nSeq: number, out: Float32Array): void {
+    const { x, xb, lastX, lastRow, w, mm } = this;
+    const { dim, vocabSize } = this.cfg;
     for (let s = 0; s < nSeq; s++) {
       const src = lastRow[s]! * dim;
       for (let i = 0; i < dim; i++) xb[s * dim + i] = x[src + i]!;
     }
     this.rmsnorm(lastX, xb, w.rmsFinal, 0, nSeq);
-    if (prof) t = lap(prof, P_NORM, t);
+    this.lap(P_NORM);
     mm.matmul(out, lastX, w.wcls, 0, nSeq, dim, vocabSize);
-    if (prof) lap(prof, P_MATMUL, t);
+    this.lap(P_MATMUL);
+  }
 
-    for (let r = 0; r < rows; r++) {
-      const pos = rowPos[r]!;
-      const blk = batch[rowSeq[r]!]!.blockTable[(pos / B) | 0]!;
-      const fill = (pos % B) + 1;
-      if (pool.fillOf(blk) < fill) pool.setFill(blk, fill);
-    }
+  /** Time since the last lap into `phase`, when profiling (one branch otherwise). */
+  private lap(phase: number): void {
+    if (this.profile !== null) this.lapT = lap(this.profile, phase, this.lapT);
   }
 
   private reserve(rows: number, nSeq: number): void {
@@ -671,6 +691,17 @@ export class Transformer {
 }
 
 /** Element index in the slab of position pos's K vector in layer l (its V follows B * kvDim later). */
+/** Each row's block filled up to its position (fills only grow: a shorter rewrite never lowers one). */
+function raiseFills(pool: KvPool, batch: readonly SeqChunk[], rowPos: Int32Array, rowSeq: Int32Array, rows: number): void {
+  const B = pool.shape.blockTokens;
+  for (let r = 0; r < rows; r++) {
+    const pos = rowPos[r]!;
+    const blk = batch[rowSeq[r]!]!.blockTable[(pos / B) | 0]!;
+    const fill = (pos % B) + 1;
+    if (pool.fillOf(blk) < fill) pool.setFill(blk, fill);
+  }
+}
+
 function kSlotOf(table: ArrayLike<number>, pos: number, blockElems: number, B: number, l: number, kvDim: number): number {
   return table[(pos / B) | 0]! * blockElems + (2 * l * B + (pos % B)) * kvDim;
 }
