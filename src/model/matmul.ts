@@ -299,27 +299,27 @@ export class MatmulKernel {
 
   /** A zeroed f32 array living in the memory (a plain array on the fallback); never freed. */
   alloc(floats: number): Float32Array {
-    if (this.ex === null) return new Float32Array(floats);
-    const at = this.grab(floats * 4);
-    const a = new Float32Array(this.memory!.buffer, at, floats);
-    a.fill(0);
-    return a;
+    return this.allocZeroedOf(Float32Array, floats);
   }
 
   /** A zeroed i32 array living in the memory (a plain array on the fallback); never freed. */
   allocInts(ints: number): Int32Array {
-    if (this.ex === null) return new Int32Array(ints);
-    const at = this.grab(ints * 4);
-    const a = new Int32Array(this.memory!.buffer, at, ints);
-    a.fill(0);
-    return a;
+    return this.allocZeroedOf(Int32Array, ints);
   }
 
   /** A zeroed f64 array living in the memory (a plain array on the fallback); never freed. */
   allocF64(n: number): Float64Array {
-    if (this.ex === null) return new Float64Array(n);
-    const at = this.grab(n * 8);
-    const a = new Float64Array(this.memory!.buffer, at, n);
+    return this.allocZeroedOf(Float64Array, n);
+  }
+
+  private allocZeroedOf<T extends Float32Array | Int32Array | Float64Array>(
+    Ctor: { new (n: number): T; new (b: ArrayBufferLike, at: number, n: number): T; BYTES_PER_ELEMENT: number },
+    n: number,
+  ): T {
+    if (this.ex === null) return new Ctor(n);
+    // grab first: it may grow the memory, which replaces its buffer.
+    const at = this.grab(n * Ctor.BYTES_PER_ELEMENT);
+    const a = new Ctor(this.memory!.buffer, at, n);
     a.fill(0);
     return a;
   }
@@ -455,15 +455,9 @@ export class MatmulKernel {
   flush(): void {
     const count = this.queued;
     if (count === 0) return;
-    const ex = this.ex!;
-    const threads = this.threads;
-    const split = threads !== null && this.queuedMacs >= SPLIT_MACS && threads.available;
-    this.quantizeQ8Inputs(ex, count);
+    this.quantizeQ8Inputs(this.ex!, count);
     // Each thread's scratch for a dequantized strip (32 bytes per column), above the copies.
-    const stride = align16(32 * this.maxCols);
-    const scratch = this.temp(stride * (split ? threads.helpers + 1 : 1));
-    if (split) threads.run(ex, this.jobs, count, scratch, stride);
-    else runJobs(ex, this.jobs, count, scratch);
+    this.dispatch(count, this.queuedMacs, align16(32 * this.maxCols));
     for (let j = 0; j < count; j++) {
       const y = this.outs[j]!;
       if (y !== null) {
@@ -513,18 +507,26 @@ export class MatmulKernel {
    */
   attend(params: number, pieces: number, macs: number, scratchBytes: number): void {
     if (this.queued > 0) this.flush();
-    const ex = this.ex!;
-    const threads = this.threads;
-    const split = threads !== null && pieces > 1 && macs >= SPLIT_MACS && threads.available;
     const jobs = this.jobs;
     jobs[J_FN] = J_ATTEND;
     jobs[J_W] = params;
     jobs[J_ROWS] = pieces;
-    const stride = align16(scratchBytes);
-    const scratch = this.temp(stride * (split ? threads.helpers + 1 : 1));
-    if (split) threads.run(ex, jobs, 1, scratch, stride);
-    else runJobs(ex, jobs, 1, scratch);
+    this.dispatch(1, pieces > 1 ? macs : 0, align16(scratchBytes));
     this.tempTop = this.top;
+  }
+
+  /**
+   * Runs the `count` jobs written in `jobs`: shared with the helper threads when their `macs`
+   * multiply-adds are worth the handoff (and no helper stalled lately), each thread with
+   * `stride` bytes of scratch of its own above the dispatch's copies.
+   */
+  private dispatch(count: number, macs: number, stride: number): void {
+    const ex = this.ex!;
+    const threads = this.threads;
+    const split = threads !== null && macs >= SPLIT_MACS && threads.available;
+    const scratch = this.temp(stride * (split ? threads.helpers + 1 : 1));
+    if (split) threads.run(ex, this.jobs, count, scratch, stride);
+    else runJobs(ex, this.jobs, count, scratch);
   }
 
   /**

@@ -690,7 +690,6 @@ export class Transformer {
   }
 }
 
-/** Element index in the slab of position pos's K vector in layer l (its V follows B * kvDim later). */
 /** Each row's block filled up to its position (fills only grow: a shorter rewrite never lowers one). */
 function raiseFills(pool: KvPool, batch: readonly SeqChunk[], rowPos: Int32Array, rowSeq: Int32Array, rows: number): void {
   const B = pool.shape.blockTokens;
@@ -702,6 +701,7 @@ function raiseFills(pool: KvPool, batch: readonly SeqChunk[], rowPos: Int32Array
   }
 }
 
+/** Element index in the slab of position pos's K vector in layer l (its V follows B * kvDim later). */
 function kSlotOf(table: ArrayLike<number>, pos: number, blockElems: number, B: number, l: number, kvDim: number): number {
   return table[(pos / B) | 0]! * blockElems + (2 * l * B + (pos % B)) * kvDim;
 }
