@@ -1,7 +1,7 @@
 // The model on its own thread: the same logits and the same K/V bits as the Transformer in this
 // thread, over a KV slab both threads share; failures fail the forward, never hang it.
 import { afterAll, describe, expect, test } from "bun:test";
-import { kvShapeOf, loadSyntheticModel, ModelWorker, SYNTHETIC_MODEL_NAME, Transformer } from "../../src/model/index.ts";
+import { kvShapeOf, loadSyntheticModel, ModelWorker, type SeqChunk, SYNTHETIC_MODEL_NAME, Transformer } from "../../src/model/index.ts";
 import { KvPool } from "../../src/pool/index.ts";
 
 const m = loadSyntheticModel();
@@ -19,6 +19,21 @@ async function start(threads = 1): Promise<ModelWorker> {
 }
 
 const prompt = Array.from({ length: 37 }, (_, i) => 32 + ((i * 7) % 90));
+
+/**
+ * Runs each step's batch on the worker over `theirs` and on the in-thread Transformer over
+ * `mine`: the same logits every step, and the same K/V bytes at the end.
+ */
+async function expectSameSteps(w: ModelWorker, theirs: KvPool, mine: KvPool, steps: SeqChunk[][]): Promise<void> {
+  for (const batch of steps) {
+    const want = new Float32Array(batch.length * m.cfg.vocabSize);
+    local.forward(mine, batch, want);
+    const got = w.logitsBuffer(batch.length);
+    await w.forward(theirs, batch, got);
+    expect(got.subarray(0, want.length)).toEqual(want);
+  }
+  expect(Buffer.from(theirs.bytes).equals(Buffer.from(mine.bytes))).toBe(true);
+}
 
 describe("ModelWorker", () => {
   test("prefill then decode give the in-thread Transformer's logits and K/V bits", async () => {
@@ -39,13 +54,7 @@ describe("ModelWorker", () => {
       tables.map((t, i) => ({ blockTable: t, startPos: 0, tokens: prompt.slice(0, 30 + i) })),
       tables.map((t, i) => ({ blockTable: t, startPos: 30 + i, tokens: [prompt[30 + i]!] })),
     ];
-    for (const batch of steps) {
-      local.forward(mine, batch, want);
-      const got = w.logitsBuffer(batch.length);
-      await w.forward(theirs, batch, got);
-      expect(got.subarray(0, 2 * V)).toEqual(want);
-    }
-    expect(Buffer.from(theirs.bytes).equals(Buffer.from(mine.bytes))).toBe(true);
+    await expectSameSteps(w, theirs, mine, steps);
     // A caller's own logits buffer is filled too.
     const own = new Float32Array(V);
     const next = [{ blockTable: tables[0]!, startPos: 31, tokens: [5] }];
@@ -69,8 +78,6 @@ describe("ModelWorker", () => {
     const theirs = new KvPool(shape, 16, room!);
     expect(theirs.slabOffset).toBeGreaterThan(0);
     const mine = new KvPool(shape, 16);
-    const V = m.cfg.vocabSize;
-    const want = new Float32Array(2 * V);
     const tables = [
       [3, 1, 2, 0, 4],
       [9, 7, 8, 5, 6],
@@ -80,13 +87,7 @@ describe("ModelWorker", () => {
       tables.map((t, i) => ({ blockTable: t, startPos: 30 + i, tokens: [prompt[30 + i]!] })),
       tables.map((t, i) => ({ blockTable: t, startPos: 31 + i, tokens: [7 + i] })),
     ];
-    for (const batch of steps) {
-      local.forward(mine, batch, want);
-      const got = w.logitsBuffer(batch.length);
-      await w.forward(theirs, batch, got);
-      expect(got.subarray(0, 2 * V)).toEqual(want);
-    }
-    expect(Buffer.from(theirs.bytes).equals(Buffer.from(mine.bytes))).toBe(true);
+    await expectSameSteps(w, theirs, mine, steps);
   });
 
   test("the caller's event loop keeps turning while a forward runs", async () => {
