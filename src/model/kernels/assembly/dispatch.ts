@@ -8,8 +8,8 @@
 // through its rows in order and its claims stay in its own cache; when its range is empty it
 // steals from the back of the others', one chunk at a time, so a thread that is late,
 // descheduled or never started only leaves its range to the rest. Every claim is a
-// compare-and-swap of a range word; each chunk is computed whole and counted in DONE, and the
-// dispatch is over when DONE reaches TOTAL. Which thread computes a chunk never changes a bit of
+// compare-and-swap of a range word; each chunk is computed whole and counted in DONE (by each
+// thread once it finds no chunk left), and the dispatch is over when DONE reaches TOTAL. Which thread computes a chunk never changes a bit of
 // it (kernels/assembly/matmul.ts). An attention job (fn ATTEND, its parameters at w) is cut into
 // one chunk per piece (a sequence's KV heads), each computed whole (kernels/assembly/attention.ts).
 //
@@ -99,7 +99,12 @@ const ATTEND: i32 = 4;
   return -1;
 }
 
-/** Claims and computes chunks until none are left; `thread` picks the range and the scratch. Returns the chunks computed. */
+/**
+ * Claims and computes chunks until none are left; `thread` picks the range and the scratch.
+ * Counts them in DONE once, on the way out: per chunk, DONE's cache line would cross between the
+ * cores every chunk. A thread's chunks all belong to one dispatch, since the next opens only
+ * when DONE is whole, after this thread's last claim failed. Returns the chunks computed.
+ */
 export function run_chunks(ctrl: usize, thread: i32): i32 {
   let done = 0;
   for (;;) {
@@ -112,8 +117,9 @@ export function run_chunks(ctrl: usize, thread: i32): i32 {
     for (let j = 1; j < count && load<i32>(job + JOB_BYTES, 36) <= c; j++) job += JOB_BYTES;
     runChunk(job, c, load<i32>(job, 36), scratch);
     done++;
-    if (atomic.add<i32>(ctrl + DONE, 1) + 1 == load<i32>(ctrl + TOTAL) && atomic.load<i32>(ctrl + WAITING) != 0) atomic.notify(ctrl + DONE);
   }
-  if (thread > 0 && done > 0) atomic.add<i32>(ctrl + HELPED, done);
+  if (done == 0) return 0;
+  if (thread > 0) atomic.add<i32>(ctrl + HELPED, done);
+  if (atomic.add<i32>(ctrl + DONE, done) + done == load<i32>(ctrl + TOTAL) && atomic.load<i32>(ctrl + WAITING) != 0) atomic.notify(ctrl + DONE);
   return done;
 }
