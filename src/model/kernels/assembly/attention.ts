@@ -333,14 +333,35 @@ function attendStream(
   }
 }
 
+/** Where touch leaves what it read, so that no optimizer drops the loads (a global: each thread's instance has its own). */
+let touched: i32 = 0;
+
+/**
+ * Loads one word of every cache line of slots 0 .. m of the section at `base`, bytes from .. to
+ * of each: the next block's, while this block is computed. After the weights have streamed
+ * through, the cache holds no K/V, and a block is a short run (B slots) the hardware prefetcher
+ * meets cold; these independent loads ask for all its lines at once. Changes no bit.
+ */
+@inline function touch(base: usize, m: i32, slotBytes: usize, from: usize, to: usize): void {
+  let acc = 0;
+  for (let s = 0; s < m; s++, base += slotBytes) {
+    for (let o = from & ~63; o < to; o += 64) acc ^= load<i32>(base + o);
+  }
+  touched ^= acc;
+}
+
 /** Row att[h][t] = q_h . k[t] / sqrt(hd) for the heads h of KV heads g0 .. g1 and t < len: four positions at a time. */
 function streamScores(q: usize, att: usize, attStep: usize, len: i32, table: usize, layerOff: usize, B: i32, nKv: i32, kvMul: i32, hd: i32, g0: i32, g1: i32): void {
   const hd4 = hd & ~3;
   const sqrtHd = Mathf.sqrt(<f32>hd);
   const slotBytes = <usize>(nKv * hd) << 1;
+  const from = <usize>(g0 * hd) << 1;
+  const to = <usize>(g1 * hd) << 1;
+  touch(blockAt(table, 0, layerOff), min(B, len), slotBytes, from, to);
   for (let t0 = 0, b = 0; t0 < len; t0 += B, b++) {
     const base = blockAt(table, b, layerOff);
     const m = min(B, len - t0);
+    if (t0 + B < len) touch(blockAt(table, b + 1, layerOff), min(B, len - t0 - B), slotBytes, from, to);
     for (let s = 0; s < m; s += 4) {
       // The last group of a block may hold fewer than four positions: the extra sums read
       // slots of the block (inside it) and are never stored.
@@ -391,9 +412,13 @@ function streamValues(out: usize, att: usize, attStep: usize, len: i32, table: u
     const o = out + (<usize>(h * hd) << 2);
     for (let i = 0; i < hd; i++) store<f32>(o + (<usize>i << 2), 0);
   }
+  const from = <usize>(g0 * hd) << 1;
+  const to = <usize>(g1 * hd) << 1;
+  touch(blockAt(table, 0, vOff), min(B, len), slotBytes, from, to);
   for (let t0 = 0, b = 0; t0 < len; t0 += B, b++) {
     let p = blockAt(table, b, vOff);
     const m = min(B, len - t0);
+    if (t0 + B < len) touch(blockAt(table, b + 1, vOff), min(B, len - t0 - B), slotBytes, from, to);
     for (let s = 0; s < m; s++, p += slotBytes) {
       const t = t0 + s;
       for (let g = g0; g < g1; g++) {
