@@ -188,7 +188,7 @@ export class KernelThreads {
     // so a helper still looking for chunks of the last one finds none while the jobs below are
     // rewritten; closing them again only guards that after a failed dispatch.
     for (let t = 0; t < threads; t++) Atomics.store(c, RANGES + t * RANGE_INTS, 0);
-    const total = this.writeJobs(jobs, count);
+    const total = this.writeJobs(jobs, count, threads);
     assert(total < 65535, `dispatch of ${total} chunks`);
     c[COUNT] = count;
     c[SCRATCH] = scratch;
@@ -214,9 +214,9 @@ export class KernelThreads {
 
   /**
    * Copies the jobs into the control block with each one's chunk rows and first chunk; returns
-   * the dispatch's chunks. An attention job is one chunk per piece.
+   * the dispatch's chunks over `threads`. An attention job is one chunk per piece.
    */
-  private writeJobs(jobs: Int32Array, count: number): number {
+  private writeJobs(jobs: Int32Array, count: number, threads: number): number {
     const c = this.ctrl;
     let total = 0;
     for (let j = 0; j < count; j++) {
@@ -231,7 +231,8 @@ export class KernelThreads {
       }
       const r0 = jobs[b + J_R0]!;
       const span = r0 + jobs[b + J_D]! - (r0 & ~7);
-      const chunks = Math.ceil((rows * jobs[b + J_N]! * span) / (CHUNK_MACS * Math.min(rows, CHUNK_ROWS_MAX)));
+      // A thread's chunk at least, so that even a job alone at the split threshold is shared.
+      const chunks = Math.max(threads, Math.ceil((rows * jobs[b + J_N]! * span) / (CHUNK_MACS * Math.min(rows, CHUNK_ROWS_MAX))));
       const per = Math.ceil(span / chunks / 8) * 8;
       c[o + 8] = per;
       total += Math.ceil(span / per);
