@@ -3,11 +3,14 @@
 // handoff) and the rest of forward (attention, norms, the JS between); beside it the kernel alone
 // (the same calls in the same order on one thread, nothing between them) and the bare handoff of
 // a split dispatch that does almost nothing. Ratios: 2 threads over 1, and the kernel alone over
-// the matmuls inside the model (what handoff and cache misses cost). Env: DTYPES, THREADS, BATCH.
+// the matmuls inside the model (what handoff and cache misses cost); then the rest by phase
+// (Transformer.profile over more steps: attention, norms, RoPE, the K/V store...). Env: DTYPES,
+// THREADS, BATCH.
 import { mkdirSync, writeFileSync } from "node:fs";
 import { availableParallelism, loadavg } from "node:os";
 import { join } from "node:path";
 import { type DType, type ModelConfig, Transformer, castWeights, kvShapeOf, syntheticWeights } from "../src/model/index.ts";
+import { FORWARD_PHASES } from "../src/model/transformer.ts";
 import { MatmulKernel } from "../src/model/matmul.ts";
 import type { Matrix } from "../src/model/packed.ts";
 import { TS_SHAPE } from "./ts-shape.ts";
@@ -33,6 +36,8 @@ interface Profile {
   restUs: number;
   dispatches: number;
   kernelAloneUs: { layers: number; classifier: number };
+  /** µs per step in each phase but the matmuls, from a profiled run after the timed one. */
+  restPhasesUs: Record<string, number>;
 }
 
 /** Decode at BATCH over a 64-token context, with the kernel's queue and flush timed. */
@@ -78,16 +83,35 @@ async function profile(w: ReturnType<typeof castWeights>, threads: number): Prom
   const t0 = performance.now();
   for (let p = 65; p < 65 + STEPS; p++) step(p);
   const total = performance.now() - t0;
+  const matmulUs = (inside / STEPS) * 1000;
+  const perStep = dispatches / STEPS;
+  // The same positions again (their K/V are rewritten with the same values): the context stays inside maxSeqLen.
+  const restPhasesUs = restPhases(m, step, 65);
   const kernelAloneUs = kernelAlone(mm, recorded);
   m.close();
   return {
     tokensPerSec: ((STEPS * BATCH) / total) * 1000,
     stepUs: (total / STEPS) * 1000,
-    matmulUs: (inside / STEPS) * 1000,
-    restUs: ((total - inside) / STEPS) * 1000,
-    dispatches: dispatches / STEPS,
+    matmulUs,
+    restUs: (total / STEPS) * 1000 - matmulUs,
+    dispatches: perStep,
     kernelAloneUs,
+    restPhasesUs,
   };
+}
+
+/** µs per step of every phase but the matmuls (Transformer.profile), over STEPS / 2 more steps from `from`. */
+function restPhases(m: Transformer, step: (pos: number) => void, from: number): Record<string, number> {
+  const prof = new Float64Array(FORWARD_PHASES.length);
+  m.profile = prof;
+  const steps = STEPS / 2;
+  for (let p = from; p < from + steps; p++) step(p);
+  m.profile = null;
+  const r: Record<string, number> = {};
+  FORWARD_PHASES.forEach((ph, i) => {
+    if (ph !== "matmul" && prof[i]! > 0) r[ph] = (prof[i]! / steps) * 1000;
+  });
+  return r;
 }
 
 /** One step's matmul calls run back to back through the kernel exports, on this thread. */
@@ -157,7 +181,10 @@ for (const dt of DTYPES) {
       `${dt}, ${threads} threads, batch ${BATCH}: ${p.tokensPerSec.toFixed(1)} tok/s; a step ${p.stepUs.toFixed(0)} us = ` +
         `matmuls ${p.matmulUs.toFixed(0)} us in ${p.dispatches} dispatches + the rest ${p.restUs.toFixed(0)} us; ` +
         `kernel alone on one thread ${alone.toFixed(0)} us (layers ${p.kernelAloneUs.layers.toFixed(0)}, classifier ${p.kernelAloneUs.classifier.toFixed(0)}): ` +
-        `${(alone / p.matmulUs).toFixed(2)}x the matmuls in the model`,
+        `${(alone / p.matmulUs).toFixed(2)}x the matmuls in the model; the rest by phase (us): ` +
+        Object.entries(p.restPhasesUs)
+          .map(([ph, us]) => `${ph} ${us.toFixed(0)}`)
+          .join(", "),
     );
   }
   const [a, b] = THREADS.map((t) => byDtype[dt]![`threads${t}`]!);
