@@ -5,12 +5,14 @@
 // kernel alone (the same calls in the same order on one thread, nothing between them) and the bare
 // handoff of a split dispatch that does almost nothing. Ratios: 2 threads over 1 (the step and
 // each kind of dispatch), and the kernel alone over the matmuls inside the model (what handoff and
-// cache misses cost). Env: DTYPES, THREADS, BATCH.
+// cache misses cost); then the rest by phase (Transformer.profile over more steps: attention,
+// norms, RoPE, the K/V store...). Env: DTYPES, THREADS, BATCH.
 import { mkdirSync, writeFileSync } from "node:fs";
 import { availableParallelism, loadavg } from "node:os";
 import { join } from "node:path";
 import { type DType, type ModelConfig, Transformer, castWeights, kvShapeOf, syntheticWeights } from "../src/model/index.ts";
 import { J_ATTEND, J_D, J_FN, J_N } from "../src/model/kernel-threads.ts";
+import { FORWARD_PHASES } from "../src/model/transformer.ts";
 import { MatmulKernel } from "../src/model/matmul.ts";
 import type { Matrix } from "../src/model/packed.ts";
 import { TS_SHAPE } from "./ts-shape.ts";
@@ -44,6 +46,8 @@ interface Profile {
   restUs: number;
   dispatches: number;
   kernelAloneUs: { layers: number; classifier: number };
+  /** µs per step in each phase but the matmuls, from a profiled run after the timed one. */
+  restPhasesUs: Record<string, number>;
 }
 
 /** Decode at BATCH over a 64-token context, with the kernel's queue and flush timed. */
@@ -91,18 +95,23 @@ async function profile(w: ReturnType<typeof castWeights>, threads: number): Prom
   const t0 = performance.now();
   for (let p = 65; p < 65 + STEPS; p++) step(p);
   const total = performance.now() - t0;
-  const kernelAloneUs = kernelAlone(mm, recorded);
-  m.close();
+  const matmulUs = (inside / STEPS) * 1000;
+  const perStep = dispatches / STEPS;
   const byKind: Record<string, Kind> = {};
   for (const [k, v] of kinds) byKind[k] = { us: v.us / v.n, helperChunks: v.helped / v.n, perStep: v.n / STEPS };
+  // The same positions again (their K/V are rewritten with the same values): the context stays inside maxSeqLen.
+  const restPhasesUs = restPhases(m, step, 65);
+  const kernelAloneUs = kernelAlone(mm, recorded);
+  m.close();
   return {
     byKind,
     tokensPerSec: ((STEPS * BATCH) / total) * 1000,
     stepUs: (total / STEPS) * 1000,
-    matmulUs: (inside / STEPS) * 1000,
-    restUs: ((total - inside) / STEPS) * 1000,
-    dispatches: dispatches / STEPS,
+    matmulUs,
+    restUs: (total / STEPS) * 1000 - matmulUs,
+    dispatches: perStep,
     kernelAloneUs,
+    restPhasesUs,
   };
 }
 
@@ -136,6 +145,20 @@ function kindOf(jobs: Int32Array, count: number): string {
   if (count === 2) return "w1w3";
   if (jobs[J_D] === cfg.vocabSize) return "classifier";
   return jobs[J_N] === cfg.hiddenDim ? "w2" : "wo";
+}
+
+/** µs per step of every phase but the matmuls (Transformer.profile), over STEPS / 2 more steps from `from`. */
+function restPhases(m: Transformer, step: (pos: number) => void, from: number): Record<string, number> {
+  const prof = new Float64Array(FORWARD_PHASES.length);
+  m.profile = prof;
+  const steps = STEPS / 2;
+  for (let p = from; p < from + steps; p++) step(p);
+  m.profile = null;
+  const r: Record<string, number> = {};
+  FORWARD_PHASES.forEach((ph, i) => {
+    if (ph !== "matmul" && prof[i]! > 0) r[ph] = (prof[i]! / steps) * 1000;
+  });
+  return r;
 }
 
 /** One step's matmul calls run back to back through the kernel exports, on this thread. */
@@ -208,6 +231,10 @@ for (const dt of DTYPES) {
         `${(alone / p.matmulUs).toFixed(2)}x the matmuls in the model; per dispatch: ` +
         Object.entries(p.byKind)
           .map(([k, v]) => `${k} ${v.us.toFixed(1)} us` + (threads > 1 ? ` (helpers ${v.helperChunks.toFixed(1)} chunks)` : ""))
+          .join(", ") +
+        "; the rest by phase (us): " +
+        Object.entries(p.restPhasesUs)
+          .map(([ph, us]) => `${ph} ${us.toFixed(0)}`)
           .join(", "),
     );
   }
