@@ -416,17 +416,24 @@ function streamScoresX(
   const sqrtHd = Mathf.sqrt(<f32>hd);
   const slotBytes = <usize>(nKv * hd) << 1;
   const nb = (len + B - 1) / B;
-  // Touching ahead pays for a whole sequence's piece (a batch); a piece of a few KV heads leaves
-  // the other heads' lines to their own threads.
-  const sectionLines = g0 == 0 && g1 == nKv ? (B * nKv * hd * 4) >> 6 : 0;
+  // A whole sequence's piece (a batch) touches the next block's K and V sections whole; a piece
+  // of a few KV heads (a small batch shared by the threads) only its heads' bytes of each slot,
+  // leaving the other heads' lines to their own threads.
+  const whole = g0 == 0 && g1 == nKv;
+  const sectionLines = whole ? (B * nKv * hd * 4) >> 6 : 0;
+  const from = <usize>(g0 * hd) << 1;
+  const to = <usize>(g1 * hd) << 1;
+  const vSection = <usize>B * slotBytes;
   let touched = 0;
   for (let t0 = 0, b = 0; t0 < len; t0 += B, b++) {
     const base = blockAt(table, b, layerOff);
     const m = min(B, len - t0);
     const ahead = b + 1 < nb ? blockAt(table, b + 1, layerOff) : 0;
+    const mAhead = min(B, len - t0 - B);
     const perGroup = (sectionLines * 4 + B - 1) / B + 1;
     for (let s = 0, line = 0; s < m; s += 4) {
-      if (ahead != 0) touched ^= touchLines(ahead, line, min(sectionLines, line + perGroup));
+      if (ahead != 0 && whole) touched ^= touchLines(ahead, line, min(sectionLines, line + perGroup));
+      else if (ahead != 0) touched ^= touchSlots(ahead, s, min(s + 4, mAhead), slotBytes, from, to, vSection);
       line += perGroup;
       // As in streamScores: a short last group reads slots inside the block and stores nothing past `live`.
       const live = min(4, m - s);
@@ -488,6 +495,19 @@ function streamScoresX(
 @inline function touchLines(p: usize, l0: i32, l1: i32): i32 {
   let x = 0;
   for (let l = l0; l < l1; l++) x ^= load<i32>(p + (<usize>l << 6));
+  return x;
+}
+
+/**
+ * touchLines for a piece of a few heads: one word of each line holding bytes from .. to of the
+ * next block's slots s0 .. s1 in its K section at p and its V section vSection further.
+ */
+@inline function touchSlots(p: usize, s0: i32, s1: i32, slotBytes: usize, from: usize, to: usize, vSection: usize): i32 {
+  let x = 0;
+  for (let s = s0; s < s1; s++) {
+    const a = p + <usize>s * slotBytes;
+    for (let o = (a + from) & ~63; o < a + to; o += 64) x ^= load<i32>(o) ^ load<i32>(o + vSection);
+  }
   return x;
 }
 
