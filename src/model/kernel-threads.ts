@@ -69,7 +69,7 @@ export function controlBytes(helpers: number): number {
  */
 const CHUNK_MACS = 1 << 16;
 const CHUNK_ROWS_MAX = 4;
-/** A dispatch whose DONE has not moved for this long (ms) has lost a chunk: the caller fails rather than hang. */
+/** A dispatch in which no chunk was claimed or counted for this long (ms) has lost one: the caller fails rather than hang. */
 const LOST_CHUNK_MS = 10000;
 /** The caller spins this many times on DONE before sleeping on it. */
 const SPINS = 20000;
@@ -255,16 +255,26 @@ export class KernelThreads {
         Atomics.store(c, WAITING, 1);
         Atomics.wait(c, DONE, done, 10);
         Atomics.store(c, WAITING, 0);
-        // A chunk takes microseconds: no progress for this long is a lost chunk, not a slow helper.
+        // A chunk takes milliseconds at most, and a thread counts its chunks in DONE only when it
+        // is out of them: every claim moves a range word, so no claim nor count for this long is
+        // a lost chunk, not a slow helper.
         const now = performance.now();
-        if (done !== last) {
-          last = done;
+        const progress = this.progress(done);
+        if (progress !== last) {
+          last = progress;
           since = now;
         } else if (now - since > LOST_CHUNK_MS) assert.fail(`dispatch stuck at ${done} of ${total} chunks done for ${LOST_CHUNK_MS} ms`);
       }
     }
     const t = performance.now();
     this.backoff.note(t - t0, t);
+  }
+
+  /** A number that changes with every claim and every count of a dispatch (DONE at `done`). */
+  private progress(done: number): number {
+    let p = done;
+    for (let t = 0; t <= this.helpers; t++) p = (Math.imul(p, 31) + Atomics.load(this.ctrl, RANGES + t * RANGE_INTS)) | 0;
+    return p;
   }
 
   /** Stops the helpers; the kernel then runs on the caller alone. */
