@@ -105,6 +105,20 @@ describe("placed matrices", () => {
     }
   });
 
+  test("row_into_gives_every_finite_f16_pattern_exactly", () => {
+    // Zeros of both signs, every subnormal and normal: as Float16Array reads them.
+    const finite = Uint16Array.from({ length: 65536 }, (_, h) => h).filter((h) => (h & 0x7c00) !== 0x7c00);
+    const n = 64;
+    const u = new Uint16Array(Math.ceil(finite.length / n) * n);
+    u.set(finite);
+    const w: PackedMatrix = { dtype: "f16", cols: n, length: u.length, bytes: new Uint8Array(u.buffer) };
+    const want = new Float32Array(new Float16Array(u.buffer));
+    const k = kernel([{ matrix: w, cols: n }]);
+    const got = new Float32Array(u.length);
+    for (let r = 0; r < u.length / n; r++) k.rowInto(k.views[0]!, r * n, n, got, r * n);
+    expect(bits(got)).toEqual(bits(want));
+  });
+
   test("placing_refuses_inf_or_nan_16_bit_weights_and_q8_0_scales", () => {
     const u = new Uint16Array(16 * 8).fill(0x3c00);
     u[8 * 5 + 3] = 0x7e00;
