@@ -1,7 +1,7 @@
 import assert from "node:assert";
 import { choiceSeed, maskStops, processLogits, resumeRng, sample, stream, SAMPLE_STREAM, tokenLogprobs, type TokenLogprobs } from "../rng/index.ts";
 import type { KvPool } from "../pool/index.ts";
-import type { ModelRunner, SeqChunk } from "./model-runner.ts";
+import { type ModelRunner, prevToken, type SeqChunk } from "./model-runner.ts";
 import { Sequence, type Finish, type FinishReason, type SamplingParams } from "./sequence.ts";
 
 /** One sequence's share of a step: n tokens from its numComputed. */
@@ -14,6 +14,14 @@ interface Planned {
 interface StepPlan {
   planned: Planned[];
   batch: SeqChunk[];
+  /** Rows the model samples itself (a pipelined model; greedy rows only, see modelSamples). */
+  greedy: boolean[];
+  /** Where forward writes the logits, one row per chunk. */
+  logits: Float32Array;
+  /** The tokens the model sampled for the greedy rows, once the forward settled. */
+  sampled: Int32Array | null;
+  /** Blocks given back while this step ran, released when it settles. */
+  readonly deferred: number[];
 }
 
 export interface EngineOptions {
@@ -61,9 +69,13 @@ export interface EngineStats {
  * recompute draws nothing, so its tokens stay the same).
  *
  * A model on another thread makes the forward asynchronous; the engine keeps serving meanwhile.
- * Invariant: every block of a sequence in the in-flight batch stays referenced until the forward
- * settles, so a cancel or finish meanwhile defers giving its blocks back (giveBack), and no
- * block the model thread may still write is zeroed, imported into or handed to another request.
+ * Such a model may also be pipelined: while a step of greedy decodes runs, the next one is posted
+ * (planAhead), its tokens named as "what the model samples for row r", so the model thread goes
+ * from one forward to the next without waiting on this thread.
+ * Invariant: every block of a sequence in an in-flight batch stays referenced until that forward
+ * settles, so a cancel or finish meanwhile defers giving its blocks back (giveBack, to the newest
+ * in-flight step holding the sequence), and no block the model thread may still write is zeroed,
+ * imported into or handed to another request.
  */
 export class Engine {
   readonly pool: KvPool;
@@ -79,8 +91,7 @@ export class Engine {
   private scheduled = false;
   /** A step is under way (its forward may be running on another thread). */
   private stepping = false;
-  /** Blocks of sequences that ended while their forward was in flight, given back when it settles. */
-  private readonly deferred: number[] = [];
+  /** The engine's own logits buffer, for a model without one (logitsBuffer). */
   private logits: Float32Array = new Float32Array(0);
   /** Scratch for one sequence's processed logits (penalties, bias, min_tokens). */
   private processed = new Float32Array(0);
@@ -210,25 +221,40 @@ export class Engine {
     if (this.running.length > 0 || this.waiting.length > 0) this.kick();
   }
 
-  /** One scheduling step and one forward; exposed for tests that drive the loop by hand. */
+  /**
+   * One scheduling step and its forward, then (a pipelined model) the steps planned ahead while
+   * each forward ran; exposed for tests that drive the loop by hand.
+   */
   async step(): Promise<void> {
-    const plan = this.plan();
-    if (plan === null) return;
-    const pending = this.forward(plan);
-    if (pending) await this.holdWhile(plan, pending);
-    this.postprocess(plan);
+    let plan = this.plan();
+    let pending = plan && this.forward(plan);
+    while (plan !== null) {
+      const next = pending ? this.planAhead(plan) : null;
+      const nextPending = next && this.forward(next);
+      try {
+        if (pending) await this.settled(plan, pending);
+        this.postprocess(plan);
+      } catch (e) {
+        // The step posted ahead settles too (failing, when it needed this one's tokens) before
+        // the caller fails the requests, so their blocks go back now, not to a step never awaited.
+        if (nextPending) await this.settled(next!, nextPending).catch(() => {});
+        throw e;
+      }
+      plan = next;
+      pending = nextPending;
+    }
   }
 
-  /** Marks the batch in flight until `pending` settles, then gives back what ended meanwhile. */
-  private async holdWhile(plan: StepPlan, pending: Promise<void>): Promise<void> {
-    const planned = plan.planned;
-    for (let i = 0; i < planned.length; i++) planned[i]!.seq.inFlight = true;
+  /** Waits for a step's forward, then gives back the blocks that ended while it ran. */
+  private async settled(plan: StepPlan, pending: Promise<void>): Promise<void> {
     try {
       await pending;
     } finally {
-      for (let i = 0; i < planned.length; i++) planned[i]!.seq.inFlight = false;
-      this.pool.releaseAll(this.deferred);
-      this.deferred.length = 0;
+      for (let i = 0; i < plan.planned.length; i++) {
+        const seq = plan.planned[i]!.seq;
+        if (seq.inFlightStep === plan) seq.inFlightStep = null;
+      }
+      this.pool.releaseAll(plan.deferred);
     }
   }
 
@@ -284,17 +310,74 @@ export class Engine {
       startPos: seq.numComputed,
       tokens: seq.tokens.slice(seq.numComputed, seq.numComputed + n),
     }));
-    return { planned, batch };
+    return this.stepPlan(planned, batch, (seq, n) => this.modelSamples(seq, seq.numComputed + n === seq.tokens.length, 0));
   }
 
-  /** The model runner's half: one forward over the plan's batch into the logits buffer (a promise when it runs elsewhere). */
+  /**
+   * The step after `plan`, planned while plan's forward runs, or null: every running sequence
+   * decodes one more token, the one the model samples for it in `plan`. Only when that is what
+   * plan() would schedule next (nothing waiting, all in plan, greedy-sampled there by the model,
+   * none sure to finish at plan's token) and blocks need no preemption. A sequence that stops at
+   * plan's token anyway (EOS, a stop token, a cancel) has this step's row skipped.
+   */
+  private planAhead(plan: StepPlan): StepPlan | null {
+    const B = this.pool.shape.blockTokens;
+    const n = plan.planned.length;
+    if (this.waiting.length > 0 || this.running.length !== n || n > this.maxBatchTokens) return null;
+    for (let i = 0; i < n; i++) {
+      const { seq, n: chunk } = plan.planned[i]!;
+      const reachesEnd = seq.numComputed + chunk === seq.tokens.length;
+      const last = seq.outputCount + 1 >= seq.sampling.maxTokens || seq.tokens.length + 1 >= this.maxModelLen;
+      if (seq.state !== "running" || seq.prefillOnly || !plan.greedy[i] || !reachesEnd || last) return null;
+    }
+    for (let i = 0; i < n; i++) {
+      const seq = plan.planned[i]!.seq;
+      const need = Math.ceil((seq.tokens.length + 1) / B) - seq.blockTable.length;
+      const ids = need > 0 ? this.pool.allocate(need) : [];
+      // Short: no preemption under a forward in flight; plan() decides once this one settles.
+      if (ids === null) return null;
+      seq.blockTable.push(...ids);
+    }
+    const planned: Planned[] = plan.planned.map(({ seq }) => ({ seq, n: 1 }));
+    const batch: SeqChunk[] = planned.map(({ seq }, r) => ({ blockTable: seq.blockTable, startPos: seq.tokens.length, tokens: [prevToken(r)] }));
+    return this.stepPlan(planned, batch, (seq) => this.modelSamples(seq, true, 1));
+  }
+
+  /** A plan over `batch`; a pipelined model samples the rows `modelSamples` picks. */
+  private stepPlan(planned: Planned[], batch: SeqChunk[], modelSamples: (seq: Sequence, n: number) => boolean): StepPlan {
+    const greedy = planned.map(({ seq, n }) => this.model.forwardPipelined !== undefined && modelSamples(seq, n));
+    return { planned, batch, greedy, logits: this.logits, sampled: null, deferred: [] };
+  }
+
+  /**
+   * The model may sample seq's next token itself when the step samples it (`samples`) and
+   * sampleNext would take the argmax of the raw logits: greedy, no logits processing, no
+   * min_tokens mask, one choice (`ahead` tokens are appended before this one: the mask counts them).
+   */
+  private modelSamples(seq: Sequence, samples: boolean, ahead: number): boolean {
+    const s = seq.sampling;
+    return samples && s.temperature === 0 && seq.processing === null && seq.prefillChoices === 1 && seq.outputCount + ahead >= (s.minTokens ?? 0);
+  }
+
+  /** The model runner's half: one forward over the plan's batch into its logits buffer (a promise when it runs elsewhere). */
   private forward(plan: StepPlan): void | Promise<void> {
     const n = plan.planned.length;
     const V = this.model.vocabSize;
-    if (this.model.logitsBuffer) this.logits = this.model.logitsBuffer(n);
-    else if (this.logits.length < n * V) this.logits = new Float32Array(n * V);
-    const pending = this.model.forward(this.pool, plan.batch, this.logits);
+    if (this.model.logitsBuffer) plan.logits = this.model.logitsBuffer(n);
+    else if (this.logits.length < n * V) plan.logits = this.logits = new Float32Array(n * V);
+    for (let i = 0; i < n; i++) plan.planned[i]!.seq.inFlightStep = plan;
     this.stats.steps++;
+    if (this.model.forwardPipelined) {
+      const pending = this.model.forwardPipelined(this.pool, plan.batch, plan.logits, plan.greedy).then((sampled) => {
+        plan.sampled = sampled;
+      });
+      // A step posted ahead may fail before step() awaits it (its failure is the one before's).
+      pending.catch(() => {});
+      return pending;
+    }
+    const pending = this.model.forward(this.pool, plan.batch, plan.logits);
+    // A synchronous forward holds nothing past its return.
+    if (!pending) for (let i = 0; i < n; i++) plan.planned[i]!.seq.inFlightStep = null;
     return pending;
   }
 
@@ -315,15 +398,17 @@ export class Engine {
       seq.numComputed += n;
       this.markComputed(seq, from, B);
       if (seq.numComputed < seq.tokens.length) continue;
-      this.sampleNext(seq, this.logits.subarray(i * V, (i + 1) * V));
+      const sampled = plan.greedy[i] ? plan.sampled![i]! : -1;
+      this.sampleNext(seq, plan.logits.subarray(i * V, (i + 1) * V), sampled);
     }
   }
 
   /**
    * Processes a copy of the logits as the request asks (the model's own stay intact for
    * logprobs), samples (the draw count depends on the temperature alone), and appends.
+   * `sampled` >= 0: the model sampled this token already (modelSamples said it may).
    */
-  private sampleNext(seq: Sequence, raw: Float32Array): void {
+  private sampleNext(seq: Sequence, raw: Float32Array, sampled: number): void {
     const s = seq.sampling;
     const masked = seq.outputCount < (s.minTokens ?? 0);
     let logits = raw;
@@ -337,7 +422,7 @@ export class Engine {
         maskStops(logits, s.stopTokenIds);
       }
     }
-    const token = sample(logits, s, seq.rng);
+    const token = sampled >= 0 ? sampled : sample(logits, s, seq.rng);
     if (seq.rng) seq.draws++;
     // One prefill for n choices: the others' first tokens come from the same logits, each
     // from its own stream with the same draw count as choice 0's.
@@ -441,8 +526,9 @@ export class Engine {
 
   /** Returns seq's references on `ids` now, or, while seq's forward is in flight, once it settles. */
   private giveBack(seq: Sequence, ids: readonly number[]): void {
-    if (!seq.inFlight) this.pool.releaseAll(ids);
-    else for (let i = 0; i < ids.length; i++) this.deferred.push(ids[i]!);
+    const step = seq.inFlightStep;
+    if (step === null) this.pool.releaseAll(ids);
+    else for (let i = 0; i < ids.length; i++) step.deferred.push(ids[i]!);
   }
 
   /**

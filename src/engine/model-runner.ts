@@ -1,8 +1,8 @@
-import type { SeqChunk } from "../model/index.ts";
+import { prevToken, type SeqChunk } from "../model/index.ts";
 import type { KvPool } from "../pool/index.ts";
 
 // One sequence's slice of a step is the model's own type: defined once, beside forward().
-export type { SeqChunk };
+export { prevToken, type SeqChunk };
 
 /**
  * What the engine loop needs from a model: write each chunk's K/V into the pool through
@@ -21,4 +21,12 @@ export interface ModelRunner {
    * one, so nothing is copied); absent: the engine keeps its own.
    */
   logitsBuffer?(nSeq: number): Float32Array;
+  /**
+   * forward for a model that takes the next step while this one runs (a model thread; two in
+   * flight at most, settling in order): rows flagged in `greedy` are greedy-sampled by the model
+   * itself (the sampler's argmax), and the promise settles with their tokens by row (-1
+   * elsewhere). A chunk token prevToken(r) stands for row r's sampled token of the forward before,
+   * so the engine can post step N + 1 of a greedy decode before step N's token is known.
+   */
+  forwardPipelined?(pool: KvPool, batch: readonly SeqChunk[], out: Float32Array, greedy: readonly boolean[]): Promise<Int32Array>;
 }

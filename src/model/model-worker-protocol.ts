@@ -7,36 +7,53 @@ import type { WeightStats } from "./assemble-weights.ts";
 /**
  * What the engine's thread and its model thread share, and the messages between them.
  *
- * A step crosses by shared memory alone: the engine writes the plan into `plan`, then bumps
- * ctrl[GEN] (Atomics.notify); the model thread runs the forward over the shared KV slab, writes
- * the logits into `logits`, then sets ctrl[DONE] = GEN. A forward that throws writes its message
- * into the error area and sets ctrl[FAILED] = GEN first (shared memory again: a message posted
- * from the model thread's loop may sit undelivered). Buffers grow rarely: the new ones go over
- * postMessage with a version, and ctrl[VER] names the version a step needs, so the model
- * thread never reads a plan through a buffer it has not been given yet.
+ * A step crosses by shared memory alone: the engine writes the plan of step `gen` into the plan
+ * buffer of slot gen & 1, then bumps ctrl[GEN] (Atomics.notify); the model thread runs every gen
+ * in order over the shared KV slab, writes the logits into that slot's logits buffer (and, after
+ * them in the same buffer, the tokens of the rows the plan asks it to greedy-sample), then sets
+ * ctrl[DONE] = gen. Only the model thread writes a logits buffer: the engine may post gen + 2 into
+ * the plan buffer of gen's slot while gen + 1 still has to read gen's sampled tokens. Two slots let the engine post step gen + 1 while gen runs: a token of gen + 1
+ * written prevToken(r) is row r's sampled token of gen, which the model thread fills in itself.
+ * A forward that throws writes its message into its slot's error area and sets ctrl[FAILED + slot]
+ * = gen first (shared memory again: a message posted from the model thread's loop may sit
+ * undelivered); a forward that needs the tokens of a failed one fails too. Buffers grow rarely:
+ * the new ones go over postMessage with a version, and ctrl[VER] names the version a step needs,
+ * so the model thread never reads a plan through a buffer it has not been given yet.
  */
 export const GEN = 0;
 export const DONE = 1;
-export const FAILED = 2;
-export const VER = 3;
-/** Bytes of UTF-8 in the error area, which follows the CTRL_INTS ints of ctrl. */
-export const ERR_LEN = 4;
-export const CTRL_INTS = 5;
-export const ERR_BYTES = 1024;
-export const CTRL_BYTES = CTRL_INTS * 4 + ERR_BYTES;
+export const VER = 2;
+/** ctrl[FAILED + slot]: the last gen of that slot that failed. */
+export const FAILED = 3;
+/** ctrl[ERR_LEN + slot]: bytes of UTF-8 in that slot's error area, which follow the CTRL_INTS ints of ctrl. */
+export const ERR_LEN = 5;
+export const CTRL_INTS = 7;
+export const SLOTS = 2;
+export const ERR_BYTES = 512;
+export const CTRL_BYTES = CTRL_INTS * 4 + SLOTS * ERR_BYTES;
 
-/** Writes a failed forward's message into ctrl's error area (cut to fit). */
-export function writeError(ctrl: Int32Array, message: string): void {
-  const area = new Uint8Array(ctrl.buffer, CTRL_INTS * 4, ERR_BYTES);
-  const bytes = new TextEncoder().encode(message).subarray(0, ERR_BYTES);
-  area.set(bytes);
-  Atomics.store(ctrl, ERR_LEN, bytes.length);
+/** The plan buffer (and logits buffer) of step `gen`. */
+export function slotOf(gen: number): number {
+  return gen & 1;
 }
 
-/** The message writeError left (TextDecoder refuses shared views: it reads a copy). */
-export function readError(ctrl: Int32Array): string {
-  const n = Atomics.load(ctrl, ERR_LEN);
-  return new TextDecoder().decode(new Uint8Array(ctrl.buffer, CTRL_INTS * 4, n).slice());
+/** A chunk token that stands for row `row`'s greedy-sampled token of the step before. */
+export function prevToken(row: number): number {
+  return -1 - row;
+}
+
+/** Writes a failed forward's message into its slot's error area (cut to fit). */
+export function writeError(ctrl: Int32Array, slot: number, message: string): void {
+  const area = new Uint8Array(ctrl.buffer, CTRL_INTS * 4 + slot * ERR_BYTES, ERR_BYTES);
+  const bytes = new TextEncoder().encode(message).subarray(0, ERR_BYTES);
+  area.set(bytes);
+  Atomics.store(ctrl, ERR_LEN + slot, bytes.length);
+}
+
+/** The message writeError left in `slot` (TextDecoder refuses shared views: it reads a copy). */
+export function readError(ctrl: Int32Array, slot: number): string {
+  const n = Atomics.load(ctrl, ERR_LEN + slot);
+  return new TextDecoder().decode(new Uint8Array(ctrl.buffer, CTRL_INTS * 4 + slot * ERR_BYTES, n).slice());
 }
 
 /** How the model thread loads its model: the same options `engine` takes. */
@@ -53,6 +70,8 @@ export type ToModelThread =
   | {
       type: "buffers";
       version: number;
+      /** The slot plan and logits are for. */
+      slot: number;
       /** inKernel: the slab is room the thread gave (kv-slab) in its kernel memory, at slabOffset. */
       pool?: { shape: KvShape; numBlocks: number; slab: SharedArrayBuffer; slabOffset: number; inKernel: boolean };
       plan?: SharedArrayBuffer;
@@ -83,13 +102,13 @@ export function planInts(batch: readonly SeqChunk[], blockTokens: number): numbe
   let n = 1;
   for (let s = 0; s < batch.length; s++) {
     const c = batch[s]!;
-    n += 3 + c.tokens.length + blocksOf(c, blockTokens);
+    n += 4 + c.tokens.length + blocksOf(c, blockTokens);
   }
   return n;
 }
 
-/** [nSeq, then per chunk: startPos, nTokens, nBlocks, tokens..., blockIds...] */
-export function writePlan(plan: Int32Array, batch: readonly SeqChunk[], blockTokens: number): void {
+/** [nSeq, then per chunk: startPos, nTokens, nBlocks, greedy, tokens..., blockIds...] */
+export function writePlan(plan: Int32Array, batch: readonly SeqChunk[], blockTokens: number, greedy?: readonly boolean[]): void {
   plan[0] = batch.length;
   let o = 1;
   for (let s = 0; s < batch.length; s++) {
@@ -99,7 +118,8 @@ export function writePlan(plan: Int32Array, batch: readonly SeqChunk[], blockTok
     plan[o] = c.startPos;
     plan[o + 1] = nt;
     plan[o + 2] = nb;
-    o += 3;
+    plan[o + 3] = greedy?.[s] ? 1 : 0;
+    o += 4;
     for (let t = 0; t < nt; t++) plan[o + t] = c.tokens[t]!;
     o += nt;
     for (let b = 0; b < nb; b++) plan[o + b] = c.blockTable[b]!;
@@ -107,22 +127,56 @@ export function writePlan(plan: Int32Array, batch: readonly SeqChunk[], blockTok
   }
 }
 
-/** The chunks of a plan, as views into it (valid until the next plan is written). */
-export function readPlan(plan: Int32Array, into: SeqChunk[]): SeqChunk[] {
+/**
+ * A slot's logits buffer for `rows` rows of `vocab` logits, then `rows` Int32 sampled tokens
+ * (the model's greedy token of each row, -1 where it sampled none).
+ */
+export function logitsBufferBytes(rows: number, vocab: number): number {
+  return rows * (vocab + 1) * 4;
+}
+
+/** The logits and sampled views of a buffer logitsBufferBytes sized. */
+export function logitsViews(buffer: SharedArrayBuffer, vocab: number): { logits: Float32Array; sampled: Int32Array } {
+  const rows = buffer.byteLength / ((vocab + 1) * 4);
+  return { logits: new Float32Array(buffer, 0, rows * vocab), sampled: new Int32Array(buffer, rows * vocab * 4, rows) };
+}
+
+/** A plan as the model thread reads it: its chunks as views into it (valid until the next plan of its slot). */
+export interface ReadPlan {
+  chunks: SeqChunk[];
+  /** Per chunk: the model greedy-samples its row. */
+  greedy: boolean[];
+}
+
+/**
+ * Reads a plan, resolving each prevToken(r) from `prev` (the sampled area of the step before; null
+ * when that step failed or is unknown, which makes such a token an error).
+ */
+export function readPlan(plan: Int32Array, prev: Int32Array | null, into: ReadPlan): ReadPlan {
   const n = plan[0]!;
-  into.length = n;
+  into.chunks.length = n;
+  into.greedy.length = n;
   let o = 1;
   for (let s = 0; s < n; s++) {
     const startPos = plan[o]!;
     const nt = plan[o + 1]!;
     const nb = plan[o + 2]!;
-    o += 3;
+    into.greedy[s] = plan[o + 3] === 1;
+    o += 4;
     const tokens = plan.subarray(o, o + nt);
+    for (let t = 0; t < nt; t++) if (tokens[t]! < 0) tokens[t] = previousToken(prev, -1 - tokens[t]!);
     o += nt;
-    into[s] = { startPos, tokens, blockTable: plan.subarray(o, o + nb) };
+    into.chunks[s] = { startPos, tokens, blockTable: plan.subarray(o, o + nb) };
     o += nb;
   }
   return into;
+}
+
+function previousToken(prev: Int32Array | null, row: number): number {
+  if (prev === null) throw new Error(`plan names row ${row}'s token of a step that failed`);
+  const t = row < prev.length ? prev[row]! : -1;
+  if (t < 0) throw new Error(`plan names row ${row}'s token of the step before, which sampled none there`);
+  return t;
 }
 
 // Only the blocks the forward touches: a table may already hold blocks reserved past the chunk.
