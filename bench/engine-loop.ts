@@ -27,9 +27,13 @@ const QUICK = process.env.BENCH_QUICK === "1";
 /** Rounds of (transformer alone, each engine loop) decoding DECODE_STEPS tokens each. */
 const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 5);
 const DECODE_STEPS = 256;
+/** BENCH_DEPTH: the engine's pipelineDepth over the model thread (default the engine's own). */
+const DEPTH = process.env.BENCH_DEPTH === undefined ? undefined : Number(process.env.BENCH_DEPTH);
 
 interface LoopResult {
   decodeTokensPerSec: number;
+  /** A model thread's: the share of the decode's wall time it spent in forwards (the rest it waited on the engine). */
+  modelBusyShare: number | null;
   loopDelayP99Ms: number;
   loopDelayMaxMs: number;
 }
@@ -53,7 +57,7 @@ export async function engineLoop(
   // As engines make it (kvPoolFor): in the model kernels' memory, where attention reads it in place.
   const room = (await kvSlab?.(blocks * blockPayloadBytes(shape))) ?? null;
   const pool = new KvPool(shape, blocks, room ?? { shared: model instanceof ModelWorker });
-  const engine = new Engine({ model, pool, maxModelLen: cfg.maxSeqLen, maxBatchTokens: 512, maxRunning: batch });
+  const engine = new Engine({ model, pool, maxModelLen: cfg.maxSeqLen, maxBatchTokens: 512, maxRunning: batch, pipelineDepth: DEPTH });
   // The event loop's delay: how late a 1 ms timer fires, every time it fires while the engine runs.
   const lags: number[] = [];
   let last = performance.now();
@@ -66,6 +70,8 @@ export async function engineLoop(
     : undefined;
   let first = 0;
   let decoded = 0;
+  const busy = () => (model instanceof ModelWorker ? model.busyMs : 0);
+  let busyFirst = 0;
   await Promise.all(
     Array.from({ length: batch }, (_, s) =>
       engine
@@ -74,8 +80,10 @@ export async function engineLoop(
           promptTokens: prompt.map((t) => (t + s) % cfg.vocabSize),
           sampling: { temperature: 0, topP: 1, topK: 0, seed: 0n, maxTokens, stopTokenIds: [] },
           onToken: () => {
-            if (first === 0) first = performance.now();
-            else decoded++;
+            if (first === 0) {
+              first = performance.now();
+              busyFirst = busy();
+            } else decoded++;
           },
         })
         .then((f) => {
@@ -84,11 +92,12 @@ export async function engineLoop(
     ),
   );
   const end = performance.now();
+  const modelBusyShare = model instanceof ModelWorker ? (busy() - busyFirst) / (end - first) : null;
   clearInterval(timer);
   lags.push(performance.now() - last);
   lags.sort((a, b) => a - b);
   const p99 = lags[Math.min(lags.length - 1, Math.floor(lags.length * 0.99))]!;
-  return { decodeTokensPerSec: (decoded / (end - first)) * 1000, loopDelayP99Ms: p99, loopDelayMaxMs: lags[lags.length - 1]! };
+  return { decodeTokensPerSec: (decoded / (end - first)) * 1000, modelBusyShare, loopDelayP99Ms: p99, loopDelayMaxMs: lags[lags.length - 1]! };
 }
 
 /**
@@ -113,18 +122,25 @@ export async function enginePart(dir: string, long: ModelConfig, weights: Weight
   };
   aloneDecode(local, 16);
   for (const where of Object.keys(runners)) await engineLoop(runners[where]!, long, [1], 16, 1, slabs[where], false);
-  const rounds: { alone: number; engine: Record<string, number> }[] = [];
+  const rounds: { alone: number; engine: Record<string, number>; modelThreadBusy: number }[] = [];
   for (let r = 0; r < ROUNDS; r++) {
     const alone = aloneDecode(local, DECODE_STEPS);
     const engine: Record<string, number> = {};
+    let modelThreadBusy = 0;
     for (const where of Object.keys(runners)) {
-      engine[where] = (await engineLoop(runners[where]!, long, [1], DECODE_STEPS, 1, slabs[where], false)).decodeTokensPerSec;
+      const res = await engineLoop(runners[where]!, long, [1], DECODE_STEPS, 1, slabs[where], false);
+      engine[where] = res.decodeTokensPerSec;
+      modelThreadBusy = res.modelBusyShare ?? modelThreadBusy;
     }
-    rounds.push({ alone, engine });
+    rounds.push({ alone, engine, modelThreadBusy });
   }
+  const busyShare = median(rounds.map((r) => r.modelThreadBusy));
+  console.log(
+    `model thread busy ${(busyShare * 100).toFixed(1)}% of the worker engine's batch-1 decode (median of ${ROUNDS} rounds; the rest it waited on the engine)`,
+  );
   const aloneTps = median(rounds.map((r) => r.alone));
   const prompt = Array.from({ length: 511 }, (_, i) => (i * 13 + 1) % long.vocabSize);
-  const out: Record<string, unknown> = { transformerAloneTokensPerSec: aloneTps, decodeSteps: DECODE_STEPS, rounds };
+  const out: Record<string, unknown> = { transformerAloneTokensPerSec: aloneTps, decodeSteps: DECODE_STEPS, modelThreadBusyShare: busyShare, rounds };
   for (const [where, runner] of Object.entries(runners)) {
     const ratios = rounds.map((r) => r.engine[where]! / r.alone);
     const ratio = median(ratios);

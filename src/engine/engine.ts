@@ -10,6 +10,12 @@ interface Planned {
   n: number;
 }
 
+/** A step posted to the model and not yet postprocessed. */
+interface InFlight {
+  plan: StepPlan;
+  pending: void | Promise<void>;
+}
+
 /** What the scheduler hands the model runner: the planned chunks and the batch built from them. */
 interface StepPlan {
   planned: Planned[];
@@ -35,6 +41,11 @@ export interface EngineOptions {
   eosTokenIds?: readonly number[];
   /** Milliseconds on a monotonic clock, for queue and end-to-end times (default performance.now). */
   now?: () => number;
+  /**
+   * Steps a pipelined model (forwardPipelined) may hold in flight: the one running and those
+   * posted after it (default 3, at most the model's pipelineDepth; 1 = none ahead).
+   */
+  pipelineDepth?: number;
 }
 
 export interface EngineRequest {
@@ -84,6 +95,7 @@ export class Engine {
   readonly stats: EngineStats = { steps: 0, prefillTokens: 0, decodeTokens: 0, prefixHitTokens: 0, preemptions: 0 };
   private readonly maxBatchTokens: number;
   private readonly maxRunning: number;
+  private readonly depth: number;
   private readonly eos: Set<number>;
   private readonly waiting: Sequence[] = [];
   private readonly running: Sequence[] = [];
@@ -107,6 +119,7 @@ export class Engine {
     this.maxRunning = opts.maxRunning ?? 64;
     this.eos = new Set(opts.eosTokenIds ?? []);
     this.now = opts.now ?? (() => performance.now());
+    this.depth = this.model.forwardPipelined ? Math.max(1, Math.min(opts.pipelineDepth ?? 3, this.model.pipelineDepth ?? 2)) : 1;
     assert(this.maxBatchTokens >= 1);
   }
 
@@ -226,22 +239,24 @@ export class Engine {
    * each forward ran; exposed for tests that drive the loop by hand.
    */
   async step(): Promise<void> {
-    let plan = this.plan();
-    let pending = plan && this.forward(plan);
-    while (plan !== null) {
-      const next = pending ? this.planAhead(plan) : null;
-      const nextPending = next && this.forward(next);
+    const first = this.plan();
+    if (first === null) return;
+    const queue: InFlight[] = [{ plan: first, pending: this.forward(first) }];
+    while (queue.length > 0) {
+      for (let next: StepPlan | null; queue.length < this.depth && (next = this.planAhead(queue)) !== null; ) {
+        queue.push({ plan: next, pending: this.forward(next) });
+      }
+      const { plan, pending } = queue[0]!;
       try {
         if (pending) await this.settled(plan, pending);
         this.postprocess(plan);
       } catch (e) {
-        // The step posted ahead settles too (failing, when it needed this one's tokens) before
+        // The steps posted ahead settle too (failing, when they needed this one's tokens) before
         // the caller fails the requests, so their blocks go back now, not to a step never awaited.
-        if (nextPending) await this.settled(next!, nextPending).catch(() => {});
+        for (let i = 1; i < queue.length; i++) await this.settled(queue[i]!.plan, queue[i]!.pending!).catch(() => {});
         throw e;
       }
-      plan = next;
-      pending = nextPending;
+      queue.shift();
     }
   }
 
@@ -314,33 +329,36 @@ export class Engine {
   }
 
   /**
-   * The step after `plan`, planned while plan's forward runs, or null: every running sequence
-   * decodes one more token, the one the model samples for it in `plan`. Only when that is what
-   * plan() would schedule next (nothing waiting, all in plan, greedy-sampled there by the model,
-   * none sure to finish at plan's token) and blocks need no preemption. A sequence that stops at
-   * plan's token anyway (EOS, a stop token, a cancel) has this step's row skipped.
+   * The step after the newest one in flight (queue: every step not yet postprocessed, oldest
+   * first), planned while they run, or null: every running sequence decodes one more token, the
+   * one the model samples for it in that newest step. Only when that is what plan() would
+   * schedule once they settle (nothing waiting, every running sequence in it, greedy-sampled there
+   * by the model, none sure to finish at one of the tokens in flight) and blocks need no
+   * preemption. A sequence that stops before (EOS, a stop token, a cancel) has its row skipped.
    */
-  private planAhead(plan: StepPlan): StepPlan | null {
+  private planAhead(queue: readonly InFlight[]): StepPlan | null {
     const B = this.pool.shape.blockTokens;
-    const n = plan.planned.length;
+    const last = queue[queue.length - 1]!.plan;
+    const n = last.planned.length;
+    // Each step in flight (each a sampling step for every row, or there would be none ahead) adds a token.
+    const coming = queue.length;
     if (this.waiting.length > 0 || this.running.length !== n || n > this.maxBatchTokens) return null;
     for (let i = 0; i < n; i++) {
-      const { seq, n: chunk } = plan.planned[i]!;
-      const reachesEnd = seq.numComputed + chunk === seq.tokens.length;
-      const last = seq.outputCount + 1 >= seq.sampling.maxTokens || seq.tokens.length + 1 >= this.maxModelLen;
-      if (seq.state !== "running" || seq.prefillOnly || !plan.greedy[i] || !reachesEnd || last) return null;
+      const seq = last.planned[i]!.seq;
+      const ends = seq.outputCount + coming >= seq.sampling.maxTokens || seq.tokens.length + coming >= this.maxModelLen;
+      if (seq.state !== "running" || seq.prefillOnly || !last.greedy[i] || ends) return null;
     }
     for (let i = 0; i < n; i++) {
-      const seq = plan.planned[i]!.seq;
-      const need = Math.ceil((seq.tokens.length + 1) / B) - seq.blockTable.length;
+      const seq = last.planned[i]!.seq;
+      const need = Math.ceil((seq.tokens.length + coming) / B) - seq.blockTable.length;
       const ids = need > 0 ? this.pool.allocate(need) : [];
-      // Short: no preemption under a forward in flight; plan() decides once this one settles.
+      // Short: no preemption under a forward in flight; plan() decides once they settle.
       if (ids === null) return null;
       seq.blockTable.push(...ids);
     }
-    const planned: Planned[] = plan.planned.map(({ seq }) => ({ seq, n: 1 }));
-    const batch: SeqChunk[] = planned.map(({ seq }, r) => ({ blockTable: seq.blockTable, startPos: seq.tokens.length, tokens: [prevToken(r)] }));
-    return this.stepPlan(planned, batch, (seq) => this.modelSamples(seq, true, 1));
+    const planned: Planned[] = last.planned.map(({ seq }) => ({ seq, n: 1 }));
+    const batch: SeqChunk[] = planned.map(({ seq }, r) => ({ blockTable: seq.blockTable, startPos: seq.tokens.length + coming - 1, tokens: [prevToken(r)] }));
+    return this.stepPlan(planned, batch, (seq) => this.modelSamples(seq, true, coming));
   }
 
   /** A plan over `batch`; a pipelined model samples the rows `modelSamples` picks. */

@@ -22,11 +22,13 @@ export interface ModelRunner {
    */
   logitsBuffer?(nSeq: number): Float32Array;
   /**
-   * forward for a model that takes the next step while this one runs (a model thread; two in
-   * flight at most, settling in order): rows flagged in `greedy` are greedy-sampled by the model
+   * forward for a model that takes the next steps while this one runs (a model thread;
+   * pipelineDepth in flight at most, settling in order): rows flagged in `greedy` are greedy-sampled by the model
    * itself (the sampler's argmax), and the promise settles with their tokens by row (-1
    * elsewhere). A chunk token prevToken(r) stands for row r's sampled token of the forward before,
    * so the engine can post step N + 1 of a greedy decode before step N's token is known.
    */
   forwardPipelined?(pool: KvPool, batch: readonly SeqChunk[], out: Float32Array, greedy: readonly boolean[]): Promise<Int32Array>;
+  /** Forwards forwardPipelined takes in flight at most (default 2). */
+  readonly pipelineDepth?: number;
 }

@@ -8,33 +8,42 @@ import type { WeightStats } from "./assemble-weights.ts";
  * What the engine's thread and its model thread share, and the messages between them.
  *
  * A step crosses by shared memory alone: the engine writes the plan of step `gen` into the plan
- * buffer of slot gen & 1, then bumps ctrl[GEN] (Atomics.notify); the model thread runs every gen
- * in order over the shared KV slab, writes the logits into that slot's logits buffer (and, after
- * them in the same buffer, the tokens of the rows the plan asks it to greedy-sample), then sets
- * ctrl[DONE] = gen. Only the model thread writes a logits buffer: the engine may post gen + 2 into
- * the plan buffer of gen's slot while gen + 1 still has to read gen's sampled tokens. Two slots let the engine post step gen + 1 while gen runs: a token of gen + 1
- * written prevToken(r) is row r's sampled token of gen, which the model thread fills in itself.
+ * buffer of slot slotOf(gen), then bumps ctrl[GEN] (Atomics.notify); the model thread runs every
+ * gen in order over the shared KV slab, writes the logits into that slot's logits buffer (and,
+ * after them in the same buffer, the tokens of the rows the plan asks it to greedy-sample), then
+ * sets ctrl[DONE] = gen. SLOTS slots let the engine post the steps after gen while gen runs: a
+ * token written prevToken(r) is row r's sampled token of the step before, which the model thread
+ * fills in itself. Only the model thread writes a logits buffer, so the engine may reuse a plan
+ * buffer (gen + SLOTS) while gen + 1 still has to read gen's sampled tokens.
  * A forward that throws writes its message into its slot's error area and sets ctrl[FAILED + slot]
  * = gen first (shared memory again: a message posted from the model thread's loop may sit
  * undelivered); a forward that needs the tokens of a failed one fails too. Buffers grow rarely:
  * the new ones go over postMessage with a version, and ctrl[VER] names the version a step needs,
  * so the model thread never reads a plan through a buffer it has not been given yet.
  */
+/** Steps in flight at most (a power of two: slotOf masks the wrapping Int32 gen). */
+export const SLOTS = 4;
 export const GEN = 0;
 export const DONE = 1;
 export const VER = 2;
 /** ctrl[FAILED + slot]: the last gen of that slot that failed. */
 export const FAILED = 3;
 /** ctrl[ERR_LEN + slot]: bytes of UTF-8 in that slot's error area, which follow the CTRL_INTS ints of ctrl. */
-export const ERR_LEN = 5;
-export const CTRL_INTS = 7;
-export const SLOTS = 2;
-export const ERR_BYTES = 512;
-export const CTRL_BYTES = CTRL_INTS * 4 + SLOTS * ERR_BYTES;
+export const ERR_LEN = FAILED + SLOTS;
+export const CTRL_INTS = ERR_LEN + SLOTS;
+export const ERR_BYTES = 256;
+/** Then, 8-aligned, one Float64: milliseconds the model thread has spent in forwards (busyCell). */
+const BUSY_AT = (CTRL_INTS * 4 + SLOTS * ERR_BYTES + 7) & ~7;
+export const CTRL_BYTES = BUSY_AT + 8;
+
+/** The model thread's busy milliseconds, for the share of a decode's time the model computed (bench/engine-loop). */
+export function busyCell(ctrl: Int32Array): Float64Array {
+  return new Float64Array(ctrl.buffer, BUSY_AT, 1);
+}
 
 /** The plan buffer (and logits buffer) of step `gen`. */
 export function slotOf(gen: number): number {
-  return gen & 1;
+  return gen & (SLOTS - 1);
 }
 
 /** A chunk token that stands for row `row`'s greedy-sampled token of the step before. */

@@ -6,6 +6,7 @@ import { holdWeights } from "./held-weights.ts";
 import { readModelFilesFor } from "./load-model.ts";
 import { sample } from "../rng/index.ts";
 import {
+  busyCell,
   CTRL_INTS,
   DONE,
   FAILED,
@@ -14,6 +15,7 @@ import {
   logitsViews,
   type ReadPlan,
   readPlan,
+  SLOTS,
   slotOf,
   type ToModelThread,
   VER,
@@ -27,9 +29,9 @@ declare const self: { onmessage: ((e: MessageEvent<ToModelThread>) => void) | nu
 let model: Transformer | null = null;
 let ctrl: Int32Array = new Int32Array(CTRL_INTS);
 let pool: KvPool | null = null;
-const plans: Int32Array[] = [new Int32Array(0), new Int32Array(0)];
-const logits: Float32Array[] = [new Float32Array(0), new Float32Array(0)];
-const sampled: Int32Array[] = [new Int32Array(0), new Int32Array(0)];
+const plans: Int32Array[] = Array.from({ length: SLOTS }, () => new Int32Array(0));
+const logits: Float32Array[] = Array.from({ length: SLOTS }, () => new Float32Array(0));
+const sampled: Int32Array[] = Array.from({ length: SLOTS }, () => new Int32Array(0));
 let version = 0;
 let buffersArrived: (() => void) | null = null;
 const read: ReadPlan = { chunks: [], greedy: [] };
@@ -83,6 +85,7 @@ async function serve(t: Transformer): Promise<void> {
   // From 0, not the current GEN: the engine may post its first forward before this loop starts.
   let seen = 0;
   let prev: Int32Array | null = null;
+  const busy = busyCell(ctrl);
   for (;;) {
     if (Atomics.load(ctrl, GEN) === seen) {
       const w = Atomics.waitAsync(ctrl, GEN, seen);
@@ -93,6 +96,7 @@ async function serve(t: Transformer): Promise<void> {
     seen = gen;
     while (version < Atomics.load(ctrl, VER)) await new Promise<void>((resolve) => (buffersArrived = resolve));
     const slot = slotOf(gen);
+    const start = performance.now();
     try {
       if (pool === null) throw new Error("model thread: forward before the engine shared its KV pool");
       const p = readPlan(plans[slot]!, prev, read);
@@ -104,6 +108,7 @@ async function serve(t: Transformer): Promise<void> {
       writeError(ctrl, slot, e instanceof Error ? e.message : String(e));
       Atomics.store(ctrl, FAILED + slot, gen);
     }
+    busy[0]! += performance.now() - start;
     Atomics.store(ctrl, DONE, gen);
     Atomics.notify(ctrl, DONE);
   }

@@ -1,6 +1,7 @@
 import assert from "node:assert";
 import type { KvPool } from "../pool/index.ts";
 import {
+  busyCell,
   CTRL_BYTES,
   CTRL_INTS,
   DONE,
@@ -40,7 +41,7 @@ interface Pending {
  * A model on its own thread, as the engine's model runner: the thread loads the weights and
  * runs each forward over the engine's shared KV slab while the engine's event loop stays free.
  *
- * Invariant: at most SLOTS forwards are in flight, each in its own slot (gen & 1), and while one
+ * Invariant: at most SLOTS forwards are in flight, each in its own slot (slotOf(gen)), and while one
  * is the model thread alone touches its slot's plan and logits buffers; forwards settle in the
  * order they were posted. A thread that dies (or a close) fails every forward in flight and every
  * later one with `model worker died: ...`, so an engine never waits on a dead model.
@@ -48,14 +49,16 @@ interface Pending {
 export class ModelWorker {
   readonly info: LoadedInfo;
   readonly vocabSize: number;
+  /** Forwards forwardPipelined takes in flight at most. */
+  readonly pipelineDepth = SLOTS;
   private readonly worker: Worker;
   private readonly ctrl: Int32Array;
   private gen = 0;
   private version = 0;
   private pool: KvPool | null = null;
-  private readonly plans = [new Int32Array(new SharedArrayBuffer(0)), new Int32Array(new SharedArrayBuffer(0))];
-  private readonly logits: Float32Array[] = [new Float32Array(0), new Float32Array(0)];
-  private readonly sampled: Int32Array[] = [new Int32Array(0), new Int32Array(0)];
+  private readonly plans = Array.from({ length: SLOTS }, () => new Int32Array(new SharedArrayBuffer(0)));
+  private readonly logits: Float32Array[] = Array.from({ length: SLOTS }, () => new Float32Array(0));
+  private readonly sampled: Int32Array[] = Array.from({ length: SLOTS }, () => new Int32Array(0));
   /** In flight, oldest first. */
   private readonly pending: Pending[] = [];
   /** Slabs the thread gave room for in its kernel memory (kvSlab). */
@@ -182,6 +185,11 @@ export class ModelWorker {
       this.deathListeners.push(onDeath);
       this.worker.postMessage({ type: "kv-slab", bytes } satisfies ToModelThread);
     });
+  }
+
+  /** Milliseconds the model thread has spent running forwards so far (a decode's busy share: Δ busyMs / Δ wall time). */
+  get busyMs(): number {
+    return busyCell(this.ctrl)[0]!;
   }
 
   /** Calls `listener` when the thread dies unasked (not on close). */

@@ -81,14 +81,15 @@ describe("engine over a pipelined model thread", () => {
     expect(got.steps).toBe(40);
   });
 
-  test("a stop token mid-decode ends it at the same token; the step posted ahead is dropped", async () => {
+  test("a stop token mid-decode ends it at the same token; the steps posted ahead are dropped", async () => {
     const ref = await run(localRunner, [{ requestId: "a", promptTokens: prompt(5, 1), sampling: greedy }]);
     const stopAt = ref.finishes[0]!.outputTokens[6]!;
     const first = ref.finishes[0]!.outputTokens.indexOf(stopAt);
     const { want, got } = await expectSame([{ requestId: "a", promptTokens: prompt(5, 1), sampling: { ...greedy, stopTokenIds: [stopAt] } }]);
     expect(got.finishes[0]!.reason).toBe("stop");
     expect(got.finishes[0]!.outputTokens.length).toBe(first + 1);
-    expect(got.steps).toBe(want.steps + 1);
+    // The engine keeps the model thread three steps deep: the two posted past the stop are dropped.
+    expect(got.steps).toBe(want.steps + 2);
   });
 
   test("greedy, seeded, logprobs, min_tokens, penalties and late arrivals in one batch", async () => {
@@ -145,13 +146,15 @@ class GatedPipelined implements ModelRunner {
   private prev = new Int32Array(0);
   calls = 0;
 
+  constructor(readonly pipelineDepth = 2) {}
+
   forward(): Promise<void> {
     throw new Error("the engine calls forwardPipelined on a pipelined model");
   }
 
   forwardPipelined(pool: KvPool, batch: readonly SeqChunk[], out: Float32Array, greedy: readonly boolean[]): Promise<Int32Array> {
     this.calls++;
-    expect(this.gates.length).toBeLessThan(2);
+    expect(this.gates.length).toBeLessThan(this.pipelineDepth);
     const copy = batch.map((c) => ({ blockTable: Array.from(c.blockTable), startPos: c.startPos, tokens: Array.from(c.tokens) }));
     const logits = new Float32Array(batch.length * this.vocabSize);
     return new Promise<Int32Array>((resolve) => {
@@ -203,28 +206,39 @@ describe("engine over a gated pipelined model", () => {
     expect(pool.used).toBe(0);
   });
 
-  test("a request cancelled while its step ahead is posted keeps those blocks until that step settles", async () => {
-    const runner = new GatedPipelined();
+  test("a request cancelled while steps ahead are posted keeps their blocks until the newest settles", async () => {
+    const runner = new GatedPipelined(3);
     const pool = new KvPool(shape, 4);
     const engine = new Engine({ model: runner, pool, maxModelLen: 64 });
-    const a = engine.submit({ requestId: "a", promptTokens: [1, 2, 3, 4, 5, 6, 7], sampling });
-    while (runner.waiting < 1) await Bun.sleep(0);
-    runner.open(); // the prefill; the decode at position 7 is posted ahead while it runs
-    while (runner.waiting < 1) await Bun.sleep(0);
-    expect(runner.calls).toBe(2);
+    let tokens = 0;
+    const a = engine.submit({ requestId: "a", promptTokens: [1, 2, 3, 4, 5, 6, 7], sampling: { ...sampling, maxTokens: 4 }, onToken: () => tokens++ });
+    // The prefill, and the decodes at positions 7 and 8 posted while it runs (8 takes a third block).
+    while (runner.waiting < 3) await Bun.sleep(0);
+    runner.open();
+    while (tokens < 1) await Bun.sleep(0);
+    // The decode at 9 is posted as the prefill settles; none after the next (max_tokens = 4).
+    expect(runner.calls).toBe(4);
+    runner.open();
+    while (tokens < 2) await Bun.sleep(0);
+    expect(runner.calls).toBe(4);
     expect(engine.cancel("a")).toBe(true);
     expect((await a).reason).toBe("cancelled");
-    const held = [0, 1];
-    expect(held.map((id) => pool.refCount(id))).toEqual([1, 1]);
+    const held = [0, 1, 2];
+    expect(held.map((id) => pool.refCount(id))).toEqual([1, 1, 1]);
     const payload = new Uint8Array(pool.blockBytes).fill(0x3c);
     const imported: number[] = [];
     for (let id = pool.importBlock(payload, shape.blockTokens); id >= 0; id = pool.importBlock(payload, shape.blockTokens)) imported.push(id);
-    expect(imported.some((id) => held.includes(id))).toBe(false);
-    runner.open(); // the late step writes position 7 into a's second block, not an imported one
+    expect(imported).toEqual([3]);
+    // The late steps write positions 8 and 9 into a's blocks, not the imported one, which a gets
+    // back only when the newest step holding it settles.
+    runner.open();
+    await Bun.sleep(1);
+    expect(held.map((id) => pool.refCount(id))).toEqual([1, 1, 1]);
+    runner.open();
     while (pool.refCount(0) > 0) await Bun.sleep(1);
-    for (const id of imported) expect(pool.payload(id).every((b) => b === 0x3c)).toBe(true);
+    expect(pool.payload(3).every((b) => b === 0x3c)).toBe(true);
     pool.releaseAll(imported);
     expect(pool.used).toBe(0);
-    expect(runner.calls).toBe(2);
+    expect(runner.calls).toBe(4);
   });
 });
