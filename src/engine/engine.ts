@@ -13,7 +13,8 @@ interface Planned {
 /** A step posted to the model and not yet postprocessed. */
 interface InFlight {
   plan: StepPlan;
-  pending: void | Promise<void>;
+  /** Settles with the tokens the model sampled (a pipelined model), or nothing. */
+  pending: void | Promise<Int32Array | void>;
 }
 
 /** What the scheduler hands the model runner: the planned chunks and the batch built from them. */
@@ -261,9 +262,9 @@ export class Engine {
   }
 
   /** Waits for a step's forward, then gives back the blocks that ended while it ran. */
-  private async settled(plan: StepPlan, pending: Promise<void>): Promise<void> {
+  private async settled(plan: StepPlan, pending: Promise<Int32Array | void>): Promise<void> {
     try {
-      await pending;
+      plan.sampled = (await pending) ?? null;
     } finally {
       for (let i = 0; i < plan.planned.length; i++) {
         const seq = plan.planned[i]!.seq;
@@ -378,7 +379,7 @@ export class Engine {
   }
 
   /** The model runner's half: one forward over the plan's batch into its logits buffer (a promise when it runs elsewhere). */
-  private forward(plan: StepPlan): void | Promise<void> {
+  private forward(plan: StepPlan): void | Promise<Int32Array | void> {
     const n = plan.planned.length;
     const V = this.model.vocabSize;
     if (this.model.logitsBuffer) plan.logits = this.model.logitsBuffer(n);
@@ -386,9 +387,7 @@ export class Engine {
     for (let i = 0; i < n; i++) plan.planned[i]!.seq.inFlightStep = plan;
     this.stats.steps++;
     if (this.model.forwardPipelined) {
-      const pending = this.model.forwardPipelined(this.pool, plan.batch, plan.logits, plan.greedy).then((sampled) => {
-        plan.sampled = sampled;
-      });
+      const pending = this.model.forwardPipelined(this.pool, plan.batch, plan.logits, plan.greedy);
       // A step posted ahead may fail before step() awaits it (its failure is the one before's).
       pending.catch(() => {});
       return pending;

@@ -151,7 +151,7 @@ export class ModelWorker {
     return new Promise<Int32Array>((resolve, reject) => {
       this.pending.push({ gen, resolve, reject, out: out === shared ? null : out, nLogits, sampled });
       // Held while a forward runs, so a process with nothing else to do still waits for it.
-      this.worker.ref();
+      if (this.pending.length === 1) this.worker.ref();
       Atomics.store(this.ctrl, GEN, gen);
       Atomics.notify(this.ctrl, GEN);
       if (this.pending.length === 1) void this.awaitDone();
