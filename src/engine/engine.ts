@@ -29,6 +29,8 @@ interface StepPlan {
   sampled: Int32Array | null;
   /** Blocks given back while this step ran, released when it settles. */
   readonly deferred: number[];
+  /** Planned ahead (decodes only): its tokens may be streamed together with the next step's. */
+  ahead: boolean;
 }
 
 export interface EngineOptions {
@@ -359,13 +361,15 @@ export class Engine {
     }
     const planned: Planned[] = last.planned.map(({ seq }) => ({ seq, n: 1 }));
     const batch: SeqChunk[] = planned.map(({ seq }, r) => ({ blockTable: seq.blockTable, startPos: seq.tokens.length + coming - 1, tokens: [prevToken(r)] }));
-    return this.stepPlan(planned, batch, (seq) => this.modelSamples(seq, true, coming));
+    const plan = this.stepPlan(planned, batch, (seq) => this.modelSamples(seq, true, coming));
+    plan.ahead = true;
+    return plan;
   }
 
   /** A plan over `batch`; a pipelined model samples the rows `modelSamples` picks. */
   private stepPlan(planned: Planned[], batch: SeqChunk[], modelSamples: (seq: Sequence, n: number) => boolean): StepPlan {
     const greedy = planned.map(({ seq, n }) => this.model.forwardPipelined !== undefined && modelSamples(seq, n));
-    return { planned, batch, greedy, logits: this.logits, sampled: null, deferred: [] };
+    return { planned, batch, greedy, logits: this.logits, sampled: null, deferred: [], ahead: false };
   }
 
   /**
@@ -387,7 +391,8 @@ export class Engine {
     for (let i = 0; i < n; i++) plan.planned[i]!.seq.inFlightStep = plan;
     this.stats.steps++;
     if (this.model.forwardPipelined) {
-      const pending = this.model.forwardPipelined(this.pool, plan.batch, plan.logits, plan.greedy);
+      // A prefill's first token streams at once; decodes planned ahead may stream in pairs.
+      const pending = this.model.forwardPipelined(this.pool, plan.batch, plan.logits, plan.greedy, plan.ahead);
       // A step posted ahead may fail before step() awaits it (its failure is the one before's).
       pending.catch(() => {});
       return pending;

@@ -27,8 +27,10 @@ export interface ModelRunner {
    * itself (the sampler's argmax), and the promise settles with their tokens by row (-1
    * elsewhere). A chunk token prevToken(r) stands for row r's sampled token of the forward before,
    * so the engine can post step N + 1 of a greedy decode before step N's token is known.
+   * `lazy`: the caller needn't hear of this forward's end before the next one's, so the model may
+   * settle the two together (one wake of the caller's thread for both, while a third still runs).
    */
-  forwardPipelined?(pool: KvPool, batch: readonly SeqChunk[], out: Float32Array, greedy: readonly boolean[]): Promise<Int32Array>;
+  forwardPipelined?(pool: KvPool, batch: readonly SeqChunk[], out: Float32Array, greedy: readonly boolean[], lazy?: boolean): Promise<Int32Array>;
   /** Forwards forwardPipelined takes in flight at most (default 2). */
   readonly pipelineDepth?: number;
 }

@@ -26,8 +26,15 @@ export const SLOTS = 4;
 export const GEN = 0;
 export const DONE = 1;
 export const VER = 2;
+/**
+ * The model thread notifies DONE only for a gen at or past ctrl[WAKE] (or a failed one), so an
+ * engine with steps queued behind one it needn't hear of at once is woken once for several. The
+ * engine stores WAKE before it reads DONE and the model thread DONE before it reads WAKE, so one of
+ * them sees the other's store: no end is missed.
+ */
+export const WAKE = 3;
 /** ctrl[FAILED + slot]: the last gen of that slot that failed. */
-export const FAILED = 3;
+export const FAILED = 4;
 /** ctrl[ERR_LEN + slot]: bytes of UTF-8 in that slot's error area, which follow the CTRL_INTS ints of ctrl. */
 export const ERR_LEN = FAILED + SLOTS;
 export const CTRL_INTS = ERR_LEN + SLOTS;

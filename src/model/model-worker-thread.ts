@@ -19,6 +19,7 @@ import {
   slotOf,
   type ToModelThread,
   VER,
+  WAKE,
   writeError,
 } from "./model-worker-protocol.ts";
 import { Transformer } from "./transformer.ts";
@@ -97,6 +98,7 @@ async function serve(t: Transformer): Promise<void> {
     while (version < Atomics.load(ctrl, VER)) await new Promise<void>((resolve) => (buffersArrived = resolve));
     const slot = slotOf(gen);
     const start = performance.now();
+    let failed = false;
     try {
       if (pool === null) throw new Error("model thread: forward before the engine shared its KV pool");
       const p = readPlan(plans[slot]!, prev, read);
@@ -107,10 +109,11 @@ async function serve(t: Transformer): Promise<void> {
     } catch (e) {
       writeError(ctrl, slot, e instanceof Error ? e.message : String(e));
       Atomics.store(ctrl, FAILED + slot, gen);
+      failed = true;
     }
     busy[0]! += performance.now() - start;
     Atomics.store(ctrl, DONE, gen);
-    Atomics.notify(ctrl, DONE);
+    if (failed || ((gen - Atomics.load(ctrl, WAKE)) | 0) >= 0) Atomics.notify(ctrl, DONE);
   }
 }
 

@@ -18,6 +18,7 @@ import {
   slotOf,
   type ToModelThread,
   VER,
+  WAKE,
   writePlan,
 } from "./model-worker-protocol.ts";
 import type { KvSlab, SeqChunk } from "./transformer.ts";
@@ -35,6 +36,8 @@ interface Pending {
   nLogits: number;
   /** The greedy rows' tokens, once the step is done. */
   sampled: Int32Array;
+  /** The caller needn't hear of its end before the next forward's (wakeAt). */
+  lazy: boolean;
 }
 
 /**
@@ -129,8 +132,9 @@ export class ModelWorker {
    * the rows `greedy` flags are greedy-sampled on the model thread (the sampler's argmax), and the
    * promise settles with their tokens by row (-1 elsewhere; a view valid until the forward after
    * next is posted). A chunk token prevToken(r) is row r's sampled token of the forward before.
+   * `lazy`: it may settle together with the next one (see ModelRunner.forwardPipelined).
    */
-  forwardPipelined(pool: KvPool, batch: readonly SeqChunk[], out: Float32Array, greedy?: readonly boolean[]): Promise<Int32Array> {
+  forwardPipelined(pool: KvPool, batch: readonly SeqChunk[], out: Float32Array, greedy?: readonly boolean[], lazy = false): Promise<Int32Array> {
     if (this.dead) return Promise.reject(this.dead);
     assert(this.pending.length < SLOTS, `model worker: ${SLOTS} forwards already in flight (one engine per model thread)`);
     const nLogits = batch.length * this.vocabSize;
@@ -149,12 +153,14 @@ export class ModelWorker {
     const sampled = this.sampled[slot]!.subarray(0, batch.length);
     this.gen = gen;
     return new Promise<Int32Array>((resolve, reject) => {
-      this.pending.push({ gen, resolve, reject, out: out === shared ? null : out, nLogits, sampled });
+      this.pending.push({ gen, resolve, reject, out: out === shared ? null : out, nLogits, sampled, lazy });
       // Held while a forward runs, so a process with nothing else to do still waits for it.
       if (this.pending.length === 1) this.worker.ref();
       Atomics.store(this.ctrl, GEN, gen);
       Atomics.notify(this.ctrl, GEN);
       if (this.pending.length === 1) void this.awaitDone();
+      // A waiter already asleep may now sleep past a lazy head (wakeAt): the thread reads WAKE after each end.
+      else Atomics.store(this.ctrl, WAKE, this.wakeAt());
     });
   }
 
@@ -222,6 +228,7 @@ export class ModelWorker {
     for (;;) {
       const head = this.pending[0];
       if (head === undefined) return;
+      Atomics.store(this.ctrl, WAKE, this.wakeAt());
       const done = Atomics.load(this.ctrl, DONE);
       // gen - done in Int32, so the comparison survives the counters' wrap.
       if (((head.gen - done) | 0) > 0) {
@@ -232,6 +239,18 @@ export class ModelWorker {
       const slot = slotOf(head.gen);
       this.settle(Atomics.load(this.ctrl, FAILED + slot) === head.gen ? new Error(readError(this.ctrl, slot)) : null);
     }
+  }
+
+  /**
+   * The gen whose end wakes this thread: the oldest in flight, unless it is lazy and a step
+   * behind the one woken for stays queued (so the model thread has work while this one
+   * catches up): then the first one not lazy, at most the second newest.
+   */
+  private wakeAt(): number {
+    const last = this.pending.length - 2;
+    let i = 0;
+    while (i < last && this.pending[i]!.lazy) i++;
+    return this.pending[i]!.gen;
   }
 
   /** Settles the oldest forward in flight. */

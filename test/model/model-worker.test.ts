@@ -142,6 +142,23 @@ describe("ModelWorker", () => {
     expect(Buffer.from(theirs.bytes).equals(Buffer.from(mine.bytes))).toBe(true);
   });
 
+  test("pipelined: a lazy forward settles with the one after it, a forward not lazy at its own end", async () => {
+    const w = await start();
+    const pool = new KvPool(kvShapeOf(m.cfg, 8), 102, { shared: true });
+    const long = Array.from({ length: 800 }, (_, i) => 32 + (i % 90));
+    const table = Array.from({ length: 100 }, (_, i) => i + 2);
+    for (const lazy of [true, false]) {
+      const a = w.forwardPipelined(pool, [{ blockTable: [0], startPos: 0, tokens: [65] }], w.logitsBuffer(1), [true], lazy);
+      const b = w.forwardPipelined(pool, [{ blockTable: table, startPos: 0, tokens: long }], w.logitsBuffer(1), [true]);
+      const c = w.forwardPipelined(pool, [{ blockTable: [1], startPos: 0, tokens: [66] }], w.logitsBuffer(1), [true]);
+      await a;
+      // b is an 800-token prefill: only a lazy a waits for its end.
+      const first = await Promise.race([b.then(() => "b"), Bun.sleep(0).then(() => "a alone")]);
+      expect(first).toBe(lazy ? "b" : "a alone");
+      await Promise.all([b, c]);
+    }
+  });
+
   test("pipelined: a forward that names the token of a failed one fails too; the thread keeps serving", async () => {
     const w = await start();
     const pool = new KvPool(kvShapeOf(m.cfg, 8), 4, { shared: true });
