@@ -1,13 +1,18 @@
 // Where a decode step's time goes, on the TinyStories-15M shape, per weight dtype and thread
 // count: the whole forward, the time inside the matmul dispatches (kernel plus the helper threads'
-// handoff) and the rest of forward (attention, norms, the JS between); beside it the kernel alone
-// (the same calls in the same order on one thread, nothing between them) and the bare handoff of
-// a split dispatch that does almost nothing. Ratios: 2 threads over 1, and the kernel alone over
-// the matmuls inside the model (what handoff and cache misses cost). Env: DTYPES, THREADS, BATCH.
+// handoff) and the rest of forward (attention, norms, the JS between); each kind of dispatch (q/k/v,
+// attention, wo, w1/w3, w2, the classifier) with the chunks the helpers took of it; beside it the
+// kernel alone (the same calls in the same order on one thread, nothing between them) and the bare
+// handoff of a split dispatch that does almost nothing. Ratios: 2 threads over 1 (the step and
+// each kind of dispatch), and the kernel alone over the matmuls inside the model (what handoff and
+// cache misses cost); then the rest by phase (Transformer.profile over more steps: attention,
+// norms, RoPE, the K/V store...). Env: DTYPES, THREADS, BATCH.
 import { mkdirSync, writeFileSync } from "node:fs";
 import { availableParallelism, loadavg } from "node:os";
 import { join } from "node:path";
 import { type DType, type ModelConfig, Transformer, castWeights, kvShapeOf, syntheticWeights } from "../src/model/index.ts";
+import { J_ATTEND, J_D, J_FN, J_N } from "../src/model/kernel-threads.ts";
+import { FORWARD_PHASES } from "../src/model/transformer.ts";
 import { MatmulKernel } from "../src/model/matmul.ts";
 import type { Matrix } from "../src/model/packed.ts";
 import { TS_SHAPE } from "./ts-shape.ts";
@@ -26,13 +31,23 @@ interface Call {
   d: number;
 }
 
+/** One kind of dispatch in a step: µs each and chunks the helper threads took of each. */
+interface Kind {
+  us: number;
+  helperChunks: number;
+  perStep: number;
+}
+
 interface Profile {
+  byKind: Record<string, Kind>;
   tokensPerSec: number;
   stepUs: number;
   matmulUs: number;
   restUs: number;
   dispatches: number;
   kernelAloneUs: { layers: number; classifier: number };
+  /** µs per step in each phase but the matmuls, from a profiled run after the timed one. */
+  restPhasesUs: Record<string, number>;
 }
 
 /** Decode at BATCH over a 64-token context, with the kernel's queue and flush timed. */
@@ -58,6 +73,7 @@ async function profile(w: ReturnType<typeof castWeights>, threads: number): Prom
     inside += performance.now() - t;
     dispatches++;
   };
+  const kinds = timeDispatches(mm);
   const pool = m.kvPool(kvShapeOf(cfg, 16), 16 * BATCH + 1);
   const chunks = Array.from({ length: BATCH }, () => ({ blockTable: pool.allocate(16)!, startPos: 0, tokens: [1] }));
   const out = new Float32Array(BATCH * cfg.vocabSize);
@@ -75,19 +91,74 @@ async function profile(w: ReturnType<typeof castWeights>, threads: number): Prom
   calls = null;
   inside = 0;
   dispatches = 0;
+  kinds.clear();
   const t0 = performance.now();
   for (let p = 65; p < 65 + STEPS; p++) step(p);
   const total = performance.now() - t0;
+  const matmulUs = (inside / STEPS) * 1000;
+  const perStep = dispatches / STEPS;
+  const byKind: Record<string, Kind> = {};
+  for (const [k, v] of kinds) byKind[k] = { us: v.us / v.n, helperChunks: v.helped / v.n, perStep: v.n / STEPS };
+  // The same positions again (their K/V are rewritten with the same values): the context stays inside maxSeqLen.
+  const restPhasesUs = restPhases(m, step, 65);
   const kernelAloneUs = kernelAlone(mm, recorded);
   m.close();
   return {
+    byKind,
     tokensPerSec: ((STEPS * BATCH) / total) * 1000,
     stepUs: (total / STEPS) * 1000,
-    matmulUs: (inside / STEPS) * 1000,
-    restUs: ((total - inside) / STEPS) * 1000,
-    dispatches: dispatches / STEPS,
+    matmulUs,
+    restUs: (total / STEPS) * 1000 - matmulUs,
+    dispatches: perStep,
     kernelAloneUs,
+    restPhasesUs,
   };
+}
+
+/**
+ * Times every dispatch the kernel makes (matmuls and attention), by kind: the private dispatch
+ * step, where the split over the threads happens, wrapped.
+ */
+function timeDispatches(mm: MatmulKernel): Map<string, { us: number; helped: number; n: number }> {
+  const kinds = new Map<string, { us: number; helped: number; n: number }>();
+  const inner = mm as unknown as { dispatch(count: number, macs: number, stride: number): void; jobs: Int32Array };
+  const dispatch = inner.dispatch.bind(mm);
+  inner.dispatch = (count, macs, stride) => {
+    const kind = kindOf(inner.jobs, count);
+    const helped = mm.splitCalls;
+    const t = performance.now();
+    dispatch(count, macs, stride);
+    const us = (performance.now() - t) * 1000;
+    let k = kinds.get(kind);
+    if (k === undefined) kinds.set(kind, (k = { us: 0, helped: 0, n: 0 }));
+    k.us += us;
+    k.helped += mm.splitCalls - helped;
+    k.n++;
+  };
+  return kinds;
+}
+
+/** Which of a layer's dispatches (or the classifier) the queued jobs are. */
+function kindOf(jobs: Int32Array, count: number): string {
+  if (jobs[J_FN] === J_ATTEND) return "attention";
+  if (count === 3) return "qkv";
+  if (count === 2) return "w1w3";
+  if (jobs[J_D] === cfg.vocabSize) return "classifier";
+  return jobs[J_N] === cfg.hiddenDim ? "w2" : "wo";
+}
+
+/** µs per step of every phase but the matmuls (Transformer.profile), over STEPS / 2 more steps from `from`. */
+function restPhases(m: Transformer, step: (pos: number) => void, from: number): Record<string, number> {
+  const prof = new Float64Array(FORWARD_PHASES.length);
+  m.profile = prof;
+  const steps = STEPS / 2;
+  for (let p = from; p < from + steps; p++) step(p);
+  m.profile = null;
+  const r: Record<string, number> = {};
+  FORWARD_PHASES.forEach((ph, i) => {
+    if (ph !== "matmul" && prof[i]! > 0) r[ph] = (prof[i]! / steps) * 1000;
+  });
+  return r;
 }
 
 /** One step's matmul calls run back to back through the kernel exports, on this thread. */
@@ -157,11 +228,21 @@ for (const dt of DTYPES) {
       `${dt}, ${threads} threads, batch ${BATCH}: ${p.tokensPerSec.toFixed(1)} tok/s; a step ${p.stepUs.toFixed(0)} us = ` +
         `matmuls ${p.matmulUs.toFixed(0)} us in ${p.dispatches} dispatches + the rest ${p.restUs.toFixed(0)} us; ` +
         `kernel alone on one thread ${alone.toFixed(0)} us (layers ${p.kernelAloneUs.layers.toFixed(0)}, classifier ${p.kernelAloneUs.classifier.toFixed(0)}): ` +
-        `${(alone / p.matmulUs).toFixed(2)}x the matmuls in the model`,
+        `${(alone / p.matmulUs).toFixed(2)}x the matmuls in the model; per dispatch: ` +
+        Object.entries(p.byKind)
+          .map(([k, v]) => `${k} ${v.us.toFixed(1)} us` + (threads > 1 ? ` (helpers ${v.helperChunks.toFixed(1)} chunks)` : ""))
+          .join(", ") +
+        "; the rest by phase (us): " +
+        Object.entries(p.restPhasesUs)
+          .map(([ph, us]) => `${ph} ${us.toFixed(0)}`)
+          .join(", "),
     );
   }
   const [a, b] = THREADS.map((t) => byDtype[dt]![`threads${t}`]!);
-  if (a !== undefined && b !== undefined) console.log(`${dt}: ${THREADS[1]} threads over ${THREADS[0]}: ${(b.tokensPerSec / a.tokensPerSec).toFixed(2)}x`);
+  if (a !== undefined && b !== undefined) {
+    const kinds = Object.keys(a.byKind).map((k) => `${k} ${(a.byKind[k]!.us / (b.byKind[k]?.us ?? Number.NaN)).toFixed(2)}x`);
+    console.log(`${dt}: ${THREADS[1]} threads over ${THREADS[0]}: ${(b.tokensPerSec / a.tokensPerSec).toFixed(2)}x; per dispatch ${kinds.join(", ")}`);
+  }
 }
 results.decode = byDtype;
 const h = await handoff();

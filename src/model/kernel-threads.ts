@@ -7,12 +7,13 @@ import { StallBackoff } from "./stall-backoff.ts";
  * Helper threads that take chunks of a dispatch's matmuls over the kernel's shared memory.
  *
  * Invariant: a dispatch is whole when `run` returns. Its jobs (a matmul each) are cut into chunks
- * of whole 8-row strips; every thread, the caller included, claims chunks until none are left
- * (kernels/assembly/dispatch.ts) and computes each whole, every dot product in the kernel's one
- * order, so outputs are the same bits whatever the thread count and whichever thread took a
- * chunk. A helper that is late, descheduled or never started only leaves more chunks to the
- * others; the caller waits only for chunks already claimed. Helpers spin briefly on the
- * generation counter, then sleep on it (Atomics.wait) with their WAITING flag up, so the caller
+ * of whole 8-row strips, and the chunks into one contiguous range per thread; each thread, the
+ * caller included, takes chunks from the front of its own range, then steals from the back of
+ * the others' (kernels/assembly/dispatch.ts), and computes each whole, every dot product in the
+ * kernel's one order, so outputs are the same bits whatever the thread count and whichever
+ * thread took a chunk. A helper that is late, descheduled or never started only leaves its range
+ * to the others; the caller waits only for chunks already claimed. Helpers spin briefly on the
+ * generation counter, then sleep on it (Atomics.wait) with their SLEEPING flag up, so the caller
  * wakes only sleepers.
  */
 
@@ -34,38 +35,42 @@ export const KERNEL_INDEX: Record<DType, number> = { f32: 0, f16: 1, bf16: 2, q8
 export const J_ATTEND = 4;
 
 // The control block in the shared memory, in i32 slots (dispatch.ts reads the same layout). The
-// counters sit on cache lines of their own.
+// counters, and each thread's range, sit on cache lines of their own.
 const GEN = 0;
-const NEXT = 16;
-const DONE = 32;
-const TOTAL = 48;
-const COUNT = 49;
-const SCRATCH = 50;
-const STRIDE = 51;
-const WAITING = 52;
-const HELPED = 53;
+const DONE = 16;
+const TOTAL = 32;
+const COUNT = 33;
+const SCRATCH = 34;
+const STRIDE = 35;
+const WAITING = 36;
+const HELPED = 37;
 /** Set by a helper whose kernel call threw: its claimed chunk will never be done. */
-const FAILED = 54;
-const JOBS = 64;
+const FAILED = 38;
+const THREADS = 39;
+const JOBS = 48;
 /** fn, y, x, w, rows, n, d, r0, chunk rows, first chunk. */
 const CTRL_JOB = 10;
 const MAX_DISPATCH_JOBS = 8;
-const SLEEPING = JOBS + MAX_DISPATCH_JOBS * CTRL_JOB;
+/** Thread t's range, front << 16 | back, at RANGES + t * RANGE_INTS. */
+const RANGES = 128;
+const RANGE_INTS = 16;
+const sleepingAt = (helpers: number): number => RANGES + RANGE_INTS * (helpers + 1);
 /** Bytes of the control block for `helpers` helpers. */
 export function controlBytes(helpers: number): number {
-  return (SLEEPING + helpers + 1) * 4;
+  return (sleepingAt(helpers) + helpers + 1) * 4;
 }
-/** Chunks each job is cut into per thread at least: enough that a slow thread's share is taken over. */
-const CHUNKS_PER_THREAD = 4;
 /**
- * Multiply-adds a chunk of a one-row job holds at most: the threads finish a job at most one
- * chunk apart, so a big job (the classifier) is cut finer than CHUNKS_PER_THREAD alone would. A
- * job of r rows takes chunks min(r, CHUNK_ROWS_MAX) times as big: the claims (a cache line both
- * cores fight over) would otherwise multiply with the rows, which cost more than the wider gap
- * (8-13% of a batch-8 decode step, measured).
+ * Multiply-adds of a chunk of a one-row job, at most: a job is cut into equal chunks no bigger.
+ * Each chunk is a kernel call on rows that stream on from the owner's last, so the fewer the
+ * better until the tail (the threads finish at most one chunk apart) costs more: chunks of 16K
+ * gave f16 decode 5-10% slower steps than 64K (2 threads, measured; 32K and 128K in between or
+ * no better). A job of r rows takes chunks min(r, CHUNK_ROWS_MAX) times as big: a batch's
+ * chunks cost as many calls at a fraction of the rows.
  */
 const CHUNK_MACS = 1 << 16;
 const CHUNK_ROWS_MAX = 4;
+/** A dispatch in which no chunk was claimed or counted for this long (ms) has lost one: the caller fails rather than hang. */
+const LOST_CHUNK_MS = 10000;
 /** The caller spins this many times on DONE before sleeping on it. */
 const SPINS = 20000;
 /**
@@ -95,10 +100,9 @@ const FNS = ["matmul_f32", "matmul_f16", "matmul_bf16", "matmul_q8_0"] as const;
 // the kernel module on the shared memory, then joins every dispatch it sees.
 const HELPER_SOURCE = `
 self.onmessage = (e) => {
-  const { module, memory, ctrl, ints, thread } = e.data;
+  const { module, memory, ctrl, ints, thread, sleeping } = e.data;
   const ex = new WebAssembly.Instance(module, { env: { memory } }).exports;
   const c = new Int32Array(memory.buffer, ctrl, ints);
-  const sleeping = ${SLEEPING} + thread;
   let seen = Atomics.load(c, ${GEN});
   postMessage("ready");
   for (;;) {
@@ -113,7 +117,7 @@ self.onmessage = (e) => {
     }
     seen = Atomics.load(c, ${GEN});
     try {
-      ex.run_chunks(ctrl, thread, seen);
+      ex.run_chunks(ctrl, thread);
     } catch (err) {
       Atomics.store(c, ${FAILED}, 1);
       Atomics.notify(c, ${DONE});
@@ -152,7 +156,7 @@ export class KernelThreads {
           w.addEventListener("error", (e) => reject(new Error(`kernel helper thread failed: ${e.message}`)), { once: true });
         }),
       );
-      w.postMessage({ module, memory, ctrl: ctrlAt, ints: this.ctrl.length, thread: h + 1 });
+      w.postMessage({ module, memory, ctrl: ctrlAt, ints: this.ctrl.length, thread: h + 1, sleeping: sleepingAt(helpers) + h + 1 });
       // Helpers never keep the process alive: an engine that stops exits.
       w.unref();
       this.workers.push(w);
@@ -180,50 +184,68 @@ export class KernelThreads {
     assert(count <= MAX_DISPATCH_JOBS, `dispatch of ${count} jobs`);
     const c = this.ctrl;
     const threads = this.helpers + 1;
-    this.gen = (this.gen + 1) & 0x7fff;
-    // Close claims first: a helper still finishing the last dispatch, which read NEXT before this
-    // store, must fail its compare-and-swap rather than take a chunk of the new jobs written below.
-    Atomics.store(c, NEXT, (this.gen << 16) | 0xffff);
+    // Every range is empty between dispatches (all chunks were claimed before DONE reached TOTAL),
+    // so a helper still looking for chunks of the last one finds none while the jobs below are
+    // rewritten; closing them again only guards that after a failed dispatch.
+    for (let t = 0; t < threads; t++) Atomics.store(c, RANGES + t * RANGE_INTS, 0);
+    const total = this.writeJobs(jobs, count, threads);
+    assert(total < 65535, `dispatch of ${total} chunks`);
+    c[COUNT] = count;
+    c[SCRATCH] = scratch;
+    c[STRIDE] = stride;
+    c[THREADS] = threads;
+    Atomics.store(c, DONE, 0);
+    Atomics.store(c, TOTAL, total);
+    for (let t = 0; t < threads; t++) {
+      Atomics.store(c, RANGES + t * RANGE_INTS, (Math.floor((t * total) / threads) << 16) | Math.floor(((t + 1) * total) / threads));
+    }
+    this.gen = (this.gen + 1) | 0;
+    Atomics.store(c, GEN, this.gen);
+    const sleeping = sleepingAt(this.helpers);
+    for (let h = 1; h <= this.helpers; h++) {
+      if (Atomics.load(c, sleeping + h) !== 0) {
+        Atomics.notify(c, GEN);
+        break;
+      }
+    }
+    ex.run_chunks(this.ctrlAt, 0);
+    if (Atomics.load(c, DONE) !== total) this.waitFor(total);
+  }
+
+  /**
+   * Copies the jobs into the control block with each one's chunk rows and first chunk; returns
+   * the dispatch's chunks over `threads`. An attention job is one chunk per piece.
+   */
+  private writeJobs(jobs: Int32Array, count: number, threads: number): number {
+    const c = this.ctrl;
     let total = 0;
     for (let j = 0; j < count; j++) {
       const b = j * JOB_INTS;
       const o = JOBS + j * CTRL_JOB;
       for (let i = 0; i < JOB_INTS; i++) c[o + i] = jobs[b + i]!;
       c[o + 9] = total;
+      const rows = jobs[b + J_ROWS]!;
       if (jobs[b + J_FN] === J_ATTEND) {
-        total += jobs[b + J_ROWS]!;
+        total += rows;
         continue;
       }
       const r0 = jobs[b + J_R0]!;
       const span = r0 + jobs[b + J_D]! - (r0 & ~7);
-      const rows = jobs[b + J_ROWS]!;
-      const chunks = Math.max(threads * CHUNKS_PER_THREAD, Math.ceil((rows * jobs[b + J_N]! * span) / (CHUNK_MACS * Math.min(rows, CHUNK_ROWS_MAX))));
-      const per = Math.max(8, Math.ceil(span / chunks / 8) * 8);
+      // A thread's chunk at least, so that even a job alone at the split threshold is shared.
+      const chunks = Math.max(threads, Math.ceil((rows * jobs[b + J_N]! * span) / (CHUNK_MACS * Math.min(rows, CHUNK_ROWS_MAX))));
+      const per = Math.ceil(span / chunks / 8) * 8;
       c[o + 8] = per;
       total += Math.ceil(span / per);
     }
-    assert(total < 65535, `dispatch of ${total} chunks`);
-    c[COUNT] = count;
-    c[SCRATCH] = scratch;
-    c[STRIDE] = stride;
-    Atomics.store(c, DONE, 0);
-    Atomics.store(c, TOTAL, total);
-    Atomics.store(c, NEXT, this.gen << 16);
-    Atomics.store(c, GEN, this.gen);
-    for (let h = 1; h <= this.helpers; h++) {
-      if (Atomics.load(c, SLEEPING + h) !== 0) {
-        Atomics.notify(c, GEN);
-        break;
-      }
-    }
-    ex.run_chunks(this.ctrlAt, 0, this.gen);
-    if (Atomics.load(c, DONE) !== total) this.waitFor(total);
+    return total;
   }
 
   /** Waits for the helpers' last claimed chunks, and backs off if that took a stall. */
   private waitFor(total: number): void {
     const c = this.ctrl;
     const t0 = performance.now();
+    let last = -1;
+    let since = t0;
     for (let spins = 0; ; spins++) {
       const done = Atomics.load(c, DONE);
       if (done === total) break;
@@ -233,10 +255,26 @@ export class KernelThreads {
         Atomics.store(c, WAITING, 1);
         Atomics.wait(c, DONE, done, 10);
         Atomics.store(c, WAITING, 0);
+        // A chunk takes milliseconds at most, and a thread counts its chunks in DONE only when it
+        // is out of them: every claim moves a range word, so no claim nor count for this long is
+        // a lost chunk, not a slow helper.
+        const now = performance.now();
+        const progress = this.progress(done);
+        if (progress !== last) {
+          last = progress;
+          since = now;
+        } else if (now - since > LOST_CHUNK_MS) assert.fail(`dispatch stuck at ${done} of ${total} chunks done for ${LOST_CHUNK_MS} ms`);
       }
     }
     const t = performance.now();
     this.backoff.note(t - t0, t);
+  }
+
+  /** A number that changes with every claim and every count of a dispatch (DONE at `done`). */
+  private progress(done: number): number {
+    let p = done;
+    for (let t = 0; t <= this.helpers; t++) p = (Math.imul(p, 31) + Atomics.load(this.ctrl, RANGES + t * RANGE_INTS)) | 0;
+    return p;
   }
 
   /** Stops the helpers; the kernel then runs on the caller alone. */

@@ -135,8 +135,8 @@ export interface Placement {
 type KernelFn = (y: number, x: number, w: number, rows: number, n: number, d: number, r0: number, g0: number, g1: number, scratch: number) => void;
 export type KernelExports = Record<`matmul_${DType}`, KernelFn> &
   LayerKernelExports & {
-    /** Claims and computes chunks of dispatch `gen` (kernels/assembly/dispatch.ts). */
-    run_chunks(ctrl: number, thread: number, gen: number): number;
+    /** Claims and computes chunks of the open dispatch (kernels/assembly/dispatch.ts). */
+    run_chunks(ctrl: number, thread: number): number;
     /** rows token rows of n f32 at x quantized for the q8_0 kernel at dst (q8_row_bytes(n) each). */
     quantize_q8_x(dst: number, x: number, rows: number, n: number): void;
     q8_row_bytes(n: number): number;

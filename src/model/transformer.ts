@@ -1,5 +1,6 @@
 import assert from "node:assert";
 import type { KvShape } from "../codec/index.ts";
+import { decodeHeadsPerPiece } from "./attention-pieces.ts";
 import { KvPool } from "../pool/index.ts";
 import { blockPayloadBytes } from "../codec/kv-shape.ts";
 import { headDimOf, kvDimOf, type ModelConfig, qDimOf, ropeFrequencies } from "./config.ts";
@@ -552,8 +553,7 @@ export class Transformer {
     const tablesAt = mm.addressOf(this.attTables);
     const nKv = this.cfg.nKvHeads;
     const pieces = this.attPieces;
-    // Head ranges per decoding sequence: two pieces per thread over the batch at least.
-    const parts = Math.min(nKv, Math.ceil((2 * mm.threadCount) / batch.length));
+    const streamPer = decodeHeadsPerPiece(nKv, batch.length, mm.threadCount);
     let nPieces = 0;
     let macs = 0;
     for (let s = 0, r = 0; s < batch.length; s++) {
@@ -575,8 +575,8 @@ export class Transformer {
       p[o + 3] = c.startPos;
       p[o + 4] = nr;
       // A prefill sequence goes KV head by KV head; a decoding one (streamed: attendStream) in
-      // `parts` ranges of KV heads, so that a small batch still gives every thread a share.
-      const per = nr * this.kvMul < 4 ? Math.ceil(nKv / parts) : 1;
+      // ranges of KV heads, so that a small batch still gives every thread a share.
+      const per = nr * this.kvMul < 4 ? streamPer : 1;
       for (let g = 0; g < nKv; g += per, nPieces++) {
         pieces[3 * nPieces] = s;
         pieces[3 * nPieces + 1] = g;

@@ -183,6 +183,51 @@ function attendRef(
   return out;
 }
 
+/**
+ * One attend call against attendRef: blocks of B scattered in reverse order behind a spare one,
+ * found through the table; att and lin as small as attend allows unless `attStride` is given.
+ * `edit` changes the query first (its values, or one huge element).
+ */
+function checkAttend(
+  nKv: number,
+  kvMul: number,
+  hd: number,
+  firstPos: number,
+  nr: number,
+  B: number,
+  seed: number,
+  attStride?: number,
+  edit?: (q: Float32Array) => void,
+): void {
+  const kvDim = nKv * hd;
+  const qStride = nKv * kvMul * hd + 3; // rows further apart than their heads
+  const n = firstPos + nr;
+  const nb = Math.ceil(n / B);
+  const blockElems = 2 * B * kvDim;
+  const kvVals = new Float16Array(nb * blockElems).map((_, i) => Math.sin(i * 0.731 + seed) * 2);
+  const kvBits = new Uint16Array(kvVals.buffer);
+  const qv = new Float32Array(nr * qStride).map((_, i) => Math.cos(i * 0.377 + seed) * 1.5);
+  edit?.(qv);
+  const kvMem = mk.allocBytes(kvBits.byteLength + blockElems * 2)!;
+  const table = mk.allocInts(nb);
+  for (let b = 0; b < nb; b++) {
+    const at = (nb - b) * blockElems * 2;
+    kvMem.set(new Uint8Array(kvBits.buffer, b * blockElems * 2, blockElems * 2), at);
+    table[b] = mk.addressOf(kvMem) + at;
+  }
+  const q = f32(qv);
+  const out = mk.alloc(nr * qStride);
+  const stride = attStride ?? (n + 3) & ~3;
+  const att = mk.alloc(4 * nKv * stride);
+  const lin = mk.alloc(2 * stride * hd);
+  ex.attend(mk.addressOf(out), mk.addressOf(q), mk.addressOf(table), 0, mk.addressOf(att), stride, mk.addressOf(lin), firstPos, nr, B, nKv, kvMul, hd, qStride);
+  const want = attendRef(qv, kvBits, firstPos, nr, B, blockElems, nKv, kvMul, hd, qStride);
+  for (let j = 0; j < nr; j++) {
+    const row = (a: Float32Array) => bits(a.subarray(j * qStride, j * qStride + nKv * kvMul * hd));
+    expect(`${nKv}x${kvMul}x${hd} pos ${firstPos}+${j}: ${row(out).join(",")}`).toBe(`${nKv}x${kvMul}x${hd} pos ${firstPos}+${j}: ${row(want).join(",")}`);
+  }
+}
+
 describe("attention kernel", () => {
   test("attend_equals_js_of_the_same_order", () => {
     // MHA, GQA by 2, 3 and 4, MQA; head dims with and without a tail; prefill tiles of every
@@ -194,7 +239,6 @@ describe("attention kernel", () => {
       { nKv: 2, kvMul: 4, hd: 6 },
       { nKv: 1, kvMul: 6, hd: 48 },
     ];
-    const B = 4;
     let seed = 1;
     for (const { nKv, kvMul, hd } of shapes) {
       for (const [firstPos, nr] of [
@@ -205,51 +249,38 @@ describe("attention kernel", () => {
         [17, 4],
         [2, 13],
       ] as const) {
-        const kvDim = nKv * hd;
-        const qStride = nKv * kvMul * hd + 3; // rows further apart than their heads
-        const n = firstPos + nr;
-        const nb = Math.ceil(n / B);
-        const blockElems = 2 * B * kvDim;
-        const kvVals = new Float16Array(nb * blockElems).map((_, i) => Math.sin(i * 0.731 + seed) * 2);
-        const kvBits = new Uint16Array(kvVals.buffer);
-        const qv = new Float32Array(nr * qStride).map((_, i) => Math.cos(i * 0.377 + seed) * 1.5);
-        seed++;
-        // The blocks scattered in reverse order behind a spare one, found through the table.
-        const kvMem = mk.allocBytes(kvBits.byteLength + blockElems * 2)!;
-        const table = mk.allocInts(nb);
-        for (let b = 0; b < nb; b++) {
-          const at = (nb - b) * blockElems * 2;
-          kvMem.set(new Uint8Array(kvBits.buffer, b * blockElems * 2, blockElems * 2), at);
-          table[b] = mk.addressOf(kvMem) + at;
-        }
-        const q = f32(qv);
-        const out = mk.alloc(nr * qStride);
-        const attStride = (n + 3) & ~3;
-        const att = mk.alloc(4 * nKv * attStride);
-        const lin = mk.alloc(2 * attStride * hd);
-        ex.attend(
-          mk.addressOf(out),
-          mk.addressOf(q),
-          mk.addressOf(table),
-          0,
-          mk.addressOf(att),
-          attStride,
-          mk.addressOf(lin),
-          firstPos,
-          nr,
-          B,
-          nKv,
-          kvMul,
-          hd,
-          qStride,
-        );
-        const want = attendRef(qv, kvBits, firstPos, nr, B, blockElems, nKv, kvMul, hd, qStride);
-        for (let j = 0; j < nr; j++) {
-          const row = (a: Float32Array) => bits(a.subarray(j * qStride, j * qStride + nKv * kvMul * hd));
-          expect(`${nKv}x${kvMul}x${hd} pos ${firstPos}+${j}: ${row(out).join(",")}`).toBe(
-            `${nKv}x${kvMul}x${hd} pos ${firstPos}+${j}: ${row(want).join(",")}`,
-          );
-        }
+        checkAttend(nKv, kvMul, hd, firstPos, nr, 4, seed++);
+      }
+    }
+  });
+
+  test("decode_attention_on_the_scaled_query_and_its_fallback_equal_js", () => {
+    // Streamed decode (fewer than four queries per KV head) with room for the query scaled by
+    // 2^112: head dims of whole eights, of a last four, with a tail; lengths that leave 1..3
+    // positions past the fours of a block; a query element of 2^16 or more takes the
+    // unscaled path for its row.
+    const shapes = [
+      { nKv: 6, kvMul: 1, hd: 48 },
+      { nKv: 2, kvMul: 1, hd: 12 },
+      { nKv: 2, kvMul: 3, hd: 10 },
+      { nKv: 1, kvMul: 2, hd: 7 },
+    ];
+    const edits: [string, ((q: Float32Array) => void) | undefined][] = [
+      ["as is", undefined],
+      ["one huge element", (q) => (q[1] = 70000)],
+      ["tiny values", (q) => q.forEach((v, i) => (q[i] = v * 1e-40))],
+    ];
+    let seed = 100;
+    for (const { nKv, kvMul, hd } of shapes) {
+      for (const [firstPos, nr] of [
+        [0, 1],
+        [16, 1],
+        [37, 1],
+        [61, 2],
+        [62, 3],
+      ] as const) {
+        if (nr * kvMul >= 4) continue;
+        for (const [, edit] of edits) checkAttend(nKv, kvMul, hd, firstPos, nr, 16, seed++, 72, edit);
       }
     }
   });

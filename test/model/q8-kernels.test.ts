@@ -143,6 +143,30 @@ describe("q8_0 integer kernel", () => {
     }
   });
 
+  test("four_token_tiles_and_their_leftovers_give_each_row_its_reference_and_decode_bits", () => {
+    // 8x4 tiles, then 8x2, then strip8: every count of rows 1..9 and 17, whole and padded strips.
+    for (const n of [64, 288]) {
+      const w = weights(8 * 3 + 5, n, n + 1);
+      const k = kernel([w], n);
+      for (const rows of [1, 2, 3, 4, 5, 6, 7, 8, 9, 17]) {
+        const x = input(rows, n, rows + 20);
+        for (const [r0, d] of [
+          [0, 29],
+          [8, 16],
+        ] as const) {
+          const y = new Float32Array(rows * d);
+          k.matmul(y, x, w, r0 * n, rows, n, d);
+          expect(bits(y)).toEqual(ref(x, w, r0 * n, rows, n, d));
+          for (const r of [0, rows - 1]) {
+            const one = new Float32Array(d);
+            k.matmul(one, x.subarray(r * n, (r + 1) * n), w, r0 * n, 1, n, d);
+            expect(bits(one)).toEqual(bits(y.subarray(r * d, (r + 1) * d)));
+          }
+        }
+      }
+    }
+  });
+
   test("jobs_sharing_an_x_in_one_dispatch_and_jobs_with_their_own_on_any_thread_count", async () => {
     // q, k, v share x (quantized once); a fourth job has its own x of the same shape.
     const n = 96;

@@ -17,9 +17,12 @@
 // heads, then the next row's) go four at a time over that head's K and V made f32 first (exact),
 // so each K or V chunk is loaded once for four of them and four sums are in flight. Fewer than
 // four queries per KV head (decode) read the f16 blocks directly, all heads of a position
-// together. A query never sums a term past its own position, so no tile changes a bit.
+// together, as f16bits' patterns (the values times 2^-112) against the query and the softmax
+// weights scaled by 2^112: each product is the same real number, so rounds the same, for a
+// third of the widening's work (a query with an element of 2^16 or more keeps the rebiased K).
+// A query never sums a term past its own position, so no tile changes a bit.
 
-import { f16ext, f16ToF32, f16x4, top16x4 } from "./f16";
+import { f16bitsHi, f16bitsLo, f16ext, f16ToF32, f16x4, top16x4 } from "./f16";
 import { exp1, exp4 } from "./math";
 
 /** Byte address of block b's section at layerOff: the layer's K, or its V at B * kvDim * 2 past. */
@@ -323,14 +326,189 @@ function attendStream(
   const nH = nKv * kvMul;
   const vOff = layerOff + <usize>B * <usize>kvDim * 2;
   const attStep = <usize>attStride << 2;
+  // The rows of att past the nr * nH score rows hold the query scaled by 2^112, when they fit.
+  const qx = att + <usize>(nr * nH) * attStep;
+  const roomy = <i64>(4 * nKv - nr * nH) * <i64>attStride >= <i64>(nH * hd);
   for (let j = 0; j < nr; j++) {
     const rowAtt = att + <usize>(j * nH) * attStep;
     const qRow = q + ((<usize>j * <usize>qStride) << 2);
     const len = firstPos + j + 1;
-    streamScores(qRow, rowAtt, attStep, len, table, layerOff, B, nKv, kvMul, hd, g0, g1);
-    for (let h = g0 * kvMul; h < g1 * kvMul; h++) softmax(rowAtt + <usize>h * attStep, len);
+    if (roomy && scaleHeads(qx, qRow, hd, kvMul, g0, g1)) streamScoresX(qRow, qx, rowAtt, attStep, len, table, layerOff, B, nKv, kvMul, hd, g0, g1);
+    else streamScores(qRow, rowAtt, attStep, len, table, layerOff, B, nKv, kvMul, hd, g0, g1);
+    for (let h = g0 * kvMul; h < g1 * kvMul; h++) {
+      softmax(rowAtt + <usize>h * attStep, len);
+      scaleRow(rowAtt + <usize>h * attStep, len);
+    }
     streamValues(out + ((<usize>j * <usize>qStride) << 2), rowAtt, attStep, len, table, vOff, B, nKv, kvMul, hd, g0, g1);
   }
+}
+
+/** 2^112: f16bits' patterns times a factor scaled by it are the products of the true values. */
+const X112: f32 = reinterpret<f32>(0x77800000);
+
+/**
+ * The heads of KV heads g0 .. g1 of the query row q, their whole groups of four (i < hd & ~3),
+ * times 2^112 into qx at the same offsets, when every |q| there is below 2^16 (so exactly, and
+ * no product overflows); false (qx unspecified) otherwise, NaN included.
+ */
+function scaleHeads(qx: usize, q: usize, hd: i32, kvMul: i32, g0: i32, g1: i32): bool {
+  const hd4 = hd & ~3;
+  const k = f32x4.splat(X112);
+  let m = f32x4.splat(0);
+  for (let h = g0 * kvMul; h < g1 * kvMul; h++) {
+    const o = <usize>(h * hd) << 2;
+    for (let i = 0; i < hd4; i += 4) {
+      const v = ld(q + o, i);
+      m = f32x4.max(m, f32x4.abs(v));
+      v128.store(qx + o + (<usize>i << 2), f32x4.mul(v, k));
+    }
+  }
+  return max(max(f32x4.extract_lane(m, 0), f32x4.extract_lane(m, 1)), max(f32x4.extract_lane(m, 2), f32x4.extract_lane(m, 3))) < 65536;
+}
+
+/** att[0 .. len) times 2^112 in place: softmax's weights lie in [0, 1], so exactly. */
+function scaleRow(att: usize, len: i32): void {
+  const k = f32x4.splat(X112);
+  const len4 = len & ~3;
+  for (let t = 0; t < len4; t += 4) v128.store(att + (<usize>t << 2), f32x4.mul(ld(att, t), k));
+  for (let t = len4; t < len; t++) store<f32>(att + (<usize>t << 2), load<f32>(att + (<usize>t << 2)) * X112);
+}
+
+/**
+ * The eight f16 at p as f16bits' patterns (the values times 2^-112, exactly) in two f32x4,
+ * elements 0..3 (lo) and 4..7 (hi): one shuffle pairs element l with l + 4 in lane l, then one
+ * 16-bit dot product and an and per half (f16bitsLo, f16bitsHi), no rebias multiply: the other
+ * factor is scaled by 2^112 instead. Four operations per eight, where f16ext takes eight.
+ */
+@inline function halves8(p: usize): v128 {
+  const v = v128.load(p);
+  return i8x16.shuffle(v, v, 0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15);
+}
+
+/** f16bits' pattern of the f16 h (low 16 bits), as f32: its value times 2^-112, exactly. */
+@inline function f16bits1(h: u32): f32 {
+  return reinterpret<f32>(((<i32>(h << 16)) >> 3) & 0x8fffe000);
+}
+
+/**
+ * streamScores with the query's groups of four scaled by 2^112 at qx (scaleHeads): each product
+ * of a scaled query element and an f16bits pattern is the same real number as q * k, so rounds
+ * the same, and every sum is the same. Each q chunk is loaded once for four positions. The last
+ * group of four (hd % 8 >= 4) and the tail take q itself and k made f32 (as streamScores).
+ */
+function streamScoresX(
+  q: usize,
+  qx: usize,
+  att: usize,
+  attStep: usize,
+  len: i32,
+  table: usize,
+  layerOff: usize,
+  B: i32,
+  nKv: i32,
+  kvMul: i32,
+  hd: i32,
+  g0: i32,
+  g1: i32,
+): void {
+  const hd4 = hd & ~3;
+  const hd8 = hd & ~7;
+  const sqrtHd = Mathf.sqrt(<f32>hd);
+  const slotBytes = <usize>(nKv * hd) << 1;
+  const nb = (len + B - 1) / B;
+  // A whole sequence's piece (a batch) touches the next block's K and V sections whole; a piece
+  // of a few KV heads (a small batch shared by the threads) only its heads' bytes of each slot,
+  // leaving the other heads' lines to their own threads.
+  const whole = g0 == 0 && g1 == nKv;
+  const sectionLines = whole ? (B * nKv * hd * 4) >> 6 : 0;
+  const from = <usize>(g0 * hd) << 1;
+  const to = <usize>(g1 * hd) << 1;
+  const vSection = <usize>B * slotBytes;
+  let touched = 0;
+  for (let t0 = 0, b = 0; t0 < len; t0 += B, b++) {
+    const base = blockAt(table, b, layerOff);
+    const m = min(B, len - t0);
+    const ahead = b + 1 < nb ? blockAt(table, b + 1, layerOff) : 0;
+    const mAhead = min(B, len - t0 - B);
+    const perGroup = (sectionLines * 4 + B - 1) / B + 1;
+    for (let s = 0, line = 0; s < m; s += 4) {
+      if (ahead != 0 && whole) touched ^= touchLines(ahead, line, min(sectionLines, line + perGroup));
+      else if (ahead != 0) touched ^= touchSlots(ahead, s, min(s + 4, mAhead), slotBytes, from, to, vSection);
+      line += perGroup;
+      // As in streamScores: a short last group reads slots inside the block and stores nothing past `live`.
+      const live = min(4, m - s);
+      const k0 = base + <usize>s * slotBytes;
+      const k1 = k0 + (live > 1 ? slotBytes : 0);
+      const k2 = k0 + (live > 2 ? 2 * slotBytes : 0);
+      const k3 = k0 + (live > 3 ? 3 * slotBytes : 0);
+      for (let g = g0; g < g1; g++) {
+        const ko = <usize>(g * hd) << 1;
+        for (let hh = 0; hh < kvMul; hh++) {
+          const h = g * kvMul + hh;
+          const qo = <usize>(h * hd) << 2;
+          let a0 = f32x4.splat(0);
+          let a1 = a0;
+          let a2 = a0;
+          let a3 = a0;
+          for (let i = 0; i < hd8; i += 8) {
+            const x0 = ld(qx + qo, i);
+            const x1 = ld(qx + qo, i + 4);
+            const e = ko + (<usize>i << 1);
+            let v = halves8(k0 + e);
+            a0 = f32x4.add(f32x4.add(a0, f32x4.mul(x0, f16bitsLo(v))), f32x4.mul(x1, f16bitsHi(v)));
+            v = halves8(k1 + e);
+            a1 = f32x4.add(f32x4.add(a1, f32x4.mul(x0, f16bitsLo(v))), f32x4.mul(x1, f16bitsHi(v)));
+            v = halves8(k2 + e);
+            a2 = f32x4.add(f32x4.add(a2, f32x4.mul(x0, f16bitsLo(v))), f32x4.mul(x1, f16bitsHi(v)));
+            v = halves8(k3 + e);
+            a3 = f32x4.add(f32x4.add(a3, f32x4.mul(x0, f16bitsLo(v))), f32x4.mul(x1, f16bitsHi(v)));
+          }
+          const qp = q + qo;
+          if (hd8 < hd4) {
+            const x = ld(qp, hd8);
+            a0 = f32x4.add(a0, f32x4.mul(x, kv4(k0 + ko, hd8)));
+            a1 = f32x4.add(a1, f32x4.mul(x, kv4(k1 + ko, hd8)));
+            a2 = f32x4.add(a2, f32x4.mul(x, kv4(k2 + ko, hd8)));
+            a3 = f32x4.add(a3, f32x4.mul(x, kv4(k3 + ko, hd8)));
+          }
+          const at = att + <usize>h * attStep + (<usize>(t0 + s) << 2);
+          store<f32>(at, scoreTail(fold(a0), qp, k0 + ko, hd4, hd) / sqrtHd);
+          if (live > 1) store<f32>(at + 4, scoreTail(fold(a1), qp, k1 + ko, hd4, hd) / sqrtHd);
+          if (live > 2) store<f32>(at + 8, scoreTail(fold(a2), qp, k2 + ko, hd4, hd) / sqrtHd);
+          if (live > 3) store<f32>(at + 12, scoreTail(fold(a3), qp, k3 + ko, hd4, hd) / sqrtHd);
+        }
+      }
+    }
+  }
+  // Stored so the touching loads are not dead code (the scaled query is not read again).
+  store<i32>(qx, touched);
+}
+
+/**
+ * Loads one word of each 64-byte line l0 .. l1 from p (their xor, which nothing uses): the next
+ * block's K and V, spread over this block's groups of four positions, so its lines are on their way from
+ * memory while this block's scores are computed. WebAssembly has no prefetch, and the hardware's
+ * stops at every block (the blocks lie anywhere in the slab) and every page: on K/V that has left
+ * the caches (a batch's, behind a layer's weights) 1.27x, on K/V in cache 1.2x (8 sequences of
+ * 140 positions, TinyStories heads).
+ */
+@inline function touchLines(p: usize, l0: i32, l1: i32): i32 {
+  let x = 0;
+  for (let l = l0; l < l1; l++) x ^= load<i32>(p + (<usize>l << 6));
+  return x;
+}
+
+/**
+ * touchLines for a piece of a few heads: one word of each line holding bytes from .. to of the
+ * next block's slots s0 .. s1 in its K section at p and its V section vSection further.
+ */
+@inline function touchSlots(p: usize, s0: i32, s1: i32, slotBytes: usize, from: usize, to: usize, vSection: usize): i32 {
+  let x = 0;
+  for (let s = s0; s < s1; s++) {
+    const a = p + <usize>s * slotBytes;
+    for (let o = (a + from) & ~63; o < a + to; o += 64) x ^= load<i32>(o) ^ load<i32>(o + vSection);
+  }
+  return x;
 }
 
 /** Row att[h][t] = q_h . k[t] / sqrt(hd) for the heads h of KV heads g0 .. g1 and t < len: four positions at a time. */
@@ -383,39 +561,110 @@ function streamScores(q: usize, att: usize, attStep: usize, len: i32, table: usi
   }
 }
 
-/** out_h = sum over t < len of att[h][t] * v[t] for the heads h of KV heads g0 .. g1, summed in out from +0 in t order. */
+/**
+ * out_h = sum over t < len of att[h][t] * v[t] for the heads h of KV heads g0 .. g1, summed in
+ * out from +0 in t order, att scaled by 2^112 (scaleRow) against V's f16bits patterns (halves8):
+ * each product the same real number as att * v. Four positions at a time go through each chunk
+ * of out between its load and its store (the adds still one position after another).
+ */
 function streamValues(out: usize, att: usize, attStep: usize, len: i32, table: usize, vOff: usize, B: i32, nKv: i32, kvMul: i32, hd: i32, g0: i32, g1: i32): void {
-  const hd4 = hd & ~3;
   const slotBytes = <usize>(nKv * hd) << 1;
   for (let h = g0 * kvMul; h < g1 * kvMul; h++) {
     const o = out + (<usize>(h * hd) << 2);
     for (let i = 0; i < hd; i++) store<f32>(o + (<usize>i << 2), 0);
   }
   for (let t0 = 0, b = 0; t0 < len; t0 += B, b++) {
-    let p = blockAt(table, b, vOff);
+    const p = blockAt(table, b, vOff);
     const m = min(B, len - t0);
-    for (let s = 0; s < m; s++, p += slotBytes) {
-      const t = t0 + s;
+    let s = 0;
+    for (; s + 4 <= m; s += 4) {
+      const vp = p + <usize>s * slotBytes;
       for (let g = g0; g < g1; g++) {
-        const vp = p + (<usize>(g * hd) << 1);
         for (let hh = 0; hh < kvMul; hh++) {
           const h = g * kvMul + hh;
-          const ap = att + <usize>h * attStep + (<usize>t << 2);
-          const a = v128.load32_splat(ap);
-          const o = out + (<usize>(h * hd) << 2);
-          let i = 0;
-          for (; i + 8 <= hd4; i += 8) {
-            const v = v128.load(vp + (<usize>i << 1));
-            v128.store(o + (<usize>i << 2), f32x4.add(ld(o, i), f32x4.mul(a, kv8lo(v))));
-            v128.store(o + (<usize>i << 2), f32x4.add(ld(o, i + 4), f32x4.mul(a, kv8hi(v))), 16);
-          }
-          if (i < hd4) v128.store(o + (<usize>i << 2), f32x4.add(ld(o, i), f32x4.mul(a, kv4(vp, i))));
-          const a1 = load<f32>(ap);
-          for (let i = hd4; i < hd; i++) store<f32>(o + (<usize>i << 2), load<f32>(o + (<usize>i << 2)) + a1 * f16ToF32(<u32>load<u16>(vp + (<usize>i << 1))));
+          streamValues4(out + (<usize>(h * hd) << 2), att + <usize>h * attStep + (<usize>(t0 + s) << 2), vp + (<usize>(g * hd) << 1), slotBytes, hd);
+        }
+      }
+    }
+    for (; s < m; s++) {
+      const vp = p + <usize>s * slotBytes;
+      for (let g = g0; g < g1; g++) {
+        for (let hh = 0; hh < kvMul; hh++) {
+          const h = g * kvMul + hh;
+          streamValues1(out + (<usize>(h * hd) << 2), att + <usize>h * attStep + (<usize>(t0 + s) << 2), vp + (<usize>(g * hd) << 1), hd);
         }
       }
     }
   }
+}
+
+/** o[i] += a'[u] * v_u[i] for the four positions u = 0..3 in order (a' at ap, v_u at vp + u * slotBytes), every i < hd. */
+@inline function streamValues4(o: usize, ap: usize, vp: usize, slotBytes: usize, hd: i32): void {
+  const hd4 = hd & ~3;
+  const hd8 = hd & ~7;
+  const c0 = v128.load32_splat(ap);
+  const c1 = v128.load32_splat(ap, 4);
+  const c2 = v128.load32_splat(ap, 8);
+  const c3 = v128.load32_splat(ap, 12);
+  const v1 = vp + slotBytes;
+  const v2 = v1 + slotBytes;
+  const v3 = v2 + slotBytes;
+  for (let i = 0; i < hd8; i += 8) {
+    const e = <usize>i << 1;
+    let lo = ld(o, i);
+    let hi = ld(o, i + 4);
+    let v = halves8(vp + e);
+    lo = f32x4.add(lo, f32x4.mul(c0, f16bitsLo(v)));
+    hi = f32x4.add(hi, f32x4.mul(c0, f16bitsHi(v)));
+    v = halves8(v1 + e);
+    lo = f32x4.add(lo, f32x4.mul(c1, f16bitsLo(v)));
+    hi = f32x4.add(hi, f32x4.mul(c1, f16bitsHi(v)));
+    v = halves8(v2 + e);
+    lo = f32x4.add(lo, f32x4.mul(c2, f16bitsLo(v)));
+    hi = f32x4.add(hi, f32x4.mul(c2, f16bitsHi(v)));
+    v = halves8(v3 + e);
+    lo = f32x4.add(lo, f32x4.mul(c3, f16bitsLo(v)));
+    hi = f32x4.add(hi, f32x4.mul(c3, f16bitsHi(v)));
+    v128.store(o + (<usize>i << 2), lo);
+    v128.store(o + (<usize>i << 2), hi, 16);
+  }
+  if (hd8 < hd4) {
+    let a = ld(o, hd8);
+    a = f32x4.add(a, f32x4.mul(c0, kv4bits(vp, hd8)));
+    a = f32x4.add(a, f32x4.mul(c1, kv4bits(v1, hd8)));
+    a = f32x4.add(a, f32x4.mul(c2, kv4bits(v2, hd8)));
+    a = f32x4.add(a, f32x4.mul(c3, kv4bits(v3, hd8)));
+    v128.store(o + (<usize>hd8 << 2), a);
+  }
+  for (let i = hd4; i < hd; i++) {
+    const e = <usize>i << 1;
+    let a = load<f32>(o + (<usize>i << 2));
+    a += load<f32>(ap) * f16bits1(<u32>load<u16>(vp + e));
+    a += load<f32>(ap, 4) * f16bits1(<u32>load<u16>(v1 + e));
+    a += load<f32>(ap, 8) * f16bits1(<u32>load<u16>(v2 + e));
+    a += load<f32>(ap, 12) * f16bits1(<u32>load<u16>(v3 + e));
+    store<f32>(o + (<usize>i << 2), a);
+  }
+}
+
+/** o[i] += a' * v[i] for one position (a' at ap, v at vp), every i < hd. */
+@inline function streamValues1(o: usize, ap: usize, vp: usize, hd: i32): void {
+  const hd4 = hd & ~3;
+  const hd8 = hd & ~7;
+  const c = v128.load32_splat(ap);
+  for (let i = 0; i < hd8; i += 8) {
+    const v = halves8(vp + (<usize>i << 1));
+    v128.store(o + (<usize>i << 2), f32x4.add(ld(o, i), f32x4.mul(c, f16bitsLo(v))));
+    v128.store(o + (<usize>i << 2), f32x4.add(ld(o, i + 4), f32x4.mul(c, f16bitsHi(v))), 16);
+  }
+  if (hd8 < hd4) v128.store(o + (<usize>hd8 << 2), f32x4.add(ld(o, hd8), f32x4.mul(c, kv4bits(vp, hd8))));
+  const a = load<f32>(ap);
+  for (let i = hd4; i < hd; i++) store<f32>(o + (<usize>i << 2), load<f32>(o + (<usize>i << 2)) + a * f16bits1(<u32>load<u16>(vp + (<usize>i << 1))));
+}
+
+/** Four f16 at p + 2i as f16bits' patterns (kv4 without its rebias). */
+@inline function kv4bits(p: usize, i: i32): v128 {
+  return v128.and(i32x4.shr_s(top16x4(p + (<usize>i << 1)), 3), i32x4.splat(0x8fffe000));
 }
 
 /**

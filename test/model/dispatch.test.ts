@@ -1,0 +1,95 @@
+import { describe, expect, test } from "bun:test";
+import { decodeHeadsPerPiece } from "../../src/model/attention-pieces.ts";
+import { MatmulKernel, matmulRef } from "../../src/model/matmul.ts";
+import { castMatrix, dequantize, type Matrix } from "../../src/model/packed.ts";
+import { bits } from "./helpers.ts";
+
+// Big enough that every call is split over the threads (SPLIT_MACS) into many chunks.
+const N = 96;
+const D = 1000;
+
+function weights(d: number, n: number, seed: number): Float32Array {
+  return new Float32Array(d * n).map((_, i) => Math.sin(i * 0.731 + seed) * 0.5);
+}
+
+function input(rows: number, n: number, seed: number): Float32Array {
+  return new Float32Array(rows * n).map((_, i) => Math.cos(i * 0.37 + seed) * 2);
+}
+
+/** The fixed-order reference of y = x W^T (16-bit weights made f32 first, which is exact). */
+function want(w: Matrix, x: Float32Array, rows: number, n: number, d: number): number[] {
+  const y = new Float32Array(rows * d);
+  matmulRef(y, x, w instanceof Float32Array ? w : dequantize(w), 0, rows, n, d);
+  return bits(y);
+}
+
+describe("dispatch", () => {
+  test("the_caller_finishes_a_dispatch_alone_when_no_helper_has_started", () => {
+    // Right after construction no helper has instantiated the kernels yet: the caller takes its
+    // own range, then steals every chunk of theirs, and the dispatch ends without them.
+    const w = weights(D, N, 1);
+    const k = new MatmulKernel([{ matrix: w, cols: N }], { threads: 3 });
+    try {
+      for (const rows of [1, 3, 8]) {
+        const x = input(rows, N, rows);
+        const y = new Float32Array(rows * D);
+        k.matmul(y, x, k.views[0]!, 0, rows, N, D);
+        expect(bits(y)).toEqual(want(w, x, rows, N, D));
+      }
+    } finally {
+      k.close();
+    }
+  });
+
+  test("back_to_back_dispatches_of_changing_shapes_give_the_reference_bits_on_every_thread_count", async () => {
+    // Helpers still looking for chunks of one dispatch while the next is written must never
+    // compute from a half-written job: thousands of dispatches, each a different shape, dtype
+    // or row offset from the last, checked bit for bit.
+    const mats: Matrix[] = [weights(D, N, 2), castMatrix(weights(640, 128, 3), "f16", 128), castMatrix(weights(512, 64, 4), "bf16", 64)];
+    const shapes = [
+      { m: 0, n: N, d: D, rows: 1 },
+      { m: 1, n: 128, d: 640, rows: 2 },
+      { m: 2, n: 64, d: 512, rows: 8 },
+      { m: 0, n: N, d: 512, rows: 3 },
+    ];
+    const wants = shapes.map((s) => want(mats[s.m]!, input(s.rows, s.n, s.m), s.rows, s.n, s.d));
+    for (const threads of [2, 3]) {
+      const k = new MatmulKernel(
+        mats.map((m, i) => ({ matrix: m, cols: shapes.find((s) => s.m === i)!.n })),
+        { threads },
+      );
+      try {
+        await k.ready();
+        const xs = shapes.map((s) => {
+          const x = k.alloc(s.rows * s.n);
+          x.set(input(s.rows, s.n, s.m));
+          return x;
+        });
+        const ys = shapes.map((s) => k.alloc(s.rows * s.d));
+        for (let i = 0; i < 2000; i++) {
+          const j = (i * 7) % shapes.length;
+          const s = shapes[j]!;
+          ys[j]!.fill(Number.NaN);
+          k.matmul(ys[j]!, xs[j]!, k.views[s.m]!, 0, s.rows, s.n, s.d);
+          if (i % 97 === 0 || i >= 1996) expect(bits(ys[j]!)).toEqual(wants[j]!);
+        }
+        expect(k.splitCalls).toBeGreaterThan(0);
+      } finally {
+        k.close();
+      }
+    }
+  });
+});
+
+describe("attention pieces", () => {
+  test("a_decoding_sequence_is_cut_into_as_few_pieces_as_keep_every_thread_busy", () => {
+    expect(decodeHeadsPerPiece(6, 1, 1)).toBe(6);
+    expect(decodeHeadsPerPiece(6, 1, 2)).toBe(3);
+    expect(decodeHeadsPerPiece(6, 1, 3)).toBe(2);
+    expect(decodeHeadsPerPiece(6, 2, 2)).toBe(6);
+    expect(decodeHeadsPerPiece(6, 3, 2)).toBe(3);
+    expect(decodeHeadsPerPiece(6, 8, 2)).toBe(6);
+    expect(decodeHeadsPerPiece(1, 1, 4)).toBe(1);
+    expect(decodeHeadsPerPiece(32, 1, 3)).toBe(11);
+  });
+});
