@@ -1,7 +1,7 @@
 import assert from "node:assert";
-import { choiceSeed, maskStops, processLogits, resumeRng, sample, stream, SAMPLE_STREAM, tokenLogprobs, type TokenLogprobs } from "../rng/index.ts";
+import { choiceSeed, maskStops, Pcg32, processLogits, resumeRng, sample, stream, SAMPLE_STREAM, tokenLogprobs, type TokenLogprobs } from "../rng/index.ts";
 import type { KvPool } from "../pool/index.ts";
-import { type ModelRunner, prevToken, type SeqChunk } from "./model-runner.ts";
+import { type ModelRunner, prevToken, type RowSampling, type SeqChunk } from "./model-runner.ts";
 import { Sequence, type Finish, type FinishReason, type SamplingParams } from "./sequence.ts";
 
 /** One sequence's share of a step: n tokens from its numComputed. */
@@ -21,11 +21,11 @@ interface InFlight {
 interface StepPlan {
   planned: Planned[];
   batch: SeqChunk[];
-  /** Rows the model samples itself (a pipelined model; greedy rows only, see modelSamples). */
-  greedy: boolean[];
+  /** Per row: how the model samples it itself, or null (a pipelined model; see modelSamples). */
+  sampling: (RowSampling | null)[];
   /** Where forward writes the logits, one row per chunk. */
   logits: Float32Array;
-  /** The tokens the model sampled for the greedy rows, once the forward settled. */
+  /** The tokens the model sampled for those rows, once the forward settled. */
   sampled: Int32Array | null;
   /** Blocks given back while this step ran, released when it settles. */
   readonly deferred: number[];
@@ -83,7 +83,7 @@ export interface EngineStats {
  * recompute draws nothing, so its tokens stay the same).
  *
  * A model on another thread makes the forward asynchronous; the engine keeps serving meanwhile.
- * Such a model may also be pipelined: while a step of greedy decodes runs, the next one is posted
+ * Such a model may also be pipelined: while a step of decodes runs, the next one is posted
  * (planAhead), its tokens named as "what the model samples for row r", so the model thread goes
  * from one forward to the next without waiting on this thread.
  * Invariant: every block of a sequence in an in-flight batch stays referenced until that forward
@@ -328,14 +328,14 @@ export class Engine {
       startPos: seq.numComputed,
       tokens: seq.tokens.slice(seq.numComputed, seq.numComputed + n),
     }));
-    return this.stepPlan(planned, batch, (seq, n) => this.modelSamples(seq, seq.numComputed + n === seq.tokens.length, 0));
+    return this.stepPlan(planned, batch, (seq, n) => this.modelSamples(seq, seq.numComputed + n === seq.tokens.length, 0), 0);
   }
 
   /**
    * The step after the newest one in flight (queue: every step not yet postprocessed, oldest
    * first), planned while they run, or null: every running sequence decodes one more token, the
    * one the model samples for it in that newest step. Only when that is what plan() would
-   * schedule once they settle (nothing waiting, every running sequence in it, greedy-sampled there
+   * schedule once they settle (nothing waiting, every running sequence in it, sampled there
    * by the model, none sure to finish at one of the tokens in flight) and blocks need no
    * preemption. A sequence that stops before (EOS, a stop token, a cancel) has its row skipped.
    */
@@ -349,7 +349,7 @@ export class Engine {
     for (let i = 0; i < n; i++) {
       const seq = last.planned[i]!.seq;
       const ends = seq.outputCount + coming >= seq.sampling.maxTokens || seq.tokens.length + coming >= this.maxModelLen;
-      if (seq.state !== "running" || seq.prefillOnly || !last.greedy[i] || ends) return null;
+      if (seq.state !== "running" || seq.prefillOnly || last.sampling[i] === null || ends) return null;
     }
     for (let i = 0; i < n; i++) {
       const seq = last.planned[i]!.seq;
@@ -361,25 +361,29 @@ export class Engine {
     }
     const planned: Planned[] = last.planned.map(({ seq }) => ({ seq, n: 1 }));
     const batch: SeqChunk[] = planned.map(({ seq }, r) => ({ blockTable: seq.blockTable, startPos: seq.tokens.length + coming - 1, tokens: [prevToken(r)] }));
-    const plan = this.stepPlan(planned, batch, (seq) => this.modelSamples(seq, true, coming));
+    const plan = this.stepPlan(planned, batch, (seq) => this.modelSamples(seq, true, coming), coming);
     plan.ahead = true;
     return plan;
   }
 
-  /** A plan over `batch`; a pipelined model samples the rows `modelSamples` picks. */
-  private stepPlan(planned: Planned[], batch: SeqChunk[], modelSamples: (seq: Sequence, n: number) => boolean): StepPlan {
-    const greedy = planned.map(({ seq, n }) => this.model.forwardPipelined !== undefined && modelSamples(seq, n));
-    return { planned, batch, greedy, logits: this.logits, sampled: null, deferred: [], ahead: false };
+  /**
+   * A plan over `batch`; a pipelined model samples the rows `modelSamples` picks, from the
+   * request's stream as it will stand `ahead` tokens on (each of them one draw, when it draws).
+   */
+  private stepPlan(planned: Planned[], batch: SeqChunk[], modelSamples: (seq: Sequence, n: number) => boolean, ahead: number): StepPlan {
+    const pipelined = this.model.forwardPipelined !== undefined;
+    const sampling = planned.map(({ seq, n }) => (pipelined && modelSamples(seq, n) ? { cfg: seq.sampling, rng: seq.rng && drawn(seq.rng, ahead) } : null));
+    return { planned, batch, sampling, logits: this.logits, sampled: null, deferred: [], ahead: false };
   }
 
   /**
    * The model may sample seq's next token itself when the step samples it (`samples`) and
-   * sampleNext would take the argmax of the raw logits: greedy, no logits processing, no
+   * sampleNext would sample the raw logits with the request's stream: no logits processing, no
    * min_tokens mask, one choice (`ahead` tokens are appended before this one: the mask counts them).
    */
   private modelSamples(seq: Sequence, samples: boolean, ahead: number): boolean {
     const s = seq.sampling;
-    return samples && s.temperature === 0 && seq.processing === null && seq.prefillChoices === 1 && seq.outputCount + ahead >= (s.minTokens ?? 0);
+    return samples && seq.processing === null && seq.prefillChoices === 1 && seq.outputCount + ahead >= (s.minTokens ?? 0);
   }
 
   /** The model runner's half: one forward over the plan's batch into its logits buffer (a promise when it runs elsewhere). */
@@ -392,7 +396,7 @@ export class Engine {
     this.stats.steps++;
     if (this.model.forwardPipelined) {
       // A prefill's first token streams at once; decodes planned ahead may stream in pairs.
-      const pending = this.model.forwardPipelined(this.pool, plan.batch, plan.logits, plan.greedy, plan.ahead);
+      const pending = this.model.forwardPipelined(this.pool, plan.batch, plan.logits, plan.sampling, plan.ahead);
       // A step posted ahead may fail before step() awaits it (its failure is the one before's).
       pending.catch(() => {});
       return pending;
@@ -420,7 +424,7 @@ export class Engine {
       seq.numComputed += n;
       this.markComputed(seq, from, B);
       if (seq.numComputed < seq.tokens.length) continue;
-      const sampled = plan.greedy[i] ? plan.sampled![i]! : -1;
+      const sampled = plan.sampling[i] ? plan.sampled![i]! : -1;
       this.sampleNext(seq, plan.logits.subarray(i * V, (i + 1) * V), sampled);
     }
   }
@@ -444,6 +448,8 @@ export class Engine {
         maskStops(logits, s.stopTokenIds);
       }
     }
+    // The model drew its one uniform from a copy of the stream: this one takes the same draw.
+    if (sampled >= 0) seq.rng?.uniformF64();
     const token = sampled >= 0 ? sampled : sample(logits, s, seq.rng);
     if (seq.rng) seq.draws++;
     // One prefill for n choices: the others' first tokens come from the same logits, each
@@ -613,4 +619,12 @@ export class Engine {
       if (this.pool.hashOf(id) === 0n) this.pool.register(id, seq.hashes[b]!);
     }
   }
+}
+
+/** `rng` as it will stand after `draws` more uniform draws (itself when none). */
+function drawn(rng: Pcg32, draws: number): Pcg32 {
+  if (draws === 0) return rng;
+  const copy = Pcg32.fromState(rng.state, rng.inc);
+  for (let i = 0; i < draws; i++) copy.uniformF64();
+  return copy;
 }

@@ -66,4 +66,4 @@ export {
 export { holdWeights } from "./held-weights.ts";
 export { ModelWorker } from "./model-worker.ts";
 export { prevToken } from "./model-worker-protocol.ts";
-export type { LoadedInfo, ModelThreadOptions } from "./model-worker-protocol.ts";
+export type { LoadedInfo, ModelThreadOptions, RowSampling } from "./model-worker-protocol.ts";

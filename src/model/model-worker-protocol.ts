@@ -1,4 +1,5 @@
 import type { KvShape } from "../codec/index.ts";
+import { Pcg32, type SamplingConfig } from "../rng/index.ts";
 import type { ModelConfig } from "./config.ts";
 import type { DType } from "./packed.ts";
 import type { KvSlab, SeqChunk } from "./transformer.ts";
@@ -10,7 +11,7 @@ import type { WeightStats } from "./assemble-weights.ts";
  * A step crosses by shared memory alone: the engine writes the plan of step `gen` into the plan
  * buffer of slot slotOf(gen), then bumps ctrl[GEN] (Atomics.notify); the model thread runs every
  * gen in order over the shared KV slab, writes the logits into that slot's logits buffer (and,
- * after them in the same buffer, the tokens of the rows the plan asks it to greedy-sample), then
+ * after them in the same buffer, the tokens of the rows the plan asks it to sample itself), then
  * sets ctrl[DONE] = gen. SLOTS slots let the engine post the steps after gen while gen runs: a
  * token written prevToken(r) is row r's sampled token of the step before, which the model thread
  * fills in itself. Only the model thread writes a logits buffer, so the engine may reuse a plan
@@ -53,7 +54,7 @@ export function slotOf(gen: number): number {
   return gen & (SLOTS - 1);
 }
 
-/** A chunk token that stands for row `row`'s greedy-sampled token of the step before. */
+/** A chunk token that stands for the token the model sampled for row `row` in the step before. */
 export function prevToken(row: number): number {
   return -1 - row;
 }
@@ -118,13 +119,29 @@ export function planInts(batch: readonly SeqChunk[], blockTokens: number): numbe
   let n = 1;
   for (let s = 0; s < batch.length; s++) {
     const c = batch[s]!;
-    n += 4 + c.tokens.length + blocksOf(c, blockTokens);
+    n += ROW_INTS + c.tokens.length + blocksOf(c, blockTokens);
   }
   return n;
 }
 
-/** [nSeq, then per chunk: startPos, nTokens, nBlocks, greedy, tokens..., blockIds...] */
-export function writePlan(plan: Int32Array, batch: readonly SeqChunk[], blockTokens: number, greedy?: readonly boolean[]): void {
+/**
+ * How the model samples a row itself: the request's settings and, when they draw (temperature >
+ * 0), the sample stream as it stands at that token (the model draws from a copy).
+ */
+export interface RowSampling {
+  cfg: SamplingConfig;
+  rng: Pcg32 | null;
+}
+
+/** kind (0 none, 1 without a stream, 2 with one), temperature and top_p as f64 bits, top_k, the stream's state and increment halves. */
+const SAMPLING_INTS = 10;
+/** A chunk's header: startPos, nTokens, nBlocks, then its RowSampling. */
+const ROW_INTS = 3 + SAMPLING_INTS;
+const f64 = new Float64Array(1);
+const f64Ints = new Int32Array(f64.buffer);
+
+/** [nSeq, then per chunk: its ROW_INTS header, tokens..., blockIds...] */
+export function writePlan(plan: Int32Array, batch: readonly SeqChunk[], blockTokens: number, sampling?: readonly (RowSampling | null)[]): void {
   plan[0] = batch.length;
   let o = 1;
   for (let s = 0; s < batch.length; s++) {
@@ -134,8 +151,8 @@ export function writePlan(plan: Int32Array, batch: readonly SeqChunk[], blockTok
     plan[o] = c.startPos;
     plan[o + 1] = nt;
     plan[o + 2] = nb;
-    plan[o + 3] = greedy?.[s] ? 1 : 0;
-    o += 4;
+    writeSampling(plan, o + 3, sampling?.[s] ?? null);
+    o += ROW_INTS;
     for (let t = 0; t < nt; t++) plan[o + t] = c.tokens[t]!;
     o += nt;
     for (let b = 0; b < nb; b++) plan[o + b] = c.blockTable[b]!;
@@ -143,9 +160,43 @@ export function writePlan(plan: Int32Array, batch: readonly SeqChunk[], blockTok
   }
 }
 
+function writeSampling(plan: Int32Array, o: number, r: RowSampling | null): void {
+  plan.fill(0, o, o + SAMPLING_INTS);
+  if (r === null) return;
+  plan[o] = r.rng ? 2 : 1;
+  f64[0] = r.cfg.temperature;
+  plan[o + 1] = f64Ints[0]!;
+  plan[o + 2] = f64Ints[1]!;
+  f64[0] = r.cfg.topP;
+  plan[o + 3] = f64Ints[0]!;
+  plan[o + 4] = f64Ints[1]!;
+  plan[o + 5] = r.cfg.topK | 0;
+  if (r.rng === null) return;
+  const state = r.rng.state;
+  const inc = r.rng.inc;
+  plan[o + 6] = Number(state >> 32n) | 0;
+  plan[o + 7] = Number(state & 0xffff_ffffn) | 0;
+  plan[o + 8] = Number(inc >> 32n) | 0;
+  plan[o + 9] = Number(inc & 0xffff_ffffn) | 0;
+}
+
+function readSampling(plan: Int32Array, o: number): RowSampling | null {
+  const kind = plan[o]!;
+  if (kind === 0) return null;
+  f64Ints[0] = plan[o + 1]!;
+  f64Ints[1] = plan[o + 2]!;
+  const temperature = f64[0]!;
+  f64Ints[0] = plan[o + 3]!;
+  f64Ints[1] = plan[o + 4]!;
+  const cfg = { temperature, topP: f64[0]!, topK: plan[o + 5]! >>> 0 };
+  if (kind === 1) return { cfg, rng: null };
+  const u64 = (hi: number, lo: number) => (BigInt(hi >>> 0) << 32n) | BigInt(lo >>> 0);
+  return { cfg, rng: Pcg32.fromState(u64(plan[o + 6]!, plan[o + 7]!), u64(plan[o + 8]!, plan[o + 9]!)) };
+}
+
 /**
  * A slot's logits buffer for `rows` rows of `vocab` logits, then `rows` Int32 sampled tokens
- * (the model's greedy token of each row, -1 where it sampled none).
+ * (the token the model sampled for each row, -1 where it sampled none).
  */
 export function logitsBufferBytes(rows: number, vocab: number): number {
   return rows * (vocab + 1) * 4;
@@ -160,8 +211,8 @@ export function logitsViews(buffer: SharedArrayBuffer, vocab: number): { logits:
 /** A plan as the model thread reads it: its chunks as views into it (valid until the next plan of its slot). */
 export interface ReadPlan {
   chunks: SeqChunk[];
-  /** Per chunk: the model greedy-samples its row. */
-  greedy: boolean[];
+  /** Per chunk: how the model samples its row, or null. */
+  sampling: (RowSampling | null)[];
 }
 
 /**
@@ -171,14 +222,14 @@ export interface ReadPlan {
 export function readPlan(plan: Int32Array, prev: Int32Array | null, into: ReadPlan): ReadPlan {
   const n = plan[0]!;
   into.chunks.length = n;
-  into.greedy.length = n;
+  into.sampling.length = n;
   let o = 1;
   for (let s = 0; s < n; s++) {
     const startPos = plan[o]!;
     const nt = plan[o + 1]!;
     const nb = plan[o + 2]!;
-    into.greedy[s] = plan[o + 3] === 1;
-    o += 4;
+    into.sampling[s] = readSampling(plan, o + 3);
+    o += ROW_INTS;
     const tokens = plan.subarray(o, o + nt);
     for (let t = 0; t < nt; t++) if (tokens[t]! < 0) tokens[t] = previousToken(prev, -1 - tokens[t]!);
     o += nt;

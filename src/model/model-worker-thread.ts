@@ -35,8 +35,7 @@ const logits: Float32Array[] = Array.from({ length: SLOTS }, () => new Float32Ar
 const sampled: Int32Array[] = Array.from({ length: SLOTS }, () => new Int32Array(0));
 let version = 0;
 let buffersArrived: (() => void) | null = null;
-const read: ReadPlan = { chunks: [], greedy: [] };
-const GREEDY = { temperature: 0, topP: 1, topK: 0 };
+const read: ReadPlan = { chunks: [], sampling: [] };
 
 self.onmessage = (e) => {
   const m = e.data;
@@ -104,7 +103,7 @@ async function serve(t: Transformer): Promise<void> {
       const p = readPlan(plans[slot]!, prev, read);
       prev = null;
       t.forward(pool, p.chunks, logits[slot]!);
-      sampleGreedy(p, logits[slot]!, sampled[slot]!, t.cfg.vocabSize);
+      sampleRows(p, logits[slot]!, sampled[slot]!, t.cfg.vocabSize);
       prev = sampled[slot]!;
     } catch (e) {
       writeError(ctrl, slot, e instanceof Error ? e.message : String(e));
@@ -117,7 +116,10 @@ async function serve(t: Transformer): Promise<void> {
   }
 }
 
-/** The greedy rows' tokens, by the sampler the engine itself samples with. */
-function sampleGreedy(p: ReadPlan, out: Float32Array, tokens: Int32Array, V: number): void {
-  for (let r = 0; r < p.chunks.length; r++) tokens[r] = p.greedy[r] ? sample(out.subarray(r * V, (r + 1) * V), GREEDY, null) : -1;
+/** The tokens of the rows the plan samples, by the sampler the engine itself samples with. */
+function sampleRows(p: ReadPlan, out: Float32Array, tokens: Int32Array, V: number): void {
+  for (let r = 0; r < p.chunks.length; r++) {
+    const s = p.sampling[r];
+    tokens[r] = s ? sample(out.subarray(r * V, (r + 1) * V), s.cfg, s.rng) : -1;
+  }
 }

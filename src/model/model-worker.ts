@@ -14,6 +14,7 @@ import {
   type ModelThreadOptions,
   planInts,
   readError,
+  type RowSampling,
   SLOTS,
   slotOf,
   type ToModelThread,
@@ -34,7 +35,7 @@ interface Pending {
   /** The caller's logits buffer when it is not the shared one: copied into on completion. */
   out: Float32Array | null;
   nLogits: number;
-  /** The greedy rows' tokens, once the step is done. */
+  /** The sampled rows' tokens, once the step is done. */
   sampled: Int32Array;
   /** The caller needn't hear of its end before the next forward's (wakeAt). */
   lazy: boolean;
@@ -129,12 +130,12 @@ export class ModelWorker {
 
   /**
    * forward, which may be called again before the one before settles (SLOTS in flight at most):
-   * the rows `greedy` flags are greedy-sampled on the model thread (the sampler's argmax), and the
-   * promise settles with their tokens by row (-1 elsewhere; a view valid until the forward after
-   * next is posted). A chunk token prevToken(r) is row r's sampled token of the forward before.
+   * the rows `sampling` names are sampled on the model thread (by the engine's own sampler), and
+   * the promise settles with their tokens by row (-1 elsewhere; a view valid until that slot's
+   * next forward is posted). A chunk token prevToken(r) is row r's sampled token of the forward before.
    * `lazy`: it may settle together with the next one (see ModelRunner.forwardPipelined).
    */
-  forwardPipelined(pool: KvPool, batch: readonly SeqChunk[], out: Float32Array, greedy?: readonly boolean[], lazy = false): Promise<Int32Array> {
+  forwardPipelined(pool: KvPool, batch: readonly SeqChunk[], out: Float32Array, sampling?: readonly (RowSampling | null)[], lazy = false): Promise<Int32Array> {
     if (this.dead) return Promise.reject(this.dead);
     assert(this.pending.length < SLOTS, `model worker: ${SLOTS} forwards already in flight (one engine per model thread)`);
     const nLogits = batch.length * this.vocabSize;
@@ -149,7 +150,7 @@ export class ModelWorker {
       this.plans[slot] = new Int32Array(new SharedArrayBuffer(Math.max(ints, 2 * this.plans[slot]!.length) * 4));
       this.send(slot, { plan: this.plans[slot]!.buffer });
     }
-    writePlan(this.plans[slot]!, batch, pool.shape.blockTokens, greedy);
+    writePlan(this.plans[slot]!, batch, pool.shape.blockTokens, sampling);
     const sampled = this.sampled[slot]!.subarray(0, batch.length);
     this.gen = gen;
     return new Promise<Int32Array>((resolve, reject) => {

@@ -3,10 +3,10 @@
 // of requests shares the batch, and every block back in the pool at the end; and, with a gated
 // stand-in, no block of the step posted ahead handed to anyone before that step settles.
 import { afterAll, describe, expect, test } from "bun:test";
-import { Engine, type EngineRequest, type Finish, type ModelRunner, type SamplingParams, type SeqChunk } from "../../src/engine/index.ts";
+import { Engine, type EngineRequest, type Finish, type ModelRunner, type RowSampling, type SamplingParams, type SeqChunk } from "../../src/engine/index.ts";
 import { kvShapeOf, loadSyntheticModel, ModelWorker, SYNTHETIC_MODEL_NAME, Transformer } from "../../src/model/index.ts";
 import { KvPool } from "../../src/pool/index.ts";
-import { sample } from "../../src/rng/index.ts";
+import { Pcg32, sample } from "../../src/rng/index.ts";
 import { FakeRunner } from "../support/fake-model.ts";
 
 const m = loadSyntheticModel();
@@ -81,6 +81,15 @@ describe("engine over a pipelined model thread", () => {
     expect(got.steps).toBe(40);
   });
 
+  test("seeded decodes sampled on the model thread: the in-thread model's tokens, one forward per token", async () => {
+    const { got } = await expectSame([
+      { requestId: "filtered", promptTokens: prompt(9, 8), sampling: { ...greedy, temperature: 0.8, topK: 40, topP: 0.9, seed: 11n, maxTokens: 30 } },
+      { requestId: "hot", promptTokens: prompt(5, 9), sampling: { ...greedy, temperature: 1.3, seed: 12n, maxTokens: 30, topLogprobs: 1 } },
+    ]);
+    expect(got.finishes.map((f) => f.outputTokens.length)).toEqual([30, 30]);
+    expect(got.steps).toBe(30);
+  });
+
   test("a stop token mid-decode ends it at the same token; the steps posted ahead are dropped", async () => {
     const ref = await run(localRunner, [{ requestId: "a", promptTokens: prompt(5, 1), sampling: greedy }]);
     const stopAt = ref.finishes[0]!.outputTokens[6]!;
@@ -152,10 +161,12 @@ class GatedPipelined implements ModelRunner {
     throw new Error("the engine calls forwardPipelined on a pipelined model");
   }
 
-  forwardPipelined(pool: KvPool, batch: readonly SeqChunk[], out: Float32Array, greedy: readonly boolean[]): Promise<Int32Array> {
+  forwardPipelined(pool: KvPool, batch: readonly SeqChunk[], out: Float32Array, sampling: readonly (RowSampling | null)[]): Promise<Int32Array> {
     this.calls++;
     expect(this.gates.length).toBeLessThan(this.pipelineDepth);
     const copy = batch.map((c) => ({ blockTable: Array.from(c.blockTable), startPos: c.startPos, tokens: Array.from(c.tokens) }));
+    // As a plan is written: the streams as they stand now.
+    const rows = sampling.map((r) => r && { cfg: r.cfg, rng: r.rng && Pcg32.fromState(r.rng.state, r.rng.inc) });
     const logits = new Float32Array(batch.length * this.vocabSize);
     return new Promise<Int32Array>((resolve) => {
       this.gates.push(() => {
@@ -163,7 +174,7 @@ class GatedPipelined implements ModelRunner {
         this.inner.forward(pool, copy, logits);
         out.set(logits);
         const V = this.vocabSize;
-        const sampled = Int32Array.from(copy, (_, r) => (greedy[r] ? sample(logits.subarray(r * V, (r + 1) * V), greedy0, null) : -1));
+        const sampled = Int32Array.from(copy, (_, r) => (rows[r] ? sample(logits.subarray(r * V, (r + 1) * V), rows[r].cfg, rows[r].rng) : -1));
         this.prev = sampled;
         resolve(sampled);
       });
@@ -178,7 +189,6 @@ class GatedPipelined implements ModelRunner {
     this.gates.shift()?.();
   }
 }
-const greedy0 = { temperature: 0, topP: 1, topK: 0 };
 
 describe("engine over a gated pipelined model", () => {
   const shape = { blockTokens: 4, nLayers: 2, nKvHeads: 1, headDim: 4 };

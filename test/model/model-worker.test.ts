@@ -5,6 +5,9 @@ import { kvShapeOf, loadSyntheticModel, ModelWorker, prevToken, type SeqChunk, S
 import { KvPool } from "../../src/pool/index.ts";
 import { sample } from "../../src/rng/index.ts";
 
+/** A row the model greedy-samples itself. */
+const G = { cfg: { temperature: 0, topP: 1, topK: 0 }, rng: null };
+
 const m = loadSyntheticModel();
 const local = new Transformer(m.cfg, m.weights);
 const workers: ModelWorker[] = [];
@@ -126,13 +129,13 @@ describe("ModelWorker", () => {
     const local1 = new Float32Array(2 * V);
     const argmax = (l: Float32Array, r: number) => sample(l.subarray(r * V, (r + 1) * V), { temperature: 0, topP: 1, topK: 0 }, null);
     let batch = tables.map((t, i) => ({ blockTable: t, startPos: 0, tokens: prompt.slice(0, 20 + i) }));
-    let pending = w.forwardPipelined(theirs, batch, w.logitsBuffer(2), [true, false]);
+    let pending = w.forwardPipelined(theirs, batch, w.logitsBuffer(2), [G, null]);
     for (let step = 1; step < 6; step++) {
       local.forward(mine, batch, local1);
       const tokens = [argmax(local1, 0), argmax(local1, 1)];
       // Posted before the step before settles: row 0 names its token, row 1 carries the caller's.
       batch = tables.map((t, i) => ({ blockTable: t, startPos: 20 + i + step - 1, tokens: [i === 0 ? prevToken(0) : tokens[1]!] }));
-      const next = w.forwardPipelined(theirs, batch, w.logitsBuffer(2), [true, true]);
+      const next = w.forwardPipelined(theirs, batch, w.logitsBuffer(2), [G, G]);
       expect(Array.from(await pending)).toEqual(step === 1 ? [tokens[0]!, -1] : tokens);
       pending = next;
       batch[0]!.tokens = [tokens[0]!];
@@ -148,9 +151,9 @@ describe("ModelWorker", () => {
     const long = Array.from({ length: 800 }, (_, i) => 32 + (i % 90));
     const table = Array.from({ length: 100 }, (_, i) => i + 2);
     for (const lazy of [true, false]) {
-      const a = w.forwardPipelined(pool, [{ blockTable: [0], startPos: 0, tokens: [65] }], w.logitsBuffer(1), [true], lazy);
-      const b = w.forwardPipelined(pool, [{ blockTable: table, startPos: 0, tokens: long }], w.logitsBuffer(1), [true]);
-      const c = w.forwardPipelined(pool, [{ blockTable: [1], startPos: 0, tokens: [66] }], w.logitsBuffer(1), [true]);
+      const a = w.forwardPipelined(pool, [{ blockTable: [0], startPos: 0, tokens: [65] }], w.logitsBuffer(1), [G], lazy);
+      const b = w.forwardPipelined(pool, [{ blockTable: table, startPos: 0, tokens: long }], w.logitsBuffer(1), [G]);
+      const c = w.forwardPipelined(pool, [{ blockTable: [1], startPos: 0, tokens: [66] }], w.logitsBuffer(1), [G]);
       await a;
       // b is an 800-token prefill: only a lazy a waits for its end.
       const first = await Promise.race([b.then(() => "b"), Bun.sleep(0).then(() => "a alone")]);
@@ -163,9 +166,9 @@ describe("ModelWorker", () => {
     const w = await start();
     const pool = new KvPool(kvShapeOf(m.cfg, 8), 4, { shared: true });
     // A good greedy step first, so what the failed one's successor must not read is there to read.
-    await w.forwardPipelined(pool, [{ blockTable: [0], startPos: 0, tokens: [65] }], w.logitsBuffer(1), [true]);
-    const bad = w.forwardPipelined(pool, [{ blockTable: [0], startPos: 1, tokens: [9999] }], w.logitsBuffer(1), [true]);
-    const next = w.forwardPipelined(pool, [{ blockTable: [0], startPos: 1, tokens: [prevToken(0)] }], w.logitsBuffer(1), [true]);
+    await w.forwardPipelined(pool, [{ blockTable: [0], startPos: 0, tokens: [65] }], w.logitsBuffer(1), [G]);
+    const bad = w.forwardPipelined(pool, [{ blockTable: [0], startPos: 1, tokens: [9999] }], w.logitsBuffer(1), [G]);
+    const next = w.forwardPipelined(pool, [{ blockTable: [0], startPos: 1, tokens: [prevToken(0)] }], w.logitsBuffer(1), [G]);
     const errors = Promise.all([bad.catch((e: Error) => e.message), next.catch((e: Error) => e.message)]);
     const filler = () => w.forwardPipelined(pool, [{ blockTable: [1], startPos: 0, tokens: [65] }], w.logitsBuffer(1));
     const fillers = [filler(), filler()];
@@ -175,7 +178,7 @@ describe("ModelWorker", () => {
     expect(badError).toMatch(/token 9999 outside vocab 258/);
     expect(nextError).toMatch(/row 0's token of a step that failed/);
     // Row 0 was not sampled here: naming its token is refused.
-    await w.forwardPipelined(pool, [{ blockTable: [0], startPos: 0, tokens: [65] }], w.logitsBuffer(1), [false]);
+    await w.forwardPipelined(pool, [{ blockTable: [0], startPos: 0, tokens: [65] }], w.logitsBuffer(1), [null]);
     await expect(w.forwardPipelined(pool, [{ blockTable: [0], startPos: 1, tokens: [prevToken(0)] }], w.logitsBuffer(1))).rejects.toThrow(/sampled none there/);
   });
 
