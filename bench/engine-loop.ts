@@ -25,7 +25,7 @@ const THREADS = Number(process.env.BENCH_THREADS ?? availableParallelism());
 /** BENCH_QUICK=1: batch-1 decode tok/s only (no delay probes), for A/B pairs. */
 const QUICK = process.env.BENCH_QUICK === "1";
 /** Rounds of (transformer alone, each engine loop) decoding DECODE_STEPS (BENCH_STEPS) tokens each. */
-const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 5);
+const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 9);
 const DECODE_STEPS = Number(process.env.BENCH_STEPS ?? 256);
 /** BENCH_DEPTH: the engine's pipelineDepth over the model thread (default the engine's own). */
 const DEPTH = process.env.BENCH_DEPTH === undefined ? undefined : Number(process.env.BENCH_DEPTH);
