@@ -32,7 +32,11 @@ export function swiglu(h: usize, g: usize, n: i32): void {
  * rmsnorm in transformer.ts computes it (so both give the same bits).
  */
 export function rmsnorm(o: usize, x: usize, g: usize, rows: i32, dim: i32, eps: f64): void {
-  for (let r = 0; r < rows; r++) {
+  let r = 0;
+  // Two rows at a time in the two f64 lanes: each lane runs its row's chain of adds, the same
+  // operations in the same order, and the two chains' latencies overlap.
+  for (; r + 2 <= rows; r += 2) rmsnorm2(o + (<usize>(r * dim) << 2), x + (<usize>(r * dim) << 2), g, dim, eps);
+  for (; r < rows; r++) {
     const xr = x + (<usize>(r * dim) << 2);
     const orow = o + (<usize>(r * dim) << 2);
     let ss: f64 = 0;
@@ -44,6 +48,26 @@ export function rmsnorm(o: usize, x: usize, g: usize, rows: i32, dim: i32, eps: 
     for (let i = 0; i < dim; i++) {
       store<f32>(orow + (<usize>i << 2), <f32>(<f64>load<f32>(g + (<usize>i << 2)) * (inv * <f64>load<f32>(xr + (<usize>i << 2)))));
     }
+  }
+}
+
+/** rmsnorm of the two rows at x and x + dim floats into o (lane 0 the first row, lane 1 the second). */
+@inline function rmsnorm2(o: usize, x: usize, g: usize, dim: i32, eps: f64): void {
+  const xb = x + (<usize>dim << 2);
+  let ss = f64x2.splat(0);
+  for (let i = 0; i < dim; i++) {
+    const at = <usize>i << 2;
+    const v = f64x2(<f64>load<f32>(x + at), <f64>load<f32>(xb + at));
+    ss = f64x2.add(ss, f64x2.mul(v, v));
+  }
+  const inv = f64x2.div(f64x2.splat(1), f64x2.sqrt(f64x2.add(f64x2.div(ss, f64x2.splat(<f64>dim)), f64x2.splat(eps))));
+  const ob = o + (<usize>dim << 2);
+  for (let i = 0; i < dim; i++) {
+    const at = <usize>i << 2;
+    const v = f64x2(<f64>load<f32>(x + at), <f64>load<f32>(xb + at));
+    const y = f64x2.mul(f64x2.splat(<f64>load<f32>(g + at)), f64x2.mul(inv, v));
+    store<f32>(o + at, <f32>f64x2.extract_lane(y, 0));
+    store<f32>(ob + at, <f32>f64x2.extract_lane(y, 1));
   }
 }
 
