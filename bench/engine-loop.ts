@@ -2,19 +2,38 @@
 // alone, and the event loop's delay while the engine prefills 512 tokens and decodes at batch 32,
 // with the model on the event loop's thread and then on a model thread of its own (ModelWorker,
 // loading the same weights from a file, as engines run it).
-import { writeFileSync } from "node:fs";
-import { availableParallelism } from "node:os";
+import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { availableParallelism, loadavg, tmpdir } from "node:os";
 import { join } from "node:path";
 import { Engine, type ModelRunner } from "../src/engine/index.ts";
 import { blockPayloadBytes } from "../src/codec/index.ts";
-import { type KvSlab, type ModelConfig, ModelWorker, Transformer, type Weights, kvShapeOf, writeLlama2cCheckpoint } from "../src/model/index.ts";
+import {
+  type KvSlab,
+  type ModelConfig,
+  ModelWorker,
+  Transformer,
+  type Weights,
+  kvShapeOf,
+  syntheticWeights,
+  writeLlama2cCheckpoint,
+} from "../src/model/index.ts";
 import { KvPool } from "../src/pool/index.ts";
+import { TS_SHAPE } from "./ts-shape.ts";
 
 const BLOCK = 16;
 const THREADS = Number(process.env.BENCH_THREADS ?? availableParallelism());
+/** BENCH_QUICK=1: batch-1 decode tok/s only (no delay probes), for A/B pairs. */
+const QUICK = process.env.BENCH_QUICK === "1";
+/** Rounds of (transformer alone, each engine loop) decoding DECODE_STEPS (BENCH_STEPS) tokens each. */
+const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 9);
+const DECODE_STEPS = Number(process.env.BENCH_STEPS ?? 256);
+/** BENCH_DEPTH: the engine's pipelineDepth over the model thread (default the engine's own). */
+const DEPTH = process.env.BENCH_DEPTH === undefined ? undefined : Number(process.env.BENCH_DEPTH);
 
 interface LoopResult {
   decodeTokensPerSec: number;
+  /** A model thread's: the share of the decode's wall time it spent in forwards (the rest it waited on the engine). */
+  modelBusyShare: number | null;
   loopDelayP99Ms: number;
   loopDelayMaxMs: number;
 }
@@ -38,7 +57,7 @@ export async function engineLoop(
   // As engines make it (kvPoolFor): in the model kernels' memory, where attention reads it in place.
   const room = (await kvSlab?.(blocks * blockPayloadBytes(shape))) ?? null;
   const pool = new KvPool(shape, blocks, room ?? { shared: model instanceof ModelWorker });
-  const engine = new Engine({ model, pool, maxModelLen: cfg.maxSeqLen, maxBatchTokens: 512, maxRunning: batch });
+  const engine = new Engine({ model, pool, maxModelLen: cfg.maxSeqLen, maxBatchTokens: 512, maxRunning: batch, pipelineDepth: DEPTH });
   // The event loop's delay: how late a 1 ms timer fires, every time it fires while the engine runs.
   const lags: number[] = [];
   let last = performance.now();
@@ -51,6 +70,8 @@ export async function engineLoop(
     : undefined;
   let first = 0;
   let decoded = 0;
+  const busy = () => (model instanceof ModelWorker ? model.busyMs : 0);
+  let busyFirst = 0;
   await Promise.all(
     Array.from({ length: batch }, (_, s) =>
       engine
@@ -59,8 +80,10 @@ export async function engineLoop(
           promptTokens: prompt.map((t) => (t + s) % cfg.vocabSize),
           sampling: { temperature: 0, topP: 1, topK: 0, seed: 0n, maxTokens, stopTokenIds: [] },
           onToken: () => {
-            if (first === 0) first = performance.now();
-            else decoded++;
+            if (first === 0) {
+              first = performance.now();
+              busyFirst = busy();
+            } else decoded++;
           },
         })
         .then((f) => {
@@ -69,18 +92,21 @@ export async function engineLoop(
     ),
   );
   const end = performance.now();
+  const modelBusyShare = model instanceof ModelWorker ? (busy() - busyFirst) / (end - first) : null;
   clearInterval(timer);
   lags.push(performance.now() - last);
   lags.sort((a, b) => a - b);
   const p99 = lags[Math.min(lags.length - 1, Math.floor(lags.length * 0.99))]!;
-  return { decodeTokensPerSec: (decoded / (end - first)) * 1000, loopDelayP99Ms: p99, loopDelayMaxMs: lags[lags.length - 1]! };
+  return { decodeTokensPerSec: (decoded / (end - first)) * 1000, modelBusyShare, loopDelayP99Ms: p99, loopDelayMaxMs: lags[lags.length - 1]! };
 }
 
 /**
- * The engine part of bench/model.ts: `alone` is the transformer's own batch-1 greedy tok/s (the
- * bench's runOurs), the baseline both engine loops are divided by.
+ * The engine part of bench/model.ts. The baseline is the transformer's own batch-1 greedy tok/s
+ * (aloneDecode), measured in rounds alternating with each engine loop's, so a change in the
+ * machine's load moves both sides of a ratio: each round's ratio is engine / alone of that round,
+ * and the median round is reported.
  */
-export async function enginePart(dir: string, long: ModelConfig, weights: Weights, alone: (m: Transformer) => number): Promise<Record<string, unknown>> {
+export async function enginePart(dir: string, long: ModelConfig, weights: Weights): Promise<Record<string, unknown>> {
   const path = join(dir, "stories15M-512.bin");
   writeLlama2cCheckpoint(path, long, weights, true);
   // The loader wants a llama2.c model's tokenizer file; the engine here is fed token ids.
@@ -94,25 +120,50 @@ export async function enginePart(dir: string, long: ModelConfig, weights: Weight
     main: async (bytes) => local.kvSlab(bytes),
     worker: (bytes) => worker.kvSlab(bytes),
   };
-  const aloneTps = alone(local);
+  aloneDecode(local, 16);
+  for (const where of Object.keys(runners)) await engineLoop(runners[where]!, long, [1], 16, 1, slabs[where], false);
+  const rounds: { alone: number; engine: Record<string, number>; modelThreadBusy: number }[] = [];
+  for (let r = 0; r < ROUNDS; r++) {
+    const alone = aloneDecode(local, DECODE_STEPS);
+    const engine: Record<string, number> = {};
+    let modelThreadBusy = 0;
+    for (const where of Object.keys(runners)) {
+      const res = await engineLoop(runners[where]!, long, [1], DECODE_STEPS, 1, slabs[where], false);
+      engine[where] = res.decodeTokensPerSec;
+      modelThreadBusy = res.modelBusyShare ?? modelThreadBusy;
+    }
+    rounds.push({ alone, engine, modelThreadBusy });
+  }
+  const busyShare = median(rounds.map((r) => r.modelThreadBusy));
+  console.log(
+    `model thread busy ${(busyShare * 100).toFixed(1)}% of the worker engine's batch-1 decode (median of ${ROUNDS} rounds; the rest it waited on the engine)`,
+  );
+  const aloneTps = median(rounds.map((r) => r.alone));
   const prompt = Array.from({ length: 511 }, (_, i) => (i * 13 + 1) % long.vocabSize);
-  const out: Record<string, unknown> = { transformerAloneTokensPerSec: aloneTps };
+  const out: Record<string, unknown> = { transformerAloneTokensPerSec: aloneTps, decodeSteps: DECODE_STEPS, modelThreadBusyShare: busyShare, rounds };
   for (const [where, runner] of Object.entries(runners)) {
+    const ratios = rounds.map((r) => r.engine[where]! / r.alone);
+    const ratio = median(ratios);
+    const tps = median(rounds.map((r) => r.engine[where]!));
+    const head =
+      `engine loop, model on the ${where} thread: decode ${tps.toFixed(1)} tok/s vs transformer alone ${aloneTps.toFixed(1)}: ` +
+      `${ratio.toFixed(2)}x (median of ${ROUNDS} rounds, ${Math.min(...ratios).toFixed(2)}-${Math.max(...ratios).toFixed(2)}; target >= 0.9x)`;
+    if (QUICK) {
+      console.log(head);
+      out[where] = { decodeTokensPerSec: tps, ratio, ratios };
+      continue;
+    }
     const slab = slabs[where];
-    await engineLoop(runner, long, [1], 16, 1, slab, false);
-    const [a, b] = [await engineLoop(runner, long, [1], 128, 1, slab, false), await engineLoop(runner, long, [1], 128, 1, slab, false)];
-    const eng = a.decodeTokensPerSec > b.decodeTokensPerSec ? a : b;
     const prefill = await engineLoop(runner, long, prompt, 1, 1, slab);
     const decode32 = await engineLoop(runner, long, [1, 2, 3, 4], 48, 32, slab);
-    const ratio = eng.decodeTokensPerSec / aloneTps;
     console.log(
-      `engine loop, model on the ${where} thread: decode ${eng.decodeTokensPerSec.toFixed(1)} tok/s vs transformer alone ${aloneTps.toFixed(1)}: ${ratio.toFixed(2)}x (target >= 0.9x); ` +
-        `event loop delay p99: 512-token prefill ${prefill.loopDelayP99Ms.toFixed(1)} ms, batch-32 decode ${decode32.loopDelayP99Ms.toFixed(1)} ms (target <= 10 ms); ` +
+      `${head}; event loop delay p99: 512-token prefill ${prefill.loopDelayP99Ms.toFixed(1)} ms, batch-32 decode ${decode32.loopDelayP99Ms.toFixed(1)} ms (target <= 10 ms); ` +
         `batch-32 decode ${decode32.decodeTokensPerSec.toFixed(0)} tok/s`,
     );
     out[where] = {
-      decodeTokensPerSec: eng.decodeTokensPerSec,
+      decodeTokensPerSec: tps,
       ratio,
+      ratios,
       loopDelayP99Ms: { prefill512: prefill.loopDelayP99Ms, decodeBatch32: decode32.loopDelayP99Ms },
       loopDelayMaxMs: { prefill512: prefill.loopDelayMaxMs, decodeBatch32: decode32.loopDelayMaxMs },
       decodeBatch32TokensPerSec: decode32.decodeTokensPerSec,
@@ -121,4 +172,50 @@ export async function enginePart(dir: string, long: ModelConfig, weights: Weight
   worker.close();
   local.close();
   return out;
+}
+
+function median(xs: number[]): number {
+  const s = [...xs].sort((a, b) => a - b);
+  const m = s.length >> 1;
+  return s.length % 2 ? s[m]! : (s[m - 1]! + s[m]!) / 2;
+}
+
+/** The transformer alone, batch-1 greedy from [1]: tok/s over `steps` steps after the first (the prompt's). */
+export function aloneDecode(m: Transformer, steps: number): number {
+  const cfg = m.cfg;
+  const n = Math.ceil((steps + 1) / BLOCK);
+  const pool = m.kvPool(kvShapeOf(cfg, BLOCK), n);
+  const chunk = { blockTable: pool.allocate(n)!, startPos: 0, tokens: [1] };
+  const out = new Float32Array(cfg.vocabSize);
+  let start = 0;
+  for (let i = 0; i < steps; i++) {
+    m.forward(pool, [chunk], out);
+    let next = 0;
+    for (let j = 1; j < cfg.vocabSize; j++) if (out[j]! > out[next]!) next = j;
+    chunk.startPos += chunk.tokens.length;
+    chunk.tokens = [next];
+    if (i === 0) start = performance.now();
+  }
+  return ((steps - 1) / (performance.now() - start)) * 1000;
+}
+
+// On its own (`npx bun bench/engine-loop.ts`): the engine part alone, on synthetic weights of
+// the TinyStories-15M shape (as bench/model.ts makes them), into results/engine-loop.json.
+if (import.meta.main) {
+  const load = () =>
+    loadavg()
+      .map((l) => l.toFixed(2))
+      .join(" ");
+  const loadBefore = load();
+  const long: ModelConfig = { ...TS_SHAPE, maxSeqLen: 512 };
+  const dir = mkdtempSync(join(tmpdir(), "tl-bench-engine-loop-"));
+  try {
+    const engine = await enginePart(dir, long, syntheticWeights(long, 15, { sharedClassifier: true }));
+    const out = { bench: "engine-loop", cores: availableParallelism(), threads: THREADS, loadBefore, loadAfter: load(), engine };
+    console.log(`load average before ${loadBefore}, after ${out.loadAfter}`);
+    mkdirSync(join(import.meta.dir, "results"), { recursive: true });
+    writeFileSync(join(import.meta.dir, "results", "engine-loop.json"), JSON.stringify(out, null, 2) + "\n");
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
 }

@@ -457,10 +457,7 @@ try {
   // ---- the engine loop around the same f32 model, and the event loop's delay. The models above
   // close first: their idle helper threads must not share the two cores with the engine's.
   for (const m of models.values()) m.close();
-  results.engine = await enginePart(dir, long, loaded.weights, (m: Transformer) => {
-    runOurs(m, 16);
-    return Math.max(runOurs(m, 128, [1]).tokensPerSec, runOurs(m, 128, [1]).tokensPerSec);
-  });
+  results.engine = await enginePart(dir, long, loaded.weights);
 } finally {
   rmSync(dir, { recursive: true, force: true });
 }

@@ -1,7 +1,7 @@
 import assert from "node:assert";
-import { choiceSeed, maskStops, processLogits, resumeRng, sample, stream, SAMPLE_STREAM, tokenLogprobs, type TokenLogprobs } from "../rng/index.ts";
+import { choiceSeed, maskStops, Pcg32, processLogits, resumeRng, sample, stream, SAMPLE_STREAM, tokenLogprobs, type TokenLogprobs } from "../rng/index.ts";
 import type { KvPool } from "../pool/index.ts";
-import type { ModelRunner, SeqChunk } from "./model-runner.ts";
+import { type ModelRunner, prevToken, type RowSampling, type SeqChunk } from "./model-runner.ts";
 import { Sequence, type Finish, type FinishReason, type SamplingParams } from "./sequence.ts";
 
 /** One sequence's share of a step: n tokens from its numComputed. */
@@ -10,10 +10,27 @@ interface Planned {
   n: number;
 }
 
+/** A step posted to the model and not yet postprocessed. */
+interface InFlight {
+  plan: StepPlan;
+  /** Settles with the tokens the model sampled (a pipelined model), or nothing. */
+  pending: void | Promise<Int32Array | void>;
+}
+
 /** What the scheduler hands the model runner: the planned chunks and the batch built from them. */
 interface StepPlan {
   planned: Planned[];
   batch: SeqChunk[];
+  /** Per row: how the model samples it itself, or null (a pipelined model; see modelSamples). */
+  sampling: (RowSampling | null)[];
+  /** Where forward writes the logits, one row per chunk. */
+  logits: Float32Array;
+  /** The tokens the model sampled for those rows, once the forward settled. */
+  sampled: Int32Array | null;
+  /** Blocks given back while this step ran, released when it settles. */
+  readonly deferred: number[];
+  /** Planned ahead (decodes only): its tokens may be streamed together with the next step's. */
+  ahead: boolean;
 }
 
 export interface EngineOptions {
@@ -27,6 +44,11 @@ export interface EngineOptions {
   eosTokenIds?: readonly number[];
   /** Milliseconds on a monotonic clock, for queue and end-to-end times (default performance.now). */
   now?: () => number;
+  /**
+   * Steps a pipelined model (forwardPipelined) may hold in flight: the one running and those
+   * posted after it (default 3, at most the model's pipelineDepth; 1 = none ahead).
+   */
+  pipelineDepth?: number;
 }
 
 export interface EngineRequest {
@@ -61,9 +83,13 @@ export interface EngineStats {
  * recompute draws nothing, so its tokens stay the same).
  *
  * A model on another thread makes the forward asynchronous; the engine keeps serving meanwhile.
- * Invariant: every block of a sequence in the in-flight batch stays referenced until the forward
- * settles, so a cancel or finish meanwhile defers giving its blocks back (giveBack), and no
- * block the model thread may still write is zeroed, imported into or handed to another request.
+ * Such a model may also be pipelined: while a step of decodes runs, the next one is posted
+ * (planAhead), its tokens named as "what the model samples for row r", so the model thread goes
+ * from one forward to the next without waiting on this thread.
+ * Invariant: every block of a sequence in an in-flight batch stays referenced until that forward
+ * settles, so a cancel or finish meanwhile defers giving its blocks back (giveBack, to the newest
+ * in-flight step holding the sequence), and no block the model thread may still write is zeroed,
+ * imported into or handed to another request.
  */
 export class Engine {
   readonly pool: KvPool;
@@ -72,6 +98,7 @@ export class Engine {
   readonly stats: EngineStats = { steps: 0, prefillTokens: 0, decodeTokens: 0, prefixHitTokens: 0, preemptions: 0 };
   private readonly maxBatchTokens: number;
   private readonly maxRunning: number;
+  private readonly depth: number;
   private readonly eos: Set<number>;
   private readonly waiting: Sequence[] = [];
   private readonly running: Sequence[] = [];
@@ -79,8 +106,7 @@ export class Engine {
   private scheduled = false;
   /** A step is under way (its forward may be running on another thread). */
   private stepping = false;
-  /** Blocks of sequences that ended while their forward was in flight, given back when it settles. */
-  private readonly deferred: number[] = [];
+  /** The engine's own logits buffer, for a model without one (logitsBuffer). */
   private logits: Float32Array = new Float32Array(0);
   /** Scratch for one sequence's processed logits (penalties, bias, min_tokens). */
   private processed = new Float32Array(0);
@@ -96,6 +122,7 @@ export class Engine {
     this.maxRunning = opts.maxRunning ?? 64;
     this.eos = new Set(opts.eosTokenIds ?? []);
     this.now = opts.now ?? (() => performance.now());
+    this.depth = this.model.forwardPipelined ? Math.max(1, Math.min(opts.pipelineDepth ?? 3, this.model.pipelineDepth ?? 2)) : 1;
     assert(this.maxBatchTokens >= 1);
   }
 
@@ -210,25 +237,42 @@ export class Engine {
     if (this.running.length > 0 || this.waiting.length > 0) this.kick();
   }
 
-  /** One scheduling step and one forward; exposed for tests that drive the loop by hand. */
+  /**
+   * One scheduling step and its forward, then (a pipelined model) the steps planned ahead while
+   * each forward ran; exposed for tests that drive the loop by hand.
+   */
   async step(): Promise<void> {
-    const plan = this.plan();
-    if (plan === null) return;
-    const pending = this.forward(plan);
-    if (pending) await this.holdWhile(plan, pending);
-    this.postprocess(plan);
+    const first = this.plan();
+    if (first === null) return;
+    const queue: InFlight[] = [{ plan: first, pending: this.forward(first) }];
+    while (queue.length > 0) {
+      for (let next: StepPlan | null; queue.length < this.depth && (next = this.planAhead(queue)) !== null; ) {
+        queue.push({ plan: next, pending: this.forward(next) });
+      }
+      const { plan, pending } = queue[0]!;
+      try {
+        if (pending) await this.settled(plan, pending);
+        this.postprocess(plan);
+      } catch (e) {
+        // The steps posted ahead settle too (failing, when they needed this one's tokens) before
+        // the caller fails the requests, so their blocks go back now, not to a step never awaited.
+        for (let i = 1; i < queue.length; i++) await this.settled(queue[i]!.plan, queue[i]!.pending!).catch(() => {});
+        throw e;
+      }
+      queue.shift();
+    }
   }
 
-  /** Marks the batch in flight until `pending` settles, then gives back what ended meanwhile. */
-  private async holdWhile(plan: StepPlan, pending: Promise<void>): Promise<void> {
-    const planned = plan.planned;
-    for (let i = 0; i < planned.length; i++) planned[i]!.seq.inFlight = true;
+  /** Waits for a step's forward, then gives back the blocks that ended while it ran. */
+  private async settled(plan: StepPlan, pending: Promise<Int32Array | void>): Promise<void> {
     try {
-      await pending;
+      plan.sampled = (await pending) ?? null;
     } finally {
-      for (let i = 0; i < planned.length; i++) planned[i]!.seq.inFlight = false;
-      this.pool.releaseAll(this.deferred);
-      this.deferred.length = 0;
+      for (let i = 0; i < plan.planned.length; i++) {
+        const seq = plan.planned[i]!.seq;
+        if (seq.inFlightStep === plan) seq.inFlightStep = null;
+      }
+      this.pool.releaseAll(plan.deferred);
     }
   }
 
@@ -284,17 +328,82 @@ export class Engine {
       startPos: seq.numComputed,
       tokens: seq.tokens.slice(seq.numComputed, seq.numComputed + n),
     }));
-    return { planned, batch };
+    return this.stepPlan(planned, batch, (seq, n) => this.modelSamples(seq, seq.numComputed + n === seq.tokens.length, 0), 0);
   }
 
-  /** The model runner's half: one forward over the plan's batch into the logits buffer (a promise when it runs elsewhere). */
-  private forward(plan: StepPlan): void | Promise<void> {
+  /**
+   * The step after the newest one in flight (queue: every step not yet postprocessed, oldest
+   * first), planned while they run, or null: every running sequence decodes one more token, the
+   * one the model samples for it in that newest step. Only when that is what plan() would
+   * schedule once they settle (nothing waiting, every running sequence in it, sampled there
+   * by the model, none sure to finish at one of the tokens in flight) and blocks need no
+   * preemption. A sequence that stops before (EOS, a stop token, a cancel) has its row skipped.
+   */
+  private planAhead(queue: readonly InFlight[]): StepPlan | null {
+    const B = this.pool.shape.blockTokens;
+    const last = queue[queue.length - 1]!.plan;
+    const n = last.planned.length;
+    // Each step in flight (each a sampling step for every row, or there would be none ahead) adds a token.
+    const coming = queue.length;
+    if (this.waiting.length > 0 || this.running.length !== n || n > this.maxBatchTokens) return null;
+    for (let i = 0; i < n; i++) {
+      const seq = last.planned[i]!.seq;
+      const ends = seq.outputCount + coming >= seq.sampling.maxTokens || seq.tokens.length + coming >= this.maxModelLen;
+      if (seq.state !== "running" || seq.prefillOnly || last.sampling[i] === null || ends) return null;
+    }
+    for (let i = 0; i < n; i++) {
+      const seq = last.planned[i]!.seq;
+      const need = Math.ceil((seq.tokens.length + coming) / B) - seq.blockTable.length;
+      const ids = need > 0 ? this.pool.allocate(need) : [];
+      // Short: no preemption under a forward in flight; plan() decides once they settle.
+      if (ids === null) return null;
+      seq.blockTable.push(...ids);
+    }
+    const planned: Planned[] = last.planned.map(({ seq }) => ({ seq, n: 1 }));
+    const batch: SeqChunk[] = planned.map(({ seq }, r) => ({ blockTable: seq.blockTable, startPos: seq.tokens.length + coming - 1, tokens: [prevToken(r)] }));
+    const plan = this.stepPlan(planned, batch, (seq) => this.modelSamples(seq, true, coming), coming);
+    plan.ahead = true;
+    return plan;
+  }
+
+  /**
+   * A plan over `batch`; a pipelined model samples the rows `modelSamples` picks, from the
+   * request's stream as it will stand `ahead` tokens on (each of them one draw, when it draws).
+   */
+  private stepPlan(planned: Planned[], batch: SeqChunk[], modelSamples: (seq: Sequence, n: number) => boolean, ahead: number): StepPlan {
+    const pipelined = this.model.forwardPipelined !== undefined;
+    const sampling = planned.map(({ seq, n }) => (pipelined && modelSamples(seq, n) ? { cfg: seq.sampling, rng: seq.rng && drawn(seq.rng, ahead) } : null));
+    return { planned, batch, sampling, logits: this.logits, sampled: null, deferred: [], ahead: false };
+  }
+
+  /**
+   * The model may sample seq's next token itself when the step samples it (`samples`) and
+   * sampleNext would sample the raw logits with the request's stream: no logits processing, no
+   * min_tokens mask, one choice (`ahead` tokens are appended before this one: the mask counts them).
+   */
+  private modelSamples(seq: Sequence, samples: boolean, ahead: number): boolean {
+    const s = seq.sampling;
+    return samples && seq.processing === null && seq.prefillChoices === 1 && seq.outputCount + ahead >= (s.minTokens ?? 0);
+  }
+
+  /** The model runner's half: one forward over the plan's batch into its logits buffer (a promise when it runs elsewhere). */
+  private forward(plan: StepPlan): void | Promise<Int32Array | void> {
     const n = plan.planned.length;
     const V = this.model.vocabSize;
-    if (this.model.logitsBuffer) this.logits = this.model.logitsBuffer(n);
-    else if (this.logits.length < n * V) this.logits = new Float32Array(n * V);
-    const pending = this.model.forward(this.pool, plan.batch, this.logits);
+    if (this.model.logitsBuffer) plan.logits = this.model.logitsBuffer(n);
+    else if (this.logits.length < n * V) plan.logits = this.logits = new Float32Array(n * V);
+    for (let i = 0; i < n; i++) plan.planned[i]!.seq.inFlightStep = plan;
     this.stats.steps++;
+    if (this.model.forwardPipelined) {
+      // A prefill's first token streams at once; decodes planned ahead may stream in pairs.
+      const pending = this.model.forwardPipelined(this.pool, plan.batch, plan.logits, plan.sampling, plan.ahead);
+      // A step posted ahead may fail before step() awaits it (its failure is the one before's).
+      pending.catch(() => {});
+      return pending;
+    }
+    const pending = this.model.forward(this.pool, plan.batch, plan.logits);
+    // A synchronous forward holds nothing past its return.
+    if (!pending) for (let i = 0; i < n; i++) plan.planned[i]!.seq.inFlightStep = null;
     return pending;
   }
 
@@ -315,15 +424,17 @@ export class Engine {
       seq.numComputed += n;
       this.markComputed(seq, from, B);
       if (seq.numComputed < seq.tokens.length) continue;
-      this.sampleNext(seq, this.logits.subarray(i * V, (i + 1) * V));
+      const sampled = plan.sampling[i] ? plan.sampled![i]! : -1;
+      this.sampleNext(seq, plan.logits.subarray(i * V, (i + 1) * V), sampled);
     }
   }
 
   /**
    * Processes a copy of the logits as the request asks (the model's own stay intact for
    * logprobs), samples (the draw count depends on the temperature alone), and appends.
+   * `sampled` >= 0: the model sampled this token already (modelSamples said it may).
    */
-  private sampleNext(seq: Sequence, raw: Float32Array): void {
+  private sampleNext(seq: Sequence, raw: Float32Array, sampled: number): void {
     const s = seq.sampling;
     const masked = seq.outputCount < (s.minTokens ?? 0);
     let logits = raw;
@@ -337,7 +448,9 @@ export class Engine {
         maskStops(logits, s.stopTokenIds);
       }
     }
-    const token = sample(logits, s, seq.rng);
+    // The model drew its one uniform from a copy of the stream: this one takes the same draw.
+    if (sampled >= 0) seq.rng?.uniformF64();
+    const token = sampled >= 0 ? sampled : sample(logits, s, seq.rng);
     if (seq.rng) seq.draws++;
     // One prefill for n choices: the others' first tokens come from the same logits, each
     // from its own stream with the same draw count as choice 0's.
@@ -441,8 +554,9 @@ export class Engine {
 
   /** Returns seq's references on `ids` now, or, while seq's forward is in flight, once it settles. */
   private giveBack(seq: Sequence, ids: readonly number[]): void {
-    if (!seq.inFlight) this.pool.releaseAll(ids);
-    else for (let i = 0; i < ids.length; i++) this.deferred.push(ids[i]!);
+    const step = seq.inFlightStep;
+    if (step === null) this.pool.releaseAll(ids);
+    else for (let i = 0; i < ids.length; i++) step.deferred.push(ids[i]!);
   }
 
   /**
@@ -505,4 +619,12 @@ export class Engine {
       if (this.pool.hashOf(id) === 0n) this.pool.register(id, seq.hashes[b]!);
     }
   }
+}
+
+/** `rng` as it will stand after `draws` more uniform draws (itself when none). */
+function drawn(rng: Pcg32, draws: number): Pcg32 {
+  if (draws === 0) return rng;
+  const copy = Pcg32.fromState(rng.state, rng.inc);
+  for (let i = 0; i < draws; i++) copy.uniformF64();
+  return copy;
 }

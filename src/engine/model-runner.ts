@@ -1,8 +1,8 @@
-import type { SeqChunk } from "../model/index.ts";
+import { prevToken, type RowSampling, type SeqChunk } from "../model/index.ts";
 import type { KvPool } from "../pool/index.ts";
 
 // One sequence's slice of a step is the model's own type: defined once, beside forward().
-export type { SeqChunk };
+export { prevToken, type RowSampling, type SeqChunk };
 
 /**
  * What the engine loop needs from a model: write each chunk's K/V into the pool through
@@ -21,4 +21,23 @@ export interface ModelRunner {
    * one, so nothing is copied); absent: the engine keeps its own.
    */
   logitsBuffer?(nSeq: number): Float32Array;
+  /**
+   * forward for a model that takes the next steps while this one runs (a model thread;
+   * pipelineDepth in flight at most, settling in order): the rows `sampling` names are sampled by
+   * the model itself (with the engine's sampler and a copy of the request's stream), and the
+   * promise settles with their tokens by row (-1 elsewhere). A chunk token prevToken(r) stands for
+   * row r's sampled token of the forward before, so the engine can post step N + 1 of a decode
+   * before step N's token is known. `lazy`: the caller needn't hear of this forward's end before
+   * the next one's, so the model may settle the two together (one wake of the caller's thread for
+   * both, while a third still runs).
+   */
+  forwardPipelined?(
+    pool: KvPool,
+    batch: readonly SeqChunk[],
+    out: Float32Array,
+    sampling: readonly (RowSampling | null)[],
+    lazy?: boolean,
+  ): Promise<Int32Array>;
+  /** Forwards forwardPipelined takes in flight at most (default 2). */
+  readonly pipelineDepth?: number;
 }

@@ -72,8 +72,11 @@ export class Sequence {
   readonly tokens: number[];
   numComputed = 0;
   blockTable: number[] = [];
-  /** In the batch of a forward still running: its blocks may not be given back yet. */
-  inFlight = false;
+  /**
+   * The newest step still running whose batch holds this sequence: until it settles its blocks
+   * may not be given back, so they wait in its `deferred` (steps settle in order).
+   */
+  inFlightStep: { readonly deferred: number[] } | null = null;
   /** Hashes of the full blocks of `tokens` computed so far, chained from 0. */
   readonly hashes: bigint[] = [];
   outputCount = 0;

@@ -65,4 +65,5 @@ export {
 } from "./load-model.ts";
 export { holdWeights } from "./held-weights.ts";
 export { ModelWorker } from "./model-worker.ts";
-export type { LoadedInfo, ModelThreadOptions } from "./model-worker-protocol.ts";
+export { prevToken } from "./model-worker-protocol.ts";
+export type { LoadedInfo, ModelThreadOptions, RowSampling } from "./model-worker-protocol.ts";

@@ -1,4 +1,5 @@
 import type { KvShape } from "../codec/index.ts";
+import { Pcg32, type SamplingConfig } from "../rng/index.ts";
 import type { ModelConfig } from "./config.ts";
 import type { DType } from "./packed.ts";
 import type { KvSlab, SeqChunk } from "./transformer.ts";
@@ -7,36 +8,69 @@ import type { WeightStats } from "./assemble-weights.ts";
 /**
  * What the engine's thread and its model thread share, and the messages between them.
  *
- * A step crosses by shared memory alone: the engine writes the plan into `plan`, then bumps
- * ctrl[GEN] (Atomics.notify); the model thread runs the forward over the shared KV slab, writes
- * the logits into `logits`, then sets ctrl[DONE] = GEN. A forward that throws writes its message
- * into the error area and sets ctrl[FAILED] = GEN first (shared memory again: a message posted
- * from the model thread's loop may sit undelivered). Buffers grow rarely: the new ones go over
- * postMessage with a version, and ctrl[VER] names the version a step needs, so the model
- * thread never reads a plan through a buffer it has not been given yet.
+ * A step crosses by shared memory alone: the engine writes the plan of step `gen` into the plan
+ * buffer of slot slotOf(gen), then bumps ctrl[GEN] (Atomics.notify); the model thread runs every
+ * gen in order over the shared KV slab, writes the logits into that slot's logits buffer (and,
+ * after them in the same buffer, the tokens of the rows the plan asks it to sample itself), then
+ * sets ctrl[DONE] = gen. SLOTS slots let the engine post the steps after gen while gen runs: a
+ * token written prevToken(r) is row r's sampled token of the step before, which the model thread
+ * fills in itself. Only the model thread writes a logits buffer, so the engine may reuse a plan
+ * buffer (gen + SLOTS) while gen + 1 still has to read gen's sampled tokens.
+ * A forward that throws writes its message into its slot's error area and sets ctrl[FAILED + slot]
+ * = gen first (shared memory again: a message posted from the model thread's loop may sit
+ * undelivered); a forward that needs the tokens of a failed one fails too. Buffers grow rarely:
+ * the new ones go over postMessage with a version, and ctrl[VER] names the version a step needs,
+ * so the model thread never reads a plan through a buffer it has not been given yet.
  */
+/** Steps in flight at most (a power of two: slotOf masks the wrapping Int32 gen). */
+export const SLOTS = 4;
 export const GEN = 0;
 export const DONE = 1;
-export const FAILED = 2;
-export const VER = 3;
-/** Bytes of UTF-8 in the error area, which follows the CTRL_INTS ints of ctrl. */
-export const ERR_LEN = 4;
-export const CTRL_INTS = 5;
-export const ERR_BYTES = 1024;
-export const CTRL_BYTES = CTRL_INTS * 4 + ERR_BYTES;
+export const VER = 2;
+/**
+ * The model thread notifies DONE only for a gen at or past ctrl[WAKE] (or a failed one), so an
+ * engine with steps queued behind one it needn't hear of at once is woken once for several. The
+ * engine stores WAKE before it reads DONE and the model thread DONE before it reads WAKE, so one of
+ * them sees the other's store: no end is missed.
+ */
+export const WAKE = 3;
+/** ctrl[FAILED + slot]: the last gen of that slot that failed. */
+export const FAILED = 4;
+/** ctrl[ERR_LEN + slot]: bytes of UTF-8 in that slot's error area, which follow the CTRL_INTS ints of ctrl. */
+export const ERR_LEN = FAILED + SLOTS;
+export const CTRL_INTS = ERR_LEN + SLOTS;
+export const ERR_BYTES = 256;
+/** Then, 8-aligned, one Float64: milliseconds the model thread has spent in forwards (busyCell). */
+const BUSY_AT = (CTRL_INTS * 4 + SLOTS * ERR_BYTES + 7) & ~7;
+export const CTRL_BYTES = BUSY_AT + 8;
 
-/** Writes a failed forward's message into ctrl's error area (cut to fit). */
-export function writeError(ctrl: Int32Array, message: string): void {
-  const area = new Uint8Array(ctrl.buffer, CTRL_INTS * 4, ERR_BYTES);
-  const bytes = new TextEncoder().encode(message).subarray(0, ERR_BYTES);
-  area.set(bytes);
-  Atomics.store(ctrl, ERR_LEN, bytes.length);
+/** The model thread's busy milliseconds, for the share of a decode's time the model computed (bench/engine-loop). */
+export function busyCell(ctrl: Int32Array): Float64Array {
+  return new Float64Array(ctrl.buffer, BUSY_AT, 1);
 }
 
-/** The message writeError left (TextDecoder refuses shared views: it reads a copy). */
-export function readError(ctrl: Int32Array): string {
-  const n = Atomics.load(ctrl, ERR_LEN);
-  return new TextDecoder().decode(new Uint8Array(ctrl.buffer, CTRL_INTS * 4, n).slice());
+/** The plan buffer (and logits buffer) of step `gen`. */
+export function slotOf(gen: number): number {
+  return gen & (SLOTS - 1);
+}
+
+/** A chunk token that stands for the token the model sampled for row `row` in the step before. */
+export function prevToken(row: number): number {
+  return -1 - row;
+}
+
+/** Writes a failed forward's message into its slot's error area (cut to fit). */
+export function writeError(ctrl: Int32Array, slot: number, message: string): void {
+  const area = new Uint8Array(ctrl.buffer, CTRL_INTS * 4 + slot * ERR_BYTES, ERR_BYTES);
+  const bytes = new TextEncoder().encode(message).subarray(0, ERR_BYTES);
+  area.set(bytes);
+  Atomics.store(ctrl, ERR_LEN + slot, bytes.length);
+}
+
+/** The message writeError left in `slot` (TextDecoder refuses shared views: it reads a copy). */
+export function readError(ctrl: Int32Array, slot: number): string {
+  const n = Atomics.load(ctrl, ERR_LEN + slot);
+  return new TextDecoder().decode(new Uint8Array(ctrl.buffer, CTRL_INTS * 4 + slot * ERR_BYTES, n).slice());
 }
 
 /** How the model thread loads its model: the same options `engine` takes. */
@@ -53,6 +87,8 @@ export type ToModelThread =
   | {
       type: "buffers";
       version: number;
+      /** The slot plan and logits are for. */
+      slot: number;
       /** inKernel: the slab is room the thread gave (kv-slab) in its kernel memory, at slabOffset. */
       pool?: { shape: KvShape; numBlocks: number; slab: SharedArrayBuffer; slabOffset: number; inKernel: boolean };
       plan?: SharedArrayBuffer;
@@ -83,13 +119,29 @@ export function planInts(batch: readonly SeqChunk[], blockTokens: number): numbe
   let n = 1;
   for (let s = 0; s < batch.length; s++) {
     const c = batch[s]!;
-    n += 3 + c.tokens.length + blocksOf(c, blockTokens);
+    n += ROW_INTS + c.tokens.length + blocksOf(c, blockTokens);
   }
   return n;
 }
 
-/** [nSeq, then per chunk: startPos, nTokens, nBlocks, tokens..., blockIds...] */
-export function writePlan(plan: Int32Array, batch: readonly SeqChunk[], blockTokens: number): void {
+/**
+ * How the model samples a row itself: the request's settings and, when they draw (temperature >
+ * 0), the sample stream as it stands at that token (the model draws from a copy).
+ */
+export interface RowSampling {
+  cfg: SamplingConfig;
+  rng: Pcg32 | null;
+}
+
+/** kind (0 none, 1 without a stream, 2 with one), temperature and top_p as f64 bits, top_k, the stream's state and increment halves. */
+const SAMPLING_INTS = 10;
+/** A chunk's header: startPos, nTokens, nBlocks, then its RowSampling. */
+const ROW_INTS = 3 + SAMPLING_INTS;
+const f64 = new Float64Array(1);
+const f64Ints = new Int32Array(f64.buffer);
+
+/** [nSeq, then per chunk: its ROW_INTS header, tokens..., blockIds...] */
+export function writePlan(plan: Int32Array, batch: readonly SeqChunk[], blockTokens: number, sampling?: readonly (RowSampling | null)[]): void {
   plan[0] = batch.length;
   let o = 1;
   for (let s = 0; s < batch.length; s++) {
@@ -99,7 +151,8 @@ export function writePlan(plan: Int32Array, batch: readonly SeqChunk[], blockTok
     plan[o] = c.startPos;
     plan[o + 1] = nt;
     plan[o + 2] = nb;
-    o += 3;
+    writeSampling(plan, o + 3, sampling?.[s] ?? null);
+    o += ROW_INTS;
     for (let t = 0; t < nt; t++) plan[o + t] = c.tokens[t]!;
     o += nt;
     for (let b = 0; b < nb; b++) plan[o + b] = c.blockTable[b]!;
@@ -107,22 +160,90 @@ export function writePlan(plan: Int32Array, batch: readonly SeqChunk[], blockTok
   }
 }
 
-/** The chunks of a plan, as views into it (valid until the next plan is written). */
-export function readPlan(plan: Int32Array, into: SeqChunk[]): SeqChunk[] {
+function writeSampling(plan: Int32Array, o: number, r: RowSampling | null): void {
+  plan.fill(0, o, o + SAMPLING_INTS);
+  if (r === null) return;
+  plan[o] = r.rng ? 2 : 1;
+  f64[0] = r.cfg.temperature;
+  plan[o + 1] = f64Ints[0]!;
+  plan[o + 2] = f64Ints[1]!;
+  f64[0] = r.cfg.topP;
+  plan[o + 3] = f64Ints[0]!;
+  plan[o + 4] = f64Ints[1]!;
+  plan[o + 5] = r.cfg.topK | 0;
+  if (r.rng === null) return;
+  const state = r.rng.state;
+  const inc = r.rng.inc;
+  plan[o + 6] = Number(state >> 32n) | 0;
+  plan[o + 7] = Number(state & 0xffff_ffffn) | 0;
+  plan[o + 8] = Number(inc >> 32n) | 0;
+  plan[o + 9] = Number(inc & 0xffff_ffffn) | 0;
+}
+
+function readSampling(plan: Int32Array, o: number): RowSampling | null {
+  const kind = plan[o]!;
+  if (kind === 0) return null;
+  f64Ints[0] = plan[o + 1]!;
+  f64Ints[1] = plan[o + 2]!;
+  const temperature = f64[0]!;
+  f64Ints[0] = plan[o + 3]!;
+  f64Ints[1] = plan[o + 4]!;
+  const cfg = { temperature, topP: f64[0]!, topK: plan[o + 5]! >>> 0 };
+  if (kind === 1) return { cfg, rng: null };
+  const u64 = (hi: number, lo: number) => (BigInt(hi >>> 0) << 32n) | BigInt(lo >>> 0);
+  return { cfg, rng: Pcg32.fromState(u64(plan[o + 6]!, plan[o + 7]!), u64(plan[o + 8]!, plan[o + 9]!)) };
+}
+
+/**
+ * A slot's logits buffer for `rows` rows of `vocab` logits, then `rows` Int32 sampled tokens
+ * (the token the model sampled for each row, -1 where it sampled none).
+ */
+export function logitsBufferBytes(rows: number, vocab: number): number {
+  return rows * (vocab + 1) * 4;
+}
+
+/** The logits and sampled views of a buffer logitsBufferBytes sized. */
+export function logitsViews(buffer: SharedArrayBuffer, vocab: number): { logits: Float32Array; sampled: Int32Array } {
+  const rows = buffer.byteLength / ((vocab + 1) * 4);
+  return { logits: new Float32Array(buffer, 0, rows * vocab), sampled: new Int32Array(buffer, rows * vocab * 4, rows) };
+}
+
+/** A plan as the model thread reads it: its chunks as views into it (valid until the next plan of its slot). */
+export interface ReadPlan {
+  chunks: SeqChunk[];
+  /** Per chunk: how the model samples its row, or null. */
+  sampling: (RowSampling | null)[];
+}
+
+/**
+ * Reads a plan, resolving each prevToken(r) from `prev` (the sampled area of the step before; null
+ * when that step failed or is unknown, which makes such a token an error).
+ */
+export function readPlan(plan: Int32Array, prev: Int32Array | null, into: ReadPlan): ReadPlan {
   const n = plan[0]!;
-  into.length = n;
+  into.chunks.length = n;
+  into.sampling.length = n;
   let o = 1;
   for (let s = 0; s < n; s++) {
     const startPos = plan[o]!;
     const nt = plan[o + 1]!;
     const nb = plan[o + 2]!;
-    o += 3;
+    into.sampling[s] = readSampling(plan, o + 3);
+    o += ROW_INTS;
     const tokens = plan.subarray(o, o + nt);
+    for (let t = 0; t < nt; t++) if (tokens[t]! < 0) tokens[t] = previousToken(prev, -1 - tokens[t]!);
     o += nt;
-    into[s] = { startPos, tokens, blockTable: plan.subarray(o, o + nb) };
+    into.chunks[s] = { startPos, tokens, blockTable: plan.subarray(o, o + nb) };
     o += nb;
   }
   return into;
+}
+
+function previousToken(prev: Int32Array | null, row: number): number {
+  if (prev === null) throw new Error(`plan names row ${row}'s token of a step that failed`);
+  const t = row < prev.length ? prev[row]! : -1;
+  if (t < 0) throw new Error(`plan names row ${row}'s token of the step before, which sampled none there`);
+  return t;
 }
 
 // Only the blocks the forward touches: a table may already hold blocks reserved past the chunk.

@@ -4,8 +4,25 @@
 import { KvPool } from "../pool/index.ts";
 import { holdWeights } from "./held-weights.ts";
 import { readModelFilesFor } from "./load-model.ts";
-import { CTRL_INTS, DONE, FAILED, type FromModelThread, GEN, readPlan, type ToModelThread, VER, writeError } from "./model-worker-protocol.ts";
-import { type SeqChunk, Transformer } from "./transformer.ts";
+import { sample } from "../rng/index.ts";
+import {
+  busyCell,
+  CTRL_INTS,
+  DONE,
+  FAILED,
+  type FromModelThread,
+  GEN,
+  logitsViews,
+  type ReadPlan,
+  readPlan,
+  SLOTS,
+  slotOf,
+  type ToModelThread,
+  VER,
+  WAKE,
+  writeError,
+} from "./model-worker-protocol.ts";
+import { Transformer } from "./transformer.ts";
 import { weightsBytes } from "./weights.ts";
 
 declare const self: { onmessage: ((e: MessageEvent<ToModelThread>) => void) | null; postMessage(m: FromModelThread): void };
@@ -13,11 +30,12 @@ declare const self: { onmessage: ((e: MessageEvent<ToModelThread>) => void) | nu
 let model: Transformer | null = null;
 let ctrl: Int32Array = new Int32Array(CTRL_INTS);
 let pool: KvPool | null = null;
-let plan: Int32Array = new Int32Array(0);
-let logits: Float32Array = new Float32Array(0);
+const plans: Int32Array[] = Array.from({ length: SLOTS }, () => new Int32Array(0));
+const logits: Float32Array[] = Array.from({ length: SLOTS }, () => new Float32Array(0));
+const sampled: Int32Array[] = Array.from({ length: SLOTS }, () => new Int32Array(0));
 let version = 0;
 let buffersArrived: (() => void) | null = null;
-const chunks: SeqChunk[] = [];
+const read: ReadPlan = { chunks: [], sampling: [] };
 
 self.onmessage = (e) => {
   const m = e.data;
@@ -29,8 +47,8 @@ self.onmessage = (e) => {
       pool =
         p.inKernel && model ? model.kvPoolAt(p.shape, p.numBlocks, p.slabOffset) : new KvPool(p.shape, p.numBlocks, { slab: p.slab, slabOffset: p.slabOffset });
     }
-    if (m.plan) plan = new Int32Array(m.plan);
-    if (m.logits) logits = new Float32Array(m.logits);
+    if (m.plan) plans[m.slot] = new Int32Array(m.plan);
+    if (m.logits && model) ({ logits: logits[m.slot]!, sampled: sampled[m.slot]! } = logitsViews(m.logits, model.cfg.vocabSize));
     version = m.version;
     buffersArrived?.();
   } else if (m.type === "kv-slab") {
@@ -59,25 +77,49 @@ async function load(m: Extract<ToModelThread, { type: "load" }>): Promise<void> 
   await serve(model);
 }
 
-/** Runs each forward the engine posts, forever; a forward that throws fails that step alone. */
+/**
+ * Runs each forward the engine posts, every gen in order, forever; a forward that throws fails
+ * that step alone (and the next one, when it names tokens the failed one was to sample).
+ */
 async function serve(t: Transformer): Promise<void> {
   // From 0, not the current GEN: the engine may post its first forward before this loop starts.
   let seen = 0;
+  let prev: Int32Array | null = null;
+  const busy = busyCell(ctrl);
   for (;;) {
-    const w = Atomics.waitAsync(ctrl, GEN, seen);
-    if (w.async) await w.value;
-    const gen = Atomics.load(ctrl, GEN);
-    if (gen === seen) continue;
+    if (Atomics.load(ctrl, GEN) === seen) {
+      const w = Atomics.waitAsync(ctrl, GEN, seen);
+      if (w.async) await w.value;
+      if (Atomics.load(ctrl, GEN) === seen) continue;
+    }
+    const gen = (seen + 1) | 0;
     seen = gen;
     while (version < Atomics.load(ctrl, VER)) await new Promise<void>((resolve) => (buffersArrived = resolve));
+    const slot = slotOf(gen);
+    const start = performance.now();
+    let failed = false;
     try {
       if (pool === null) throw new Error("model thread: forward before the engine shared its KV pool");
-      t.forward(pool, readPlan(plan, chunks), logits);
+      const p = readPlan(plans[slot]!, prev, read);
+      prev = null;
+      t.forward(pool, p.chunks, logits[slot]!);
+      sampleRows(p, logits[slot]!, sampled[slot]!, t.cfg.vocabSize);
+      prev = sampled[slot]!;
     } catch (e) {
-      writeError(ctrl, e instanceof Error ? e.message : String(e));
-      Atomics.store(ctrl, FAILED, gen);
+      writeError(ctrl, slot, e instanceof Error ? e.message : String(e));
+      Atomics.store(ctrl, FAILED + slot, gen);
+      failed = true;
     }
+    busy[0]! += performance.now() - start;
     Atomics.store(ctrl, DONE, gen);
-    Atomics.notify(ctrl, DONE);
+    if (failed || ((gen - Atomics.load(ctrl, WAKE)) | 0) >= 0) Atomics.notify(ctrl, DONE);
+  }
+}
+
+/** The tokens of the rows the plan samples, by the sampler the engine itself samples with. */
+function sampleRows(p: ReadPlan, out: Float32Array, tokens: Int32Array, V: number): void {
+  for (let r = 0; r < p.chunks.length; r++) {
+    const s = p.sampling[r];
+    tokens[r] = s ? sample(out.subarray(r * V, (r + 1) * V), s.cfg, s.rng) : -1;
   }
 }

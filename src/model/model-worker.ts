@@ -1,6 +1,7 @@
 import assert from "node:assert";
 import type { KvPool } from "../pool/index.ts";
 import {
+  busyCell,
   CTRL_BYTES,
   CTRL_INTS,
   DONE,
@@ -8,11 +9,17 @@ import {
   type FromModelThread,
   GEN,
   type LoadedInfo,
+  logitsBufferBytes,
+  logitsViews,
   type ModelThreadOptions,
   planInts,
   readError,
+  type RowSampling,
+  SLOTS,
+  slotOf,
   type ToModelThread,
   VER,
+  WAKE,
   writePlan,
 } from "./model-worker-protocol.ts";
 import type { KvSlab, SeqChunk } from "./transformer.ts";
@@ -23,32 +30,41 @@ const THREAD_ENTRY = import.meta.url.includes("/$bunfs/") ? "./src/model/model-w
 
 interface Pending {
   gen: number;
-  resolve: () => void;
+  resolve: (sampled: Int32Array) => void;
   reject: (e: Error) => void;
   /** The caller's logits buffer when it is not the shared one: copied into on completion. */
   out: Float32Array | null;
   nLogits: number;
+  /** The sampled rows' tokens, once the step is done. */
+  sampled: Int32Array;
+  /** The caller needn't hear of its end before the next forward's (wakeAt). */
+  lazy: boolean;
 }
 
 /**
  * A model on its own thread, as the engine's model runner: the thread loads the weights and
  * runs each forward over the engine's shared KV slab while the engine's event loop stays free.
  *
- * Invariant: at most one forward is in flight, and while it is the model thread alone touches
- * the plan and logits buffers. A thread that dies (or a close) fails the forward in flight and
- * every later one with `model worker died: ...`, so an engine never waits on a dead model.
+ * Invariant: at most SLOTS forwards are in flight, each in its own slot (slotOf(gen)), and while one
+ * is the model thread alone touches its slot's plan and logits buffers; forwards settle in the
+ * order they were posted. A thread that dies (or a close) fails every forward in flight and every
+ * later one with `model worker died: ...`, so an engine never waits on a dead model.
  */
 export class ModelWorker {
   readonly info: LoadedInfo;
   readonly vocabSize: number;
+  /** Forwards forwardPipelined takes in flight at most. */
+  readonly pipelineDepth = SLOTS;
   private readonly worker: Worker;
   private readonly ctrl: Int32Array;
   private gen = 0;
   private version = 0;
   private pool: KvPool | null = null;
-  private plan = new Int32Array(new SharedArrayBuffer(0));
-  private logits = new Float32Array(new SharedArrayBuffer(0));
-  private pending: Pending | null = null;
+  private readonly plans = Array.from({ length: SLOTS }, () => new Int32Array(new SharedArrayBuffer(0)));
+  private readonly logits: Float32Array[] = Array.from({ length: SLOTS }, () => new Float32Array(0));
+  private readonly sampled: Int32Array[] = Array.from({ length: SLOTS }, () => new Int32Array(0));
+  /** In flight, oldest first. */
+  private readonly pending: Pending[] = [];
   /** Slabs the thread gave room for in its kernel memory (kvSlab). */
   private readonly kernelSlabs = new Set<ArrayBufferLike>();
   private dead: Error | null = null;
@@ -91,14 +107,17 @@ export class ModelWorker {
     });
   }
 
-  /** The shared buffer forward writes logits into, grown to hold `nSeq` sequences. */
+  /** The shared buffer the next forward writes logits into, grown to hold `nSeq` sequences. */
   logitsBuffer(nSeq: number): Float32Array {
-    if (this.logits.length < nSeq * this.vocabSize) {
-      const cap = Math.max(nSeq, (2 * this.logits.length) / this.vocabSize);
-      this.logits = new Float32Array(new SharedArrayBuffer(cap * this.vocabSize * 4));
-      this.send({ logits: this.logits.buffer });
+    const slot = slotOf(this.gen + 1);
+    const have = this.logits[slot]!;
+    if (have.length < nSeq * this.vocabSize) {
+      const cap = Math.max(nSeq, (2 * have.length) / this.vocabSize);
+      const buffer = new SharedArrayBuffer(logitsBufferBytes(cap, this.vocabSize));
+      ({ logits: this.logits[slot]!, sampled: this.sampled[slot]! } = logitsViews(buffer, this.vocabSize));
+      this.send(slot, { logits: buffer });
     }
-    return this.logits;
+    return this.logits[slot]!;
   }
 
   /**
@@ -106,27 +125,43 @@ export class ModelWorker {
    * `out`. Until then the caller must not free, reuse or write any block of `batch`.
    */
   forward(pool: KvPool, batch: readonly SeqChunk[], out: Float32Array): Promise<void> {
+    return this.forwardPipelined(pool, batch, out).then(() => {});
+  }
+
+  /**
+   * forward, which may be called again before the one before settles (SLOTS in flight at most):
+   * the rows `sampling` names are sampled on the model thread (by the engine's own sampler), and
+   * the promise settles with their tokens by row (-1 elsewhere; a view valid until that slot's
+   * next forward is posted). A chunk token prevToken(r) is row r's sampled token of the forward before.
+   * `lazy`: it may settle together with the next one (see ModelRunner.forwardPipelined).
+   */
+  forwardPipelined(pool: KvPool, batch: readonly SeqChunk[], out: Float32Array, sampling?: readonly (RowSampling | null)[], lazy = false): Promise<Int32Array> {
     if (this.dead) return Promise.reject(this.dead);
-    assert(this.pending === null, "model worker: a forward is already in flight (one engine per model thread)");
+    assert(this.pending.length < SLOTS, `model worker: ${SLOTS} forwards already in flight (one engine per model thread)`);
     const nLogits = batch.length * this.vocabSize;
     if (out.length < nLogits) assert.fail(`out has ${out.length} floats, want ${nLogits}`);
     if (pool !== this.pool) this.sharePool(pool);
     const shared = this.logitsBuffer(batch.length);
-    const ints = planInts(batch, pool.shape.blockTokens);
-    if (this.plan.length < ints) {
-      this.plan = new Int32Array(new SharedArrayBuffer(Math.max(ints, 2 * this.plan.length) * 4));
-      this.send({ plan: this.plan.buffer });
-    }
-    writePlan(this.plan, batch, pool.shape.blockTokens);
     // Int32 like the cell it is stored in, so it wraps with it (2^31 steps is weeks of decode).
-    const gen = (this.gen = (this.gen + 1) | 0);
-    return new Promise<void>((resolve, reject) => {
-      this.pending = { gen, resolve, reject, out: out === shared ? null : out, nLogits };
+    const gen = (this.gen + 1) | 0;
+    const slot = slotOf(gen);
+    const ints = planInts(batch, pool.shape.blockTokens);
+    if (this.plans[slot]!.length < ints) {
+      this.plans[slot] = new Int32Array(new SharedArrayBuffer(Math.max(ints, 2 * this.plans[slot]!.length) * 4));
+      this.send(slot, { plan: this.plans[slot]!.buffer });
+    }
+    writePlan(this.plans[slot]!, batch, pool.shape.blockTokens, sampling);
+    const sampled = this.sampled[slot]!.subarray(0, batch.length);
+    this.gen = gen;
+    return new Promise<Int32Array>((resolve, reject) => {
+      this.pending.push({ gen, resolve, reject, out: out === shared ? null : out, nLogits, sampled, lazy });
       // Held while a forward runs, so a process with nothing else to do still waits for it.
-      this.worker.ref();
+      if (this.pending.length === 1) this.worker.ref();
       Atomics.store(this.ctrl, GEN, gen);
       Atomics.notify(this.ctrl, GEN);
-      void this.awaitDone(gen);
+      if (this.pending.length === 1) void this.awaitDone();
+      // A waiter already asleep may now sleep past a lazy head (wakeAt): the thread reads WAKE after each end.
+      else Atomics.store(this.ctrl, WAKE, this.wakeAt());
     });
   }
 
@@ -159,6 +194,11 @@ export class ModelWorker {
     });
   }
 
+  /** Milliseconds the model thread has spent running forwards so far (a decode's busy share: Δ busyMs / Δ wall time). */
+  get busyMs(): number {
+    return busyCell(this.ctrl)[0]!;
+  }
+
   /** Calls `listener` when the thread dies unasked (not on close). */
   onDeath(listener: (e: Error) => void): void {
     this.deathListeners.push(listener);
@@ -175,43 +215,62 @@ export class ModelWorker {
     const slab = pool.slab;
     if (!(slab instanceof SharedArrayBuffer)) assert.fail("model worker: the KV pool's slab must be shared (new KvPool(shape, n, { shared: true }))");
     this.pool = pool;
-    this.send({ pool: { shape: pool.shape, numBlocks: pool.total, slab, slabOffset: pool.slabOffset, inKernel: this.kernelSlabs.has(slab) } });
+    this.send(0, { pool: { shape: pool.shape, numBlocks: pool.total, slab, slabOffset: pool.slabOffset, inKernel: this.kernelSlabs.has(slab) } });
   }
 
-  private send(buffers: Omit<Extract<ToModelThread, { type: "buffers" }>, "type" | "version">): void {
+  private send(slot: number, buffers: Omit<Extract<ToModelThread, { type: "buffers" }>, "type" | "version" | "slot">): void {
     this.version++;
-    this.worker.postMessage({ type: "buffers", version: this.version, ...buffers } satisfies ToModelThread);
+    this.worker.postMessage({ type: "buffers", version: this.version, slot, ...buffers } satisfies ToModelThread);
     Atomics.store(this.ctrl, VER, this.version);
   }
 
-  private async awaitDone(gen: number): Promise<void> {
+  /** Settles the forwards in flight as the model thread finishes them, oldest first, until none is left. */
+  private async awaitDone(): Promise<void> {
     for (;;) {
+      const head = this.pending[0];
+      if (head === undefined) return;
+      Atomics.store(this.ctrl, WAKE, this.wakeAt());
       const done = Atomics.load(this.ctrl, DONE);
-      if (this.pending?.gen !== gen) return;
-      if (done === gen) break;
-      const w = Atomics.waitAsync(this.ctrl, DONE, done);
-      if (w.async) await w.value;
+      // gen - done in Int32, so the comparison survives the counters' wrap.
+      if (((head.gen - done) | 0) > 0) {
+        const w = Atomics.waitAsync(this.ctrl, DONE, done);
+        if (w.async) await w.value;
+        continue;
+      }
+      const slot = slotOf(head.gen);
+      this.settle(Atomics.load(this.ctrl, FAILED + slot) === head.gen ? new Error(readError(this.ctrl, slot)) : null);
     }
-    this.settle(Atomics.load(this.ctrl, FAILED) === gen ? new Error(readError(this.ctrl)) : null);
   }
 
+  /**
+   * The gen whose end wakes this thread: the oldest in flight, unless it is lazy and a step
+   * behind the one woken for stays queued (so the model thread has work while this one
+   * catches up): then the first one not lazy, at most the second newest.
+   */
+  private wakeAt(): number {
+    const last = this.pending.length - 2;
+    let i = 0;
+    while (i < last && this.pending[i]!.lazy) i++;
+    return this.pending[i]!.gen;
+  }
+
+  /** Settles the oldest forward in flight. */
   private settle(error: Error | null): void {
-    const p = this.pending;
-    if (p === null) return;
-    this.pending = null;
-    this.worker.unref();
+    const p = this.pending.shift();
+    if (p === undefined) return;
+    if (this.pending.length === 0) this.worker.unref();
     if (error) {
       p.reject(error);
       return;
     }
-    if (p.out) p.out.set(this.logits.subarray(0, p.nLogits));
-    p.resolve();
+    if (p.out) p.out.set(this.logits[slotOf(p.gen)]!.subarray(0, p.nLogits));
+    p.resolve(p.sampled);
   }
 
   private die(why: string): void {
     if (this.dead) return;
     this.dead = new Error(`model worker died: ${why}`);
-    this.settle(this.dead);
+    while (this.pending.length > 0) this.settle(this.dead);
     // Wakes the waiter of the forward that failed, so it lets go.
     Atomics.notify(this.ctrl, DONE);
     if (why === "closed") {

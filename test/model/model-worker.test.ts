@@ -1,8 +1,12 @@
 // The model on its own thread: the same logits and the same K/V bits as the Transformer in this
 // thread, over a KV slab both threads share; failures fail the forward, never hang it.
 import { afterAll, describe, expect, test } from "bun:test";
-import { kvShapeOf, loadSyntheticModel, ModelWorker, type SeqChunk, SYNTHETIC_MODEL_NAME, Transformer } from "../../src/model/index.ts";
+import { kvShapeOf, loadSyntheticModel, ModelWorker, prevToken, type SeqChunk, SYNTHETIC_MODEL_NAME, Transformer } from "../../src/model/index.ts";
 import { KvPool } from "../../src/pool/index.ts";
+import { sample } from "../../src/rng/index.ts";
+
+/** A row the model greedy-samples itself. */
+const G = { cfg: { temperature: 0, topP: 1, topK: 0 }, rng: null };
 
 const m = loadSyntheticModel();
 const local = new Transformer(m.cfg, m.weights);
@@ -109,6 +113,73 @@ describe("ModelWorker", () => {
     await f;
     // A forward that blocked this thread (the model on it, or an Atomics.wait) would settle first.
     expect(turns).toBeGreaterThan(0);
+  });
+
+  test("pipelined: the next forward posted while one runs, its tokens the model's own greedy samples", async () => {
+    const w = await start(2);
+    const shape = kvShapeOf(m.cfg, 8);
+    const mine = new KvPool(shape, 16);
+    const theirs = new KvPool(shape, 16, { shared: true });
+    const V = m.cfg.vocabSize;
+    const tables = [
+      [0, 1, 2, 3, 4],
+      [9, 7, 8, 5, 6],
+    ];
+    // Row 0 greedy from a prefill on; row 1 greedy only from the second step, fed by the caller.
+    const local1 = new Float32Array(2 * V);
+    const argmax = (l: Float32Array, r: number) => sample(l.subarray(r * V, (r + 1) * V), { temperature: 0, topP: 1, topK: 0 }, null);
+    let batch = tables.map((t, i) => ({ blockTable: t, startPos: 0, tokens: prompt.slice(0, 20 + i) }));
+    let pending = w.forwardPipelined(theirs, batch, w.logitsBuffer(2), [G, null]);
+    for (let step = 1; step < 6; step++) {
+      local.forward(mine, batch, local1);
+      const tokens = [argmax(local1, 0), argmax(local1, 1)];
+      // Posted before the step before settles: row 0 names its token, row 1 carries the caller's.
+      batch = tables.map((t, i) => ({ blockTable: t, startPos: 20 + i + step - 1, tokens: [i === 0 ? prevToken(0) : tokens[1]!] }));
+      const next = w.forwardPipelined(theirs, batch, w.logitsBuffer(2), [G, G]);
+      expect(Array.from(await pending)).toEqual(step === 1 ? [tokens[0]!, -1] : tokens);
+      pending = next;
+      batch[0]!.tokens = [tokens[0]!];
+    }
+    local.forward(mine, batch, local1);
+    expect(Array.from(await pending)).toEqual([argmax(local1, 0), argmax(local1, 1)]);
+    expect(Buffer.from(theirs.bytes).equals(Buffer.from(mine.bytes))).toBe(true);
+  });
+
+  test("pipelined: a lazy forward settles with the one after it, a forward not lazy at its own end", async () => {
+    const w = await start();
+    const pool = new KvPool(kvShapeOf(m.cfg, 8), 102, { shared: true });
+    const long = Array.from({ length: 800 }, (_, i) => 32 + (i % 90));
+    const table = Array.from({ length: 100 }, (_, i) => i + 2);
+    for (const lazy of [true, false]) {
+      const a = w.forwardPipelined(pool, [{ blockTable: [0], startPos: 0, tokens: [65] }], w.logitsBuffer(1), [G], lazy);
+      const b = w.forwardPipelined(pool, [{ blockTable: table, startPos: 0, tokens: long }], w.logitsBuffer(1), [G]);
+      const c = w.forwardPipelined(pool, [{ blockTable: [1], startPos: 0, tokens: [66] }], w.logitsBuffer(1), [G]);
+      await a;
+      // b is an 800-token prefill: only a lazy a waits for its end.
+      const first = await Promise.race([b.then(() => "b"), Bun.sleep(0).then(() => "a alone")]);
+      expect(first).toBe(lazy ? "b" : "a alone");
+      await Promise.all([b, c]);
+    }
+  });
+
+  test("pipelined: a forward that names the token of a failed one fails too; the thread keeps serving", async () => {
+    const w = await start();
+    const pool = new KvPool(kvShapeOf(m.cfg, 8), 4, { shared: true });
+    // A good greedy step first, so what the failed one's successor must not read is there to read.
+    await w.forwardPipelined(pool, [{ blockTable: [0], startPos: 0, tokens: [65] }], w.logitsBuffer(1), [G]);
+    const bad = w.forwardPipelined(pool, [{ blockTable: [0], startPos: 1, tokens: [9999] }], w.logitsBuffer(1), [G]);
+    const next = w.forwardPipelined(pool, [{ blockTable: [0], startPos: 1, tokens: [prevToken(0)] }], w.logitsBuffer(1), [G]);
+    const errors = Promise.all([bad.catch((e: Error) => e.message), next.catch((e: Error) => e.message)]);
+    const filler = () => w.forwardPipelined(pool, [{ blockTable: [1], startPos: 0, tokens: [65] }], w.logitsBuffer(1));
+    const fillers = [filler(), filler()];
+    expect(filler).toThrow(/4 forwards already in flight/);
+    await Promise.all(fillers);
+    const [badError, nextError] = await errors;
+    expect(badError).toMatch(/token 9999 outside vocab 258/);
+    expect(nextError).toMatch(/row 0's token of a step that failed/);
+    // Row 0 was not sampled here: naming its token is refused.
+    await w.forwardPipelined(pool, [{ blockTable: [0], startPos: 0, tokens: [65] }], w.logitsBuffer(1), [null]);
+    await expect(w.forwardPipelined(pool, [{ blockTable: [0], startPos: 1, tokens: [prevToken(0)] }], w.logitsBuffer(1))).rejects.toThrow(/sampled none there/);
   });
 
   test("a forward the model refuses fails alone; the thread keeps serving", async () => {
