@@ -1,36 +1,37 @@
 import assert from "node:assert";
-import { choiceSeed, maskStops, Pcg32, processLogits, resumeRng, sample, stream, SAMPLE_STREAM, tokenLogprobs, type TokenLogprobs } from "../rng/index.ts";
+import { choiceSeed, maskStops, processLogits, resumeRng, sample, stream, SAMPLE_STREAM, tokenLogprobs, type TokenLogprobs } from "../rng/index.ts";
 import type { KvPool } from "../pool/index.ts";
 import { type ModelRunner, prevToken, type RowSampling, type SeqChunk } from "./model-runner.ts";
 import { Sequence, type Finish, type FinishReason, type SamplingParams } from "./sequence.ts";
 
-/** One sequence's share of a step: n tokens from its numComputed. */
-interface Planned {
-  seq: Sequence;
-  n: number;
-}
-
-/** A step posted to the model and not yet postprocessed. */
-interface InFlight {
-  plan: StepPlan;
-  /** Settles with the tokens the model sampled (a pipelined model), or nothing. */
-  pending: void | Promise<Int32Array | void>;
-}
-
-/** What the scheduler hands the model runner: the planned chunks and the batch built from them. */
+/**
+ * A step from plan to postprocess: what the scheduler hands the model runner, and what the
+ * forward leaves for postprocess. The records are reused (Engine.spare) once their step settled
+ * and was postprocessed, their arrays refilled in place, so a steady decode allocates none per step.
+ */
 interface StepPlan {
-  planned: Planned[];
-  batch: SeqChunk[];
+  /** Per row: its sequence, and how many of its tokens (from numComputed) the step computes. */
+  readonly seqs: Sequence[];
+  readonly counts: number[];
+  /** Per row: the sequence's chunk (its own record, overwritten by its next step once this one is posted). */
+  readonly batch: SeqChunk[];
   /** Per row: how the model samples it itself, or null (a pipelined model; see modelSamples). */
-  sampling: (RowSampling | null)[];
+  readonly sampling: (RowSampling | null)[];
+  /** Rows filled so far while the plan is built. */
+  rows: number;
   /** Where forward writes the logits, one row per chunk. */
   logits: Float32Array;
+  /** Settles with the tokens the model sampled (a pipelined model), or nothing (a synchronous one). */
+  pending: void | Promise<Int32Array | void>;
   /** The tokens the model sampled for those rows, once the forward settled. */
   sampled: Int32Array | null;
   /** Blocks given back while this step ran, released when it settles. */
   readonly deferred: number[];
-  /** Planned ahead (decodes only): its tokens may be streamed together with the next step's. */
-  ahead: boolean;
+  /**
+   * Tokens in flight before this step's, 0 unless planned ahead (decodes only: then its tokens
+   * may be streamed together with the next step's).
+   */
+  ahead: number;
 }
 
 export interface EngineOptions {
@@ -113,6 +114,13 @@ export class Engine {
   private draining = false;
   private readonly now: () => number;
   private readonly finishListeners: ((f: Finish) => void)[] = [];
+  /** Steps posted and not yet postprocessed, oldest first (depth at most). */
+  private readonly queue: StepPlan[] = [];
+  /** Step records free for reuse: each went through settled and postprocess (depth of them in a steady decode). */
+  private readonly spare: StepPlan[] = [];
+  /** Row views of each logits buffer forwards wrote (rowLogits). */
+  private readonly rowViews = new WeakMap<Float32Array, Float32Array[]>();
+  private readonly loop = (): void => void this.loopOnce();
 
   constructor(opts: EngineOptions) {
     this.model = opts.model;
@@ -218,7 +226,7 @@ export class Engine {
   private kick(): void {
     if (this.scheduled || this.stepping) return;
     this.scheduled = true;
-    setImmediate(() => void this.loopOnce());
+    setImmediate(this.loop);
   }
 
   private async loopOnce(): Promise<void> {
@@ -244,22 +252,27 @@ export class Engine {
   async step(): Promise<void> {
     const first = this.plan();
     if (first === null) return;
-    const queue: InFlight[] = [{ plan: first, pending: this.forward(first) }];
+    const queue = this.queue;
+    first.pending = this.forward(first);
+    queue.push(first);
     while (queue.length > 0) {
       for (let next: StepPlan | null; queue.length < this.depth && (next = this.planAhead(queue)) !== null; ) {
-        queue.push({ plan: next, pending: this.forward(next) });
+        next.pending = this.forward(next);
+        queue.push(next);
       }
-      const { plan, pending } = queue[0]!;
+      const plan = queue[0]!;
       try {
-        if (pending) await this.settled(plan, pending);
+        if (plan.pending) await this.settled(plan, plan.pending);
         this.postprocess(plan);
       } catch (e) {
         // The steps posted ahead settle too (failing, when they needed this one's tokens) before
         // the caller fails the requests, so their blocks go back now, not to a step never awaited.
-        for (let i = 1; i < queue.length; i++) await this.settled(queue[i]!.plan, queue[i]!.pending!).catch(() => {});
+        for (let i = 1; i < queue.length; i++) await this.settled(queue[i]!, queue[i]!.pending!).catch(() => {});
+        queue.length = 0;
         throw e;
       }
       queue.shift();
+      this.spare.push(plan);
     }
   }
 
@@ -268,11 +281,12 @@ export class Engine {
     try {
       plan.sampled = (await pending) ?? null;
     } finally {
-      for (let i = 0; i < plan.planned.length; i++) {
-        const seq = plan.planned[i]!.seq;
+      for (let i = 0; i < plan.seqs.length; i++) {
+        const seq = plan.seqs[i]!;
         if (seq.inFlightStep === plan) seq.inFlightStep = null;
       }
       this.pool.releaseAll(plan.deferred);
+      plan.deferred.length = 0;
     }
   }
 
@@ -284,7 +298,7 @@ export class Engine {
   private plan(): StepPlan | null {
     const B = this.pool.shape.blockTokens;
     let budget = this.maxBatchTokens;
-    const planned: Planned[] = [];
+    const plan = this.takePlan(0);
 
     for (let i = 0; i < this.running.length && budget > 0; i++) {
       const seq = this.running[i]!;
@@ -295,7 +309,7 @@ export class Engine {
         continue;
       }
       if (seq.state !== "running") continue;
-      planned.push({ seq, n });
+      this.addRow(plan, seq, n, seq.chunkAt(seq.numComputed, n), seq.numComputed + n === seq.tokens.length);
       budget -= n;
     }
 
@@ -319,16 +333,13 @@ export class Engine {
       seq.scheduledMs ??= this.now();
       seq.state = "running";
       this.running.push(seq);
-      planned.push({ seq, n });
+      this.addRow(plan, seq, n, seq.chunkAt(seq.numComputed, n), seq.numComputed + n === seq.tokens.length);
       budget -= n;
     }
-    if (planned.length === 0) return null;
-    const batch: SeqChunk[] = planned.map(({ seq, n }) => ({
-      blockTable: seq.blockTable,
-      startPos: seq.numComputed,
-      tokens: seq.tokens.slice(seq.numComputed, seq.numComputed + n),
-    }));
-    return this.stepPlan(planned, batch, (seq, n) => this.modelSamples(seq, seq.numComputed + n === seq.tokens.length, 0), 0);
+    this.sealRows(plan);
+    if (plan.rows > 0) return plan;
+    this.spare.push(plan);
+    return null;
   }
 
   /**
@@ -339,41 +350,74 @@ export class Engine {
    * by the model, none sure to finish at one of the tokens in flight) and blocks need no
    * preemption. A sequence that stops before (EOS, a stop token, a cancel) has its row skipped.
    */
-  private planAhead(queue: readonly InFlight[]): StepPlan | null {
+  private planAhead(queue: readonly StepPlan[]): StepPlan | null {
     const B = this.pool.shape.blockTokens;
-    const last = queue[queue.length - 1]!.plan;
-    const n = last.planned.length;
+    const last = queue[queue.length - 1]!;
+    const n = last.seqs.length;
     // Each step in flight (each a sampling step for every row, or there would be none ahead) adds a token.
     const coming = queue.length;
     if (this.waiting.length > 0 || this.running.length !== n || n > this.maxBatchTokens) return null;
     for (let i = 0; i < n; i++) {
-      const seq = last.planned[i]!.seq;
+      const seq = last.seqs[i]!;
       const ends = seq.outputCount + coming >= seq.sampling.maxTokens || seq.tokens.length + coming >= this.maxModelLen;
       if (seq.state !== "running" || seq.prefillOnly || last.sampling[i] === null || ends) return null;
     }
     for (let i = 0; i < n; i++) {
-      const seq = last.planned[i]!.seq;
+      const seq = last.seqs[i]!;
       const need = Math.ceil((seq.tokens.length + coming) / B) - seq.blockTable.length;
       const ids = need > 0 ? this.pool.allocate(need) : [];
       // Short: no preemption under a forward in flight; plan() decides once they settle.
       if (ids === null) return null;
       seq.blockTable.push(...ids);
     }
-    const planned: Planned[] = last.planned.map(({ seq }) => ({ seq, n: 1 }));
-    const batch: SeqChunk[] = planned.map(({ seq }, r) => ({ blockTable: seq.blockTable, startPos: seq.tokens.length + coming - 1, tokens: [prevToken(r)] }));
-    const plan = this.stepPlan(planned, batch, (seq) => this.modelSamples(seq, true, coming), coming);
-    plan.ahead = true;
+    const plan = this.takePlan(coming);
+    for (let r = 0; r < n; r++) {
+      const seq = last.seqs[r]!;
+      this.addRow(plan, seq, 1, seq.chunkAt(seq.tokens.length + coming - 1, 1, prevToken(r)), true);
+    }
+    this.sealRows(plan);
+    return plan;
+  }
+
+  /** A free step record, emptied (its arrays keep their room), for a step `ahead` tokens past those computed. */
+  private takePlan(ahead: number): StepPlan {
+    const plan = this.spare.pop() ?? {
+      seqs: [],
+      counts: [],
+      batch: [],
+      sampling: [],
+      rows: 0,
+      logits: this.logits,
+      pending: undefined,
+      sampled: null,
+      deferred: [],
+      ahead,
+    };
+    plan.rows = 0;
+    plan.logits = this.logits;
+    plan.pending = undefined;
+    plan.sampled = null;
+    plan.ahead = ahead;
     return plan;
   }
 
   /**
-   * A plan over `batch`; a pipelined model samples the rows `modelSamples` picks, from the
-   * request's stream as it will stand `ahead` tokens on (each of them one draw, when it draws).
+   * Row plan.rows: seq computes `n` tokens as `chunk`; a pipelined model samples the row itself
+   * when `samples` (the chunk ends at its tokens) and modelSamples allows, from the request's
+   * stream as it will stand the plan's ahead tokens on (each of them one draw, when it draws).
    */
-  private stepPlan(planned: Planned[], batch: SeqChunk[], modelSamples: (seq: Sequence, n: number) => boolean, ahead: number): StepPlan {
-    const pipelined = this.model.forwardPipelined !== undefined;
-    const sampling = planned.map(({ seq, n }) => (pipelined && modelSamples(seq, n) ? { cfg: seq.sampling, rng: seq.rng && drawn(seq.rng, ahead) } : null));
-    return { planned, batch, sampling, logits: this.logits, sampled: null, deferred: [], ahead: false };
+  private addRow(plan: StepPlan, seq: Sequence, n: number, chunk: SeqChunk, samples: boolean): void {
+    const r = plan.rows++;
+    const ahead = plan.ahead;
+    plan.seqs[r] = seq;
+    plan.counts[r] = n;
+    plan.batch[r] = chunk;
+    plan.sampling[r] = this.model.forwardPipelined !== undefined && this.modelSamples(seq, samples, ahead) ? seq.rowSampling(ahead) : null;
+  }
+
+  /** Cuts the arrays to the rows filled (a steady decode fills as many each step: nothing moves). */
+  private sealRows(plan: StepPlan): void {
+    plan.seqs.length = plan.counts.length = plan.batch.length = plan.sampling.length = plan.rows;
   }
 
   /**
@@ -388,22 +432,22 @@ export class Engine {
 
   /** The model runner's half: one forward over the plan's batch into its logits buffer (a promise when it runs elsewhere). */
   private forward(plan: StepPlan): void | Promise<Int32Array | void> {
-    const n = plan.planned.length;
+    const n = plan.seqs.length;
     const V = this.model.vocabSize;
     if (this.model.logitsBuffer) plan.logits = this.model.logitsBuffer(n);
     else if (this.logits.length < n * V) plan.logits = this.logits = new Float32Array(n * V);
-    for (let i = 0; i < n; i++) plan.planned[i]!.seq.inFlightStep = plan;
+    for (let i = 0; i < n; i++) plan.seqs[i]!.inFlightStep = plan;
     this.stats.steps++;
     if (this.model.forwardPipelined) {
       // A prefill's first token streams at once; decodes planned ahead may stream in pairs.
-      const pending = this.model.forwardPipelined(this.pool, plan.batch, plan.logits, plan.sampling, plan.ahead);
+      const pending = this.model.forwardPipelined(this.pool, plan.batch, plan.logits, plan.sampling, plan.ahead > 0);
       // A step posted ahead may fail before step() awaits it (its failure is the one before's).
       pending.catch(() => {});
       return pending;
     }
     const pending = this.model.forward(this.pool, plan.batch, plan.logits);
     // A synchronous forward holds nothing past its return.
-    if (!pending) for (let i = 0; i < n; i++) plan.planned[i]!.seq.inFlightStep = null;
+    if (!pending) for (let i = 0; i < n; i++) plan.seqs[i]!.inFlightStep = null;
     return pending;
   }
 
@@ -414,9 +458,9 @@ export class Engine {
    */
   private postprocess(plan: StepPlan): void {
     const B = this.pool.shape.blockTokens;
-    const V = this.model.vocabSize;
-    for (let i = 0; i < plan.planned.length; i++) {
-      const { seq, n } = plan.planned[i]!;
+    for (let i = 0; i < plan.seqs.length; i++) {
+      const seq = plan.seqs[i]!;
+      const n = plan.counts[i]!;
       if (seq.state !== "running") continue;
       if (seq.numComputed >= seq.promptLen) this.stats.decodeTokens += n;
       else this.stats.prefillTokens += n;
@@ -425,17 +469,38 @@ export class Engine {
       this.markComputed(seq, from, B);
       if (seq.numComputed < seq.tokens.length) continue;
       const sampled = plan.sampling[i] ? plan.sampled![i]! : -1;
-      this.sampleNext(seq, plan.logits.subarray(i * V, (i + 1) * V), sampled);
+      this.sampleNext(seq, plan.logits, i, sampled);
     }
+  }
+
+  /** Row i of a logits buffer, as a view kept per buffer (a model thread's slots rotate several): one per row, not per token. */
+  private rowLogits(logits: Float32Array, i: number): Float32Array {
+    const V = this.model.vocabSize;
+    let views = this.rowViews.get(logits);
+    if (views === undefined) this.rowViews.set(logits, (views = []));
+    for (let r = views.length; r <= i; r++) views.push(logits.subarray(r * V, (r + 1) * V));
+    return views[i]!;
   }
 
   /**
    * Processes a copy of the logits as the request asks (the model's own stay intact for
    * logprobs), samples (the draw count depends on the temperature alone), and appends.
-   * `sampled` >= 0: the model sampled this token already (modelSamples said it may).
+   * `sampled` >= 0: the model sampled this token already (modelSamples said it may). The logits
+   * are row `row` of `rows`.
    */
-  private sampleNext(seq: Sequence, raw: Float32Array, sampled: number): void {
+  private sampleNext(seq: Sequence, rows: Float32Array, row: number, sampled: number): void {
     const s = seq.sampling;
+    if (sampled >= 0) {
+      // The model drew its one uniform from a copy of the stream: this one takes the same draw.
+      // Its token came from the raw logits (modelSamples), read here for logprobs alone.
+      if (seq.rng) {
+        seq.rng.uniformF64();
+        seq.draws++;
+      }
+      this.appendToken(seq, sampled, true, s.topLogprobs === undefined ? undefined : tokenLogprobs(this.rowLogits(rows, row), sampled, s.topLogprobs));
+      return;
+    }
+    const raw = this.rowLogits(rows, row);
     const masked = seq.outputCount < (s.minTokens ?? 0);
     let logits = raw;
     if (seq.processing || masked) {
@@ -448,9 +513,7 @@ export class Engine {
         maskStops(logits, s.stopTokenIds);
       }
     }
-    // The model drew its one uniform from a copy of the stream: this one takes the same draw.
-    if (sampled >= 0) seq.rng?.uniformF64();
-    const token = sampled >= 0 ? sampled : sample(logits, s, seq.rng);
+    const token = sample(logits, s, seq.rng);
     if (seq.rng) seq.draws++;
     // One prefill for n choices: the others' first tokens come from the same logits, each
     // from its own stream with the same draw count as choice 0's.
@@ -619,12 +682,4 @@ export class Engine {
       if (this.pool.hashOf(id) === 0n) this.pool.register(id, seq.hashes[b]!);
     }
   }
-}
-
-/** `rng` as it will stand after `draws` more uniform draws (itself when none). */
-function drawn(rng: Pcg32, draws: number): Pcg32 {
-  if (draws === 0) return rng;
-  const copy = Pcg32.fromState(rng.state, rng.inc);
-  for (let i = 0; i < draws; i++) copy.uniformF64();
-  return copy;
 }

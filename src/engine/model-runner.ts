@@ -29,7 +29,8 @@ export interface ModelRunner {
    * row r's sampled token of the forward before, so the engine can post step N + 1 of a decode
    * before step N's token is known. `lazy`: the caller needn't hear of this forward's end before
    * the next one's, so the model may settle the two together (one wake of the caller's thread for
-   * both, while a third still runs).
+   * both, while a third still runs). It reads `batch` and `sampling` before it returns: the engine
+   * reuses their records for its next step while this one runs.
    */
   forwardPipelined?(
     pool: KvPool,

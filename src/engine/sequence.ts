@@ -1,5 +1,6 @@
 import { blockHash } from "../codec/index.ts";
 import { compileLogits, isIdentity, TokenHistory, type CompiledLogits, type LogitsConfig, type Pcg32, type TokenLogprobs } from "../rng/index.ts";
+import type { RowSampling, SeqChunk } from "./model-runner.ts";
 
 export interface SamplingParams {
   temperature: number;
@@ -93,6 +94,16 @@ export class Sequence {
   readonly history: TokenHistory | null;
   /** Prefill only: the first tokens of choices 1..n-1, sampled beside choice 0's. */
   moreChoices: FirstToken[] = [];
+  /**
+   * Its chunk and row sampling of the step being planned, reused step after step so a decode
+   * allocates nothing per token: the model reads both while the step is posted (ModelRunner), so
+   * the next step may overwrite them while this one still runs.
+   */
+  private readonly chunk: SeqChunk & { tokens: number[] } = { blockTable: [], startPos: 0, tokens: [] };
+  private readonly oneToken: number[] = [0];
+  private readonly row: RowSampling;
+  /** The stream as a step posted ahead will find it (copied into, never reallocated). */
+  private aheadRng: Pcg32 | null = null;
 
   constructor(
     readonly requestId: string,
@@ -111,6 +122,34 @@ export class Sequence {
     const processing = logitsConfigOf(sampling);
     this.processing = isIdentity(processing) ? null : compileLogits(processing);
     this.history = this.processing ? new TokenHistory(promptTokens, processing.repetitionPenalty !== 1, vocab) : null;
+    this.row = { cfg: sampling, rng: null };
+  }
+
+  /**
+   * Its chunk of a step: `n` tokens from `startPos` (`token` stands for a one-token chunk's, e.g.
+   * prevToken(r)). A one-token chunk reuses its array; a prefill chunk (not per token) is a slice.
+   */
+  chunkAt(startPos: number, n: number, token = this.tokens[startPos]!): SeqChunk {
+    const c = this.chunk;
+    c.blockTable = this.blockTable;
+    c.startPos = startPos;
+    if (n === 1) {
+      this.oneToken[0] = token;
+      c.tokens = this.oneToken;
+    } else c.tokens = this.tokens.slice(startPos, startPos + n);
+    return c;
+  }
+
+  /** How the model samples its row in a step `ahead` tokens on: its stream after that many draws, one per token. */
+  rowSampling(ahead: number): RowSampling {
+    const rng = this.rng;
+    if (rng === null || ahead === 0) this.row.rng = rng;
+    else {
+      this.aheadRng ??= rng.clone();
+      this.row.rng = this.aheadRng.copyFrom(rng);
+      for (let i = 0; i < ahead; i++) this.row.rng.uniformF64();
+    }
+    return this.row;
   }
 
   /** Extends `hashes` to every full block of tokens[0..upTo). */

@@ -20,8 +20,8 @@ export const SAMPLE_STREAM = "sample";
 export class Pcg32 {
   private stateHi: number;
   private stateLo: number;
-  private readonly incHi: number;
-  private readonly incLo: number;
+  private incHi: number;
+  private incLo: number;
 
   private constructor(state: bigint, inc: bigint) {
     assert((inc & 1n) === 1n, `pcg32 increment must be odd, got 0x${inc.toString(16)}`);
@@ -117,6 +117,23 @@ export class Pcg32 {
       d >>= 1n;
     }
     this.setState((accMult * this.state + accPlus) & U64_MASK);
+  }
+
+  /** Becomes a copy of `other` (state and stream), allocating nothing: a scratch generator reused per step. */
+  copyFrom(other: Pcg32): this {
+    this.stateHi = other.stateHi;
+    this.stateLo = other.stateLo;
+    this.incHi = other.incHi;
+    this.incLo = other.incLo;
+    return this;
+  }
+
+  /** Writes state and increment as four Int32 words (hi, lo, hi, lo) at out[at..], with no bigint on the way. */
+  writeWords(out: Int32Array, at: number): void {
+    out[at] = this.stateHi | 0;
+    out[at + 1] = this.stateLo | 0;
+    out[at + 2] = this.incHi | 0;
+    out[at + 3] = this.incLo | 0;
   }
 
   clone(): Pcg32 {

@@ -118,6 +118,22 @@ test("advance_moves_both_ways_and_clone_is_independent", () => {
   expect(c.nextU32()).toBe(a.nextU32());
 });
 
+test("copy_from_takes_state_and_stream_and_write_words_splits_them", () => {
+  const a = stream(9, "sample");
+  a.advance(77n);
+  // Another stream (another increment), so a copy that kept its own would draw differently.
+  const scratch = stream(123, "other");
+  expect(scratch.copyFrom(a)).toBe(scratch);
+  expect([scratch.state, scratch.inc]).toEqual([a.state, a.inc]);
+  for (let i = 0; i < 5; i++) expect(scratch.uniformF64()).toBe(a.uniformF64());
+  const words = new Int32Array(6);
+  a.writeWords(words, 1);
+  const u64 = (hi: number, lo: number) => (BigInt(hi >>> 0) << 32n) | BigInt(lo >>> 0);
+  expect([words[0], words[5]]).toEqual([0, 0]);
+  expect(u64(words[1]!, words[2]!)).toBe(a.state);
+  expect(u64(words[3]!, words[4]!)).toBe(a.inc);
+});
+
 test("stream_rejects_out_of_range_seeds", () => {
   expect(() => stream(-1, "sample")).toThrow();
   expect(() => stream(1.5, "sample")).toThrow();
