@@ -171,13 +171,8 @@ function writeSampling(plan: Int32Array, o: number, r: RowSampling | null): void
   plan[o + 3] = f64Ints[0]!;
   plan[o + 4] = f64Ints[1]!;
   plan[o + 5] = r.cfg.topK | 0;
-  if (r.rng === null) return;
-  const state = r.rng.state;
-  const inc = r.rng.inc;
-  plan[o + 6] = Number(state >> 32n) | 0;
-  plan[o + 7] = Number(state & 0xffff_ffffn) | 0;
-  plan[o + 8] = Number(inc >> 32n) | 0;
-  plan[o + 9] = Number(inc & 0xffff_ffffn) | 0;
+  // As words, not through the bigint state and inc: no allocation per row per step.
+  r.rng?.writeWords(plan, o + 6);
 }
 
 function readSampling(plan: Int32Array, o: number): RowSampling | null {

@@ -28,6 +28,7 @@ import type { KvSlab, SeqChunk } from "./transformer.ts";
 // worker named relative to that root); from a checkout the thread is the file beside this one.
 const THREAD_ENTRY = import.meta.url.includes("/$bunfs/") ? "./src/model/model-worker-thread.ts" : new URL("./model-worker-thread.ts", import.meta.url).href;
 
+/** A forward in flight: one record per slot, refilled for each forward posted to it. */
 interface Pending {
   gen: number;
   resolve: (sampled: Int32Array) => void;
@@ -63,6 +64,16 @@ export class ModelWorker {
   private readonly plans = Array.from({ length: SLOTS }, () => new Int32Array(new SharedArrayBuffer(0)));
   private readonly logits: Float32Array[] = Array.from({ length: SLOTS }, () => new Float32Array(0));
   private readonly sampled: Int32Array[] = Array.from({ length: SLOTS }, () => new Int32Array(0));
+  /** Per slot: its forward's record (free while the slot has none in flight). */
+  private readonly slots: Pending[] = Array.from({ length: SLOTS }, () => ({
+    gen: 0,
+    resolve: () => {},
+    reject: () => {},
+    out: null,
+    nLogits: 0,
+    sampled: new Int32Array(0),
+    lazy: false,
+  }));
   /** In flight, oldest first. */
   private readonly pending: Pending[] = [];
   /** Slabs the thread gave room for in its kernel memory (kvSlab). */
@@ -151,10 +162,19 @@ export class ModelWorker {
       this.send(slot, { plan: this.plans[slot]!.buffer });
     }
     writePlan(this.plans[slot]!, batch, pool.shape.blockTokens, sampling);
-    const sampled = this.sampled[slot]!.subarray(0, batch.length);
     this.gen = gen;
+    const p = this.slots[slot]!;
+    p.gen = gen;
+    p.out = out === shared ? null : out;
+    p.nLogits = nLogits;
+    // The same view while the batch keeps its size and the slot its buffer.
+    if (p.sampled.length !== batch.length || p.sampled.buffer !== this.sampled[slot]!.buffer) p.sampled = this.sampled[slot]!.subarray(0, batch.length);
+    p.lazy = lazy;
+    // The one allocation per forward (besides its settling): the promise the caller awaits.
     return new Promise<Int32Array>((resolve, reject) => {
-      this.pending.push({ gen, resolve, reject, out: out === shared ? null : out, nLogits, sampled, lazy });
+      p.resolve = resolve;
+      p.reject = reject;
+      this.pending.push(p);
       // Held while a forward runs, so a process with nothing else to do still waits for it.
       if (this.pending.length === 1) this.worker.ref();
       Atomics.store(this.ctrl, GEN, gen);
