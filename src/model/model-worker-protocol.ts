@@ -175,18 +175,19 @@ function writeSampling(plan: Int32Array, o: number, r: RowSampling | null): void
   r.rng?.writeWords(plan, o + 6);
 }
 
-function readSampling(plan: Int32Array, o: number): RowSampling | null {
+function readSampling(plan: Int32Array, o: number, row: ReadRow): RowSampling | null {
   const kind = plan[o]!;
   if (kind === 0) return null;
+  const cfg = row.sampling.cfg;
   f64Ints[0] = plan[o + 1]!;
   f64Ints[1] = plan[o + 2]!;
-  const temperature = f64[0]!;
+  cfg.temperature = f64[0]!;
   f64Ints[0] = plan[o + 3]!;
   f64Ints[1] = plan[o + 4]!;
-  const cfg = { temperature, topP: f64[0]!, topK: plan[o + 5]! >>> 0 };
-  if (kind === 1) return { cfg, rng: null };
-  const u64 = (hi: number, lo: number) => (BigInt(hi >>> 0) << 32n) | BigInt(lo >>> 0);
-  return { cfg, rng: Pcg32.fromState(u64(plan[o + 6]!, plan[o + 7]!), u64(plan[o + 8]!, plan[o + 9]!)) };
+  cfg.topP = f64[0]!;
+  cfg.topK = plan[o + 5]! >>> 0;
+  row.sampling.rng = kind === 1 ? null : row.rng.readWords(plan, o + 6);
+  return row.sampling;
 }
 
 /**
@@ -203,11 +204,24 @@ export function logitsViews(buffer: SharedArrayBuffer, vocab: number): { logits:
   return { logits: new Float32Array(buffer, 0, rows * vocab), sampled: new Int32Array(buffer, rows * vocab * 4, rows) };
 }
 
-/** A plan as the model thread reads it: its chunks as views into it (valid until the next plan of its slot). */
+/** One row's records, refilled by every plan read (so a decode reads its plans allocating nothing). */
+interface ReadRow {
+  chunk: { startPos: number; tokens: number[]; blockTable: number[] };
+  sampling: { cfg: SamplingConfig; rng: Pcg32 | null };
+  /** The row's stream, read into in place. */
+  rng: Pcg32;
+}
+
+/** A plan as the model thread reads it: its rows' records, valid until the next plan is read into them. */
 export interface ReadPlan {
   chunks: SeqChunk[];
   /** Per chunk: how the model samples its row, or null. */
   sampling: (RowSampling | null)[];
+  readonly rows: ReadRow[];
+}
+
+export function newReadPlan(): ReadPlan {
+  return { chunks: [], sampling: [], rows: [] };
 }
 
 /**
@@ -218,18 +232,30 @@ export function readPlan(plan: Int32Array, prev: Int32Array | null, into: ReadPl
   const n = plan[0]!;
   into.chunks.length = n;
   into.sampling.length = n;
+  while (into.rows.length < n) {
+    const chunk = { startPos: 0, tokens: [], blockTable: [] };
+    into.rows.push({ chunk, sampling: { cfg: { temperature: 0, topP: 1, topK: 0 }, rng: null }, rng: Pcg32.fromState(0n, 1n) });
+  }
   let o = 1;
   for (let s = 0; s < n; s++) {
-    const startPos = plan[o]!;
+    const row = into.rows[s]!;
+    const c = row.chunk;
+    c.startPos = plan[o]!;
     const nt = plan[o + 1]!;
     const nb = plan[o + 2]!;
-    into.sampling[s] = readSampling(plan, o + 3);
+    into.sampling[s] = readSampling(plan, o + 3, row);
     o += ROW_INTS;
-    const tokens = plan.subarray(o, o + nt);
-    for (let t = 0; t < nt; t++) if (tokens[t]! < 0) tokens[t] = previousToken(prev, -1 - tokens[t]!);
+    // Cut, then written in order (a write at the end appends): the arrays stay dense.
+    if (c.tokens.length > nt) c.tokens.length = nt;
+    for (let t = 0; t < nt; t++) {
+      const token = plan[o + t]!;
+      c.tokens[t] = token < 0 ? previousToken(prev, -1 - token) : token;
+    }
     o += nt;
-    into.chunks[s] = { startPos, tokens, blockTable: plan.subarray(o, o + nb) };
+    if (c.blockTable.length > nb) c.blockTable.length = nb;
+    for (let b = 0; b < nb; b++) c.blockTable[b] = plan[o + b]!;
     o += nb;
+    into.chunks[s] = c;
   }
   return into;
 }

@@ -14,6 +14,7 @@ import {
   GEN,
   logitsViews,
   type ReadPlan,
+  newReadPlan,
   readPlan,
   SLOTS,
   slotOf,
@@ -35,7 +36,9 @@ const logits: Float32Array[] = Array.from({ length: SLOTS }, () => new Float32Ar
 const sampled: Int32Array[] = Array.from({ length: SLOTS }, () => new Int32Array(0));
 let version = 0;
 let buffersArrived: (() => void) | null = null;
-const read: ReadPlan = { chunks: [], sampling: [] };
+const read: ReadPlan = newReadPlan();
+/** Per slot: row views of its logits buffer, made once per buffer (sampleRows). */
+const rowViews: Float32Array[][] = Array.from({ length: SLOTS }, () => []);
 
 self.onmessage = (e) => {
   const m = e.data;
@@ -48,7 +51,10 @@ self.onmessage = (e) => {
         p.inKernel && model ? model.kvPoolAt(p.shape, p.numBlocks, p.slabOffset) : new KvPool(p.shape, p.numBlocks, { slab: p.slab, slabOffset: p.slabOffset });
     }
     if (m.plan) plans[m.slot] = new Int32Array(m.plan);
-    if (m.logits && model) ({ logits: logits[m.slot]!, sampled: sampled[m.slot]! } = logitsViews(m.logits, model.cfg.vocabSize));
+    if (m.logits && model) {
+      ({ logits: logits[m.slot]!, sampled: sampled[m.slot]! } = logitsViews(m.logits, model.cfg.vocabSize));
+      rowViews[m.slot]!.length = 0;
+    }
     version = m.version;
     buffersArrived?.();
   } else if (m.type === "kv-slab") {
@@ -103,7 +109,7 @@ async function serve(t: Transformer): Promise<void> {
       const p = readPlan(plans[slot]!, prev, read);
       prev = null;
       t.forward(pool, p.chunks, logits[slot]!);
-      sampleRows(p, logits[slot]!, sampled[slot]!, t.cfg.vocabSize);
+      sampleRows(p, logits[slot]!, rowViews[slot]!, sampled[slot]!, t.cfg.vocabSize);
       prev = sampled[slot]!;
     } catch (e) {
       writeError(ctrl, slot, e instanceof Error ? e.message : String(e));
@@ -117,9 +123,14 @@ async function serve(t: Transformer): Promise<void> {
 }
 
 /** The tokens of the rows the plan samples, by the sampler the engine itself samples with. */
-function sampleRows(p: ReadPlan, out: Float32Array, tokens: Int32Array, V: number): void {
+function sampleRows(p: ReadPlan, out: Float32Array, views: Float32Array[], tokens: Int32Array, V: number): void {
   for (let r = 0; r < p.chunks.length; r++) {
     const s = p.sampling[r];
-    tokens[r] = s ? sample(out.subarray(r * V, (r + 1) * V), s.cfg, s.rng) : -1;
+    if (!s) {
+      tokens[r] = -1;
+      continue;
+    }
+    for (let v = views.length; v <= r; v++) views.push(out.subarray(v * V, (v + 1) * V));
+    tokens[r] = sample(views[r]!, s.cfg, s.rng);
   }
 }

@@ -136,6 +136,16 @@ export class Pcg32 {
     out[at + 3] = this.incLo | 0;
   }
 
+  /** Takes state and increment from four words writeWords wrote (the increment must be odd). */
+  readWords(from: Int32Array, at: number): this {
+    assert((from[at + 3]! & 1) === 1, `pcg32 increment must be odd, got low word 0x${(from[at + 3]! >>> 0).toString(16)}`);
+    this.stateHi = from[at]! >>> 0;
+    this.stateLo = from[at + 1]! >>> 0;
+    this.incHi = from[at + 2]! >>> 0;
+    this.incLo = from[at + 3]! >>> 0;
+    return this;
+  }
+
   clone(): Pcg32 {
     return new Pcg32(this.state, this.inc);
   }

@@ -3,7 +3,8 @@
 import { afterAll, describe, expect, test } from "bun:test";
 import { kvShapeOf, loadSyntheticModel, ModelWorker, prevToken, type SeqChunk, SYNTHETIC_MODEL_NAME, Transformer } from "../../src/model/index.ts";
 import { KvPool } from "../../src/pool/index.ts";
-import { sample } from "../../src/rng/index.ts";
+import { newReadPlan, planInts, readPlan, writePlan } from "../../src/model/model-worker-protocol.ts";
+import { sample, stream } from "../../src/rng/index.ts";
 
 /** A row the model greedy-samples itself. */
 const G = { cfg: { temperature: 0, topP: 1, topK: 0 }, rng: null };
@@ -222,5 +223,54 @@ describe("ModelWorker", () => {
 
   test("a model that does not load fails start with the loader's message", async () => {
     await expect(ModelWorker.start({ modelPath: "/nonexistent/model.gguf" })).rejects.toThrow(/nonexistent/);
+  });
+});
+
+describe("plan buffers", () => {
+  test("a plan reads back as written, into the same row records plan after plan (prevToken resolved)", () => {
+    const B = 4;
+    const rng = stream(77, "sample");
+    rng.advance(9n);
+    const cfg = { temperature: 0.7, topP: 0.9, topK: 12 };
+    const prefill: SeqChunk[] = [
+      { blockTable: [5, 2, 9], startPos: 0, tokens: [10, 11, 12, 13, 14, 15] },
+      { blockTable: [7], startPos: 3, tokens: [20] },
+    ];
+    const buf = new Int32Array(planInts(prefill, B));
+    const into = newReadPlan();
+    writePlan(buf, prefill, B, [null, { cfg, rng }]);
+    const first = readPlan(buf, null, into);
+    expect(first.chunks.map((c) => [c.startPos, Array.from(c.tokens), Array.from(c.blockTable)])).toEqual([
+      [0, [10, 11, 12, 13, 14, 15], [5, 2]],
+      [3, [20], [7]],
+    ]);
+    expect(first.sampling[0]).toBeNull();
+    expect(first.sampling[1]!.cfg).toEqual(cfg);
+    expect([first.sampling[1]!.rng!.state, first.sampling[1]!.rng!.inc]).toEqual([rng.state, rng.inc]);
+    const [chunk0, chunk1, row1, stream1] = [first.chunks[0], first.chunks[1], first.sampling[1], first.sampling[1]!.rng];
+
+    const decode: SeqChunk[] = [
+      { blockTable: [5, 2, 9], startPos: 6, tokens: [prevToken(1)] },
+      { blockTable: [7], startPos: 4, tokens: [prevToken(0)] },
+    ];
+    rng.uniformF64();
+    writePlan(buf, decode, B, [G, { cfg, rng }]);
+    const next = readPlan(buf, Int32Array.from([41, 42]), into);
+    expect(next.chunks.map((c) => [c.startPos, Array.from(c.tokens), Array.from(c.blockTable)])).toEqual([
+      [6, [42], [5, 2]],
+      [4, [41], [7]],
+    ]);
+    expect(next.sampling[0]!.cfg).toEqual(G.cfg);
+    expect(next.sampling[0]!.rng).toBeNull();
+    expect(next.sampling[1]!.rng!.state).toBe(rng.state);
+    // The same records, refilled: reading a decode's plan allocates none.
+    for (const [a, b] of [
+      [next.chunks[0], chunk0],
+      [next.chunks[1], chunk1],
+      [next.sampling[1], row1],
+      [next.sampling[1]!.rng, stream1],
+    ])
+      expect(a).toBe(b);
+    expect(() => readPlan(buf, null, into)).toThrow("of a step that failed");
   });
 });

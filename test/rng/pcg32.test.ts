@@ -132,6 +132,10 @@ test("copy_from_takes_state_and_stream_and_write_words_splits_them", () => {
   expect([words[0], words[5]]).toEqual([0, 0]);
   expect(u64(words[1]!, words[2]!)).toBe(a.state);
   expect(u64(words[3]!, words[4]!)).toBe(a.inc);
+  const back = stream(1, "x").readWords(words, 1);
+  expect([back.state, back.inc]).toEqual([a.state, a.inc]);
+  expect(back.nextU32()).toBe(a.nextU32());
+  expect(() => back.readWords(new Int32Array(4), 0)).toThrow("increment must be odd");
 });
 
 test("stream_rejects_out_of_range_seeds", () => {
