@@ -252,6 +252,16 @@ export class Engine {
   async step(): Promise<void> {
     const first = this.plan();
     if (first === null) return;
+    try {
+      await this.run(first);
+    } finally {
+      // A failure (a forward that threw as it was posted, too) must not leave its steps queued for the next step().
+      this.queue.length = 0;
+    }
+  }
+
+  /** Posts `first`, then keeps the queue depth steps deep while each settles and is postprocessed, oldest first. */
+  private async run(first: StepPlan): Promise<void> {
     const queue = this.queue;
     first.pending = this.forward(first);
     queue.push(first);
@@ -268,10 +278,10 @@ export class Engine {
         // The steps posted ahead settle too (failing, when they needed this one's tokens) before
         // the caller fails the requests, so their blocks go back now, not to a step never awaited.
         for (let i = 1; i < queue.length; i++) await this.settled(queue[i]!, queue[i]!.pending!).catch(() => {});
-        queue.length = 0;
         throw e;
       }
       queue.shift();
+      // Settled and postprocessed: nothing reads the record any more.
       this.spare.push(plan);
     }
   }
