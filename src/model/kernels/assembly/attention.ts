@@ -395,6 +395,8 @@ function scaleRow(att: usize, len: i32): void {
  * of a scaled query element and an f16bits pattern is the same real number as q * k, so rounds
  * the same, and every sum is the same. Each q chunk is loaded once for four positions. The last
  * group of four (hd % 8 >= 4) and the tail take q itself and k made f32 (as streamScores).
+ * Long by design: the touch-ahead of the next block and the four sums live in one loop body,
+ * whose registers a call would spill.
  */
 function streamScoresX(
   q: usize,
@@ -471,11 +473,7 @@ function streamScoresX(
             a2 = f32x4.add(a2, f32x4.mul(x, kv4(k2 + ko, hd8)));
             a3 = f32x4.add(a3, f32x4.mul(x, kv4(k3 + ko, hd8)));
           }
-          const at = att + <usize>h * attStep + (<usize>(t0 + s) << 2);
-          store<f32>(at, scoreTail(fold(a0), qp, k0 + ko, hd4, hd) / sqrtHd);
-          if (live > 1) store<f32>(at + 4, scoreTail(fold(a1), qp, k1 + ko, hd4, hd) / sqrtHd);
-          if (live > 2) store<f32>(at + 8, scoreTail(fold(a2), qp, k2 + ko, hd4, hd) / sqrtHd);
-          if (live > 3) store<f32>(at + 12, scoreTail(fold(a3), qp, k3 + ko, hd4, hd) / sqrtHd);
+          storeScores(att + <usize>h * attStep + (<usize>(t0 + s) << 2), live, a0, a1, a2, a3, qp, k0 + ko, k1 + ko, k2 + ko, k3 + ko, hd4, hd, sqrtHd);
         }
       }
     }
@@ -509,6 +507,14 @@ function streamScoresX(
     for (let o = (a + from) & ~63; o < a + to; o += 64) x ^= load<i32>(o) ^ load<i32>(o + vSection);
   }
   return x;
+}
+
+/** The `live` of four positions' scores at `at`: each lane sum folded, its tail added, divided by sqrt(hd). */
+@inline function storeScores(at: usize, live: i32, a0: v128, a1: v128, a2: v128, a3: v128, qp: usize, k0: usize, k1: usize, k2: usize, k3: usize, hd4: i32, hd: i32, sqrtHd: f32): void {
+  store<f32>(at, scoreTail(fold(a0), qp, k0, hd4, hd) / sqrtHd);
+  if (live > 1) store<f32>(at + 4, scoreTail(fold(a1), qp, k1, hd4, hd) / sqrtHd);
+  if (live > 2) store<f32>(at + 8, scoreTail(fold(a2), qp, k2, hd4, hd) / sqrtHd);
+  if (live > 3) store<f32>(at + 12, scoreTail(fold(a3), qp, k3, hd4, hd) / sqrtHd);
 }
 
 /** Row att[h][t] = q_h . k[t] / sqrt(hd) for the heads h of KV heads g0 .. g1 and t < len: four positions at a time. */
@@ -550,11 +556,7 @@ function streamScores(q: usize, att: usize, attStep: usize, len: i32, table: usi
             a2 = f32x4.add(a2, f32x4.mul(x, kv4(k2 + ko, i)));
             a3 = f32x4.add(a3, f32x4.mul(x, kv4(k3 + ko, i)));
           }
-          const at = att + <usize>h * attStep + (<usize>(t0 + s) << 2);
-          store<f32>(at, scoreTail(fold(a0), qp, k0 + ko, hd4, hd) / sqrtHd);
-          if (live > 1) store<f32>(at + 4, scoreTail(fold(a1), qp, k1 + ko, hd4, hd) / sqrtHd);
-          if (live > 2) store<f32>(at + 8, scoreTail(fold(a2), qp, k2 + ko, hd4, hd) / sqrtHd);
-          if (live > 3) store<f32>(at + 12, scoreTail(fold(a3), qp, k3 + ko, hd4, hd) / sqrtHd);
+          storeScores(att + <usize>h * attStep + (<usize>(t0 + s) << 2), live, a0, a1, a2, a3, qp, k0 + ko, k1 + ko, k2 + ko, k3 + ko, hd4, hd, sqrtHd);
         }
       }
     }
