@@ -263,6 +263,7 @@ export class Engine {
   /** Posts `first`, then keeps the queue depth steps deep while each settles and is postprocessed, oldest first. */
   private async run(first: StepPlan): Promise<void> {
     const queue = this.queue;
+    assert(queue.length === 0, "step() while another step runs");
     first.pending = this.forward(first);
     queue.push(first);
     while (queue.length > 0) {

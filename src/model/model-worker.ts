@@ -65,7 +65,7 @@ export class ModelWorker {
   private readonly logits: Float32Array[] = Array.from({ length: SLOTS }, () => new Float32Array(0));
   private readonly sampled: Int32Array[] = Array.from({ length: SLOTS }, () => new Int32Array(0));
   /** Per slot: its forward's record (free while the slot has none in flight). */
-  private readonly slots: Pending[] = Array.from({ length: SLOTS }, () => ({
+  private readonly slotRecords: Pending[] = Array.from({ length: SLOTS }, () => ({
     gen: 0,
     resolve: () => {},
     reject: () => {},
@@ -163,7 +163,7 @@ export class ModelWorker {
     }
     writePlan(this.plans[slot]!, batch, pool.shape.blockTokens, sampling);
     this.gen = gen;
-    const p = this.slots[slot]!;
+    const p = this.slotRecords[slot]!;
     p.gen = gen;
     p.out = out === shared ? null : out;
     p.nLogits = nLogits;
