@@ -450,15 +450,25 @@ export class Engine {
     for (let i = 0; i < n; i++) plan.seqs[i]!.inFlightStep = plan;
     this.stats.steps++;
     if (this.model.forwardPipelined) {
-      // A prefill's first token streams at once; decodes planned ahead may stream in pairs.
-      const pending = this.model.forwardPipelined(this.pool, plan.batch, plan.logits, plan.sampling, plan.ahead > 0);
+      let pending: Promise<Int32Array>;
+      try {
+        // A prefill's first token streams at once; decodes planned ahead may stream in pairs.
+        pending = this.model.forwardPipelined(this.pool, plan.batch, plan.logits, plan.sampling, plan.ahead > 0);
+      } catch (e) {
+        // Failed as it was posted: queued as a failed step, so the steps before it settle before their blocks go back.
+        pending = Promise.reject(e);
+      }
       // A step posted ahead may fail before step() awaits it (its failure is the one before's).
       pending.catch(() => {});
       return pending;
     }
-    const pending = this.model.forward(this.pool, plan.batch, plan.logits);
-    // A synchronous forward holds nothing past its return.
-    if (!pending) for (let i = 0; i < n; i++) plan.seqs[i]!.inFlightStep = null;
+    let pending: void | Promise<void> = undefined;
+    try {
+      pending = this.model.forward(this.pool, plan.batch, plan.logits);
+    } finally {
+      // A synchronous forward (or one that threw) holds nothing past its return.
+      if (!pending) for (let i = 0; i < n; i++) plan.seqs[i]!.inFlightStep = null;
+    }
     return pending;
   }
 

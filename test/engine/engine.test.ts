@@ -1,5 +1,6 @@
 import { describe, expect, test } from "bun:test";
-import { Engine, type SamplingParams } from "../../src/engine/index.ts";
+import assert from "node:assert";
+import { Engine, type ModelRunner, type SamplingParams } from "../../src/engine/index.ts";
 import { KvPool } from "../../src/pool/index.ts";
 import { FakeRunner } from "../support/fake-model.ts";
 
@@ -126,6 +127,43 @@ describe("engine", () => {
         expect(fin.outputTokens).toEqual(colocated);
         expect(d.pool.used).toBe(3);
       }
+    }
+  });
+
+  test("a forward that throws as it is called fails its requests and frees every block (synchronous and pipelined models)", async () => {
+    const inner = new FakeRunner();
+    let calls = 0;
+    // The third call throws: the synchronous model's second decode, or a step posted ahead of two in flight.
+    const boom = () => {
+      if (++calls === 3) throw new Error("boom");
+    };
+    const sync: ModelRunner = {
+      vocabSize: inner.vocabSize,
+      forward: (pool, batch, out) => {
+        boom();
+        inner.forward(pool, batch, out);
+      },
+    };
+    const pipelined: ModelRunner = {
+      vocabSize: inner.vocabSize,
+      pipelineDepth: 4,
+      forward: () => assert.fail("the engine calls forwardPipelined"),
+      forwardPipelined: (pool, batch, out, sampling) => {
+        boom();
+        const rows = batch.map((c) => ({ ...c, tokens: Array.from(c.tokens, (t) => (t < 0 ? 1 : t)) }));
+        inner.forward(pool, rows, out);
+        return Bun.sleep(1).then(() => Int32Array.from(sampling, (r) => (r ? 1 : -1)));
+      },
+    };
+    for (const model of [sync, pipelined]) {
+      calls = 0;
+      const pool = new KvPool(shape, 64);
+      const engine = new Engine({ model, pool, maxModelLen: 256 });
+      const f = await engine.submit({ requestId: "a", promptTokens: [1, 2, 3, 4, 5], sampling: greedy });
+      expect([f.reason, f.error]).toEqual(["error", "boom"]);
+      for (let i = 0; i < 100 && pool.used > 0; i++) await Bun.sleep(1);
+      expect(pool.used).toBe(0);
+      expect(engine.inFlight).toBe(0);
     }
   });
 
