@@ -170,7 +170,7 @@ export class ModelWorker {
     // The same view while the batch keeps its size and the slot its buffer.
     if (p.sampled.length !== batch.length || p.sampled.buffer !== this.sampled[slot]!.buffer) p.sampled = this.sampled[slot]!.subarray(0, batch.length);
     p.lazy = lazy;
-    // The one allocation per forward (besides its settling): the promise the caller awaits.
+    // All a forward makes anew: the promise the caller awaits (and its resolvers), once per step, never per row.
     return new Promise<Int32Array>((resolve, reject) => {
       p.resolve = resolve;
       p.reject = reject;
