@@ -174,7 +174,7 @@ export async function enginePart(dir: string, long: ModelConfig, weights: Weight
   return out;
 }
 
-function median(xs: number[]): number {
+export function median(xs: number[]): number {
   const s = [...xs].sort((a, b) => a - b);
   const m = s.length >> 1;
   return s.length % 2 ? s[m]! : (s[m - 1]! + s[m]!) / 2;
