@@ -1,7 +1,7 @@
 import assert from "node:assert";
 import { choiceSeed, maskStops, processLogits, resumeRng, sample, stream, SAMPLE_STREAM, tokenLogprobs, type TokenLogprobs } from "../rng/index.ts";
 import type { KvPool } from "../pool/index.ts";
-import { type ModelRunner, prevToken, type RowSampling, type SeqChunk } from "./model-runner.ts";
+import { LogitsRows, type ModelRunner, prevToken, type RowSampling, type SeqChunk } from "./model-runner.ts";
 import { Sequence, type Finish, type FinishReason, type SamplingParams } from "./sequence.ts";
 
 /**
@@ -118,8 +118,8 @@ export class Engine {
   private readonly queue: StepPlan[] = [];
   /** Step records free for reuse: each went through settled and postprocess (depth of them in a steady decode). */
   private readonly spare: StepPlan[] = [];
-  /** Row views of each logits buffer forwards wrote (rowLogits). */
-  private readonly rowViews = new WeakMap<Float32Array, Float32Array[]>();
+  /** Row views of each logits buffer forwards wrote (a model thread's slots rotate several). */
+  private readonly rows: LogitsRows;
   private readonly loop = (): void => void this.loopOnce();
 
   constructor(opts: EngineOptions) {
@@ -130,6 +130,7 @@ export class Engine {
     this.maxRunning = opts.maxRunning ?? 64;
     this.eos = new Set(opts.eosTokenIds ?? []);
     this.now = opts.now ?? (() => performance.now());
+    this.rows = new LogitsRows(this.model.vocabSize);
     this.depth = this.model.forwardPipelined ? Math.max(1, Math.min(opts.pipelineDepth ?? 3, this.model.pipelineDepth ?? 2)) : 1;
     assert(this.maxBatchTokens >= 1);
   }
@@ -494,15 +495,6 @@ export class Engine {
     }
   }
 
-  /** Row i of a logits buffer, as a view kept per buffer (a model thread's slots rotate several): one per row, not per token. */
-  private rowLogits(logits: Float32Array, i: number): Float32Array {
-    const V = this.model.vocabSize;
-    let views = this.rowViews.get(logits);
-    if (views === undefined) this.rowViews.set(logits, (views = []));
-    for (let r = views.length; r <= i; r++) views.push(logits.subarray(r * V, (r + 1) * V));
-    return views[i]!;
-  }
-
   /**
    * Processes a copy of the logits as the request asks (the model's own stay intact for
    * logprobs), samples (the draw count depends on the temperature alone), and appends.
@@ -518,10 +510,10 @@ export class Engine {
         seq.rng.uniformF64();
         seq.draws++;
       }
-      this.appendToken(seq, sampled, true, s.topLogprobs === undefined ? undefined : tokenLogprobs(this.rowLogits(rows, row), sampled, s.topLogprobs));
+      this.appendToken(seq, sampled, true, s.topLogprobs === undefined ? undefined : tokenLogprobs(this.rows.row(rows, row), sampled, s.topLogprobs));
       return;
     }
-    const raw = this.rowLogits(rows, row);
+    const raw = this.rows.row(rows, row);
     const masked = seq.outputCount < (s.minTokens ?? 0);
     let logits = raw;
     if (seq.processing || masked) {

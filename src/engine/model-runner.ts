@@ -1,8 +1,8 @@
-import { prevToken, type RowSampling, type SeqChunk } from "../model/index.ts";
+import { LogitsRows, prevToken, type RowSampling, type SeqChunk } from "../model/index.ts";
 import type { KvPool } from "../pool/index.ts";
 
 // One sequence's slice of a step is the model's own type: defined once, beside forward().
-export { prevToken, type RowSampling, type SeqChunk };
+export { LogitsRows, prevToken, type RowSampling, type SeqChunk };
 
 /**
  * What the engine loop needs from a model: write each chunk's K/V into the pool through

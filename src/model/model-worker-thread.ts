@@ -3,6 +3,7 @@
 // engine hands it over shared memory (model-worker-protocol.ts states the handshake).
 import { KvPool } from "../pool/index.ts";
 import { holdWeights } from "./held-weights.ts";
+import { LogitsRows } from "./logits-rows.ts";
 import { readModelFilesFor } from "./load-model.ts";
 import { sample } from "../rng/index.ts";
 import {
@@ -37,8 +38,8 @@ const sampled: Int32Array[] = Array.from({ length: SLOTS }, () => new Int32Array
 let version = 0;
 let buffersArrived: (() => void) | null = null;
 const read: ReadPlan = newReadPlan();
-/** Per slot: row views of its logits buffer, made once per buffer (sampleRows). */
-const rowViews: Float32Array[][] = Array.from({ length: SLOTS }, () => []);
+/** Row views of the slots' logits buffers (sampleRows), made once the model's vocabulary is known. */
+let rows: LogitsRows | null = null;
 
 self.onmessage = (e) => {
   const m = e.data;
@@ -53,7 +54,6 @@ self.onmessage = (e) => {
     if (m.plan) plans[m.slot] = new Int32Array(m.plan);
     if (m.logits && model) {
       ({ logits: logits[m.slot]!, sampled: sampled[m.slot]! } = logitsViews(m.logits, model.cfg.vocabSize));
-      rowViews[m.slot]!.length = 0;
     }
     version = m.version;
     buffersArrived?.();
@@ -109,7 +109,8 @@ async function serve(t: Transformer): Promise<void> {
       const p = readPlan(plans[slot]!, prev, read);
       prev = null;
       t.forward(pool, p.chunks, logits[slot]!);
-      sampleRows(p, logits[slot]!, rowViews[slot]!, sampled[slot]!, t.cfg.vocabSize);
+      rows ??= new LogitsRows(t.cfg.vocabSize);
+      sampleRows(p, logits[slot]!, rows, sampled[slot]!);
       prev = sampled[slot]!;
     } catch (e) {
       writeError(ctrl, slot, e instanceof Error ? e.message : String(e));
@@ -123,14 +124,13 @@ async function serve(t: Transformer): Promise<void> {
 }
 
 /** The tokens of the rows the plan samples, by the sampler the engine itself samples with. */
-function sampleRows(p: ReadPlan, out: Float32Array, views: Float32Array[], tokens: Int32Array, V: number): void {
+function sampleRows(p: ReadPlan, out: Float32Array, rows: LogitsRows, tokens: Int32Array): void {
   for (let r = 0; r < p.chunks.length; r++) {
     const s = p.sampling[r];
     if (!s) {
       tokens[r] = -1;
       continue;
     }
-    for (let v = views.length; v <= r; v++) views.push(out.subarray(v * V, (v + 1) * V));
-    tokens[r] = sample(views[r]!, s.cfg, s.rng);
+    tokens[r] = sample(rows.row(out, r), s.cfg, s.rng);
   }
 }
