@@ -321,7 +321,7 @@ export class Engine {
         continue;
       }
       if (seq.state !== "running") continue;
-      this.addRow(plan, seq, n, seq.chunkAt(seq.numComputed, n), seq.numComputed + n === seq.tokens.length);
+      this.addNext(plan, seq, n);
       budget -= n;
     }
 
@@ -345,7 +345,7 @@ export class Engine {
       seq.scheduledMs ??= this.now();
       seq.state = "running";
       this.running.push(seq);
-      this.addRow(plan, seq, n, seq.chunkAt(seq.numComputed, n), seq.numComputed + n === seq.tokens.length);
+      this.addNext(plan, seq, n);
       budget -= n;
     }
     this.sealRows(plan);
@@ -425,6 +425,11 @@ export class Engine {
     plan.counts[r] = n;
     plan.batch[r] = chunk;
     plan.sampling[r] = this.model.forwardPipelined !== undefined && this.modelSamples(seq, samples, ahead) ? seq.rowSampling(ahead) : null;
+  }
+
+  /** Row plan.rows: seq's next n tokens from those computed, sampled after when they are its last. */
+  private addNext(plan: StepPlan, seq: Sequence, n: number): void {
+    this.addRow(plan, seq, n, seq.chunkAt(seq.numComputed, n), seq.numComputed + n === seq.tokens.length);
   }
 
   /** Cuts the arrays to the rows filled (a steady decode fills as many each step: nothing moves). */
