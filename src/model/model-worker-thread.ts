@@ -38,8 +38,6 @@ const sampled: Int32Array[] = Array.from({ length: SLOTS }, () => new Int32Array
 let version = 0;
 let buffersArrived: (() => void) | null = null;
 const read: ReadPlan = newReadPlan();
-/** Row views of the slots' logits buffers (sampleRows), made once the model's vocabulary is known. */
-let rows: LogitsRows | null = null;
 
 self.onmessage = (e) => {
   const m = e.data;
@@ -92,6 +90,8 @@ async function serve(t: Transformer): Promise<void> {
   let seen = 0;
   let prev: Int32Array | null = null;
   const busy = busyCell(ctrl);
+  // Row views of the slots' logits buffers, for sampleRows.
+  const rows = new LogitsRows(t.cfg.vocabSize);
   for (;;) {
     if (Atomics.load(ctrl, GEN) === seen) {
       const w = Atomics.waitAsync(ctrl, GEN, seen);
@@ -109,7 +109,6 @@ async function serve(t: Transformer): Promise<void> {
       const p = readPlan(plans[slot]!, prev, read);
       prev = null;
       t.forward(pool, p.chunks, logits[slot]!);
-      rows ??= new LogitsRows(t.cfg.vocabSize);
       sampleRows(p, logits[slot]!, rows, sampled[slot]!);
       prev = sampled[slot]!;
     } catch (e) {
