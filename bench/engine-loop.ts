@@ -2,7 +2,7 @@
 // alone, and the event loop's delay while the engine prefills 512 tokens and decodes at batch 32,
 // with the model on the event loop's thread and then on a model thread of its own (ModelWorker,
 // loading the same weights from a file, as engines run it).
-import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { availableParallelism, loadavg, tmpdir } from "node:os";
 import { join } from "node:path";
 import { Engine, type ModelRunner } from "../src/engine/index.ts";
@@ -10,6 +10,7 @@ import { blockPayloadBytes } from "../src/codec/index.ts";
 import {
   type KvSlab,
   type ModelConfig,
+  type ModelThreadCounters,
   ModelWorker,
   Transformer,
   type Weights,
@@ -25,7 +26,13 @@ const THREADS = Number(process.env.BENCH_THREADS ?? availableParallelism());
 /** BENCH_QUICK=1: batch-1 decode tok/s only (no delay probes), for A/B pairs. */
 const QUICK = process.env.BENCH_QUICK === "1";
 /** Rounds of (transformer alone, each engine loop) decoding DECODE_STEPS (BENCH_STEPS) tokens each. */
-const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 9);
+const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 15);
+/**
+ * Rounds run first and not counted (BENCH_WARMUP): code run once a token (the engine's, the
+ * model thread's) keeps being recompiled at higher tiers for thousands of tokens, on JIT threads
+ * that take the cores from the kernel threads, so early rounds measure the compiler.
+ */
+const WARMUP = Number(process.env.BENCH_WARMUP ?? 2);
 const DECODE_STEPS = Number(process.env.BENCH_STEPS ?? 256);
 /** BENCH_DEPTH: the engine's pipelineDepth over the model thread (default the engine's own). */
 const DEPTH = process.env.BENCH_DEPTH === undefined ? undefined : Number(process.env.BENCH_DEPTH);
@@ -34,8 +41,40 @@ interface LoopResult {
   decodeTokensPerSec: number;
   /** A model thread's: the share of the decode's wall time it spent in forwards (the rest it waited on the engine). */
   modelBusyShare: number | null;
+  /** A model thread's: where the engine's share of a decode went, per decoded token. */
+  perToken: PerToken | null;
   loopDelayP99Ms: number;
   loopDelayMaxMs: number;
+}
+
+/** Per decoded token, over a decode over a model thread. */
+interface PerToken {
+  /** Times the engine's thread woke to settle forwards (pipelined, it may settle two at once). */
+  engineWakes: number;
+  /** Microseconds of CPU the engine's (main) thread used, from /proc (null where there is none). */
+  engineCpuUs: number | null;
+  /** Times the model thread found no forward posted and waited on the engine. */
+  modelIdleWaits: number;
+  /** Microseconds the model thread spent waking the engine (mostly the engine's own work, run on its core: see STAT_NOTIFY_MS). */
+  modelNotifyUs: number;
+}
+
+/** CPU microseconds the main thread (on Linux, the task whose id is the process's) has run, or null. */
+function mainThreadCpuUs(): number | null {
+  try {
+    return Number(readFileSync(`/proc/self/task/${process.pid}/schedstat`, "utf8").split(" ")[0]) / 1000;
+  } catch {
+    return null;
+  }
+}
+
+function perToken(a: ModelThreadCounters, b: ModelThreadCounters, cpuA: number | null, cpuB: number | null, tokens: number): PerToken {
+  return {
+    engineWakes: (b.wakes - a.wakes) / tokens,
+    engineCpuUs: cpuA === null || cpuB === null ? null : (cpuB - cpuA) / tokens,
+    modelIdleWaits: (b.idleWaits - a.idleWaits) / tokens,
+    modelNotifyUs: ((b.notifyMs - a.notifyMs) * 1000) / tokens,
+  };
 }
 
 /**
@@ -70,8 +109,9 @@ export async function engineLoop(
     : undefined;
   let first = 0;
   let decoded = 0;
-  const busy = () => (model instanceof ModelWorker ? model.busyMs : 0);
-  let busyFirst = 0;
+  const counters = () => (model instanceof ModelWorker ? model.counters : null);
+  let atFirst = counters();
+  let cpuFirst: number | null = null;
   await Promise.all(
     Array.from({ length: batch }, (_, s) =>
       engine
@@ -82,7 +122,8 @@ export async function engineLoop(
           onToken: () => {
             if (first === 0) {
               first = performance.now();
-              busyFirst = busy();
+              atFirst = counters();
+              cpuFirst = mainThreadCpuUs();
             } else decoded++;
           },
         })
@@ -92,12 +133,21 @@ export async function engineLoop(
     ),
   );
   const end = performance.now();
-  const modelBusyShare = model instanceof ModelWorker ? (busy() - busyFirst) / (end - first) : null;
+  const cpuEnd = mainThreadCpuUs();
+  const atEnd = counters();
+  const modelBusyShare = atEnd && atFirst ? (atEnd.busyMs - atFirst.busyMs) / (end - first) : null;
+  const per = atEnd && atFirst ? perToken(atFirst, atEnd, cpuFirst, cpuEnd, decoded) : null;
   clearInterval(timer);
   lags.push(performance.now() - last);
   lags.sort((a, b) => a - b);
   const p99 = lags[Math.min(lags.length - 1, Math.floor(lags.length * 0.99))]!;
-  return { decodeTokensPerSec: (decoded / (end - first)) * 1000, modelBusyShare, loopDelayP99Ms: p99, loopDelayMaxMs: lags[lags.length - 1]! };
+  return {
+    decodeTokensPerSec: (decoded / (end - first)) * 1000,
+    modelBusyShare,
+    perToken: per,
+    loopDelayP99Ms: p99,
+    loopDelayMaxMs: lags[lags.length - 1]!,
+  };
 }
 
 /**
@@ -122,25 +172,44 @@ export async function enginePart(dir: string, long: ModelConfig, weights: Weight
   };
   aloneDecode(local, 16);
   for (const where of Object.keys(runners)) await engineLoop(runners[where]!, long, [1], 16, 1, slabs[where], false);
-  const rounds: { alone: number; engine: Record<string, number>; modelThreadBusy: number }[] = [];
-  for (let r = 0; r < ROUNDS; r++) {
-    const alone = aloneDecode(local, DECODE_STEPS);
+  type Round = { alone: number; engine: Record<string, number>; modelThreadBusy: number; perToken: PerToken | null };
+  const round = async (r: number): Promise<Round> => {
     const engine: Record<string, number> = {};
     let modelThreadBusy = 0;
+    let per: PerToken | null = null;
+    // Every other round the transformer alone goes last, so a drift in the machine's load within
+    // a round favours neither side of its ratios.
+    const aloneFirst = r % 2 === 0;
+    let alone = aloneFirst ? aloneDecode(local, DECODE_STEPS) : 0;
     for (const where of Object.keys(runners)) {
       const res = await engineLoop(runners[where]!, long, [1], DECODE_STEPS, 1, slabs[where], false);
       engine[where] = res.decodeTokensPerSec;
       modelThreadBusy = res.modelBusyShare ?? modelThreadBusy;
+      per = res.perToken ?? per;
     }
-    rounds.push({ alone, engine, modelThreadBusy });
-  }
+    if (!aloneFirst) alone = aloneDecode(local, DECODE_STEPS);
+    return { alone, engine, modelThreadBusy, perToken: per };
+  };
+  for (let r = 0; r < WARMUP; r++) await round(r);
+  const rounds: Round[] = [];
+  for (let r = 0; r < ROUNDS; r++) rounds.push(await round(r));
   const busyShare = median(rounds.map((r) => r.modelThreadBusy));
+  const perTokenMedian = medianPerToken(rounds.map((r) => r.perToken).filter((p) => p !== null));
   console.log(
-    `model thread busy ${(busyShare * 100).toFixed(1)}% of the worker engine's batch-1 decode (median of ${ROUNDS} rounds; the rest it waited on the engine)`,
+    `model thread busy ${(busyShare * 100).toFixed(1)}% of the worker engine's batch-1 decode (median of ${ROUNDS} rounds after ${WARMUP} not counted; the rest it waited on the engine); ` +
+      `per token: ${perTokenMedian.engineWakes.toFixed(2)} engine wakes, engine thread CPU ${perTokenMedian.engineCpuUs?.toFixed(0) ?? "?"} us, ` +
+      `model thread ${perTokenMedian.modelNotifyUs.toFixed(0)} us waking the engine, ${perTokenMedian.modelIdleWaits.toFixed(3)} waits for a step`,
   );
   const aloneTps = median(rounds.map((r) => r.alone));
   const prompt = Array.from({ length: 511 }, (_, i) => (i * 13 + 1) % long.vocabSize);
-  const out: Record<string, unknown> = { transformerAloneTokensPerSec: aloneTps, decodeSteps: DECODE_STEPS, modelThreadBusyShare: busyShare, rounds };
+  const out: Record<string, unknown> = {
+    transformerAloneTokensPerSec: aloneTps,
+    decodeSteps: DECODE_STEPS,
+    warmupRounds: WARMUP,
+    modelThreadBusyShare: busyShare,
+    modelThreadPerToken: perTokenMedian,
+    rounds,
+  };
   for (const [where, runner] of Object.entries(runners)) {
     const ratios = rounds.map((r) => r.engine[where]! / r.alone);
     const ratio = median(ratios);
@@ -172,6 +241,17 @@ export async function enginePart(dir: string, long: ModelConfig, weights: Weight
   worker.close();
   local.close();
   return out;
+}
+
+/** Each field's median over the rounds. */
+function medianPerToken(ps: PerToken[]): PerToken {
+  const cpu = ps.map((p) => p.engineCpuUs).filter((c) => c !== null);
+  return {
+    engineWakes: median(ps.map((p) => p.engineWakes)),
+    engineCpuUs: cpu.length > 0 ? median(cpu) : null,
+    modelIdleWaits: median(ps.map((p) => p.modelIdleWaits)),
+    modelNotifyUs: median(ps.map((p) => p.modelNotifyUs)),
+  };
 }
 
 export function median(xs: number[]): number {

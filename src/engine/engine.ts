@@ -4,6 +4,9 @@ import type { KvPool } from "../pool/index.ts";
 import { LogitsRows, type ModelRunner, prevToken, type RowSampling, type SeqChunk } from "./model-runner.ts";
 import { Sequence, type Finish, type FinishReason, type SamplingParams } from "./sequence.ts";
 
+/** Marks a promise's rejection as handled where it is awaited later (one function, not a closure per step). */
+const ignore = (): void => {};
+
 /**
  * A step from plan to postprocess: what the scheduler hands the model runner, and what the
  * forward leaves for postprocess. The records are reused (Engine.spare) once their step settled
@@ -274,7 +277,14 @@ export class Engine {
       }
       const plan = queue[0]!;
       try {
-        if (plan.pending) await this.settled(plan, plan.pending);
+        // settled's steps written out: no async call of its own (a promise and a resumption) per step.
+        if (plan.pending) {
+          try {
+            plan.sampled = (await plan.pending) ?? null;
+          } finally {
+            this.release(plan);
+          }
+        }
         this.postprocess(plan);
       } catch (e) {
         // The steps posted ahead settle too (failing, when they needed this one's tokens) before
@@ -293,13 +303,18 @@ export class Engine {
     try {
       plan.sampled = (await pending) ?? null;
     } finally {
-      for (let i = 0; i < plan.seqs.length; i++) {
-        const seq = plan.seqs[i]!;
-        if (seq.inFlightStep === plan) seq.inFlightStep = null;
-      }
-      this.pool.releaseAll(plan.deferred);
-      plan.deferred.length = 0;
+      this.release(plan);
     }
+  }
+
+  /** A step's forward settled: its sequences' blocks are the engine's again, and those that ended while it ran go back. */
+  private release(plan: StepPlan): void {
+    for (let i = 0; i < plan.seqs.length; i++) {
+      const seq = plan.seqs[i]!;
+      if (seq.inFlightStep === plan) seq.inFlightStep = null;
+    }
+    this.pool.releaseAll(plan.deferred);
+    plan.deferred.length = 0;
   }
 
   /**
@@ -465,7 +480,7 @@ export class Engine {
         pending = Promise.reject(e);
       }
       // A step posted ahead may fail before step() awaits it (its failure is the one before's).
-      pending.catch(() => {});
+      pending.catch(ignore);
       return pending;
     }
     let pending: void | Promise<void> = undefined;

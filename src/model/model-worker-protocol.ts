@@ -40,13 +40,28 @@ export const FAILED = 4;
 export const ERR_LEN = FAILED + SLOTS;
 export const CTRL_INTS = ERR_LEN + SLOTS;
 export const ERR_BYTES = 256;
-/** Then, 8-aligned, one Float64: milliseconds the model thread has spent in forwards (busyCell). */
-const BUSY_AT = (CTRL_INTS * 4 + SLOTS * ERR_BYTES + 7) & ~7;
-export const CTRL_BYTES = BUSY_AT + 8;
+/** Then, 8-aligned, the model thread's counters (STAT_*), one Float64 each. */
+const STATS_AT = (CTRL_INTS * 4 + SLOTS * ERR_BYTES + 7) & ~7;
+/** Milliseconds the model thread has spent running forwards. */
+export const STAT_BUSY_MS = 0;
+/** Times it found no step posted after finishing one (it waited on the engine). */
+export const STAT_IDLE_WAITS = 1;
+/** Milliseconds it spent in those waits. */
+export const STAT_IDLE_MS = 2;
+/** Times it woke the engine (Atomics.notify on DONE). */
+export const STAT_NOTIFIES = 3;
+/**
+ * Milliseconds it spent inside those notifies: with no idle core the woken engine thread tends to
+ * run on the notifier's own core at once, so this is about the engine's work per wake, taken
+ * from the model.
+ */
+export const STAT_NOTIFY_MS = 4;
+const STATS = 5;
+export const CTRL_BYTES = STATS_AT + STATS * 8;
 
-/** The model thread's busy milliseconds, for the share of a decode's time the model computed (bench/engine-loop). */
-export function busyCell(ctrl: Int32Array): Float64Array {
-  return new Float64Array(ctrl.buffer, BUSY_AT, 1);
+/** The model thread's counters (STAT_*), written by it alone, for where a decode's time goes (bench/engine-loop). */
+export function statsCells(ctrl: Int32Array): Float64Array {
+  return new Float64Array(ctrl.buffer, STATS_AT, STATS);
 }
 
 /** The plan buffer (and logits buffer) of step `gen`. */

@@ -7,7 +7,6 @@ import { LogitsRows } from "./logits-rows.ts";
 import { readModelFilesFor } from "./load-model.ts";
 import { sample } from "../rng/index.ts";
 import {
-  busyCell,
   CTRL_INTS,
   DONE,
   FAILED,
@@ -19,6 +18,12 @@ import {
   readPlan,
   SLOTS,
   slotOf,
+  STAT_BUSY_MS,
+  STAT_IDLE_MS,
+  STAT_IDLE_WAITS,
+  STAT_NOTIFIES,
+  STAT_NOTIFY_MS,
+  statsCells,
   type ToModelThread,
   VER,
   WAKE,
@@ -89,13 +94,16 @@ async function serve(t: Transformer): Promise<void> {
   // From 0, not the current GEN: the engine may post its first forward before this loop starts.
   let seen = 0;
   let prev: Int32Array | null = null;
-  const busy = busyCell(ctrl);
+  const stats = statsCells(ctrl);
   // Row views of the slots' logits buffers, for sampleRows.
   const rows = new LogitsRows(t.cfg.vocabSize);
   for (;;) {
     if (Atomics.load(ctrl, GEN) === seen) {
+      const idle = performance.now();
+      stats[STAT_IDLE_WAITS]!++;
       const w = Atomics.waitAsync(ctrl, GEN, seen);
       if (w.async) await w.value;
+      stats[STAT_IDLE_MS]! += performance.now() - idle;
       if (Atomics.load(ctrl, GEN) === seen) continue;
     }
     const gen = (seen + 1) | 0;
@@ -116,9 +124,14 @@ async function serve(t: Transformer): Promise<void> {
       Atomics.store(ctrl, FAILED + slot, gen);
       failed = true;
     }
-    busy[0]! += performance.now() - start;
+    stats[STAT_BUSY_MS]! += performance.now() - start;
     Atomics.store(ctrl, DONE, gen);
-    if (failed || ((gen - Atomics.load(ctrl, WAKE)) | 0) >= 0) Atomics.notify(ctrl, DONE);
+    if (failed || ((gen - Atomics.load(ctrl, WAKE)) | 0) >= 0) {
+      stats[STAT_NOTIFIES]!++;
+      const t = performance.now();
+      Atomics.notify(ctrl, DONE);
+      stats[STAT_NOTIFY_MS]! += performance.now() - t;
+    }
   }
 }
 

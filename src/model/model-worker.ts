@@ -1,7 +1,6 @@
 import assert from "node:assert";
 import type { KvPool } from "../pool/index.ts";
 import {
-  busyCell,
   CTRL_BYTES,
   CTRL_INTS,
   DONE,
@@ -17,6 +16,12 @@ import {
   type RowSampling,
   SLOTS,
   slotOf,
+  STAT_BUSY_MS,
+  STAT_IDLE_MS,
+  STAT_IDLE_WAITS,
+  STAT_NOTIFIES,
+  STAT_NOTIFY_MS,
+  statsCells,
   type ToModelThread,
   VER,
   WAKE,
@@ -40,6 +45,20 @@ interface Pending {
   sampled: Int32Array;
   /** The caller needn't hear of its end before the next forward's (wakeAt). */
   lazy: boolean;
+}
+
+/** ModelWorker.counters: totals since the thread started. */
+export interface ModelThreadCounters {
+  /** Milliseconds the model thread spent running forwards (and sampling their rows). */
+  busyMs: number;
+  /** Times it finished a forward and found none posted (it waited on the engine), and the milliseconds those waits took. */
+  idleWaits: number;
+  idleMs: number;
+  /** Times it woke the engine's thread, and the milliseconds it spent doing so (STAT_NOTIFY_MS says why that is large). */
+  notifies: number;
+  notifyMs: number;
+  /** Times the engine's thread woke to settle forwards. */
+  wakes: number;
 }
 
 /**
@@ -79,11 +98,15 @@ export class ModelWorker {
   /** Slabs the thread gave room for in its kernel memory (kvSlab). */
   private readonly kernelSlabs = new Set<ArrayBufferLike>();
   private dead: Error | null = null;
+  private readonly stats: Float64Array;
+  /** Times awaitDone woke from a wait on DONE. */
+  private wakes = 0;
   private readonly deathListeners: ((e: Error) => void)[] = [];
 
   private constructor(worker: Worker, ctrl: Int32Array, info: LoadedInfo) {
     this.worker = worker;
     this.ctrl = ctrl;
+    this.stats = statsCells(ctrl);
     this.info = info;
     this.vocabSize = info.cfg.vocabSize;
     worker.addEventListener("error", (e) => this.die(e.message || "uncaught error"));
@@ -148,7 +171,7 @@ export class ModelWorker {
    */
   forwardPipelined(pool: KvPool, batch: readonly SeqChunk[], out: Float32Array, sampling?: readonly (RowSampling | null)[], lazy = false): Promise<Int32Array> {
     if (this.dead) return Promise.reject(this.dead);
-    assert(this.pending.length < SLOTS, `model worker: ${SLOTS} forwards already in flight (one engine per model thread)`);
+    if (this.pending.length >= SLOTS) assert.fail(`model worker: ${SLOTS} forwards already in flight (one engine per model thread)`);
     const nLogits = batch.length * this.vocabSize;
     if (out.length < nLogits) assert.fail(`out has ${out.length} floats, want ${nLogits}`);
     if (pool !== this.pool) this.sharePool(pool);
@@ -216,7 +239,20 @@ export class ModelWorker {
 
   /** Milliseconds the model thread has spent running forwards so far (a decode's busy share: Δ busyMs / Δ wall time). */
   get busyMs(): number {
-    return busyCell(this.ctrl)[0]!;
+    return this.stats[STAT_BUSY_MS]!;
+  }
+
+  /** Where a decode's time went, as totals so far (a decode's are the differences; see ModelThreadCounters). */
+  get counters(): ModelThreadCounters {
+    const s = this.stats;
+    return {
+      busyMs: s[STAT_BUSY_MS]!,
+      idleWaits: s[STAT_IDLE_WAITS]!,
+      idleMs: s[STAT_IDLE_MS]!,
+      notifies: s[STAT_NOTIFIES]!,
+      notifyMs: s[STAT_NOTIFY_MS]!,
+      wakes: this.wakes,
+    };
   }
 
   /** Calls `listener` when the thread dies unasked (not on close). */
@@ -254,7 +290,10 @@ export class ModelWorker {
       // gen - done in Int32, so the comparison survives the counters' wrap.
       if (((head.gen - done) | 0) > 0) {
         const w = Atomics.waitAsync(this.ctrl, DONE, done);
-        if (w.async) await w.value;
+        if (w.async) {
+          await w.value;
+          this.wakes++;
+        }
         continue;
       }
       const slot = slotOf(head.gen);

@@ -81,6 +81,22 @@ describe("engine over a pipelined model thread", () => {
     expect(got.steps).toBe(40);
   });
 
+  test("a steady decode wakes the engine's thread about once per two steps, and the model thread counts where its time went", async () => {
+    const before = worker.counters;
+    const { got } = await expectSame([{ requestId: "a", promptTokens: prompt(9), sampling: { ...greedy, maxTokens: 60 } }]);
+    const after = worker.counters;
+    expect(got.steps).toBe(60);
+    const wakes = after.wakes - before.wakes;
+    // Two steps settled a wake (a token reaches its client at most one step late), plus the
+    // prefill's own and the few of the drain at the end; never more than there were notifies.
+    expect(wakes).toBeLessThanOrEqual(60 / 2 + 4);
+    expect(wakes).toBeLessThanOrEqual(after.notifies - before.notifies);
+    expect(after.busyMs).toBeGreaterThan(before.busyMs);
+    expect(after.notifyMs).toBeGreaterThanOrEqual(before.notifyMs);
+    // The decode's steps were posted ahead of the model thread: it waited at most for the prefill and the drain.
+    expect(after.idleWaits - before.idleWaits).toBeLessThanOrEqual(4);
+  });
+
   test("seeded decodes sampled on the model thread: the in-thread model's tokens, one forward per token", async () => {
     const { got } = await expectSame([
       { requestId: "filtered", promptTokens: prompt(9, 8), sampling: { ...greedy, temperature: 0.8, topK: 40, topP: 0.9, seed: 11n, maxTokens: 30 } },
