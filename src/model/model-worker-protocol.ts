@@ -9,7 +9,7 @@ import type { WeightStats } from "./assemble-weights.ts";
  * What the engine's thread and its model thread share, and the messages between them.
  *
  * A step crosses by shared memory alone: the engine writes the plan of step `gen` into the plan
- * buffer of slot slotOf(gen), then bumps ctrl[GEN] (Atomics.notify); the model thread runs every
+ * buffer of slot slotOf(gen), then bumps ctrl[GEN] (notified when the thread waits: IDLE); the model thread runs every
  * gen in order over the shared KV slab, writes the logits into that slot's logits buffer (and,
  * after them in the same buffer, the tokens of the rows the plan asks it to sample itself), then
  * sets ctrl[DONE] = gen. SLOTS slots let the engine post the steps after gen while gen runs: a
@@ -34,8 +34,15 @@ export const VER = 2;
  * them sees the other's store: no end is missed.
  */
 export const WAKE = 3;
+/**
+ * 1 while the model thread waits for a gen to be posted: the engine notifies GEN only then (a
+ * notify is a call into the runtime, once a step otherwise). The engine stores GEN before it
+ * reads IDLE and the model thread IDLE before it reads GEN to wait on it, so one of them sees
+ * the other's store: no post is missed.
+ */
+export const IDLE = 4;
 /** ctrl[FAILED + slot]: the last gen of that slot that failed. */
-export const FAILED = 4;
+export const FAILED = 5;
 /** ctrl[ERR_LEN + slot]: bytes of UTF-8 in that slot's error area, which follow the CTRL_INTS ints of ctrl. */
 export const ERR_LEN = FAILED + SLOTS;
 export const CTRL_INTS = ERR_LEN + SLOTS;
@@ -175,9 +182,12 @@ export function writePlan(plan: Int32Array, batch: readonly SeqChunk[], blockTok
   }
 }
 
+// Only what readSampling reads for the kind written (no fill: a call into the runtime a row).
 function writeSampling(plan: Int32Array, o: number, r: RowSampling | null): void {
-  plan.fill(0, o, o + SAMPLING_INTS);
-  if (r === null) return;
+  if (r === null) {
+    plan[o] = 0;
+    return;
+  }
   plan[o] = r.rng ? 2 : 1;
   f64[0] = r.cfg.temperature;
   plan[o + 1] = f64Ints[0]!;

@@ -12,6 +12,7 @@ import {
   FAILED,
   type FromModelThread,
   GEN,
+  IDLE,
   logitsViews,
   type ReadPlan,
   newReadPlan,
@@ -101,8 +102,13 @@ async function serve(t: Transformer): Promise<void> {
     if (Atomics.load(ctrl, GEN) === seen) {
       const idle = performance.now();
       stats[STAT_IDLE_WAITS]!++;
-      const w = Atomics.waitAsync(ctrl, GEN, seen);
-      if (w.async) await w.value;
+      Atomics.store(ctrl, IDLE, 1);
+      // Read again after IDLE is up: a gen posted before then was posted without a notify.
+      if (Atomics.load(ctrl, GEN) === seen) {
+        const w = Atomics.waitAsync(ctrl, GEN, seen);
+        if (w.async) await w.value;
+      }
+      Atomics.store(ctrl, IDLE, 0);
       stats[STAT_IDLE_MS]! += performance.now() - idle;
       if (Atomics.load(ctrl, GEN) === seen) continue;
     }

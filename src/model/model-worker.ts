@@ -7,6 +7,7 @@ import {
   FAILED,
   type FromModelThread,
   GEN,
+  IDLE,
   type LoadedInfo,
   logitsBufferBytes,
   logitsViews,
@@ -201,7 +202,7 @@ export class ModelWorker {
       // Held while a forward runs, so a process with nothing else to do still waits for it.
       if (this.pending.length === 1) this.worker.ref();
       Atomics.store(this.ctrl, GEN, gen);
-      Atomics.notify(this.ctrl, GEN);
+      if (Atomics.load(this.ctrl, IDLE) !== 0) Atomics.notify(this.ctrl, GEN);
       if (this.pending.length === 1) void this.awaitDone();
       // A waiter already asleep may now sleep past a lazy head (wakeAt): the thread reads WAKE after each end.
       else Atomics.store(this.ctrl, WAKE, this.wakeAt());
