@@ -7,6 +7,12 @@ import { Sequence, type Finish, type FinishReason, type SamplingParams } from ".
 /** Marks a promise's rejection as handled where it is awaited later (one function, not a closure per step). */
 const ignore = (): void => {};
 
+/** Drops a short queue's first entry by moving the rest down (shift is a call into the runtime, once a step here). */
+function dropFirst<T>(a: T[]): void {
+  for (let i = 1; i < a.length; i++) a[i - 1] = a[i]!;
+  a.pop();
+}
+
 /**
  * A step from plan to postprocess: what the scheduler hands the model runner, and what the
  * forward leaves for postprocess. The records are reused (Engine.spare) once their step settled
@@ -292,7 +298,7 @@ export class Engine {
         for (let i = 1; i < queue.length; i++) await this.settled(queue[i]!, queue[i]!.pending!).catch(() => {});
         throw e;
       }
-      queue.shift();
+      dropFirst(queue);
       // Settled and postprocessed: nothing reads the record any more.
       this.spare.push(plan);
     }
@@ -313,8 +319,10 @@ export class Engine {
       const seq = plan.seqs[i]!;
       if (seq.inFlightStep === plan) seq.inFlightStep = null;
     }
-    this.pool.releaseAll(plan.deferred);
-    plan.deferred.length = 0;
+    if (plan.deferred.length > 0) {
+      this.pool.releaseAll(plan.deferred);
+      plan.deferred.length = 0;
+    }
   }
 
   /**
@@ -447,9 +455,13 @@ export class Engine {
     this.addRow(plan, seq, n, seq.chunkAt(seq.numComputed, n), seq.numComputed + n === seq.tokens.length);
   }
 
-  /** Cuts the arrays to the rows filled (a steady decode fills as many each step: nothing moves). */
+  /**
+   * Cuts the arrays to the rows filled (a steady decode fills as many each step: nothing moves,
+   * and no length is set, each set being a call into the runtime).
+   */
   private sealRows(plan: StepPlan): void {
-    plan.seqs.length = plan.counts.length = plan.batch.length = plan.sampling.length = plan.rows;
+    const n = plan.rows;
+    if (plan.seqs.length !== n) plan.seqs.length = plan.counts.length = plan.batch.length = plan.sampling.length = n;
   }
 
   /**

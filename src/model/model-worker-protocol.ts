@@ -255,8 +255,8 @@ export function newReadPlan(): ReadPlan {
  */
 export function readPlan(plan: Int32Array, prev: Int32Array | null, into: ReadPlan): ReadPlan {
   const n = plan[0]!;
-  into.chunks.length = n;
-  into.sampling.length = n;
+  // Set only when the batch changes size: each set is a call into the runtime.
+  if (into.chunks.length !== n) into.chunks.length = into.sampling.length = n;
   while (into.rows.length < n) {
     const chunk = { startPos: 0, tokens: [], blockTable: [] };
     into.rows.push({ chunk, sampling: { cfg: { temperature: 0, topP: 1, topK: 0 }, rng: null }, rng: Pcg32.fromState(0n, 1n) });

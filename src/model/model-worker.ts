@@ -316,8 +316,12 @@ export class ModelWorker {
 
   /** Settles the oldest forward in flight. */
   private settle(error: Error | null): void {
-    const p = this.pending.shift();
+    const pending = this.pending;
+    const p = pending[0];
     if (p === undefined) return;
+    // shift by hand: Array.prototype.shift is a call into the runtime, once a step here.
+    for (let i = 1; i < pending.length; i++) pending[i - 1] = pending[i]!;
+    pending.pop();
     if (this.pending.length === 0) this.worker.unref();
     if (error) {
       p.reject(error);
