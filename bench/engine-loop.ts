@@ -152,9 +152,9 @@ export async function engineLoop(
 
 /**
  * The engine part of bench/model.ts. The baseline is the transformer's own batch-1 greedy tok/s
- * (aloneDecode), measured in rounds alternating with each engine loop's, so a change in the
- * machine's load moves both sides of a ratio: each round's ratio is engine / alone of that round,
- * and the median round is reported.
+ * (aloneDecode), measured in rounds with each engine loop's, so a change in the machine's load
+ * moves both sides of a ratio: each round's ratio is engine / alone of that round, and the median
+ * round is reported.
  */
 export async function enginePart(dir: string, long: ModelConfig, weights: Weights): Promise<Record<string, unknown>> {
   const path = join(dir, "stories15M-512.bin");
@@ -173,26 +173,25 @@ export async function enginePart(dir: string, long: ModelConfig, weights: Weight
   aloneDecode(local, 16);
   for (const where of Object.keys(runners)) await engineLoop(runners[where]!, long, [1], 16, 1, slabs[where], false);
   type Round = { alone: number; engine: Record<string, number>; modelThreadBusy: number; perToken: PerToken | null };
-  const round = async (r: number): Promise<Round> => {
+  // The transformer alone runs before and after the engine loops of a round (its figure is the
+  // mean of the two), so a change in the machine's load within a round favours no side of its ratios.
+  const round = async (): Promise<Round> => {
     const engine: Record<string, number> = {};
     let modelThreadBusy = 0;
     let per: PerToken | null = null;
-    // Every other round the transformer alone goes last, so a drift in the machine's load within
-    // a round favours neither side of its ratios.
-    const aloneFirst = r % 2 === 0;
-    let alone = aloneFirst ? aloneDecode(local, DECODE_STEPS) : 0;
+    const before = aloneDecode(local, DECODE_STEPS);
     for (const where of Object.keys(runners)) {
       const res = await engineLoop(runners[where]!, long, [1], DECODE_STEPS, 1, slabs[where], false);
       engine[where] = res.decodeTokensPerSec;
       modelThreadBusy = res.modelBusyShare ?? modelThreadBusy;
       per = res.perToken ?? per;
     }
-    if (!aloneFirst) alone = aloneDecode(local, DECODE_STEPS);
+    const alone = (before + aloneDecode(local, DECODE_STEPS)) / 2;
     return { alone, engine, modelThreadBusy, perToken: per };
   };
-  for (let r = 0; r < WARMUP; r++) await round(r);
+  for (let r = 0; r < WARMUP; r++) await round();
   const rounds: Round[] = [];
-  for (let r = 0; r < ROUNDS; r++) rounds.push(await round(r));
+  for (let r = 0; r < ROUNDS; r++) rounds.push(await round());
   const busyShare = median(rounds.map((r) => r.modelThreadBusy));
   const perTokenMedian = medianPerToken(rounds.map((r) => r.perToken).filter((p) => p !== null));
   console.log(
