@@ -59,9 +59,9 @@ export interface EngineOptions {
    * posted after it (default 3, at most the model's pipelineDepth; 1 = none ahead). A decode
    * wakes this thread once per depth - 1 steps (the steps posted ahead are lazy), so a token
    * reaches its client at most depth - 2 steps after it is sampled. 3 is the deepest that keeps
-   * that within one step: each wake costs the model ~100 us on a machine with no idle core
-   * (bench/engine-loop: the engine's work then runs on the model thread's core), and depth 4
-   * saves a third of the wakes for a second step of streaming delay.
+   * that within one step. Each wake costs ~110 us of this thread's CPU and, on a machine with no
+   * idle core, ~140 us of the model thread's (this thread then mostly runs on its core: measured
+   * by bench/engine-loop); depth 4 saves a third of the wakes for a second step of streaming delay.
    */
   pipelineDepth?: number;
 }
