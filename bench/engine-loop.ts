@@ -39,7 +39,7 @@ const DEPTH = process.env.BENCH_DEPTH === undefined ? undefined : Number(process
 
 interface LoopResult {
   decodeTokensPerSec: number;
-  /** A model thread's: the share of the decode's wall time it spent in forwards (the rest it waited on the engine). */
+  /** A model thread's: the share of the decode's wall time it spent in forwards (the rest it spent waking the engine or waiting for a step: perToken). */
   modelBusyShare: number | null;
   /** A model thread's: where the engine's share of a decode went, per decoded token. */
   perToken: PerToken | null;
@@ -195,7 +195,7 @@ export async function enginePart(dir: string, long: ModelConfig, weights: Weight
   const busyShare = median(rounds.map((r) => r.modelThreadBusy));
   const perTokenMedian = medianPerToken(rounds.map((r) => r.perToken).filter((p) => p !== null));
   console.log(
-    `model thread busy ${(busyShare * 100).toFixed(1)}% of the worker engine's batch-1 decode (median of ${ROUNDS} rounds after ${WARMUP} not counted; the rest it waited on the engine); ` +
+    `model thread busy ${(busyShare * 100).toFixed(1)}% of the worker engine's batch-1 decode (median of ${ROUNDS} rounds after ${WARMUP} not counted; the rest it woke the engine or waited for a step); ` +
       `per token: ${perTokenMedian.engineWakes.toFixed(2)} engine wakes, engine thread CPU ${perTokenMedian.engineCpuUs?.toFixed(0) ?? "?"} us, ` +
       `model thread ${perTokenMedian.modelNotifyUs.toFixed(0)} us waking the engine, ${perTokenMedian.modelIdleWaits.toFixed(3)} waits for a step`,
   );
