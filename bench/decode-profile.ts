@@ -7,8 +7,8 @@
 // each kind of dispatch), and the kernel alone over the matmuls inside the model (what handoff and
 // cache misses cost); then the rest by phase (Transformer.profile over more steps: attention,
 // norms, RoPE, the K/V store...). Then, at BATCH > 1, the ceilings this machine puts on that batch
-// (see ceilings: the kernel's rate with its weights in cache and from memory, batch 1's weight
-// stream), against batch 1 measured in the same run. Env: DTYPES, THREADS, BATCH.
+// (see ceilings: the kernel's rate with its weights in cache and from memory, the memory's stream
+// rate), against batch 1 measured in the same run. Env: DTYPES, THREADS, BATCH.
 import { mkdirSync, writeFileSync } from "node:fs";
 import { availableParallelism, loadavg } from "node:os";
 import { join } from "node:path";
@@ -305,9 +305,9 @@ interface Ceilings {
  *  - compute: the threads at the kernel's rate on one thread with the weights in cache (a matrix
  *    that fits L2), nothing else running;
  *  - serial: that compute plus the step's weight bytes at the memory's stream rate (streamGBs),
- *    one after the other. WebAssembly has no prefetch, and the hardware's does not keep up: a batch's tile
- *    reads a strip from memory in its first pass and from L1 in the others, leaving the memory
- *    idle meanwhile, so compute and memory add up. The model is checked on one thread: it
+ *    one after the other. WebAssembly has no prefetch, and the hardware's does not keep up: a
+ *    batch's tile reads a strip from memory in its first pass and from L1 in the others, leaving
+ *    the memory idle meanwhile, so compute and memory add up. The model is checked on one thread: it
  *    predicts the kernel's rate on the classifier (from memory) from the in-cache rate and the
  *    one-thread stream rate, beside the measured one;
  *  - serial plus the measured rest of the step (attention, norms, RoPE, K/V, SwiGLU, the JS).
@@ -332,7 +332,8 @@ function ceilings(
   // The timed steps run positions 65 .. 64 + STEPS: each attends to pos + 1 positions.
   const ctx = 65 + (STEPS - 1) / 2 + 1;
   const macsPerToken = weightMacs + 2 * cfg.nLayers * cfg.nHeads * (cfg.dim / cfg.nHeads) * ctx;
-  // A 768-row matrix fits L2 (0.9 MB in f32, where 1536 rows missed into L3 after the classifier); the classifier's fits no cache.
+  // A 768-row matrix fits L2 (0.9 MB in f32; 1536 rows missed into L3 once the classifier had run
+  // between), the classifier's no cache.
   const calls = [tileCall(dt, BATCH, n, 768), tileCall(dt, BATCH, n, cfg.vocabSize)];
   const [inCache, fromMemory] = bestMs(calls.map((c) => c.run)).map((ms, i) => calls[i]!.macs / ms / 1e6) as [number, number];
   for (const c of calls) c.close();
