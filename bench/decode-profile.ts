@@ -6,7 +6,9 @@
 // handoff of a split dispatch that does almost nothing. Ratios: 2 threads over 1 (the step and
 // each kind of dispatch), and the kernel alone over the matmuls inside the model (what handoff and
 // cache misses cost); then the rest by phase (Transformer.profile over more steps: attention,
-// norms, RoPE, the K/V store...). Env: DTYPES, THREADS, BATCH.
+// norms, RoPE, the K/V store...). Then, at BATCH > 1, the ceilings this machine puts on that batch
+// (see ceilings: the kernel's rate with its weights in cache and from memory, the memory's stream
+// rate), against batch 1 measured in the same run. Env: DTYPES, THREADS, BATCH.
 import { mkdirSync, writeFileSync } from "node:fs";
 import { availableParallelism, loadavg } from "node:os";
 import { join } from "node:path";
@@ -14,7 +16,8 @@ import { type DType, type ModelConfig, Transformer, castWeights, kvShapeOf, synt
 import { J_ATTEND, J_D, J_FN, J_N } from "../src/model/kernel-threads.ts";
 import { FORWARD_PHASES } from "../src/model/transformer.ts";
 import { MatmulKernel } from "../src/model/matmul.ts";
-import type { Matrix } from "../src/model/packed.ts";
+import { castMatrix, dtypeOf, type Matrix, matrixBytes } from "../src/model/packed.ts";
+import { MATRICES } from "../src/model/weights.ts";
 import { TS_SHAPE } from "./ts-shape.ts";
 
 const cfg: ModelConfig = TS_SHAPE;
@@ -50,8 +53,8 @@ interface Profile {
   restPhasesUs: Record<string, number>;
 }
 
-/** Decode at BATCH over a 64-token context, with the kernel's queue and flush timed. */
-async function profile(w: ReturnType<typeof castWeights>, threads: number): Promise<Profile> {
+/** Decode at `batch` from a 64-token context, with the kernel's queue and flush timed. */
+async function profile(w: ReturnType<typeof castWeights>, threads: number, batch = BATCH): Promise<Profile> {
   const m = new Transformer(cfg, w, { threads });
   await m.ready();
   // The model's own kernel, reached for timing: every matmul goes through queue and flush.
@@ -74,11 +77,11 @@ async function profile(w: ReturnType<typeof castWeights>, threads: number): Prom
     dispatches++;
   };
   const kinds = timeDispatches(mm);
-  const pool = m.kvPool(kvShapeOf(cfg, 16), 16 * BATCH + 1);
-  const chunks = Array.from({ length: BATCH }, () => ({ blockTable: pool.allocate(16)!, startPos: 0, tokens: [1] }));
-  const out = new Float32Array(BATCH * cfg.vocabSize);
+  const pool = m.kvPool(kvShapeOf(cfg, 16), 16 * batch + 1);
+  const chunks = Array.from({ length: batch }, () => ({ blockTable: pool.allocate(16)!, startPos: 0, tokens: [1] }));
+  const out = new Float32Array(batch * cfg.vocabSize);
   const step = (pos: number): void => {
-    for (let s = 0; s < BATCH; s++) {
+    for (let s = 0; s < batch; s++) {
       chunks[s]!.startPos = pos;
       chunks[s]!.tokens[0] = (pos * 31 + s) % cfg.vocabSize;
     }
@@ -101,11 +104,11 @@ async function profile(w: ReturnType<typeof castWeights>, threads: number): Prom
   for (const [k, v] of kinds) byKind[k] = { us: v.us / v.n, helperChunks: v.helped / v.n, perStep: v.n / STEPS };
   // The same positions again (their K/V are rewritten with the same values): the context stays inside maxSeqLen.
   const restPhasesUs = restPhases(m, step, 65);
-  const kernelAloneUs = kernelAlone(mm, recorded);
+  const kernelAloneUs = kernelAlone(mm, recorded, batch);
   m.close();
   return {
     byKind,
-    tokensPerSec: ((STEPS * BATCH) / total) * 1000,
+    tokensPerSec: ((STEPS * batch) / total) * 1000,
     stepUs: (total / STEPS) * 1000,
     matmulUs,
     restUs: (total / STEPS) * 1000 - matmulUs,
@@ -162,11 +165,11 @@ function restPhases(m: Transformer, step: (pos: number) => void, from: number): 
 }
 
 /** One step's matmul calls run back to back through the kernel exports, on this thread. */
-function kernelAlone(mm: MatmulKernel, calls: Call[]): { layers: number; classifier: number } {
+function kernelAlone(mm: MatmulKernel, calls: Call[], batch: number): { layers: number; classifier: number } {
   const ex = mm.exports!;
   // Room for q8_0's quantized x too (q8_row_bytes: about 8.1 bytes an element, zeros here).
-  const x = mm.addressOf(mm.alloc(BATCH * cfg.hiddenDim * 3));
-  const y = mm.addressOf(mm.alloc(BATCH * cfg.vocabSize));
+  const x = mm.addressOf(mm.alloc(batch * cfg.hiddenDim * 3));
+  const y = mm.addressOf(mm.alloc(batch * cfg.vocabSize));
   const scratch = mm.addressOf(mm.alloc(8 * cfg.hiddenDim));
   const time = (cs: Call[]): number => {
     const run = (): void => {
@@ -210,6 +213,159 @@ async function handoff(): Promise<{ twoThreadsUs: number; oneThreadUs: number }>
   return r;
 }
 
+/**
+ * The best ms per call of each of `runs` over 12 rounds of at least 50 ms, taken in turn: on a
+ * shared machine, a quiet moment then serves every one of them.
+ */
+function bestMs(runs: (() => void)[]): number[] {
+  for (const run of runs) for (let i = 0; i < 3; i++) run();
+  const best = runs.map(() => Number.POSITIVE_INFINITY);
+  for (let round = 0; round < 12; round++) {
+    runs.forEach((run, i) => {
+      let reps = 0;
+      const t0 = performance.now();
+      let t = t0;
+      for (; t - t0 < 50; t = performance.now()) {
+        run();
+        reps++;
+      }
+      best[i] = Math.min(best[i]!, (t - t0) / reps);
+    });
+  }
+  return best;
+}
+
+/** A d x n matrix of dtype dt placed in a kernel of its own (threads as given). */
+function placedMatrix(dt: DType, n: number, d: number, threads = 1): { k: MatmulKernel; v: Matrix } {
+  const src = new Float32Array(n * d).map((_, i) => Math.sin(i * 0.37) * 0.1);
+  const k = new MatmulKernel([{ matrix: dt === "f32" ? src : castMatrix(src, dt, n), cols: n }], { threads });
+  return { k, v: k.views[0]! };
+}
+
+/** The dtype's kernel on this thread alone, `rows` token rows against a d x n matrix: one call, its multiply-adds. */
+function tileCall(dt: DType, rows: number, n: number, d: number): { run: () => void; macs: number; close: () => void } {
+  const { k, v } = placedMatrix(dt, n, d);
+  const ex = k.exports!;
+  const xf = k.alloc(rows * n);
+  for (let i = 0; i < xf.length; i++) xf[i] = Math.cos(i * 0.11);
+  let x = k.addressOf(xf);
+  if (dt === "q8_0") {
+    const q = k.addressOf(k.allocBytes(rows * ex.q8_row_bytes(n))!);
+    ex.quantize_q8_x(q, x, rows, n);
+    x = q;
+  }
+  const y = k.addressOf(k.alloc(rows * d));
+  const scratch = k.addressOf(k.alloc(8 * n));
+  const fn = ex[`matmul_${dt}`];
+  const w = k.offsetOf(v);
+  return { run: () => fn(y, x, w, rows, n, d, 0, 0, d, scratch), macs: rows * n * d, close: () => k.close() };
+}
+
+/**
+ * GB/s of f32 weights one token row streams through the classifier's shape on `threads` threads:
+ * the memory's rate (one row's f32 kernel does a quarter of a multiply-add per byte, far below
+ * its compute; a packed dtype's single row is bound by its widening instead, so is no measure).
+ */
+async function streamGBs(threads: number): Promise<number> {
+  const n = cfg.dim;
+  const d = cfg.vocabSize;
+  const { k, v } = placedMatrix("f32", n, d, threads);
+  await k.ready();
+  const x = k.alloc(n).fill(0.5);
+  const y = k.alloc(d);
+  const [ms] = bestMs([() => k.matmul(y, x, v, 0, 1, n, d)]);
+  k.close();
+  return (4 * n * d) / ms! / 1e6;
+}
+
+/** ceilings' figures (GMAC/s, GB/s, tok/s, and each tok/s over batch 1's). */
+interface Ceilings {
+  macsPerToken: number;
+  weightBytes: number;
+  tileInCacheGmacs: number;
+  tileFromMemoryGmacs: number;
+  serialModelFromMemoryGmacs: number;
+  streamOneThreadGBs: number;
+  streamGBs: number;
+  batch1TokS: number;
+  measuredTokS: number;
+  computeCeilingTokS: number;
+  serialCeilingTokS: number;
+  serialPlusRestTokS: number;
+  measuredOverBatch1: number;
+  computeCeilingOverBatch1: number;
+  serialCeilingOverBatch1: number;
+  serialPlusRestOverBatch1: number;
+}
+
+/**
+ * What this machine allows BATCH rows of decode, per dtype, from rates measured here. Each token
+ * costs its multiply-adds (every matrix but the embedding once, attention over the context), and
+ * each step reads every weight once. Bounds, from loosest:
+ *  - compute: the threads at the kernel's rate on one thread with the weights in cache (a matrix
+ *    that fits L2), nothing else running;
+ *  - serial: that compute plus the step's weight bytes at the memory's stream rate (streamGBs),
+ *    one after the other. WebAssembly has no prefetch, and the hardware's does not keep up: a
+ *    batch's tile reads a strip from memory in its first pass and from L1 in the others, leaving
+ *    the memory idle meanwhile, so compute and memory add up. The model is checked on one thread: it
+ *    predicts the kernel's rate on the classifier (from memory) from the in-cache rate and the
+ *    one-thread stream rate, beside the measured one;
+ *  - serial plus the measured rest of the step (attention, norms, RoPE, K/V, SwiGLU, the JS).
+ * Each as tok/s and as a multiple of batch 1's tok/s measured in this run.
+ */
+function ceilings(
+  dt: DType,
+  w: ReturnType<typeof castWeights>,
+  threads: number,
+  stream: { one: number; all: number },
+  atBatch: Profile,
+  batch1: Profile,
+): Ceilings {
+  const n = cfg.dim;
+  let weightMacs = 0;
+  let weightBytes = 0;
+  for (const k of MATRICES) {
+    if (k === "tokenEmbedding") continue;
+    weightMacs += w[k].length;
+    weightBytes += matrixBytes(dtypeOf(w[k]), w[k].length);
+  }
+  // The timed steps run positions 65 .. 64 + STEPS: each attends to pos + 1 positions.
+  const ctx = 65 + (STEPS - 1) / 2 + 1;
+  const macsPerToken = weightMacs + 2 * cfg.nLayers * cfg.nHeads * (cfg.dim / cfg.nHeads) * ctx;
+  // A 768-row matrix fits L2 (0.9 MB in f32; 1536 rows missed into L3 once the classifier had run
+  // between), the classifier's no cache.
+  const calls = [tileCall(dt, BATCH, n, 768), tileCall(dt, BATCH, n, cfg.vocabSize)];
+  const [inCache, fromMemory] = bestMs(calls.map((c) => c.run)).map((ms, i) => calls[i]!.macs / ms / 1e6) as [number, number];
+  for (const c of calls) c.close();
+  const stream1 = stream.one;
+  const streamT = stream.all;
+  const bytesPerMac = matrixBytes(dt, 1024) / 1024 / BATCH;
+  const serialModel = 1 / (1 / inCache + bytesPerMac / stream1);
+  const computeS = (BATCH * macsPerToken) / (threads * inCache * 1e9);
+  const memoryS = weightBytes / (streamT * 1e9);
+  const restS = atBatch.restUs / 1e6;
+  const tokS = (sec: number): number => BATCH / sec;
+  const b1 = batch1.tokensPerSec;
+  return {
+    macsPerToken,
+    weightBytes,
+    tileInCacheGmacs: inCache,
+    tileFromMemoryGmacs: fromMemory,
+    serialModelFromMemoryGmacs: serialModel,
+    streamOneThreadGBs: stream1,
+    streamGBs: streamT,
+    batch1TokS: b1,
+    measuredTokS: atBatch.tokensPerSec,
+    computeCeilingTokS: tokS(computeS),
+    serialCeilingTokS: tokS(computeS + memoryS),
+    serialPlusRestTokS: tokS(computeS + memoryS + restS),
+    measuredOverBatch1: atBatch.tokensPerSec / b1,
+    computeCeilingOverBatch1: tokS(computeS) / b1,
+    serialCeilingOverBatch1: tokS(computeS + memoryS) / b1,
+    serialPlusRestOverBatch1: tokS(computeS + memoryS + restS) / b1,
+  };
+}
+
 const load = (): string =>
   loadavg()
     .map((l) => l.toFixed(2))
@@ -217,6 +373,8 @@ const load = (): string =>
 const results: Record<string, unknown> = { bench: "decode-profile", batch: BATCH, loadBefore: load() };
 const base = syntheticWeights(cfg, 15, { sharedClassifier: true });
 const byDtype: Record<string, Record<string, Profile>> = {};
+const ceilingsByDtype: Record<string, Ceilings> = {};
+let stream: { one: number; all: number } | undefined;
 for (const dt of DTYPES) {
   const w = castWeights(cfg, base, dt);
   byDtype[dt] = {};
@@ -238,6 +396,20 @@ for (const dt of DTYPES) {
           .join(", "),
     );
   }
+  if (BATCH > 1) {
+    const threads = THREADS[THREADS.length - 1]!;
+    stream ??= { one: await streamGBs(1), all: await streamGBs(threads) };
+    const c = ceilings(dt, w, threads, stream, byDtype[dt]![`threads${threads}`]!, await profile(w, threads, 1));
+    ceilingsByDtype[dt] = c;
+    console.log(
+      `${dt} ceilings at batch ${BATCH}, ${threads} threads: ${(c.macsPerToken / 1e6).toFixed(2)}M multiply-adds a token, ${(c.weightBytes / 1e6).toFixed(1)} MB of weights a step; ` +
+        `kernel on one thread ${c.tileInCacheGmacs.toFixed(1)} GMAC/s in cache, ${c.tileFromMemoryGmacs.toFixed(1)} from memory (compute then memory in series predicts ${c.serialModelFromMemoryGmacs.toFixed(1)}); ` +
+        `the memory streams ${c.streamOneThreadGBs.toFixed(1)} GB/s to one thread, ${c.streamGBs.toFixed(1)} to ${threads}; ` +
+        `tok/s: batch 1 ${c.batch1TokS.toFixed(0)}, batch ${BATCH} ${c.measuredTokS.toFixed(0)} (${c.measuredOverBatch1.toFixed(2)}x); ` +
+        `ceilings: compute ${c.computeCeilingTokS.toFixed(0)} (${c.computeCeilingOverBatch1.toFixed(2)}x), compute + memory ${c.serialCeilingTokS.toFixed(0)} (${c.serialCeilingOverBatch1.toFixed(2)}x), ` +
+        `+ the measured rest ${c.serialPlusRestTokS.toFixed(0)} (${c.serialPlusRestOverBatch1.toFixed(2)}x)`,
+    );
+  }
   const [a, b] = THREADS.map((t) => byDtype[dt]![`threads${t}`]!);
   if (a !== undefined && b !== undefined) {
     const kinds = Object.keys(a.byKind).map((k) => `${k} ${(a.byKind[k]!.us / (b.byKind[k]?.us ?? Number.NaN)).toFixed(2)}x`);
@@ -245,6 +417,7 @@ for (const dt of DTYPES) {
   }
 }
 results.decode = byDtype;
+if (BATCH > 1) results.ceilings = ceilingsByDtype;
 const h = await handoff();
 results.handoff = h;
 console.log(

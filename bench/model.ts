@@ -103,16 +103,23 @@ function benchPhases(m: Transformer, prefillLen: number): { prefill: Phase; deco
   const out = new Float32Array(8 * cfg.vocabSize);
   const prefillMs = timeIt(() => m.forward(pool, [{ blockTable: table, startPos: 0, tokens: prompt }], out), 1500);
   const prefill = phase(prefillLen, prefillMs, prefillLen * f.layers + f.cls);
+  return { prefill, ...batchDecode(m, prompt, out) };
+}
+
+/** Decode at batch 1 and 8 in DECODE_ROUNDS alternating rounds (see benchPhases), from `prompt`'s first tokens. */
+function batchDecode(m: Transformer, prompt: number[], out: Float32Array): { decode: Record<string, Phase>; batch8OverBatch1: number } {
+  const f = flopsPerToken(m.cfg);
   const steppers = [1, 8].map((batch) => decodeStepper(m, prompt, batch, out));
   const ms: number[][] = [[], []];
   for (let r = 0; r < DECODE_ROUNDS; r++) for (let b = 0; b < 2; b++) ms[b]!.push(timeIt(steppers[b]!, 300));
   const decode: Record<string, Phase> = {};
   [1, 8].forEach((batch, b) => {
-    decode[`batch${batch}`] = phase(batch, median(ms[b]!), batch * (f.layers + f.cls));
+    const msStep = median(ms[b]!);
+    decode[`batch${batch}`] = { tokensPerSec: (batch / msStep) * 1000, gflops: (batch * (f.layers + f.cls)) / msStep / 1e6 };
   });
   // tok/s at batch 8 over batch 1 in a round = 8 ms1 / ms8.
   const batch8OverBatch1 = median(ms[0]!.map((ms1, r) => (8 * ms1) / ms[1]![r]!));
-  return { prefill, decode, batch8OverBatch1 };
+  return { decode, batch8OverBatch1 };
 }
 
 /** One decode step of `batch` sequences over a 64-token context (prefilled here), cycling through 64 positions. */
@@ -340,6 +347,33 @@ if (process.env.BENCH_ONLY === "prefill") {
   console.log(`load average before ${loadBefore}, after ${out.loadAfter} (${CORES} cores)`);
   mkdirSync(join(import.meta.dir, "results"), { recursive: true });
   writeFileSync(join(import.meta.dir, "results", "model-prefill.json"), JSON.stringify(out, null, 2) + "\n");
+  process.exit(0);
+}
+
+// BENCH_ONLY=batch: just the batch-8 over batch-1 decode rounds (as the full run's phases) of each
+// dtype (BENCH_DTYPES, default all four) on BENCH_THREADS, into results/model-batch.json.
+if (process.env.BENCH_ONLY === "batch") {
+  const loadBefore = loadAverage();
+  const cfg: ModelConfig = { ...TS_SHAPE, maxSeqLen: 512 };
+  const w = syntheticWeights(cfg, 15, { sharedClassifier: true });
+  const dtypes = (process.env.BENCH_DTYPES ?? DTYPES.join(",")).split(",") as DType[];
+  const prompt = Array.from({ length: 64 + 8 }, (_, i) => (i * 7919 + 13) % cfg.vocabSize);
+  const rows: Record<string, unknown> = {};
+  for (const dt of dtypes) {
+    const m = new Transformer(cfg, castWeights(cfg, w, dt), { threads: THREADS });
+    await m.ready();
+    const p = batchDecode(m, prompt, new Float32Array(8 * cfg.vocabSize));
+    m.close();
+    rows[dt] = p;
+    console.log(
+      `${dt}, ${THREADS} threads: decode batch1 ${p.decode.batch1!.tokensPerSec.toFixed(1)} tok/s, batch8 ${p.decode.batch8!.tokensPerSec.toFixed(1)} tok/s ` +
+        `(${p.batch8OverBatch1.toFixed(2)}x batch 1, the median of ${DECODE_ROUNDS} alternating rounds; target >= 4x)`,
+    );
+  }
+  const out = { bench: "model-batch", cores: CORES, threads: THREADS, loadBefore, loadAfter: loadAverage(), rows };
+  console.log(`load average before ${loadBefore}, after ${out.loadAfter} (${CORES} cores)`);
+  mkdirSync(join(import.meta.dir, "results"), { recursive: true });
+  writeFileSync(join(import.meta.dir, "results", "model-batch.json"), JSON.stringify(out, null, 2) + "\n");
   process.exit(0);
 }
 
