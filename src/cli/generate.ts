@@ -3,6 +3,31 @@ import { StreamDecoder } from "../model/index.ts";
 import { kvPoolFor, loadModel, type ModelOptions } from "./engine-node.ts";
 import { ConfigError, type Config } from "./options.ts";
 
+/**
+ * Text handed to `out` once per run of the event loop's microtasks: the tokens the engine
+ * settles in one pass (a wake of a pipelined decode settles two steps) go out in one write, and
+ * each pass's text is written as soon as it ends, so the text still streams token by token.
+ */
+export class PassWriter {
+  private buffered = "";
+  private readonly flushNow = (): void => this.flush();
+
+  constructor(private readonly out: (s: string) => void) {}
+
+  write(s: string): void {
+    if (s === "") return;
+    if (this.buffered === "") queueMicrotask(this.flushNow);
+    this.buffered += s;
+  }
+
+  flush(): void {
+    if (this.buffered === "") return;
+    const s = this.buffered;
+    this.buffered = "";
+    this.out(s);
+  }
+}
+
 /** One engine in this process: prints the text as it comes, then prefill and decode speed. */
 export async function generate(config: Config, rest: Map<string, string>, out: (s: string) => void = (s) => process.stdout.write(s)): Promise<void> {
   const e = config.engine;
@@ -47,6 +72,7 @@ export async function generate(config: Config, rest: Map<string, string>, out: (
     eosTokenIds: model.eosIds ? [...model.eosIds] : [model.tokenizer.eos],
   });
   const text = new StreamDecoder(model.tokenizer);
+  const tokensOut = new PassWriter(out);
   out(prompt);
   const t0 = performance.now();
   let tFirst = 0;
@@ -56,10 +82,11 @@ export async function generate(config: Config, rest: Map<string, string>, out: (
     sampling: { temperature, topP: 1, topK: 0, seed: BigInt(seedRaw), maxTokens, stopTokenIds: [] },
     onToken: (t) => {
       if (tFirst === 0) tFirst = performance.now();
-      if (!model.tokenizer.eosIds.includes(t)) out(text.push(t));
+      if (!model.tokenizer.eosIds.includes(t)) tokensOut.write(text.push(t));
     },
   });
   const t1 = performance.now();
+  tokensOut.flush();
   out(text.flush() + "\n");
   const decoded = f.outputTokens.length - 1;
   const prefillTps = (tokens.length / (tFirst - t0)) * 1000;

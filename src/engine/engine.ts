@@ -1,11 +1,8 @@
 import assert from "node:assert";
 import { choiceSeed, maskStops, processLogits, resumeRng, sample, stream, SAMPLE_STREAM, tokenLogprobs, type TokenLogprobs } from "../rng/index.ts";
 import type { KvPool } from "../pool/index.ts";
-import { LogitsRows, type ModelRunner, prevToken, type RowSampling, type SeqChunk } from "./model-runner.ts";
+import { type ForwardDone, LogitsRows, type ModelRunner, prevToken, type RowSampling, type SeqChunk } from "./model-runner.ts";
 import { Sequence, type Finish, type FinishReason, type SamplingParams } from "./sequence.ts";
-
-/** Marks a promise's rejection as handled where it is awaited later (one function, not a closure per step). */
-const ignore = (): void => {};
 
 /** Drops a short queue's first entry by moving the rest down (shift is a call into the runtime, once a step here). */
 function dropFirst<T>(a: T[]): void {
@@ -30,10 +27,19 @@ interface StepPlan {
   rows: number;
   /** Where forward writes the logits, one row per chunk. */
   logits: Float32Array;
-  /** Settles with the tokens the model sampled (a pipelined model), or nothing (a synchronous one). */
-  pending: void | Promise<Int32Array | void>;
+  /** The forward ended (or failed: `failed`, with `error`); sampled holds the tokens the model sampled, if it did. */
+  done: boolean;
+  failed: boolean;
+  error: unknown;
   /** The tokens the model sampled for those rows, once the forward settled. */
   sampled: Int32Array | null;
+  /**
+   * The record's own ends of its forward, made with it and reused by every step it carries: the
+   * model's callback (ModelRunner.post), and a promise's fulfilment and rejection.
+   */
+  readonly onDone: ForwardDone;
+  readonly onFulfilled: (sampled: Int32Array | void) => void;
+  readonly onRejected: (e: unknown) => void;
   /** Blocks given back while this step ran, released when it settles. */
   readonly deferred: number[];
   /**
@@ -135,6 +141,13 @@ export class Engine {
   /** Row views of each logits buffer forwards wrote (a model thread's slots rotate several). */
   private readonly rows: LogitsRows;
   private readonly loop = (): void => void this.loopOnce();
+  /** settleDone runs: a forward ending meanwhile is only marked, and that same pass takes it. */
+  private settling = false;
+  /** The run under way (run): how it ends, and its first failure, after which nothing more is planned or postprocessed. */
+  private runEnd: (() => void) | null = null;
+  private runFail: ((e: unknown) => void) | null = null;
+  private runFailed = false;
+  private runError: unknown = null;
 
   constructor(opts: EngineOptions) {
     this.model = opts.model;
@@ -267,55 +280,103 @@ export class Engine {
   async step(): Promise<void> {
     const first = this.plan();
     if (first === null) return;
-    try {
-      await this.run(first);
-    } finally {
-      // A failure (a forward that threw as it was posted, too) must not leave its steps queued for the next step().
-      this.queue.length = 0;
-    }
+    await this.run(first);
   }
 
-  /** Posts `first`, then keeps the queue depth steps deep while each settles and is postprocessed, oldest first. */
-  private async run(first: StepPlan): Promise<void> {
+  /**
+   * Posts `first`, then keeps the queue depth steps deep while each settles and is postprocessed,
+   * oldest first (settleDone, run by the forwards' ends: no promise or async frame per step);
+   * settles once none is left in flight. On a failure the steps posted ahead settle too
+   * (failing, when they needed the failed one's tokens) before it rejects, so their blocks go
+   * back now, not to a step never awaited.
+   */
+  private run(first: StepPlan): Promise<void> {
+    assert(this.queue.length === 0 && this.runEnd === null, "step() while another step runs");
+    return new Promise<void>((resolve, reject) => {
+      this.runEnd = resolve;
+      this.runFail = reject;
+      this.runFailed = false;
+      this.runError = null;
+      this.settling = true;
+      this.post(first);
+      this.settleDone();
+    });
+  }
+
+  /** Queues a planned step and hands it to the model; its end comes through stepDone. */
+  private post(plan: StepPlan): void {
+    plan.done = plan.failed = false;
+    plan.error = plan.sampled = null;
+    this.queue.push(plan);
+    this.forward(plan);
+  }
+
+  /** A step's forward ended (the model's callback, maybe during post): it is settled in order by settleDone. */
+  private stepDone(plan: StepPlan, sampled: Int32Array | null, failed: boolean, error: unknown): void {
+    plan.sampled = sampled;
+    plan.failed = failed;
+    plan.error = error;
+    plan.done = true;
+    if (!this.settling) this.settleDone();
+  }
+
+  /**
+   * Every step whose forward ended, oldest first, in one pass: its blocks go back (release), it
+   * is postprocessed, and the queue is filled up to depth again; the run ends once the queue is
+   * empty. Runs from a model's callback, so it throws nothing: a failure is the run's.
+   */
+  private settleDone(): void {
     const queue = this.queue;
-    assert(queue.length === 0, "step() while another step runs");
-    first.pending = this.forward(first);
-    queue.push(first);
-    while (queue.length > 0) {
-      for (let next: StepPlan | null; queue.length < this.depth && (next = this.planAhead(queue)) !== null; ) {
-        next.pending = this.forward(next);
-        queue.push(next);
+    this.settling = true;
+    try {
+      for (;;) {
+        if (queue.length > 0 && !this.runFailed) this.fill();
+        const head = queue[0];
+        if (head === undefined) return this.endRun();
+        if (!head.done) return;
+        dropFirst(queue);
+        this.settleHead(head);
+        // Settled and postprocessed: nothing reads the record any more.
+        this.spare.push(head);
       }
-      const plan = queue[0]!;
-      try {
-        // settled's steps written out: no async call of its own (a promise and a resumption) per step.
-        if (plan.pending) {
-          try {
-            plan.sampled = (await plan.pending) ?? null;
-          } finally {
-            this.release(plan);
-          }
-        }
-        this.postprocess(plan);
-      } catch (e) {
-        // The steps posted ahead settle too (failing, when they needed this one's tokens) before
-        // the caller fails the requests, so their blocks go back now, not to a step never awaited.
-        for (let i = 1; i < queue.length; i++) await this.settled(queue[i]!, queue[i]!.pending!).catch(() => {});
-        throw e;
-      }
-      dropFirst(queue);
-      // Settled and postprocessed: nothing reads the record any more.
-      this.spare.push(plan);
+    } finally {
+      this.settling = false;
     }
   }
 
-  /** Waits for a step's forward, then gives back the blocks that ended while it ran. */
-  private async settled(plan: StepPlan, pending: Promise<Int32Array | void>): Promise<void> {
+  /** The oldest step's blocks go back, and (no failure so far in the run) it is postprocessed. */
+  private settleHead(head: StepPlan): void {
     try {
-      plan.sampled = (await pending) ?? null;
-    } finally {
-      this.release(plan);
+      this.release(head);
+      if (this.runFailed) return;
+      if (head.failed) throw head.error;
+      this.postprocess(head);
+    } catch (e) {
+      this.failRun(e);
     }
+  }
+
+  /** The run's first failure is kept: nothing more is planned or postprocessed, and the run rejects with it once its steps settled. */
+  private failRun(e: unknown): void {
+    if (!this.runFailed) this.runError = e;
+    this.runFailed = true;
+  }
+
+  /** Posts the steps planAhead allows while fewer than depth are in flight. */
+  private fill(): void {
+    try {
+      for (let next: StepPlan | null; this.queue.length < this.depth && (next = this.planAhead(this.queue)) !== null; ) this.post(next);
+    } catch (e) {
+      this.failRun(e);
+    }
+  }
+
+  private endRun(): void {
+    const resolve = this.runEnd!;
+    const reject = this.runFail!;
+    this.runEnd = this.runFail = null;
+    if (this.runFailed) reject(this.runError);
+    else resolve();
   }
 
   /** A step's forward settled: its sequences' blocks are the engine's again, and those that ended while it ran go back. */
@@ -421,23 +482,33 @@ export class Engine {
 
   /** A free step record, emptied (its arrays keep their room), for a step `ahead` tokens past those computed. */
   private takePlan(ahead: number): StepPlan {
-    const plan = this.spare.pop() ?? {
+    const plan = this.spare.pop() ?? this.newPlan();
+    plan.rows = 0;
+    plan.logits = this.logits;
+    plan.done = plan.failed = false;
+    plan.error = plan.sampled = null;
+    plan.ahead = ahead;
+    return plan;
+  }
+
+  private newPlan(): StepPlan {
+    const plan: StepPlan = {
       seqs: [],
       counts: [],
       batch: [],
       sampling: [],
       rows: 0,
       logits: this.logits,
-      pending: undefined,
+      done: false,
+      failed: false,
+      error: null,
       sampled: null,
       deferred: [],
-      ahead,
+      ahead: 0,
+      onDone: (sampled, error) => this.stepDone(plan, sampled, error !== null, error),
+      onFulfilled: (sampled) => this.stepDone(plan, sampled ?? null, false, null),
+      onRejected: (e) => this.stepDone(plan, null, true, e),
     };
-    plan.rows = 0;
-    plan.logits = this.logits;
-    plan.pending = undefined;
-    plan.sampled = null;
-    plan.ahead = ahead;
     return plan;
   }
 
@@ -479,35 +550,35 @@ export class Engine {
     return samples && seq.processing === null && seq.prefillChoices === 1 && seq.outputCount + ahead >= (s.minTokens ?? 0);
   }
 
-  /** The model runner's half: one forward over the plan's batch into its logits buffer (a promise when it runs elsewhere). */
-  private forward(plan: StepPlan): void | Promise<Int32Array | void> {
+  /**
+   * The model runner's half: one forward over the plan's batch into its logits buffer; its end
+   * (at once for a synchronous model) comes through the plan's onDone. A forward that throws as
+   * it is posted is a failed step, so the steps before it settle before their blocks go back.
+   */
+  private forward(plan: StepPlan): void {
     const n = plan.seqs.length;
     const V = this.model.vocabSize;
-    if (this.model.logitsBuffer) plan.logits = this.model.logitsBuffer(n);
+    const m = this.model;
+    if (m.logitsBuffer) plan.logits = m.logitsBuffer(n);
     else if (this.logits.length < n * V) plan.logits = this.logits = new Float32Array(n * V);
     for (let i = 0; i < n; i++) plan.seqs[i]!.inFlightStep = plan;
     this.stats.steps++;
-    if (this.model.forwardPipelined) {
-      let pending: Promise<Int32Array>;
-      try {
-        // A prefill's first token streams at once; decodes planned ahead may stream in pairs.
-        pending = this.model.forwardPipelined(this.pool, plan.batch, plan.logits, plan.sampling, plan.ahead > 0);
-      } catch (e) {
-        // Failed as it was posted: queued as a failed step, so the steps before it settle before their blocks go back.
-        pending = Promise.reject(e);
-      }
-      // A step posted ahead may fail before step() awaits it (its failure is the one before's).
-      pending.catch(ignore);
-      return pending;
-    }
-    let pending: void | Promise<void> = undefined;
+    // A prefill's first token streams at once; decodes planned ahead may stream in pairs.
+    const lazy = plan.ahead > 0;
+    let pending: void | Promise<Int32Array | void>;
     try {
-      pending = this.model.forward(this.pool, plan.batch, plan.logits);
-    } finally {
-      // A synchronous forward (or one that threw) holds nothing past its return.
-      if (!pending) for (let i = 0; i < n; i++) plan.seqs[i]!.inFlightStep = null;
+      if (m.post) return m.post(this.pool, plan.batch, plan.logits, plan.sampling, lazy, plan.onDone);
+      pending = m.forwardPipelined ? m.forwardPipelined(this.pool, plan.batch, plan.logits, plan.sampling, lazy) : m.forward(this.pool, plan.batch, plan.logits);
+    } catch (e) {
+      pending = Promise.reject(e);
     }
-    return pending;
+    if (pending) {
+      pending.then(plan.onFulfilled, plan.onRejected);
+      return;
+    }
+    // A synchronous forward holds nothing past its return.
+    for (let i = 0; i < n; i++) plan.seqs[i]!.inFlightStep = null;
+    this.stepDone(plan, null, false, null);
   }
 
   /**

@@ -1,4 +1,4 @@
 export { Engine, type EngineOptions, type EngineRequest, type EngineStats } from "./engine.ts";
-export type { ModelRunner, RowSampling, SeqChunk } from "./model-runner.ts";
+export type { ForwardDone, ModelRunner, RowSampling, SeqChunk } from "./model-runner.ts";
 export type { Finish, FinishReason, PrefillOutput, SamplingParams } from "./sequence.ts";
 export { MAX_CHARS_PER_TOKEN, MAX_STOP_CHARS, MAX_STOP_SEQUENCES, MAX_STOP_TOKEN_IDS } from "./input-limits.ts";

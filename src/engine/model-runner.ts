@@ -1,8 +1,8 @@
-import { LogitsRows, prevToken, type RowSampling, type SeqChunk } from "../model/index.ts";
+import { type ForwardDone, LogitsRows, prevToken, type RowSampling, type SeqChunk } from "../model/index.ts";
 import type { KvPool } from "../pool/index.ts";
 
 // One sequence's slice of a step is the model's own type: defined once, beside forward().
-export { LogitsRows, prevToken, type RowSampling, type SeqChunk };
+export { type ForwardDone, LogitsRows, prevToken, type RowSampling, type SeqChunk };
 
 /**
  * What the engine loop needs from a model: write each chunk's K/V into the pool through
@@ -39,6 +39,12 @@ export interface ModelRunner {
     sampling: readonly (RowSampling | null)[],
     lazy?: boolean,
   ): Promise<Int32Array>;
+  /**
+   * forwardPipelined with a callback for its end instead of a promise (a model thread's own
+   * way): `done` runs once, with the sampled tokens or the error, possibly before post returns;
+   * it must not throw. The engine prefers it, so settling a step makes no promise.
+   */
+  post?(pool: KvPool, batch: readonly SeqChunk[], out: Float32Array, sampling: readonly (RowSampling | null)[], lazy: boolean, done: ForwardDone): void;
   /** Forwards forwardPipelined takes in flight at most (default 2). */
   readonly pipelineDepth?: number;
 }

@@ -34,11 +34,16 @@ import type { KvSlab, SeqChunk } from "./transformer.ts";
 // worker named relative to that root); from a checkout the thread is the file beside this one.
 const THREAD_ENTRY = import.meta.url.includes("/$bunfs/") ? "./src/model/model-worker-thread.ts" : new URL("./model-worker-thread.ts", import.meta.url).href;
 
+/**
+ * How a forward posted with ModelWorker.post ends: once, with the sampled rows' tokens (a view
+ * valid until that slot's next forward is posted) or with the error that failed it.
+ */
+export type ForwardDone = (sampled: Int32Array | null, error: Error | null) => void;
+
 /** A forward in flight: one record per slot, refilled for each forward posted to it. */
 interface Pending {
   gen: number;
-  resolve: (sampled: Int32Array) => void;
-  reject: (e: Error) => void;
+  done: ForwardDone;
   /** The caller's logits buffer when it is not the shared one: copied into on completion. */
   out: Float32Array | null;
   nLogits: number;
@@ -87,8 +92,7 @@ export class ModelWorker {
   /** Per slot: its forward's record (free while the slot has none in flight). */
   private readonly slotRecords: Pending[] = Array.from({ length: SLOTS }, () => ({
     gen: 0,
-    resolve: () => {},
-    reject: () => {},
+    done: () => {},
     out: null,
     nLogits: 0,
     sampled: new Int32Array(0),
@@ -100,8 +104,15 @@ export class ModelWorker {
   private readonly kernelSlabs = new Set<ArrayBufferLike>();
   private dead: Error | null = null;
   private readonly stats: Float64Array;
-  /** Times awaitDone woke from a wait on DONE. */
+  /** Times watch woke from a wait on DONE. */
   private wakes = 0;
+  /** watch runs, or waits on DONE: a forward posted meanwhile needs no watch of its own. */
+  private watching = false;
+  /** The one handler of every wait's end (made once: a wake allocates only the wait's own promise). */
+  private readonly onWake = (): void => {
+    this.wakes++;
+    this.watch();
+  };
   private readonly deathListeners: ((e: Error) => void)[] = [];
 
   private constructor(worker: Worker, ctrl: Int32Array, info: LoadedInfo) {
@@ -171,7 +182,17 @@ export class ModelWorker {
    * `lazy`: it may settle together with the next one (see ModelRunner.forwardPipelined).
    */
   forwardPipelined(pool: KvPool, batch: readonly SeqChunk[], out: Float32Array, sampling?: readonly (RowSampling | null)[], lazy = false): Promise<Int32Array> {
-    if (this.dead) return Promise.reject(this.dead);
+    return new Promise<Int32Array>((resolve, reject) => this.post(pool, batch, out, sampling, lazy, (sampled, e) => (e ? reject(e) : resolve(sampled!))));
+  }
+
+  /**
+   * forwardPipelined without a promise: `done` is called once the forward ends (forwards end in
+   * the order posted; a thread already dead calls it at once), so an engine settling a step
+   * makes nothing per step. Throws, calling nothing, when SLOTS forwards are in flight or `out`
+   * is short. `done` may post the next forward.
+   */
+  post(pool: KvPool, batch: readonly SeqChunk[], out: Float32Array, sampling: readonly (RowSampling | null)[] | undefined, lazy: boolean, done: ForwardDone): void {
+    if (this.dead) return done(null, this.dead);
     if (this.pending.length >= SLOTS) assert.fail(`model worker: ${SLOTS} forwards already in flight (one engine per model thread)`);
     const nLogits = batch.length * this.vocabSize;
     if (out.length < nLogits) assert.fail(`out has ${out.length} floats, want ${nLogits}`);
@@ -189,24 +210,20 @@ export class ModelWorker {
     this.gen = gen;
     const p = this.slotRecords[slot]!;
     p.gen = gen;
+    p.done = done;
     p.out = out === shared ? null : out;
     p.nLogits = nLogits;
     // The same view while the batch keeps its size and the slot its buffer.
     if (p.sampled.length !== batch.length || p.sampled.buffer !== this.sampled[slot]!.buffer) p.sampled = this.sampled[slot]!.subarray(0, batch.length);
     p.lazy = lazy;
-    // All a forward makes anew: the promise the caller awaits (and its resolvers), once per step, never per row.
-    return new Promise<Int32Array>((resolve, reject) => {
-      p.resolve = resolve;
-      p.reject = reject;
-      this.pending.push(p);
-      // Held while a forward runs, so a process with nothing else to do still waits for it.
-      if (this.pending.length === 1) this.worker.ref();
-      Atomics.store(this.ctrl, GEN, gen);
-      if (Atomics.load(this.ctrl, IDLE) !== 0) Atomics.notify(this.ctrl, GEN);
-      if (this.pending.length === 1) void this.awaitDone();
-      // A waiter already asleep may now sleep past a lazy head (wakeAt): the thread reads WAKE after each end.
-      else Atomics.store(this.ctrl, WAKE, this.wakeAt());
-    });
+    this.pending.push(p);
+    // Held while a forward runs, so a process with nothing else to do still waits for it.
+    if (this.pending.length === 1) this.worker.ref();
+    Atomics.store(this.ctrl, GEN, gen);
+    if (Atomics.load(this.ctrl, IDLE) !== 0) Atomics.notify(this.ctrl, GEN);
+    if (!this.watching) this.watch();
+    // A waiter already asleep may now sleep past a lazy head (wakeAt): the thread reads WAKE after each end.
+    else Atomics.store(this.ctrl, WAKE, this.wakeAt());
   }
 
   /**
@@ -281,25 +298,31 @@ export class ModelWorker {
     Atomics.store(this.ctrl, VER, this.version);
   }
 
-  /** Settles the forwards in flight as the model thread finishes them, oldest first, until none is left. */
-  private async awaitDone(): Promise<void> {
+  /**
+   * Settles the forwards in flight the model thread has finished, oldest first, then waits on
+   * DONE for the next (onWake calls this again), until none is left. Each forward's `done` may
+   * post another one, which this same pass then watches.
+   */
+  private watch(): void {
+    this.watching = true;
     for (;;) {
       const head = this.pending[0];
-      if (head === undefined) return;
+      if (head === undefined) break;
       Atomics.store(this.ctrl, WAKE, this.wakeAt());
       const done = Atomics.load(this.ctrl, DONE);
       // gen - done in Int32, so the comparison survives the counters' wrap.
       if (((head.gen - done) | 0) > 0) {
         const w = Atomics.waitAsync(this.ctrl, DONE, done);
         if (w.async) {
-          await w.value;
-          this.wakes++;
+          void w.value.then(this.onWake);
+          return;
         }
         continue;
       }
       const slot = slotOf(head.gen);
       this.settle(Atomics.load(this.ctrl, FAILED + slot) === head.gen ? new Error(readError(this.ctrl, slot)) : null);
     }
+    this.watching = false;
   }
 
   /**
@@ -323,12 +346,9 @@ export class ModelWorker {
     for (let i = 1; i < pending.length; i++) pending[i - 1] = pending[i]!;
     pending.pop();
     if (this.pending.length === 0) this.worker.unref();
-    if (error) {
-      p.reject(error);
-      return;
-    }
+    if (error) return p.done(null, error);
     if (p.out) p.out.set(this.logits[slotOf(p.gen)]!.subarray(0, p.nLogits));
-    p.resolve(p.sampled);
+    p.done(p.sampled, null);
   }
 
   private die(why: string): void {

@@ -3,7 +3,7 @@
 // of requests shares the batch, and every block back in the pool at the end; and, with a gated
 // stand-in, no block of the step posted ahead handed to anyone before that step settles.
 import { afterAll, describe, expect, test } from "bun:test";
-import { Engine, type EngineRequest, type Finish, type ModelRunner, type RowSampling, type SamplingParams, type SeqChunk } from "../../src/engine/index.ts";
+import { Engine, type EngineRequest, type ForwardDone, type Finish, type ModelRunner, type RowSampling, type SamplingParams, type SeqChunk } from "../../src/engine/index.ts";
 import { kvShapeOf, loadSyntheticModel, ModelWorker, SYNTHETIC_MODEL_NAME, Transformer } from "../../src/model/index.ts";
 import { KvPool } from "../../src/pool/index.ts";
 import { Pcg32, sample } from "../../src/rng/index.ts";
@@ -178,22 +178,25 @@ class GatedPipelined implements ModelRunner {
   }
 
   forwardPipelined(pool: KvPool, batch: readonly SeqChunk[], out: Float32Array, sampling: readonly (RowSampling | null)[]): Promise<Int32Array> {
+    return new Promise<Int32Array>((resolve) => this.enqueue(pool, batch, out, sampling, resolve));
+  }
+
+  /** Queues a forward behind the gate; `end` hears of its tokens as it runs. */
+  protected enqueue(pool: KvPool, batch: readonly SeqChunk[], out: Float32Array, sampling: readonly (RowSampling | null)[], end: (s: Int32Array) => void): void {
     this.calls++;
     expect(this.gates.length).toBeLessThan(this.pipelineDepth);
     const copy = batch.map((c) => ({ blockTable: Array.from(c.blockTable), startPos: c.startPos, tokens: Array.from(c.tokens) }));
     // As a plan is written: the streams as they stand now.
     const rows = sampling.map((r) => r && { cfg: r.cfg, rng: r.rng && Pcg32.fromState(r.rng.state, r.rng.inc) });
     const logits = new Float32Array(batch.length * this.vocabSize);
-    return new Promise<Int32Array>((resolve) => {
-      this.gates.push(() => {
-        for (const c of copy) c.tokens = c.tokens.map((t) => (t < 0 ? this.prev[-1 - t]! : t));
-        this.inner.forward(pool, copy, logits);
-        out.set(logits);
-        const V = this.vocabSize;
-        const sampled = Int32Array.from(copy, (_, r) => (rows[r] ? sample(logits.subarray(r * V, (r + 1) * V), rows[r].cfg, rows[r].rng) : -1));
-        this.prev = sampled;
-        resolve(sampled);
-      });
+    this.gates.push(() => {
+      for (const c of copy) c.tokens = c.tokens.map((t) => (t < 0 ? this.prev[-1 - t]! : t));
+      this.inner.forward(pool, copy, logits);
+      out.set(logits);
+      const V = this.vocabSize;
+      const sampled = Int32Array.from(copy, (_, r) => (rows[r] ? sample(logits.subarray(r * V, (r + 1) * V), rows[r].cfg, rows[r].rng) : -1));
+      this.prev = sampled;
+      end(sampled);
     });
   }
 
@@ -203,6 +206,28 @@ class GatedPipelined implements ModelRunner {
 
   open(): void {
     this.gates.shift()?.();
+  }
+}
+
+/**
+ * GatedPipelined as a model thread's own callback (ModelRunner.post): a gate opened calls the
+ * forward's end at once, and the forward numbered `failAt` (from 1) ends failed.
+ */
+class GatedPosting extends GatedPipelined {
+  failAt = 0;
+
+  override forwardPipelined(): Promise<Int32Array> {
+    throw new Error("the engine calls post on a model that has it");
+  }
+
+  post(pool: KvPool, batch: readonly SeqChunk[], out: Float32Array, sampling: readonly (RowSampling | null)[], _lazy: boolean, done: ForwardDone): void {
+    const n = this.calls + 1;
+    this.enqueue(pool, batch, out, sampling, (s) => (n === this.failAt ? done(null, new Error(`forward ${n} failed`)) : done(s, null)));
+  }
+
+  /** Opens every gate posted so far, in one pass. */
+  openAll(): void {
+    for (let n = this.waiting; n > 0; n--) this.open();
   }
 }
 
@@ -266,5 +291,66 @@ describe("engine over a gated pipelined model", () => {
     pool.releaseAll(imported);
     expect(pool.used).toBe(0);
     expect(runner.calls).toBe(4);
+  });
+
+  test("over a model's callback: the steps that ended by the time the engine runs settle in that one pass, with the synchronous model's tokens", async () => {
+    const want = await new Engine({ model: new FakeRunner(), pool: new KvPool(shape, 16), maxModelLen: 64 }).submit({
+      requestId: "s",
+      promptTokens: [5, 6, 7],
+      sampling,
+    });
+    const runner = new GatedPosting(3);
+    const pool = new KvPool(shape, 16);
+    const engine = new Engine({ model: runner, pool, maxModelLen: 64 });
+    const tokens: number[] = [];
+    const got = engine.submit({ requestId: "a", promptTokens: [5, 6, 7], sampling, onToken: (t) => tokens.push(t) });
+    let pairs = 0;
+    while (tokens.length < sampling.maxTokens) {
+      await Bun.sleep(0);
+      const before = tokens.length;
+      const open = runner.waiting;
+      runner.openAll();
+      // No promise between the steps: each one's token is out before openAll returns.
+      expect(tokens.length - before).toBe(Math.min(open, sampling.maxTokens - before));
+      if (open >= 2) pairs++;
+    }
+    expect((await got).outputTokens).toEqual(want.outputTokens);
+    expect(tokens).toEqual(want.outputTokens);
+    expect(pairs).toBeGreaterThan(3);
+    expect(pool.used).toBe(0);
+  });
+
+  test("over a model's callback: a forward that ends failed fails the request once the steps posted after it settle, and frees every block", async () => {
+    const runner = new GatedPosting(3);
+    runner.failAt = 4;
+    const pool = new KvPool(shape, 16);
+    const engine = new Engine({ model: runner, pool, maxModelLen: 64 });
+    let tokens = 0;
+    const got = engine.submit({ requestId: "a", promptTokens: [5, 6, 7], sampling, onToken: () => tokens++ });
+    let settled = false;
+    void got.then(() => (settled = true));
+    // The prefill and two decodes ahead; each one settled posts the next.
+    while (runner.waiting < 3) await Bun.sleep(0);
+    runner.open();
+    expect(tokens).toBe(1);
+    expect(runner.calls).toBe(4);
+    runner.open();
+    runner.open();
+    expect(tokens).toBe(3);
+    expect(runner.calls).toBe(6);
+    // The fourth fails: nothing more is posted or streamed, and the two after it are still in
+    // flight, so nothing goes back before they settle.
+    runner.open();
+    await Bun.sleep(1);
+    expect(tokens).toBe(3);
+    expect(settled).toBe(false);
+    expect(pool.used).toBeGreaterThan(0);
+    runner.openAll();
+    expect(runner.calls).toBe(6);
+    const f = await got;
+    expect(f.reason).toBe("error");
+    expect(f.error).toBe("forward 4 failed");
+    expect(pool.used).toBe(0);
+    expect(runner.waiting).toBe(0);
   });
 });

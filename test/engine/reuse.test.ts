@@ -3,7 +3,7 @@
 // records as deep as the pipeline, one chunk and one row sampling per sequence), and the
 // tokens are still those of the synchronous model.
 import { describe, expect, test } from "bun:test";
-import { Engine, type ModelRunner, type RowSampling, type SamplingParams, type SeqChunk } from "../../src/engine/index.ts";
+import { Engine, type ForwardDone, type ModelRunner, type RowSampling, type SamplingParams, type SeqChunk } from "../../src/engine/index.ts";
 import { KvPool } from "../../src/pool/index.ts";
 import { Pcg32, sample } from "../../src/rng/index.ts";
 import { FakeRunner } from "../support/fake-model.ts";
@@ -53,6 +53,16 @@ class EagerPipelined implements ModelRunner {
   }
 }
 
+/** EagerPipelined as a model thread's own callback (ModelRunner.post): it keeps the callbacks it was handed. */
+class EagerPosting extends EagerPipelined {
+  readonly dones: ForwardDone[] = [];
+
+  post(pool: KvPool, batch: readonly SeqChunk[], out: Float32Array, sampling: readonly (RowSampling | null)[], _lazy: boolean, done: ForwardDone): void {
+    this.dones.push(done);
+    void this.forwardPipelined(pool, batch, out, sampling).then((sampled) => done(sampled, null));
+  }
+}
+
 /** Distinct objects among xs. */
 const distinct = (xs: readonly unknown[]) => new Set(xs).size;
 
@@ -83,6 +93,16 @@ describe("a steady decode reuses the engine's step records", () => {
     }
     // A seeded row's stream as it stands steps ahead: one scratch generator, copied into.
     for (const r of [1, 2]) expect(distinct(steady.map((s) => s.rngs[r]))).toBe(1);
+  });
+
+  test("over a model's callback: the same depth-many callbacks, one per step record, and the same tokens", async () => {
+    const params = [greedy, seeded];
+    const model = new EagerPosting();
+    expect(await decode(model, params)).toEqual(await decode(new FakeRunner(), params));
+    expect(model.dones.length).toBe(40);
+    expect(distinct(model.seen.slice(1).map((s) => s.batch))).toBe(3);
+    // Nothing made per step to hear of its end: each step record's own callback.
+    expect(distinct(model.dones)).toBe(3);
   });
 
   test("over a synchronous model: one step record, the same batch array every step", async () => {

@@ -183,6 +183,39 @@ describe("ModelWorker", () => {
     await expect(w.forwardPipelined(pool, [{ blockTable: [0], startPos: 1, tokens: [prevToken(0)] }], w.logitsBuffer(1))).rejects.toThrow(/sampled none there/);
   });
 
+  test("post: a forward's end may post the next one, which the same watch waits for; on a closed thread the end comes at once", async () => {
+    const w = await start();
+    const shape = kvShapeOf(m.cfg, 8);
+    const theirs = new KvPool(shape, 2, { shared: true });
+    const mine = new KvPool(shape, 2);
+    const steps = 12;
+    const wakes = w.counters.wakes;
+    const got: number[] = [];
+    await new Promise<void>((resolve, reject) => {
+      const post = (pos: number) =>
+        w.post(theirs, [{ blockTable: [0, 1], startPos: pos, tokens: [pos === 0 ? 65 : prevToken(0)] }], w.logitsBuffer(1), [G], false, (sampled, e) => {
+          if (e) return reject(e);
+          got.push(sampled![0]!);
+          if (pos + 1 < steps) post(pos + 1);
+          else resolve();
+        });
+      post(0);
+    });
+    const want: number[] = [];
+    const logits = new Float32Array(m.cfg.vocabSize);
+    for (let pos = 0, t = 65; pos < steps; pos++) {
+      local.forward(mine, [{ blockTable: [0, 1], startPos: pos, tokens: [t] }], logits);
+      want.push((t = sample(logits, G.cfg, null)));
+    }
+    expect(got).toEqual(want);
+    // A wake per forward at most: a second watch started from within an end would wait (and wake) beside the first.
+    expect(w.counters.wakes - wakes).toBeLessThanOrEqual(steps);
+    w.close();
+    let ended = "";
+    w.post(theirs, [{ blockTable: [0], startPos: 0, tokens: [65] }], w.logitsBuffer(1), [G], false, (_, e) => (ended = e!.message));
+    expect(ended).toBe("model worker died: closed");
+  });
+
   test("a forward the model refuses fails alone; the thread keeps serving", async () => {
     const w = await start();
     const pool = new KvPool(kvShapeOf(m.cfg, 8), 4, { shared: true });
