@@ -209,6 +209,56 @@ function runOurs(m: Transformer, steps: number, first = [1], keepLogits = false)
   return { tokens, tokensPerSec: ((steps - 1) / (performance.now() - start)) * 1000, logits };
 }
 
+/** Rounds of batch-1 decode, run.c's builds then ours or ours then run.c's in turn (run (-O3), the slow one, in the first round only). */
+const C_ROUNDS = 7;
+
+type Decoded = { tokens: number[]; tokensPerSec: number };
+
+/**
+ * Batch-1 decode of every model against every C build in C_ROUNDS rounds, the two sides in
+ * alternating order, so a swing of the machine moves both sides of a round's ratio: each side's
+ * tok/s is its median round, each ratio its rounds' (ours over the C build of the same round).
+ */
+function batch1Rounds(
+  refs: Reference[],
+  path: string,
+  models: Map<DType, Transformer>,
+  steps: number,
+): { c: Record<string, Decoded>; ours: Map<DType, Decoded>; ratios: Map<DType, Record<string, number[]>> } {
+  for (const m of models.values()) runOurs(m, 16);
+  const cRuns = new Map<string, Decoded[]>(refs.map((r) => [r.name, []]));
+  const ourRuns = new Map<DType, Decoded[]>([...models.keys()].map((dt) => [dt, []]));
+  const ratios = new Map<DType, Record<string, number[]>>([...models.keys()].map((dt) => [dt, Object.fromEntries(refs.map((r) => [r.name, []]))]));
+  for (let round = 0; round < C_ROUNDS; round++) {
+    const runC = (): Map<string, number> => {
+      const rates = new Map<string, number>();
+      for (const ref of round === 0 ? refs : refs.slice(1)) {
+        const r = runReference(ref, path, steps);
+        cRuns.get(ref.name)!.push(r);
+        rates.set(ref.name, r.tokensPerSec);
+      }
+      return rates;
+    };
+    const runAll = (): Map<DType, number> => new Map([...models].map(([dt, m]) => [dt, pushed(ourRuns.get(dt)!, runOurs(m, steps)).tokensPerSec]));
+    const cFirst = round % 2 === 0;
+    const rates = cFirst ? runC() : null;
+    const mine = runAll();
+    const cRates = rates ?? runC();
+    for (const [dt, tps] of mine) for (const [name, ctps] of cRates) ratios.get(dt)![name]!.push(tps / ctps);
+  }
+  const med = (runs: Decoded[]): Decoded => ({ tokens: runs[0]!.tokens, tokensPerSec: median(runs.map((r) => r.tokensPerSec)) });
+  return {
+    c: Object.fromEntries([...cRuns].map(([name, runs]) => [name, med(runs)])),
+    ours: new Map([...ourRuns].map(([dt, runs]) => [dt, med(runs)])),
+    ratios,
+  };
+}
+
+function pushed<T>(list: T[], item: T): T {
+  list.push(item);
+  return item;
+}
+
 const prefixAgreement = (a: number[], b: number[]): number => {
   let i = 0;
   while (i < a.length && a[i] === b[i]) i++;
@@ -410,39 +460,29 @@ try {
   // ---- batch-1 decode against run.c, each dtype
   const refs = buildReferences(dir);
   const steps = ts.maxSeqLen;
-  const c: Record<string, { tokensPerSec: number; tokens: number[] }> = {};
-  for (const ref of refs) {
-    let best = runReference(ref, path, steps);
-    const again = runReference(ref, path, steps);
-    if (again.tokensPerSec > best.tokensPerSec) best = again;
-    c[ref.name] = best;
-  }
+  const { c, ours, ratios } = batch1Rounds(refs, path, models, steps);
   const decode: Record<string, unknown> = {};
-  for (const [dt, m] of models) {
-    runOurs(m, 16);
-    let ours = runOurs(m, steps);
-    const again = runOurs(m, steps);
-    if (again.tokensPerSec > ours.tokensPerSec) ours = again;
+  for (const [dt, o] of ours) {
     const bytes = weightBytesPerToken(cfg, castWeights(cfg, loaded.weights, dt));
-    const vs: Record<string, number> = {};
-    for (const [name, r] of Object.entries(c)) vs[name] = ours.tokensPerSec / r.tokensPerSec;
-    const vsF32Tokens = dt === "f32" ? steps : prefixAgreement(ours.tokens, (decode.f32 as { tokens: number[] }).tokens);
-    const cAgree = refs.length > 0 ? prefixAgreement(ours.tokens, c[refs[0]!.name]!.tokens) : null;
+    const vs = ratios.get(dt)!;
+    const vsF32Tokens = dt === "f32" ? steps : prefixAgreement(o.tokens, ours.get("f32")!.tokens);
+    const cAgree = refs.length > 0 ? prefixAgreement(o.tokens, c[refs[0]!.name]!.tokens) : null;
     decode[dt] = {
-      tokensPerSec: ours.tokensPerSec,
-      weightGBps: (bytes * ours.tokensPerSec) / 1e9,
+      tokensPerSec: o.tokensPerSec,
+      weightGBps: (bytes * o.tokensPerSec) / 1e9,
       weightMB: bytes / 1e6,
-      vsC: vs,
+      vsC: Object.fromEntries(Object.entries(vs).map(([k, v]) => [k, median(v)])),
+      vsCRounds: vs,
       leadingTokensAgreeWithF32: vsF32Tokens,
       leadingTokensAgreeWithC: cAgree,
-      tokens: ours.tokens,
+      tokens: o.tokens,
     };
     console.log(
-      `decode batch 1, ${dt}, ${THREADS} threads: ${ours.tokensPerSec.toFixed(1)} tok/s, ${((bytes * ours.tokensPerSec) / 1e9).toFixed(2)} GB/s of ${(bytes / 1e6).toFixed(1)} MB weights; ` +
+      `decode batch 1, ${dt}, ${THREADS} threads: ${o.tokensPerSec.toFixed(1)} tok/s, ${((bytes * o.tokensPerSec) / 1e9).toFixed(2)} GB/s of ${(bytes / 1e6).toFixed(1)} MB weights; ` +
         Object.entries(vs)
-          .map(([k, v]) => `${v.toFixed(2)}x ${k}`)
+          .map(([k, v]) => `${median(v).toFixed(2)}x ${k} (${Math.min(...v).toFixed(2)}-${Math.max(...v).toFixed(2)})`)
           .join(", ") +
-        `; first ${vsF32Tokens} greedy tokens agree with f32` +
+        ` (medians of ${C_ROUNDS} alternating rounds); first ${vsF32Tokens} greedy tokens agree with f32` +
         (cAgree === null ? "" : `, ${cAgree} with C`),
     );
   }
