@@ -38,7 +38,7 @@ interface StepPlan {
    * model's callback (ModelRunner.post), and a promise's fulfilment and rejection.
    */
   readonly onDone: ForwardDone;
-  readonly onFulfilled: (sampled: Int32Array | void) => void;
+  readonly onFulfilled: (sampled: unknown) => void;
   readonly onRejected: (e: unknown) => void;
   /** Blocks given back while this step ran, released when it settles. */
   readonly deferred: number[];
@@ -334,7 +334,10 @@ export class Engine {
       for (;;) {
         if (queue.length > 0 && !this.runFailed) this.fill();
         const head = queue[0];
-        if (head === undefined) return this.endRun();
+        if (head === undefined) {
+          this.endRun();
+          return;
+        }
         if (!head.done) return;
         dropFirst(queue);
         this.settleHead(head);
@@ -508,7 +511,7 @@ export class Engine {
       deferred: [],
       ahead: 0,
       onDone: (sampled, error) => this.stepDone(plan, sampled, error !== null, error),
-      onFulfilled: (sampled) => this.stepDone(plan, sampled ?? null, false, null),
+      onFulfilled: (sampled) => this.stepDone(plan, sampled instanceof Int32Array ? sampled : null, false, null),
       onRejected: (e) => this.stepDone(plan, null, true, e),
     };
     return plan;
@@ -567,10 +570,14 @@ export class Engine {
     this.stats.steps++;
     // A prefill's first token streams at once; decodes planned ahead may stream in pairs.
     const lazy = plan.ahead > 0;
-    let pending: void | Promise<Int32Array | void>;
+    let pending: Promise<unknown> | undefined;
     try {
-      if (m.post) return m.post(this.pool, plan.batch, plan.logits, plan.sampling, lazy, plan.onDone);
-      pending = m.forwardPipelined ? m.forwardPipelined(this.pool, plan.batch, plan.logits, plan.sampling, lazy) : m.forward(this.pool, plan.batch, plan.logits);
+      if (m.post) {
+        m.post(this.pool, plan.batch, plan.logits, plan.sampling, lazy, plan.onDone);
+        return;
+      }
+      if (m.forwardPipelined) pending = m.forwardPipelined(this.pool, plan.batch, plan.logits, plan.sampling, lazy);
+      else pending = m.forward(this.pool, plan.batch, plan.logits) ?? undefined;
     } catch (e) {
       pending = Promise.reject(e);
     }

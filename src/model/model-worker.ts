@@ -191,8 +191,18 @@ export class ModelWorker {
    * makes nothing per step. Throws, calling nothing, when SLOTS forwards are in flight or `out`
    * is short. `done` may post the next forward.
    */
-  post(pool: KvPool, batch: readonly SeqChunk[], out: Float32Array, sampling: readonly (RowSampling | null)[] | undefined, lazy: boolean, done: ForwardDone): void {
-    if (this.dead) return done(null, this.dead);
+  post(
+    pool: KvPool,
+    batch: readonly SeqChunk[],
+    out: Float32Array,
+    sampling: readonly (RowSampling | null)[] | undefined,
+    lazy: boolean,
+    done: ForwardDone,
+  ): void {
+    if (this.dead) {
+      done(null, this.dead);
+      return;
+    }
     if (this.pending.length >= SLOTS) assert.fail(`model worker: ${SLOTS} forwards already in flight (one engine per model thread)`);
     const nLogits = batch.length * this.vocabSize;
     if (out.length < nLogits) assert.fail(`out has ${out.length} floats, want ${nLogits}`);
@@ -346,7 +356,10 @@ export class ModelWorker {
     for (let i = 1; i < pending.length; i++) pending[i - 1] = pending[i]!;
     pending.pop();
     if (this.pending.length === 0) this.worker.unref();
-    if (error) return p.done(null, error);
+    if (error) {
+      p.done(null, error);
+      return;
+    }
     if (p.out) p.out.set(this.logits[slotOf(p.gen)]!.subarray(0, p.nLogits));
     p.done(p.sampled, null);
   }

@@ -3,7 +3,16 @@
 // of requests shares the batch, and every block back in the pool at the end; and, with a gated
 // stand-in, no block of the step posted ahead handed to anyone before that step settles.
 import { afterAll, describe, expect, test } from "bun:test";
-import { Engine, type EngineRequest, type ForwardDone, type Finish, type ModelRunner, type RowSampling, type SamplingParams, type SeqChunk } from "../../src/engine/index.ts";
+import {
+  Engine,
+  type EngineRequest,
+  type ForwardDone,
+  type Finish,
+  type ModelRunner,
+  type RowSampling,
+  type SamplingParams,
+  type SeqChunk,
+} from "../../src/engine/index.ts";
 import { kvShapeOf, loadSyntheticModel, ModelWorker, SYNTHETIC_MODEL_NAME, Transformer } from "../../src/model/index.ts";
 import { KvPool } from "../../src/pool/index.ts";
 import { Pcg32, sample } from "../../src/rng/index.ts";
@@ -182,7 +191,13 @@ class GatedPipelined implements ModelRunner {
   }
 
   /** Queues a forward behind the gate; `end` hears of its tokens as it runs. */
-  protected enqueue(pool: KvPool, batch: readonly SeqChunk[], out: Float32Array, sampling: readonly (RowSampling | null)[], end: (s: Int32Array) => void): void {
+  protected enqueue(
+    pool: KvPool,
+    batch: readonly SeqChunk[],
+    out: Float32Array,
+    sampling: readonly (RowSampling | null)[],
+    end: (s: Int32Array) => void,
+  ): void {
     this.calls++;
     expect(this.gates.length).toBeLessThan(this.pipelineDepth);
     const copy = batch.map((c) => ({ blockTable: Array.from(c.blockTable), startPos: c.startPos, tokens: Array.from(c.tokens) }));
