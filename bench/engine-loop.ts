@@ -97,16 +97,7 @@ export async function engineLoop(
   const room = (await kvSlab?.(blocks * blockPayloadBytes(shape))) ?? null;
   const pool = new KvPool(shape, blocks, room ?? { shared: model instanceof ModelWorker });
   const engine = new Engine({ model, pool, maxModelLen: cfg.maxSeqLen, maxBatchTokens: 512, maxRunning: batch, pipelineDepth: DEPTH });
-  // The event loop's delay: how late a 1 ms timer fires, every time it fires while the engine runs.
-  const lags: number[] = [];
-  let last = performance.now();
-  const timer = probeDelay
-    ? setInterval(() => {
-        const now = performance.now();
-        lags.push(Math.max(0, now - last - 1));
-        last = now;
-      }, 1)
-    : undefined;
+  const probe = probeDelay ? delayProbe() : null;
   let first = 0;
   let decoded = 0;
   const counters = () => (model instanceof ModelWorker ? model.counters : null);
@@ -137,16 +128,99 @@ export async function engineLoop(
   const atEnd = counters();
   const modelBusyShare = atEnd && atFirst ? (atEnd.busyMs - atFirst.busyMs) / (end - first) : null;
   const per = atEnd && atFirst ? perToken(atFirst, atEnd, cpuFirst, cpuEnd, decoded) : null;
-  clearInterval(timer);
-  lags.push(performance.now() - last);
-  lags.sort((a, b) => a - b);
-  const p99 = lags[Math.min(lags.length - 1, Math.floor(lags.length * 0.99))]!;
+  const delay = probe?.stop() ?? { p99: 0, max: 0 };
   return {
     decodeTokensPerSec: (decoded / (end - first)) * 1000,
     modelBusyShare,
     perToken: per,
-    loopDelayP99Ms: p99,
-    loopDelayMaxMs: lags[lags.length - 1]!,
+    loopDelayP99Ms: delay.p99,
+    loopDelayMaxMs: delay.max,
+  };
+}
+
+/** The event loop's delay: how late a 1 ms timer fires, every time it fires until stop (p99 and max, ms). */
+function delayProbe(): { stop: () => { p99: number; max: number } } {
+  const lags: number[] = [];
+  let last = performance.now();
+  const timer = setInterval(() => {
+    const now = performance.now();
+    lags.push(Math.max(0, now - last - 1));
+    last = now;
+  }, 1);
+  return {
+    stop: () => {
+      clearInterval(timer);
+      lags.push(performance.now() - last);
+      lags.sort((a, b) => a - b);
+      return { p99: lags[Math.min(lags.length - 1, Math.floor(lags.length * 0.99))]!, max: lags[lags.length - 1]! };
+    },
+  };
+}
+
+type Round = { alone: number; engine: Record<string, number>; modelThreadBusy: number; perToken: PerToken | null };
+
+/** WARMUP rounds not counted, then ROUNDS rounds of each runner's engine loop between two runs of the transformer alone. */
+async function engineRounds(
+  local: Transformer,
+  long: ModelConfig,
+  runners: Record<string, ModelRunner>,
+  slabs: Record<string, (bytes: number) => Promise<KvSlab | null>>,
+): Promise<Round[]> {
+  // The transformer alone runs before and after the engine loops of a round (its figure is the
+  // mean of the two), so a change in the machine's load within a round favours no side of its ratios.
+  const round = async (): Promise<Round> => {
+    const engine: Record<string, number> = {};
+    let modelThreadBusy = 0;
+    let per: PerToken | null = null;
+    const before = aloneDecode(local, DECODE_STEPS);
+    for (const where of Object.keys(runners)) {
+      const res = await engineLoop(runners[where]!, long, [1], DECODE_STEPS, 1, slabs[where], false);
+      engine[where] = res.decodeTokensPerSec;
+      modelThreadBusy = res.modelBusyShare ?? modelThreadBusy;
+      per = res.perToken ?? per;
+    }
+    const alone = (before + aloneDecode(local, DECODE_STEPS)) / 2;
+    return { alone, engine, modelThreadBusy, perToken: per };
+  };
+  for (let r = 0; r < WARMUP; r++) await round();
+  const rounds: Round[] = [];
+  for (let r = 0; r < ROUNDS; r++) rounds.push(await round());
+  return rounds;
+}
+
+/** One runner's ratio over its rounds, and (unless QUICK) the event loop's delay during a 512-token prefill and a batch-32 decode. */
+async function runnerReport(
+  where: string,
+  runner: ModelRunner,
+  long: ModelConfig,
+  rounds: Round[],
+  aloneTps: number,
+  slab: ((bytes: number) => Promise<KvSlab | null>) | undefined,
+): Promise<Record<string, unknown>> {
+  const ratios = rounds.map((r) => r.engine[where]! / r.alone);
+  const ratio = median(ratios);
+  const tps = median(rounds.map((r) => r.engine[where]!));
+  const head =
+    `engine loop, model on the ${where} thread: decode ${tps.toFixed(1)} tok/s vs transformer alone ${aloneTps.toFixed(1)}: ` +
+    `${ratio.toFixed(2)}x (median of ${ROUNDS} rounds, ${Math.min(...ratios).toFixed(2)}-${Math.max(...ratios).toFixed(2)}; target >= 0.9x)`;
+  if (QUICK) {
+    console.log(head);
+    return { decodeTokensPerSec: tps, ratio, ratios };
+  }
+  const prompt = Array.from({ length: 511 }, (_, i) => (i * 13 + 1) % long.vocabSize);
+  const prefill = await engineLoop(runner, long, prompt, 1, 1, slab);
+  const decode32 = await engineLoop(runner, long, [1, 2, 3, 4], 48, 32, slab);
+  console.log(
+    `${head}; event loop delay p99: 512-token prefill ${prefill.loopDelayP99Ms.toFixed(1)} ms, batch-32 decode ${decode32.loopDelayP99Ms.toFixed(1)} ms (target <= 10 ms); ` +
+      `batch-32 decode ${decode32.decodeTokensPerSec.toFixed(0)} tok/s`,
+  );
+  return {
+    decodeTokensPerSec: tps,
+    ratio,
+    ratios,
+    loopDelayP99Ms: { prefill512: prefill.loopDelayP99Ms, decodeBatch32: decode32.loopDelayP99Ms },
+    loopDelayMaxMs: { prefill512: prefill.loopDelayMaxMs, decodeBatch32: decode32.loopDelayMaxMs },
+    decodeBatch32TokensPerSec: decode32.decodeTokensPerSec,
   };
 }
 
@@ -172,26 +246,7 @@ export async function enginePart(dir: string, long: ModelConfig, weights: Weight
   };
   aloneDecode(local, 16);
   for (const where of Object.keys(runners)) await engineLoop(runners[where]!, long, [1], 16, 1, slabs[where], false);
-  type Round = { alone: number; engine: Record<string, number>; modelThreadBusy: number; perToken: PerToken | null };
-  // The transformer alone runs before and after the engine loops of a round (its figure is the
-  // mean of the two), so a change in the machine's load within a round favours no side of its ratios.
-  const round = async (): Promise<Round> => {
-    const engine: Record<string, number> = {};
-    let modelThreadBusy = 0;
-    let per: PerToken | null = null;
-    const before = aloneDecode(local, DECODE_STEPS);
-    for (const where of Object.keys(runners)) {
-      const res = await engineLoop(runners[where]!, long, [1], DECODE_STEPS, 1, slabs[where], false);
-      engine[where] = res.decodeTokensPerSec;
-      modelThreadBusy = res.modelBusyShare ?? modelThreadBusy;
-      per = res.perToken ?? per;
-    }
-    const alone = (before + aloneDecode(local, DECODE_STEPS)) / 2;
-    return { alone, engine, modelThreadBusy, perToken: per };
-  };
-  for (let r = 0; r < WARMUP; r++) await round();
-  const rounds: Round[] = [];
-  for (let r = 0; r < ROUNDS; r++) rounds.push(await round());
+  const rounds = await engineRounds(local, long, runners, slabs);
   const busyShare = median(rounds.map((r) => r.modelThreadBusy));
   const perTokenMedian = medianPerToken(rounds.map((r) => r.perToken).filter((p) => p !== null));
   console.log(
@@ -200,7 +255,6 @@ export async function enginePart(dir: string, long: ModelConfig, weights: Weight
       `model thread ${perTokenMedian.modelNotifyUs.toFixed(0)} us waking the engine, ${perTokenMedian.modelIdleWaits.toFixed(3)} waits for a step`,
   );
   const aloneTps = median(rounds.map((r) => r.alone));
-  const prompt = Array.from({ length: 511 }, (_, i) => (i * 13 + 1) % long.vocabSize);
   const out: Record<string, unknown> = {
     transformerAloneTokensPerSec: aloneTps,
     decodeSteps: DECODE_STEPS,
@@ -209,34 +263,7 @@ export async function enginePart(dir: string, long: ModelConfig, weights: Weight
     modelThreadPerToken: perTokenMedian,
     rounds,
   };
-  for (const [where, runner] of Object.entries(runners)) {
-    const ratios = rounds.map((r) => r.engine[where]! / r.alone);
-    const ratio = median(ratios);
-    const tps = median(rounds.map((r) => r.engine[where]!));
-    const head =
-      `engine loop, model on the ${where} thread: decode ${tps.toFixed(1)} tok/s vs transformer alone ${aloneTps.toFixed(1)}: ` +
-      `${ratio.toFixed(2)}x (median of ${ROUNDS} rounds, ${Math.min(...ratios).toFixed(2)}-${Math.max(...ratios).toFixed(2)}; target >= 0.9x)`;
-    if (QUICK) {
-      console.log(head);
-      out[where] = { decodeTokensPerSec: tps, ratio, ratios };
-      continue;
-    }
-    const slab = slabs[where];
-    const prefill = await engineLoop(runner, long, prompt, 1, 1, slab);
-    const decode32 = await engineLoop(runner, long, [1, 2, 3, 4], 48, 32, slab);
-    console.log(
-      `${head}; event loop delay p99: 512-token prefill ${prefill.loopDelayP99Ms.toFixed(1)} ms, batch-32 decode ${decode32.loopDelayP99Ms.toFixed(1)} ms (target <= 10 ms); ` +
-        `batch-32 decode ${decode32.decodeTokensPerSec.toFixed(0)} tok/s`,
-    );
-    out[where] = {
-      decodeTokensPerSec: tps,
-      ratio,
-      ratios,
-      loopDelayP99Ms: { prefill512: prefill.loopDelayP99Ms, decodeBatch32: decode32.loopDelayP99Ms },
-      loopDelayMaxMs: { prefill512: prefill.loopDelayMaxMs, decodeBatch32: decode32.loopDelayMaxMs },
-      decodeBatch32TokensPerSec: decode32.decodeTokensPerSec,
-    };
-  }
+  for (const [where, runner] of Object.entries(runners)) out[where] = await runnerReport(where, runner, long, rounds, aloneTps, slabs[where]);
   worker.close();
   local.close();
   return out;

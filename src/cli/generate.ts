@@ -2,35 +2,10 @@ import { Engine } from "../engine/index.ts";
 import { StreamDecoder } from "../model/index.ts";
 import { kvPoolFor, loadModel, type ModelOptions } from "./engine-node.ts";
 import { ConfigError, type Config } from "./options.ts";
+import { PassWriter } from "./pass-writer.ts";
 
-/**
- * Text handed to `out` once per run of the event loop's microtasks: the tokens the engine
- * settles in one pass (a wake of a pipelined decode settles two steps) go out in one write, and
- * each pass's text is written as soon as it ends, so the text still streams token by token.
- */
-export class PassWriter {
-  private buffered = "";
-  private readonly flushNow = (): void => this.flush();
-
-  constructor(private readonly out: (s: string) => void) {}
-
-  write(s: string): void {
-    if (s === "") return;
-    if (this.buffered === "") queueMicrotask(this.flushNow);
-    this.buffered += s;
-  }
-
-  flush(): void {
-    if (this.buffered === "") return;
-    const s = this.buffered;
-    this.buffered = "";
-    this.out(s);
-  }
-}
-
-/** One engine in this process: prints the text as it comes, then prefill and decode speed. */
-export async function generate(config: Config, rest: Map<string, string>, out: (s: string) => void = (s) => process.stdout.write(s)): Promise<void> {
-  const e = config.engine;
+/** The command's own options (--prompt, --max-tokens, --temperature, --seed), checked before any work. */
+function generateOptions(rest: Map<string, string>): { prompt: string; maxTokens: number; temperature: number; seed: bigint } {
   const prompt = rest.get("prompt") ?? "In the beginning God created";
   const num = (name: string, dflt: number, ok: (n: number) => boolean) => {
     const v = rest.get(name);
@@ -44,6 +19,13 @@ export async function generate(config: Config, rest: Map<string, string>, out: (
   const seedRaw = rest.get("seed") ?? "0";
   if (!/^\d+$/.test(seedRaw)) throw new ConfigError(`--seed: want a non-negative integer, got ${JSON.stringify(seedRaw)}`);
   for (const k of rest.keys()) if (!["prompt", "max-tokens", "temperature", "seed"].includes(k)) throw new ConfigError(`unknown option --${k}`);
+  return { prompt, maxTokens, temperature, seed: BigInt(seedRaw) };
+}
+
+/** One engine in this process: prints the text as it comes, then prefill and decode speed. */
+export async function generate(config: Config, rest: Map<string, string>, out: (s: string) => void = (s) => process.stdout.write(s)): Promise<void> {
+  const e = config.engine;
+  const { prompt, maxTokens, temperature, seed } = generateOptions(rest);
 
   const model = await loadModel({
     modelPath: String(e.model) || undefined,
@@ -79,7 +61,7 @@ export async function generate(config: Config, rest: Map<string, string>, out: (
   const f = await engine.submit({
     requestId: "generate",
     promptTokens: tokens,
-    sampling: { temperature, topP: 1, topK: 0, seed: BigInt(seedRaw), maxTokens, stopTokenIds: [] },
+    sampling: { temperature, topP: 1, topK: 0, seed, maxTokens, stopTokenIds: [] },
     onToken: (t) => {
       if (tFirst === 0) tFirst = performance.now();
       if (!model.tokenizer.eosIds.includes(t)) tokensOut.write(text.push(t));

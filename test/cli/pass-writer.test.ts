@@ -1,5 +1,5 @@
 import { expect, test } from "bun:test";
-import { PassWriter } from "../../src/cli/generate.ts";
+import { PassWriter } from "../../src/cli/pass-writer.ts";
 
 test("pass_writer_writes_each_pass_of_microtasks_once_and_streams_between_passes", async () => {
   const writes: string[] = [];
