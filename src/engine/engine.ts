@@ -423,14 +423,11 @@ export class Engine {
       const seq = this.waiting[0]!;
       if (seq.blockTable.length === 0) this.takePrefixHits(seq, B);
       const n = Math.min(seq.tokens.length - seq.numComputed, budget);
-      const need = Math.ceil((seq.numComputed + n) / B) - seq.blockTable.length;
-      const ids = need > 0 ? this.pool.allocate(need) : [];
-      if (ids === null) {
+      if (!this.grow(seq, seq.numComputed + n)) {
         // Leave it waiting with nothing held, so a pool full of running work cannot deadlock it.
         this.releaseBlocks(seq);
         break;
       }
-      seq.blockTable.push(...ids);
       if (seq.preemptions === 0) {
         seq.prefixHitTokens = seq.numComputed;
         this.stats.prefixHitTokens += seq.numComputed;
@@ -457,7 +454,6 @@ export class Engine {
    * preemption. A sequence that stops before (EOS, a stop token, a cancel) has its row skipped.
    */
   private planAhead(queue: readonly StepPlan[]): StepPlan | null {
-    const B = this.pool.shape.blockTokens;
     const last = queue[queue.length - 1]!;
     const n = last.seqs.length;
     // Each step in flight (each a sampling step for every row, or there would be none ahead) adds a token.
@@ -470,11 +466,8 @@ export class Engine {
     }
     for (let i = 0; i < n; i++) {
       const seq = last.seqs[i]!;
-      const need = Math.ceil((seq.tokens.length + coming) / B) - seq.blockTable.length;
-      const ids = need > 0 ? this.pool.allocate(need) : [];
       // Short: no preemption under a forward in flight; plan() decides once they settle.
-      if (ids === null) return null;
-      seq.blockTable.push(...ids);
+      if (!this.grow(seq, seq.tokens.length + coming)) return null;
     }
     const plan = this.takePlan(coming);
     for (let r = 0; r < n; r++) {
@@ -757,14 +750,9 @@ export class Engine {
    * sequences when the pool is short. False when seq itself had to be preempted.
    */
   private reserve(seq: Sequence, upTo: number): boolean {
-    const need = Math.ceil(upTo / this.pool.shape.blockTokens) - seq.blockTable.length;
-    if (need <= 0) return true;
     for (;;) {
-      const ids = this.pool.allocate(need);
-      if (ids !== null) {
-        seq.blockTable.push(...ids);
-        return true;
-      }
+      if (this.grow(seq, upTo)) return true;
+      const need = Math.ceil(upTo / this.pool.shape.blockTokens) - seq.blockTable.length;
       const victim = this.running[this.running.length - 1]!;
       if (victim === seq && this.running.length === 1) {
         // Alone and still short: the pool (less pending handles) cannot hold this sequence.
@@ -775,6 +763,16 @@ export class Engine {
       this.preempt(victim);
       if (victim === seq) return false;
     }
+  }
+
+  /** Makes seq's block table cover `upTo` positions from free blocks, preempting nothing; false (nothing taken) when the pool is short. */
+  private grow(seq: Sequence, upTo: number): boolean {
+    const need = Math.ceil(upTo / this.pool.shape.blockTokens) - seq.blockTable.length;
+    if (need <= 0) return true;
+    const ids = this.pool.allocate(need);
+    if (ids === null) return false;
+    seq.blockTable.push(...ids);
+    return true;
   }
 
   private preempt(seq: Sequence): void {
