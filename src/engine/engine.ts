@@ -305,10 +305,8 @@ export class Engine {
     });
   }
 
-  /** Queues a planned step and hands it to the model; its end comes through stepDone. */
+  /** Queues a step fresh from takePlan and hands it to the model; its end comes through stepDone. */
   private post(plan: StepPlan): void {
-    plan.done = plan.failed = false;
-    plan.error = plan.sampled = null;
     this.queue.push(plan);
     this.forward(plan);
   }
@@ -578,8 +576,6 @@ export class Engine {
       pending.then(plan.onFulfilled, plan.onRejected);
       return;
     }
-    // A synchronous forward holds nothing past its return.
-    for (let i = 0; i < n; i++) plan.seqs[i]!.inFlightStep = null;
     this.stepDone(plan, null, false, null);
   }
 
