@@ -1,14 +1,9 @@
 import assert from "node:assert";
 import { choiceSeed, maskStops, processLogits, resumeRng, sample, stream, SAMPLE_STREAM, tokenLogprobs, type TokenLogprobs } from "../rng/index.ts";
+import { dropFirst } from "../model/index.ts";
 import type { KvPool } from "../pool/index.ts";
 import { type ForwardDone, LogitsRows, type ModelRunner, prevToken, type RowSampling, type SeqChunk } from "./model-runner.ts";
 import { Sequence, type Finish, type FinishReason, type SamplingParams } from "./sequence.ts";
-
-/** Drops a short queue's first entry by moving the rest down (shift is a call into the runtime, once a step here). */
-function dropFirst<T>(a: T[]): void {
-  for (let i = 1; i < a.length; i++) a[i - 1] = a[i]!;
-  a.pop();
-}
 
 /**
  * A step from plan to postprocess: what the scheduler hands the model runner, and what the

@@ -10,6 +10,7 @@ export {
 export { type Weights, type SyntheticOptions, castWeights, syntheticWeights, validateWeights, weightSizes, weightsBytes, weightsDType } from "./weights.ts";
 export { type DType, type Matrix, type PackedMatrix, DTYPES, castMatrix, dequantize } from "./packed.ts";
 export { type KvSlab, type SeqChunk, Transformer } from "./transformer.ts";
+export { dropFirst } from "./drop-first.ts";
 export { type EncodeOptions, type Tokenizer, ByteTokenizer, StreamDecoder } from "./tokenizer.ts";
 export type { TokenizerSource, GgufTokenizerMeta } from "./tokenizer-source.ts";
 export { type BuiltTokenizer, buildTokenizer } from "./build-tokenizer.ts";

@@ -28,6 +28,7 @@ import {
   WAKE,
   writePlan,
 } from "./model-worker-protocol.ts";
+import { dropFirst } from "./drop-first.ts";
 import type { KvSlab, SeqChunk } from "./transformer.ts";
 
 // A compiled binary holds its entry points at the root of its own file system (Bun resolves a
@@ -352,9 +353,7 @@ export class ModelWorker {
     const pending = this.pending;
     const p = pending[0];
     if (p === undefined) return;
-    // shift by hand: Array.prototype.shift is a call into the runtime, once a step here.
-    for (let i = 1; i < pending.length; i++) pending[i - 1] = pending[i]!;
-    pending.pop();
+    dropFirst(pending);
     if (this.pending.length === 0) this.worker.unref();
     if (error) {
       p.done(null, error);
