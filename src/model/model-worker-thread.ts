@@ -134,9 +134,9 @@ async function serve(t: Transformer): Promise<void> {
     Atomics.store(ctrl, DONE, gen);
     if (failed || ((gen - Atomics.load(ctrl, WAKE)) | 0) >= 0) {
       stats[STAT_NOTIFIES]!++;
-      const t = performance.now();
+      const notifyAt = performance.now();
       Atomics.notify(ctrl, DONE);
-      stats[STAT_NOTIFY_MS]! += performance.now() - t;
+      stats[STAT_NOTIFY_MS]! += performance.now() - notifyAt;
     }
   }
 }

@@ -308,7 +308,7 @@ export class Transformer {
 
   /** Layer l's attention half: norm, q/k/v, RoPE, the K/V store, attention, wo, residual. */
   private attentionBlock(pool: KvPool, batch: readonly SeqChunk[], l: number, rows: number, inPlace: boolean): void {
-    const { x, xb, xb2, q, k, v, w, mm } = this;
+    const { x, xb, q, k, v, w, mm } = this;
     const { dim } = this.cfg;
     const { qDim, kvDim } = this;
     const ex = mm.exports;
@@ -339,15 +339,12 @@ export class Transformer {
     if (ex !== null) this.attentionSimd(pool, l, batch, inPlace);
     else this.attention(bits, pool.blockElems, B, l, batch, rows);
     this.lap(P_ATT);
-    mm.matmul(xb2, xb, w.wo, l * dim * qDim, rows, qDim, dim);
-    this.lap(P_MATMUL);
-    this.addInto(x, xb2, rows * dim);
-    this.lap(P_RESID);
+    this.addProjection(xb, w.wo, l * dim * qDim, qDim, rows);
   }
 
   /** Layer l's feed-forward half: norm, w1/w3, SwiGLU, w2, residual. */
   private feedForwardBlock(l: number, rows: number): void {
-    const { x, xb, xb2, hb, hb2, w, mm } = this;
+    const { x, xb, hb, hb2, w, mm } = this;
     const { dim, hiddenDim: hid } = this.cfg;
     const ex = mm.exports;
     this.rmsnorm(xb, x, w.rmsFfn, l * dim, rows);
@@ -359,9 +356,15 @@ export class Transformer {
     if (ex !== null) ex.swiglu(mm.addressOf(hb), mm.addressOf(hb2), rows * hid);
     else swigluF32(hb, hb2, rows * hid);
     this.lap(P_SWIGLU);
-    mm.matmul(xb2, hb, w.w2, l * dim * hid, rows, hid, dim);
+    this.addProjection(hb, w.w2, l * dim * hid, hid, rows);
+  }
+
+  /** Both halves' end: the residual stream x gains src (rows of n) projected back to dim by m at wOff. */
+  private addProjection(src: Float32Array, m: Matrix, wOff: number, n: number, rows: number): void {
+    const dim = this.cfg.dim;
+    this.mm.matmul(this.xb2, src, m, wOff, rows, n, dim);
     this.lap(P_MATMUL);
-    this.addInto(x, xb2, rows * dim);
+    this.addInto(this.x, this.xb2, rows * dim);
     this.lap(P_RESID);
   }
 
