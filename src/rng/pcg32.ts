@@ -138,7 +138,8 @@ export class Pcg32 {
 
   /** Takes state and increment from four words writeWords wrote (the increment must be odd). */
   readWords(from: Int32Array, at: number): this {
-    assert((from[at + 3]! & 1) === 1, `pcg32 increment must be odd, got low word 0x${(from[at + 3]! >>> 0).toString(16)}`);
+    // The message is built only on failure: a model thread reads a stream per sampled row per step.
+    if ((from[at + 3]! & 1) !== 1) assert.fail(`pcg32 increment must be odd, got low word 0x${(from[at + 3]! >>> 0).toString(16)}`);
     this.stateHi = from[at]! >>> 0;
     this.stateLo = from[at + 1]! >>> 0;
     this.incHi = from[at + 2]! >>> 0;
