@@ -10,7 +10,7 @@
 // (see ceilings: the kernel's rate with its weights in cache and from memory, the memory's stream
 // rate), against batch 1 measured in the same run. Env: DTYPES, THREADS, BATCH.
 import { mkdirSync, writeFileSync } from "node:fs";
-import { availableParallelism, loadavg } from "node:os";
+import { availableParallelism } from "node:os";
 import { join } from "node:path";
 import { type DType, type ModelConfig, Transformer, castWeights, kvShapeOf, syntheticWeights } from "../src/model/index.ts";
 import { J_ATTEND, J_D, J_FN, J_N } from "../src/model/kernel-threads.ts";
@@ -18,6 +18,7 @@ import { FORWARD_PHASES } from "../src/model/transformer.ts";
 import { MatmulKernel } from "../src/model/matmul.ts";
 import { castMatrix, dtypeOf, type Matrix, matrixBytes } from "../src/model/packed.ts";
 import { MATRICES } from "../src/model/weights.ts";
+import { loadAverage } from "./stats.ts";
 import { TS_SHAPE } from "./ts-shape.ts";
 
 const cfg: ModelConfig = TS_SHAPE;
@@ -366,11 +367,7 @@ function ceilings(
   };
 }
 
-const load = (): string =>
-  loadavg()
-    .map((l) => l.toFixed(2))
-    .join(" ");
-const results: Record<string, unknown> = { bench: "decode-profile", batch: BATCH, loadBefore: load() };
+const results: Record<string, unknown> = { bench: "decode-profile", batch: BATCH, loadBefore: loadAverage() };
 const base = syntheticWeights(cfg, 15, { sharedClassifier: true });
 const byDtype: Record<string, Record<string, Profile>> = {};
 const ceilingsByDtype: Record<string, Ceilings> = {};
@@ -423,7 +420,7 @@ results.handoff = h;
 console.log(
   `a split dispatch of 64K multiply-adds: 2 threads ${h.twoThreadsUs.toFixed(2)} us, 1 thread ${h.oneThreadUs.toFixed(2)} us (${(h.oneThreadUs / h.twoThreadsUs).toFixed(2)}x)`,
 );
-results.loadAfter = load();
+results.loadAfter = loadAverage();
 console.log(`load average before ${results.loadBefore}, after ${results.loadAfter} (${availableParallelism()} cores)`);
 mkdirSync(join(import.meta.dir, "results"), { recursive: true });
 writeFileSync(join(import.meta.dir, "results", "decode-profile.json"), `${JSON.stringify(results, null, 2)}\n`);

@@ -3,7 +3,7 @@
 // with the model on the event loop's thread and then on a model thread of its own (ModelWorker,
 // loading the same weights from a file, as engines run it).
 import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
-import { availableParallelism, loadavg, tmpdir } from "node:os";
+import { availableParallelism, tmpdir } from "node:os";
 import { join } from "node:path";
 import { Engine, type ModelRunner } from "../src/engine/index.ts";
 import { blockPayloadBytes } from "../src/codec/index.ts";
@@ -19,6 +19,7 @@ import {
   writeLlama2cCheckpoint,
 } from "../src/model/index.ts";
 import { KvPool } from "../src/pool/index.ts";
+import { loadAverage, median } from "./stats.ts";
 import { TS_SHAPE } from "./ts-shape.ts";
 
 const BLOCK = 16;
@@ -280,12 +281,6 @@ function medianPerToken(ps: PerToken[]): PerToken {
   };
 }
 
-export function median(xs: number[]): number {
-  const s = [...xs].sort((a, b) => a - b);
-  const m = s.length >> 1;
-  return s.length % 2 ? s[m]! : (s[m - 1]! + s[m]!) / 2;
-}
-
 /** The transformer alone, batch-1 greedy from [1]: tok/s over `steps` steps after the first (the prompt's). */
 export function aloneDecode(m: Transformer, steps: number): number {
   const cfg = m.cfg;
@@ -308,16 +303,12 @@ export function aloneDecode(m: Transformer, steps: number): number {
 // On its own (`npx bun bench/engine-loop.ts`): the engine part alone, on synthetic weights of
 // the TinyStories-15M shape (as bench/model.ts makes them), into results/engine-loop.json.
 if (import.meta.main) {
-  const load = () =>
-    loadavg()
-      .map((l) => l.toFixed(2))
-      .join(" ");
-  const loadBefore = load();
+  const loadBefore = loadAverage();
   const long: ModelConfig = { ...TS_SHAPE, maxSeqLen: 512 };
   const dir = mkdtempSync(join(tmpdir(), "tl-bench-engine-loop-"));
   try {
     const engine = await enginePart(dir, long, syntheticWeights(long, 15, { sharedClassifier: true }));
-    const out = { bench: "engine-loop", cores: availableParallelism(), threads: THREADS, loadBefore, loadAfter: load(), engine };
+    const out = { bench: "engine-loop", cores: availableParallelism(), threads: THREADS, loadBefore, loadAfter: loadAverage(), engine };
     console.log(`load average before ${loadBefore}, after ${out.loadAfter}`);
     mkdirSync(join(import.meta.dir, "results"), { recursive: true });
     writeFileSync(join(import.meta.dir, "results", "engine-loop.json"), JSON.stringify(out, null, 2) + "\n");

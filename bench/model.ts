@@ -15,9 +15,10 @@
 // The plain JS matmul (matmulRef) and the SIMD kernel alone are the micro baselines.
 import { spawnSync } from "node:child_process";
 import { mkdtempSync, mkdirSync, rmSync, writeFileSync } from "node:fs";
-import { availableParallelism, loadavg, tmpdir } from "node:os";
+import { availableParallelism, tmpdir } from "node:os";
 import { join } from "node:path";
-import { enginePart, median } from "./engine-loop.ts";
+import { enginePart } from "./engine-loop.ts";
+import { loadAverage, median } from "./stats.ts";
 import {
   type DType,
   type Matrix,
@@ -556,9 +557,3 @@ results.loadAfter = loadAverage();
 console.log(`load average before ${results.loadBefore}, after ${results.loadAfter} (${CORES} cores)`);
 mkdirSync(join(import.meta.dir, "results"), { recursive: true });
 writeFileSync(join(import.meta.dir, "results", "model.json"), JSON.stringify(results, null, 2) + "\n");
-
-function loadAverage(): string {
-  return loadavg()
-    .map((l) => l.toFixed(2))
-    .join(" ");
-}
