@@ -4,7 +4,8 @@
 //   cores), decoding a TinyStories-15M-shape llama2.c file greedily from BOS at batch 1; ours on
 //   the same file in each weight dtype (f32, f16, bf16, q8_0) on all cores, with the achieved GB/s
 //   of weight reads (every matrix is read once per token at batch 1);
-// - batch-8 decode against our own batch-1;
+// - batch-8 decode against our own batch-1, beside what batch 8 buys run_ref.c's loop (its BATCH:
+//   runomp, and runomp built for x86-64-v2, 128-bit vectors without FMA as WebAssembly SIMD has);
 // - a 512-token prefill's matmul GFLOP/s against numpy (OpenBLAS sgemm, all cores) on the same
 //   shapes, where numpy imports;
 // - `engine generate`'s loop (Engine.step around the same model) against the transformer alone,
@@ -17,6 +18,7 @@ import { spawnSync } from "node:child_process";
 import { mkdtempSync, mkdirSync, rmSync, writeFileSync } from "node:fs";
 import { availableParallelism, tmpdir } from "node:os";
 import { join } from "node:path";
+import { batchBuilds, buildReferences, cBatchRound, cBatchSummary, runcBuilds, runReference, type Reference } from "./c-reference.ts";
 import { enginePart } from "./engine-loop.ts";
 import { loadAverage, median } from "./stats.ts";
 import {
@@ -93,7 +95,7 @@ const DECODE_ROUNDS = 7;
  * Prefill of `prefillLen` tokens, and decode at batch 1 and 8 over a 64-token context: each
  * batch's tok/s is its median round, and batch8OverBatch1 the median of the rounds' ratios.
  */
-function benchPhases(m: Transformer, prefillLen: number): { prefill: Phase; decode: Record<string, Phase>; batch8OverBatch1: number } {
+function benchPhases(m: Transformer, prefillLen: number, eachRound?: () => void): { prefill: Phase; decode: Record<string, Phase>; batch8OverBatch1: number } {
   const cfg = m.cfg;
   const f = flopsPerToken(cfg);
   const phase = (tokens: number, ms: number, flops: number): Phase => ({ tokensPerSec: (tokens / ms) * 1000, gflops: flops / ms / 1e6 });
@@ -104,15 +106,21 @@ function benchPhases(m: Transformer, prefillLen: number): { prefill: Phase; deco
   const out = new Float32Array(8 * cfg.vocabSize);
   const prefillMs = timeIt(() => m.forward(pool, [{ blockTable: table, startPos: 0, tokens: prompt }], out), 1500);
   const prefill = phase(prefillLen, prefillMs, prefillLen * f.layers + f.cls);
-  return { prefill, ...batchDecode(m, prompt, out) };
+  return { prefill, ...batchDecode(m, prompt, out, eachRound) };
 }
 
-/** Decode at batch 1 and 8 in DECODE_ROUNDS alternating rounds (see benchPhases), from `prompt`'s first tokens. */
-function batchDecode(m: Transformer, prompt: number[], out: Float32Array): { decode: Record<string, Phase>; batch8OverBatch1: number } {
+/**
+ * Decode at batch 1 and 8 in DECODE_ROUNDS alternating rounds (see benchPhases), from `prompt`'s
+ * first tokens; `eachRound` (C's round, when set) runs after each, so the machine's swings reach both.
+ */
+function batchDecode(m: Transformer, prompt: number[], out: Float32Array, eachRound?: () => void): { decode: Record<string, Phase>; batch8OverBatch1: number } {
   const f = flopsPerToken(m.cfg);
   const steppers = [1, 8].map((batch) => decodeStepper(m, prompt, batch, out));
   const ms: number[][] = [[], []];
-  for (let r = 0; r < DECODE_ROUNDS; r++) for (let b = 0; b < 2; b++) ms[b]!.push(timeIt(steppers[b]!, 300));
+  for (let r = 0; r < DECODE_ROUNDS; r++) {
+    for (let b = 0; b < 2; b++) ms[b]!.push(timeIt(steppers[b]!, 300));
+    eachRound?.();
+  }
   const decode: Record<string, Phase> = {};
   [1, 8].forEach((batch, b) => {
     const msStep = median(ms[b]!);
@@ -121,6 +129,31 @@ function batchDecode(m: Transformer, prompt: number[], out: Float32Array): { dec
   // tok/s at batch 8 over batch 1 in a round = 8 ms1 / ms8.
   const batch8OverBatch1 = median(ms[0]!.map((ms1, r) => (8 * ms1) / ms[1]![r]!));
   return { decode, batch8OverBatch1 };
+}
+
+/**
+ * Our f32 batch-8 rounds (batchDecode) with C's between them (cBatchRound: runomp, and runomp held
+ * to WebAssembly SIMD's instruction set) on the checkpoint at path, printed side by side.
+ */
+function f32BatchVsC<T extends { decode: Record<string, Phase>; batch8OverBatch1: number }>(
+  dir: string,
+  path: string,
+  run: (eachRound: () => void) => T,
+): { ours: T; c: Record<string, unknown> } {
+  const refs = buildReferences(dir, batchBuilds(CORES));
+  const rounds: ReturnType<typeof cBatchRound>[] = [];
+  const ours = run(() => rounds.push(cBatchRound(refs, path)));
+  const ours8 = ours.decode.batch8!.tokensPerSec;
+  const c: Record<string, unknown> = {};
+  for (const [name, r] of Object.entries(cBatchSummary(refs, rounds))) {
+    c[name] = { ...r, oursF32Batch8OverIts: ours8 / r.batch8TokS };
+    console.log(
+      `C ${name}: batch1 ${r.batch1TokS.toFixed(1)} tok/s, batch8 ${r.batch8TokS.toFixed(1)} tok/s: ${r.batch8OverBatch1.toFixed(2)}x its batch 1 ` +
+        `(${Math.min(...r.rounds).toFixed(2)}-${Math.max(...r.rounds).toFixed(2)}, median of ${DECODE_ROUNDS} rounds between ours; ours f32 ${ours.batch8OverBatch1.toFixed(2)}x); ` +
+        `our f32 batch 8 is ${(ours8 / r.batch8TokS).toFixed(2)}x its batch 8`,
+    );
+  }
+  return { ours, c };
 }
 
 /** One decode step of `batch` sequences over a 64-token context (prefilled here), cycling through 64 positions. */
@@ -146,44 +179,6 @@ function decodeStepper(m: Transformer, prompt: number[], batch: number, out: Flo
     m.forward(dp, chunks, out);
     pos = pos + 1 >= ctx + steps ? ctx : pos + 1;
   };
-}
-
-interface Reference {
-  name: string;
-  exe: string;
-  command: string;
-  env: Record<string, string>;
-}
-
-/** run_ref.c as `make run` and as `make runomp`; empty when no compiler runs. */
-function buildReferences(dir: string): Reference[] {
-  const src = join(import.meta.dir, "c", "run_ref.c");
-  const builds: { name: string; flags: string[]; env: Record<string, string> }[] = [
-    { name: "run (-O3)", flags: ["-O3"], env: {} },
-    { name: "runomp (-Ofast -fopenmp -march=native)", flags: ["-Ofast", "-fopenmp", "-march=native"], env: { OMP_NUM_THREADS: String(CORES) } },
-  ];
-  const out: Reference[] = [];
-  for (const b of builds) {
-    for (const cc of ["gcc", "cc"]) {
-      const exe = join(dir, `run_ref_${out.length}`);
-      const r = spawnSync(cc, [...b.flags, "-o", exe, src, "-lm"], { encoding: "utf8" });
-      if (r.status === 0) {
-        out.push({ name: b.name, exe, command: `${cc} ${b.flags.join(" ")} -o run run_ref.c -lm`, env: b.env });
-        break;
-      }
-      if (r.error === undefined) console.log(`${cc} ${b.flags.join(" ")} failed on run_ref.c: ${r.stderr.trim()}`);
-    }
-  }
-  return out;
-}
-
-function runReference(ref: Reference, path: string, steps: number): { tokens: number[]; tokensPerSec: number } {
-  const r = spawnSync(ref.exe, [path, String(steps), "1"], { encoding: "utf8", env: { ...process.env, ...ref.env } });
-  if (r.status !== 0) throw new Error(`run_ref exited ${r.status}: ${r.stderr}`);
-  const toks = /^tokens:(.*)$/m.exec(r.stdout);
-  const rate = /^tok\/s: ([0-9.]+)$/m.exec(r.stdout);
-  if (toks === null || rate === null) throw new Error(`run_ref printed no tokens or rate: ${r.stdout.slice(0, 200)}`);
-  return { tokens: toks[1]!.trim().split(/\s+/).map(Number), tokensPerSec: Number(rate[1]) };
 }
 
 /** Greedy from `first` at batch 1, timed like run.c: from the end of the first step to the end of the last. */
@@ -307,8 +302,11 @@ function oursPrefillMatmulGflops(cfg: ModelConfig, w: Weights<Matrix>, rows: num
   return flops / ms / 1e6;
 }
 
-/** numpy's float32 matmul GFLOP/s on a 512-token prefill's layer shapes; null where numpy does not import. */
-function numpyPrefillGflops(cfg: ModelConfig, rows: number): number | null {
+/**
+ * numpy's float32 matmuls (OpenBLAS sgemm, all cores) over `rows` token rows of every layer's
+ * shapes, and the classifier's when asked: GFLOP/s and rows a second; null where numpy does not import.
+ */
+function numpyMatmuls(cfg: ModelConfig, rows: number, classifier: boolean): { gflops: number; tokensPerSec: number } | null {
   const kv = kvDimOf(cfg);
   const shapes = [
     [cfg.dim, cfg.dim],
@@ -321,18 +319,21 @@ function numpyPrefillGflops(cfg: ModelConfig, rows: number): number | null {
   ];
   const script = `
 import numpy as np, time, json
-rows, L, shapes = ${rows}, ${cfg.nLayers}, ${JSON.stringify(shapes)}
+rows, L, dim, shapes = ${rows}, ${cfg.nLayers}, ${cfg.dim}, ${JSON.stringify(shapes)}
+cls = ${JSON.stringify(classifier ? [cfg.vocabSize, cfg.dim] : null)}
 ws = [[np.random.rand(d, n).astype(np.float32) for d, n in shapes] for _ in range(L)]
+wc = None if cls is None else np.random.rand(*cls).astype(np.float32)
 xs = {n: np.random.rand(rows, n).astype(np.float32) for _, n in shapes}
 def once():
     for l in range(L):
         for (d, n), w in zip(shapes, ws[l]): xs[n] @ w.T
+    if wc is not None: xs[dim] @ wc.T
 once()
 best = 1e9
 for _ in range(7):
     t = time.perf_counter(); once(); best = min(best, time.perf_counter() - t)
-flops = 2 * rows * L * sum(d * n for d, n in shapes)
-print(json.dumps(flops / best / 1e9))
+flops = 2 * rows * (L * sum(d * n for d, n in shapes) + (0 if cls is None else cls[0] * cls[1]))
+print(json.dumps([flops / best / 1e9, rows / best]))
 `;
   // This machine's OpenBLAS tuning variables are for another core type: unset both for numpy only.
   const env = { ...process.env };
@@ -340,7 +341,29 @@ print(json.dumps(flops / best / 1e9))
   delete env.OPENBLAS_L2_SIZE;
   const r = spawnSync("python3", ["-c", script], { encoding: "utf8", env });
   if (r.status !== 0) return null;
-  return Number(r.stdout.trim());
+  const [gflops, tokensPerSec] = JSON.parse(r.stdout.trim()) as [number, number];
+  return { gflops, tokensPerSec };
+}
+
+/**
+ * numpy's matmuls alone (every matrix, the classifier's too) at batch 1 and 8 in rounds: the batch
+ * 8 a native sgemm with FMA reaches here, beside our whole step's. Null where numpy does not import.
+ */
+function numpyBatch(cfg: ModelConfig, oursBatch8: number): Record<string, number> | null {
+  const runs: { b1: number; b8: number }[] = [];
+  for (let r = 0; r < 3; r++) {
+    const b1 = numpyMatmuls(cfg, 1, true);
+    const b8 = numpyMatmuls(cfg, 8, true);
+    if (b1 === null || b8 === null) return null;
+    runs.push({ b1: b1.tokensPerSec, b8: b8.tokensPerSec });
+  }
+  const b8 = median(runs.map((r) => r.b8));
+  const out = { matmulsBatch1TokS: median(runs.map((r) => r.b1)), matmulsBatch8TokS: b8, oursF32WholeStepBatch8OverIts: oursBatch8 / b8 };
+  console.log(
+    `numpy (OpenBLAS sgemm, all cores), the matmuls alone: batch1 ${out.matmulsBatch1TokS.toFixed(1)} tok/s, batch8 ${out.matmulsBatch8TokS.toFixed(1)} tok/s; ` +
+      `our f32 batch 8, the whole step, is ${out.oursF32WholeStepBatch8OverIts.toFixed(2)}x its batch-8 matmuls`,
+  );
+  return out;
 }
 
 /** Prefill tok/s of `len` tokens, and each forward phase's share of the time (FORWARD_PHASES). */
@@ -410,10 +433,18 @@ if (process.env.BENCH_ONLY === "batch") {
   const dtypes = (process.env.BENCH_DTYPES ?? DTYPES.join(",")).split(",") as DType[];
   const prompt = Array.from({ length: 64 + 8 }, (_, i) => (i * 7919 + 13) % cfg.vocabSize);
   const rows: Record<string, unknown> = {};
+  let c: Record<string, unknown> | null = null;
   for (const dt of dtypes) {
     const m = new Transformer(cfg, castWeights(cfg, w, dt), { threads: THREADS });
     await m.ready();
-    const p = batchDecode(m, prompt, new Float32Array(8 * cfg.vocabSize));
+    let p: ReturnType<typeof batchDecode>;
+    if (dt === "f32") {
+      const dir = mkdtempSync(join(tmpdir(), "tl-bench-batch-"));
+      const path = join(dir, "stories15M-512.bin");
+      writeLlama2cCheckpoint(path, cfg, w, true);
+      ({ ours: p, c } = f32BatchVsC(dir, path, (each) => batchDecode(m, prompt, new Float32Array(8 * cfg.vocabSize), each)));
+      rmSync(dir, { recursive: true, force: true });
+    } else p = batchDecode(m, prompt, new Float32Array(8 * cfg.vocabSize));
     m.close();
     rows[dt] = p;
     console.log(
@@ -421,7 +452,9 @@ if (process.env.BENCH_ONLY === "batch") {
         `(${p.batch8OverBatch1.toFixed(2)}x batch 1, the median of ${DECODE_ROUNDS} alternating rounds; target >= 4x)`,
     );
   }
-  const out = { bench: "model-batch", cores: CORES, threads: THREADS, loadBefore, loadAfter: loadAverage(), rows };
+  const f32 = rows.f32 as ReturnType<typeof batchDecode> | undefined;
+  const numpy = f32 === undefined ? null : numpyBatch(cfg, f32.decode.batch8!.tokensPerSec);
+  const out = { bench: "model-batch", cores: CORES, threads: THREADS, loadBefore, loadAfter: loadAverage(), rows, c, numpy };
   console.log(`load average before ${loadBefore}, after ${out.loadAfter} (${CORES} cores)`);
   mkdirSync(join(import.meta.dir, "results"), { recursive: true });
   writeFileSync(join(import.meta.dir, "results", "model-batch.json"), JSON.stringify(out, null, 2) + "\n");
@@ -459,7 +492,7 @@ try {
   }
 
   // ---- batch-1 decode against run.c, each dtype
-  const refs = buildReferences(dir);
+  const refs = buildReferences(dir, runcBuilds(CORES));
   const steps = ts.maxSeqLen;
   const { c, ours, ratios } = batch1Rounds(refs, path, models, steps);
   const decode: Record<string, unknown> = {};
@@ -497,7 +530,9 @@ try {
   for (const dt of DTYPES) {
     const m = new Transformer(long, castWeights(long, loaded.weights, dt), { threads: THREADS });
     await m.ready();
-    const p = benchPhases(m, 512);
+    let p: ReturnType<typeof benchPhases>;
+    if (dt === "f32") ({ ours: p, c: results.cBatch } = f32BatchVsC(dir, path, (each) => benchPhases(m, 512, each)));
+    else p = benchPhases(m, 512);
     m.close();
     const b8 = p.batch8OverBatch1;
     phases[dt] = p;
@@ -507,7 +542,8 @@ try {
     );
   }
   results.phases = phases;
-  const np = numpyPrefillGflops(cfg, 512);
+  results.numpyBatch = numpyBatch(cfg, (phases.f32 as { decode: Record<string, Phase> }).decode.batch8!.tokensPerSec);
+  const np = numpyMatmuls(cfg, 512, false)?.gflops ?? null;
   const ourPrefill = (phases.f32 as { prefill: Phase }).prefill.gflops;
   // The matmuls alone, the shapes numpy runs: the whole forward also counts attention and the rest.
   const ourMatmuls = oursPrefillMatmulGflops(cfg, castWeights(cfg, loaded.weights, "f32"), 512);

@@ -7,10 +7,14 @@
  *   `make runomp`: gcc -Ofast -fopenmp -march=native -o run_ref run_ref.c -lm  (OMP_NUM_THREADS = cores)
  * The pragmas are run.c's: matmul rows and attention heads split across OpenMP threads.
  *
- * usage: run_ref CHECKPOINT STEPS [TOKEN]
+ * usage: run_ref CHECKPOINT STEPS [TOKEN [BATCH]]
  * Starts from TOKEN (default 1, BOS) at position 0 and decodes STEPS positions greedily.
  * Prints "tokens: t1 t2 ..." (the argmax after each position) and "tok/s: X", timed like
  * run.c: from the end of the first step to the end of the last.
+ * BATCH (default 1) sequences decode in lockstep, sequence b from TOKEN + b, each matrix read once
+ * a step for all of them (matmul_batch): the batched decode run.c would be with the same
+ * pragmas, so bench/model.ts can set our batch 8 over batch 1 beside C's on the same machine.
+ * "tokens:" is sequence 0's; tok/s counts every sequence's tokens. BATCH 1 runs run.c's own loop.
  */
 #include <math.h>
 #include <stdio.h>
@@ -25,7 +29,7 @@ typedef struct {
 } Weights;
 
 typedef struct {
-  float *x, *xb, *xb2, *hb, *hb2, *q, *att, *logits, *key_cache, *value_cache;
+  float *x, *xb, *xb2, *hb, *hb2, *q, *k, *v, *att, *logits, *key_cache, *value_cache;
 } RunState;
 
 static void *xcalloc(size_t n, size_t size) {
@@ -59,6 +63,28 @@ static void matmul(float *xout, const float *x, const float *w, int n, int d) {
     float val = 0.0f;
     for (int j = 0; j < n; j++) val += w[i * n + j] * x[j];
     xout[i] = val;
+  }
+}
+
+/*
+ * W (d,n) @ x (B,n) -> xout (B,d): each row of W once from memory, then from cache for the other
+ * sequences' dots, each dot as matmul's.
+ */
+static void matmul_batch(float *xout, const float *x, const float *w, int n, int d, int B) {
+  if (B == 1) {
+    matmul(xout, x, w, n, d);
+    return;
+  }
+  int i;
+#pragma omp parallel for private(i)
+  for (i = 0; i < d; i++) {
+    const float *wi = w + (size_t)i * n;
+    for (int b = 0; b < B; b++) {
+      const float *xb = x + (size_t)b * n;
+      float val = 0.0f;
+      for (int j = 0; j < n; j++) val += wi[j] * xb[j];
+      xout[(size_t)b * d + i] = val;
+    }
   }
 }
 
@@ -126,6 +152,81 @@ static float *forward(const Config *p, const Weights *w, RunState *s, int token,
   return s->logits;
 }
 
+/*
+ * forward for B sequences at the same position: the state's arrays hold B rows (s->x row b is
+ * sequence b's) and the caches B slabs, one per sequence. Every matrix goes through matmul_batch,
+ * and attention splits (sequence, head) pairs across the threads as forward splits heads.
+ */
+static float *forward_batch(const Config *p, const Weights *w, RunState *s, const int *tokens, int pos, int B) {
+  int dim = p->dim, hidden_dim = p->hidden_dim, head_size = dim / p->n_heads;
+  int kv_dim = (p->dim * p->n_kv_heads) / p->n_heads;
+  int kv_mul = p->n_heads / p->n_kv_heads;
+  size_t slab = (size_t)p->n_layers * p->seq_len * kv_dim;
+  float *x = s->x;
+  for (int b = 0; b < B; b++) memcpy(x + (size_t)b * dim, w->token_embedding + (size_t)tokens[b] * dim, dim * sizeof(float));
+  for (int l = 0; l < p->n_layers; l++) {
+    for (int b = 0; b < B; b++) rmsnorm(s->xb + (size_t)b * dim, x + (size_t)b * dim, w->rms_att + l * dim, dim);
+    size_t loff = (size_t)l * p->seq_len * kv_dim;
+    matmul_batch(s->q, s->xb, w->wq + (size_t)l * dim * dim, dim, dim, B);
+    matmul_batch(s->k, s->xb, w->wk + (size_t)l * dim * kv_dim, dim, kv_dim, B);
+    matmul_batch(s->v, s->xb, w->wv + (size_t)l * dim * kv_dim, dim, kv_dim, B);
+    for (int b = 0; b < B; b++) {
+      float *q = s->q + (size_t)b * dim, *k = s->k + (size_t)b * kv_dim;
+      for (int i = 0; i < dim; i += 2) {
+        int head_dim = i % head_size;
+        float freq = 1.0f / powf(10000.0f, head_dim / (float)head_size);
+        float val = pos * freq, fcr = cosf(val), fci = sinf(val);
+        int rotn = i < kv_dim ? 2 : 1;
+        for (int vi = 0; vi < rotn; vi++) {
+          float *vec = vi == 0 ? q : k;
+          float v0 = vec[i], v1 = vec[i + 1];
+          vec[i] = v0 * fcr - v1 * fci;
+          vec[i + 1] = v0 * fci + v1 * fcr;
+        }
+      }
+      memcpy(s->key_cache + b * slab + loff + (size_t)pos * kv_dim, k, kv_dim * sizeof(float));
+      memcpy(s->value_cache + b * slab + loff + (size_t)pos * kv_dim, s->v + (size_t)b * kv_dim, kv_dim * sizeof(float));
+    }
+    int bh;
+#pragma omp parallel for private(bh)
+    for (bh = 0; bh < B * p->n_heads; bh++) {
+      int b = bh / p->n_heads, h = bh % p->n_heads;
+      const float *kc = s->key_cache + b * slab + loff, *vc = s->value_cache + b * slab + loff;
+      float *q = s->q + (size_t)b * dim + h * head_size;
+      float *att = s->att + (size_t)bh * p->seq_len;
+      for (int t = 0; t <= pos; t++) {
+        const float *kt = kc + t * kv_dim + (h / kv_mul) * head_size;
+        float score = 0.0f;
+        for (int i = 0; i < head_size; i++) score += q[i] * kt[i];
+        att[t] = score / sqrtf(head_size);
+      }
+      softmax(att, pos + 1);
+      float *xb = s->xb + (size_t)b * dim + h * head_size;
+      memset(xb, 0, head_size * sizeof(float));
+      for (int t = 0; t <= pos; t++) {
+        const float *vt = vc + t * kv_dim + (h / kv_mul) * head_size;
+        float a = att[t];
+        for (int i = 0; i < head_size; i++) xb[i] += a * vt[i];
+      }
+    }
+    matmul_batch(s->xb2, s->xb, w->wo + (size_t)l * dim * dim, dim, dim, B);
+    for (size_t i = 0; i < (size_t)B * dim; i++) x[i] += s->xb2[i];
+    for (int b = 0; b < B; b++) rmsnorm(s->xb + (size_t)b * dim, x + (size_t)b * dim, w->rms_ffn + l * dim, dim);
+    matmul_batch(s->hb, s->xb, w->w1 + (size_t)l * dim * hidden_dim, dim, hidden_dim, B);
+    matmul_batch(s->hb2, s->xb, w->w3 + (size_t)l * dim * hidden_dim, dim, hidden_dim, B);
+    for (size_t i = 0; i < (size_t)B * hidden_dim; i++) {
+      float val = s->hb[i];
+      val *= 1.0f / (1.0f + expf(-val));
+      s->hb[i] = val * s->hb2[i];
+    }
+    matmul_batch(s->xb, s->hb, w->w2 + (size_t)l * dim * hidden_dim, hidden_dim, dim, B);
+    for (size_t i = 0; i < (size_t)B * dim; i++) x[i] += s->xb[i];
+  }
+  for (int b = 0; b < B; b++) rmsnorm(x + (size_t)b * dim, x + (size_t)b * dim, w->rms_final, dim);
+  matmul_batch(s->logits, x, w->wcls, p->dim, p->vocab_size, B);
+  return s->logits;
+}
+
 static long time_in_ms(void) {
   struct timespec t;
   clock_gettime(CLOCK_REALTIME, &t);
@@ -136,6 +237,8 @@ int main(int argc, char **argv) {
   if (argc < 3) { fprintf(stderr, "usage: %s CHECKPOINT STEPS [TOKEN]\n", argv[0]); return 1; }
   int steps = atoi(argv[2]);
   int token = argc > 3 ? atoi(argv[3]) : 1;
+  int B = argc > 4 ? atoi(argv[4]) : 1;
+  if (B < 1 || B > 64) { fprintf(stderr, "BATCH %d: want 1..64\n", B); return 1; }
   FILE *f = fopen(argv[1], "rb");
   if (!f) { fprintf(stderr, "cannot open %s\n", argv[1]); return 1; }
   Config p;
@@ -171,30 +274,37 @@ int main(int argc, char **argv) {
   if ((char *)ptr - (char *)data != bytes) { fprintf(stderr, "checkpoint size does not match header\n"); return 1; }
 
   RunState s;
-  s.x = xcalloc(p.dim, sizeof(float));
-  s.xb = xcalloc(p.dim, sizeof(float));
-  s.xb2 = xcalloc(p.dim, sizeof(float));
-  s.hb = xcalloc(p.hidden_dim, sizeof(float));
-  s.hb2 = xcalloc(p.hidden_dim, sizeof(float));
-  s.q = xcalloc(p.dim, sizeof(float));
-  s.att = xcalloc((size_t)p.n_heads * p.seq_len, sizeof(float));
-  s.logits = xcalloc(p.vocab_size, sizeof(float));
-  s.key_cache = xcalloc(L * p.seq_len * kv_dim, sizeof(float));
-  s.value_cache = xcalloc(L * p.seq_len * kv_dim, sizeof(float));
+  s.x = xcalloc((size_t)B * p.dim, sizeof(float));
+  s.xb = xcalloc((size_t)B * p.dim, sizeof(float));
+  s.xb2 = xcalloc((size_t)B * p.dim, sizeof(float));
+  s.hb = xcalloc((size_t)B * p.hidden_dim, sizeof(float));
+  s.hb2 = xcalloc((size_t)B * p.hidden_dim, sizeof(float));
+  s.q = xcalloc((size_t)B * p.dim, sizeof(float));
+  s.k = xcalloc((size_t)B * kv_dim, sizeof(float));
+  s.v = xcalloc((size_t)B * kv_dim, sizeof(float));
+  s.att = xcalloc((size_t)B * p.n_heads * p.seq_len, sizeof(float));
+  s.logits = xcalloc((size_t)B * p.vocab_size, sizeof(float));
+  s.key_cache = xcalloc((size_t)B * L * p.seq_len * kv_dim, sizeof(float));
+  s.value_cache = xcalloc((size_t)B * L * p.seq_len * kv_dim, sizeof(float));
+  int tokens[64];
+  for (int b = 0; b < B; b++) tokens[b] = (token + b) % p.vocab_size;
 
   if (steps > p.seq_len) steps = p.seq_len;
   long start = 0;
   printf("tokens:");
   for (int pos = 0; pos < steps; pos++) {
-    float *logits = forward(&p, &w, &s, token, pos);
-    int next = 0;
-    for (int i = 1; i < p.vocab_size; i++) if (logits[i] > logits[next]) next = i;
-    printf(" %d", next);
-    token = next;
+    float *logits = B == 1 ? forward(&p, &w, &s, tokens[0], pos) : forward_batch(&p, &w, &s, tokens, pos, B);
+    for (int b = 0; b < B; b++) {
+      const float *lb = logits + (size_t)b * p.vocab_size;
+      int next = 0;
+      for (int i = 1; i < p.vocab_size; i++) if (lb[i] > lb[next]) next = i;
+      tokens[b] = next;
+    }
+    printf(" %d", tokens[0]);
     if (pos == 0) start = time_in_ms();
   }
   long end = time_in_ms();
   printf("\n");
-  if (steps > 1) printf("tok/s: %f\n", (steps - 1) / (double)(end - start) * 1000);
+  if (steps > 1) printf("tok/s: %f\n", (double)B * (steps - 1) / (double)(end - start) * 1000);
   return 0;
 }
