@@ -75,24 +75,30 @@ describe("f32 -> f16 (K/V into the cache)", () => {
 
 describe("rmsnorm", () => {
   test("rmsnorm_kernel_equals_js_of_the_same_order_for_every_row_count", () => {
-    // Rows go two at a time (one per f64 lane), the odd one alone: every count 1..7 against JS in
-    // f64 with one rounding to f32 (transformer.ts's fallback), rows of very different scales.
-    const dim = 37;
+    // Rows go four at a time (two f64x2 chains), then two, then one, and each row's elements four
+    // at a time, then its tail: every count 1..9 and widths with and without a tail against JS in
+    // f64 with one rounding to f32 (transformer.ts's fallback), rows of very different scales so
+    // a row normed with another's sum shows, and the norm weights read from an offset.
     const eps = 1e-5;
-    const g = f32(Array.from({ length: dim }, (_, i) => 1 + Math.sin(i) * 0.5));
-    for (let rows = 1; rows <= 7; rows++) {
-      const xv = Array.from({ length: rows * dim }, (_, i) => Math.cos(i * 0.71) * 10 ** ((Math.floor(i / dim) % 5) - 2));
-      const x = f32(xv);
-      const o = mk.alloc(rows * dim);
-      ex.rmsnorm(mk.addressOf(o), mk.addressOf(x), mk.addressOf(g), rows, dim, eps);
-      const want = new Float32Array(rows * dim);
-      for (let r = 0; r < rows; r++) {
-        let ss = 0;
-        for (let i = 0; i < dim; i++) ss += x[r * dim + i]! * x[r * dim + i]!;
-        const inv = 1 / Math.sqrt(ss / dim + eps);
-        for (let i = 0; i < dim; i++) want[r * dim + i] = g[i]! * (inv * x[r * dim + i]!);
+    for (const dim of [36, 37, 288]) {
+      const gOff = 5;
+      const g = f32(Array.from({ length: gOff + dim }, (_, i) => 1 + Math.sin(i) * 0.5));
+      const gAt = g.subarray(gOff);
+      for (let rows = 1; rows <= 9; rows++) {
+        // Within a row, magnitudes from 2^-12 to 2^12: the f64 sum rounds differently in another order.
+        const xv = Array.from({ length: rows * dim }, (_, i) => Math.cos(i * 0.71) * 10 ** ((Math.floor(i / dim) % 5) - 2) * 2 ** (((i * 7) % 25) - 12));
+        const x = f32(xv);
+        const o = mk.alloc(rows * dim);
+        ex.rmsnorm(mk.addressOf(o), mk.addressOf(x), mk.addressOf(gAt), rows, dim, eps);
+        const want = new Float32Array(rows * dim);
+        for (let r = 0; r < rows; r++) {
+          let ss = 0;
+          for (let i = 0; i < dim; i++) ss += x[r * dim + i]! * x[r * dim + i]!;
+          const inv = 1 / Math.sqrt(ss / dim + eps);
+          for (let i = 0; i < dim; i++) want[r * dim + i] = gAt[i]! * (inv * x[r * dim + i]!);
+        }
+        expect([dim, rows, bits(o)]).toEqual([dim, rows, bits(want)]);
       }
-      expect([rows, bits(o)]).toEqual([rows, bits(want)]);
     }
   });
 });
