@@ -103,6 +103,51 @@ describe("rmsnorm", () => {
   });
 });
 
+describe("rope", () => {
+  test("rope_kernel_equals_js_of_the_same_order_for_every_row_count_and_head_size", () => {
+    // Heads of hd % 4 == 0 go two pairs at a time in f64x2, others a pair at a time: both against
+    // transformer.ts's JS (f64 a c - b s, a s + b c, one rounding to f32), rows 1..9 at scattered
+    // positions, q wider than k (grouped heads).
+    for (const hd of [4, 6, 8, 10, 48]) {
+      const half = hd / 2;
+      const maxPos = 40;
+      const cos = mk.allocF64(maxPos * half);
+      const sin = mk.allocF64(maxPos * half);
+      for (let p = 0; p < maxPos; p++) {
+        for (let i = 0; i < half; i++) {
+          cos[p * half + i] = Math.cos(p / 10000 ** ((2 * i) / hd));
+          sin[p * half + i] = Math.sin(p / 10000 ** ((2 * i) / hd));
+        }
+      }
+      const qDim = 3 * hd;
+      const kvDim = hd;
+      for (let rows = 1; rows <= 9; rows++) {
+        const pos = mk.allocInts(rows);
+        for (let r = 0; r < rows; r++) pos[r] = (r * 17 + hd) % maxPos;
+        const q = f32(Array.from({ length: rows * qDim }, (_, i) => Math.sin(i * 1.3) * 2 ** ((i % 9) - 4)));
+        const k = f32(Array.from({ length: rows * kvDim }, (_, i) => Math.cos(i * 0.7) * 2 ** ((i % 7) - 3)));
+        const turn = (v: Float32Array, n: number): Float32Array => {
+          const o = Float32Array.from(v);
+          for (let r = 0; r < rows; r++) {
+            for (let i = 0; i < n; i += 2) {
+              const t = pos[r]! * half + ((i % hd) >> 1);
+              const a = o[r * n + i]!;
+              const b = o[r * n + i + 1]!;
+              o[r * n + i] = a * cos[t]! - b * sin[t]!;
+              o[r * n + i + 1] = a * sin[t]! + b * cos[t]!;
+            }
+          }
+          return o;
+        };
+        const wantQ = turn(q, qDim);
+        const wantK = turn(k, kvDim);
+        ex.rope(mk.addressOf(q), mk.addressOf(k), mk.addressOf(pos), mk.addressOf(cos), mk.addressOf(sin), rows, qDim, kvDim, hd);
+        expect([hd, rows, bits(q), bits(k)]).toEqual([hd, rows, bits(wantQ), bits(wantK)]);
+      }
+    }
+  });
+});
+
 describe("exp and swiglu", () => {
   test("swiglu_kernel_equals_js_of_the_same_order", () => {
     // a over the whole range exp sees (both clamps, NaN, inf), by a sweep and random patterns; an

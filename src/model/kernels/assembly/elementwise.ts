@@ -168,12 +168,42 @@ export function rmsnorm(o: usize, x: usize, g: usize, rows: i32, dim: i32, eps: 
   }
 }
 
+/**
+ * ropeRow for heads of hd % 4 == 0, two pairs at a time: pairs i and i + 2 turn by the angles at
+ * t and t + 1 (adjacent in the tables), a in one f64x2, b in another, each lane the scalar's
+ * operations (a c - b s and a s + b c, each rounded to f64, then to f32).
+ */
+@inline function ropeRow4(p: usize, n: i32, hd: i32, base: i32, cos: usize, sin: usize): void {
+  for (let h = 0; h < n; h += hd) {
+    const row = p + (<usize>h << 2);
+    for (let i = 0; i < hd; i += 4) {
+      const t = <usize>(base + (i >> 1)) << 3;
+      const c = v128.load(cos + t);
+      const s = v128.load(sin + t);
+      const at = row + (<usize>i << 2);
+      const v = v128.load(at);
+      const a = f64x2.promote_low_f32x4(i32x4.shuffle(v, v, 0, 2, 0, 2));
+      const b = f64x2.promote_low_f32x4(i32x4.shuffle(v, v, 1, 3, 1, 3));
+      const x = f32x4.demote_f64x2_zero(f64x2.sub(f64x2.mul(a, c), f64x2.mul(b, s)));
+      const y = f32x4.demote_f64x2_zero(f64x2.add(f64x2.mul(a, s), f64x2.mul(b, c)));
+      v128.store(at, i32x4.shuffle(x, y, 0, 4, 1, 5));
+    }
+  }
+}
+
 /** RoPE of every row's q (qDim) and k (kvDim), row r at position pos[r] (i32), tables of hd / 2 angles per position. */
 export function rope(q: usize, k: usize, pos: usize, cos: usize, sin: usize, rows: i32, qDim: i32, kvDim: i32, hd: i32): void {
   for (let r = 0; r < rows; r++) {
     const base = load<i32>(pos + (<usize>r << 2)) * (hd >> 1);
-    ropeRow(q + (<usize>(r * qDim) << 2), qDim, hd, base, cos, sin);
-    ropeRow(k + (<usize>(r * kvDim) << 2), kvDim, hd, base, cos, sin);
+    const qr = q + (<usize>(r * qDim) << 2);
+    const kr = k + (<usize>(r * kvDim) << 2);
+    if ((hd & 3) == 0) {
+      ropeRow4(qr, qDim, hd, base, cos, sin);
+      ropeRow4(kr, kvDim, hd, base, cos, sin);
+    } else {
+      ropeRow(qr, qDim, hd, base, cos, sin);
+      ropeRow(kr, kvDim, hd, base, cos, sin);
+    }
   }
 }
 
