@@ -70,6 +70,15 @@ describe("f32 -> f16 (K/V into the cache)", () => {
       }
     }
     expect(bad).toBe(0);
+    // Every length 1..19 from odd offsets: the eight-wide body, the four-wide step and the tail,
+    // each leaving the halves past n alone.
+    for (let n = 1; n <= 19; n++) {
+      const part = mk.allocBytes(2 * (n + 1))!;
+      const at = 8 * n + 3;
+      ex.to_f16(mk.addressOf(part), mk.addressOf(src) + 4 * at, n);
+      const half = new Uint16Array(part.buffer, part.byteOffset, n + 1);
+      expect([n, Array.from(half)]).toEqual([n, [...Array.from(want.subarray(at, at + n)), 0]]);
+    }
   });
 });
 
