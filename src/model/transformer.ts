@@ -55,7 +55,7 @@ function lap(prof: Float64Array, phase: number, t: number): number {
 
 // The attention dispatch's parameter layout (kernels/assembly/attention.ts): ATT_SEQS shared
 // slots, then per sequence out, q, table, firstPos, rows.
-const ATT_SEQS = 8;
+const ATT_SEQS = 9;
 const ATT_SEQ_INTS = 5;
 
 /** Query rows of one sequence that share each decoded K/V vector in prefill attention. */
@@ -599,6 +599,7 @@ export class Transformer {
     p[5] = this.qDim;
     p[6] = inPlace ? l * layerBytes : 0;
     p[7] = this.attStride;
+    p[8] = nPieces;
     const scratchBytes = Math.max(4 * this.attStride + 2 * this.attStride * this.headDim, 4 * nKv * this.attStride) * 4;
     // An attention multiply-add (f16 widening, softmax) costs about four of a matmul's.
     mm.attend(mm.addressOf(p), nPieces, 4 * macs, scratchBytes);

@@ -344,6 +344,13 @@ function attendStream(
 }
 
 /** 2^112: f16bits' patterns times a factor scaled by it are the products of the true values. */
+/**
+ * The first block of the sequence of the piece after this thread's current one (its byte
+ * address; 0 when there is none, or it is the same sequence's): the last block's touch-ahead
+ * goes there, since a thread mostly takes its pieces in order.
+ */
+let nextFirst: usize = 0;
+
 const X112: f32 = reinterpret<f32>(0x77800000);
 
 /**
@@ -435,6 +442,7 @@ function streamScoresX(
     const perGroup = (sectionLines * 4 + B - 1) / B + 1;
     for (let s = 0, line = 0; s < m; s += 4) {
       if (ahead != 0 && whole) touched ^= touchLines(ahead, line, min(sectionLines, line + perGroup));
+      else if (ahead == 0 && whole && nextFirst != 0) touched ^= touchLines(nextFirst + layerOff, line, min(sectionLines, line + perGroup));
       else if (ahead != 0) touched ^= touchSlots(ahead, s, min(s + 4, mAhead), slotBytes, from, to, vSection);
       line += perGroup;
       // As in streamScores: a short last group reads slots inside the block and stores nothing past `live`.
@@ -744,6 +752,7 @@ export function attend(
   hd: i32,
   qStride: i32,
 ): void {
+  nextFirst = 0;
   if (nr * kvMul < 4) attendStream(out, q, table, layerOff, att, attStride, firstPos, nr, B, nKv, kvMul, hd, qStride, 0, nKv);
   else for (let g = 0; g < nKv; g++) attendHead(out, q, table, layerOff, att, attStride, lin, firstPos, nr, B, nKv, kvMul, hd, qStride, g);
 }
@@ -760,7 +769,9 @@ const A_HD = 4;
 const A_QSTRIDE = 5;
 const A_LAYEROFF = 6;
 const A_ATTSTRIDE = 7;
-const A_SEQS = 8;
+/** How many pieces the dispatch has (so a piece knows whether another follows it). */
+const A_NPIECES = 8;
+const A_SEQS = 9;
 /** Per sequence: out, q, table (byte addresses), firstPos, rows. */
 const ATT_SEQ_INTS = 5;
 
@@ -790,9 +801,15 @@ export function attend_jobs(params: usize, c0: i32, c1: i32, scratch: usize): vo
     const table = <usize>load<i32>(p, 8);
     const firstPos = load<i32>(p, 12);
     const nr = load<i32>(p, 16);
+    nextFirst = 0;
+    if (c + 1 < load<i32>(params + (A_NPIECES << 2))) {
+      const sn = load<i32>(pc, 12);
+      if (sn != s) nextFirst = <usize>load<i32>(<usize>load<i32>(params + (<usize>(A_SEQS + sn * ATT_SEQ_INTS) << 2), 8));
+    }
     if (nr * kvMul < 4) attendStream(out, q, table, layerOff, scratch, attStride, firstPos, nr, B, nKv, kvMul, hd, qStride, g0, g1);
     else for (let g = g0; g < g1; g++) attendHead(out, q, table, layerOff, scratch, attStride, lin, firstPos, nr, B, nKv, kvMul, hd, qStride, g);
   }
+  nextFirst = 0;
 }
 
 /** Byte offset of query c of KV head g in q (and of its output in out). */
