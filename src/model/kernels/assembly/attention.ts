@@ -144,6 +144,16 @@ function scores4(q0: usize, q1: usize, q2: usize, q3: usize, att: usize, attStep
  * (s2 + s3), the tail in order), then each divided by the sum.
  */
 function softmax(att: usize, len: i32): void {
+  softmaxBy(att, len, false);
+}
+
+/** softmax with each weight then times 2^112 in the same pass (exactly: the weights lie in [0, 1]), for streamValues. */
+function softmaxScaled(att: usize, len: i32): void {
+  softmaxBy(att, len, true);
+}
+
+/** softmax(att, len), each weight also times 2^112 after its division when `scaled` (a constant at both calls). */
+@inline function softmaxBy(att: usize, len: i32, scaled: bool): void {
   const len4 = len & ~3;
   let mx = f32x4.splat(-Infinity);
   for (let t = 0; t < len4; t += 4) mx = f32x4.max(mx, ld(att, t));
@@ -164,8 +174,15 @@ function softmax(att: usize, len: i32): void {
   }
   // Lane-wise division rounds each element as the scalar one does.
   const s4 = f32x4.splat(sum);
-  for (let t = 0; t < len4; t += 4) v128.store(att + (<usize>t << 2), f32x4.div(ld(att, t), s4));
-  for (let t = len4; t < len; t++) store<f32>(att + (<usize>t << 2), load<f32>(att + (<usize>t << 2)) / sum);
+  const k = f32x4.splat(X112);
+  for (let t = 0; t < len4; t += 4) {
+    const w = f32x4.div(ld(att, t), s4);
+    v128.store(att + (<usize>t << 2), scaled ? f32x4.mul(w, k) : w);
+  }
+  for (let t = len4; t < len; t++) {
+    const w = load<f32>(att + (<usize>t << 2)) / sum;
+    store<f32>(att + (<usize>t << 2), scaled ? w * X112 : w);
+  }
 }
 
 /** Adds att[t] * v[t][i .. i+4) for t0 <= t < t1 to o, in order; v f32 as in scores4. */
@@ -336,8 +353,7 @@ function attendStream(
     if (roomy && scaleHeads(qx, qRow, hd, kvMul, g0, g1)) streamScoresX(qRow, qx, rowAtt, attStep, len, table, layerOff, B, nKv, kvMul, hd, g0, g1);
     else streamScores(qRow, rowAtt, attStep, len, table, layerOff, B, nKv, kvMul, hd, g0, g1);
     for (let h = g0 * kvMul; h < g1 * kvMul; h++) {
-      softmax(rowAtt + <usize>h * attStep, len);
-      scaleRow(rowAtt + <usize>h * attStep, len);
+      softmaxScaled(rowAtt + <usize>h * attStep, len);
     }
     streamValues(out + ((<usize>j * <usize>qStride) << 2), rowAtt, attStep, len, table, vOff, B, nKv, kvMul, hd, g0, g1);
   }
@@ -371,14 +387,6 @@ function scaleHeads(qx: usize, q: usize, hd: i32, kvMul: i32, g0: i32, g1: i32):
     }
   }
   return max(max(f32x4.extract_lane(m, 0), f32x4.extract_lane(m, 1)), max(f32x4.extract_lane(m, 2), f32x4.extract_lane(m, 3))) < 65536;
-}
-
-/** att[0 .. len) times 2^112 in place: softmax's weights lie in [0, 1], so exactly. */
-function scaleRow(att: usize, len: i32): void {
-  const k = f32x4.splat(X112);
-  const len4 = len & ~3;
-  for (let t = 0; t < len4; t += 4) v128.store(att + (<usize>t << 2), f32x4.mul(ld(att, t), k));
-  for (let t = len4; t < len; t++) store<f32>(att + (<usize>t << 2), load<f32>(att + (<usize>t << 2)) * X112);
 }
 
 /**
@@ -573,7 +581,7 @@ function streamScores(q: usize, att: usize, attStep: usize, len: i32, table: usi
 
 /**
  * out_h = sum over t < len of att[h][t] * v[t] for the heads h of KV heads g0 .. g1, summed in
- * out from +0 in t order, att scaled by 2^112 (scaleRow) against V's f16bits patterns (halves8):
+ * out from +0 in t order, att scaled by 2^112 (softmaxScaled) against V's f16bits patterns (halves8):
  * each product the same real number as att * v. Four positions at a time go through each chunk
  * of out between its load and its store (the adds still one position after another).
  */

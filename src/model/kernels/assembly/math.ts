@@ -35,7 +35,8 @@ const EXP_HI: f32 = 88; // above: inf
   const scale = i32x4.shl(i32x4.add(i32x4.trunc_sat_f32x4_s(n), i32x4.splat(127)), 23);
   let y = f32x4.mul(p, scale);
   y = v128.bitselect(f32x4.splat(Infinity), y, f32x4.gt(x, f32x4.splat(EXP_HI)));
-  return v128.bitselect(f32x4.splat(0), y, f32x4.lt(x, f32x4.splat(EXP_LO)));
+  // y with its lanes below EXP_LO cleared: the bitselect with +0 as one and-not.
+  return v128.andnot(y, f32x4.lt(x, f32x4.splat(EXP_LO)));
 }
 
 /** exp4 of one value (the tails). */
