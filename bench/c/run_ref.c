@@ -88,6 +88,22 @@ static void matmul_batch(float *xout, const float *x, const float *w, int n, int
   }
 }
 
+/* RoPE at pos on q (dim) and k (kv_dim), pairs (i, i + 1) as run.c rotates them. */
+static void rope(float *q, float *k, int dim, int kv_dim, int head_size, int pos) {
+  for (int i = 0; i < dim; i += 2) {
+    int head_dim = i % head_size;
+    float freq = 1.0f / powf(10000.0f, head_dim / (float)head_size);
+    float val = pos * freq, fcr = cosf(val), fci = sinf(val);
+    int rotn = i < kv_dim ? 2 : 1;
+    for (int vi = 0; vi < rotn; vi++) {
+      float *vec = vi == 0 ? q : k;
+      float v0 = vec[i], v1 = vec[i + 1];
+      vec[i] = v0 * fcr - v1 * fci;
+      vec[i + 1] = v0 * fci + v1 * fcr;
+    }
+  }
+}
+
 static float *forward(const Config *p, const Weights *w, RunState *s, int token, int pos) {
   int dim = p->dim, hidden_dim = p->hidden_dim, head_size = dim / p->n_heads;
   int kv_dim = (p->dim * p->n_kv_heads) / p->n_heads;
@@ -102,18 +118,7 @@ static float *forward(const Config *p, const Weights *w, RunState *s, int token,
     matmul(s->q, s->xb, w->wq + (size_t)l * dim * dim, dim, dim);
     matmul(k, s->xb, w->wk + (size_t)l * dim * kv_dim, dim, kv_dim);
     matmul(v, s->xb, w->wv + (size_t)l * dim * kv_dim, dim, kv_dim);
-    for (int i = 0; i < dim; i += 2) {
-      int head_dim = i % head_size;
-      float freq = 1.0f / powf(10000.0f, head_dim / (float)head_size);
-      float val = pos * freq, fcr = cosf(val), fci = sinf(val);
-      int rotn = i < kv_dim ? 2 : 1;
-      for (int vi = 0; vi < rotn; vi++) {
-        float *vec = vi == 0 ? s->q : k;
-        float v0 = vec[i], v1 = vec[i + 1];
-        vec[i] = v0 * fcr - v1 * fci;
-        vec[i + 1] = v0 * fci + v1 * fcr;
-      }
-    }
+    rope(s->q, k, dim, kv_dim, head_size, pos);
     int h;
 #pragma omp parallel for private(h)
     for (h = 0; h < p->n_heads; h++) {
@@ -172,18 +177,7 @@ static float *forward_batch(const Config *p, const Weights *w, RunState *s, cons
     matmul_batch(s->v, s->xb, w->wv + (size_t)l * dim * kv_dim, dim, kv_dim, B);
     for (int b = 0; b < B; b++) {
       float *q = s->q + (size_t)b * dim, *k = s->k + (size_t)b * kv_dim;
-      for (int i = 0; i < dim; i += 2) {
-        int head_dim = i % head_size;
-        float freq = 1.0f / powf(10000.0f, head_dim / (float)head_size);
-        float val = pos * freq, fcr = cosf(val), fci = sinf(val);
-        int rotn = i < kv_dim ? 2 : 1;
-        for (int vi = 0; vi < rotn; vi++) {
-          float *vec = vi == 0 ? q : k;
-          float v0 = vec[i], v1 = vec[i + 1];
-          vec[i] = v0 * fcr - v1 * fci;
-          vec[i + 1] = v0 * fci + v1 * fcr;
-        }
-      }
+      rope(q, k, dim, kv_dim, head_size, pos);
       memcpy(s->key_cache + b * slab + loff + (size_t)pos * kv_dim, k, kv_dim * sizeof(float));
       memcpy(s->value_cache + b * slab + loff + (size_t)pos * kv_dim, s->v + (size_t)b * kv_dim, kv_dim * sizeof(float));
     }
