@@ -94,7 +94,7 @@ describe("rmsnorm", () => {
       const g = f32(Array.from({ length: gOff + dim }, (_, i) => 1 + Math.sin(i) * 0.5));
       const gAt = g.subarray(gOff);
       for (let rows = 1; rows <= 9; rows++) {
-        // Within a row, magnitudes from 2^-12 to 2^12: the f64 sum rounds differently in another order.
+        // Within a row, magnitudes from 2^-12 to 2^12 (a sum with rounding at every add).
         const xv = Array.from({ length: rows * dim }, (_, i) => Math.cos(i * 0.71) * 10 ** ((Math.floor(i / dim) % 5) - 2) * 2 ** (((i * 7) % 25) - 12));
         const x = f32(xv);
         const o = mk.alloc(rows * dim);
