@@ -55,7 +55,7 @@ function lap(prof: Float64Array, phase: number, t: number): number {
 
 // The attention dispatch's parameter layout (kernels/assembly/attention.ts): ATT_SEQS shared
 // slots, then per sequence out, q, table, firstPos, rows.
-const ATT_SEQS = 8;
+const ATT_SEQS = 9;
 const ATT_SEQ_INTS = 5;
 
 /** Query rows of one sequence that share each decoded K/V vector in prefill attention. */
@@ -249,7 +249,7 @@ export class Transformer {
       this.attentionBlock(pool, batch, l, rows, inPlace);
       this.feedForwardBlock(l, rows);
     }
-    this.logits(batch.length, out);
+    this.logits(batch.length, rows, out);
     raiseFills(pool, batch, this.rowPos, this.rowSeq, rows);
   }
 
@@ -369,14 +369,17 @@ export class Transformer {
   }
 
   /** The final norm and the classifier, for each sequence's last row only. */
-  private logits(nSeq: number, out: Float32Array): void {
+  private logits(nSeq: number, rows: number, out: Float32Array): void {
     const { x, xb, lastX, lastRow, w, mm } = this;
     const { dim, vocabSize } = this.cfg;
-    for (let s = 0; s < nSeq; s++) {
-      const src = lastRow[s]! * dim;
-      for (let i = 0; i < dim; i++) xb[s * dim + i] = x[src + i]!;
+    // One row per sequence (decode): the last rows are x's rows as they stand.
+    if (rows !== nSeq) {
+      for (let s = 0; s < nSeq; s++) {
+        const src = lastRow[s]! * dim;
+        for (let i = 0; i < dim; i++) xb[s * dim + i] = x[src + i]!;
+      }
     }
-    this.rmsnorm(lastX, xb, w.rmsFinal, 0, nSeq);
+    this.rmsnorm(lastX, rows === nSeq ? x : xb, w.rmsFinal, 0, nSeq);
     this.lap(P_NORM);
     mm.matmul(out, lastX, w.wcls, 0, nSeq, dim, vocabSize);
     this.lap(P_MATMUL);
@@ -596,6 +599,7 @@ export class Transformer {
     p[5] = this.qDim;
     p[6] = inPlace ? l * layerBytes : 0;
     p[7] = this.attStride;
+    p[8] = nPieces;
     const scratchBytes = Math.max(4 * this.attStride + 2 * this.attStride * this.headDim, 4 * nKv * this.attStride) * 4;
     // An attention multiply-add (f16 widening, softmax) costs about four of a matmul's.
     mm.attend(mm.addressOf(p), nPieces, 4 * macs, scratchBytes);

@@ -70,29 +70,89 @@ describe("f32 -> f16 (K/V into the cache)", () => {
       }
     }
     expect(bad).toBe(0);
+    // Every length 1..19 from odd offsets: the eight-wide body, the four-wide step and the tail,
+    // each leaving the halves past n alone.
+    for (let n = 1; n <= 19; n++) {
+      const part = mk.allocBytes(2 * (n + 1))!;
+      const at = 8 * n + 3;
+      ex.to_f16(mk.addressOf(part), mk.addressOf(src) + 4 * at, n);
+      const half = new Uint16Array(part.buffer, part.byteOffset, n + 1);
+      expect([n, Array.from(half)]).toEqual([n, [...Array.from(want.subarray(at, at + n)), 0]]);
+    }
   });
 });
 
 describe("rmsnorm", () => {
   test("rmsnorm_kernel_equals_js_of_the_same_order_for_every_row_count", () => {
-    // Rows go two at a time (one per f64 lane), the odd one alone: every count 1..7 against JS in
-    // f64 with one rounding to f32 (transformer.ts's fallback), rows of very different scales.
-    const dim = 37;
+    // Rows go four at a time (two f64x2 chains), then two, then one, and each row's elements four
+    // at a time, then its tail: every count 1..9 and widths with and without a tail against JS in
+    // f64 with one rounding to f32 (transformer.ts's fallback), rows of very different scales so
+    // a row normed with another's sum shows, and the norm weights read from an offset.
     const eps = 1e-5;
-    const g = f32(Array.from({ length: dim }, (_, i) => 1 + Math.sin(i) * 0.5));
-    for (let rows = 1; rows <= 7; rows++) {
-      const xv = Array.from({ length: rows * dim }, (_, i) => Math.cos(i * 0.71) * 10 ** ((Math.floor(i / dim) % 5) - 2));
-      const x = f32(xv);
-      const o = mk.alloc(rows * dim);
-      ex.rmsnorm(mk.addressOf(o), mk.addressOf(x), mk.addressOf(g), rows, dim, eps);
-      const want = new Float32Array(rows * dim);
-      for (let r = 0; r < rows; r++) {
-        let ss = 0;
-        for (let i = 0; i < dim; i++) ss += x[r * dim + i]! * x[r * dim + i]!;
-        const inv = 1 / Math.sqrt(ss / dim + eps);
-        for (let i = 0; i < dim; i++) want[r * dim + i] = g[i]! * (inv * x[r * dim + i]!);
+    for (const dim of [36, 37, 288]) {
+      const gOff = 5;
+      const g = f32(Array.from({ length: gOff + dim }, (_, i) => 1 + Math.sin(i) * 0.5));
+      const gAt = g.subarray(gOff);
+      for (let rows = 1; rows <= 9; rows++) {
+        // Within a row, magnitudes from 2^-12 to 2^12 (a sum with rounding at every add).
+        const xv = Array.from({ length: rows * dim }, (_, i) => Math.cos(i * 0.71) * 10 ** ((Math.floor(i / dim) % 5) - 2) * 2 ** (((i * 7) % 25) - 12));
+        const x = f32(xv);
+        const o = mk.alloc(rows * dim);
+        ex.rmsnorm(mk.addressOf(o), mk.addressOf(x), mk.addressOf(gAt), rows, dim, eps);
+        const want = new Float32Array(rows * dim);
+        for (let r = 0; r < rows; r++) {
+          let ss = 0;
+          for (let i = 0; i < dim; i++) ss += x[r * dim + i]! * x[r * dim + i]!;
+          const inv = 1 / Math.sqrt(ss / dim + eps);
+          for (let i = 0; i < dim; i++) want[r * dim + i] = gAt[i]! * (inv * x[r * dim + i]!);
+        }
+        expect([dim, rows, bits(o)]).toEqual([dim, rows, bits(want)]);
       }
-      expect([rows, bits(o)]).toEqual([rows, bits(want)]);
+    }
+  });
+});
+
+describe("rope", () => {
+  test("rope_kernel_equals_js_of_the_same_order_for_every_row_count_and_head_size", () => {
+    // Heads of hd % 4 == 0 go two pairs at a time in f64x2, others a pair at a time: both against
+    // transformer.ts's JS (f64 a c - b s, a s + b c, one rounding to f32), rows 1..9 at scattered
+    // positions, q wider than k (grouped heads).
+    for (const hd of [4, 6, 8, 10, 48]) {
+      const half = hd / 2;
+      const maxPos = 40;
+      const cos = mk.allocF64(maxPos * half);
+      const sin = mk.allocF64(maxPos * half);
+      for (let p = 0; p < maxPos; p++) {
+        for (let i = 0; i < half; i++) {
+          cos[p * half + i] = Math.cos(p / 10000 ** ((2 * i) / hd));
+          sin[p * half + i] = Math.sin(p / 10000 ** ((2 * i) / hd));
+        }
+      }
+      const qDim = 3 * hd;
+      const kvDim = hd;
+      for (let rows = 1; rows <= 9; rows++) {
+        const pos = mk.allocInts(rows);
+        for (let r = 0; r < rows; r++) pos[r] = (r * 17 + hd) % maxPos;
+        const q = f32(Array.from({ length: rows * qDim }, (_, i) => Math.sin(i * 1.3) * 2 ** ((i % 9) - 4)));
+        const k = f32(Array.from({ length: rows * kvDim }, (_, i) => Math.cos(i * 0.7) * 2 ** ((i % 7) - 3)));
+        const turn = (v: Float32Array, n: number): Float32Array => {
+          const o = Float32Array.from(v);
+          for (let r = 0; r < rows; r++) {
+            for (let i = 0; i < n; i += 2) {
+              const t = pos[r]! * half + ((i % hd) >> 1);
+              const a = o[r * n + i]!;
+              const b = o[r * n + i + 1]!;
+              o[r * n + i] = a * cos[t]! - b * sin[t]!;
+              o[r * n + i + 1] = a * sin[t]! + b * cos[t]!;
+            }
+          }
+          return o;
+        };
+        const wantQ = turn(q, qDim);
+        const wantK = turn(k, kvDim);
+        ex.rope(mk.addressOf(q), mk.addressOf(k), mk.addressOf(pos), mk.addressOf(cos), mk.addressOf(sin), rows, qDim, kvDim, hd);
+        expect([hd, rows, bits(q), bits(k)]).toEqual([hd, rows, bits(wantQ), bits(wantK)]);
+      }
     }
   });
 });

@@ -144,6 +144,16 @@ function scores4(q0: usize, q1: usize, q2: usize, q3: usize, att: usize, attStep
  * (s2 + s3), the tail in order), then each divided by the sum.
  */
 function softmax(att: usize, len: i32): void {
+  softmaxBy(att, len, false);
+}
+
+/** softmax with each weight then times 2^112 in the same pass (exactly: the weights lie in [0, 1]), for streamValues. */
+function softmaxScaled(att: usize, len: i32): void {
+  softmaxBy(att, len, true);
+}
+
+/** softmax(att, len), each weight also times 2^112 after its division when `scaled` (a constant at both calls). */
+@inline function softmaxBy(att: usize, len: i32, scaled: bool): void {
   const len4 = len & ~3;
   let mx = f32x4.splat(-Infinity);
   for (let t = 0; t < len4; t += 4) mx = f32x4.max(mx, ld(att, t));
@@ -164,8 +174,15 @@ function softmax(att: usize, len: i32): void {
   }
   // Lane-wise division rounds each element as the scalar one does.
   const s4 = f32x4.splat(sum);
-  for (let t = 0; t < len4; t += 4) v128.store(att + (<usize>t << 2), f32x4.div(ld(att, t), s4));
-  for (let t = len4; t < len; t++) store<f32>(att + (<usize>t << 2), load<f32>(att + (<usize>t << 2)) / sum);
+  const k = f32x4.splat(X112);
+  for (let t = 0; t < len4; t += 4) {
+    const w = f32x4.div(ld(att, t), s4);
+    v128.store(att + (<usize>t << 2), scaled ? f32x4.mul(w, k) : w);
+  }
+  for (let t = len4; t < len; t++) {
+    const w = load<f32>(att + (<usize>t << 2)) / sum;
+    store<f32>(att + (<usize>t << 2), scaled ? w * X112 : w);
+  }
 }
 
 /** Adds att[t] * v[t][i .. i+4) for t0 <= t < t1 to o, in order; v f32 as in scores4. */
@@ -336,14 +353,20 @@ function attendStream(
     if (roomy && scaleHeads(qx, qRow, hd, kvMul, g0, g1)) streamScoresX(qRow, qx, rowAtt, attStep, len, table, layerOff, B, nKv, kvMul, hd, g0, g1);
     else streamScores(qRow, rowAtt, attStep, len, table, layerOff, B, nKv, kvMul, hd, g0, g1);
     for (let h = g0 * kvMul; h < g1 * kvMul; h++) {
-      softmax(rowAtt + <usize>h * attStep, len);
-      scaleRow(rowAtt + <usize>h * attStep, len);
+      softmaxScaled(rowAtt + <usize>h * attStep, len);
     }
     streamValues(out + ((<usize>j * <usize>qStride) << 2), rowAtt, attStep, len, table, vOff, B, nKv, kvMul, hd, g0, g1);
   }
 }
 
 /** 2^112: f16bits' patterns times a factor scaled by it are the products of the true values. */
+/**
+ * The first block of the sequence of the piece after this thread's current one (its byte
+ * address; 0 when there is none, or it is the same sequence's): the last block's touch-ahead
+ * goes there, since a thread mostly takes its pieces in order.
+ */
+let nextFirst: usize = 0;
+
 const X112: f32 = reinterpret<f32>(0x77800000);
 
 /**
@@ -364,14 +387,6 @@ function scaleHeads(qx: usize, q: usize, hd: i32, kvMul: i32, g0: i32, g1: i32):
     }
   }
   return max(max(f32x4.extract_lane(m, 0), f32x4.extract_lane(m, 1)), max(f32x4.extract_lane(m, 2), f32x4.extract_lane(m, 3))) < 65536;
-}
-
-/** att[0 .. len) times 2^112 in place: softmax's weights lie in [0, 1], so exactly. */
-function scaleRow(att: usize, len: i32): void {
-  const k = f32x4.splat(X112);
-  const len4 = len & ~3;
-  for (let t = 0; t < len4; t += 4) v128.store(att + (<usize>t << 2), f32x4.mul(ld(att, t), k));
-  for (let t = len4; t < len; t++) store<f32>(att + (<usize>t << 2), load<f32>(att + (<usize>t << 2)) * X112);
 }
 
 /**
@@ -435,6 +450,7 @@ function streamScoresX(
     const perGroup = (sectionLines * 4 + B - 1) / B + 1;
     for (let s = 0, line = 0; s < m; s += 4) {
       if (ahead != 0 && whole) touched ^= touchLines(ahead, line, min(sectionLines, line + perGroup));
+      else if (ahead == 0 && whole && nextFirst != 0) touched ^= touchLines(nextFirst + layerOff, line, min(sectionLines, line + perGroup));
       else if (ahead != 0) touched ^= touchSlots(ahead, s, min(s + 4, mAhead), slotBytes, from, to, vSection);
       line += perGroup;
       // As in streamScores: a short last group reads slots inside the block and stores nothing past `live`.
@@ -565,7 +581,7 @@ function streamScores(q: usize, att: usize, attStep: usize, len: i32, table: usi
 
 /**
  * out_h = sum over t < len of att[h][t] * v[t] for the heads h of KV heads g0 .. g1, summed in
- * out from +0 in t order, att scaled by 2^112 (scaleRow) against V's f16bits patterns (halves8):
+ * out from +0 in t order, att scaled by 2^112 (softmaxScaled) against V's f16bits patterns (halves8):
  * each product the same real number as att * v. Four positions at a time go through each chunk
  * of out between its load and its store (the adds still one position after another).
  */
@@ -744,6 +760,7 @@ export function attend(
   hd: i32,
   qStride: i32,
 ): void {
+  nextFirst = 0;
   if (nr * kvMul < 4) attendStream(out, q, table, layerOff, att, attStride, firstPos, nr, B, nKv, kvMul, hd, qStride, 0, nKv);
   else for (let g = 0; g < nKv; g++) attendHead(out, q, table, layerOff, att, attStride, lin, firstPos, nr, B, nKv, kvMul, hd, qStride, g);
 }
@@ -760,7 +777,9 @@ const A_HD = 4;
 const A_QSTRIDE = 5;
 const A_LAYEROFF = 6;
 const A_ATTSTRIDE = 7;
-const A_SEQS = 8;
+/** How many pieces the dispatch has (so a piece knows whether another follows it). */
+const A_NPIECES = 8;
+const A_SEQS = 9;
 /** Per sequence: out, q, table (byte addresses), firstPos, rows. */
 const ATT_SEQ_INTS = 5;
 
@@ -790,9 +809,15 @@ export function attend_jobs(params: usize, c0: i32, c1: i32, scratch: usize): vo
     const table = <usize>load<i32>(p, 8);
     const firstPos = load<i32>(p, 12);
     const nr = load<i32>(p, 16);
+    nextFirst = 0;
+    if (c + 1 < load<i32>(params + (A_NPIECES << 2))) {
+      const sn = load<i32>(pc, 12);
+      if (sn != s) nextFirst = <usize>load<i32>(<usize>load<i32>(params + (<usize>(A_SEQS + sn * ATT_SEQ_INTS) << 2), 8));
+    }
     if (nr * kvMul < 4) attendStream(out, q, table, layerOff, scratch, attStride, firstPos, nr, B, nKv, kvMul, hd, qStride, g0, g1);
     else for (let g = g0; g < g1; g++) attendHead(out, q, table, layerOff, scratch, attStride, lin, firstPos, nr, B, nKv, kvMul, hd, qStride, g);
   }
+  nextFirst = 0;
 }
 
 /** Byte offset of query c of KV head g in q (and of its output in out). */

@@ -35,7 +35,8 @@ const EXP_HI: f32 = 88; // above: inf
   const scale = i32x4.shl(i32x4.add(i32x4.trunc_sat_f32x4_s(n), i32x4.splat(127)), 23);
   let y = f32x4.mul(p, scale);
   y = v128.bitselect(f32x4.splat(Infinity), y, f32x4.gt(x, f32x4.splat(EXP_HI)));
-  return v128.bitselect(f32x4.splat(0), y, f32x4.lt(x, f32x4.splat(EXP_LO)));
+  // y with its lanes below EXP_LO cleared: the bitselect with +0 as one and-not.
+  return v128.andnot(y, f32x4.lt(x, f32x4.splat(EXP_LO)));
 }
 
 /** exp4 of one value (the tails). */
@@ -56,9 +57,11 @@ const EXP_HI: f32 = 88; // above: inf
   const normal = i32x4.shr_u(i32x4.add(i32x4.add(a, i32x4.splat(0xc8000fff)), odd), 13);
   // Below 2^-14: a + 0.5 in f32 rounds a to a multiple of 2^-24, the f16 subnormal's unit.
   const sub = i32x4.sub(f32x4.add(a, f32x4.splat(0.5)), i32x4.splat(0x3f000000));
-  let o = v128.bitselect(sub, normal, i32x4.lt_u(a, i32x4.splat(0x38800000)));
-  o = v128.bitselect(i32x4.splat(0x7c00), o, i32x4.ge_u(a, i32x4.splat(0x47800000)));
+  // a's sign is clear, so signed compares decide as unsigned ones would: one instruction each on
+  // x86, where an unsigned compare of 32-bit lanes takes three.
+  let o = v128.bitselect(sub, normal, i32x4.lt_s(a, i32x4.splat(0x38800000)));
+  o = v128.bitselect(i32x4.splat(0x7c00), o, i32x4.gt_s(a, i32x4.splat(0x477fffff)));
   o = v128.or(o, i32x4.shr_u(sign, 16));
-  return v128.bitselect(i32x4.splat(0x7e00), o, i32x4.gt_u(a, i32x4.splat(0x7f800000)));
+  return v128.bitselect(i32x4.splat(0x7e00), o, i32x4.gt_s(a, i32x4.splat(0x7f800000)));
 }
 
