@@ -320,7 +320,7 @@ function numpyMatmuls(cfg: ModelConfig, rows: number, classifier: boolean): { gf
   const script = `
 import numpy as np, time, json
 rows, L, dim, shapes = ${rows}, ${cfg.nLayers}, ${cfg.dim}, ${JSON.stringify(shapes)}
-cls = ${JSON.stringify(classifier ? [cfg.vocabSize, cfg.dim] : null)}
+cls = ${classifier ? JSON.stringify([cfg.vocabSize, cfg.dim]) : "None"}
 ws = [[np.random.rand(d, n).astype(np.float32) for d, n in shapes] for _ in range(L)]
 wc = None if cls is None else np.random.rand(*cls).astype(np.float32)
 xs = {n: np.random.rand(rows, n).astype(np.float32) for _, n in shapes}
@@ -340,7 +340,9 @@ print(json.dumps([flops / best / 1e9, rows / best]))
   delete env.OPENBLAS_CORETYPE;
   delete env.OPENBLAS_L2_SIZE;
   const r = spawnSync("python3", ["-c", script], { encoding: "utf8", env });
-  if (r.status !== 0) return null;
+  // Only a missing python3 or numpy skips the comparison; any other failure is the script's own.
+  if (r.error !== undefined || /No module named '?numpy/.test(r.stderr)) return null;
+  if (r.status !== 0) throw new Error(`numpy matmul script exited ${r.status}: ${r.stderr.trim().slice(-400)}`);
   const [gflops, tokensPerSec] = JSON.parse(r.stdout.trim()) as [number, number];
   return { gflops, tokensPerSec };
 }
