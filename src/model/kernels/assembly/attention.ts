@@ -360,14 +360,14 @@ function attendStream(
 }
 
 /** 2^112: f16bits' patterns times a factor scaled by it are the products of the true values. */
+const X112: f32 = reinterpret<f32>(0x77800000);
+
 /**
  * The first block of the sequence of the piece after this thread's current one (its byte
  * address; 0 when there is none, or it is the same sequence's): the last block's touch-ahead
  * goes there, since a thread mostly takes its pieces in order.
  */
 let nextFirst: usize = 0;
-
-const X112: f32 = reinterpret<f32>(0x77800000);
 
 /**
  * The heads of KV heads g0 .. g1 of the query row q, their whole groups of four (i < hd & ~3),
