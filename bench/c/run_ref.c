@@ -104,6 +104,27 @@ static void rope(float *q, float *k, int dim, int kv_dim, int head_size, int pos
   }
 }
 
+/*
+ * One head's attention at pos, as run.c's head loop: q against positions 0..pos of the layer's
+ * caches kc and vc (kv_dim floats a position, this head's KV slice at kv_off), softmax into att,
+ * the weighted values into xb.
+ */
+static void attend_head(float *xb, const float *q, const float *kc, const float *vc, float *att, int kv_off, int head_size, int kv_dim, int pos) {
+  for (int t = 0; t <= pos; t++) {
+    const float *kt = kc + t * kv_dim + kv_off;
+    float score = 0.0f;
+    for (int i = 0; i < head_size; i++) score += q[i] * kt[i];
+    att[t] = score / sqrtf(head_size);
+  }
+  softmax(att, pos + 1);
+  memset(xb, 0, head_size * sizeof(float));
+  for (int t = 0; t <= pos; t++) {
+    const float *vt = vc + t * kv_dim + kv_off;
+    float a = att[t];
+    for (int i = 0; i < head_size; i++) xb[i] += a * vt[i];
+  }
+}
+
 static float *forward(const Config *p, const Weights *w, RunState *s, int token, int pos) {
   int dim = p->dim, hidden_dim = p->hidden_dim, head_size = dim / p->n_heads;
   int kv_dim = (p->dim * p->n_kv_heads) / p->n_heads;
@@ -122,22 +143,8 @@ static float *forward(const Config *p, const Weights *w, RunState *s, int token,
     int h;
 #pragma omp parallel for private(h)
     for (h = 0; h < p->n_heads; h++) {
-      float *q = s->q + h * head_size;
-      float *att = s->att + h * p->seq_len;
-      for (int t = 0; t <= pos; t++) {
-        float *kt = s->key_cache + loff + t * kv_dim + (h / kv_mul) * head_size;
-        float score = 0.0f;
-        for (int i = 0; i < head_size; i++) score += q[i] * kt[i];
-        att[t] = score / sqrtf(head_size);
-      }
-      softmax(att, pos + 1);
-      float *xb = s->xb + h * head_size;
-      memset(xb, 0, head_size * sizeof(float));
-      for (int t = 0; t <= pos; t++) {
-        float *vt = s->value_cache + loff + t * kv_dim + (h / kv_mul) * head_size;
-        float a = att[t];
-        for (int i = 0; i < head_size; i++) xb[i] += a * vt[i];
-      }
+      attend_head(s->xb + h * head_size, s->q + h * head_size, s->key_cache + loff, s->value_cache + loff, s->att + h * p->seq_len,
+                  (h / kv_mul) * head_size, head_size, kv_dim, pos);
     }
     matmul(s->xb2, s->xb, w->wo + (size_t)l * dim * dim, dim, dim);
     for (int i = 0; i < dim; i++) x[i] += s->xb2[i];
@@ -185,23 +192,8 @@ static float *forward_batch(const Config *p, const Weights *w, RunState *s, cons
 #pragma omp parallel for private(bh)
     for (bh = 0; bh < B * p->n_heads; bh++) {
       int b = bh / p->n_heads, h = bh % p->n_heads;
-      const float *kc = s->key_cache + b * slab + loff, *vc = s->value_cache + b * slab + loff;
-      float *q = s->q + (size_t)b * dim + h * head_size;
-      float *att = s->att + (size_t)bh * p->seq_len;
-      for (int t = 0; t <= pos; t++) {
-        const float *kt = kc + t * kv_dim + (h / kv_mul) * head_size;
-        float score = 0.0f;
-        for (int i = 0; i < head_size; i++) score += q[i] * kt[i];
-        att[t] = score / sqrtf(head_size);
-      }
-      softmax(att, pos + 1);
-      float *xb = s->xb + (size_t)b * dim + h * head_size;
-      memset(xb, 0, head_size * sizeof(float));
-      for (int t = 0; t <= pos; t++) {
-        const float *vt = vc + t * kv_dim + (h / kv_mul) * head_size;
-        float a = att[t];
-        for (int i = 0; i < head_size; i++) xb[i] += a * vt[i];
-      }
+      attend_head(s->xb + (size_t)b * dim + h * head_size, s->q + (size_t)b * dim + h * head_size, s->key_cache + b * slab + loff,
+                  s->value_cache + b * slab + loff, s->att + (size_t)bh * p->seq_len, (h / kv_mul) * head_size, head_size, kv_dim, pos);
     }
     matmul_batch(s->xb2, s->xb, w->wo + (size_t)l * dim * dim, dim, dim, B);
     for (size_t i = 0; i < (size_t)B * dim; i++) x[i] += s->xb2[i];
