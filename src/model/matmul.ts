@@ -124,6 +124,12 @@ export interface KernelOptions {
   threads?: number;
   /** false: the plain-JS fallback even where SIMD runs (tests hold the two paths together). */
   simd?: boolean;
+  /**
+   * Bytes left unused below the first placement (never written, so they cost no resident memory).
+   * Tests place every tensor past 2 GiB with it, where a byte offset read as a signed 32-bit
+   * number goes wrong; 0 in service.
+   */
+  gapBytes?: number;
 }
 
 /** A weight matrix to place, with the length of its rows. */
@@ -238,7 +244,8 @@ export class MatmulKernel {
     });
     let bytes = 0;
     for (const [m, c] of cols) bytes += c > 0 ? align16(stripLayoutBytes(dtypeOf(m), Math.ceil(m.length / c), c)) : 0;
-    const mem = mod !== null && bytes <= MAX_PLACED_BYTES ? sharedMemory(Math.ceil((KERNEL_RESERVED_BYTES + bytes) / PAGE)) : null;
+    const gap = align16(opts.gapBytes ?? 0);
+    const mem = mod !== null && gap + bytes <= MAX_PLACED_BYTES ? sharedMemory(Math.ceil((KERNEL_RESERVED_BYTES + gap + bytes) / PAGE)) : null;
     if (mod === null || mem === null) {
       for (const m of cols.keys()) if (!(m instanceof Float32Array)) assertFinite16(m);
       this.memory = null;
@@ -248,6 +255,7 @@ export class MatmulKernel {
     }
     this.memory = mem;
     this.ex = new WebAssembly.Instance(mod, { env: { memory: mem } }).exports as unknown as KernelExports;
+    this.top += gap;
     this.refresh();
     const viewOf = new Map<Matrix, Matrix>();
     for (const [m, c] of cols) {
@@ -262,7 +270,7 @@ export class MatmulKernel {
     if (!(Number.isInteger(threads) && threads >= 1)) throw new Error(`threads ${threads}: want a positive integer`);
     if (threads > 1) {
       const ctrl = this.grab(controlBytes(threads - 1) + 48);
-      this.threads = new KernelThreads(mod, mem, threads - 1, (ctrl + 63) & ~63);
+      this.threads = new KernelThreads(mod, mem, threads - 1, Math.ceil(ctrl / 64) * 64);
     }
   }
 
@@ -397,7 +405,7 @@ export class MatmulKernel {
     let xAt = this.addressOf(x);
     if (xAt < 0) {
       xAt = this.temp(rows * n * 4);
-      this.f32.set(x.subarray(0, rows * n), xAt >> 2);
+      this.f32.set(x.subarray(0, rows * n), xAt / 4);
     }
     let yAt = this.addressOf(y);
     const copyY = yAt < 0;
@@ -443,8 +451,8 @@ export class MatmulKernel {
     const jobs = this.jobs;
     for (let j = 0; j < this.queued; j++) {
       const b = j * JOB_INTS;
-      const feeds = this.inputs[j] === y || overlaps(yAt, yFloats, jobs[b + J_X]!, jobs[b + J_ROWS]! * jobs[b + J_N]!);
-      const fed = this.outs[j] === x || overlaps(xAt, xFloats, jobs[b + J_Y]!, jobs[b + J_ROWS]! * jobs[b + J_D]!);
+      const feeds = this.inputs[j] === y || overlaps(yAt, yFloats, jobs[b + J_X]! >>> 0, jobs[b + J_ROWS]! * jobs[b + J_N]!);
+      const fed = this.outs[j] === x || overlaps(xAt, xFloats, jobs[b + J_Y]! >>> 0, jobs[b + J_ROWS]! * jobs[b + J_D]!);
       if (feeds || fed) {
         assert.fail(`matmul queue: job ${this.queued}'s ${feeds ? "output" : "input"} is job ${j}'s ${feeds ? "input" : "output"}; flush between them`);
       }
@@ -462,7 +470,7 @@ export class MatmulKernel {
       const y = this.outs[j]!;
       if (y !== null) {
         const b = j * JOB_INTS;
-        const at = this.jobs[b + J_Y]! >> 2;
+        const at = (this.jobs[b + J_Y]! >>> 0) / 4;
         y.set(this.f32.subarray(at, at + this.jobs[b + J_ROWS]! * this.jobs[b + J_D]!));
         this.outs[j] = null;
       }
@@ -588,8 +596,9 @@ function overlaps(a: number, n: number, b: number, m: number): boolean {
   return a < b + 4 * m && b < a + 4 * n;
 }
 
+/** bytes rounded up to a multiple of 16, as a plain number: offsets reach 4 GiB, past int32's bit operators. */
 function align16(bytes: number): number {
-  return (bytes + 15) & ~15;
+  return Math.ceil(bytes / 16) * 16;
 }
 
 let shared: MatmulKernel | null = null;

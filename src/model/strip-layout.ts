@@ -157,7 +157,7 @@ export function readStripRow(dt: DType, mem: MemoryViews, at: number, n: number,
     const lut = f16Values();
     for (let j = j0; j < j0 + count; j++) {
       const g = base + (j >> 5) * STRIP_ROWS * Q8_0_BLOCK_BYTES;
-      out[outAt + j - j0] = Math.fround(lut[mem.u16[(g + 2 * k) >> 1]!]! * mem.i8[g + q8Slot(k, j & 31)]!);
+      out[outAt + j - j0] = Math.fround(lut[mem.u16[(g + 2 * k) / 2]!]! * mem.i8[g + q8Slot(k, j & 31)]!);
     }
     return;
   }
@@ -172,10 +172,10 @@ export function readStripRow(dt: DType, mem: MemoryViews, at: number, n: number,
       p = base + Math.floor(j / gl) * 128 + k * 16 + slot * es;
     } else p = base + STRIP_ROWS * main * es + k * (n - main) * es + (j - main) * es;
     let v: number;
-    if (dt === "f32") v = mem.f32[p >> 2]!;
-    else if (half) v = f16Value(mem.u16[p >> 1]!);
+    if (dt === "f32") v = mem.f32[p / 4]!;
+    else if (half) v = f16Value(mem.u16[p / 2]!);
     else {
-      bf16Bits[0] = mem.u16[p >> 1]! << 16;
+      bf16Bits[0] = mem.u16[p / 2]! << 16;
       v = bf16Value[0]!;
     }
     out[outAt + j - j0] = v;
