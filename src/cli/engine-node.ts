@@ -46,6 +46,8 @@ export interface ServedModel {
   /** How the weights are held in memory, and the threads the model runs on (for the ready line). */
   dtype?: string;
   threads?: number;
+  /** What runs the matmuls: "wasm-simd", or "plain-js (why)". */
+  kernels?: string;
   /** Settles when the model's threads run. */
   ready?: () => Promise<void>;
   /** Stops the model's helper threads. */
@@ -179,6 +181,7 @@ async function loadModelThread(opts: LoadModelOptions & ModelOptions): Promise<S
     chatTemplate: tok.chatTemplate,
     dtype: w.info.dtype,
     threads: w.info.threads,
+    kernels: w.info.kernels,
     close: () => w.close(),
     sharedSlab: true,
     kvSlab: (bytes) => w.kvSlab(bytes),
@@ -208,6 +211,7 @@ export function servedModelOf(
     chatTemplate: m.chatTemplate,
     dtype: t.dtype,
     threads: t.threads,
+    kernels: t.kernels,
     ready: () => t.ready(),
     close: () => t.close(),
     kvSlab: async (bytes) => t.kvSlab(bytes),

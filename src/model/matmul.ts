@@ -195,6 +195,11 @@ interface Placed {
  */
 export class MatmulKernel {
   readonly memory: WebAssembly.Memory | null;
+  /**
+   * What runs the matmuls: "wasm-simd", or "plain-js (why)" on the fallback, which gives the same
+   * bits on one core at a small fraction of the speed: the ready line says it, never silently.
+   */
+  readonly kernels: string = "wasm-simd";
   private readonly ex: KernelExports | null;
   private f32 = new Float32Array(0);
   private u8 = new Uint8Array(0);
@@ -245,8 +250,17 @@ export class MatmulKernel {
     let bytes = 0;
     for (const [m, c] of cols) bytes += c > 0 ? align16(stripLayoutBytes(dtypeOf(m), Math.ceil(m.length / c), c)) : 0;
     const gap = align16(opts.gapBytes ?? 0);
-    const mem = mod !== null && gap + bytes <= MAX_PLACED_BYTES ? sharedMemory(Math.ceil((KERNEL_RESERVED_BYTES + gap + bytes) / PAGE)) : null;
+    const fits = gap + bytes <= MAX_PLACED_BYTES;
+    const mem = mod !== null && fits ? sharedMemory(Math.ceil((KERNEL_RESERVED_BYTES + gap + bytes) / PAGE)) : null;
     if (mod === null || mem === null) {
+      this.kernels =
+        opts.simd === false
+          ? "plain-js (asked for)"
+          : mod === null
+            ? "plain-js (this runtime lacks WebAssembly SIMD or shared memory)"
+            : !fits
+              ? `plain-js (weights of ${gib(gap + bytes)} exceed the kernel memory's ${gib(MAX_PLACED_BYTES)})`
+              : `plain-js (a shared memory of ${gib(gap + bytes)} was refused)`;
       for (const m of cols.keys()) if (!(m instanceof Float32Array)) assertFinite16(m);
       this.memory = null;
       this.ex = null;
@@ -594,6 +608,10 @@ export class MatmulKernel {
 /** Whether float ranges [a, a + n) and [b, b + m) (byte offsets a, b) share memory. */
 function overlaps(a: number, n: number, b: number, m: number): boolean {
   return a < b + 4 * m && b < a + 4 * n;
+}
+
+function gib(bytes: number): string {
+  return `${(bytes / 2 ** 30).toFixed(2)} GiB`;
 }
 
 /** bytes rounded up to a multiple of 16, as a plain number: offsets reach 4 GiB, past int32's bit operators. */

@@ -128,6 +128,8 @@ export interface LoadedInfo {
   stats: WeightStats;
   dtype: string;
   threads: number;
+  /** What runs the matmuls (Transformer.kernels). */
+  kernels: string;
 }
 
 export type FromModelThread =

@@ -79,7 +79,10 @@ async function load(m: Extract<ToModelThread, { type: "load" }>): Promise<void> 
     model = t;
     ctrl = new Int32Array(m.ctrl, 0, CTRL_INTS);
     const stats = { ...files.stats, residentBytes: weightsBytes(weights) };
-    self.postMessage({ type: "loaded", info: { name: files.name, cfg: t.cfg, eosIds: files.eosIds, stats, dtype: t.dtype, threads: t.threads } });
+    self.postMessage({
+      type: "loaded",
+      info: { name: files.name, cfg: t.cfg, eosIds: files.eosIds, stats, dtype: t.dtype, threads: t.threads, kernels: t.kernels },
+    });
   } catch (e) {
     self.postMessage({ type: "load-failed", message: e instanceof Error ? e.message : String(e) });
     return;

@@ -177,6 +177,11 @@ export class Transformer {
     return weightsDType(this.w);
   }
 
+  /** What runs the matmuls: "wasm-simd", or "plain-js (why)" (MatmulKernel.kernels). */
+  get kernels(): string {
+    return this.mm.kernels;
+  }
+
   /** Threads the matmuls run on. */
   get threads(): number {
     return this.mm.threadCount;

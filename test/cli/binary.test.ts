@@ -63,6 +63,8 @@ test("binary_starts_in_each_role", async () => {
         if (process.platform === "linux" && process.arch === "x64") expect(ready.crc32c).toBe("node-rs");
         // The binary carries the model thread's entry point, and engines run the model there.
         expect(ready.model_thread).toBe("worker");
+        // ... and its WebAssembly kernels: a plain-JS fallback would be said here.
+        expect(ready.kernels).toBe("wasm-simd");
         // Only roles that receive KV serve KvTransfer.
         if (role === "prefill") expect(ready.kv).toBeNull();
         else expect(String(ready.kv)).toMatch(/^127\.0\.0\.1:[1-9]\d*$/);

@@ -1,5 +1,6 @@
 import { describe, expect, test } from "bun:test";
 import { kvShapeOf, syntheticWeights, Transformer, type ModelConfig } from "../../src/model/index.ts";
+import { MatmulKernel } from "../../src/model/matmul.ts";
 import { castWeights } from "../../src/model/weights.ts";
 import type { DType } from "../../src/model/packed.ts";
 import { KvPool } from "../../src/pool/index.ts";
@@ -64,5 +65,19 @@ describe("kernel memory past 2 GiB", () => {
     const low = run("f16", 0, 1, false);
     const high = run("f16", 2 * GiB + 4096, 1, false);
     for (let i = 0; i < low.length; i++) expect(bits(high[i]!)).toEqual(bits(low[i]!));
+  });
+});
+
+describe("the plain-JS fallback says why", () => {
+  test("kernels names the fallback and its reason; the SIMD path says wasm-simd", () => {
+    const w = new Float32Array(64 * 64).fill(0.5);
+    expect(new MatmulKernel([{ matrix: w, cols: 64 }]).kernels).toBe("wasm-simd");
+    expect(new MatmulKernel([{ matrix: w, cols: 64 }], { simd: false }).kernels).toBe("plain-js (asked for)");
+    // Weights that do not fit the wasm32 memory beside the kernels' room (a gap stands in for them).
+    const big = new MatmulKernel([{ matrix: w, cols: 64 }], { gapBytes: 3.8 * GiB });
+    expect(big.kernels).toMatch(/^plain-js \(weights of 3\.80 GiB exceed the kernel memory's 3\.75 GiB\)$/);
+    expect(big.simd).toBe(false);
+    const m = new Transformer(CFG, castWeights(CFG, syntheticWeights(CFG, 11), "f16"), { simd: false });
+    expect(m.kernels).toBe("plain-js (asked for)");
   });
 });
