@@ -48,6 +48,8 @@ export interface ServedModel {
   threads?: number;
   /** What runs the matmuls: "wasm-simd", or "plain-js (why)". */
   kernels?: string;
+  /** Kernel memories the weights are spread over: 1 unless the model outgrows a wasm32 memory. */
+  memories?: number;
   /** Settles when the model's threads run. */
   ready?: () => Promise<void>;
   /** Stops the model's helper threads. */
@@ -133,6 +135,8 @@ export interface ModelOptions {
   threads?: number;
   /** Where forwards run: a model thread of their own (default), or the engine's event loop. */
   modelThread?: "worker" | "main";
+  /** Bytes of weights one kernel memory may place (TransformerOptions.groupBytes): tests lower it. */
+  groupBytes?: number;
 }
 
 /** Loads the model `--model` names (any supported format; none: the embedded one) and wraps it for the engine. */
@@ -182,6 +186,7 @@ async function loadModelThread(opts: LoadModelOptions & ModelOptions): Promise<S
     dtype: w.info.dtype,
     threads: w.info.threads,
     kernels: w.info.kernels,
+    memories: w.info.memories,
     close: () => w.close(),
     sharedSlab: true,
     kvSlab: (bytes) => w.kvSlab(bytes),
@@ -195,7 +200,7 @@ export function servedModelOf(
   opts: ModelOptions = {},
 ): ServedModel {
   const weights = holdWeights(m.cfg, m.weights, m.stats.dtype, opts.dtype);
-  const t = new Transformer(m.cfg, weights, { threads: opts.threads ?? 1 });
+  const t = new Transformer(m.cfg, weights, { threads: opts.threads ?? 1, groupBytes: opts.groupBytes });
   const shape = kvShapeOf(t.cfg, 1);
   const runner: ModelRunner = { vocabSize: t.cfg.vocabSize, forward: (pool, batch, out) => t.forward(pool, batch, out) };
   return {
@@ -212,6 +217,7 @@ export function servedModelOf(
     dtype: t.dtype,
     threads: t.threads,
     kernels: t.kernels,
+    memories: t.memories,
     ready: () => t.ready(),
     close: () => t.close(),
     kvSlab: async (bytes) => t.kvSlab(bytes),

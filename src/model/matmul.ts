@@ -108,7 +108,7 @@ export function matmulQ8Ref(y: Float32Array, x: Float32Array, w: PackedMatrix, w
 const PAGE = 65536;
 /** wasm32 addresses 4 GiB; weights past this (less room for activations) run matmulRef. */
 const MAX_PAGES = 65536;
-const MAX_PLACED_BYTES = 2 ** 32 - 2 ** 28;
+export const MAX_PLACED_BYTES = 2 ** 32 - 2 ** 28;
 /**
  * Bytes at the start of the memory left to the kernels' static data (AssemblyScript's expf
  * table): every instantiation, each helper thread's too, writes its data segments there.

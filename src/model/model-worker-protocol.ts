@@ -130,6 +130,8 @@ export interface LoadedInfo {
   threads: number;
   /** What runs the matmuls (Transformer.kernels). */
   kernels: string;
+  /** Kernel memories the weights are spread over (Transformer.memories). */
+  memories: number;
 }
 
 export type FromModelThread =

@@ -81,7 +81,7 @@ async function load(m: Extract<ToModelThread, { type: "load" }>): Promise<void> 
     const stats = { ...files.stats, residentBytes: weightsBytes(weights) };
     self.postMessage({
       type: "loaded",
-      info: { name: files.name, cfg: t.cfg, eosIds: files.eosIds, stats, dtype: t.dtype, threads: t.threads, kernels: t.kernels },
+      info: { name: files.name, cfg: t.cfg, eosIds: files.eosIds, stats, dtype: t.dtype, threads: t.threads, kernels: t.kernels, memories: t.memories },
     });
   } catch (e) {
     self.postMessage({ type: "load-failed", message: e instanceof Error ? e.message : String(e) });

@@ -65,6 +65,7 @@ test("binary_starts_in_each_role", async () => {
         expect(ready.model_thread).toBe("worker");
         // ... and its WebAssembly kernels: a plain-JS fallback would be said here.
         expect(ready.kernels).toBe("wasm-simd");
+        expect(ready.kernel_memories).toBe(1);
         // Only roles that receive KV serve KvTransfer.
         if (role === "prefill") expect(ready.kv).toBeNull();
         else expect(String(ready.kv)).toMatch(/^127\.0\.0\.1:[1-9]\d*$/);
