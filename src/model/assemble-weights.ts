@@ -1,7 +1,6 @@
 import { headDimOf, kvDimOf, qDimOf } from "./config.ts";
-import { copyBytes } from "./mapped-file.ts";
 import type { ModelSpec } from "./model-spec.ts";
-import { dequantize, dtypeOf, type DType, type Matrix, matrixBytes, type PackedMatrix } from "./packed.ts";
+import { dequantize, dtypeOf, type DType, type Matrix, matrixBytes, type PackedMatrix, stackedPacked } from "./packed.ts";
 import { byteLengthOf, elementCount, type RawTensor, toFloat32 } from "./raw-tensor.ts";
 import { splitHalfToInterleaved, splitHalfToInterleavedBytes } from "./rope-order.ts";
 import { type DenseWeightName, validateWeights, type Weights, weightsBytes } from "./weights.ts";
@@ -199,11 +198,14 @@ function stackLayers(layers: Matrix[], cols: number): Matrix {
   const first = layers[0]!;
   const per = first.length;
   if (layers.every((m) => !(m instanceof Float32Array) && m.dtype === dtypeOf(first))) {
+    // The layers stay where they are (views of the file, or the permuted copies): placing the
+    // matrix reads them part by part, so the model is never held twice (stackedPacked).
     const p = layers as PackedMatrix[];
-    const rowBytes = p[0]!.bytes.length;
-    const bytes = new Uint8Array(rowBytes * p.length);
-    p.forEach((m, l) => copyBytes(bytes, l * rowBytes, m.bytes));
-    return { dtype: p[0]!.dtype, cols, length: per * p.length, bytes };
+    return stackedPacked(
+      p[0]!.dtype,
+      cols,
+      p.map((m) => m.bytes),
+    );
   }
   const out = new Float32Array(per * layers.length);
   layers.forEach((m, l) => out.set(m instanceof Float32Array ? m : dequantize(m), l * per));

@@ -1,7 +1,7 @@
 import assert from "node:assert";
 import { headDimOf, type ModelConfig, ropeFrequencies } from "./config.ts";
 import { type KernelOptions, MAX_PLACED_BYTES, MatmulKernel } from "./matmul.ts";
-import { dtypeOf, type Matrix, matrixBytes } from "./packed.ts";
+import { dtypeOf, type Matrix, matrixBytes, stackedPacked } from "./packed.ts";
 import { stripLayoutBytes } from "./strip-layout.ts";
 import { MATRICES, matrixCols, type Weights } from "./weights.ts";
 
@@ -93,6 +93,8 @@ export function layerSlice(m: Matrix, cols: number, L: number, l0: number, l1: n
   assert(Number.isInteger(per) && per % cols === 0, `matrix of ${m.length} is not ${L} layers of rows of ${cols}`);
   if (m instanceof Float32Array) return m.subarray(l0 * per, l1 * per);
   const dt = m.dtype;
+  // A matrix stacked from one part a layer keeps its parts: its bytes are never put together.
+  if (m.parts !== undefined && m.parts.length === L) return stackedPacked(dt, cols, m.parts.slice(l0, l1));
   return { dtype: dt, cols, length: (l1 - l0) * per, bytes: m.bytes.subarray(matrixBytes(dt, l0 * per), matrixBytes(dt, l1 * per)) };
 }
 

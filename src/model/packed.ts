@@ -1,4 +1,5 @@
 import assert from "node:assert";
+import { copyBytes } from "./mapped-file.ts";
 
 /** How a weight matrix is held in memory. */
 export type DType = "f32" | "f16" | "bf16" | "q8_0";
@@ -12,12 +13,66 @@ export const Q8_0_BLOCK_BYTES = 2 + QK8_0;
  * A matrix kept in a 16-bit or q8_0 dtype: `bytes` holds its `length` elements row-major, rows of
  * `cols` elements (q8_0 rows are whole blocks, so cols % 32 === 0). The kernels read these bytes
  * directly; nothing here is inflated to f32.
+ *
+ * A matrix stacked from layers (stackedPacked) has `parts`, each whole rows, views of the file
+ * where it allows: placing it in the kernel memory reads the parts and never makes `bytes`, which
+ * is built (and kept) only when something reads it, so a model is not held twice while loading.
  */
 export interface PackedMatrix {
   readonly dtype: "f16" | "bf16" | "q8_0";
   readonly cols: number;
   readonly length: number;
   readonly bytes: Uint8Array;
+  readonly parts?: readonly Uint8Array[];
+}
+
+/** A packed matrix whose rows are the parts' in order; its `bytes` are put together on first read. */
+export function stackedPacked(dtype: PackedMatrix["dtype"], cols: number, parts: readonly Uint8Array[]): PackedMatrix {
+  const total = parts.reduce((n, p) => n + p.length, 0);
+  const rowBytes = matrixBytes(dtype, cols);
+  if (total % rowBytes !== 0 || parts.some((p) => p.length % rowBytes !== 0)) assert.fail(`parts of ${total} bytes are not whole rows of ${rowBytes}`);
+  let made: Uint8Array | null = null;
+  return {
+    dtype,
+    cols,
+    length: (total / rowBytes) * cols,
+    parts,
+    get bytes(): Uint8Array {
+      if (made === null) {
+        made = new Uint8Array(total);
+        let at = 0;
+        for (const p of parts) {
+          copyBytes(made, at, p);
+          at += p.length;
+        }
+      }
+      return made;
+    },
+  };
+}
+
+/** Bytes a matrix takes, without making a stacked one's `bytes`. */
+export function matrixByteLength(m: Matrix): number {
+  return m instanceof Float32Array ? m.byteLength : matrixBytes(m.dtype, m.length);
+}
+
+/**
+ * Bytes from .. to of a packed matrix's row-major bytes into dst at `at`: from its parts when it
+ * has them (a mapped file's pages read, never touched: copyBytes), else from `bytes`.
+ */
+export function copyMatrixBytes(m: PackedMatrix, from: number, to: number, dst: Uint8Array, at: number): void {
+  if (m.parts === undefined) {
+    copyBytes(dst, at, m.bytes.subarray(from, to));
+    return;
+  }
+  let base = 0;
+  for (const p of m.parts) {
+    const lo = Math.max(from, base);
+    const hi = Math.min(to, base + p.length);
+    if (lo < hi) copyBytes(dst, at + lo - from, p.subarray(lo - base, hi - base));
+    base += p.length;
+    if (base >= to) break;
+  }
 }
 
 /** A weight matrix: plain f32 (what every loader can hand over) or packed. */
@@ -78,6 +133,14 @@ function quantizeQ8Row(src: Float32Array, from: number, cols: number, out: DataV
 /** m in `dtype` (m itself when it already is); rows of `cols` elements. */
 export function castMatrix(m: Matrix, dtype: DType, cols: number): Matrix {
   if (dtypeOf(m) === dtype) return m;
+  if (!(m instanceof Float32Array) && m.parts !== undefined && dtype !== "f32") {
+    // Part by part: only one part is ever widened at a time, and the result stays in parts.
+    const parts = m.parts.map((p) => {
+      const one = castMatrix({ dtype: m.dtype, cols, length: (p.length / matrixBytes(m.dtype, cols)) * cols, bytes: p }, dtype, cols) as PackedMatrix;
+      return one.bytes;
+    });
+    return stackedPacked(dtype, cols, parts);
+  }
   const src = m instanceof Float32Array ? m : dequantize(m);
   if (dtype === "f32") return src;
   if (src.length % cols !== 0) assert.fail(`matrix of ${src.length} elements is not whole rows of ${cols}`);

@@ -1,5 +1,5 @@
 import { kvDimOf, type ModelConfig, qDimOf, validateConfig } from "./config.ts";
-import { castMatrix, dtypeOf, type DType, type Matrix } from "./packed.ts";
+import { castMatrix, dtypeOf, type DType, type Matrix, matrixByteLength } from "./packed.ts";
 
 /**
  * Weights in llama2.c's run.c layout. Every matrix is row-major (out, in) so that
@@ -69,7 +69,10 @@ export const MATRICES = ["tokenEmbedding", "wq", "wk", "wv", "wo", "w1", "w2", "
 function isMatrix(a: unknown): a is Matrix {
   if (a instanceof Float32Array) return true;
   const p = a as { dtype?: unknown; bytes?: unknown };
-  return typeof a === "object" && a !== null && ["f16", "bf16", "q8_0"].includes(p.dtype as string) && p.bytes instanceof Uint8Array;
+  const p2 = a as { parts?: unknown };
+  return (
+    typeof a === "object" && a !== null && ["f16", "bf16", "q8_0"].includes(p.dtype as string) && (Array.isArray(p2.parts) || p.bytes instanceof Uint8Array)
+  );
 }
 
 /** Row length (the `in` axis) of each matrix. */
@@ -95,7 +98,7 @@ export function castWeights(cfg: ModelConfig, w: Weights<Matrix>, dtype: DType |
 export function weightsBytes(w: Weights<Matrix>): number {
   let bytes = 0;
   for (const t of new Set(Object.values(w) as (Matrix | undefined)[])) {
-    if (t !== undefined) bytes += t instanceof Float32Array ? t.byteLength : t.bytes.byteLength;
+    if (t !== undefined) bytes += matrixByteLength(t);
   }
   return bytes;
 }
