@@ -3,7 +3,7 @@ import { headDimOf, type ModelConfig, ropeFrequencies } from "./config.ts";
 import { type KernelOptions, MAX_PLACED_BYTES, MatmulKernel } from "./matmul.ts";
 import { dtypeOf, type Matrix, matrixBytes, stackedPacked } from "./packed.ts";
 import { stripLayoutBytes } from "./strip-layout.ts";
-import { MATRICES, matrixCols, type Weights } from "./weights.ts";
+import { type MATRICES, matrixCols, type Weights } from "./weights.ts";
 
 /**
  * A model in several kernel memories. A wasm32 memory holds 4 GiB, less the room the kernels'

@@ -38,7 +38,13 @@ describe("stacked matrices in parts", () => {
     test(`${dtype}: placing a stacked matrix reads its parts, never its whole bytes, and computes the same bits`, () => {
       const layers = layersOf(dtype);
       const whole: PackedMatrix = { dtype, cols: COLS, length: LAYERS * ROWS_PER_LAYER * COLS, bytes: Buffer.concat(layers.map((l) => l.bytes)) };
-      const { m, reads } = spied(stackedPacked(dtype, COLS, layers.map((l) => l.bytes)));
+      const { m, reads } = spied(
+        stackedPacked(
+          dtype,
+          COLS,
+          layers.map((l) => l.bytes),
+        ),
+      );
       expect(m.length).toBe(whole.length);
       expect(matrixByteLength(m)).toBe(whole.bytes.length);
       const a = new MatmulKernel([{ matrix: m, cols: COLS }], { threads: 2 });
@@ -59,13 +65,21 @@ describe("stacked matrices in parts", () => {
 
   test("a layer slice of a stacked matrix is its parts, and a cast goes part by part", () => {
     const layers = layersOf("f16");
-    const m = stackedPacked("f16", COLS, layers.map((l) => l.bytes));
+    const m = stackedPacked(
+      "f16",
+      COLS,
+      layers.map((l) => l.bytes),
+    );
     const s = layerSlice(m, COLS, LAYERS, 1, 3) as PackedMatrix;
     expect(s.parts).toEqual([layers[1]!.bytes, layers[2]!.bytes]);
     expect(s.length).toBe(2 * ROWS_PER_LAYER * COLS);
     const q = castMatrix(m, "q8_0", COLS) as PackedMatrix;
     expect(q.parts?.length).toBe(LAYERS);
-    const wholeQ = castMatrix({ dtype: "f16", cols: COLS, length: m.length, bytes: Buffer.concat(layers.map((l) => l.bytes)) } as Matrix, "q8_0", COLS) as PackedMatrix;
+    const wholeQ = castMatrix(
+      { dtype: "f16", cols: COLS, length: m.length, bytes: Buffer.concat(layers.map((l) => l.bytes)) } as Matrix,
+      "q8_0",
+      COLS,
+    ) as PackedMatrix;
     expect(Buffer.from(q.bytes).equals(Buffer.from(wholeQ.bytes))).toBe(true);
   });
 });
