@@ -1,4 +1,5 @@
 import { kvDimOf, type ModelConfig, qDimOf, validateConfig } from "./config.ts";
+import { LoadProgress } from "./load-progress.ts";
 import { castMatrix, dtypeOf, type DType, type Matrix, matrixByteLength } from "./packed.ts";
 
 /**
@@ -84,13 +85,33 @@ export function matrixCols(cfg: ModelConfig, k: (typeof MATRICES)[number]): numb
  * The weights with every matrix in `dtype` (`as-stored` keeps each as it is). A shared
  * classifier stays shared: the embedding is then read from the packed rows.
  */
-export function castWeights(cfg: ModelConfig, w: Weights<Matrix>, dtype: DType | "as-stored"): Weights<Matrix> {
+export function castWeights(
+  cfg: ModelConfig,
+  w: Weights<Matrix>,
+  dtype: DType | "as-stored",
+  progress?: (line: string) => void,
+  now?: () => number,
+): Weights<Matrix> {
   if (dtype === "as-stored") return w;
   const out = { ...w };
+  const todo = MATRICES.filter((k) => dtypeOf(w[k]) !== dtype && !(k === "wcls" && w.wcls === w.tokenEmbedding));
+  // A conversion of a big model takes a while: say so (at most once a second), as a slow load does.
+  const line = new LoadProgress(
+    `${cfg.name} to ${dtype}`,
+    todo.reduce((n, k) => n + matrixByteLength(w[k]), 0),
+    progress,
+    now,
+    ["converting", "converted"],
+  );
   for (const k of MATRICES) {
     if (k === "wcls" && w.wcls === w.tokenEmbedding) out.wcls = out.tokenEmbedding;
-    else out[k] = castMatrix(w[k], dtype, matrixCols(cfg, k));
+    else if (todo.includes(k)) {
+      const parts = !(w[k] instanceof Float32Array) && w[k].parts !== undefined;
+      out[k] = castMatrix(w[k], dtype, matrixCols(cfg, k), (n) => line.add(n));
+      if (!parts) line.add(matrixByteLength(w[k]));
+    }
   }
+  line.finish();
   return out;
 }
 
