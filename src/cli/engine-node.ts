@@ -28,6 +28,7 @@ import {
 import { KvPool } from "../pool/index.ts";
 import { KvReceiver, RoutingTransport, serveDataPlane, serveKv, type DataPlaneServer, type KvServer } from "../transfer/index.ts";
 import { blockPayloadBytes, type KvShape } from "../codec/index.ts";
+import { ConfigError } from "./options.ts";
 
 /** A model ready to serve: what forward needs, how text maps to tokens, the KV shape per layer. */
 export interface ServedModel {
@@ -226,9 +227,19 @@ export function servedModelOf(
 
 /** The engine's KV pool: in the model kernels' memory when the model has room (attention reads it in place), else a slab of its own. */
 export async function kvPoolFor(model: ServedModel, shape: KvShape, numBlocks: number): Promise<KvPool> {
-  const room = (await model.kvSlab?.(numBlocks * blockPayloadBytes(shape))) ?? null;
+  const bytes = numBlocks * blockPayloadBytes(shape);
+  if (bytes > MAX_KV_POOL_BYTES) {
+    const most = Math.floor(MAX_KV_POOL_BYTES / blockPayloadBytes(shape));
+    throw new ConfigError(
+      `--num-blocks ${numBlocks}: a KV pool of ${(bytes / 2 ** 30).toFixed(2)} GiB (${blockPayloadBytes(shape)} bytes a block for this model) is past the 4 GiB one buffer holds; at most ${most} blocks`,
+    );
+  }
+  const room = (await model.kvSlab?.(bytes)) ?? null;
   return new KvPool(shape, numBlocks, room ?? { shared: model.sharedSlab === true });
 }
+
+/** One ArrayBuffer holds at most 4 GiB in Bun (a larger one throws "Out of memory"), and the pool is one. */
+const MAX_KV_POOL_BYTES = 2 ** 32;
 
 let nodeCounter = 0;
 const CONTROL_MESSAGE_BYTES = 4 * 1024 * 1024;

@@ -1,3 +1,4 @@
+import type { FileBytes } from "./mapped-file.ts";
 import { byteLengthOf, DTYPE_BLOCK, elementCount, type RawDtype, type RawTensor } from "./raw-tensor.ts";
 
 /** "GGUF" read as a little-endian uint32. */
@@ -179,9 +180,10 @@ class Reader {
 /**
  * Reads a GGUF v2/v3 header: metadata, tensor infos, alignment and data offset. Tensor bytes
  * are not touched; `ggufTensor` makes a view of one. Every tensor's extent is checked to lie
- * inside the file.
+ * inside the file. `bytes` holds the header (the file's start, or all of it); `fileLength` is
+ * the whole file's, when `bytes` is only its first window (a file past one mapping).
  */
-export function parseGguf(bytes: Uint8Array, file: string): GgufFile {
+export function parseGguf(bytes: Uint8Array, file: string, fileLength = bytes.length): GgufFile {
   const r = new Reader(bytes, file);
   if (bytes.length < 24 || r.u32() !== GGUF_MAGIC) throw new Error(`GGUF ${file}: no GGUF magic`);
   const version = r.u32();
@@ -201,7 +203,7 @@ export function parseGguf(bytes: Uint8Array, file: string): GgufFile {
     const dims: number[] = [];
     for (let d = 0; d < nDims; d++) dims.push(r.size(`tensor ${name} dimension`, Number.MAX_SAFE_INTEGER));
     const type = r.u32();
-    const offset = r.size(`tensor ${name} offset`, bytes.length);
+    const offset = r.size(`tensor ${name} offset`, fileLength);
     tensors.push({ name, shape: dims.reverse(), type, offset });
   }
   const align = meta.get("general.alignment") ?? GGUF_DEFAULT_ALIGNMENT;
@@ -218,7 +220,7 @@ export function parseGguf(bytes: Uint8Array, file: string): GgufFile {
     if (rowLen % DTYPE_BLOCK[dt].elems !== 0)
       throw new Error(`GGUF ${file}: tensor ${t.name} rows of ${rowLen} are not whole ${ggmlTypeName(t.type)} blocks of ${DTYPE_BLOCK[dt].elems}`);
     const end = dataOffset + t.offset + byteLengthOf(dt, elementCount(t.shape), t.name);
-    if (end > bytes.length) throw new Error(`GGUF ${file}: tensor ${t.name} ends at byte ${end}, past the file's ${bytes.length}`);
+    if (end > fileLength) throw new Error(`GGUF ${file}: tensor ${t.name} ends at byte ${end}, past the file's ${fileLength}`);
   }
   return { version, meta, tensors, alignment: align, dataOffset };
 }
@@ -267,7 +269,7 @@ function readValue(r: Reader, type: number, key: string, depth: number): GgufVal
 }
 
 /** A view of one readable tensor's bytes (parseGguf has checked it lies inside the file). */
-export function ggufTensor(bytes: Uint8Array, g: GgufFile, info: GgufTensorInfo): RawTensor {
+export function ggufTensor(bytes: FileBytes, g: GgufFile, info: GgufTensorInfo): RawTensor {
   const dtype = ggmlDtype(info.type);
   if (dtype === null) throw new Error(`tensor ${info.name} has type ${ggmlTypeName(info.type)}: supported ${GGUF_READABLE_TYPES}`);
   const start = g.dataOffset + info.offset;

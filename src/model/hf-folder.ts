@@ -2,7 +2,7 @@ import { existsSync, readFileSync } from "node:fs";
 import { basename, join } from "node:path";
 import type { TensorSource } from "./assemble-weights.ts";
 import { hfModelSpec, idList } from "./hf-config.ts";
-import { mapFile } from "./mapped-file.ts";
+import { mapFileBytes } from "./mapped-file.ts";
 import type { ModelSpec } from "./model-spec.ts";
 import type { RawTensor } from "./raw-tensor.ts";
 import { parseSafetensors } from "./safetensors.ts";
@@ -68,7 +68,7 @@ export function hfTensorSource(dir: string): TensorSource & { totalBytes: number
   const byName = new Map<string, RawTensor>();
   let totalBytes = 0;
   const load = (file: string) => {
-    const bytes = mapFile(join(dir, file));
+    const bytes = mapFileBytes(join(dir, file));
     totalBytes += bytes.length;
     return parseSafetensors(bytes, join(dir, file));
   };
