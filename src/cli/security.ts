@@ -3,6 +3,7 @@ import { speaksFor, type PeerRole } from "../rpc/peer-identity.ts";
 import { TlsConfigError, TlsSource } from "../rpc/tls-config.ts";
 import { apiKeysFrom } from "../http/front-door.ts";
 import { ConfigError, type Section } from "./options.ts";
+import { quote } from "../codec/index.ts";
 
 export type TlsMode = "mtls" | "plaintext";
 
@@ -43,7 +44,7 @@ export function securityFrom(section: Section, role: PeerRole, hosts: readonly s
     if (self.role !== role) throw new ConfigError(`tls_cert ${files.cert} names role ${self.role}; this process runs as ${role}`);
     if (workerId && !speaksFor(self, workerId))
       throw new ConfigError(
-        `worker_id ${JSON.stringify(workerId)} differs from the certificate's ${JSON.stringify(self.workerId)} (the registry only takes heartbeats for the certificate's own id)`,
+        `worker_id ${quote(workerId)} differs from the certificate's ${quote(self.workerId)} (the registry only takes heartbeats for the certificate's own id)`,
       );
   }
   const open = hosts.filter((h) => !isLoopback(h));

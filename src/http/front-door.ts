@@ -1,5 +1,6 @@
 import { createHash, timingSafeEqual } from "node:crypto";
 import { errorResponse, HttpError } from "./errors.ts";
+import { quote } from "../codec/index.ts";
 
 export type Handler = (req: Request) => Promise<Response> | Response;
 
@@ -33,7 +34,7 @@ export function frontDoor(handler: Handler, opts: FrontDoorOptions = {}): Handle
     if (req.body === null) return handler(req);
     const declared = req.headers.get("content-length");
     if (declared !== null) {
-      if (!/^\d+$/.test(declared)) return errorResponse(new HttpError(400, `content-length ${JSON.stringify(declared.slice(0, 32))}: not a byte count`));
+      if (!/^\d+$/.test(declared)) return errorResponse(new HttpError(400, `content-length ${quote(declared)}: not a byte count`));
       if (Number(declared) > max) return tooLarge(`${declared} bytes`, max);
       return handler(req);
     }

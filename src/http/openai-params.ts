@@ -1,6 +1,7 @@
 import { log } from "../obs/index.ts";
 import type { CompletionKind } from "./completion-request.ts";
 import { HttpError } from "./errors.ts";
+import { quote } from "../codec/index.ts";
 
 /**
  * Every request field of OpenAI's chat and completions APIs and of vLLM's extras, and
@@ -122,7 +123,7 @@ const REFUSED: Record<CompletionKind, ReadonlyMap<string, Refusal>> = {
 /** Checks the identity fields' shapes (they change nothing, so they must at least be what OpenAI allows). */
 function checkIdentity(key: string, v: unknown): string | null {
   if (key === "store") return v === false ? null : "store: true is not supported (nothing is stored)";
-  if (key === "service_tier") return v === "auto" || v === "default" ? null : `service_tier ${JSON.stringify(v)} is not supported; "auto" or "default"`;
+  if (key === "service_tier") return v === "auto" || v === "default" ? null : `service_tier ${quote(v)} is not supported; "auto" or "default"`;
   if (key === "metadata") {
     const ok =
       typeof v === "object" &&

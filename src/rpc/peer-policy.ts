@@ -1,4 +1,5 @@
 import { formatIdentity, PEER_ROLES, speaksFor, type PeerIdentity, type PeerRole } from "./peer-identity.ts";
+import { quote } from "../codec/index.ts";
 
 /**
  * Which certificate roles may call which internal method. A `both` engine plays
@@ -46,7 +47,7 @@ export function refusal(method: string, peer: PeerIdentity | null, workerId?: st
     return { unauthenticated: false, message: `${method}: role ${peer.role} may not call it (allowed: ${rule.roles.join(", ")})` };
   }
   if (rule.sameWorker && workerId !== undefined && !speaksFor(peer, workerId)) {
-    return { unauthenticated: false, message: `${method}: ${formatIdentity(peer)} may not speak for worker ${JSON.stringify(workerId ?? "")}` };
+    return { unauthenticated: false, message: `${method}: ${formatIdentity(peer)} may not speak for worker ${quote(workerId ?? "")}` };
   }
   return null;
 }
