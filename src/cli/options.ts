@@ -1,6 +1,7 @@
 import { readFileSync } from "node:fs";
 import { availableParallelism } from "node:os";
 import { quote } from "../codec/index.ts";
+import { HTTP_LIMITS } from "../http/index.ts";
 
 export type Role = "prefill" | "decode" | "both" | "gateway";
 export const ROLES: readonly Role[] = ["prefill", "decode", "both", "gateway"];
@@ -34,6 +35,34 @@ function securityOptions(section: Spec["section"]): Spec[] {
     { section, key: "api_key", kind: "list", dflt: [], help: "Bearer key required on the HTTP API (repeatable; TL_API_KEY also read, comma-separated)" },
     { section, key: "metrics_need_key", kind: "bool", dflt: false, help: "put /metrics behind the API key too" },
     { section, key: "max_request_bytes", kind: "int", dflt: 4194304, help: "largest HTTP request body (413 beyond it)" },
+    {
+      section,
+      key: "http_headers_timeout_s",
+      kind: "int",
+      dflt: HTTP_LIMITS.headersTimeoutS,
+      help: "seconds an HTTP client has to send a request's headers (408 after), and an idle keep-alive connection lasts",
+    },
+    {
+      section,
+      key: "http_body_timeout_s",
+      kind: "int",
+      dflt: HTTP_LIMITS.bodyTimeoutS,
+      help: "seconds an HTTP client has to send a request's whole body (408 after)",
+    },
+    {
+      section,
+      key: "http_max_connections",
+      kind: "int",
+      dflt: HTTP_LIMITS.maxConnections,
+      help: "most HTTP client connections open at once (more are closed unread; each holds two descriptors)",
+    },
+    {
+      section,
+      key: "http_health_reserve",
+      kind: "uint",
+      dflt: HTTP_LIMITS.healthReserve,
+      help: "of http_max_connections, how many only /health and /health/live may take (others get 503 past the rest)",
+    },
   ];
 }
 

@@ -124,7 +124,10 @@ describe("requests", () => {
       expect(res.status).toBeLessThan(500);
       expectSafe(j.error.message);
     }
-    const chat = await fetch(`http://${E.httpAddress}/v1/chat/completions`, { method: "POST", body: JSON.stringify({ messages: [{ role: big, content: "x" }] }) });
+    const chat = await fetch(`http://${E.httpAddress}/v1/chat/completions`, {
+      method: "POST",
+      body: JSON.stringify({ messages: [{ role: big, content: "x" }] }),
+    });
     expectSafe(((await chat.json()) as { error: { message: string } }).error.message);
     const path = await fetch(`http://${E.httpAddress}/${"p".repeat(6000)}`);
     expectSafe(((await path.json()) as { error: { message: string } }).error.message);
