@@ -265,7 +265,7 @@ export function applyToml(c: Config, path: string): void {
     if (typeof body !== "object" || body === null || Array.isArray(body)) throw new ConfigError(`config ${path}: ${table} must be a table`);
     for (const [key, value] of Object.entries(body)) {
       const spec = SPECS.find((s) => s.section === table && s.key === key);
-      if (!spec) throw new ConfigError(`config ${path}: unknown key ${table}.${key}`);
+      if (!spec) throw new ConfigError(`config ${path}: unknown key ${quote(`${table}.${key}`)}`);
       c[table][key] = coerce(spec, value, `config ${path}:`);
       c.given.add(`${table}.${key}`);
     }
