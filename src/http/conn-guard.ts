@@ -18,7 +18,9 @@ import { join } from "node:path";
  *
  * An admitted connection is spliced, bytes as they come both ways, to Bun.serve on a Unix
  * socket in a directory only this process can enter, so nothing reaches the server past these
- * checks. Each admitted connection holds two descriptors.
+ * checks. Each admitted connection holds two descriptors. The hop costs ~30 us a request (0.047
+ * against 0.016 ms, 8 kept-alive clients) and 1.24x the wall time of 20 streams of 200 SSE events
+ * on loopback (bench/http-guard.ts, on a 2-core Xeon at load 16): small beside a forward pass.
  */
 export interface ConnGuardOptions {
   host: string;
