@@ -40,7 +40,7 @@ function securityOptions(section: Spec["section"]): Spec[] {
       key: "http_headers_timeout_s",
       kind: "int",
       dflt: HTTP_LIMITS.headersTimeoutS,
-      help: "seconds an HTTP client has to send a request's headers (408 after), and an idle keep-alive connection lasts",
+      help: "seconds an HTTP client has to send a request's headers (408 after)",
     },
     {
       section,

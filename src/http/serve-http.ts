@@ -12,7 +12,7 @@ export interface HttpServer {
 export interface ServeHttpOptions extends FrontDoorOptions {
   host?: string;
   port?: number;
-  /** The first request's headers within this (408 after), and later requests' and idle keep-alive within it too. */
+  /** A request's headers within this: the first one's 408 after it (the guard), a later one's connection cut (Bun.serve's idle timeout). */
   headersTimeoutS?: number;
   /** Most client connections open at once (each holds two descriptors: the client's and the splice's). */
   maxConnections?: number;
@@ -33,8 +33,9 @@ const RESPONSE_IDLE_S = 255;
  * Every HTTP listener: the connection guard (conn-guard.ts: a cap on connections with a reserve
  * for /health, the first headers' deadline) on host:port in front of Bun.serve on a private Unix
  * socket; every request passes the front door (API key, body bound and deadline) before `handler`.
- * Bun.serve's own idle timeout is the headers deadline of later requests on a connection and of
- * idle keep-alive; a request's body gets the body deadline, its response RESPONSE_IDLE_S.
+ * Bun.serve's own idle timeout is the headers deadline of later requests on a connection; a
+ * request's body gets the body deadline, its response RESPONSE_IDLE_S, and the guard closes a
+ * connection quiet both ways that long (an idle keep-alive one among them).
  */
 export async function serveHttp(handler: (req: Request) => Promise<Response> | Response, opts: ServeHttpOptions = {}): Promise<HttpServer> {
   const host = opts.host ?? "127.0.0.1";
