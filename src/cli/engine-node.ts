@@ -5,7 +5,7 @@ import { controlService, type ControlContext } from "../control/control-service.
 import { Engine, type ModelRunner } from "../engine/index.ts";
 import { EngineControl } from "../gen/tl/engine/v1/engine_pb.ts";
 import type { TlsSource } from "../rpc/tls-config.ts";
-import { engineHttpHandler, serveHttp, type FrontDoorOptions, type HttpServer, type RequestEnd } from "../http/index.ts";
+import { engineHttpHandler, serveHttp, type HttpListenerOptions, type HttpServer, type RequestEnd } from "../http/index.ts";
 import {
   holdWeights,
   kvShapeOf,
@@ -105,7 +105,7 @@ export interface EngineNodeOptions {
   onRequestEnd?: (info: RequestEnd) => void;
   extraRoutes?: (req: Request, url: URL) => Promise<Response | null> | Response | null;
   /** API keys and the body bound of the engine's own HTTP port. */
-  frontDoor?: FrontDoorOptions;
+  frontDoor?: HttpListenerOptions;
   /** Mutual TLS on EngineControl, KvTransfer and the data plane, and toward the gateway and decode engines. */
   tls?: TlsSource | null;
   onTransfer?: ControlContext["onTransfer"];
@@ -319,7 +319,7 @@ export async function startEngineNode(opts: EngineNodeOptions): Promise<EngineNo
       { host, port: opts.grpcPort ?? 0, tls, maxMessageBytes: CONTROL_MESSAGE_BYTES },
     );
     closers.push(() => grpc.close());
-    const http: HttpServer = serveHttp(
+    const http: HttpServer = await serveHttp(
       engineHttpHandler({
         engine,
         tokenizer: model.tokenizer,

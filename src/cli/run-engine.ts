@@ -180,7 +180,7 @@ export async function runGateway(config: Config): Promise<Gateway> {
 }
 
 function frontDoorOf(s: Security) {
-  return { apiKeys: s.apiKeys, metricsNeedKey: s.metricsNeedKey, maxRequestBytes: s.maxRequestBytes };
+  return { apiKeys: s.apiKeys, metricsNeedKey: s.metricsNeedKey, maxRequestBytes: s.maxRequestBytes, ...s.http };
 }
 
 function modelFields(node: EngineNode): Record<string, unknown> {

@@ -4,6 +4,7 @@ import { dequantize, dtypeOf, type DType, type Matrix, matrixBytes, type PackedM
 import { byteLengthOf, elementCount, type RawTensor, toFloat32 } from "./raw-tensor.ts";
 import { splitHalfToInterleaved, splitHalfToInterleavedBytes } from "./rope-order.ts";
 import { type DenseWeightName, validateWeights, type Weights, weightsBytes } from "./weights.ts";
+import { quote } from "../codec/index.ts";
 
 /** Where named tensors come from (one safetensors file, several shards, a GGUF file). */
 export interface TensorSource {
@@ -110,7 +111,7 @@ export function assembleWeights(
     const t = src.get(name);
     if (t === undefined) throw new Error(`${cfg.name}: tensor ${name} is missing`);
     if (t.shape.length !== shape.length || t.shape.some((d, i) => d !== shape[i])) {
-      throw new Error(`${cfg.name}: tensor ${name} has shape ${JSON.stringify(t.shape)}, want ${JSON.stringify(shape)}`);
+      throw new Error(`${cfg.name}: tensor ${name} has shape ${quote(t.shape)}, want ${quote(shape)}`);
     }
     used.add(name);
     dtypes.add(t.dtype);
@@ -196,7 +197,7 @@ function packedTarget(dtype: DType | "as-stored", stored: ReadonlySet<string>): 
  */
 function packedBytesOf(t: RawTensor, model: string): Uint8Array {
   const want = byteLengthOf(t.dtype, elementCount(t.shape), t.name);
-  if (t.bytes.length !== want) throw new Error(`${model}: tensor ${t.name}: ${t.bytes.length} bytes, want ${want} for ${t.dtype} ${JSON.stringify(t.shape)}`);
+  if (t.bytes.length !== want) throw new Error(`${model}: tensor ${t.name}: ${t.bytes.length} bytes, want ${want} for ${t.dtype} ${quote(t.shape)}`);
   return t.bytes.byteOffset % 2 === 0 ? t.bytes : t.bytes.slice();
 }
 

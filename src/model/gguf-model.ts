@@ -7,6 +7,7 @@ import type { ModelSpec } from "./model-spec.ts";
 import { UnsupportedModelError } from "./model-spec.ts";
 import { toFloat32 } from "./raw-tensor.ts";
 import type { GgufTokenizerMeta, TokenizerSource } from "./tokenizer-source.ts";
+import { quote } from "../codec/index.ts";
 
 export interface GgufModelFile {
   file: string;
@@ -23,7 +24,7 @@ export function openGgufModel(file: string, maxSeqLen?: number): GgufModelFile {
   const bad = new Map<string, string>();
   for (const t of gguf.tensors) if (ggmlDtype(t.type) === null && !bad.has(ggmlTypeName(t.type))) bad.set(ggmlTypeName(t.type), t.name);
   if (bad.size > 0) {
-    const list = [...bad].map(([type, name]) => `${type} (e.g. ${name})`).join(", ");
+    const list = [...bad].map(([type, name]) => `${type} (e.g. ${quote(name)})`).join(", ");
     throw new UnsupportedModelError(
       `--model ${file}: a GGUF file with ${[...bad.keys()].join(", ")} tensors: ${list}; supported tensor types: ${GGUF_READABLE_TYPES}`,
     );

@@ -1,5 +1,6 @@
 import type { FileBytes } from "./mapped-file.ts";
 import { byteLengthOf, elementCount, type RawDtype, type RawTensor } from "./raw-tensor.ts";
+import { quote } from "../codec/index.ts";
 
 /** safetensors' own reader refuses headers above 100 MB; so do we, before parsing any of it. */
 export const MAX_SAFETENSORS_HEADER = 100 * 1024 * 1024;
@@ -55,21 +56,21 @@ interface DataSection {
 }
 
 function tensorOf(name: string, entry: unknown, data: DataSection, file: string): { tensor: RawTensor; from: number; to: number } {
-  const where = `safetensors ${file}: tensor ${name}`;
+  const where = `safetensors ${file}: tensor ${quote(name)}`;
   if (typeof entry !== "object" || entry === null) throw new Error(`${where}: entry is not an object`);
   const { dtype, shape, data_offsets: offs } = entry as Record<string, unknown>;
   if (typeof dtype !== "string") throw new Error(`${where}: dtype missing`);
   const dt = DTYPES[dtype];
-  if (dt === undefined) throw new Error(`${where} has dtype ${dtype}: supported ${Object.keys(DTYPES).join(", ")}`);
+  if (dt === undefined) throw new Error(`${where} has dtype ${quote(dtype)}: supported ${Object.keys(DTYPES).join(", ")}`);
   if (!Array.isArray(shape) || shape.length > 8 || !shape.every((d) => Number.isSafeInteger(d) && d >= 0)) {
-    throw new Error(`${where}: shape ${JSON.stringify(shape)} is not a list of at most 8 non-negative integers`);
+    throw new Error(`${where}: shape ${quote(shape)} is not a list of at most 8 non-negative integers`);
   }
   if (!Array.isArray(offs) || offs.length !== 2 || !offs.every((o) => Number.isSafeInteger(o) && o >= 0) || offs[0] > offs[1] || offs[1] > data.length) {
-    throw new Error(`${where}: data_offsets ${JSON.stringify(offs)} outside the ${data.length}-byte data section`);
+    throw new Error(`${where}: data_offsets ${quote(offs)} outside the ${data.length}-byte data section`);
   }
   const elems = elementCount(shape as number[]);
   const want = byteLengthOf(dt, elems, name);
-  if (offs[1] - offs[0] !== want) throw new Error(`${where}: ${offs[1] - offs[0]} bytes, want ${want} for ${dtype} ${JSON.stringify(shape)}`);
+  if (offs[1] - offs[0] !== want) throw new Error(`${where}: ${offs[1] - offs[0]} bytes, want ${want} for ${dtype} ${quote(shape)}`);
   const tensor = { name, dtype: dt, shape: shape as number[], bytes: data.bytes.subarray(data.start + offs[0], data.start + offs[1]) };
   return { tensor, from: offs[0], to: offs[1] };
 }
