@@ -1,5 +1,5 @@
 import { log } from "../obs/index.ts";
-import { GrpcRegistry, Heartbeat, receivesKv, type EngineRole } from "../control/index.ts";
+import { GatewayBeats, GrpcRegistry, parseRegistryTargets, receivesKv, type EngineRole, type Resolver } from "../control/index.ts";
 import { serveGrpc, type GrpcServer } from "../rpc/index.ts";
 import { controlService, type ControlContext } from "../control/control-service.ts";
 import { Engine, type ModelRunner } from "../engine/index.ts";
@@ -25,7 +25,7 @@ import {
   type Tokenizer,
   type WeightStats,
 } from "../model/index.ts";
-import { KvPool } from "../pool/index.ts";
+import { KvEventLog, KvPool } from "../pool/index.ts";
 import { KvReceiver, RoutingTransport, serveDataPlane, serveKv, type DataPlaneServer, type KvServer } from "../transfer/index.ts";
 import { blockPayloadBytes, type KvShape } from "../codec/index.ts";
 
@@ -87,8 +87,16 @@ export interface EngineNodeOptions {
   handleTtlS?: number;
   /** Decode side: a push silent this long is aborted and freed (default 10 000 ms). */
   pushIdleTimeoutMs?: number;
-  /** host:port of the gateway's WorkerRegistry; no heartbeat without it. */
+  /**
+   * The gateways' WorkerRegistry: a comma-separated list of host:port and dns:host:port (a
+   * name re-resolved every interval to all its addresses); one heartbeat loop per address.
+   * No heartbeat without it.
+   */
   gatewayRegistry?: string;
+  /** Resolves dns: entries of gatewayRegistry (tests inject one); default the system's. */
+  resolver?: Resolver;
+  /** Report the KV pool's stored and evicted blocks in every beat (roles that receive KV; default true). */
+  kvEvents?: boolean;
   heartbeatIntervalMs?: number;
   heartbeatTimeoutMs?: number;
   /** Prefill side: push over the binary data plane when the decode engine offers one. */
@@ -119,7 +127,10 @@ export interface EngineNode {
   readonly pool: KvPool;
   readonly receiver: KvReceiver | null;
   readonly model: ServedModel;
-  readonly heartbeat: Heartbeat | null;
+  /** The beats to every gateway replica. */
+  readonly heartbeat: GatewayBeats | null;
+  /** The pool's KV events, reported to the gateways (roles that receive KV). */
+  readonly kvEvents: KvEventLog | null;
   /** Stops admitting, waits for in-flight work up to the deadline, then stops every server. */
   shutdown(deadlineMs?: number): Promise<number>;
 }
@@ -316,12 +327,17 @@ export async function startEngineNode(opts: EngineNodeOptions): Promise<EngineNo
       { ...opts.frontDoor, host, port: opts.httpPort ?? 0 },
     );
     closers.push(() => http.stop());
-    let heartbeat: Heartbeat | null = null;
+    let heartbeat: GatewayBeats | null = null;
+    // What the gateways route on: the blocks this engine actually holds (a prefill-only engine's
+    // cache is never a decode target, so it reports nothing).
+    const kvEvents = receivesKv(role) && opts.kvEvents !== false ? KvEventLog.watching(pool) : null;
+    if (kvEvents) closers.push(async () => pool.watch(null));
     if (opts.gatewayRegistry) {
-      const registry = new GrpcRegistry(opts.gatewayRegistry, opts.heartbeatTimeoutMs ?? 1000, tls ?? undefined);
-      heartbeat = Heartbeat.spawn(
-        registry,
-        {
+      const timeoutMs = opts.heartbeatTimeoutMs ?? 1000;
+      heartbeat = await GatewayBeats.start({
+        targets: parseRegistryTargets(opts.gatewayRegistry),
+        dial: (address) => new GrpcRegistry(address, timeoutMs, tls ?? undefined),
+        identity: {
           workerId,
           httpAddress: advertised(http.address),
           grpcAddress: advertised(grpc.address),
@@ -333,11 +349,17 @@ export async function startEngineNode(opts: EngineNodeOptions): Promise<EngineNo
           vocabSize: model.tokenizer.vocabSize,
           tokenizerFingerprint: fingerprint,
         },
-        () => ({ queueDepth: engine.queueDepth, running: engine.runningCount, freeBlocks: pool.total - pool.used, draining: engine.isDraining }),
-        opts.heartbeatIntervalMs ?? 2000,
-        opts.heartbeatTimeoutMs ?? 1000,
-        () => void engine.drain(0),
-      );
+        load: () => ({ queueDepth: engine.queueDepth, running: engine.runningCount, freeBlocks: pool.total - pool.used, draining: engine.isDraining }),
+        intervalMs: opts.heartbeatIntervalMs ?? 2000,
+        timeoutMs,
+        onDrain: () => void engine.drain(0),
+        ...(kvEvents ? { events: { log: kvEvents, named: () => pool.namedHashes() } } : {}),
+        onGatewayGone: (gatewayId) => {
+          const n = receiver?.releaseOwner(gatewayId) ?? 0;
+          log.info("gateway gone", { worker_id: workerId, gateway_id: gatewayId, handles_released: n });
+        },
+        ...(opts.resolver ? { resolver: opts.resolver } : {}),
+      });
       closers.push(() => heartbeat!.stop());
     }
     // Every forward fails from now on: stop taking requests and tell the gateway at once.
@@ -358,6 +380,7 @@ export async function startEngineNode(opts: EngineNodeOptions): Promise<EngineNo
       receiver,
       model,
       heartbeat,
+      kvEvents,
       shutdown(deadlineMs = 0) {
         down ??= (async () => {
           const draining = engine.drain(deadlineMs);

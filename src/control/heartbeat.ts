@@ -1,4 +1,5 @@
 import type { HeartbeatAck, WorkerStatus } from "../gen/tl/control/v1/control_pb.ts";
+import type { KvEventFeed } from "./kv-event-feed.ts";
 import { workerStatus, type WorkerIdentity, type WorkerLoad } from "./worker-status.ts";
 
 /** The gateway's WorkerRegistry as an engine sees it. */
@@ -15,10 +16,26 @@ export interface BeatState {
   /** Set by the first ack that asks for a drain and never cleared: the engine remembers it. */
   drainRequested: boolean;
   intervalMs: number;
+  /** The gateway replica the last ack came from (HeartbeatAck.gateway_id; "" before one, or once it is gone). */
+  gatewayId: string;
 }
 
 export function newBeatState(intervalMs: number): BeatState {
-  return { failures: 0, seq: 0n, drainRequested: false, intervalMs };
+  return { failures: 0, seq: 0n, drainRequested: false, intervalMs, gatewayId: "" };
+}
+
+/** What a beat loop does beyond saying how the engine is: its KV events, and who to tell a gateway is gone. */
+export interface HeartbeatExtras {
+  /** This gateway's cursor into the engine's KV events; none: the beats carry no events. */
+  events?: KvEventFeed;
+  /**
+   * The gateway replica `gatewayId` is gone: `goneAfterFailures` beats in a row failed, or
+   * another replica now answers at its address, or the loop stopped for good (its address
+   * left the list). The engine frees the handles that replica asked for and never claimed.
+   */
+  onGatewayGone?: (gatewayId: string) => void;
+  /** Failed beats in a row after which the gateway counts as gone (default 3, the registry's own eviction). */
+  goneAfterFailures?: number;
 }
 
 /**
@@ -27,7 +44,14 @@ export function newBeatState(intervalMs: number): BeatState {
  * aborted through its signal. Aborting `signal` (a stopping loop) ends it at
  * once without counting a failure.
  */
-export async function beatOnce(registry: Registry, status: WorkerStatus, timeoutMs: number, state: BeatState, signal?: AbortSignal): Promise<boolean> {
+export async function beatOnce(
+  registry: Registry,
+  status: WorkerStatus,
+  timeoutMs: number,
+  state: BeatState,
+  signal?: AbortSignal,
+  onAck?: (ack: HeartbeatAck) => void,
+): Promise<boolean> {
   if (signal?.aborted) return false;
   const call = new AbortController();
   const onStop = () => call.abort(signal?.reason);
@@ -42,6 +66,7 @@ export async function beatOnce(registry: Registry, status: WorkerStatus, timeout
     state.failures = 0;
     if (ack.drain) state.drainRequested = true;
     if (ack.intervalMs > 0) state.intervalMs = ack.intervalMs;
+    onAck?.(ack);
     return true;
   } catch {
     if (!signal?.aborted) state.failures++;
@@ -68,12 +93,21 @@ export class Heartbeat {
     intervalMs: number,
     private readonly timeoutMs: number,
     private readonly onDrain?: () => void,
+    private readonly extras: HeartbeatExtras = {},
   ) {
     this.state = newBeatState(intervalMs);
   }
 
-  static spawn(registry: Registry, identity: WorkerIdentity, loadFn: () => WorkerLoad, intervalMs = 2000, timeoutMs = 1000, onDrain?: () => void): Heartbeat {
-    const hb = new Heartbeat(registry, identity, loadFn, intervalMs, timeoutMs, onDrain);
+  static spawn(
+    registry: Registry,
+    identity: WorkerIdentity,
+    loadFn: () => WorkerLoad,
+    intervalMs = 2000,
+    timeoutMs = 1000,
+    onDrain?: () => void,
+    extras?: HeartbeatExtras,
+  ): Heartbeat {
+    const hb = new Heartbeat(registry, identity, loadFn, intervalMs, timeoutMs, onDrain, extras);
     hb.loop = hb.run();
     return hb;
   }
@@ -89,6 +123,32 @@ export class Heartbeat {
   async stop(): Promise<void> {
     this.stopper.abort(new Error("heartbeat stopped"));
     await this.loop;
+  }
+
+  /** Ends the loop for good because its gateway left the list: that replica counts as gone. */
+  async retire(): Promise<void> {
+    await this.stop();
+    this.gone();
+  }
+
+  private gone(): void {
+    const id = this.state.gatewayId;
+    if (id === "") return;
+    this.state.gatewayId = "";
+    try {
+      this.extras.onGatewayGone?.(id);
+    } catch (err) {
+      console.error("heartbeat: onGatewayGone threw:", err);
+    }
+  }
+
+  private acked(ack: HeartbeatAck): void {
+    if (ack.gatewayId !== this.state.gatewayId) {
+      // Another replica answers at this address (a restart): the one before it is gone.
+      this.gone();
+      this.state.gatewayId = ack.gatewayId;
+    }
+    this.extras.events?.acked(ack);
   }
 
   private async run(): Promise<void> {
@@ -122,11 +182,13 @@ export class Heartbeat {
         { ...load, draining: load.draining || this.state.drainRequested },
         this.state.seq,
       );
+      if (this.extras.events) status.kvEvents = this.extras.events.batch();
     } catch {
       this.state.failures++;
       return;
     }
-    await beatOnce(this.registry, status, this.timeoutMs, this.state, signal);
+    await beatOnce(this.registry, status, this.timeoutMs, this.state, signal, (ack) => this.acked(ack));
+    if (this.state.failures >= (this.extras.goneAfterFailures ?? 3)) this.gone();
   }
 }
 

@@ -12,7 +12,8 @@ import { RetryPolicy } from "./pair-picker.ts";
 import { type PrefillClient, untilAborted } from "./prefill-client.ts";
 import { followRequest, recordHandoff, type Served, servedExtra, servedHeaders } from "./request-log.ts";
 import { type EngineStream, type Streaming, streamColocated, streamResume } from "./resume-stream.ts";
-import type { KvAffinity, Suspects } from "./router.ts";
+import type { PrefixIndex } from "./prefix-index.ts";
+import type { Suspects } from "./router.ts";
 import type { StreamDeadlines } from "./token-stream.ts";
 
 const NEVER = new AbortController().signal;
@@ -31,7 +32,7 @@ export interface CompletionsContext {
   maxModelLen: number;
   picker: PairPicker;
   prefill: PrefillClient;
-  affinity: KvAffinity;
+  affinity: PrefixIndex;
   /** Engines that missed a deadline, scored out by the picker for a while. */
   suspects: Suspects;
   /** An engine's stream: its first byte and the gaps between tokens. */

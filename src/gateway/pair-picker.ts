@@ -3,7 +3,8 @@ import { promptHashes } from "../codec/index.ts";
 import { Role } from "../gen/tl/control/v1/control_pb.ts";
 import { FAILED_SIDE_HEADER, failedSideOf } from "../handoff/index.ts";
 import { Code } from "../rpc/status.ts";
-import { type CostWeights, type DecodePick, DEFAULT_WEIGHTS, type KvAffinity, type Pick, pickByLoad, pickDecode, type Suspects } from "./router.ts";
+import { type CostWeights, type DecodePick, DEFAULT_WEIGHTS, type Pick, pickByLoad, pickDecode, type Suspects } from "./router.ts";
+import type { PrefixIndex } from "./prefix-index.ts";
 import type { WorkerRegistry } from "./worker-registry.ts";
 
 /**
@@ -52,7 +53,7 @@ export interface Pair {
 export class PairPicker {
   constructor(
     private readonly registry: WorkerRegistry,
-    private readonly affinity: KvAffinity,
+    private readonly affinity: PrefixIndex,
     private readonly inflight: InFlight,
     private readonly suspects?: Suspects,
     private readonly weights: CostWeights = DEFAULT_WEIGHTS,

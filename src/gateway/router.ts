@@ -1,42 +1,6 @@
 import { Role } from "../gen/tl/control/v1/control_pb.ts";
+import type { PrefixIndex } from "./prefix-index.ts";
 import type { WorkerView } from "./worker-registry.ts";
-
-/**
- * Which decode engine probably caches which prompt blocks, from the hashes of the
- * pushes the gateway routed there. Approximate by design (D evicts on its own), so
- * it only orders candidates; HasBlocks at push time decides what actually moves.
- */
-export class KvAffinity {
-  private readonly byWorker = new Map<string, Map<bigint, true>>();
-
-  constructor(private readonly capPerWorker = 65_536) {}
-
-  record(workerId: string, hashes: readonly bigint[]): void {
-    let set = this.byWorker.get(workerId);
-    if (!set) this.byWorker.set(workerId, (set = new Map()));
-    for (const h of hashes) {
-      set.delete(h); // re-insert: most recent last
-      set.set(h, true);
-    }
-    for (const h of set.keys()) {
-      if (set.size <= this.capPerWorker) break;
-      set.delete(h);
-    }
-  }
-
-  forget(workerId: string): void {
-    this.byWorker.delete(workerId);
-  }
-
-  /** How many of the prompt's first blocks this worker is believed to hold. */
-  leadingHits(workerId: string, hashes: readonly bigint[]): number {
-    const set = this.byWorker.get(workerId);
-    if (!set) return 0;
-    let n = 0;
-    while (n < hashes.length && set.has(hashes[n]!)) n++;
-    return n;
-  }
-}
 
 /**
  * Engines that recently missed a deadline (or a heartbeat). A suspect is scored out
@@ -154,7 +118,7 @@ export interface DecodePick extends Pick {
 export function pickDecode(
   workers: readonly WorkerView[],
   hashes: readonly bigint[],
-  affinity: KvAffinity,
+  affinity: PrefixIndex,
   inflight: ReadonlyMap<string, number>,
   exclude: ReadonlySet<string>,
   weights: CostWeights = DEFAULT_WEIGHTS,
