@@ -56,13 +56,14 @@ export interface Pick {
 }
 
 /**
- * Requests a worker has: the larger of what it last reported (queued + running) and
- * what this gateway reserved on it and has not seen finish. Reservations count from
- * the routing decision, so a burst sees its own earlier choices; the max (not the
- * sum) keeps a request from counting twice once the worker's beat reports it.
+ * Requests a worker has: what it last reported (queued + running, every replica's work)
+ * plus what this gateway reserved on it since that report (InFlight.unreported). The
+ * reservations count from the routing decision, so a burst sees its own earlier choices;
+ * once the worker's beat reports a request it counts there alone, so it never counts twice,
+ * and another replica's requests count as soon as the worker reports them.
  */
-export function loadOf(w: WorkerView, inflight: ReadonlyMap<string, number>): number {
-  return Math.max(w.status.queueDepth + w.status.running, inflight.get(w.status.workerId) ?? 0);
+export function loadOf(w: WorkerView, unreported: ReadonlyMap<string, number>): number {
+  return w.status.queueDepth + w.status.running + (unreported.get(w.status.workerId) ?? 0);
 }
 
 function byLoad(inflight: ReadonlyMap<string, number>) {

@@ -2,7 +2,7 @@ import { expect, test } from "bun:test";
 import { create } from "@bufbuild/protobuf";
 import { ConnectError } from "@connectrpc/connect";
 import { promptHashes } from "../../src/codec/index.ts";
-import { InFlight, PrefixIndex, PairPicker, RetryPolicy, Suspects, WorkerRegistry } from "../../src/gateway/index.ts";
+import { InFlight, loadOf, PrefixIndex, PairPicker, RetryPolicy, Suspects, WorkerRegistry } from "../../src/gateway/index.ts";
 import { Role, WorkerStatusSchema, type WorkerStatus } from "../../src/gen/tl/control/v1/control_pb.ts";
 import { FAILED_SIDE_HEADER } from "../../src/handoff/index.ts";
 import { Code } from "../../src/rpc/status.ts";
@@ -115,4 +115,37 @@ test("[gateway] routing keys: weights take decimals ≥ 0, the disaggregation th
   expect(() => parseArgs(["--role", "gateway", "--route-load-weight", "-1"])).toThrow(ConfigError);
   expect(() => parseArgs(["--role", "gateway", "--disagg-min-uncached-tokens", "1.5"])).toThrow(/disagg_min_uncached_tokens: want an integer ≥ 0/);
   expect(() => parseArgs(["--role", "gateway", "--prefill-timeout-ms", "0"])).toThrow(/prefill_timeout_ms: want a positive integer/);
+});
+
+test("load is what a worker reports plus this replica's reservations its report cannot include yet", () => {
+  let now = 1_000_000;
+  const registry = new WorkerRegistry({ intervalMs: 1000, now: () => now });
+  const inflight = new InFlight(() => now);
+  registry.beat(beat("d0", Role.DECODE, { running: 3 })); // every replica's work, as of now
+  registry.beat(beat("d1", Role.DECODE, { running: 0 }));
+  now += 10;
+  const r1 = inflight.reserve("d1");
+  const r2 = inflight.reserve("d1");
+  const r0 = inflight.reserve("d0"); // on top of another replica's 3
+  const load = () => new Map(registry.live().map((w) => [w.status.workerId, loadOf(w, inflight.unreported(registry.live()))]));
+  // d1's two came after its beat: counted on top of what it reported.
+  expect(load()).toEqual(
+    new Map([
+      ["d0", 4],
+      ["d1", 2],
+    ]),
+  );
+  // d1's next beat reports them: they count there once, not twice.
+  now += 10;
+  registry.beat(beat("d1", Role.DECODE, { running: 2 }));
+  expect(load()).toEqual(
+    new Map([
+      ["d0", 4],
+      ["d1", 2],
+    ]),
+  );
+  r0();
+  r1();
+  r2();
+  expect(inflight.unreported(registry.live())).toEqual(new Map());
 });
