@@ -46,6 +46,7 @@ export const CLUSTER_OPTIONS: Readonly<Record<string, Rule>> = {
   metrics_need_key: "all",
   max_request_bytes: "all",
   max_workers: "gateway",
+  prefix_index_max_blocks: "gateway",
   routing_headers: "gateway",
   route_overlap_weight: "gateway",
   route_load_weight: "gateway",

@@ -326,7 +326,7 @@ export function helpText(): string {
     "",
     "usage:",
     "  engine --role prefill|decode|both|gateway [--config FILE.toml] [--option value ...]",
-    "  engine cluster [--prefill N] [--decode M] [--model PATH [--tokenizer PATH]] [--served-model-name NAME]",
+    "  engine cluster [--prefill N] [--decode M] [--gateways G] [--model PATH [--tokenizer PATH]] [--served-model-name NAME]",
     "                 [--plaintext] [--api-key KEY] (internal ports run mutual TLS with an ephemeral CA unless --plaintext)",
     "  engine certs --out DIR [--gateway N] [--prefill N] [--decode N] [--both N] [--admin N] [--dns NAMES] [--ip ADDRS] [--days D] [--per-role]",
     "  engine generate [--model PATH [--tokenizer PATH]] --prompt TEXT [--max-tokens N] [--temperature T] [--seed S]",

@@ -52,6 +52,8 @@ export interface CompletionsContext {
   engineHeaders?: Record<string, string>;
   /** Name the workers that served a request to its client (debugging only). */
   routingHeaders?: boolean;
+  /** This replica's id: with routingHeaders, told in x-tl-gateway (which replica served). */
+  gatewayId?: string;
 }
 
 /** One prompt on its way through the gateway: parsed, named, traced, abortable by its client. */
@@ -335,6 +337,7 @@ export class Completions {
         ...(p.ignoredFields.length > 0 ? { "x-tl-ignored-fields": p.ignoredFields.join(",") } : {}),
         "x-request-id": t.requestId,
         ...servedHeaders(s, ctx.routingHeaders === true),
+        ...(ctx.routingHeaders === true && ctx.gatewayId ? { "x-tl-gateway": ctx.gatewayId } : {}),
         "x-tl-seed": p.seed.toString(),
       },
       extra: () => servedExtra(s, ctx.routingHeaders === true),

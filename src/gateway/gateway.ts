@@ -129,6 +129,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     prefill: new PrefillClient(opts.prefillTimeoutMs ?? GATEWAY_DEFAULTS.prefillTimeoutMs, tls, gatewayId),
     engineHeaders: opts.engineApiKey ? { authorization: `Bearer ${opts.engineApiKey}` } : {},
     routingHeaders: opts.routingHeaders === true,
+    gatewayId,
     affinity,
     suspects,
     deadlines: {
