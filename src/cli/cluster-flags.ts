@@ -36,6 +36,7 @@ export const CLUSTER_OPTIONS: Readonly<Record<string, Rule>> = {
   num_blocks: "engines",
   max_batch_tokens: "engines",
   handle_ttl_s: "engines",
+  kv_events: "engines",
   heartbeat_timeout_ms: "engines",
   push_idle_timeout_ms: "engines",
   dtype: "engines",

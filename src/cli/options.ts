@@ -53,6 +53,13 @@ export const SPECS: readonly Spec[] = [
   },
   {
     section: "engine",
+    key: "kv_events",
+    kind: "bool",
+    dflt: true,
+    help: "report the KV blocks this engine stores and evicts in its beats (the gateways' prefix index routes on them); false: gateways infer from their own routing",
+  },
+  {
+    section: "engine",
     key: "gateway_registry",
     kind: "gateways?",
     dflt: "",

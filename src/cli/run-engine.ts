@@ -55,6 +55,7 @@ export async function runEngine(config: Config): Promise<EngineNode> {
     handleTtlS: Number(e.handle_ttl_s),
     pushIdleTimeoutMs: Number(e.push_idle_timeout_ms),
     gatewayRegistry: String(e.gateway_registry) || undefined,
+    kvEvents: e.kv_events !== false,
     heartbeatIntervalMs: Number(e.heartbeat_interval_ms),
     heartbeatTimeoutMs: Number(e.heartbeat_timeout_ms),
     onRequestEnd: (r) => {

@@ -1,4 +1,5 @@
-import { WorkerRegistry as WorkerRegistryService } from "../gen/tl/control/v1/control_pb.ts";
+import { toBinary } from "@bufbuild/protobuf";
+import { KvEventsSchema, WorkerRegistry as WorkerRegistryService } from "../gen/tl/control/v1/control_pb.ts";
 import { releaseUnclaimed } from "../handoff/index.ts";
 import { type FrontDoorOptions, type HttpServer, serveHttp } from "../http/index.ts";
 import type { TlsSource } from "../rpc/tls-config.ts";
@@ -99,13 +100,19 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
   const tls = opts.tls ?? null;
   const gatewayId = opts.gatewayId ?? newGatewayId(opts.gatewayName || tls?.current.self.workerId || `gateway-${process.pid}`);
   const affinity = new PrefixIndex({ maxBlocks: opts.prefixIndexMaxBlocks });
+  const metrics = createMetrics("gateway");
   const registryService = new RegistryService(registry, {
     maxWorkers: opts.maxWorkers,
     index: affinity,
     gatewayId,
+    onKvEvents: (ev, answer) => {
+      for (const e of ev.events) metrics.kvEvents.inc({ kind: ev.snapshot ? "snapshot" : e.removed ? "removed" : "stored" }, e.hashes.length);
+      metrics.kvEventBytes.inc(toBinary(KvEventsSchema, ev).length);
+      if (answer.snapshot) metrics.kvSnapshotsAsked.inc();
+      metrics.prefixIndexBlocks.set(affinity.size);
+    },
     expect: { model: opts.modelName, vocabSize: opts.tokenizer.vocabSize, tokenizerFingerprint: tokenizerFingerprint(opts.tokenizer) },
   });
-  const metrics = createMetrics("gateway");
   const inflight = new InFlight();
   const suspects = new Suspects(opts.suspectCooldownMs ?? GATEWAY_DEFAULTS.suspectCooldownMs);
   const admission = new Admission();

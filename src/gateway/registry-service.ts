@@ -6,10 +6,11 @@ import {
   Role,
   WorkerEntrySchema,
   WorkerRegistry as WorkerRegistryService,
+  type KvEvents,
   type WorkerStatus,
 } from "../gen/tl/control/v1/control_pb.ts";
 import { KV_FORMAT } from "../codec/index.ts";
-import type { PrefixIndex } from "./prefix-index.ts";
+import type { EventsAnswer, PrefixIndex } from "./prefix-index.ts";
 import type { WorkerRegistry } from "./worker-registry.ts";
 import { callerOf, type Caller } from "../rpc/peer-gate.ts";
 import { refusal } from "../rpc/peer-policy.ts";
@@ -25,6 +26,8 @@ export interface RegistryServiceOptions {
   index?: PrefixIndex;
   /** This replica's identity, told to engines in every ack (HeartbeatAck.gateway_id). */
   gatewayId?: string;
+  /** Told of every beat's events once applied, and of the answer (metrics). */
+  onKvEvents?: (events: KvEvents, answer: EventsAnswer) => void;
 }
 
 /** Most hashes one beat's KV events may carry; the engine sends at most this many (MAX_EVENT_HASHES_PER_BEAT). */
@@ -71,6 +74,7 @@ export class RegistryService {
           const answer = opts.index.apply(status.workerId, status.kvEvents);
           ack.kvNextSeq = answer.nextSeq;
           ack.kvSnapshot = answer.snapshot;
+          opts.onKvEvents?.(status.kvEvents, answer);
         }
         return ack;
       },
