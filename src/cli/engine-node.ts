@@ -234,6 +234,8 @@ export async function kvPoolFor(model: ServedModel, shape: KvShape, numBlocks: n
 let nodeCounter = 0;
 const CONTROL_MESSAGE_BYTES = 4 * 1024 * 1024;
 const STREAM_SETTLE_MS = 50;
+/** Most time a KV event waits for a beat to carry it: beats go early, at most this often, while events come. */
+const KV_EVENT_FLUSH_MS = 100;
 
 /** Starts one engine process's servers: HTTP, EngineControl, KvTransfer (decode roles), heartbeat. */
 // Long by design: one start-up sequence whose every server is pushed onto `closers`
@@ -361,6 +363,24 @@ export async function startEngineNode(opts: EngineNodeOptions): Promise<EngineNo
         ...(opts.resolver ? { resolver: opts.resolver } : {}),
       });
       closers.push(() => heartbeat!.stop());
+      if (kvEvents) {
+        // New events go out within KV_EVENT_FLUSH_MS rather than on the next scheduled beat:
+        // a replica that did not route a push learns of its blocks as soon as it can.
+        const flushMs = Math.min(KV_EVENT_FLUSH_MS, (opts.heartbeatIntervalMs ?? 2000) / 2);
+        let flush: ReturnType<typeof setTimeout> | null = null;
+        kvEvents.onAppend = () => {
+          if (flush !== null) return;
+          flush = setTimeout(() => {
+            flush = null;
+            heartbeat?.beatNow();
+          }, flushMs);
+          flush.unref?.();
+        };
+        closers.push(async () => {
+          kvEvents.onAppend = null;
+          if (flush !== null) clearTimeout(flush);
+        });
+      }
     }
     // Every forward fails from now on: stop taking requests and tell the gateway at once.
     model.onDeath?.((e) => {

@@ -27,6 +27,8 @@ export class KvEventLog implements KvPoolWatcher {
   private next = 1n;
   /** Events recorded, stored + removed, since the log began (for the bench's traffic figure). */
   recorded = 0;
+  /** Called after each event is recorded (the engine sends its beats early: KV_EVENT_FLUSH_MS). Keep it cheap. */
+  onAppend: (() => void) | null = null;
 
   constructor(capacity: number, epoch: bigint = randomEpoch()) {
     if (!(Number.isInteger(capacity) && capacity >= 1)) assert.fail(`capacity must be ≥ 1, got ${capacity}`);
@@ -68,6 +70,7 @@ export class KvEventLog implements KvPoolWatcher {
     this.removedFlags[at] = removed;
     this.next++;
     this.recorded++;
+    this.onAppend?.();
   }
 
   /**
