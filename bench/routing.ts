@@ -40,7 +40,10 @@ const FREEZE_OUTPUT = Number(process.env.BENCH_ROUTING_FREEZE_OUTPUT ?? 128);
 const STALL_MS = 200;
 
 function spawn(name: string, args: string[]): RoleProcess {
-  return spawnRole(name, [process.execPath, join(ROOT, "bin/engine.ts"), ...args], { env: { ...process.env, TL_LOG_LEVEL: "error" }, stderr: "tail" });
+  return spawnRole(name, [process.execPath, join(ROOT, "bin/engine.ts"), ...args], {
+    env: { ...process.env, TL_LOG_LEVEL: process.env.BENCH_LOG_LEVEL ?? "error" },
+    stderr: "tail",
+  });
 }
 
 interface Cluster {
@@ -337,6 +340,8 @@ async function sharedPrompts(label: string, gateways: number, engineFlags: strin
     const events = (await metric(c.base, "tl_kv_events_total", 'kind="stored"')) + (await metric(c.base, "tl_kv_events_total", 'kind="removed"')) - events0;
     const bytes = (await metric(c.base, "tl_kv_event_bytes_total")) - bytes0;
     for (const r of rs.filter((x) => !x.ok).slice(0, 2)) console.log(`  failed: ${r.error}`);
+    // What the processes said last, when something failed (BENCH_LOG_LEVEL=warn says more).
+    if (rs.some((x) => !x.ok)) for (const p of [...c.gateways, ...c.decode]) for (const l of p.tail.slice(-3)) console.log(`  ${p.name}: ${l.slice(0, 400)}`);
     const hit = (r: Result) => r.ok && r.blocksDeduped >= systemBlocks;
     const hits = rs.filter(hit).length;
     const firstSightHits = firstSight.filter((i) => hit(rs[i]!)).length;
@@ -369,11 +374,14 @@ async function sharedPrompts(label: string, gateways: number, engineFlags: strin
 
 async function replicas(): Promise<void> {
   console.log(`replicas: ${REPLICA_REQUESTS} requests over ${SYSTEMS} shared system prompts of ${SYSTEM_TOKENS} tokens, one every ${REQUEST_GAP_MS} ms`);
-  const configs: [string, number, string[]][] = [
-    ["one gateway", 1, []],
-    ["2 replicas, events", 2, []],
-    ["2 replicas, inferred", 2, ["--kv-events=false"]],
-  ];
+  const only = process.env.BENCH_ROUTING_REPLICA_CONFIGS?.split(",");
+  const configs = (
+    [
+      ["one gateway", 1, []],
+      ["2 replicas, events", 2, []],
+      ["2 replicas, inferred", 2, ["--kv-events=false"]],
+    ] as [string, number, string[]][]
+  ).filter(([label]) => only === undefined || only.includes(label));
   const rows: Awaited<ReturnType<typeof sharedPrompts>>[] = [];
   // Alternating rounds: the second runs the configurations in the other order.
   for (const round of [configs, [...configs].reverse()]) for (const [label, n, flags] of round) rows.push(await sharedPrompts(label, n, flags));

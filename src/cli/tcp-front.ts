@@ -4,6 +4,8 @@ import { connect, createServer, type Server, type Socket } from "node:net";
 const MAX_CONNECTIONS = 1024;
 /** A backend that does not accept the connection within this is skipped for the next one. */
 const CONNECT_TIMEOUT_MS = 2000;
+/** A connection that carries no byte either way for this long is closed (the gateway's own deadlines are shorter). */
+const IDLE_TIMEOUT_MS = 120_000;
 
 export interface TcpFront {
   readonly address: string;
@@ -53,6 +55,7 @@ export async function startTcpFront(host: string, port: number, backends: readon
   const server: Server = createServer({ pauseOnConnect: true }, (client) => {
     if (open.size >= 2 * MAX_CONNECTIONS) return void client.destroy();
     open.add(client);
+    client.setTimeout(IDLE_TIMEOUT_MS, () => client.destroy());
     client.on("error", () => client.destroy());
     client.on("close", () => open.delete(client));
     dial(client, 0);

@@ -113,6 +113,7 @@ export class Heartbeat {
   }
 
   private wake: (() => void) | null = null;
+  private eventsOff = false;
 
   /** Cuts the current wait short, so the next beat (e.g. one saying "draining") goes out now. */
   beatNow(): void {
@@ -143,6 +144,9 @@ export class Heartbeat {
   }
 
   private acked(ack: HeartbeatAck): void {
+    // A gateway that names no replica id predates KV events: it would be sent a snapshot on
+    // every beat (it never acknowledges a seq), so it is sent none.
+    if (ack.gatewayId === "") this.eventsOff = true;
     if (ack.gatewayId !== this.state.gatewayId) {
       // Another replica answers at this address (a restart): the one before it is gone.
       this.gone();
@@ -182,7 +186,7 @@ export class Heartbeat {
         { ...load, draining: load.draining || this.state.drainRequested },
         this.state.seq,
       );
-      if (this.extras.events) status.kvEvents = this.extras.events.batch();
+      if (this.extras.events && !this.eventsOff) status.kvEvents = this.extras.events.batch();
     } catch {
       this.state.failures++;
       return;

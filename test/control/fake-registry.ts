@@ -11,8 +11,8 @@ export class FakeRegistry implements Registry {
   readonly signals: AbortSignal[] = [];
   mode: FakeMode = "ok";
   /** Acks handed out in order; once used up, `fallback` is returned. */
-  acks: { drain?: boolean; intervalMs?: number }[] = [];
-  fallback: { drain?: boolean; intervalMs?: number } = {};
+  acks: { drain?: boolean; intervalMs?: number; gatewayId?: string }[] = [];
+  fallback: { drain?: boolean; intervalMs?: number; gatewayId?: string } = {};
 
   heartbeat(status: WorkerStatus, _timeoutMs: number, signal?: AbortSignal): Promise<HeartbeatAck> {
     this.beats.push({ status, atMs: performance.now() });
