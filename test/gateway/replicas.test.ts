@@ -88,13 +88,27 @@ async function orphan(P: EngineNode, D: EngineNode, gatewayId: string, salt: num
   return h.handleId;
 }
 
-test("a replica that never saw a prompt routes it to the decode engine holding it, from the engines' events", async () => {
+/** Two in-process replicas and P, D0, D1 beating to both, once both list all three; `done` stops them all. */
+async function twoReplicas() {
   const A = await inProcessGateway();
   const B = await inProcessGateway();
   const regs = `${A.registryAddress},${B.registryAddress}`;
   const nodes = [await engine("prefill", 0, regs), await engine("decode", 0, regs), await engine("decode", 1, regs)];
+  const done = async () => {
+    for (const n of nodes) await n.shutdown();
+    await A.stop();
+    await B.stop();
+  };
+  await until("both replicas list 3 workers", () => A.registry.live().length === 3 && B.registry.live().length === 3).catch(async (e: unknown) => {
+    await done();
+    throw e;
+  });
+  return { A, B, nodes, done };
+}
+
+test("a replica that never saw a prompt routes it to the decode engine holding it, from the engines' events", async () => {
+  const { A, B, done } = await twoReplicas();
   try {
-    await until("both replicas list 3 workers", () => A.registry.live().length === 3 && B.registry.live().length === 3);
     // A routes the prompt to decode-1 (decode-0 is suspect to it); B never saw it.
     A.suspects.mark("decode-0");
     const a = await complete(A.httpAddress, { prompt: prompt(1) });
@@ -108,9 +122,7 @@ test("a replica that never saw a prompt routes it to the decode engine holding i
     expect(b.headers.get("x-tl-decode-worker")).toBe("decode-1");
     await b.text();
   } finally {
-    for (const n of nodes) await n.shutdown();
-    await A.stop();
-    await B.stop();
+    await done();
   }
 });
 
@@ -201,12 +213,8 @@ test("a DNS name re-resolved every interval adds and removes a replica", async (
 });
 
 test("draining one replica loses no request: readiness says 503 at once, its streams finish, new requests go to the other", async () => {
-  const A = await inProcessGateway();
-  const B = await inProcessGateway();
-  const regs = `${A.registryAddress},${B.registryAddress}`;
-  const nodes = [await engine("prefill", 0, regs), await engine("decode", 0, regs), await engine("decode", 1, regs)];
+  const { A, B, nodes, done } = await twoReplicas();
   try {
-    await until("both replicas list 3 workers", () => A.registry.live().length === 3 && B.registry.live().length === 3);
     for (const D of nodes.slice(1)) (D.model.runner as FakeRunner).slowMs = 2;
     // A client that, as a load balancer does, sends elsewhere what a replica refuses with 503.
     const replicas = [A.httpAddress, B.httpAddress];
@@ -233,8 +241,6 @@ test("draining one replica loses no request: readiness says 503 at once, its str
     expect(await drained).toBe(0);
     expect(all.map((r) => [r.status, r.sse?.done === true && r.sse.error === null])).toEqual(all.map(() => [200, true]));
   } finally {
-    for (const n of nodes) await n.shutdown();
-    await A.stop();
-    await B.stop();
+    await done();
   }
 });
