@@ -36,7 +36,7 @@ interface WorkerBlocks {
  * and is dropped at the second. An engine that reports no events keeps the decisions
  * alone, as before events existed.
  *
- * Blocks are keyed by the top 53 bits of their chained hash (a number, no heap object):
+ * Blocks are keyed by their chained hash as the nearest double (its top 53 bits, no heap object):
  * the index only orders candidates, and HasBlocks at push time decides what moves, so a
  * collision at 2^-53 costs at most one worse route. Bounded: beyond `maxBlocks` reported
  * blocks the least recently reported go first, whichever engine reported them.
@@ -197,7 +197,7 @@ export class PrefixIndex {
   }
 }
 
-/** The top 53 bits of a chained hash: a number, exact in a double. */
+/** A chained hash (a uint64) as the nearest double: its top 53 bits, rounded; no BigInt is allocated. */
 function key(h: bigint): number {
-  return Number(BigInt.asUintN(64, h) >> 11n);
+  return Number(h);
 }

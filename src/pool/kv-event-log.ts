@@ -24,7 +24,8 @@ export class KvEventLog implements KvPoolWatcher {
   readonly epoch: bigint;
   private readonly hashes: BigUint64Array;
   private readonly removedFlags: Uint8Array;
-  private next = 1n;
+  /** Seq of the next event, as a number (exact to 2^53 events): recording does no BigInt arithmetic. */
+  private next = 1;
   /** Events recorded, stored + removed, since the log began (for the bench's traffic figure). */
   recorded = 0;
   /** Called after each event is recorded (the engine sends its beats early: KV_EVENT_FLUSH_MS). Keep it cheap. */
@@ -47,13 +48,12 @@ export class KvEventLog implements KvPoolWatcher {
 
   /** Seq the next event will get. */
   get nextSeq(): bigint {
-    return this.next;
+    return BigInt(this.next);
   }
 
   /** Seq of the oldest event still held (nextSeq when the log is empty). */
   get oldestSeq(): bigint {
-    const held = this.next - 1n < BigInt(this.capacity) ? this.next - 1n : BigInt(this.capacity);
-    return this.next - held;
+    return BigInt(this.next - Math.min(this.next - 1, this.capacity));
   }
 
   stored(hash: bigint): void {
@@ -65,7 +65,7 @@ export class KvEventLog implements KvPoolWatcher {
   }
 
   private push(hash: bigint, removed: 0 | 1): void {
-    const at = Number(this.next % BigInt(this.capacity));
+    const at = this.next % this.capacity;
     this.hashes[at] = hash;
     this.removedFlags[at] = removed;
     this.next++;
@@ -79,17 +79,16 @@ export class KvEventLog implements KvPoolWatcher {
    */
   read(fromSeq: bigint, max: number): KvEventSlice | null {
     if (fromSeq < this.oldestSeq) return null;
-    const from = fromSeq > this.next ? this.next : fromSeq;
-    const n = Number(this.next - from) < max ? Number(this.next - from) : max;
+    const from = fromSeq > BigInt(this.next) ? this.next : Number(fromSeq);
+    const n = Math.min(this.next - from, max);
     const hashes = new BigUint64Array(n);
     const removed = new Uint8Array(n);
-    const cap = BigInt(this.capacity);
     for (let i = 0; i < n; i++) {
-      const at = Number((from + BigInt(i)) % cap);
+      const at = (from + i) % this.capacity;
       hashes[i] = this.hashes[at]!;
       removed[i] = this.removedFlags[at]!;
     }
-    return { firstSeq: from, hashes, removed };
+    return { firstSeq: BigInt(from), hashes, removed };
   }
 }
 

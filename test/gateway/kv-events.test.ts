@@ -54,7 +54,12 @@ function gateway() {
     e.feed.acked(ack as HeartbeatAck);
     return ack as HeartbeatAck;
   };
-  const decodeFor = () => picker.pair(prompt, new Set())!.decode.worker.status.workerId;
+  const decodeFor = () => {
+    const pair = picker.pair(prompt, new Set())!;
+    pair.releasePrefill();
+    pair.releaseDecode();
+    return pair.decode.worker.status.workerId;
+  };
   return {
     registry,
     index,
