@@ -1,3 +1,4 @@
+import { Code, ConnectError } from "@connectrpc/connect";
 import type { HeartbeatAck, WorkerStatus } from "../gen/tl/control/v1/control_pb.ts";
 import type { KvEventFeed } from "./kv-event-feed.ts";
 import { workerStatus, type WorkerIdentity, type WorkerLoad } from "./worker-status.ts";
@@ -11,6 +12,12 @@ export interface Registry {
 export interface BeatState {
   /** Consecutive failed beats; a success resets it. */
   failures: number;
+  /**
+   * Consecutive beats the registry's address refused outright (UNAVAILABLE: nothing listens,
+   * the connection was reset), as opposed to timing out: an overloaded or frozen gateway
+   * still accepts connections, a dead one does not. Any other outcome resets it.
+   */
+  unreachable: number;
   /** Seq of the last beat sent (0 before the first). */
   seq: bigint;
   /** Set by the first ack that asks for a drain and never cleared: the engine remembers it. */
@@ -21,7 +28,7 @@ export interface BeatState {
 }
 
 export function newBeatState(intervalMs: number): BeatState {
-  return { failures: 0, seq: 0n, drainRequested: false, intervalMs, gatewayId: "" };
+  return { failures: 0, unreachable: 0, seq: 0n, drainRequested: false, intervalMs, gatewayId: "" };
 }
 
 /** What a beat loop does beyond saying how the engine is: its KV events, and who to tell a gateway is gone. */
@@ -29,12 +36,13 @@ export interface HeartbeatExtras {
   /** This gateway's cursor into the engine's KV events; none: the beats carry no events. */
   events?: KvEventFeed;
   /**
-   * The gateway replica `gatewayId` is gone: `goneAfterFailures` beats in a row failed, or
-   * another replica now answers at its address, or the loop stopped for good (its address
-   * left the list). The engine frees the handles that replica asked for and never claimed.
+   * The gateway replica `gatewayId` is gone: `goneAfterFailures` beats in a row found nothing
+   * at its address (refused, not merely late: a slow replica keeps its handles), or another
+   * replica now answers there, or the loop stopped for good (its address left the list).
+   * The engine frees the handles that replica asked for and never claimed.
    */
   onGatewayGone?: (gatewayId: string) => void;
-  /** Failed beats in a row after which the gateway counts as gone (default 3, the registry's own eviction). */
+  /** Refused beats in a row after which the gateway counts as gone (default 3, the registry's own eviction). */
   goneAfterFailures?: number;
 }
 
@@ -64,12 +72,16 @@ export async function beatOnce(
   try {
     const ack = await Promise.race([registry.heartbeat(status, timeoutMs, call.signal), cut]);
     state.failures = 0;
+    state.unreachable = 0;
     if (ack.drain) state.drainRequested = true;
     if (ack.intervalMs > 0) state.intervalMs = ack.intervalMs;
     onAck?.(ack);
     return true;
-  } catch {
-    if (!signal?.aborted) state.failures++;
+  } catch (e) {
+    if (!signal?.aborted) {
+      state.failures++;
+      state.unreachable = e instanceof ConnectError && e.code === Code.Unavailable ? state.unreachable + 1 : 0;
+    }
     return false;
   } finally {
     clearTimeout(timer);
@@ -192,7 +204,7 @@ export class Heartbeat {
       return;
     }
     await beatOnce(this.registry, status, this.timeoutMs, this.state, signal, (ack) => this.acked(ack));
-    if (this.state.failures >= (this.extras.goneAfterFailures ?? 3)) this.gone();
+    if (this.state.unreachable >= (this.extras.goneAfterFailures ?? 3)) this.gone();
   }
 }
 
