@@ -1,5 +1,5 @@
 import { log } from "../obs/index.ts";
-import { GrpcRegistry, Heartbeat, receivesKv, type EngineRole } from "../control/index.ts";
+import { GatewayBeats, GrpcRegistry, parseRegistryTargets, receivesKv, type EngineRole, type Resolver } from "../control/index.ts";
 import { serveGrpc, type GrpcServer } from "../rpc/index.ts";
 import { controlService, type ControlContext } from "../control/control-service.ts";
 import { Engine, type ModelRunner } from "../engine/index.ts";
@@ -25,7 +25,7 @@ import {
   type Tokenizer,
   type WeightStats,
 } from "../model/index.ts";
-import { KvPool } from "../pool/index.ts";
+import { KvEventLog, KvPool } from "../pool/index.ts";
 import { KvReceiver, RoutingTransport, serveDataPlane, serveKv, type DataPlaneServer, type KvServer } from "../transfer/index.ts";
 import { blockPayloadBytes, type KvShape } from "../codec/index.ts";
 import { ConfigError } from "./options.ts";
@@ -92,8 +92,16 @@ export interface EngineNodeOptions {
   handleTtlS?: number;
   /** Decode side: a push silent this long is aborted and freed (default 10 000 ms). */
   pushIdleTimeoutMs?: number;
-  /** host:port of the gateway's WorkerRegistry; no heartbeat without it. */
+  /**
+   * The gateways' WorkerRegistry: a comma-separated list of host:port and dns:host:port (a
+   * name re-resolved every interval to all its addresses); one heartbeat loop per address.
+   * No heartbeat without it.
+   */
   gatewayRegistry?: string;
+  /** Resolves dns: entries of gatewayRegistry (tests inject one); default the system's. */
+  resolver?: Resolver;
+  /** Report the KV pool's stored and evicted blocks in every beat (roles that receive KV; default true). */
+  kvEvents?: boolean;
   heartbeatIntervalMs?: number;
   heartbeatTimeoutMs?: number;
   /** Prefill side: push over the binary data plane when the decode engine offers one. */
@@ -124,7 +132,10 @@ export interface EngineNode {
   readonly pool: KvPool;
   readonly receiver: KvReceiver | null;
   readonly model: ServedModel;
-  readonly heartbeat: Heartbeat | null;
+  /** The beats to every gateway replica. */
+  readonly heartbeat: GatewayBeats | null;
+  /** The pool's KV events, reported to the gateways (roles that receive KV). */
+  readonly kvEvents: KvEventLog | null;
   /** Stops admitting, waits for in-flight work up to the deadline, then stops every server. */
   shutdown(deadlineMs?: number): Promise<number>;
 }
@@ -244,6 +255,8 @@ const MAX_KV_POOL_BYTES = 2 ** 32;
 let nodeCounter = 0;
 const CONTROL_MESSAGE_BYTES = 4 * 1024 * 1024;
 const STREAM_SETTLE_MS = 50;
+/** Most time a KV event waits for a beat to carry it: beats go early, at most this often, while events come. */
+const KV_EVENT_FLUSH_MS = 100;
 
 /** Starts one engine process's servers: HTTP, EngineControl, KvTransfer (decode roles), heartbeat. */
 // Long by design: one start-up sequence whose every server is pushed onto `closers`
@@ -337,12 +350,17 @@ export async function startEngineNode(opts: EngineNodeOptions): Promise<EngineNo
       { ...opts.frontDoor, host, port: opts.httpPort ?? 0 },
     );
     closers.push(() => http.stop());
-    let heartbeat: Heartbeat | null = null;
+    let heartbeat: GatewayBeats | null = null;
+    // What the gateways route on: the blocks this engine actually holds (a prefill-only engine's
+    // cache is never a decode target, so it reports nothing).
+    const kvEvents = receivesKv(role) && opts.kvEvents !== false ? KvEventLog.watching(pool) : null;
+    if (kvEvents) closers.push(async () => pool.watch(null));
     if (opts.gatewayRegistry) {
-      const registry = new GrpcRegistry(opts.gatewayRegistry, opts.heartbeatTimeoutMs ?? 1000, tls ?? undefined);
-      heartbeat = Heartbeat.spawn(
-        registry,
-        {
+      const timeoutMs = opts.heartbeatTimeoutMs ?? 1000;
+      heartbeat = await GatewayBeats.start({
+        targets: parseRegistryTargets(opts.gatewayRegistry),
+        dial: (address) => new GrpcRegistry(address, timeoutMs, tls ?? undefined),
+        identity: {
           workerId,
           httpAddress: advertised(http.address),
           grpcAddress: advertised(grpc.address),
@@ -354,12 +372,36 @@ export async function startEngineNode(opts: EngineNodeOptions): Promise<EngineNo
           vocabSize: model.tokenizer.vocabSize,
           tokenizerFingerprint: fingerprint,
         },
-        () => ({ queueDepth: engine.queueDepth, running: engine.runningCount, freeBlocks: pool.total - pool.used, draining: engine.isDraining }),
-        opts.heartbeatIntervalMs ?? 2000,
-        opts.heartbeatTimeoutMs ?? 1000,
-        () => void engine.drain(0),
-      );
+        load: () => ({ queueDepth: engine.queueDepth, running: engine.runningCount, freeBlocks: pool.total - pool.used, draining: engine.isDraining }),
+        intervalMs: opts.heartbeatIntervalMs ?? 2000,
+        timeoutMs,
+        onDrain: () => void engine.drain(0),
+        ...(kvEvents ? { events: { log: kvEvents, named: () => pool.namedHashes() } } : {}),
+        onGatewayGone: (gatewayId) => {
+          const n = receiver?.releaseOwner(gatewayId) ?? 0;
+          log.info("gateway gone", { worker_id: workerId, gateway_id: gatewayId, handles_released: n });
+        },
+        ...(opts.resolver ? { resolver: opts.resolver } : {}),
+      });
       closers.push(() => heartbeat!.stop());
+      if (kvEvents) {
+        // New events go out within KV_EVENT_FLUSH_MS rather than on the next scheduled beat:
+        // a replica that did not route a push learns of its blocks as soon as it can.
+        const flushMs = Math.min(KV_EVENT_FLUSH_MS, (opts.heartbeatIntervalMs ?? 2000) / 2);
+        let flush: ReturnType<typeof setTimeout> | null = null;
+        kvEvents.onAppend = () => {
+          if (flush !== null) return;
+          flush = setTimeout(() => {
+            flush = null;
+            heartbeat?.beatNow();
+          }, flushMs);
+          flush.unref?.();
+        };
+        closers.push(async () => {
+          kvEvents.onAppend = null;
+          if (flush !== null) clearTimeout(flush);
+        });
+      }
     }
     // Every forward fails from now on: stop taking requests and tell the gateway at once.
     model.onDeath?.((e) => {
@@ -379,6 +421,7 @@ export async function startEngineNode(opts: EngineNodeOptions): Promise<EngineNo
       receiver,
       model,
       heartbeat,
+      kvEvents,
       shutdown(deadlineMs = 0) {
         down ??= (async () => {
           const draining = engine.drain(deadlineMs);

@@ -2,11 +2,12 @@ import { readFileSync } from "node:fs";
 import { availableParallelism } from "node:os";
 import { quote } from "../codec/index.ts";
 import { HTTP_LIMITS } from "../http/index.ts";
+import { parseRegistryTargets } from "../control/gateway-beats.ts";
 
 export type Role = "prefill" | "decode" | "both" | "gateway";
 export const ROLES: readonly Role[] = ["prefill", "decode", "both", "gateway"];
 
-type Kind = "string" | "addr" | "addr?" | "host?" | "url?" | "int" | "uint" | "num" | "bool" | "list" | "choice";
+type Kind = "string" | "addr" | "addr?" | "gateways?" | "host?" | "url?" | "int" | "uint" | "num" | "bool" | "list" | "choice";
 type Value = string | number | boolean | readonly string[];
 
 interface Spec {
@@ -80,7 +81,20 @@ export const SPECS: readonly Spec[] = [
     dflt: "",
     help: "host other processes reach this engine at (e.g. a pod IP); empty: the host it binds",
   },
-  { section: "engine", key: "gateway_registry", kind: "addr?", dflt: "", help: "host:port of the gateway's WorkerRegistry; empty: no heartbeat" },
+  {
+    section: "engine",
+    key: "kv_events",
+    kind: "bool",
+    dflt: true,
+    help: "report the KV blocks this engine stores and evicts in its beats (the gateways' prefix index routes on them); false: gateways infer from their own routing",
+  },
+  {
+    section: "engine",
+    key: "gateway_registry",
+    kind: "gateways?",
+    dflt: "",
+    help: "the gateways' WorkerRegistry: host:port, comma-separated for several, dns:host:port re-resolved every beat to all its addresses; empty: no heartbeat",
+  },
   {
     section: "engine",
     key: "model",
@@ -146,6 +160,13 @@ export const SPECS: readonly Spec[] = [
     help: "tell clients which workers served them (x-tl-prefill-worker, x-tl-decode-worker): debugging only",
   },
   { section: "gateway", key: "max_workers", kind: "int", dflt: 256, help: "most workers the registry holds (heartbeats of more are refused)" },
+  {
+    section: "gateway",
+    key: "prefix_index_max_blocks",
+    kind: "int",
+    dflt: 1048576,
+    help: "most blocks the prefix index holds from engines' KV events; beyond it the least recently reported are forgotten",
+  },
   { section: "gateway", key: "http_listen", kind: "addr", dflt: "127.0.0.1:8000", help: "OpenAI-compatible front door" },
   { section: "gateway", key: "registry_listen", kind: "addr", dflt: "127.0.0.1:50050", help: "WorkerRegistry (tl.control.v1) gRPC server" },
   { section: "gateway", key: "model", kind: "string", dflt: "", help: "model the gateway tokenizes for; as [engine] model" },
@@ -230,6 +251,16 @@ function coerce(spec: Spec, raw: unknown, where: string): Value {
   if (typeof raw !== "string") throw new ConfigError(`${name}: want a string, got ${quote(raw)}`);
   if (spec.kind === "choice" && !spec.choices!.includes(raw)) throw new ConfigError(`${name}: want one of ${spec.choices!.join(", ")}, got ${quote(raw)}`);
   if (spec.kind === "addr" || (spec.kind === "addr?" && raw !== "")) parseAddr(raw, name);
+  if (spec.kind === "gateways?" && raw !== "") {
+    const entries = raw.split(",").map((x) => x.trim());
+    if (entries.some((x) => x === "")) throw new ConfigError(`${name}: an empty entry in ${JSON.stringify(raw)}`);
+    for (const x of entries) parseAddr(x.startsWith("dns:") ? x.slice(4) : x, name);
+    try {
+      parseRegistryTargets(raw);
+    } catch (e) {
+      throw new ConfigError(`${name}: ${e instanceof Error ? e.message : String(e)}`);
+    }
+  }
   if (spec.kind === "host?" && raw !== "") {
     const ok = /^([A-Za-z0-9.-]+|[0-9a-fA-F]*:[0-9a-fA-F:]*:[0-9a-fA-F.]*)$/.test(raw) && !["0.0.0.0", "::"].includes(raw);
     if (!ok) throw new ConfigError(`${name}: want a host name or IP address others can reach, got ${quote(raw)}`);
@@ -330,7 +361,7 @@ export function helpText(): string {
     "",
     "usage:",
     "  engine --role prefill|decode|both|gateway [--config FILE.toml] [--option value ...]",
-    "  engine cluster [--prefill N] [--decode M] [--model PATH [--tokenizer PATH]] [--served-model-name NAME]",
+    "  engine cluster [--prefill N] [--decode M] [--gateways G] [--model PATH [--tokenizer PATH]] [--served-model-name NAME]",
     "                 [--plaintext] [--api-key KEY] (internal ports run mutual TLS with an ephemeral CA unless --plaintext)",
     "  engine certs --out DIR [--gateway N] [--prefill N] [--decode N] [--both N] [--admin N] [--dns NAMES] [--ip ADDRS] [--days D] [--per-role]",
     "  engine generate [--model PATH [--tokenizer PATH]] --prompt TEXT [--max-tokens N] [--temperature T] [--seed S]",

@@ -55,6 +55,7 @@ export async function runEngine(config: Config): Promise<EngineNode> {
     handleTtlS: Number(e.handle_ttl_s),
     pushIdleTimeoutMs: Number(e.push_idle_timeout_ms),
     gatewayRegistry: String(e.gateway_registry) || undefined,
+    kvEvents: e.kv_events !== false,
     heartbeatIntervalMs: Number(e.heartbeat_interval_ms),
     heartbeatTimeoutMs: Number(e.heartbeat_timeout_ms),
     onRequestEnd: (r) => {
@@ -94,7 +95,7 @@ export async function runEngine(config: Config): Promise<EngineNode> {
       metrics.poolBlocks.set({ state: "cached" }, pool.cached);
       metrics.poolBlocks.set({ state: "free" }, pool.free);
       metrics.handlesPending.set(node.receiver?.pending() ?? 0);
-      metrics.heartbeatMisses.set(node.heartbeat?.state.failures ?? 0);
+      metrics.heartbeatMisses.set(node.heartbeat?.failures ?? 0);
       const engine = node.engine;
       recordEngineState(metrics, node.model.name, {
         running: engine.runningCount,
@@ -154,6 +155,7 @@ export async function runGateway(config: Config): Promise<Gateway> {
     frontDoor: frontDoorOf(security),
     tls: security.tls,
     maxWorkers: Number(g.max_workers),
+    prefixIndexMaxBlocks: Number(g.prefix_index_max_blocks),
     routingHeaders: g.routing_headers === true,
     ...(security.apiKeys[0] !== undefined ? { engineApiKey: security.apiKeys[0] } : {}),
     routeWeights: { overlap: Number(g.route_overlap_weight), load: Number(g.route_load_weight) },
@@ -172,6 +174,7 @@ export async function runGateway(config: Config): Promise<Gateway> {
       model: model.name,
       http: gw.httpAddress,
       registry: gw.registryAddress,
+      gateway_id: gw.gatewayId,
       tls: security.mode,
       api_key: security.apiKeys.length > 0,
     }),

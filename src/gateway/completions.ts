@@ -12,7 +12,8 @@ import { RetryPolicy } from "./pair-picker.ts";
 import { type PrefillClient, untilAborted } from "./prefill-client.ts";
 import { followRequest, recordHandoff, type Served, servedExtra, servedHeaders } from "./request-log.ts";
 import { type EngineStream, type Streaming, streamColocated, streamResume } from "./resume-stream.ts";
-import type { KvAffinity, Suspects } from "./router.ts";
+import type { PrefixIndex } from "./prefix-index.ts";
+import type { Suspects } from "./router.ts";
 import type { StreamDeadlines } from "./token-stream.ts";
 
 const NEVER = new AbortController().signal;
@@ -31,7 +32,7 @@ export interface CompletionsContext {
   maxModelLen: number;
   picker: PairPicker;
   prefill: PrefillClient;
-  affinity: KvAffinity;
+  affinity: PrefixIndex;
   /** Engines that missed a deadline, scored out by the picker for a while. */
   suspects: Suspects;
   /** An engine's stream: its first byte and the gaps between tokens. */
@@ -51,6 +52,8 @@ export interface CompletionsContext {
   engineHeaders?: Record<string, string>;
   /** Name the workers that served a request to its client (debugging only). */
   routingHeaders?: boolean;
+  /** This replica's id: with routingHeaders, told in x-tl-gateway (which replica served). */
+  gatewayId?: string;
 }
 
 /** One prompt on its way through the gateway: parsed, named, traced, abortable by its client. */
@@ -329,6 +332,7 @@ export class Completions {
         ...(p.ignoredFields.length > 0 ? { "x-tl-ignored-fields": p.ignoredFields.join(",") } : {}),
         "x-request-id": t.requestId,
         ...servedHeaders(s, ctx.routingHeaders === true),
+        ...(ctx.routingHeaders === true && ctx.gatewayId ? { "x-tl-gateway": ctx.gatewayId } : {}),
         "x-tl-seed": p.seed.toString(),
       },
       extra: () => servedExtra(s, ctx.routingHeaders === true),

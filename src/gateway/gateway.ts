@@ -1,4 +1,5 @@
-import { WorkerRegistry as WorkerRegistryService } from "../gen/tl/control/v1/control_pb.ts";
+import { toBinary } from "@bufbuild/protobuf";
+import { KvEventsSchema, WorkerRegistry as WorkerRegistryService } from "../gen/tl/control/v1/control_pb.ts";
 import { releaseUnclaimed } from "../handoff/index.ts";
 import { type HttpListenerOptions, type HttpServer, serveHttp } from "../http/index.ts";
 import type { TlsSource } from "../rpc/tls-config.ts";
@@ -12,7 +13,8 @@ import { Completions } from "./completions.ts";
 import { InFlight, PairPicker } from "./pair-picker.ts";
 import { PrefillClient } from "./prefill-client.ts";
 import { MAX_HEARTBEAT_BYTES, RegistryService } from "./registry-service.ts";
-import { type CostWeights, DEFAULT_WEIGHTS, KvAffinity, Suspects } from "./router.ts";
+import { PrefixIndex } from "./prefix-index.ts";
+import { type CostWeights, DEFAULT_WEIGHTS, Suspects } from "./router.ts";
 import { gatewayRoutes } from "./routes.ts";
 import { WorkerRegistry } from "./worker-registry.ts";
 
@@ -49,6 +51,16 @@ export interface GatewayOptions {
   maxWorkers?: number;
   /** Bearer key the gateway presents to engines' HTTP ports (they take the cluster's API keys too). */
   engineApiKey?: string;
+  /**
+   * This replica's identity, told to engines in every heartbeat ack; handles it asks for are
+   * bound to it, so engines free them early when it is gone. Default: `<gatewayName>.<8 hex>`,
+   * fresh per process, so a restarted replica is a new one.
+   */
+  gatewayId?: string;
+  /** The stem of the default gatewayId; default: the worker id of the gateway's certificate, else `gateway-<pid>`. */
+  gatewayName?: string;
+  /** Most blocks the prefix index holds from engines' KV events (default 2^20). */
+  prefixIndexMaxBlocks?: number;
   /** Tell clients which workers served them (x-tl-prefill-worker / x-tl-decode-worker, the last chunk's tl.*_worker): a debugging aid, off by default. */
   routingHeaders?: boolean;
 }
@@ -69,6 +81,10 @@ export interface Gateway {
   readonly httpAddress: string;
   readonly registryAddress: string;
   readonly registry: WorkerRegistry;
+  /** This replica's identity (HeartbeatAck.gateway_id, PrefillRequest.gateway_id). */
+  readonly gatewayId: string;
+  /** What the engines say they hold (their KV events), and this replica's routes until they say. */
+  readonly prefixIndex: PrefixIndex;
   /** Engines routed around for now (they missed a deadline). */
   readonly suspects: Suspects;
   readonly metrics: Metrics;
@@ -82,12 +98,21 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
   const host = opts.host ?? "127.0.0.1";
   const registry = new WorkerRegistry({ intervalMs: opts.heartbeatIntervalMs ?? 2000 });
   const tls = opts.tls ?? null;
+  const gatewayId = opts.gatewayId ?? newGatewayId(opts.gatewayName || tls?.current.self.workerId || `gateway-${process.pid}`);
+  const affinity = new PrefixIndex({ maxBlocks: opts.prefixIndexMaxBlocks });
+  const metrics = createMetrics("gateway");
   const registryService = new RegistryService(registry, {
     maxWorkers: opts.maxWorkers,
+    index: affinity,
+    gatewayId,
+    onKvEvents: (ev, answer) => {
+      for (const e of ev.events) metrics.kvEvents.inc({ kind: ev.snapshot ? "snapshot" : e.removed ? "removed" : "stored" }, e.hashes.length);
+      metrics.kvEventBytes.inc(toBinary(KvEventsSchema, ev).length);
+      if (answer.snapshot) metrics.kvSnapshotsAsked.inc();
+      metrics.prefixIndexBlocks.set(affinity.size);
+    },
     expect: { model: opts.modelName, vocabSize: opts.tokenizer.vocabSize, tokenizerFingerprint: tokenizerFingerprint(opts.tokenizer) },
   });
-  const metrics = createMetrics("gateway");
-  const affinity = new KvAffinity();
   const inflight = new InFlight();
   const suspects = new Suspects(opts.suspectCooldownMs ?? GATEWAY_DEFAULTS.suspectCooldownMs);
   const admission = new Admission();
@@ -108,9 +133,10 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     modelName: opts.modelName,
     maxModelLen: opts.maxModelLen,
     picker: new PairPicker(registry, affinity, inflight, suspects, opts.routeWeights ?? DEFAULT_WEIGHTS),
-    prefill: new PrefillClient(opts.prefillTimeoutMs ?? GATEWAY_DEFAULTS.prefillTimeoutMs, tls),
+    prefill: new PrefillClient(opts.prefillTimeoutMs ?? GATEWAY_DEFAULTS.prefillTimeoutMs, tls, gatewayId),
     engineHeaders: opts.engineApiKey ? { authorization: `Bearer ${opts.engineApiKey}` } : {},
     routingHeaders: opts.routingHeaders === true,
+    gatewayId,
     affinity,
     suspects,
     deadlines: {
@@ -141,6 +167,8 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     httpAddress: http.address,
     registryAddress: grpc.address,
     registry,
+    gatewayId,
+    prefixIndex: affinity,
     suspects,
     metrics,
     drain: (deadlineMs) => admission.drain(deadlineMs),
@@ -154,4 +182,14 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
       await releaser.close();
     },
   };
+}
+
+/**
+ * A replica id unique per process: `<name>.<8 hex>`, a valid worker id (peer-identity.ts) that
+ * a certificate for `name` speaks for (control-service.ts, checkGatewayId).
+ */
+function newGatewayId(name: string): string {
+  const b = new Uint8Array(4);
+  crypto.getRandomValues(b);
+  return `${name}.${Array.from(b, (x) => x.toString(16).padStart(2, "0")).join("")}`;
 }

@@ -62,7 +62,12 @@ interface Held extends ClaimedHandle {
   expiresAt: number;
   /** the peer that pushed it ("" when unidentified) */
   peer: string;
+  /** the gateway replica the push was asked for ("" when none said): releaseOwner frees it early */
+  owner: string;
 }
+
+/** Longest owner (a gateway replica's worker id, peer-identity.ts) a push may name. */
+export const MAX_OWNER_CHARS = 128;
 
 /** What one identified peer holds on this receiver right now. */
 interface PeerShare {
@@ -132,9 +137,10 @@ export class KvReceiver {
    * unidentified). Refuses a handle id pending or in flight, or one push too many, for
    * this receiver or for this peer.
    */
-  begin(handleId: string, total: number, peer = ""): PushSession {
+  begin(handleId: string, total: number, peer = "", owner = ""): PushSession {
     this.sweep();
     if (handleId === "") throw new KvError(Code.InvalidArgument, "empty handle_id");
+    if (owner.length > MAX_OWNER_CHARS) throw new KvError(Code.InvalidArgument, `owner of ${owner.length} characters, max ${MAX_OWNER_CHARS}`);
     if (!(Number.isInteger(total) && total >= 1)) throw new KvError(Code.InvalidArgument, `total ${total} must be ≥ 1`);
     if (this.held.has(handleId) || this.inflight.has(handleId)) {
       throw new KvError(Code.AlreadyExists, `handle ${handleId} is already ${this.held.has(handleId) ? "pending" : "being pushed"}`);
@@ -157,7 +163,7 @@ export class KvReceiver {
       }
       share.inFlight++;
     }
-    const s = new PushSession(this, handleId, total, this.now() + this.ttlMs, peer, this.now());
+    const s = new PushSession(this, handleId, total, this.now() + this.ttlMs, peer, this.now(), owner);
     this.inflight.set(handleId, s);
     this.nextSweep = Math.min(this.nextSweep, s.deadline, s.lastActive + this.pushIdleTimeoutMs);
     return s;
@@ -193,6 +199,24 @@ export class KvReceiver {
     this.drop(handleId, h);
     this.pool.releaseAll(h.blockIds);
     return true;
+  }
+
+  /**
+   * Frees every pending handle the gateway replica `owner` asked for: it is gone (its
+   * beats failed, or another replica answers at its address), so no client of it will
+   * claim them. Handles of other replicas, and of none (""), are left alone. Returns how
+   * many were freed.
+   */
+  releaseOwner(owner: string): number {
+    if (owner === "") return 0;
+    let n = 0;
+    for (const [id, h] of [...this.held]) {
+      if (h.owner !== owner) continue;
+      this.drop(id, h);
+      this.pool.releaseAll(h.blockIds);
+      n++;
+    }
+    return n;
   }
 
   /** What `peer` holds now: pushes in flight, handles pending, blocks (both together). */
@@ -315,6 +339,8 @@ export class PushSession {
     readonly peer: string,
     /** @internal when the last chunk arrived (the idle timeout counts from it) */
     public lastActive: number,
+    /** the gateway replica the push was asked for ("" when none said) */
+    readonly owner = "",
   ) {}
 
   get aborted(): boolean {
@@ -444,6 +470,7 @@ export class PushSession {
       nTokens: this.nTokens,
       expiresAt: this.rx.expiry(),
       peer: this.peer,
+      owner: this.owner,
     });
     return {
       handleId: this.handleId,

@@ -128,7 +128,7 @@ test("deploy_manifests_parse_and_cover_the_layout", () => {
   for (const o of objects) expect(o.metadata.namespace, `${o.kind}/${o.metadata.name}`).toBe(clusterScoped.includes(o.kind) ? undefined : ns);
 
   expect(pods.map((p) => [p.name, p.config.role, workload(p.name).spec.replicas])).toEqual([
-    ["gateway", "gateway", 1],
+    ["gateway", "gateway", 2],
     ["prefill", "prefill", 1],
     ["decode", "decode", 2],
   ]);
@@ -174,12 +174,17 @@ test("deploy_engines_advertise_their_pod_ip_and_beat_to_the_registry_service", (
     expect(p.config.engine.advertise_host).toBe("10.244.1.7");
     const env = (p.container.env as Obj[]).find((e) => `$(${e.name})` === p.container.args[p.container.args.indexOf("--advertise-host") + 1]);
     expect(env?.valueFrom?.fieldRef?.fieldPath).toBe("status.podIP");
-    const { host, port } = parseAddr(String(p.config.engine.gateway_registry));
+    // A DNS name re-resolved every beat, so each engine beats to every gateway replica.
+    const registry = String(p.config.engine.gateway_registry);
+    expect(registry.startsWith("dns:"), `${p.name}'s gateway_registry is a dns: name`).toBe(true);
+    const { host, port } = parseAddr(registry.slice(4));
     const ns = gw.template.metadata.namespace ?? workload("gateway").metadata.namespace;
     const svcName = host.replace(new RegExp(`\\.${ns}(\\.svc(\\.cluster\\.local)?)?$`), "");
     const svc = services.find((s) => s.metadata.name === svcName);
     expect(svc, `Service ${svcName} named by ${p.name}'s gateway_registry`).toBeDefined();
     expect(selects(svc!.spec.selector, gw.template.metadata.labels)).toBe(true);
+    // Headless, so the name yields every replica; not-ready replicas too, which need beats to become ready.
+    expect([svc!.spec.clusterIP, svc!.spec.publishNotReadyAddresses]).toEqual(["None", true]);
     const sp = (svc!.spec.ports as Obj[]).find((x) => x.port === port);
     expect(sp, `${svcName} serves port ${port}`).toBeDefined();
     expect(resolvePort(gw.container, sp!.targetPort ?? sp!.port)).toBe(registryPort);
@@ -210,9 +215,21 @@ test("deploy_drain_fits_the_grace_period", () => {
     const pause = p.container.lifecycle?.preStop?.sleep?.seconds;
     expect(pause, `${p.name} preStop pause`).toBeGreaterThan(0);
     // Kubelet counts the preStop pause inside the grace period, then SIGKILLs.
-    const drain = p.config.role === "gateway" ? 0 : Number(p.config.engine.drain_timeout_s);
+    const drain = Number((p.config.role === "gateway" ? p.config.gateway : p.config.engine).drain_timeout_s);
     expect(spec.terminationGracePeriodSeconds, p.name).toBeGreaterThan(pause + drain);
   }
+});
+
+test("deploy_gateway_replicas_roll_without_a_gap", () => {
+  const gw = workload("gateway");
+  expect(gw.spec.replicas).toBeGreaterThanOrEqual(2);
+  // A rollout adds the new replica before draining an old one.
+  expect(gw.spec.strategy).toEqual({ type: "RollingUpdate", rollingUpdate: { maxUnavailable: 0, maxSurge: 1 } });
+  // Voluntary disruptions leave at least one replica serving, and never block all of them.
+  const pdb = byKind("PodDisruptionBudget").find((b) => selects(b.spec.selector.matchLabels, gw.spec.template.metadata.labels));
+  expect(pdb, "a PodDisruptionBudget over the gateway").toBeDefined();
+  expect(pdb!.spec.minAvailable).toBeGreaterThanOrEqual(1);
+  expect(pdb!.spec.minAvailable).toBeLessThan(gw.spec.replicas);
 });
 
 /** The Dockerfile's instructions by stage (comments and continuations folded), and its .dockerignore. */
