@@ -92,6 +92,7 @@ export function ggufTokenizerSource(m: Pick<GgufModelFile, "file" | "gguf">): To
     paddingId: id("tokenizer.ggml.padding_token_id"),
     addBos: bool("tokenizer.ggml.add_bos_token"),
     addEos: bool("tokenizer.ggml.add_eos_token"),
+    addSpacePrefix: bool("tokenizer.ggml.add_space_prefix"),
     chatTemplate: str("tokenizer.chat_template"),
   };
   return { kind: "gguf", file: m.file, meta: meta2 };
