@@ -130,6 +130,8 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
   const routes = gatewayRoutes({
     modelName: opts.modelName,
     maxModelLen: opts.maxModelLen,
+    tokenizer: opts.tokenizer,
+    ...(opts.chat ? { chat: opts.chat } : {}),
     registry,
     metrics,
     admission,

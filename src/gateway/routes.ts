@@ -1,5 +1,6 @@
 import { Role } from "../gen/tl/control/v1/control_pb.ts";
-import { type CompletionKind, errorResponse, HttpError } from "../http/index.ts";
+import { type CompletionKind, detokenizeRoute, errorResponse, HttpError, tokenizeRoute } from "../http/index.ts";
+import type { ChatRenderer, Tokenizer } from "../model/index.ts";
 import { type Metrics, metricsResponse } from "../obs/index.ts";
 import type { Admission } from "./admission.ts";
 import type { Completions } from "./completions.ts";
@@ -8,6 +9,9 @@ import type { WorkerRegistry } from "./worker-registry.ts";
 export interface GatewayRoutesContext {
   modelName: string;
   maxModelLen: number;
+  /** /tokenize and /detokenize answer with the gateway's own tokenizer and template (it reads no weights). */
+  tokenizer: Tokenizer;
+  chat?: ChatRenderer;
   registry: WorkerRegistry;
   metrics: Metrics;
   admission: Admission;
@@ -42,6 +46,8 @@ export function gatewayRoutes(ctx: GatewayRoutesContext): (req: Request) => Prom
     try {
       const kind = req.method !== "POST" ? null : url.pathname === "/v1/completions" ? "completion" : url.pathname === "/v1/chat/completions" ? "chat" : null;
       if (kind) return await completion(req, kind);
+      if (req.method === "POST" && url.pathname === "/tokenize") return await tokenizeRoute(req, ctx);
+      if (req.method === "POST" && url.pathname === "/detokenize") return await detokenizeRoute(req, ctx);
       if (req.method === "GET" && url.pathname === "/v1/models") {
         return Response.json({
           object: "list",

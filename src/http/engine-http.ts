@@ -7,6 +7,7 @@ import { LIMITS, parseCompletion, samplingOf, type CompletionKind, type Completi
 import { completionResponse } from "./completion-response.ts";
 import { errorResponse, HttpError } from "./errors.ts";
 import { TokenQueue } from "./token-queue.ts";
+import { detokenizeRoute, type TokenizeContext, tokenizeRoute } from "./tokenize.ts";
 
 export interface EngineHttpContext {
   engine: Engine;
@@ -95,6 +96,7 @@ class EngineHttp {
   private readonly engine: Engine;
   private readonly tokenizer: Tokenizer;
   private readonly limits: { tokenizer: Tokenizer; maxModelLen: number; chat: ChatRenderer | undefined };
+  private readonly tokenize: TokenizeContext;
   // Span attributes built once, so tracing off allocates nothing per request.
   private readonly serverAttrs: Record<CompletionKind, Attributes>;
   private readonly stepAttrs: Attributes;
@@ -104,6 +106,7 @@ class EngineHttp {
     this.engine = engine;
     this.tokenizer = tokenizer;
     this.limits = { tokenizer, maxModelLen: engine.maxModelLen, chat: ctx.chat };
+    this.tokenize = { modelName: ctx.modelName, ...this.limits };
     const role = ctx.roles.length === 1 ? ctx.roles[0]! : "both";
     this.serverAttrs = {
       completion: { "tl.role": role, "tl.worker_id": ctx.workerId, "http.request.method": "POST", "url.path": "/v1/completions" },
@@ -118,6 +121,8 @@ class EngineHttp {
     try {
       if (req.method === "POST" && url.pathname === "/v1/completions") return await this.complete(req, "completion");
       if (req.method === "POST" && url.pathname === "/v1/chat/completions") return await this.complete(req, "chat");
+      if (req.method === "POST" && url.pathname === "/tokenize") return await tokenizeRoute(req, this.tokenize);
+      if (req.method === "POST" && url.pathname === "/detokenize") return await detokenizeRoute(req, this.tokenize);
       if (req.method === "GET" && url.pathname === "/v1/models") {
         return Response.json({
           object: "list",

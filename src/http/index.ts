@@ -17,3 +17,4 @@ export { TokenQueue, type StreamEnd, type EndReason } from "./token-queue.ts";
 export { sseData } from "./sse-data.ts";
 export { apiKeysFrom, DEFAULT_MAX_REQUEST_BYTES, frontDoor, type FrontDoorOptions } from "./front-door.ts";
 export { fromWire, toWire, LogprobsWriter, type WireLogprobs } from "./logprobs-shape.ts";
+export { detokenizeRoute, tokenizeRoute, type TokenizeContext } from "./tokenize.ts";
