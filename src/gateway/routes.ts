@@ -55,16 +55,13 @@ export function gatewayRoutes(ctx: GatewayRoutesContext): (req: Request) => Prom
         });
       }
       if (req.method === "GET" && url.pathname === "/health") {
-        // Readiness: 503 while draining, so a Service stops sending it clients.
-        const draining = admission.isDraining;
-        return Response.json(
-          {
-            status: draining ? "draining" : "ok",
-            workers: { prefill: liveCount(Role.PREFILL), decode: liveCount(Role.DECODE), both: liveCount(Role.BOTH) },
-            tls: ctx.tls ?? "plaintext",
-          },
-          { status: draining ? 503 : 200 },
-        );
+        // Readiness: 503 while draining, and until the registry holds what a request needs (a
+        // prefill and a decode engine, or a both engine), so a Service sends clients only to a
+        // gateway that can serve them. Liveness is /health/live.
+        const workers = { prefill: liveCount(Role.PREFILL), decode: liveCount(Role.DECODE), both: liveCount(Role.BOTH) };
+        const canServe = workers.both > 0 || (workers.prefill > 0 && workers.decode > 0);
+        const status = admission.isDraining ? "draining" : canServe ? "ok" : "no_engines";
+        return Response.json({ status, workers, tls: ctx.tls ?? "plaintext" }, { status: status === "ok" ? 200 : 503 });
       }
       // Liveness stays up while draining.
       if (req.method === "GET" && url.pathname === "/health/live") return Response.json({ status: "alive" });

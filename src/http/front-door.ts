@@ -16,7 +16,7 @@ export interface FrontDoorOptions {
 
 /**
  * Every HTTP request passes here before routing: the API key on every path but
- * /health (and /metrics unless asked), then the body bound. Bodies with a Content-Length are judged by it;
+ * /health, /health/live (and /metrics unless asked), then the body bound. Bodies with a Content-Length are judged by it;
  * chunked ones are read here, counting, and stop at the first byte past the bound.
  */
 export function frontDoor(handler: Handler, opts: FrontDoorOptions = {}): Handler {
@@ -90,7 +90,8 @@ function authorized(req: Request, keys: readonly Buffer[]): boolean {
 // Only the probes are open; everything else (/v1/*, and any path a router might
 // normalise into one) needs the key.
 function needsKey(path: string, metricsNeedKey: boolean): boolean {
-  if (path === "/health") return false;
+  // Kubernetes probes carry no credentials: readiness and liveness are both open.
+  if (path === "/health" || path === "/health/live") return false;
   if (path === "/metrics") return metricsNeedKey;
   return true;
 }

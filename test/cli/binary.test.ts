@@ -51,10 +51,12 @@ test("binary_starts_in_each_role", async () => {
       expect(http).toMatch(/^127\.0\.0\.1:\d+$/);
       expect(http).not.toBe("127.0.0.1:0");
       const res = await fetch(`http://${http}/health`);
-      expect(res.status).toBe(200);
+      // A gateway with no engine registered is alive but not ready.
+      expect(res.status).toBe(role === "gateway" ? 503 : 200);
       const health = (await res.json()) as { status: string; roles?: string[]; workers?: Record<string, number> };
-      expect(health.status).toBe("ok");
+      expect(health.status).toBe(role === "gateway" ? "no_engines" : "ok");
       if (role === "gateway") {
+        expect((await fetch(`http://${http}/health/live`)).status).toBe(200);
         expect(health.workers).toEqual({ prefill: 0, decode: 0, both: 0 });
         expect(String(ready.registry)).toMatch(/^127\.0\.0\.1:[1-9]\d*$/);
       } else {

@@ -179,6 +179,8 @@ test("deploy_engines_advertise_their_pod_ip_and_beat_to_the_registry_service", (
     const svcName = host.replace(new RegExp(`\\.${ns}(\\.svc(\\.cluster\\.local)?)?$`), "");
     const svc = services.find((s) => s.metadata.name === svcName);
     expect(svc, `Service ${svcName} named by ${p.name}'s gateway_registry`).toBeDefined();
+    // The gateway is not ready until engines registered through this Service: it must not wait for readiness.
+    expect(svc!.spec.publishNotReadyAddresses, `${svcName} publishNotReadyAddresses`).toBe(true);
     expect(selects(svc!.spec.selector, gw.template.metadata.labels)).toBe(true);
     const sp = (svc!.spec.ports as Obj[]).find((x) => x.port === port);
     expect(sp, `${svcName} serves port ${port}`).toBeDefined();
