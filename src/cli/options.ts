@@ -246,20 +246,27 @@ export function applyToml(c: Config, path: string): void {
 
 /** Subcommand flags that take no value (`engine cluster --plaintext`). */
 const STANDALONE_FLAGS = new Set(["plaintext", "per-role"]);
+/** Subcommand flags that take one (`engine cluster --prefill N`, `engine certs --out DIR`, `engine generate --prompt TEXT`), and --role, --config. */
+const SUBCOMMAND_FLAGS = new Set(["role", "config", "prefill", "decode", "both", "gateway", "admin", "out", "dns", "ip", "days", "prompt", "max-tokens", "temperature", "seed"]);
 
 /**
  * Flags override the config file. `--http-listen` and the other keys both sections
  * have go to [gateway] for the gateway role and to [engine] otherwise.
  */
-export function parseArgs(argv: readonly string[]): { config: Config; rest: Map<string, string>; help: boolean } {
+export function parseArgs(argv: readonly string[]): { config: Config; rest: Map<string, string>; help: boolean; version: boolean } {
   const flags = new Map<string, string>();
   const lists = new Map<string, string[]>();
   const kindOf = (name: string) => (STANDALONE_FLAGS.has(name) ? "bool" : SPECS.find((s) => s.key === name.replaceAll("-", "_"))?.kind);
   let help = false;
+  let version = false;
   for (let i = 0; i < argv.length; i++) {
     const a = argv[i]!;
     if (a === "--help" || a === "-h") {
       help = true;
+      continue;
+    }
+    if (a === "--version") {
+      version = true;
       continue;
     }
     if (!a.startsWith("--")) throw new ConfigError(`unexpected argument ${JSON.stringify(a)}`);
@@ -267,7 +274,9 @@ export function parseArgs(argv: readonly string[]): { config: Config; rest: Map<
     const name = eq >= 0 ? a.slice(2, eq) : a.slice(2);
     // A boolean flag stands alone (`--insecure`) unless written `--insecure=false`.
     const value = eq >= 0 ? a.slice(eq + 1) : kindOf(name) === "bool" ? "true" : argv[++i];
-    if (value === undefined) throw new ConfigError(`--${name} needs a value`);
+    // A flag no option has, last on the line, is unknown (not short of a value); subcommands'
+    // own flags (cluster --prefill N, certs --out DIR) come with their values.
+    if (value === undefined) throw new ConfigError(kindOf(name) === undefined && !SUBCOMMAND_FLAGS.has(name) ? `unknown option --${name}` : `--${name} needs a value`);
     if (kindOf(name) === "list") lists.set(name, [...(lists.get(name) ?? []), value]);
     else flags.set(name, value);
   }
@@ -293,7 +302,7 @@ export function parseArgs(argv: readonly string[]): { config: Config; rest: Map<
     config[spec.section][key] = coerce(spec, value, `--${name}:`);
     config.given.add(`${spec.section}.${key}`);
   }
-  return { config, rest, help };
+  return { config, rest, help, version };
 }
 
 export function helpText(): string {
@@ -318,6 +327,7 @@ export function helpText(): string {
     '  --role ROLE        prefill | decode | both | gateway (default: "both")',
     "  --config FILE      TOML file with [engine] and [gateway] tables",
     "  --help             this text",
+    "  --version          the engine's version",
   );
   return lines.join("\n");
 }

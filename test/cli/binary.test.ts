@@ -99,6 +99,9 @@ test("binary_refuses_bad_config", async () => {
     { args: ["--advertise-host", "0.0.0.0"], says: ["engine.advertise_host", '"0.0.0.0"'] },
     { args: ["--no-such-flag", "1"], says: ["unknown option --no-such-flag"] },
     { args: ["--block-tokens"], says: ["--block-tokens needs a value"] },
+    // A flag no option has is unknown, wherever it stands (it was "--bogus needs a value").
+    { args: ["--bogus"], says: ["unknown option --bogus"] },
+    { args: ["--role", "both", "--bogus"], says: ["unknown option --bogus"] },
     { args: ["cluster", "--decode", "0"], says: ["--decode", "1..16"] },
   ];
   const results = await Promise.all(cases.map((c) => run(c.args)));
@@ -112,6 +115,12 @@ test("binary_refuses_bad_config", async () => {
     expect(r.out).not.toContain('"msg":"ready"');
   });
 }, 40_000);
+
+test("binary_says_its_version", async () => {
+  const r = await run(["--version"]);
+  const pkg = JSON.parse(readFileSync(join(REPO, "package.json"), "utf8")) as { version: string };
+  expect({ code: r.code, out: r.out }).toEqual({ code: 0, out: `engine ${pkg.version}\n` });
+});
 
 test("binary_help_lists_every_option", async () => {
   const r = await run(["--help"]);
