@@ -28,6 +28,7 @@ import {
 import { KvPool } from "../pool/index.ts";
 import { KvReceiver, RoutingTransport, serveDataPlane, serveKv, type DataPlaneServer, type KvServer } from "../transfer/index.ts";
 import { blockPayloadBytes, type KvShape } from "../codec/index.ts";
+import { ENGINE_DEFAULTS } from "./options.ts";
 
 /** A model ready to serve: what forward needs, how text maps to tokens, the KV shape per layer. */
 export interface ServedModel {
@@ -85,7 +86,7 @@ export interface EngineNodeOptions {
   maxModelLen?: number;
   maxBatchTokens?: number;
   handleTtlS?: number;
-  /** Decode side: a push silent this long is aborted and freed (default 10 000 ms). */
+  /** Decode side: a push silent this long is aborted and freed. Left out, any option here is its SPECS default. */
   pushIdleTimeoutMs?: number;
   /** host:port of the gateway's WorkerRegistry; no heartbeat without it. */
   gatewayRegistry?: string;
@@ -120,6 +121,8 @@ export interface EngineNode {
   readonly receiver: KvReceiver | null;
   readonly model: ServedModel;
   readonly heartbeat: Heartbeat | null;
+  /** The values this engine runs with: the caller's, else the option's default (SPECS). */
+  readonly effective: EffectiveOptions;
   /** Stops admitting, waits for in-flight work up to the deadline, then stops every server. */
   shutdown(deadlineMs?: number): Promise<number>;
 }
@@ -224,6 +227,34 @@ let nodeCounter = 0;
 const CONTROL_MESSAGE_BYTES = 4 * 1024 * 1024;
 const STREAM_SETTLE_MS = 50;
 
+/** The tuning an engine node runs with, each the caller's value or its [engine] option's default. */
+export interface EffectiveOptions {
+  blockTokens: number;
+  numBlocks: number;
+  /** At most the model's context; max_model_len 0 (the default) or none: the context. */
+  maxModelLen: number;
+  maxBatchTokens: number;
+  handleTtlS: number;
+  pushIdleTimeoutMs: number;
+  heartbeatIntervalMs: number;
+  heartbeatTimeoutMs: number;
+}
+
+/** Every value a caller leaves out is its option's default: SPECS holds each one (ENGINE_DEFAULTS), nothing here. */
+function effectiveOptions(opts: EngineNodeOptions, context: number): EffectiveOptions {
+  const D = ENGINE_DEFAULTS;
+  return {
+    blockTokens: opts.blockTokens ?? D.block_tokens,
+    numBlocks: opts.numBlocks ?? D.num_blocks,
+    maxModelLen: Math.min(opts.maxModelLen || D.max_model_len || context, context),
+    maxBatchTokens: opts.maxBatchTokens ?? D.max_batch_tokens,
+    handleTtlS: opts.handleTtlS ?? D.handle_ttl_s,
+    pushIdleTimeoutMs: opts.pushIdleTimeoutMs ?? D.push_idle_timeout_ms,
+    heartbeatIntervalMs: opts.heartbeatIntervalMs ?? D.heartbeat_interval_ms,
+    heartbeatTimeoutMs: opts.heartbeatTimeoutMs ?? D.heartbeat_timeout_ms,
+  };
+}
+
 /** Starts one engine process's servers: HTTP, EngineControl, KvTransfer (decode roles), heartbeat. */
 // Long by design: one start-up sequence whose every server is pushed onto `closers`
 // as it starts, so a failure anywhere stops exactly what was started (the catch below).
@@ -236,14 +267,15 @@ export async function startEngineNode(opts: EngineNodeOptions): Promise<EngineNo
   const chat = chatRendererFor(model.tokenizer, model.chatTemplate ?? null, opts.chatTemplatePath);
   // Told to the gateway (heartbeat) and peers (Info): a gateway refuses an engine that tokenizes differently.
   const fingerprint = tokenizerFingerprint(model.tokenizer);
-  const shape: KvShape = { blockTokens: opts.blockTokens ?? 16, nLayers: model.nLayers, nKvHeads: model.nKvHeads, headDim: model.headDim };
-  const pool = await kvPoolFor(model, shape, opts.numBlocks ?? 1024);
-  const maxModelLen = Math.min(opts.maxModelLen ?? model.maxSeqLen, model.maxSeqLen);
+  const effective = effectiveOptions(opts, model.maxSeqLen);
+  const shape: KvShape = { blockTokens: effective.blockTokens, nLayers: model.nLayers, nKvHeads: model.nKvHeads, headDim: model.headDim };
+  const pool = await kvPoolFor(model, shape, effective.numBlocks);
+  const maxModelLen = effective.maxModelLen;
   const engine = new Engine({
     model: model.runner,
     pool,
     maxModelLen,
-    maxBatchTokens: opts.maxBatchTokens ?? 256,
+    maxBatchTokens: effective.maxBatchTokens,
     eosTokenIds: model.eosIds ?? model.tokenizer.eosIds,
   });
   const roles: ("prefill" | "decode")[] = role === "both" ? ["prefill", "decode"] : [role];
@@ -258,9 +290,9 @@ export async function startEngineNode(opts: EngineNodeOptions): Promise<EngineNo
     let kv: KvServer | null = null;
     if (receivesKv(role)) {
       receiver = new KvReceiver(pool, {
-        ttlMs: (opts.handleTtlS ?? 60) * 1000,
+        ttlMs: effective.handleTtlS * 1000,
         onExpired: opts.onHandleExpired,
-        ...(opts.pushIdleTimeoutMs ? { pushIdleTimeoutMs: opts.pushIdleTimeoutMs } : {}),
+        pushIdleTimeoutMs: effective.pushIdleTimeoutMs,
       });
       // serveKv would advertise its data plane at the bound host, which peers cannot reach
       // behind 0.0.0.0: start it here and advertise it as the other addresses are.
@@ -318,7 +350,7 @@ export async function startEngineNode(opts: EngineNodeOptions): Promise<EngineNo
     closers.push(() => http.stop());
     let heartbeat: Heartbeat | null = null;
     if (opts.gatewayRegistry) {
-      const registry = new GrpcRegistry(opts.gatewayRegistry, opts.heartbeatTimeoutMs ?? 1000, tls ?? undefined);
+      const registry = new GrpcRegistry(opts.gatewayRegistry, effective.heartbeatTimeoutMs, tls ?? undefined);
       heartbeat = Heartbeat.spawn(
         registry,
         {
@@ -334,8 +366,8 @@ export async function startEngineNode(opts: EngineNodeOptions): Promise<EngineNo
           tokenizerFingerprint: fingerprint,
         },
         () => ({ queueDepth: engine.queueDepth, running: engine.runningCount, freeBlocks: pool.total - pool.used, draining: engine.isDraining }),
-        opts.heartbeatIntervalMs ?? 2000,
-        opts.heartbeatTimeoutMs ?? 1000,
+        effective.heartbeatIntervalMs,
+        effective.heartbeatTimeoutMs,
         () => void engine.drain(0),
       );
       closers.push(() => heartbeat!.stop());
@@ -358,6 +390,7 @@ export async function startEngineNode(opts: EngineNodeOptions): Promise<EngineNo
       receiver,
       model,
       heartbeat,
+      effective,
       shutdown(deadlineMs = 0) {
         down ??= (async () => {
           const draining = engine.drain(deadlineMs);

@@ -131,7 +131,7 @@ test("binary_help_lists_every_option", async () => {
     const line = lines.find((l) => l.includes(`[${s.section}] ${s.key} `));
     expect(line, `help line for [${s.section}] ${s.key}`).toBeDefined();
     expect(line).toContain(flag);
-    expect(line).toContain(`(default: ${JSON.stringify(s.dflt)})`);
+    expect(line).toContain(`(default: ${(s as { dfltText?: string }).dfltText ?? JSON.stringify(s.dflt)})`);
   }
   for (const word of ["--role", "--config", "cluster", "generate"]) expect(r.out).toContain(word);
 });

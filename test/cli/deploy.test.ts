@@ -2,7 +2,8 @@ import { afterAll, expect, test } from "bun:test";
 import { copyFileSync, existsSync, mkdirSync, readFileSync, readdirSync, statSync, symlinkSync, writeFileSync } from "node:fs";
 import { dirname, join } from "node:path";
 import { parseAllDocuments } from "yaml";
-import { parseAddr, parseArgs, type Config } from "../../src/cli/options.ts";
+import { GATEWAY_CONFIG_DEFAULTS, parseAddr, parseArgs, type Config } from "../../src/cli/options.ts";
+import { neverDisaggregates } from "../../src/cli/run-engine.ts";
 import { REPO, tempDir } from "./procs.ts";
 
 // The manifests are only as good as their agreement with the binary: every container's
@@ -186,6 +187,17 @@ test("deploy_engines_advertise_their_pod_ip_and_beat_to_the_registry_service", (
     expect(sp, `${svcName} serves port ${port}`).toBeDefined();
     expect(resolvePort(gw.container, sp!.targetPort ?? sp!.port)).toBe(registryPort);
   }
+});
+
+test("deploy_gateway_disaggregates_by_its_own_choice", () => {
+  const g = pod("gateway").config;
+  // The manifests say where a prompt is prefilled instead of inheriting a default meant elsewhere.
+  expect(g.given.has("gateway.disagg_min_uncached_tokens")).toBe(true);
+  // The README's example model (stories15M) has a 256-token context: the default threshold (512)
+  // would prefill every request on its decode engine and leave the prefill Deployment idle.
+  const context = 256;
+  expect(neverDisaggregates(GATEWAY_CONFIG_DEFAULTS.disagg_min_uncached_tokens, context)).toContain("prefill engines sit idle");
+  expect(neverDisaggregates(Number(g.gateway.disagg_min_uncached_tokens), context)).toBeNull();
 });
 
 test("deploy_services_and_kind_reach_the_gateway", () => {

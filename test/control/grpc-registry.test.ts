@@ -22,7 +22,7 @@ const load: WorkerLoad = { queueDepth: 4, running: 1, freeBlocks: 200, draining:
 test("grpc_registry_roundtrip", async () => {
   const INTERVAL = 60;
   const registry = new WorkerRegistry({ intervalMs: INTERVAL, evictAfterMissed: 3 });
-  const service = new RegistryService(registry);
+  const service = new RegistryService(registry, { maxWorkers: 256 });
   const server = await serveGrpc(service.routes);
   try {
     expect(server.address).toBe(`127.0.0.1:${server.port}`);

@@ -3,7 +3,7 @@
 import { afterAll, expect, test } from "bun:test";
 import { startEngineNode, type EngineNode } from "../../src/cli/engine-node.ts";
 import { startGateway } from "../../src/gateway/index.ts";
-import { fakeServedModel } from "../support/nodes.ts";
+import { fakeServedModel, GATEWAY_TUNING } from "../support/nodes.ts";
 
 const nodes: EngineNode[] = [];
 afterAll(async () => {
@@ -12,6 +12,7 @@ afterAll(async () => {
 
 test("gateway_not_ready_until_it_can_serve", async () => {
   const gateway = await startGateway({
+    ...GATEWAY_TUNING,
     tokenizer: fakeServedModel().tokenizer,
     modelName: "fake",
     maxModelLen: 512,

@@ -7,7 +7,7 @@ import { join } from "node:path";
 import { startEngineNode, type EngineNode } from "../../src/cli/engine-node.ts";
 import { type Gateway, startGateway } from "../../src/gateway/index.ts";
 import { chatRendererFor, loadModel, loadTokenizerFor } from "../../src/model/index.ts";
-import { fakeServedModel } from "../support/nodes.ts";
+import { fakeServedModel, GATEWAY_TUNING } from "../support/nodes.ts";
 import { byteLevelGgufMeta, vocabOnlyGguf } from "../support/tokenizer-files.ts";
 
 let engine: EngineNode;
@@ -23,6 +23,7 @@ beforeAll(async () => {
   writeFileSync(vocabFile, vocabOnlyGguf({ ...byteLevelGgufMeta({ pre: "qwen2", bos: false }), pre: "falcon" }, "falcon"));
   const m = await loadTokenizerFor({ modelPath: vocabFile });
   gateway = await startGateway({
+    ...GATEWAY_TUNING,
     tokenizer: m.tokenizer,
     chat: chatRendererFor(m.tokenizer, m.chatTemplate),
     modelName: m.name,

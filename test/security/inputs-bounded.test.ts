@@ -118,7 +118,7 @@ describe("inputs_are_bounded", () => {
 });
 
 test("inputs_are_bounded: the data plane caps connections and cuts idle ones", async () => {
-  const rx = new KvReceiver(new KvPool(SHAPE, 8));
+  const rx = new KvReceiver(new KvPool(SHAPE, 8), { ttlMs: 60_000, pushIdleTimeoutMs: 10_000 });
   const dp = await serveDataPlane(rx, { maxConnections: 4, idleTimeoutMs: 1000 });
   const port = Number(dp.address.slice(dp.address.lastIndexOf(":") + 1));
   const closed: boolean[] = [];

@@ -29,6 +29,13 @@ import { startGateway, type Gateway, type GatewayOptions } from "../../src/gatew
 import type { PeerRole } from "../../src/rpc/peer-identity.ts";
 import { TlsSource } from "../../src/rpc/tls-config.ts";
 import { leafFiles, type TestPki } from "./certs.ts";
+import { gatewayTuning } from "../../src/cli/run-engine.ts";
+
+/**
+ * startGateway's tuning in tests: the [gateway] defaults, except that every request is
+ * disaggregated (disagg_min_uncached_tokens 0), which is what these tests look at.
+ */
+export const GATEWAY_TUNING = { ...gatewayTuning(), disaggMinUncachedTokens: 0 };
 
 export interface TestCluster {
   gateway: Gateway;
@@ -57,6 +64,7 @@ export async function startTestCluster(opts: {
   const pki = opts.pki;
   const tlsFor = async (role: PeerRole, id: string) => (pki ? new TlsSource(await leafFiles(pki, role, id)) : null);
   const gateway = await startGateway({
+    ...GATEWAY_TUNING,
     tokenizer,
     modelName: "fake",
     maxModelLen: 512,
