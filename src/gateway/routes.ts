@@ -26,6 +26,16 @@ const ROLES = [
   ["both", Role.BOTH],
 ] as const;
 
+/**
+ * The gateway reads no weights: what the engines serving its model report of theirs (parameters,
+ * stored dtype, resident bytes; WorkerStatus fields 17-19), as engines list them in their own
+ * /v1/models. The first live engine that reports them; none yet: the fields are left out.
+ */
+function modelStats(registry: WorkerRegistry): Record<string, unknown> {
+  const s = registry.live().find((w) => w.status.dtype !== "")?.status;
+  return s ? { parameters: Number(s.parameters), dtype: s.dtype, resident_bytes: Number(s.residentBytes) } : {};
+}
+
 /** The gateway's HTTP: the OpenAI completions (admitted unless draining), models, health, metrics. */
 export function gatewayRoutes(ctx: GatewayRoutesContext): (req: Request) => Promise<Response> {
   const { admission } = ctx;
@@ -51,7 +61,7 @@ export function gatewayRoutes(ctx: GatewayRoutesContext): (req: Request) => Prom
       if (req.method === "GET" && url.pathname === "/v1/models") {
         return Response.json({
           object: "list",
-          data: [{ id: ctx.modelName, object: "model", created: 0, owned_by: "tl-engine", max_model_len: ctx.maxModelLen }],
+          data: [{ id: ctx.modelName, object: "model", created: 0, owned_by: "tl-engine", max_model_len: ctx.maxModelLen, ...modelStats(ctx.registry) }],
         });
       }
       if (req.method === "GET" && url.pathname === "/health") {
