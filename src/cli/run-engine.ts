@@ -65,6 +65,7 @@ export async function runEngine(config: Config): Promise<EngineNode> {
       if (r.ttftMs !== null && r.outputTokens > 1) metrics.tpot.observe({ served }, (r.durationMs - r.ttftMs) / 1000 / (r.outputTokens - 1));
       log.info("request", {
         request_id: r.requestId,
+        ...(r.clientRequestId !== undefined ? { client_request_id: r.clientRequestId } : {}),
         role,
         path: served,
         prompt_tokens: r.promptTokens,

@@ -4,6 +4,7 @@ export { completionResponse, TextAssembler, type ResponseContext } from "./compl
 export {
   engineHttpHandler,
   requestId,
+  clientRequestId,
   HANDLE_HEADER,
   FIRST_TOKEN_HEADER,
   DRAWS_HEADER,
