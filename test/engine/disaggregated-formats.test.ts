@@ -148,7 +148,7 @@ describe("engines with different model shapes refuse each other's pushes", () =>
           (e: unknown) => e as { code: number; message: string },
         );
       expect(err).not.toBeNull();
-      console.log(`refused push over the ${path}: ${err!.message}`);
+      console.log(`expected refusal of a push over the ${path}: ${err!.message}`);
       expect(err!.message).toMatch(/failed_precondition/);
       expect(err!.message).toMatch(/D=8|headDim|head_dim|shape/);
       expect(src.pool.used).toBe(0);

@@ -478,7 +478,9 @@ test(
     for (const [o] of completed) served.set(o.served, (served.get(o.served) ?? 0) + 1);
     const notFound = ledgers.reduce((a, l) => a + l.notFound, 0);
     console.log(
-      `soak: ${N} requests in ${(loadMs / 1000).toFixed(1)} s (seed ${SEED}); outcomes ${JSON.stringify(Object.fromEntries(byKind))}; ` +
+      // Errors here are the injected faults at work (a gateway and a decode engine restarted,
+      // connections refused and reset meanwhile); the checks below decide pass or fail.
+      `soak (errors below are expected under the injected faults): ${N} requests in ${(loadMs / 1000).toFixed(1)} s (seed ${SEED}); outcomes ${JSON.stringify(Object.fromEntries(byKind))}; ` +
         `served ${JSON.stringify(Object.fromEntries(served))}; errors ${JSON.stringify(Object.fromEntries(errorKinds), null, 1)}; faults ${JSON.stringify({ ...faults, kvCuts: proxy.cuts(), evictedDedupResends: notFound, handlesExpired: expired.length })}`,
     );
     // The faults happened, and the run still served most requests (else it proves nothing).
