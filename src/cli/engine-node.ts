@@ -100,8 +100,8 @@ export interface EngineNodeOptions {
   advertiseKvAddress?: string;
   onRequestEnd?: (info: RequestEnd) => void;
   extraRoutes?: (req: Request, url: URL) => Promise<Response | null> | Response | null;
-  /** API keys and the body bound of the engine's own HTTP port. */
-  frontDoor?: FrontDoorOptions;
+  /** API keys and the body bound of the engine's own HTTP port (maxRequestBytes: max_request_bytes unless given). */
+  frontDoor?: Partial<FrontDoorOptions>;
   /** Mutual TLS on EngineControl, KvTransfer and the data plane, and toward the gateway and decode engines. */
   tls?: TlsSource | null;
   onTransfer?: ControlContext["onTransfer"];
@@ -238,6 +238,7 @@ export interface EffectiveOptions {
   pushIdleTimeoutMs: number;
   heartbeatIntervalMs: number;
   heartbeatTimeoutMs: number;
+  maxRequestBytes: number;
 }
 
 /** Every value a caller leaves out is its option's default: SPECS holds each one (ENGINE_DEFAULTS), nothing here. */
@@ -252,6 +253,7 @@ function effectiveOptions(opts: EngineNodeOptions, context: number): EffectiveOp
     pushIdleTimeoutMs: opts.pushIdleTimeoutMs ?? D.push_idle_timeout_ms,
     heartbeatIntervalMs: opts.heartbeatIntervalMs ?? D.heartbeat_interval_ms,
     heartbeatTimeoutMs: opts.heartbeatTimeoutMs ?? D.heartbeat_timeout_ms,
+    maxRequestBytes: opts.frontDoor?.maxRequestBytes ?? D.max_request_bytes,
   };
 }
 
@@ -346,7 +348,7 @@ export async function startEngineNode(opts: EngineNodeOptions): Promise<EngineNo
         onRequestEnd: opts.onRequestEnd,
         extraRoutes: opts.extraRoutes,
       }),
-      { ...opts.frontDoor, host, port: opts.httpPort ?? 0 },
+      { ...opts.frontDoor, maxRequestBytes: effective.maxRequestBytes, host, port: opts.httpPort ?? 0 },
     );
     closers.push(() => http.stop());
     let heartbeat: Heartbeat | null = null;

@@ -186,6 +186,7 @@ export function gatewayTuning(g: GatewayConfig = GATEWAY_CONFIG_DEFAULTS) {
     stallSuspectMs: g.stall_suspect_ms,
     suspectCooldownMs: g.suspect_cooldown_ms,
     disaggMinUncachedTokens: g.disagg_min_uncached_tokens,
+    frontDoor: { maxRequestBytes: g.max_request_bytes },
   } satisfies Partial<GatewayOptions>;
 }
 

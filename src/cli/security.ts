@@ -2,7 +2,7 @@ import { log } from "../obs/index.ts";
 import { speaksFor, type PeerRole } from "../rpc/peer-identity.ts";
 import { TlsConfigError, TlsSource } from "../rpc/tls-config.ts";
 import { apiKeysFrom } from "../http/front-door.ts";
-import { ConfigError, type Section } from "./options.ts";
+import { ConfigError, type EngineConfig, type GatewayConfig } from "./options.ts";
 
 export type TlsMode = "mtls" | "plaintext";
 
@@ -27,8 +27,8 @@ export function isLoopback(host: string): boolean {
  * naming another role or worker id, and a non-loopback bind without TLS unless
  * `insecure` is set.
  */
-export function securityFrom(section: Section, role: PeerRole, hosts: readonly string[], workerId?: string): Security {
-  const files = { cert: String(section.tls_cert ?? ""), key: String(section.tls_key ?? ""), ca: String(section.tls_ca ?? "") };
+export function securityFrom(section: EngineConfig | GatewayConfig, role: PeerRole, hosts: readonly string[], workerId?: string): Security {
+  const files = { cert: section.tls_cert, key: section.tls_key, ca: section.tls_ca };
   const given = [files.cert, files.key, files.ca].filter((f) => f !== "").length;
   if (given !== 0 && given !== 3) throw new ConfigError("tls_cert, tls_key and tls_ca go together: give all three or none");
   let tls: TlsSource | null = null;
@@ -56,8 +56,8 @@ export function securityFrom(section: Section, role: PeerRole, hosts: readonly s
   return {
     tls,
     mode: tls === null ? "plaintext" : "mtls",
-    apiKeys: apiKeysFrom((section.api_key as readonly string[] | undefined) ?? []),
-    metricsNeedKey: section.metrics_need_key === true,
-    maxRequestBytes: Number(section.max_request_bytes ?? 4 * 1024 * 1024),
+    apiKeys: apiKeysFrom(section.api_key),
+    metricsNeedKey: section.metrics_need_key,
+    maxRequestBytes: section.max_request_bytes,
   };
 }

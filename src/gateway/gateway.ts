@@ -46,7 +46,7 @@ export interface GatewayOptions {
   /** Prompts with fewer uncached tokens on the chosen D are prefilled there; 0: always disaggregate. */
   disaggMinUncachedTokens: number;
   /** API keys and the body bound of the front door. */
-  frontDoor?: FrontDoorOptions;
+  frontDoor: FrontDoorOptions;
   /** Mutual TLS on the registry and toward every engine. */
   tls?: TlsSource | null;
   /** Most workers the registry holds. */

@@ -3,15 +3,13 @@ import { errorResponse, HttpError } from "./errors.ts";
 
 export type Handler = (req: Request) => Promise<Response> | Response;
 
-export const DEFAULT_MAX_REQUEST_BYTES = 4 * 1024 * 1024;
-
 export interface FrontDoorOptions {
   /** Bearer keys accepted on /v1/* (vLLM's --api-key); none: the door is open. */
   apiKeys?: readonly string[];
   /** Put /metrics behind the key as well (default: open, like /health). */
   metricsNeedKey?: boolean;
-  /** Largest request body; a larger one gets 413 before any handler reads it. */
-  maxRequestBytes?: number;
+  /** Largest request body; a larger one gets 413 before any handler reads it (max_request_bytes). */
+  maxRequestBytes: number;
 }
 
 /**
@@ -19,9 +17,9 @@ export interface FrontDoorOptions {
  * /health, /health/live (and /metrics unless asked), then the body bound. Bodies with a Content-Length are judged by it;
  * chunked ones are read here, counting, and stop at the first byte past the bound.
  */
-export function frontDoor(handler: Handler, opts: FrontDoorOptions = {}): Handler {
+export function frontDoor(handler: Handler, opts: FrontDoorOptions): Handler {
   const keys = (opts.apiKeys ?? []).filter((k) => k !== "").map(digest);
-  const max = opts.maxRequestBytes ?? DEFAULT_MAX_REQUEST_BYTES;
+  const max = opts.maxRequestBytes;
   return async (req) => {
     if (keys.length > 0 && needsKey(new URL(req.url).pathname, opts.metricsNeedKey === true) && !authorized(req, keys)) {
       return errorResponse(

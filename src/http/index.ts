@@ -16,6 +16,6 @@ export { HttpError, errorResponse } from "./errors.ts";
 export { serveHttp, type HttpServer, type ServeHttpOptions } from "./serve-http.ts";
 export { TokenQueue, type StreamEnd, type EndReason } from "./token-queue.ts";
 export { sseData } from "./sse-data.ts";
-export { apiKeysFrom, DEFAULT_MAX_REQUEST_BYTES, frontDoor, type FrontDoorOptions } from "./front-door.ts";
+export { apiKeysFrom, frontDoor, type FrontDoorOptions } from "./front-door.ts";
 export { fromWire, toWire, LogprobsWriter, type WireLogprobs } from "./logprobs-shape.ts";
 export { detokenizeRoute, tokenizeRoute, type TokenizeContext } from "./tokenize.ts";

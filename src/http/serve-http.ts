@@ -1,4 +1,4 @@
-import { DEFAULT_MAX_REQUEST_BYTES, frontDoor, type FrontDoorOptions } from "./front-door.ts";
+import { frontDoor, type FrontDoorOptions } from "./front-door.ts";
 
 export interface HttpServer {
   readonly address: string;
@@ -15,9 +15,9 @@ export interface ServeHttpOptions extends FrontDoorOptions {
  * Bun.serve on host:port (port 0 picks one), with an idle timeout long enough for slow
  * streams; every request passes the front door (API key, body bound) before `handler`.
  */
-export function serveHttp(handler: (req: Request) => Promise<Response> | Response, opts: ServeHttpOptions = {}): HttpServer {
+export function serveHttp(handler: (req: Request) => Promise<Response> | Response, opts: ServeHttpOptions): HttpServer {
   const host = opts.host ?? "127.0.0.1";
-  const max = opts.maxRequestBytes ?? DEFAULT_MAX_REQUEST_BYTES;
+  const max = opts.maxRequestBytes;
   const server = Bun.serve({
     hostname: host,
     port: opts.port ?? 0,

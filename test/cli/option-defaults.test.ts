@@ -53,6 +53,7 @@ test("engine_started_without_options_runs_the_help_defaults", async () => {
       pushIdleTimeoutMs: helpNumber("engine", "push_idle_timeout_ms"),
       heartbeatIntervalMs: helpNumber("engine", "heartbeat_interval_ms"),
       heartbeatTimeoutMs: helpNumber("engine", "heartbeat_timeout_ms"),
+      maxRequestBytes: helpNumber("engine", "max_request_bytes"),
     };
     expect(n.effective).toEqual(want);
     // ...and the objects it built run with them (num_blocks was 2048 in --help, 1024 here).

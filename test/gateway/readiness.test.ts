@@ -17,7 +17,7 @@ test("gateway_not_ready_until_it_can_serve", async () => {
     modelName: "fake",
     maxModelLen: 512,
     heartbeatIntervalMs: 100,
-    frontDoor: { apiKeys: ["k"] },
+    frontDoor: { ...GATEWAY_TUNING.frontDoor, apiKeys: ["k"] },
   });
   const health = async () => {
     const r = await fetch(`http://${gateway.httpAddress}/health`);

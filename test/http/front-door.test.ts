@@ -12,7 +12,7 @@ const server = serveHttp(
   },
   { apiKeys: ["k-one", "k-two"], maxRequestBytes: 1000 },
 );
-const metricsLocked = serveHttp(() => new Response("m"), { apiKeys: ["k"], metricsNeedKey: true });
+const metricsLocked = serveHttp(() => new Response("m"), { apiKeys: ["k"], metricsNeedKey: true, maxRequestBytes: 1000 });
 afterAll(async () => {
   await server.stop();
   await metricsLocked.stop();
