@@ -2,11 +2,14 @@
 // without options runs with exactly what --help says, and so does the gateway; no layer keeps a
 // default of its own.
 import { afterAll, expect, test } from "bun:test";
+import { readFileSync } from "node:fs";
+import { join } from "node:path";
 import { startEngineNode, type EngineNode } from "../../src/cli/engine-node.ts";
 import { ENGINE_DEFAULTS, type EngineConfig, GATEWAY_CONFIG_DEFAULTS, type GatewayConfig, helpText, SPECS } from "../../src/cli/options.ts";
 import { gatewayTuning } from "../../src/cli/run-engine.ts";
 import { startGateway } from "../../src/gateway/index.ts";
 import { fakeServedModel } from "../support/nodes.ts";
+import { REPO } from "./procs.ts";
 
 const nodes: EngineNode[] = [];
 afterAll(async () => {
@@ -36,6 +39,9 @@ test("help_states_each_default_once", () => {
   expect(helpDefault("engine", "threads")).toMatch(/^all cores \(\d+ here\)$/);
   // max_model_len is the model's context unless given (it said 2048 while tl-kjv-small serves 256).
   expect(helpDefault("engine", "max_model_len")).toContain("the model's context");
+  // The figure it gives for the embedded model is that model's.
+  const cfg = JSON.parse(readFileSync(join(REPO, "models", "tl-kjv-small", "config.json"), "utf8")) as { max_position_embeddings: number };
+  expect(helpDefault("engine", "max_model_len")).toContain(`${cfg.max_position_embeddings} for the embedded tl-kjv-small`);
 });
 
 test("engine_started_without_options_runs_the_help_defaults", async () => {

@@ -5,6 +5,7 @@ import { mkdtempSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { startEngineNode, type EngineNode } from "../../src/cli/engine-node.ts";
+import { REPO } from "../cli/procs.ts";
 import { type Gateway, startGateway } from "../../src/gateway/index.ts";
 import { chatRendererFor, loadModel, loadTokenizerFor } from "../../src/model/index.ts";
 import { fakeServedModel, GATEWAY_TUNING } from "../support/nodes.ts";
@@ -102,6 +103,15 @@ describe("gateway /tokenize on a vocabulary-only GGUF", () => {
     const pieces = tokens.map(async (t) => (await post(a, "/detokenize", { tokens: [t] })).json.prompt);
     expect((await Promise.all(pieces)).join("|")).toContain("123|4|5");
   });
+
+  test("gateway_asks_for_max_model_len_when_the_file_states_no_context", async () => {
+    // The fixture has no falcon.context_length: the gateway cannot guess a context, so it stops with exit 2.
+    const args = ["--role", "gateway", "--model", vocabFile, "--http-listen", "127.0.0.1:0", "--registry-listen", "127.0.0.1:0"];
+    const p = Bun.spawn([process.execPath, "bin/engine.ts", ...args], { cwd: REPO, stdout: "pipe", stderr: "pipe" });
+    const [code, err] = [await p.exited, await new Response(p.stderr).text()];
+    expect(code).toBe(2);
+    expect(err).toContain("ggml-vocab-falcon states no context length: give [gateway] max_model_len (--max-model-len)");
+  }, 20_000);
 
   test("engines_still_refuse_the_architecture", async () => {
     await expect(loadModel({ modelPath: vocabFile })).rejects.toThrow(/general.architecture "falcon" is not supported/);
