@@ -130,15 +130,21 @@ export interface EngineNode {
 export interface ModelOptions {
   /** Weights in memory (default: as stored). */
   dtype?: DType | "as-stored";
-  /** Threads the matmuls split over (default 1). */
+  /** Threads the matmuls split over (default: the threads option's, all cores). */
   threads?: number;
   /** Where forwards run: a model thread of their own (default), or the engine's event loop. */
   modelThread?: "worker" | "main";
 }
 
 /** Loads the model `--model` names (any supported format; none: the embedded one) and wraps it for the engine. */
-export async function loadModel(opts: LoadModelOptions & ModelOptions): Promise<ServedModel> {
-  if ((opts.modelThread ?? "worker") === "worker") return loadModelThread(opts);
+export async function loadModel(given: LoadModelOptions & ModelOptions): Promise<ServedModel> {
+  // Left out: the [engine] option's default (all cores, a model thread of its own).
+  const opts = {
+    ...given,
+    threads: given.threads ?? ENGINE_DEFAULTS.threads,
+    modelThread: given.modelThread ?? (ENGINE_DEFAULTS.model_thread as "worker" | "main"),
+  };
+  if (opts.modelThread === "worker") return loadModelThread(opts);
   const m = servedModelOf(await loadModelFiles(opts), opts);
   await m.ready?.();
   return m;
@@ -148,9 +154,9 @@ export async function loadModel(opts: LoadModelOptions & ModelOptions): Promise<
  * The model on a thread of its own, which loads the weights itself: this thread holds only the
  * tokenizer and config, and its event loop never waits behind a forward.
  */
-async function loadModelThread(opts: LoadModelOptions & ModelOptions): Promise<ServedModel> {
+async function loadModelThread(opts: LoadModelOptions & ModelOptions & { threads: number }): Promise<ServedModel> {
   const { modelPath, tokenizerPath, maxSeqLen, dtype, threads } = opts;
-  const started = ModelWorker.start({ modelPath, tokenizerPath, maxSeqLen, dtype, threads: threads ?? 1 });
+  const started = ModelWorker.start({ modelPath, tokenizerPath, maxSeqLen, dtype, threads });
   // A bad path or tokenizer is told by the tokenizer's load, in the same words as in-thread.
   const tok = await loadTokenizerFor(opts).catch((e: unknown) => {
     void started.then(
@@ -192,10 +198,10 @@ async function loadModelThread(opts: LoadModelOptions & ModelOptions): Promise<S
 /** A loaded model behind a Transformer, as the engine runs it. */
 export function servedModelOf(
   m: Pick<ServableModel, "name" | "cfg" | "weights" | "tokenizer" | "eosIds" | "stats" | "chatTemplate">,
-  opts: ModelOptions = {},
+  opts: ModelOptions & { threads: number },
 ): ServedModel {
   const weights = holdWeights(m.cfg, m.weights, m.stats.dtype, opts.dtype);
-  const t = new Transformer(m.cfg, weights, { threads: opts.threads ?? 1 });
+  const t = new Transformer(m.cfg, weights, { threads: opts.threads });
   const shape = kvShapeOf(t.cfg, 1);
   const runner: ModelRunner = { vocabSize: t.cfg.vocabSize, forward: (pool, batch, out) => t.forward(pool, batch, out) };
   return {

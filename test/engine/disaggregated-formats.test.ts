@@ -31,7 +31,7 @@ const B = 4;
 
 function served(path: string) {
   const m = readModelFiles(path);
-  return servedModelOf({ ...m, tokenizer: new ByteTokenizer(), eosIds: [257], chatTemplate: null });
+  return servedModelOf({ ...m, tokenizer: new ByteTokenizer(), eosIds: [257], chatTemplate: null }, { threads: 1 });
 }
 
 const models: Record<string, () => string> = {
