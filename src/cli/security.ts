@@ -3,6 +3,7 @@ import { speaksFor, type PeerRole } from "../rpc/peer-identity.ts";
 import { TlsConfigError, TlsSource } from "../rpc/tls-config.ts";
 import { apiKeysFrom } from "../http/front-door.ts";
 import { ConfigError, type EngineConfig, type GatewayConfig } from "./options.ts";
+import { quote } from "../codec/index.ts";
 
 export type TlsMode = "mtls" | "plaintext";
 
@@ -13,6 +14,8 @@ export interface Security {
   apiKeys: string[];
   metricsNeedKey: boolean;
   maxRequestBytes: number;
+  /** The HTTP listener's slow-client bounds (serve-http.ts). */
+  http: { headersTimeoutS: number; bodyTimeoutS: number; maxConnections: number; healthReserve: number };
 }
 
 /** 127.0.0.0/8, ::1 and localhost: the only hosts plaintext may bind without --insecure. */
@@ -43,7 +46,7 @@ export function securityFrom(section: EngineConfig | GatewayConfig, role: PeerRo
     if (self.role !== role) throw new ConfigError(`tls_cert ${files.cert} names role ${self.role}; this process runs as ${role}`);
     if (workerId && !speaksFor(self, workerId))
       throw new ConfigError(
-        `worker_id ${JSON.stringify(workerId)} differs from the certificate's ${JSON.stringify(self.workerId)} (the registry only takes heartbeats for the certificate's own id)`,
+        `worker_id ${quote(workerId)} differs from the certificate's ${quote(self.workerId)} (the registry only takes heartbeats for the certificate's own id)`,
       );
   }
   const open = hosts.filter((h) => !isLoopback(h));
@@ -59,5 +62,18 @@ export function securityFrom(section: EngineConfig | GatewayConfig, role: PeerRo
     apiKeys: apiKeysFrom(section.api_key),
     metricsNeedKey: section.metrics_need_key,
     maxRequestBytes: section.max_request_bytes,
+    http: httpLimitsFrom(section),
   };
+}
+
+function httpLimitsFrom(section: EngineConfig | GatewayConfig): Security["http"] {
+  const http = {
+    headersTimeoutS: section.http_headers_timeout_s,
+    bodyTimeoutS: section.http_body_timeout_s,
+    maxConnections: section.http_max_connections,
+    healthReserve: section.http_health_reserve,
+  };
+  if (http.healthReserve >= http.maxConnections)
+    throw new ConfigError(`http_health_reserve (${http.healthReserve}) must be below http_max_connections (${http.maxConnections})`);
+  return http;
 }

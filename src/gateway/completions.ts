@@ -15,7 +15,7 @@ import { type Attributes, endSpan, extractHeaders, log, type Metrics, type Span,
 import { Code, codeName, httpStatusOf } from "../rpc/status.ts";
 import type { Admission } from "./admission.ts";
 import type { PendingWork } from "./pending-work.ts";
-import { promptHashes } from "../codec/index.ts";
+import { promptHashes, quote } from "../codec/index.ts";
 import type { Pair, PairPicker } from "./pair-picker.ts";
 import { RetryPolicy } from "./pair-picker.ts";
 import { type PrefillClient, untilAborted } from "./prefill-client.ts";
@@ -121,12 +121,7 @@ export class Completions {
     const { ctx } = this;
     const params = parseCompletion(kind, body, { tokenizer: ctx.tokenizer, maxModelLen: ctx.maxModelLen, chat: ctx.chat });
     if (params.model !== undefined && params.model !== ctx.modelName) {
-      throw new HttpError(
-        404,
-        `model ${JSON.stringify(params.model)} is not served; this gateway serves ${JSON.stringify(ctx.modelName)}`,
-        "invalid_request_error",
-        "model",
-      );
+      throw new HttpError(404, `model ${quote(params.model)} is not served; this gateway serves ${quote(ctx.modelName)}`, "invalid_request_error", "model");
     }
     const id = requestId(kind === "chat" ? "chatcmpl" : "cmpl");
     if (span.isRecording()) {

@@ -5,7 +5,6 @@ import { KvPool } from "../pool/index.ts";
 import { holdWeights } from "./held-weights.ts";
 import { LogitsRows } from "./logits-rows.ts";
 import { readModelFilesFor } from "./load-model.ts";
-import { sample } from "../rng/index.ts";
 import {
   CTRL_INTS,
   DONE,
@@ -17,6 +16,7 @@ import {
   type ReadPlan,
   newReadPlan,
   readPlan,
+  sampleRows,
   SLOTS,
   slotOf,
   STAT_BUSY_MS,
@@ -79,7 +79,10 @@ async function load(m: Extract<ToModelThread, { type: "load" }>): Promise<void> 
     model = t;
     ctrl = new Int32Array(m.ctrl, 0, CTRL_INTS);
     const stats = { ...files.stats, residentBytes: weightsBytes(weights) };
-    self.postMessage({ type: "loaded", info: { name: files.name, cfg: t.cfg, eosIds: files.eosIds, stats, dtype: t.dtype, threads: t.threads } });
+    self.postMessage({
+      type: "loaded",
+      info: { name: files.name, cfg: t.cfg, eosIds: files.eosIds, stats, dtype: t.dtype, threads: t.threads, kernels: t.kernels, memories: t.memories },
+    });
   } catch (e) {
     self.postMessage({ type: "load-failed", message: e instanceof Error ? e.message : String(e) });
     return;
@@ -138,17 +141,5 @@ async function serve(t: Transformer): Promise<void> {
       Atomics.notify(ctrl, DONE);
       stats[STAT_NOTIFY_MS]! += performance.now() - notifyAt;
     }
-  }
-}
-
-/** The tokens of the rows the plan samples, by the sampler the engine itself samples with. */
-function sampleRows(p: ReadPlan, out: Float32Array, rows: LogitsRows, tokens: Int32Array): void {
-  for (let r = 0; r < p.chunks.length; r++) {
-    const s = p.sampling[r];
-    if (!s) {
-      tokens[r] = -1;
-      continue;
-    }
-    tokens[r] = sample(rows.row(out, r), s.cfg, s.rng);
   }
 }
