@@ -29,6 +29,7 @@ import { KvPool } from "../pool/index.ts";
 import { KvReceiver, RoutingTransport, serveDataPlane, serveKv, type DataPlaneServer, type KvServer } from "../transfer/index.ts";
 import { blockPayloadBytes, type KvShape } from "../codec/index.ts";
 import { ConfigError, ENGINE_DEFAULTS } from "./options.ts";
+import { httpListener } from "./security.ts";
 
 /** A model ready to serve: what forward needs, how text maps to tokens, the KV shape per layer. */
 export interface ServedModel {
@@ -374,7 +375,7 @@ export async function startEngineNode(opts: EngineNodeOptions): Promise<EngineNo
         onRequestEnd: opts.onRequestEnd,
         extraRoutes: opts.extraRoutes,
       }),
-      { ...opts.frontDoor, maxRequestBytes: effective.maxRequestBytes, host, port: opts.httpPort ?? 0 },
+      { ...httpListener(ENGINE_DEFAULTS), ...opts.frontDoor, maxRequestBytes: effective.maxRequestBytes, host, port: opts.httpPort ?? 0 },
     );
     closers.push(() => http.stop());
     let heartbeat: Heartbeat | null = null;

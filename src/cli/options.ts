@@ -1,7 +1,6 @@
 import { readFileSync } from "node:fs";
 import { availableParallelism } from "node:os";
 import { quote } from "../codec/index.ts";
-import { HTTP_LIMITS } from "../http/index.ts";
 
 export type Role = "prefill" | "decode" | "both" | "gateway";
 export const ROLES: readonly Role[] = ["prefill", "decode", "both", "gateway"];
@@ -35,28 +34,30 @@ const SECURITY_OPTIONS = [
   { key: "api_key", kind: "list", dflt: [], help: "Bearer key required on the HTTP API (repeatable; TL_API_KEY also read, comma-separated)" },
   { key: "metrics_need_key", kind: "bool", dflt: false, help: "put /metrics behind the API key too" },
   { key: "max_request_bytes", kind: "int", dflt: 4194304, help: "largest HTTP request body (413 beyond it)" },
+  // Slow clients bounded as other servers bound them (nginx: 60 s for headers and body; Go's
+  // http.Server ReadHeaderTimeout as most set it, 30 s).
   {
     key: "http_headers_timeout_s",
     kind: "int",
-    dflt: HTTP_LIMITS.headersTimeoutS,
+    dflt: 30,
     help: "seconds an HTTP client has to send a request's headers (408 after)",
   },
   {
     key: "http_body_timeout_s",
     kind: "int",
-    dflt: HTTP_LIMITS.bodyTimeoutS,
+    dflt: 60,
     help: "seconds an HTTP client has to send a request's whole body (408 after)",
   },
   {
     key: "http_max_connections",
     kind: "int",
-    dflt: HTTP_LIMITS.maxConnections,
+    dflt: 2048,
     help: "most HTTP client connections open at once (more are closed unread; each holds two descriptors)",
   },
   {
     key: "http_health_reserve",
     kind: "uint",
-    dflt: HTTP_LIMITS.healthReserve,
+    dflt: 64,
     help: "of http_max_connections, how many only /health and /health/live may take (others get 503 past the rest)",
   },
 ] as const satisfies readonly Omit<Spec, "section">[];

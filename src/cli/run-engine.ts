@@ -6,7 +6,7 @@ import { createMetrics, log, metricsResponse, recordEngineState, recordFinished,
 import { chatRendererFor, loadTokenizerFor } from "../model/index.ts";
 import { startEngineNode, type EngineNode, type ModelOptions } from "./engine-node.ts";
 import { ConfigError, GATEWAY_CONFIG_DEFAULTS, parseAddr, type Config, type GatewayConfig } from "./options.ts";
-import { securityFrom, type Security } from "./security.ts";
+import { httpListener, securityFrom, type Security } from "./security.ts";
 import { parentFromEnv, stopRequests } from "./stop-requests.ts";
 
 /** Starts one engine from its config; prints one ready line with every address. */
@@ -188,7 +188,7 @@ export function gatewayTuning(g: GatewayConfig = GATEWAY_CONFIG_DEFAULTS) {
     stallSuspectMs: g.stall_suspect_ms,
     suspectCooldownMs: g.suspect_cooldown_ms,
     disaggMinUncachedTokens: g.disagg_min_uncached_tokens,
-    frontDoor: { maxRequestBytes: g.max_request_bytes },
+    frontDoor: httpListener(g),
   } satisfies Partial<GatewayOptions>;
 }
 

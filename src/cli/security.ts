@@ -2,6 +2,7 @@ import { log } from "../obs/index.ts";
 import { speaksFor, type PeerRole } from "../rpc/peer-identity.ts";
 import { TlsConfigError, TlsSource } from "../rpc/tls-config.ts";
 import { apiKeysFrom } from "../http/front-door.ts";
+import type { HttpListenerOptions } from "../http/index.ts";
 import { ConfigError, type EngineConfig, type GatewayConfig } from "./options.ts";
 import { quote } from "../codec/index.ts";
 
@@ -76,4 +77,15 @@ function httpLimitsFrom(section: EngineConfig | GatewayConfig): Security["http"]
   if (http.healthReserve >= http.maxConnections)
     throw new ConfigError(`http_health_reserve (${http.healthReserve}) must be below http_max_connections (${http.maxConnections})`);
   return http;
+}
+
+/** An HTTP listener's bounds from its section's options (the API keys come with the section's security). */
+export function httpListener(s: EngineConfig | GatewayConfig) {
+  return {
+    maxRequestBytes: s.max_request_bytes,
+    headersTimeoutS: s.http_headers_timeout_s,
+    bodyTimeoutS: s.http_body_timeout_s,
+    maxConnections: s.http_max_connections,
+    healthReserve: s.http_health_reserve,
+  } satisfies HttpListenerOptions;
 }

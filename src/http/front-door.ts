@@ -11,8 +11,8 @@ export interface FrontDoorOptions {
   metricsNeedKey?: boolean;
   /** Largest request body; a larger one gets 413 before any handler reads it (max_request_bytes). */
   maxRequestBytes: number;
-  /** Seconds a request's whole body may take to arrive (408 after); default 60. */
-  bodyTimeoutS?: number;
+  /** Seconds a request's whole body may take to arrive (408 after): http_body_timeout_s. */
+  bodyTimeoutS: number;
   /** Told when a request's body starts being read and when its response starts (the server's idle timeouts follow). */
   phase?: (req: Request, phase: "body" | "response") => void;
 }
@@ -26,7 +26,7 @@ export interface FrontDoorOptions {
 export function frontDoor(handler: Handler, opts: FrontDoorOptions): Handler {
   const keys = (opts.apiKeys ?? []).filter((k) => k !== "").map(digest);
   const max = opts.maxRequestBytes;
-  const deadlineMs = (opts.bodyTimeoutS ?? 60) * 1000;
+  const deadlineMs = opts.bodyTimeoutS * 1000;
   const phase = opts.phase ?? (() => {});
   return async (req) => {
     if (keys.length > 0 && needsKey(new URL(req.url).pathname, opts.metricsNeedKey === true) && !authorized(req, keys)) {

@@ -13,7 +13,7 @@ export {
   type RequestEnd,
 } from "./engine-http.ts";
 export { HttpError, errorResponse } from "./errors.ts";
-export { HTTP_LIMITS, serveHttp, type HttpListenerOptions, type HttpServer, type ServeHttpOptions } from "./serve-http.ts";
+export { serveHttp, type HttpListenerOptions, type HttpServer, type ServeHttpOptions } from "./serve-http.ts";
 export { TokenQueue, type StreamEnd, type EndReason } from "./token-queue.ts";
 export { sseData } from "./sse-data.ts";
 export { apiKeysFrom, frontDoor, type FrontDoorOptions } from "./front-door.ts";

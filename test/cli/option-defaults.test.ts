@@ -71,6 +71,14 @@ test("engine_started_without_options_runs_the_help_defaults", async () => {
     // The gateway's wiring takes the [gateway] defaults: its registry's interval is --help's.
     expect(gw.registry.intervalMs).toBe(helpNumber("gateway", "heartbeat_interval_ms"));
     expect(gatewayTuning().disaggMinUncachedTokens).toBe(helpNumber("gateway", "disagg_min_uncached_tokens"));
+    // The HTTP listener's bounds too (they had a table of their own in src/http).
+    expect(gatewayTuning().frontDoor).toEqual({
+      maxRequestBytes: helpNumber("gateway", "max_request_bytes"),
+      headersTimeoutS: helpNumber("gateway", "http_headers_timeout_s"),
+      bodyTimeoutS: helpNumber("gateway", "http_body_timeout_s"),
+      maxConnections: helpNumber("gateway", "http_max_connections"),
+      healthReserve: helpNumber("gateway", "http_health_reserve"),
+    });
   } finally {
     await gw.stop();
   }
