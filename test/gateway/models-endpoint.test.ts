@@ -3,10 +3,9 @@
 // 17-19) and in Info (InfoResponse 17-19).
 import { afterAll, expect, test } from "bun:test";
 import { startEngineNode, type EngineNode } from "../../src/cli/engine-node.ts";
-import { startGateway } from "../../src/gateway/index.ts";
 import { EngineControl } from "../../src/gen/tl/engine/v1/engine_pb.ts";
 import { grpcClient } from "../../src/rpc/index.ts";
-import { fakeServedModel, GATEWAY_TUNING } from "../support/nodes.ts";
+import { fakeServedModel, startLoneGateway } from "../support/nodes.ts";
 
 const nodes: EngineNode[] = [];
 afterAll(async () => {
@@ -15,13 +14,7 @@ afterAll(async () => {
 
 test("gateway_models_lists_the_engines_model_stats", async () => {
   const stats = { parameters: 3_500_000, dtype: "bf16", residentBytes: 7_000_000 };
-  const gateway = await startGateway({
-    ...GATEWAY_TUNING,
-    tokenizer: fakeServedModel().tokenizer,
-    modelName: "fake",
-    maxModelLen: 512,
-    heartbeatIntervalMs: 100,
-  });
+  const gateway = await startLoneGateway();
   const models = async (address: string) => ((await (await fetch(`http://${address}/v1/models`)).json()) as { data: Record<string, unknown>[] }).data[0]!;
   try {
     // No engine yet: nothing to report, and nothing made up.

@@ -2,8 +2,7 @@
 // or a both engine, in its registry; alive (GET /health/live) from the start.
 import { afterAll, expect, test } from "bun:test";
 import { startEngineNode, type EngineNode } from "../../src/cli/engine-node.ts";
-import { startGateway } from "../../src/gateway/index.ts";
-import { fakeServedModel, GATEWAY_TUNING } from "../support/nodes.ts";
+import { fakeServedModel, GATEWAY_TUNING, startLoneGateway } from "../support/nodes.ts";
 
 const nodes: EngineNode[] = [];
 afterAll(async () => {
@@ -11,14 +10,7 @@ afterAll(async () => {
 });
 
 test("gateway_not_ready_until_it_can_serve", async () => {
-  const gateway = await startGateway({
-    ...GATEWAY_TUNING,
-    tokenizer: fakeServedModel().tokenizer,
-    modelName: "fake",
-    maxModelLen: 512,
-    heartbeatIntervalMs: 100,
-    frontDoor: { ...GATEWAY_TUNING.frontDoor, apiKeys: ["k"] },
-  });
+  const gateway = await startLoneGateway({ frontDoor: { ...GATEWAY_TUNING.frontDoor, apiKeys: ["k"] } });
   const health = async () => {
     const r = await fetch(`http://${gateway.httpAddress}/health`);
     return { code: r.status, ...((await r.json()) as { status: string; workers: Record<string, number> }) };

@@ -48,6 +48,11 @@ export interface TestCluster {
   stop(): Promise<void>;
 }
 
+/** A gateway for the fake model with no engine yet (tests start theirs), told to expect beats every 100 ms. */
+export function startLoneGateway(more: Partial<GatewayOptions> = {}): Promise<Gateway> {
+  return startGateway({ ...GATEWAY_TUNING, tokenizer: fakeServedModel().tokenizer, modelName: "fake", maxModelLen: 512, heartbeatIntervalMs: 100, ...more });
+}
+
 /** A gateway and engines in this process with the fake model, beating every `intervalMs`. */
 export async function startTestCluster(opts: {
   prefill?: number;
