@@ -3,7 +3,7 @@ import { kvShapeOf, syntheticWeights, Transformer, type ModelConfig } from "../.
 import { layerSlice, planGroups } from "../../src/model/layer-group.ts";
 import { castMatrix, type DType, type Matrix } from "../../src/model/packed.ts";
 import { stripLayoutBytes } from "../../src/model/strip-layout.ts";
-import { castWeights, type MATRICES, matrixCols, type Weights } from "../../src/model/weights.ts";
+import { castWeights, MATRICES, matrixCols, type Weights } from "../../src/model/weights.ts";
 import { KvPool } from "../../src/pool/index.ts";
 import { bits, Seq, tokens } from "./helpers.ts";
 
