@@ -28,7 +28,8 @@ import {
 import { KvEventLog, KvPool } from "../pool/index.ts";
 import { KvReceiver, RoutingTransport, serveDataPlane, serveKv, type DataPlaneServer, type KvServer } from "../transfer/index.ts";
 import { blockPayloadBytes, type KvShape } from "../codec/index.ts";
-import { ConfigError } from "./options.ts";
+import { ConfigError, ENGINE_DEFAULTS } from "./options.ts";
+import { httpListener } from "./security.ts";
 
 /** A model ready to serve: what forward needs, how text maps to tokens, the KV shape per layer. */
 export interface ServedModel {
@@ -90,7 +91,7 @@ export interface EngineNodeOptions {
   maxModelLen?: number;
   maxBatchTokens?: number;
   handleTtlS?: number;
-  /** Decode side: a push silent this long is aborted and freed (default 10 000 ms). */
+  /** Decode side: a push silent this long is aborted and freed. Left out, any option here is its SPECS default. */
   pushIdleTimeoutMs?: number;
   /**
    * The gateways' WorkerRegistry: a comma-separated list of host:port and dns:host:port (a
@@ -112,8 +113,8 @@ export interface EngineNodeOptions {
   advertiseKvAddress?: string;
   onRequestEnd?: (info: RequestEnd) => void;
   extraRoutes?: (req: Request, url: URL) => Promise<Response | null> | Response | null;
-  /** API keys and the body bound of the engine's own HTTP port. */
-  frontDoor?: HttpListenerOptions;
+  /** API keys, the body bound and the slow-client bounds of the engine's own HTTP port (maxRequestBytes: max_request_bytes unless given). */
+  frontDoor?: Partial<HttpListenerOptions>;
   /** Mutual TLS on EngineControl, KvTransfer and the data plane, and toward the gateway and decode engines. */
   tls?: TlsSource | null;
   onTransfer?: ControlContext["onTransfer"];
@@ -136,6 +137,8 @@ export interface EngineNode {
   readonly heartbeat: GatewayBeats | null;
   /** The pool's KV events, reported to the gateways (roles that receive KV). */
   readonly kvEvents: KvEventLog | null;
+  /** The values this engine runs with: the caller's, else the option's default (SPECS). */
+  readonly effective: EffectiveOptions;
   /** Stops admitting, waits for in-flight work up to the deadline, then stops every server. */
   shutdown(deadlineMs?: number): Promise<number>;
 }
@@ -143,7 +146,7 @@ export interface EngineNode {
 export interface ModelOptions {
   /** Weights in memory (default: as stored). */
   dtype?: DType | "as-stored";
-  /** Threads the matmuls split over (default 1). */
+  /** Threads the matmuls split over (default: the threads option's, all cores). */
   threads?: number;
   /** Where forwards run: a model thread of their own (default), or the engine's event loop. */
   modelThread?: "worker" | "main";
@@ -152,8 +155,14 @@ export interface ModelOptions {
 }
 
 /** Loads the model `--model` names (any supported format; none: the embedded one) and wraps it for the engine. */
-export async function loadModel(opts: LoadModelOptions & ModelOptions): Promise<ServedModel> {
-  if ((opts.modelThread ?? "worker") === "worker") return loadModelThread(opts);
+export async function loadModel(given: LoadModelOptions & ModelOptions): Promise<ServedModel> {
+  // Left out: the [engine] option's default (all cores, a model thread of its own).
+  const opts = {
+    ...given,
+    threads: given.threads ?? ENGINE_DEFAULTS.threads,
+    modelThread: given.modelThread ?? (ENGINE_DEFAULTS.model_thread as "worker" | "main"),
+  };
+  if (opts.modelThread === "worker") return loadModelThread(opts);
   const m = servedModelOf(await loadModelFiles(opts), opts);
   await m.ready?.();
   return m;
@@ -163,9 +172,9 @@ export async function loadModel(opts: LoadModelOptions & ModelOptions): Promise<
  * The model on a thread of its own, which loads the weights itself: this thread holds only the
  * tokenizer and config, and its event loop never waits behind a forward.
  */
-async function loadModelThread(opts: LoadModelOptions & ModelOptions): Promise<ServedModel> {
+async function loadModelThread(opts: LoadModelOptions & ModelOptions & { threads: number }): Promise<ServedModel> {
   const { modelPath, tokenizerPath, maxSeqLen, dtype, threads } = opts;
-  const started = ModelWorker.start({ modelPath, tokenizerPath, maxSeqLen, dtype, threads: threads ?? 1 });
+  const started = ModelWorker.start({ modelPath, tokenizerPath, maxSeqLen, dtype, threads });
   // A bad path or tokenizer is told by the tokenizer's load, in the same words as in-thread.
   const tok = await loadTokenizerFor(opts).catch((e: unknown) => {
     void started.then(
@@ -209,10 +218,10 @@ async function loadModelThread(opts: LoadModelOptions & ModelOptions): Promise<S
 /** A loaded model behind a Transformer, as the engine runs it. */
 export function servedModelOf(
   m: Pick<ServableModel, "name" | "cfg" | "weights" | "tokenizer" | "eosIds" | "stats" | "chatTemplate">,
-  opts: ModelOptions = {},
+  opts: ModelOptions & { threads: number },
 ): ServedModel {
   const weights = holdWeights(m.cfg, m.weights, m.stats.dtype, opts.dtype);
-  const t = new Transformer(m.cfg, weights, { threads: opts.threads ?? 1, groupBytes: opts.groupBytes });
+  const t = new Transformer(m.cfg, weights, { threads: opts.threads, groupBytes: opts.groupBytes });
   const shape = kvShapeOf(t.cfg, 1);
   const runner: ModelRunner = { vocabSize: t.cfg.vocabSize, forward: (pool, batch, out) => t.forward(pool, batch, out) };
   return {
@@ -258,6 +267,36 @@ const STREAM_SETTLE_MS = 50;
 /** Most time a KV event waits for a beat to carry it: beats go early, at most this often, while events come. */
 const KV_EVENT_FLUSH_MS = 100;
 
+/** The tuning an engine node runs with, each the caller's value or its [engine] option's default. */
+export interface EffectiveOptions {
+  blockTokens: number;
+  numBlocks: number;
+  /** At most the model's context; max_model_len 0 (the default) or none: the context. */
+  maxModelLen: number;
+  maxBatchTokens: number;
+  handleTtlS: number;
+  pushIdleTimeoutMs: number;
+  heartbeatIntervalMs: number;
+  heartbeatTimeoutMs: number;
+  maxRequestBytes: number;
+}
+
+/** Every value a caller leaves out is its option's default: SPECS holds each one (ENGINE_DEFAULTS), nothing here. */
+function effectiveOptions(opts: EngineNodeOptions, context: number): EffectiveOptions {
+  const D = ENGINE_DEFAULTS;
+  return {
+    blockTokens: opts.blockTokens ?? D.block_tokens,
+    numBlocks: opts.numBlocks ?? D.num_blocks,
+    maxModelLen: Math.min(opts.maxModelLen || D.max_model_len || context, context),
+    maxBatchTokens: opts.maxBatchTokens ?? D.max_batch_tokens,
+    handleTtlS: opts.handleTtlS ?? D.handle_ttl_s,
+    pushIdleTimeoutMs: opts.pushIdleTimeoutMs ?? D.push_idle_timeout_ms,
+    heartbeatIntervalMs: opts.heartbeatIntervalMs ?? D.heartbeat_interval_ms,
+    heartbeatTimeoutMs: opts.heartbeatTimeoutMs ?? D.heartbeat_timeout_ms,
+    maxRequestBytes: opts.frontDoor?.maxRequestBytes ?? D.max_request_bytes,
+  };
+}
+
 /** Starts one engine process's servers: HTTP, EngineControl, KvTransfer (decode roles), heartbeat. */
 // Long by design: one start-up sequence whose every server is pushed onto `closers`
 // as it starts, so a failure anywhere stops exactly what was started (the catch below).
@@ -270,14 +309,15 @@ export async function startEngineNode(opts: EngineNodeOptions): Promise<EngineNo
   const chat = chatRendererFor(model.tokenizer, model.chatTemplate ?? null, opts.chatTemplatePath);
   // Told to the gateway (heartbeat) and peers (Info): a gateway refuses an engine that tokenizes differently.
   const fingerprint = tokenizerFingerprint(model.tokenizer);
-  const shape: KvShape = { blockTokens: opts.blockTokens ?? 16, nLayers: model.nLayers, nKvHeads: model.nKvHeads, headDim: model.headDim };
-  const pool = await kvPoolFor(model, shape, opts.numBlocks ?? 1024);
-  const maxModelLen = Math.min(opts.maxModelLen ?? model.maxSeqLen, model.maxSeqLen);
+  const effective = effectiveOptions(opts, model.maxSeqLen);
+  const shape: KvShape = { blockTokens: effective.blockTokens, nLayers: model.nLayers, nKvHeads: model.nKvHeads, headDim: model.headDim };
+  const pool = await kvPoolFor(model, shape, effective.numBlocks);
+  const maxModelLen = effective.maxModelLen;
   const engine = new Engine({
     model: model.runner,
     pool,
     maxModelLen,
-    maxBatchTokens: opts.maxBatchTokens ?? 256,
+    maxBatchTokens: effective.maxBatchTokens,
     eosTokenIds: model.eosIds ?? model.tokenizer.eosIds,
   });
   const roles: ("prefill" | "decode")[] = role === "both" ? ["prefill", "decode"] : [role];
@@ -292,9 +332,9 @@ export async function startEngineNode(opts: EngineNodeOptions): Promise<EngineNo
     let kv: KvServer | null = null;
     if (receivesKv(role)) {
       receiver = new KvReceiver(pool, {
-        ttlMs: (opts.handleTtlS ?? 60) * 1000,
+        ttlMs: effective.handleTtlS * 1000,
         onExpired: opts.onHandleExpired,
-        ...(opts.pushIdleTimeoutMs ? { pushIdleTimeoutMs: opts.pushIdleTimeoutMs } : {}),
+        pushIdleTimeoutMs: effective.pushIdleTimeoutMs,
       });
       // serveKv would advertise its data plane at the bound host, which peers cannot reach
       // behind 0.0.0.0: start it here and advertise it as the other addresses are.
@@ -324,6 +364,7 @@ export async function startEngineNode(opts: EngineNodeOptions): Promise<EngineNo
             engine,
             tokenizer: model.tokenizer,
             tokenizerFingerprint: fingerprint,
+            ...(model.stats ? { modelStats: model.stats } : {}),
             transport,
             onTransfer: opts.onTransfer,
           }),
@@ -347,7 +388,7 @@ export async function startEngineNode(opts: EngineNodeOptions): Promise<EngineNo
         onRequestEnd: opts.onRequestEnd,
         extraRoutes: opts.extraRoutes,
       }),
-      { ...opts.frontDoor, host, port: opts.httpPort ?? 0 },
+      { ...httpListener(ENGINE_DEFAULTS), ...opts.frontDoor, maxRequestBytes: effective.maxRequestBytes, host, port: opts.httpPort ?? 0 },
     );
     closers.push(() => http.stop());
     let heartbeat: GatewayBeats | null = null;
@@ -356,7 +397,7 @@ export async function startEngineNode(opts: EngineNodeOptions): Promise<EngineNo
     const kvEvents = receivesKv(role) && opts.kvEvents !== false ? KvEventLog.watching(pool) : null;
     if (kvEvents) closers.push(async () => pool.watch(null));
     if (opts.gatewayRegistry) {
-      const timeoutMs = opts.heartbeatTimeoutMs ?? 1000;
+      const timeoutMs = effective.heartbeatTimeoutMs;
       heartbeat = await GatewayBeats.start({
         targets: parseRegistryTargets(opts.gatewayRegistry),
         dial: (address) => new GrpcRegistry(address, timeoutMs, tls ?? undefined),
@@ -371,9 +412,10 @@ export async function startEngineNode(opts: EngineNodeOptions): Promise<EngineNo
           totalBlocks: pool.total,
           vocabSize: model.tokenizer.vocabSize,
           tokenizerFingerprint: fingerprint,
+          ...(model.stats ? { modelStats: model.stats } : {}),
         },
         load: () => ({ queueDepth: engine.queueDepth, running: engine.runningCount, freeBlocks: pool.total - pool.used, draining: engine.isDraining }),
-        intervalMs: opts.heartbeatIntervalMs ?? 2000,
+        intervalMs: effective.heartbeatIntervalMs,
         timeoutMs,
         onDrain: () => void engine.drain(0),
         ...(kvEvents ? { events: { log: kvEvents, named: () => pool.namedHashes() } } : {}),
@@ -422,6 +464,7 @@ export async function startEngineNode(opts: EngineNodeOptions): Promise<EngineNo
       model,
       heartbeat,
       kvEvents,
+      effective,
       shutdown(deadlineMs = 0) {
         down ??= (async () => {
           const draining = engine.drain(deadlineMs);

@@ -35,6 +35,8 @@ export interface ControlContext {
   tokenizer: Tokenizer;
   /** tokenizerFingerprint(tokenizer), reported by Info. */
   tokenizerFingerprint?: string;
+  /** The model's parameter count, stored dtype and resident bytes, reported by Info. */
+  modelStats?: { parameters: number; dtype: string; residentBytes: number };
   /** How this engine pushes KV to decode targets; required for the prefill role. */
   transport: KvTransport | null;
   /** Seconds-resolution observers for metrics and logs. */
@@ -203,6 +205,9 @@ function infoOf(ctx: ControlContext): InfoResponse {
     maxModelLen: engine.maxModelLen,
     vocabSize: ctx.tokenizer.vocabSize,
     tokenizerFingerprint: ctx.tokenizerFingerprint ?? "",
+    parameters: BigInt(ctx.modelStats?.parameters ?? 0),
+    dtype: ctx.modelStats?.dtype ?? "",
+    residentBytes: BigInt(ctx.modelStats?.residentBytes ?? 0),
   });
 }
 

@@ -14,7 +14,7 @@ import { InFlight, PairPicker } from "./pair-picker.ts";
 import { PrefillClient } from "./prefill-client.ts";
 import { MAX_HEARTBEAT_BYTES, RegistryService } from "./registry-service.ts";
 import { PrefixIndex } from "./prefix-index.ts";
-import { type CostWeights, DEFAULT_WEIGHTS, Suspects } from "./router.ts";
+import { type CostWeights, Suspects } from "./router.ts";
 import { gatewayRoutes } from "./routes.ts";
 import { WorkerRegistry } from "./worker-registry.ts";
 
@@ -27,28 +27,32 @@ export interface GatewayOptions {
   chat?: ChatRenderer;
   modelName: string;
   maxModelLen: number;
-  /** Beat interval told to engines; a worker is evicted after 3 silent intervals. */
-  heartbeatIntervalMs?: number;
+  /**
+   * The tuning below has no default here: every value comes from the caller, which takes it
+   * from the [gateway] options (src/cli/options.ts SPECS, the one place defaults are written).
+   * Beat interval told to engines; a worker is evicted after 3 silent intervals.
+   */
+  heartbeatIntervalMs: number;
   /** Deadline of one Prefill call (P's prefill and its push to D). */
-  prefillTimeoutMs?: number;
+  prefillTimeoutMs: number;
   /** Deadline for an engine stream's first byte (a resume: D's claim and first event). */
-  firstByteTimeoutMs?: number;
+  firstByteTimeoutMs: number;
   /** Deadline between two events of an engine stream once it started. */
-  interTokenTimeoutMs?: number;
+  interTokenTimeoutMs: number;
   /** A gap this long between two events makes the engine suspect without ending the stream. */
-  stallSuspectMs?: number;
+  stallSuspectMs: number;
   /** How long an engine that missed a deadline is scored out. */
-  suspectCooldownMs?: number;
+  suspectCooldownMs: number;
   /** The decode-engine cost's weights (see CostWeights). */
-  routeWeights?: CostWeights;
-  /** Prompts with fewer uncached tokens on the chosen D are prefilled there; 0 (the default here): always disaggregate. */
-  disaggMinUncachedTokens?: number;
+  routeWeights: CostWeights;
+  /** Prompts with fewer uncached tokens on the chosen D are prefilled there; 0: always disaggregate. */
+  disaggMinUncachedTokens: number;
   /** API keys and the body bound of the front door. */
-  frontDoor?: HttpListenerOptions;
+  frontDoor: HttpListenerOptions;
   /** Mutual TLS on the registry and toward every engine. */
   tls?: TlsSource | null;
-  /** Most workers the registry holds (default 256). */
-  maxWorkers?: number;
+  /** Most workers the registry holds. */
+  maxWorkers: number;
   /** Bearer key the gateway presents to engines' HTTP ports (they take the cluster's API keys too). */
   engineApiKey?: string;
   /**
@@ -65,17 +69,8 @@ export interface GatewayOptions {
   routingHeaders?: boolean;
 }
 
-/** The library's defaults; the CLI's [gateway] keys carry their own (see src/cli/options.ts). */
 /** How long stop() waits for cut requests to give back what they hold (PendingWork). */
 const STOP_SETTLE_MS = 2000;
-
-export const GATEWAY_DEFAULTS = {
-  prefillTimeoutMs: 60_000,
-  firstByteTimeoutMs: 30_000,
-  interTokenTimeoutMs: 10_000,
-  stallSuspectMs: 1000,
-  suspectCooldownMs: 10_000,
-} as const;
 
 export interface Gateway {
   readonly httpAddress: string;
@@ -96,7 +91,7 @@ export interface Gateway {
 /** The front door: registry for heartbeats, OpenAI HTTP for clients, routing in between. */
 export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
   const host = opts.host ?? "127.0.0.1";
-  const registry = new WorkerRegistry({ intervalMs: opts.heartbeatIntervalMs ?? 2000 });
+  const registry = new WorkerRegistry({ intervalMs: opts.heartbeatIntervalMs });
   const tls = opts.tls ?? null;
   const gatewayId = opts.gatewayId ?? newGatewayId(opts.gatewayName || tls?.current.self.workerId || `gateway-${process.pid}`);
   const affinity = new PrefixIndex({ maxBlocks: opts.prefixIndexMaxBlocks });
@@ -114,7 +109,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     expect: { model: opts.modelName, vocabSize: opts.tokenizer.vocabSize, tokenizerFingerprint: tokenizerFingerprint(opts.tokenizer) },
   });
   const inflight = new InFlight();
-  const suspects = new Suspects(opts.suspectCooldownMs ?? GATEWAY_DEFAULTS.suspectCooldownMs);
+  const suspects = new Suspects(opts.suspectCooldownMs);
   const admission = new Admission();
   const pending = new PendingWork();
   // Release only: pushes are the prefill engines' business.
@@ -132,19 +127,19 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     chat: opts.chat,
     modelName: opts.modelName,
     maxModelLen: opts.maxModelLen,
-    picker: new PairPicker(registry, affinity, inflight, suspects, opts.routeWeights ?? DEFAULT_WEIGHTS),
-    prefill: new PrefillClient(opts.prefillTimeoutMs ?? GATEWAY_DEFAULTS.prefillTimeoutMs, tls, gatewayId),
+    picker: new PairPicker(registry, affinity, inflight, opts.routeWeights, suspects),
+    prefill: new PrefillClient(opts.prefillTimeoutMs, tls, gatewayId),
     engineHeaders: opts.engineApiKey ? { authorization: `Bearer ${opts.engineApiKey}` } : {},
     routingHeaders: opts.routingHeaders === true,
     gatewayId,
     affinity,
     suspects,
     deadlines: {
-      firstByteMs: opts.firstByteTimeoutMs ?? GATEWAY_DEFAULTS.firstByteTimeoutMs,
-      interTokenMs: opts.interTokenTimeoutMs ?? GATEWAY_DEFAULTS.interTokenTimeoutMs,
-      stallMs: opts.stallSuspectMs ?? GATEWAY_DEFAULTS.stallSuspectMs,
+      firstByteMs: opts.firstByteTimeoutMs,
+      interTokenMs: opts.interTokenTimeoutMs,
+      stallMs: opts.stallSuspectMs,
     },
-    disaggMinUncachedTokens: opts.disaggMinUncachedTokens ?? 0,
+    disaggMinUncachedTokens: opts.disaggMinUncachedTokens,
     metrics,
     admission,
     release: (kvAddress, handleId, requestId) =>
@@ -156,6 +151,8 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
   const routes = gatewayRoutes({
     modelName: opts.modelName,
     maxModelLen: opts.maxModelLen,
+    tokenizer: opts.tokenizer,
+    ...(opts.chat ? { chat: opts.chat } : {}),
     registry,
     metrics,
     admission,

@@ -3,7 +3,7 @@ import { promptHashes } from "../codec/index.ts";
 import { Role } from "../gen/tl/control/v1/control_pb.ts";
 import { FAILED_SIDE_HEADER, failedSideOf } from "../handoff/index.ts";
 import { Code } from "../rpc/status.ts";
-import { type CostWeights, type DecodePick, DEFAULT_WEIGHTS, type Pick, pickByLoad, pickDecode, type Suspects } from "./router.ts";
+import { type CostWeights, type DecodePick, type Pick, pickByLoad, pickDecode, type Suspects } from "./router.ts";
 import type { PrefixIndex } from "./prefix-index.ts";
 import type { WorkerRegistry, WorkerView } from "./worker-registry.ts";
 
@@ -84,8 +84,8 @@ export class PairPicker {
     private readonly registry: WorkerRegistry,
     private readonly affinity: PrefixIndex,
     private readonly inflight: InFlight,
+    private readonly weights: CostWeights,
     private readonly suspects?: Suspects,
-    private readonly weights: CostWeights = DEFAULT_WEIGHTS,
   ) {}
 
   pair(promptTokens: readonly number[], exclude: ReadonlySet<string>): Pair | null {

@@ -18,8 +18,8 @@ import { refusal } from "../rpc/peer-policy.ts";
 export interface RegistryServiceOptions {
   /** How often dead workers are forgotten; the registry's interval by default. */
   sweepEveryMs?: number;
-  /** Most workers held; a beat from a new one beyond it is refused (default 256). */
-  maxWorkers?: number;
+  /** Most workers held; a beat from a new one beyond it is refused (max_workers). */
+  maxWorkers: number;
   /** The gateway's own model and tokenizer: beats from engines that differ are refused. */
   expect?: ExpectedModel;
   /** Where engines' KV events go; without it the events are acknowledged and dropped. */
@@ -57,9 +57,9 @@ export class RegistryService {
 
   constructor(
     readonly registry: WorkerRegistry,
-    opts: RegistryServiceOptions = {},
+    opts: RegistryServiceOptions,
   ) {
-    const maxWorkers = opts.maxWorkers ?? 256;
+    const maxWorkers = opts.maxWorkers;
     this.impl = {
       heartbeat: (status, ctx) => {
         validate(status);

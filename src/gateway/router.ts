@@ -108,8 +108,6 @@ export interface CostWeights {
   load: number;
 }
 
-export const DEFAULT_WEIGHTS: CostWeights = { overlap: 1, load: 8 };
-
 export interface DecodePick extends Pick {
   /** Leading prompt blocks the chosen engine is believed to hold. */
   hits: number;
@@ -122,7 +120,7 @@ export function pickDecode(
   affinity: PrefixIndex,
   inflight: ReadonlyMap<string, number>,
   exclude: ReadonlySet<string>,
-  weights: CostWeights = DEFAULT_WEIGHTS,
+  weights: CostWeights,
   suspects?: Suspects,
 ): DecodePick | null {
   const all = workers.filter((w) => w.status.role === Role.DECODE && !exclude.has(w.status.workerId));

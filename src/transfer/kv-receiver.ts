@@ -22,8 +22,8 @@ import { KvError } from "./kv-error.ts";
 import { Code } from "../rpc/status.ts";
 
 export interface KvReceiverOptions {
-  /** A handle (or a push in flight) not claimed or released within this is freed; default 60 000. */
-  ttlMs?: number;
+  /** A handle (or a push in flight) not claimed or released within this is freed (handle_ttl_s). */
+  ttlMs: number;
   /** Cap on accepted-but-unclaimed handles plus pushes in flight; default 1024. */
   maxPending?: number;
   /** Cap on pushes in flight at once; default 64. */
@@ -37,8 +37,8 @@ export interface KvReceiverOptions {
   maxInFlightPerPeer?: number;
   maxPendingPerPeer?: number;
   maxBlocksPerPeer?: number;
-  /** A push that receives nothing for this long is aborted and freed; default 10 000 ms. */
-  pushIdleTimeoutMs?: number;
+  /** A push that receives nothing for this long is aborted and freed (push_idle_timeout_ms). */
+  pushIdleTimeoutMs: number;
   /** Clock, replaceable in tests; default Date.now. */
   now?: () => number;
   /** Called for each accepted handle its time to live freed (metrics: tl_kv_handles_expired_total). */
@@ -105,15 +105,15 @@ export class KvReceiver {
   /** @internal scratch of PushSession.accept (pushes interleave only between chunks) */
   readonly crc = new EnvelopeCrc();
 
-  constructor(pool: KvPool, opts: KvReceiverOptions = {}) {
+  constructor(pool: KvPool, opts: KvReceiverOptions) {
     this.pool = pool;
-    this.ttlMs = opts.ttlMs ?? 60_000;
+    this.ttlMs = opts.ttlMs;
     this.maxPending = opts.maxPending ?? 1024;
     this.maxInFlight = opts.maxInFlight ?? 64;
     this.maxInFlightPerPeer = opts.maxInFlightPerPeer ?? Math.max(1, this.maxInFlight >> 1);
     this.maxPendingPerPeer = opts.maxPendingPerPeer ?? Math.max(1, this.maxPending >> 1);
     this.maxBlocksPerPeer = opts.maxBlocksPerPeer ?? Math.max(1, pool.total >> 1);
-    this.pushIdleTimeoutMs = opts.pushIdleTimeoutMs ?? 10_000;
+    this.pushIdleTimeoutMs = opts.pushIdleTimeoutMs;
     this.now = opts.now ?? Date.now;
     this.onExpired = opts.onExpired ?? (() => {});
     assert(this.ttlMs > 0 && this.maxPending >= 1 && this.maxInFlight >= 1, "ttlMs, maxPending and maxInFlight must be positive");

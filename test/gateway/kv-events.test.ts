@@ -44,8 +44,8 @@ const asPeer = (peer: PeerIdentity) => ({ values: createContextValues().set(call
 function gateway() {
   const registry = new WorkerRegistry({ intervalMs: 1000 });
   const index = new PrefixIndex();
-  const svc = new RegistryService(registry, { index, gatewayId: "gateway-a.00000001" });
-  const picker = new PairPicker(registry, index, new InFlight());
+  const svc = new RegistryService(registry, { maxWorkers: 256, index, gatewayId: "gateway-a.00000001" });
+  const picker = new PairPicker(registry, index, new InFlight(), { overlap: 1, load: 8 });
   const status = (workerId: string, role: Role, kvEvents?: KvEvents) =>
     create(WorkerStatusSchema, { workerId, role, kvFormat: 1, seq: 1n, blockTokens: B, freeBlocks: 64, totalBlocks: 64, ...(kvEvents ? { kvEvents } : {}) });
   /** One beat of `e` carrying its feed's next batch, as an engine whose certificate is `peer`. */

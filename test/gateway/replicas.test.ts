@@ -8,7 +8,7 @@ import { KvTransfer } from "../../src/gen/tl/kv/v1/kv_pb.ts";
 import { grpcClient } from "../../src/rpc/index.ts";
 import { killAll, readSse, spawnProc } from "../cli/procs.ts";
 import type { FakeRunner } from "../support/fake-model.ts";
-import { fakeServedModel } from "../support/nodes.ts";
+import { fakeServedModel, GATEWAY_TUNING } from "../support/nodes.ts";
 
 // Several gateway replicas over one set of engines (issue 28): each keeps its own registry
 // and prefix index from the engines' beats, and one that dies costs only its own streams
@@ -36,6 +36,7 @@ function engine(role: "prefill" | "decode", i: number, gatewayRegistry: string |
 
 function inProcessGateway(host = "127.0.0.1", registryPort = 0): Promise<Gateway> {
   return startGateway({
+    ...GATEWAY_TUNING,
     tokenizer: fakeServedModel().tokenizer,
     modelName: "fake",
     maxModelLen: 512,
@@ -62,7 +63,7 @@ async function until(what: string, ok: () => boolean | Promise<boolean>, timeout
   return Date.now() - t0;
 }
 
-const listed = async (registry: string) => (await new GrpcRegistry(registry).listWorkers()).map((w) => w.status!.workerId).sort();
+const listed = async (registry: string) => (await new GrpcRegistry(registry, 2000).listWorkers()).map((w) => w.status!.workerId).sort();
 
 async function complete(http: string, body: Record<string, unknown>) {
   const res = await fetch(`http://${http}/v1/completions`, {

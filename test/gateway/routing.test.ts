@@ -7,6 +7,9 @@ import { Role, WorkerStatusSchema, type WorkerStatus } from "../../src/gen/tl/co
 import { FAILED_SIDE_HEADER } from "../../src/handoff/index.ts";
 import { Code } from "../../src/rpc/status.ts";
 
+/** route_overlap_weight and route_load_weight as [gateway] has them by default. */
+const WEIGHTS = { overlap: 1, load: 8 };
+
 const B = 4;
 const beat = (workerId: string, role: Role, extra: Partial<Omit<WorkerStatus, "$typeName" | "$unknown">> = {}) =>
   create(WorkerStatusSchema, { workerId, role, kvFormat: 1, seq: 1n, blockTokens: B, freeBlocks: 100, totalBlocks: 100, ...extra });
@@ -23,7 +26,7 @@ const prompt = (n: number, salt = 0) => Array.from({ length: n }, (_, i) => (i *
 
 test("a burst reserves at the decision: 100 concurrent picks over 2 decode engines split 50/50, and every release returns the count to 0", () => {
   const inflight = new InFlight();
-  const picker = new PairPicker(cluster(), new PrefixIndex(), inflight);
+  const picker = new PairPicker(cluster(), new PrefixIndex(), inflight, WEIGHTS);
   const pairs = Array.from({ length: 100 }, (_, i) => picker.pair(prompt(40, i), new Set())!);
   const on = (id: string) => pairs.filter((p) => p.decode.worker.status.workerId === id).length;
   expect([on("d0"), on("d1")]).toEqual([50, 50]);
@@ -43,23 +46,23 @@ test("the cost weighs cached blocks against load: the affine engine running 4 lo
   const tokens = prompt(64); // 16 full blocks, all believed on d0
   affinity.record("d0", promptHashes(tokens, B));
   // Defaults (overlap 1, load 8): d0 costs 0 + 8×4 = 32, d1 costs 16 + 0.
-  const balanced = new PairPicker(registry, affinity, new InFlight()).pair(tokens, new Set())!;
+  const balanced = new PairPicker(registry, affinity, new InFlight(), WEIGHTS).pair(tokens, new Set())!;
   expect(balanced.decode.worker.status.workerId).toBe("d1");
   expect(balanced.decode.why).toMatch(/lowest cost 16 .*holds 0 of 16/);
   // Overlap 4: d0 costs 32, d1 costs 64.
-  const affine = new PairPicker(registry, affinity, new InFlight(), undefined, { overlap: 4, load: 8 }).pair(tokens, new Set())!;
+  const affine = new PairPicker(registry, affinity, new InFlight(), { overlap: 4, load: 8 }).pair(tokens, new Set())!;
   expect(affine.decode.worker.status.workerId).toBe("d0");
   expect(affine.decode.hits).toBe(16);
   // Equal load: the cached prefix decides.
   registry.beat(beat("d0", Role.DECODE, { running: 0 }));
-  expect(new PairPicker(registry, affinity, new InFlight()).pair(tokens, new Set())!.decode.worker.status.workerId).toBe("d0");
+  expect(new PairPicker(registry, affinity, new InFlight(), WEIGHTS).pair(tokens, new Set())!.decode.worker.status.workerId).toBe("d0");
 });
 
 test("affinity never piles a burst of one shared prefix onto the affine engine", () => {
   const affinity = new PrefixIndex();
   const tokens = prompt(64);
   affinity.record("d0", promptHashes(tokens, B));
-  const picker = new PairPicker(cluster(), affinity, new InFlight());
+  const picker = new PairPicker(cluster(), affinity, new InFlight(), WEIGHTS);
   const picks = Array.from({ length: 100 }, () => picker.pair(tokens, new Set())!.decode.worker.status.workerId);
   const d0 = picks.filter((x) => x === "d0").length;
   // 16 blocks of overlap are worth 2 requests of load: d0 leads by at most 2.
@@ -71,7 +74,7 @@ test("a suspect is scored out for its cool-down, a worker a beat late at once; w
   let now = 1_000_000;
   const registry = cluster(() => now);
   const suspects = new Suspects(5000, () => now);
-  const picker = new PairPicker(registry, new PrefixIndex(), new InFlight(), suspects);
+  const picker = new PairPicker(registry, new PrefixIndex(), new InFlight(), WEIGHTS, suspects);
   const decodeOf = () => {
     const p = picker.pair(prompt(8), new Set())!;
     p.releasePrefill();

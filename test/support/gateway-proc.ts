@@ -2,10 +2,11 @@
 // fake model's tokenizer, loopback, plaintext. Args: <heartbeat interval ms> [host] [registry port].
 // Prints one ready line: {"msg":"ready","http":...,"registry":...,"gateway_id":...}.
 import { startGateway } from "../../src/gateway/index.ts";
-import { fakeServedModel } from "./nodes.ts";
+import { fakeServedModel, GATEWAY_TUNING } from "./nodes.ts";
 
 const [intervalMs = "100", host = "127.0.0.1", registryPort = "0"] = process.argv.slice(2);
 const gw = await startGateway({
+  ...GATEWAY_TUNING,
   tokenizer: fakeServedModel().tokenizer,
   modelName: "fake",
   maxModelLen: 512,
