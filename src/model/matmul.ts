@@ -2,7 +2,19 @@ import assert from "node:assert";
 import { KERNELS_WASM_BASE64 } from "./kernels/kernels-wasm.ts";
 import { controlBytes, J_ATTEND, J_D, J_FN, J_N, J_R0, J_ROWS, J_W, J_X, J_Y, JOB_INTS, KERNEL_INDEX, KernelThreads, runJobs } from "./kernel-threads.ts";
 import type { LayerKernelExports } from "./layer-kernels.ts";
-import { assertFinite16, dequantizeInto, dtypeOf, type DType, f16Values, type Matrix, type PackedMatrix, Q8_0_BLOCK_BYTES, QK8_0 } from "./packed.ts";
+import { matmulQ4KRef, matmulQ6KRef } from "./k-quant-ref.ts";
+import {
+  assertFinite16,
+  blockElems,
+  dequantizeInto,
+  dtypeOf,
+  type DType,
+  f16Values,
+  type Matrix,
+  type PackedMatrix,
+  Q8_0_BLOCK_BYTES,
+  QK8_0,
+} from "./packed.ts";
 import { type MemoryViews, packStrips, readStripRow, stripLayoutBytes } from "./strip-layout.ts";
 
 /**
@@ -10,13 +22,17 @@ import { type MemoryViews, packStrips, readStripRow, stripLayoutBytes } from "./
  * in one fixed order (see kernels/assembly/matmul.ts): four f32 lanes over j = l (mod 4), folded
  * as (s0 + s1) + (s2 + s3), then the n % 4 tail in order. This is the plain JS statement of that
  * order: the bit-for-bit reference for the f32, f16 and bf16 kernels (a 16-bit w is first made
- * f32, which is exact), and their fallback; a q8_0 w goes to matmulQ8Ref, its kernel's own
- * order. JS forbids fused multiply-add, and Math.fround after every product and sum gives f32
+ * f32, which is exact), and their fallback; a q8_0 w goes to matmulQ8Ref, q4_k and q6_k to
+ * matmulQ4KRef and matmulQ6KRef (k-quant-ref.ts), their kernels' own orders. JS forbids fused multiply-add, and Math.fround after every product and sum gives f32
  * arithmetic exactly.
  */
 export function matmulRef(y: Float32Array, x: Float32Array, w: Matrix, wOff: number, rows: number, n: number, d: number): void {
   if (!(w instanceof Float32Array) && w.dtype === "q8_0") {
     matmulQ8Ref(y, x, w, wOff, rows, n, d);
+    return;
+  }
+  if (!(w instanceof Float32Array) && (w.dtype === "q4_k" || w.dtype === "q6_k")) {
+    (w.dtype === "q4_k" ? matmulQ4KRef : matmulQ6KRef)(y, x, w, wOff, rows, n, d);
     return;
   }
   if (!(w instanceof Float32Array)) {
@@ -140,6 +156,9 @@ export type KernelExports = Record<`matmul_${DType}`, KernelFn> &
     /** rows token rows of n f32 at x quantized for the q8_0 kernel at dst (q8_row_bytes(n) each). */
     quantize_q8_x(dst: number, x: number, rows: number, n: number): void;
     q8_row_bytes(n: number): number;
+    /** rows token rows of n f32 at x quantized for the q4_k and q6_k kernels at dst (k_row_bytes(n) each). */
+    quantize_k_x(dst: number, x: number, rows: number, n: number): void;
+    k_row_bytes(n: number): number;
   };
 
 let compiled: WebAssembly.Module | null | undefined;
@@ -193,7 +212,7 @@ export class MatmulKernel {
   private f32 = new Float32Array(0);
   private u8 = new Uint8Array(0);
   /** The memory as f32, u16 and i8, for reading placed rows. */
-  private views16: MemoryViews = { f32: this.f32, u16: new Uint16Array(0), i8: new Int8Array(0) };
+  private views16: MemoryViews = { f32: this.f32, u8: this.u8, u16: new Uint16Array(0), i8: new Int8Array(0) };
   /** Placed matrices by their views (never the originals, so those can be collected). */
   private readonly placed = new Map<Matrix, Placed>();
   /** The same by the originals, weakly: a caller that kept one may call with it too. */
@@ -385,7 +404,8 @@ export class MatmulKernel {
     if (x.length < rows * n || y.length < rows * d || w.length < wOff + n * d) {
       assert.fail(`matmul ${rows}x${n} by ${d}x${n}: x ${x.length}, y ${y.length}, w ${w.length} from ${wOff}`);
     }
-    if (dt === "q8_0" && (n % 32 !== 0 || wOff % 32 !== 0)) assert.fail(`q8_0 matmul needs whole blocks: n ${n}, from ${wOff}`);
+    const be = blockElems(dt);
+    if (n % be !== 0 || wOff % be !== 0) assert.fail(`${dt} matmul needs whole blocks of ${be}: n ${n}, from ${wOff}`);
     if (this.queued === MAX_JOBS) this.flush();
     const p = this.placedFor(w, n);
     const inPlace = p !== undefined && wOff % n === 0;
@@ -475,25 +495,32 @@ export class MatmulKernel {
   }
 
   /**
-   * Quantizes the x of every queued q8_0 job for the integer kernel (q8.ts), in this dispatch's
-   * space, and points the job at it: once per x, so jobs sharing one (q, k, v; w1, w3) share it.
+   * Quantizes the x of every queued q8_0, q4_k or q6_k job for its integer kernel (q8.ts,
+   * kquants.ts), in this dispatch's space, and points the job at it: once per x and layout, so
+   * jobs sharing one (q, k, v; w1, w3) share it (q4_k and q6_k share kquants.ts's layout).
    */
   private quantizeQ8Inputs(ex: KernelExports, count: number): void {
     const jobs = this.jobs;
     for (let j = 0; j < count; j++) {
       const b = j * JOB_INTS;
-      if (jobs[b + J_FN] !== KERNEL_INDEX.q8_0) continue;
+      const layout = quantLayout(jobs[b + J_FN]!);
+      if (layout === 0) continue;
       const x = jobs[b + J_X]!;
       const rows = jobs[b + J_ROWS]!;
       const n = jobs[b + J_N]!;
       let at = -1;
       for (let i = 0; i < j && at < 0; i++) {
         const o = i * JOB_INTS;
-        if (jobs[o + J_FN] === KERNEL_INDEX.q8_0 && this.q8From[i] === x && jobs[o + J_ROWS] === rows && jobs[o + J_N] === n) at = jobs[o + J_X]!;
+        if (quantLayout(jobs[o + J_FN]!) === layout && this.q8From[i] === x && jobs[o + J_ROWS] === rows && jobs[o + J_N] === n) at = jobs[o + J_X]!;
       }
       if (at < 0) {
-        at = this.temp(rows * ex.q8_row_bytes(n));
-        ex.quantize_q8_x(at, x, rows, n);
+        if (layout === 1) {
+          at = this.temp(rows * ex.q8_row_bytes(n));
+          ex.quantize_q8_x(at, x, rows, n);
+        } else {
+          at = this.temp(rows * ex.k_row_bytes(n));
+          ex.quantize_k_x(at, x, rows, n);
+        }
       }
       this.q8From[j] = x;
       jobs[b + J_X] = at;
@@ -536,7 +563,7 @@ export class MatmulKernel {
   private place(m: Matrix, cols: number): Matrix {
     const dt = dtypeOf(m);
     if (m.length % cols !== 0) assert.fail(`matrix of ${m.length} elements is not whole rows of ${cols}`);
-    if (dt === "q8_0" && cols % 32 !== 0) assert.fail(`q8_0 matrix rows of ${cols}: not whole blocks`);
+    if (cols % blockElems(dt) !== 0) assert.fail(`${dt} matrix rows of ${cols}: not whole blocks of ${blockElems(dt)}`);
     const rows = m.length / cols;
     const bytes = stripLayoutBytes(dt, rows, cols);
     const at = this.grab(bytes);
@@ -579,8 +606,13 @@ export class MatmulKernel {
     this.buffers.add(buf);
     this.f32 = new Float32Array(buf);
     this.u8 = new Uint8Array(buf);
-    this.views16 = { f32: this.f32, u16: new Uint16Array(buf), i8: new Int8Array(buf) };
+    this.views16 = { f32: this.f32, u8: this.u8, u16: new Uint16Array(buf), i8: new Int8Array(buf) };
   }
+}
+
+/** Which quantized x a kernel reads: 0 none (f32 x), 1 q8.ts's, 2 kquants.ts's. */
+function quantLayout(fn: number): number {
+  return fn === KERNEL_INDEX.q8_0 ? 1 : fn === KERNEL_INDEX.q4_k || fn === KERNEL_INDEX.q6_k ? 2 : 0;
 }
 
 /** Whether float ranges [a, a + n) and [b, b + m) (byte offsets a, b) share memory. */

@@ -1,20 +1,32 @@
 import assert from "node:assert";
+import { f16Values } from "./f16-bits.ts";
+import { assertFiniteK, dequantizeKInto, Q4_K_BLOCK_BYTES, Q6_K_BLOCK_BYTES, QK_K, quantizeQ4K, quantizeQ6K } from "./k-quants.ts";
+
+export { f16Values };
 
 /** How a weight matrix is held in memory. */
-export type DType = "f32" | "f16" | "bf16" | "q8_0";
-export const DTYPES: readonly DType[] = ["f32", "f16", "bf16", "q8_0"];
+export type DType = "f32" | "f16" | "bf16" | "q8_0" | "q4_k" | "q6_k";
+export const DTYPES: readonly DType[] = ["f32", "f16", "bf16", "q8_0", "q4_k", "q6_k"];
+/** The packed dtypes held as ggml's K-quant super-blocks (k-quants.ts): rows are whole blocks of QK_K. */
+export const K_DTYPES: readonly DType[] = ["q4_k", "q6_k"];
 
 /** ggml's Q8_0: blocks of QK weights, each an f16 scale then QK int8 (8.5 bits per weight). */
 export const QK8_0 = 32;
 export const Q8_0_BLOCK_BYTES = 2 + QK8_0;
 
+/** Elements of one block of a dtype (1 for the plain ones): a row of a packed matrix is whole blocks. */
+export function blockElems(dtype: DType): number {
+  return dtype === "q8_0" ? QK8_0 : dtype === "q4_k" || dtype === "q6_k" ? QK_K : 1;
+}
+
 /**
- * A matrix kept in a 16-bit or q8_0 dtype: `bytes` holds its `length` elements row-major, rows of
- * `cols` elements (q8_0 rows are whole blocks, so cols % 32 === 0). The kernels read these bytes
- * directly; nothing here is inflated to f32.
+ * A matrix kept in a 16-bit or quantized dtype: `bytes` holds its `length` elements row-major,
+ * rows of `cols` elements (quantized rows are whole blocks: cols % blockElems === 0), in ggml's
+ * block format for q8_0, q4_k and q6_k. The kernels read these bytes directly; nothing here is
+ * inflated to f32.
  */
 export interface PackedMatrix {
-  readonly dtype: "f16" | "bf16" | "q8_0";
+  readonly dtype: Exclude<DType, "f32">;
   readonly cols: number;
   readonly length: number;
   readonly bytes: Uint8Array;
@@ -31,18 +43,9 @@ export function dtypeOf(m: Matrix): DType {
 export function matrixBytes(dtype: DType, elems: number): number {
   if (dtype === "f32") return elems * 4;
   if (dtype === "q8_0") return (elems / QK8_0) * Q8_0_BLOCK_BYTES;
+  if (dtype === "q4_k") return (elems / QK_K) * Q4_K_BLOCK_BYTES;
+  if (dtype === "q6_k") return (elems / QK_K) * Q6_K_BLOCK_BYTES;
   return elems * 2;
-}
-
-// f16 bits -> value, exact (the engine's own Float16Array conversion, tabulated once).
-let f16Table: Float32Array | null = null;
-export function f16Values(): Float32Array {
-  if (f16Table === null) {
-    const bits = new Uint16Array(65536);
-    for (let i = 0; i < 65536; i++) bits[i] = i;
-    f16Table = new Float32Array(new Float16Array(bits.buffer));
-  }
-  return f16Table;
 }
 
 const bf16Scratch = new Float32Array(1);
@@ -81,13 +84,15 @@ export function castMatrix(m: Matrix, dtype: DType, cols: number): Matrix {
   const src = m instanceof Float32Array ? m : dequantize(m);
   if (dtype === "f32") return src;
   if (src.length % cols !== 0) assert.fail(`matrix of ${src.length} elements is not whole rows of ${cols}`);
-  if (dtype === "q8_0" && cols % QK8_0 !== 0) throw new Error(`q8_0 needs rows that are whole blocks of ${QK8_0}: a row has ${cols}`);
+  if (cols % blockElems(dtype) !== 0) throw new Error(`${dtype} needs rows that are whole blocks of ${blockElems(dtype)}: a row has ${cols}`);
   const bytes = new Uint8Array(matrixBytes(dtype, src.length));
   if (dtype === "f16") new Float16Array(bytes.buffer).set(src);
   else if (dtype === "bf16") {
     const u = new Uint16Array(bytes.buffer);
     for (let i = 0; i < src.length; i++) u[i] = toBf16(src[i]!);
-  } else {
+  } else if (dtype === "q4_k") quantizeQ4K(src, 0, src.length, bytes, 0);
+  else if (dtype === "q6_k") quantizeQ6K(src, 0, src.length, bytes, 0);
+  else {
     const view = new DataView(bytes.buffer);
     const rb = matrixBytes("q8_0", cols);
     for (let r = 0, n = src.length / cols; r < n; r++) quantizeQ8Row(src, r * cols, cols, view, r * rb);
@@ -112,6 +117,10 @@ function viewsOf(m: PackedMatrix): { u16: Uint16Array; dv: DataView } {
  * into out at outAt. Whole q8_0 blocks only.
  */
 export function dequantizeInto(m: PackedMatrix, from: number, count: number, out: Float32Array, outAt = 0): void {
+  if (m.dtype === "q4_k" || m.dtype === "q6_k") {
+    dequantizeKInto(m.dtype === "q6_k", m.bytes, from, count, out, outAt);
+    return;
+  }
   const { u16, dv } = viewsOf(m);
   if (m.dtype === "f16") {
     const lut = f16Values();
@@ -143,6 +152,10 @@ export function dequantize(m: PackedMatrix): Float32Array {
  * shifting and rebiasing, exact for every finite value only.
  */
 export function assertFinite16(m: PackedMatrix): void {
+  if (m.dtype === "q4_k" || m.dtype === "q6_k") {
+    assertFiniteK(m.dtype === "q6_k", m.bytes, 0, m.length / QK_K, 0);
+    return;
+  }
   const { u16 } = viewsOf(m);
   if (m.dtype === "f16") {
     for (let i = 0; i < m.length; i++) if ((u16[i]! & 0x7c00) === 0x7c00) throw new Error(`f16 weight ${i} is inf or NaN (0x${u16[i]!.toString(16)})`);

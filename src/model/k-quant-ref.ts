@@ -1,0 +1,106 @@
+import { f16Values } from "./f16-bits.ts";
+import { Q4_K_BLOCK_BYTES, Q6_K_BLOCK_BYTES, QK_K, q4kQuant, q4kScaleMin, q6kQuant, q6kScale } from "./k-quants.ts";
+import type { PackedMatrix } from "./packed.ts";
+
+// The plain-JS K-quant path's quantized x row, grown as needed (the fallback runs on one thread).
+let refQ = new Int32Array(0);
+let refScales = new Float32Array(0);
+let refSums = new Int32Array(0);
+
+/**
+ * x row at xa quantized as kernels/assembly/kquants.ts's quantize_k_x does, into refQ, refScales
+ * and refSums: per 256-block s = max|x| / 127, q = nearest-even(clamp(x * (1 / s), -127, 127))
+ * (NaN to 0), all in f32; the sum of q per 16.
+ */
+function quantizeKRowRef(x: Float32Array, xa: number, n: number): void {
+  const f = Math.fround;
+  if (refQ.length < n) {
+    refQ = new Int32Array(n);
+    refScales = new Float32Array(n / QK_K);
+    refSums = new Int32Array(n / 16);
+  }
+  for (let b = 0; b < n / QK_K; b++) {
+    let a = 0;
+    for (let j = 0; j < QK_K; j++) a = Math.max(a, Math.abs(x[xa + b * QK_K + j]!));
+    const s = f(a / 127);
+    const inv = s === 0 ? 0 : f(1 / s);
+    refScales[b] = s;
+    for (let j = 0; j < QK_K; j++) {
+      const v = Math.min(Math.max(f(x[xa + b * QK_K + j]! * inv), -127), 127);
+      const r = Math.round(v);
+      // Math.round takes halves up; the kernel's f32x4.nearest takes them to even.
+      refQ[b * QK_K + j] = Number.isNaN(v) ? 0 : r - v === 0.5 && (r & 1) !== 0 ? r - 1 : r;
+    }
+  }
+  for (let k = 0; k < n / 16; k++) {
+    let t = 0;
+    for (let j = 0; j < 16; j++) t += refQ[16 * k + j]!;
+    refSums[k] = t;
+  }
+}
+
+/**
+ * The q4_k kernel's order in plain JS (THE K ORDER in kernels/assembly/kquants.ts), on ggml's
+ * blocks: x quantized per 256, then per output one running f32 sum over the super-blocks of
+ * f32(A) * (d * s) - f32(B) * (dmin * s), A = sum_j sc_j * (q . x)_j, B = sum_j m_j * (sum x)_j.
+ */
+export function matmulQ4KRef(y: Float32Array, x: Float32Array, w: PackedMatrix, wOff: number, rows: number, n: number, d: number): void {
+  const f = Math.fround;
+  const lut = f16Values();
+  const b = w.bytes;
+  const blocks = n / QK_K;
+  for (let r = 0; r < rows; r++) {
+    quantizeKRowRef(x, r * n, n);
+    for (let i = 0; i < d; i++) {
+      const first = (wOff + i * n) / QK_K;
+      let acc = 0;
+      for (let c = 0; c < blocks; c++) {
+        const at = (first + c) * Q4_K_BLOCK_BYTES;
+        let A = 0;
+        let B = 0;
+        for (let j = 0; j < 8; j++) {
+          const sm = q4kScaleMin(b, at, j);
+          let dot = 0;
+          for (let l = 0; l < 32; l++) dot += q4kQuant(b, at, 32 * j + l) * refQ[c * QK_K + 32 * j + l]!;
+          A += (sm & 0xff) * dot;
+          B += (sm >> 8) * (refSums[c * 16 + 2 * j]! + refSums[c * 16 + 2 * j + 1]!);
+        }
+        const s = refScales[c]!;
+        const dd = f(lut[b[at]! | (b[at + 1]! << 8)]! * s);
+        const dm = f(lut[b[at + 2]! | (b[at + 3]! << 8)]! * s);
+        acc = f(acc + f(f(f(A) * dd) - f(f(B) * dm)));
+      }
+      y[r * d + i] = acc;
+    }
+  }
+}
+
+/**
+ * The q6_k kernel's order in plain JS (THE K ORDER): per output one running f32 sum over the
+ * super-blocks of f32(A) * (d * s), A = sum_k sc_k * ((q . x)_k - 32 * (sum x)_k).
+ */
+export function matmulQ6KRef(y: Float32Array, x: Float32Array, w: PackedMatrix, wOff: number, rows: number, n: number, d: number): void {
+  const f = Math.fround;
+  const lut = f16Values();
+  const b = w.bytes;
+  const blocks = n / QK_K;
+  for (let r = 0; r < rows; r++) {
+    quantizeKRowRef(x, r * n, n);
+    for (let i = 0; i < d; i++) {
+      const first = (wOff + i * n) / QK_K;
+      let acc = 0;
+      for (let c = 0; c < blocks; c++) {
+        const at = (first + c) * Q6_K_BLOCK_BYTES;
+        let A = 0;
+        for (let k = 0; k < 16; k++) {
+          let dot = 0;
+          for (let l = 0; l < 16; l++) dot += q6kQuant(b, at, 16 * k + l) * refQ[c * QK_K + 16 * k + l]!;
+          A += q6kScale(b, at, k) * (dot - 32 * refSums[c * 16 + k]!);
+        }
+        const dd = f(lut[b[at + 208]! | (b[at + 209]! << 8)]! * refScales[c]!);
+        acc = f(acc + f(f(A) * dd));
+      }
+      y[r * d + i] = acc;
+    }
+  }
+}

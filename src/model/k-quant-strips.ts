@@ -1,0 +1,107 @@
+import { f16Values } from "./f16-bits.ts";
+import { Q4_K_BLOCK_BYTES, Q6_K_BLOCK_BYTES, QK_K, q4kQuant, q4kScaleMin, q6kQuant } from "./k-quants.ts";
+
+/**
+ * The K STRIP LAYOUT that kernels/assembly/kquants.ts reads (stated there in full): a strip of 8
+ * rows is a group per super-block; in a group, the 8 rows' f16 scales, their sub-block scales
+ * (and q4_k's mins) as bytes, then each half strip's quantized weights, four rows interleaved
+ * in pairs of columns (kSlot). q4_k: 1184 bytes a group (4.625 bits a weight: ggml's packed
+ * 6-bit scales are unpacked to bytes); q6_k: 1680 (6.5625, ggml's own).
+ */
+export const Q4K_GROUP = 1184;
+export const Q6K_GROUP = 1680;
+
+export function kGroupBytes(six: boolean): number {
+  return six ? Q6K_GROUP : Q4K_GROUP;
+}
+
+/** Index e of column i of row k (of a half strip) within its sub-block: pairs of columns, four rows each. */
+function kSlot(k: number, i: number): number {
+  return (i >> 1) * 8 + (k & 3) * 2 + (i & 1);
+}
+
+/** Where weight i (0..255) of row k of a q4_k group sits: byte offset in the group and whether in the high nibble. */
+function q4Place(k: number, i: number): [number, boolean] {
+  const e = kSlot(k, i & 31);
+  return [160 + (k >> 2) * 512 + (i >> 5) * 64 + (e >> 5) * 16 + (e & 15), (e & 16) !== 0];
+}
+
+/** Where weight i of row k of a q6_k group sits: its nibble's byte, high nibble or not, its high bits' byte and shift. */
+function q6Place(k: number, i: number): [number, boolean, number, number] {
+  const e = kSlot(k, i & 15);
+  const u = 144 + (k >> 2) * 768 + (i >> 4) * 48;
+  const t = e >> 4;
+  const b = e & 15;
+  return [u + (t >= 2 ? 16 : 0) + b, (t & 1) === 1, u + 32 + b, [4, 2, 0, 6][t]!];
+}
+
+/** Up to 8 rows of src (ggml blocks, rows of n weights, from its start) into one zeroed strip at out. */
+export function packKStrip(six: boolean, src: Uint8Array, rows: number, n: number, out: Uint8Array): void {
+  const bb = six ? Q6_K_BLOCK_BYTES : Q4_K_BLOCK_BYTES;
+  const gb = kGroupBytes(six);
+  const blocks = n / QK_K;
+  for (let k = 0; k < rows; k++) {
+    const half = k >> 2;
+    const kk = k & 3;
+    for (let c = 0; c < blocks; c++) {
+      const at = (k * blocks + c) * bb;
+      const g = c * gb;
+      if (six) {
+        out[g + 2 * k] = src[at + 208]!;
+        out[g + 2 * k + 1] = src[at + 209]!;
+        for (let s = 0; s < 16; s++) out[g + 16 + half * 64 + s * 4 + kk] = src[at + 192 + s]!;
+        for (let i = 0; i < QK_K; i++) {
+          const q = q6kQuant(src, at, i);
+          const [nb, high, hb, shift] = q6Place(k, i);
+          out[g + nb]! |= high ? (q & 15) << 4 : q & 15;
+          out[g + hb]! |= (q >> 4) << shift;
+        }
+      } else {
+        out[g + 2 * k] = src[at]!;
+        out[g + 2 * k + 1] = src[at + 1]!;
+        out[g + 16 + 2 * k] = src[at + 2]!;
+        out[g + 16 + 2 * k + 1] = src[at + 3]!;
+        for (let j = 0; j < 8; j++) {
+          const sm = q4kScaleMin(src, at, j);
+          out[g + 32 + half * 32 + j * 4 + kk] = sm & 0xff;
+          out[g + 96 + half * 32 + j * 4 + kk] = sm >> 8;
+        }
+        for (let i = 0; i < QK_K; i++) {
+          const q = q4kQuant(src, at, i);
+          const [p, high] = q4Place(k, i);
+          out[g + p]! |= high ? q << 4 : q;
+        }
+      }
+    }
+  }
+}
+
+/**
+ * Columns j0 .. j0 + count of row k of the K strip at `base` in u8 (rows of n), made f32 into out
+ * at outAt by the blocks' definition in the order k-quants.ts states (the same bits as
+ * dequantizing ggml's block): the embedding's lookup when it is stored q4_k or q6_k.
+ */
+export function readKStripRow(six: boolean, u8: Uint8Array, base: number, k: number, j0: number, count: number, out: Float32Array, outAt: number): void {
+  const lut = f16Values();
+  const gb = kGroupBytes(six);
+  const half = k >> 2;
+  const kk = k & 3;
+  for (let j = j0; j < j0 + count; j++) {
+    const g = base + Math.floor(j / QK_K) * gb;
+    const i = j % QK_K;
+    const d = lut[u8[g + 2 * k]! | (u8[g + 2 * k + 1]! << 8)]!;
+    if (six) {
+      const [nb, high, hb, shift] = q6Place(k, i);
+      const q = (high ? u8[g + nb]! >> 4 : u8[g + nb]! & 15) | (((u8[g + hb]! >> shift) & 3) << 4);
+      const sc = (u8[g + 16 + half * 64 + (i >> 4) * 4 + kk]! << 24) >> 24;
+      out[outAt + j - j0] = d * sc * (q - 32);
+    } else {
+      const dmin = lut[u8[g + 16 + 2 * k]! | (u8[g + 16 + 2 * k + 1]! << 8)]!;
+      const [p, high] = q4Place(k, i);
+      const q = high ? u8[g + p]! >> 4 : u8[g + p]! & 15;
+      const sc = u8[g + 32 + half * 32 + (i >> 5) * 4 + kk]!;
+      const m = u8[g + 96 + half * 32 + (i >> 5) * 4 + kk]!;
+      out[outAt + j - j0] = d * sc * q - dmin * m;
+    }
+  }
+}
