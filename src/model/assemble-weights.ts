@@ -1,7 +1,7 @@
 import { headDimOf, kvDimOf, qDimOf } from "./config.ts";
 import { copyBytes } from "./mapped-file.ts";
 import type { ModelSpec } from "./model-spec.ts";
-import { dequantize, dtypeOf, type DType, type Matrix, matrixBytes, type PackedMatrix } from "./packed.ts";
+import { DTYPES, dtypeOf, type DType, type Matrix, matrixBytes, type PackedMatrix, type SimpleMatrix } from "./packed.ts";
 import { byteLengthOf, elementCount, type RawTensor, toFloat32 } from "./raw-tensor.ts";
 import { splitHalfToInterleaved, splitHalfToInterleavedBytes } from "./rope-order.ts";
 import { type DenseWeightName, validateWeights, type Weights, weightsBytes } from "./weights.ts";
@@ -78,6 +78,8 @@ export interface WeightStats {
   dtype: string;
   /** Bytes the weights take as this engine holds them (f32, or packed as loaded). */
   residentBytes: number;
+  /** Stored matrix dtypes made f32 at load because no kernel reads them as stored (e.g. q4_0), or none. */
+  widened?: readonly string[];
 }
 
 /**
@@ -103,9 +105,10 @@ export function assembleWeights(
   const qDim = qDimOf(cfg);
   const kvDim = kvDimOf(cfg);
   const hd = headDimOf(cfg);
-  const keep = packedTarget(dtype, matrixDtypes(spec, src, naming));
+  const keep = packedTarget(dtype);
   const used = new Set<string>();
   const dtypes = new Set<string>();
+  const widened = new Set<string>();
   let parameters = 0;
   const raw = (name: string, shape: readonly number[]): RawTensor => {
     const t = src.get(name);
@@ -124,15 +127,17 @@ export function assembleWeights(
     const v = toFloat32(raw(name, shape));
     return permuted(permuteRows) ? splitHalfToInterleaved(v, shape[0]! / hd, hd, shape[1] ?? 1) : v;
   };
-  const takeMatrix = (name: string, shape: readonly [number, number], permuteRows = false): Matrix => {
+  const takeMatrix = (name: string, shape: readonly [number, number], permuteRows = false): SimpleMatrix => {
     const t = raw(name, shape);
-    if (t.dtype !== keep) {
+    const dt = t.dtype;
+    if (!keep(dt)) {
+      if (dt !== "f32") widened.add(dt);
       const v = toFloat32(t);
       return permuted(permuteRows) ? splitHalfToInterleaved(v, shape[0] / hd, hd, shape[1]) : v;
     }
     const stored = packedBytesOf(t, cfg.name);
-    const bytes = permuted(permuteRows) ? splitHalfToInterleavedBytes(stored, shape[0] / hd, hd, matrixBytes(keep, shape[1])) : t.bytes;
-    return { dtype: keep, cols: shape[1], length: shape[0] * shape[1], bytes };
+    const bytes = permuted(permuteRows) ? splitHalfToInterleavedBytes(stored, shape[0] / hd, hd, matrixBytes(dt, shape[1])) : t.bytes;
+    return { dtype: dt, cols: shape[1], length: shape[0] * shape[1], bytes };
   };
   const stacked = (field: LayerField, shape: readonly number[], permuteRows = false): Float32Array => {
     const per = elementCount(shape);
@@ -167,21 +172,20 @@ export function assembleWeights(
   }
   refuseUnused(src, used, naming, spec, cfg.name);
   validateWeights(cfg, w);
-  return { weights: w, stats: { parameters, dtype: [...dtypes].sort().join("+"), residentBytes: weightsBytes(w) } };
+  return {
+    weights: w,
+    stats: { parameters, dtype: [...dtypes].sort().join("+"), residentBytes: weightsBytes(w), ...(widened.size > 0 ? { widened: [...widened].sort() } : {}) },
+  };
 }
 
-/** The stored dtypes of the 2-D matrices the model will take (headers only; no tensor data read). */
-function matrixDtypes(spec: ModelSpec, src: TensorSource, naming: TensorNaming): Set<string> {
-  const names = [naming.embed, ...(spec.tied ? [] : [naming.classifier])];
-  const fields: LayerField[] = ["wq", "wk", "wv", "wo", "w1", "w2", "w3"];
-  for (let l = 0; l < spec.cfg.nLayers; l++) for (const f of fields) names.push(naming.layerPrefix(l) + naming.layer[f]);
-  return new Set(names.map((n) => src.get(n)?.dtype ?? "missing"));
-}
-
-/** The packed dtype matrices stored in it are kept in, or null: every matrix becomes f32 first. */
-function packedTarget(dtype: DType | "as-stored", stored: ReadonlySet<string>): PackedMatrix["dtype"] | null {
-  const d = dtype === "as-stored" ? (stored.size === 1 ? [...stored][0]! : "f32") : dtype;
-  return d === "f16" || d === "bf16" || d === "q8_0" ? d : null;
+/**
+ * Whether a matrix stored in a dtype is kept as stored: for `dtype` itself when packed, or for
+ * "as-stored" every dtype the kernels read (f16, bf16, q8_0, q4_k, q6_k), each matrix in its own;
+ * every other matrix becomes f32 first (cast later to `dtype`, or held f32: `widened` says so).
+ */
+function packedTarget(dtype: DType | "as-stored"): (stored: string) => stored is PackedMatrix["dtype"] {
+  if (dtype === "as-stored") return (d): d is PackedMatrix["dtype"] => d !== "f32" && (DTYPES as readonly string[]).includes(d);
+  return (d): d is PackedMatrix["dtype"] => d !== "f32" && d === dtype;
 }
 
 /**
@@ -195,19 +199,32 @@ function packedBytesOf(t: RawTensor, model: string): Uint8Array {
 }
 
 /** Layers stacked along a leading axis: packed when every layer is (bytes concatenated), else f32. */
-function stackLayers(layers: Matrix[], cols: number): Matrix {
-  const first = layers[0]!;
-  const per = first.length;
-  if (layers.every((m) => !(m instanceof Float32Array) && m.dtype === dtypeOf(first))) {
-    const p = layers as PackedMatrix[];
-    const rowBytes = p[0]!.bytes.length;
-    const bytes = new Uint8Array(rowBytes * p.length);
-    p.forEach((m, l) => copyBytes(bytes, l * rowBytes, m.bytes));
-    return { dtype: p[0]!.dtype, cols, length: per * p.length, bytes };
+function stackLayers(layers: SimpleMatrix[], cols: number): Matrix {
+  // Runs of consecutive layers of one dtype, each run one part.
+  const runs: SimpleMatrix[][] = [];
+  for (const m of layers) {
+    const last = runs.at(-1);
+    if (last !== undefined && dtypeOf(last[0]!) === dtypeOf(m)) last.push(m);
+    else runs.push([m]);
   }
-  const out = new Float32Array(per * layers.length);
-  layers.forEach((m, l) => out.set(m instanceof Float32Array ? m : dequantize(m), l * per));
-  return out;
+  const parts = runs.map((run) => concatLayers(run, cols));
+  if (parts.length === 1) return parts[0]!;
+  return { dtype: "stacked", cols, length: parts.reduce((t, p) => t + p.length, 0), parts };
+}
+
+/** Layers of one dtype as one matrix: their bytes (or values) back to back. */
+function concatLayers(layers: SimpleMatrix[], cols: number): SimpleMatrix {
+  const per = layers[0]!.length;
+  if (layers[0] instanceof Float32Array) {
+    const out = new Float32Array(per * layers.length);
+    layers.forEach((m, l) => out.set(m as Float32Array, l * per));
+    return out;
+  }
+  const p = layers as PackedMatrix[];
+  const rowBytes = p[0]!.bytes.length;
+  const bytes = new Uint8Array(rowBytes * p.length);
+  p.forEach((m, l) => copyBytes(bytes, l * rowBytes, m.bytes));
+  return { dtype: p[0]!.dtype, cols, length: per * p.length, bytes };
 }
 
 function refuseUnused(src: TensorSource, used: ReadonlySet<string>, naming: TensorNaming, spec: ModelSpec, model: string): void {

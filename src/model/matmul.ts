@@ -10,10 +10,14 @@ import {
   dtypeOf,
   type DType,
   f16Values,
+  isStacked,
   type Matrix,
   type PackedMatrix,
+  partAt,
   Q8_0_BLOCK_BYTES,
   QK8_0,
+  type SimpleMatrix,
+  type StackedMatrix,
 } from "./packed.ts";
 import { type MemoryViews, packStrips, readStripRow, stripLayoutBytes } from "./strip-layout.ts";
 
@@ -26,7 +30,8 @@ import { type MemoryViews, packStrips, readStripRow, stripLayoutBytes } from "./
  * matmulQ4KRef and matmulQ6KRef (k-quant-ref.ts), their kernels' own orders. JS forbids fused multiply-add, and Math.fround after every product and sum gives f32
  * arithmetic exactly.
  */
-export function matmulRef(y: Float32Array, x: Float32Array, w: Matrix, wOff: number, rows: number, n: number, d: number): void {
+export function matmulRef(y: Float32Array, x: Float32Array, wm: Matrix, wmOff: number, rows: number, n: number, d: number): void {
+  let [w, wOff] = partAt(wm, wmOff, n * d);
   if (!(w instanceof Float32Array) && w.dtype === "q8_0") {
     matmulQ8Ref(y, x, w, wOff, rows, n, d);
     return;
@@ -223,6 +228,8 @@ export class MatmulKernel {
    * fallback the tensors themselves. Call matmul with these: the originals are not kept.
    */
   readonly views: readonly Matrix[];
+  /** Each stacked matrix given to the constructor, to its view (whose parts are placed). */
+  private readonly stackViews = new WeakMap<StackedMatrix, StackedMatrix>();
   /** Bare f32 matrices to place at their first call, when their row length is known. */
   private readonly unplaced = new Set<Float32Array>();
   /** Every SharedArrayBuffer object the memory has shown (one per size): views on any are ours. */
@@ -249,11 +256,12 @@ export class MatmulKernel {
   constructor(tensors: readonly (Matrix | Placement)[] = [], opts: KernelOptions = {}) {
     const mod = opts.simd === false ? null : kernelModule();
     const matrices = tensors.map((t) => ("matrix" in t ? t.matrix : t));
-    const cols = new Map<Matrix, number>();
+    // A stacked matrix's parts are placed each in its own dtype; its view stacks their views.
+    const cols = new Map<SimpleMatrix, number>();
     tensors.forEach((t, i) => {
       const m = matrices[i]!;
       const c = "matrix" in t ? t.cols : m instanceof Float32Array ? 0 : m.cols;
-      if (!cols.has(m) || cols.get(m) === 0) cols.set(m, c);
+      for (const p of isStacked(m) ? m.parts : [m]) if (!cols.has(p) || cols.get(p) === 0) cols.set(p, c);
     });
     let bytes = 0;
     for (const [m, c] of cols) bytes += c > 0 ? align16(stripLayoutBytes(dtypeOf(m), Math.ceil(m.length / c), c)) : 0;
@@ -268,7 +276,7 @@ export class MatmulKernel {
     this.memory = mem;
     this.ex = new WebAssembly.Instance(mod, { env: { memory: mem } }).exports as unknown as KernelExports;
     this.refresh();
-    const viewOf = new Map<Matrix, Matrix>();
+    const viewOf = new Map<SimpleMatrix, SimpleMatrix>();
     for (const [m, c] of cols) {
       if (c > 0) {
         const v = this.place(m, c);
@@ -276,7 +284,12 @@ export class MatmulKernel {
         this.byOriginal.set(m, this.placed.get(v)!);
       } else this.unplaced.add(m as Float32Array);
     }
-    this.views = matrices.map((m) => viewOf.get(m) ?? m);
+    this.views = matrices.map((m) => {
+      if (!isStacked(m)) return viewOf.get(m) ?? m;
+      const v: StackedMatrix = { ...m, parts: m.parts.map((p) => viewOf.get(p) ?? p) };
+      this.stackViews.set(m, v);
+      return v;
+    });
     const threads = opts.threads ?? 1;
     if (!(Number.isInteger(threads) && threads >= 1)) throw new Error(`threads ${threads}: want a positive integer`);
     if (threads > 1) {
@@ -313,7 +326,7 @@ export class MatmulKernel {
 
   /** Byte offset of a placed matrix's strips (for threads that share the memory), or -1. */
   offsetOf(w: Matrix): number {
-    return this.find(w)?.at ?? -1;
+    return isStacked(w) ? -1 : (this.find(w)?.at ?? -1);
   }
 
   /** A zeroed f32 array living in the memory (a plain array on the fallback); never freed. */
@@ -378,7 +391,8 @@ export class MatmulKernel {
    * Elements from .. from + count of one row of m (a view, or any matrix) as f32 into out at
    * outAt: from a placed matrix's strips, or where m is not placed straight from m.
    */
-  rowInto(m: Matrix, from: number, count: number, out: Float32Array, outAt = 0): void {
+  rowInto(wm: Matrix, wmFrom: number, count: number, out: Float32Array, outAt = 0): void {
+    const [m, from] = partAt(isStacked(wm) ? (this.stackViews.get(wm) ?? wm) : wm, wmFrom, count);
     const p = this.find(m);
     if (p !== undefined) readStripRow(dtypeOf(m), this.views16, p.at, p.cols, from, count, out, outAt);
     else if (m instanceof Float32Array) for (let i = 0; i < count; i++) out[outAt + i] = m[from + i]!;
@@ -395,11 +409,13 @@ export class MatmulKernel {
    * Adds y = x W^T to the next dispatch. Jobs of one dispatch run at once in any order, so no
    * job's y may be another's x (asserted); x and y are read and written only by `flush`.
    */
-  queue(y: Float32Array, x: Float32Array, w: Matrix, wOff: number, rows: number, n: number, d: number): void {
+  queue(y: Float32Array, x: Float32Array, wm: Matrix, wmOff: number, rows: number, n: number, d: number): void {
     if (this.ex === null) {
-      matmulRef(y, x, w, wOff, rows, n, d);
+      matmulRef(y, x, wm, wmOff, rows, n, d);
       return;
     }
+    // A stacked matrix's layer is a matmul on the part that holds it.
+    const [w, wOff] = partAt(isStacked(wm) ? (this.stackViews.get(wm) ?? wm) : wm, wmOff, n * d);
     const dt = dtypeOf(w);
     if (x.length < rows * n || y.length < rows * d || w.length < wOff + n * d) {
       assert.fail(`matmul ${rows}x${n} by ${d}x${n}: x ${x.length}, y ${y.length}, w ${w.length} from ${wOff}`);
@@ -441,7 +457,7 @@ export class MatmulKernel {
   }
 
   /** Where w lives in rows of n, placing a bare f32 matrix at its first call; undefined if not so placed. */
-  private placedFor(w: Matrix, n: number): Placed | undefined {
+  private placedFor(w: SimpleMatrix, n: number): Placed | undefined {
     if (this.unplaced.has(w as Float32Array)) {
       // Placing takes permanent space, which the queued jobs' copies may occupy.
       this.flush();
@@ -560,7 +576,7 @@ export class MatmulKernel {
    * Copies m into the memory in the strip layout, rows of `cols` (16-bit weights checked finite
    * on the way), and returns its view: a matrix like m over the copy.
    */
-  private place(m: Matrix, cols: number): Matrix {
+  private place(m: SimpleMatrix, cols: number): SimpleMatrix {
     const dt = dtypeOf(m);
     if (m.length % cols !== 0) assert.fail(`matrix of ${m.length} elements is not whole rows of ${cols}`);
     if (cols % blockElems(dt) !== 0) assert.fail(`${dt} matrix rows of ${cols}: not whole blocks of ${blockElems(dt)}`);
@@ -569,7 +585,7 @@ export class MatmulKernel {
     const at = this.grab(bytes);
     packStrips(m, 0, rows, cols, this.u8, at);
     const buf = this.memory!.buffer;
-    const v: Matrix =
+    const v: SimpleMatrix =
       m instanceof Float32Array ? new Float32Array(buf, at, m.length) : { dtype: m.dtype, cols, length: m.length, bytes: new Uint8Array(buf, at, bytes) };
     this.placed.set(v, { at, cols });
     return v;

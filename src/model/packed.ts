@@ -32,11 +32,55 @@ export interface PackedMatrix {
   readonly bytes: Uint8Array;
 }
 
-/** A weight matrix: plain f32 (what every loader can hand over) or packed. */
-export type Matrix = Float32Array | PackedMatrix;
+/** A matrix of one dtype: plain f32 (what every loader can hand over) or packed. */
+export type SimpleMatrix = Float32Array | PackedMatrix;
 
-export function dtypeOf(m: Matrix): DType {
+/**
+ * A weight's layers stacked along its rows when their stored dtypes differ (a Q4_K_M file keeps
+ * some layers' ffn_down and attn_v in q6_k, the others in q4_k): parts of whole rows, in order,
+ * each held in its own dtype. A matmul or a row read stays inside one part.
+ */
+export interface StackedMatrix {
+  readonly dtype: "stacked";
+  readonly cols: number;
+  readonly length: number;
+  readonly parts: readonly SimpleMatrix[];
+}
+
+/** A weight matrix: of one dtype, or layers of several. */
+export type Matrix = SimpleMatrix | StackedMatrix;
+
+export function isStacked(m: Matrix): m is StackedMatrix {
+  return !(m instanceof Float32Array) && m.dtype === "stacked";
+}
+
+export function dtypeOf(m: SimpleMatrix): DType {
   return m instanceof Float32Array ? "f32" : m.dtype;
+}
+
+/** The dtype of each part ("f32", "q4_k", ...; a stacked matrix's joined with "+"). */
+export function dtypeNameOf(m: Matrix): string {
+  return isStacked(m) ? [...new Set(m.parts.map(dtypeOf))].sort().join("+") : dtypeOf(m);
+}
+
+/** Bytes m takes as held (every part's). */
+export function heldBytesOf(m: Matrix): number {
+  if (isStacked(m)) return m.parts.reduce((t, p) => t + heldBytesOf(p), 0);
+  return m instanceof Float32Array ? m.byteLength : m.bytes.byteLength;
+}
+
+/** The part of m holding elements from .. from + count, and `from` within it; throws when they span two parts. */
+export function partAt(m: Matrix, from: number, count: number): [SimpleMatrix, number] {
+  if (!isStacked(m)) return [m, from];
+  let at = from;
+  for (const p of m.parts) {
+    if (at < p.length) {
+      if (at + count > p.length) assert.fail(`elements ${from}+${count} span two parts of a stacked matrix`);
+      return [p, at];
+    }
+    at -= p.length;
+  }
+  return assert.fail(`element ${from} is past a stacked matrix of ${m.length}`);
 }
 
 /** Bytes of `elems` consecutive elements (whole q8_0 blocks). */
@@ -79,7 +123,8 @@ function quantizeQ8Row(src: Float32Array, from: number, cols: number, out: DataV
 }
 
 /** m in `dtype` (m itself when it already is); rows of `cols` elements. */
-export function castMatrix(m: Matrix, dtype: DType, cols: number): Matrix {
+export function castMatrix(m: Matrix, dtype: DType, cols: number): SimpleMatrix {
+  if (isStacked(m)) return castMatrix(dequantize(m), dtype, cols);
   if (dtypeOf(m) === dtype) return m;
   const src = m instanceof Float32Array ? m : dequantize(m);
   if (dtype === "f32") return src;
@@ -141,9 +186,17 @@ export function dequantizeInto(m: PackedMatrix, from: number, count: number, out
   }
 }
 
-export function dequantize(m: PackedMatrix): Float32Array {
+export function dequantize(m: PackedMatrix | StackedMatrix): Float32Array {
   const out = new Float32Array(m.length);
-  dequantizeInto(m, 0, m.length, out);
+  if (m.dtype !== "stacked") dequantizeInto(m, 0, m.length, out);
+  else {
+    let at = 0;
+    for (const p of m.parts) {
+      if (p instanceof Float32Array) out.set(p, at);
+      else dequantizeInto(p, 0, p.length, out, at);
+      at += p.length;
+    }
+  }
   return out;
 }
 

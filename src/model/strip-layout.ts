@@ -2,7 +2,7 @@ import assert from "node:assert";
 import { kGroupBytes, packKStrip, readKStripRow } from "./k-quant-strips.ts";
 import { assertFiniteK, QK_K } from "./k-quants.ts";
 import { copyBytes } from "./mapped-file.ts";
-import { type DType, dtypeOf, f16Values, type Matrix, matrixBytes, Q8_0_BLOCK_BYTES, QK8_0 } from "./packed.ts";
+import { type DType, dtypeOf, f16Values, type SimpleMatrix, matrixBytes, Q8_0_BLOCK_BYTES, QK8_0 } from "./packed.ts";
 
 /**
  * The strip layout the matmul kernels read (kernels/assembly/matmul.ts states it): rows in strips
@@ -41,7 +41,7 @@ export function stripLayoutBytes(dt: DType, rows: number, n: number): number {
  * touched), and 16-bit weights and q8_0 scales are checked finite on the way (the kernels widen
  * f16 exactly for finite values only).
  */
-export function packStrips(m: Matrix, from: number, rows: number, n: number, dst: Uint8Array, at: number): void {
+export function packStrips(m: SimpleMatrix, from: number, rows: number, n: number, dst: Uint8Array, at: number): void {
   const dt = dtypeOf(m);
   assert(at % 16 === 0, `strip layout at ${at}: not 16-byte aligned`);
   const total = stripLayoutBytes(dt, rows, n);

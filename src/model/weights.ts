@@ -1,5 +1,5 @@
 import { kvDimOf, type ModelConfig, qDimOf, validateConfig } from "./config.ts";
-import { castMatrix, dtypeOf, type DType, type Matrix } from "./packed.ts";
+import { castMatrix, DTYPES, type DType, dtypeNameOf, heldBytesOf, isStacked, type Matrix, type StackedMatrix } from "./packed.ts";
 
 /**
  * Weights in llama2.c's run.c layout. Every matrix is row-major (out, in) so that
@@ -69,7 +69,9 @@ export const MATRICES = ["tokenEmbedding", "wq", "wk", "wv", "wo", "w1", "w2", "
 function isMatrix(a: unknown): a is Matrix {
   if (a instanceof Float32Array) return true;
   const p = a as { dtype?: unknown; bytes?: unknown };
-  return typeof a === "object" && a !== null && ["f16", "bf16", "q8_0"].includes(p.dtype as string) && p.bytes instanceof Uint8Array;
+  if (typeof a !== "object" || a === null) return false;
+  if (p.dtype === "stacked") return (a as StackedMatrix).parts.every(isMatrix);
+  return (DTYPES as readonly unknown[]).includes(p.dtype) && p.dtype !== "f32" && p.bytes instanceof Uint8Array;
 }
 
 /** Row length (the `in` axis) of each matrix. */
@@ -95,15 +97,15 @@ export function castWeights(cfg: ModelConfig, w: Weights<Matrix>, dtype: DType |
 export function weightsBytes(w: Weights<Matrix>): number {
   let bytes = 0;
   for (const t of new Set(Object.values(w) as (Matrix | undefined)[])) {
-    if (t !== undefined) bytes += t instanceof Float32Array ? t.byteLength : t.bytes.byteLength;
+    if (t !== undefined) bytes += heldBytesOf(t);
   }
   return bytes;
 }
 
 /** The one dtype of every layer matrix, or "mixed". */
 export function weightsDType(w: Weights<Matrix>): DType | "mixed" {
-  const d = new Set(MATRICES.map((k) => dtypeOf(w[k])));
-  return d.size === 1 ? [...d][0]! : "mixed";
+  const d = new Set(MATRICES.map((k) => dtypeNameOf(w[k])));
+  return d.size === 1 && !isStacked(w.wq) && ![...d][0]!.includes("+") ? ([...d][0]! as DType) : "mixed";
 }
 
 /** Throws when a tensor's length disagrees with the config. */

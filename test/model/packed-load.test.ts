@@ -33,7 +33,7 @@ const CASES: Case[] = [
 
 function packedBytes(w: Weights<Matrix>, k: (typeof MATRICES)[number]): Uint8Array {
   const m = w[k];
-  if (m instanceof Float32Array) throw new Error(`${k} is f32, want packed`);
+  if (m instanceof Float32Array || m.dtype === "stacked") throw new Error(`${k} is ${m instanceof Float32Array ? "f32" : "stacked"}, want packed`);
   return m.bytes;
 }
 

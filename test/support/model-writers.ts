@@ -1,6 +1,7 @@
 import { mkdirSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { headDimOf, interleavedToSplitHalf, kvDimOf, type ModelConfig, qDimOf, type Weights } from "../../src/model/index.ts";
+import { quantizeQ6K } from "../../src/model/k-quants.ts";
 
 // Writers of the model formats the loaders read, from a Weights object (run.c layout, interleaved
 // RoPE order). They write what the real tools write: HF's split-half q/k order, GGUF's reversed
@@ -233,8 +234,8 @@ export function writeHfFolder(dir: string, cfg: ModelConfig, w: Weights, o: HfFo
 
 // ---- GGUF ----
 
-export type GgufType = "f32" | "f16" | "bf16" | "q8_0" | "q4_0" | "q4_k";
-const GGML_TYPE_ID: Record<GgufType, number> = { f32: 0, f16: 1, q4_0: 2, q8_0: 8, q4_k: 12, bf16: 30 };
+export type GgufType = "f32" | "f16" | "bf16" | "q8_0" | "q4_0" | "q4_k" | "q6_k";
+const GGML_TYPE_ID: Record<GgufType, number> = { f32: 0, f16: 1, q4_0: 2, q8_0: 8, q4_k: 12, q6_k: 14, bf16: 30 };
 
 /** A metadata entry: [key, gguf value type id, value]; arrays as [key, 9, [elemType, values]]. */
 export type GgufKv = [string, number, unknown];
@@ -328,6 +329,12 @@ export function quantizeQ4K(x: Float32Array): Uint8Array {
 
 function tensorBytes(data: Float32Array, type: GgufType): Uint8Array {
   if (type === "q4_k") return quantizeQ4K(data);
+  if (type === "q6_k") {
+    // The engine's own plain quantizer (its blocks' reading is checked against ggml's definition in gguf.test.ts).
+    const out = new Uint8Array((data.length / 256) * 210);
+    quantizeQ6K(data, 0, data.length, out, 0);
+    return out;
+  }
   if (type === "q8_0") return quantizeQ8_0(data);
   if (type === "q4_0") return quantizeQ4_0(data);
   return encodeValues(data, type);
@@ -453,6 +460,8 @@ export interface GgufModelOptions {
   arch?: "llama" | "qwen2";
   /** Type of the 2-D weight matrices; norms and biases stay f32 as llama.cpp writes them. */
   type?: GgufType;
+  /** Type of each 2-D matrix by its tensor name (a mix such as Q4_K_M's), over `type`. */
+  typeOf?: (name: string) => GgufType;
   tied?: boolean;
   extraKvs?: GgufKv[];
   alignment?: number;
@@ -485,6 +494,6 @@ export function encodeGgufModel(cfg: ModelConfig, w: Weights, o: GgufModelOption
   if (cfg.headDim !== undefined) kvs.push([`${a}.attention.key_length`, GT.u32, cfg.headDim], [`${a}.attention.value_length`, GT.u32, cfg.headDim]);
   kvs.push(...(o.extraKvs ?? []));
   const named = namedTensors(cfg, w, "gguf", { tied: o.tied ?? false, splitHalf: a === "qwen2" });
-  const tensors: GgufTensorIn[] = named.map((t) => ({ ...t, type: t.shape.length === 2 ? (o.type ?? "f32") : "f32" }));
+  const tensors: GgufTensorIn[] = named.map((t) => ({ ...t, type: t.shape.length === 2 ? (o.typeOf?.(t.name) ?? o.type ?? "f32") : "f32" }));
   return encodeGguf(kvs, tensors, { alignment: o.alignment });
 }
