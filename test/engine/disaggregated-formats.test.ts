@@ -11,7 +11,8 @@ import { encodeGgufModel, writeHfFolder } from "../support/model-writers.ts";
 import { sseEvents } from "../support/nodes.ts";
 
 // Disaggregated = colocated on real loaders' output: an HF folder (Llama, split-half q/k) and a
-// qwen2-arch Q8_0 GGUF (biases, tied embeddings, head_dim != dim/heads). A byte tokenizer stands
+// qwen2-arch Q8_0 GGUF (biases, tied embeddings, head_dim != dim/heads), a Q4_K_M-like GGUF
+// (q4_k and q6_k matrices, layers of both in one stack), each held as stored. A byte tokenizer stands
 // in for theirs (vocab 258): requests are token ids, so only the weights path is under test.
 const tmp = tempDir("disagg-fmt");
 const LLAMA: ModelConfig = {
@@ -29,8 +30,19 @@ const LLAMA: ModelConfig = {
 const QWEN: ModelConfig = { ...LLAMA, name: "q", headDim: 16, ropeTheta: 1e6, normEps: 1e-6 };
 const B = 4;
 
+/** K-quant rows are whole super-blocks of 256. */
+const WIDE: ModelConfig = { ...LLAMA, name: "k", dim: 256, hiddenDim: 512, nLayers: 3 };
+
+/** llama.cpp's Q4_K_M recipe in miniature: q6_k for the classifier and some layers' attn_v and ffn_down, q4_k elsewhere. */
+function q4km(name: string): "q4_k" | "q6_k" {
+  if (name === "output.weight") return "q6_k";
+  const m = /^blk\.(\d+)\.(attn_v|ffn_down)\.weight$/.exec(name);
+  return m !== null && Number(m[1]) !== 1 ? "q6_k" : "q4_k";
+}
+
 function served(path: string) {
-  const m = readModelFiles(path);
+  // As stored: a Q4_K_M file's matrices stay q4_k and q6_k (the others' packed dtypes too).
+  const m = readModelFiles(path, { dtype: "as-stored" });
   return servedModelOf({ ...m, tokenizer: new ByteTokenizer(), eosIds: [257], chatTemplate: null });
 }
 
@@ -45,6 +57,10 @@ const models: Record<string, () => string> = {
       encodeGgufModel(QWEN, syntheticWeights(QWEN, 12, { sharedClassifier: true, biases: true }), { arch: "qwen2", tied: true, type: "q8_0" }),
     );
     return tmp.path("q.gguf");
+  },
+  "q4_k_m gguf (q4_k and q6_k layers)": () => {
+    writeFileSync(tmp.path("k.gguf"), encodeGgufModel(WIDE, syntheticWeights(WIDE, 13), { typeOf: q4km }));
+    return tmp.path("k.gguf");
   },
 };
 
