@@ -3,6 +3,7 @@ import { KERNELS_WASM_BASE64 } from "./kernels/kernels-wasm.ts";
 import { controlBytes, J_ATTEND, J_D, J_FN, J_N, J_R0, J_ROWS, J_W, J_X, J_Y, JOB_INTS, KERNEL_INDEX, KernelThreads, runJobs } from "./kernel-threads.ts";
 import type { LayerKernelExports } from "./layer-kernels.ts";
 import { matmulQ4KRef, matmulQ6KRef } from "./k-quant-ref.ts";
+import { isLegacy, legacyD, legacyM, legacyQ, legacyShape } from "./legacy-quants.ts";
 import {
   assertFinite16,
   blockElems,
@@ -34,6 +35,10 @@ export function matmulRef(y: Float32Array, x: Float32Array, wm: Matrix, wmOff: n
   let [w, wOff] = partAt(wm, wmOff, n * d);
   if (!(w instanceof Float32Array) && w.dtype === "q8_0") {
     matmulQ8Ref(y, x, w, wOff, rows, n, d);
+    return;
+  }
+  if (!(w instanceof Float32Array) && isLegacy(w.dtype)) {
+    matmulLegacyRef(y, x, w, wOff, rows, n, d);
     return;
   }
   if (!(w instanceof Float32Array) && (w.dtype === "q4_k" || w.dtype === "q6_k")) {
@@ -122,6 +127,42 @@ export function matmulQ8Ref(y: Float32Array, x: Float32Array, w: PackedMatrix, w
         s = f(s + f(f(dot) * f(f16[b[at]! | (b[at + 1]! << 8)]! * refScales[k]!)));
       }
       y[r * d + i] = s;
+    }
+  }
+}
+
+/**
+ * The legacy kernels' order in plain JS (THE LEGACY ORDER in kernels/assembly/legacy.ts), on
+ * ggml's blocks: x quantized per 32-block as for q8_0, then per output one running f32 sum over
+ * the blocks of f32(I) * (d * s) (+ f32(X) * (m * s) for q4_1 and q5_1), I = sum u q + offset * X.
+ */
+export function matmulLegacyRef(y: Float32Array, x: Float32Array, w: PackedMatrix, wOff: number, rows: number, n: number, d: number): void {
+  if (!isLegacy(w.dtype)) assert.fail(`matmulLegacyRef on ${w.dtype}`);
+  const dt = w.dtype;
+  const { bytes, min, offset } = legacyShape(dt);
+  const f = Math.fround;
+  const f16 = f16Values();
+  const b = w.bytes;
+  const blocks = n / QK8_0;
+  for (let r = 0; r < rows; r++) {
+    quantizeRowRef(x, r * n, n);
+    for (let i = 0; i < d; i++) {
+      const first = (wOff + i * n) / QK8_0;
+      let acc = 0;
+      for (let k = 0; k < blocks; k++) {
+        const at = (first + k) * bytes;
+        let dot = 0;
+        let sum = 0;
+        for (let j = 0; j < QK8_0; j++) {
+          dot += legacyQ(dt, b, at, j) * refQ[k * QK8_0 + j]!;
+          sum += refQ[k * QK8_0 + j]!;
+        }
+        const s = refScales[k]!;
+        let t = f(f(dot + offset * sum) * f(f16[legacyD(b, at)]! * s));
+        if (min) t = f(t + f(f(sum) * f(f16[legacyM(b, at)]! * s)));
+        acc = f(acc + t);
+      }
+      y[r * d + i] = acc;
     }
   }
 }
@@ -626,9 +667,10 @@ export class MatmulKernel {
   }
 }
 
-/** Which quantized x a kernel reads: 0 none (f32 x), 1 q8.ts's, 2 kquants.ts's. */
+/** Which quantized x a kernel reads: 0 none (f32 x), 1 q8.ts's (q8_0 and the legacy types), 2 kquants.ts's. */
 function quantLayout(fn: number): number {
-  return fn === KERNEL_INDEX.q8_0 ? 1 : fn === KERNEL_INDEX.q4_k || fn === KERNEL_INDEX.q6_k ? 2 : 0;
+  if (fn === KERNEL_INDEX.q4_k || fn === KERNEL_INDEX.q6_k) return 2;
+  return fn === KERNEL_INDEX.q8_0 || fn === KERNEL_INDEX.q4_0 || fn === KERNEL_INDEX.q4_1 || fn === KERNEL_INDEX.q5_0 || fn === KERNEL_INDEX.q5_1 ? 1 : 0;
 }
 
 /** Whether float ranges [a, a + n) and [b, b + m) (byte offsets a, b) share memory. */

@@ -1,12 +1,13 @@
 import assert from "node:assert";
 import { f16Values } from "./f16-bits.ts";
+import { assertFiniteLegacy, dequantizeLegacyInto, isLegacy, LEGACY_DTYPES, type LegacyDType, legacyShape, QK_LEGACY } from "./legacy-quants.ts";
 import { assertFiniteK, dequantizeKInto, Q4_K_BLOCK_BYTES, Q6_K_BLOCK_BYTES, QK_K, quantizeQ4K, quantizeQ6K } from "./k-quants.ts";
 
 export { f16Values };
 
 /** How a weight matrix is held in memory. */
-export type DType = "f32" | "f16" | "bf16" | "q8_0" | "q4_k" | "q6_k";
-export const DTYPES: readonly DType[] = ["f32", "f16", "bf16", "q8_0", "q4_k", "q6_k"];
+export type DType = "f32" | "f16" | "bf16" | "q8_0" | "q4_k" | "q6_k" | LegacyDType;
+export const DTYPES: readonly DType[] = ["f32", "f16", "bf16", "q8_0", "q4_k", "q6_k", ...LEGACY_DTYPES];
 /** The packed dtypes held as ggml's K-quant super-blocks (k-quants.ts): rows are whole blocks of QK_K. */
 export const K_DTYPES: readonly DType[] = ["q4_k", "q6_k"];
 
@@ -16,7 +17,7 @@ export const Q8_0_BLOCK_BYTES = 2 + QK8_0;
 
 /** Elements of one block of a dtype (1 for the plain ones): a row of a packed matrix is whole blocks. */
 export function blockElems(dtype: DType): number {
-  return dtype === "q8_0" ? QK8_0 : dtype === "q4_k" || dtype === "q6_k" ? QK_K : 1;
+  return dtype === "q8_0" ? QK8_0 : dtype === "q4_k" || dtype === "q6_k" ? QK_K : isLegacy(dtype) ? QK_LEGACY : 1;
 }
 
 /**
@@ -89,6 +90,7 @@ export function matrixBytes(dtype: DType, elems: number): number {
   if (dtype === "q8_0") return (elems / QK8_0) * Q8_0_BLOCK_BYTES;
   if (dtype === "q4_k") return (elems / QK_K) * Q4_K_BLOCK_BYTES;
   if (dtype === "q6_k") return (elems / QK_K) * Q6_K_BLOCK_BYTES;
+  if (isLegacy(dtype)) return (elems / QK_LEGACY) * legacyShape(dtype).bytes;
   return elems * 2;
 }
 
@@ -128,6 +130,7 @@ export function castMatrix(m: Matrix, dtype: DType, cols: number): SimpleMatrix 
   if (dtypeOf(m) === dtype) return m;
   const src = m instanceof Float32Array ? m : dequantize(m);
   if (dtype === "f32") return src;
+  if (isLegacy(dtype)) throw new Error(`${dtype}: this engine holds ${dtype} matrices as a file stores them, but does not quantize to it`);
   if (src.length % cols !== 0) assert.fail(`matrix of ${src.length} elements is not whole rows of ${cols}`);
   if (cols % blockElems(dtype) !== 0) throw new Error(`${dtype} needs rows that are whole blocks of ${blockElems(dtype)}: a row has ${cols}`);
   const bytes = new Uint8Array(matrixBytes(dtype, src.length));
@@ -164,6 +167,10 @@ function viewsOf(m: PackedMatrix): { u16: Uint16Array; dv: DataView } {
 export function dequantizeInto(m: PackedMatrix, from: number, count: number, out: Float32Array, outAt = 0): void {
   if (m.dtype === "q4_k" || m.dtype === "q6_k") {
     dequantizeKInto(m.dtype === "q6_k", m.bytes, from, count, out, outAt);
+    return;
+  }
+  if (isLegacy(m.dtype)) {
+    dequantizeLegacyInto(m.dtype, m.bytes, from, count, out, outAt);
     return;
   }
   const { u16, dv } = viewsOf(m);
@@ -207,6 +214,10 @@ export function dequantize(m: PackedMatrix | StackedMatrix): Float32Array {
 export function assertFinite16(m: PackedMatrix): void {
   if (m.dtype === "q4_k" || m.dtype === "q6_k") {
     assertFiniteK(m.dtype === "q6_k", m.bytes, 0, m.length / QK_K, 0);
+    return;
+  }
+  if (isLegacy(m.dtype)) {
+    assertFiniteLegacy(m.dtype, m.bytes, 0, m.length / QK_LEGACY, 0);
     return;
   }
   const { u16 } = viewsOf(m);

@@ -1,6 +1,8 @@
 import assert from "node:assert";
 import { kGroupBytes, packKStrip, readKStripRow } from "./k-quant-strips.ts";
 import { assertFiniteK, QK_K } from "./k-quants.ts";
+import { assertFiniteLegacy, isLegacy, QK_LEGACY } from "./legacy-quants.ts";
+import { legacyGroupBytes, packLegacyStrip, readLegacyStripRow } from "./legacy-strips.ts";
 import { copyBytes } from "./mapped-file.ts";
 import { type DType, dtypeOf, f16Values, type SimpleMatrix, matrixBytes, Q8_0_BLOCK_BYTES, QK8_0 } from "./packed.ts";
 
@@ -18,7 +20,7 @@ export const STRIP_ROWS = 8;
 /** Weights of a row held in whole groups. */
 function mainLen(dt: DType, n: number): number {
   if (dt === "f32") return n & ~3;
-  if (dt === "q8_0" || dt === "q4_k" || dt === "q6_k") return n;
+  if (dt === "q8_0" || dt === "q4_k" || dt === "q6_k" || isLegacy(dt)) return n;
   return n & ~7;
 }
 
@@ -26,6 +28,7 @@ function mainLen(dt: DType, n: number): number {
 export function stripBytes(dt: DType, n: number): number {
   if (dt === "q8_0") return (n / QK8_0) * STRIP_ROWS * Q8_0_BLOCK_BYTES;
   if (dt === "q4_k" || dt === "q6_k") return (n / QK_K) * kGroupBytes(dt === "q6_k");
+  if (isLegacy(dt)) return (n / QK_LEGACY) * legacyGroupBytes(dt);
   return STRIP_ROWS * n * (dt === "f32" ? 4 : 2);
 }
 
@@ -57,7 +60,10 @@ export function packStrips(m: SimpleMatrix, from: number, rows: number, n: numbe
     copyBytes(stageU8, 0, src.subarray(first + r * rowBytes, first + (r + k) * rowBytes));
     const o = at + (r / STRIP_ROWS) * sb;
     if (dt === "f32") packF32(new Float32Array(stage), k, n, new Float32Array(dst.buffer, dst.byteOffset + o, sb / 4));
-    else if (dt === "q4_k" || dt === "q6_k") {
+    else if (isLegacy(dt)) {
+      assertFiniteLegacy(dt, stageU8, 0, (k * n) / QK_LEGACY, from / QK_LEGACY + (r * n) / QK_LEGACY);
+      packLegacyStrip(dt, stageU8, k, n, dst.subarray(o, o + sb));
+    } else if (dt === "q4_k" || dt === "q6_k") {
       assertFiniteK(dt === "q6_k", stageU8, 0, (k * n) / QK_K, from / QK_K + (r * n) / QK_K);
       packKStrip(dt === "q6_k", stageU8, k, n, dst.subarray(o, o + sb));
     } else if (dt === "q8_0") {
@@ -162,6 +168,10 @@ export function readStripRow(dt: DType, mem: MemoryViews, at: number, n: number,
   const base = at + Math.floor(r / STRIP_ROWS) * stripBytes(dt, n);
   const k = r % STRIP_ROWS;
   const main = mainLen(dt, n);
+  if (isLegacy(dt)) {
+    readLegacyStripRow(dt, mem.u8, base, k, j0, count, out, outAt);
+    return;
+  }
   if (dt === "q4_k" || dt === "q6_k") {
     readKStripRow(dt === "q6_k", mem.u8, base, k, j0, count, out, outAt);
     return;
