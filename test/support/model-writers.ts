@@ -234,8 +234,8 @@ export function writeHfFolder(dir: string, cfg: ModelConfig, w: Weights, o: HfFo
 
 // ---- GGUF ----
 
-export type GgufType = "f32" | "f16" | "bf16" | "q8_0" | "q4_0" | "q4_k" | "q6_k";
-const GGML_TYPE_ID: Record<GgufType, number> = { f32: 0, f16: 1, q4_0: 2, q8_0: 8, q4_k: 12, q6_k: 14, bf16: 30 };
+export type GgufType = "f32" | "f16" | "bf16" | "q8_0" | "q4_0" | "q4_1" | "q5_0" | "q5_1" | "q4_k" | "q6_k";
+const GGML_TYPE_ID: Record<GgufType, number> = { f32: 0, f16: 1, q4_0: 2, q4_1: 3, q5_0: 6, q5_1: 7, q8_0: 8, q4_k: 12, q6_k: 14, bf16: 30 };
 
 /** A metadata entry: [key, gguf value type id, value]; arrays as [key, 9, [elemType, values]]. */
 export type GgufKv = [string, number, unknown];
@@ -283,6 +283,51 @@ export function quantizeQ4_0(x: Float32Array): Uint8Array {
 }
 
 const f16Bits = (x: number) => new Uint16Array(new Float16Array([x]).buffer)[0]!;
+
+/**
+ * q4_1, q5_0 and q5_1 by ggml's reference recipes: the _1 types d = (max - min) / (2^bits - 1),
+ * m = min, q = round((x - m) / d); q5_0 as q4_0 with 16 levels a side: d = max / -16, q =
+ * min(31, trunc(x / d + 16.5)). Block: f16 d, [f16 m], [u32 fifth bits], 16 bytes of nibbles.
+ */
+export function quantizeLegacy(x: Float32Array, type: "q4_1" | "q5_0" | "q5_1"): Uint8Array {
+  const min = type !== "q5_0";
+  const five = type !== "q4_1";
+  const bytes = 18 + (min ? 2 : 0) + (five ? 4 : 0);
+  const out = new Uint8Array((x.length / 32) * bytes);
+  const dv = new DataView(out.buffer);
+  for (let b = 0; b < x.length / 32; b++) {
+    const v = x.subarray(b * 32, b * 32 + 32);
+    const at = b * bytes;
+    let q: number[];
+    if (min) {
+      const lo = Math.min(...v);
+      const hi = Math.max(...v);
+      const levels = five ? 31 : 15;
+      const d = (hi - lo) / levels;
+      const id = d ? 1 / d : 0;
+      dv.setUint16(at, f16Bits(d), true);
+      dv.setUint16(at + 2, f16Bits(lo), true);
+      q = [...v].map((e) => Math.min(levels, Math.round((e - lo) * id)));
+    } else {
+      let amax = 0;
+      let max = 0;
+      for (const e of v) if (Math.abs(e) > amax) (amax = Math.abs(e)), (max = e);
+      const d = max / -16;
+      const id = d ? 1 / d : 0;
+      dv.setUint16(at, f16Bits(d), true);
+      q = [...v].map((e) => Math.min(31, Math.trunc(e * id + 16.5)));
+    }
+    const qs = at + 2 + (min ? 2 : 0) + (five ? 4 : 0);
+    let qh = 0;
+    for (let j = 0; j < 16; j++) {
+      out[qs + j] = (q[j]! & 15) | ((q[j + 16]! & 15) << 4);
+      qh |= ((q[j]! >> 4) & 1) << j;
+      qh |= ((q[j + 16]! >> 4) & 1) << (j + 16);
+    }
+    if (five) dv.setUint32(qs - 4, qh >>> 0, true);
+  }
+  return out;
+}
 
 /**
  * q4_k, a simple (not ggml's searching) quantizer producing valid blocks: per 32-value
@@ -337,6 +382,7 @@ function tensorBytes(data: Float32Array, type: GgufType): Uint8Array {
   }
   if (type === "q8_0") return quantizeQ8_0(data);
   if (type === "q4_0") return quantizeQ4_0(data);
+  if (type === "q4_1" || type === "q5_0" || type === "q5_1") return quantizeLegacy(data, type);
   return encodeValues(data, type);
 }
 

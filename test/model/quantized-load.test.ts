@@ -6,12 +6,12 @@ import { encodeGgufModel, type GgufType } from "../support/model-writers.ts";
 import { greedy, maxAbsDiff, tempDir } from "./format-helpers.ts";
 import { bits, newPool, Seq } from "./helpers.ts";
 
-// GGUF files of q4_k, q6_k and a Q4_K_M-like mix of both, written here, loaded as stored (no
+// GGUF files of q4_k, q6_k, a Q4_K_M-like mix of both and the legacy 32-blocks, written here, loaded as stored (no
 // matrix widened) and run by the integer kernels: the same greedy tokens as the same file
 // widened to f32, logits within what 8-bit activations cost; the kernels, the plain-JS
 // fallback and two threads all give the same bits.
 
-const tmp = tempDir("k-quant-load");
+const tmp = tempDir("quantized-load");
 afterAll(() => tmp.cleanup());
 
 // K-quant rows are whole super-blocks of 256.
@@ -36,7 +36,13 @@ function q4km(name: string): GgufType {
   return m !== null && Number(m[1]) !== 1 ? "q6_k" : "q4_k";
 }
 
-const FILES: { name: string; typeOf: (n: string) => GgufType; want: Record<string, string> }[] = [
+const FILES: { name: string; typeOf: (n: string) => GgufType; want: Record<string, string>; bits?: number }[] = [
+  ...(["q4_0", "q4_1", "q5_0", "q5_1"] as const).map((t, i) => ({
+    name: t,
+    typeOf: (): GgufType => t,
+    want: { wq: t, w2: t, wcls: t, tokenEmbedding: t },
+    bits: [4.5, 5, 5.5, 6][i]!,
+  })),
   { name: "q4_k", typeOf: () => "q4_k", want: { wq: "q4_k", w2: "q4_k", wcls: "q4_k", tokenEmbedding: "q4_k" } },
   { name: "q6_k", typeOf: () => "q6_k", want: { wq: "q6_k", w2: "q6_k", wcls: "q6_k", tokenEmbedding: "q6_k" } },
   { name: "q4_k_m", typeOf: q4km, want: { wq: "q4_k", wv: "q4_k+q6_k", w2: "q4_k+q6_k", wcls: "q6_k", tokenEmbedding: "q4_k" } },
@@ -56,7 +62,7 @@ function prefillLogits(w: Weights<Matrix>, prompt: readonly number[], opts: { th
   return bits(out);
 }
 
-describe("K-quant GGUF files served as stored", () => {
+describe("quantized GGUF files served as stored", () => {
   for (const f of FILES) {
     const path = tmp.path(`${f.name}.gguf`);
     writeFileSync(path, encodeGgufModel(CFG, W, { typeOf: f.typeOf }));
@@ -71,11 +77,11 @@ describe("K-quant GGUF files served as stored", () => {
         // Layers 0 and 2 q6_k, layer 1 q4_k: three parts of one layer each.
         expect(isStacked(w2) && w2.parts.map((p) => (p instanceof Float32Array ? "f32" : p.dtype))).toEqual(["q6_k", "q4_k", "q6_k"]);
       }
-      // Held at the file's bits per weight: about 1/7 (q4_k) or 1/5 (q6_k) of the f32 bytes.
+      // Held at the file's bits per weight (q4_k 4.5, q6_k 6.5625, ...) over f32's 32, the norms aside.
       const f32 = readModelFiles(path);
       const ratio = g.stats.residentBytes / f32.stats.residentBytes;
       console.log(`${f.name}: held ${g.stats.residentBytes} bytes, ${ratio.toFixed(3)} of f32's`);
-      expect(ratio).toBeLessThan(f.name === "q6_k" ? 0.22 : 0.2);
+      expect(ratio).toBeLessThan((f.bits ?? (f.name === "q6_k" ? 6.5625 : 5)) / 32 + 0.01);
     });
 
     test(`${f.name}: the widened file's greedy tokens but at near-ties, logits within the 8-bit activations' cost`, () => {
