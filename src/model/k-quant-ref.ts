@@ -1,5 +1,5 @@
 import { f16Values } from "./f16-bits.ts";
-import { Q4_K_BLOCK_BYTES, Q6_K_BLOCK_BYTES, QK_K, q4kQuant, q4kScaleMin, q6kQuant, q6kScale } from "./k-quants.ts";
+import { Q4_K_BLOCK_BYTES, Q5_K_BLOCK_BYTES, Q6_K_BLOCK_BYTES, QK_K, q4kQuant, q4kScaleMin, q5kQuant, q6kQuant, q6kScale } from "./k-quants.ts";
 import type { PackedMatrix } from "./packed.ts";
 
 // The plain-JS K-quant path's quantized x row, grown as needed (the fallback runs on one thread).
@@ -40,11 +40,14 @@ function quantizeKRowRef(x: Float32Array, xa: number, n: number): void {
 }
 
 /**
- * The q4_k kernel's order in plain JS (THE K ORDER in kernels/assembly/kquants.ts), on ggml's
- * blocks: x quantized per 256, then per output one running f32 sum over the super-blocks of
- * f32(A) * (d * s) - f32(B) * (dmin * s), A = sum_j sc_j * (q . x)_j, B = sum_j m_j * (sum x)_j.
+ * The q4_k and q5_k kernels' order in plain JS (THE K ORDER in kernels/assembly/kquants.ts), on
+ * ggml's blocks: x quantized per 256, then per output one running f32 sum over the super-blocks
+ * of f32(A) * (d * s) - f32(B) * (dmin * s), A = sum_j sc_j * (q . x)_j, B = sum_j m_j * (sum x)_j.
  */
 export function matmulQ4KRef(y: Float32Array, x: Float32Array, w: PackedMatrix, wOff: number, rows: number, n: number, d: number): void {
+  const five = w.dtype === "q5_k";
+  const quant = five ? q5kQuant : q4kQuant;
+  const bb = five ? Q5_K_BLOCK_BYTES : Q4_K_BLOCK_BYTES;
   const f = Math.fround;
   const lut = f16Values();
   const b = w.bytes;
@@ -55,13 +58,13 @@ export function matmulQ4KRef(y: Float32Array, x: Float32Array, w: PackedMatrix, 
       const first = (wOff + i * n) / QK_K;
       let acc = 0;
       for (let c = 0; c < blocks; c++) {
-        const at = (first + c) * Q4_K_BLOCK_BYTES;
+        const at = (first + c) * bb;
         let A = 0;
         let B = 0;
         for (let j = 0; j < 8; j++) {
           const sm = q4kScaleMin(b, at, j);
           let dot = 0;
-          for (let l = 0; l < 32; l++) dot += q4kQuant(b, at, 32 * j + l) * refQ[c * QK_K + 32 * j + l]!;
+          for (let l = 0; l < 32; l++) dot += quant(b, at, 32 * j + l) * refQ[c * QK_K + 32 * j + l]!;
           A += (sm & 0xff) * dot;
           B += (sm >> 8) * (refSums[c * 16 + 2 * j]! + refSums[c * 16 + 2 * j + 1]!);
         }

@@ -1,18 +1,26 @@
 import { f16Values } from "./f16-bits.ts";
-import { Q4_K_BLOCK_BYTES, Q6_K_BLOCK_BYTES, QK_K, q4kQuant, q4kScaleMin, q6kQuant } from "./k-quants.ts";
+import { type KDType, kBlockBytes, QK_K, q4kQuant, q4kScaleMin, q5kQuant, q6kQuant } from "./k-quants.ts";
 
 /**
  * The K STRIP LAYOUT that kernels/assembly/kquants.ts reads (stated there in full): a strip of 8
  * rows is a group per super-block; in a group, the 8 rows' f16 scales, their sub-block scales
  * (and q4_k's mins) as bytes, then each half strip's quantized weights, four rows interleaved
- * in pairs of columns (kSlot). q4_k: 1184 bytes a group (4.625 bits a weight: ggml's packed
- * 6-bit scales are unpacked to bytes); q6_k: 1680 (6.5625, ggml's own).
+ * in pairs of columns (kSlot), then q5_k's fifth bits. q4_k: 1184 bytes a group (4.625 bits a
+ * weight: ggml's packed 6-bit scales are unpacked to bytes); q5_k: 1440 (5.625); q6_k: 1680
+ * (6.5625, ggml's own).
  */
 export const Q4K_GROUP = 1184;
+export const Q5K_GROUP = 1440;
 export const Q6K_GROUP = 1680;
 
-export function kGroupBytes(six: boolean): number {
-  return six ? Q6K_GROUP : Q4K_GROUP;
+export function kGroupBytes(kt: KDType): number {
+  return kt === "q4_k" ? Q4K_GROUP : kt === "q5_k" ? Q5K_GROUP : Q6K_GROUP;
+}
+
+/** Where q5_k's fifth bit of weight i of row k sits in a group: byte and bit (bit t of byte b is e = 16t + b). */
+function q5BitPlace(k: number, i: number): [number, number] {
+  const e = kSlot(k, i & 31);
+  return [Q4K_GROUP + (k >> 2) * 128 + (i >> 5) * 16 + (e & 15), e >> 4];
 }
 
 /** Index e of column i of row k (of a half strip) within its sub-block: pairs of columns, four rows each. */
@@ -36,9 +44,9 @@ function q6Place(k: number, i: number): [number, boolean, number, number] {
 }
 
 /** Up to 8 rows of src (ggml blocks, rows of n weights, from its start) into one zeroed strip at out. */
-export function packKStrip(six: boolean, src: Uint8Array, rows: number, n: number, out: Uint8Array): void {
-  const bb = six ? Q6_K_BLOCK_BYTES : Q4_K_BLOCK_BYTES;
-  const gb = kGroupBytes(six);
+export function packKStrip(kt: KDType, src: Uint8Array, rows: number, n: number, out: Uint8Array): void {
+  const bb = kBlockBytes(kt);
+  const gb = kGroupBytes(kt);
   const blocks = n / QK_K;
   for (let k = 0; k < rows; k++) {
     const half = k >> 2;
@@ -46,7 +54,7 @@ export function packKStrip(six: boolean, src: Uint8Array, rows: number, n: numbe
     for (let c = 0; c < blocks; c++) {
       const at = (k * blocks + c) * bb;
       const g = c * gb;
-      if (six) {
+      if (kt === "q6_k") {
         out[g + 2 * k] = src[at + 208]!;
         out[g + 2 * k + 1] = src[at + 209]!;
         for (let s = 0; s < 16; s++) out[g + 16 + half * 64 + s * 4 + kk] = src[at + 192 + s]!;
@@ -67,9 +75,13 @@ export function packKStrip(six: boolean, src: Uint8Array, rows: number, n: numbe
           out[g + 96 + half * 32 + j * 4 + kk] = sm >> 8;
         }
         for (let i = 0; i < QK_K; i++) {
-          const q = q4kQuant(src, at, i);
+          const q = kt === "q5_k" ? q5kQuant(src, at, i) : q4kQuant(src, at, i);
           const [p, high] = q4Place(k, i);
-          out[g + p]! |= high ? q << 4 : q;
+          out[g + p]! |= high ? (q & 15) << 4 : q & 15;
+          if (kt === "q5_k") {
+            const [bb5, bit] = q5BitPlace(k, i);
+            out[g + bb5]! |= (q >> 4) << bit;
+          }
         }
       }
     }
@@ -81,16 +93,16 @@ export function packKStrip(six: boolean, src: Uint8Array, rows: number, n: numbe
  * at outAt by the blocks' definition in the order k-quants.ts states (the same bits as
  * dequantizing ggml's block): the embedding's lookup when it is stored q4_k or q6_k.
  */
-export function readKStripRow(six: boolean, u8: Uint8Array, base: number, k: number, j0: number, count: number, out: Float32Array, outAt: number): void {
+export function readKStripRow(kt: KDType, u8: Uint8Array, base: number, k: number, j0: number, count: number, out: Float32Array, outAt: number): void {
   const lut = f16Values();
-  const gb = kGroupBytes(six);
+  const gb = kGroupBytes(kt);
   const half = k >> 2;
   const kk = k & 3;
   for (let j = j0; j < j0 + count; j++) {
     const g = base + Math.floor(j / QK_K) * gb;
     const i = j % QK_K;
     const d = lut[u8[g + 2 * k]! | (u8[g + 2 * k + 1]! << 8)]!;
-    if (six) {
+    if (kt === "q6_k") {
       const [nb, high, hb, shift] = q6Place(k, i);
       const q = (high ? u8[g + nb]! >> 4 : u8[g + nb]! & 15) | (((u8[g + hb]! >> shift) & 3) << 4);
       const sc = (u8[g + 16 + half * 64 + (i >> 4) * 4 + kk]! << 24) >> 24;
@@ -98,7 +110,11 @@ export function readKStripRow(six: boolean, u8: Uint8Array, base: number, k: num
     } else {
       const dmin = lut[u8[g + 16 + 2 * k]! | (u8[g + 16 + 2 * k + 1]! << 8)]!;
       const [p, high] = q4Place(k, i);
-      const q = high ? u8[g + p]! >> 4 : u8[g + p]! & 15;
+      let q = high ? u8[g + p]! >> 4 : u8[g + p]! & 15;
+      if (kt === "q5_k") {
+        const [bb5, bit] = q5BitPlace(k, i);
+        q |= ((u8[g + bb5]! >> bit) & 1) << 4;
+      }
       const sc = u8[g + 32 + half * 32 + (i >> 5) * 4 + kk]!;
       const m = u8[g + 96 + half * 32 + (i >> 5) * 4 + kk]!;
       out[outAt + j - j0] = d * sc * q - dmin * m;

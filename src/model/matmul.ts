@@ -41,8 +41,8 @@ export function matmulRef(y: Float32Array, x: Float32Array, wm: Matrix, wmOff: n
     matmulLegacyRef(y, x, w, wOff, rows, n, d);
     return;
   }
-  if (!(w instanceof Float32Array) && (w.dtype === "q4_k" || w.dtype === "q6_k")) {
-    (w.dtype === "q4_k" ? matmulQ4KRef : matmulQ6KRef)(y, x, w, wOff, rows, n, d);
+  if (!(w instanceof Float32Array) && (w.dtype === "q4_k" || w.dtype === "q5_k" || w.dtype === "q6_k")) {
+    (w.dtype === "q6_k" ? matmulQ6KRef : matmulQ4KRef)(y, x, w, wOff, rows, n, d);
     return;
   }
   if (!(w instanceof Float32Array)) {
@@ -669,7 +669,7 @@ export class MatmulKernel {
 
 /** Which quantized x a kernel reads: 0 none (f32 x), 1 q8.ts's (q8_0 and the legacy types), 2 kquants.ts's. */
 function quantLayout(fn: number): number {
-  if (fn === KERNEL_INDEX.q4_k || fn === KERNEL_INDEX.q6_k) return 2;
+  if (fn === KERNEL_INDEX.q4_k || fn === KERNEL_INDEX.q5_k || fn === KERNEL_INDEX.q6_k) return 2;
   return fn === KERNEL_INDEX.q8_0 || fn === KERNEL_INDEX.q4_0 || fn === KERNEL_INDEX.q4_1 || fn === KERNEL_INDEX.q5_0 || fn === KERNEL_INDEX.q5_1 ? 1 : 0;
 }
 

@@ -1,15 +1,13 @@
 import assert from "node:assert";
 import { f16Values } from "./f16-bits.ts";
 import { assertFiniteLegacy, dequantizeLegacyInto, isLegacy, LEGACY_DTYPES, type LegacyDType, legacyShape, QK_LEGACY } from "./legacy-quants.ts";
-import { assertFiniteK, dequantizeKInto, Q4_K_BLOCK_BYTES, Q6_K_BLOCK_BYTES, QK_K, quantizeQ4K, quantizeQ6K } from "./k-quants.ts";
+import { assertFiniteK, dequantizeKInto, isK, type KDType, kBlockBytes, QK_K, quantizeQ4K, quantizeQ5K, quantizeQ6K } from "./k-quants.ts";
 
 export { f16Values };
 
 /** How a weight matrix is held in memory. */
-export type DType = "f32" | "f16" | "bf16" | "q8_0" | "q4_k" | "q6_k" | LegacyDType;
-export const DTYPES: readonly DType[] = ["f32", "f16", "bf16", "q8_0", "q4_k", "q6_k", ...LEGACY_DTYPES];
-/** The packed dtypes held as ggml's K-quant super-blocks (k-quants.ts): rows are whole blocks of QK_K. */
-export const K_DTYPES: readonly DType[] = ["q4_k", "q6_k"];
+export type DType = "f32" | "f16" | "bf16" | "q8_0" | KDType | LegacyDType;
+export const DTYPES: readonly DType[] = ["f32", "f16", "bf16", "q8_0", "q4_k", "q5_k", "q6_k", ...LEGACY_DTYPES];
 
 /** ggml's Q8_0: blocks of QK weights, each an f16 scale then QK int8 (8.5 bits per weight). */
 export const QK8_0 = 32;
@@ -17,7 +15,7 @@ export const Q8_0_BLOCK_BYTES = 2 + QK8_0;
 
 /** Elements of one block of a dtype (1 for the plain ones): a row of a packed matrix is whole blocks. */
 export function blockElems(dtype: DType): number {
-  return dtype === "q8_0" ? QK8_0 : dtype === "q4_k" || dtype === "q6_k" ? QK_K : isLegacy(dtype) ? QK_LEGACY : 1;
+  return dtype === "q8_0" ? QK8_0 : isK(dtype) ? QK_K : isLegacy(dtype) ? QK_LEGACY : 1;
 }
 
 /**
@@ -88,8 +86,7 @@ export function partAt(m: Matrix, from: number, count: number): [SimpleMatrix, n
 export function matrixBytes(dtype: DType, elems: number): number {
   if (dtype === "f32") return elems * 4;
   if (dtype === "q8_0") return (elems / QK8_0) * Q8_0_BLOCK_BYTES;
-  if (dtype === "q4_k") return (elems / QK_K) * Q4_K_BLOCK_BYTES;
-  if (dtype === "q6_k") return (elems / QK_K) * Q6_K_BLOCK_BYTES;
+  if (isK(dtype)) return (elems / QK_K) * kBlockBytes(dtype);
   if (isLegacy(dtype)) return (elems / QK_LEGACY) * legacyShape(dtype).bytes;
   return elems * 2;
 }
@@ -139,6 +136,7 @@ export function castMatrix(m: Matrix, dtype: DType, cols: number): SimpleMatrix 
     const u = new Uint16Array(bytes.buffer);
     for (let i = 0; i < src.length; i++) u[i] = toBf16(src[i]!);
   } else if (dtype === "q4_k") quantizeQ4K(src, 0, src.length, bytes, 0);
+  else if (dtype === "q5_k") quantizeQ5K(src, 0, src.length, bytes, 0);
   else if (dtype === "q6_k") quantizeQ6K(src, 0, src.length, bytes, 0);
   else {
     const view = new DataView(bytes.buffer);
@@ -165,8 +163,8 @@ function viewsOf(m: PackedMatrix): { u16: Uint16Array; dv: DataView } {
  * into out at outAt. Whole q8_0 blocks only.
  */
 export function dequantizeInto(m: PackedMatrix, from: number, count: number, out: Float32Array, outAt = 0): void {
-  if (m.dtype === "q4_k" || m.dtype === "q6_k") {
-    dequantizeKInto(m.dtype === "q6_k", m.bytes, from, count, out, outAt);
+  if (isK(m.dtype)) {
+    dequantizeKInto(m.dtype, m.bytes, from, count, out, outAt);
     return;
   }
   if (isLegacy(m.dtype)) {
@@ -212,8 +210,8 @@ export function dequantize(m: PackedMatrix | StackedMatrix): Float32Array {
  * shifting and rebiasing, exact for every finite value only.
  */
 export function assertFinite16(m: PackedMatrix): void {
-  if (m.dtype === "q4_k" || m.dtype === "q6_k") {
-    assertFiniteK(m.dtype === "q6_k", m.bytes, 0, m.length / QK_K, 0);
+  if (isK(m.dtype)) {
+    assertFiniteK(m.dtype, m.bytes, 0, m.length / QK_K, 0);
     return;
   }
   if (isLegacy(m.dtype)) {

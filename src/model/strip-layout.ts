@@ -1,6 +1,6 @@
 import assert from "node:assert";
 import { kGroupBytes, packKStrip, readKStripRow } from "./k-quant-strips.ts";
-import { assertFiniteK, QK_K } from "./k-quants.ts";
+import { assertFiniteK, isK, QK_K } from "./k-quants.ts";
 import { assertFiniteLegacy, isLegacy, QK_LEGACY } from "./legacy-quants.ts";
 import { legacyGroupBytes, packLegacyStrip, readLegacyStripRow } from "./legacy-strips.ts";
 import { copyBytes } from "./mapped-file.ts";
@@ -20,14 +20,14 @@ export const STRIP_ROWS = 8;
 /** Weights of a row held in whole groups. */
 function mainLen(dt: DType, n: number): number {
   if (dt === "f32") return n & ~3;
-  if (dt === "q8_0" || dt === "q4_k" || dt === "q6_k" || isLegacy(dt)) return n;
+  if (dt === "q8_0" || isK(dt) || isLegacy(dt)) return n;
   return n & ~7;
 }
 
 /** Bytes of one strip of rows of n weights. */
 export function stripBytes(dt: DType, n: number): number {
   if (dt === "q8_0") return (n / QK8_0) * STRIP_ROWS * Q8_0_BLOCK_BYTES;
-  if (dt === "q4_k" || dt === "q6_k") return (n / QK_K) * kGroupBytes(dt === "q6_k");
+  if (isK(dt)) return (n / QK_K) * kGroupBytes(dt);
   if (isLegacy(dt)) return (n / QK_LEGACY) * legacyGroupBytes(dt);
   return STRIP_ROWS * n * (dt === "f32" ? 4 : 2);
 }
@@ -63,9 +63,9 @@ export function packStrips(m: SimpleMatrix, from: number, rows: number, n: numbe
     else if (isLegacy(dt)) {
       assertFiniteLegacy(dt, stageU8, 0, (k * n) / QK_LEGACY, from / QK_LEGACY + (r * n) / QK_LEGACY);
       packLegacyStrip(dt, stageU8, k, n, dst.subarray(o, o + sb));
-    } else if (dt === "q4_k" || dt === "q6_k") {
-      assertFiniteK(dt === "q6_k", stageU8, 0, (k * n) / QK_K, from / QK_K + (r * n) / QK_K);
-      packKStrip(dt === "q6_k", stageU8, k, n, dst.subarray(o, o + sb));
+    } else if (isK(dt)) {
+      assertFiniteK(dt, stageU8, 0, (k * n) / QK_K, from / QK_K + (r * n) / QK_K);
+      packKStrip(dt, stageU8, k, n, dst.subarray(o, o + sb));
     } else if (dt === "q8_0") {
       assertFiniteScales(stageU8, k, n, from / QK8_0 + (r * n) / QK8_0);
       packQ8(stageU8, k, n, dst.subarray(o, o + sb));
@@ -172,8 +172,8 @@ export function readStripRow(dt: DType, mem: MemoryViews, at: number, n: number,
     readLegacyStripRow(dt, mem.u8, base, k, j0, count, out, outAt);
     return;
   }
-  if (dt === "q4_k" || dt === "q6_k") {
-    readKStripRow(dt === "q6_k", mem.u8, base, k, j0, count, out, outAt);
+  if (isK(dt)) {
+    readKStripRow(dt, mem.u8, base, k, j0, count, out, outAt);
     return;
   }
   if (dt === "q8_0") {

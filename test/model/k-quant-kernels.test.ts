@@ -1,13 +1,13 @@
 import { afterAll, describe, expect, test } from "bun:test";
 import { f16Bits } from "../../src/model/f16-bits.ts";
 import { matmulQ4KRef, matmulQ6KRef } from "../../src/model/k-quant-ref.ts";
-import { Q4_K_BLOCK_BYTES, Q6_K_BLOCK_BYTES } from "../../src/model/k-quants.ts";
+import { kBlockBytes } from "../../src/model/k-quants.ts";
 import { MatmulKernel, matmulRef } from "../../src/model/matmul.ts";
 import { castMatrix, dequantize, type PackedMatrix } from "../../src/model/packed.ts";
 import { toFloat32 } from "../../src/model/raw-tensor.ts";
 import { bits } from "./helpers.ts";
 
-// The q4_k and q6_k integer kernels (kernels/assembly/kquants.ts) against their plain-JS order
+// The q4_k, q5_k and q6_k integer kernels (kernels/assembly/kquants.ts) against their plain-JS order
 // (k-quant-ref.ts), bit for bit, over ggml blocks of random bits (every nibble, scale and min
 // pattern) and over quantized smooth data; against a dequantize-then-dot in f64 within the bound
 // x's 8-bit quantization allows; across tiles, tails, batches and threads.
@@ -24,12 +24,12 @@ function kernel(ms: PackedMatrix[], n: number, threads = 1): MatmulKernel {
   return k;
 }
 
-type KType = "q4_k" | "q6_k";
-const TYPES: KType[] = ["q4_k", "q6_k"];
+type KType = "q4_k" | "q5_k" | "q6_k";
+const TYPES: KType[] = ["q4_k", "q5_k", "q6_k"];
 
 /** A d x n matrix of random ggml blocks: every bit random but the f16 scales, which are finite and small. */
 function randomBlocks(dtype: KType, d: number, n: number, seed: number): PackedMatrix {
-  const bb = dtype === "q4_k" ? Q4_K_BLOCK_BYTES : Q6_K_BLOCK_BYTES;
+  const bb = kBlockBytes(dtype);
   const bytes = new Uint8Array(((d * n) / 256) * bb);
   let s = seed >>> 0;
   for (let i = 0; i < bytes.length; i++) {
@@ -39,7 +39,7 @@ function randomBlocks(dtype: KType, d: number, n: number, seed: number): PackedM
   const dv = new DataView(bytes.buffer);
   for (let at = 0, b = 0; at < bytes.length; at += bb, b++) {
     const scale = (1 + (b % 5)) * 10 ** ((b % 3) - 3) * (b % 4 === 3 ? -1 : 1);
-    if (dtype === "q4_k") {
+    if (dtype !== "q6_k") {
       dv.setUint16(at, f16Bits(scale), true);
       dv.setUint16(at + 2, f16Bits(Math.abs(scale) * 0.7), true);
     } else dv.setUint16(at + 208, f16Bits(scale), true);
@@ -58,11 +58,11 @@ function input(rows: number, n: number, seed: number): Float32Array {
 
 function ref(x: Float32Array, w: PackedMatrix, wOff: number, rows: number, n: number, d: number): number[] {
   const y = new Float32Array(rows * d);
-  (w.dtype === "q4_k" ? matmulQ4KRef : matmulQ6KRef)(y, x, w, wOff, rows, n, d);
+  (w.dtype === "q6_k" ? matmulQ6KRef : matmulQ4KRef)(y, x, w, wOff, rows, n, d);
   return bits(y);
 }
 
-describe("q4_k and q6_k integer kernels", () => {
+describe("K-quant integer kernels", () => {
   for (const dt of TYPES) {
     test(`${dt}: every tile, tail and slice equals the reference, on random blocks and quantized data`, () => {
       for (const n of [256, 512]) {
@@ -222,8 +222,8 @@ describe("q4_k and q6_k integer kernels", () => {
 
     test(`${dt}: a block with an inf or NaN scale is refused when placed`, () => {
       const w = randomBlocks(dt, 8, 256, 1);
-      w.bytes[dt === "q4_k" ? 7 * 144 + 1 : 3 * 210 + 209] = 0x7c;
-      expect(() => kernel([w], 256)).toThrow(new RegExp(`${dt} block ${dt === "q4_k" ? 7 : 3} has an inf or NaN scale`));
+      w.bytes[dt === "q6_k" ? 3 * 210 + 209 : 7 * kBlockBytes(dt) + 3] = 0x7c;
+      expect(() => kernel([w], 256)).toThrow(new RegExp(`${dt} block ${dt === "q6_k" ? 3 : 7} has an inf or NaN scale`));
     });
   }
 });

@@ -45,6 +45,13 @@ const FILES: { name: string; typeOf: (n: string) => GgufType; want: Record<strin
   })),
   { name: "q4_k", typeOf: () => "q4_k", want: { wq: "q4_k", w2: "q4_k", wcls: "q4_k", tokenEmbedding: "q4_k" } },
   { name: "q6_k", typeOf: () => "q6_k", want: { wq: "q6_k", w2: "q6_k", wcls: "q6_k", tokenEmbedding: "q6_k" } },
+  { name: "q5_k", typeOf: () => "q5_k", want: { wq: "q5_k", w2: "q5_k", wcls: "q5_k", tokenEmbedding: "q5_k" }, bits: 5.625 },
+  {
+    name: "q5_k_m",
+    typeOf: (n) => (q4km(n) === "q6_k" ? "q6_k" : "q5_k"),
+    want: { wq: "q5_k", wv: "q5_k+q6_k", w2: "q5_k+q6_k", wcls: "q6_k", tokenEmbedding: "q5_k" },
+    bits: 6,
+  },
   { name: "q4_k_m", typeOf: q4km, want: { wq: "q4_k", wv: "q4_k+q6_k", w2: "q4_k+q6_k", wcls: "q6_k", tokenEmbedding: "q4_k" } },
 ];
 
@@ -71,7 +78,7 @@ describe("quantized GGUF files served as stored", () => {
       const g = readModelFiles(path, { dtype: "as-stored" });
       for (const [k, dt] of Object.entries(f.want)) expect([k, dtypeNameOf(g.weights[k as keyof Weights<Matrix>] as Matrix)]).toEqual([k, dt]);
       expect(g.stats.widened).toBeUndefined();
-      expect(weightsDType(g.weights)).toBe(f.name === "q4_k_m" ? "mixed" : (f.name as "q4_k"));
+      expect(weightsDType(g.weights)).toBe(f.name.endsWith("_m") ? "mixed" : (f.name as "q4_k"));
       if (f.name === "q4_k_m") {
         const w2 = g.weights.w2;
         // Layers 0 and 2 q6_k, layer 1 q4_k: three parts of one layer each.

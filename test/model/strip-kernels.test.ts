@@ -38,10 +38,11 @@ const NS: Partial<Record<DType, number[]>> = {
   q8_0: [32, 96],
   q4_k: [256],
   q6_k: [256],
+  q5_k: [256],
 };
 
 describe("strip kernels", () => {
-  for (const dt of ["f32", "f16", "bf16", "q8_0", "q4_k", "q6_k"] as const) {
+  for (const dt of ["f32", "f16", "bf16", "q8_0", "q4_k", "q5_k", "q6_k"] as const) {
     test(`${dt}_every_tile_and_slice_equals_reference`, () => {
       for (const n of NS[dt]!) {
         // 29 rows: three whole strips and a padded fourth.
@@ -93,8 +94,8 @@ describe("strip kernels", () => {
 describe("placed matrices", () => {
   test("row_into_reads_every_row_of_the_strips_exactly", () => {
     // The embedding's lookup when the classifier shares it: every row, whole and in part.
-    for (const dt of ["f32", "f16", "bf16", "q8_0", "q4_k", "q6_k"] as const) {
-      for (const n of dt === "q8_0" ? [32, 64] : dt === "q4_k" || dt === "q6_k" ? [256, 512] : [4, 13, 40]) {
+    for (const dt of ["f32", "f16", "bf16", "q8_0", "q4_k", "q5_k", "q6_k"] as const) {
+      for (const n of dt === "q8_0" ? [32, 64] : dt === "q4_k" || dt === "q5_k" || dt === "q6_k" ? [256, 512] : [4, 13, 40]) {
         const w = weights(dt, 19, n, 5);
         const want = w instanceof Float32Array ? w : dequantize(w);
         const k = kernel([{ matrix: w, cols: n }]);

@@ -1,7 +1,7 @@
 import { mkdirSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { headDimOf, interleavedToSplitHalf, kvDimOf, type ModelConfig, qDimOf, type Weights } from "../../src/model/index.ts";
-import { quantizeQ6K } from "../../src/model/k-quants.ts";
+import { quantizeQ5K, quantizeQ6K } from "../../src/model/k-quants.ts";
 
 // Writers of the model formats the loaders read, from a Weights object (run.c layout, interleaved
 // RoPE order). They write what the real tools write: HF's split-half q/k order, GGUF's reversed
@@ -234,8 +234,8 @@ export function writeHfFolder(dir: string, cfg: ModelConfig, w: Weights, o: HfFo
 
 // ---- GGUF ----
 
-export type GgufType = "f32" | "f16" | "bf16" | "q8_0" | "q4_0" | "q4_1" | "q5_0" | "q5_1" | "q4_k" | "q6_k";
-const GGML_TYPE_ID: Record<GgufType, number> = { f32: 0, f16: 1, q4_0: 2, q4_1: 3, q5_0: 6, q5_1: 7, q8_0: 8, q4_k: 12, q6_k: 14, bf16: 30 };
+export type GgufType = "f32" | "f16" | "bf16" | "q8_0" | "q4_0" | "q4_1" | "q5_0" | "q5_1" | "q4_k" | "q5_k" | "q6_k";
+const GGML_TYPE_ID: Record<GgufType, number> = { f32: 0, f16: 1, q4_0: 2, q4_1: 3, q5_0: 6, q5_1: 7, q8_0: 8, q4_k: 12, q5_k: 13, q6_k: 14, bf16: 30 };
 
 /** A metadata entry: [key, gguf value type id, value]; arrays as [key, 9, [elemType, values]]. */
 export type GgufKv = [string, number, unknown];
@@ -374,10 +374,10 @@ export function quantizeQ4K(x: Float32Array): Uint8Array {
 
 function tensorBytes(data: Float32Array, type: GgufType): Uint8Array {
   if (type === "q4_k") return quantizeQ4K(data);
-  if (type === "q6_k") {
-    // The engine's own plain quantizer (its blocks' reading is checked against ggml's definition in gguf.test.ts).
-    const out = new Uint8Array((data.length / 256) * 210);
-    quantizeQ6K(data, 0, data.length, out, 0);
+  if (type === "q6_k" || type === "q5_k") {
+    // The engine's own plain quantizers (their blocks' reading is checked against ggml's definitions in gguf.test.ts).
+    const out = new Uint8Array((data.length / 256) * (type === "q6_k" ? 210 : 176));
+    (type === "q6_k" ? quantizeQ6K : quantizeQ5K)(data, 0, data.length, out, 0);
     return out;
   }
   if (type === "q8_0") return quantizeQ8_0(data);

@@ -13,6 +13,7 @@
 //          A = sum_j sc_j * (sum_i q_i x_i),  B = sum_j m_j * (sum_i x_i)  over the 8 sub-blocks j
 //          of 32 (q the 4-bit weights 0..15, sc and m the 6-bit scales and mins, x the quantized
 //          activations), d and dmin the block's f16 values made f32;
+//   q5_k:  as q4_k, q the 5-bit weights 0..31;
 //   q6_k:  acc = acc + f32(A) * (d * s_b),
 //          A = sum_k sc_k * (sum_i q_i x_i - 32 * sum_i x_i)  over the 16 sub-blocks k of 16
 //          (q the 6-bit weights 0..63, sc the int8 scales).
@@ -39,10 +40,13 @@
 //     n1[b], bits 0..1; e = 48 + b high nibble of n1[b], bits 6..7. (6.5625 bits a weight, as
 //     ggml's.) The places of the high bits let each come out with an and, a 16-bit multiply (a
 //     left shift) or a rounding 16-bit multiply (a right shift): no vector shift runs in a loop.
+//   q5_k group (1440 bytes): q4_k's, then the fifth bits at 1184 + half * 128 + j * 16: bit t of
+//     byte b is e = 16t + b (a compare makes each -1 or 0, their dot taken times -16).
 
 import { f16ext, f16ToF32 } from "./f16";
 
 export const Q4K_GROUP: usize = 1184;
+export const Q5K_GROUP: usize = 1440;
 export const Q6K_GROUP: usize = 1680;
 
 /** Bytes of one quantized token row of n (a multiple of 256). */
@@ -149,15 +153,36 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
   return i32x4.add(il, i32x4.shr_s(ih, 4));
 }
 
-/** A half strip's q4_k super-block sum term for one token: f32(A) * (d * s) - f32(B) * (dmin * s). */
-@inline function q4Term(g: usize, half: usize, xb: usize, s: f32, sums: usize): v128 {
+/** The fifth bit of t-th byte lane set as -1 or 0: bit t of each byte of h, compared. */
+@inline function bitNeg(h: v128, t: i32): v128 {
+  const bit = i8x16.splat(<i8>(<i32>1 << t));
+  return i8x16.eq(v128.and(h, bit), bit);
+}
+
+/** sum over one sub-block of -(fifth bit) * x for a half strip: hp its 16 bit bytes, xj the token's 16 splatted pairs. */
+@inline function q5Bits(hp: usize, xj: usize): v128 {
+  const h = v128.load(hp);
+  let ib = i32x4.splat(0);
+  for (let t = 0; t < 8; t++) {
+    const neg = bitNeg(h, t);
+    const x = xj + (<usize>t << 5);
+    ib = i32x4.add(ib, i32x4.add(i32x4.dot_i16x8_s(i16x8.extend_low_i8x16_s(neg), v128.load(x)), i32x4.dot_i16x8_s(i16x8.extend_high_i8x16_s(neg), v128.load(x, 16))));
+  }
+  return ib;
+}
+
+/** A half strip's q4_k (q5_k when five) super-block sum term for one token: f32(A) * (d * s) - f32(B) * (dmin * s). */
+@inline function q4Term(five: bool, g: usize, half: usize, xb: usize, s: f32, sums: usize): v128 {
   let a = i32x4.splat(0);
   let b = a;
   const wq = g + 160 + half * 512;
   const sc = g + 32 + half * 32;
   const mn = g + 96 + half * 32;
+  const bits = g + Q4K_GROUP + half * 128;
   for (let j: usize = 0; j < 8; j++) {
-    a = i32x4.add(a, i32x4.mul(q4Dot(wq + j * 64, xb + (j << 8)), u8x4(sc + (j << 2))));
+    let i = q4Dot(wq + j * 64, xb + (j << 8));
+    if (five) i = i32x4.sub(i, i32x4.mul(q5Bits(bits + j * 16, xb + (j << 8)), i32x4.splat(16)));
+    a = i32x4.add(a, i32x4.mul(i, u8x4(sc + (j << 2))));
     const xs = load<i32>(sums + (j << 3)) + load<i32>(sums + (j << 3), 4);
     b = i32x4.add(b, i32x4.mul(u8x4(mn + (j << 2)), i32x4.splat(xs)));
   }
@@ -167,15 +192,15 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
   return f32x4.sub(f32x4.mul(f32x4.convert_i32x4_s(a), dv), f32x4.mul(f32x4.convert_i32x4_s(b), mv));
 }
 
-/** A half strip (rows 4 * half ..) of q4_k at sp against one quantized token row xq. */
-@inline function q4Half1(xq: usize, sp: usize, half: usize, n: i32): v128 {
+/** A half strip (rows 4 * half ..) of q4_k (q5_k when five) at sp against one quantized token row xq. */
+@inline function q4Half1(five: bool, xq: usize, sp: usize, half: usize, n: i32): v128 {
   const blocks = n >> 8;
   let acc = f32x4.splat(0);
   const sr = scalesAt(xq, n);
   const ur = sumsAt(xq, n);
   for (let c = 0; c < blocks; c++) {
-    const g = sp + <usize>c * Q4K_GROUP;
-    acc = f32x4.add(acc, q4Term(g, half, xq + (<usize>c << 11), load<f32>(sr + (<usize>c << 2)), ur + (<usize>c << 6)));
+    const g = sp + <usize>c * (five ? Q5K_GROUP : Q4K_GROUP);
+    acc = f32x4.add(acc, q4Term(five, g, half, xq + (<usize>c << 11), load<f32>(sr + (<usize>c << 2)), ur + (<usize>c << 6)));
   }
   return acc;
 }
@@ -186,7 +211,7 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
  * sub-block stay in registers; the super-block's A per token is kept in `scratch` (16 bytes a
  * token), and y holds the running f32 sums (the same additions as in registers).
  */
-@inline function q4Half4(yo: usize, ys: usize, xq: usize, qb: usize, sp: usize, half: usize, n: i32): void {
+@inline function q4Half4(five: bool, yo: usize, ys: usize, xq: usize, qb: usize, sp: usize, half: usize, n: i32): void {
   const blocks = n >> 8;
   const z = f32x4.splat(0);
   for (let t: usize = 0; t < 4; t++) v128.store(yo + t * ys, z);
@@ -195,10 +220,11 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
   const sr = scalesAt(xq, n);
   const ur = sumsAt(xq, n);
   for (let c = 0; c < blocks; c++) {
-    const g = sp + <usize>c * Q4K_GROUP;
+    const g = sp + <usize>c * (five ? Q5K_GROUP : Q4K_GROUP);
     const wq = g + 160 + half * 512;
     const sc = g + 32 + half * 32;
     const mn = g + 96 + half * 32;
+    const bits = g + Q4K_GROUP + half * 128;
     const xb = xq + (<usize>c << 11);
     let a0 = i32x4.splat(0), a1 = a0, a2 = a0, a3 = a0;
     for (let j: usize = 0; j < 8; j++) {
@@ -226,6 +252,29 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
         x += qb;
         l3 = i32x4.add(l3, i32x4.add(i32x4.dot_i16x8_s(p0, v128.load(x)), i32x4.dot_i16x8_s(p1, v128.load(x, 16))));
         h3 = i32x4.add(h3, i32x4.add(i32x4.dot_i16x8_s(p2, v128.load(x, 32)), i32x4.dot_i16x8_s(p3, v128.load(x, 48))));
+      }
+      if (five) {
+        // Fifth bits, -1 or 0 each, unpacked once for the four tokens; their sums times -16.
+        const hb = v128.load(bits + j * 16);
+        let b0 = i32x4.splat(0), b1 = b0, b2 = b0, b3 = b0;
+        for (let t = 0; t < 8; t++) {
+          const neg = bitNeg(hb, t);
+          const n0 = i16x8.extend_low_i8x16_s(neg);
+          const n1 = i16x8.extend_high_i8x16_s(neg);
+          let x = xj + (<usize>t << 5);
+          b0 = i32x4.add(b0, i32x4.add(i32x4.dot_i16x8_s(n0, v128.load(x)), i32x4.dot_i16x8_s(n1, v128.load(x, 16))));
+          x += qb;
+          b1 = i32x4.add(b1, i32x4.add(i32x4.dot_i16x8_s(n0, v128.load(x)), i32x4.dot_i16x8_s(n1, v128.load(x, 16))));
+          x += qb;
+          b2 = i32x4.add(b2, i32x4.add(i32x4.dot_i16x8_s(n0, v128.load(x)), i32x4.dot_i16x8_s(n1, v128.load(x, 16))));
+          x += qb;
+          b3 = i32x4.add(b3, i32x4.add(i32x4.dot_i16x8_s(n0, v128.load(x)), i32x4.dot_i16x8_s(n1, v128.load(x, 16))));
+        }
+        const k16 = i32x4.splat(16);
+        l0 = i32x4.sub(l0, i32x4.mul(b0, k16));
+        l1 = i32x4.sub(l1, i32x4.mul(b1, k16));
+        l2 = i32x4.sub(l2, i32x4.mul(b2, k16));
+        l3 = i32x4.sub(l3, i32x4.mul(b3, k16));
       }
       const scv = u8x4(sc + (j << 2));
       a0 = i32x4.add(a0, i32x4.mul(i32x4.add(l0, i32x4.shr_s(h0, 4)), scv));
@@ -367,12 +416,12 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
  * four tokens at a time per half strip, then one at a time both halves; a row of a strip not
  * wholly in the range computes its half alone and keeps its lane (the same sum).
  */
-@inline function matmulK(six: bool, y: usize, xq: usize, w: usize, rows: i32, n: i32, d: i32, r0: i32, g0: i32, g1: i32): void {
-  const sb = <usize>(n >> 8) * (six ? Q6K_GROUP : Q4K_GROUP);
+@inline function matmulK(six: bool, five: bool, y: usize, xq: usize, w: usize, rows: i32, n: i32, d: i32, r0: i32, g0: i32, g1: i32): void {
+  const sb = <usize>(n >> 8) * (six ? Q6K_GROUP : five ? Q5K_GROUP : Q4K_GROUP);
   const qb = kRowBytes(n);
   const ys = <usize>d << 2;
   let g = g0;
-  for (; g < g1 && ((g & 7) != 0 || g + 8 > g1); g++) oneRow(six, y, xq, w, rows, n, ys, qb, sb, r0, g);
+  for (; g < g1 && ((g & 7) != 0 || g + 8 > g1); g++) oneRow(six, five, y, xq, w, rows, n, ys, qb, sb, r0, g);
   for (; g + 8 <= g1; g += 8) {
     const sp = w + <usize>(g >> 3) * sb;
     const yo = y + (<usize>(g - r0) << 2);
@@ -384,27 +433,27 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
         q6Half4(yr, ys, xr, qb, sp, 0, n);
         q6Half4(yr + 16, ys, xr, qb, sp, 1, n);
       } else {
-        q4Half4(yr, ys, xr, qb, sp, 0, n);
-        q4Half4(yr + 16, ys, xr, qb, sp, 1, n);
+        q4Half4(five, yr, ys, xr, qb, sp, 0, n);
+        q4Half4(five, yr + 16, ys, xr, qb, sp, 1, n);
       }
     }
     for (; r < rows; r++) {
       const yr = yo + <usize>r * ys;
       const xr = xq + <usize>r * qb;
-      v128.store(yr, six ? q6Half1(xr, sp, 0, n) : q4Half1(xr, sp, 0, n));
-      v128.store(yr, six ? q6Half1(xr, sp, 1, n) : q4Half1(xr, sp, 1, n), 16);
+      v128.store(yr, six ? q6Half1(xr, sp, 0, n) : q4Half1(five, xr, sp, 0, n));
+      v128.store(yr, six ? q6Half1(xr, sp, 1, n) : q4Half1(five, xr, sp, 1, n), 16);
     }
   }
-  for (; g < g1; g++) oneRow(six, y, xq, w, rows, n, ys, qb, sb, r0, g);
+  for (; g < g1; g++) oneRow(six, five, y, xq, w, rows, n, ys, qb, sb, r0, g);
 }
 
-@inline function oneRow(six: bool, y: usize, xq: usize, w: usize, rows: i32, n: i32, ys: usize, qb: usize, sb: usize, r0: i32, g: i32): void {
+@inline function oneRow(six: bool, five: bool, y: usize, xq: usize, w: usize, rows: i32, n: i32, ys: usize, qb: usize, sb: usize, r0: i32, g: i32): void {
   const sp = w + <usize>(g >> 3) * sb;
   const half = <usize>((g >> 2) & 1);
   const lane = g & 3;
   for (let r = 0; r < rows; r++) {
     const xr = xq + <usize>r * qb;
-    const v = six ? q6Half1(xr, sp, half, n) : q4Half1(xr, sp, half, n);
+    const v = six ? q6Half1(xr, sp, half, n) : q4Half1(five, xr, sp, half, n);
     const o = y + <usize>r * ys + (<usize>(g - r0) << 2);
     if (lane == 0) store<f32>(o, f32x4.extract_lane(v, 0));
     else if (lane == 1) store<f32>(o, f32x4.extract_lane(v, 1));
@@ -415,10 +464,15 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
 
 /** q4_k matmul (see matmulK); n must be a multiple of 256 (the caller checks); `scratch` is unused. */
 export function matmul_q4_k(y: usize, xq: usize, w: usize, rows: i32, n: i32, d: i32, r0: i32, g0: i32, g1: i32, scratch: usize): void {
-  matmulK(false, y, xq, w, rows, n, d, r0, g0, g1);
+  matmulK(false, false, y, xq, w, rows, n, d, r0, g0, g1);
+}
+
+/** q5_k matmul (see matmulK); n must be a multiple of 256 (the caller checks); `scratch` is unused. */
+export function matmul_q5_k(y: usize, xq: usize, w: usize, rows: i32, n: i32, d: i32, r0: i32, g0: i32, g1: i32, scratch: usize): void {
+  matmulK(false, true, y, xq, w, rows, n, d, r0, g0, g1);
 }
 
 /** q6_k matmul (see matmulK); n must be a multiple of 256 (the caller checks); `scratch` is unused. */
 export function matmul_q6_k(y: usize, xq: usize, w: usize, rows: i32, n: i32, d: i32, r0: i32, g0: i32, g1: i32, scratch: usize): void {
-  matmulK(true, y, xq, w, rows, n, d, r0, g0, g1);
+  matmulK(true, false, y, xq, w, rows, n, d, r0, g0, g1);
 }
