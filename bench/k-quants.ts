@@ -1,4 +1,4 @@
-// q4_k and q6_k (the two halves of a Q4_K_M file) against q8_0, on one synthetic model in each
+// q4_k and q6_k (the two halves of a Q4_K_M file) and q5_k against q8_0, on one synthetic model in each
 // dtype, all measured in this run in alternating rounds: batch-1 decode tok/s with the GB/s of
 // weight reads it achieves (every matrix but the embedding is read once per token), and a
 // 512-token prefill's tok/s. The ratio printed is each dtype's median over q8_0's median.
@@ -24,7 +24,7 @@ const SHAPES: Record<string, ModelConfig> = {
 const cfg = SHAPES[process.env.BENCH_SHAPE ?? "mid"]!;
 const THREADS = Number(process.env.BENCH_THREADS ?? availableParallelism());
 const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 5);
-const DTYPES: DType[] = ["q8_0", "q4_k", "q6_k"];
+const DTYPES: DType[] = ["q8_0", "q4_k", "q5_k", "q6_k"];
 const BLOCK = 16;
 const PREFILL = 512;
 const DECODE_STEPS = 32;

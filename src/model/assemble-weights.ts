@@ -86,9 +86,10 @@ export interface WeightStats {
  * Builds the transformer's Weights from a file's tensors: checks every shape against the spec,
  * stacks layers, reorders q/k rows into the interleaved RoPE order when the file uses split
  * halves, and refuses tensors the model would silently ignore (an o_proj bias, extra experts...).
- * A matrix stored in `dtype` (f16, bf16, q8_0; "as-stored": the one dtype every matrix of the
- * file shares, if the kernels read it) is kept packed, straight from the file's bytes with rows
- * moved whole; everything else goes through toFloat32, the one conversion. `onBytes` is told the
+ * A matrix stored in `dtype` (any packed DType; "as-stored": whatever packed dtype it is stored
+ * in, each matrix its own, a weight's layers of different dtypes stacked in parts) is kept
+ * packed, straight from the file's bytes with rows moved whole; everything else goes through
+ * toFloat32, the one conversion. `onBytes` is told the
  * stored bytes of each tensor once it is taken, for a progress line.
  */
 // Long by design: the weight table below reads as the model's tensor list, and the small
@@ -180,7 +181,7 @@ export function assembleWeights(
 
 /**
  * Whether a matrix stored in a dtype is kept as stored: for `dtype` itself when packed, or for
- * "as-stored" every dtype the kernels read (f16, bf16, q8_0, q4_k, q6_k), each matrix in its own;
+ * "as-stored" every dtype the kernels read (DTYPES: every GGUF type this engine reads), each its own;
  * every other matrix becomes f32 first (cast later to `dtype`, or held f32: `widened` says so).
  */
 function packedTarget(dtype: DType | "as-stored"): (stored: string) => stored is PackedMatrix["dtype"] {

@@ -1,40 +1,18 @@
 import { f16Values } from "./f16-bits.ts";
 import { Q4_K_BLOCK_BYTES, Q5_K_BLOCK_BYTES, Q6_K_BLOCK_BYTES, QK_K, q4kQuant, q4kScaleMin, q5kQuant, q6kQuant, q6kScale } from "./k-quants.ts";
 import type { PackedMatrix } from "./packed.ts";
+import { quantizeXRef, xRef } from "./x-quant-ref.ts";
 
-// The plain-JS K-quant path's quantized x row, grown as needed (the fallback runs on one thread).
-let refQ = new Int32Array(0);
-let refScales = new Float32Array(0);
+// The plain-JS K-quant path's sums of quantized x per 16, grown as needed.
 let refSums = new Int32Array(0);
 
-/**
- * x row at xa quantized as kernels/assembly/kquants.ts's quantize_k_x does, into refQ, refScales
- * and refSums: per 256-block s = max|x| / 127, q = nearest-even(clamp(x * (1 / s), -127, 127))
- * (NaN to 0), all in f32; the sum of q per 16.
- */
+/** x row at xa quantized as kernels/assembly/kquants.ts's quantize_k_x does (quantizeXRef per 256, in [-127, 127]), with the sums of q per 16 in refSums. */
 function quantizeKRowRef(x: Float32Array, xa: number, n: number): void {
-  const f = Math.fround;
-  if (refQ.length < n) {
-    refQ = new Int32Array(n);
-    refScales = new Float32Array(n / QK_K);
-    refSums = new Int32Array(n / 16);
-  }
-  for (let b = 0; b < n / QK_K; b++) {
-    let a = 0;
-    for (let j = 0; j < QK_K; j++) a = Math.max(a, Math.abs(x[xa + b * QK_K + j]!));
-    const s = f(a / 127);
-    const inv = s === 0 ? 0 : f(1 / s);
-    refScales[b] = s;
-    for (let j = 0; j < QK_K; j++) {
-      const v = Math.min(Math.max(f(x[xa + b * QK_K + j]! * inv), -127), 127);
-      const r = Math.round(v);
-      // Math.round takes halves up; the kernel's f32x4.nearest takes them to even.
-      refQ[b * QK_K + j] = Number.isNaN(v) ? 0 : r - v === 0.5 && (r & 1) !== 0 ? r - 1 : r;
-    }
-  }
+  quantizeXRef(x, xa, n, QK_K, -127, 127);
+  if (refSums.length < n / 16) refSums = new Int32Array(n / 16);
   for (let k = 0; k < n / 16; k++) {
     let t = 0;
-    for (let j = 0; j < 16; j++) t += refQ[16 * k + j]!;
+    for (let j = 0; j < 16; j++) t += xRef.q[16 * k + j]!;
     refSums[k] = t;
   }
 }
@@ -54,6 +32,7 @@ export function matmulQ4KRef(y: Float32Array, x: Float32Array, w: PackedMatrix, 
   const blocks = n / QK_K;
   for (let r = 0; r < rows; r++) {
     quantizeKRowRef(x, r * n, n);
+    const { q: refQ, scales: refScales } = xRef;
     for (let i = 0; i < d; i++) {
       const first = (wOff + i * n) / QK_K;
       let acc = 0;
@@ -89,6 +68,7 @@ export function matmulQ6KRef(y: Float32Array, x: Float32Array, w: PackedMatrix, 
   const blocks = n / QK_K;
   for (let r = 0; r < rows; r++) {
     quantizeKRowRef(x, r * n, n);
+    const { q: refQ, scales: refScales } = xRef;
     for (let i = 0; i < d; i++) {
       const first = (wOff + i * n) / QK_K;
       let acc = 0;

@@ -21,6 +21,7 @@ import {
   type StackedMatrix,
 } from "./packed.ts";
 import { type MemoryViews, packStrips, readStripRow, stripLayoutBytes } from "./strip-layout.ts";
+import { quantizeXRef, xRef } from "./x-quant-ref.ts";
 
 /**
  * y[r*d + i] = dot(w[wOff + i*n .. + n), x[r*n .. + n))  for r < rows, i < d, every dot summed
@@ -75,38 +76,9 @@ export function matmulRef(y: Float32Array, x: Float32Array, wm: Matrix, wmOff: n
   }
 }
 
-// The plain-JS q8_0 path's quantized x row, grown as needed (the fallback runs on one thread).
-let refQ = new Int16Array(0);
-let refScales = new Float32Array(0);
-
-/**
- * x row at xa quantized as kernels/assembly/q8.ts's quantize_q8_x does, into refQ and refScales:
- * per 32-block s = max|x| / 127, q = nearest-even(x * (1 / s)) saturated to i16, all in f32.
- */
-function quantizeRowRef(x: Float32Array, xa: number, n: number): void {
-  const f = Math.fround;
-  if (refQ.length < n) {
-    refQ = new Int16Array(n);
-    refScales = new Float32Array(n / QK8_0);
-  }
-  for (let b = 0; b < n / QK8_0; b++) {
-    let a = 0;
-    for (let j = 0; j < QK8_0; j++) a = Math.max(a, Math.abs(x[xa + b * QK8_0 + j]!));
-    const s = f(a / 127);
-    const inv = s === 0 ? 0 : f(1 / s);
-    refScales[b] = s;
-    for (let j = 0; j < QK8_0; j++) {
-      const v = Math.min(Math.max(f(x[xa + b * QK8_0 + j]! * inv), -32768), 32767);
-      const r = Math.round(v);
-      // Math.round takes halves up; the kernel's f32x4.nearest takes them to even.
-      refQ[b * QK8_0 + j] = Number.isNaN(v) ? 0 : r - v === 0.5 && (r & 1) !== 0 ? r - 1 : r;
-    }
-  }
-}
-
 /**
  * The q8_0 kernel's order in plain JS (see THE Q8 ORDER in kernels/assembly/q8.ts): x quantized
- * per 32-block, then per output one running f32 sum over the blocks in order of
+ * per 32-block (quantizeXRef), then per output one running f32 sum over the blocks in order of
  * f32(integer dot) * (weight scale * x scale). w is read in its ggml blocks, nothing inflated.
  */
 export function matmulQ8Ref(y: Float32Array, x: Float32Array, w: PackedMatrix, wOff: number, rows: number, n: number, d: number): void {
@@ -116,7 +88,8 @@ export function matmulQ8Ref(y: Float32Array, x: Float32Array, w: PackedMatrix, w
   const q8 = new Int8Array(b.buffer, b.byteOffset, b.byteLength);
   const blocks = n / QK8_0;
   for (let r = 0; r < rows; r++) {
-    quantizeRowRef(x, r * n, n);
+    quantizeXRef(x, r * n, n, QK8_0, -32768, 32767);
+    const { q: refQ, scales: refScales } = xRef;
     for (let i = 0; i < d; i++) {
       const first = (wOff + i * n) / QK8_0;
       let s = 0;
@@ -145,7 +118,8 @@ export function matmulLegacyRef(y: Float32Array, x: Float32Array, w: PackedMatri
   const b = w.bytes;
   const blocks = n / QK8_0;
   for (let r = 0; r < rows; r++) {
-    quantizeRowRef(x, r * n, n);
+    quantizeXRef(x, r * n, n, QK8_0, -32768, 32767);
+    const { q: refQ, scales: refScales } = xRef;
     for (let i = 0; i < d; i++) {
       const first = (wOff + i * n) / QK8_0;
       let acc = 0;

@@ -6,6 +6,7 @@ import { MatmulKernel, matmulRef } from "../../src/model/matmul.ts";
 import { castMatrix, dequantize, type PackedMatrix } from "../../src/model/packed.ts";
 import { toFloat32 } from "../../src/model/raw-tensor.ts";
 import { bits } from "./helpers.ts";
+import { blockScale, expectRowsAlone, expectWithinXQuantization, randomBytes } from "./quant-helpers.ts";
 
 // The q4_k, q5_k and q6_k integer kernels (kernels/assembly/kquants.ts) against their plain-JS order
 // (k-quant-ref.ts), bit for bit, over ggml blocks of random bits (every nibble, scale and min
@@ -30,19 +31,13 @@ const TYPES: KType[] = ["q4_k", "q5_k", "q6_k"];
 /** A d x n matrix of random ggml blocks: every bit random but the f16 scales, which are finite and small. */
 function randomBlocks(dtype: KType, d: number, n: number, seed: number): PackedMatrix {
   const bb = kBlockBytes(dtype);
-  const bytes = new Uint8Array(((d * n) / 256) * bb);
-  let s = seed >>> 0;
-  for (let i = 0; i < bytes.length; i++) {
-    s = (Math.imul(s, 1664525) + 1013904223) >>> 0;
-    bytes[i] = s >>> 24;
-  }
+  const bytes = randomBytes(((d * n) / 256) * bb, seed);
   const dv = new DataView(bytes.buffer);
   for (let at = 0, b = 0; at < bytes.length; at += bb, b++) {
-    const scale = (1 + (b % 5)) * 10 ** ((b % 3) - 3) * (b % 4 === 3 ? -1 : 1);
     if (dtype !== "q6_k") {
-      dv.setUint16(at, f16Bits(scale), true);
-      dv.setUint16(at + 2, f16Bits(Math.abs(scale) * 0.7), true);
-    } else dv.setUint16(at + 208, f16Bits(scale), true);
+      dv.setUint16(at, f16Bits(blockScale(b)), true);
+      dv.setUint16(at + 2, f16Bits(Math.abs(blockScale(b)) * 0.7), true);
+    } else dv.setUint16(at + 208, f16Bits(blockScale(b)), true);
   }
   return { dtype, cols: n, length: d * n, bytes };
 }
@@ -136,71 +131,19 @@ describe("K-quant integer kernels", () => {
       const one = kernel([w], n, 1);
       const two = kernel([w], n, 2);
       await two.ready();
-      const x = input(8, n, 3);
-      const alone = [...Array(8).keys()].map((r) => {
-        const y = new Float32Array(d);
-        one.matmul(y, x.subarray(r * n, (r + 1) * n), one.views[0]!, 0, 1, n, d);
-        return bits(y);
-      });
-      const deadline = performance.now() + 20000;
-      for (const k of [one, two]) {
-        // On a busy machine the caller may take every chunk; repeat until a helper took some.
-        do {
-          for (const [from, rows] of [
-            [0, 1],
-            [0, 3],
-            [0, 8],
-            [2, 5],
-          ] as const) {
-            const y = new Float32Array(rows * d);
-            k.matmul(y, x.subarray(from * n, (from + rows) * n), k.views[0]!, 0, rows, n, d);
-            for (let r = 0; r < rows; r++) expect(bits(y.subarray(r * d, (r + 1) * d))).toEqual(alone[from + r]!);
-          }
-        } while (k === two && k.splitCalls === 0 && performance.now() < deadline);
-      }
-      expect(two.splitCalls).toBeGreaterThan(0);
+      expectRowsAlone(one, two, input(8, n, 3), n, d);
     });
 
     test(`${dt}: within x's quantization of the f64 dequantize-then-dot`, () => {
-      // Bound: x is quantized per 256 to q * s with |x - q s| <= s / 2 (plus x * (1 / s)'s own
-      // rounding, < 127 * 2^-24 steps), so |sum w q s - sum w x| <= (s / 2 + 2^-16 s) sum |w|;
-      // the f32 arithmetic adds at most (blocks + 4) roundings of 2^-24 relative to the sum of
-      // the magnitudes of its terms, bounded by 2 sum (|w| + |dmin m|) |q s| (generously).
       const n = 1024;
       const d = 24;
       for (const make of [randomBlocks, smooth]) {
         const w = make(dt, d, n, 33);
-        const wf = dequantize(w);
         const k = kernel([w], n);
         const x = input(3, n, 5);
         const y = new Float32Array(3 * d);
         k.matmul(y, x, w, 0, 3, n, d);
-        let worst = 0;
-        for (let r = 0; r < 3; r++) {
-          for (let i = 0; i < d; i++) {
-            let exact = 0;
-            let bound = 0;
-            let mag = 0;
-            for (let b = 0; b < n / 256; b++) {
-              let amax = 0;
-              for (let j = 0; j < 256; j++) amax = Math.max(amax, Math.abs(x[r * n + b * 256 + j]!));
-              const s = Math.fround(amax / 127);
-              let sw = 0;
-              for (let j = 0; j < 256; j++) {
-                const wv = wf[i * n + b * 256 + j]!;
-                const xv = x[r * n + b * 256 + j]!;
-                exact += wv * xv;
-                sw += Math.abs(wv);
-                mag += (Math.abs(wv) + 1) * (Math.abs(xv) + s);
-              }
-              bound += (s / 2 + s * 2 ** -16) * sw;
-            }
-            bound += (n / 256 + 4) * 2 ** -23 * mag * 64;
-            const err = Math.abs(y[r * d + i]! - exact);
-            expect(err).toBeLessThanOrEqual(bound);
-            worst = Math.max(worst, err / bound);
-          }
-        }
+        const worst = expectWithinXQuantization(y, x, dequantize(w), 3, n, d, 256);
         console.log(`${dt} ${make.name}: worst error / bound ${worst.toFixed(3)}`);
       }
     });

@@ -5,6 +5,7 @@ import { MatmulKernel, matmulLegacyRef, matmulRef } from "../../src/model/matmul
 import { dequantize, type PackedMatrix } from "../../src/model/packed.ts";
 import { toFloat32 } from "../../src/model/raw-tensor.ts";
 import { bits } from "./helpers.ts";
+import { blockScale, expectRowsAlone, expectWithinXQuantization, randomBytes } from "./quant-helpers.ts";
 
 // The q4_0, q4_1, q5_0 and q5_1 integer kernels (kernels/assembly/legacy.ts) against their
 // plain-JS order (matmulLegacyRef), bit for bit, over ggml blocks of random bits; against a
@@ -26,17 +27,11 @@ function kernel(ms: PackedMatrix[], n: number, threads = 1): MatmulKernel {
 /** A d x n matrix of random ggml blocks: every bit random but d (and m), finite and small. */
 function randomBlocks(dtype: LegacyDType, d: number, n: number, seed: number): PackedMatrix {
   const { bytes: bb, min } = legacyShape(dtype);
-  const bytes = new Uint8Array(((d * n) / 32) * bb);
-  let s = seed >>> 0;
-  for (let i = 0; i < bytes.length; i++) {
-    s = (Math.imul(s, 1664525) + 1013904223) >>> 0;
-    bytes[i] = s >>> 24;
-  }
+  const bytes = randomBytes(((d * n) / 32) * bb, seed);
   const dv = new DataView(bytes.buffer);
   for (let at = 0, b = 0; at < bytes.length; at += bb, b++) {
-    const scale = (1 + (b % 5)) * 10 ** ((b % 3) - 3) * (b % 4 === 3 ? -1 : 1);
-    dv.setUint16(at, f16Bits(scale), true);
-    if (min) dv.setUint16(at + 2, f16Bits(-scale * 7.5), true);
+    dv.setUint16(at, f16Bits(blockScale(b)), true);
+    if (min) dv.setUint16(at + 2, f16Bits(-blockScale(b) * 7.5), true);
   }
   return { dtype, cols: n, length: d * n, bytes };
 }
@@ -106,33 +101,10 @@ describe("legacy block integer kernels", () => {
       const one = kernel([w], n, 1);
       const two = kernel([w], n, 2);
       await two.ready();
-      const x = input(8, n, 3);
-      const alone = [...Array(8).keys()].map((r) => {
-        const y = new Float32Array(d);
-        one.matmul(y, x.subarray(r * n, (r + 1) * n), one.views[0]!, 0, 1, n, d);
-        return bits(y);
-      });
-      const deadline = performance.now() + 20000;
-      for (const k of [one, two]) {
-        do {
-          for (const [from, rows] of [
-            [0, 1],
-            [0, 3],
-            [0, 8],
-          ] as const) {
-            const y = new Float32Array(rows * d);
-            k.matmul(y, x.subarray(from * n, (from + rows) * n), k.views[0]!, 0, rows, n, d);
-            for (let r = 0; r < rows; r++) expect(bits(y.subarray(r * d, (r + 1) * d))).toEqual(alone[from + r]!);
-          }
-        } while (k === two && k.splitCalls === 0 && performance.now() < deadline);
-      }
-      expect(two.splitCalls).toBeGreaterThan(0);
+      expectRowsAlone(one, two, input(8, n, 3), n, d);
     });
 
     test(`${dt}: within x's quantization of the f64 dequantize-then-dot; rows read back as the file's values`, () => {
-      // |x - q s| <= s / 2 per 32-block (plus x * (1 / s)'s rounding), so the error is at most
-      // (s / 2 + 2^-16 s) sum |w| over each block, plus f32 roundings (blocks + 4 of 2^-24
-      // relative to the magnitudes, generously times 64).
       const n = 256;
       const d = 21;
       const w = randomBlocks(dt, d, n, 33);
@@ -145,29 +117,7 @@ describe("legacy block integer kernels", () => {
       const x = input(2, n, 5);
       const y = new Float32Array(2 * d);
       k.matmul(y, x, w, 0, 2, n, d);
-      for (let r = 0; r < 2; r++) {
-        for (let i = 0; i < d; i++) {
-          let exact = 0;
-          let bound = 0;
-          let mag = 0;
-          for (let b = 0; b < n / 32; b++) {
-            let amax = 0;
-            for (let j = 0; j < 32; j++) amax = Math.max(amax, Math.abs(x[r * n + b * 32 + j]!));
-            const s = Math.fround(amax / 127);
-            let sw = 0;
-            for (let j = 0; j < 32; j++) {
-              const wv = wf[i * n + b * 32 + j]!;
-              const xv = x[r * n + b * 32 + j]!;
-              exact += wv * xv;
-              sw += Math.abs(wv);
-              mag += (Math.abs(wv) + 1) * (Math.abs(xv) + s);
-            }
-            bound += (s / 2 + s * 2 ** -16) * sw;
-          }
-          bound += (n / 32 + 4) * 2 ** -23 * mag * 64;
-          expect(Math.abs(y[r * d + i]! - exact)).toBeLessThanOrEqual(bound);
-        }
-      }
+      expectWithinXQuantization(y, x, wf, 2, n, d, 32);
     });
   }
 });
