@@ -2,6 +2,8 @@ import { afterAll, describe, expect, test } from "bun:test";
 import { writeFileSync } from "node:fs";
 import { type Matrix, type ModelConfig, readModelFiles, syntheticWeights, Transformer, type Weights, weightsDType } from "../../src/model/index.ts";
 import { dtypeNameOf, isStacked } from "../../src/model/packed.ts";
+import { generate } from "../../src/cli/generate.ts";
+import { parseArgs } from "../../src/cli/options.ts";
 import { encodeGgufModel, type GgufType } from "../support/model-writers.ts";
 import { greedy, maxAbsDiff, tempDir } from "./format-helpers.ts";
 import { bits, newPool, Seq } from "./helpers.ts";
@@ -132,4 +134,21 @@ describe("quantized GGUF files served as stored", () => {
       }
     });
   }
+});
+
+describe("engine generate on a Q4_K_M-like GGUF", () => {
+  test("held as stored on the model thread, it prints the widened file's greedy text", async () => {
+    const path = tmp.path("q4_k_m.gguf");
+    const run = async (dtype: string): Promise<string> => {
+      let out = "";
+      const { config, rest } = parseArgs(["--model", path, "--dtype", dtype, "--threads", "2", "--prompt", "<t5><t9> <t33>", "--max-tokens", "6"]);
+      await generate(config, rest, (s) => {
+        out += s;
+      });
+      return out.slice(0, out.indexOf("\n["));
+    };
+    const stored = await run("as-stored");
+    expect(stored.length).toBeGreaterThan("<t5><t9> <t33>".length);
+    expect(stored).toBe(await run("f32"));
+  });
 });
