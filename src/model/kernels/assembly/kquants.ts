@@ -41,7 +41,8 @@
 //     ggml's.) The places of the high bits let each come out with an and, a 16-bit multiply (a
 //     left shift) or a rounding 16-bit multiply (a right shift): no vector shift runs in a loop.
 //   q5_k group (1440 bytes): q4_k's, then the fifth bits at 1184 + half * 128 + j * 16: bit t of
-//     byte b is e = 16t + b (a compare makes each -1 or 0, their dot taken times -16).
+//     byte b is e = 16t + b, so quad u's low nibbles take bit 2u and its high ones bit 2u + 1,
+//     each moved to bit 4 (bit4) and or-ed in: the kernel reads 5-bit values 0..31.
 
 import { f16ext, f16ToF32 } from "./f16";
 
@@ -137,38 +138,38 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
  * nibble bytes, xj the token's 16 splatted pairs of the sub-block. The high nibbles are taken
  * times 16 (an and, no shift) into their own sums, divided once at the end (exact).
  */
-@inline function q4Dot(wq: usize, xj: usize): v128 {
+@inline function q4Dot(five: bool, wq: usize, hb: v128, xj: usize): v128 {
   const m = i8x16.splat(0x0f);
   const mh = i8x16.splat(<i8>0xf0);
   let il = i32x4.splat(0);
   let ih = il;
   for (let u: usize = 0; u < 64; u += 16) {
     const v = v128.load(wq + u);
-    const lo = v128.and(v, m);
-    const hi = v128.and(v, mh);
+    // q5_k: the fifth bits of quad u are bits 2u (low nibbles) and 2u + 1 (high) of hb, set in as 16.
+    const lo = five ? v128.or(v128.and(v, m), bit4(hb, <i32>(u >> 3))) : v128.and(v, m);
+    const hi = five ? v128.or(highNibble(v), bit4(hb, <i32>(u >> 3) + 1)) : v128.and(v, mh);
     const x = xj + (u << 2);
     il = i32x4.add(il, i32x4.add(i32x4.dot_i16x8_s(i16x8.extend_low_i8x16_u(lo), v128.load(x)), i32x4.dot_i16x8_s(i16x8.extend_high_i8x16_u(lo), v128.load(x, 16))));
     ih = i32x4.add(ih, i32x4.add(i32x4.dot_i16x8_s(i16x8.extend_low_i8x16_u(hi), v128.load(x, 32)), i32x4.dot_i16x8_s(i16x8.extend_high_i8x16_u(hi), v128.load(x, 48))));
   }
-  return i32x4.add(il, i32x4.shr_s(ih, 4));
+  return i32x4.add(il, five ? ih : i32x4.shr_s(ih, 4));
 }
 
-/** The fifth bit of t-th byte lane set as -1 or 0: bit t of each byte of h, compared. */
-@inline function bitNeg(h: v128, t: i32): v128 {
-  const bit = i8x16.splat(<i8>(<i32>1 << t));
-  return i8x16.eq(v128.and(h, bit), bit);
+/**
+ * Bit p of each byte of h moved to bit 4 (a value of 16), by a 16-bit multiply (a left shift) or
+ * a rounding 16-bit multiply of the masked bit (a right shift): the other bits of the byte and
+ * its neighbour never reach bit 4 (p is a constant per call site after inlining).
+ */
+@inline function bit4(h: v128, p: i32): v128 {
+  const m4 = i8x16.splat(0x10);
+  if (p < 4) return v128.and(i16x8.mul(h, i16x8.splat(<i16>(<i32>1 << (4 - p)))), m4);
+  if (p == 4) return v128.and(h, m4);
+  return v128.and(i16x8.q15mulr_sat_s(v128.and(h, i8x16.splat(<i8>(<i32>1 << p))), i16x8.splat(<i16>(<i32>1 << (19 - p)))), m4);
 }
 
-/** sum over one sub-block of -(fifth bit) * x for a half strip: hp its 16 bit bytes, xj the token's 16 splatted pairs. */
-@inline function q5Bits(hp: usize, xj: usize): v128 {
-  const h = v128.load(hp);
-  let ib = i32x4.splat(0);
-  for (let t = 0; t < 8; t++) {
-    const neg = bitNeg(h, t);
-    const x = xj + (<usize>t << 5);
-    ib = i32x4.add(ib, i32x4.add(i32x4.dot_i16x8_s(i16x8.extend_low_i8x16_s(neg), v128.load(x)), i32x4.dot_i16x8_s(i16x8.extend_high_i8x16_s(neg), v128.load(x, 16))));
-  }
-  return ib;
+/** The high nibble of each byte of v as a value 0..15 (and, rounding multiply, and: no shift). */
+@inline function highNibble(v: v128): v128 {
+  return v128.and(i16x8.q15mulr_sat_s(v128.and(v, i8x16.splat(<i8>0xf0)), i16x8.splat(2048)), i8x16.splat(0x0f));
 }
 
 /** A half strip's q4_k (q5_k when five) super-block sum term for one token: f32(A) * (d * s) - f32(B) * (dmin * s). */
@@ -180,9 +181,8 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
   const mn = g + 96 + half * 32;
   const bits = g + Q4K_GROUP + half * 128;
   for (let j: usize = 0; j < 8; j++) {
-    let i = q4Dot(wq + j * 64, xb + (j << 8));
-    if (five) i = i32x4.sub(i, i32x4.mul(q5Bits(bits + j * 16, xb + (j << 8)), i32x4.splat(16)));
-    a = i32x4.add(a, i32x4.mul(i, u8x4(sc + (j << 2))));
+    const hb = five ? v128.load(bits + j * 16) : i32x4.splat(0);
+    a = i32x4.add(a, i32x4.mul(q4Dot(five, wq + j * 64, hb, xb + (j << 8)), u8x4(sc + (j << 2))));
     const xs = load<i32>(sums + (j << 3)) + load<i32>(sums + (j << 3), 4);
     b = i32x4.add(b, i32x4.mul(u8x4(mn + (j << 2)), i32x4.splat(xs)));
   }
@@ -232,10 +232,11 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
       let h0 = l0, h1 = l0, h2 = l0, h3 = l0;
       const w = wq + j * 64;
       const xj = xb + (j << 8);
+      const hb = five ? v128.load(bits + j * 16) : i32x4.splat(0);
       for (let u: usize = 0; u < 64; u += 16) {
         const v = v128.load(w + u);
-        const lo = v128.and(v, m);
-        const hi = v128.and(v, mh);
+        const lo = five ? v128.or(v128.and(v, m), bit4(hb, <i32>(u >> 3))) : v128.and(v, m);
+        const hi = five ? v128.or(highNibble(v), bit4(hb, <i32>(u >> 3) + 1)) : v128.and(v, mh);
         const p0 = i16x8.extend_low_i8x16_u(lo);
         const p1 = i16x8.extend_high_i8x16_u(lo);
         const p2 = i16x8.extend_low_i8x16_u(hi);
@@ -253,34 +254,12 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
         l3 = i32x4.add(l3, i32x4.add(i32x4.dot_i16x8_s(p0, v128.load(x)), i32x4.dot_i16x8_s(p1, v128.load(x, 16))));
         h3 = i32x4.add(h3, i32x4.add(i32x4.dot_i16x8_s(p2, v128.load(x, 32)), i32x4.dot_i16x8_s(p3, v128.load(x, 48))));
       }
-      if (five) {
-        // Fifth bits, -1 or 0 each, unpacked once for the four tokens; their sums times -16.
-        const hb = v128.load(bits + j * 16);
-        let b0 = i32x4.splat(0), b1 = b0, b2 = b0, b3 = b0;
-        for (let t = 0; t < 8; t++) {
-          const neg = bitNeg(hb, t);
-          const n0 = i16x8.extend_low_i8x16_s(neg);
-          const n1 = i16x8.extend_high_i8x16_s(neg);
-          let x = xj + (<usize>t << 5);
-          b0 = i32x4.add(b0, i32x4.add(i32x4.dot_i16x8_s(n0, v128.load(x)), i32x4.dot_i16x8_s(n1, v128.load(x, 16))));
-          x += qb;
-          b1 = i32x4.add(b1, i32x4.add(i32x4.dot_i16x8_s(n0, v128.load(x)), i32x4.dot_i16x8_s(n1, v128.load(x, 16))));
-          x += qb;
-          b2 = i32x4.add(b2, i32x4.add(i32x4.dot_i16x8_s(n0, v128.load(x)), i32x4.dot_i16x8_s(n1, v128.load(x, 16))));
-          x += qb;
-          b3 = i32x4.add(b3, i32x4.add(i32x4.dot_i16x8_s(n0, v128.load(x)), i32x4.dot_i16x8_s(n1, v128.load(x, 16))));
-        }
-        const k16 = i32x4.splat(16);
-        l0 = i32x4.sub(l0, i32x4.mul(b0, k16));
-        l1 = i32x4.sub(l1, i32x4.mul(b1, k16));
-        l2 = i32x4.sub(l2, i32x4.mul(b2, k16));
-        l3 = i32x4.sub(l3, i32x4.mul(b3, k16));
-      }
       const scv = u8x4(sc + (j << 2));
-      a0 = i32x4.add(a0, i32x4.mul(i32x4.add(l0, i32x4.shr_s(h0, 4)), scv));
-      a1 = i32x4.add(a1, i32x4.mul(i32x4.add(l1, i32x4.shr_s(h1, 4)), scv));
-      a2 = i32x4.add(a2, i32x4.mul(i32x4.add(l2, i32x4.shr_s(h2, 4)), scv));
-      a3 = i32x4.add(a3, i32x4.mul(i32x4.add(l3, i32x4.shr_s(h3, 4)), scv));
+      // q4_k's high nibbles were taken times 16; q5_k's as they are.
+      a0 = i32x4.add(a0, i32x4.mul(i32x4.add(l0, five ? h0 : i32x4.shr_s(h0, 4)), scv));
+      a1 = i32x4.add(a1, i32x4.mul(i32x4.add(l1, five ? h1 : i32x4.shr_s(h1, 4)), scv));
+      a2 = i32x4.add(a2, i32x4.mul(i32x4.add(l2, five ? h2 : i32x4.shr_s(h2, 4)), scv));
+      a3 = i32x4.add(a3, i32x4.mul(i32x4.add(l3, five ? h3 : i32x4.shr_s(h3, 4)), scv));
     }
     const dq = f16at(g + (half << 3));
     const dm = f16at(g + 16 + (half << 3));

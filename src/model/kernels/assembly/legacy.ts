@@ -92,9 +92,99 @@ import { scalesOf, sumsOf } from "./q8";
 }
 
 /**
+ * A half strip against four token rows from xq (qb apart), outputs of token t at yo + t * ys:
+ * each quad of nibbles (and each fifth bit) is unpacked once for the four tokens. y holds the
+ * running f32 sums (the same additions, in the same order, as half1's registers).
+ */
+@inline function half4(min: bool, five: bool, offset: i32, yo: usize, ys: usize, xq: usize, qb: usize, sp: usize, half: usize, n: i32): void {
+  const blocks = n >> 5;
+  const gb = groupBytes(min, five);
+  const nib0: usize = <usize>(16 + (min ? 16 : 0)) + half * 64;
+  const bits0: usize = <usize>(144 + (min ? 16 : 0)) + half * 16;
+  const sr = scalesOf(xq, n);
+  const ur = sumsOf(xq, n);
+  const z = f32x4.splat(0);
+  for (let t: usize = 0; t < 4; t++) v128.store(yo + t * ys, z);
+  const m = i8x16.splat(0x0f);
+  const mh = i8x16.splat(<i8>0xf0);
+  for (let c = 0; c < blocks; c++) {
+    const g = sp + <usize>c * gb;
+    const xb = xq + (<usize>c << 8);
+    let l0 = i32x4.splat(0), l1 = l0, l2 = l0, l3 = l0;
+    let h0 = l0, h1 = l0, h2 = l0, h3 = l0;
+    for (let u: usize = 0; u < 64; u += 16) {
+      const v = v128.load(g + nib0 + u);
+      const lo = v128.and(v, m);
+      const hi = v128.and(v, mh);
+      const p0 = i16x8.extend_low_i8x16_u(lo);
+      const p1 = i16x8.extend_high_i8x16_u(lo);
+      const p2 = i16x8.extend_low_i8x16_u(hi);
+      const p3 = i16x8.extend_high_i8x16_u(hi);
+      let x = xb + (u << 2);
+      l0 = i32x4.add(l0, i32x4.add(i32x4.dot_i16x8_s(p0, v128.load(x)), i32x4.dot_i16x8_s(p1, v128.load(x, 16))));
+      h0 = i32x4.add(h0, i32x4.add(i32x4.dot_i16x8_s(p2, v128.load(x, 32)), i32x4.dot_i16x8_s(p3, v128.load(x, 48))));
+      x += qb;
+      l1 = i32x4.add(l1, i32x4.add(i32x4.dot_i16x8_s(p0, v128.load(x)), i32x4.dot_i16x8_s(p1, v128.load(x, 16))));
+      h1 = i32x4.add(h1, i32x4.add(i32x4.dot_i16x8_s(p2, v128.load(x, 32)), i32x4.dot_i16x8_s(p3, v128.load(x, 48))));
+      x += qb;
+      l2 = i32x4.add(l2, i32x4.add(i32x4.dot_i16x8_s(p0, v128.load(x)), i32x4.dot_i16x8_s(p1, v128.load(x, 16))));
+      h2 = i32x4.add(h2, i32x4.add(i32x4.dot_i16x8_s(p2, v128.load(x, 32)), i32x4.dot_i16x8_s(p3, v128.load(x, 48))));
+      x += qb;
+      l3 = i32x4.add(l3, i32x4.add(i32x4.dot_i16x8_s(p0, v128.load(x)), i32x4.dot_i16x8_s(p1, v128.load(x, 16))));
+      h3 = i32x4.add(h3, i32x4.add(i32x4.dot_i16x8_s(p2, v128.load(x, 32)), i32x4.dot_i16x8_s(p3, v128.load(x, 48))));
+    }
+    l0 = i32x4.add(l0, i32x4.shr_s(h0, 4));
+    l1 = i32x4.add(l1, i32x4.shr_s(h1, 4));
+    l2 = i32x4.add(l2, i32x4.shr_s(h2, 4));
+    l3 = i32x4.add(l3, i32x4.shr_s(h3, 4));
+    if (five) {
+      const hb = v128.load(g + bits0);
+      let b0 = i32x4.splat(0), b1 = b0, b2 = b0, b3 = b0;
+      for (let t = 0; t < 8; t++) {
+        const bit = i8x16.splat(<i8>(<i32>1 << t));
+        const neg = i8x16.eq(v128.and(hb, bit), bit);
+        const n0 = i16x8.extend_low_i8x16_s(neg);
+        const n1 = i16x8.extend_high_i8x16_s(neg);
+        let x = xb + (<usize>t << 5);
+        b0 = i32x4.add(b0, i32x4.add(i32x4.dot_i16x8_s(n0, v128.load(x)), i32x4.dot_i16x8_s(n1, v128.load(x, 16))));
+        x += qb;
+        b1 = i32x4.add(b1, i32x4.add(i32x4.dot_i16x8_s(n0, v128.load(x)), i32x4.dot_i16x8_s(n1, v128.load(x, 16))));
+        x += qb;
+        b2 = i32x4.add(b2, i32x4.add(i32x4.dot_i16x8_s(n0, v128.load(x)), i32x4.dot_i16x8_s(n1, v128.load(x, 16))));
+        x += qb;
+        b3 = i32x4.add(b3, i32x4.add(i32x4.dot_i16x8_s(n0, v128.load(x)), i32x4.dot_i16x8_s(n1, v128.load(x, 16))));
+      }
+      const k16 = i32x4.splat(16);
+      l0 = i32x4.sub(l0, i32x4.mul(b0, k16));
+      l1 = i32x4.sub(l1, i32x4.mul(b1, k16));
+      l2 = i32x4.sub(l2, i32x4.mul(b2, k16));
+      l3 = i32x4.sub(l3, i32x4.mul(b3, k16));
+    }
+    const dq = f16at(g + (half << 3));
+    const dm = min ? f16at(g + 16 + (half << 3)) : dq;
+    const cs = <usize>c << 2;
+    finish(min, offset, yo, l0, dq, dm, sr + cs, ur + cs);
+    finish(min, offset, yo + ys, l1, dq, dm, sr + qb + cs, ur + qb + cs);
+    finish(min, offset, yo + 2 * ys, l2, dq, dm, sr + 2 * qb + cs, ur + 2 * qb + cs);
+    finish(min, offset, yo + 3 * ys, l3, dq, dm, sr + 3 * qb + cs, ur + 3 * qb + cs);
+  }
+}
+
+/** y at yo += one block's term for one token (as half1's): its scale at sp, its sum at up. */
+@inline function finish(min: bool, offset: i32, yo: usize, i: v128, dq: v128, dm: v128, sp: usize, up: usize): void {
+  const xs = load<i32>(up);
+  if (offset != 0) i = i32x4.add(i, i32x4.splat(offset * xs));
+  const s = f32x4.splat(load<f32>(sp));
+  let t = f32x4.mul(f32x4.convert_i32x4_s(i), f32x4.mul(dq, s));
+  if (min) t = f32x4.add(t, f32x4.mul(f32x4.convert_i32x4_s(i32x4.splat(xs)), f32x4.mul(dm, s)));
+  v128.store(yo, f32x4.add(v128.load(yo), t));
+}
+
+/**
  * Rows g0 .. g1 of the matrix at w (a thread's share) against every quantized token row at xq;
- * row g's outputs go to column g - r0 of y. Whole strips take both halves per token; a row of a
- * strip not wholly in the range computes its half and keeps its lane (the same sum).
+ * row g's outputs go to column g - r0 of y. Whole strips take four tokens at a time per half
+ * strip (half4), then one at a time both halves; a row of a strip not wholly in the range
+ * computes its half and keeps its lane (the same sum).
  */
 @inline function matmulLegacy(min: bool, five: bool, offset: i32, y: usize, xq: usize, w: usize, rows: i32, n: i32, d: i32, r0: i32, g0: i32, g1: i32): void {
   const sb = <usize>(n >> 5) * groupBytes(min, five);
@@ -103,7 +193,14 @@ import { scalesOf, sumsOf } from "./q8";
   for (let g = g0; g < g1; ) {
     const sp = w + <usize>(g >> 3) * sb;
     if ((g & 7) == 0 && g + 8 <= g1) {
-      for (let r = 0; r < rows; r++) {
+      let r = 0;
+      for (; r + 4 <= rows; r += 4) {
+        const yr = y + <usize>r * ys + (<usize>(g - r0) << 2);
+        const xr = xq + <usize>r * qb;
+        half4(min, five, offset, yr, ys, xr, qb, sp, 0, n);
+        half4(min, five, offset, yr + 16, ys, xr, qb, sp, 1, n);
+      }
+      for (; r < rows; r++) {
         const yr = y + <usize>r * ys + (<usize>(g - r0) << 2);
         const xr = xq + <usize>r * qb;
         v128.store(yr, half1(min, five, offset, xr, sp, 0, n));
