@@ -17,10 +17,13 @@ export function kGroupBytes(kt: KDType): number {
   return kt === "q4_k" ? Q4K_GROUP : kt === "q5_k" ? Q5K_GROUP : Q6K_GROUP;
 }
 
-/** Where q5_k's fifth bit of weight i of row k sits in a group: byte and bit (bit t of byte b is e = 16t + b). */
-function q5BitPlace(k: number, i: number): [number, number] {
+// The place functions return their fields packed in one number (byte * 8 + bit, ...): a row read
+// per token (the embedding's) allocates nothing.
+
+/** Where q5_k's fifth bit of weight i of row k sits in a group: byte * 8 + bit (bit t of byte b is e = 16t + b). */
+function q5BitPlace(k: number, i: number): number {
   const e = kSlot(k, i & 31);
-  return [Q4K_GROUP + (k >> 2) * 128 + (i >> 5) * 16 + (e & 15), e >> 4];
+  return (Q4K_GROUP + (k >> 2) * 128 + (i >> 5) * 16 + (e & 15)) * 8 + (e >> 4);
 }
 
 /** Index e of column i of row k (of a half strip) within its sub-block: pairs of columns, four rows each. */
@@ -28,19 +31,22 @@ function kSlot(k: number, i: number): number {
   return (i >> 1) * 8 + (k & 3) * 2 + (i & 1);
 }
 
-/** Where weight i (0..255) of row k of a q4_k group sits: byte offset in the group and whether in the high nibble. */
-function q4Place(k: number, i: number): [number, boolean] {
+/** Where weight i (0..255) of row k of a q4_k group sits: its byte * 2 + 1 if in the high nibble. */
+function q4Place(k: number, i: number): number {
   const e = kSlot(k, i & 31);
-  return [160 + (k >> 2) * 512 + (i >> 5) * 64 + (e >> 5) * 16 + (e & 15), (e & 16) !== 0];
+  return (160 + (k >> 2) * 512 + (i >> 5) * 64 + (e >> 5) * 16 + (e & 15)) * 2 + ((e >> 4) & 1);
 }
 
-/** Where weight i of row k of a q6_k group sits: its nibble's byte, high nibble or not, its high bits' byte and shift. */
-function q6Place(k: number, i: number): [number, boolean, number, number] {
+/** Bits 4..5 of h take e 0..15, 2..3 e 16..31, 0..1 e 32..47, 6..7 e 48..63 (kquants.ts's unpacking). */
+const Q6_SHIFT = [4, 2, 0, 6];
+
+/** Where weight i of row k of a q6_k group sits: ((nibble byte * 2 + high) * 2048 + high bits' byte) * 8 + their shift. */
+function q6Place(k: number, i: number): number {
   const e = kSlot(k, i & 15);
   const u = 144 + (k >> 2) * 768 + (i >> 4) * 48;
   const t = e >> 4;
   const b = e & 15;
-  return [u + (t >= 2 ? 16 : 0) + b, (t & 1) === 1, u + 32 + b, [4, 2, 0, 6][t]!];
+  return (((u + (t >= 2 ? 16 : 0) + b) * 2 + (t & 1)) * 2048 + u + 32 + b) * 8 + Q6_SHIFT[t]!;
 }
 
 /** Up to 8 rows of src (ggml blocks, rows of n weights, from its start) into one zeroed strip at out. */
@@ -60,8 +66,11 @@ export function packKStrip(kt: KDType, src: Uint8Array, rows: number, n: number,
         for (let s = 0; s < 16; s++) out[g + 16 + half * 64 + s * 4 + kk] = src[at + 192 + s]!;
         for (let i = 0; i < QK_K; i++) {
           const q = q6kQuant(src, at, i);
-          const [nb, high, hb, shift] = q6Place(k, i);
-          out[g + nb]! |= high ? (q & 15) << 4 : q & 15;
+          const pl = q6Place(k, i);
+          const shift = pl & 7;
+          const hb = (pl >> 3) & 2047;
+          const nb = pl >> 14;
+          out[g + (nb >> 1)]! |= nb & 1 ? (q & 15) << 4 : q & 15;
           out[g + hb]! |= (q >> 4) << shift;
         }
       } else {
@@ -76,11 +85,11 @@ export function packKStrip(kt: KDType, src: Uint8Array, rows: number, n: number,
         }
         for (let i = 0; i < QK_K; i++) {
           const q = kt === "q5_k" ? q5kQuant(src, at, i) : q4kQuant(src, at, i);
-          const [p, high] = q4Place(k, i);
-          out[g + p]! |= high ? (q & 15) << 4 : q & 15;
+          const p = q4Place(k, i);
+          out[g + (p >> 1)]! |= p & 1 ? (q & 15) << 4 : q & 15;
           if (kt === "q5_k") {
-            const [bb5, bit] = q5BitPlace(k, i);
-            out[g + bb5]! |= (q >> 4) << bit;
+            const b5 = q5BitPlace(k, i);
+            out[g + (b5 >> 3)]! |= (q >> 4) << (b5 & 7);
           }
         }
       }
@@ -103,17 +112,18 @@ export function readKStripRow(kt: KDType, u8: Uint8Array, base: number, k: numbe
     const i = j % QK_K;
     const d = lut[u8[g + 2 * k]! | (u8[g + 2 * k + 1]! << 8)]!;
     if (kt === "q6_k") {
-      const [nb, high, hb, shift] = q6Place(k, i);
-      const q = (high ? u8[g + nb]! >> 4 : u8[g + nb]! & 15) | (((u8[g + hb]! >> shift) & 3) << 4);
+      const pl = q6Place(k, i);
+      const nb = pl >> 14;
+      const q = (nb & 1 ? u8[g + (nb >> 1)]! >> 4 : u8[g + (nb >> 1)]! & 15) | (((u8[g + ((pl >> 3) & 2047)]! >> (pl & 7)) & 3) << 4);
       const sc = (u8[g + 16 + half * 64 + (i >> 4) * 4 + kk]! << 24) >> 24;
       out[outAt + j - j0] = d * sc * (q - 32);
     } else {
       const dmin = lut[u8[g + 16 + 2 * k]! | (u8[g + 16 + 2 * k + 1]! << 8)]!;
-      const [p, high] = q4Place(k, i);
-      let q = high ? u8[g + p]! >> 4 : u8[g + p]! & 15;
+      const p = q4Place(k, i);
+      let q = p & 1 ? u8[g + (p >> 1)]! >> 4 : u8[g + (p >> 1)]! & 15;
       if (kt === "q5_k") {
-        const [bb5, bit] = q5BitPlace(k, i);
-        q |= ((u8[g + bb5]! >> bit) & 1) << 4;
+        const b5 = q5BitPlace(k, i);
+        q |= ((u8[g + (b5 >> 3)]! >> (b5 & 7)) & 1) << 4;
       }
       const sc = u8[g + 32 + half * 32 + (i >> 5) * 4 + kk]!;
       const m = u8[g + 96 + half * 32 + (i >> 5) * 4 + kk]!;

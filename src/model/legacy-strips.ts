@@ -17,13 +17,15 @@ function slot(k: number, i: number): number {
   return (i >> 1) * 8 + (k & 3) * 2 + (i & 1);
 }
 
-/** Where weight i of row k sits in a group: its nibble's byte and whether high, its fifth bit's byte and bit. */
-function place(dt: LegacyDType, k: number, i: number): [number, boolean, number, number] {
-  const { min } = legacyShape(dt);
+/**
+ * Where weight i of row k sits in a group (min: the _1 types), packed in one number so a row
+ * read per token allocates nothing: ((nibble byte * 2 + high) * 256 + fifth bit's byte) * 8 + bit.
+ */
+function place(min: boolean, k: number, i: number): number {
   const e = slot(k, i);
   const half = k >> 2;
   const nib = 16 + (min ? 16 : 0) + half * 64 + (e >> 5) * 16 + (e & 15);
-  return [nib, (e & 16) !== 0, 144 + (min ? 16 : 0) + half * 16 + (e & 15), e >> 4];
+  return ((nib * 2 + ((e >> 4) & 1)) * 256 + 144 + (min ? 16 : 0) + half * 16 + (e & 15)) * 8 + (e >> 4);
 }
 
 /** Up to 8 rows of src (ggml blocks, rows of n weights, from its start) into one zeroed strip at out. */
@@ -43,9 +45,10 @@ export function packLegacyStrip(dt: LegacyDType, src: Uint8Array, rows: number, 
       }
       for (let i = 0; i < QK_LEGACY; i++) {
         const q = legacyQ(dt, src, at, i);
-        const [nb, high, bb, bit] = place(dt, k, i);
-        out[g + nb]! |= high ? (q & 15) << 4 : q & 15;
-        if (five) out[g + bb]! |= (q >> 4) << bit;
+        const pl = place(min, k, i);
+        const nb = pl >> 11;
+        out[g + (nb >> 1)]! |= nb & 1 ? (q & 15) << 4 : q & 15;
+        if (five) out[g + ((pl >> 3) & 255)]! |= (q >> 4) << (pl & 7);
       }
     }
   }
@@ -67,8 +70,9 @@ export function readLegacyStripRow(
   const gb = legacyGroupBytes(dt);
   for (let j = j0; j < j0 + count; j++) {
     const g = base + Math.floor(j / QK_LEGACY) * gb;
-    const [nb, high, bb, bit] = place(dt, k, j % QK_LEGACY);
-    const q = (high ? u8[g + nb]! >> 4 : u8[g + nb]! & 15) | (five ? ((u8[g + bb]! >> bit) & 1) << 4 : 0);
+    const pl = place(min, k, j % QK_LEGACY);
+    const nb = pl >> 11;
+    const q = (nb & 1 ? u8[g + (nb >> 1)]! >> 4 : u8[g + (nb >> 1)]! & 15) | (five ? ((u8[g + ((pl >> 3) & 255)]! >> (pl & 7)) & 1) << 4 : 0);
     const d = lut[legacyD(u8, g + 2 * k)]!;
     const m = min ? lut[legacyD(u8, g + 16 + 2 * k)]! : 0;
     out[outAt + j - j0] = legacyValue(dt, q, d, m);

@@ -14,7 +14,8 @@ import {
   isStacked,
   type Matrix,
   type PackedMatrix,
-  partAt,
+  partIndex,
+  partStart,
   Q8_0_BLOCK_BYTES,
   QK8_0,
   type SimpleMatrix,
@@ -33,7 +34,13 @@ import { quantizeXRef, xRef } from "./x-quant-ref.ts";
  * arithmetic exactly.
  */
 export function matmulRef(y: Float32Array, x: Float32Array, wm: Matrix, wmOff: number, rows: number, n: number, d: number): void {
-  let [w, wOff] = partAt(wm, wmOff, n * d);
+  let w: SimpleMatrix = wm as SimpleMatrix;
+  let wOff = wmOff;
+  if (isStacked(wm)) {
+    const i = partIndex(wm, wmOff, n * d);
+    w = wm.parts[i]!;
+    wOff = wmOff - partStart(wm, i);
+  }
   if (!(w instanceof Float32Array) && w.dtype === "q8_0") {
     matmulQ8Ref(y, x, w, wOff, rows, n, d);
     return;
@@ -407,7 +414,14 @@ export class MatmulKernel {
    * outAt: from a placed matrix's strips, or where m is not placed straight from m.
    */
   rowInto(wm: Matrix, wmFrom: number, count: number, out: Float32Array, outAt = 0): void {
-    const [m, from] = partAt(isStacked(wm) ? (this.stackViews.get(wm) ?? wm) : wm, wmFrom, count);
+    let m: SimpleMatrix = wm as SimpleMatrix;
+    let from = wmFrom;
+    if (isStacked(wm)) {
+      const s = this.stackViews.get(wm) ?? wm;
+      const i = partIndex(s, wmFrom, count);
+      m = s.parts[i]!;
+      from = wmFrom - partStart(s, i);
+    }
     const p = this.find(m);
     if (p !== undefined) readStripRow(dtypeOf(m), this.views16, p.at, p.cols, from, count, out, outAt);
     else if (m instanceof Float32Array) for (let i = 0; i < count; i++) out[outAt + i] = m[from + i]!;
@@ -430,7 +444,14 @@ export class MatmulKernel {
       return;
     }
     // A stacked matrix's layer is a matmul on the part that holds it.
-    const [w, wOff] = partAt(isStacked(wm) ? (this.stackViews.get(wm) ?? wm) : wm, wmOff, n * d);
+    let w: SimpleMatrix = wm as SimpleMatrix;
+    let wOff = wmOff;
+    if (isStacked(wm)) {
+      const s = this.stackViews.get(wm) ?? wm;
+      const i = partIndex(s, wmOff, n * d);
+      w = s.parts[i]!;
+      wOff = wmOff - partStart(s, i);
+    }
     const dt = dtypeOf(w);
     if (x.length < rows * n || y.length < rows * d || w.length < wOff + n * d) {
       assert.fail(`matmul ${rows}x${n} by ${d}x${n}: x ${x.length}, y ${y.length}, w ${w.length} from ${wOff}`);

@@ -68,18 +68,28 @@ export function heldBytesOf(m: Matrix): number {
   return m instanceof Float32Array ? m.byteLength : m.bytes.byteLength;
 }
 
-/** The part of m holding elements from .. from + count, and `from` within it; throws when they span two parts. */
-export function partAt(m: Matrix, from: number, count: number): [SimpleMatrix, number] {
-  if (!isStacked(m)) return [m, from];
+/**
+ * The index of the part of m holding elements from .. from + count (throws when they span two
+ * parts); partStart gives where it starts. Two numbers, so a matmul per token allocates nothing.
+ */
+export function partIndex(m: StackedMatrix, from: number, count: number): number {
   let at = from;
-  for (const p of m.parts) {
-    if (at < p.length) {
-      if (at + count > p.length) assert.fail(`elements ${from}+${count} span two parts of a stacked matrix`);
-      return [p, at];
+  for (let i = 0; i < m.parts.length; i++) {
+    const len = m.parts[i]!.length;
+    if (at < len) {
+      if (at + count > len) assert.fail(`elements ${from}+${count} span two parts of a stacked matrix`);
+      return i;
     }
-    at -= p.length;
+    at -= len;
   }
   return assert.fail(`element ${from} is past a stacked matrix of ${m.length}`);
+}
+
+/** The element where part i of m starts. */
+export function partStart(m: StackedMatrix, i: number): number {
+  let at = 0;
+  for (let k = 0; k < i; k++) at += m.parts[k]!.length;
+  return at;
 }
 
 /** Bytes of `elems` consecutive elements (whole q8_0 blocks). */
