@@ -42,7 +42,8 @@
 //     left shift) or a rounding 16-bit multiply (a right shift): no vector shift runs in a loop.
 //   q5_k group (1440 bytes): q4_k's, then the fifth bits at 1184 + half * 128 + j * 16: bit t of
 //     byte b is e = 16t + b, so quad u's low nibbles take bit 2u and its high ones bit 2u + 1,
-//     each moved to bit 4 (bit4) and or-ed in: the kernel reads 5-bit values 0..31.
+//     each moved to bit 4 and or-ed in (the plane moving down 2 bits a quad): the kernel reads
+//     5-bit values 0..31.
 
 import { f16ext, f16ToF32 } from "./f16";
 
@@ -143,11 +144,14 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
   const mh = i8x16.splat(<i8>0xf0);
   let il = i32x4.splat(0);
   let ih = il;
+  let h = hb;
   for (let u: usize = 0; u < 64; u += 16) {
     const v = v128.load(wq + u);
-    // q5_k: the fifth bits of quad u are bits 2u (low nibbles) and 2u + 1 (high) of hb, set in as 16.
-    const lo = five ? v128.or(v128.and(v, m), bit4(hb, <i32>(u >> 3))) : v128.and(v, m);
-    const hi = five ? v128.or(highNibble(v), bit4(hb, <i32>(u >> 3) + 1)) : v128.and(v, mh);
+    // q5_k: the fifth bits of quad u are bits 2u (low nibbles) and 2u + 1 (high) of hb: h holds
+    // them at bits 0 and 1 (moved down 2 a quad), each set in as 16.
+    const lo = five ? v128.or(v128.and(v, m), bit0to4(h)) : v128.and(v, m);
+    const hi = five ? v128.or(highNibble(v), bit1to4(h)) : v128.and(v, mh);
+    if (five) h = next2(h);
     const x = xj + (u << 2);
     il = i32x4.add(il, i32x4.add(i32x4.dot_i16x8_s(i16x8.extend_low_i8x16_u(lo), v128.load(x)), i32x4.dot_i16x8_s(i16x8.extend_high_i8x16_u(lo), v128.load(x, 16))));
     ih = i32x4.add(ih, i32x4.add(i32x4.dot_i16x8_s(i16x8.extend_low_i8x16_u(hi), v128.load(x, 32)), i32x4.dot_i16x8_s(i16x8.extend_high_i8x16_u(hi), v128.load(x, 48))));
@@ -155,16 +159,18 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
   return i32x4.add(il, five ? ih : i32x4.shr_s(ih, 4));
 }
 
-/**
- * Bit p of each byte of h moved to bit 4 (a value of 16), by a 16-bit multiply (a left shift) or
- * a rounding 16-bit multiply of the masked bit (a right shift): the other bits of the byte and
- * its neighbour never reach bit 4 (p is a constant per call site after inlining).
- */
-@inline function bit4(h: v128, p: i32): v128 {
-  const m4 = i8x16.splat(0x10);
-  if (p < 4) return v128.and(i16x8.mul(h, i16x8.splat(<i16>(<i32>1 << (4 - p)))), m4);
-  if (p == 4) return v128.and(h, m4);
-  return v128.and(i16x8.q15mulr_sat_s(v128.and(h, i8x16.splat(<i8>(<i32>1 << p))), i16x8.splat(<i16>(<i32>1 << (19 - p)))), m4);
+/** Bits 0 (lo) and 1 (hi) of each byte of h moved to bit 4 (a value of 16), by 16-bit multiplies (no shift). */
+@inline function bit0to4(h: v128): v128 {
+  return v128.and(i16x8.mul(h, i16x8.splat(16)), i8x16.splat(0x10));
+}
+
+@inline function bit1to4(h: v128): v128 {
+  return v128.and(i16x8.mul(h, i16x8.splat(8)), i8x16.splat(0x10));
+}
+
+/** Each byte of h shifted right by 2 (its bits 2..7 to 0..5), by a rounding 16-bit multiply of the masked bytes. */
+@inline function next2(h: v128): v128 {
+  return v128.and(i16x8.q15mulr_sat_s(v128.and(h, i8x16.splat(<i8>0xfc)), i16x8.splat(8192)), i8x16.splat(0x3f));
 }
 
 /** The high nibble of each byte of v as a value 0..15 (and, rounding multiply, and: no shift). */
@@ -232,11 +238,12 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
       let h0 = l0, h1 = l0, h2 = l0, h3 = l0;
       const w = wq + j * 64;
       const xj = xb + (j << 8);
-      const hb = five ? v128.load(bits + j * 16) : i32x4.splat(0);
+      let h = five ? v128.load(bits + j * 16) : i32x4.splat(0);
       for (let u: usize = 0; u < 64; u += 16) {
         const v = v128.load(w + u);
-        const lo = five ? v128.or(v128.and(v, m), bit4(hb, <i32>(u >> 3))) : v128.and(v, m);
-        const hi = five ? v128.or(highNibble(v), bit4(hb, <i32>(u >> 3) + 1)) : v128.and(v, mh);
+        const lo = five ? v128.or(v128.and(v, m), bit0to4(h)) : v128.and(v, m);
+        const hi = five ? v128.or(highNibble(v), bit1to4(h)) : v128.and(v, mh);
+        if (five) h = next2(h);
         const p0 = i16x8.extend_low_i8x16_u(lo);
         const p1 = i16x8.extend_high_i8x16_u(lo);
         const p2 = i16x8.extend_low_i8x16_u(hi);
