@@ -139,7 +139,7 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
  * nibble bytes, xj the token's 16 splatted pairs of the sub-block. The high nibbles are taken
  * times 16 (an and, no shift) into their own sums, divided once at the end (exact).
  */
-@inline function q4Dot(five: bool, wq: usize, hb: v128, xj: usize): v128 {
+@inline export function q4Dot(five: bool, wq: usize, hb: v128, xj: usize): v128 {
   const m = i8x16.splat(0x0f);
   const mh = i8x16.splat(<i8>0xf0);
   let il = i32x4.splat(0);
@@ -160,21 +160,21 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
 }
 
 /** Bits 0 (lo) and 1 (hi) of each byte of h moved to bit 4 (a value of 16), by 16-bit multiplies (no shift). */
-@inline function bit0to4(h: v128): v128 {
+@inline export function bit0to4(h: v128): v128 {
   return v128.and(i16x8.mul(h, i16x8.splat(16)), i8x16.splat(0x10));
 }
 
-@inline function bit1to4(h: v128): v128 {
+@inline export function bit1to4(h: v128): v128 {
   return v128.and(i16x8.mul(h, i16x8.splat(8)), i8x16.splat(0x10));
 }
 
 /** Each byte of h shifted right by 2 (its bits 2..7 to 0..5), by a rounding 16-bit multiply of the masked bytes. */
-@inline function next2(h: v128): v128 {
+@inline export function next2(h: v128): v128 {
   return v128.and(i16x8.q15mulr_sat_s(v128.and(h, i8x16.splat(<i8>0xfc)), i16x8.splat(8192)), i8x16.splat(0x3f));
 }
 
 /** The high nibble of each byte of v as a value 0..15 (and, rounding multiply, and: no shift). */
-@inline function highNibble(v: v128): v128 {
+@inline export function highNibble(v: v128): v128 {
   return v128.and(i16x8.q15mulr_sat_s(v128.and(v, i8x16.splat(<i8>0xf0)), i16x8.splat(2048)), i8x16.splat(0x0f));
 }
 

@@ -15,10 +15,12 @@
 // the 8 rows' d (f16, 16 bytes), the _1 types' 8 m (16 bytes), then the nibbles of each half
 // strip (64 bytes each: 4 quads of 16 bytes, byte b of quad u holding e = 32u + b low and
 // e = 32u + 16 + b high, e as kquants.ts's pairs of columns of four rows), then for the q5 types
-// each half's fifth bits (16 bytes: bit t of byte b is e = 16t + b). 144, 160, 176 and 192 bytes
+// each half's fifth bits (16 bytes: bit t of byte b is e = 16t + b, as q5_k's: each or-ed into
+// its nibble as kquants.ts does). 144, 160, 176 and 192 bytes
 // a group: 4.5, 5, 5.5 and 6 bits a weight, ggml's own.
 
 import { f16ext } from "./f16";
+import { bit0to4, bit1to4, highNibble, next2, q4Dot } from "./kquants";
 import { scalesOf, sumsOf } from "./q8";
 
 /** Bytes of one quantized token row of n (q8.ts's qRowBytes, restated: the two must agree). */
@@ -37,36 +39,12 @@ import { scalesOf, sumsOf } from "./q8";
 
 /**
  * sum_j u_j q_j of one half strip's block (4 rows in lanes) against one token's 16 splatted
- * pairs at xp: nib its 64 nibble bytes, bits its 16 fifth-bit bytes (five only). The high
- * nibbles are taken times 16 (an and) into their own sum, divided once (exact); a fifth bit
- * comes out as -1 or 0 by a compare, its sum times -16.
+ * pairs at xp: nib its 64 nibble bytes, bits its 16 fifth-bit bytes (five only). The nibble
+ * quads and the fifth-bit plane are laid out as q4_k's and q5_k's sub-blocks (bit t of byte b
+ * is e = 16t + b), so this is kquants.ts's sub-block dot.
  */
 @inline function halfDot(five: bool, nib: usize, bits: usize, xp: usize): v128 {
-  const m = i8x16.splat(0x0f);
-  const mh = i8x16.splat(<i8>0xf0);
-  let il = i32x4.splat(0);
-  let ih = il;
-  for (let u: usize = 0; u < 64; u += 16) {
-    const v = v128.load(nib + u);
-    const lo = v128.and(v, m);
-    const hi = v128.and(v, mh);
-    const x = xp + (u << 2);
-    il = i32x4.add(il, i32x4.add(i32x4.dot_i16x8_s(i16x8.extend_low_i8x16_u(lo), v128.load(x)), i32x4.dot_i16x8_s(i16x8.extend_high_i8x16_u(lo), v128.load(x, 16))));
-    ih = i32x4.add(ih, i32x4.add(i32x4.dot_i16x8_s(i16x8.extend_low_i8x16_u(hi), v128.load(x, 32)), i32x4.dot_i16x8_s(i16x8.extend_high_i8x16_u(hi), v128.load(x, 48))));
-  }
-  let s = i32x4.add(il, i32x4.shr_s(ih, 4));
-  if (five) {
-    const h = v128.load(bits);
-    let ib = i32x4.splat(0);
-    for (let t = 0; t < 8; t++) {
-      const bit = i8x16.splat(<i8>(<i32>1 << t));
-      const neg = i8x16.eq(v128.and(h, bit), bit);
-      const x = xp + (<usize>t << 5);
-      ib = i32x4.add(ib, i32x4.add(i32x4.dot_i16x8_s(i16x8.extend_low_i8x16_s(neg), v128.load(x)), i32x4.dot_i16x8_s(i16x8.extend_high_i8x16_s(neg), v128.load(x, 16))));
-    }
-    s = i32x4.sub(s, i32x4.mul(ib, i32x4.splat(16)));
-  }
-  return s;
+  return q4Dot(five, nib, five ? v128.load(bits) : i32x4.splat(0), xp);
 }
 
 /** A half strip (rows 4 * half ..) of the matrix at sp against one quantized token row xq. */
@@ -112,10 +90,13 @@ import { scalesOf, sumsOf } from "./q8";
     const xb = xq + (<usize>c << 8);
     let l0 = i32x4.splat(0), l1 = l0, l2 = l0, l3 = l0;
     let h0 = l0, h1 = l0, h2 = l0, h3 = l0;
+    // The fifth bits or-ed into the nibbles as kquants.ts's q5_k does (the same plane layout).
+    let hb = five ? v128.load(g + bits0) : i32x4.splat(0);
     for (let u: usize = 0; u < 64; u += 16) {
       const v = v128.load(g + nib0 + u);
-      const lo = v128.and(v, m);
-      const hi = v128.and(v, mh);
+      const lo = five ? v128.or(v128.and(v, m), bit0to4(hb)) : v128.and(v, m);
+      const hi = five ? v128.or(highNibble(v), bit1to4(hb)) : v128.and(v, mh);
+      if (five) hb = next2(hb);
       const p0 = i16x8.extend_low_i8x16_u(lo);
       const p1 = i16x8.extend_high_i8x16_u(lo);
       const p2 = i16x8.extend_low_i8x16_u(hi);
@@ -133,33 +114,11 @@ import { scalesOf, sumsOf } from "./q8";
       l3 = i32x4.add(l3, i32x4.add(i32x4.dot_i16x8_s(p0, v128.load(x)), i32x4.dot_i16x8_s(p1, v128.load(x, 16))));
       h3 = i32x4.add(h3, i32x4.add(i32x4.dot_i16x8_s(p2, v128.load(x, 32)), i32x4.dot_i16x8_s(p3, v128.load(x, 48))));
     }
-    l0 = i32x4.add(l0, i32x4.shr_s(h0, 4));
-    l1 = i32x4.add(l1, i32x4.shr_s(h1, 4));
-    l2 = i32x4.add(l2, i32x4.shr_s(h2, 4));
-    l3 = i32x4.add(l3, i32x4.shr_s(h3, 4));
-    if (five) {
-      const hb = v128.load(g + bits0);
-      let b0 = i32x4.splat(0), b1 = b0, b2 = b0, b3 = b0;
-      for (let t = 0; t < 8; t++) {
-        const bit = i8x16.splat(<i8>(<i32>1 << t));
-        const neg = i8x16.eq(v128.and(hb, bit), bit);
-        const n0 = i16x8.extend_low_i8x16_s(neg);
-        const n1 = i16x8.extend_high_i8x16_s(neg);
-        let x = xb + (<usize>t << 5);
-        b0 = i32x4.add(b0, i32x4.add(i32x4.dot_i16x8_s(n0, v128.load(x)), i32x4.dot_i16x8_s(n1, v128.load(x, 16))));
-        x += qb;
-        b1 = i32x4.add(b1, i32x4.add(i32x4.dot_i16x8_s(n0, v128.load(x)), i32x4.dot_i16x8_s(n1, v128.load(x, 16))));
-        x += qb;
-        b2 = i32x4.add(b2, i32x4.add(i32x4.dot_i16x8_s(n0, v128.load(x)), i32x4.dot_i16x8_s(n1, v128.load(x, 16))));
-        x += qb;
-        b3 = i32x4.add(b3, i32x4.add(i32x4.dot_i16x8_s(n0, v128.load(x)), i32x4.dot_i16x8_s(n1, v128.load(x, 16))));
-      }
-      const k16 = i32x4.splat(16);
-      l0 = i32x4.sub(l0, i32x4.mul(b0, k16));
-      l1 = i32x4.sub(l1, i32x4.mul(b1, k16));
-      l2 = i32x4.sub(l2, i32x4.mul(b2, k16));
-      l3 = i32x4.sub(l3, i32x4.mul(b3, k16));
-    }
+    // Without fifth bits the high nibbles were taken times 16.
+    l0 = i32x4.add(l0, five ? h0 : i32x4.shr_s(h0, 4));
+    l1 = i32x4.add(l1, five ? h1 : i32x4.shr_s(h1, 4));
+    l2 = i32x4.add(l2, five ? h2 : i32x4.shr_s(h2, 4));
+    l3 = i32x4.add(l3, five ? h3 : i32x4.shr_s(h3, 4));
     const dq = f16at(g + (half << 3));
     const dm = min ? f16at(g + 16 + (half << 3)) : dq;
     const cs = <usize>c << 2;
