@@ -16,7 +16,7 @@ import { type DType, type ModelConfig, Transformer, castWeights, kvShapeOf, synt
 import { J_ATTEND, J_D, J_FN, J_N } from "../src/model/kernel-threads.ts";
 import { FORWARD_PHASES } from "../src/model/transformer.ts";
 import { MatmulKernel } from "../src/model/matmul.ts";
-import { castMatrix, dtypeOf, type Matrix, matrixBytes } from "../src/model/packed.ts";
+import { castMatrix, dtypeOf, heldBytesOf, type Matrix, matrixBytes, type SimpleMatrix } from "../src/model/packed.ts";
 import { MATRICES } from "../src/model/weights.ts";
 import { loadAverage } from "./stats.ts";
 import { TS_SHAPE } from "./ts-shape.ts";
@@ -176,7 +176,7 @@ function kernelAlone(mm: MatmulKernel, calls: Call[], batch: number): { layers: 
     const run = (): void => {
       for (const c of cs) {
         const r0 = c.wOff / c.n;
-        const fn = `matmul_${c.w instanceof Float32Array ? "f32" : c.w.dtype}` as const;
+        const fn = `matmul_${dtypeOf(c.w as SimpleMatrix)}` as const;
         ex[fn](y, x, mm.offsetOf(c.w), c.rows, c.n, c.d, r0, r0, r0 + c.d, scratch);
       }
     };
@@ -328,7 +328,7 @@ function ceilings(
   for (const k of MATRICES) {
     if (k === "tokenEmbedding") continue;
     weightMacs += w[k].length;
-    weightBytes += matrixBytes(dtypeOf(w[k]), w[k].length);
+    weightBytes += heldBytesOf(w[k]);
   }
   // The timed steps run positions 65 .. 64 + STEPS: each attends to pos + 1 positions.
   const ctx = 65 + (STEPS - 1) / 2 + 1;

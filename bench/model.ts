@@ -35,7 +35,7 @@ import {
   writeLlama2cCheckpoint,
 } from "../src/model/index.ts";
 import { MatmulKernel, matmulRef } from "../src/model/matmul.ts";
-import { matrixBytes, dtypeOf } from "../src/model/packed.ts";
+import { heldBytesOf } from "../src/model/packed.ts";
 import { FORWARD_PHASES } from "../src/model/transformer.ts";
 import { MATRICES } from "../src/model/weights.ts";
 import { TS_SHAPE } from "./ts-shape.ts";
@@ -78,7 +78,7 @@ function flopsPerToken(cfg: ModelConfig): { layers: number; cls: number } {
 /** Bytes of matrix weights one batch-1 token reads (every layer matrix and the classifier). */
 function weightBytesPerToken(cfg: ModelConfig, w: Weights<Matrix>): number {
   let bytes = 0;
-  for (const k of MATRICES) if (k !== "tokenEmbedding") bytes += matrixBytes(dtypeOf(w[k]), w[k].length);
+  for (const k of MATRICES) if (k !== "tokenEmbedding") bytes += heldBytesOf(w[k]);
   void cfg;
   return bytes;
 }

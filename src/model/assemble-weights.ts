@@ -1,6 +1,6 @@
 import { headDimOf, kvDimOf, qDimOf } from "./config.ts";
 import type { ModelSpec } from "./model-spec.ts";
-import { dequantize, dtypeOf, type DType, type Matrix, matrixBytes, type PackedMatrix, stackedPacked } from "./packed.ts";
+import { DTYPES, type DType, type Matrix, matrixBytes, type PackedMatrix, type SimpleMatrix } from "./packed.ts";
 import { byteLengthOf, elementCount, type RawTensor, toFloat32 } from "./raw-tensor.ts";
 import { splitHalfToInterleaved, splitHalfToInterleavedBytes } from "./rope-order.ts";
 import { type DenseWeightName, validateWeights, type Weights, weightsBytes } from "./weights.ts";
@@ -78,15 +78,18 @@ export interface WeightStats {
   dtype: string;
   /** Bytes the weights take as this engine holds them (f32, or packed as loaded). */
   residentBytes: number;
+  /** Stored matrix dtypes made f32 at load because no kernel reads them as stored (e.g. q4_0), or none. */
+  widened?: readonly string[];
 }
 
 /**
  * Builds the transformer's Weights from a file's tensors: checks every shape against the spec,
  * stacks layers, reorders q/k rows into the interleaved RoPE order when the file uses split
  * halves, and refuses tensors the model would silently ignore (an o_proj bias, extra experts...).
- * A matrix stored in `dtype` (f16, bf16, q8_0; "as-stored": the one dtype every matrix of the
- * file shares, if the kernels read it) is kept packed, straight from the file's bytes with rows
- * moved whole; everything else goes through toFloat32, the one conversion. `onBytes` is told the
+ * A matrix stored in `dtype` (any packed DType; "as-stored": whatever packed dtype it is stored
+ * in, each matrix its own, a weight's layers of different dtypes stacked in parts) is kept
+ * packed, straight from the file's bytes with rows moved whole; everything else goes through
+ * toFloat32, the one conversion. `onBytes` is told the
  * stored bytes of each tensor once it is taken, for a progress line.
  */
 // Long by design: the weight table below reads as the model's tensor list, and the small
@@ -103,9 +106,10 @@ export function assembleWeights(
   const qDim = qDimOf(cfg);
   const kvDim = kvDimOf(cfg);
   const hd = headDimOf(cfg);
-  const keep = packedTarget(dtype, matrixDtypes(spec, src, naming));
+  const keep = packedTarget(dtype);
   const used = new Set<string>();
   const dtypes = new Set<string>();
+  const widened = new Set<string>();
   let parameters = 0;
   const raw = (name: string, shape: readonly number[]): RawTensor => {
     const t = src.get(name);
@@ -124,15 +128,17 @@ export function assembleWeights(
     const v = toFloat32(raw(name, shape));
     return permuted(permuteRows) ? splitHalfToInterleaved(v, shape[0]! / hd, hd, shape[1] ?? 1) : v;
   };
-  const takeMatrix = (name: string, shape: readonly [number, number], permuteRows = false): Matrix => {
+  const takeMatrix = (name: string, shape: readonly [number, number], permuteRows = false): SimpleMatrix => {
     const t = raw(name, shape);
-    if (t.dtype !== keep) {
+    const dt = t.dtype;
+    if (!keep(dt)) {
+      if (dt !== "f32") widened.add(dt);
       const v = toFloat32(t);
       return permuted(permuteRows) ? splitHalfToInterleaved(v, shape[0] / hd, hd, shape[1]) : v;
     }
     const stored = packedBytesOf(t, cfg.name);
-    const bytes = permuted(permuteRows) ? splitHalfToInterleavedBytes(stored, shape[0] / hd, hd, matrixBytes(keep, shape[1])) : t.bytes;
-    return { dtype: keep, cols: shape[1], length: shape[0] * shape[1], bytes };
+    const bytes = permuted(permuteRows) ? splitHalfToInterleavedBytes(stored, shape[0] / hd, hd, matrixBytes(dt, shape[1])) : t.bytes;
+    return { dtype: dt, cols: shape[1], length: shape[0] * shape[1], bytes };
   };
   const stacked = (field: LayerField, shape: readonly number[], permuteRows = false): Float32Array => {
     const per = elementCount(shape);
@@ -167,28 +173,22 @@ export function assembleWeights(
   }
   refuseUnused(src, used, naming, spec, cfg.name);
   validateWeights(cfg, w);
-  return { weights: w, stats: { parameters, dtype: [...dtypes].sort().join("+"), residentBytes: weightsBytes(w) } };
-}
-
-/** The stored dtypes of the 2-D matrices the model will take (headers only; no tensor data read). */
-function matrixDtypes(spec: ModelSpec, src: TensorSource, naming: TensorNaming): Set<string> {
-  const names = [naming.embed, ...(spec.tied ? [] : [naming.classifier])];
-  const fields: LayerField[] = ["wq", "wk", "wv", "wo", "w1", "w2", "w3"];
-  for (let l = 0; l < spec.cfg.nLayers; l++) for (const f of fields) names.push(naming.layerPrefix(l) + naming.layer[f]);
-  return new Set(names.map((n) => src.get(n)?.dtype ?? "missing"));
+  return {
+    weights: w,
+    stats: { parameters, dtype: [...dtypes].sort().join("+"), residentBytes: weightsBytes(w), ...(widened.size > 0 ? { widened: [...widened].sort() } : {}) },
+  };
 }
 
 /**
- * The packed dtype matrices stored in it are kept in, or null: every matrix becomes f32 first. A
- * file whose matrices share one packed dtype stays in it even when another packed dtype is asked
- * for: castWeights converts it layer by layer, where widening it whole first took a 1B F16 model
- * to ~9 GB and minutes (`--dtype q8_0`).
+ * Whether a matrix stored in a dtype is kept as stored: every dtype the kernels read (DTYPES:
+ * every GGUF type this engine reads), each its own, unless f32 is asked for. A matrix kept for
+ * another packed dtype is converted by castWeights layer by layer, where widening it whole first
+ * took a 1B F16 model to ~9 GB and minutes (`--dtype q8_0`); every other matrix becomes f32
+ * first (`widened` says so).
  */
-function packedTarget(dtype: DType | "as-stored", stored: ReadonlySet<string>): PackedMatrix["dtype"] | null {
-  const only = stored.size === 1 ? [...stored][0]! : "f32";
-  const isPacked = (d: string): d is PackedMatrix["dtype"] => d === "f16" || d === "bf16" || d === "q8_0";
-  const d = dtype === "as-stored" || (dtype !== "f32" && isPacked(only)) ? only : dtype;
-  return isPacked(d) ? d : null;
+function packedTarget(dtype: DType | "as-stored"): (stored: string) => stored is PackedMatrix["dtype"] {
+  if (dtype === "f32") return (_d): _d is PackedMatrix["dtype"] => false;
+  return (d): d is PackedMatrix["dtype"] => d !== "f32" && (DTYPES as readonly string[]).includes(d);
 }
 
 /**
@@ -202,21 +202,20 @@ function packedBytesOf(t: RawTensor, model: string): Uint8Array {
 }
 
 /** Layers stacked along a leading axis: packed when every layer is (bytes concatenated), else f32. */
-function stackLayers(layers: Matrix[], cols: number): Matrix {
-  const first = layers[0]!;
-  const per = first.length;
-  if (layers.every((m) => !(m instanceof Float32Array) && m.dtype === dtypeOf(first))) {
-    // The layers stay where they are (views of the file, or the permuted copies): placing the
-    // matrix reads them part by part, so the model is never held twice (stackedPacked).
-    const p = layers as PackedMatrix[];
-    return stackedPacked(
-      p[0]!.dtype,
-      cols,
-      p.map((m) => m.bytes),
-    );
-  }
+function stackLayers(layers: SimpleMatrix[], cols: number): Matrix {
+  // f32 layers (widened, or stored so) are one array; packed layers stay where they are, one
+  // part each (views of the file, or the permuted copies): placing the matrix reads them part
+  // by part, so a model is never held twice while it loads, and a layer group takes its own.
+  if (layers.every((m) => m instanceof Float32Array)) return concatLayers(layers);
+  if (layers.length === 1) return layers[0]!;
+  return { dtype: "stacked", cols, length: layers.reduce((t, p) => t + p.length, 0), parts: layers };
+}
+
+/** Layers of one dtype as one matrix: their bytes (or values) back to back. */
+function concatLayers(layers: SimpleMatrix[]): Float32Array {
+  const per = layers[0]!.length;
   const out = new Float32Array(per * layers.length);
-  layers.forEach((m, l) => out.set(m instanceof Float32Array ? m : dequantize(m), l * per));
+  layers.forEach((m, l) => out.set(m as Float32Array, l * per));
   return out;
 }
 

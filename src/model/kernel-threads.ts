@@ -27,7 +27,8 @@ export const J_N = 5;
 export const J_D = 6;
 export const J_R0 = 7;
 export const JOB_INTS = 8;
-export const KERNEL_INDEX: Record<DType, number> = { f32: 0, f16: 1, bf16: 2, q8_0: 3 };
+/** Each dtype's kernel (dispatch.ts reads the same numbers; 4 is J_ATTEND). */
+export const KERNEL_INDEX: Record<DType, number> = { f32: 0, f16: 1, bf16: 2, q8_0: 3, q4_k: 5, q6_k: 6, q4_0: 7, q4_1: 8, q5_0: 9, q5_1: 10, q5_k: 11 };
 /**
  * An attention job's fn: J_W names its parameters (kernels/assembly/attention.ts), J_ROWS its
  * count of (sequence, KV head) pieces, each one chunk.
@@ -93,7 +94,9 @@ export function runJobs(ex: KernelExports, jobs: Int32Array, count: number, scra
   }
 }
 
-const FNS = ["matmul_f32", "matmul_f16", "matmul_bf16", "matmul_q8_0"] as const;
+/** Each kernel index's export, from KERNEL_INDEX (4, J_ATTEND, is not a matmul). */
+const FNS: (`matmul_${DType}` | undefined)[] = [];
+for (const [dt, i] of Object.entries(KERNEL_INDEX)) FNS[i] = `matmul_${dt as DType}`;
 
 // The helper's whole program. It is a string run from a Blob URL rather than a module file so a
 // binary made by `bun build --compile` carries it without a second entry point. It instantiates

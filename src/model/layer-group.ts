@@ -1,9 +1,9 @@
 import assert from "node:assert";
 import { headDimOf, type ModelConfig, ropeFrequencies } from "./config.ts";
 import { type KernelOptions, MAX_PLACED_BYTES, MatmulKernel } from "./matmul.ts";
-import { dtypeOf, type Matrix, matrixBytes, stackedPacked } from "./packed.ts";
+import { dtypeOf, isStacked, type Matrix, matrixBytes, type SimpleMatrix } from "./packed.ts";
 import { stripLayoutBytes } from "./strip-layout.ts";
-import { type MATRICES, matrixCols, type Weights } from "./weights.ts";
+import { matrixCols, type Weights } from "./weights.ts";
 
 /**
  * A model in several kernel memories. A wasm32 memory holds 4 GiB, less the room the kernels'
@@ -40,17 +40,27 @@ export interface GroupPlan {
   classifier: boolean;
 }
 
-/** Bytes the kernels place for the embedding (0 when the classifier is the same matrix), one layer, and the classifier. */
-export function placedBytes(cfg: ModelConfig, w: Weights<Matrix>): { embedding: number; layer: number; classifier: number } {
-  const placed = (k: (typeof MATRICES)[number], rows: number): number => {
-    const cols = matrixCols(cfg, k);
-    return Math.ceil(stripLayoutBytes(dtypeOf(w[k]), rows, cols) / 16) * 16;
-  };
+/** Bytes the kernels place for m in rows of `cols` (a stacked matrix's parts each on their own). */
+function placedBytesOf(m: Matrix, cols: number): number {
+  if (isStacked(m)) return m.parts.reduce((t, p) => t + placedBytesOf(p, cols), 0);
+  return Math.ceil(stripLayoutBytes(dtypeOf(m), m.length / cols, cols) / 16) * 16;
+}
+
+/**
+ * Bytes the kernels place for the embedding (0 when the classifier is the same matrix), each
+ * layer (layers of one file may differ: a Q4_K_M keeps some in q6_k), the largest layer, and
+ * the classifier.
+ */
+export function placedBytes(cfg: ModelConfig, w: Weights<Matrix>): { embedding: number; layers: number[]; layer: number; classifier: number } {
   const L = cfg.nLayers;
+  const layers = Array.from({ length: L }, (_, l) =>
+    LAYER_MATRICES.reduce((t, k) => t + placedBytesOf(layerSlice(w[k], matrixCols(cfg, k), L, l, l + 1), matrixCols(cfg, k)), 0),
+  );
   return {
-    embedding: w.wcls === w.tokenEmbedding ? 0 : placed("tokenEmbedding", cfg.vocabSize),
-    layer: LAYER_MATRICES.reduce((s, k) => s + placed(k, w[k].length / L / matrixCols(cfg, k)), 0),
-    classifier: placed("wcls", cfg.vocabSize),
+    embedding: w.wcls === w.tokenEmbedding ? 0 : placedBytesOf(w.tokenEmbedding, cfg.dim),
+    layers,
+    layer: Math.max(...layers),
+    classifier: placedBytesOf(w.wcls, cfg.dim),
   };
 }
 
@@ -64,7 +74,7 @@ export function planGroups(cfg: ModelConfig, w: Weights<Matrix>, budget: number)
   const bytes = placedBytes(cfg, w);
   const items: { kind: "embedding" | "layer" | "classifier"; bytes: number }[] = [];
   if (!tied) items.push({ kind: "embedding", bytes: bytes.embedding });
-  for (let l = 0; l < cfg.nLayers; l++) items.push({ kind: "layer", bytes: bytes.layer });
+  for (const b of bytes.layers) items.push({ kind: "layer", bytes: b });
   items.push({ kind: "classifier", bytes: bytes.classifier });
   const plans: GroupPlan[] = [];
   let cur: GroupPlan | null = null;
@@ -87,15 +97,32 @@ export function planGroups(cfg: ModelConfig, w: Weights<Matrix>, budget: number)
   return plans;
 }
 
-/** Layers l0 .. l1 - 1 of a matrix stacked over L layers with rows of `cols`: a view, nothing copied. */
+/**
+ * Layers l0 .. l1 - 1 of a matrix stacked over L layers with rows of `cols`: views, nothing
+ * copied. A stacked matrix gives the parts (or pieces of parts) that hold those layers.
+ */
 export function layerSlice(m: Matrix, cols: number, L: number, l0: number, l1: number): Matrix {
   const per = m.length / L;
   assert(Number.isInteger(per) && per % cols === 0, `matrix of ${m.length} is not ${L} layers of rows of ${cols}`);
-  if (m instanceof Float32Array) return m.subarray(l0 * per, l1 * per);
-  const dt = m.dtype;
-  // A matrix stacked from one part a layer keeps its parts: its bytes are never put together.
-  if (m.parts !== undefined && m.parts.length === L) return stackedPacked(dt, cols, m.parts.slice(l0, l1));
-  return { dtype: dt, cols, length: (l1 - l0) * per, bytes: m.bytes.subarray(matrixBytes(dt, l0 * per), matrixBytes(dt, l1 * per)) };
+  return sliceElements(m, l0 * per, l1 * per, cols);
+}
+
+/** Elements from .. to (whole rows) of m as views. */
+function sliceElements(m: Matrix, from: number, to: number, cols: number): Matrix {
+  if (m instanceof Float32Array) return m.subarray(from, to);
+  if (!isStacked(m)) {
+    const dt = m.dtype;
+    return { dtype: dt, cols, length: to - from, bytes: m.bytes.subarray(matrixBytes(dt, from), matrixBytes(dt, to)) };
+  }
+  const parts: SimpleMatrix[] = [];
+  let at = 0;
+  for (const p of m.parts) {
+    const lo = Math.max(from, at);
+    const hi = Math.min(to, at + p.length);
+    if (lo < hi) parts.push(sliceElements(p, lo - at, hi - at, cols) as SimpleMatrix);
+    at += p.length;
+  }
+  return parts.length === 1 ? parts[0]! : { dtype: "stacked", cols, length: to - from, parts };
 }
 
 /** The bytes one kernel memory may place: the wasm32 memory less the kernels' room. */

@@ -28,8 +28,9 @@ export interface ModelFilesOptions {
   progress?: (line: string) => void;
   /**
    * The dtype the engine will hold the weights in (default f32). Matrices a safetensors or GGUF
-   * file stores in it (f16, bf16, q8_0; "as-stored": the file's one matrix dtype) are kept packed
-   * as read, never inflated to f32; the rest arrive as f32.
+   * file stores in it (any packed DType; "as-stored": each matrix in its own stored dtype, layers
+   * of different ones stacked in parts) are kept packed as read, never inflated to f32; the rest
+   * arrive as f32.
    */
   dtype?: DType | "as-stored";
 }

@@ -2,21 +2,55 @@ import assert from "node:assert";
 import { KERNELS_WASM_BASE64 } from "./kernels/kernels-wasm.ts";
 import { controlBytes, J_ATTEND, J_D, J_FN, J_N, J_R0, J_ROWS, J_W, J_X, J_Y, JOB_INTS, KERNEL_INDEX, KernelThreads, runJobs } from "./kernel-threads.ts";
 import type { LayerKernelExports } from "./layer-kernels.ts";
-import { assertFinite16, dequantizeInto, dtypeOf, type DType, f16Values, type Matrix, type PackedMatrix, Q8_0_BLOCK_BYTES, QK8_0 } from "./packed.ts";
+import { matmulQ4KRef, matmulQ6KRef } from "./k-quant-ref.ts";
+import { isLegacy, legacyD, legacyM, legacyQ, legacyShape } from "./legacy-quants.ts";
+import {
+  assertFinite16,
+  blockElems,
+  dequantizeInto,
+  dtypeOf,
+  type DType,
+  f16Values,
+  isStacked,
+  type Matrix,
+  type PackedMatrix,
+  partIndex,
+  partStart,
+  Q8_0_BLOCK_BYTES,
+  QK8_0,
+  type SimpleMatrix,
+  type StackedMatrix,
+} from "./packed.ts";
 import { type MemoryViews, packStrips, readStripRow, stripLayoutBytes } from "./strip-layout.ts";
+import { quantizeXRef, xRef } from "./x-quant-ref.ts";
 
 /**
  * y[r*d + i] = dot(w[wOff + i*n .. + n), x[r*n .. + n))  for r < rows, i < d, every dot summed
  * in one fixed order (see kernels/assembly/matmul.ts): four f32 lanes over j = l (mod 4), folded
  * as (s0 + s1) + (s2 + s3), then the n % 4 tail in order. This is the plain JS statement of that
  * order: the bit-for-bit reference for the f32, f16 and bf16 kernels (a 16-bit w is first made
- * f32, which is exact), and their fallback; a q8_0 w goes to matmulQ8Ref, its kernel's own
- * order. JS forbids fused multiply-add, and Math.fround after every product and sum gives f32
+ * f32, which is exact), and their fallback; a q8_0 w goes to matmulQ8Ref, q4_k and q6_k to
+ * matmulQ4KRef and matmulQ6KRef (k-quant-ref.ts), their kernels' own orders. JS forbids fused multiply-add, and Math.fround after every product and sum gives f32
  * arithmetic exactly.
  */
-export function matmulRef(y: Float32Array, x: Float32Array, w: Matrix, wOff: number, rows: number, n: number, d: number): void {
+export function matmulRef(y: Float32Array, x: Float32Array, wm: Matrix, wmOff: number, rows: number, n: number, d: number): void {
+  let w: SimpleMatrix = wm as SimpleMatrix;
+  let wOff = wmOff;
+  if (isStacked(wm)) {
+    const i = partIndex(wm, wmOff, n * d);
+    w = wm.parts[i]!;
+    wOff = wmOff - partStart(wm, i);
+  }
   if (!(w instanceof Float32Array) && w.dtype === "q8_0") {
     matmulQ8Ref(y, x, w, wOff, rows, n, d);
+    return;
+  }
+  if (!(w instanceof Float32Array) && isLegacy(w.dtype)) {
+    matmulLegacyRef(y, x, w, wOff, rows, n, d);
+    return;
+  }
+  if (!(w instanceof Float32Array) && (w.dtype === "q4_k" || w.dtype === "q5_k" || w.dtype === "q6_k")) {
+    (w.dtype === "q6_k" ? matmulQ6KRef : matmulQ4KRef)(y, x, w, wOff, rows, n, d);
     return;
   }
   if (!(w instanceof Float32Array)) {
@@ -49,38 +83,9 @@ export function matmulRef(y: Float32Array, x: Float32Array, w: Matrix, wOff: num
   }
 }
 
-// The plain-JS q8_0 path's quantized x row, grown as needed (the fallback runs on one thread).
-let refQ = new Int16Array(0);
-let refScales = new Float32Array(0);
-
-/**
- * x row at xa quantized as kernels/assembly/q8.ts's quantize_q8_x does, into refQ and refScales:
- * per 32-block s = max|x| / 127, q = nearest-even(x * (1 / s)) saturated to i16, all in f32.
- */
-function quantizeRowRef(x: Float32Array, xa: number, n: number): void {
-  const f = Math.fround;
-  if (refQ.length < n) {
-    refQ = new Int16Array(n);
-    refScales = new Float32Array(n / QK8_0);
-  }
-  for (let b = 0; b < n / QK8_0; b++) {
-    let a = 0;
-    for (let j = 0; j < QK8_0; j++) a = Math.max(a, Math.abs(x[xa + b * QK8_0 + j]!));
-    const s = f(a / 127);
-    const inv = s === 0 ? 0 : f(1 / s);
-    refScales[b] = s;
-    for (let j = 0; j < QK8_0; j++) {
-      const v = Math.min(Math.max(f(x[xa + b * QK8_0 + j]! * inv), -32768), 32767);
-      const r = Math.round(v);
-      // Math.round takes halves up; the kernel's f32x4.nearest takes them to even.
-      refQ[b * QK8_0 + j] = Number.isNaN(v) ? 0 : r - v === 0.5 && (r & 1) !== 0 ? r - 1 : r;
-    }
-  }
-}
-
 /**
  * The q8_0 kernel's order in plain JS (see THE Q8 ORDER in kernels/assembly/q8.ts): x quantized
- * per 32-block, then per output one running f32 sum over the blocks in order of
+ * per 32-block (quantizeXRef), then per output one running f32 sum over the blocks in order of
  * f32(integer dot) * (weight scale * x scale). w is read in its ggml blocks, nothing inflated.
  */
 export function matmulQ8Ref(y: Float32Array, x: Float32Array, w: PackedMatrix, wOff: number, rows: number, n: number, d: number): void {
@@ -90,7 +95,8 @@ export function matmulQ8Ref(y: Float32Array, x: Float32Array, w: PackedMatrix, w
   const q8 = new Int8Array(b.buffer, b.byteOffset, b.byteLength);
   const blocks = n / QK8_0;
   for (let r = 0; r < rows; r++) {
-    quantizeRowRef(x, r * n, n);
+    quantizeXRef(x, r * n, n, QK8_0, -32768, 32767);
+    const { q: refQ, scales: refScales } = xRef;
     for (let i = 0; i < d; i++) {
       const first = (wOff + i * n) / QK8_0;
       let s = 0;
@@ -101,6 +107,43 @@ export function matmulQ8Ref(y: Float32Array, x: Float32Array, w: PackedMatrix, w
         s = f(s + f(f(dot) * f(f16[b[at]! | (b[at + 1]! << 8)]! * refScales[k]!)));
       }
       y[r * d + i] = s;
+    }
+  }
+}
+
+/**
+ * The legacy kernels' order in plain JS (THE LEGACY ORDER in kernels/assembly/legacy.ts), on
+ * ggml's blocks: x quantized per 32-block as for q8_0, then per output one running f32 sum over
+ * the blocks of f32(I) * (d * s) (+ f32(X) * (m * s) for q4_1 and q5_1), I = sum u q + offset * X.
+ */
+export function matmulLegacyRef(y: Float32Array, x: Float32Array, w: PackedMatrix, wOff: number, rows: number, n: number, d: number): void {
+  if (!isLegacy(w.dtype)) assert.fail(`matmulLegacyRef on ${w.dtype}`);
+  const dt = w.dtype;
+  const { bytes, min, offset } = legacyShape(dt);
+  const f = Math.fround;
+  const f16 = f16Values();
+  const b = w.bytes;
+  const blocks = n / QK8_0;
+  for (let r = 0; r < rows; r++) {
+    quantizeXRef(x, r * n, n, QK8_0, -32768, 32767);
+    const { q: refQ, scales: refScales } = xRef;
+    for (let i = 0; i < d; i++) {
+      const first = (wOff + i * n) / QK8_0;
+      let acc = 0;
+      for (let k = 0; k < blocks; k++) {
+        const at = (first + k) * bytes;
+        let dot = 0;
+        let sum = 0;
+        for (let j = 0; j < QK8_0; j++) {
+          dot += legacyQ(dt, b, at, j) * refQ[k * QK8_0 + j]!;
+          sum += refQ[k * QK8_0 + j]!;
+        }
+        const s = refScales[k]!;
+        let t = f(f(dot + offset * sum) * f(f16[legacyD(b, at)]! * s));
+        if (min) t = f(t + f(f(sum) * f(f16[legacyM(b, at)]! * s)));
+        acc = f(acc + t);
+      }
+      y[r * d + i] = acc;
     }
   }
 }
@@ -146,6 +189,9 @@ export type KernelExports = Record<`matmul_${DType}`, KernelFn> &
     /** rows token rows of n f32 at x quantized for the q8_0 kernel at dst (q8_row_bytes(n) each). */
     quantize_q8_x(dst: number, x: number, rows: number, n: number): void;
     q8_row_bytes(n: number): number;
+    /** rows token rows of n f32 at x quantized for the q4_k and q6_k kernels at dst (k_row_bytes(n) each). */
+    quantize_k_x(dst: number, x: number, rows: number, n: number): void;
+    k_row_bytes(n: number): number;
   };
 
 let compiled: WebAssembly.Module | null | undefined;
@@ -204,7 +250,7 @@ export class MatmulKernel {
   private f32 = new Float32Array(0);
   private u8 = new Uint8Array(0);
   /** The memory as f32, u16 and i8, for reading placed rows. */
-  private views16: MemoryViews = { f32: this.f32, u16: new Uint16Array(0), i8: new Int8Array(0) };
+  private views16: MemoryViews = { f32: this.f32, u8: this.u8, u16: new Uint16Array(0), i8: new Int8Array(0) };
   /** Placed matrices by their views (never the originals, so those can be collected). */
   private readonly placed = new Map<Matrix, Placed>();
   /** The same by the originals, weakly: a caller that kept one may call with it too. */
@@ -215,6 +261,8 @@ export class MatmulKernel {
    * fallback the tensors themselves. Call matmul with these: the originals are not kept.
    */
   readonly views: readonly Matrix[];
+  /** Each stacked matrix given to the constructor, to its view (whose parts are placed). */
+  private readonly stackViews = new WeakMap<StackedMatrix, StackedMatrix>();
   /** Bare f32 matrices to place at their first call, when their row length is known. */
   private readonly unplaced = new Set<Float32Array>();
   /** Every SharedArrayBuffer object the memory has shown (one per size): views on any are ours. */
@@ -241,11 +289,12 @@ export class MatmulKernel {
   constructor(tensors: readonly (Matrix | Placement)[] = [], opts: KernelOptions = {}) {
     const mod = opts.simd === false ? null : kernelModule();
     const matrices = tensors.map((t) => ("matrix" in t ? t.matrix : t));
-    const cols = new Map<Matrix, number>();
+    // A stacked matrix's parts are placed each in its own dtype; its view stacks their views.
+    const cols = new Map<SimpleMatrix, number>();
     tensors.forEach((t, i) => {
       const m = matrices[i]!;
       const c = "matrix" in t ? t.cols : m instanceof Float32Array ? 0 : m.cols;
-      if (!cols.has(m) || cols.get(m) === 0) cols.set(m, c);
+      for (const p of isStacked(m) ? m.parts : [m]) if (!cols.has(p) || cols.get(p) === 0) cols.set(p, c);
     });
     let bytes = 0;
     for (const [m, c] of cols) bytes += c > 0 ? align16(stripLayoutBytes(dtypeOf(m), Math.ceil(m.length / c), c)) : 0;
@@ -271,7 +320,7 @@ export class MatmulKernel {
     this.ex = new WebAssembly.Instance(mod, { env: { memory: mem } }).exports as unknown as KernelExports;
     this.top += gap;
     this.refresh();
-    const viewOf = new Map<Matrix, Matrix>();
+    const viewOf = new Map<SimpleMatrix, SimpleMatrix>();
     for (const [m, c] of cols) {
       if (c > 0) {
         const v = this.place(m, c);
@@ -279,7 +328,12 @@ export class MatmulKernel {
         this.byOriginal.set(m, this.placed.get(v)!);
       } else this.unplaced.add(m as Float32Array);
     }
-    this.views = matrices.map((m) => viewOf.get(m) ?? m);
+    this.views = matrices.map((m) => {
+      if (!isStacked(m)) return viewOf.get(m) ?? m;
+      const v: StackedMatrix = { ...m, parts: m.parts.map((p) => viewOf.get(p) ?? p) };
+      this.stackViews.set(m, v);
+      return v;
+    });
     const threads = opts.threads ?? 1;
     if (!(Number.isInteger(threads) && threads >= 1)) throw new Error(`threads ${threads}: want a positive integer`);
     if (threads > 1) {
@@ -316,7 +370,7 @@ export class MatmulKernel {
 
   /** Byte offset of a placed matrix's strips (for threads that share the memory), or -1. */
   offsetOf(w: Matrix): number {
-    return this.find(w)?.at ?? -1;
+    return isStacked(w) ? -1 : (this.find(w)?.at ?? -1);
   }
 
   /** A zeroed f32 array living in the memory (a plain array on the fallback); never freed. */
@@ -381,7 +435,15 @@ export class MatmulKernel {
    * Elements from .. from + count of one row of m (a view, or any matrix) as f32 into out at
    * outAt: from a placed matrix's strips, or where m is not placed straight from m.
    */
-  rowInto(m: Matrix, from: number, count: number, out: Float32Array, outAt = 0): void {
+  rowInto(wm: Matrix, wmFrom: number, count: number, out: Float32Array, outAt = 0): void {
+    let m: SimpleMatrix = wm as SimpleMatrix;
+    let from = wmFrom;
+    if (isStacked(wm)) {
+      const s = this.stackViews.get(wm) ?? wm;
+      const i = partIndex(s, wmFrom, count);
+      m = s.parts[i]!;
+      from = wmFrom - partStart(s, i);
+    }
     const p = this.find(m);
     if (p !== undefined) readStripRow(dtypeOf(m), this.views16, p.at, p.cols, from, count, out, outAt);
     else if (m instanceof Float32Array) for (let i = 0; i < count; i++) out[outAt + i] = m[from + i]!;
@@ -398,16 +460,26 @@ export class MatmulKernel {
    * Adds y = x W^T to the next dispatch. Jobs of one dispatch run at once in any order, so no
    * job's y may be another's x (asserted); x and y are read and written only by `flush`.
    */
-  queue(y: Float32Array, x: Float32Array, w: Matrix, wOff: number, rows: number, n: number, d: number): void {
+  queue(y: Float32Array, x: Float32Array, wm: Matrix, wmOff: number, rows: number, n: number, d: number): void {
     if (this.ex === null) {
-      matmulRef(y, x, w, wOff, rows, n, d);
+      matmulRef(y, x, wm, wmOff, rows, n, d);
       return;
+    }
+    // A stacked matrix's layer is a matmul on the part that holds it.
+    let w: SimpleMatrix = wm as SimpleMatrix;
+    let wOff = wmOff;
+    if (isStacked(wm)) {
+      const s = this.stackViews.get(wm) ?? wm;
+      const i = partIndex(s, wmOff, n * d);
+      w = s.parts[i]!;
+      wOff = wmOff - partStart(s, i);
     }
     const dt = dtypeOf(w);
     if (x.length < rows * n || y.length < rows * d || w.length < wOff + n * d) {
       assert.fail(`matmul ${rows}x${n} by ${d}x${n}: x ${x.length}, y ${y.length}, w ${w.length} from ${wOff}`);
     }
-    if (dt === "q8_0" && (n % 32 !== 0 || wOff % 32 !== 0)) assert.fail(`q8_0 matmul needs whole blocks: n ${n}, from ${wOff}`);
+    const be = blockElems(dt);
+    if (n % be !== 0 || wOff % be !== 0) assert.fail(`${dt} matmul needs whole blocks of ${be}: n ${n}, from ${wOff}`);
     if (this.queued === MAX_JOBS) this.flush();
     const p = this.placedFor(w, n);
     const inPlace = p !== undefined && wOff % n === 0;
@@ -443,7 +515,7 @@ export class MatmulKernel {
   }
 
   /** Where w lives in rows of n, placing a bare f32 matrix at its first call; undefined if not so placed. */
-  private placedFor(w: Matrix, n: number): Placed | undefined {
+  private placedFor(w: SimpleMatrix, n: number): Placed | undefined {
     if (this.unplaced.has(w as Float32Array)) {
       // Placing takes permanent space, which the queued jobs' copies may occupy.
       this.flush();
@@ -497,25 +569,32 @@ export class MatmulKernel {
   }
 
   /**
-   * Quantizes the x of every queued q8_0 job for the integer kernel (q8.ts), in this dispatch's
-   * space, and points the job at it: once per x, so jobs sharing one (q, k, v; w1, w3) share it.
+   * Quantizes the x of every queued q8_0, q4_k or q6_k job for its integer kernel (q8.ts,
+   * kquants.ts), in this dispatch's space, and points the job at it: once per x and layout, so
+   * jobs sharing one (q, k, v; w1, w3) share it (q4_k and q6_k share kquants.ts's layout).
    */
   private quantizeQ8Inputs(ex: KernelExports, count: number): void {
     const jobs = this.jobs;
     for (let j = 0; j < count; j++) {
       const b = j * JOB_INTS;
-      if (jobs[b + J_FN] !== KERNEL_INDEX.q8_0) continue;
+      const layout = quantLayout(jobs[b + J_FN]!);
+      if (layout === 0) continue;
       const x = jobs[b + J_X]!;
       const rows = jobs[b + J_ROWS]!;
       const n = jobs[b + J_N]!;
       let at = -1;
       for (let i = 0; i < j && at < 0; i++) {
         const o = i * JOB_INTS;
-        if (jobs[o + J_FN] === KERNEL_INDEX.q8_0 && this.q8From[i] === x && jobs[o + J_ROWS] === rows && jobs[o + J_N] === n) at = jobs[o + J_X]!;
+        if (quantLayout(jobs[o + J_FN]!) === layout && this.q8From[i] === x && jobs[o + J_ROWS] === rows && jobs[o + J_N] === n) at = jobs[o + J_X]!;
       }
       if (at < 0) {
-        at = this.temp(rows * ex.q8_row_bytes(n));
-        ex.quantize_q8_x(at, x, rows, n);
+        if (layout === 1) {
+          at = this.temp(rows * ex.q8_row_bytes(n));
+          ex.quantize_q8_x(at, x, rows, n);
+        } else {
+          at = this.temp(rows * ex.k_row_bytes(n));
+          ex.quantize_k_x(at, x, rows, n);
+        }
       }
       this.q8From[j] = x;
       jobs[b + J_X] = at;
@@ -555,16 +634,16 @@ export class MatmulKernel {
    * Copies m into the memory in the strip layout, rows of `cols` (16-bit weights checked finite
    * on the way), and returns its view: a matrix like m over the copy.
    */
-  private place(m: Matrix, cols: number): Matrix {
+  private place(m: SimpleMatrix, cols: number): SimpleMatrix {
     const dt = dtypeOf(m);
     if (m.length % cols !== 0) assert.fail(`matrix of ${m.length} elements is not whole rows of ${cols}`);
-    if (dt === "q8_0" && cols % 32 !== 0) assert.fail(`q8_0 matrix rows of ${cols}: not whole blocks`);
+    if (cols % blockElems(dt) !== 0) assert.fail(`${dt} matrix rows of ${cols}: not whole blocks of ${blockElems(dt)}`);
     const rows = m.length / cols;
     const bytes = stripLayoutBytes(dt, rows, cols);
     const at = this.grab(bytes);
     packStrips(m, 0, rows, cols, this.u8, at);
     const buf = this.memory!.buffer;
-    const v: Matrix =
+    const v: SimpleMatrix =
       m instanceof Float32Array ? new Float32Array(buf, at, m.length) : { dtype: m.dtype, cols, length: m.length, bytes: new Uint8Array(buf, at, bytes) };
     this.placed.set(v, { at, cols });
     return v;
@@ -601,8 +680,14 @@ export class MatmulKernel {
     this.buffers.add(buf);
     this.f32 = new Float32Array(buf);
     this.u8 = new Uint8Array(buf);
-    this.views16 = { f32: this.f32, u16: new Uint16Array(buf), i8: new Int8Array(buf) };
+    this.views16 = { f32: this.f32, u8: this.u8, u16: new Uint16Array(buf), i8: new Int8Array(buf) };
   }
+}
+
+/** Which quantized x a kernel reads: 0 none (f32 x), 1 q8.ts's (q8_0 and the legacy types), 2 kquants.ts's. */
+function quantLayout(fn: number): number {
+  if (fn === KERNEL_INDEX.q4_k || fn === KERNEL_INDEX.q5_k || fn === KERNEL_INDEX.q6_k) return 2;
+  return fn === KERNEL_INDEX.q8_0 || fn === KERNEL_INDEX.q4_0 || fn === KERNEL_INDEX.q4_1 || fn === KERNEL_INDEX.q5_0 || fn === KERNEL_INDEX.q5_1 ? 1 : 0;
 }
 
 /** Whether float ranges [a, a + n) and [b, b + m) (byte offsets a, b) share memory. */

@@ -1,103 +1,105 @@
 import assert from "node:assert";
+import { f16Values } from "./f16-bits.ts";
 import { copyBytes } from "./mapped-file.ts";
+import { assertFiniteLegacy, dequantizeLegacyInto, isLegacy, LEGACY_DTYPES, type LegacyDType, legacyShape, QK_LEGACY } from "./legacy-quants.ts";
+import { assertFiniteK, dequantizeKInto, isK, type KDType, kBlockBytes, QK_K, quantizeQ4K, quantizeQ5K, quantizeQ6K } from "./k-quants.ts";
+
+export { f16Values };
 
 /** How a weight matrix is held in memory. */
-export type DType = "f32" | "f16" | "bf16" | "q8_0";
-export const DTYPES: readonly DType[] = ["f32", "f16", "bf16", "q8_0"];
+export type DType = "f32" | "f16" | "bf16" | "q8_0" | KDType | LegacyDType;
+export const DTYPES: readonly DType[] = ["f32", "f16", "bf16", "q8_0", "q4_k", "q5_k", "q6_k", ...LEGACY_DTYPES];
 
 /** ggml's Q8_0: blocks of QK weights, each an f16 scale then QK int8 (8.5 bits per weight). */
 export const QK8_0 = 32;
 export const Q8_0_BLOCK_BYTES = 2 + QK8_0;
 
+/** Elements of one block of a dtype (1 for the plain ones): a row of a packed matrix is whole blocks. */
+export function blockElems(dtype: DType): number {
+  return dtype === "q8_0" ? QK8_0 : isK(dtype) ? QK_K : isLegacy(dtype) ? QK_LEGACY : 1;
+}
+
 /**
- * A matrix kept in a 16-bit or q8_0 dtype: `bytes` holds its `length` elements row-major, rows of
- * `cols` elements (q8_0 rows are whole blocks, so cols % 32 === 0). The kernels read these bytes
- * directly; nothing here is inflated to f32.
- *
- * A matrix stacked from layers (stackedPacked) has `parts`, each whole rows, views of the file
- * where it allows: placing it in the kernel memory reads the parts and never makes `bytes`, which
- * is built (and kept) only when something reads it, so a model is not held twice while loading.
+ * A matrix kept in a 16-bit or quantized dtype: `bytes` holds its `length` elements row-major,
+ * rows of `cols` elements (quantized rows are whole blocks: cols % blockElems === 0), in ggml's
+ * block format for q8_0, q4_k and q6_k. The kernels read these bytes directly; nothing here is
+ * inflated to f32.
  */
 export interface PackedMatrix {
-  readonly dtype: "f16" | "bf16" | "q8_0";
+  readonly dtype: Exclude<DType, "f32">;
   readonly cols: number;
   readonly length: number;
   readonly bytes: Uint8Array;
-  readonly parts?: readonly Uint8Array[];
 }
 
-/** A packed matrix whose rows are the parts' in order; its `bytes` are put together on first read. */
-export function stackedPacked(dtype: PackedMatrix["dtype"], cols: number, parts: readonly Uint8Array[]): PackedMatrix {
-  const total = parts.reduce((n, p) => n + p.length, 0);
-  const rowBytes = matrixBytes(dtype, cols);
-  if (total % rowBytes !== 0 || parts.some((p) => p.length % rowBytes !== 0)) assert.fail(`parts of ${total} bytes are not whole rows of ${rowBytes}`);
-  let made: Uint8Array | null = null;
-  return {
-    dtype,
-    cols,
-    length: (total / rowBytes) * cols,
-    parts,
-    get bytes(): Uint8Array {
-      if (made === null) {
-        made = new Uint8Array(total);
-        let at = 0;
-        for (const p of parts) {
-          copyBytes(made, at, p);
-          at += p.length;
-        }
-      }
-      return made;
-    },
-  };
+/** A matrix of one dtype: plain f32 (what every loader can hand over) or packed. */
+export type SimpleMatrix = Float32Array | PackedMatrix;
+
+/**
+ * A weight's layers stacked along its rows when their stored dtypes differ (a Q4_K_M file keeps
+ * some layers' ffn_down and attn_v in q6_k, the others in q4_k): parts of whole rows, in order,
+ * each held in its own dtype. A matmul or a row read stays inside one part.
+ */
+export interface StackedMatrix {
+  readonly dtype: "stacked";
+  readonly cols: number;
+  readonly length: number;
+  readonly parts: readonly SimpleMatrix[];
 }
 
-/** Bytes a matrix takes, without making a stacked one's `bytes`. */
-export function matrixByteLength(m: Matrix): number {
-  return m instanceof Float32Array ? m.byteLength : matrixBytes(m.dtype, m.length);
+/** A weight matrix: of one dtype, or layers of several. */
+export type Matrix = SimpleMatrix | StackedMatrix;
+
+export function isStacked(m: Matrix): m is StackedMatrix {
+  return !(m instanceof Float32Array) && m.dtype === "stacked";
+}
+
+export function dtypeOf(m: SimpleMatrix): DType {
+  return m instanceof Float32Array ? "f32" : m.dtype;
+}
+
+/** The dtype of each part ("f32", "q4_k", ...; a stacked matrix's joined with "+"). */
+export function dtypeNameOf(m: Matrix): string {
+  return isStacked(m) ? [...new Set(m.parts.map(dtypeOf))].sort().join("+") : dtypeOf(m);
+}
+
+/** Bytes m takes as held (every part's). */
+export function heldBytesOf(m: Matrix): number {
+  if (isStacked(m)) return m.parts.reduce((t, p) => t + heldBytesOf(p), 0);
+  return m instanceof Float32Array ? m.byteLength : m.bytes.byteLength;
 }
 
 /**
- * Bytes from .. to of a packed matrix's row-major bytes into dst at `at`: from its parts when it
- * has them (a mapped file's pages read, never touched: copyBytes), else from `bytes`.
+ * The index of the part of m holding elements from .. from + count (throws when they span two
+ * parts); partStart gives where it starts. Two numbers, so a matmul per token allocates nothing.
  */
-export function copyMatrixBytes(m: PackedMatrix, from: number, to: number, dst: Uint8Array, at: number): void {
-  if (m.parts === undefined) {
-    copyBytes(dst, at, m.bytes.subarray(from, to));
-    return;
+export function partIndex(m: StackedMatrix, from: number, count: number): number {
+  let at = from;
+  for (let i = 0; i < m.parts.length; i++) {
+    const len = m.parts[i]!.length;
+    if (at < len) {
+      if (at + count > len) assert.fail(`elements ${from}+${count} span two parts of a stacked matrix`);
+      return i;
+    }
+    at -= len;
   }
-  let base = 0;
-  for (const p of m.parts) {
-    const lo = Math.max(from, base);
-    const hi = Math.min(to, base + p.length);
-    if (lo < hi) copyBytes(dst, at + lo - from, p.subarray(lo - base, hi - base));
-    base += p.length;
-    if (base >= to) break;
-  }
+  return assert.fail(`element ${from} is past a stacked matrix of ${m.length}`);
 }
 
-/** A weight matrix: plain f32 (what every loader can hand over) or packed. */
-export type Matrix = Float32Array | PackedMatrix;
-
-export function dtypeOf(m: Matrix): DType {
-  return m instanceof Float32Array ? "f32" : m.dtype;
+/** The element where part i of m starts. */
+export function partStart(m: StackedMatrix, i: number): number {
+  let at = 0;
+  for (let k = 0; k < i; k++) at += m.parts[k]!.length;
+  return at;
 }
 
 /** Bytes of `elems` consecutive elements (whole q8_0 blocks). */
 export function matrixBytes(dtype: DType, elems: number): number {
   if (dtype === "f32") return elems * 4;
   if (dtype === "q8_0") return (elems / QK8_0) * Q8_0_BLOCK_BYTES;
+  if (isK(dtype)) return (elems / QK_K) * kBlockBytes(dtype);
+  if (isLegacy(dtype)) return (elems / QK_LEGACY) * legacyShape(dtype).bytes;
   return elems * 2;
-}
-
-// f16 bits -> value, exact (the engine's own Float16Array conversion, tabulated once).
-let f16Table: Float32Array | null = null;
-export function f16Values(): Float32Array {
-  if (f16Table === null) {
-    const bits = new Uint16Array(65536);
-    for (let i = 0; i < 65536; i++) bits[i] = i;
-    f16Table = new Float32Array(new Float16Array(bits.buffer));
-  }
-  return f16Table;
 }
 
 const bf16Scratch = new Float32Array(1);
@@ -136,25 +138,35 @@ function quantizeQ8Row(src: Float32Array, from: number, cols: number, out: DataV
   }
 }
 
-/** m in `dtype` (m itself when it already is); rows of `cols` elements. `onBytes` hears of each part's source bytes as it is done. */
+/**
+ * m in `dtype` (m itself when it already is); rows of `cols` elements. A stacked matrix is
+ * converted part by part and stays stacked (layer groups take its parts); `onBytes` hears of
+ * each part's source bytes as it is done.
+ */
 export function castMatrix(m: Matrix, dtype: DType, cols: number, onBytes: (n: number) => void = () => {}): Matrix {
+  if (isStacked(m)) {
+    const parts = m.parts.map((p) => {
+      const out = castMatrix(p, dtype, cols) as SimpleMatrix;
+      onBytes(heldBytesOf(p));
+      return out;
+    });
+    return { dtype: "stacked", cols, length: m.length, parts };
+  }
   if (dtypeOf(m) === dtype) return m;
   if (dtype === "f32") return dequantize(m as PackedMatrix);
+  if (isLegacy(dtype)) throw new Error(`${dtype}: this engine holds ${dtype} matrices as a file stores them, but does not quantize to it`);
   if (m.length % cols !== 0) assert.fail(`matrix of ${m.length} elements is not whole rows of ${cols}`);
-  if (dtype === "q8_0" && cols % QK8_0 !== 0) throw new Error(`q8_0 needs rows that are whole blocks of ${QK8_0}: a row has ${cols}`);
-  if (m instanceof Float32Array) return { dtype, cols, length: m.length, bytes: castRows(m, m.length / cols, cols, dtype) };
-  // A stacked matrix is converted part by part and stays in parts (layer groups take them).
-  if (m.parts !== undefined) {
-    return stackedPacked(
-      dtype,
-      cols,
-      m.parts.map((p) => {
-        const out = castPackedBytes(m.dtype, p, cols, dtype);
-        onBytes(p.length);
-        return out;
-      }),
-    );
+  if (cols % blockElems(dtype) !== 0) throw new Error(`${dtype} needs rows that are whole blocks of ${blockElems(dtype)}: a row has ${cols}`);
+  if (isK(dtype)) {
+    // The K quantizers take whole super-blocks of f32 (the bench's and tests' way in).
+    const src = m instanceof Float32Array ? m : dequantize(m);
+    const bytes = new Uint8Array(matrixBytes(dtype, src.length));
+    if (dtype === "q4_k") quantizeQ4K(src, 0, src.length, bytes, 0);
+    else if (dtype === "q5_k") quantizeQ5K(src, 0, src.length, bytes, 0);
+    else quantizeQ6K(src, 0, src.length, bytes, 0);
+    return { dtype, cols, length: src.length, bytes };
   }
+  if (m instanceof Float32Array) return { dtype, cols, length: m.length, bytes: castRows(m, m.length / cols, cols, dtype) };
   return { dtype, cols, length: m.length, bytes: castPackedBytes(m.dtype, m.bytes, cols, dtype) };
 }
 
@@ -216,7 +228,8 @@ function outViews(out: Uint8Array): OutViews {
 function castRowInto(src: Float32Array, at: number, cols: number, to: DType, out: OutViews, r: number): void {
   if (to === "f16") out.f16.set(src.subarray(at, at + cols), r * cols);
   else if (to === "bf16") for (let i = 0; i < cols; i++) out.u16[r * cols + i] = toBf16(src[at + i]!);
-  else quantizeQ8Row(src, at, cols, out.dv, out.i8, r * matrixBytes("q8_0", cols));
+  else if (to === "q8_0") quantizeQ8Row(src, at, cols, out.dv, out.i8, r * matrixBytes("q8_0", cols));
+  else assert.fail(`castRowInto: ${to} is not a row-wise dtype`);
 }
 
 // Views of each matrix's bytes, made once: dequantizing an embedding row per token allocates nothing.
@@ -236,6 +249,14 @@ function viewsOf(m: PackedMatrix): { u16: Uint16Array; dv: DataView } {
  * into out at outAt. Whole q8_0 blocks only.
  */
 export function dequantizeInto(m: PackedMatrix, from: number, count: number, out: Float32Array, outAt = 0): void {
+  if (isK(m.dtype)) {
+    dequantizeKInto(m.dtype, m.bytes, from, count, out, outAt);
+    return;
+  }
+  if (isLegacy(m.dtype)) {
+    dequantizeLegacyInto(m.dtype, m.bytes, from, count, out, outAt);
+    return;
+  }
   const { u16, dv } = viewsOf(m);
   if (m.dtype === "f16") {
     const lut = f16Values();
@@ -256,9 +277,17 @@ export function dequantizeInto(m: PackedMatrix, from: number, count: number, out
   }
 }
 
-export function dequantize(m: PackedMatrix): Float32Array {
+export function dequantize(m: PackedMatrix | StackedMatrix): Float32Array {
   const out = new Float32Array(m.length);
-  dequantizeInto(m, 0, m.length, out);
+  if (m.dtype !== "stacked") dequantizeInto(m, 0, m.length, out);
+  else {
+    let at = 0;
+    for (const p of m.parts) {
+      if (p instanceof Float32Array) out.set(p, at);
+      else dequantizeInto(p, 0, p.length, out, at);
+      at += p.length;
+    }
+  }
   return out;
 }
 
@@ -267,6 +296,14 @@ export function dequantize(m: PackedMatrix): Float32Array {
  * shifting and rebiasing, exact for every finite value only.
  */
 export function assertFinite16(m: PackedMatrix): void {
+  if (isK(m.dtype)) {
+    assertFiniteK(m.dtype, m.bytes, 0, m.length / QK_K, 0);
+    return;
+  }
+  if (isLegacy(m.dtype)) {
+    assertFiniteLegacy(m.dtype, m.bytes, 0, m.length / QK_LEGACY, 0);
+    return;
+  }
   const { u16 } = viewsOf(m);
   if (m.dtype === "f16") {
     for (let i = 0; i < m.length; i++) if ((u16[i]! & 0x7c00) === 0x7c00) throw new Error(`f16 weight ${i} is inf or NaN (0x${u16[i]!.toString(16)})`);

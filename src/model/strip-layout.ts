@@ -1,26 +1,34 @@
 import assert from "node:assert";
+import { kGroupBytes, packKStrip, readKStripRow } from "./k-quant-strips.ts";
+import { assertFiniteK, isK, QK_K } from "./k-quants.ts";
+import { assertFiniteLegacy, isLegacy, QK_LEGACY } from "./legacy-quants.ts";
+import { legacyGroupBytes, packLegacyStrip, readLegacyStripRow } from "./legacy-strips.ts";
 import { copyBytes } from "./mapped-file.ts";
-import { copyMatrixBytes, type DType, dtypeOf, f16Values, type Matrix, matrixBytes, Q8_0_BLOCK_BYTES, QK8_0 } from "./packed.ts";
+import { type DType, dtypeOf, f16Values, type SimpleMatrix, matrixBytes, Q8_0_BLOCK_BYTES, QK8_0 } from "./packed.ts";
 
 /**
  * The strip layout the matmul kernels read (kernels/assembly/matmul.ts states it): rows in strips
  * of STRIP_ROWS, the last padded with zero rows; a strip holds group c of all its rows back to back
  * (f32: 4 weights a row; f16 and bf16: 8, in the order 0 4 1 5 2 6 3 7; q8_0: one block, the 8
  * scales first, the int8 in pairs of four rows: q8Slot), then each row's weights past its last
- * whole group, in order. The bytes per weight are the dtype's own: nothing is widened.
+ * whole group, in order; q4_k and q6_k take a group per 256-weight super-block (k-quant-strips.ts).
+ * The bytes per weight are the dtype's own (q4_k's 6-bit scales unpacked to bytes): nothing is
+ * widened.
  */
 export const STRIP_ROWS = 8;
 
 /** Weights of a row held in whole groups. */
 function mainLen(dt: DType, n: number): number {
   if (dt === "f32") return n & ~3;
-  if (dt === "q8_0") return n;
+  if (dt === "q8_0" || isK(dt) || isLegacy(dt)) return n;
   return n & ~7;
 }
 
 /** Bytes of one strip of rows of n weights. */
 export function stripBytes(dt: DType, n: number): number {
   if (dt === "q8_0") return (n / QK8_0) * STRIP_ROWS * Q8_0_BLOCK_BYTES;
+  if (isK(dt)) return (n / QK_K) * kGroupBytes(dt);
+  if (isLegacy(dt)) return (n / QK_LEGACY) * legacyGroupBytes(dt);
   return STRIP_ROWS * n * (dt === "f32" ? 4 : 2);
 }
 
@@ -36,7 +44,7 @@ export function stripLayoutBytes(dt: DType, rows: number, n: number): number {
  * touched), and 16-bit weights and q8_0 scales are checked finite on the way (the kernels widen
  * f16 exactly for finite values only).
  */
-export function packStrips(m: Matrix, from: number, rows: number, n: number, dst: Uint8Array, at: number): void {
+export function packStrips(m: SimpleMatrix, from: number, rows: number, n: number, dst: Uint8Array, at: number): void {
   const dt = dtypeOf(m);
   assert(at % 16 === 0, `strip layout at ${at}: not 16-byte aligned`);
   const total = stripLayoutBytes(dt, rows, n);
@@ -49,10 +57,16 @@ export function packStrips(m: Matrix, from: number, rows: number, n: number, dst
   for (let r = 0; r < rows; r += STRIP_ROWS) {
     const k = Math.min(STRIP_ROWS, rows - r);
     if (m instanceof Float32Array) copyBytes(stageU8, 0, new Uint8Array(m.buffer, m.byteOffset + first + r * rowBytes, k * rowBytes));
-    else copyMatrixBytes(m, first + r * rowBytes, first + (r + k) * rowBytes, stageU8, 0);
+    else copyBytes(stageU8, 0, m.bytes.subarray(first + r * rowBytes, first + (r + k) * rowBytes));
     const o = at + (r / STRIP_ROWS) * sb;
     if (dt === "f32") packF32(new Float32Array(stage), k, n, new Float32Array(dst.buffer, dst.byteOffset + o, sb / 4));
-    else if (dt === "q8_0") {
+    else if (isLegacy(dt)) {
+      assertFiniteLegacy(dt, stageU8, 0, (k * n) / QK_LEGACY, from / QK_LEGACY + (r * n) / QK_LEGACY);
+      packLegacyStrip(dt, stageU8, k, n, dst.subarray(o, o + sb));
+    } else if (isK(dt)) {
+      assertFiniteK(dt, stageU8, 0, (k * n) / QK_K, from / QK_K + (r * n) / QK_K);
+      packKStrip(dt, stageU8, k, n, dst.subarray(o, o + sb));
+    } else if (dt === "q8_0") {
       assertFiniteScales(stageU8, k, n, from / QK8_0 + (r * n) / QK8_0);
       packQ8(stageU8, k, n, dst.subarray(o, o + sb));
     } else {
@@ -137,6 +151,7 @@ function packQ8(src: Uint8Array, rows: number, n: number, out: Uint8Array): void
 /** Typed views of the kernel memory that readStripRow reads through. */
 export interface MemoryViews {
   f32: Float32Array;
+  u8: Uint8Array;
   u16: Uint16Array;
   i8: Int8Array;
 }
@@ -153,6 +168,14 @@ export function readStripRow(dt: DType, mem: MemoryViews, at: number, n: number,
   const base = at + Math.floor(r / STRIP_ROWS) * stripBytes(dt, n);
   const k = r % STRIP_ROWS;
   const main = mainLen(dt, n);
+  if (isLegacy(dt)) {
+    readLegacyStripRow(dt, mem.u8, base, k, j0, count, out, outAt);
+    return;
+  }
+  if (isK(dt)) {
+    readKStripRow(dt, mem.u8, base, k, j0, count, out, outAt);
+    return;
+  }
   if (dt === "q8_0") {
     const lut = f16Values();
     for (let j = j0; j < j0 + count; j++) {

@@ -1,6 +1,6 @@
 import { kvDimOf, type ModelConfig, qDimOf, validateConfig } from "./config.ts";
 import { LoadProgress } from "./load-progress.ts";
-import { castMatrix, dtypeOf, type DType, type Matrix, matrixByteLength } from "./packed.ts";
+import { castMatrix, DTYPES, type DType, dtypeNameOf, heldBytesOf, isStacked, type Matrix, type StackedMatrix } from "./packed.ts";
 
 /**
  * Weights in llama2.c's run.c layout. Every matrix is row-major (out, in) so that
@@ -70,10 +70,9 @@ export const MATRICES = ["tokenEmbedding", "wq", "wk", "wv", "wo", "w1", "w2", "
 function isMatrix(a: unknown): a is Matrix {
   if (a instanceof Float32Array) return true;
   const p = a as { dtype?: unknown; bytes?: unknown };
-  const p2 = a as { parts?: unknown };
-  return (
-    typeof a === "object" && a !== null && ["f16", "bf16", "q8_0"].includes(p.dtype as string) && (Array.isArray(p2.parts) || p.bytes instanceof Uint8Array)
-  );
+  if (typeof a !== "object" || a === null) return false;
+  if (p.dtype === "stacked") return (a as StackedMatrix).parts.every(isMatrix);
+  return (DTYPES as readonly unknown[]).includes(p.dtype) && p.dtype !== "f32" && p.bytes instanceof Uint8Array;
 }
 
 /** Row length (the `in` axis) of each matrix. */
@@ -94,11 +93,11 @@ export function castWeights(
 ): Weights<Matrix> {
   if (dtype === "as-stored") return w;
   const out = { ...w };
-  const todo = MATRICES.filter((k) => dtypeOf(w[k]) !== dtype && !(k === "wcls" && w.wcls === w.tokenEmbedding));
+  const todo = MATRICES.filter((k) => dtypeNameOf(w[k]) !== dtype && !(k === "wcls" && w.wcls === w.tokenEmbedding));
   // A conversion of a big model takes a while: say so (at most once a second), as a slow load does.
   const line = new LoadProgress(
     `${cfg.name} to ${dtype}`,
-    todo.reduce((n, k) => n + matrixByteLength(w[k]), 0),
+    todo.reduce((n, k) => n + heldBytesOf(w[k]), 0),
     progress,
     now,
     ["converting", "converted"],
@@ -106,9 +105,9 @@ export function castWeights(
   for (const k of MATRICES) {
     if (k === "wcls" && w.wcls === w.tokenEmbedding) out.wcls = out.tokenEmbedding;
     else if (todo.includes(k)) {
-      const parts = !(w[k] instanceof Float32Array) && w[k].parts !== undefined;
+      const stacked = isStacked(w[k]);
       out[k] = castMatrix(w[k], dtype, matrixCols(cfg, k), (n) => line.add(n));
-      if (!parts) line.add(matrixByteLength(w[k]));
+      if (!stacked) line.add(heldBytesOf(w[k]));
     }
   }
   line.finish();
@@ -119,15 +118,15 @@ export function castWeights(
 export function weightsBytes(w: Weights<Matrix>): number {
   let bytes = 0;
   for (const t of new Set(Object.values(w) as (Matrix | undefined)[])) {
-    if (t !== undefined) bytes += matrixByteLength(t);
+    if (t !== undefined) bytes += heldBytesOf(t);
   }
   return bytes;
 }
 
 /** The one dtype of every layer matrix, or "mixed". */
 export function weightsDType(w: Weights<Matrix>): DType | "mixed" {
-  const d = new Set(MATRICES.map((k) => dtypeOf(w[k])));
-  return d.size === 1 ? [...d][0]! : "mixed";
+  const d = new Set(MATRICES.map((k) => dtypeNameOf(w[k])));
+  return d.size === 1 && ![...d][0]!.includes("+") ? ([...d][0]! as DType) : "mixed";
 }
 
 /** Throws when a tensor's length disagrees with the config. */

@@ -1,7 +1,7 @@
 import { describe, expect, test } from "bun:test";
 import { kvShapeOf, syntheticWeights, Transformer, type ModelConfig } from "../../src/model/index.ts";
 import { layerSlice, planGroups } from "../../src/model/layer-group.ts";
-import { castMatrix, type DType, type Matrix } from "../../src/model/packed.ts";
+import { castMatrix, type DType, type Matrix, type PackedMatrix } from "../../src/model/packed.ts";
 import { stripLayoutBytes } from "../../src/model/strip-layout.ts";
 import { castWeights, MATRICES, matrixCols, type Weights } from "../../src/model/weights.ts";
 import { KvPool } from "../../src/pool/index.ts";
@@ -95,7 +95,7 @@ describe("layer groups", () => {
     expect(s[0]).toBe(4 * 32);
     expect(s.buffer).toBe(f.buffer);
     const q = castMatrix(f, "q8_0", 32);
-    const qs = layerSlice(q, 32, 5, 2, 5) as Exclude<Matrix, Float32Array>;
+    const qs = layerSlice(q, 32, 5, 2, 5) as PackedMatrix;
     expect(qs.length).toBe(3 * 4 * 32);
     expect(qs.bytes.byteLength).toBe(3 * 4 * 34);
     expect(qs.bytes.byteOffset).toBe(2 * 4 * 34);

@@ -1,85 +1,77 @@
-import { describe, expect, test } from "bun:test";
+import { afterAll, describe, expect, test } from "bun:test";
+import { writeFileSync } from "node:fs";
+import { kvShapeOf, parseGguf, readModelFiles, syntheticWeights, Transformer } from "../../src/model/index.ts";
 import { layerSlice } from "../../src/model/layer-group.ts";
-import { MatmulKernel } from "../../src/model/matmul.ts";
-import { castMatrix, type Matrix, matrixByteLength, type PackedMatrix, stackedPacked } from "../../src/model/packed.ts";
-import { bits } from "./helpers.ts";
+import { mapFile } from "../../src/model/mapped-file.ts";
+import { castMatrix, isStacked, type PackedMatrix, type StackedMatrix } from "../../src/model/packed.ts";
+import { KvPool } from "../../src/pool/index.ts";
+import type { Matrix } from "../../src/model/packed.ts";
+import type { Weights } from "../../src/model/weights.ts";
+import { encodeGgufModel } from "../support/model-writers.ts";
+import { CKPT, tempDir } from "./format-helpers.ts";
+import { bits, Seq, tokens } from "./helpers.ts";
 
-// A matrix stacked from layers keeps its layers as parts (assemble-weights.ts): the loader never
-// copies a whole model onto the heap before the kernels copy it into their memory, so a model is
-// resident once while loading (peak RSS ~ the file, not twice it).
+// A matrix stacked from layers keeps each packed layer as a part of its own (assemble-weights.ts),
+// a view of the file: the loader never copies a whole model onto the heap before the kernels
+// copy it into their memory, so a model is resident once while loading (peak RSS ~ the file).
 
-const COLS = 64;
-const ROWS_PER_LAYER = 24;
-const LAYERS = 4;
+const tmp = tempDir("stacked-parts");
+afterAll(() => tmp.cleanup());
+const CFG = { ...CKPT, nLayers: 4 };
 
-function layersOf(dtype: "f16" | "q8_0"): PackedMatrix[] {
-  return Array.from({ length: LAYERS }, (_, l) => {
-    const f = new Float32Array(ROWS_PER_LAYER * COLS).map((_, i) => Math.sin(i * 0.37 + l));
-    return castMatrix(f, dtype, COLS) as PackedMatrix;
-  });
-}
-
-/** m with a counter on every read of its `bytes`. */
-function spied(m: PackedMatrix): { m: PackedMatrix; reads: () => number } {
-  let n = 0;
-  const spy = Object.create(m, {
-    bytes: {
-      get() {
-        n++;
-        return m.bytes;
-      },
-    },
-  }) as PackedMatrix;
-  return { m: spy, reads: () => n };
+function readF16(): { path: string; w: Weights<Matrix> } {
+  const path = tmp.path("m.gguf");
+  writeFileSync(path, encodeGgufModel(CFG, syntheticWeights(CFG, 21), { type: "f16" }));
+  return { path, w: readModelFiles(path, { dtype: "as-stored" }).weights };
 }
 
 describe("stacked matrices in parts", () => {
-  for (const dtype of ["f16", "q8_0"] as const) {
-    test(`${dtype}: placing a stacked matrix reads its parts, never its whole bytes, and computes the same bits`, () => {
-      const layers = layersOf(dtype);
-      const whole: PackedMatrix = { dtype, cols: COLS, length: LAYERS * ROWS_PER_LAYER * COLS, bytes: Buffer.concat(layers.map((l) => l.bytes)) };
-      const { m, reads } = spied(
-        stackedPacked(
-          dtype,
-          COLS,
-          layers.map((l) => l.bytes),
-        ),
-      );
-      expect(m.length).toBe(whole.length);
-      expect(matrixByteLength(m)).toBe(whole.bytes.length);
-      const a = new MatmulKernel([{ matrix: m, cols: COLS }], { threads: 2 });
-      const b = new MatmulKernel([{ matrix: whole, cols: COLS }]);
-      expect(reads()).toBe(0);
-      const x = new Float32Array(3 * COLS).map((_, i) => Math.cos(i * 0.11));
-      const rows = LAYERS * ROWS_PER_LAYER;
-      const ya = new Float32Array(3 * rows);
-      const yb = new Float32Array(3 * rows);
-      a.matmul(ya, x, a.views[0]!, 0, 3, COLS, rows);
-      b.matmul(yb, x, b.views[0]!, 0, 3, COLS, rows);
-      expect(bits(ya)).toEqual(bits(yb));
-      a.close();
-      // Something that does want the whole bytes (the plain-JS fallback) gets them, in order.
-      expect(Buffer.from(m.bytes).equals(Buffer.from(whole.bytes))).toBe(true);
+  test("each packed layer is its own part, a view of the file where its tensor is", () => {
+    const { path, w } = readF16();
+    const g = parseGguf(mapFile(path), path);
+    const q = w.wq as StackedMatrix;
+    expect(isStacked(q)).toBe(true);
+    expect(q.parts.length).toBe(CFG.nLayers);
+    q.parts.forEach((p, l) => {
+      const t = g.tensors.find((t) => t.name === `blk.${l}.attn_q.weight`)!;
+      // The file's one mapping: a part's byteOffset in it is its tensor's place in the file.
+      expect((p as PackedMatrix).bytes.buffer).toBe((q.parts[0] as PackedMatrix).bytes.buffer);
+      expect((p as PackedMatrix).bytes.byteOffset).toBe(g.dataOffset + t.offset);
     });
-  }
+  });
 
-  test("a layer slice of a stacked matrix is its parts, and a cast goes part by part", () => {
-    const layers = layersOf("f16");
-    const m = stackedPacked(
-      "f16",
-      COLS,
-      layers.map((l) => l.bytes),
-    );
-    const s = layerSlice(m, COLS, LAYERS, 1, 3) as PackedMatrix;
-    expect(s.parts).toEqual([layers[1]!.bytes, layers[2]!.bytes]);
-    expect(s.length).toBe(2 * ROWS_PER_LAYER * COLS);
-    const q = castMatrix(m, "q8_0", COLS) as PackedMatrix;
-    expect(q.parts?.length).toBe(LAYERS);
-    const wholeQ = castMatrix(
-      { dtype: "f16", cols: COLS, length: m.length, bytes: Buffer.concat(layers.map((l) => l.bytes)) } as Matrix,
-      "q8_0",
-      COLS,
-    ) as PackedMatrix;
-    expect(Buffer.from(q.bytes).equals(Buffer.from(wholeQ.bytes))).toBe(true);
+  test("a model of stacked parts gives the bits of the same weights concatenated", () => {
+    const { w } = readF16();
+    const whole: Weights<Matrix> = { ...w };
+    for (const k of ["wq", "wk", "wv", "wo", "w1", "w2", "w3"] as const) {
+      const s = w[k] as StackedMatrix;
+      whole[k] = { dtype: "f16", cols: s.cols, length: s.length, bytes: Buffer.concat(s.parts.map((p) => (p as PackedMatrix).bytes)) };
+    }
+    const logits = (weights: Weights<Matrix>): number[] => {
+      const m = new Transformer(CFG, weights, { threads: 2 });
+      const pool = new KvPool(kvShapeOf(CFG, 4), 16);
+      const out = new Float32Array(CFG.vocabSize);
+      m.forward(pool, [new Seq(pool).chunk(tokens(11, 3, CFG.vocabSize))], out);
+      m.close();
+      return bits(out);
+    };
+    expect(logits(w)).toEqual(logits(whole));
+  });
+
+  test("a cast goes part by part and stays stacked; a layer slice is the layers' parts", () => {
+    const { w } = readF16();
+    const s = w.w1 as StackedMatrix;
+    const q = castMatrix(s, "q8_0", CFG.dim) as StackedMatrix;
+    expect(isStacked(q)).toBe(true);
+    expect(q.parts.length).toBe(s.parts.length);
+    const whole: PackedMatrix = { dtype: "f16", cols: CFG.dim, length: s.length, bytes: Buffer.concat(s.parts.map((p) => (p as PackedMatrix).bytes)) };
+    const wq = castMatrix(whole, "q8_0", CFG.dim) as PackedMatrix;
+    expect(Buffer.concat(q.parts.map((p) => (p as PackedMatrix).bytes)).equals(Buffer.from(wq.bytes))).toBe(true);
+    const slice = layerSlice(s, CFG.dim, CFG.nLayers, 1, 3) as StackedMatrix;
+    expect(slice.parts).toEqual([s.parts[1]!, s.parts[2]!]);
+    // One layer is a view of its part: the same bytes of the same buffer, nothing copied.
+    const one = (layerSlice(s, CFG.dim, CFG.nLayers, 2, 3) as PackedMatrix).bytes;
+    const part = (s.parts[2] as PackedMatrix).bytes;
+    expect([one.buffer === part.buffer, one.byteOffset, one.byteLength]).toEqual([true, part.byteOffset, part.byteLength]);
   });
 });

@@ -31,12 +31,20 @@ function ref(x: Float32Array, w: Matrix, wOff: number, rows: number, n: number, 
   return bits(y);
 }
 
-const NS: Record<DType, number[]> = { f32: [1, 3, 4, 9, 36, 42], f16: [1, 5, 8, 12, 15, 40, 44], bf16: [3, 8, 13, 44], q8_0: [32, 96] };
+const NS: Partial<Record<DType, number[]>> = {
+  f32: [1, 3, 4, 9, 36, 42],
+  f16: [1, 5, 8, 12, 15, 40, 44],
+  bf16: [3, 8, 13, 44],
+  q8_0: [32, 96],
+  q4_k: [256],
+  q6_k: [256],
+  q5_k: [256],
+};
 
 describe("strip kernels", () => {
-  for (const dt of ["f32", "f16", "bf16", "q8_0"] as const) {
+  for (const dt of ["f32", "f16", "bf16", "q8_0", "q4_k", "q5_k", "q6_k"] as const) {
     test(`${dt}_every_tile_and_slice_equals_reference`, () => {
-      for (const n of NS[dt]) {
+      for (const n of NS[dt]!) {
         // 29 rows: three whole strips and a padded fourth.
         const w = weights(dt, 29, n, n);
         const k = kernel([{ matrix: w, cols: n }]);
@@ -86,8 +94,8 @@ describe("strip kernels", () => {
 describe("placed matrices", () => {
   test("row_into_reads_every_row_of_the_strips_exactly", () => {
     // The embedding's lookup when the classifier shares it: every row, whole and in part.
-    for (const dt of ["f32", "f16", "bf16", "q8_0"] as const) {
-      for (const n of dt === "q8_0" ? [32, 64] : [4, 13, 40]) {
+    for (const dt of ["f32", "f16", "bf16", "q8_0", "q4_k", "q5_k", "q6_k"] as const) {
+      for (const n of dt === "q8_0" ? [32, 64] : dt === "q4_k" || dt === "q5_k" || dt === "q6_k" ? [256, 512] : [4, 13, 40]) {
         const w = weights(dt, 19, n, 5);
         const want = w instanceof Float32Array ? w : dequantize(w);
         const k = kernel([{ matrix: w, cols: n }]);

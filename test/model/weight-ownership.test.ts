@@ -19,7 +19,7 @@ function build(dtype: "f32" | "f16" | "q8_0", shared: boolean): { m: Transformer
 
 /** The object that holds a matrix's memory. */
 function matrixStorage(m: Matrix): object {
-  return m instanceof Float32Array ? m.buffer : m.bytes.buffer;
+  return m instanceof Float32Array ? m.buffer : m.dtype === "stacked" ? m.parts : m.bytes.buffer;
 }
 
 async function collect(): Promise<void> {

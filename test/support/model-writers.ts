@@ -1,6 +1,7 @@
 import { mkdirSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { headDimOf, interleavedToSplitHalf, kvDimOf, type ModelConfig, qDimOf, type Weights } from "../../src/model/index.ts";
+import { quantizeQ5K, quantizeQ6K } from "../../src/model/k-quants.ts";
 
 // Writers of the model formats the loaders read, from a Weights object (run.c layout, interleaved
 // RoPE order). They write what the real tools write: HF's split-half q/k order, GGUF's reversed
@@ -233,8 +234,8 @@ export function writeHfFolder(dir: string, cfg: ModelConfig, w: Weights, o: HfFo
 
 // ---- GGUF ----
 
-export type GgufType = "f32" | "f16" | "bf16" | "q8_0" | "q4_0" | "q4_k";
-const GGML_TYPE_ID: Record<GgufType, number> = { f32: 0, f16: 1, q4_0: 2, q8_0: 8, q4_k: 12, bf16: 30 };
+export type GgufType = "f32" | "f16" | "bf16" | "q8_0" | "q4_0" | "q4_1" | "q5_0" | "q5_1" | "q4_k" | "q5_k" | "q6_k";
+const GGML_TYPE_ID: Record<GgufType, number> = { f32: 0, f16: 1, q4_0: 2, q4_1: 3, q5_0: 6, q5_1: 7, q8_0: 8, q4_k: 12, q5_k: 13, q6_k: 14, bf16: 30 };
 
 /** A metadata entry: [key, gguf value type id, value]; arrays as [key, 9, [elemType, values]]. */
 export type GgufKv = [string, number, unknown];
@@ -284,6 +285,51 @@ export function quantizeQ4_0(x: Float32Array): Uint8Array {
 const f16Bits = (x: number) => new Uint16Array(new Float16Array([x]).buffer)[0]!;
 
 /**
+ * q4_1, q5_0 and q5_1 by ggml's reference recipes: the _1 types d = (max - min) / (2^bits - 1),
+ * m = min, q = round((x - m) / d); q5_0 as q4_0 with 16 levels a side: d = max / -16, q =
+ * min(31, trunc(x / d + 16.5)). Block: f16 d, [f16 m], [u32 fifth bits], 16 bytes of nibbles.
+ */
+export function quantizeLegacy(x: Float32Array, type: "q4_1" | "q5_0" | "q5_1"): Uint8Array {
+  const min = type !== "q5_0";
+  const five = type !== "q4_1";
+  const bytes = 18 + (min ? 2 : 0) + (five ? 4 : 0);
+  const out = new Uint8Array((x.length / 32) * bytes);
+  const dv = new DataView(out.buffer);
+  for (let b = 0; b < x.length / 32; b++) {
+    const v = x.subarray(b * 32, b * 32 + 32);
+    const at = b * bytes;
+    let q: number[];
+    if (min) {
+      const lo = Math.min(...v);
+      const hi = Math.max(...v);
+      const levels = five ? 31 : 15;
+      const d = (hi - lo) / levels;
+      const id = d ? 1 / d : 0;
+      dv.setUint16(at, f16Bits(d), true);
+      dv.setUint16(at + 2, f16Bits(lo), true);
+      q = [...v].map((e) => Math.min(levels, Math.round((e - lo) * id)));
+    } else {
+      let amax = 0;
+      let max = 0;
+      for (const e of v) if (Math.abs(e) > amax) (amax = Math.abs(e)), (max = e);
+      const d = max / -16;
+      const id = d ? 1 / d : 0;
+      dv.setUint16(at, f16Bits(d), true);
+      q = [...v].map((e) => Math.min(31, Math.trunc(e * id + 16.5)));
+    }
+    const qs = at + 2 + (min ? 2 : 0) + (five ? 4 : 0);
+    let qh = 0;
+    for (let j = 0; j < 16; j++) {
+      out[qs + j] = (q[j]! & 15) | ((q[j + 16]! & 15) << 4);
+      qh |= ((q[j]! >> 4) & 1) << j;
+      qh |= ((q[j + 16]! >> 4) & 1) << (j + 16);
+    }
+    if (five) dv.setUint32(qs - 4, qh >>> 0, true);
+  }
+  return out;
+}
+
+/**
  * q4_k, a simple (not ggml's searching) quantizer producing valid blocks: per 32-value
  * sub-block scale = (max - min) / 15 and min = -min(0, lowest); both quantized to 6 bits against
  * the super-block's d and dmin; nibbles rounded.
@@ -328,8 +374,15 @@ export function quantizeQ4K(x: Float32Array): Uint8Array {
 
 function tensorBytes(data: Float32Array, type: GgufType): Uint8Array {
   if (type === "q4_k") return quantizeQ4K(data);
+  if (type === "q6_k" || type === "q5_k") {
+    // The engine's own plain quantizers (their blocks' reading is checked against ggml's definitions in gguf.test.ts).
+    const out = new Uint8Array((data.length / 256) * (type === "q6_k" ? 210 : 176));
+    (type === "q6_k" ? quantizeQ6K : quantizeQ5K)(data, 0, data.length, out, 0);
+    return out;
+  }
   if (type === "q8_0") return quantizeQ8_0(data);
   if (type === "q4_0") return quantizeQ4_0(data);
+  if (type === "q4_1" || type === "q5_0" || type === "q5_1") return quantizeLegacy(data, type);
   return encodeValues(data, type);
 }
 
@@ -453,6 +506,8 @@ export interface GgufModelOptions {
   arch?: "llama" | "qwen2";
   /** Type of the 2-D weight matrices; norms and biases stay f32 as llama.cpp writes them. */
   type?: GgufType;
+  /** Type of each 2-D matrix by its tensor name (a mix such as Q4_K_M's), over `type`. */
+  typeOf?: (name: string) => GgufType;
   tied?: boolean;
   extraKvs?: GgufKv[];
   alignment?: number;
@@ -485,6 +540,6 @@ export function encodeGgufModel(cfg: ModelConfig, w: Weights, o: GgufModelOption
   if (cfg.headDim !== undefined) kvs.push([`${a}.attention.key_length`, GT.u32, cfg.headDim], [`${a}.attention.value_length`, GT.u32, cfg.headDim]);
   kvs.push(...(o.extraKvs ?? []));
   const named = namedTensors(cfg, w, "gguf", { tied: o.tied ?? false, splitHalf: a === "qwen2" });
-  const tensors: GgufTensorIn[] = named.map((t) => ({ ...t, type: t.shape.length === 2 ? (o.type ?? "f32") : "f32" }));
+  const tensors: GgufTensorIn[] = named.map((t) => ({ ...t, type: t.shape.length === 2 ? (o.typeOf?.(t.name) ?? o.type ?? "f32") : "f32" }));
   return encodeGguf(kvs, tensors, { alignment: o.alignment });
 }

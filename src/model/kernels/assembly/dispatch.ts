@@ -20,6 +20,8 @@
 
 import { attend_jobs } from "./attention";
 import { matmul_bf16, matmul_f16, matmul_f32 } from "./matmul";
+import { matmul_q4_k, matmul_q5_k, matmul_q6_k } from "./kquants";
+import { matmul_q4_0, matmul_q4_1, matmul_q5_0, matmul_q5_1 } from "./legacy";
 import { matmul_q8_0 } from "./q8";
 
 // Control block, in i32 slots (kernel-threads.ts writes the same layout).
@@ -61,7 +63,14 @@ const ATTEND: i32 = 4;
   if (fn == 0) matmul_f32(y, x, w, rows, n, d, r0, g0, g1, scratch);
   else if (fn == 1) matmul_f16(y, x, w, rows, n, d, r0, g0, g1, scratch);
   else if (fn == 2) matmul_bf16(y, x, w, rows, n, d, r0, g0, g1, scratch);
-  else matmul_q8_0(y, x, w, rows, n, d, r0, g0, g1, scratch);
+  else if (fn == 3) matmul_q8_0(y, x, w, rows, n, d, r0, g0, g1, scratch);
+  else if (fn == 5) matmul_q4_k(y, x, w, rows, n, d, r0, g0, g1, scratch);
+  else if (fn == 6) matmul_q6_k(y, x, w, rows, n, d, r0, g0, g1, scratch);
+  else if (fn == 7) matmul_q4_0(y, x, w, rows, n, d, r0, g0, g1, scratch);
+  else if (fn == 8) matmul_q4_1(y, x, w, rows, n, d, r0, g0, g1, scratch);
+  else if (fn == 9) matmul_q5_0(y, x, w, rows, n, d, r0, g0, g1, scratch);
+  else if (fn == 10) matmul_q5_1(y, x, w, rows, n, d, r0, g0, g1, scratch);
+  else matmul_q5_k(y, x, w, rows, n, d, r0, g0, g1, scratch);
 }
 
 /** Takes the front chunk of the range word at r; -1 when the range is empty. */

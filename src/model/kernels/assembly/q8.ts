@@ -19,7 +19,9 @@
 // (16 bytes a pair: the kernels load it as it is, where a load32_splat would cost a shuffle per
 // pair per strip; measured faster even for a 512-token prefill, whose x then outgrows L2), then
 // the n / 32 block scales as f32 (f32 rather than ggml's f16: this is scratch, not storage, so
-// the extra bytes cost nothing and a rounding and a conversion per block go away). MatmulKernel
+// the extra bytes cost nothing and a rounding and a conversion per block go away), then the n / 32
+// sums of each block's q as i32 (the legacy kernels, legacy.ts, take their offsets and mins
+// through them; this kernel does not read them). MatmulKernel
 // places it in the dispatch's own space, above the permanent allocations: nothing per token.
 //
 // The weights are in matmul.ts's STRIP LAYOUT: a group is one 32-weight block of 8 rows, the 8
@@ -37,7 +39,7 @@ const GROUP: usize = 272;
 
 /** Bytes of one quantized token row of n (a multiple of 32). */
 @inline function qRowBytes(n: i32): usize {
-  return (<usize>(8 * n + (n >> 3)) + 15) & ~15;
+  return (<usize>(8 * n + (n >> 2)) + 15) & ~15;
 }
 
 /** qRowBytes, for MatmulKernel to size the space (one statement of the layout, here). */
@@ -46,8 +48,13 @@ export function q8_row_bytes(n: i32): i32 {
 }
 
 /** Where a quantized row's block scales start: after its n / 2 splatted pairs. */
-@inline function scalesOf(xq: usize, n: i32): usize {
+@inline export function scalesOf(xq: usize, n: i32): usize {
   return xq + (<usize>n << 3);
+}
+
+/** Where a quantized row's block sums start: after its scales. */
+@inline export function sumsOf(xq: usize, n: i32): usize {
+  return xq + (<usize>n << 3) + (<usize>(n >> 5) << 2);
 }
 
 /**
@@ -61,12 +68,13 @@ export function quantize_q8_x(dst: usize, x: usize, rows: i32, n: i32): void {
     const xr = x + <usize>r * (<usize>n << 2);
     const qr = dst + <usize>r * qb;
     const sr = scalesOf(qr, n);
-    for (let b = 0; b < blocks; b++) quantizeBlock(qr + (<usize>b << 8), sr + (<usize>b << 2), xr + (<usize>b << 7));
+    const ur = sumsOf(qr, n);
+    for (let b = 0; b < blocks; b++) quantizeBlock(qr + (<usize>b << 8), sr + (<usize>b << 2), ur + (<usize>b << 2), xr + (<usize>b << 7));
   }
 }
 
-/** One 32-element block of f32 at xp into 16 splatted pairs of i16 at qp (256 bytes) and its scale at sp. */
-@inline function quantizeBlock(qp: usize, sp: usize, xp: usize): void {
+/** One 32-element block of f32 at xp into 16 splatted pairs of i16 at qp (256 bytes), its scale at sp and its sum at up. */
+@inline function quantizeBlock(qp: usize, sp: usize, up: usize, xp: usize): void {
   let m = f32x4.abs(v128.load(xp));
   for (let i: usize = 16; i < 128; i += 16) m = f32x4.max(m, f32x4.abs(v128.load(xp + i)));
   // f32x4.max and max carry a NaN through, so a NaN block gets a NaN scale (and zero values).
@@ -74,16 +82,20 @@ export function quantize_q8_x(dst: usize, x: usize, rows: i32, n: i32): void {
   const s: f32 = a / 127;
   const inv = f32x4.splat(s == 0 ? 0 : <f32>1 / s);
   store<f32>(sp, s);
+  let sum = i32x4.splat(0);
   for (let i: usize = 0; i < 128; i += 32) {
     const lo = i32x4.trunc_sat_f32x4_s(f32x4.nearest(f32x4.mul(v128.load(xp + i), inv)));
     const hi = i32x4.trunc_sat_f32x4_s(f32x4.nearest(f32x4.mul(v128.load(xp + i, 16), inv)));
     const q = i16x8.narrow_i32x4_s(lo, hi);
+    // The sum of the saturated values (what the pairs hold), not of lo and hi.
+    sum = i32x4.add(sum, i32x4.add(i32x4.extend_low_i16x8_s(q), i32x4.extend_high_i16x8_s(q)));
     const o = qp + (i << 1);
     v128.store(o, i32x4.shuffle(q, q, 0, 0, 0, 0));
     v128.store(o, i32x4.shuffle(q, q, 1, 1, 1, 1), 16);
     v128.store(o, i32x4.shuffle(q, q, 2, 2, 2, 2), 32);
     v128.store(o, i32x4.shuffle(q, q, 3, 3, 3, 3), 48);
   }
+  store<i32>(up, i32x4.extract_lane(sum, 0) + i32x4.extract_lane(sum, 1) + i32x4.extract_lane(sum, 2) + i32x4.extract_lane(sum, 3));
 }
 
 /** acc + f32(I) * (wscale * xscale), lane by lane (four rows' running sums). */

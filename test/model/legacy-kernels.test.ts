@@ -1,0 +1,123 @@
+import { afterAll, describe, expect, test } from "bun:test";
+import { f16Bits } from "../../src/model/f16-bits.ts";
+import { type LegacyDType, LEGACY_DTYPES, legacyShape } from "../../src/model/legacy-quants.ts";
+import { MatmulKernel, matmulLegacyRef, matmulRef } from "../../src/model/matmul.ts";
+import { dequantize, type PackedMatrix } from "../../src/model/packed.ts";
+import { toFloat32 } from "../../src/model/raw-tensor.ts";
+import { bits } from "./helpers.ts";
+import { blockScale, expectRowsAlone, expectWithinXQuantization, randomBytes } from "./quant-helpers.ts";
+
+// The q4_0, q4_1, q5_0 and q5_1 integer kernels (kernels/assembly/legacy.ts) against their
+// plain-JS order (matmulLegacyRef), bit for bit, over ggml blocks of random bits; against a
+// dequantize-then-dot in f64 within what x's 8-bit quantization allows; across slices, batches
+// and threads; rows read back as the file's dequantized values.
+
+const kernels: MatmulKernel[] = [];
+afterAll(() => kernels.forEach((k) => k.close()));
+
+function kernel(ms: PackedMatrix[], n: number, threads = 1): MatmulKernel {
+  const k = new MatmulKernel(
+    ms.map((matrix) => ({ matrix, cols: n })),
+    { threads },
+  );
+  kernels.push(k);
+  return k;
+}
+
+/** A d x n matrix of random ggml blocks: every bit random but d (and m), finite and small. */
+function randomBlocks(dtype: LegacyDType, d: number, n: number, seed: number): PackedMatrix {
+  const { bytes: bb, min } = legacyShape(dtype);
+  const bytes = randomBytes(((d * n) / 32) * bb, seed);
+  const dv = new DataView(bytes.buffer);
+  for (let at = 0, b = 0; at < bytes.length; at += bb, b++) {
+    dv.setUint16(at, f16Bits(blockScale(b)), true);
+    if (min) dv.setUint16(at + 2, f16Bits(-blockScale(b) * 7.5), true);
+  }
+  return { dtype, cols: n, length: d * n, bytes };
+}
+
+function input(rows: number, n: number, seed: number): Float32Array {
+  return new Float32Array(rows * n).map((_, i) => Math.cos(i * 0.37 + seed) * 3 * (1 + ((i >> 5) % 3)));
+}
+
+function ref(x: Float32Array, w: PackedMatrix, wOff: number, rows: number, n: number, d: number): number[] {
+  const y = new Float32Array(rows * d);
+  matmulLegacyRef(y, x, w, wOff, rows, n, d);
+  return bits(y);
+}
+
+describe("legacy block integer kernels", () => {
+  for (const dt of LEGACY_DTYPES) {
+    test(`${dt}: every slice, batch and tail equals the reference, and matmulRef is it`, () => {
+      for (const n of [32, 96, 256]) {
+        const w = randomBlocks(dt, 29, n, n + 1);
+        const k = kernel([w], n);
+        for (const rows of [1, 2, 3, 5, 8]) {
+          const x = input(rows, n, rows);
+          for (const [r0, d] of [
+            [0, 29],
+            [8, 16],
+            [3, 9],
+            [5, 1],
+            [24, 5],
+          ] as const) {
+            const y = new Float32Array(rows * d);
+            k.matmul(y, x, w, r0 * n, rows, n, d);
+            expect(bits(y)).toEqual(ref(x, w, r0 * n, rows, n, d));
+          }
+        }
+        const x = input(3, n, 9);
+        const y = new Float32Array(3 * 29);
+        matmulRef(y, x, w, 0, 3, n, 29);
+        expect(bits(y)).toEqual(ref(x, w, 0, 3, n, 29));
+      }
+    });
+
+    test(`${dt}: x quantization edges give the reference bits`, () => {
+      const n = 64;
+      const w = randomBlocks(dt, 16, n, 3);
+      const k = kernel([w], n);
+      const cases: [string, (x: Float32Array) => void][] = [
+        ["a zero block", (x) => x.fill(0, 0, 32)],
+        ["ties", (x) => x.set([127, 0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 3.5], 0)],
+        ["a NaN", (x) => (x[40] = Number.NaN)],
+        ["huge values", (x) => x.fill(3e38, 0, 16)],
+        // q saturates to i16 (the sums and offsets then run far from 127): still exact integers.
+        ["a scale whose inverse overflows", (x) => (x.fill(1e-37, 0, 32), (x[5] = 0), (x[6] = -5e-38))],
+      ];
+      for (const [name, edit] of cases) {
+        const x = input(3, n, 7);
+        edit(x);
+        const y = new Float32Array(3 * 16);
+        k.matmul(y, x, w, 0, 3, n, 16);
+        expect([name, bits(y)]).toEqual([name, ref(x, w, 0, 3, n, 16)]);
+      }
+    });
+
+    test(`${dt}: a row gives the same bits alone, in any batch, on 1 or 2 threads`, async () => {
+      const n = 512;
+      const d = 96;
+      const w = randomBlocks(dt, d, n, 21);
+      const one = kernel([w], n, 1);
+      const two = kernel([w], n, 2);
+      await two.ready();
+      expectRowsAlone(one, two, input(8, n, 3), n, d);
+    });
+
+    test(`${dt}: within x's quantization of the f64 dequantize-then-dot; rows read back as the file's values`, () => {
+      const n = 256;
+      const d = 21;
+      const w = randomBlocks(dt, d, n, 33);
+      const wf = dequantize(w);
+      expect(bits(wf)).toEqual(bits(toFloat32({ name: "w", dtype: dt, shape: [d, n], bytes: w.bytes })));
+      const k = kernel([w], n);
+      const back = new Float32Array(d * n);
+      for (let r = 0; r < d; r++) k.rowInto(k.views[0]!, r * n, n, back, r * n);
+      expect(bits(back)).toEqual(bits(wf));
+      const x = input(2, n, 5);
+      const y = new Float32Array(2 * d);
+      k.matmul(y, x, w, 0, 2, n, d);
+      expectWithinXQuantization(y, x, wf, 2, n, d, 32);
+    });
+  }
+});
