@@ -5,8 +5,8 @@
 //   floor 4  http, control            thin adapters over the use cases
 //   floor 3  handoff, transfer        one request's hand-off; KV transfer
 //   floor 2  rpc, engine              gRPC floor (servers, clients, status); the engine loop
-//   floor 1  model, pool, codec, rng, obs, gen
-const CORE = "^src/(codec|rng|pool|model|engine|obs)/";
+//   floor 1  model, pool, codec, rng, grammar, obs, gen
+const CORE = "^src/(codec|rng|pool|model|grammar|engine|obs)/";
 const ADAPTERS = ["http", "transfer", "control", "gateway", "handoff", "rpc", "cli"];
 
 /** `from` may not import any of the src/ folders `folders`. */

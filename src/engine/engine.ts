@@ -1,5 +1,6 @@
 import assert from "node:assert";
-import { choiceSeed, maskStops, processLogits, resumeRng, sample, stream, SAMPLE_STREAM, tokenLogprobs, type TokenLogprobs } from "../rng/index.ts";
+import type { TokenMatcher } from "../grammar/index.ts";
+import { applyTokenBitmask, choiceSeed, maskStops, processLogits, resumeRng, sample, stream, SAMPLE_STREAM, tokenLogprobs, type TokenLogprobs } from "../rng/index.ts";
 import { dropFirst } from "../model/index.ts";
 import type { KvPool } from "../pool/index.ts";
 import { type ForwardDone, LogitsRows, type ModelRunner, prevToken, type RowSampling, type SeqChunk } from "./model-runner.ts";
@@ -81,6 +82,12 @@ export interface EngineRequest {
   resume?: { blockIds: number[]; firstToken: number; draws: number };
   /** Each emitted token, with its logprobs when the sampling params ask for them. */
   onToken?: (token: number, logprobs?: TokenLogprobs) => void;
+  /**
+   * A structured output: every token is sampled under this matcher's mask and advances it
+   * (a resume's first token is replayed into it first). The engine owns it from here and
+   * disposes it when the request ends, whichever way.
+   */
+  constraint?: TokenMatcher;
 }
 
 export interface EngineStats {
@@ -207,7 +214,18 @@ export class Engine {
         this.model.vocabSize,
       );
       seq.arrivedMs = this.now();
+      if (req.constraint) {
+        seq.constraint = req.constraint;
+        seq.mask = new Int32Array(req.constraint.words);
+      }
+      if (req.resume && seq.constraint && !seq.constraint.accept(req.resume.firstToken)) {
+        seq.constraint.dispose();
+        this.pool.releaseAll(req.resume.blockIds);
+        seq.onFinish({ ...this.summary(seq, "error"), error: `the first token ${req.resume.firstToken} does not fit the request's structured output` });
+        return;
+      }
       if (!req.resume && Math.ceil((seq.promptLen + 1) / B) > this.pool.total) {
+        seq.constraint?.dispose();
         seq.onFinish({ ...this.summary(seq, "error"), error: `prompt of ${seq.promptLen} tokens does not fit a pool of ${this.pool.total} blocks` });
         return;
       }
@@ -534,11 +552,12 @@ export class Engine {
   /**
    * The model may sample seq's next token itself when the step samples it (`samples`) and
    * sampleNext would sample the raw logits with the request's stream: no logits processing, no
-   * min_tokens mask, one choice (`ahead` tokens are appended before this one: the mask counts them).
+   * min_tokens mask, no structured output, one choice (`ahead` tokens are appended before this
+   * one: the mask counts them).
    */
   private modelSamples(seq: Sequence, samples: boolean, ahead: number): boolean {
     const s = seq.sampling;
-    return samples && seq.processing === null && seq.prefillChoices === 1 && seq.outputCount + ahead >= (s.minTokens ?? 0);
+    return samples && seq.processing === null && seq.constraint === null && seq.prefillChoices === 1 && seq.outputCount + ahead >= (s.minTokens ?? 0);
   }
 
   /**
@@ -616,8 +635,9 @@ export class Engine {
     }
     const raw = this.rows.row(rows, row);
     const masked = seq.outputCount < (s.minTokens ?? 0);
+    const constraint = seq.constraint;
     let logits = raw;
-    if (seq.processing || masked) {
+    if (seq.processing || masked || constraint) {
       if (this.processed.length !== raw.length) this.processed = new Float32Array(raw.length);
       logits = this.processed;
       logits.set(raw);
@@ -626,9 +646,21 @@ export class Engine {
         if (!s.ignoreEos) maskStops(logits, this.eos);
         maskStops(logits, s.stopTokenIds);
       }
+      if (constraint) {
+        constraint.fillMask(seq.mask!);
+        // A dead end (min_tokens holding back the only way the grammar can end, say) ends this sequence alone.
+        if (applyTokenBitmask(logits, seq.mask!) === 0) {
+          this.finish(seq, "error", "structured output: no token the grammar allows is possible here");
+          return;
+        }
+      }
     }
     const token = sample(logits, s, seq.rng);
     if (seq.rng) seq.draws++;
+    if (constraint && !constraint.accept(token)) {
+      this.finish(seq, "error", `structured output: the grammar refused token ${token}`);
+      return;
+    }
     // One prefill for n choices: the others' first tokens come from the same logits, each
     // from its own stream with the same draw count as choice 0's.
     for (let j = 1; j < seq.prefillChoices; j++) {
@@ -716,6 +748,7 @@ export class Engine {
 
   private remove(seq: Sequence): void {
     seq.state = "finished";
+    seq.constraint?.dispose();
     this.byId.delete(seq.requestId);
     let i = this.running.indexOf(seq);
     if (i >= 0) this.running.splice(i, 1);

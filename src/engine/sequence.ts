@@ -1,5 +1,6 @@
 import { blockHash } from "../codec/index.ts";
 import { compileLogits, isIdentity, TokenHistory, type CompiledLogits, type LogitsConfig, type Pcg32, type TokenLogprobs } from "../rng/index.ts";
+import type { TokenMatcher } from "../grammar/index.ts";
 import type { RowSampling, SeqChunk } from "./model-runner.ts";
 
 export interface SamplingParams {
@@ -94,6 +95,9 @@ export class Sequence {
   readonly history: TokenHistory | null;
   /** Prefill only: the first tokens of choices 1..n-1, sampled beside choice 0's. */
   moreChoices: FirstToken[] = [];
+  /** A structured output's matcher (disposed when the sequence ends), and its mask's scratch; null when unconstrained. */
+  constraint: TokenMatcher | null = null;
+  mask: Int32Array | null = null;
   /**
    * Its chunk and row sampling of the step being planned, reused step after step so a decode
    * allocates nothing per token: the model reads both while the step is posted (ModelRunner), so

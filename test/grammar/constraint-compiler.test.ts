@@ -1,0 +1,75 @@
+import { describe, expect, test } from "bun:test";
+import { checkConstraint, ConstraintCompiler, ConstraintError, constraintHash, type ConstraintSpec } from "../../src/grammar/index.ts";
+import { grammarVocab, loadTokenizerFor } from "../../src/model/index.ts";
+import { applyTokenBitmask } from "../../src/rng/index.ts";
+
+const { tokenizer } = await loadTokenizerFor({ modelPath: "" });
+const compiler = await ConstraintCompiler.create(grammarVocab(tokenizer));
+
+/** Walks the grammar taking, at each step, the allowed token a fixed pseudo-random pick lands on; returns the text. */
+async function walk(spec: ConstraintSpec, steps = 200, seed = 1): Promise<{ text: string; ended: boolean }> {
+  const m = await compiler.matcher(await compiler.compile(spec));
+  const mask = new Int32Array(m.words);
+  const logits = new Float32Array(tokenizer.vocabSize);
+  const ids: number[] = [];
+  let s = seed;
+  try {
+    for (let i = 0; i < steps && !m.terminated; i++) {
+      logits.fill(0);
+      m.fillMask(mask);
+      const allowed = applyTokenBitmask(logits, mask);
+      expect(allowed).toBeGreaterThan(0);
+      const finite = [...logits.keys()].filter((k) => logits[k] === 0);
+      s = (s * 1103515245 + 12345) >>> 0;
+      // Prefer ending once the grammar allows it, so walks stay short.
+      const eos = finite.find((t) => tokenizer.eosIds.includes(t));
+      const t = eos ?? finite[s % finite.length]!;
+      expect(m.accept(t)).toBe(true);
+      ids.push(t);
+    }
+    return { text: tokenizer.decode(ids), ended: m.terminated };
+  } finally {
+    m.dispose();
+  }
+}
+
+describe("ConstraintCompiler on the embedded model's vocabulary", () => {
+  test("a JSON schema's walk is valid JSON of that shape", async () => {
+    const schema = { type: "object", properties: { n: { type: "integer", minimum: 0, maximum: 99 }, ok: { type: "boolean" } }, required: ["n", "ok"], additionalProperties: false };
+    const { text, ended } = await walk({ kind: "json_schema", source: JSON.stringify(schema) });
+    expect(ended).toBe(true);
+    const v = JSON.parse(text) as { n: number; ok: boolean };
+    expect(Object.keys(v)).toEqual(["n", "ok"]);
+    expect(Number.isInteger(v.n) && v.n >= 0 && v.n <= 99).toBe(true);
+    expect(typeof v.ok).toBe("boolean");
+  });
+
+  test("regex, choice and GBNF walks match", async () => {
+    for (let seed = 1; seed < 4; seed++) {
+      expect((await walk({ kind: "regex", source: "[0-9]{3}-[a-z]{2}" }, 50, seed)).text).toMatch(/^[0-9]{3}-[a-z]{2}$/);
+      expect(["yes", "no", "maybe"]).toContain((await walk({ kind: "choice", source: '["yes","no","maybe"]' }, 50, seed)).text);
+      expect((await walk({ kind: "grammar", source: 'root ::= "(" [a-c]+ ")"' }, 50, seed)).text).toMatch(/^\([a-c]+\)$/);
+    }
+  });
+
+  test("a grammar that does not compile is a ConstraintError with xgrammar's reason, and the compiler still works after", async () => {
+    await expect(compiler.compile({ kind: "grammar", source: "root ::= foo" })).rejects.toThrow(/does not compile: .*Rule "foo" is not defined/);
+    await expect(compiler.compile({ kind: "regex", source: "[0-9" })).rejects.toThrow(ConstraintError);
+    expect((await walk({ kind: "choice", source: '["a"]' })).text).toBe("a");
+  });
+
+  test("a schema keyword the backend cannot enforce is refused by name", () => {
+    for (const kw of ["not", "oneOf", "if", "uniqueItems", "multipleOf", "patternProperties"]) {
+      const schema = { type: "object", properties: { a: { type: "integer", [kw]: kw === "uniqueItems" ? true : kw === "multipleOf" ? 2 : {} } } };
+      expect(() => checkConstraint({ kind: "json_schema", source: JSON.stringify(schema) })).toThrow(`"${kw}"`);
+    }
+    expect(() => checkConstraint({ kind: "json_schema", source: JSON.stringify({ type: "string", format: "color" }) })).toThrow('"format"');
+  });
+
+  test("the hash is the kind and the source's, compiled once", async () => {
+    const a: ConstraintSpec = { kind: "regex", source: "a+" };
+    expect(constraintHash(a)).toMatch(/^[0-9a-f]{32}$/);
+    expect(constraintHash(a)).not.toBe(constraintHash({ kind: "grammar", source: "a+" }));
+    expect(await compiler.compile(a)).toBe(await compiler.compile({ ...a }));
+  });
+});
