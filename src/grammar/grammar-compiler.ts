@@ -104,3 +104,19 @@ function reason(errors: string[], error: unknown): string {
   const text = line ? line.replace(/^.*?\[FATAL\]\s*\S+:\d+:\s*/, "").replace(/^Check failed:.*?: /, "") : error instanceof Error ? error.message : String(error);
   return text.split("\n")[0]!.slice(0, 300);
 }
+
+const compilers = new WeakMap<object, Promise<ConstraintCompiler>>();
+
+/**
+ * The process's compiler for one tokenizer (`key`), made on first use: every door of an engine
+ * (HTTP, EngineControl.Prefill) shares its cache. A failure to make it is not kept.
+ */
+export function compilerFor(key: object, vocab: () => GrammarVocab): Promise<ConstraintCompiler> {
+  let c = compilers.get(key);
+  if (!c) {
+    c = ConstraintCompiler.create(vocab());
+    compilers.set(key, c);
+    c.catch(() => compilers.delete(key));
+  }
+  return c;
+}

@@ -9,5 +9,5 @@ export {
   checkSchema,
   constraintHash,
 } from "./constraint.ts";
-export { type CompiledConstraint, type GrammarVocab, ConstraintCompiler, GRAMMAR_CACHE_ENTRIES } from "./grammar-compiler.ts";
+export { type CompiledConstraint, type GrammarVocab, ConstraintCompiler, compilerFor, GRAMMAR_CACHE_ENTRIES } from "./grammar-compiler.ts";
 export { TokenMatcher } from "./token-matcher.ts";

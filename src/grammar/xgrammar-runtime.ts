@@ -38,13 +38,13 @@ async function start(): Promise<XgrammarRuntime> {
     if (collecting !== null) collecting.push(args.map(String).join(" "));
     else origError.apply(console, args);
   };
-  const grab = (exports: WebAssembly.Exports): void => {
+  const grab = (exports: Record<string, unknown>): void => {
     for (const v of Object.values(exports)) if (v instanceof WebAssembly.Memory) memory = v;
   };
   console.error = printErr;
   (WebAssembly as { instantiate: unknown }).instantiate = async (...args: unknown[]) => {
     const out = await (origInstantiate as (...a: unknown[]) => Promise<WebAssembly.WebAssemblyInstantiatedSource | WebAssembly.Instance>)(...args);
-    grab("instance" in out ? out.instance.exports : out.exports);
+    grab(("instance" in out ? out.instance.exports : out.exports) as Record<string, unknown>);
     return out;
   };
   try {

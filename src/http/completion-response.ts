@@ -3,6 +3,17 @@ import type { CompletionParams } from "./completion-request.ts";
 import { errorResponse, HttpError } from "./errors.ts";
 import { LogprobsWriter, toWire } from "./logprobs-shape.ts";
 import type { TokenQueue } from "./token-queue.ts";
+import { type ParsedCall, parseToolCalls, safeContentLength, type ToolPlan } from "./tool-calls.ts";
+
+/** OpenAI's shape of one tool call, with a fresh id. */
+function toolCallOf(call: ParsedCall) {
+  return { id: `call_${crypto.randomUUID().replaceAll("-", "").slice(0, 24)}`, type: "function" as const, function: { name: call.name, arguments: call.arguments } };
+}
+
+/** Chat with tools to read calls from (tool_choice other than "none"): the plan, else null. */
+function toolsOf(p: CompletionParams): ToolPlan | null {
+  return p.kind === "chat" && p.tools !== null && p.tools.mode !== "none" ? p.tools : null;
+}
 
 /**
  * Token ids in, text out, with stop strings applied: text that could still turn into
@@ -266,9 +277,26 @@ class ChunkWriter {
     return { id: this.ctx.id, object: this.object, created: this.created, model: this.ctx.model, choices: [], usage: usage(this.ctx.params, choices) };
   }
 
-  /** Streams choice c to its end; on its failure sends the error event and marks the response failed. */
+  /**
+   * Streams choice c to its end; on its failure sends the error event and marks the response
+   * failed. With tools to read calls from, text that is or may become a call is held (content
+   * before it streams), and at the end the calls go out as delta.tool_calls, one chunk each,
+   * with finish_reason "tool_calls"; an output that holds no valid call goes out as content.
+   */
   async streamChoice(c: ChoiceState): Promise<void> {
     const p = this.ctx.params;
+    const tools = toolsOf(p);
+    let all = "";
+    let sent = 0;
+    const release = (delta: string): string => {
+      if (!tools) return delta;
+      all += delta;
+      const safe = safeContentLength(tools, all);
+      if (safe <= sent) return "";
+      const out = all.slice(sent, safe);
+      sent = safe;
+      return out;
+    };
     let first = true;
     if (p.kind === "chat") {
       this.send(this.chunk(c, "", null, null, true));
@@ -277,7 +305,7 @@ class ChunkWriter {
     for await (const t of c.q) {
       if (this.failed) return;
       const from = c.ids.length;
-      const delta = c.push(t);
+      const delta = release(c.push(t));
       if (delta.length > 0 || p.returnTokenIds || c.logprobs) this.send(this.chunk(c, delta, null, from, first));
       first = false;
       if (c.text.stopped) {
@@ -292,7 +320,21 @@ class ChunkWriter {
       this.send({ error: { message: `generation failed: ${c.q.end.error ?? "unknown error"}`, type: "server_error", code: 502 } });
       return;
     }
-    const rest = c.text.flush();
+    let rest = c.text.flush();
+    if (tools) {
+      all += rest;
+      const parsed = c.finish === "stop" ? parseToolCalls(tools, all) : null;
+      if (parsed) {
+        parsed.calls.forEach((call, k) => {
+          const chunk = this.chunk(c, null, null, null);
+          chunk.choices[0]!.delta = { tool_calls: [{ index: k, ...toolCallOf(call) }] };
+          this.send(chunk);
+        });
+        this.send({ ...this.chunk(c, null, "tool_calls", null), ...this.ctx.extra?.() });
+        return;
+      }
+      rest = all.slice(sent);
+    }
     if (rest.length > 0) this.send(this.chunk(c, rest, null, p.returnTokenIds ? c.ids.length : null));
     this.send({ ...this.chunk(c, null, c.finish, null), ...this.ctx.extra?.() });
   }

@@ -22,7 +22,7 @@ const unless =
   (ok: (v: unknown) => boolean, why: string): Refusal =>
   (v) =>
     ok(v) ? null : why;
-const TOOLS = "tool calling is not supported yet";
+const LEGACY_TOOLS = "the legacy functions / function_call fields are not supported; send tools and tool_choice";
 const SAMPLER = "is not supported by this engine's sampler";
 
 const IMPLEMENTED_COMMON = [
@@ -46,9 +46,20 @@ const IMPLEMENTED_COMMON = [
   "stop_token_ids",
   "include_stop_str_in_output",
   "return_token_ids",
+  // Structured outputs (structured-output.ts): each spelling parsed, or refused there by name.
+  "response_format",
+  "structured_outputs",
+  "guided_json",
+  "guided_regex",
+  "guided_choice",
+  "guided_grammar",
+  "guided_decoding_backend",
+  "guided_whitespace_pattern",
+  "json_schema",
+  "grammar",
 ];
 const IMPLEMENTED: Record<CompletionKind, ReadonlySet<string>> = {
-  chat: new Set([...IMPLEMENTED_COMMON, "messages", "max_completion_tokens", "top_logprobs"]),
+  chat: new Set([...IMPLEMENTED_COMMON, "messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls"]),
   completion: new Set([...IMPLEMENTED_COMMON, "prompt", "echo", "best_of"]),
 };
 
@@ -56,10 +67,6 @@ const IDENTITY = new Set(["user", "safety_identifier", "prompt_cache_key", "meta
 
 const REFUSED_COMMON: Record<string, Refusal> = {
   suffix: never("suffix (insertion) is not supported"),
-  response_format: unless(
-    (v) => (v as { type?: unknown })?.type === "text",
-    'response_format json_object / json_schema (structured output) is not supported yet; only {"type": "text"}',
-  ),
   min_p: never(`min_p ${SAMPLER}`),
   typical_p: never(`typical_p ${SAMPLER}`),
   use_beam_search: unless((v) => v === false, "beam search is not supported"),
@@ -67,13 +74,6 @@ const REFUSED_COMMON: Record<string, Refusal> = {
   prompt_logprobs: never("prompt_logprobs is not supported"),
   allowed_token_ids: never("allowed_token_ids is not supported; use logit_bias"),
   bad_words: never("bad_words is not supported; use logit_bias"),
-  guided_json: never("guided decoding (structured output) is not supported yet"),
-  guided_regex: never("guided decoding (structured output) is not supported yet"),
-  guided_choice: never("guided decoding (structured output) is not supported yet"),
-  guided_grammar: never("guided decoding (structured output) is not supported yet"),
-  guided_decoding_backend: never("guided decoding (structured output) is not supported yet"),
-  guided_whitespace_pattern: never("guided decoding (structured output) is not supported yet"),
-  structured_outputs: never("structured output is not supported yet"),
   logits_processors: never("custom logits processors are not supported"),
   truncate_prompt_tokens: never("prompt truncation is not supported: send a prompt that fits"),
   add_special_tokens: never("add_special_tokens is not supported"),
@@ -92,11 +92,8 @@ const REFUSED_COMMON: Record<string, Refusal> = {
 const REFUSED: Record<CompletionKind, Record<string, Refusal>> = {
   chat: {
     ...REFUSED_COMMON,
-    tools: (v) => (!Array.isArray(v) || v.some((t) => typeof t !== "object" || t === null) ? "tools must be an array of objects" : v.length > 0 ? TOOLS : null),
-    tool_choice: unless((v) => v === "none", `${TOOLS} (only tool_choice "none")`),
-    functions: never(TOOLS),
-    function_call: unless((v) => v === "none", TOOLS),
-    parallel_tool_calls: never(TOOLS),
+    functions: never(LEGACY_TOOLS),
+    function_call: unless((v) => v === "none", LEGACY_TOOLS),
     audio: never("audio output is not supported"),
     modalities: unless((v) => Array.isArray(v) && v.every((m) => m === "text"), "only the text modality is supported"),
     prediction: never("predicted outputs are not supported"),
@@ -109,9 +106,14 @@ const REFUSED: Record<CompletionKind, Record<string, Refusal>> = {
     chat_template: never("a per-request chat_template is not supported"),
     chat_template_kwargs: never("chat_template_kwargs is not supported"),
     documents: never("documents are not supported"),
-    tool_call_parser: never(TOOLS),
+    tool_call_parser: never("the tool-call parser is the engine's --tool-call-parser, not a request field"),
   },
-  completion: REFUSED_COMMON,
+  completion: {
+    ...REFUSED_COMMON,
+    tools: never("tools are a chat completions field"),
+    tool_choice: never("tool_choice is a chat completions field"),
+    parallel_tool_calls: never("parallel_tool_calls is a chat completions field"),
+  },
 };
 
 /** Checks the identity fields' shapes (they change nothing, so they must at least be what OpenAI allows). */
