@@ -75,6 +75,14 @@ export const SPECS: readonly Spec[] = [
   },
   {
     section: "engine",
+    key: "tool_call_parser",
+    kind: "choice",
+    choices: ["", "hermes", "llama3_json"],
+    dflt: "",
+    help: 'how tool_choice "auto" reads tool calls from the output (vLLM\'s names); empty: what the chat template shows',
+  },
+  {
+    section: "engine",
     key: "dtype",
     kind: "choice",
     choices: ["as-stored", "f32", "f16", "bf16", "q8_0"],
@@ -122,6 +130,7 @@ export const SPECS: readonly Spec[] = [
   { section: "gateway", key: "tokenizer", kind: "string", dflt: "", help: "as [engine] tokenizer" },
   { section: "gateway", key: "served_model_name", kind: "string", dflt: "", help: "as [engine] served_model_name" },
   { section: "gateway", key: "chat_template", kind: "string", dflt: "", help: "as [engine] chat_template (must match the engines')" },
+  { section: "gateway", key: "tool_call_parser", kind: "choice", choices: ["", "hermes", "llama3_json"], dflt: "", help: "as [engine] tool_call_parser" },
   { section: "gateway", key: "max_model_len", kind: "int", dflt: 2048, help: "as [engine] max_model_len" },
   { section: "gateway", key: "drain_timeout_s", kind: "int", dflt: 30, help: "on SIGTERM, seconds to let in-flight requests finish" },
   { section: "gateway", key: "heartbeat_interval_ms", kind: "int", dflt: 2000, help: "interval engines are told to beat at" },

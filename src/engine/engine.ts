@@ -1,6 +1,17 @@
 import assert from "node:assert";
 import type { TokenMatcher } from "../grammar/index.ts";
-import { applyTokenBitmask, choiceSeed, maskStops, processLogits, resumeRng, sample, stream, SAMPLE_STREAM, tokenLogprobs, type TokenLogprobs } from "../rng/index.ts";
+import {
+  applyTokenBitmask,
+  choiceSeed,
+  maskStops,
+  processLogits,
+  resumeRng,
+  sample,
+  stream,
+  SAMPLE_STREAM,
+  tokenLogprobs,
+  type TokenLogprobs,
+} from "../rng/index.ts";
 import { dropFirst } from "../model/index.ts";
 import type { KvPool } from "../pool/index.ts";
 import { type ForwardDone, LogitsRows, type ModelRunner, prevToken, type RowSampling, type SeqChunk } from "./model-runner.ts";

@@ -1,4 +1,5 @@
 import { ConnectError } from "@connectrpc/connect";
+import type { ToolParserName } from "../http/index.ts";
 import type { KvHandle } from "../gen/tl/engine/v1/engine_pb.ts";
 import { type CompletionKind, type CompletionParams, completionResponse, HttpError, parseCompletion, requestId, type TokenQueue } from "../http/index.ts";
 import type { ChatRenderer, Tokenizer } from "../model/index.ts";
@@ -27,6 +28,7 @@ export interface CompletionsContext {
   tokenizer: Tokenizer;
   /** The model's chat template, as the engines render it (prompt hashes must match theirs). */
   chat?: ChatRenderer | undefined;
+  toolParser?: ToolParserName | null;
   modelName: string;
   maxModelLen: number;
   picker: PairPicker;
@@ -106,7 +108,7 @@ export class Completions {
       throw new HttpError(400, `request body is not valid JSON: ${e instanceof Error ? e.message : String(e)}`);
     }
     const { ctx } = this;
-    const params = parseCompletion(kind, body, { tokenizer: ctx.tokenizer, maxModelLen: ctx.maxModelLen, chat: ctx.chat });
+    const params = parseCompletion(kind, body, { tokenizer: ctx.tokenizer, maxModelLen: ctx.maxModelLen, chat: ctx.chat, toolParser: ctx.toolParser ?? null });
     if (params.model !== undefined && params.model !== ctx.modelName) {
       throw new HttpError(
         404,

@@ -1,4 +1,5 @@
 import { WorkerRegistry as WorkerRegistryService } from "../gen/tl/control/v1/control_pb.ts";
+import type { ToolParserName } from "../http/index.ts";
 import { releaseUnclaimed } from "../handoff/index.ts";
 import { type FrontDoorOptions, type HttpServer, serveHttp } from "../http/index.ts";
 import type { TlsSource } from "../rpc/tls-config.ts";
@@ -23,6 +24,8 @@ export interface GatewayOptions {
   tokenizer: Tokenizer;
   /** The model's chat template, as the engines render it (prompt hashes must match theirs). */
   chat?: ChatRenderer;
+  /** --tool-call-parser, as the engines': how tool_choice "auto" reads calls. */
+  toolParser?: ToolParserName | null;
   modelName: string;
   maxModelLen: number;
   /** Beat interval told to engines; a worker is evicted after 3 silent intervals. */
@@ -105,6 +108,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
   const completions = new Completions({
     tokenizer: opts.tokenizer,
     chat: opts.chat,
+    toolParser: opts.toolParser ?? null,
     modelName: opts.modelName,
     maxModelLen: opts.maxModelLen,
     picker: new PairPicker(registry, affinity, inflight, suspects, opts.routeWeights ?? DEFAULT_WEIGHTS),

@@ -49,7 +49,8 @@ export function constraintHash(spec: ConstraintSpec): string {
 export function checkConstraint(spec: ConstraintSpec): void {
   const { kind, source } = spec;
   if (!CONSTRAINT_KINDS.includes(kind)) throw new ConstraintError(`unknown constraint kind ${JSON.stringify(kind)}`);
-  if (source.length > CONSTRAINT_LIMITS.sourceChars) throw new ConstraintError(`the ${kind} has ${source.length} characters; at most ${CONSTRAINT_LIMITS.sourceChars}`);
+  if (source.length > CONSTRAINT_LIMITS.sourceChars)
+    throw new ConstraintError(`the ${kind} has ${source.length} characters; at most ${CONSTRAINT_LIMITS.sourceChars}`);
   switch (kind) {
     case "json_object":
       if (source !== "") throw new ConstraintError("json_object takes no source");
@@ -65,13 +66,15 @@ export function checkConstraint(spec: ConstraintSpec): void {
       return;
     }
     case "regex":
-      if (source.length > CONSTRAINT_LIMITS.regexChars) throw new ConstraintError(`the regex has ${source.length} characters; at most ${CONSTRAINT_LIMITS.regexChars}`);
+      if (source.length > CONSTRAINT_LIMITS.regexChars)
+        throw new ConstraintError(`the regex has ${source.length} characters; at most ${CONSTRAINT_LIMITS.regexChars}`);
       return;
     case "choice": {
       const choices = parseChoices(source);
       if (choices === null) throw new ConstraintError("choice must be a non-empty array of non-empty strings");
       if (choices.length > CONSTRAINT_LIMITS.choices) throw new ConstraintError(`choice has ${choices.length} entries; at most ${CONSTRAINT_LIMITS.choices}`);
-      if (choices.some((c) => c.length > CONSTRAINT_LIMITS.choiceChars)) throw new ConstraintError(`a choice has more than ${CONSTRAINT_LIMITS.choiceChars} characters`);
+      if (choices.some((c) => c.length > CONSTRAINT_LIMITS.choiceChars))
+        throw new ConstraintError(`a choice has more than ${CONSTRAINT_LIMITS.choiceChars} characters`);
       return;
     }
     case "grammar":
@@ -127,7 +130,8 @@ const TYPES = new Set(["string", "number", "integer", "boolean", "null", "object
 export function checkSchema(schema: unknown, path = "#", depth = 0): void {
   if (depth > CONSTRAINT_LIMITS.schemaDepth) throw new ConstraintError(`the JSON schema nests deeper than ${CONSTRAINT_LIMITS.schemaDepth} at ${path}`);
   if (typeof schema === "boolean") return;
-  if (typeof schema !== "object" || schema === null || Array.isArray(schema)) throw new ConstraintError(`the JSON schema at ${path} must be an object or a boolean`);
+  if (typeof schema !== "object" || schema === null || Array.isArray(schema))
+    throw new ConstraintError(`the JSON schema at ${path} must be an object or a boolean`);
   const s = schema as Record<string, unknown>;
   for (const [key, v] of Object.entries(s)) {
     const at = `${path}/${key}`;
@@ -136,11 +140,13 @@ export function checkSchema(schema: unknown, path = "#", depth = 0): void {
     switch (key) {
       case "type": {
         const types = Array.isArray(v) ? v : [v];
-        if (types.length === 0 || types.some((t) => typeof t !== "string" || !TYPES.has(t))) throw new ConstraintError(`JSON schema "type" at ${at} must name JSON types`);
+        if (types.length === 0 || types.some((t) => typeof t !== "string" || !TYPES.has(t)))
+          throw new ConstraintError(`JSON schema "type" at ${at} must name JSON types`);
         break;
       }
       case "format":
-        if (typeof v !== "string" || !FORMATS.has(v)) throw new ConstraintError(`JSON schema "format": ${JSON.stringify(v)} (at ${at}) cannot be enforced; supported: ${[...FORMATS].join(", ")}`);
+        if (typeof v !== "string" || !FORMATS.has(v))
+          throw new ConstraintError(`JSON schema "format": ${JSON.stringify(v)} (at ${at}) cannot be enforced; supported: ${[...FORMATS].join(", ")}`);
         break;
       case "$ref":
         if (typeof v !== "string" || !v.startsWith("#")) throw new ConstraintError(`JSON schema "$ref" (at ${at}) must point inside the schema ("#/...")`);
@@ -165,7 +171,8 @@ export function checkSchema(schema: unknown, path = "#", depth = 0): void {
         checkSchema(v, at, depth + 1);
         break;
       case "required":
-        if (!Array.isArray(v) || v.some((r) => typeof r !== "string")) throw new ConstraintError(`JSON schema "required" (at ${at}) must be an array of strings`);
+        if (!Array.isArray(v) || v.some((r) => typeof r !== "string"))
+          throw new ConstraintError(`JSON schema "required" (at ${at}) must be an array of strings`);
         break;
       case "enum":
         if (!Array.isArray(v) || v.length === 0) throw new ConstraintError(`JSON schema "enum" (at ${at}) must be a non-empty array`);

@@ -63,7 +63,10 @@ export class ConstraintCompiler {
       const oldest = this.cache.keys().next().value as string;
       const old = this.cache.get(oldest)!;
       this.cache.delete(oldest);
-      old.then((c) => c.grammar.dispose(), () => {});
+      old.then(
+        (c) => c.grammar.dispose(),
+        () => {},
+      );
     }
     return p;
   }
@@ -101,7 +104,11 @@ export class ConstraintCompiler {
 /** xgrammar's own words, without its source file names: "[FATAL] file.cc:552: EBNF parser error ..." → "EBNF parser error ...". */
 function reason(errors: string[], error: unknown): string {
   const line = errors.find((e) => e.includes("[FATAL]")) ?? errors[0];
-  const text = line ? line.replace(/^.*?\[FATAL\]\s*\S+:\d+:\s*/, "").replace(/^Check failed:.*?: /, "") : error instanceof Error ? error.message : String(error);
+  const text = line
+    ? line.replace(/^.*?\[FATAL\]\s*\S+:\d+:\s*/, "").replace(/^Check failed:.*?: /, "")
+    : error instanceof Error
+      ? error.message
+      : String(error);
   return text.split("\n")[0]!.slice(0, 300);
 }
 

@@ -278,9 +278,11 @@ export function parseCompletion(kind: CompletionKind, raw: unknown, lim: ParseLi
   const structured = parseStructuredOutput(body);
   const tools = kind === "chat" ? parseTools(body, lim.toolParser ?? parserOfTemplate((lim.chat ?? chatRenderer(lim.tokenizer, null)).templateSource)) : null;
   const forced = tools ? toolConstraint(tools) : null;
-  if (forced && structured) throw bad(`tool_choice ${JSON.stringify(tools!.mode)} already constrains the output: it cannot be combined with a structured output`, "tool_choice");
+  if (forced && structured)
+    throw bad(`tool_choice ${JSON.stringify(tools!.mode)} already constrains the output: it cannot be combined with a structured output`, "tool_choice");
   const constraint = structured ?? forced;
-  if (constraint && optBool(body, "ignore_eos")) throw bad("ignore_eos cannot be combined with a structured output: the output ends where its grammar does", "ignore_eos");
+  if (constraint && optBool(body, "ignore_eos"))
+    throw bad("ignore_eos cannot be combined with a structured output: the output ends where its grammar does", "ignore_eos");
   if (kind === "chat") {
     messages = parseMessages(body.messages);
     prompts = [chatPromptTokens(messages, lim, tools)];

@@ -7,7 +7,11 @@ import { type ParsedCall, parseToolCalls, safeContentLength, type ToolPlan } fro
 
 /** OpenAI's shape of one tool call, with a fresh id. */
 function toolCallOf(call: ParsedCall) {
-  return { id: `call_${crypto.randomUUID().replaceAll("-", "").slice(0, 24)}`, type: "function" as const, function: { name: call.name, arguments: call.arguments } };
+  return {
+    id: `call_${crypto.randomUUID().replaceAll("-", "").slice(0, 24)}`,
+    type: "function" as const,
+    function: { name: call.name, arguments: call.arguments },
+  };
 }
 
 /** Chat with tools to read calls from (tool_choice other than "none"): the plan, else null. */
@@ -190,12 +194,17 @@ async function jsonResponse(choices: ChoiceState[], ctx: ResponseContext): Promi
     return errorResponse(new HttpError(502, `generation failed: ${failed}`, "server_error"));
   }
   const created = Math.floor(Date.now() / 1000);
+  const tools = toolsOf(p);
   const body = bestOf(choices, p).map(([index, c]) => {
     const logprobs = c.logprobs?.take() ?? null;
+    // A finished output that holds tool calls answers with them (a cut one stays text).
+    const parsed = tools && c.finish === "stop" ? parseToolCalls(tools, c.out) : null;
     const choice: Record<string, unknown> =
-      p.kind === "chat"
-        ? { index, message: { role: "assistant", content: c.out }, logprobs, finish_reason: c.finish }
-        : { index, text: c.out, logprobs, finish_reason: c.finish };
+      p.kind !== "chat"
+        ? { index, text: c.out, logprobs, finish_reason: c.finish }
+        : parsed
+          ? { index, message: { role: "assistant", content: parsed.content, tool_calls: parsed.calls.map(toolCallOf) }, logprobs, finish_reason: "tool_calls" }
+          : { index, message: { role: "assistant", content: c.out }, logprobs, finish_reason: c.finish };
     // Always there (users check the engine at token level); return_token_ids adds the internal hop's logprobs.
     choice.token_ids = c.ids;
     if (p.returnTokenIds && c.logprobs) choice.tl_logprobs = c.wireLogprobs(0);

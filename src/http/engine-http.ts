@@ -328,7 +328,11 @@ class EngineHttp {
     const want = req.headers.get(CONSTRAINT_HEADER) ?? "";
     const have = spec ? constraintHash(spec) : "";
     if (want !== have)
-      throw new HttpError(400, `${CONSTRAINT_HEADER} ${JSON.stringify(want.slice(0, 64))} is not the identity of this request's structured output`, "invalid_request_error");
+      throw new HttpError(
+        400,
+        `${CONSTRAINT_HEADER} ${JSON.stringify(want.slice(0, 64))} is not the identity of this request's structured output`,
+        "invalid_request_error",
+      );
   }
 
   /**
@@ -340,7 +344,8 @@ class EngineHttp {
     try {
       return await compileFor(this.tokenizer, this.engine.model.vocabSize, spec);
     } catch (e) {
-      if (e instanceof HttpError && e.status === 400) throw new HttpError(412, `this engine cannot continue the request's structured output: ${e.message}`, "failed_precondition");
+      if (e instanceof HttpError && e.status === 400)
+        throw new HttpError(412, `this engine cannot continue the request's structured output: ${e.message}`, "failed_precondition");
       throw e;
     }
   }

@@ -54,7 +54,8 @@ function stringField(v: unknown, param: string): string {
 }
 
 function choiceSource(v: unknown, param: string): string {
-  if (!Array.isArray(v) || v.length === 0 || v.some((c) => typeof c !== "string" || c.length === 0)) throw bad(`${param} must be a non-empty array of non-empty strings`, param);
+  if (!Array.isArray(v) || v.length === 0 || v.some((c) => typeof c !== "string" || c.length === 0))
+    throw bad(`${param} must be a non-empty array of non-empty strings`, param);
   return JSON.stringify(v);
 }
 
@@ -71,7 +72,8 @@ function fromResponseFormat(v: unknown): ConstraintSpec | null {
       if (typeof js !== "object" || js === null) throw bad("response_format.json_schema must be an object with a schema", "response_format");
       if (js.name !== undefined && (typeof js.name !== "string" || !/^[A-Za-z0-9_-]{1,64}$/.test(js.name)))
         throw bad("response_format.json_schema.name must be 1-64 letters, digits, _ or -", "response_format");
-      if (js.strict !== undefined && js.strict !== null && typeof js.strict !== "boolean") throw bad("response_format.json_schema.strict must be a boolean", "response_format");
+      if (js.strict !== undefined && js.strict !== null && typeof js.strict !== "boolean")
+        throw bad("response_format.json_schema.strict must be a boolean", "response_format");
       if (js.schema === undefined) throw bad("response_format.json_schema.schema is required", "response_format");
       return { kind: "json_schema", source: schemaSource(js.schema, "response_format.json_schema.schema") };
     }
@@ -122,7 +124,8 @@ export function parseStructuredOutput(body: Record<string, unknown>): Constraint
   const backend = body.guided_decoding_backend;
   if (given("guided_decoding_backend") && !(typeof backend === "string" && /^(auto|xgrammar)(:.*)?$/.test(backend)))
     throw bad(`guided_decoding_backend ${JSON.stringify(backend)} is not available; this engine uses "xgrammar"`, "guided_decoding_backend");
-  if (given("guided_whitespace_pattern")) throw bad("guided_whitespace_pattern is not supported: JSON is generated without free whitespace", "guided_whitespace_pattern");
+  if (given("guided_whitespace_pattern"))
+    throw bad("guided_whitespace_pattern is not supported: JSON is generated without free whitespace", "guided_whitespace_pattern");
   const specs: [string, ConstraintSpec | null][] = [];
   if (given("response_format")) specs.push(["response_format", fromResponseFormat(body.response_format)]);
   if (given("structured_outputs")) specs.push(["structured_outputs", fromStructuredOutputs(body.structured_outputs)]);

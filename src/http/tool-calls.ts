@@ -56,7 +56,8 @@ export function parseTools(body: Record<string, unknown>, parser: ToolParserName
   const raw = body.tools;
   const choice = body.tool_choice ?? undefined;
   const parallelRaw = body.parallel_tool_calls;
-  if (parallelRaw !== undefined && parallelRaw !== null && typeof parallelRaw !== "boolean") throw bad("parallel_tool_calls must be a boolean", "parallel_tool_calls");
+  if (parallelRaw !== undefined && parallelRaw !== null && typeof parallelRaw !== "boolean")
+    throw bad("parallel_tool_calls must be a boolean", "parallel_tool_calls");
   if (raw === undefined || raw === null || (Array.isArray(raw) && raw.length === 0)) {
     if (choice !== undefined && choice !== "none") throw bad("tool_choice needs tools", "tool_choice");
     return null;
@@ -192,12 +193,14 @@ function parseLlama3(text: string, callOf: (v: unknown) => ParsedCall | null, js
 }
 
 /**
- * auto, streamed: how much of the text so far may go out as content now. Text that is, or
- * may become, a tool call is held to the end (then parsed): from a Hermes `<tool_call>` (or a
- * piece of text that could be its start), or, for Llama 3 JSON, an output that starts with "{".
+ * Streamed: how much of the text so far may go out as content now. Text that is, or may
+ * become, a tool call is held to the end (then parsed): all of it for required and a named
+ * function; for auto from a Hermes `<tool_call>` (or a piece of text that could be its start),
+ * or, for Llama 3 JSON, an output that starts with "{".
  */
 export function safeContentLength(plan: ToolPlan, text: string): number {
-  if (plan.mode !== "auto") return text.length;
+  if (plan.mode === "none") return text.length;
+  if (plan.mode !== "auto") return 0;
   if (plan.parser === "llama3_json") {
     const t = text.replace(/^\s*(<\|python_tag\|>)?/, "");
     return t === "" || t.startsWith("{") ? 0 : text.length;

@@ -35,7 +35,12 @@ async function walk(spec: ConstraintSpec, steps = 200, seed = 1): Promise<{ text
 
 describe("ConstraintCompiler on the embedded model's vocabulary", () => {
   test("a JSON schema's walk is valid JSON of that shape", async () => {
-    const schema = { type: "object", properties: { n: { type: "integer", minimum: 0, maximum: 99 }, ok: { type: "boolean" } }, required: ["n", "ok"], additionalProperties: false };
+    const schema = {
+      type: "object",
+      properties: { n: { type: "integer", minimum: 0, maximum: 99 }, ok: { type: "boolean" } },
+      required: ["n", "ok"],
+      additionalProperties: false,
+    };
     const { text, ended } = await walk({ kind: "json_schema", source: JSON.stringify(schema) });
     expect(ended).toBe(true);
     const v = JSON.parse(text) as { n: number; ok: boolean };

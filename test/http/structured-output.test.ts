@@ -26,7 +26,10 @@ const PERSON = {
 type Kind = "completion" | "chat";
 async function post(kind: Kind, body: Record<string, unknown>): Promise<Response> {
   const path = kind === "chat" ? "/v1/chat/completions" : "/v1/completions";
-  const prompt = kind === "chat" ? { messages: [{ role: "user", content: "And the LORD spake unto Moses, saying," }] } : { prompt: "And the LORD spake unto Moses, saying," };
+  const prompt =
+    kind === "chat"
+      ? { messages: [{ role: "user", content: "And the LORD spake unto Moses, saying," }] }
+      : { prompt: "And the LORD spake unto Moses, saying," };
   return fetch(`http://${C.httpAddress}${path}`, { method: "POST", body: JSON.stringify({ max_tokens: 150, ...prompt, ...body }) });
 }
 
@@ -71,9 +74,17 @@ const FORMS: { name: string; body: Record<string, unknown>; check: (t: string) =
   { name: "structured_outputs.json", body: { structured_outputs: { json: PERSON } }, check: (t) => expect(schemaViolation(PERSON, JSON.parse(t))).toBeNull() },
   { name: "guided_json (as text)", body: { guided_json: JSON.stringify(PERSON) }, check: (t) => expect(schemaViolation(PERSON, JSON.parse(t))).toBeNull() },
   { name: "llama-server json_schema", body: { json_schema: PERSON }, check: (t) => expect(schemaViolation(PERSON, JSON.parse(t))).toBeNull() },
-  { name: "structured_outputs.regex", body: { structured_outputs: { regex: "[A-Z][a-z]{2,8} [0-9]{1,3}:[0-9]{1,3}" } }, check: (t) => expect(t).toMatch(/^[A-Z][a-z]{2,8} [0-9]{1,3}:[0-9]{1,3}$/) },
+  {
+    name: "structured_outputs.regex",
+    body: { structured_outputs: { regex: "[A-Z][a-z]{2,8} [0-9]{1,3}:[0-9]{1,3}" } },
+    check: (t) => expect(t).toMatch(/^[A-Z][a-z]{2,8} [0-9]{1,3}:[0-9]{1,3}$/),
+  },
   { name: "guided_regex", body: { guided_regex: "(yea|nay), [a-z]{1,10}" }, check: (t) => expect(t).toMatch(/^(yea|nay), [a-z]{1,10}$/) },
-  { name: "structured_outputs.choice", body: { structured_outputs: { choice: ["Genesis", "Exodus", "Leviticus"] } }, check: (t) => expect(["Genesis", "Exodus", "Leviticus"]).toContain(t) },
+  {
+    name: "structured_outputs.choice",
+    body: { structured_outputs: { choice: ["Genesis", "Exodus", "Leviticus"] } },
+    check: (t) => expect(["Genesis", "Exodus", "Leviticus"]).toContain(t),
+  },
   { name: "guided_choice", body: { guided_choice: ["verily", "amen"] }, check: (t) => expect(["verily", "amen"]).toContain(t) },
   {
     name: "llama-server grammar (GBNF)",
@@ -81,7 +92,11 @@ const FORMS: { name: string; body: Record<string, unknown>; check: (t: string) =
     check: (t) => expect(t).toMatch(/^[1-9][0-9]?:[1-9][0-9]?(, [1-9][0-9]?:[1-9][0-9]?){0,3}$/),
   },
   { name: "guided_grammar", body: { guided_grammar: 'root ::= "(" [a-z ]{1,12} ")"' }, check: (t) => expect(t).toMatch(/^\([a-z ]{1,12}\)$/) },
-  { name: "structured_outputs.grammar", body: { structured_outputs: { grammar: 'root ::= "thus saith " [a-z]{1,10}' } }, check: (t) => expect(t).toMatch(/^thus saith [a-z]{1,10}$/) },
+  {
+    name: "structured_outputs.grammar",
+    body: { structured_outputs: { grammar: 'root ::= "thus saith " [a-z]{1,10}' } },
+    check: (t) => expect(t).toMatch(/^thus saith [a-z]{1,10}$/),
+  },
 ];
 
 describe("every structured-output form constrains the embedded model's output", () => {
@@ -121,7 +136,9 @@ describe("refusals come before any work", () => {
   });
 
   test("a schema keyword that cannot be enforced is a 400 naming it", async () => {
-    const res = await post("chat", { response_format: { type: "json_schema", json_schema: { name: "x", schema: { type: "object", not: { required: ["a"] } } } } });
+    const res = await post("chat", {
+      response_format: { type: "json_schema", json_schema: { name: "x", schema: { type: "object", not: { required: ["a"] } } } },
+    });
     expect(res.status).toBe(400);
     expect(((await res.json()) as { error: { message: string } }).error.message).toContain('"not"');
   });

@@ -29,10 +29,11 @@ export function schemaViolation(schema: unknown, v: unknown, at = "#"): string |
   if (Array.isArray(v)) {
     if (typeof s.minItems === "number" && v.length < s.minItems) return `${at}: fewer than minItems`;
     if (typeof s.maxItems === "number" && v.length > s.maxItems) return `${at}: more than maxItems`;
-    if (s.items !== undefined) for (const [i, x] of v.entries()) {
-      const e = schemaViolation(s.items, x, `${at}/${i}`);
-      if (e) return e;
-    }
+    if (s.items !== undefined)
+      for (const [i, x] of v.entries()) {
+        const e = schemaViolation(s.items, x, `${at}/${i}`);
+        if (e) return e;
+      }
   }
   if (typeof v === "object" && v !== null && !Array.isArray(v)) {
     const o = v as Record<string, unknown>;
