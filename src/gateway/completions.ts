@@ -1,3 +1,4 @@
+import { constraintHash } from "../grammar/index.ts";
 import { ConnectError } from "@connectrpc/connect";
 import type { ToolParserName } from "../http/index.ts";
 import type { KvHandle } from "../gen/tl/engine/v1/engine_pb.ts";
@@ -194,7 +195,17 @@ export class Completions {
       return this.decodeLocal(t, pair, uncached);
     }
     const handle = await this.prefillOn(pair, t, policy, exclude);
-    return handle === null ? null : this.disaggregated(t, pair, handle, policy.wasRetried);
+    if (handle === null) return null;
+    const want = t.params.constraint ? constraintHash(t.params.constraint) : "";
+    if (handle.constraintHash !== want) {
+      // P sampled the first token under another constraint (or none: a build without structured
+      // outputs): nothing it started can be continued.
+      pair.releaseDecode();
+      this.ctx.release(pair.decode.worker.status.kvAddress, handle.handleId, t.requestId);
+      log.warn("prefill engine did not apply the structured output", { request_id: t.requestId, worker: pair.prefill.worker.status.workerId });
+      throw new HttpError(502, `request ${t.requestId}: the prefill engine did not apply the structured output`, "server_error");
+    }
+    return this.disaggregated(t, pair, handle, policy.wasRetried);
   }
 
   /** Prompt tokens outside the leading blocks the gateway believes D holds (the picker's hits, in D's blocks). */

@@ -57,6 +57,7 @@ export class PrefillClient {
           decodeTarget: d.status.kvAddress,
           kvFormat: KV_FORMAT,
           n: params.n,
+          ...(params.constraint ? { structured: { kind: params.constraint.kind, source: params.constraint.source } } : {}),
         }),
         { signal, headers: traceHeaders(span) },
       );

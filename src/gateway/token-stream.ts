@@ -86,7 +86,9 @@ export async function readTokenStream(
         msg = (JSON.parse(text) as { error?: { message?: string } }).error?.message ?? text;
       } catch {}
       closeAll({ reason: "error", error: `${url} answered ${res.status}: ${msg}` });
-      return "refused";
+      // 412: this engine cannot continue the request (its structured output does not compile
+      // there) and gave the blocks back; another engine may, so it is routed again.
+      return res.status === 412 ? "failed" : "refused";
     }
     accepted = true;
     onAccepted();

@@ -12,7 +12,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file tl/engine/v1/engine.proto.
  */
 export const file_tl_engine_v1_engine: GenFile = /*@__PURE__*/
-  fileDesc("Chl0bC9lbmdpbmUvdjEvZW5naW5lLnByb3RvEgx0bC5lbmdpbmUudjEiowMKDlNhbXBsaW5nUGFyYW1zEhMKC3RlbXBlcmF0dXJlGAEgASgCEg0KBXRvcF9wGAIgASgCEg0KBXRvcF9rGAMgASgNEhEKBHNlZWQYBCABKARIAIgBARISCgptYXhfdG9rZW5zGAUgASgNEhYKDnN0b3BfdG9rZW5faWRzGAYgAygNEhgKEHByZXNlbmNlX3BlbmFsdHkYByABKAESGQoRZnJlcXVlbmN5X3BlbmFsdHkYCCABKAESGgoScmVwZXRpdGlvbl9wZW5hbHR5GAkgASgBEj8KCmxvZ2l0X2JpYXMYCiADKAsyKy50bC5lbmdpbmUudjEuU2FtcGxpbmdQYXJhbXMuTG9naXRCaWFzRW50cnkSEgoKbWluX3Rva2VucxgLIAEoDRISCgppZ25vcmVfZW9zGAwgASgIEhkKDHRvcF9sb2dwcm9icxgNIAEoDUgBiAEBGjAKDkxvZ2l0Qmlhc0VudHJ5EgsKA2tleRgBIAEoDRINCgV2YWx1ZRgCIAEoAToCOAFCBwoFX3NlZWRCDwoNX3RvcF9sb2dwcm9icyIuCgxUb2tlbkxvZ3Byb2ISDQoFdG9rZW4YASABKA0SDwoHbG9ncHJvYhgCIAEoASKwAQoOUHJlZmlsbFJlcXVlc3QSEgoKcmVxdWVzdF9pZBgBIAEoCRIVCg1wcm9tcHRfdG9rZW5zGAIgAygNEg4KBnByb21wdBgDIAEoCRIuCghzYW1wbGluZxgEIAEoCzIcLnRsLmVuZ2luZS52MS5TYW1wbGluZ1BhcmFtcxIVCg1kZWNvZGVfdGFyZ2V0GAUgASgJEhEKCWt2X2Zvcm1hdBgGIAEoDRIJCgFuGAcgASgNIqYDCghLdkhhbmRsZRIRCgloYW5kbGVfaWQYASABKAkSEwoLZmlyc3RfdG9rZW4YAiABKA0SFAoMYmxvY2tfaGFzaGVzGAMgAygGEhoKEnJuZ19kcmF3c19jb25zdW1lZBgEIAEoDRIVCg1wcm9tcHRfdG9rZW5zGAUgAygNEgwKBHNlZWQYBiABKAQSEwoLYmxvY2tzX3NlbnQYByABKA0SFgoOYmxvY2tzX2RlZHVwZWQYCCABKA0SFQoNcGF5bG9hZF9ieXRlcxgJIAEoBBIQCghmaW5pc2hlZBgKIAEoCBIgChNmaXJzdF90b2tlbl9sb2dwcm9iGAsgASgBSACIAQESNgoSZmlyc3RfdG9wX2xvZ3Byb2JzGAwgAygLMhoudGwuZW5naW5lLnYxLlRva2VuTG9ncHJvYhIbChNjaG9pY2VfZmlyc3RfdG9rZW5zGA0gAygNEh0KFWNob2ljZV9maXJzdF9sb2dwcm9icxgOIAMoARIXCg9jaG9pY2VfZmluaXNoZWQYDyADKAhCFgoUX2ZpcnN0X3Rva2VuX2xvZ3Byb2IiDQoLSW5mb1JlcXVlc3QizQIKDEluZm9SZXNwb25zZRIRCgl3b3JrZXJfaWQYASABKAkSDQoFcm9sZXMYAiADKAkSDQoFbW9kZWwYAyABKAkSEQoJa3ZfZm9ybWF0GAQgASgNEhQKDGJsb2NrX3Rva2VucxgFIAEoDRIQCghuX2xheWVycxgGIAEoDRISCgpuX2t2X2hlYWRzGAcgASgNEhAKCGhlYWRfZGltGAggASgNEhQKDHRvdGFsX2Jsb2NrcxgJIAEoDRITCgtmcmVlX2Jsb2NrcxgKIAEoDRITCgtxdWV1ZV9kZXB0aBgLIAEoDRIPCgdydW5uaW5nGAwgASgNEhAKCGRyYWluaW5nGA0gASgIEhUKDW1heF9tb2RlbF9sZW4YDiABKA0SEgoKdm9jYWJfc2l6ZRgPIAEoDRIdChV0b2tlbml6ZXJfZmluZ2VycHJpbnQYECABKAkiIwoNQ2FuY2VsUmVxdWVzdBISCgpyZXF1ZXN0X2lkGAEgASgJIiMKDkNhbmNlbFJlc3BvbnNlEhEKCWNhbmNlbGxlZBgBIAEoCCIjCgxEcmFpblJlcXVlc3QSEwoLZGVhZGxpbmVfbXMYASABKAMiIgoNRHJhaW5SZXNwb25zZRIRCglyZW1haW5pbmcYASABKAUylgIKDUVuZ2luZUNvbnRyb2wSPwoHUHJlZmlsbBIcLnRsLmVuZ2luZS52MS5QcmVmaWxsUmVxdWVzdBoWLnRsLmVuZ2luZS52MS5LdkhhbmRsZRI9CgRJbmZvEhkudGwuZW5naW5lLnYxLkluZm9SZXF1ZXN0GhoudGwuZW5naW5lLnYxLkluZm9SZXNwb25zZRJDCgZDYW5jZWwSGy50bC5lbmdpbmUudjEuQ2FuY2VsUmVxdWVzdBocLnRsLmVuZ2luZS52MS5DYW5jZWxSZXNwb25zZRJACgVEcmFpbhIaLnRsLmVuZ2luZS52MS5EcmFpblJlcXVlc3QaGy50bC5lbmdpbmUudjEuRHJhaW5SZXNwb25zZWIGcHJvdG8z");
+  fileDesc("Chl0bC9lbmdpbmUvdjEvZW5naW5lLnByb3RvEgx0bC5lbmdpbmUudjEiowMKDlNhbXBsaW5nUGFyYW1zEhMKC3RlbXBlcmF0dXJlGAEgASgCEg0KBXRvcF9wGAIgASgCEg0KBXRvcF9rGAMgASgNEhEKBHNlZWQYBCABKARIAIgBARISCgptYXhfdG9rZW5zGAUgASgNEhYKDnN0b3BfdG9rZW5faWRzGAYgAygNEhgKEHByZXNlbmNlX3BlbmFsdHkYByABKAESGQoRZnJlcXVlbmN5X3BlbmFsdHkYCCABKAESGgoScmVwZXRpdGlvbl9wZW5hbHR5GAkgASgBEj8KCmxvZ2l0X2JpYXMYCiADKAsyKy50bC5lbmdpbmUudjEuU2FtcGxpbmdQYXJhbXMuTG9naXRCaWFzRW50cnkSEgoKbWluX3Rva2VucxgLIAEoDRISCgppZ25vcmVfZW9zGAwgASgIEhkKDHRvcF9sb2dwcm9icxgNIAEoDUgBiAEBGjAKDkxvZ2l0Qmlhc0VudHJ5EgsKA2tleRgBIAEoDRINCgV2YWx1ZRgCIAEoAToCOAFCBwoFX3NlZWRCDwoNX3RvcF9sb2dwcm9icyIuCgxUb2tlbkxvZ3Byb2ISDQoFdG9rZW4YASABKA0SDwoHbG9ncHJvYhgCIAEoASLkAQoOUHJlZmlsbFJlcXVlc3QSEgoKcmVxdWVzdF9pZBgBIAEoCRIVCg1wcm9tcHRfdG9rZW5zGAIgAygNEg4KBnByb21wdBgDIAEoCRIuCghzYW1wbGluZxgEIAEoCzIcLnRsLmVuZ2luZS52MS5TYW1wbGluZ1BhcmFtcxIVCg1kZWNvZGVfdGFyZ2V0GAUgASgJEhEKCWt2X2Zvcm1hdBgGIAEoDRIJCgFuGAcgASgNEjIKCnN0cnVjdHVyZWQYCCABKAsyHi50bC5lbmdpbmUudjEuU3RydWN0dXJlZE91dHB1dCIwChBTdHJ1Y3R1cmVkT3V0cHV0EgwKBGtpbmQYASABKAkSDgoGc291cmNlGAIgASgJIr8DCghLdkhhbmRsZRIRCgloYW5kbGVfaWQYASABKAkSEwoLZmlyc3RfdG9rZW4YAiABKA0SFAoMYmxvY2tfaGFzaGVzGAMgAygGEhoKEnJuZ19kcmF3c19jb25zdW1lZBgEIAEoDRIVCg1wcm9tcHRfdG9rZW5zGAUgAygNEgwKBHNlZWQYBiABKAQSEwoLYmxvY2tzX3NlbnQYByABKA0SFgoOYmxvY2tzX2RlZHVwZWQYCCABKA0SFQoNcGF5bG9hZF9ieXRlcxgJIAEoBBIQCghmaW5pc2hlZBgKIAEoCBIgChNmaXJzdF90b2tlbl9sb2dwcm9iGAsgASgBSACIAQESNgoSZmlyc3RfdG9wX2xvZ3Byb2JzGAwgAygLMhoudGwuZW5naW5lLnYxLlRva2VuTG9ncHJvYhIbChNjaG9pY2VfZmlyc3RfdG9rZW5zGA0gAygNEh0KFWNob2ljZV9maXJzdF9sb2dwcm9icxgOIAMoARIXCg9jaG9pY2VfZmluaXNoZWQYDyADKAgSFwoPY29uc3RyYWludF9oYXNoGBAgASgJQhYKFF9maXJzdF90b2tlbl9sb2dwcm9iIg0KC0luZm9SZXF1ZXN0Is0CCgxJbmZvUmVzcG9uc2USEQoJd29ya2VyX2lkGAEgASgJEg0KBXJvbGVzGAIgAygJEg0KBW1vZGVsGAMgASgJEhEKCWt2X2Zvcm1hdBgEIAEoDRIUCgxibG9ja190b2tlbnMYBSABKA0SEAoIbl9sYXllcnMYBiABKA0SEgoKbl9rdl9oZWFkcxgHIAEoDRIQCghoZWFkX2RpbRgIIAEoDRIUCgx0b3RhbF9ibG9ja3MYCSABKA0SEwoLZnJlZV9ibG9ja3MYCiABKA0SEwoLcXVldWVfZGVwdGgYCyABKA0SDwoHcnVubmluZxgMIAEoDRIQCghkcmFpbmluZxgNIAEoCBIVCg1tYXhfbW9kZWxfbGVuGA4gASgNEhIKCnZvY2FiX3NpemUYDyABKA0SHQoVdG9rZW5pemVyX2ZpbmdlcnByaW50GBAgASgJIiMKDUNhbmNlbFJlcXVlc3QSEgoKcmVxdWVzdF9pZBgBIAEoCSIjCg5DYW5jZWxSZXNwb25zZRIRCgljYW5jZWxsZWQYASABKAgiIwoMRHJhaW5SZXF1ZXN0EhMKC2RlYWRsaW5lX21zGAEgASgDIiIKDURyYWluUmVzcG9uc2USEQoJcmVtYWluaW5nGAEgASgFMpYCCg1FbmdpbmVDb250cm9sEj8KB1ByZWZpbGwSHC50bC5lbmdpbmUudjEuUHJlZmlsbFJlcXVlc3QaFi50bC5lbmdpbmUudjEuS3ZIYW5kbGUSPQoESW5mbxIZLnRsLmVuZ2luZS52MS5JbmZvUmVxdWVzdBoaLnRsLmVuZ2luZS52MS5JbmZvUmVzcG9uc2USQwoGQ2FuY2VsEhsudGwuZW5naW5lLnYxLkNhbmNlbFJlcXVlc3QaHC50bC5lbmdpbmUudjEuQ2FuY2VsUmVzcG9uc2USQAoFRHJhaW4SGi50bC5lbmdpbmUudjEuRHJhaW5SZXF1ZXN0GhsudGwuZW5naW5lLnYxLkRyYWluUmVzcG9uc2ViBnByb3RvMw");
 
 /**
  * @generated from message tl.engine.v1.SamplingParams
@@ -161,6 +161,14 @@ export type PrefillRequest = Message<"tl.engine.v1.PrefillRequest"> & {
    * @generated from field: uint32 n = 7;
    */
   n: number;
+
+  /**
+   * Present: every choice's first token is sampled under this structured output (its grammar
+   * compiled here first; one that does not compile is INVALID_ARGUMENT before any prefill).
+   *
+   * @generated from field: tl.engine.v1.StructuredOutput structured = 8;
+   */
+  structured?: StructuredOutput | undefined;
 };
 
 /**
@@ -169,6 +177,35 @@ export type PrefillRequest = Message<"tl.engine.v1.PrefillRequest"> & {
  */
 export const PrefillRequestSchema: GenMessage<PrefillRequest> = /*@__PURE__*/
   messageDesc(file_tl_engine_v1_engine, 2);
+
+/**
+ * A structured output in its canonical form (docs/http-handoff.md, "Structured outputs").
+ *
+ * @generated from message tl.engine.v1.StructuredOutput
+ */
+export type StructuredOutput = Message<"tl.engine.v1.StructuredOutput"> & {
+  /**
+   * "json_schema", "json_object", "regex", "choice" or "grammar".
+   *
+   * @generated from field: string kind = 1;
+   */
+  kind: string;
+
+  /**
+   * json_schema: the schema as JSON; json_object: ""; regex: the pattern; choice: a JSON array
+   * of the allowed strings; grammar: EBNF (xgrammar's dialect, which reads GBNF), rule `root`.
+   *
+   * @generated from field: string source = 2;
+   */
+  source: string;
+};
+
+/**
+ * Describes the message tl.engine.v1.StructuredOutput.
+ * Use `create(StructuredOutputSchema)` to create a new message.
+ */
+export const StructuredOutputSchema: GenMessage<StructuredOutput> = /*@__PURE__*/
+  messageDesc(file_tl_engine_v1_engine, 3);
 
 /**
  * @generated from message tl.engine.v1.KvHandle
@@ -255,6 +292,14 @@ export type KvHandle = Message<"tl.engine.v1.KvHandle"> & {
    * @generated from field: repeated bool choice_finished = 15;
    */
   choiceFinished: boolean[];
+
+  /**
+   * Set when the request has a structured output: its identity (32 hex digits of SHA-256 over
+   * the backend, the kind and the source), which the resume on D must present and match.
+   *
+   * @generated from field: string constraint_hash = 16;
+   */
+  constraintHash: string;
 };
 
 /**
@@ -262,7 +307,7 @@ export type KvHandle = Message<"tl.engine.v1.KvHandle"> & {
  * Use `create(KvHandleSchema)` to create a new message.
  */
 export const KvHandleSchema: GenMessage<KvHandle> = /*@__PURE__*/
-  messageDesc(file_tl_engine_v1_engine, 3);
+  messageDesc(file_tl_engine_v1_engine, 4);
 
 /**
  * @generated from message tl.engine.v1.InfoRequest
@@ -275,7 +320,7 @@ export type InfoRequest = Message<"tl.engine.v1.InfoRequest"> & {
  * Use `create(InfoRequestSchema)` to create a new message.
  */
 export const InfoRequestSchema: GenMessage<InfoRequest> = /*@__PURE__*/
-  messageDesc(file_tl_engine_v1_engine, 4);
+  messageDesc(file_tl_engine_v1_engine, 5);
 
 /**
  * @generated from message tl.engine.v1.InfoResponse
@@ -369,7 +414,7 @@ export type InfoResponse = Message<"tl.engine.v1.InfoResponse"> & {
  * Use `create(InfoResponseSchema)` to create a new message.
  */
 export const InfoResponseSchema: GenMessage<InfoResponse> = /*@__PURE__*/
-  messageDesc(file_tl_engine_v1_engine, 5);
+  messageDesc(file_tl_engine_v1_engine, 6);
 
 /**
  * @generated from message tl.engine.v1.CancelRequest
@@ -386,7 +431,7 @@ export type CancelRequest = Message<"tl.engine.v1.CancelRequest"> & {
  * Use `create(CancelRequestSchema)` to create a new message.
  */
 export const CancelRequestSchema: GenMessage<CancelRequest> = /*@__PURE__*/
-  messageDesc(file_tl_engine_v1_engine, 6);
+  messageDesc(file_tl_engine_v1_engine, 7);
 
 /**
  * @generated from message tl.engine.v1.CancelResponse
@@ -403,7 +448,7 @@ export type CancelResponse = Message<"tl.engine.v1.CancelResponse"> & {
  * Use `create(CancelResponseSchema)` to create a new message.
  */
 export const CancelResponseSchema: GenMessage<CancelResponse> = /*@__PURE__*/
-  messageDesc(file_tl_engine_v1_engine, 7);
+  messageDesc(file_tl_engine_v1_engine, 8);
 
 /**
  * @generated from message tl.engine.v1.DrainRequest
@@ -420,7 +465,7 @@ export type DrainRequest = Message<"tl.engine.v1.DrainRequest"> & {
  * Use `create(DrainRequestSchema)` to create a new message.
  */
 export const DrainRequestSchema: GenMessage<DrainRequest> = /*@__PURE__*/
-  messageDesc(file_tl_engine_v1_engine, 8);
+  messageDesc(file_tl_engine_v1_engine, 9);
 
 /**
  * @generated from message tl.engine.v1.DrainResponse
@@ -437,7 +482,7 @@ export type DrainResponse = Message<"tl.engine.v1.DrainResponse"> & {
  * Use `create(DrainResponseSchema)` to create a new message.
  */
 export const DrainResponseSchema: GenMessage<DrainResponse> = /*@__PURE__*/
-  messageDesc(file_tl_engine_v1_engine, 9);
+  messageDesc(file_tl_engine_v1_engine, 10);
 
 /**
  * @generated from service tl.engine.v1.EngineControl
