@@ -127,6 +127,9 @@ export interface EngineStats {
  * in-flight step holding the sequence), and no block the model thread may still write is zeroed,
  * imported into or handed to another request.
  */
+/** Ids of the model thread's matchers (ModelRunner.openConstraint), one per constrained sequence. */
+let nextConstraintId = 1;
+
 export class Engine {
   readonly pool: KvPool;
   readonly model: ModelRunner;
@@ -543,7 +546,14 @@ export class Engine {
     plan.seqs[r] = seq;
     plan.counts[r] = n;
     plan.batch[r] = chunk;
-    plan.sampling[r] = this.model.forwardPipelined !== undefined && this.modelSamples(seq, samples, ahead) ? seq.rowSampling(ahead) : null;
+    const modelSamples = this.model.forwardPipelined !== undefined && this.modelSamples(seq, samples, ahead);
+    if (modelSamples && seq.constraint && seq.constraintId === 0) {
+      // Its first row the model samples (ahead is 0: every output token is known): the model
+      // thread builds its own matcher, with the output so far taken.
+      seq.constraintId = nextConstraintId++;
+      this.model.openConstraint!(seq.constraintId, seq.constraint, seq.tokens.slice(seq.promptLen));
+    }
+    plan.sampling[r] = modelSamples ? seq.rowSampling(ahead) : null;
   }
 
   /** Row plan.rows: seq's next n tokens from those computed, sampled after when they are its last. */
@@ -563,12 +573,14 @@ export class Engine {
   /**
    * The model may sample seq's next token itself when the step samples it (`samples`) and
    * sampleNext would sample the raw logits with the request's stream: no logits processing, no
-   * min_tokens mask, no structured output, one choice (`ahead` tokens are appended before this
-   * one: the mask counts them).
+   * min_tokens mask, one choice (`ahead` tokens are appended before this one: the mask counts
+   * them); a structured output when the model can mask it (openConstraint), from a step whose
+   * every earlier output token is known (so its matcher there can be built with them).
    */
   private modelSamples(seq: Sequence, samples: boolean, ahead: number): boolean {
     const s = seq.sampling;
-    return samples && seq.processing === null && seq.constraint === null && seq.prefillChoices === 1 && seq.outputCount + ahead >= (s.minTokens ?? 0);
+    const constrained = seq.constraint === null || (this.model.openConstraint !== undefined && (seq.constraintId !== 0 || ahead === 0));
+    return samples && seq.processing === null && constrained && seq.prefillChoices === 1 && seq.outputCount + ahead >= (s.minTokens ?? 0);
   }
 
   /**
@@ -640,6 +652,11 @@ export class Engine {
       if (seq.rng) {
         seq.rng.uniformF64();
         seq.draws++;
+      }
+      // The model masked it with its own matcher: this one takes it too, and refuses what the grammar does not allow.
+      if (seq.constraint && !seq.constraint.accept(sampled)) {
+        this.finish(seq, "error", `structured output: the grammar refused token ${sampled}`);
+        return;
       }
       this.appendToken(seq, sampled, true, s.topLogprobs === undefined ? undefined : tokenLogprobs(this.rows.row(rows, row), sampled, s.topLogprobs));
       return;
@@ -760,6 +777,7 @@ export class Engine {
   private remove(seq: Sequence): void {
     seq.state = "finished";
     seq.constraint?.dispose();
+    if (seq.constraintId !== 0) this.model.closeConstraint?.(seq.constraintId);
     this.byId.delete(seq.requestId);
     let i = this.running.indexOf(seq);
     if (i >= 0) this.running.splice(i, 1);

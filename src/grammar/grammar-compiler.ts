@@ -35,14 +35,18 @@ export class ConstraintCompiler {
   private constructor(
     private readonly runtime: XgrammarRuntime,
     private readonly compiler: XgCompiler,
-    readonly vocabSize: number,
+    readonly vocab: GrammarVocab,
   ) {}
+
+  get vocabSize(): number {
+    return this.vocab.encoded.length;
+  }
 
   static async create(vocab: GrammarVocab): Promise<ConstraintCompiler> {
     const runtime = await xgrammarRuntime();
     const info = await TokenizerInfo.createTokenizerInfo([...vocab.encoded], "byte_level", false, vocab.encoded.length, [...vocab.stopIds]);
     const compiler = await XgCompiler.createGrammarCompiler(info, false);
-    return new ConstraintCompiler(runtime, compiler, vocab.encoded.length);
+    return new ConstraintCompiler(runtime, compiler, vocab);
   }
 
   /** The compiled constraint (from the cache when it was compiled before), or ConstraintError. */
@@ -74,7 +78,7 @@ export class ConstraintCompiler {
   /** A fresh matcher at the start of `c`'s grammar, for one sequence (which disposes it). */
   async matcher(c: CompiledConstraint): Promise<TokenMatcher> {
     const m = await GrammarMatcher.createGrammarMatcher(c.grammar);
-    return new TokenMatcher(m, this.runtime, this.vocabSize);
+    return new TokenMatcher(m, this.runtime, this.vocabSize, c.spec, this.vocab);
   }
 
   private async build(spec: ConstraintSpec, hash: string): Promise<CompiledConstraint> {

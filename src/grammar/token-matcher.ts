@@ -1,4 +1,5 @@
 import type { GrammarMatcher } from "@mlc-ai/web-xgrammar";
+import type { ConstraintSpec } from "./constraint.ts";
 import type { XgrammarRuntime } from "./xgrammar-runtime.ts";
 
 interface EmbindVector {
@@ -30,6 +31,9 @@ export class TokenMatcher {
     private readonly matcher: GrammarMatcher,
     private readonly runtime: XgrammarRuntime,
     readonly vocabSize: number,
+    /** What it matches, and the vocabulary it was compiled against: enough for another thread to build its twin. */
+    readonly spec: ConstraintSpec,
+    readonly vocab: { readonly encoded: readonly string[]; readonly stopIds: readonly number[] },
   ) {
     this.words = Math.ceil(vocabSize / 32);
     // The wrapper's handle is private in its types; its methods are the synchronous embind ones.

@@ -5,11 +5,17 @@ import { sseEvents } from "../support/nodes.ts";
 
 // The embedded model writes verse-shaped nonsense: only the constraint can make these outputs parse.
 let C: EngineNode;
+/** The model on a thread of its own, which samples (and masks) planned-ahead decode steps itself. */
+let W: EngineNode;
 beforeAll(async () => {
-  C = await startEngineNode({ role: "both", model: await loadModel({ threads: 1, modelThread: "main" }), blockTokens: 16, numBlocks: 64 });
+  [C, W] = await Promise.all([
+    startEngineNode({ role: "both", model: await loadModel({ threads: 1, modelThread: "main" }), blockTokens: 16, numBlocks: 64 }),
+    startEngineNode({ role: "both", model: await loadModel({ threads: 2, modelThread: "worker" }), blockTokens: 16, numBlocks: 128 }),
+  ]);
 });
 afterAll(async () => {
-  await C?.shutdown();
+  await Promise.all([C?.shutdown(), W?.shutdown()]);
+  W?.model.close?.();
 });
 
 const PERSON = {
@@ -115,6 +121,34 @@ describe("every structured-output form constrains the embedded model's output", 
       });
     }
   }
+
+  test("on a model thread, every form at once in one batch beside free text: each holds, the free text runs on", async () => {
+    const runs = FORMS.map(async (form, i) => {
+      const res = await post("completion", { ...form.body, temperature: 0.9, seed: 100 + i }, W);
+      expect(res.status).toBe(200);
+      const j = (await res.json()) as { choices: { text: string; finish_reason: string }[] };
+      expect(j.choices[0]!.finish_reason).toBe("stop");
+      form.check(j.choices[0]!.text);
+    });
+    const free = post("completion", { temperature: 0.9, seed: 5, max_tokens: 60, ignore_eos: true }, W).then(async (res) => {
+      expect(((await res.json()) as { usage: { completion_tokens: number } }).usage.completion_tokens).toBe(60);
+    });
+    await Promise.all([...runs, free]);
+  });
+
+  test("a dead end (the grammar must end, min_tokens holds EOS back) fails that request alone", async () => {
+    for (const node of [C, W]) {
+      const [dead, alive] = await Promise.all([
+        post("completion", { structured_outputs: { choice: ["amen"] }, min_tokens: 20, max_tokens: 30 }, node),
+        post("completion", { max_tokens: 30, ignore_eos: true, temperature: 0.9, seed: 3 }, node),
+      ]);
+      expect(dead.status).toBe(502);
+      expect(((await dead.json()) as { error: { message: string } }).error.message).toMatch(/structured output: no token the grammar allows/);
+      expect(alive.status).toBe(200);
+      expect(((await alive.json()) as { usage: { completion_tokens: number } }).usage.completion_tokens).toBe(30);
+      expect(node.engine.inFlight).toBe(0);
+    }
+  });
 
   test("the same request unconstrained is not JSON (the model alone does not make these pass)", async () => {
     const { text: t } = await text("completion", { temperature: 0.9, seed: 11, max_tokens: 40 }, false);
