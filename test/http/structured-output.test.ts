@@ -30,13 +30,13 @@ const PERSON = {
 };
 
 type Kind = "completion" | "chat";
-async function post(kind: Kind, body: Record<string, unknown>): Promise<Response> {
+async function post(kind: Kind, body: Record<string, unknown>, node = C): Promise<Response> {
   const path = kind === "chat" ? "/v1/chat/completions" : "/v1/completions";
   const prompt =
     kind === "chat"
       ? { messages: [{ role: "user", content: "And the LORD spake unto Moses, saying," }] }
       : { prompt: "And the LORD spake unto Moses, saying," };
-  return fetch(`http://${C.httpAddress}${path}`, { method: "POST", body: JSON.stringify({ max_tokens: 150, ...prompt, ...body }) });
+  return fetch(`http://${node.httpAddress}${path}`, { method: "POST", body: JSON.stringify({ max_tokens: 150, ...prompt, ...body }) });
 }
 
 /** The choice's text (content), streamed or not, and its finish reason. */
