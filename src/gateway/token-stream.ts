@@ -61,7 +61,8 @@ class Watchdog {
  * `onAccepted` runs once the engine answered 200 (for a resume: it claimed the handle).
  * With several queues (n > 1), choice i's tokens go to queues[i]. Resolves, once the
  * stream ended, with "refused" (a non-200 answer), "failed" (broken, cancelled or a
- * missed deadline before the 200) or "accepted".
+ * missed deadline before the 200, or a 412: the engine cannot continue the request, another
+ * may) or "accepted".
  */
 export async function readTokenStream(
   url: string,

@@ -49,3 +49,21 @@ test("a decode stream that ends cleanly without [DONE] or an error event: the cl
   expect(ok.at(-1)).toBe("[DONE]");
   expect((ok.at(-2) as { choices: { finish_reason: string }[] }).choices[0]!.finish_reason).toBe("stop");
 });
+
+test("a resume refused with 412 (the engine cannot continue its structured output) routes again; other refusals do not", async () => {
+  for (const [status, want] of [
+    [412, "failed"],
+    [409, "refused"],
+    [400, "refused"],
+  ] as const) {
+    const server = Bun.serve({ port: 0, hostname: "127.0.0.1", fetch: () => Response.json({ error: { message: "no" } }, { status }) });
+    try {
+      const q = new TokenQueue();
+      const outcome = await readTokenStream(`http://127.0.0.1:${server.port}/v1/completions`, {}, {}, [q], new AbortController().signal, () => {});
+      expect([status, outcome]).toEqual([status, want]);
+      expect(q.end.reason).toBe("error");
+    } finally {
+      server.stop(true);
+    }
+  }
+});
