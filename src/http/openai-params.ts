@@ -1,6 +1,7 @@
 import { log } from "../obs/index.ts";
 import type { CompletionKind } from "./completion-request.ts";
 import { HttpError } from "./errors.ts";
+import { STRUCTURED_FIELDS } from "./structured-output.ts";
 
 /**
  * Every request field of OpenAI's chat and completions APIs and of vLLM's extras, and
@@ -46,17 +47,8 @@ const IMPLEMENTED_COMMON = [
   "stop_token_ids",
   "include_stop_str_in_output",
   "return_token_ids",
-  // Structured outputs (structured-output.ts): each spelling parsed, or refused there by name.
-  "response_format",
-  "structured_outputs",
-  "guided_json",
-  "guided_regex",
-  "guided_choice",
-  "guided_grammar",
-  "guided_decoding_backend",
-  "guided_whitespace_pattern",
-  "json_schema",
-  "grammar",
+  // Structured outputs: each spelling parsed, or refused there by name.
+  ...STRUCTURED_FIELDS,
 ];
 const IMPLEMENTED: Record<CompletionKind, ReadonlySet<string>> = {
   chat: new Set([...IMPLEMENTED_COMMON, "messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls"]),
