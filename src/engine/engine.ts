@@ -655,7 +655,7 @@ export class Engine {
       }
       // The model masked it with its own matcher: this one takes it too, and refuses what the grammar does not allow.
       if (seq.constraint && !seq.constraint.accept(sampled)) {
-        this.finish(seq, "error", `structured output: the grammar refused token ${sampled}`);
+        this.finish(seq, "error", `structured output: the grammar refused token ${sampled} (sampled on the model thread)`);
         return;
       }
       this.appendToken(seq, sampled, true, s.topLogprobs === undefined ? undefined : tokenLogprobs(this.rows.row(rows, row), sampled, s.topLogprobs));

@@ -78,3 +78,39 @@ describe("ConstraintCompiler on the embedded model's vocabulary", () => {
     expect(await compiler.compile(a)).toBe(await compiler.compile({ ...a }));
   });
 });
+
+describe("TokenMatcher.fillMask reads the mask straight from xgrammar's memory", () => {
+  test("it is the library's own mask at every step, on a 49,152-token vocabulary, while memory grows", async () => {
+    const encoded = ["", ...Array.from({ length: 256 }, (_, b) => String.fromCodePoint(b < 33 || (b > 126 && b < 161) || b === 173 ? 256 + b : b))];
+    let s = 7;
+    const alphabet = 'abcdefghij {}[]":,0123456789';
+    while (encoded.length < 49152) {
+      let p = "";
+      for (let i = 0, n = 2 + ((s = (s * 1103515245 + 12345) >>> 0) % 6); i < n; i++) p += alphabet[(s = (s * 1103515245 + 12345) >>> 0) % alphabet.length];
+      encoded.push(p.replaceAll(" ", "Ġ"));
+    }
+    const big = await ConstraintCompiler.create({ encoded, stopIds: [0] });
+    const c = await big.compile({
+      kind: "json_schema",
+      source: JSON.stringify({ type: "object", properties: { a: { type: "string" }, b: { type: "array", items: { type: "integer" } } } }),
+    });
+    const held: { dispose(): void }[] = [];
+    const m = await big.matcher(c);
+    const mine = new Int32Array(m.words);
+    const theirs = (m as unknown as { matcher: { getNextTokenBitmask(): Promise<Int32Array> } }).matcher;
+    for (let step = 0; step < 60 && !m.terminated; step++) {
+      // Other matchers allocate meanwhile, so the instance's memory may grow under the reader.
+      for (let k = 0; k < 20; k++) held.push(await big.matcher(c));
+      m.fillMask(mine);
+      const want = await theirs.getNextTokenBitmask();
+      expect(Array.from(mine)).toEqual(Array.from(want));
+      const allowed: number[] = [];
+      for (let i = 0; i < 49152; i++) if ((mine[i >> 5]! >>> (i & 31)) & 1) allowed.push(i);
+      s = (s * 1103515245 + 12345) >>> 0;
+      const t = allowed.includes(0) && step > 30 ? 0 : allowed[s % allowed.length]!;
+      expect(m.accept(t)).toBe(true);
+    }
+    for (const h of held) h.dispose();
+    m.dispose();
+  });
+});
