@@ -75,8 +75,9 @@ function openMirror(o: NonNullable<Extract<ToModelThread, { type: "constraint" }
       mirror.matcher = m;
       for (const t of o.replay) if (!m.accept(t)) mirror.broken = true;
       mirror.count = o.replay.length;
-    } catch {
+    } catch (e) {
       mirror.broken = true;
+      console.error(`model thread: structured output ${o.id} cannot be masked here: ${e instanceof Error ? e.message : String(e)}`);
     }
     mirror.ready = null;
     // Closed while it was being built.
@@ -231,6 +232,7 @@ function sampleConstrained(mirror: Mirror | undefined, input: ArrayLike<number>,
     else mirror.broken = true;
   }
   if (mirror.broken || mirror.count !== outputs) {
+    if (!mirror.broken) console.error(`model thread: structured output matcher at ${mirror.count} tokens, the row at ${outputs}`);
     mirror.broken = true;
     return sample(logits, s.cfg, s.rng);
   }

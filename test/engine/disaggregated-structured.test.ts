@@ -22,9 +22,11 @@ beforeAll(async () => {
     chat: chatRendererFor(m.tokenizer, m.chatTemplate),
     modelName: m.name,
     maxModelLen: m.maxSeqLen,
-    heartbeatIntervalMs: 100,
+    // What this tests is the bytes, not the failure detector: a loaded machine must not route around P or D.
+    heartbeatIntervalMs: 1000,
+    stallSuspectMs: 30_000,
   });
-  const opts = { blockTokens: 16, numBlocks: 64, gatewayRegistry: gw.registryAddress, heartbeatIntervalMs: 100 };
+  const opts = { blockTokens: 16, numBlocks: 64, gatewayRegistry: gw.registryAddress, heartbeatIntervalMs: 1000 };
   const [tp, td, tc] = await Promise.all([
     loadModel({ threads: 2, modelThread: "worker" }),
     loadModel({ threads: 3, modelThread: "worker" }),
@@ -122,6 +124,17 @@ describe("a seeded constrained request: disaggregated == colocated", () => {
       expect(D.receiver!.pending()).toBe(0);
     });
   }
+});
+
+test("through the gateway, a grammar that does not compile is a 400 before any engine works", async () => {
+  const before = [P, D, C].map((n) => n.engine.stats.prefillTokens);
+  const res = await fetch(`http://${gw.httpAddress}/v1/completions`, {
+    method: "POST",
+    body: JSON.stringify({ prompt: "In the beginning", max_tokens: 8, grammar: 'root ::= "a" undefined_rule' }),
+  });
+  expect(res.status).toBe(400);
+  expect(((await res.json()) as { error: { message: string } }).error.message).toMatch(/does not compile/);
+  expect([P, D, C].map((n) => n.engine.stats.prefillTokens)).toEqual(before);
 });
 
 describe("the constraint across the hand-off", () => {
