@@ -5,6 +5,7 @@ import { join } from "node:path";
 import { PEER_ROLES, spiffeId, type PeerRole } from "../rpc/peer-identity.ts";
 import { CLUSTER_TLS_NAME } from "../rpc/tls-config.ts";
 import { ConfigError } from "./options.ts";
+import { quote } from "../codec/index.ts";
 
 x509.cryptoProvider.set(crypto);
 
@@ -151,7 +152,7 @@ export async function runCerts(rest: Map<string, string>): Promise<string> {
   const num = (k: string, d: number, max: number) => {
     const v = rest.get(k);
     if (v === undefined) return d;
-    if (!/^\d+$/.test(v) || Number(v) > max) throw new ConfigError(`--${k}: want 0..${max}, got ${JSON.stringify(v)}`);
+    if (!/^\d+$/.test(v) || Number(v) > max) throw new ConfigError(`--${k}: want 0..${max}, got ${quote(v)}`);
     return Number(v);
   };
   for (const k of rest.keys()) {

@@ -10,6 +10,7 @@ import { clusterFlags, type ClusterFlags } from "./cluster-flags.ts";
 import { ConfigError, parseAddr, type Config } from "./options.ts";
 import { ANY_PORT, type RoleProcess, roleArgs, spawnRole } from "./spawn-role.ts";
 import { PARENT_PID_ENV, stopRequests } from "./stop-requests.ts";
+import { quote } from "../codec/index.ts";
 
 function tryPort(port: number, host = "127.0.0.1"): Promise<number> {
   return new Promise<number>((resolve, reject) => {
@@ -105,7 +106,7 @@ export async function runCluster(config: Config, rest: Map<string, string>, opts
   const count = (k: string, d: number) => {
     const v = rest.get(k);
     if (v === undefined) return d;
-    if (!/^\d+$/.test(v) || Number(v) < 1 || Number(v) > 16) throw new ConfigError(`--${k}: want 1..16, got ${JSON.stringify(v)}`);
+    if (!/^\d+$/.test(v) || Number(v) < 1 || Number(v) > 16) throw new ConfigError(`--${k}: want 1..16, got ${quote(v)}`);
     return Number(v);
   };
   const nP = count("prefill", 1);

@@ -6,7 +6,7 @@ import { controlService, type ControlContext } from "../control/control-service.
 import { Engine, type ModelRunner } from "../engine/index.ts";
 import { EngineControl } from "../gen/tl/engine/v1/engine_pb.ts";
 import type { TlsSource } from "../rpc/tls-config.ts";
-import { engineHttpHandler, serveHttp, type FrontDoorOptions, type HttpServer, type RequestEnd } from "../http/index.ts";
+import { engineHttpHandler, serveHttp, type HttpListenerOptions, type HttpServer, type RequestEnd } from "../http/index.ts";
 import {
   holdWeights,
   kvShapeOf,
@@ -29,6 +29,7 @@ import {
 import { KvPool } from "../pool/index.ts";
 import { KvReceiver, RoutingTransport, serveDataPlane, serveKv, type DataPlaneServer, type KvServer } from "../transfer/index.ts";
 import { blockPayloadBytes, type KvShape } from "../codec/index.ts";
+import { ConfigError } from "./options.ts";
 
 /** A model ready to serve: what forward needs, how text maps to tokens, the KV shape per layer. */
 export interface ServedModel {
@@ -47,6 +48,10 @@ export interface ServedModel {
   /** How the weights are held in memory, and the threads the model runs on (for the ready line). */
   dtype?: string;
   threads?: number;
+  /** What runs the matmuls: "wasm-simd", or "plain-js (why)". */
+  kernels?: string;
+  /** Kernel memories the weights are spread over: 1 unless the model outgrows a wasm32 memory. */
+  memories?: number;
   /** Settles when the model's threads run. */
   ready?: () => Promise<void>;
   /** Stops the model's helper threads. */
@@ -103,7 +108,7 @@ export interface EngineNodeOptions {
   onRequestEnd?: (info: RequestEnd) => void;
   extraRoutes?: (req: Request, url: URL) => Promise<Response | null> | Response | null;
   /** API keys and the body bound of the engine's own HTTP port. */
-  frontDoor?: FrontDoorOptions;
+  frontDoor?: HttpListenerOptions;
   /** Mutual TLS on EngineControl, KvTransfer and the data plane, and toward the gateway and decode engines. */
   tls?: TlsSource | null;
   onTransfer?: ControlContext["onTransfer"];
@@ -134,6 +139,8 @@ export interface ModelOptions {
   threads?: number;
   /** Where forwards run: a model thread of their own (default), or the engine's event loop. */
   modelThread?: "worker" | "main";
+  /** Bytes of weights one kernel memory may place (TransformerOptions.groupBytes): tests lower it. */
+  groupBytes?: number;
 }
 
 /** Loads the model `--model` names (any supported format; none: the embedded one) and wraps it for the engine. */
@@ -182,6 +189,8 @@ async function loadModelThread(opts: LoadModelOptions & ModelOptions): Promise<S
     chatTemplate: tok.chatTemplate,
     dtype: w.info.dtype,
     threads: w.info.threads,
+    kernels: w.info.kernels,
+    memories: w.info.memories,
     close: () => w.close(),
     sharedSlab: true,
     kvSlab: (bytes) => w.kvSlab(bytes),
@@ -195,7 +204,7 @@ export function servedModelOf(
   opts: ModelOptions = {},
 ): ServedModel {
   const weights = holdWeights(m.cfg, m.weights, m.stats.dtype, opts.dtype);
-  const t = new Transformer(m.cfg, weights, { threads: opts.threads ?? 1 });
+  const t = new Transformer(m.cfg, weights, { threads: opts.threads ?? 1, groupBytes: opts.groupBytes });
   const shape = kvShapeOf(t.cfg, 1);
   const runner: ModelRunner = { vocabSize: t.cfg.vocabSize, forward: (pool, batch, out) => t.forward(pool, batch, out) };
   return {
@@ -211,6 +220,8 @@ export function servedModelOf(
     chatTemplate: m.chatTemplate,
     dtype: t.dtype,
     threads: t.threads,
+    kernels: t.kernels,
+    memories: t.memories,
     ready: () => t.ready(),
     close: () => t.close(),
     kvSlab: async (bytes) => t.kvSlab(bytes),
@@ -219,9 +230,19 @@ export function servedModelOf(
 
 /** The engine's KV pool: in the model kernels' memory when the model has room (attention reads it in place), else a slab of its own. */
 export async function kvPoolFor(model: ServedModel, shape: KvShape, numBlocks: number): Promise<KvPool> {
-  const room = (await model.kvSlab?.(numBlocks * blockPayloadBytes(shape))) ?? null;
+  const bytes = numBlocks * blockPayloadBytes(shape);
+  if (bytes > MAX_KV_POOL_BYTES) {
+    const most = Math.floor(MAX_KV_POOL_BYTES / blockPayloadBytes(shape));
+    throw new ConfigError(
+      `--num-blocks ${numBlocks}: a KV pool of ${(bytes / 2 ** 30).toFixed(2)} GiB (${blockPayloadBytes(shape)} bytes a block for this model) is past the 4 GiB one buffer holds; at most ${most} blocks`,
+    );
+  }
+  const room = (await model.kvSlab?.(bytes)) ?? null;
   return new KvPool(shape, numBlocks, room ?? { shared: model.sharedSlab === true });
 }
+
+/** One ArrayBuffer holds at most 4 GiB in Bun (a larger one throws "Out of memory"), and the pool is one. */
+const MAX_KV_POOL_BYTES = 2 ** 32;
 
 let nodeCounter = 0;
 const CONTROL_MESSAGE_BYTES = 4 * 1024 * 1024;
@@ -301,7 +322,7 @@ export async function startEngineNode(opts: EngineNodeOptions): Promise<EngineNo
       { host, port: opts.grpcPort ?? 0, tls, maxMessageBytes: CONTROL_MESSAGE_BYTES },
     );
     closers.push(() => grpc.close());
-    const http: HttpServer = serveHttp(
+    const http: HttpServer = await serveHttp(
       engineHttpHandler({
         engine,
         tokenizer: model.tokenizer,

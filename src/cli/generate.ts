@@ -3,6 +3,7 @@ import { StreamDecoder } from "../model/index.ts";
 import { kvPoolFor, loadModel, type ModelOptions } from "./engine-node.ts";
 import { ConfigError, type Config } from "./options.ts";
 import { PassWriter } from "./pass-writer.ts";
+import { quote } from "../codec/index.ts";
 
 /** The command's own options (--prompt, --max-tokens, --temperature, --seed), checked before any work. */
 function generateOptions(rest: Map<string, string>): { prompt: string; maxTokens: number; temperature: number; seed: bigint } {
@@ -11,13 +12,13 @@ function generateOptions(rest: Map<string, string>): { prompt: string; maxTokens
     const v = rest.get(name);
     if (v === undefined) return dflt;
     const n = Number(v);
-    if (!ok(n)) throw new ConfigError(`--${name}: bad value ${JSON.stringify(v)}`);
+    if (!ok(n)) throw new ConfigError(`--${name}: bad value ${quote(v)}`);
     return n;
   };
   const maxTokens = num("max-tokens", 64, (n) => Number.isInteger(n) && n >= 1);
   const temperature = num("temperature", 0, (n) => Number.isFinite(n) && n >= 0);
   const seedRaw = rest.get("seed") ?? "0";
-  if (!/^\d+$/.test(seedRaw)) throw new ConfigError(`--seed: want a non-negative integer, got ${JSON.stringify(seedRaw)}`);
+  if (!/^\d+$/.test(seedRaw)) throw new ConfigError(`--seed: want a non-negative integer, got ${quote(seedRaw)}`);
   for (const k of rest.keys()) if (!["prompt", "max-tokens", "temperature", "seed"].includes(k)) throw new ConfigError(`unknown option --${k}`);
   return { prompt, maxTokens, temperature, seed: BigInt(seedRaw) };
 }

@@ -1,5 +1,7 @@
 import { readFileSync } from "node:fs";
 import { availableParallelism } from "node:os";
+import { quote } from "../codec/index.ts";
+import { HTTP_LIMITS } from "../http/index.ts";
 
 export type Role = "prefill" | "decode" | "both" | "gateway";
 export const ROLES: readonly Role[] = ["prefill", "decode", "both", "gateway"];
@@ -33,6 +35,34 @@ function securityOptions(section: Spec["section"]): Spec[] {
     { section, key: "api_key", kind: "list", dflt: [], help: "Bearer key required on the HTTP API (repeatable; TL_API_KEY also read, comma-separated)" },
     { section, key: "metrics_need_key", kind: "bool", dflt: false, help: "put /metrics behind the API key too" },
     { section, key: "max_request_bytes", kind: "int", dflt: 4194304, help: "largest HTTP request body (413 beyond it)" },
+    {
+      section,
+      key: "http_headers_timeout_s",
+      kind: "int",
+      dflt: HTTP_LIMITS.headersTimeoutS,
+      help: "seconds an HTTP client has to send a request's headers (408 after)",
+    },
+    {
+      section,
+      key: "http_body_timeout_s",
+      kind: "int",
+      dflt: HTTP_LIMITS.bodyTimeoutS,
+      help: "seconds an HTTP client has to send a request's whole body (408 after)",
+    },
+    {
+      section,
+      key: "http_max_connections",
+      kind: "int",
+      dflt: HTTP_LIMITS.maxConnections,
+      help: "most HTTP client connections open at once (more are closed unread; each holds two descriptors)",
+    },
+    {
+      section,
+      key: "http_health_reserve",
+      kind: "uint",
+      dflt: HTTP_LIMITS.healthReserve,
+      help: "of http_max_connections, how many only /health and /health/live may take (others get 503 past the rest)",
+    },
   ];
 }
 
@@ -186,43 +216,42 @@ function coerce(spec: Spec, raw: unknown, where: string): Value {
   const name = `${where} ${spec.section}.${spec.key}`;
   if (spec.kind === "bool") {
     const b = raw === "true" || raw === "" ? true : raw === "false" ? false : raw;
-    if (typeof b !== "boolean") throw new ConfigError(`${name}: want true or false, got ${JSON.stringify(raw)}`);
+    if (typeof b !== "boolean") throw new ConfigError(`${name}: want true or false, got ${quote(raw)}`);
     return b;
   }
   if (spec.kind === "list") {
     const list = typeof raw === "string" ? [raw] : raw;
     if (!Array.isArray(list) || !list.every((v) => typeof v === "string" && v !== ""))
-      throw new ConfigError(`${name}: want a non-empty string or a list of them, got ${JSON.stringify(raw)}`);
+      throw new ConfigError(`${name}: want a non-empty string or a list of them, got ${quote(raw)}`);
     return list as string[];
   }
   if (spec.kind === "int") {
     const n = typeof raw === "string" && /^\d+$/.test(raw) ? Number(raw) : raw;
-    if (typeof n !== "number" || !Number.isSafeInteger(n) || n < 1) throw new ConfigError(`${name}: want a positive integer, got ${JSON.stringify(raw)}`);
+    if (typeof n !== "number" || !Number.isSafeInteger(n) || n < 1) throw new ConfigError(`${name}: want a positive integer, got ${quote(raw)}`);
     return n;
   }
   if (spec.kind === "uint" || spec.kind === "num") {
     const n = typeof raw === "string" && /^\d+(\.\d+)?$/.test(raw) ? Number(raw) : raw;
     const ok = typeof n === "number" && Number.isFinite(n) && n >= 0 && (spec.kind === "num" || Number.isSafeInteger(n));
-    if (!ok) throw new ConfigError(`${name}: want ${spec.kind === "num" ? "a number" : "an integer"} ≥ 0, got ${JSON.stringify(raw)}`);
+    if (!ok) throw new ConfigError(`${name}: want ${spec.kind === "num" ? "a number" : "an integer"} ≥ 0, got ${quote(raw)}`);
     return n as number;
   }
-  if (typeof raw !== "string") throw new ConfigError(`${name}: want a string, got ${JSON.stringify(raw)}`);
-  if (spec.kind === "choice" && !spec.choices!.includes(raw))
-    throw new ConfigError(`${name}: want one of ${spec.choices!.join(", ")}, got ${JSON.stringify(raw)}`);
+  if (typeof raw !== "string") throw new ConfigError(`${name}: want a string, got ${quote(raw)}`);
+  if (spec.kind === "choice" && !spec.choices!.includes(raw)) throw new ConfigError(`${name}: want one of ${spec.choices!.join(", ")}, got ${quote(raw)}`);
   if (spec.kind === "addr" || (spec.kind === "addr?" && raw !== "")) parseAddr(raw, name);
   if (spec.kind === "host?" && raw !== "") {
     const ok = /^([A-Za-z0-9.-]+|[0-9a-fA-F]*:[0-9a-fA-F:]*:[0-9a-fA-F.]*)$/.test(raw) && !["0.0.0.0", "::"].includes(raw);
-    if (!ok) throw new ConfigError(`${name}: want a host name or IP address others can reach, got ${JSON.stringify(raw)}`);
+    if (!ok) throw new ConfigError(`${name}: want a host name or IP address others can reach, got ${quote(raw)}`);
   }
   if (spec.kind === "url?" && raw !== "" && !/^https?:\/\/[^/\s]+/.test(raw))
-    throw new ConfigError(`${name}: want an http:// or https:// URL, got ${JSON.stringify(raw)}`);
+    throw new ConfigError(`${name}: want an http:// or https:// URL, got ${quote(raw)}`);
   return raw;
 }
 
 /** "host:port" with a port in 0..65535; "[::1]:80" for IPv6. */
 export function parseAddr(s: string, name = "address"): { host: string; port: number } {
   const m = /^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+):(\d{1,5})$/.exec(s);
-  if (!m || Number(m[2]) > 65535) throw new ConfigError(`${name}: want host:port, got ${JSON.stringify(s)}`);
+  if (!m || Number(m[2]) > 65535) throw new ConfigError(`${name}: want host:port, got ${quote(s)}`);
   return { host: m[1]!.replace(/^\[|\]$/g, ""), port: Number(m[2]) };
 }
 
@@ -241,12 +270,11 @@ export function applyToml(c: Config, path: string): void {
     throw new ConfigError(`config ${path}: not valid TOML: ${e instanceof Error ? e.message : String(e)}`);
   }
   for (const [table, body] of Object.entries(doc)) {
-    if (table !== "engine" && table !== "gateway")
-      throw new ConfigError(`config ${path}: unknown key ${JSON.stringify(table)} (tables are [engine] and [gateway])`);
+    if (table !== "engine" && table !== "gateway") throw new ConfigError(`config ${path}: unknown key ${quote(table)} (tables are [engine] and [gateway])`);
     if (typeof body !== "object" || body === null || Array.isArray(body)) throw new ConfigError(`config ${path}: ${table} must be a table`);
     for (const [key, value] of Object.entries(body)) {
       const spec = SPECS.find((s) => s.section === table && s.key === key);
-      if (!spec) throw new ConfigError(`config ${path}: unknown key ${table}.${key}`);
+      if (!spec) throw new ConfigError(`config ${path}: unknown key ${quote(`${table}.${key}`)}`);
       c[table][key] = coerce(spec, value, `config ${path}:`);
       c.given.add(`${table}.${key}`);
     }
@@ -271,7 +299,7 @@ export function parseArgs(argv: readonly string[]): { config: Config; rest: Map<
       help = true;
       continue;
     }
-    if (!a.startsWith("--")) throw new ConfigError(`unexpected argument ${JSON.stringify(a)}`);
+    if (!a.startsWith("--")) throw new ConfigError(`unexpected argument ${quote(a)}`);
     const eq = a.indexOf("=");
     const name = eq >= 0 ? a.slice(2, eq) : a.slice(2);
     // A boolean flag stands alone (`--insecure`) unless written `--insecure=false`.
@@ -283,7 +311,7 @@ export function parseArgs(argv: readonly string[]): { config: Config; rest: Map<
   const config = defaults();
   const role = flags.get("role");
   if (role !== undefined) {
-    if (!ROLES.includes(role as Role)) throw new ConfigError(`--role ${JSON.stringify(role)}: want one of ${ROLES.join(", ")}`);
+    if (!ROLES.includes(role as Role)) throw new ConfigError(`--role ${quote(role)}: want one of ${ROLES.join(", ")}`);
     config.role = role as Role;
   }
   flags.delete("role");

@@ -110,6 +110,8 @@ export async function runEngine(config: Config): Promise<EngineNode> {
   });
   // Every request the engine runs, whichever door it came in by (HTTP, Prefill, a resume).
   node.engine.onFinish((f) => recordFinished(metrics, node.model.name, f));
+  const kernels = node.model.kernels;
+  if (kernels !== undefined && kernels !== "wasm-simd") log.warn("matmuls on the plain-JS fallback: one core, a fraction of the speed", { kernels });
   console.log(
     JSON.stringify({
       msg: "ready",
@@ -181,12 +183,18 @@ export async function runGateway(config: Config): Promise<Gateway> {
 }
 
 function frontDoorOf(s: Security) {
-  return { apiKeys: s.apiKeys, metricsNeedKey: s.metricsNeedKey, maxRequestBytes: s.maxRequestBytes };
+  return { apiKeys: s.apiKeys, metricsNeedKey: s.metricsNeedKey, maxRequestBytes: s.maxRequestBytes, ...s.http };
 }
 
 function modelFields(node: EngineNode): Record<string, unknown> {
   const s = node.model.stats;
-  const held = { weights_dtype: node.model.dtype ?? null, threads: node.model.threads ?? null, model_thread: node.model.sharedSlab ? "worker" : "main" };
+  const held = {
+    weights_dtype: node.model.dtype ?? null,
+    threads: node.model.threads ?? null,
+    kernels: node.model.kernels ?? null,
+    kernel_memories: node.model.memories ?? null,
+    model_thread: node.model.sharedSlab ? "worker" : "main",
+  };
   return s ? { parameters: s.parameters, dtype: s.dtype, resident_bytes: s.residentBytes, ...held } : held;
 }
 

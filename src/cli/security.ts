@@ -2,7 +2,9 @@ import { log } from "../obs/index.ts";
 import { speaksFor, type PeerRole } from "../rpc/peer-identity.ts";
 import { TlsConfigError, TlsSource } from "../rpc/tls-config.ts";
 import { apiKeysFrom } from "../http/front-door.ts";
+import { HTTP_LIMITS } from "../http/index.ts";
 import { ConfigError, type Section } from "./options.ts";
+import { quote } from "../codec/index.ts";
 
 export type TlsMode = "mtls" | "plaintext";
 
@@ -13,6 +15,8 @@ export interface Security {
   apiKeys: string[];
   metricsNeedKey: boolean;
   maxRequestBytes: number;
+  /** The HTTP listener's slow-client bounds (serve-http.ts). */
+  http: { headersTimeoutS: number; bodyTimeoutS: number; maxConnections: number; healthReserve: number };
 }
 
 /** 127.0.0.0/8, ::1 and localhost: the only hosts plaintext may bind without --insecure. */
@@ -43,7 +47,7 @@ export function securityFrom(section: Section, role: PeerRole, hosts: readonly s
     if (self.role !== role) throw new ConfigError(`tls_cert ${files.cert} names role ${self.role}; this process runs as ${role}`);
     if (workerId && !speaksFor(self, workerId))
       throw new ConfigError(
-        `worker_id ${JSON.stringify(workerId)} differs from the certificate's ${JSON.stringify(self.workerId)} (the registry only takes heartbeats for the certificate's own id)`,
+        `worker_id ${quote(workerId)} differs from the certificate's ${quote(self.workerId)} (the registry only takes heartbeats for the certificate's own id)`,
       );
   }
   const open = hosts.filter((h) => !isLoopback(h));
@@ -59,5 +63,18 @@ export function securityFrom(section: Section, role: PeerRole, hosts: readonly s
     apiKeys: apiKeysFrom((section.api_key as readonly string[] | undefined) ?? []),
     metricsNeedKey: section.metrics_need_key === true,
     maxRequestBytes: Number(section.max_request_bytes ?? 4 * 1024 * 1024),
+    http: httpLimitsFrom(section),
   };
+}
+
+function httpLimitsFrom(section: Section): Security["http"] {
+  const http = {
+    headersTimeoutS: Number(section.http_headers_timeout_s ?? HTTP_LIMITS.headersTimeoutS),
+    bodyTimeoutS: Number(section.http_body_timeout_s ?? HTTP_LIMITS.bodyTimeoutS),
+    maxConnections: Number(section.http_max_connections ?? HTTP_LIMITS.maxConnections),
+    healthReserve: Number(section.http_health_reserve ?? HTTP_LIMITS.healthReserve),
+  };
+  if (http.healthReserve >= http.maxConnections)
+    throw new ConfigError(`http_health_reserve (${http.healthReserve}) must be below http_max_connections (${http.maxConnections})`);
+  return http;
 }

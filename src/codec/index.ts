@@ -13,6 +13,7 @@ export {
   crc32cExtendU32,
 } from "./crc32c.ts";
 export { toF16Bits, fromF16Bits, roundF16, f16Bytes } from "./f16.ts";
+export { quote, QUOTE_MAX } from "./quote.ts";
 export {
   writeEnvelope,
   readEnvelope,

@@ -3,6 +3,7 @@ import type { TokenMatcher } from "../grammar/index.ts";
 import {
   applyTokenBitmask,
   choiceSeed,
+  LogitsError,
   maskStops,
   processLogits,
   resumeRng,
@@ -12,7 +13,7 @@ import {
   tokenLogprobs,
   type TokenLogprobs,
 } from "../rng/index.ts";
-import { dropFirst } from "../model/index.ts";
+import { dropFirst, SAMPLE_FAILED } from "../model/index.ts";
 import type { KvPool } from "../pool/index.ts";
 import { type ForwardDone, LogitsRows, type ModelRunner, prevToken, type RowSampling, type SeqChunk } from "./model-runner.ts";
 import { Sequence, type Finish, type FinishReason, type SamplingParams } from "./sequence.ts";
@@ -619,7 +620,9 @@ export class Engine {
   /**
    * After the forward: the one place computed positions are recorded (fills, and hashes of
    * newly full blocks registered for prefix hits), then sampling where a chunk reached the end
-   * of its tokens. A sequence cancelled meanwhile is skipped.
+   * of its tokens. A sequence cancelled meanwhile is skipped. Logits one sequence cannot be
+   * sampled from (LogitsError) end that sequence alone, with the error; the step goes on for
+   * the others, whose tokens are what they would have been without it.
    */
   private postprocess(plan: StepPlan): void {
     const B = this.pool.shape.blockTokens;
@@ -633,8 +636,16 @@ export class Engine {
       seq.numComputed += n;
       this.markComputed(seq, from, B);
       if (seq.numComputed < seq.tokens.length) continue;
+      // The model thread could not sample the row (SAMPLE_FAILED): sampled here from the same raw logits, it fails the same way.
       const sampled = plan.sampling[i] ? plan.sampled![i]! : -1;
-      this.sampleNext(seq, plan.logits, i, sampled);
+      try {
+        this.sampleNext(seq, plan.logits, i, sampled === SAMPLE_FAILED ? -1 : sampled);
+      } catch (e) {
+        if (!(e instanceof LogitsError)) throw e;
+        // Its blocks go back once every step holding it settled (giveBack); a step planned
+        // ahead with its row computes a stand-in token there, and skips it when it settles.
+        this.finish(seq, "error", e.message, e.byRequest ? "request" : "model");
+      }
     }
   }
 
@@ -655,7 +666,7 @@ export class Engine {
       }
       // The model masked it with its own matcher: this one takes it too, and refuses what the grammar does not allow.
       if (seq.constraint && !seq.constraint.accept(sampled)) {
-        this.finish(seq, "error", `structured output: the grammar refused token ${sampled} (sampled on the model thread)`);
+        this.finish(seq, "error", `structured output: the grammar refused token ${sampled} (sampled on the model thread)`, "model");
         return;
       }
       this.appendToken(seq, sampled, true, s.topLogprobs === undefined ? undefined : tokenLogprobs(this.rows.row(rows, row), sampled, s.topLogprobs));
@@ -678,7 +689,7 @@ export class Engine {
         constraint.fillMask(seq.mask!);
         // A dead end (min_tokens holding back the only way the grammar can end, say) ends this sequence alone.
         if (applyTokenBitmask(logits, seq.mask!) === 0) {
-          this.finish(seq, "error", "structured output: no token the grammar allows is possible here");
+          this.finish(seq, "error", "structured output: no token the grammar allows is possible here", "request");
           return;
         }
       }
@@ -686,7 +697,7 @@ export class Engine {
     const token = sample(logits, s, seq.rng);
     if (seq.rng) seq.draws++;
     if (constraint && !constraint.accept(token)) {
-      this.finish(seq, "error", `structured output: the grammar refused token ${token}`);
+      this.finish(seq, "error", `structured output: the grammar refused token ${token}`, "model");
       return;
     }
     // One prefill for n choices: the others' first tokens come from the same logits, each
@@ -754,11 +765,11 @@ export class Engine {
     });
   }
 
-  private finish(seq: Sequence, reason: FinishReason, error?: string): void {
+  private finish(seq: Sequence, reason: FinishReason, error?: string, errorKind?: Finish["errorKind"]): void {
     if (seq.state === "finished") return;
     this.releaseBlocks(seq);
     this.remove(seq);
-    seq.onFinish({ ...this.summary(seq, reason), error });
+    seq.onFinish({ ...this.summary(seq, reason), error, ...(errorKind ? { errorKind } : {}) });
   }
 
   private summary(seq: Sequence, reason: FinishReason): Finish {

@@ -60,6 +60,12 @@ export interface Finish {
   /** Milliseconds from submit to this finish. */
   e2eMs: number;
   error?: string;
+  /**
+   * Reason "error" from a sampling step that failed for this sequence alone (its batch went
+   * on): "request" when its own settings left no token to sample, "model" when the model's
+   * logits for it were NaN.
+   */
+  errorKind?: "request" | "model";
   prefill?: PrefillOutput;
 }
 

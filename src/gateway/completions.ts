@@ -17,7 +17,7 @@ import { type Attributes, endSpan, extractHeaders, log, type Metrics, type Span,
 import { Code, codeName, httpStatusOf } from "../rpc/status.ts";
 import type { Admission } from "./admission.ts";
 import type { PendingWork } from "./pending-work.ts";
-import { promptHashes } from "../codec/index.ts";
+import { promptHashes, quote } from "../codec/index.ts";
 import type { Pair, PairPicker } from "./pair-picker.ts";
 import { RetryPolicy } from "./pair-picker.ts";
 import { type PrefillClient, untilAborted } from "./prefill-client.ts";
@@ -120,12 +120,7 @@ export class Completions {
     const { ctx } = this;
     const params = parseCompletion(kind, body, { tokenizer: ctx.tokenizer, maxModelLen: ctx.maxModelLen, chat: ctx.chat, toolParser: ctx.toolParser ?? null });
     if (params.model !== undefined && params.model !== ctx.modelName) {
-      throw new HttpError(
-        404,
-        `model ${JSON.stringify(params.model)} is not served; this gateway serves ${JSON.stringify(ctx.modelName)}`,
-        "invalid_request_error",
-        "model",
-      );
+      throw new HttpError(404, `model ${quote(params.model)} is not served; this gateway serves ${quote(ctx.modelName)}`, "invalid_request_error", "model");
     }
     // A grammar that does not compile is the client's 400 here, whichever engine would serve it
     // (a colocated one would answer its own 400 mid-route); compiled once per grammar, cached.

@@ -1,7 +1,7 @@
 import { WorkerRegistry as WorkerRegistryService } from "../gen/tl/control/v1/control_pb.ts";
 import type { ToolParserName } from "../http/index.ts";
 import { releaseUnclaimed } from "../handoff/index.ts";
-import { type FrontDoorOptions, type HttpServer, serveHttp } from "../http/index.ts";
+import { type HttpListenerOptions, type HttpServer, serveHttp } from "../http/index.ts";
 import type { TlsSource } from "../rpc/tls-config.ts";
 import { type ChatRenderer, type Tokenizer, tokenizerFingerprint } from "../model/index.ts";
 import { createMetrics, log, type Metrics } from "../obs/index.ts";
@@ -45,7 +45,7 @@ export interface GatewayOptions {
   /** Prompts with fewer uncached tokens on the chosen D are prefilled there; 0 (the default here): always disaggregate. */
   disaggMinUncachedTokens?: number;
   /** API keys and the body bound of the front door. */
-  frontDoor?: FrontDoorOptions;
+  frontDoor?: HttpListenerOptions;
   /** Mutual TLS on the registry and toward every engine. */
   tls?: TlsSource | null;
   /** Most workers the registry holds (default 256). */
@@ -140,7 +140,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     completions,
     tls: tls === null ? "plaintext" : "mtls",
   });
-  const http: HttpServer = serveHttp(routes, { ...opts.frontDoor, host, port: opts.httpPort ?? 0 });
+  const http: HttpServer = await serveHttp(routes, { ...opts.frontDoor, host, port: opts.httpPort ?? 0 });
   return {
     httpAddress: http.address,
     registryAddress: grpc.address,

@@ -8,7 +8,7 @@ import {
   WorkerRegistry as WorkerRegistryService,
   type WorkerStatus,
 } from "../gen/tl/control/v1/control_pb.ts";
-import { KV_FORMAT } from "../codec/index.ts";
+import { KV_FORMAT, quote } from "../codec/index.ts";
 import type { WorkerRegistry } from "./worker-registry.ts";
 import { callerOf, type Caller } from "../rpc/peer-gate.ts";
 import { refusal } from "../rpc/peer-policy.ts";
@@ -117,7 +117,7 @@ function validate(status: WorkerStatus): void {
  */
 function sameModel(status: WorkerStatus, want: ExpectedModel): void {
   const diff: string[] = [];
-  if (status.model !== want.model) diff.push(`model ${JSON.stringify(status.model)}, want ${JSON.stringify(want.model)}`);
+  if (status.model !== want.model) diff.push(`model ${quote(status.model)}, want ${quote(want.model)}`);
   if (status.vocabSize !== 0 && status.vocabSize !== want.vocabSize) diff.push(`vocab_size ${status.vocabSize}, want ${want.vocabSize}`);
   if (status.tokenizerFingerprint !== "" && status.tokenizerFingerprint !== want.tokenizerFingerprint) {
     diff.push(`tokenizer fingerprint ${status.tokenizerFingerprint}, want ${want.tokenizerFingerprint}`);

@@ -1,4 +1,5 @@
 import { Role } from "../gen/tl/control/v1/control_pb.ts";
+import { quote } from "../codec/index.ts";
 import { type CompletionKind, errorResponse, HttpError } from "../http/index.ts";
 import { type Metrics, metricsResponse } from "../obs/index.ts";
 import type { Admission } from "./admission.ts";
@@ -66,7 +67,7 @@ export function gatewayRoutes(ctx: GatewayRoutesContext): (req: Request) => Prom
         for (const [name, r] of ROLES) ctx.metrics.registryWorkers.set({ role: name }, liveCount(r));
         return metricsResponse(ctx.metrics);
       }
-      throw new HttpError(404, `no route for ${req.method} ${url.pathname}`, "not_found_error");
+      throw new HttpError(404, `no route for ${req.method} ${quote(url.pathname)}`, "not_found_error");
     } catch (e) {
       return errorResponse(e);
     }

@@ -36,6 +36,27 @@ export const CONSTRAINT_LIMITS = { sourceChars: 65536, regexChars: 4096, choices
 /** A constraint that cannot be served: the message names the field or keyword. */
 export class ConstraintError extends Error {}
 
+/** Control and format characters (C0, DEL, C1, U+2028/9, and \p{Cf}) as \uXXXX: nothing a terminal obeys. */
+export function escapeControls(s: string): string {
+  let out = "";
+  for (const c of s) {
+    const n = c.codePointAt(0)!;
+    const control = n < 0x20 || (n >= 0x7f && n <= 0x9f) || n === 0x2028 || n === 0x2029 || /\p{Cf}/u.test(c);
+    out += !control ? c : n <= 0xffff ? `\\u${n.toString(16).padStart(4, "0")}` : `\\u{${n.toString(16)}}`;
+  }
+  return out;
+}
+
+/**
+ * A value from the request as a message shows it: JSON-quoted, cut to 80 characters, with the
+ * control and format characters JSON leaves alone escaped too (what src/codec's quote does;
+ * this folder imports none of ours).
+ */
+export function show(v: unknown): string {
+  const q = escapeControls(JSON.stringify(String(v)));
+  return q.length > 80 ? `${q.slice(0, 80)}… (${q.length} characters)` : q;
+}
+
 /**
  * The canonical identity of a constraint: SHA-256 over the backend, the kind and the source,
  * as 32 hex digits (its first 128 bits). It travels with the KV handle so that the decode
@@ -48,7 +69,7 @@ export function constraintHash(spec: ConstraintSpec): string {
 /** Checks a spec's bounds (and, for a schema, that every keyword is enforced), or throws ConstraintError. */
 export function checkConstraint(spec: ConstraintSpec): void {
   const { kind, source } = spec;
-  if (!CONSTRAINT_KINDS.includes(kind)) throw new ConstraintError(`unknown constraint kind ${JSON.stringify(kind)}`);
+  if (!CONSTRAINT_KINDS.includes(kind)) throw new ConstraintError(`unknown constraint kind ${show(kind)}`);
   if (source.length > CONSTRAINT_LIMITS.sourceChars)
     throw new ConstraintError(`the ${kind} has ${source.length} characters; at most ${CONSTRAINT_LIMITS.sourceChars}`);
   switch (kind) {
@@ -128,42 +149,44 @@ const TYPES = new Set(["string", "number", "integer", "boolean", "null", "object
 
 /** Throws ConstraintError naming the first keyword (by its JSON pointer) this backend cannot enforce. */
 export function checkSchema(schema: unknown, path = "#", depth = 0): void {
-  if (depth > CONSTRAINT_LIMITS.schemaDepth) throw new ConstraintError(`the JSON schema nests deeper than ${CONSTRAINT_LIMITS.schemaDepth} at ${path}`);
+  if (depth > CONSTRAINT_LIMITS.schemaDepth) throw new ConstraintError(`the JSON schema nests deeper than ${CONSTRAINT_LIMITS.schemaDepth} at ${show(path)}`);
   if (typeof schema === "boolean") return;
   if (typeof schema !== "object" || schema === null || Array.isArray(schema))
-    throw new ConstraintError(`the JSON schema at ${path} must be an object or a boolean`);
+    throw new ConstraintError(`the JSON schema at ${show(path)} must be an object or a boolean`);
   const s = schema as Record<string, unknown>;
   for (const [key, v] of Object.entries(s)) {
     const at = `${path}/${key}`;
     if (ANNOTATIONS.has(key)) continue;
-    if (!ENFORCED.has(key)) throw new ConstraintError(`JSON schema keyword "${key}" (at ${at}) cannot be enforced by this engine's structured output`);
+    if (!ENFORCED.has(key))
+      throw new ConstraintError(`JSON schema keyword ${show(key)} (at ${show(at)}) cannot be enforced by this engine's structured output`);
     switch (key) {
       case "type": {
         const types = Array.isArray(v) ? v : [v];
         if (types.length === 0 || types.some((t) => typeof t !== "string" || !TYPES.has(t)))
-          throw new ConstraintError(`JSON schema "type" at ${at} must name JSON types`);
+          throw new ConstraintError(`JSON schema "type" at ${show(at)} must name JSON types`);
         break;
       }
       case "format":
         if (typeof v !== "string" || !FORMATS.has(v))
-          throw new ConstraintError(`JSON schema "format": ${JSON.stringify(v)} (at ${at}) cannot be enforced; supported: ${[...FORMATS].join(", ")}`);
+          throw new ConstraintError(`JSON schema "format": ${show(v)} (at ${show(at)}) cannot be enforced; supported: ${[...FORMATS].join(", ")}`);
         break;
       case "$ref":
-        if (typeof v !== "string" || !v.startsWith("#")) throw new ConstraintError(`JSON schema "$ref" (at ${at}) must point inside the schema ("#/...")`);
+        if (typeof v !== "string" || !v.startsWith("#"))
+          throw new ConstraintError(`JSON schema "$ref" (at ${show(at)}) must point inside the schema ("#/...")`);
         break;
       case "allOf":
-        if (!Array.isArray(v) || v.length !== 1) throw new ConstraintError(`JSON schema "allOf" (at ${at}) is enforced with one subschema only`);
+        if (!Array.isArray(v) || v.length !== 1) throw new ConstraintError(`JSON schema "allOf" (at ${show(at)}) is enforced with one subschema only`);
         v.forEach((x, i) => checkSchema(x, `${at}/${i}`, depth + 1));
         break;
       case "anyOf":
       case "prefixItems":
-        if (!Array.isArray(v) || v.length === 0) throw new ConstraintError(`JSON schema "${key}" (at ${at}) must be a non-empty array`);
+        if (!Array.isArray(v) || v.length === 0) throw new ConstraintError(`JSON schema "${key}" (at ${show(at)}) must be a non-empty array`);
         v.forEach((x, i) => checkSchema(x, `${at}/${i}`, depth + 1));
         break;
       case "properties":
       case "$defs":
       case "definitions":
-        if (typeof v !== "object" || v === null || Array.isArray(v)) throw new ConstraintError(`JSON schema "${key}" (at ${at}) must be an object`);
+        if (typeof v !== "object" || v === null || Array.isArray(v)) throw new ConstraintError(`JSON schema "${key}" (at ${show(at)}) must be an object`);
         for (const [name, sub] of Object.entries(v)) checkSchema(sub, `${at}/${name}`, depth + 1);
         break;
       case "items":
@@ -172,25 +195,26 @@ export function checkSchema(schema: unknown, path = "#", depth = 0): void {
         break;
       case "required":
         if (!Array.isArray(v) || v.some((r) => typeof r !== "string"))
-          throw new ConstraintError(`JSON schema "required" (at ${at}) must be an array of strings`);
+          throw new ConstraintError(`JSON schema "required" (at ${show(at)}) must be an array of strings`);
         break;
       case "enum":
-        if (!Array.isArray(v) || v.length === 0) throw new ConstraintError(`JSON schema "enum" (at ${at}) must be a non-empty array`);
+        if (!Array.isArray(v) || v.length === 0) throw new ConstraintError(`JSON schema "enum" (at ${show(at)}) must be a non-empty array`);
         break;
       case "pattern":
-        if (typeof v !== "string") throw new ConstraintError(`JSON schema "pattern" (at ${at}) must be a string`);
+        if (typeof v !== "string") throw new ConstraintError(`JSON schema "pattern" (at ${show(at)}) must be a string`);
         break;
       case "minLength":
       case "maxLength":
       case "minItems":
       case "maxItems":
-        if (typeof v !== "number" || !Number.isInteger(v) || v < 0) throw new ConstraintError(`JSON schema "${key}" (at ${at}) must be a non-negative integer`);
+        if (typeof v !== "number" || !Number.isInteger(v) || v < 0)
+          throw new ConstraintError(`JSON schema "${key}" (at ${show(at)}) must be a non-negative integer`);
         break;
       case "minimum":
       case "maximum":
       case "exclusiveMinimum":
       case "exclusiveMaximum":
-        if (typeof v !== "number" || !Number.isFinite(v)) throw new ConstraintError(`JSON schema "${key}" (at ${at}) must be a number`);
+        if (typeof v !== "number" || !Number.isFinite(v)) throw new ConstraintError(`JSON schema "${key}" (at ${show(at)}) must be a number`);
         break;
     }
   }

@@ -1,5 +1,5 @@
 import { type CompiledGrammar, GrammarCompiler as XgCompiler, GrammarMatcher, TokenizerInfo } from "@mlc-ai/web-xgrammar";
-import { checkConstraint, ConstraintError, type ConstraintSpec, constraintHash, parseChoices } from "./constraint.ts";
+import { checkConstraint, ConstraintError, type ConstraintSpec, constraintHash, escapeControls, parseChoices } from "./constraint.ts";
 import { TokenMatcher } from "./token-matcher.ts";
 import { type XgrammarRuntime, xgrammarRuntime } from "./xgrammar-runtime.ts";
 
@@ -113,7 +113,8 @@ function reason(errors: string[], error: unknown): string {
     : error instanceof Error
       ? error.message
       : String(error);
-  return text.split("\n")[0]!.slice(0, 300);
+  // It may quote the request's grammar: no control or format character reaches a client or a log.
+  return escapeControls(text.split("\n")[0]!.slice(0, 300));
 }
 
 const compilers = new WeakMap<object, Promise<ConstraintCompiler>>();

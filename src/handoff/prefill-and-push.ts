@@ -101,11 +101,17 @@ async function prefill(engine: Engine, req: PrefillPushRequest) {
   }
   if (f.reason === "cancelled") throw new HandoffError("prefill", Code.Canceled, `request ${req.requestId} cancelled`);
   if (!f.prefill) {
-    throw new HandoffError(
-      "prefill",
-      f.reason === "error" || f.reason === "length" ? Code.ResourceExhausted : Code.Internal,
-      `prefill failed: ${f.error ?? f.reason}`,
-    );
+    // A request whose own settings left no token to sample is its caller's mistake (400 at the
+    // gateway), not a full engine to retry later (429).
+    const code =
+      f.errorKind === "request"
+        ? Code.InvalidArgument
+        : f.errorKind === "model"
+          ? Code.Internal
+          : f.reason === "error" || f.reason === "length"
+            ? Code.ResourceExhausted
+            : Code.Internal;
+    throw new HandoffError("prefill", code, `prefill failed: ${f.error ?? f.reason}`);
   }
   return f.prefill;
 }

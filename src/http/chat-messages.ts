@@ -1,5 +1,6 @@
 import type { ChatMessage } from "../model/index.ts";
 import { HttpError } from "./errors.ts";
+import { quote } from "../codec/index.ts";
 
 export type ChatRole = "system" | "developer" | "user" | "assistant" | "tool";
 
@@ -26,7 +27,7 @@ function text(v: unknown, where: string): string {
         if ((part?.type === "text" && typeof part.text === "string") || (part?.type === "refusal" && typeof part.refusal === "string")) {
           return (part.text ?? part.refusal) as string;
         }
-        throw bad(`${where}.content[${j}]: only text parts are supported, got type ${JSON.stringify(part?.type)}`);
+        throw bad(`${where}.content[${j}]: only text parts are supported, got type ${quote(part?.type)}`);
       })
       .join("");
   }
@@ -66,7 +67,7 @@ export function parseMessages(v: unknown): ChatMessage[] {
     if (typeof raw !== "object" || raw === null || Array.isArray(raw)) throw bad(`${where} must be an object`);
     const m = raw as Record<string, unknown>;
     const role = m.role as ChatRole;
-    if (!ROLES.includes(role)) throw bad(`${where}.role ${JSON.stringify(m.role)} is not one of ${ROLES.join(", ")}`);
+    if (!ROLES.includes(role)) throw bad(`${where}.role ${quote(m.role)} is not one of ${ROLES.join(", ")}`);
     const name = optString(m, "name", where);
     const named = name === undefined ? {} : { name };
     const hasCalls = m.tool_calls !== undefined && m.tool_calls !== null;

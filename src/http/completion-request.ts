@@ -8,6 +8,7 @@ import { auditFields } from "./openai-params.ts";
 import { parseStructuredOutput } from "./structured-output.ts";
 import { parserOfTemplate, parseTools, toolConstraint, type ToolParserName, type ToolPlan } from "./tool-calls.ts";
 import { checkInputBounds } from "./input-bounds.ts";
+import { quote } from "../codec/index.ts";
 
 export type CompletionKind = "completion" | "chat";
 
@@ -81,7 +82,7 @@ function bad(message: string, param: string | null = null): HttpError {
 function optNumber(body: Record<string, unknown>, key: string, dflt: number): number {
   const v = body[key];
   if (v === undefined || v === null) return dflt;
-  if (typeof v !== "number" || !Number.isFinite(v)) throw bad(`${key} must be a number, got ${JSON.stringify(v)}`, key);
+  if (typeof v !== "number" || !Number.isFinite(v)) throw bad(`${key} must be a number, got ${quote(v)}`, key);
   return v;
 }
 
@@ -89,7 +90,7 @@ function optInt(body: Record<string, unknown>, key: string, min: number, max = N
   const v = body[key];
   if (v === undefined || v === null) return undefined;
   if (typeof v !== "number" || !Number.isInteger(v) || v < min || v > max) {
-    throw bad(`${key} must be an integer in [${min}, ${max}], got ${JSON.stringify(v)}`, key);
+    throw bad(`${key} must be an integer in [${min}, ${max}], got ${quote(v)}`, key);
   }
   return v;
 }
@@ -97,7 +98,7 @@ function optInt(body: Record<string, unknown>, key: string, min: number, max = N
 function optBool(body: Record<string, unknown>, key: string): boolean {
   const v = body[key];
   if (v === undefined || v === null) return false;
-  if (typeof v !== "boolean") throw bad(`${key} must be a boolean, got ${JSON.stringify(v)}`, key);
+  if (typeof v !== "boolean") throw bad(`${key} must be a boolean, got ${quote(v)}`, key);
   return v;
 }
 
@@ -106,7 +107,7 @@ function parseSeed(v: unknown): bigint | undefined {
   let s: bigint;
   if (typeof v === "number" && Number.isSafeInteger(v)) s = BigInt(v);
   else if (typeof v === "string" && /^\d{1,20}$/.test(v)) s = BigInt(v);
-  else throw bad(`seed must be an integer in [0, 2^64) (as a string above 2^53), got ${JSON.stringify(v)}`, "seed");
+  else throw bad(`seed must be an integer in [0, 2^64) (as a string above 2^53), got ${quote(v)}`, "seed");
   if (s < 0n || s > U64_MAX) throw bad(`seed ${s} outside [0, 2^64)`, "seed");
   return s;
 }
@@ -114,7 +115,7 @@ function parseSeed(v: unknown): bigint | undefined {
 function parseTokenIds(v: unknown[], vocab: number, param: string): number[] {
   return v.map((t) => {
     if (typeof t !== "number" || !Number.isInteger(t) || t < 0 || t >= vocab) {
-      throw bad(`${param} token ${JSON.stringify(t)} outside the vocabulary 0..${vocab - 1}`, param);
+      throw bad(`${param} token ${quote(t)} outside the vocabulary 0..${vocab - 1}`, param);
     }
     return t;
   });
@@ -160,8 +161,8 @@ function parseLogitBias(v: unknown, vocab: number): Map<number, number> {
   const entries = Object.entries(v);
   if (entries.length > LIMITS.logitBias) throw bad(`logit_bias has ${entries.length} entries; at most ${LIMITS.logitBias}`, "logit_bias");
   for (const [k, b] of entries) {
-    if (!/^\d{1,9}$/.test(k) || Number(k) >= vocab) throw bad(`logit_bias key ${JSON.stringify(k)} is not a token id in 0..${vocab - 1}`, "logit_bias");
-    if (typeof b !== "number") throw bad(`logit_bias[${k}] must be a number, got ${JSON.stringify(b)}`, "logit_bias");
+    if (!/^\d{1,9}$/.test(k) || Number(k) >= vocab) throw bad(`logit_bias key ${quote(k)} is not a token id in 0..${vocab - 1}`, "logit_bias");
+    if (typeof b !== "number") throw bad(`logit_bias[${k}] must be a number, got ${quote(b)}`, "logit_bias");
     out.set(Number(k), b);
   }
   return out;
@@ -182,7 +183,7 @@ function parseStreamOptions(body: Record<string, unknown>, stream: boolean): boo
   if (!stream) throw bad("stream_options is only allowed when stream is true", "stream_options");
   if (typeof o !== "object" || Array.isArray(o)) throw bad("stream_options must be an object", "stream_options");
   for (const k of Object.keys(o)) {
-    if (k !== "include_usage") throw bad(`stream_options.${k} is not supported; only include_usage`, "stream_options");
+    if (k !== "include_usage") throw bad(`stream_options.${quote(k)} is not supported; only include_usage`, "stream_options");
   }
   const u = (o as Record<string, unknown>).include_usage;
   if (u !== undefined && typeof u !== "boolean") throw bad("stream_options.include_usage must be a boolean", "stream_options");

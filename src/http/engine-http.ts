@@ -9,6 +9,7 @@ import { completionResponse } from "./completion-response.ts";
 import { errorResponse, HttpError } from "./errors.ts";
 import { TokenQueue } from "./token-queue.ts";
 import type { ToolParserName } from "./tool-calls.ts";
+import { quote } from "../codec/index.ts";
 
 export interface EngineHttpContext {
   engine: Engine;
@@ -107,14 +108,14 @@ function headerInts(req: Request, name: string, n: number, max: number, dflt?: n
   if (v === null && dflt) return dflt;
   const parts = v === null ? [] : v.split(",");
   if (parts.length !== n || parts.some((p) => !/^\d{1,10}$/.test(p) || Number(p) >= max)) {
-    throw new HttpError(400, `${name} must be ${n} comma-separated integers in [0, ${max}) (one per choice), got ${JSON.stringify(v?.slice(0, 200) ?? null)}`);
+    throw new HttpError(400, `${name} must be ${n} comma-separated integers in [0, ${max}) (one per choice), got ${quote(v)}`);
   }
   return parts.map(Number);
 }
 
 function headerInt(req: Request, name: string, max: number): number {
   const v = req.headers.get(name);
-  if (v === null || !/^\d+$/.test(v) || Number(v) >= max) throw new HttpError(400, `${name} must be an integer in [0, ${max}), got ${JSON.stringify(v)}`);
+  if (v === null || !/^\d+$/.test(v) || Number(v) >= max) throw new HttpError(400, `${name} must be an integer in [0, ${max}), got ${quote(v)}`);
   return Number(v);
 }
 
@@ -169,7 +170,7 @@ class EngineHttp {
       if (req.method === "GET" && url.pathname === "/health/live") return Response.json({ status: "alive" });
       const extra = await ctx.extraRoutes?.(req, url);
       if (extra) return extra;
-      throw new HttpError(404, `no route for ${req.method} ${url.pathname}`, "not_found_error");
+      throw new HttpError(404, `no route for ${req.method} ${quote(url.pathname)}`, "not_found_error");
     } catch (e) {
       return errorResponse(e);
     }
@@ -200,12 +201,7 @@ class EngineHttp {
     if (ctx.isDraining()) throw new HttpError(503, "engine is draining", "server_error", null, { "retry-after": "1" });
     const params = parseCompletion(kind, await readJson(req), limits);
     if (params.model !== undefined && params.model !== ctx.modelName) {
-      throw new HttpError(
-        404,
-        `model ${JSON.stringify(params.model)} not served here; this engine serves ${JSON.stringify(ctx.modelName)}`,
-        "invalid_request_error",
-        "model",
-      );
+      throw new HttpError(404, `model ${quote(params.model)} not served here; this engine serves ${quote(ctx.modelName)}`, "invalid_request_error", "model");
     }
     const handleId = req.headers.get(HANDLE_HEADER);
     if (handleId !== null && params.prompts.length > 1)
@@ -328,11 +324,7 @@ class EngineHttp {
     const want = req.headers.get(CONSTRAINT_HEADER) ?? "";
     const have = spec ? constraintHash(spec) : "";
     if (want !== have)
-      throw new HttpError(
-        400,
-        `${CONSTRAINT_HEADER} ${JSON.stringify(want.slice(0, 64))} is not the identity of this request's structured output`,
-        "invalid_request_error",
-      );
+      throw new HttpError(400, `${CONSTRAINT_HEADER} ${quote(want, 64)} is not the identity of this request's structured output`, "invalid_request_error");
   }
 
   /**

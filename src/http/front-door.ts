@@ -1,5 +1,6 @@
 import { createHash, timingSafeEqual } from "node:crypto";
 import { errorResponse, HttpError } from "./errors.ts";
+import { quote } from "../codec/index.ts";
 
 export type Handler = (req: Request) => Promise<Response> | Response;
 
@@ -12,56 +13,85 @@ export interface FrontDoorOptions {
   metricsNeedKey?: boolean;
   /** Largest request body; a larger one gets 413 before any handler reads it. */
   maxRequestBytes?: number;
+  /** Seconds a request's whole body may take to arrive (408 after); default 60. */
+  bodyTimeoutS?: number;
+  /** Told when a request's body starts being read and when its response starts (the server's idle timeouts follow). */
+  phase?: (req: Request, phase: "body" | "response") => void;
 }
 
 /**
  * Every HTTP request passes here before routing: the API key on every path but
- * /health (and /metrics unless asked), then the body bound. Bodies with a Content-Length are judged by it;
- * chunked ones are read here, counting, and stop at the first byte past the bound.
+ * /health (and /metrics unless asked), then the body: judged by its Content-Length or,
+ * chunked, by its count, and read here whole within the body deadline, so a handler
+ * never waits on a client's bytes.
  */
 export function frontDoor(handler: Handler, opts: FrontDoorOptions = {}): Handler {
   const keys = (opts.apiKeys ?? []).filter((k) => k !== "").map(digest);
   const max = opts.maxRequestBytes ?? DEFAULT_MAX_REQUEST_BYTES;
+  const deadlineMs = (opts.bodyTimeoutS ?? 60) * 1000;
+  const phase = opts.phase ?? (() => {});
   return async (req) => {
     if (keys.length > 0 && needsKey(new URL(req.url).pathname, opts.metricsNeedKey === true) && !authorized(req, keys)) {
+      phase(req, "response");
       return errorResponse(
         new HttpError(401, "missing or invalid API key: send Authorization: Bearer <key>", "authentication_error", null, {
           "www-authenticate": 'Bearer realm="tl-engine"',
         }),
       );
     }
-    if (req.body === null) return handler(req);
-    const declared = req.headers.get("content-length");
-    if (declared !== null) {
-      if (!/^\d+$/.test(declared)) return errorResponse(new HttpError(400, `content-length ${JSON.stringify(declared.slice(0, 32))}: not a byte count`));
-      if (Number(declared) > max) return tooLarge(`${declared} bytes`, max);
+    if (req.body === null) {
+      phase(req, "response");
       return handler(req);
     }
-    const body = await readBounded(req.body, max);
+    const declared = req.headers.get("content-length");
+    if (declared !== null) {
+      if (!/^\d+$/.test(declared)) return errorResponse(new HttpError(400, `content-length ${quote(declared)}: not a byte count`));
+      if (Number(declared) > max) return tooLarge(`${declared} bytes`, max);
+    }
+    phase(req, "body");
+    const body = await readBounded(req.body, max, deadlineMs);
+    phase(req, "response");
+    if (body === "late") return tooSlow(deadlineMs);
     if (body === null) return tooLarge("more bytes", max);
     // The same request (headers, abort signal) over the bytes already read.
     return handler(new Request(req, { body }));
   };
 }
 
+function tooSlow(deadlineMs: number): Response {
+  return errorResponse(
+    new HttpError(408, `request body not received within ${deadlineMs / 1000} s (body_timeout_s)`, "invalid_request_error", null, { connection: "close" }),
+  );
+}
+
 function tooLarge(got: string, max: number): Response {
   return errorResponse(new HttpError(413, `request body of ${got} exceeds max_request_bytes (${max})`));
 }
 
-/** Reads a stream whole unless it exceeds `max` bytes (then null, the stream cancelled). */
-async function readBounded(stream: ReadableStream<Uint8Array>, max: number): Promise<Uint8Array | null> {
+/** Reads a stream whole unless it exceeds `max` bytes (then null) or takes longer than `deadlineMs` ("late"); either way the stream is cancelled. */
+async function readBounded(stream: ReadableStream<Uint8Array>, max: number, deadlineMs: number): Promise<Uint8Array | null | "late"> {
   const parts: Uint8Array[] = [];
   let have = 0;
   const reader = stream.getReader();
-  for (;;) {
-    const { value, done } = await reader.read();
-    if (done) break;
-    have += value.byteLength;
-    if (have > max) {
-      await reader.cancel().catch(() => {});
-      return null;
+  let late = false;
+  const timer = setTimeout(() => {
+    late = true;
+    reader.cancel().catch(() => {});
+  }, deadlineMs);
+  try {
+    for (;;) {
+      const { value, done } = await reader.read().catch(() => ({ value: undefined, done: true }) as const);
+      if (late) return "late";
+      if (done) break;
+      have += value.byteLength;
+      if (have > max) {
+        await reader.cancel().catch(() => {});
+        return null;
+      }
+      parts.push(value);
     }
-    parts.push(value);
+  } finally {
+    clearTimeout(timer);
   }
   const out = new Uint8Array(have);
   let at = 0;

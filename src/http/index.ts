@@ -15,7 +15,7 @@ export {
   type RequestEnd,
 } from "./engine-http.ts";
 export { HttpError, errorResponse } from "./errors.ts";
-export { serveHttp, type HttpServer, type ServeHttpOptions } from "./serve-http.ts";
+export { HTTP_LIMITS, serveHttp, type HttpListenerOptions, type HttpServer, type ServeHttpOptions } from "./serve-http.ts";
 export { TokenQueue, type StreamEnd, type EndReason } from "./token-queue.ts";
 export { sseData } from "./sse-data.ts";
 export { apiKeysFrom, DEFAULT_MAX_REQUEST_BYTES, frontDoor, type FrontDoorOptions } from "./front-door.ts";

@@ -2,6 +2,7 @@ import { log } from "../obs/index.ts";
 import type { CompletionKind } from "./completion-request.ts";
 import { HttpError } from "./errors.ts";
 import { STRUCTURED_FIELDS } from "./structured-output.ts";
+import { quote } from "../codec/index.ts";
 
 /**
  * Every request field of OpenAI's chat and completions APIs and of vLLM's extras, and
@@ -57,7 +58,9 @@ const IMPLEMENTED: Record<CompletionKind, ReadonlySet<string>> = {
 
 const IDENTITY = new Set(["user", "safety_identifier", "prompt_cache_key", "metadata", "service_tier", "store"]);
 
-const REFUSED_COMMON: Record<string, Refusal> = {
+// Client-named keys are looked up in Maps (and Sets) only: in a plain object `__proto__`,
+// `constructor` or `hasOwnProperty` would find Object.prototype's members.
+const REFUSED_COMMON: [string, Refusal][] = Object.entries({
   suffix: never("suffix (insertion) is not supported"),
   min_p: never(`min_p ${SAMPLER}`),
   typical_p: never(`typical_p ${SAMPLER}`),
@@ -79,39 +82,43 @@ const REFUSED_COMMON: Record<string, Refusal> = {
   vllm_xargs: never("vllm_xargs is not supported"),
   mm_processor_kwargs: never("multimodal input is not supported"),
   logits_processor_pattern: never("custom logits processors are not supported"),
-};
+});
 
-const REFUSED: Record<CompletionKind, Record<string, Refusal>> = {
-  chat: {
+const REFUSED: Record<CompletionKind, ReadonlyMap<string, Refusal>> = {
+  chat: new Map([
     ...REFUSED_COMMON,
-    functions: never(LEGACY_TOOLS),
-    function_call: unless((v) => v === "none", LEGACY_TOOLS),
-    audio: never("audio output is not supported"),
-    modalities: unless((v) => Array.isArray(v) && v.every((m) => m === "text"), "only the text modality is supported"),
-    prediction: never("predicted outputs are not supported"),
-    reasoning_effort: never("reasoning_effort is not supported: this model does not reason"),
-    verbosity: never("verbosity is not supported"),
-    web_search_options: never("web search is not supported"),
-    echo: never("echo is not supported on chat completions"),
-    add_generation_prompt: unless((v) => v === true, "add_generation_prompt: false is not supported"),
-    continue_final_message: unless((v) => v === false, "continue_final_message is not supported"),
-    chat_template: never("a per-request chat_template is not supported"),
-    chat_template_kwargs: never("chat_template_kwargs is not supported"),
-    documents: never("documents are not supported"),
-    tool_call_parser: never("the tool-call parser is the engine's --tool-call-parser, not a request field"),
-  },
-  completion: {
+    ...Object.entries<Refusal>({
+      functions: never(LEGACY_TOOLS),
+      function_call: unless((v) => v === "none", LEGACY_TOOLS),
+      audio: never("audio output is not supported"),
+      modalities: unless((v) => Array.isArray(v) && v.every((m) => m === "text"), "only the text modality is supported"),
+      prediction: never("predicted outputs are not supported"),
+      reasoning_effort: never("reasoning_effort is not supported: this model does not reason"),
+      verbosity: never("verbosity is not supported"),
+      web_search_options: never("web search is not supported"),
+      echo: never("echo is not supported on chat completions"),
+      add_generation_prompt: unless((v) => v === true, "add_generation_prompt: false is not supported"),
+      continue_final_message: unless((v) => v === false, "continue_final_message is not supported"),
+      chat_template: never("a per-request chat_template is not supported"),
+      chat_template_kwargs: never("chat_template_kwargs is not supported"),
+      documents: never("documents are not supported"),
+      tool_call_parser: never("the tool-call parser is the engine's --tool-call-parser, not a request field"),
+    }),
+  ]),
+  completion: new Map([
     ...REFUSED_COMMON,
-    tools: never("tools are a chat completions field"),
-    tool_choice: never("tool_choice is a chat completions field"),
-    parallel_tool_calls: never("parallel_tool_calls is a chat completions field"),
-  },
+    ...Object.entries<Refusal>({
+      tools: never("tools are a chat completions field"),
+      tool_choice: never("tool_choice is a chat completions field"),
+      parallel_tool_calls: never("parallel_tool_calls is a chat completions field"),
+    }),
+  ]),
 };
 
 /** Checks the identity fields' shapes (they change nothing, so they must at least be what OpenAI allows). */
 function checkIdentity(key: string, v: unknown): string | null {
   if (key === "store") return v === false ? null : "store: true is not supported (nothing is stored)";
-  if (key === "service_tier") return v === "auto" || v === "default" ? null : `service_tier ${JSON.stringify(v)} is not supported; "auto" or "default"`;
+  if (key === "service_tier") return v === "auto" || v === "default" ? null : `service_tier ${quote(v)} is not supported; "auto" or "default"`;
   if (key === "metadata") {
     const ok =
       typeof v === "object" &&
@@ -131,7 +138,8 @@ export function auditFields(kind: CompletionKind, body: Record<string, unknown>)
   const unknown: string[] = [];
   for (const [key, v] of Object.entries(body)) {
     if (v === null || v === undefined || IMPLEMENTED[kind].has(key)) continue;
-    const why = IDENTITY.has(key) ? checkIdentity(key, v) : REFUSED[kind][key] ? REFUSED[kind][key]!(v) : (unknown.push(key), null);
+    const refusal = REFUSED[kind].get(key);
+    const why = IDENTITY.has(key) ? checkIdentity(key, v) : refusal ? refusal(v) : (unknown.push(key), null);
     if (why !== null) throw new HttpError(400, why.startsWith(key) ? why : `${key}: ${why}`, "invalid_request_error", key);
   }
   // Names only as far as they are safe in a header and a log line.

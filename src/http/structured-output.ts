@@ -1,4 +1,5 @@
 import { checkConstraint, ConstraintError, type ConstraintSpec } from "../grammar/index.ts";
+import { quote } from "../codec/index.ts";
 import { HttpError } from "./errors.ts";
 
 /**
@@ -78,7 +79,7 @@ function fromResponseFormat(v: unknown): ConstraintSpec | null {
       return { kind: "json_schema", source: schemaSource(js.schema, "response_format.json_schema.schema") };
     }
     default:
-      throw bad(`response_format type ${JSON.stringify(rf.type)} is not supported; "text", "json_object" or "json_schema"`, "response_format");
+      throw bad(`response_format type ${quote(rf.type)} is not supported; "text", "json_object" or "json_schema"`, "response_format");
   }
 }
 
@@ -98,8 +99,8 @@ function fromStructuredOutputs(v: unknown): ConstraintSpec {
   for (const [k, x] of Object.entries(so)) {
     if (x === undefined || x === null || (SO_KINDS as readonly string[]).includes(k)) continue;
     const ok = SO_NEUTRAL[k];
-    if (!ok) throw bad(`${p}.${k} is not supported; one of ${SO_KINDS.join(", ")}`, p);
-    if (!ok(x)) throw bad(`${p}.${k}: ${JSON.stringify(x)} is not supported`, p);
+    if (!ok) throw bad(`${p}.${quote(k)} is not supported; one of ${SO_KINDS.join(", ")}`, p);
+    if (!ok(x)) throw bad(`${p}.${k}: ${quote(x)} is not supported`, p);
   }
   if (kinds.length !== 1) throw bad(`${p} must name exactly one of ${SO_KINDS.join(", ")}`, p);
   const k = kinds[0]!;
@@ -123,7 +124,7 @@ export function parseStructuredOutput(body: Record<string, unknown>): Constraint
   const given = (k: string) => body[k] !== undefined && body[k] !== null;
   const backend = body.guided_decoding_backend;
   if (given("guided_decoding_backend") && !(typeof backend === "string" && /^(auto|xgrammar)(:.*)?$/.test(backend)))
-    throw bad(`guided_decoding_backend ${JSON.stringify(backend)} is not available; this engine uses "xgrammar"`, "guided_decoding_backend");
+    throw bad(`guided_decoding_backend ${quote(backend)} is not available; this engine uses "xgrammar"`, "guided_decoding_backend");
   if (given("guided_whitespace_pattern"))
     throw bad("guided_whitespace_pattern is not supported: JSON is generated without free whitespace", "guided_whitespace_pattern");
   const specs: [string, ConstraintSpec | null][] = [];

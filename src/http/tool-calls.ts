@@ -1,4 +1,5 @@
 import { checkSchema, ConstraintError, type ConstraintSpec } from "../grammar/index.ts";
+import { quote } from "../codec/index.ts";
 import { HttpError } from "./errors.ts";
 
 /** One function the client offers (OpenAI's `tools[i].function`). */
@@ -97,7 +98,7 @@ export function parseTools(body: Record<string, unknown>, parser: ToolParserName
   if (choice === "none" || choice === "required") return { ...plan, mode: choice };
   const named = choice as { type?: unknown; function?: { name?: unknown } };
   if (typeof choice === "object" && named?.type === "function" && typeof named.function?.name === "string") {
-    if (!names.has(named.function.name)) throw bad(`tool_choice names ${JSON.stringify(named.function.name)}, which is not among the tools`, "tool_choice");
+    if (!names.has(named.function.name)) throw bad(`tool_choice names ${quote(named.function.name)}, which is not among the tools`, "tool_choice");
     return { ...plan, mode: "named", name: named.function.name };
   }
   throw bad('tool_choice must be "none", "auto", "required" or {"type": "function", "function": {"name": ...}}', "tool_choice");

@@ -1,10 +1,10 @@
 import { headDimOf, kvDimOf, qDimOf } from "./config.ts";
-import { copyBytes } from "./mapped-file.ts";
 import type { ModelSpec } from "./model-spec.ts";
-import { dequantize, dtypeOf, type DType, type Matrix, matrixBytes, type PackedMatrix } from "./packed.ts";
+import { dequantize, dtypeOf, type DType, type Matrix, matrixBytes, type PackedMatrix, stackedPacked } from "./packed.ts";
 import { byteLengthOf, elementCount, type RawTensor, toFloat32 } from "./raw-tensor.ts";
 import { splitHalfToInterleaved, splitHalfToInterleavedBytes } from "./rope-order.ts";
 import { type DenseWeightName, validateWeights, type Weights, weightsBytes } from "./weights.ts";
+import { quote } from "../codec/index.ts";
 
 /** Where named tensors come from (one safetensors file, several shards, a GGUF file). */
 export interface TensorSource {
@@ -111,7 +111,7 @@ export function assembleWeights(
     const t = src.get(name);
     if (t === undefined) throw new Error(`${cfg.name}: tensor ${name} is missing`);
     if (t.shape.length !== shape.length || t.shape.some((d, i) => d !== shape[i])) {
-      throw new Error(`${cfg.name}: tensor ${name} has shape ${JSON.stringify(t.shape)}, want ${JSON.stringify(shape)}`);
+      throw new Error(`${cfg.name}: tensor ${name} has shape ${quote(t.shape)}, want ${quote(shape)}`);
     }
     used.add(name);
     dtypes.add(t.dtype);
@@ -178,10 +178,17 @@ function matrixDtypes(spec: ModelSpec, src: TensorSource, naming: TensorNaming):
   return new Set(names.map((n) => src.get(n)?.dtype ?? "missing"));
 }
 
-/** The packed dtype matrices stored in it are kept in, or null: every matrix becomes f32 first. */
+/**
+ * The packed dtype matrices stored in it are kept in, or null: every matrix becomes f32 first. A
+ * file whose matrices share one packed dtype stays in it even when another packed dtype is asked
+ * for: castWeights converts it layer by layer, where widening it whole first took a 1B F16 model
+ * to ~9 GB and minutes (`--dtype q8_0`).
+ */
 function packedTarget(dtype: DType | "as-stored", stored: ReadonlySet<string>): PackedMatrix["dtype"] | null {
-  const d = dtype === "as-stored" ? (stored.size === 1 ? [...stored][0]! : "f32") : dtype;
-  return d === "f16" || d === "bf16" || d === "q8_0" ? d : null;
+  const only = stored.size === 1 ? [...stored][0]! : "f32";
+  const isPacked = (d: string): d is PackedMatrix["dtype"] => d === "f16" || d === "bf16" || d === "q8_0";
+  const d = dtype === "as-stored" || (dtype !== "f32" && isPacked(only)) ? only : dtype;
+  return isPacked(d) ? d : null;
 }
 
 /**
@@ -190,7 +197,7 @@ function packedTarget(dtype: DType | "as-stored", stored: ReadonlySet<string>): 
  */
 function packedBytesOf(t: RawTensor, model: string): Uint8Array {
   const want = byteLengthOf(t.dtype, elementCount(t.shape), t.name);
-  if (t.bytes.length !== want) throw new Error(`${model}: tensor ${t.name}: ${t.bytes.length} bytes, want ${want} for ${t.dtype} ${JSON.stringify(t.shape)}`);
+  if (t.bytes.length !== want) throw new Error(`${model}: tensor ${t.name}: ${t.bytes.length} bytes, want ${want} for ${t.dtype} ${quote(t.shape)}`);
   return t.bytes.byteOffset % 2 === 0 ? t.bytes : t.bytes.slice();
 }
 
@@ -199,11 +206,14 @@ function stackLayers(layers: Matrix[], cols: number): Matrix {
   const first = layers[0]!;
   const per = first.length;
   if (layers.every((m) => !(m instanceof Float32Array) && m.dtype === dtypeOf(first))) {
+    // The layers stay where they are (views of the file, or the permuted copies): placing the
+    // matrix reads them part by part, so the model is never held twice (stackedPacked).
     const p = layers as PackedMatrix[];
-    const rowBytes = p[0]!.bytes.length;
-    const bytes = new Uint8Array(rowBytes * p.length);
-    p.forEach((m, l) => copyBytes(bytes, l * rowBytes, m.bytes));
-    return { dtype: p[0]!.dtype, cols, length: per * p.length, bytes };
+    return stackedPacked(
+      p[0]!.dtype,
+      cols,
+      p.map((m) => m.bytes),
+    );
   }
   const out = new Float32Array(per * layers.length);
   layers.forEach((m, l) => out.set(m instanceof Float32Array ? m : dequantize(m), l * per));

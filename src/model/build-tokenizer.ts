@@ -3,6 +3,7 @@ import { HfTokenizer } from "./hf-tokenizer.ts";
 import { loadLlama2cTokenizer } from "./llama2c.ts";
 import { ByteTokenizer, type Tokenizer } from "./tokenizer.ts";
 import type { TokenizerSource } from "./tokenizer-source.ts";
+import { quote } from "../codec/index.ts";
 
 /** A model's tokenizer and its own chat template (null: it ships none; the caller falls back to the default). */
 export interface BuiltTokenizer {
@@ -70,15 +71,14 @@ function tokenText(v: unknown, what: string): string | null {
   if (typeof v === "string") return v;
   const content = asRecord(v).content;
   if (typeof content === "string") return content;
-  throw new Error(`${what} must be a string, {"content": ...} or null, got ${JSON.stringify(v)}`);
+  throw new Error(`${what} must be a string, {"content": ...} or null, got ${quote(v)}`);
 }
 
 /** eos_token_id: one id or a list (Llama 3's generation_config.json). */
 function idList(v: unknown, what: string): number[] {
   if (v === null || v === undefined) return [];
   const list = Array.isArray(v) ? v : [v];
-  for (const id of list)
-    if (!Number.isInteger(id) || (id as number) < 0) throw new Error(`${what} must be a token id or a list of them, got ${JSON.stringify(v)}`);
+  for (const id of list) if (!Number.isInteger(id) || (id as number) < 0) throw new Error(`${what} must be a token id or a list of them, got ${quote(v)}`);
   return list as number[];
 }
 
@@ -91,5 +91,5 @@ function chatTemplateOf(v: unknown, file: string): string | null {
     const t = named.find((n) => n.name === "default") ?? named[0];
     if (t && typeof t.template === "string") return t.template;
   }
-  throw new Error(`${file} chat_template must be a string or a list of {name, template}, got ${JSON.stringify(v).slice(0, 80)}`);
+  throw new Error(`${file} chat_template must be a string or a list of {name, template}, got ${quote(v)}`);
 }

@@ -1,4 +1,5 @@
 import type { KvShape } from "../codec/kv-shape.ts";
+import { quote } from "../codec/index.ts";
 
 /** Hyper-parameters of a llama2.c-style decoder (RMSNorm, RoPE, GQA, SwiGLU). */
 export interface ModelConfig {
@@ -95,7 +96,7 @@ export function validateConfig(cfg: ModelConfig): void {
   if (s?.type === "factors" && !s.factors.every((f) => f > 0)) throw new Error("model config rope factors: want every factor > 0");
   if (s?.type === "llama3" && !(s.factor > 0 && s.lowFreqFactor > 0 && s.highFreqFactor > s.lowFreqFactor && s.originalMaxPositions > 0)) {
     throw new Error(
-      `model config rope_scaling llama3 ${JSON.stringify(s)}: want factor > 0, 0 < low_freq_factor < high_freq_factor, original_max_position_embeddings > 0`,
+      `model config rope_scaling llama3 ${quote(s)}: want factor > 0, 0 < low_freq_factor < high_freq_factor, original_max_position_embeddings > 0`,
     );
   }
   if (!(cfg.ropeTheta > 0)) throw new Error(`model config ropeTheta ${cfg.ropeTheta}: want > 0`);

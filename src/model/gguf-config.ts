@@ -2,6 +2,7 @@ import { DEFAULT_NORM_EPS, DEFAULT_ROPE_THETA, type ModelConfig, validateConfig 
 import type { GgufValue } from "./gguf.ts";
 import { idList } from "./hf-config.ts";
 import { type ModelSpec, UnsupportedModelError } from "./model-spec.ts";
+import { quote } from "../codec/index.ts";
 
 /**
  * general.architecture -> the row order its q/k weights are stored in. llama.cpp's converter
@@ -23,16 +24,16 @@ export function ggufModelSpec(meta: ReadonlyMap<string, GgufValue>, facts: GgufT
   const refuse = (what: string) => new UnsupportedModelError(`${name}: GGUF ${what}`);
   const arch = meta.get("general.architecture");
   if (typeof arch !== "string" || !(arch in GGUF_ARCHS))
-    throw refuse(`general.architecture ${JSON.stringify(arch)} is not supported (supported: ${Object.keys(GGUF_ARCHS).join(", ")})`);
+    throw refuse(`general.architecture ${quote(arch)} is not supported (supported: ${Object.keys(GGUF_ARCHS).join(", ")})`);
   const get = (k: string) => meta.get(`${arch}.${k}`);
   const int = (k: string, dflt?: number): number => {
     const v = get(k) ?? dflt;
-    if (typeof v !== "number" || !Number.isSafeInteger(v) || v < 1) throw new Error(`${name}: GGUF ${arch}.${k} = ${String(get(k))}: want a positive integer`);
+    if (typeof v !== "number" || !Number.isSafeInteger(v) || v < 1) throw new Error(`${name}: GGUF ${arch}.${k} = ${quote(get(k))}: want a positive integer`);
     return v;
   };
   const num = (k: string, dflt: number): number => {
     const v = get(k) ?? dflt;
-    if (typeof v !== "number" || !(v > 0)) throw new Error(`${name}: GGUF ${arch}.${k} = ${String(get(k))}: want a positive number`);
+    if (typeof v !== "number" || !(v > 0)) throw new Error(`${name}: GGUF ${arch}.${k} = ${quote(get(k))}: want a positive number`);
     return v;
   };
   const experts = get("expert_count");
@@ -42,7 +43,7 @@ export function ggufModelSpec(meta: ReadonlyMap<string, GgufValue>, facts: GgufT
   if (window !== undefined && !(typeof window === "number" && window >= ctx))
     throw refuse(`${arch}.attention.sliding_window = ${String(window)} is not supported (sliding-window attention)`);
   const scaling = get("rope.scaling.type");
-  if (scaling !== undefined && scaling !== "none") throw refuse(`${arch}.rope.scaling.type ${JSON.stringify(scaling)} is not supported`);
+  if (scaling !== undefined && scaling !== "none") throw refuse(`${arch}.rope.scaling.type ${quote(scaling)} is not supported`);
   const dim = int("embedding_length");
   const nHeads = int("attention.head_count");
   const tokens = meta.get("tokenizer.ggml.tokens");

@@ -2,27 +2,29 @@ import { basename } from "node:path";
 import type { TensorSource } from "./assemble-weights.ts";
 import { ggmlDtype, ggmlTypeName, GGUF_READABLE_TYPES, type GgufFile, type GgufValue, ggufTensor, parseGguf } from "./gguf.ts";
 import { ggufModelSpec } from "./gguf-config.ts";
-import { mapFile } from "./mapped-file.ts";
+import { type FileBytes, MAX_MAPPING, mapFileBytes } from "./mapped-file.ts";
 import type { ModelSpec } from "./model-spec.ts";
 import { UnsupportedModelError } from "./model-spec.ts";
 import { toFloat32 } from "./raw-tensor.ts";
 import type { GgufTokenizerMeta, TokenizerSource } from "./tokenizer-source.ts";
+import { quote } from "../codec/index.ts";
 
 export interface GgufModelFile {
   file: string;
-  bytes: Uint8Array;
+  bytes: FileBytes;
   gguf: GgufFile;
   spec: ModelSpec;
 }
 
 /** Maps and parses a GGUF file, refusing unreadable tensor types by name before any tensor is read. */
 export function openGgufModel(file: string, maxSeqLen?: number): GgufModelFile {
-  const bytes = mapFile(file);
-  const gguf = parseGguf(bytes, file);
+  const bytes = mapFileBytes(file);
+  // The header is read from the file's first mapping; tensors are views of their own ranges.
+  const gguf = parseGguf(bytes.subarray(0, Math.min(bytes.length, MAX_MAPPING)), file, bytes.length);
   const bad = new Map<string, string>();
   for (const t of gguf.tensors) if (ggmlDtype(t.type) === null && !bad.has(ggmlTypeName(t.type))) bad.set(ggmlTypeName(t.type), t.name);
   if (bad.size > 0) {
-    const list = [...bad].map(([type, name]) => `${type} (e.g. ${name})`).join(", ");
+    const list = [...bad].map(([type, name]) => `${type} (e.g. ${quote(name)})`).join(", ");
     throw new UnsupportedModelError(
       `--model ${file}: a GGUF file with ${[...bad.keys()].join(", ")} tensors: ${list}; supported tensor types: ${GGUF_READABLE_TYPES}`,
     );

@@ -1,4 +1,5 @@
 import type { GgufTokenizerMeta } from "./tokenizer-source.ts";
+import { quote } from "../codec/index.ts";
 
 /** tokenizer.ggml.token_type values (llama.cpp's llama_token_type). */
 const TokenType = { normal: 1, unknown: 2, control: 3, userDefined: 4, unused: 5, byte: 6 } as const;
@@ -97,7 +98,7 @@ interface ModelParts {
 
 function unsupported(model: string, file: string): never {
   throw new Error(
-    `${file}: GGUF tokenizer model ${JSON.stringify(model)} (tokenizer.ggml.model) is not supported; supported: ${GGUF_TOKENIZER_MODELS.map((m) => JSON.stringify(m)).join(", ")}`,
+    `${file}: GGUF tokenizer model ${quote(model)} (tokenizer.ggml.model) is not supported; supported: ${GGUF_TOKENIZER_MODELS.map((m) => JSON.stringify(m)).join(", ")}`,
   );
 }
 
@@ -115,7 +116,7 @@ function bpeModel(meta: GgufTokenizerMeta, file: string): ModelParts {
   const pre = PRE_TOKENIZERS[meta.pre ?? "default"];
   if (!pre) {
     throw new Error(
-      `${file}: GGUF pre-tokenizer ${JSON.stringify(meta.pre)} (tokenizer.ggml.pre) is not supported; supported: ${Object.keys(PRE_TOKENIZERS).join(", ")}`,
+      `${file}: GGUF pre-tokenizer ${quote(meta.pre)} (tokenizer.ggml.pre) is not supported; supported: ${Object.keys(PRE_TOKENIZERS).join(", ")}`,
     );
   }
   return {

@@ -1,4 +1,6 @@
+import type { FileBytes } from "./mapped-file.ts";
 import { byteLengthOf, DTYPE_BLOCK, elementCount, type RawDtype, type RawTensor } from "./raw-tensor.ts";
+import { quote } from "../codec/index.ts";
 
 /** "GGUF" read as a little-endian uint32. */
 export const GGUF_MAGIC = 0x46554747;
@@ -179,9 +181,10 @@ class Reader {
 /**
  * Reads a GGUF v2/v3 header: metadata, tensor infos, alignment and data offset. Tensor bytes
  * are not touched; `ggufTensor` makes a view of one. Every tensor's extent is checked to lie
- * inside the file.
+ * inside the file. `bytes` holds the header (the file's start, or all of it); `fileLength` is
+ * the whole file's, when `bytes` is only its first window (a file past one mapping).
  */
-export function parseGguf(bytes: Uint8Array, file: string): GgufFile {
+export function parseGguf(bytes: Uint8Array, file: string, fileLength = bytes.length): GgufFile {
   const r = new Reader(bytes, file);
   if (bytes.length < 24 || r.u32() !== GGUF_MAGIC) throw new Error(`GGUF ${file}: no GGUF magic`);
   const version = r.u32();
@@ -191,38 +194,40 @@ export function parseGguf(bytes: Uint8Array, file: string): GgufFile {
   const meta = new Map<string, GgufValue>();
   for (let i = 0; i < nKv; i++) {
     const key = r.str("metadata key");
-    meta.set(key, readValue(r, r.u32(), key, 0));
+    meta.set(key, readValue(r, r.u32(), quote(key), 0));
   }
   const tensors: GgufTensorInfo[] = [];
   for (let i = 0; i < nTensors; i++) {
     const name = r.str("tensor name");
+    const quoted = quote(name);
     const nDims = r.u32();
-    if (nDims < 1 || nDims > MAX_DIMS) throw new Error(`GGUF ${file}: tensor ${name} has ${nDims} dimensions, want 1..${MAX_DIMS}`);
+    if (nDims < 1 || nDims > MAX_DIMS) throw new Error(`GGUF ${file}: tensor ${quoted} has ${nDims} dimensions, want 1..${MAX_DIMS}`);
     const dims: number[] = [];
-    for (let d = 0; d < nDims; d++) dims.push(r.size(`tensor ${name} dimension`, Number.MAX_SAFE_INTEGER));
+    for (let d = 0; d < nDims; d++) dims.push(r.size(`tensor ${quoted} dimension`, Number.MAX_SAFE_INTEGER));
     const type = r.u32();
-    const offset = r.size(`tensor ${name} offset`, bytes.length);
+    const offset = r.size(`tensor ${quoted} offset`, fileLength);
     tensors.push({ name, shape: dims.reverse(), type, offset });
   }
   const align = meta.get("general.alignment") ?? GGUF_DEFAULT_ALIGNMENT;
   if (typeof align !== "number" || !Number.isInteger(align) || align < 1 || align > 65536 || (align & (align - 1)) !== 0) {
-    throw new Error(`GGUF ${file}: general.alignment ${String(align)} is not a power of two up to 65536`);
+    throw new Error(`GGUF ${file}: general.alignment ${quote(align)} is not a power of two up to 65536`);
   }
   const dataOffset = Math.ceil(r.at / align) * align;
   for (const t of tensors) {
-    if (t.offset % align !== 0) throw new Error(`GGUF ${file}: tensor ${t.name} offset ${t.offset} is not a multiple of the alignment ${align}`);
+    if (t.offset % align !== 0) throw new Error(`GGUF ${file}: tensor ${quote(t.name)} offset ${t.offset} is not a multiple of the alignment ${align}`);
     const dt = ggmlDtype(t.type);
     if (dt === null) continue; // unreadable types are refused by whoever needs them, by name
     // ggml quantizes each row on its own: a row must be whole blocks.
     const rowLen = t.shape[t.shape.length - 1]!;
     if (rowLen % DTYPE_BLOCK[dt].elems !== 0)
-      throw new Error(`GGUF ${file}: tensor ${t.name} rows of ${rowLen} are not whole ${ggmlTypeName(t.type)} blocks of ${DTYPE_BLOCK[dt].elems}`);
+      throw new Error(`GGUF ${file}: tensor ${quote(t.name)} rows of ${rowLen} are not whole ${ggmlTypeName(t.type)} blocks of ${DTYPE_BLOCK[dt].elems}`);
     const end = dataOffset + t.offset + byteLengthOf(dt, elementCount(t.shape), t.name);
-    if (end > bytes.length) throw new Error(`GGUF ${file}: tensor ${t.name} ends at byte ${end}, past the file's ${bytes.length}`);
+    if (end > fileLength) throw new Error(`GGUF ${file}: tensor ${quote(t.name)} ends at byte ${end}, past the file's ${fileLength}`);
   }
   return { version, meta, tensors, alignment: align, dataOffset };
 }
 
+/** `key`: the metadata key as messages quote it (quote()). */
 function readValue(r: Reader, type: number, key: string, depth: number): GgufValue {
   switch (type) {
     case 0:
@@ -267,9 +272,9 @@ function readValue(r: Reader, type: number, key: string, depth: number): GgufVal
 }
 
 /** A view of one readable tensor's bytes (parseGguf has checked it lies inside the file). */
-export function ggufTensor(bytes: Uint8Array, g: GgufFile, info: GgufTensorInfo): RawTensor {
+export function ggufTensor(bytes: FileBytes, g: GgufFile, info: GgufTensorInfo): RawTensor {
   const dtype = ggmlDtype(info.type);
-  if (dtype === null) throw new Error(`tensor ${info.name} has type ${ggmlTypeName(info.type)}: supported ${GGUF_READABLE_TYPES}`);
+  if (dtype === null) throw new Error(`tensor ${quote(info.name)} has type ${ggmlTypeName(info.type)}: supported ${GGUF_READABLE_TYPES}`);
   const start = g.dataOffset + info.offset;
   const len = byteLengthOf(dtype, elementCount(info.shape), info.name);
   return { name: info.name, dtype, shape: info.shape, bytes: bytes.subarray(start, start + len) };

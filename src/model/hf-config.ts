@@ -1,5 +1,6 @@
 import { DEFAULT_ROPE_THETA, type ModelConfig, type RopeScaling, validateConfig } from "./config.ts";
 import { type ModelSpec, UnsupportedModelError } from "./model-spec.ts";
+import { quote } from "../codec/index.ts";
 
 /** model_type -> the architectures entry transformers writes for it. */
 const HF_TYPES: Readonly<Record<string, string>> = { llama: "LlamaForCausalLM", mistral: "MistralForCausalLM", qwen2: "Qwen2ForCausalLM" };
@@ -16,26 +17,25 @@ export function hfModelSpec(json: unknown, name: string, maxSeqLen = Infinity): 
   const refuse = (what: string) => new UnsupportedModelError(`${name}: config.json ${what}`);
   const type = c.model_type;
   if (typeof type !== "string" || !(type in HF_TYPES))
-    throw refuse(`model_type ${JSON.stringify(type)} is not supported (supported: ${Object.keys(HF_TYPES).join(", ")})`);
+    throw refuse(`model_type ${quote(type)} is not supported (supported: ${Object.keys(HF_TYPES).join(", ")})`);
   const archs = c.architectures;
   if (archs !== undefined && (!Array.isArray(archs) || archs.length !== 1 || archs[0] !== HF_TYPES[type])) {
-    throw refuse(`architectures ${JSON.stringify(archs)} is not supported for model_type ${type} (want ["${HF_TYPES[type]}"])`);
+    throw refuse(`architectures ${quote(archs)} is not supported for model_type ${type} (want ["${HF_TYPES[type]}"])`);
   }
   for (const k of ["num_experts", "num_local_experts", "n_routed_experts"]) {
-    if (c[k] !== undefined && c[k] !== null && c[k] !== 0) throw refuse(`${k} = ${JSON.stringify(c[k])}: mixture-of-experts models are not supported`);
+    if (c[k] !== undefined && c[k] !== null && c[k] !== 0) throw refuse(`${k} = ${quote(c[k])}: mixture-of-experts models are not supported`);
   }
-  if (c.hidden_act !== undefined && c.hidden_act !== "silu") throw refuse(`hidden_act ${JSON.stringify(c.hidden_act)} is not supported (want "silu")`);
+  if (c.hidden_act !== undefined && c.hidden_act !== "silu") throw refuse(`hidden_act ${quote(c.hidden_act)} is not supported (want "silu")`);
   if (c.attention_bias === true) throw refuse("attention_bias = true (a bias on o_proj too) is not supported");
   if (c.mlp_bias === true) throw refuse("mlp_bias = true is not supported");
   const int = (k: string, dflt?: number): number => {
     const v = c[k] ?? dflt;
-    if (typeof v !== "number" || !Number.isSafeInteger(v) || v < 1)
-      throw new Error(`${name}: config.json ${k} = ${JSON.stringify(c[k])}: want a positive integer`);
+    if (typeof v !== "number" || !Number.isSafeInteger(v) || v < 1) throw new Error(`${name}: config.json ${k} = ${quote(c[k])}: want a positive integer`);
     return v;
   };
   const num = (k: string, dflt: number): number => {
     const v = c[k] ?? dflt;
-    if (typeof v !== "number" || !(v > 0)) throw new Error(`${name}: config.json ${k} = ${JSON.stringify(c[k])}: want a positive number`);
+    if (typeof v !== "number" || !(v > 0)) throw new Error(`${name}: config.json ${k} = ${quote(c[k])}: want a positive number`);
     return v;
   };
   const dim = int("hidden_size");
@@ -60,7 +60,7 @@ export function hfModelSpec(json: unknown, name: string, maxSeqLen = Infinity): 
   if (scaling) cfg.ropeScaling = scaling;
   validateConfig(cfg);
   const tie = c.tie_word_embeddings ?? false;
-  if (typeof tie !== "boolean") throw new Error(`${name}: config.json tie_word_embeddings = ${JSON.stringify(tie)}: want a boolean`);
+  if (typeof tie !== "boolean") throw new Error(`${name}: config.json tie_word_embeddings = ${quote(tie)}: want a boolean`);
   return {
     cfg,
     tied: tie,
@@ -78,18 +78,18 @@ function slidingWindow(c: Record<string, unknown>, type: string, maxPos: number,
   // Qwen2 configs always carry sliding_window; it acts only with use_sliding_window.
   if (type === "qwen2" && c.use_sliding_window !== true) return;
   if (typeof w === "number" && w >= maxPos) return;
-  throw refuse(`sliding_window = ${JSON.stringify(w)} is not supported (sliding-window attention; only windows >= max_position_embeddings ${maxPos} load)`);
+  throw refuse(`sliding_window = ${quote(w)} is not supported (sliding-window attention; only windows >= max_position_embeddings ${maxPos} load)`);
 }
 
 function ropeScaling(s: unknown, refuse: (what: string) => Error): RopeScaling | null {
   if (s === undefined || s === null) return null;
-  if (typeof s !== "object") throw refuse(`rope_scaling ${JSON.stringify(s)} is not an object`);
+  if (typeof s !== "object") throw refuse(`rope_scaling ${quote(s)} is not an object`);
   const r = s as Record<string, unknown>;
   const type = r.rope_type ?? r.type;
   if (type === "default") return null;
-  if (type !== "llama3") throw refuse(`rope_scaling type ${JSON.stringify(type)} is not supported (supported: llama3, default)`);
+  if (type !== "llama3") throw refuse(`rope_scaling type ${quote(type)} is not supported (supported: llama3, default)`);
   const n = (k: string): number => {
-    if (typeof r[k] !== "number") throw refuse(`rope_scaling ${k} = ${JSON.stringify(r[k])}: want a number`);
+    if (typeof r[k] !== "number") throw refuse(`rope_scaling ${k} = ${quote(r[k])}: want a number`);
     return r[k] as number;
   };
   return {

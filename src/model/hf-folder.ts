@@ -2,11 +2,12 @@ import { existsSync, readFileSync } from "node:fs";
 import { basename, join } from "node:path";
 import type { TensorSource } from "./assemble-weights.ts";
 import { hfModelSpec, idList } from "./hf-config.ts";
-import { mapFile } from "./mapped-file.ts";
+import { mapFileBytes } from "./mapped-file.ts";
 import type { ModelSpec } from "./model-spec.ts";
 import type { RawTensor } from "./raw-tensor.ts";
 import { parseSafetensors } from "./safetensors.ts";
 import type { TokenizerSource } from "./tokenizer-source.ts";
+import { quote } from "../codec/index.ts";
 
 /** JSON and template files of a model folder are small; anything past this is not what it claims to be. */
 const MAX_JSON_BYTES = 64 * 1024 * 1024;
@@ -68,7 +69,7 @@ export function hfTensorSource(dir: string): TensorSource & { totalBytes: number
   const byName = new Map<string, RawTensor>();
   let totalBytes = 0;
   const load = (file: string) => {
-    const bytes = mapFile(join(dir, file));
+    const bytes = mapFileBytes(join(dir, file));
     totalBytes += bytes.length;
     return parseSafetensors(bytes, join(dir, file));
   };
@@ -81,11 +82,11 @@ export function hfTensorSource(dir: string): TensorSource & { totalBytes: number
     for (const [name, file] of Object.entries(map as Record<string, unknown>)) {
       // Shard names come from the file: only plain file names inside this folder.
       if (typeof file !== "string" || !/^[\w.-]+\.safetensors$/.test(file) || file.startsWith(".")) {
-        throw new Error(`${dir}: model.safetensors.index.json maps ${name} to ${JSON.stringify(file)}, not a .safetensors file name in the folder`);
+        throw new Error(`${dir}: model.safetensors.index.json maps ${quote(name)} to ${quote(file)}, not a .safetensors file name in the folder`);
       }
       if (!shards.has(file)) shards.set(file, load(file));
       const t = shards.get(file)!.get(name);
-      if (!t) throw new Error(`${dir}: model.safetensors.index.json maps ${name} to ${file}, which does not hold it`);
+      if (!t) throw new Error(`${dir}: model.safetensors.index.json maps ${quote(name)} to ${quote(file)}, which does not hold it`);
       byName.set(name, t);
     }
     for (const [file, tensors] of shards) {

@@ -2,6 +2,7 @@ import assert from "node:assert";
 import { Tokenizer as HfLibTokenizer } from "@huggingface/tokenizers";
 import { byteLevelBytes } from "./byte-level.ts";
 import type { EncodeOptions, Tokenizer } from "./tokenizer.ts";
+import { quote } from "../codec/index.ts";
 
 /** What the tokenizer files say beside tokenizer.json, resolved by the builder. */
 export interface HfTokenizerOptions {
@@ -128,7 +129,7 @@ export class HfTokenizer implements Tokenizer {
       return token;
     }
     const id = this.lib.token_to_id(token);
-    if (id === undefined) throw new Error(`${origin}: ${what} ${JSON.stringify(token)} is not in the vocabulary`);
+    if (id === undefined) throw new Error(`${origin}: ${what} ${quote(token)} is not in the vocabulary`);
     return id;
   }
 
@@ -205,7 +206,7 @@ function checkShape(json: unknown, origin: string): void {
   const type = (model as { type?: unknown }).type;
   // Old files omit model.type; the library infers BPE from merges, so only a named type is checked.
   if (type !== undefined && !SUPPORTED_MODELS.includes(String(type))) {
-    throw new Error(`${origin}: tokenizer.json model type ${JSON.stringify(type)} is not supported (supported: ${SUPPORTED_MODELS.join(", ")})`);
+    throw new Error(`${origin}: tokenizer.json model type ${quote(type)} is not supported (supported: ${SUPPORTED_MODELS.join(", ")})`);
   }
   const vocab = (model as { vocab?: unknown }).vocab;
   if (typeof vocab !== "object" || vocab === null) throw bad('model has no "vocab"');

@@ -13,6 +13,8 @@ export class LoadProgress {
     private readonly total: number,
     private readonly write: (line: string) => void = (l) => process.stderr.write(l + "\n"),
     private readonly now: () => number = () => performance.now(),
+    /** What the line says is happening, and that it is done. */
+    private readonly verbs: readonly [string, string] = ["loading", "loaded"],
   ) {
     this.start = now();
     this.lastPrint = this.start;
@@ -24,11 +26,11 @@ export class LoadProgress {
     if (t - this.start < 1000 || t - this.lastPrint < 1000) return;
     this.lastPrint = t;
     this.printed = true;
-    this.write(`loading ${this.label}: ${mib(this.done)}/${mib(this.total)} MiB`);
+    this.write(`${this.verbs[0]} ${this.label}: ${mib(this.done)}/${mib(this.total)} MiB`);
   }
 
   finish(): void {
-    if (this.printed) this.write(`loaded ${this.label}: ${mib(this.done)} MiB in ${((this.now() - this.start) / 1000).toFixed(1)} s`);
+    if (this.printed) this.write(`${this.verbs[1]} ${this.label}: ${mib(this.done)} MiB in ${((this.now() - this.start) / 1000).toFixed(1)} s`);
   }
 }
 

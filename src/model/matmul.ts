@@ -108,7 +108,7 @@ export function matmulQ8Ref(y: Float32Array, x: Float32Array, w: PackedMatrix, w
 const PAGE = 65536;
 /** wasm32 addresses 4 GiB; weights past this (less room for activations) run matmulRef. */
 const MAX_PAGES = 65536;
-const MAX_PLACED_BYTES = 2 ** 32 - 2 ** 28;
+export const MAX_PLACED_BYTES = 2 ** 32 - 2 ** 28;
 /**
  * Bytes at the start of the memory left to the kernels' static data (AssemblyScript's expf
  * table): every instantiation, each helper thread's too, writes its data segments there.
@@ -124,6 +124,12 @@ export interface KernelOptions {
   threads?: number;
   /** false: the plain-JS fallback even where SIMD runs (tests hold the two paths together). */
   simd?: boolean;
+  /**
+   * Bytes left unused below the first placement (never written, so they cost no resident memory).
+   * Tests place every tensor past 2 GiB with it, where a byte offset read as a signed 32-bit
+   * number goes wrong; 0 in service.
+   */
+  gapBytes?: number;
 }
 
 /** A weight matrix to place, with the length of its rows. */
@@ -189,6 +195,11 @@ interface Placed {
  */
 export class MatmulKernel {
   readonly memory: WebAssembly.Memory | null;
+  /**
+   * What runs the matmuls: "wasm-simd", or "plain-js (why)" on the fallback, which gives the same
+   * bits on one core at a small fraction of the speed: the ready line says it, never silently.
+   */
+  readonly kernels: string = "wasm-simd";
   private readonly ex: KernelExports | null;
   private f32 = new Float32Array(0);
   private u8 = new Uint8Array(0);
@@ -238,8 +249,18 @@ export class MatmulKernel {
     });
     let bytes = 0;
     for (const [m, c] of cols) bytes += c > 0 ? align16(stripLayoutBytes(dtypeOf(m), Math.ceil(m.length / c), c)) : 0;
-    const mem = mod !== null && bytes <= MAX_PLACED_BYTES ? sharedMemory(Math.ceil((KERNEL_RESERVED_BYTES + bytes) / PAGE)) : null;
+    const gap = align16(opts.gapBytes ?? 0);
+    const fits = gap + bytes <= MAX_PLACED_BYTES;
+    const mem = mod !== null && fits ? sharedMemory(Math.ceil((KERNEL_RESERVED_BYTES + gap + bytes) / PAGE)) : null;
     if (mod === null || mem === null) {
+      this.kernels =
+        opts.simd === false
+          ? "plain-js (asked for)"
+          : mod === null
+            ? "plain-js (this runtime lacks WebAssembly SIMD or shared memory)"
+            : !fits
+              ? `plain-js (weights of ${gib(gap + bytes)} exceed the kernel memory's ${gib(MAX_PLACED_BYTES)})`
+              : `plain-js (a shared memory of ${gib(gap + bytes)} was refused)`;
       for (const m of cols.keys()) if (!(m instanceof Float32Array)) assertFinite16(m);
       this.memory = null;
       this.ex = null;
@@ -248,6 +269,7 @@ export class MatmulKernel {
     }
     this.memory = mem;
     this.ex = new WebAssembly.Instance(mod, { env: { memory: mem } }).exports as unknown as KernelExports;
+    this.top += gap;
     this.refresh();
     const viewOf = new Map<Matrix, Matrix>();
     for (const [m, c] of cols) {
@@ -262,7 +284,7 @@ export class MatmulKernel {
     if (!(Number.isInteger(threads) && threads >= 1)) throw new Error(`threads ${threads}: want a positive integer`);
     if (threads > 1) {
       const ctrl = this.grab(controlBytes(threads - 1) + 48);
-      this.threads = new KernelThreads(mod, mem, threads - 1, (ctrl + 63) & ~63);
+      this.threads = new KernelThreads(mod, mem, threads - 1, Math.ceil(ctrl / 64) * 64);
     }
   }
 
@@ -397,7 +419,7 @@ export class MatmulKernel {
     let xAt = this.addressOf(x);
     if (xAt < 0) {
       xAt = this.temp(rows * n * 4);
-      this.f32.set(x.subarray(0, rows * n), xAt >> 2);
+      this.f32.set(x.subarray(0, rows * n), xAt / 4);
     }
     let yAt = this.addressOf(y);
     const copyY = yAt < 0;
@@ -443,8 +465,8 @@ export class MatmulKernel {
     const jobs = this.jobs;
     for (let j = 0; j < this.queued; j++) {
       const b = j * JOB_INTS;
-      const feeds = this.inputs[j] === y || overlaps(yAt, yFloats, jobs[b + J_X]!, jobs[b + J_ROWS]! * jobs[b + J_N]!);
-      const fed = this.outs[j] === x || overlaps(xAt, xFloats, jobs[b + J_Y]!, jobs[b + J_ROWS]! * jobs[b + J_D]!);
+      const feeds = this.inputs[j] === y || overlaps(yAt, yFloats, jobs[b + J_X]! >>> 0, jobs[b + J_ROWS]! * jobs[b + J_N]!);
+      const fed = this.outs[j] === x || overlaps(xAt, xFloats, jobs[b + J_Y]! >>> 0, jobs[b + J_ROWS]! * jobs[b + J_D]!);
       if (feeds || fed) {
         assert.fail(`matmul queue: job ${this.queued}'s ${feeds ? "output" : "input"} is job ${j}'s ${feeds ? "input" : "output"}; flush between them`);
       }
@@ -462,7 +484,7 @@ export class MatmulKernel {
       const y = this.outs[j]!;
       if (y !== null) {
         const b = j * JOB_INTS;
-        const at = this.jobs[b + J_Y]! >> 2;
+        const at = (this.jobs[b + J_Y]! >>> 0) / 4;
         y.set(this.f32.subarray(at, at + this.jobs[b + J_ROWS]! * this.jobs[b + J_D]!));
         this.outs[j] = null;
       }
@@ -588,8 +610,13 @@ function overlaps(a: number, n: number, b: number, m: number): boolean {
   return a < b + 4 * m && b < a + 4 * n;
 }
 
+function gib(bytes: number): string {
+  return `${(bytes / 2 ** 30).toFixed(2)} GiB`;
+}
+
+/** bytes rounded up to a multiple of 16, as a plain number: offsets reach 4 GiB, past int32's bit operators. */
 function align16(bytes: number): number {
-  return (bytes + 15) & ~15;
+  return Math.ceil(bytes / 16) * 16;
 }
 
 let shared: MatmulKernel | null = null;

@@ -1,5 +1,6 @@
 import type { KvShape } from "../codec/index.ts";
-import { Pcg32, type SamplingConfig } from "../rng/index.ts";
+import { LogitsError, Pcg32, sample, type SamplingConfig } from "../rng/index.ts";
+import type { LogitsRows } from "./logits-rows.ts";
 import type { ModelConfig } from "./config.ts";
 import type { DType } from "./packed.ts";
 import type { KvSlab, SeqChunk } from "./transformer.ts";
@@ -18,7 +19,10 @@ import type { WeightStats } from "./assemble-weights.ts";
  * buffer (gen + SLOTS) while gen + 1 still has to read gen's sampled tokens.
  * A forward that throws writes its message into its slot's error area and sets ctrl[FAILED + slot]
  * = gen first (shared memory again: a message posted from the model thread's loop may sit
- * undelivered); a forward that needs the tokens of a failed one fails too. Buffers grow rarely:
+ * undelivered); a forward that needs the tokens of a failed one fails too. A row whose logits
+ * cannot be sampled (LogitsError: that request's alone) is SAMPLE_FAILED, not a failed forward:
+ * the engine ends its sequence, and a step posted after it computes a stand-in token in its row
+ * (the row's outputs are dropped), so the batch goes on. Buffers grow rarely:
  * the new ones go over postMessage with a version, and ctrl[VER] names the version a step needs,
  * so the model thread never reads a plan through a buffer it has not been given yet.
  */
@@ -140,6 +144,10 @@ export interface LoadedInfo {
   stats: WeightStats;
   dtype: string;
   threads: number;
+  /** What runs the matmuls (Transformer.kernels). */
+  kernels: string;
+  /** Kernel memories the weights are spread over (Transformer.memories). */
+  memories: number;
 }
 
 export type FromModelThread =
@@ -238,9 +246,13 @@ function readSampling(plan: Int32Array, o: number, row: ReadRow): RowSampling | 
   return row.sampling;
 }
 
+/** A row's sampled token when its logits could not be sampled (sampleRows). */
+export const SAMPLE_FAILED = -2;
+
 /**
  * A slot's logits buffer for `rows` rows of `vocab` logits, then `rows` Int32 sampled tokens
- * (the token the model sampled for each row, -1 where it sampled none).
+ * (the token the model sampled for each row, -1 where it sampled none, SAMPLE_FAILED where
+ * the row's logits could not be sampled).
  */
 export function logitsBufferBytes(rows: number, vocab: number): number {
   return rows * (vocab + 1) * 4;
@@ -311,8 +323,38 @@ export function readPlan(plan: Int32Array, prev: Int32Array | null, into: ReadPl
 function previousToken(prev: Int32Array | null, row: number): number {
   if (prev === null) throw new Error(`plan names row ${row}'s token of a step that failed`);
   const t = row < prev.length ? prev[row]! : -1;
+  // Its sequence ends when that step settles; the row's outputs are never read.
+  if (t === SAMPLE_FAILED) return 0;
   if (t < 0) throw new Error(`plan names row ${row}'s token of the step before, which sampled none there`);
   return t;
+}
+
+/**
+ * The tokens of the rows the plan samples, by the sampler the engine itself samples with
+ * (-1 where it samples none). Logits one row cannot be sampled from fail that row alone
+ * (SAMPLE_FAILED), never the step.
+ */
+export function sampleRows(
+  p: ReadPlan,
+  out: Float32Array,
+  rows: LogitsRows,
+  tokens: Int32Array,
+  /** How a row with a structured output (RowSampling.constraint) is sampled: the thread's matchers. */
+  constrained?: (row: number, logits: Float32Array) => number,
+): void {
+  for (let r = 0; r < p.chunks.length; r++) {
+    const s = p.sampling[r];
+    if (!s) {
+      tokens[r] = -1;
+      continue;
+    }
+    try {
+      tokens[r] = s.constraint && constrained ? constrained(r, rows.row(out, r)) : sample(rows.row(out, r), s.cfg, s.rng);
+    } catch (e) {
+      if (!(e instanceof LogitsError)) throw e;
+      tokens[r] = SAMPLE_FAILED;
+    }
+  }
 }
 
 // Only the blocks the forward touches: a table may already hold blocks reserved past the chunk.

@@ -18,6 +18,7 @@ import {
   type ReadPlan,
   newReadPlan,
   readPlan,
+  sampleRows,
   SLOTS,
   slotOf,
   STAT_BUSY_MS,
@@ -141,7 +142,10 @@ async function load(m: Extract<ToModelThread, { type: "load" }>): Promise<void> 
     model = t;
     ctrl = new Int32Array(m.ctrl, 0, CTRL_INTS);
     const stats = { ...files.stats, residentBytes: weightsBytes(weights) };
-    self.postMessage({ type: "loaded", info: { name: files.name, cfg: t.cfg, eosIds: files.eosIds, stats, dtype: t.dtype, threads: t.threads } });
+    self.postMessage({
+      type: "loaded",
+      info: { name: files.name, cfg: t.cfg, eosIds: files.eosIds, stats, dtype: t.dtype, threads: t.threads, kernels: t.kernels, memories: t.memories },
+    });
   } catch (e) {
     self.postMessage({ type: "load-failed", message: e instanceof Error ? e.message : String(e) });
     return;
@@ -186,7 +190,7 @@ async function serve(t: Transformer): Promise<void> {
       prev = null;
       if (mirrors.size > 0) await mirrorsReady(p);
       t.forward(pool, p.chunks, logits[slot]!);
-      sampleRows(p, logits[slot]!, rows, sampled[slot]!);
+      sampleRows(p, logits[slot]!, rows, sampled[slot]!, constrainedRow);
       prev = sampled[slot]!;
     } catch (e) {
       writeError(ctrl, slot, e instanceof Error ? e.message : String(e));
@@ -204,18 +208,11 @@ async function serve(t: Transformer): Promise<void> {
   }
 }
 
-/** The tokens of the rows the plan samples, by the sampler the engine itself samples with. */
-function sampleRows(p: ReadPlan, out: Float32Array, rows: LogitsRows, tokens: Int32Array): void {
-  for (let r = 0; r < p.chunks.length; r++) {
-    const s = p.sampling[r];
-    if (!s) {
-      tokens[r] = -1;
-      continue;
-    }
-    const id = s.constraint ?? 0;
-    tokens[r] = id === 0 ? sample(rows.row(out, r), s.cfg, s.rng) : sampleConstrained(mirrors.get(id), p.chunks[r]!.tokens, s, rows.row(out, r));
-  }
-}
+/** sampleRows' way with a constrained row of the plan being run (`read`), made once. */
+const constrainedRow = (r: number, logits: Float32Array): number => {
+  const s = read.sampling[r]!;
+  return sampleConstrained(mirrors.get(s.constraint ?? 0), read.chunks[r]!.tokens, s, logits);
+};
 
 /**
  * A constrained row: its twin first takes the row's input when that is the output token the

@@ -1,3 +1,4 @@
+import { quote } from "../codec/index.ts";
 /**
  * A tensor as a file stores it: its dtype, its shape (outermost first, as PyTorch writes it) and
  * a view of its bytes, usually straight into an mmap'd file. Both readers (safetensors, GGUF)
@@ -38,7 +39,7 @@ export function elementCount(shape: readonly number[]): number {
 /** Bytes a tensor of this dtype and element count occupies, or an error naming why it cannot. */
 export function byteLengthOf(dtype: RawDtype, elems: number, name: string): number {
   const b = DTYPE_BLOCK[dtype];
-  if (elems % b.elems !== 0) throw new Error(`tensor ${name}: ${elems} elements is not a whole number of ${dtype} blocks of ${b.elems}`);
+  if (elems % b.elems !== 0) throw new Error(`tensor ${quote(name)}: ${elems} elements is not a whole number of ${dtype} blocks of ${b.elems}`);
   return (elems / b.elems) * b.bytes;
 }
 
@@ -60,7 +61,7 @@ const F16: Float32Array = (() => {
 export function toFloat32(t: RawTensor): Float32Array {
   const n = elementCount(t.shape);
   const want = byteLengthOf(t.dtype, n, t.name);
-  if (t.bytes.length !== want) throw new Error(`tensor ${t.name}: ${t.bytes.length} bytes, want ${want} for ${t.dtype} ${JSON.stringify(t.shape)}`);
+  if (t.bytes.length !== want) throw new Error(`tensor ${quote(t.name)}: ${t.bytes.length} bytes, want ${want} for ${t.dtype} ${quote(t.shape)}`);
   const b = t.bytes;
   if (t.dtype === "f32") {
     if (b.byteOffset % 4 === 0) return new Float32Array(b.buffer, b.byteOffset, n);

@@ -1,6 +1,6 @@
 import assert from "node:assert";
 import { copyBytes } from "./mapped-file.ts";
-import { type DType, dtypeOf, f16Values, type Matrix, matrixBytes, Q8_0_BLOCK_BYTES, QK8_0 } from "./packed.ts";
+import { copyMatrixBytes, type DType, dtypeOf, f16Values, type Matrix, matrixBytes, Q8_0_BLOCK_BYTES, QK8_0 } from "./packed.ts";
 
 /**
  * The strip layout the matmul kernels read (kernels/assembly/matmul.ts states it): rows in strips
@@ -41,7 +41,6 @@ export function packStrips(m: Matrix, from: number, rows: number, n: number, dst
   assert(at % 16 === 0, `strip layout at ${at}: not 16-byte aligned`);
   const total = stripLayoutBytes(dt, rows, n);
   dst.fill(0, at, at + total);
-  const src = m instanceof Float32Array ? new Uint8Array(m.buffer, m.byteOffset, m.byteLength) : m.bytes;
   const rowBytes = matrixBytes(dt, n);
   const first = matrixBytes(dt, from);
   const stage = new ArrayBuffer(STRIP_ROWS * rowBytes);
@@ -49,7 +48,8 @@ export function packStrips(m: Matrix, from: number, rows: number, n: number, dst
   const sb = stripBytes(dt, n);
   for (let r = 0; r < rows; r += STRIP_ROWS) {
     const k = Math.min(STRIP_ROWS, rows - r);
-    copyBytes(stageU8, 0, src.subarray(first + r * rowBytes, first + (r + k) * rowBytes));
+    if (m instanceof Float32Array) copyBytes(stageU8, 0, new Uint8Array(m.buffer, m.byteOffset + first + r * rowBytes, k * rowBytes));
+    else copyMatrixBytes(m, first + r * rowBytes, first + (r + k) * rowBytes, stageU8, 0);
     const o = at + (r / STRIP_ROWS) * sb;
     if (dt === "f32") packF32(new Float32Array(stage), k, n, new Float32Array(dst.buffer, dst.byteOffset + o, sb / 4));
     else if (dt === "q8_0") {
@@ -157,7 +157,7 @@ export function readStripRow(dt: DType, mem: MemoryViews, at: number, n: number,
     const lut = f16Values();
     for (let j = j0; j < j0 + count; j++) {
       const g = base + (j >> 5) * STRIP_ROWS * Q8_0_BLOCK_BYTES;
-      out[outAt + j - j0] = Math.fround(lut[mem.u16[(g + 2 * k) >> 1]!]! * mem.i8[g + q8Slot(k, j & 31)]!);
+      out[outAt + j - j0] = Math.fround(lut[mem.u16[(g + 2 * k) / 2]!]! * mem.i8[g + q8Slot(k, j & 31)]!);
     }
     return;
   }
@@ -172,10 +172,10 @@ export function readStripRow(dt: DType, mem: MemoryViews, at: number, n: number,
       p = base + Math.floor(j / gl) * 128 + k * 16 + slot * es;
     } else p = base + STRIP_ROWS * main * es + k * (n - main) * es + (j - main) * es;
     let v: number;
-    if (dt === "f32") v = mem.f32[p >> 2]!;
-    else if (half) v = f16Value(mem.u16[p >> 1]!);
+    if (dt === "f32") v = mem.f32[p / 4]!;
+    else if (half) v = f16Value(mem.u16[p / 2]!);
     else {
-      bf16Bits[0] = mem.u16[p >> 1]! << 16;
+      bf16Bits[0] = mem.u16[p / 2]! << 16;
       v = bf16Value[0]!;
     }
     out[outAt + j - j0] = v;

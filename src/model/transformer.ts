@@ -3,11 +3,12 @@ import type { KvShape } from "../codec/index.ts";
 import { decodeHeadsPerPiece } from "./attention-pieces.ts";
 import { KvPool } from "../pool/index.ts";
 import { blockPayloadBytes } from "../codec/kv-shape.ts";
-import { headDimOf, kvDimOf, type ModelConfig, qDimOf, ropeFrequencies } from "./config.ts";
+import { headDimOf, kvDimOf, type ModelConfig, qDimOf } from "./config.ts";
 import { softmaxF32, swigluF32 } from "./f32-math.ts";
-import { type KernelExports, type KernelOptions, MatmulKernel } from "./matmul.ts";
+import { ATT_SEQ_INTS, ATT_SEQS, GROUP_BUDGET, LayerGroup, planGroups } from "./layer-group.ts";
+import { type KernelExports, type KernelOptions, kernelModule } from "./matmul.ts";
 import type { Matrix } from "./packed.ts";
-import { MATRICES, matrixCols, validateWeights, weightsDType, type Weights } from "./weights.ts";
+import { validateWeights, weightsDType, type Weights } from "./weights.ts";
 
 /**
  * One sequence's share of a forward pass: `tokens` sit at positions
@@ -34,6 +35,16 @@ export interface KvSlab {
   slabOffset: number;
 }
 
+/** Options of a Transformer: the kernels' and how much one kernel memory may place. */
+export interface TransformerOptions extends KernelOptions {
+  /**
+   * Bytes of weights one kernel memory may place (default: a wasm32 memory less the kernels'
+   * room); a model past it is cut into layer groups (layer-group.ts). Tests lower it to run
+   * several groups on a small model.
+   */
+  groupBytes?: number;
+}
+
 /** What `Transformer.profile` times, index for index. */
 export const FORWARD_PHASES = ["embed", "rmsnorm", "matmul", "bias", "rope", "kvWrite", "attention", "residual", "swiglu"] as const;
 const P_EMBED = 0;
@@ -53,11 +64,6 @@ function lap(prof: Float64Array, phase: number, t: number): number {
   return now;
 }
 
-// The attention dispatch's parameter layout (kernels/assembly/attention.ts): ATT_SEQS shared
-// slots, then per sequence out, q, table, firstPos, rows.
-const ATT_SEQS = 9;
-const ATT_SEQ_INTS = 5;
-
 /** Query rows of one sequence that share each decoded K/V vector in prefill attention. */
 const ATT_TILE = 16;
 
@@ -71,20 +77,28 @@ const ATT_TILE = 16;
  */
 export class Transformer {
   readonly cfg: ModelConfig;
-  private readonly w: Weights<Matrix>;
+  /** Projection biases (Qwen2), read in JS: stacked over every layer. */
+  private readonly biases: { bq: Float32Array; bk: Float32Array; bv: Float32Array } | null;
+  private readonly dtypeName: string;
   private readonly headDim: number;
   /** nHeads * headDim: equal to dim unless the model gives its own head_dim. */
   private readonly qDim: number;
   private readonly kvDim: number;
   private readonly kvMul: number;
-  private readonly ropeCos: Float64Array;
-  private readonly ropeSin: Float64Array;
   private readonly att: Float32Array;
   /** f32, so each `+=` rounds as the kernel's add. */
   private readonly acc: Float32Array;
   private readonly kvec: Float32Array;
-  /** Holds the one copy of every weight matrix, in WebAssembly memory (`w`'s matrices view it). */
-  private readonly mm: MatmulKernel;
+  /**
+   * The kernel memories holding the weights, in layer order (one unless the model outgrows a
+   * wasm32 memory: layer-group.ts), and the group each layer's weights are in.
+   */
+  private readonly groups: readonly LayerGroup[];
+  private readonly groupOfLayer: readonly LayerGroup[];
+  private readonly embedGroup: LayerGroup;
+  private readonly classifierGroup: LayerGroup;
+  /** The group whose memory holds the residual stream x now: every method below works on it. */
+  private g: LayerGroup;
   /**
    * When set (FORWARD_PHASES.length long), forward adds each phase's milliseconds into it: the
    * benchmark's profile. Null in service: then timing costs one branch per phase.
@@ -93,33 +107,8 @@ export class Transformer {
   /** When the phase being timed began (profiling only). */
   private lapT = 0;
 
-  // Per-row scratch, grown (never shrunk) to the largest row count seen.
-  private cap = 0;
-  private x: Float32Array = new Float32Array(0);
-  private xb: Float32Array = new Float32Array(0);
-  private xb2: Float32Array = new Float32Array(0);
-  private q: Float32Array = new Float32Array(0);
-  private k: Float32Array = new Float32Array(0);
-  private v: Float32Array = new Float32Array(0);
-  private hb: Float32Array = new Float32Array(0);
-  private hb2: Float32Array = new Float32Array(0);
-  private rowPos: Int32Array = new Int32Array(0);
-  /** Each row's K slot (layer 0) in the slab, as a byte address, when the slab is in the kernel memory. */
-  private kvDst: Int32Array = new Int32Array(0);
   private rowSeq = new Int32Array(0);
-  private seqCap = 0;
-  private lastX: Float32Array = new Float32Array(0);
   private lastRow = new Int32Array(0);
-
-  /** The batch's K/V blocks when the pool's slab is not in the kernel memory: copied per layer. */
-  private kvScratch: Uint8Array | null = null;
-  /** Per sequence, its blocks' byte addresses (maxBlocks slots each) for the attention kernel. */
-  private attTables: Int32Array = new Int32Array(0);
-  /** The attention dispatch's parameters and pieces (kernels/assembly/attention.ts's layout). */
-  private attParams: Int32Array = new Int32Array(0);
-  private attPieces: Int32Array = new Int32Array(0);
-  private kvHalf: Uint8Array | null = null;
-  private kvHalf16: Uint16Array = new Uint16Array(0);
   /** Floats per query in the attention kernel's score scratch (four queries at a time). */
   private get attStride(): number {
     return (this.cfg.maxSeqLen + 3) & ~3;
@@ -131,42 +120,23 @@ export class Transformer {
   private readonly slabs = new Map<number, Uint8Array>();
   private bits: Uint16Array = new Uint16Array(0);
 
-  constructor(cfg: ModelConfig, weights: Weights<Matrix>, opts: KernelOptions = {}) {
+  constructor(cfg: ModelConfig, weights: Weights<Matrix>, opts: TransformerOptions = {}) {
     validateWeights(cfg, weights);
     this.cfg = cfg;
     this.headDim = headDimOf(cfg);
     this.qDim = qDimOf(cfg);
     this.kvDim = kvDimOf(cfg);
     this.kvMul = cfg.nHeads / cfg.nKvHeads;
-    // Every matrix, the embedding too, is read through its view on the kernel's copy: nothing
-    // here keeps the caller's matrices alive, so once the caller lets go each weight is held once.
-    this.mm = new MatmulKernel(
-      MATRICES.map((k) => ({ matrix: weights[k], cols: matrixCols(cfg, k) })),
-      opts,
-    );
-    const w: Weights<Matrix> = { ...weights };
-    MATRICES.forEach((k, i) => {
-      w[k] = this.mm.views[i]!;
-    });
-    // The norms' weights and the RoPE tables live in the kernel memory too, for its rmsnorm and rope.
-    for (const k of ["rmsAtt", "rmsFfn", "rmsFinal"] as const) {
-      const a = this.mm.alloc(weights[k].length);
-      a.set(weights[k]);
-      w[k] = a;
-    }
-    this.w = w;
-    // RoPE as run.c: pair (i, i+1) of each head turns by pos * freq[i/2] (see ropeFrequencies).
-    const half = this.headDim / 2;
-    const freqs = ropeFrequencies(cfg);
-    this.ropeCos = this.mm.allocF64(cfg.maxSeqLen * half);
-    this.ropeSin = this.mm.allocF64(cfg.maxSeqLen * half);
-    for (let p = 0; p < cfg.maxSeqLen; p++) {
-      for (let k = 0; k < half; k++) {
-        const freq = freqs[k]!;
-        this.ropeCos[p * half + k] = Math.cos(p * freq);
-        this.ropeSin[p * half + k] = Math.sin(p * freq);
-      }
-    }
+    this.dtypeName = weightsDType(weights);
+    this.biases = weights.bq ? { bq: weights.bq, bk: weights.bk!, bv: weights.bv! } : null;
+    // Without the kernels nothing is placed, so there is nothing to cut.
+    const simd = opts.simd !== false && kernelModule() !== null;
+    const plans = simd ? planGroups(cfg, weights, opts.groupBytes ?? GROUP_BUDGET) : [{ first: 0, end: cfg.nLayers, embedding: true, classifier: true }];
+    this.groups = plans.map((p) => new LayerGroup(cfg, weights, p, opts));
+    this.groupOfLayer = Array.from({ length: cfg.nLayers }, (_, l) => this.groups.find((g) => g.holds(l))!);
+    this.embedGroup = this.groups.find((g) => g.w.tokenEmbedding !== null)!;
+    this.classifierGroup = this.groups.find((g) => g.w.wcls !== null)!;
+    this.g = this.groups[0]!;
     this.att = new Float32Array(ATT_TILE * this.kvMul * cfg.maxSeqLen);
     this.acc = new Float32Array(ATT_TILE * this.kvMul * this.headDim);
     this.kvec = new Float32Array(this.headDim);
@@ -174,33 +144,46 @@ export class Transformer {
 
   /** The weights' dtype in memory. */
   get dtype(): string {
-    return weightsDType(this.w);
+    return this.dtypeName;
+  }
+
+  /** What runs the matmuls: "wasm-simd", or "plain-js (why)" (MatmulKernel.kernels). */
+  get kernels(): string {
+    return this.groups[0]!.mm.kernels;
+  }
+
+  /** Kernel memories the weights are spread over (layer-group.ts): 1 unless past a wasm32 memory. */
+  get memories(): number {
+    return this.groups.length;
   }
 
   /** Threads the matmuls run on. */
   get threads(): number {
-    return this.mm.threadCount;
+    return this.groups[0]!.mm.threadCount;
   }
 
   /** Matmul calls shared with helper threads so far. */
   get splitCalls(): number {
-    return this.mm.splitCalls;
+    return this.groups.reduce((n, g) => n + g.mm.splitCalls, 0);
   }
 
   /** Settles when every matmul thread runs; forward works before, on fewer threads. */
   ready(): Promise<void> {
-    return this.mm.ready();
+    return Promise.all(this.groups.map((g) => g.mm.ready())).then(() => {});
   }
 
   /**
    * Room for a KV pool's slab of `bytes` in the kernel memory, where attention reads the blocks
    * in place instead of copying each layer's: build the pool with these options. Null on the
-   * fallback, or when the memory (wasm32: 4 GiB) cannot hold it; a pool elsewhere still works.
+   * fallback, when the memory (wasm32: 4 GiB) cannot hold it, or when the layers are spread over
+   * several memories (each would need its layers' share of every block); a pool elsewhere still
+   * works.
    */
   kvSlab(bytes: number): KvSlab | null {
+    if (this.groups.length > 1) return null;
     let a: Uint8Array | null = null;
     try {
-      a = this.mm.allocZeroed(bytes);
+      a = this.g.mm.allocZeroed(bytes);
     } catch (e) {
       if (!(e instanceof RangeError)) throw e;
     }
@@ -223,7 +206,7 @@ export class Transformer {
 
   /** Stops the matmul helper threads (the model still runs, on the caller alone). */
   close(): void {
-    this.mm.close();
+    for (const g of this.groups) g.mm.close();
   }
 
   /**
@@ -238,19 +221,32 @@ export class Transformer {
     if (this.maxBlocks < Math.ceil(this.cfg.maxSeqLen / B)) {
       // A pool of smaller blocks than the last: the tables are laid out anew.
       this.maxBlocks = Math.ceil(this.cfg.maxSeqLen / B);
-      this.seqCap = 0;
+      for (const g of this.groups) g.seqCap = 0;
     }
     this.reserve(rows, batch.length);
     if (this.profile) this.lapT = performance.now();
     this.embed(batch);
     this.lap(P_EMBED);
-    const inPlace = this.mm.exports !== null && this.attentionTables(pool, batch, rows);
+    let inPlace = false;
     for (let l = 0; l < this.cfg.nLayers; l++) {
+      if (l === 0 || this.groupOfLayer[l] !== this.g) {
+        this.enter(this.groupOfLayer[l]!, rows);
+        inPlace = this.g.mm.exports !== null && this.attentionTables(pool, batch, rows);
+      }
       this.attentionBlock(pool, batch, l, rows, inPlace);
       this.feedForwardBlock(l, rows);
     }
+    this.enter(this.classifierGroup, rows);
     this.logits(batch.length, rows, out);
-    raiseFills(pool, batch, this.rowPos, this.rowSeq, rows);
+    raiseFills(pool, batch, this.g.rowPos, this.rowSeq, rows);
+  }
+
+  /** Makes g the group in use, handing it the residual stream x when it was in another memory. */
+  private enter(g: LayerGroup, rows: number): void {
+    if (g === this.g) return;
+    const n = rows * this.cfg.dim;
+    g.x.set(this.g.x.subarray(0, n));
+    this.g = g;
   }
 
   /** The batch's rows after checking it fits the model, the pool and `out`; 0 for an empty batch. */
@@ -291,7 +287,11 @@ export class Transformer {
 
   /** Each row's position, sequence and embedding (into x); each sequence's last row. */
   private embed(batch: readonly SeqChunk[]): void {
-    const { x, rowPos, rowSeq, lastRow, mm } = this;
+    // x starts in the memory of layer 0; every group's kernels read the rows' positions.
+    this.g = this.groupOfLayer[0] ?? this.classifierGroup;
+    const { x, rowPos } = this.g;
+    const { rowSeq, lastRow } = this;
+    const { mm, w } = this.embedGroup;
     const dim = this.cfg.dim;
     let r = 0;
     for (let s = 0; s < batch.length; s++) {
@@ -300,31 +300,34 @@ export class Transformer {
         rowPos[r] = c.startPos + t;
         rowSeq[r] = s;
         // The embedding's copy is in the kernels' strip layout: its rows are read through mm.
-        mm.rowInto(this.w.tokenEmbedding, c.tokens[t]! * dim, dim, x, r * dim);
+        mm.rowInto(w.tokenEmbedding!, c.tokens[t]! * dim, dim, x, r * dim);
       }
       lastRow[s] = r - 1;
     }
+    for (const g of this.groups) if (g !== this.g) g.rowPos.set(rowPos.subarray(0, r));
   }
 
   /** Layer l's attention half: norm, q/k/v, RoPE, the K/V store, attention, wo, residual. */
   private attentionBlock(pool: KvPool, batch: readonly SeqChunk[], l: number, rows: number, inPlace: boolean): void {
-    const { x, xb, q, k, v, w, mm } = this;
+    const { x, xb, q, k, v, w, mm } = this.g;
     const { dim } = this.cfg;
-    const { qDim, kvDim } = this;
+    const { qDim, kvDim, biases } = this;
     const ex = mm.exports;
     const B = pool.shape.blockTokens;
-    this.rmsnorm(xb, x, w.rmsAtt, l * dim, rows);
+    // Layer l's weights sit at its place among its group's layers.
+    const gl = l - this.g.first;
+    this.rmsnorm(xb, x, w.rmsAtt, gl * dim, rows);
     this.lap(P_NORM);
     // One dispatch for q, k and v: it hands the helper threads their share once.
-    mm.queue(q, xb, w.wq, l * qDim * dim, rows, dim, qDim);
-    mm.queue(k, xb, w.wk, l * kvDim * dim, rows, dim, kvDim);
-    mm.queue(v, xb, w.wv, l * kvDim * dim, rows, dim, kvDim);
+    mm.queue(q, xb, w.wq, gl * qDim * dim, rows, dim, qDim);
+    mm.queue(k, xb, w.wk, gl * kvDim * dim, rows, dim, kvDim);
+    mm.queue(v, xb, w.wv, gl * kvDim * dim, rows, dim, kvDim);
     mm.flush();
     this.lap(P_MATMUL);
-    if (w.bq) {
-      addBias(q, w.bq, l * qDim, rows, qDim);
-      addBias(k, w.bk!, l * kvDim, rows, kvDim);
-      addBias(v, w.bv!, l * kvDim, rows, kvDim);
+    if (biases !== null) {
+      addBias(q, biases.bq, l * qDim, rows, qDim);
+      addBias(k, biases.bk, l * kvDim, rows, kvDim);
+      addBias(v, biases.bv, l * kvDim, rows, kvDim);
       this.lap(P_BIAS);
     }
     this.rope(rows);
@@ -332,45 +335,48 @@ export class Transformer {
     // Store every row's K/V before any attention, so rows of this call see each other
     // exactly as later calls will: through the f16 slab.
     const bits = this.bitsFor(pool);
-    if (inPlace) ex!.store_kv(mm.addressOf(this.kvDst), l * 2 * B * kvDim * 2, B * kvDim * 2, mm.addressOf(k), mm.addressOf(v), rows, kvDim);
+    if (inPlace) ex!.store_kv(mm.addressOf(this.g.kvDst), l * 2 * B * kvDim * 2, B * kvDim * 2, mm.addressOf(k), mm.addressOf(v), rows, kvDim);
     else if (ex !== null) this.storeKvSimd(ex, bits, pool.blockElems, B, l, batch, rows);
-    else storeKv(pool.data, k, v, this.rowPos, this.rowSeq, batch, pool.blockElems, B, l, kvDim, rows);
+    else storeKv(pool.data, k, v, this.g.rowPos, this.rowSeq, batch, pool.blockElems, B, l, kvDim, rows);
     this.lap(P_KV);
     if (ex !== null) this.attentionSimd(pool, l, batch, inPlace);
     else this.attention(bits, pool.blockElems, B, l, batch, rows);
     this.lap(P_ATT);
-    this.addProjection(xb, w.wo, l * dim * qDim, qDim, rows);
+    this.addProjection(xb, w.wo, gl * dim * qDim, qDim, rows);
   }
 
   /** Layer l's feed-forward half: norm, w1/w3, SwiGLU, w2, residual. */
   private feedForwardBlock(l: number, rows: number): void {
-    const { x, xb, hb, hb2, w, mm } = this;
+    const { x, xb, hb, hb2, w, mm } = this.g;
     const { dim, hiddenDim: hid } = this.cfg;
     const ex = mm.exports;
-    this.rmsnorm(xb, x, w.rmsFfn, l * dim, rows);
+    const gl = l - this.g.first;
+    this.rmsnorm(xb, x, w.rmsFfn, gl * dim, rows);
     this.lap(P_NORM);
-    mm.queue(hb, xb, w.w1, l * hid * dim, rows, dim, hid);
-    mm.queue(hb2, xb, w.w3, l * hid * dim, rows, dim, hid);
+    mm.queue(hb, xb, w.w1, gl * hid * dim, rows, dim, hid);
+    mm.queue(hb2, xb, w.w3, gl * hid * dim, rows, dim, hid);
     mm.flush();
     this.lap(P_MATMUL);
     if (ex !== null) ex.swiglu(mm.addressOf(hb), mm.addressOf(hb2), rows * hid);
     else swigluF32(hb, hb2, rows * hid);
     this.lap(P_SWIGLU);
-    this.addProjection(hb, w.w2, l * dim * hid, hid, rows);
+    this.addProjection(hb, w.w2, gl * dim * hid, hid, rows);
   }
 
   /** Both halves' end: the residual stream x gains src (rows of n) projected back to dim by m at wOff. */
   private addProjection(src: Float32Array, m: Matrix, wOff: number, n: number, rows: number): void {
     const dim = this.cfg.dim;
-    this.mm.matmul(this.xb2, src, m, wOff, rows, n, dim);
+    const g = this.g;
+    g.mm.matmul(g.xb2, src, m, wOff, rows, n, dim);
     this.lap(P_MATMUL);
-    this.addInto(this.x, this.xb2, rows * dim);
+    this.addInto(g.x, g.xb2, rows * dim);
     this.lap(P_RESID);
   }
 
   /** The final norm and the classifier, for each sequence's last row only. */
   private logits(nSeq: number, rows: number, out: Float32Array): void {
-    const { x, xb, lastX, lastRow, w, mm } = this;
+    const { x, xb, lastX, w, mm } = this.g;
+    const { lastRow } = this;
     const { dim, vocabSize } = this.cfg;
     // One row per sequence (decode): the last rows are x's rows as they stand.
     if (rows !== nSeq) {
@@ -379,9 +385,9 @@ export class Transformer {
         for (let i = 0; i < dim; i++) xb[s * dim + i] = x[src + i]!;
       }
     }
-    this.rmsnorm(lastX, rows === nSeq ? x : xb, w.rmsFinal, 0, nSeq);
+    this.rmsnorm(lastX, rows === nSeq ? x : xb, w.rmsFinal!, 0, nSeq);
     this.lap(P_NORM);
-    mm.matmul(out, lastX, w.wcls, 0, nSeq, dim, vocabSize);
+    mm.matmul(out, lastX, w.wcls!, 0, nSeq, dim, vocabSize);
     this.lap(P_MATMUL);
   }
 
@@ -391,43 +397,16 @@ export class Transformer {
   }
 
   private reserve(rows: number, nSeq: number): void {
-    if (rows > this.cap) {
-      const cap = Math.max(rows, this.cap * 2);
-      const { dim, hiddenDim } = this.cfg;
-      // Matmul operands live in the kernel's memory, so no call copies them in or out.
-      const mm = this.mm;
-      this.x = mm.alloc(cap * dim);
-      // xb holds the normed input (dim) and then the attention output (qDim).
-      this.xb = mm.alloc(cap * Math.max(dim, this.qDim));
-      this.xb2 = mm.alloc(cap * dim);
-      this.q = mm.alloc(cap * this.qDim);
-      this.k = mm.alloc(cap * this.kvDim);
-      this.v = mm.alloc(cap * this.kvDim);
-      this.hb = mm.alloc(cap * hiddenDim);
-      this.hb2 = mm.alloc(cap * hiddenDim);
-      // The rows' K then V as f16, on their way to the slab (null on the fallback).
-      this.kvHalf = mm.allocBytes(cap * 2 * this.kvDim * 2);
-      if (this.kvHalf !== null) this.kvHalf16 = new Uint16Array(this.kvHalf.buffer, this.kvHalf.byteOffset, cap * 2 * this.kvDim);
-      this.rowPos = this.mm.allocInts(cap);
-      this.kvDst = this.mm.allocInts(cap);
-      this.rowSeq = new Int32Array(cap);
-      this.cap = cap;
-    }
-    if (nSeq > this.seqCap) {
-      const cap = Math.max(nSeq, this.seqCap * 2);
-      this.lastX = this.mm.alloc(cap * this.cfg.dim);
-      this.lastRow = new Int32Array(cap);
-      this.attParams = this.mm.allocInts(ATT_SEQS + ATT_SEQ_INTS * cap);
-      this.attTables = this.mm.allocInts(cap * this.maxBlocks);
-      this.attPieces = this.mm.allocInts(3 * cap * this.cfg.nKvHeads);
-      this.seqCap = cap;
-    }
+    for (const g of this.groups) g.reserve(this.cfg, this.qDim, this.kvDim, rows, nSeq, this.maxBlocks);
+    if (rows > this.rowSeq.length) this.rowSeq = new Int32Array(Math.max(rows, this.rowSeq.length * 2));
+    if (nSeq > this.lastRow.length) this.lastRow = new Int32Array(Math.max(nSeq, this.lastRow.length * 2));
   }
 
   /** x += y over n floats (both in the kernel's memory on the SIMD path): the same bits either way. */
   private addInto(x: Float32Array, y: Float32Array, n: number): void {
-    const ex = this.mm.exports;
-    if (ex !== null) ex.add_into(this.mm.addressOf(x), this.mm.addressOf(y), n);
+    const mm = this.g.mm;
+    const ex = mm.exports;
+    if (ex !== null) ex.add_into(mm.addressOf(x), mm.addressOf(y), n);
     else for (let i = 0; i < n; i++) x[i]! += y[i]!;
   }
 
@@ -437,12 +416,12 @@ export class Transformer {
    * patterns. (A slab inside it is written in place by the kernel's store_kv.)
    */
   private storeKvSimd(ex: KernelExports, bits: Uint16Array, blockElems: number, B: number, l: number, batch: readonly SeqChunk[], rows: number): void {
-    const { kvDim, rowPos, rowSeq, kvHalf16: half } = this;
-    const mm = this.mm;
-    const at = mm.addressOf(this.kvHalf!);
+    const { kvDim, rowSeq } = this;
+    const { rowPos, kvHalf16: half, mm } = this.g;
+    const at = mm.addressOf(this.g.kvHalf!);
     const n = rows * kvDim;
-    ex.to_f16(at, mm.addressOf(this.k), n);
-    ex.to_f16(at + 2 * n, mm.addressOf(this.v), n);
+    ex.to_f16(at, mm.addressOf(this.g.k), n);
+    ex.to_f16(at + 2 * n, mm.addressOf(this.g.v), n);
     for (let r = 0; r < rows; r++) {
       const ko = kSlotOf(batch[rowSeq[r]!]!.blockTable, rowPos[r]!, blockElems, B, l, kvDim);
       const vo = ko + B * kvDim;
@@ -465,7 +444,7 @@ export class Transformer {
 
   /** rmsnorm (below) of rows of x into o, by the kernel when there is one: the same bits. */
   private rmsnorm(o: Float32Array, x: Float32Array, g: Float32Array, gOff: number, rows: number): void {
-    const mm = this.mm;
+    const mm = this.g.mm;
     const ex = mm.exports;
     const { dim, normEps } = this.cfg;
     if (ex !== null) ex.rmsnorm(mm.addressOf(o), mm.addressOf(x), mm.addressOf(g) + 4 * gOff, rows, dim, normEps);
@@ -474,8 +453,7 @@ export class Transformer {
 
   /** RoPE of every row's q and k at its position, by the kernel when there is one (the same bits as this JS). */
   private rope(rows: number): void {
-    const { q, k, rowPos, ropeCos, ropeSin } = this;
-    const mm = this.mm;
+    const { q, k, rowPos, ropeCos, ropeSin, mm } = this.g;
     const ex = mm.exports;
     if (ex !== null) {
       ex.rope(mm.addressOf(q), mm.addressOf(k), mm.addressOf(rowPos), mm.addressOf(ropeCos), mm.addressOf(ropeSin), rows, this.qDim, this.kvDim, this.headDim);
@@ -519,22 +497,23 @@ export class Transformer {
   private attentionTables(pool: KvPool, batch: readonly SeqChunk[], rows: number): boolean {
     const B = pool.shape.blockTokens;
     const mb = this.maxBlocks;
-    const tables = this.attTables;
-    const slabAt = this.mm.addressOf(pool.bytes);
+    const g = this.g;
+    const tables = g.attTables;
+    const slabAt = g.mm.addressOf(pool.bytes);
     const layerBytes = 2 * B * this.kvDim * 2;
     if (slabAt < 0) {
       const need = batch.length * mb * layerBytes;
-      if (this.kvScratch === null || this.kvScratch.byteLength < need)
-        this.kvScratch = this.mm.allocBytes(Math.max(need, 2 * (this.kvScratch?.byteLength ?? 0)))!;
+      if (g.kvScratch === null || g.kvScratch.byteLength < need) g.kvScratch = g.mm.allocBytes(Math.max(need, 2 * (g.kvScratch?.byteLength ?? 0)))!;
     }
-    const kvAt = slabAt < 0 ? this.mm.addressOf(this.kvScratch!) : 0;
+    const kvAt = slabAt < 0 ? g.mm.addressOf(g.kvScratch!) : 0;
     for (let s = 0; s < batch.length; s++) {
       const c = batch[s]!;
       const nb = Math.ceil((c.startPos + c.tokens.length) / B);
       for (let b = 0; b < nb; b++) tables[s * mb + b] = slabAt >= 0 ? slabAt + c.blockTable[b]! * pool.blockBytes : kvAt + (s * mb + b) * layerBytes;
     }
     if (slabAt < 0) return false;
-    const { rowPos, rowSeq, kvDst } = this;
+    const { rowPos, kvDst } = g;
+    const rowSeq = this.rowSeq;
     for (let r = 0; r < rows; r++) kvDst[r] = slabAt + 2 * kSlotOf(batch[rowSeq[r]!]!.blockTable, rowPos[r]!, pool.blockElems, B, 0, this.kvDim);
     return true;
   }
@@ -548,17 +527,18 @@ export class Transformer {
    * never change a bit.
    */
   private attentionSimd(pool: KvPool, l: number, batch: readonly SeqChunk[], inPlace: boolean): void {
-    const mm = this.mm;
+    const g = this.g;
+    const mm = g.mm;
     const B = pool.shape.blockTokens;
     const layerBytes = 2 * B * this.kvDim * 2;
     const mb = this.maxBlocks;
-    const p = this.attParams;
+    const p = g.attParams;
     const rowBytes = this.qDim * 4;
-    const qAt = mm.addressOf(this.q);
-    const xbAt = mm.addressOf(this.xb);
-    const tablesAt = mm.addressOf(this.attTables);
+    const qAt = mm.addressOf(g.q);
+    const xbAt = mm.addressOf(g.xb);
+    const tablesAt = mm.addressOf(g.attTables);
     const nKv = this.cfg.nKvHeads;
-    const pieces = this.attPieces;
+    const pieces = g.attPieces;
     const streamPer = decodeHeadsPerPiece(nKv, batch.length, mm.threadCount);
     let nPieces = 0;
     let macs = 0;
@@ -567,7 +547,7 @@ export class Transformer {
       const nr = c.tokens.length;
       const n = c.startPos + nr;
       if (!inPlace) {
-        const kvs = this.kvScratch!;
+        const kvs = g.kvScratch!;
         const src = pool.bytes;
         for (let b = 0, nb = Math.ceil(n / B); b < nb; b++) {
           const from = c.blockTable[b]! * pool.blockBytes + l * layerBytes;
@@ -615,7 +595,8 @@ export class Transformer {
    */
   // Long by design: one loop nest, scores then softmax then values per tile, as the kernel's.
   private attention(bits: Uint16Array, blockElems: number, B: number, l: number, batch: readonly SeqChunk[], rows: number): void {
-    const { q, xb, att, acc, kvec, rowPos, rowSeq } = this;
+    const { q, xb, rowPos } = this.g;
+    const { att, acc, kvec, rowSeq } = this;
     const f = Math.fround;
     const lut = F16_TABLE;
     // Row stride of q and of the attention output in xb.

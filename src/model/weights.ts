@@ -1,5 +1,6 @@
 import { kvDimOf, type ModelConfig, qDimOf, validateConfig } from "./config.ts";
-import { castMatrix, dtypeOf, type DType, type Matrix } from "./packed.ts";
+import { LoadProgress } from "./load-progress.ts";
+import { castMatrix, dtypeOf, type DType, type Matrix, matrixByteLength } from "./packed.ts";
 
 /**
  * Weights in llama2.c's run.c layout. Every matrix is row-major (out, in) so that
@@ -69,7 +70,10 @@ export const MATRICES = ["tokenEmbedding", "wq", "wk", "wv", "wo", "w1", "w2", "
 function isMatrix(a: unknown): a is Matrix {
   if (a instanceof Float32Array) return true;
   const p = a as { dtype?: unknown; bytes?: unknown };
-  return typeof a === "object" && a !== null && ["f16", "bf16", "q8_0"].includes(p.dtype as string) && p.bytes instanceof Uint8Array;
+  const p2 = a as { parts?: unknown };
+  return (
+    typeof a === "object" && a !== null && ["f16", "bf16", "q8_0"].includes(p.dtype as string) && (Array.isArray(p2.parts) || p.bytes instanceof Uint8Array)
+  );
 }
 
 /** Row length (the `in` axis) of each matrix. */
@@ -81,13 +85,33 @@ export function matrixCols(cfg: ModelConfig, k: (typeof MATRICES)[number]): numb
  * The weights with every matrix in `dtype` (`as-stored` keeps each as it is). A shared
  * classifier stays shared: the embedding is then read from the packed rows.
  */
-export function castWeights(cfg: ModelConfig, w: Weights<Matrix>, dtype: DType | "as-stored"): Weights<Matrix> {
+export function castWeights(
+  cfg: ModelConfig,
+  w: Weights<Matrix>,
+  dtype: DType | "as-stored",
+  progress?: (line: string) => void,
+  now?: () => number,
+): Weights<Matrix> {
   if (dtype === "as-stored") return w;
   const out = { ...w };
+  const todo = MATRICES.filter((k) => dtypeOf(w[k]) !== dtype && !(k === "wcls" && w.wcls === w.tokenEmbedding));
+  // A conversion of a big model takes a while: say so (at most once a second), as a slow load does.
+  const line = new LoadProgress(
+    `${cfg.name} to ${dtype}`,
+    todo.reduce((n, k) => n + matrixByteLength(w[k]), 0),
+    progress,
+    now,
+    ["converting", "converted"],
+  );
   for (const k of MATRICES) {
     if (k === "wcls" && w.wcls === w.tokenEmbedding) out.wcls = out.tokenEmbedding;
-    else out[k] = castMatrix(w[k], dtype, matrixCols(cfg, k));
+    else if (todo.includes(k)) {
+      const parts = !(w[k] instanceof Float32Array) && w[k].parts !== undefined;
+      out[k] = castMatrix(w[k], dtype, matrixCols(cfg, k), (n) => line.add(n));
+      if (!parts) line.add(matrixByteLength(w[k]));
+    }
   }
+  line.finish();
   return out;
 }
 
@@ -95,7 +119,7 @@ export function castWeights(cfg: ModelConfig, w: Weights<Matrix>, dtype: DType |
 export function weightsBytes(w: Weights<Matrix>): number {
   let bytes = 0;
   for (const t of new Set(Object.values(w) as (Matrix | undefined)[])) {
-    if (t !== undefined) bytes += t instanceof Float32Array ? t.byteLength : t.bytes.byteLength;
+    if (t !== undefined) bytes += matrixByteLength(t);
   }
   return bytes;
 }

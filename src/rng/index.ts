@@ -1,5 +1,5 @@
 export { Pcg32, SAMPLE_STREAM, resumeRng, stream } from "./pcg32.ts";
-export { MAX_TEMPERATURE, drawsPerToken, sample, validateSampling } from "./sampler.ts";
+export { LogitsError, MAX_TEMPERATURE, drawsPerToken, sample, validateSampling } from "./sampler.ts";
 export type { SamplingConfig } from "./sampler.ts";
 export {
   applyTokenBitmask,
@@ -8,6 +8,7 @@ export {
   LOGIT_BIAS_LIMIT,
   maskStops,
   MAX_REPETITION_PENALTY,
+  MIN_REPETITION_PENALTY,
   NO_PROCESSING,
   PENALTY_LIMIT,
   processLogits,

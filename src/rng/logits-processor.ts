@@ -9,7 +9,7 @@ export interface LogitsConfig {
   presencePenalty: number;
   /** [-2, 2]; subtracted once per occurrence in the output. */
   frequencyPenalty: number;
-  /** > 0, 1 = off; tokens of the prompt or the output: positive logits divided, negative multiplied. */
+  /** [1/100, 100], 1 = off; tokens of the prompt or the output: positive logits divided, negative multiplied. */
   repetitionPenalty: number;
   /** token id → bias in [-100, 100], added to the logit. */
   logitBias: ReadonlyMap<number, number>;
@@ -22,10 +22,17 @@ export const NO_PROCESSING: LogitsConfig = Object.freeze({
   logitBias: new Map<number, number>(),
 });
 
-/** Range limits, as vLLM checks them. */
+/**
+ * Range limits, as vLLM checks them, and a floor under the repetition penalty that vLLM
+ * lacks (it takes any r > 0): a logit divided by r = 1e-300 is +Infinity, and no token can
+ * be sampled. With these bounds processing moves a logit by at most ×100 and ±(100 + 2 + 2 ×
+ * count), so a model's finite logits (real ones stay far below 1e30) stay finite; what still
+ * is not (a NaN from the model) ends that request alone (LogitsError, the engine).
+ */
 export const PENALTY_LIMIT = 2;
 export const LOGIT_BIAS_LIMIT = 100;
 export const MAX_REPETITION_PENALTY = 100;
+export const MIN_REPETITION_PENALTY = 1 / MAX_REPETITION_PENALTY;
 
 /** Returns why `cfg` is out of range, or null when it is valid. */
 export function validateLogits(cfg: LogitsConfig, vocab: number): string | null {
@@ -36,7 +43,8 @@ export function validateLogits(cfg: LogitsConfig, vocab: number): string | null 
     if (!Number.isFinite(v) || Math.abs(v) > PENALTY_LIMIT) return `${name} must be in [-${PENALTY_LIMIT}, ${PENALTY_LIMIT}], got ${v}`;
   }
   const r = cfg.repetitionPenalty;
-  if (!Number.isFinite(r) || r <= 0 || r > MAX_REPETITION_PENALTY) return `repetition_penalty must be in (0, ${MAX_REPETITION_PENALTY}], got ${r}`;
+  if (!Number.isFinite(r) || r < MIN_REPETITION_PENALTY || r > MAX_REPETITION_PENALTY)
+    return `repetition_penalty must be in [${MIN_REPETITION_PENALTY}, ${MAX_REPETITION_PENALTY}], got ${r}`;
   for (const [id, b] of cfg.logitBias) {
     if (!Number.isInteger(id) || id < 0 || id >= vocab) return `logit_bias token ${id} outside the vocabulary 0..${vocab - 1}`;
     if (!Number.isFinite(b) || Math.abs(b) > LOGIT_BIAS_LIMIT) return `logit_bias[${id}] must be in [-${LOGIT_BIAS_LIMIT}, ${LOGIT_BIAS_LIMIT}], got ${b}`;

@@ -20,6 +20,21 @@ const INDEX_BITS = 2097152; // 2^21
 const MAX_VOCAB = INDEX_BITS;
 const INSERTION_SORT_MAX = 64;
 
+/**
+ * Logits no token can be sampled from (a NaN, a +Infinity, or every token masked): one
+ * request's failure, never its batch's. The engine ends that request alone with this message.
+ * `byRequest`: the request's own settings did it (a mask of every token, a penalty that
+ * overflowed), not the model (a NaN).
+ */
+export class LogitsError extends Error {
+  constructor(
+    message: string,
+    readonly byRequest: boolean,
+  ) {
+    super(message);
+  }
+}
+
 /** Returns why `cfg` is out of range, or null when it is valid. */
 export function validateSampling(cfg: SamplingConfig): string | null {
   const { temperature, topP, topK } = cfg;
@@ -77,7 +92,7 @@ function ensureScratch(n: number): void {
  *     of p_j exceeds u * total, or the last kept one if rounding leaves none.
  *
  * Logits must be free of NaN and +Infinity; -Infinity masks a token (sampling needs at
- * least one finite logit).
+ * least one finite logit). Logits that break this throw a LogitsError, before any draw.
  */
 export function sample(logits: Float32Array, cfg: SamplingConfig, rng: Pcg32 | null): number {
   const invalid = validateSampling(cfg);
@@ -91,7 +106,7 @@ export function sample(logits: Float32Array, cfg: SamplingConfig, rng: Pcg32 | n
   ensureScratch(n);
   logitCopy.set(logits);
   for (let i = 0; i < n; i++) {
-    if (Number.isNaN(logitCopy[i]!)) assert.fail(`sample: logit ${i} is NaN`);
+    if (Number.isNaN(logitCopy[i]!)) throw nanAt(i);
     let bits = logitBits[i]!;
     if (bits === 0x8000_0000) bits = 0; // -0 ranks with +0
     // Order-preserving map of f32 bits to u32 (negatives: flip all; positives: set sign).
@@ -104,7 +119,7 @@ export function sample(logits: Float32Array, cfg: SamplingConfig, rng: Pcg32 | n
   sortPrefix(keys, m, n);
 
   const maxLogit = logits[keys[0]! % INDEX_BITS]!;
-  assert(Number.isFinite(maxLogit), `sample: largest logit is ${maxLogit}`);
+  if (!Number.isFinite(maxLogit)) throw notFinite(keys[0]! % INDEX_BITS, maxLogit);
   const t = cfg.temperature;
   let weightSum = 0;
   for (let j = 0; j < m; j++) {
@@ -141,16 +156,29 @@ export function sample(logits: Float32Array, cfg: SamplingConfig, rng: Pcg32 | n
 function argmax(logits: Float32Array): number {
   let best = 0;
   let bestValue = logits[0]!;
-  if (Number.isNaN(bestValue)) assert.fail("sample: logit 0 is NaN");
+  if (Number.isNaN(bestValue)) throw nanAt(0);
   for (let i = 1; i < logits.length; i++) {
     const v = logits[i]!;
-    if (Number.isNaN(v)) assert.fail(`sample: logit ${i} is NaN`);
+    if (Number.isNaN(v)) throw nanAt(i);
     if (v > bestValue) {
       best = i;
       bestValue = v;
     }
   }
+  if (!Number.isFinite(bestValue)) throw notFinite(best, bestValue);
   return best;
+}
+
+function nanAt(i: number): LogitsError {
+  return new LogitsError(`no token can be sampled: logit ${i} is NaN`, false);
+}
+
+/** The largest logit is +Infinity (a penalty or bias overflowed) or -Infinity (every token masked). */
+function notFinite(i: number, v: number): LogitsError {
+  return new LogitsError(
+    v > 0 ? `no token can be sampled: logit ${i} is +Infinity after this request's processing` : "no token can be sampled: every token is masked",
+    true,
+  );
 }
 
 /** Reorders a[0..n) so a[0..k) holds its k smallest values (keys are distinct). */

@@ -52,8 +52,11 @@ export function sendGrpcStatus(
   if (res.headersSent || res.destroyed) return;
   const status = code === 0 ? { "grpc-status": "0" } : { "grpc-status": String(code), "grpc-message": encodeURIComponent(message) };
   if (trailersOnly) {
-    res.writeHead(200, { "content-type": contentType, ...status });
-    res.end();
+    // One HEADERS frame that ends the stream (gRPC's Trailers-Only). writeHead + end sends the
+    // headers, then ends the stream apart (and, the request still open, resets it with
+    // NO_ERROR): grpc-js reads that as headers without a status and reports INTERNAL
+    // "RST_STREAM code 0" instead of the code given here.
+    res.stream.respond({ ":status": 200, "content-type": contentType, ...status }, { endStream: true });
     return;
   }
   res.writeHead(200, { "content-type": contentType });

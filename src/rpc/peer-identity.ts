@@ -1,3 +1,4 @@
+import { quote } from "../codec/index.ts";
 /**
  * Who is on the other end of a mutual-TLS connection: the SPIFFE-style URI SAN
  * `spiffe://tl-engine/<role>/<worker_id>` of the certificate the cluster CA issued it.
@@ -22,7 +23,7 @@ export interface PeerIdentity {
 
 export function spiffeId(role: PeerRole, workerId: string): string {
   if (workerId === "") return `spiffe://${SPIFFE_TRUST_DOMAIN}/${role}`;
-  if (!WORKER_ID.test(workerId)) throw new Error(`worker id ${JSON.stringify(workerId)}: want 1..128 of [A-Za-z0-9._-]`);
+  if (!WORKER_ID.test(workerId)) throw new Error(`worker id ${quote(workerId)}: want 1..128 of [A-Za-z0-9._-]`);
   return `spiffe://${SPIFFE_TRUST_DOMAIN}/${role}/${workerId}`;
 }
 

@@ -1,4 +1,5 @@
 import { formatIdentity, PEER_ROLES, speaksFor, type PeerIdentity, type PeerRole } from "./peer-identity.ts";
+import { quote } from "../codec/index.ts";
 
 /**
  * Which certificate roles may call which internal method. A `both` engine plays
@@ -16,7 +17,9 @@ const PUSHERS: readonly PeerRole[] = ["prefill", "both"];
 
 export const DATA_PLANE_PUSH = "tl.kv.v1.DataPlane/Push";
 
-export const METHOD_POLICY: Readonly<Record<string, MethodRule>> = {
+// Looked up by the method a caller names: a null-prototype table, so "__proto__" or
+// "constructor" finds nothing (refused as unknown) rather than Object.prototype's members.
+export const METHOD_POLICY: Readonly<Record<string, MethodRule>> = Object.assign(Object.create(null) as Record<string, MethodRule>, {
   "tl.control.v1.WorkerRegistry/Heartbeat": { roles: ENGINES, sameWorker: true },
   "tl.control.v1.WorkerRegistry/ListWorkers": { roles: ["gateway", "admin"] },
   "tl.kv.v1.KvTransfer/PushKv": { roles: PUSHERS },
@@ -27,7 +30,7 @@ export const METHOD_POLICY: Readonly<Record<string, MethodRule>> = {
   "tl.engine.v1.EngineControl/Cancel": { roles: ["gateway", "admin"] },
   "tl.engine.v1.EngineControl/Drain": { roles: ["gateway", "admin"] },
   "tl.engine.v1.EngineControl/Info": { roles: PEER_ROLES },
-};
+});
 
 /** Roles a `decode_target` (the server a prefill engine pushes to) must present. */
 export const DECODE_TARGET_ROLES: readonly PeerRole[] = ["decode", "both"];
@@ -46,7 +49,7 @@ export function refusal(method: string, peer: PeerIdentity | null, workerId?: st
     return { unauthenticated: false, message: `${method}: role ${peer.role} may not call it (allowed: ${rule.roles.join(", ")})` };
   }
   if (rule.sameWorker && workerId !== undefined && !speaksFor(peer, workerId)) {
-    return { unauthenticated: false, message: `${method}: ${formatIdentity(peer)} may not speak for worker ${JSON.stringify(workerId ?? "")}` };
+    return { unauthenticated: false, message: `${method}: ${formatIdentity(peer)} may not speak for worker ${quote(workerId ?? "")}` };
   }
   return null;
 }

@@ -1,6 +1,7 @@
 import { createPrivateKey, X509Certificate } from "node:crypto";
 import { readFileSync, statSync } from "node:fs";
 import { identityFromSubjectAltName, peerIdentity, type PeerCertSource, type PeerIdentity } from "./peer-identity.ts";
+import { quote } from "../codec/index.ts";
 
 /**
  * The name every client puts in SNI and every leaf carries as a DNS SAN. Peers are
@@ -52,7 +53,7 @@ export function loadTlsMaterial(files: TlsFiles): TlsMaterial {
   if (!leaf.checkIssued(ca) || !leaf.verify(ca.publicKey)) throw new TlsConfigError(`tls_cert ${files.cert}: not issued by the CA in ${files.ca}`);
   const self = identityFromSubjectAltName(leaf.subjectAltName);
   if (self === null)
-    throw new TlsConfigError(`tls_cert ${files.cert}: no spiffe://tl-engine/<role>/<worker_id> URI SAN (got ${JSON.stringify(leaf.subjectAltName ?? "")})`);
+    throw new TlsConfigError(`tls_cert ${files.cert}: no spiffe://tl-engine/<role>/<worker_id> URI SAN (got ${quote(leaf.subjectAltName ?? "")})`);
   let keyMatches = false;
   try {
     keyMatches = leaf.checkPrivateKey(createPrivateKey(material.key));

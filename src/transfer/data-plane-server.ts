@@ -39,10 +39,19 @@ export interface DataPlaneServerOptions {
   port?: number;
   /** Mutual TLS: only prefill (or both) certificates of the cluster may connect. */
   tls?: TlsSource | null;
-  /** Most concurrent connections; default 256. */
+  /** Most concurrent connections of admitted peers; default 256. */
   maxConnections?: number;
   /** A connection silent this long is cut (a push on it freed); default 30 000 ms. */
   idleTimeoutMs?: number;
+  /** mTLS: a connection has this long to finish its handshake; default 5 000 ms. */
+  handshakeTimeoutMs?: number;
+  /**
+   * mTLS: connections not yet through the handshake, at most; default 64. Apart from
+   * maxConnections, so strangers never take an admitted peer's room; when it is full the
+   * oldest is cut for the newest, so a flood of idle sockets cannot hold it against a peer
+   * whose handshake takes milliseconds.
+   */
+  maxUnauthenticated?: number;
 }
 
 export interface DataPlaneServer {
@@ -111,7 +120,10 @@ export async function serveDataPlane(receiver: KvReceiver, opts: DataPlaneServer
   const maxChunk = FRAME_HEAD + CHUNK_FIXED + 0xffff + envelopeBytes(receiver.pool.shape, 1);
   const maxRun = FRAME_HEAD + RUN_FIXED + 0xffff + MAX_RUN * RUN_ENTRY;
   const sockets = new Set<Socket<Conn>>();
-  const handlers = connHandlers(receiver, sockets, { tls, maxConnections, idleS, maxChunk, maxRun });
+  const pending = new Set<Socket<Conn>>();
+  const handshakeS = Math.max(1, Math.ceil((opts.handshakeTimeoutMs ?? 5_000) / 1000));
+  const maxPending = opts.maxUnauthenticated ?? 64;
+  const handlers = connHandlers(receiver, sockets, pending, { tls, maxConnections, idleS, handshakeS, maxPending, maxChunk, maxRun });
   const listen = (port: number): TCPSocketListener<Conn> =>
     Bun.listen<Conn>({ hostname: host, port, ...(tls !== null ? { tls: bunServerTls(tls) } : {}), socket: handlers });
   let listener = listen(opts.port ?? 0);
@@ -130,6 +142,8 @@ export async function serveDataPlane(receiver: KvReceiver, opts: DataPlaneServer
     async close() {
       stopFollowing();
       listener.stop(true);
+      for (const s of pending) s.terminate();
+      pending.clear();
       for (const s of sockets) {
         s.data.push.fail(new KvError(Code.Unavailable, "data plane closed"));
         s.terminate();
@@ -143,34 +157,51 @@ interface ConnLimits {
   tls: TlsSource | null;
   maxConnections: number;
   idleS: number;
+  handshakeS: number;
+  maxPending: number;
   maxChunk: number;
   maxRun: number;
 }
 
-/** A connection's life: the cap and idle timeout, the mTLS role check, frames into its push. */
-function connHandlers(receiver: KvReceiver, sockets: Set<Socket<Conn>>, lim: ConnLimits): SocketHandler<Conn> {
-  const { tls, maxConnections, idleS, maxChunk, maxRun } = lim;
+/**
+ * A connection's life. With mTLS it is first unauthenticated (in `pending`: its own small
+ * budget, the oldest cut for a newcomer when full, and a short handshake deadline), and gets a
+ * Conn (its buffers) and a place among `sockets` (the cap, the idle timeout) only once its
+ * certificate may push. Plaintext connections are admitted at once.
+ */
+function connHandlers(receiver: KvReceiver, sockets: Set<Socket<Conn>>, pending: Set<Socket<Conn>>, lim: ConnLimits): SocketHandler<Conn> {
+  const { tls, maxConnections, idleS, handshakeS, maxPending, maxChunk, maxRun } = lim;
+  const admit = (s: Socket<Conn>): boolean => {
+    // Beyond the cap a connection is cut before it costs a buffer.
+    if (sockets.size >= maxConnections) {
+      s.terminate();
+      return false;
+    }
+    s.data = new Conn(receiver, maxChunk, maxRun, receiver.pool.blockBytes);
+    s.data.admitted = true;
+    sockets.add(s);
+    // Idle (no byte either way) this long: cut, and a push in progress is freed.
+    s.timeout(idleS);
+    return true;
+  };
   return {
     open(s) {
-      // Beyond the cap a connection is cut before it costs a buffer.
-      if (sockets.size >= maxConnections) return void s.terminate();
-      s.data = new Conn(receiver, maxChunk, maxRun, receiver.pool.blockBytes);
-      s.data.admitted = tls === null;
-      sockets.add(s);
-      // Idle (no byte either way) this long: cut, and a push in progress is freed.
-      s.timeout(idleS);
+      if (tls === null) return void admit(s);
+      if (pending.size >= maxPending) {
+        const oldest = pending.values().next().value!;
+        pending.delete(oldest);
+        oldest.terminate();
+      }
+      pending.add(s);
+      s.timeout(handshakeS);
     },
     handshake(s) {
-      if (s.data === undefined) return;
+      if (!pending.delete(s)) return;
       const why = admitBunPeer(s, DATA_PLANE_PUSH);
-      if (why === null) {
-        s.data.admitted = true;
-        const id = peerIdentity(s);
-        s.data.push.peer = id === null ? "" : peerKey(id);
-        return;
-      }
-      s.data.refused = true;
-      s.end();
+      if (why !== null) return void s.end();
+      if (!admit(s)) return;
+      const id = peerIdentity(s);
+      s.data.push.peer = id === null ? "" : peerKey(id);
     },
     timeout(s) {
       s.terminate();
@@ -183,6 +214,7 @@ function connHandlers(receiver: KvReceiver, sockets: Set<Socket<Conn>>, lim: Con
       flush(s);
     },
     close(s) {
+      pending.delete(s);
       if (s.data === undefined) return;
       sockets.delete(s);
       s.data.push.fail(new KvError(Code.Canceled, "connection closed mid-push"));

@@ -4,6 +4,7 @@ import { createGrpcTransport, Http2SessionManager } from "@connectrpc/connect-no
 import { KvTransfer } from "../gen/tl/kv/v1/kv_pb.ts";
 import type { KvAckLike, KvChunkLike } from "./kv-chunk.ts";
 import { TransferError, transferError } from "./kv-error.ts";
+import { log } from "../obs/index.ts";
 import type { BlockPresence, KvTransport, PushOptions, PushRoute } from "./kv-transport.ts";
 import { DataPlaneClient } from "./data-plane-client.ts";
 import { grpcPush } from "./grpc-push.ts";
@@ -93,12 +94,40 @@ export class RoutingTransport implements KvTransport {
     }
   }
 
+  /**
+   * Pushes along `route`. The data plane is a faster road to the same server, not another
+   * server: when it cannot be reached or its connection breaks (UNAVAILABLE: refused, reset,
+   * no handshake; D frees what a broken push took), a push whose chunks can be read again (a
+   * list) goes over gRPC before it fails. Refusals D itself sends (DATA_LOSS, ...) are answers,
+   * not broken roads, and are not retried.
+   */
   async push(route: PushRoute, chunks: readonly KvChunkLike[] | AsyncIterable<KvChunkLike>, opts: PushOptions = {}): Promise<KvAckLike> {
     if (route.via === "data-plane") {
       if (this.dp === false) throw new TransferError(Code.FailedPrecondition, `push to ${route.target}: this transport does not use data planes`);
-      return this.dp.push(route.address, chunks, opts);
+      try {
+        return await this.dp.push(route.address, chunks, opts);
+      } catch (e) {
+        const err = transferError(e, `data plane push to ${route.address}`);
+        if (err.code !== Code.Unavailable || opts.signal?.aborted || !Array.isArray(chunks)) throw err;
+        this.dataPlaneFallbacks++;
+        log.warn("data plane push failed; pushing over gRPC", { target: route.target, data_plane: route.address, error: err.message });
+        try {
+          return await this.grpcPush(route.target, chunks, opts);
+        } catch (e2) {
+          // D holds the handle already: the data plane push went through and only its ack was
+          // lost. The caller releases it on the data plane's error, as before this fallback.
+          const again = transferError(e2, `push to ${route.target} after the data plane failed`);
+          throw again.code === Code.AlreadyExists ? err : again;
+        }
+      }
     }
-    const target = route.target;
+    return this.grpcPush(route.target, chunks, opts);
+  }
+
+  /** Pushes that went over gRPC after the data plane failed them (see push). */
+  dataPlaneFallbacks = 0;
+
+  private grpcPush(target: string, chunks: readonly KvChunkLike[] | AsyncIterable<KvChunkLike>, opts: PushOptions): Promise<KvAckLike> {
     // By hand over the same HTTP/2 connection: Connect's client copies every message
     // three times (grpc-push.ts).
     return grpcPush(this.connection(target).session, target, chunks, {

@@ -63,6 +63,9 @@ test("binary_starts_in_each_role", async () => {
         if (process.platform === "linux" && process.arch === "x64") expect(ready.crc32c).toBe("node-rs");
         // The binary carries the model thread's entry point, and engines run the model there.
         expect(ready.model_thread).toBe("worker");
+        // ... and its WebAssembly kernels: a plain-JS fallback would be said here.
+        expect(ready.kernels).toBe("wasm-simd");
+        expect(ready.kernel_memories).toBe(1);
         // Only roles that receive KV serve KvTransfer.
         if (role === "prefill") expect(ready.kv).toBeNull();
         else expect(String(ready.kv)).toMatch(/^127\.0\.0\.1:[1-9]\d*$/);
@@ -84,7 +87,7 @@ test("binary_refuses_bad_config", async () => {
     return path;
   };
   const cases: { args: string[]; says: string[] }[] = [
-    { args: ["--config", file("unknown-key.toml", "[engine]\nblock_tokens = 16\nnum_blcks = 8\n")], says: ["unknown key engine.num_blcks"] },
+    { args: ["--config", file("unknown-key.toml", "[engine]\nblock_tokens = 16\nnum_blcks = 8\n")], says: ['unknown key "engine.num_blcks"'] },
     { args: ["--config", file("unknown-table.toml", "[engin]\nblock_tokens = 16\n")], says: ['unknown key "engin"'] },
     { args: ["--config", file("bad-int.toml", "[engine]\nblock_tokens = -4\n")], says: ["engine.block_tokens", "positive integer", "-4"] },
     { args: ["--config", file("bad-type.toml", '[engine]\nnum_blocks = "many"\n')], says: ["engine.num_blocks", '"many"'] },

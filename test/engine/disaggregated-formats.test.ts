@@ -6,6 +6,7 @@ import { grpcClient } from "../../src/rpc/index.ts";
 import { EngineControl, PrefillRequestSchema } from "../../src/gen/tl/engine/v1/engine_pb.ts";
 import { DRAWS_HEADER, FIRST_TOKEN_HEADER, HANDLE_HEADER } from "../../src/http/index.ts";
 import { ByteTokenizer, type ModelConfig, readModelFiles, syntheticWeights } from "../../src/model/index.ts";
+import { placedBytes } from "../../src/model/layer-group.ts";
 import { tempDir } from "../model/format-helpers.ts";
 import { encodeGgufModel, writeHfFolder } from "../support/model-writers.ts";
 import { sseEvents } from "../support/nodes.ts";
@@ -29,9 +30,21 @@ const LLAMA: ModelConfig = {
 const QWEN: ModelConfig = { ...LLAMA, name: "q", headDim: 16, ropeTheta: 1e6, normEps: 1e-6 };
 const B = 4;
 
-function served(path: string) {
+function served(path: string, groupBytes?: number) {
   const m = readModelFiles(path);
-  return servedModelOf({ ...m, tokenizer: new ByteTokenizer(), eosIds: [257], chatTemplate: null });
+  return servedModelOf({ ...m, tokenizer: new ByteTokenizer(), eosIds: [257], chatTemplate: null }, { groupBytes });
+}
+
+/**
+ * P and D hold this model in three kernel memories (layer-group.ts), the colocated engine in one:
+ * a budget of the larger of one layer's and the classifier's placed bytes gives layer 0, layer 1,
+ * and the tied embedding with the classifier.
+ */
+const GROUPED = "qwen2 q8_0 gguf, P and D in three kernel memories";
+function threeGroups(path: string): number {
+  const m = readModelFiles(path);
+  const b = placedBytes(m.cfg, m.weights);
+  return Math.max(b.layer, b.classifier);
 }
 
 const models: Record<string, () => string> = {
@@ -46,6 +59,7 @@ const models: Record<string, () => string> = {
     );
     return tmp.path("q.gguf");
   },
+  [GROUPED]: () => models["qwen2 q8_0 gguf"]!(),
 };
 
 afterAll(tmp.cleanup);
@@ -56,11 +70,13 @@ for (const [label, make] of Object.entries(models)) {
     beforeAll(async () => {
       const path = make();
       const common = { blockTokens: B, numBlocks: 64 };
+      const groups = label === GROUPED ? threeGroups(path) : undefined;
       [P, D, C] = await Promise.all([
-        startEngineNode({ role: "prefill", model: served(path), ...common }),
-        startEngineNode({ role: "decode", model: served(path), ...common }),
+        startEngineNode({ role: "prefill", model: served(path, groups), ...common }),
+        startEngineNode({ role: "decode", model: served(path, groups), ...common }),
         startEngineNode({ role: "both", model: served(path), ...common }),
       ]);
+      expect([P.model.memories, D.model.memories, C.model.memories]).toEqual(label === GROUPED ? [3, 3, 1] : [1, 1, 1]);
     });
     afterAll(async () => {
       await Promise.all([P, D, C].map((n) => n?.shutdown()));

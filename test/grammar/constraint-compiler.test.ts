@@ -69,6 +69,17 @@ describe("ConstraintCompiler on the embedded model's vocabulary", () => {
       expect(() => checkConstraint({ kind: "json_schema", source: JSON.stringify(schema) })).toThrow(`"${kw}"`);
     }
     expect(() => checkConstraint({ kind: "json_schema", source: JSON.stringify({ type: "string", format: "color" }) })).toThrow('"format"');
+    // A request's text in a message: quoted, cut, and no control or format character left raw.
+    const hostile = JSON.stringify({ type: "object", properties: { "\u001b[2J\u202e": { type: "string", ["\u0007x".repeat(40)]: 1 } } });
+    let message = "";
+    try {
+      checkConstraint({ kind: "json_schema", source: hostile });
+    } catch (e) {
+      message = (e as Error).message;
+    }
+    expect(message).toContain("\\u001b[2J\\u202e");
+    expect([...message].filter((c) => c.charCodeAt(0) < 0x20 || c === "\u202e")).toEqual([]);
+    expect(message.length).toBeLessThan(400);
   });
 
   test("the hash is the kind and the source's, compiled once", async () => {

@@ -2,6 +2,7 @@ import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { startEngineNode, type EngineNode } from "../../src/cli/engine-node.ts";
 import { HandoffError, prefillAndPush } from "../../src/handoff/index.ts";
 import { startSpan, SpanKind } from "../../src/obs/index.ts";
+import type { SamplingParams } from "../../src/engine/index.ts";
 import { Code } from "../../src/rpc/status.ts";
 import { startGateProxy, type GateProxy } from "../support/gate-proxy.ts";
 import { fakeServedModel } from "../support/nodes.ts";
@@ -38,13 +39,13 @@ async function decodeBehind(path: Path, proxy: (target: () => string) => Promise
   };
 }
 
-function run(target: string, signal: AbortSignal, transport = prefillTransport("grpc")) {
+function run(target: string, signal: AbortSignal, transport = prefillTransport("grpc"), sampling: Partial<SamplingParams> = {}) {
   return prefillAndPush(
     { engine: P.engine, transport },
     {
       requestId: `frees-${seq++}`,
       promptTokens: prompt,
-      sampling: { temperature: 1, topP: 1, topK: 0, seed: 3n, maxTokens: 8, stopTokenIds: [] },
+      sampling: { temperature: 1, topP: 1, topK: 0, seed: 3n, maxTokens: 8, stopTokenIds: [], ...sampling },
       choices: 1,
       decodeTarget: target,
       signal,
@@ -98,4 +99,16 @@ describe.each(PATHS)("%s", (path) => {
       await net.close();
     }
   });
+});
+
+test("a prefill whose own settings leave no token to sample is INVALID_ARGUMENT (the caller's 400), not RESOURCE_EXHAUSTED (429); nothing is pushed or held", async () => {
+  // Past the RPC's and HTTP's checks (a repetition penalty of 1e-300 is refused there): the engine's own guard.
+  const err = await run("127.0.0.1:1", new AbortController().signal, prefillTransport("grpc"), { repetitionPenalty: 1e-300 }).then(
+    () => null,
+    (e: unknown) => e,
+  );
+  expect(err).toBeInstanceOf(HandoffError);
+  expect([(err as HandoffError).code, (err as HandoffError).message]).toEqual([Code.InvalidArgument, expect.stringContaining("no token can be sampled")]);
+  for (let i = 0; i < 200 && P.pool.used > 0; i++) await Bun.sleep(5);
+  expect(P.pool.used).toBe(0);
 });

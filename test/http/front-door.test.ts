@@ -4,7 +4,7 @@ import { serveHttp } from "../../src/http/serve-http.ts";
 
 let reached = 0;
 let lastBody = 0;
-const server = serveHttp(
+const server = await serveHttp(
   async (req) => {
     reached++;
     if (req.body) lastBody = (await req.arrayBuffer()).byteLength;
@@ -12,7 +12,7 @@ const server = serveHttp(
   },
   { apiKeys: ["k-one", "k-two"], maxRequestBytes: 1000 },
 );
-const metricsLocked = serveHttp(() => new Response("m"), { apiKeys: ["k"], metricsNeedKey: true });
+const metricsLocked = await serveHttp(() => new Response("m"), { apiKeys: ["k"], metricsNeedKey: true });
 afterAll(async () => {
   await server.stop();
   await metricsLocked.stop();

@@ -270,6 +270,11 @@ describe("every refused parameter is a 400 that names it", () => {
     ["/v1/completions", { prompt: "x", presence_penalty: 2.5 }, "presence_penalty", /\[-2, 2\]/],
     ["/v1/completions", { prompt: "x", frequency_penalty: -3 }, "frequency_penalty", /\[-2, 2\]/],
     ["/v1/completions", { prompt: "x", repetition_penalty: 0 }, "repetition_penalty", /repetition_penalty/],
+    // Its products must stay finite: 1e-300 divides a logit into +Infinity.
+    ["/v1/completions", { prompt: "x", repetition_penalty: 1e-300 }, "repetition_penalty", /\[0\.01, 100\], got 1e-300/],
+    ["/v1/completions", { prompt: "x", repetition_penalty: 0.0099 }, "repetition_penalty", /\[0\.01, 100\]/],
+    ["/v1/completions", { prompt: "x", repetition_penalty: 100.5 }, "repetition_penalty", /\[0\.01, 100\]/],
+    ["/v1/completions", { prompt: "x", temperature: 1e300 }, "temperature", /temperature/],
     ["/v1/completions", { prompt: "x", logit_bias: { "65": 101 } }, "logit_bias", /\[-100, 100\]/],
     ["/v1/completions", { prompt: "x", logit_bias: { "999": 1 } }, "logit_bias", /not a token id/],
     ["/v1/completions", { prompt: "x", top_k: -2 }, "top_k", /top_k/],

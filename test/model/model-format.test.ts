@@ -132,7 +132,7 @@ describe("model format detection refusals", () => {
             ],
           ),
         ),
-      /a GGUF file with Q3_K, IQ4_XS tensors: Q3_K \(e\.g\. blk\.0\.ffn_down\.weight\), IQ4_XS \(e\.g\. blk\.0\.ffn_up\.weight\); supported tensor types: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K/,
+      /a GGUF file with Q3_K, IQ4_XS tensors: Q3_K \(e\.g\. "blk\.0\.ffn_down\.weight"\), IQ4_XS \(e\.g\. "blk\.0\.ffn_up\.weight"\); supported tensor types: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K/,
     ],
   ];
   for (const [name, make, want] of cases) {
@@ -162,7 +162,7 @@ describe("model format detection refusals", () => {
   test("a GGUF string that is not UTF-8 is refused with its place", () => {
     const b = encodeGguf([["general.name", GT.str, "ab"]], []);
     b[24 + 8 + "general.name".length + 4 + 8] = 0xff;
-    expect(() => parseGguf(b, "u.gguf")).toThrow(/GGUF u\.gguf: metadata general\.name at byte \d+ is not valid UTF-8/);
+    expect(() => parseGguf(b, "u.gguf")).toThrow(/GGUF u\.gguf: metadata "general\.name" at byte \d+ is not valid UTF-8/);
   });
 
   test("--tokenizer only with llama2.c; llama2.c needs it", () => {
@@ -294,7 +294,7 @@ describe("hostile safetensors", () => {
       withHeader({ a: { dtype: "F32", shape: [2], data_offsets: [0, 8] }, b: { dtype: "F32", shape: [2], data_offsets: [4, 12] } }),
       /tensors a and b overlap/,
     ],
-    ["unsupported dtype", withHeader({ a: { dtype: "I64", shape: [2], data_offsets: [0, 16] } }), /tensor a has dtype I64: supported F32, F16, BF16/],
+    ["unsupported dtype", withHeader({ a: { dtype: "I64", shape: [2], data_offsets: [0, 16] } }), /tensor "a" has dtype "I64": supported F32, F16, BF16/],
     ["bad shape", withHeader({ a: { dtype: "F32", shape: [-1], data_offsets: [0, 4] } }), /shape \[-1\] is not a list/],
     ["header not an object", withHeader([1]), /header is not a JSON object/],
   ];
@@ -314,12 +314,12 @@ describe("hostile GGUF", () => {
   test("an array count past the file, an unknown value type, a bad alignment, a tensor past the end", () => {
     const arr = encodeGguf([["a", GT.arr, [GT.u8, [1, 2, 3]]]], []);
     new DataView(arr.buffer).setBigUint64(24 + 8 + 1 + 4 + 4, 1n << 40n, true);
-    expect(() => parseGguf(arr, "a.gguf")).toThrow(/metadata a array length \d+ exceeds/);
+    expect(() => parseGguf(arr, "a.gguf")).toThrow(/metadata "a" array length \d+ exceeds/);
     const vt = encodeGguf([["a", GT.u8, 1]], []);
     new DataView(vt.buffer).setUint32(24 + 8 + 1, 99, true);
-    expect(() => parseGguf(vt, "v.gguf")).toThrow(/metadata a has unknown value type 99/);
+    expect(() => parseGguf(vt, "v.gguf")).toThrow(/metadata "a" has unknown value type 99/);
     expect(() => parseGguf(encodeGguf([["general.alignment", GT.u32, 24]], []), "al.gguf")).toThrow(/general\.alignment 24 is not a power of two/);
     const t = encodeGguf([], [{ name: "x", shape: [8], type: "f32", data: new Float32Array(8) }]);
-    expect(() => parseGguf(t.subarray(0, t.length - 4), "p.gguf")).toThrow(/tensor x ends at byte \d+, past the file's/);
+    expect(() => parseGguf(t.subarray(0, t.length - 4), "p.gguf")).toThrow(/tensor "x" ends at byte \d+, past the file's/);
   });
 });

@@ -57,15 +57,42 @@ describe("weights_kept_in_their_stored_dtype", () => {
     });
   }
 
-  test("a target dtype the file does not store goes through f32 (cast later), and f32 stays the default", () => {
+  test("a packed file asked for another packed dtype stays as stored (cast later, layer by layer); f32 stays the default", () => {
     const path = tmp.path("hf-f16");
     expect(weightsDType(readModelFiles(path).weights)).toBe("f32");
-    expect(weightsDType(readModelFiles(path, { dtype: "bf16" }).weights)).toBe("f32");
+    expect(weightsDType(readModelFiles(path, { dtype: "bf16" }).weights)).toBe("f16");
+    expect(weightsDType(readModelFiles(path, { dtype: "q8_0" }).weights)).toBe("f16");
     expect(weightsDType(readModelFiles(path, { dtype: "f32" }).weights)).toBe("f32");
   });
 
-  test("a q8_0 file asked for f16 is read as f32 (the engine then casts it)", () => {
+  test("converting as stored gives the bytes of converting from f32: f16 to q8_0 and bf16, q8_0 to f16", () => {
     writeFileSync(tmp.path("q8.gguf"), encodeGgufModel(CKPT, W, { type: "q8_0" }));
-    expect(weightsDType(readModelFiles(tmp.path("q8.gguf"), { dtype: "f16" }).weights)).toBe("f32");
+    expect(weightsDType(readModelFiles(tmp.path("q8.gguf"), { dtype: "f16" }).weights)).toBe("q8_0");
+    for (const [file, to] of [
+      [tmp.path("hf-f16"), "q8_0"],
+      [tmp.path("hf-f16"), "bf16"],
+      [tmp.path("q8.gguf"), "f16"],
+    ] as const) {
+      const viaStored = castWeights(CKPT, readModelFiles(file, { dtype: to }).weights, to);
+      const viaF32 = castWeights(CKPT, readModelFiles(file).weights, to);
+      for (const k of MATRICES) {
+        const a = viaStored[k] as Exclude<Matrix, Float32Array>;
+        const b = viaF32[k] as Exclude<Matrix, Float32Array>;
+        expect(a.dtype).toBe(to);
+        expect(Buffer.from(a.bytes).equals(Buffer.from(b.bytes))).toBe(true);
+      }
+    }
+  });
+
+  test("a conversion that takes over a second says so, as a slow load does", () => {
+    const lines: string[] = [];
+    let t = 0;
+    const w = readModelFiles(tmp.path("hf-f16"), { dtype: "q8_0" }).weights;
+    // A clock that moves 600 ms a read: the line comes at most once a second, then a closing one.
+    const now = () => (t += 600);
+    castWeights(CKPT, w, "q8_0", (l) => lines.push(l), now);
+    expect(lines.length).toBeGreaterThan(1);
+    expect(lines[0]).toMatch(/^converting tiny to q8_0: \d+\/\d+ MiB$/);
+    expect(lines.at(-1)).toMatch(/^converted tiny to q8_0: \d+ MiB in [\d.]+ s$/);
   });
 });

@@ -1,0 +1,239 @@
+import assert from "node:assert";
+import { headDimOf, type ModelConfig, ropeFrequencies } from "./config.ts";
+import { type KernelOptions, MAX_PLACED_BYTES, MatmulKernel } from "./matmul.ts";
+import { dtypeOf, type Matrix, matrixBytes, stackedPacked } from "./packed.ts";
+import { stripLayoutBytes } from "./strip-layout.ts";
+import { type MATRICES, matrixCols, type Weights } from "./weights.ts";
+
+/**
+ * A model in several kernel memories. A wasm32 memory holds 4 GiB, less the room the kernels'
+ * activations take, so a model past that (an 8B Q8_0, a 3B F16) is cut into groups of
+ * consecutive layers, each group one MatmulKernel: its own memory, its own helper threads, the
+ * weights of its layers, the norms and RoPE tables they use, and a set of activations. The
+ * residual stream x (rows x dim floats, a few KB a token) is copied from one group's memory to
+ * the next where the layers cross; nothing else travels. The embedding sits with the first
+ * layer (or with the classifier when the two are one matrix) and the classifier with the last.
+ *
+ * Every kernel computes the same bits wherever its operands live, so a model gives the same
+ * logits in one group or many (test/model/layer-groups.test.ts holds that).
+ */
+
+/** Layer-stacked matrices: (L, rows, cols), cut by layer. */
+const LAYER_MATRICES = ["wq", "wk", "wv", "wo", "w1", "w2", "w3"] as const;
+type LayerMatrix = (typeof LAYER_MATRICES)[number];
+
+/** What one group holds of the weights: its layers' matrices and norms; the ends where it has them. */
+export interface GroupWeights extends Record<LayerMatrix, Matrix> {
+  /** (its layers, dim) */
+  rmsAtt: Float32Array;
+  rmsFfn: Float32Array;
+  tokenEmbedding: Matrix | null;
+  wcls: Matrix | null;
+  rmsFinal: Float32Array | null;
+}
+
+/** One group of the plan: layers first .. end - 1, and whether it holds the embedding and the classifier. */
+export interface GroupPlan {
+  first: number;
+  end: number;
+  embedding: boolean;
+  classifier: boolean;
+}
+
+/** Bytes the kernels place for the embedding (0 when the classifier is the same matrix), one layer, and the classifier. */
+export function placedBytes(cfg: ModelConfig, w: Weights<Matrix>): { embedding: number; layer: number; classifier: number } {
+  const placed = (k: (typeof MATRICES)[number], rows: number): number => {
+    const cols = matrixCols(cfg, k);
+    return Math.ceil(stripLayoutBytes(dtypeOf(w[k]), rows, cols) / 16) * 16;
+  };
+  const L = cfg.nLayers;
+  return {
+    embedding: w.wcls === w.tokenEmbedding ? 0 : placed("tokenEmbedding", cfg.vocabSize),
+    layer: LAYER_MATRICES.reduce((s, k) => s + placed(k, w[k].length / L / matrixCols(cfg, k)), 0),
+    classifier: placed("wcls", cfg.vocabSize),
+  };
+}
+
+/**
+ * Consecutive groups whose placed weights each fit `budget` bytes: the embedding (unless the
+ * classifier is the same matrix), the layers in order, then the classifier, each group taking
+ * items while they fit. Throws when one item alone does not fit.
+ */
+export function planGroups(cfg: ModelConfig, w: Weights<Matrix>, budget: number): GroupPlan[] {
+  const tied = w.wcls === w.tokenEmbedding;
+  const bytes = placedBytes(cfg, w);
+  const items: { kind: "embedding" | "layer" | "classifier"; bytes: number }[] = [];
+  if (!tied) items.push({ kind: "embedding", bytes: bytes.embedding });
+  for (let l = 0; l < cfg.nLayers; l++) items.push({ kind: "layer", bytes: bytes.layer });
+  items.push({ kind: "classifier", bytes: bytes.classifier });
+  const plans: GroupPlan[] = [];
+  let cur: GroupPlan | null = null;
+  let used = 0;
+  let layer = 0;
+  for (const it of items) {
+    if (it.bytes > budget) throw new Error(`the model's ${it.kind} takes ${it.bytes} bytes placed, past one kernel memory's ${budget}`);
+    if (cur === null || used + it.bytes > budget) {
+      cur = { first: layer, end: layer, embedding: false, classifier: false };
+      plans.push(cur);
+      used = 0;
+    }
+    used += it.bytes;
+    if (it.kind === "embedding") cur.embedding = true;
+    else if (it.kind === "classifier") {
+      cur.classifier = true;
+      if (tied) cur.embedding = true;
+    } else cur.end = ++layer;
+  }
+  return plans;
+}
+
+/** Layers l0 .. l1 - 1 of a matrix stacked over L layers with rows of `cols`: a view, nothing copied. */
+export function layerSlice(m: Matrix, cols: number, L: number, l0: number, l1: number): Matrix {
+  const per = m.length / L;
+  assert(Number.isInteger(per) && per % cols === 0, `matrix of ${m.length} is not ${L} layers of rows of ${cols}`);
+  if (m instanceof Float32Array) return m.subarray(l0 * per, l1 * per);
+  const dt = m.dtype;
+  // A matrix stacked from one part a layer keeps its parts: its bytes are never put together.
+  if (m.parts !== undefined && m.parts.length === L) return stackedPacked(dt, cols, m.parts.slice(l0, l1));
+  return { dtype: dt, cols, length: (l1 - l0) * per, bytes: m.bytes.subarray(matrixBytes(dt, l0 * per), matrixBytes(dt, l1 * per)) };
+}
+
+/** The bytes one kernel memory may place: the wasm32 memory less the kernels' room. */
+export const GROUP_BUDGET = MAX_PLACED_BYTES;
+
+/**
+ * One kernel memory's share of the model and the activations its kernels work on. The scratch
+ * arrays live in the memory (so no matmul copies them in or out) and grow, never shrink, to the
+ * largest batch seen.
+ */
+export class LayerGroup {
+  readonly mm: MatmulKernel;
+  /** Its layers: first .. end - 1 (none for a group of the embedding or classifier alone). */
+  readonly first: number;
+  readonly end: number;
+  readonly w: GroupWeights;
+  readonly ropeCos: Float64Array;
+  readonly ropeSin: Float64Array;
+
+  // Per-row scratch, grown to the largest row count seen.
+  cap = 0;
+  x: Float32Array = new Float32Array(0);
+  xb: Float32Array = new Float32Array(0);
+  xb2: Float32Array = new Float32Array(0);
+  q: Float32Array = new Float32Array(0);
+  k: Float32Array = new Float32Array(0);
+  v: Float32Array = new Float32Array(0);
+  hb: Float32Array = new Float32Array(0);
+  hb2: Float32Array = new Float32Array(0);
+  rowPos: Int32Array = new Int32Array(0);
+  /** Each row's K slot (layer 0) in the slab, as a byte address, when the slab is in this memory. */
+  kvDst: Int32Array = new Int32Array(0);
+  /** The rows' K then V as f16, on their way to a slab outside this memory (null on the fallback). */
+  kvHalf: Uint8Array | null = null;
+  kvHalf16: Uint16Array = new Uint16Array(0);
+  // Per-sequence scratch, grown to the largest batch seen.
+  seqCap = 0;
+  lastX: Float32Array = new Float32Array(0);
+  /** Per sequence, its blocks' byte addresses (maxBlocks slots each) for the attention kernel. */
+  attTables: Int32Array = new Int32Array(0);
+  /** The attention dispatch's parameters and pieces (kernels/assembly/attention.ts's layout). */
+  attParams: Int32Array = new Int32Array(0);
+  attPieces: Int32Array = new Int32Array(0);
+  /** The batch's K/V blocks of one layer when the pool's slab is not in this memory. */
+  kvScratch: Uint8Array | null = null;
+
+  constructor(cfg: ModelConfig, weights: Weights<Matrix>, plan: GroupPlan, opts: KernelOptions) {
+    this.first = plan.first;
+    this.end = plan.end;
+    const L = cfg.nLayers;
+    const placements: { matrix: Matrix; cols: number }[] = LAYER_MATRICES.map((k) => {
+      const cols = matrixCols(cfg, k);
+      return { matrix: layerSlice(weights[k], cols, L, plan.first, plan.end), cols };
+    });
+    const emb = plan.embedding ? placements.push({ matrix: weights.tokenEmbedding, cols: cfg.dim }) - 1 : -1;
+    const cls = plan.classifier ? placements.push({ matrix: weights.wcls, cols: cfg.dim }) - 1 : -1;
+    // Every matrix is read through its view on this memory's copy: nothing here keeps the
+    // caller's matrices alive, so once the caller lets go each weight is held once.
+    this.mm = new MatmulKernel(placements, opts);
+    const views = this.mm.views;
+    const tied = weights.wcls === weights.tokenEmbedding;
+    const dim = cfg.dim;
+    const norms = (a: Float32Array, from: number, to: number): Float32Array => {
+      const out = this.mm.alloc(to - from);
+      out.set(a.subarray(from, to));
+      return out;
+    };
+    this.w = {
+      wq: views[0]!,
+      wk: views[1]!,
+      wv: views[2]!,
+      wo: views[3]!,
+      w1: views[4]!,
+      w2: views[5]!,
+      w3: views[6]!,
+      // The norms' weights and the RoPE tables live in the memory too, for its rmsnorm and rope.
+      rmsAtt: norms(weights.rmsAtt, plan.first * dim, plan.end * dim),
+      rmsFfn: norms(weights.rmsFfn, plan.first * dim, plan.end * dim),
+      tokenEmbedding: emb >= 0 ? views[emb]! : plan.embedding && tied ? views[cls]! : null,
+      wcls: cls >= 0 ? views[cls]! : null,
+      rmsFinal: plan.classifier ? norms(weights.rmsFinal, 0, dim) : null,
+    };
+    // RoPE as run.c: pair (i, i+1) of each head turns by pos * freq[i/2] (see ropeFrequencies).
+    const half = headDimOf(cfg) / 2;
+    const n = plan.end > plan.first ? cfg.maxSeqLen * half : 0;
+    this.ropeCos = this.mm.allocF64(n);
+    this.ropeSin = this.mm.allocF64(n);
+    if (n > 0) {
+      const freqs = ropeFrequencies(cfg);
+      for (let p = 0; p < cfg.maxSeqLen; p++) {
+        for (let k = 0; k < half; k++) {
+          const freq = freqs[k]!;
+          this.ropeCos[p * half + k] = Math.cos(p * freq);
+          this.ropeSin[p * half + k] = Math.sin(p * freq);
+        }
+      }
+    }
+  }
+
+  /** Whether layer l's weights are here. */
+  holds(l: number): boolean {
+    return l >= this.first && l < this.end;
+  }
+
+  /** Room for `rows` token rows and `nSeq` sequences of up to maxBlocks blocks. */
+  reserve(cfg: ModelConfig, qDim: number, kvDim: number, rows: number, nSeq: number, maxBlocks: number): void {
+    const mm = this.mm;
+    if (rows > this.cap) {
+      const cap = Math.max(rows, this.cap * 2);
+      const { dim, hiddenDim } = cfg;
+      this.x = mm.alloc(cap * dim);
+      // xb holds the normed input (dim) and then the attention output (qDim).
+      this.xb = mm.alloc(cap * Math.max(dim, qDim));
+      this.xb2 = mm.alloc(cap * dim);
+      this.q = mm.alloc(cap * qDim);
+      this.k = mm.alloc(cap * kvDim);
+      this.v = mm.alloc(cap * kvDim);
+      this.hb = mm.alloc(cap * hiddenDim);
+      this.hb2 = mm.alloc(cap * hiddenDim);
+      this.kvHalf = mm.allocBytes(cap * 2 * kvDim * 2);
+      if (this.kvHalf !== null) this.kvHalf16 = new Uint16Array(this.kvHalf.buffer, this.kvHalf.byteOffset, cap * 2 * kvDim);
+      this.rowPos = mm.allocInts(cap);
+      this.kvDst = mm.allocInts(cap);
+      this.cap = cap;
+    }
+    if (nSeq > this.seqCap) {
+      const cap = Math.max(nSeq, this.seqCap * 2);
+      this.lastX = mm.alloc(cap * cfg.dim);
+      this.attParams = mm.allocInts(ATT_PARAM_INTS(cap));
+      this.attTables = mm.allocInts(cap * maxBlocks);
+      this.attPieces = mm.allocInts(3 * cap * cfg.nKvHeads);
+      this.seqCap = cap;
+    }
+  }
+}
+
+// The attention dispatch's parameter layout (kernels/assembly/attention.ts): ATT_SEQS shared
+// slots, then per sequence out, q, table, firstPos, rows.
+export const ATT_SEQS = 9;
+export const ATT_SEQ_INTS = 5;
+const ATT_PARAM_INTS = (nSeq: number): number => ATT_SEQS + ATT_SEQ_INTS * nSeq;

@@ -1,0 +1,132 @@
+import { describe, expect, test } from "bun:test";
+import { kvShapeOf, syntheticWeights, Transformer, type ModelConfig } from "../../src/model/index.ts";
+import { layerSlice, planGroups } from "../../src/model/layer-group.ts";
+import { castMatrix, type DType, type Matrix } from "../../src/model/packed.ts";
+import { stripLayoutBytes } from "../../src/model/strip-layout.ts";
+import { castWeights, MATRICES, matrixCols, type Weights } from "../../src/model/weights.ts";
+import { KvPool } from "../../src/pool/index.ts";
+import { bits, Seq, tokens } from "./helpers.ts";
+
+// A model past one wasm32 memory is cut into layer groups, each its own kernel memory and threads
+// (src/model/layer-group.ts). Here groups are forced on a small model by lowering the bytes a
+// group may place, and every logit must keep the bits of the one-memory model: the kernels give
+// the same bits wherever their operands live, and only the residual stream crosses.
+
+const CFG: ModelConfig = {
+  name: "groups",
+  dim: 64,
+  hiddenDim: 96,
+  nLayers: 5,
+  nHeads: 4,
+  nKvHeads: 2,
+  vocabSize: 80,
+  maxSeqLen: 64,
+  ropeTheta: 10000,
+  normEps: 1e-5,
+};
+const BLOCK = 4;
+
+/** Placed bytes of one layer of CFG in f32 (strips of 8 rows, whole). */
+const LAYER_F32 = 4 * (64 * 64 + 2 * 32 * 64 + 64 * 64 + 3 * 96 * 64);
+
+/** Placed bytes of one layer's matrices, and of the embedding, in `dtype`. */
+function placedBytes(dtype: DType): { layer: number; embedding: number } {
+  const of = (k: (typeof MATRICES)[number], rows: number) => Math.ceil(stripLayoutBytes(dtype, rows, matrixCols(CFG, k)) / 16) * 16;
+  const rows = { wq: 64, wk: 32, wv: 32, wo: 64, w1: 96, w2: 64, w3: 96 } as const;
+  let layer = 0;
+  for (const [k, r] of Object.entries(rows)) layer += of(k as keyof typeof rows, r);
+  return { layer, embedding: of("tokenEmbedding", CFG.vocabSize) };
+}
+
+function weightsOf(dtype: DType, tied: boolean): Weights<Matrix> {
+  const w = syntheticWeights(CFG, 5);
+  if (tied) w.wcls = w.tokenEmbedding;
+  return castWeights(CFG, w, dtype);
+}
+
+/** Logits of a 3-sequence prefill and five batched decode steps. */
+function run(w: Weights<Matrix>, groupBytes: number | undefined, threads: number): { outs: Float32Array[]; memories: number } {
+  const m = new Transformer(CFG, w, { threads, groupBytes });
+  const pool = m.kvPool(kvShapeOf(CFG, BLOCK), 48);
+  const V = CFG.vocabSize;
+  const seqs = [new Seq(pool), new Seq(pool), new Seq(pool)];
+  const outs: Float32Array[] = [];
+  let out = new Float32Array(3 * V);
+  m.forward(pool, [seqs[0]!.chunk(tokens(17, 1, V)), seqs[1]!.chunk(tokens(3, 2, V)), seqs[2]!.chunk(tokens(9, 3, V))], out);
+  outs.push(out);
+  for (let i = 0; i < 5; i++) {
+    out = new Float32Array(3 * V);
+    m.forward(
+      pool,
+      seqs.map((s, j) => s.chunk([(i * 11 + j * 7) % V])),
+      out,
+    );
+    outs.push(out);
+  }
+  m.close();
+  return { outs, memories: m.memories };
+}
+
+describe("layer groups", () => {
+  test("planGroups takes items in order while they fit; the embedding goes with the classifier when tied", () => {
+    const w = weightsOf("f32", false);
+    const emb = 4 * 80 * 64;
+    // Everything fits: one group.
+    expect(planGroups(CFG, w, 10 * LAYER_F32 + 2 * emb)).toEqual([{ first: 0, end: 5, embedding: true, classifier: true }]);
+    // Two layers a group: the embedding opens the first group, the classifier closes the last.
+    expect(planGroups(CFG, w, 2 * LAYER_F32 + emb)).toEqual([
+      { first: 0, end: 2, embedding: true, classifier: false },
+      { first: 2, end: 4, embedding: false, classifier: false },
+      { first: 4, end: 5, embedding: false, classifier: true },
+    ]);
+    const tied = weightsOf("f32", true);
+    expect(planGroups(CFG, tied, 2 * LAYER_F32)).toEqual([
+      { first: 0, end: 2, embedding: false, classifier: false },
+      { first: 2, end: 4, embedding: false, classifier: false },
+      { first: 4, end: 5, embedding: true, classifier: true },
+    ]);
+    expect(() => planGroups(CFG, w, LAYER_F32 - 16)).toThrow(/the model's (embedding|layer) takes \d+ bytes placed, past one kernel memory's/);
+  });
+
+  test("layerSlice views layers l0..l1 of a stacked matrix, packed or not, without a copy", () => {
+    const f = new Float32Array(5 * 4 * 32).map((_, i) => i);
+    const s = layerSlice(f, 32, 5, 1, 3) as Float32Array;
+    expect(s.length).toBe(2 * 4 * 32);
+    expect(s[0]).toBe(4 * 32);
+    expect(s.buffer).toBe(f.buffer);
+    const q = castMatrix(f, "q8_0", 32);
+    const qs = layerSlice(q, 32, 5, 2, 5) as Exclude<Matrix, Float32Array>;
+    expect(qs.length).toBe(3 * 4 * 32);
+    expect(qs.bytes.byteLength).toBe(3 * 4 * 34);
+    expect(qs.bytes.byteOffset).toBe(2 * 4 * 34);
+  });
+
+  for (const dtype of ["f32", "f16", "q8_0"] as const) {
+    for (const tied of [false, true]) {
+      test(`${dtype}${tied ? ", tied classifier" : ""}: several memories give the bits of one, on 1 and 2 threads`, () => {
+        const w = weightsOf(dtype, tied);
+        const { outs: one, memories } = run(w, undefined, 1);
+        expect(memories).toBe(1);
+        const { layer, embedding } = placedBytes(dtype);
+        expect(placedBytes("f32").layer).toBe(LAYER_F32);
+        for (const [budget, threads] of [
+          [layer + embedding, 1],
+          [2 * layer + embedding, 2],
+        ] as const) {
+          const { outs: many, memories } = run(w, budget, threads);
+          expect(memories).toBeGreaterThanOrEqual(3);
+          for (let i = 0; i < one.length; i++) expect(bits(many[i]!)).toEqual(bits(one[i]!));
+        }
+      });
+    }
+  }
+
+  test("a model in several memories keeps its KV pool outside them, and says how many it uses", () => {
+    const m = new Transformer(CFG, weightsOf("f16", false), { groupBytes: 2 * LAYER_F32 });
+    expect(m.memories).toBeGreaterThan(1);
+    expect(m.kvSlab(1024)).toBeNull();
+    const pool = m.kvPool(kvShapeOf(CFG, BLOCK), 8);
+    expect(pool).toBeInstanceOf(KvPool);
+    m.close();
+  });
+});
