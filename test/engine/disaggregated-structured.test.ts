@@ -126,6 +126,25 @@ describe("a seeded constrained request: disaggregated == colocated", () => {
   }
 });
 
+test("n = 2 under a JSON schema: one prefill samples both first tokens under the mask, each choice continues under its own matcher", async () => {
+  const body = JSON.stringify({
+    messages: [{ role: "user", content: "Who spake unto Moses?" }],
+    max_tokens: 80,
+    temperature: 1.1,
+    seed: 21,
+    n: 2,
+    response_format: { type: "json_schema", json_schema: { name: "person", schema: PERSON } },
+  });
+  type Body = { choices: { index: number; message: { content: string }; token_ids: number[] }[] };
+  const want = (await (await fetch(`http://${C.httpAddress}/v1/chat/completions`, { method: "POST", body })).json()) as Body;
+  const res = await fetch(`http://${gw.httpAddress}/v1/chat/completions`, { method: "POST", body });
+  expect(res.headers.get("x-tl-served")).toBe("disaggregated");
+  const got = (await res.json()) as Body;
+  expect(got.choices.map((c) => c.token_ids)).toEqual(want.choices.map((c) => c.token_ids));
+  expect(got.choices[0]!.token_ids).not.toEqual(got.choices[1]!.token_ids);
+  for (const c of got.choices) expect(schemaViolation(PERSON, JSON.parse(c.message.content))).toBeNull();
+});
+
 test("through the gateway, a grammar that does not compile is a 400 before any engine works", async () => {
   const before = [P, D, C].map((n) => n.engine.stats.prefillTokens);
   const res = await fetch(`http://${gw.httpAddress}/v1/completions`, {
