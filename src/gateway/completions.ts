@@ -2,16 +2,7 @@ import { constraintHash } from "../grammar/index.ts";
 import { ConnectError } from "@connectrpc/connect";
 import type { ToolParserName } from "../http/index.ts";
 import type { KvHandle } from "../gen/tl/engine/v1/engine_pb.ts";
-import {
-  type CompletionKind,
-  type CompletionParams,
-  compileFor,
-  completionResponse,
-  HttpError,
-  parseCompletion,
-  requestId,
-  type TokenQueue,
-} from "../http/index.ts";
+import { type CompletionKind, type CompletionParams, completionResponse, HttpError, parseCompletion, requestId, type TokenQueue } from "../http/index.ts";
 import type { ChatRenderer, Tokenizer } from "../model/index.ts";
 import { type Attributes, endSpan, extractHeaders, log, type Metrics, type Span, SpanKind, startSpan } from "../obs/index.ts";
 import { Code, codeName, httpStatusOf } from "../rpc/status.ts";
@@ -122,9 +113,6 @@ export class Completions {
     if (params.model !== undefined && params.model !== ctx.modelName) {
       throw new HttpError(404, `model ${quote(params.model)} is not served; this gateway serves ${quote(ctx.modelName)}`, "invalid_request_error", "model");
     }
-    // A grammar that does not compile is the client's 400 here, whichever engine would serve it
-    // (a colocated one would answer its own 400 mid-route); compiled once per grammar, cached.
-    if (params.constraint) await compileFor(ctx.tokenizer, ctx.tokenizer.vocabSize, params.constraint);
     const id = req.headers.get("x-request-id") ?? requestId(kind === "chat" ? "chatcmpl" : "cmpl");
     if (span.isRecording()) span.setAttribute("tl.request_id", id);
     return { params, requestId: id, arrived, abort: new AbortController(), span };

@@ -86,7 +86,9 @@ export async function readTokenStream(
       try {
         msg = (JSON.parse(text) as { error?: { message?: string } }).error?.message ?? text;
       } catch {}
-      closeAll({ reason: "error", error: `${url} answered ${res.status}: ${msg}` });
+      // The engine's own 400 is the client's (a grammar that does not compile on a colocated
+      // engine, say): its words, without the engine's address.
+      closeAll(res.status === 400 ? { reason: "error", error: msg, status: 400 } : { reason: "error", error: `${url} answered ${res.status}: ${msg}` });
       // 412: this engine cannot continue the request (its structured output does not compile
       // there) and gave the blocks back; another engine may, so it is routed again.
       return res.status === 412 ? "failed" : "refused";

@@ -191,6 +191,8 @@ async function jsonResponse(choices: ChoiceState[], ctx: ResponseContext): Promi
   const failed = errors.find((e) => e !== null);
   if (failed !== undefined) {
     ctx.onAbort();
+    const refused = choices.find((c) => c.q.end.status === 400);
+    if (refused) return errorResponse(new HttpError(400, refused.q.end.error ?? "the request was refused", "invalid_request_error"));
     return errorResponse(new HttpError(502, `generation failed: ${failed}`, "server_error"));
   }
   const created = Math.floor(Date.now() / 1000);
@@ -326,7 +328,12 @@ class ChunkWriter {
     if (!c.text.stopped && c.q.end.reason === "error") {
       // Never a silent truncation: the client sees the stream fail.
       this.failed = true;
-      this.send({ error: { message: `generation failed: ${c.q.end.error ?? "unknown error"}`, type: "server_error", code: 502 } });
+      const end = c.q.end;
+      this.send(
+        end.status === 400
+          ? { error: { message: end.error ?? "the request was refused", type: "invalid_request_error", code: 400 } }
+          : { error: { message: `generation failed: ${end.error ?? "unknown error"}`, type: "server_error", code: 502 } },
+      );
       return;
     }
     let rest = c.text.flush();

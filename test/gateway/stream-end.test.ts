@@ -67,3 +67,28 @@ test("a resume refused with 412 (the engine cannot continue its structured outpu
     }
   }
 });
+
+test("an engine's own 400 (a grammar that does not compile on a colocated engine) reaches the client as a 400 with its words, not a 502 with the engine's address", async () => {
+  const server = Bun.serve({
+    port: 0,
+    hostname: "127.0.0.1",
+    fetch: () => Response.json({ error: { message: 'structured output: the grammar does not compile: Rule "x" is not defined' } }, { status: 400 }),
+  });
+  try {
+    for (const stream of [false, true]) {
+      const params = parseCompletion("completion", { prompt: "x", max_tokens: 8, stream }, { tokenizer, maxModelLen: 64 });
+      const q = new TokenQueue();
+      const url = `http://127.0.0.1:${server.port}/v1/completions`;
+      expect(await readTokenStream(url, {}, {}, [q], new AbortController().signal, () => {})).toBe("refused");
+      const res = await completionResponse([q], { id: "t", model: "fake", tokenizer, params, onStop: () => {}, onAbort: () => {} });
+      const error = stream
+        ? ((await sseEvents(res)).at(-1) as { error: { message: string; code: number } }).error
+        : (expect(res.status).toBe(400), ((await res.json()) as { error: { message: string; code: number } }).error);
+      expect(error.code).toBe(400);
+      expect(error.message).toMatch(/does not compile/);
+      expect(error.message).not.toContain(String(server.port));
+    }
+  } finally {
+    server.stop(true);
+  }
+});
