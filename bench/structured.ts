@@ -7,7 +7,7 @@
 //
 // BENCH_ROUNDS (default 5), BENCH_TOKENS (output tokens per request, default 48),
 // BENCH_PARTS=kjv,135m,compile (default all).
-import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { availableParallelism, cpus, tmpdir } from "node:os";
 import { join } from "node:path";
 import { loadModel, startEngineNode } from "../src/cli/engine-node.ts";
@@ -292,4 +292,7 @@ if (PARTS.has("135m")) {
 results.loadavgAtEnd = loadAverage();
 console.log(`load average at end: ${results.loadavgAtEnd}`);
 mkdirSync(join(import.meta.dir, "results"), { recursive: true });
-writeFileSync(join(import.meta.dir, "results", "structured.json"), `${JSON.stringify(results, null, 2)}\n`);
+// A subset run (BENCH_PARTS) keeps the other parts' last results.
+const file = join(import.meta.dir, "results", "structured.json");
+const previous = existsSync(file) && PARTS.size < 3 ? (JSON.parse(readFileSync(file, "utf8")) as Record<string, unknown>) : {};
+writeFileSync(file, `${JSON.stringify({ ...previous, ...results }, null, 2)}\n`);
