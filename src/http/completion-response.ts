@@ -308,6 +308,19 @@ class ChunkWriter {
       sent = safe;
       return out;
     };
+    // A named function's arguments stream as they come (its output is nothing else), as OpenAI's do.
+    const named = tools?.mode === "named" ? toolCallOf({ name: tools.name!, arguments: "" }) : null;
+    let argsSent = false;
+    const sendArgs = (text: string, from: number | null) => {
+      const chunk = this.chunk(c, null, null, from);
+      chunk.choices[0]!.delta = {
+        tool_calls: [
+          argsSent ? { index: 0, function: { arguments: text } } : { index: 0, ...named!, function: { name: named!.function.name, arguments: text } },
+        ],
+      };
+      argsSent = true;
+      this.send(chunk);
+    };
     let first = true;
     if (p.kind === "chat") {
       this.send(this.chunk(c, "", null, null, true));
@@ -316,7 +329,18 @@ class ChunkWriter {
     for await (const t of c.q) {
       if (this.failed) return;
       const from = c.ids.length;
-      const delta = release(c.push(t));
+      const text = c.push(t);
+      if (named) {
+        all += text;
+        if (text.length > 0) sendArgs(text, from);
+        else if (p.returnTokenIds || c.logprobs) this.send(this.chunk(c, "", null, from));
+        if (c.text.stopped) {
+          this.ctx.onStop(c.index);
+          break;
+        }
+        continue;
+      }
+      const delta = release(text);
       if (delta.length > 0 || p.returnTokenIds || c.logprobs) this.send(this.chunk(c, delta, null, from, first));
       first = false;
       if (c.text.stopped) {
@@ -337,6 +361,13 @@ class ChunkWriter {
       return;
     }
     let rest = c.text.flush();
+    if (named) {
+      all += rest;
+      if (rest.length > 0 || !argsSent) sendArgs(rest, p.returnTokenIds ? c.ids.length : null);
+      const done = c.finish === "stop" && parseToolCalls(tools!, all) !== null;
+      this.send({ ...this.chunk(c, null, done ? "tool_calls" : c.finish, null), ...this.ctx.extra?.() });
+      return;
+    }
     if (tools) {
       all += rest;
       const parsed = c.finish === "stop" ? parseToolCalls(tools, all) : null;

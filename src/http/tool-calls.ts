@@ -145,9 +145,10 @@ export function parseToolCalls(plan: ToolPlan, text: string): { content: string 
     case "none":
       return null;
     case "named": {
+      // The arguments as generated (what a stream sends piece by piece), once they parse.
       const args = json(text);
       if (typeof args !== "object" || args === null || Array.isArray(args)) return null;
-      return { content: null, calls: [{ name: plan.name!, arguments: JSON.stringify(args) }] };
+      return { content: null, calls: [{ name: plan.name!, arguments: text.trim() }] };
     }
     case "required": {
       const arr = json(text);

@@ -74,7 +74,10 @@ async function answer(address: string, body: Record<string, unknown>, stream: bo
     const c = (e as { choices: { delta: { content?: string | null; tool_calls?: Call[] }; token_ids?: number[]; finish_reason: string | null }[] }).choices[0];
     if (!c) continue;
     content += c.delta.content ?? "";
-    for (const t of c.delta.tool_calls ?? []) calls.push(t.function);
+    for (const t of (c.delta.tool_calls ?? []) as (Call & { index: number; id?: string })[]) {
+      if (t.id !== undefined) calls.push({ ...t.function });
+      else calls[t.index]!.arguments += t.function.arguments;
+    }
     ids.push(...(c.token_ids ?? []));
     if (c.finish_reason) finish = c.finish_reason;
   }

@@ -104,9 +104,12 @@ async function chat(node: EngineNode, body: Record<string, unknown>, stream: boo
     if (typeof e === "string") continue;
     const c = e.choices[0]!;
     content += c.delta.content ?? "";
+    // A call opens with its id and name; pieces of its arguments may follow under its index.
     for (const d of c.delta.tool_calls ?? []) {
-      expect(d.index).toBe(calls.length);
-      calls.push({ id: d.id, type: d.type, function: d.function });
+      if (d.id !== undefined) {
+        expect(d.index).toBe(calls.length);
+        calls.push({ id: d.id, type: d.type, function: { ...d.function } });
+      } else calls[d.index]!.function.arguments += d.function.arguments;
     }
     if (c.finish_reason) finish = c.finish_reason;
   }
@@ -163,6 +166,30 @@ describe("tool_choice on the embedded model", () => {
       expect(r.calls.map((c) => [c.function.name, JSON.parse(c.function.arguments)])).toEqual([["get_weather", { city: "Oslo", unit: "celsius" }]]);
     });
   }
+
+  test("a named function's arguments stream as they come: the call opens once, its arguments follow in pieces", async () => {
+    const res = await fetch(`http://${C.httpAddress}/v1/chat/completions`, {
+      method: "POST",
+      body: JSON.stringify({
+        messages: [{ role: "user", content: "Weather?" }],
+        tools: TOOLS,
+        tool_choice: { type: "function", function: { name: "get_weather" } },
+        max_tokens: 120,
+        stream: true,
+        seed: 9,
+        temperature: 0.9,
+      }),
+    });
+    type Delta = { index: number; id?: string; function: { name?: string; arguments: string } };
+    const deltas = (await sseEvents(res)).flatMap((e) =>
+      typeof e === "string" ? [] : ((e as { choices: { delta: { tool_calls?: Delta[] } }[] }).choices[0]?.delta.tool_calls ?? []),
+    );
+    expect(deltas.filter((d) => d.id !== undefined).length).toBe(1);
+    expect(deltas[0]!.function.name).toBe("get_weather");
+    expect(deltas.length).toBeGreaterThan(3);
+    const args = deltas.map((d) => d.function.arguments).join("");
+    expect(schemaViolation(WEATHER, JSON.parse(args))).toBeNull();
+  });
 
   test("tool_choice none renders the tools and answers text; a named tool not offered is a 400", async () => {
     const r = await chat(C, { tool_choice: "none", structured_outputs: { choice: [HERMES_ONE] } }, false);
