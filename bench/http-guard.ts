@@ -7,6 +7,8 @@ import { mkdirSync, writeFileSync } from "node:fs";
 import { cpus } from "node:os";
 import { serveHttp } from "../src/http/index.ts";
 import { loadAverage, median } from "./stats.ts";
+import { GATEWAY_CONFIG_DEFAULTS } from "../src/cli/options.ts";
+import { httpListener } from "../src/cli/security.ts";
 
 const ROUNDS = 7;
 const REQUESTS = 400;
@@ -33,7 +35,7 @@ async function handler(req: Request): Promise<Response> {
   return Response.json({ ok: true, bytes: body.length });
 }
 
-const guarded = await serveHttp(handler);
+const guarded = await serveHttp(handler, httpListener(GATEWAY_CONFIG_DEFAULTS));
 const bare = Bun.serve({ hostname: "127.0.0.1", port: 0, fetch: handler });
 const targets = { guarded: `http://${guarded.address}`, bare: `http://127.0.0.1:${bare.port}` };
 

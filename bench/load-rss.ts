@@ -45,7 +45,7 @@ function load(mode: Mode, dir: string): { weightBytes: number; keep: unknown; cl
   const weights = castWeights(files.cfg, files.weights, "f16");
   const weightBytes = weightsBytes(weights);
   if (!mode.endsWith("+transformer")) return { weightBytes, keep: weights, close() {} };
-  const served = servedModelOf({ ...files, weights, tokenizer: new ByteTokenizer(), chatTemplate: null }, { dtype: "f16" });
+  const served = servedModelOf({ ...files, weights, tokenizer: new ByteTokenizer(), chatTemplate: null }, { dtype: "f16", threads: 1 });
   return { weightBytes, keep: served, close: () => served.close?.() };
 }
 

@@ -278,7 +278,7 @@ if (PARTS.has("135m")) {
     const shape = kvShapeOf(SMOL_SHAPE, 16);
     const room = await worker.kvSlab(blocks * blockPayloadBytes(shape));
     const pool = new KvPool(shape, blocks, room ?? { shared: true });
-    const engine = new Engine({ model: worker as ModelRunner, pool, maxModelLen: SMOL_SHAPE.maxSeqLen, maxRunning: 8 });
+    const engine = new Engine({ model: worker as ModelRunner, pool, maxModelLen: SMOL_SHAPE.maxSeqLen, maxBatchTokens: 512, maxRunning: 8 });
     try {
       results.smol = await ratios("135M shape", engine, SMOL_SHAPE.vocabSize, await ConstraintCompiler.create(syntheticVocab(SMOL_SHAPE.vocabSize)));
     } finally {

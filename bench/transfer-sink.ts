@@ -51,7 +51,7 @@ if (mode === "raw") {
   const [blockTokens, nLayers, nKvHeads, headDim] = (dims ?? "").split(",").map(Number) as [number, number, number, number];
   const pool = new KvPool({ blockTokens, nLayers, nKvHeads, headDim }, Number(arg) + 200);
   // One pusher (the bench) may hold the whole pool: it is the only peer.
-  const rx = new KvReceiver(pool, { maxPending: 4096, maxPendingPerPeer: 4096, maxBlocksPerPeer: pool.total });
+  const rx = new KvReceiver(pool, { ttlMs: 60_000, pushIdleTimeoutMs: 10_000, maxPending: 4096, maxPendingPerPeer: 4096, maxBlocksPerPeer: pool.total });
   const server = await serveKv(rx, { tls });
   say({ address: server.address, dataPlane: server.dataPlaneAddress });
   onCommand = (cmd, a) => {

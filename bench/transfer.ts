@@ -174,7 +174,7 @@ async function childSink(args: string[], pki?: Pki): Promise<Sink> {
 
 async function localKvSink(): Promise<Sink> {
   const pool = new KvPool(SHAPE, BLOCKS + 200);
-  const rx = new KvReceiver(pool, { maxPending: 4096 });
+  const rx = new KvReceiver(pool, { ttlMs: 60_000, pushIdleTimeoutMs: 10_000, maxPending: 4096 });
   const server = await serveKv(rx);
   return {
     address: server.address,

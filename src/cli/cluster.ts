@@ -11,6 +11,7 @@ import { ConfigError, parseAddr, type Config } from "./options.ts";
 import { ANY_PORT, type RoleProcess, roleArgs, spawnRole } from "./spawn-role.ts";
 import { PARENT_PID_ENV, stopRequests } from "./stop-requests.ts";
 import { quote } from "../codec/index.ts";
+import { startTcpFront, type TcpFront } from "./tcp-front.ts";
 
 function tryPort(port: number, host = "127.0.0.1"): Promise<number> {
   return new Promise<number>((resolve, reject) => {
@@ -98,7 +99,10 @@ async function startFront(
 
 /**
  * `engine cluster`: a gateway, N prefill and M decode engines, each its own process on
- * loopback, as in production; one demo request; then serve until Ctrl-C.
+ * loopback, as in production; one demo request; then serve until Ctrl-C. With
+ * `--gateways G` (G > 1) there are G gateway replicas, each on ports of its own, behind one
+ * front port: a round-robin TCP proxy in this process (tcp-front.ts), as a Service would
+ * be; every engine beats to every replica.
  */
 // Long by design: the processes it spawns are pushed onto `children` as they start and
 // stopAll() in the one catch ends exactly those; split, a failed step would leak them.
@@ -111,10 +115,14 @@ export async function runCluster(config: Config, rest: Map<string, string>, opts
   };
   const nP = count("prefill", 1);
   const nD = count("decode", 2);
-  for (const k of rest.keys()) if (!["prefill", "decode", "plaintext"].includes(k)) throw new ConfigError(`unknown option --${k}`);
+  const nG = count("gateways", 1);
+  for (const k of rest.keys()) if (!["prefill", "decode", "gateways", "plaintext"].includes(k)) throw new ConfigError(`unknown option --${k}`);
   const plaintext = rest.get("plaintext") === "true";
   // Every option is passed on to the processes it concerns or refused here, before anything starts.
   const flags = clusterFlags(config);
+  if (nG > 1 && flags.registryListen !== null) {
+    throw new ConfigError("--registry-listen: with --gateways above 1 each replica's registry takes a port of its own");
+  }
   // The API keys reach every child (the option through clusterFlags, TL_API_KEY through the environment); the demo sends the first.
   const apiKeys = (config.engine.api_key as readonly string[] | undefined) ?? [];
   const auth: Record<string, string> =
@@ -123,14 +131,16 @@ export async function runCluster(config: Config, rest: Map<string, string>, opts
   // Asked for from the start: a signal, or the parent (npm, a shell, a supervisor) dying, during start-up stops it too.
   const stopped = wait ? stopRequests(process.ppid) : null;
   const door = await frontDoor(flags.httpListen);
-  const pki = plaintext ? null : await ephemeralPki(nP, nD);
+  const pki = plaintext ? null : await ephemeralPki(nP, nD, nG);
   const tlsArgs = (id: string) =>
     pki === null
       ? []
       : ["--tls-cert", certFiles(pki, { workerId: id }).cert, "--tls-key", certFiles(pki, { workerId: id }).key, "--tls-ca", join(pki, "ca.crt")];
   const children: Child[] = [];
+  let front: TcpFront | null = null;
   let up = false;
   const stopAll = async () => {
+    await front?.close();
     for (const c of children) c.proc.kill("SIGTERM");
     await Promise.all(children.map((c) => Promise.race([c.proc.exited, Bun.sleep(15_000).then(() => c.proc.kill("SIGKILL"))])));
     if (pki !== null) rmSync(pki, { recursive: true, force: true });
@@ -141,21 +151,56 @@ export async function runCluster(config: Config, rest: Map<string, string>, opts
     process.exit(1);
   });
   try {
-    const { ready: gwReady, busy } = await startFront(
-      door,
-      flags,
-      // The cluster shows the prefill → decode hand-off: every request crosses it unless the user sets a threshold.
-      [...(config.given.has("gateway.disagg_min_uncached_tokens") ? [] : ["--disagg-min-uncached-tokens", "0"]), "--routing-headers", ...tlsArgs("gateway-0")],
-      children,
-    );
+    // The cluster shows the prefill → decode hand-off: every request crosses it unless the user sets a threshold.
+    const gatewayArgs = (i: number) => [
+      ...(config.given.has("gateway.disagg_min_uncached_tokens") ? [] : ["--disagg-min-uncached-tokens", "0"]),
+      "--routing-headers",
+      ...tlsArgs(`gateway-${i}`),
+    ];
+    let gwReady: Record<string, unknown>;
+    let busy: number | null;
+    const replicas: Record<string, unknown>[] = [];
+    if (nG === 1) {
+      ({ ready: gwReady, busy } = await startFront(door, flags, gatewayArgs(0), children));
+      replicas.push(gwReady);
+    } else {
+      // Each replica on loopback ports of its own; the front port round-robins over them.
+      for (let i = 0; i < nG; i++) {
+        const gw = startRole(`gateway-${i}`, [
+          "--role",
+          "gateway",
+          "--http-listen",
+          "127.0.0.1:0",
+          "--registry-listen",
+          ANY_PORT,
+          ...flags.gateway,
+          ...gatewayArgs(i),
+        ]);
+        children.push(gw);
+      }
+      replicas.push(...(await Promise.all(children.map((c) => c.ready))));
+      const backends = replicas.map((r) => String(r.http));
+      const asked = parseAddr(door.listen === ANY_PORT ? "127.0.0.1:0" : door.listen);
+      busy = door.busy;
+      try {
+        front = await startTcpFront(asked.host, asked.port, backends);
+      } catch (e) {
+        // Taken between the probe and the bind: a port the OS picks, unless the user named this one.
+        if (flags.httpListen !== null) throw e;
+        front = await startTcpFront("127.0.0.1", 0, backends);
+        busy = asked.port;
+      }
+      gwReady = { ...replicas[0]!, http: front.address };
+    }
     const note = busy === null ? null : busyNote(busy, String(gwReady.http));
     if (note) log.warn(note);
     const http = parseAddr(String(gwReady.http));
     const reg = parseAddr(String(gwReady.registry));
     const loopback = (h: string) => (h === "0.0.0.0" ? "127.0.0.1" : h);
-    // Engines bind ports the OS picks and say which in their ready lines and heartbeats.
+    const registries = replicas.map((r) => parseAddr(String(r.registry))).map((a) => `${loopback(a.host)}:${a.port}`);
+    // Engines bind ports the OS picks and say which in their ready lines and heartbeats; each beats to every replica.
     const engineArgs = (role: "prefill" | "decode", i: number) =>
-      roleArgs(role, ["--worker-id", `${role}-${i}`, "--gateway-registry", `${loopback(reg.host)}:${reg.port}`, ...flags.engines, ...tlsArgs(`${role}-${i}`)]);
+      roleArgs(role, ["--worker-id", `${role}-${i}`, "--gateway-registry", registries.join(","), ...flags.engines, ...tlsArgs(`${role}-${i}`)]);
     for (let i = 0; i < nP; i++) children.push(startRole(`prefill-${i}`, engineArgs("prefill", i)));
     for (let i = 0; i < nD; i++) children.push(startRole(`decode-${i}`, engineArgs("decode", i)));
     const ready = await Promise.all(children.map((c) => c.ready));
@@ -164,11 +209,14 @@ export async function runCluster(config: Config, rest: Map<string, string>, opts
     const base = `http://${loopback(http.host)}:${httpPort}`;
     // Ready lines say the servers are up; the registry listing them says routing can begin.
     const deadline = Date.now() + 30_000;
-    for (;;) {
-      const h = (await (await fetch(`${base}/health`, { headers: auth })).json()) as { workers: { prefill: number; decode: number } };
-      if (h.workers.prefill === nP && h.workers.decode === nD) break;
-      if (Date.now() > deadline) throw new Error(`registry lists ${JSON.stringify(h.workers)}, want ${nP} prefill and ${nD} decode`);
-      await Bun.sleep(50);
+    for (const r of replicas) {
+      const at = `http://${String(r.http)}`;
+      for (;;) {
+        const h = (await (await fetch(`${at}/health`, { headers: auth })).json()) as { workers: { prefill: number; decode: number } };
+        if (h.workers.prefill === nP && h.workers.decode === nD) break;
+        if (Date.now() > deadline) throw new Error(`registry lists ${JSON.stringify(h.workers)}, want ${nP} prefill and ${nD} decode`);
+        await Bun.sleep(50);
+      }
     }
     const print = (s: string) => process.stdout.write(s + "\n");
     const synthetic = ready[0]!.model === SYNTHETIC_MODEL_NAME;
@@ -176,9 +224,10 @@ export async function runCluster(config: Config, rest: Map<string, string>, opts
     print(
       pki === null ? "internal ports: plaintext (--plaintext)" : `internal ports: mutual TLS, an ephemeral CA and certificates in ${pki} (removed on exit)`,
     );
+    if (front !== null) print(`  front    ${front.address}: round-robin over ${nG} gateway replicas (a TCP proxy, as a Service would be)`);
     for (const r of ready)
       print(
-        `  ${String(r.role).padEnd(8)} ${String(r.worker_id ?? "gateway").padEnd(10)} pid ${String(r.pid).padEnd(8)} http ${String(r.http)}${r.grpc ? `  grpc ${String(r.grpc)}` : ""}${r.kv ? `  kv ${String(r.kv)}` : ""}${r.registry ? `  registry ${String(r.registry)}` : ""}`,
+        `  ${String(r.role).padEnd(8)} ${String(r.worker_id ?? r.gateway_id ?? "gateway").padEnd(10)} pid ${String(r.pid).padEnd(8)} http ${String(r.http)}${r.grpc ? `  grpc ${String(r.grpc)}` : ""}${r.kv ? `  kv ${String(r.kv)}` : ""}${r.registry ? `  registry ${String(r.registry)}` : ""}`,
       );
     if (note) print(`  (${note})`);
     print("");
@@ -189,7 +238,8 @@ export async function runCluster(config: Config, rest: Map<string, string>, opts
     print(`  curl ${base}/metrics`);
     // Any engine also serves a request whole when no hand-off header comes with it.
     const colocatedHttp = ready.find((r) => r.role === "decode")?.http;
-    if (opts.demo ?? true) await demo(base, colocatedHttp === undefined ? undefined : String(colocatedHttp), print, auth);
+    const beatMs = Number(config.gateway.heartbeat_interval_ms);
+    if (opts.demo ?? true) await demo(base, colocatedHttp === undefined ? undefined : String(colocatedHttp), print, auth, nG > 1 ? beatMs : 0);
     up = true;
     if (stopped) {
       print("\nserving; Ctrl-C stops every process");
@@ -205,9 +255,9 @@ export async function runCluster(config: Config, rest: Map<string, string>, opts
 }
 
 /** A CA and one certificate per process, in a fresh 0700 temp directory (keys 0600), for this run only. */
-async function ephemeralPki(nP: number, nD: number): Promise<string> {
+async function ephemeralPki(nP: number, nD: number, nG: number): Promise<string> {
   const dir = mkdtempSync(join(tmpdir(), "tl-cluster-pki-"));
-  writeCerts(dir, await mintCluster({ gateway: 1, prefill: nP, decode: nD }));
+  writeCerts(dir, await mintCluster({ gateway: nG, prefill: nP, decode: nD }));
   return dir;
 }
 
@@ -223,21 +273,26 @@ export const DEMO_REQUEST = {
 /**
  * One request through the gateway (prefill on P, KV pushed to D, decode on D), the same request
  * again (its prompt blocks now cached on D), and once more on a single engine with no hand-off.
+ * With several replicas (`beatMs` > 0) the second request reaches another replica, which
+ * learns where the prompt's blocks are from the decode engines' next beat: it waits for one.
  */
-async function demo(base: string, colocatedHttp: string | undefined, print: (s: string) => void, auth: Record<string, string>) {
+async function demo(base: string, colocatedHttp: string | undefined, print: (s: string) => void, auth: Record<string, string>, beatMs = 0) {
   print(`\ndemo: one prompt, sampled (seed ${DEMO_REQUEST.seed}, temperature ${DEMO_REQUEST.temperature}, ${DEMO_REQUEST.max_tokens} tokens)`);
   const disagg = await streamCompletion(base, auth);
   if (typeof disagg === "string") return print(`  demo failed: ${disagg}`);
   const h = disagg.headers;
+  // Which replica served it, when there are several.
+  const by = (hs: Headers) => (beatMs > 0 ? ` by ${hs.get("x-tl-gateway")}` : "");
   print(
-    `  ${h.get("x-tl-served")}: prefill on ${h.get("x-tl-prefill-worker")}, decode on ${h.get("x-tl-decode-worker")}, KV blocks sent ${h.get("x-tl-blocks-sent")}`,
+    `  ${h.get("x-tl-served")}${by(h)}: prefill on ${h.get("x-tl-prefill-worker")}, decode on ${h.get("x-tl-decode-worker")}, KV blocks sent ${h.get("x-tl-blocks-sent")}`,
   );
   print(`    > ${JSON.stringify(DEMO_REQUEST.prompt + disagg.text)}`);
+  if (beatMs > 0) await Bun.sleep(beatMs + 200);
   const again = await streamCompletion(base, auth);
   if (typeof again !== "string") {
     const a = again.headers;
     print(
-      `  again: decode on ${a.get("x-tl-decode-worker")}, KV blocks sent ${a.get("x-tl-blocks-sent")}, deduped ${a.get("x-tl-blocks-deduped")} (already there)`,
+      `  again${by(a)}: decode on ${a.get("x-tl-decode-worker")}, KV blocks sent ${a.get("x-tl-blocks-sent")}, deduped ${a.get("x-tl-blocks-deduped")} (already there)`,
     );
   }
   if (colocatedHttp === undefined) return;
@@ -252,7 +307,8 @@ async function demo(base: string, colocatedHttp: string | undefined, print: (s: 
 /** The demo request streamed from `base`: its text and headers, or why it failed. */
 async function streamCompletion(base: string, auth: Record<string, string>): Promise<{ text: string; headers: Headers } | string> {
   const headers = { "content-type": "application/json", ...auth };
-  const res = await fetch(`${base}/v1/completions`, { method: "POST", headers, body: JSON.stringify(DEMO_REQUEST) });
+  // A connection per request: behind the front port, each may reach another replica.
+  const res = await fetch(`${base}/v1/completions`, { method: "POST", headers, body: JSON.stringify(DEMO_REQUEST), keepalive: false });
   if (res.status !== 200) return `${res.status} ${await res.text()}`;
   let text = "";
   for await (const data of sseData(res.body!)) {

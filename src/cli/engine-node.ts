@@ -1,6 +1,6 @@
 import { log } from "../obs/index.ts";
 import type { ToolParserName } from "../http/index.ts";
-import { GrpcRegistry, Heartbeat, receivesKv, type EngineRole } from "../control/index.ts";
+import { GatewayBeats, GrpcRegistry, parseRegistryTargets, receivesKv, type EngineRole, type Resolver } from "../control/index.ts";
 import { serveGrpc, type GrpcServer } from "../rpc/index.ts";
 import { controlService, type ControlContext } from "../control/control-service.ts";
 import { Engine, type ModelRunner } from "../engine/index.ts";
@@ -26,10 +26,11 @@ import {
   type Tokenizer,
   type WeightStats,
 } from "../model/index.ts";
-import { KvPool } from "../pool/index.ts";
+import { KvEventLog, KvPool } from "../pool/index.ts";
 import { KvReceiver, RoutingTransport, serveDataPlane, serveKv, type DataPlaneServer, type KvServer } from "../transfer/index.ts";
 import { blockPayloadBytes, type KvShape } from "../codec/index.ts";
-import { ConfigError } from "./options.ts";
+import { ConfigError, ENGINE_DEFAULTS } from "./options.ts";
+import { httpListener } from "./security.ts";
 
 /** A model ready to serve: what forward needs, how text maps to tokens, the KV shape per layer. */
 export interface ServedModel {
@@ -93,10 +94,18 @@ export interface EngineNodeOptions {
   maxModelLen?: number;
   maxBatchTokens?: number;
   handleTtlS?: number;
-  /** Decode side: a push silent this long is aborted and freed (default 10 000 ms). */
+  /** Decode side: a push silent this long is aborted and freed. Left out, any option here is its SPECS default. */
   pushIdleTimeoutMs?: number;
-  /** host:port of the gateway's WorkerRegistry; no heartbeat without it. */
+  /**
+   * The gateways' WorkerRegistry: a comma-separated list of host:port and dns:host:port (a
+   * name re-resolved every interval to all its addresses); one heartbeat loop per address.
+   * No heartbeat without it.
+   */
   gatewayRegistry?: string;
+  /** Resolves dns: entries of gatewayRegistry (tests inject one); default the system's. */
+  resolver?: Resolver;
+  /** Report the KV pool's stored and evicted blocks in every beat (roles that receive KV; default true). */
+  kvEvents?: boolean;
   heartbeatIntervalMs?: number;
   heartbeatTimeoutMs?: number;
   /** Prefill side: push over the binary data plane when the decode engine offers one. */
@@ -107,8 +116,8 @@ export interface EngineNodeOptions {
   advertiseKvAddress?: string;
   onRequestEnd?: (info: RequestEnd) => void;
   extraRoutes?: (req: Request, url: URL) => Promise<Response | null> | Response | null;
-  /** API keys and the body bound of the engine's own HTTP port. */
-  frontDoor?: HttpListenerOptions;
+  /** API keys, the body bound and the slow-client bounds of the engine's own HTTP port (maxRequestBytes: max_request_bytes unless given). */
+  frontDoor?: Partial<HttpListenerOptions>;
   /** Mutual TLS on EngineControl, KvTransfer and the data plane, and toward the gateway and decode engines. */
   tls?: TlsSource | null;
   onTransfer?: ControlContext["onTransfer"];
@@ -127,7 +136,12 @@ export interface EngineNode {
   readonly pool: KvPool;
   readonly receiver: KvReceiver | null;
   readonly model: ServedModel;
-  readonly heartbeat: Heartbeat | null;
+  /** The beats to every gateway replica. */
+  readonly heartbeat: GatewayBeats | null;
+  /** The pool's KV events, reported to the gateways (roles that receive KV). */
+  readonly kvEvents: KvEventLog | null;
+  /** The values this engine runs with: the caller's, else the option's default (SPECS). */
+  readonly effective: EffectiveOptions;
   /** Stops admitting, waits for in-flight work up to the deadline, then stops every server. */
   shutdown(deadlineMs?: number): Promise<number>;
 }
@@ -135,7 +149,7 @@ export interface EngineNode {
 export interface ModelOptions {
   /** Weights in memory (default: as stored). */
   dtype?: DType | "as-stored";
-  /** Threads the matmuls split over (default 1). */
+  /** Threads the matmuls split over (default: the threads option's, all cores). */
   threads?: number;
   /** Where forwards run: a model thread of their own (default), or the engine's event loop. */
   modelThread?: "worker" | "main";
@@ -144,8 +158,14 @@ export interface ModelOptions {
 }
 
 /** Loads the model `--model` names (any supported format; none: the embedded one) and wraps it for the engine. */
-export async function loadModel(opts: LoadModelOptions & ModelOptions): Promise<ServedModel> {
-  if ((opts.modelThread ?? "worker") === "worker") return loadModelThread(opts);
+export async function loadModel(given: LoadModelOptions & ModelOptions): Promise<ServedModel> {
+  // Left out: the [engine] option's default (all cores, a model thread of its own).
+  const opts = {
+    ...given,
+    threads: given.threads ?? ENGINE_DEFAULTS.threads,
+    modelThread: given.modelThread ?? (ENGINE_DEFAULTS.model_thread as "worker" | "main"),
+  };
+  if (opts.modelThread === "worker") return loadModelThread(opts);
   const m = servedModelOf(await loadModelFiles(opts), opts);
   await m.ready?.();
   return m;
@@ -155,9 +175,9 @@ export async function loadModel(opts: LoadModelOptions & ModelOptions): Promise<
  * The model on a thread of its own, which loads the weights itself: this thread holds only the
  * tokenizer and config, and its event loop never waits behind a forward.
  */
-async function loadModelThread(opts: LoadModelOptions & ModelOptions): Promise<ServedModel> {
+async function loadModelThread(opts: LoadModelOptions & ModelOptions & { threads: number }): Promise<ServedModel> {
   const { modelPath, tokenizerPath, maxSeqLen, dtype, threads } = opts;
-  const started = ModelWorker.start({ modelPath, tokenizerPath, maxSeqLen, dtype, threads: threads ?? 1 });
+  const started = ModelWorker.start({ modelPath, tokenizerPath, maxSeqLen, dtype, threads });
   // A bad path or tokenizer is told by the tokenizer's load, in the same words as in-thread.
   const tok = await loadTokenizerFor(opts).catch((e: unknown) => {
     void started.then(
@@ -201,10 +221,10 @@ async function loadModelThread(opts: LoadModelOptions & ModelOptions): Promise<S
 /** A loaded model behind a Transformer, as the engine runs it. */
 export function servedModelOf(
   m: Pick<ServableModel, "name" | "cfg" | "weights" | "tokenizer" | "eosIds" | "stats" | "chatTemplate">,
-  opts: ModelOptions = {},
+  opts: ModelOptions & { threads: number },
 ): ServedModel {
   const weights = holdWeights(m.cfg, m.weights, m.stats.dtype, opts.dtype);
-  const t = new Transformer(m.cfg, weights, { threads: opts.threads ?? 1, groupBytes: opts.groupBytes });
+  const t = new Transformer(m.cfg, weights, { threads: opts.threads, groupBytes: opts.groupBytes });
   const shape = kvShapeOf(t.cfg, 1);
   const runner: ModelRunner = { vocabSize: t.cfg.vocabSize, forward: (pool, batch, out) => t.forward(pool, batch, out) };
   return {
@@ -247,6 +267,38 @@ const MAX_KV_POOL_BYTES = 2 ** 32;
 let nodeCounter = 0;
 const CONTROL_MESSAGE_BYTES = 4 * 1024 * 1024;
 const STREAM_SETTLE_MS = 50;
+/** Most time a KV event waits for a beat to carry it: beats go early, at most this often, while events come. */
+const KV_EVENT_FLUSH_MS = 100;
+
+/** The tuning an engine node runs with, each the caller's value or its [engine] option's default. */
+export interface EffectiveOptions {
+  blockTokens: number;
+  numBlocks: number;
+  /** At most the model's context; max_model_len 0 (the default) or none: the context. */
+  maxModelLen: number;
+  maxBatchTokens: number;
+  handleTtlS: number;
+  pushIdleTimeoutMs: number;
+  heartbeatIntervalMs: number;
+  heartbeatTimeoutMs: number;
+  maxRequestBytes: number;
+}
+
+/** Every value a caller leaves out is its option's default: SPECS holds each one (ENGINE_DEFAULTS), nothing here. */
+function effectiveOptions(opts: EngineNodeOptions, context: number): EffectiveOptions {
+  const D = ENGINE_DEFAULTS;
+  return {
+    blockTokens: opts.blockTokens ?? D.block_tokens,
+    numBlocks: opts.numBlocks ?? D.num_blocks,
+    maxModelLen: Math.min(opts.maxModelLen || D.max_model_len || context, context),
+    maxBatchTokens: opts.maxBatchTokens ?? D.max_batch_tokens,
+    handleTtlS: opts.handleTtlS ?? D.handle_ttl_s,
+    pushIdleTimeoutMs: opts.pushIdleTimeoutMs ?? D.push_idle_timeout_ms,
+    heartbeatIntervalMs: opts.heartbeatIntervalMs ?? D.heartbeat_interval_ms,
+    heartbeatTimeoutMs: opts.heartbeatTimeoutMs ?? D.heartbeat_timeout_ms,
+    maxRequestBytes: opts.frontDoor?.maxRequestBytes ?? D.max_request_bytes,
+  };
+}
 
 /** Starts one engine process's servers: HTTP, EngineControl, KvTransfer (decode roles), heartbeat. */
 // Long by design: one start-up sequence whose every server is pushed onto `closers`
@@ -260,14 +312,15 @@ export async function startEngineNode(opts: EngineNodeOptions): Promise<EngineNo
   const chat = chatRendererFor(model.tokenizer, model.chatTemplate ?? null, opts.chatTemplatePath);
   // Told to the gateway (heartbeat) and peers (Info): a gateway refuses an engine that tokenizes differently.
   const fingerprint = tokenizerFingerprint(model.tokenizer);
-  const shape: KvShape = { blockTokens: opts.blockTokens ?? 16, nLayers: model.nLayers, nKvHeads: model.nKvHeads, headDim: model.headDim };
-  const pool = await kvPoolFor(model, shape, opts.numBlocks ?? 1024);
-  const maxModelLen = Math.min(opts.maxModelLen ?? model.maxSeqLen, model.maxSeqLen);
+  const effective = effectiveOptions(opts, model.maxSeqLen);
+  const shape: KvShape = { blockTokens: effective.blockTokens, nLayers: model.nLayers, nKvHeads: model.nKvHeads, headDim: model.headDim };
+  const pool = await kvPoolFor(model, shape, effective.numBlocks);
+  const maxModelLen = effective.maxModelLen;
   const engine = new Engine({
     model: model.runner,
     pool,
     maxModelLen,
-    maxBatchTokens: opts.maxBatchTokens ?? 256,
+    maxBatchTokens: effective.maxBatchTokens,
     eosTokenIds: model.eosIds ?? model.tokenizer.eosIds,
   });
   const roles: ("prefill" | "decode")[] = role === "both" ? ["prefill", "decode"] : [role];
@@ -282,9 +335,9 @@ export async function startEngineNode(opts: EngineNodeOptions): Promise<EngineNo
     let kv: KvServer | null = null;
     if (receivesKv(role)) {
       receiver = new KvReceiver(pool, {
-        ttlMs: (opts.handleTtlS ?? 60) * 1000,
+        ttlMs: effective.handleTtlS * 1000,
         onExpired: opts.onHandleExpired,
-        ...(opts.pushIdleTimeoutMs ? { pushIdleTimeoutMs: opts.pushIdleTimeoutMs } : {}),
+        pushIdleTimeoutMs: effective.pushIdleTimeoutMs,
       });
       // serveKv would advertise its data plane at the bound host, which peers cannot reach
       // behind 0.0.0.0: start it here and advertise it as the other addresses are.
@@ -314,6 +367,7 @@ export async function startEngineNode(opts: EngineNodeOptions): Promise<EngineNo
             engine,
             tokenizer: model.tokenizer,
             tokenizerFingerprint: fingerprint,
+            ...(model.stats ? { modelStats: model.stats } : {}),
             transport,
             onTransfer: opts.onTransfer,
           }),
@@ -338,15 +392,20 @@ export async function startEngineNode(opts: EngineNodeOptions): Promise<EngineNo
         onRequestEnd: opts.onRequestEnd,
         extraRoutes: opts.extraRoutes,
       }),
-      { ...opts.frontDoor, host, port: opts.httpPort ?? 0 },
+      { ...httpListener(ENGINE_DEFAULTS), ...opts.frontDoor, maxRequestBytes: effective.maxRequestBytes, host, port: opts.httpPort ?? 0 },
     );
     closers.push(() => http.stop());
-    let heartbeat: Heartbeat | null = null;
+    let heartbeat: GatewayBeats | null = null;
+    // What the gateways route on: the blocks this engine actually holds (a prefill-only engine's
+    // cache is never a decode target, so it reports nothing).
+    const kvEvents = receivesKv(role) && opts.kvEvents !== false ? KvEventLog.watching(pool) : null;
+    if (kvEvents) closers.push(async () => pool.watch(null));
     if (opts.gatewayRegistry) {
-      const registry = new GrpcRegistry(opts.gatewayRegistry, opts.heartbeatTimeoutMs ?? 1000, tls ?? undefined);
-      heartbeat = Heartbeat.spawn(
-        registry,
-        {
+      const timeoutMs = effective.heartbeatTimeoutMs;
+      heartbeat = await GatewayBeats.start({
+        targets: parseRegistryTargets(opts.gatewayRegistry),
+        dial: (address) => new GrpcRegistry(address, timeoutMs, tls ?? undefined),
+        identity: {
           workerId,
           httpAddress: advertised(http.address),
           grpcAddress: advertised(grpc.address),
@@ -357,13 +416,38 @@ export async function startEngineNode(opts: EngineNodeOptions): Promise<EngineNo
           totalBlocks: pool.total,
           vocabSize: model.tokenizer.vocabSize,
           tokenizerFingerprint: fingerprint,
+          ...(model.stats ? { modelStats: model.stats } : {}),
         },
-        () => ({ queueDepth: engine.queueDepth, running: engine.runningCount, freeBlocks: pool.total - pool.used, draining: engine.isDraining }),
-        opts.heartbeatIntervalMs ?? 2000,
-        opts.heartbeatTimeoutMs ?? 1000,
-        () => void engine.drain(0),
-      );
+        load: () => ({ queueDepth: engine.queueDepth, running: engine.runningCount, freeBlocks: pool.total - pool.used, draining: engine.isDraining }),
+        intervalMs: effective.heartbeatIntervalMs,
+        timeoutMs,
+        onDrain: () => void engine.drain(0),
+        ...(kvEvents ? { events: { log: kvEvents, named: () => pool.namedHashes() } } : {}),
+        onGatewayGone: (gatewayId) => {
+          const n = receiver?.releaseOwner(gatewayId) ?? 0;
+          log.info("gateway gone", { worker_id: workerId, gateway_id: gatewayId, handles_released: n });
+        },
+        ...(opts.resolver ? { resolver: opts.resolver } : {}),
+      });
       closers.push(() => heartbeat!.stop());
+      if (kvEvents) {
+        // New events go out within KV_EVENT_FLUSH_MS rather than on the next scheduled beat:
+        // a replica that did not route a push learns of its blocks as soon as it can.
+        const flushMs = Math.min(KV_EVENT_FLUSH_MS, (opts.heartbeatIntervalMs ?? 2000) / 2);
+        let flush: ReturnType<typeof setTimeout> | null = null;
+        kvEvents.onAppend = () => {
+          if (flush !== null) return;
+          flush = setTimeout(() => {
+            flush = null;
+            heartbeat?.beatNow();
+          }, flushMs);
+          flush.unref?.();
+        };
+        closers.push(async () => {
+          kvEvents.onAppend = null;
+          if (flush !== null) clearTimeout(flush);
+        });
+      }
     }
     // Every forward fails from now on: stop taking requests and tell the gateway at once.
     model.onDeath?.((e) => {
@@ -383,6 +467,8 @@ export async function startEngineNode(opts: EngineNodeOptions): Promise<EngineNo
       receiver,
       model,
       heartbeat,
+      kvEvents,
+      effective,
       shutdown(deadlineMs = 0) {
         down ??= (async () => {
           const draining = engine.drain(deadlineMs);

@@ -32,14 +32,14 @@ export async function generate(config: Config, rest: Map<string, string>, out: (
     modelPath: String(e.model) || undefined,
     tokenizerPath: String(e.tokenizer) || undefined,
     servedModelName: String(e.served_model_name) || undefined,
-    maxSeqLen: Number(e.max_model_len),
+    maxSeqLen: Number(e.max_model_len) || undefined,
     dtype: String(e.dtype) as ModelOptions["dtype"],
     threads: Number(e.threads),
     modelThread: String(e.model_thread) as ModelOptions["modelThread"],
   });
   const B = Number(e.block_tokens);
   const tokens = model.tokenizer.encode(prompt);
-  const maxModelLen = Math.min(model.maxSeqLen, Number(e.max_model_len));
+  const maxModelLen = Math.min(model.maxSeqLen, Number(e.max_model_len) || Infinity);
   if (tokens.length + maxTokens > maxModelLen)
     throw new ConfigError(`prompt (${tokens.length} tokens) + --max-tokens ${maxTokens} exceeds the context of ${maxModelLen}`);
   const pool = await kvPoolFor(

@@ -1,3 +1,4 @@
+import pkg from "../../package.json" with { type: "json" };
 import { log } from "../obs/index.ts";
 import { runCerts } from "./certs.ts";
 import { runCluster } from "./cluster.ts";
@@ -17,6 +18,10 @@ export async function main(argv: readonly string[]): Promise<number | "serving">
       return 2;
     }
     throw e;
+  }
+  if (parsed.version) {
+    process.stdout.write(`engine ${pkg.version}\n`);
+    return 0;
   }
   if (parsed.help) {
     process.stdout.write(helpText() + "\n");

@@ -1,12 +1,12 @@
 import { readFileSync } from "node:fs";
 import { availableParallelism } from "node:os";
 import { quote } from "../codec/index.ts";
-import { HTTP_LIMITS } from "../http/index.ts";
+import { parseRegistryTargets } from "../control/gateway-beats.ts";
 
 export type Role = "prefill" | "decode" | "both" | "gateway";
 export const ROLES: readonly Role[] = ["prefill", "decode", "both", "gateway"];
 
-type Kind = "string" | "addr" | "addr?" | "host?" | "url?" | "int" | "uint" | "num" | "bool" | "list" | "choice";
+type Kind = "string" | "addr" | "addr?" | "gateways?" | "host?" | "url?" | "int" | "uint" | "num" | "bool" | "list" | "choice";
 type Value = string | number | boolean | readonly string[];
 
 interface Spec {
@@ -15,60 +15,66 @@ interface Spec {
   kind: Kind;
   dflt: Value;
   help: string;
+  /** How --help shows a default that is not a fixed value (the machine's cores, the model's context). */
+  dfltText?: string;
   /** The values a "choice" takes. */
   choices?: readonly string[];
 }
 
 /** The peer-check and front-door options, the same in both sections. */
-function securityOptions(section: Spec["section"]): Spec[] {
-  return [
-    {
-      section,
-      key: "tls_cert",
-      kind: "string",
-      dflt: "",
-      help: "PEM certificate naming this process (spiffe://tl-engine/<role>/<id>); with tls_key and tls_ca: mutual TLS on every internal port",
-    },
-    { section, key: "tls_key", kind: "string", dflt: "", help: "PEM private key of tls_cert" },
-    { section, key: "tls_ca", kind: "string", dflt: "", help: "PEM cluster CA every peer's certificate must chain to" },
-    { section, key: "insecure", kind: "bool", dflt: false, help: "allow plaintext internal ports on a non-loopback address" },
-    { section, key: "api_key", kind: "list", dflt: [], help: "Bearer key required on the HTTP API (repeatable; TL_API_KEY also read, comma-separated)" },
-    { section, key: "metrics_need_key", kind: "bool", dflt: false, help: "put /metrics behind the API key too" },
-    { section, key: "max_request_bytes", kind: "int", dflt: 4194304, help: "largest HTTP request body (413 beyond it)" },
-    {
-      section,
-      key: "http_headers_timeout_s",
-      kind: "int",
-      dflt: HTTP_LIMITS.headersTimeoutS,
-      help: "seconds an HTTP client has to send a request's headers (408 after)",
-    },
-    {
-      section,
-      key: "http_body_timeout_s",
-      kind: "int",
-      dflt: HTTP_LIMITS.bodyTimeoutS,
-      help: "seconds an HTTP client has to send a request's whole body (408 after)",
-    },
-    {
-      section,
-      key: "http_max_connections",
-      kind: "int",
-      dflt: HTTP_LIMITS.maxConnections,
-      help: "most HTTP client connections open at once (more are closed unread; each holds two descriptors)",
-    },
-    {
-      section,
-      key: "http_health_reserve",
-      kind: "uint",
-      dflt: HTTP_LIMITS.healthReserve,
-      help: "of http_max_connections, how many only /health and /health/live may take (others get 503 past the rest)",
-    },
-  ];
+const SECURITY_OPTIONS = [
+  {
+    key: "tls_cert",
+    kind: "string",
+    dflt: "",
+    help: "PEM certificate naming this process (spiffe://tl-engine/<role>/<id>); with tls_key and tls_ca: mutual TLS on every internal port",
+  },
+  { key: "tls_key", kind: "string", dflt: "", help: "PEM private key of tls_cert" },
+  { key: "tls_ca", kind: "string", dflt: "", help: "PEM cluster CA every peer's certificate must chain to" },
+  { key: "insecure", kind: "bool", dflt: false, help: "allow plaintext internal ports on a non-loopback address" },
+  { key: "api_key", kind: "list", dflt: [], help: "Bearer key required on the HTTP API (repeatable; TL_API_KEY also read, comma-separated)" },
+  { key: "metrics_need_key", kind: "bool", dflt: false, help: "put /metrics behind the API key too" },
+  { key: "max_request_bytes", kind: "int", dflt: 4194304, help: "largest HTTP request body (413 beyond it)" },
+  // Slow clients bounded as other servers bound them (nginx: 60 s for headers and body; Go's
+  // http.Server ReadHeaderTimeout as most set it, 30 s).
+  {
+    key: "http_headers_timeout_s",
+    kind: "int",
+    dflt: 30,
+    help: "seconds an HTTP client has to send a request's headers (408 after)",
+  },
+  {
+    key: "http_body_timeout_s",
+    kind: "int",
+    dflt: 60,
+    help: "seconds an HTTP client has to send a request's whole body (408 after)",
+  },
+  {
+    key: "http_max_connections",
+    kind: "int",
+    dflt: 2048,
+    help: "most HTTP client connections open at once (more are closed unread; each holds two descriptors)",
+  },
+  {
+    key: "http_health_reserve",
+    kind: "uint",
+    dflt: 64,
+    help: "of http_max_connections, how many only /health and /health/live may take (others get 503 past the rest)",
+  },
+] as const satisfies readonly Omit<Spec, "section">[];
+
+function securityOptions<S extends Spec["section"]>(section: S) {
+  return SECURITY_OPTIONS.map((o) => ({ ...o, section }));
 }
 
-/** Every option, as a TOML key under its section and as a --flag (key with dashes). */
-export const SPECS: readonly Spec[] = [
-  { section: "engine", key: "worker_id", kind: "string", dflt: "", help: "worker id reported to the gateway (default: role-hostname-pid)" },
+/**
+ * Every option, as a TOML key under its section and as a --flag (key with dashes), with its
+ * default: the only place a default is written. The library (Engine, startGateway, the
+ * registry) takes every value from its caller; engine-node and the gateway's wiring fill what a
+ * caller leaves out from here (ENGINE_DEFAULTS, GATEWAY_CONFIG_DEFAULTS).
+ */
+export const SPECS = [
+  { section: "engine", key: "worker_id", kind: "string", dflt: "", dfltText: "role-hostname-pid", help: "worker id reported to the gateway" },
   { section: "engine", key: "http_listen", kind: "addr", dflt: "127.0.0.1:8100", help: "OpenAI-compatible HTTP server" },
   { section: "engine", key: "grpc_listen", kind: "addr", dflt: "127.0.0.1:50051", help: "EngineControl (tl.engine.v1) gRPC server" },
   { section: "engine", key: "kv_listen", kind: "addr", dflt: "127.0.0.1:50061", help: "KvTransfer (tl.kv.v1) gRPC server; decode and both roles" },
@@ -80,7 +86,20 @@ export const SPECS: readonly Spec[] = [
     dflt: "",
     help: "host other processes reach this engine at (e.g. a pod IP); empty: the host it binds",
   },
-  { section: "engine", key: "gateway_registry", kind: "addr?", dflt: "", help: "host:port of the gateway's WorkerRegistry; empty: no heartbeat" },
+  {
+    section: "engine",
+    key: "kv_events",
+    kind: "bool",
+    dflt: true,
+    help: "report the KV blocks this engine stores and evicts in its beats (the gateways' prefix index routes on them); false: gateways infer from their own routing",
+  },
+  {
+    section: "engine",
+    key: "gateway_registry",
+    kind: "gateways?",
+    dflt: "",
+    help: "the gateways' WorkerRegistry: host:port, comma-separated for several, dns:host:port re-resolved every beat to all its addresses; empty: no heartbeat",
+  },
   {
     section: "engine",
     key: "model",
@@ -119,7 +138,14 @@ export const SPECS: readonly Spec[] = [
     dflt: "as-stored",
     help: "weights in memory: f32, f16, bf16 or q8_0 (quantized at load); as-stored keeps the file's (llama2.c: f32)",
   },
-  { section: "engine", key: "threads", kind: "int", dflt: availableParallelism(), help: "threads the model's matmuls split over (default: all cores)" },
+  {
+    section: "engine",
+    key: "threads",
+    kind: "int",
+    dflt: availableParallelism(),
+    dfltText: `all cores (${availableParallelism()} here)`,
+    help: "threads the model's matmuls split over",
+  },
   {
     section: "engine",
     key: "model_thread",
@@ -130,7 +156,14 @@ export const SPECS: readonly Spec[] = [
   },
   { section: "engine", key: "block_tokens", kind: "int", dflt: 16, help: "tokens per KV block" },
   { section: "engine", key: "num_blocks", kind: "int", dflt: 2048, help: "KV pool capacity in blocks" },
-  { section: "engine", key: "max_model_len", kind: "int", dflt: 2048, help: "prompt + output tokens per request" },
+  {
+    section: "engine",
+    key: "max_model_len",
+    kind: "uint",
+    dflt: 0,
+    dfltText: "the model's context (256 for the embedded tl-kjv-small)",
+    help: "prompt + output tokens per request, at most the model's context; 0: the model's context",
+  },
   { section: "engine", key: "max_batch_tokens", kind: "int", dflt: 256, help: "tokens per engine step (prefill chunks + decodes)" },
   { section: "engine", key: "handle_ttl_s", kind: "int", dflt: 60, help: "seconds a pushed KV handle waits to be claimed" },
   { section: "engine", key: "push_idle_timeout_ms", kind: "int", dflt: 10000, help: "a KV push that sends nothing this long is aborted and its blocks freed" },
@@ -154,6 +187,13 @@ export const SPECS: readonly Spec[] = [
     help: "tell clients which workers served them (x-tl-prefill-worker, x-tl-decode-worker): debugging only",
   },
   { section: "gateway", key: "max_workers", kind: "int", dflt: 256, help: "most workers the registry holds (heartbeats of more are refused)" },
+  {
+    section: "gateway",
+    key: "prefix_index_max_blocks",
+    kind: "int",
+    dflt: 1048576,
+    help: "most blocks the prefix index holds from engines' KV events; beyond it the least recently reported are forgotten",
+  },
   { section: "gateway", key: "http_listen", kind: "addr", dflt: "127.0.0.1:8000", help: "OpenAI-compatible front door" },
   { section: "gateway", key: "registry_listen", kind: "addr", dflt: "127.0.0.1:50050", help: "WorkerRegistry (tl.control.v1) gRPC server" },
   { section: "gateway", key: "model", kind: "string", dflt: "", help: "model the gateway tokenizes for; as [engine] model" },
@@ -161,7 +201,14 @@ export const SPECS: readonly Spec[] = [
   { section: "gateway", key: "served_model_name", kind: "string", dflt: "", help: "as [engine] served_model_name" },
   { section: "gateway", key: "chat_template", kind: "string", dflt: "", help: "as [engine] chat_template (must match the engines')" },
   { section: "gateway", key: "tool_call_parser", kind: "choice", choices: ["", "hermes", "llama3_json"], dflt: "", help: "as [engine] tool_call_parser" },
-  { section: "gateway", key: "max_model_len", kind: "int", dflt: 2048, help: "as [engine] max_model_len" },
+  {
+    section: "gateway",
+    key: "max_model_len",
+    kind: "uint",
+    dflt: 0,
+    dfltText: "the model's context",
+    help: "as [engine] max_model_len (a vocabulary-only GGUF without a context length needs it)",
+  },
   { section: "gateway", key: "drain_timeout_s", kind: "int", dflt: 30, help: "on SIGTERM, seconds to let in-flight requests finish" },
   { section: "gateway", key: "heartbeat_interval_ms", kind: "int", dflt: 2000, help: "interval engines are told to beat at" },
   { section: "gateway", key: "otlp_endpoint", kind: "url?", dflt: "", help: "as [engine] otlp_endpoint" },
@@ -193,13 +240,22 @@ export const SPECS: readonly Spec[] = [
     dflt: 512,
     help: "prefill on the decode engine itself when fewer prompt tokens than this are uncached there; 0: always disaggregate",
   },
-];
+] as const satisfies readonly Spec[];
+
+type AnySpec = (typeof SPECS)[number];
+type ValueOf<K extends Kind> = K extends "int" | "uint" | "num" ? number : K extends "bool" ? boolean : K extends "list" ? readonly string[] : string;
+/** One section's options as SPECS types them: a key for each option, its value's type from its kind. */
+type SectionConfig<S extends Spec["section"]> = { [O in Extract<AnySpec, { section: S }> as O["key"]]: ValueOf<O["kind"]> };
+/** [engine], typed from SPECS (issue 24's typed configuration): a new option is a new field here. */
+export type EngineConfig = SectionConfig<"engine">;
+/** [gateway], typed from SPECS. */
+export type GatewayConfig = SectionConfig<"gateway">;
 
 export type Section = Record<string, Value>;
 export interface Config {
   role: Role;
-  engine: Section;
-  gateway: Section;
+  engine: EngineConfig & Section;
+  gateway: GatewayConfig & Section;
   /** "section.key" of every option the config file or a flag set (the rest are defaults). */
   given: Set<string>;
 }
@@ -207,10 +263,16 @@ export interface Config {
 export class ConfigError extends Error {}
 
 export function defaults(): Config {
-  const c: Config = { role: "both", engine: {}, gateway: {}, given: new Set() };
-  for (const s of SPECS) c[s.section][s.key] = s.dflt;
-  return c;
+  const engine: Section = {};
+  const gateway: Section = {};
+  for (const s of SPECS as readonly Spec[]) (s.section === "engine" ? engine : gateway)[s.key] = s.dflt;
+  return { role: "both", engine: engine as Config["engine"], gateway: gateway as Config["gateway"], given: new Set() };
 }
+
+/** Every [engine] default, typed: what engine-node uses for an option its caller left out. */
+export const ENGINE_DEFAULTS: Readonly<EngineConfig> = defaults().engine;
+/** Every [gateway] default, typed. */
+export const GATEWAY_CONFIG_DEFAULTS: Readonly<GatewayConfig> = defaults().gateway;
 
 function coerce(spec: Spec, raw: unknown, where: string): Value {
   const name = `${where} ${spec.section}.${spec.key}`;
@@ -239,6 +301,16 @@ function coerce(spec: Spec, raw: unknown, where: string): Value {
   if (typeof raw !== "string") throw new ConfigError(`${name}: want a string, got ${quote(raw)}`);
   if (spec.kind === "choice" && !spec.choices!.includes(raw)) throw new ConfigError(`${name}: want one of ${spec.choices!.join(", ")}, got ${quote(raw)}`);
   if (spec.kind === "addr" || (spec.kind === "addr?" && raw !== "")) parseAddr(raw, name);
+  if (spec.kind === "gateways?" && raw !== "") {
+    const entries = raw.split(",").map((x) => x.trim());
+    if (entries.some((x) => x === "")) throw new ConfigError(`${name}: an empty entry in ${JSON.stringify(raw)}`);
+    for (const x of entries) parseAddr(x.startsWith("dns:") ? x.slice(4) : x, name);
+    try {
+      parseRegistryTargets(raw);
+    } catch (e) {
+      throw new ConfigError(`${name}: ${e instanceof Error ? e.message : String(e)}`);
+    }
+  }
   if (spec.kind === "host?" && raw !== "") {
     const ok = /^([A-Za-z0-9.-]+|[0-9a-fA-F]*:[0-9a-fA-F:]*:[0-9a-fA-F.]*)$/.test(raw) && !["0.0.0.0", "::"].includes(raw);
     if (!ok) throw new ConfigError(`${name}: want a host name or IP address others can reach, got ${quote(raw)}`);
@@ -283,20 +355,43 @@ export function applyToml(c: Config, path: string): void {
 
 /** Subcommand flags that take no value (`engine cluster --plaintext`). */
 const STANDALONE_FLAGS = new Set(["plaintext", "per-role"]);
+/** Subcommand flags that take one (`engine cluster --prefill N`, `engine certs --out DIR`, `engine generate --prompt TEXT`), and --role, --config. */
+const SUBCOMMAND_FLAGS = new Set([
+  "role",
+  "config",
+  "prefill",
+  "decode",
+  "both",
+  "gateway",
+  "admin",
+  "out",
+  "dns",
+  "ip",
+  "days",
+  "prompt",
+  "max-tokens",
+  "temperature",
+  "seed",
+]);
 
 /**
  * Flags override the config file. `--http-listen` and the other keys both sections
  * have go to [gateway] for the gateway role and to [engine] otherwise.
  */
-export function parseArgs(argv: readonly string[]): { config: Config; rest: Map<string, string>; help: boolean } {
+export function parseArgs(argv: readonly string[]): { config: Config; rest: Map<string, string>; help: boolean; version: boolean } {
   const flags = new Map<string, string>();
   const lists = new Map<string, string[]>();
   const kindOf = (name: string) => (STANDALONE_FLAGS.has(name) ? "bool" : SPECS.find((s) => s.key === name.replaceAll("-", "_"))?.kind);
   let help = false;
+  let version = false;
   for (let i = 0; i < argv.length; i++) {
     const a = argv[i]!;
     if (a === "--help" || a === "-h") {
       help = true;
+      continue;
+    }
+    if (a === "--version") {
+      version = true;
       continue;
     }
     if (!a.startsWith("--")) throw new ConfigError(`unexpected argument ${quote(a)}`);
@@ -304,7 +399,10 @@ export function parseArgs(argv: readonly string[]): { config: Config; rest: Map<
     const name = eq >= 0 ? a.slice(2, eq) : a.slice(2);
     // A boolean flag stands alone (`--insecure`) unless written `--insecure=false`.
     const value = eq >= 0 ? a.slice(eq + 1) : kindOf(name) === "bool" ? "true" : argv[++i];
-    if (value === undefined) throw new ConfigError(`--${name} needs a value`);
+    // A flag no option has, last on the line, is unknown (not short of a value); subcommands'
+    // own flags (cluster --prefill N, certs --out DIR) come with their values.
+    if (value === undefined)
+      throw new ConfigError(kindOf(name) === undefined && !SUBCOMMAND_FLAGS.has(name) ? `unknown option --${name}` : `--${name} needs a value`);
     if (kindOf(name) === "list") lists.set(name, [...(lists.get(name) ?? []), value]);
     else flags.set(name, value);
   }
@@ -330,7 +428,7 @@ export function parseArgs(argv: readonly string[]): { config: Config; rest: Map<
     config[spec.section][key] = coerce(spec, value, `--${name}:`);
     config.given.add(`${spec.section}.${key}`);
   }
-  return { config, rest, help };
+  return { config, rest, help, version };
 }
 
 export function helpText(): string {
@@ -339,7 +437,7 @@ export function helpText(): string {
     "",
     "usage:",
     "  engine --role prefill|decode|both|gateway [--config FILE.toml] [--option value ...]",
-    "  engine cluster [--prefill N] [--decode M] [--model PATH [--tokenizer PATH]] [--served-model-name NAME]",
+    "  engine cluster [--prefill N] [--decode M] [--gateways G] [--model PATH [--tokenizer PATH]] [--served-model-name NAME]",
     "                 [--plaintext] [--api-key KEY] (internal ports run mutual TLS with an ephemeral CA unless --plaintext)",
     "  engine certs --out DIR [--gateway N] [--prefill N] [--decode N] [--both N] [--admin N] [--dns NAMES] [--ip ADDRS] [--days D] [--per-role]",
     "  engine generate [--model PATH [--tokenizer PATH]] --prompt TEXT [--max-tokens N] [--temperature T] [--seed S]",
@@ -348,13 +446,15 @@ export function helpText(): string {
   ];
   for (const s of SPECS) {
     const flag = `--${s.key.replaceAll("_", "-")}`;
-    lines.push(`  [${s.section}] ${s.key.padEnd(22)} ${flag.padEnd(26)} ${s.help} (default: ${JSON.stringify(s.dflt)})`);
+    const dflt = (s as Spec).dfltText ?? JSON.stringify(s.dflt);
+    lines.push(`  [${s.section}] ${s.key.padEnd(22)} ${flag.padEnd(26)} ${s.help} (default: ${dflt})`);
   }
   lines.push(
     "",
     '  --role ROLE        prefill | decode | both | gateway (default: "both")',
     "  --config FILE      TOML file with [engine] and [gateway] tables",
     "  --help             this text",
+    "  --version          the engine's version",
   );
   return lines.join("\n");
 }

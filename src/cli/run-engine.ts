@@ -2,12 +2,12 @@ import type { ToolParserName } from "../http/index.ts";
 import { Code } from "@connectrpc/connect";
 import { hostname } from "node:os";
 import { crc32cBackend } from "../codec/index.ts";
-import { startGateway, type Gateway } from "../gateway/index.ts";
+import { startGateway, type Gateway, type GatewayOptions } from "../gateway/index.ts";
 import { createMetrics, log, metricsResponse, recordEngineState, recordFinished, shutdownTracing, startTracing, tracingEndpoint } from "../obs/index.ts";
 import { chatRendererFor, loadTokenizerFor } from "../model/index.ts";
 import { startEngineNode, type EngineNode, type ModelOptions } from "./engine-node.ts";
-import { parseAddr, type Config } from "./options.ts";
-import { securityFrom, type Security } from "./security.ts";
+import { ConfigError, GATEWAY_CONFIG_DEFAULTS, parseAddr, type Config, type GatewayConfig } from "./options.ts";
+import { httpListener, securityFrom, type Security } from "./security.ts";
 import { parentFromEnv, stopRequests } from "./stop-requests.ts";
 
 /** Starts one engine from its config; prints one ready line with every address. */
@@ -52,11 +52,13 @@ export async function runEngine(config: Config): Promise<EngineNode> {
     modelThread: String(e.model_thread) as ModelOptions["modelThread"],
     blockTokens: Number(e.block_tokens),
     numBlocks: Number(e.num_blocks),
-    maxModelLen: Number(e.max_model_len),
+    // 0: the model's context.
+    maxModelLen: Number(e.max_model_len) || undefined,
     maxBatchTokens: Number(e.max_batch_tokens),
     handleTtlS: Number(e.handle_ttl_s),
     pushIdleTimeoutMs: Number(e.push_idle_timeout_ms),
     gatewayRegistry: String(e.gateway_registry) || undefined,
+    kvEvents: e.kv_events !== false,
     heartbeatIntervalMs: Number(e.heartbeat_interval_ms),
     heartbeatTimeoutMs: Number(e.heartbeat_timeout_ms),
     onRequestEnd: (r) => {
@@ -66,6 +68,7 @@ export async function runEngine(config: Config): Promise<EngineNode> {
       if (r.ttftMs !== null && r.outputTokens > 1) metrics.tpot.observe({ served }, (r.durationMs - r.ttftMs) / 1000 / (r.outputTokens - 1));
       log.info("request", {
         request_id: r.requestId,
+        ...(r.clientRequestId !== undefined ? { client_request_id: r.clientRequestId } : {}),
         role,
         path: served,
         prompt_tokens: r.promptTokens,
@@ -96,7 +99,7 @@ export async function runEngine(config: Config): Promise<EngineNode> {
       metrics.poolBlocks.set({ state: "cached" }, pool.cached);
       metrics.poolBlocks.set({ state: "free" }, pool.free);
       metrics.handlesPending.set(node.receiver?.pending() ?? 0);
-      metrics.heartbeatMisses.set(node.heartbeat?.state.failures ?? 0);
+      metrics.heartbeatMisses.set(node.heartbeat?.failures ?? 0);
       const engine = node.engine;
       recordEngineState(metrics, node.model.name, {
         running: engine.runningCount,
@@ -144,6 +147,9 @@ export async function runGateway(config: Config): Promise<Gateway> {
     servedModelName: String(g.served_model_name) || undefined,
   });
   traceTo("tl-engine-gateway", "gateway", String(g.otlp_endpoint));
+  const maxModelLen = gatewayMaxModelLen(Number(g.max_model_len), model.maxSeqLen, model.name);
+  const never = neverDisaggregates(g.disagg_min_uncached_tokens, maxModelLen);
+  if (never) log.warn(never);
   const gw = await startGateway({
     host: http.host,
     httpPort: http.port,
@@ -152,20 +158,12 @@ export async function runGateway(config: Config): Promise<Gateway> {
     chat: chatRendererFor(model.tokenizer, model.chatTemplate ?? null, String(g.chat_template) || undefined),
     toolParser: (String(g.tool_call_parser) || null) as ToolParserName | null,
     modelName: model.name,
-    maxModelLen: Math.min(Number(g.max_model_len), model.maxSeqLen),
-    heartbeatIntervalMs: Number(g.heartbeat_interval_ms),
+    maxModelLen,
+    ...gatewayTuning(g),
     frontDoor: frontDoorOf(security),
     tls: security.tls,
-    maxWorkers: Number(g.max_workers),
     routingHeaders: g.routing_headers === true,
     ...(security.apiKeys[0] !== undefined ? { engineApiKey: security.apiKeys[0] } : {}),
-    routeWeights: { overlap: Number(g.route_overlap_weight), load: Number(g.route_load_weight) },
-    prefillTimeoutMs: Number(g.prefill_timeout_ms),
-    firstByteTimeoutMs: Number(g.first_byte_timeout_ms),
-    interTokenTimeoutMs: Number(g.inter_token_timeout_ms),
-    stallSuspectMs: Number(g.stall_suspect_ms),
-    suspectCooldownMs: Number(g.suspect_cooldown_ms),
-    disaggMinUncachedTokens: Number(g.disagg_min_uncached_tokens),
   });
   console.log(
     JSON.stringify({
@@ -175,11 +173,45 @@ export async function runGateway(config: Config): Promise<Gateway> {
       model: model.name,
       http: gw.httpAddress,
       registry: gw.registryAddress,
+      gateway_id: gw.gatewayId,
       tls: security.mode,
       api_key: security.apiKeys.length > 0,
     }),
   );
   return gw;
+}
+
+/** startGateway's tuning from [gateway] options (GATEWAY_CONFIG_DEFAULTS: every default, from SPECS). */
+export function gatewayTuning(g: GatewayConfig = GATEWAY_CONFIG_DEFAULTS) {
+  return {
+    heartbeatIntervalMs: g.heartbeat_interval_ms,
+    maxWorkers: g.max_workers,
+    prefixIndexMaxBlocks: g.prefix_index_max_blocks,
+    routeWeights: { overlap: g.route_overlap_weight, load: g.route_load_weight },
+    prefillTimeoutMs: g.prefill_timeout_ms,
+    firstByteTimeoutMs: g.first_byte_timeout_ms,
+    interTokenTimeoutMs: g.inter_token_timeout_ms,
+    stallSuspectMs: g.stall_suspect_ms,
+    suspectCooldownMs: g.suspect_cooldown_ms,
+    disaggMinUncachedTokens: g.disagg_min_uncached_tokens,
+    frontDoor: httpListener(g),
+  } satisfies Partial<GatewayOptions>;
+}
+
+/**
+ * A threshold no prompt can reach (it must leave room for one output token) sends every request
+ * to decode-local prefill: prefill engines would never work. Said at start, in words.
+ */
+export function neverDisaggregates(minUncached: number, maxModelLen: number): string | null {
+  if (minUncached < maxModelLen) return null;
+  return `disagg_min_uncached_tokens ${minUncached} ≥ max_model_len ${maxModelLen}: every prompt is shorter, so every request is prefilled on its decode engine and prefill engines sit idle (0 disaggregates every request)`;
+}
+
+/** max_model_len, at most the model's context; 0: the context, which a vocabulary-only GGUF may not give. */
+function gatewayMaxModelLen(option: number, context: number, name: string): number {
+  const len = Math.min(option || Infinity, context);
+  if (!Number.isFinite(len)) throw new ConfigError(`model ${name} states no context length: give [gateway] max_model_len (--max-model-len)`);
+  return len;
 }
 
 function frontDoorOf(s: Security) {

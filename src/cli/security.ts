@@ -2,8 +2,8 @@ import { log } from "../obs/index.ts";
 import { speaksFor, type PeerRole } from "../rpc/peer-identity.ts";
 import { TlsConfigError, TlsSource } from "../rpc/tls-config.ts";
 import { apiKeysFrom } from "../http/front-door.ts";
-import { HTTP_LIMITS } from "../http/index.ts";
-import { ConfigError, type Section } from "./options.ts";
+import type { HttpListenerOptions } from "../http/index.ts";
+import { ConfigError, type EngineConfig, type GatewayConfig } from "./options.ts";
 import { quote } from "../codec/index.ts";
 
 export type TlsMode = "mtls" | "plaintext";
@@ -31,8 +31,8 @@ export function isLoopback(host: string): boolean {
  * naming another role or worker id, and a non-loopback bind without TLS unless
  * `insecure` is set.
  */
-export function securityFrom(section: Section, role: PeerRole, hosts: readonly string[], workerId?: string): Security {
-  const files = { cert: String(section.tls_cert ?? ""), key: String(section.tls_key ?? ""), ca: String(section.tls_ca ?? "") };
+export function securityFrom(section: EngineConfig | GatewayConfig, role: PeerRole, hosts: readonly string[], workerId?: string): Security {
+  const files = { cert: section.tls_cert, key: section.tls_key, ca: section.tls_ca };
   const given = [files.cert, files.key, files.ca].filter((f) => f !== "").length;
   if (given !== 0 && given !== 3) throw new ConfigError("tls_cert, tls_key and tls_ca go together: give all three or none");
   let tls: TlsSource | null = null;
@@ -60,21 +60,32 @@ export function securityFrom(section: Section, role: PeerRole, hosts: readonly s
   return {
     tls,
     mode: tls === null ? "plaintext" : "mtls",
-    apiKeys: apiKeysFrom((section.api_key as readonly string[] | undefined) ?? []),
-    metricsNeedKey: section.metrics_need_key === true,
-    maxRequestBytes: Number(section.max_request_bytes ?? 4 * 1024 * 1024),
+    apiKeys: apiKeysFrom(section.api_key),
+    metricsNeedKey: section.metrics_need_key,
+    maxRequestBytes: section.max_request_bytes,
     http: httpLimitsFrom(section),
   };
 }
 
-function httpLimitsFrom(section: Section): Security["http"] {
+function httpLimitsFrom(section: EngineConfig | GatewayConfig): Security["http"] {
   const http = {
-    headersTimeoutS: Number(section.http_headers_timeout_s ?? HTTP_LIMITS.headersTimeoutS),
-    bodyTimeoutS: Number(section.http_body_timeout_s ?? HTTP_LIMITS.bodyTimeoutS),
-    maxConnections: Number(section.http_max_connections ?? HTTP_LIMITS.maxConnections),
-    healthReserve: Number(section.http_health_reserve ?? HTTP_LIMITS.healthReserve),
+    headersTimeoutS: section.http_headers_timeout_s,
+    bodyTimeoutS: section.http_body_timeout_s,
+    maxConnections: section.http_max_connections,
+    healthReserve: section.http_health_reserve,
   };
   if (http.healthReserve >= http.maxConnections)
     throw new ConfigError(`http_health_reserve (${http.healthReserve}) must be below http_max_connections (${http.maxConnections})`);
   return http;
+}
+
+/** An HTTP listener's bounds from its section's options (the API keys come with the section's security). */
+export function httpListener(s: EngineConfig | GatewayConfig) {
+  return {
+    maxRequestBytes: s.max_request_bytes,
+    headersTimeoutS: s.http_headers_timeout_s,
+    bodyTimeoutS: s.http_body_timeout_s,
+    maxConnections: s.http_max_connections,
+    healthReserve: s.http_health_reserve,
+  } satisfies HttpListenerOptions;
 }

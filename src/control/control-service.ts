@@ -19,7 +19,9 @@ import { type CompiledConstraint, compilerFor, ConstraintError, type ConstraintK
 import { FAILED_SIDE_HEADER, type Handoff, HandoffError, type PrefillPushContext, prefillAndPush } from "../handoff/index.ts";
 import { endSpan, extractHeaders, SpanKind, startSpan, type Attributes } from "../obs/index.ts";
 import { MAX_TOP_LOGPROBS, randomSeed, validateLogits, validateSampling } from "../rng/index.ts";
-import type { KvTransport } from "../transfer/index.ts";
+import { type KvTransport, MAX_OWNER_CHARS } from "../transfer/index.ts";
+import { callerOf, type Caller } from "../rpc/peer-gate.ts";
+import { formatIdentity, speaksFor } from "../rpc/peer-identity.ts";
 
 const U64_MAX = (1n << 64n) - 1n;
 /** Choices one Prefill may sample (the HTTP layer's bound on n). */
@@ -34,6 +36,8 @@ export interface ControlContext {
   tokenizer: Tokenizer;
   /** tokenizerFingerprint(tokenizer), reported by Info. */
   tokenizerFingerprint?: string;
+  /** The model's parameter count, stored dtype and resident bytes, reported by Info. */
+  modelStats?: { parameters: number; dtype: string; residentBytes: number };
   /** How this engine pushes KV to decode targets; required for the prefill role. */
   transport: KvTransport | null;
   /** Seconds-resolution observers for metrics and logs. */
@@ -102,6 +106,19 @@ export function samplingToProto(s: SamplingParams): MessageInitShape<typeof Samp
 // Built once: tracing off allocates nothing per request.
 const PREFILL_SERVER_ATTRS: Attributes = { "tl.role": "prefill", "rpc.system": "grpc", "rpc.service": "tl.engine.v1.EngineControl", "rpc.method": "Prefill" };
 
+/**
+ * A gateway binds handles to its own replica id only: on an mTLS port the id must be one
+ * its certificate speaks for, itself or with a `.<incarnation>` suffix (gateway.ts), or one
+ * replica could have another's handles freed early.
+ */
+function checkGatewayId(gatewayId: string, caller: Caller): void {
+  if (caller === undefined || caller.role !== "gateway" || gatewayId === "") return;
+  const dot = gatewayId.lastIndexOf(".");
+  if (!(speaksFor(caller, gatewayId) || (dot > 0 && speaksFor(caller, gatewayId.slice(0, dot))))) {
+    throw new ConnectError(`gateway_id ${JSON.stringify(gatewayId)} is not the caller's (${formatIdentity(caller)})`, Code.PermissionDenied);
+  }
+}
+
 /** Every check of contracts.md on a PrefillRequest, before any work: the prompt's tokens and the sampling to use. */
 function validatePrefill(ctx: ControlContext, req: PrefillRequest): { tokens: number[]; sampling: SamplingParams } {
   const { engine, tokenizer } = ctx;
@@ -113,6 +130,7 @@ function validatePrefill(ctx: ControlContext, req: PrefillRequest): { tokens: nu
   if (req.requestId.length > 256) throw invalid(`request_id of ${req.requestId.length} characters; at most 256`);
   if (req.decodeTarget === "") throw invalid("decode_target is empty");
   if (req.decodeTarget.length > 300) throw invalid(`decode_target of ${req.decodeTarget.length} characters is not a host:port`);
+  if (req.gatewayId.length > MAX_OWNER_CHARS) throw invalid(`gateway_id of ${req.gatewayId.length} characters; at most ${MAX_OWNER_CHARS}`);
   // Sizes first: what cannot fit the context is refused before it is scanned or tokenized.
   if (req.promptTokens.length > engine.maxModelLen) throw invalid(`prompt of ${req.promptTokens.length} tokens exceeds max_model_len ${engine.maxModelLen}`);
   if (req.prompt.length > engine.maxModelLen * MAX_CHARS_PER_TOKEN)
@@ -206,6 +224,9 @@ function infoOf(ctx: ControlContext): InfoResponse {
     maxModelLen: engine.maxModelLen,
     vocabSize: ctx.tokenizer.vocabSize,
     tokenizerFingerprint: ctx.tokenizerFingerprint ?? "",
+    parameters: BigInt(ctx.modelStats?.parameters ?? 0),
+    dtype: ctx.modelStats?.dtype ?? "",
+    residentBytes: BigInt(ctx.modelStats?.residentBytes ?? 0),
   });
 }
 
@@ -219,6 +240,7 @@ export function controlService(ctx: ControlContext): ServiceImpl<typeof EngineCo
       if (span.isRecording()) span.setAttributes({ "tl.worker_id": ctx.workerId, "tl.request_id": req.requestId });
       try {
         const { tokens, sampling } = validatePrefill(ctx, req);
+        checkGatewayId(req.gatewayId, callerOf(callCtx));
         const compiled = await compileStructured(ctx, req);
         const constraint = compiled
           ? await (await compilerFor(ctx.tokenizer, () => grammarVocab(ctx.tokenizer, engine.model.vocabSize))).matcher(compiled)
@@ -230,6 +252,7 @@ export function controlService(ctx: ControlContext): ServiceImpl<typeof EngineCo
           sampling,
           choices: Math.max(1, req.n),
           decodeTarget: req.decodeTarget,
+          ...(req.gatewayId !== "" ? { owner: req.gatewayId } : {}),
           signal: callCtx.signal,
           parent: span,
           ...(constraint ? { constraint } : {}),

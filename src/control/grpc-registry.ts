@@ -10,7 +10,7 @@ export class GrpcRegistry implements Registry {
 
   constructor(
     readonly target: string,
-    timeoutMs = 1000,
+    timeoutMs: number,
     tls?: TlsSource,
   ) {
     // Beats go only to a server whose certificate names the gateway.

@@ -18,6 +18,8 @@ export interface WorkerIdentity {
   /** The tokenizer's vocabulary size and fingerprint, so a gateway can refuse a tokenizer unlike its own. */
   vocabSize?: number;
   tokenizerFingerprint?: string;
+  /** The model's parameter count, stored dtype and resident bytes, for the gateway's /v1/models. */
+  modelStats?: { parameters: number; dtype: string; residentBytes: number };
 }
 
 /** What a worker is doing; sampled afresh for every beat. */
@@ -62,5 +64,8 @@ export function workerStatus(identity: WorkerIdentity, load: WorkerLoad, seq: bi
     blockTokens: identity.blockTokens,
     vocabSize: identity.vocabSize ?? 0,
     tokenizerFingerprint: identity.tokenizerFingerprint ?? "",
+    parameters: BigInt(identity.modelStats?.parameters ?? 0),
+    dtype: identity.modelStats?.dtype ?? "",
+    residentBytes: BigInt(identity.modelStats?.residentBytes ?? 0),
   });
 }

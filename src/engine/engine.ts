@@ -60,8 +60,8 @@ interface StepPlan {
 export interface EngineOptions {
   model: ModelRunner;
   pool: KvPool;
-  /** Tokens one step may process across all sequences (prefill chunks plus decodes). */
-  maxBatchTokens?: number;
+  /** Tokens one step may process across all sequences (prefill chunks plus decodes): max_batch_tokens. */
+  maxBatchTokens: number;
   maxRunning?: number;
   maxModelLen: number;
   /** Token ids that end every request (the tokenizer's EOS). */
@@ -172,7 +172,7 @@ export class Engine {
     this.model = opts.model;
     this.pool = opts.pool;
     this.maxModelLen = opts.maxModelLen;
-    this.maxBatchTokens = opts.maxBatchTokens ?? 512;
+    this.maxBatchTokens = opts.maxBatchTokens;
     this.maxRunning = opts.maxRunning ?? 64;
     this.eos = new Set(opts.eosTokenIds ?? []);
     this.now = opts.now ?? (() => performance.now());

@@ -2,7 +2,16 @@ import { constraintHash } from "../grammar/index.ts";
 import { ConnectError } from "@connectrpc/connect";
 import type { ToolParserName } from "../http/index.ts";
 import type { KvHandle } from "../gen/tl/engine/v1/engine_pb.ts";
-import { type CompletionKind, type CompletionParams, completionResponse, HttpError, parseCompletion, requestId, type TokenQueue } from "../http/index.ts";
+import {
+  clientRequestId,
+  type CompletionKind,
+  type CompletionParams,
+  completionResponse,
+  HttpError,
+  parseCompletion,
+  requestId,
+  type TokenQueue,
+} from "../http/index.ts";
 import type { ChatRenderer, Tokenizer } from "../model/index.ts";
 import { type Attributes, endSpan, extractHeaders, log, type Metrics, type Span, SpanKind, startSpan } from "../obs/index.ts";
 import { Code, codeName, httpStatusOf } from "../rpc/status.ts";
@@ -14,7 +23,8 @@ import { RetryPolicy } from "./pair-picker.ts";
 import { type PrefillClient, untilAborted } from "./prefill-client.ts";
 import { followRequest, recordHandoff, type Served, servedExtra, servedHeaders } from "./request-log.ts";
 import { type EngineStream, type Streaming, streamColocated, streamResume } from "./resume-stream.ts";
-import type { KvAffinity, Suspects } from "./router.ts";
+import type { PrefixIndex } from "./prefix-index.ts";
+import type { Suspects } from "./router.ts";
 import type { StreamDeadlines } from "./token-stream.ts";
 
 const NEVER = new AbortController().signal;
@@ -34,7 +44,7 @@ export interface CompletionsContext {
   maxModelLen: number;
   picker: PairPicker;
   prefill: PrefillClient;
-  affinity: KvAffinity;
+  affinity: PrefixIndex;
   /** Engines that missed a deadline, scored out by the picker for a while. */
   suspects: Suspects;
   /** An engine's stream: its first byte and the gaps between tokens. */
@@ -54,12 +64,17 @@ export interface CompletionsContext {
   engineHeaders?: Record<string, string>;
   /** Name the workers that served a request to its client (debugging only). */
   routingHeaders?: boolean;
+  /** This replica's id: with routingHeaders, told in x-tl-gateway (which replica served). */
+  gatewayId?: string;
 }
 
 /** One prompt on its way through the gateway: parsed, named, traced, abortable by its client. */
 interface Trip {
   params: CompletionParams;
+  /** Minted here, unique: what engines, logs and Cancel know the request by. */
   requestId: string;
+  /** The client's x-request-id, kept for its logs, traces and the response header. */
+  clientRequestId: string | undefined;
   arrived: number;
   abort: AbortController;
   span: Span;
@@ -102,6 +117,7 @@ export class Completions {
 
   private async tripOf(req: Request, kind: CompletionKind, span: Span): Promise<Trip> {
     const arrived = performance.now();
+    const clientId = clientRequestId(req);
     let body: unknown;
     try {
       body = await req.json();
@@ -113,9 +129,12 @@ export class Completions {
     if (params.model !== undefined && params.model !== ctx.modelName) {
       throw new HttpError(404, `model ${quote(params.model)} is not served; this gateway serves ${quote(ctx.modelName)}`, "invalid_request_error", "model");
     }
-    const id = req.headers.get("x-request-id") ?? requestId(kind === "chat" ? "chatcmpl" : "cmpl");
-    if (span.isRecording()) span.setAttribute("tl.request_id", id);
-    return { params, requestId: id, arrived, abort: new AbortController(), span };
+    const id = requestId(kind === "chat" ? "chatcmpl" : "cmpl");
+    if (span.isRecording()) {
+      span.setAttribute("tl.request_id", id);
+      if (clientId !== undefined) span.setAttribute("tl.client_request_id", clientId);
+    }
+    return { params, requestId: id, clientRequestId: clientId, arrived, abort: new AbortController(), span };
   }
 
   /**
@@ -329,7 +348,15 @@ export class Completions {
   private respond(queues: TokenQueue[], t: Trip, s: Served, onStop: (choice: number) => void, onAbort: () => void): Response | Promise<Response> {
     const { ctx } = this;
     const p = t.params;
-    const followed = { requestId: t.requestId, modelName: ctx.modelName, params: p, served: s, arrived: t.arrived, span: t.span };
+    const followed = {
+      requestId: t.requestId,
+      clientRequestId: t.clientRequestId,
+      modelName: ctx.modelName,
+      params: p,
+      served: s,
+      arrived: t.arrived,
+      span: t.span,
+    };
     const counted = followRequest(ctx.metrics, queues, followed, () => ctx.admission.leave());
     return completionResponse(counted, {
       id: t.requestId,
@@ -340,8 +367,9 @@ export class Completions {
       onAbort,
       headers: {
         ...(p.ignoredFields.length > 0 ? { "x-tl-ignored-fields": p.ignoredFields.join(",") } : {}),
-        "x-request-id": t.requestId,
+        "x-request-id": t.clientRequestId ?? t.requestId,
         ...servedHeaders(s, ctx.routingHeaders === true),
+        ...(ctx.routingHeaders === true && ctx.gatewayId ? { "x-tl-gateway": ctx.gatewayId } : {}),
         "x-tl-seed": p.seed.toString(),
       },
       extra: () => servedExtra(s, ctx.routingHeaders === true),

@@ -1,4 +1,5 @@
-import { WorkerRegistry as WorkerRegistryService } from "../gen/tl/control/v1/control_pb.ts";
+import { toBinary } from "@bufbuild/protobuf";
+import { KvEventsSchema, WorkerRegistry as WorkerRegistryService } from "../gen/tl/control/v1/control_pb.ts";
 import type { ToolParserName } from "../http/index.ts";
 import { releaseUnclaimed } from "../handoff/index.ts";
 import { type HttpListenerOptions, type HttpServer, serveHttp } from "../http/index.ts";
@@ -13,7 +14,8 @@ import { Completions } from "./completions.ts";
 import { InFlight, PairPicker } from "./pair-picker.ts";
 import { PrefillClient } from "./prefill-client.ts";
 import { MAX_HEARTBEAT_BYTES, RegistryService } from "./registry-service.ts";
-import { type CostWeights, DEFAULT_WEIGHTS, KvAffinity, Suspects } from "./router.ts";
+import { PrefixIndex } from "./prefix-index.ts";
+import { type CostWeights, Suspects } from "./router.ts";
 import { gatewayRoutes } from "./routes.ts";
 import { WorkerRegistry } from "./worker-registry.ts";
 
@@ -28,50 +30,59 @@ export interface GatewayOptions {
   toolParser?: ToolParserName | null;
   modelName: string;
   maxModelLen: number;
-  /** Beat interval told to engines; a worker is evicted after 3 silent intervals. */
-  heartbeatIntervalMs?: number;
+  /**
+   * The tuning below has no default here: every value comes from the caller, which takes it
+   * from the [gateway] options (src/cli/options.ts SPECS, the one place defaults are written).
+   * Beat interval told to engines; a worker is evicted after 3 silent intervals.
+   */
+  heartbeatIntervalMs: number;
   /** Deadline of one Prefill call (P's prefill and its push to D). */
-  prefillTimeoutMs?: number;
+  prefillTimeoutMs: number;
   /** Deadline for an engine stream's first byte (a resume: D's claim and first event). */
-  firstByteTimeoutMs?: number;
+  firstByteTimeoutMs: number;
   /** Deadline between two events of an engine stream once it started. */
-  interTokenTimeoutMs?: number;
+  interTokenTimeoutMs: number;
   /** A gap this long between two events makes the engine suspect without ending the stream. */
-  stallSuspectMs?: number;
+  stallSuspectMs: number;
   /** How long an engine that missed a deadline is scored out. */
-  suspectCooldownMs?: number;
+  suspectCooldownMs: number;
   /** The decode-engine cost's weights (see CostWeights). */
-  routeWeights?: CostWeights;
-  /** Prompts with fewer uncached tokens on the chosen D are prefilled there; 0 (the default here): always disaggregate. */
-  disaggMinUncachedTokens?: number;
+  routeWeights: CostWeights;
+  /** Prompts with fewer uncached tokens on the chosen D are prefilled there; 0: always disaggregate. */
+  disaggMinUncachedTokens: number;
   /** API keys and the body bound of the front door. */
-  frontDoor?: HttpListenerOptions;
+  frontDoor: HttpListenerOptions;
   /** Mutual TLS on the registry and toward every engine. */
   tls?: TlsSource | null;
-  /** Most workers the registry holds (default 256). */
-  maxWorkers?: number;
+  /** Most workers the registry holds. */
+  maxWorkers: number;
   /** Bearer key the gateway presents to engines' HTTP ports (they take the cluster's API keys too). */
   engineApiKey?: string;
+  /**
+   * This replica's identity, told to engines in every heartbeat ack; handles it asks for are
+   * bound to it, so engines free them early when it is gone. Default: `<gatewayName>.<8 hex>`,
+   * fresh per process, so a restarted replica is a new one.
+   */
+  gatewayId?: string;
+  /** The stem of the default gatewayId; default: the worker id of the gateway's certificate, else `gateway-<pid>`. */
+  gatewayName?: string;
+  /** Most blocks the prefix index holds from engines' KV events (default 2^20). */
+  prefixIndexMaxBlocks?: number;
   /** Tell clients which workers served them (x-tl-prefill-worker / x-tl-decode-worker, the last chunk's tl.*_worker): a debugging aid, off by default. */
   routingHeaders?: boolean;
 }
 
-/** The library's defaults; the CLI's [gateway] keys carry their own (see src/cli/options.ts). */
 /** How long stop() waits for cut requests to give back what they hold (PendingWork). */
 const STOP_SETTLE_MS = 2000;
-
-export const GATEWAY_DEFAULTS = {
-  prefillTimeoutMs: 60_000,
-  firstByteTimeoutMs: 30_000,
-  interTokenTimeoutMs: 10_000,
-  stallSuspectMs: 1000,
-  suspectCooldownMs: 10_000,
-} as const;
 
 export interface Gateway {
   readonly httpAddress: string;
   readonly registryAddress: string;
   readonly registry: WorkerRegistry;
+  /** This replica's identity (HeartbeatAck.gateway_id, PrefillRequest.gateway_id). */
+  readonly gatewayId: string;
+  /** What the engines say they hold (their KV events), and this replica's routes until they say. */
+  readonly prefixIndex: PrefixIndex;
   /** Engines routed around for now (they missed a deadline). */
   readonly suspects: Suspects;
   readonly metrics: Metrics;
@@ -83,16 +94,25 @@ export interface Gateway {
 /** The front door: registry for heartbeats, OpenAI HTTP for clients, routing in between. */
 export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
   const host = opts.host ?? "127.0.0.1";
-  const registry = new WorkerRegistry({ intervalMs: opts.heartbeatIntervalMs ?? 2000 });
+  const registry = new WorkerRegistry({ intervalMs: opts.heartbeatIntervalMs });
   const tls = opts.tls ?? null;
+  const gatewayId = opts.gatewayId ?? newGatewayId(opts.gatewayName || tls?.current.self.workerId || `gateway-${process.pid}`);
+  const affinity = new PrefixIndex({ maxBlocks: opts.prefixIndexMaxBlocks });
+  const metrics = createMetrics("gateway");
   const registryService = new RegistryService(registry, {
     maxWorkers: opts.maxWorkers,
+    index: affinity,
+    gatewayId,
+    onKvEvents: (ev, answer) => {
+      for (const e of ev.events) metrics.kvEvents.inc({ kind: ev.snapshot ? "snapshot" : e.removed ? "removed" : "stored" }, e.hashes.length);
+      metrics.kvEventBytes.inc(toBinary(KvEventsSchema, ev).length);
+      if (answer.snapshot) metrics.kvSnapshotsAsked.inc();
+      metrics.prefixIndexBlocks.set(affinity.size);
+    },
     expect: { model: opts.modelName, vocabSize: opts.tokenizer.vocabSize, tokenizerFingerprint: tokenizerFingerprint(opts.tokenizer) },
   });
-  const metrics = createMetrics("gateway");
-  const affinity = new KvAffinity();
   const inflight = new InFlight();
-  const suspects = new Suspects(opts.suspectCooldownMs ?? GATEWAY_DEFAULTS.suspectCooldownMs);
+  const suspects = new Suspects(opts.suspectCooldownMs);
   const admission = new Admission();
   const pending = new PendingWork();
   // Release only: pushes are the prefill engines' business.
@@ -111,18 +131,19 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     toolParser: opts.toolParser ?? null,
     modelName: opts.modelName,
     maxModelLen: opts.maxModelLen,
-    picker: new PairPicker(registry, affinity, inflight, suspects, opts.routeWeights ?? DEFAULT_WEIGHTS),
-    prefill: new PrefillClient(opts.prefillTimeoutMs ?? GATEWAY_DEFAULTS.prefillTimeoutMs, tls),
+    picker: new PairPicker(registry, affinity, inflight, opts.routeWeights, suspects),
+    prefill: new PrefillClient(opts.prefillTimeoutMs, tls, gatewayId),
     engineHeaders: opts.engineApiKey ? { authorization: `Bearer ${opts.engineApiKey}` } : {},
     routingHeaders: opts.routingHeaders === true,
+    gatewayId,
     affinity,
     suspects,
     deadlines: {
-      firstByteMs: opts.firstByteTimeoutMs ?? GATEWAY_DEFAULTS.firstByteTimeoutMs,
-      interTokenMs: opts.interTokenTimeoutMs ?? GATEWAY_DEFAULTS.interTokenTimeoutMs,
-      stallMs: opts.stallSuspectMs ?? GATEWAY_DEFAULTS.stallSuspectMs,
+      firstByteMs: opts.firstByteTimeoutMs,
+      interTokenMs: opts.interTokenTimeoutMs,
+      stallMs: opts.stallSuspectMs,
     },
-    disaggMinUncachedTokens: opts.disaggMinUncachedTokens ?? 0,
+    disaggMinUncachedTokens: opts.disaggMinUncachedTokens,
     metrics,
     admission,
     release: (kvAddress, handleId, requestId) =>
@@ -134,6 +155,8 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
   const routes = gatewayRoutes({
     modelName: opts.modelName,
     maxModelLen: opts.maxModelLen,
+    tokenizer: opts.tokenizer,
+    ...(opts.chat ? { chat: opts.chat } : {}),
     registry,
     metrics,
     admission,
@@ -145,6 +168,8 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     httpAddress: http.address,
     registryAddress: grpc.address,
     registry,
+    gatewayId,
+    prefixIndex: affinity,
     suspects,
     metrics,
     drain: (deadlineMs) => admission.drain(deadlineMs),
@@ -158,4 +183,14 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
       await releaser.close();
     },
   };
+}
+
+/**
+ * A replica id unique per process: `<name>.<8 hex>`, a valid worker id (peer-identity.ts) that
+ * a certificate for `name` speaks for (control-service.ts, checkGatewayId).
+ */
+function newGatewayId(name: string): string {
+  const b = new Uint8Array(4);
+  crypto.getRandomValues(b);
+  return `${name}.${Array.from(b, (x) => x.toString(16).padStart(2, "0")).join("")}`;
 }

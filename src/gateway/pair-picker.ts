@@ -3,16 +3,22 @@ import { promptHashes } from "../codec/index.ts";
 import { Role } from "../gen/tl/control/v1/control_pb.ts";
 import { FAILED_SIDE_HEADER, failedSideOf } from "../handoff/index.ts";
 import { Code } from "../rpc/status.ts";
-import { type CostWeights, type DecodePick, DEFAULT_WEIGHTS, type KvAffinity, type Pick, pickByLoad, pickDecode, type Suspects } from "./router.ts";
-import type { WorkerRegistry } from "./worker-registry.ts";
+import { type CostWeights, type DecodePick, type Pick, pickByLoad, pickDecode, type Suspects } from "./router.ts";
+import type { PrefixIndex } from "./prefix-index.ts";
+import type { WorkerRegistry, WorkerView } from "./worker-registry.ts";
 
 /**
  * Requests this gateway routed to each worker and has not seen finish. A request is
  * counted from the moment a worker is chosen for it (reserve) until its release runs,
- * which every outcome must call; a release runs at most once.
+ * which every outcome must call; a release runs at most once. Each reservation keeps the
+ * time it was made, so `unreported` can tell the ones a worker's last beat cannot have
+ * counted yet.
  */
 export class InFlight {
   readonly byWorker = new Map<string, number>();
+  private readonly since = new Map<string, number[]>();
+
+  constructor(private readonly now: () => number = Date.now) {}
 
   add(workerId: string, d: number): void {
     this.byWorker.set(workerId, (this.byWorker.get(workerId) ?? 0) + d);
@@ -21,12 +27,36 @@ export class InFlight {
   /** Counts one request on `workerId` now; the returned release uncounts it (idempotent). */
   reserve(workerId: string): () => void {
     this.add(workerId, 1);
+    const at = this.now();
+    let times = this.since.get(workerId);
+    if (!times) this.since.set(workerId, (times = []));
+    times.push(at);
     let held = true;
     return () => {
       if (!held) return;
       held = false;
       this.add(workerId, -1);
+      const i = times.indexOf(at);
+      if (i >= 0) times.splice(i, 1);
+      if (times.length === 0 && this.since.get(workerId) === times) this.since.delete(workerId);
     };
+  }
+
+  /**
+   * Per worker, this replica's requests reserved at or after the worker's last beat arrived:
+   * those its report cannot include. Load is what the engine reports plus these, so several
+   * replicas add up without counting one request twice once it is reported (router.ts, loadOf).
+   */
+  unreported(workers: readonly WorkerView[]): Map<string, number> {
+    const out = new Map<string, number>();
+    for (const w of workers) {
+      const times = this.since.get(w.status.workerId);
+      if (!times) continue;
+      let n = 0;
+      for (const t of times) if (t >= w.lastSeenUnixMs) n++;
+      if (n > 0) out.set(w.status.workerId, n);
+    }
+    return out;
   }
 }
 
@@ -52,18 +82,19 @@ export interface Pair {
 export class PairPicker {
   constructor(
     private readonly registry: WorkerRegistry,
-    private readonly affinity: KvAffinity,
+    private readonly affinity: PrefixIndex,
     private readonly inflight: InFlight,
+    private readonly weights: CostWeights,
     private readonly suspects?: Suspects,
-    private readonly weights: CostWeights = DEFAULT_WEIGHTS,
   ) {}
 
   pair(promptTokens: readonly number[], exclude: ReadonlySet<string>): Pair | null {
     const workers = this.registry.live();
-    const prefill = pickByLoad(workers, Role.PREFILL, this.inflight.byWorker, exclude, this.suspects);
+    const unreported = this.inflight.unreported(workers);
+    const prefill = pickByLoad(workers, Role.PREFILL, unreported, exclude, this.suspects);
     if (!prefill) return null;
     const hashes = promptHashes(promptTokens, prefill.worker.status.blockTokens);
-    const decode = pickDecode(workers, hashes, this.affinity, this.inflight.byWorker, exclude, this.weights, this.suspects);
+    const decode = pickDecode(workers, hashes, this.affinity, unreported, exclude, this.weights, this.suspects);
     if (!decode) return null;
     return {
       prefill,
@@ -74,7 +105,8 @@ export class PairPicker {
   }
 
   colocated(exclude: ReadonlySet<string>): Reserved | null {
-    const pick = pickByLoad(this.registry.live(), Role.BOTH, this.inflight.byWorker, exclude, this.suspects);
+    const workers = this.registry.live();
+    const pick = pickByLoad(workers, Role.BOTH, this.inflight.unreported(workers), exclude, this.suspects);
     return pick ? { pick, release: this.inflight.reserve(pick.worker.status.workerId) } : null;
   }
 }

@@ -38,6 +38,8 @@ export class PrefillClient {
   constructor(
     private readonly timeoutMs: number,
     tls: TlsSource | null = null,
+    /** This replica's id (PrefillRequest.gateway_id): D binds the handle to it. */
+    private readonly gatewayId = "",
   ) {
     this.tls = tls ? { tls: { source: tls, expect: ["prefill", "both"] } } : {};
   }
@@ -57,6 +59,7 @@ export class PrefillClient {
           decodeTarget: d.status.kvAddress,
           kvFormat: KV_FORMAT,
           n: params.n,
+          gatewayId: this.gatewayId,
           ...(params.constraint ? { structured: { kind: params.constraint.kind, source: params.constraint.source } } : {}),
         }),
         { signal, headers: traceHeaders(span) },

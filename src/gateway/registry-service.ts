@@ -6,9 +6,11 @@ import {
   Role,
   WorkerEntrySchema,
   WorkerRegistry as WorkerRegistryService,
+  type KvEvents,
   type WorkerStatus,
 } from "../gen/tl/control/v1/control_pb.ts";
 import { KV_FORMAT, quote } from "../codec/index.ts";
+import type { EventsAnswer, PrefixIndex } from "./prefix-index.ts";
 import type { WorkerRegistry } from "./worker-registry.ts";
 import { callerOf, type Caller } from "../rpc/peer-gate.ts";
 import { refusal } from "../rpc/peer-policy.ts";
@@ -16,11 +18,20 @@ import { refusal } from "../rpc/peer-policy.ts";
 export interface RegistryServiceOptions {
   /** How often dead workers are forgotten; the registry's interval by default. */
   sweepEveryMs?: number;
-  /** Most workers held; a beat from a new one beyond it is refused (default 256). */
-  maxWorkers?: number;
+  /** Most workers held; a beat from a new one beyond it is refused (max_workers). */
+  maxWorkers: number;
   /** The gateway's own model and tokenizer: beats from engines that differ are refused. */
   expect?: ExpectedModel;
+  /** Where engines' KV events go; without it the events are acknowledged and dropped. */
+  index?: PrefixIndex;
+  /** This replica's identity, told to engines in every ack (HeartbeatAck.gateway_id). */
+  gatewayId?: string;
+  /** Told of every beat's events once applied, and of the answer (metrics). */
+  onKvEvents?: (events: KvEvents, answer: EventsAnswer) => void;
 }
+
+/** Most hashes one beat's KV events may carry; the engine sends at most this many (MAX_EVENT_HASHES_PER_BEAT). */
+export const MAX_EVENT_HASHES = 4096;
 
 /** What every engine must match for the gateway's prompt-block hashes to be theirs. */
 export interface ExpectedModel {
@@ -29,8 +40,11 @@ export interface ExpectedModel {
   tokenizerFingerprint: string;
 }
 
-/** Largest heartbeat accepted on the registry port (a WorkerStatus is a few hundred bytes). */
-export const MAX_HEARTBEAT_BYTES = 16 * 1024;
+/**
+ * Largest heartbeat accepted on the registry port: a WorkerStatus is a few hundred bytes, its
+ * KV events at most MAX_EVENT_HASHES fixed64 (32 KiB) plus one tag per KvEvent.
+ */
+export const MAX_HEARTBEAT_BYTES = 96 * 1024;
 
 /**
  * tl.control.v1.WorkerRegistry over a WorkerRegistry. Mount with
@@ -43,9 +57,9 @@ export class RegistryService {
 
   constructor(
     readonly registry: WorkerRegistry,
-    opts: RegistryServiceOptions = {},
+    opts: RegistryServiceOptions,
   ) {
-    const maxWorkers = opts.maxWorkers ?? 256;
+    const maxWorkers = opts.maxWorkers;
     this.impl = {
       heartbeat: (status, ctx) => {
         validate(status);
@@ -55,7 +69,14 @@ export class RegistryService {
           throw new ConnectError(`heartbeat: the registry holds its maximum of ${maxWorkers} workers`, Code.ResourceExhausted);
         }
         if (opts.expect) sameModel(status, opts.expect);
-        return create(HeartbeatAckSchema, registry.beat(status));
+        const ack = create(HeartbeatAckSchema, { ...registry.beat(status), gatewayId: opts.gatewayId ?? "" });
+        if (status.kvEvents !== undefined && opts.index !== undefined) {
+          const answer = opts.index.apply(status.workerId, status.kvEvents);
+          ack.kvNextSeq = answer.nextSeq;
+          ack.kvSnapshot = answer.snapshot;
+          opts.onKvEvents?.(status.kvEvents, answer);
+        }
+        return ack;
       },
       listWorkers: () =>
         create(ListWorkersResponseSchema, {
@@ -68,7 +89,9 @@ export class RegistryService {
           ),
         }),
     };
-    this.sweeper = setInterval(() => registry.sweep(), opts.sweepEveryMs ?? registry.intervalMs);
+    this.sweeper = setInterval(() => {
+      for (const id of registry.sweep()) opts.index?.forget(id);
+    }, opts.sweepEveryMs ?? registry.intervalMs);
     // Forgetting the dead is housekeeping; it must not keep a process alive.
     this.sweeper.unref?.();
   }
@@ -107,6 +130,13 @@ function validate(status: WorkerStatus): void {
   }
   if (status.role === Role.UNSPECIFIED || Role[status.role] === undefined) {
     throw new ConnectError(`heartbeat from ${status.workerId}: role ${status.role} is not prefill, decode or both`, Code.InvalidArgument);
+  }
+  if (status.kvEvents !== undefined) {
+    let n = 0;
+    for (const e of status.kvEvents.events) n += e.hashes.length;
+    if (n > MAX_EVENT_HASHES) {
+      throw new ConnectError(`heartbeat from ${status.workerId}: ${n} KV event hashes, max ${MAX_EVENT_HASHES} per beat`, Code.InvalidArgument);
+    }
   }
 }
 

@@ -39,6 +39,8 @@ export function servedExtra(s: Served, routing: boolean) {
 /** A request being followed to its last token: when it arrived, its id and params, its SERVER span. */
 export interface FollowedRequest {
   requestId: string;
+  /** The client's x-request-id, logged beside the internal id. */
+  clientRequestId: string | undefined;
   /** the served model's name, the `model_name` label of its metrics */
   modelName: string;
   params: CompletionParams;
@@ -85,6 +87,7 @@ export function followRequest(metrics: Metrics, queues: TokenQueue[], r: Followe
     if (n > queues.length) metrics.tpot.observe({ served: s.served }, (performance.now() - firstAt) / 1000 / (n - queues.length));
     log.info("request", {
       request_id: r.requestId,
+      ...(r.clientRequestId !== undefined ? { client_request_id: r.clientRequestId } : {}),
       served: s.served,
       prefill_worker: s.prefillWorker,
       decode_worker: s.decodeWorker,

@@ -1,42 +1,6 @@
 import { Role } from "../gen/tl/control/v1/control_pb.ts";
+import type { PrefixIndex } from "./prefix-index.ts";
 import type { WorkerView } from "./worker-registry.ts";
-
-/**
- * Which decode engine probably caches which prompt blocks, from the hashes of the
- * pushes the gateway routed there. Approximate by design (D evicts on its own), so
- * it only orders candidates; HasBlocks at push time decides what actually moves.
- */
-export class KvAffinity {
-  private readonly byWorker = new Map<string, Map<bigint, true>>();
-
-  constructor(private readonly capPerWorker = 65_536) {}
-
-  record(workerId: string, hashes: readonly bigint[]): void {
-    let set = this.byWorker.get(workerId);
-    if (!set) this.byWorker.set(workerId, (set = new Map()));
-    for (const h of hashes) {
-      set.delete(h); // re-insert: most recent last
-      set.set(h, true);
-    }
-    for (const h of set.keys()) {
-      if (set.size <= this.capPerWorker) break;
-      set.delete(h);
-    }
-  }
-
-  forget(workerId: string): void {
-    this.byWorker.delete(workerId);
-  }
-
-  /** How many of the prompt's first blocks this worker is believed to hold. */
-  leadingHits(workerId: string, hashes: readonly bigint[]): number {
-    const set = this.byWorker.get(workerId);
-    if (!set) return 0;
-    let n = 0;
-    while (n < hashes.length && set.has(hashes[n]!)) n++;
-    return n;
-  }
-}
 
 /**
  * Engines that recently missed a deadline (or a heartbeat). A suspect is scored out
@@ -92,13 +56,14 @@ export interface Pick {
 }
 
 /**
- * Requests a worker has: the larger of what it last reported (queued + running) and
- * what this gateway reserved on it and has not seen finish. Reservations count from
- * the routing decision, so a burst sees its own earlier choices; the max (not the
- * sum) keeps a request from counting twice once the worker's beat reports it.
+ * Requests a worker has: what it last reported (queued + running, every replica's work)
+ * plus what this gateway reserved on it since that report (InFlight.unreported). The
+ * reservations count from the routing decision, so a burst sees its own earlier choices;
+ * once the worker's beat reports a request it counts there alone, so it never counts twice,
+ * and another replica's requests count as soon as the worker reports them.
  */
-export function loadOf(w: WorkerView, inflight: ReadonlyMap<string, number>): number {
-  return Math.max(w.status.queueDepth + w.status.running, inflight.get(w.status.workerId) ?? 0);
+export function loadOf(w: WorkerView, unreported: ReadonlyMap<string, number>): number {
+  return w.status.queueDepth + w.status.running + (unreported.get(w.status.workerId) ?? 0);
 }
 
 function byLoad(inflight: ReadonlyMap<string, number>) {
@@ -143,8 +108,6 @@ export interface CostWeights {
   load: number;
 }
 
-export const DEFAULT_WEIGHTS: CostWeights = { overlap: 1, load: 8 };
-
 export interface DecodePick extends Pick {
   /** Leading prompt blocks the chosen engine is believed to hold. */
   hits: number;
@@ -154,10 +117,10 @@ export interface DecodePick extends Pick {
 export function pickDecode(
   workers: readonly WorkerView[],
   hashes: readonly bigint[],
-  affinity: KvAffinity,
+  affinity: PrefixIndex,
   inflight: ReadonlyMap<string, number>,
   exclude: ReadonlySet<string>,
-  weights: CostWeights = DEFAULT_WEIGHTS,
+  weights: CostWeights,
   suspects?: Suspects,
 ): DecodePick | null {
   const all = workers.filter((w) => w.status.role === Role.DECODE && !exclude.has(w.status.workerId));

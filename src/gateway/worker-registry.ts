@@ -1,8 +1,8 @@
 import { Role, type WorkerStatus } from "../gen/tl/control/v1/control_pb.ts";
 
 export interface WorkerRegistryOptions {
-  /** The beat interval engines are told to keep (HeartbeatAck.interval_ms). */
-  intervalMs?: number;
+  /** The beat interval engines are told to keep (HeartbeatAck.interval_ms): heartbeat_interval_ms. */
+  intervalMs: number;
   /** A worker silent for this many whole intervals is gone. */
   evictAfterMissed?: number;
   /** Unix milliseconds; injectable so tests can move time. */
@@ -36,8 +36,8 @@ export class WorkerRegistry {
   private readonly now: () => number;
   private readonly workers = new Map<string, Entry>();
 
-  constructor(opts: WorkerRegistryOptions = {}) {
-    this.intervalMs = opts.intervalMs ?? 2000;
+  constructor(opts: WorkerRegistryOptions) {
+    this.intervalMs = opts.intervalMs;
     this.evictAfterMissed = opts.evictAfterMissed ?? 3;
     this.now = opts.now ?? Date.now;
     if (!(this.intervalMs > 0) || !(this.evictAfterMissed >= 1)) {

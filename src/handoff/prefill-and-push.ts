@@ -23,6 +23,8 @@ export interface PrefillPushRequest {
   choices: number;
   /** KvTransfer host:port of the decode engine */
   decodeTarget: string;
+  /** the gateway replica asking: D binds the handle to it and frees it early once that replica is gone */
+  owner?: string;
   /** the caller going away: cancels the prefill, and a push it outlives is given back */
   signal: AbortSignal;
   /** the span the prefill and kv.transfer spans hang under */
@@ -123,7 +125,7 @@ async function push(ctx: PrefillPushContext, req: PrefillPushRequest, handleId: 
   const span = startSpan("kv.transfer", SpanKind.CLIENT, req.parent, ROLE_ATTRS);
   if (span.isRecording()) span.setAttributes({ "server.address": target, "tl.kv.handle": handleId, "tl.kv.blocks": blockIds.length });
   try {
-    const stats = await transfer(ctx.transport, target, ctx.engine.pool, handleId, blockIds, hashes, traceparentOf(span));
+    const stats = await transfer(ctx.transport, target, ctx.engine.pool, handleId, blockIds, hashes, traceparentOf(span), req.owner);
     if (span.isRecording())
       span.setAttributes({ "tl.kv.blocks_sent": stats.blocksSent, "tl.kv.blocks_deduped": stats.blocksDeduped, "tl.kv.payload_bytes": stats.payloadBytes });
     endSpan(span);

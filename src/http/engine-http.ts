@@ -9,6 +9,7 @@ import { completionResponse } from "./completion-response.ts";
 import { errorResponse, HttpError } from "./errors.ts";
 import { TokenQueue } from "./token-queue.ts";
 import type { ToolParserName } from "./tool-calls.ts";
+import { detokenizeRoute, type TokenizeContext, tokenizeRoute } from "./tokenize.ts";
 import { quote } from "../codec/index.ts";
 
 export interface EngineHttpContext {
@@ -36,6 +37,8 @@ export interface EngineHttpContext {
 
 export interface RequestEnd {
   requestId: string;
+  /** The client's x-request-id, if it sent one (the gateway's internal id when the gateway did). */
+  clientRequestId?: string;
   kind: CompletionKind;
   resumed: boolean;
   promptTokens: number;
@@ -94,6 +97,22 @@ export function requestId(prefix: string): string {
   return `${prefix}-${Date.now().toString(36)}${(counter++).toString(36)}${Math.random().toString(36).slice(2, 8)}`;
 }
 
+/** Longest client x-request-id kept; a longer one is refused (it lands in every log line). */
+export const MAX_CLIENT_REQUEST_ID = 256;
+
+/**
+ * The client's x-request-id, kept for logs, traces and the response's x-request-id header. It is
+ * never the request's internal id (that one is always minted here, unique), so two clients, or a
+ * retry, sending the same id do not collide: the later request is served, not refused.
+ */
+export function clientRequestId(req: Request): string | undefined {
+  const v = req.headers.get("x-request-id");
+  if (v === null || v === "") return undefined;
+  if (v.length > MAX_CLIENT_REQUEST_ID || !/^[\x21-\x7e]+$/.test(v))
+    throw new HttpError(400, `x-request-id must be 1-${MAX_CLIENT_REQUEST_ID} printable ASCII characters without spaces`, "invalid_request_error");
+  return v;
+}
+
 async function readJson(req: Request): Promise<unknown> {
   try {
     return await req.json();
@@ -129,6 +148,7 @@ class EngineHttp {
   private readonly engine: Engine;
   private readonly tokenizer: Tokenizer;
   private readonly limits: { tokenizer: Tokenizer; maxModelLen: number; chat: ChatRenderer | undefined; toolParser: ToolParserName | null };
+  private readonly tokenize: TokenizeContext;
   // Span attributes built once, so tracing off allocates nothing per request.
   private readonly serverAttrs: Record<CompletionKind, Attributes>;
   private readonly stepAttrs: Attributes;
@@ -138,6 +158,7 @@ class EngineHttp {
     this.engine = engine;
     this.tokenizer = tokenizer;
     this.limits = { tokenizer, maxModelLen: engine.maxModelLen, chat: ctx.chat, toolParser: ctx.toolParser ?? null };
+    this.tokenize = { modelName: ctx.modelName, ...this.limits };
     const role = ctx.roles.length === 1 ? ctx.roles[0]! : "both";
     this.serverAttrs = {
       completion: { "tl.role": role, "tl.worker_id": ctx.workerId, "http.request.method": "POST", "url.path": "/v1/completions" },
@@ -152,6 +173,8 @@ class EngineHttp {
     try {
       if (req.method === "POST" && url.pathname === "/v1/completions") return await this.complete(req, "completion");
       if (req.method === "POST" && url.pathname === "/v1/chat/completions") return await this.complete(req, "chat");
+      if (req.method === "POST" && url.pathname === "/tokenize") return await tokenizeRoute(req, this.tokenize);
+      if (req.method === "POST" && url.pathname === "/detokenize") return await detokenizeRoute(req, this.tokenize);
       if (req.method === "GET" && url.pathname === "/v1/models") {
         return Response.json({
           object: "list",
@@ -203,19 +226,15 @@ class EngineHttp {
     if (params.model !== undefined && params.model !== ctx.modelName) {
       throw new HttpError(404, `model ${quote(params.model)} not served here; this engine serves ${quote(ctx.modelName)}`, "invalid_request_error", "model");
     }
+    const clientId = clientRequestId(req);
     const handleId = req.headers.get(HANDLE_HEADER);
     if (handleId !== null && params.prompts.length > 1)
       throw new HttpError(400, `a resume (${HANDLE_HEADER}) continues one prompt`, "invalid_request_error", "prompt");
     if (handleId !== null) this.checkConstraintHeader(req, params.constraint);
     const compiledNow = params.constraint && handleId === null ? await compileFor(tokenizer, engine.model.vocabSize, params.constraint) : null;
     const resumes = handleId === null ? undefined : this.claimFor(req, handleId, params);
-    const id = req.headers.get("x-request-id") ?? requestId(kind === "chat" ? "chatcmpl" : "cmpl");
+    const id = requestId(kind === "chat" ? "chatcmpl" : "cmpl");
     const ids = choiceIds(id, params.prompts.length * params.n);
-    // The request id is taken while any request runs under it, with one choice or several.
-    if ([id, `${id}-0`, ...ids].some((c) => engine.has(c))) {
-      for (const r of resumes ?? []) engine.pool.releaseAll(r.blockIds);
-      throw new HttpError(409, `request ${id} is already in flight`);
-    }
     let matchers: TokenMatcher[] | null = null;
     if (params.constraint) {
       try {
@@ -228,14 +247,19 @@ class EngineHttp {
       }
     }
     if (span.isRecording())
-      span.setAttributes({ "tl.request_id": id, "tl.resumed": resumes !== undefined, ...(handleId !== null ? { "tl.kv.handle": handleId } : {}) });
+      span.setAttributes({
+        "tl.request_id": id,
+        ...(clientId !== undefined ? { "tl.client_request_id": clientId } : {}),
+        "tl.resumed": resumes !== undefined,
+        ...(handleId !== null ? { "tl.kv.handle": handleId } : {}),
+      });
     let left = ids.length;
     let failure: string | undefined;
     const choiceDone = (failed: string | undefined) => {
       failure ??= failed;
       if (--left === 0) endSpan(span, failure);
     };
-    const queues = ids.map((cid, i) => this.generate(cid, i, params, kind, resumes?.[i], span, choiceDone, matchers?.[i]));
+    const queues = ids.map((cid, i) => this.generate(cid, clientId, i, params, kind, resumes?.[i], span, choiceDone, matchers?.[i]));
     const cancelAll = () => ids.forEach((c) => engine.cancel(c));
     // Disconnects cancel the request wherever it is, which frees its blocks.
     req.signal.addEventListener("abort", cancelAll);
@@ -248,7 +272,7 @@ class EngineHttp {
       onAbort: cancelAll,
       emittedBefore: resumes ? 1 : 0,
       headers: {
-        "x-request-id": id,
+        "x-request-id": clientId ?? id,
         "x-tl-seed": params.seed.toString(),
         "x-tl-worker": ctx.workerId,
         ...(params.ignoredFields.length > 0 ? { "x-tl-ignored-fields": params.ignoredFields.join(",") } : {}),
@@ -262,6 +286,7 @@ class EngineHttp {
    */
   private generate(
     id: string,
+    clientId: string | undefined,
     index: number,
     params: CompletionParams,
     kind: CompletionKind,
@@ -292,6 +317,7 @@ class EngineHttp {
       else q.close({ reason: f.reason === "prefilled" ? "stop" : f.reason, error: f.error });
       ctx.onRequestEnd?.({
         requestId: id,
+        ...(clientId !== undefined ? { clientRequestId: clientId } : {}),
         kind,
         resumed: resume !== undefined,
         promptTokens: f.promptTokens,

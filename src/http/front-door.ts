@@ -4,31 +4,29 @@ import { quote } from "../codec/index.ts";
 
 export type Handler = (req: Request) => Promise<Response> | Response;
 
-export const DEFAULT_MAX_REQUEST_BYTES = 4 * 1024 * 1024;
-
 export interface FrontDoorOptions {
   /** Bearer keys accepted on /v1/* (vLLM's --api-key); none: the door is open. */
   apiKeys?: readonly string[];
   /** Put /metrics behind the key as well (default: open, like /health). */
   metricsNeedKey?: boolean;
-  /** Largest request body; a larger one gets 413 before any handler reads it. */
-  maxRequestBytes?: number;
-  /** Seconds a request's whole body may take to arrive (408 after); default 60. */
-  bodyTimeoutS?: number;
+  /** Largest request body; a larger one gets 413 before any handler reads it (max_request_bytes). */
+  maxRequestBytes: number;
+  /** Seconds a request's whole body may take to arrive (408 after): http_body_timeout_s. */
+  bodyTimeoutS: number;
   /** Told when a request's body starts being read and when its response starts (the server's idle timeouts follow). */
   phase?: (req: Request, phase: "body" | "response") => void;
 }
 
 /**
  * Every HTTP request passes here before routing: the API key on every path but
- * /health (and /metrics unless asked), then the body: judged by its Content-Length or,
+ * /health, /health/live (and /metrics unless asked), then the body: judged by its Content-Length or,
  * chunked, by its count, and read here whole within the body deadline, so a handler
  * never waits on a client's bytes.
  */
-export function frontDoor(handler: Handler, opts: FrontDoorOptions = {}): Handler {
+export function frontDoor(handler: Handler, opts: FrontDoorOptions): Handler {
   const keys = (opts.apiKeys ?? []).filter((k) => k !== "").map(digest);
-  const max = opts.maxRequestBytes ?? DEFAULT_MAX_REQUEST_BYTES;
-  const deadlineMs = (opts.bodyTimeoutS ?? 60) * 1000;
+  const max = opts.maxRequestBytes;
+  const deadlineMs = opts.bodyTimeoutS * 1000;
   const phase = opts.phase ?? (() => {});
   return async (req) => {
     if (keys.length > 0 && needsKey(new URL(req.url).pathname, opts.metricsNeedKey === true) && !authorized(req, keys)) {
@@ -120,7 +118,8 @@ function authorized(req: Request, keys: readonly Buffer[]): boolean {
 // Only the probes are open; everything else (/v1/*, and any path a router might
 // normalise into one) needs the key.
 function needsKey(path: string, metricsNeedKey: boolean): boolean {
-  if (path === "/health") return false;
+  // Kubernetes probes carry no credentials: readiness and liveness are both open.
+  if (path === "/health" || path === "/health/live") return false;
   if (path === "/metrics") return metricsNeedKey;
   return true;
 }

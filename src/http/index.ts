@@ -4,6 +4,7 @@ export { completionResponse, TextAssembler, type ResponseContext } from "./compl
 export {
   engineHttpHandler,
   requestId,
+  clientRequestId,
   HANDLE_HEADER,
   FIRST_TOKEN_HEADER,
   DRAWS_HEADER,
@@ -15,10 +16,11 @@ export {
   type RequestEnd,
 } from "./engine-http.ts";
 export { HttpError, errorResponse } from "./errors.ts";
-export { HTTP_LIMITS, serveHttp, type HttpListenerOptions, type HttpServer, type ServeHttpOptions } from "./serve-http.ts";
+export { serveHttp, type HttpListenerOptions, type HttpServer, type ServeHttpOptions } from "./serve-http.ts";
 export { TokenQueue, type StreamEnd, type EndReason } from "./token-queue.ts";
 export { sseData } from "./sse-data.ts";
-export { apiKeysFrom, DEFAULT_MAX_REQUEST_BYTES, frontDoor, type FrontDoorOptions } from "./front-door.ts";
+export { apiKeysFrom, frontDoor, type FrontDoorOptions } from "./front-door.ts";
 export { fromWire, toWire, LogprobsWriter, type WireLogprobs } from "./logprobs-shape.ts";
 export { checkSpec, parseStructuredOutput, structuredOutputsField, STRUCTURED_FIELDS } from "./structured-output.ts";
 export { parseToolCalls, parseTools, TOOL_PARSERS, toolConstraint, type ToolParserName, type ToolPlan } from "./tool-calls.ts";
+export { detokenizeRoute, tokenizeRoute, type TokenizeContext } from "./tokenize.ts";

@@ -1,5 +1,5 @@
 import { startConnGuard, upstreamSocketPath } from "./conn-guard.ts";
-import { DEFAULT_MAX_REQUEST_BYTES, frontDoor, type FrontDoorOptions } from "./front-door.ts";
+import { frontDoor, type FrontDoorOptions } from "./front-door.ts";
 
 export interface HttpServer {
   readonly address: string;
@@ -13,18 +13,15 @@ export interface ServeHttpOptions extends FrontDoorOptions {
   host?: string;
   port?: number;
   /** A request's headers within this: the first one's 408 after it (the guard), a later one's connection cut (Bun.serve's idle timeout). */
-  headersTimeoutS?: number;
+  headersTimeoutS: number;
   /** Most client connections open at once (each holds two descriptors: the client's and the splice's). */
-  maxConnections?: number;
+  maxConnections: number;
   /** Of maxConnections, how many only /health and /health/live may take. */
-  healthReserve?: number;
+  healthReserve: number;
 }
 
 /** What a role's HTTP listener is given beside its address. */
 export type HttpListenerOptions = Omit<ServeHttpOptions, "host" | "port">;
-
-/** Defaults as other servers bound slow clients (nginx: 60 s for headers and body, Go's http.Server ReadHeaderTimeout as set by most). */
-export const HTTP_LIMITS = { headersTimeoutS: 30, bodyTimeoutS: 60, maxConnections: 2048, healthReserve: 64 } as const;
 
 /** A response may go quiet this long (a stream waiting for its first token) before the connection is cut. */
 const RESPONSE_IDLE_S = 255;
@@ -37,11 +34,11 @@ const RESPONSE_IDLE_S = 255;
  * request's body gets the body deadline, its response RESPONSE_IDLE_S, and the guard closes a
  * connection quiet both ways that long (an idle keep-alive one among them).
  */
-export async function serveHttp(handler: (req: Request) => Promise<Response> | Response, opts: ServeHttpOptions = {}): Promise<HttpServer> {
+export async function serveHttp(handler: (req: Request) => Promise<Response> | Response, opts: ServeHttpOptions): Promise<HttpServer> {
   const host = opts.host ?? "127.0.0.1";
-  const max = opts.maxRequestBytes ?? DEFAULT_MAX_REQUEST_BYTES;
-  const headersS = opts.headersTimeoutS ?? HTTP_LIMITS.headersTimeoutS;
-  const bodyS = opts.bodyTimeoutS ?? HTTP_LIMITS.bodyTimeoutS;
+  const max = opts.maxRequestBytes;
+  const headersS = opts.headersTimeoutS;
+  const bodyS = opts.bodyTimeoutS;
   const socket = upstreamSocketPath();
   let server: ReturnType<typeof Bun.serve> | null = null;
   // Bun.serve cuts a connection at its timeout whatever is under way: a second past the
@@ -64,8 +61,8 @@ export async function serveHttp(handler: (req: Request) => Promise<Response> | R
     guard = await startConnGuard(socket.path, {
       host,
       port: opts.port ?? 0,
-      maxConnections: opts.maxConnections ?? HTTP_LIMITS.maxConnections,
-      healthReserve: opts.healthReserve ?? HTTP_LIMITS.healthReserve,
+      maxConnections: opts.maxConnections,
+      healthReserve: opts.healthReserve,
       headersTimeoutMs: headersS * 1000,
       idleTimeoutMs: RESPONSE_IDLE_S * 1000,
     });

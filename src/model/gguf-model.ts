@@ -46,6 +46,26 @@ export function openGgufModel(file: string, maxSeqLen?: number): GgufModelFile {
   return { file, bytes, gguf, spec };
 }
 
+/**
+ * What a tokenizer-only reader (the gateway) needs of a GGUF file: its header, and the context and
+ * vocabulary sizes its `<arch>.*` keys give, for any `general.architecture`: llama.cpp's
+ * vocabulary-only files (ggml-vocab-*.gguf) carry architectures no engine here runs, and no
+ * tensors. No context length: Infinity (the caller's max_model_len bounds it).
+ */
+export function openGgufVocab(file: string): { file: string; gguf: GgufFile; maxSeqLen: number; vocabSize: number } {
+  const bytes = mapFileBytes(file);
+  // The header lies in the first mapping (a vocabulary-only file is all header).
+  const gguf = parseGguf(bytes.subarray(0, Math.min(bytes.length, MAX_MAPPING)), file, bytes.length);
+  const meta = gguf.meta;
+  const arch = meta.get("general.architecture");
+  const key = (k: string) => (typeof arch === "string" ? meta.get(`${arch}.${k}`) : undefined);
+  const positive = (v: GgufValue | undefined) => (typeof v === "number" && Number.isSafeInteger(v) && v > 0 ? v : null);
+  const embd = gguf.tensors.find((t) => t.name === "token_embd.weight");
+  const tokens = meta.get("tokenizer.ggml.tokens");
+  const vocabSize = positive(key("vocab_size")) ?? (embd && embd.shape.length === 2 ? embd.shape[0]! : null) ?? (Array.isArray(tokens) ? tokens.length : 0);
+  return { file, gguf, maxSeqLen: positive(key("context_length")) ?? Infinity, vocabSize };
+}
+
 export function ggufTensorSource(m: GgufModelFile): TensorSource {
   const byName = new Map(m.gguf.tensors.map((t) => [t.name, t]));
   return { names: () => byName.keys(), get: (n) => (byName.has(n) ? ggufTensor(m.bytes, m.gguf, byName.get(n)!) : undefined) };
@@ -94,6 +114,7 @@ export function ggufTokenizerSource(m: Pick<GgufModelFile, "file" | "gguf">): To
     paddingId: id("tokenizer.ggml.padding_token_id"),
     addBos: bool("tokenizer.ggml.add_bos_token"),
     addEos: bool("tokenizer.ggml.add_eos_token"),
+    addSpacePrefix: bool("tokenizer.ggml.add_space_prefix"),
     chatTemplate: str("tokenizer.chat_template"),
   };
   return { kind: "gguf", file: m.file, meta: meta2 };

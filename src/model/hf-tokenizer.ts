@@ -2,6 +2,7 @@ import assert from "node:assert";
 import { Tokenizer as HfLibTokenizer } from "@huggingface/tokenizers";
 import { byteLevelBytes } from "./byte-level.ts";
 import type { EncodeOptions, Tokenizer } from "./tokenizer.ts";
+import { withUnicodeDigits } from "./unicode-digits.ts";
 import { quote } from "../codec/index.ts";
 
 /** What the tokenizer files say beside tokenizer.json, resolved by the builder. */
@@ -47,7 +48,7 @@ export class HfTokenizer implements Tokenizer {
   constructor(tokenizerJson: unknown, opts: HfTokenizerOptions) {
     checkShape(tokenizerJson, opts.origin);
     try {
-      this.lib = new HfLibTokenizer(tokenizerJson as object, {});
+      this.lib = new HfLibTokenizer(withUnicodeDigits(tokenizerJson as object), {});
     } catch (e) {
       throw new Error(`${opts.origin}: tokenizer.json is malformed: ${(e as Error).message}`);
     }

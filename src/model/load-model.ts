@@ -3,7 +3,7 @@ import { basename } from "node:path";
 import { assembleWeights, GGUF_NAMING, HF_NAMING, residentBytesOf, type WeightStats } from "./assemble-weights.ts";
 import { buildTokenizer } from "./build-tokenizer.ts";
 import type { ModelConfig } from "./config.ts";
-import { ggufTensorSource, ggufTokenizerSource, openGgufModel } from "./gguf-model.ts";
+import { ggufTensorSource, ggufTokenizerSource, openGgufModel, openGgufVocab } from "./gguf-model.ts";
 import { idList } from "./hf-config.ts";
 import { hfFolderSpec, hfTensorSource, hfTokenizerSource } from "./hf-folder.ts";
 import { loadLlama2cCheckpoint, parseLlama2cHeader } from "./llama2c.ts";
@@ -184,7 +184,7 @@ export async function loadTokenizerFor(
     };
   const fmt = detectModelFormat(path);
   refuseStrayTokenizer(fmt, opts.tokenizerPath);
-  let cfg: ModelConfig;
+  let cfg: Pick<ModelConfig, "maxSeqLen" | "vocabSize">;
   let src: TokenizerSource;
   if (fmt.kind === "llama2c") {
     const tokenizerPath = requireLlama2cTokenizer(fmt.file, opts.tokenizerPath);
@@ -194,9 +194,11 @@ export async function loadTokenizerFor(
     cfg = hfFolderSpec(fmt.dir, opts.maxSeqLen).cfg;
     src = hfTokenizerSource(fmt.dir);
   } else {
-    // Parsing the header touches only its pages of the mapped file.
-    const g = openGgufModel(fmt.file, opts.maxSeqLen);
-    cfg = g.spec.cfg;
+    // Parsing the header touches only its pages of the mapped file. The architecture is not
+    // judged here: a tokenizer serves whatever model it came with (engines refuse what they
+    // cannot run when they load the weights).
+    const g = openGgufVocab(fmt.file);
+    cfg = g;
     src = ggufTokenizerSource(g);
   }
   const { tokenizer, chatTemplate } = await buildTokenizer(src);

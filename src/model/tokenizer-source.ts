@@ -43,6 +43,8 @@ export interface GgufTokenizerMeta {
   paddingId: number | null;
   addBos: boolean | null;
   addEos: boolean | null;
+  /** tokenizer.ggml.add_space_prefix: SentencePiece's ▁ before the text (llama.cpp's default: true for "llama"). */
+  addSpacePrefix: boolean | null;
   /** tokenizer.chat_template, if present. */
   chatTemplate: string | null;
 }

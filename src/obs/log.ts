@@ -8,11 +8,20 @@ function threshold(): number {
 }
 
 const min = threshold();
+let sink: (line: string) => void = (line) => process.stderr.write(line);
+
+/**
+ * Sends this process's log lines elsewhere than stderr (the test runner writes them to a file:
+ * a passing test that kills a model thread on purpose must not print "model thread died").
+ */
+export function logTo(to: (line: string) => void): void {
+  sink = to;
+}
 
 function write(level: Level, msg: string, fields: Record<string, unknown>): void {
   if (LEVELS[level] < min) return;
   const line = JSON.stringify({ ts: new Date().toISOString(), level, msg, ...fields }, (_k, v) => (typeof v === "bigint" ? v.toString() : v));
-  process.stderr.write(line + "\n");
+  sink(line + "\n");
 }
 
 export const log = {

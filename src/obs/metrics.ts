@@ -70,6 +70,19 @@ export function createMetrics(role: MetricsRole = "both") {
     handlesPending: new Gauge({ name: "tl_kv_handles_pending", help: "Pushed handles not yet claimed or released", registers: to(RECEIVERS) }),
     handlesExpired: new Counter({ name: "tl_kv_handles_expired_total", help: "Handles freed by their time to live", registers: to(RECEIVERS) }),
     heartbeatMisses: new Gauge({ name: "tl_heartbeat_failures", help: "Consecutive failed heartbeats", registers: to(ENGINES) }),
+    kvEvents: new Counter({
+      name: "tl_kv_events_total",
+      help: "KV events the gateway took from engines' beats, by kind (stored, removed, snapshot: hashes of snapshot pieces)",
+      labelNames: ["kind"],
+      registers: to(["gateway"]),
+    }),
+    kvEventBytes: new Counter({ name: "tl_kv_event_bytes_total", help: "Encoded bytes of the KV events in engines' beats", registers: to(["gateway"]) }),
+    kvSnapshotsAsked: new Counter({
+      name: "tl_kv_event_snapshots_asked_total",
+      help: "Beats answered with a request for a snapshot",
+      registers: to(["gateway"]),
+    }),
+    prefixIndexBlocks: new Gauge({ name: "tl_prefix_index_blocks", help: "Blocks the prefix index holds from engines' reports", registers: to(["gateway"]) }),
     registryWorkers: new Gauge({
       name: "tl_registry_workers",
       help: "Live workers in the gateway's registry by role",

@@ -3,6 +3,16 @@ import type { EnvelopeRecord } from "../codec/envelope.ts";
 import { crc32c } from "../codec/crc32c.ts";
 import { blockPayloadBytes, copyPayload, type KvShape } from "../codec/kv-shape.ts";
 
+/**
+ * Told of every change to the prefix index: a hash named (a full block the pool now
+ * holds, used or cached) or dropped (its block evicted). The partial tail of a prompt is
+ * never named, so it is never reported. Called synchronously inside the pool's method.
+ */
+export interface KvPoolWatcher {
+  stored(hash: bigint): void;
+  removed(hash: bigint): void;
+}
+
 const NONE = -1;
 
 export interface KvPoolOptions {
@@ -71,6 +81,7 @@ export class KvPool {
   private nUsed = 0;
   private nCached = 0;
   private readonly slotElems: number;
+  private watcher: KvPoolWatcher | null = null;
 
   constructor(shape: KvShape, numBlocks: number, opts: KvPoolOptions = {}) {
     if (!(Number.isInteger(numBlocks) && numBlocks >= 1)) assert.fail(`numBlocks must be ≥ 1, got ${numBlocks}`);
@@ -103,6 +114,16 @@ export class KvPool {
     // Low ids on top, so a fresh pool hands out 0, 1, 2, ...
     for (let i = 0; i < numBlocks; i++) this.freeStack[i] = numBlocks - 1 - i;
     this.freeTop = numBlocks;
+  }
+
+  /** Reports every hash named or dropped from now on to `w` (one watcher; null stops). */
+  watch(w: KvPoolWatcher | null): void {
+    this.watcher = w;
+  }
+
+  /** Every hash the prefix index holds now (used or cached blocks), in no order: a snapshot's source. */
+  namedHashes(): bigint[] {
+    return [...this.index.keys()];
   }
 
   /** The buffer under `data` and `bytes`: hand it to a model thread when it is shared (with slabOffset). */
@@ -164,8 +185,10 @@ export class KvPool {
       assert(id !== NONE, "takeOne with nothing available");
       this.unlink(id);
       this.nCached--;
-      this.index.delete(this.hashes[id]!);
+      const dropped = this.hashes[id]!;
+      this.index.delete(dropped);
       this.hashes[id] = 0n;
+      this.watcher?.removed(dropped);
     }
     if (this.refs[id] !== 0) assert.fail(`block ${id} handed out with refcount ${this.refs[id]}`);
     this.refs[id] = 1;
@@ -222,6 +245,7 @@ export class KvPool {
     if (this.hashes[id] !== 0n) return false;
     this.index.set(hash, id);
     this.hashes[id] = hash;
+    this.watcher?.stored(hash);
     return true;
   }
 

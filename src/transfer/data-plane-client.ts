@@ -20,6 +20,8 @@ import {
   MAX_HANDLE_BYTES,
   MAX_RUN,
   MAX_TRACE_BYTES,
+  MAX_OWNER_BYTES,
+  encodeOwner,
   RUN_ENTRY,
   runFrameBytes,
 } from "./data-plane-frame.ts";
@@ -253,6 +255,7 @@ export class DataPlaneClient {
             handleId = h;
           },
           opts.traceparent,
+          opts.owner,
         ),
         stopped,
       ]);
@@ -279,6 +282,7 @@ export class DataPlaneClient {
     chunks: readonly KvChunkLike[] | AsyncIterable<KvChunkLike>,
     onHandle: (h: string) => void,
     traceparent?: string,
+    owner?: string,
   ): Promise<AckBody> {
     // Pushes on different connections may interleave at awaits: each run stages in
     // its own buffer when the shared one is taken.
@@ -287,6 +291,7 @@ export class DataPlaneClient {
     try {
       const w = new PushWriter(conn, stage, onHandle);
       if (traceparent !== undefined) w.trace(traceparent);
+      if (owner) w.owner(owner);
       if (Array.isArray(chunks)) await w.writeList(chunks as readonly KvChunkLike[]);
       else await w.writeStream(chunks as AsyncIterable<KvChunkLike>);
       await w.end();
@@ -328,6 +333,12 @@ class PushWriter {
   /** A TRACE frame first: names the parent of D's span for this push. Too long a traceparent is left out. */
   trace(traceparent: string): void {
     if (traceparent.length <= MAX_TRACE_BYTES) this.used = encodeTrace(this.stage, this.used, encoder.encode(traceparent));
+  }
+
+  /** An OWNER frame before the first chunk: D binds the handle to that gateway replica. */
+  owner(owner: string): void {
+    const b = encoder.encode(owner);
+    if (b.length <= MAX_OWNER_BYTES) this.used = encodeOwner(this.stage, this.used, b);
   }
 
   /** A list known whole: full blocks still in the pool go as RUN frames, the rest as CHUNKs. */

@@ -18,6 +18,8 @@
 //   END   (P→D) nothing: the push ended cleanly; D answers ACK or ERROR
 //   TRACE (P→D) a W3C traceparent (ASCII): optional, only when P traces, before a push's
 //               first CHUNK; names the parent of D's kv.transfer span for that push
+//   OWNER (P→D) the gateway replica the push was asked for (UTF-8, at most 128 bytes):
+//               optional, before a push's first CHUNK or RUN; D binds the handle to it
 //   ACK   (D→P) u32 blocks_received, u32 blocks_deduped, u64 payload_bytes, u32 n_tokens
 //   ERROR (D→P) u32 gRPC code, message (UTF-8)
 // After an ERROR, D discards the rest of that connection's input until P hangs up:
@@ -31,6 +33,7 @@ export const FRAME_CHUNK = 1;
 export const FRAME_END = 2;
 export const FRAME_TRACE = 3;
 export const FRAME_RUN = 4;
+export const FRAME_OWNER = 5;
 export const FRAME_ACK = 0x81;
 export const FRAME_ERROR = 0x82;
 
@@ -50,6 +53,8 @@ export const MAX_RUN = 1024;
 export const MAX_HANDLE_BYTES = 0xffff;
 /** A traceparent is 55 bytes; room for future versions, refused beyond. */
 export const MAX_TRACE_BYTES = 256;
+/** An owner is a worker id (peer-identity.ts): at most 128 bytes. */
+export const MAX_OWNER_BYTES = 128;
 
 const encoder = new TextEncoder();
 const decoder = new TextDecoder();
@@ -200,6 +205,21 @@ export function encodeTrace(out: Uint8Array, o: number, traceparent: Uint8Array)
   putFrameHead(out, o, FRAME_TRACE, FRAME_HEAD + traceparent.length);
   out.set(traceparent, o + FRAME_HEAD);
   return o + FRAME_HEAD + traceparent.length;
+}
+
+/** Writes an OWNER frame carrying `owner` (UTF-8 bytes) at `out[o..]`; returns its end. */
+export function encodeOwner(out: Uint8Array, o: number, owner: Uint8Array): number {
+  putFrameHead(out, o, FRAME_OWNER, FRAME_HEAD + owner.length);
+  out.set(owner, o + FRAME_HEAD);
+  return o + FRAME_HEAD + owner.length;
+}
+
+/** The owner of the OWNER frame `f`; refuses one over MAX_OWNER_BYTES. */
+export function decodeOwner(f: Uint8Array): string {
+  if (f.length - FRAME_HEAD > MAX_OWNER_BYTES) {
+    throw new KvError(Code.InvalidArgument, `owner frame of ${f.length} bytes, limit ${FRAME_HEAD + MAX_OWNER_BYTES}`);
+  }
+  return decoder.decode(f.subarray(FRAME_HEAD));
 }
 
 /** The traceparent of the TRACE frame `f`; refuses one over MAX_TRACE_BYTES. */

@@ -23,6 +23,8 @@ import {
   FRAME_HEAD,
   FRAME_RUN,
   FRAME_TRACE,
+  FRAME_OWNER,
+  decodeOwner,
   frameBytes,
   MAX_RUN,
   RUN_ENTRY,
@@ -285,6 +287,10 @@ function onFrame(s: Socket<Conn>, f: Uint8Array): void {
       beginRun(c, f);
     } else if (type === FRAME_END) {
       send(s, encodeAck(c.push.finish()));
+    } else if (type === FRAME_OWNER) {
+      const owner = decodeOwner(f);
+      if (c.push.open) throw new KvError(Code.InvalidArgument, "owner frame inside a push");
+      c.push.owner = owner;
     } else if (type === FRAME_TRACE) {
       const traceparent = decodeTrace(f);
       if (tracingEnabled()) c.push.trace(traceparent, DATA_PLANE_PUSH_ATTRS);

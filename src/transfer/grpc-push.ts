@@ -30,6 +30,8 @@ export interface GrpcPushOptions {
   signal?: AbortSignal;
   /** W3C traceparent, sent as gRPC metadata. */
   traceparent?: string;
+  /** The gateway replica the push was asked for: KvChunk.owner, on the first chunk. */
+  owner?: string;
 }
 
 function varint(b: Uint8Array, o: number, v: number): number {
@@ -53,11 +55,13 @@ function varintBytes(v: number): number {
 /**
  * Writes the head of one KvChunk message at `o`: the gRPC prefix and fields 1-5 and 7
  * (proto3: zero values omitted, as Connect's encoder does), then field 6's tag and
- * length; the envelope bytes follow it on the wire. Returns the end offset.
+ * length; the envelope bytes follow it on the wire. Field 8 (owner), when given, goes
+ * before field 6: the envelope's bytes must come last. Returns the end offset.
  */
-function encodeChunkHead(b: Uint8Array, o: number, c: KvChunkLike, handle: Uint8Array): number {
+function encodeChunkHead(b: Uint8Array, o: number, c: KvChunkLike, handle: Uint8Array, owner?: Uint8Array): number {
   const env = c.envelope.length;
   let body = 0;
+  if (owner !== undefined && owner.length > 0) body += 1 + varintBytes(owner.length) + owner.length;
   if (handle.length > 0) body += 1 + varintBytes(handle.length) + handle.length;
   if (c.index !== 0) body += 1 + varintBytes(c.index);
   if (c.total !== 0) body += 1 + varintBytes(c.total);
@@ -94,6 +98,12 @@ function encodeChunkHead(b: Uint8Array, o: number, c: KvChunkLike, handle: Uint8
     b[o++] = 0x3d;
     putU32(b, o, c.crc32c);
     o += 4;
+  }
+  if (owner !== undefined && owner.length > 0) {
+    b[o++] = 0x42;
+    o = varint(b, o, owner.length);
+    b.set(owner, o);
+    o += owner.length;
   }
   if (env > 0) {
     b[o++] = 0x32;
@@ -174,7 +184,7 @@ class PushCall {
     const onAbort = () => this.stop(new TransferError(Code.Canceled, `${what}: cancelled`));
     opts.signal?.addEventListener("abort", onAbort, { once: true });
     try {
-      const writing = writeChunks(this.stream, chunks, () => this.outcome !== undefined).then(
+      const writing = writeChunks(this.stream, chunks, () => this.outcome !== undefined, this.opts.owner).then(
         (complete) => {
           if (complete && this.outcome === undefined) this.stream.end();
         },
@@ -271,7 +281,10 @@ async function writeChunks(
   stream: http2.ClientHttp2Stream,
   chunks: readonly KvChunkLike[] | AsyncIterable<KvChunkLike>,
   done: () => boolean,
+  ownerId?: string,
 ): Promise<boolean> {
+  // Only the first chunk names the owner: the receiver binds the push to it when it opens.
+  let owner = ownerId ? encoder.encode(ownerId) : undefined;
   const stages = [spareStages.pop() ?? new Uint8Array(STAGE_BYTES), spareStages.pop() ?? new Uint8Array(STAGE_BYTES)];
   let cur = 0;
   let used = 0;
@@ -292,20 +305,22 @@ async function writeChunks(
       handle = c.handleId;
       hb = encoder.encode(handle);
     }
-    const headMax = HEAD_FIXED + hb.length;
+    const headMax = HEAD_FIXED + hb.length + (owner === undefined ? 0 : 5 + owner.length);
     if (used + headMax + c.envelope.length > STAGE_BYTES) await flush();
     if (done()) return false;
     const st = stages[cur]!;
     if (headMax + c.envelope.length > STAGE_BYTES) {
       // Bigger than a stage: head staged, the envelope written as it is.
-      used = encodeChunkHead(st, 0, c, hb);
+      used = encodeChunkHead(st, 0, c, hb, owner);
+      owner = undefined;
       await flush();
       await inflight;
       if (done()) return false;
       inflight = new Promise<void>((resolve) => stream.write(c.envelope, () => resolve()));
       return !done();
     }
-    used = encodeChunkHead(st, used, c, hb);
+    used = encodeChunkHead(st, used, c, hb, owner);
+    owner = undefined;
     st.set(c.envelope, used);
     used += c.envelope.length;
     return true;

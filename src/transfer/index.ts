@@ -1,4 +1,4 @@
-export { KvReceiver, PushSession, type KvReceiverOptions, type ClaimedHandle } from "./kv-receiver.ts";
+export { KvReceiver, MAX_OWNER_CHARS, PushSession, type KvReceiverOptions, type ClaimedHandle } from "./kv-receiver.ts";
 export { acceptAll, PushDriver, toKvError } from "./push-driver.ts";
 export { kvService, kvMessageLimit, type KvServiceOptions } from "./kv-service.ts";
 export { serveKv, type ServeKvOptions, type KvServer } from "./kv-server.ts";

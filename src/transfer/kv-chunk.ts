@@ -13,6 +13,8 @@ export interface KvChunkLike {
   envelope: Uint8Array;
   /** CRC-32C of `envelope`; 0 when empty */
   crc32c: number;
+  /** the gateway replica the push was asked for (KvChunk.owner; the data plane's OWNER frame) */
+  owner?: string;
 }
 
 /** What D answers to a whole push (the KvAck message, transport-neutral). */

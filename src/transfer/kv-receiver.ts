@@ -22,8 +22,8 @@ import { KvError } from "./kv-error.ts";
 import { Code } from "../rpc/status.ts";
 
 export interface KvReceiverOptions {
-  /** A handle (or a push in flight) not claimed or released within this is freed; default 60 000. */
-  ttlMs?: number;
+  /** A handle (or a push in flight) not claimed or released within this is freed (handle_ttl_s). */
+  ttlMs: number;
   /** Cap on accepted-but-unclaimed handles plus pushes in flight; default 1024. */
   maxPending?: number;
   /** Cap on pushes in flight at once; default 64. */
@@ -37,8 +37,8 @@ export interface KvReceiverOptions {
   maxInFlightPerPeer?: number;
   maxPendingPerPeer?: number;
   maxBlocksPerPeer?: number;
-  /** A push that receives nothing for this long is aborted and freed; default 10 000 ms. */
-  pushIdleTimeoutMs?: number;
+  /** A push that receives nothing for this long is aborted and freed (push_idle_timeout_ms). */
+  pushIdleTimeoutMs: number;
   /** Clock, replaceable in tests; default Date.now. */
   now?: () => number;
   /** Called for each accepted handle its time to live freed (metrics: tl_kv_handles_expired_total). */
@@ -62,7 +62,12 @@ interface Held extends ClaimedHandle {
   expiresAt: number;
   /** the peer that pushed it ("" when unidentified) */
   peer: string;
+  /** the gateway replica the push was asked for ("" when none said): releaseOwner frees it early */
+  owner: string;
 }
+
+/** Longest owner (a gateway replica's worker id, peer-identity.ts) a push may name. */
+export const MAX_OWNER_CHARS = 128;
 
 /** What one identified peer holds on this receiver right now. */
 interface PeerShare {
@@ -100,15 +105,15 @@ export class KvReceiver {
   /** @internal scratch of PushSession.accept (pushes interleave only between chunks) */
   readonly crc = new EnvelopeCrc();
 
-  constructor(pool: KvPool, opts: KvReceiverOptions = {}) {
+  constructor(pool: KvPool, opts: KvReceiverOptions) {
     this.pool = pool;
-    this.ttlMs = opts.ttlMs ?? 60_000;
+    this.ttlMs = opts.ttlMs;
     this.maxPending = opts.maxPending ?? 1024;
     this.maxInFlight = opts.maxInFlight ?? 64;
     this.maxInFlightPerPeer = opts.maxInFlightPerPeer ?? Math.max(1, this.maxInFlight >> 1);
     this.maxPendingPerPeer = opts.maxPendingPerPeer ?? Math.max(1, this.maxPending >> 1);
     this.maxBlocksPerPeer = opts.maxBlocksPerPeer ?? Math.max(1, pool.total >> 1);
-    this.pushIdleTimeoutMs = opts.pushIdleTimeoutMs ?? 10_000;
+    this.pushIdleTimeoutMs = opts.pushIdleTimeoutMs;
     this.now = opts.now ?? Date.now;
     this.onExpired = opts.onExpired ?? (() => {});
     assert(this.ttlMs > 0 && this.maxPending >= 1 && this.maxInFlight >= 1, "ttlMs, maxPending and maxInFlight must be positive");
@@ -132,9 +137,10 @@ export class KvReceiver {
    * unidentified). Refuses a handle id pending or in flight, or one push too many, for
    * this receiver or for this peer.
    */
-  begin(handleId: string, total: number, peer = ""): PushSession {
+  begin(handleId: string, total: number, peer = "", owner = ""): PushSession {
     this.sweep();
     if (handleId === "") throw new KvError(Code.InvalidArgument, "empty handle_id");
+    if (owner.length > MAX_OWNER_CHARS) throw new KvError(Code.InvalidArgument, `owner of ${owner.length} characters, max ${MAX_OWNER_CHARS}`);
     if (!(Number.isInteger(total) && total >= 1)) throw new KvError(Code.InvalidArgument, `total ${total} must be ≥ 1`);
     if (this.held.has(handleId) || this.inflight.has(handleId)) {
       throw new KvError(Code.AlreadyExists, `handle ${handleId} is already ${this.held.has(handleId) ? "pending" : "being pushed"}`);
@@ -157,7 +163,7 @@ export class KvReceiver {
       }
       share.inFlight++;
     }
-    const s = new PushSession(this, handleId, total, this.now() + this.ttlMs, peer, this.now());
+    const s = new PushSession(this, handleId, total, this.now() + this.ttlMs, peer, this.now(), owner);
     this.inflight.set(handleId, s);
     this.nextSweep = Math.min(this.nextSweep, s.deadline, s.lastActive + this.pushIdleTimeoutMs);
     return s;
@@ -193,6 +199,24 @@ export class KvReceiver {
     this.drop(handleId, h);
     this.pool.releaseAll(h.blockIds);
     return true;
+  }
+
+  /**
+   * Frees every pending handle the gateway replica `owner` asked for: it is gone (its
+   * beats failed, or another replica answers at its address), so no client of it will
+   * claim them. Handles of other replicas, and of none (""), are left alone. Returns how
+   * many were freed.
+   */
+  releaseOwner(owner: string): number {
+    if (owner === "") return 0;
+    let n = 0;
+    for (const [id, h] of [...this.held]) {
+      if (h.owner !== owner) continue;
+      this.drop(id, h);
+      this.pool.releaseAll(h.blockIds);
+      n++;
+    }
+    return n;
   }
 
   /** What `peer` holds now: pushes in flight, handles pending, blocks (both together). */
@@ -315,6 +339,8 @@ export class PushSession {
     readonly peer: string,
     /** @internal when the last chunk arrived (the idle timeout counts from it) */
     public lastActive: number,
+    /** the gateway replica the push was asked for ("" when none said) */
+    readonly owner = "",
   ) {}
 
   get aborted(): boolean {
@@ -444,6 +470,7 @@ export class PushSession {
       nTokens: this.nTokens,
       expiresAt: this.rx.expiry(),
       peer: this.peer,
+      owner: this.owner,
     });
     return {
       handleId: this.handleId,

@@ -30,4 +30,6 @@ export interface PushOptions {
   signal?: AbortSignal;
   /** W3C traceparent naming the sender's span: gRPC metadata, or the data plane's TRACE frame. */
   traceparent?: string;
+  /** The gateway replica the push was asked for: KvChunk.owner, or the data plane's OWNER frame. */
+  owner?: string;
 }

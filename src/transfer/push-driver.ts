@@ -39,6 +39,8 @@ export class PushDriver {
   private span: Span | undefined;
   /** The pushing peer's worker id (its mTLS certificate's); "" when unidentified. */
   peer = "";
+  /** The gateway replica this push was asked for (an OWNER frame, or KvChunk.owner); "" none. */
+  owner = "";
 
   constructor(private readonly rx: KvReceiver) {}
 
@@ -55,11 +57,12 @@ export class PushDriver {
 
   /** Opens the push on its first chunk (later calls keep it): a RUN frame's head opens it before its payloads. */
   begin(handleId: string, total: number): PushSession {
-    this.session ??= this.rx.begin(handleId, total, this.peer);
+    this.session ??= this.rx.begin(handleId, total, this.peer, this.owner);
     return this.session;
   }
 
   accept(c: KvChunkLike): void {
+    if (this.session === undefined && c.owner) this.owner = c.owner;
     this.begin(c.handleId, c.total).accept(c);
   }
 
@@ -73,6 +76,7 @@ export class PushDriver {
     const s = this.session;
     if (s === undefined) throw this.fail(new KvError(Code.InvalidArgument, "empty push"));
     this.session = undefined;
+    this.owner = "";
     let ack: KvAckLike;
     try {
       ack = s.finish();
@@ -88,6 +92,7 @@ export class PushDriver {
   fail(e: unknown): KvError {
     this.session?.abort();
     this.session = undefined;
+    this.owner = "";
     const err = toKvError(e);
     this.endSpan(err);
     return err;

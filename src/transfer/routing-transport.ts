@@ -135,6 +135,7 @@ export class RoutingTransport implements KvTransport {
       maxReplyBytes: this.maxBytes,
       ...(opts.signal ? { signal: opts.signal } : {}),
       ...(opts.traceparent !== undefined ? { traceparent: opts.traceparent } : {}),
+      ...(opts.owner ? { owner: opts.owner } : {}),
     });
   }
 

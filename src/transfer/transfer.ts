@@ -52,8 +52,10 @@ export async function transfer(
   hashes: readonly bigint[],
   /** W3C traceparent of the caller's kv.transfer span, carried to D with each push. */
   traceparent?: string,
+  /** The gateway replica the push is for (PrefillRequest.gateway_id): D binds the handle to it. */
+  owner?: string,
 ): Promise<TransferStats> {
-  const pushOpts = traceparent === undefined ? undefined : { traceparent };
+  const pushOpts = { ...(traceparent === undefined ? {} : { traceparent }), ...(owner ? { owner } : {}) };
   let slab: Uint8Array | undefined;
   try {
     const { present, route } = await transport.hasBlocks(target, hashes, KV_FORMAT);

@@ -51,10 +51,12 @@ test("binary_starts_in_each_role", async () => {
       expect(http).toMatch(/^127\.0\.0\.1:\d+$/);
       expect(http).not.toBe("127.0.0.1:0");
       const res = await fetch(`http://${http}/health`);
-      expect(res.status).toBe(200);
+      // A gateway with no engine registered is alive but not ready.
+      expect(res.status).toBe(role === "gateway" ? 503 : 200);
       const health = (await res.json()) as { status: string; roles?: string[]; workers?: Record<string, number> };
-      expect(health.status).toBe("ok");
+      expect(health.status).toBe(role === "gateway" ? "no_engines" : "ok");
       if (role === "gateway") {
+        expect((await fetch(`http://${http}/health/live`)).status).toBe(200);
         expect(health.workers).toEqual({ prefill: 0, decode: 0, both: 0 });
         expect(String(ready.registry)).toMatch(/^127\.0\.0\.1:[1-9]\d*$/);
       } else {
@@ -100,6 +102,9 @@ test("binary_refuses_bad_config", async () => {
     { args: ["--advertise-host", "0.0.0.0"], says: ["engine.advertise_host", '"0.0.0.0"'] },
     { args: ["--no-such-flag", "1"], says: ["unknown option --no-such-flag"] },
     { args: ["--block-tokens"], says: ["--block-tokens needs a value"] },
+    // A flag no option has is unknown, wherever it stands (it was "--bogus needs a value").
+    { args: ["--bogus"], says: ["unknown option --bogus"] },
+    { args: ["--role", "both", "--bogus"], says: ["unknown option --bogus"] },
     { args: ["cluster", "--decode", "0"], says: ["--decode", "1..16"] },
   ];
   const results = await Promise.all(cases.map((c) => run(c.args)));
@@ -114,6 +119,12 @@ test("binary_refuses_bad_config", async () => {
   });
 }, 40_000);
 
+test("binary_says_its_version", async () => {
+  const r = await run(["--version"]);
+  const pkg = JSON.parse(readFileSync(join(REPO, "package.json"), "utf8")) as { version: string };
+  expect({ code: r.code, out: r.out }).toEqual({ code: 0, out: `engine ${pkg.version}\n` });
+});
+
 test("binary_help_lists_every_option", async () => {
   const r = await run(["--help"]);
   expect(r.code).toBe(0);
@@ -123,7 +134,7 @@ test("binary_help_lists_every_option", async () => {
     const line = lines.find((l) => l.includes(`[${s.section}] ${s.key} `));
     expect(line, `help line for [${s.section}] ${s.key}`).toBeDefined();
     expect(line).toContain(flag);
-    expect(line).toContain(`(default: ${JSON.stringify(s.dflt)})`);
+    expect(line).toContain(`(default: ${(s as { dfltText?: string }).dfltText ?? JSON.stringify(s.dflt)})`);
   }
   for (const word of ["--role", "--config", "cluster", "generate"]) expect(r.out).toContain(word);
 });

@@ -10,6 +10,7 @@ const SAMPLE: Record<string, string> = {
   uint: "0",
   num: "1.5",
   addr: "127.0.0.1:1234",
+  "gateways?": "127.0.0.1:1234,dns:gateways.example:1235",
   "addr?": "127.0.0.1:1234",
   "host?": "10.1.2.3",
   "url?": "http://127.0.0.1:4318",

@@ -67,3 +67,36 @@ test("cluster_serves_openai_clients", async () => {
     colocated.proc.kill("SIGKILL");
   }
 }, 60_000);
+
+test("cluster_gateways_2: one front port round-robins over two replicas, and outlives kill -9 of one", async () => {
+  const cluster = spawnProc([process.execPath, "bin/engine.ts", "cluster", "--gateways", "2", "--plaintext"]);
+  await cluster.waitLine((l) => l.startsWith("serving;"), 60_000);
+  const front = /front\s+(127\.0\.0\.1:\d+)/.exec(cluster.lines.find((l) => l.trim().startsWith("front"))!)![1]!;
+  const rows = cluster.lines.filter((l) => /^\s+gateway\s/.test(l));
+  expect(rows.length).toBe(2);
+  // The demo says which replica served each of its two requests: both took part.
+  const by = cluster.lines.map((l) => / by (gateway-[A-Za-z0-9.-]+?):/.exec(l)?.[1]).filter((x) => x !== undefined);
+  expect(new Set(by).size).toBe(2);
+  const ask = async () => {
+    const res = await fetch(`http://${front}/v1/completions`, {
+      method: "POST",
+      headers: { "content-type": "application/json", connection: "close" },
+      body: JSON.stringify({ prompt: "In the beginning", max_tokens: 4 }),
+      keepalive: false,
+    });
+    await res.text();
+    return [res.status, res.headers.get("x-tl-gateway")] as const;
+  };
+  const before = await Promise.all([ask(), ask(), ask(), ask()]);
+  expect(new Set(before.map((r) => r[1])).size).toBe(2);
+  // kill -9 of one replica: the front skips it, every request succeeds on the other.
+  killTree(Number(/ pid (\d+)/.exec(rows[0]!)![1]));
+  // Its open connections end with it (streams on it are lost); the front closes their client side.
+  await Bun.sleep(300);
+  const after = [];
+  for (let i = 0; i < 4; i++) after.push(await ask());
+  expect(after.map((r) => r[0])).toEqual([200, 200, 200, 200]);
+  expect(new Set(after.map((r) => r[1])).size).toBe(1);
+  cluster.proc.kill("SIGTERM");
+  await exitWithin(cluster.proc, 20_000);
+}, 120_000);

@@ -1,8 +1,9 @@
 import { afterAll, expect, test } from "bun:test";
-import { readFileSync, readdirSync, writeFileSync } from "node:fs";
-import { join } from "node:path";
+import { copyFileSync, existsSync, mkdirSync, readFileSync, readdirSync, statSync, symlinkSync, writeFileSync } from "node:fs";
+import { dirname, join } from "node:path";
 import { parseAllDocuments } from "yaml";
-import { parseAddr, parseArgs, type Config } from "../../src/cli/options.ts";
+import { GATEWAY_CONFIG_DEFAULTS, parseAddr, parseArgs, type Config } from "../../src/cli/options.ts";
+import { neverDisaggregates } from "../../src/cli/run-engine.ts";
 import { REPO, tempDir } from "./procs.ts";
 
 // The manifests are only as good as their agreement with the binary: every container's
@@ -128,7 +129,7 @@ test("deploy_manifests_parse_and_cover_the_layout", () => {
   for (const o of objects) expect(o.metadata.namespace, `${o.kind}/${o.metadata.name}`).toBe(clusterScoped.includes(o.kind) ? undefined : ns);
 
   expect(pods.map((p) => [p.name, p.config.role, workload(p.name).spec.replicas])).toEqual([
-    ["gateway", "gateway", 1],
+    ["gateway", "gateway", 2],
     ["prefill", "prefill", 1],
     ["decode", "decode", 2],
   ]);
@@ -174,16 +175,34 @@ test("deploy_engines_advertise_their_pod_ip_and_beat_to_the_registry_service", (
     expect(p.config.engine.advertise_host).toBe("10.244.1.7");
     const env = (p.container.env as Obj[]).find((e) => `$(${e.name})` === p.container.args[p.container.args.indexOf("--advertise-host") + 1]);
     expect(env?.valueFrom?.fieldRef?.fieldPath).toBe("status.podIP");
-    const { host, port } = parseAddr(String(p.config.engine.gateway_registry));
+    // A DNS name re-resolved every beat, so each engine beats to every gateway replica.
+    const registry = String(p.config.engine.gateway_registry);
+    expect(registry.startsWith("dns:"), `${p.name}'s gateway_registry is a dns: name`).toBe(true);
+    const { host, port } = parseAddr(registry.slice(4));
     const ns = gw.template.metadata.namespace ?? workload("gateway").metadata.namespace;
     const svcName = host.replace(new RegExp(`\\.${ns}(\\.svc(\\.cluster\\.local)?)?$`), "");
     const svc = services.find((s) => s.metadata.name === svcName);
     expect(svc, `Service ${svcName} named by ${p.name}'s gateway_registry`).toBeDefined();
+    // The gateway is not ready until engines registered through this Service: it must not wait for readiness.
+    expect(svc!.spec.publishNotReadyAddresses, `${svcName} publishNotReadyAddresses`).toBe(true);
     expect(selects(svc!.spec.selector, gw.template.metadata.labels)).toBe(true);
+    // Headless, so the name yields every replica; not-ready replicas too, which need beats to become ready.
+    expect([svc!.spec.clusterIP, svc!.spec.publishNotReadyAddresses]).toEqual(["None", true]);
     const sp = (svc!.spec.ports as Obj[]).find((x) => x.port === port);
     expect(sp, `${svcName} serves port ${port}`).toBeDefined();
     expect(resolvePort(gw.container, sp!.targetPort ?? sp!.port)).toBe(registryPort);
   }
+});
+
+test("deploy_gateway_disaggregates_by_its_own_choice", () => {
+  const g = pod("gateway").config;
+  // The manifests say where a prompt is prefilled instead of inheriting a default meant elsewhere.
+  expect(g.given.has("gateway.disagg_min_uncached_tokens")).toBe(true);
+  // The README's example model (stories15M) has a 256-token context: the default threshold (512)
+  // would prefill every request on its decode engine and leave the prefill Deployment idle.
+  const context = 256;
+  expect(neverDisaggregates(GATEWAY_CONFIG_DEFAULTS.disagg_min_uncached_tokens, context)).toContain("prefill engines sit idle");
+  expect(neverDisaggregates(Number(g.gateway.disagg_min_uncached_tokens), context)).toBeNull();
 });
 
 test("deploy_services_and_kind_reach_the_gateway", () => {
@@ -210,9 +229,21 @@ test("deploy_drain_fits_the_grace_period", () => {
     const pause = p.container.lifecycle?.preStop?.sleep?.seconds;
     expect(pause, `${p.name} preStop pause`).toBeGreaterThan(0);
     // Kubelet counts the preStop pause inside the grace period, then SIGKILLs.
-    const drain = p.config.role === "gateway" ? 0 : Number(p.config.engine.drain_timeout_s);
+    const drain = Number((p.config.role === "gateway" ? p.config.gateway : p.config.engine).drain_timeout_s);
     expect(spec.terminationGracePeriodSeconds, p.name).toBeGreaterThan(pause + drain);
   }
+});
+
+test("deploy_gateway_replicas_roll_without_a_gap", () => {
+  const gw = workload("gateway");
+  expect(gw.spec.replicas).toBeGreaterThanOrEqual(2);
+  // A rollout adds the new replica before draining an old one.
+  expect(gw.spec.strategy).toEqual({ type: "RollingUpdate", rollingUpdate: { maxUnavailable: 0, maxSurge: 1 } });
+  // Voluntary disruptions leave at least one replica serving, and never block all of them.
+  const pdb = byKind("PodDisruptionBudget").find((b) => selects(b.spec.selector.matchLabels, gw.spec.template.metadata.labels));
+  expect(pdb, "a PodDisruptionBudget over the gateway").toBeDefined();
+  expect(pdb!.spec.minAvailable).toBeGreaterThanOrEqual(1);
+  expect(pdb!.spec.minAvailable).toBeLessThan(gw.spec.replicas);
 });
 
 /** The Dockerfile's instructions by stage (comments and continuations folded), and its .dockerignore. */
@@ -271,6 +302,76 @@ test("deploy_image_is_compiled_for_the_target_platform", () => {
     for (const src of line.split(" ").slice(1, -1)) expect(kept, `COPY ${src}`).toContain(src);
   }
 });
+
+/**
+ * A .dockerignore pattern as Docker reads it (Go's filepath.Match per segment, `**` across
+ * segments, a trailing slash dropped); it matches a path or any directory above it.
+ */
+function ignoreRule(line: string): { negate: boolean; re: RegExp } {
+  const negate = line.startsWith("!");
+  const pattern = (negate ? line.slice(1) : line).trim().replace(/^\/+|\/+$/g, "");
+  let re = "";
+  for (let i = 0; i < pattern.length; i++) {
+    const c = pattern[i]!;
+    if (c === "*" && pattern[i + 1] === "*") {
+      re += ".*";
+      i++;
+    } else if (c === "*") re += "[^/]*";
+    else if (c === "?") re += "[^/]";
+    else re += c.replace(/[.+^${}()|[\]\\]/g, "\\$&");
+  }
+  return { negate, re: new RegExp(`^${re}$`) };
+}
+
+/** The files of this checkout `docker build .` would send, by the ignore file's rules: the last rule that matches decides. */
+function buildContext(ignore: string[]): string[] {
+  const rules = ignore.map(ignoreRule);
+  const listed = Bun.spawnSync(["git", "ls-files", "--cached", "--others", "--exclude-standard"], { cwd: REPO });
+  const files = listed.stdout
+    .toString()
+    .split("\n")
+    .filter((f) => f !== "" && existsSync(join(REPO, f)));
+  return files.filter((file) => {
+    const parts = file.split("/");
+    const prefixes = parts.map((_, i) => parts.slice(0, i + 1).join("/"));
+    let kept = true;
+    for (const r of rules) if (prefixes.some((p) => r.re.test(p))) kept = r.negate;
+    return kept;
+  });
+}
+
+test("deploy_build_context_compiles_the_binary", async () => {
+  const { stages, ignore } = dockerfile();
+  const context = buildContext(ignore);
+  // The model weights and the kind volume's files never travel; what the binary embeds does.
+  expect(context).toContain("models/tl-kjv-small/tokenizer.json");
+  expect(context.some((f) => f.startsWith("test/") || f.startsWith("bench/") || f.startsWith("deploy/"))).toBe(false);
+  // The build stage, run in a folder holding only the context: its COPY lines, the install, the compile.
+  const work = join(tmp.path, "build");
+  mkdirSync(work, { recursive: true });
+  const build = stages[0]!;
+  for (const line of build.filter((l) => l.startsWith("COPY "))) {
+    const [dest, ...srcs] = line.split(" ").slice(1).reverse();
+    for (const src of srcs) {
+      const files = context.filter((f) => f === src || f.startsWith(`${src}/`));
+      expect(files.length, `COPY ${src}: in the build context`).toBeGreaterThan(0);
+      for (const f of files) {
+        const to = dest!.endsWith("/") ? join(work, dest!, f.slice(f.lastIndexOf("/") + 1)) : join(work, dest!, f.slice(src.length));
+        mkdirSync(dirname(to), { recursive: true });
+        copyFileSync(join(REPO, f), to);
+      }
+    }
+  }
+  // RUN npm ci installs package-lock.json: this checkout's install of the same lockfile stands in.
+  expect(build).toContain("RUN npm ci --no-audit --no-fund");
+  symlinkSync(join(REPO, "node_modules"), join(work, "node_modules"));
+  const compile = build.find((l) => l.includes("bun build --compile"))!.slice("RUN ".length);
+  const arch = process.arch === "arm64" ? "arm64" : "amd64";
+  const run = Bun.spawn(["sh", "-c", compile], { cwd: work, env: { ...process.env, TARGETARCH: arch }, stdout: "pipe", stderr: "pipe" });
+  const [code, err] = [await run.exited, await new Response(run.stderr).text()];
+  expect({ code, err: code === 0 ? "" : err }).toEqual({ code: 0, err: "" });
+  expect(statSync(join(work, "dist", "engine")).size).toBeGreaterThan(1 << 20);
+}, 120_000);
 
 test("deploy_pods_run_as_the_images_numeric_user", () => {
   const run = dockerfile().stages.at(-1)!;

@@ -96,3 +96,55 @@ test("sigterm_past_the_drain_deadline_errors_the_stream", async () => {
     e.proc.kill("SIGKILL");
   }
 }, 40_000);
+
+test("sigterm_on_a_gateway_replica: readiness 503 at once, its streams finish, it exits; the engine keeps serving", async () => {
+  const gw = spawnProc([
+    process.execPath,
+    "bin/engine.ts",
+    ...roleArgs("gateway", ["--drain-timeout-s", "20", "--model", "tl-synthetic-4l", "--heartbeat-interval-ms", "200"]),
+  ]);
+  const gwReady = await gw.ready();
+  const engine = (role: "prefill" | "decode") =>
+    spawnProc([
+      process.execPath,
+      "bin/engine.ts",
+      ...roleArgs(role, ["--model", "tl-synthetic-4l", "--gateway-registry", String(gwReady.registry), "--heartbeat-interval-ms", "200"]),
+    ]);
+  const engines = [engine("prefill"), engine("decode")];
+  try {
+    const engineHttp = String((await engines[1]!.ready()).http);
+    await engines[0]!.ready();
+    const http = String(gwReady.http);
+    const health = async () => (await fetch(`http://${http}/health`)).status;
+    // Ready: the registry lists a pair.
+    const t0 = Date.now();
+    for (;;) {
+      const res = await fetch(`http://${http}/health`);
+      const w = ((await res.json()) as { workers?: { prefill?: number; decode?: number } }).workers;
+      if (res.status === 200 && (w?.prefill ?? 0) >= 1 && (w?.decode ?? 0) >= 1) break;
+      expect(Date.now() - t0).toBeLessThan(20_000);
+      await Bun.sleep(50);
+    }
+    const stream = await streamUntil(http, 300, 3);
+    gw.proc.kill("SIGTERM");
+    // Readiness turns at once, long before the stream ends: a Service stops sending it clients.
+    const t1 = Date.now();
+    while ((await health()) !== 503) {
+      expect(Date.now() - t1).toBeLessThan(2_000);
+      await Bun.sleep(5);
+    }
+    const r = await stream.result;
+    expect(r).toMatchObject({ finish: "length", done: true, error: null, broke: null });
+    expect(await exitWithin(gw.proc, 15_000)).toBe(0);
+    // The engine the replica routed to is untouched: it serves the next replica's (here: a direct) request.
+    const direct = await fetch(`http://${engineHttp}/v1/completions`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({ prompt: "after", max_tokens: 4 }),
+    });
+    expect(direct.status).toBe(200);
+  } finally {
+    gw.proc.kill("SIGKILL");
+    for (const e of engines) e.proc.kill("SIGKILL");
+  }
+}, 60_000);

@@ -1,4 +1,4 @@
-import { type Code, ConnectError } from "@connectrpc/connect";
+import { Code, ConnectError } from "@connectrpc/connect";
 import { create } from "@bufbuild/protobuf";
 import { HeartbeatAckSchema, type HeartbeatAck, type WorkerStatus } from "../../src/gen/tl/control/v1/control_pb.ts";
 import type { Registry } from "../../src/control/index.ts";
@@ -11,13 +11,14 @@ export class FakeRegistry implements Registry {
   readonly signals: AbortSignal[] = [];
   mode: FakeMode = "ok";
   /** Acks handed out in order; once used up, `fallback` is returned. */
-  acks: { drain?: boolean; intervalMs?: number }[] = [];
-  fallback: { drain?: boolean; intervalMs?: number } = {};
+  acks: { drain?: boolean; intervalMs?: number; gatewayId?: string }[] = [];
+  fallback: { drain?: boolean; intervalMs?: number; gatewayId?: string } = {};
 
   heartbeat(status: WorkerStatus, _timeoutMs: number, signal?: AbortSignal): Promise<HeartbeatAck> {
     this.beats.push({ status, atMs: performance.now() });
     if (signal !== undefined) this.signals.push(signal);
-    if (this.mode === "fail") return Promise.reject(new Error("registry down"));
+    // As a registry whose port nothing listens on answers.
+    if (this.mode === "fail") return Promise.reject(new ConnectError("registry down", Code.Unavailable));
     if (this.mode === "hang") return new Promise(() => {});
     return Promise.resolve(create(HeartbeatAckSchema, this.acks.shift() ?? this.fallback));
   }

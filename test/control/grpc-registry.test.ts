@@ -24,7 +24,7 @@ test("grpc_registry_roundtrip", async () => {
   // intervals between one beat and the next listing: at 60 ms the worker was evicted in between.
   const INTERVAL = 400;
   const registry = new WorkerRegistry({ intervalMs: INTERVAL, evictAfterMissed: 3 });
-  const service = new RegistryService(registry);
+  const service = new RegistryService(registry, { maxWorkers: 256 });
   const server = await serveGrpc(service.routes);
   try {
     expect(server.address).toBe(`127.0.0.1:${server.port}`);

@@ -1,5 +1,6 @@
 import { expect, test } from "bun:test";
-import { Heartbeat, beatOnce, newBeatState, workerStatus, type WorkerIdentity, type WorkerLoad } from "../../src/control/index.ts";
+import { Heartbeat, KvEventFeed, beatOnce, newBeatState, workerStatus, type WorkerIdentity, type WorkerLoad } from "../../src/control/index.ts";
+import { KvEventLog, KvPool } from "../../src/pool/index.ts";
 import { FakeRegistry, eventually, sleep } from "./fake-registry.ts";
 
 const identity: WorkerIdentity = {
@@ -171,4 +172,35 @@ test("beat_now_cuts_the_wait_short", async () => {
   } finally {
     await hb.stop();
   }
+});
+
+test("beats carry KV events to a gateway that names itself, none to one that predates them; its absence (not its slowness) is told once", async () => {
+  const pool = new KvPool({ blockTokens: 2, nLayers: 1, nKvHeads: 1, headDim: 2 }, 8);
+  const log = KvEventLog.watching(pool);
+  const gone: string[] = [];
+  const run = async (gatewayId: string) => {
+    const reg = new FakeRegistry();
+    reg.fallback = { gatewayId };
+    const hb = Heartbeat.spawn(reg, identity, () => idle, 20, 100, undefined, {
+      events: new KvEventFeed({ log, named: () => pool.namedHashes() }),
+      onGatewayGone: (id) => gone.push(id),
+    });
+    expect(await eventually(() => reg.beats.length >= 3)).toBe(true);
+    return { reg, hb };
+  };
+  const modern = await run("gateway-a.1");
+  expect(modern.reg.beats.every((b) => b.status.kvEvents !== undefined)).toBe(true);
+  // A replica that stops answering in time is slow, not gone: it keeps its handles.
+  modern.reg.mode = "hang";
+  expect(await eventually(() => modern.hb.state.failures >= 4)).toBe(true);
+  expect(gone).toEqual([]);
+  // Nothing listens at its address from now on: after 3 refusals in a row it is gone, and said so once.
+  modern.reg.mode = "fail";
+  expect(await eventually(() => modern.hb.state.unreachable >= 5)).toBe(true);
+  await modern.hb.stop();
+  expect(gone).toEqual(["gateway-a.1"]);
+  const old = await run("");
+  expect(old.reg.beats[0]!.status.kvEvents).toBeDefined();
+  expect(old.reg.beats.slice(1).every((b) => b.status.kvEvents === undefined)).toBe(true);
+  await old.hb.stop();
 });

@@ -32,7 +32,7 @@ const B = 4;
 
 function served(path: string, groupBytes?: number) {
   const m = readModelFiles(path);
-  return servedModelOf({ ...m, tokenizer: new ByteTokenizer(), eosIds: [257], chatTemplate: null }, { groupBytes });
+  return servedModelOf({ ...m, tokenizer: new ByteTokenizer(), eosIds: [257], chatTemplate: null }, { groupBytes, threads: 1 });
 }
 
 /**
@@ -164,7 +164,7 @@ describe("engines with different model shapes refuse each other's pushes", () =>
           (e: unknown) => e as { code: number; message: string },
         );
       expect(err).not.toBeNull();
-      console.log(`refused push over the ${path}: ${err!.message}`);
+      console.log(`expected refusal of a push over the ${path}: ${err!.message}`);
       expect(err!.message).toMatch(/failed_precondition/);
       expect(err!.message).toMatch(/D=8|headDim|head_dim|shape/);
       expect(src.pool.used).toBe(0);

@@ -8,7 +8,7 @@ import { constraintHash } from "../../src/grammar/index.ts";
 import { CONSTRAINT_HEADER, DRAWS_HEADER, FIRST_TOKEN_HEADER, HANDLE_HEADER } from "../../src/http/index.ts";
 import { chatRendererFor, loadTokenizerFor } from "../../src/model/index.ts";
 import { grpcClient } from "../../src/rpc/index.ts";
-import { sseEvents } from "../support/nodes.ts";
+import { GATEWAY_TUNING, sseEvents } from "../support/nodes.ts";
 import { schemaViolation } from "../support/schema-check.ts";
 
 // The embedded model, P on 2 threads and D on 3 (each on a model thread), the colocated engine on
@@ -18,6 +18,7 @@ let gw: Gateway;
 beforeAll(async () => {
   const m = await loadTokenizerFor({});
   gw = await startGateway({
+    ...GATEWAY_TUNING,
     tokenizer: m.tokenizer,
     chat: chatRendererFor(m.tokenizer, m.chatTemplate),
     modelName: m.name,

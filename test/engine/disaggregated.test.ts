@@ -4,7 +4,7 @@ import { loadModel, startEngineNode, type EngineNode } from "../../src/cli/engin
 import { grpcClient } from "../../src/rpc/index.ts";
 import { EngineControl, PrefillRequestSchema } from "../../src/gen/tl/engine/v1/engine_pb.ts";
 import { DRAWS_HEADER, FIRST_TOKEN_HEADER, HANDLE_HEADER } from "../../src/http/index.ts";
-import { fakeServedModel, sseEvents } from "../support/nodes.ts";
+import { fakeServedModel, sseEvents, GATEWAY_TUNING } from "../support/nodes.ts";
 
 const B = 4;
 let P: EngineNode, D: EngineNode, C: EngineNode;
@@ -194,7 +194,14 @@ describe("disaggregated_equals_colocated with the default model", () => {
     // The gateway tokenizes and renders chat prompts as the engines' default model does (tl-kjv-small).
     const m = await loadTokenizerFor({});
     const chat = chatRendererFor(m.tokenizer, m.chatTemplate);
-    const gw = await startGateway({ tokenizer: m.tokenizer, chat, modelName: m.name, maxModelLen: m.maxSeqLen, heartbeatIntervalMs: 100 });
+    const gw = await startGateway({
+      ...GATEWAY_TUNING,
+      tokenizer: m.tokenizer,
+      chat,
+      modelName: m.name,
+      maxModelLen: m.maxSeqLen,
+      heartbeatIntervalMs: 100,
+    });
     const opts = { blockTokens: 16, numBlocks: 64, gatewayRegistry: gw.registryAddress, heartbeatIntervalMs: 100 };
     const [p, d, c] = await Promise.all([
       startEngineNode({ role: "prefill", ...opts }),

@@ -158,7 +158,7 @@ describe("engine", () => {
     for (const model of [sync, pipelined]) {
       calls = 0;
       const pool = new KvPool(shape, 64);
-      const engine = new Engine({ model, pool, maxModelLen: 256 });
+      const engine = new Engine({ maxBatchTokens: 512, model, pool, maxModelLen: 256 });
       const f = await engine.submit({ requestId: "a", promptTokens: [1, 2, 3, 4, 5], sampling: greedy });
       expect([f.reason, f.error]).toEqual(["error", "boom"]);
       for (let i = 0; i < 100 && pool.used > 0; i++) await Bun.sleep(1);

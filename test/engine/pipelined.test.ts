@@ -251,14 +251,14 @@ describe("engine over a gated pipelined model", () => {
   const sampling: SamplingParams = { ...greedy, maxTokens: 12 };
 
   test("the synchronous model's tokens, with the next step posted before each one settles", async () => {
-    const want = await new Engine({ model: new FakeRunner(), pool: new KvPool(shape, 16), maxModelLen: 64 }).submit({
+    const want = await new Engine({ maxBatchTokens: 512, model: new FakeRunner(), pool: new KvPool(shape, 16), maxModelLen: 64 }).submit({
       requestId: "s",
       promptTokens: [5, 6, 7],
       sampling,
     });
     const runner = new GatedPipelined();
     const pool = new KvPool(shape, 16);
-    const engine = new Engine({ model: runner, pool, maxModelLen: 64 });
+    const engine = new Engine({ maxBatchTokens: 512, model: runner, pool, maxModelLen: 64 });
     const got = engine.submit({ requestId: "a", promptTokens: [5, 6, 7], sampling });
     let ahead = 0;
     for (let settled = false; !settled; ) {
@@ -275,7 +275,7 @@ describe("engine over a gated pipelined model", () => {
   test("a request cancelled while steps ahead are posted keeps their blocks until the newest settles", async () => {
     const runner = new GatedPipelined(3);
     const pool = new KvPool(shape, 4);
-    const engine = new Engine({ model: runner, pool, maxModelLen: 64 });
+    const engine = new Engine({ maxBatchTokens: 512, model: runner, pool, maxModelLen: 64 });
     let tokens = 0;
     const a = engine.submit({ requestId: "a", promptTokens: [1, 2, 3, 4, 5, 6, 7], sampling: { ...sampling, maxTokens: 4 }, onToken: () => tokens++ });
     // The prefill, and the decodes at positions 7 and 8 posted while it runs (8 takes a third block).
@@ -309,14 +309,14 @@ describe("engine over a gated pipelined model", () => {
   });
 
   test("over a model's callback: the steps that ended by the time the engine runs settle in that one pass, with the synchronous model's tokens", async () => {
-    const want = await new Engine({ model: new FakeRunner(), pool: new KvPool(shape, 16), maxModelLen: 64 }).submit({
+    const want = await new Engine({ maxBatchTokens: 512, model: new FakeRunner(), pool: new KvPool(shape, 16), maxModelLen: 64 }).submit({
       requestId: "s",
       promptTokens: [5, 6, 7],
       sampling,
     });
     const runner = new GatedPosting(3);
     const pool = new KvPool(shape, 16);
-    const engine = new Engine({ model: runner, pool, maxModelLen: 64 });
+    const engine = new Engine({ maxBatchTokens: 512, model: runner, pool, maxModelLen: 64 });
     const tokens: number[] = [];
     const got = engine.submit({ requestId: "a", promptTokens: [5, 6, 7], sampling, onToken: (t) => tokens.push(t) });
     let pairs = 0;
@@ -339,7 +339,7 @@ describe("engine over a gated pipelined model", () => {
     const runner = new GatedPosting(3);
     runner.failAt = 4;
     const pool = new KvPool(shape, 16);
-    const engine = new Engine({ model: runner, pool, maxModelLen: 64 });
+    const engine = new Engine({ maxBatchTokens: 512, model: runner, pool, maxModelLen: 64 });
     let tokens = 0;
     const got = engine.submit({ requestId: "a", promptTokens: [5, 6, 7], sampling, onToken: () => tokens++ });
     let settled = false;

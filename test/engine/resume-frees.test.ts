@@ -1,7 +1,6 @@
 import { afterAll, beforeAll, expect, test } from "bun:test";
 import { create } from "@bufbuild/protobuf";
 import { startEngineNode, type EngineNode } from "../../src/cli/engine-node.ts";
-import { promptHashes } from "../../src/codec/index.ts";
 import { grpcClient } from "../../src/rpc/index.ts";
 import { EngineControl, PrefillRequestSchema } from "../../src/gen/tl/engine/v1/engine_pb.ts";
 import { CHOICES_HEADER, DRAWS_HEADER, FIRST_TOKEN_HEADER, HANDLE_HEADER } from "../../src/http/index.ts";
@@ -52,7 +51,7 @@ async function idle(): Promise<void> {
   expect([D.engine.inFlight, D.pool.used, D.receiver!.pending()]).toEqual([0, 0, 0]);
 }
 
-test("a resume whose request id already runs on D is a 409 that releases the handle's blocks at once", async () => {
+test("a resume whose client request id already runs on D is served: ids on D are its own", async () => {
   // 400 tokens (EOS ignored) at 5 ms a step: "busy" runs for the whole test, however loaded the machine.
   (D.model.runner as FakeRunner).slowMs = 5;
   try {
@@ -63,25 +62,42 @@ test("a resume whose request id already runs on D is a 409 that releases the han
       body: JSON.stringify({ prompt: [1, 2, 3], max_tokens: 400, ignore_eos: true, stream: true }),
       signal: ac.signal,
     });
+    expect(running.headers.get("x-request-id")).toBe("busy");
     // Held until the end: a collected response would close the connection and cancel "busy".
     const reader = running.body!.getReader();
     await reader.read();
-    const first = () => D.pool.refCount(D.pool.lookup(promptHashes(prompt, 4)[0]!));
+    (D.model.runner as FakeRunner).slowMs = 0;
     for (const n of [1, 3]) {
       const h = await push(`busy-push-${n}`, n);
       expect(D.receiver!.pending()).toBe(1);
+      // The same x-request-id (it was a 409 before): claimed and decoded under an id D minted.
       const res = await resume(h.handleId, "busy", n === 1 ? [h.firstToken] : h.choiceFirstTokens);
-      expect(res.status).toBe(409);
-      expect(((await res.json()) as { error: { message: string } }).error.message).toMatch(/busy is already in flight/);
-      // The handle's full blocks stay cached but unreferenced; its tail and any copy are free.
-      expect([D.receiver!.pending(), first()]).toEqual([0, 0]);
+      expect(res.status).toBe(200);
+      expect(res.headers.get("x-request-id")).toBe("busy");
+      const body = (await res.json()) as { id: string; choices: { finish_reason: string }[] };
+      expect(body.id).not.toBe("busy");
+      expect(body.choices.map((c) => c.finish_reason)).toEqual(new Array(n).fill("length"));
+      expect(D.receiver!.pending()).toBe(0);
     }
-    expect(D.engine.has("busy")).toBe(true);
+    // The first is still running, unharmed, under its own internal id.
+    expect(D.engine.requestIds().length).toBe(1);
     await reader.cancel();
     ac.abort();
   } finally {
     (D.model.runner as FakeRunner).slowMs = 0;
   }
+  await idle();
+});
+
+test("a client request id that is too long or not printable is a 400 before the claim", async () => {
+  const h = await push("bad-id");
+  for (const id of ["x".repeat(257), "two words"]) {
+    const res = await resume(h.handleId, id, [h.firstToken]);
+    expect(res.status).toBe(400);
+    expect(((await res.json()) as { error: { message: string } }).error.message).toContain("x-request-id must be 1-256 printable ASCII");
+    expect(D.receiver!.pending()).toBe(1);
+  }
+  expect((await resume(h.handleId, "ok-id", [h.firstToken])).status).toBe(200);
   await idle();
 });
 

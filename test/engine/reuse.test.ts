@@ -67,7 +67,7 @@ class EagerPosting extends EagerPipelined {
 const distinct = (xs: readonly unknown[]) => new Set(xs).size;
 
 async function decode(model: ModelRunner, sampling: SamplingParams[]): Promise<number[][]> {
-  const engine = new Engine({ model, pool: new KvPool(shape, 64), maxModelLen: 128 });
+  const engine = new Engine({ maxBatchTokens: 512, model, pool: new KvPool(shape, 64), maxModelLen: 128 });
   const done = sampling.map((s, i) => engine.submit({ requestId: `r${i}`, promptTokens: [3 + i, 9, 4, 1, 7], sampling: s }));
   return (await Promise.all(done)).map((f) => f.outputTokens);
 }

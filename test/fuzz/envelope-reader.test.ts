@@ -463,7 +463,7 @@ function runPush(pc: PushCase, stats: Map<string, number>): void {
   const tokens = fakePrompt(pc.promptLen, pc.promptSeed, 250);
   const P = new KvPool(RX_SHAPE, 16);
   const D = new KvPool(RX_SHAPE, 40);
-  const rx = new KvReceiver(D, { ttlMs: 60_000 });
+  const rx = new KvReceiver(D, { pushIdleTimeoutMs: 10_000, ttlMs: 60_000 });
   try {
     const nFull = Math.floor(tokens.length / RX_B);
     const warm = Math.min(pc.warm, nFull);

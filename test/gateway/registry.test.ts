@@ -52,7 +52,7 @@ test("worker_registry_evicts_and_readmits", () => {
 });
 
 test("worker_registry_live_by_role", () => {
-  const reg = new WorkerRegistry({ now: () => 0 });
+  const reg = new WorkerRegistry({ intervalMs: 2000, now: () => 0 });
   reg.beat(beat("p", Role.PREFILL));
   reg.beat(beat("d", Role.DECODE));
   reg.beat(beat("x", Role.BOTH));
@@ -67,7 +67,7 @@ test("worker_registry_live_by_role", () => {
 
 test("registry_service_validates", async () => {
   const reg = new WorkerRegistry({ intervalMs: 100, now: () => 5000 });
-  const svc = new RegistryService(reg);
+  const svc = new RegistryService(reg, { maxWorkers: 256 });
   const ctx = {} as HandlerContext;
   const codeOf = async (s: WorkerStatus) => {
     try {

@@ -29,7 +29,7 @@ const load = { queueDepth: 0, running: 0, freeBlocks: 8, draining: false };
 let server: GrpcServer, registry: WorkerRegistry, service: RegistryService, client: GrpcRegistry;
 beforeAll(async () => {
   registry = new WorkerRegistry({ intervalMs: 1000 });
-  service = new RegistryService(registry, { expect: want });
+  service = new RegistryService(registry, { maxWorkers: 256, expect: want });
   server = await serveGrpc(service.routes);
   client = new GrpcRegistry(server.address, 1000);
 });

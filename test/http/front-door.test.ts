@@ -1,6 +1,11 @@
 import { afterAll, expect, test } from "bun:test";
 import { apiKeysFrom } from "../../src/http/front-door.ts";
 import { serveHttp } from "../../src/http/serve-http.ts";
+import { GATEWAY_CONFIG_DEFAULTS } from "../../src/cli/options.ts";
+import { httpListener } from "../../src/cli/security.ts";
+
+/** The listener's bounds as [gateway] has them by default. */
+const LISTENER = httpListener(GATEWAY_CONFIG_DEFAULTS);
 
 let reached = 0;
 let lastBody = 0;
@@ -10,9 +15,9 @@ const server = await serveHttp(
     if (req.body) lastBody = (await req.arrayBuffer()).byteLength;
     return Response.json({ ok: true, aborted: req.signal.aborted });
   },
-  { apiKeys: ["k-one", "k-two"], maxRequestBytes: 1000 },
+  { ...LISTENER, apiKeys: ["k-one", "k-two"], maxRequestBytes: 1000 },
 );
-const metricsLocked = await serveHttp(() => new Response("m"), { apiKeys: ["k"], metricsNeedKey: true });
+const metricsLocked = await serveHttp(() => new Response("m"), { ...LISTENER, apiKeys: ["k"], metricsNeedKey: true, maxRequestBytes: 1000 });
 afterAll(async () => {
   await server.stop();
   await metricsLocked.stop();

@@ -3,10 +3,10 @@
 // body, and the connections open at once with a reserve the probes alone may use.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import * as net from "node:net";
-import { ConfigError } from "../../src/cli/options.ts";
+import { ConfigError, GATEWAY_CONFIG_DEFAULTS } from "../../src/cli/options.ts";
 import { securityFrom } from "../../src/cli/security.ts";
 import { type HttpServer, serveHttp } from "../../src/http/index.ts";
-import { startTestCluster } from "../support/nodes.ts";
+import { GATEWAY_TUNING, startTestCluster } from "../support/nodes.ts";
 
 let S: HttpServer;
 let reached = 0;
@@ -17,7 +17,7 @@ beforeAll(async () => {
       const body = req.body ? await req.text() : "";
       return Response.json({ path: new URL(req.url).pathname, bytes: body.length });
     },
-    { headersTimeoutS: 2, bodyTimeoutS: 2, maxConnections: 10, healthReserve: 2 },
+    { headersTimeoutS: 2, bodyTimeoutS: 2, maxConnections: 10, healthReserve: 2, maxRequestBytes: 4 * 1024 * 1024 },
   );
 });
 afterAll(() => S?.stop());
@@ -130,12 +130,12 @@ describe("open connections", () => {
 
 describe("the options", () => {
   test("every role's listener takes them; a reserve as large as the cap is refused at start", async () => {
-    const section = { http_max_connections: 4, http_health_reserve: 4 };
+    const section = { ...GATEWAY_CONFIG_DEFAULTS, http_max_connections: 4, http_health_reserve: 4 };
     expect(() => securityFrom(section, "gateway", ["127.0.0.1"])).toThrow(ConfigError);
     const C = await startTestCluster({
       both: 1,
       node: { frontDoor: { maxConnections: 3, healthReserve: 1 } },
-      gateway: { frontDoor: { maxConnections: 3, healthReserve: 1 } },
+      gateway: { frontDoor: { ...GATEWAY_TUNING.frontDoor, maxConnections: 3, healthReserve: 1 } },
     });
     try {
       for (const addr of [C.gateway.httpAddress, C.both[0]!.httpAddress]) {

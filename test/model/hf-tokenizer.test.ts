@@ -227,9 +227,9 @@ describe("tokenizer refusals", () => {
   });
 
   test("unsupported_gguf_pre_tokenizer_refused", async () => {
-    const meta = { ...byteLevelGgufMeta(QWEN), pre: "deepseek-coder" };
+    const meta = { ...byteLevelGgufMeta(QWEN), pre: "tekken" };
     await expect(buildTokenizer({ kind: "gguf", file: "/m.gguf", meta })).rejects.toThrow(
-      /GGUF pre-tokenizer "deepseek-coder" \(tokenizer.ggml.pre\) is not supported; supported: default, gpt-2, llama-bpe/,
+      /GGUF pre-tokenizer "tekken" \(tokenizer.ggml.pre\) is not supported; supported: default, gpt-2, mpt, llama-bpe/,
     );
   });
 

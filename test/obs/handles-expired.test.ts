@@ -27,7 +27,7 @@ test("the receiver reports each handle its time to live freed, and only those", 
   const expired: string[] = [];
   const P = new KvPool(SHAPE, 32);
   const D = new KvPool(SHAPE, 32);
-  const rx = new KvReceiver(D, { ttlMs: 1000, now: () => t, onExpired: (h) => expired.push(h) });
+  const rx = new KvReceiver(D, { pushIdleTimeoutMs: 10_000, ttlMs: 1000, now: () => t, onExpired: (h) => expired.push(h) });
   try {
     for (const h of ["claimed", "released", "left"]) pushOne(P, rx, h);
     D.releaseAll(rx.claim("claimed")!.blockIds);

@@ -27,7 +27,15 @@ const ENGINE = [
 const SENDER = ["tl_kv_transfer_bytes_total", "tl_kv_blocks_sent_total", "tl_kv_blocks_deduped_total", "tl_kv_transfer_failures_total"];
 const COMMON = ["tl_time_to_first_token_seconds", "tl_time_per_output_token_seconds", "tl_requests_total", ...SERVING];
 const EXPECTED: Record<MetricsRole, string[]> = {
-  gateway: [...COMMON, ...SENDER, "tl_registry_workers"],
+  gateway: [
+    ...COMMON,
+    ...SENDER,
+    "tl_registry_workers",
+    "tl_kv_events_total",
+    "tl_kv_event_bytes_total",
+    "tl_kv_event_snapshots_asked_total",
+    "tl_prefix_index_blocks",
+  ],
   prefill: [...COMMON, ...ENGINE, ...SENDER, "tl_kv_transfer_seconds"],
   decode: [...COMMON, ...ENGINE, "tl_kv_handles_pending", "tl_kv_handles_expired_total"],
   both: [...COMMON, ...ENGINE, ...SENDER, "tl_kv_transfer_seconds", "tl_kv_handles_pending", "tl_kv_handles_expired_total"],

@@ -10,13 +10,18 @@ import { EngineControl, PrefillRequestSchema } from "../../src/gen/tl/engine/v1/
 import { KvPool } from "../../src/pool/index.ts";
 import { grpcClient } from "../../src/rpc/index.ts";
 import { KvReceiver, serveDataPlane } from "../../src/transfer/index.ts";
-import { startTestCluster, type TestCluster } from "../support/nodes.ts";
+import { startTestCluster, type TestCluster, GATEWAY_TUNING } from "../support/nodes.ts";
 import { SHAPE } from "../transfer/harness.ts";
 
 let c: TestCluster;
 beforeAll(async () => {
   // Beats every second: the attacks below keep this one process busy for a while.
-  c = await startTestCluster({ prefill: 1, decode: 1, intervalMs: 1000, gateway: { maxWorkers: 3, frontDoor: { maxRequestBytes: 1 << 20 } } });
+  c = await startTestCluster({
+    prefill: 1,
+    decode: 1,
+    intervalMs: 1000,
+    gateway: { maxWorkers: 3, frontDoor: { ...GATEWAY_TUNING.frontDoor, maxRequestBytes: 1 << 20 } },
+  });
 });
 afterAll(async () => {
   await c?.stop();
@@ -118,7 +123,7 @@ describe("inputs_are_bounded", () => {
 });
 
 test("inputs_are_bounded: the data plane caps connections and cuts idle ones", async () => {
-  const rx = new KvReceiver(new KvPool(SHAPE, 8));
+  const rx = new KvReceiver(new KvPool(SHAPE, 8), { ttlMs: 60_000, pushIdleTimeoutMs: 10_000 });
   const dp = await serveDataPlane(rx, { maxConnections: 4, idleTimeoutMs: 1000 });
   const port = Number(dp.address.slice(dp.address.lastIndexOf(":") + 1));
   const closed: boolean[] = [];

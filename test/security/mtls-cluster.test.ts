@@ -288,4 +288,28 @@ describe("mTLS cluster (1 prefill + 1 decode)", () => {
     // only a TLS ClientHello ever reached the plain host, never a KV payload
     expect(sawBytes).toBeLessThan(2048);
   });
+
+  test("a gateway binds handles only to a replica id its certificate speaks for", async () => {
+    const before = snapshot();
+    const ctl = clientAs(EngineControl, P().grpcAddress, "gateway");
+    const ask = (gatewayId: string) =>
+      ctl.prefill(
+        create(PrefillRequestSchema, {
+          requestId: `owner-${gatewayId}`,
+          prompt: "a prompt long enough for two blocks",
+          decodeTarget: D().kvAddress,
+          kvFormat: KV_FORMAT,
+          sampling: { maxTokens: 2 },
+          gatewayId,
+        }),
+      );
+    // gateway-0's certificate cannot have another replica's handles freed early.
+    expect(await codeOf(ask("gateway-1.0badf00d"))).toBe("PermissionDenied");
+    expect(snapshot()).toEqual(before);
+    // Its own id, with this incarnation's suffix, is taken; the handle is then its to release.
+    const h = await ask("gateway-0.0badf00d");
+    expect(D().receiver!.pending()).toBe(1);
+    expect(await clientAs(KvTransfer, D().kvAddress, "gateway").release({ handleId: h.handleId })).toMatchObject({ released: true });
+    expect(snapshot()).toEqual(before);
+  });
 });

@@ -25,7 +25,7 @@ test("rotated_certificates_take_effect_without_a_restart", async () => {
   };
   put(a);
   const tls = new TlsSource(files, { pollMs: 50 });
-  const rx = new KvReceiver(new KvPool(SHAPE, 8));
+  const rx = new KvReceiver(new KvPool(SHAPE, 8), { ttlMs: 60_000, pushIdleTimeoutMs: 10_000 });
   const kv = await serveKv(rx, { tls });
   const me = pki.material("prefill");
   const grpcSees = async () => {

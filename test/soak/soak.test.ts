@@ -16,7 +16,7 @@ import { stream } from "../../src/rng/index.ts";
 import { Code } from "../../src/rpc/status.ts";
 import { type ClaimedHandle, KvError, type KvReceiver } from "../../src/transfer/index.ts";
 import { startCuttingProxy, type CuttingProxy } from "../support/cutting-proxy.ts";
-import { fakeServedModel } from "../support/nodes.ts";
+import { fakeServedModel, GATEWAY_TUNING } from "../support/nodes.ts";
 
 const LONG = process.env.TL_SOAK === "1";
 const N = Number(process.env.TL_SOAK_REQUESTS ?? (LONG ? 3000 : 300));
@@ -229,7 +229,13 @@ test(
     const started = performance.now();
     const r = rng(SEED);
     const model = fakeServedModel();
-    let gateway: Gateway = await startGateway({ tokenizer: model.tokenizer, modelName: "fake", maxModelLen: 512, heartbeatIntervalMs: 100 });
+    let gateway: Gateway = await startGateway({
+      ...GATEWAY_TUNING,
+      tokenizer: model.tokenizer,
+      modelName: "fake",
+      maxModelLen: 512,
+      heartbeatIntervalMs: 100,
+    });
     const port = (a: string) => Number(a.slice(a.lastIndexOf(":") + 1));
     const gwHttpPort = port(gateway.httpAddress);
     const gwRegistryPort = port(gateway.registryAddress);
@@ -353,6 +359,7 @@ test(
       await gateway.stop();
       await Bun.sleep(100);
       gateway = await startGateway({
+        ...GATEWAY_TUNING,
         tokenizer: model.tokenizer,
         modelName: "fake",
         maxModelLen: 512,
@@ -471,7 +478,9 @@ test(
     for (const [o] of completed) served.set(o.served, (served.get(o.served) ?? 0) + 1);
     const notFound = ledgers.reduce((a, l) => a + l.notFound, 0);
     console.log(
-      `soak: ${N} requests in ${(loadMs / 1000).toFixed(1)} s (seed ${SEED}); outcomes ${JSON.stringify(Object.fromEntries(byKind))}; ` +
+      // Errors here are the injected faults at work (a gateway and a decode engine restarted,
+      // connections refused and reset meanwhile); the checks below decide pass or fail.
+      `soak (errors below are expected under the injected faults): ${N} requests in ${(loadMs / 1000).toFixed(1)} s (seed ${SEED}); outcomes ${JSON.stringify(Object.fromEntries(byKind))}; ` +
         `served ${JSON.stringify(Object.fromEntries(served))}; errors ${JSON.stringify(Object.fromEntries(errorKinds), null, 1)}; faults ${JSON.stringify({ ...faults, kvCuts: proxy.cuts(), evictedDedupResends: notFound, handlesExpired: expired.length })}`,
     );
     // The faults happened, and the run still served most requests (else it proves nothing).

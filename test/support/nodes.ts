@@ -29,6 +29,13 @@ import { startGateway, type Gateway, type GatewayOptions } from "../../src/gatew
 import type { PeerRole } from "../../src/rpc/peer-identity.ts";
 import { TlsSource } from "../../src/rpc/tls-config.ts";
 import { leafFiles, type TestPki } from "./certs.ts";
+import { gatewayTuning } from "../../src/cli/run-engine.ts";
+
+/**
+ * startGateway's tuning in tests: the [gateway] defaults, except that every request is
+ * disaggregated (disagg_min_uncached_tokens 0), which is what these tests look at.
+ */
+export const GATEWAY_TUNING = { ...gatewayTuning(), disaggMinUncachedTokens: 0 };
 
 export interface TestCluster {
   gateway: Gateway;
@@ -39,6 +46,11 @@ export interface TestCluster {
   /** Resolves once the registry lists `n` live workers. */
   waitForWorkers(n: number, timeoutMs?: number): Promise<void>;
   stop(): Promise<void>;
+}
+
+/** A gateway for the fake model with no engine yet (tests start theirs), told to expect beats every 100 ms. */
+export function startLoneGateway(more: Partial<GatewayOptions> = {}): Promise<Gateway> {
+  return startGateway({ ...GATEWAY_TUNING, tokenizer: fakeServedModel().tokenizer, modelName: "fake", maxModelLen: 512, heartbeatIntervalMs: 100, ...more });
 }
 
 /** A gateway and engines in this process with the fake model, beating every `intervalMs`. */
@@ -57,6 +69,7 @@ export async function startTestCluster(opts: {
   const pki = opts.pki;
   const tlsFor = async (role: PeerRole, id: string) => (pki ? new TlsSource(await leafFiles(pki, role, id)) : null);
   const gateway = await startGateway({
+    ...GATEWAY_TUNING,
     tokenizer,
     modelName: "fake",
     maxModelLen: 512,

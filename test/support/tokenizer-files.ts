@@ -3,6 +3,7 @@
 // for the same vocabularies. Tests write them; nothing is downloaded.
 import { BYTE_TO_CHAR } from "../../src/model/byte-level.ts";
 import type { GgufTokenizerMeta } from "../../src/model/tokenizer-source.ts";
+import { encodeGguf, type GgufKv, GT } from "./model-writers.ts";
 
 const added = (id: number, content: string, special = true) => ({ id, content, single_word: false, lstrip: false, rstrip: false, normalized: false, special });
 const bl = (s: string) => Array.from(new TextEncoder().encode(s), (b) => BYTE_TO_CHAR[b]!).join("");
@@ -138,6 +139,7 @@ export function byteLevelGgufMeta(opts: ByteLevelOptions): GgufTokenizerMeta {
     paddingId: null,
     addBos: opts.bos,
     addEos: false,
+    addSpacePrefix: null,
     chatTemplate: null,
   };
 }
@@ -244,6 +246,35 @@ export function spmGgufMeta(): GgufTokenizerMeta {
     paddingId: null,
     addBos: true,
     addEos: false,
+    addSpacePrefix: null,
     chatTemplate: null,
   };
+}
+
+/**
+ * A vocabulary-only GGUF file, as llama.cpp's models/ggml-vocab-*.gguf are: `general.architecture`
+ * and the tokenizer.* keys of `meta`, no tensors. `extra` adds keys (add_space_prefix...).
+ */
+export function vocabOnlyGguf(meta: GgufTokenizerMeta, arch: string, extra: GgufKv[] = []): Uint8Array {
+  const kvs: GgufKv[] = [
+    ["general.architecture", GT.str, arch],
+    ["general.name", GT.str, `vocab-${arch}`],
+    ["tokenizer.ggml.model", GT.str, meta.model],
+    ["tokenizer.ggml.tokens", GT.arr, [GT.str, meta.tokens]],
+  ];
+  if (meta.pre !== null) kvs.push(["tokenizer.ggml.pre", GT.str, meta.pre]);
+  if (meta.scores) kvs.push(["tokenizer.ggml.scores", GT.arr, [GT.f32, Array.from(meta.scores)]]);
+  if (meta.tokenTypes) kvs.push(["tokenizer.ggml.token_type", GT.arr, [GT.i32, Array.from(meta.tokenTypes)]]);
+  if (meta.merges) kvs.push(["tokenizer.ggml.merges", GT.arr, [GT.str, meta.merges]]);
+  const ids: [string, number | null][] = [
+    ["bos_token_id", meta.bosId],
+    ["eos_token_id", meta.eosId],
+    ["unknown_token_id", meta.unknownId],
+    ["padding_token_id", meta.paddingId],
+  ];
+  for (const [k, v] of ids) if (v !== null) kvs.push([`tokenizer.ggml.${k}`, GT.u32, v]);
+  if (meta.addBos !== null) kvs.push(["tokenizer.ggml.add_bos_token", GT.bool, meta.addBos]);
+  if (meta.addEos !== null) kvs.push(["tokenizer.ggml.add_eos_token", GT.bool, meta.addEos]);
+  if (meta.addSpacePrefix !== null) kvs.push(["tokenizer.ggml.add_space_prefix", GT.bool, meta.addSpacePrefix]);
+  return encodeGguf([...kvs, ...extra], []);
 }

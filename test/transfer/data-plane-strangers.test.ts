@@ -48,7 +48,7 @@ describe("an mTLS data plane under a flood of unauthenticated sockets", () => {
   let client: DataPlaneClient;
   const P = new KvPool(SHAPE, 64);
   beforeAll(async () => {
-    rx = new KvReceiver(new KvPool(SHAPE, 64));
+    rx = new KvReceiver(new KvPool(SHAPE, 64), { ttlMs: 60_000, pushIdleTimeoutMs: 10_000 });
     // The defaults but a short handshake deadline (Bun's socket timeouts have a one-second grain).
     dp = await serveDataPlane(rx, { tls: new TlsSource(pki.files("decode")), handshakeTimeoutMs: 1000 });
     client = new DataPlaneClient({ tls: new TlsSource(pki.files("prefill")), timeoutMs: 5000 });
@@ -87,7 +87,7 @@ describe("an mTLS data plane under a flood of unauthenticated sockets", () => {
   });
 
   test("a flood arriving while a peer dials: the push gets through (on the data plane, or on gRPC when its handshake was cut)", async () => {
-    const rxK = new KvReceiver(new KvPool(SHAPE, 64));
+    const rxK = new KvReceiver(new KvPool(SHAPE, 64), { ttlMs: 60_000, pushIdleTimeoutMs: 10_000 });
     const kv = await serveKv(rxK, { tls: new TlsSource(pki.files("decode")) });
     const t = new RoutingTransport({ tls: new TlsSource(pki.files("prefill")), timeoutMs: 5000 });
     try {

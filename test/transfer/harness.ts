@@ -32,10 +32,10 @@ export interface Decode {
 
 export async function startDecode(
   path: Path,
-  opts: { blocks?: number; shape?: KvShape; rx?: KvReceiverOptions; advertiseDataPlane?: string } = {},
+  opts: { blocks?: number; shape?: KvShape; rx?: Partial<KvReceiverOptions>; advertiseDataPlane?: string } = {},
 ): Promise<Decode> {
   const pool = new KvPool(opts.shape ?? SHAPE, opts.blocks ?? 64);
-  const rx = new KvReceiver(pool, opts.rx);
+  const rx = new KvReceiver(pool, { ttlMs: 60_000, pushIdleTimeoutMs: 10_000, ...opts.rx });
   const server = await serveKv(rx, {
     dataPlane: path === "data-plane",
     ...(opts.advertiseDataPlane !== undefined ? { advertiseDataPlane: opts.advertiseDataPlane } : {}),

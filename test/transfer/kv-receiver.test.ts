@@ -19,7 +19,7 @@ function code(f: () => unknown): number {
 test("receiver_caps_duplicates_and_shortage", () => {
   const P = new KvPool(SHAPE, 32);
   const D = new KvPool(SHAPE, 6);
-  const rx = new KvReceiver(D, { maxPending: 2, maxInFlight: 1 });
+  const rx = new KvReceiver(D, { ttlMs: 60_000, pushIdleTimeoutMs: 10_000, maxPending: 2, maxInFlight: 1 });
   try {
     const tokens = fakePrompt(9, 5);
     const pre = fakePrefill(P, tokens)!;
@@ -74,7 +74,7 @@ test("import_zeroes_slots_past_the_fill", () => {
   // and a reused block must not keep its previous contents.
   const P = new KvPool(SHAPE, 8);
   const D = new KvPool(SHAPE, 2);
-  const rx = new KvReceiver(D);
+  const rx = new KvReceiver(D, { ttlMs: 60_000, pushIdleTimeoutMs: 10_000 });
   try {
     D.bytes.fill(0x5a); // stale contents in every D block
     const pre = fakePrefill(P, fakePrompt(6, 9))!; // one full block + a tail of 2

@@ -39,7 +39,15 @@ const codeOf = (f: () => unknown) => {
 test("one_peer_cannot_take_another_peers_share", () => {
   const P = new KvPool(SHAPE, 64);
   const D = new KvPool(SHAPE, 16);
-  const rx = new KvReceiver(D, { maxPending: 8, maxInFlight: 4, maxBlocksPerPeer: 6, maxPendingPerPeer: 3, maxInFlightPerPeer: 1 });
+  const rx = new KvReceiver(D, {
+    ttlMs: 60_000,
+    pushIdleTimeoutMs: 10_000,
+    maxPending: 8,
+    maxInFlight: 4,
+    maxBlocksPerPeer: 6,
+    maxPendingPerPeer: 3,
+    maxInFlightPerPeer: 1,
+  });
   try {
     // p-1 fills its block share (3 blocks a push, 6 at most): the third push is refused mid-way, freed
     expect(codeOf(() => pushAs(rx, "p-1", "a", P, fakePrompt(12, 1)))).toBe("ok");
@@ -69,7 +77,7 @@ test("one_peer_cannot_take_another_peers_share", () => {
 test("handles_are_bound_to_the_peer_that_pushed_them", () => {
   const P = new KvPool(SHAPE, 32);
   const D = new KvPool(SHAPE, 16);
-  const rx = new KvReceiver(D);
+  const rx = new KvReceiver(D, { ttlMs: 60_000, pushIdleTimeoutMs: 10_000 });
   try {
     pushAs(rx, "p-1", "mine", P, fakePrompt(9, 1));
     // another prefill engine cannot release it (nor learn it exists: same answer as unknown)

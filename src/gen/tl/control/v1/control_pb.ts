@@ -12,7 +12,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file tl/control/v1/control.proto.
  */
 export const file_tl_control_v1_control: GenFile = /*@__PURE__*/
-  fileDesc("Cht0bC9jb250cm9sL3YxL2NvbnRyb2wucHJvdG8SDXRsLmNvbnRyb2wudjEi3wIKDFdvcmtlclN0YXR1cxIRCgl3b3JrZXJfaWQYASABKAkSFAoMaHR0cF9hZGRyZXNzGAIgASgJEhQKDGdycGNfYWRkcmVzcxgDIAEoCRISCgprdl9hZGRyZXNzGAQgASgJEiEKBHJvbGUYBSABKA4yEy50bC5jb250cm9sLnYxLlJvbGUSDQoFbW9kZWwYBiABKAkSEQoJa3ZfZm9ybWF0GAcgASgNEhMKC3F1ZXVlX2RlcHRoGAggASgNEg8KB3J1bm5pbmcYCSABKA0SEwoLZnJlZV9ibG9ja3MYCiABKA0SFAoMdG90YWxfYmxvY2tzGAsgASgNEhAKCGRyYWluaW5nGAwgASgIEgsKA3NlcRgNIAEoBBIUCgxibG9ja190b2tlbnMYDiABKA0SEgoKdm9jYWJfc2l6ZRgPIAEoDRIdChV0b2tlbml6ZXJfZmluZ2VycHJpbnQYECABKAkiMgoMSGVhcnRiZWF0QWNrEg0KBWRyYWluGAEgASgIEhMKC2ludGVydmFsX21zGAIgASgNIhQKEkxpc3RXb3JrZXJzUmVxdWVzdCJCChNMaXN0V29ya2Vyc1Jlc3BvbnNlEisKB3dvcmtlcnMYASADKAsyGi50bC5jb250cm9sLnYxLldvcmtlckVudHJ5ImUKC1dvcmtlckVudHJ5EisKBnN0YXR1cxgBIAEoCzIbLnRsLmNvbnRyb2wudjEuV29ya2VyU3RhdHVzEhkKEWxhc3Rfc2Vlbl91bml4X21zGAIgASgDEg4KBm1pc3NlZBgDIAEoDSpOCgRSb2xlEhQKEFJPTEVfVU5TUEVDSUZJRUQQABIQCgxST0xFX1BSRUZJTEwQARIPCgtST0xFX0RFQ09ERRACEg0KCVJPTEVfQk9USBADMq0BCg5Xb3JrZXJSZWdpc3RyeRJFCglIZWFydGJlYXQSGy50bC5jb250cm9sLnYxLldvcmtlclN0YXR1cxobLnRsLmNvbnRyb2wudjEuSGVhcnRiZWF0QWNrElQKC0xpc3RXb3JrZXJzEiEudGwuY29udHJvbC52MS5MaXN0V29ya2Vyc1JlcXVlc3QaIi50bC5jb250cm9sLnYxLkxpc3RXb3JrZXJzUmVzcG9uc2ViBnByb3RvMw");
+  fileDesc("Cht0bC9jb250cm9sL3YxL2NvbnRyb2wucHJvdG8SDXRsLmNvbnRyb2wudjEixgMKDFdvcmtlclN0YXR1cxIRCgl3b3JrZXJfaWQYASABKAkSFAoMaHR0cF9hZGRyZXNzGAIgASgJEhQKDGdycGNfYWRkcmVzcxgDIAEoCRISCgprdl9hZGRyZXNzGAQgASgJEiEKBHJvbGUYBSABKA4yEy50bC5jb250cm9sLnYxLlJvbGUSDQoFbW9kZWwYBiABKAkSEQoJa3ZfZm9ybWF0GAcgASgNEhMKC3F1ZXVlX2RlcHRoGAggASgNEg8KB3J1bm5pbmcYCSABKA0SEwoLZnJlZV9ibG9ja3MYCiABKA0SFAoMdG90YWxfYmxvY2tzGAsgASgNEhAKCGRyYWluaW5nGAwgASgIEgsKA3NlcRgNIAEoBBIUCgxibG9ja190b2tlbnMYDiABKA0SEgoKdm9jYWJfc2l6ZRgPIAEoDRIdChV0b2tlbml6ZXJfZmluZ2VycHJpbnQYECABKAkSKgoJa3ZfZXZlbnRzGBEgASgLMhcudGwuY29udHJvbC52MS5LdkV2ZW50cxISCgpwYXJhbWV0ZXJzGBIgASgEEg0KBWR0eXBlGBMgASgJEhYKDnJlc2lkZW50X2J5dGVzGBQgASgEIqMBCghLdkV2ZW50cxIRCglmaXJzdF9zZXEYASABKAQSJgoGZXZlbnRzGAIgAygLMhYudGwuY29udHJvbC52MS5LdkV2ZW50EhAKCHNuYXBzaG90GAMgASgIEhYKDnNuYXBzaG90X2luZGV4GAQgASgNEhUKDXNuYXBzaG90X2xhc3QYBSABKAgSDAoEbW9yZRgGIAEoCBINCgVlcG9jaBgHIAEoBiIqCgdLdkV2ZW50Eg8KB3JlbW92ZWQYASABKAgSDgoGaGFzaGVzGAIgAygGInAKDEhlYXJ0YmVhdEFjaxINCgVkcmFpbhgBIAEoCBITCgtpbnRlcnZhbF9tcxgCIAEoDRITCgtrdl9uZXh0X3NlcRgDIAEoBBITCgtrdl9zbmFwc2hvdBgEIAEoCBISCgpnYXRld2F5X2lkGAUgASgJIhQKEkxpc3RXb3JrZXJzUmVxdWVzdCJCChNMaXN0V29ya2Vyc1Jlc3BvbnNlEisKB3dvcmtlcnMYASADKAsyGi50bC5jb250cm9sLnYxLldvcmtlckVudHJ5ImUKC1dvcmtlckVudHJ5EisKBnN0YXR1cxgBIAEoCzIbLnRsLmNvbnRyb2wudjEuV29ya2VyU3RhdHVzEhkKEWxhc3Rfc2Vlbl91bml4X21zGAIgASgDEg4KBm1pc3NlZBgDIAEoDSpOCgRSb2xlEhQKEFJPTEVfVU5TUEVDSUZJRUQQABIQCgxST0xFX1BSRUZJTEwQARIPCgtST0xFX0RFQ09ERRACEg0KCVJPTEVfQk9USBADMq0BCg5Xb3JrZXJSZWdpc3RyeRJFCglIZWFydGJlYXQSGy50bC5jb250cm9sLnYxLldvcmtlclN0YXR1cxobLnRsLmNvbnRyb2wudjEuSGVhcnRiZWF0QWNrElQKC0xpc3RXb3JrZXJzEiEudGwuY29udHJvbC52MS5MaXN0V29ya2Vyc1JlcXVlc3QaIi50bC5jb250cm9sLnYxLkxpc3RXb3JrZXJzUmVzcG9uc2ViBnByb3RvMw");
 
 /**
  * @generated from message tl.control.v1.WorkerStatus
@@ -102,6 +102,32 @@ export type WorkerStatus = Message<"tl.control.v1.WorkerStatus"> & {
    * @generated from field: string tokenizer_fingerprint = 16;
    */
   tokenizerFingerprint: string;
+
+  /**
+   * The blocks this engine named and dropped since the gateway's cursor (docs: "KV events").
+   * Absent: the engine reports nothing (a prefill-only engine, or an older one).
+   *
+   * @generated from field: tl.control.v1.KvEvents kv_events = 17;
+   */
+  kvEvents?: KvEvents | undefined;
+
+  /**
+   * The served model as /v1/models shows it: parameter count, stored dtype, resident bytes of
+   * its weights. 0 / empty: not reported (older engines).
+   *
+   * @generated from field: uint64 parameters = 18;
+   */
+  parameters: bigint;
+
+  /**
+   * @generated from field: string dtype = 19;
+   */
+  dtype: string;
+
+  /**
+   * @generated from field: uint64 resident_bytes = 20;
+   */
+  residentBytes: bigint;
 };
 
 /**
@@ -110,6 +136,90 @@ export type WorkerStatus = Message<"tl.control.v1.WorkerStatus"> & {
  */
 export const WorkerStatusSchema: GenMessage<WorkerStatus> = /*@__PURE__*/
   messageDesc(file_tl_control_v1_control, 0);
+
+/**
+ * One beat's slice of an engine's KV event stream: the full blocks its pool named (stored) or
+ * evicted (removed), each event numbered from 1 in the engine's incarnation, bounded per beat.
+ *
+ * @generated from message tl.control.v1.KvEvents
+ */
+export type KvEvents = Message<"tl.control.v1.KvEvents"> & {
+  /**
+   * The seq of events[0]; the events that follow are numbered consecutively. For a snapshot
+   * piece: the stream position the snapshot was taken at (events from there follow it).
+   *
+   * @generated from field: uint64 first_seq = 1;
+   */
+  firstSeq: bigint;
+
+  /**
+   * @generated from field: repeated tl.control.v1.KvEvent events = 2;
+   */
+  events: KvEvent[];
+
+  /**
+   * This batch is piece snapshot_index of a snapshot: events hold only stored hashes, piece 0
+   * makes the receiver forget what it held for this worker, the last piece sets its cursor.
+   *
+   * @generated from field: bool snapshot = 3;
+   */
+  snapshot: boolean;
+
+  /**
+   * @generated from field: uint32 snapshot_index = 4;
+   */
+  snapshotIndex: number;
+
+  /**
+   * @generated from field: bool snapshot_last = 5;
+   */
+  snapshotLast: boolean;
+
+  /**
+   * The engine holds events past these (the beat was full): the receiver is not caught up yet.
+   *
+   * @generated from field: bool more = 6;
+   */
+  more: boolean;
+
+  /**
+   * Random per engine incarnation: a change means a restarted engine, whose seqs start afresh.
+   *
+   * @generated from field: fixed64 epoch = 7;
+   */
+  epoch: bigint;
+};
+
+/**
+ * Describes the message tl.control.v1.KvEvents.
+ * Use `create(KvEventsSchema)` to create a new message.
+ */
+export const KvEventsSchema: GenMessage<KvEvents> = /*@__PURE__*/
+  messageDesc(file_tl_control_v1_control, 1);
+
+/**
+ * @generated from message tl.control.v1.KvEvent
+ */
+export type KvEvent = Message<"tl.control.v1.KvEvent"> & {
+  /**
+   * false: the engine now holds these full blocks; true: it evicted them.
+   *
+   * @generated from field: bool removed = 1;
+   */
+  removed: boolean;
+
+  /**
+   * @generated from field: repeated fixed64 hashes = 2;
+   */
+  hashes: bigint[];
+};
+
+/**
+ * Describes the message tl.control.v1.KvEvent.
+ * Use `create(KvEventSchema)` to create a new message.
+ */
+export const KvEventSchema: GenMessage<KvEvent> = /*@__PURE__*/
+  messageDesc(file_tl_control_v1_control, 2);
 
 /**
  * @generated from message tl.control.v1.HeartbeatAck
@@ -124,6 +234,27 @@ export type HeartbeatAck = Message<"tl.control.v1.HeartbeatAck"> & {
    * @generated from field: uint32 interval_ms = 2;
    */
   intervalMs: number;
+
+  /**
+   * The next KV event seq this gateway wants from the engine (0: none applied yet).
+   *
+   * @generated from field: uint64 kv_next_seq = 3;
+   */
+  kvNextSeq: bigint;
+
+  /**
+   * The gateway lost the stream (a gap, another epoch, or it never saw this worker): send a snapshot.
+   *
+   * @generated from field: bool kv_snapshot = 4;
+   */
+  kvSnapshot: boolean;
+
+  /**
+   * The gateway replica's identity, fixed for its process: handles it asked for are bound to it.
+   *
+   * @generated from field: string gateway_id = 5;
+   */
+  gatewayId: string;
 };
 
 /**
@@ -131,7 +262,7 @@ export type HeartbeatAck = Message<"tl.control.v1.HeartbeatAck"> & {
  * Use `create(HeartbeatAckSchema)` to create a new message.
  */
 export const HeartbeatAckSchema: GenMessage<HeartbeatAck> = /*@__PURE__*/
-  messageDesc(file_tl_control_v1_control, 1);
+  messageDesc(file_tl_control_v1_control, 3);
 
 /**
  * @generated from message tl.control.v1.ListWorkersRequest
@@ -144,7 +275,7 @@ export type ListWorkersRequest = Message<"tl.control.v1.ListWorkersRequest"> & {
  * Use `create(ListWorkersRequestSchema)` to create a new message.
  */
 export const ListWorkersRequestSchema: GenMessage<ListWorkersRequest> = /*@__PURE__*/
-  messageDesc(file_tl_control_v1_control, 2);
+  messageDesc(file_tl_control_v1_control, 4);
 
 /**
  * @generated from message tl.control.v1.ListWorkersResponse
@@ -161,7 +292,7 @@ export type ListWorkersResponse = Message<"tl.control.v1.ListWorkersResponse"> &
  * Use `create(ListWorkersResponseSchema)` to create a new message.
  */
 export const ListWorkersResponseSchema: GenMessage<ListWorkersResponse> = /*@__PURE__*/
-  messageDesc(file_tl_control_v1_control, 3);
+  messageDesc(file_tl_control_v1_control, 5);
 
 /**
  * @generated from message tl.control.v1.WorkerEntry
@@ -188,7 +319,7 @@ export type WorkerEntry = Message<"tl.control.v1.WorkerEntry"> & {
  * Use `create(WorkerEntrySchema)` to create a new message.
  */
 export const WorkerEntrySchema: GenMessage<WorkerEntry> = /*@__PURE__*/
-  messageDesc(file_tl_control_v1_control, 4);
+  messageDesc(file_tl_control_v1_control, 6);
 
 /**
  * @generated from enum tl.control.v1.Role
