@@ -5,8 +5,8 @@
 //   floor 4  http, control            thin adapters over the use cases
 //   floor 3  handoff, transfer        one request's hand-off; KV transfer
 //   floor 2  rpc, engine              gRPC floor (servers, clients, status); the engine loop
-//   floor 1  model, pool, codec, rng, obs, gen
-const CORE = "^src/(codec|rng|pool|model|engine|obs)/";
+//   floor 1  model, pool, codec, rng, grammar, obs, gen
+const CORE = "^src/(codec|rng|pool|model|grammar|engine|obs)/";
 const ADAPTERS = ["http", "transfer", "control", "gateway", "handoff", "rpc", "cli"];
 
 /** `from` may not import any of the src/ folders `folders`. */
@@ -31,6 +31,7 @@ module.exports = {
       to: { path: ["^node_modules/@connectrpc/", "^src/gen/"] },
     },
     forbid("core-imports-no-adapter", CORE, ADAPTERS, "The pure core never imports an adapter or a use case."),
+    forbid("grammar-is-a-leaf", "^src/grammar/", ["codec", "rng", "pool", "model", "engine", "obs"], "src/grammar wraps xgrammar and imports none of ours, so the model thread may use it too."),
     forbid("rpc-is-a-floor", "^src/rpc/", ["transfer", "control", "gateway", "http", "handoff", "cli"], "src/rpc lies below every adapter."),
     forbid("transfer-below-adapters", "^src/transfer/", ["control", "gateway", "http", "handoff", "cli"], "transfer is used by the hand-off and the adapters, never the other way."),
     forbid("handoff-below-adapters", "^src/handoff/", ["control", "gateway", "http", "cli"], "The use cases know no adapter."),

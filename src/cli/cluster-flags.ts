@@ -28,6 +28,8 @@ export const CLUSTER_OPTIONS: Readonly<Record<string, Rule>> = {
   tokenizer: "all",
   // The gateway renders chat prompts (what it hashes and P prefills) with the engines' template.
   chat_template: "all",
+  // The gateway reads tool calls from the text the engines generate.
+  tool_call_parser: "all",
   max_model_len: "all",
   drain_timeout_s: "all",
   heartbeat_interval_ms: "all",

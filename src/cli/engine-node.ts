@@ -1,4 +1,5 @@
 import { log } from "../obs/index.ts";
+import type { ToolParserName } from "../http/index.ts";
 import { GatewayBeats, GrpcRegistry, parseRegistryTargets, receivesKv, type EngineRole, type Resolver } from "../control/index.ts";
 import { serveGrpc, type GrpcServer } from "../rpc/index.ts";
 import { controlService, type ControlContext } from "../control/control-service.ts";
@@ -86,6 +87,8 @@ export interface EngineNodeOptions {
   servedModelName?: string;
   /** A Jinja chat template file overriding the model's (--chat-template). */
   chatTemplatePath?: string;
+  /** --tool-call-parser: how tool_choice "auto" reads calls; default: what the chat template shows. */
+  toolCallParser?: ToolParserName | null;
   blockTokens?: number;
   numBlocks?: number;
   maxModelLen?: number;
@@ -378,6 +381,7 @@ export async function startEngineNode(opts: EngineNodeOptions): Promise<EngineNo
         engine,
         tokenizer: model.tokenizer,
         chat,
+        toolParser: opts.toolCallParser ?? null,
         modelName: model.name,
         modelStats: model.stats,
         workerId,

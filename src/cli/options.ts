@@ -124,6 +124,14 @@ export const SPECS = [
   },
   {
     section: "engine",
+    key: "tool_call_parser",
+    kind: "choice",
+    choices: ["", "hermes", "llama3_json"],
+    dflt: "",
+    help: 'how tool_choice "auto" reads tool calls from the output (vLLM\'s names); empty: what the chat template shows',
+  },
+  {
+    section: "engine",
     key: "dtype",
     kind: "choice",
     choices: ["as-stored", "f32", "f16", "bf16", "q8_0"],
@@ -192,6 +200,7 @@ export const SPECS = [
   { section: "gateway", key: "tokenizer", kind: "string", dflt: "", help: "as [engine] tokenizer" },
   { section: "gateway", key: "served_model_name", kind: "string", dflt: "", help: "as [engine] served_model_name" },
   { section: "gateway", key: "chat_template", kind: "string", dflt: "", help: "as [engine] chat_template (must match the engines')" },
+  { section: "gateway", key: "tool_call_parser", kind: "choice", choices: ["", "hermes", "llama3_json"], dflt: "", help: "as [engine] tool_call_parser" },
   {
     section: "gateway",
     key: "max_model_len",

@@ -1,3 +1,4 @@
+import type { ToolParserName } from "../http/index.ts";
 import { Code } from "@connectrpc/connect";
 import { hostname } from "node:os";
 import { crc32cBackend } from "../codec/index.ts";
@@ -45,6 +46,7 @@ export async function runEngine(config: Config): Promise<EngineNode> {
     tokenizerPath: String(e.tokenizer) || undefined,
     servedModelName: String(e.served_model_name) || undefined,
     chatTemplatePath: String(e.chat_template) || undefined,
+    toolCallParser: (String(e.tool_call_parser) || null) as ToolParserName | null,
     dtype: String(e.dtype) as ModelOptions["dtype"],
     threads: Number(e.threads),
     modelThread: String(e.model_thread) as ModelOptions["modelThread"],
@@ -154,6 +156,7 @@ export async function runGateway(config: Config): Promise<Gateway> {
     registryPort: reg.port,
     tokenizer: model.tokenizer,
     chat: chatRendererFor(model.tokenizer, model.chatTemplate ?? null, String(g.chat_template) || undefined),
+    toolParser: (String(g.tool_call_parser) || null) as ToolParserName | null,
     modelName: model.name,
     maxModelLen,
     ...gatewayTuning(g),

@@ -14,7 +14,8 @@ import {
   type SamplingParams as SamplingProto,
   type SamplingParamsSchema,
 } from "../gen/tl/engine/v1/engine_pb.ts";
-import type { Tokenizer } from "../model/index.ts";
+import { grammarVocab, type Tokenizer } from "../model/index.ts";
+import { type CompiledConstraint, compilerFor, ConstraintError, type ConstraintKind, type ConstraintSpec } from "../grammar/index.ts";
 import { FAILED_SIDE_HEADER, type Handoff, HandoffError, type PrefillPushContext, prefillAndPush } from "../handoff/index.ts";
 import { endSpan, extractHeaders, SpanKind, startSpan, type Attributes } from "../obs/index.ts";
 import { MAX_TOP_LOGPROBS, randomSeed, validateLogits, validateSampling } from "../rng/index.ts";
@@ -153,10 +154,28 @@ function validatePrefill(ctx: ControlContext, req: PrefillRequest): { tokens: nu
   return { tokens, sampling };
 }
 
-/** The hand-off as the KvHandle message. */
-function kvHandleOf(h: Handoff): KvHandle {
+/**
+ * PrefillRequest.structured, compiled on this engine (cached per grammar): INVALID_ARGUMENT
+ * naming why when it cannot be, before any prefill; null when the request has none.
+ */
+async function compileStructured(ctx: ControlContext, req: PrefillRequest): Promise<CompiledConstraint | null> {
+  const so = req.structured;
+  if (so === undefined) return null;
+  const spec: ConstraintSpec = { kind: so.kind as ConstraintKind, source: so.source };
+  const compiler = await compilerFor(ctx.tokenizer, () => grammarVocab(ctx.tokenizer, ctx.engine.model.vocabSize));
+  try {
+    return await compiler.compile(spec);
+  } catch (e) {
+    if (e instanceof ConstraintError) throw invalid(`structured: ${e.message}`);
+    throw e;
+  }
+}
+
+/** The hand-off as the KvHandle message; `constraintHash` names the structured output its first tokens were sampled under. */
+function kvHandleOf(h: Handoff, constraintHash = ""): KvHandle {
   const out = h.prefill;
   return create(KvHandleSchema, {
+    constraintHash,
     handleId: h.handleId,
     firstToken: out.firstToken,
     blockHashes: out.hashes,
@@ -222,6 +241,10 @@ export function controlService(ctx: ControlContext): ServiceImpl<typeof EngineCo
       try {
         const { tokens, sampling } = validatePrefill(ctx, req);
         checkGatewayId(req.gatewayId, callerOf(callCtx));
+        const compiled = await compileStructured(ctx, req);
+        const constraint = compiled
+          ? await (await compilerFor(ctx.tokenizer, () => grammarVocab(ctx.tokenizer, engine.model.vocabSize))).matcher(compiled)
+          : undefined;
         const push: PrefillPushContext = { engine, transport: ctx.transport!, ...(ctx.onTransfer ? { onTransfer: ctx.onTransfer } : {}) };
         const h = await prefillAndPush(push, {
           requestId: req.requestId,
@@ -232,9 +255,10 @@ export function controlService(ctx: ControlContext): ServiceImpl<typeof EngineCo
           ...(req.gatewayId !== "" ? { owner: req.gatewayId } : {}),
           signal: callCtx.signal,
           parent: span,
+          ...(constraint ? { constraint } : {}),
         });
         endSpan(span);
-        return kvHandleOf(h);
+        return kvHandleOf(h, compiled?.hash);
       } catch (e) {
         endSpan(span, e);
         throw toConnectError(e);

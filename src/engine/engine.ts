@@ -1,5 +1,7 @@
 import assert from "node:assert";
+import type { TokenMatcher } from "../grammar/index.ts";
 import {
+  applyTokenBitmask,
   choiceSeed,
   LogitsError,
   maskStops,
@@ -92,6 +94,12 @@ export interface EngineRequest {
   resume?: { blockIds: number[]; firstToken: number; draws: number };
   /** Each emitted token, with its logprobs when the sampling params ask for them. */
   onToken?: (token: number, logprobs?: TokenLogprobs) => void;
+  /**
+   * A structured output: every token is sampled under this matcher's mask and advances it
+   * (a resume's first token is replayed into it first). The engine owns it from here and
+   * disposes it when the request ends, whichever way.
+   */
+  constraint?: TokenMatcher;
 }
 
 export interface EngineStats {
@@ -120,6 +128,9 @@ export interface EngineStats {
  * in-flight step holding the sequence), and no block the model thread may still write is zeroed,
  * imported into or handed to another request.
  */
+/** Ids of the model thread's matchers (ModelRunner.openConstraint), one per constrained sequence. */
+let nextConstraintId = 1;
+
 export class Engine {
   readonly pool: KvPool;
   readonly model: ModelRunner;
@@ -218,7 +229,18 @@ export class Engine {
         this.model.vocabSize,
       );
       seq.arrivedMs = this.now();
+      if (req.constraint) {
+        seq.constraint = req.constraint;
+        seq.mask = new Int32Array(req.constraint.words);
+      }
+      if (req.resume && seq.constraint && !seq.constraint.accept(req.resume.firstToken)) {
+        seq.constraint.dispose();
+        this.pool.releaseAll(req.resume.blockIds);
+        seq.onFinish({ ...this.summary(seq, "error"), error: `the first token ${req.resume.firstToken} does not fit the request's structured output` });
+        return;
+      }
       if (!req.resume && Math.ceil((seq.promptLen + 1) / B) > this.pool.total) {
+        seq.constraint?.dispose();
         seq.onFinish({ ...this.summary(seq, "error"), error: `prompt of ${seq.promptLen} tokens does not fit a pool of ${this.pool.total} blocks` });
         return;
       }
@@ -525,7 +547,14 @@ export class Engine {
     plan.seqs[r] = seq;
     plan.counts[r] = n;
     plan.batch[r] = chunk;
-    plan.sampling[r] = this.model.forwardPipelined !== undefined && this.modelSamples(seq, samples, ahead) ? seq.rowSampling(ahead) : null;
+    const modelSamples = this.model.forwardPipelined !== undefined && this.modelSamples(seq, samples, ahead);
+    if (modelSamples && seq.constraint && seq.constraintId === 0) {
+      // Its first row the model samples (ahead is 0: every output token is known): the model
+      // thread builds its own matcher, with the output so far taken.
+      seq.constraintId = nextConstraintId++;
+      this.model.openConstraint!(seq.constraintId, seq.constraint, seq.tokens.slice(seq.promptLen));
+    }
+    plan.sampling[r] = modelSamples ? seq.rowSampling(ahead) : null;
   }
 
   /** Row plan.rows: seq's next n tokens from those computed, sampled after when they are its last. */
@@ -545,11 +574,14 @@ export class Engine {
   /**
    * The model may sample seq's next token itself when the step samples it (`samples`) and
    * sampleNext would sample the raw logits with the request's stream: no logits processing, no
-   * min_tokens mask, one choice (`ahead` tokens are appended before this one: the mask counts them).
+   * min_tokens mask, one choice (`ahead` tokens are appended before this one: the mask counts
+   * them); a structured output when the model can mask it (openConstraint), from a step whose
+   * every earlier output token is known (so its matcher there can be built with them).
    */
   private modelSamples(seq: Sequence, samples: boolean, ahead: number): boolean {
     const s = seq.sampling;
-    return samples && seq.processing === null && seq.prefillChoices === 1 && seq.outputCount + ahead >= (s.minTokens ?? 0);
+    const constrained = seq.constraint === null || (this.model.openConstraint !== undefined && (seq.constraintId !== 0 || ahead === 0));
+    return samples && seq.processing === null && constrained && seq.prefillChoices === 1 && seq.outputCount + ahead >= (s.minTokens ?? 0);
   }
 
   /**
@@ -632,13 +664,19 @@ export class Engine {
         seq.rng.uniformF64();
         seq.draws++;
       }
+      // The model masked it with its own matcher: this one takes it too, and refuses what the grammar does not allow.
+      if (seq.constraint && !seq.constraint.accept(sampled)) {
+        this.finish(seq, "error", `structured output: the grammar refused token ${sampled} (sampled on the model thread)`, "model");
+        return;
+      }
       this.appendToken(seq, sampled, true, s.topLogprobs === undefined ? undefined : tokenLogprobs(this.rows.row(rows, row), sampled, s.topLogprobs));
       return;
     }
     const raw = this.rows.row(rows, row);
     const masked = seq.outputCount < (s.minTokens ?? 0);
+    const constraint = seq.constraint;
     let logits = raw;
-    if (seq.processing || masked) {
+    if (seq.processing || masked || constraint) {
       if (this.processed.length !== raw.length) this.processed = new Float32Array(raw.length);
       logits = this.processed;
       logits.set(raw);
@@ -647,9 +685,21 @@ export class Engine {
         if (!s.ignoreEos) maskStops(logits, this.eos);
         maskStops(logits, s.stopTokenIds);
       }
+      if (constraint) {
+        constraint.fillMask(seq.mask!);
+        // A dead end (min_tokens holding back the only way the grammar can end, say) ends this sequence alone.
+        if (applyTokenBitmask(logits, seq.mask!) === 0) {
+          this.finish(seq, "error", "structured output: no token the grammar allows is possible here", "request");
+          return;
+        }
+      }
     }
     const token = sample(logits, s, seq.rng);
     if (seq.rng) seq.draws++;
+    if (constraint && !constraint.accept(token)) {
+      this.finish(seq, "error", `structured output: the grammar refused token ${token}`, "model");
+      return;
+    }
     // One prefill for n choices: the others' first tokens come from the same logits, each
     // from its own stream with the same draw count as choice 0's.
     for (let j = 1; j < seq.prefillChoices; j++) {
@@ -737,6 +787,8 @@ export class Engine {
 
   private remove(seq: Sequence): void {
     seq.state = "finished";
+    seq.constraint?.dispose();
+    if (seq.constraintId !== 0) this.model.closeConstraint?.(seq.constraintId);
     this.byId.delete(seq.requestId);
     let i = this.running.indexOf(seq);
     if (i >= 0) this.running.splice(i, 1);

@@ -1,3 +1,4 @@
+import type { TokenMatcher } from "../grammar/index.ts";
 import { type ForwardDone, LogitsRows, prevToken, type RowSampling, type SeqChunk } from "../model/index.ts";
 import type { KvPool } from "../pool/index.ts";
 
@@ -47,4 +48,12 @@ export interface ModelRunner {
   post?(pool: KvPool, batch: readonly SeqChunk[], out: Float32Array, sampling: readonly (RowSampling | null)[], lazy: boolean, done: ForwardDone): void;
   /** Forwards forwardPipelined takes in flight at most (default 2). */
   readonly pipelineDepth?: number;
+  /**
+   * A model that samples rows itself may also sample them under a structured output: this opens
+   * its own matcher for `matcher`'s grammar under `id`, with the sequence's output tokens so far
+   * (`replay`) taken; rows then name it (RowSampling.constraint). The matcher there advances with
+   * every token of the sequence (those it samples, and each row's input); closeConstraint drops it.
+   */
+  openConstraint?(id: number, matcher: TokenMatcher, replay: readonly number[]): void;
+  closeConstraint?(id: number): void;
 }

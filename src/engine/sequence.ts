@@ -1,5 +1,6 @@
 import { blockHash } from "../codec/index.ts";
 import { compileLogits, isIdentity, TokenHistory, type CompiledLogits, type LogitsConfig, type Pcg32, type TokenLogprobs } from "../rng/index.ts";
+import type { TokenMatcher } from "../grammar/index.ts";
 import type { RowSampling, SeqChunk } from "./model-runner.ts";
 
 export interface SamplingParams {
@@ -100,6 +101,11 @@ export class Sequence {
   readonly history: TokenHistory | null;
   /** Prefill only: the first tokens of choices 1..n-1, sampled beside choice 0's. */
   moreChoices: FirstToken[] = [];
+  /** A structured output's matcher (disposed when the sequence ends), and its mask's scratch; null when unconstrained. */
+  constraint: TokenMatcher | null = null;
+  mask: Int32Array | null = null;
+  /** The id of its matcher on the model thread (ModelRunner.openConstraint), 0 until one is opened. */
+  constraintId = 0;
   /**
    * Its chunk and row sampling of the step being planned, reused step after step so a decode
    * allocates nothing per token: the model reads both while the step is posted (ModelRunner), so
@@ -128,7 +134,7 @@ export class Sequence {
     const processing = logitsConfigOf(sampling);
     this.processing = isIdentity(processing) ? null : compileLogits(processing);
     this.history = this.processing ? new TokenHistory(promptTokens, processing.repetitionPenalty !== 1, vocab) : null;
-    this.row = { cfg: sampling, rng: null };
+    this.row = { cfg: sampling, rng: null, constraint: 0, outputs: 0 };
   }
 
   /**
@@ -146,8 +152,13 @@ export class Sequence {
     return c;
   }
 
-  /** How the model samples its row in a step `ahead` tokens on: its stream after that many draws, one per token. */
+  /**
+   * How the model samples its row in a step `ahead` tokens on: its stream after that many draws,
+   * one per token; with a structured output, its matcher on the model thread and the output count.
+   */
   rowSampling(ahead: number): RowSampling {
+    this.row.constraint = this.constraintId;
+    this.row.outputs = this.outputCount + ahead;
     const rng = this.rng;
     if (rng === null || ahead === 0) this.row.rng = rng;
     else {

@@ -1,4 +1,6 @@
+import { constraintHash } from "../grammar/index.ts";
 import { ConnectError } from "@connectrpc/connect";
+import type { ToolParserName } from "../http/index.ts";
 import type { KvHandle } from "../gen/tl/engine/v1/engine_pb.ts";
 import {
   clientRequestId,
@@ -37,6 +39,7 @@ export interface CompletionsContext {
   tokenizer: Tokenizer;
   /** The model's chat template, as the engines render it (prompt hashes must match theirs). */
   chat?: ChatRenderer | undefined;
+  toolParser?: ToolParserName | null;
   modelName: string;
   maxModelLen: number;
   picker: PairPicker;
@@ -122,7 +125,7 @@ export class Completions {
       throw new HttpError(400, `request body is not valid JSON: ${e instanceof Error ? e.message : String(e)}`);
     }
     const { ctx } = this;
-    const params = parseCompletion(kind, body, { tokenizer: ctx.tokenizer, maxModelLen: ctx.maxModelLen, chat: ctx.chat });
+    const params = parseCompletion(kind, body, { tokenizer: ctx.tokenizer, maxModelLen: ctx.maxModelLen, chat: ctx.chat, toolParser: ctx.toolParser ?? null });
     if (params.model !== undefined && params.model !== ctx.modelName) {
       throw new HttpError(404, `model ${quote(params.model)} is not served; this gateway serves ${quote(ctx.modelName)}`, "invalid_request_error", "model");
     }
@@ -206,7 +209,17 @@ export class Completions {
       return this.decodeLocal(t, pair, uncached);
     }
     const handle = await this.prefillOn(pair, t, policy, exclude);
-    return handle === null ? null : this.disaggregated(t, pair, handle, policy.wasRetried);
+    if (handle === null) return null;
+    const want = t.params.constraint ? constraintHash(t.params.constraint) : "";
+    if (handle.constraintHash !== want) {
+      // P sampled the first token under another constraint (or none: a build without structured
+      // outputs): nothing it started can be continued.
+      pair.releaseDecode();
+      this.ctx.release(pair.decode.worker.status.kvAddress, handle.handleId, t.requestId);
+      log.warn("prefill engine did not apply the structured output", { request_id: t.requestId, worker: pair.prefill.worker.status.workerId });
+      throw new HttpError(502, `request ${t.requestId}: the prefill engine did not apply the structured output`, "server_error");
+    }
+    return this.disaggregated(t, pair, handle, policy.wasRetried);
   }
 
   /** Prompt tokens outside the leading blocks the gateway believes D holds (the picker's hits, in D's blocks). */

@@ -1,5 +1,6 @@
 import { toBinary } from "@bufbuild/protobuf";
 import { KvEventsSchema, WorkerRegistry as WorkerRegistryService } from "../gen/tl/control/v1/control_pb.ts";
+import type { ToolParserName } from "../http/index.ts";
 import { releaseUnclaimed } from "../handoff/index.ts";
 import { type HttpListenerOptions, type HttpServer, serveHttp } from "../http/index.ts";
 import type { TlsSource } from "../rpc/tls-config.ts";
@@ -25,6 +26,8 @@ export interface GatewayOptions {
   tokenizer: Tokenizer;
   /** The model's chat template, as the engines render it (prompt hashes must match theirs). */
   chat?: ChatRenderer;
+  /** --tool-call-parser, as the engines': how tool_choice "auto" reads calls. */
+  toolParser?: ToolParserName | null;
   modelName: string;
   maxModelLen: number;
   /**
@@ -125,6 +128,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
   const completions = new Completions({
     tokenizer: opts.tokenizer,
     chat: opts.chat,
+    toolParser: opts.toolParser ?? null,
     modelName: opts.modelName,
     maxModelLen: opts.maxModelLen,
     picker: new PairPicker(registry, affinity, inflight, opts.routeWeights, suspects),

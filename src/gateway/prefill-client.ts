@@ -60,6 +60,7 @@ export class PrefillClient {
           kvFormat: KV_FORMAT,
           n: params.n,
           gatewayId: this.gatewayId,
+          ...(params.constraint ? { structured: { kind: params.constraint.kind, source: params.constraint.source } } : {}),
         }),
         { signal, headers: traceHeaders(span) },
       );

@@ -1,5 +1,14 @@
 import type { KvHandle } from "../gen/tl/engine/v1/engine_pb.ts";
-import { CHOICES_HEADER, type CompletionParams, DRAWS_HEADER, FIRST_TOKEN_HEADER, HANDLE_HEADER, TokenQueue } from "../http/index.ts";
+import {
+  CHOICES_HEADER,
+  type CompletionParams,
+  CONSTRAINT_HEADER,
+  DRAWS_HEADER,
+  FIRST_TOKEN_HEADER,
+  HANDLE_HEADER,
+  structuredOutputsField,
+  TokenQueue,
+} from "../http/index.ts";
 import type { Tokenizer } from "../model/index.ts";
 import { type Attributes, endSpan, type Span, SpanKind, startSpan, traceHeaders } from "../obs/index.ts";
 import type { TokenLogprobs } from "../rng/index.ts";
@@ -30,6 +39,8 @@ function resumeBody(params: CompletionParams, tokens: readonly number[], n: numb
     logprobs: params.topLogprobs,
     stream: true,
     return_token_ids: true,
+    // The structured output in vLLM's spelling (tools, if any, were read on this side already).
+    ...(params.constraint ? { structured_outputs: structuredOutputsField(params.constraint) } : {}),
   };
 }
 
@@ -94,6 +105,7 @@ export function streamResume(s: EngineStream, handle: KvHandle, tokenizer: Token
     [FIRST_TOKEN_HEADER]: open.map((j) => first[j]!.token).join(","),
     ...(params.n > 1 ? { [CHOICES_HEADER]: open.join(",") } : {}),
     [DRAWS_HEADER]: String(handle.rngDrawsConsumed),
+    ...(handle.constraintHash !== "" ? { [CONSTRAINT_HEADER]: handle.constraintHash } : {}),
   };
   const resumed = open.map((j) => qs[j]!);
   const answer = Promise.withResolvers<StreamOutcome>();

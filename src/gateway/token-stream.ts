@@ -61,7 +61,8 @@ class Watchdog {
  * `onAccepted` runs once the engine answered 200 (for a resume: it claimed the handle).
  * With several queues (n > 1), choice i's tokens go to queues[i]. Resolves, once the
  * stream ended, with "refused" (a non-200 answer), "failed" (broken, cancelled or a
- * missed deadline before the 200) or "accepted".
+ * missed deadline before the 200, or a 412: the engine cannot continue the request, another
+ * may) or "accepted".
  */
 export async function readTokenStream(
   url: string,
@@ -85,8 +86,12 @@ export async function readTokenStream(
       try {
         msg = (JSON.parse(text) as { error?: { message?: string } }).error?.message ?? text;
       } catch {}
-      closeAll({ reason: "error", error: `${url} answered ${res.status}: ${msg}` });
-      return "refused";
+      // The engine's own 400 is the client's (a grammar that does not compile on a colocated
+      // engine, say): its words, without the engine's address.
+      closeAll(res.status === 400 ? { reason: "error", error: msg, status: 400 } : { reason: "error", error: `${url} answered ${res.status}: ${msg}` });
+      // 412: this engine cannot continue the request (its structured output does not compile
+      // there) and gave the blocks back; another engine may, so it is routed again.
+      return res.status === 412 ? "failed" : "refused";
     }
     accepted = true;
     onAccepted();

@@ -1,4 +1,5 @@
 import type { Engine, PrefillOutput, SamplingParams } from "../engine/index.ts";
+import type { TokenMatcher } from "../grammar/index.ts";
 import { endSpan, type Span, SpanKind, startSpan, traceparentOf } from "../obs/index.ts";
 import { Code } from "../rpc/status.ts";
 import { type KvTransport, TransferError, type TransferStats, transfer } from "../transfer/index.ts";
@@ -28,6 +29,8 @@ export interface PrefillPushRequest {
   signal: AbortSignal;
   /** the span the prefill and kv.transfer spans hang under */
   parent: Span;
+  /** a structured output's matcher: the first tokens are sampled under it (the engine owns it from here) */
+  constraint?: TokenMatcher;
 }
 
 /** What the decode side resumes from (the KvHandle message, transport-neutral). */
@@ -84,7 +87,14 @@ async function prefill(engine: Engine, req: PrefillPushRequest) {
   const step = startSpan("prefill", SpanKind.INTERNAL, req.parent, ROLE_ATTRS);
   let f;
   try {
-    f = await engine.submit({ requestId: req.requestId, promptTokens: req.promptTokens, sampling: req.sampling, prefillOnly: true, choices: req.choices });
+    f = await engine.submit({
+      requestId: req.requestId,
+      promptTokens: req.promptTokens,
+      sampling: req.sampling,
+      prefillOnly: true,
+      choices: req.choices,
+      ...(req.constraint ? { constraint: req.constraint } : {}),
+    });
     if (step.isRecording())
       step.setAttributes({ "tl.prompt_tokens": req.promptTokens.length, "tl.prefix_hit_tokens": f.prefixHitTokens, "tl.finish": f.reason });
   } finally {

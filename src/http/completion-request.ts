@@ -3,7 +3,10 @@ import { chatRenderer, ChatTemplateError, type ChatMessage, type ChatRenderer, t
 import { choiceSeed, MAX_TOP_LOGPROBS, randomSeed, validateLogits, validateSampling } from "../rng/index.ts";
 import { parseMessages } from "./chat-messages.ts";
 import { HttpError } from "./errors.ts";
+import type { ConstraintSpec } from "../grammar/index.ts";
 import { auditFields } from "./openai-params.ts";
+import { parseStructuredOutput } from "./structured-output.ts";
+import { parserOfTemplate, parseTools, toolConstraint, type ToolParserName, type ToolPlan } from "./tool-calls.ts";
 import { checkInputBounds } from "./input-bounds.ts";
 import { quote } from "../codec/index.ts";
 
@@ -52,6 +55,10 @@ export interface CompletionParams {
   returnTokenIds: boolean;
   /** Fields unknown to this engine, served without effect (openai-params.ts). */
   ignoredFields: string[];
+  /** The structured output every choice is constrained to (structured-output.ts, or a forced tool call); null = free text. */
+  constraint: ConstraintSpec | null;
+  /** Chat: the tools offered and what tool_choice asks (tool-calls.ts); null = none. */
+  tools: ToolPlan | null;
 }
 
 export interface ParseLimits {
@@ -59,6 +66,8 @@ export interface ParseLimits {
   maxModelLen: number;
   /** The model's chat template with its tokenizer; default: DEFAULT_CHAT_TEMPLATE on `tokenizer`. */
   chat?: ChatRenderer;
+  /** --tool-call-parser: how tool_choice "auto" reads calls; default: what the chat template shows. */
+  toolParser?: ToolParserName | null;
 }
 
 /** Bounds on what one request may ask for, checked before any work. */
@@ -215,10 +224,10 @@ function parseN(kind: CompletionKind, body: Record<string, unknown>, prompts: nu
   return { n: bestOf, returned };
 }
 
-/** The chat prompt as the model's template renders it (`tools` are refused before: tool calling is a later step). */
-function chatPromptTokens(messages: ChatMessage[], lim: ParseLimits): number[] {
+/** The chat prompt as the model's template renders it, with the request's tools. */
+function chatPromptTokens(messages: ChatMessage[], lim: ParseLimits, tools: ToolPlan | null): number[] {
   try {
-    return (lim.chat ?? chatRenderer(lim.tokenizer, null)).promptTokens(messages);
+    return (lim.chat ?? chatRenderer(lim.tokenizer, null)).promptTokens(messages, tools?.rendered);
   } catch (e) {
     if (e instanceof ChatTemplateError) throw bad(e.message, "messages");
     throw e;
@@ -267,9 +276,17 @@ export function parseCompletion(kind: CompletionKind, raw: unknown, lim: ParseLi
   const vocab = lim.tokenizer.vocabSize;
   let messages: ChatMessage[] | null = null;
   let prompts: number[][];
+  const structured = parseStructuredOutput(body);
+  const tools = kind === "chat" ? parseTools(body, lim.toolParser ?? parserOfTemplate((lim.chat ?? chatRenderer(lim.tokenizer, null)).templateSource)) : null;
+  const forced = tools ? toolConstraint(tools) : null;
+  if (forced && structured)
+    throw bad(`tool_choice ${JSON.stringify(tools!.mode)} already constrains the output: it cannot be combined with a structured output`, "tool_choice");
+  const constraint = structured ?? forced;
+  if (constraint && optBool(body, "ignore_eos"))
+    throw bad("ignore_eos cannot be combined with a structured output: the output ends where its grammar does", "ignore_eos");
   if (kind === "chat") {
     messages = parseMessages(body.messages);
-    prompts = [chatPromptTokens(messages, lim)];
+    prompts = [chatPromptTokens(messages, lim, tools)];
   } else prompts = parsePrompts(body.prompt, lim.tokenizer);
   const promptTokens = prompts[0]!;
   if (promptTokens.length === 0) throw bad("prompt is empty", "prompt");
@@ -305,6 +322,8 @@ export function parseCompletion(kind: CompletionKind, raw: unknown, lim: ParseLi
     includeUsage: parseStreamOptions(body, stream),
     returnTokenIds: optBool(body, "return_token_ids"),
     ignoredFields,
+    constraint,
+    tools,
   };
 }
 

@@ -3,6 +3,21 @@ import type { CompletionParams } from "./completion-request.ts";
 import { errorResponse, HttpError } from "./errors.ts";
 import { LogprobsWriter, toWire } from "./logprobs-shape.ts";
 import type { TokenQueue } from "./token-queue.ts";
+import { type ParsedCall, parseToolCalls, safeContentLength, type ToolPlan } from "./tool-calls.ts";
+
+/** OpenAI's shape of one tool call, with a fresh id. */
+function toolCallOf(call: ParsedCall) {
+  return {
+    id: `call_${crypto.randomUUID().replaceAll("-", "").slice(0, 24)}`,
+    type: "function" as const,
+    function: { name: call.name, arguments: call.arguments },
+  };
+}
+
+/** Chat with tools to read calls from (tool_choice other than "none"): the plan, else null. */
+function toolsOf(p: CompletionParams): ToolPlan | null {
+  return p.kind === "chat" && p.tools !== null && p.tools.mode !== "none" ? p.tools : null;
+}
 
 /**
  * Token ids in, text out, with stop strings applied: text that could still turn into
@@ -176,15 +191,22 @@ async function jsonResponse(choices: ChoiceState[], ctx: ResponseContext): Promi
   const failed = errors.find((e) => e !== null);
   if (failed !== undefined) {
     ctx.onAbort();
+    const refused = choices.find((c) => c.q.end.status === 400);
+    if (refused) return errorResponse(new HttpError(400, refused.q.end.error ?? "the request was refused", "invalid_request_error"));
     return errorResponse(new HttpError(502, `generation failed: ${failed}`, "server_error"));
   }
   const created = Math.floor(Date.now() / 1000);
+  const tools = toolsOf(p);
   const body = bestOf(choices, p).map(([index, c]) => {
     const logprobs = c.logprobs?.take() ?? null;
+    // A finished output that holds tool calls answers with them (a cut one stays text).
+    const parsed = tools && c.finish === "stop" ? parseToolCalls(tools, c.out) : null;
     const choice: Record<string, unknown> =
-      p.kind === "chat"
-        ? { index, message: { role: "assistant", content: c.out }, logprobs, finish_reason: c.finish }
-        : { index, text: c.out, logprobs, finish_reason: c.finish };
+      p.kind !== "chat"
+        ? { index, text: c.out, logprobs, finish_reason: c.finish }
+        : parsed
+          ? { index, message: { role: "assistant", content: parsed.content, tool_calls: parsed.calls.map(toolCallOf) }, logprobs, finish_reason: "tool_calls" }
+          : { index, message: { role: "assistant", content: c.out }, logprobs, finish_reason: c.finish };
     // Always there (users check the engine at token level); return_token_ids adds the internal hop's logprobs.
     choice.token_ids = c.ids;
     if (p.returnTokenIds && c.logprobs) choice.tl_logprobs = c.wireLogprobs(0);
@@ -266,9 +288,39 @@ class ChunkWriter {
     return { id: this.ctx.id, object: this.object, created: this.created, model: this.ctx.model, choices: [], usage: usage(this.ctx.params, choices) };
   }
 
-  /** Streams choice c to its end; on its failure sends the error event and marks the response failed. */
+  /**
+   * Streams choice c to its end; on its failure sends the error event and marks the response
+   * failed. With tools to read calls from, text that is or may become a call is held (content
+   * before it streams), and at the end the calls go out as delta.tool_calls, one chunk each,
+   * with finish_reason "tool_calls"; an output that holds no valid call goes out as content.
+   */
   async streamChoice(c: ChoiceState): Promise<void> {
     const p = this.ctx.params;
+    const tools = toolsOf(p);
+    let all = "";
+    let sent = 0;
+    const release = (delta: string): string => {
+      if (!tools) return delta;
+      all += delta;
+      const safe = safeContentLength(tools, all);
+      if (safe <= sent) return "";
+      const out = all.slice(sent, safe);
+      sent = safe;
+      return out;
+    };
+    // A named function's arguments stream as they come (its output is nothing else), as OpenAI's do.
+    const named = tools?.mode === "named" ? toolCallOf({ name: tools.name!, arguments: "" }) : null;
+    let argsSent = false;
+    const sendArgs = (text: string, from: number | null) => {
+      const chunk = this.chunk(c, null, null, from);
+      chunk.choices[0]!.delta = {
+        tool_calls: [
+          argsSent ? { index: 0, function: { arguments: text } } : { index: 0, ...named!, function: { name: named!.function.name, arguments: text } },
+        ],
+      };
+      argsSent = true;
+      this.send(chunk);
+    };
     let first = true;
     if (p.kind === "chat") {
       this.send(this.chunk(c, "", null, null, true));
@@ -277,7 +329,18 @@ class ChunkWriter {
     for await (const t of c.q) {
       if (this.failed) return;
       const from = c.ids.length;
-      const delta = c.push(t);
+      const text = c.push(t);
+      if (named) {
+        all += text;
+        if (text.length > 0) sendArgs(text, from);
+        else if (p.returnTokenIds || c.logprobs) this.send(this.chunk(c, "", null, from));
+        if (c.text.stopped) {
+          this.ctx.onStop(c.index);
+          break;
+        }
+        continue;
+      }
+      const delta = release(text);
       if (delta.length > 0 || p.returnTokenIds || c.logprobs) this.send(this.chunk(c, delta, null, from, first));
       first = false;
       if (c.text.stopped) {
@@ -289,10 +352,36 @@ class ChunkWriter {
     if (!c.text.stopped && c.q.end.reason === "error") {
       // Never a silent truncation: the client sees the stream fail.
       this.failed = true;
-      this.send({ error: { message: `generation failed: ${c.q.end.error ?? "unknown error"}`, type: "server_error", code: 502 } });
+      const end = c.q.end;
+      this.send(
+        end.status === 400
+          ? { error: { message: end.error ?? "the request was refused", type: "invalid_request_error", code: 400 } }
+          : { error: { message: `generation failed: ${end.error ?? "unknown error"}`, type: "server_error", code: 502 } },
+      );
       return;
     }
-    const rest = c.text.flush();
+    let rest = c.text.flush();
+    if (named) {
+      all += rest;
+      if (rest.length > 0 || !argsSent) sendArgs(rest, p.returnTokenIds ? c.ids.length : null);
+      const done = c.finish === "stop" && parseToolCalls(tools!, all) !== null;
+      this.send({ ...this.chunk(c, null, done ? "tool_calls" : c.finish, null), ...this.ctx.extra?.() });
+      return;
+    }
+    if (tools) {
+      all += rest;
+      const parsed = c.finish === "stop" ? parseToolCalls(tools, all) : null;
+      if (parsed) {
+        parsed.calls.forEach((call, k) => {
+          const chunk = this.chunk(c, null, null, null);
+          chunk.choices[0]!.delta = { tool_calls: [{ index: k, ...toolCallOf(call) }] };
+          this.send(chunk);
+        });
+        this.send({ ...this.chunk(c, null, "tool_calls", null), ...this.ctx.extra?.() });
+        return;
+      }
+      rest = all.slice(sent);
+    }
     if (rest.length > 0) this.send(this.chunk(c, rest, null, p.returnTokenIds ? c.ids.length : null));
     this.send({ ...this.chunk(c, null, c.finish, null), ...this.ctx.extra?.() });
   }

@@ -1,12 +1,14 @@
 import { claimForResume, ResumeError } from "../handoff/index.ts";
 import type { KvReceiver } from "../transfer/index.ts";
 import type { Engine, Finish } from "../engine/index.ts";
-import type { ChatRenderer, Tokenizer } from "../model/index.ts";
+import { type CompiledConstraint, compilerFor, ConstraintError, constraintHash, type ConstraintSpec, type TokenMatcher } from "../grammar/index.ts";
+import { type ChatRenderer, grammarVocab, type Tokenizer } from "../model/index.ts";
 import { endSpan, extractHeaders, log, SpanKind, startSpan, type Attributes, type Span } from "../obs/index.ts";
 import { LIMITS, parseCompletion, samplingOf, type CompletionKind, type CompletionParams } from "./completion-request.ts";
 import { completionResponse } from "./completion-response.ts";
 import { errorResponse, HttpError } from "./errors.ts";
 import { TokenQueue } from "./token-queue.ts";
+import type { ToolParserName } from "./tool-calls.ts";
 import { detokenizeRoute, type TokenizeContext, tokenizeRoute } from "./tokenize.ts";
 import { quote } from "../codec/index.ts";
 
@@ -29,6 +31,8 @@ export interface EngineHttpContext {
   onRequestEnd?: (info: RequestEnd) => void;
   /** Extra routes (e.g. /metrics), tried before the 404. */
   extraRoutes?: (req: Request, url: URL) => Promise<Response | null> | Response | null;
+  /** --tool-call-parser (default: what the chat template shows). */
+  toolParser?: ToolParserName | null;
 }
 
 export interface RequestEnd {
@@ -50,6 +54,35 @@ export const FIRST_TOKEN_HEADER = "x-tl-first-token";
 export const DRAWS_HEADER = "x-tl-rng-draws";
 /** n > 1 resumes: each choice's seed offset (choice j samples from seed + j), comma-separated. */
 export const CHOICES_HEADER = "x-tl-choices";
+/** A constrained resume: KvHandle.constraint_hash, the identity of the grammar P sampled the first token under. */
+export const CONSTRAINT_HEADER = "x-tl-constraint";
+
+/**
+ * The engine's compiled constraint for a request (one compile per grammar and tokenizer,
+ * cached), or a 400 naming why it cannot be built; before any prefill or claim.
+ */
+export async function compileFor(tokenizer: Tokenizer, vocabSize: number, spec: ConstraintSpec): Promise<CompiledConstraint> {
+  const compiler = await compilerFor(tokenizer, () => grammarVocab(tokenizer, vocabSize));
+  try {
+    return await compiler.compile(spec);
+  } catch (e) {
+    if (e instanceof ConstraintError) throw new HttpError(400, `structured output: ${e.message}`, "invalid_request_error", "response_format");
+    throw e;
+  }
+}
+
+/** One fresh matcher per choice of a compiled constraint. */
+export async function matchersFor(tokenizer: Tokenizer, vocabSize: number, c: CompiledConstraint, n: number): Promise<TokenMatcher[]> {
+  const compiler = await compilerFor(tokenizer, () => grammarVocab(tokenizer, vocabSize));
+  const out: TokenMatcher[] = [];
+  try {
+    for (let i = 0; i < n; i++) out.push(await compiler.matcher(c));
+  } catch (e) {
+    for (const m of out) m.dispose();
+    throw e;
+  }
+  return out;
+}
 
 /** One resumed choice: its blocks, its first token, and its seed offset (choice j: seed + j). */
 type ResumeKv = { blockIds: number[]; firstToken: number; draws: number; choice: number };
@@ -114,7 +147,7 @@ export function engineHttpHandler(ctx: EngineHttpContext): (req: Request) => Pro
 class EngineHttp {
   private readonly engine: Engine;
   private readonly tokenizer: Tokenizer;
-  private readonly limits: { tokenizer: Tokenizer; maxModelLen: number; chat: ChatRenderer | undefined };
+  private readonly limits: { tokenizer: Tokenizer; maxModelLen: number; chat: ChatRenderer | undefined; toolParser: ToolParserName | null };
   private readonly tokenize: TokenizeContext;
   // Span attributes built once, so tracing off allocates nothing per request.
   private readonly serverAttrs: Record<CompletionKind, Attributes>;
@@ -124,7 +157,7 @@ class EngineHttp {
     const { engine, tokenizer } = ctx;
     this.engine = engine;
     this.tokenizer = tokenizer;
-    this.limits = { tokenizer, maxModelLen: engine.maxModelLen, chat: ctx.chat };
+    this.limits = { tokenizer, maxModelLen: engine.maxModelLen, chat: ctx.chat, toolParser: ctx.toolParser ?? null };
     this.tokenize = { modelName: ctx.modelName, ...this.limits };
     const role = ctx.roles.length === 1 ? ctx.roles[0]! : "both";
     this.serverAttrs = {
@@ -197,9 +230,22 @@ class EngineHttp {
     const handleId = req.headers.get(HANDLE_HEADER);
     if (handleId !== null && params.prompts.length > 1)
       throw new HttpError(400, `a resume (${HANDLE_HEADER}) continues one prompt`, "invalid_request_error", "prompt");
+    if (handleId !== null) this.checkConstraintHeader(req, params.constraint);
+    const compiledNow = params.constraint && handleId === null ? await compileFor(tokenizer, engine.model.vocabSize, params.constraint) : null;
     const resumes = handleId === null ? undefined : this.claimFor(req, handleId, params);
     const id = requestId(kind === "chat" ? "chatcmpl" : "cmpl");
     const ids = choiceIds(id, params.prompts.length * params.n);
+    let matchers: TokenMatcher[] | null = null;
+    if (params.constraint) {
+      try {
+        const compiled = compiledNow ?? (await this.compileForResume(params.constraint));
+        matchers = await matchersFor(tokenizer, engine.model.vocabSize, compiled, ids.length);
+      } catch (e) {
+        // The claimed blocks go back: the gateway serves the request elsewhere.
+        for (const r of resumes ?? []) engine.pool.releaseAll(r.blockIds);
+        throw e;
+      }
+    }
     if (span.isRecording())
       span.setAttributes({
         "tl.request_id": id,
@@ -213,7 +259,7 @@ class EngineHttp {
       failure ??= failed;
       if (--left === 0) endSpan(span, failure);
     };
-    const queues = ids.map((cid, i) => this.generate(cid, clientId, i, params, kind, resumes?.[i], span, choiceDone));
+    const queues = ids.map((cid, i) => this.generate(cid, clientId, i, params, kind, resumes?.[i], span, choiceDone, matchers?.[i]));
     const cancelAll = () => ids.forEach((c) => engine.cancel(c));
     // Disconnects cancel the request wherever it is, which frees its blocks.
     req.signal.addEventListener("abort", cancelAll);
@@ -247,6 +293,7 @@ class EngineHttp {
     resume: ResumeKv | undefined,
     span: Span,
     onDone: (failed: string | undefined) => void,
+    constraint: TokenMatcher | undefined,
   ): TokenQueue {
     const { ctx, engine, stepAttrs } = this;
     const q = new TokenQueue();
@@ -258,6 +305,7 @@ class EngineHttp {
       promptTokens: params.prompts[Math.floor(index / params.n)]!,
       sampling: samplingOf(params, resume ? resume.choice : index % params.n),
       resume,
+      ...(constraint ? { constraint } : {}),
       onToken: (t, lp) => {
         ttft ??= performance.now() - started;
         q.push(t, lp);
@@ -291,6 +339,33 @@ class EngineHttp {
       onDone(failed);
     });
     return q;
+  }
+
+  /**
+   * A resume continues under the grammar P sampled its first token with: the body's
+   * constraint must be the one whose identity the handle carries (x-tl-constraint), checked
+   * before the claim, so a mismatch leaves the handle pending (400).
+   */
+  private checkConstraintHeader(req: Request, spec: ConstraintSpec | null): void {
+    const want = req.headers.get(CONSTRAINT_HEADER) ?? "";
+    const have = spec ? constraintHash(spec) : "";
+    if (want !== have)
+      throw new HttpError(400, `${CONSTRAINT_HEADER} ${quote(want, 64)} is not the identity of this request's structured output`, "invalid_request_error");
+  }
+
+  /**
+   * The decode side's compile, after the claim: a grammar this engine cannot build is a 412
+   * (gRPC's FAILED_PRECONDITION: this engine cannot continue it, another may), and the caller
+   * gives the claimed blocks back.
+   */
+  private async compileForResume(spec: ConstraintSpec): Promise<CompiledConstraint> {
+    try {
+      return await compileFor(this.tokenizer, this.engine.model.vocabSize, spec);
+    } catch (e) {
+      if (e instanceof HttpError && e.status === 400)
+        throw new HttpError(412, `this engine cannot continue the request's structured output: ${e.message}`, "failed_precondition");
+      throw e;
+    }
   }
 
   /**

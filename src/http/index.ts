@@ -9,6 +9,9 @@ export {
   FIRST_TOKEN_HEADER,
   DRAWS_HEADER,
   CHOICES_HEADER,
+  CONSTRAINT_HEADER,
+  compileFor,
+  matchersFor,
   type EngineHttpContext,
   type RequestEnd,
 } from "./engine-http.ts";
@@ -18,4 +21,6 @@ export { TokenQueue, type StreamEnd, type EndReason } from "./token-queue.ts";
 export { sseData } from "./sse-data.ts";
 export { apiKeysFrom, frontDoor, type FrontDoorOptions } from "./front-door.ts";
 export { fromWire, toWire, LogprobsWriter, type WireLogprobs } from "./logprobs-shape.ts";
+export { checkSpec, parseStructuredOutput, structuredOutputsField, STRUCTURED_FIELDS } from "./structured-output.ts";
+export { parseToolCalls, parseTools, TOOL_PARSERS, toolConstraint, type ToolParserName, type ToolPlan } from "./tool-calls.ts";
 export { detokenizeRoute, tokenizeRoute, type TokenizeContext } from "./tokenize.ts";

@@ -1,6 +1,7 @@
 import { log } from "../obs/index.ts";
 import type { CompletionKind } from "./completion-request.ts";
 import { HttpError } from "./errors.ts";
+import { STRUCTURED_FIELDS } from "./structured-output.ts";
 import { quote } from "../codec/index.ts";
 
 /**
@@ -23,7 +24,7 @@ const unless =
   (ok: (v: unknown) => boolean, why: string): Refusal =>
   (v) =>
     ok(v) ? null : why;
-const TOOLS = "tool calling is not supported yet";
+const LEGACY_TOOLS = "the legacy functions / function_call fields are not supported; send tools and tool_choice";
 const SAMPLER = "is not supported by this engine's sampler";
 
 const IMPLEMENTED_COMMON = [
@@ -47,9 +48,11 @@ const IMPLEMENTED_COMMON = [
   "stop_token_ids",
   "include_stop_str_in_output",
   "return_token_ids",
+  // Structured outputs: each spelling parsed, or refused there by name.
+  ...STRUCTURED_FIELDS,
 ];
 const IMPLEMENTED: Record<CompletionKind, ReadonlySet<string>> = {
-  chat: new Set([...IMPLEMENTED_COMMON, "messages", "max_completion_tokens", "top_logprobs"]),
+  chat: new Set([...IMPLEMENTED_COMMON, "messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls"]),
   completion: new Set([...IMPLEMENTED_COMMON, "prompt", "echo", "best_of"]),
 };
 
@@ -59,10 +62,6 @@ const IDENTITY = new Set(["user", "safety_identifier", "prompt_cache_key", "meta
 // `constructor` or `hasOwnProperty` would find Object.prototype's members.
 const REFUSED_COMMON: [string, Refusal][] = Object.entries({
   suffix: never("suffix (insertion) is not supported"),
-  response_format: unless(
-    (v) => (v as { type?: unknown })?.type === "text",
-    'response_format json_object / json_schema (structured output) is not supported yet; only {"type": "text"}',
-  ),
   min_p: never(`min_p ${SAMPLER}`),
   typical_p: never(`typical_p ${SAMPLER}`),
   use_beam_search: unless((v) => v === false, "beam search is not supported"),
@@ -70,13 +69,6 @@ const REFUSED_COMMON: [string, Refusal][] = Object.entries({
   prompt_logprobs: never("prompt_logprobs is not supported"),
   allowed_token_ids: never("allowed_token_ids is not supported; use logit_bias"),
   bad_words: never("bad_words is not supported; use logit_bias"),
-  guided_json: never("guided decoding (structured output) is not supported yet"),
-  guided_regex: never("guided decoding (structured output) is not supported yet"),
-  guided_choice: never("guided decoding (structured output) is not supported yet"),
-  guided_grammar: never("guided decoding (structured output) is not supported yet"),
-  guided_decoding_backend: never("guided decoding (structured output) is not supported yet"),
-  guided_whitespace_pattern: never("guided decoding (structured output) is not supported yet"),
-  structured_outputs: never("structured output is not supported yet"),
   logits_processors: never("custom logits processors are not supported"),
   truncate_prompt_tokens: never("prompt truncation is not supported: send a prompt that fits"),
   add_special_tokens: never("add_special_tokens is not supported"),
@@ -96,12 +88,8 @@ const REFUSED: Record<CompletionKind, ReadonlyMap<string, Refusal>> = {
   chat: new Map([
     ...REFUSED_COMMON,
     ...Object.entries<Refusal>({
-      tools: (v) =>
-        !Array.isArray(v) || v.some((t) => typeof t !== "object" || t === null) ? "tools must be an array of objects" : v.length > 0 ? TOOLS : null,
-      tool_choice: unless((v) => v === "none", `${TOOLS} (only tool_choice "none")`),
-      functions: never(TOOLS),
-      function_call: unless((v) => v === "none", TOOLS),
-      parallel_tool_calls: never(TOOLS),
+      functions: never(LEGACY_TOOLS),
+      function_call: unless((v) => v === "none", LEGACY_TOOLS),
       audio: never("audio output is not supported"),
       modalities: unless((v) => Array.isArray(v) && v.every((m) => m === "text"), "only the text modality is supported"),
       prediction: never("predicted outputs are not supported"),
@@ -114,10 +102,17 @@ const REFUSED: Record<CompletionKind, ReadonlyMap<string, Refusal>> = {
       chat_template: never("a per-request chat_template is not supported"),
       chat_template_kwargs: never("chat_template_kwargs is not supported"),
       documents: never("documents are not supported"),
-      tool_call_parser: never(TOOLS),
+      tool_call_parser: never("the tool-call parser is the engine's --tool-call-parser, not a request field"),
     }),
   ]),
-  completion: new Map(REFUSED_COMMON),
+  completion: new Map([
+    ...REFUSED_COMMON,
+    ...Object.entries<Refusal>({
+      tools: never("tools are a chat completions field"),
+      tool_choice: never("tool_choice is a chat completions field"),
+      parallel_tool_calls: never("parallel_tool_calls is a chat completions field"),
+    }),
+  ]),
 };
 
 /** Checks the identity fields' shapes (they change nothing, so they must at least be what OpenAI allows). */

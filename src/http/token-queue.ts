@@ -5,6 +5,8 @@ export type EndReason = "stop" | "length" | "cancelled" | "error";
 export interface StreamEnd {
   reason: EndReason;
   error?: string;
+  /** 400: the failure is the request's own (an engine refused it before any work), and the client hears so. */
+  status?: 400;
 }
 
 /**

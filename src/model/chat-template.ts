@@ -118,6 +118,8 @@ export class ChatTemplateError extends Error {}
 /** What turns a chat request into prompt ids: the model's template and tokenizer together. */
 export interface ChatRenderer {
   promptTokens(messages: readonly ChatMessage[], tools?: readonly unknown[]): number[];
+  /** The template's text (what a tool-call parser is told from). */
+  readonly templateSource?: string;
 }
 
 /**
@@ -128,6 +130,7 @@ export interface ChatRenderer {
 export function chatRenderer(tokenizer: Tokenizer, template: string | null, origin?: string): ChatRenderer {
   const t = new ChatTemplate(template ?? DEFAULT_CHAT_TEMPLATE, tokenizer, origin);
   return {
+    templateSource: template ?? DEFAULT_CHAT_TEMPLATE,
     promptTokens(messages, tools) {
       const ids = tokenizer.encode(t.render(messages, tools ? { tools } : {}), { bos: false });
       if (tokenizer.addBos && tokenizer.bos >= 0 && ids[0] !== tokenizer.bos) ids.unshift(tokenizer.bos);

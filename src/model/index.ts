@@ -66,6 +66,7 @@ export {
 } from "./load-model.ts";
 export { holdWeights } from "./held-weights.ts";
 export { LogitsRows } from "./logits-rows.ts";
+export { grammarVocab } from "./grammar-vocab.ts";
 export { type ForwardDone, ModelWorker, type ModelThreadCounters } from "./model-worker.ts";
 export { prevToken, SAMPLE_FAILED } from "./model-worker-protocol.ts";
 export type { LoadedInfo, ModelThreadOptions, RowSampling } from "./model-worker-protocol.ts";

@@ -122,6 +122,18 @@ export type ToModelThread =
     }
   /** Asks for room for a KV slab of `bytes` in the model's kernel memory (answered by kv-slab). */
   | { type: "kv-slab"; bytes: number }
+  /**
+   * A structured output's matcher on the thread, for rows it samples itself: `open` compiles
+   * the spec against `vocab` (sent with the first open of a vocabulary) and replays the
+   * sequence's output tokens so far; `close` drops it. ctrl[VER] names the version of an open,
+   * so no plan that names it is read before it is.
+   */
+  | {
+      type: "constraint";
+      version: number;
+      open?: { id: number; kind: string; source: string; replay: number[]; vocab?: { encoded: readonly string[]; stopIds: readonly number[] } };
+      close?: number;
+    }
   | { type: "close" };
 
 /** What the model thread tells about the model it holds. */
@@ -161,10 +173,17 @@ export function planInts(batch: readonly SeqChunk[], blockTokens: number): numbe
 export interface RowSampling {
   cfg: SamplingConfig;
   rng: Pcg32 | null;
+  /**
+   * A structured output: the id the thread's own matcher for it was opened under
+   * (openConstraint), 0 for none; and how many output tokens the sequence has before this one,
+   * all of which that matcher must have taken when the row is masked. Absent: none.
+   */
+  constraint?: number;
+  outputs?: number;
 }
 
-/** kind (0 none, 1 without a stream, 2 with one), temperature and top_p as f64 bits, top_k, the stream's state and increment halves. */
-const SAMPLING_INTS = 10;
+/** kind (0 none, 1 without a stream, 2 with one), temperature and top_p as f64 bits, top_k, the stream's state and increment halves, the constraint id and outputs. */
+const SAMPLING_INTS = 12;
 /** A chunk's header: startPos, nTokens, nBlocks, then its RowSampling. */
 const ROW_INTS = 3 + SAMPLING_INTS;
 const f64 = new Float64Array(1);
@@ -206,6 +225,8 @@ function writeSampling(plan: Int32Array, o: number, r: RowSampling | null): void
   plan[o + 5] = r.cfg.topK | 0;
   // As words, not through the bigint state and inc: no allocation per row per step.
   r.rng?.writeWords(plan, o + 6);
+  plan[o + 10] = r.constraint ?? 0;
+  plan[o + 11] = r.outputs ?? 0;
 }
 
 function readSampling(plan: Int32Array, o: number, row: ReadRow): RowSampling | null {
@@ -220,6 +241,8 @@ function readSampling(plan: Int32Array, o: number, row: ReadRow): RowSampling | 
   cfg.topP = f64[0]!;
   cfg.topK = plan[o + 5]! >>> 0;
   row.sampling.rng = kind === 1 ? null : row.rng.readWords(plan, o + 6);
+  row.sampling.constraint = plan[o + 10]!;
+  row.sampling.outputs = plan[o + 11]!;
   return row.sampling;
 }
 
@@ -244,7 +267,7 @@ export function logitsViews(buffer: SharedArrayBuffer, vocab: number): { logits:
 /** One row's records, refilled by every plan read (so a decode reads its plans allocating nothing). */
 interface ReadRow {
   chunk: { startPos: number; tokens: number[]; blockTable: number[] };
-  sampling: { cfg: SamplingConfig; rng: Pcg32 | null };
+  sampling: RowSampling;
   /** The row's stream, read into in place. */
   rng: Pcg32;
 }
@@ -271,7 +294,7 @@ export function readPlan(plan: Int32Array, prev: Int32Array | null, into: ReadPl
   if (into.chunks.length !== n) into.chunks.length = into.sampling.length = n;
   while (into.rows.length < n) {
     const chunk = { startPos: 0, tokens: [], blockTable: [] };
-    into.rows.push({ chunk, sampling: { cfg: { temperature: 0, topP: 1, topK: 0 }, rng: null }, rng: Pcg32.fromState(0n, 1n) });
+    into.rows.push({ chunk, sampling: { cfg: { temperature: 0, topP: 1, topK: 0 }, rng: null, constraint: 0, outputs: 0 }, rng: Pcg32.fromState(0n, 1n) });
   }
   let o = 1;
   for (let s = 0; s < n; s++) {
@@ -311,7 +334,14 @@ function previousToken(prev: Int32Array | null, row: number): number {
  * (-1 where it samples none). Logits one row cannot be sampled from fail that row alone
  * (SAMPLE_FAILED), never the step.
  */
-export function sampleRows(p: ReadPlan, out: Float32Array, rows: LogitsRows, tokens: Int32Array): void {
+export function sampleRows(
+  p: ReadPlan,
+  out: Float32Array,
+  rows: LogitsRows,
+  tokens: Int32Array,
+  /** How a row with a structured output (RowSampling.constraint) is sampled: the thread's matchers. */
+  constrained?: (row: number, logits: Float32Array) => number,
+): void {
   for (let r = 0; r < p.chunks.length; r++) {
     const s = p.sampling[r];
     if (!s) {
@@ -319,7 +349,7 @@ export function sampleRows(p: ReadPlan, out: Float32Array, rows: LogitsRows, tok
       continue;
     }
     try {
-      tokens[r] = sample(rows.row(out, r), s.cfg, s.rng);
+      tokens[r] = s.constraint && constrained ? constrained(r, rows.row(out, r)) : sample(rows.row(out, r), s.cfg, s.rng);
     } catch (e) {
       if (!(e instanceof LogitsError)) throw e;
       tokens[r] = SAMPLE_FAILED;

@@ -5,6 +5,8 @@ import { KvPool } from "../pool/index.ts";
 import { holdWeights } from "./held-weights.ts";
 import { LogitsRows } from "./logits-rows.ts";
 import { readModelFilesFor } from "./load-model.ts";
+import { ConstraintCompiler, type ConstraintKind, type TokenMatcher } from "../grammar/index.ts";
+import { applyTokenBitmask, sample } from "../rng/index.ts";
 import {
   CTRL_INTS,
   DONE,
@@ -45,6 +47,62 @@ let version = 0;
 let buffersArrived: (() => void) | null = null;
 const read: ReadPlan = newReadPlan();
 
+/**
+ * The thread's twin of a sequence's structured-output matcher (ModelRunner.openConstraint):
+ * `count` output tokens taken. Broken (it could not be built, or lost step with the sequence):
+ * its rows are sampled unmasked, and the engine's own matcher, which takes every token too,
+ * refuses the first the grammar does not allow and ends that sequence alone.
+ */
+interface Mirror {
+  matcher: TokenMatcher | null;
+  count: number;
+  ready: Promise<void> | null;
+  broken: boolean;
+}
+const mirrors = new Map<number, Mirror>();
+let grammars: Promise<ConstraintCompiler> | null = null;
+let maskScratch = new Int32Array(0);
+let logitScratch = new Float32Array(0);
+
+function openMirror(o: NonNullable<Extract<ToModelThread, { type: "constraint" }>["open"]>): void {
+  if (o.vocab) grammars = ConstraintCompiler.create(o.vocab);
+  const compiler = grammars;
+  const mirror: Mirror = { matcher: null, count: 0, ready: null, broken: false };
+  mirror.ready = (async () => {
+    try {
+      if (compiler === null) throw new Error("no vocabulary");
+      const c = await compiler;
+      const m = await c.matcher(await c.compile({ kind: o.kind as ConstraintKind, source: o.source }));
+      mirror.matcher = m;
+      for (const t of o.replay) if (!m.accept(t)) mirror.broken = true;
+      mirror.count = o.replay.length;
+    } catch (e) {
+      mirror.broken = true;
+      console.error(`model thread: structured output ${o.id} cannot be masked here: ${e instanceof Error ? e.message : String(e)}`);
+    }
+    mirror.ready = null;
+    // Closed while it was being built.
+    if (!mirrors.has(o.id)) mirror.matcher?.dispose();
+  })();
+  mirrors.set(o.id, mirror);
+}
+
+function closeMirror(id: number): void {
+  const m = mirrors.get(id);
+  mirrors.delete(id);
+  if (m && m.ready === null) m.matcher?.dispose();
+}
+
+/** The plan's constrained rows' twins, built (the first step of each sequence may wait on its compile). */
+async function mirrorsReady(p: ReadPlan): Promise<void> {
+  for (let r = 0; r < p.sampling.length; r++) {
+    const id = p.sampling[r]?.constraint ?? 0;
+    if (id === 0) continue;
+    const ready = mirrors.get(id)?.ready;
+    if (ready) await ready;
+  }
+}
+
 self.onmessage = (e) => {
   const m = e.data;
   if (m.type === "load") void load(m);
@@ -60,6 +118,11 @@ self.onmessage = (e) => {
       ({ logits: logits[m.slot]!, sampled: sampled[m.slot]! } = logitsViews(m.logits, model.cfg.vocabSize));
     }
     version = m.version;
+    buffersArrived?.();
+  } else if (m.type === "constraint") {
+    if (m.open) openMirror(m.open);
+    if (m.close !== undefined) closeMirror(m.close);
+    version = Math.max(version, m.version);
     buffersArrived?.();
   } else if (m.type === "kv-slab") {
     self.postMessage({ type: "kv-slab", slab: model?.kvSlab(m.bytes) ?? null });
@@ -125,8 +188,9 @@ async function serve(t: Transformer): Promise<void> {
       if (pool === null) throw new Error("model thread: forward before the engine shared its KV pool");
       const p = readPlan(plans[slot]!, prev, read);
       prev = null;
+      if (mirrors.size > 0) await mirrorsReady(p);
       t.forward(pool, p.chunks, logits[slot]!);
-      sampleRows(p, logits[slot]!, rows, sampled[slot]!);
+      sampleRows(p, logits[slot]!, rows, sampled[slot]!, constrainedRow);
       prev = sampled[slot]!;
     } catch (e) {
       writeError(ctrl, slot, e instanceof Error ? e.message : String(e));
@@ -142,4 +206,39 @@ async function serve(t: Transformer): Promise<void> {
       stats[STAT_NOTIFY_MS]! += performance.now() - notifyAt;
     }
   }
+}
+
+/** sampleRows' way with a constrained row of the plan being run (`read`), made once. */
+const constrainedRow = (r: number, logits: Float32Array): number => {
+  const s = read.sampling[r]!;
+  return sampleConstrained(mirrors.get(s.constraint ?? 0), read.chunks[r]!.tokens, s, logits);
+};
+
+/**
+ * A constrained row: its twin first takes the row's input when that is the output token the
+ * engine sampled itself (outputs - 1 taken so far), then masks a copy of the logits (the
+ * buffer's stay raw, for logprobs) and samples it with the one draw any token takes; the twin
+ * takes the token. Never throws: a twin that cannot mask samples unmasked (see Mirror).
+ */
+function sampleConstrained(mirror: Mirror | undefined, input: ArrayLike<number>, s: NonNullable<ReadPlan["sampling"][number]>, logits: Float32Array): number {
+  const m = mirror?.matcher;
+  const outputs = s.outputs ?? 0;
+  if (!mirror || !m || mirror.broken || m.terminated) return sample(logits, s.cfg, s.rng);
+  if (mirror.count === outputs - 1 && input.length > 0) {
+    if (m.accept(input[input.length - 1]!)) mirror.count++;
+    else mirror.broken = true;
+  }
+  if (mirror.broken || mirror.count !== outputs) {
+    if (!mirror.broken) console.error(`model thread: structured output matcher at ${mirror.count} tokens, the row at ${outputs}`);
+    mirror.broken = true;
+    return sample(logits, s.cfg, s.rng);
+  }
+  if (logitScratch.length !== logits.length) logitScratch = new Float32Array(logits.length);
+  if (maskScratch.length !== m.words) maskScratch = new Int32Array(m.words);
+  logitScratch.set(logits);
+  m.fillMask(maskScratch);
+  const t = applyTokenBitmask(logitScratch, maskScratch) === 0 ? sample(logits, s.cfg, s.rng) : sample(logitScratch, s.cfg, s.rng);
+  if (m.accept(t)) mirror.count++;
+  else mirror.broken = true;
+  return t;
 }

@@ -1,3 +1,4 @@
+import type { TokenMatcher } from "../grammar/index.ts";
 import assert from "node:assert";
 import type { KvPool } from "../pool/index.ts";
 import {
@@ -301,6 +302,26 @@ export class ModelWorker {
     if (!(slab instanceof SharedArrayBuffer)) assert.fail("model worker: the KV pool's slab must be shared (new KvPool(shape, n, { shared: true }))");
     this.pool = pool;
     this.send(0, { pool: { shape: pool.shape, numBlocks: pool.total, slab, slabOffset: pool.slabOffset, inKernel: this.kernelSlabs.has(slab) } });
+  }
+
+  /** The vocabularies the thread has been sent (with the first constraint opened over each). */
+  private readonly vocabsSent = new WeakSet<object>();
+
+  /** ModelRunner.openConstraint: the thread builds its twin of `matcher` before it reads a plan naming `id`. */
+  openConstraint(id: number, matcher: TokenMatcher, replay: readonly number[]): void {
+    if (this.dead) return;
+    const vocab = this.vocabsSent.has(matcher.vocab) ? undefined : { encoded: matcher.vocab.encoded, stopIds: matcher.vocab.stopIds };
+    this.vocabsSent.add(matcher.vocab);
+    this.version++;
+    const open = { id, kind: matcher.spec.kind, source: matcher.spec.source, replay: [...replay], ...(vocab ? { vocab } : {}) };
+    this.worker.postMessage({ type: "constraint", version: this.version, open } satisfies ToModelThread);
+    Atomics.store(this.ctrl, VER, this.version);
+  }
+
+  /** ModelRunner.closeConstraint: no plan names `id` any more (one already posted finds none and samples unmasked). */
+  closeConstraint(id: number): void {
+    if (this.dead) return;
+    this.worker.postMessage({ type: "constraint", version: this.version, close: id } satisfies ToModelThread);
   }
 
   private send(slot: number, buffers: Omit<Extract<ToModelThread, { type: "buffers" }>, "type" | "version" | "slot">): void {

@@ -2,6 +2,7 @@ export { Pcg32, SAMPLE_STREAM, resumeRng, stream } from "./pcg32.ts";
 export { LogitsError, MAX_TEMPERATURE, drawsPerToken, sample, validateSampling } from "./sampler.ts";
 export type { SamplingConfig } from "./sampler.ts";
 export {
+  applyTokenBitmask,
   compileLogits,
   isIdentity,
   LOGIT_BIAS_LIMIT,

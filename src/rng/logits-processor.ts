@@ -135,3 +135,25 @@ function penalize(l: number, r: number): number {
 export function maskStops(logits: Float32Array, stops: Iterable<number>): void {
   for (const id of stops) if (id < logits.length) logits[id] = -Infinity;
 }
+
+/**
+ * A structured output's constraint: token i stays only when bit (i & 31) of mask[i >> 5] is
+ * set; the others become -Infinity. Returns how many tokens stay finite (0: the grammar
+ * allows nothing the logits allow: a dead end, which ends that sequence). Like the rest of
+ * processing it changes logits only, never the number of draws a token takes.
+ */
+export function applyTokenBitmask(logits: Float32Array, mask: Int32Array): number {
+  const n = logits.length;
+  let finite = 0;
+  for (let w = 0, base = 0; base < n; w++, base += 32) {
+    const bits = mask[w] ?? 0;
+    const end = Math.min(32, n - base);
+    for (let b = 0; b < end; b++) {
+      const i = base + b;
+      if ((bits >>> b) & 1) {
+        if (logits[i]! > -Infinity) finite++;
+      } else logits[i] = -Infinity;
+    }
+  }
+  return finite;
+}

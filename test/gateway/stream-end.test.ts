@@ -49,3 +49,46 @@ test("a decode stream that ends cleanly without [DONE] or an error event: the cl
   expect(ok.at(-1)).toBe("[DONE]");
   expect((ok.at(-2) as { choices: { finish_reason: string }[] }).choices[0]!.finish_reason).toBe("stop");
 });
+
+test("a resume refused with 412 (the engine cannot continue its structured output) routes again; other refusals do not", async () => {
+  for (const [status, want] of [
+    [412, "failed"],
+    [409, "refused"],
+    [400, "refused"],
+  ] as const) {
+    const server = Bun.serve({ port: 0, hostname: "127.0.0.1", fetch: () => Response.json({ error: { message: "no" } }, { status }) });
+    try {
+      const q = new TokenQueue();
+      const outcome = await readTokenStream(`http://127.0.0.1:${server.port}/v1/completions`, {}, {}, [q], new AbortController().signal, () => {});
+      expect([status, outcome]).toEqual([status, want]);
+      expect(q.end.reason).toBe("error");
+    } finally {
+      server.stop(true);
+    }
+  }
+});
+
+test("an engine's own 400 (a grammar that does not compile on a colocated engine) reaches the client as a 400 with its words, not a 502 with the engine's address", async () => {
+  const server = Bun.serve({
+    port: 0,
+    hostname: "127.0.0.1",
+    fetch: () => Response.json({ error: { message: 'structured output: the grammar does not compile: Rule "x" is not defined' } }, { status: 400 }),
+  });
+  try {
+    for (const stream of [false, true]) {
+      const params = parseCompletion("completion", { prompt: "x", max_tokens: 8, stream }, { tokenizer, maxModelLen: 64 });
+      const q = new TokenQueue();
+      const url = `http://127.0.0.1:${server.port}/v1/completions`;
+      expect(await readTokenStream(url, {}, {}, [q], new AbortController().signal, () => {})).toBe("refused");
+      const res = await completionResponse([q], { id: "t", model: "fake", tokenizer, params, onStop: () => {}, onAbort: () => {} });
+      const error = stream
+        ? ((await sseEvents(res)).at(-1) as { error: { message: string; code: number } }).error
+        : (expect(res.status).toBe(400), ((await res.json()) as { error: { message: string; code: number } }).error);
+      expect(error.code).toBe(400);
+      expect(error.message).toMatch(/does not compile/);
+      expect(error.message).not.toContain(String(server.port));
+    }
+  } finally {
+    server.stop(true);
+  }
+});

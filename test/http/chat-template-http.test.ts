@@ -44,11 +44,17 @@ const HISTORY = [
 describe("chat requests through the model's template", () => {
   test("model_template_renders_tool_call_history", async () => {
     const chat = await node(QWEN25);
-    // `tools` themselves are refused until tool calling exists (issue 14); the history renders without them.
     const r = await chat({ messages: HISTORY, max_tokens: 2 });
-    const refused = await chat({ messages: HISTORY, tools: TOOLS, max_tokens: 2 });
-    expect([refused.status, refused.json.error.param]).toEqual([400, "tools"]);
     expect({ status: r.status, error: r.json.error }).toEqual({ status: 200, error: undefined });
+    // With `tools` the template renders them too (tool_choice "none": the output stays text).
+    const withTools = await chat({ messages: HISTORY, tools: TOOLS, tool_choice: "none", max_tokens: 2 });
+    expect(withTools.status).toBe(200);
+    const wantTools = new ChatTemplate(QWEN25, {}).render(
+      HISTORY.map((m) => ({ ...m })),
+      { tools: TOOLS },
+    );
+    expect(wantTools).toContain('"name": "get_weather"');
+    expect(withTools.json.usage.prompt_tokens).toBe(utf8Len(wantTools) + 1);
     // The byte tokenizer makes the prompt's length its rendered text's UTF-8 length, plus BOS.
     const want = new ChatTemplate(QWEN25, {}).render(
       HISTORY.map((m) => ({ ...m })),

@@ -240,13 +240,15 @@ describe("chat messages", () => {
 describe("every refused parameter is a 400 that names it", () => {
   const chat = (extra: Record<string, unknown>) => ({ messages: [{ role: "user", content: "hi" }], ...extra });
   const cases: [string, Record<string, unknown>, string, RegExp][] = [
-    ["/v1/chat/completions", chat({ tools: [{ type: "function", function: { name: "f" } }] }), "tools", /tool calling is not supported/],
-    ["/v1/chat/completions", chat({ tool_choice: "required" }), "tool_choice", /tool calling/],
-    ["/v1/chat/completions", chat({ tool_choice: "auto" }), "tool_choice", /tool calling/],
-    ["/v1/chat/completions", chat({ response_format: { type: "json_object" } }), "response_format", /json_object/],
-    ["/v1/chat/completions", chat({ response_format: { type: "json_schema", json_schema: { name: "x", schema: {} } } }), "response_format", /json_schema/],
-    ["/v1/chat/completions", chat({ functions: [{ name: "f" }] }), "functions", /tool calling/],
-    ["/v1/chat/completions", chat({ parallel_tool_calls: true }), "parallel_tool_calls", /tool calling/],
+    // This model's template shows no tool-call syntax: "auto" (the default with tools) needs --tool-call-parser.
+    ["/v1/chat/completions", chat({ tools: [{ type: "function", function: { name: "f" } }] }), "tool_choice", /--tool-call-parser/],
+    ["/v1/chat/completions", chat({ tool_choice: "required" }), "tool_choice", /tool_choice needs tools/],
+    ["/v1/chat/completions", chat({ tool_choice: "auto" }), "tool_choice", /tool_choice needs tools/],
+    ["/v1/chat/completions", chat({ response_format: { type: "json_schema" } }), "response_format", /json_schema/],
+    ["/v1/chat/completions", chat({ response_format: { type: "xml" } }), "response_format", /"xml" is not supported/],
+    ["/v1/chat/completions", chat({ functions: [] }), "functions", /legacy/],
+    ["/v1/chat/completions", chat({ functions: [{ name: "f" }] }), "functions", /send tools and tool_choice/],
+    ["/v1/chat/completions", chat({ parallel_tool_calls: "yes" }), "parallel_tool_calls", /boolean/],
     ["/v1/chat/completions", chat({ audio: { voice: "alloy" } }), "audio", /audio/],
     ["/v1/chat/completions", chat({ modalities: ["text", "audio"] }), "modalities", /text modality/],
     ["/v1/chat/completions", chat({ prediction: { type: "content", content: "x" } }), "prediction", /predicted/],
@@ -286,7 +288,7 @@ describe("every refused parameter is a 400 that names it", () => {
     ["/v1/completions", { prompt: "x", stream_options: { include_usage: true } }, "stream_options", /only allowed when stream/],
     ["/v1/completions", { prompt: "x", min_p: 0.1 }, "min_p", /min_p/],
     ["/v1/completions", { prompt: "x", use_beam_search: true }, "use_beam_search", /beam/],
-    ["/v1/completions", { prompt: "x", guided_json: {} }, "guided_json", /structured output/],
+    ["/v1/completions", { prompt: "x", guided_json: { type: "object", oneOf: [] } }, "guided_json", /"oneOf"/],
     ["/v1/completions", { prompt: "x", skip_special_tokens: false }, "skip_special_tokens", /skip_special_tokens/],
   ];
   test("each case", async () => {

@@ -1,5 +1,6 @@
 import { expect, test } from "bun:test";
 import {
+  applyTokenBitmask,
   compileLogits,
   maskStops,
   processLogits,
@@ -57,6 +58,24 @@ test("processing changes logits, never the draw count: one draw per seeded token
     ref.uniformF64();
     expect(rng.uniformF64()).toBe(ref.uniformF64());
   }
+});
+
+test("a token bitmask keeps exactly the set bits' tokens, counts the finite ones, and never changes the draw count", () => {
+  const l = new Float32Array(70).map((_, i) => Math.cos(i) * 2);
+  l[33] = -Infinity;
+  const mask = new Int32Array(3);
+  for (const id of [0, 5, 31, 32, 33, 64, 69]) mask[id >> 5]! |= 1 << (id & 31);
+  const x = l.slice();
+  expect(applyTokenBitmask(x, mask)).toBe(6);
+  for (let i = 0; i < 70; i++) expect([i, x[i]]).toEqual([i, [0, 5, 31, 32, 33, 64, 69].includes(i) ? l[i] : -Infinity]);
+  for (let seed = 0n; seed < 20n; seed++) {
+    const rng = stream(seed, SAMPLE_STREAM);
+    const ref = stream(seed, SAMPLE_STREAM);
+    expect([0, 5, 31, 32, 64, 69]).toContain(sample(x, { temperature: 1.2, topP: 1, topK: 0 }, rng));
+    ref.uniformF64();
+    expect(rng.uniformF64()).toBe(ref.uniformF64());
+  }
+  expect(applyTokenBitmask(l.slice(), new Int32Array(3))).toBe(0);
 });
 
 test("tokenLogprobs: a log-softmax of the raw logits; top is descending, ties by lower id", () => {

@@ -12,7 +12,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file tl/engine/v1/engine.proto.
  */
 export const file_tl_engine_v1_engine: GenFile = /*@__PURE__*/
-  fileDesc("Chl0bC9lbmdpbmUvdjEvZW5naW5lLnByb3RvEgx0bC5lbmdpbmUudjEiowMKDlNhbXBsaW5nUGFyYW1zEhMKC3RlbXBlcmF0dXJlGAEgASgCEg0KBXRvcF9wGAIgASgCEg0KBXRvcF9rGAMgASgNEhEKBHNlZWQYBCABKARIAIgBARISCgptYXhfdG9rZW5zGAUgASgNEhYKDnN0b3BfdG9rZW5faWRzGAYgAygNEhgKEHByZXNlbmNlX3BlbmFsdHkYByABKAESGQoRZnJlcXVlbmN5X3BlbmFsdHkYCCABKAESGgoScmVwZXRpdGlvbl9wZW5hbHR5GAkgASgBEj8KCmxvZ2l0X2JpYXMYCiADKAsyKy50bC5lbmdpbmUudjEuU2FtcGxpbmdQYXJhbXMuTG9naXRCaWFzRW50cnkSEgoKbWluX3Rva2VucxgLIAEoDRISCgppZ25vcmVfZW9zGAwgASgIEhkKDHRvcF9sb2dwcm9icxgNIAEoDUgBiAEBGjAKDkxvZ2l0Qmlhc0VudHJ5EgsKA2tleRgBIAEoDRINCgV2YWx1ZRgCIAEoAToCOAFCBwoFX3NlZWRCDwoNX3RvcF9sb2dwcm9icyIuCgxUb2tlbkxvZ3Byb2ISDQoFdG9rZW4YASABKA0SDwoHbG9ncHJvYhgCIAEoASLEAQoOUHJlZmlsbFJlcXVlc3QSEgoKcmVxdWVzdF9pZBgBIAEoCRIVCg1wcm9tcHRfdG9rZW5zGAIgAygNEg4KBnByb21wdBgDIAEoCRIuCghzYW1wbGluZxgEIAEoCzIcLnRsLmVuZ2luZS52MS5TYW1wbGluZ1BhcmFtcxIVCg1kZWNvZGVfdGFyZ2V0GAUgASgJEhEKCWt2X2Zvcm1hdBgGIAEoDRIJCgFuGAcgASgNEhIKCmdhdGV3YXlfaWQYGCABKAkipgMKCEt2SGFuZGxlEhEKCWhhbmRsZV9pZBgBIAEoCRITCgtmaXJzdF90b2tlbhgCIAEoDRIUCgxibG9ja19oYXNoZXMYAyADKAYSGgoScm5nX2RyYXdzX2NvbnN1bWVkGAQgASgNEhUKDXByb21wdF90b2tlbnMYBSADKA0SDAoEc2VlZBgGIAEoBBITCgtibG9ja3Nfc2VudBgHIAEoDRIWCg5ibG9ja3NfZGVkdXBlZBgIIAEoDRIVCg1wYXlsb2FkX2J5dGVzGAkgASgEEhAKCGZpbmlzaGVkGAogASgIEiAKE2ZpcnN0X3Rva2VuX2xvZ3Byb2IYCyABKAFIAIgBARI2ChJmaXJzdF90b3BfbG9ncHJvYnMYDCADKAsyGi50bC5lbmdpbmUudjEuVG9rZW5Mb2dwcm9iEhsKE2Nob2ljZV9maXJzdF90b2tlbnMYDSADKA0SHQoVY2hvaWNlX2ZpcnN0X2xvZ3Byb2JzGA4gAygBEhcKD2Nob2ljZV9maW5pc2hlZBgPIAMoCEIWChRfZmlyc3RfdG9rZW5fbG9ncHJvYiINCgtJbmZvUmVxdWVzdCKIAwoMSW5mb1Jlc3BvbnNlEhEKCXdvcmtlcl9pZBgBIAEoCRINCgVyb2xlcxgCIAMoCRINCgVtb2RlbBgDIAEoCRIRCglrdl9mb3JtYXQYBCABKA0SFAoMYmxvY2tfdG9rZW5zGAUgASgNEhAKCG5fbGF5ZXJzGAYgASgNEhIKCm5fa3ZfaGVhZHMYByABKA0SEAoIaGVhZF9kaW0YCCABKA0SFAoMdG90YWxfYmxvY2tzGAkgASgNEhMKC2ZyZWVfYmxvY2tzGAogASgNEhMKC3F1ZXVlX2RlcHRoGAsgASgNEg8KB3J1bm5pbmcYDCABKA0SEAoIZHJhaW5pbmcYDSABKAgSFQoNbWF4X21vZGVsX2xlbhgOIAEoDRISCgp2b2NhYl9zaXplGA8gASgNEh0KFXRva2VuaXplcl9maW5nZXJwcmludBgQIAEoCRISCgpwYXJhbWV0ZXJzGBEgASgEEg0KBWR0eXBlGBIgASgJEhYKDnJlc2lkZW50X2J5dGVzGBMgASgEIiMKDUNhbmNlbFJlcXVlc3QSEgoKcmVxdWVzdF9pZBgBIAEoCSIjCg5DYW5jZWxSZXNwb25zZRIRCgljYW5jZWxsZWQYASABKAgiIwoMRHJhaW5SZXF1ZXN0EhMKC2RlYWRsaW5lX21zGAEgASgDIiIKDURyYWluUmVzcG9uc2USEQoJcmVtYWluaW5nGAEgASgFMpYCCg1FbmdpbmVDb250cm9sEj8KB1ByZWZpbGwSHC50bC5lbmdpbmUudjEuUHJlZmlsbFJlcXVlc3QaFi50bC5lbmdpbmUudjEuS3ZIYW5kbGUSPQoESW5mbxIZLnRsLmVuZ2luZS52MS5JbmZvUmVxdWVzdBoaLnRsLmVuZ2luZS52MS5JbmZvUmVzcG9uc2USQwoGQ2FuY2VsEhsudGwuZW5naW5lLnYxLkNhbmNlbFJlcXVlc3QaHC50bC5lbmdpbmUudjEuQ2FuY2VsUmVzcG9uc2USQAoFRHJhaW4SGi50bC5lbmdpbmUudjEuRHJhaW5SZXF1ZXN0GhsudGwuZW5naW5lLnYxLkRyYWluUmVzcG9uc2ViBnByb3RvMw");
+  fileDesc("Chl0bC9lbmdpbmUvdjEvZW5naW5lLnByb3RvEgx0bC5lbmdpbmUudjEiowMKDlNhbXBsaW5nUGFyYW1zEhMKC3RlbXBlcmF0dXJlGAEgASgCEg0KBXRvcF9wGAIgASgCEg0KBXRvcF9rGAMgASgNEhEKBHNlZWQYBCABKARIAIgBARISCgptYXhfdG9rZW5zGAUgASgNEhYKDnN0b3BfdG9rZW5faWRzGAYgAygNEhgKEHByZXNlbmNlX3BlbmFsdHkYByABKAESGQoRZnJlcXVlbmN5X3BlbmFsdHkYCCABKAESGgoScmVwZXRpdGlvbl9wZW5hbHR5GAkgASgBEj8KCmxvZ2l0X2JpYXMYCiADKAsyKy50bC5lbmdpbmUudjEuU2FtcGxpbmdQYXJhbXMuTG9naXRCaWFzRW50cnkSEgoKbWluX3Rva2VucxgLIAEoDRISCgppZ25vcmVfZW9zGAwgASgIEhkKDHRvcF9sb2dwcm9icxgNIAEoDUgBiAEBGjAKDkxvZ2l0Qmlhc0VudHJ5EgsKA2tleRgBIAEoDRINCgV2YWx1ZRgCIAEoAToCOAFCBwoFX3NlZWRCDwoNX3RvcF9sb2dwcm9icyIuCgxUb2tlbkxvZ3Byb2ISDQoFdG9rZW4YASABKA0SDwoHbG9ncHJvYhgCIAEoASL4AQoOUHJlZmlsbFJlcXVlc3QSEgoKcmVxdWVzdF9pZBgBIAEoCRIVCg1wcm9tcHRfdG9rZW5zGAIgAygNEg4KBnByb21wdBgDIAEoCRIuCghzYW1wbGluZxgEIAEoCzIcLnRsLmVuZ2luZS52MS5TYW1wbGluZ1BhcmFtcxIVCg1kZWNvZGVfdGFyZ2V0GAUgASgJEhEKCWt2X2Zvcm1hdBgGIAEoDRIJCgFuGAcgASgNEjIKCnN0cnVjdHVyZWQYCCABKAsyHi50bC5lbmdpbmUudjEuU3RydWN0dXJlZE91dHB1dBISCgpnYXRld2F5X2lkGBggASgJIjAKEFN0cnVjdHVyZWRPdXRwdXQSDAoEa2luZBgBIAEoCRIOCgZzb3VyY2UYAiABKAkivwMKCEt2SGFuZGxlEhEKCWhhbmRsZV9pZBgBIAEoCRITCgtmaXJzdF90b2tlbhgCIAEoDRIUCgxibG9ja19oYXNoZXMYAyADKAYSGgoScm5nX2RyYXdzX2NvbnN1bWVkGAQgASgNEhUKDXByb21wdF90b2tlbnMYBSADKA0SDAoEc2VlZBgGIAEoBBITCgtibG9ja3Nfc2VudBgHIAEoDRIWCg5ibG9ja3NfZGVkdXBlZBgIIAEoDRIVCg1wYXlsb2FkX2J5dGVzGAkgASgEEhAKCGZpbmlzaGVkGAogASgIEiAKE2ZpcnN0X3Rva2VuX2xvZ3Byb2IYCyABKAFIAIgBARI2ChJmaXJzdF90b3BfbG9ncHJvYnMYDCADKAsyGi50bC5lbmdpbmUudjEuVG9rZW5Mb2dwcm9iEhsKE2Nob2ljZV9maXJzdF90b2tlbnMYDSADKA0SHQoVY2hvaWNlX2ZpcnN0X2xvZ3Byb2JzGA4gAygBEhcKD2Nob2ljZV9maW5pc2hlZBgPIAMoCBIXCg9jb25zdHJhaW50X2hhc2gYECABKAlCFgoUX2ZpcnN0X3Rva2VuX2xvZ3Byb2IiDQoLSW5mb1JlcXVlc3QiiAMKDEluZm9SZXNwb25zZRIRCgl3b3JrZXJfaWQYASABKAkSDQoFcm9sZXMYAiADKAkSDQoFbW9kZWwYAyABKAkSEQoJa3ZfZm9ybWF0GAQgASgNEhQKDGJsb2NrX3Rva2VucxgFIAEoDRIQCghuX2xheWVycxgGIAEoDRISCgpuX2t2X2hlYWRzGAcgASgNEhAKCGhlYWRfZGltGAggASgNEhQKDHRvdGFsX2Jsb2NrcxgJIAEoDRITCgtmcmVlX2Jsb2NrcxgKIAEoDRITCgtxdWV1ZV9kZXB0aBgLIAEoDRIPCgdydW5uaW5nGAwgASgNEhAKCGRyYWluaW5nGA0gASgIEhUKDW1heF9tb2RlbF9sZW4YDiABKA0SEgoKdm9jYWJfc2l6ZRgPIAEoDRIdChV0b2tlbml6ZXJfZmluZ2VycHJpbnQYECABKAkSEgoKcGFyYW1ldGVycxgRIAEoBBINCgVkdHlwZRgSIAEoCRIWCg5yZXNpZGVudF9ieXRlcxgTIAEoBCIjCg1DYW5jZWxSZXF1ZXN0EhIKCnJlcXVlc3RfaWQYASABKAkiIwoOQ2FuY2VsUmVzcG9uc2USEQoJY2FuY2VsbGVkGAEgASgIIiMKDERyYWluUmVxdWVzdBITCgtkZWFkbGluZV9tcxgBIAEoAyIiCg1EcmFpblJlc3BvbnNlEhEKCXJlbWFpbmluZxgBIAEoBTKWAgoNRW5naW5lQ29udHJvbBI/CgdQcmVmaWxsEhwudGwuZW5naW5lLnYxLlByZWZpbGxSZXF1ZXN0GhYudGwuZW5naW5lLnYxLkt2SGFuZGxlEj0KBEluZm8SGS50bC5lbmdpbmUudjEuSW5mb1JlcXVlc3QaGi50bC5lbmdpbmUudjEuSW5mb1Jlc3BvbnNlEkMKBkNhbmNlbBIbLnRsLmVuZ2luZS52MS5DYW5jZWxSZXF1ZXN0GhwudGwuZW5naW5lLnYxLkNhbmNlbFJlc3BvbnNlEkAKBURyYWluEhoudGwuZW5naW5lLnYxLkRyYWluUmVxdWVzdBobLnRsLmVuZ2luZS52MS5EcmFpblJlc3BvbnNlYgZwcm90bzM");
 
 /**
  * @generated from message tl.engine.v1.SamplingParams
@@ -163,6 +163,14 @@ export type PrefillRequest = Message<"tl.engine.v1.PrefillRequest"> & {
   n: number;
 
   /**
+   * Present: every choice's first token is sampled under this structured output (its grammar
+   * compiled here first; one that does not compile is INVALID_ARGUMENT before any prefill).
+   *
+   * @generated from field: tl.engine.v1.StructuredOutput structured = 8;
+   */
+  structured?: StructuredOutput | undefined;
+
+  /**
    * The requesting gateway replica (HeartbeatAck.gateway_id): the pushed handle is bound to it,
    * so the decode engine frees it early once that replica is gone. Empty: bound to none.
    * (24, not 8: room left for sampling-side additions made alongside.)
@@ -178,6 +186,35 @@ export type PrefillRequest = Message<"tl.engine.v1.PrefillRequest"> & {
  */
 export const PrefillRequestSchema: GenMessage<PrefillRequest> = /*@__PURE__*/
   messageDesc(file_tl_engine_v1_engine, 2);
+
+/**
+ * A structured output in its canonical form (docs/http-handoff.md, "Structured outputs").
+ *
+ * @generated from message tl.engine.v1.StructuredOutput
+ */
+export type StructuredOutput = Message<"tl.engine.v1.StructuredOutput"> & {
+  /**
+   * "json_schema", "json_object", "regex", "choice" or "grammar".
+   *
+   * @generated from field: string kind = 1;
+   */
+  kind: string;
+
+  /**
+   * json_schema: the schema as JSON; json_object: ""; regex: the pattern; choice: a JSON array
+   * of the allowed strings; grammar: EBNF (xgrammar's dialect, which reads GBNF), rule `root`.
+   *
+   * @generated from field: string source = 2;
+   */
+  source: string;
+};
+
+/**
+ * Describes the message tl.engine.v1.StructuredOutput.
+ * Use `create(StructuredOutputSchema)` to create a new message.
+ */
+export const StructuredOutputSchema: GenMessage<StructuredOutput> = /*@__PURE__*/
+  messageDesc(file_tl_engine_v1_engine, 3);
 
 /**
  * @generated from message tl.engine.v1.KvHandle
@@ -264,6 +301,14 @@ export type KvHandle = Message<"tl.engine.v1.KvHandle"> & {
    * @generated from field: repeated bool choice_finished = 15;
    */
   choiceFinished: boolean[];
+
+  /**
+   * Set when the request has a structured output: its identity (32 hex digits of SHA-256 over
+   * the backend, the kind and the source), which the resume on D must present and match.
+   *
+   * @generated from field: string constraint_hash = 16;
+   */
+  constraintHash: string;
 };
 
 /**
@@ -271,7 +316,7 @@ export type KvHandle = Message<"tl.engine.v1.KvHandle"> & {
  * Use `create(KvHandleSchema)` to create a new message.
  */
 export const KvHandleSchema: GenMessage<KvHandle> = /*@__PURE__*/
-  messageDesc(file_tl_engine_v1_engine, 3);
+  messageDesc(file_tl_engine_v1_engine, 4);
 
 /**
  * @generated from message tl.engine.v1.InfoRequest
@@ -284,7 +329,7 @@ export type InfoRequest = Message<"tl.engine.v1.InfoRequest"> & {
  * Use `create(InfoRequestSchema)` to create a new message.
  */
 export const InfoRequestSchema: GenMessage<InfoRequest> = /*@__PURE__*/
-  messageDesc(file_tl_engine_v1_engine, 4);
+  messageDesc(file_tl_engine_v1_engine, 5);
 
 /**
  * @generated from message tl.engine.v1.InfoResponse
@@ -395,7 +440,7 @@ export type InfoResponse = Message<"tl.engine.v1.InfoResponse"> & {
  * Use `create(InfoResponseSchema)` to create a new message.
  */
 export const InfoResponseSchema: GenMessage<InfoResponse> = /*@__PURE__*/
-  messageDesc(file_tl_engine_v1_engine, 5);
+  messageDesc(file_tl_engine_v1_engine, 6);
 
 /**
  * @generated from message tl.engine.v1.CancelRequest
@@ -412,7 +457,7 @@ export type CancelRequest = Message<"tl.engine.v1.CancelRequest"> & {
  * Use `create(CancelRequestSchema)` to create a new message.
  */
 export const CancelRequestSchema: GenMessage<CancelRequest> = /*@__PURE__*/
-  messageDesc(file_tl_engine_v1_engine, 6);
+  messageDesc(file_tl_engine_v1_engine, 7);
 
 /**
  * @generated from message tl.engine.v1.CancelResponse
@@ -429,7 +474,7 @@ export type CancelResponse = Message<"tl.engine.v1.CancelResponse"> & {
  * Use `create(CancelResponseSchema)` to create a new message.
  */
 export const CancelResponseSchema: GenMessage<CancelResponse> = /*@__PURE__*/
-  messageDesc(file_tl_engine_v1_engine, 7);
+  messageDesc(file_tl_engine_v1_engine, 8);
 
 /**
  * @generated from message tl.engine.v1.DrainRequest
@@ -446,7 +491,7 @@ export type DrainRequest = Message<"tl.engine.v1.DrainRequest"> & {
  * Use `create(DrainRequestSchema)` to create a new message.
  */
 export const DrainRequestSchema: GenMessage<DrainRequest> = /*@__PURE__*/
-  messageDesc(file_tl_engine_v1_engine, 8);
+  messageDesc(file_tl_engine_v1_engine, 9);
 
 /**
  * @generated from message tl.engine.v1.DrainResponse
@@ -463,7 +508,7 @@ export type DrainResponse = Message<"tl.engine.v1.DrainResponse"> & {
  * Use `create(DrainResponseSchema)` to create a new message.
  */
 export const DrainResponseSchema: GenMessage<DrainResponse> = /*@__PURE__*/
-  messageDesc(file_tl_engine_v1_engine, 9);
+  messageDesc(file_tl_engine_v1_engine, 10);
 
 /**
  * @generated from service tl.engine.v1.EngineControl
