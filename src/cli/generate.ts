@@ -45,7 +45,9 @@ export async function generate(config: Config, rest: Map<string, string>, out: (
   const pool = await kvPoolFor(
     model,
     { blockTokens: B, nLayers: model.nLayers, nKvHeads: model.nKvHeads, headDim: model.headDim },
-    Math.ceil(maxModelLen / B) + 1,
+    // One sequence of prompt + output: a model's whole context (131072 for Llama 3) would ask
+    // for a pool past the 4 GiB one buffer holds.
+    Math.ceil((tokens.length + maxTokens) / B) + 1,
   );
   const engine = new Engine({
     model: model.runner,

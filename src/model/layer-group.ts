@@ -125,8 +125,39 @@ function sliceElements(m: Matrix, from: number, to: number, cols: number): Matri
   return parts.length === 1 ? parts[0]! : { dtype: "stacked", cols, length: to - from, parts };
 }
 
-/** The bytes one kernel memory may place: the wasm32 memory less the kernels' room. */
-export const GROUP_BUDGET = MAX_PLACED_BYTES;
+/** A wasm32 memory: 4 GiB. */
+const MEMORY_BYTES = 2 ** 32;
+/** Token rows a forward may carry that the room below is sized for (a 512-token prefill chunk, twice). */
+const ROOM_ROWS = 1024;
+/** The batch's K/V copies when the pool is outside the memory (a model in several groups). */
+const ROOM_KV_COPIES = 2 ** 28;
+
+/**
+ * Bytes a group keeps beside its weights for what its kernels write: the RoPE tables, each
+ * thread's attention scratch (both grow with the context: a 128K-context model's RoPE tables
+ * alone take 134 MB), ROOM_ROWS rows of activations with their 8-bit copies, and the batch's
+ * K/V copies. Past it, a forward would find no room to grow into.
+ */
+export function roomBytes(cfg: ModelConfig, threads: number): number {
+  const hd = headDimOf(cfg);
+  const S = Math.ceil(cfg.maxSeqLen / 4) * 4;
+  const rope = 2 * cfg.maxSeqLen * (hd / 2) * 8;
+  const attention = threads * Math.max(4 * S + 2 * S * hd, 4 * cfg.nKvHeads * S) * 4;
+  const qDim = cfg.nHeads * hd;
+  const kvDim = cfg.nKvHeads * hd;
+  const perRow = 4 * (3 * cfg.dim + qDim + 2 * kvDim + 2 * cfg.hiddenDim) + 4 * kvDim + 8 * Math.max(cfg.dim, cfg.hiddenDim, qDim);
+  return rope + attention + ROOM_ROWS * perRow + ROOM_KV_COPIES;
+}
+
+/** The bytes of weights one kernel memory may place for this model: what the room leaves, at most MAX_PLACED_BYTES. */
+export function groupBudget(cfg: ModelConfig, threads: number): number {
+  return Math.min(MAX_PLACED_BYTES, MEMORY_BYTES - roomBytes(cfg, threads));
+}
+
+/** Whether `bytes` more can be given out of a memory that has `used` taken, leaving the room. */
+export function fitsWithRoom(cfg: ModelConfig, threads: number, used: number, bytes: number): boolean {
+  return used + bytes + roomBytes(cfg, threads) <= MEMORY_BYTES;
+}
 
 /**
  * One kernel memory's share of the model and the activations its kernels work on. The scratch

@@ -342,6 +342,11 @@ export class MatmulKernel {
     }
   }
 
+  /** Bytes of the memory taken for good (weights, activations, room given out): where the next allocation goes. */
+  get usedBytes(): number {
+    return this.top;
+  }
+
   /** Threads that run large matmuls (1 on the fallback). */
   get threadCount(): number {
     return this.threads === null ? 1 : this.threads.helpers + 1;

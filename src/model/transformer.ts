@@ -5,7 +5,7 @@ import { KvPool } from "../pool/index.ts";
 import { blockPayloadBytes } from "../codec/kv-shape.ts";
 import { headDimOf, kvDimOf, type ModelConfig, qDimOf } from "./config.ts";
 import { softmaxF32, swigluF32 } from "./f32-math.ts";
-import { ATT_SEQ_INTS, ATT_SEQS, GROUP_BUDGET, LayerGroup, planGroups } from "./layer-group.ts";
+import { ATT_SEQ_INTS, ATT_SEQS, fitsWithRoom, groupBudget, LayerGroup, planGroups } from "./layer-group.ts";
 import { type KernelExports, type KernelOptions, kernelModule } from "./matmul.ts";
 import type { Matrix } from "./packed.ts";
 import { validateWeights, weightsDType, type Weights } from "./weights.ts";
@@ -79,6 +79,8 @@ export class Transformer {
   readonly cfg: ModelConfig;
   /** Projection biases (Qwen2), read in JS: stacked over every layer. */
   private readonly biases: { bq: Float32Array; bk: Float32Array; bv: Float32Array } | null;
+  /** Threads asked for (the room each memory keeps for attention scratch is per thread). */
+  private readonly threadsAsked: number;
   private readonly dtypeName: string;
   private readonly headDim: number;
   /** nHeads * headDim: equal to dim unless the model gives its own head_dim. */
@@ -109,6 +111,8 @@ export class Transformer {
 
   private rowSeq = new Int32Array(0);
   private lastRow = new Int32Array(0);
+  /** Per sequence, its first block's place among the batch's K/V copies (a pool outside kernel memory). */
+  private seqBase = new Int32Array(0);
   /** Floats per query in the attention kernel's score scratch (four queries at a time). */
   private get attStride(): number {
     return (this.cfg.maxSeqLen + 3) & ~3;
@@ -131,7 +135,10 @@ export class Transformer {
     this.biases = weights.bq ? { bq: weights.bq, bk: weights.bk!, bv: weights.bv! } : null;
     // Without the kernels nothing is placed, so there is nothing to cut.
     const simd = opts.simd !== false && kernelModule() !== null;
-    const plans = simd ? planGroups(cfg, weights, opts.groupBytes ?? GROUP_BUDGET) : [{ first: 0, end: cfg.nLayers, embedding: true, classifier: true }];
+    const plans = simd
+      ? planGroups(cfg, weights, opts.groupBytes ?? groupBudget(cfg, opts.threads ?? 1))
+      : [{ first: 0, end: cfg.nLayers, embedding: true, classifier: true }];
+    this.threadsAsked = opts.threads ?? 1;
     this.groups = plans.map((p) => new LayerGroup(cfg, weights, p, opts));
     this.groupOfLayer = Array.from({ length: cfg.nLayers }, (_, l) => this.groups.find((g) => g.holds(l))!);
     this.embedGroup = this.groups.find((g) => g.w.tokenEmbedding !== null)!;
@@ -181,6 +188,8 @@ export class Transformer {
    */
   kvSlab(bytes: number): KvSlab | null {
     if (this.groups.length > 1) return null;
+    // A slab that would leave the forwards no room to grow into goes outside instead.
+    if (!fitsWithRoom(this.cfg, this.threadsAsked, this.g.mm.usedBytes, bytes)) return null;
     let a: Uint8Array | null = null;
     try {
       a = this.g.mm.allocZeroed(bytes);
@@ -400,6 +409,7 @@ export class Transformer {
     for (const g of this.groups) g.reserve(this.cfg, this.qDim, this.kvDim, rows, nSeq, this.maxBlocks);
     if (rows > this.rowSeq.length) this.rowSeq = new Int32Array(Math.max(rows, this.rowSeq.length * 2));
     if (nSeq > this.lastRow.length) this.lastRow = new Int32Array(Math.max(nSeq, this.lastRow.length * 2));
+    if (nSeq > this.seqBase.length) this.seqBase = new Int32Array(Math.max(nSeq, this.seqBase.length * 2));
   }
 
   /** x += y over n floats (both in the kernel's memory on the SIMD path): the same bits either way. */
@@ -502,14 +512,22 @@ export class Transformer {
     const slabAt = g.mm.addressOf(pool.bytes);
     const layerBytes = 2 * B * this.kvDim * 2;
     if (slabAt < 0) {
-      const need = batch.length * mb * layerBytes;
+      // The copies sit back to back, as many as the batch's sequences have blocks now (sized by
+      // the model's whole context, 8 sequences of a 128K-context model would want 4 GiB).
+      let blocks = 0;
+      for (let s = 0; s < batch.length; s++) {
+        const c = batch[s]!;
+        this.seqBase[s] = blocks;
+        blocks += Math.ceil((c.startPos + c.tokens.length) / B);
+      }
+      const need = blocks * layerBytes;
       if (g.kvScratch === null || g.kvScratch.byteLength < need) g.kvScratch = g.mm.allocBytes(Math.max(need, 2 * (g.kvScratch?.byteLength ?? 0)))!;
     }
     const kvAt = slabAt < 0 ? g.mm.addressOf(g.kvScratch!) : 0;
     for (let s = 0; s < batch.length; s++) {
       const c = batch[s]!;
       const nb = Math.ceil((c.startPos + c.tokens.length) / B);
-      for (let b = 0; b < nb; b++) tables[s * mb + b] = slabAt >= 0 ? slabAt + c.blockTable[b]! * pool.blockBytes : kvAt + (s * mb + b) * layerBytes;
+      for (let b = 0; b < nb; b++) tables[s * mb + b] = slabAt >= 0 ? slabAt + c.blockTable[b]! * pool.blockBytes : kvAt + (this.seqBase[s]! + b) * layerBytes;
     }
     if (slabAt < 0) return false;
     const { rowPos, kvDst } = g;
@@ -551,7 +569,7 @@ export class Transformer {
         const src = pool.bytes;
         for (let b = 0, nb = Math.ceil(n / B); b < nb; b++) {
           const from = c.blockTable[b]! * pool.blockBytes + l * layerBytes;
-          kvs.set(src.subarray(from, from + layerBytes), (s * mb + b) * layerBytes);
+          kvs.set(src.subarray(from, from + layerBytes), (this.seqBase[s]! + b) * layerBytes);
         }
       }
       const o = ATT_SEQS + s * ATT_SEQ_INTS;

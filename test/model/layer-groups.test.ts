@@ -1,6 +1,6 @@
 import { describe, expect, test } from "bun:test";
 import { kvShapeOf, syntheticWeights, Transformer, type ModelConfig } from "../../src/model/index.ts";
-import { layerSlice, planGroups } from "../../src/model/layer-group.ts";
+import { groupBudget, layerSlice, planGroups, roomBytes } from "../../src/model/layer-group.ts";
 import { castMatrix, type DType, type Matrix, type PackedMatrix } from "../../src/model/packed.ts";
 import { stripLayoutBytes } from "../../src/model/strip-layout.ts";
 import { castWeights, MATRICES, matrixCols, type Weights } from "../../src/model/weights.ts";
@@ -128,5 +128,48 @@ describe("layer groups", () => {
     const pool = m.kvPool(kvShapeOf(CFG, BLOCK), 8);
     expect(pool).toBeInstanceOf(KvPool);
     m.close();
+  });
+});
+
+describe("the room a kernel memory keeps beside its weights", () => {
+  const LLAMA8B: ModelConfig = {
+    name: "8b",
+    dim: 4096,
+    hiddenDim: 14336,
+    nLayers: 32,
+    nHeads: 32,
+    nKvHeads: 8,
+    vocabSize: 128256,
+    maxSeqLen: 131072,
+    ropeTheta: 5e5,
+    normEps: 1e-5,
+  };
+
+  test("grows with the context and the threads, and bounds what a group may place", () => {
+    // RoPE tables 134 MB and 134 MB of attention scratch a thread at a 128K context: what made a
+    // 3.75 GiB group of an 8B Q4_K_M fail its first forward.
+    expect(roomBytes(LLAMA8B, 2)).toBeGreaterThan(900 * 2 ** 20);
+    expect(roomBytes(LLAMA8B, 2)).toBeGreaterThan(roomBytes({ ...LLAMA8B, maxSeqLen: 4096 }, 2));
+    expect(roomBytes(LLAMA8B, 2)).toBeGreaterThan(roomBytes(LLAMA8B, 1));
+    expect(groupBudget(LLAMA8B, 2)).toBe(2 ** 32 - roomBytes(LLAMA8B, 2));
+    // A short context leaves most of the memory to the weights (the K/V copies' 256 MiB aside).
+    expect(groupBudget(CFG, 1)).toBe(2 ** 32 - roomBytes(CFG, 1));
+    expect(groupBudget(CFG, 1)).toBeGreaterThan(3.7 * 2 ** 30);
+  });
+
+  test("a KV slab that would leave no room goes outside the kernel memory", () => {
+    const w = weightsOf("f16", false);
+    const low = new Transformer(CFG, w, {});
+    expect(low.kvSlab(64 * 2 ** 20)).not.toBeNull();
+    low.close();
+    // Weights placed high (a big model stands in): the slab would eat the room forwards grow into.
+    const high = new Transformer(CFG, w, { gapBytes: 3.7 * 2 ** 30 });
+    expect(high.kernels).toBe("wasm-simd");
+    expect(high.kvSlab(64 * 2 ** 20)).toBeNull();
+    const pool = high.kvPool(kvShapeOf(CFG, BLOCK), 8);
+    const out = new Float32Array(CFG.vocabSize);
+    high.forward(pool, [new Seq(pool).chunk(tokens(5, 1, CFG.vocabSize))], out);
+    expect(out.every(Number.isFinite)).toBe(true);
+    high.close();
   });
 });
