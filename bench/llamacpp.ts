@@ -24,11 +24,11 @@
 // Model files are cached under TL_LLAMACPP_CACHE/models (default ~/.cache/tl-engine/llamacpp).
 // JSON goes to bench/results/llamacpp.json (OUT=name for llamacpp.<name>.json).
 import { spawn, spawnSync } from "node:child_process";
-import { existsSync, mkdirSync, readFileSync, statSync, writeFileSync } from "node:fs";
+import { existsSync, mkdirSync, readFileSync, statfsSync, statSync, writeFileSync } from "node:fs";
 import { availableParallelism, cpus } from "node:os";
 import { join } from "node:path";
 import { cacheDir, ensureLlamaCpp, type LlamaCppBuild } from "./llamacpp-build.ts";
-import { BOS_ID, SHAPES, writeShapeGguf } from "./gguf-shapes.ts";
+import { BOS_ID, SHAPES, shapeHeader, writeShapeGguf } from "./gguf-shapes.ts";
 import { loadAverage, median } from "./stats.ts";
 import { kvPoolFor, loadModel } from "../src/cli/engine-node.ts";
 import { Engine } from "../src/engine/index.ts";
@@ -329,6 +329,10 @@ function modelFile(b: LlamaCppBuild, size: string, type: string): string {
   if (!shape) throw new Error(`SIZES: unknown size ${size}; known: ${Object.keys(SHAPES).join(", ")}`);
   const f16 = join(dir, `${size}-f16.gguf`);
   if (!existsSync(f16)) {
+    const need = shapeHeader(shape).dataBytes;
+    const free = statfsSync(dir).bavail * statfsSync(dir).bsize;
+    if (free < need * 1.5)
+      throw new Error(`${dir}: ${(free / 2 ** 30).toFixed(1)} GiB free, ${shape.name} at F16 needs ${(need / 2 ** 30).toFixed(1)} GiB and its quantized files`);
     console.error(`writing ${f16} (${shape.name}, random weights)`);
     let shown = 0;
     writeShapeGguf(f16, shape, 1, (done, total) => {
@@ -362,7 +366,6 @@ async function main(): Promise<void> {
   const threads = Number(process.env.THREADS ?? availableParallelism());
   const timeoutS = Number(process.env.TIMEOUT_S ?? 300);
   const theirsTimeoutS = Number(process.env.LLAMA_TIMEOUT_S ?? 900);
-  if (sizes.includes("8b") && process.env.SIZES === undefined) throw new Error("8b only when asked");
   const b = ensureLlamaCpp();
   const cpu = cpus()[0]?.model ?? "?";
   const flags = (/^flags\s*:\s*(.*)$/m.exec(readFileSync("/proc/cpuinfo", "utf8"))?.[1] ?? "").split(" ");
@@ -422,6 +425,9 @@ async function main(): Promise<void> {
         else if (failed?.error) notes.push(`ours ${ph}: ${failed.error}`);
       }
       for (const x of theirs) if (x.error) notes.push(`llama.cpp: ${x.error}`);
+      // Types our loader has no kernel for arrive widened to f32: say so beside the figures.
+      const widened = Object.keys(facts.types).filter((k) => !["F32", "F16", "BF16", "Q8_0"].includes(k));
+      if (widened.length && ours[0]?.dtype?.includes("f32")) notes.push(`ours: ${widened.join(", ")} widened to f32 at load (held as ${ours[0].dtype})`);
       const row = {
         size,
         shape: SHAPES[size]!.name,
