@@ -11,7 +11,7 @@
 //   batch 8 : 8 distinct 128-token prompts submitted at once, 128 tokens each after the first;
 //             decode tok/s over all 8 (llama-batched-bench's S_TG) and overall (its S)
 // beside load time (ours: loadModel until the model thread is ready; llama.cpp: the "load
-// time" it prints itself) and peak RSS (ours: the child's VmHWM; llama.cpp: /usr/bin/time's
+// time" llama-batched-bench prints, from the model's load to its first evaluation) and peak RSS (ours: the child's VmHWM; llama.cpp: /usr/bin/time's
 // maximum resident set size of each tool). GB/s is the file's weight bytes one decoded token
 // reads (every tensor but the embedding rows; a tied embedding counted once, as classifier)
 // times decode tok/s. Each of our attempts has a timeout (TIMEOUT_S): a phase that does not
@@ -41,9 +41,10 @@ const PHASES = ["decode", "prefill", "batch"] as const;
 type Phase = (typeof PHASES)[number];
 const PREFILL = 512;
 const DECODE = 128;
-const BATCH = 8;
-const BATCH_PP = 128;
-const BATCH_TG = 128;
+// llama-batched-bench's -npl/-npp/-ntg; the children read the same environment.
+const BATCH = Number(process.env.BATCH ?? 8);
+const BATCH_PP = Number(process.env.BATCH_PP ?? 128);
+const BATCH_TG = Number(process.env.BATCH_TG ?? 128);
 
 // ---------------------------------------------------------------------------------------------
 // Our side: the child
@@ -285,6 +286,7 @@ function runTheirs(b: LlamaCppBuild, file: string, threads: number, timeoutS: nu
       String(BATCH),
       "--output-format",
       "jsonl",
+      "-v", // for its "load time" line
     ],
     timeoutS,
   );
@@ -375,6 +377,35 @@ async function main(): Promise<void> {
   );
   const rows: object[] = [];
   const loadBefore = loadAverage();
+  const name = process.env.OUT ? `llamacpp.${process.env.OUT}.json` : "llamacpp.json";
+  // Written after every row, so a run stopped part-way keeps what it measured.
+  const save = () => {
+    mkdirSync(join(import.meta.dir, "results"), { recursive: true });
+    writeFileSync(
+      join(import.meta.dir, "results", name),
+      `${JSON.stringify(
+        {
+          bench: "llamacpp",
+          cpu,
+          cores: availableParallelism(),
+          cpuFlags: simd,
+          llamacpp: {
+            release: b.release,
+            commit: b.commit,
+            from: "node-llama-cpp@3.21.1 llama/gitRelease.bundle",
+            cmakeFlags: b.cmakeFlags,
+            buildSeconds: b.buildSeconds,
+          },
+          settings: { threads, rounds, prefill: PREFILL, decode: DECODE, batch: BATCH, batchPrompt: BATCH_PP, batchGen: BATCH_TG, timeoutS },
+          loadBefore,
+          loadAfter: loadAverage(),
+          rows,
+        },
+        null,
+        2,
+      )}\n`,
+    );
+  };
   for (const size of sizes) {
     for (const type of types) {
       const file = modelFile(b, size, type);
@@ -451,6 +482,7 @@ async function main(): Promise<void> {
         raw: { ours, llamacpp: theirs },
       };
       rows.push(row);
+      save();
       const MiB = 2 ** 20;
       console.log(
         `${size} ${type} (${(facts.bytes / 2 ** 30).toFixed(2)} GiB; ${Object.entries(facts.types)
@@ -464,31 +496,7 @@ async function main(): Promise<void> {
       );
     }
   }
-  const name = process.env.OUT ? `llamacpp.${process.env.OUT}.json` : "llamacpp.json";
-  mkdirSync(join(import.meta.dir, "results"), { recursive: true });
-  writeFileSync(
-    join(import.meta.dir, "results", name),
-    `${JSON.stringify(
-      {
-        bench: "llamacpp",
-        cpu,
-        cores: availableParallelism(),
-        cpuFlags: simd,
-        llamacpp: {
-          release: b.release,
-          commit: b.commit,
-          from: "node-llama-cpp@3.21.1 llama/gitRelease.bundle",
-          cmakeFlags: b.cmakeFlags,
-          buildSeconds: b.buildSeconds,
-        },
-        loadBefore,
-        loadAfter: loadAverage(),
-        rows,
-      },
-      null,
-      2,
-    )}\n`,
-  );
+  save();
   console.log(`wrote bench/results/${name}`);
 }
 
