@@ -30,9 +30,15 @@ export function cacheDir(): string {
   return process.env.TL_LLAMACPP_CACHE ?? join(homedir(), ".cache", "tl-engine", "llamacpp");
 }
 
+// AMX off: on this machine (a VM whose CPU flags list amx_tile) the AMX path llama.cpp picks for
+// Q8_0, Q4_0 and Q4_K_M weights with GGML_NATIVE dies with SIGSEGV in ggml_backend_amx_mul_mat
+// (gdb, llama-bench -p 8 -n 4 on the 135M-shape Q8_0 file); F16 never takes it. Explicit -mno-*
+// options win over -march=native in GCC whatever their order. TL_LLAMACPP_AMX=1 keeps it.
+const NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16";
 const CMAKE_FLAGS = [
   "-DCMAKE_BUILD_TYPE=Release",
   "-DGGML_NATIVE=ON",
+  ...(process.env.TL_LLAMACPP_AMX === "1" ? [] : [`-DCMAKE_C_FLAGS=${NO_AMX}`, `-DCMAKE_CXX_FLAGS=${NO_AMX}`]),
   "-DLLAMA_CURL=OFF",
   "-DLLAMA_OPENSSL=OFF",
   "-DLLAMA_BUILD_TESTS=OFF",
@@ -75,8 +81,11 @@ export function ensureLlamaCpp(log: (s: string) => void = (s) => console.error(s
   const build = join(src, "build");
   const bin = Object.fromEntries(TARGETS.map((t) => [t, join(build, "bin", t)])) as Record<LlamaTool, string>;
   const stamp = join(build, "tl-build.json");
-  let buildSeconds: number | null = existsSync(stamp) ? JSON.parse(readFileSync(stamp, "utf8")).buildSeconds : null;
-  const missing = TARGETS.filter((t) => !existsSync(bin[t]));
+  const built = existsSync(stamp) ? JSON.parse(readFileSync(stamp, "utf8")) : null;
+  let buildSeconds: number | null = built?.buildSeconds ?? null;
+  // Built with other flags (or by hand): every target again, as the flags change every object.
+  const sameFlags = built !== null && JSON.stringify(built.cmakeFlags) === JSON.stringify(CMAKE_FLAGS);
+  const missing = TARGETS.filter((t) => !sameFlags || !existsSync(bin[t]));
   if (missing.length > 0) {
     need("cmake", "apt-get update && apt-get install -y cmake");
     need("c++", "apt-get update && apt-get install -y g++");

@@ -76,8 +76,9 @@ function promptOf(n: number, vocab: number, seed: number): number[] {
 async function child(file: string, threads: number, phases: Phase[]): Promise<void> {
   const say = (o: object) => process.stdout.write(`${JSON.stringify(o)}\n`);
   const t0 = performance.now();
-  const model = await loadModel({ modelPath: file, maxSeqLen: 1024, threads, modelThread: "worker" });
-  say({ event: "loaded", loadMs: performance.now() - t0, rss: vmHwm(), dtype: model.stats?.dtype ?? null, residentBytes: model.stats?.residentBytes ?? null });
+  // As `engine generate` and every role load it: the weights as stored (its --dtype default), on a model thread.
+  const model = await loadModel({ modelPath: file, maxSeqLen: 1024, threads, dtype: "as-stored", modelThread: "worker" });
+  say({ event: "loaded", loadMs: performance.now() - t0, rss: vmHwm(), dtype: model.dtype ?? null, residentBytes: model.stats?.residentBytes ?? null });
   const vocab = model.tokenizer.vocabSize;
   const B = 16;
   const pool = await kvPoolFor(
