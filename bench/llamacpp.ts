@@ -414,6 +414,65 @@ async function main(): Promise<void> {
       const ours: OursRun[] = [];
       const theirs: TheirsRun[] = [];
       const loads: string[] = [];
+      const summarize = () => {
+        const med = (xs: (number | null | undefined)[]) => {
+          const v = xs.filter((x): x is number => typeof x === "number" && Number.isFinite(x));
+          return v.length ? median(v) : null;
+        };
+        const o = {
+          decode: med(ours.map((x) => x.phases.decode?.tokPerS)),
+          prefill: med(ours.map((x) => x.phases.prefill?.tokPerS)),
+          batch: med(ours.map((x) => x.phases.batch?.tokPerS)),
+          batchAll: med(ours.map((x) => x.phases.batch?.allTokPerS)),
+          loadMs: med(ours.flatMap((x) => x.loadMs)),
+          rss: Math.max(...ours.map((x) => x.rss)),
+        };
+        const t = {
+          decode: med(theirs.map((x) => x.decode)),
+          prefill: med(theirs.map((x) => x.prefill)),
+          batch: med(theirs.map((x) => x.batch)),
+          batchAll: med(theirs.map((x) => x.batchAll)),
+          loadMs: med(theirs.map((x) => x.loadMs)),
+          rss: Math.max(...theirs.map((x) => x.rss)),
+        };
+        const notes: string[] = [];
+        for (const ph of PHASES) {
+          const failed = ours.map((x) => x.phases[ph]).find((p) => p?.timedOut || p?.error);
+          if (failed?.timedOut)
+            notes.push(
+              `ours ${ph}: timed out after ${failed.timedOut.afterS.toFixed(0)} s${failed.timedOut.tokPerS ? ` (${failed.timedOut.tokens} tokens at ${failed.timedOut.tokPerS.toFixed(2)} tok/s)` : ""}`,
+            );
+          else if (failed?.error) notes.push(`ours ${ph}: ${failed.error}`);
+        }
+        for (const x of theirs) if (x.error) notes.push(`llama.cpp: ${x.error}`);
+        // Types our loader has no kernel for arrive widened to f32: say so beside the figures.
+        const widened = Object.keys(facts.types).filter((k) => !["F32", "F16", "BF16", "Q8_0"].includes(k));
+        if (widened.length && ours[0]?.dtype?.includes("f32")) notes.push(`ours: ${widened.join(", ")} widened to f32 at load (held as ${ours[0].dtype})`);
+        const row = {
+          size,
+          shape: SHAPES[size]!.name,
+          type,
+          file: { bytes: facts.bytes, tensorTypes: facts.types, decodeReadBytes: facts.decodeReadBytes },
+          threads,
+          rounds: ours.length,
+          loadAverage: loads,
+          oursHeldAs: { dtype: ours[0]?.dtype ?? null, residentBytes: ours[0]?.residentBytes ?? null },
+          ours: { ...o, decodeGBps: o.decode ? (o.decode * facts.decodeReadBytes) / GB : null },
+          llamacpp: { ...t, decodeGBps: t.decode ? (t.decode * facts.decodeReadBytes) / GB : null },
+          ratio: {
+            decode: ratio(o.decode, t.decode),
+            prefill: ratio(o.prefill, t.prefill),
+            batch: ratio(o.batch, t.batch),
+            batchAll: ratio(o.batchAll, t.batchAll),
+            loadMs: ratio(o.loadMs, t.loadMs),
+            rss: ratio(o.rss, t.rss),
+          },
+          notes,
+          raw: { ours, llamacpp: theirs },
+        };
+        return { row, o, t, notes };
+      };
+      const rowAt = rows.length;
       for (let r = 0; r < rounds; r++) {
         loads.push(loadAverage());
         // Alternate who goes first, so neither always runs on the other's warm caches.
@@ -424,65 +483,14 @@ async function main(): Promise<void> {
           ours.push(await runOurs(file, threads, timeoutS));
           theirs.push(runTheirs(b, file, threads, theirsTimeoutS));
         }
+        // The row so far, saved after every round: a run stopped part-way keeps what it measured.
+        rows[rowAt] = summarize().row;
+        save();
         // A type that timed out once is not run again: every round would only time out again.
         if (Object.values(ours.at(-1)!.phases).some((p) => p.timedOut)) break;
       }
-      const med = (xs: (number | null | undefined)[]) => {
-        const v = xs.filter((x): x is number => typeof x === "number" && Number.isFinite(x));
-        return v.length ? median(v) : null;
-      };
-      const o = {
-        decode: med(ours.map((x) => x.phases.decode?.tokPerS)),
-        prefill: med(ours.map((x) => x.phases.prefill?.tokPerS)),
-        batch: med(ours.map((x) => x.phases.batch?.tokPerS)),
-        batchAll: med(ours.map((x) => x.phases.batch?.allTokPerS)),
-        loadMs: med(ours.flatMap((x) => x.loadMs)),
-        rss: Math.max(...ours.map((x) => x.rss)),
-      };
-      const t = {
-        decode: med(theirs.map((x) => x.decode)),
-        prefill: med(theirs.map((x) => x.prefill)),
-        batch: med(theirs.map((x) => x.batch)),
-        batchAll: med(theirs.map((x) => x.batchAll)),
-        loadMs: med(theirs.map((x) => x.loadMs)),
-        rss: Math.max(...theirs.map((x) => x.rss)),
-      };
-      const notes: string[] = [];
-      for (const ph of PHASES) {
-        const failed = ours.map((x) => x.phases[ph]).find((p) => p?.timedOut || p?.error);
-        if (failed?.timedOut)
-          notes.push(
-            `ours ${ph}: timed out after ${failed.timedOut.afterS.toFixed(0)} s${failed.timedOut.tokPerS ? ` (${failed.timedOut.tokens} tokens at ${failed.timedOut.tokPerS.toFixed(2)} tok/s)` : ""}`,
-          );
-        else if (failed?.error) notes.push(`ours ${ph}: ${failed.error}`);
-      }
-      for (const x of theirs) if (x.error) notes.push(`llama.cpp: ${x.error}`);
-      // Types our loader has no kernel for arrive widened to f32: say so beside the figures.
-      const widened = Object.keys(facts.types).filter((k) => !["F32", "F16", "BF16", "Q8_0"].includes(k));
-      if (widened.length && ours[0]?.dtype?.includes("f32")) notes.push(`ours: ${widened.join(", ")} widened to f32 at load (held as ${ours[0].dtype})`);
-      const row = {
-        size,
-        shape: SHAPES[size]!.name,
-        type,
-        file: { bytes: facts.bytes, tensorTypes: facts.types, decodeReadBytes: facts.decodeReadBytes },
-        threads,
-        rounds: ours.length,
-        loadAverage: loads,
-        oursHeldAs: { dtype: ours[0]?.dtype ?? null, residentBytes: ours[0]?.residentBytes ?? null },
-        ours: { ...o, decodeGBps: o.decode ? (o.decode * facts.decodeReadBytes) / GB : null },
-        llamacpp: { ...t, decodeGBps: t.decode ? (t.decode * facts.decodeReadBytes) / GB : null },
-        ratio: {
-          decode: ratio(o.decode, t.decode),
-          prefill: ratio(o.prefill, t.prefill),
-          batch: ratio(o.batch, t.batch),
-          batchAll: ratio(o.batchAll, t.batchAll),
-          loadMs: ratio(o.loadMs, t.loadMs),
-          rss: ratio(o.rss, t.rss),
-        },
-        notes,
-        raw: { ours, llamacpp: theirs },
-      };
-      rows.push(row);
+      const { row, o, t, notes } = summarize();
+      rows[rowAt] = row;
       save();
       const MiB = 2 ** 20;
       console.log(
