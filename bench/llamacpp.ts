@@ -165,6 +165,12 @@ interface OursRun {
   phases: Partial<Record<Phase, OursPhase>>;
 }
 
+/** The line of a child's stderr that says what failed (Bun prints the message before the stack), else its last lines. */
+function errorLine(stderr: string): string {
+  const lines = stderr.trim().split("\n");
+  return lines.find((l) => /^(error|\w*Error)\b/.test(l.trim())) ?? lines.slice(-3).join(" | ");
+}
+
 /** Runs the phases in children, a new child after a phase that timed out or failed. */
 async function runOurs(file: string, threads: number, timeoutS: number): Promise<OursRun> {
   const out: OursRun = { loadMs: [], rss: 0, dtype: null, residentBytes: null, phases: {} };
@@ -220,7 +226,7 @@ async function runOurs(file: string, threads: number, timeoutS: number): Promise
     const reached =
       tick && tick.phase === current ? { tokens: tick.tokens, tokPerS: tick.ms > 0 ? (tick.tokens / tick.ms) * 1000 : null } : { tokens: 0, tokPerS: null };
     if (code === null && afterS >= timeoutS - 1) out.phases[current] = { tokPerS: null, timedOut: { afterS, ...reached } };
-    else out.phases[current] = { tokPerS: null, error: `exit ${code}: ${err.trim().split("\n").slice(-3).join(" | ")}` };
+    else out.phases[current] = { tokPerS: null, error: `exit ${code}: ${errorLine(err)}` };
     // Nothing loaded at all: the next phase would fail the same way.
     if (out.loadMs.length === 0) {
       for (const ph of todo) out.phases[ph] ??= { ...out.phases[current]! };
