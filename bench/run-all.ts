@@ -5,7 +5,7 @@ import { readdirSync } from "node:fs";
 import { join } from "node:path";
 
 const dir = import.meta.dir;
-const helpers = new Set(["run-all.ts", "transfer-sink.ts", "raw-sink.ts"]);
+const helpers = new Set(["run-all.ts", "transfer-sink.ts", "raw-sink.ts", "llamacpp-build.ts", "gguf-shapes.ts"]);
 const all = readdirSync(dir)
   .filter((f) => f.endsWith(".ts") && !helpers.has(f))
   .sort();
