@@ -5,7 +5,8 @@ import { readdirSync } from "node:fs";
 import { join } from "node:path";
 
 const dir = import.meta.dir;
-const helpers = new Set(["run-all.ts", "transfer-sink.ts", "raw-sink.ts", "llamacpp-build.ts", "gguf-shapes.ts"]);
+// llamacpp.ts builds llama.cpp (about 16 minutes the first time) and writes GB-sized model files: run it by name.
+const helpers = new Set(["run-all.ts", "transfer-sink.ts", "raw-sink.ts", "llamacpp-build.ts", "gguf-shapes.ts", "llamacpp.ts"]);
 const all = readdirSync(dir)
   .filter((f) => f.endsWith(".ts") && !helpers.has(f))
   .sort();

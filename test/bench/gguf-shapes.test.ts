@@ -8,7 +8,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { BOS_ID, byteSymbols, EOS_ID, type LlamaShape, randomF16, SHAPES, shapeTensors, writeShapeGguf } from "../../bench/gguf-shapes.ts";
 import { buildTokenizer, ggmlTypeName, parseGguf, readModelFiles } from "../../src/model/index.ts";
-import { dtypeOf } from "../../src/model/packed.ts";
+import { dtypeNameOf } from "../../src/model/packed.ts";
 
 const dir = mkdtempSync(join(tmpdir(), "tl-gguf-shapes-"));
 afterAll(() => rmSync(dir, { recursive: true, force: true }));
@@ -43,7 +43,7 @@ describe("gguf_shapes", () => {
       const m = readModelFiles(file, { dtype: "as-stored" });
       expect(m.cfg).toMatchObject({ dim: 96, hiddenDim: 160, nLayers: 3, nHeads: 3, nKvHeads: 1, vocabSize: 700, ropeTheta: 100000 });
       expect(m.stats.parameters).toBe(params(s));
-      expect(dtypeOf(m.weights.wq)).toBe("f16");
+      expect(dtypeNameOf(m.weights.wq)).toBe("f16");
       expect(m.eosIds).toEqual([EOS_ID]);
     });
   }
