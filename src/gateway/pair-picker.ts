@@ -17,6 +17,12 @@ import type { WorkerRegistry, WorkerView } from "./worker-registry.ts";
 export class InFlight {
   readonly byWorker = new Map<string, number>();
   private readonly since = new Map<string, number[]>();
+  /**
+   * Per worker, requests released lately: [reserved at, released at]. One reserved before a beat
+   * and released after it was counted by that beat's report and is done now (a stream that ended
+   * just before the next request must not make its engine look busy until the next beat).
+   */
+  private readonly ended = new Map<string, [number, number][]>();
 
   constructor(private readonly now: () => number = Date.now) {}
 
@@ -36,6 +42,12 @@ export class InFlight {
       if (!held) return;
       held = false;
       this.add(workerId, -1);
+      let ended = this.ended.get(workerId);
+      if (!ended) this.ended.set(workerId, (ended = []));
+      const now = this.now();
+      ended.push([at, now]);
+      // Bounded: a release older than any beat interval has been reported by now.
+      while (ended.length > 0 && (ended.length > MAX_ENDED || now - ended[0]![1] > ENDED_KEEP_MS)) ended.shift();
       const i = times.indexOf(at);
       if (i >= 0) times.splice(i, 1);
       if (times.length === 0 && this.since.get(workerId) === times) this.since.delete(workerId);
@@ -50,15 +62,20 @@ export class InFlight {
   unreported(workers: readonly WorkerView[]): Map<string, number> {
     const out = new Map<string, number>();
     for (const w of workers) {
-      const times = this.since.get(w.status.workerId);
-      if (!times) continue;
+      const seen = w.lastSeenUnixMs;
       let n = 0;
-      for (const t of times) if (t >= w.lastSeenUnixMs) n++;
-      if (n > 0) out.set(w.status.workerId, n);
+      for (const t of this.since.get(w.status.workerId) ?? []) if (t >= seen) n++;
+      // Counted by the last report, done since: that report over-counts them.
+      for (const [at, done] of this.ended.get(w.status.workerId) ?? []) if (at < seen && done >= seen) n--;
+      if (n !== 0) out.set(w.status.workerId, n);
     }
     return out;
   }
 }
+
+/** Releases kept for `unreported`: the newest this many, none older than this. */
+const MAX_ENDED = 4096;
+const ENDED_KEEP_MS = 60_000;
 
 /** A chosen worker with its reservation: `release` runs once the request is done with it. */
 export interface Reserved<P extends Pick = Pick> {

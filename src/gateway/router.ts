@@ -63,7 +63,8 @@ export interface Pick {
  * and another replica's requests count as soon as the worker reports them.
  */
 export function loadOf(w: WorkerView, unreported: ReadonlyMap<string, number>): number {
-  return w.status.queueDepth + w.status.running + (unreported.get(w.status.workerId) ?? 0);
+  // Never below 0: a release the report counted can only take back what it reported.
+  return Math.max(0, w.status.queueDepth + w.status.running + (unreported.get(w.status.workerId) ?? 0));
 }
 
 function byLoad(inflight: ReadonlyMap<string, number>) {

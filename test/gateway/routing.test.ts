@@ -148,7 +148,26 @@ test("load is what a worker reports plus this replica's reservations its report 
     ]),
   );
   r0();
+  now += 10;
   r1();
   r2();
+  // d1's two were in its last report and are done now: it is idle, not busy until its next beat
+  // (the quick start's second request went to the other decode engine for that, blocks resent).
+  expect(load()).toEqual(
+    new Map([
+      ["d0", 3],
+      ["d1", 0],
+    ]),
+  );
+  // Its next beat says so itself; nothing is taken off twice.
+  now += 10;
+  registry.beat(beat("d1", Role.DECODE, { running: 0 }));
+  registry.beat(beat("d0", Role.DECODE, { running: 3 }));
   expect(inflight.unreported(registry.live())).toEqual(new Map());
+  expect(load()).toEqual(
+    new Map([
+      ["d0", 3],
+      ["d1", 0],
+    ]),
+  );
 });
