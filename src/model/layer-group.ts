@@ -1,5 +1,5 @@
 import assert from "node:assert";
-import { headDimOf, type ModelConfig, ropeFrequencies } from "./config.ts";
+import { headDimOf, kvDimOf, type ModelConfig, qDimOf, ropeFrequencies } from "./config.ts";
 import { type KernelOptions, MAX_PLACED_BYTES, MatmulKernel } from "./matmul.ts";
 import { dtypeOf, isStacked, type Matrix, matrixBytes, type SimpleMatrix } from "./packed.ts";
 import { stripLayoutBytes } from "./strip-layout.ts";
@@ -125,6 +125,17 @@ function sliceElements(m: Matrix, from: number, to: number, cols: number): Matri
   return parts.length === 1 ? parts[0]! : { dtype: "stacked", cols, length: to - from, parts };
 }
 
+/** Floats per query in the attention kernel's score scratch (four queries at a time). */
+export function attentionStride(cfg: ModelConfig): number {
+  return Math.ceil(cfg.maxSeqLen / 4) * 4;
+}
+
+/** Bytes of one thread's scratch in the attention dispatch (kernels/assembly/attention.ts). */
+export function attentionScratchBytes(cfg: ModelConfig): number {
+  const S = attentionStride(cfg);
+  return Math.max(4 * S + 2 * S * headDimOf(cfg), 4 * cfg.nKvHeads * S) * 4;
+}
+
 /** A wasm32 memory: 4 GiB. */
 const MEMORY_BYTES = 2 ** 32;
 /** Token rows a forward may carry that the room below is sized for (a 512-token prefill chunk, twice). */
@@ -140,11 +151,10 @@ const ROOM_KV_COPIES = 2 ** 28;
  */
 export function roomBytes(cfg: ModelConfig, threads: number): number {
   const hd = headDimOf(cfg);
-  const S = Math.ceil(cfg.maxSeqLen / 4) * 4;
   const rope = 2 * cfg.maxSeqLen * (hd / 2) * 8;
-  const attention = threads * Math.max(4 * S + 2 * S * hd, 4 * cfg.nKvHeads * S) * 4;
-  const qDim = cfg.nHeads * hd;
-  const kvDim = cfg.nKvHeads * hd;
+  const attention = threads * attentionScratchBytes(cfg);
+  const qDim = qDimOf(cfg);
+  const kvDim = kvDimOf(cfg);
   const perRow = 4 * (3 * cfg.dim + qDim + 2 * kvDim + 2 * cfg.hiddenDim) + 4 * kvDim + 8 * Math.max(cfg.dim, cfg.hiddenDim, qDim);
   return rope + attention + ROOM_ROWS * perRow + ROOM_KV_COPIES;
 }

@@ -5,7 +5,7 @@ import { KvPool } from "../pool/index.ts";
 import { blockPayloadBytes } from "../codec/kv-shape.ts";
 import { headDimOf, kvDimOf, type ModelConfig, qDimOf } from "./config.ts";
 import { softmaxF32, swigluF32 } from "./f32-math.ts";
-import { ATT_SEQ_INTS, ATT_SEQS, fitsWithRoom, groupBudget, LayerGroup, planGroups } from "./layer-group.ts";
+import { ATT_SEQ_INTS, ATT_SEQS, attentionScratchBytes, attentionStride, fitsWithRoom, groupBudget, LayerGroup, planGroups } from "./layer-group.ts";
 import { type KernelExports, type KernelOptions, kernelModule } from "./matmul.ts";
 import type { Matrix } from "./packed.ts";
 import { validateWeights, weightsDType, type Weights } from "./weights.ts";
@@ -113,10 +113,6 @@ export class Transformer {
   private lastRow = new Int32Array(0);
   /** Per sequence, its first block's place among the batch's K/V copies (a pool outside kernel memory). */
   private seqBase = new Int32Array(0);
-  /** Floats per query in the attention kernel's score scratch (four queries at a time). */
-  private get attStride(): number {
-    return (this.cfg.maxSeqLen + 3) & ~3;
-  }
   /** Blocks of a sequence as long as the model allows (the pool's B is fixed per forward). */
   private maxBlocks = 0;
   private bitsOf: KvPool | null = null;
@@ -596,9 +592,9 @@ export class Transformer {
     p[4] = this.headDim;
     p[5] = this.qDim;
     p[6] = inPlace ? l * layerBytes : 0;
-    p[7] = this.attStride;
+    p[7] = attentionStride(this.cfg);
     p[8] = nPieces;
-    const scratchBytes = Math.max(4 * this.attStride + 2 * this.attStride * this.headDim, 4 * nKv * this.attStride) * 4;
+    const scratchBytes = attentionScratchBytes(this.cfg);
     // An attention multiply-add (f16 widening, softmax) costs about four of a matmul's.
     mm.attend(mm.addressOf(p), nPieces, 4 * macs, scratchBytes);
   }
