@@ -34,6 +34,11 @@ export const KERNEL_INDEX: Record<DType, number> = { f32: 0, f16: 1, bf16: 2, q8
  * count of (sequence, KV head) pieces, each one chunk.
  */
 export const J_ATTEND = 4;
+/**
+ * A conversion to q8_0's fn (kernels/assembly/convert.ts): J_Y the q8_0 rows, J_X the source
+ * rows, J_W the source dtype (0 f32, 1 f16, 2 bf16), J_N the row length, J_D the rows (J_ROWS 1).
+ */
+export const J_CONVERT_Q8 = 12;
 
 // The control block in the shared memory, in i32 slots (dispatch.ts reads the same layout). The
 // counters, and each thread's range, sit on cache lines of their own.
@@ -86,6 +91,10 @@ export function runJobs(ex: KernelExports, jobs: Int32Array, count: number, scra
   for (let j = 0, b = 0; j < count; j++, b += JOB_INTS) {
     if (jobs[b + J_FN] === J_ATTEND) {
       ex.attend_jobs(jobs[b + J_W]!, 0, jobs[b + J_ROWS]!, scratch);
+      continue;
+    }
+    if (jobs[b + J_FN] === J_CONVERT_Q8) {
+      ex.convert_q8_rows(jobs[b + J_Y]!, jobs[b + J_X]!, jobs[b + J_W]!, jobs[b + J_N]!, 0, jobs[b + J_D]!);
       continue;
     }
     const r0 = jobs[b + J_R0]!;

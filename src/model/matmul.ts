@@ -192,6 +192,8 @@ export type KernelExports = Record<`matmul_${DType}`, KernelFn> &
     /** rows token rows of n f32 at x quantized for the q4_k and q6_k kernels at dst (k_row_bytes(n) each). */
     quantize_k_x(dst: number, x: number, rows: number, n: number): void;
     k_row_bytes(n: number): number;
+    /** Rows g0 .. g1 of n weights at x (0 f32, 1 f16, 2 bf16) to q8_0 blocks at y (kernels/assembly/convert.ts). */
+    convert_q8_rows(y: number, x: number, src: number, n: number, g0: number, g1: number): void;
   };
 
 let compiled: WebAssembly.Module | null | undefined;

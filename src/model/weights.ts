@@ -1,5 +1,6 @@
 import { kvDimOf, type ModelConfig, qDimOf, validateConfig } from "./config.ts";
 import { LoadProgress } from "./load-progress.ts";
+import { Q8Converter } from "./q8-converter.ts";
 import { castMatrix, DTYPES, type DType, dtypeNameOf, heldBytesOf, isStacked, type Matrix, type StackedMatrix } from "./packed.ts";
 
 /**
@@ -102,13 +103,20 @@ export function castWeights(
     now,
     ["converting", "converted"],
   );
-  for (const k of MATRICES) {
-    if (k === "wcls" && w.wcls === w.tokenEmbedding) out.wcls = out.tokenEmbedding;
-    else if (todo.includes(k)) {
-      const stacked = isStacked(w[k]);
-      out[k] = castMatrix(w[k], dtype, matrixCols(cfg, k), (n) => line.add(n));
-      if (!stacked) line.add(heldBytesOf(w[k]));
+  // q8_0 is made on every core (Q8Converter), the same bytes as castMatrix's plain code.
+  const conv = dtype === "q8_0" && todo.length > 0 ? Q8Converter.open() : null;
+  const toQ8 = conv === null ? undefined : conv.convert.bind(conv);
+  try {
+    for (const k of MATRICES) {
+      if (k === "wcls" && w.wcls === w.tokenEmbedding) out.wcls = out.tokenEmbedding;
+      else if (todo.includes(k)) {
+        const stacked = isStacked(w[k]);
+        out[k] = castMatrix(w[k], dtype, matrixCols(cfg, k), (n) => line.add(n), toQ8);
+        if (!stacked) line.add(heldBytesOf(w[k]));
+      }
     }
+  } finally {
+    conv?.close();
   }
   line.finish();
   return out;

@@ -19,6 +19,7 @@
 // the opening): it reads the job, the scratch and the counters only after its claim.
 
 import { attend_jobs } from "./attention";
+import { convert_q8_rows } from "./convert";
 import { matmul_bf16, matmul_f16, matmul_f32 } from "./matmul";
 import { matmul_q4_k, matmul_q5_k, matmul_q6_k } from "./kquants";
 import { matmul_q4_0, matmul_q4_1, matmul_q5_0, matmul_q5_1 } from "./legacy";
@@ -40,6 +41,8 @@ const RANGE_BYTES: usize = 64;
 /** A job: fn, y, x, w, rows, n, d, r0, chunk rows, first chunk. */
 const JOB_BYTES: usize = 10 << 2;
 const ATTEND: i32 = 4;
+/** A conversion to q8_0 (convert.ts): y the q8_0 rows, x the source rows, w the source dtype, d the rows. */
+const CONVERT_Q8: i32 = 12;
 
 /** Computes chunk c (of job j, whose chunks start at `first`) on this thread. */
 @inline function runChunk(job: usize, c: i32, first: i32, scratch: usize): void {
@@ -49,6 +52,12 @@ const ATTEND: i32 = 4;
     return;
   }
   const r0 = load<i32>(job, 28);
+  if (fn == CONVERT_Q8) {
+    const per = load<i32>(job, 32);
+    const g1 = min(load<i32>(job, 24), (c - first + 1) * per);
+    convert_q8_rows(<usize>load<i32>(job, 4), <usize>load<i32>(job, 8), load<i32>(job, 12), load<i32>(job, 20), (c - first) * per, g1);
+    return;
+  }
   const end = r0 + load<i32>(job, 24);
   const per = load<i32>(job, 32);
   const base = r0 & ~7;
