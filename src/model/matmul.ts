@@ -194,6 +194,8 @@ export type KernelExports = Record<`matmul_${DType}`, KernelFn> &
     k_row_bytes(n: number): number;
     /** Rows g0 .. g1 of n weights at x (0 f32, 1 f16, 2 bf16) to q8_0 blocks at y (kernels/assembly/convert.ts). */
     convert_q8_rows(y: number, x: number, src: number, n: number, g0: number, g1: number): void;
+    /** 16-bit rows at `at` rearranged into the strip layout in place (strip-layout.ts's Place16). */
+    place16(at: number, tmp: number, rows: number, n: number, f16: number): number;
   };
 
 let compiled: WebAssembly.Module | null | undefined;
@@ -648,7 +650,16 @@ export class MatmulKernel {
     const rows = m.length / cols;
     const bytes = stripLayoutBytes(dt, rows, cols);
     const at = this.grab(bytes);
-    packStrips(m, 0, rows, cols, this.u8, at);
+    const ex = this.ex!;
+    packStrips(m, 0, rows, cols, this.u8, at, (a, r, n, f16) => {
+      // A strip's copy above the top, zeroed after: what is grabbed next (the helpers' control
+      // block) must find zeros there.
+      const tmp = this.temp(16 * n);
+      const bad = ex.place16(a, tmp, r, n, f16 ? 1 : 0);
+      this.u8.fill(0, tmp, tmp + 16 * n);
+      this.tempTop = this.top;
+      return bad;
+    });
     const buf = this.memory!.buffer;
     const v: SimpleMatrix =
       m instanceof Float32Array ? new Float32Array(buf, at, m.length) : { dtype: m.dtype, cols, length: m.length, bytes: new Uint8Array(buf, at, bytes) };

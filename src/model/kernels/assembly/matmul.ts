@@ -365,3 +365,45 @@ export function matmul_bf16(y: usize, x: usize, w: usize, rows: i32, n: i32, d: 
   matmul(BF16, y, x, w, rows, n, d, r0, g0, g1, scratch);
 }
 
+
+/**
+ * Places a matrix of `rows` rows of n 16-bit weights (f16 or bf16) in the strip layout in place:
+ * at `at` the rows lie row-major as the file holds them, followed by zeros up to the last strip's
+ * end (a strip holds exactly the bytes of its 8 rows, so each strip's rows already sit where the
+ * strip goes). Each strip is copied to tmp (16 n bytes) and written back in its layout. For f16
+ * (f16 != 0) every weight is first checked finite: the index, row-major, of the first inf or NaN
+ * is returned and nothing is moved; otherwise -1. strip-layout.ts's packU16 states the same layout
+ * in plain JS.
+ */
+export function place16(at: usize, tmp: usize, rows: i32, n: i32, f16: i32): i32 {
+  const count = rows * n;
+  if (f16 != 0) {
+    const exp = i16x8.splat(0x7c00);
+    const c8 = count & ~7;
+    let i = 0;
+    for (; i < c8; i += 8) {
+      if (v128.any_true(i16x8.eq(v128.and(v128.load(at + (<usize>i << 1)), exp), exp))) break;
+    }
+    for (; i < count; i++) if ((<u32>load<u16>(at + (<usize>i << 1)) & 0x7c00) == 0x7c00) return i;
+  }
+  const sb = stripBytes(F16, n);
+  const main = mainLen(F16, n);
+  const tail = n - main;
+  const strips = (rows + S - 1) / S;
+  for (let s = 0; s < strips; s++) {
+    const sp = at + <usize>s * sb;
+    memory.copy(tmp, sp, sb);
+    for (let k = 0; k < S; k++) {
+      const src = tmp + (<usize>(k * n) << 1);
+      let o = sp + (<usize>k << 4);
+      for (let c = 0; c < main; c += 8) {
+        // Weights 0..7 to 0 4 1 5 2 6 3 7: weight l low and l + 4 high in 32-bit lane l.
+        v128.store(o, i8x16.shuffle(v128.load(src + (<usize>c << 1)), f32x4.splat(0), 0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15));
+        o += GROUP_BYTES;
+      }
+      const t = sp + (<usize>(S * main + k * tail) << 1);
+      for (let j = 0; j < tail; j++) store<u16>(t + (<usize>j << 1), load<u16>(src + (<usize>(main + j) << 1)));
+    }
+  }
+  return -1;
+}
