@@ -10,7 +10,7 @@ import { loadavg, tmpdir } from "node:os";
 import { join } from "node:path";
 import { servedModelOf } from "../src/cli/engine-node.ts";
 import { castWeights, type ModelConfig, readModelFiles, syntheticWeights, weightsBytes } from "../src/model/index.ts";
-import { ByteTokenizer } from "../src/model/tokenizer.ts";
+import { ByteTokenizer } from "../src/tokenizer/tokenizer.ts";
 import { writeHfFolder } from "../test/support/model-writers.ts";
 
 const CFG: ModelConfig = {

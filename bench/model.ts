@@ -34,10 +34,10 @@ import {
   syntheticWeights,
   writeLlama2cCheckpoint,
 } from "../src/model/index.ts";
-import { MatmulKernel, matmulRef } from "../src/model/matmul.ts";
-import { heldBytesOf } from "../src/model/packed.ts";
-import { FORWARD_PHASES } from "../src/model/transformer.ts";
-import { MATRICES } from "../src/model/weights.ts";
+import { MatmulKernel, matmulRef } from "../src/model/compute/matmul.ts";
+import { heldBytesOf } from "../src/model/compute/packed.ts";
+import { FORWARD_PHASES } from "../src/model/compute/transformer.ts";
+import { MATRICES } from "../src/model/compute/weights.ts";
 import { TS_SHAPE } from "./ts-shape.ts";
 
 const BLOCK = 16;

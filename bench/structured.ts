@@ -14,7 +14,7 @@ import { loadModel, startEngineNode } from "../src/cli/engine-node.ts";
 import { blockPayloadBytes } from "../src/codec/index.ts";
 import { Engine, type ModelRunner, type SamplingParams } from "../src/engine/index.ts";
 import { ConstraintCompiler, type ConstraintSpec, type GrammarVocab } from "../src/grammar/index.ts";
-import { BYTE_TO_CHAR } from "../src/model/byte-level.ts";
+import { BYTE_TO_CHAR } from "../src/tokenizer/byte-level.ts";
 import { grammarVocab, kvShapeOf, loadTokenizerFor, type ModelConfig, ModelWorker, syntheticWeights, writeLlama2cCheckpoint } from "../src/model/index.ts";
 import { KvPool } from "../src/pool/index.ts";
 import { applyTokenBitmask } from "../src/rng/index.ts";

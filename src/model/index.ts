@@ -6,16 +6,25 @@ export {
   kvDimOf,
   kvShapeOf,
   validateConfig,
-} from "./config.ts";
-export { type Weights, type SyntheticOptions, castWeights, syntheticWeights, validateWeights, weightSizes, weightsBytes, weightsDType } from "./weights.ts";
-export { type DType, type Matrix, type PackedMatrix, DTYPES, castMatrix, dequantize } from "./packed.ts";
-export { type KvSlab, type SeqChunk, Transformer } from "./transformer.ts";
-export { dropFirst } from "./drop-first.ts";
-export { type EncodeOptions, type Tokenizer, ByteTokenizer, StreamDecoder } from "./tokenizer.ts";
-export type { TokenizerSource, GgufTokenizerMeta } from "./tokenizer-source.ts";
-export { type BuiltTokenizer, buildTokenizer } from "./build-tokenizer.ts";
-export { HfTokenizer } from "./hf-tokenizer.ts";
-export { tokenizerFingerprint } from "./tokenizer-fingerprint.ts";
+} from "./compute/config.ts";
+export {
+  type Weights,
+  type SyntheticOptions,
+  castWeights,
+  syntheticWeights,
+  validateWeights,
+  weightSizes,
+  weightsBytes,
+  weightsDType,
+} from "./compute/weights.ts";
+export { type DType, type Matrix, type PackedMatrix, DTYPES, castMatrix, dequantize } from "./compute/packed.ts";
+export { type KvSlab, type SeqChunk, Transformer } from "./compute/transformer.ts";
+export { dropFirst } from "./thread/drop-first.ts";
+export { type EncodeOptions, type Tokenizer, ByteTokenizer, StreamDecoder } from "../tokenizer/tokenizer.ts";
+export type { TokenizerSource, GgufTokenizerMeta } from "../tokenizer/tokenizer-source.ts";
+export { type BuiltTokenizer, buildTokenizer } from "../tokenizer/build-tokenizer.ts";
+export { HfTokenizer } from "../tokenizer/hf-tokenizer.ts";
+export { tokenizerFingerprint } from "../tokenizer/tokenizer-fingerprint.ts";
 export {
   type ChatMessage,
   type ChatRenderer,
@@ -25,9 +34,9 @@ export {
   DEFAULT_CHAT_TEMPLATE,
   chatRenderer,
   chatRendererFor,
-} from "./chat-template.ts";
-export { type LoadedModel, SYNTHETIC_CONFIG, SYNTHETIC_MODEL_NAME, loadSyntheticModel } from "./synthetic.ts";
-export { DEFAULT_MODEL_NAME, defaultModelDir } from "./default-model.ts";
+} from "../tokenizer/chat-template.ts";
+export { type LoadedModel, SYNTHETIC_CONFIG, SYNTHETIC_MODEL_NAME, loadSyntheticModel } from "./load/synthetic.ts";
+export { DEFAULT_MODEL_NAME, defaultModelDir } from "./load/default-model.ts";
 export {
   type Llama2cModel,
   type VocabEntry,
@@ -40,18 +49,18 @@ export {
   parseLlama2cTokenizer,
   writeLlama2cCheckpoint,
   writeLlama2cTokenizer,
-} from "./llama2c.ts";
-export { type RopeScaling, qDimOf, ropeFrequencies } from "./config.ts";
-export { type RawDtype, type RawTensor, DTYPE_BLOCK, toFloat32 } from "./raw-tensor.ts";
-export { MAX_SAFETENSORS_HEADER, parseSafetensors } from "./safetensors.ts";
-export { type GgufFile, type GgufTensorInfo, type GgufValue, GGUF_MAGIC, ggmlTypeName, parseGguf } from "./gguf.ts";
-export { interleavedToSplitHalf, splitHalfToInterleaved } from "./rope-order.ts";
-export { type ModelSpec, UnsupportedModelError } from "./model-spec.ts";
-export { hfModelSpec } from "./hf-config.ts";
-export { ggufModelSpec } from "./gguf-config.ts";
-export { type TensorSource, type WeightStats, assembleWeights, GGUF_NAMING, HF_NAMING } from "./assemble-weights.ts";
-export { type ModelFormat, ModelFormatError, SUPPORTED_FORMATS, detectModelFormat } from "./model-format.ts";
-export { LoadProgress } from "./load-progress.ts";
+} from "./load/llama2c.ts";
+export { type RopeScaling, qDimOf, ropeFrequencies } from "./compute/config.ts";
+export { type RawDtype, type RawTensor, DTYPE_BLOCK, toFloat32 } from "./load/raw-tensor.ts";
+export { MAX_SAFETENSORS_HEADER, parseSafetensors } from "./load/safetensors.ts";
+export { type GgufFile, type GgufTensorInfo, type GgufValue, GGUF_MAGIC, ggmlTypeName, parseGguf } from "./load/gguf.ts";
+export { interleavedToSplitHalf, splitHalfToInterleaved } from "./load/rope-order.ts";
+export { type ModelSpec, UnsupportedModelError } from "./load/model-spec.ts";
+export { hfModelSpec } from "./load/hf-config.ts";
+export { ggufModelSpec } from "./load/gguf-config.ts";
+export { type TensorSource, type WeightStats, assembleWeights, GGUF_NAMING, HF_NAMING } from "./load/assemble-weights.ts";
+export { type ModelFormat, ModelFormatError, SUPPORTED_FORMATS, detectModelFormat } from "./load/model-format.ts";
+export { LoadProgress } from "./compute/load-progress.ts";
 export {
   type LoadModelOptions,
   type ModelFiles,
@@ -63,10 +72,10 @@ export {
   readModelFiles,
   readModelFilesFor,
   servingEosIds,
-} from "./load-model.ts";
-export { holdWeights } from "./held-weights.ts";
-export { LogitsRows } from "./logits-rows.ts";
-export { grammarVocab } from "./grammar-vocab.ts";
-export { type ForwardDone, ModelWorker, type ModelThreadCounters } from "./model-worker.ts";
-export { prevToken, SAMPLE_FAILED } from "./model-worker-protocol.ts";
-export type { LoadedInfo, ModelThreadOptions, RowSampling } from "./model-worker-protocol.ts";
+} from "./load/load-model.ts";
+export { holdWeights } from "./thread/held-weights.ts";
+export { LogitsRows } from "./thread/logits-rows.ts";
+export { grammarVocab } from "../tokenizer/grammar-vocab.ts";
+export { type ForwardDone, ModelWorker, type ModelThreadCounters } from "./thread/model-worker.ts";
+export { prevToken, SAMPLE_FAILED } from "./thread/model-worker-protocol.ts";
+export type { LoadedInfo, ModelThreadOptions, RowSampling } from "./thread/model-worker-protocol.ts";

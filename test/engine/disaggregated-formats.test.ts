@@ -6,7 +6,7 @@ import { grpcClient } from "../../src/rpc/index.ts";
 import { EngineControl, PrefillRequestSchema } from "../../src/gen/tl/engine/v1/engine_pb.ts";
 import { DRAWS_HEADER, FIRST_TOKEN_HEADER, HANDLE_HEADER } from "../../src/http/index.ts";
 import { ByteTokenizer, type ModelConfig, readModelFiles, syntheticWeights } from "../../src/model/index.ts";
-import { placedBytes } from "../../src/model/layer-group.ts";
+import { placedBytes } from "../../src/model/compute/layer-group.ts";
 import { tempDir } from "../model/format-helpers.ts";
 import { encodeGgufModel, writeHfFolder } from "../support/model-writers.ts";
 import { sseEvents } from "../support/nodes.ts";

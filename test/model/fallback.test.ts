@@ -1,7 +1,7 @@
 import { describe, expect, test } from "bun:test";
 import { KvPool } from "../../src/pool/index.ts";
 import { Transformer, kvShapeOf, qDimOf, syntheticWeights, type ModelConfig } from "../../src/model/index.ts";
-import { castWeights } from "../../src/model/weights.ts";
+import { castWeights } from "../../src/model/compute/weights.ts";
 import { B, Seq, TINY, bits, tokens } from "./helpers.ts";
 
 // An engine without WebAssembly SIMD runs every kernel's plain-JS statement: the same bits, so

@@ -1,6 +1,6 @@
 import { expect } from "bun:test";
-import { type MatmulKernel, matmul, matmulRef } from "../../src/model/matmul.ts";
-import type { Matrix } from "../../src/model/packed.ts";
+import { type MatmulKernel, matmul, matmulRef } from "../../src/model/compute/matmul.ts";
+import type { Matrix } from "../../src/model/compute/packed.ts";
 import { KvPool } from "../../src/pool/index.ts";
 import { type ModelConfig, type SeqChunk, Transformer, kvShapeOf, syntheticWeights } from "../../src/model/index.ts";
 

@@ -1,6 +1,6 @@
 import { expect, test } from "bun:test";
 import { type ModelConfig, Transformer, kvShapeOf, syntheticWeights } from "../../src/model/index.ts";
-import { FORWARD_PHASES } from "../../src/model/transformer.ts";
+import { FORWARD_PHASES } from "../../src/model/compute/transformer.ts";
 
 const CFG: ModelConfig = {
   name: "profiled",

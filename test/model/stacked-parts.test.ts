@@ -1,12 +1,12 @@
 import { afterAll, describe, expect, test } from "bun:test";
 import { writeFileSync } from "node:fs";
 import { kvShapeOf, parseGguf, readModelFiles, syntheticWeights, Transformer } from "../../src/model/index.ts";
-import { layerSlice } from "../../src/model/layer-group.ts";
-import { mapFile } from "../../src/model/mapped-file.ts";
-import { castMatrix, isStacked, type PackedMatrix, type StackedMatrix } from "../../src/model/packed.ts";
+import { layerSlice } from "../../src/model/compute/layer-group.ts";
+import { mapFile } from "../../src/model/compute/mapped-file.ts";
+import { castMatrix, isStacked, type PackedMatrix, type StackedMatrix } from "../../src/model/compute/packed.ts";
 import { KvPool } from "../../src/pool/index.ts";
-import type { Matrix } from "../../src/model/packed.ts";
-import type { Weights } from "../../src/model/weights.ts";
+import type { Matrix } from "../../src/model/compute/packed.ts";
+import type { Weights } from "../../src/model/compute/weights.ts";
 import { encodeGgufModel } from "../support/model-writers.ts";
 import { CKPT, tempDir } from "./format-helpers.ts";
 import { bits, Seq, tokens } from "./helpers.ts";
