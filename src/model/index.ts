@@ -37,19 +37,15 @@ export {
 } from "../tokenizer/chat-template.ts";
 export { type LoadedModel, SYNTHETIC_CONFIG, SYNTHETIC_MODEL_NAME, loadSyntheticModel } from "./load/synthetic.ts";
 export { DEFAULT_MODEL_NAME, defaultModelDir } from "./load/default-model.ts";
+export { type Llama2cModel, encodeLlama2cCheckpoint, loadLlama2cCheckpoint, parseLlama2cCheckpoint, writeLlama2cCheckpoint } from "./load/llama2c.ts";
 export {
-  type Llama2cModel,
   type VocabEntry,
   Llama2cTokenizer,
-  encodeLlama2cCheckpoint,
   encodeLlama2cTokenizer,
-  loadLlama2cCheckpoint,
   loadLlama2cTokenizer,
-  parseLlama2cCheckpoint,
   parseLlama2cTokenizer,
-  writeLlama2cCheckpoint,
   writeLlama2cTokenizer,
-} from "./load/llama2c.ts";
+} from "../tokenizer/llama2c-tokenizer.ts";
 export { type RopeScaling, qDimOf, ropeFrequencies } from "./compute/config.ts";
 export { type RawDtype, type RawTensor, DTYPE_BLOCK, toFloat32 } from "./load/raw-tensor.ts";
 export { MAX_SAFETENSORS_HEADER, parseSafetensors } from "./load/safetensors.ts";
