@@ -10,7 +10,8 @@
 import { mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { availableParallelism } from "node:os";
 import { join } from "node:path";
-import { castWeights, type DType, kvShapeOf, type ModelConfig, syntheticWeights, Transformer } from "../src/model/index.ts";
+import { castWeights, syntheticWeights } from "../src/model/compute/weights.ts";
+import { type DType, kvShapeOf, type ModelConfig, Transformer } from "../src/model/index.ts";
 import type { KvPool } from "../src/pool/index.ts";
 import { heldBytesOf } from "../src/model/compute/packed.ts";
 import { MATRICES } from "../src/model/compute/weights.ts";

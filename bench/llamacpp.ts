@@ -32,7 +32,7 @@ import { BOS_ID, SHAPES, shapeHeader, writeShapeGguf } from "./gguf-shapes.ts";
 import { loadAverage, median } from "./stats.ts";
 import { kvPoolFor, loadModel } from "../src/cli/engine-node.ts";
 import { Engine } from "../src/engine/index.ts";
-import { ggmlTypeName, parseGguf } from "../src/model/index.ts";
+import { ggmlTypeName, parseGguf } from "../src/model/load/gguf.ts";
 import { mapFile } from "../src/model/compute/mapped-file.ts";
 
 /** llama-quantize's names for the types asked by TYPES (f16 is written directly). */

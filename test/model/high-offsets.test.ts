@@ -1,5 +1,6 @@
 import { describe, expect, test } from "bun:test";
-import { kvShapeOf, syntheticWeights, Transformer, type ModelConfig } from "../../src/model/index.ts";
+import { kvShapeOf, Transformer, type ModelConfig } from "../../src/model/index.ts";
+import { syntheticWeights } from "../../src/model/compute/weights.ts";
 import { MatmulKernel } from "../../src/model/compute/matmul.ts";
 import { castWeights } from "../../src/model/compute/weights.ts";
 import type { DType } from "../../src/model/compute/packed.ts";

@@ -1,6 +1,9 @@
 import { afterAll, describe, expect, test } from "bun:test";
 import { writeFileSync } from "node:fs";
-import { kvShapeOf, parseGguf, readModelFiles, syntheticWeights, Transformer } from "../../src/model/index.ts";
+import { kvShapeOf, Transformer } from "../../src/model/index.ts";
+import { parseGguf } from "../../src/model/load/gguf.ts";
+import { readModelFiles } from "../../src/model/load/load-model.ts";
+import { syntheticWeights } from "../../src/model/compute/weights.ts";
 import { layerSlice } from "../../src/model/compute/layer-group.ts";
 import { mapFile } from "../../src/model/compute/mapped-file.ts";
 import { castMatrix, isStacked, type PackedMatrix, type StackedMatrix } from "../../src/model/compute/packed.ts";

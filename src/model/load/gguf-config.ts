@@ -1,4 +1,4 @@
-import { DEFAULT_NORM_EPS, DEFAULT_ROPE_THETA, type ModelConfig, validateConfig } from "../compute/config.ts";
+import { DEFAULT_NORM_EPS, DEFAULT_ROPE_THETA, type ModelConfig, validateConfig } from "../compute/index.ts";
 import type { GgufValue } from "./gguf.ts";
 import { idList } from "./hf-config.ts";
 import { type ModelSpec, UnsupportedModelError } from "./model-spec.ts";

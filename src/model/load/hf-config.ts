@@ -1,4 +1,4 @@
-import { DEFAULT_ROPE_THETA, type ModelConfig, type RopeScaling, validateConfig } from "../compute/config.ts";
+import { DEFAULT_ROPE_THETA, type ModelConfig, type RopeScaling, validateConfig } from "../compute/index.ts";
 import { type ModelSpec, UnsupportedModelError } from "./model-spec.ts";
 import { quote } from "../../codec/index.ts";
 

@@ -1,4 +1,4 @@
-import type { FileBytes } from "../compute/mapped-file.ts";
+import type { FileBytes } from "../compute/index.ts";
 import { byteLengthOf, elementCount, type RawDtype, type RawTensor } from "./raw-tensor.ts";
 import { quote } from "../../codec/index.ts";
 

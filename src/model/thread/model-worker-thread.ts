@@ -4,7 +4,7 @@
 import { KvPool } from "../../pool/index.ts";
 import { holdWeights } from "./held-weights.ts";
 import { LogitsRows } from "./logits-rows.ts";
-import { readModelFilesFor } from "../load/load-model.ts";
+import { readModelFilesFor } from "../load/index.ts";
 import { ConstraintCompiler, type ConstraintKind, type TokenMatcher } from "../../grammar/index.ts";
 import { applyTokenBitmask, sample } from "../../rng/index.ts";
 import {
@@ -32,8 +32,8 @@ import {
   WAKE,
   writeError,
 } from "./model-worker-protocol.ts";
-import { Transformer } from "../compute/transformer.ts";
-import { weightsBytes } from "../compute/weights.ts";
+import { Transformer } from "../compute/index.ts";
+import { weightsBytes } from "../compute/index.ts";
 
 declare const self: { onmessage: ((e: MessageEvent<ToModelThread>) => void) | null; postMessage(m: FromModelThread): void };
 

@@ -30,7 +30,7 @@ import {
   writePlan,
 } from "./model-worker-protocol.ts";
 import { dropFirst } from "./drop-first.ts";
-import type { KvSlab, SeqChunk } from "../compute/transformer.ts";
+import type { KvSlab, SeqChunk } from "../compute/index.ts";
 
 // A compiled binary holds its entry points at the root of its own file system (Bun resolves a
 // worker named relative to that root); from a checkout the thread is the file beside this one.
