@@ -1,6 +1,6 @@
 import { describe, expect, test } from "bun:test";
-import { castMatrix, type PackedMatrix } from "../../src/model/packed.ts";
-import { Q8Converter } from "../../src/model/q8-converter.ts";
+import { castMatrix, type PackedMatrix } from "../../src/model/compute/packed.ts";
+import { Q8Converter } from "../../src/model/compute/q8-converter.ts";
 
 // `--dtype q8_0` at load runs in the wasm kernels on every core (Q8Converter); its bytes must be
 // the plain quantizeQ8Row's (packed.ts) for every input, whatever the thread count and however
