@@ -194,8 +194,10 @@ export type KernelExports = Record<`matmul_${DType}`, KernelFn> &
     k_row_bytes(n: number): number;
     /** Rows g0 .. g1 of n weights at x (0 f32, 1 f16, 2 bf16) to q8_0 blocks at y (kernels/assembly/convert.ts). */
     convert_q8_rows(y: number, x: number, src: number, n: number, g0: number, g1: number): void;
-    /** 16-bit rows at `at` rearranged into the strip layout in place (strip-layout.ts's Place16). */
+    /** 16-bit rows at `at` rearranged into the strip layout in place (strip-layout.ts's InPlace). */
     place16(at: number, tmp: number, rows: number, n: number, f16: number): number;
+    /** q8_0 rows at `at` rearranged into the strip layout in place (strip-layout.ts's InPlace). */
+    place_q8(at: number, tmp: number, rows: number, n: number): number;
   };
 
 let compiled: WebAssembly.Module | null | undefined;
@@ -651,14 +653,18 @@ export class MatmulKernel {
     const bytes = stripLayoutBytes(dt, rows, cols);
     const at = this.grab(bytes);
     const ex = this.ex!;
-    packStrips(m, 0, rows, cols, this.u8, at, (a, r, n, f16) => {
-      // A strip's copy above the top, zeroed after: what is grabbed next (the helpers' control
-      // block) must find zeros there.
-      const tmp = this.temp(16 * n);
-      const bad = ex.place16(a, tmp, r, n, f16 ? 1 : 0);
-      this.u8.fill(0, tmp, tmp + 16 * n);
+    // A strip's copy goes above the top, zeroed after: what is grabbed next (the helpers'
+    // control block) must find zeros there.
+    const viaTemp = (bytes: number, run: (tmp: number) => number): number => {
+      const tmp = this.temp(bytes);
+      const bad = run(tmp);
+      this.u8.fill(0, tmp, tmp + bytes);
       this.tempTop = this.top;
       return bad;
+    };
+    packStrips(m, 0, rows, cols, this.u8, at, {
+      u16: (a, r, n, f16) => viaTemp(16 * n, (tmp) => ex.place16(a, tmp, r, n, f16 ? 1 : 0)),
+      q8: (a, r, n) => viaTemp(stripLayoutBytes("q8_0", 1, n), (tmp) => ex.place_q8(a, tmp, r, n)),
     });
     const buf = this.memory!.buffer;
     const v: SimpleMatrix =

@@ -38,32 +38,46 @@ export function stripLayoutBytes(dt: DType, rows: number, n: number): number {
 }
 
 /**
- * The kernels' place16 (kernels/assembly/matmul.ts) on a memory: `rows` rows of n 16-bit weights
- * lying row-major at `at` (zeros after them to the last strip's end) rearranged into the strip
- * layout in place, the f16 ones checked finite first; returns the row-major index of the first
- * inf or NaN (nothing moved), else -1.
+ * The kernels' place16 and place_q8 (kernels/assembly/matmul.ts) on a memory. u16: `rows` rows
+ * of n 16-bit weights lying row-major at `at` (zeros after them to the last strip's end)
+ * rearranged into the strip layout in place, the f16 ones checked finite first; returns the
+ * row-major index of the first inf or NaN (nothing moved), else -1.
  */
-export type Place16 = (at: number, rows: number, n: number, f16: boolean) => number;
+export interface InPlace {
+  u16(at: number, rows: number, n: number, f16: boolean): number;
+  /** The same for q8_0 rows (place_q8): the index of the first block with an inf or NaN scale, else -1. */
+  q8(at: number, rows: number, n: number): number;
+}
 
 /**
  * `rows` rows of n weights of m, from element `from` (whole q8_0 blocks), into `dst` (the kernel
  * memory's bytes) at `at` (16-byte aligned) in the strip layout; padding rows are written as
  * zeros. The rows are read a strip at a time with copyBytes (a mapped file's pages are never
  * touched), and 16-bit weights and q8_0 scales are checked finite on the way (the kernels widen
- * f16 exactly for finite values only). With `place16` (the kernel's memory at hand), 16-bit rows
- * are read in whole and rearranged by the kernel: the same bytes, several times faster.
+ * f16 exactly for finite values only). With `place` (the kernel's memory at hand), 16-bit and q8_0
+ * rows are read in whole and rearranged by the kernel: the same bytes, several times faster.
  */
-export function packStrips(m: SimpleMatrix, from: number, rows: number, n: number, dst: Uint8Array, at: number, place16?: Place16): void {
+export function packStrips(m: SimpleMatrix, from: number, rows: number, n: number, dst: Uint8Array, at: number, place?: InPlace): void {
   const dt = dtypeOf(m);
   assert(at % 16 === 0, `strip layout at ${at}: not 16-byte aligned`);
   const total = stripLayoutBytes(dt, rows, n);
   const rowBytes = matrixBytes(dt, n);
   const first = matrixBytes(dt, from);
-  if (place16 !== undefined && !(m instanceof Float32Array) && (dt === "f16" || dt === "bf16")) {
+  if (place !== undefined && !(m instanceof Float32Array) && dt === "q8_0") {
+    copyBytes(dst, at, m.bytes.subarray(first, first + rows * rowBytes));
+    dst.fill(0, at + rows * rowBytes, at + total);
+    const bad = place.q8(at, rows, n);
+    if (bad >= 0) {
+      const h = dst[at + bad * Q8_0_BLOCK_BYTES]! | (dst[at + bad * Q8_0_BLOCK_BYTES + 1]! << 8);
+      throw new Error(`q8_0 block ${from / QK8_0 + bad} has an inf or NaN scale (0x${h.toString(16)})`);
+    }
+    return;
+  }
+  if (place !== undefined && !(m instanceof Float32Array) && (dt === "f16" || dt === "bf16")) {
     // The rows read straight to where their strips go, then rearranged there by the kernel.
     copyBytes(dst, at, m.bytes.subarray(first, first + rows * rowBytes));
     dst.fill(0, at + rows * rowBytes, at + total);
-    const bad = place16(at, rows, n, dt === "f16");
+    const bad = place.u16(at, rows, n, dt === "f16");
     if (bad >= 0) {
       const h = dst[at + 2 * bad]! | (dst[at + 2 * bad + 1]! << 8);
       throw new Error(`f16 weight ${from + bad} is inf or NaN (0x${h.toString(16)})`);

@@ -407,3 +407,39 @@ export function place16(at: usize, tmp: usize, rows: i32, n: i32, f16: i32): i32
   }
   return -1;
 }
+
+/** Bytes of a q8_0 block as ggml stores it: an f16 scale, then 32 int8. */
+const Q8_BLOCK: usize = 34;
+
+/**
+ * Places a q8_0 matrix of `rows` rows of n weights in the strip layout in place, as place16 does
+ * for 16-bit ones (a strip's group holds exactly its 8 rows' blocks: 8 scales, 256 int8): every
+ * scale is first checked finite (returns the index of the first block with an inf or NaN scale,
+ * nothing moved; else -1), then each strip is copied to tmp (8 rows' bytes) and written back
+ * group by group, the int8 of each block in pairs at q8Slot's places (strip-layout.ts: after the
+ * scales, rows 0..3 then 4..7, pair p of row k at 8 p + 2 (k & 3)). packQ8 there states the same in plain JS.
+ */
+export function place_q8(at: usize, tmp: usize, rows: i32, n: i32): i32 {
+  const blocks = n >> 5;
+  const total = rows * blocks;
+  for (let i = 0; i < total; i++) {
+    if ((<u32>load<u16>(at + <usize>i * Q8_BLOCK) & 0x7c00) == 0x7c00) return i;
+  }
+  const rowBytes = <usize>blocks * Q8_BLOCK;
+  const sb = rowBytes * S;
+  const strips = (rows + S - 1) / S;
+  for (let s = 0; s < strips; s++) {
+    const sp = at + <usize>s * sb;
+    memory.copy(tmp, sp, sb);
+    for (let c = 0; c < blocks; c++) {
+      const g = sp + <usize>c * (Q8_BLOCK * S);
+      for (let k = 0; k < S; k++) {
+        const b = tmp + <usize>k * rowBytes + <usize>c * Q8_BLOCK;
+        store<u16>(g + (<usize>k << 1), load<u16>(b));
+        const q = g + 16 + (<usize>(k >> 2) << 7) + (<usize>(k & 3) << 1);
+        for (let p: usize = 0; p < 16; p++) store<u16>(q + (p << 3), load<u16>(b + 2 + (p << 1)));
+      }
+    }
+  }
+  return -1;
+}
