@@ -1,0 +1,114 @@
+// What bounds a 16-bit matmul here (issue 25: 1B-shape F16 decode at 0.39x llama.cpp while the
+// 135M shape is at 0.98x). One thread runs each kernel straight (no dispatch, no model) on
+// matrices of 2048-weight rows sized to sit in L2 (1 MB), in L3 (256 MB: this machine's L3 is
+// 480 MB, so the 135M shape's 270 MB of weights stay there between tokens) and in DRAM (1 GiB,
+// as the 1B shape's 2.4 GB), for 1 token row (decode), 8 (a batch) and 512 (prefill), and prints
+// GB/s of weights and GMAC/s per CPU-second (process CPU time: on a machine shared with other
+// work, wall time counts their turns too) beside wall time. Then the serial model: the rate the
+// kernel would have if it first waited for its bytes at the f32 kernel's DRAM rate and then
+// computed at its in-L2 rate, against the DRAM rate measured.
+//
+//   bun bench/f16-bounds.ts            (DTYPES=f16,bf16,f32 ROWS=1,8,512)
+// JSON to bench/results/f16-bounds.json (OUT=name for f16-bounds.<name>.json).
+import { mkdirSync, writeFileSync } from "node:fs";
+import { cpus } from "node:os";
+import { join } from "node:path";
+import { kernelModule, type KernelExports } from "../src/model/compute/matmul.ts";
+import { castMatrix, type PackedMatrix } from "../src/model/compute/packed.ts";
+import { packStrips, stripLayoutBytes } from "../src/model/compute/strip-layout.ts";
+import { loadAverage, median } from "./stats.ts";
+
+type Dt = "f16" | "bf16" | "f32";
+const DTYPES = (process.env.DTYPES ?? "f16,bf16,f32").split(",") as Dt[];
+const ROWS = (process.env.ROWS ?? "1,8,512").split(",").map(Number);
+const N = 2048;
+const PLACES = { l2: 1 << 20, l3: 256 << 20, dram: 1 << 30 } as const;
+
+interface Rate {
+  wallGBs: number;
+  cpuGBs: number;
+  cpuGmacs: number;
+}
+
+/** d rows of N weights placed in a kernel memory of their own (weights from a fixed pattern). */
+function placed(dt: Dt, d: number, rows: number): { ex: KernelExports; w: number; x: number; y: number; scratch: number } {
+  const bytes = stripLayoutBytes(dt, d, N);
+  const top = 65536 + bytes + rows * (N + d) * 4 + 32 * N * 4;
+  const memory = new WebAssembly.Memory({ initial: Math.ceil(top / 65536) + 1, maximum: 65536, shared: true });
+  const ex = new WebAssembly.Instance(kernelModule()!, { env: { memory } }).exports as unknown as KernelExports;
+  const u8 = new Uint8Array(memory.buffer);
+  const w = 65536;
+  // Filled a strip-sized slice at a time, so a 1 GiB matrix never exists twice.
+  const slice = 8 * 64;
+  const src = new Float32Array(slice * N).map((_, i) => Math.sin(i * 0.37) * 0.05);
+  const m = dt === "f32" ? src : (castMatrix(src, dt, N) as PackedMatrix);
+  for (let r = 0; r < d; r += slice) packStrips(m, 0, Math.min(slice, d - r), N, u8, w + stripLayoutBytes(dt, r, N));
+  const x = w + bytes;
+  const xf = new Float32Array(memory.buffer, x, rows * N);
+  for (let i = 0; i < xf.length; i++) xf[i] = Math.cos(i * 0.11);
+  const y = x + rows * N * 4;
+  return { ex, w, x, y, scratch: y + rows * d * 4 };
+}
+
+function rate(dt: Dt, place: keyof typeof PLACES, rows: number): Rate {
+  const es = dt === "f32" ? 4 : 2;
+  // Prefill's 512 rows take long: its matrices are 64x smaller (the kernel reads each strip from cache anyway).
+  const d = Math.max(64, Math.floor(PLACES[place] / (N * es) / (rows >= 64 ? 64 : 1) / 8) * 8);
+  const { ex, w, x, y, scratch } = placed(dt, d, rows);
+  const fn = ex[`matmul_${dt}`];
+  const run = (): void => fn(y, x, w, rows, N, d, 0, 0, d, scratch);
+  run();
+  const macs = rows * N * d;
+  const reps = Math.max(1, Math.round(2e8 / macs));
+  const wall: number[] = [];
+  const cpu: number[] = [];
+  for (let round = 0; round < 5; round++) {
+    const c0 = process.cpuUsage();
+    const t0 = performance.now();
+    for (let i = 0; i < reps; i++) run();
+    const c = process.cpuUsage(c0);
+    wall.push((performance.now() - t0) / reps);
+    cpu.push((c.user + c.system) / 1000 / reps);
+  }
+  const bytes = d * N * es;
+  const cpuMs = median(cpu);
+  return { wallGBs: bytes / median(wall) / 1e6, cpuGBs: bytes / cpuMs / 1e6, cpuGmacs: macs / cpuMs / 1e6 };
+}
+
+const out: Record<string, unknown> = { bench: "f16-bounds", cpu: cpus()[0]?.model, n: N, loadBefore: loadAverage() };
+const table: Record<string, Record<string, Rate>> = {};
+for (const rows of ROWS) {
+  for (const dt of DTYPES) {
+    const key = `${dt} x${rows}`;
+    table[key] = {};
+    for (const place of Object.keys(PLACES) as (keyof typeof PLACES)[]) {
+      if (rows >= 64 && place !== "l2") continue;
+      const r = rate(dt, place, rows);
+      table[key][place] = r;
+      console.log(
+        `${key.padEnd(10)} ${place.padEnd(5)} ${r.cpuGBs.toFixed(2)} GB/s (${r.cpuGmacs.toFixed(2)} GMAC/s) per CPU-s, ${r.wallGBs.toFixed(2)} GB/s wall`,
+      );
+    }
+  }
+}
+// The serial model at one row: wait for the bytes at f32's DRAM rate, then compute at the in-L2 rate.
+const stream = table["f32 x1"]?.dram?.cpuGBs;
+const serial: Record<string, { predictedGBs: number; measuredGBs: number }> = {};
+if (stream !== undefined) {
+  for (const dt of DTYPES) {
+    const t = table[`${dt} x1`];
+    if (t?.l2 === undefined || t.dram === undefined) continue;
+    const predictedGBs = 1 / (1 / t.l2.cpuGBs + 1 / stream);
+    serial[dt] = { predictedGBs, measuredGBs: t.dram.cpuGBs };
+    console.log(
+      `${dt} x1 from DRAM: serial model ${predictedGBs.toFixed(2)} GB/s per CPU-s (in L2 ${t.l2.cpuGBs.toFixed(2)}, f32 stream ${stream.toFixed(2)}), measured ${t.dram.cpuGBs.toFixed(2)}`,
+    );
+  }
+}
+out.rates = table;
+out.serial = serial;
+out.loadAfter = loadAverage();
+console.log(`load average ${out.loadBefore} -> ${out.loadAfter}`);
+const dir = join(import.meta.dir, "results");
+mkdirSync(dir, { recursive: true });
+writeFileSync(join(dir, process.env.OUT ? `f16-bounds.${process.env.OUT}.json` : "f16-bounds.json"), `${JSON.stringify(out, null, 2)}\n`);
