@@ -66,16 +66,16 @@ export function codeName(code: number): string {
 /**
  * The HTTP status a client of the gateway sees for a failed internal call: the caller's
  * mistakes as 4xx, a cluster with no room or no one to serve as 503/429, the rest as a
- * bad gateway.
+ * bad gateway. Not gRPC's own table (NOT_FOUND 404, UNAUTHENTICATED 401, ...): those say
+ * what the *caller* did, and here the caller is the gateway, not its client. A block D
+ * evicted mid-push (NOT_FOUND), a handle id taken (ALREADY_EXISTS), or a certificate an
+ * engine refused (PERMISSION_DENIED) is the cluster's failure, never the client's 404,
+ * 409 or 403.
  */
 export function httpStatusOf(code: Code): number {
   switch (code) {
     case Code.InvalidArgument:
       return 400;
-    case Code.NotFound:
-      return 404;
-    case Code.AlreadyExists:
-      return 409;
     case Code.ResourceExhausted:
       return 429;
     case Code.Unavailable:
