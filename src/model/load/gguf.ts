@@ -1,6 +1,6 @@
-import type { FileBytes } from "./mapped-file.ts";
+import type { FileBytes } from "../compute/index.ts";
 import { byteLengthOf, DTYPE_BLOCK, elementCount, type RawDtype, type RawTensor } from "./raw-tensor.ts";
-import { quote } from "../codec/index.ts";
+import { quote } from "../../codec/index.ts";
 
 /** "GGUF" read as a little-endian uint32. */
 export const GGUF_MAGIC = 0x46554747;

@@ -1,6 +1,6 @@
-import type { ModelConfig } from "./config.ts";
-import { DTYPES, type DType, type Matrix } from "./packed.ts";
-import { castWeights, type Weights } from "./weights.ts";
+import type { ModelConfig } from "../compute/index.ts";
+import { DTYPES, type DType, type Matrix } from "../compute/index.ts";
+import { castWeights, type Weights } from "../compute/index.ts";
 
 /**
  * The weights as the engine holds them for `--dtype`: the option's dtype, or for "as-stored" the

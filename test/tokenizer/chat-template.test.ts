@@ -1,8 +1,8 @@
 import { describe, expect, test } from "bun:test";
 import { readFileSync } from "node:fs";
-import { buildTokenizer } from "../../src/model/build-tokenizer.ts";
-import { ChatTemplate, chatRenderer, DEFAULT_CHAT_TEMPLATE, strftime, type ChatMessage } from "../../src/model/chat-template.ts";
-import { ByteTokenizer } from "../../src/model/tokenizer.ts";
+import { buildTokenizer } from "../../src/tokenizer/build-tokenizer.ts";
+import { ChatTemplate, chatRenderer, DEFAULT_CHAT_TEMPLATE, strftime, type ChatMessage } from "../../src/tokenizer/chat-template.ts";
+import { ByteTokenizer } from "../../src/tokenizer/tokenizer.ts";
 import { byteLevelTokenizerJson } from "../support/tokenizer-files.ts";
 
 const fixture = (name: string) => readFileSync(new URL(`../fixtures/chat-templates/${name}.jinja`, import.meta.url), "utf8");

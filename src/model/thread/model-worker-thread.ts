@@ -1,12 +1,12 @@
 // The model thread's program (a Worker entry: `npm run build` names it beside bin/engine.ts). It
 // loads the weights itself, so the engine's thread never holds them, then runs every forward the
 // engine hands it over shared memory (model-worker-protocol.ts states the handshake).
-import { KvPool } from "../pool/index.ts";
+import { KvPool } from "../../pool/index.ts";
 import { holdWeights } from "./held-weights.ts";
 import { LogitsRows } from "./logits-rows.ts";
-import { readModelFilesFor } from "./load-model.ts";
-import { ConstraintCompiler, type ConstraintKind, type TokenMatcher } from "../grammar/index.ts";
-import { applyTokenBitmask, sample } from "../rng/index.ts";
+import { readModelFilesFor } from "../load/index.ts";
+import { ConstraintCompiler, type ConstraintKind, type TokenMatcher } from "../../grammar/index.ts";
+import { applyTokenBitmask, sample } from "../../rng/index.ts";
 import {
   CTRL_INTS,
   DONE,
@@ -32,8 +32,8 @@ import {
   WAKE,
   writeError,
 } from "./model-worker-protocol.ts";
-import { Transformer } from "./transformer.ts";
-import { weightsBytes } from "./weights.ts";
+import { Transformer } from "../compute/index.ts";
+import { weightsBytes } from "../compute/index.ts";
 
 declare const self: { onmessage: ((e: MessageEvent<ToModelThread>) => void) | null; postMessage(m: FromModelThread): void };
 

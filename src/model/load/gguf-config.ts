@@ -1,8 +1,8 @@
-import { DEFAULT_NORM_EPS, DEFAULT_ROPE_THETA, type ModelConfig, validateConfig } from "./config.ts";
+import { DEFAULT_NORM_EPS, DEFAULT_ROPE_THETA, type ModelConfig, validateConfig } from "../compute/index.ts";
 import type { GgufValue } from "./gguf.ts";
 import { idList } from "./hf-config.ts";
 import { type ModelSpec, UnsupportedModelError } from "./model-spec.ts";
-import { quote } from "../codec/index.ts";
+import { quote } from "../../codec/index.ts";
 
 /**
  * general.architecture -> the row order its q/k weights are stored in. llama.cpp's converter

@@ -1,10 +1,10 @@
-import type { KvShape } from "../codec/index.ts";
-import { LogitsError, Pcg32, sample, type SamplingConfig } from "../rng/index.ts";
+import type { KvShape } from "../../codec/index.ts";
+import { LogitsError, Pcg32, sample, type SamplingConfig } from "../../rng/index.ts";
 import type { LogitsRows } from "./logits-rows.ts";
-import type { ModelConfig } from "./config.ts";
-import type { DType } from "./packed.ts";
-import type { KvSlab, SeqChunk } from "./transformer.ts";
-import type { WeightStats } from "./assemble-weights.ts";
+import type { ModelConfig } from "../compute/index.ts";
+import type { DType } from "../compute/index.ts";
+import type { KvSlab, SeqChunk } from "../compute/index.ts";
+import type { WeightStats } from "../load/index.ts";
 
 /**
  * What the engine's thread and its model thread share, and the messages between them.

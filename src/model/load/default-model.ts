@@ -2,11 +2,11 @@ import { existsSync, mkdirSync, readFileSync, renameSync, rmSync, writeFileSync 
 import { tmpdir } from "node:os";
 import { basename, dirname, join } from "node:path";
 import { threadId } from "node:worker_threads";
-import configPath from "../../models/tl-kjv-small/config.json" with { type: "file" };
-import generationConfigPath from "../../models/tl-kjv-small/generation_config.json" with { type: "file" };
-import weightsPath from "../../models/tl-kjv-small/model.safetensors" with { type: "file" };
-import tokenizerPath from "../../models/tl-kjv-small/tokenizer.json" with { type: "file" };
-import tokenizerConfigPath from "../../models/tl-kjv-small/tokenizer_config.json" with { type: "file" };
+import configPath from "../../../models/tl-kjv-small/config.json" with { type: "file" };
+import generationConfigPath from "../../../models/tl-kjv-small/generation_config.json" with { type: "file" };
+import weightsPath from "../../../models/tl-kjv-small/model.safetensors" with { type: "file" };
+import tokenizerPath from "../../../models/tl-kjv-small/tokenizer.json" with { type: "file" };
+import tokenizerConfigPath from "../../../models/tl-kjv-small/tokenizer_config.json" with { type: "file" };
 
 /** The model `--model` defaults to: trained by tools/train on the King James Bible (models/README.md). */
 export const DEFAULT_MODEL_NAME = "tl-kjv-small";

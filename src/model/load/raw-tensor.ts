@@ -1,4 +1,4 @@
-import { quote } from "../codec/index.ts";
+import { quote } from "../../codec/index.ts";
 /**
  * A tensor as a file stores it: its dtype, its shape (outermost first, as PyTorch writes it) and
  * a view of its bytes, usually straight into an mmap'd file. Both readers (safetensors, GGUF)

@@ -2,12 +2,12 @@ import { basename } from "node:path";
 import type { TensorSource } from "./assemble-weights.ts";
 import { ggmlDtype, ggmlTypeName, GGUF_READABLE_TYPES, type GgufFile, type GgufValue, ggufTensor, parseGguf } from "./gguf.ts";
 import { ggufModelSpec } from "./gguf-config.ts";
-import { type FileBytes, MAX_MAPPING, mapFileBytes } from "./mapped-file.ts";
+import { type FileBytes, MAX_MAPPING, mapFileBytes } from "../compute/index.ts";
 import type { ModelSpec } from "./model-spec.ts";
 import { UnsupportedModelError } from "./model-spec.ts";
 import { toFloat32 } from "./raw-tensor.ts";
-import type { GgufTokenizerMeta, TokenizerSource } from "./tokenizer-source.ts";
-import { quote } from "../codec/index.ts";
+import type { GgufTokenizerMeta, TokenizerSource } from "../../tokenizer/index.ts";
+import { quote } from "../../codec/index.ts";
 
 export interface GgufModelFile {
   file: string;

@@ -2,12 +2,12 @@ import { existsSync, readFileSync } from "node:fs";
 import { basename, join } from "node:path";
 import type { TensorSource } from "./assemble-weights.ts";
 import { hfModelSpec, idList } from "./hf-config.ts";
-import { mapFileBytes } from "./mapped-file.ts";
+import { mapFileBytes } from "../compute/index.ts";
 import type { ModelSpec } from "./model-spec.ts";
 import type { RawTensor } from "./raw-tensor.ts";
 import { parseSafetensors } from "./safetensors.ts";
-import type { TokenizerSource } from "./tokenizer-source.ts";
-import { quote } from "../codec/index.ts";
+import type { TokenizerSource } from "../../tokenizer/index.ts";
+import { quote } from "../../codec/index.ts";
 
 /** JSON and template files of a model folder are small; anything past this is not what it claims to be. */
 const MAX_JSON_BYTES = 64 * 1024 * 1024;

@@ -1,9 +1,9 @@
 import { describe, expect, test } from "bun:test";
 import { Tokenizer as HfLib } from "@huggingface/tokenizers";
-import { buildTokenizer } from "../../src/model/build-tokenizer.ts";
-import { tokenizerFingerprint } from "../../src/model/tokenizer-fingerprint.ts";
-import { ByteTokenizer, StreamDecoder, type Tokenizer } from "../../src/model/tokenizer.ts";
-import type { TokenizerSource } from "../../src/model/tokenizer-source.ts";
+import { buildTokenizer } from "../../src/tokenizer/build-tokenizer.ts";
+import { tokenizerFingerprint } from "../../src/tokenizer/tokenizer-fingerprint.ts";
+import { ByteTokenizer, StreamDecoder, type Tokenizer } from "../../src/tokenizer/tokenizer.ts";
+import type { TokenizerSource } from "../../src/tokenizer/tokenizer-source.ts";
 import { byteLevelGgufMeta, byteLevelTokenizerJson, spmGgufMeta, spmTokenizerJson, type ByteLevelOptions } from "../support/tokenizer-files.ts";
 
 const hfSource = (tokenizerJson: unknown, tokenizerConfig: unknown = null, more: Partial<Extract<TokenizerSource, { kind: "hf" }>> = {}): TokenizerSource => ({

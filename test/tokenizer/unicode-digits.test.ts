@@ -1,14 +1,14 @@
-// The local fix for @huggingface/tokenizers' Digits pre-tokenizer (src/model/unicode-digits.ts).
+// The local fix for @huggingface/tokenizers' Digits pre-tokenizer (src/tokenizer/unicode-digits.ts).
 import { describe, expect, test } from "bun:test";
 import { DigitsPreTokenizer } from "@huggingface/tokenizers";
-import { buildTokenizer } from "../../src/model/build-tokenizer.ts";
-import { withUnicodeDigits } from "../../src/model/unicode-digits.ts";
+import { buildTokenizer } from "../../src/tokenizer/build-tokenizer.ts";
+import { withUnicodeDigits } from "../../src/tokenizer/unicode-digits.ts";
 import { byteLevelTokenizerJson } from "../support/tokenizer-files.ts";
 
 describe("Digits over every numeral", () => {
   test("library_digits_still_ascii_only", () => {
     // Fails the day the library splits on char::is_numeric as Rust's tokenizers does: then delete
-    // src/model/unicode-digits.ts and this file.
+    // src/tokenizer/unicode-digits.ts and this file.
     const lib = new DigitsPreTokenizer({ type: "Digits", individual_digits: true } as never);
     expect(lib.pre_tokenize(" ½ 4")).toEqual([" ½ ", "4"]);
   });

@@ -1,6 +1,6 @@
 import { ggufTokenizerFiles } from "./gguf-vocab.ts";
 import { HfTokenizer } from "./hf-tokenizer.ts";
-import { loadLlama2cTokenizer } from "./llama2c.ts";
+import { loadLlama2cTokenizer } from "./llama2c-tokenizer.ts";
 import { ByteTokenizer, type Tokenizer } from "./tokenizer.ts";
 import type { TokenizerSource } from "./tokenizer-source.ts";
 import { quote } from "../codec/index.ts";

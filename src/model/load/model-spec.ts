@@ -1,4 +1,4 @@
-import type { ModelConfig } from "./config.ts";
+import type { ModelConfig } from "../compute/index.ts";
 
 /**
  * What a model's own config (HF config.json or GGUF metadata) says beyond the tensor shapes:

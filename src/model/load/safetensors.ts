@@ -1,6 +1,6 @@
-import type { FileBytes } from "./mapped-file.ts";
+import type { FileBytes } from "../compute/index.ts";
 import { byteLengthOf, elementCount, type RawDtype, type RawTensor } from "./raw-tensor.ts";
-import { quote } from "../codec/index.ts";
+import { quote } from "../../codec/index.ts";
 
 /** safetensors' own reader refuses headers above 100 MB; so do we, before parsing any of it. */
 export const MAX_SAFETENSORS_HEADER = 100 * 1024 * 1024;

@@ -1,8 +1,8 @@
 import assert from "node:assert";
-import type { KvShape } from "../codec/index.ts";
+import type { KvShape } from "../../codec/index.ts";
 import { decodeHeadsPerPiece } from "./attention-pieces.ts";
-import { KvPool } from "../pool/index.ts";
-import { blockPayloadBytes } from "../codec/kv-shape.ts";
+import { KvPool } from "../../pool/index.ts";
+import { blockPayloadBytes } from "../../codec/kv-shape.ts";
 import { headDimOf, kvDimOf, type ModelConfig, qDimOf } from "./config.ts";
 import { softmaxF32, swigluF32 } from "./f32-math.ts";
 import { ATT_SEQ_INTS, ATT_SEQS, attentionScratchBytes, attentionStride, fitsWithRoom, groupBudget, LayerGroup, planGroups } from "./layer-group.ts";

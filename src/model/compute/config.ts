@@ -1,5 +1,5 @@
-import type { KvShape } from "../codec/kv-shape.ts";
-import { quote } from "../codec/index.ts";
+import type { KvShape } from "../../codec/kv-shape.ts";
+import { quote } from "../../codec/index.ts";
 
 /** Hyper-parameters of a llama2.c-style decoder (RMSNorm, RoPE, GQA, SwiGLU). */
 export interface ModelConfig {

@@ -4,12 +4,12 @@
 // vocabularies are written here as vocabulary-only GGUF files, like llama.cpp's ggml-vocab-*.gguf.
 import { describe, expect, test } from "bun:test";
 import { SequencePreTokenizer, ByteLevelPreTokenizer } from "@huggingface/tokenizers";
-import { buildTokenizer } from "../../src/model/build-tokenizer.ts";
-import { byteLevelBytes } from "../../src/model/byte-level.ts";
-import { parseGguf } from "../../src/model/gguf.ts";
-import { ggufTokenizerSource } from "../../src/model/gguf-model.ts";
-import { ggufTokenizerFiles } from "../../src/model/gguf-vocab.ts";
-import type { GgufTokenizerMeta } from "../../src/model/tokenizer-source.ts";
+import { buildTokenizer } from "../../src/tokenizer/build-tokenizer.ts";
+import { byteLevelBytes } from "../../src/tokenizer/byte-level.ts";
+import { parseGguf } from "../../src/model/load/gguf.ts";
+import { ggufTokenizerSource } from "../../src/model/load/gguf-model.ts";
+import { ggufTokenizerFiles } from "../../src/tokenizer/gguf-vocab.ts";
+import type { GgufTokenizerMeta } from "../../src/tokenizer/tokenizer-source.ts";
 import { byteLevelGgufMeta, spmGgufMeta, vocabOnlyGguf } from "../support/tokenizer-files.ts";
 
 const TEXT = "Hello, world! 12345 ied 4 ½ months\n\n  end";

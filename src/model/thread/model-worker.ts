@@ -1,6 +1,6 @@
-import type { TokenMatcher } from "../grammar/index.ts";
+import type { TokenMatcher } from "../../grammar/index.ts";
 import assert from "node:assert";
-import type { KvPool } from "../pool/index.ts";
+import type { KvPool } from "../../pool/index.ts";
 import {
   CTRL_BYTES,
   CTRL_INTS,
@@ -30,11 +30,13 @@ import {
   writePlan,
 } from "./model-worker-protocol.ts";
 import { dropFirst } from "./drop-first.ts";
-import type { KvSlab, SeqChunk } from "./transformer.ts";
+import type { KvSlab, SeqChunk } from "../compute/index.ts";
 
 // A compiled binary holds its entry points at the root of its own file system (Bun resolves a
 // worker named relative to that root); from a checkout the thread is the file beside this one.
-const THREAD_ENTRY = import.meta.url.includes("/$bunfs/") ? "./src/model/model-worker-thread.ts" : new URL("./model-worker-thread.ts", import.meta.url).href;
+const THREAD_ENTRY = import.meta.url.includes("/$bunfs/")
+  ? "./src/model/thread/model-worker-thread.ts"
+  : new URL("./model-worker-thread.ts", import.meta.url).href;
 
 /**
  * How a forward posted with ModelWorker.post ends: once, with the sampled rows' tokens (a view

@@ -1,6 +1,6 @@
-import { DEFAULT_ROPE_THETA, type ModelConfig, type RopeScaling, validateConfig } from "./config.ts";
+import { DEFAULT_ROPE_THETA, type ModelConfig, type RopeScaling, validateConfig } from "../compute/index.ts";
 import { type ModelSpec, UnsupportedModelError } from "./model-spec.ts";
-import { quote } from "../codec/index.ts";
+import { quote } from "../../codec/index.ts";
 
 /** model_type -> the architectures entry transformers writes for it. */
 const HF_TYPES: Readonly<Record<string, string>> = { llama: "LlamaForCausalLM", mistral: "MistralForCausalLM", qwen2: "Qwen2ForCausalLM" };

@@ -1,5 +1,5 @@
 import { describe, expect, test } from "bun:test";
-import { ByteTokenizer, StreamDecoder } from "../../src/model/index.ts";
+import { ByteTokenizer, StreamDecoder } from "../../src/tokenizer/index.ts";
 
 describe("byte tokenizer", () => {
   const tok = new ByteTokenizer();
