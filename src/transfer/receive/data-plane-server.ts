@@ -1,19 +1,10 @@
 import type { Socket, SocketHandler, TCPSocketListener } from "bun";
-import { envelopeBytes, KV_FORMAT, type KvShape } from "../codec/index.ts";
-import { tracingEnabled } from "../obs/index.ts";
-import type { KvChunkLike } from "./kv-chunk.ts";
-import { KvError } from "./kv-error.ts";
-import { Code } from "../rpc/status.ts";
-import type { KvReceiver } from "./kv-receiver.ts";
-import { DATA_PLANE_PUSH_ATTRS, PushDriver } from "./push-driver.ts";
-import { Reassembler } from "./reassembler.ts";
-import { admitBunPeer, bunServerTls } from "../rpc/bun-tls.ts";
-import { DATA_PLANE_PUSH } from "../rpc/peer-policy.ts";
-import { peerIdentity, peerKey } from "../rpc/peer-identity.ts";
-import type { TlsSource } from "../rpc/tls-config.ts";
+import { envelopeBytes, KV_FORMAT, type KvShape } from "../../codec/index.ts";
+import { tracingEnabled } from "../../obs/index.ts";
 import {
   CHUNK_FIXED,
   decodeChunk,
+  decodeOwner,
   decodeRun,
   decodeTrace,
   encodeAck,
@@ -21,20 +12,29 @@ import {
   FRAME_CHUNK,
   FRAME_END,
   FRAME_HEAD,
+  FRAME_OWNER,
   FRAME_RUN,
   FRAME_TRACE,
-  FRAME_OWNER,
-  decodeOwner,
   frameBytes,
+  type KvChunkLike,
+  KvError,
   MAX_RUN,
+  Reassembler,
   RUN_ENTRY,
   RUN_ENTRY_HEAD,
   RUN_FIXED,
-  type RunHead,
   runEntryCrc,
   runEntryHash,
   runEntryTrailer,
-} from "./data-plane-frame.ts";
+  type RunHead,
+} from "../wire/index.ts";
+import { Code } from "../../rpc/status.ts";
+import type { KvReceiver } from "./kv-receiver.ts";
+import { DATA_PLANE_PUSH_ATTRS, PushDriver } from "./push-driver.ts";
+import { admitBunPeer, bunServerTls } from "../../rpc/bun-tls.ts";
+import { DATA_PLANE_PUSH } from "../../rpc/peer-policy.ts";
+import { peerIdentity, peerKey } from "../../rpc/peer-identity.ts";
+import type { TlsSource } from "../../rpc/tls-config.ts";
 
 export interface DataPlaneServerOptions {
   host?: string;

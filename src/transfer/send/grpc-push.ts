@@ -11,12 +11,11 @@
 import * as http2 from "node:http2";
 import { fromBinary } from "@bufbuild/protobuf";
 import type { Http2SessionManager } from "@connectrpc/connect-node";
-import { KvAckSchema } from "../gen/tl/kv/v1/kv_pb.ts";
-import type { KvAckLike, KvChunkLike } from "./kv-chunk.ts";
-import { GRPC_PREFIX_BYTES, grpcMessageLength, grpcStatusOf, putGrpcPrefix } from "../rpc/grpc-wire.ts";
-import { TransferError } from "./kv-error.ts";
-import { Code, codeOfHttpStatus } from "../rpc/status.ts";
-import { putU32, putU64 } from "../codec/index.ts";
+import { KvAckSchema } from "../../gen/tl/kv/v1/kv_pb.ts";
+import { type KvAckLike, type KvChunkLike, TransferError } from "../wire/index.ts";
+import { GRPC_PREFIX_BYTES, grpcMessageLength, grpcStatusOf, putGrpcPrefix } from "../../rpc/grpc-wire.ts";
+import { Code, codeOfHttpStatus } from "../../rpc/status.ts";
+import { putU32, putU64 } from "../../codec/index.ts";
 
 const PATH = "/tl.kv.v1.KvTransfer/PushKv";
 const encoder = new TextEncoder();

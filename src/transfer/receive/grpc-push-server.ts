@@ -9,15 +9,14 @@
 // streams and every other method still go to Connect, which answers them as before.
 import type * as http2 from "node:http2";
 import { create, fromBinary, toBinary } from "@bufbuild/protobuf";
-import { KvAckSchema, KvChunkSchema } from "../gen/tl/kv/v1/kv_pb.ts";
-import { extractHeaders } from "../obs/index.ts";
-import { Code } from "../rpc/status.ts";
-import { GRPC_PREFIX_BYTES, grpcMessageLength, putGrpcPrefix, sendGrpcStatus } from "../rpc/grpc-wire.ts";
-import { KvError } from "./kv-error.ts";
+import { KvAckSchema, KvChunkSchema } from "../../gen/tl/kv/v1/kv_pb.ts";
+import { extractHeaders } from "../../obs/index.ts";
+import { Code } from "../../rpc/status.ts";
+import { GRPC_PREFIX_BYTES, grpcMessageLength, putGrpcPrefix, sendGrpcStatus } from "../../rpc/grpc-wire.ts";
+import { KvError, Reassembler } from "../wire/index.ts";
 import type { KvReceiver } from "./kv-receiver.ts";
-import { peerIdentity, peerKey, type PeerCertSource } from "../rpc/peer-identity.ts";
+import { peerIdentity, peerKey, type PeerCertSource } from "../../rpc/peer-identity.ts";
 import { GRPC_PUSH_ATTRS, PushDriver } from "./push-driver.ts";
-import { Reassembler } from "./reassembler.ts";
 
 const PATH = "/tl.kv.v1.KvTransfer/PushKv";
 

@@ -1,8 +1,8 @@
-import { type PeerCheck, serveGrpc } from "../rpc/index.ts";
-import { KvTransfer } from "../gen/tl/kv/v1/kv_pb.ts";
+import { type PeerCheck, serveGrpc } from "../../rpc/index.ts";
+import { KvTransfer } from "../../gen/tl/kv/v1/kv_pb.ts";
 import { serveDataPlane, type DataPlaneServer } from "./data-plane-server.ts";
 import type { KvReceiver } from "./kv-receiver.ts";
-import type { TlsSource } from "../rpc/tls-config.ts";
+import type { TlsSource } from "../../rpc/tls-config.ts";
 import { kvMessageLimit, kvService } from "./kv-service.ts";
 import { pushKvHandler } from "./grpc-push-server.ts";
 

@@ -1,31 +1,32 @@
 import type { Socket } from "bun";
-import type { KvAckLike, KvChunkLike } from "./kv-chunk.ts";
-import type { PushOptions } from "./kv-transport.ts";
-import { TransferError } from "./kv-error.ts";
-import { Code } from "../rpc/status.ts";
-import { bunDial, type BunDial } from "../rpc/bun-tls.ts";
-import { DECODE_TARGET_ROLES } from "../rpc/peer-policy.ts";
-import type { TlsSource } from "../rpc/tls-config.ts";
-import { PoolChunk } from "./build-chunks.ts";
 import {
   type AckBody,
   chunkHeadBytes,
   decodeReply,
   encodeChunkHead,
   encodeEnd,
+  encodeOwner,
   encodeRunHead,
   encodeTrace,
   FRAME_HEAD,
   frameBytes,
+  type KvAckLike,
+  type KvChunkLike,
   MAX_HANDLE_BYTES,
+  MAX_OWNER_BYTES,
   MAX_RUN,
   MAX_TRACE_BYTES,
-  MAX_OWNER_BYTES,
-  encodeOwner,
+  Reassembler,
   RUN_ENTRY,
   runFrameBytes,
-} from "./data-plane-frame.ts";
-import { Reassembler } from "./reassembler.ts";
+  TransferError,
+} from "../wire/index.ts";
+import type { PushOptions } from "./kv-transport.ts";
+import { Code } from "../../rpc/status.ts";
+import { bunDial, type BunDial } from "../../rpc/bun-tls.ts";
+import { DECODE_TARGET_ROLES } from "../../rpc/peer-policy.ts";
+import type { TlsSource } from "../../rpc/tls-config.ts";
+import { PoolChunk } from "./build-chunks.ts";
 
 const encoder = new TextEncoder();
 // D answers a push with one small frame: ACK, or ERROR with its message.

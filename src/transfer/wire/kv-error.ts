@@ -1,7 +1,7 @@
 // The decode side's receiver and the prefill side's transfer speak gRPC status codes
 // (Connect's `Code`, src/rpc/status.ts) whichever transport carries them: gRPC or the
 // binary data plane.
-import { Code, codeName } from "../rpc/status.ts";
+import { Code, codeName } from "../../rpc/status.ts";
 
 /** A refusal by the decode side's receiver. */
 export class KvError extends Error {

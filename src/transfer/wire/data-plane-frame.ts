@@ -24,8 +24,8 @@
 //   ERROR (D→P) u32 gRPC code, message (UTF-8)
 // After an ERROR, D discards the rest of that connection's input until P hangs up:
 // closing at once could reset the connection before P reads the ERROR.
-import { ENVELOPE_HEAD_BYTES, getU16, getU32, getU64, putU16, putU32, putU64 } from "../codec/index.ts";
-import { Code } from "../rpc/status.ts";
+import { ENVELOPE_HEAD_BYTES, getU16, getU32, getU64, putU16, putU32, putU64 } from "../../codec/index.ts";
+import { Code } from "../../rpc/status.ts";
 import type { KvAckLike, KvChunkLike } from "./kv-chunk.ts";
 import { KvError } from "./kv-error.ts";
 

@@ -1,8 +1,7 @@
 import assert from "node:assert";
-import { crc32c, crc32cExtendU32, envelopeBytes, KV_FORMAT, OneBlockEnvelopeWriter } from "../codec/index.ts";
-import type { KvPool } from "../pool/index.ts";
-import type { KvChunkLike } from "./kv-chunk.ts";
-import { putRunEntry, RUN_ENTRY_HEAD } from "./data-plane-frame.ts";
+import { crc32c, crc32cExtendU32, envelopeBytes, KV_FORMAT, OneBlockEnvelopeWriter } from "../../codec/index.ts";
+import type { KvPool } from "../../pool/index.ts";
+import { type KvChunkLike, putRunEntry, RUN_ENTRY_HEAD } from "../wire/index.ts";
 
 const EMPTY = new Uint8Array(0);
 

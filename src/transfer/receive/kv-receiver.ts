@@ -15,11 +15,10 @@ import {
   oneBlockRecord,
   oneBlockRecordParts,
   readEnvelope,
-} from "../codec/index.ts";
-import type { KvPool } from "../pool/index.ts";
-import type { KvAckLike, KvChunkLike } from "./kv-chunk.ts";
-import { KvError } from "./kv-error.ts";
-import { Code } from "../rpc/status.ts";
+} from "../../codec/index.ts";
+import type { KvPool } from "../../pool/index.ts";
+import { type KvAckLike, type KvChunkLike, KvError } from "../wire/index.ts";
+import { Code } from "../../rpc/status.ts";
 
 export interface KvReceiverOptions {
   /** A handle (or a push in flight) not claimed or released within this is freed (handle_ttl_s). */

@@ -1,16 +1,15 @@
 import type * as http2 from "node:http2";
 import { Code, ConnectError, createClient, type Client } from "@connectrpc/connect";
 import { createGrpcTransport, Http2SessionManager } from "@connectrpc/connect-node";
-import { KvTransfer } from "../gen/tl/kv/v1/kv_pb.ts";
-import type { KvAckLike, KvChunkLike } from "./kv-chunk.ts";
-import { TransferError, transferError } from "./kv-error.ts";
-import { log } from "../obs/index.ts";
+import { KvTransfer } from "../../gen/tl/kv/v1/kv_pb.ts";
+import { type KvAckLike, type KvChunkLike, TransferError, transferError } from "../wire/index.ts";
+import { log } from "../../obs/index.ts";
 import type { BlockPresence, KvTransport, PushOptions, PushRoute } from "./kv-transport.ts";
 import { DataPlaneClient } from "./data-plane-client.ts";
 import { grpcPush } from "./grpc-push.ts";
-import { DECODE_TARGET_ROLES } from "../rpc/peer-policy.ts";
-import { channelKey, secureSessionOptions } from "../rpc/tls-client.ts";
-import type { TlsSource } from "../rpc/tls-config.ts";
+import { DECODE_TARGET_ROLES } from "../../rpc/peer-policy.ts";
+import { channelKey, secureSessionOptions } from "../../rpc/tls-client.ts";
+import type { TlsSource } from "../../rpc/tls-config.ts";
 
 export interface RoutingTransportOptions {
   /** Deadline of each call; default 30 000 ms. */

@@ -1,4 +1,4 @@
-import type { KvAckLike, KvChunkLike } from "./kv-chunk.ts";
+import type { KvAckLike, KvChunkLike } from "../wire/index.ts";
 
 /**
  * The path a push to a decode engine takes, chosen from its HasBlocks answer: gRPC

@@ -1,8 +1,8 @@
-import { KV_FORMAT } from "../codec/index.ts";
-import type { KvPool } from "../pool/index.ts";
+import { KV_FORMAT } from "../../codec/index.ts";
+import type { KvPool } from "../../pool/index.ts";
 import { chunkSlabBytes, poolChunks } from "./build-chunks.ts";
-import { transferError } from "./kv-error.ts";
-import { Code } from "../rpc/status.ts";
+import { transferError } from "../wire/index.ts";
+import { Code } from "../../rpc/status.ts";
 import type { KvTransport } from "./kv-transport.ts";
 
 export interface TransferStats {

@@ -1,8 +1,7 @@
 import { ConnectError } from "@connectrpc/connect";
-import { type Attributes, type Context, endSpan, type Span, SpanKind, startSpan } from "../obs/index.ts";
-import { Code } from "../rpc/status.ts";
-import { ackSpanAttributes, type KvAckLike, type KvChunkLike } from "./kv-chunk.ts";
-import { KvError } from "./kv-error.ts";
+import { type Attributes, type Context, endSpan, type Span, SpanKind, startSpan } from "../../obs/index.ts";
+import { Code } from "../../rpc/status.ts";
+import { ackSpanAttributes, type KvAckLike, type KvChunkLike, KvError } from "../wire/index.ts";
 import type { KvReceiver, PushSession } from "./kv-receiver.ts";
 
 /** The decode side's kv.transfer span of a gRPC PushKv, whichever handler serves it. */

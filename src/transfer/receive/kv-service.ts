@@ -1,10 +1,10 @@
-import { callerOf } from "../rpc/peer-gate.ts";
-import { peerKey } from "../rpc/peer-identity.ts";
+import { callerOf } from "../../rpc/peer-gate.ts";
+import { peerKey } from "../../rpc/peer-identity.ts";
 import { Code, ConnectError, type HandlerContext, type ServiceImpl } from "@connectrpc/connect";
-import { envelopeBytes } from "../codec/index.ts";
-import type { KvTransfer, KvChunk } from "../gen/tl/kv/v1/kv_pb.ts";
-import { extractHeaders } from "../obs/index.ts";
-import { KvError } from "./kv-error.ts";
+import { envelopeBytes } from "../../codec/index.ts";
+import type { KvTransfer, KvChunk } from "../../gen/tl/kv/v1/kv_pb.ts";
+import { extractHeaders } from "../../obs/index.ts";
+import { KvError } from "../wire/index.ts";
 import type { KvReceiver } from "./kv-receiver.ts";
 import { GRPC_PUSH_ATTRS, PushDriver, toKvError } from "./push-driver.ts";
 
