@@ -1,3 +1,4 @@
-export { serveGrpc, type GrpcServer, type GrpcServerOptions, type PeerCall, type PeerCheck } from "./grpc-server.ts";
+export { serveGrpc, type GrpcServer, type GrpcServerOptions } from "./grpc-server.ts";
+export type { PeerCall, PeerCheck } from "./peer-gate.ts";
 export { grpcClient, closeGrpcClients, type GrpcClientOptions } from "./grpc-client.ts";
 export { Code, codeName, ConnectError, httpStatusOf, RpcError } from "./status.ts";
