@@ -13,7 +13,8 @@
 import { mkdirSync, writeFileSync } from "node:fs";
 import { cpus } from "node:os";
 import { join } from "node:path";
-import { kernelModule, type KernelExports } from "../src/model/compute/matmul.ts";
+import type { KernelExports } from "../src/model/compute/kernel-exports.ts";
+import { kernelModule } from "../src/model/compute/matmul.ts";
 import { castMatrix, type PackedMatrix } from "../src/model/compute/packed.ts";
 import { packStrips, stripLayoutBytes } from "../src/model/compute/strip-layout.ts";
 import { loadAverage, median } from "./stats.ts";

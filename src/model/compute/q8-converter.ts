@@ -2,7 +2,8 @@ import assert from "node:assert";
 import { availableParallelism } from "node:os";
 import { controlBytes, J_CONVERT_Q8, J_D, J_FN, J_N, J_R0, J_ROWS, J_W, J_X, J_Y, JOB_INTS, KernelThreads, runJobs } from "./kernel-threads.ts";
 import { copyBytes } from "./mapped-file.ts";
-import { KERNEL_RESERVED_BYTES, type KernelExports, kernelModule } from "./matmul.ts";
+import type { KernelExports } from "./kernel-exports.ts";
+import { KERNEL_RESERVED_BYTES, kernelModule } from "./matmul.ts";
 import { Q8_0_BLOCK_BYTES, QK8_0 } from "./packed.ts";
 
 /** A conversion's source dtype, as kernels/assembly/convert.ts numbers it. */
