@@ -9,7 +9,9 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 
 // Each module: its name and the entry files whose exports it carries.
-const KERNELS = [{ name: "kernels", entries: ["matmul.ts", "q8.ts", "kquants.ts", "legacy.ts", "dispatch.ts", "attention.ts", "elementwise.ts", "convert.ts"] }];
+const KERNELS = [
+  { name: "kernels", entries: ["matmul.ts", "q8.ts", "kquants.ts", "legacy.ts", "dispatch.ts", "attention.ts", "elementwise.ts", "convert.ts"] },
+];
 const DIR = "src/model/compute/kernels";
 // Shared memory (threads) and 128-bit SIMD; no relaxed SIMD, so every engine rounds alike.
 const FLAGS = [
