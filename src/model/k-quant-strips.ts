@@ -5,7 +5,7 @@ import { type KDType, kBlockBytes, QK_K, q4kQuant, q4kScaleMin, q5kQuant, q6kQua
  * The K STRIP LAYOUT that kernels/assembly/kquants.ts reads (stated there in full): a strip of 8
  * rows is a group per super-block; in a group, the 8 rows' f16 scales, their sub-block scales
  * (and q4_k's mins) as bytes, then each half strip's quantized weights, four rows interleaved
- * in pairs of columns (kSlot), then q5_k's fifth bits. q4_k: 1184 bytes a group (4.625 bits a
+ * in quads of columns (kSlot), then q5_k's fifth bits. q4_k: 1184 bytes a group (4.625 bits a
  * weight: ggml's packed 6-bit scales are unpacked to bytes); q5_k: 1440 (5.625); q6_k: 1680
  * (6.5625, ggml's own).
  */
@@ -26,9 +26,12 @@ function q5BitPlace(k: number, i: number): number {
   return (Q4K_GROUP + (k >> 2) * 128 + (i >> 5) * 16 + (e & 15)) * 8 + (e >> 4);
 }
 
-/** Index e of column i of row k (of a half strip) within its sub-block: pairs of columns, four rows each. */
+/**
+ * Index e of column i of row k (of a half strip) within its sub-block: quads of columns, four rows
+ * each, so 16 consecutive e are four columns of four rows, the bytes the relaxed dot sums per lane.
+ */
 function kSlot(k: number, i: number): number {
-  return (i >> 1) * 8 + (k & 3) * 2 + (i & 1);
+  return (i >> 2) * 16 + (k & 3) * 4 + (i & 3);
 }
 
 /** Where weight i (0..255) of row k of a q4_k group sits: its byte * 2 + 1 if in the high nibble. */

@@ -20,8 +20,33 @@
 // a group: 4.5, 5, 5.5 and 6 bits a weight, ggml's own.
 
 import { f16ext } from "./f16";
-import { bit0to4, bit1to4, highNibble, next2, q4Dot } from "./kquants";
+import { bit0to4, bit1to4, highNibble, next2 } from "./kquants";
 import { scalesOf, sumsOf } from "./q8";
+
+/**
+ * One half strip's block dot (4 rows in lanes) against one token: wq its 64 nibble bytes, xj the
+ * token's 16 splatted pairs. The high nibbles are taken times 16 (an and, no shift) into their
+ * own sums, divided once at the end (exact).
+ */
+@inline function q4Dot(five: bool, wq: usize, hb: v128, xj: usize): v128 {
+  const m = i8x16.splat(0x0f);
+  const mh = i8x16.splat(<i8>0xf0);
+  let il = i32x4.splat(0);
+  let ih = il;
+  let h = hb;
+  for (let u: usize = 0; u < 64; u += 16) {
+    const v = v128.load(wq + u);
+    // q5: the fifth bits of quad u are bits 2u (low nibbles) and 2u + 1 (high) of hb: h holds
+    // them at bits 0 and 1 (moved down 2 a quad), each set in as 16.
+    const lo = five ? v128.or(v128.and(v, m), bit0to4(h)) : v128.and(v, m);
+    const hi = five ? v128.or(highNibble(v), bit1to4(h)) : v128.and(v, mh);
+    if (five) h = next2(h);
+    const x = xj + (u << 2);
+    il = i32x4.add(il, i32x4.add(i32x4.dot_i16x8_s(i16x8.extend_low_i8x16_u(lo), v128.load(x)), i32x4.dot_i16x8_s(i16x8.extend_high_i8x16_u(lo), v128.load(x, 16))));
+    ih = i32x4.add(ih, i32x4.add(i32x4.dot_i16x8_s(i16x8.extend_low_i8x16_u(hi), v128.load(x, 32)), i32x4.dot_i16x8_s(i16x8.extend_high_i8x16_u(hi), v128.load(x, 48))));
+  }
+  return i32x4.add(il, five ? ih : i32x4.shr_s(ih, 4));
+}
 
 /** Bytes of one quantized token row of n (q8.ts's qRowBytes, restated: the two must agree). */
 @inline function qRowBytes(n: i32): usize {
@@ -41,7 +66,7 @@ import { scalesOf, sumsOf } from "./q8";
  * sum_j u_j q_j of one half strip's block (4 rows in lanes) against one token's 16 splatted
  * pairs at xp: nib its 64 nibble bytes, bits its 16 fifth-bit bytes (five only). The nibble
  * quads and the fifth-bit plane are laid out as q4_k's and q5_k's sub-blocks (bit t of byte b
- * is e = 16t + b), so this is kquants.ts's sub-block dot.
+ * is e = 16t + b), so the unpacking is kquants.ts's.
  */
 @inline function halfDot(five: bool, nib: usize, bits: usize, xp: usize): v128 {
   return q4Dot(five, nib, five ? v128.load(bits) : i32x4.splat(0), xp);
