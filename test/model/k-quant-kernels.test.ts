@@ -1,10 +1,10 @@
 import { afterAll, describe, expect, test } from "bun:test";
-import { f16Bits } from "../../src/model/f16-bits.ts";
-import { matmulQ4KRef, matmulQ6KRef } from "../../src/model/k-quant-ref.ts";
-import { kBlockBytes } from "../../src/model/k-quants.ts";
-import { MatmulKernel, matmulRef } from "../../src/model/matmul.ts";
-import { castMatrix, dequantize, type PackedMatrix } from "../../src/model/packed.ts";
-import { toFloat32 } from "../../src/model/raw-tensor.ts";
+import { f16Bits } from "../../src/model/compute/f16-bits.ts";
+import { matmulQ4KRef, matmulQ6KRef } from "../../src/model/compute/k-quant-ref.ts";
+import { kBlockBytes } from "../../src/model/compute/k-quants.ts";
+import { MatmulKernel, matmulRef } from "../../src/model/compute/matmul.ts";
+import { castMatrix, dequantize, type PackedMatrix } from "../../src/model/compute/packed.ts";
+import { toFloat32 } from "../../src/model/load/raw-tensor.ts";
 import { readFileSync } from "node:fs";
 import binaryen from "assemblyscript/binaryen";
 import { bits } from "./helpers.ts";
@@ -223,7 +223,7 @@ describe("the relaxed dot's condition (kquants.ts, THE RELAXED DOT)", () => {
   }
 
   test("the kernel module validates, and its one relaxed instruction is i16x8.relaxed_dot_i8x16_i7x16_s", () => {
-    const bytes = readFileSync(new URL("../../src/model/kernels/kernels.wasm", import.meta.url));
+    const bytes = readFileSync(new URL("../../src/model/compute/kernels/kernels.wasm", import.meta.url));
     expect(WebAssembly.validate(bytes)).toBe(true);
     const m = binaryen.readBinary(new Uint8Array(bytes));
     const text = m.emitText();
