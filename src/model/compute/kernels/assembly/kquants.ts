@@ -67,9 +67,26 @@ export const Q4K_GROUP: usize = 1184;
 export const Q5K_GROUP: usize = 1440;
 export const Q6K_GROUP: usize = 1680;
 
-/** Bytes of one quantized token row of n (a multiple of 256). */
+/**
+ * Bytes of one token row of n quantized in i8 quads with a scale per 2^shift elements (QUANTIZED
+ * X; shift 8 here, 5 for legacy.ts): the quads, the scales, the per-16 sums.
+ */
+@inline export function quadRowBytes(n: i32, shift: i32): usize {
+  return (<usize>(4 * n + ((n >> shift) << 2) + (n >> 2)) + 15) & ~15;
+}
+
+/** Where a quad row's scales start: after its n / 4 quads of 16 bytes. */
+@inline export function quadScales(xq: usize, n: i32): usize {
+  return xq + (<usize>n << 2);
+}
+
+/** Where a quad row's per-16 sums start: after its scales. */
+@inline export function quadSums(xq: usize, n: i32, shift: i32): usize {
+  return xq + (<usize>n << 2) + (<usize>(n >> shift) << 2);
+}
+
 @inline function kRowBytes(n: i32): usize {
-  return (<usize>(4 * n + (n >> 6) + (n >> 2)) + 15) & ~15;
+  return quadRowBytes(n, 8);
 }
 
 export function k_row_bytes(n: i32): i32 {
@@ -77,44 +94,53 @@ export function k_row_bytes(n: i32): i32 {
 }
 
 @inline function scalesAt(xq: usize, n: i32): usize {
-  return xq + (<usize>n << 2);
+  return quadScales(xq, n);
 }
 
 @inline function sumsAt(xq: usize, n: i32): usize {
-  return xq + (<usize>n << 2) + (<usize>(n >> 8) << 2);
+  return quadSums(xq, n, 8);
 }
 
 /** rows token rows of n f32 at x into the quantized layout at dst (see QUANTIZED X); n % 256 == 0. */
 export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
-  const qb = kRowBytes(n);
-  const blocks = n >> 8;
+  quantizeQuads(dst, x, rows, n, 8);
+}
+
+/**
+ * rows token rows of n f32 at x into i8 quads at dst, a scale per block of 2^shift elements
+ * (shift >= 4; see QUANTIZED X, whose rules every block follows); n a multiple of the block.
+ */
+@inline export function quantizeQuads(dst: usize, x: usize, rows: i32, n: i32, shift: i32): void {
+  const qb = quadRowBytes(n, shift);
+  const blocks = n >> shift;
+  const bb: usize = <usize>4 << shift;
   const lim = f32x4.splat(127);
   const nlim = f32x4.splat(-127);
   for (let r = 0; r < rows; r++) {
     const xr = x + <usize>r * (<usize>n << 2);
     const qr = dst + <usize>r * qb;
-    const sr = scalesAt(qr, n);
-    const ur = sumsAt(qr, n);
+    const sr = quadScales(qr, n);
+    const ur = quadSums(qr, n, shift);
     for (let b = 0; b < blocks; b++) {
-      const xp = xr + (<usize>b << 10);
+      const xp = xr + <usize>b * bb;
       let m = f32x4.abs(v128.load(xp));
-      for (let i: usize = 16; i < 1024; i += 16) m = f32x4.max(m, f32x4.abs(v128.load(xp + i)));
+      for (let i: usize = 16; i < bb; i += 16) m = f32x4.max(m, f32x4.abs(v128.load(xp + i)));
       const a = max(max(f32x4.extract_lane(m, 0), f32x4.extract_lane(m, 1)), max(f32x4.extract_lane(m, 2), f32x4.extract_lane(m, 3)));
       const s: f32 = a / 127;
       const inv = f32x4.splat(s == 0 ? 0 : <f32>1 / s);
       store<f32>(sr + (<usize>b << 2), s);
       // 16 elements (64 bytes of x) per step: one sum each.
-      for (let i: usize = 0; i < 1024; i += 64) {
+      for (let i: usize = 0; i < bb; i += 64) {
         const q0 = quant4(v128.load(xp + i), inv, lim, nlim);
         const q1 = quant4(v128.load(xp + i, 16), inv, lim, nlim);
         const q2 = quant4(v128.load(xp + i, 32), inv, lim, nlim);
         const q3 = quant4(v128.load(xp + i, 48), inv, lim, nlim);
         const t = i32x4.add(i32x4.add(q0, q1), i32x4.add(q2, q3));
         const sum = i32x4.extract_lane(t, 0) + i32x4.extract_lane(t, 1) + i32x4.extract_lane(t, 2) + i32x4.extract_lane(t, 3);
-        store<i32>(ur + (<usize>b << 6) + (i >> 4), sum);
+        store<i32>(ur + ((<usize>b * bb + i) >> 4), sum);
         // |q| <= 127: both narrowings are exact. Quad j of the 16 splatted at 16 j.
         const q = i8x16.narrow_i16x8_s(i16x8.narrow_i32x4_s(q0, q1), i16x8.narrow_i32x4_s(q2, q3));
-        const o = qr + (<usize>b << 10) + i;
+        const o = qr + <usize>b * bb + i;
         v128.store(o, i32x4.shuffle(q, q, 0, 0, 0, 0));
         v128.store(o, i32x4.shuffle(q, q, 1, 1, 1, 1), 16);
         v128.store(o, i32x4.shuffle(q, q, 2, 2, 2, 2), 32);
@@ -150,17 +176,17 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
  * s + the pair sums of x (16 i8, |x| <= 127) by q (16 bytes, each in 0..127): the relaxed dot
  * under the condition that makes it exact (THE RELAXED DOT); the caller bounds how many it adds.
  */
-@inline function rdot(s: v128, x: v128, q: v128): v128 {
+@inline export function rdot(s: v128, x: v128, q: v128): v128 {
   return i16x8.add(s, i16x8.relaxed_dot_i8x16_i7x16_s(x, q));
 }
 
 /** Adjacent i16 lanes summed into i32 (a row's two pair sums into its lane), exactly. */
-@inline function widen(s: v128): v128 {
+@inline export function widen(s: v128): v128 {
   return i32x4.dot_i16x8_s(s, i16x8.splat(1));
 }
 
 /** s + the dots of one nibble quad's low (lo) and high (hi) values against a token's two splatted x quads at x. */
-@inline function dot2(s: v128, x: usize, lo: v128, hi: v128): v128 {
+@inline export function dot2(s: v128, x: usize, lo: v128, hi: v128): v128 {
   return rdot(rdot(s, v128.load(x), lo), v128.load(x, 16), hi);
 }
 
@@ -186,13 +212,13 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
 }
 
 /** A nibble quad's low values: 0..15, or with q5_k's fifth bit (bit 0 of h) 0..31. */
-@inline function lowOf(five: bool, v: v128, h: v128): v128 {
+@inline export function lowOf(five: bool, v: v128, h: v128): v128 {
   const lo = v128.and(v, i8x16.splat(0x0f));
   return five ? v128.or(lo, bit0to4(h)) : lo;
 }
 
 /** A nibble quad's high values: 0..15, or with q5_k's fifth bit (bit 1 of h) 0..31. */
-@inline function highOf(five: bool, v: v128, h: v128): v128 {
+@inline export function highOf(five: bool, v: v128, h: v128): v128 {
   return five ? v128.or(highNibble(v), bit1to4(h)) : highNibble(v);
 }
 
@@ -201,7 +227,7 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
  * w its 64 nibble bytes, hb q5_k's fifth-bit plane of it, xj the token's 8 splatted x quads. Two
  * i16 sums of 4 pairs a lane each (q4_k adds them before widening: 8 pairs; q5_k widens each).
  */
-@inline function q4Sub(five: bool, w: usize, hb: v128, xj: usize): v128 {
+@inline export function q4Sub(five: bool, w: usize, hb: v128, xj: usize): v128 {
   let s = i16x8.splat(0);
   let t = s;
   let h = hb;
