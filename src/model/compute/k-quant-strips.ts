@@ -40,6 +40,11 @@ function q4Place(k: number, i: number): number {
   return (160 + (k >> 2) * 512 + (i >> 5) * 64 + (e >> 5) * 16 + (e & 15)) * 2 + ((e >> 4) & 1);
 }
 
+/** Where the min of sub-block j of row k (of a half strip) sits among its half's 32: pairs of sub-blocks, four rows each. */
+function minSlot(k: number, j: number): number {
+  return (j >> 1) * 8 + (k & 3) * 2 + (j & 1);
+}
+
 /** Bits 4..5 of h take e 0..15, 2..3 e 16..31, 0..1 e 32..47, 6..7 e 48..63 (kquants.ts's unpacking). */
 const Q6_SHIFT = [4, 2, 0, 6];
 
@@ -84,7 +89,7 @@ export function packKStrip(kt: KDType, src: Uint8Array, rows: number, n: number,
         for (let j = 0; j < 8; j++) {
           const sm = q4kScaleMin(src, at, j);
           out[g + 32 + half * 32 + j * 4 + kk] = sm & 0xff;
-          out[g + 96 + half * 32 + j * 4 + kk] = sm >> 8;
+          out[g + 96 + half * 32 + minSlot(kk, j)] = sm >> 8;
         }
         for (let i = 0; i < QK_K; i++) {
           const q = kt === "q5_k" ? q5kQuant(src, at, i) : q4kQuant(src, at, i);
@@ -129,7 +134,7 @@ export function readKStripRow(kt: KDType, u8: Uint8Array, base: number, k: numbe
         q |= ((u8[g + (b5 >> 3)]! >> (b5 & 7)) & 1) << 4;
       }
       const sc = u8[g + 32 + half * 32 + (i >> 5) * 4 + kk]!;
-      const m = u8[g + 96 + half * 32 + (i >> 5) * 4 + kk]!;
+      const m = u8[g + 96 + half * 32 + minSlot(kk, i >> 5)]!;
       out[outAt + j - j0] = d * sc * q - dmin * m;
     }
   }

@@ -7,7 +7,8 @@
 // 1 / s_b), -127), 127)) (a NaN gives 0; every step in f32), so |q_j| <= 127 always. Row layout:
 // the values as i8, each quad (j .. j + 3, j % 4 == 0) splatted over a v128 (16 bytes a quad: the
 // kernels load it whole; a load32_splat measured slower under Bun), then the n / 256 scales s_b
-// as f32, then the n / 16 sums of q over each 16 elements as i32.
+// as f32, then the n / 16 sums of q over each 16 elements as i32, then per super-block its 8
+// sums over each 32 elements as i16 (|sum| <= 32 * 127), one v128 for q4_k's and q5_k's mins.
 //
 // THE K ORDER. Per output (weight row, token row), one running f32 sum from 0 over the
 // super-blocks in order:
@@ -45,7 +46,8 @@
 // e = (i >> 2) * 16 + k * 4 + (i & 3), so 16 consecutive e are four columns of four rows, the
 // four bytes the relaxed dot sums into each row's pair of lanes, against x's splatted quad.
 //   q4_k group (1184 bytes): d of rows 0..7 (f16), dmin of rows 0..7 (f16), scales as u8 at
-//     32 + half * 32 + j * 4 + k, mins likewise at 96, then the nibbles at 160 + half * 512 +
+//     32 + half * 32 + j * 4 + k, mins at 96 + half * 32 + (j >> 1) * 8 + k * 2 + (j & 1) (pairs of
+//     sub-blocks, which i32x4.dot_i16x8_s takes against x's per-32 sums), then the nibbles at 160 + half * 512 +
 //     j * 64: 4 quads of 16 bytes, byte b of quad u holding e = 32u + b low and e = 32u + 16 + b
 //     high (columns 8u .. 8u + 3 low, 8u + 4 .. 8u + 7 high). (The 6-bit scales and mins are
 //     unpacked to bytes: 4.625 bits a weight where ggml's block is 4.5.)
@@ -69,10 +71,11 @@ export const Q6K_GROUP: usize = 1680;
 
 /**
  * Bytes of one token row of n quantized in i8 quads with a scale per 2^shift elements (QUANTIZED
- * X; shift 8 here, 5 for legacy.ts): the quads, the scales, the per-16 sums.
+ * X; shift 8 here, 5 for legacy.ts): the quads, the scales, the per-16 sums, and for shift 8 the
+ * per-32 sums as i16.
  */
 @inline export function quadRowBytes(n: i32, shift: i32): usize {
-  return (<usize>(4 * n + ((n >> shift) << 2) + (n >> 2)) + 15) & ~15;
+  return (<usize>(4 * n + ((n >> shift) << 2) + (n >> 2) + (shift == 8 ? n >> 4 : 0)) + 15) & ~15;
 }
 
 /** Where a quad row's scales start: after its n / 4 quads of 16 bytes. */
@@ -99,6 +102,11 @@ export function k_row_bytes(n: i32): i32 {
 
 @inline function sumsAt(xq: usize, n: i32): usize {
   return quadSums(xq, n, 8);
+}
+
+/** Where a K row's per-32 sums (i16, a v128 a super-block) start: after its per-16 sums. */
+@inline function sums32At(xq: usize, n: i32): usize {
+  return quadSums(xq, n, 8) + (<usize>n >> 2);
 }
 
 /** rows token rows of n f32 at x into the quantized layout at dst (see QUANTIZED X); n % 256 == 0. */
@@ -145,6 +153,11 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
         v128.store(o, i32x4.shuffle(q, q, 1, 1, 1, 1), 16);
         v128.store(o, i32x4.shuffle(q, q, 2, 2, 2, 2), 32);
         v128.store(o, i32x4.shuffle(q, q, 3, 3, 3, 3), 48);
+      }
+      if (shift == 8) {
+        const u = ur + (<usize>b << 6);
+        const o = quadSums(qr, n, 8) + (<usize>n >> 2) + (<usize>b << 4);
+        for (let j: usize = 0; j < 8; j++) store<i16>(o + (j << 1), <i16>(load<i32>(u + (j << 3)) + load<i32>(u + (j << 3), 4)));
       }
     }
   }
@@ -244,7 +257,7 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
   return five ? i32x4.add(widen(s), widen(t)) : widen(i16x8.add(s, t));
 }
 
-/** A half strip's q4_k (q5_k when five) super-block sum term for one token: f32(A) * (d * s) - f32(B) * (dmin * s). */
+/** A half strip's q4_k (q5_k when five) super-block sum term for one token: f32(A) * (d * s) - f32(B) * (dmin * s), B from the per-32 sums at sums. */
 @inline function q4Term(five: bool, g: usize, half: usize, xb: usize, s: f32, sums: usize): v128 {
   let a = i32x4.splat(0);
   const wq = g + 160 + half * 512;
@@ -261,14 +274,18 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
   return f32x4.sub(f32x4.mul(f32x4.convert_i32x4_s(a), dv), f32x4.mul(f32x4.convert_i32x4_s(minSum(mn, sums)), mv));
 }
 
-/** B = sum_j m_j * (sum of x over sub-block j), the mins at mn (4 rows a sub-block), the token's per-16 sums at sums. */
-@inline function minSum(mn: usize, sums: usize): v128 {
-  let b = i32x4.splat(0);
-  for (let j: usize = 0; j < 8; j++) {
-    const xs = load<i32>(sums + (j << 3)) + load<i32>(sums + (j << 3), 4);
-    b = i32x4.add(b, i32x4.mul(u8x4(mn + (j << 2)), i32x4.splat(xs)));
-  }
-  return b;
+/**
+ * B = sum_j m_j * (sum of x over sub-block j) for 4 rows (lanes): the mins at mn in pairs of
+ * sub-blocks, against the token's per-32 sums at xs (i16x8), a pair splatted per dot. Every
+ * product and sum is exact in i32 (|B| < 2^21), so this is the integer B of THE K ORDER.
+ */
+@inline function minSum(mn: usize, xs: usize): v128 {
+  const s = v128.load(xs);
+  const b0 = i32x4.dot_i16x8_s(v128.load8x8_u(mn), i32x4.shuffle(s, s, 0, 0, 0, 0));
+  const b1 = i32x4.dot_i16x8_s(v128.load8x8_u(mn, 8), i32x4.shuffle(s, s, 1, 1, 1, 1));
+  const b2 = i32x4.dot_i16x8_s(v128.load8x8_u(mn, 16), i32x4.shuffle(s, s, 2, 2, 2, 2));
+  const b3 = i32x4.dot_i16x8_s(v128.load8x8_u(mn, 24), i32x4.shuffle(s, s, 3, 3, 3, 3));
+  return i32x4.add(i32x4.add(b0, b1), i32x4.add(b2, b3));
 }
 
 /** A half strip (rows 4 * half ..) of q4_k (q5_k when five) at sp against one quantized token row xq. */
@@ -276,10 +293,10 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
   const blocks = n >> 8;
   let acc = f32x4.splat(0);
   const sr = scalesAt(xq, n);
-  const ur = sumsAt(xq, n);
+  const ur = sums32At(xq, n);
   for (let c = 0; c < blocks; c++) {
     const g = sp + <usize>c * (five ? Q5K_GROUP : Q4K_GROUP);
-    acc = f32x4.add(acc, q4Term(five, g, half, xq + (<usize>c << 10), load<f32>(sr + (<usize>c << 2)), ur + (<usize>c << 6)));
+    acc = f32x4.add(acc, q4Term(five, g, half, xq + (<usize>c << 10), load<f32>(sr + (<usize>c << 2)), ur + (<usize>c << 4)));
   }
   return acc;
 }
@@ -295,7 +312,7 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
   const z = i32x4.splat(0);
   for (let t: usize = 0; t < 4; t++) v128.store(yo + t * ys, z);
   const sr = scalesAt(xq, n);
-  const ur = sumsAt(xq, n);
+  const ur = sums32At(xq, n);
   for (let c = 0; c < blocks; c++) {
     const g = sp + <usize>c * (five ? Q5K_GROUP : Q4K_GROUP);
     const wq = g + 160 + half * 512;
@@ -345,14 +362,14 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
     }
     const dq = f16at(g + (half << 3));
     const dm = f16at(g + 16 + (half << 3));
-    q4Finish(yo, a0, dq, dm, mn, sr + (<usize>c << 2), ur + (<usize>c << 6));
-    q4Finish(yo + ys, a1, dq, dm, mn, sr + qb + (<usize>c << 2), ur + qb + (<usize>c << 6));
-    q4Finish(yo + 2 * ys, a2, dq, dm, mn, sr + 2 * qb + (<usize>c << 2), ur + 2 * qb + (<usize>c << 6));
-    q4Finish(yo + 3 * ys, a3, dq, dm, mn, sr + 3 * qb + (<usize>c << 2), ur + 3 * qb + (<usize>c << 6));
+    q4Finish(yo, a0, dq, dm, mn, sr + (<usize>c << 2), ur + (<usize>c << 4));
+    q4Finish(yo + ys, a1, dq, dm, mn, sr + qb + (<usize>c << 2), ur + qb + (<usize>c << 4));
+    q4Finish(yo + 2 * ys, a2, dq, dm, mn, sr + 2 * qb + (<usize>c << 2), ur + 2 * qb + (<usize>c << 4));
+    q4Finish(yo + 3 * ys, a3, dq, dm, mn, sr + 3 * qb + (<usize>c << 2), ur + 3 * qb + (<usize>c << 4));
   }
 }
 
-/** y at yo += f32(a) * (d * s) - f32(B) * (dmin * s) for one token (B from its sums), as q4Term. */
+/** y at yo += f32(a) * (d * s) - f32(B) * (dmin * s) for one token (B from its per-32 sums), as q4Term. */
 @inline function q4Finish(yo: usize, a: v128, dq: v128, dm: v128, mn: usize, sp: usize, sums: usize): void {
   const sv = f32x4.splat(load<f32>(sp));
   const t = f32x4.sub(f32x4.mul(f32x4.convert_i32x4_s(a), f32x4.mul(dq, sv)), f32x4.mul(f32x4.convert_i32x4_s(minSum(mn, sums)), f32x4.mul(dm, sv)));
