@@ -4,7 +4,8 @@ import type { Engine, Finish } from "../engine/index.ts";
 import { type CompiledConstraint, compilerFor, ConstraintError, constraintHash, type ConstraintSpec, type TokenMatcher } from "../grammar/index.ts";
 import { type ChatRenderer, grammarVocab, type Tokenizer } from "../tokenizer/index.ts";
 import { endSpan, extractHeaders, log, SpanKind, startSpan, type Attributes, type Span } from "../obs/index.ts";
-import { LIMITS, parseCompletion, samplingOf, type CompletionKind, type CompletionParams } from "./completion-request.ts";
+import { LIMITS, parseCompletion, samplingOf, type CompletionParams } from "./completion-request.ts";
+import type { CompletionKind } from "./openai-params.ts";
 import { completionResponse } from "./completion-response.ts";
 import { errorResponse, HttpError } from "./errors.ts";
 import { TokenQueue } from "./token-queue.ts";
@@ -390,7 +391,7 @@ class EngineHttp {
       blockIdsOfHandle = claimForResume(ctx.receiver, handleId, params.promptTokens);
     } catch (e) {
       if (!(e instanceof ResumeError)) throw e;
-      throw e.kind === "unknown" ? new HttpError(404, e.message, "not_found_error") : new HttpError(409, e.message, "conflict_error");
+      throw e.kind === "unknown" ? new HttpError(404, e.rawMessage, "not_found_error") : new HttpError(409, e.rawMessage, "conflict_error");
     }
     const claimed = { blockIds: blockIdsOfHandle, nTokens: params.promptTokens.length };
     const out: ResumeKv[] = [{ blockIds: claimed.blockIds, firstToken: firstTokens[0]!, draws, choice: choices[0]! }];
