@@ -17,7 +17,7 @@ export {
 } from "./codec/index.ts";
 export { Pcg32, stream, resumeRng, sample, type SamplingConfig } from "./rng/index.ts";
 export { KvPool } from "./pool/index.ts";
-export { Engine, type EngineOptions, type EngineRequest, type ModelRunner, type SeqChunk, type Finish, type SamplingParams } from "./engine/index.ts";
+export { Engine, type EngineOptions, type EngineRequest, type ModelPort, type SeqChunk, type Finish, type SamplingParams } from "./engine/index.ts";
 export {
   Transformer,
   loadSyntheticModel,
