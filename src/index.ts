@@ -18,15 +18,8 @@ export {
 export { Pcg32, stream, resumeRng, sample, type SamplingConfig } from "./rng/index.ts";
 export { KvPool } from "./pool/index.ts";
 export { Engine, type EngineOptions, type EngineRequest, type ModelPort, type SeqChunk, type Finish, type SamplingParams } from "./engine/index.ts";
-export {
-  Transformer,
-  loadSyntheticModel,
-  loadLlama2cCheckpoint,
-  loadLlama2cTokenizer,
-  ByteTokenizer,
-  type Tokenizer,
-  type ModelConfig,
-} from "./model/index.ts";
+export { Transformer, loadSyntheticModel, loadLlama2cCheckpoint, type ModelConfig } from "./model/index.ts";
+export { loadLlama2cTokenizer, ByteTokenizer, type Tokenizer } from "./tokenizer/index.ts";
 export { KvReceiver, serveKv, RoutingTransport, transfer, TransferError, KvError, type KvTransport, type TransferStats } from "./transfer/index.ts";
 export { Heartbeat, GrpcRegistry } from "./control/index.ts";
 export { serveGrpc, grpcClient, Code } from "./rpc/index.ts";
