@@ -149,53 +149,23 @@ export class Engine {
   submit(req: EngineRequest): Promise<Finish> {
     assert(!this.byId.has(req.requestId), `request ${req.requestId} already in flight`);
     return new Promise<Finish>((resolve) => {
-      const s = req.sampling;
-      const r = req.resume;
-      const seq = new Sequence({
-        requestId: req.requestId,
-        promptTokens: req.promptTokens,
-        sampling: s,
-        rng: s.temperature <= 0 ? null : r ? resumeRng(s.seed, r.draws) : stream(s.seed, SAMPLE_STREAM),
-        prefillOnly: req.prefillOnly ?? false,
-        prefillChoices: req.choices ?? 1,
-        onToken: req.onToken ?? (() => {}),
-        onFinish: (f) => {
-          resolve(f);
-          for (const listen of this.finishListeners) listen(f);
-        },
-        vocabSize: this.model.vocabSize,
-        kv: r ? this.kv.adopt(r.blockIds) : this.kv.open(),
+      const seq = this.sequenceOf(req, (f) => {
+        resolve(f);
+        for (const listen of this.finishListeners) listen(f);
       });
-      seq.arrivedMs = this.now();
-      if (req.constraint) {
-        seq.constraint = req.constraint;
-        seq.mask = new Int32Array(req.constraint.words);
-      }
-      if (r && seq.constraint && !seq.constraint.accept(r.firstToken)) {
-        seq.constraint.dispose();
-        this.kv.free(seq.kv);
-        seq.onFinish({ ...this.summary(seq, "error"), error: `the first token ${r.firstToken} does not fit the request's structured output` });
-        return;
-      }
-      if (!r && this.kv.blocksFor(seq.promptLen + 1) > this.kv.total) {
+      const refused = this.refusal(seq, req);
+      if (refused !== null) {
         seq.constraint?.dispose();
-        seq.onFinish({ ...this.summary(seq, "error"), error: `prompt of ${seq.promptLen} tokens does not fit a pool of ${this.kv.total} blocks` });
+        this.kv.free(seq.kv);
+        seq.onFinish({ ...this.summary(seq, "error"), error: refused });
         return;
       }
       this.byId.set(seq.requestId, seq);
-      if (!r) {
+      if (req.resume) this.resume(seq, req.resume);
+      else {
         this.scheduler.enqueue(seq);
         this.kick();
-        return;
       }
-      assert(r.blockIds.length === this.kv.blocksFor(seq.promptLen), "resume blocks do not cover the prompt");
-      seq.numComputed = seq.promptLen;
-      seq.hashUpTo(seq.promptLen, this.kv.blockTokens);
-      seq.draws = r.draws;
-      seq.resumed = true;
-      this.scheduler.admitComputed(seq);
-      // The first token was sampled and emitted elsewhere; it is only the next input here.
-      if (this.appendToken(seq, r.firstToken, false)) this.kick();
     });
   }
 
@@ -213,6 +183,46 @@ export class Engine {
     const end = Date.now() + Math.max(0, deadlineMs);
     while (this.byId.size > 0 && Date.now() < end) await Bun.sleep(Math.min(10, end - Date.now()));
     return this.byId.size;
+  }
+
+  private sequenceOf(req: EngineRequest, onFinish: (f: Finish) => void): Sequence {
+    const s = req.sampling;
+    const r = req.resume;
+    const seq = new Sequence({
+      requestId: req.requestId,
+      promptTokens: req.promptTokens,
+      sampling: s,
+      rng: s.temperature <= 0 ? null : r ? resumeRng(s.seed, r.draws) : stream(s.seed, SAMPLE_STREAM),
+      prefillOnly: req.prefillOnly ?? false,
+      prefillChoices: req.choices ?? 1,
+      onToken: req.onToken ?? (() => {}),
+      onFinish,
+      vocabSize: this.model.vocabSize,
+      kv: r ? this.kv.adopt(r.blockIds) : this.kv.open(),
+      constraint: req.constraint ?? null,
+    });
+    seq.arrivedMs = this.now();
+    return seq;
+  }
+
+  /** Why the request is refused before any work (its blocks, a resume's, go back), or null. */
+  private refusal(seq: Sequence, req: EngineRequest): string | null {
+    const r = req.resume;
+    if (r)
+      return seq.constraint && !seq.constraint.accept(r.firstToken) ? `the first token ${r.firstToken} does not fit the request's structured output` : null;
+    return this.kv.blocksFor(seq.promptLen + 1) > this.kv.total ? `prompt of ${seq.promptLen} tokens does not fit a pool of ${this.kv.total} blocks` : null;
+  }
+
+  /** A request another engine prefilled: its prompt is computed in the blocks adopted, its first token is the next input. */
+  private resume(seq: Sequence, r: NonNullable<EngineRequest["resume"]>): void {
+    assert(r.blockIds.length === this.kv.blocksFor(seq.promptLen), "resume blocks do not cover the prompt");
+    seq.numComputed = seq.promptLen;
+    seq.hashUpTo(seq.promptLen, this.kv.blockTokens);
+    seq.draws = r.draws;
+    seq.resumed = true;
+    this.scheduler.admitComputed(seq);
+    // The first token was sampled and emitted elsewhere; it is only the next input here.
+    if (this.appendToken(seq, r.firstToken, false)) this.kick();
   }
 
   /**

@@ -87,6 +87,8 @@ export interface SequenceInit {
   vocabSize: number;
   /** Its table of blocks, from the engine's KvCacheManager (empty, or a resumed prompt's). */
   kv: KvBlocks;
+  /** A structured output's matcher, or null. */
+  constraint: TokenMatcher | null;
 }
 
 /**
@@ -124,8 +126,8 @@ export class Sequence {
   /** Prefill only: the first tokens of choices 1..n-1, sampled beside choice 0's. */
   moreChoices: FirstToken[] = [];
   /** A structured output's matcher (disposed when the sequence ends), and its mask's scratch; null when unconstrained. */
-  constraint: TokenMatcher | null = null;
-  mask: Int32Array | null = null;
+  readonly constraint: TokenMatcher | null;
+  readonly mask: Int32Array | null;
   /** The id of its matcher on the model thread (ModelPort.openConstraint), 0 until one is opened. */
   constraintId = 0;
   /**
@@ -150,6 +152,8 @@ export class Sequence {
     this.onToken = init.onToken;
     this.onFinish = init.onFinish;
     this.kv = init.kv;
+    this.constraint = init.constraint;
+    this.mask = init.constraint ? new Int32Array(init.constraint.words) : null;
     const processing = logitsConfigOf(init.sampling);
     this.processing = isIdentity(processing) ? null : compileLogits(processing);
     this.history = this.processing ? new TokenHistory(init.promptTokens, processing.repetitionPenalty !== 1, init.vocabSize) : null;

@@ -43,6 +43,7 @@ function setup(blocks: number, maxBatchTokens = 16, maxRunning = 8) {
       onFinish: () => {},
       vocabSize: 64,
       kv: kv.open(),
+      constraint: null,
     });
   const step = () => new Step(pool, new Float32Array(0), () => {});
   /** What postprocess does with a step: positions computed, and a token appended where a row reached its end. */
