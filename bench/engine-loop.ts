@@ -89,12 +89,12 @@ export async function engineLoop(
   const shape = kvShapeOf(cfg, BLOCK);
   // As engines make it (kvPoolFor): in the model kernels' memory, where attention reads it in place.
   const room = (await kvSlab?.(blocks * blockPayloadBytes(shape))) ?? null;
-  const pool = new KvPool(shape, blocks, room ?? { shared: model instanceof ModelWorker });
+  const pool = new KvPool(shape, blocks, room ?? { shared: model instanceof WorkerPort });
   const engine = new Engine({ model, pool, maxModelLen: cfg.maxSeqLen, maxBatchTokens: 512, maxRunning: batch, pipelineDepth: DEPTH });
   const probe = probeDelay ? delayProbe() : null;
   let first = 0;
   let decoded = 0;
-  const counters = () => (model instanceof ModelWorker ? model.counters : null);
+  const counters = () => (model instanceof WorkerPort ? model.worker.counters : null);
   let atFirst = counters();
   let cpuFirst: number | null = null;
   await Promise.all(

@@ -72,7 +72,7 @@ export interface ModelThreadCounters {
 }
 
 /**
- * A model on its own thread, as the engine's model runner: the thread loads the weights and
+ * A model on its own thread, behind the engine's model port (WorkerPort, src/engine): the thread loads the weights and
  * runs each forward over the engine's shared KV slab while the engine's event loop stays free.
  *
  * Invariant: at most SLOTS forwards are in flight, each in its own slot (slotOf(gen)), and while one
@@ -183,7 +183,7 @@ export class ModelWorker {
    * the rows `sampling` names are sampled on the model thread (by the engine's own sampler), and
    * the promise settles with their tokens by row (-1 elsewhere; a view valid until that slot's
    * next forward is posted). A chunk token prevToken(r) is row r's sampled token of the forward before.
-   * `lazy`: it may settle together with the next one (see ModelRunner.forwardPipelined).
+   * `lazy`: it may settle together with the next one (see the engine's StepBatch.lazy).
    */
   forwardPipelined(pool: KvPool, batch: readonly SeqChunk[], out: Float32Array, sampling?: readonly (RowSampling | null)[], lazy = false): Promise<Int32Array> {
     return new Promise<Int32Array>((resolve, reject) => this.post(pool, batch, out, sampling, lazy, (sampled, e) => (e ? reject(e) : resolve(sampled!))));
@@ -309,7 +309,7 @@ export class ModelWorker {
   /** The vocabularies the thread has been sent (with the first constraint opened over each). */
   private readonly vocabsSent = new WeakSet<object>();
 
-  /** ModelRunner.openConstraint: the thread builds its twin of `matcher` before it reads a plan naming `id`. */
+  /** The engine's ModelPort.openConstraint: the thread builds its twin of `matcher` before it reads a plan naming `id`. */
   openConstraint(id: number, matcher: TokenMatcher, replay: readonly number[]): void {
     if (this.dead) return;
     const vocab = this.vocabsSent.has(matcher.vocab) ? undefined : { encoded: matcher.vocab.encoded, stopIds: matcher.vocab.stopIds };
@@ -320,7 +320,7 @@ export class ModelWorker {
     Atomics.store(this.ctrl, VER, this.version);
   }
 
-  /** ModelRunner.closeConstraint: no plan names `id` any more (one already posted finds none and samples unmasked). */
+  /** The engine's ModelPort.closeConstraint: no plan names `id` any more (one already posted finds none and samples unmasked). */
   closeConstraint(id: number): void {
     if (this.dead) return;
     this.worker.postMessage({ type: "constraint", version: this.version, close: id } satisfies ToModelThread);
