@@ -61,7 +61,9 @@ describe("KvCacheManager", () => {
             expect(t.kv.count).toBe(0);
             if (t.holder >= 0) steps[t.holder]!.waits.push(...ids);
           } else if (op === 4 && t) {
+            // A prefill hands its prompt off once every position of it is computed.
             const promptLen = arg % (t.kv.count * B + 1);
+            kv.markComputed(t.kv, hashesOf(t.family, t.kv.count), 0, promptLen);
             const ids = [...t.kv.ids];
             const out = kv.handOff(t.kv, promptLen);
             const n = Math.ceil(promptLen / B);
