@@ -1,14 +1,15 @@
 import assert from "node:assert";
 import type { TokenMatcher } from "../grammar/index.ts";
-import { LogitsError, resumeRng, stream, SAMPLE_STREAM, type TokenLogprobs } from "../rng/index.ts";
+import { resumeRng, stream, SAMPLE_STREAM, type TokenLogprobs } from "../rng/index.ts";
 import type { KvPool } from "../pool/index.ts";
 import { KvCacheManager } from "./kv-cache-manager.ts";
-import { type ModelPort, prevToken, SAMPLE_FAILED } from "./model-port.ts";
+import { type ModelPort, prevToken } from "./model-port.ts";
 import { Scheduler } from "./scheduler.ts";
 import { Sequence, type Finish, type FinishReason, type SamplingParams } from "./sequence.ts";
 import type { Step } from "./step.ts";
 import { StepPipeline } from "./step-pipeline.ts";
 import { TokenSampler } from "./token-sampler.ts";
+import { OutputProcessor } from "./output-processor.ts";
 
 export interface EngineOptions {
   model: ModelPort;
@@ -66,12 +67,12 @@ export interface EngineStats {
 /**
  * Continuous batching over a paged pool, one step at a time: the Scheduler picks the rows
  * (over the KvCacheManager's blocks), the StepPipeline runs them on the model (and, a pipelined
- * model, the decodes planned ahead while one runs), and postprocess records what was computed
- * and samples where a chunk reached the end of its tokens (TokenSampler).
+ * model, the decodes planned ahead while one runs), and the OutputProcessor records what each
+ * settled step computed, samples (TokenSampler) and ends requests.
  *
- * Invariant: every request submitted ends exactly once (its promise, then the finish listeners),
- * and by then every block it held is given back or handed to its caller; its blocks go back
- * only after every step in flight holding them settled (KvCacheManager).
+ * Invariant: one run of steps at a time (a step is under way, or one is scheduled, never two),
+ * and while any request waits or runs another is scheduled once it ends; a run that fails ends
+ * every request still queued or running, so none is stranded with its blocks.
  */
 export class Engine {
   readonly pool: KvPool;
@@ -82,6 +83,7 @@ export class Engine {
   private readonly scheduler: Scheduler;
   private readonly pipeline: StepPipeline;
   private readonly sampler: TokenSampler;
+  private readonly output: OutputProcessor;
   private readonly byId = new Map<string, Sequence>();
   private scheduled = false;
   /** A step is under way (its forward may be running on another thread). */
@@ -106,7 +108,17 @@ export class Engine {
       maxRunning: opts.maxRunning ?? 64,
       maxModelLen: opts.maxModelLen,
       now: this.now,
-      fail: (seq, error) => this.finish(seq, "error", error),
+      fail: (seq, error) => this.output.finish(seq, "error", error),
+      stats: this.stats,
+    });
+    this.output = new OutputProcessor({
+      kv: this.kv,
+      scheduler: this.scheduler,
+      sampler: this.sampler,
+      model,
+      maxModelLen: opts.maxModelLen,
+      now: this.now,
+      requests: this.byId,
       stats: this.stats,
     });
     const depth = model.pipelineDepth === undefined ? 1 : Math.max(1, Math.min(opts.pipelineDepth ?? 3, model.pipelineDepth));
@@ -117,7 +129,7 @@ export class Engine {
       depth,
       stats: this.stats,
       planAhead: (queue) => this.planAhead(queue),
-      postprocess: (step) => this.postprocess(step),
+      postprocess: (step) => this.output.postprocess(step),
     });
   }
 
@@ -157,7 +169,7 @@ export class Engine {
       if (refused !== null) {
         seq.constraint?.dispose();
         this.kv.free(seq.kv);
-        seq.onFinish({ ...this.summary(seq, "error"), error: refused });
+        seq.onFinish({ ...this.output.summary(seq, "error"), error: refused });
         return;
       }
       this.byId.set(seq.requestId, seq);
@@ -173,7 +185,7 @@ export class Engine {
   cancel(requestId: string, reason: FinishReason = "cancelled", error?: string): boolean {
     const seq = this.byId.get(requestId);
     if (!seq) return false;
-    this.finish(seq, reason, error);
+    this.output.finish(seq, reason, error);
     return true;
   }
 
@@ -222,7 +234,7 @@ export class Engine {
     seq.resumed = true;
     this.scheduler.admitComputed(seq);
     // The first token was sampled and emitted elsewhere; it is only the next input here.
-    if (this.appendToken(seq, r.firstToken, false)) this.kick();
+    if (this.output.appendToken(seq, r.firstToken, false)) this.kick();
   }
 
   /**
@@ -259,7 +271,7 @@ export class Engine {
     } catch (e) {
       // A model failure must not strand requests or their blocks.
       const msg = e instanceof Error ? e.message : String(e);
-      for (const seq of [...this.scheduler.running, ...this.scheduler.waiting]) this.finish(seq, "error", msg);
+      for (const seq of [...this.scheduler.running, ...this.scheduler.waiting]) this.output.finish(seq, "error", msg);
     } finally {
       this.stepping = false;
     }
@@ -292,96 +304,5 @@ export class Engine {
       step.sampling[r] = this.sampler.rowFor(seq, samples, ahead);
     }
     step.seal();
-  }
-
-  /**
-   * After the forward: the one place computed positions are recorded (fills, and hashes of
-   * newly full blocks registered for prefix hits), then sampling where a chunk reached the end
-   * of its tokens. A sequence cancelled meanwhile is skipped. Logits one sequence cannot be
-   * sampled from (LogitsError) end that sequence alone, with the error; the step goes on for
-   * the others, whose tokens are what they would have been without it.
-   */
-  private postprocess(step: Step): void {
-    const B = this.kv.blockTokens;
-    for (let i = 0; i < step.seqs.length; i++) {
-      const seq = step.seqs[i]!;
-      const n = step.counts[i]!;
-      if (seq.state !== "running") continue;
-      if (seq.numComputed >= seq.promptLen) this.stats.decodeTokens += n;
-      else this.stats.prefillTokens += n;
-      const from = seq.numComputed;
-      seq.numComputed += n;
-      seq.hashUpTo(seq.numComputed, B);
-      this.kv.markComputed(seq.kv, seq.hashes, from, seq.numComputed);
-      if (seq.numComputed < seq.tokens.length) continue;
-      // The model thread could not sample the row (SAMPLE_FAILED): sampled here from the same raw logits, it fails the same way.
-      const sampled = step.sampling[i] ? step.sampled![i]! : -1;
-      try {
-        const token = this.sampler.next(seq, step.logits, i, sampled === SAMPLE_FAILED ? -1 : sampled);
-        this.appendToken(seq, token, true, this.sampler.logprobs);
-      } catch (e) {
-        if (!(e instanceof LogitsError)) throw e;
-        // Its blocks go back once every step holding it settled; a step planned ahead with its
-        // row computes a stand-in token there, and skips it when it settles.
-        this.finish(seq, "error", e.message, e.byRequest ? "request" : "model");
-      }
-    }
-  }
-
-  /** Records a sampled token; false when it finished the sequence. */
-  private appendToken(seq: Sequence, token: number, emit: boolean, logprobs?: TokenLogprobs): boolean {
-    seq.tokens.push(token);
-    seq.outputCount++;
-    seq.history?.add(token);
-    if (emit) seq.onToken(token, logprobs);
-    const stopped = this.sampler.isStop(seq, token);
-    if (seq.prefillOnly) {
-      this.finishPrefill(seq, token, stopped || seq.outputCount >= seq.sampling.maxTokens, logprobs);
-      return false;
-    }
-    if (stopped) this.finish(seq, "stop");
-    else if (seq.outputCount >= seq.sampling.maxTokens || seq.tokens.length >= this.maxModelLen) this.finish(seq, "length");
-    return seq.state !== "finished";
-  }
-
-  /** A prefill-only request's end: its prompt's blocks go to the caller, unless every choice ended already. */
-  private finishPrefill(seq: Sequence, firstToken: number, finished: boolean, firstLogprobs?: TokenLogprobs): void {
-    const hashes = seq.hashes.slice(0, Math.floor(seq.promptLen / this.kv.blockTokens));
-    const choices = [{ token: firstToken, logprobs: firstLogprobs, finished }, ...seq.moreChoices];
-    const all = choices.every((c) => c.finished);
-    const blockIds = all ? [] : this.kv.handOff(seq.kv, seq.promptLen);
-    if (all) this.kv.free(seq.kv);
-    this.remove(seq);
-    seq.onFinish({
-      ...this.summary(seq, all ? "stop" : "prefilled"),
-      prefill: { blockIds, hashes, firstToken, draws: seq.draws, finished: all, firstLogprobs, choices },
-    });
-  }
-
-  private finish(seq: Sequence, reason: FinishReason, error?: string, errorKind?: Finish["errorKind"]): void {
-    if (seq.state === "finished") return;
-    this.scheduler.freeBlocks(seq);
-    this.remove(seq);
-    seq.onFinish({ ...this.summary(seq, reason), error, ...(errorKind ? { errorKind } : {}) });
-  }
-
-  private summary(seq: Sequence, reason: FinishReason): Finish {
-    return {
-      reason,
-      promptTokens: seq.promptLen,
-      outputTokens: seq.outputTokens,
-      prefixHitTokens: seq.prefixHitTokens,
-      preemptions: seq.preemptions,
-      resumed: seq.resumed,
-      queueMs: seq.scheduledMs === null ? null : seq.scheduledMs - seq.arrivedMs,
-      e2eMs: this.now() - seq.arrivedMs,
-    };
-  }
-
-  private remove(seq: Sequence): void {
-    this.scheduler.remove(seq);
-    seq.constraint?.dispose();
-    if (seq.constraintId !== 0) this.model.closeConstraint?.(seq.constraintId);
-    this.byId.delete(seq.requestId);
   }
 }
