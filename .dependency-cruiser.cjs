@@ -5,8 +5,9 @@
 //   floor 4  http, control            thin adapters over the use cases
 //   floor 3  handoff, transfer        one request's hand-off; KV transfer
 //   floor 2  rpc, engine              gRPC floor (servers, clients, status); the engine loop
-//   floor 1  model, pool, codec, rng, grammar, obs, gen
-const CORE = "^src/(codec|rng|pool|model|grammar|engine|obs)/";
+//   floor 1  model, tokenizer, pool, codec, rng, grammar, obs, gen
+//            (inside model: thread -> load -> compute, each entered by its index.ts)
+const CORE = "^src/(codec|rng|pool|model|tokenizer|grammar|engine|obs)/";
 const ADAPTERS = ["http", "transfer", "control", "gateway", "handoff", "rpc", "cli"];
 
 /** `from` may not import any of the src/ folders `folders`. */
@@ -19,9 +20,10 @@ module.exports = {
     {
       name: "no-circular",
       severity: "error",
-      comment: "A cycle makes two modules one: split what both need into a module below them. (A cycle through type-only imports is erased at run time and allowed.)",
+      comment:
+        "A cycle makes two modules one: split what both need into a module below them. A cycle through type-only imports counts too (erased at run time, it still ties the two files' reasons to change): move the type to the module that owns it.",
       from: {},
-      to: { circular: true, viaOnly: { dependencyTypesNot: ["type-only"] } },
+      to: { circular: true },
     },
     {
       name: "core-is-pure",
@@ -32,6 +34,28 @@ module.exports = {
     },
     forbid("core-imports-no-adapter", CORE, ADAPTERS, "The pure core never imports an adapter or a use case."),
     forbid("grammar-is-a-leaf", "^src/grammar/", ["codec", "rng", "pool", "model", "engine", "obs"], "src/grammar wraps xgrammar and imports none of ours, so the model thread may use it too."),
+    forbid(
+      "tokenizer-is-a-leaf",
+      "^src/tokenizer/",
+      ["rng", "pool", "model", "grammar", "engine", "obs", "gen", ...ADAPTERS],
+      "src/tokenizer (text <-> ids, chat templates) imports only codec, so the gateway and http tokenize without the model.",
+    ),
+    forbid("model-compute-is-the-floor", "^src/model/compute/", ["model/load", "model/thread", "tokenizer", "grammar", "rng", "engine"], "The forward pass knows no file format, tokenizer, thread or sampler."),
+    forbid("model-load-below-thread", "^src/model/load/", ["model/thread", "grammar", "rng", "pool", "engine"], "Loading reads files into compute's types; it never reaches the model thread."),
+    {
+      name: "model-rooms-meet-at-their-index",
+      severity: "error",
+      comment: "Inside src/model, a room (load, compute, thread) enters another only through that room's index.ts.",
+      from: { path: "^src/model/(load|compute|thread)/" },
+      to: { path: "^src/model/(load|compute|thread)/", pathNot: ["^src/model/$1/", "^src/model/(load|compute|thread)/index\\.ts$"] },
+    },
+    {
+      name: "model-and-tokenizer-through-their-index",
+      severity: "error",
+      comment: "Outside src/model and src/tokenizer, code imports src/model/index.ts and src/tokenizer/index.ts, never a file behind them.",
+      from: { pathNot: "^src/(model|tokenizer)/" },
+      to: { path: "^src/(model/.+|tokenizer/.+)", pathNot: "^src/(model|tokenizer)/index\\.ts$" },
+    },
     forbid("rpc-is-a-floor", "^src/rpc/", ["transfer", "control", "gateway", "http", "handoff", "cli"], "src/rpc lies below every adapter."),
     forbid("transfer-below-adapters", "^src/transfer/", ["control", "gateway", "http", "handoff", "cli"], "transfer is used by the hand-off and the adapters, never the other way."),
     forbid("handoff-below-adapters", "^src/handoff/", ["control", "gateway", "http", "cli"], "The use cases know no adapter."),

@@ -1,4 +1,5 @@
-export { choiceSeed, LIMITS, parseCompletion, randomSeed, samplingOf, type CompletionParams, type CompletionKind } from "./completion-request.ts";
+export { choiceSeed, LIMITS, parseCompletion, randomSeed, samplingOf, type CompletionParams } from "./completion-request.ts";
+export type { CompletionKind } from "./openai-params.ts";
 export { parseMessages, type ChatRole, type ChatToolCall } from "./chat-messages.ts";
 export { completionResponse, TextAssembler, type ResponseContext } from "./completion-response.ts";
 export {
