@@ -76,49 +76,60 @@ export class TokenSampler {
    * logits or the grammar leave this sequence no token.
    */
   next(seq: Sequence, logits: Float32Array, row: number, sampled: number): number {
-    const s = seq.sampling;
     const raw = this.rows.row(logits, row);
-    if (sampled >= 0) {
-      // The model drew its one uniform from a copy of the stream: this one takes the same draw.
-      if (seq.rng) {
-        seq.rng.uniformF64();
-        seq.draws++;
-      }
-      // The model masked it with its own matcher: this one takes it too, and refuses what the grammar does not allow.
-      if (seq.constraint && !seq.constraint.accept(sampled))
-        throw new LogitsError(`structured output: the grammar refused token ${sampled} (sampled on the model thread)`, false);
-      this.logprobs = s.topLogprobs === undefined ? undefined : tokenLogprobs(raw, sampled, s.topLogprobs);
-      return sampled;
+    const token = sampled >= 0 ? this.takeModelToken(seq, sampled) : this.sampleHere(seq, raw);
+    const k = seq.sampling.topLogprobs;
+    this.logprobs = k === undefined ? undefined : tokenLogprobs(raw, token, k);
+    return token;
+  }
+
+  /** The model drew its one uniform from a copy of the stream and masked with its own matcher: this side takes the same draw and the same token. */
+  private takeModelToken(seq: Sequence, sampled: number): number {
+    if (seq.rng) {
+      seq.rng.uniformF64();
+      seq.draws++;
     }
-    const masked = seq.outputCount < (s.minTokens ?? 0);
-    const constraint = seq.constraint;
-    let processed = raw;
-    if (seq.processing || masked || constraint) {
-      if (this.processed.length !== raw.length) this.processed = new Float32Array(raw.length);
-      processed = this.processed;
-      processed.set(raw);
-      if (seq.processing) processLogits(processed, seq.processing, seq.history!);
-      if (masked) {
-        if (!s.ignoreEos) maskStops(processed, this.eos);
-        maskStops(processed, s.stopTokenIds);
-      }
-      if (constraint) {
-        constraint.fillMask(seq.mask!);
-        // A dead end (min_tokens holding back the only way the grammar can end, say) ends this sequence alone.
-        if (applyTokenBitmask(processed, seq.mask!) === 0) throw new LogitsError("structured output: no token the grammar allows is possible here", true);
-      }
-    }
-    const token = sample(processed, s, seq.rng);
+    if (seq.constraint && !seq.constraint.accept(sampled))
+      throw new LogitsError(`structured output: the grammar refused token ${sampled} (sampled on the model thread)`, false);
+    return sampled;
+  }
+
+  /** Samples from a processed copy of `raw`, and a prefill's other choices beside it. */
+  private sampleHere(seq: Sequence, raw: Float32Array): number {
+    const s = seq.sampling;
+    const logits = this.processedFor(seq, raw);
+    const token = sample(logits, s, seq.rng);
     if (seq.rng) seq.draws++;
-    if (constraint && !constraint.accept(token)) throw new LogitsError(`structured output: the grammar refused token ${token}`, false);
+    if (seq.constraint && !seq.constraint.accept(token)) throw new LogitsError(`structured output: the grammar refused token ${token}`, false);
     // One prefill for n choices: the others' first tokens come from the same logits, each
     // from its own stream with the same draw count as choice 0's.
     for (let j = 1; j < seq.prefillChoices; j++) {
-      const t = sample(processed, s, seq.rng ? stream(choiceSeed(s.seed, j), SAMPLE_STREAM) : null);
+      const t = sample(logits, s, seq.rng ? stream(choiceSeed(s.seed, j), SAMPLE_STREAM) : null);
       const logprobs = s.topLogprobs === undefined ? undefined : tokenLogprobs(raw, t, s.topLogprobs);
       seq.moreChoices.push({ token: t, logprobs, finished: this.isStop(seq, t) || s.maxTokens <= 1 });
     }
-    this.logprobs = s.topLogprobs === undefined ? undefined : tokenLogprobs(raw, token, s.topLogprobs);
     return token;
+  }
+
+  /** `raw` as the request asks to sample it (penalties and bias, min_tokens, the grammar's mask): a scratch copy, or raw itself when nothing changes it. */
+  private processedFor(seq: Sequence, raw: Float32Array): Float32Array {
+    const s = seq.sampling;
+    const masked = seq.outputCount < (s.minTokens ?? 0);
+    const constraint = seq.constraint;
+    if (!seq.processing && !masked && !constraint) return raw;
+    if (this.processed.length !== raw.length) this.processed = new Float32Array(raw.length);
+    const out = this.processed;
+    out.set(raw);
+    if (seq.processing) processLogits(out, seq.processing, seq.history!);
+    if (masked) {
+      if (!s.ignoreEos) maskStops(out, this.eos);
+      maskStops(out, s.stopTokenIds);
+    }
+    if (constraint) {
+      constraint.fillMask(seq.mask!);
+      // A dead end (min_tokens holding back the only way the grammar can end, say) ends this sequence alone.
+      if (applyTokenBitmask(out, seq.mask!) === 0) throw new LogitsError("structured output: no token the grammar allows is possible here", true);
+    }
+    return out;
   }
 }
