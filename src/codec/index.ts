@@ -31,6 +31,7 @@ export {
   hex64,
   grpcCodeOf,
   grpcCodeNameOf,
+  type EnvCode,
   type EnvErrorKind,
 } from "./env-error.ts";
 export { ENVELOPE_HEAD_BYTES, EnvelopeCrc, envelopeHeadCrc, joinEnvelope, OneBlockEnvelopeWriter, oneBlockRecord, oneBlockRecordParts } from "./one-block.ts";
