@@ -2,7 +2,7 @@ import assert from "node:assert";
 import { dropFirst } from "../model/index.ts";
 import type { KvPool } from "../pool/index.ts";
 import type { KvCacheManager } from "./kv-cache-manager.ts";
-import type { ModelPort } from "./model-port.ts";
+import { asError, type ModelPort } from "./model-port.ts";
 import { Step } from "./step.ts";
 
 export interface StepPipelineOptions {
@@ -112,7 +112,7 @@ export class StepPipeline {
     try {
       m.post(step, step.onDone);
     } catch (e) {
-      this.stepDone(step, null, e instanceof Error ? e : new Error(String(e)));
+      this.stepDone(step, null, asError(e));
     }
   }
 
