@@ -1,0 +1,43 @@
+import { expect, test } from "bun:test";
+import { readdirSync, readFileSync } from "node:fs";
+import { createRequire } from "node:module";
+import { join } from "node:path";
+
+// ARCHITECTURE.md's table of rooms ("folder | imports (of ours) | never imports") and the
+// rules `npm run lint:deps` enforces (.dependency-cruiser.cjs, one `room-<folder>` rule per
+// row) say the same thing: a folder named in a row's imports is allowed by its rule, one
+// named in its "never imports" is not, and a row that lists its imports (rather than "the
+// floors below") allows exactly those.
+
+const REPO = join(import.meta.dir, "..", "..");
+const FOLDERS = readFileSync(join(REPO, "ARCHITECTURE.md"), "utf8").match(/^\| `src\/.*$/gm) ?? [];
+type Rule = { name: string; to: { pathNot?: string[] } };
+const rules: Rule[] = createRequire(import.meta.url)(join(REPO, ".dependency-cruiser.cjs")).forbidden;
+const ROOM_NAMES = readdirSync(join(REPO, "src"), { withFileTypes: true })
+  .filter((d) => d.isDirectory())
+  .map((d) => d.name);
+
+function named(cell: string): string[] {
+  return ROOM_NAMES.filter((f) => new RegExp(`(^|[\\s,\`/])${f}([\\s,\`/]|$)`).test(cell));
+}
+
+test("every_row_of_the_rooms_table_is_one_dependency_rule", () => {
+  expect(FOLDERS.length).toBeGreaterThan(10);
+  const seen = new Set<string>();
+  for (const row of FOLDERS) {
+    const [, who, imports, never] = row.split("|").map((c) => c.trim());
+    const folders = [...who!.matchAll(/`src\/([a-z-]+)\/`/g)].map((m) => m[1]!);
+    if (folders.includes("cli")) continue; // the wiring may import anything
+    const rule = rules.find((r) => r.name === `room-${folders.join("-")}`);
+    expect({ row: folders, rule: rule?.name }).toEqual({ row: folders, rule: `room-${folders.join("-")}` });
+    seen.add(rule!.name);
+    const allowed = (rule!.to.pathNot ?? []).map((p) => /^\^src\/([a-z-]+)\/$/.exec(p)?.[1]).filter((f): f is string => f !== undefined);
+    const toImport = named(imports!).filter((f) => !folders.includes(f));
+    const forbidden = never!.includes("any other folder") ? ROOM_NAMES.filter((f) => !folders.includes(f)) : named(never!);
+    expect({ row: folders, missing: toImport.filter((f) => !allowed.includes(f)) }).toEqual({ row: folders, missing: [] });
+    expect({ row: folders, allowedButNever: forbidden.filter((f) => allowed.includes(f)) }).toEqual({ row: folders, allowedButNever: [] });
+    if (!/below/.test(imports!)) expect({ row: folders, allowed: allowed.sort() }).toEqual({ row: folders, allowed: toImport.sort() });
+  }
+  const rooms = rules.filter((r) => r.name.startsWith("room-")).map((r) => r.name);
+  expect(rooms.filter((r) => !seen.has(r))).toEqual([]);
+});
