@@ -119,7 +119,7 @@ function checkGatewayId(gatewayId: string, caller: Caller): void {
   }
 }
 
-/** Every check of contracts.md on a PrefillRequest, before any work: the prompt's tokens and the sampling to use. */
+/** Every check of grpc-services.md, "What Prefill refuses", on a PrefillRequest, before any work: the prompt's tokens and the sampling to use. */
 function validatePrefill(ctx: ControlContext, req: PrefillRequest): { tokens: number[]; sampling: SamplingParams } {
   const { engine, tokenizer } = ctx;
   if (!ctx.roles.includes("prefill") || ctx.transport === null) {

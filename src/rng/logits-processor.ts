@@ -1,7 +1,7 @@
 /**
  * What a request changes in the logits before `sample` sees them: vLLM's penalties,
  * logit_bias and min_tokens. Processing changes logit values only, never the number of
- * uniform draws `sample` takes, so the hand-off's draw counting (pcg32.md) holds
+ * uniform draws `sample` takes, so the hand-off's draw counting (random-stream.md) holds
  * whatever is set here: both engines apply the same processing to the same token history.
  */
 export interface LogitsConfig {

@@ -73,7 +73,7 @@ function ensureScratch(n: number): void {
 
 /**
  * Picks the next token id. The prefill and decode engines must both call this so a
- * seeded request yields the same tokens whichever engine samples (pcg32.md).
+ * seeded request yields the same tokens whichever engine samples (random-stream.md).
  *
  * Greedy (temperature 0): the argmax of `logits`, lowest index on ties; no draw is
  * taken and `rng` may be null.

@@ -4,7 +4,7 @@ import { fnv1a64Utf8 } from "../../src/rng/fnv1a64.ts";
 
 const M64 = (1n << 64n) - 1n;
 
-// Straight transcription of pcg32.md in bigint, to check the 32-bit-halves arithmetic.
+// Straight transcription of random-stream.md in bigint, to check the 32-bit-halves arithmetic.
 function referenceStep(s: { state: bigint; inc: bigint }): number {
   const old = s.state;
   s.state = (old * 6364136223846793005n + s.inc) & M64;
