@@ -262,7 +262,7 @@ async function ephemeralPki(nP: number, nD: number, nG: number): Promise<string>
 }
 
 /** The demo request: seeded sampling, so the colocated run must give the same words. */
-export const DEMO_REQUEST = {
+const DEMO_REQUEST = {
   prompt: "And God said unto Moses, I AM THAT I AM: and he said, Thus shalt thou say unto the children of Israel,",
   max_tokens: 40,
   stream: true,

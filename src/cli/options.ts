@@ -328,7 +328,7 @@ export function parseAddr(s: string, name = "address"): { host: string; port: nu
 }
 
 /** Applies a TOML file: only [engine] and [gateway] tables with known keys. */
-export function applyToml(c: Config, path: string): void {
+function applyToml(c: Config, path: string): void {
   let text: string;
   try {
     text = readFileSync(path, "utf8");

@@ -8,8 +8,8 @@ import { crc32c } from "./crc32c.ts";
 import { EnvError, hex32, hex64 } from "./env-error.ts";
 import { blockPayloadBytes, copyPayload, type KvShape } from "./kv-shape.ts";
 
-export const ENVELOPE_VERSION = 1;
-export const DTYPE_F16 = 1;
+const ENVELOPE_VERSION = 1;
+const DTYPE_F16 = 1;
 /** magic "TLKV" read as a little-endian u32. */
 export const MAGIC = 0x564b4c54;
 /** The layout (kv-block.md): a 28-byte header, per record a 12-byte head (u64 hash, u32 fill) and P payload bytes, a trailing u32 CRC. */

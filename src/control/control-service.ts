@@ -49,7 +49,7 @@ function invalid(message: string): ConnectError {
 }
 
 /** Converts and checks SamplingParams; `seed` is chosen here when the request has none. */
-export function samplingFromProto(s: SamplingProto | undefined, chooseSeed: () => bigint, vocab = Infinity): SamplingParams {
+function samplingFromProto(s: SamplingProto | undefined, chooseSeed: () => bigint, vocab = Infinity): SamplingParams {
   if (!s) throw invalid("sampling is required (max_tokens ≥ 1)");
   const temperature = s.temperature;
   const topP = s.topP === 0 ? 1 : s.topP;

@@ -7,7 +7,7 @@ import type { WorkerIdentity, WorkerLoad } from "./worker-status.ts";
 export type RegistryTarget = { kind: "addr"; address: string } | { kind: "dns"; host: string; port: number };
 
 /** Most gateway addresses an engine beats to at once (a list plus what its names resolve to). */
-export const MAX_GATEWAYS = 32;
+const MAX_GATEWAYS = 32;
 
 /**
  * `gateway_registry`'s value: a comma-separated list of `host:port` (beaten to as written)
@@ -36,7 +36,7 @@ export function parseRegistryTargets(spec: string): RegistryTarget[] {
 /** All addresses of a name (A and AAAA); injectable so tests move replicas in and out. */
 export type Resolver = (host: string) => Promise<string[]>;
 
-export const systemResolver: Resolver = async (host) => (await lookup(host, { all: true })).map((a) => a.address);
+const systemResolver: Resolver = async (host) => (await lookup(host, { all: true })).map((a) => a.address);
 
 export interface GatewayBeatsOptions {
   targets: readonly RegistryTarget[];

@@ -11,7 +11,7 @@ export interface SamplingConfig {
 }
 
 /** Upper bound accepted for temperature; beyond it the distribution is flat to f64 precision anyway. */
-export const MAX_TEMPERATURE = 100;
+const MAX_TEMPERATURE = 100;
 
 // Candidates are ordered by one f64 key = descending-logit rank (32 bits) * 2^21 + index,
 // so a native numeric sort yields "logit descending, ties by lower index" and every key

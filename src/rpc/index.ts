@@ -1,4 +1,2 @@
-export { serveGrpc, type GrpcServer, type GrpcServerOptions, type PeerCall, type PeerCheck } from "./grpc-server.ts";
-export { grpcClient, closeGrpcClients, type GrpcClientOptions } from "./grpc-client.ts";
-export { Code, codeName, codeOfHttpStatus, httpStatusOf } from "./status.ts";
-export { GRPC_PREFIX_BYTES, grpcMessageLength, grpcStatusOf, putGrpcPrefix, sendGrpcStatus } from "./grpc-wire.ts";
+export { serveGrpc, type GrpcServer, type PeerCheck } from "./grpc-server.ts";
+export { grpcClient, closeGrpcClients } from "./grpc-client.ts";
