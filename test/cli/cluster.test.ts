@@ -33,7 +33,7 @@ async function chat(baseURL: string, seed: number): Promise<{ text: string; serv
   return { text, served: response.headers.get("x-tl-served"), finish };
 }
 
-test("cluster_serves_openai_clients", async () => {
+test("cluster serves openai clients", async () => {
   // As a user would: `npm start` is `bun bin/engine.ts cluster`.
   const cluster = spawnProc([process.execPath, "bin/engine.ts", "cluster"]);
   const colocated = spawnProc([process.execPath, "bin/engine.ts", ...roleArgs("both")]);

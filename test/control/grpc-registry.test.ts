@@ -19,7 +19,7 @@ const decode: WorkerIdentity = {
 };
 const load: WorkerLoad = { queueDepth: 4, running: 1, freeBlocks: 200, draining: false };
 
-test("grpc_registry_roundtrip", async () => {
+test("grpc registry roundtrip", async () => {
   // Long enough that a loaded machine (load ~16 with other agents' builds) never takes three
   // intervals between one beat and the next listing: at 60 ms the worker was evicted in between.
   const INTERVAL = 400;
@@ -103,7 +103,7 @@ test("grpc_registry_roundtrip", async () => {
   expect(state.failures).toBe(1);
 });
 
-test("grpc_registry_silent_peer_is_bounded", async () => {
+test("grpc registry silent peer is bounded", async () => {
   // A peer that accepts TCP and never speaks HTTP/2 is cut by the timeout.
   const status = workerStatus(decode, load, 1n);
   const sockets = new Set<net.Socket>();

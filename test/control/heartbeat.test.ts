@@ -16,7 +16,7 @@ const identity: WorkerIdentity = {
 const idle: WorkerLoad = { queueDepth: 0, running: 0, freeBlocks: 64, draining: false };
 const status = workerStatus(identity, idle, 1n);
 
-test("beat_once_counts_failures_and_drain", async () => {
+test("beat once counts failures and drain", async () => {
   const registry = new FakeRegistry();
   const state = newBeatState(2000);
 
@@ -65,7 +65,7 @@ test("beat_once_counts_failures_and_drain", async () => {
   expect(state).toMatchObject({ failures: 1, drainRequested: true, intervalMs: 500 });
 });
 
-test("heartbeat_beats_on_schedule", async () => {
+test("heartbeat beats on schedule", async () => {
   // At once: with a 10 s interval, a beat seen at all is the immediate one.
   {
     const registry = new FakeRegistry();
@@ -141,7 +141,7 @@ test("heartbeat_beats_on_schedule", async () => {
   }
 });
 
-test("beat_now_cuts_the_wait_short", async () => {
+test("beat now cuts the wait short", async () => {
   const { Heartbeat } = await import("../../src/control/index.ts");
   const seen: number[] = [];
   const registry = {

@@ -21,7 +21,7 @@ function named(cell: string): string[] {
   return ROOM_NAMES.filter((f) => new RegExp(`(^|[\\s,\`/])${f}([\\s,\`/]|$)`).test(cell));
 }
 
-test("every_row_of_the_rooms_table_is_one_dependency_rule", () => {
+test("every row of the rooms table is one dependency rule", () => {
   expect(FOLDERS.length).toBeGreaterThan(10);
   const seen = new Set<string>();
   for (const row of FOLDERS) {

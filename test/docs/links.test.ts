@@ -15,7 +15,7 @@ const DOCS = [
 ];
 const TOP = ["src", "test", "docs", "deploy", "bench", "proto", "parity", "scripts", "bin", "tools"];
 
-test("docs_links_and_named_paths_exist", () => {
+test("docs links and named paths exist", () => {
   for (const doc of DOCS) {
     const text = readFileSync(join(REPO, doc), "utf8");
     const missing: string[] = [];
@@ -33,7 +33,7 @@ test("docs_links_and_named_paths_exist", () => {
   }
 });
 
-test("docs_never_send_the_reader_outside_the_repo", () => {
+test("docs never send the reader outside the repo", () => {
   const files = [...DOCS, "buf.yaml", "parity/kv.wire.v1/manifest.json", ...["kv", "engine", "control"].map((p) => `proto/tl/${p}/v1/${p}.proto`)];
   for (const file of files) {
     const text = readFileSync(join(REPO, file), "utf8");
@@ -77,7 +77,7 @@ function resolveDoc(from: string, cited: string): string | null {
   return candidates.find((c) => existsSync(c)) ?? null;
 }
 
-test("every_doc_the_code_and_docs_cite_exists_with_the_section_named", () => {
+test("every doc the code and docs cite exists with the section named", () => {
   const missing: string[] = [];
   let checked = 0;
   for (const file of CITING_FILES) {

@@ -568,7 +568,7 @@ function runPush(pc: PushCase, stats: Map<string, number>): void {
   }
 }
 
-test("fuzz_envelope_reader", () => {
+test("fuzz envelope reader", () => {
   const started = performance.now();
   const envStats = new Map<string, number>();
   fc.assert(

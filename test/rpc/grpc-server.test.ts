@@ -6,7 +6,7 @@ import { closeGrpcClients, grpcClient, serveGrpc } from "../../src/rpc/index.ts"
 import { HeartbeatAckSchema, WorkerRegistry } from "../../src/gen/tl/control/v1/control_pb.ts";
 import { codeOf } from "../control/fake-registry.ts";
 
-test("serve_grpc_close_is_prompt", async () => {
+test("serve grpc close is prompt", async () => {
   let sawAbort = false;
   const server = await serveGrpc((router) =>
     router.service(WorkerRegistry, {
@@ -52,7 +52,7 @@ test("serve_grpc_close_is_prompt", async () => {
   }
 });
 
-test("grpc_client_shares_connection_and_fails_fast", async () => {
+test("grpc client shares connection and fails fast", async () => {
   const server = await serveGrpc(
     (router) =>
       router.service(WorkerRegistry, {
@@ -107,7 +107,7 @@ test("grpc_client_shares_connection_and_fails_fast", async () => {
   }
 });
 
-test("peer_check_refuses_before_the_handler", async () => {
+test("peer check refuses before the handler", async () => {
   const seen: { method: string; remoteAddress: string; tls: boolean }[] = [];
   let listed = 0;
   const server = await serveGrpc(

@@ -13,7 +13,7 @@ afterAll(async () => {
   await c?.stop();
 });
 
-test("drain_honours_its_deadline_and_health_turns_not_ready", async () => {
+test("drain honours its deadline and health turns not ready", async () => {
   const e = c.both[0]!;
   const http = (p: string) => fetch(`http://${e.httpAddress}${p}`);
   expect((await http("/health")).status).toBe(200);

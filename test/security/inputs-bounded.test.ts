@@ -39,7 +39,7 @@ const atBaseline = () => {
     expect({ worker: n.workerId, used: n.pool.used, pending: n.receiver?.pending() ?? 0 }).toEqual({ worker: n.workerId, used: 0, pending: 0 });
 };
 
-describe("inputs_are_bounded", () => {
+describe("inputs are bounded", () => {
   test("request bodies over max_request_bytes: 413 before parsing, memory at baseline", async () => {
     Bun.gc(true);
     const rss0 = process.memoryUsage().rss;

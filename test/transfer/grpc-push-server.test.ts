@@ -76,7 +76,7 @@ async function rawPush(target: string, body: Uint8Array, pieces: number[]): Prom
   }
 }
 
-test("grpc_push_handler_reassembles_split_messages", async () => {
+test("grpc push handler reassembles split messages", async () => {
   const d = await decode();
   const { chunks, tokens } = promptChunks("split", 4 * SHAPE.blockTokens + 3);
   const body = concat(...chunks.map((c) => grpcMessage(c)));
@@ -92,7 +92,7 @@ test("grpc_push_handler_reassembles_split_messages", async () => {
   }
 });
 
-test("grpc_push_handler_refuses_broken_streams_and_frees", async () => {
+test("grpc push handler refuses broken streams and frees", async () => {
   const d = await decode();
   const base = snapshot(d.pool, d.rx);
   const { chunks } = promptChunks("broken", 3 * SHAPE.blockTokens + 1);
@@ -114,7 +114,7 @@ test("grpc_push_handler_refuses_broken_streams_and_frees", async () => {
   }
 });
 
-test("push_kv_the_handler_does_not_take_reaches_connect", async () => {
+test("push kv the handler does not take reaches connect", async () => {
   const d = await decode();
   const { chunks, tokens } = promptChunks("fallback", 2 * SHAPE.blockTokens + 5);
   const transports = {
