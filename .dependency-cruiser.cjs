@@ -8,20 +8,27 @@
 //   floor 3  handoff, transfer        one request's hand-off; KV transfer
 //   floor 2  rpc, engine              gRPC floor (servers, clients, status); the engine loop
 //   floor 1  model, pool, codec, rng, grammar, obs, gen
-const CORE = "^src/(codec|rng|pool|model|grammar|engine|obs)/";
-const BELOW_ADAPTERS = ["codec", "rng", "pool", "model", "grammar", "obs", "gen", "engine", "rpc", "transfer", "handoff"];
+const CORE = "^src/(codec|rng|pool|model|tokenizer|grammar|engine|obs)/";
+const BELOW_ADAPTERS = ["codec", "rng", "pool", "tokenizer", "model", "grammar", "obs", "gen", "engine", "rpc", "transfer", "handoff"];
 
 /** Each row of ARCHITECTURE.md's table: the folders of ours a folder may import, and why. */
 const ROOMS = [
   [["codec", "rng"], [], "codec and rng are leaves: they import nothing of ours."],
   [["pool"], ["codec"], "The pool imports only codec (block hashes, KV shapes)."],
-  [["model"], ["codec", "pool", "rng", "grammar"], "The model thread samples with the engine's sampler (rng) and masks with a structured output's matcher (grammar)."],
+  [["tokenizer"], ["codec"], "Tokenizers, vocabularies and chat templates: the gateway tokenizes without the model."],
+  [["model"], ["codec", "pool", "rng", "grammar", "tokenizer"], "The model thread samples with the engine's sampler (rng) and masks with a structured output's matcher (grammar); a loader builds its file's tokenizer."],
+  [["model/compute"], ["codec", "pool"], "The kernels and the transformer know no file format and no thread."],
+  [["model/load"], ["model/compute", "codec", "tokenizer"], "Loaders turn a file into the compute's weights and config."],
+  [["model/thread"], ["model/compute", "model/load", "codec", "pool", "rng", "grammar"], "The model worker runs a loaded model off the main thread."],
   [["obs"], [], "obs is a leaf: metrics and traces import nothing of ours."],
   [["grammar"], [], "src/grammar wraps xgrammar and imports none of ours, so the model thread may use it too."],
   [["gen"], [], "src/gen is protoc-gen-es output and imports nothing of ours."],
   [["engine"], ["codec", "rng", "pool", "model", "grammar"], "The engine sits on the pure core and knows no adapter."],
   [["rpc"], ["codec"], "src/rpc lies below every adapter: Connect and protobuf, and codec's quote."],
   [["transfer"], ["codec", "pool", "obs", "rpc", "gen"], "transfer is used by the hand-off and the adapters, never the other way."],
+  [["transfer/wire"], ["codec", "pool", "obs", "rpc", "gen"], "The wire (chunks, frames, errors) is shared by both sides and knows neither."],
+  [["transfer/send"], ["transfer/wire", "codec", "pool", "obs", "rpc", "gen"], "The sending side (P) knows the wire, not the receiver."],
+  [["transfer/receive"], ["transfer/wire", "codec", "pool", "obs", "rpc", "gen"], "The receiving side (D) knows the wire, not the sender."],
   [["handoff"], ["engine", "transfer", "codec", "obs", "rpc", "grammar"], "The use cases know no adapter."],
   [["http", "control"], BELOW_ADAPTERS, "Engine adapters never import the gateway or the CLI, nor each other."],
   [["gateway"], [...BELOW_ADAPTERS, "http", "control"], "The gateway never imports the CLI wiring."],
@@ -30,7 +37,7 @@ const ROOMS = [
 /** One forbidden rule: `folders` may import their own files and `allowed`, nothing else under src/. */
 function room([folders, allowed, comment]) {
   return {
-    name: `room-${folders.join("-")}`,
+    name: `room-${folders.join("-").replace("/", "-")}`,
     severity: "error",
     comment,
     from: { path: `^src/(${folders.join("|")})/` },

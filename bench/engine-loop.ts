@@ -7,17 +7,10 @@ import { availableParallelism, tmpdir } from "node:os";
 import { join } from "node:path";
 import { Engine, type ModelRunner } from "../src/engine/index.ts";
 import { blockPayloadBytes } from "../src/codec/index.ts";
-import {
-  type KvSlab,
-  type ModelConfig,
-  type ModelThreadCounters,
-  ModelWorker,
-  Transformer,
-  type Weights,
-  kvShapeOf,
-  syntheticWeights,
-  writeLlama2cCheckpoint,
-} from "../src/model/index.ts";
+import { type KvSlab, type ModelConfig, ModelWorker, Transformer, kvShapeOf } from "../src/model/index.ts";
+import type { ModelThreadCounters } from "../src/model/thread/model-worker.ts";
+import { type Weights, syntheticWeights } from "../src/model/compute/weights.ts";
+import { writeLlama2cCheckpoint } from "../src/model/load/llama2c.ts";
 import { KvPool } from "../src/pool/index.ts";
 import { loadAverage, median } from "./stats.ts";
 import { TS_SHAPE } from "./ts-shape.ts";

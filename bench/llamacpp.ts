@@ -32,8 +32,8 @@ import { BOS_ID, SHAPES, shapeHeader, writeShapeGguf } from "./gguf-shapes.ts";
 import { loadAverage, median } from "./stats.ts";
 import { kvPoolFor, loadModel } from "../src/cli/engine-node.ts";
 import { Engine } from "../src/engine/index.ts";
-import { ggmlTypeName, parseGguf } from "../src/model/index.ts";
-import { mapFile } from "../src/model/mapped-file.ts";
+import { ggmlTypeName, parseGguf } from "../src/model/load/gguf.ts";
+import { mapFile } from "../src/model/compute/mapped-file.ts";
 
 /** llama-quantize's names for the types asked by TYPES (f16 is written directly). */
 const QUANT_NAMES: Record<string, string> = { f16: "F16", q8_0: "Q8_0", q4_k_m: "Q4_K_M", q4_0: "Q4_0", q6_k: "Q6_K", q5_k_m: "Q5_K_M", bf16: "BF16" };

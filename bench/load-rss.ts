@@ -9,8 +9,10 @@ import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "nod
 import { loadavg, tmpdir } from "node:os";
 import { join } from "node:path";
 import { servedModelOf } from "../src/cli/engine-node.ts";
-import { castWeights, type ModelConfig, readModelFiles, syntheticWeights, weightsBytes } from "../src/model/index.ts";
-import { ByteTokenizer } from "../src/model/tokenizer.ts";
+import { castWeights, syntheticWeights } from "../src/model/compute/weights.ts";
+import { type ModelConfig, weightsBytes } from "../src/model/index.ts";
+import { readModelFiles } from "../src/model/load/load-model.ts";
+import { ByteTokenizer } from "../src/tokenizer/tokenizer.ts";
 import { writeHfFolder } from "../test/support/model-writers.ts";
 
 const CFG: ModelConfig = {

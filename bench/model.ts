@@ -21,23 +21,15 @@ import { join } from "node:path";
 import { batchBuilds, buildReferences, cBatchRound, cBatchSummary, runcBuilds, runReference, type Reference } from "./c-reference.ts";
 import { enginePart } from "./engine-loop.ts";
 import { loadAverage, median } from "./stats.ts";
-import {
-  type DType,
-  type Matrix,
-  type ModelConfig,
-  Transformer,
-  type Weights,
-  castWeights,
-  kvDimOf,
-  kvShapeOf,
-  loadLlama2cCheckpoint,
-  syntheticWeights,
-  writeLlama2cCheckpoint,
-} from "../src/model/index.ts";
-import { MatmulKernel, matmulRef } from "../src/model/matmul.ts";
-import { heldBytesOf } from "../src/model/packed.ts";
-import { FORWARD_PHASES } from "../src/model/transformer.ts";
-import { MATRICES } from "../src/model/weights.ts";
+import { type DType, type ModelConfig, Transformer, kvShapeOf, loadLlama2cCheckpoint } from "../src/model/index.ts";
+import type { Matrix } from "../src/model/compute/packed.ts";
+import { type Weights, castWeights, syntheticWeights } from "../src/model/compute/weights.ts";
+import { kvDimOf } from "../src/model/compute/config.ts";
+import { writeLlama2cCheckpoint } from "../src/model/load/llama2c.ts";
+import { MatmulKernel, matmulRef } from "../src/model/compute/matmul.ts";
+import { heldBytesOf } from "../src/model/compute/packed.ts";
+import { FORWARD_PHASES } from "../src/model/compute/transformer.ts";
+import { MATRICES } from "../src/model/compute/weights.ts";
 import { TS_SHAPE } from "./ts-shape.ts";
 
 const BLOCK = 16;

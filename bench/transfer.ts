@@ -25,7 +25,7 @@ import type { Socket } from "bun";
 import { envelopeBytes, promptHashes, type KvShape } from "../src/codec/index.ts";
 import { KvPool } from "../src/pool/index.ts";
 import { DataPlaneClient, KvReceiver, RoutingTransport, serveKv, transfer } from "../src/transfer/index.ts";
-import { poolChunks } from "../src/transfer/build-chunks.ts";
+import { poolChunks } from "../src/transfer/send/build-chunks.ts";
 import { mkdtempSync, readFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { certFiles, mintCluster, writeCerts } from "../src/cli/certs.ts";

@@ -1,5 +1,5 @@
-// Builds the WebAssembly kernels from their AssemblyScript source (src/model/kernels/assembly/)
-// into src/model/kernels/<name>.wasm and <name>-wasm.ts (the same bytes as base64, so a compiled
+// Builds the WebAssembly kernels from their AssemblyScript source (src/model/compute/kernels/assembly/)
+// into src/model/compute/kernels/<name>.wasm and <name>-wasm.ts (the same bytes as base64, so a compiled
 // binary and a worker carry them without a file). `--check` builds into a temporary folder and
 // fails when the committed files differ: `npm test` runs it, as check-gen does for src/gen.
 import { execFileSync } from "node:child_process";
@@ -10,7 +10,7 @@ import { join } from "node:path";
 
 // Each module: its name and the entry files whose exports it carries.
 const KERNELS = [{ name: "kernels", entries: ["matmul.ts", "q8.ts", "kquants.ts", "legacy.ts", "dispatch.ts", "attention.ts", "elementwise.ts"] }];
-const DIR = "src/model/kernels";
+const DIR = "src/model/compute/kernels";
 // Shared memory (threads) and 128-bit SIMD; no relaxed SIMD, so every engine rounds alike.
 const FLAGS = [
   "-O3",

@@ -16,16 +16,14 @@ import {
   weightsBytes,
   loadModel as loadModelFiles,
   Transformer,
-  chatRendererFor,
-  tokenizerFingerprint,
   type DType,
   type KvSlab,
   type LoadModelOptions,
   type ModelConfig,
   type ServableModel,
-  type Tokenizer,
   type WeightStats,
 } from "../model/index.ts";
+import { chatRendererFor, tokenizerFingerprint, type Tokenizer } from "../tokenizer/index.ts";
 import { KvEventLog, KvPool } from "../pool/index.ts";
 import { KvReceiver, RoutingTransport, serveDataPlane, serveKv, type DataPlaneServer, type KvServer } from "../transfer/index.ts";
 import { blockPayloadBytes, type KvShape } from "../codec/index.ts";

@@ -1,5 +1,5 @@
 import { Engine } from "../engine/index.ts";
-import { StreamDecoder } from "../model/index.ts";
+import { StreamDecoder } from "../tokenizer/index.ts";
 import { kvPoolFor, loadModel, type ModelOptions } from "./engine-node.ts";
 import { ConfigError, type Config } from "./options.ts";
 import { PassWriter } from "./pass-writer.ts";

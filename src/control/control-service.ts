@@ -14,7 +14,7 @@ import {
   type SamplingParams as SamplingProto,
   type SamplingParamsSchema,
 } from "../gen/tl/engine/v1/engine_pb.ts";
-import { grammarVocab, type Tokenizer } from "../model/index.ts";
+import { grammarVocab, type Tokenizer } from "../tokenizer/index.ts";
 import { type CompiledConstraint, compilerFor, ConstraintError, type ConstraintKind, type ConstraintSpec } from "../grammar/index.ts";
 import { FAILED_SIDE_HEADER, type Handoff, HandoffError, type PrefillPushContext, prefillAndPush } from "../handoff/index.ts";
 import { endSpan, extractHeaders, SpanKind, startSpan, type Attributes } from "../obs/index.ts";

@@ -12,7 +12,7 @@ import {
   requestId,
   type TokenQueue,
 } from "../http/index.ts";
-import type { ChatRenderer, Tokenizer } from "../model/index.ts";
+import type { ChatRenderer, Tokenizer } from "../tokenizer/index.ts";
 import { type Attributes, endSpan, extractHeaders, log, type Metrics, type Span, SpanKind, startSpan } from "../obs/index.ts";
 import { Code, codeName, httpStatusOf } from "../rpc/status.ts";
 import type { Admission } from "./admission.ts";

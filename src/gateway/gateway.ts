@@ -4,7 +4,7 @@ import type { ToolParserName } from "../http/index.ts";
 import { releaseUnclaimed } from "../handoff/index.ts";
 import { type HttpListenerOptions, type HttpServer, serveHttp } from "../http/index.ts";
 import type { TlsSource } from "../rpc/tls-config.ts";
-import { type ChatRenderer, type Tokenizer, tokenizerFingerprint } from "../model/index.ts";
+import { type ChatRenderer, type Tokenizer, tokenizerFingerprint } from "../tokenizer/index.ts";
 import { createMetrics, log, type Metrics } from "../obs/index.ts";
 import { type GrpcServer, serveGrpc } from "../rpc/index.ts";
 import { RoutingTransport } from "../transfer/index.ts";

@@ -9,7 +9,7 @@ import {
   structuredOutputsField,
   TokenQueue,
 } from "../http/index.ts";
-import type { Tokenizer } from "../model/index.ts";
+import type { Tokenizer } from "../tokenizer/index.ts";
 import { type Attributes, endSpan, type Span, SpanKind, startSpan, traceHeaders } from "../obs/index.ts";
 import type { TokenLogprobs } from "../rng/index.ts";
 import { readTokenStream, type StreamDeadlines, type StreamOutcome } from "./token-stream.ts";

@@ -1,7 +1,7 @@
 import { Role } from "../gen/tl/control/v1/control_pb.ts";
 import { quote } from "../codec/index.ts";
 import { type CompletionKind, detokenizeRoute, errorResponse, HttpError, tokenizeRoute } from "../http/index.ts";
-import type { ChatRenderer, Tokenizer } from "../model/index.ts";
+import type { ChatRenderer, Tokenizer } from "../tokenizer/index.ts";
 import { type Metrics, metricsResponse } from "../obs/index.ts";
 import type { Admission } from "./admission.ts";
 import type { Completions } from "./completions.ts";

@@ -1,4 +1,4 @@
-import type { ChatMessage } from "../model/index.ts";
+import type { ChatMessage } from "../tokenizer/index.ts";
 import { HttpError } from "./errors.ts";
 import { quote } from "../codec/index.ts";
 

@@ -1,5 +1,5 @@
 import type { SamplingParams } from "../engine/index.ts";
-import { chatRenderer, ChatTemplateError, type ChatMessage, type ChatRenderer, type Tokenizer } from "../model/index.ts";
+import { chatRenderer, ChatTemplateError, type ChatMessage, type ChatRenderer, type Tokenizer } from "../tokenizer/index.ts";
 import { choiceSeed, MAX_TOP_LOGPROBS, randomSeed, validateLogits, validateSampling } from "../rng/index.ts";
 import { parseMessages } from "./chat-messages.ts";
 import { HttpError } from "./errors.ts";

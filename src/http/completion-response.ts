@@ -1,4 +1,4 @@
-import { StreamDecoder, type Tokenizer } from "../model/index.ts";
+import { StreamDecoder, type Tokenizer } from "../tokenizer/index.ts";
 import type { CompletionParams } from "./completion-request.ts";
 import { errorResponse, HttpError } from "./errors.ts";
 import { LogprobsWriter, toWire } from "./logprobs-shape.ts";

@@ -2,7 +2,7 @@ import { claimForResume, ResumeError } from "../handoff/index.ts";
 import type { KvReceiver } from "../transfer/index.ts";
 import type { Engine, Finish } from "../engine/index.ts";
 import { type CompiledConstraint, compilerFor, ConstraintError, constraintHash, type ConstraintSpec, type TokenMatcher } from "../grammar/index.ts";
-import { type ChatRenderer, grammarVocab, type Tokenizer } from "../model/index.ts";
+import { type ChatRenderer, grammarVocab, type Tokenizer } from "../tokenizer/index.ts";
 import { endSpan, extractHeaders, log, SpanKind, startSpan, type Attributes, type Span } from "../obs/index.ts";
 import { LIMITS, parseCompletion, samplingOf, type CompletionKind, type CompletionParams } from "./completion-request.ts";
 import { completionResponse } from "./completion-response.ts";

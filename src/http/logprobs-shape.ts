@@ -1,4 +1,4 @@
-import type { Tokenizer } from "../model/index.ts";
+import type { Tokenizer } from "../tokenizer/index.ts";
 import type { TokenLogprobs } from "../rng/index.ts";
 import type { CompletionKind } from "./completion-request.ts";
 

@@ -1,4 +1,4 @@
-import { chatRenderer, ChatTemplateError, type ChatRenderer, type Tokenizer } from "../model/index.ts";
+import { chatRenderer, ChatTemplateError, type ChatRenderer, type Tokenizer } from "../tokenizer/index.ts";
 import { parseMessages } from "./chat-messages.ts";
 import { HttpError } from "./errors.ts";
 import { checkInputBounds } from "./input-bounds.ts";

@@ -1,13 +1,4 @@
-export { KvReceiver, MAX_OWNER_CHARS, PushSession, type KvReceiverOptions, type ClaimedHandle } from "./kv-receiver.ts";
-export { acceptAll, PushDriver, toKvError } from "./push-driver.ts";
-export { kvService, kvMessageLimit, type KvServiceOptions } from "./kv-service.ts";
-export { serveKv, type ServeKvOptions, type KvServer } from "./kv-server.ts";
-export { serveDataPlane, type DataPlaneServer } from "./data-plane-server.ts";
-export { DataPlaneClient, type DataPlaneClientOptions } from "./data-plane-client.ts";
-export { RoutingTransport, type RoutingTransportOptions } from "./routing-transport.ts";
-export type { BlockPresence, KvTransport, PushOptions, PushRoute } from "./kv-transport.ts";
-export { buildChunks, chunkSlabBytes, poolChunks, PoolChunk } from "./build-chunks.ts";
-export { transfer, type TransferStats } from "./transfer.ts";
-export type { KvChunkLike, KvAckLike } from "./kv-chunk.ts";
+export * from "./receive/index.ts";
+export * from "./send/index.ts";
+export { KvError, type KvAckLike, type KvChunkLike, TransferError } from "./wire/index.ts";
 export { KV_FORMAT } from "../codec/index.ts";
-export { KvError, TransferError } from "./kv-error.ts";

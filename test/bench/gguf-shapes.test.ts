@@ -7,8 +7,10 @@ import { mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { BOS_ID, byteSymbols, EOS_ID, type LlamaShape, randomF16, SHAPES, shapeTensors, writeShapeGguf } from "../../bench/gguf-shapes.ts";
-import { buildTokenizer, ggmlTypeName, parseGguf, readModelFiles } from "../../src/model/index.ts";
-import { dtypeNameOf } from "../../src/model/packed.ts";
+import { buildTokenizer } from "../../src/tokenizer/index.ts";
+import { ggmlTypeName, parseGguf } from "../../src/model/load/gguf.ts";
+import { readModelFiles } from "../../src/model/load/load-model.ts";
+import { dtypeNameOf } from "../../src/model/compute/packed.ts";
 
 const dir = mkdtempSync(join(tmpdir(), "tl-gguf-shapes-"));
 afterAll(() => rmSync(dir, { recursive: true, force: true }));

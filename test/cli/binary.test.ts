@@ -3,7 +3,7 @@ import { readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { type Role, ROLES, SPECS } from "../../src/cli/options.ts";
 import { roleArgs } from "../../src/cli/spawn-role.ts";
-import { DEFAULT_MODEL_NAME } from "../../src/model/index.ts";
+import { DEFAULT_MODEL_NAME } from "../../src/model/load/default-model.ts";
 import { alive, exitWithin, killAll, killTree, REPO, spawnProc, tempDir, waitGone } from "./procs.ts";
 
 const expected = JSON.parse(readFileSync(join(REPO, "models", DEFAULT_MODEL_NAME, "expected.json"), "utf8")) as {

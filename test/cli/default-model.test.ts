@@ -4,7 +4,8 @@ import { join } from "node:path";
 import { loadModel, type ServedModel } from "../../src/cli/engine-node.ts";
 import { generate } from "../../src/cli/generate.ts";
 import { parseArgs } from "../../src/cli/options.ts";
-import { DEFAULT_MODEL_NAME, defaultModelDir, SYNTHETIC_MODEL_NAME } from "../../src/model/index.ts";
+import { DEFAULT_MODEL_NAME, defaultModelDir } from "../../src/model/load/default-model.ts";
+import { SYNTHETIC_MODEL_NAME } from "../../src/model/index.ts";
 import { startTestCluster, type TestCluster } from "../support/nodes.ts";
 import { REPO } from "./procs.ts";
 

@@ -1,7 +1,7 @@
 import { expect, test } from "bun:test";
 import { kvPoolFor, type ServedModel } from "../../src/cli/engine-node.ts";
 import { ConfigError } from "../../src/cli/options.ts";
-import { ByteTokenizer } from "../../src/model/index.ts";
+import { ByteTokenizer } from "../../src/tokenizer/index.ts";
 
 // One ArrayBuffer holds at most 4 GiB in Bun, and the KV pool is one: an 8B-shape model's 2 MiB
 // blocks allow 2048 of them. More is refused at start with the number that fits, not an

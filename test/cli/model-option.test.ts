@@ -3,7 +3,11 @@ import { startEngineNode } from "../../src/cli/engine-node.ts";
 import { parseArgs } from "../../src/cli/options.ts";
 import { EngineControl } from "../../src/gen/tl/engine/v1/engine_pb.ts";
 import { grpcClient } from "../../src/rpc/index.ts";
-import { LoadProgress, syntheticWeights, tokenizerFingerprint, writeLlama2cCheckpoint, writeLlama2cTokenizer } from "../../src/model/index.ts";
+import { LoadProgress } from "../../src/model/compute/load-progress.ts";
+import { syntheticWeights } from "../../src/model/compute/weights.ts";
+import { tokenizerFingerprint } from "../../src/tokenizer/index.ts";
+import { writeLlama2cCheckpoint } from "../../src/model/load/llama2c.ts";
+import { writeLlama2cTokenizer } from "../../src/tokenizer/llama2c-tokenizer.ts";
 import { CKPT, tempDir } from "../model/format-helpers.ts";
 
 const tmp = tempDir("model-opt");

@@ -1,6 +1,6 @@
 import { afterAll, describe, expect, test } from "bun:test";
 import { loadModel } from "../../src/cli/engine-node.ts";
-import { syntheticWeights } from "../../src/model/index.ts";
+import { syntheticWeights } from "../../src/model/compute/weights.ts";
 import { CKPT, tempDir } from "../model/format-helpers.ts";
 import { writeHfFolder } from "../support/model-writers.ts";
 

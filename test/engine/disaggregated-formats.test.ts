@@ -5,8 +5,11 @@ import { servedModelOf, startEngineNode, type EngineNode } from "../../src/cli/e
 import { grpcClient } from "../../src/rpc/index.ts";
 import { EngineControl, PrefillRequestSchema } from "../../src/gen/tl/engine/v1/engine_pb.ts";
 import { DRAWS_HEADER, FIRST_TOKEN_HEADER, HANDLE_HEADER } from "../../src/http/index.ts";
-import { ByteTokenizer, type ModelConfig, readModelFiles, syntheticWeights } from "../../src/model/index.ts";
-import { placedBytes } from "../../src/model/layer-group.ts";
+import { ByteTokenizer } from "../../src/tokenizer/index.ts";
+import type { ModelConfig } from "../../src/model/index.ts";
+import { readModelFiles } from "../../src/model/load/load-model.ts";
+import { syntheticWeights } from "../../src/model/compute/weights.ts";
+import { placedBytes } from "../../src/model/compute/layer-group.ts";
 import { tempDir } from "../model/format-helpers.ts";
 import { encodeGgufModel, writeHfFolder } from "../support/model-writers.ts";
 import { sseEvents } from "../support/nodes.ts";

@@ -6,7 +6,8 @@ import { EngineControl, PrefillRequestSchema } from "../../src/gen/tl/engine/v1/
 import { type Gateway, startGateway } from "../../src/gateway/index.ts";
 import { constraintHash } from "../../src/grammar/index.ts";
 import { CONSTRAINT_HEADER, DRAWS_HEADER, FIRST_TOKEN_HEADER, HANDLE_HEADER } from "../../src/http/index.ts";
-import { chatRendererFor, loadTokenizerFor } from "../../src/model/index.ts";
+import { chatRendererFor } from "../../src/tokenizer/index.ts";
+import { loadTokenizerFor } from "../../src/model/index.ts";
 import { grpcClient } from "../../src/rpc/index.ts";
 import { GATEWAY_TUNING, sseEvents } from "../support/nodes.ts";
 import { schemaViolation } from "../support/schema-check.ts";

@@ -190,7 +190,8 @@ describe("the decode side of the hand-off", () => {
 describe("disaggregated_equals_colocated with the default model", () => {
   test("the same text through HTTP: gateway over P and D versus one engine", async () => {
     const { startGateway } = await import("../../src/gateway/index.ts");
-    const { chatRendererFor, loadTokenizerFor } = await import("../../src/model/index.ts");
+    const { chatRendererFor } = await import("../../src/tokenizer/index.ts");
+    const { loadTokenizerFor } = await import("../../src/model/index.ts");
     // The gateway tokenizes and renders chat prompts as the engines' default model does (tl-kjv-small).
     const m = await loadTokenizerFor({});
     const chat = chatRendererFor(m.tokenizer, m.chatTemplate);

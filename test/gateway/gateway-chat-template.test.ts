@@ -2,7 +2,8 @@ import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { mkdtempSync, readFileSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { ByteTokenizer, ChatTemplate, chatRendererFor } from "../../src/model/index.ts";
+import { ByteTokenizer, chatRendererFor } from "../../src/tokenizer/index.ts";
+import { ChatTemplate } from "../../src/tokenizer/chat-template.ts";
 import { startTestCluster, type TestCluster } from "../support/nodes.ts";
 
 const SMOLLM2 = readFileSync(new URL("../fixtures/chat-templates/smollm2-instruct.jinja", import.meta.url), "utf8");

@@ -1,7 +1,7 @@
 import { expect, test } from "bun:test";
 import { readTokenStream } from "../../src/gateway/token-stream.ts";
 import { completionResponse, parseCompletion, TokenQueue } from "../../src/http/index.ts";
-import { ByteTokenizer } from "../../src/model/index.ts";
+import { ByteTokenizer } from "../../src/tokenizer/index.ts";
 import { sseEvents } from "../support/nodes.ts";
 
 const tokenizer = new ByteTokenizer();

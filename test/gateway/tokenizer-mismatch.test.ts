@@ -1,7 +1,8 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { GrpcRegistry, workerStatus, type WorkerIdentity } from "../../src/control/index.ts";
 import { RegistryService, WorkerRegistry } from "../../src/gateway/index.ts";
-import { ByteTokenizer, Llama2cTokenizer, tokenizerFingerprint } from "../../src/model/index.ts";
+import { ByteTokenizer, tokenizerFingerprint } from "../../src/tokenizer/index.ts";
+import { Llama2cTokenizer } from "../../src/tokenizer/llama2c-tokenizer.ts";
 import { serveGrpc, type GrpcServer } from "../../src/rpc/index.ts";
 
 // A gateway hashes prompt blocks with its own tokenizer; an engine that tokenizes differently

@@ -1,6 +1,7 @@
 import { describe, expect, test } from "bun:test";
 import { checkConstraint, ConstraintCompiler, ConstraintError, constraintHash, type ConstraintSpec } from "../../src/grammar/index.ts";
-import { grammarVocab, loadTokenizerFor } from "../../src/model/index.ts";
+import { grammarVocab } from "../../src/tokenizer/index.ts";
+import { loadTokenizerFor } from "../../src/model/index.ts";
 import { applyTokenBitmask } from "../../src/rng/index.ts";
 
 const { tokenizer } = await loadTokenizerFor({ modelPath: "" });

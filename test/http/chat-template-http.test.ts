@@ -4,7 +4,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { startEngineNode, type EngineNode } from "../../src/cli/engine-node.ts";
 import { parseArgs } from "../../src/cli/options.ts";
-import { ChatTemplate } from "../../src/model/index.ts";
+import { ChatTemplate } from "../../src/tokenizer/chat-template.ts";
 import { fakeServedModel } from "../support/nodes.ts";
 
 const QWEN25 = readFileSync(new URL("../fixtures/chat-templates/qwen2.5-instruct.jinja", import.meta.url), "utf8");

@@ -1,7 +1,7 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { startEngineNode, type EngineNode } from "../../src/cli/engine-node.ts";
 import { TextAssembler } from "../../src/http/index.ts";
-import { ByteTokenizer } from "../../src/model/index.ts";
+import { ByteTokenizer } from "../../src/tokenizer/index.ts";
 import type { FakeRunner } from "../support/fake-model.ts";
 import { fakeServedModel, sseEvents } from "../support/nodes.ts";
 

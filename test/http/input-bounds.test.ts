@@ -1,7 +1,7 @@
 import { expect, test } from "bun:test";
 import { parseCompletion } from "../../src/http/completion-request.ts";
 import { HttpError } from "../../src/http/errors.ts";
-import { ByteTokenizer } from "../../src/model/tokenizer.ts";
+import { ByteTokenizer } from "../../src/tokenizer/tokenizer.ts";
 
 // A tokenizer that counts its work: a refused request must not have reached it.
 class CountingTokenizer extends ByteTokenizer {

@@ -7,7 +7,8 @@ import { join } from "node:path";
 import { startEngineNode, type EngineNode } from "../../src/cli/engine-node.ts";
 import { REPO } from "../cli/procs.ts";
 import { type Gateway, startGateway } from "../../src/gateway/index.ts";
-import { chatRendererFor, loadModel, loadTokenizerFor } from "../../src/model/index.ts";
+import { chatRendererFor } from "../../src/tokenizer/index.ts";
+import { loadModel, loadTokenizerFor } from "../../src/model/index.ts";
 import { fakeServedModel, GATEWAY_TUNING } from "../support/nodes.ts";
 import { byteLevelGgufMeta, vocabOnlyGguf } from "../support/tokenizer-files.ts";
 

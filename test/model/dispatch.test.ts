@@ -1,7 +1,7 @@
 import { describe, expect, test } from "bun:test";
-import { decodeHeadsPerPiece } from "../../src/model/attention-pieces.ts";
-import { MatmulKernel, matmulRef } from "../../src/model/matmul.ts";
-import { castMatrix, dequantize, type Matrix } from "../../src/model/packed.ts";
+import { decodeHeadsPerPiece } from "../../src/model/compute/attention-pieces.ts";
+import { MatmulKernel, matmulRef } from "../../src/model/compute/matmul.ts";
+import { castMatrix, dequantize, type Matrix } from "../../src/model/compute/packed.ts";
 import { bits } from "./helpers.ts";
 
 // Big enough that every call is split over the threads (SPLIT_MACS) into many chunks.

@@ -1,15 +1,12 @@
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import {
-  type Matrix,
-  type ModelConfig,
-  readModelFiles,
-  Transformer,
-  type Weights,
-  writeLlama2cCheckpoint,
-  writeLlama2cTokenizer,
-} from "../../src/model/index.ts";
+import type { Matrix } from "../../src/model/compute/packed.ts";
+import { type ModelConfig, Transformer } from "../../src/model/index.ts";
+import { readModelFiles } from "../../src/model/load/load-model.ts";
+import type { Weights } from "../../src/model/compute/weights.ts";
+import { writeLlama2cCheckpoint } from "../../src/model/load/llama2c.ts";
+import { writeLlama2cTokenizer } from "../../src/tokenizer/llama2c-tokenizer.ts";
 import { argmax, newPool, Seq, step, TINY } from "./helpers.ts";
 
 /** The llama2.c test checkpoint's shape, with a context long enough for the greedy runs. */

@@ -1,6 +1,10 @@
 import { afterAll, describe, expect, test } from "bun:test";
 import { writeFileSync } from "node:fs";
-import { type ModelConfig, parseGguf, readModelFiles, syntheticWeights, toFloat32 } from "../../src/model/index.ts";
+import type { ModelConfig } from "../../src/model/index.ts";
+import { parseGguf } from "../../src/model/load/gguf.ts";
+import { readModelFiles } from "../../src/model/load/load-model.ts";
+import { syntheticWeights } from "../../src/model/compute/weights.ts";
+import { toFloat32 } from "../../src/model/load/raw-tensor.ts";
 import { encodeGgufModel, GT, writeHfFolder } from "../support/model-writers.ts";
 import { CKPT, greedy, llama2cReference, maxAbsDiff, PROMPTS, tempDir } from "./format-helpers.ts";
 import { bits, TINY } from "./helpers.ts";

@@ -1,8 +1,9 @@
 import { expect } from "bun:test";
-import { type MatmulKernel, matmul, matmulRef } from "../../src/model/matmul.ts";
-import type { Matrix } from "../../src/model/packed.ts";
+import { type MatmulKernel, matmul, matmulRef } from "../../src/model/compute/matmul.ts";
+import type { Matrix } from "../../src/model/compute/packed.ts";
 import { KvPool } from "../../src/pool/index.ts";
-import { type ModelConfig, type SeqChunk, Transformer, kvShapeOf, syntheticWeights } from "../../src/model/index.ts";
+import { type ModelConfig, type SeqChunk, Transformer, kvShapeOf } from "../../src/model/index.ts";
+import { syntheticWeights } from "../../src/model/compute/weights.ts";
 
 export const TINY: ModelConfig = {
   name: "tiny",

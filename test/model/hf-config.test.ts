@@ -1,5 +1,6 @@
 import { describe, expect, test } from "bun:test";
-import { headDimOf, hfModelSpec } from "../../src/model/index.ts";
+import { headDimOf } from "../../src/model/compute/config.ts";
+import { hfModelSpec } from "../../src/model/load/hf-config.ts";
 
 // config.json files shaped as the published ones are (every key they carry, values of the
 // real models), so a key the spec does not know cannot make a real model fail to load.

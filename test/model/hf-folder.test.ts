@@ -1,7 +1,10 @@
 import { afterAll, describe, expect, test } from "bun:test";
 import { writeFileSync } from "node:fs";
 import { join } from "node:path";
-import { interleavedToSplitHalf, loadModel, loadTokenizerFor, readModelFiles, splitHalfToInterleaved, syntheticWeights } from "../../src/model/index.ts";
+import { interleavedToSplitHalf, splitHalfToInterleaved } from "../../src/model/load/rope-order.ts";
+import { loadModel, loadTokenizerFor } from "../../src/model/index.ts";
+import { readModelFiles } from "../../src/model/load/load-model.ts";
+import { syntheticWeights } from "../../src/model/compute/weights.ts";
 import { writeHfFolder } from "../support/model-writers.ts";
 import { CKPT, greedy, llama2cReference, maxAbsDiff, PROMPTS, tempDir } from "./format-helpers.ts";
 import { bits } from "./helpers.ts";

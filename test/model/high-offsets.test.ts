@@ -1,8 +1,9 @@
 import { describe, expect, test } from "bun:test";
-import { kvShapeOf, syntheticWeights, Transformer, type ModelConfig } from "../../src/model/index.ts";
-import { MatmulKernel } from "../../src/model/matmul.ts";
-import { castWeights } from "../../src/model/weights.ts";
-import type { DType } from "../../src/model/packed.ts";
+import { kvShapeOf, Transformer, type ModelConfig } from "../../src/model/index.ts";
+import { syntheticWeights } from "../../src/model/compute/weights.ts";
+import { MatmulKernel } from "../../src/model/compute/matmul.ts";
+import { castWeights } from "../../src/model/compute/weights.ts";
+import type { DType } from "../../src/model/compute/packed.ts";
 import { KvPool } from "../../src/pool/index.ts";
 import { bits, Seq, tokens } from "./helpers.ts";
 

@@ -1,10 +1,10 @@
 import { afterAll, describe, expect, test } from "bun:test";
-import { f16Bits } from "../../src/model/f16-bits.ts";
-import { matmulQ4KRef, matmulQ6KRef } from "../../src/model/k-quant-ref.ts";
-import { kBlockBytes } from "../../src/model/k-quants.ts";
-import { MatmulKernel, matmulRef } from "../../src/model/matmul.ts";
-import { castMatrix, dequantize, type PackedMatrix } from "../../src/model/packed.ts";
-import { toFloat32 } from "../../src/model/raw-tensor.ts";
+import { f16Bits } from "../../src/model/compute/f16-bits.ts";
+import { matmulQ4KRef, matmulQ6KRef } from "../../src/model/compute/k-quant-ref.ts";
+import { kBlockBytes } from "../../src/model/compute/k-quants.ts";
+import { MatmulKernel, matmulRef } from "../../src/model/compute/matmul.ts";
+import { castMatrix, dequantize, type PackedMatrix } from "../../src/model/compute/packed.ts";
+import { toFloat32 } from "../../src/model/load/raw-tensor.ts";
 import { bits } from "./helpers.ts";
 import { blockScale, expectRowsAlone, expectWithinXQuantization, randomBytes } from "./quant-helpers.ts";
 

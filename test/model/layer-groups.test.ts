@@ -1,14 +1,15 @@
 import { describe, expect, test } from "bun:test";
-import { kvShapeOf, syntheticWeights, Transformer, type ModelConfig } from "../../src/model/index.ts";
-import { groupBudget, layerSlice, planGroups, roomBytes } from "../../src/model/layer-group.ts";
-import { castMatrix, type DType, type Matrix, type PackedMatrix } from "../../src/model/packed.ts";
-import { stripLayoutBytes } from "../../src/model/strip-layout.ts";
-import { castWeights, MATRICES, matrixCols, type Weights } from "../../src/model/weights.ts";
+import { kvShapeOf, Transformer, type ModelConfig } from "../../src/model/index.ts";
+import { syntheticWeights } from "../../src/model/compute/weights.ts";
+import { groupBudget, layerSlice, planGroups, roomBytes } from "../../src/model/compute/layer-group.ts";
+import { castMatrix, type DType, type Matrix, type PackedMatrix } from "../../src/model/compute/packed.ts";
+import { stripLayoutBytes } from "../../src/model/compute/strip-layout.ts";
+import { castWeights, type MATRICES, matrixCols, type Weights } from "../../src/model/compute/weights.ts";
 import { KvPool } from "../../src/pool/index.ts";
 import { bits, Seq, tokens } from "./helpers.ts";
 
 // A model past one wasm32 memory is cut into layer groups, each its own kernel memory and threads
-// (src/model/layer-group.ts). Here groups are forced on a small model by lowering the bytes a
+// (src/model/compute/layer-group.ts). Here groups are forced on a small model by lowering the bytes a
 // group may place, and every logit must keep the bits of the one-memory model: the kernels give
 // the same bits wherever their operands live, and only the residual stream crosses.
 

@@ -1,6 +1,6 @@
 import { describe, expect, test } from "bun:test";
-import { expF32, swigluF32 } from "../../src/model/f32-math.ts";
-import { MatmulKernel } from "../../src/model/matmul.ts";
+import { expF32, swigluF32 } from "../../src/model/compute/f32-math.ts";
+import { MatmulKernel } from "../../src/model/compute/matmul.ts";
 import { bits } from "./helpers.ts";
 
 // The attention and elementwise kernels against plain JS written in the same order, bit for bit.

@@ -1,9 +1,9 @@
 import { afterAll, describe, expect, test } from "bun:test";
-import { f16Bits } from "../../src/model/f16-bits.ts";
-import { type LegacyDType, LEGACY_DTYPES, legacyShape } from "../../src/model/legacy-quants.ts";
-import { MatmulKernel, matmulLegacyRef, matmulRef } from "../../src/model/matmul.ts";
-import { dequantize, type PackedMatrix } from "../../src/model/packed.ts";
-import { toFloat32 } from "../../src/model/raw-tensor.ts";
+import { f16Bits } from "../../src/model/compute/f16-bits.ts";
+import { type LegacyDType, LEGACY_DTYPES, legacyShape } from "../../src/model/compute/legacy-quants.ts";
+import { MatmulKernel, matmulLegacyRef, matmulRef } from "../../src/model/compute/matmul.ts";
+import { dequantize, type PackedMatrix } from "../../src/model/compute/packed.ts";
+import { toFloat32 } from "../../src/model/load/raw-tensor.ts";
 import { bits } from "./helpers.ts";
 import { blockScale, expectRowsAlone, expectWithinXQuantization, randomBytes } from "./quant-helpers.ts";
 

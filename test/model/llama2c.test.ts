@@ -2,18 +2,11 @@ import { afterAll, describe, expect, test } from "bun:test";
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import {
-  StreamDecoder,
-  Transformer,
-  type VocabEntry,
-  encodeLlama2cTokenizer,
-  loadLlama2cCheckpoint,
-  loadLlama2cTokenizer,
-  parseLlama2cCheckpoint,
-  syntheticWeights,
-  writeLlama2cCheckpoint,
-  writeLlama2cTokenizer,
-} from "../../src/model/index.ts";
+import { StreamDecoder, loadLlama2cTokenizer } from "../../src/tokenizer/index.ts";
+import { Transformer, loadLlama2cCheckpoint } from "../../src/model/index.ts";
+import { type VocabEntry, encodeLlama2cTokenizer, writeLlama2cTokenizer } from "../../src/tokenizer/llama2c-tokenizer.ts";
+import { parseLlama2cCheckpoint, writeLlama2cCheckpoint } from "../../src/model/load/llama2c.ts";
+import { syntheticWeights } from "../../src/model/compute/weights.ts";
 import { Seq, TINY, bits, newPool, step, tokens } from "./helpers.ts";
 
 const dir = mkdtempSync(join(tmpdir(), "tl-model-"));

@@ -1,13 +1,9 @@
 import { afterAll, describe, expect, test } from "bun:test";
-import {
-  DEFAULT_MODEL_NAME,
-  loadModel,
-  loadTokenizerFor,
-  SYNTHETIC_MODEL_NAME,
-  syntheticWeights,
-  writeLlama2cCheckpoint,
-  writeLlama2cTokenizer,
-} from "../../src/model/index.ts";
+import { DEFAULT_MODEL_NAME } from "../../src/model/load/default-model.ts";
+import { loadModel, loadTokenizerFor, SYNTHETIC_MODEL_NAME } from "../../src/model/index.ts";
+import { syntheticWeights } from "../../src/model/compute/weights.ts";
+import { writeLlama2cCheckpoint } from "../../src/model/load/llama2c.ts";
+import { writeLlama2cTokenizer } from "../../src/tokenizer/llama2c-tokenizer.ts";
 import { writeFileSync } from "node:fs";
 import { encodeGgufModel, writeHfFolder } from "../support/model-writers.ts";
 import { CKPT, tempDir } from "./format-helpers.ts";

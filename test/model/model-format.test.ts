@@ -1,6 +1,11 @@
 import { afterAll, describe, expect, test } from "bun:test";
 import { mkdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
-import { parseGguf, parseSafetensors, readModelFiles, syntheticWeights, writeLlama2cCheckpoint, writeLlama2cTokenizer } from "../../src/model/index.ts";
+import { parseGguf } from "../../src/model/load/gguf.ts";
+import { parseSafetensors } from "../../src/model/load/safetensors.ts";
+import { readModelFiles } from "../../src/model/load/load-model.ts";
+import { syntheticWeights } from "../../src/model/compute/weights.ts";
+import { writeLlama2cCheckpoint } from "../../src/model/load/llama2c.ts";
+import { writeLlama2cTokenizer } from "../../src/tokenizer/llama2c-tokenizer.ts";
 import { encodeGguf, encodeGgufModel, encodeSafetensors, GT, TINY_TOKENIZER_JSON, writeHfFolder } from "../support/model-writers.ts";
 import { CKPT, tempDir } from "./format-helpers.ts";
 

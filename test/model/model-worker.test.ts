@@ -3,7 +3,7 @@
 import { afterAll, describe, expect, test } from "bun:test";
 import { kvShapeOf, loadSyntheticModel, ModelWorker, prevToken, type SeqChunk, SYNTHETIC_MODEL_NAME, Transformer } from "../../src/model/index.ts";
 import { KvPool } from "../../src/pool/index.ts";
-import { newReadPlan, planInts, readPlan, writePlan } from "../../src/model/model-worker-protocol.ts";
+import { newReadPlan, planInts, readPlan, writePlan } from "../../src/model/thread/model-worker-protocol.ts";
 import { sample, stream } from "../../src/rng/index.ts";
 
 /** A row the model greedy-samples itself. */

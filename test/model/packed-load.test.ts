@@ -1,7 +1,10 @@
 import { afterAll, describe, expect, test } from "bun:test";
 import { writeFileSync } from "node:fs";
-import { castWeights, type DType, type Matrix, type ModelConfig, readModelFiles, syntheticWeights, type Weights, weightsDType } from "../../src/model/index.ts";
-import { dtypeNameOf, isStacked, type PackedMatrix } from "../../src/model/packed.ts";
+import { castWeights, syntheticWeights, type Weights, weightsDType } from "../../src/model/compute/weights.ts";
+import type { DType, ModelConfig } from "../../src/model/index.ts";
+import type { Matrix } from "../../src/model/compute/packed.ts";
+import { readModelFiles } from "../../src/model/load/load-model.ts";
+import { dtypeNameOf, isStacked, type PackedMatrix } from "../../src/model/compute/packed.ts";
 import { encodeGgufModel, writeHfFolder } from "../support/model-writers.ts";
 import { CKPT, greedy, PROMPTS, tempDir } from "./format-helpers.ts";
 import { bits, TINY } from "./helpers.ts";

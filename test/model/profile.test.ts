@@ -1,6 +1,7 @@
 import { expect, test } from "bun:test";
-import { type ModelConfig, Transformer, kvShapeOf, syntheticWeights } from "../../src/model/index.ts";
-import { FORWARD_PHASES } from "../../src/model/transformer.ts";
+import { type ModelConfig, Transformer, kvShapeOf } from "../../src/model/index.ts";
+import { syntheticWeights } from "../../src/model/compute/weights.ts";
+import { FORWARD_PHASES } from "../../src/model/compute/transformer.ts";
 
 const CFG: ModelConfig = {
   name: "profiled",

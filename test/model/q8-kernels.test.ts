@@ -1,6 +1,6 @@
 import { afterAll, describe, expect, test } from "bun:test";
-import { MatmulKernel, matmulQ8Ref, matmulRef } from "../../src/model/matmul.ts";
-import { castMatrix, dequantize, type PackedMatrix } from "../../src/model/packed.ts";
+import { MatmulKernel, matmulQ8Ref, matmulRef } from "../../src/model/compute/matmul.ts";
+import { castMatrix, dequantize, type PackedMatrix } from "../../src/model/compute/packed.ts";
 import { bits } from "./helpers.ts";
 
 // The integer q8_0 kernel (kernels/assembly/q8.ts) against matmulQ8Ref, bit for bit: x's

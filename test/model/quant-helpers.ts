@@ -1,5 +1,5 @@
 import { expect } from "bun:test";
-import type { MatmulKernel } from "../../src/model/matmul.ts";
+import type { MatmulKernel } from "../../src/model/compute/matmul.ts";
 import { bits } from "./helpers.ts";
 
 // Shared by the integer kernels' tests (k-quant-kernels, legacy-kernels): random block bytes,

@@ -1,6 +1,10 @@
 import { afterAll, describe, expect, test } from "bun:test";
 import { writeFileSync } from "node:fs";
-import { type ModelConfig, readModelFiles, ropeFrequencies, splitHalfToInterleaved, syntheticWeights } from "../../src/model/index.ts";
+import type { ModelConfig } from "../../src/model/index.ts";
+import { readModelFiles } from "../../src/model/load/load-model.ts";
+import { ropeFrequencies } from "../../src/model/compute/config.ts";
+import { splitHalfToInterleaved } from "../../src/model/load/rope-order.ts";
+import { syntheticWeights } from "../../src/model/compute/weights.ts";
 import { encodeGguf, GT, namedTensors, writeHfFolder } from "../support/model-writers.ts";
 import { greedy, maxAbsDiff, PROMPTS, tempDir } from "./format-helpers.ts";
 

@@ -1,5 +1,5 @@
 import { expect, test } from "bun:test";
-import { StallBackoff } from "../../src/model/stall-backoff.ts";
+import { StallBackoff } from "../../src/model/compute/stall-backoff.ts";
 
 test("a lone stall backs off briefly; stalls close together double the backoff up to its cap", () => {
   const b = new StallBackoff(0.5, 2, 50);

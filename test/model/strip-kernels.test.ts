@@ -1,6 +1,6 @@
 import { afterAll, describe, expect, test } from "bun:test";
-import { MatmulKernel, matmulRef } from "../../src/model/matmul.ts";
-import { castMatrix, type DType, dequantize, type Matrix, type PackedMatrix } from "../../src/model/packed.ts";
+import { MatmulKernel, matmulRef } from "../../src/model/compute/matmul.ts";
+import { castMatrix, type DType, dequantize, type Matrix, type PackedMatrix } from "../../src/model/compute/packed.ts";
 import { bits } from "./helpers.ts";
 
 // The strip-layout kernels against matmulRef, bit for bit: every tile (batch 1 strips, 4x2 tiles,

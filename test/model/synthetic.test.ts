@@ -1,6 +1,7 @@
 import { describe, expect, test } from "bun:test";
 import { KvPool } from "../../src/pool/index.ts";
-import { Transformer, kvShapeOf, loadSyntheticModel, StreamDecoder } from "../../src/model/index.ts";
+import { Transformer, kvShapeOf, loadSyntheticModel } from "../../src/model/index.ts";
+import { StreamDecoder } from "../../src/tokenizer/index.ts";
 import { argmax, bits } from "./helpers.ts";
 
 describe("synthetic model", () => {

@@ -1,7 +1,8 @@
 import { describe, expect, test } from "bun:test";
 import { KvPool } from "../../src/pool/index.ts";
-import { Transformer, kvShapeOf, syntheticWeights, type ModelConfig, type Weights } from "../../src/model/index.ts";
-import { MatmulKernel, matmul } from "../../src/model/matmul.ts";
+import { Transformer, kvShapeOf, type ModelConfig } from "../../src/model/index.ts";
+import { syntheticWeights, type Weights } from "../../src/model/compute/weights.ts";
+import { MatmulKernel, matmul } from "../../src/model/compute/matmul.ts";
 import { B, Seq, TINY, argmax, bits, expectMatmulsGive, newPool, step, tinyModel, tokens } from "./helpers.ts";
 
 describe("matmul", () => {

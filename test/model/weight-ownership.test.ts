@@ -1,7 +1,8 @@
 import { describe, expect, test } from "bun:test";
-import { Transformer, syntheticWeights } from "../../src/model/index.ts";
-import type { Matrix } from "../../src/model/packed.ts";
-import { castWeights, MATRICES } from "../../src/model/weights.ts";
+import { Transformer } from "../../src/model/index.ts";
+import { syntheticWeights } from "../../src/model/compute/weights.ts";
+import type { Matrix } from "../../src/model/compute/packed.ts";
+import { castWeights, MATRICES } from "../../src/model/compute/weights.ts";
 import { Seq, TINY, bits, newPool, step, tokens } from "./helpers.ts";
 
 /**

@@ -4,7 +4,7 @@ import { InMemorySpanExporter, type ReadableSpan } from "@opentelemetry/sdk-trac
 import type { Socket } from "bun";
 import { setupTracing, startSpan, traceparentOf, tracingEnabled, tracingEndpoint } from "../../src/obs/index.ts";
 import { DataPlaneClient, KV_FORMAT, type KvChunkLike } from "../../src/transfer/index.ts";
-import { encodeAck, FRAME_CHUNK, FRAME_END, FRAME_HEAD, FRAME_TRACE, frameBytes } from "../../src/transfer/data-plane-frame.ts";
+import { encodeAck, FRAME_CHUNK, FRAME_END, FRAME_HEAD, FRAME_TRACE, frameBytes } from "../../src/transfer/wire/index.ts";
 import { startTestCluster, type TestCluster } from "../support/nodes.ts";
 
 // One provider for this test process, set up by the first traced test (after the

@@ -6,7 +6,7 @@ import { existsSync, statSync } from "node:fs";
 import { WorkerRegistry } from "../../src/gen/tl/control/v1/control_pb.ts";
 import { EngineControl } from "../../src/gen/tl/engine/v1/engine_pb.ts";
 import { KvTransfer } from "../../src/gen/tl/kv/v1/kv_pb.ts";
-import { DEFAULT_MODEL_NAME } from "../../src/model/index.ts";
+import { DEFAULT_MODEL_NAME } from "../../src/model/load/default-model.ts";
 import { CLUSTER_TLS_NAME } from "../../src/rpc/tls-config.ts";
 import { testPki } from "../support/certs.ts";
 import { exitWithin, killAll, killTree, spawnProc } from "../cli/procs.ts";

@@ -9,7 +9,7 @@ import { envelopeBytes } from "../../src/codec/index.ts";
 import { KvChunkSchema, KvTransfer } from "../../src/gen/tl/kv/v1/kv_pb.ts";
 import { KvPool } from "../../src/pool/index.ts";
 import { buildChunks, kvMessageLimit, TransferError, type KvChunkLike } from "../../src/transfer/index.ts";
-import { CHUNK_FIXED, encodeChunk, FRAME_CHUNK, FRAME_HEAD } from "../../src/transfer/data-plane-frame.ts";
+import { CHUNK_FIXED, encodeChunk, FRAME_CHUNK, FRAME_HEAD } from "../../src/transfer/wire/index.ts";
 import { putU32 } from "../../src/codec/index.ts";
 import { startEngineNode } from "../../src/cli/engine-node.ts";
 import type { FakeRunner } from "../support/fake-model.ts";

@@ -1,7 +1,10 @@
 import { mkdirSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
-import { headDimOf, interleavedToSplitHalf, kvDimOf, type ModelConfig, qDimOf, type Weights } from "../../src/model/index.ts";
-import { quantizeQ5K, quantizeQ6K } from "../../src/model/k-quants.ts";
+import { headDimOf, kvDimOf, qDimOf } from "../../src/model/compute/config.ts";
+import { interleavedToSplitHalf } from "../../src/model/load/rope-order.ts";
+import type { ModelConfig } from "../../src/model/index.ts";
+import type { Weights } from "../../src/model/compute/weights.ts";
+import { quantizeQ5K, quantizeQ6K } from "../../src/model/compute/k-quants.ts";
 
 // Writers of the model formats the loaders read, from a Weights object (run.c layout, interleaved
 // RoPE order). They write what the real tools write: HF's split-half q/k order, GGUF's reversed

@@ -1,5 +1,5 @@
 import { sseData } from "../../src/http/index.ts";
-import { ByteTokenizer } from "../../src/model/index.ts";
+import { ByteTokenizer } from "../../src/tokenizer/index.ts";
 import type { ServedModel } from "../../src/cli/engine-node.ts";
 import { FakeRunner } from "./fake-model.ts";
 

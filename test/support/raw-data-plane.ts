@@ -1,7 +1,7 @@
 // A hand-driven data plane client for tests that write frames byte by byte: it records
 // what D answers (ERROR and ACK frames) and whether D hung up.
 import type { Socket } from "bun";
-import { decodeReply, frameBytes } from "../../src/transfer/data-plane-frame.ts";
+import { decodeReply, frameBytes } from "../../src/transfer/wire/index.ts";
 
 export interface RawConn {
   socket: Socket<undefined>;

@@ -1,8 +1,8 @@
 // Small tokenizer.json files shaped like real ones (Qwen2.5 / Llama 3 / SmolLM2 byte-level BPE,
 // Llama 2 / TinyLlama SentencePiece BPE), and the GGUF metadata llama.cpp's converter would write
 // for the same vocabularies. Tests write them; nothing is downloaded.
-import { BYTE_TO_CHAR } from "../../src/model/byte-level.ts";
-import type { GgufTokenizerMeta } from "../../src/model/tokenizer-source.ts";
+import { BYTE_TO_CHAR } from "../../src/tokenizer/byte-level.ts";
+import type { GgufTokenizerMeta } from "../../src/tokenizer/tokenizer-source.ts";
 import { encodeGguf, type GgufKv, GT } from "./model-writers.ts";
 
 const added = (id: number, content: string, special = true) => ({ id, content, single_word: false, lstrip: false, rstrip: false, normalized: false, special });

@@ -16,7 +16,7 @@ import {
   RUN_ENTRY_HEAD,
   RUN_FIXED,
   runFrameBytes,
-} from "../../src/transfer/data-plane-frame.ts";
+} from "../../src/transfer/wire/index.ts";
 import { ENVELOPE_HEAD_BYTES, getU16, getU32, getU64, putU32, putU64 } from "../../src/codec/index.ts";
 import { concat, rawConnect, writeAll, type RawConn } from "../support/raw-data-plane.ts";
 import { dataPlaneOf, evictAll, prefillTransport, settle, snapshot, startDecode, type Decode } from "./harness.ts";

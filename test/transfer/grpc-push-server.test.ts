@@ -1,4 +1,4 @@
-// PushKv's own gRPC handler (src/transfer/grpc-push-server.ts) ahead of Connect: what it
+// PushKv's own gRPC handler (src/transfer/receive/grpc-push-server.ts) ahead of Connect: what it
 // takes it parses in place, whatever the DATA frame boundaries; what it does not take
 // (compressed streams, the Connect protocol) still reaches Connect and is answered alike.
 import { afterAll, expect, test } from "bun:test";

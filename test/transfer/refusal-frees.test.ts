@@ -9,7 +9,7 @@ import { Code, ConnectError, createClient, type Transport } from "@connectrpc/co
 import { compressionGzip, createConnectTransport, createGrpcTransport } from "@connectrpc/connect-node";
 import { KvChunkSchema, KvTransfer } from "../../src/gen/tl/kv/v1/kv_pb.ts";
 import { KvPool } from "../../src/pool/index.ts";
-import { encodeChunk } from "../../src/transfer/data-plane-frame.ts";
+import { encodeChunk } from "../../src/transfer/wire/index.ts";
 import { buildChunks, type KvChunkLike } from "../../src/transfer/index.ts";
 import { fakePrefill, fakePrompt } from "../support/fake-model.ts";
 import { rawConnect, writeAll } from "../support/raw-data-plane.ts";

@@ -1,0 +1,43 @@
+// What both sides of a push share: the chunk and ack shapes, the two transfer errors, the
+// data plane's frames (docs/data-plane.md) and the reassembler of a stream's bytes.
+export { ackSpanAttributes, type KvAckLike, type KvChunkLike } from "./kv-chunk.ts";
+export { KvError, TransferError, transferError } from "./kv-error.ts";
+export { Reassembler } from "./reassembler.ts";
+export {
+  type AckBody,
+  CHUNK_FIXED,
+  chunkHeadBytes,
+  decodeChunk,
+  decodeOwner,
+  decodeReply,
+  decodeRun,
+  decodeTrace,
+  encodeAck,
+  encodeChunk,
+  encodeChunkHead,
+  encodeEnd,
+  encodeError,
+  encodeOwner,
+  encodeRunHead,
+  encodeTrace,
+  FRAME_CHUNK,
+  FRAME_END,
+  FRAME_HEAD,
+  FRAME_OWNER,
+  FRAME_RUN,
+  FRAME_TRACE,
+  frameBytes,
+  MAX_HANDLE_BYTES,
+  MAX_OWNER_BYTES,
+  MAX_RUN,
+  MAX_TRACE_BYTES,
+  putRunEntry,
+  RUN_ENTRY,
+  RUN_ENTRY_HEAD,
+  RUN_FIXED,
+  type RunHead,
+  runEntryCrc,
+  runEntryHash,
+  runEntryTrailer,
+  runFrameBytes,
+} from "./data-plane-frame.ts";
