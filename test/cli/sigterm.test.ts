@@ -130,7 +130,7 @@ test("sigterm_on_a_gateway_replica: readiness 503 at once, its streams finish, i
     // Readiness turns at once, long before the stream ends: a Service stops sending it clients.
     const t1 = Date.now();
     while ((await health()) !== 503) {
-      expect(Date.now() - t1).toBeLessThan(2_000);
+      expect(Date.now() - t1).toBeLessThan(10_000);
       await Bun.sleep(5);
     }
     const r = await stream.result;

@@ -37,7 +37,7 @@ test("beat once counts failures and drain", async () => {
   expect(await beatOnce(registry, status, 100, state)).toBe(false);
   const took = performance.now() - t0;
   expect(took).toBeGreaterThanOrEqual(90);
-  expect(took).toBeLessThan(1000);
+  expect(took).toBeLessThan(10_000); // one timeout, not a hang: generous for a loaded machine
   expect(state.failures).toBe(1);
   expect(registry.signals.at(-1)!.aborted).toBe(true);
 
@@ -70,7 +70,7 @@ test("heartbeat beats on schedule", async () => {
   {
     const registry = new FakeRegistry();
     const hb = Heartbeat.spawn(registry, identity, () => idle, 10_000, 1000);
-    expect(await eventually(() => registry.beats.length === 1, 1000)).toBe(true);
+    expect(await eventually(() => registry.beats.length === 1)).toBe(true);
     await sleep(100);
     expect(registry.beats.length).toBe(1);
     await hb.stop();
@@ -116,7 +116,7 @@ test("heartbeat beats on schedule", async () => {
     expect(registry.beats.length).toBe(1);
     expect(hb.state.intervalMs).toBe(1000);
     registry.acks = [{ intervalMs: 30, drain: true }];
-    expect(await eventually(() => registry.beats.length >= 4, 3000)).toBe(true);
+    expect(await eventually(() => registry.beats.length >= 4)).toBe(true);
     await hb.stop();
     expect(drains).toBe(1);
     expect(hb.state.drainRequested).toBe(true);
@@ -130,10 +130,11 @@ test("heartbeat beats on schedule", async () => {
     const registry = new FakeRegistry();
     registry.mode = "hang";
     const hb = Heartbeat.spawn(registry, identity, () => idle, 50, 10_000);
-    expect(await eventually(() => registry.beats.length === 1, 1000)).toBe(true);
+    expect(await eventually(() => registry.beats.length === 1)).toBe(true);
     const t0 = performance.now();
     await hb.stop();
-    expect(performance.now() - t0).toBeLessThan(500);
+    // Well inside the hanging beat's 10 s timeout, which stop() must not wait for.
+    expect(performance.now() - t0).toBeLessThan(5_000);
     expect(registry.signals[0]!.aborted).toBe(true);
     expect(hb.state.failures).toBe(0);
     await sleep(100);

