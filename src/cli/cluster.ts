@@ -124,7 +124,7 @@ export async function runCluster(config: Config, rest: Map<string, string>, opts
     throw new ConfigError("--registry-listen: with --gateways above 1 each replica's registry takes a port of its own");
   }
   // The API keys reach every child (the option through clusterFlags, TL_API_KEY through the environment); the demo sends the first.
-  const apiKeys = (config.engine.api_key as readonly string[] | undefined) ?? [];
+  const apiKeys = config.engine.api_key;
   const auth: Record<string, string> =
     apiKeys.length > 0 || process.env.TL_API_KEY ? { authorization: `Bearer ${apiKeys[0] ?? process.env.TL_API_KEY!.split(",")[0]!.trim()}` } : {};
   const wait = opts.wait ?? true;
@@ -238,7 +238,7 @@ export async function runCluster(config: Config, rest: Map<string, string>, opts
     print(`  curl ${base}/metrics`);
     // Any engine also serves a request whole when no hand-off header comes with it.
     const colocatedHttp = ready.find((r) => r.role === "decode")?.http;
-    const beatMs = Number(config.gateway.heartbeat_interval_ms);
+    const beatMs = config.gateway.heartbeat_interval_ms;
     if (opts.demo ?? true) await demo(base, colocatedHttp === undefined ? undefined : String(colocatedHttp), print, auth, nG > 1 ? beatMs : 0);
     up = true;
     if (stopped) {

@@ -161,7 +161,7 @@ export async function loadModel(given: LoadModelOptions & ModelOptions): Promise
   const opts = {
     ...given,
     threads: given.threads ?? ENGINE_DEFAULTS.threads,
-    modelThread: given.modelThread ?? (ENGINE_DEFAULTS.model_thread as "worker" | "main"),
+    modelThread: given.modelThread ?? ENGINE_DEFAULTS.model_thread,
   };
   if (opts.modelThread === "worker") return loadModelThread(opts);
   const m = servedModelOf(await loadModelFiles(opts), opts);

@@ -1,4 +1,3 @@
-import type { ToolParserName } from "../http/index.ts";
 import { Code } from "@connectrpc/connect";
 import { hostname } from "node:os";
 import { crc32cBackend } from "../codec/index.ts";
@@ -6,7 +5,7 @@ import { startGateway, type Gateway, type GatewayOptions } from "../gateway/inde
 import { createMetrics, log, metricsResponse, recordEngineState, recordFinished, shutdownTracing, startTracing, tracingEndpoint } from "../obs/index.ts";
 import { chatRendererFor } from "../tokenizer/index.ts";
 import { loadTokenizerFor } from "../model/index.ts";
-import { startEngineNode, type EngineNode, type ModelOptions } from "./engine-node.ts";
+import { startEngineNode, type EngineNode } from "./engine-node.ts";
 import { ConfigError, GATEWAY_CONFIG_DEFAULTS, parseAddr, type Config, type GatewayConfig } from "./options.ts";
 import { httpListener, securityFrom, type Security } from "./security.ts";
 import { parentFromEnv, stopRequests } from "./stop-requests.ts";
@@ -17,20 +16,20 @@ import { parentFromEnv, stopRequests } from "./stop-requests.ts";
 export async function runEngine(config: Config): Promise<EngineNode> {
   const e = config.engine;
   const role = config.role as "prefill" | "decode" | "both";
-  const http = parseAddr(String(e.http_listen));
-  const grpc = parseAddr(String(e.grpc_listen));
-  const kv = parseAddr(String(e.kv_listen));
-  const kvData = e.kv_data_listen ? parseAddr(String(e.kv_data_listen)) : null;
+  const http = parseAddr(e.http_listen);
+  const grpc = parseAddr(e.grpc_listen);
+  const kv = parseAddr(e.kv_listen);
+  const kvData = e.kv_data_listen ? parseAddr(e.kv_data_listen) : null;
   const bound = role === "prefill" ? [grpc] : [grpc, kv, kvData ?? http];
   if (bound.some((a) => a.host !== http.host)) log.warn(`every server binds http_listen's host ${http.host}; the other listen hosts are ignored`);
-  const workerIdOpt = String(e.worker_id) || undefined;
+  const workerIdOpt = e.worker_id || undefined;
   const security = securityFrom(e, role, [http.host], workerIdOpt);
-  const advertiseHost = String(e.advertise_host) || undefined;
+  const advertiseHost = e.advertise_host || undefined;
   if (!advertiseHost && e.gateway_registry && ["0.0.0.0", "::"].includes(http.host)) {
     log.warn(`binding ${http.host} without advertise_host: the gateway and peers are told ${http.host}, which only this host can reach`);
   }
   const metrics = createMetrics(role);
-  traceTo(`tl-engine-${role}`, role, String(e.otlp_endpoint));
+  traceTo(`tl-engine-${role}`, role, e.otlp_endpoint);
   let node: EngineNode;
   node = await startEngineNode({
     role,
@@ -43,25 +42,25 @@ export async function runEngine(config: Config): Promise<EngineNode> {
     grpcPort: grpc.port,
     kvPort: kv.port,
     kvDataPort: kvData?.port,
-    modelPath: String(e.model) || undefined,
-    tokenizerPath: String(e.tokenizer) || undefined,
-    servedModelName: String(e.served_model_name) || undefined,
-    chatTemplatePath: String(e.chat_template) || undefined,
-    toolCallParser: (String(e.tool_call_parser) || null) as ToolParserName | null,
-    dtype: String(e.dtype) as ModelOptions["dtype"],
-    threads: Number(e.threads),
-    modelThread: String(e.model_thread) as ModelOptions["modelThread"],
-    blockTokens: Number(e.block_tokens),
-    numBlocks: Number(e.num_blocks),
+    modelPath: e.model || undefined,
+    tokenizerPath: e.tokenizer || undefined,
+    servedModelName: e.served_model_name || undefined,
+    chatTemplatePath: e.chat_template || undefined,
+    toolCallParser: e.tool_call_parser || null,
+    dtype: e.dtype,
+    threads: e.threads,
+    modelThread: e.model_thread,
+    blockTokens: e.block_tokens,
+    numBlocks: e.num_blocks,
     // 0: the model's context.
-    maxModelLen: Number(e.max_model_len) || undefined,
-    maxBatchTokens: Number(e.max_batch_tokens),
-    handleTtlS: Number(e.handle_ttl_s),
-    pushIdleTimeoutMs: Number(e.push_idle_timeout_ms),
-    gatewayRegistry: String(e.gateway_registry) || undefined,
+    maxModelLen: e.max_model_len || undefined,
+    maxBatchTokens: e.max_batch_tokens,
+    handleTtlS: e.handle_ttl_s,
+    pushIdleTimeoutMs: e.push_idle_timeout_ms,
+    gatewayRegistry: e.gateway_registry || undefined,
     kvEvents: e.kv_events !== false,
-    heartbeatIntervalMs: Number(e.heartbeat_interval_ms),
-    heartbeatTimeoutMs: Number(e.heartbeat_timeout_ms),
+    heartbeatIntervalMs: e.heartbeat_interval_ms,
+    heartbeatTimeoutMs: e.heartbeat_timeout_ms,
     onRequestEnd: (r) => {
       const served = r.resumed ? "resumed" : "local";
       metrics.requests.inc({ served, outcome: r.reason });
@@ -139,16 +138,16 @@ export async function runEngine(config: Config): Promise<EngineNode> {
 
 export async function runGateway(config: Config): Promise<Gateway> {
   const g = config.gateway;
-  const http = parseAddr(String(g.http_listen));
-  const reg = parseAddr(String(g.registry_listen));
+  const http = parseAddr(g.http_listen);
+  const reg = parseAddr(g.registry_listen);
   const security = securityFrom(g, "gateway", [http.host]);
   const model = await loadTokenizerFor({
-    modelPath: String(g.model) || undefined,
-    tokenizerPath: String(g.tokenizer) || undefined,
-    servedModelName: String(g.served_model_name) || undefined,
+    modelPath: g.model || undefined,
+    tokenizerPath: g.tokenizer || undefined,
+    servedModelName: g.served_model_name || undefined,
   });
-  traceTo("tl-engine-gateway", "gateway", String(g.otlp_endpoint));
-  const maxModelLen = gatewayMaxModelLen(Number(g.max_model_len), model.maxSeqLen, model.name);
+  traceTo("tl-engine-gateway", "gateway", g.otlp_endpoint);
+  const maxModelLen = gatewayMaxModelLen(g.max_model_len, model.maxSeqLen, model.name);
   const never = neverDisaggregates(g.disagg_min_uncached_tokens, maxModelLen);
   if (never) log.warn(never);
   const gw = await startGateway({
@@ -156,8 +155,8 @@ export async function runGateway(config: Config): Promise<Gateway> {
     httpPort: http.port,
     registryPort: reg.port,
     tokenizer: model.tokenizer,
-    chat: chatRendererFor(model.tokenizer, model.chatTemplate ?? null, String(g.chat_template) || undefined),
-    toolParser: (String(g.tool_call_parser) || null) as ToolParserName | null,
+    chat: chatRendererFor(model.tokenizer, model.chatTemplate ?? null, g.chat_template || undefined),
+    toolParser: g.tool_call_parser || null,
     modelName: model.name,
     maxModelLen,
     ...gatewayTuning(g),
