@@ -431,7 +431,7 @@ export async function startEngineNode(opts: EngineNodeOptions): Promise<EngineNo
       if (kvEvents) {
         // New events go out within KV_EVENT_FLUSH_MS rather than on the next scheduled beat:
         // a replica that did not route a push learns of its blocks as soon as it can.
-        const flushMs = Math.min(KV_EVENT_FLUSH_MS, (opts.heartbeatIntervalMs ?? 2000) / 2);
+        const flushMs = Math.min(KV_EVENT_FLUSH_MS, effective.heartbeatIntervalMs / 2);
         let flush: ReturnType<typeof setTimeout> | null = null;
         kvEvents.onAppend = () => {
           if (flush !== null) return;

@@ -44,8 +44,8 @@ export interface GatewayBeatsOptions {
   dial: (address: string) => Registry & { close?: () => void };
   identity: WorkerIdentity;
   load: () => WorkerLoad;
-  intervalMs?: number;
-  timeoutMs?: number;
+  intervalMs: number;
+  timeoutMs: number;
   onDrain?: () => void;
   /** The engine's KV events (engines that receive KV); each gateway gets its own cursor. */
   events?: KvEventSource;
@@ -71,7 +71,7 @@ export class GatewayBeats {
 
   private constructor(private readonly opts: GatewayBeatsOptions) {
     const hasDns = opts.targets.some((t) => t.kind === "dns");
-    this.timer = hasDns ? setInterval(() => void this.refresh(), opts.intervalMs ?? 2000) : null;
+    this.timer = hasDns ? setInterval(() => void this.refresh(), opts.intervalMs) : null;
     this.timer?.unref?.();
   }
 
