@@ -13,12 +13,11 @@ import { mkdirSync, writeFileSync } from "node:fs";
 import { availableParallelism } from "node:os";
 import { join } from "node:path";
 import { type DType, type ModelConfig, Transformer, kvShapeOf } from "../src/model/index.ts";
-import { castWeights, syntheticWeights } from "../src/model/compute/weights.ts";
+import { castWeights, syntheticWeights, MATRICES } from "../src/model/compute/weights.ts";
 import { J_ATTEND, J_D, J_FN, J_N } from "../src/model/compute/kernel-threads.ts";
 import { FORWARD_PHASES } from "../src/model/compute/transformer.ts";
 import { MatmulKernel } from "../src/model/compute/matmul.ts";
 import { castMatrix, dtypeOf, heldBytesOf, type Matrix, matrixBytes, type SimpleMatrix } from "../src/model/compute/packed.ts";
-import { MATRICES } from "../src/model/compute/weights.ts";
 import { loadAverage } from "./stats.ts";
 import { TS_SHAPE } from "./ts-shape.ts";
 

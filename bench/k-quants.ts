@@ -10,11 +10,10 @@
 import { mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { availableParallelism } from "node:os";
 import { join } from "node:path";
-import { castWeights, syntheticWeights } from "../src/model/compute/weights.ts";
+import { castWeights, syntheticWeights, MATRICES } from "../src/model/compute/weights.ts";
 import { type DType, kvShapeOf, type ModelConfig, Transformer } from "../src/model/index.ts";
 import type { KvPool } from "../src/pool/index.ts";
 import { heldBytesOf } from "../src/model/compute/packed.ts";
-import { MATRICES } from "../src/model/compute/weights.ts";
 import { loadAverage, median } from "./stats.ts";
 
 /** A Llama-like shape between TinyStories and 1B (K-quant rows are whole 256-blocks): ~100M parameters. */

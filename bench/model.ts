@@ -22,14 +22,12 @@ import { batchBuilds, buildReferences, cBatchRound, cBatchSummary, runcBuilds, r
 import { enginePart } from "./engine-loop.ts";
 import { loadAverage, median } from "./stats.ts";
 import { type DType, type ModelConfig, Transformer, kvShapeOf, loadLlama2cCheckpoint } from "../src/model/index.ts";
-import type { Matrix } from "../src/model/compute/packed.ts";
-import { type Weights, castWeights, syntheticWeights } from "../src/model/compute/weights.ts";
+import { type Matrix, heldBytesOf } from "../src/model/compute/packed.ts";
+import { type Weights, castWeights, syntheticWeights, MATRICES } from "../src/model/compute/weights.ts";
 import { kvDimOf } from "../src/model/compute/config.ts";
 import { writeLlama2cCheckpoint } from "../src/model/load/llama2c.ts";
 import { MatmulKernel, matmulRef } from "../src/model/compute/matmul.ts";
-import { heldBytesOf } from "../src/model/compute/packed.ts";
 import { FORWARD_PHASES } from "../src/model/compute/transformer.ts";
-import { MATRICES } from "../src/model/compute/weights.ts";
 import { TS_SHAPE } from "./ts-shape.ts";
 
 const BLOCK = 16;

@@ -4,13 +4,11 @@ import { choiceSeed, MAX_TOP_LOGPROBS, randomSeed, validateLogits, validateSampl
 import { parseMessages } from "./chat-messages.ts";
 import { HttpError } from "./errors.ts";
 import type { ConstraintSpec } from "../grammar/index.ts";
-import { auditFields } from "./openai-params.ts";
+import { auditFields, type CompletionKind } from "./openai-params.ts";
 import { parseStructuredOutput } from "./structured-output.ts";
 import { parserOfTemplate, parseTools, toolConstraint, type ToolParserName, type ToolPlan } from "./tool-calls.ts";
 import { checkInputBounds } from "./input-bounds.ts";
 import { quote } from "../codec/index.ts";
-
-export type CompletionKind = "completion" | "chat";
 
 /** An OpenAI completions or chat request, checked and tokenized. */
 export interface CompletionParams {

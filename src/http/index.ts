@@ -1,4 +1,5 @@
-export { LIMITS, parseCompletion, samplingOf, type CompletionParams, type CompletionKind } from "./completion-request.ts";
+export { LIMITS, parseCompletion, samplingOf, type CompletionParams } from "./completion-request.ts";
+export type { CompletionKind } from "./openai-params.ts";
 export { completionResponse, TextAssembler } from "./completion-response.ts";
 export {
   engineHttpHandler,

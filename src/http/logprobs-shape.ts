@@ -1,6 +1,6 @@
 import type { Tokenizer } from "../tokenizer/index.ts";
 import type { TokenLogprobs } from "../rng/index.ts";
-import type { CompletionKind } from "./completion-request.ts";
+import type { CompletionKind } from "./openai-params.ts";
 
 /** vLLM's floor for a masked token's logprob: JSON has no -Infinity. */
 const FLOOR = -9999;

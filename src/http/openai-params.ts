@@ -1,8 +1,10 @@
 import { log } from "../obs/index.ts";
-import type { CompletionKind } from "./completion-request.ts";
 import { HttpError } from "./errors.ts";
 import { STRUCTURED_FIELDS } from "./structured-output.ts";
 import { quote } from "../codec/index.ts";
+
+/** Which of OpenAI's two text endpoints a request came in by: its fields are tabled per endpoint. */
+export type CompletionKind = "completion" | "chat";
 
 /**
  * Every request field of OpenAI's chat and completions APIs and of vLLM's extras, and

@@ -1,5 +1,5 @@
 // src/model: the model the engine runs, in three rooms (load/, compute/, thread/). What rooms outside src/model use.
-export { type DType, kvShapeOf, type KvSlab, type ModelConfig, type SeqChunk, Transformer, weightsBytes } from "./compute/index.ts";
+export { type DType, holdWeights, kvShapeOf, type KvSlab, type ModelConfig, type SeqChunk, Transformer, weightsBytes } from "./compute/index.ts";
 export {
   loadLlama2cCheckpoint,
   loadModel,
@@ -11,4 +11,4 @@ export {
   SYNTHETIC_MODEL_NAME,
   type WeightStats,
 } from "./load/index.ts";
-export { dropFirst, type ForwardDone, holdWeights, LogitsRows, ModelWorker, prevToken, type RowSampling, SAMPLE_FAILED } from "./thread/index.ts";
+export { dropFirst, type ForwardDone, LogitsRows, ModelWorker, prevToken, type RowSampling, SAMPLE_FAILED } from "./thread/index.ts";

@@ -2,7 +2,7 @@ import * as http2 from "node:http2";
 import { type ConnectRouter, ConnectError } from "@connectrpc/connect";
 import { connectNodeAdapter } from "@connectrpc/connect-node";
 import { sendGrpcStatus } from "./grpc-wire.ts";
-import { callerValues } from "./peer-gate.ts";
+import { callerValues, type PeerCheck } from "./peer-gate.ts";
 import type { TlsSource } from "./tls-config.ts";
 import { secureHttp2Server, withRoleCheck } from "./tls-server.ts";
 import { Code } from "./status.ts";
@@ -12,24 +12,6 @@ import { Code } from "./status.ts";
 // Bun's server stop granting window mid-stream.)
 const STREAM_WINDOW_BYTES = 4 * 1024 * 1024;
 const MAX_FRAME_BYTES = 2 ** 24 - 1;
-
-/** Who is calling which method: what a peer check decides on. */
-export interface PeerCall {
-  /** "/package.Service/Method" */
-  readonly method: string;
-  /** the caller's address as the socket sees it */
-  readonly remoteAddress: string;
-  /** the TLS socket of the call when the server speaks TLS (its peer certificate names the caller); undefined in cleartext */
-  readonly tls: import("node:tls").TLSSocket | undefined;
-}
-
-/**
- * Decides, before any handler (Connect's or an intercept's) sees a call, whether this
- * caller may make it: throws a ConnectError (PERMISSION_DENIED, UNAUTHENTICATED) to
- * refuse, answered as a trailers-only gRPC status. The one place a peer-role layer
- * (mTLS identities against each method's allowed roles) plugs into every server.
- */
-export type PeerCheck = (call: PeerCall) => void;
 
 export interface GrpcServerOptions {
   /** Interface to bind; 127.0.0.1 unless told otherwise (tests and single-host clusters). */

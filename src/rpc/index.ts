@@ -1,2 +1,3 @@
-export { serveGrpc, type GrpcServer, type PeerCheck } from "./grpc-server.ts";
+export { serveGrpc, type GrpcServer } from "./grpc-server.ts";
+export type { PeerCheck } from "./peer-gate.ts";
 export { grpcClient, closeGrpcClients } from "./grpc-client.ts";

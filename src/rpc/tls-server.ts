@@ -1,6 +1,6 @@
 import { ConnectError } from "@connectrpc/connect";
 import * as http2 from "node:http2";
-import type { PeerCheck } from "./grpc-server.ts";
+import type { PeerCheck } from "./peer-gate.ts";
 import { peerIdentity, type PeerCertSource } from "./peer-identity.ts";
 import { refusal } from "./peer-policy.ts";
 import { Code } from "./status.ts";

@@ -2,7 +2,7 @@
  * tokenizers' Digits pre-tokenizer splits on Rust's `char::is_numeric` (Unicode categories Nd, Nl,
  * No: "½", "²", "٣" are digits to it); @huggingface/tokenizers 0.2.0 compiles it to JavaScript's
  * ASCII-only `\d`, so SmolLM's `" ½"` came out as one pre-token instead of `" "`, `"½"`. Until the
- * library splits as Rust does (test/model/unicode-digits.test.ts fails the day it does: then delete
+ * library splits as Rust does (test/tokenizer/unicode-digits.test.ts fails the day it does: then delete
  * this file), tokenizer.json's Digits steps are handed to it as the Split they mean: each numeral
  * alone (`individual_digits`), else runs of them, on `\p{N}`.
  */

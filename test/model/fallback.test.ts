@@ -2,8 +2,7 @@ import { describe, expect, test } from "bun:test";
 import { KvPool } from "../../src/pool/index.ts";
 import { Transformer, kvShapeOf, type ModelConfig } from "../../src/model/index.ts";
 import { qDimOf } from "../../src/model/compute/config.ts";
-import { syntheticWeights } from "../../src/model/compute/weights.ts";
-import { castWeights } from "../../src/model/compute/weights.ts";
+import { syntheticWeights, castWeights } from "../../src/model/compute/weights.ts";
 import { B, Seq, TINY, bits, tokens } from "./helpers.ts";
 
 // An engine without WebAssembly SIMD runs every kernel's plain-JS statement: the same bits, so

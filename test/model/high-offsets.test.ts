@@ -1,8 +1,7 @@
 import { describe, expect, test } from "bun:test";
 import { kvShapeOf, Transformer, type ModelConfig } from "../../src/model/index.ts";
-import { syntheticWeights } from "../../src/model/compute/weights.ts";
+import { syntheticWeights, castWeights } from "../../src/model/compute/weights.ts";
 import { MatmulKernel } from "../../src/model/compute/matmul.ts";
-import { castWeights } from "../../src/model/compute/weights.ts";
 import type { DType } from "../../src/model/compute/packed.ts";
 import { KvPool } from "../../src/pool/index.ts";
 import { bits, Seq, tokens } from "./helpers.ts";

@@ -3,8 +3,7 @@ import { KERNELS_WASM_BASE64 } from "../../src/model/compute/kernels/kernels-was
 import { KERNEL_RESERVED_BYTES, MatmulKernel, matmulRef } from "../../src/model/compute/matmul.ts";
 import { castMatrix, dequantize, Q8_0_BLOCK_BYTES, QK8_0, type PackedMatrix } from "../../src/model/compute/packed.ts";
 import { Transformer } from "../../src/model/index.ts";
-import { syntheticWeights } from "../../src/model/compute/weights.ts";
-import { castWeights, MATRICES, weightsDType } from "../../src/model/compute/weights.ts";
+import { syntheticWeights, castWeights, MATRICES, weightsDType } from "../../src/model/compute/weights.ts";
 import { Seq, TINY, bits, expectMatmulsGive, newPool, step, tokens } from "./helpers.ts";
 
 /** f16 bit patterns of every kind but NaN and inf: zeros, subnormals, normals of both signs. */

@@ -1,10 +1,9 @@
 import { describe, expect, test } from "bun:test";
 import { kvShapeOf, Transformer, type ModelConfig } from "../../src/model/index.ts";
-import { syntheticWeights } from "../../src/model/compute/weights.ts";
+import { syntheticWeights, castWeights, type MATRICES, matrixCols, type Weights } from "../../src/model/compute/weights.ts";
 import { groupBudget, layerSlice, planGroups, roomBytes } from "../../src/model/compute/layer-group.ts";
 import { castMatrix, type DType, type Matrix, type PackedMatrix } from "../../src/model/compute/packed.ts";
 import { stripLayoutBytes } from "../../src/model/compute/strip-layout.ts";
-import { castWeights, type MATRICES, matrixCols, type Weights } from "../../src/model/compute/weights.ts";
 import { KvPool } from "../../src/pool/index.ts";
 import { bits, Seq, tokens } from "./helpers.ts";
 

@@ -3,9 +3,8 @@ import { mkdtempSync, renameSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { copyBytes, mapFile, mapFileBytes } from "../../src/model/compute/mapped-file.ts";
-import { parseGguf } from "../../src/model/load/gguf.ts";
+import { parseGguf, ggufTensor } from "../../src/model/load/gguf.ts";
 import { syntheticWeights } from "../../src/model/compute/weights.ts";
-import { ggufTensor } from "../../src/model/load/gguf.ts";
 import { encodeGgufModel } from "../support/model-writers.ts";
 import { TINY } from "./helpers.ts";
 

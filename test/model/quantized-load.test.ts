@@ -1,10 +1,9 @@
 import { afterAll, describe, expect, test } from "bun:test";
 import { writeFileSync } from "node:fs";
-import type { Matrix } from "../../src/model/compute/packed.ts";
+import { type Matrix, dtypeNameOf, isStacked } from "../../src/model/compute/packed.ts";
 import { type ModelConfig, Transformer } from "../../src/model/index.ts";
 import { readModelFiles } from "../../src/model/load/load-model.ts";
 import { syntheticWeights, type Weights, weightsDType } from "../../src/model/compute/weights.ts";
-import { dtypeNameOf, isStacked } from "../../src/model/compute/packed.ts";
 import { generate } from "../../src/cli/generate.ts";
 import { parseArgs } from "../../src/cli/options.ts";
 import { encodeGgufModel, type GgufType } from "../support/model-writers.ts";

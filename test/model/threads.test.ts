@@ -1,8 +1,7 @@
 import { afterAll, describe, expect, test } from "bun:test";
 import { KvPool } from "../../src/pool/index.ts";
 import { Transformer, kvShapeOf, type ModelConfig } from "../../src/model/index.ts";
-import { syntheticWeights } from "../../src/model/compute/weights.ts";
-import { castWeights } from "../../src/model/compute/weights.ts";
+import { syntheticWeights, castWeights } from "../../src/model/compute/weights.ts";
 import { Seq, bits, tokens } from "./helpers.ts";
 
 // Big enough that every matmul of a prefill, and the classifier of a decode, is split.

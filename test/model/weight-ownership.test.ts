@@ -1,8 +1,7 @@
 import { describe, expect, test } from "bun:test";
 import { Transformer } from "../../src/model/index.ts";
-import { syntheticWeights } from "../../src/model/compute/weights.ts";
+import { syntheticWeights, castWeights, MATRICES } from "../../src/model/compute/weights.ts";
 import type { Matrix } from "../../src/model/compute/packed.ts";
-import { castWeights, MATRICES } from "../../src/model/compute/weights.ts";
 import { Seq, TINY, bits, newPool, step, tokens } from "./helpers.ts";
 
 /**

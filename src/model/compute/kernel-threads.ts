@@ -1,5 +1,5 @@
 import assert from "node:assert";
-import type { KernelExports } from "./matmul.ts";
+import type { KernelExports } from "./kernel-exports.ts";
 import type { DType } from "./packed.ts";
 import { StallBackoff } from "./stall-backoff.ts";
 

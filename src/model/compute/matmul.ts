@@ -1,7 +1,7 @@
 import assert from "node:assert";
 import { KERNELS_WASM_BASE64 } from "./kernels/kernels-wasm.ts";
 import { controlBytes, J_ATTEND, J_D, J_FN, J_N, J_R0, J_ROWS, J_W, J_X, J_Y, JOB_INTS, KERNEL_INDEX, KernelThreads, runJobs } from "./kernel-threads.ts";
-import type { LayerKernelExports } from "./layer-kernels.ts";
+import type { KernelExports } from "./kernel-exports.ts";
 import { matmulQ4KRef, matmulQ6KRef } from "./k-quant-ref.ts";
 import { isLegacy, legacyD, legacyM, legacyQ, legacyShape } from "./legacy-quants.ts";
 import {
@@ -9,7 +9,6 @@ import {
   blockElems,
   dequantizeInto,
   dtypeOf,
-  type DType,
   f16Values,
   isStacked,
   type Matrix,
@@ -180,19 +179,6 @@ export interface Placement {
   matrix: Matrix;
   cols: number;
 }
-
-type KernelFn = (y: number, x: number, w: number, rows: number, n: number, d: number, r0: number, g0: number, g1: number, scratch: number) => void;
-export type KernelExports = Record<`matmul_${DType}`, KernelFn> &
-  LayerKernelExports & {
-    /** Claims and computes chunks of the open dispatch (kernels/assembly/dispatch.ts). */
-    run_chunks(ctrl: number, thread: number): number;
-    /** rows token rows of n f32 at x quantized for the q8_0 kernel at dst (q8_row_bytes(n) each). */
-    quantize_q8_x(dst: number, x: number, rows: number, n: number): void;
-    q8_row_bytes(n: number): number;
-    /** rows token rows of n f32 at x quantized for the q4_k and q6_k kernels at dst (k_row_bytes(n) each). */
-    quantize_k_x(dst: number, x: number, rows: number, n: number): void;
-    k_row_bytes(n: number): number;
-  };
 
 let compiled: WebAssembly.Module | null | undefined;
 

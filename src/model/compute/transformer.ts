@@ -6,7 +6,8 @@ import { blockPayloadBytes } from "../../codec/kv-shape.ts";
 import { headDimOf, kvDimOf, type ModelConfig, qDimOf } from "./config.ts";
 import { softmaxF32, swigluF32 } from "./f32-math.ts";
 import { ATT_SEQ_INTS, ATT_SEQS, attentionScratchBytes, attentionStride, fitsWithRoom, groupBudget, LayerGroup, planGroups } from "./layer-group.ts";
-import { type KernelExports, type KernelOptions, kernelModule } from "./matmul.ts";
+import type { KernelExports } from "./kernel-exports.ts";
+import { type KernelOptions, kernelModule } from "./matmul.ts";
 import type { Matrix } from "./packed.ts";
 import { validateWeights, weightsDType, type Weights } from "./weights.ts";
 

@@ -1,9 +1,21 @@
-import { headDimOf, kvDimOf, qDimOf } from "../compute/index.ts";
+import {
+  headDimOf,
+  kvDimOf,
+  qDimOf,
+  DTYPES,
+  type DType,
+  type Matrix,
+  matrixBytes,
+  type PackedMatrix,
+  type SimpleMatrix,
+  type DenseWeightName,
+  validateWeights,
+  type Weights,
+  weightsBytes,
+} from "../compute/index.ts";
 import type { ModelSpec } from "./model-spec.ts";
-import { DTYPES, type DType, type Matrix, matrixBytes, type PackedMatrix, type SimpleMatrix } from "../compute/index.ts";
 import { byteLengthOf, elementCount, type RawTensor, toFloat32 } from "./raw-tensor.ts";
 import { splitHalfToInterleaved, splitHalfToInterleavedBytes } from "./rope-order.ts";
-import { type DenseWeightName, validateWeights, type Weights, weightsBytes } from "../compute/index.ts";
 import { quote } from "../../codec/index.ts";
 
 /** Where named tensors come from (one safetensors file, several shards, a GGUF file). */

@@ -1,9 +1,17 @@
 import assert from "node:assert";
 import { writeFileSync } from "node:fs";
 import { basename } from "node:path";
-import { mapFile } from "../compute/index.ts";
-import { DEFAULT_NORM_EPS, DEFAULT_ROPE_THETA, headDimOf, type ModelConfig, validateConfig } from "../compute/index.ts";
-import { validateWeights, weightSizes, type Weights } from "../compute/index.ts";
+import {
+  mapFile,
+  DEFAULT_NORM_EPS,
+  DEFAULT_ROPE_THETA,
+  headDimOf,
+  type ModelConfig,
+  validateConfig,
+  validateWeights,
+  weightSizes,
+  type Weights,
+} from "../compute/index.ts";
 
 // Karpathy's llama2.c "legacy" (version 0) files: a 7 x int32 header, then f32 tensors in
 // run.c's memory_map_weights order. Everything little-endian.

@@ -1,21 +1,15 @@
 import { statSync } from "node:fs";
 import { basename } from "node:path";
 import { assembleWeights, GGUF_NAMING, HF_NAMING, residentBytesOf, type WeightStats } from "./assemble-weights.ts";
-import { buildTokenizer } from "../../tokenizer/index.ts";
-import type { ModelConfig } from "../compute/index.ts";
+import { buildTokenizer, type TokenizerSource, type Tokenizer } from "../../tokenizer/index.ts";
+import { type ModelConfig, LoadProgress, mapFile, type DType, type Matrix, type Weights } from "../compute/index.ts";
 import { ggufTensorSource, ggufTokenizerSource, openGgufModel, openGgufVocab } from "./gguf-model.ts";
 import { idList } from "./hf-config.ts";
 import { hfFolderSpec, hfTensorSource, hfTokenizerSource } from "./hf-folder.ts";
 import { loadLlama2cCheckpoint, parseLlama2cHeader } from "./llama2c.ts";
-import { LoadProgress } from "../compute/index.ts";
-import { mapFile } from "../compute/index.ts";
 import { detectModelFormat, ModelFormatError, type ModelFormat } from "./model-format.ts";
 import { DEFAULT_MODEL_NAME, defaultModelDir } from "./default-model.ts";
 import { loadSyntheticModel, SYNTHETIC_CONFIG, SYNTHETIC_MODEL_NAME } from "./synthetic.ts";
-import type { TokenizerSource } from "../../tokenizer/index.ts";
-import type { Tokenizer } from "../../tokenizer/index.ts";
-import type { DType, Matrix } from "../compute/index.ts";
-import type { Weights } from "../compute/index.ts";
 
 export type ModelFormatKind = ModelFormat["kind"] | "synthetic";
 

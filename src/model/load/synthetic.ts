@@ -1,6 +1,5 @@
-import { DEFAULT_NORM_EPS, DEFAULT_ROPE_THETA, type ModelConfig } from "../compute/index.ts";
+import { DEFAULT_NORM_EPS, DEFAULT_ROPE_THETA, type ModelConfig, syntheticWeights, type Weights } from "../compute/index.ts";
 import { ByteTokenizer, type Tokenizer } from "../../tokenizer/index.ts";
-import { syntheticWeights, type Weights } from "../compute/index.ts";
 
 export const SYNTHETIC_MODEL_NAME = "tl-synthetic-4l";
 const SYNTHETIC_SEED = 0x746c3034; // "tl04"

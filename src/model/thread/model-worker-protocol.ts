@@ -1,9 +1,7 @@
 import type { KvShape } from "../../codec/index.ts";
 import { LogitsError, Pcg32, sample, type SamplingConfig } from "../../rng/index.ts";
 import type { LogitsRows } from "./logits-rows.ts";
-import type { ModelConfig } from "../compute/index.ts";
-import type { DType } from "../compute/index.ts";
-import type { KvSlab, SeqChunk } from "../compute/index.ts";
+import type { ModelConfig, DType, KvSlab, SeqChunk } from "../compute/index.ts";
 import type { WeightStats } from "../load/index.ts";
 
 /**

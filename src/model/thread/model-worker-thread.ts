@@ -2,7 +2,7 @@
 // loads the weights itself, so the engine's thread never holds them, then runs every forward the
 // engine hands it over shared memory (model-worker-protocol.ts states the handshake).
 import { KvPool } from "../../pool/index.ts";
-import { holdWeights } from "./held-weights.ts";
+import { holdWeights, Transformer, weightsBytes } from "../compute/index.ts";
 import { LogitsRows } from "./logits-rows.ts";
 import { readModelFilesFor } from "../load/index.ts";
 import { ConstraintCompiler, type ConstraintKind, type TokenMatcher } from "../../grammar/index.ts";
@@ -32,8 +32,6 @@ import {
   WAKE,
   writeError,
 } from "./model-worker-protocol.ts";
-import { Transformer } from "../compute/index.ts";
-import { weightsBytes } from "../compute/index.ts";
 
 declare const self: { onmessage: ((e: MessageEvent<ToModelThread>) => void) | null; postMessage(m: FromModelThread): void };
 

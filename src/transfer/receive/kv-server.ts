@@ -22,7 +22,7 @@ export interface ServeKvOptions {
   /** The data plane's connection cap and idle timeout. */
   dataPlaneMaxConnections?: number;
   dataPlaneIdleTimeoutMs?: number;
-  /** Who may call KvTransfer's methods (rpc/grpc-server.ts PeerCheck); every caller when omitted. */
+  /** Who may call KvTransfer's methods (PeerCheck, rpc/peer-gate.ts); every caller when omitted. */
   peerCheck?: PeerCheck;
 }
 

@@ -1,9 +1,11 @@
+import type { DType } from "./packed.ts";
+
 /**
  * The exports of the kernel module besides the matmuls (kernels/assembly/attention.ts and
  * elementwise.ts state their orders). Every argument that names memory is a byte offset into the
  * kernel's memory.
  */
-export interface LayerKernelExports {
+interface LayerKernelExports {
   attend(
     out: number,
     q: number,
@@ -29,3 +31,18 @@ export interface LayerKernelExports {
   rope(q: number, k: number, pos: number, cos: number, sin: number, rows: number, qDim: number, kvDim: number, hd: number): void;
   store_kv(dst: number, layerOff: number, vOff: number, k: number, v: number, rows: number, kvDim: number): void;
 }
+
+/** One matmul kernel: y[r*d + (g - r0)] = dot(W row g, x row r) for r < rows, g0 <= g < g1 (kernels/assembly/matmul.ts). */
+type KernelFn = (y: number, x: number, w: number, rows: number, n: number, d: number, r0: number, g0: number, g1: number, scratch: number) => void;
+/** The kernel module's exports, as MatmulKernel instantiates it and its helper threads run it (kernel-threads.ts). */
+export type KernelExports = Record<`matmul_${DType}`, KernelFn> &
+  LayerKernelExports & {
+    /** Claims and computes chunks of the open dispatch (kernels/assembly/dispatch.ts). */
+    run_chunks(ctrl: number, thread: number): number;
+    /** rows token rows of n f32 at x quantized for the q8_0 kernel at dst (q8_row_bytes(n) each). */
+    quantize_q8_x(dst: number, x: number, rows: number, n: number): void;
+    q8_row_bytes(n: number): number;
+    /** rows token rows of n f32 at x quantized for the q4_k and q6_k kernels at dst (k_row_bytes(n) each). */
+    quantize_k_x(dst: number, x: number, rows: number, n: number): void;
+    k_row_bytes(n: number): number;
+  };
