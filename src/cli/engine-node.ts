@@ -307,15 +307,7 @@ export async function startEngineNode(opts: EngineNodeOptions): Promise<EngineNo
   const workerId = opts.workerId ?? `${role}-${process.pid}-${nodeCounter++}`;
   const model = opts.model ?? (await loadModel({ ...opts, maxSeqLen: opts.maxModelLen }));
   const effective = effectiveOptions(opts, model.maxSeqLen);
-  const shape: KvShape = { blockTokens: effective.blockTokens, nLayers: model.nLayers, nKvHeads: model.nKvHeads, headDim: model.headDim };
-  const pool = await kvPoolFor(model, shape, effective.numBlocks);
-  const engine = new Engine({
-    model: model.runner,
-    pool,
-    maxModelLen: effective.maxModelLen,
-    maxBatchTokens: effective.maxBatchTokens,
-    eosTokenIds: model.eosIds ?? model.tokenizer.eosIds,
-  });
+  const { pool, engine } = await engineOver(model, effective);
   const roles: ("prefill" | "decode")[] = role === "both" ? ["prefill", "decode"] : [role];
   // What EngineControl and HTTP both say of this engine. The fingerprint goes to the gateway
   // (beats) and peers (Info): a gateway refuses an engine that tokenizes differently.
@@ -352,19 +344,9 @@ export async function startEngineNode(opts: EngineNodeOptions): Promise<EngineNo
     // cache is never a decode target, so it reports nothing).
     const kvEvents = receivesKv(role) && opts.kvEvents !== false ? KvEventLog.watching(pool) : null;
     if (kvEvents) closers.add(async () => pool.watch(null));
-    const identity: WorkerIdentity = {
-      workerId,
-      httpAddress: advertised(http.address),
-      grpcAddress: advertised(grpc.address),
-      kvAddress: kvSide ? (opts.advertiseKvAddress ?? advertised(kvSide.kv.address)) : "",
-      role,
-      model: model.name,
-      blockTokens: shape.blockTokens,
-      totalBlocks: pool.total,
-      vocabSize: model.tokenizer.vocabSize,
-      tokenizerFingerprint: fingerprint,
-      ...(model.stats ? { modelStats: model.stats } : {}),
-    };
+    const kvAddress = kvSide ? (opts.advertiseKvAddress ?? advertised(kvSide.kv.address)) : "";
+    const addresses = { httpAddress: advertised(http.address), grpcAddress: advertised(grpc.address), kvAddress };
+    const identity: WorkerIdentity = { workerId, role, ...addresses, ...identityOf(model, pool, fingerprint) };
     const beats = {
       ...opts,
       gatewayRegistry: opts.gatewayRegistry ?? "",
@@ -399,6 +381,27 @@ export async function startEngineNode(opts: EngineNodeOptions): Promise<EngineNo
     if (opts.model === undefined) model.close?.();
     throw e;
   }
+}
+
+/** The KV pool and the engine over `model`, sized as `effective` says. */
+async function engineOver(model: ServedModel, effective: EffectiveOptions): Promise<{ pool: KvPool; engine: Engine }> {
+  const shape: KvShape = { blockTokens: effective.blockTokens, nLayers: model.nLayers, nKvHeads: model.nKvHeads, headDim: model.headDim };
+  const pool = await kvPoolFor(model, shape, effective.numBlocks);
+  const eosTokenIds = model.eosIds ?? model.tokenizer.eosIds;
+  const engine = new Engine({ model: model.runner, pool, maxModelLen: effective.maxModelLen, maxBatchTokens: effective.maxBatchTokens, eosTokenIds });
+  return { pool, engine };
+}
+
+/** What a beat says of the model and pool behind an engine: a gateway routes only to engines that agree. */
+function identityOf(model: ServedModel, pool: KvPool, fingerprint: string) {
+  return {
+    model: model.name,
+    blockTokens: pool.shape.blockTokens,
+    totalBlocks: pool.total,
+    vocabSize: model.tokenizer.vocabSize,
+    tokenizerFingerprint: fingerprint,
+    ...(model.stats ? { modelStats: model.stats } : {}),
+  };
 }
 
 /** An address as peers reach it: the advertised host (when there is one) with the bound port. */
