@@ -7,7 +7,8 @@ import { readdirSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 
 const CORE = ["codec", "rng", "pool", "grammar", "tokenizer", "model", "engine", "obs", "handoff", "docs", "fuzz"];
-const IO = /Bun\.spawn|spawn(Sync)?\(|child_process|startEngineNode|startTestCluster|startGateway|startLoneGateway|Bun\.serve|Bun\.connect|Bun\.listen|serveGrpc|serveKv|node:net|node:http|fetch\(|\.listen\(|grpcClient/;
+const IO =
+  /Bun\.spawn|spawn(Sync)?\(|child_process|startEngineNode|startTestCluster|startGateway|startLoneGateway|Bun\.serve|Bun\.connect|Bun\.listen|serveGrpc|serveKv|node:net|node:http|fetch\(|\.listen\(|grpcClient/;
 
 const root = join(import.meta.dirname, "..");
 const files = CORE.flatMap((dir) =>
