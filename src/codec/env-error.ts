@@ -3,12 +3,17 @@
 
 export type EnvErrorKind = "Format" | "Version" | "Shape";
 
-/** gRPC status codes used here; the numbers equal Connect's `Code` enum values. */
+/**
+ * The gRPC status numbers kv-block.md gives a refused envelope. The codec is pure core
+ * and never sees Connect; these equal its `Code.FailedPrecondition` and `Code.DataLoss`
+ * (test/rpc/status.test.ts), the one code vocabulary above it (src/rpc/status.ts).
+ */
 const GRPC_FAILED_PRECONDITION = 9;
 const GRPC_DATA_LOSS = 15;
+export type EnvCode = typeof GRPC_FAILED_PRECONDITION | typeof GRPC_DATA_LOSS;
 
 /** Format is corruption (retry elsewhere); Version and Shape mean this worker will never read it. */
-export function grpcCodeOf(kind: EnvErrorKind): number {
+export function grpcCodeOf(kind: EnvErrorKind): EnvCode {
   return kind === "Format" ? GRPC_DATA_LOSS : GRPC_FAILED_PRECONDITION;
 }
 
@@ -21,7 +26,7 @@ export class EnvError extends Error {
   readonly kind: EnvErrorKind;
   readonly rule: number;
   /** grpcCodeOf(kind). */
-  readonly code: number;
+  readonly code: EnvCode;
 
   constructor(kind: EnvErrorKind, rule: number, detail: string) {
     super(`rule ${rule}: ${detail}`);

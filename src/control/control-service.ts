@@ -16,7 +16,7 @@ import {
 } from "../gen/tl/engine/v1/engine_pb.ts";
 import { grammarVocab, type Tokenizer } from "../tokenizer/index.ts";
 import { type CompiledConstraint, compilerFor, ConstraintError, type ConstraintKind, type ConstraintSpec } from "../grammar/index.ts";
-import { FAILED_SIDE_HEADER, type Handoff, HandoffError, type PrefillPushContext, prefillAndPush } from "../handoff/index.ts";
+import { type Handoff, type PrefillPushContext, prefillAndPush } from "../handoff/index.ts";
 import { endSpan, extractHeaders, SpanKind, startSpan, type Attributes } from "../obs/index.ts";
 import { MAX_TOP_LOGPROBS, randomSeed, validateLogits, validateSampling } from "../rng/index.ts";
 import { type KvTransport, MAX_OWNER_CHARS } from "../transfer/index.ts";
@@ -198,12 +198,6 @@ function kvHandleOf(h: Handoff, constraintHash = ""): KvHandle {
   });
 }
 
-/** A failed hand-off as the caller sees it: its code, and the side that failed in the response metadata. */
-function toConnectError(e: unknown): unknown {
-  if (!(e instanceof HandoffError)) return e;
-  return new ConnectError(e.message, e.code, new Headers({ [FAILED_SIDE_HEADER]: e.side }));
-}
-
 function infoOf(ctx: ControlContext): InfoResponse {
   const { engine } = ctx;
   const pool = engine.pool;
@@ -261,7 +255,8 @@ export function controlService(ctx: ControlContext): ServiceImpl<typeof EngineCo
         return kvHandleOf(h, compiled?.hash);
       } catch (e) {
         endSpan(span, e);
-        throw toConnectError(e);
+        // A HandoffError is answered with its code and its side (FAILED_SIDE_HEADER) as is.
+        throw e;
       }
     },
 

@@ -15,6 +15,7 @@ import {
 import type { ChatRenderer, Tokenizer } from "../tokenizer/index.ts";
 import { type Attributes, endSpan, extractHeaders, log, type Metrics, type Span, SpanKind, startSpan } from "../obs/index.ts";
 import { Code, codeName, httpStatusOf } from "../rpc/status.ts";
+import { failedSideOf } from "../handoff/index.ts";
 import type { Admission } from "./admission.ts";
 import type { PendingWork } from "./pending-work.ts";
 import { promptHashes, quote } from "../codec/index.ts";
@@ -265,8 +266,7 @@ export class Completions {
         // The client hears its request id and the kind of failure; which worker, where,
         // and the engine's own words go to the log.
         log.warn("prefill failed", { request_id: t.requestId, worker: pid, code: Code[err.code], error: err.rawMessage });
-        if (err.code === Code.InvalidArgument) throw new HttpError(400, `request ${t.requestId}: ${err.rawMessage}`);
-        throw new HttpError(httpStatusOf(err.code), `request ${t.requestId}: prefill failed (${codeName(err.code)})`, "server_error");
+        throw prefillFailure(err, t.requestId);
       }
       if (next.exclude !== null) exclude.add(next.exclude);
       log.warn(next.why, { request_id: t.requestId, worker: next.exclude, suspect: next.suspect, code: Code[err.code], error: err.rawMessage });
@@ -375,4 +375,17 @@ export class Completions {
       extra: () => servedExtra(s, ctx.routingHeaders === true),
     });
   }
+}
+
+/**
+ * What the client hears of a Prefill that failed for good: its request id and the kind
+ * of failure. Only the request's own refusal (INVALID_ARGUMENT from Prefill's checks, the
+ * prefill side) says why, in Prefill's words; anything else, D's refusal of the push
+ * included, whose words name D's address, is a code name (the log has the rest).
+ */
+export function prefillFailure(err: ConnectError, requestId: string): HttpError {
+  const decode = failedSideOf(err.metadata) === "decode";
+  if (err.code === Code.InvalidArgument && !decode) return new HttpError(400, `request ${requestId}: ${err.rawMessage}`);
+  const status = err.code === Code.InvalidArgument ? 502 : httpStatusOf(err.code);
+  return new HttpError(status, `request ${requestId}: prefill failed (${codeName(err.code)})`, "server_error");
 }

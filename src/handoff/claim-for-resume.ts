@@ -1,15 +1,15 @@
 import { promptHashes } from "../codec/index.ts";
 import type { KvReceiver } from "../transfer/index.ts";
+import { Code, RpcError } from "../rpc/status.ts";
 
-/** Why a resume cannot take a handle over. */
-export class ResumeError extends Error {
-  override readonly name = "ResumeError";
+/** Why a resume cannot take a handle over: NOT_FOUND (kind unknown) or FAILED_PRECONDITION (mismatch). */
+export class ResumeError extends RpcError {
   constructor(
     /** unknown: no such handle (never pushed, claimed, released or expired); mismatch: it holds another prompt */
     readonly kind: "unknown" | "mismatch",
     message: string,
   ) {
-    super(message);
+    super(kind === "unknown" ? Code.NotFound : Code.FailedPrecondition, message);
   }
 }
 

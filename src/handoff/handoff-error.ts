@@ -1,4 +1,4 @@
-import type { Code } from "../rpc/status.ts";
+import { type Code, RpcError } from "../rpc/status.ts";
 
 /** Which engine of a hand-off failed it: the prefill engine's own work, or the decode engine taking the blocks. */
 export type FailedSide = "prefill" | "decode";
@@ -9,15 +9,17 @@ export type FailedSide = "prefill" | "decode";
  */
 export const FAILED_SIDE_HEADER = "tl-failed-side";
 
-/** A failed hand-off: the gRPC code, and which side failed as a field. */
-export class HandoffError extends Error {
-  override readonly name = "HandoffError";
+/**
+ * A failed hand-off: the gRPC code, and which side failed as a field, which also travels
+ * as the response metadata FAILED_SIDE_HEADER when a Connect handler throws it.
+ */
+export class HandoffError extends RpcError {
   constructor(
     readonly side: FailedSide,
-    readonly code: Code,
+    code: Code,
     message: string,
   ) {
-    super(message);
+    super(code, message, { [FAILED_SIDE_HEADER]: side });
   }
 }
 

@@ -1,7 +1,7 @@
 import type { Engine, PrefillOutput, SamplingParams } from "../engine/index.ts";
 import type { TokenMatcher } from "../grammar/index.ts";
 import { endSpan, type Span, SpanKind, startSpan, traceparentOf } from "../obs/index.ts";
-import { Code } from "../rpc/status.ts";
+import { Code, ConnectError } from "../rpc/status.ts";
 import { type KvTransport, TransferError, type TransferStats, transfer } from "../transfer/index.ts";
 import { HandoffError } from "./handoff-error.ts";
 import { releaseUnclaimed } from "./release.ts";
@@ -132,13 +132,17 @@ async function push(ctx: PrefillPushContext, req: PrefillPushRequest, handleId: 
     ctx.onTransfer?.({ stats, code: null, ms: performance.now() - started, target });
     return stats;
   } catch (e) {
-    const code = e instanceof TransferError ? (e.code as Code) : Code.Internal;
+    const code = e instanceof TransferError ? e.code : Code.Internal;
     endSpan(span, e);
     ctx.onTransfer?.({ stats: null, code, ms: performance.now() - started, target });
     // D may have accepted the push and only its ack was lost (a connection cut after D
     // answered): nobody would claim that handle, so give it back now rather than at its
     // time to live. ALREADY_EXISTS names a push that is not ours.
     if (code !== Code.AlreadyExists) releaseUnclaimed(ctx.transport, target, handleId);
-    throw new HandoffError("decode", code, `kv transfer to ${target} failed: ${e instanceof Error ? e.message : String(e)}`);
+    throw new HandoffError(
+      "decode",
+      code,
+      `kv transfer to ${target} failed: ${e instanceof ConnectError ? e.rawMessage : e instanceof Error ? e.message : String(e)}`,
+    );
   }
 }

@@ -391,7 +391,7 @@ class EngineHttp {
       blockIdsOfHandle = claimForResume(ctx.receiver, handleId, params.promptTokens);
     } catch (e) {
       if (!(e instanceof ResumeError)) throw e;
-      throw e.kind === "unknown" ? new HttpError(404, e.message, "not_found_error") : new HttpError(409, e.message, "conflict_error");
+      throw e.kind === "unknown" ? new HttpError(404, e.rawMessage, "not_found_error") : new HttpError(409, e.rawMessage, "conflict_error");
     }
     const claimed = { blockIds: blockIdsOfHandle, nTokens: params.promptTokens.length };
     const out: ResumeKv[] = [{ blockIds: claimed.blockIds, firstToken: firstTokens[0]!, draws, choice: choices[0]! }];

@@ -1,7 +1,6 @@
 import * as http2 from "node:http2";
 import { type ConnectRouter, ConnectError } from "@connectrpc/connect";
 import { connectNodeAdapter } from "@connectrpc/connect-node";
-import { sendGrpcStatus } from "./grpc-wire.ts";
 import { callerValues, type PeerCheck } from "./peer-gate.ts";
 import type { TlsSource } from "./tls-config.ts";
 import { secureHttp2Server, withRoleCheck } from "./tls-server.ts";
@@ -20,8 +19,6 @@ export interface GrpcServerOptions {
   port?: number;
   /** Largest single message accepted or sent, in bytes; Connect's default (~4 GiB) otherwise. */
   maxMessageBytes?: number;
-  /** Sees every request first; one it answers itself (returns true) never reaches Connect. */
-  intercept?: (req: http2.Http2ServerRequest, res: http2.Http2ServerResponse) => boolean;
   /** Runs for every call before its handler; see PeerCheck. */
   peerCheck?: PeerCheck;
   /**
@@ -75,12 +72,11 @@ export async function serveGrpc(routes: (router: ConnectRouter) => void, opts: G
   });
   // Large windows and frames for what clients send: with the protocol's 64 KiB
   // defaults a client stream of KV blocks stalls on a WINDOW_UPDATE every 64 KiB.
-  const intercept = opts.intercept;
   const peerCheck = withRoleCheck(tls, opts.peerCheck);
-  const serve =
-    intercept === undefined ? handler : (req: http2.Http2ServerRequest, res: http2.Http2ServerResponse) => void (intercept(req, res) || handler(req, res));
   const onRequest =
-    peerCheck === undefined ? serve : (req: http2.Http2ServerRequest, res: http2.Http2ServerResponse) => void (admit(peerCheck, req, res) && serve(req, res));
+    peerCheck === undefined
+      ? handler
+      : (req: http2.Http2ServerRequest, res: http2.Http2ServerResponse) => void (admit(peerCheck, req, res) && handler(req, res));
   const settings = { initialWindowSize: STREAM_WINDOW_BYTES, maxFrameSize: MAX_FRAME_BYTES };
   const { server, stopFollowing } =
     tls === null ? { server: http2.createServer({ settings }, onRequest), stopFollowing: () => {} } : secureHttp2Server(tls, settings, onRequest);
@@ -149,9 +145,24 @@ function admit(check: PeerCheck, req: http2.Http2ServerRequest, res: http2.Http2
     const err = ConnectError.from(e, Code.PermissionDenied);
     // Let the request body go: the call is over.
     req.resume();
-    sendGrpcStatus(res, "application/grpc", err.code, err.rawMessage, undefined, true);
+    refuse(res, err);
     return false;
   }
+}
+
+/**
+ * Answers a call refused before any handler with gRPC's Trailers-Only response: one
+ * HEADERS frame carrying the status (grpc-message percent-encoded) that ends the stream.
+ * (writeHead + end would send the headers, then end the stream apart and, the request
+ * still open, reset it with NO_ERROR: grpc-js reads that as headers without a status and
+ * reports INTERNAL "RST_STREAM code 0" instead of the code given here.)
+ */
+function refuse(res: http2.Http2ServerResponse, err: ConnectError): void {
+  if (res.headersSent || res.destroyed) return;
+  res.stream.respond(
+    { ":status": 200, "content-type": "application/grpc", "grpc-status": String(err.code), "grpc-message": encodeURIComponent(err.rawMessage) },
+    { endStream: true },
+  );
 }
 
 // IPv6 literals need brackets in host:port form.

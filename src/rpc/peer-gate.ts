@@ -13,7 +13,7 @@ export interface PeerCall {
 }
 
 /**
- * Decides, before any handler (Connect's or an intercept's) sees a call, whether this
+ * Decides, before any handler sees a call, whether this
  * caller may make it: throws a ConnectError (PERMISSION_DENIED, UNAUTHENTICATED) to
  * refuse, answered as a trailers-only gRPC status. The one place a peer-role layer
  * (mTLS identities against each method's allowed roles) plugs into every server.

@@ -15,7 +15,7 @@ export function refusal(fn: () => unknown): EnvError {
 
 export function expectRefused(fn: () => unknown, kind: EnvErrorKind, rule: number, code: number): EnvError {
   const e = refusal(fn);
-  expect({ kind: e.kind, rule: e.rule, code: e.code }).toEqual({ kind, rule, code });
+  expect({ kind: e.kind, rule: e.rule, code: e.code as number }).toEqual({ kind, rule, code });
   expect(e.message.startsWith(`rule ${rule}: `)).toBe(true);
   return e;
 }

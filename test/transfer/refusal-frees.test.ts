@@ -1,8 +1,8 @@
 // A refusal after D took at least one block of the push, on the paths the other tests
-// leave out: PushKv through Connect (what the direct gRPC handler does not take) and
-// the data plane's CHUNK frames written by hand. D's pool and in-flight state after
-// the refusal equal those before the push. (The direct handler: grpc-push-server.test.ts
-// and kv-transfer.test.ts; RUN frames: data-plane-run.test.ts.)
+// leave out: PushKv through Connect's own clients (every protocol it serves) and the
+// data plane's CHUNK frames written by hand. D's pool and in-flight state after the
+// refusal equal those before the push. (Raw gRPC streams: push-kv-grpc.test.ts; the
+// transport's pushes: kv-transfer.test.ts; RUN frames: data-plane-run.test.ts.)
 import { afterAll, beforeAll, expect, test } from "bun:test";
 import { create } from "@bufbuild/protobuf";
 import { Code, ConnectError, createClient, type Transport } from "@connectrpc/connect";

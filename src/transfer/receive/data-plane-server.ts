@@ -357,7 +357,7 @@ function onRunPayload(s: Socket<Conn>, payload: Uint8Array): void {
 function refuse(s: Socket<Conn>, e: unknown): void {
   const err = s.data.push.fail(e);
   s.data.refused = true;
-  send(s, encodeError(err.code, err.message));
+  send(s, encodeError(err.code, err.rawMessage));
   // The client hangs up on ERROR; one that does not is cut loose after a while.
   setTimeout(() => s.end(), 5_000).unref();
 }

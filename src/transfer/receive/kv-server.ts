@@ -4,7 +4,6 @@ import { serveDataPlane, type DataPlaneServer } from "./data-plane-server.ts";
 import type { KvReceiver } from "./kv-receiver.ts";
 import type { TlsSource } from "../../rpc/tls-config.ts";
 import { kvMessageLimit, kvService } from "./kv-service.ts";
-import { pushKvHandler } from "./grpc-push-server.ts";
 
 export interface ServeKvOptions {
   /** default 127.0.0.1 */
@@ -56,8 +55,6 @@ export async function serveKv(receiver: KvReceiver, opts: ServeKvOptions = {}): 
       host,
       port: opts.port ?? 0,
       maxMessageBytes: kvMessageLimit(receiver),
-      // Plain gRPC PushKv, the hot path, is parsed in place; Connect answers the rest.
-      intercept: pushKvHandler(receiver, kvMessageLimit(receiver)),
       tls,
       ...(opts.peerCheck ? { peerCheck: opts.peerCheck } : {}),
     });

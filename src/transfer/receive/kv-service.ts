@@ -1,6 +1,7 @@
 import { callerOf } from "../../rpc/peer-gate.ts";
 import { peerKey } from "../../rpc/peer-identity.ts";
-import { Code, ConnectError, type HandlerContext, type ServiceImpl } from "@connectrpc/connect";
+import type { HandlerContext, ServiceImpl } from "@connectrpc/connect";
+import { Code } from "../../rpc/status.ts";
 import { envelopeBytes } from "../../codec/index.ts";
 import type { KvTransfer, KvChunk } from "../../gen/tl/kv/v1/kv_pb.ts";
 import { extractHeaders } from "../../obs/index.ts";
@@ -22,7 +23,7 @@ export function kvService(receiver: KvReceiver, opts: KvServiceOptions = {}): Se
       try {
         return { present: receiver.hasBlocks(req.hashes, req.kvFormat), dataPlaneAddress: dataPlane() };
       } catch (e) {
-        throw toConnectError(toKvError(e));
+        throw toKvError(e);
       }
     },
     async pushKv(chunks: AsyncIterable<KvChunk>, ctx: HandlerContext) {
@@ -42,7 +43,7 @@ export function kvService(receiver: KvReceiver, opts: KvServiceOptions = {}): Se
         if (ctx.signal.aborted) throw new KvError(Code.Canceled, `push ${handleId} cancelled by the client`);
         return push.finish();
       } catch (e) {
-        throw toConnectError(push.fail(e));
+        throw push.fail(e);
       }
     },
     release(req, ctx) {
@@ -51,10 +52,6 @@ export function kvService(receiver: KvReceiver, opts: KvServiceOptions = {}): Se
       return { released: receiver.release(req.handleId, caller === undefined || caller.role === "gateway" ? undefined : peerKey(caller)) };
     },
   };
-}
-
-function toConnectError(e: KvError): ConnectError {
-  return new ConnectError(e.message, e.code as Code);
 }
 
 /**

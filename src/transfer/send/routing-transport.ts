@@ -1,12 +1,12 @@
 import type * as http2 from "node:http2";
 import { Code, ConnectError, createClient, type Client } from "@connectrpc/connect";
 import { createGrpcTransport, Http2SessionManager } from "@connectrpc/connect-node";
-import { KvTransfer } from "../../gen/tl/kv/v1/kv_pb.ts";
+import type { MessageInitShape } from "@bufbuild/protobuf";
+import { type KvChunkSchema, KvTransfer } from "../../gen/tl/kv/v1/kv_pb.ts";
 import { type KvAckLike, type KvChunkLike, TransferError, transferError } from "../wire/index.ts";
 import { log } from "../../obs/index.ts";
 import type { BlockPresence, KvTransport, PushOptions, PushRoute } from "./kv-transport.ts";
 import { DataPlaneClient } from "./data-plane-client.ts";
-import { grpcPush } from "./grpc-push.ts";
 import { DECODE_TARGET_ROLES } from "../../rpc/peer-policy.ts";
 import { channelKey, secureSessionOptions } from "../../rpc/tls-client.ts";
 import type { TlsSource } from "../../rpc/tls-config.ts";
@@ -126,16 +126,30 @@ export class RoutingTransport implements KvTransport {
   /** Pushes that went over gRPC after the data plane failed them (see push). */
   dataPlaneFallbacks = 0;
 
-  private grpcPush(target: string, chunks: readonly KvChunkLike[] | AsyncIterable<KvChunkLike>, opts: PushOptions): Promise<KvAckLike> {
-    // By hand over the same HTTP/2 connection: Connect's client copies every message
-    // three times (grpc-push.ts).
-    return grpcPush(this.connection(target).session, target, chunks, {
-      timeoutMs: this.timeoutMs,
-      maxReplyBytes: this.maxBytes,
-      ...(opts.signal ? { signal: opts.signal } : {}),
-      ...(opts.traceparent !== undefined ? { traceparent: opts.traceparent } : {}),
-      ...(opts.owner ? { owner: opts.owner } : {}),
-    });
+  /**
+   * PushKv through Connect's generated client. This is the road when D has no data plane
+   * (or this transport uses none) and the fallback of a broken data plane push; the data
+   * plane is the fast path (ARCHITECTURE.md, "Two roads for a push").
+   */
+  private async grpcPush(target: string, chunks: readonly KvChunkLike[] | AsyncIterable<KvChunkLike>, opts: PushOptions): Promise<KvAckLike> {
+    const what = `PushKv to ${target}`;
+    if (opts.signal?.aborted) throw new TransferError(Code.Canceled, `${what}: cancelled`);
+    try {
+      const ack = await this.client(target).pushKv(messages(chunks, opts.owner), {
+        timeoutMs: this.timeoutMs,
+        ...(opts.signal ? { signal: opts.signal } : {}),
+        ...(opts.traceparent !== undefined ? { headers: { traceparent: opts.traceparent } } : {}),
+      });
+      return {
+        handleId: ack.handleId,
+        blocksReceived: ack.blocksReceived,
+        blocksDeduped: ack.blocksDeduped,
+        payloadBytes: ack.payloadBytes,
+        nTokens: ack.nTokens,
+      };
+    } catch (e) {
+      throw brokenOrTransferError(e, what, opts.signal);
+    }
   }
 
   /** Release a pending handle on `target` (the gateway's call when its client went away). */
@@ -156,6 +170,19 @@ export class RoutingTransport implements KvTransport {
 }
 
 /**
+ * The chunks as KvChunk messages, the gateway replica's id on the first only (the
+ * receiver binds the push to it when it opens). A chunk's envelope is read once, here.
+ */
+async function* messages(chunks: readonly KvChunkLike[] | AsyncIterable<KvChunkLike>, owner?: string): AsyncIterable<MessageInitShape<typeof KvChunkSchema>> {
+  let first = true;
+  for await (const c of chunks) {
+    const m = { handleId: c.handleId, index: c.index, total: c.total, hash: c.hash, kvFormat: c.kvFormat, envelope: c.envelope, crc32c: c.crc32c };
+    yield first && owner ? { ...m, owner } : m;
+    first = false;
+  }
+}
+
+/**
  * A connection that breaks under a call (a reset HTTP/2 stream, a read ECONNRESET)
  * surfaces from Connect as CANCELLED or ABORTED. Unless we cancelled, it is the peer
  * being unreachable, which callers retry elsewhere: UNAVAILABLE. (D itself answers
@@ -170,6 +197,7 @@ function brokenOrTransferError(e: unknown, what: string, signal?: AbortSignal): 
 
 /** A Connect error with its code; anything else as transferError() has it. */
 function toTransferError(e: unknown, what: string): TransferError {
+  if (e instanceof TransferError) return e;
   if (e instanceof ConnectError) return new TransferError(e.code, `${what}: ${e.rawMessage}`);
   return transferError(e, what);
 }

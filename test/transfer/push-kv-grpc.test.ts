@@ -1,6 +1,7 @@
-// PushKv's own gRPC handler (src/transfer/receive/grpc-push-server.ts) ahead of Connect: what it
-// takes it parses in place, whatever the DATA frame boundaries; what it does not take
-// (compressed streams, the Connect protocol) still reaches Connect and is answered alike.
+// PushKv over gRPC as Connect serves it (src/transfer/receive/kv-service.ts), driven with
+// raw HTTP/2 writes: messages are reassembled whatever the DATA frame boundaries, a
+// broken stream is refused with its code and frees what it took, and every protocol
+// Connect speaks (gRPC compressed, the Connect protocol) is answered alike.
 import { afterAll, expect, test } from "bun:test";
 import * as http2 from "node:http2";
 import { create, toBinary } from "@bufbuild/protobuf";
@@ -76,7 +77,7 @@ async function rawPush(target: string, body: Uint8Array, pieces: number[]): Prom
   }
 }
 
-test("grpc push handler reassembles split messages", async () => {
+test("grpc push reassembles split messages", async () => {
   const d = await decode();
   const { chunks, tokens } = promptChunks("split", 4 * SHAPE.blockTokens + 3);
   const body = concat(...chunks.map((c) => grpcMessage(c)));
@@ -92,17 +93,18 @@ test("grpc push handler reassembles split messages", async () => {
   }
 });
 
-test("grpc push handler refuses broken streams and frees", async () => {
+test("grpc push refuses broken streams and frees", async () => {
   const d = await decode();
   const base = snapshot(d.pool, d.rx);
   const { chunks } = promptChunks("broken", 3 * SHAPE.blockTokens + 1);
   const whole = chunks.map((c) => grpcMessage(c));
   const cases: [string, Uint8Array, number, RegExp][] = [
     // Two chunks taken, then the stream ends inside the third message.
-    ["ends inside a message", concat(whole[0]!, whole[1]!, whole[2]!.subarray(0, 100)), Code.InvalidArgument, /inside a message/],
-    ["ends inside a prefix", concat(whole[0]!, whole[1]!.subarray(0, 3)), Code.InvalidArgument, /inside a message/],
+    ["ends inside a message", concat(whole[0]!, whole[1]!, whole[2]!.subarray(0, 100)), Code.InvalidArgument, /incomplete envelope/],
+    ["ends inside a prefix", concat(whole[0]!, whole[1]!.subarray(0, 3)), Code.InvalidArgument, /incomplete envelope/],
     ["compressed flag without an encoding", concat(whole[0]!, grpcMessage(chunks[1]!, 1)), Code.Internal, /compressed/],
-    ["not a KvChunk", concat(whole[0]!, Uint8Array.of(0, 0, 0, 0, 2, 0x0a, 0x7f)), Code.InvalidArgument, /KvChunk message/],
+    // gRPC's code for a message that does not parse (grpc-go's and Connect's alike).
+    ["not a KvChunk", concat(whole[0]!, Uint8Array.of(0, 0, 0, 0, 2, 0x0a, 0x7f)), Code.Internal, /premature EOF/],
     ["short of total", concat(...whole.slice(0, 3)), Code.InvalidArgument, /ended after 3 of 4 chunks/],
     ["empty", new Uint8Array(0), Code.InvalidArgument, /empty push/],
   ];
@@ -114,7 +116,7 @@ test("grpc push handler refuses broken streams and frees", async () => {
   }
 });
 
-test("push kv the handler does not take reaches connect", async () => {
+test("push kv over every connect protocol", async () => {
   const d = await decode();
   const { chunks, tokens } = promptChunks("fallback", 2 * SHAPE.blockTokens + 5);
   const transports = {
@@ -131,7 +133,7 @@ test("push kv the handler does not take reaches connect", async () => {
     const h = d.rx.claim("fallback")!;
     expect(kvDigest(d.pool, h.blockIds, h.nTokens)).toBe(patternDigest(SHAPE, tokens));
     d.pool.releaseAll(h.blockIds);
-    // And a refusal there keeps Connect's codes.
+    // And a refusal there keeps its code.
     async function* bad() {
       yield create(KvChunkSchema, { ...chunks[0]!, crc32c: chunks[0]!.crc32c ^ 1 });
     }
