@@ -68,7 +68,7 @@ test("cluster serves openai clients", async () => {
   }
 }, 60_000);
 
-test("cluster_gateways_2: one front port round-robins over two replicas, and outlives kill -9 of one", async () => {
+test("cluster gateways 2: one front port round-robins over two replicas, and outlives kill -9 of one", async () => {
   const cluster = spawnProc([process.execPath, "bin/engine.ts", "cluster", "--gateways", "2", "--plaintext"]);
   await cluster.waitLine((l) => l.startsWith("serving;"), 60_000);
   const front = /front\s+(127\.0\.0\.1:\d+)/.exec(cluster.lines.find((l) => l.trim().startsWith("front"))!)![1]!;
