@@ -3,7 +3,7 @@ import type { ToolParserName } from "../http/index.ts";
 import { receivesKv, type EngineRole, type GatewayBeats, type Resolver, type WorkerIdentity } from "../control/index.ts";
 import { serveGrpc } from "../rpc/index.ts";
 import { controlService, type ControlContext } from "../control/control-service.ts";
-import { Engine, type ModelRunner } from "../engine/index.ts";
+import { Engine, type ModelPort, transformerPort, WorkerPort } from "../engine/index.ts";
 import { EngineControl } from "../gen/tl/engine/v1/engine_pb.ts";
 import type { TlsSource } from "../rpc/tls-config.ts";
 import { engineHttpHandler, serveHttp, type HttpListenerOptions, type RequestEnd } from "../http/index.ts";
@@ -36,7 +36,7 @@ import { startNodeBeats } from "./node-beats.ts";
 /** A model ready to serve: what forward needs, how text maps to tokens, the KV shape per layer. */
 export interface ServedModel {
   name: string;
-  runner: ModelRunner;
+  runner: ModelPort;
   tokenizer: Tokenizer;
   nLayers: number;
   nKvHeads: number;
@@ -199,7 +199,7 @@ async function loadModelThread(opts: LoadModelOptions & ModelOptions & { threads
   const shape = kvShapeOf(cfg, 1);
   return {
     name: opts.servedModelName || w.info.name,
-    runner: w,
+    runner: new WorkerPort(w),
     tokenizer: tok.tokenizer,
     nLayers: shape.nLayers,
     nKvHeads: shape.nKvHeads,
@@ -227,10 +227,9 @@ export function servedModelOf(
   const weights = holdWeights(m.cfg, m.weights, m.stats.dtype, opts.dtype);
   const t = new Transformer(m.cfg, weights, { threads: opts.threads, groupBytes: opts.groupBytes });
   const shape = kvShapeOf(t.cfg, 1);
-  const runner: ModelRunner = { vocabSize: t.cfg.vocabSize, forward: (pool, batch, out) => t.forward(pool, batch, out) };
   return {
     name: m.name,
-    runner,
+    runner: transformerPort(t),
     tokenizer: m.tokenizer,
     nLayers: shape.nLayers,
     nKvHeads: shape.nKvHeads,
