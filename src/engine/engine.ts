@@ -30,8 +30,8 @@ export interface EngineOptions {
    * that within one step. Each wake costs ~110 us of this thread's CPU and, on a machine with no
    * idle core, ~140 us of the model thread's (this thread then mostly runs on its core: measured
    * by bench/engine-loop); depth 4 saves a third of the wakes for a second step of streaming delay.
-   * Nearly all of a wake's cost is the runtime's and the kernel's: settling its two steps (a
-   * callback each, no promise) takes this thread ~1 us a step with warm caches, ~15 us cold.
+   * Nearly all of a wake's cost is the runtime's and the kernel's, not the settling of its two
+   * steps (a callback each, no promise).
    */
   pipelineDepth?: number;
 }
