@@ -1,5 +1,6 @@
 import { describe, expect, test } from "bun:test";
 import { expF32, swigluF32 } from "../../src/model/compute/f32-math.ts";
+import { ATTEND_JOB } from "../../src/model/compute/kernel-exports.ts";
 import { MatmulKernel } from "../../src/model/compute/matmul.ts";
 import { bits } from "./helpers.ts";
 
@@ -304,7 +305,25 @@ function checkAttend(
   const stride = attStride ?? (n + 3) & ~3;
   const att = mk.alloc(4 * nKv * stride);
   const lin = mk.alloc(2 * stride * hd);
-  ex.attend(mk.addressOf(out), mk.addressOf(q), mk.addressOf(table), 0, mk.addressOf(att), stride, mk.addressOf(lin), firstPos, nr, B, nKv, kvMul, hd, qStride);
+  const job = mk.allocInts(Object.keys(ATTEND_JOB).length);
+  const fields: Record<keyof typeof ATTEND_JOB, number> = {
+    out: mk.addressOf(out),
+    q: mk.addressOf(q),
+    table: mk.addressOf(table),
+    layerOff: 0,
+    att: mk.addressOf(att),
+    attStride: stride,
+    lin: mk.addressOf(lin),
+    firstPos,
+    nr,
+    B,
+    nKv,
+    kvMul,
+    hd,
+    qStride,
+  };
+  for (const [k, slot] of Object.entries(ATTEND_JOB)) job[slot] = fields[k as keyof typeof ATTEND_JOB];
+  ex.attend(mk.addressOf(job));
   const want = attendRef(qv, kvBits, firstPos, nr, B, blockElems, nKv, kvMul, hd, qStride);
   for (let j = 0; j < nr; j++) {
     const row = (a: Float32Array) => bits(a.subarray(j * qStride, j * qStride + nKv * kvMul * hd));
