@@ -1,27 +1,37 @@
 import type { DType } from "./packed.ts";
 
 /**
+ * The i32 slots of the attention kernel's AttendJob record (kernels/assembly/attention.ts), which
+ * `attend` takes one pointer to and attend_jobs fills at the start of each thread's scratch:
+ * byte addresses (out, q, table, att, lin), layerOff in bytes, the rest counts.
+ */
+export const ATTEND_JOB = {
+  out: 0,
+  q: 1,
+  table: 2,
+  layerOff: 3,
+  att: 4,
+  attStride: 5,
+  lin: 6,
+  firstPos: 7,
+  nr: 8,
+  B: 9,
+  nKv: 10,
+  kvMul: 11,
+  hd: 12,
+  qStride: 13,
+} as const;
+/** Bytes attend_jobs keeps for its AttendJob before the scores in its scratch (ATTEND_JOB_BYTES there). */
+export const ATTEND_JOB_BYTES = 64;
+
+/**
  * The exports of the kernel module besides the matmuls (kernels/assembly/attention.ts and
  * elementwise.ts state their orders). Every argument that names memory is a byte offset into the
  * kernel's memory.
  */
 interface LayerKernelExports {
-  attend(
-    out: number,
-    q: number,
-    table: number,
-    layerOff: number,
-    att: number,
-    attStride: number,
-    lin: number,
-    firstPos: number,
-    nr: number,
-    B: number,
-    nKv: number,
-    kvMul: number,
-    hd: number,
-    qStride: number,
-  ): void;
+  /** Every head of one sequence, the AttendJob record at `job` (ATTEND_JOB's slots). */
+  attend(job: number): void;
   /** Pieces c0 .. c1 of the attention dispatch at params (Transformer writes its layout). */
   attend_jobs(params: number, c0: number, c1: number, scratch: number): void;
   swiglu(h: number, g: number, n: number): void;
