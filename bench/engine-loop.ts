@@ -5,7 +5,7 @@
 import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { availableParallelism, tmpdir } from "node:os";
 import { join } from "node:path";
-import { Engine, type ModelRunner } from "../src/engine/index.ts";
+import { Engine, type ModelPort, transformerPort, WorkerPort } from "../src/engine/index.ts";
 import { blockPayloadBytes } from "../src/codec/index.ts";
 import { type KvSlab, type ModelConfig, ModelWorker, Transformer, kvShapeOf } from "../src/model/index.ts";
 import type { ModelThreadCounters } from "../src/model/thread/model-worker.ts";
@@ -77,7 +77,7 @@ function perToken(a: ModelThreadCounters, b: ModelThreadCounters, cpuA: number |
  * from the kernel threads a thousand times a second, so tok/s is measured without it.
  */
 export async function engineLoop(
-  model: ModelRunner,
+  model: ModelPort,
   cfg: ModelConfig,
   prompt: number[],
   maxTokens: number,
@@ -89,12 +89,12 @@ export async function engineLoop(
   const shape = kvShapeOf(cfg, BLOCK);
   // As engines make it (kvPoolFor): in the model kernels' memory, where attention reads it in place.
   const room = (await kvSlab?.(blocks * blockPayloadBytes(shape))) ?? null;
-  const pool = new KvPool(shape, blocks, room ?? { shared: model instanceof ModelWorker });
+  const pool = new KvPool(shape, blocks, room ?? { shared: model instanceof WorkerPort });
   const engine = new Engine({ model, pool, maxModelLen: cfg.maxSeqLen, maxBatchTokens: 512, maxRunning: batch, pipelineDepth: DEPTH });
   const probe = probeDelay ? delayProbe() : null;
   let first = 0;
   let decoded = 0;
-  const counters = () => (model instanceof ModelWorker ? model.counters : null);
+  const counters = () => (model instanceof WorkerPort ? model.worker.counters : null);
   let atFirst = counters();
   let cpuFirst: number | null = null;
   await Promise.all(
@@ -157,7 +157,7 @@ type Round = { alone: number; engine: Record<string, number>; modelThreadBusy: n
 async function engineRounds(
   local: Transformer,
   long: ModelConfig,
-  runners: Record<string, ModelRunner>,
+  runners: Record<string, ModelPort>,
   slabs: Record<string, (bytes: number) => Promise<KvSlab | null>>,
 ): Promise<Round[]> {
   // The transformer alone runs before and after the engine loops of a round (its figure is the
@@ -185,7 +185,7 @@ async function engineRounds(
 /** One runner's ratio over its rounds, and (unless QUICK) the event loop's delay during a 512-token prefill and a batch-32 decode. */
 async function runnerReport(
   where: string,
-  runner: ModelRunner,
+  runner: ModelPort,
   long: ModelConfig,
   rounds: Round[],
   aloneTps: number,
@@ -233,7 +233,7 @@ export async function enginePart(dir: string, long: ModelConfig, weights: Weight
   const local = new Transformer(long, weights, { threads: THREADS });
   await local.ready();
   const worker = await ModelWorker.start({ modelPath: path, tokenizerPath, threads: THREADS, dtype: "f32" });
-  const runners: Record<string, ModelRunner> = { main: { vocabSize: long.vocabSize, forward: (p, b, o) => local.forward(p, b, o) }, worker };
+  const runners: Record<string, ModelPort> = { main: transformerPort(local), worker: new WorkerPort(worker) };
   const slabs: Record<string, (bytes: number) => Promise<KvSlab | null>> = {
     main: async (bytes) => local.kvSlab(bytes),
     worker: (bytes) => worker.kvSlab(bytes),

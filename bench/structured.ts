@@ -12,7 +12,7 @@ import { availableParallelism, cpus, tmpdir } from "node:os";
 import { join } from "node:path";
 import { loadModel, startEngineNode } from "../src/cli/engine-node.ts";
 import { blockPayloadBytes } from "../src/codec/index.ts";
-import { Engine, type ModelRunner, type SamplingParams } from "../src/engine/index.ts";
+import { Engine, type SamplingParams, WorkerPort } from "../src/engine/index.ts";
 import { ConstraintCompiler, type ConstraintSpec, type GrammarVocab } from "../src/grammar/index.ts";
 import { BYTE_TO_CHAR } from "../src/tokenizer/byte-level.ts";
 import { grammarVocab } from "../src/tokenizer/index.ts";
@@ -281,7 +281,7 @@ if (PARTS.has("135m")) {
     const shape = kvShapeOf(SMOL_SHAPE, 16);
     const room = await worker.kvSlab(blocks * blockPayloadBytes(shape));
     const pool = new KvPool(shape, blocks, room ?? { shared: true });
-    const engine = new Engine({ model: worker as ModelRunner, pool, maxModelLen: SMOL_SHAPE.maxSeqLen, maxBatchTokens: 512, maxRunning: 8 });
+    const engine = new Engine({ model: new WorkerPort(worker), pool, maxModelLen: SMOL_SHAPE.maxSeqLen, maxBatchTokens: 512, maxRunning: 8 });
     try {
       results.smol = await ratios("135M shape", engine, SMOL_SHAPE.vocabSize, await ConstraintCompiler.create(syntheticVocab(SMOL_SHAPE.vocabSize)));
     } finally {

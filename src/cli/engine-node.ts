@@ -1,12 +1,12 @@
 import { log } from "../obs/index.ts";
 import type { ToolParserName } from "../http/index.ts";
-import { GatewayBeats, GrpcRegistry, parseRegistryTargets, receivesKv, type EngineRole, type Resolver } from "../control/index.ts";
-import { serveGrpc, type GrpcServer } from "../rpc/index.ts";
+import { receivesKv, type EngineRole, type GatewayBeats, type Resolver, type WorkerIdentity } from "../control/index.ts";
+import { serveGrpc } from "../rpc/index.ts";
 import { controlService, type ControlContext } from "../control/control-service.ts";
-import { Engine, type ModelRunner } from "../engine/index.ts";
+import { Engine, type ModelPort, transformerPort, WorkerPort } from "../engine/index.ts";
 import { EngineControl } from "../gen/tl/engine/v1/engine_pb.ts";
 import type { TlsSource } from "../rpc/tls-config.ts";
-import { engineHttpHandler, serveHttp, type HttpListenerOptions, type HttpServer, type RequestEnd } from "../http/index.ts";
+import { engineHttpHandler, serveHttp, type HttpListenerOptions, type RequestEnd } from "../http/index.ts";
 import {
   holdWeights,
   kvShapeOf,
@@ -25,15 +25,18 @@ import {
 } from "../model/index.ts";
 import { chatRendererFor, tokenizerFingerprint, type Tokenizer } from "../tokenizer/index.ts";
 import { KvEventLog, KvPool } from "../pool/index.ts";
-import { KvReceiver, RoutingTransport, serveDataPlane, serveKv, type DataPlaneServer, type KvServer } from "../transfer/index.ts";
+import { RoutingTransport, type KvReceiver } from "../transfer/index.ts";
 import { blockPayloadBytes, type KvShape } from "../codec/index.ts";
 import { ConfigError, ENGINE_DEFAULTS } from "./options.ts";
 import { httpListener } from "./security.ts";
+import { Closers } from "./closers.ts";
+import { startKvSide } from "./node-kv-side.ts";
+import { startNodeBeats } from "./node-beats.ts";
 
 /** A model ready to serve: what forward needs, how text maps to tokens, the KV shape per layer. */
 export interface ServedModel {
   name: string;
-  runner: ModelRunner;
+  runner: ModelPort;
   tokenizer: Tokenizer;
   nLayers: number;
   nKvHeads: number;
@@ -161,7 +164,7 @@ export async function loadModel(given: LoadModelOptions & ModelOptions): Promise
   const opts = {
     ...given,
     threads: given.threads ?? ENGINE_DEFAULTS.threads,
-    modelThread: given.modelThread ?? (ENGINE_DEFAULTS.model_thread as "worker" | "main"),
+    modelThread: given.modelThread ?? ENGINE_DEFAULTS.model_thread,
   };
   if (opts.modelThread === "worker") return loadModelThread(opts);
   const m = servedModelOf(await loadModelFiles(opts), opts);
@@ -196,7 +199,7 @@ async function loadModelThread(opts: LoadModelOptions & ModelOptions & { threads
   const shape = kvShapeOf(cfg, 1);
   return {
     name: opts.servedModelName || w.info.name,
-    runner: w,
+    runner: new WorkerPort(w),
     tokenizer: tok.tokenizer,
     nLayers: shape.nLayers,
     nKvHeads: shape.nKvHeads,
@@ -224,10 +227,9 @@ export function servedModelOf(
   const weights = holdWeights(m.cfg, m.weights, m.stats.dtype, opts.dtype);
   const t = new Transformer(m.cfg, weights, { threads: opts.threads, groupBytes: opts.groupBytes });
   const shape = kvShapeOf(t.cfg, 1);
-  const runner: ModelRunner = { vocabSize: t.cfg.vocabSize, forward: (pool, batch, out) => t.forward(pool, batch, out) };
   return {
     name: m.name,
-    runner,
+    runner: transformerPort(t),
     tokenizer: m.tokenizer,
     nLayers: shape.nLayers,
     nKvHeads: shape.nKvHeads,
@@ -265,8 +267,6 @@ const MAX_KV_POOL_BYTES = 2 ** 32;
 let nodeCounter = 0;
 const CONTROL_MESSAGE_BYTES = 4 * 1024 * 1024;
 const STREAM_SETTLE_MS = 50;
-/** Most time a KV event waits for a beat to carry it: beats go early, at most this often, while events come. */
-const KV_EVENT_FLUSH_MS = 100;
 
 /** The tuning an engine node runs with, each the caller's value or its [engine] option's default. */
 export interface EffectiveOptions {
@@ -298,92 +298,38 @@ function effectiveOptions(opts: EngineNodeOptions, context: number): EffectiveOp
   };
 }
 
-/** Starts one engine process's servers: HTTP, EngineControl, KvTransfer (decode roles), heartbeat. */
-// Long by design: one start-up sequence whose every server is pushed onto `closers`
-// as it starts, so a failure anywhere stops exactly what was started (the catch below).
+/** Starts one engine process's servers: KvTransfer (decode roles), EngineControl, HTTP, beats to the gateways. */
 export async function startEngineNode(opts: EngineNodeOptions): Promise<EngineNode> {
-  const role = opts.role;
+  const { role } = opts;
   const host = opts.host ?? "127.0.0.1";
   const tls = opts.tls ?? null;
   const workerId = opts.workerId ?? `${role}-${process.pid}-${nodeCounter++}`;
   const model = opts.model ?? (await loadModel({ ...opts, maxSeqLen: opts.maxModelLen }));
-  const chat = chatRendererFor(model.tokenizer, model.chatTemplate ?? null, opts.chatTemplatePath);
-  // Told to the gateway (heartbeat) and peers (Info): a gateway refuses an engine that tokenizes differently.
-  const fingerprint = tokenizerFingerprint(model.tokenizer);
   const effective = effectiveOptions(opts, model.maxSeqLen);
-  const shape: KvShape = { blockTokens: effective.blockTokens, nLayers: model.nLayers, nKvHeads: model.nKvHeads, headDim: model.headDim };
-  const pool = await kvPoolFor(model, shape, effective.numBlocks);
-  const maxModelLen = effective.maxModelLen;
-  const engine = new Engine({
-    model: model.runner,
-    pool,
-    maxModelLen,
-    maxBatchTokens: effective.maxBatchTokens,
-    eosTokenIds: model.eosIds ?? model.tokenizer.eosIds,
-  });
+  const { pool, engine } = await engineOver(model, effective);
   const roles: ("prefill" | "decode")[] = role === "both" ? ["prefill", "decode"] : [role];
-  const closers: (() => Promise<unknown>)[] = [];
-  const advertised = (address: string) => {
-    const adv = opts.advertiseHost;
-    if (!adv || address === "") return address;
-    return `${adv.includes(":") ? `[${adv}]` : adv}:${address.slice(address.lastIndexOf(":") + 1)}`;
-  };
+  // What EngineControl and HTTP both say of this engine. The fingerprint goes to the gateway
+  // (beats) and peers (Info): a gateway refuses an engine that tokenizes differently.
+  const fingerprint = tokenizerFingerprint(model.tokenizer);
+  const served = { workerId, roles, modelName: model.name, engine, tokenizer: model.tokenizer, modelStats: model.stats };
+  const advertised = advertiseAt(opts.advertiseHost);
+  const closers = new Closers();
   try {
-    let receiver: KvReceiver | null = null;
-    let kv: KvServer | null = null;
-    if (receivesKv(role)) {
-      receiver = new KvReceiver(pool, {
-        ttlMs: effective.handleTtlS * 1000,
-        onExpired: opts.onHandleExpired,
-        pushIdleTimeoutMs: effective.pushIdleTimeoutMs,
-      });
-      // serveKv would advertise its data plane at the bound host, which peers cannot reach
-      // behind 0.0.0.0: start it here and advertise it as the other addresses are.
-      let dp: DataPlaneServer | null = null;
-      if (opts.offerDataPlane ?? true) {
-        dp = await serveDataPlane(receiver, { host, port: opts.kvDataPort ?? 0, tls });
-        closers.push(() => dp!.close());
-      }
-      kv = await serveKv(receiver, { host, port: opts.kvPort ?? 0, dataPlane: false, tls, ...(dp ? { advertiseDataPlane: advertised(dp.address) } : {}) });
-      closers.push(
-        () => kv!.close(),
-        async () => receiver!.close(),
-      );
-    }
+    const kvSide = receivesKv(role) ? await startKvSide({ ...opts, ...effective, pool, host, tls, advertised }, closers) : null;
+    const receiver = kvSide?.receiver ?? null;
     const transport = roles.includes("prefill")
       ? new RoutingTransport({ ...(opts.useDataPlane === false ? { dataPlane: false as const } : {}), ...(tls ? { tls } : {}) })
       : null;
-    if (transport) closers.push(() => transport.close());
-    const grpc: GrpcServer = await serveGrpc(
-      (r) =>
-        r.service(
-          EngineControl,
-          controlService({
-            workerId,
-            roles,
-            modelName: model.name,
-            engine,
-            tokenizer: model.tokenizer,
-            tokenizerFingerprint: fingerprint,
-            ...(model.stats ? { modelStats: model.stats } : {}),
-            transport,
-            onTransfer: opts.onTransfer,
-          }),
-        ),
-      // A PrefillRequest is a prompt of at most max_model_len tokens plus sampling: 4 MiB is ample.
-      { host, port: opts.grpcPort ?? 0, tls, maxMessageBytes: CONTROL_MESSAGE_BYTES },
-    );
-    closers.push(() => grpc.close());
-    const http: HttpServer = await serveHttp(
+    if (transport) closers.add(() => transport.close());
+    const control = controlService({ ...served, tokenizerFingerprint: fingerprint, transport, onTransfer: opts.onTransfer });
+    // A PrefillRequest is a prompt of at most max_model_len tokens plus sampling: 4 MiB is ample.
+    const grpc = await serveGrpc((r) => r.service(EngineControl, control), { host, port: opts.grpcPort ?? 0, tls, maxMessageBytes: CONTROL_MESSAGE_BYTES });
+    closers.add(() => grpc.close());
+    const http = await serveHttp(
       engineHttpHandler({
-        engine,
-        tokenizer: model.tokenizer,
-        chat,
+        ...served,
+        chat: chatRendererFor(model.tokenizer, model.chatTemplate ?? null, opts.chatTemplatePath),
         toolParser: opts.toolCallParser ?? null,
-        modelName: model.name,
-        modelStats: model.stats,
-        workerId,
-        roles,
         isDraining: () => engine.isDraining,
         tls: tls === null ? "plaintext" : "mtls",
         receiver,
@@ -392,74 +338,34 @@ export async function startEngineNode(opts: EngineNodeOptions): Promise<EngineNo
       }),
       { ...httpListener(ENGINE_DEFAULTS), ...opts.frontDoor, maxRequestBytes: effective.maxRequestBytes, host, port: opts.httpPort ?? 0 },
     );
-    closers.push(() => http.stop());
-    let heartbeat: GatewayBeats | null = null;
+    closers.add(() => http.stop());
     // What the gateways route on: the blocks this engine actually holds (a prefill-only engine's
     // cache is never a decode target, so it reports nothing).
     const kvEvents = receivesKv(role) && opts.kvEvents !== false ? KvEventLog.watching(pool) : null;
-    if (kvEvents) closers.push(async () => pool.watch(null));
-    if (opts.gatewayRegistry) {
-      const timeoutMs = effective.heartbeatTimeoutMs;
-      heartbeat = await GatewayBeats.start({
-        targets: parseRegistryTargets(opts.gatewayRegistry),
-        dial: (address) => new GrpcRegistry(address, timeoutMs, tls ?? undefined),
-        identity: {
-          workerId,
-          httpAddress: advertised(http.address),
-          grpcAddress: advertised(grpc.address),
-          kvAddress: kv ? (opts.advertiseKvAddress ?? advertised(kv.address)) : "",
-          role,
-          model: model.name,
-          blockTokens: shape.blockTokens,
-          totalBlocks: pool.total,
-          vocabSize: model.tokenizer.vocabSize,
-          tokenizerFingerprint: fingerprint,
-          ...(model.stats ? { modelStats: model.stats } : {}),
-        },
-        load: () => ({ queueDepth: engine.queueDepth, running: engine.runningCount, freeBlocks: pool.total - pool.used, draining: engine.isDraining }),
-        intervalMs: effective.heartbeatIntervalMs,
-        timeoutMs,
-        onDrain: () => void engine.drain(0),
-        ...(kvEvents ? { events: { log: kvEvents, named: () => pool.namedHashes() } } : {}),
-        onGatewayGone: (gatewayId) => {
-          const n = receiver?.releaseOwner(gatewayId) ?? 0;
-          log.info("gateway gone", { worker_id: workerId, gateway_id: gatewayId, handles_released: n });
-        },
-        ...(opts.resolver ? { resolver: opts.resolver } : {}),
-      });
-      closers.push(() => heartbeat!.stop());
-      if (kvEvents) {
-        // New events go out within KV_EVENT_FLUSH_MS rather than on the next scheduled beat:
-        // a replica that did not route a push learns of its blocks as soon as it can.
-        const flushMs = Math.min(KV_EVENT_FLUSH_MS, (opts.heartbeatIntervalMs ?? 2000) / 2);
-        let flush: ReturnType<typeof setTimeout> | null = null;
-        kvEvents.onAppend = () => {
-          if (flush !== null) return;
-          flush = setTimeout(() => {
-            flush = null;
-            heartbeat?.beatNow();
-          }, flushMs);
-          flush.unref?.();
-        };
-        closers.push(async () => {
-          kvEvents.onAppend = null;
-          if (flush !== null) clearTimeout(flush);
-        });
-      }
-    }
+    if (kvEvents) closers.add(async () => pool.watch(null));
+    const kvAddress = kvSide ? (opts.advertiseKvAddress ?? advertised(kvSide.kv.address)) : "";
+    const addresses = { httpAddress: advertised(http.address), grpcAddress: advertised(grpc.address), kvAddress };
+    const identity: WorkerIdentity = { workerId, role, ...addresses, ...identityOf(model, pool, fingerprint) };
+    const beats = {
+      ...opts,
+      gatewayRegistry: opts.gatewayRegistry ?? "",
+      tls,
+      intervalMs: effective.heartbeatIntervalMs,
+      timeoutMs: effective.heartbeatTimeoutMs,
+    };
+    const heartbeat = opts.gatewayRegistry ? await startNodeBeats({ ...beats, identity, engine, pool, receiver, kvEvents }, closers) : null;
     // Every forward fails from now on: stop taking requests and tell the gateway at once.
     model.onDeath?.((e) => {
       log.error("model thread died", { worker_id: workerId, error: e.message });
       void engine.drain(0);
       heartbeat?.beatNow();
     });
-    let down: Promise<number> | null = null;
-    return {
+    const node = {
       workerId,
       role,
       httpAddress: http.address,
       grpcAddress: grpc.address,
-      kvAddress: kv?.address ?? "",
+      kvAddress: kvSide?.kv.address ?? "",
       engine,
       pool,
       receiver,
@@ -467,28 +373,64 @@ export async function startEngineNode(opts: EngineNodeOptions): Promise<EngineNo
       heartbeat,
       kvEvents,
       effective,
-      shutdown(deadlineMs = 0) {
-        down ??= (async () => {
-          const draining = engine.drain(deadlineMs);
-          // Tell the gateway now rather than on the next scheduled beat.
-          heartbeat?.beatNow();
-          const remaining = await draining;
-          const cut = engine.requestIds();
-          for (const id of cut) engine.cancel(id);
-          // A cancelled stream writes its error event on the next turns of the event loop, and
-          // stopping HTTP cuts open connections: without this pause clients see a bare reset.
-          if (cut.length > 0) await Bun.sleep(STREAM_SETTLE_MS);
-          for (const close of closers.reverse()) await close().catch(() => {});
-          // A model this node loaded is its own; one handed in may serve other nodes.
-          if (opts.model === undefined) model.close?.();
-          return remaining;
-        })();
-        return down;
-      },
     };
+    return { ...node, shutdown: once((deadlineMs = 0) => shutdownNode(node, closers, opts.model === undefined, deadlineMs)) };
   } catch (e) {
-    for (const close of closers.reverse()) await close().catch(() => {});
+    await closers.closeAll();
     if (opts.model === undefined) model.close?.();
     throw e;
   }
+}
+
+/** The KV pool and the engine over `model`, sized as `effective` says. */
+async function engineOver(model: ServedModel, effective: EffectiveOptions): Promise<{ pool: KvPool; engine: Engine }> {
+  const shape: KvShape = { blockTokens: effective.blockTokens, nLayers: model.nLayers, nKvHeads: model.nKvHeads, headDim: model.headDim };
+  const pool = await kvPoolFor(model, shape, effective.numBlocks);
+  const eosTokenIds = model.eosIds ?? model.tokenizer.eosIds;
+  const engine = new Engine({ model: model.runner, pool, maxModelLen: effective.maxModelLen, maxBatchTokens: effective.maxBatchTokens, eosTokenIds });
+  return { pool, engine };
+}
+
+/** What a beat says of the model and pool behind an engine: a gateway routes only to engines that agree. */
+function identityOf(model: ServedModel, pool: KvPool, fingerprint: string) {
+  return {
+    model: model.name,
+    blockTokens: pool.shape.blockTokens,
+    totalBlocks: pool.total,
+    vocabSize: model.tokenizer.vocabSize,
+    tokenizerFingerprint: fingerprint,
+    ...(model.stats ? { modelStats: model.stats } : {}),
+  };
+}
+
+/** An address as peers reach it: the advertised host (when there is one) with the bound port. */
+function advertiseAt(host: string | undefined): (address: string) => string {
+  return (address) => {
+    if (!host || address === "") return address;
+    return `${host.includes(":") ? `[${host}]` : host}:${address.slice(address.lastIndexOf(":") + 1)}`;
+  };
+}
+
+/** Drains up to the deadline, cuts what is left, stops every server; returns how many were still running at the deadline. */
+async function shutdownNode(node: Omit<EngineNode, "shutdown">, closers: Closers, ownsModel: boolean, deadlineMs: number): Promise<number> {
+  const { engine, heartbeat, model } = node;
+  const draining = engine.drain(deadlineMs);
+  // Tell the gateway now rather than on the next scheduled beat.
+  heartbeat?.beatNow();
+  const remaining = await draining;
+  const cut = engine.requestIds();
+  for (const id of cut) engine.cancel(id);
+  // A cancelled stream writes its error event on the next turns of the event loop, and
+  // stopping HTTP cuts open connections: without this pause clients see a bare reset.
+  if (cut.length > 0) await Bun.sleep(STREAM_SETTLE_MS);
+  await closers.closeAll();
+  // A model this node loaded is its own; one handed in may serve other nodes.
+  if (ownsModel) model.close?.();
+  return remaining;
+}
+
+/** `f` run once: every later call gets the first call's promise. */
+function once<A extends unknown[], T>(f: (...args: A) => Promise<T>): (...args: A) => Promise<T> {
+  let first: Promise<T> | null = null;
+  return (...args) => (first ??= f(...args));
 }

@@ -1,6 +1,6 @@
 import { Engine } from "../engine/index.ts";
 import { StreamDecoder } from "../tokenizer/index.ts";
-import { kvPoolFor, loadModel, type ModelOptions } from "./engine-node.ts";
+import { kvPoolFor, loadModel } from "./engine-node.ts";
 import { ConfigError, type Config } from "./options.ts";
 import { PassWriter } from "./pass-writer.ts";
 import { quote } from "../codec/index.ts";
@@ -29,17 +29,17 @@ export async function generate(config: Config, rest: Map<string, string>, out: (
   const { prompt, maxTokens, temperature, seed } = generateOptions(rest);
 
   const model = await loadModel({
-    modelPath: String(e.model) || undefined,
-    tokenizerPath: String(e.tokenizer) || undefined,
-    servedModelName: String(e.served_model_name) || undefined,
-    maxSeqLen: Number(e.max_model_len) || undefined,
-    dtype: String(e.dtype) as ModelOptions["dtype"],
-    threads: Number(e.threads),
-    modelThread: String(e.model_thread) as ModelOptions["modelThread"],
+    modelPath: e.model || undefined,
+    tokenizerPath: e.tokenizer || undefined,
+    servedModelName: e.served_model_name || undefined,
+    maxSeqLen: e.max_model_len || undefined,
+    dtype: e.dtype,
+    threads: e.threads,
+    modelThread: e.model_thread,
   });
-  const B = Number(e.block_tokens);
+  const B = e.block_tokens;
   const tokens = model.tokenizer.encode(prompt);
-  const maxModelLen = Math.min(model.maxSeqLen, Number(e.max_model_len) || Infinity);
+  const maxModelLen = Math.min(model.maxSeqLen, e.max_model_len || Infinity);
   if (tokens.length + maxTokens > maxModelLen)
     throw new ConfigError(`prompt (${tokens.length} tokens) + --max-tokens ${maxTokens} exceeds the context of ${maxModelLen}`);
   const pool = await kvPoolFor(
@@ -53,7 +53,7 @@ export async function generate(config: Config, rest: Map<string, string>, out: (
     model: model.runner,
     pool,
     maxModelLen,
-    maxBatchTokens: Math.max(Number(e.max_batch_tokens), tokens.length),
+    maxBatchTokens: Math.max(e.max_batch_tokens, tokens.length),
     eosTokenIds: model.eosIds ? [...model.eosIds] : [model.tokenizer.eos],
   });
   const text = new StreamDecoder(model.tokenizer);

@@ -245,7 +245,9 @@ export const SPECS = [
 type AnySpec = (typeof SPECS)[number];
 type ValueOf<K extends Kind> = K extends "int" | "uint" | "num" ? number : K extends "bool" ? boolean : K extends "list" ? readonly string[] : string;
 /** One section's options as SPECS types them: a key for each option, its value's type from its kind. */
-type SectionConfig<S extends Spec["section"]> = { [O in Extract<AnySpec, { section: S }> as O["key"]]: ValueOf<O["kind"]> };
+type SectionConfig<S extends Spec["section"]> = {
+  [O in Extract<AnySpec, { section: S }> as O["key"]]: O extends { choices: readonly (infer C)[] } ? C : ValueOf<O["kind"]>;
+};
 /** [engine], typed from SPECS (issue 24's typed configuration): a new option is a new field here. */
 export type EngineConfig = SectionConfig<"engine">;
 /** [gateway], typed from SPECS. */
@@ -328,7 +330,7 @@ export function parseAddr(s: string, name = "address"): { host: string; port: nu
 }
 
 /** Applies a TOML file: only [engine] and [gateway] tables with known keys. */
-export function applyToml(c: Config, path: string): void {
+function applyToml(c: Config, path: string): void {
   let text: string;
   try {
     text = readFileSync(path, "utf8");

@@ -1,154 +1,115 @@
-import type { ToolParserName } from "../http/index.ts";
-import { Code } from "@connectrpc/connect";
 import { hostname } from "node:os";
 import { crc32cBackend } from "../codec/index.ts";
 import { startGateway, type Gateway, type GatewayOptions } from "../gateway/index.ts";
-import { createMetrics, log, metricsResponse, recordEngineState, recordFinished, shutdownTracing, startTracing, tracingEndpoint } from "../obs/index.ts";
+import { log, shutdownTracing, startTracing, tracingEndpoint } from "../obs/index.ts";
 import { chatRendererFor } from "../tokenizer/index.ts";
 import { loadTokenizerFor } from "../model/index.ts";
-import { startEngineNode, type EngineNode, type ModelOptions } from "./engine-node.ts";
-import { ConfigError, GATEWAY_CONFIG_DEFAULTS, parseAddr, type Config, type GatewayConfig } from "./options.ts";
+import { startEngineNode, type EngineNode, type EngineNodeOptions } from "./engine-node.ts";
+import { engineObservers } from "./engine-observers.ts";
+import { ConfigError, GATEWAY_CONFIG_DEFAULTS, parseAddr, type Config, type EngineConfig, type GatewayConfig } from "./options.ts";
 import { httpListener, securityFrom, type Security } from "./security.ts";
 import { parentFromEnv, stopRequests } from "./stop-requests.ts";
 
 /** Starts one engine from its config; prints one ready line with every address. */
-// Long by design: config to options, one field each, read top to bottom beside the
-// option table (options.ts); a helper per field would only scatter the mapping.
 export async function runEngine(config: Config): Promise<EngineNode> {
   const e = config.engine;
   const role = config.role as "prefill" | "decode" | "both";
-  const http = parseAddr(String(e.http_listen));
-  const grpc = parseAddr(String(e.grpc_listen));
-  const kv = parseAddr(String(e.kv_listen));
-  const kvData = e.kv_data_listen ? parseAddr(String(e.kv_data_listen)) : null;
-  const bound = role === "prefill" ? [grpc] : [grpc, kv, kvData ?? http];
-  if (bound.some((a) => a.host !== http.host)) log.warn(`every server binds http_listen's host ${http.host}; the other listen hosts are ignored`);
-  const workerIdOpt = String(e.worker_id) || undefined;
-  const security = securityFrom(e, role, [http.host], workerIdOpt);
-  const advertiseHost = String(e.advertise_host) || undefined;
-  if (!advertiseHost && e.gateway_registry && ["0.0.0.0", "::"].includes(http.host)) {
-    log.warn(`binding ${http.host} without advertise_host: the gateway and peers are told ${http.host}, which only this host can reach`);
-  }
-  const metrics = createMetrics(role);
-  traceTo(`tl-engine-${role}`, role, String(e.otlp_endpoint));
-  let node: EngineNode;
-  node = await startEngineNode({
-    role,
-    workerId: workerIdOpt ?? (security.tls?.current.self.workerId || undefined) ?? `${role}-${hostname()}-${process.pid}`,
-    frontDoor: frontDoorOf(security),
-    tls: security.tls,
-    host: http.host,
-    advertiseHost,
-    httpPort: http.port,
-    grpcPort: grpc.port,
-    kvPort: kv.port,
-    kvDataPort: kvData?.port,
-    modelPath: String(e.model) || undefined,
-    tokenizerPath: String(e.tokenizer) || undefined,
-    servedModelName: String(e.served_model_name) || undefined,
-    chatTemplatePath: String(e.chat_template) || undefined,
-    toolCallParser: (String(e.tool_call_parser) || null) as ToolParserName | null,
-    dtype: String(e.dtype) as ModelOptions["dtype"],
-    threads: Number(e.threads),
-    modelThread: String(e.model_thread) as ModelOptions["modelThread"],
-    blockTokens: Number(e.block_tokens),
-    numBlocks: Number(e.num_blocks),
-    // 0: the model's context.
-    maxModelLen: Number(e.max_model_len) || undefined,
-    maxBatchTokens: Number(e.max_batch_tokens),
-    handleTtlS: Number(e.handle_ttl_s),
-    pushIdleTimeoutMs: Number(e.push_idle_timeout_ms),
-    gatewayRegistry: String(e.gateway_registry) || undefined,
-    kvEvents: e.kv_events !== false,
-    heartbeatIntervalMs: Number(e.heartbeat_interval_ms),
-    heartbeatTimeoutMs: Number(e.heartbeat_timeout_ms),
-    onRequestEnd: (r) => {
-      const served = r.resumed ? "resumed" : "local";
-      metrics.requests.inc({ served, outcome: r.reason });
-      if (r.ttftMs !== null) metrics.ttft.observe({ served }, r.ttftMs / 1000);
-      if (r.ttftMs !== null && r.outputTokens > 1) metrics.tpot.observe({ served }, (r.durationMs - r.ttftMs) / 1000 / (r.outputTokens - 1));
-      log.info("request", {
-        request_id: r.requestId,
-        ...(r.clientRequestId !== undefined ? { client_request_id: r.clientRequestId } : {}),
-        role,
-        path: served,
-        prompt_tokens: r.promptTokens,
-        output_tokens: r.outputTokens,
-        prefix_hit_tokens: r.prefixHitTokens,
-        finish: r.reason,
-        ttft_ms: r.ttftMs,
-        duration_ms: Math.round(r.durationMs),
-      });
-    },
-    onHandleExpired: (handle) => {
-      metrics.handlesExpired.inc();
-      log.warn("kv handle expired unclaimed", { handle });
-    },
-    onTransfer: ({ stats, code, ms, target }) => {
-      metrics.transferLatency.observe(ms / 1000);
-      if (stats) {
-        metrics.kvBytes.inc(stats.payloadBytes);
-        metrics.blocksSent.inc(stats.blocksSent);
-        metrics.blocksDeduped.inc(stats.blocksDeduped);
-      } else metrics.transferFailures.inc({ code: code === null ? "UNKNOWN" : (Code[code] ?? String(code)) });
-      log.info("kv.transfer", { target, ok: stats !== null, code: code === null ? null : Code[code], ms: Math.round(ms), ...stats });
-    },
-    extraRoutes: async (req, url) => {
-      if (req.method !== "GET" || url.pathname !== "/metrics") return null;
-      const pool = node.pool;
-      metrics.poolBlocks.set({ state: "used" }, pool.used);
-      metrics.poolBlocks.set({ state: "cached" }, pool.cached);
-      metrics.poolBlocks.set({ state: "free" }, pool.free);
-      metrics.handlesPending.set(node.receiver?.pending() ?? 0);
-      metrics.heartbeatMisses.set(node.heartbeat?.failures ?? 0);
-      const engine = node.engine;
-      recordEngineState(metrics, node.model.name, {
-        running: engine.runningCount,
-        waiting: engine.queueDepth,
-        preemptions: engine.stats.preemptions,
-        usedBlocks: pool.used,
-        totalBlocks: pool.total,
-      });
-      return metricsResponse(metrics);
-    },
-  });
-  // Every request the engine runs, whichever door it came in by (HTTP, Prefill, a resume).
-  node.engine.onFinish((f) => recordFinished(metrics, node.model.name, f));
+  const listen = listenAddresses(e, role);
+  const security = securityFrom(e, role, [listen.http.host], e.worker_id || undefined);
+  traceTo(`tl-engine-${role}`, role, e.otlp_endpoint);
+  const observers = engineObservers(role);
+  const node = await startEngineNode({ ...engineNodeOptions(e, role, listen, security), ...observers.options });
+  observers.observe(node);
   const kernels = node.model.kernels;
   if (kernels !== undefined && kernels !== "wasm-simd") log.warn("matmuls on the plain-JS fallback: one core, a fraction of the speed", { kernels });
-  console.log(
-    JSON.stringify({
-      msg: "ready",
-      role,
-      worker_id: node.workerId,
-      pid: process.pid,
-      model: node.model.name,
-      ...modelFields(node),
-      http: node.httpAddress,
-      grpc: node.grpcAddress,
-      kv: node.kvAddress || null,
-      advertise_host: advertiseHost ?? null,
-      gateway_registry: e.gateway_registry || null,
-      tls: security.mode,
-      api_key: security.apiKeys.length > 0,
-      crc32c: crc32cBackend(),
-    }),
-  );
+  console.log(JSON.stringify(engineReadyLine(node, e, security)));
   return node;
+}
+
+type Listen = Record<"http" | "grpc" | "kv", { host: string; port: number }> & { kvData: { host: string; port: number } | null };
+
+/** The listen options; every server binds http_listen's host (said when another one is given). */
+function listenAddresses(e: EngineConfig, role: "prefill" | "decode" | "both"): Listen {
+  const http = parseAddr(e.http_listen);
+  const grpc = parseAddr(e.grpc_listen);
+  const kv = parseAddr(e.kv_listen);
+  const kvData = e.kv_data_listen ? parseAddr(e.kv_data_listen) : null;
+  const bound = role === "prefill" ? [grpc] : [grpc, kv, kvData ?? http];
+  if (bound.some((a) => a.host !== http.host)) log.warn(`every server binds http_listen's host ${http.host}; the other listen hosts are ignored`);
+  if (!e.advertise_host && e.gateway_registry && ["0.0.0.0", "::"].includes(http.host)) {
+    log.warn(`binding ${http.host} without advertise_host: the gateway and peers are told ${http.host}, which only this host can reach`);
+  }
+  return { http, grpc, kv, kvData };
+}
+
+/** [engine] as startEngineNode's options, one field each, read top to bottom beside the option table (options.ts). */
+function engineNodeOptions(e: EngineConfig, role: "prefill" | "decode" | "both", listen: Listen, security: Security): EngineNodeOptions {
+  const workerId = e.worker_id || security.tls?.current.self.workerId || undefined || `${role}-${hostname()}-${process.pid}`;
+  return {
+    role,
+    workerId,
+    frontDoor: frontDoorOf(security),
+    tls: security.tls,
+    host: listen.http.host,
+    advertiseHost: e.advertise_host || undefined,
+    httpPort: listen.http.port,
+    grpcPort: listen.grpc.port,
+    kvPort: listen.kv.port,
+    kvDataPort: listen.kvData?.port,
+    modelPath: e.model || undefined,
+    tokenizerPath: e.tokenizer || undefined,
+    servedModelName: e.served_model_name || undefined,
+    chatTemplatePath: e.chat_template || undefined,
+    toolCallParser: e.tool_call_parser || null,
+    dtype: e.dtype,
+    threads: e.threads,
+    modelThread: e.model_thread,
+    blockTokens: e.block_tokens,
+    numBlocks: e.num_blocks,
+    // 0: the model's context.
+    maxModelLen: e.max_model_len || undefined,
+    maxBatchTokens: e.max_batch_tokens,
+    handleTtlS: e.handle_ttl_s,
+    pushIdleTimeoutMs: e.push_idle_timeout_ms,
+    gatewayRegistry: e.gateway_registry || undefined,
+    kvEvents: e.kv_events !== false,
+    heartbeatIntervalMs: e.heartbeat_interval_ms,
+    heartbeatTimeoutMs: e.heartbeat_timeout_ms,
+  };
+}
+
+/** The one line an engine prints once it serves: every address and what it runs with. */
+function engineReadyLine(node: EngineNode, e: EngineConfig, security: Security): Record<string, unknown> {
+  return {
+    msg: "ready",
+    role: node.role,
+    worker_id: node.workerId,
+    pid: process.pid,
+    model: node.model.name,
+    ...modelFields(node),
+    http: node.httpAddress,
+    grpc: node.grpcAddress,
+    kv: node.kvAddress || null,
+    advertise_host: e.advertise_host || null,
+    gateway_registry: e.gateway_registry || null,
+    tls: security.mode,
+    api_key: security.apiKeys.length > 0,
+    crc32c: crc32cBackend(),
+  };
 }
 
 export async function runGateway(config: Config): Promise<Gateway> {
   const g = config.gateway;
-  const http = parseAddr(String(g.http_listen));
-  const reg = parseAddr(String(g.registry_listen));
+  const http = parseAddr(g.http_listen);
+  const reg = parseAddr(g.registry_listen);
   const security = securityFrom(g, "gateway", [http.host]);
   const model = await loadTokenizerFor({
-    modelPath: String(g.model) || undefined,
-    tokenizerPath: String(g.tokenizer) || undefined,
-    servedModelName: String(g.served_model_name) || undefined,
+    modelPath: g.model || undefined,
+    tokenizerPath: g.tokenizer || undefined,
+    servedModelName: g.served_model_name || undefined,
   });
-  traceTo("tl-engine-gateway", "gateway", String(g.otlp_endpoint));
-  const maxModelLen = gatewayMaxModelLen(Number(g.max_model_len), model.maxSeqLen, model.name);
+  traceTo("tl-engine-gateway", "gateway", g.otlp_endpoint);
+  const maxModelLen = gatewayMaxModelLen(g.max_model_len, model.maxSeqLen, model.name);
   const never = neverDisaggregates(g.disagg_min_uncached_tokens, maxModelLen);
   if (never) log.warn(never);
   const gw = await startGateway({
@@ -156,8 +117,8 @@ export async function runGateway(config: Config): Promise<Gateway> {
     httpPort: http.port,
     registryPort: reg.port,
     tokenizer: model.tokenizer,
-    chat: chatRendererFor(model.tokenizer, model.chatTemplate ?? null, String(g.chat_template) || undefined),
-    toolParser: (String(g.tool_call_parser) || null) as ToolParserName | null,
+    chat: chatRendererFor(model.tokenizer, model.chatTemplate ?? null, g.chat_template || undefined),
+    toolParser: g.tool_call_parser || null,
     modelName: model.name,
     maxModelLen,
     ...gatewayTuning(g),

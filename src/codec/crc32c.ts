@@ -122,7 +122,7 @@ function load(): { backend: Crc32cBackend; fn: CrcFn | null } {
 }
 
 // Chosen on first use, not at import: a process that never checks a CRC (the gateway,
-// which imports the codec for block hashes) never pays the ~50 ms of loading a binding.
+// which imports the codec for block hashes) never pays for loading a binding.
 let active: { backend: Crc32cBackend; fn: CrcFn | null } | undefined;
 
 /** Which implementation crc32c() runs (see the top of this file). */

@@ -1,4 +1,4 @@
-// Why an envelope was refused (kv-block.md, "Reader rules"): the kind decides the
+// Why an envelope was refused (kv-block.md, "What a reader checks"): the kind decides the
 // gRPC status, the rule number which check failed.
 
 export type EnvErrorKind = "Format" | "Version" | "Shape";

@@ -1,4 +1,4 @@
-// The v1 export envelope (kv-block.md, "Envelope layout" and "Reader rules").
+// The v1 export envelope (kv-block.md, "Envelope" and "What a reader checks").
 //
 // Fields are read and written byte by byte on the Uint8Array itself: the reader must
 // refuse before it allocates anything (no DataView, no records), and the writer
@@ -8,8 +8,8 @@ import { crc32c } from "./crc32c.ts";
 import { EnvError, hex32, hex64 } from "./env-error.ts";
 import { blockPayloadBytes, copyPayload, type KvShape } from "./kv-shape.ts";
 
-export const ENVELOPE_VERSION = 1;
-export const DTYPE_F16 = 1;
+const ENVELOPE_VERSION = 1;
+const DTYPE_F16 = 1;
 /** magic "TLKV" read as a little-endian u32. */
 export const MAGIC = 0x564b4c54;
 /** The layout (kv-block.md): a 28-byte header, per record a 12-byte head (u64 hash, u32 fill) and P payload bytes, a trailing u32 CRC. */
@@ -201,9 +201,10 @@ export function readEnvelope(buf: Uint8Array, expect?: KvShape): { header: Envel
 }
 
 /**
- * Reconciles a transport's per-chunk hash with the record it carries (contracts.md,
- * PushKv): returns the hash the block is to be held under (0n: none), or null when they
- * disagree, which the transport reports as corruption. A record hash of 0 on a full
+ * Reconciles a transport's per-chunk hash with the record it carries
+ * (grpc-services.md, "How the decode side takes a push"): returns the hash the block is
+ * to be held under (0n: none), or null when they disagree, which the transport reports
+ * as corruption. A record hash of 0 on a full
  * block is one the sender did not own; it takes the chunk's hash.
  */
 export function chunkRecordHash(chunkHash: bigint, record: EnvelopeRecord, blockTokens: number): bigint | null {

@@ -6,7 +6,6 @@ export {
   crc32cNative,
   crc32cNodeRs,
   crc32cBackend,
-  type Crc32cBackend,
   crc32cCombine,
   crc32cCombineOp,
   crc32cCombineWith,
@@ -14,25 +13,7 @@ export {
 } from "./crc32c.ts";
 export { toF16Bits, fromF16Bits, roundF16, f16Bytes } from "./f16.ts";
 export { quote, QUOTE_MAX } from "./quote.ts";
-export {
-  writeEnvelope,
-  readEnvelope,
-  verifyEnvelope,
-  envelopeRecordAt,
-  chunkRecordHash,
-  ENVELOPE_VERSION,
-  DTYPE_F16,
-  type EnvelopeHeader,
-  type EnvelopeRecord,
-} from "./envelope.ts";
-export {
-  EnvError,
-  hex32,
-  hex64,
-  grpcCodeOf,
-  grpcCodeNameOf,
-  type EnvCode,
-  type EnvErrorKind,
-} from "./env-error.ts";
+export { writeEnvelope, readEnvelope, verifyEnvelope, envelopeRecordAt, chunkRecordHash, type EnvelopeHeader, type EnvelopeRecord } from "./envelope.ts";
+export { EnvError, hex32, hex64, grpcCodeOf, grpcCodeNameOf, type EnvErrorKind } from "./env-error.ts";
 export { ENVELOPE_HEAD_BYTES, EnvelopeCrc, envelopeHeadCrc, joinEnvelope, OneBlockEnvelopeWriter, oneBlockRecord, oneBlockRecordParts } from "./one-block.ts";
-export { blockPayloadBytes, copyPayload, envelopeBytes, KV_FORMAT, type KvShape } from "./kv-shape.ts";
+export { blockPayloadBytes, envelopeBytes, KV_FORMAT, type KvShape } from "./kv-shape.ts";

@@ -49,7 +49,7 @@ function invalid(message: string): ConnectError {
 }
 
 /** Converts and checks SamplingParams; `seed` is chosen here when the request has none. */
-export function samplingFromProto(s: SamplingProto | undefined, chooseSeed: () => bigint, vocab = Infinity): SamplingParams {
+function samplingFromProto(s: SamplingProto | undefined, chooseSeed: () => bigint, vocab = Infinity): SamplingParams {
   if (!s) throw invalid("sampling is required (max_tokens ≥ 1)");
   const temperature = s.temperature;
   const topP = s.topP === 0 ? 1 : s.topP;
@@ -119,7 +119,7 @@ function checkGatewayId(gatewayId: string, caller: Caller): void {
   }
 }
 
-/** Every check of contracts.md on a PrefillRequest, before any work: the prompt's tokens and the sampling to use. */
+/** Every check of grpc-services.md, "What Prefill refuses", on a PrefillRequest, before any work: the prompt's tokens and the sampling to use. */
 function validatePrefill(ctx: ControlContext, req: PrefillRequest): { tokens: number[]; sampling: SamplingParams } {
   const { engine, tokenizer } = ctx;
   if (!ctx.roles.includes("prefill") || ctx.transport === null) {

@@ -7,7 +7,7 @@ import type { WorkerIdentity, WorkerLoad } from "./worker-status.ts";
 export type RegistryTarget = { kind: "addr"; address: string } | { kind: "dns"; host: string; port: number };
 
 /** Most gateway addresses an engine beats to at once (a list plus what its names resolve to). */
-export const MAX_GATEWAYS = 32;
+const MAX_GATEWAYS = 32;
 
 /**
  * `gateway_registry`'s value: a comma-separated list of `host:port` (beaten to as written)
@@ -36,7 +36,7 @@ export function parseRegistryTargets(spec: string): RegistryTarget[] {
 /** All addresses of a name (A and AAAA); injectable so tests move replicas in and out. */
 export type Resolver = (host: string) => Promise<string[]>;
 
-export const systemResolver: Resolver = async (host) => (await lookup(host, { all: true })).map((a) => a.address);
+const systemResolver: Resolver = async (host) => (await lookup(host, { all: true })).map((a) => a.address);
 
 export interface GatewayBeatsOptions {
   targets: readonly RegistryTarget[];
@@ -44,8 +44,8 @@ export interface GatewayBeatsOptions {
   dial: (address: string) => Registry & { close?: () => void };
   identity: WorkerIdentity;
   load: () => WorkerLoad;
-  intervalMs?: number;
-  timeoutMs?: number;
+  intervalMs: number;
+  timeoutMs: number;
   onDrain?: () => void;
   /** The engine's KV events (engines that receive KV); each gateway gets its own cursor. */
   events?: KvEventSource;
@@ -71,7 +71,7 @@ export class GatewayBeats {
 
   private constructor(private readonly opts: GatewayBeatsOptions) {
     const hasDns = opts.targets.some((t) => t.kind === "dns");
-    this.timer = hasDns ? setInterval(() => void this.refresh(), opts.intervalMs ?? 2000) : null;
+    this.timer = hasDns ? setInterval(() => void this.refresh(), opts.intervalMs) : null;
     this.timer?.unref?.();
   }
 

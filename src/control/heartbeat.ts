@@ -114,8 +114,8 @@ export class Heartbeat {
     registry: Registry,
     identity: WorkerIdentity,
     loadFn: () => WorkerLoad,
-    intervalMs = 2000,
-    timeoutMs = 1000,
+    intervalMs: number,
+    timeoutMs: number,
     onDrain?: () => void,
     extras?: HeartbeatExtras,
   ): Heartbeat {

@@ -1,20 +1,6 @@
-export {
-  workerStatus,
-  receivesKv,
-  type EngineRole,
-  type WorkerIdentity,
-  type WorkerLoad,
-} from "./worker-status.ts";
-export { Heartbeat, beatOnce, newBeatState, type BeatState, type HeartbeatExtras, type Registry } from "./heartbeat.ts";
-export { KvEventFeed, MAX_EVENT_HASHES_PER_BEAT, type KvEventSource } from "./kv-event-feed.ts";
-export {
-  GatewayBeats,
-  MAX_GATEWAYS,
-  parseRegistryTargets,
-  systemResolver,
-  type GatewayBeatsOptions,
-  type RegistryTarget,
-  type Resolver,
-} from "./gateway-beats.ts";
+export { workerStatus, receivesKv, type EngineRole, type WorkerIdentity, type WorkerLoad } from "./worker-status.ts";
+export { Heartbeat, beatOnce, newBeatState, type Registry } from "./heartbeat.ts";
+export { KvEventFeed } from "./kv-event-feed.ts";
+export { GatewayBeats, parseRegistryTargets, type Resolver } from "./gateway-beats.ts";
 export { GrpcRegistry } from "./grpc-registry.ts";
-export { controlService, samplingFromProto, samplingToProto, type ControlContext } from "./control-service.ts";
+export { samplingToProto } from "./control-service.ts";

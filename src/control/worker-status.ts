@@ -36,7 +36,7 @@ const ROLES: Record<EngineRole, Role> = {
   both: Role.BOTH,
 };
 
-export function roleToProto(role: EngineRole): Role {
+function roleToProto(role: EngineRole): Role {
   return ROLES[role];
 }
 

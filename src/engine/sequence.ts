@@ -1,7 +1,8 @@
 import { blockHash } from "../codec/index.ts";
 import { compileLogits, isIdentity, TokenHistory, type CompiledLogits, type LogitsConfig, type Pcg32, type TokenLogprobs } from "../rng/index.ts";
 import type { TokenMatcher } from "../grammar/index.ts";
-import type { RowSampling, SeqChunk } from "./model-runner.ts";
+import type { KvBlocks } from "./kv-cache-manager.ts";
+import type { RowSampling, SeqChunk } from "./model-port.ts";
 
 export interface SamplingParams {
   temperature: number;
@@ -71,20 +72,43 @@ export interface Finish {
 
 export type SeqState = "waiting" | "running" | "finished";
 
+/** What a sequence is made from (Engine.submit). */
+export interface SequenceInit {
+  requestId: string;
+  promptTokens: readonly number[];
+  sampling: SamplingParams;
+  /** The request's sample stream; null when greedy. */
+  rng: Pcg32 | null;
+  prefillOnly: boolean;
+  /** Prefill only: first tokens to sample from the prompt's logits, one per choice. */
+  prefillChoices: number;
+  onToken: (token: number, logprobs?: TokenLogprobs) => void;
+  onFinish: (f: Finish) => void;
+  vocabSize: number;
+  /** Its table of blocks, from the engine's KvCacheManager (empty, or a resumed prompt's). */
+  kv: KvBlocks;
+  /** A structured output's matcher, or null. */
+  constraint: TokenMatcher | null;
+}
+
 /**
  * One request inside the engine. `tokens` is prompt then output; positions
- * 0..numComputed-1 have their K/V in the pool through `blockTable`.
+ * 0..numComputed-1 have their K/V in the pool through the blocks of `kv`.
  */
 export class Sequence {
   state: SeqState = "waiting";
+  readonly requestId: string;
   readonly tokens: number[];
+  readonly promptLen: number;
+  readonly sampling: SamplingParams;
+  readonly rng: Pcg32 | null;
+  readonly prefillOnly: boolean;
+  readonly prefillChoices: number;
+  readonly onToken: (token: number, logprobs?: TokenLogprobs) => void;
+  readonly onFinish: (f: Finish) => void;
   numComputed = 0;
-  blockTable: number[] = [];
-  /**
-   * The newest step still running whose batch holds this sequence: until it settles its blocks
-   * may not be given back, so they wait in its `deferred` (steps settle in order).
-   */
-  inFlightStep: { readonly deferred: number[] } | null = null;
+  /** Its blocks (the KvCacheManager's to change). */
+  readonly kv: KvBlocks;
   /** Hashes of the full blocks of `tokens` computed so far, chained from 0. */
   readonly hashes: bigint[] = [];
   outputCount = 0;
@@ -102,13 +126,13 @@ export class Sequence {
   /** Prefill only: the first tokens of choices 1..n-1, sampled beside choice 0's. */
   moreChoices: FirstToken[] = [];
   /** A structured output's matcher (disposed when the sequence ends), and its mask's scratch; null when unconstrained. */
-  constraint: TokenMatcher | null = null;
-  mask: Int32Array | null = null;
-  /** The id of its matcher on the model thread (ModelRunner.openConstraint), 0 until one is opened. */
+  readonly constraint: TokenMatcher | null;
+  readonly mask: Int32Array | null;
+  /** The id of its matcher on the model thread (ModelPort.openConstraint), 0 until one is opened. */
   constraintId = 0;
   /**
    * Its chunk and row sampling of the step being planned, reused step after step so a decode
-   * allocates nothing per token: the model reads both while the step is posted (ModelRunner), so
+   * allocates nothing per token: the model reads both while the step is posted (ModelPort), so
    * the next step may overwrite them while this one still runs.
    */
   private readonly chunk: SeqChunk & { tokens: number[] } = { blockTable: [], startPos: 0, tokens: [] };
@@ -117,24 +141,23 @@ export class Sequence {
   /** The stream as a step posted ahead will find it (copied into, never reallocated). */
   private aheadRng: Pcg32 | null = null;
 
-  constructor(
-    readonly requestId: string,
-    promptTokens: readonly number[],
-    readonly sampling: SamplingParams,
-    readonly rng: Pcg32 | null,
-    readonly promptLen: number,
-    readonly prefillOnly: boolean,
-    /** Prefill only: first tokens to sample from the prompt's logits, one per choice. */
-    readonly prefillChoices: number,
-    readonly onToken: (token: number, logprobs?: TokenLogprobs) => void,
-    readonly onFinish: (f: Finish) => void,
-    vocab: number,
-  ) {
-    this.tokens = [...promptTokens];
-    const processing = logitsConfigOf(sampling);
+  constructor(init: SequenceInit) {
+    this.requestId = init.requestId;
+    this.tokens = [...init.promptTokens];
+    this.promptLen = init.promptTokens.length;
+    this.sampling = init.sampling;
+    this.rng = init.rng;
+    this.prefillOnly = init.prefillOnly;
+    this.prefillChoices = init.prefillChoices;
+    this.onToken = init.onToken;
+    this.onFinish = init.onFinish;
+    this.kv = init.kv;
+    this.constraint = init.constraint;
+    this.mask = init.constraint ? new Int32Array(init.constraint.words) : null;
+    const processing = logitsConfigOf(init.sampling);
     this.processing = isIdentity(processing) ? null : compileLogits(processing);
-    this.history = this.processing ? new TokenHistory(promptTokens, processing.repetitionPenalty !== 1, vocab) : null;
-    this.row = { cfg: sampling, rng: null, constraint: 0, outputs: 0 };
+    this.history = this.processing ? new TokenHistory(init.promptTokens, processing.repetitionPenalty !== 1, init.vocabSize) : null;
+    this.row = { cfg: init.sampling, rng: null, constraint: 0, outputs: 0 };
   }
 
   /**
@@ -143,7 +166,7 @@ export class Sequence {
    */
   chunkAt(startPos: number, n: number, token = this.tokens[startPos]!): SeqChunk {
     const c = this.chunk;
-    c.blockTable = this.blockTable;
+    c.blockTable = this.kv.ids;
     c.startPos = startPos;
     if (n === 1) {
       this.oneToken[0] = token;

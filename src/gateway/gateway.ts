@@ -66,8 +66,8 @@ export interface GatewayOptions {
   gatewayId?: string;
   /** The stem of the default gatewayId; default: the worker id of the gateway's certificate, else `gateway-<pid>`. */
   gatewayName?: string;
-  /** Most blocks the prefix index holds from engines' KV events (default 2^20). */
-  prefixIndexMaxBlocks?: number;
+  /** Most blocks the prefix index holds from engines' KV events ([gateway] prefix_index_max_blocks). */
+  prefixIndexMaxBlocks: number;
   /** Tell clients which workers served them (x-tl-prefill-worker / x-tl-decode-worker, the last chunk's tl.*_worker): a debugging aid, off by default. */
   routingHeaders?: boolean;
 }

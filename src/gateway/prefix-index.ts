@@ -1,8 +1,8 @@
 import type { KvEvents } from "../gen/tl/control/v1/control_pb.ts";
 
 export interface PrefixIndexOptions {
-  /** Most blocks reported by all engines together; beyond it the least recently reported go (default 2^20). */
-  maxBlocks?: number;
+  /** Most blocks reported by all engines together; beyond it the least recently reported go ([gateway] prefix_index_max_blocks). */
+  maxBlocks: number;
   /** Most blocks this gateway's own routing decisions may add per engine (default 65 536). */
   maxProvisionalPerWorker?: number;
 }
@@ -48,8 +48,8 @@ export class PrefixIndex {
   private stamp = 0;
   private total = 0;
 
-  constructor(opts: PrefixIndexOptions = {}) {
-    this.maxBlocks = opts.maxBlocks ?? 1 << 20;
+  constructor(opts: PrefixIndexOptions) {
+    this.maxBlocks = opts.maxBlocks;
     this.maxProvisionalPerWorker = opts.maxProvisionalPerWorker ?? 65_536;
     if (!(this.maxBlocks >= 1 && this.maxProvisionalPerWorker >= 1)) {
       throw new RangeError(`prefix index: maxBlocks ${this.maxBlocks} and maxProvisionalPerWorker ${this.maxProvisionalPerWorker} must be ≥ 1`);

@@ -31,7 +31,7 @@ export interface RegistryServiceOptions {
 }
 
 /** Most hashes one beat's KV events may carry; the engine sends at most this many (MAX_EVENT_HASHES_PER_BEAT). */
-export const MAX_EVENT_HASHES = 4096;
+const MAX_EVENT_HASHES = 4096;
 
 /** What every engine must match for the gateway's prompt-block hashes to be theirs. */
 export interface ExpectedModel {

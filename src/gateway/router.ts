@@ -13,7 +13,7 @@ export class Suspects {
   private readonly watchers = new Map<string, AbortController>();
 
   constructor(
-    readonly cooldownMs = 10_000,
+    readonly cooldownMs: number,
     private readonly now: () => number = Date.now,
   ) {}
 

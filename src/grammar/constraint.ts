@@ -20,7 +20,7 @@ export interface ConstraintSpec {
   readonly source: string;
 }
 
-export const CONSTRAINT_KINDS: readonly ConstraintKind[] = ["json_schema", "json_object", "regex", "choice", "grammar"];
+const CONSTRAINT_KINDS: readonly ConstraintKind[] = ["json_schema", "json_object", "regex", "choice", "grammar"];
 
 /**
  * How a spec becomes a grammar here: the backend and its settings. Part of every hash, so two
@@ -28,10 +28,10 @@ export const CONSTRAINT_KINDS: readonly ConstraintKind[] = ["json_schema", "json
  * JSON is generated on one line with ", " and ": " separators, no free whitespace (a model
  * cannot pad its output forever), and a schema's objects take no properties it does not name.
  */
-export const CONSTRAINT_BACKEND = "xgrammar-0.1.27;json=compact,strict";
+const CONSTRAINT_BACKEND = "xgrammar-0.1.27;json=compact,strict";
 
 /** Bounds checked before anything is compiled. */
-export const CONSTRAINT_LIMITS = { sourceChars: 65536, regexChars: 4096, choices: 256, choiceChars: 1024, schemaDepth: 32 } as const;
+const CONSTRAINT_LIMITS = { sourceChars: 65536, regexChars: 4096, choices: 256, choiceChars: 1024, schemaDepth: 32 } as const;
 
 /** A constraint that cannot be served: the message names the field or keyword. */
 export class ConstraintError extends Error {}

@@ -22,7 +22,7 @@ export interface GrammarVocab {
 }
 
 /** Compiled grammars kept per compiler (least recently used evicted): compile time is paid once per schema. */
-export const GRAMMAR_CACHE_ENTRIES = 64;
+const GRAMMAR_CACHE_ENTRIES = 64;
 
 /**
  * Compiles constraints against one tokenizer's vocabulary, each once (bounded cache keyed by

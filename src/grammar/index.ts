@@ -1,13 +1,3 @@
-export {
-  type ConstraintKind,
-  type ConstraintSpec,
-  CONSTRAINT_BACKEND,
-  CONSTRAINT_KINDS,
-  CONSTRAINT_LIMITS,
-  ConstraintError,
-  checkConstraint,
-  checkSchema,
-  constraintHash,
-} from "./constraint.ts";
-export { type CompiledConstraint, type GrammarVocab, ConstraintCompiler, compilerFor, GRAMMAR_CACHE_ENTRIES } from "./grammar-compiler.ts";
+export { type ConstraintKind, type ConstraintSpec, ConstraintError, checkConstraint, checkSchema, constraintHash } from "./constraint.ts";
+export { type CompiledConstraint, type GrammarVocab, ConstraintCompiler, compilerFor } from "./grammar-compiler.ts";
 export { TokenMatcher } from "./token-matcher.ts";

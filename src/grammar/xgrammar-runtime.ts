@@ -9,8 +9,8 @@ import { GrammarCompiler, TokenizerInfo } from "@mlc-ai/web-xgrammar";
  *   "Aborted()". Start-up runs with console.error routed through `printErr` below, so while
  *   `capture` runs, those lines are collected (and kept off the log) to become the 400's text.
  * - Its memory. The wrapper's next-token bitmask is async and copies; the embind call under it
- *   is synchronous but returns a std::vector whose elements cost a call each (~0.5 ms a token at
- *   49k tokens). Start-up captures the instance's exports, so TokenMatcher reads the vector's
+ *   is synchronous but returns a std::vector whose elements cost a call each (a call per 32
+ *   tokens of the vocabulary, every token). Start-up captures the instance's exports, so TokenMatcher reads the vector's
  *   words straight from linear memory (wasm32 libc++: begin, end, capacity pointers).
  */
 export interface XgrammarRuntime {

@@ -1,4 +1,4 @@
-export { prefillAndPush, type Handoff, type PrefillPushContext, type PrefillPushRequest } from "./prefill-and-push.ts";
+export { prefillAndPush, type Handoff, type PrefillPushContext } from "./prefill-and-push.ts";
 export { claimForResume, ResumeError } from "./claim-for-resume.ts";
-export { FAILED_SIDE_HEADER, failedSideOf, HandoffError, type FailedSide } from "./handoff-error.ts";
-export { releaseUnclaimed, type HandleReleaser } from "./release.ts";
+export { FAILED_SIDE_HEADER, failedSideOf, HandoffError } from "./handoff-error.ts";
+export { releaseUnclaimed } from "./release.ts";

@@ -48,7 +48,7 @@ export interface Handoff {
  * A handle id is a capability to D's blocks: 128 random bits, nothing the client chose
  * (not its x-request-id) and nothing guessable.
  */
-export function newHandleId(): string {
+function newHandleId(): string {
   return Buffer.from(crypto.getRandomValues(new Uint8Array(16))).toString("hex");
 }
 

@@ -62,7 +62,7 @@ export const CONSTRAINT_HEADER = "x-tl-constraint";
  * The engine's compiled constraint for a request (one compile per grammar and tokenizer,
  * cached), or a 400 naming why it cannot be built; before any prefill or claim.
  */
-export async function compileFor(tokenizer: Tokenizer, vocabSize: number, spec: ConstraintSpec): Promise<CompiledConstraint> {
+async function compileFor(tokenizer: Tokenizer, vocabSize: number, spec: ConstraintSpec): Promise<CompiledConstraint> {
   const compiler = await compilerFor(tokenizer, () => grammarVocab(tokenizer, vocabSize));
   try {
     return await compiler.compile(spec);
@@ -73,7 +73,7 @@ export async function compileFor(tokenizer: Tokenizer, vocabSize: number, spec: 
 }
 
 /** One fresh matcher per choice of a compiled constraint. */
-export async function matchersFor(tokenizer: Tokenizer, vocabSize: number, c: CompiledConstraint, n: number): Promise<TokenMatcher[]> {
+async function matchersFor(tokenizer: Tokenizer, vocabSize: number, c: CompiledConstraint, n: number): Promise<TokenMatcher[]> {
   const compiler = await compilerFor(tokenizer, () => grammarVocab(tokenizer, vocabSize));
   const out: TokenMatcher[] = [];
   try {
@@ -99,7 +99,7 @@ export function requestId(prefix: string): string {
 }
 
 /** Longest client x-request-id kept; a longer one is refused (it lands in every log line). */
-export const MAX_CLIENT_REQUEST_ID = 256;
+const MAX_CLIENT_REQUEST_ID = 256;
 
 /**
  * The client's x-request-id, kept for logs, traces and the response's x-request-id header. It is

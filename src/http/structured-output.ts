@@ -145,7 +145,7 @@ export function parseStructuredOutput(body: Record<string, unknown>): Constraint
 }
 
 /** A spec's bounds and schema keywords, as a 400 naming `field`. */
-export function checkSpec(spec: ConstraintSpec, field: string): void {
+function checkSpec(spec: ConstraintSpec, field: string): void {
   try {
     checkConstraint(spec);
   } catch (e) {

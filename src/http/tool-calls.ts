@@ -12,7 +12,6 @@ export interface ToolSpec {
 
 /** The model's tool-call syntax `auto` parses: vLLM's parser names. */
 export type ToolParserName = "hermes" | "llama3_json";
-export const TOOL_PARSERS: readonly ToolParserName[] = ["hermes", "llama3_json"];
 
 /**
  * What a request's `tools` and `tool_choice` ask for:

@@ -11,4 +11,4 @@ export {
   SYNTHETIC_MODEL_NAME,
   type WeightStats,
 } from "./load/index.ts";
-export { dropFirst, type ForwardDone, LogitsRows, ModelWorker, prevToken, type RowSampling, SAMPLE_FAILED } from "./thread/index.ts";
+export { dropFirst, LogitsRows, ModelWorker, prevToken, type RowSampling, SAMPLE_FAILED } from "./thread/index.ts";

@@ -1,31 +1,18 @@
 export { log } from "./log.ts";
-export {
-  createMetrics,
-  metricsResponse,
-  recordEngineState,
-  recordFinished,
-  recordServed,
-  type EngineState,
-  type FinishedRequest,
-  type Metrics,
-  type MetricsRole,
-} from "./metrics.ts";
+export { createMetrics, metricsResponse, recordEngineState, recordFinished, recordServed, type Metrics, type MetricsRole } from "./metrics.ts";
 export {
   endSpan,
   extractHeaders,
   setupTracing,
   shutdownTracing,
   SpanKind,
-  SpanStatusCode,
   startSpan,
   startTracing,
   traceHeaders,
   traceparentOf,
   tracingEnabled,
   tracingEndpoint,
-  TRACEPARENT,
   type Attributes,
   type Context,
   type Span,
-  type TracingOptions,
 } from "./tracing.ts";

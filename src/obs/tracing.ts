@@ -22,7 +22,7 @@ import { ATTR_SERVICE_NAME } from "@opentelemetry/semantic-conventions";
 export { SpanKind, SpanStatusCode, type Attributes, type Context, type Span };
 
 /** The W3C header (and gRPC metadata key, and data-plane TRACE frame body) that carries a span context. */
-export const TRACEPARENT = "traceparent";
+const TRACEPARENT = "traceparent";
 
 export interface TracingOptions {
   /** service.name of every span this process exports (e.g. "tl-engine-decode"). */

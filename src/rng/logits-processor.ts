@@ -1,7 +1,7 @@
 /**
  * What a request changes in the logits before `sample` sees them: vLLM's penalties,
  * logit_bias and min_tokens. Processing changes logit values only, never the number of
- * uniform draws `sample` takes, so the hand-off's draw counting (pcg32.md) holds
+ * uniform draws `sample` takes, so the hand-off's draw counting (random-stream.md) holds
  * whatever is set here: both engines apply the same processing to the same token history.
  */
 export interface LogitsConfig {
@@ -15,13 +15,6 @@ export interface LogitsConfig {
   logitBias: ReadonlyMap<number, number>;
 }
 
-export const NO_PROCESSING: LogitsConfig = Object.freeze({
-  presencePenalty: 0,
-  frequencyPenalty: 0,
-  repetitionPenalty: 1,
-  logitBias: new Map<number, number>(),
-});
-
 /**
  * Range limits, as vLLM checks them, and a floor under the repetition penalty that vLLM
  * lacks (it takes any r > 0): a logit divided by r = 1e-300 is +Infinity, and no token can
@@ -29,10 +22,10 @@ export const NO_PROCESSING: LogitsConfig = Object.freeze({
  * count), so a model's finite logits (real ones stay far below 1e30) stay finite; what still
  * is not (a NaN from the model) ends that request alone (LogitsError, the engine).
  */
-export const PENALTY_LIMIT = 2;
-export const LOGIT_BIAS_LIMIT = 100;
-export const MAX_REPETITION_PENALTY = 100;
-export const MIN_REPETITION_PENALTY = 1 / MAX_REPETITION_PENALTY;
+const PENALTY_LIMIT = 2;
+const LOGIT_BIAS_LIMIT = 100;
+const MAX_REPETITION_PENALTY = 100;
+const MIN_REPETITION_PENALTY = 1 / MAX_REPETITION_PENALTY;
 
 /** Returns why `cfg` is out of range, or null when it is valid. */
 export function validateLogits(cfg: LogitsConfig, vocab: number): string | null {

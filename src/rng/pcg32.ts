@@ -9,11 +9,11 @@ const MULT_LO = 0x4c957f2d;
 const TWO_32 = 0x1_0000_0000;
 const U64_MASK = (1n << 64n) - 1n;
 
-/** Name of the stream tokens are drawn from (pcg32.md, "Named streams"). */
+/** Name of the stream tokens are drawn from (random-stream.md, "Named streams"). */
 export const SAMPLE_STREAM = "sample";
 
 /**
- * PCG-XSH-RR 64/32, exactly as pcg32.md. The 64-bit state and increment are kept
+ * PCG-XSH-RR 64/32, exactly as random-stream.md. The 64-bit state and increment are kept
  * as unsigned 32-bit halves in plain numbers; every product is split so that no
  * intermediate exceeds 2^53, which keeps each step exact.
  */
@@ -31,7 +31,7 @@ export class Pcg32 {
     this.incLo = Number(inc & 0xffff_ffffn);
   }
 
-  /** seed(initstate, initseq) of pcg32.md; both arguments are taken mod 2^64. */
+  /** seed(initstate, initseq) of random-stream.md; both arguments are taken mod 2^64. */
   static seeded(initstate: bigint, initseq: bigint): Pcg32 {
     const inc = BigInt.asUintN(64, (initseq << 1n) | 1n);
     const rng = new Pcg32(0n, inc);
@@ -89,7 +89,7 @@ export class Pcg32 {
     return out;
   }
 
-  /** One draw of pcg32.md: two nextU32 calls, 53 random bits, in [0, 1). */
+  /** One draw of random-stream.md: two nextU32 calls, 53 random bits, in [0, 1). */
   uniformF64(): number {
     const a = this.nextU32() >>> 5;
     const b = this.nextU32() >>> 6;
@@ -161,7 +161,7 @@ function toU64(seed: bigint | number): bigint {
   return seed;
 }
 
-/** stream(seed, name) = seeded(seed, FNV1a64(utf8(name))), pcg32.md "Named streams". */
+/** stream(seed, name) = seeded(seed, FNV1a64(utf8(name))), random-stream.md "Named streams". */
 export function stream(seed: bigint | number, name: string): Pcg32 {
   return Pcg32.seeded(toU64(seed), fnv1a64Utf8(name));
 }

@@ -11,7 +11,7 @@ export interface SamplingConfig {
 }
 
 /** Upper bound accepted for temperature; beyond it the distribution is flat to f64 precision anyway. */
-export const MAX_TEMPERATURE = 100;
+const MAX_TEMPERATURE = 100;
 
 // Candidates are ordered by one f64 key = descending-logit rank (32 bits) * 2^21 + index,
 // so a native numeric sort yields "logit descending, ties by lower index" and every key
@@ -73,7 +73,7 @@ function ensureScratch(n: number): void {
 
 /**
  * Picks the next token id. The prefill and decode engines must both call this so a
- * seeded request yields the same tokens whichever engine samples (pcg32.md).
+ * seeded request yields the same tokens whichever engine samples (random-stream.md).
  *
  * Greedy (temperature 0): the argmax of `logits`, lowest index on ties; no draw is
  * taken and `rng` may be null.

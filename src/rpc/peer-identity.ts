@@ -8,7 +8,7 @@ import { quote } from "../codec/index.ts";
 export type PeerRole = "gateway" | "prefill" | "decode" | "both" | "admin";
 export const PEER_ROLES: readonly PeerRole[] = ["gateway", "prefill", "decode", "both", "admin"];
 
-export const SPIFFE_TRUST_DOMAIN = "tl-engine";
+const SPIFFE_TRUST_DOMAIN = "tl-engine";
 const WORKER_ID = /^[A-Za-z0-9._-]{1,128}$/;
 
 /**

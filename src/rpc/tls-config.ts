@@ -1,6 +1,6 @@
 import { createPrivateKey, X509Certificate } from "node:crypto";
 import { readFileSync, statSync } from "node:fs";
-import { identityFromSubjectAltName, peerIdentity, type PeerCertSource, type PeerIdentity } from "./peer-identity.ts";
+import { identityFromSubjectAltName, type PeerIdentity } from "./peer-identity.ts";
 import { quote } from "../codec/index.ts";
 
 /**
@@ -93,14 +93,9 @@ export function clientTlsOptions(m: TlsMaterial, expect?: (peer: PeerIdentity | 
   };
 }
 
-/** Options for Bun.connect; pair with `verifiedPeer` in the handshake callback (Bun skips checkServerIdentity). */
+/** Options for Bun.connect; pair with `peerIdentity` (peer-identity.ts) in the handshake callback (Bun skips checkServerIdentity). */
 export function bunClientTlsOptions(m: TlsMaterial) {
   return { cert: m.cert, key: m.key, ca: m.ca, serverName: CLUSTER_TLS_NAME, rejectUnauthorized: true };
-}
-
-/** The verified identity of a Bun or node TLS socket's peer (null: none, unverified or not ours). */
-export function verifiedPeer(socket: PeerCertSource): PeerIdentity | null {
-  return peerIdentity(socket);
 }
 
 /**

@@ -28,7 +28,7 @@ export function secureHttp2Server(
  * role the method is open to. Heartbeat's worker id is inside the body, so its handler
  * checks that half itself (the caller is in its context values).
  */
-export const rolePeerCheck: PeerCheck = (call) => {
+const rolePeerCheck: PeerCheck = (call) => {
   const peer = peerIdentity(call.tls as PeerCertSource | undefined);
   const method = call.method.split("?")[0]!.replace(/^\//, "");
   const why = refusal(method, peer);

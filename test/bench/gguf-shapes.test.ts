@@ -20,7 +20,7 @@ const params = (s: LlamaShape) => shapeTensors(s).reduce((a, t) => a + t.shape.r
 /** A shape small enough to write here, with GQA, an odd head count and a vocabulary past the fixed tokens. */
 const SMALL: LlamaShape = { ...SHAPES["135m"]!, name: "small", dim: 96, hiddenDim: 160, nLayers: 3, nHeads: 3, nKvHeads: 1, vocabSize: 700 };
 
-describe("gguf_shapes", () => {
+describe("gguf shapes", () => {
   test("each shape has its real model's published parameter count", () => {
     expect(params(SHAPES["135m"]!)).toBe(134_515_008); // SmolLM2-135M
     expect(params(SHAPES["1b"]!)).toBe(1_235_814_400); // Llama-3.2-1B

@@ -26,7 +26,7 @@ async function freePort(): Promise<number> {
   });
 }
 
-test("advertise_host_reaches_the_registry_and_the_data_plane", async () => {
+test("advertise host reaches the registry and the data plane", async () => {
   // Bound on 127.0.0.1 but advertised as "localhost": every address others are told must
   // carry the advertised host (a pod IP in production), the binary data plane's included.
   // Beats every 500 ms: eviction after 3 missed must not race a loaded machine.
@@ -64,7 +64,7 @@ test("advertise_host_reaches_the_registry_and_the_data_plane", async () => {
   expect(await dataPlaneOf(transport, fk)).toBe(`localhost:${dataPort}`);
 });
 
-test("advertise_host_option_values", () => {
+test("advertise host option values", () => {
   const host = (v: string) => parseArgs(["--role", "decode", "--advertise-host", v]).config.engine.advertise_host;
   expect(host("10.244.1.7")).toBe("10.244.1.7");
   expect(host("fd00::7")).toBe("fd00::7");

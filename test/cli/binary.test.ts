@@ -40,7 +40,7 @@ async function run(args: string[]): Promise<{ code: number; out: string; err: st
 
 const argsOf = (role: Role) => (role === "gateway" ? roleArgs(role) : roleArgs(role, ["--num-blocks", "64"]));
 
-test("binary_starts_in_each_role", async () => {
+test("binary starts in each role", async () => {
   const procs = ROLES.map((role) => ({ role, p: spawnProc([bin, ...argsOf(role)], { cwd: dir.path }) }));
   try {
     for (const { role, p } of procs) {
@@ -82,7 +82,7 @@ test("binary_starts_in_each_role", async () => {
   }
 }, 40_000);
 
-test("binary_refuses_bad_config", async () => {
+test("binary refuses bad config", async () => {
   const file = (name: string, text: string) => {
     const path = join(dir.path, name);
     writeFileSync(path, text);
@@ -119,13 +119,13 @@ test("binary_refuses_bad_config", async () => {
   });
 }, 40_000);
 
-test("binary_says_its_version", async () => {
+test("binary says its version", async () => {
   const r = await run(["--version"]);
   const pkg = JSON.parse(readFileSync(join(REPO, "package.json"), "utf8")) as { version: string };
   expect({ code: r.code, out: r.out }).toEqual({ code: 0, out: `engine ${pkg.version}\n` });
 });
 
-test("binary_help_lists_every_option", async () => {
+test("binary help lists every option", async () => {
   const r = await run(["--help"]);
   expect(r.code).toBe(0);
   const lines = r.out.split("\n");
@@ -139,7 +139,7 @@ test("binary_help_lists_every_option", async () => {
   for (const word of ["--role", "--config", "cluster", "generate"]) expect(r.out).toContain(word);
 });
 
-test("binary_runs_the_cluster", async () => {
+test("binary runs the cluster", async () => {
   // `cluster` re-spawns the running program for each role; inside a compiled binary that is
   // the binary itself (Bun.main is a /$bunfs path there, not a script on disk).
   const c = spawnProc([bin, "cluster", "--decode", "1"], { cwd: dir.path });

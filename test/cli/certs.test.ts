@@ -8,7 +8,7 @@ import { ConfigError } from "../../src/cli/options.ts";
 import { loadTlsMaterial } from "../../src/rpc/tls-config.ts";
 import { main } from "../../src/cli/main.ts";
 
-test("certs_mints_a_cluster", async () => {
+test("certs mints a cluster", async () => {
   const out = join(mkdtempSync(join(tmpdir(), "tl-certs-")), "pki");
   const msg = await runCerts(
     new Map([
@@ -59,7 +59,7 @@ test("certs_mints_a_cluster", async () => {
   await expect(runCerts(new Map([["out", out]]))).rejects.toThrow(/refusing to overwrite/);
 });
 
-test("certs_refuses_bad_options", async () => {
+test("certs refuses bad options", async () => {
   await expect(runCerts(new Map())).rejects.toThrow(ConfigError);
   await expect(
     runCerts(
@@ -79,14 +79,14 @@ test("certs_refuses_bad_options", async () => {
   ).rejects.toThrow(/unknown option --frobnicate/);
 });
 
-test("engine_certs_subcommand", async () => {
+test("engine certs subcommand", async () => {
   const out = join(mkdtempSync(join(tmpdir(), "tl-certs-")), "pki");
   expect(await main(["certs", "--out", out, "--decode", "1", "--prefill", "1"])).toBe(0);
   expect(readdirSync(out)).toContain("decode-0.key");
   expect(await main(["certs"])).toBe(2);
 });
 
-test("certs_per_role_for_deployments", async () => {
+test("certs per role for deployments", async () => {
   const out = join(mkdtempSync(join(tmpdir(), "tl-certs-")), "pki");
   expect(await main(["certs", "--out", out, "--per-role", "--dns", "gateway-registry"])).toBe(0);
   expect(readdirSync(out).sort()).toEqual([

@@ -45,7 +45,7 @@ function route(key: string): { gateway: string | null; engines: string | null; f
   }
 }
 
-test("cluster_passes_on_or_refuses_every_option", () => {
+test("cluster passes on or refuses every option", () => {
   for (const key of keys) {
     const r = route(key);
     const rule = CLUSTER_OPTIONS[key];
@@ -61,7 +61,7 @@ test("cluster_passes_on_or_refuses_every_option", () => {
   }
 });
 
-test("cluster_options_the_issue_named_reach_their_processes", () => {
+test("cluster options the issue named reach their processes", () => {
   expect(route("http_listen")).toMatchObject({ front: "127.0.0.1:1234", engines: null, refused: null });
   expect(route("max_batch_tokens")).toMatchObject({ engines: "7", gateway: null, refused: null });
   expect(route("drain_timeout_s")).toMatchObject({ engines: "7", gateway: "7", refused: null });
@@ -69,7 +69,7 @@ test("cluster_options_the_issue_named_reach_their_processes", () => {
   expect(route("worker_id").refused).toContain("--worker-id");
 });
 
-test("cluster_option_from_the_gateway_table_reaches_only_the_gateway", () => {
+test("cluster option from the gateway table reaches only the gateway", () => {
   const { config } = parseArgs(["--max-model-len", "512"]);
   config.gateway.max_model_len = 256;
   config.given.add("gateway.max_model_len");
@@ -92,7 +92,7 @@ function hold(): Promise<{ server: Server; port: number }> {
   });
 }
 
-test("cluster_says_when_its_default_port_was_busy", async () => {
+test("cluster says when its default port was busy", async () => {
   const held = await hold();
   try {
     // Busy: the gateway binds a port the OS picks, and the note names both.
@@ -107,7 +107,7 @@ test("cluster_says_when_its_default_port_was_busy", async () => {
   expect(await frontDoor(`127.0.0.1:${held.port}`)).toEqual({ listen: `127.0.0.1:${held.port}`, busy: null });
 });
 
-test("cluster_refuses_an_option_before_starting_anything", async () => {
+test("cluster refuses an option before starting anything", async () => {
   const p = spawnProc([process.execPath, "bin/engine.ts", "cluster", "--kv-listen", "127.0.0.1:9"]);
   expect(await p.proc.exited).toBe(2);
   expect(p.stderr()).toContain("--kv-listen is not accepted by engine cluster");

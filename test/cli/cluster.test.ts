@@ -33,7 +33,7 @@ async function chat(baseURL: string, seed: number): Promise<{ text: string; serv
   return { text, served: response.headers.get("x-tl-served"), finish };
 }
 
-test("cluster_serves_openai_clients", async () => {
+test("cluster serves openai clients", async () => {
   // As a user would: `npm start` is `bun bin/engine.ts cluster`.
   const cluster = spawnProc([process.execPath, "bin/engine.ts", "cluster"]);
   const colocated = spawnProc([process.execPath, "bin/engine.ts", ...roleArgs("both")]);
@@ -68,7 +68,7 @@ test("cluster_serves_openai_clients", async () => {
   }
 }, 60_000);
 
-test("cluster_gateways_2: one front port round-robins over two replicas, and outlives kill -9 of one", async () => {
+test("cluster gateways 2: one front port round-robins over two replicas, and outlives kill -9 of one", async () => {
   const cluster = spawnProc([process.execPath, "bin/engine.ts", "cluster", "--gateways", "2", "--plaintext"]);
   await cluster.waitLine((l) => l.startsWith("serving;"), 60_000);
   const front = /front\s+(127\.0\.0\.1:\d+)/.exec(cluster.lines.find((l) => l.trim().startsWith("front"))!)![1]!;

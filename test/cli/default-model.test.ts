@@ -36,7 +36,7 @@ afterAll(async () => {
   await cluster?.stop();
 });
 
-test("default_model_is_the_shipped_folder", async () => {
+test("default model is the shipped folder", async () => {
   expect(defaultModelDir()).toBe(join(REPO, "models", DEFAULT_MODEL_NAME));
   expect(model.name).toBe(DEFAULT_MODEL_NAME);
   expect(model.stats?.dtype).toBe("f16");
@@ -46,7 +46,7 @@ test("default_model_is_the_shipped_folder", async () => {
   expect(expected.greedy).toHaveLength(2);
 });
 
-test("default_model_generate_gives_the_stored_greedy_continuations", async () => {
+test("default model generate gives the stored greedy continuations", async () => {
   for (const g of expected.greedy) {
     expect(model.tokenizer.encode(g.prompt)).toEqual(g.prompt_ids);
     let out = "";
@@ -75,7 +75,7 @@ async function complete(http: string, g: Greedy) {
   return { served: res.headers.get("x-tl-served"), ids: body.choices[0]!.token_ids, text: body.choices[0]!.text };
 }
 
-test("default_model_gateway_gives_the_stored_greedy_tokens_disaggregated_and_colocated", async () => {
+test("default model gateway gives the stored greedy tokens disaggregated and colocated", async () => {
   for (const g of expected.greedy) {
     const want = { ids: g.completion_ids, text: g.completion_text };
     expect(await complete(cluster.gateway.httpAddress, g)).toEqual({ served: "disaggregated", ...want });

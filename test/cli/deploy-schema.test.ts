@@ -47,7 +47,7 @@ const NOT_API_OBJECTS = ["kind-config.yaml", "kustomization.yaml"];
 const files = (readdirSync(K8S, { recursive: true }) as string[]).filter((f) => f.endsWith(".yaml") && !NOT_API_OBJECTS.includes(f)).sort();
 const documents = files.flatMap((file) => parseFile(file).map((obj) => ({ file, obj })));
 
-test("deploy_schema_check_reads_every_applied_manifest", () => {
+test("deploy schema check reads every applied manifest", () => {
   // Everything kustomize applies is among what is validated here.
   const kustomization = parseFile("kustomization.yaml")[0]!;
   for (const r of kustomization.resources as string[]) expect(files).toContain(r);
@@ -59,7 +59,7 @@ function validate(obj: Obj): void {
   new Schema(obj).validate();
 }
 
-test("deploy_manifests_validate_against_kubernetes_schemas", () => {
+test("deploy manifests validate against kubernetes schemas", () => {
   expect(documents.length).toBeGreaterThan(0);
   for (const { file, obj } of documents) {
     let error: string | null = null;
@@ -72,7 +72,7 @@ test("deploy_manifests_validate_against_kubernetes_schemas", () => {
   }
 });
 
-test("deploy_schema_check_is_live", () => {
+test("deploy schema check is live", () => {
   // A user name where the API wants a uid, a port name where it wants a number, a
   // Deployment without a selector: each refused.
   const deployment = documents.find((d) => d.obj.kind === "Deployment")!.obj;

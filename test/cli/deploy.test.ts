@@ -118,7 +118,7 @@ const pods: Pod[] = workloads.map((w) => {
 });
 const pod = (name: string) => pods.find((p) => p.name === name)!;
 
-test("deploy_manifests_parse_and_cover_the_layout", () => {
+test("deploy manifests parse and cover the layout", () => {
   // Every manifest in the folder is applied (kind-config is for `kind`, not kubectl).
   const files = readdirSync(K8S).filter((f) => f.endsWith(".yaml") && f !== "kustomization.yaml" && f !== "kind-config.yaml");
   expect([...kustomization.resources].sort()).toEqual(files.sort());
@@ -142,7 +142,7 @@ test("deploy_manifests_parse_and_cover_the_layout", () => {
   }
 });
 
-test("deploy_args_are_cli_options_and_ports_agree", () => {
+test("deploy args are cli options and ports agree", () => {
   for (const p of pods) {
     const c = p.container;
     const declared = (c.ports as Obj[]).map((x) => x.containerPort as number).sort();
@@ -167,7 +167,7 @@ test("deploy_args_are_cli_options_and_ports_agree", () => {
   }
 });
 
-test("deploy_engines_advertise_their_pod_ip_and_beat_to_the_registry_service", () => {
+test("deploy engines advertise their pod ip and beat to the registry service", () => {
   const gw = pod("gateway");
   const registryPort = gw.listens.get("registry_listen")!;
   for (const p of [pod("prefill"), pod("decode")]) {
@@ -194,7 +194,7 @@ test("deploy_engines_advertise_their_pod_ip_and_beat_to_the_registry_service", (
   }
 });
 
-test("deploy_gateway_disaggregates_by_its_own_choice", () => {
+test("deploy gateway disaggregates by its own choice", () => {
   const g = pod("gateway").config;
   // The manifests say where a prompt is prefilled instead of inheriting a default meant elsewhere.
   expect(g.given.has("gateway.disagg_min_uncached_tokens")).toBe(true);
@@ -205,7 +205,7 @@ test("deploy_gateway_disaggregates_by_its_own_choice", () => {
   expect(neverDisaggregates(Number(g.gateway.disagg_min_uncached_tokens), context)).toBeNull();
 });
 
-test("deploy_services_and_kind_reach_the_gateway", () => {
+test("deploy services and kind reach the gateway", () => {
   const gw = pod("gateway");
   for (const s of services) {
     const target = pods.find((p) => selects(s.spec.selector, p.template.metadata.labels));
@@ -223,7 +223,7 @@ test("deploy_services_and_kind_reach_the_gateway", () => {
   expect((kind.nodes as Obj[]).filter((n) => n.role === "worker").length).toBeGreaterThanOrEqual(2);
 });
 
-test("deploy_drain_fits_the_grace_period", () => {
+test("deploy drain fits the grace period", () => {
   for (const p of pods) {
     const spec = p.template.spec;
     const pause = p.container.lifecycle?.preStop?.sleep?.seconds;
@@ -234,7 +234,7 @@ test("deploy_drain_fits_the_grace_period", () => {
   }
 });
 
-test("deploy_gateway_replicas_roll_without_a_gap", () => {
+test("deploy gateway replicas roll without a gap", () => {
   const gw = workload("gateway");
   expect(gw.spec.replicas).toBeGreaterThanOrEqual(2);
   // A rollout adds the new replica before draining an old one.
@@ -261,7 +261,7 @@ function dockerfile(): { stages: string[][]; ignore: string[] } {
   return { stages, ignore };
 }
 
-test("deploy_dockerfile_runs_the_compiled_binary", () => {
+test("deploy dockerfile runs the compiled binary", () => {
   const { stages } = dockerfile();
   const [build, run] = [stages[0]!, stages.at(-1)!];
   // The build stage compiles what `npm run build` compiles.
@@ -282,7 +282,7 @@ test("deploy_dockerfile_runs_the_compiled_binary", () => {
   for (const p of pods) for (const port of p.listens.values()) expect(exposed).toContain(port);
 });
 
-test("deploy_image_is_compiled_for_the_target_platform", () => {
+test("deploy image is compiled for the target platform", () => {
   const { stages, ignore } = dockerfile();
   const build = stages[0]!;
   // The builder runs natively and cross-compiles: bun's --target for each TARGETARCH.
@@ -340,7 +340,7 @@ function buildContext(ignore: string[]): string[] {
   });
 }
 
-test("deploy_build_context_compiles_the_binary", async () => {
+test("deploy build context compiles the binary", async () => {
   const { stages, ignore } = dockerfile();
   const context = buildContext(ignore);
   // The model weights and the kind volume's files never travel; what the binary embeds does.
@@ -373,7 +373,7 @@ test("deploy_build_context_compiles_the_binary", async () => {
   expect(statSync(join(work, "dist", "engine")).size).toBeGreaterThan(1 << 20);
 }, 120_000);
 
-test("deploy_pods_run_as_the_images_numeric_user", () => {
+test("deploy pods run as the images numeric user", () => {
   const run = dockerfile().stages.at(-1)!;
   const user = run.find((l) => l.startsWith("USER "))!.split(" ")[1]!;
   // The kubelet can only prove runAsNonRoot for a numeric user: uid:gid, neither root.
@@ -391,7 +391,7 @@ test("deploy_pods_run_as_the_images_numeric_user", () => {
   }
 });
 
-test("deploy_model_comes_from_a_read_only_volume", () => {
+test("deploy model comes from a read only volume", () => {
   const claims = byKind("PersistentVolumeClaim");
   const volumes = byKind("PersistentVolume");
   const kind = load("kind-config.yaml")[0]!;
@@ -420,7 +420,7 @@ test("deploy_model_comes_from_a_read_only_volume", () => {
   }
 });
 
-test("deploy_runs_mtls_from_secrets_behind_network_policies", () => {
+test("deploy runs mtls from secrets behind network policies", () => {
   for (const p of pods) {
     const section = p.config.role === "gateway" ? p.config.gateway : p.config.engine;
     // Every pod binds 0.0.0.0: it must run mutual TLS, from its role's Secret.

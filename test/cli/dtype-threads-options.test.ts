@@ -5,7 +5,7 @@ import { ConfigError, helpText, parseArgs } from "../../src/cli/options.ts";
 import { SYNTHETIC_MODEL_NAME } from "../../src/model/index.ts";
 
 describe("model options", () => {
-  test("dtype_and_threads_flags_and_defaults", () => {
+  test("dtype and threads flags and defaults", () => {
     const d = parseArgs([]).config.engine;
     expect(d.dtype).toBe("as-stored");
     expect(d.threads).toBe(availableParallelism());
@@ -19,7 +19,7 @@ describe("model options", () => {
     expect(helpText()).toContain("--threads");
   });
 
-  test("load_model_packs_the_weights_and_starts_threads", async () => {
+  test("load model packs the weights and starts threads", async () => {
     // The synthetic model: f32 as generated (the default tl-kjv-small is stored as f16).
     const m = await loadModel({ modelPath: SYNTHETIC_MODEL_NAME, dtype: "bf16", threads: 2 });
     expect(m.dtype).toBe("bf16");

@@ -6,7 +6,7 @@ import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import { REPO } from "./procs.ts";
 
-test("every_install_script_is_reviewed", () => {
+test("every install script is reviewed", () => {
   const pkg = JSON.parse(readFileSync(join(REPO, "package.json"), "utf8")) as { allowScripts?: Record<string, boolean> };
   const lock = JSON.parse(readFileSync(join(REPO, "package-lock.json"), "utf8")) as { packages: Record<string, { hasInstallScript?: boolean }> };
   const withScripts = Object.entries(lock.packages)
@@ -20,7 +20,7 @@ test("every_install_script_is_reviewed", () => {
   expect(Object.keys(pkg.allowScripts ?? {}).filter((name) => !withScripts.includes(name))).toEqual([]);
 });
 
-test("npx_engine_runs_from_the_checkout_as_the_readme_says", async () => {
+test("npx engine runs from the checkout as the readme says", async () => {
   // npm install puts nothing on PATH: the README's way in is `npx engine` (package.json's bin).
   const readme = readFileSync(join(REPO, "README.md"), "utf8");
   for (const words of ["npx engine", "dist/engine", "engine --version", "Node.js 20", "npm 11"]) expect(readme).toContain(words);

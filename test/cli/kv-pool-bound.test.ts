@@ -9,7 +9,7 @@ import { ByteTokenizer } from "../../src/tokenizer/index.ts";
 test("a KV pool past 4 GiB is refused at start, naming the most blocks that fit", async () => {
   const model = {
     name: "m",
-    runner: { vocabSize: 258, forward: () => {} },
+    runner: { vocabSize: 258, post: () => {} },
     tokenizer: new ByteTokenizer(),
     nLayers: 32,
     nKvHeads: 8,

@@ -28,7 +28,7 @@ function helpDefault(section: string, key: string): string {
 }
 const helpNumber = (section: string, key: string) => JSON.parse(helpDefault(section, key)) as number;
 
-test("help_states_each_default_once", () => {
+test("help states each default once", () => {
   for (const s of SPECS) {
     const line = helpText()
       .split("\n")
@@ -44,7 +44,7 @@ test("help_states_each_default_once", () => {
   expect(helpDefault("engine", "max_model_len")).toContain(`${cfg.max_position_embeddings} for the embedded tl-kjv-small`);
 });
 
-test("engine_started_without_options_runs_the_help_defaults", async () => {
+test("engine started without options runs the help defaults", async () => {
   const model = fakeServedModel();
   const gw = await startGateway({ ...gatewayTuning(), tokenizer: model.tokenizer, modelName: "fake", maxModelLen: 512 });
   try {
@@ -84,7 +84,7 @@ test("engine_started_without_options_runs_the_help_defaults", async () => {
   }
 });
 
-test("typed_configs_come_from_specs", () => {
+test("typed configs come from specs", () => {
   // EngineConfig and GatewayConfig are mapped from SPECS: each key typed by its option's kind.
   const blocks: number = ENGINE_DEFAULTS.num_blocks;
   const insecure: boolean = GATEWAY_CONFIG_DEFAULTS.insecure;

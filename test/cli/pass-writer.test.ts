@@ -1,7 +1,7 @@
 import { expect, test } from "bun:test";
 import { PassWriter } from "../../src/cli/pass-writer.ts";
 
-test("pass_writer_writes_each_pass_of_microtasks_once_and_streams_between_passes", async () => {
+test("pass writer writes each pass of microtasks once and streams between passes", async () => {
   const writes: string[] = [];
   const w = new PassWriter((s) => writes.push(s));
   w.write("In");

@@ -17,7 +17,7 @@ async function enginePids(p: Proc): Promise<number[]> {
 const cmdline = (pid: number) => readFileSync(`/proc/${pid}/cmdline`, "utf8").split("\0");
 const argAfter = (args: string[], flag: string) => (args.includes(flag) ? args[args.indexOf(flag) + 1] : undefined);
 
-test("sigterm_to_npm_start_stops_the_whole_tree", async () => {
+test("sigterm to npm start stops the whole tree", async () => {
   // Exactly what a user (or `timeout`, or a supervisor) runs: npm → sh → bun cluster → 4 engines.
   const npm = spawnProc(["npm", "start", "--silent"]);
   let tree: number[] = [];
@@ -34,7 +34,7 @@ test("sigterm_to_npm_start_stops_the_whole_tree", async () => {
   }
 }, 60_000);
 
-test("sighup_stops_the_cluster_and_its_engines", async () => {
+test("sighup stops the cluster and its engines", async () => {
   const c = spawnProc([process.execPath, "bin/engine.ts", "cluster", "--decode", "1"]);
   try {
     const pids = await enginePids(c);
@@ -58,7 +58,7 @@ async function freeLoopbackPort(): Promise<number> {
   });
 }
 
-test("engines_exit_when_the_cluster_is_killed_and_got_every_option", async () => {
+test("engines exit when the cluster is killed and got every option", async () => {
   const front = `127.0.0.1:${await freeLoopbackPort()}`;
   const c = spawnProc([
     process.execPath,

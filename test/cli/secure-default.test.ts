@@ -23,7 +23,7 @@ async function refused(args: string[]): Promise<string> {
 
 const ports = ["--grpc-listen", "127.0.0.1:0", "--kv-listen", "127.0.0.1:0"];
 
-test("plaintext_beyond_loopback_needs_insecure", async () => {
+test("plaintext beyond loopback needs insecure", async () => {
   expect(await refused(["--role", "decode", "--http-listen", "0.0.0.0:0", ...ports])).toMatch(
     /refusing to listen on 0\.0\.0\.0 without TLS: give tls_cert, tls_key and tls_ca/,
   );
@@ -42,7 +42,7 @@ test("plaintext_beyond_loopback_needs_insecure", async () => {
   expect(await refused(["--role", "decode", "--tls-cert", d.cert, "--tls-key", p.key, "--tls-ca", d.ca, ...ports])).toMatch(/does not belong/);
 });
 
-test("ready_line_says_the_mode", async () => {
+test("ready line says the mode", async () => {
   const pki = await testPki();
   const d = pki.files("both");
   const base = ["bun", "bin/engine.ts", "--role", "both", "--grpc-listen", "127.0.0.1:0", "--kv-listen", "127.0.0.1:0", "--num-blocks", "64"];
@@ -63,7 +63,7 @@ test("ready_line_says_the_mode", async () => {
   expect(insecure.stderr()).toContain("--insecure");
 });
 
-test("loopback_hosts", () => {
+test("loopback hosts", () => {
   for (const h of ["127.0.0.1", "127.1.2.3", "::1", "[::1]", "localhost"]) expect(isLoopback(h)).toBe(true);
   for (const h of ["0.0.0.0", "::", "10.0.0.1", "128.0.0.1", "localhost.evil", "::ffff:10.0.0.1"]) expect(isLoopback(h)).toBe(false);
 });

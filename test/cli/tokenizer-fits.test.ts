@@ -7,7 +7,7 @@ import { writeHfFolder } from "../support/model-writers.ts";
 const tmp = tempDir("tok-fits");
 afterAll(tmp.cleanup);
 
-describe("tokenizer_must_fit_the_model", () => {
+describe("tokenizer must fit the model", () => {
   // The tiny tokenizer.json writeHfFolder writes has 4 tokens: a model of 3 cannot embed them all.
   const cfg = { ...CKPT, vocabSize: 3 };
   const dir = tmp.path("small-vocab");

@@ -10,7 +10,7 @@ const concat = (a: Uint8Array, b: Uint8Array) => {
 };
 
 describe("crc32cCombine", () => {
-  test("crc32c_combine_equals_concatenation", () => {
+  test("crc32c combine equals concatenation", () => {
     fc.assert(
       fc.property(fc.uint8Array({ maxLength: 300 }), fc.uint8Array({ maxLength: 300 }), (a, b) => {
         const want = crc32cTable(concat(a, b));
@@ -21,7 +21,7 @@ describe("crc32cCombine", () => {
     );
   });
 
-  test("crc32c_combine_block_sized_payloads", () => {
+  test("crc32c combine block sized payloads", () => {
     // The lengths the data plane combines over: a pool block's payload, with the
     // 40 bytes of envelope header and record head in front.
     for (const [lenA, lenB] of [
@@ -37,7 +37,7 @@ describe("crc32cCombine", () => {
     }
   });
 
-  test("crc32c_combine_check_value", () => {
+  test("crc32c combine check value", () => {
     // "123456789" split anywhere combines to the catalogue check value.
     const s = new TextEncoder().encode("123456789");
     for (let k = 0; k <= s.length; k++) {
@@ -45,7 +45,7 @@ describe("crc32cCombine", () => {
     }
   });
 
-  test("crc32c_combine_rejects_bad_length", () => {
+  test("crc32c combine rejects bad length", () => {
     expect(() => crc32cCombineOp(-1)).toThrow();
     expect(() => crc32cCombineOp(1.5)).toThrow();
   });

@@ -35,7 +35,7 @@ describe("crc32c", () => {
     expect(seeded).toBe(crc32cTable(b.subarray(7, 7 + 61), 0x1234));
   });
 
-  test("crc_fallback_equals_native", () => {
+  test("crc fallback equals native", () => {
     const native = crc32cNative()!;
     const nodeRs = crc32cNodeRs()!;
     const rnd = xorshift(42);

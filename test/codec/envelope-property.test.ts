@@ -36,7 +36,7 @@ function masked(s: KvShape, r: EnvelopeRecord): Uint8Array {
 }
 
 describe("envelope properties", () => {
-  test("random_envelopes_round_trip", () => {
+  test("random envelopes round trip", () => {
     fc.assert(
       fc.property(envelopeArb, ({ shape, records }) => {
         const buf = writeEnvelope({ version: 1, dtype: 1, nBlocks: records.length, ...shape }, records);
@@ -54,7 +54,7 @@ describe("envelope properties", () => {
     );
   });
 
-  test("any_single_flipped_bit_is_data_loss", () => {
+  test("any single flipped bit is data loss", () => {
     fc.assert(
       fc.property(envelopeArb, fc.nat(), ({ shape, records }, pick) => {
         const buf = writeEnvelope({ version: 1, dtype: 1, nBlocks: records.length, ...shape }, records);

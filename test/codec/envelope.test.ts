@@ -32,7 +32,7 @@ const hexOf = (b: Uint8Array) => Array.from(b, (x) => x.toString(16).padStart(2,
 const header = (s: KvShape, nBlocks: number): EnvelopeHeader => ({ version: 1, dtype: 1, nBlocks, ...s });
 
 describe("envelope", () => {
-  test("hand_example_envelope", () => {
+  test("hand example envelope", () => {
     const s: KvShape = { blockTokens: 2, nLayers: 1, nKvHeads: 1, headDim: 2 };
     expect(blockPayloadBytes(s)).toBe(16);
     expect(envelopeBytes(s, 1)).toBe(60);
@@ -93,7 +93,7 @@ describe("envelope", () => {
   const u32 = (b: Uint8Array, o: number, v: number) => (new DataView(b.buffer, b.byteOffset).setUint32(o, v, true), b);
   const u64 = (b: Uint8Array, o: number, v: bigint) => (new DataView(b.buffer, b.byteOffset).setBigUint64(o, v, true), b);
 
-  test("envelope_reader_rules", () => {
+  test("envelope reader rules", () => {
     expect(readEnvelope(base(), S).records.length).toBe(2);
 
     // Rule 1: length ≥ 32.

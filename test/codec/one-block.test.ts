@@ -3,7 +3,7 @@ import fc from "fast-check";
 import { blockPayloadBytes, crc32c, writeEnvelope } from "../../src/codec/index.ts";
 import { OneBlockEnvelopeWriter } from "../../src/codec/index.ts";
 
-test("one_block_writer_matches_write_envelope", () => {
+test("one block writer matches write envelope", () => {
   fc.assert(
     fc.property(
       fc.record({

@@ -60,7 +60,7 @@ function formulaBlock(s: KvShape, blk: number, fill: number): Float16Array {
 }
 
 describe("parity kv.wire.v1", () => {
-  test("writer_matches_the_golden_blobs", () => {
+  test("writer matches the golden blobs", () => {
     expect(manifest.format).toBe("kv.wire.v1");
     const good = manifest.cases.filter((c) => c.status === "ok");
     const bad = manifest.cases.filter((c) => c.status === "corrupt");

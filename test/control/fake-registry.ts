@@ -27,7 +27,7 @@ export class FakeRegistry implements Registry {
 export const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
 
 /** Polls `cond` every 10 ms until it holds or `withinMs` passes; returns whether it held. */
-export async function eventually(cond: () => boolean | Promise<boolean>, withinMs = 3000): Promise<boolean> {
+export async function eventually(cond: () => boolean | Promise<boolean>, withinMs = 20_000): Promise<boolean> {
   const end = performance.now() + withinMs;
   while (performance.now() < end) {
     if (await cond()) return true;

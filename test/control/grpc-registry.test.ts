@@ -19,7 +19,7 @@ const decode: WorkerIdentity = {
 };
 const load: WorkerLoad = { queueDepth: 4, running: 1, freeBlocks: 200, draining: false };
 
-test("grpc_registry_roundtrip", async () => {
+test("grpc registry roundtrip", async () => {
   // Long enough that a loaded machine (load ~16 with other agents' builds) never takes three
   // intervals between one beat and the next listing: at 60 ms the worker was evicted in between.
   const INTERVAL = 400;
@@ -93,17 +93,16 @@ test("grpc_registry_roundtrip", async () => {
     await server.close();
   }
 
-  // The same address, now closed, refuses at once.
+  // The same address, now closed, refuses at once: Unavailable, where a call that waited
+  // out its 300 ms would be DeadlineExceeded.
   const refused = new GrpcRegistry(server.address, 300);
-  const t0 = performance.now();
   expect(await codeOf(refused.heartbeat(workerStatus(decode, load, 1n), 300))).toBe(Code.Unavailable);
-  expect(performance.now() - t0).toBeLessThan(1000);
   const state = newBeatState(2000);
   expect(await beatOnce(refused, workerStatus(decode, load, 1n), 300, state)).toBe(false);
   expect(state.failures).toBe(1);
 });
 
-test("grpc_registry_silent_peer_is_bounded", async () => {
+test("grpc registry silent peer is bounded", async () => {
   // A peer that accepts TCP and never speaks HTTP/2 is cut by the timeout.
   const status = workerStatus(decode, load, 1n);
   const sockets = new Set<net.Socket>();
@@ -114,13 +113,14 @@ test("grpc_registry_silent_peer_is_bounded", async () => {
     const silent = new GrpcRegistry(`127.0.0.1:${port}`, 200);
     let t0 = performance.now();
     const code = await codeOf(silent.heartbeat(status, 200));
-    expect(code).toBeDefined();
-    expect(performance.now() - t0).toBeLessThan(1500);
+    expect(code).toBe(Code.DeadlineExceeded);
+    // Bounded, not never: generous for a loaded machine, far below the test's own timeout.
+    expect(performance.now() - t0).toBeLessThan(10_000);
 
     const state = newBeatState(2000);
     t0 = performance.now();
     expect(await beatOnce(silent, status, 200, state)).toBe(false);
-    expect(performance.now() - t0).toBeLessThan(1500);
+    expect(performance.now() - t0).toBeLessThan(10_000);
     expect(state.failures).toBe(1);
   } finally {
     for (const s of sockets) s.destroy();

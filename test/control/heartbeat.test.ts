@@ -16,7 +16,7 @@ const identity: WorkerIdentity = {
 const idle: WorkerLoad = { queueDepth: 0, running: 0, freeBlocks: 64, draining: false };
 const status = workerStatus(identity, idle, 1n);
 
-test("beat_once_counts_failures_and_drain", async () => {
+test("beat once counts failures and drain", async () => {
   const registry = new FakeRegistry();
   const state = newBeatState(2000);
 
@@ -37,7 +37,7 @@ test("beat_once_counts_failures_and_drain", async () => {
   expect(await beatOnce(registry, status, 100, state)).toBe(false);
   const took = performance.now() - t0;
   expect(took).toBeGreaterThanOrEqual(90);
-  expect(took).toBeLessThan(1000);
+  expect(took).toBeLessThan(10_000); // one timeout, not a hang: generous for a loaded machine
   expect(state.failures).toBe(1);
   expect(registry.signals.at(-1)!.aborted).toBe(true);
 
@@ -65,12 +65,12 @@ test("beat_once_counts_failures_and_drain", async () => {
   expect(state).toMatchObject({ failures: 1, drainRequested: true, intervalMs: 500 });
 });
 
-test("heartbeat_beats_on_schedule", async () => {
+test("heartbeat beats on schedule", async () => {
   // At once: with a 10 s interval, a beat seen at all is the immediate one.
   {
     const registry = new FakeRegistry();
     const hb = Heartbeat.spawn(registry, identity, () => idle, 10_000, 1000);
-    expect(await eventually(() => registry.beats.length === 1, 1000)).toBe(true);
+    expect(await eventually(() => registry.beats.length === 1)).toBe(true);
     await sleep(100);
     expect(registry.beats.length).toBe(1);
     await hb.stop();
@@ -116,7 +116,7 @@ test("heartbeat_beats_on_schedule", async () => {
     expect(registry.beats.length).toBe(1);
     expect(hb.state.intervalMs).toBe(1000);
     registry.acks = [{ intervalMs: 30, drain: true }];
-    expect(await eventually(() => registry.beats.length >= 4, 3000)).toBe(true);
+    expect(await eventually(() => registry.beats.length >= 4)).toBe(true);
     await hb.stop();
     expect(drains).toBe(1);
     expect(hb.state.drainRequested).toBe(true);
@@ -130,10 +130,11 @@ test("heartbeat_beats_on_schedule", async () => {
     const registry = new FakeRegistry();
     registry.mode = "hang";
     const hb = Heartbeat.spawn(registry, identity, () => idle, 50, 10_000);
-    expect(await eventually(() => registry.beats.length === 1, 1000)).toBe(true);
+    expect(await eventually(() => registry.beats.length === 1)).toBe(true);
     const t0 = performance.now();
     await hb.stop();
-    expect(performance.now() - t0).toBeLessThan(500);
+    // Well inside the hanging beat's 10 s timeout, which stop() must not wait for.
+    expect(performance.now() - t0).toBeLessThan(5_000);
     expect(registry.signals[0]!.aborted).toBe(true);
     expect(hb.state.failures).toBe(0);
     await sleep(100);
@@ -141,7 +142,7 @@ test("heartbeat_beats_on_schedule", async () => {
   }
 });
 
-test("beat_now_cuts_the_wait_short", async () => {
+test("beat now cuts the wait short", async () => {
   const { Heartbeat } = await import("../../src/control/index.ts");
   const seen: number[] = [];
   const registry = {

@@ -15,7 +15,7 @@ const identity = (role: WorkerIdentity["role"]): WorkerIdentity => ({
 });
 const load: WorkerLoad = { queueDepth: 3, running: 2, freeBlocks: 100, draining: false };
 
-test("worker_status_fields", async () => {
+test("worker status fields", async () => {
   const p = workerStatus(identity("prefill"), load, 1n);
   const d = workerStatus(identity("decode"), load, 2n);
   const b = workerStatus(identity("both"), { ...load, draining: true }, 7n);

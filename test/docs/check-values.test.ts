@@ -78,7 +78,7 @@ for (const [file, least] of [
   });
 }
 
-test("docs_kv_block_worked_example_is_the_envelope_the_codec_writes", () => {
+test("docs kv block worked example is the envelope the codec writes", () => {
   const text = readFileSync(join(DOCS, "kv-block.md"), "utf8");
   const example = text.slice(text.indexOf("## Worked example"));
   const dump = [...example.matchAll(/^ {4}((?:[0-9a-f]{2} ?)+)$/gm)].map((m) => m[1]!.trim()).join(" ");

@@ -42,7 +42,7 @@ function section(heading: string): string | null {
 const rows = (text: string) =>
   [...text.matchAll(/^\| (\d+) \| (\w+) \| ([^|]+?) \|/gm)].map((m) => ({ number: Number(m[1]), name: m[2]!, type: m[3]!.trim() }));
 
-test("docs_grpc_services_document_every_field_with_its_number_and_type", () => {
+test("docs grpc services document every field with its number and type", () => {
   for (const file of FILES) {
     for (const msg of file.messages) {
       const text = section(`### ${msg.name}`);
@@ -58,7 +58,7 @@ test("docs_grpc_services_document_every_field_with_its_number_and_type", () => {
   }
 });
 
-test("docs_grpc_services_document_every_method", () => {
+test("docs grpc services document every method", () => {
   for (const file of FILES) {
     for (const svc of file.services) {
       const text = section(`## ${svc.typeName.replace(/\.(\w+)$/, "")} · ${svc.name}`);

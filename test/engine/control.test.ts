@@ -43,7 +43,7 @@ async function refused(node: EngineNode, init: Init): Promise<Code> {
   throw new Error(`not refused: ${JSON.stringify(init, (_k, v) => (typeof v === "bigint" ? String(v) : v))}`);
 }
 
-describe("prefill_rpc_validation_and_info", () => {
+describe("prefill rpc validation and info", () => {
   test("every bad request is refused before work with the contract's code", async () => {
     expect(await refused(D, good())).toBe(Code.FailedPrecondition); // no prefill role
     const cases: [Partial<Init>, Code][] = [

@@ -88,7 +88,7 @@ const prompts = {
   "with a tail": [84, 104, 101, 32, 113, 117, 105, 99, 107, 32, 98],
 };
 
-describe("disaggregated_equals_colocated", () => {
+describe("disaggregated equals colocated", () => {
   for (const [name, prompt] of Object.entries(prompts)) {
     for (const sampling of [{ temperature: 0 }, { temperature: 0.9, seed: 7 }, { temperature: 1.3, seed: 123456789 }]) {
       test(`${name}, ${sampling.temperature === 0 ? "greedy" : `seed ${sampling.seed}`}`, async () => {
@@ -105,7 +105,7 @@ describe("disaggregated_equals_colocated", () => {
   }
 });
 
-describe("disaggregated_equals_colocated_across_thread_counts", () => {
+describe("disaggregated equals colocated across thread counts", () => {
   // The real synthetic model, P on 2 threads, D on 3, the colocated engine on 1: every matmul
   // of its 256-wide layers is split, and the tokens must not notice. P and D run the model on
   // a thread of its own, the colocated engine on its event loop: nor must that.

@@ -1,6 +1,5 @@
 import { describe, expect, test } from "bun:test";
-import assert from "node:assert";
-import { Engine, type ModelRunner, type SamplingParams } from "../../src/engine/index.ts";
+import { Engine, type ModelPort, type SamplingParams, transformerPort } from "../../src/engine/index.ts";
 import { KvPool } from "../../src/pool/index.ts";
 import { FakeRunner } from "../support/fake-model.ts";
 
@@ -137,22 +136,22 @@ describe("engine", () => {
     const boom = () => {
       if (++calls === 3) throw new Error("boom");
     };
-    const sync: ModelRunner = {
-      vocabSize: inner.vocabSize,
+    const sync = transformerPort({
+      cfg: { vocabSize: inner.vocabSize },
       forward: (pool, batch, out) => {
         boom();
         inner.forward(pool, batch, out);
       },
-    };
-    const pipelined: ModelRunner = {
+    });
+    const pipelined: ModelPort = {
       vocabSize: inner.vocabSize,
       pipelineDepth: 4,
-      forward: () => assert.fail("the engine calls forwardPipelined"),
-      forwardPipelined: (pool, batch, out, sampling) => {
+      post: (b, done) => {
         boom();
-        const rows = batch.map((c) => ({ ...c, tokens: Array.from(c.tokens, (t) => (t < 0 ? 1 : t)) }));
-        inner.forward(pool, rows, out);
-        return Bun.sleep(1).then(() => Int32Array.from(sampling, (r) => (r ? 1 : -1)));
+        const rows = b.chunks.map((c) => ({ ...c, tokens: Array.from(c.tokens, (t) => (t < 0 ? 1 : t)) }));
+        inner.forward(b.pool, rows, b.logits);
+        const sampled = Int32Array.from(b.sampling, (r) => (r ? 1 : -1));
+        void Bun.sleep(1).then(() => done(sampled, null));
       },
     };
     for (const model of [sync, pipelined]) {

@@ -1,7 +1,7 @@
-// The engine with a model on another thread: forward returns a promise, the engine keeps serving
+// The engine with a model on another thread: post returns at once, the engine keeps serving
 // meanwhile, and no block of the in-flight batch is given to anyone else until it settles.
 import { describe, expect, test } from "bun:test";
-import { Engine, type ModelRunner, type SamplingParams, type SeqChunk } from "../../src/engine/index.ts";
+import { Engine, type ForwardDone, type ModelPort, type SamplingParams, type StepBatch, type WorkerPort } from "../../src/engine/index.ts";
 import { KvPool } from "../../src/pool/index.ts";
 import { FakeRunner } from "../support/fake-model.ts";
 
@@ -9,10 +9,10 @@ const shape = { blockTokens: 4, nLayers: 2, nKvHeads: 1, headDim: 4 };
 const greedy: SamplingParams = { temperature: 0, topP: 1, topK: 0, seed: 0n, maxTokens: 6, stopTokenIds: [] };
 
 /**
- * The fake model as a model thread would run it: forward returns at once, and the K/V writes
+ * The fake model as a model thread would run it: post returns at once, and the K/V writes
  * and logits happen only when the test opens the gate (as a worker writes the slab late).
  */
-class GatedRunner implements ModelRunner {
+class GatedRunner implements ModelPort {
   readonly inner = new FakeRunner();
   readonly vocabSize = this.inner.vocabSize;
   private gates: (() => void)[] = [];
@@ -21,19 +21,18 @@ class GatedRunner implements ModelRunner {
   calls = 0;
   failWith: string | null = null;
 
-  forward(pool: KvPool, batch: readonly SeqChunk[], out: Float32Array): Promise<void> {
+  post(b: StepBatch, done: ForwardDone): void {
     this.calls++;
     this.inFlight++;
     this.maxInFlight = Math.max(this.maxInFlight, this.inFlight);
-    // The engine may change block tables once forward returns; a worker has its own copy of the plan.
-    const copy = batch.map((c) => ({ blockTable: [...Array.from(c.blockTable)], startPos: c.startPos, tokens: [...Array.from(c.tokens)] }));
-    return new Promise<void>((resolve, reject) => {
-      this.gates.push(() => {
-        this.inFlight--;
-        if (this.failWith !== null) return reject(new Error(this.failWith));
-        this.inner.forward(pool, copy, out);
-        resolve();
-      });
+    // The engine may change block tables once post returns; a worker has its own copy of the plan.
+    const copy = b.chunks.map((c) => ({ blockTable: [...Array.from(c.blockTable)], startPos: c.startPos, tokens: [...Array.from(c.tokens)] }));
+    const { pool, logits } = b;
+    this.gates.push(() => {
+      this.inFlight--;
+      if (this.failWith !== null) return done(null, new Error(this.failWith));
+      this.inner.forward(pool, copy, logits);
+      done(null, null);
     });
   }
 
@@ -92,7 +91,7 @@ describe("engine with an asynchronous model", () => {
       [8, 9, 7, 9],
     ];
     const long = { ...greedy, maxTokens: 10 };
-    const run = async (model: ModelRunner, pump?: (p: Promise<unknown>) => Promise<void>) => {
+    const run = async (model: ModelPort, pump?: (p: Promise<unknown>) => Promise<void>) => {
       const pool = new KvPool(shape, 8);
       const engine = new Engine({ model, pool, maxBatchTokens: 64, maxModelLen: 64 });
       const all = Promise.all(prompts.map((p, i) => engine.submit({ requestId: `r${i}`, promptTokens: p, sampling: long })));
@@ -175,7 +174,7 @@ describe("an engine whose model thread dies", () => {
       });
       while (tokens < 3) await Bun.sleep(1);
       // As a crash would: the model thread goes away without a word.
-      (node.model.runner as unknown as { worker: Worker }).worker.terminate();
+      ((node.model.runner as WorkerPort).worker as unknown as { worker: Worker }).worker.terminate();
       const f = await running;
       expect(f.reason).toBe("error");
       expect(f.error).toMatch(/model worker died/);

@@ -1,4 +1,4 @@
-// The engine over a model thread that takes step N + 1 while step N runs (forwardPipelined): the
+// The engine over a model thread that takes step N + 1 while step N runs (ModelPort.pipelineDepth): the
 // same tokens, logprobs and finishes as over the model on the engine's own thread, whatever mix
 // of requests shares the batch, and every block back in the pool at the end; and, with a gated
 // stand-in, no block of the step posted ahead handed to anyone before that step settles.
@@ -8,10 +8,13 @@ import {
   type EngineRequest,
   type ForwardDone,
   type Finish,
-  type ModelRunner,
+  type ModelPort,
   type RowSampling,
   type SamplingParams,
   type SeqChunk,
+  type StepBatch,
+  transformerPort,
+  WorkerPort,
 } from "../../src/engine/index.ts";
 import { kvShapeOf, loadSyntheticModel, ModelWorker, SYNTHETIC_MODEL_NAME, Transformer } from "../../src/model/index.ts";
 import { KvPool } from "../../src/pool/index.ts";
@@ -27,7 +30,8 @@ afterAll(() => {
 });
 
 const greedy: SamplingParams = { temperature: 0, topP: 1, topK: 0, seed: 0n, maxTokens: 24, stopTokenIds: [] };
-const localRunner: ModelRunner = { vocabSize: m.cfg.vocabSize, forward: (p, b, o) => local.forward(p, b, o) };
+const localRunner = transformerPort(local);
+const workerRunner = new WorkerPort(worker);
 
 interface Req extends Omit<EngineRequest, "onToken"> {
   /** Submitted once request 0 has emitted this many tokens (default: at once). */
@@ -44,7 +48,7 @@ interface Run {
 }
 
 /** Runs `reqs` through an engine over `model`; arrivals and cancels happen at fixed tokens, so two engines see the same. */
-async function run(model: ModelRunner, reqs: Req[], opts: { blocks?: number; maxModelLen?: number } = {}): Promise<Run> {
+async function run(model: ModelPort, reqs: Req[], opts: { blocks?: number; maxModelLen?: number } = {}): Promise<Run> {
   const pool = new KvPool(kvShapeOf(m.cfg, 8), opts.blocks ?? 64, { shared: true });
   const engine = new Engine({ model, pool, maxModelLen: opts.maxModelLen ?? 256, maxBatchTokens: 64 });
   const emitted: unknown[][] = reqs.map(() => []);
@@ -73,7 +77,7 @@ async function run(model: ModelRunner, reqs: Req[], opts: { blocks?: number; max
 
 async function expectSame(reqs: Req[], opts: Parameters<typeof run>[2] = {}): Promise<{ want: Run; got: Run }> {
   const want = await run(localRunner, reqs, opts);
-  const got = await run(worker, reqs, opts);
+  const got = await run(workerRunner, reqs, opts);
   expect(got.finishes).toEqual(want.finishes);
   expect(got.emitted).toEqual(want.emitted);
   expect(want.used).toBe(0);
@@ -159,7 +163,10 @@ describe("engine over a pipelined model thread", () => {
     // the one posted ahead of it, which needs its token, fails too.
     const max = m.cfg.maxSeqLen;
     const long = prompt(max - 8);
-    const failed = await run(worker, [{ requestId: "a", promptTokens: long, sampling: { ...greedy, maxTokens: 20 } }], { maxModelLen: max + 50, blocks: 270 });
+    const failed = await run(workerRunner, [{ requestId: "a", promptTokens: long, sampling: { ...greedy, maxTokens: 20 } }], {
+      maxModelLen: max + 50,
+      blocks: 270,
+    });
     expect(failed.finishes[0]!.reason).toBe("error");
     expect(failed.finishes[0]!.error).toMatch(new RegExp(`past maxSeqLen ${max}`));
     expect(failed.finishes[0]!.outputTokens.length).toBe(9);
@@ -171,9 +178,10 @@ describe("engine over a pipelined model thread", () => {
 /**
  * The fake model as a pipelined model thread runs it: forwards queue, each runs (K/V written,
  * logits and greedy tokens out) only when the test opens the gate, and a prevToken(r) chunk
- * token is the previous forward's row r token, resolved as it runs.
+ * token is the previous forward's row r token, resolved as it runs; a gate opened calls the
+ * step's end at once.
  */
-class GatedPipelined implements ModelRunner {
+class GatedPipelined implements ModelPort {
   readonly inner = new FakeRunner();
   readonly vocabSize = this.inner.vocabSize;
   private readonly gates: (() => void)[] = [];
@@ -182,12 +190,8 @@ class GatedPipelined implements ModelRunner {
 
   constructor(readonly pipelineDepth = 2) {}
 
-  forward(): Promise<void> {
-    throw new Error("the engine calls forwardPipelined on a pipelined model");
-  }
-
-  forwardPipelined(pool: KvPool, batch: readonly SeqChunk[], out: Float32Array, sampling: readonly (RowSampling | null)[]): Promise<Int32Array> {
-    return new Promise<Int32Array>((resolve) => this.enqueue(pool, batch, out, sampling, resolve));
+  post(b: StepBatch, done: ForwardDone): void {
+    this.enqueue(b.pool, b.chunks, b.logits, b.sampling, (s) => done(s, null));
   }
 
   /** Queues a forward behind the gate; `end` hears of its tokens as it runs. */
@@ -224,20 +228,13 @@ class GatedPipelined implements ModelRunner {
   }
 }
 
-/**
- * GatedPipelined as a model thread's own callback (ModelRunner.post): a gate opened calls the
- * forward's end at once, and the forward numbered `failAt` (from 1) ends failed.
- */
+/** GatedPipelined whose forward numbered `failAt` (from 1) ends failed. */
 class GatedPosting extends GatedPipelined {
   failAt = 0;
 
-  override forwardPipelined(): Promise<Int32Array> {
-    throw new Error("the engine calls post on a model that has it");
-  }
-
-  post(pool: KvPool, batch: readonly SeqChunk[], out: Float32Array, sampling: readonly (RowSampling | null)[], _lazy: boolean, done: ForwardDone): void {
+  override post(b: StepBatch, done: ForwardDone): void {
     const n = this.calls + 1;
-    this.enqueue(pool, batch, out, sampling, (s) => (n === this.failAt ? done(null, new Error(`forward ${n} failed`)) : done(s, null)));
+    this.enqueue(b.pool, b.chunks, b.logits, b.sampling, (s) => (n === this.failAt ? done(null, new Error(`forward ${n} failed`)) : done(s, null)));
   }
 
   /** Opens every gate posted so far, in one pass. */

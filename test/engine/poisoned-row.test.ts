@@ -6,7 +6,7 @@ import { afterAll, describe, expect, test } from "bun:test";
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { Engine, type Finish, type ModelRunner, type SamplingParams } from "../../src/engine/index.ts";
+import { Engine, type Finish, type ModelPort, type SamplingParams, transformerPort, WorkerPort } from "../../src/engine/index.ts";
 import { kvShapeOf, loadSyntheticModel, ModelWorker, SYNTHETIC_MODEL_NAME, Transformer } from "../../src/model/index.ts";
 import { KvPool } from "../../src/pool/index.ts";
 import { writeHfFolder } from "../support/model-writers.ts";
@@ -14,8 +14,9 @@ import { writeHfFolder } from "../support/model-writers.ts";
 const m = loadSyntheticModel();
 const V = m.cfg.vocabSize;
 const local = new Transformer(m.cfg, m.weights);
-const localRunner: ModelRunner = { vocabSize: V, forward: (p, b, o) => local.forward(p, b, o) };
+const localRunner = transformerPort(local);
 const worker = await ModelWorker.start({ modelPath: SYNTHETIC_MODEL_NAME, threads: 1, maxSeqLen: 256 });
+const workerRunner = new WorkerPort(worker);
 const dir = mkdtempSync(join(tmpdir(), "tl-poisoned-"));
 let nanWorker: ModelWorker | undefined;
 
@@ -44,7 +45,7 @@ const healthy: Req[] = [
 ];
 
 /** Submits every request in one go (one batch), then one more after; returns the finishes by id and the pool's used blocks at the end. */
-async function run(model: ModelRunner, reqs: Req[]): Promise<{ by: Map<string, Finish & { emitted: number[] }>; used: number; after: Finish }> {
+async function run(model: ModelPort, reqs: Req[]): Promise<{ by: Map<string, Finish & { emitted: number[] }>; used: number; after: Finish }> {
   const pool = new KvPool(kvShapeOf(m.cfg, 8), 128, { shared: true });
   const engine = new Engine({ model, pool, maxModelLen: 256, maxBatchTokens: 128 });
   const by = new Map<string, Finish & { emitted: number[] }>();
@@ -61,7 +62,7 @@ async function run(model: ModelRunner, reqs: Req[]): Promise<{ by: Map<string, F
   return { by, used: pool.used, after };
 }
 
-async function expectIsolated(model: ModelRunner, poisoned: Req[], kind: "request" | "model", base = healthy): Promise<void> {
+async function expectIsolated(model: ModelPort, poisoned: Req[], kind: "request" | "model", base = healthy): Promise<void> {
   const want = await run(model, base);
   // The poisoned ones in the middle of the batch, so rows after them shift.
   const got = await run(model, [...base.slice(0, 2), ...poisoned, ...base.slice(2)]);
@@ -122,16 +123,16 @@ describe("one sequence's bad logits end it alone", () => {
   });
 
   test("the same over a pipelined model thread (the others sampled there)", async () => {
-    await expectIsolated(worker, [overflow, overflowGreedy], "request");
-    await expectIsolated(worker, [allMasked], "request");
+    await expectIsolated(workerRunner, [overflow, overflowGreedy], "request");
+    await expectIsolated(workerRunner, [allMasked], "request");
   });
 
   test("NaN logits from the model, sampled on the model thread: that row alone fails", async () => {
     const nan: Req = { id: "nan", prompt: [...prompt(5, 11), poison], sampling: seeded(12) };
     const nanDecode: Req = { id: "nan-decode", prompt: nanPrompt, sampling: greedy };
-    await expectIsolated(nanWorker!, [nan, nanDecode], "model");
+    await expectIsolated(new WorkerPort(nanWorker!), [nan, nanDecode], "model");
     // No row with logits processing (sampled on the engine's thread): the model thread samples
     // every row, and steps are posted ahead naming the failed row's token.
-    await expectIsolated(nanWorker!, [nanDecode], "model", healthy.slice(0, 4));
+    await expectIsolated(new WorkerPort(nanWorker!), [nanDecode], "model", healthy.slice(0, 4));
   });
 });

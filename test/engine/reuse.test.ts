@@ -3,7 +3,16 @@
 // records as deep as the pipeline, one chunk and one row sampling per sequence), and the
 // tokens are still those of the synchronous model.
 import { describe, expect, test } from "bun:test";
-import { Engine, type ForwardDone, type ModelRunner, type RowSampling, type SamplingParams, type SeqChunk } from "../../src/engine/index.ts";
+import {
+  Engine,
+  type ForwardDone,
+  type ModelPort,
+  type RowSampling,
+  type SamplingParams,
+  type SeqChunk,
+  type StepBatch,
+  transformerPort,
+} from "../../src/engine/index.ts";
 import { KvPool } from "../../src/pool/index.ts";
 import { Pcg32, sample } from "../../src/rng/index.ts";
 import { FakeRunner } from "../support/fake-model.ts";
@@ -24,20 +33,24 @@ interface Seen {
 
 /**
  * A pipelined model that runs each forward as it is posted (the one before ran already, so a
- * prevToken(r) is known) and settles it on a later turn; it keeps the identities it was handed.
+ * prevToken(r) is known) and settles it on a later turn; it keeps the identities it was handed,
+ * and the callbacks.
  */
-class EagerPipelined implements ModelRunner {
+class EagerPipelined implements ModelPort {
   readonly inner = new FakeRunner();
   readonly vocabSize = this.inner.vocabSize;
   readonly pipelineDepth = 4;
   readonly seen: Seen[] = [];
+  readonly dones: ForwardDone[] = [];
   private prev = new Int32Array(0);
 
-  forward(): Promise<void> {
-    throw new Error("the engine calls forwardPipelined on a pipelined model");
+  post(b: StepBatch, done: ForwardDone): void {
+    this.dones.push(done);
+    const sampled = this.forward(b.pool, b.chunks, b.logits, b.sampling);
+    void Bun.sleep(0).then(() => done(sampled, null));
   }
 
-  forwardPipelined(pool: KvPool, batch: readonly SeqChunk[], out: Float32Array, sampling: readonly (RowSampling | null)[]): Promise<Int32Array> {
+  private forward(pool: KvPool, batch: readonly SeqChunk[], out: Float32Array, sampling: readonly (RowSampling | null)[]): Int32Array {
     this.seen.push({ batch, chunks: [...batch], sampling, rows: [...sampling], rngs: sampling.map((r) => r?.rng ?? null) });
     const copy = batch.map((c) => ({
       blockTable: Array.from(c.blockTable),
@@ -48,25 +61,14 @@ class EagerPipelined implements ModelRunner {
     const V = this.vocabSize;
     const rng = (r: RowSampling) => r.rng && Pcg32.fromState(r.rng.state, r.rng.inc);
     this.prev = Int32Array.from(copy, (_, i) => (sampling[i] ? sample(out.subarray(i * V, (i + 1) * V), sampling[i].cfg, rng(sampling[i])) : -1));
-    const sampled = this.prev;
-    return Bun.sleep(0).then(() => sampled);
-  }
-}
-
-/** EagerPipelined as a model thread's own callback (ModelRunner.post): it keeps the callbacks it was handed. */
-class EagerPosting extends EagerPipelined {
-  readonly dones: ForwardDone[] = [];
-
-  post(pool: KvPool, batch: readonly SeqChunk[], out: Float32Array, sampling: readonly (RowSampling | null)[], _lazy: boolean, done: ForwardDone): void {
-    this.dones.push(done);
-    void this.forwardPipelined(pool, batch, out, sampling).then((sampled) => done(sampled, null));
+    return this.prev;
   }
 }
 
 /** Distinct objects among xs. */
 const distinct = (xs: readonly unknown[]) => new Set(xs).size;
 
-async function decode(model: ModelRunner, sampling: SamplingParams[]): Promise<number[][]> {
+async function decode(model: ModelPort, sampling: SamplingParams[]): Promise<number[][]> {
   const engine = new Engine({ maxBatchTokens: 512, model, pool: new KvPool(shape, 64), maxModelLen: 128 });
   const done = sampling.map((s, i) => engine.submit({ requestId: `r${i}`, promptTokens: [3 + i, 9, 4, 1, 7], sampling: s }));
   return (await Promise.all(done)).map((f) => f.outputTokens);
@@ -97,7 +99,7 @@ describe("a steady decode reuses the engine's step records", () => {
 
   test("over a model's callback: the same depth-many callbacks, one per step record, and the same tokens", async () => {
     const params = [greedy, seeded];
-    const model = new EagerPosting();
+    const model = new EagerPipelined();
     expect(await decode(model, params)).toEqual(await decode(new FakeRunner(), params));
     expect(model.dones.length).toBe(40);
     expect(distinct(model.seen.slice(1).map((s) => s.batch))).toBe(3);
@@ -109,14 +111,14 @@ describe("a steady decode reuses the engine's step records", () => {
     const batches: (readonly SeqChunk[])[] = [];
     const chunks: SeqChunk[] = [];
     const inner = new FakeRunner();
-    const model: ModelRunner = {
-      vocabSize: inner.vocabSize,
+    const model = transformerPort({
+      cfg: { vocabSize: inner.vocabSize },
       forward: (pool, batch, out) => {
         batches.push(batch);
         chunks.push(batch[1]!);
         inner.forward(pool, batch, out);
       },
-    };
+    });
     expect(await decode(model, [greedy, seeded])).toEqual(await decode(new FakeRunner(), [greedy, seeded]));
     expect(batches.length).toBe(40);
     expect(distinct(batches)).toBe(1);

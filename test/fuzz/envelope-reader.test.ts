@@ -1,5 +1,5 @@
 // Mutated envelopes and chunks against readEnvelope and KvReceiver sessions, judged by
-// an oracle written from kv-block.md's reader rules and contracts.md's PushKv rules (not
+// an oracle written from kv-block.md's reader rules ("What a reader checks") and grpc-services.md's PushKv rules ("How the decode side takes a push") (not
 // from the implementation): every input is refused with the code the spec gives or
 // accepted only when valid, refusals leave D's pool and receiver exactly as they were,
 // and nothing but EnvError / KvError is ever thrown.
@@ -23,7 +23,7 @@ const DATA_LOSS = 15;
 const FAILED_PRECONDITION = 9;
 
 // ---------------------------------------------------------------------------------------
-// The oracle: kv-block.md "Reader rules", in order, with lengths in BigInt so no overflow
+// The oracle: kv-block.md "What a reader checks", in order, with lengths in BigInt so no overflow
 // can hide a wrong answer.
 
 type Verdict =
@@ -399,7 +399,7 @@ function applyEdit(chunks: KvChunkLike[], e: ChunkEdit): KvChunkLike[] {
 }
 
 /**
- * contracts.md's PushKv rules over D's state before the push: the codes the first
+ * grpc-services.md's PushKv rules ("How the decode side takes a push") over D's state before the push: the codes the first
  * broken rule may carry (a chunk breaking several may be refused for any of them), or
  * null when the push must be accepted. No eviction can happen: D has room for every block.
  */
@@ -568,7 +568,7 @@ function runPush(pc: PushCase, stats: Map<string, number>): void {
   }
 }
 
-test("fuzz_envelope_reader", () => {
+test("fuzz envelope reader", () => {
   const started = performance.now();
   const envStats = new Map<string, number>();
   fc.assert(

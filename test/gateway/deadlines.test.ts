@@ -46,7 +46,7 @@ function fakeDecode(workerId: string, addrs: { httpAddress: string; kvAddress: s
 
 const post = (body: unknown) => fetch(`http://${c.gateway.httpAddress}/v1/completions`, { method: "POST", body: JSON.stringify(body) });
 
-async function waitDecodeIdle(timeoutMs = 3000) {
+async function waitDecodeIdle(timeoutMs = 20_000) {
   const D = c.decode[0]!;
   const end = Date.now() + timeoutMs;
   while ((D.pool.used > 0 || (D.receiver?.pending() ?? 0) > 0) && Date.now() < end) await Bun.sleep(10);

@@ -16,7 +16,7 @@ beforeAll(async () => {
 afterAll(() => C?.stop());
 
 describe("gateway chat templates", () => {
-  test("gateway_renders_chat_with_the_model_template", async () => {
+  test("gateway renders chat with the model template", async () => {
     const messages = [{ role: "user", content: "Hi there" }];
     const r = await fetch(`http://${C.gateway.httpAddress}/v1/chat/completions`, {
       method: "POST",

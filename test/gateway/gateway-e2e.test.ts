@@ -23,7 +23,7 @@ function atBaseline() {
   }
 }
 
-async function waitBaseline(timeoutMs = 3000) {
+async function waitBaseline(timeoutMs = 20_000) {
   const end = Date.now() + timeoutMs;
   while (c.all().some((n) => n.pool.used > 0 || (n.receiver?.pending() ?? 0) > 0) && Date.now() < end) await Bun.sleep(10);
   atBaseline();
@@ -166,7 +166,7 @@ describe("gateway failures", () => {
         expect(r.headers.get("x-tl-decode-worker")).toBe(k.decode[1]!.workerId);
         await r.text();
       }
-      await k.waitForWorkers(2, 3000);
+      await k.waitForWorkers(2, 20_000);
       expect(
         k.gateway.registry
           .live()
@@ -186,7 +186,7 @@ describe("gateway failures", () => {
       const stoppedAt = Date.now();
       await Bun.sleep(150); // 1.5 intervals: still listed
       expect(k.gateway.registry.live().map((w) => w.status.workerId)).toContain(quiet.workerId);
-      await k.waitForWorkers(1, 2000);
+      await k.waitForWorkers(1, 20_000);
       const gone = Date.now() - stoppedAt;
       expect(gone).toBeGreaterThanOrEqual(200); // ≥ 3 intervals after the last beat, which came up to 1 interval before the stop
       expect(k.gateway.registry.live().map((w) => w.status.workerId)).toEqual(["prefill-0"]);
@@ -230,7 +230,7 @@ describe("gateway failures", () => {
       expect(r.headers.get("x-tl-served")).toBe("colocated-fallback");
       await r.text();
       await k.both[0]!.shutdown();
-      await k.waitForWorkers(0, 3000);
+      await k.waitForWorkers(0, 20_000);
       const none = await fetch(`http://${k.gateway.httpAddress}/v1/completions`, { method: "POST", body: JSON.stringify({ prompt: "hello", max_tokens: 4 }) });
       expect(none.status).toBe(503);
       expect(none.headers.get("retry-after")).not.toBeNull();

@@ -43,7 +43,7 @@ const asPeer = (peer: PeerIdentity) => ({ values: createContextValues().set(call
 
 function gateway() {
   const registry = new WorkerRegistry({ intervalMs: 1000 });
-  const index = new PrefixIndex();
+  const index = new PrefixIndex({ maxBlocks: 1 << 20 });
   const svc = new RegistryService(registry, { maxWorkers: 256, index, gatewayId: "gateway-a.00000001" });
   const picker = new PairPicker(registry, index, new InFlight(), { overlap: 1, load: 8 });
   const status = (workerId: string, role: Role, kvEvents?: KvEvents) =>

@@ -12,7 +12,7 @@ afterAll(async () => {
   for (const n of nodes) await n.shutdown();
 });
 
-test("gateway_models_lists_the_engines_model_stats", async () => {
+test("gateway models lists the engines model stats", async () => {
   const stats = { parameters: 3_500_000, dtype: "bf16", residentBytes: 7_000_000 };
   const gateway = await startLoneGateway();
   const models = async (address: string) => ((await (await fetch(`http://${address}/v1/models`)).json()) as { data: Record<string, unknown>[] }).data[0]!;

@@ -9,7 +9,7 @@ afterAll(async () => {
   for (const n of nodes) await n.shutdown();
 });
 
-test("gateway_not_ready_until_it_can_serve", async () => {
+test("gateway not ready until it can serve", async () => {
   const gateway = await startLoneGateway({ frontDoor: { ...GATEWAY_TUNING.frontDoor, apiKeys: ["k"] } });
   const health = async () => {
     const r = await fetch(`http://${gateway.httpAddress}/health`);

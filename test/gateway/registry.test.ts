@@ -7,7 +7,7 @@ import { ListWorkersRequestSchema, ListWorkersResponseSchema, Role, WorkerStatus
 const beat = (workerId: string, role: Role, extra: Partial<Omit<WorkerStatus, "$typeName" | "$unknown">> = {}) =>
   create(WorkerStatusSchema, { workerId, role, kvFormat: 1, seq: 1n, ...extra });
 
-test("worker_registry_evicts_and_readmits", () => {
+test("worker registry evicts and readmits", () => {
   let now = 1_000_000;
   const reg = new WorkerRegistry({ intervalMs: 100, evictAfterMissed: 3, now: () => now });
 
@@ -51,7 +51,7 @@ test("worker_registry_evicts_and_readmits", () => {
   expect(reg.list().map((w) => w.status.workerId)).toEqual(["a", "b"]);
 });
 
-test("worker_registry_live_by_role", () => {
+test("worker registry live by role", () => {
   const reg = new WorkerRegistry({ intervalMs: 2000, now: () => 0 });
   reg.beat(beat("p", Role.PREFILL));
   reg.beat(beat("d", Role.DECODE));
@@ -65,7 +65,7 @@ test("worker_registry_live_by_role", () => {
   expect(() => new WorkerRegistry({ intervalMs: 0 })).toThrow(RangeError);
 });
 
-test("registry_service_validates", async () => {
+test("registry service validates", async () => {
   const reg = new WorkerRegistry({ intervalMs: 100, now: () => 5000 });
   const svc = new RegistryService(reg, { maxWorkers: 256 });
   const ctx = {} as HandlerContext;

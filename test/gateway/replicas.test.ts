@@ -54,7 +54,7 @@ async function processGateway() {
   return { proc: p.proc, http: String(ready.http), registry: String(ready.registry), gatewayId: String(ready.gateway_id) };
 }
 
-async function until(what: string, ok: () => boolean | Promise<boolean>, timeoutMs = 5000): Promise<number> {
+async function until(what: string, ok: () => boolean | Promise<boolean>, timeoutMs = 20_000): Promise<number> {
   const t0 = Date.now();
   while (!(await ok())) {
     if (Date.now() - t0 > timeoutMs) throw new Error(`${what}: not within ${timeoutMs} ms`);
@@ -160,11 +160,12 @@ test("kill -9 of one replica of two under load: the other's requests all succeed
 
     // The dead replica's handles go once its beats fail (3 intervals), not after the 60 s TTL;
     // A's stays for its client.
-    const ms = await until("B's orphaned handles are freed", () => Ds[1]!.receiver!.pending() === 0 && Ds[0]!.receiver!.pending() === 1, 3000);
-    expect(ms).toBeLessThan(3000);
+    // Half the TTL is the structural bound: generous for a loaded machine, and a release by
+    // the TTL would miss it.
+    await until("B's orphaned handles are freed", () => Ds[1]!.receiver!.pending() === 0 && Ds[0]!.receiver!.pending() === 1, 30_000);
     expect(await grpcClient(KvTransfer, Ds[0]!.kvAddress).release({ handleId: fromA })).toMatchObject({ released: true });
     expect(fromB.length).toBe(2);
-    await until("every pool at baseline", () => nodes.every((n) => n.pool.used === 0 && (n.receiver?.pending() ?? 0) === 0), 3000);
+    await until("every pool at baseline", () => nodes.every((n) => n.pool.used === 0 && (n.receiver?.pending() ?? 0) === 0), 20_000);
     await until("A drops nobody", () => A.registry.live().length === 3);
   } finally {
     for (const n of nodes) await n.shutdown();

@@ -9,7 +9,7 @@ beforeAll(async () => {
 });
 afterAll(() => C?.stop());
 
-test("same_client_request_id_twice_both_served", async () => {
+test("same client request id twice both served", async () => {
   const send = () =>
     fetch(`http://${C.gateway.httpAddress}/v1/completions`, {
       method: "POST",
@@ -26,7 +26,7 @@ test("same_client_request_id_twice_both_served", async () => {
   expect(a.headers.get("x-tl-served")).toBe("disaggregated");
 });
 
-test("bad_client_request_id_is_400", async () => {
+test("bad client request id is 400", async () => {
   const r = await fetch(`http://${C.gateway.httpAddress}/v1/completions`, {
     method: "POST",
     headers: { "x-request-id": "y".repeat(300) },

@@ -26,7 +26,7 @@ const prompt = (n: number, salt = 0) => Array.from({ length: n }, (_, i) => (i *
 
 test("a burst reserves at the decision: 100 concurrent picks over 2 decode engines split 50/50, and every release returns the count to 0", () => {
   const inflight = new InFlight();
-  const picker = new PairPicker(cluster(), new PrefixIndex(), inflight, WEIGHTS);
+  const picker = new PairPicker(cluster(), new PrefixIndex({ maxBlocks: 1 << 20 }), inflight, WEIGHTS);
   const pairs = Array.from({ length: 100 }, (_, i) => picker.pair(prompt(40, i), new Set())!);
   const on = (id: string) => pairs.filter((p) => p.decode.worker.status.workerId === id).length;
   expect([on("d0"), on("d1")]).toEqual([50, 50]);
@@ -42,7 +42,7 @@ test("a burst reserves at the decision: 100 concurrent picks over 2 decode engin
 test("the cost weighs cached blocks against load: the affine engine running 4 loses to the idle one under the default weights, wins when overlap weighs more", () => {
   const registry = cluster();
   registry.beat(beat("d0", Role.DECODE, { running: 4 }));
-  const affinity = new PrefixIndex();
+  const affinity = new PrefixIndex({ maxBlocks: 1 << 20 });
   const tokens = prompt(64); // 16 full blocks, all believed on d0
   affinity.record("d0", promptHashes(tokens, B));
   // Defaults (overlap 1, load 8): d0 costs 0 + 8×4 = 32, d1 costs 16 + 0.
@@ -59,7 +59,7 @@ test("the cost weighs cached blocks against load: the affine engine running 4 lo
 });
 
 test("affinity never piles a burst of one shared prefix onto the affine engine", () => {
-  const affinity = new PrefixIndex();
+  const affinity = new PrefixIndex({ maxBlocks: 1 << 20 });
   const tokens = prompt(64);
   affinity.record("d0", promptHashes(tokens, B));
   const picker = new PairPicker(cluster(), affinity, new InFlight(), WEIGHTS);
@@ -74,7 +74,7 @@ test("a suspect is scored out for its cool-down, a worker a beat late at once; w
   let now = 1_000_000;
   const registry = cluster(() => now);
   const suspects = new Suspects(5000, () => now);
-  const picker = new PairPicker(registry, new PrefixIndex(), new InFlight(), WEIGHTS, suspects);
+  const picker = new PairPicker(registry, new PrefixIndex({ maxBlocks: 1 << 20 }), new InFlight(), WEIGHTS, suspects);
   const decodeOf = () => {
     const p = picker.pair(prompt(8), new Set())!;
     p.releasePrefill();

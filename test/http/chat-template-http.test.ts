@@ -42,7 +42,7 @@ const HISTORY = [
 ];
 
 describe("chat requests through the model's template", () => {
-  test("model_template_renders_tool_call_history", async () => {
+  test("model template renders tool call history", async () => {
     const chat = await node(QWEN25);
     const r = await chat({ messages: HISTORY, max_tokens: 2 });
     expect({ status: r.status, error: r.json.error }).toEqual({ status: 200, error: undefined });
@@ -65,7 +65,7 @@ describe("chat requests through the model's template", () => {
     expect(r.json.usage.prompt_tokens).toBe(utf8Len(want) + 1);
   });
 
-  test("template_raise_exception_is_a_400", async () => {
+  test("template raise exception is a 400", async () => {
     const chat = await node(LLAMA32);
     const call = HISTORY[1]!.tool_calls![0];
     const r = await chat({ messages: [HISTORY[0], { role: "assistant", content: null, tool_calls: [call, call] }], max_tokens: 2 });
@@ -78,7 +78,7 @@ describe("chat requests through the model's template", () => {
     expect(tools.json.error.message).toBe("tools must be an array of objects");
   });
 
-  test("chat_template_file_overrides_the_model_template", async () => {
+  test("chat template file overrides the model template", async () => {
     const dir = mkdtempSync(join(tmpdir(), "tl-chat-"));
     const file = join(dir, "t.jinja");
     writeFileSync(file, "{% for m in messages %}[{{ m.role }}]{{ m.content }}{% endfor %}{% if add_generation_prompt %}[assistant]{% endif %}");
@@ -93,7 +93,7 @@ describe("chat requests through the model's template", () => {
     expect(parseArgs(["--role", "gateway", "--chat-template", file]).config.gateway.chat_template).toBe(file);
   });
 
-  test("no_template_gets_the_default", async () => {
+  test("no template gets the default", async () => {
     const chat = await node(null);
     const r = await chat({
       messages: [

@@ -24,7 +24,7 @@ afterAll(async () => {
 });
 const url = (p: string, s = server) => `http://${s.address}${p}`;
 
-test("api_key_guards_the_front_door", async () => {
+test("api key guards the front door", async () => {
   const before = reached;
   for (const auth of [undefined, "Bearer nope", "k-one", "Basic k-one", "Bearer k-one extra", "Bearer "]) {
     const res = await fetch(url("/v1/completions"), { method: "POST", body: "{}", headers: auth ? { authorization: auth } : {} });
@@ -46,7 +46,7 @@ test("api_key_guards_the_front_door", async () => {
   expect((await fetch(url("/health", metricsLocked))).status).toBe(200);
 });
 
-test("bodies_over_max_request_bytes_get_413_unread", async () => {
+test("bodies over max request bytes get 413 unread", async () => {
   const auth = { authorization: "Bearer k-one" };
   const before = reached;
   const big = await fetch(url("/v1/completions"), { method: "POST", body: "x".repeat(1001), headers: auth });
@@ -71,7 +71,7 @@ test("bodies_over_max_request_bytes_get_413_unread", async () => {
   expect(exact.status).toBe(200);
 });
 
-test("api_keys_from_env", () => {
+test("api keys from env", () => {
   expect(apiKeysFrom(["a"], " b, c ,")).toEqual(["a", "b", "c"]);
   expect(apiKeysFrom([], undefined)).toEqual([]);
 });

@@ -21,7 +21,7 @@ function refusal(kind: "completion" | "chat", body: unknown, tok: CountingTokeni
   throw new Error("accepted");
 }
 
-test("oversized_inputs_are_refused_before_tokenizing", () => {
+test("oversized inputs are refused before tokenizing", () => {
   const tok = new CountingTokenizer();
   const cases: [kind: "completion" | "chat", body: unknown, says: RegExp][] = [
     ["completion", { prompt: "x".repeat(1 << 20) }, /prompt of 1048576 characters is longer than the context of 128 tokens/],

@@ -17,7 +17,7 @@ function body(text: string, sizes: number[], onCancel?: () => void): ReadableStr
   });
 }
 
-test("sse_data_yields_each_event_whatever_the_chunking", async () => {
+test("sse data yields each event whatever the chunking", async () => {
   const text = 'data: {"a":"é€"}\n\n: a comment\n\nevent: x\ndata: one\ndata: two\n\ndata: [DONE]\n\ndata: cut off';
   for (const sizes of [[1], [2, 3], [7], [text.length * 4]]) {
     const got: string[] = [];
@@ -26,7 +26,7 @@ test("sse_data_yields_each_event_whatever_the_chunking", async () => {
   }
 });
 
-test("sse_data_left_early_cancels_the_body", async () => {
+test("sse data left early cancels the body", async () => {
   let cancelled = false;
   for await (const d of sseData(body("data: 1\n\ndata: 2\n\n", [9], () => (cancelled = true)))) {
     expect(d).toBe("1");

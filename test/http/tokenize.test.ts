@@ -43,7 +43,7 @@ async function post(address: string, path: string, body: unknown): Promise<{ sta
 }
 
 describe("engine /tokenize and /detokenize", () => {
-  test("prompt_with_and_without_special_tokens", async () => {
+  test("prompt with and without special tokens", async () => {
     const a = engine.httpAddress;
     // The byte tokenizer: BOS 256, then the UTF-8 bytes.
     expect((await post(a, "/tokenize", { model: "fake", prompt: "Hi" })).json).toEqual({ tokens: [256, 72, 105], count: 3, max_model_len: 64 });
@@ -51,7 +51,7 @@ describe("engine /tokenize and /detokenize", () => {
     expect((await post(a, "/detokenize", { model: "fake", tokens: [256, 72, 105] })).json).toEqual({ prompt: "Hi" });
   });
 
-  test("messages_are_the_chat_prompt", async () => {
+  test("messages are the chat prompt", async () => {
     const messages = [{ role: "user", content: "Hi" }];
     const r = await post(engine.httpAddress, "/tokenize", { messages });
     const text = "<|user|>\nHi\n<|assistant|>\n";
@@ -59,7 +59,7 @@ describe("engine /tokenize and /detokenize", () => {
     expect(r.json.count).toBe(text.length + 1);
   });
 
-  test("bad_input_is_400_before_any_work", async () => {
+  test("bad input is 400 before any work", async () => {
     const a = engine.httpAddress;
     const cases: [string, unknown, number, string][] = [
       ["/tokenize", "{", 400, "not valid JSON"],
@@ -84,7 +84,7 @@ describe("engine /tokenize and /detokenize", () => {
     }
   });
 
-  test("unknown_fields_served_and_named", async () => {
+  test("unknown fields served and named", async () => {
     const r = await post(engine.httpAddress, "/tokenize", { prompt: "a", add_special_tokens: false, __proto__x: 1, constructor: 2 });
     expect(r.status).toBe(200);
     expect(r.headers.get("x-tl-ignored-fields")).toBe("__proto__x,constructor");
@@ -92,7 +92,7 @@ describe("engine /tokenize and /detokenize", () => {
 });
 
 describe("gateway /tokenize on a vocabulary-only GGUF", () => {
-  test("gateway_serves_a_falcon_vocabulary", async () => {
+  test("gateway serves a falcon vocabulary", async () => {
     const a = gateway.httpAddress;
     const r = await post(a, "/tokenize", { prompt: "hello world 12345" });
     expect(r.status).toBe(200);
@@ -105,7 +105,7 @@ describe("gateway /tokenize on a vocabulary-only GGUF", () => {
     expect((await Promise.all(pieces)).join("|")).toContain("123|4|5");
   });
 
-  test("gateway_asks_for_max_model_len_when_the_file_states_no_context", async () => {
+  test("gateway asks for max model len when the file states no context", async () => {
     // The fixture has no falcon.context_length: the gateway cannot guess a context, so it stops with exit 2.
     const args = ["--role", "gateway", "--model", vocabFile, "--http-listen", "127.0.0.1:0", "--registry-listen", "127.0.0.1:0"];
     const p = Bun.spawn([process.execPath, "bin/engine.ts", ...args], { cwd: REPO, stdout: "pipe", stderr: "pipe" });
@@ -114,7 +114,7 @@ describe("gateway /tokenize on a vocabulary-only GGUF", () => {
     expect(err).toContain("ggml-vocab-falcon states no context length: give [gateway] max_model_len (--max-model-len)");
   }, 20_000);
 
-  test("engines_still_refuse_the_architecture", async () => {
+  test("engines still refuse the architecture", async () => {
     await expect(loadModel({ modelPath: vocabFile })).rejects.toThrow(/general.architecture "falcon" is not supported/);
   });
 });

@@ -24,7 +24,7 @@ function want(w: Matrix, x: Float32Array, rows: number, n: number, d: number): n
 }
 
 describe("dispatch", () => {
-  test("the_caller_finishes_a_dispatch_alone_when_no_helper_has_started", () => {
+  test("the caller finishes a dispatch alone when no helper has started", () => {
     // Right after construction no helper has instantiated the kernels yet: the caller takes its
     // own range, then steals every chunk of theirs, and the dispatch ends without them.
     const w = weights(D, N, 1);
@@ -41,7 +41,7 @@ describe("dispatch", () => {
     }
   });
 
-  test("back_to_back_dispatches_of_changing_shapes_give_the_reference_bits_on_every_thread_count", async () => {
+  test("back to back dispatches of changing shapes give the reference bits on every thread count", async () => {
     // Helpers still looking for chunks of one dispatch while the next is written must never
     // compute from a half-written job: thousands of dispatches, each a different shape, dtype
     // or row offset from the last, checked bit for bit.
@@ -82,7 +82,7 @@ describe("dispatch", () => {
 });
 
 describe("attention pieces", () => {
-  test("a_decoding_sequence_is_cut_into_as_few_pieces_as_keep_every_thread_busy", () => {
+  test("a decoding sequence is cut into as few pieces as keep every thread busy", () => {
     expect(decodeHeadsPerPiece(6, 1, 1)).toBe(6);
     expect(decodeHeadsPerPiece(6, 1, 2)).toBe(3);
     expect(decodeHeadsPerPiece(6, 1, 3)).toBe(2);

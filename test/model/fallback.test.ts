@@ -8,7 +8,7 @@ import { B, Seq, TINY, bits, tokens } from "./helpers.ts";
 // An engine without WebAssembly SIMD runs every kernel's plain-JS statement: the same bits, so
 // such an engine and a SIMD one can share a cluster (disaggregated = colocated).
 describe("fallback", () => {
-  test("plain_js_forward_equals_simd_forward_bit_for_bit", () => {
+  test("plain js forward equals simd forward bit for bit", () => {
     const shapes: [ModelConfig, { biases?: boolean; sharedClassifier?: boolean }][] = [
       [{ ...TINY, maxSeqLen: 48 }, {}],
       [{ ...TINY, maxSeqLen: 48, nKvHeads: 4 }, { sharedClassifier: true }],

@@ -17,7 +17,7 @@ const N = 16;
 
 const reference = (prompt: number[]) => llama2cReference(tmp.dir, CKPT, W, prompt, N);
 
-describe("gguf_equals_llama2c", () => {
+describe("gguf equals llama2c", () => {
   test("F32 GGUF (v3, Meta rope order as llama.cpp writes llama): bit-identical logits", () => {
     writeFileSync(tmp.path("f32.gguf"), encodeGgufModel(CKPT, W));
     const g = readModelFiles(tmp.path("f32.gguf"));
@@ -236,7 +236,7 @@ describe("q4_k", () => {
 const QWEN: ModelConfig = { ...TINY, name: "qwen", maxSeqLen: 48, ropeTheta: 1000000, normEps: 1e-6, headDim: 16 };
 const QW = syntheticWeights(QWEN, 91, { sharedClassifier: true, biases: true });
 
-describe("qwen2_arch_biases_tied_head_dim", () => {
+describe("qwen2 arch biases tied head dim", () => {
   test("HF qwen2 folder and qwen2 GGUF (NEOX order) give the logits of the weights themselves, bit for bit", () => {
     writeHfFolder(tmp.path("qwen-hf"), QWEN, QW, { modelType: "qwen2", tied: true });
     writeFileSync(tmp.path("qwen.gguf"), encodeGgufModel(QWEN, QW, { arch: "qwen2", tied: true }));

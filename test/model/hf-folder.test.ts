@@ -17,7 +17,7 @@ const N = 16;
 
 const llama2cRun = (prompt: number[]) => llama2cReference(tmp.dir, CKPT, W, prompt, N);
 
-describe("hf_folder_equals_llama2c", () => {
+describe("hf folder equals llama2c", () => {
   test("rope reorder: split-half then back is the identity, and it moves rows", () => {
     const m = Float32Array.from({ length: 2 * 8 * 3 }, (_, i) => i);
     const split = interleavedToSplitHalf(m, 2, 8, 3);
@@ -78,7 +78,7 @@ describe("hf_folder_equals_llama2c", () => {
   }
 });
 
-describe("hf_chat_template_files", () => {
+describe("hf chat template files", () => {
   const template = async (dir: string) => (await loadTokenizerFor({ modelPath: dir })).chatTemplate;
   const tokenizerConfig = (dir: string, cfg: Record<string, unknown>) => writeFileSync(join(dir, "tokenizer_config.json"), JSON.stringify(cfg));
 

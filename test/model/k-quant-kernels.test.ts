@@ -5,6 +5,8 @@ import { kBlockBytes } from "../../src/model/compute/k-quants.ts";
 import { MatmulKernel, matmulRef } from "../../src/model/compute/matmul.ts";
 import { castMatrix, dequantize, type PackedMatrix } from "../../src/model/compute/packed.ts";
 import { toFloat32 } from "../../src/model/load/raw-tensor.ts";
+import { readFileSync } from "node:fs";
+import binaryen from "assemblyscript/binaryen";
 import { bits } from "./helpers.ts";
 import { blockScale, expectRowsAlone, expectWithinXQuantization, randomBytes } from "./quant-helpers.ts";
 
@@ -169,4 +171,64 @@ describe("K-quant integer kernels", () => {
       expect(() => kernel([w], 256)).toThrow(new RegExp(`${dt} block ${dt === "q6_k" ? 3 : 7} has an inf or NaN scale`));
     });
   }
+});
+
+/**
+ * A d x n matrix whose every weight is at its type's maximum (q4_k 15, q5_k 31, q6_k 63; 6-bit
+ * scales and mins 63, q6_k's int8 scales `q6Scale`) or, with `zero`, at 0: the extremes THE
+ * RELAXED DOT (kquants.ts) allows.
+ */
+function extremeBlocks(dtype: KType, d: number, n: number, zero: boolean, q6Scale: number): PackedMatrix {
+  const w = randomBlocks(dtype, d, n, 1);
+  const bb = kBlockBytes(dtype);
+  const v = zero ? 0 : 0xff;
+  for (let at = 0; at < w.bytes.length; at += bb) {
+    if (dtype === "q6_k") {
+      w.bytes.fill(v, at, at + 192);
+      w.bytes.fill(q6Scale & 0xff, at + 192, at + 208);
+    } else w.bytes.fill(v, at + 4, at + bb);
+  }
+  return w;
+}
+
+describe("the relaxed dot's condition (kquants.ts, THE RELAXED DOT)", () => {
+  for (const dt of TYPES) {
+    test(`${dt}: weights and x at the extremes the condition allows give the reference bits`, () => {
+      // x at +-127 everywhere against weights at their maximum fills each i16 lane to its bound
+      // (q4_k 30480, q5_k 31496, q6_k 32004): one more pair before widening would wrap.
+      const n = 512;
+      const d = 16;
+      const xs: [string, (i: number) => number][] = [
+        ["x +127", () => 1],
+        ["x -127", () => -1],
+        ["x +-127 by pair", (i) => ((i >> 1) & 1 ? -1 : 1)],
+        ["x +-127 at random", (i) => (Math.sin(i * 12.9898) > 0 ? 1 : -1)],
+      ];
+      for (const [wname, w] of [
+        ["max", extremeBlocks(dt, d, n, false, 127)],
+        ["max, scale -128", extremeBlocks(dt, d, n, false, -128)],
+        ["zero", extremeBlocks(dt, d, n, true, 127)],
+      ] as const) {
+        const k = kernel([w], n);
+        for (const [xname, f] of xs) {
+          for (const rows of [1, 4, 5]) {
+            const x = new Float32Array(rows * n).map((_, i) => f(i));
+            const y = new Float32Array(rows * d);
+            k.matmul(y, x, w, 0, rows, n, d);
+            expect([wname, xname, rows, bits(y)]).toEqual([wname, xname, rows, ref(x, w, 0, rows, n, d)]);
+          }
+        }
+      }
+    });
+  }
+
+  test("the kernel module validates, and its one relaxed instruction is i16x8.relaxed_dot_i8x16_i7x16_s", () => {
+    const bytes = readFileSync(new URL("../../src/model/compute/kernels/kernels.wasm", import.meta.url));
+    expect(WebAssembly.validate(bytes)).toBe(true);
+    const m = binaryen.readBinary(new Uint8Array(bytes));
+    const text = m.emitText();
+    m.dispose();
+    const relaxed = new Set(text.match(/[a-z0-9x]+\.relaxed_[a-z0-9_]+/g) ?? []);
+    expect([...relaxed]).toEqual(["i16x8.relaxed_dot_i8x16_i7x16_s"]);
+  });
 });

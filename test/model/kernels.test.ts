@@ -41,12 +41,12 @@ function checkAgainstRef(w: PackedMatrix | Float32Array, n: number, d: number): 
 }
 
 describe("kernels", () => {
-  test("f16_kernel_equals_reference_on_dequantized_weights", () => {
+  test("f16 kernel equals reference on dequantized weights", () => {
     // Every n % 4 tail (the scalar f16 conversion), every strip remainder.
     for (const n of [1, 3, 4, 37, 64]) for (const d of [1, 7, 9, 17]) checkAgainstRef(f16Matrix(d, n, n * 31 + d), n, d);
   });
 
-  test("f16_conversion_is_exact_for_every_finite_pattern", () => {
+  test("f16 conversion is exact for every finite pattern", () => {
     // One-hot x picks single weights out: the vector path (n = 4) and the scalar tail (n = 3).
     const finite = Array.from({ length: 65536 }, (_, h) => h).filter((h) => (h & 0x7c00) !== 0x7c00);
     const lut = new Float32Array(new Float16Array(Uint16Array.from(finite).buffer));
@@ -66,7 +66,7 @@ describe("kernels", () => {
     }
   });
 
-  test("f16_conversion_in_whole_groups_is_exact_for_every_finite_pattern_at_batch_1", () => {
+  test("f16 conversion in whole groups is exact for every finite pattern at batch 1", () => {
     // n = 8: every weight in a whole group. One token row at a time, x one-hot at j: x = 1 takes
     // the kernel on x scaled by 2^112, x = 2^16 the one on plain x (y = w * 2^16, still exact).
     const finite = Array.from({ length: 65536 }, (_, h) => h).filter((h) => (h & 0x7c00) !== 0x7c00);
@@ -90,13 +90,13 @@ describe("kernels", () => {
     }
   });
 
-  test("f16_inf_or_nan_weights_are_refused", () => {
+  test("f16 inf or nan weights are refused", () => {
     const u = new Uint16Array([0x3c00, 0x7c00, 0, 0]);
     const w: PackedMatrix = { dtype: "f16", cols: 4, length: 4, bytes: new Uint8Array(u.buffer) };
     expect(() => new MatmulKernel([w])).toThrow(/f16 weight 1 is inf or NaN/);
   });
 
-  test("bf16_kernel_equals_reference_on_dequantized_weights", () => {
+  test("bf16 kernel equals reference on dequantized weights", () => {
     for (const n of [3, 4, 37, 64]) {
       for (const d of [1, 9, 17]) {
         const f = new Float32Array(d * n).map((_, i) => Math.sin(i * 1.3) * 10 ** ((i % 9) - 4));
@@ -107,7 +107,7 @@ describe("kernels", () => {
     }
   });
 
-  test("q8_0_kernel_equals_its_integer_reference", () => {
+  test("q8 0 kernel equals its integer reference", () => {
     for (const n of [32, 64, 96, 288]) {
       for (const d of [1, 8, 9, 17]) {
         const f = new Float32Array(d * n).map((_, i) => Math.sin(i * 0.7) * (1 + (i % 5)));
@@ -118,7 +118,7 @@ describe("kernels", () => {
     }
   });
 
-  test("f32_kernel_equals_reference", () => {
+  test("f32 kernel equals reference", () => {
     for (const n of [5, 32, 288])
       for (const d of [3, 16, 33])
         checkAgainstRef(
@@ -128,7 +128,7 @@ describe("kernels", () => {
         );
   });
 
-  test("q8_0_layout_is_ggml_block", () => {
+  test("q8 0 layout is ggml block", () => {
     // One block: the f16 scale max|x| / 127 first, then round(x / scale) as int8.
     const x = new Float32Array(32).map((_, i) => (i - 10) * 0.5);
     const m = castMatrix(x, "q8_0", 32) as PackedMatrix;
@@ -145,11 +145,11 @@ describe("kernels", () => {
     for (let j = 0; j < 32; j++) expect(Math.abs(back[j]! - x[j]!)).toBeLessThanOrEqual(scale / 2 + 1e-6);
   });
 
-  test("q8_0_rejects_rows_that_are_not_whole_blocks", () => {
+  test("q8 0 rejects rows that are not whole blocks", () => {
     expect(() => castMatrix(new Float32Array(40), "q8_0", 40)).toThrow(/whole blocks of 32/);
   });
 
-  test("f16_and_bf16_round_to_nearest_even", () => {
+  test("f16 and bf16 round to nearest even", () => {
     const x = new Float32Array([1 + 2 ** -11, 1 + 3 * 2 ** -11, 1 + 2 ** -8, 1 + 3 * 2 ** -8, -0, 65504]);
     const h = dequantize(castMatrix(x, "f16", 1) as PackedMatrix);
     expect([...h]).toEqual([1, 1 + 2 ** -9, 1 + 2 ** -8, 1 + 3 * 2 ** -8, -0, 65504]);
@@ -159,7 +159,7 @@ describe("kernels", () => {
 });
 
 describe("packed weights in the transformer", () => {
-  test("packed_model_equals_f32_model_of_its_dequantized_weights_and_q8_0_is_near_it", () => {
+  test("packed model equals f32 model of its dequantized weights and q8 0 is near it", () => {
     // TINY's rows (32, 64) are whole q8_0 blocks; a shared classifier stays shared when packed.
     for (const dtype of ["f16", "bf16", "q8_0"] as const) {
       for (const shared of [false, true]) {
@@ -185,7 +185,7 @@ describe("packed weights in the transformer", () => {
 });
 
 describe("kernel module", () => {
-  test("static_data_stays_inside_the_reserved_bytes", () => {
+  test("static data stays inside the reserved bytes", () => {
     // Every instantiation (each helper thread's too) writes the data segments into the shared
     // memory: they must end before the first placed weight.
     const b = Uint8Array.from(atob(KERNELS_WASM_BASE64), (c) => c.charCodeAt(0));

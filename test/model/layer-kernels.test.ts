@@ -1,5 +1,6 @@
 import { describe, expect, test } from "bun:test";
 import { expF32, swigluF32 } from "../../src/model/compute/f32-math.ts";
+import { ATTEND_JOB } from "../../src/model/compute/kernel-exports.ts";
 import { MatmulKernel } from "../../src/model/compute/matmul.ts";
 import { bits } from "./helpers.ts";
 
@@ -25,7 +26,7 @@ function f32(values: ArrayLike<number>): Float32Array {
 }
 
 describe("f32 -> f16 (K/V into the cache)", () => {
-  test("to_f16_rounds_as_float16array", () => {
+  test("to f16 rounds as float16array", () => {
     // Every f16 value, its f32 neighbours, and the midpoints to the next value and theirs: every
     // rounding boundary, ties included; then random patterns and the edges.
     const edges: number[] = [0, -0, Infinity, -Infinity, NaN, 65504, 65519.996, 65520, 65536, 1e9, 2 ** -24, 2 ** -25, 2 ** -26, 3 * 2 ** -26];
@@ -83,7 +84,7 @@ describe("f32 -> f16 (K/V into the cache)", () => {
 });
 
 describe("rmsnorm", () => {
-  test("rmsnorm_kernel_equals_js_of_the_same_order_for_every_row_count", () => {
+  test("rmsnorm kernel equals js of the same order for every row count", () => {
     // Rows go four at a time (two f64x2 chains), then two, then one, and each row's elements four
     // at a time, then its tail: every count 1..9 and widths with and without a tail against JS in
     // f64 with one rounding to f32 (transformer.ts's fallback), rows of very different scales so
@@ -113,7 +114,7 @@ describe("rmsnorm", () => {
 });
 
 describe("rope", () => {
-  test("rope_kernel_equals_js_of_the_same_order_for_every_row_count_and_head_size", () => {
+  test("rope kernel equals js of the same order for every row count and head size", () => {
     // Heads of hd % 4 == 0 go two pairs at a time in f64x2, others a pair at a time: both against
     // transformer.ts's JS (f64 a c - b s, a s + b c, one rounding to f32), rows 1..9 at scattered
     // positions, q wider than k (grouped heads).
@@ -158,7 +159,7 @@ describe("rope", () => {
 });
 
 describe("exp and swiglu", () => {
-  test("swiglu_kernel_equals_js_of_the_same_order", () => {
+  test("swiglu kernel equals js of the same order", () => {
     // a over the whole range exp sees (both clamps, NaN, inf), by a sweep and random patterns; an
     // odd length for the scalar tail.
     const n = 300001;
@@ -180,7 +181,7 @@ describe("exp and swiglu", () => {
     }
   });
 
-  test("exp_is_within_three_ulp_and_clamps", () => {
+  test("exp is within three ulp and clamps", () => {
     const ulp = (x: number) => {
       const a = new Float32Array([x]);
       const u = new Uint32Array(a.buffer);
@@ -198,7 +199,7 @@ describe("exp and swiglu", () => {
     expect(expF32(NaN)).toBeNaN();
   });
 
-  test("add_into_is_one_f32_add", () => {
+  test("add into is one f32 add", () => {
     const a = randomBits(1001, 3);
     const b = randomBits(1001, 4);
     const x = f32(a);
@@ -304,7 +305,25 @@ function checkAttend(
   const stride = attStride ?? (n + 3) & ~3;
   const att = mk.alloc(4 * nKv * stride);
   const lin = mk.alloc(2 * stride * hd);
-  ex.attend(mk.addressOf(out), mk.addressOf(q), mk.addressOf(table), 0, mk.addressOf(att), stride, mk.addressOf(lin), firstPos, nr, B, nKv, kvMul, hd, qStride);
+  const job = mk.allocInts(Object.keys(ATTEND_JOB).length);
+  const fields: Record<keyof typeof ATTEND_JOB, number> = {
+    out: mk.addressOf(out),
+    q: mk.addressOf(q),
+    table: mk.addressOf(table),
+    layerOff: 0,
+    att: mk.addressOf(att),
+    attStride: stride,
+    lin: mk.addressOf(lin),
+    firstPos,
+    nr,
+    B,
+    nKv,
+    kvMul,
+    hd,
+    qStride,
+  };
+  for (const [k, slot] of Object.entries(ATTEND_JOB)) job[slot] = fields[k as keyof typeof ATTEND_JOB];
+  ex.attend(mk.addressOf(job));
   const want = attendRef(qv, kvBits, firstPos, nr, B, blockElems, nKv, kvMul, hd, qStride);
   for (let j = 0; j < nr; j++) {
     const row = (a: Float32Array) => bits(a.subarray(j * qStride, j * qStride + nKv * kvMul * hd));
@@ -313,7 +332,7 @@ function checkAttend(
 }
 
 describe("attention kernel", () => {
-  test("attend_equals_js_of_the_same_order", () => {
+  test("attend equals js of the same order", () => {
     // MHA, GQA by 2, 3 and 4, MQA; head dims with and without a tail; prefill tiles of every
     // remainder, from the start and after a cached prefix.
     const shapes = [
@@ -338,7 +357,7 @@ describe("attention kernel", () => {
     }
   });
 
-  test("decode_attention_on_the_scaled_query_and_its_fallback_equal_js", () => {
+  test("decode attention on the scaled query and its fallback equal js", () => {
     // Streamed decode (fewer than four queries per KV head) with room for the query scaled by
     // 2^112: head dims of whole eights, of a last four, with a tail; lengths that leave 1..3
     // positions past the fours of a block; a query element of 2^16 or more takes the

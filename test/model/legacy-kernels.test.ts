@@ -82,7 +82,7 @@ describe("legacy block integer kernels", () => {
         ["ties", (x) => x.set([127, 0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 3.5], 0)],
         ["a NaN", (x) => (x[40] = Number.NaN)],
         ["huge values", (x) => x.fill(3e38, 0, 16)],
-        // q saturates to i16 (the sums and offsets then run far from 127): still exact integers.
+        // 1 / s overflows: q clamps to +-127 (0 * inf is NaN, so 0), as kquants.ts's x.
         ["a scale whose inverse overflows", (x) => (x.fill(1e-37, 0, 32), (x[5] = 0), (x[6] = -5e-38))],
       ];
       for (const [name, edit] of cases) {
@@ -118,6 +118,34 @@ describe("legacy block integer kernels", () => {
       const y = new Float32Array(2 * d);
       k.matmul(y, x, w, 0, 2, n, d);
       expectWithinXQuantization(y, x, wf, 2, n, d, 32);
+    });
+  }
+});
+
+describe("the relaxed dot's condition in the legacy kernels (kquants.ts, THE RELAXED DOT)", () => {
+  for (const dt of LEGACY_DTYPES) {
+    test(`${dt}: weights and x at the extremes the condition allows give the reference bits`, () => {
+      // Every weight at 15 (31 with the fifth bit) or 0, x at +-127: each i16 lane filled to its bound.
+      const n = 128;
+      const d = 16;
+      const { bytes: bb, min } = legacyShape(dt);
+      for (const v of [0xff, 0]) {
+        const w = randomBlocks(dt, d, n, 5);
+        for (let at = 0; at < w.bytes.length; at += bb) w.bytes.fill(v, at + (min ? 4 : 2), at + bb);
+        const k = kernel([w], n);
+        for (const [xname, f] of [
+          ["x +127", () => 1],
+          ["x -127", () => -1],
+          ["x +-127 at random", (i: number) => (Math.sin(i * 12.9898) > 0 ? 1 : -1)],
+        ] as const) {
+          for (const rows of [1, 4, 5]) {
+            const x = new Float32Array(rows * n).map((_, i) => f(i));
+            const y = new Float32Array(rows * d);
+            k.matmul(y, x, w, 0, rows, n, d);
+            expect([v, xname, rows, bits(y)]).toEqual([v, xname, rows, ref(x, w, 0, rows, n, d)]);
+          }
+        }
+      }
     });
   }
 });

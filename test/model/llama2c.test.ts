@@ -36,7 +36,7 @@ describe("llama2c checkpoint", () => {
     });
   }
 
-  test("checkpoint_rejects_wrong_length", () => {
+  test("checkpoint rejects wrong length", () => {
     const cfg = { ...TINY, maxSeqLen: 8 };
     const path = join(dir, "short.bin");
     writeLlama2cCheckpoint(path, cfg, syntheticWeights(cfg, 1), false);
@@ -77,7 +77,7 @@ describe("llama2c tokenizer", () => {
   ]);
   const id = (piece: string): number => entries.findIndex((e) => e.piece === piece);
 
-  test("tokenizer_bin_exact_bytes", () => {
+  test("tokenizer bin exact bytes", () => {
     const bytes = encodeLlama2cTokenizer([
       { piece: "a", score: 1.5 },
       { piece: "é", score: -2 },
@@ -85,7 +85,7 @@ describe("llama2c tokenizer", () => {
     expect(Array.from(bytes)).toEqual([2, 0, 0, 0 /* max_token_length */, 0, 0, 0xc0, 0x3f, 1, 0, 0, 0, 0x61, 0, 0, 0, 0xc0, 2, 0, 0, 0, 0xc3, 0xa9]);
   });
 
-  test("tokenizer_bin_round_trip", () => {
+  test("tokenizer bin round trip", () => {
     const path = join(dir, "tokenizer.bin");
     writeLlama2cTokenizer(path, entries);
     const tok = loadLlama2cTokenizer(path);
@@ -99,7 +99,7 @@ describe("llama2c tokenizer", () => {
     expect(() => loadLlama2cTokenizer(path)).toThrow(/truncated|length/);
   });
 
-  test("bpe_encode_merges_by_best_score", () => {
+  test("bpe encode merges by best score", () => {
     const path = join(dir, "tok2.bin");
     writeLlama2cTokenizer(path, entries);
     const tok = loadLlama2cTokenizer(path);
@@ -115,7 +115,7 @@ describe("llama2c tokenizer", () => {
     expect(tok.decode(tok.encode("abc cab aé"))).toBe("abc cab aé");
   });
 
-  test("bpe_decode_strips_space_after_bos_and_stitches_bytes", () => {
+  test("bpe decode strips space after bos and stitches bytes", () => {
     const tok = loadLlama2cTokenizerFrom(entries);
     expect(tok.decodeToken(id(" ab"), 1)).toBe("ab");
     expect(tok.decodeToken(id(" ab"), id("a"))).toBe(" ab");

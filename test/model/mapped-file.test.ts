@@ -12,7 +12,7 @@ const dir = mkdtempSync(join(tmpdir(), "tl-mapped-"));
 afterAll(() => rmSync(dir, { recursive: true, force: true }));
 
 describe("mapped files", () => {
-  test("copy_bytes_of_a_mapped_view_reads_the_file_and_equals_a_plain_copy", () => {
+  test("copy bytes of a mapped view reads the file and equals a plain copy", () => {
     const data = Uint8Array.from({ length: 300001 }, (_, i) => (i * 131 + 7) & 255);
     const path = join(dir, "t.bin");
     writeFileSync(path, data);
@@ -32,7 +32,7 @@ describe("mapped files", () => {
     expect(Array.from(mem.subarray(1, 46))).toEqual(Array.from(plain));
   });
 
-  test("copy_bytes_reads_the_mapped_file_even_after_its_path_is_replaced", () => {
+  test("copy bytes reads the mapped file even after its path is replaced", () => {
     const path = join(dir, "r.bin");
     writeFileSync(
       path,

@@ -1,7 +1,16 @@
 // The model on its own thread: the same logits and the same K/V bits as the Transformer in this
 // thread, over a KV slab both threads share; failures fail the forward, never hang it.
 import { afterAll, describe, expect, test } from "bun:test";
-import { kvShapeOf, loadSyntheticModel, ModelWorker, prevToken, type SeqChunk, SYNTHETIC_MODEL_NAME, Transformer } from "../../src/model/index.ts";
+import {
+  kvShapeOf,
+  loadSyntheticModel,
+  ModelWorker,
+  prevToken,
+  type RowSampling,
+  type SeqChunk,
+  SYNTHETIC_MODEL_NAME,
+  Transformer,
+} from "../../src/model/index.ts";
 import { KvPool } from "../../src/pool/index.ts";
 import { newReadPlan, planInts, readPlan, writePlan } from "../../src/model/thread/model-worker-protocol.ts";
 import { sample, stream } from "../../src/rng/index.ts";
@@ -23,6 +32,21 @@ async function start(threads = 1): Promise<ModelWorker> {
   return w;
 }
 
+/**
+ * One forward through ModelWorker.post, as a promise of the rows' sampled tokens (-1 where the
+ * thread sampled none). Several may be in flight, ending in the order posted.
+ */
+function forward(
+  w: ModelWorker,
+  pool: KvPool,
+  batch: readonly SeqChunk[],
+  out: Float32Array,
+  sampling?: readonly (RowSampling | null)[],
+  lazy = false,
+): Promise<Int32Array> {
+  return new Promise<Int32Array>((resolve, reject) => w.post(pool, batch, out, sampling, lazy, (sampled, e) => (e ? reject(e) : resolve(sampled!))));
+}
+
 const prompt = Array.from({ length: 37 }, (_, i) => 32 + ((i * 7) % 90));
 
 /**
@@ -34,7 +58,7 @@ async function expectSameSteps(w: ModelWorker, theirs: KvPool, mine: KvPool, ste
     const want = new Float32Array(batch.length * m.cfg.vocabSize);
     local.forward(mine, batch, want);
     const got = w.logitsBuffer(batch.length);
-    await w.forward(theirs, batch, got);
+    await forward(w, theirs, batch, got);
     expect(got.subarray(0, want.length)).toEqual(want);
   }
   expect(Buffer.from(theirs.bytes).equals(Buffer.from(mine.bytes))).toBe(true);
@@ -63,7 +87,7 @@ describe("ModelWorker", () => {
     // A caller's own logits buffer is filled too.
     const own = new Float32Array(V);
     const next = [{ blockTable: tables[0]!, startPos: 31, tokens: [5] }];
-    await w.forward(theirs, next, own);
+    await forward(w, theirs, next, own);
     local.forward(mine, next, want);
     expect(own).toEqual(want.subarray(0, V));
     // A bigger batch than any before grows the plan and logits buffers between two forwards.
@@ -71,7 +95,7 @@ describe("ModelWorker", () => {
     const more = new Float32Array(3 * V);
     local.forward(mine, wider, more);
     const got = w.logitsBuffer(3);
-    await w.forward(theirs, wider, got);
+    await forward(w, theirs, wider, got);
     expect(got.subarray(0, 3 * V)).toEqual(more);
   });
 
@@ -107,7 +131,7 @@ describe("ModelWorker", () => {
       turns++;
       setImmediate(tick);
     };
-    const f = w.forward(pool, [{ blockTable: table, startPos: 0, tokens: long }], w.logitsBuffer(1)).then(() => {
+    const f = forward(w, pool, [{ blockTable: table, startPos: 0, tokens: long }], w.logitsBuffer(1)).then(() => {
       settled = true;
     });
     setImmediate(tick);
@@ -130,13 +154,13 @@ describe("ModelWorker", () => {
     const local1 = new Float32Array(2 * V);
     const argmax = (l: Float32Array, r: number) => sample(l.subarray(r * V, (r + 1) * V), { temperature: 0, topP: 1, topK: 0 }, null);
     let batch = tables.map((t, i) => ({ blockTable: t, startPos: 0, tokens: prompt.slice(0, 20 + i) }));
-    let pending = w.forwardPipelined(theirs, batch, w.logitsBuffer(2), [G, null]);
+    let pending = forward(w, theirs, batch, w.logitsBuffer(2), [G, null]);
     for (let step = 1; step < 6; step++) {
       local.forward(mine, batch, local1);
       const tokens = [argmax(local1, 0), argmax(local1, 1)];
       // Posted before the step before settles: row 0 names its token, row 1 carries the caller's.
       batch = tables.map((t, i) => ({ blockTable: t, startPos: 20 + i + step - 1, tokens: [i === 0 ? prevToken(0) : tokens[1]!] }));
-      const next = w.forwardPipelined(theirs, batch, w.logitsBuffer(2), [G, G]);
+      const next = forward(w, theirs, batch, w.logitsBuffer(2), [G, G]);
       expect(Array.from(await pending)).toEqual(step === 1 ? [tokens[0]!, -1] : tokens);
       pending = next;
       batch[0]!.tokens = [tokens[0]!];
@@ -152,9 +176,9 @@ describe("ModelWorker", () => {
     const long = Array.from({ length: 800 }, (_, i) => 32 + (i % 90));
     const table = Array.from({ length: 100 }, (_, i) => i + 2);
     for (const lazy of [true, false]) {
-      const a = w.forwardPipelined(pool, [{ blockTable: [0], startPos: 0, tokens: [65] }], w.logitsBuffer(1), [G], lazy);
-      const b = w.forwardPipelined(pool, [{ blockTable: table, startPos: 0, tokens: long }], w.logitsBuffer(1), [G]);
-      const c = w.forwardPipelined(pool, [{ blockTable: [1], startPos: 0, tokens: [66] }], w.logitsBuffer(1), [G]);
+      const a = forward(w, pool, [{ blockTable: [0], startPos: 0, tokens: [65] }], w.logitsBuffer(1), [G], lazy);
+      const b = forward(w, pool, [{ blockTable: table, startPos: 0, tokens: long }], w.logitsBuffer(1), [G]);
+      const c = forward(w, pool, [{ blockTable: [1], startPos: 0, tokens: [66] }], w.logitsBuffer(1), [G]);
       await a;
       // b is an 800-token prefill: only a lazy a waits for its end.
       const first = await Promise.race([b.then(() => "b"), Bun.sleep(0).then(() => "a alone")]);
@@ -167,11 +191,11 @@ describe("ModelWorker", () => {
     const w = await start();
     const pool = new KvPool(kvShapeOf(m.cfg, 8), 4, { shared: true });
     // A good greedy step first, so what the failed one's successor must not read is there to read.
-    await w.forwardPipelined(pool, [{ blockTable: [0], startPos: 0, tokens: [65] }], w.logitsBuffer(1), [G]);
-    const bad = w.forwardPipelined(pool, [{ blockTable: [0], startPos: 1, tokens: [9999] }], w.logitsBuffer(1), [G]);
-    const next = w.forwardPipelined(pool, [{ blockTable: [0], startPos: 1, tokens: [prevToken(0)] }], w.logitsBuffer(1), [G]);
+    await forward(w, pool, [{ blockTable: [0], startPos: 0, tokens: [65] }], w.logitsBuffer(1), [G]);
+    const bad = forward(w, pool, [{ blockTable: [0], startPos: 1, tokens: [9999] }], w.logitsBuffer(1), [G]);
+    const next = forward(w, pool, [{ blockTable: [0], startPos: 1, tokens: [prevToken(0)] }], w.logitsBuffer(1), [G]);
     const errors = Promise.all([bad.catch((e: Error) => e.message), next.catch((e: Error) => e.message)]);
-    const filler = () => w.forwardPipelined(pool, [{ blockTable: [1], startPos: 0, tokens: [65] }], w.logitsBuffer(1));
+    const filler = () => forward(w, pool, [{ blockTable: [1], startPos: 0, tokens: [65] }], w.logitsBuffer(1));
     const fillers = [filler(), filler()];
     expect(filler).toThrow(/4 forwards already in flight/);
     await Promise.all(fillers);
@@ -179,8 +203,8 @@ describe("ModelWorker", () => {
     expect(badError).toMatch(/token 9999 outside vocab 258/);
     expect(nextError).toMatch(/row 0's token of a step that failed/);
     // Row 0 was not sampled here: naming its token is refused.
-    await w.forwardPipelined(pool, [{ blockTable: [0], startPos: 0, tokens: [65] }], w.logitsBuffer(1), [null]);
-    await expect(w.forwardPipelined(pool, [{ blockTable: [0], startPos: 1, tokens: [prevToken(0)] }], w.logitsBuffer(1))).rejects.toThrow(/sampled none there/);
+    await forward(w, pool, [{ blockTable: [0], startPos: 0, tokens: [65] }], w.logitsBuffer(1), [null]);
+    await expect(forward(w, pool, [{ blockTable: [0], startPos: 1, tokens: [prevToken(0)] }], w.logitsBuffer(1))).rejects.toThrow(/sampled none there/);
   });
 
   test("post: a forward's end may post the next one, which the same watch waits for; on a closed thread the end comes at once", async () => {
@@ -220,14 +244,14 @@ describe("ModelWorker", () => {
     const w = await start();
     const pool = new KvPool(kvShapeOf(m.cfg, 8), 4, { shared: true });
     const out = w.logitsBuffer(1);
-    await expect(w.forward(pool, [{ blockTable: [0], startPos: 0, tokens: [9999] }], out)).rejects.toThrow(/token 9999 outside vocab 258/);
-    await w.forward(pool, [{ blockTable: [0], startPos: 0, tokens: [65] }], out);
+    await expect(forward(w, pool, [{ blockTable: [0], startPos: 0, tokens: [9999] }], out)).rejects.toThrow(/token 9999 outside vocab 258/);
+    await forward(w, pool, [{ blockTable: [0], startPos: 0, tokens: [65] }], out);
     expect(Number.isFinite(out[0]!)).toBe(true);
   });
 
   test("a private slab is refused with what to do", async () => {
     const w = await start();
-    expect(() => w.forward(new KvPool(kvShapeOf(m.cfg, 8), 4), [{ blockTable: [0], startPos: 0, tokens: [65] }], w.logitsBuffer(1))).toThrow(
+    expect(() => forward(w, new KvPool(kvShapeOf(m.cfg, 8), 4), [{ blockTable: [0], startPos: 0, tokens: [65] }], w.logitsBuffer(1))).toThrow(
       /slab must be shared/,
     );
   });
@@ -237,10 +261,10 @@ describe("ModelWorker", () => {
     const pool = new KvPool(kvShapeOf(m.cfg, 8), 40, { shared: true });
     const long = Array.from({ length: 250 }, (_, i) => 32 + (i % 90));
     const table = Array.from({ length: 32 }, (_, i) => i);
-    const inFlight = w.forward(pool, [{ blockTable: table, startPos: 0, tokens: long }], w.logitsBuffer(1));
+    const inFlight = forward(w, pool, [{ blockTable: table, startPos: 0, tokens: long }], w.logitsBuffer(1));
     w.close();
     await expect(inFlight).rejects.toThrow(/model worker died: closed/);
-    await expect(w.forward(pool, [{ blockTable: [0], startPos: 0, tokens: [65] }], w.logitsBuffer(1))).rejects.toThrow(/model worker died/);
+    await expect(forward(w, pool, [{ blockTable: [0], startPos: 0, tokens: [65] }], w.logitsBuffer(1))).rejects.toThrow(/model worker died/);
   });
 
   test("a thread that dies mid-forward fails it at once", async () => {
@@ -248,7 +272,7 @@ describe("ModelWorker", () => {
     const pool = new KvPool(kvShapeOf(m.cfg, 8), 40, { shared: true });
     const long = Array.from({ length: 250 }, (_, i) => 32 + (i % 90));
     const table = Array.from({ length: 32 }, (_, i) => i);
-    const inFlight = w.forward(pool, [{ blockTable: table, startPos: 0, tokens: long }], w.logitsBuffer(1));
+    const inFlight = forward(w, pool, [{ blockTable: table, startPos: 0, tokens: long }], w.logitsBuffer(1));
     // As a crash would: the thread goes away without a word.
     (w as unknown as { worker: Worker }).worker.terminate();
     await expect(inFlight).rejects.toThrow(/model worker died: thread exited/);

@@ -42,7 +42,7 @@ function packedBytes(w: Weights<Matrix>, k: (typeof MATRICES)[number]): Uint8Arr
   return m.bytes;
 }
 
-describe("weights_kept_in_their_stored_dtype", () => {
+describe("weights kept in their stored dtype", () => {
   for (const c of CASES) {
     test(`${c.name}: packed straight from the file = f32 then packed, bytes and logits bit for bit`, () => {
       const path = tmp.path(c.name);

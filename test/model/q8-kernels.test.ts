@@ -35,7 +35,7 @@ function ref(x: Float32Array, w: PackedMatrix, wOff: number, rows: number, n: nu
 }
 
 describe("q8_0 integer kernel", () => {
-  test("matmul_ref_of_a_q8_0_matrix_is_the_integer_order", () => {
+  test("matmul ref of a q8 0 matrix is the integer order", () => {
     // The fallback (matmulRef) and the kernel's oracle are one function; the integer order is not
     // the f32 one on the dequantized copy, but near it.
     const n = 96;
@@ -50,7 +50,7 @@ describe("q8_0 integer kernel", () => {
     for (let i = 0; i < f.length; i++) expect(Math.abs(f[i]! - y[i]!)).toBeLessThan(0.02 * Math.max(...f.map(Math.abs)));
   });
 
-  test("x_quantization_edges_give_the_reference_bits", () => {
+  test("x quantization edges give the reference bits", () => {
     const n = 64;
     const w = weights(24, n, 3);
     const k = kernel([w], n);
@@ -78,7 +78,7 @@ describe("q8_0 integer kernel", () => {
     }
   });
 
-  test("every_tile_tail_and_slice_equals_reference", () => {
+  test("every tile tail and slice equals reference", () => {
     for (const n of [32, 64, 288]) {
       // 37 rows: four whole strips and a padded fifth.
       const w = weights(37, n, n);
@@ -101,7 +101,7 @@ describe("q8_0 integer kernel", () => {
     }
   });
 
-  test("a_row_gives_the_same_bits_alone_and_in_any_batch", () => {
+  test("a row gives the same bits alone and in any batch", () => {
     // Prefill (many rows, the 4x4 tiles) and decode (one row, the strip) of one token must agree.
     const n = 96;
     const w = weights(40, n, 5);
@@ -124,7 +124,7 @@ describe("q8_0 integer kernel", () => {
     }
   });
 
-  test("a_prefill_sized_batch_gives_each_row_its_decode_bits", () => {
+  test("a prefill sized batch gives each row its decode bits", () => {
     // 8x2 tiles over 117 rows (the odd one by strip8), against the reference and each row alone.
     const n = 288;
     const rows = 117;
@@ -143,7 +143,7 @@ describe("q8_0 integer kernel", () => {
     }
   });
 
-  test("four_token_tiles_and_their_leftovers_give_each_row_its_reference_and_decode_bits", () => {
+  test("four token tiles and their leftovers give each row its reference and decode bits", () => {
     // 8x4 tiles, then 8x2, then strip8: every count of rows 1..9 and 17, whole and padded strips.
     for (const n of [64, 288]) {
       const w = weights(8 * 3 + 5, n, n + 1);
@@ -167,7 +167,7 @@ describe("q8_0 integer kernel", () => {
     }
   });
 
-  test("jobs_sharing_an_x_in_one_dispatch_and_jobs_with_their_own_on_any_thread_count", async () => {
+  test("jobs sharing an x in one dispatch and jobs with their own on any thread count", async () => {
     // q, k, v share x (quantized once); a fourth job has its own x of the same shape.
     const n = 96;
     const ws = [0, 1, 2, 3].map((i) => weights(8 * 40 + 3, n, i));

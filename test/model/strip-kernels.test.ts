@@ -43,7 +43,7 @@ const NS: Partial<Record<DType, number[]>> = {
 
 describe("strip kernels", () => {
   for (const dt of ["f32", "f16", "bf16", "q8_0", "q4_k", "q5_k", "q6_k"] as const) {
-    test(`${dt}_every_tile_and_slice_equals_reference`, () => {
+    test(`${dt} every tile and slice equals reference`, () => {
       for (const n of NS[dt]!) {
         // 29 rows: three whole strips and a padded fourth.
         const w = weights(dt, 29, n, n);
@@ -68,7 +68,7 @@ describe("strip kernels", () => {
     });
   }
 
-  test("f16_batch_1_takes_the_exact_path_for_large_or_non_finite_x", () => {
+  test("f16 batch 1 takes the exact path for large or non-finite x", () => {
     // Scaling x by 2^112 would overflow past 2^16: those calls must still give matmulRef's bits.
     const n = 24;
     const w = weights("f16", 16, n, 2);
@@ -92,7 +92,7 @@ describe("strip kernels", () => {
 });
 
 describe("placed matrices", () => {
-  test("row_into_reads_every_row_of_the_strips_exactly", () => {
+  test("row into reads every row of the strips exactly", () => {
     // The embedding's lookup when the classifier shares it: every row, whole and in part.
     for (const dt of ["f32", "f16", "bf16", "q8_0", "q4_k", "q5_k", "q6_k"] as const) {
       for (const n of dt === "q8_0" ? [32, 64] : dt === "q4_k" || dt === "q5_k" || dt === "q6_k" ? [256, 512] : [4, 13, 40]) {
@@ -113,7 +113,7 @@ describe("placed matrices", () => {
     }
   });
 
-  test("row_into_gives_every_finite_f16_pattern_exactly", () => {
+  test("row into gives every finite f16 pattern exactly", () => {
     // Zeros of both signs, every subnormal and normal: as Float16Array reads them.
     const finite = Uint16Array.from({ length: 65536 }, (_, h) => h).filter((h) => (h & 0x7c00) !== 0x7c00);
     const n = 64;
@@ -127,7 +127,7 @@ describe("placed matrices", () => {
     expect(bits(got)).toEqual(bits(want));
   });
 
-  test("placing_refuses_inf_or_nan_16_bit_weights_and_q8_0_scales", () => {
+  test("placing refuses inf or nan 16 bit weights and q8 0 scales", () => {
     const u = new Uint16Array(16 * 8).fill(0x3c00);
     u[8 * 5 + 3] = 0x7e00;
     const f16: PackedMatrix = { dtype: "f16", cols: 8, length: u.length, bytes: new Uint8Array(u.buffer) };
@@ -152,7 +152,7 @@ describe("dispatch", () => {
     return ys.map((y) => bits(y));
   };
 
-  test("one_dispatch_of_several_matmuls_equals_each_alone_on_any_thread_count", async () => {
+  test("one dispatch of several matmuls equals each alone on any thread count", async () => {
     for (const rows of [1, 5]) {
       const x = input(rows, n, rows);
       const want = mats.map((w, j) => ref(x, w, (3 + j * 50) * n, rows, n, 400));
@@ -172,7 +172,7 @@ describe("dispatch", () => {
     }
   });
 
-  test("thousands_of_small_dispatches_back_to_back_all_finish_and_agree", async () => {
+  test("thousands of small dispatches back to back all finish and agree", async () => {
     // The helpers finish one dispatch while the caller writes the next, of another size: no
     // chunk may be taken twice or lost (either hangs the caller) and every dispatch gives the
     // same bits.
@@ -194,7 +194,7 @@ describe("dispatch", () => {
     }
   });
 
-  test("a_job_feeding_another_in_one_dispatch_is_refused", () => {
+  test("a job feeding another in one dispatch is refused", () => {
     const w = weights("f32", 16, 16, 0);
     const k = kernel([{ matrix: w, cols: 16 }]);
     const a = k.alloc(16);

@@ -5,7 +5,7 @@ import { StreamDecoder } from "../../src/tokenizer/index.ts";
 import { argmax, bits } from "./helpers.ts";
 
 describe("synthetic model", () => {
-  test("synthetic_model_shape_and_determinism", () => {
+  test("synthetic model shape and determinism", () => {
     const a = loadSyntheticModel();
     const b = loadSyntheticModel();
     expect(a.cfg).toMatchObject({ name: "tl-synthetic-4l", dim: 256, nLayers: 4, nHeads: 8, nKvHeads: 4, vocabSize: 258, maxSeqLen: 2048 });
@@ -15,7 +15,7 @@ describe("synthetic model", () => {
     expect(bits(a.weights.wcls)).toEqual(bits(b.weights.wcls));
   });
 
-  test("synthetic_model_output_not_degenerate", () => {
+  test("synthetic model output not degenerate", () => {
     const { cfg, weights, tokenizer } = loadSyntheticModel();
     const m = new Transformer(cfg, weights);
     const pool = new KvPool(kvShapeOf(cfg, 16), 8);

@@ -55,7 +55,7 @@ function run(m: Transformer, together: boolean): number[][] {
 }
 
 describe("threads", () => {
-  test("logits_are_bit_identical_across_thread_counts_and_batches", async () => {
+  test("logits are bit identical across thread counts and batches", async () => {
     const want = run(model(1), false);
     for (const threads of [1, 2, 3]) {
       const m = model(threads);
@@ -70,7 +70,7 @@ describe("threads", () => {
     }
   });
 
-  test("q8_0_logits_are_bit_identical_across_thread_counts", async () => {
+  test("q8 0 logits are bit identical across thread counts", async () => {
     const want = run(model(1, "q8_0"), true);
     const [three, two] = [model(3, "q8_0"), model(2, "q8_0")];
     await Promise.all([three.ready(), two.ready()]);
@@ -101,7 +101,7 @@ function runWide(m: Transformer, together: boolean, inKernel: boolean): number[]
 }
 
 describe("threaded attention", () => {
-  test("decode_attention_is_bit_identical_across_threads_batches_and_where_the_slab_lives", async () => {
+  test("decode attention is bit identical across threads batches and where the slab lives", async () => {
     const one = new Transformer(WIDE, syntheticWeights(WIDE, 5), { threads: 1 });
     models.push(one);
     const want = runWide(one, false, false);

@@ -6,7 +6,7 @@ import { MatmulKernel, matmul } from "../../src/model/compute/matmul.ts";
 import { B, Seq, TINY, argmax, bits, expectMatmulsGive, newPool, step, tinyModel, tokens } from "./helpers.ts";
 
 describe("matmul", () => {
-  test("tiled_kernel_equals_naive_bitwise", () => {
+  test("tiled kernel equals naive bitwise", () => {
     // The SIMD kernel against the fixed order written out in JS: every n % 4 tail, every weight
     // row remainder of the 8- and 4-row strips, odd and even token rows, placed and copied w.
     for (const n of [1, 3, 4, 37, 40]) {
@@ -21,7 +21,7 @@ describe("matmul", () => {
     }
   });
 
-  test("matmul_order_is_f32_lanes_mod_4", () => {
+  test("matmul order is f32 lanes mod 4", () => {
     // 2^24 + 1 is not an f32 (it rounds to 2^24, ties to even), so where the ones land tells the
     // order apart. x is all ones: each output is a plain sum of the weight row.
     const sum = (row: number[]): number => {
@@ -40,7 +40,7 @@ describe("matmul", () => {
 });
 
 describe("transformer", () => {
-  test("batch_invariance", () => {
+  test("batch invariance", () => {
     const m = tinyModel();
     const a = tokens(13, 1);
     // Alone: prefill then three greedy decode steps.
@@ -77,7 +77,7 @@ describe("transformer", () => {
     for (let i = 0; i < alone.length; i++) expect(bits(batched[i]!)).toEqual(bits(alone[i]!));
   });
 
-  test("chunk_invariance", () => {
+  test("chunk invariance", () => {
     const m = tinyModel();
     const p = tokens(13, 4);
     const one = step(m, new Seq(newPool()), p);
@@ -95,7 +95,7 @@ describe("transformer", () => {
     expect(a.pool.payload(a.blockTable[2]!)).toEqual(s3.pool.payload(s3.blockTable[2]!));
   });
 
-  test("chunk_invariance_across_attention_tiles", () => {
+  test("chunk invariance across attention tiles", () => {
     // 40 tokens span several 16-row attention tiles; two chunks split them differently again.
     const cfg: ModelConfig = { ...TINY, maxSeqLen: 48 };
     const w = syntheticWeights(cfg, 5);
@@ -117,7 +117,7 @@ describe("transformer", () => {
     expectClose(one, want, 1e-4);
   });
 
-  test("fills_follow_positions", () => {
+  test("fills follow positions", () => {
     const m = tinyModel();
     const s = new Seq(newPool());
     step(m, s, tokens(6, 5));
@@ -126,7 +126,7 @@ describe("transformer", () => {
     expect(s.blockTable.map((id) => s.pool.fillOf(id))).toEqual([4, 4, 1]);
   });
 
-  test("kv_transfer_gives_identical_logits", () => {
+  test("kv transfer gives identical logits", () => {
     const m = tinyModel();
     const p = tokens(11, 8);
     const src = new Seq(newPool());
@@ -149,7 +149,7 @@ describe("transformer", () => {
     expect(bits(out)).toEqual(bits(want));
   });
 
-  test("reference_forward_agrees", () => {
+  test("reference forward agrees", () => {
     const cfg: ModelConfig = { ...TINY, maxSeqLen: 32 };
     const w = syntheticWeights(cfg, 11);
     const m = new Transformer(cfg, w);
@@ -167,7 +167,7 @@ describe("transformer", () => {
     expect(Math.max(...got) - Math.min(...got)).toBeGreaterThan(1);
   });
 
-  test("reference_forward_agrees_with_head_dim_and_biases", () => {
+  test("reference forward agrees with head dim and biases", () => {
     // head_dim 16 over dim 32 with 4 heads (qDim 64 != dim), q/k/v biases, theta 1e6.
     const cfg: ModelConfig = { ...TINY, maxSeqLen: 32, headDim: 16, ropeTheta: 1e6 };
     const w = syntheticWeights(cfg, 17, { biases: true, sharedClassifier: true });
@@ -185,7 +185,7 @@ describe("transformer", () => {
     expectClose(got, want, 1e-4);
   });
 
-  test("shared_classifier_and_gqa_shapes", () => {
+  test("shared classifier and gqa shapes", () => {
     // MHA (nKvHeads = nHeads), MQA (1), and a dim not divisible by 4 rows in the kernels.
     for (const cfg of [
       { ...TINY, nKvHeads: 4 },
@@ -204,7 +204,7 @@ describe("transformer", () => {
     }
   });
 
-  test("rejects_bad_chunks", () => {
+  test("rejects bad chunks", () => {
     const m = tinyModel();
     const pool = newPool();
     const out = new Float32Array(TINY.vocabSize);

@@ -31,7 +31,7 @@ async function collect(): Promise<void> {
 }
 
 describe("weight ownership", () => {
-  test("transformer_keeps_no_original_matrix_alive", async () => {
+  test("transformer keeps no original matrix alive", async () => {
     for (const dtype of ["f32", "f16", "q8_0"] as const) {
       for (const shared of [false, true]) {
         // The collector scans the stack conservatively, so a stray word can keep an object for

@@ -6,7 +6,7 @@ import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import { log } from "../../src/obs/index.ts";
 
-test("test_logs_go_to_the_log_file", () => {
+test("test logs go to the log file", () => {
   const marker = `probe-${process.pid}-${Date.now()}`;
   log.error("model thread died", { marker });
   const file = readFileSync(join(import.meta.dir, "..", "..", ".test-logs", "engine.log"), "utf8");

@@ -41,14 +41,14 @@ const EXPECTED: Record<MetricsRole, string[]> = {
   both: [...COMMON, ...ENGINE, ...SENDER, "tl_kv_transfer_seconds", "tl_kv_handles_pending", "tl_kv_handles_expired_total"],
 };
 
-test("metrics_each_role_registers_only_what_it_sets", async () => {
+test("metrics each role registers only what it sets", async () => {
   for (const role of Object.keys(EXPECTED) as MetricsRole[]) {
     const names = (await createMetrics(role).registry.getMetricsAsJSON()).map((m) => m.name);
     expect({ role, names: names.sort() }).toEqual({ role, names: [...EXPECTED[role]].sort() });
   }
 });
 
-test("metrics_preemptions_follow_the_engine_count", async () => {
+test("metrics preemptions follow the engine count", async () => {
   const m = createMetrics("decode");
   const state = { running: 2, waiting: 3, preemptions: 0, usedBlocks: 6, totalBlocks: 8 };
   recordEngineState(m, "tiny", state);
@@ -70,7 +70,7 @@ function sample(text: string, name: string, labels: string): number | null {
   return null;
 }
 
-test("metrics_queue_time_is_the_wait_before_first_scheduling", async () => {
+test("metrics queue time is the wait before first scheduling", async () => {
   // One running request fills the batch (maxRunning 1): the second waits until it ends.
   let clock = 1000;
   const pool = new KvPool({ blockTokens: 4, nLayers: 1, nKvHeads: 1, headDim: 4 }, 32);
@@ -118,7 +118,7 @@ afterAll(async () => {
   await gateway?.stop();
 });
 
-test("metrics_serving_families_are_set_on_every_role_that_serves", async () => {
+test("metrics serving families are set on every role that serves", async () => {
   const res = await fetch(`http://${gateway.httpAddress}/v1/completions`, {
     method: "POST",
     headers: { "content-type": "application/json" },
@@ -162,7 +162,7 @@ test("metrics_serving_families_are_set_on_every_role_that_serves", async () => {
   expect(d).not.toContain("tl_kv_blocks_sent_total");
 });
 
-test("metrics_kv_usage_counts_what_a_request_holds", async () => {
+test("metrics kv usage counts what a request holds", async () => {
   // A handle pushed and never claimed holds blocks on D: the usage ratio shows it.
   const before = sample(await scrape(decode.httpAddress), "tl_kv_cache_usage_perc", `model_name="${decode.model.name}"`)!;
   const pool = decode.pool;

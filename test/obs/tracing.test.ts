@@ -99,7 +99,7 @@ async function checkTrace(c: TestCluster, transport: "grpc" | "data-plane"): Pro
   for (const x of Object.values(s)) expect({ span: x.name, status: x.status.code }).toEqual({ span: x.name, status: 0 });
 }
 
-test("tracing_endpoint_resolution", () => {
+test("tracing endpoint resolution", () => {
   expect(tracingEndpoint(undefined, {})).toBeUndefined();
   expect(tracingEndpoint("", {})).toBeUndefined();
   expect(tracingEndpoint("http://c:4318", {})).toBe("http://c:4318/v1/traces");
@@ -112,7 +112,7 @@ test("tracing_endpoint_resolution", () => {
   expect(tracingEndpoint("http://opt:4318", { OTEL_EXPORTER_OTLP_ENDPOINT: "http://env:4318" })).toBe("http://opt:4318/v1/traces");
 });
 
-test("otlp_http_export_to_configured_endpoint", async () => {
+test("otlp http export to configured endpoint", async () => {
   const posts: { path: string; type: string | null; body: string }[] = [];
   const collector = Bun.serve({
     hostname: "127.0.0.1",
@@ -136,7 +136,7 @@ test("otlp_http_export_to_configured_endpoint", async () => {
   expect(posts[0]!.body).toContain("tl-engine-otlp-test");
 });
 
-test("tracing_off_records_nothing", async () => {
+test("tracing off records nothing", async () => {
   // No endpoint and no exporter: nothing is registered, the API stays the no-op one.
   const stop = setupTracing({ serviceName: "off" });
   expect(tracingEnabled()).toBe(false);
@@ -168,7 +168,7 @@ test("tracing_off_records_nothing", async () => {
   expect(exporter.getFinishedSpans()).toEqual([]);
 });
 
-test("trace_links_across_roles_grpc_transfer", async () => {
+test("trace links across roles grpc transfer", async () => {
   traced();
   const c = await startTestCluster({ prefill: 1, decode: 1, node: { useDataPlane: false } });
   try {
@@ -178,7 +178,7 @@ test("trace_links_across_roles_grpc_transfer", async () => {
   }
 });
 
-test("trace_links_across_roles_data_plane_transfer", async () => {
+test("trace links across roles data plane transfer", async () => {
   traced();
   const c = await startTestCluster({ prefill: 1, decode: 1 });
   try {
@@ -188,7 +188,7 @@ test("trace_links_across_roles_data_plane_transfer", async () => {
   }
 });
 
-test("data_plane_trace_frame_only_when_traced", async () => {
+test("data plane trace frame only when traced", async () => {
   // A bare data plane peer: records every byte and ACKs on END.
   const got: Uint8Array[] = [];
   let bytes: number[] = [];

@@ -118,7 +118,7 @@ describe("KvPool", () => {
     expect(src.offset(ids[1]!, 1, 1, 2, 1)).toBe(ids[1]! * src.blockElems + ((1 * 2 + 1) * 4 + 2) * 6 + 3);
   });
 
-  test("pool_payload_crc_cached_for_named_full_blocks", () => {
+  test("pool payload crc cached for named full blocks", () => {
     const p = new KvPool(shape, 1);
     const [a] = p.allocate(1)!;
     p.data.fill(3, a! * p.blockElems, (a! + 1) * p.blockElems);

@@ -4,7 +4,7 @@ import { fnv1a64Utf8 } from "../../src/rng/fnv1a64.ts";
 
 const M64 = (1n << 64n) - 1n;
 
-// Straight transcription of pcg32.md in bigint, to check the 32-bit-halves arithmetic.
+// Straight transcription of random-stream.md in bigint, to check the 32-bit-halves arithmetic.
 function referenceStep(s: { state: bigint; inc: bigint }): number {
   const old = s.state;
   s.state = (old * 6364136223846793005n + s.inc) & M64;
@@ -21,7 +21,7 @@ function referenceSeeded(initstate: bigint, initseq: bigint): { state: bigint; i
   return s;
 }
 
-test("pcg32_check_values", () => {
+test("pcg32 check values", () => {
   const r = Pcg32.seeded(42n, 54n);
   const got = Array.from({ length: 6 }, () => r.nextU32());
   expect(got).toEqual([0xa15c02b7, 0x7b47f409, 0xba1d3330, 0x83d2f293, 0xbfa4784b, 0xcbed606e]);
@@ -39,13 +39,13 @@ test("pcg32_check_values", () => {
   expect(z.uniformF64()).toBe(0.22599509648315397);
 });
 
-test("fnv1a64_check_values", () => {
+test("fnv1a64 check values", () => {
   expect(fnv1a64Utf8("")).toBe(0xcbf29ce484222325n);
   expect(fnv1a64Utf8("a")).toBe(0xaf63dc4c8601ec8cn);
   expect(fnv1a64Utf8("foobar")).toBe(0x85944171f73967e8n);
 });
 
-test("pcg32_matches_bigint_reference", () => {
+test("pcg32 matches bigint reference", () => {
   const picker = stream(1, "test-seeds");
   const seeds: [bigint, bigint][] = [
     [0n, 0n],
@@ -66,7 +66,7 @@ test("pcg32_matches_bigint_reference", () => {
   }
 });
 
-test("uniform_f64_is_two_steps_with_53_bits", () => {
+test("uniform f64 is two steps with 53 bits", () => {
   const a = stream(5, "x");
   const b = a.clone();
   const u = a.uniformF64();
@@ -78,7 +78,7 @@ test("uniform_f64_is_two_steps_with_53_bits", () => {
   expect(u).toBeLessThan(1);
 });
 
-test("resume_rng_hands_off_the_draws", () => {
+test("resume rng hands off the draws", () => {
   expect(resumeRng(77, 0).uniformF64()).toBe(0.062223279474487025);
   expect(resumeRng(77, 1).uniformF64()).toBe(0.09816454989724355);
   expect(resumeRng(77, 2).uniformF64()).toBe(0.21087040642186805);
@@ -102,7 +102,7 @@ test("resume_rng_hands_off_the_draws", () => {
   }
 });
 
-test("advance_moves_both_ways_and_clone_is_independent", () => {
+test("advance moves both ways and clone is independent", () => {
   const a = stream(9, "sample");
   const start = a.state;
   const b = a.clone();
@@ -118,7 +118,7 @@ test("advance_moves_both_ways_and_clone_is_independent", () => {
   expect(c.nextU32()).toBe(a.nextU32());
 });
 
-test("copy_from_takes_state_and_stream_and_write_words_splits_them", () => {
+test("copy from takes state and stream and write words splits them", () => {
   const a = stream(9, "sample");
   a.advance(77n);
   // Another stream (another increment), so a copy that kept its own would draw differently.
@@ -138,7 +138,7 @@ test("copy_from_takes_state_and_stream_and_write_words_splits_them", () => {
   expect(() => back.readWords(new Int32Array(4), 0)).toThrow("increment must be odd");
 });
 
-test("stream_rejects_out_of_range_seeds", () => {
+test("stream rejects out of range seeds", () => {
   expect(() => stream(-1, "sample")).toThrow();
   expect(() => stream(1.5, "sample")).toThrow();
   expect(() => stream(1n << 64n, "sample")).toThrow();

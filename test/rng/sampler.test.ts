@@ -13,7 +13,7 @@ function frequencies(logits: number[], cfg: SamplingConfig, seed: number, draws:
   return counts.map((c) => c / draws);
 }
 
-test("greedy_argmax_lowest_index_on_ties_takes_no_draw", () => {
+test("greedy argmax lowest index on ties takes no draw", () => {
   const logits = Float32Array.from([1, 5, -2, 5, 0, 5]);
   const rng = stream(3, SAMPLE_STREAM);
   const before = rng.state;
@@ -26,7 +26,7 @@ test("greedy_argmax_lowest_index_on_ties_takes_no_draw", () => {
   expect(drawsPerToken(GREEDY)).toBe(0);
 });
 
-test("seeded_sample_takes_exactly_one_draw", () => {
+test("seeded sample takes exactly one draw", () => {
   const logits = Float32Array.from({ length: 300 }, (_, i) => Math.sin(i * 1.7) * 4);
   const configs: SamplingConfig[] = [
     { temperature: 1, topP: 0, topK: 0 },
@@ -49,19 +49,19 @@ test("seeded_sample_takes_exactly_one_draw", () => {
   }
 });
 
-test("top_k_1_equals_greedy", () => {
+test("top k 1 equals greedy", () => {
   const logits = Float32Array.from([0.5, 3, 2.9, 3, -1]);
   const rng = stream(4, SAMPLE_STREAM);
   for (let i = 0; i < 50; i++) expect(sample(logits, { temperature: 1.5, topP: 0, topK: 1 }, rng)).toBe(1);
 });
 
-test("tiny_top_p_equals_greedy", () => {
+test("tiny top p equals greedy", () => {
   const logits = Float32Array.from([0.5, 3, 2.9, 3, -1]);
   const rng = stream(5, SAMPLE_STREAM);
   for (let i = 0; i < 50; i++) expect(sample(logits, { temperature: 1.5, topP: 1e-6, topK: 0 }, rng)).toBe(1);
 });
 
-test("two_token_distribution_matches_softmax", () => {
+test("two token distribution matches softmax", () => {
   // softmax([0, ln 3]) = [0.25, 0.75]; 20000 fixed-seed draws keep the error ~0.003 (1 sd).
   const f = frequencies([0, Math.log(3)], { temperature: 1, topP: 0, topK: 0 }, 21, 20000);
   expect(Math.abs(f[1]! - 0.75)).toBeLessThan(0.012);
@@ -70,7 +70,7 @@ test("two_token_distribution_matches_softmax", () => {
   expect(Math.abs(g[1]! - Math.sqrt(3) / (1 + Math.sqrt(3)))).toBeLessThan(0.012);
 });
 
-test("top_k_and_top_p_renormalize_the_survivors", () => {
+test("top k and top p renormalize the survivors", () => {
   // p = [0.5, 0.3, 0.2]. top-k 2 keeps tokens 0 and 1 at 5/8 and 3/8.
   const logits = [Math.log(0.5), Math.log(0.3), Math.log(0.2)];
   const k = frequencies(logits, { temperature: 1, topP: 0, topK: 2 }, 31, 20000);
@@ -85,7 +85,7 @@ test("top_k_and_top_p_renormalize_the_survivors", () => {
   expect(Math.abs(all[2]! - 0.2)).toBeLessThan(0.012);
 });
 
-test("sample_is_replayable", () => {
+test("sample is replayable", () => {
   const logits = Float32Array.from({ length: 1000 }, (_, i) => Math.cos(i * 0.37) * 3);
   const cfg: SamplingConfig = { temperature: 0.8, topP: 0.95, topK: 50 };
   const a = stream(99, SAMPLE_STREAM);
@@ -96,7 +96,7 @@ test("sample_is_replayable", () => {
   expect(new Set(first).size).toBeGreaterThan(1);
 });
 
-test("single_engine_equals_prefill_decode_handoff", () => {
+test("single engine equals prefill decode handoff", () => {
   const vocab = 64;
   const logitsAt = (step: number) => Float32Array.from({ length: vocab }, (_, i) => Math.sin(i * 0.9 + step) * 2);
   for (const cfg of [GREEDY, { temperature: 1, topP: 0.9, topK: 20 }]) {
@@ -111,7 +111,7 @@ test("single_engine_equals_prefill_decode_handoff", () => {
   }
 });
 
-test("sample_matches_reference_order", () => {
+test("sample matches reference order", () => {
   const logit = fc.oneof(
     { weight: 6, arbitrary: fc.float({ min: -20, max: 20, noNaN: true }) },
     { weight: 1, arbitrary: fc.constantFrom(-Infinity, -0, 0, 1, 2) },
@@ -136,7 +136,7 @@ test("sample_matches_reference_order", () => {
   );
 });
 
-test("sample_rejects_bad_input", () => {
+test("sample rejects bad input", () => {
   const l = Float32Array.from([1, 2]);
   expect(() => sample(l, { temperature: 1, topP: 0, topK: 0 }, null)).toThrow();
   expect(() => sample(l, { temperature: -1, topP: 0, topK: 0 }, null)).toThrow();
@@ -145,7 +145,7 @@ test("sample_rejects_bad_input", () => {
   expect(() => sample(new Float32Array(0), GREEDY, null)).toThrow();
 });
 
-test("validate_sampling_ranges", () => {
+test("validate sampling ranges", () => {
   expect(validateSampling({ temperature: 0, topP: 0, topK: 0 })).toBeNull();
   expect(validateSampling({ temperature: 100, topP: 1, topK: 4294967295 })).toBeNull();
   expect(validateSampling({ temperature: -0.1, topP: 0, topK: 0 })).toContain("temperature");

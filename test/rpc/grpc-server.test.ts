@@ -6,7 +6,7 @@ import { closeGrpcClients, grpcClient, serveGrpc } from "../../src/rpc/index.ts"
 import { HeartbeatAckSchema, WorkerRegistry } from "../../src/gen/tl/control/v1/control_pb.ts";
 import { codeOf } from "../control/fake-registry.ts";
 
-test("serve_grpc_close_is_prompt", async () => {
+test("serve grpc close is prompt", async () => {
   let sawAbort = false;
   const server = await serveGrpc((router) =>
     router.service(WorkerRegistry, {
@@ -28,8 +28,9 @@ test("serve_grpc_close_is_prompt", async () => {
   await new Promise((r) => setTimeout(r, 50));
   const t0 = performance.now();
   await server.close();
-  expect(performance.now() - t0).toBeLessThan(500);
-  expect(await inFlight).toBeDefined();
+  // The call in flight would hang for ever: any bound shows close() did not wait for it.
+  expect(performance.now() - t0).toBeLessThan(5_000);
+  expect(await inFlight).toBe(Code.Unavailable);
   expect(sawAbort).toBe(true);
   await server.close(); // idempotent
 
@@ -52,7 +53,7 @@ test("serve_grpc_close_is_prompt", async () => {
   }
 });
 
-test("grpc_client_shares_connection_and_fails_fast", async () => {
+test("grpc client shares connection and fails fast", async () => {
   const server = await serveGrpc(
     (router) =>
       router.service(WorkerRegistry, {
@@ -97,8 +98,8 @@ test("grpc_client_shares_connection_and_fails_fast", async () => {
     await new Promise((r) => setTimeout(r, 50));
     const t0 = performance.now();
     for (const s of sockets) s.destroy();
-    expect(await dropped).toBeDefined();
-    expect(performance.now() - t0).toBeLessThan(1000);
+    expect(await dropped).toBe(Code.Canceled); // connect-node reports the reset stream as cancelled
+    expect(performance.now() - t0).toBeLessThan(5_000);
   } finally {
     closeGrpcClients(target);
     for (const s of sockets) s.destroy();
@@ -107,7 +108,7 @@ test("grpc_client_shares_connection_and_fails_fast", async () => {
   }
 });
 
-test("peer_check_refuses_before_the_handler", async () => {
+test("peer check refuses before the handler", async () => {
   const seen: { method: string; remoteAddress: string; tls: boolean }[] = [];
   let listed = 0;
   const server = await serveGrpc(

@@ -53,7 +53,7 @@ const codeOf = (p: Promise<unknown>) =>
 const raw = (m: Partial<TlsMaterial>) =>
   client({ ...clientTlsOptions({ ...pki.material("gateway"), ...m } as TlsMaterial), cert: m.cert, key: m.key } as http2.SecureClientSessionOptions);
 
-test("grpc_server_checks_roles_before_the_handler", async () => {
+test("grpc server checks roles before the handler", async () => {
   calls.length = 0;
   expect((await as("decode").info({})).workerId).toBe("decode/decode-0");
   expect(await codeOf(as("decode").drain({}))).toBe("PermissionDenied");
@@ -66,7 +66,7 @@ test("grpc_server_checks_roles_before_the_handler", async () => {
   expect(calls).toEqual(["info decode", "drain gateway", "drain admin"]);
 });
 
-test("grpc_server_refuses_strangers_at_the_handshake", async () => {
+test("grpc server refuses strangers at the handshake", async () => {
   calls.length = 0;
   // no certificate, a stranger's certificate (trusting our CA), plaintext h2c
   expect(await codeOf(raw({ cert: undefined, key: undefined }).info({}, { timeoutMs: 3000 }))).not.toBe("ok");
@@ -77,7 +77,7 @@ test("grpc_server_refuses_strangers_at_the_handshake", async () => {
   expect(calls).toEqual([]);
 });
 
-test("grpc_client_checks_the_server_role", async () => {
+test("grpc client checks the server role", async () => {
   // The server holds a prefill certificate: a client that wants a decode engine stops at the handshake.
   const e = await as("gateway", DECODE_TARGET_ROLES)
     .info({})
@@ -87,7 +87,7 @@ test("grpc_client_checks_the_server_role", async () => {
   expect(await codeOf(as("gateway", ["prefill", "both"]).info({}))).toBe("ok");
 });
 
-test("bun_sockets_check_both_ends", async () => {
+test("bun sockets check both ends", async () => {
   const seen: string[] = [];
   const listener = Bun.listen<undefined>({
     hostname: "127.0.0.1",

@@ -10,7 +10,7 @@ import { FAILED_SIDE_HEADER, HandoffError, ResumeError } from "../../src/handoff
 import { codeName, httpStatusOf, RpcError } from "../../src/rpc/status.ts";
 import { KvError, TransferError } from "../../src/transfer/index.ts";
 
-test("our_errors_are_connect_errors_told_apart_by_class", () => {
+test("our errors are connect errors told apart by class", () => {
   const kv = new KvError(Code.DataLoss, "chunk 3: crc mismatch");
   const tx = new TransferError(Code.Unavailable, "data plane 10.0.0.5:7000: connection closed");
   const plain = new ConnectError("boom", Code.Internal);
@@ -27,21 +27,21 @@ test("our_errors_are_connect_errors_told_apart_by_class", () => {
   expect(new Error("x") instanceof ConnectError).toBe(false);
 });
 
-test("a_handoff_error_carries_its_side_as_metadata", () => {
+test("a handoff error carries its side as metadata", () => {
   const e = new HandoffError("decode", Code.DataLoss, "kv transfer failed");
   expect([e.side, e.code, e.rawMessage, e.metadata.get(FAILED_SIDE_HEADER)]).toEqual(["decode", Code.DataLoss, "kv transfer failed", "decode"]);
   expect(ConnectError.from(e)).toBe(e);
   expect([new ResumeError("unknown", "x").code, new ResumeError("mismatch", "y").code]).toEqual([Code.NotFound, Code.FailedPrecondition]);
 });
 
-test("the_pure_core_names_connects_numbers", () => {
+test("the pure core names connects numbers", () => {
   // The codec never imports Connect; its two codes are Connect's.
   expect([grpcCodeOf("Format"), grpcCodeOf("Version"), grpcCodeOf("Shape")]).toEqual([Code.DataLoss, Code.FailedPrecondition, Code.FailedPrecondition]);
   expect(new EnvError("Format", 3, "crc").code).toBe(Code.DataLoss);
   expect([codeName(Code.DataLoss), codeName(Code.Canceled), codeName(99)]).toEqual(["DATA_LOSS", "CANCELLED", "CODE_99"]);
 });
 
-test("http_status_of_every_code_is_the_gateways_view", () => {
+test("http status of every code is the gateways view", () => {
   const want: Record<string, number> = {
     Canceled: 502,
     Unknown: 502,
@@ -65,7 +65,7 @@ test("http_status_of_every_code_is_the_gateways_view", () => {
   expect(got).toEqual(want);
 });
 
-test("a_prefill_failure_names_no_internal_address", () => {
+test("a prefill failure names no internal address", () => {
   const own = prefillFailure(new ConnectError("max_tokens 0 must be ≥ 1", Code.InvalidArgument), "r1");
   expect([own.status, own.message]).toEqual([400, "request r1: max_tokens 0 must be ≥ 1"]);
   // D refused P's push: the cluster's fault, and its words name D's address.

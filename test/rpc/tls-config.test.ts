@@ -5,7 +5,7 @@ import { join } from "node:path";
 import { loadTlsMaterial, TlsSource } from "../../src/rpc/tls-config.ts";
 import { extraLeaf, testPki } from "../support/certs.ts";
 
-test("tls_material_is_checked_at_load", async () => {
+test("tls material is checked at load", async () => {
   const pki = await testPki();
   expect(loadTlsMaterial(pki.files("decode")).self).toEqual({ role: "decode", workerId: "decode-0" });
   // a leaf from another CA than the one named
@@ -19,7 +19,7 @@ test("tls_material_is_checked_at_load", async () => {
   expect(() => loadTlsMaterial({ ...pki.files("decode"), cert: pki.files("decode").ca })).toThrow(/not issued|no spiffe/);
 });
 
-test("tls_source_follows_its_files", async () => {
+test("tls source follows its files", async () => {
   const pki = await testPki();
   const d1 = await extraLeaf(pki, "decode", "rot-1");
   const d2 = await extraLeaf(pki, "decode", "rot-2");

@@ -19,7 +19,7 @@ const codeOf = (p: Promise<unknown>) =>
     (e: unknown) => (e instanceof ConnectError ? Code[e.code] : String(e)),
   );
 
-test("cluster_runs_mtls_by_default", async () => {
+test("cluster runs mtls by default", async () => {
   // As a user starts it, plus an API key for the front door.
   const cluster = spawnProc([process.execPath, "bin/engine.ts", "cluster", "--decode", "1", "--api-key", "sk-test"]);
   try {
@@ -83,7 +83,7 @@ test("cluster_runs_mtls_by_default", async () => {
   }
 }, 60_000);
 
-test("cluster_plaintext_on_request", async () => {
+test("cluster plaintext on request", async () => {
   const { parseArgs } = await import("../../src/cli/options.ts");
   const { rest } = parseArgs(["--plaintext", "--decode", "1"]);
   expect(rest.get("plaintext")).toBe("true");

@@ -123,7 +123,7 @@ describe("mTLS cluster (1 prefill + 1 decode)", () => {
     expect(Number(res.headers.get("x-tl-blocks-sent"))).toBeGreaterThan(0);
   });
 
-  test("internal_ports_refuse_strangers", async () => {
+  test("internal ports refuse strangers", async () => {
     const before = snapshot();
     const reg = c.gateway.registryAddress;
     // registry: Heartbeat
@@ -155,7 +155,7 @@ describe("mTLS cluster (1 prefill + 1 decode)", () => {
     expect(snapshot()).toEqual(before);
   });
 
-  test("fake_worker_cannot_register", async () => {
+  test("fake worker cannot register", async () => {
     const before = snapshot();
     const reg = c.gateway.registryAddress;
     // a real prefill certificate posing as a decode worker (to be sent users' prompts and handles)
@@ -174,7 +174,7 @@ describe("mTLS cluster (1 prefill + 1 decode)", () => {
     expect(snapshot()).toEqual(before);
   });
 
-  test("push_needs_a_prefill_identity", async () => {
+  test("push needs a prefill identity", async () => {
     const before = snapshot();
     const pool = new KvPool(D().pool.shape, 32);
     const tokens = fakePrompt(12, 7, 256);
@@ -226,7 +226,7 @@ describe("mTLS cluster (1 prefill + 1 decode)", () => {
     }
   });
 
-  test("drain_and_cancel_need_the_gateway", async () => {
+  test("drain and cancel need the gateway", async () => {
     const before = snapshot();
     for (const who of ["prefill", "decode", "both"] as const) {
       for (const n of [P(), D()]) {
@@ -250,7 +250,7 @@ describe("mTLS cluster (1 prefill + 1 decode)", () => {
     expect((await clientAs(EngineControl, P().grpcAddress, "admin").cancel({ requestId: "nothing-running" })).cancelled).toBe(false);
   });
 
-  test("prefill_refuses_a_non_decode_target", async () => {
+  test("prefill refuses a non decode target", async () => {
     let sawBytes = 0;
     // a plain HTTP server, as an SSRF target would be: it answers the ClientHello with a 400
     const sink: Server = createServer((s) =>

@@ -13,7 +13,7 @@ import { KvReceiver, serveKv } from "../../src/transfer/index.ts";
 import { extraLeaf, testPki } from "../support/certs.ts";
 import { SHAPE } from "../transfer/harness.ts";
 
-test("rotated_certificates_take_effect_without_a_restart", async () => {
+test("rotated certificates take effect without a restart", async () => {
   const pki = await testPki();
   const [a, b] = [await extraLeaf(pki, "decode", "rot-a"), await extraLeaf(pki, "decode", "rot-b")];
   const dir = mkdtempSync(join(tmpdir(), "tl-rot-"));

@@ -224,7 +224,7 @@ afterAll(async () => {
 });
 
 test(
-  "soak_returns_pools_to_baseline",
+  "soak returns pools to baseline",
   async () => {
     const started = performance.now();
     const r = rng(SEED);

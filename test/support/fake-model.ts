@@ -4,7 +4,7 @@
 // copied block changes the next token. Engines run it as `FakeRunner`; transfer tests
 // fill pools with the same pattern through `fakePrefill` and check them with `patternDigest`.
 import { promptHashes, type KvShape } from "../../src/codec/index.ts";
-import type { ModelRunner, SeqChunk } from "../../src/engine/index.ts";
+import type { ForwardDone, ModelPort, SeqChunk, StepBatch } from "../../src/engine/index.ts";
 import type { KvPool } from "../../src/pool/index.ts";
 
 /** The value the fake model caches; multiples of 1/64 in [-16, 16), exact in f16. */
@@ -126,11 +126,12 @@ export function fakeLogits(digest: number, row: Float32Array): void {
 }
 
 /**
- * The fake model as a ModelRunner: each chunk's tokens are cached with the pattern at their
- * positions through the block table, and its logits come from the digest of the whole
- * sequence read back through that table, so nothing depends on the batch.
+ * The fake model as the engine's port, a synchronous one (each step ends inside post): each
+ * chunk's tokens are cached with the pattern at their positions through the block table, and
+ * its logits come from the digest of the whole sequence read back through that table, so
+ * nothing depends on the batch.
  */
-export class FakeRunner implements ModelRunner {
+export class FakeRunner implements ModelPort {
   forwardCalls = 0;
   tokensComputed = 0;
 
@@ -138,6 +139,11 @@ export class FakeRunner implements ModelRunner {
   slowMs = 0;
 
   constructor(readonly vocabSize = 64) {}
+
+  post(b: StepBatch, done: ForwardDone): void {
+    this.forward(b.pool, b.chunks, b.logits);
+    done(null, null);
+  }
 
   forward(pool: KvPool, batch: readonly SeqChunk[], out: Float32Array): void {
     this.forwardCalls++;

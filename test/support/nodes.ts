@@ -103,7 +103,7 @@ export async function startTestCluster(opts: {
     decode,
     both,
     all: () => [...prefill, ...decode, ...both],
-    async waitForWorkers(n, timeoutMs = 5000) {
+    async waitForWorkers(n, timeoutMs = 20_000) {
       const end = Date.now() + timeoutMs;
       while (gateway.registry.live().length !== n) {
         if (Date.now() > end) throw new Error(`registry lists ${gateway.registry.live().length} workers, want ${n}`);

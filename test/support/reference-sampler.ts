@@ -1,4 +1,4 @@
-// The sampler of pcg32.md transcribed plainly: a comparator sort of every index and
+// The sampler of random-stream.md transcribed plainly: a comparator sort of every index and
 // arrays allocated per call. The rng tests check src/rng's keyed selection against it
 // token for token; bench/sampler.ts times it as the naive baseline.
 import type { SamplingConfig } from "../../src/rng/index.ts";

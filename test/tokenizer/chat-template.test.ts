@@ -31,7 +31,7 @@ const TOOL_HISTORY: ChatMessage[] = [
 ];
 
 describe("real chat templates", () => {
-  test("llama3_2_template_turns", () => {
+  test("llama3 2 template turns", () => {
     const t = new ChatTemplate(LLAMA32, LLAMA3_TOKENS);
     const head = "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\nToday Date: 10 Feb 2025\n\n";
     const turns =
@@ -45,7 +45,7 @@ describe("real chat templates", () => {
     );
   });
 
-  test("llama3_2_template_tool_call_history", () => {
+  test("llama3 2 template tool call history", () => {
     const t = new ChatTemplate(LLAMA32, LLAMA3_TOKENS);
     const tool = JSON.stringify(TOOLS[0], null, 4);
     expect(t.render(TOOL_HISTORY, { tools: TOOLS, now: FEB_10 })).toBe(
@@ -61,14 +61,14 @@ describe("real chat templates", () => {
     );
   });
 
-  test("llama3_2_template_raise_exception", () => {
+  test("llama3 2 template raise exception", () => {
     const t = new ChatTemplate(LLAMA32, LLAMA3_TOKENS, "/models/llama chat template");
     const call = TOOL_HISTORY[1]!.tool_calls as unknown[];
     const two: ChatMessage[] = [TOOL_HISTORY[0]!, { role: "assistant", content: null, tool_calls: [call[0], call[0]] }];
     expect(() => t.render(two)).toThrow("/models/llama chat template refused the conversation: This model only supports single tool-calls at once!");
   });
 
-  test("qwen2_5_template_turns", () => {
+  test("qwen2 5 template turns", () => {
     const t = new ChatTemplate(QWEN25, { eosToken: "<|im_end|>" });
     expect(t.render(CHAT)).toBe(
       "<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello!<|im_end|>\n<|im_start|>user\nWeather?<|im_end|>\n<|im_start|>assistant\n",
@@ -79,7 +79,7 @@ describe("real chat templates", () => {
     );
   });
 
-  test("qwen2_5_template_tool_call_history", () => {
+  test("qwen2 5 template tool call history", () => {
     const t = new ChatTemplate(QWEN25, { eosToken: "<|im_end|>" });
     expect(t.render(TOOL_HISTORY, { tools: TOOLS })).toBe(
       "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n" +
@@ -93,7 +93,7 @@ describe("real chat templates", () => {
     );
   });
 
-  test("smollm2_template_turns", () => {
+  test("smollm2 template turns", () => {
     const t = new ChatTemplate(SMOLLM2, { bosToken: "<|im_start|>", eosToken: "<|im_end|>" });
     expect(t.render(CHAT)).toBe(
       "<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello!<|im_end|>\n<|im_start|>user\nWeather?<|im_end|>\n<|im_start|>assistant\n",
@@ -103,13 +103,13 @@ describe("real chat templates", () => {
     );
   });
 
-  test("strftime_english_names", () => {
+  test("strftime english names", () => {
     expect(strftime(new Date(2024, 6, 26, 9, 5, 3), "%d %b %Y|%B %A %a|%H:%M:%S|%m/%y|100%%")).toBe("26 Jul 2024|July Friday Fri|09:05:03|07/24|100%");
   });
 });
 
 describe("chat prompts as token ids", () => {
-  test("default_chat_template", () => {
+  test("default chat template", () => {
     const tok = new ByteTokenizer();
     const r = chatRenderer(tok, null);
     const ids = r.promptTokens([
@@ -120,7 +120,7 @@ describe("chat prompts as token ids", () => {
     expect(new ChatTemplate(DEFAULT_CHAT_TEMPLATE, {}).render([{ role: "user", content: "x" }], { addGenerationPrompt: false })).toBe("<|user|>\nx\n");
   });
 
-  test("template_bos_not_doubled", async () => {
+  test("template bos not doubled", async () => {
     const { json } = byteLevelTokenizerJson({ pre: "llama-bpe", bos: true });
     const { tokenizer } = await buildTokenizer({
       kind: "hf",
@@ -141,7 +141,7 @@ describe("chat prompts as token ids", () => {
     expect(plain.filter((id) => id === tokenizer.bos).length).toBe(1);
   });
 
-  test("chat_template_parse_error_refused", () => {
+  test("chat template parse error refused", () => {
     expect(() => chatRenderer(new ByteTokenizer(), "{% for m in messages %}", "/tmp/t.jinja")).toThrow(/^\/tmp\/t\.jinja does not parse: /);
   });
 });

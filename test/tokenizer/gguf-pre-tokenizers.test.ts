@@ -65,22 +65,22 @@ async function fromFile(meta: GgufTokenizerMeta, arch: string, extra: Parameters
 
 describe("tokenizer.ggml.pre as llama.cpp splits it", () => {
   for (const [pre, want] of Object.entries(EXPECTED)) {
-    test(`pre_${pre}_splits_as_llama_cpp`, () => {
+    test(`pre ${pre} splits as llama.cpp`, () => {
       expect(preTokens(pre, TEXT)).toEqual(want);
     });
   }
 
-  test("missing_pre_is_llama_cpp_default", () => {
+  test("missing pre is llama.cpp default", () => {
     expect(preTokens(null, TEXT)).toEqual(EXPECTED.default!);
   });
 
-  test("deepseek_llm_letters_cover_astral_and_letterlike", () => {
+  test("deepseek llm letters cover astral and letterlike", () => {
     // Deseret (U+10400) is in DeepSeek's letter list; so is the ohm sign (U+2126), but its "CJK"
     // range U+0800-U+4E00 takes it out again afterwards, as llama.cpp's list does.
     expect(preTokens("deepseek-llm", "\u{10400}\u{10401} \u2126x 你好")).toEqual(["\u{10400}\u{10401}", " ", "\u2126", "x", " ", "你好"]);
   });
 
-  test("vocab_only_files_give_llama_cpp_ids_for_a_non_ascii_numeral", async () => {
+  test("vocab only files give llama.cpp ids for a non ascii numeral", async () => {
     for (const [pre, arch] of [
       ["refact", "refact"],
       ["starcoder", "starcoder"],
@@ -96,8 +96,8 @@ describe("tokenizer.ggml.pre as llama.cpp splits it", () => {
   });
 });
 
-describe("tokenizer.ggml.add_space_prefix", () => {
-  test("spm_without_space_prefix_prepends_nothing", async () => {
+describe("tokenizer.ggml.add space prefix", () => {
+  test("spm without space prefix prepends nothing", async () => {
     const meta = spmGgufMeta();
     const piece = (tok: { encode(t: string, o?: { bos?: boolean }): number[] }, text: string) => tok.encode(text, { bos: false }).map((id) => meta.tokens[id]);
     const off = await fromFile({ ...meta, addSpacePrefix: false }, "llama");

@@ -40,7 +40,7 @@ function stream(tok: Tokenizer, ids: readonly number[], prev = -1): { pieces: st
 const TEXTS = ["hello world", "Hello world!", "hello  world\n\nhello", "x 😀 y😀", "héllo 世界 123 1234", "  leading and trailing  ", "it's 'LL done"];
 
 describe("tokenizer.json through @huggingface/tokenizers", () => {
-  test("byte_level_bpe_round_trip", async () => {
+  test("byte level bpe round trip", async () => {
     const tok = await qwenLike();
     const { json } = byteLevelTokenizerJson(QWEN);
     const lib = new HfLib(json, {});
@@ -64,7 +64,7 @@ describe("tokenizer.json through @huggingface/tokenizers", () => {
     expect(tok.decode(chat)).toBe("user\nhello");
   });
 
-  test("byte_level_bpe_bos_from_post_processor", async () => {
+  test("byte level bpe bos from post processor", async () => {
     const { json } = byteLevelTokenizerJson(LLAMA3);
     // No add_bos_token: tokenizer.json's TemplateProcessing says BOS goes first.
     const tok = (await buildTokenizer(hfSource(json, { bos_token: "<|begin_of_text|>", eos_token: "<|eot_id|>" }))).tokenizer;
@@ -76,7 +76,7 @@ describe("tokenizer.json through @huggingface/tokenizers", () => {
     expect(tok.decode(ids)).toBe("hello");
   });
 
-  test("eos_ids_gathered_from_every_file", async () => {
+  test("eos ids gathered from every file", async () => {
     const { json, tokens } = byteLevelTokenizerJson(LLAMA3);
     const id = (t: string) => tokens.indexOf(t);
     const src = hfSource(
@@ -98,7 +98,7 @@ describe("tokenizer.json through @huggingface/tokenizers", () => {
     expect(bare.bos).toBe(id("<|begin_of_text|>"));
   });
 
-  test("sentencepiece_byte_fallback_round_trip", async () => {
+  test("sentencepiece byte fallback round trip", async () => {
     const tok = await spmLike();
     const lib = new HfLib(spmTokenizerJson().json, {});
     expect(tok.bos).toBe(1);
@@ -117,7 +117,7 @@ describe("tokenizer.json through @huggingface/tokenizers", () => {
     expect(e.map((i) => (tok as unknown as { tokenOf(id: number): string }).tokenOf(i))).toEqual(["▁", "<0xC3>", "<0xA9>"]);
   });
 
-  test("metaspace_tokenizer_json_decodes_like_sentencepiece", async () => {
+  test("metaspace tokenizer json decodes like sentencepiece", async () => {
     // Mistral v0.3 style: Metaspace pre-tokenizer and decoder instead of Prepend/Replace/Strip.
     const meta = { type: "Metaspace", replacement: "▁", prepend_scheme: "first", split: false };
     const json = { ...spmTokenizerJson().json, normalizer: null, pre_tokenizer: meta, decoder: meta };
@@ -131,7 +131,7 @@ describe("tokenizer.json through @huggingface/tokenizers", () => {
     }
   });
 
-  test("sentencepiece_leading_space_after_bos", async () => {
+  test("sentencepiece leading space after bos", async () => {
     const tok = await spmLike();
     const hello = tok.encode("hello", { bos: false })[0]!;
     const world = tok.encode("world", { bos: false })[0]!;
@@ -142,7 +142,7 @@ describe("tokenizer.json through @huggingface/tokenizers", () => {
     expect(stream(tok, [world], hello).pieces).toEqual([" world"]);
   });
 
-  test("streaming_never_emits_replacement_mid_character", async () => {
+  test("streaming never emits replacement mid character", async () => {
     const tok = await qwenLike();
     // " 😀" is [" \xF0", "\x9F", "\x98\x80"]: the emoji is cut twice.
     const ids = tok.encode("a 😀b");
@@ -159,7 +159,7 @@ describe("tokenizer.json through @huggingface/tokenizers", () => {
     }
   });
 
-  test("streaming_flush_of_a_cut_character", async () => {
+  test("streaming flush of a cut character", async () => {
     const tok = await qwenLike();
     const ids = tok.encode(" 😀");
     // Stop after the first two pieces: the held bytes come out as one U+FFFD at flush, never before.
@@ -180,7 +180,7 @@ describe("tokenizer.json through @huggingface/tokenizers", () => {
 
 describe("GGUF vocabularies on the same tokenizer classes", () => {
   for (const opts of [QWEN, LLAMA3, SMOLLM]) {
-    test(`gguf_gpt2_${opts.pre}_equals_tokenizer_json`, async () => {
+    test(`gguf gpt2 ${opts.pre} equals tokenizer json`, async () => {
       const { json } = byteLevelTokenizerJson(opts);
       const cfg = opts.bos ? { bos_token: "<|begin_of_text|>", eos_token: "<|eot_id|>", add_bos_token: true } : { bos_token: null, eos_token: "<|im_end|>" };
       const fromJson = (await buildTokenizer(hfSource(json, cfg))).tokenizer;
@@ -196,7 +196,7 @@ describe("GGUF vocabularies on the same tokenizer classes", () => {
     });
   }
 
-  test("gguf_llama_equals_tokenizer_json", async () => {
+  test("gguf llama equals tokenizer json", async () => {
     const fromJson = await spmLike();
     const fromGguf = (await buildTokenizer({ kind: "gguf", file: "/models/test.gguf", meta: spmGgufMeta() })).tokenizer;
     expect(fromGguf.bos).toBe(1);
@@ -207,7 +207,7 @@ describe("GGUF vocabularies on the same tokenizer classes", () => {
     }
   });
 
-  test("gguf_llama3_end_of_turn_tokens_end_generation", async () => {
+  test("gguf llama3 end of turn tokens end generation", async () => {
     const meta = byteLevelGgufMeta(LLAMA3);
     const tok = (await buildTokenizer({ kind: "gguf", file: "/m.gguf", meta })).tokenizer;
     // eos_token_id names <|eot_id|>; <|end_of_text|> is a control token llama.cpp also stops on.
@@ -217,7 +217,7 @@ describe("GGUF vocabularies on the same tokenizer classes", () => {
 });
 
 describe("tokenizer refusals", () => {
-  test("unsupported_gguf_tokenizer_model_refused", async () => {
+  test("unsupported gguf tokenizer model refused", async () => {
     for (const model of ["bert", "t5", "rwkv"]) {
       const meta = { ...spmGgufMeta(), model };
       await expect(buildTokenizer({ kind: "gguf", file: "/models/x.gguf", meta })).rejects.toThrow(
@@ -226,14 +226,14 @@ describe("tokenizer refusals", () => {
     }
   });
 
-  test("unsupported_gguf_pre_tokenizer_refused", async () => {
+  test("unsupported gguf pre tokenizer refused", async () => {
     const meta = { ...byteLevelGgufMeta(QWEN), pre: "tekken" };
     await expect(buildTokenizer({ kind: "gguf", file: "/m.gguf", meta })).rejects.toThrow(
       /GGUF pre-tokenizer "tekken" \(tokenizer.ggml.pre\) is not supported; supported: default, gpt-2, mpt, llama-bpe/,
     );
   });
 
-  test("gguf_vocab_inconsistencies_refused", async () => {
+  test("gguf vocab inconsistencies refused", async () => {
     const meta = spmGgufMeta();
     await expect(buildTokenizer({ kind: "gguf", file: "/m.gguf", meta: { ...meta, scores: [1, 2] } })).rejects.toThrow(
       `/m.gguf: tokenizer.ggml.scores has 2 entries for ${meta.tokens.length} tokens`,
@@ -246,7 +246,7 @@ describe("tokenizer refusals", () => {
     );
   });
 
-  test("malformed_tokenizer_json_refused", async () => {
+  test("malformed tokenizer json refused", async () => {
     await expect(buildTokenizer(hfSource([1, 2]))).rejects.toThrow("/models/test: tokenizer.json is malformed: want a JSON object");
     await expect(buildTokenizer(hfSource({ version: "1.0" }))).rejects.toThrow('/models/test: tokenizer.json is malformed: no "model" object');
     await expect(buildTokenizer(hfSource({ model: { type: "BPE" } }))).rejects.toThrow('tokenizer.json is malformed: model has no "vocab"');
@@ -263,7 +263,7 @@ describe("tokenizer refusals", () => {
 });
 
 describe("tokenizer fingerprint", () => {
-  test("fingerprint_tells_tokenizers_apart", async () => {
+  test("fingerprint tells tokenizers apart", async () => {
     const qwen = await qwenLike();
     const same = await qwenLike();
     const fp = tokenizerFingerprint(qwen);

@@ -4,7 +4,7 @@ import { ByteTokenizer, StreamDecoder } from "../../src/tokenizer/index.ts";
 describe("byte tokenizer", () => {
   const tok = new ByteTokenizer();
 
-  test("byte_tokenizer_round_trip", () => {
+  test("byte tokenizer round trip", () => {
     expect(tok.vocabSize).toBe(258);
     expect(tok.encode("hi")).toEqual([256, 104, 105]);
     expect(tok.encode("hi", { bos: false, eos: true })).toEqual([104, 105, 257]);
@@ -13,7 +13,7 @@ describe("byte tokenizer", () => {
     expect(() => tok.decode([258])).toThrow(/outside/);
   });
 
-  test("byte_tokenizer_utf8_streaming_decode", () => {
+  test("byte tokenizer utf8 streaming decode", () => {
     const text = "aé世🌍z";
     const ids = tok.encode(text);
     const sd = new StreamDecoder(tok);

@@ -6,14 +6,14 @@ import { withUnicodeDigits } from "../../src/tokenizer/unicode-digits.ts";
 import { byteLevelTokenizerJson } from "../support/tokenizer-files.ts";
 
 describe("Digits over every numeral", () => {
-  test("library_digits_still_ascii_only", () => {
+  test("library digits still ascii only", () => {
     // Fails the day the library splits on char::is_numeric as Rust's tokenizers does: then delete
     // src/tokenizer/unicode-digits.ts and this file.
     const lib = new DigitsPreTokenizer({ type: "Digits", individual_digits: true } as never);
     expect(lib.pre_tokenize(" ½ 4")).toEqual([" ½ ", "4"]);
   });
 
-  test("smollm_tokenizer_json_splits_non_ascii_numerals", async () => {
+  test("smollm tokenizer json splits non ascii numerals", async () => {
     // SmolLM's tokenizer.json: Digits(individual) then ByteLevel; " ½" must be " " and "½" (Rust: [220, 23141]).
     const { json, tokens } = byteLevelTokenizerJson({ pre: "smollm", bos: false });
     const model = (json as { model: { vocab: Record<string, number>; merges: string[] } }).model;
@@ -33,7 +33,7 @@ describe("Digits over every numeral", () => {
     expect(tok.encode(" ½").map((id) => tok.decode([id]))).toEqual([" ", "½"]);
   });
 
-  test("rewrite_keeps_other_steps_and_runs", () => {
+  test("rewrite keeps other steps and runs", () => {
     const seq = { type: "Sequence", pretokenizers: [{ type: "Digits", individual_digits: false }, { type: "ByteLevel" }] };
     const out = withUnicodeDigits({ pre_tokenizer: seq }) as { pre_tokenizer: { pretokenizers: object[] } };
     expect(out.pre_tokenizer.pretokenizers).toEqual([

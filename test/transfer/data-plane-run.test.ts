@@ -178,7 +178,7 @@ function payloadsOf(chunks: readonly PoolChunk[]): Uint8Array[] {
   return chunks.map((c) => c.pool.payload(c.blockId).slice());
 }
 
-test("run_frames_move_contiguous_and_scattered_blocks", async () => {
+test("run frames move contiguous and scattered blocks", async () => {
   const d = await startDecode("data-plane", { shape: SHAPE, blocks: 256 });
   const t = prefillTransport("data-plane");
   cleanups.push(
@@ -286,7 +286,7 @@ describe("hand-crafted RUN frames", () => {
     ch = runChunks(P, "crafted", ids, hashes);
   });
 
-  test("run_frame_refusals_leave_decode_clean", async () => {
+  test("run frame refusals leave decode clean", async () => {
     const base = snapshot(d.pool, d.rx);
 
     // The frames as crafted here are what D accepts: the refusals below are the edits'.
@@ -468,7 +468,7 @@ describe("hand-crafted RUN frames", () => {
     }
   });
 
-  test("run_cut_mid_payload_frees_decode", async () => {
+  test("run cut mid payload frees decode", async () => {
     const base = snapshot(d.pool, d.rx);
     const f = runFrame(ch);
     const p = payloadsOf(ch);
@@ -506,7 +506,7 @@ describe("hand-crafted RUN frames", () => {
     expect(snapshot(d.pool, d.rx)).toEqual(base);
   });
 
-  test("run_split_across_reads_is_reassembled", async () => {
+  test("run split across reads is reassembled", async () => {
     // D's free blocks hold stale bytes, as after earlier requests: the tail must still come out zero past its fill.
     const stale = d.pool.allocate(d.pool.available)!;
     for (const id of stale) d.pool.payload(id).fill(0x55);

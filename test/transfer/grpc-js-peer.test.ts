@@ -43,7 +43,7 @@ afterAll(async () => {
 
 const call = <T>(f: (cb: Cb<T>) => void) => new Promise<T>((resolve, reject) => f((e, r) => (e ? reject(e) : resolve(r))));
 
-test("grpc_js_peer_interoperates", async () => {
+test("grpc js peer interoperates", async () => {
   const P = new KvPool(SHAPE, 16);
   const tokens = fakePrompt(9, 81);
   const warm = fakePrefill(d.pool, tokens.slice(0, 4))!;

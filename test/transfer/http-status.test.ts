@@ -51,7 +51,7 @@ async function failure(call: "push" | "hasBlocks"): Promise<TransferError> {
   }
 }
 
-test("http_status_without_grpc_status_maps_to_its_grpc_code", async () => {
+test("http status without grpc status maps to its grpc code", async () => {
   const want: [number, Code][] = [
     [400, Code.Internal],
     [401, Code.Unauthenticated],

@@ -16,7 +16,7 @@ function code(f: () => unknown): number {
   throw new Error("expected a KvError");
 }
 
-test("receiver_caps_duplicates_and_shortage", () => {
+test("receiver caps duplicates and shortage", () => {
   const P = new KvPool(SHAPE, 32);
   const D = new KvPool(SHAPE, 6);
   const rx = new KvReceiver(D, { ttlMs: 60_000, pushIdleTimeoutMs: 10_000, maxPending: 2, maxInFlight: 1 });
@@ -68,7 +68,7 @@ test("receiver_caps_duplicates_and_shortage", () => {
   }
 });
 
-test("import_zeroes_slots_past_the_fill", () => {
+test("import zeroes slots past the fill", () => {
   // D's blocks are reused without zeroing on import: a tail whose envelope carries
   // bytes past its fill (a writer that did not zero them) must still land zero there,
   // and a reused block must not keep its previous contents.

@@ -57,7 +57,7 @@ for (const path of PATHS) {
       await d.close();
     });
 
-    test("has_blocks_takes_no_reference", async () => {
+    test("has blocks takes no reference", async () => {
       const tokens = fakePrompt(12, 11);
       const pre = fakePrefill(d.pool, tokens)!;
       d.pool.releaseAll(pre.ids.slice(1)); // block 0 stays used, blocks 1, 2 cached
@@ -77,7 +77,7 @@ for (const path of PATHS) {
       evictAll(d.pool);
     });
 
-    test("push_accepts_dedups_and_refuses", async () => {
+    test("push accepts dedups and refuses", async () => {
       const base = snapshot(d.pool, d.rx);
       // import: 2 full blocks + a tail of 1
       const tokens = fakePrompt(9, 21);
@@ -171,7 +171,7 @@ for (const path of PATHS) {
       evictAll(P);
     });
 
-    test("release_frees_the_handle", async () => {
+    test("release frees the handle", async () => {
       const base = snapshot(d.pool, d.rx);
       const tokens = fakePrompt(10, 31);
       const pre = fakePrefill(P, tokens)!;
@@ -220,7 +220,7 @@ for (const path of PATHS) {
       evictAll(P);
     });
 
-    test("bytes_moved_are_missing_blocks_plus_tail", async () => {
+    test("bytes moved are missing blocks plus tail", async () => {
       const tokens = fakePrompt(9, 41); // F = 2, t = 1
       const warmUp = async (k: number) => {
         evictAll(d.pool);
@@ -254,7 +254,7 @@ for (const path of PATHS) {
       evictAll(d.pool);
     });
 
-    test("transfer_reset_frees_both_sides", async () => {
+    test("transfer reset frees both sides", async () => {
       // The proxy sits on whichever connection carries the push: gRPC, or the data plane D advertises.
       let dataPlane = "";
       const proxy = await startCuttingProxy(() => (path === "grpc" ? dc.target : dataPlane), { cutAfterBytes: 3_000, maxCuts: 1 });
@@ -298,7 +298,7 @@ for (const path of PATHS) {
       }
     });
 
-    test("abandoned_push_frees_decode_blocks", async () => {
+    test("abandoned push frees decode blocks", async () => {
       const tokens = fakePrompt(40, 61); // 10 full blocks
       const pre = fakePrefill(P, tokens)!;
       const chunks = buildChunks(P, "abandoned", pre.ids, pre.hashes, new Array(10).fill(false));
@@ -329,7 +329,7 @@ for (const path of PATHS) {
       evictAll(P);
     });
 
-    test("evicted_block_is_resent", async () => {
+    test("evicted block is resent", async () => {
       const tokens = fakePrompt(22, 71); // 5 full + tail of 2
       const w = fakePrefill(d.pool, tokens.slice(0, 12))!;
       d.pool.releaseAll(w.ids);

@@ -77,7 +77,7 @@ async function rawPush(target: string, body: Uint8Array, pieces: number[]): Prom
   }
 }
 
-test("grpc_push_reassembles_split_messages", async () => {
+test("grpc push reassembles split messages", async () => {
   const d = await decode();
   const { chunks, tokens } = promptChunks("split", 4 * SHAPE.blockTokens + 3);
   const body = concat(...chunks.map((c) => grpcMessage(c)));
@@ -93,7 +93,7 @@ test("grpc_push_reassembles_split_messages", async () => {
   }
 });
 
-test("grpc_push_refuses_broken_streams_and_frees", async () => {
+test("grpc push refuses broken streams and frees", async () => {
   const d = await decode();
   const base = snapshot(d.pool, d.rx);
   const { chunks } = promptChunks("broken", 3 * SHAPE.blockTokens + 1);
@@ -116,7 +116,7 @@ test("grpc_push_refuses_broken_streams_and_frees", async () => {
   }
 });
 
-test("push_kv_over_every_connect_protocol", async () => {
+test("push kv over every connect protocol", async () => {
   const d = await decode();
   const { chunks, tokens } = promptChunks("fallback", 2 * SHAPE.blockTokens + 5);
   const transports = {

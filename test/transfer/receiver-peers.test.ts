@@ -36,7 +36,7 @@ const codeOf = (f: () => unknown) => {
   }
 };
 
-test("one_peer_cannot_take_another_peers_share", () => {
+test("one peer cannot take another peers share", () => {
   const P = new KvPool(SHAPE, 64);
   const D = new KvPool(SHAPE, 16);
   const rx = new KvReceiver(D, {
@@ -74,7 +74,7 @@ test("one_peer_cannot_take_another_peers_share", () => {
   expect(D.used).toBe(0);
 });
 
-test("handles_are_bound_to_the_peer_that_pushed_them", () => {
+test("handles are bound to the peer that pushed them", () => {
   const P = new KvPool(SHAPE, 32);
   const D = new KvPool(SHAPE, 16);
   const rx = new KvReceiver(D, { ttlMs: 60_000, pushIdleTimeoutMs: 10_000 });
@@ -96,7 +96,7 @@ test("handles_are_bound_to_the_peer_that_pushed_them", () => {
   }
 });
 
-test("a_quiet_push_is_aborted_and_freed", () => {
+test("a quiet push is aborted and freed", () => {
   let now = 1_000;
   const P = new KvPool(SHAPE, 32);
   const D = new KvPool(SHAPE, 16);

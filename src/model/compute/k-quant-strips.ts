@@ -5,7 +5,7 @@ import { type KDType, kBlockBytes, QK_K, q4kQuant, q4kScaleMin, q5kQuant, q6kQua
  * The K STRIP LAYOUT that kernels/assembly/kquants.ts reads (stated there in full): a strip of 8
  * rows is a group per super-block; in a group, the 8 rows' f16 scales, their sub-block scales
  * (and q4_k's mins) as bytes, then each half strip's quantized weights, four rows interleaved
- * in pairs of columns (kSlot), then q5_k's fifth bits. q4_k: 1184 bytes a group (4.625 bits a
+ * in quads of columns (kSlot), then q5_k's fifth bits. q4_k: 1184 bytes a group (4.625 bits a
  * weight: ggml's packed 6-bit scales are unpacked to bytes); q5_k: 1440 (5.625); q6_k: 1680
  * (6.5625, ggml's own).
  */
@@ -26,15 +26,23 @@ function q5BitPlace(k: number, i: number): number {
   return (Q4K_GROUP + (k >> 2) * 128 + (i >> 5) * 16 + (e & 15)) * 8 + (e >> 4);
 }
 
-/** Index e of column i of row k (of a half strip) within its sub-block: pairs of columns, four rows each. */
+/**
+ * Index e of column i of row k (of a half strip) within its sub-block: quads of columns, four rows
+ * each, so 16 consecutive e are four columns of four rows, the bytes the relaxed dot sums per lane.
+ */
 function kSlot(k: number, i: number): number {
-  return (i >> 1) * 8 + (k & 3) * 2 + (i & 1);
+  return (i >> 2) * 16 + (k & 3) * 4 + (i & 3);
 }
 
 /** Where weight i (0..255) of row k of a q4_k group sits: its byte * 2 + 1 if in the high nibble. */
 function q4Place(k: number, i: number): number {
   const e = kSlot(k, i & 31);
   return (160 + (k >> 2) * 512 + (i >> 5) * 64 + (e >> 5) * 16 + (e & 15)) * 2 + ((e >> 4) & 1);
+}
+
+/** Where the min of sub-block j of row k (of a half strip) sits among its half's 32: pairs of sub-blocks, four rows each. */
+function minSlot(k: number, j: number): number {
+  return (j >> 1) * 8 + (k & 3) * 2 + (j & 1);
 }
 
 /** Bits 4..5 of h take e 0..15, 2..3 e 16..31, 0..1 e 32..47, 6..7 e 48..63 (kquants.ts's unpacking). */
@@ -81,7 +89,7 @@ export function packKStrip(kt: KDType, src: Uint8Array, rows: number, n: number,
         for (let j = 0; j < 8; j++) {
           const sm = q4kScaleMin(src, at, j);
           out[g + 32 + half * 32 + j * 4 + kk] = sm & 0xff;
-          out[g + 96 + half * 32 + j * 4 + kk] = sm >> 8;
+          out[g + 96 + half * 32 + minSlot(kk, j)] = sm >> 8;
         }
         for (let i = 0; i < QK_K; i++) {
           const q = kt === "q5_k" ? q5kQuant(src, at, i) : q4kQuant(src, at, i);
@@ -126,7 +134,7 @@ export function readKStripRow(kt: KDType, u8: Uint8Array, base: number, k: numbe
         q |= ((u8[g + (b5 >> 3)]! >> (b5 & 7)) & 1) << 4;
       }
       const sc = u8[g + 32 + half * 32 + (i >> 5) * 4 + kk]!;
-      const m = u8[g + 96 + half * 32 + (i >> 5) * 4 + kk]!;
+      const m = u8[g + 96 + half * 32 + minSlot(kk, i >> 5)]!;
       out[outAt + j - j0] = d * sc * q - dmin * m;
     }
   }

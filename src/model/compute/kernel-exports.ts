@@ -1,27 +1,37 @@
 import type { DType } from "./packed.ts";
 
 /**
+ * The i32 slots of the attention kernel's AttendJob record (kernels/assembly/attention.ts), which
+ * `attend` takes one pointer to and attend_jobs fills at the start of each thread's scratch:
+ * byte addresses (out, q, table, att, lin), layerOff in bytes, the rest counts.
+ */
+export const ATTEND_JOB = {
+  out: 0,
+  q: 1,
+  table: 2,
+  layerOff: 3,
+  att: 4,
+  attStride: 5,
+  lin: 6,
+  firstPos: 7,
+  nr: 8,
+  B: 9,
+  nKv: 10,
+  kvMul: 11,
+  hd: 12,
+  qStride: 13,
+} as const;
+/** Bytes attend_jobs keeps for its AttendJob before the scores in its scratch (ATTEND_JOB_BYTES there). */
+export const ATTEND_JOB_BYTES = 64;
+
+/**
  * The exports of the kernel module besides the matmuls (kernels/assembly/attention.ts and
  * elementwise.ts state their orders). Every argument that names memory is a byte offset into the
  * kernel's memory.
  */
 interface LayerKernelExports {
-  attend(
-    out: number,
-    q: number,
-    table: number,
-    layerOff: number,
-    att: number,
-    attStride: number,
-    lin: number,
-    firstPos: number,
-    nr: number,
-    B: number,
-    nKv: number,
-    kvMul: number,
-    hd: number,
-    qStride: number,
-  ): void;
+  /** Every head of one sequence, the AttendJob record at `job` (ATTEND_JOB's slots). */
+  attend(job: number): void;
   /** Pieces c0 .. c1 of the attention dispatch at params (Transformer writes its layout). */
   attend_jobs(params: number, c0: number, c1: number, scratch: number): void;
   swiglu(h: number, g: number, n: number): void;
@@ -45,6 +55,9 @@ export type KernelExports = Record<`matmul_${DType}`, KernelFn> &
     /** rows token rows of n f32 at x quantized for the q4_k and q6_k kernels at dst (k_row_bytes(n) each). */
     quantize_k_x(dst: number, x: number, rows: number, n: number): void;
     k_row_bytes(n: number): number;
+    /** rows token rows of n f32 at x quantized for the legacy kernels at dst (l_row_bytes(n) each). */
+    quantize_l_x(dst: number, x: number, rows: number, n: number): void;
+    l_row_bytes(n: number): number;
     /** Rows g0 .. g1 of n weights at x (0 f32, 1 f16, 2 bf16) to q8_0 blocks at y (kernels/assembly/convert.ts). */
     convert_q8_rows(y: number, x: number, src: number, n: number, g0: number, g1: number): void;
     /** 16-bit rows at `at` rearranged into the strip layout in place (strip-layout.ts's InPlace). */

@@ -68,9 +68,8 @@ export function controlBytes(helpers: number): number {
 /**
  * Multiply-adds of a chunk of a one-row job, at most: a job is cut into equal chunks no bigger.
  * Each chunk is a kernel call on rows that stream on from the owner's last, so the fewer the
- * better until the tail (the threads finish at most one chunk apart) costs more: chunks of 16K
- * gave f16 decode 5-10% slower steps than 64K (2 threads, measured; 32K and 128K in between or
- * no better). A job of r rows takes chunks min(r, CHUNK_ROWS_MAX) times as big: a batch's
+ * better until the tail (the threads finish at most one chunk apart) costs more (bench/model.ts's
+ * f16 decode on 2 threads is the figure to re-measure when changing it). A job of r rows takes chunks min(r, CHUNK_ROWS_MAX) times as big: a batch's
  * chunks cost as many calls at a fraction of the rows.
  */
 const CHUNK_MACS = 1 << 16;

@@ -1,5 +1,6 @@
 import assert from "node:assert";
 import { headDimOf, kvDimOf, type ModelConfig, qDimOf, ropeFrequencies } from "./config.ts";
+import { ATTEND_JOB_BYTES } from "./kernel-exports.ts";
 import { type KernelOptions, MAX_PLACED_BYTES, MatmulKernel } from "./matmul.ts";
 import { dtypeOf, isStacked, type Matrix, matrixBytes, type SimpleMatrix } from "./packed.ts";
 import { stripLayoutBytes } from "./strip-layout.ts";
@@ -130,10 +131,10 @@ export function attentionStride(cfg: ModelConfig): number {
   return Math.ceil(cfg.maxSeqLen / 4) * 4;
 }
 
-/** Bytes of one thread's scratch in the attention dispatch (kernels/assembly/attention.ts). */
+/** Bytes of one thread's scratch in the attention dispatch (kernels/assembly/attention.ts): its AttendJob, then scores. */
 export function attentionScratchBytes(cfg: ModelConfig): number {
   const S = attentionStride(cfg);
-  return Math.max(4 * S + 2 * S * headDimOf(cfg), 4 * cfg.nKvHeads * S) * 4;
+  return ATTEND_JOB_BYTES + Math.max(4 * S + 2 * S * headDimOf(cfg), 4 * cfg.nKvHeads * S) * 4;
 }
 
 /** A wasm32 memory: 4 GiB. */

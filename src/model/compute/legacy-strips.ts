@@ -4,7 +4,7 @@ import { type LegacyDType, legacyD, legacyQ, legacyShape, legacyValue, QK_LEGACY
 /**
  * THE LEGACY STRIP LAYOUT that kernels/assembly/legacy.ts reads (stated there in full): a strip
  * of 8 rows is a group per 32-block: the rows' d, the _1 types' m, each half strip's nibbles in
- * pairs of columns of four rows (as the K layout's), then the q5 types' fifth bits. The same bits
+ * quads of columns of four rows (as the K layout's), then the q5 types' fifth bits. The same bits
  * a weight as ggml's blocks.
  */
 export function legacyGroupBytes(dt: LegacyDType): number {
@@ -12,9 +12,9 @@ export function legacyGroupBytes(dt: LegacyDType): number {
   return 144 + (min ? 16 : 0) + (five ? 32 : 0);
 }
 
-/** Index e of column i (0..31) of row k of a half strip: pairs of columns, four rows each. */
+/** Index e of column i (0..31) of row k of a half strip: quads of columns, four rows each (the relaxed dot's four bytes a lane). */
 function slot(k: number, i: number): number {
-  return (i >> 1) * 8 + (k & 3) * 2 + (i & 1);
+  return (i >> 2) * 16 + (k & 3) * 4 + (i & 3);
 }
 
 /**

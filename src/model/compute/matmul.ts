@@ -112,7 +112,8 @@ export function matmulQ8Ref(y: Float32Array, x: Float32Array, w: PackedMatrix, w
 
 /**
  * The legacy kernels' order in plain JS (THE LEGACY ORDER in kernels/assembly/legacy.ts), on
- * ggml's blocks: x quantized per 32-block as for q8_0, then per output one running f32 sum over
+ * ggml's blocks: x quantized per 32-block into [-127, 127] (quantizeXRef, as kquants.ts's
+ * quads: the relaxed dot takes i8), then per output one running f32 sum over
  * the blocks of f32(I) * (d * s) (+ f32(X) * (m * s) for q4_1 and q5_1), I = sum u q + offset * X.
  */
 export function matmulLegacyRef(y: Float32Array, x: Float32Array, w: PackedMatrix, wOff: number, rows: number, n: number, d: number): void {
@@ -124,7 +125,7 @@ export function matmulLegacyRef(y: Float32Array, x: Float32Array, w: PackedMatri
   const b = w.bytes;
   const blocks = n / QK8_0;
   for (let r = 0; r < rows; r++) {
-    quantizeXRef(x, r * n, n, QK8_0, -32768, 32767);
+    quantizeXRef(x, r * n, n, QK8_0, -127, 127);
     const { q: refQ, scales: refScales } = xRef;
     for (let i = 0; i < d; i++) {
       const first = (wOff + i * n) / QK8_0;
@@ -560,9 +561,9 @@ export class MatmulKernel {
   }
 
   /**
-   * Quantizes the x of every queued q8_0, q4_k or q6_k job for its integer kernel (q8.ts,
-   * kquants.ts), in this dispatch's space, and points the job at it: once per x and layout, so
-   * jobs sharing one (q, k, v; w1, w3) share it (q4_k and q6_k share kquants.ts's layout).
+   * Quantizes the x of every queued quantized job for its integer kernel (q8.ts, kquants.ts,
+   * legacy.ts), in this dispatch's space, and points the job at it: once per x and layout, so
+   * jobs sharing one (q, k, v; w1, w3) share it (q4_k, q5_k and q6_k share kquants.ts's layout).
    */
   private quantizeQ8Inputs(ex: KernelExports, count: number): void {
     const jobs = this.jobs;
@@ -582,6 +583,9 @@ export class MatmulKernel {
         if (layout === 1) {
           at = this.temp(rows * ex.q8_row_bytes(n));
           ex.quantize_q8_x(at, x, rows, n);
+        } else if (layout === 3) {
+          at = this.temp(rows * ex.l_row_bytes(n));
+          ex.quantize_l_x(at, x, rows, n);
         } else {
           at = this.temp(rows * ex.k_row_bytes(n));
           ex.quantize_k_x(at, x, rows, n);
@@ -691,7 +695,8 @@ export class MatmulKernel {
 /** Which quantized x a kernel reads: 0 none (f32 x), 1 q8.ts's (q8_0 and the legacy types), 2 kquants.ts's. */
 function quantLayout(fn: number): number {
   if (fn === KERNEL_INDEX.q4_k || fn === KERNEL_INDEX.q5_k || fn === KERNEL_INDEX.q6_k) return 2;
-  return fn === KERNEL_INDEX.q8_0 || fn === KERNEL_INDEX.q4_0 || fn === KERNEL_INDEX.q4_1 || fn === KERNEL_INDEX.q5_0 || fn === KERNEL_INDEX.q5_1 ? 1 : 0;
+  if (fn === KERNEL_INDEX.q4_0 || fn === KERNEL_INDEX.q4_1 || fn === KERNEL_INDEX.q5_0 || fn === KERNEL_INDEX.q5_1) return 3;
+  return fn === KERNEL_INDEX.q8_0 ? 1 : 0;
 }
 
 /** Whether float ranges [a, a + n) and [b, b + m) (byte offsets a, b) share memory. */

@@ -2,8 +2,8 @@
  * When a split dispatch should stay on the caller instead. A caller that waited more than
  * `stallMs` for a helper's chunk after finishing its own share met a helper that lost its core
  * mid-chunk. Now and then, on a quiet machine, that is the scheduler's noise (a JIT or GC thread
- * took the core for a moment) and a short backoff costs little; one of 50 ms there cost a
- * decode 10-25% of its tokens (measured). Stalls close together mean an oversubscribed machine,
+ * took the core for a moment) and a short backoff costs little, where a long one would run a
+ * quiet machine's decode on one thread for no reason. Stalls close together mean an oversubscribed machine,
  * where waiting out time slices costs more than running alone. So the backoff doubles with each
  * stall that comes within `maxMs` of the last backoff's end, from `minMs` up to `maxMs`, and starts
  * again from `minMs` after `maxMs` without a stall.

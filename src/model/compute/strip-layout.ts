@@ -245,7 +245,7 @@ const F16_SCALE = Float64Array.from({ length: 32 }, (_, e) => 2 ** (Math.max(e, 
 /**
  * The finite f16 pattern h as a number, exactly (placed weights are checked finite). Arithmetic
  * rather than f16Values' table: a row read after the weights streamed through (the embedding,
- * each token) would miss its 256 KB at random, about 0.1 µs an element.
+ * each token) would miss its 256 KB at random.
  */
 function f16Value(h: number): number {
   const e = (h >> 10) & 0x1f;

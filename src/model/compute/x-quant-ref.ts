@@ -3,8 +3,8 @@
  * and the fallback's one statement of it): per block of `block` elements s = max|x| / 127,
  * q = nearest-even(clamp(x * (s == 0 ? 0 : 1 / s), lo, hi)), a NaN giving 0, every step in f32.
  * q8.ts's quantize_q8_x is block 32, [-32768, 32767] (i16 saturation); kquants.ts's quantize_k_x
- * block 256, [-127, 127]. The row lands in xRef's arrays, grown as needed (the fallback runs
- * on one thread).
+ * block 256 and legacy.ts's quantize_l_x block 32, both [-127, 127]. The row lands in xRef's
+ * arrays, grown as needed (the fallback runs on one thread).
  */
 export const xRef = { q: new Int32Array(0), scales: new Float32Array(0) };
 

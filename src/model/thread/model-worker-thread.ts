@@ -46,7 +46,7 @@ let buffersArrived: (() => void) | null = null;
 const read: ReadPlan = newReadPlan();
 
 /**
- * The thread's twin of a sequence's structured-output matcher (ModelRunner.openConstraint):
+ * The thread's twin of a sequence's structured-output matcher (the engine's ModelPort.openConstraint):
  * `count` output tokens taken. Broken (it could not be built, or lost step with the sequence):
  * its rows are sampled unmasked, and the engine's own matcher, which takes every token too,
  * refuses the first the grammar does not allow and ends that sequence alone.

@@ -72,7 +72,7 @@ export interface ModelThreadCounters {
 }
 
 /**
- * A model on its own thread, as the engine's model runner: the thread loads the weights and
+ * A model on its own thread, behind the engine's model port (WorkerPort, src/engine): the thread loads the weights and
  * runs each forward over the engine's shared KV slab while the engine's event loop stays free.
  *
  * Invariant: at most SLOTS forwards are in flight, each in its own slot (slotOf(gen)), and while one
@@ -83,7 +83,7 @@ export interface ModelThreadCounters {
 export class ModelWorker {
   readonly info: LoadedInfo;
   readonly vocabSize: number;
-  /** Forwards forwardPipelined takes in flight at most. */
+  /** Forwards post takes in flight at most. */
   readonly pipelineDepth = SLOTS;
   private readonly worker: Worker;
   private readonly ctrl: Int32Array;
@@ -171,29 +171,15 @@ export class ModelWorker {
   }
 
   /**
-   * Runs one forward on the model thread; settles when its K/V are in the slab and its logits in
-   * `out`. Until then the caller must not free, reuse or write any block of `batch`.
-   */
-  forward(pool: KvPool, batch: readonly SeqChunk[], out: Float32Array): Promise<void> {
-    return this.forwardPipelined(pool, batch, out).then(() => {});
-  }
-
-  /**
-   * forward, which may be called again before the one before settles (SLOTS in flight at most):
-   * the rows `sampling` names are sampled on the model thread (by the engine's own sampler), and
-   * the promise settles with their tokens by row (-1 elsewhere; a view valid until that slot's
-   * next forward is posted). A chunk token prevToken(r) is row r's sampled token of the forward before.
-   * `lazy`: it may settle together with the next one (see ModelRunner.forwardPipelined).
-   */
-  forwardPipelined(pool: KvPool, batch: readonly SeqChunk[], out: Float32Array, sampling?: readonly (RowSampling | null)[], lazy = false): Promise<Int32Array> {
-    return new Promise<Int32Array>((resolve, reject) => this.post(pool, batch, out, sampling, lazy, (sampled, e) => (e ? reject(e) : resolve(sampled!))));
-  }
-
-  /**
-   * forwardPipelined without a promise: `done` is called once the forward ends (forwards end in
-   * the order posted; a thread already dead calls it at once), so an engine settling a step
-   * makes nothing per step. Throws, calling nothing, when SLOTS forwards are in flight or `out`
-   * is short. `done` may post the next forward.
+   * Runs one forward on the model thread, which may be posted again before the one before ends
+   * (SLOTS in flight at most): `done` is called once the forward ends (forwards end in the order
+   * posted; a thread already dead calls it at once), with the tokens of the rows `sampling`
+   * names, sampled on the model thread by the engine's own sampler (-1 elsewhere; a view valid
+   * until that slot's next forward is posted), so an engine settling a step makes nothing per
+   * step. A chunk token prevToken(r) is row r's sampled token of the forward before. Until `done`
+   * the caller must not free, reuse or write any block of `batch`. `lazy`: it may end together
+   * with the next one (see the engine's StepBatch.lazy). Throws, calling nothing, when SLOTS
+   * forwards are in flight or `out` is short. `done` may post the next forward.
    */
   post(
     pool: KvPool,
@@ -309,7 +295,7 @@ export class ModelWorker {
   /** The vocabularies the thread has been sent (with the first constraint opened over each). */
   private readonly vocabsSent = new WeakSet<object>();
 
-  /** ModelRunner.openConstraint: the thread builds its twin of `matcher` before it reads a plan naming `id`. */
+  /** The engine's ModelPort.openConstraint: the thread builds its twin of `matcher` before it reads a plan naming `id`. */
   openConstraint(id: number, matcher: TokenMatcher, replay: readonly number[]): void {
     if (this.dead) return;
     const vocab = this.vocabsSent.has(matcher.vocab) ? undefined : { encoded: matcher.vocab.encoded, stopIds: matcher.vocab.stopIds };
@@ -320,7 +306,7 @@ export class ModelWorker {
     Atomics.store(this.ctrl, VER, this.version);
   }
 
-  /** ModelRunner.closeConstraint: no plan names `id` any more (one already posted finds none and samples unmasked). */
+  /** The engine's ModelPort.closeConstraint: no plan names `id` any more (one already posted finds none and samples unmasked). */
   closeConstraint(id: number): void {
     if (this.dead) return;
     this.worker.postMessage({ type: "constraint", version: this.version, close: id } satisfies ToModelThread);

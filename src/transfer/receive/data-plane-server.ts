@@ -256,7 +256,7 @@ function onData(s: Socket<Conn>, buf: Uint8Array): void {
  * Frees a read buffer now instead of at the next garbage collection. Bun hands every
  * read over in a fresh ArrayBuffer (up to 512 KB); in a decode engine the pool makes the
  * heap large, so collections are rare and each push's reads land on fresh pages, which
- * fault in one by one (on the bench VM: ~1,000-3,600 faults, +12-45 ms, per 32 MB push).
+ * fault in one by one (thousands of faults per 32 MB push).
  * Detached, the memory goes straight back to the allocator and the next read reuses it,
  * still mapped and in cache. Safe because nothing keeps a view of `buf` past onData: a
  * frame split across reads is copied into `acc`, and the receiver copies what it keeps

@@ -1,5 +1,5 @@
 /**
- * One KvChunk of a push (contracts.md, tl.kv.v1), transport-neutral: the generated
+ * One KvChunk of a push (grpc-services.md, "tl.kv.v1 · KvTransfer"), transport-neutral: the generated
  * `KvChunk` message satisfies it, and so do the data plane's decoded frames.
  */
 export interface KvChunkLike {

@@ -25,6 +25,49 @@
 import { f16bitsHi, f16bitsLo, f16ext, f16ToF32, f16x4, top16x4 } from "./f16";
 import { exp1, exp4 } from "./math";
 
+/**
+ * One attend call's parameters, as llama2.c passes Config* and RunState*: a record of i32 slots
+ * in kernel memory (ATTEND_JOB in kernel-exports.ts names the same slots for TypeScript), read
+ * through one pointer. `attend` takes it from its caller; attend_jobs writes one per piece at the
+ * start of its thread's scratch (ATTEND_JOB_BYTES, which attentionScratchBytes counts in). Each
+ * function reads the fields it needs into locals at entry, so no loop reloads them.
+ */
+@unmanaged class AttendJob {
+  /** Byte addresses: the output rows, the query rows, the sequence's block table. */
+  out: usize;
+  q: usize;
+  table: usize;
+  /** Bytes from a block's start to this layer's K section. */
+  layerOff: usize;
+  /** Score scratch: 4 * nKv * attStride floats (attendStream), or 4 * attStride (attendHead). */
+  att: usize;
+  attStride: i32;
+  /** attendHead's f32 K then V of one KV head: 2 * attStride * hd floats. */
+  lin: usize;
+  /** Row j of the nr rows sits at position firstPos + j. */
+  firstPos: i32;
+  nr: i32;
+  /** Positions per block, KV heads, query heads per KV head, head dimension. */
+  B: i32;
+  nKv: i32;
+  kvMul: i32;
+  hd: i32;
+  /** Floats from one query (and output) row to the next. */
+  qStride: i32;
+}
+/** Bytes attend_jobs keeps for its AttendJob at the start of its scratch (14 slots, rounded so att stays 16-aligned). */
+const ATTEND_JOB_BYTES: usize = 64;
+
+/** The layer's V section, right after its K section: B * kvDim f16 past layerOff. */
+@inline function vOffOf(job: AttendJob): usize {
+  return job.layerOff + <usize>job.B * <usize>(job.nKv * job.hd) * 2;
+}
+
+/** attendHead's f32 V, after its f32 K at lin. */
+@inline function vLinOf(job: AttendJob): usize {
+  return job.lin + <usize>job.attStride * <usize>job.hd * 4;
+}
+
 /** Byte address of block b's section at layerOff: the layer's K, or its V at B * kvDim * 2 past. */
 @inline function blockAt(table: usize, b: i32, layerOff: usize): usize {
   return <usize>load<i32>(table + (<usize>b << 2)) + layerOff;
@@ -66,10 +109,14 @@ import { exp1, exp4 } from "./math";
 
 /**
  * att[q][t] = q . k[t] / sqrt(hd) (the matmul order) for four queries at once over t < len (each
- * query's later positions are its own), K already f32 and contiguous: position t's vector at
- * k + t * hd floats.
+ * query's later positions are its own), into the job's four score rows, K already f32 and
+ * contiguous in its lin (linearize): position t's vector at lin + t * hd floats.
  */
-function scores4(q0: usize, q1: usize, q2: usize, q3: usize, att: usize, attStep: usize, len: i32, k: usize, hd: i32): void {
+function scores4(job: AttendJob, q0: usize, q1: usize, q2: usize, q3: usize, len: i32): void {
+  const att = job.att;
+  const attStep = <usize>job.attStride << 2;
+  const k = job.lin;
+  const hd = job.hd;
   const hd4 = hd & ~3;
   const sqrtHd = Mathf.sqrt(<f32>hd);
   const rowBytes = <usize>hd << 2;
@@ -201,24 +248,15 @@ function softmaxScaled(att: usize, len: i32): void {
 }
 
 /**
- * out = sum over t < len of att[t] * v[t] for four queries whose lengths rise (len0 <= len1 <= len2 <= len3), v f32 as in scores4:
- * every V chunk of a position all four attend to is loaded once for the four; each then adds its
- * own last positions.
+ * out = sum over t < len of att[t] * v[t] for four queries whose lengths rise (len0 <= len1 <= len2 <= len3),
+ * att the job's four weight rows, v f32 as in scores4 (vLinOf): every V chunk of a position all
+ * four attend to is loaded once for the four; each then adds its own last positions.
  */
-function values4(
-  op0: usize,
-  op1: usize,
-  op2: usize,
-  op3: usize,
-  att: usize,
-  attStep: usize,
-  len0: i32,
-  len1: i32,
-  len2: i32,
-  len3: i32,
-  v: usize,
-  hd: i32,
-): void {
+function values4(job: AttendJob, op0: usize, op1: usize, op2: usize, op3: usize, len0: i32, len1: i32, len2: i32, len3: i32): void {
+  const att = job.att;
+  const attStep = <usize>job.attStride << 2;
+  const v = vLinOf(job);
+  const hd = job.hd;
   const hd4 = hd & ~3;
   const att1 = att + attStep;
   const att2 = att1 + attStep;
@@ -322,26 +360,18 @@ function linearize(dst: usize, table: usize, secOff: usize, n: i32, B: i32, kvDi
  * follows; head by head it would be a strided walk through memory). att holds nr * nHeads score
  * rows of attStride floats; the outputs sum in place from +0, each element in t order.
  */
-function attendStream(
-  out: usize,
-  q: usize,
-  table: usize,
-  layerOff: usize,
-  att: usize,
-  attStride: i32,
-  firstPos: i32,
-  nr: i32,
-  B: i32,
-  nKv: i32,
-  kvMul: i32,
-  hd: i32,
-  qStride: i32,
-  g0: i32,
-  g1: i32,
-): void {
-  const kvDim = nKv * hd;
+function attendStream(job: AttendJob, g0: i32, g1: i32): void {
+  const out = job.out;
+  const q = job.q;
+  const att = job.att;
+  const attStride = job.attStride;
+  const firstPos = job.firstPos;
+  const nr = job.nr;
+  const nKv = job.nKv;
+  const kvMul = job.kvMul;
+  const hd = job.hd;
+  const qStride = job.qStride;
   const nH = nKv * kvMul;
-  const vOff = layerOff + <usize>B * <usize>kvDim * 2;
   const attStep = <usize>attStride << 2;
   // The rows of att past the nr * nH score rows hold the query scaled by 2^112, when they fit.
   const qx = att + <usize>(nr * nH) * attStep;
@@ -350,12 +380,12 @@ function attendStream(
     const rowAtt = att + <usize>(j * nH) * attStep;
     const qRow = q + ((<usize>j * <usize>qStride) << 2);
     const len = firstPos + j + 1;
-    if (roomy && scaleHeads(qx, qRow, hd, kvMul, g0, g1)) streamScoresX(qRow, qx, rowAtt, attStep, len, table, layerOff, B, nKv, kvMul, hd, g0, g1);
-    else streamScores(qRow, rowAtt, attStep, len, table, layerOff, B, nKv, kvMul, hd, g0, g1);
+    if (roomy && scaleHeads(qx, qRow, hd, kvMul, g0, g1)) streamScoresX(job, qRow, qx, rowAtt, len, g0, g1);
+    else streamScores(job, qRow, rowAtt, len, g0, g1);
     for (let h = g0 * kvMul; h < g1 * kvMul; h++) {
       softmaxScaled(rowAtt + <usize>h * attStep, len);
     }
-    streamValues(out + ((<usize>j * <usize>qStride) << 2), rowAtt, attStep, len, table, vOff, B, nKv, kvMul, hd, g0, g1);
+    streamValues(job, out + ((<usize>j * <usize>qStride) << 2), rowAtt, len, g0, g1);
   }
 }
 
@@ -413,21 +443,14 @@ function scaleHeads(qx: usize, q: usize, hd: i32, kvMul: i32, g0: i32, g1: i32):
  * Long by design: the touch-ahead of the next block and the four sums live in one loop body,
  * whose registers a call would spill.
  */
-function streamScoresX(
-  q: usize,
-  qx: usize,
-  att: usize,
-  attStep: usize,
-  len: i32,
-  table: usize,
-  layerOff: usize,
-  B: i32,
-  nKv: i32,
-  kvMul: i32,
-  hd: i32,
-  g0: i32,
-  g1: i32,
-): void {
+function streamScoresX(job: AttendJob, q: usize, qx: usize, att: usize, len: i32, g0: i32, g1: i32): void {
+  const table = job.table;
+  const layerOff = job.layerOff;
+  const attStep = <usize>job.attStride << 2;
+  const B = job.B;
+  const nKv = job.nKv;
+  const kvMul = job.kvMul;
+  const hd = job.hd;
   const hd4 = hd & ~3;
   const hd8 = hd & ~7;
   const sqrtHd = Mathf.sqrt(<f32>hd);
@@ -534,7 +557,14 @@ function streamScoresX(
 }
 
 /** Row att[h][t] = q_h . k[t] / sqrt(hd) for the heads h of KV heads g0 .. g1 and t < len: four positions at a time. */
-function streamScores(q: usize, att: usize, attStep: usize, len: i32, table: usize, layerOff: usize, B: i32, nKv: i32, kvMul: i32, hd: i32, g0: i32, g1: i32): void {
+function streamScores(job: AttendJob, q: usize, att: usize, len: i32, g0: i32, g1: i32): void {
+  const table = job.table;
+  const layerOff = job.layerOff;
+  const attStep = <usize>job.attStride << 2;
+  const B = job.B;
+  const nKv = job.nKv;
+  const kvMul = job.kvMul;
+  const hd = job.hd;
   const hd4 = hd & ~3;
   const sqrtHd = Mathf.sqrt(<f32>hd);
   const slotBytes = <usize>(nKv * hd) << 1;
@@ -585,7 +615,14 @@ function streamScores(q: usize, att: usize, attStep: usize, len: i32, table: usi
  * each product the same real number as att * v. Four positions at a time go through each chunk
  * of out between its load and its store (the adds still one position after another).
  */
-function streamValues(out: usize, att: usize, attStep: usize, len: i32, table: usize, vOff: usize, B: i32, nKv: i32, kvMul: i32, hd: i32, g0: i32, g1: i32): void {
+function streamValues(job: AttendJob, out: usize, att: usize, len: i32, g0: i32, g1: i32): void {
+  const table = job.table;
+  const vOff = vOffOf(job);
+  const attStep = <usize>job.attStride << 2;
+  const B = job.B;
+  const nKv = job.nKv;
+  const kvMul = job.kvMul;
+  const hd = job.hd;
   const slotBytes = <usize>(nKv * hd) << 1;
   for (let h = g0 * kvMul; h < g1 * kvMul; h++) {
     const o = out + (<usize>(h * hd) << 2);
@@ -692,34 +729,24 @@ function streamValues(out: usize, att: usize, attStep: usize, len: i32, table: u
  * Each output depends only on its query and the cache, so computing heads apart (on any thread)
  * never changes a bit.
  */
-function attendHead(
-  out: usize,
-  q: usize,
-  table: usize,
-  layerOff: usize,
-  att: usize,
-  attStride: i32,
-  lin: usize,
-  firstPos: i32,
-  nr: i32,
-  B: i32,
-  nKv: i32,
-  kvMul: i32,
-  hd: i32,
-  qStride: i32,
-  g: i32,
-): void {
-  const kvDim = nKv * hd;
-  const vOff = layerOff + <usize>B * <usize>kvDim * 2;
-  const attStep = <usize>attStride << 2;
-  const nq = nr * kvMul;
-  const n = firstPos + nr;
+function attendHead(job: AttendJob, g: i32): void {
+  const out = job.out;
+  const q = job.q;
+  const table = job.table;
+  const att = job.att;
+  const firstPos = job.firstPos;
+  const B = job.B;
+  const kvMul = job.kvMul;
+  const hd = job.hd;
+  const qStride = job.qStride;
+  const kvDim = job.nKv * hd;
+  const attStep = <usize>job.attStride << 2;
+  const nq = job.nr * kvMul;
+  const n = firstPos + job.nr;
   const off = g * hd;
   // Query c of this KV head: row c / kvMul, head g * kvMul + c % kvMul.
-  const kLin = lin;
-  const vLin = lin + <usize>attStride * <usize>hd * 4;
-  linearize(kLin, table, layerOff, n, B, kvDim, off, hd);
-  linearize(vLin, table, vOff, n, B, kvDim, off, hd);
+  linearize(job.lin, table, job.layerOff, n, B, kvDim, off, hd);
+  linearize(vLinOf(job), table, vOffOf(job), n, B, kvDim, off, hd);
   // Four at a time; a last short tile repeats its last query, which only writes its own
   // result again.
   for (let c = 0; c < nq; c += 4) {
@@ -734,35 +761,26 @@ function attendHead(
     const len1 = firstPos + c1 / kvMul + 1;
     const len2 = firstPos + c2 / kvMul + 1;
     const len3 = firstPos + c3 / kvMul + 1;
-    scores4(q + o0, q + o1, q + o2, q + o3, att, attStep, len3, kLin, hd);
+    scores4(job, q + o0, q + o1, q + o2, q + o3, len3);
     softmax(att, len0);
     softmax(att + attStep, len1);
     softmax(att + 2 * attStep, len2);
     softmax(att + 3 * attStep, len3);
-    values4(out + o0, out + o1, out + o2, out + o3, att, attStep, len0, len1, len2, len3, vLin, hd);
+    values4(job, out + o0, out + o1, out + o2, out + o3, len0, len1, len2, len3);
   }
 }
 
-/** Every head of one sequence: streamed (decode) or KV head by KV head (see the two). att: 4 * nKv * attStride floats. */
-export function attend(
-  out: usize,
-  q: usize,
-  table: usize,
-  layerOff: usize,
-  att: usize,
-  attStride: i32,
-  lin: usize,
-  firstPos: i32,
-  nr: i32,
-  B: i32,
-  nKv: i32,
-  kvMul: i32,
-  hd: i32,
-  qStride: i32,
-): void {
+/** KV heads g0 .. g1 of the job's sequence: streamed when it has fewer than four queries per KV head (decode), else one by one. */
+function attendPiece(job: AttendJob, g0: i32, g1: i32): void {
+  if (job.nr * job.kvMul < 4) attendStream(job, g0, g1);
+  else for (let g = g0; g < g1; g++) attendHead(job, g);
+}
+
+/** Every head of one sequence, the AttendJob at `job` (its att of 4 * nKv * attStride floats). */
+export function attend(job: usize): void {
   nextFirst = 0;
-  if (nr * kvMul < 4) attendStream(out, q, table, layerOff, att, attStride, firstPos, nr, B, nKv, kvMul, hd, qStride, 0, nKv);
-  else for (let g = 0; g < nKv; g++) attendHead(out, q, table, layerOff, att, attStride, lin, firstPos, nr, B, nKv, kvMul, hd, qStride, g);
+  const j = changetype<AttendJob>(job);
+  attendPiece(j, 0, j.nKv);
 }
 
 // An attention dispatch's parameters, in i32 slots at `params` (Transformer writes them): the
@@ -784,38 +802,37 @@ const A_SEQS = 9;
 const ATT_SEQ_INTS = 5;
 
 /**
- * Pieces c0 .. c1 of the attention dispatch at params, on this thread; scratch holds att
- * (4 * attStride floats) then lin (2 * attStride * hd floats), or att of 4 * nKv * attStride
- * floats for a streamed piece.
+ * Pieces c0 .. c1 of the attention dispatch at params, on this thread. scratch (thread-private)
+ * holds the AttendJob this thread fills for each piece, then att (4 * attStride floats) then lin
+ * (2 * attStride * hd floats), or att of 4 * nKv * attStride floats for a streamed piece.
  */
 export function attend_jobs(params: usize, c0: i32, c1: i32, scratch: usize): void {
-  const nKv = load<i32>(params + (A_NKV << 2));
-  const hd = load<i32>(params + (A_HD << 2));
-  const attStride = load<i32>(params + (A_ATTSTRIDE << 2));
-  const B = load<i32>(params + (A_B << 2));
-  const kvMul = load<i32>(params + (A_KVMUL << 2));
-  const qStride = load<i32>(params + (A_QSTRIDE << 2));
-  const layerOff = <usize>load<i32>(params + (A_LAYEROFF << 2));
+  const job = changetype<AttendJob>(scratch);
+  job.layerOff = <usize>load<i32>(params + (A_LAYEROFF << 2));
+  job.att = scratch + ATTEND_JOB_BYTES;
+  job.attStride = load<i32>(params + (A_ATTSTRIDE << 2));
+  job.lin = job.att + (<usize>job.attStride << 4);
+  job.B = load<i32>(params + (A_B << 2));
+  job.nKv = load<i32>(params + (A_NKV << 2));
+  job.kvMul = load<i32>(params + (A_KVMUL << 2));
+  job.hd = load<i32>(params + (A_HD << 2));
+  job.qStride = load<i32>(params + (A_QSTRIDE << 2));
   const pieces = <usize>load<i32>(params + (A_PIECES << 2));
-  const lin = scratch + (<usize>attStride << 4);
   for (let c = c0; c < c1; c++) {
     const pc = pieces + <usize>c * 12;
     const s = load<i32>(pc);
-    const g0 = load<i32>(pc, 4);
-    const g1 = load<i32>(pc, 8);
     const p = params + (<usize>(A_SEQS + s * ATT_SEQ_INTS) << 2);
-    const out = <usize>load<i32>(p);
-    const q = <usize>load<i32>(p, 4);
-    const table = <usize>load<i32>(p, 8);
-    const firstPos = load<i32>(p, 12);
-    const nr = load<i32>(p, 16);
+    job.out = <usize>load<i32>(p);
+    job.q = <usize>load<i32>(p, 4);
+    job.table = <usize>load<i32>(p, 8);
+    job.firstPos = load<i32>(p, 12);
+    job.nr = load<i32>(p, 16);
     nextFirst = 0;
     if (c + 1 < load<i32>(params + (A_NPIECES << 2))) {
       const sn = load<i32>(pc, 12);
       if (sn != s) nextFirst = <usize>load<i32>(<usize>load<i32>(params + (<usize>(A_SEQS + sn * ATT_SEQ_INTS) << 2), 8));
     }
-    if (nr * kvMul < 4) attendStream(out, q, table, layerOff, scratch, attStride, firstPos, nr, B, nKv, kvMul, hd, qStride, g0, g1);
-    else for (let g = g0; g < g1; g++) attendHead(out, q, table, layerOff, scratch, attStride, lin, firstPos, nr, B, nKv, kvMul, hd, qStride, g);
+    attendPiece(job, load<i32>(pc, 4), load<i32>(pc, 8));
   }
   nextFirst = 0;
 }

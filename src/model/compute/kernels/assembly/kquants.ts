@@ -1,11 +1,14 @@
-// q4_k and q6_k weights (ggml's K-quants, 256-weight super-blocks) against activations quantized
-// per super-block to 8 bits, in integers (as ggml's vec_dot_q4_K_q8_K and vec_dot_q6_K_q8_K do).
+// q4_k, q5_k and q6_k weights (ggml's K-quants, 256-weight super-blocks) against activations
+// quantized per super-block to 8 bits, in integers (as ggml's vec_dot_q4_K_q8_K and
+// vec_dot_q6_K_q8_K do).
 //
 // QUANTIZED X (quantize_k_x, once per dispatch per x): each token row, per 256-element
 // super-block b: a = max |x_j|, s_b = a / 127, q_j = nearest-even(min(max(x_j * (s_b == 0 ? 0 :
 // 1 / s_b), -127), 127)) (a NaN gives 0; every step in f32), so |q_j| <= 127 always. Row layout:
-// the values as i16, each pair (j, j + 1) splatted over a v128 (16 bytes a pair, as q8.ts), then
-// the n / 256 scales s_b as f32, then the n / 16 sums of q over each 16 elements as i32.
+// the values as i8, each quad (j .. j + 3, j % 4 == 0) splatted over a v128 (16 bytes a quad: the
+// kernels load it whole; a load32_splat measured slower under Bun), then the n / 256 scales s_b
+// as f32, then the n / 16 sums of q over each 16 elements as i32, then per super-block its 8
+// sums over each 32 elements as i16 (|sum| <= 32 * 127), one v128 for q4_k's and q5_k's mins.
 //
 // THE K ORDER. Per output (weight row, token row), one running f32 sum from 0 over the
 // super-blocks in order:
@@ -23,16 +26,31 @@
 // depends only on the weight row and its own token row: never on the tile, the batch or the
 // thread. matmulQ4KRef and matmulQ6KRef (k-quant-ref.ts) state it in plain JS on ggml's blocks.
 //
+// THE RELAXED DOT, AND WHEN IT IS EXACT. The integer dots use relaxed SIMD's
+// i16x8.relaxed_dot_i8x16_i7x16_s(x, q): lane l = x[2l] q[2l] + x[2l + 1] q[2l + 1]. Relaxed SIMD
+// lets an engine treat q's bytes as signed or unsigned and saturate the pair sum (x86 lowers it
+// to pmaddubsw, which saturates; arm64 to signed multiplies, which do not); all agree, and give
+// the exact integer, WHEN EVERY q IS IN 0..127 AND EVERY x IN -128..127: then q reads the same
+// either way, and |pair| <= 2 * 128 * 127 < 2^15 never saturates. Here q is an unsigned 4-, 5-
+// or 6-bit weight (0..63 at most: the unpacking masks every byte) and x is QUANTIZED X's q
+// (|x| <= 127), so the condition holds by construction. The pair sums then add up in i16 lanes
+// only as far as they cannot overflow, and are widened to i32 (i32x4.dot_i16x8_s by ones) before
+// they could: q4_k 8 pairs a lane (8 * 2 * 127 * 15 = 30480), q5_k 4 (4 * 2 * 127 * 31 = 31496),
+// q6_k 2 (2 * 2 * 127 * 63 = 32004), each < 2^15 - 1. So every engine, whatever its lowering,
+// gets the same integers, and the same bits (test/model/k-quant-kernels.test.ts feeds the
+// extremes: weights at 0 and at their maximum, x at -127 and 127).
+//
 // THE K STRIP LAYOUT (k-quant-strips.ts packs it): rows in strips of 8, each strip a group per
 // super-block, a group holding its 8 rows' super-blocks. Within a sub-block the 4 rows of a half
-// strip (rows 0..3, 4..7) are interleaved in pairs as q8.ts's: element (row k, column i) is
-// e = (i >> 1) * 8 + k * 2 + (i & 1), so 8 consecutive e are one pair of columns of four rows,
-// which i32x4.dot_i16x8_s takes against x's splatted pair into four rows' lanes.
+// strip (rows 0..3, 4..7) are interleaved in quads: element (row k, column i) is
+// e = (i >> 2) * 16 + k * 4 + (i & 3), so 16 consecutive e are four columns of four rows, the
+// four bytes the relaxed dot sums into each row's pair of lanes, against x's splatted quad.
 //   q4_k group (1184 bytes): d of rows 0..7 (f16), dmin of rows 0..7 (f16), scales as u8 at
-//     32 + half * 32 + j * 4 + k, mins likewise at 96, then the nibbles at 160 + half * 512 +
+//     32 + half * 32 + j * 4 + k, mins at 96 + half * 32 + (j >> 1) * 8 + k * 2 + (j & 1) (pairs of
+//     sub-blocks, which i32x4.dot_i16x8_s takes against x's per-32 sums), then the nibbles at 160 + half * 512 +
 //     j * 64: 4 quads of 16 bytes, byte b of quad u holding e = 32u + b low and e = 32u + 16 + b
-//     high. (The 6-bit scales and mins are unpacked to bytes: 4.625 bits a weight where ggml's
-//     block is 4.5.)
+//     high (columns 8u .. 8u + 3 low, 8u + 4 .. 8u + 7 high). (The 6-bit scales and mins are
+//     unpacked to bytes: 4.625 bits a weight where ggml's block is 4.5.)
 //   q6_k group (1680 bytes): d of rows 0..7 (f16), scales as i8 at 16 + half * 64 + k * 4 + row,
 //     then per half and sub-block a unit of 48 bytes at 144 + half * 768 + k * 48: bytes n0, n1
 //     (16 each) and h (16). The 64 e of a unit: e = b in the low nibble of n0[b] and bits 4..5 of
@@ -51,9 +69,27 @@ export const Q4K_GROUP: usize = 1184;
 export const Q5K_GROUP: usize = 1440;
 export const Q6K_GROUP: usize = 1680;
 
-/** Bytes of one quantized token row of n (a multiple of 256). */
+/**
+ * Bytes of one token row of n quantized in i8 quads with a scale per 2^shift elements (QUANTIZED
+ * X; shift 8 here, 5 for legacy.ts): the quads, the scales, the per-16 sums, and for shift 8 the
+ * per-32 sums as i16.
+ */
+@inline export function quadRowBytes(n: i32, shift: i32): usize {
+  return (<usize>(4 * n + ((n >> shift) << 2) + (n >> 2) + (shift == 8 ? n >> 4 : 0)) + 15) & ~15;
+}
+
+/** Where a quad row's scales start: after its n / 4 quads of 16 bytes. */
+@inline export function quadScales(xq: usize, n: i32): usize {
+  return xq + (<usize>n << 2);
+}
+
+/** Where a quad row's per-16 sums start: after its scales. */
+@inline export function quadSums(xq: usize, n: i32, shift: i32): usize {
+  return xq + (<usize>n << 2) + (<usize>(n >> shift) << 2);
+}
+
 @inline function kRowBytes(n: i32): usize {
-  return (<usize>(8 * n + (n >> 6) + (n >> 2)) + 15) & ~15;
+  return quadRowBytes(n, 8);
 }
 
 export function k_row_bytes(n: i32): i32 {
@@ -61,52 +97,67 @@ export function k_row_bytes(n: i32): i32 {
 }
 
 @inline function scalesAt(xq: usize, n: i32): usize {
-  return xq + (<usize>n << 3);
+  return quadScales(xq, n);
 }
 
 @inline function sumsAt(xq: usize, n: i32): usize {
-  return xq + (<usize>n << 3) + (<usize>(n >> 8) << 2);
+  return quadSums(xq, n, 8);
+}
+
+/** Where a K row's per-32 sums (i16, a v128 a super-block) start: after its per-16 sums. */
+@inline function sums32At(xq: usize, n: i32): usize {
+  return quadSums(xq, n, 8) + (<usize>n >> 2);
 }
 
 /** rows token rows of n f32 at x into the quantized layout at dst (see QUANTIZED X); n % 256 == 0. */
 export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
-  const qb = kRowBytes(n);
-  const blocks = n >> 8;
+  quantizeQuads(dst, x, rows, n, 8);
+}
+
+/**
+ * rows token rows of n f32 at x into i8 quads at dst, a scale per block of 2^shift elements
+ * (shift >= 4; see QUANTIZED X, whose rules every block follows); n a multiple of the block.
+ */
+@inline export function quantizeQuads(dst: usize, x: usize, rows: i32, n: i32, shift: i32): void {
+  const qb = quadRowBytes(n, shift);
+  const blocks = n >> shift;
+  const bb: usize = <usize>4 << shift;
   const lim = f32x4.splat(127);
   const nlim = f32x4.splat(-127);
   for (let r = 0; r < rows; r++) {
     const xr = x + <usize>r * (<usize>n << 2);
     const qr = dst + <usize>r * qb;
-    const sr = scalesAt(qr, n);
-    const ur = sumsAt(qr, n);
+    const sr = quadScales(qr, n);
+    const ur = quadSums(qr, n, shift);
     for (let b = 0; b < blocks; b++) {
-      const xp = xr + (<usize>b << 10);
+      const xp = xr + <usize>b * bb;
       let m = f32x4.abs(v128.load(xp));
-      for (let i: usize = 16; i < 1024; i += 16) m = f32x4.max(m, f32x4.abs(v128.load(xp + i)));
+      for (let i: usize = 16; i < bb; i += 16) m = f32x4.max(m, f32x4.abs(v128.load(xp + i)));
       const a = max(max(f32x4.extract_lane(m, 0), f32x4.extract_lane(m, 1)), max(f32x4.extract_lane(m, 2), f32x4.extract_lane(m, 3)));
       const s: f32 = a / 127;
       const inv = f32x4.splat(s == 0 ? 0 : <f32>1 / s);
       store<f32>(sr + (<usize>b << 2), s);
       // 16 elements (64 bytes of x) per step: one sum each.
-      for (let i: usize = 0; i < 1024; i += 64) {
+      for (let i: usize = 0; i < bb; i += 64) {
         const q0 = quant4(v128.load(xp + i), inv, lim, nlim);
         const q1 = quant4(v128.load(xp + i, 16), inv, lim, nlim);
         const q2 = quant4(v128.load(xp + i, 32), inv, lim, nlim);
         const q3 = quant4(v128.load(xp + i, 48), inv, lim, nlim);
         const t = i32x4.add(i32x4.add(q0, q1), i32x4.add(q2, q3));
         const sum = i32x4.extract_lane(t, 0) + i32x4.extract_lane(t, 1) + i32x4.extract_lane(t, 2) + i32x4.extract_lane(t, 3);
-        store<i32>(ur + (<usize>b << 6) + (i >> 4), sum);
-        const lo = i16x8.narrow_i32x4_s(q0, q1);
-        const hi = i16x8.narrow_i32x4_s(q2, q3);
-        const o = qr + (<usize>b << 11) + (i << 1);
-        v128.store(o, i32x4.shuffle(lo, lo, 0, 0, 0, 0));
-        v128.store(o, i32x4.shuffle(lo, lo, 1, 1, 1, 1), 16);
-        v128.store(o, i32x4.shuffle(lo, lo, 2, 2, 2, 2), 32);
-        v128.store(o, i32x4.shuffle(lo, lo, 3, 3, 3, 3), 48);
-        v128.store(o, i32x4.shuffle(hi, hi, 0, 0, 0, 0), 64);
-        v128.store(o, i32x4.shuffle(hi, hi, 1, 1, 1, 1), 80);
-        v128.store(o, i32x4.shuffle(hi, hi, 2, 2, 2, 2), 96);
-        v128.store(o, i32x4.shuffle(hi, hi, 3, 3, 3, 3), 112);
+        store<i32>(ur + ((<usize>b * bb + i) >> 4), sum);
+        // |q| <= 127: both narrowings are exact. Quad j of the 16 splatted at 16 j.
+        const q = i8x16.narrow_i16x8_s(i16x8.narrow_i32x4_s(q0, q1), i16x8.narrow_i32x4_s(q2, q3));
+        const o = qr + <usize>b * bb + i;
+        v128.store(o, i32x4.shuffle(q, q, 0, 0, 0, 0));
+        v128.store(o, i32x4.shuffle(q, q, 1, 1, 1, 1), 16);
+        v128.store(o, i32x4.shuffle(q, q, 2, 2, 2, 2), 32);
+        v128.store(o, i32x4.shuffle(q, q, 3, 3, 3, 3), 48);
+      }
+      if (shift == 8) {
+        const u = ur + (<usize>b << 6);
+        const o = quadSums(qr, n, 8) + (<usize>n >> 2) + (<usize>b << 4);
+        for (let j: usize = 0; j < 8; j++) store<i16>(o + (j << 1), <i16>(load<i32>(u + (j << 3)) + load<i32>(u + (j << 3), 4)));
       }
     }
   }
@@ -132,32 +183,27 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
   return f16ext(i32x4.extend_low_i16x8_s(v128.load64_zero(p)));
 }
 
-// ---------------------------------------------------------------------------------------- q4_k
+// ---------------------------------------------------------------------------------------- dots
 
 /**
- * One sub-block's integer dots of a half strip (4 rows in lanes) against one token: wq its 64
- * nibble bytes, xj the token's 16 splatted pairs of the sub-block. The high nibbles are taken
- * times 16 (an and, no shift) into their own sums, divided once at the end (exact).
+ * s + the pair sums of x (16 i8, |x| <= 127) by q (16 bytes, each in 0..127): the relaxed dot
+ * under the condition that makes it exact (THE RELAXED DOT); the caller bounds how many it adds.
  */
-@inline export function q4Dot(five: bool, wq: usize, hb: v128, xj: usize): v128 {
-  const m = i8x16.splat(0x0f);
-  const mh = i8x16.splat(<i8>0xf0);
-  let il = i32x4.splat(0);
-  let ih = il;
-  let h = hb;
-  for (let u: usize = 0; u < 64; u += 16) {
-    const v = v128.load(wq + u);
-    // q5_k: the fifth bits of quad u are bits 2u (low nibbles) and 2u + 1 (high) of hb: h holds
-    // them at bits 0 and 1 (moved down 2 a quad), each set in as 16.
-    const lo = five ? v128.or(v128.and(v, m), bit0to4(h)) : v128.and(v, m);
-    const hi = five ? v128.or(highNibble(v), bit1to4(h)) : v128.and(v, mh);
-    if (five) h = next2(h);
-    const x = xj + (u << 2);
-    il = i32x4.add(il, i32x4.add(i32x4.dot_i16x8_s(i16x8.extend_low_i8x16_u(lo), v128.load(x)), i32x4.dot_i16x8_s(i16x8.extend_high_i8x16_u(lo), v128.load(x, 16))));
-    ih = i32x4.add(ih, i32x4.add(i32x4.dot_i16x8_s(i16x8.extend_low_i8x16_u(hi), v128.load(x, 32)), i32x4.dot_i16x8_s(i16x8.extend_high_i8x16_u(hi), v128.load(x, 48))));
-  }
-  return i32x4.add(il, five ? ih : i32x4.shr_s(ih, 4));
+@inline export function rdot(s: v128, x: v128, q: v128): v128 {
+  return i16x8.add(s, i16x8.relaxed_dot_i8x16_i7x16_s(x, q));
 }
+
+/** Adjacent i16 lanes summed into i32 (a row's two pair sums into its lane), exactly. */
+@inline export function widen(s: v128): v128 {
+  return i32x4.dot_i16x8_s(s, i16x8.splat(1));
+}
+
+/** s + the dots of one nibble quad's low (lo) and high (hi) values against a token's two splatted x quads at x. */
+@inline export function dot2(s: v128, x: usize, lo: v128, hi: v128): v128 {
+  return rdot(rdot(s, v128.load(x), lo), v128.load(x, 16), hi);
+}
+
+// ---------------------------------------------------------------------------------------- q4_k
 
 /** Bits 0 (lo) and 1 (hi) of each byte of h moved to bit 4 (a value of 16), by 16-bit multiplies (no shift). */
 @inline export function bit0to4(h: v128): v128 {
@@ -178,24 +224,68 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
   return v128.and(i16x8.q15mulr_sat_s(v128.and(v, i8x16.splat(<i8>0xf0)), i16x8.splat(2048)), i8x16.splat(0x0f));
 }
 
-/** A half strip's q4_k (q5_k when five) super-block sum term for one token: f32(A) * (d * s) - f32(B) * (dmin * s). */
+/** A nibble quad's low values: 0..15, or with q5_k's fifth bit (bit 0 of h) 0..31. */
+@inline export function lowOf(five: bool, v: v128, h: v128): v128 {
+  const lo = v128.and(v, i8x16.splat(0x0f));
+  return five ? v128.or(lo, bit0to4(h)) : lo;
+}
+
+/** A nibble quad's high values: 0..15, or with q5_k's fifth bit (bit 1 of h) 0..31. */
+@inline export function highOf(five: bool, v: v128, h: v128): v128 {
+  return five ? v128.or(highNibble(v), bit1to4(h)) : highNibble(v);
+}
+
+/**
+ * One sub-block's integer dots sum q_i x_i of a half strip (4 rows in lanes) against one token:
+ * w its 64 nibble bytes, hb q5_k's fifth-bit plane of it, xj the token's 8 splatted x quads. Two
+ * i16 sums of 4 pairs a lane each (q4_k adds them before widening: 8 pairs; q5_k widens each).
+ */
+@inline export function q4Sub(five: bool, w: usize, hb: v128, xj: usize): v128 {
+  let s = i16x8.splat(0);
+  let t = s;
+  let h = hb;
+  for (let u: usize = 0; u < 32; u += 16) {
+    const v = v128.load(w + u);
+    s = dot2(s, xj + (u << 1), lowOf(five, v, h), highOf(five, v, h));
+    if (five) h = next2(h);
+  }
+  for (let u: usize = 32; u < 64; u += 16) {
+    const v = v128.load(w + u);
+    t = dot2(t, xj + (u << 1), lowOf(five, v, h), highOf(five, v, h));
+    if (five) h = next2(h);
+  }
+  return five ? i32x4.add(widen(s), widen(t)) : widen(i16x8.add(s, t));
+}
+
+/** A half strip's q4_k (q5_k when five) super-block sum term for one token: f32(A) * (d * s) - f32(B) * (dmin * s), B from the per-32 sums at sums. */
 @inline function q4Term(five: bool, g: usize, half: usize, xb: usize, s: f32, sums: usize): v128 {
   let a = i32x4.splat(0);
-  let b = a;
   const wq = g + 160 + half * 512;
   const sc = g + 32 + half * 32;
   const mn = g + 96 + half * 32;
   const bits = g + Q4K_GROUP + half * 128;
   for (let j: usize = 0; j < 8; j++) {
     const hb = five ? v128.load(bits + j * 16) : i32x4.splat(0);
-    a = i32x4.add(a, i32x4.mul(q4Dot(five, wq + j * 64, hb, xb + (j << 8)), u8x4(sc + (j << 2))));
-    const xs = load<i32>(sums + (j << 3)) + load<i32>(sums + (j << 3), 4);
-    b = i32x4.add(b, i32x4.mul(u8x4(mn + (j << 2)), i32x4.splat(xs)));
+    a = i32x4.add(a, i32x4.mul(q4Sub(five, wq + j * 64, hb, xb + (j << 7)), u8x4(sc + (j << 2))));
   }
   const sv = f32x4.splat(s);
   const dv = f32x4.mul(f16at(g + (half << 3)), sv);
   const mv = f32x4.mul(f16at(g + 16 + (half << 3)), sv);
-  return f32x4.sub(f32x4.mul(f32x4.convert_i32x4_s(a), dv), f32x4.mul(f32x4.convert_i32x4_s(b), mv));
+  return f32x4.sub(f32x4.mul(f32x4.convert_i32x4_s(a), dv), f32x4.mul(f32x4.convert_i32x4_s(minSum(mn, sums)), mv));
+}
+
+/**
+ * B = sum_j m_j * (sum of x over sub-block j) for 4 rows (lanes): the mins at mn in pairs of
+ * sub-blocks, against the token's per-32 sums at xs (i16x8), a pair splatted per dot. Every
+ * product and sum is exact in i32 (|B| < 2^21), so this is the integer B of THE K ORDER.
+ */
+@inline function minSum(mn: usize, xs: usize): v128 {
+  const s = v128.load(xs);
+  const b0 = i32x4.dot_i16x8_s(v128.load8x8_u(mn), i32x4.shuffle(s, s, 0, 0, 0, 0));
+  const b1 = i32x4.dot_i16x8_s(v128.load8x8_u(mn, 8), i32x4.shuffle(s, s, 1, 1, 1, 1));
+  const b2 = i32x4.dot_i16x8_s(v128.load8x8_u(mn, 16), i32x4.shuffle(s, s, 2, 2, 2, 2));
+  const b3 = i32x4.dot_i16x8_s(v128.load8x8_u(mn, 24), i32x4.shuffle(s, s, 3, 3, 3, 3));
+  return i32x4.add(i32x4.add(b0, b1), i32x4.add(b2, b3));
 }
 
 /** A half strip (rows 4 * half ..) of q4_k (q5_k when five) at sp against one quantized token row xq. */
@@ -203,113 +293,115 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
   const blocks = n >> 8;
   let acc = f32x4.splat(0);
   const sr = scalesAt(xq, n);
-  const ur = sumsAt(xq, n);
+  const ur = sums32At(xq, n);
   for (let c = 0; c < blocks; c++) {
     const g = sp + <usize>c * (five ? Q5K_GROUP : Q4K_GROUP);
-    acc = f32x4.add(acc, q4Term(five, g, half, xq + (<usize>c << 11), load<f32>(sr + (<usize>c << 2)), ur + (<usize>c << 6)));
+    acc = f32x4.add(acc, q4Term(five, g, half, xq + (<usize>c << 10), load<f32>(sr + (<usize>c << 2)), ur + (<usize>c << 4)));
   }
   return acc;
 }
 
 /**
  * A half strip of q4_k against four token rows from xq (qb apart), outputs of token t at
- * yo + t * ys: each quad of nibbles is unpacked once for the four tokens. The integer sums of a
- * sub-block stay in registers; the super-block's A per token is kept in `scratch` (16 bytes a
- * token), and y holds the running f32 sums (the same additions as in registers).
+ * yo + t * ys: each quad of nibbles is unpacked once for the four tokens (dot2 per token, as
+ * q4Sub). The super-block's A per token stays in registers, and y holds the running f32 sums
+ * (the same additions as in registers).
  */
 @inline function q4Half4(five: bool, yo: usize, ys: usize, xq: usize, qb: usize, sp: usize, half: usize, n: i32): void {
   const blocks = n >> 8;
-  const z = f32x4.splat(0);
+  const z = i32x4.splat(0);
   for (let t: usize = 0; t < 4; t++) v128.store(yo + t * ys, z);
-  const m = i8x16.splat(0x0f);
-  const mh = i8x16.splat(<i8>0xf0);
   const sr = scalesAt(xq, n);
-  const ur = sumsAt(xq, n);
+  const ur = sums32At(xq, n);
   for (let c = 0; c < blocks; c++) {
     const g = sp + <usize>c * (five ? Q5K_GROUP : Q4K_GROUP);
     const wq = g + 160 + half * 512;
     const sc = g + 32 + half * 32;
     const mn = g + 96 + half * 32;
     const bits = g + Q4K_GROUP + half * 128;
-    const xb = xq + (<usize>c << 11);
-    let a0 = i32x4.splat(0), a1 = a0, a2 = a0, a3 = a0;
+    const xb = xq + (<usize>c << 10);
+    let a0 = z, a1 = z, a2 = z, a3 = z;
     for (let j: usize = 0; j < 8; j++) {
-      let l0 = i32x4.splat(0), l1 = l0, l2 = l0, l3 = l0;
-      let h0 = l0, h1 = l0, h2 = l0, h3 = l0;
       const w = wq + j * 64;
-      const xj = xb + (j << 8);
-      let h = five ? v128.load(bits + j * 16) : i32x4.splat(0);
-      for (let u: usize = 0; u < 64; u += 16) {
-        const v = v128.load(w + u);
-        const lo = five ? v128.or(v128.and(v, m), bit0to4(h)) : v128.and(v, m);
-        const hi = five ? v128.or(highNibble(v), bit1to4(h)) : v128.and(v, mh);
-        if (five) h = next2(h);
-        const p0 = i16x8.extend_low_i8x16_u(lo);
-        const p1 = i16x8.extend_high_i8x16_u(lo);
-        const p2 = i16x8.extend_low_i8x16_u(hi);
-        const p3 = i16x8.extend_high_i8x16_u(hi);
-        let x = xj + (u << 2);
-        l0 = i32x4.add(l0, i32x4.add(i32x4.dot_i16x8_s(p0, v128.load(x)), i32x4.dot_i16x8_s(p1, v128.load(x, 16))));
-        h0 = i32x4.add(h0, i32x4.add(i32x4.dot_i16x8_s(p2, v128.load(x, 32)), i32x4.dot_i16x8_s(p3, v128.load(x, 48))));
-        x += qb;
-        l1 = i32x4.add(l1, i32x4.add(i32x4.dot_i16x8_s(p0, v128.load(x)), i32x4.dot_i16x8_s(p1, v128.load(x, 16))));
-        h1 = i32x4.add(h1, i32x4.add(i32x4.dot_i16x8_s(p2, v128.load(x, 32)), i32x4.dot_i16x8_s(p3, v128.load(x, 48))));
-        x += qb;
-        l2 = i32x4.add(l2, i32x4.add(i32x4.dot_i16x8_s(p0, v128.load(x)), i32x4.dot_i16x8_s(p1, v128.load(x, 16))));
-        h2 = i32x4.add(h2, i32x4.add(i32x4.dot_i16x8_s(p2, v128.load(x, 32)), i32x4.dot_i16x8_s(p3, v128.load(x, 48))));
-        x += qb;
-        l3 = i32x4.add(l3, i32x4.add(i32x4.dot_i16x8_s(p0, v128.load(x)), i32x4.dot_i16x8_s(p1, v128.load(x, 16))));
-        h3 = i32x4.add(h3, i32x4.add(i32x4.dot_i16x8_s(p2, v128.load(x, 32)), i32x4.dot_i16x8_s(p3, v128.load(x, 48))));
+      const xj = xb + (j << 7);
+      let h = five ? v128.load(bits + j * 16) : z;
+      let i0 = z, i1 = z, i2 = z, i3 = z;
+      let s0 = z, s1 = z, s2 = z, s3 = z;
+      // Two passes of two quads: q5_k widens after each (4 pairs a lane), q4_k after both (8).
+      for (let p: usize = 0; p < 64; p += 32) {
+        for (let u = p; u < p + 32; u += 16) {
+          const v = v128.load(w + u);
+          const lo = lowOf(five, v, h);
+          const hi = highOf(five, v, h);
+          if (five) h = next2(h);
+          const x = xj + (u << 1);
+          s0 = dot2(s0, x, lo, hi);
+          s1 = dot2(s1, x + qb, lo, hi);
+          s2 = dot2(s2, x + 2 * qb, lo, hi);
+          s3 = dot2(s3, x + 3 * qb, lo, hi);
+        }
+        if (five) {
+          i0 = i32x4.add(i0, widen(s0));
+          i1 = i32x4.add(i1, widen(s1));
+          i2 = i32x4.add(i2, widen(s2));
+          i3 = i32x4.add(i3, widen(s3));
+          s0 = z; s1 = z; s2 = z; s3 = z;
+        }
+      }
+      if (!five) {
+        i0 = widen(s0);
+        i1 = widen(s1);
+        i2 = widen(s2);
+        i3 = widen(s3);
       }
       const scv = u8x4(sc + (j << 2));
-      // q4_k's high nibbles were taken times 16; q5_k's as they are.
-      a0 = i32x4.add(a0, i32x4.mul(i32x4.add(l0, five ? h0 : i32x4.shr_s(h0, 4)), scv));
-      a1 = i32x4.add(a1, i32x4.mul(i32x4.add(l1, five ? h1 : i32x4.shr_s(h1, 4)), scv));
-      a2 = i32x4.add(a2, i32x4.mul(i32x4.add(l2, five ? h2 : i32x4.shr_s(h2, 4)), scv));
-      a3 = i32x4.add(a3, i32x4.mul(i32x4.add(l3, five ? h3 : i32x4.shr_s(h3, 4)), scv));
+      a0 = i32x4.add(a0, i32x4.mul(i0, scv));
+      a1 = i32x4.add(a1, i32x4.mul(i1, scv));
+      a2 = i32x4.add(a2, i32x4.mul(i2, scv));
+      a3 = i32x4.add(a3, i32x4.mul(i3, scv));
     }
     const dq = f16at(g + (half << 3));
     const dm = f16at(g + 16 + (half << 3));
-    q4Finish(yo, a0, dq, dm, mn, sr + (<usize>c << 2), ur + (<usize>c << 6));
-    q4Finish(yo + ys, a1, dq, dm, mn, sr + qb + (<usize>c << 2), ur + qb + (<usize>c << 6));
-    q4Finish(yo + 2 * ys, a2, dq, dm, mn, sr + 2 * qb + (<usize>c << 2), ur + 2 * qb + (<usize>c << 6));
-    q4Finish(yo + 3 * ys, a3, dq, dm, mn, sr + 3 * qb + (<usize>c << 2), ur + 3 * qb + (<usize>c << 6));
+    q4Finish(yo, a0, dq, dm, mn, sr + (<usize>c << 2), ur + (<usize>c << 4));
+    q4Finish(yo + ys, a1, dq, dm, mn, sr + qb + (<usize>c << 2), ur + qb + (<usize>c << 4));
+    q4Finish(yo + 2 * ys, a2, dq, dm, mn, sr + 2 * qb + (<usize>c << 2), ur + 2 * qb + (<usize>c << 4));
+    q4Finish(yo + 3 * ys, a3, dq, dm, mn, sr + 3 * qb + (<usize>c << 2), ur + 3 * qb + (<usize>c << 4));
   }
 }
 
-/** y at yo += f32(a) * (d * s) - f32(B) * (dmin * s) for one token (B from its sums), as q4Term. */
+/** y at yo += f32(a) * (d * s) - f32(B) * (dmin * s) for one token (B from its per-32 sums), as q4Term. */
 @inline function q4Finish(yo: usize, a: v128, dq: v128, dm: v128, mn: usize, sp: usize, sums: usize): void {
-  let b = i32x4.splat(0);
-  for (let j: usize = 0; j < 8; j++) {
-    const xs = load<i32>(sums + (j << 3)) + load<i32>(sums + (j << 3), 4);
-    b = i32x4.add(b, i32x4.mul(u8x4(mn + (j << 2)), i32x4.splat(xs)));
-  }
   const sv = f32x4.splat(load<f32>(sp));
-  const t = f32x4.sub(f32x4.mul(f32x4.convert_i32x4_s(a), f32x4.mul(dq, sv)), f32x4.mul(f32x4.convert_i32x4_s(b), f32x4.mul(dm, sv)));
+  const t = f32x4.sub(f32x4.mul(f32x4.convert_i32x4_s(a), f32x4.mul(dq, sv)), f32x4.mul(f32x4.convert_i32x4_s(minSum(mn, sums)), f32x4.mul(dm, sv)));
   v128.store(yo, f32x4.add(v128.load(yo), t));
 }
 
 // ---------------------------------------------------------------------------------------- q6_k
 
-/**
- * One sub-block unit's integer dot sum q_i x_i (q 0..63) of a half strip against one token:
- * u the 48-byte unit, xk the token's 8 splatted pairs of the sub-block.
- */
-@inline function q6Dot(u: usize, xk: usize): v128 {
-  const n0 = v128.load(u);
-  const n1 = v128.load(u, 16);
-  const h = v128.load(u, 32);
-  const m = i8x16.splat(0x0f);
-  const mh = i8x16.splat(<i8>0xf0);
-  const m2 = i8x16.splat(0x30);
-  const t0 = v128.or(v128.and(n0, m), v128.and(h, m2));
-  const t1 = v128.or(v128.and(i16x8.q15mulr_sat_s(v128.and(n0, mh), i16x8.splat(2048)), m), v128.and(i16x8.mul(h, i16x8.splat(4)), m2));
-  const t2 = v128.or(v128.and(n1, m), v128.and(i16x8.mul(h, i16x8.splat(16)), m2));
-  const t3 = v128.or(v128.and(i16x8.q15mulr_sat_s(v128.and(n1, mh), i16x8.splat(2048)), m), v128.and(i16x8.q15mulr_sat_s(v128.and(h, i8x16.splat(<i8>0xc0)), i16x8.splat(8192)), m2));
-  let s = i32x4.add(i32x4.dot_i16x8_s(i16x8.extend_low_i8x16_u(t0), v128.load(xk)), i32x4.dot_i16x8_s(i16x8.extend_high_i8x16_u(t0), v128.load(xk, 16)));
-  s = i32x4.add(s, i32x4.add(i32x4.dot_i16x8_s(i16x8.extend_low_i8x16_u(t1), v128.load(xk, 32)), i32x4.dot_i16x8_s(i16x8.extend_high_i8x16_u(t1), v128.load(xk, 48))));
-  s = i32x4.add(s, i32x4.add(i32x4.dot_i16x8_s(i16x8.extend_low_i8x16_u(t2), v128.load(xk, 64)), i32x4.dot_i16x8_s(i16x8.extend_high_i8x16_u(t2), v128.load(xk, 80))));
-  return i32x4.add(s, i32x4.add(i32x4.dot_i16x8_s(i16x8.extend_low_i8x16_u(t3), v128.load(xk, 96)), i32x4.dot_i16x8_s(i16x8.extend_high_i8x16_u(t3), v128.load(xk, 112))));
+// A unit's four quads of 6-bit values 0..63 (see THE K STRIP LAYOUT): low nibbles of n0 with
+// bits 4..5 of h; high of n0 with bits 2..3; low of n1 with bits 0..1; high of n1 with bits 6..7.
+@inline function q6q0(n0: v128, h: v128): v128 {
+  return v128.or(v128.and(n0, i8x16.splat(0x0f)), v128.and(h, i8x16.splat(0x30)));
+}
+@inline function q6q1(n0: v128, h: v128): v128 {
+  return v128.or(highNibble(n0), v128.and(i16x8.mul(h, i16x8.splat(4)), i8x16.splat(0x30)));
+}
+@inline function q6q2(n1: v128, h: v128): v128 {
+  return v128.or(v128.and(n1, i8x16.splat(0x0f)), v128.and(i16x8.mul(h, i16x8.splat(16)), i8x16.splat(0x30)));
+}
+@inline function q6q3(n1: v128, h: v128): v128 {
+  return v128.or(highNibble(n1), v128.and(i16x8.q15mulr_sat_s(v128.and(h, i8x16.splat(<i8>0xc0)), i16x8.splat(8192)), i8x16.splat(0x30)));
+}
+
+/** sum q_i x_i of one sub-block (quads t0..t3) against a token's 4 splatted x quads at xk: two i16 sums of 2 pairs a lane. */
+@inline function q6Dots(t0: v128, t1: v128, t2: v128, t3: v128, xk: usize): v128 {
+  const z = i16x8.splat(0);
+  return i32x4.add(widen(dot2(z, xk, t0, t1)), widen(dot2(z, xk + 32, t2, t3)));
+}
+
+/** a + sc * (sum q x - 32 * sum x) for one token's sub-block (its sum at us). */
+@inline function q6Acc(a: v128, t0: v128, t1: v128, t2: v128, t3: v128, xk: usize, us: usize, scv: v128): v128 {
+  return i32x4.add(a, i32x4.mul(i32x4.sub(q6Dots(t0, t1, t2, t3, xk), i32x4.splat(load<i32>(us) << 5)), scv));
 }
 
 /** A half strip's q6_k super-block sum term for one token: f32(A) * (d * s). */
@@ -318,8 +410,11 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
   const units = g + 144 + half * 768;
   const sc = g + 16 + half * 64;
   for (let k: usize = 0; k < 16; k++) {
-    const i = i32x4.sub(q6Dot(units + k * 48, xb + (k << 7)), i32x4.splat(load<i32>(sums + (k << 2)) << 5));
-    a = i32x4.add(a, i32x4.mul(i, i8x4(sc + (k << 2))));
+    const u = units + k * 48;
+    const n0 = v128.load(u);
+    const n1 = v128.load(u, 16);
+    const h = v128.load(u, 32);
+    a = q6Acc(a, q6q0(n0, h), q6q1(n0, h), q6q2(n1, h), q6q3(n1, h), xb + (k << 6), sums + (k << 2), i8x4(sc + (k << 2)));
   }
   return f32x4.mul(f32x4.convert_i32x4_s(a), f32x4.mul(f16at(g + (half << 3)), f32x4.splat(s)));
 }
@@ -331,7 +426,7 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
   const ur = sumsAt(xq, n);
   for (let c = 0; c < blocks; c++) {
     const g = sp + <usize>c * Q6K_GROUP;
-    acc = f32x4.add(acc, q6Term(g, half, xq + (<usize>c << 11), load<f32>(sr + (<usize>c << 2)), ur + (<usize>c << 6)));
+    acc = f32x4.add(acc, q6Term(g, half, xq + (<usize>c << 10), load<f32>(sr + (<usize>c << 2)), ur + (<usize>c << 6)));
   }
   return acc;
 }
@@ -344,16 +439,13 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
   const blocks = n >> 8;
   const z = f32x4.splat(0);
   for (let t: usize = 0; t < 4; t++) v128.store(yo + t * ys, z);
-  const m = i8x16.splat(0x0f);
-  const mh = i8x16.splat(<i8>0xf0);
-  const m2 = i8x16.splat(0x30);
   const sr = scalesAt(xq, n);
   const ur = sumsAt(xq, n);
   for (let c = 0; c < blocks; c++) {
     const g = sp + <usize>c * Q6K_GROUP;
     const units = g + 144 + half * 768;
     const sc = g + 16 + half * 64;
-    const xb = xq + (<usize>c << 11);
+    const xb = xq + (<usize>c << 10);
     const ub = ur + (<usize>c << 6);
     let a0 = i32x4.splat(0), a1 = a0, a2 = a0, a3 = a0;
     for (let k: usize = 0; k < 16; k++) {
@@ -361,12 +453,12 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
       const n0 = v128.load(u);
       const n1 = v128.load(u, 16);
       const h = v128.load(u, 32);
-      const t0 = v128.or(v128.and(n0, m), v128.and(h, m2));
-      const t1 = v128.or(v128.and(i16x8.q15mulr_sat_s(v128.and(n0, mh), i16x8.splat(2048)), m), v128.and(i16x8.mul(h, i16x8.splat(4)), m2));
-      const t2 = v128.or(v128.and(n1, m), v128.and(i16x8.mul(h, i16x8.splat(16)), m2));
-      const t3 = v128.or(v128.and(i16x8.q15mulr_sat_s(v128.and(n1, mh), i16x8.splat(2048)), m), v128.and(i16x8.q15mulr_sat_s(v128.and(h, i8x16.splat(<i8>0xc0)), i16x8.splat(8192)), m2));
+      const t0 = q6q0(n0, h);
+      const t1 = q6q1(n0, h);
+      const t2 = q6q2(n1, h);
+      const t3 = q6q3(n1, h);
       const scv = i8x4(sc + (k << 2));
-      const xk = xb + (k << 7);
+      const xk = xb + (k << 6);
       a0 = q6Acc(a0, t0, t1, t2, t3, xk, ub + (k << 2), scv);
       a1 = q6Acc(a1, t0, t1, t2, t3, xk + qb, ub + qb + (k << 2), scv);
       a2 = q6Acc(a2, t0, t1, t2, t3, xk + 2 * qb, ub + 2 * qb + (k << 2), scv);
@@ -378,15 +470,6 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
     q6Finish(yo + 2 * ys, a2, dq, sr + 2 * qb + (<usize>c << 2));
     q6Finish(yo + 3 * ys, a3, dq, sr + 3 * qb + (<usize>c << 2));
   }
-}
-
-/** a + sc * (sum q x - 32 * sum x) for one token's sub-block (unpacked t0..t3 against xk, its sum at us). */
-@inline function q6Acc(a: v128, t0: v128, t1: v128, t2: v128, t3: v128, xk: usize, us: usize, scv: v128): v128 {
-  let s = i32x4.add(i32x4.dot_i16x8_s(i16x8.extend_low_i8x16_u(t0), v128.load(xk)), i32x4.dot_i16x8_s(i16x8.extend_high_i8x16_u(t0), v128.load(xk, 16)));
-  s = i32x4.add(s, i32x4.add(i32x4.dot_i16x8_s(i16x8.extend_low_i8x16_u(t1), v128.load(xk, 32)), i32x4.dot_i16x8_s(i16x8.extend_high_i8x16_u(t1), v128.load(xk, 48))));
-  s = i32x4.add(s, i32x4.add(i32x4.dot_i16x8_s(i16x8.extend_low_i8x16_u(t2), v128.load(xk, 64)), i32x4.dot_i16x8_s(i16x8.extend_high_i8x16_u(t2), v128.load(xk, 80))));
-  s = i32x4.add(s, i32x4.add(i32x4.dot_i16x8_s(i16x8.extend_low_i8x16_u(t3), v128.load(xk, 96)), i32x4.dot_i16x8_s(i16x8.extend_high_i8x16_u(t3), v128.load(xk, 112))));
-  return i32x4.add(a, i32x4.mul(i32x4.sub(s, i32x4.splat(load<i32>(us) << 5)), scv));
 }
 
 @inline function q6Finish(yo: usize, a: v128, dq: v128, sp: usize): void {

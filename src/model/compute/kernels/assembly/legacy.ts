@@ -1,31 +1,43 @@
-// q4_0, q4_1, q5_0 and q5_1 weights (ggml's 32-weight blocks) against x quantized as for q8_0
-// (q8.ts's QUANTIZED X: per 32-block i16 values q_j, an f32 scale s_b and the sum X_b of q), in
-// integers.
+// q4_0, q4_1, q5_0 and q5_1 weights (ggml's 32-weight blocks) against x quantized per 32-block
+// to 8 bits in kquants.ts's quads (QUANTIZED X there, with a scale per 32 elements: |q_j| <= 127,
+// a scale s_b per block, the sums of q per 16, X_b the block's two), in integers.
 //
 // THE LEGACY ORDER. Per output, one running f32 sum from 0 over the 32-blocks in order:
 //   q4_0, q5_0:  acc = acc + f32(I) * (d * s_b)
 //   q4_1, q5_1:  acc = acc + (f32(I) * (d * s_b) + f32(X_b) * (m * s_b))
 // with I = sum_j u_j q_j + offset * X_b, u_j the unsigned weights (the nibble, with q5's fifth
 // bit as 16), offset -8 (q4_0), -16 (q5_0) or 0 (the _1 types), d and m the block's f16 values
-// made f32. I and X_b are exact integers (|I| < 2^26 even when x saturates to i16), each product
-// and sum rounded to f32. Per output row only, as THE Q8 ORDER: matmulLegacyRef in matmul.ts
-// states it in plain JS on ggml's blocks.
+// made f32. I and X_b are exact integers (|I| < 2^17), each product and sum rounded to f32. Per
+// output row only, as THE Q8 ORDER: matmulLegacyRef in matmul.ts states it in plain JS on ggml's
+// blocks.
+//
+// The dot sum_j u_j q_j is kquants.ts's q4_k (q5_k) sub-block dot, relaxed dot and all: u is
+// unsigned 4- or 5-bit, so THE RELAXED DOT's condition holds here as there.
 //
 // THE LEGACY STRIP LAYOUT (legacy-strips.ts packs it): a strip of 8 rows is a group per 32-block:
 // the 8 rows' d (f16, 16 bytes), the _1 types' 8 m (16 bytes), then the nibbles of each half
 // strip (64 bytes each: 4 quads of 16 bytes, byte b of quad u holding e = 32u + b low and
-// e = 32u + 16 + b high, e as kquants.ts's pairs of columns of four rows), then for the q5 types
-// each half's fifth bits (16 bytes: bit t of byte b is e = 16t + b, as q5_k's: each or-ed into
-// its nibble as kquants.ts does). 144, 160, 176 and 192 bytes
-// a group: 4.5, 5, 5.5 and 6 bits a weight, ggml's own.
+// e = 32u + 16 + b high, e = (i >> 2) * 16 + k * 4 + (i & 3) for column i of row k, as
+// kquants.ts's quads of columns of four rows), then for the q5 types each half's fifth bits
+// (16 bytes: bit t of byte b is e = 16t + b, as q5_k's). 144, 160, 176 and 192 bytes a group:
+// 4.5, 5, 5.5 and 6 bits a weight, ggml's own.
 
 import { f16ext } from "./f16";
-import { bit0to4, bit1to4, highNibble, next2, q4Dot } from "./kquants";
-import { scalesOf, sumsOf } from "./q8";
+import { dot2, highOf, lowOf, next2, q4Sub, quadRowBytes, quadScales, quadSums, quantizeQuads, widen } from "./kquants";
 
-/** Bytes of one quantized token row of n (q8.ts's qRowBytes, restated: the two must agree). */
+/** Bytes of one quantized token row of n (a multiple of 32). */
 @inline function qRowBytes(n: i32): usize {
-  return (<usize>(8 * n + (n >> 2)) + 15) & ~15;
+  return quadRowBytes(n, 5);
+}
+
+/** qRowBytes, for MatmulKernel to size the space. */
+export function l_row_bytes(n: i32): i32 {
+  return <i32>qRowBytes(n);
+}
+
+/** rows token rows of n f32 at x into the legacy kernels' quantized layout at dst; n % 32 == 0. */
+export function quantize_l_x(dst: usize, x: usize, rows: i32, n: i32): void {
+  quantizeQuads(dst, x, rows, n, 5);
 }
 
 @inline function groupBytes(min: bool, five: bool): usize {
@@ -37,14 +49,9 @@ import { scalesOf, sumsOf } from "./q8";
   return f16ext(i32x4.extend_low_i16x8_s(v128.load64_zero(p)));
 }
 
-/**
- * sum_j u_j q_j of one half strip's block (4 rows in lanes) against one token's 16 splatted
- * pairs at xp: nib its 64 nibble bytes, bits its 16 fifth-bit bytes (five only). The nibble
- * quads and the fifth-bit plane are laid out as q4_k's and q5_k's sub-blocks (bit t of byte b
- * is e = 16t + b), so this is kquants.ts's sub-block dot.
- */
-@inline function halfDot(five: bool, nib: usize, bits: usize, xp: usize): v128 {
-  return q4Dot(five, nib, five ? v128.load(bits) : i32x4.splat(0), xp);
+/** X_b of block c: its two per-16 sums. */
+@inline function blockSum(ur: usize, c: i32): i32 {
+  return load<i32>(ur + (<usize>c << 3)) + load<i32>(ur + (<usize>c << 3), 4);
 }
 
 /** A half strip (rows 4 * half ..) of the matrix at sp against one quantized token row xq. */
@@ -53,25 +60,21 @@ import { scalesOf, sumsOf } from "./q8";
   const gb = groupBytes(min, five);
   const nib0: usize = <usize>(16 + (min ? 16 : 0)) + half * 64;
   const bits0: usize = <usize>(144 + (min ? 16 : 0)) + half * 16;
-  const sr = scalesOf(xq, n);
-  const ur = sumsOf(xq, n);
+  const sr = quadScales(xq, n);
+  const ur = quadSums(xq, n, 5);
   let acc = f32x4.splat(0);
   for (let c = 0; c < blocks; c++) {
     const g = sp + <usize>c * gb;
-    const xs = load<i32>(ur + (<usize>c << 2));
-    let i = halfDot(five, g + nib0, g + bits0, xq + (<usize>c << 8));
-    if (offset != 0) i = i32x4.add(i, i32x4.splat(offset * xs));
-    const s = f32x4.splat(load<f32>(sr + (<usize>c << 2)));
-    let t = f32x4.mul(f32x4.convert_i32x4_s(i), f32x4.mul(f16at(g + (half << 3)), s));
-    if (min) t = f32x4.add(t, f32x4.mul(f32x4.convert_i32x4_s(i32x4.splat(xs)), f32x4.mul(f16at(g + 16 + (half << 3)), s)));
-    acc = f32x4.add(acc, t);
+    const i = q4Sub(five, g + nib0, five ? v128.load(g + bits0) : i32x4.splat(0), xq + (<usize>c << 7));
+    acc = f32x4.add(acc, term(min, offset, i, f16at(g + (half << 3)), min ? f16at(g + 16 + (half << 3)) : i32x4.splat(0), sr + (<usize>c << 2), blockSum(ur, c)));
   }
   return acc;
 }
 
 /**
  * A half strip against four token rows from xq (qb apart), outputs of token t at yo + t * ys:
- * each quad of nibbles (and each fifth bit) is unpacked once for the four tokens. y holds the
+ * each quad of nibbles (and each fifth bit) is unpacked once for the four tokens, each token's
+ * dot as q4Sub's (two passes of two quads; q5 widens after each, q4 after both). y holds the
  * running f32 sums (the same additions, in the same order, as half1's registers).
  */
 @inline function half4(min: bool, five: bool, offset: i32, yo: usize, ys: usize, xq: usize, qb: usize, sp: usize, half: usize, n: i32): void {
@@ -79,63 +82,63 @@ import { scalesOf, sumsOf } from "./q8";
   const gb = groupBytes(min, five);
   const nib0: usize = <usize>(16 + (min ? 16 : 0)) + half * 64;
   const bits0: usize = <usize>(144 + (min ? 16 : 0)) + half * 16;
-  const sr = scalesOf(xq, n);
-  const ur = sumsOf(xq, n);
-  const z = f32x4.splat(0);
+  const sr = quadScales(xq, n);
+  const ur = quadSums(xq, n, 5);
+  const z = i32x4.splat(0);
   for (let t: usize = 0; t < 4; t++) v128.store(yo + t * ys, z);
-  const m = i8x16.splat(0x0f);
-  const mh = i8x16.splat(<i8>0xf0);
   for (let c = 0; c < blocks; c++) {
     const g = sp + <usize>c * gb;
-    const xb = xq + (<usize>c << 8);
-    let l0 = i32x4.splat(0), l1 = l0, l2 = l0, l3 = l0;
-    let h0 = l0, h1 = l0, h2 = l0, h3 = l0;
-    // The fifth bits or-ed into the nibbles as kquants.ts's q5_k does (the same plane layout).
-    let hb = five ? v128.load(g + bits0) : i32x4.splat(0);
-    for (let u: usize = 0; u < 64; u += 16) {
-      const v = v128.load(g + nib0 + u);
-      const lo = five ? v128.or(v128.and(v, m), bit0to4(hb)) : v128.and(v, m);
-      const hi = five ? v128.or(highNibble(v), bit1to4(hb)) : v128.and(v, mh);
-      if (five) hb = next2(hb);
-      const p0 = i16x8.extend_low_i8x16_u(lo);
-      const p1 = i16x8.extend_high_i8x16_u(lo);
-      const p2 = i16x8.extend_low_i8x16_u(hi);
-      const p3 = i16x8.extend_high_i8x16_u(hi);
-      let x = xb + (u << 2);
-      l0 = i32x4.add(l0, i32x4.add(i32x4.dot_i16x8_s(p0, v128.load(x)), i32x4.dot_i16x8_s(p1, v128.load(x, 16))));
-      h0 = i32x4.add(h0, i32x4.add(i32x4.dot_i16x8_s(p2, v128.load(x, 32)), i32x4.dot_i16x8_s(p3, v128.load(x, 48))));
-      x += qb;
-      l1 = i32x4.add(l1, i32x4.add(i32x4.dot_i16x8_s(p0, v128.load(x)), i32x4.dot_i16x8_s(p1, v128.load(x, 16))));
-      h1 = i32x4.add(h1, i32x4.add(i32x4.dot_i16x8_s(p2, v128.load(x, 32)), i32x4.dot_i16x8_s(p3, v128.load(x, 48))));
-      x += qb;
-      l2 = i32x4.add(l2, i32x4.add(i32x4.dot_i16x8_s(p0, v128.load(x)), i32x4.dot_i16x8_s(p1, v128.load(x, 16))));
-      h2 = i32x4.add(h2, i32x4.add(i32x4.dot_i16x8_s(p2, v128.load(x, 32)), i32x4.dot_i16x8_s(p3, v128.load(x, 48))));
-      x += qb;
-      l3 = i32x4.add(l3, i32x4.add(i32x4.dot_i16x8_s(p0, v128.load(x)), i32x4.dot_i16x8_s(p1, v128.load(x, 16))));
-      h3 = i32x4.add(h3, i32x4.add(i32x4.dot_i16x8_s(p2, v128.load(x, 32)), i32x4.dot_i16x8_s(p3, v128.load(x, 48))));
+    const w = g + nib0;
+    const xb = xq + (<usize>c << 7);
+    let h = five ? v128.load(g + bits0) : z;
+    let i0 = z, i1 = z, i2 = z, i3 = z;
+    let s0 = z, s1 = z, s2 = z, s3 = z;
+    for (let p: usize = 0; p < 64; p += 32) {
+      for (let u = p; u < p + 32; u += 16) {
+        const v = v128.load(w + u);
+        const lo = lowOf(five, v, h);
+        const hi = highOf(five, v, h);
+        if (five) h = next2(h);
+        const x = xb + (u << 1);
+        s0 = dot2(s0, x, lo, hi);
+        s1 = dot2(s1, x + qb, lo, hi);
+        s2 = dot2(s2, x + 2 * qb, lo, hi);
+        s3 = dot2(s3, x + 3 * qb, lo, hi);
+      }
+      if (five) {
+        i0 = i32x4.add(i0, widen(s0));
+        i1 = i32x4.add(i1, widen(s1));
+        i2 = i32x4.add(i2, widen(s2));
+        i3 = i32x4.add(i3, widen(s3));
+        s0 = z; s1 = z; s2 = z; s3 = z;
+      }
     }
-    // Without fifth bits the high nibbles were taken times 16.
-    l0 = i32x4.add(l0, five ? h0 : i32x4.shr_s(h0, 4));
-    l1 = i32x4.add(l1, five ? h1 : i32x4.shr_s(h1, 4));
-    l2 = i32x4.add(l2, five ? h2 : i32x4.shr_s(h2, 4));
-    l3 = i32x4.add(l3, five ? h3 : i32x4.shr_s(h3, 4));
+    if (!five) {
+      i0 = widen(s0);
+      i1 = widen(s1);
+      i2 = widen(s2);
+      i3 = widen(s3);
+    }
     const dq = f16at(g + (half << 3));
-    const dm = min ? f16at(g + 16 + (half << 3)) : dq;
+    const dm = min ? f16at(g + 16 + (half << 3)) : z;
     const cs = <usize>c << 2;
-    finish(min, offset, yo, l0, dq, dm, sr + cs, ur + cs);
-    finish(min, offset, yo + ys, l1, dq, dm, sr + qb + cs, ur + qb + cs);
-    finish(min, offset, yo + 2 * ys, l2, dq, dm, sr + 2 * qb + cs, ur + 2 * qb + cs);
-    finish(min, offset, yo + 3 * ys, l3, dq, dm, sr + 3 * qb + cs, ur + 3 * qb + cs);
+    addTerm(yo, term(min, offset, i0, dq, dm, sr + cs, blockSum(ur, c)));
+    addTerm(yo + ys, term(min, offset, i1, dq, dm, sr + qb + cs, blockSum(ur + qb, c)));
+    addTerm(yo + 2 * ys, term(min, offset, i2, dq, dm, sr + 2 * qb + cs, blockSum(ur + 2 * qb, c)));
+    addTerm(yo + 3 * ys, term(min, offset, i3, dq, dm, sr + 3 * qb + cs, blockSum(ur + 3 * qb, c)));
   }
 }
 
-/** y at yo += one block's term for one token (as half1's): its scale at sp, its sum at up. */
-@inline function finish(min: bool, offset: i32, yo: usize, i: v128, dq: v128, dm: v128, sp: usize, up: usize): void {
-  const xs = load<i32>(up);
+/** One block's term for one token: f32(I) * (d * s) (+ f32(X) * (m * s)), I from the dot i, s at sp, X = xs. */
+@inline function term(min: bool, offset: i32, i: v128, dq: v128, dm: v128, sp: usize, xs: i32): v128 {
   if (offset != 0) i = i32x4.add(i, i32x4.splat(offset * xs));
   const s = f32x4.splat(load<f32>(sp));
   let t = f32x4.mul(f32x4.convert_i32x4_s(i), f32x4.mul(dq, s));
   if (min) t = f32x4.add(t, f32x4.mul(f32x4.convert_i32x4_s(i32x4.splat(xs)), f32x4.mul(dm, s)));
+  return t;
+}
+
+@inline function addTerm(yo: usize, t: v128): void {
   v128.store(yo, f32x4.add(v128.load(yo), t));
 }
 
