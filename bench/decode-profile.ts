@@ -59,7 +59,7 @@ async function profile(w: ReturnType<typeof castWeights>, threads: number, batch
   const m = new Transformer(cfg, w, { threads });
   await m.ready();
   // The model's own kernel, reached for timing: every matmul goes through queue and flush.
-  const mm = (m as unknown as { mm: MatmulKernel }).mm;
+  const mm = (m as unknown as { g: { mm: MatmulKernel } }).g.mm;
   const queue = mm.queue.bind(mm);
   const flush = mm.flush.bind(mm);
   let inside = 0;
