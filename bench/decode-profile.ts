@@ -14,7 +14,8 @@ import { availableParallelism } from "node:os";
 import { join } from "node:path";
 import { type DType, type ModelConfig, Transformer, kvShapeOf } from "../src/model/index.ts";
 import { castWeights, syntheticWeights, MATRICES } from "../src/model/compute/weights.ts";
-import { J_ATTEND, J_D, J_FN, J_N } from "../src/model/compute/kernel-threads.ts";
+import { J_D, J_FN, J_N, J_R0, J_ROWS, J_W, J_X, J_Y, JOB_INTS } from "../src/model/compute/kernel-exports.ts";
+import { J_ATTEND } from "../src/model/compute/kernel-threads.ts";
 import { FORWARD_PHASES } from "../src/model/compute/transformer.ts";
 import { MatmulKernel } from "../src/model/compute/matmul.ts";
 import { castMatrix, dtypeOf, heldBytesOf, type Matrix, matrixBytes, type SimpleMatrix } from "../src/model/compute/packed.ts";
@@ -172,12 +173,25 @@ function kernelAlone(mm: MatmulKernel, calls: Call[], batch: number): { layers: 
   const x = mm.addressOf(mm.alloc(batch * cfg.hiddenDim * 3));
   const y = mm.addressOf(mm.alloc(batch * cfg.vocabSize));
   const scratch = mm.addressOf(mm.alloc(8 * cfg.hiddenDim));
+  // Each call's job record (kernel-exports.ts' J_ slots), written once: the kernels take its address.
+  const jobs = mm.allocInts(calls.length * JOB_INTS);
+  calls.forEach((c, i) => {
+    const b = i * JOB_INTS;
+    jobs[b + J_Y] = y;
+    jobs[b + J_X] = x;
+    jobs[b + J_W] = mm.offsetOf(c.w);
+    jobs[b + J_ROWS] = c.rows;
+    jobs[b + J_N] = c.n;
+    jobs[b + J_D] = c.d;
+    jobs[b + J_R0] = c.wOff / c.n;
+  });
+  const jobAt = new Map(calls.map((c, i) => [c, mm.addressOf(jobs) + i * JOB_INTS * 4]));
   const time = (cs: Call[]): number => {
     const run = (): void => {
       for (const c of cs) {
         const r0 = c.wOff / c.n;
         const fn = `matmul_${dtypeOf(c.w as SimpleMatrix)}` as const;
-        ex[fn](y, x, mm.offsetOf(c.w), c.rows, c.n, c.d, r0, r0, r0 + c.d, scratch);
+        ex[fn](jobAt.get(c)!, r0, r0 + c.d, scratch);
       }
     };
     for (let i = 0; i < 10; i++) run();
@@ -258,8 +272,16 @@ function tileCall(dt: DType, rows: number, n: number, d: number): { run: () => v
   const y = k.addressOf(k.alloc(rows * d));
   const scratch = k.addressOf(k.alloc(8 * n));
   const fn = ex[`matmul_${dt}`];
-  const w = k.offsetOf(v);
-  return { run: () => fn(y, x, w, rows, n, d, 0, 0, d, scratch), macs: rows * n * d, close: () => k.close() };
+  // The call's job record (kernel-exports.ts' J_ slots; fn and r0 stay 0): the kernel takes its address.
+  const job = k.allocInts(JOB_INTS);
+  job[J_Y] = y;
+  job[J_X] = x;
+  job[J_W] = k.offsetOf(v);
+  job[J_ROWS] = rows;
+  job[J_N] = n;
+  job[J_D] = d;
+  const at = k.addressOf(job);
+  return { run: () => fn(at, 0, d, scratch), macs: rows * n * d, close: () => k.close() };
 }
 
 /**

@@ -13,7 +13,7 @@
 import { mkdirSync, writeFileSync } from "node:fs";
 import { cpus } from "node:os";
 import { join } from "node:path";
-import type { KernelExports } from "../src/model/compute/kernel-exports.ts";
+import { J_D, J_N, J_ROWS, J_W, J_X, J_Y, JOB_INTS, type KernelExports } from "../src/model/compute/kernel-exports.ts";
 import { kernelModule } from "../src/model/compute/matmul.ts";
 import { castMatrix, type PackedMatrix } from "../src/model/compute/packed.ts";
 import { packStrips, stripLayoutBytes } from "../src/model/compute/strip-layout.ts";
@@ -32,7 +32,7 @@ interface Rate {
 }
 
 /** d rows of N weights placed in a kernel memory of their own (weights from a fixed pattern). */
-function placed(dt: Dt, d: number, rows: number): { ex: KernelExports; w: number; x: number; y: number; scratch: number } {
+function placed(dt: Dt, d: number, rows: number): { ex: KernelExports; job: number; scratch: number } {
   const bytes = stripLayoutBytes(dt, d, N);
   const top = 65536 + bytes + rows * (N + d) * 4 + 32 * N * 4;
   const memory = new WebAssembly.Memory({ initial: Math.ceil(top / 65536) + 1, maximum: 65536, shared: true });
@@ -48,16 +48,26 @@ function placed(dt: Dt, d: number, rows: number): { ex: KernelExports; w: number
   const xf = new Float32Array(memory.buffer, x, rows * N);
   for (let i = 0; i < xf.length; i++) xf[i] = Math.cos(i * 0.11);
   const y = x + rows * N * 4;
-  return { ex, w, x, y, scratch: y + rows * d * 4 };
+  const scratch = y + rows * d * 4;
+  // The job record the kernel takes (kernel-exports.ts' J_ slots; fn and r0 stay 0), past the scratch.
+  const job = scratch + 32 * N * 4;
+  const rec = new Int32Array(memory.buffer, job, JOB_INTS);
+  rec[J_Y] = y;
+  rec[J_X] = x;
+  rec[J_W] = w;
+  rec[J_ROWS] = rows;
+  rec[J_N] = N;
+  rec[J_D] = d;
+  return { ex, job, scratch };
 }
 
 function rate(dt: Dt, place: keyof typeof PLACES, rows: number): Rate {
   const es = dt === "f32" ? 4 : 2;
   // Prefill's 512 rows take long: its matrices are 64x smaller (the kernel reads each strip from cache anyway).
   const d = Math.max(64, Math.floor(PLACES[place] / (N * es) / (rows >= 64 ? 64 : 1) / 8) * 8);
-  const { ex, w, x, y, scratch } = placed(dt, d, rows);
+  const { ex, job, scratch } = placed(dt, d, rows);
   const fn = ex[`matmul_${dt}`];
-  const run = (): void => fn(y, x, w, rows, N, d, 0, 0, d, scratch);
+  const run = (): void => fn(job, 0, d, scratch);
   run();
   const macs = rows * N * d;
   const reps = Math.max(1, Math.round(2e8 / macs));

@@ -1,5 +1,7 @@
 import { describe, expect, test } from "bun:test";
 import { decodeHeadsPerPiece } from "../../src/model/compute/attention-pieces.ts";
+import { JOB_INTS } from "../../src/model/compute/kernel-exports.ts";
+import { runJobs } from "../../src/model/compute/kernel-threads.ts";
 import { MatmulKernel, matmulRef } from "../../src/model/compute/matmul.ts";
 import { castMatrix, dequantize, type Matrix } from "../../src/model/compute/packed.ts";
 import { bits } from "./helpers.ts";
@@ -77,6 +79,19 @@ describe("dispatch", () => {
       } finally {
         k.close();
       }
+    }
+  });
+});
+
+describe("job records", () => {
+  test("runJobs refuses job records outside the kernel's memory: the kernels take their address", () => {
+    // An array of the JS heap has no address in the kernel's memory: its byteOffset would name
+    // whatever sits there, and the kernel would write through it.
+    const k = new MatmulKernel([{ matrix: weights(D, N, 1), cols: N }]);
+    try {
+      expect(() => runJobs(k.exports!, new Int32Array(JOB_INTS), 1, 0)).toThrow(/kernel's memory/);
+    } finally {
+      k.close();
     }
   });
 });

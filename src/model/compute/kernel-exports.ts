@@ -25,6 +25,25 @@ export const ATTEND_JOB = {
 export const ATTEND_JOB_BYTES = 64;
 
 /**
+ * The i32 slots of a job record (kernels/assembly/job.ts' Job), which every matmul kernel takes
+ * one pointer to: the kernel (KERNEL_INDEX in kernel-threads.ts, J_ATTEND, J_CONVERT_Q8), byte
+ * addresses (y, x, w), then counts (rows, n, d) and r0, the matrix row whose outputs go to y's
+ * column 0. A queued job is JOB_INTS slots; KernelThreads' copy in its control block adds J_PER
+ * (rows per chunk) and J_FIRST (the job's first chunk), which dispatch.ts reads.
+ */
+export const J_FN = 0;
+export const J_Y = 1;
+export const J_X = 2;
+export const J_W = 3;
+export const J_ROWS = 4;
+export const J_N = 5;
+export const J_D = 6;
+export const J_R0 = 7;
+export const JOB_INTS = 8;
+export const J_PER = 8;
+export const J_FIRST = 9;
+
+/**
  * The exports of the kernel module besides the matmuls (kernels/assembly/attention.ts and
  * elementwise.ts state their orders). Every argument that names memory is a byte offset into the
  * kernel's memory.
@@ -42,8 +61,11 @@ interface LayerKernelExports {
   store_kv(dst: number, layerOff: number, vOff: number, k: number, v: number, rows: number, kvDim: number): void;
 }
 
-/** One matmul kernel: y[r*d + (g - r0)] = dot(W row g, x row r) for r < rows, g0 <= g < g1 (kernels/assembly/matmul.ts). */
-type KernelFn = (y: number, x: number, w: number, rows: number, n: number, d: number, r0: number, g0: number, g1: number, scratch: number) => void;
+/**
+ * One matmul kernel on the job record at `job` (J_Y .. J_R0, in kernel memory): y[r*d + (g - r0)] =
+ * dot(W row g, x row r) for r < rows, g0 <= g < g1 (kernels/assembly/matmul.ts).
+ */
+type KernelFn = (job: number, g0: number, g1: number, scratch: number) => void;
 /** The kernel module's exports, as MatmulKernel instantiates it and its helper threads run it (kernel-threads.ts). */
 export type KernelExports = Record<`matmul_${DType}`, KernelFn> &
   LayerKernelExports & {

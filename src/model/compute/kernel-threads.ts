@@ -1,5 +1,5 @@
 import assert from "node:assert";
-import type { KernelExports } from "./kernel-exports.ts";
+import { J_D, J_FIRST, J_FN, J_N, J_PER, J_R0, J_ROWS, J_W, J_X, J_Y, JOB_INTS, type KernelExports } from "./kernel-exports.ts";
 import type { DType } from "./packed.ts";
 import { StallBackoff } from "./stall-backoff.ts";
 
@@ -17,16 +17,6 @@ import { StallBackoff } from "./stall-backoff.ts";
  * wakes only sleepers.
  */
 
-// A queued job, as MatmulKernel writes it and the kernels take it.
-export const J_FN = 0;
-export const J_Y = 1;
-export const J_X = 2;
-export const J_W = 3;
-export const J_ROWS = 4;
-export const J_N = 5;
-export const J_D = 6;
-export const J_R0 = 7;
-export const JOB_INTS = 8;
 /** Each dtype's kernel (dispatch.ts reads the same numbers; 4 is J_ATTEND). */
 export const KERNEL_INDEX: Record<DType, number> = { f32: 0, f16: 1, bf16: 2, q8_0: 3, q4_k: 5, q6_k: 6, q4_0: 7, q4_1: 8, q5_0: 9, q5_1: 10, q5_k: 11 };
 /**
@@ -54,8 +44,8 @@ const HELPED = 37;
 const FAILED = 38;
 const THREADS = 39;
 const JOBS = 48;
-/** fn, y, x, w, rows, n, d, r0, chunk rows, first chunk. */
-const CTRL_JOB = 10;
+/** A job record with J_PER and J_FIRST. */
+const CTRL_JOB = J_FIRST + 1;
 const MAX_DISPATCH_JOBS = 8;
 /** Thread t's range, front << 16 | back, at RANGES + t * RANGE_INTS. */
 const RANGES = 128;
@@ -85,8 +75,12 @@ const SPINS = 20000;
  */
 const HELPER_SPIN_MS = 2;
 
-/** Runs queued jobs whole on the calling thread. */
+/**
+ * Runs queued jobs whole on the calling thread. `jobs` is a view on the kernel's memory: each
+ * matmul kernel takes its job record's address (jobs.byteOffset + 4 * b).
+ */
 export function runJobs(ex: KernelExports, jobs: Int32Array, count: number, scratch: number): void {
+  assert(jobs.buffer instanceof SharedArrayBuffer, "runJobs: the job records must be in the kernel's memory");
   for (let j = 0, b = 0; j < count; j++, b += JOB_INTS) {
     if (jobs[b + J_FN] === J_ATTEND) {
       ex.attend_jobs(jobs[b + J_W]!, 0, jobs[b + J_ROWS]!, scratch);
@@ -97,8 +91,7 @@ export function runJobs(ex: KernelExports, jobs: Int32Array, count: number, scra
       continue;
     }
     const r0 = jobs[b + J_R0]!;
-    const fn = FNS[jobs[b + J_FN]!]!;
-    ex[fn](jobs[b + J_Y]!, jobs[b + J_X]!, jobs[b + J_W]!, jobs[b + J_ROWS]!, jobs[b + J_N]!, jobs[b + J_D]!, r0, r0, r0 + jobs[b + J_D]!, scratch);
+    ex[FNS[jobs[b + J_FN]!]!](jobs.byteOffset + 4 * b, r0, r0 + jobs[b + J_D]!, scratch);
   }
 }
 
@@ -234,7 +227,7 @@ export class KernelThreads {
       const b = j * JOB_INTS;
       const o = JOBS + j * CTRL_JOB;
       for (let i = 0; i < JOB_INTS; i++) c[o + i] = jobs[b + i]!;
-      c[o + 9] = total;
+      c[o + J_FIRST] = total;
       const rows = jobs[b + J_ROWS]!;
       if (jobs[b + J_FN] === J_ATTEND) {
         total += rows;
@@ -245,7 +238,7 @@ export class KernelThreads {
       // A thread's chunk at least, so that even a job alone at the split threshold is shared.
       const chunks = Math.max(threads, Math.ceil((rows * jobs[b + J_N]! * span) / (CHUNK_MACS * Math.min(rows, CHUNK_ROWS_MAX))));
       const per = Math.ceil(span / chunks / 8) * 8;
-      c[o + 8] = per;
+      c[o + J_PER] = per;
       total += Math.ceil(span / per);
     }
     return total;

@@ -1,7 +1,7 @@
 import assert from "node:assert";
 import { KERNELS_WASM_BASE64 } from "./kernels/kernels-wasm.ts";
-import { controlBytes, J_ATTEND, J_D, J_FN, J_N, J_R0, J_ROWS, J_W, J_X, J_Y, JOB_INTS, KERNEL_INDEX, KernelThreads, runJobs } from "./kernel-threads.ts";
-import type { KernelExports } from "./kernel-exports.ts";
+import { controlBytes, J_ATTEND, KERNEL_INDEX, KernelThreads, runJobs } from "./kernel-threads.ts";
+import { J_D, J_FN, J_N, J_R0, J_ROWS, J_W, J_X, J_Y, JOB_INTS, type KernelExports } from "./kernel-exports.ts";
 import { matmulQ4KRef, matmulQ6KRef } from "./k-quant-ref.ts";
 import { isLegacy, legacyD, legacyM, legacyQ, legacyShape } from "./legacy-quants.ts";
 import {
@@ -258,8 +258,8 @@ export class MatmulKernel {
   private top = KERNEL_RESERVED_BYTES;
   private threads: KernelThreads | null = null;
 
-  // The queued jobs: JOB_INTS ints each, as the kernels and the helper threads take them.
-  private readonly jobs = new Int32Array(MAX_JOBS * JOB_INTS);
+  // The queued jobs: JOB_INTS ints each, in the memory (the kernels take a job's address).
+  private readonly jobs: Int32Array;
   private queued = 0;
   private queuedMacs = 0;
   private maxCols = 0;
@@ -300,6 +300,7 @@ export class MatmulKernel {
       for (const m of cols.keys()) if (!(m instanceof Float32Array)) assertFinite16(m);
       this.memory = null;
       this.ex = null;
+      this.jobs = new Int32Array(0);
       this.views = matrices;
       return;
     }
@@ -307,6 +308,8 @@ export class MatmulKernel {
     this.ex = new WebAssembly.Instance(mod, { env: { memory: mem } }).exports as unknown as KernelExports;
     this.top += gap;
     this.refresh();
+    const jobsAt = this.grab(MAX_JOBS * JOB_INTS * 4);
+    this.jobs = new Int32Array(mem.buffer, jobsAt, MAX_JOBS * JOB_INTS);
     const viewOf = new Map<SimpleMatrix, SimpleMatrix>();
     for (const [m, c] of cols) {
       if (c > 0) {

@@ -1,8 +1,8 @@
 import assert from "node:assert";
 import { availableParallelism } from "node:os";
-import { controlBytes, J_CONVERT_Q8, J_D, J_FN, J_N, J_R0, J_ROWS, J_W, J_X, J_Y, JOB_INTS, KernelThreads, runJobs } from "./kernel-threads.ts";
+import { controlBytes, J_CONVERT_Q8, KernelThreads, runJobs } from "./kernel-threads.ts";
 import { copyBytes } from "./mapped-file.ts";
-import type { KernelExports } from "./kernel-exports.ts";
+import { J_D, J_FN, J_N, J_R0, J_ROWS, J_W, J_X, J_Y, JOB_INTS, type KernelExports } from "./kernel-exports.ts";
 import { KERNEL_RESERVED_BYTES, kernelModule } from "./matmul.ts";
 import { Q8_0_BLOCK_BYTES, QK8_0 } from "./packed.ts";
 
@@ -30,7 +30,8 @@ export class Q8Converter {
   private readonly u8: Uint8Array;
   private readonly inAt: number;
   private readonly outAt: number;
-  private readonly jobs = new Int32Array(JOB_INTS);
+  /** The one job record, in the memory (runJobs passes its address). */
+  private readonly jobs: Int32Array;
 
   private readonly stageBytes: number;
 
@@ -47,13 +48,15 @@ export class Q8Converter {
     this.stageBytes = stageBytes;
     const helpers = threads - 1;
     const ctrlAt = KERNEL_RESERVED_BYTES;
-    const inAt = ctrlAt + Math.ceil(controlBytes(Math.max(helpers, 1)) / 64) * 64;
+    const jobAt = ctrlAt + Math.ceil(controlBytes(Math.max(helpers, 1)) / 64) * 64;
+    const inAt = jobAt + 64;
     const outAt = inAt + stageBytes;
     // A q8_0 block is 34 bytes for 32 weights: at most 34/64 of f16's bytes, 34/128 of f32's.
     const end = outAt + Math.ceil((stageBytes / 2 / QK8_0) * Q8_0_BLOCK_BYTES);
     const memory = new WebAssembly.Memory({ initial: Math.ceil(end / PAGE), maximum: Math.ceil(end / PAGE), shared: true });
     this.ex = new WebAssembly.Instance(mod, { env: { memory } }).exports as unknown as KernelExports;
     this.u8 = new Uint8Array(memory.buffer);
+    this.jobs = new Int32Array(memory.buffer, jobAt, JOB_INTS);
     this.inAt = inAt;
     this.outAt = outAt;
     this.threads = helpers > 0 ? new KernelThreads(mod, memory, helpers, ctrlAt) : null;

@@ -2,7 +2,7 @@
 // module).
 //
 // The caller writes the dispatch into a control block in the shared memory. Its jobs (a matmul
-// each) are cut into chunks of whole 8-row strips, numbered across the jobs in order, and the
+// each, a Job record of job.ts, which each kernel takes a pointer to) are cut into chunks of whole 8-row strips, numbered across the jobs in order, and the
 // chunks into one contiguous range per thread, each range a word of its own cache line:
 // front << 16 | back. A thread takes chunks from the front of its own range, so it streams
 // through its rows in order and its claims stay in its own cache; when its range is empty it
@@ -20,6 +20,7 @@
 
 import { attend_jobs } from "./attention";
 import { convert_q8_rows } from "./convert";
+import { Job } from "./job";
 import { matmul_bf16, matmul_f16, matmul_f32 } from "./matmul";
 import { matmul_q4_k, matmul_q5_k, matmul_q6_k } from "./kquants";
 import { matmul_q4_0, matmul_q4_1, matmul_q5_0, matmul_q5_1 } from "./legacy";
@@ -38,48 +39,41 @@ const JOBS: usize = 48 << 2;
 /** Thread t's range word at RANGES + t * RANGE_BYTES (a cache line each). */
 const RANGES: usize = 128 << 2;
 const RANGE_BYTES: usize = 64;
-/** A job: fn, y, x, w, rows, n, d, r0, chunk rows, first chunk. */
-const JOB_BYTES: usize = 10 << 2;
+/** A job record's bytes in the control block (job.ts: fn .. first). */
+const JOB_BYTES: usize = offsetof<Job>();
 const ATTEND: i32 = 4;
 /** A conversion to q8_0 (convert.ts): y the q8_0 rows, x the source rows, w the source dtype, d the rows. */
 const CONVERT_Q8: i32 = 12;
 
-/** Computes chunk c (of job j, whose chunks start at `first`) on this thread. */
-@inline function runChunk(job: usize, c: i32, first: i32, scratch: usize): void {
-  const fn = load<i32>(job);
+/** Computes chunk c of the job at `job` (its chunks start at its `first`) on this thread. */
+@inline function runChunk(job: usize, c: i32, scratch: usize): void {
+  const j = changetype<Job>(job);
+  const fn = j.fn;
+  const k = c - j.first;
   if (fn == ATTEND) {
-    attend_jobs(<usize>load<i32>(job, 12), c - first, c - first + 1, scratch);
+    attend_jobs(j.w, k, k + 1, scratch);
     return;
   }
-  const r0 = load<i32>(job, 28);
+  const per = j.per;
   if (fn == CONVERT_Q8) {
-    const per = load<i32>(job, 32);
-    const g1 = min(load<i32>(job, 24), (c - first + 1) * per);
-    convert_q8_rows(<usize>load<i32>(job, 4), <usize>load<i32>(job, 8), load<i32>(job, 12), load<i32>(job, 20), (c - first) * per, g1);
+    convert_q8_rows(j.y, j.x, <i32>j.w, j.n, k * per, min(j.d, (k + 1) * per));
     return;
   }
-  const end = r0 + load<i32>(job, 24);
-  const per = load<i32>(job, 32);
+  const r0 = j.r0;
   const base = r0 & ~7;
-  const g0 = max(r0, base + (c - first) * per);
-  const g1 = min(end, base + (c - first + 1) * per);
-  const y = <usize>load<i32>(job, 4);
-  const x = <usize>load<i32>(job, 8);
-  const w = <usize>load<i32>(job, 12);
-  const rows = load<i32>(job, 16);
-  const n = load<i32>(job, 20);
-  const d = load<i32>(job, 24);
-  if (fn == 0) matmul_f32(y, x, w, rows, n, d, r0, g0, g1, scratch);
-  else if (fn == 1) matmul_f16(y, x, w, rows, n, d, r0, g0, g1, scratch);
-  else if (fn == 2) matmul_bf16(y, x, w, rows, n, d, r0, g0, g1, scratch);
-  else if (fn == 3) matmul_q8_0(y, x, w, rows, n, d, r0, g0, g1, scratch);
-  else if (fn == 5) matmul_q4_k(y, x, w, rows, n, d, r0, g0, g1, scratch);
-  else if (fn == 6) matmul_q6_k(y, x, w, rows, n, d, r0, g0, g1, scratch);
-  else if (fn == 7) matmul_q4_0(y, x, w, rows, n, d, r0, g0, g1, scratch);
-  else if (fn == 8) matmul_q4_1(y, x, w, rows, n, d, r0, g0, g1, scratch);
-  else if (fn == 9) matmul_q5_0(y, x, w, rows, n, d, r0, g0, g1, scratch);
-  else if (fn == 10) matmul_q5_1(y, x, w, rows, n, d, r0, g0, g1, scratch);
-  else matmul_q5_k(y, x, w, rows, n, d, r0, g0, g1, scratch);
+  const g0 = max(r0, base + k * per);
+  const g1 = min(r0 + j.d, base + (k + 1) * per);
+  if (fn == 0) matmul_f32(job, g0, g1, scratch);
+  else if (fn == 1) matmul_f16(job, g0, g1, scratch);
+  else if (fn == 2) matmul_bf16(job, g0, g1, scratch);
+  else if (fn == 3) matmul_q8_0(job, g0, g1, scratch);
+  else if (fn == 5) matmul_q4_k(job, g0, g1, scratch);
+  else if (fn == 6) matmul_q6_k(job, g0, g1, scratch);
+  else if (fn == 7) matmul_q4_0(job, g0, g1, scratch);
+  else if (fn == 8) matmul_q4_1(job, g0, g1, scratch);
+  else if (fn == 9) matmul_q5_0(job, g0, g1, scratch);
+  else if (fn == 10) matmul_q5_1(job, g0, g1, scratch);
+  else matmul_q5_k(job, g0, g1, scratch);
 }
 
 /** Takes the front chunk of the range word at r; -1 when the range is empty. */
@@ -132,8 +126,8 @@ export function run_chunks(ctrl: usize, thread: i32): i32 {
     const scratch = <usize>load<i32>(ctrl + SCRATCH) + <usize>(thread * load<i32>(ctrl + STRIDE));
     const count = load<i32>(ctrl + COUNT);
     let job = ctrl + JOBS;
-    for (let j = 1; j < count && load<i32>(job + JOB_BYTES, 36) <= c; j++) job += JOB_BYTES;
-    runChunk(job, c, load<i32>(job, 36), scratch);
+    for (let j = 1; j < count && changetype<Job>(job + JOB_BYTES).first <= c; j++) job += JOB_BYTES;
+    runChunk(job, c, scratch);
     done++;
   }
   if (done == 0) return 0;

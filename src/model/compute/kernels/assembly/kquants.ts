@@ -64,6 +64,7 @@
 //     5-bit values 0..31.
 
 import { f16ext, f16ToF32 } from "./f16";
+import { Job } from "./job";
 
 export const Q4K_GROUP: usize = 1184;
 export const Q5K_GROUP: usize = 1440;
@@ -485,7 +486,15 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
  * four tokens at a time per half strip, then one at a time both halves; a row of a strip not
  * wholly in the range computes its half alone and keeps its lane (the same sum).
  */
-@inline function matmulK(six: bool, five: bool, y: usize, xq: usize, w: usize, rows: i32, n: i32, d: i32, r0: i32, g0: i32, g1: i32): void {
+@inline function matmulK(six: bool, five: bool, job: usize, g0: i32, g1: i32): void {
+  const j = changetype<Job>(job);
+  const y = j.y;
+  const xq = j.x;
+  const w = j.w;
+  const rows = j.rows;
+  const n = j.n;
+  const d = j.d;
+  const r0 = j.r0;
   const sb = <usize>(n >> 8) * (six ? Q6K_GROUP : five ? Q5K_GROUP : Q4K_GROUP);
   const qb = kRowBytes(n);
   const ys = <usize>d << 2;
@@ -532,16 +541,16 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
 }
 
 /** q4_k matmul (see matmulK); n must be a multiple of 256 (the caller checks); `scratch` is unused. */
-export function matmul_q4_k(y: usize, xq: usize, w: usize, rows: i32, n: i32, d: i32, r0: i32, g0: i32, g1: i32, scratch: usize): void {
-  matmulK(false, false, y, xq, w, rows, n, d, r0, g0, g1);
+export function matmul_q4_k(job: usize, g0: i32, g1: i32, scratch: usize): void {
+  matmulK(false, false, job, g0, g1);
 }
 
 /** q5_k matmul (see matmulK); n must be a multiple of 256 (the caller checks); `scratch` is unused. */
-export function matmul_q5_k(y: usize, xq: usize, w: usize, rows: i32, n: i32, d: i32, r0: i32, g0: i32, g1: i32, scratch: usize): void {
-  matmulK(false, true, y, xq, w, rows, n, d, r0, g0, g1);
+export function matmul_q5_k(job: usize, g0: i32, g1: i32, scratch: usize): void {
+  matmulK(false, true, job, g0, g1);
 }
 
 /** q6_k matmul (see matmulK); n must be a multiple of 256 (the caller checks); `scratch` is unused. */
-export function matmul_q6_k(y: usize, xq: usize, w: usize, rows: i32, n: i32, d: i32, r0: i32, g0: i32, g1: i32, scratch: usize): void {
-  matmulK(true, false, y, xq, w, rows, n, d, r0, g0, g1);
+export function matmul_q6_k(job: usize, g0: i32, g1: i32, scratch: usize): void {
+  matmulK(true, false, job, g0, g1);
 }

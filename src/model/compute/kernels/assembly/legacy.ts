@@ -23,6 +23,7 @@
 // 4.5, 5, 5.5 and 6 bits a weight, ggml's own.
 
 import { f16ext } from "./f16";
+import { Job } from "./job";
 import { dot2, highOf, lowOf, next2, q4Sub, quadRowBytes, quadScales, quadSums, quantizeQuads, widen } from "./kquants";
 
 /** Bytes of one quantized token row of n (a multiple of 32). */
@@ -148,7 +149,15 @@ export function quantize_l_x(dst: usize, x: usize, rows: i32, n: i32): void {
  * strip (half4), then one at a time both halves; a row of a strip not wholly in the range
  * computes its half and keeps its lane (the same sum).
  */
-@inline function matmulLegacy(min: bool, five: bool, offset: i32, y: usize, xq: usize, w: usize, rows: i32, n: i32, d: i32, r0: i32, g0: i32, g1: i32): void {
+@inline function matmulLegacy(min: bool, five: bool, offset: i32, job: usize, g0: i32, g1: i32): void {
+  const j = changetype<Job>(job);
+  const y = j.y;
+  const xq = j.x;
+  const w = j.w;
+  const rows = j.rows;
+  const n = j.n;
+  const d = j.d;
+  const r0 = j.r0;
   const sb = <usize>(n >> 5) * groupBytes(min, five);
   const qb = qRowBytes(n);
   const ys = <usize>d << 2;
@@ -184,18 +193,18 @@ export function quantize_l_x(dst: usize, x: usize, rows: i32, n: i32): void {
   }
 }
 
-export function matmul_q4_0(y: usize, xq: usize, w: usize, rows: i32, n: i32, d: i32, r0: i32, g0: i32, g1: i32, scratch: usize): void {
-  matmulLegacy(false, false, -8, y, xq, w, rows, n, d, r0, g0, g1);
+export function matmul_q4_0(job: usize, g0: i32, g1: i32, scratch: usize): void {
+  matmulLegacy(false, false, -8, job, g0, g1);
 }
 
-export function matmul_q4_1(y: usize, xq: usize, w: usize, rows: i32, n: i32, d: i32, r0: i32, g0: i32, g1: i32, scratch: usize): void {
-  matmulLegacy(true, false, 0, y, xq, w, rows, n, d, r0, g0, g1);
+export function matmul_q4_1(job: usize, g0: i32, g1: i32, scratch: usize): void {
+  matmulLegacy(true, false, 0, job, g0, g1);
 }
 
-export function matmul_q5_0(y: usize, xq: usize, w: usize, rows: i32, n: i32, d: i32, r0: i32, g0: i32, g1: i32, scratch: usize): void {
-  matmulLegacy(false, true, -16, y, xq, w, rows, n, d, r0, g0, g1);
+export function matmul_q5_0(job: usize, g0: i32, g1: i32, scratch: usize): void {
+  matmulLegacy(false, true, -16, job, g0, g1);
 }
 
-export function matmul_q5_1(y: usize, xq: usize, w: usize, rows: i32, n: i32, d: i32, r0: i32, g0: i32, g1: i32, scratch: usize): void {
-  matmulLegacy(true, true, 0, y, xq, w, rows, n, d, r0, g0, g1);
+export function matmul_q5_1(job: usize, g0: i32, g1: i32, scratch: usize): void {
+  matmulLegacy(true, true, 0, job, g0, g1);
 }

@@ -6,7 +6,9 @@
 //
 // x and y are f32; W is f32, f16 or bf16 (q8_0 has its own kernel, q8.ts), in the STRIP LAYOUT
 // below (MatmulKernel packs every matrix so when it places it). Every argument that names memory
-// is a byte offset into the one imported memory.
+// is a byte offset into the one imported memory. Each kernel takes y, x, w, rows, n, d and r0
+// through one pointer to a Job record (job.ts) and reads them into locals at entry; g0, g1 and
+// scratch, which differ per chunk and per thread, stay arguments.
 //
 // THE ORDER. Every f32, f16 or bf16 output, whatever its tile, batch or thread, is summed the
 // same way: each weight is first made an f32 exactly (f16 and bf16 fit in f32), then
@@ -41,6 +43,7 @@
 // JavaScriptCore moves each one's count through a scalar register (multiplies stand in for them).
 
 import { f16bitsHi, f16bitsLo, f16ext, f16ToF32, f16x4, rebias, top16x4 } from "./f16";
+import { Job } from "./job";
 
 const F32: i32 = 0;
 const F16: i32 = 1;
@@ -324,7 +327,15 @@ function stripRows(yo: usize, x: usize, sp: usize, rows: i32, n: i32, d: i32): v
  * every token row; row g's outputs go to column g - r0 of y. Rows of a strip not wholly in the
  * range go one at a time. `scratch` (32 n bytes of this thread's own) holds a dequantized strip.
  */
-@inline function matmul(dt: i32, y: usize, x: usize, w: usize, rows: i32, n: i32, d: i32, r0: i32, g0: i32, g1: i32, scratch: usize): void {
+@inline function matmul(dt: i32, job: usize, g0: i32, g1: i32, scratch: usize): void {
+  const j = changetype<Job>(job);
+  const y = j.y;
+  const x = j.x;
+  const w = j.w;
+  const rows = j.rows;
+  const n = j.n;
+  const d = j.d;
+  const r0 = j.r0;
   const sb = stripBytes(dt, n);
   const xs = <usize>n << 2;
   const ys = <usize>d << 2;
@@ -353,16 +364,16 @@ function stripRows(yo: usize, x: usize, sp: usize, rows: i32, n: i32, d: i32): v
   }
 }
 
-export function matmul_f32(y: usize, x: usize, w: usize, rows: i32, n: i32, d: i32, r0: i32, g0: i32, g1: i32, scratch: usize): void {
-  matmul(F32, y, x, w, rows, n, d, r0, g0, g1, scratch);
+export function matmul_f32(job: usize, g0: i32, g1: i32, scratch: usize): void {
+  matmul(F32, job, g0, g1, scratch);
 }
 
-export function matmul_f16(y: usize, x: usize, w: usize, rows: i32, n: i32, d: i32, r0: i32, g0: i32, g1: i32, scratch: usize): void {
-  matmul(F16, y, x, w, rows, n, d, r0, g0, g1, scratch);
+export function matmul_f16(job: usize, g0: i32, g1: i32, scratch: usize): void {
+  matmul(F16, job, g0, g1, scratch);
 }
 
-export function matmul_bf16(y: usize, x: usize, w: usize, rows: i32, n: i32, d: i32, r0: i32, g0: i32, g1: i32, scratch: usize): void {
-  matmul(BF16, y, x, w, rows, n, d, r0, g0, g1, scratch);
+export function matmul_bf16(job: usize, g0: i32, g1: i32, scratch: usize): void {
+  matmul(BF16, job, g0, g1, scratch);
 }
 
 

@@ -31,6 +31,7 @@
 // sums in four lanes: no reduction across lanes, ever.
 
 import { f16ext, f16ToF32 } from "./f16";
+import { Job } from "./job";
 
 /** Rows per strip. */
 const S: i32 = 8;
@@ -276,7 +277,15 @@ export function quantize_q8_x(dst: usize, x: usize, rows: i32, n: i32): void {
  * xq; row g's outputs go to column g - r0 of y. Rows of a strip not wholly in the range go one at
  * a time. n must be a multiple of 32 (the caller checks); `scratch` is unused.
  */
-export function matmul_q8_0(y: usize, xq: usize, w: usize, rows: i32, n: i32, d: i32, r0: i32, g0: i32, g1: i32, scratch: usize): void {
+export function matmul_q8_0(job: usize, g0: i32, g1: i32, scratch: usize): void {
+  const j = changetype<Job>(job);
+  const y = j.y;
+  const xq = j.x;
+  const w = j.w;
+  const rows = j.rows;
+  const n = j.n;
+  const d = j.d;
+  const r0 = j.r0;
   const sb = <usize>(n >> 5) * GROUP;
   const qb = qRowBytes(n);
   const ys = <usize>d << 2;
