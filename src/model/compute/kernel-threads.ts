@@ -43,6 +43,9 @@ const HELPED = 37;
 /** Set by a helper whose kernel call threw: its claimed chunk will never be done. */
 const FAILED = 38;
 const THREADS = 39;
+/** dispatch.ts' tiles: the x bytes a tile reads at most (0: none), where the threads' tile job records start. */
+const TILE_X = 40;
+const TILE_JOBS = 41;
 const JOBS = 48;
 /** A job record with J_PER and J_FIRST. */
 const CTRL_JOB = J_FIRST + 1;
@@ -51,9 +54,11 @@ const MAX_DISPATCH_JOBS = 8;
 const RANGES = 128;
 const RANGE_INTS = 16;
 const sleepingAt = (helpers: number): number => RANGES + RANGE_INTS * (helpers + 1);
+/** Thread t's job record for its tiles (dispatch.ts' TILE_JOB_BYTES apart), a cache line each after the sleeping flags. */
+const tileJobsAt = (helpers: number): number => Math.ceil((sleepingAt(helpers) + helpers + 1) / 16) * 16;
 /** Bytes of the control block for `helpers` helpers. */
 export function controlBytes(helpers: number): number {
-  return (sleepingAt(helpers) + helpers + 1) * 4;
+  return (tileJobsAt(helpers) + 16 * (helpers + 1)) * 4;
 }
 /**
  * Multiply-adds of a chunk of a one-row job, at most: a job is cut into equal chunks no bigger.
@@ -64,6 +69,18 @@ export function controlBytes(helpers: number): number {
  */
 const CHUNK_MACS = 1 << 16;
 const CHUNK_ROWS_MAX = 4;
+/**
+ * Token tiles (dispatch.ts): a chunk of a job whose x outgrows TILE_X_BYTES runs its kernel a tile
+ * of token rows at a time, each tile reading at most this much of x, so the tile stays in a
+ * core's L2 (2 MB on the Xeon the figures come from) while the chunk's strips sweep it. Such a
+ * chunk takes rows whose weights fill about TILE_W_BYTES, which stay in L2 beside the tile from
+ * one tile to the next, and at least TILED_CHUNKS per thread, so the threads still end together.
+ */
+const TILE_X_BYTES = 1 << 20;
+const TILE_W_BYTES = 1 << 19;
+const TILED_CHUNKS = 6;
+/** Bits of one weight in each kernel's strips (KERNEL_INDEX order): sizes a tiled chunk. */
+const WEIGHT_BITS = [32, 16, 16, 8.5, 0, 4.625, 6.5625, 4.5, 5, 5.5, 6, 5.625];
 /** A dispatch in which no chunk was claimed or counted for this long (ms) has lost one: the caller fails rather than hang. */
 const LOST_CHUNK_MS = 10000;
 /** The caller spins this many times on DONE before sleeping on it. */
@@ -93,6 +110,12 @@ export function runJobs(ex: KernelExports, jobs: Int32Array, count: number, scra
     const r0 = jobs[b + J_R0]!;
     ex[FNS[jobs[b + J_FN]!]!](jobs.byteOffset + 4 * b, r0, r0 + jobs[b + J_D]!, scratch);
   }
+}
+
+/** Token rows of a tile of kernel fn's x with rows of n (dispatch.ts computes the same). */
+function tileRows(ex: KernelExports, fn: number, n: number, budget: number): number {
+  const xs = fn <= 2 ? n * 4 : fn === 3 ? ex.q8_row_bytes(n) : fn === 5 || fn === 6 || fn === 11 ? ex.k_row_bytes(n) : ex.l_row_bytes(n);
+  return Math.max(4, Math.floor(budget / xs) & ~3);
 }
 
 /** Each kernel index's export, from KERNEL_INDEX (4, J_ATTEND, is not a matmul). */
@@ -142,6 +165,11 @@ export class KernelThreads {
   private readonly backoff = new StallBackoff();
   /** Settles when every helper runs. */
   readonly ready: Promise<void>;
+  /** false: every chunk loops over all its token rows at once (bench/prefill-tiles.ts' baseline). */
+  tiles = true;
+  /** TILE_X_BYTES and TILE_W_BYTES, for benches to sweep and tests to shrink. */
+  tileXBytes = TILE_X_BYTES;
+  tileWBytes = TILE_W_BYTES;
 
   /** `ctrlAt`: controlBytes(helpers) zeroed bytes of the memory, 64-byte aligned. */
   constructor(module: WebAssembly.Module, memory: WebAssembly.Memory, helpers: number, ctrlAt: number) {
@@ -150,6 +178,7 @@ export class KernelThreads {
     this.helpers = helpers;
     this.ctrlAt = ctrlAt;
     this.ctrl = new Int32Array(memory.buffer, ctrlAt, controlBytes(helpers) / 4);
+    this.ctrl[TILE_JOBS] = ctrlAt + tileJobsAt(helpers) * 4;
     const started: Promise<void>[] = [];
     for (let h = 0; h < helpers; h++) {
       helperUrl ??= URL.createObjectURL(new Blob([HELPER_SOURCE], { type: "application/javascript" }));
@@ -192,7 +221,8 @@ export class KernelThreads {
     // so a helper still looking for chunks of the last one finds none while the jobs below are
     // rewritten; closing them again only guards that after a failed dispatch.
     for (let t = 0; t < threads; t++) Atomics.store(c, RANGES + t * RANGE_INTS, 0);
-    const total = this.writeJobs(jobs, count, threads);
+    c[TILE_X] = this.tiles ? this.tileXBytes : 0;
+    const total = this.writeJobs(ex, jobs, count, threads);
     assert(total < 65535, `dispatch of ${total} chunks`);
     c[COUNT] = count;
     c[SCRATCH] = scratch;
@@ -220,7 +250,7 @@ export class KernelThreads {
    * Copies the jobs into the control block with each one's chunk rows and first chunk; returns
    * the dispatch's chunks over `threads`. An attention job is one chunk per piece.
    */
-  private writeJobs(jobs: Int32Array, count: number, threads: number): number {
+  private writeJobs(ex: KernelExports, jobs: Int32Array, count: number, threads: number): number {
     const c = this.ctrl;
     let total = 0;
     for (let j = 0; j < count; j++) {
@@ -229,15 +259,23 @@ export class KernelThreads {
       for (let i = 0; i < JOB_INTS; i++) c[o + i] = jobs[b + i]!;
       c[o + J_FIRST] = total;
       const rows = jobs[b + J_ROWS]!;
-      if (jobs[b + J_FN] === J_ATTEND) {
+      const fn = jobs[b + J_FN]!;
+      if (fn === J_ATTEND) {
         total += rows;
         continue;
       }
       const r0 = jobs[b + J_R0]!;
+      const n = jobs[b + J_N]!;
       const span = r0 + jobs[b + J_D]! - (r0 & ~7);
-      // A thread's chunk at least, so that even a job alone at the split threshold is shared.
-      const chunks = Math.max(threads, Math.ceil((rows * jobs[b + J_N]! * span) / (CHUNK_MACS * Math.min(rows, CHUNK_ROWS_MAX))));
-      const per = Math.ceil(span / chunks / 8) * 8;
+      let per: number;
+      if (c[TILE_X] !== 0 && fn !== J_CONVERT_Q8 && rows > tileRows(ex, fn, n, c[TILE_X]!)) {
+        const fill = Math.floor((this.tileWBytes * 8) / (n * WEIGHT_BITS[fn]!) / 8) * 8;
+        per = Math.max(8, Math.min(fill, Math.floor(span / (TILED_CHUNKS * threads) / 8) * 8));
+      } else {
+        // A thread's chunk at least, so that even a job alone at the split threshold is shared.
+        const chunks = Math.max(threads, Math.ceil((rows * n * span) / (CHUNK_MACS * Math.min(rows, CHUNK_ROWS_MAX))));
+        per = Math.ceil(span / chunks / 8) * 8;
+      }
       c[o + J_PER] = per;
       total += Math.ceil(span / per);
     }

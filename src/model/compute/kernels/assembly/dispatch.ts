@@ -22,9 +22,9 @@ import { attend_jobs } from "./attention";
 import { convert_q8_rows } from "./convert";
 import { Job } from "./job";
 import { matmul_bf16, matmul_f16, matmul_f32 } from "./matmul";
-import { matmul_q4_k, matmul_q5_k, matmul_q6_k } from "./kquants";
-import { matmul_q4_0, matmul_q4_1, matmul_q5_0, matmul_q5_1 } from "./legacy";
-import { matmul_q8_0 } from "./q8";
+import { k_row_bytes, matmul_q4_k, matmul_q5_k, matmul_q6_k } from "./kquants";
+import { l_row_bytes, matmul_q4_0, matmul_q4_1, matmul_q5_0, matmul_q5_1 } from "./legacy";
+import { matmul_q8_0, q8_row_bytes } from "./q8";
 
 // Control block, in i32 slots (kernel-threads.ts writes the same layout).
 const DONE: usize = 16 << 2;
@@ -35,6 +35,11 @@ const STRIDE: usize = 35 << 2;
 const WAITING: usize = 36 << 2;
 const HELPED: usize = 37 << 2;
 const THREADS: usize = 39 << 2;
+/** Bytes of token rows (x) a tile of a chunk reads, at most; 0: no tiles (kernel-threads.ts' TILE_X_BYTES). */
+const TILE_X: usize = 40 << 2;
+/** Where thread t's job record for a tile is: TILE_JOBS' value + t * TILE_JOB_BYTES. */
+const TILE_JOBS: usize = 41 << 2;
+const TILE_JOB_BYTES: usize = 64;
 const JOBS: usize = 48 << 2;
 /** Thread t's range word at RANGES + t * RANGE_BYTES (a cache line each). */
 const RANGES: usize = 128 << 2;
@@ -46,7 +51,7 @@ const ATTEND: i32 = 4;
 const CONVERT_Q8: i32 = 12;
 
 /** Computes chunk c of the job at `job` (its chunks start at its `first`) on this thread. */
-@inline function runChunk(job: usize, c: i32, scratch: usize): void {
+@inline function runChunk(ctrl: usize, thread: i32, job: usize, c: i32, scratch: usize): void {
   const j = changetype<Job>(job);
   const fn = j.fn;
   const k = c - j.first;
@@ -63,6 +68,37 @@ const CONVERT_Q8: i32 = 12;
   const base = r0 & ~7;
   const g0 = max(r0, base + k * per);
   const g1 = min(r0 + j.d, base + (k + 1) * per);
+  const rows = j.rows;
+  const xs = xRowBytes(fn, j.n);
+  const budget = <usize>load<i32>(ctrl + TILE_X);
+  const tile = max(4, <i32>(budget / xs) & ~3);
+  if (budget == 0 || rows <= tile) {
+    matmulFn(fn, job, g0, g1, scratch);
+    return;
+  }
+  // Token tiles: the chunk's strips sweep one tile of x while it stays in L2 (a 512-token prefill's
+  // quantized x is 4-9 MB); each output is still one whole dot product of THE ORDER, so the
+  // tiles change no bit. The tile's job is this thread's own copy with x, y and rows moved.
+  const t = changetype<Job>(<usize>load<i32>(ctrl + TILE_JOBS) + <usize>thread * TILE_JOB_BYTES);
+  memory.copy(changetype<usize>(t), job, offsetof<Job>());
+  const ys = <usize>j.d << 2;
+  for (let r = 0; r < rows; r += tile) {
+    t.x = j.x + <usize>r * xs;
+    t.y = j.y + <usize>r * ys;
+    t.rows = min(tile, rows - r);
+    matmulFn(fn, changetype<usize>(t), g0, g1, scratch);
+  }
+}
+
+/** Bytes from one token row of a kernel's x to the next: f32 rows, or the integer kernels' quantized ones. */
+@inline function xRowBytes(fn: i32, n: i32): usize {
+  if (fn <= 2) return <usize>n << 2;
+  if (fn == 3) return <usize>q8_row_bytes(n);
+  if (fn == 5 || fn == 6 || fn == 11) return <usize>k_row_bytes(n);
+  return <usize>l_row_bytes(n);
+}
+
+@inline function matmulFn(fn: i32, job: usize, g0: i32, g1: i32, scratch: usize): void {
   if (fn == 0) matmul_f32(job, g0, g1, scratch);
   else if (fn == 1) matmul_f16(job, g0, g1, scratch);
   else if (fn == 2) matmul_bf16(job, g0, g1, scratch);
@@ -127,7 +163,7 @@ export function run_chunks(ctrl: usize, thread: i32): i32 {
     const count = load<i32>(ctrl + COUNT);
     let job = ctrl + JOBS;
     for (let j = 1; j < count && changetype<Job>(job + JOB_BYTES).first <= c; j++) job += JOB_BYTES;
-    runChunk(job, c, scratch);
+    runChunk(ctrl, thread, job, c, scratch);
     done++;
   }
   if (done == 0) return 0;

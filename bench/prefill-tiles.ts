@@ -1,0 +1,148 @@
+// Token tiles (kernel-threads.ts' TILE_X_BYTES, kernels/assembly/dispatch.ts) against none, on a
+// 1B-like shape (Llama-3.2-1B's dim 2048, hidden 8192, 32 heads over 8 KV heads; 2 layers and a
+// small vocabulary, since the matrices' shapes are what the tiles change): a 512-token prefill,
+// and a batch-8 decode step (8 token rows, which no tile splits), for q4_k, q6_k, q8_0 and f16. The
+// same model runs both ways in alternating rounds, the order flipping each round; the ratio is
+// the median with tiles over the median without.
+//
+//   bun bench/prefill-tiles.ts    (BENCH_THREADS: default all cores; BENCH_ROUNDS: default 5;
+//                                  BENCH_DTYPES: default q4_k,q6_k,q8_0,f16; BENCH_TILE_X and
+//                                  BENCH_TILE_W: the tile's x bytes and a chunk's weight bytes)
+//
+// Results in bench/results/prefill-tiles.json, with the CPU and the load average.
+import { mkdirSync, readFileSync, writeFileSync } from "node:fs";
+import { availableParallelism } from "node:os";
+import { join } from "node:path";
+import type { KernelThreads } from "../src/model/compute/kernel-threads.ts";
+import { castWeights, syntheticWeights } from "../src/model/compute/weights.ts";
+import { type DType, kvShapeOf, type ModelConfig, Transformer } from "../src/model/index.ts";
+import type { KvPool } from "../src/pool/index.ts";
+import { loadAverage, median } from "./stats.ts";
+
+const cfg: ModelConfig = {
+  name: "1b-like-2-layers",
+  dim: 2048,
+  hiddenDim: 8192,
+  nLayers: 2,
+  nHeads: 32,
+  nKvHeads: 8,
+  vocabSize: 4096,
+  maxSeqLen: 1024,
+  ropeTheta: 500000,
+  normEps: 1e-5,
+};
+const THREADS = Number(process.env.BENCH_THREADS ?? availableParallelism());
+const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 5);
+const DTYPES = (process.env.BENCH_DTYPES ?? "q4_k,q6_k,q8_0,f16").split(",") as DType[];
+const BLOCK = 16;
+const PREFILL = 512;
+const BATCH = 8;
+const DECODE_STEPS = 8;
+
+interface Model {
+  dtype: DType;
+  m: Transformer;
+  threads: KernelThreads;
+  pool: KvPool;
+}
+
+function build(f32: ReturnType<typeof syntheticWeights>, dtype: DType): Model {
+  const t0 = performance.now();
+  const m = new Transformer(cfg, castWeights(cfg, f32, dtype), { threads: THREADS });
+  // The model's own helper threads, reached to switch the tiles (one layer group at this size).
+  const threads = (m as unknown as { g: { mm: { threads: KernelThreads | null } } }).g.mm.threads;
+  if (threads === null) throw new Error("prefill-tiles: the tiles need helper threads (BENCH_THREADS >= 2)");
+  if (process.env.BENCH_TILE_X) threads.tileXBytes = Number(process.env.BENCH_TILE_X);
+  if (process.env.BENCH_TILE_W) threads.tileWBytes = Number(process.env.BENCH_TILE_W);
+  const pool = m.kvPool(kvShapeOf(cfg, BLOCK), Math.ceil(PREFILL / BLOCK) + BATCH * 2);
+  console.log(`${dtype}: placed in ${((performance.now() - t0) / 1000).toFixed(1)} s`);
+  return { dtype, m, threads, pool };
+}
+
+/** One prefill of PREFILL tokens (ms). */
+function prefillMs({ m, pool }: Model): number {
+  const table = pool.allocate(Math.ceil(PREFILL / BLOCK))!;
+  const prompt = Array.from({ length: PREFILL }, (_, i) => (i * 7919 + 13) % cfg.vocabSize);
+  const out = new Float32Array(cfg.vocabSize);
+  const t0 = performance.now();
+  m.forward(pool, [{ blockTable: table, startPos: 0, tokens: prompt }], out);
+  const ms = performance.now() - t0;
+  pool.releaseAll(table);
+  return ms;
+}
+
+/** DECODE_STEPS steps of BATCH sequences of one token each after a 4-token prompt (ms per step). */
+function batchStepMs({ m, pool }: Model): number {
+  const tables = Array.from({ length: BATCH }, () => pool.allocate(1)!);
+  const out = new Float32Array(cfg.vocabSize * BATCH);
+  m.forward(
+    pool,
+    tables.map((blockTable, s) => ({ blockTable, startPos: 0, tokens: [s + 1, s + 2, s + 3, s + 4] })),
+    out,
+  );
+  const t0 = performance.now();
+  for (let i = 0; i < DECODE_STEPS; i++) {
+    m.forward(
+      pool,
+      tables.map((blockTable, s) => ({ blockTable, startPos: 4 + i, tokens: [(s * 31 + i) % cfg.vocabSize] })),
+      out,
+    );
+  }
+  const ms = (performance.now() - t0) / DECODE_STEPS;
+  for (const t of tables) pool.releaseAll(t);
+  return ms;
+}
+
+async function main(): Promise<void> {
+  const cpuinfo = readFileSync("/proc/cpuinfo", "utf8");
+  const cpu = /model name\s*:\s*(.*)/.exec(cpuinfo)?.[1] ?? "unknown";
+  console.log(`${cfg.name}: dim ${cfg.dim}, hidden ${cfg.hiddenDim}, ${cfg.nLayers} layers; ${THREADS} threads; ${cpu}; load ${loadAverage()}`);
+  const f32 = syntheticWeights(cfg, 7);
+  const loads: string[] = [loadAverage()];
+  const result: Record<string, unknown> = {};
+  // One dtype at a time (its model alone in memory), both ways alternating within it.
+  for (const dtype of DTYPES) {
+    const x = build(f32, dtype);
+    await x.m.ready();
+    const prefill: Record<"off" | "on", number[]> = { off: [], on: [] };
+    const batch: Record<"off" | "on", number[]> = { off: [], on: [] };
+    for (const tiles of [false, true]) {
+      x.threads.tiles = tiles;
+      prefillMs(x); // warm-up
+      batchStepMs(x);
+    }
+    for (let r = 0; r < ROUNDS; r++) {
+      for (const tiles of r % 2 === 0 ? [false, true] : [true, false]) {
+        x.threads.tiles = tiles;
+        const k = tiles ? "on" : "off";
+        prefill[k].push(prefillMs(x));
+        batch[k].push(batchStepMs(x));
+      }
+      loads.push(loadAverage());
+    }
+    const row = {
+      prefillTokensPerSecOff: (PREFILL / median(prefill.off)) * 1000,
+      prefillTokensPerSecOn: (PREFILL / median(prefill.on)) * 1000,
+      prefillOnOverOff: median(prefill.off) / median(prefill.on),
+      batch8StepMsOff: median(batch.off),
+      batch8StepMsOn: median(batch.on),
+      batch8OnOverOff: median(batch.off) / median(batch.on),
+      prefillMs: prefill,
+      batch8StepMs: batch,
+    };
+    result[dtype] = row;
+    console.log(
+      `${dtype.padEnd(5)} prefill-512 ${row.prefillTokensPerSecOff.toFixed(1)} -> ${row.prefillTokensPerSecOn.toFixed(1)} tok/s (${row.prefillOnOverOff.toFixed(3)}x)` +
+        `  batch-8 step ${row.batch8StepMsOff.toFixed(1)} -> ${row.batch8StepMsOn.toFixed(1)} ms (${row.batch8OnOverOff.toFixed(3)}x)  load ${loadAverage()}`,
+    );
+    x.m.close();
+  }
+  console.log(`load during the rounds: ${loads.join(" | ")}`);
+  mkdirSync(join(import.meta.dir, "results"), { recursive: true });
+  const tile = { xBytes: process.env.BENCH_TILE_X ?? "default", wBytes: process.env.BENCH_TILE_W ?? "default" };
+  const out = { shape: cfg, threads: THREADS, tile, rounds: ROUNDS, cpu, loads, results: result, at: new Date().toISOString() };
+  const file = process.env.BENCH_OUT ?? "prefill-tiles.json";
+  writeFileSync(join(import.meta.dir, "results", file), `${JSON.stringify(out, null, 2)}\n`);
+}
+
+await main();
