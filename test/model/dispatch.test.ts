@@ -3,8 +3,11 @@ import { decodeHeadsPerPiece } from "../../src/model/compute/attention-pieces.ts
 import { JOB_INTS } from "../../src/model/compute/kernel-exports.ts";
 import { runJobs } from "../../src/model/compute/kernel-threads.ts";
 import { MatmulKernel, matmulRef } from "../../src/model/compute/matmul.ts";
-import { castMatrix, dequantize, type Matrix } from "../../src/model/compute/packed.ts";
+import { f16Bits } from "../../src/model/compute/f16-bits.ts";
+import { LEGACY_DTYPES, type LegacyDType, legacyShape } from "../../src/model/compute/legacy-quants.ts";
+import { castMatrix, dequantize, type Matrix, type PackedMatrix } from "../../src/model/compute/packed.ts";
 import { bits } from "./helpers.ts";
+import { blockScale, randomBytes } from "./quant-helpers.ts";
 
 // Big enough that every call is split over the threads (SPLIT_MACS) into many chunks.
 const N = 96;
@@ -80,6 +83,58 @@ describe("dispatch", () => {
         k.close();
       }
     }
+  });
+});
+
+/** A d x n matrix of random legacy blocks (the engine never quantizes to them) with small finite scales. */
+function legacyBlocks(dtype: LegacyDType, d: number, n: number, seed: number): PackedMatrix {
+  const { bytes: bb, min } = legacyShape(dtype);
+  const bytes = randomBytes(((d * n) / 32) * bb, seed);
+  const dv = new DataView(bytes.buffer);
+  for (let at = 0, b = 0; at < bytes.length; at += bb, b++) {
+    dv.setUint16(at, f16Bits(blockScale(b)), true);
+    if (min) dv.setUint16(at + 2, f16Bits(-blockScale(b) * 7.5), true);
+  }
+  return { dtype, cols: n, length: d * n, bytes };
+}
+
+describe("token tiles", () => {
+  test("a chunk run a tile of token rows at a time gives the bits of the whole rows, for every kernel", async () => {
+    // tileXBytes 1 makes every tile 4 token rows, so 23 rows are five tiles and a tail of 3 (an
+    // odd one, which the kernels take by their one-token path); 4096 bytes gives the f32 rows of
+    // n = 256 tiles of 4 and the quantized ones their own.
+    const n = 256;
+    const d = 200;
+    const rows = 23;
+    const dtypes = ["f32", "f16", "bf16", "q8_0", "q4_k", "q5_k", "q6_k"] as const;
+    const mats = [...dtypes.map((dt, i) => castMatrix(weights(d, n, 10 + i), dt, n)), ...LEGACY_DTYPES.map((dt, i) => legacyBlocks(dt, d, n, 20 + i))];
+    const x = input(rows, n, 5);
+    const run = async (threads: number, tileXBytes: number | undefined): Promise<number[][]> => {
+      const k = new MatmulKernel(
+        mats.map((matrix) => ({ matrix, cols: n })),
+        { threads, tileXBytes },
+      );
+      try {
+        await k.ready();
+        const xk = k.alloc(rows * n);
+        xk.set(x);
+        const y = k.alloc(rows * d);
+        return mats.map((_, m) => {
+          y.fill(Number.NaN);
+          k.matmul(y, xk, k.views[m]!, 0, rows, n, d);
+          return bits(y);
+        });
+      } finally {
+        k.close();
+      }
+    };
+    const whole = await run(1, undefined);
+    expect(await run(2, 0)).toEqual(whole);
+    for (const threads of [2, 3]) for (const tile of [1, 4096]) expect(await run(threads, tile)).toEqual(whole);
+  });
+
+  test("a tile size that is not a byte count is refused", () => {
+    expect(() => new MatmulKernel([], { threads: 2, tileXBytes: -1 })).toThrow("tileXBytes -1");
   });
 });
 

@@ -173,6 +173,11 @@ export interface KernelOptions {
    * number goes wrong; 0 in service.
    */
   gapBytes?: number;
+  /**
+   * Bytes of x a token tile of a threaded matmul reads at most (kernel-threads.ts' TILE_X_BYTES
+   * by default; 0: no tiles). Tests shrink it so small matmuls run in many tiles.
+   */
+  tileXBytes?: number;
 }
 
 /** A weight matrix to place, with the length of its rows. */
@@ -329,6 +334,11 @@ export class MatmulKernel {
     if (threads > 1) {
       const ctrl = this.grab(controlBytes(threads - 1) + 48);
       this.threads = new KernelThreads(mod, mem, threads - 1, Math.ceil(ctrl / 64) * 64);
+      if (opts.tileXBytes !== undefined) {
+        if (!(Number.isInteger(opts.tileXBytes) && opts.tileXBytes >= 0 && opts.tileXBytes < 2 ** 31)) throw new Error(`tileXBytes ${opts.tileXBytes}: want a byte count`);
+        this.threads.tiles = opts.tileXBytes > 0;
+        this.threads.tileXBytes = opts.tileXBytes;
+      }
     }
   }
 
