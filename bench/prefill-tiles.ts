@@ -14,6 +14,8 @@ import { mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { availableParallelism } from "node:os";
 import { join } from "node:path";
 import type { KernelThreads } from "../src/model/compute/kernel-threads.ts";
+import { MatmulKernel } from "../src/model/compute/matmul.ts";
+import { castMatrix } from "../src/model/compute/packed.ts";
 import { castWeights, syntheticWeights } from "../src/model/compute/weights.ts";
 import { type DType, kvShapeOf, type ModelConfig, Transformer } from "../src/model/index.ts";
 import type { KvPool } from "../src/pool/index.ts";
@@ -38,6 +40,9 @@ const BLOCK = 16;
 const PREFILL = 512;
 const BATCH = 8;
 const DECODE_STEPS = 8;
+const MATMUL_REPS = Number(process.env.BENCH_MATMUL_REPS ?? 9);
+/** BENCH_ONLY=matmuls: the matmuls alone, not the model. */
+const ONLY = process.env.BENCH_ONLY ?? "";
 
 interface Model {
   dtype: DType;
@@ -93,15 +98,70 @@ function batchStepMs({ m, pool }: Model): number {
   return ms;
 }
 
+/**
+ * The prefill's three matmul shapes alone (dim -> dim, dim -> hidden, hidden -> dim), 512 token
+ * rows each, tiles off and on alternating MATMUL_REPS times: the minimum of each (ms), which a
+ * shared machine's swings disturb least.
+ */
+async function matmuls(dtype: DType): Promise<Record<string, { offMs: number; onMs: number; onOverOff: number }>> {
+  const shapes = [
+    { name: `${cfg.dim}x${cfg.dim}`, d: cfg.dim, n: cfg.dim },
+    { name: `${cfg.hiddenDim}x${cfg.dim}`, d: cfg.hiddenDim, n: cfg.dim },
+    { name: `${cfg.dim}x${cfg.hiddenDim}`, d: cfg.dim, n: cfg.hiddenDim },
+  ];
+  const mats = shapes.map((s, i) => castMatrix(new Float32Array(s.d * s.n).map((_, j) => Math.sin(j * 0.37 + i) * 0.05), dtype, s.n));
+  const k = new MatmulKernel(
+    mats.map((matrix, i) => ({ matrix, cols: shapes[i]!.n })),
+    { threads: THREADS },
+  );
+  const out: Record<string, { offMs: number; onMs: number; onOverOff: number }> = {};
+  try {
+    await k.ready();
+    const threads = (k as unknown as { threads: KernelThreads }).threads;
+    if (process.env.BENCH_TILE_X) threads.tileXBytes = Number(process.env.BENCH_TILE_X);
+    if (process.env.BENCH_TILE_W) threads.tileWBytes = Number(process.env.BENCH_TILE_W);
+    shapes.forEach((s, i) => {
+      const x = k.alloc(PREFILL * s.n).map((_, j) => Math.cos(j * 0.13));
+      const y = k.alloc(PREFILL * s.d);
+      const best = { off: Infinity, on: Infinity };
+      for (let r = 0; r < MATMUL_REPS; r++) {
+        for (const tiles of r % 2 === 0 ? [false, true] : [true, false]) {
+          threads.tiles = tiles;
+          const t0 = performance.now();
+          k.matmul(y, x, k.views[i]!, 0, PREFILL, s.n, s.d);
+          const ms = performance.now() - t0;
+          if (r > 0) best[tiles ? "on" : "off"] = Math.min(best[tiles ? "on" : "off"], ms);
+        }
+      }
+      out[s.name] = { offMs: best.off, onMs: best.on, onOverOff: best.off / best.on };
+    });
+  } finally {
+    k.close();
+  }
+  console.log(
+    `${dtype.padEnd(5)} matmuls x512 (min ms, off -> on): ` +
+      Object.entries(out)
+        .map(([name, v]) => `${name} ${v.offMs.toFixed(1)} -> ${v.onMs.toFixed(1)} (${v.onOverOff.toFixed(3)}x)`)
+        .join(", ") +
+      `  load ${loadAverage()}`,
+  );
+  return out;
+}
+
 async function main(): Promise<void> {
   const cpuinfo = readFileSync("/proc/cpuinfo", "utf8");
   const cpu = /model name\s*:\s*(.*)/.exec(cpuinfo)?.[1] ?? "unknown";
   console.log(`${cfg.name}: dim ${cfg.dim}, hidden ${cfg.hiddenDim}, ${cfg.nLayers} layers; ${THREADS} threads; ${cpu}; load ${loadAverage()}`);
-  const f32 = syntheticWeights(cfg, 7);
+  const f32 = ONLY === "matmuls" ? syntheticWeights({ ...cfg, nLayers: 1, dim: 64, hiddenDim: 64, nHeads: 4, nKvHeads: 4 }, 7) : syntheticWeights(cfg, 7);
   const loads: string[] = [loadAverage()];
   const result: Record<string, unknown> = {};
   // One dtype at a time (its model alone in memory), both ways alternating within it.
   for (const dtype of DTYPES) {
+    const mm = await matmuls(dtype);
+    if (ONLY === "matmuls") {
+      result[dtype] = { matmuls: mm };
+      continue;
+    }
     const x = build(f32, dtype);
     await x.m.ready();
     const prefill: Record<"off" | "on", number[]> = { off: [], on: [] };
@@ -129,6 +189,7 @@ async function main(): Promise<void> {
       batch8OnOverOff: median(batch.off) / median(batch.on),
       prefillMs: prefill,
       batch8StepMs: batch,
+      matmuls: mm,
     };
     result[dtype] = row;
     console.log(

@@ -106,7 +106,7 @@ describe("token tiles", () => {
     const n = 256;
     const d = 200;
     const rows = 23;
-    const dtypes = ["f32", "f16", "bf16", "q8_0", "q4_k", "q5_k", "q6_k"] as const;
+    const dtypes = ["f32", "f16", "bf16", "q8_0", "q4_k", "q5_k", "q6_k"] as const; // f32 x: never tiled, checked all the same
     const mats = [...dtypes.map((dt, i) => castMatrix(weights(d, n, 10 + i), dt, n)), ...LEGACY_DTYPES.map((dt, i) => legacyBlocks(dt, d, n, 20 + i))];
     const x = input(rows, n, 5);
     const run = async (threads: number, tileXBytes: number | undefined): Promise<number[][]> => {

@@ -75,6 +75,7 @@ const CHUNK_ROWS_MAX = 4;
  * core's L2 (2 MB on the Xeon the figures come from) while the chunk's strips sweep it. Such a
  * chunk takes rows whose weights fill about TILE_W_BYTES, which stay in L2 beside the tile from
  * one tile to the next, and at least TILED_CHUNKS per thread, so the threads still end together.
+ * Only the integer kernels (KERNEL_INDEX 3 and up) take tiles (dispatch.ts says why).
  */
 const TILE_X_BYTES = 1 << 20;
 const TILE_W_BYTES = 1 << 19;
@@ -268,7 +269,7 @@ export class KernelThreads {
       const n = jobs[b + J_N]!;
       const span = r0 + jobs[b + J_D]! - (r0 & ~7);
       let per: number;
-      if (c[TILE_X] !== 0 && fn !== J_CONVERT_Q8 && rows > tileRows(ex, fn, n, c[TILE_X]!)) {
+      if (c[TILE_X] !== 0 && fn >= 3 && fn !== J_CONVERT_Q8 && rows > tileRows(ex, fn, n, c[TILE_X]!)) {
         const fill = Math.floor((this.tileWBytes * 8) / (n * WEIGHT_BITS[fn]!) / 8) * 8;
         per = Math.max(8, Math.min(fill, Math.floor(span / (TILED_CHUNKS * threads) / 8) * 8));
       } else {

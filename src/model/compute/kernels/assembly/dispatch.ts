@@ -72,7 +72,10 @@ const CONVERT_Q8: i32 = 12;
   const xs = xRowBytes(fn, j.n);
   const budget = <usize>load<i32>(ctrl + TILE_X);
   const tile = max(4, <i32>(budget / xs) & ~3);
-  if (budget == 0 || rows <= tile) {
+  // Only the integer kernels: their x is quantized (8.25-8.5 bytes an element for q8_0, 4.3 for
+  // the quads), and the f32-x kernels re-widen each strip per tile (bench/prefill-tiles.ts: f16
+  // gained nothing at n = 2048 and lost at 8192).
+  if (budget == 0 || fn < 3 || rows <= tile) {
     matmulFn(fn, job, g0, g1, scratch);
     return;
   }
@@ -92,7 +95,7 @@ const CONVERT_Q8: i32 = 12;
 
 /** Bytes from one token row of a kernel's x to the next: f32 rows, or the integer kernels' quantized ones. */
 @inline function xRowBytes(fn: i32, n: i32): usize {
-  if (fn <= 2) return <usize>n << 2;
+  if (fn < 3) return <usize>n << 2;
   if (fn == 3) return <usize>q8_row_bytes(n);
   if (fn == 5 || fn == 6 || fn == 11) return <usize>k_row_bytes(n);
   return <usize>l_row_bytes(n);
