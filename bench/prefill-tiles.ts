@@ -100,10 +100,11 @@ function batchStepMs({ m, pool }: Model): number {
 
 /**
  * The prefill's three matmul shapes alone (dim -> dim, dim -> hidden, hidden -> dim), 512 token
- * rows each, tiles off and on alternating MATMUL_REPS times: the minimum of each (ms), which a
- * shared machine's swings disturb least.
+ * rows each, tiles off and on alternating MATMUL_REPS times: the minimum of each (ms, and the
+ * process's CPU ms over all threads), which a shared machine's swings disturb least.
  */
-async function matmuls(dtype: DType): Promise<Record<string, { offMs: number; onMs: number; onOverOff: number }>> {
+type MatmulRow = { offMs: number; onMs: number; onOverOff: number; offCpuMs: number; onCpuMs: number; cpuOnOverOff: number };
+async function matmuls(dtype: DType): Promise<Record<string, MatmulRow>> {
   const shapes = [
     { name: `${cfg.dim}x${cfg.dim}`, d: cfg.dim, n: cfg.dim },
     { name: `${cfg.hiddenDim}x${cfg.dim}`, d: cfg.hiddenDim, n: cfg.dim },
@@ -114,7 +115,7 @@ async function matmuls(dtype: DType): Promise<Record<string, { offMs: number; on
     mats.map((matrix, i) => ({ matrix, cols: shapes[i]!.n })),
     { threads: THREADS },
   );
-  const out: Record<string, { offMs: number; onMs: number; onOverOff: number }> = {};
+  const out: Record<string, MatmulRow> = {};
   try {
     await k.ready();
     const threads = (k as unknown as { threads: KernelThreads }).threads;
@@ -124,16 +125,23 @@ async function matmuls(dtype: DType): Promise<Record<string, { offMs: number; on
       const x = k.alloc(PREFILL * s.n).map((_, j) => Math.cos(j * 0.13));
       const y = k.alloc(PREFILL * s.d);
       const best = { off: Infinity, on: Infinity };
+      const cpu = { off: Infinity, on: Infinity };
       for (let r = 0; r < MATMUL_REPS; r++) {
         for (const tiles of r % 2 === 0 ? [false, true] : [true, false]) {
           threads.tiles = tiles;
+          const k0 = tiles ? "on" : "off";
+          const c0 = process.cpuUsage();
           const t0 = performance.now();
           k.matmul(y, x, k.views[i]!, 0, PREFILL, s.n, s.d);
           const ms = performance.now() - t0;
-          if (r > 0) best[tiles ? "on" : "off"] = Math.min(best[tiles ? "on" : "off"], ms);
+          const c = process.cpuUsage(c0);
+          if (r === 0) continue;
+          best[k0] = Math.min(best[k0], ms);
+          // Every thread's CPU time (the process's): what a shared machine's preemption leaves out.
+          cpu[k0] = Math.min(cpu[k0], (c.user + c.system) / 1000);
         }
       }
-      out[s.name] = { offMs: best.off, onMs: best.on, onOverOff: best.off / best.on };
+      out[s.name] = { offMs: best.off, onMs: best.on, onOverOff: best.off / best.on, offCpuMs: cpu.off, onCpuMs: cpu.on, cpuOnOverOff: cpu.off / cpu.on };
     });
   } finally {
     k.close();
@@ -141,7 +149,7 @@ async function matmuls(dtype: DType): Promise<Record<string, { offMs: number; on
   console.log(
     `${dtype.padEnd(5)} matmuls x512 (min ms, off -> on): ` +
       Object.entries(out)
-        .map(([name, v]) => `${name} ${v.offMs.toFixed(1)} -> ${v.onMs.toFixed(1)} (${v.onOverOff.toFixed(3)}x)`)
+        .map(([name, v]) => `${name} ${v.offMs.toFixed(1)} -> ${v.onMs.toFixed(1)} (${v.onOverOff.toFixed(3)}x; cpu ${v.cpuOnOverOff.toFixed(3)}x)`)
         .join(", ") +
       `  load ${loadAverage()}`,
   );

@@ -70,14 +70,16 @@ export function controlBytes(helpers: number): number {
 const CHUNK_MACS = 1 << 16;
 const CHUNK_ROWS_MAX = 4;
 /**
- * Token tiles (dispatch.ts): a chunk of a job whose x outgrows TILE_X_BYTES runs its kernel a tile
- * of token rows at a time, each tile reading at most this much of x, so the tile stays in a
- * core's L2 (2 MB on the Xeon the figures come from) while the chunk's strips sweep it. Such a
+ * Token tiles (dispatch.ts): a chunk of a job whose x is over twice TILE_X_BYTES runs its kernel
+ * a tile of token rows at a time (8 at least), each tile reading at most this much of x, so the
+ * tile stays in a core's L2 (2 MB on the Xeon the figures come from) while the chunk's strips
+ * sweep it (bench/prefill-tiles.ts's matmuls alone, process CPU time at load 3.9-5.4: 512 KB
+ * gave q8_0 1.11-1.47x, q4_k 1.06-1.18x, q6_k 1.07-1.17x; 256 KB, 1 and 2 MB less). Such a
  * chunk takes rows whose weights fill about TILE_W_BYTES, which stay in L2 beside the tile from
  * one tile to the next, and at least TILED_CHUNKS per thread, so the threads still end together.
  * Only the integer kernels (KERNEL_INDEX 3 and up) take tiles (dispatch.ts says why).
  */
-const TILE_X_BYTES = 1 << 20;
+const TILE_X_BYTES = 1 << 19;
 const TILE_W_BYTES = 1 << 19;
 const TILED_CHUNKS = 6;
 /** Bits of one weight in each kernel's strips (KERNEL_INDEX order): sizes a tiled chunk. */
@@ -113,10 +115,11 @@ export function runJobs(ex: KernelExports, jobs: Int32Array, count: number, scra
   }
 }
 
-/** Token rows of a tile of kernel fn's x with rows of n (dispatch.ts computes the same). */
-function tileRows(ex: KernelExports, fn: number, n: number, budget: number): number {
-  const xs = fn <= 2 ? n * 4 : fn === 3 ? ex.q8_row_bytes(n) : fn === 5 || fn === 6 || fn === 11 ? ex.k_row_bytes(n) : ex.l_row_bytes(n);
-  return Math.max(4, Math.floor(budget / xs) & ~3);
+/** Whether dispatch.ts runs a matmul job's chunks in token tiles (it decides the same way). */
+function tiled(ex: KernelExports, fn: number, n: number, rows: number, budget: number): boolean {
+  if (budget === 0 || fn < 3 || fn === J_ATTEND || fn === J_CONVERT_Q8) return false;
+  const xs = fn === 3 ? ex.q8_row_bytes(n) : fn === 5 || fn === 6 || fn === 11 ? ex.k_row_bytes(n) : ex.l_row_bytes(n);
+  return rows > Math.max(8, Math.floor(budget / xs) & ~3) && rows * xs > 2 * budget;
 }
 
 /** Each kernel index's export, from KERNEL_INDEX (4, J_ATTEND, is not a matmul). */
@@ -269,7 +272,7 @@ export class KernelThreads {
       const n = jobs[b + J_N]!;
       const span = r0 + jobs[b + J_D]! - (r0 & ~7);
       let per: number;
-      if (c[TILE_X] !== 0 && fn >= 3 && fn !== J_CONVERT_Q8 && rows > tileRows(ex, fn, n, c[TILE_X]!)) {
+      if (tiled(ex, fn, n, rows, c[TILE_X]!)) {
         const fill = Math.floor((this.tileWBytes * 8) / (n * WEIGHT_BITS[fn]!) / 8) * 8;
         per = Math.max(8, Math.min(fill, Math.floor(span / (TILED_CHUNKS * threads) / 8) * 8));
       } else {

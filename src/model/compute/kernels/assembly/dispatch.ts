@@ -10,7 +10,10 @@
 // descheduled or never started only leaves its range to the rest. Every claim is a
 // compare-and-swap of a range word; each chunk is computed whole and counted in DONE (by each
 // thread once it finds no chunk left), and the dispatch is over when DONE reaches TOTAL. Which thread computes a chunk never changes a bit of
-// it (kernels/assembly/matmul.ts). An attention job (fn ATTEND, its parameters at w) is cut into
+// it (kernels/assembly/matmul.ts). An integer kernel's chunk over more token rows than a tile
+// holds (TILE_X bytes of quantized x) runs a tile at a time: its strips sweep one tile of x, which
+// stays in L2, where the whole x (4-9 MB in a 512-token prefill at dim 2048) was read from beyond
+// it once per strip; each output is still one whole dot product, so the tiles change no bit. An attention job (fn ATTEND, its parameters at w) is cut into
 // one chunk per piece (a sequence's KV heads), each computed whole (kernels/assembly/attention.ts).
 //
 // The caller closes every range (front = back) before writing a new dispatch and opens them
@@ -71,11 +74,12 @@ const CONVERT_Q8: i32 = 12;
   const rows = j.rows;
   const xs = xRowBytes(fn, j.n);
   const budget = <usize>load<i32>(ctrl + TILE_X);
-  const tile = max(4, <i32>(budget / xs) & ~3);
+  const tile = max(8, <i32>(budget / xs) & ~3);
   // Only the integer kernels: their x is quantized (8.25-8.5 bytes an element for q8_0, 4.3 for
   // the quads), and the f32-x kernels re-widen each strip per tile (bench/prefill-tiles.ts: f16
-  // gained nothing at n = 2048 and lost at 8192).
-  if (budget == 0 || fn < 3 || rows <= tile) {
+  // gained nothing at n = 2048 and lost at 8192). Only an x of more than twice the budget: a
+  // batch's few rows stay in L2 whole (kernel-threads.ts' tileRows says the same).
+  if (budget == 0 || fn < 3 || rows <= tile || <usize>rows * xs <= budget << 1) {
     matmulFn(fn, job, g0, g1, scratch);
     return;
   }
