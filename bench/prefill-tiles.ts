@@ -3,7 +3,9 @@
 // small vocabulary, since the matrices' shapes are what the tiles change): a 512-token prefill,
 // and a batch-8 decode step (8 token rows, which no tile splits), for q4_k, q6_k, q8_0 and f16. The
 // same model runs both ways in alternating rounds, the order flipping each round; the ratio is
-// the median with tiles over the median without.
+// the median without tiles over the median with (above 1: the tiles are faster), in wall time and
+// in the process's CPU time over all threads (which other processes' preemption leaves out: on a
+// shared machine the steadier of the two).
 //
 //   bun bench/prefill-tiles.ts    (BENCH_THREADS: default all cores; BENCH_ROUNDS: default 5;
 //                                  BENCH_DTYPES: default q4_k,q6_k,q8_0,f16; BENCH_TILE_X and
@@ -64,20 +66,22 @@ function build(f32: ReturnType<typeof syntheticWeights>, dtype: DType): Model {
   return { dtype, m, threads, pool };
 }
 
-/** One prefill of PREFILL tokens (ms). */
-function prefillMs({ m, pool }: Model): number {
+/** One prefill of PREFILL tokens: wall ms, and the process's CPU ms over all its threads. */
+function prefillMs({ m, pool }: Model): { ms: number; cpuMs: number } {
   const table = pool.allocate(Math.ceil(PREFILL / BLOCK))!;
   const prompt = Array.from({ length: PREFILL }, (_, i) => (i * 7919 + 13) % cfg.vocabSize);
   const out = new Float32Array(cfg.vocabSize);
+  const c0 = process.cpuUsage();
   const t0 = performance.now();
   m.forward(pool, [{ blockTable: table, startPos: 0, tokens: prompt }], out);
   const ms = performance.now() - t0;
+  const c = process.cpuUsage(c0);
   pool.releaseAll(table);
-  return ms;
+  return { ms, cpuMs: (c.user + c.system) / 1000 };
 }
 
-/** DECODE_STEPS steps of BATCH sequences of one token each after a 4-token prompt (ms per step). */
-function batchStepMs({ m, pool }: Model): number {
+/** DECODE_STEPS steps of BATCH sequences of one token each after a 4-token prompt: wall and CPU ms per step. */
+function batchStepMs({ m, pool }: Model): { ms: number; cpuMs: number } {
   const tables = Array.from({ length: BATCH }, () => pool.allocate(1)!);
   const out = new Float32Array(cfg.vocabSize * BATCH);
   m.forward(
@@ -85,6 +89,7 @@ function batchStepMs({ m, pool }: Model): number {
     tables.map((blockTable, s) => ({ blockTable, startPos: 0, tokens: [s + 1, s + 2, s + 3, s + 4] })),
     out,
   );
+  const c0 = process.cpuUsage();
   const t0 = performance.now();
   for (let i = 0; i < DECODE_STEPS; i++) {
     m.forward(
@@ -94,8 +99,9 @@ function batchStepMs({ m, pool }: Model): number {
     );
   }
   const ms = (performance.now() - t0) / DECODE_STEPS;
+  const c = process.cpuUsage(c0);
   for (const t of tables) pool.releaseAll(t);
-  return ms;
+  return { ms, cpuMs: (c.user + c.system) / 1000 / DECODE_STEPS };
 }
 
 /**
@@ -173,7 +179,9 @@ async function main(): Promise<void> {
     const x = build(f32, dtype);
     await x.m.ready();
     const prefill: Record<"off" | "on", number[]> = { off: [], on: [] };
+    const prefillCpu: Record<"off" | "on", number[]> = { off: [], on: [] };
     const batch: Record<"off" | "on", number[]> = { off: [], on: [] };
+    const batchCpu: Record<"off" | "on", number[]> = { off: [], on: [] };
     for (const tiles of [false, true]) {
       x.threads.tiles = tiles;
       prefillMs(x); // warm-up
@@ -183,8 +191,12 @@ async function main(): Promise<void> {
       for (const tiles of r % 2 === 0 ? [false, true] : [true, false]) {
         x.threads.tiles = tiles;
         const k = tiles ? "on" : "off";
-        prefill[k].push(prefillMs(x));
-        batch[k].push(batchStepMs(x));
+        const p = prefillMs(x);
+        prefill[k].push(p.ms);
+        prefillCpu[k].push(p.cpuMs);
+        const b = batchStepMs(x);
+        batch[k].push(b.ms);
+        batchCpu[k].push(b.cpuMs);
       }
       loads.push(loadAverage());
     }
@@ -192,17 +204,21 @@ async function main(): Promise<void> {
       prefillTokensPerSecOff: (PREFILL / median(prefill.off)) * 1000,
       prefillTokensPerSecOn: (PREFILL / median(prefill.on)) * 1000,
       prefillOnOverOff: median(prefill.off) / median(prefill.on),
+      prefillCpuOnOverOff: median(prefillCpu.off) / median(prefillCpu.on),
       batch8StepMsOff: median(batch.off),
       batch8StepMsOn: median(batch.on),
       batch8OnOverOff: median(batch.off) / median(batch.on),
+      batch8CpuOnOverOff: median(batchCpu.off) / median(batchCpu.on),
       prefillMs: prefill,
+      prefillCpuMs: prefillCpu,
       batch8StepMs: batch,
+      batch8StepCpuMs: batchCpu,
       matmuls: mm,
     };
     result[dtype] = row;
     console.log(
-      `${dtype.padEnd(5)} prefill-512 ${row.prefillTokensPerSecOff.toFixed(1)} -> ${row.prefillTokensPerSecOn.toFixed(1)} tok/s (${row.prefillOnOverOff.toFixed(3)}x)` +
-        `  batch-8 step ${row.batch8StepMsOff.toFixed(1)} -> ${row.batch8StepMsOn.toFixed(1)} ms (${row.batch8OnOverOff.toFixed(3)}x)  load ${loadAverage()}`,
+      `${dtype.padEnd(5)} prefill-512 ${row.prefillTokensPerSecOff.toFixed(1)} -> ${row.prefillTokensPerSecOn.toFixed(1)} tok/s (${row.prefillOnOverOff.toFixed(3)}x; cpu ${row.prefillCpuOnOverOff.toFixed(3)}x)` +
+        `  batch-8 step ${row.batch8StepMsOff.toFixed(1)} -> ${row.batch8StepMsOn.toFixed(1)} ms (${row.batch8OnOverOff.toFixed(3)}x; cpu ${row.batch8CpuOnOverOff.toFixed(3)}x)  load ${loadAverage()}`,
     );
     x.m.close();
   }
