@@ -15,7 +15,7 @@
 import { mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { availableParallelism } from "node:os";
 import { join } from "node:path";
-import type { KernelThreads } from "../src/model/compute/kernel-threads.ts";
+import type { Tiles } from "../src/model/compute/kernel-threads.ts";
 import { MatmulKernel } from "../src/model/compute/matmul.ts";
 import { castMatrix } from "../src/model/compute/packed.ts";
 import { castWeights, syntheticWeights } from "../src/model/compute/weights.ts";
@@ -49,21 +49,25 @@ const ONLY = process.env.BENCH_ONLY ?? "";
 interface Model {
   dtype: DType;
   m: Transformer;
-  threads: KernelThreads;
+  tiles: Tiles;
   pool: KvPool;
 }
 
 function build(f32: ReturnType<typeof syntheticWeights>, dtype: DType): Model {
   const t0 = performance.now();
   const m = new Transformer(cfg, castWeights(cfg, f32, dtype), { threads: THREADS });
-  // The model's own helper threads, reached to switch the tiles (one layer group at this size).
-  const threads = (m as unknown as { g: { mm: { threads: KernelThreads | null } } }).g.mm.threads;
-  if (threads === null) throw new Error("prefill-tiles: the tiles need helper threads (BENCH_THREADS >= 2)");
-  if (process.env.BENCH_TILE_X) threads.tileXBytes = Number(process.env.BENCH_TILE_X);
-  if (process.env.BENCH_TILE_W) threads.tileWBytes = Number(process.env.BENCH_TILE_W);
+  // The model's own kernel, reached to switch the tiles (one layer group at this size).
+  const tiles = setTiles((m as unknown as { g: { mm: MatmulKernel } }).g.mm.tiles);
   const pool = m.kvPool(kvShapeOf(cfg, BLOCK), Math.ceil(PREFILL / BLOCK) + BATCH * 2);
   console.log(`${dtype}: placed in ${((performance.now() - t0) / 1000).toFixed(1)} s`);
-  return { dtype, m, threads, pool };
+  return { dtype, m, tiles, pool };
+}
+
+/** The tiles' sizes from BENCH_TILE_X and BENCH_TILE_W where given. */
+function setTiles(tiles: Tiles): Tiles {
+  if (process.env.BENCH_TILE_X) tiles.xBytes = Number(process.env.BENCH_TILE_X);
+  if (process.env.BENCH_TILE_W) tiles.wBytes = Number(process.env.BENCH_TILE_W);
+  return tiles;
 }
 
 /** One prefill of PREFILL tokens: wall ms, and the process's CPU ms over all its threads. */
@@ -124,18 +128,16 @@ async function matmuls(dtype: DType): Promise<Record<string, MatmulRow>> {
   const out: Record<string, MatmulRow> = {};
   try {
     await k.ready();
-    const threads = (k as unknown as { threads: KernelThreads }).threads;
-    if (process.env.BENCH_TILE_X) threads.tileXBytes = Number(process.env.BENCH_TILE_X);
-    if (process.env.BENCH_TILE_W) threads.tileWBytes = Number(process.env.BENCH_TILE_W);
+    const tiles = setTiles(k.tiles);
     shapes.forEach((s, i) => {
       const x = k.alloc(PREFILL * s.n).map((_, j) => Math.cos(j * 0.13));
       const y = k.alloc(PREFILL * s.d);
       const best = { off: Infinity, on: Infinity };
       const cpu = { off: Infinity, on: Infinity };
       for (let r = 0; r < MATMUL_REPS; r++) {
-        for (const tiles of r % 2 === 0 ? [false, true] : [true, false]) {
-          threads.tiles = tiles;
-          const k0 = tiles ? "on" : "off";
+        for (const on of r % 2 === 0 ? [false, true] : [true, false]) {
+          tiles.on = on;
+          const k0 = on ? "on" : "off";
           const c0 = process.cpuUsage();
           const t0 = performance.now();
           k.matmul(y, x, k.views[i]!, 0, PREFILL, s.n, s.d);
@@ -182,15 +184,15 @@ async function main(): Promise<void> {
     const prefillCpu: Record<"off" | "on", number[]> = { off: [], on: [] };
     const batch: Record<"off" | "on", number[]> = { off: [], on: [] };
     const batchCpu: Record<"off" | "on", number[]> = { off: [], on: [] };
-    for (const tiles of [false, true]) {
-      x.threads.tiles = tiles;
+    for (const on of [false, true]) {
+      x.tiles.on = on;
       prefillMs(x); // warm-up
       batchStepMs(x);
     }
     for (let r = 0; r < ROUNDS; r++) {
-      for (const tiles of r % 2 === 0 ? [false, true] : [true, false]) {
-        x.threads.tiles = tiles;
-        const k = tiles ? "on" : "off";
+      for (const on of r % 2 === 0 ? [false, true] : [true, false]) {
+        x.tiles.on = on;
+        const k = on ? "on" : "off";
         const p = prefillMs(x);
         prefill[k].push(p.ms);
         prefillCpu[k].push(p.cpuMs);

@@ -99,7 +99,7 @@ function legacyBlocks(dtype: LegacyDType, d: number, n: number, seed: number): P
 }
 
 describe("token tiles", () => {
-  test("a chunk run a tile of token rows at a time gives the bits of the whole rows, for every kernel", async () => {
+  test("a matmul run a tile of token rows at a time gives the bits of the whole rows, for every kernel", async () => {
     // tileXBytes 1 makes every tile 4 token rows, so 23 rows are five tiles and a tail of 3 (an
     // odd one, which the kernels take by their one-token path); 4096 bytes gives the f32 rows of
     // n = 256 tiles of 4 and the quantized ones their own.
@@ -128,9 +128,10 @@ describe("token tiles", () => {
         k.close();
       }
     };
-    const whole = await run(1, undefined);
+    const whole = await run(1, 0);
     expect(await run(2, 0)).toEqual(whole);
-    for (const threads of [2, 3]) for (const tile of [1, 4096]) expect(await run(threads, tile)).toEqual(whole);
+    // 1 thread: runJobs' matmul_tiled, rows in blocks as a dispatch's chunks; 2 and 3: the chunks' tiles.
+    for (const threads of [1, 2, 3]) for (const tile of [1, 4096]) expect(await run(threads, tile)).toEqual(whole);
   });
 
   test("a tile size that is not a byte count is refused", () => {

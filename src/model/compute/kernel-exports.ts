@@ -71,6 +71,11 @@ export type KernelExports = Record<`matmul_${DType}`, KernelFn> &
   LayerKernelExports & {
     /** Claims and computes chunks of the open dispatch (kernels/assembly/dispatch.ts). */
     run_chunks(ctrl: number, thread: number): number;
+    /**
+     * The whole matmul job at `job` on this thread in token tiles of at most `budget` bytes of x
+     * (dispatch.ts), its rows in blocks of `per`, each tile's job record written at `tj`.
+     */
+    matmul_tiled(job: number, scratch: number, tj: number, budget: number, per: number): void;
     /** rows token rows of n f32 at x quantized for the q8_0 kernel at dst (q8_row_bytes(n) each). */
     quantize_q8_x(dst: number, x: number, rows: number, n: number): void;
     q8_row_bytes(n: number): number;

@@ -43,7 +43,7 @@ const HELPED = 37;
 /** Set by a helper whose kernel call threw: its claimed chunk will never be done. */
 const FAILED = 38;
 const THREADS = 39;
-/** dispatch.ts' tiles: the x bytes a tile reads at most (0: none), where the threads' tile job records start. */
+/** dispatch.ts' tiles: the x bytes a tile reads at most (0: none), where the threads' tile job records start (TILE_JOB_BYTES apart). */
 const TILE_X = 40;
 const TILE_JOBS = 41;
 const JOBS = 48;
@@ -84,6 +84,28 @@ const TILE_W_BYTES = 1 << 19;
 const TILED_CHUNKS = 6;
 /** Bits of one weight in each kernel's strips (KERNEL_INDEX order): sizes a tiled chunk. */
 const WEIGHT_BITS = [32, 16, 16, 8.5, 0, 4.625, 6.5625, 4.5, 5, 5.5, 6, 5.625];
+/** Bytes of a job record for tiles (dispatch.ts' TILE_JOB_BYTES). */
+export const TILE_JOB_BYTES = 64;
+
+/** The token tiles' settings: one object a MatmulKernel shares with its threads. */
+export class Tiles {
+  /** false: every kernel call takes all its token rows at once (bench/prefill-tiles.ts' baseline). */
+  on = true;
+  /** TILE_X_BYTES and TILE_W_BYTES, for benches to sweep and tests to shrink. */
+  xBytes = TILE_X_BYTES;
+  wBytes = TILE_W_BYTES;
+
+  /** The x bytes a tile reads at most; 0 when off (dispatch.ts' TILE_X). */
+  get budget(): number {
+    return this.on ? this.xBytes : 0;
+  }
+}
+
+/** Rows of a tiled job's chunk: about `wBytes` of weights, and at least TILED_CHUNKS chunks per thread. */
+function tiledPer(fn: number, n: number, span: number, threads: number, wBytes: number): number {
+  const fill = Math.floor((wBytes * 8) / (n * WEIGHT_BITS[fn]!) / 8) * 8;
+  return Math.max(8, Math.min(fill, Math.floor(span / (TILED_CHUNKS * threads) / 8) * 8));
+}
 /** A dispatch in which no chunk was claimed or counted for this long (ms) has lost one: the caller fails rather than hang. */
 const LOST_CHUNK_MS = 10000;
 /** The caller spins this many times on DONE before sleeping on it. */
@@ -97,9 +119,10 @@ const HELPER_SPIN_MS = 2;
 
 /**
  * Runs queued jobs whole on the calling thread. `jobs` is a view on the kernel's memory: each
- * matmul kernel takes its job record's address (jobs.byteOffset + 4 * b).
+ * matmul kernel takes its job record's address (jobs.byteOffset + 4 * b). With `tiles`, a matmul
+ * whose x outgrows them runs in token tiles, their job record at `tileAt` (TILE_JOB_BYTES).
  */
-export function runJobs(ex: KernelExports, jobs: Int32Array, count: number, scratch: number): void {
+export function runJobs(ex: KernelExports, jobs: Int32Array, count: number, scratch: number, tiles: Tiles | null = null, tileAt = 0): void {
   assert(jobs.buffer instanceof SharedArrayBuffer, "runJobs: the job records must be in the kernel's memory");
   for (let j = 0, b = 0; j < count; j++, b += JOB_INTS) {
     if (jobs[b + J_FN] === J_ATTEND) {
@@ -111,7 +134,14 @@ export function runJobs(ex: KernelExports, jobs: Int32Array, count: number, scra
       continue;
     }
     const r0 = jobs[b + J_R0]!;
-    ex[FNS[jobs[b + J_FN]!]!](jobs.byteOffset + 4 * b, r0, r0 + jobs[b + J_D]!, scratch);
+    const fn = jobs[b + J_FN]!;
+    const n = jobs[b + J_N]!;
+    const budget = tiles?.budget ?? 0;
+    if (tiles !== null && tiled(ex, fn, n, jobs[b + J_ROWS]!, budget)) {
+      // Token tiles on this thread too (dispatch.ts' matmul_tiled), in chunks of a dispatch's rows.
+      const per = tiledPer(fn, n, r0 + jobs[b + J_D]! - (r0 & ~7), 1, tiles.wBytes);
+      ex.matmul_tiled(jobs.byteOffset + 4 * b, scratch, tileAt, budget, per);
+    } else ex[FNS[fn]!]!(jobs.byteOffset + 4 * b, r0, r0 + jobs[b + J_D]!, scratch);
   }
 }
 
@@ -169,18 +199,16 @@ export class KernelThreads {
   private readonly backoff = new StallBackoff();
   /** Settles when every helper runs. */
   readonly ready: Promise<void>;
-  /** false: every chunk loops over all its token rows at once (bench/prefill-tiles.ts' baseline). */
-  tiles = true;
-  /** TILE_X_BYTES and TILE_W_BYTES, for benches to sweep and tests to shrink. */
-  tileXBytes = TILE_X_BYTES;
-  tileWBytes = TILE_W_BYTES;
+  /** The token tiles' settings (the MatmulKernel's own object). */
+  readonly tiles: Tiles;
 
   /** `ctrlAt`: controlBytes(helpers) zeroed bytes of the memory, 64-byte aligned. */
-  constructor(module: WebAssembly.Module, memory: WebAssembly.Memory, helpers: number, ctrlAt: number) {
+  constructor(module: WebAssembly.Module, memory: WebAssembly.Memory, helpers: number, ctrlAt: number, tiles: Tiles = new Tiles()) {
     assert(Number.isInteger(helpers) && helpers >= 1 && helpers < 64, `helpers ${helpers}`);
     assert(ctrlAt % 64 === 0, `control block at ${ctrlAt}`);
     this.helpers = helpers;
     this.ctrlAt = ctrlAt;
+    this.tiles = tiles;
     this.ctrl = new Int32Array(memory.buffer, ctrlAt, controlBytes(helpers) / 4);
     this.ctrl[TILE_JOBS] = ctrlAt + tileJobsAt(helpers) * 4;
     const started: Promise<void>[] = [];
@@ -225,7 +253,7 @@ export class KernelThreads {
     // so a helper still looking for chunks of the last one finds none while the jobs below are
     // rewritten; closing them again only guards that after a failed dispatch.
     for (let t = 0; t < threads; t++) Atomics.store(c, RANGES + t * RANGE_INTS, 0);
-    c[TILE_X] = this.tiles ? this.tileXBytes : 0;
+    c[TILE_X] = this.tiles.budget;
     const total = this.writeJobs(ex, jobs, count, threads);
     assert(total < 65535, `dispatch of ${total} chunks`);
     c[COUNT] = count;
@@ -272,10 +300,8 @@ export class KernelThreads {
       const n = jobs[b + J_N]!;
       const span = r0 + jobs[b + J_D]! - (r0 & ~7);
       let per: number;
-      if (tiled(ex, fn, n, rows, c[TILE_X]!)) {
-        const fill = Math.floor((this.tileWBytes * 8) / (n * WEIGHT_BITS[fn]!) / 8) * 8;
-        per = Math.max(8, Math.min(fill, Math.floor(span / (TILED_CHUNKS * threads) / 8) * 8));
-      } else {
+      if (tiled(ex, fn, n, rows, c[TILE_X]!)) per = tiledPer(fn, n, span, threads, this.tiles.wBytes);
+      else {
         // A thread's chunk at least, so that even a job alone at the split threshold is shared.
         const chunks = Math.max(threads, Math.ceil((rows * n * span) / (CHUNK_MACS * Math.min(rows, CHUNK_ROWS_MAX))));
         per = Math.ceil(span / chunks / 8) * 8;

@@ -1,6 +1,6 @@
 import assert from "node:assert";
 import { KERNELS_WASM_BASE64 } from "./kernels/kernels-wasm.ts";
-import { controlBytes, J_ATTEND, KERNEL_INDEX, KernelThreads, runJobs } from "./kernel-threads.ts";
+import { controlBytes, J_ATTEND, KERNEL_INDEX, KernelThreads, runJobs, TILE_JOB_BYTES, Tiles } from "./kernel-threads.ts";
 import { J_D, J_FN, J_N, J_R0, J_ROWS, J_W, J_X, J_Y, JOB_INTS, type KernelExports } from "./kernel-exports.ts";
 import { matmulQ4KRef, matmulQ6KRef } from "./k-quant-ref.ts";
 import { isLegacy, legacyD, legacyM, legacyQ, legacyShape } from "./legacy-quants.ts";
@@ -174,8 +174,8 @@ export interface KernelOptions {
    */
   gapBytes?: number;
   /**
-   * Bytes of x a token tile of a threaded matmul reads at most (kernel-threads.ts' TILE_X_BYTES
-   * by default; 0: no tiles). Tests shrink it so small matmuls run in many tiles.
+   * Bytes of x a token tile of a matmul reads at most (kernel-threads.ts' TILE_X_BYTES by
+   * default; 0: no tiles). Tests shrink it so small matmuls run in many tiles.
    */
   tileXBytes?: number;
 }
@@ -262,6 +262,10 @@ export class MatmulKernel {
   /** Byte offset where unallocated space (per-call copies) starts. */
   private top = KERNEL_RESERVED_BYTES;
   private threads: KernelThreads | null = null;
+  /** The token tiles' settings, shared with the helper threads (bench/prefill-tiles.ts switches them). */
+  readonly tiles = new Tiles();
+  /** The job record a matmul on this thread alone writes its tiles to (runJobs). */
+  private tileJobAt = 0;
 
   // The queued jobs: JOB_INTS ints each, in the memory (the kernels take a job's address).
   private readonly jobs: Int32Array;
@@ -313,8 +317,9 @@ export class MatmulKernel {
     this.ex = new WebAssembly.Instance(mod, { env: { memory: mem } }).exports as unknown as KernelExports;
     this.top += gap;
     this.refresh();
-    const jobsAt = this.grab(MAX_JOBS * JOB_INTS * 4);
+    const jobsAt = this.grab(MAX_JOBS * JOB_INTS * 4 + TILE_JOB_BYTES);
     this.jobs = new Int32Array(mem.buffer, jobsAt, MAX_JOBS * JOB_INTS);
+    this.tileJobAt = jobsAt + MAX_JOBS * JOB_INTS * 4;
     const viewOf = new Map<SimpleMatrix, SimpleMatrix>();
     for (const [m, c] of cols) {
       if (c > 0) {
@@ -331,14 +336,14 @@ export class MatmulKernel {
     });
     const threads = opts.threads ?? 1;
     if (!(Number.isInteger(threads) && threads >= 1)) throw new Error(`threads ${threads}: want a positive integer`);
+    if (opts.tileXBytes !== undefined) {
+      if (!(Number.isInteger(opts.tileXBytes) && opts.tileXBytes >= 0 && opts.tileXBytes < 2 ** 31)) throw new Error(`tileXBytes ${opts.tileXBytes}: want a byte count`);
+      this.tiles.on = opts.tileXBytes > 0;
+      this.tiles.xBytes = opts.tileXBytes;
+    }
     if (threads > 1) {
       const ctrl = this.grab(controlBytes(threads - 1) + 48);
-      this.threads = new KernelThreads(mod, mem, threads - 1, Math.ceil(ctrl / 64) * 64);
-      if (opts.tileXBytes !== undefined) {
-        if (!(Number.isInteger(opts.tileXBytes) && opts.tileXBytes >= 0 && opts.tileXBytes < 2 ** 31)) throw new Error(`tileXBytes ${opts.tileXBytes}: want a byte count`);
-        this.threads.tiles = opts.tileXBytes > 0;
-        this.threads.tileXBytes = opts.tileXBytes;
-      }
+      this.threads = new KernelThreads(mod, mem, threads - 1, Math.ceil(ctrl / 64) * 64, this.tiles);
     }
   }
 
@@ -635,7 +640,7 @@ export class MatmulKernel {
     const split = threads !== null && macs >= SPLIT_MACS && threads.available;
     const scratch = this.temp(stride * (split ? threads.helpers + 1 : 1));
     if (split) threads.run(ex, this.jobs, count, scratch, stride);
-    else runJobs(ex, this.jobs, count, scratch);
+    else runJobs(ex, this.jobs, count, scratch, this.tiles, this.tileJobAt);
   }
 
   /**

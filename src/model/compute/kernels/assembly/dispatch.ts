@@ -71,29 +71,56 @@ const CONVERT_Q8: i32 = 12;
   const base = r0 & ~7;
   const g0 = max(r0, base + k * per);
   const g1 = min(r0 + j.d, base + (k + 1) * per);
+  const tj = <usize>load<i32>(ctrl + TILE_JOBS) + <usize>thread * TILE_JOB_BYTES;
+  matmulTiles(fn, job, g0, g1, scratch, tj, <usize>load<i32>(ctrl + TILE_X));
+}
+
+/**
+ * Rows g0 .. g1 of the matmul job at `job`, in token tiles of at most `budget` bytes of x when its
+ * x is over twice that (kernel-threads.ts' `tiled` decides the same way), each tile's job record
+ * written at tj (this thread's own); whole otherwise.
+ */
+@inline function matmulTiles(fn: i32, job: usize, g0: i32, g1: i32, scratch: usize, tj: usize, budget: usize): void {
+  const j = changetype<Job>(job);
   const rows = j.rows;
   const xs = xRowBytes(fn, j.n);
-  const budget = <usize>load<i32>(ctrl + TILE_X);
   const tile = max(8, <i32>(budget / xs) & ~3);
   // Only the integer kernels: their x is quantized (8.25-8.5 bytes an element for q8_0, 4.3 for
   // the quads), and the f32-x kernels re-widen each strip per tile (bench/prefill-tiles.ts: f16
-  // gained nothing at n = 2048 and lost at 8192). Only an x of more than twice the budget: a
-  // batch's few rows stay in L2 whole (kernel-threads.ts' tileRows says the same).
+  // gained nothing). Only an x of more than twice the budget: a decode batch's few rows stay in
+  // L2 whole.
   if (budget == 0 || fn < 3 || rows <= tile || <usize>rows * xs <= budget << 1) {
     matmulFn(fn, job, g0, g1, scratch);
     return;
   }
   // Token tiles: the chunk's strips sweep one tile of x while it stays in L2 (a 512-token prefill's
   // quantized x is 4-9 MB); each output is still one whole dot product of THE ORDER, so the
-  // tiles change no bit. The tile's job is this thread's own copy with x, y and rows moved.
-  const t = changetype<Job>(<usize>load<i32>(ctrl + TILE_JOBS) + <usize>thread * TILE_JOB_BYTES);
-  memory.copy(changetype<usize>(t), job, offsetof<Job>());
+  // tiles change no bit. The tile's job is a copy with x, y and rows moved (a queued record has
+  // no per and first, which no kernel reads).
+  const t = changetype<Job>(tj);
+  memory.copy(tj, job, offsetof<Job>("per"));
   const ys = <usize>j.d << 2;
   for (let r = 0; r < rows; r += tile) {
     t.x = j.x + <usize>r * xs;
     t.y = j.y + <usize>r * ys;
     t.rows = min(tile, rows - r);
-    matmulFn(fn, changetype<usize>(t), g0, g1, scratch);
+    matmulFn(fn, tj, g0, g1, scratch);
+  }
+}
+
+/**
+ * The whole matmul job at `job` on this thread (kernel-threads.ts' runJobs): its rows in blocks of
+ * `per` (whole strips, as a dispatch's chunks), each in token tiles of `budget` bytes of x as
+ * matmulTiles cuts them, the tiles' job record at tj.
+ */
+export function matmul_tiled(job: usize, scratch: usize, tj: usize, budget: i32, per: i32): void {
+  const j = changetype<Job>(job);
+  const fn = j.fn;
+  const r0 = j.r0;
+  const base = r0 & ~7;
+  const end = r0 + j.d;
+  for (let k = 0; base + k * per < end; k++) {
+    matmulTiles(fn, job, max(r0, base + k * per), min(end, base + (k + 1) * per), scratch, tj, <usize>budget);
   }
 }
 
