@@ -29,6 +29,12 @@ export const J_ATTEND = 4;
  * rows, J_W the source dtype (0 f32, 1 f16, 2 bf16), J_N the row length, J_D the rows (J_ROWS 1).
  */
 export const J_CONVERT_Q8 = 12;
+/**
+ * K-quant or legacy blocks placed in the strip layout's fn (kernels/assembly/place-quant.ts): J_Y
+ * the strips, J_X the blocks (rows of J_N weights), J_W the dtype (KERNEL_INDEX), J_D the rows
+ * (J_ROWS 1, J_R0 0).
+ */
+export const J_PLACE = 13;
 
 // The control block in the shared memory, in i32 slots (dispatch.ts reads the same layout). The
 // counters, and each thread's range, sit on cache lines of their own.
@@ -88,6 +94,10 @@ export function runJobs(ex: KernelExports, jobs: Int32Array, count: number, scra
     }
     if (jobs[b + J_FN] === J_CONVERT_Q8) {
       ex.convert_q8_rows(jobs[b + J_Y]!, jobs[b + J_X]!, jobs[b + J_W]!, jobs[b + J_N]!, 0, jobs[b + J_D]!);
+      continue;
+    }
+    if (jobs[b + J_FN] === J_PLACE) {
+      ex.place_quant_rows(jobs[b + J_Y]!, jobs[b + J_X]!, jobs[b + J_W]!, jobs[b + J_N]!, jobs[b + J_D]!, 0, jobs[b + J_D]!);
       continue;
     }
     const r0 = jobs[b + J_R0]!;

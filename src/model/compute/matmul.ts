@@ -1,6 +1,6 @@
 import assert from "node:assert";
 import { KERNELS_WASM_BASE64 } from "./kernels/kernels-wasm.ts";
-import { controlBytes, J_ATTEND, KERNEL_INDEX, KernelThreads, runJobs } from "./kernel-threads.ts";
+import { controlBytes, J_ATTEND, J_PLACE, KERNEL_INDEX, KernelThreads, runJobs } from "./kernel-threads.ts";
 import { J_D, J_FN, J_N, J_R0, J_ROWS, J_W, J_X, J_Y, JOB_INTS, type KernelExports } from "./kernel-exports.ts";
 import { matmulQ4KRef, matmulQ6KRef } from "./k-quant-ref.ts";
 import { isLegacy, legacyD, legacyM, legacyQ, legacyShape } from "./legacy-quants.ts";
@@ -8,6 +8,7 @@ import {
   assertFinite16,
   blockElems,
   dequantizeInto,
+  type DType,
   dtypeOf,
   f16Values,
   isStacked,
@@ -20,7 +21,8 @@ import {
   type SimpleMatrix,
   type StackedMatrix,
 } from "./packed.ts";
-import { type MemoryViews, packStrips, readStripRow, stripLayoutBytes } from "./strip-layout.ts";
+import { copyBytes } from "./mapped-file.ts";
+import { type MemoryViews, packStrips, readStripRow, STRIP_ROWS, stripBytes, stripLayoutBytes } from "./strip-layout.ts";
 import { quantizeXRef, xRef } from "./x-quant-ref.ts";
 
 /**
@@ -173,7 +175,23 @@ export interface KernelOptions {
    * number goes wrong; 0 in service.
    */
   gapBytes?: number;
+  /** Told the bytes of each matrix as it is placed (Transformer's progress line). */
+  placing?: { add(bytes: number): void };
+  /** Bytes of K-quant and legacy rows staged a dispatch at a time (PLACE_STAGE_BYTES; tests take a few rows). */
+  placeStageBytes?: number;
+  /**
+   * true: K-quant and legacy matrices packed by the plain-JS packers on the calling thread, as
+   * before the kernels placed them (bench/load-quant.ts' baseline; the same bytes).
+   */
+  placeQuantJs?: boolean;
 }
+
+/**
+ * Bytes of a K-quant or legacy matrix's rows read from the file at a time, to be placed from
+ * there by every thread: enough that a dispatch's handoff is lost in it, few enough to stay in
+ * the caches' reach.
+ */
+const PLACE_STAGE_BYTES = 4 << 20;
 
 /** A weight matrix to place, with the length of its rows. */
 export interface Placement {
@@ -257,6 +275,9 @@ export class MatmulKernel {
   /** Byte offset where unallocated space (per-call copies) starts. */
   private top = KERNEL_RESERVED_BYTES;
   private threads: KernelThreads | null = null;
+  private readonly placing: { add(bytes: number): void } | null = null;
+  private readonly placeStage: number = PLACE_STAGE_BYTES;
+  private readonly placeQuantJs: boolean = false;
 
   // The queued jobs: JOB_INTS ints each, in the memory (the kernels take a job's address).
   private readonly jobs: Int32Array;
@@ -310,13 +331,28 @@ export class MatmulKernel {
     this.refresh();
     const jobsAt = this.grab(MAX_JOBS * JOB_INTS * 4);
     this.jobs = new Int32Array(mem.buffer, jobsAt, MAX_JOBS * JOB_INTS);
+    const threads = opts.threads ?? 1;
+    if (!(Number.isInteger(threads) && threads >= 1)) throw new Error(`threads ${threads}: want a positive integer`);
+    // The helpers start first: they place K-quant and legacy matrices with the caller (placeQuant).
+    if (threads > 1) {
+      const ctrl = this.grab(controlBytes(threads - 1) + 48);
+      this.threads = new KernelThreads(mod, mem, threads - 1, Math.ceil(ctrl / 64) * 64);
+    }
+    this.placing = opts.placing ?? null;
+    this.placeStage = opts.placeStageBytes ?? PLACE_STAGE_BYTES;
+    this.placeQuantJs = opts.placeQuantJs === true;
     const viewOf = new Map<SimpleMatrix, SimpleMatrix>();
-    for (const [m, c] of cols) {
-      if (c > 0) {
-        const v = this.place(m, c);
-        viewOf.set(m, v);
-        this.byOriginal.set(m, this.placed.get(v)!);
-      } else this.unplaced.add(m as Float32Array);
+    try {
+      for (const [m, c] of cols) {
+        if (c > 0) {
+          const v = this.place(m, c);
+          viewOf.set(m, v);
+          this.byOriginal.set(m, this.placed.get(v)!);
+        } else this.unplaced.add(m as Float32Array);
+      }
+    } catch (e) {
+      this.close();
+      throw e;
     }
     this.views = matrices.map((m) => {
       if (!isStacked(m)) return viewOf.get(m) ?? m;
@@ -324,12 +360,6 @@ export class MatmulKernel {
       this.stackViews.set(m, v);
       return v;
     });
-    const threads = opts.threads ?? 1;
-    if (!(Number.isInteger(threads) && threads >= 1)) throw new Error(`threads ${threads}: want a positive integer`);
-    if (threads > 1) {
-      const ctrl = this.grab(controlBytes(threads - 1) + 48);
-      this.threads = new KernelThreads(mod, mem, threads - 1, Math.ceil(ctrl / 64) * 64);
-    }
   }
 
   /** Bytes of the memory taken for good (weights, activations, room given out): where the next allocation goes. */
@@ -652,12 +682,54 @@ export class MatmulKernel {
     packStrips(m, 0, rows, cols, this.u8, at, {
       u16: (a, r, n, f16) => viaTemp(16 * n, (tmp) => ex.place16(a, tmp, r, n, f16 ? 1 : 0)),
       q8: (a, r, n) => viaTemp(stripLayoutBytes("q8_0", 1, n), (tmp) => ex.place_q8(a, tmp, r, n)),
+      quant: this.placeQuantJs ? undefined : (d, src, r, n, a) => this.placeQuant(d, src, r, n, a),
     });
+    this.placing?.add(m instanceof Float32Array ? m.byteLength : m.bytes.length);
     const buf = this.memory!.buffer;
     const v: SimpleMatrix =
       m instanceof Float32Array ? new Float32Array(buf, at, m.length) : { dtype: m.dtype, cols, length: m.length, bytes: new Uint8Array(buf, at, bytes) };
     this.placed.set(v, { at, cols });
     return v;
+  }
+
+  /**
+   * strip-layout.ts' InPlace.quant: `rows` rows of n weights in ggml blocks of dt (src: a view of
+   * them, read with copyBytes, so a mapped file's pages are never touched) placed in the strip
+   * layout at `at` by place-quant.ts on every thread, placeStageBytes of rows at a time read
+   * into a stage above the top. Returns the index of the first block with an inf or NaN scale
+   * (the rows before it may be placed), else -1; null for a dtype the kernels do not place.
+   */
+  private placeQuant(dt: DType, src: Uint8Array, rows: number, n: number, at: number): number | null {
+    const ex = this.ex!;
+    const fn = KERNEL_INDEX[dt];
+    if (ex.places_quant(fn) === 0) return null;
+    if (this.queued > 0) assert.fail("a matrix placed while matmuls are queued");
+    const rowBytes = src.length / rows;
+    const rowBlocks = n / blockElems(dt);
+    const per = Math.max(STRIP_ROWS, Math.floor(this.placeStage / rowBytes / STRIP_ROWS) * STRIP_ROWS);
+    const sb = stripBytes(dt, n);
+    const stage = this.temp(Math.min(per, rows) * rowBytes);
+    try {
+      for (let r = 0; r < rows; r += per) {
+        const k = Math.min(per, rows - r);
+        copyBytes(this.u8, stage, src.subarray(r * rowBytes, (r + k) * rowBytes));
+        const bad = ex.first_bad_scale(stage, fn, k * rowBlocks);
+        if (bad >= 0) return r * rowBlocks + bad;
+        const j = this.jobs;
+        j[J_FN] = J_PLACE;
+        j[J_Y] = at + (r / STRIP_ROWS) * sb;
+        j[J_X] = stage;
+        j[J_W] = fn;
+        j[J_ROWS] = 1;
+        j[J_N] = n;
+        j[J_D] = k;
+        j[J_R0] = 0;
+        this.dispatch(1, k * n, 0);
+      }
+    } finally {
+      this.tempTop = this.top;
+    }
+    return -1;
   }
 
   /** Permanent space of `bytes` (16-byte aligned) at the top; the memory grows to hold it. */

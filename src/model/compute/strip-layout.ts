@@ -4,7 +4,7 @@ import { assertFiniteK, isK, QK_K } from "./k-quants.ts";
 import { assertFiniteLegacy, isLegacy, QK_LEGACY } from "./legacy-quants.ts";
 import { legacyGroupBytes, packLegacyStrip, readLegacyStripRow } from "./legacy-strips.ts";
 import { copyBytes } from "./mapped-file.ts";
-import { type DType, dtypeOf, f16Values, type SimpleMatrix, matrixBytes, Q8_0_BLOCK_BYTES, QK8_0 } from "./packed.ts";
+import { blockElems, type DType, dtypeOf, f16Values, type SimpleMatrix, matrixBytes, Q8_0_BLOCK_BYTES, QK8_0 } from "./packed.ts";
 
 /**
  * The strip layout the matmul kernels read (kernels/assembly/matmul.ts states it): rows in strips
@@ -47,6 +47,12 @@ export interface InPlace {
   u16(at: number, rows: number, n: number, f16: boolean): number;
   /** The same for q8_0 rows (place_q8): the index of the first block with an inf or NaN scale, else -1. */
   q8(at: number, rows: number, n: number): number;
+  /**
+   * K-quant and legacy rows (ggml blocks; src a view of the rows, read with copyBytes) placed at
+   * `at` by the kernels on every thread (kernels/assembly/place-quant.ts): the index of the first
+   * block with an inf or NaN scale, else -1; null for a dtype they do not place (placed here).
+   */
+  quant?(dt: DType, src: Uint8Array, rows: number, n: number, at: number): number | null;
 }
 
 /**
@@ -83,6 +89,21 @@ export function packStrips(m: SimpleMatrix, from: number, rows: number, n: numbe
       throw new Error(`f16 weight ${from + bad} is inf or NaN (0x${h.toString(16)})`);
     }
     return;
+  }
+  if (place?.quant !== undefined && !(m instanceof Float32Array) && (isK(dt) || isLegacy(dt))) {
+    const bad = place.quant(dt, m.bytes.subarray(first, first + rows * rowBytes), rows, n, at);
+    if (bad !== null && bad >= 0) {
+      const bb = matrixBytes(dt, blockElems(dt));
+      // q6_k's d is its last 2 bytes; the others' d comes first, then dmin or m where the block has one.
+      const o = first + bad * bb + (dt === "q6_k" ? bb - 2 : 0);
+      const h = new Uint8Array(4);
+      copyBytes(h, 0, m.bytes.subarray(o, o + (dt === "q6_k" ? 2 : 4)));
+      const two = dt === "q4_k" || dt === "q5_k" || dt === "q4_1" || dt === "q5_1";
+      const d = h[0]! | (h[1]! << 8);
+      const bits = (d & 0x7c00) === 0x7c00 || !two ? d : h[2]! | (h[3]! << 8);
+      throw new Error(`${dt} block ${first / bb + bad} has an inf or NaN scale (0x${bits.toString(16)})`);
+    }
+    if (bad !== null) return;
   }
   dst.fill(0, at, at + total);
   const stage = new ArrayBuffer(STRIP_ROWS * rowBytes);

@@ -1,0 +1,196 @@
+// ggml's K-quant and legacy blocks, as a file holds them (rows of blocks, row-major), placed in
+// the strip layouts the matmul kernels read: kquants.ts's K STRIP LAYOUT and legacy.ts's LEGACY
+// STRIP LAYOUT. k-quant-strips.ts' packKStrip and legacy-strips.ts' packLegacyStrip state the
+// same placements in plain JS, weight by weight; these write the same bytes (tests hold the two
+// together on random blocks) a strip at a time, so a load's rows can be cut into chunks of whole
+// strips over every kernel thread (dispatch.ts' PLACE job; strip-layout.ts stages the rows).
+//
+// Every byte of every strip written is written, the rows of a last partial strip past `rows` as
+// zeros: the destination may hold anything before.
+//
+// The quads. In both layouts a sub-block of 32 weights of row k (column ii) goes to 4 quads of
+// 16 bytes, quad u holding row k's columns 8u .. 8u + 3 in the low nibbles of bytes 4k .. 4k + 3
+// and 8u + 4 .. 8u + 7 in their high nibbles (e = (ii >> 2) * 16 + k * 4 + (ii & 3), byte e & 15
+// of quad e >> 5, high when bit 4 of e is set). So the 32 nibbles of a row's sub-block, as bytes
+// Q[0..31], make 16 bytes Q[8u + t] | Q[8u + 4 + t] << 4 (t = 0..3, u = 0..3), four of which go
+// to each quad. The fifth bits: byte 4k + m of the sub-block's 16 holds, as bit t, the fifth bit
+// of column 4t + m.
+
+import { Q4K_GROUP, Q5K_GROUP } from "./kquants";
+
+/** The dtypes, numbered as kernel-threads.ts' KERNEL_INDEX numbers their kernels. */
+const Q4_K: i32 = 5;
+const Q6_K: i32 = 6;
+const Q4_0: i32 = 7;
+const Q4_1: i32 = 8;
+const Q5_0: i32 = 9;
+const Q5_1: i32 = 10;
+const Q5_K: i32 = 11;
+
+const S: i32 = 8;
+
+/** Bytes of one ggml block of dtype dt (0 for a dtype not placed here). */
+@inline function blockBytes(dt: i32): usize {
+  if (dt == Q4_K) return 144;
+  if (dt == Q5_K) return 176;
+  if (dt == Q4_0) return 18;
+  if (dt == Q4_1) return 20;
+  if (dt == Q5_0) return 22;
+  if (dt == Q5_1) return 24;
+  return 0;
+}
+
+/** Weights a block of dt holds. */
+@inline function blockElems(dt: i32): i32 {
+  return dt == Q4_K || dt == Q5_K ? 256 : 32;
+}
+
+/** Bytes of one group of a strip (one block of each of its 8 rows). */
+@inline function groupBytes(dt: i32): usize {
+  if (dt == Q4_K) return Q4K_GROUP;
+  if (dt == Q5_K) return Q5K_GROUP;
+  return 144 + (dt == Q4_1 || dt == Q5_1 ? 16 : 0) + (dt == Q5_0 || dt == Q5_1 ? 32 : 0);
+}
+
+/** The 16 bytes of a row's sub-block nibbles (the quads above) from its nibbles as bytes q0 (columns 0..15) and q1 (16..31). */
+@inline function quadBytes(q0: v128, q1: v128): v128 {
+  const lo = i8x16.shuffle(q0, q1, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27);
+  const hi = i8x16.shuffle(q0, q1, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+  // Every byte of hi is 0..15: shifting the 16-bit lanes by 4 moves no bit across a byte.
+  return v128.or(lo, i16x8.shl(hi, 4));
+}
+
+/** The quads' 16 bytes v to row k's 4 bytes in each of the 4 quads from p. */
+@inline function storeQuads(p: usize, k: i32, v: v128): void {
+  const o = p + (<usize>(k & 3) << 2);
+  v128.store32_lane(o, v, 0);
+  v128.store32_lane(o, v, 1, 16);
+  v128.store32_lane(o, v, 2, 32);
+  v128.store32_lane(o, v, 3, 48);
+}
+
+/**
+ * The fifth bits' 4 bytes of a row's sub-block: bit 7 of byte ii of b0 (columns 0..15) and b1
+ * (16..31) is column ii's fifth bit; byte m of the result takes column 4t + m as bit t.
+ */
+@inline function fifthBytes(b0: v128, b1: v128): u32 {
+  const m01 = i8x16.shuffle(b0, b1, 0, 4, 8, 12, 16, 20, 24, 28, 1, 5, 9, 13, 17, 21, 25, 29);
+  const m23 = i8x16.shuffle(b0, b1, 2, 6, 10, 14, 18, 22, 26, 30, 3, 7, 11, 15, 19, 23, 27, 31);
+  return <u32>i8x16.bitmask(m01) | (<u32>i8x16.bitmask(m23) << 16);
+}
+
+/** Sub-block j's 6-bit scale (low byte) and min (high byte) of the q4_k / q5_k block at b (get_scale_min_k4's packing). */
+@inline function scaleMin(b: usize, j: i32): u32 {
+  const s = b + 4;
+  if (j < 4) return (<u32>load<u8>(s + j) & 63) | ((<u32>load<u8>(s + j + 4) & 63) << 8);
+  const sc = (<u32>load<u8>(s + j + 4) & 15) | ((<u32>load<u8>(s + j - 4) >> 6) << 4);
+  const m = (<u32>load<u8>(s + j + 4) >> 4) | ((<u32>load<u8>(s + j) >> 6) << 4);
+  return sc | (m << 8);
+}
+
+/** Row k's q4_k or q5_k block at b into the group at g. */
+@inline function placeK(five: bool, b: usize, k: i32, g: usize): void {
+  const half = <usize>(k >> 2);
+  const kk = <usize>(k & 3);
+  store<u16>(g + (<usize>k << 1), load<u16>(b));
+  store<u16>(g + 16 + (<usize>k << 1), load<u16>(b, 2));
+  for (let j = 0; j < 8; j++) {
+    const sm = scaleMin(b, j);
+    store<u8>(g + 32 + half * 32 + (<usize>j << 2) + kk, <u8>sm);
+    store<u8>(g + 96 + half * 32 + (<usize>(j >> 1) << 3) + (kk << 1) + <usize>(j & 1), <u8>(sm >> 8));
+  }
+  const nib = b + (five ? 48 : 16);
+  const m15 = i8x16.splat(15);
+  const h0 = five ? v128.load(b, 16) : i8x16.splat(0);
+  const h1 = five ? v128.load(b, 32) : i8x16.splat(0);
+  for (let p = 0; p < 4; p++) {
+    const a0 = v128.load(nib + (<usize>p << 5));
+    const a1 = v128.load(nib + (<usize>p << 5), 16);
+    for (let s = 0; s < 2; s++) {
+      const j = 2 * p + s;
+      const q0 = s == 0 ? v128.and(a0, m15) : i8x16.shr_u(a0, 4);
+      const q1 = s == 0 ? v128.and(a1, m15) : i8x16.shr_u(a1, 4);
+      storeQuads(g + 160 + half * 512 + (<usize>j << 6), k, quadBytes(q0, q1));
+      if (five) {
+        // Bit j of each fifth-bit byte to bit 7.
+        const sh = 7 - j;
+        store<u32>(g + Q4K_GROUP + half * 128 + (<usize>j << 4) + (kk << 2), fifthBytes(i8x16.shl(h0, sh), i8x16.shl(h1, sh)));
+      }
+    }
+  }
+}
+
+/** Row k's legacy block at b into the group at g. */
+@inline function placeLegacy(min: bool, five: bool, b: usize, k: i32, g: usize): void {
+  const half = <usize>(k >> 2);
+  const kk = <usize>(k & 3);
+  store<u16>(g + (<usize>k << 1), load<u16>(b));
+  if (min) store<u16>(g + 16 + (<usize>k << 1), load<u16>(b, 2));
+  const qs = b + 2 + (min ? 2 : 0) + (five ? 4 : 0);
+  const a = v128.load(qs);
+  const base: usize = 16 + (min ? 16 : 0);
+  storeQuads(g + base + half * 64, k, quadBytes(v128.and(a, i8x16.splat(15)), i8x16.shr_u(a, 4)));
+  if (five) {
+    // Column ii's fifth bit is bit ii of the little-endian u32 before qs: bit ii & 7 of byte ii >> 3.
+    const qh = v128.load32_zero(b + 2 + (min ? 2 : 0));
+    const spread0 = i8x16.shuffle(qh, qh, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    const spread1 = i8x16.shuffle(qh, qh, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    // Byte ii keeps bit ii & 7 alone, made all ones when set: its bit 7 is the fifth bit.
+    const bit = i8x16(1, 2, 4, 8, 16, 32, 64, -128, 1, 2, 4, 8, 16, 32, 64, -128);
+    const zero = i8x16.splat(0);
+    const b0 = i8x16.ne(v128.and(spread0, bit), zero);
+    const b1 = i8x16.ne(v128.and(spread1, bit), zero);
+    store<u32>(g + 144 + (min ? 16 : 0) + half * 16 + (kk << 2), fifthBytes(b0, b1));
+  }
+}
+
+/**
+ * Rows g0 .. g1 (g0 a multiple of 8) of the matrix at src (`rows` rows of n weights in ggml
+ * blocks of dtype dt, row-major) into their strips at dst (strip s at s * the strip's bytes);
+ * the last strip's rows past `rows` are zeros. A chunk of one PLACE job.
+ */
+export function place_quant_rows(dst: usize, src: usize, dt: i32, n: i32, rows: i32, g0: i32, g1: i32): void {
+  const bb = blockBytes(dt);
+  const gb = groupBytes(dt);
+  const blocks = n / blockElems(dt);
+  const rowBytes = <usize>blocks * bb;
+  const sb = <usize>blocks * gb;
+  for (let s0 = g0; s0 < g1; s0 += S) {
+    const sp = dst + <usize>(s0 / S) * sb;
+    const k1 = min(S, rows - s0);
+    if (k1 < S) memory.fill(sp, 0, sb);
+    for (let k = 0; k < k1; k++) {
+      const r = src + <usize>(s0 + k) * rowBytes;
+      for (let c = 0; c < blocks; c++) {
+        const b = r + <usize>c * bb;
+        const g = sp + <usize>c * gb;
+        if (dt == Q4_K) placeK(false, b, k, g);
+        else if (dt == Q5_K) placeK(true, b, k, g);
+        else if (dt == Q4_0) placeLegacy(false, false, b, k, g);
+        else if (dt == Q4_1) placeLegacy(true, false, b, k, g);
+        else if (dt == Q5_0) placeLegacy(false, true, b, k, g);
+        else if (dt == Q5_1) placeLegacy(true, true, b, k, g);
+      }
+    }
+  }
+}
+
+/** True when place_quant_rows places dtype dt (q6_k's layout is placed by k-quant-strips.ts for now). */
+export function places_quant(dt: i32): i32 {
+  return blockBytes(dt) != 0 && dt != Q6_K ? 1 : 0;
+}
+
+/**
+ * The index of the first of `count` blocks of dt at src whose f16 scale (d, and dmin or m where
+ * the block has one) is inf or NaN, else -1: the kernels read only finite scales.
+ */
+export function first_bad_scale(src: usize, dt: i32, count: i32): i32 {
+  const bb = blockBytes(dt);
+  const two = dt == Q4_K || dt == Q5_K || dt == Q4_1 || dt == Q5_1;
+  for (let i = 0; i < count; i++) {
+    const b = src + <usize>i * bb;
+    if ((<u32>load<u16>(b) & 0x7c00) == 0x7c00) return i;
+    if (two && (<u32>load<u16>(b, 2) & 0x7c00) == 0x7c00) return i;
+  }
+  return -1;
+}
