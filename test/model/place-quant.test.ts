@@ -165,6 +165,23 @@ describe("place-quant.ts: K-quant and legacy blocks placed by the kernels", () =
     }
   });
 
+  test("the progress line is told each stage as it is placed, and every matrix whole", () => {
+    const m = randomBlocks("q4_k", 100, 512, 4);
+    const f16: PackedMatrix = { dtype: "f16", cols: 64, length: 64 * 64, bytes: new Uint8Array(64 * 64 * 2) };
+    const told: number[] = [];
+    const rowBytes = m.bytes.length / 100;
+    const k = new MatmulKernel(
+      [
+        { matrix: m, cols: 512 },
+        { matrix: f16, cols: 64 },
+      ],
+      { threads: 2, placeStageBytes: 32 * rowBytes, placing: { add: (b) => told.push(b) } },
+    );
+    kernels.push(k);
+    // 100 rows 32 at a time: 32, 32, 32, 4 rows (then 0 left of the matrix); the f16 matrix whole.
+    expect(told).toEqual([32 * rowBytes, 32 * rowBytes, 32 * rowBytes, 4 * rowBytes, 0, f16.bytes.length]);
+  });
+
   test("q6_k is placed by the JS packer until its kernel placement lands", () => {
     const { ex } = bareKernel(0);
     expect(ex.places_quant(KERNEL_INDEX.q6_k)).toBe(0);

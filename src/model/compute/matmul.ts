@@ -679,12 +679,14 @@ export class MatmulKernel {
       this.tempTop = this.top;
       return bad;
     };
+    let staged = 0;
     packStrips(m, 0, rows, cols, this.u8, at, {
       u16: (a, r, n, f16) => viaTemp(16 * n, (tmp) => ex.place16(a, tmp, r, n, f16 ? 1 : 0)),
       q8: (a, r, n) => viaTemp(stripLayoutBytes("q8_0", 1, n), (tmp) => ex.place_q8(a, tmp, r, n)),
-      quant: this.placeQuantJs ? undefined : (d, src, r, n, a) => this.placeQuant(d, src, r, n, a),
+      quant: this.placeQuantJs ? undefined : (d, src, r, n, a) => this.placeQuant(d, src, r, n, a, (b) => (staged += b)),
     });
-    this.placing?.add(m instanceof Float32Array ? m.byteLength : m.bytes.length);
+    // The progress line moves a stage at a time where the kernels place, a matrix at a time elsewhere.
+    this.placing?.add((m instanceof Float32Array ? m.byteLength : m.bytes.length) - staged);
     const buf = this.memory!.buffer;
     const v: SimpleMatrix =
       m instanceof Float32Array ? new Float32Array(buf, at, m.length) : { dtype: m.dtype, cols, length: m.length, bytes: new Uint8Array(buf, at, bytes) };
@@ -696,10 +698,10 @@ export class MatmulKernel {
    * strip-layout.ts' InPlace.quant: `rows` rows of n weights in ggml blocks of dt (src: a view of
    * them, read with copyBytes, so a mapped file's pages are never touched) placed in the strip
    * layout at `at` by place-quant.ts on every thread, placeStageBytes of rows at a time read
-   * into a stage above the top. Returns the index of the first block with an inf or NaN scale
+   * into a stage above the top (each told to `staged`). Returns the index of the first block with an inf or NaN scale
    * (the rows before it may be placed), else -1; null for a dtype the kernels do not place.
    */
-  private placeQuant(dt: DType, src: Uint8Array, rows: number, n: number, at: number): number | null {
+  private placeQuant(dt: DType, src: Uint8Array, rows: number, n: number, at: number, staged: (bytes: number) => void): number | null {
     const ex = this.ex!;
     const fn = KERNEL_INDEX[dt];
     if (ex.places_quant(fn) === 0) return null;
@@ -725,6 +727,8 @@ export class MatmulKernel {
         j[J_D] = k;
         j[J_R0] = 0;
         this.dispatch(1, k * n, 0);
+        staged(k * rowBytes);
+        this.placing?.add(k * rowBytes);
       }
     } finally {
       this.tempTop = this.top;
