@@ -15,24 +15,27 @@ import { blockScale, randomBytes } from "./quant-helpers.ts";
 // blocks of random bits, for row counts that are and are not whole strips, whatever the split of
 // the rows into chunks, the order the chunks run in, the thread count and the stage size.
 
-type QType = "q4_k" | "q5_k" | "q4_0" | "q4_1" | "q5_0" | "q5_1";
-const TYPES: QType[] = ["q4_k", "q5_k", "q4_0", "q4_1", "q5_0", "q5_1"];
+type QType = "q4_k" | "q5_k" | "q6_k" | "q4_0" | "q4_1" | "q5_0" | "q5_1";
+const TYPES: QType[] = ["q4_k", "q5_k", "q6_k", "q4_0", "q4_1", "q5_0", "q5_1"];
 
 const kernels: MatmulKernel[] = [];
 afterAll(() => kernels.forEach((k) => k.close()));
 
 function blockBytesOf(dt: QType): number {
-  return dt === "q4_k" || dt === "q5_k" ? kBlockBytes(dt) : legacyShape(dt).bytes;
+  return dt === "q4_k" || dt === "q5_k" || dt === "q6_k" ? kBlockBytes(dt) : legacyShape(dt).bytes;
 }
 
 /** rows x n of random ggml blocks: every bit random but the f16 scales (d, and dmin or m), finite. */
+const isKType = (dt: QType): boolean => dt === "q4_k" || dt === "q5_k" || dt === "q6_k";
+/** Where a block's d sits: q6_k's last, the others' first. */
+const dAt = (dt: QType): number => (dt === "q6_k" ? 208 : 0);
 function randomBlocks(dt: QType, rows: number, n: number, seed: number): PackedMatrix {
   const bb = blockBytesOf(dt);
   const bytes = randomBytes((rows * n * bb) / blockElems(dt), seed);
   const dv = new DataView(bytes.buffer);
   const two = dt === "q4_k" || dt === "q5_k" || dt === "q4_1" || dt === "q5_1";
   for (let at = 0, b = 0; at < bytes.length; at += bb, b++) {
-    dv.setUint16(at, f16Bits(blockScale(b)), true);
+    dv.setUint16(at + dAt(dt), f16Bits(blockScale(b)), true);
     if (two) dv.setUint16(at + 2, f16Bits(Math.abs(blockScale(b + 1)) * 0.7), true);
   }
   return { dtype: dt, cols: n, length: rows * n, bytes };
@@ -75,7 +78,7 @@ const SHAPES: Record<"k" | "legacy", [number, number][]> = {
 
 describe("place-quant.ts: K-quant and legacy blocks placed by the kernels", () => {
   for (const dt of TYPES) {
-    const shapes = SHAPES[dt.endsWith("_k") ? "k" : "legacy"];
+    const shapes = SHAPES[isKType(dt) ? "k" : "legacy"];
 
     test(`${dt}: the kernel's strips are the JS packer's, over any dirty destination and any split of the rows`, () => {
       const fn = KERNEL_INDEX[dt];
@@ -114,13 +117,13 @@ describe("place-quant.ts: K-quant and legacy blocks placed by the kernels", () =
     });
 
     test(`${dt}: a block with an inf or NaN scale past the first stage is refused, naming it`, () => {
-      const n = dt.endsWith("_k") ? 256 : 32;
+      const n = isKType(dt) ? 256 : 32;
       const m = randomBlocks(dt, 40, n, 9);
       const bb = blockBytesOf(dt);
       const bad = 37 * (n / blockElems(dt));
       // The high byte of dmin or m where the block has one, else of d.
       const two = dt === "q4_k" || dt === "q5_k" || dt === "q4_1" || dt === "q5_1";
-      m.bytes[bad * bb + (two ? 3 : 1)] = 0x7c;
+      m.bytes[bad * bb + dAt(dt) + (two ? 3 : 1)] = 0x7c;
       const mk = () => new MatmulKernel([{ matrix: m, cols: n }], { threads: 2, placeStageBytes: 8 * bb * (n / blockElems(dt)) });
       expect(mk).toThrow(new RegExp(`^${dt} block ${bad} has an inf or NaN scale \\(0x7c[0-9a-f]{2}\\)$`));
     });
@@ -182,9 +185,9 @@ describe("place-quant.ts: K-quant and legacy blocks placed by the kernels", () =
     expect(told).toEqual([32 * rowBytes, 32 * rowBytes, 32 * rowBytes, 4 * rowBytes, 0, f16.bytes.length]);
   });
 
-  test("q6_k is placed by the JS packer until its kernel placement lands", () => {
+  test("the kernels place every K-quant and legacy dtype, and no other", () => {
     const { ex } = bareKernel(0);
-    expect(ex.places_quant(KERNEL_INDEX.q6_k)).toBe(0);
+    for (const dt of TYPES) expect(ex.places_quant(KERNEL_INDEX[dt])).toBe(1);
     for (const dt of ["f32", "f16", "bf16", "q8_0"] as const) expect(ex.places_quant(KERNEL_INDEX[dt])).toBe(0);
   });
 });

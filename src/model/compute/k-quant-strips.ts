@@ -45,16 +45,20 @@ function minSlot(k: number, j: number): number {
   return (j >> 1) * 8 + (k & 3) * 2 + (j & 1);
 }
 
-/** Bits 4..5 of h take e 0..15, 2..3 e 16..31, 0..1 e 32..47, 6..7 e 48..63 (kquants.ts's unpacking). */
-const Q6_SHIFT = [4, 2, 0, 6];
-
-/** Where weight i of row k of a q6_k group sits: ((nibble byte * 2 + high) * 2048 + high bits' byte) * 8 + their shift. */
+/**
+ * Where weight i of row k of a q6_k group sits: its unit's byte for e = 16t + b (t = e >> 4, b =
+ * e & 15) as unit * 64 + t * 16 + b. Quads t = 0..2 hold the value in bits 0..5 of byte 16t + b;
+ * quad 3's value is spread over the top bits (6..7) of bytes b (its bits 4..5), 16 + b (2..3)
+ * and 32 + b (0..1): kquants.ts's unpacking.
+ */
 function q6Place(k: number, i: number): number {
   const e = kSlot(k, i & 15);
-  const u = 144 + (k >> 2) * 768 + (i >> 4) * 48;
-  const t = e >> 4;
-  const b = e & 15;
-  return (((u + (t >= 2 ? 16 : 0) + b) * 2 + (t & 1)) * 2048 + u + 32 + b) * 8 + Q6_SHIFT[t]!;
+  return (144 + (k >> 2) * 768 + (i >> 4) * 48) * 64 + e;
+}
+
+/** Where the int8 scale of sub-block s (0..15) of row k sits in a q6_k group: pairs of sub-blocks, four rows each. */
+function q6ScaleSlot(k: number, s: number): number {
+  return 16 + (k >> 2) * 64 + (s >> 1) * 8 + (k & 3) * 2 + (s & 1);
 }
 
 /** Up to 8 rows of src (ggml blocks, rows of n weights, from its start) into one zeroed strip at out. */
@@ -71,15 +75,19 @@ export function packKStrip(kt: KDType, src: Uint8Array, rows: number, n: number,
       if (kt === "q6_k") {
         out[g + 2 * k] = src[at + 208]!;
         out[g + 2 * k + 1] = src[at + 209]!;
-        for (let s = 0; s < 16; s++) out[g + 16 + half * 64 + s * 4 + kk] = src[at + 192 + s]!;
+        for (let s = 0; s < 16; s++) out[g + q6ScaleSlot(k, s)] = src[at + 192 + s]!;
         for (let i = 0; i < QK_K; i++) {
           const q = q6kQuant(src, at, i);
           const pl = q6Place(k, i);
-          const shift = pl & 7;
-          const hb = (pl >> 3) & 2047;
-          const nb = pl >> 14;
-          out[g + (nb >> 1)]! |= nb & 1 ? (q & 15) << 4 : q & 15;
-          out[g + hb]! |= (q >> 4) << shift;
+          const u = g + (pl >> 6);
+          const e = pl & 63;
+          if (e < 48) out[u + e]! |= q;
+          else {
+            const b = e & 15;
+            out[u + b]! |= (q >> 4) << 6;
+            out[u + 16 + b]! |= ((q >> 2) & 3) << 6;
+            out[u + 32 + b]! |= (q & 3) << 6;
+          }
         }
       } else {
         out[g + 2 * k] = src[at]!;
@@ -88,7 +96,7 @@ export function packKStrip(kt: KDType, src: Uint8Array, rows: number, n: number,
         out[g + 16 + 2 * k + 1] = src[at + 3]!;
         for (let j = 0; j < 8; j++) {
           const sm = q4kScaleMin(src, at, j);
-          out[g + 32 + half * 32 + j * 4 + kk] = sm & 0xff;
+          out[g + 32 + half * 32 + minSlot(kk, j)] = sm & 0xff;
           out[g + 96 + half * 32 + minSlot(kk, j)] = sm >> 8;
         }
         for (let i = 0; i < QK_K; i++) {
@@ -121,9 +129,11 @@ export function readKStripRow(kt: KDType, u8: Uint8Array, base: number, k: numbe
     const d = lut[u8[g + 2 * k]! | (u8[g + 2 * k + 1]! << 8)]!;
     if (kt === "q6_k") {
       const pl = q6Place(k, i);
-      const nb = pl >> 14;
-      const q = (nb & 1 ? u8[g + (nb >> 1)]! >> 4 : u8[g + (nb >> 1)]! & 15) | (((u8[g + ((pl >> 3) & 2047)]! >> (pl & 7)) & 3) << 4);
-      const sc = (u8[g + 16 + half * 64 + (i >> 4) * 4 + kk]! << 24) >> 24;
+      const u = g + (pl >> 6);
+      const e = pl & 63;
+      const b = e & 15;
+      const q = e < 48 ? u8[u + e]! & 63 : ((u8[u + b]! >> 6) << 4) | ((u8[u + 16 + b]! >> 6) << 2) | (u8[u + 32 + b]! >> 6);
+      const sc = (u8[g + q6ScaleSlot(k, i >> 4)]! << 24) >> 24;
       out[outAt + j - j0] = d * sc * (q - 32);
     } else {
       const dmin = lut[u8[g + 16 + 2 * k]! | (u8[g + 16 + 2 * k + 1]! << 8)]!;
@@ -133,7 +143,7 @@ export function readKStripRow(kt: KDType, u8: Uint8Array, base: number, k: numbe
         const b5 = q5BitPlace(k, i);
         q |= ((u8[g + (b5 >> 3)]! >> (b5 & 7)) & 1) << 4;
       }
-      const sc = u8[g + 32 + half * 32 + (i >> 5) * 4 + kk]!;
+      const sc = u8[g + 32 + half * 32 + minSlot(kk, i >> 5)]!;
       const m = u8[g + 96 + half * 32 + minSlot(kk, i >> 5)]!;
       out[outAt + j - j0] = d * sc * q - dmin * m;
     }

@@ -8,7 +8,9 @@
 // the values as i8, each quad (j .. j + 3, j % 4 == 0) splatted over a v128 (16 bytes a quad: the
 // kernels load it whole; a load32_splat measured slower under Bun), then the n / 256 scales s_b
 // as f32, then the n / 16 sums of q over each 16 elements as i32, then per super-block its 8
-// sums over each 32 elements as i16 (|sum| <= 32 * 127), one v128 for q4_k's and q5_k's mins.
+// sums over each 32 elements as i16 (|sum| <= 32 * 127), one v128 for q4_k's and q5_k's mins,
+// then per super-block its 16 sums over each 16 elements as i16 (|sum| <= 16 * 127), in pairs
+// for q6_k's offset.
 //
 // THE K ORDER. Per output (weight row, token row), one running f32 sum from 0 over the
 // super-blocks in order:
@@ -19,7 +21,8 @@
 //   q5_k:  as q4_k, q the 5-bit weights 0..31;
 //   q6_k:  acc = acc + f32(A) * (d * s_b),
 //          A = sum_k sc_k * (sum_i q_i x_i - 32 * sum_i x_i)  over the 16 sub-blocks k of 16
-//          (q the 6-bit weights 0..63, sc the int8 scales).
+//          (q the 6-bit weights 0..63, sc the int8 scales), which the kernel gathers as
+//          sum_k sc_k * (sum_i q_i x_i) - 32 * sum_k sc_k * (sum_i x_i): the same integer.
 // A and B are exact integers (q4_k |A| < 2^25, |B| < 2^21; q6_k |A| < 2^28: bounded by the ranges above),
 // so the order inside a super-block does not matter; f32(A) rounds to nearest even like JS's
 // Math.fround; every product and sum is rounded to f32 (WebAssembly never fuses them). The sum
@@ -46,18 +49,21 @@
 // e = (i >> 2) * 16 + k * 4 + (i & 3), so 16 consecutive e are four columns of four rows, the
 // four bytes the relaxed dot sums into each row's pair of lanes, against x's splatted quad.
 //   q4_k group (1184 bytes): d of rows 0..7 (f16), dmin of rows 0..7 (f16), scales as u8 at
-//     32 + half * 32 + j * 4 + k, mins at 96 + half * 32 + (j >> 1) * 8 + k * 2 + (j & 1) (pairs of
-//     sub-blocks, which i32x4.dot_i16x8_s takes against x's per-32 sums), then the nibbles at 160 + half * 512 +
+//     32 + half * 32 + (j >> 1) * 8 + k * 2 + (j & 1) and mins at 96 + half * 32 + the same (pairs
+//     of sub-blocks: i32x4.dot_i16x8_s takes the mins against x's per-32 sums, and each scale,
+//     shuffled into both its row's lanes, against the pair sums), then the nibbles at 160 + half * 512 +
 //     j * 64: 4 quads of 16 bytes, byte b of quad u holding e = 32u + b low and e = 32u + 16 + b
 //     high (columns 8u .. 8u + 3 low, 8u + 4 .. 8u + 7 high). (The 6-bit scales and mins are
 //     unpacked to bytes: 4.625 bits a weight where ggml's block is 4.5.)
-//   q6_k group (1680 bytes): d of rows 0..7 (f16), scales as i8 at 16 + half * 64 + k * 4 + row,
-//     then per half and sub-block a unit of 48 bytes at 144 + half * 768 + k * 48: bytes n0, n1
-//     (16 each) and h (16). The 64 e of a unit: e = b in the low nibble of n0[b] and bits 4..5 of
-//     h[b]; e = 16 + b in the high nibble of n0[b], bits 2..3 of h[b]; e = 32 + b low nibble of
-//     n1[b], bits 0..1; e = 48 + b high nibble of n1[b], bits 6..7. (6.5625 bits a weight, as
-//     ggml's.) The places of the high bits let each come out with an and, a 16-bit multiply (a
-//     left shift) or a rounding 16-bit multiply (a right shift): no vector shift runs in a loop.
+//   q6_k group (1680 bytes): d of rows 0..7 (f16), scales as i8 in pairs of sub-blocks at
+//     16 + half * 64 + (k >> 1) * 8 + row * 2 + (k & 1) (a pair of rows' lanes widened to i16 is
+//     both dot_i16x8_s's operand for the offset and, shuffled, each sub-block's scale), then per
+//     half and sub-block a unit of 48 bytes at 144 + half * 768 + k * 48: planes b0, b1, b2 (16
+//     bytes each). e = 16t + b for t = 0, 1, 2 is bits 0..5 of plane t's byte b; e = 48 + b is
+//     spread over the top bits (6..7) of the three: bits 4..5 of its value in b0[b], 2..3 in
+//     b1[b], 0..1 in b2[b]. (6.5625 bits a weight, as ggml's.) Three ands give the first three
+//     quads; the fourth is gathered by adds and exact byte halvings (avgr_u with 0): no vector
+//     shift and no 16-bit multiply runs in the loop (q6q3).
 //   q5_k group (1440 bytes): q4_k's, then the fifth bits at 1184 + half * 128 + j * 16: bit t of
 //     byte b is e = 16t + b, so quad u's low nibbles take bit 2u and its high ones bit 2u + 1,
 //     each moved to bit 4 and or-ed in (the plane moving down 2 bits a quad): the kernel reads
@@ -73,10 +79,11 @@ export const Q6K_GROUP: usize = 1680;
 /**
  * Bytes of one token row of n quantized in i8 quads with a scale per 2^shift elements (QUANTIZED
  * X; shift 8 here, 5 for legacy.ts): the quads, the scales, the per-16 sums, and for shift 8 the
- * per-32 sums as i16.
+ * per-32 and per-16 sums as i16.
  */
 @inline export function quadRowBytes(n: i32, shift: i32): usize {
-  return (<usize>(4 * n + ((n >> shift) << 2) + (n >> 2) + (shift == 8 ? n >> 4 : 0)) + 15) & ~15;
+  const i16Sums = shift == 8 ? (n >> 4) + (n >> 3) : 0;
+  return (<usize>(4 * n + ((n >> shift) << 2) + (n >> 2) + i16Sums) + 15) & ~15;
 }
 
 /** Where a quad row's scales start: after its n / 4 quads of 16 bytes. */
@@ -101,13 +108,14 @@ export function k_row_bytes(n: i32): i32 {
   return quadScales(xq, n);
 }
 
-@inline function sumsAt(xq: usize, n: i32): usize {
-  return quadSums(xq, n, 8);
-}
-
 /** Where a K row's per-32 sums (i16, a v128 a super-block) start: after its per-16 sums. */
 @inline function sums32At(xq: usize, n: i32): usize {
   return quadSums(xq, n, 8) + (<usize>n >> 2);
+}
+
+/** Where a K row's per-16 sums as i16 (32 bytes a super-block) start: after its per-32 sums. */
+@inline function sums16At(xq: usize, n: i32): usize {
+  return sums32At(xq, n) + (<usize>n >> 4);
 }
 
 /** rows token rows of n f32 at x into the quantized layout at dst (see QUANTIZED X); n % 256 == 0. */
@@ -159,6 +167,8 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
         const u = ur + (<usize>b << 6);
         const o = quadSums(qr, n, 8) + (<usize>n >> 2) + (<usize>b << 4);
         for (let j: usize = 0; j < 8; j++) store<i16>(o + (j << 1), <i16>(load<i32>(u + (j << 3)) + load<i32>(u + (j << 3), 4)));
+        const o16 = o + (<usize>(n >> 4) - (<usize>b << 4)) + (<usize>b << 5);
+        for (let j: usize = 0; j < 16; j++) store<i16>(o16 + (j << 1), <i16>load<i32>(u + (j << 2)));
       }
     }
   }
@@ -167,16 +177,6 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
 /** Four f32 to i32 q: x * inv clamped to [-127, 127], nearest-even; NaN to 0. */
 @inline function quant4(v: v128, inv: v128, lim: v128, nlim: v128): v128 {
   return i32x4.trunc_sat_f32x4_s(f32x4.nearest(f32x4.min(f32x4.max(f32x4.mul(v, inv), nlim), lim)));
-}
-
-/** 4 bytes at p (u8) widened to i32x4. */
-@inline function u8x4(p: usize): v128 {
-  return i32x4.extend_low_i16x8_u(i16x8.extend_low_i8x16_u(v128.load32_zero(p)));
-}
-
-/** 4 bytes at p (i8) widened to i32x4. */
-@inline function i8x4(p: usize): v128 {
-  return i32x4.extend_low_i16x8_s(i16x8.extend_low_i8x16_s(v128.load32_zero(p)));
 }
 
 /** Four f16 at p made f32x4. */
@@ -202,6 +202,11 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
 /** s + the dots of one nibble quad's low (lo) and high (hi) values against a token's two splatted x quads at x. */
 @inline export function dot2(s: v128, x: usize, lo: v128, hi: v128): v128 {
   return rdot(rdot(s, v128.load(x), lo), v128.load(x, 16), hi);
+}
+
+/** dot2 from zero (Binaryen keeps an add of a zero vector, so the first pair is not added to one). */
+@inline export function dot2z(x: usize, lo: v128, hi: v128): v128 {
+  return rdot(i16x8.relaxed_dot_i8x16_i7x16_s(v128.load(x), lo), v128.load(x, 16), hi);
 }
 
 // ---------------------------------------------------------------------------------------- q4_k
@@ -237,25 +242,36 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
 }
 
 /**
- * One sub-block's integer dots sum q_i x_i of a half strip (4 rows in lanes) against one token:
- * w its 64 nibble bytes, hb q5_k's fifth-bit plane of it, xj the token's 8 splatted x quads. Two
- * i16 sums of 4 pairs a lane each (q4_k adds them before widening: 8 pairs; q5_k widens each).
+ * One sub-block's sc * (sum q_i x_i) of a half strip (4 rows in lanes) against one token: w its 64
+ * nibble bytes, hb q5_k's fifth-bit plane of it, xj the token's 8 splatted x quads, scv each
+ * row's scale in both its i16 lanes (ones for the plain sum). Two i16 sums of 4 pairs a lane each
+ * (q4_k adds them before widening: 8 pairs; q5_k widens each), widened and scaled at once by
+ * i32x4.dot_i16x8_s: exact while |sum| * |sc| * 2 < 2^31 (sc <= 63 here, 1 for legacy.ts).
  */
-@inline export function q4Sub(five: bool, w: usize, hb: v128, xj: usize): v128 {
-  let s = i16x8.splat(0);
-  let t = s;
+@inline export function q4Sub(five: bool, w: usize, hb: v128, xj: usize, scv: v128): v128 {
   let h = hb;
-  for (let u: usize = 0; u < 32; u += 16) {
-    const v = v128.load(w + u);
-    s = dot2(s, xj + (u << 1), lowOf(five, v, h), highOf(five, v, h));
-    if (five) h = next2(h);
-  }
-  for (let u: usize = 32; u < 64; u += 16) {
-    const v = v128.load(w + u);
-    t = dot2(t, xj + (u << 1), lowOf(five, v, h), highOf(five, v, h));
-    if (five) h = next2(h);
-  }
-  return five ? i32x4.add(widen(s), widen(t)) : widen(i16x8.add(s, t));
+  let v = v128.load(w);
+  let s = dot2z(xj, lowOf(five, v, h), highOf(five, v, h));
+  if (five) h = next2(h);
+  v = v128.load(w, 16);
+  s = dot2(s, xj + 32, lowOf(five, v, h), highOf(five, v, h));
+  if (five) h = next2(h);
+  v = v128.load(w, 32);
+  let t = dot2z(xj + 64, lowOf(five, v, h), highOf(five, v, h));
+  if (five) h = next2(h);
+  v = v128.load(w, 48);
+  t = dot2(t, xj + 96, lowOf(five, v, h), highOf(five, v, h));
+  return five ? i32x4.add(i32x4.dot_i16x8_s(s, scv), i32x4.dot_i16x8_s(t, scv)) : i32x4.dot_i16x8_s(i16x8.add(s, t), scv);
+}
+
+/** Sub-block j's scales for 4 rows, each row's in both its i16 lanes, from a pair vector p (i16: row 0 j, row 0 j + 1, row 1 j, ...; j even). */
+@inline export function pairEven(p: v128): v128 {
+  return i8x16.shuffle(p, p, 0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13);
+}
+
+/** pairEven's for sub-block j + 1. */
+@inline export function pairOdd(p: v128): v128 {
+  return i8x16.shuffle(p, p, 2, 3, 2, 3, 6, 7, 6, 7, 10, 11, 10, 11, 14, 15, 14, 15);
 }
 
 /** A half strip's q4_k (q5_k when five) super-block sum term for one token: f32(A) * (d * s) - f32(B) * (dmin * s), B from the per-32 sums at sums. */
@@ -265,9 +281,11 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
   const sc = g + 32 + half * 32;
   const mn = g + 96 + half * 32;
   const bits = g + Q4K_GROUP + half * 128;
-  for (let j: usize = 0; j < 8; j++) {
-    const hb = five ? v128.load(bits + j * 16) : i32x4.splat(0);
-    a = i32x4.add(a, i32x4.mul(q4Sub(five, wq + j * 64, hb, xb + (j << 7)), u8x4(sc + (j << 2))));
+  const z = i32x4.splat(0);
+  for (let j: usize = 0; j < 8; j += 2) {
+    const p = v128.load8x8_u(sc + (j << 2));
+    a = i32x4.add(a, q4Sub(five, wq + j * 64, five ? v128.load(bits + j * 16) : z, xb + (j << 7), pairEven(p)));
+    a = i32x4.add(a, q4Sub(five, wq + j * 64 + 64, five ? v128.load(bits + j * 16 + 16) : z, xb + (j << 7) + 128, pairOdd(p)));
   }
   const sv = f32x4.splat(s);
   const dv = f32x4.mul(f16at(g + (half << 3)), sv);
@@ -326,7 +344,6 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
       const w = wq + j * 64;
       const xj = xb + (j << 7);
       let h = five ? v128.load(bits + j * 16) : z;
-      let i0 = z, i1 = z, i2 = z, i3 = z;
       let s0 = z, s1 = z, s2 = z, s3 = z;
       // Two passes of two quads: q5_k widens after each (4 pairs a lane), q4_k after both (8).
       for (let p: usize = 0; p < 64; p += 32) {
@@ -341,25 +358,17 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
           s2 = dot2(s2, x + 2 * qb, lo, hi);
           s3 = dot2(s3, x + 3 * qb, lo, hi);
         }
-        if (five) {
-          i0 = i32x4.add(i0, widen(s0));
-          i1 = i32x4.add(i1, widen(s1));
-          i2 = i32x4.add(i2, widen(s2));
-          i3 = i32x4.add(i3, widen(s3));
+        if (five || p == 32) {
+          // Loaded here, not before the passes: one more live vector there spills on x86.
+          const pr = v128.load8x8_u(sc + ((j >> 1) << 3));
+          const scv = (j & 1) == 0 ? pairEven(pr) : pairOdd(pr);
+          a0 = i32x4.add(a0, i32x4.dot_i16x8_s(s0, scv));
+          a1 = i32x4.add(a1, i32x4.dot_i16x8_s(s1, scv));
+          a2 = i32x4.add(a2, i32x4.dot_i16x8_s(s2, scv));
+          a3 = i32x4.add(a3, i32x4.dot_i16x8_s(s3, scv));
           s0 = z; s1 = z; s2 = z; s3 = z;
         }
       }
-      if (!five) {
-        i0 = widen(s0);
-        i1 = widen(s1);
-        i2 = widen(s2);
-        i3 = widen(s3);
-      }
-      const scv = u8x4(sc + (j << 2));
-      a0 = i32x4.add(a0, i32x4.mul(i0, scv));
-      a1 = i32x4.add(a1, i32x4.mul(i1, scv));
-      a2 = i32x4.add(a2, i32x4.mul(i2, scv));
-      a3 = i32x4.add(a3, i32x4.mul(i3, scv));
     }
     const dq = f16at(g + (half << 3));
     const dm = f16at(g + 16 + (half << 3));
@@ -379,30 +388,45 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
 
 // ---------------------------------------------------------------------------------------- q6_k
 
-// A unit's four quads of 6-bit values 0..63 (see THE K STRIP LAYOUT): low nibbles of n0 with
-// bits 4..5 of h; high of n0 with bits 2..3; low of n1 with bits 0..1; high of n1 with bits 6..7.
-@inline function q6q0(n0: v128, h: v128): v128 {
-  return v128.or(v128.and(n0, i8x16.splat(0x0f)), v128.and(h, i8x16.splat(0x30)));
-}
-@inline function q6q1(n0: v128, h: v128): v128 {
-  return v128.or(highNibble(n0), v128.and(i16x8.mul(h, i16x8.splat(4)), i8x16.splat(0x30)));
-}
-@inline function q6q2(n1: v128, h: v128): v128 {
-  return v128.or(v128.and(n1, i8x16.splat(0x0f)), v128.and(i16x8.mul(h, i16x8.splat(16)), i8x16.splat(0x30)));
-}
-@inline function q6q3(n1: v128, h: v128): v128 {
-  return v128.or(highNibble(n1), v128.and(i16x8.q15mulr_sat_s(v128.and(h, i8x16.splat(<i8>0xc0)), i16x8.splat(8192)), i8x16.splat(0x30)));
+/** Each byte of v (even, as every value here is) halved twice: avgr_u against 0 halves an even byte exactly. */
+@inline function quarter(v: v128): v128 {
+  const z = i8x16.splat(0);
+  return i8x16.avgr_u(i8x16.avgr_u(v, z), z);
 }
 
-/** sum q_i x_i of one sub-block (quads t0..t3) against a token's 4 splatted x quads at xk: two i16 sums of 2 pairs a lane. */
-@inline function q6Dots(t0: v128, t1: v128, t2: v128, t3: v128, xk: usize): v128 {
-  const z = i16x8.splat(0);
-  return i32x4.add(widen(dot2(z, xk, t0, t1)), widen(dot2(z, xk + 32, t2, t3)));
+/**
+ * Quad 3 of a unit (b0, b1, b2 its three 16-byte planes; see THE K STRIP LAYOUT): its 2-bit
+ * pieces sit in the top bits (a value of 64 each), low piece in b2, high in b0, so Horner's rule
+ * with exact quarterings gathers them: ((64 p0 / 4 + 64 p1) / 4 + 64 p2) / 4 = p0 + 4 p1 + 16 p2.
+ * Every partial sum stays below 256 (at most 252) and even where it is halved. No vector shift.
+ */
+@inline function q6q3(b0: v128, b1: v128, b2: v128): v128 {
+  const top = i8x16.splat(<i8>0xc0);
+  const v = quarter(i8x16.add(quarter(v128.and(b2, top)), v128.and(b1, top)));
+  return quarter(i8x16.add(v, v128.and(b0, top)));
 }
 
-/** a + sc * (sum q x - 32 * sum x) for one token's sub-block (its sum at us). */
-@inline function q6Acc(a: v128, t0: v128, t1: v128, t2: v128, t3: v128, xk: usize, us: usize, scv: v128): v128 {
-  return i32x4.add(a, i32x4.mul(i32x4.sub(q6Dots(t0, t1, t2, t3, xk), i32x4.splat(load<i32>(us) << 5)), scv));
+/**
+ * a + sc * (sum q_i x_i) over one sub-block (the unit at u) for one token (its 4 splatted x quads
+ * at xk): two i16 sums of 2 pairs a lane (each < 2^15: THE RELAXED DOT), each widened and scaled
+ * at once by i32x4.dot_i16x8_s against the row's scale in both its lanes (|sc| <= 128: exact).
+ */
+@inline function q6Acc(a: v128, b0: v128, b1: v128, b2: v128, t3: v128, xk: usize, scv: v128): v128 {
+  const m = i8x16.splat(0x3f);
+  const s = dot2z(xk, v128.and(b0, m), v128.and(b1, m));
+  const t = dot2z(xk + 32, v128.and(b2, m), t3);
+  return i32x4.add(a, i32x4.add(i32x4.dot_i16x8_s(s, scv), i32x4.dot_i16x8_s(t, scv)));
+}
+
+/**
+ * 32 * sum_k sc_k * (sum of x over sub-block k) for 4 rows: the scales in pairs of sub-blocks at
+ * sc against the token's per-16 sums as i16 at xs (|sum| <= 16 * 127), a pair splatted per dot.
+ * Exact in i32 (|result| < 2^27), so A = (the scaled dots) - this is THE K ORDER's integer.
+ */
+@inline function q6Offset(sc: usize, xs: usize): v128 {
+  let c = i32x4.splat(0);
+  for (let j: usize = 0; j < 8; j++) c = i32x4.add(c, i32x4.dot_i16x8_s(v128.load8x8_s(sc + (j << 3)), v128.load32_splat(xs + (j << 2))));
+  return i32x4.mul(c, i32x4.splat(32));
 }
 
 /** A half strip's q6_k super-block sum term for one token: f32(A) * (d * s). */
@@ -410,13 +434,18 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
   let a = i32x4.splat(0);
   const units = g + 144 + half * 768;
   const sc = g + 16 + half * 64;
-  for (let k: usize = 0; k < 16; k++) {
-    const u = units + k * 48;
-    const n0 = v128.load(u);
-    const n1 = v128.load(u, 16);
-    const h = v128.load(u, 32);
-    a = q6Acc(a, q6q0(n0, h), q6q1(n0, h), q6q2(n1, h), q6q3(n1, h), xb + (k << 6), sums + (k << 2), i8x4(sc + (k << 2)));
+  for (let j: usize = 0; j < 8; j++) {
+    const p = v128.load8x8_s(sc + (j << 3));
+    const u = units + j * 96;
+    const xk = xb + (j << 7);
+    let b0 = v128.load(u), b1 = v128.load(u, 16), b2 = v128.load(u, 32);
+    a = q6Acc(a, b0, b1, b2, q6q3(b0, b1, b2), xk, pairEven(p));
+    b0 = v128.load(u, 48);
+    b1 = v128.load(u, 64);
+    b2 = v128.load(u, 80);
+    a = q6Acc(a, b0, b1, b2, q6q3(b0, b1, b2), xk + 64, pairOdd(p));
   }
+  a = i32x4.sub(a, q6Offset(sc, sums));
   return f32x4.mul(f32x4.convert_i32x4_s(a), f32x4.mul(f16at(g + (half << 3)), f32x4.splat(s)));
 }
 
@@ -424,10 +453,10 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
   const blocks = n >> 8;
   let acc = f32x4.splat(0);
   const sr = scalesAt(xq, n);
-  const ur = sumsAt(xq, n);
+  const ur = sums16At(xq, n);
   for (let c = 0; c < blocks; c++) {
     const g = sp + <usize>c * Q6K_GROUP;
-    acc = f32x4.add(acc, q6Term(g, half, xq + (<usize>c << 10), load<f32>(sr + (<usize>c << 2)), ur + (<usize>c << 6)));
+    acc = f32x4.add(acc, q6Term(g, half, xq + (<usize>c << 10), load<f32>(sr + (<usize>c << 2)), ur + (<usize>c << 5)));
   }
   return acc;
 }
@@ -441,35 +470,33 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
   const z = f32x4.splat(0);
   for (let t: usize = 0; t < 4; t++) v128.store(yo + t * ys, z);
   const sr = scalesAt(xq, n);
-  const ur = sumsAt(xq, n);
+  const ur = sums16At(xq, n);
   for (let c = 0; c < blocks; c++) {
     const g = sp + <usize>c * Q6K_GROUP;
     const units = g + 144 + half * 768;
     const sc = g + 16 + half * 64;
     const xb = xq + (<usize>c << 10);
-    const ub = ur + (<usize>c << 6);
     let a0 = i32x4.splat(0), a1 = a0, a2 = a0, a3 = a0;
     for (let k: usize = 0; k < 16; k++) {
       const u = units + k * 48;
-      const n0 = v128.load(u);
-      const n1 = v128.load(u, 16);
-      const h = v128.load(u, 32);
-      const t0 = q6q0(n0, h);
-      const t1 = q6q1(n0, h);
-      const t2 = q6q2(n1, h);
-      const t3 = q6q3(n1, h);
-      const scv = i8x4(sc + (k << 2));
+      const b0 = v128.load(u);
+      const b1 = v128.load(u, 16);
+      const b2 = v128.load(u, 32);
+      const t3 = q6q3(b0, b1, b2);
+      const p = v128.load8x8_s(sc + ((k >> 1) << 3));
+      const scv = (k & 1) == 0 ? pairEven(p) : pairOdd(p);
       const xk = xb + (k << 6);
-      a0 = q6Acc(a0, t0, t1, t2, t3, xk, ub + (k << 2), scv);
-      a1 = q6Acc(a1, t0, t1, t2, t3, xk + qb, ub + qb + (k << 2), scv);
-      a2 = q6Acc(a2, t0, t1, t2, t3, xk + 2 * qb, ub + 2 * qb + (k << 2), scv);
-      a3 = q6Acc(a3, t0, t1, t2, t3, xk + 3 * qb, ub + 3 * qb + (k << 2), scv);
+      a0 = q6Acc(a0, b0, b1, b2, t3, xk, scv);
+      a1 = q6Acc(a1, b0, b1, b2, t3, xk + qb, scv);
+      a2 = q6Acc(a2, b0, b1, b2, t3, xk + 2 * qb, scv);
+      a3 = q6Acc(a3, b0, b1, b2, t3, xk + 3 * qb, scv);
     }
+    const us = ur + (<usize>c << 5);
     const dq = f16at(g + (half << 3));
-    q6Finish(yo, a0, dq, sr + (<usize>c << 2));
-    q6Finish(yo + ys, a1, dq, sr + qb + (<usize>c << 2));
-    q6Finish(yo + 2 * ys, a2, dq, sr + 2 * qb + (<usize>c << 2));
-    q6Finish(yo + 3 * ys, a3, dq, sr + 3 * qb + (<usize>c << 2));
+    q6Finish(yo, i32x4.sub(a0, q6Offset(sc, us)), dq, sr + (<usize>c << 2));
+    q6Finish(yo + ys, i32x4.sub(a1, q6Offset(sc, us + qb)), dq, sr + qb + (<usize>c << 2));
+    q6Finish(yo + 2 * ys, i32x4.sub(a2, q6Offset(sc, us + 2 * qb)), dq, sr + 2 * qb + (<usize>c << 2));
+    q6Finish(yo + 3 * ys, i32x4.sub(a3, q6Offset(sc, us + 3 * qb)), dq, sr + 3 * qb + (<usize>c << 2));
   }
 }
 

@@ -66,7 +66,7 @@ export function quantize_l_x(dst: usize, x: usize, rows: i32, n: i32): void {
   let acc = f32x4.splat(0);
   for (let c = 0; c < blocks; c++) {
     const g = sp + <usize>c * gb;
-    const i = q4Sub(five, g + nib0, five ? v128.load(g + bits0) : i32x4.splat(0), xq + (<usize>c << 7));
+    const i = q4Sub(five, g + nib0, five ? v128.load(g + bits0) : i32x4.splat(0), xq + (<usize>c << 7), i16x8.splat(1));
     acc = f32x4.add(acc, term(min, offset, i, f16at(g + (half << 3)), min ? f16at(g + 16 + (half << 3)) : i32x4.splat(0), sr + (<usize>c << 2), blockSum(ur, c)));
   }
   return acc;

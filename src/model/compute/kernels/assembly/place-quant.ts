@@ -16,7 +16,7 @@
 // to each quad. The fifth bits: byte 4k + m of the sub-block's 16 holds, as bit t, the fifth bit
 // of column 4t + m.
 
-import { Q4K_GROUP, Q5K_GROUP } from "./kquants";
+import { Q4K_GROUP, Q5K_GROUP, Q6K_GROUP } from "./kquants";
 
 /** The dtypes, numbered as kernel-threads.ts' KERNEL_INDEX numbers their kernels. */
 const Q4_K: i32 = 5;
@@ -33,6 +33,7 @@ const S: i32 = 8;
 @inline function blockBytes(dt: i32): usize {
   if (dt == Q4_K) return 144;
   if (dt == Q5_K) return 176;
+  if (dt == Q6_K) return 210;
   if (dt == Q4_0) return 18;
   if (dt == Q4_1) return 20;
   if (dt == Q5_0) return 22;
@@ -42,13 +43,14 @@ const S: i32 = 8;
 
 /** Weights a block of dt holds. */
 @inline function blockElems(dt: i32): i32 {
-  return dt == Q4_K || dt == Q5_K ? 256 : 32;
+  return dt == Q4_K || dt == Q5_K || dt == Q6_K ? 256 : 32;
 }
 
 /** Bytes of one group of a strip (one block of each of its 8 rows). */
 @inline function groupBytes(dt: i32): usize {
   if (dt == Q4_K) return Q4K_GROUP;
   if (dt == Q5_K) return Q5K_GROUP;
+  if (dt == Q6_K) return Q6K_GROUP;
   return 144 + (dt == Q4_1 || dt == Q5_1 ? 16 : 0) + (dt == Q5_0 || dt == Q5_1 ? 32 : 0);
 }
 
@@ -96,8 +98,10 @@ const S: i32 = 8;
   store<u16>(g + 16 + (<usize>k << 1), load<u16>(b, 2));
   for (let j = 0; j < 8; j++) {
     const sm = scaleMin(b, j);
-    store<u8>(g + 32 + half * 32 + (<usize>j << 2) + kk, <u8>sm);
-    store<u8>(g + 96 + half * 32 + (<usize>(j >> 1) << 3) + (kk << 1) + <usize>(j & 1), <u8>(sm >> 8));
+    // Scales and mins alike in pairs of sub-blocks, four rows each.
+    const slot = half * 32 + (<usize>(j >> 1) << 3) + (kk << 1) + <usize>(j & 1);
+    store<u8>(g + 32 + slot, <u8>sm);
+    store<u8>(g + 96 + slot, <u8>(sm >> 8));
   }
   const nib = b + (five ? 48 : 16);
   const m15 = i8x16.splat(15);
@@ -116,6 +120,55 @@ const S: i32 = 8;
         const sh = 7 - j;
         store<u32>(g + Q4K_GROUP + half * 128 + (<usize>j << 4) + (kk << 2), fifthBytes(i8x16.shl(h0, sh), i8x16.shl(h1, sh)));
       }
+    }
+  }
+}
+
+/**
+ * A row's sub-block of 16 q6_k values (q, bytes 0..63) as its unit's three planes want them, for
+ * the 4 bytes of each: plane t's byte 4 row + m holds q[4t + m] in bits 0..5 (t = 0..2) and in
+ * bits 6..7 a piece of q[12 + m]: its bits 4..5 in plane 0, 2..3 in plane 1, 0..1 in plane 2.
+ * Lanes 4t .. 4t + 3 of the result are plane t's (lanes 12..15 are left over).
+ */
+@inline function q6Planes(q: v128): v128 {
+  const top = i8x16.shuffle(q, q, 12, 13, 14, 15, 12, 13, 14, 15, 12, 13, 14, 15, 12, 13, 14, 15);
+  const hi = i8x16.splat(<i8>0xc0);
+  const p0 = v128.and(i8x16.shl(top, 2), hi);
+  const p1 = v128.and(i8x16.shl(top, 4), hi);
+  const p2 = i8x16.shl(top, 6);
+  const pieces = i8x16.shuffle(i8x16.shuffle(p0, p1, 0, 1, 2, 3, 20, 21, 22, 23, 0, 0, 0, 0, 0, 0, 0, 0), p2, 0, 1, 2, 3, 4, 5, 6, 7, 24, 25, 26, 27, 0, 0, 0, 0);
+  return v128.or(q, pieces);
+}
+
+/**
+ * Row k's q6_k block at b into the group at g. ggml's sub-block s (16 weights: half h = s >> 3,
+ * part p = (s >> 1) & 3, l from 16 (s & 1)) takes the low (p < 2) or high nibble of
+ * ql[64 h + 32 (p & 1) + l] and bits 2p, 2p + 1 of qh[32 h + l] as bits 4..5.
+ */
+@inline function placeQ6(b: usize, k: i32, g: usize): void {
+  const half = <usize>(k >> 2);
+  const kk = <usize>(k & 3);
+  store<u16>(g + (<usize>k << 1), load<u16>(b, 208));
+  for (let s = 0; s < 16; s++) {
+    store<u8>(g + 16 + half * 64 + (<usize>(s >> 1) << 3) + (kk << 1) + <usize>(s & 1), load<u8>(b + 192 + <usize>s));
+  }
+  const m15 = i8x16.splat(15);
+  const m3 = i8x16.splat(3);
+  for (let h = 0; h < 2; h++) {
+    const ql = b + (<usize>h << 6);
+    const qh = b + 128 + (<usize>h << 5);
+    for (let s2 = 0; s2 < 8; s2++) {
+      const p = s2 >> 1;
+      const l = <usize>(s2 & 1) << 4;
+      const lowBits = v128.load(ql + <usize>((p & 1) << 5) + l);
+      const nib = p < 2 ? v128.and(lowBits, m15) : i8x16.shr_u(lowBits, 4);
+      const top = v128.and(i8x16.shr_u(v128.load(qh + l), <i32>(2 * p)), m3);
+      const v = q6Planes(v128.or(nib, i8x16.shl(top, 4)));
+      const s = (h << 3) + s2;
+      const u = g + 144 + half * 768 + <usize>s * 48 + (kk << 2);
+      v128.store32_lane(u, v, 0);
+      v128.store32_lane(u, v, 1, 16);
+      v128.store32_lane(u, v, 2, 32);
     }
   }
 }
@@ -166,6 +219,7 @@ export function place_quant_rows(dst: usize, src: usize, dt: i32, n: i32, rows: 
         const g = sp + <usize>c * gb;
         if (dt == Q4_K) placeK(false, b, k, g);
         else if (dt == Q5_K) placeK(true, b, k, g);
+        else if (dt == Q6_K) placeQ6(b, k, g);
         else if (dt == Q4_0) placeLegacy(false, false, b, k, g);
         else if (dt == Q4_1) placeLegacy(true, false, b, k, g);
         else if (dt == Q5_0) placeLegacy(false, true, b, k, g);
@@ -175,9 +229,9 @@ export function place_quant_rows(dst: usize, src: usize, dt: i32, n: i32, rows: 
   }
 }
 
-/** True when place_quant_rows places dtype dt (q6_k's layout is placed by k-quant-strips.ts for now). */
+/** True when place_quant_rows places dtype dt. */
 export function places_quant(dt: i32): i32 {
-  return blockBytes(dt) != 0 && dt != Q6_K ? 1 : 0;
+  return blockBytes(dt) != 0 ? 1 : 0;
 }
 
 /**
@@ -187,9 +241,11 @@ export function places_quant(dt: i32): i32 {
 export function first_bad_scale(src: usize, dt: i32, count: i32): i32 {
   const bb = blockBytes(dt);
   const two = dt == Q4_K || dt == Q5_K || dt == Q4_1 || dt == Q5_1;
+  // q6_k's d is its last two bytes.
+  const d: usize = dt == Q6_K ? 208 : 0;
   for (let i = 0; i < count; i++) {
     const b = src + <usize>i * bb;
-    if ((<u32>load<u16>(b) & 0x7c00) == 0x7c00) return i;
+    if ((<u32>load<u16>(b + d) & 0x7c00) == 0x7c00) return i;
     if (two && (<u32>load<u16>(b, 2) & 0x7c00) == 0x7c00) return i;
   }
   return -1;
