@@ -3,7 +3,7 @@
 // the kernels' strip layout), the K-quant and legacy matrices placed two ways in alternating
 // rounds, each load in a fresh child process (so its peak RSS is its own):
 //   js      : the plain-JS packers on the calling thread (k-quant-strips.ts, legacy-strips.ts)
-//   kernels : kernels/assembly/place-quant.ts on every thread, the rows staged from the file
+//   kernels : kernels/assembly/place-strips.ts on every thread, the rows staged from the file
 // Prints each mode's median wall, CPU (user + system) and peak RSS, the ratio js / kernels, the
 // RSS budget issue 25 sets (file size x 1.1 + KV pool + 300 MB), the load average and the CPU.
 // Env: FILE (default the bench's 1B-shape Q4_K_M GGUF), THREADS (2), ROUNDS (3), MAXSEQ (1024).
@@ -42,7 +42,7 @@ async function child(mode: Mode): Promise<void> {
   const c0 = process.cpuUsage();
   const f = readModelFiles(file, { dtype: "as-stored", maxSeqLen });
   const w = holdWeights(f.cfg, f.weights, f.stats.dtype);
-  const t = new Transformer(f.cfg, w, { threads, placeQuantJs: mode === "js" });
+  const t = new Transformer(f.cfg, w, { threads, placeJs: mode === "js" });
   await t.ready();
   const c = process.cpuUsage(c0);
   const row: Row = {

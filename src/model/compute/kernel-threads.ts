@@ -30,9 +30,9 @@ export const J_ATTEND = 4;
  */
 export const J_CONVERT_Q8 = 12;
 /**
- * K-quant or legacy blocks placed in the strip layout's fn (kernels/assembly/place-quant.ts): J_Y
- * the strips, J_X the blocks (rows of J_N weights), J_W the dtype (KERNEL_INDEX), J_D the rows
- * (J_ROWS 1, J_R0 0).
+ * A matrix's rows placed in the strip layout's fn (kernels/assembly/place-strips.ts): J_Y the
+ * strips, J_X the rows as a file holds them (J_N weights each), J_W the dtype (KERNEL_INDEX), J_D
+ * the rows (J_ROWS 1, J_R0 0).
  */
 export const J_PLACE = 13;
 
@@ -97,7 +97,7 @@ export function runJobs(ex: KernelExports, jobs: Int32Array, count: number, scra
       continue;
     }
     if (jobs[b + J_FN] === J_PLACE) {
-      ex.place_quant_rows(jobs[b + J_Y]!, jobs[b + J_X]!, jobs[b + J_W]!, jobs[b + J_N]!, jobs[b + J_D]!, 0, jobs[b + J_D]!);
+      ex.place_rows(jobs[b + J_Y]!, jobs[b + J_X]!, jobs[b + J_W]!, jobs[b + J_N]!, jobs[b + J_D]!, 0, jobs[b + J_D]!);
       continue;
     }
     const r0 = jobs[b + J_R0]!;

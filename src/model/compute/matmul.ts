@@ -177,19 +177,19 @@ export interface KernelOptions {
   gapBytes?: number;
   /** Told the bytes of each matrix as it is placed (Transformer's progress line). */
   placing?: { add(bytes: number): void };
-  /** Bytes of K-quant and legacy rows staged a dispatch at a time (PLACE_STAGE_BYTES; tests take a few rows). */
+  /** Bytes of a matrix's rows staged a dispatch at a time (PLACE_STAGE_BYTES; tests take a few rows). */
   placeStageBytes?: number;
   /**
-   * true: K-quant and legacy matrices packed by the plain-JS packers on the calling thread, as
-   * before the kernels placed them (bench/load-quant.ts' baseline; the same bytes).
+   * true: every matrix packed by the plain-JS packers on the calling thread (strip-layout.ts),
+   * as K-quant and legacy ones were before the kernels placed them: bench/load-quant.ts'
+   * baseline, the same bytes.
    */
-  placeQuantJs?: boolean;
+  placeJs?: boolean;
 }
 
 /**
- * Bytes of a K-quant or legacy matrix's rows read from the file at a time, to be placed from
- * there by every thread: enough that a dispatch's handoff is lost in it, few enough to stay in
- * the caches' reach.
+ * Bytes of a matrix's rows read from the file at a time, to be placed from there by every
+ * thread: enough that a dispatch's handoff is lost in it, few enough to stay in the caches' reach.
  */
 const PLACE_STAGE_BYTES = 4 << 20;
 
@@ -277,7 +277,7 @@ export class MatmulKernel {
   private threads: KernelThreads | null = null;
   private readonly placing: { add(bytes: number): void } | null = null;
   private readonly placeStage: number = PLACE_STAGE_BYTES;
-  private readonly placeQuantJs: boolean = false;
+  private readonly placeJs: boolean = false;
 
   // The queued jobs: JOB_INTS ints each, in the memory (the kernels take a job's address).
   private readonly jobs: Int32Array;
@@ -333,14 +333,14 @@ export class MatmulKernel {
     this.jobs = new Int32Array(mem.buffer, jobsAt, MAX_JOBS * JOB_INTS);
     const threads = opts.threads ?? 1;
     if (!(Number.isInteger(threads) && threads >= 1)) throw new Error(`threads ${threads}: want a positive integer`);
-    // The helpers start first: they place K-quant and legacy matrices with the caller (placeQuant).
+    // The helpers start first: they place the matrices with the caller (placeStaged).
     if (threads > 1) {
       const ctrl = this.grab(controlBytes(threads - 1) + 48);
       this.threads = new KernelThreads(mod, mem, threads - 1, Math.ceil(ctrl / 64) * 64);
     }
     this.placing = opts.placing ?? null;
     this.placeStage = opts.placeStageBytes ?? PLACE_STAGE_BYTES;
-    this.placeQuantJs = opts.placeQuantJs === true;
+    this.placeJs = opts.placeJs === true;
     const viewOf = new Map<SimpleMatrix, SimpleMatrix>();
     try {
       for (const [m, c] of cols) {
@@ -669,21 +669,9 @@ export class MatmulKernel {
     const rows = m.length / cols;
     const bytes = stripLayoutBytes(dt, rows, cols);
     const at = this.grab(bytes);
-    const ex = this.ex!;
-    // A strip's copy goes above the top, zeroed after: what is grabbed next (the helpers'
-    // control block) must find zeros there.
-    const viaTemp = (bytes: number, run: (tmp: number) => number): number => {
-      const tmp = this.temp(bytes);
-      const bad = run(tmp);
-      this.u8.fill(0, tmp, tmp + bytes);
-      this.tempTop = this.top;
-      return bad;
-    };
     let staged = 0;
     packStrips(m, 0, rows, cols, this.u8, at, {
-      u16: (a, r, n, f16) => viaTemp(16 * n, (tmp) => ex.place16(a, tmp, r, n, f16 ? 1 : 0)),
-      q8: (a, r, n) => viaTemp(stripLayoutBytes("q8_0", 1, n), (tmp) => ex.place_q8(a, tmp, r, n)),
-      quant: this.placeQuantJs ? undefined : (d, src, r, n, a) => this.placeQuant(d, src, r, n, a, (b) => (staged += b)),
+      staged: (d, src, r, n, a) => this.placeStaged(d, src, r, n, a, (b) => (staged += b)),
     });
     // The progress line moves a stage at a time where the kernels place, a matrix at a time elsewhere.
     this.placing?.add((m instanceof Float32Array ? m.byteLength : m.bytes.length) - staged);
@@ -695,16 +683,17 @@ export class MatmulKernel {
   }
 
   /**
-   * strip-layout.ts' InPlace.quant: `rows` rows of n weights in ggml blocks of dt (src: a view of
-   * them, read with copyBytes, so a mapped file's pages are never touched) placed in the strip
-   * layout at `at` by place-quant.ts on every thread, placeStageBytes of rows at a time read
-   * into a stage above the top (each told to `staged`). Returns the index of the first block with an inf or NaN scale
-   * (the rows before it may be placed), else -1; null for a dtype the kernels do not place.
+   * strip-layout.ts' KernelPlace: `rows` rows of n weights of dt as the file holds them (src: a
+   * view of them, read with copyBytes, so a mapped file's pages are never touched) placed in the
+   * strip layout at `at` by place-strips.ts on every thread, placeStageBytes of rows at a time
+   * read into a stage above the top (each told to `staged`). Returns the index of the first block
+   * with an inf or NaN scale (f16: weight; the rows before it may be placed), else -1; null for a
+   * dtype the kernels do not place.
    */
-  private placeQuant(dt: DType, src: Uint8Array, rows: number, n: number, at: number, staged: (bytes: number) => void): number | null {
+  private placeStaged(dt: DType, src: Uint8Array, rows: number, n: number, at: number, staged: (bytes: number) => void): number | null {
     const ex = this.ex!;
     const fn = KERNEL_INDEX[dt];
-    if (ex.places_quant(fn) === 0) return null;
+    if (this.placeJs || ex.places(fn) === 0) return null;
     if (this.queued > 0) assert.fail("a matrix placed while matmuls are queued");
     const rowBytes = src.length / rows;
     const rowBlocks = n / blockElems(dt);
@@ -715,7 +704,7 @@ export class MatmulKernel {
       for (let r = 0; r < rows; r += per) {
         const k = Math.min(per, rows - r);
         copyBytes(this.u8, stage, src.subarray(r * rowBytes, (r + k) * rowBytes));
-        const bad = ex.first_bad_scale(stage, fn, k * rowBlocks);
+        const bad = ex.first_bad(stage, fn, k * rowBlocks);
         if (bad >= 0) return r * rowBlocks + bad;
         const j = this.jobs;
         j[J_FN] = J_PLACE;

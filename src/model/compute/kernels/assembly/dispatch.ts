@@ -20,7 +20,7 @@
 
 import { attend_jobs } from "./attention";
 import { convert_q8_rows } from "./convert";
-import { place_quant_rows } from "./place-quant";
+import { place_rows } from "./place-strips";
 import { Job } from "./job";
 import { matmul_bf16, matmul_f16, matmul_f32 } from "./matmul";
 import { matmul_q4_k, matmul_q5_k, matmul_q6_k } from "./kquants";
@@ -45,7 +45,7 @@ const JOB_BYTES: usize = offsetof<Job>();
 const ATTEND: i32 = 4;
 /** A conversion to q8_0 (convert.ts): y the q8_0 rows, x the source rows, w the source dtype, d the rows. */
 const CONVERT_Q8: i32 = 12;
-/** K-quant or legacy blocks placed in strips (place-quant.ts): y the strips, x the blocks, w the dtype, d the rows. */
+/** A matrix's rows placed in strips (place-strips.ts): y the strips, x the rows, w the dtype, d the rows. */
 const PLACE: i32 = 13;
 
 /** Computes chunk c of the job at `job` (its chunks start at its `first`) on this thread. */
@@ -63,7 +63,7 @@ const PLACE: i32 = 13;
     return;
   }
   if (fn == PLACE) {
-    place_quant_rows(j.y, j.x, <i32>j.w, j.n, j.d, k * per, min(j.d, (k + 1) * per));
+    place_rows(j.y, j.x, <i32>j.w, j.n, j.d, k * per, min(j.d, (k + 1) * per));
     return;
   }
   const r0 = j.r0;

@@ -1,9 +1,11 @@
-// ggml's K-quant and legacy blocks, as a file holds them (rows of blocks, row-major), placed in
-// the strip layouts the matmul kernels read: kquants.ts's K STRIP LAYOUT and legacy.ts's LEGACY
-// STRIP LAYOUT. k-quant-strips.ts' packKStrip and legacy-strips.ts' packLegacyStrip state the
-// same placements in plain JS, weight by weight; these write the same bytes (tests hold the two
-// together on random blocks) a strip at a time, so a load's rows can be cut into chunks of whole
-// strips over every kernel thread (dispatch.ts' PLACE job; strip-layout.ts stages the rows).
+// A matrix's rows, as a file holds them (row-major: 16-bit weights, or ggml blocks), placed in
+// the strip layouts the matmul kernels read: matmul.ts's (f16, bf16), q8.ts's (q8_0, strip-
+// layout.ts' q8Slot), kquants.ts's K STRIP LAYOUT and legacy.ts's LEGACY STRIP LAYOUT. strip-
+// layout.ts' packU16 and packQ8, k-quant-strips.ts' packKStrip and legacy-strips.ts'
+// packLegacyStrip state the same placements in plain JS, weight by weight; these write the same
+// bytes (tests hold the two together on random rows) a strip at a time, so a load's rows can be
+// cut into chunks of whole strips over every kernel thread (dispatch.ts' PLACE job; MatmulKernel
+// reads the rows from the file into a stage and dispatches it).
 //
 // Every byte of every strip written is written, the rows of a last partial strip past `rows` as
 // zeros: the destination may hold anything before.
@@ -19,6 +21,9 @@
 import { Q4K_GROUP, Q5K_GROUP, Q6K_GROUP } from "./kquants";
 
 /** The dtypes, numbered as kernel-threads.ts' KERNEL_INDEX numbers their kernels. */
+const F16: i32 = 1;
+const BF16: i32 = 2;
+const Q8_0: i32 = 3;
 const Q4_K: i32 = 5;
 const Q6_K: i32 = 6;
 const Q4_0: i32 = 7;
@@ -29,8 +34,13 @@ const Q5_K: i32 = 11;
 
 const S: i32 = 8;
 
-/** Bytes of one ggml block of dtype dt (0 for a dtype not placed here). */
+/** Bytes of a q8_0 block: an f16 scale, then 32 int8. */
+const Q8_BLOCK: usize = 34;
+
+/** Bytes of one ggml block of dtype dt, 2 for a 16-bit weight (0 for a dtype not placed here). */
 @inline function blockBytes(dt: i32): usize {
+  if (dt == F16 || dt == BF16) return 2;
+  if (dt == Q8_0) return Q8_BLOCK;
   if (dt == Q4_K) return 144;
   if (dt == Q5_K) return 176;
   if (dt == Q6_K) return 210;
@@ -41,13 +51,16 @@ const S: i32 = 8;
   return 0;
 }
 
-/** Weights a block of dt holds. */
+/** Weights a block of dt holds (1: a 16-bit weight). */
 @inline function blockElems(dt: i32): i32 {
+  if (dt == F16 || dt == BF16) return 1;
   return dt == Q4_K || dt == Q5_K || dt == Q6_K ? 256 : 32;
 }
 
-/** Bytes of one group of a strip (one block of each of its 8 rows). */
+/** Bytes of one group of a strip (one block of each of its 8 rows; 16 for 16-bit weights, 8 rows of one). */
 @inline function groupBytes(dt: i32): usize {
+  if (dt == F16 || dt == BF16) return 16;
+  if (dt == Q8_0) return Q8_BLOCK * S;
   if (dt == Q4_K) return Q4K_GROUP;
   if (dt == Q5_K) return Q5K_GROUP;
   if (dt == Q6_K) return Q6K_GROUP;
@@ -198,11 +211,55 @@ const S: i32 = 8;
 }
 
 /**
+ * Row k's q8_0 block at b into the group at g (strip-layout.ts' q8Slot): its scale among the 8,
+ * then its int8 in pairs, pair p of row k at 16 + (k >> 2) * 128 + 8 p + 2 (k & 3).
+ */
+@inline function placeQ8(b: usize, k: i32, g: usize): void {
+  store<u16>(g + (<usize>k << 1), load<u16>(b));
+  const o = g + 16 + (<usize>(k >> 2) << 7) + (<usize>(k & 3) << 1);
+  const a = v128.load(b, 2);
+  const c = v128.load(b, 18);
+  v128.store16_lane(o, a, 0);
+  v128.store16_lane(o, a, 1, 8);
+  v128.store16_lane(o, a, 2, 16);
+  v128.store16_lane(o, a, 3, 24);
+  v128.store16_lane(o, a, 4, 32);
+  v128.store16_lane(o, a, 5, 40);
+  v128.store16_lane(o, a, 6, 48);
+  v128.store16_lane(o, a, 7, 56);
+  v128.store16_lane(o, c, 0, 64);
+  v128.store16_lane(o, c, 1, 72);
+  v128.store16_lane(o, c, 2, 80);
+  v128.store16_lane(o, c, 3, 88);
+  v128.store16_lane(o, c, 4, 96);
+  v128.store16_lane(o, c, 5, 104);
+  v128.store16_lane(o, c, 6, 112);
+  v128.store16_lane(o, c, 7, 120);
+}
+
+/**
+ * Row k of 16-bit weights at r (n of them) into the strip at sp (matmul.ts' layout, packU16 in
+ * strip-layout.ts): group c of 8 weights at sp + 128 c + 16 k in the order 0 4 1 5 2 6 3 7, then
+ * the n % 8 past the groups after all groups, row after row.
+ */
+@inline function place16Row(r: usize, n: i32, k: i32, sp: usize): void {
+  const main = n & ~7;
+  let o = sp + (<usize>k << 4);
+  for (let c = 0; c < main; c += 8) {
+    v128.store(o, i8x16.shuffle(v128.load(r + (<usize>c << 1)), i8x16.splat(0), 0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15));
+    o += 128;
+  }
+  const tail = n - main;
+  const t = sp + (<usize>main << 4) + (<usize>(k * tail) << 1);
+  for (let j = 0; j < tail; j++) store<u16>(t + (<usize>j << 1), load<u16>(r + (<usize>(main + j) << 1)));
+}
+
+/**
  * Rows g0 .. g1 (g0 a multiple of 8) of the matrix at src (`rows` rows of n weights in ggml
  * blocks of dtype dt, row-major) into their strips at dst (strip s at s * the strip's bytes);
  * the last strip's rows past `rows` are zeros. A chunk of one PLACE job.
  */
-export function place_quant_rows(dst: usize, src: usize, dt: i32, n: i32, rows: i32, g0: i32, g1: i32): void {
+export function place_rows(dst: usize, src: usize, dt: i32, n: i32, rows: i32, g0: i32, g1: i32): void {
   const bb = blockBytes(dt);
   const gb = groupBytes(dt);
   const blocks = n / blockElems(dt);
@@ -214,10 +271,15 @@ export function place_quant_rows(dst: usize, src: usize, dt: i32, n: i32, rows: 
     if (k1 < S) memory.fill(sp, 0, sb);
     for (let k = 0; k < k1; k++) {
       const r = src + <usize>(s0 + k) * rowBytes;
+      if (dt == F16 || dt == BF16) {
+        place16Row(r, n, k, sp);
+        continue;
+      }
       for (let c = 0; c < blocks; c++) {
         const b = r + <usize>c * bb;
         const g = sp + <usize>c * gb;
-        if (dt == Q4_K) placeK(false, b, k, g);
+        if (dt == Q8_0) placeQ8(b, k, g);
+        else if (dt == Q4_K) placeK(false, b, k, g);
         else if (dt == Q5_K) placeK(true, b, k, g);
         else if (dt == Q6_K) placeQ6(b, k, g);
         else if (dt == Q4_0) placeLegacy(false, false, b, k, g);
@@ -229,16 +291,27 @@ export function place_quant_rows(dst: usize, src: usize, dt: i32, n: i32, rows: 
   }
 }
 
-/** True when place_quant_rows places dtype dt. */
-export function places_quant(dt: i32): i32 {
+/** 1 when place_rows places dtype dt (every dtype but f32), else 0. */
+export function places(dt: i32): i32 {
   return blockBytes(dt) != 0 ? 1 : 0;
 }
 
 /**
  * The index of the first of `count` blocks of dt at src whose f16 scale (d, and dmin or m where
- * the block has one) is inf or NaN, else -1: the kernels read only finite scales.
+ * the block has one) is inf or NaN, for f16 the first of `count` weights that is, else -1 (bf16:
+ * always -1): the kernels read only finite f16.
  */
-export function first_bad_scale(src: usize, dt: i32, count: i32): i32 {
+export function first_bad(src: usize, dt: i32, count: i32): i32 {
+  if (dt == BF16) return -1;
+  if (dt == F16) {
+    const exp = i16x8.splat(0x7c00);
+    let i = 0;
+    for (; i + 8 <= count; i += 8) {
+      if (v128.any_true(i16x8.eq(v128.and(v128.load(src + (<usize>i << 1)), exp), exp))) break;
+    }
+    for (; i < count; i++) if ((<u32>load<u16>(src + (<usize>i << 1)) & 0x7c00) == 0x7c00) return i;
+    return -1;
+  }
   const bb = blockBytes(dt);
   const two = dt == Q4_K || dt == Q5_K || dt == Q4_1 || dt == Q5_1;
   // q6_k's d is its last two bytes.

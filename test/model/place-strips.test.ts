@@ -9,34 +9,42 @@ import { blockElems, type DType, type PackedMatrix } from "../../src/model/compu
 import { packStrips, stripBytes, stripLayoutBytes } from "../../src/model/compute/strip-layout.ts";
 import { blockScale, randomBytes } from "./quant-helpers.ts";
 
-// kernels/assembly/place-quant.ts against the plain-JS packers it replaces at load
-// (k-quant-strips.ts' packKStrip, legacy-strips.ts' packLegacyStrip, reached through
-// strip-layout.ts' packStrips without the kernels): the same bytes, strip for strip, on ggml
-// blocks of random bits, for row counts that are and are not whole strips, whatever the split of
-// the rows into chunks, the order the chunks run in, the thread count and the stage size.
+// kernels/assembly/place-strips.ts against the plain-JS packers it replaces at load
+// (strip-layout.ts' packU16 and packQ8, k-quant-strips.ts' packKStrip, legacy-strips.ts'
+// packLegacyStrip, all reached through packStrips without the kernels): the same bytes, strip for
+// strip, on rows of random bits, for row counts that are and are not whole strips (and 16-bit
+// rows with and without a tail past their groups), whatever the split of the rows into chunks,
+// the order the chunks run in, the thread count and the stage size.
 
-type QType = "q4_k" | "q5_k" | "q6_k" | "q4_0" | "q4_1" | "q5_0" | "q5_1";
-const TYPES: QType[] = ["q4_k", "q5_k", "q6_k", "q4_0", "q4_1", "q5_0", "q5_1"];
+type PType = "f16" | "bf16" | "q8_0" | "q4_k" | "q5_k" | "q6_k" | "q4_0" | "q4_1" | "q5_0" | "q5_1";
+const TYPES: PType[] = ["f16", "bf16", "q8_0", "q4_k", "q5_k", "q6_k", "q4_0", "q4_1", "q5_0", "q5_1"];
 
 const kernels: MatmulKernel[] = [];
 afterAll(() => kernels.forEach((k) => k.close()));
 
-function blockBytesOf(dt: QType): number {
-  return dt === "q4_k" || dt === "q5_k" || dt === "q6_k" ? kBlockBytes(dt) : legacyShape(dt).bytes;
+const isKType = (dt: PType): boolean => dt === "q4_k" || dt === "q5_k" || dt === "q6_k";
+const is16 = (dt: PType): boolean => dt === "f16" || dt === "bf16";
+/** Blocks with a second f16 scale (dmin or m) after d. */
+const hasTwo = (dt: PType): boolean => dt === "q4_k" || dt === "q5_k" || dt === "q4_1" || dt === "q5_1";
+/** Where a block's d sits: q6_k's last, the others' first. */
+const dAt = (dt: PType): number => (dt === "q6_k" ? 208 : 0);
+
+function blockBytesOf(dt: PType): number {
+  if (is16(dt)) return 2;
+  if (dt === "q8_0") return 34;
+  return isKType(dt) ? kBlockBytes(dt as "q4_k") : legacyShape(dt as "q4_0").bytes;
 }
 
-/** rows x n of random ggml blocks: every bit random but the f16 scales (d, and dmin or m), finite. */
-const isKType = (dt: QType): boolean => dt === "q4_k" || dt === "q5_k" || dt === "q6_k";
-/** Where a block's d sits: q6_k's last, the others' first. */
-const dAt = (dt: QType): number => (dt === "q6_k" ? 208 : 0);
-function randomBlocks(dt: QType, rows: number, n: number, seed: number): PackedMatrix {
+/** rows x n of random bits: f16 weights and the blocks' f16 scales (d, and dmin or m) finite. */
+function randomRows(dt: PType, rows: number, n: number, seed: number): PackedMatrix {
   const bb = blockBytesOf(dt);
   const bytes = randomBytes((rows * n * bb) / blockElems(dt), seed);
   const dv = new DataView(bytes.buffer);
-  const two = dt === "q4_k" || dt === "q5_k" || dt === "q4_1" || dt === "q5_1";
   for (let at = 0, b = 0; at < bytes.length; at += bb, b++) {
-    dv.setUint16(at + dAt(dt), f16Bits(blockScale(b)), true);
-    if (two) dv.setUint16(at + 2, f16Bits(Math.abs(blockScale(b + 1)) * 0.7), true);
+    // An f16 weight with bit 14 clear has an exponent below 31: finite.
+    if (dt === "f16") dv.setUint16(at, dv.getUint16(at, true) & 0xbfff, true);
+    else if (dt !== "bf16") dv.setUint16(at + dAt(dt), f16Bits(blockScale(b)), true);
+    if (hasTwo(dt)) dv.setUint16(at + 2, f16Bits(Math.abs(blockScale(b + 1)) * 0.7), true);
   }
   return { dtype: dt, cols: n, length: rows * n, bytes };
 }
@@ -48,7 +56,7 @@ function reference(m: PackedMatrix, rows: number, n: number): Uint8Array<ArrayBu
   return out;
 }
 
-/** The kernel module on a memory of its own, for calling place_quant_rows directly. */
+/** The kernel module on a memory of its own, for calling place_rows directly. */
 function bareKernel(bytes: number): { ex: KernelExports; u8: Uint8Array; memory: WebAssembly.Memory } {
   const pages = Math.ceil(bytes / 65536) + 20;
   const memory = new WebAssembly.Memory({ initial: pages, maximum: pages, shared: true });
@@ -56,8 +64,23 @@ function bareKernel(bytes: number): { ex: KernelExports; u8: Uint8Array; memory:
   return { ex, u8: new Uint8Array(memory.buffer), memory };
 }
 
-const SHAPES: Record<"k" | "legacy", [number, number][]> = {
-  // rows x n: one row, a partial strip, whole strips, odd counts past them.
+const SHAPES: Record<"u16" | "q8" | "k" | "legacy", [number, number][]> = {
+  // rows x n: one row, a partial strip, whole strips, odd counts past them; 16-bit rows with a tail.
+  u16: [
+    [1, 8],
+    [3, 13],
+    [8, 64],
+    [13, 100],
+    [27, 5],
+    [40, 136],
+  ],
+  q8: [
+    [1, 32],
+    [5, 96],
+    [8, 64],
+    [13, 160],
+    [41, 32],
+  ],
   k: [
     [1, 256],
     [5, 512],
@@ -76,33 +99,36 @@ const SHAPES: Record<"k" | "legacy", [number, number][]> = {
   ],
 };
 
-describe("place-quant.ts: K-quant and legacy blocks placed by the kernels", () => {
+/** Rows of a matrix in the per-thread test: 2048 columns of blocks, 2048 + 5 of 16-bit weights (a tail). */
+const wideCols = (dt: PType): number => (is16(dt) ? 2053 : 2048);
+
+describe("place-strips.ts: every dtype but f32 placed by the kernels", () => {
   for (const dt of TYPES) {
-    const shapes = SHAPES[isKType(dt) ? "k" : "legacy"];
+    const shapes = SHAPES[is16(dt) ? "u16" : dt === "q8_0" ? "q8" : isKType(dt) ? "k" : "legacy"];
 
     test(`${dt}: the kernel's strips are the JS packer's, over any dirty destination and any split of the rows`, () => {
       const fn = KERNEL_INDEX[dt];
       for (const [rows, n] of shapes) {
-        const m = randomBlocks(dt, rows, n, rows * 31 + n);
+        const m = randomRows(dt, rows, n, rows * 31 + n);
         const want = reference(m, rows, n);
         const { ex, u8 } = bareKernel(m.bytes.length + want.length + 4096);
-        expect(ex.places_quant(fn)).toBe(1);
+        expect(ex.places(fn)).toBe(1);
         const src = 1024;
         const dst = src + ((m.bytes.length + 15) & ~15);
         u8.set(m.bytes, src);
         // Chunks of 8, 16 and all rows, run back to front: each writes its own strips whole.
         for (const per of [8, 16, Math.ceil(rows / 8) * 8]) {
           u8.fill(0xa5, dst, dst + want.length);
-          for (let g0 = Math.floor((rows - 1) / per) * per; g0 >= 0; g0 -= per) ex.place_quant_rows(dst, src, fn, n, rows, g0, Math.min(rows, g0 + per));
+          for (let g0 = Math.floor((rows - 1) / per) * per; g0 >= 0; g0 -= per) ex.place_rows(dst, src, fn, n, rows, g0, Math.min(rows, g0 + per));
           expect(new Uint8Array(u8.subarray(dst, dst + want.length))).toEqual(want);
         }
       }
     });
 
     test(`${dt}: MatmulKernel places the JS packer's bytes on 1, 2 and 3 threads, a few rows staged at a time`, () => {
-      // 83 rows of 2048: a stage of 8 rows stays on the caller, 40 rows and the whole are shared.
-      const [rows, n] = [83, 2048];
-      const m = randomBlocks(dt, rows, n, 5);
+      // 83 rows of about 2048: a stage of 8 rows stays on the caller, 40 rows and the whole are shared.
+      const [rows, n] = [83, wideCols(dt)];
+      const m = randomRows(dt, rows, n, 5);
       const want = reference(m, rows, n);
       const rowBytes = m.bytes.length / rows;
       for (const threads of [1, 2, 3]) {
@@ -116,24 +142,26 @@ describe("place-quant.ts: K-quant and legacy blocks placed by the kernels", () =
       }
     });
 
-    test(`${dt}: a block with an inf or NaN scale past the first stage is refused, naming it`, () => {
-      const n = isKType(dt) ? 256 : 32;
-      const m = randomBlocks(dt, 40, n, 9);
-      const bb = blockBytesOf(dt);
-      const bad = 37 * (n / blockElems(dt));
-      // The high byte of dmin or m where the block has one, else of d.
-      const two = dt === "q4_k" || dt === "q5_k" || dt === "q4_1" || dt === "q5_1";
-      m.bytes[bad * bb + dAt(dt) + (two ? 3 : 1)] = 0x7c;
-      const mk = () => new MatmulKernel([{ matrix: m, cols: n }], { threads: 2, placeStageBytes: 8 * bb * (n / blockElems(dt)) });
-      expect(mk).toThrow(new RegExp(`^${dt} block ${bad} has an inf or NaN scale \\(0x7c[0-9a-f]{2}\\)$`));
-    });
+    if (dt !== "bf16") {
+      test(`${dt}: an inf or NaN ${dt === "f16" ? "weight" : "scale"} past the first stage is refused, naming it`, () => {
+        const n = isKType(dt) ? 256 : 32;
+        const m = randomRows(dt, 40, n, 9);
+        const bb = blockBytesOf(dt);
+        const bad = 37 * (n / blockElems(dt)) + (dt === "f16" ? 5 : 0);
+        // The high byte of dmin or m where the block has one, else of d (f16: of the weight).
+        m.bytes[bad * bb + dAt(dt) + (hasTwo(dt) ? 3 : 1)] = 0x7c;
+        const mk = () => new MatmulKernel([{ matrix: m, cols: n }], { threads: 2, placeStageBytes: 8 * bb * (n / blockElems(dt)) });
+        const what = dt === "f16" ? `f16 weight ${bad} is inf or NaN` : `${dt} block ${bad} has an inf or NaN scale`;
+        expect(mk).toThrow(new RegExp(`^${what} \\(0x7c[0-9a-f]{2}\\)$`));
+      });
+    }
   }
 
   test("PLACE jobs run on the helper threads too, and give the same bytes", async () => {
     // The helpers of a MatmulKernel start while it places (whether they join a small load is a
     // race): here they are up first, so every dispatch is theirs to share.
     const [rows, n] = [203, 2048];
-    const m = randomBlocks("q4_k", rows, n, 3);
+    const m = randomRows("q4_k", rows, n, 3);
     const want = reference(m, rows, n);
     const ctrl = 4096;
     const jobsAt = ctrl + controlBytes(2) + 64;
@@ -169,25 +197,25 @@ describe("place-quant.ts: K-quant and legacy blocks placed by the kernels", () =
   });
 
   test("the progress line is told each stage as it is placed, and every matrix whole", () => {
-    const m = randomBlocks("q4_k", 100, 512, 4);
-    const f16: PackedMatrix = { dtype: "f16", cols: 64, length: 64 * 64, bytes: new Uint8Array(64 * 64 * 2) };
+    const m = randomRows("q4_k", 100, 512, 4);
+    const f32 = new Float32Array(64 * 64);
     const told: number[] = [];
     const rowBytes = m.bytes.length / 100;
     const k = new MatmulKernel(
       [
         { matrix: m, cols: 512 },
-        { matrix: f16, cols: 64 },
+        { matrix: f32, cols: 64 },
       ],
       { threads: 2, placeStageBytes: 32 * rowBytes, placing: { add: (b) => told.push(b) } },
     );
     kernels.push(k);
-    // 100 rows 32 at a time: 32, 32, 32, 4 rows (then 0 left of the matrix); the f16 matrix whole.
-    expect(told).toEqual([32 * rowBytes, 32 * rowBytes, 32 * rowBytes, 4 * rowBytes, 0, f16.bytes.length]);
+    // 100 rows 32 at a time: 32, 32, 32, 4 rows (then 0 left of the matrix); the f32 matrix, packed in JS, whole.
+    expect(told).toEqual([32 * rowBytes, 32 * rowBytes, 32 * rowBytes, 4 * rowBytes, 0, f32.byteLength]);
   });
 
-  test("the kernels place every K-quant and legacy dtype, and no other", () => {
+  test("the kernels place every dtype but f32", () => {
     const { ex } = bareKernel(0);
-    for (const dt of TYPES) expect(ex.places_quant(KERNEL_INDEX[dt])).toBe(1);
-    for (const dt of ["f32", "f16", "bf16", "q8_0"] as const) expect(ex.places_quant(KERNEL_INDEX[dt])).toBe(0);
+    for (const dt of TYPES) expect(ex.places(KERNEL_INDEX[dt])).toBe(1);
+    expect(ex.places(KERNEL_INDEX.f32)).toBe(0);
   });
 });
