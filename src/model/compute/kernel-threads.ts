@@ -195,6 +195,15 @@ export class KernelThreads {
    * Blocks (spinning, then sleeping) until every chunk is done.
    */
   run(ex: KernelExports, jobs: Int32Array, count: number, scratch: number, stride: number): void {
+    this.finish(ex, this.start(jobs, count, scratch, stride));
+  }
+
+  /**
+   * run's first half: the dispatch opened to the helpers, who start on it while the caller does
+   * other work (MatmulKernel reads the next rows to place); `finish` with the returned chunk count
+   * joins it. Nothing else may be dispatched in between.
+   */
+  start(jobs: Int32Array, count: number, scratch: number, stride: number): number {
     assert(count <= MAX_DISPATCH_JOBS, `dispatch of ${count} jobs`);
     const c = this.ctrl;
     const threads = this.helpers + 1;
@@ -222,8 +231,13 @@ export class KernelThreads {
         break;
       }
     }
+    return total;
+  }
+
+  /** run's second half: the caller takes chunks of the dispatch `start` opened, then waits for the helpers' last. */
+  finish(ex: KernelExports, total: number): void {
     ex.run_chunks(this.ctrlAt, 0);
-    if (Atomics.load(c, DONE) !== total) this.waitFor(total);
+    if (Atomics.load(this.ctrl, DONE) !== total) this.waitFor(total);
   }
 
   /**

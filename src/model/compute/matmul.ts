@@ -699,30 +699,42 @@ export class MatmulKernel {
     const rowBlocks = n / blockElems(dt);
     const per = Math.max(STRIP_ROWS, Math.floor(this.placeStage / rowBytes / STRIP_ROWS) * STRIP_ROWS);
     const sb = stripBytes(dt, n);
-    const stage = this.temp(Math.min(per, rows) * rowBytes);
+    // Two stages: the helpers place one while this thread reads the next into the other.
+    const stageBytes = Math.min(per, rows) * rowBytes;
+    const stages = [this.temp(stageBytes), this.temp(stageBytes)];
+    const threads = this.threads;
+    /** Reads rows r .. r + per into stage s; the first bad block's index, else -1. */
+    const read = (r: number, s: number): number => {
+      const k = Math.min(per, rows - r);
+      copyBytes(this.u8, stages[s]!, src.subarray(r * rowBytes, (r + k) * rowBytes));
+      const bad = ex.first_bad(stages[s]!, fn, k * rowBlocks);
+      return bad >= 0 ? r * rowBlocks + bad : -1;
+    };
     try {
-      for (let r = 0; r < rows; r += per) {
+      let bad = read(0, 0);
+      for (let r = 0, s = 0; bad < 0 && r < rows; r += per, s ^= 1) {
         const k = Math.min(per, rows - r);
-        copyBytes(this.u8, stage, src.subarray(r * rowBytes, (r + k) * rowBytes));
-        const bad = ex.first_bad(stage, fn, k * rowBlocks);
-        if (bad >= 0) return r * rowBlocks + bad;
         const j = this.jobs;
         j[J_FN] = J_PLACE;
         j[J_Y] = at + (r / STRIP_ROWS) * sb;
-        j[J_X] = stage;
+        j[J_X] = stages[s]!;
         j[J_W] = fn;
         j[J_ROWS] = 1;
         j[J_N] = n;
         j[J_D] = k;
         j[J_R0] = 0;
-        this.dispatch(1, k * n, 0);
+        const split = threads !== null && k * n >= SPLIT_MACS && threads.available;
+        const total = split ? threads.start(j, 1, 0, 0) : 0;
+        if (!split) runJobs(ex, j, 1, 0);
+        if (r + per < rows) bad = read(r + per, s ^ 1);
+        if (split) threads.finish(ex, total);
         staged(k * rowBytes);
         this.placing?.add(k * rowBytes);
       }
+      return bad;
     } finally {
       this.tempTop = this.top;
     }
-    return -1;
   }
 
   /** Permanent space of `bytes` (16-byte aligned) at the top; the memory grows to hold it. */
