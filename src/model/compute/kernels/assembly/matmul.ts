@@ -39,8 +39,7 @@
 // Tiles only decide which outputs share the loads: one token row takes a whole strip (eight sums
 // in flight), f16 against x scaled by 2^112 (see F16X); more token rows
 // take 4 weight rows by 2 tokens from an f32 strip, packed dtypes being first dequantized a strip
-// at a time into `scratch` (exact, so the bits stay the same). No vector shift runs in a loop:
-// JavaScriptCore moves each one's count through a scalar register (multiplies stand in for them).
+// at a time into `scratch` (exact, so the bits stay the same).
 
 import { f16bitsHi, f16bitsLo, f16ext, f16ToF32, f16x4, rebias, top16x4 } from "./f16";
 import { Job } from "./job";
@@ -91,11 +90,11 @@ const GROUP_BYTES: usize = 128;
   return f32x4.add(acc, f32x4.mul(w, x));
 }
 
-/** Weights 0..3 of a 16-bit group row: the lanes' low halves (f16 see f16bitsLo; bf16 moved up, times 2^16 rather than a shift: see f16ext). */
+/** Weights 0..3 of a 16-bit group row: the lanes' low halves (f16 see f16bitsLo; bf16 shifted up). */
 @inline function lo16(dt: i32, v: v128): v128 {
   if (dt == F16) return rebias(f16bitsLo(v));
   if (dt == F16X) return f16bitsLo(v);
-  return i32x4.mul(v, i32x4.splat(0x10000));
+  return i32x4.shl(v, 16);
 }
 
 /** Weights 4..7 of a 16-bit group row: the lanes' high halves. */
