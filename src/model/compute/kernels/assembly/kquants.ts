@@ -244,6 +244,24 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
   return five ? v128.or(highNibble(v), bit1to4(h)) : highNibble(v);
 }
 
+/** Bit b (a constant) of each byte of h moved to bit 4 (a value of 16). */
+@inline function bitTo4(h: v128, b: i32): v128 {
+  const m = i8x16.splat(0x10);
+  if (b < 4) return v128.and(i16x8.shl(h, 4 - b), m);
+  if (b > 4) return v128.and(i16x8.shr_u(h, b - 4), m);
+  return v128.and(h, m);
+}
+
+/** lowOf and highOf for quad u (a constant) of a sub-block, reading its fifth bits (2u, 2u + 1) from the sub-block's whole plane hb: no next2 between quads. */
+@inline function lowAt(five: bool, v: v128, hb: v128, u: i32): v128 {
+  const lo = v128.and(v, i8x16.splat(0x0f));
+  return five ? v128.or(lo, bitTo4(hb, 2 * u)) : lo;
+}
+
+@inline function highAt(five: bool, v: v128, hb: v128, u: i32): v128 {
+  return five ? v128.or(highNibble(v), bitTo4(hb, 2 * u + 1)) : highNibble(v);
+}
+
 /**
  * One sub-block's sc * (sum q_i x_i) of a half strip (4 rows in lanes) against one token: w its 64
  * nibble bytes, hb q5_k's fifth-bit plane of it, xj the token's 8 splatted x quads, scv each
@@ -252,18 +270,14 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
  * i32x4.dot_i16x8_s: exact while |sum| * |sc| * 2 < 2^31 (sc <= 63 here, 1 for legacy.ts).
  */
 @inline export function q4Sub(five: bool, w: usize, hb: v128, xj: usize, scv: v128): v128 {
-  let h = hb;
   let v = v128.load(w);
-  let s = dot2z(xj, lowOf(five, v, h), highOf(five, v, h));
-  if (five) h = next2(h);
+  let s = dot2z(xj, lowAt(five, v, hb, 0), highAt(five, v, hb, 0));
   v = v128.load(w, 16);
-  s = dot2(s, xj + 32, lowOf(five, v, h), highOf(five, v, h));
-  if (five) h = next2(h);
+  s = dot2(s, xj + 32, lowAt(five, v, hb, 1), highAt(five, v, hb, 1));
   v = v128.load(w, 32);
-  let t = dot2z(xj + 64, lowOf(five, v, h), highOf(five, v, h));
-  if (five) h = next2(h);
+  let t = dot2z(xj + 64, lowAt(five, v, hb, 2), highAt(five, v, hb, 2));
   v = v128.load(w, 48);
-  t = dot2(t, xj + 96, lowOf(five, v, h), highOf(five, v, h));
+  t = dot2(t, xj + 96, lowAt(five, v, hb, 3), highAt(five, v, hb, 3));
   return five ? i32x4.add(i32x4.dot_i16x8_s(s, scv), i32x4.dot_i16x8_s(t, scv)) : i32x4.dot_i16x8_s(i16x8.add(s, t), scv);
 }
 
