@@ -113,7 +113,7 @@ const BLOCK_BYTES: usize = 34;
  * id is finite (d is at least 2^-24 / 127) and |x * id| about 127 at most: no lane is inf or NaN.
  */
 @inline function quantF16(h: v128, c: v128, id: v128, folded: bool): v128 {
-  const bits = v128.and(i32x4.shl(h, 13), i32x4.splat(0x8fffe000));
+  const bits = v128.and(i32x4.mul(h, i32x4.splat(8192)), i32x4.splat(0x8fffe000));
   const v = folded ? f32x4.mul(bits, c) : f32x4.mul(f32x4.mul(bits, f32x4.splat(reinterpret<f32>(0x77800000))), id);
   const a = f32x4.abs(v);
   const t = f32x4.trunc(a);

@@ -29,8 +29,9 @@
 
 /**
  * f16 patterns sign-extended into i32 lanes to f32x4, exact for every finite f16 like f16x4:
- * a shift left by 13 moves sign and exponent-mantissa to f32's places, the mask clears the sign's
- * copies, times 2^112 rebiases.
+ * times 2^13 moves sign and exponent-mantissa to f32's places, the mask clears the sign's copies,
+ * times 2^112 rebiases. A multiply rather than a shift: JavaScriptCore moves the count of every
+ * WebAssembly vector shift through a scalar register, a multiply by a constant is one instruction.
  */
 @inline export function f16ext(h: v128): v128 {
   return rebias(f16bits(h));
@@ -43,7 +44,7 @@
 
 /** f16ext before the rebias: the f32 whose value is the f16's times 2^-112 (exact). */
 @inline export function f16bits(h: v128): v128 {
-  return v128.and(i32x4.shl(h, 13), i32x4.splat(0x8fffe000));
+  return v128.and(i32x4.mul(h, i32x4.splat(8192)), i32x4.splat(0x8fffe000));
 }
 
 /**

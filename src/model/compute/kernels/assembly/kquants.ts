@@ -62,7 +62,7 @@
 //     bytes each). e = 16t + b for t = 0, 1, 2 is bits 0..5 of plane t's byte b; e = 48 + b is
 //     spread over the top bits (6..7) of the three: bits 4..5 of its value in b0[b], 2..3 in
 //     b1[b], 0..1 in b2[b]. (6.5625 bits a weight, as ggml's.) Three ands give the first three
-//     quads, three ands, shifts and two ors the fourth (q6q3).
+//     quads; the fourth is gathered by adds and exact byte halvings (q6q3).
 //   q5_k group (1440 bytes): q4_k's, then the fifth bits at 1184 + half * 128 + j * 16: bit t of
 //     byte b is e = 16t + b, so quad u's low nibbles take bit 2u and its high ones bit 2u + 1,
 //     each moved to bit 4 and or-ed in (the plane moving down 2 bits a quad): the kernel reads
@@ -210,22 +210,43 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
 
 // ---------------------------------------------------------------------------------------- q4_k
 
-// Bits move within bytes by 16-bit shifts and a mask: a shift by a constant is one instruction
-// under Bun 1.4.4 (bench: q4_k batch 1, 1 thread, 19.4 -> 24.5 GMAC/s against the and, rounding
-// multiply, and the kernels used before).
+// Moving bits within bytes. Bun 1.4.4's JavaScriptCore lowers a vector shift by a constant to
+// four x86 instructions (the count moved, masked and sent to a vector register each time) and a
+// rounding multiply to as many, but a 16-bit multiply and a byte average to one each (seen in
+// the Air that BUN_JSC_dumpOMGDisassembly=1 prints). So a bit goes left by a multiply after its
+// mask, right by exact halvings (avgr_u against 0 of an even byte), and a whole nibble by one
+// shift and a mask (measured: q4_k batch 1, one thread, 19.4 -> 24.5 GMAC/s against the and,
+// rounding multiply, and before).
 
-/** Bits 0 (lo) and 1 (hi) of each byte of h moved to bit 4 (a value of 16). */
+/** Each byte of v (even) halved exactly: (v + 0 + 1) >> 1 rounds nothing away. */
+@inline export function halve(v: v128): v128 {
+  return i8x16.avgr_u(v, i8x16.splat(0));
+}
+
+/** Bit b (a constant) of each byte of h moved to bit 4 (a value of 16). */
+@inline export function bitTo4(h: v128, b: i32): v128 {
+  const bit = <i32>1 << b;
+  const m = v128.and(h, i8x16.splat(<i8>bit));
+  const up = <i32>16 >> b;
+  if (b < 4) return i16x8.mul(m, i16x8.splat(<i16>up));
+  if (b == 5) return halve(m);
+  if (b == 6) return halve(halve(m));
+  if (b == 7) return halve(halve(halve(m)));
+  return m;
+}
+
+/** Bits 0 (lo) and 1 (hi) of each byte of h moved to bit 4. */
 @inline export function bit0to4(h: v128): v128 {
-  return v128.and(i16x8.shl(h, 4), i8x16.splat(0x10));
+  return bitTo4(h, 0);
 }
 
 @inline export function bit1to4(h: v128): v128 {
-  return v128.and(i16x8.shl(h, 3), i8x16.splat(0x10));
+  return bitTo4(h, 1);
 }
 
 /** Each byte of h shifted right by 2 (its bits 2..7 to 0..5). */
 @inline export function next2(h: v128): v128 {
-  return v128.and(i16x8.shr_u(h, 2), i8x16.splat(0x3f));
+  return halve(halve(v128.and(h, i8x16.splat(<i8>0xfc))));
 }
 
 /** The high nibble of each byte of v as a value 0..15. */
@@ -242,14 +263,6 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
 /** A nibble quad's high values: 0..15, or with q5_k's fifth bit (bit 1 of h) 0..31. */
 @inline export function highOf(five: bool, v: v128, h: v128): v128 {
   return five ? v128.or(highNibble(v), bit1to4(h)) : highNibble(v);
-}
-
-/** Bit b (a constant) of each byte of h moved to bit 4 (a value of 16). */
-@inline function bitTo4(h: v128, b: i32): v128 {
-  const m = i8x16.splat(0x10);
-  if (b < 4) return v128.and(i16x8.shl(h, 4 - b), m);
-  if (b > 4) return v128.and(i16x8.shr_u(h, b - 4), m);
-  return v128.and(h, m);
 }
 
 /** lowOf and highOf for quad u (a constant) of a sub-block, reading its fifth bits (2u, 2u + 1) from the sub-block's whole plane hb: no next2 between quads. */
@@ -407,12 +420,14 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
 
 /**
  * Quad 3 of a unit (b0, b1, b2 its three 16-byte planes; see THE K STRIP LAYOUT): its 2-bit
- * pieces sit in the top bits of each byte, low piece in b2, high in b0, each masked and moved down
- * to its place (a 16-bit shift after the mask brings nothing across bytes): p0 + 4 p1 + 16 p2.
+ * pieces sit in the top bits (a value of 64 each), low piece in b2, high in b0, so Horner's rule
+ * with exact quarterings gathers them: ((64 p0 / 4 + 64 p1) / 4 + 64 p2) / 4 = p0 + 4 p1 + 16 p2.
+ * Every partial sum stays below 256 (at most 252) and even where it is halved.
  */
 @inline function q6q3(b0: v128, b1: v128, b2: v128): v128 {
   const top = i8x16.splat(<i8>0xc0);
-  return v128.or(v128.or(i16x8.shr_u(v128.and(b0, top), 2), i16x8.shr_u(v128.and(b1, top), 4)), i16x8.shr_u(v128.and(b2, top), 6));
+  const v = halve(halve(i8x16.add(halve(halve(v128.and(b2, top))), v128.and(b1, top))));
+  return halve(halve(i8x16.add(v, v128.and(b0, top))));
 }
 
 /**
@@ -435,7 +450,7 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
 @inline function q6Offset(sc: usize, xs: usize): v128 {
   let c = i32x4.splat(0);
   for (let j: usize = 0; j < 8; j++) c = i32x4.add(c, i32x4.dot_i16x8_s(v128.load8x8_s(sc + (j << 3)), v128.load32_splat(xs + (j << 2))));
-  return i32x4.shl(c, 5);
+  return i32x4.mul(c, i32x4.splat(32));
 }
 
 /** A half strip's q6_k super-block sum term for one token: f32(A) * (d * s). */

@@ -90,11 +90,11 @@ const GROUP_BYTES: usize = 128;
   return f32x4.add(acc, f32x4.mul(w, x));
 }
 
-/** Weights 0..3 of a 16-bit group row: the lanes' low halves (f16 see f16bitsLo; bf16 shifted up). */
+/** Weights 0..3 of a 16-bit group row: the lanes' low halves (f16 see f16bitsLo; bf16 moved up, times 2^16 rather than a shift: see f16ext). */
 @inline function lo16(dt: i32, v: v128): v128 {
   if (dt == F16) return rebias(f16bitsLo(v));
   if (dt == F16X) return f16bitsLo(v);
-  return i32x4.shl(v, 16);
+  return i32x4.mul(v, i32x4.splat(0x10000));
 }
 
 /** Weights 4..7 of a 16-bit group row: the lanes' high halves. */
