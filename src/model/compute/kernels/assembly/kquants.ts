@@ -430,15 +430,19 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
   return halve(halve(i8x16.add(v, v128.and(b0, top))));
 }
 
+/** Quad 0, 1 or 2 of a unit: the low six bits of its plane. */
+@inline function q6low(b: v128): v128 {
+  return v128.and(b, i8x16.splat(0x3f));
+}
+
 /**
- * a + sc * (sum q_i x_i) over one sub-block (the unit at u) for one token (its 4 splatted x quads
+ * a + sc * (sum q_i x_i) over one sub-block (its quads t0..t3) for one token (its 4 splatted x quads
  * at xk): two i16 sums of 2 pairs a lane (each < 2^15: THE RELAXED DOT), each widened and scaled
  * at once by i32x4.dot_i16x8_s against the row's scale in both its lanes (|sc| <= 128: exact).
  */
-@inline function q6Acc(a: v128, b0: v128, b1: v128, b2: v128, t3: v128, xk: usize, scv: v128): v128 {
-  const m = i8x16.splat(0x3f);
-  const s = dot2z(xk, v128.and(b0, m), v128.and(b1, m));
-  const t = dot2z(xk + 32, v128.and(b2, m), t3);
+@inline function q6Acc(a: v128, t0: v128, t1: v128, t2: v128, t3: v128, xk: usize, scv: v128): v128 {
+  const s = dot2z(xk, t0, t1);
+  const t = dot2z(xk + 32, t2, t3);
   return i32x4.add(a, i32x4.add(i32x4.dot_i16x8_s(s, scv), i32x4.dot_i16x8_s(t, scv)));
 }
 
@@ -463,11 +467,11 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
     const u = units + j * 96;
     const xk = xb + (j << 7);
     let b0 = v128.load(u), b1 = v128.load(u, 16), b2 = v128.load(u, 32);
-    a = q6Acc(a, b0, b1, b2, q6q3(b0, b1, b2), xk, pairEven(p));
+    a = q6Acc(a, q6low(b0), q6low(b1), q6low(b2), q6q3(b0, b1, b2), xk, pairEven(p));
     b0 = v128.load(u, 48);
     b1 = v128.load(u, 64);
     b2 = v128.load(u, 80);
-    a = q6Acc(a, b0, b1, b2, q6q3(b0, b1, b2), xk + 64, pairOdd(p));
+    a = q6Acc(a, q6low(b0), q6low(b1), q6low(b2), q6q3(b0, b1, b2), xk + 64, pairOdd(p));
   }
   a = i32x4.sub(a, q6Offset(sc, sums));
   return f32x4.mul(f32x4.convert_i32x4_s(a), f32x4.mul(f16at(g + (half << 3)), f32x4.splat(s)));
@@ -510,10 +514,13 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
       const p = v128.load8x8_s(sc + ((k >> 1) << 3));
       const scv = (k & 1) == 0 ? pairEven(p) : pairOdd(p);
       const xk = xb + (k << 6);
-      a0 = q6Acc(a0, b0, b1, b2, t3, xk, scv);
-      a1 = q6Acc(a1, b0, b1, b2, t3, xk + qb, scv);
-      a2 = q6Acc(a2, b0, b1, b2, t3, xk + 2 * qb, scv);
-      a3 = q6Acc(a3, b0, b1, b2, t3, xk + 3 * qb, scv);
+      const t0 = q6low(b0);
+      const t1 = q6low(b1);
+      const t2 = q6low(b2);
+      a0 = q6Acc(a0, t0, t1, t2, t3, xk, scv);
+      a1 = q6Acc(a1, t0, t1, t2, t3, xk + qb, scv);
+      a2 = q6Acc(a2, t0, t1, t2, t3, xk + 2 * qb, scv);
+      a3 = q6Acc(a3, t0, t1, t2, t3, xk + 3 * qb, scv);
     }
     const us = ur + (<usize>c << 5);
     const dq = f16at(g + (half << 3));
