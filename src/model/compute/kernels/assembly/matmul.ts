@@ -39,8 +39,7 @@
 // Tiles only decide which outputs share the loads: one token row takes a whole strip (eight sums
 // in flight), f16 against x scaled by 2^112 (see F16X); more token rows
 // take 4 weight rows by 2 tokens from an f32 strip, packed dtypes being first dequantized a strip
-// at a time into `scratch` (exact, so the bits stay the same). No vector shift runs in a loop:
-// JavaScriptCore moves each one's count through a scalar register (multiplies stand in for them).
+// at a time into `scratch` (exact, so the bits stay the same).
 
 import { f16bitsHi, f16bitsLo, f16ext, f16ToF32, f16x4, rebias, top16x4 } from "./f16";
 import { Job } from "./job";
