@@ -144,13 +144,15 @@ describe("place-strips.ts: every dtype but f32 placed by the kernels", () => {
 
     if (dt !== "bf16") {
       test(`${dt}: an inf or NaN ${dt === "f16" ? "weight" : "scale"} past the first stage is refused, naming it`, () => {
-        const n = isKType(dt) ? 256 : 32;
-        const m = randomRows(dt, 40, n, 9);
+        // Rows 32 .. 63, the second stage, are read while the helpers place the first (a split
+        // dispatch: 32 rows of 2048 weights); the bad block is in row 37.
+        const n = wideCols(dt);
+        const m = randomRows(dt, 70, n, 9);
         const bb = blockBytesOf(dt);
         const bad = 37 * (n / blockElems(dt)) + (dt === "f16" ? 5 : 0);
         // The high byte of dmin or m where the block has one, else of d (f16: of the weight).
         m.bytes[bad * bb + dAt(dt) + (hasTwo(dt) ? 3 : 1)] = 0x7c;
-        const mk = () => new MatmulKernel([{ matrix: m, cols: n }], { threads: 2, placeStageBytes: 8 * bb * (n / blockElems(dt)) });
+        const mk = () => new MatmulKernel([{ matrix: m, cols: n }], { threads: 2, placeStageBytes: 32 * bb * (n / blockElems(dt)) });
         const what = dt === "f16" ? `f16 weight ${bad} is inf or NaN` : `${dt} block ${bad} has an inf or NaN scale`;
         expect(mk).toThrow(new RegExp(`^${what} \\(0x7c[0-9a-f]{2}\\)$`));
       });
