@@ -3,6 +3,7 @@ import { KERNELS_WASM_BASE64 } from "./kernels/kernels-wasm.ts";
 import { controlBytes, J_ATTEND, J_PLACE, KERNEL_INDEX, KernelThreads, runJobs } from "./kernel-threads.ts";
 import { J_D, J_FN, J_N, J_R0, J_ROWS, J_W, J_X, J_Y, JOB_INTS, type KernelExports } from "./kernel-exports.ts";
 import { matmulQ4KRef, matmulQ6KRef } from "./k-quant-ref.ts";
+import { isK } from "./k-quants.ts";
 import { isLegacy, legacyD, legacyM, legacyQ, legacyShape } from "./legacy-quants.ts";
 import {
   assertFinite16,
@@ -699,10 +700,16 @@ export class MatmulKernel {
     const rowBlocks = n / blockElems(dt);
     const per = Math.max(STRIP_ROWS, Math.floor(this.placeStage / rowBytes / STRIP_ROWS) * STRIP_ROWS);
     const sb = stripBytes(dt, n);
-    // Two stages: the helpers place one while this thread reads the next into the other.
-    const stageBytes = Math.min(per, rows) * rowBytes;
-    const stages = [this.temp(stageBytes), this.temp(stageBytes)];
     const threads = this.threads;
+    // A 16-bit or q8_0 strip is a shuffle of the bytes, done faster than they are read: helpers
+    // would only spin through each read (bench/load-quant.ts: 1B F16 0.77x, Q8_0 0.84x of one
+    // thread's load at load 3-4). A K-quant or legacy one takes about as long as its read.
+    const shared = threads !== null && (isK(dt) || isLegacy(dt));
+    // Two stages where shared: the helpers place one while this thread reads the next into the
+    // other. Unshared, the next is read after the last is placed: one will do.
+    const stageBytes = Math.min(per, rows) * rowBytes;
+    const first = this.temp(stageBytes);
+    const stages = [first, shared ? this.temp(stageBytes) : first];
     /** Reads rows r .. r + per into stage s; the first bad block's index, else -1. */
     const read = (r: number, s: number): number => {
       const k = Math.min(per, rows - r);
@@ -723,11 +730,11 @@ export class MatmulKernel {
         j[J_N] = n;
         j[J_D] = k;
         j[J_R0] = 0;
-        const split = threads !== null && k * n >= SPLIT_MACS && threads.available;
-        const total = split ? threads.start(j, 1, 0, 0) : 0;
+        const split = shared && k * n >= SPLIT_MACS && threads!.available;
+        const total = split ? threads!.start(j, 1, 0, 0) : 0;
         if (!split) runJobs(ex, j, 1, 0);
         if (r + per < rows) bad = read(r + per, s ^ 1);
-        if (split) threads.finish(ex, total);
+        if (split) threads!.finish(ex, total);
         staged(k * rowBytes);
         this.placing?.add(k * rowBytes);
       }
