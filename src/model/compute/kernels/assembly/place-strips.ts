@@ -94,13 +94,20 @@ const Q8_BLOCK: usize = 34;
   return <u32>i8x16.bitmask(m01) | (<u32>i8x16.bitmask(m23) << 16);
 }
 
-/** Sub-block j's 6-bit scale (low byte) and min (high byte) of the q4_k / q5_k block at b (get_scale_min_k4's packing). */
-@inline function scaleMin(b: usize, j: i32): u32 {
-  const s = b + 4;
-  if (j < 4) return (<u32>load<u8>(s + j) & 63) | ((<u32>load<u8>(s + j + 4) & 63) << 8);
-  const sc = (<u32>load<u8>(s + j + 4) & 15) | ((<u32>load<u8>(s + j - 4) >> 6) << 4);
-  const m = (<u32>load<u8>(s + j + 4) >> 4) | ((<u32>load<u8>(s + j) >> 6) << 4);
-  return sc | (m << 8);
+/**
+ * The 8 6-bit scales (lanes 0..7) and 8 mins (8..15) of the q4_k / q5_k block at b, as bytes,
+ * from the 12 bytes of get_scale_min_k4's packing s at b + 4: for j < 4, scale s[j] & 63 and min
+ * s[j + 4] & 63; for j >= 4, scale (s[j + 4] & 15) | (s[j - 4] >> 6) << 4 and min
+ * (s[j + 4] >> 4) | (s[j] >> 6) << 4.
+ */
+@inline function scalesMins(b: usize): v128 {
+  const s = v128.load(b, 4);
+  // Lanes 0..3 s[0..3], 4..7 s[8..11], 8..11 s[4..7], 12..15 s[8..11]: each lane's low bits.
+  const x = i8x16.shuffle(s, s, 0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11);
+  const low = v128.bitselect(v128.and(i16x8.shr_u(x, 4), i8x16.splat(15)), v128.and(x, i8x16(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 0, 0, 0, 0)), i8x16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, -1, -1, -1, -1));
+  // Lanes 4..7 s[0..3], 12..15 s[4..7]: their top two bits, as bits 4..5.
+  const y = i8x16.shuffle(s, i8x16.splat(0), 16, 16, 16, 16, 0, 1, 2, 3, 16, 16, 16, 16, 4, 5, 6, 7);
+  return v128.or(low, v128.and(i16x8.shr_u(y, 2), i8x16.splat(0x30)));
 }
 
 /** Row k's q4_k or q5_k block at b into the group at g. */
@@ -109,13 +116,17 @@ const Q8_BLOCK: usize = 34;
   const kk = <usize>(k & 3);
   store<u16>(g + (<usize>k << 1), load<u16>(b));
   store<u16>(g + 16 + (<usize>k << 1), load<u16>(b, 2));
-  for (let j = 0; j < 8; j++) {
-    const sm = scaleMin(b, j);
-    // Scales and mins alike in pairs of sub-blocks, four rows each.
-    const slot = half * 32 + (<usize>(j >> 1) << 3) + (kk << 1) + <usize>(j & 1);
-    store<u8>(g + 32 + slot, <u8>sm);
-    store<u8>(g + 96 + slot, <u8>(sm >> 8));
-  }
+  // Scales and mins alike in pairs of sub-blocks, four rows each: pair p of row k at 8 p + 2 k.
+  const sm = scalesMins(b);
+  const slot = g + half * 32 + (kk << 1);
+  v128.store16_lane(slot + 32, sm, 0);
+  v128.store16_lane(slot + 32, sm, 1, 8);
+  v128.store16_lane(slot + 32, sm, 2, 16);
+  v128.store16_lane(slot + 32, sm, 3, 24);
+  v128.store16_lane(slot + 96, sm, 4);
+  v128.store16_lane(slot + 96, sm, 5, 8);
+  v128.store16_lane(slot + 96, sm, 6, 16);
+  v128.store16_lane(slot + 96, sm, 7, 24);
   const nib = b + (five ? 48 : 16);
   const m15 = i8x16.splat(15);
   const h0 = five ? v128.load(b, 16) : i8x16.splat(0);
@@ -125,13 +136,14 @@ const Q8_BLOCK: usize = 34;
     const a1 = v128.load(nib + (<usize>p << 5), 16);
     for (let s = 0; s < 2; s++) {
       const j = 2 * p + s;
-      const q0 = s == 0 ? v128.and(a0, m15) : i8x16.shr_u(a0, 4);
-      const q1 = s == 0 ? v128.and(a1, m15) : i8x16.shr_u(a1, 4);
+      const q0 = s == 0 ? v128.and(a0, m15) : v128.and(i16x8.shr_u(a0, 4), m15);
+      const q1 = s == 0 ? v128.and(a1, m15) : v128.and(i16x8.shr_u(a1, 4), m15);
       storeQuads(g + 160 + half * 512 + (<usize>j << 6), k, quadBytes(q0, q1));
       if (five) {
-        // Bit j of each fifth-bit byte to bit 7.
+        // Bit j of each fifth-bit byte to bit 7 (16-bit shifts, cheaper than byte ones: what
+        // moves across a byte lands below bit 7, which is all bitmask reads).
         const sh = 7 - j;
-        store<u32>(g + Q4K_GROUP + half * 128 + (<usize>j << 4) + (kk << 2), fifthBytes(i8x16.shl(h0, sh), i8x16.shl(h1, sh)));
+        store<u32>(g + Q4K_GROUP + half * 128 + (<usize>j << 4) + (kk << 2), fifthBytes(i16x8.shl(h0, sh), i16x8.shl(h1, sh)));
       }
     }
   }
@@ -146,9 +158,9 @@ const Q8_BLOCK: usize = 34;
 @inline function q6Planes(q: v128): v128 {
   const top = i8x16.shuffle(q, q, 12, 13, 14, 15, 12, 13, 14, 15, 12, 13, 14, 15, 12, 13, 14, 15);
   const hi = i8x16.splat(<i8>0xc0);
-  const p0 = v128.and(i8x16.shl(top, 2), hi);
-  const p1 = v128.and(i8x16.shl(top, 4), hi);
-  const p2 = i8x16.shl(top, 6);
+  const p0 = v128.and(i16x8.shl(top, 2), hi);
+  const p1 = v128.and(i16x8.shl(top, 4), hi);
+  const p2 = v128.and(i16x8.shl(top, 6), hi);
   const pieces = i8x16.shuffle(i8x16.shuffle(p0, p1, 0, 1, 2, 3, 20, 21, 22, 23, 0, 0, 0, 0, 0, 0, 0, 0), p2, 0, 1, 2, 3, 4, 5, 6, 7, 24, 25, 26, 27, 0, 0, 0, 0);
   return v128.or(q, pieces);
 }
@@ -162,9 +174,17 @@ const Q8_BLOCK: usize = 34;
   const half = <usize>(k >> 2);
   const kk = <usize>(k & 3);
   store<u16>(g + (<usize>k << 1), load<u16>(b, 208));
-  for (let s = 0; s < 16; s++) {
-    store<u8>(g + 16 + half * 64 + (<usize>(s >> 1) << 3) + (kk << 1) + <usize>(s & 1), load<u8>(b + 192 + <usize>s));
-  }
+  // The int8 scales in pairs of sub-blocks, four rows each: pair p of row k at 8 p + 2 k.
+  const sc = v128.load(b, 192);
+  const slot = g + 16 + half * 64 + (kk << 1);
+  v128.store16_lane(slot, sc, 0);
+  v128.store16_lane(slot, sc, 1, 8);
+  v128.store16_lane(slot, sc, 2, 16);
+  v128.store16_lane(slot, sc, 3, 24);
+  v128.store16_lane(slot, sc, 4, 32);
+  v128.store16_lane(slot, sc, 5, 40);
+  v128.store16_lane(slot, sc, 6, 48);
+  v128.store16_lane(slot, sc, 7, 56);
   const m15 = i8x16.splat(15);
   const m3 = i8x16.splat(3);
   for (let h = 0; h < 2; h++) {
@@ -174,9 +194,9 @@ const Q8_BLOCK: usize = 34;
       const p = s2 >> 1;
       const l = <usize>(s2 & 1) << 4;
       const lowBits = v128.load(ql + <usize>((p & 1) << 5) + l);
-      const nib = p < 2 ? v128.and(lowBits, m15) : i8x16.shr_u(lowBits, 4);
-      const top = v128.and(i8x16.shr_u(v128.load(qh + l), <i32>(2 * p)), m3);
-      const v = q6Planes(v128.or(nib, i8x16.shl(top, 4)));
+      const nib = p < 2 ? v128.and(lowBits, m15) : v128.and(i16x8.shr_u(lowBits, 4), m15);
+      const top = v128.and(i16x8.shr_u(v128.load(qh + l), <i32>(2 * p)), m3);
+      const v = q6Planes(v128.or(nib, i16x8.shl(top, 4)));
       const s = (h << 3) + s2;
       const u = g + 144 + half * 768 + <usize>s * 48 + (kk << 2);
       v128.store32_lane(u, v, 0);
@@ -195,7 +215,7 @@ const Q8_BLOCK: usize = 34;
   const qs = b + 2 + (min ? 2 : 0) + (five ? 4 : 0);
   const a = v128.load(qs);
   const base: usize = 16 + (min ? 16 : 0);
-  storeQuads(g + base + half * 64, k, quadBytes(v128.and(a, i8x16.splat(15)), i8x16.shr_u(a, 4)));
+  storeQuads(g + base + half * 64, k, quadBytes(v128.and(a, i8x16.splat(15)), v128.and(i16x8.shr_u(a, 4), i8x16.splat(15))));
   if (five) {
     // Column ii's fifth bit is bit ii of the little-endian u32 before qs: bit ii & 7 of byte ii >> 3.
     const qh = v128.load32_zero(b + 2 + (min ? 2 : 0));
