@@ -4,6 +4,7 @@
 // rounds, each load in a fresh child process (so its peak RSS is its own):
 //   js      : the plain-JS packers on the calling thread (k-quant-strips.ts, legacy-strips.ts)
 //   kernels : kernels/assembly/place-strips.ts on every thread, the rows staged from the file
+//   one     : as kernels, on one thread (THREADS 1): what the helpers add, or cost on a busy machine
 //   before  : with BEFORE set, the `kernels` child of the checkout at BEFORE (an earlier commit's
 //             tree with node_modules): the same load as that commit placed it
 // Prints each mode's median wall, CPU (user + system) and peak RSS, the ratio js / kernels, the
@@ -23,7 +24,7 @@ const file = process.env.FILE ?? join(homedir(), ".cache/tl-engine/llamacpp/mode
 const threads = Number(process.env.THREADS ?? 2);
 const rounds = Number(process.env.ROUNDS ?? 3);
 const maxSeqLen = Number(process.env.MAXSEQ ?? 1024);
-type Mode = "js" | "kernels" | "before";
+type Mode = "js" | "kernels" | "one" | "before";
 const before = process.env.BEFORE;
 const MODES = (process.env.MODES ?? (before ? "before,kernels" : "js,kernels")).split(",") as Mode[];
 const MB = 1e6;
@@ -47,7 +48,7 @@ async function child(mode: Mode): Promise<void> {
   const f = readModelFiles(file, { dtype: "as-stored", maxSeqLen });
   const w = holdWeights(f.cfg, f.weights, f.stats.dtype);
   const stage = process.env.STAGE ? Number(process.env.STAGE) : undefined;
-  const t = new Transformer(f.cfg, w, { threads, placeJs: mode === "js", placeStageBytes: stage });
+  const t = new Transformer(f.cfg, w, { threads: mode === "one" ? 1 : threads, placeJs: mode === "js", placeStageBytes: stage });
   await t.ready();
   const c = process.cpuUsage(c0);
   const row: Row = {
