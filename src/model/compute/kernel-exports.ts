@@ -87,8 +87,13 @@ export type KernelExports = Record<`matmul_${DType}`, KernelFn> &
     l_row_bytes(n: number): number;
     /** Rows g0 .. g1 of n weights at x (0 f32, 1 f16, 2 bf16) to q8_0 blocks at y (kernels/assembly/convert.ts). */
     convert_q8_rows(y: number, x: number, src: number, n: number, g0: number, g1: number): void;
-    /** 16-bit rows at `at` rearranged into the strip layout in place (strip-layout.ts's InPlace). */
-    place16(at: number, tmp: number, rows: number, n: number, f16: number): number;
-    /** q8_0 rows at `at` rearranged into the strip layout in place (strip-layout.ts's InPlace). */
-    place_q8(at: number, tmp: number, rows: number, n: number): number;
+    /**
+     * Rows g0 .. g1 (g0 a multiple of 8) of `rows` rows of n weights of dtype dt (KERNEL_INDEX;
+     * 16-bit or ggml blocks) at src into their strips at dst (kernels/assembly/place-strips.ts).
+     */
+    place_rows(dst: number, src: number, dt: number, n: number, rows: number, g0: number, g1: number): void;
+    /** 1 when place_rows places dtype dt (KERNEL_INDEX), else 0. */
+    places(dt: number): number;
+    /** The first of `count` blocks of dt at src with an inf or NaN f16 scale (f16: weights), else -1. */
+    first_bad(src: number, dt: number, count: number): number;
   };

@@ -29,6 +29,12 @@ export const J_ATTEND = 4;
  * rows, J_W the source dtype (0 f32, 1 f16, 2 bf16), J_N the row length, J_D the rows (J_ROWS 1).
  */
 export const J_CONVERT_Q8 = 12;
+/**
+ * A matrix's rows placed in the strip layout's fn (kernels/assembly/place-strips.ts): J_Y the
+ * strips, J_X the rows as a file holds them (J_N weights each), J_W the dtype (KERNEL_INDEX), J_D
+ * the rows (J_ROWS 1, J_R0 0).
+ */
+export const J_PLACE = 13;
 
 // The control block in the shared memory, in i32 slots (dispatch.ts reads the same layout). The
 // counters, and each thread's range, sit on cache lines of their own.
@@ -133,6 +139,10 @@ export function runJobs(ex: KernelExports, jobs: Int32Array, count: number, scra
       ex.convert_q8_rows(jobs[b + J_Y]!, jobs[b + J_X]!, jobs[b + J_W]!, jobs[b + J_N]!, 0, jobs[b + J_D]!);
       continue;
     }
+    if (jobs[b + J_FN] === J_PLACE) {
+      ex.place_rows(jobs[b + J_Y]!, jobs[b + J_X]!, jobs[b + J_W]!, jobs[b + J_N]!, jobs[b + J_D]!, 0, jobs[b + J_D]!);
+      continue;
+    }
     const r0 = jobs[b + J_R0]!;
     const fn = jobs[b + J_FN]!;
     const n = jobs[b + J_N]!;
@@ -147,7 +157,8 @@ export function runJobs(ex: KernelExports, jobs: Int32Array, count: number, scra
 
 /** Whether dispatch.ts runs a matmul job's chunks in token tiles (it decides the same way). */
 function tiled(ex: KernelExports, fn: number, n: number, rows: number, budget: number): boolean {
-  if (budget === 0 || fn < 3 || fn === J_ATTEND || fn === J_CONVERT_Q8) return false;
+  // The integer matmul kernels only: KERNEL_INDEX q8_0 (3) and q4_k .. q5_k (5 .. 11).
+  if (budget === 0 || fn < KERNEL_INDEX.q8_0 || fn === J_ATTEND || fn > KERNEL_INDEX.q5_k) return false;
   const xs = fn === 3 ? ex.q8_row_bytes(n) : fn === 5 || fn === 6 || fn === 11 ? ex.k_row_bytes(n) : ex.l_row_bytes(n);
   return rows > Math.max(8, Math.floor(budget / xs) & ~3) && rows * xs > 2 * budget;
 }
@@ -246,6 +257,15 @@ export class KernelThreads {
    * Blocks (spinning, then sleeping) until every chunk is done.
    */
   run(ex: KernelExports, jobs: Int32Array, count: number, scratch: number, stride: number): void {
+    this.finish(ex, this.start(ex, jobs, count, scratch, stride));
+  }
+
+  /**
+   * run's first half: the dispatch opened to the helpers, who start on it while the caller does
+   * other work (MatmulKernel reads the next rows to place); `finish` with the returned chunk count
+   * joins it. Nothing else may be dispatched in between.
+   */
+  start(ex: KernelExports, jobs: Int32Array, count: number, scratch: number, stride: number): number {
     assert(count <= MAX_DISPATCH_JOBS, `dispatch of ${count} jobs`);
     const c = this.ctrl;
     const threads = this.helpers + 1;
@@ -274,8 +294,13 @@ export class KernelThreads {
         break;
       }
     }
+    return total;
+  }
+
+  /** run's second half: the caller takes chunks of the dispatch `start` opened, then waits for the helpers' last. */
+  finish(ex: KernelExports, total: number): void {
     ex.run_chunks(this.ctrlAt, 0);
-    if (Atomics.load(c, DONE) !== total) this.waitFor(total);
+    if (Atomics.load(this.ctrl, DONE) !== total) this.waitFor(total);
   }
 
   /**

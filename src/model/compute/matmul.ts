@@ -1,13 +1,15 @@
 import assert from "node:assert";
 import { KERNELS_WASM_BASE64 } from "./kernels/kernels-wasm.ts";
-import { controlBytes, J_ATTEND, KERNEL_INDEX, KernelThreads, runJobs, TILE_JOB_BYTES, Tiles } from "./kernel-threads.ts";
+import { controlBytes, J_ATTEND, J_PLACE, KERNEL_INDEX, KernelThreads, runJobs, TILE_JOB_BYTES, Tiles } from "./kernel-threads.ts";
 import { J_D, J_FN, J_N, J_R0, J_ROWS, J_W, J_X, J_Y, JOB_INTS, type KernelExports } from "./kernel-exports.ts";
 import { matmulQ4KRef, matmulQ6KRef } from "./k-quant-ref.ts";
+import { isK } from "./k-quants.ts";
 import { isLegacy, legacyD, legacyM, legacyQ, legacyShape } from "./legacy-quants.ts";
 import {
   assertFinite16,
   blockElems,
   dequantizeInto,
+  type DType,
   dtypeOf,
   f16Values,
   isStacked,
@@ -20,7 +22,8 @@ import {
   type SimpleMatrix,
   type StackedMatrix,
 } from "./packed.ts";
-import { type MemoryViews, packStrips, readStripRow, stripLayoutBytes } from "./strip-layout.ts";
+import { copyBytes } from "./mapped-file.ts";
+import { type MemoryViews, packStrips, readStripRow, STRIP_ROWS, stripBytes, stripLayoutBytes } from "./strip-layout.ts";
 import { quantizeXRef, xRef } from "./x-quant-ref.ts";
 
 /**
@@ -178,7 +181,23 @@ export interface KernelOptions {
    * default; 0: no tiles). Tests shrink it so small matmuls run in many tiles.
    */
   tileXBytes?: number;
+  /** Told the bytes of each matrix as it is placed (Transformer's progress line). */
+  placing?: { add(bytes: number): void };
+  /** Bytes of a matrix's rows staged a dispatch at a time (PLACE_STAGE_BYTES; tests take a few rows). */
+  placeStageBytes?: number;
+  /**
+   * true: every matrix packed by the plain-JS packers on the calling thread (strip-layout.ts),
+   * as K-quant and legacy ones were before the kernels placed them: bench/load-quant.ts'
+   * baseline, the same bytes.
+   */
+  placeJs?: boolean;
 }
+
+/**
+ * Bytes of a matrix's rows read from the file at a time, to be placed from there by every
+ * thread: enough that a dispatch's handoff is lost in it, few enough to stay in the caches' reach.
+ */
+const PLACE_STAGE_BYTES = 4 << 20;
 
 /** A weight matrix to place, with the length of its rows. */
 export interface Placement {
@@ -266,6 +285,9 @@ export class MatmulKernel {
   readonly tiles = new Tiles();
   /** The job record a matmul on this thread alone writes its tiles to (runJobs). */
   private tileJobAt = 0;
+  private readonly placing: { add(bytes: number): void } | null = null;
+  private readonly placeStage: number = PLACE_STAGE_BYTES;
+  private readonly placeJs: boolean = false;
 
   // The queued jobs: JOB_INTS ints each, in the memory (the kernels take a job's address).
   private readonly jobs: Int32Array;
@@ -320,20 +342,6 @@ export class MatmulKernel {
     const jobsAt = this.grab(MAX_JOBS * JOB_INTS * 4 + TILE_JOB_BYTES);
     this.jobs = new Int32Array(mem.buffer, jobsAt, MAX_JOBS * JOB_INTS);
     this.tileJobAt = jobsAt + MAX_JOBS * JOB_INTS * 4;
-    const viewOf = new Map<SimpleMatrix, SimpleMatrix>();
-    for (const [m, c] of cols) {
-      if (c > 0) {
-        const v = this.place(m, c);
-        viewOf.set(m, v);
-        this.byOriginal.set(m, this.placed.get(v)!);
-      } else this.unplaced.add(m as Float32Array);
-    }
-    this.views = matrices.map((m) => {
-      if (!isStacked(m)) return viewOf.get(m) ?? m;
-      const v: StackedMatrix = { ...m, parts: m.parts.map((p) => viewOf.get(p) ?? p) };
-      this.stackViews.set(m, v);
-      return v;
-    });
     const threads = opts.threads ?? 1;
     if (!(Number.isInteger(threads) && threads >= 1)) throw new Error(`threads ${threads}: want a positive integer`);
     if (opts.tileXBytes !== undefined) {
@@ -341,10 +349,33 @@ export class MatmulKernel {
       this.tiles.on = opts.tileXBytes > 0;
       this.tiles.xBytes = opts.tileXBytes;
     }
+    // The helpers start first: they place the matrices with the caller (placeStaged).
     if (threads > 1) {
       const ctrl = this.grab(controlBytes(threads - 1) + 48);
       this.threads = new KernelThreads(mod, mem, threads - 1, Math.ceil(ctrl / 64) * 64, this.tiles);
     }
+    this.placing = opts.placing ?? null;
+    this.placeStage = opts.placeStageBytes ?? PLACE_STAGE_BYTES;
+    this.placeJs = opts.placeJs === true;
+    const viewOf = new Map<SimpleMatrix, SimpleMatrix>();
+    try {
+      for (const [m, c] of cols) {
+        if (c > 0) {
+          const v = this.place(m, c);
+          viewOf.set(m, v);
+          this.byOriginal.set(m, this.placed.get(v)!);
+        } else this.unplaced.add(m as Float32Array);
+      }
+    } catch (e) {
+      this.close();
+      throw e;
+    }
+    this.views = matrices.map((m) => {
+      if (!isStacked(m)) return viewOf.get(m) ?? m;
+      const v: StackedMatrix = { ...m, parts: m.parts.map((p) => viewOf.get(p) ?? p) };
+      this.stackViews.set(m, v);
+      return v;
+    });
   }
 
   /** Bytes of the memory taken for good (weights, activations, room given out): where the next allocation goes. */
@@ -654,25 +685,78 @@ export class MatmulKernel {
     const rows = m.length / cols;
     const bytes = stripLayoutBytes(dt, rows, cols);
     const at = this.grab(bytes);
-    const ex = this.ex!;
-    // A strip's copy goes above the top, zeroed after: what is grabbed next (the helpers'
-    // control block) must find zeros there.
-    const viaTemp = (bytes: number, run: (tmp: number) => number): number => {
-      const tmp = this.temp(bytes);
-      const bad = run(tmp);
-      this.u8.fill(0, tmp, tmp + bytes);
-      this.tempTop = this.top;
-      return bad;
-    };
+    let staged = 0;
     packStrips(m, 0, rows, cols, this.u8, at, {
-      u16: (a, r, n, f16) => viaTemp(16 * n, (tmp) => ex.place16(a, tmp, r, n, f16 ? 1 : 0)),
-      q8: (a, r, n) => viaTemp(stripLayoutBytes("q8_0", 1, n), (tmp) => ex.place_q8(a, tmp, r, n)),
+      staged: (d, src, r, n, a) => this.placeStaged(d, src, r, n, a, (b) => (staged += b)),
     });
+    // The progress line moves a stage at a time where the kernels place, a matrix at a time elsewhere.
+    this.placing?.add((m instanceof Float32Array ? m.byteLength : m.bytes.length) - staged);
     const buf = this.memory!.buffer;
     const v: SimpleMatrix =
       m instanceof Float32Array ? new Float32Array(buf, at, m.length) : { dtype: m.dtype, cols, length: m.length, bytes: new Uint8Array(buf, at, bytes) };
     this.placed.set(v, { at, cols });
     return v;
+  }
+
+  /**
+   * strip-layout.ts' KernelPlace: `rows` rows of n weights of dt as the file holds them (src: a
+   * view of them, read with copyBytes, so a mapped file's pages are never touched) placed in the
+   * strip layout at `at` by place-strips.ts on every thread, placeStageBytes of rows at a time
+   * read into a stage above the top (each told to `staged`). Returns the index of the first block
+   * with an inf or NaN scale (f16: weight; the rows before it may be placed), else -1; null for a
+   * dtype the kernels do not place.
+   */
+  private placeStaged(dt: DType, src: Uint8Array, rows: number, n: number, at: number, staged: (bytes: number) => void): number | null {
+    const ex = this.ex!;
+    const fn = KERNEL_INDEX[dt];
+    if (this.placeJs || ex.places(fn) === 0) return null;
+    if (this.queued > 0) assert.fail("a matrix placed while matmuls are queued");
+    const rowBytes = src.length / rows;
+    const rowBlocks = n / blockElems(dt);
+    const per = Math.max(STRIP_ROWS, Math.floor(this.placeStage / rowBytes / STRIP_ROWS) * STRIP_ROWS);
+    const sb = stripBytes(dt, n);
+    const threads = this.threads;
+    // A 16-bit or q8_0 strip is a shuffle of the bytes, done faster than they are read: helpers
+    // would only spin through each read (bench/load-quant.ts: 1B F16 0.77x, Q8_0 0.84x of one
+    // thread's load at load 3-4). A K-quant or legacy one takes about as long as its read.
+    const shared = threads !== null && (isK(dt) || isLegacy(dt));
+    // Two stages where shared: the helpers place one while this thread reads the next into the
+    // other. Unshared, the next is read after the last is placed: one will do.
+    const stageBytes = Math.min(per, rows) * rowBytes;
+    const first = this.temp(stageBytes);
+    const stages = [first, shared ? this.temp(stageBytes) : first];
+    /** Reads rows r .. r + per into stage s; the first bad block's index, else -1. */
+    const read = (r: number, s: number): number => {
+      const k = Math.min(per, rows - r);
+      copyBytes(this.u8, stages[s]!, src.subarray(r * rowBytes, (r + k) * rowBytes));
+      const bad = ex.first_bad(stages[s]!, fn, k * rowBlocks);
+      return bad >= 0 ? r * rowBlocks + bad : -1;
+    };
+    try {
+      let bad = read(0, 0);
+      for (let r = 0, s = 0; bad < 0 && r < rows; r += per, s ^= 1) {
+        const k = Math.min(per, rows - r);
+        const j = this.jobs;
+        j[J_FN] = J_PLACE;
+        j[J_Y] = at + (r / STRIP_ROWS) * sb;
+        j[J_X] = stages[s]!;
+        j[J_W] = fn;
+        j[J_ROWS] = 1;
+        j[J_N] = n;
+        j[J_D] = k;
+        j[J_R0] = 0;
+        const split = shared && k * n >= SPLIT_MACS && threads!.available;
+        const total = split ? threads!.start(ex, j, 1, 0, 0) : 0;
+        if (!split) runJobs(ex, j, 1, 0);
+        if (r + per < rows) bad = read(r + per, s ^ 1);
+        if (split) threads!.finish(ex, total);
+        staged(k * rowBytes);
+        this.placing?.add(k * rowBytes);
+      }
+      return bad;
+    } finally {
+      this.tempTop = this.top;
+    }
   }
 
   /** Permanent space of `bytes` (16-byte aligned) at the top; the memory grows to hold it. */

@@ -4,7 +4,7 @@ import { assertFiniteK, isK, QK_K } from "./k-quants.ts";
 import { assertFiniteLegacy, isLegacy, QK_LEGACY } from "./legacy-quants.ts";
 import { legacyGroupBytes, packLegacyStrip, readLegacyStripRow } from "./legacy-strips.ts";
 import { copyBytes } from "./mapped-file.ts";
-import { type DType, dtypeOf, f16Values, type SimpleMatrix, matrixBytes, Q8_0_BLOCK_BYTES, QK8_0 } from "./packed.ts";
+import { blockElems, type DType, dtypeOf, f16Values, matrixBytes, type PackedMatrix, Q8_0_BLOCK_BYTES, QK8_0, type SimpleMatrix } from "./packed.ts";
 
 /**
  * The strip layout the matmul kernels read (kernels/assembly/matmul.ts states it): rows in strips
@@ -38,51 +38,34 @@ export function stripLayoutBytes(dt: DType, rows: number, n: number): number {
 }
 
 /**
- * The kernels' place16 and place_q8 (kernels/assembly/matmul.ts) on a memory. u16: `rows` rows
- * of n 16-bit weights lying row-major at `at` (zeros after them to the last strip's end)
- * rearranged into the strip layout in place, the f16 ones checked finite first; returns the
- * row-major index of the first inf or NaN (nothing moved), else -1.
+ * The kernels at hand, to place a matrix's rows (16-bit, q8_0, K-quant or legacy): `rows` rows of
+ * n weights (src a view of them as the file holds them, read with copyBytes) placed at `at` by
+ * the kernels on every thread (kernels/assembly/place-strips.ts). Returns the index of the first
+ * block with an inf or NaN scale (f16: the first such weight), else -1; null for a dtype they do
+ * not place (placed here).
  */
-export interface InPlace {
-  u16(at: number, rows: number, n: number, f16: boolean): number;
-  /** The same for q8_0 rows (place_q8): the index of the first block with an inf or NaN scale, else -1. */
-  q8(at: number, rows: number, n: number): number;
+export interface KernelPlace {
+  staged(dt: DType, src: Uint8Array, rows: number, n: number, at: number): number | null;
 }
 
 /**
- * `rows` rows of n weights of m, from element `from` (whole q8_0 blocks), into `dst` (the kernel
+ * `rows` rows of n weights of m, from element `from` (whole blocks), into `dst` (the kernel
  * memory's bytes) at `at` (16-byte aligned) in the strip layout; padding rows are written as
  * zeros. The rows are read a strip at a time with copyBytes (a mapped file's pages are never
- * touched), and 16-bit weights and q8_0 scales are checked finite on the way (the kernels widen
- * f16 exactly for finite values only). With `place` (the kernel's memory at hand), 16-bit and q8_0
- * rows are read in whole and rearranged by the kernel: the same bytes, several times faster.
+ * touched), and f16 weights and f16 scales are checked finite on the way (the kernels widen f16
+ * exactly for finite values only). With `place` (the kernels at hand), the rows are read many
+ * strips at a time and placed by the kernels on every thread: the same bytes, many times faster.
  */
-export function packStrips(m: SimpleMatrix, from: number, rows: number, n: number, dst: Uint8Array, at: number, place?: InPlace): void {
+export function packStrips(m: SimpleMatrix, from: number, rows: number, n: number, dst: Uint8Array, at: number, place?: KernelPlace): void {
   const dt = dtypeOf(m);
   assert(at % 16 === 0, `strip layout at ${at}: not 16-byte aligned`);
   const total = stripLayoutBytes(dt, rows, n);
   const rowBytes = matrixBytes(dt, n);
   const first = matrixBytes(dt, from);
-  if (place !== undefined && !(m instanceof Float32Array) && dt === "q8_0") {
-    copyBytes(dst, at, m.bytes.subarray(first, first + rows * rowBytes));
-    dst.fill(0, at + rows * rowBytes, at + total);
-    const bad = place.q8(at, rows, n);
-    if (bad >= 0) {
-      const h = dst[at + bad * Q8_0_BLOCK_BYTES]! | (dst[at + bad * Q8_0_BLOCK_BYTES + 1]! << 8);
-      throw new Error(`q8_0 block ${from / QK8_0 + bad} has an inf or NaN scale (0x${h.toString(16)})`);
-    }
-    return;
-  }
-  if (place !== undefined && !(m instanceof Float32Array) && (dt === "f16" || dt === "bf16")) {
-    // The rows read straight to where their strips go, then rearranged there by the kernel.
-    copyBytes(dst, at, m.bytes.subarray(first, first + rows * rowBytes));
-    dst.fill(0, at + rows * rowBytes, at + total);
-    const bad = place.u16(at, rows, n, dt === "f16");
-    if (bad >= 0) {
-      const h = dst[at + 2 * bad]! | (dst[at + 2 * bad + 1]! << 8);
-      throw new Error(`f16 weight ${from + bad} is inf or NaN (0x${h.toString(16)})`);
-    }
-    return;
+  if (place !== undefined && !(m instanceof Float32Array)) {
+    const bad = place.staged(dt, m.bytes.subarray(first, first + rows * rowBytes), rows, n, at);
+    if (bad !== null && bad >= 0) throw new Error(badMessage(m, first, bad));
+    if (bad !== null) return;
   }
   dst.fill(0, at, at + total);
   const stage = new ArrayBuffer(STRIP_ROWS * rowBytes);
@@ -109,6 +92,21 @@ export function packStrips(m: SimpleMatrix, from: number, rows: number, n: numbe
       packU16(u16, k, n, new Uint16Array(dst.buffer, dst.byteOffset + o, sb / 2));
     }
   }
+}
+
+/** What packStrips throws for block (f16: weight) `bad` of m's rows from byte `first`, as the plain checks below word it. */
+function badMessage(m: PackedMatrix, first: number, bad: number): string {
+  const dt = m.dtype;
+  const bb = matrixBytes(dt, blockElems(dt));
+  // q6_k's d is its last 2 bytes; the others' d comes first, then dmin or m where the block has one.
+  const o = first + bad * bb + (dt === "q6_k" ? bb - 2 : 0);
+  const h = new Uint8Array(4);
+  copyBytes(h, 0, m.bytes.subarray(o, o + Math.min(4, bb)));
+  const d = h[0]! | (h[1]! << 8);
+  if (dt === "f16") return `f16 weight ${first / 2 + bad} is inf or NaN (0x${d.toString(16)})`;
+  const two = dt === "q4_k" || dt === "q5_k" || dt === "q4_1" || dt === "q5_1";
+  const bits = (d & 0x7c00) === 0x7c00 || !two ? d : h[2]! | (h[3]! << 8);
+  return `${dt} block ${first / bb + bad} has an inf or NaN scale (0x${bits.toString(16)})`;
 }
 
 function assertFiniteF16(u16: Uint16Array, count: number, firstIndex: number): void {

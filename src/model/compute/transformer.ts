@@ -9,7 +9,8 @@ import { ATT_SEQ_INTS, ATT_SEQS, attentionScratchBytes, attentionStride, fitsWit
 import type { KernelExports } from "./kernel-exports.ts";
 import { type KernelOptions, kernelModule } from "./matmul.ts";
 import type { Matrix } from "./packed.ts";
-import { validateWeights, weightsDType, type Weights } from "./weights.ts";
+import { LoadProgress } from "./load-progress.ts";
+import { validateWeights, weightsBytes, weightsDType, type Weights } from "./weights.ts";
 
 /**
  * One sequence's share of a forward pass: `tokens` sit at positions
@@ -44,6 +45,8 @@ export interface TransformerOptions extends KernelOptions {
    * several groups on a small model.
    */
   groupBytes?: number;
+  /** Where the line of a placement longer than a second goes (default stderr: LoadProgress). */
+  progress?: (line: string) => void;
 }
 
 /** What `Transformer.profile` times, index for index. */
@@ -136,7 +139,10 @@ export class Transformer {
       ? planGroups(cfg, weights, opts.groupBytes ?? groupBudget(cfg, opts.threads ?? 1))
       : [{ first: 0, end: cfg.nLayers, embedding: true, classifier: true }];
     this.threadsAsked = opts.threads ?? 1;
-    this.groups = plans.map((p) => new LayerGroup(cfg, weights, p, opts));
+    // Placing a big model's weights takes a while: say so, as reading and converting them do.
+    const placing = new LoadProgress(cfg.name, weightsBytes(weights), opts.progress, undefined, ["placing", "placed"]);
+    this.groups = plans.map((p) => new LayerGroup(cfg, weights, p, simd ? { ...opts, placing } : opts));
+    placing.finish();
     this.groupOfLayer = Array.from({ length: cfg.nLayers }, (_, l) => this.groups.find((g) => g.holds(l))!);
     this.embedGroup = this.groups.find((g) => g.w.tokenEmbedding !== null)!;
     this.classifierGroup = this.groups.find((g) => g.w.wcls !== null)!;

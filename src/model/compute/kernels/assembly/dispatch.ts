@@ -23,6 +23,7 @@
 
 import { attend_jobs } from "./attention";
 import { convert_q8_rows } from "./convert";
+import { place_rows } from "./place-strips";
 import { Job } from "./job";
 import { matmul_bf16, matmul_f16, matmul_f32 } from "./matmul";
 import { k_row_bytes, matmul_q4_k, matmul_q5_k, matmul_q6_k } from "./kquants";
@@ -52,6 +53,8 @@ const JOB_BYTES: usize = offsetof<Job>();
 const ATTEND: i32 = 4;
 /** A conversion to q8_0 (convert.ts): y the q8_0 rows, x the source rows, w the source dtype, d the rows. */
 const CONVERT_Q8: i32 = 12;
+/** A matrix's rows placed in strips (place-strips.ts): y the strips, x the rows, w the dtype, d the rows. */
+const PLACE: i32 = 13;
 
 /** Computes chunk c of the job at `job` (its chunks start at its `first`) on this thread. */
 @inline function runChunk(ctrl: usize, thread: i32, job: usize, c: i32, scratch: usize): void {
@@ -65,6 +68,10 @@ const CONVERT_Q8: i32 = 12;
   const per = j.per;
   if (fn == CONVERT_Q8) {
     convert_q8_rows(j.y, j.x, <i32>j.w, j.n, k * per, min(j.d, (k + 1) * per));
+    return;
+  }
+  if (fn == PLACE) {
+    place_rows(j.y, j.x, <i32>j.w, j.n, j.d, k * per, min(j.d, (k + 1) * per));
     return;
   }
   const r0 = j.r0;

@@ -62,8 +62,7 @@
 //     bytes each). e = 16t + b for t = 0, 1, 2 is bits 0..5 of plane t's byte b; e = 48 + b is
 //     spread over the top bits (6..7) of the three: bits 4..5 of its value in b0[b], 2..3 in
 //     b1[b], 0..1 in b2[b]. (6.5625 bits a weight, as ggml's.) Three ands give the first three
-//     quads; the fourth is gathered by adds and exact byte halvings (avgr_u with 0): no vector
-//     shift and no 16-bit multiply runs in the loop (q6q3).
+//     quads; the fourth is gathered by adds and exact byte halvings (q6q3).
 //   q5_k group (1440 bytes): q4_k's, then the fifth bits at 1184 + half * 128 + j * 16: bit t of
 //     byte b is e = 16t + b, so quad u's low nibbles take bit 2u and its high ones bit 2u + 1,
 //     each moved to bit 4 and or-ed in (the plane moving down 2 bits a quad): the kernel reads
@@ -211,23 +210,48 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
 
 // ---------------------------------------------------------------------------------------- q4_k
 
-/** Bits 0 (lo) and 1 (hi) of each byte of h moved to bit 4 (a value of 16), by 16-bit multiplies (no shift). */
+// Moving bits within bytes. Bun 1.4.4's JavaScriptCore lowers a vector shift by a constant to
+// four x86 instructions (the count moved, masked and sent to a vector register each time) and a
+// rounding multiply to as many, but a 16-bit multiply and a byte average to one each (seen in
+// the Air that BUN_JSC_dumpOMGDisassembly=1 prints). So a bit goes left by a multiply after its
+// mask, right by exact halvings (avgr_u against 0 of an even byte), and a whole nibble by one
+// shift and a mask (measured: q4_k batch 1, one thread, 19.4 -> 24.5 GMAC/s against the and,
+// rounding multiply, and before).
+
+/** Each byte of v (even) halved exactly: (v + 0 + 1) >> 1 rounds nothing away. */
+@inline export function halve(v: v128): v128 {
+  return i8x16.avgr_u(v, i8x16.splat(0));
+}
+
+/** Bit b (a constant) of each byte of h moved to bit 4 (a value of 16). */
+@inline export function bitTo4(h: v128, b: i32): v128 {
+  const bit = <i32>1 << b;
+  const m = v128.and(h, i8x16.splat(<i8>bit));
+  const up = <i32>16 >> b;
+  if (b < 4) return i16x8.mul(m, i16x8.splat(<i16>up));
+  if (b == 5) return halve(m);
+  if (b == 6) return halve(halve(m));
+  if (b == 7) return halve(halve(halve(m)));
+  return m;
+}
+
+/** Bits 0 (lo) and 1 (hi) of each byte of h moved to bit 4. */
 @inline export function bit0to4(h: v128): v128 {
-  return v128.and(i16x8.mul(h, i16x8.splat(16)), i8x16.splat(0x10));
+  return bitTo4(h, 0);
 }
 
 @inline export function bit1to4(h: v128): v128 {
-  return v128.and(i16x8.mul(h, i16x8.splat(8)), i8x16.splat(0x10));
+  return bitTo4(h, 1);
 }
 
-/** Each byte of h shifted right by 2 (its bits 2..7 to 0..5), by a rounding 16-bit multiply of the masked bytes. */
+/** Each byte of h shifted right by 2 (its bits 2..7 to 0..5). */
 @inline export function next2(h: v128): v128 {
-  return v128.and(i16x8.q15mulr_sat_s(v128.and(h, i8x16.splat(<i8>0xfc)), i16x8.splat(8192)), i8x16.splat(0x3f));
+  return halve(halve(v128.and(h, i8x16.splat(<i8>0xfc))));
 }
 
-/** The high nibble of each byte of v as a value 0..15 (and, rounding multiply, and: no shift). */
+/** The high nibble of each byte of v as a value 0..15. */
 @inline export function highNibble(v: v128): v128 {
-  return v128.and(i16x8.q15mulr_sat_s(v128.and(v, i8x16.splat(<i8>0xf0)), i16x8.splat(2048)), i8x16.splat(0x0f));
+  return v128.and(i16x8.shr_u(v, 4), i8x16.splat(0x0f));
 }
 
 /** A nibble quad's low values: 0..15, or with q5_k's fifth bit (bit 0 of h) 0..31. */
@@ -241,6 +265,16 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
   return five ? v128.or(highNibble(v), bit1to4(h)) : highNibble(v);
 }
 
+/** lowOf and highOf for quad u (a constant) of a sub-block, reading its fifth bits (2u, 2u + 1) from the sub-block's whole plane hb: no next2 between quads. */
+@inline function lowAt(five: bool, v: v128, hb: v128, u: i32): v128 {
+  const lo = v128.and(v, i8x16.splat(0x0f));
+  return five ? v128.or(lo, bitTo4(hb, 2 * u)) : lo;
+}
+
+@inline function highAt(five: bool, v: v128, hb: v128, u: i32): v128 {
+  return five ? v128.or(highNibble(v), bitTo4(hb, 2 * u + 1)) : highNibble(v);
+}
+
 /**
  * One sub-block's sc * (sum q_i x_i) of a half strip (4 rows in lanes) against one token: w its 64
  * nibble bytes, hb q5_k's fifth-bit plane of it, xj the token's 8 splatted x quads, scv each
@@ -249,18 +283,14 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
  * i32x4.dot_i16x8_s: exact while |sum| * |sc| * 2 < 2^31 (sc <= 63 here, 1 for legacy.ts).
  */
 @inline export function q4Sub(five: bool, w: usize, hb: v128, xj: usize, scv: v128): v128 {
-  let h = hb;
   let v = v128.load(w);
-  let s = dot2z(xj, lowOf(five, v, h), highOf(five, v, h));
-  if (five) h = next2(h);
+  let s = dot2z(xj, lowAt(five, v, hb, 0), highAt(five, v, hb, 0));
   v = v128.load(w, 16);
-  s = dot2(s, xj + 32, lowOf(five, v, h), highOf(five, v, h));
-  if (five) h = next2(h);
+  s = dot2(s, xj + 32, lowAt(five, v, hb, 1), highAt(five, v, hb, 1));
   v = v128.load(w, 32);
-  let t = dot2z(xj + 64, lowOf(five, v, h), highOf(five, v, h));
-  if (five) h = next2(h);
+  let t = dot2z(xj + 64, lowAt(five, v, hb, 2), highAt(five, v, hb, 2));
   v = v128.load(w, 48);
-  t = dot2(t, xj + 96, lowOf(five, v, h), highOf(five, v, h));
+  t = dot2(t, xj + 96, lowAt(five, v, hb, 3), highAt(five, v, hb, 3));
   return five ? i32x4.add(i32x4.dot_i16x8_s(s, scv), i32x4.dot_i16x8_s(t, scv)) : i32x4.dot_i16x8_s(i16x8.add(s, t), scv);
 }
 
@@ -388,33 +418,31 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
 
 // ---------------------------------------------------------------------------------------- q6_k
 
-/** Each byte of v (even, as every value here is) halved twice: avgr_u against 0 halves an even byte exactly. */
-@inline function quarter(v: v128): v128 {
-  const z = i8x16.splat(0);
-  return i8x16.avgr_u(i8x16.avgr_u(v, z), z);
-}
-
 /**
  * Quad 3 of a unit (b0, b1, b2 its three 16-byte planes; see THE K STRIP LAYOUT): its 2-bit
  * pieces sit in the top bits (a value of 64 each), low piece in b2, high in b0, so Horner's rule
  * with exact quarterings gathers them: ((64 p0 / 4 + 64 p1) / 4 + 64 p2) / 4 = p0 + 4 p1 + 16 p2.
- * Every partial sum stays below 256 (at most 252) and even where it is halved. No vector shift.
+ * Every partial sum stays below 256 (at most 252) and even where it is halved.
  */
 @inline function q6q3(b0: v128, b1: v128, b2: v128): v128 {
   const top = i8x16.splat(<i8>0xc0);
-  const v = quarter(i8x16.add(quarter(v128.and(b2, top)), v128.and(b1, top)));
-  return quarter(i8x16.add(v, v128.and(b0, top)));
+  const v = halve(halve(i8x16.add(halve(halve(v128.and(b2, top))), v128.and(b1, top))));
+  return halve(halve(i8x16.add(v, v128.and(b0, top))));
+}
+
+/** Quad 0, 1 or 2 of a unit: the low six bits of its plane. */
+@inline function q6low(b: v128): v128 {
+  return v128.and(b, i8x16.splat(0x3f));
 }
 
 /**
- * a + sc * (sum q_i x_i) over one sub-block (the unit at u) for one token (its 4 splatted x quads
+ * a + sc * (sum q_i x_i) over one sub-block (its quads t0..t3) for one token (its 4 splatted x quads
  * at xk): two i16 sums of 2 pairs a lane (each < 2^15: THE RELAXED DOT), each widened and scaled
  * at once by i32x4.dot_i16x8_s against the row's scale in both its lanes (|sc| <= 128: exact).
  */
-@inline function q6Acc(a: v128, b0: v128, b1: v128, b2: v128, t3: v128, xk: usize, scv: v128): v128 {
-  const m = i8x16.splat(0x3f);
-  const s = dot2z(xk, v128.and(b0, m), v128.and(b1, m));
-  const t = dot2z(xk + 32, v128.and(b2, m), t3);
+@inline function q6Acc(a: v128, t0: v128, t1: v128, t2: v128, t3: v128, xk: usize, scv: v128): v128 {
+  const s = dot2z(xk, t0, t1);
+  const t = dot2z(xk + 32, t2, t3);
   return i32x4.add(a, i32x4.add(i32x4.dot_i16x8_s(s, scv), i32x4.dot_i16x8_s(t, scv)));
 }
 
@@ -439,11 +467,11 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
     const u = units + j * 96;
     const xk = xb + (j << 7);
     let b0 = v128.load(u), b1 = v128.load(u, 16), b2 = v128.load(u, 32);
-    a = q6Acc(a, b0, b1, b2, q6q3(b0, b1, b2), xk, pairEven(p));
+    a = q6Acc(a, q6low(b0), q6low(b1), q6low(b2), q6q3(b0, b1, b2), xk, pairEven(p));
     b0 = v128.load(u, 48);
     b1 = v128.load(u, 64);
     b2 = v128.load(u, 80);
-    a = q6Acc(a, b0, b1, b2, q6q3(b0, b1, b2), xk + 64, pairOdd(p));
+    a = q6Acc(a, q6low(b0), q6low(b1), q6low(b2), q6q3(b0, b1, b2), xk + 64, pairOdd(p));
   }
   a = i32x4.sub(a, q6Offset(sc, sums));
   return f32x4.mul(f32x4.convert_i32x4_s(a), f32x4.mul(f16at(g + (half << 3)), f32x4.splat(s)));
@@ -486,10 +514,13 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
       const p = v128.load8x8_s(sc + ((k >> 1) << 3));
       const scv = (k & 1) == 0 ? pairEven(p) : pairOdd(p);
       const xk = xb + (k << 6);
-      a0 = q6Acc(a0, b0, b1, b2, t3, xk, scv);
-      a1 = q6Acc(a1, b0, b1, b2, t3, xk + qb, scv);
-      a2 = q6Acc(a2, b0, b1, b2, t3, xk + 2 * qb, scv);
-      a3 = q6Acc(a3, b0, b1, b2, t3, xk + 3 * qb, scv);
+      const t0 = q6low(b0);
+      const t1 = q6low(b1);
+      const t2 = q6low(b2);
+      a0 = q6Acc(a0, t0, t1, t2, t3, xk, scv);
+      a1 = q6Acc(a1, t0, t1, t2, t3, xk + qb, scv);
+      a2 = q6Acc(a2, t0, t1, t2, t3, xk + 2 * qb, scv);
+      a3 = q6Acc(a3, t0, t1, t2, t3, xk + 3 * qb, scv);
     }
     const us = ur + (<usize>c << 5);
     const dq = f16at(g + (half << 3));

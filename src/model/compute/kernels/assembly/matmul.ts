@@ -39,8 +39,7 @@
 // Tiles only decide which outputs share the loads: one token row takes a whole strip (eight sums
 // in flight), f16 against x scaled by 2^112 (see F16X); more token rows
 // take 4 weight rows by 2 tokens from an f32 strip, packed dtypes being first dequantized a strip
-// at a time into `scratch` (exact, so the bits stay the same). No vector shift runs in a loop:
-// JavaScriptCore moves each one's count through a scalar register (multiplies stand in for them).
+// at a time into `scratch` (exact, so the bits stay the same).
 
 import { f16bitsHi, f16bitsLo, f16ext, f16ToF32, f16x4, rebias, top16x4 } from "./f16";
 import { Job } from "./job";
@@ -374,83 +373,4 @@ export function matmul_f16(job: usize, g0: i32, g1: i32, scratch: usize): void {
 
 export function matmul_bf16(job: usize, g0: i32, g1: i32, scratch: usize): void {
   matmul(BF16, job, g0, g1, scratch);
-}
-
-
-/**
- * Places a matrix of `rows` rows of n 16-bit weights (f16 or bf16) in the strip layout in place:
- * at `at` the rows lie row-major as the file holds them, followed by zeros up to the last strip's
- * end (a strip holds exactly the bytes of its 8 rows, so each strip's rows already sit where the
- * strip goes). Each strip is copied to tmp (16 n bytes) and written back in its layout. For f16
- * (f16 != 0) every weight is first checked finite: the index, row-major, of the first inf or NaN
- * is returned and nothing is moved; otherwise -1. strip-layout.ts's packU16 states the same layout
- * in plain JS.
- */
-export function place16(at: usize, tmp: usize, rows: i32, n: i32, f16: i32): i32 {
-  const count = rows * n;
-  if (f16 != 0) {
-    const exp = i16x8.splat(0x7c00);
-    const c8 = count & ~7;
-    let i = 0;
-    for (; i < c8; i += 8) {
-      if (v128.any_true(i16x8.eq(v128.and(v128.load(at + (<usize>i << 1)), exp), exp))) break;
-    }
-    for (; i < count; i++) if ((<u32>load<u16>(at + (<usize>i << 1)) & 0x7c00) == 0x7c00) return i;
-  }
-  const sb = stripBytes(F16, n);
-  const main = mainLen(F16, n);
-  const tail = n - main;
-  const strips = (rows + S - 1) / S;
-  for (let s = 0; s < strips; s++) {
-    const sp = at + <usize>s * sb;
-    memory.copy(tmp, sp, sb);
-    for (let k = 0; k < S; k++) {
-      const src = tmp + (<usize>(k * n) << 1);
-      let o = sp + (<usize>k << 4);
-      for (let c = 0; c < main; c += 8) {
-        // Weights 0..7 to 0 4 1 5 2 6 3 7: weight l low and l + 4 high in 32-bit lane l.
-        v128.store(o, i8x16.shuffle(v128.load(src + (<usize>c << 1)), f32x4.splat(0), 0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15));
-        o += GROUP_BYTES;
-      }
-      const t = sp + (<usize>(S * main + k * tail) << 1);
-      for (let j = 0; j < tail; j++) store<u16>(t + (<usize>j << 1), load<u16>(src + (<usize>(main + j) << 1)));
-    }
-  }
-  return -1;
-}
-
-/** Bytes of a q8_0 block as ggml stores it: an f16 scale, then 32 int8. */
-const Q8_BLOCK: usize = 34;
-
-/**
- * Places a q8_0 matrix of `rows` rows of n weights in the strip layout in place, as place16 does
- * for 16-bit ones (a strip's group holds exactly its 8 rows' blocks: 8 scales, 256 int8): every
- * scale is first checked finite (returns the index of the first block with an inf or NaN scale,
- * nothing moved; else -1), then each strip is copied to tmp (8 rows' bytes) and written back
- * group by group, the int8 of each block in pairs at q8Slot's places (strip-layout.ts: after the
- * scales, rows 0..3 then 4..7, pair p of row k at 8 p + 2 (k & 3)). packQ8 there states the same in plain JS.
- */
-export function place_q8(at: usize, tmp: usize, rows: i32, n: i32): i32 {
-  const blocks = n >> 5;
-  const total = rows * blocks;
-  for (let i = 0; i < total; i++) {
-    if ((<u32>load<u16>(at + <usize>i * Q8_BLOCK) & 0x7c00) == 0x7c00) return i;
-  }
-  const rowBytes = <usize>blocks * Q8_BLOCK;
-  const sb = rowBytes * S;
-  const strips = (rows + S - 1) / S;
-  for (let s = 0; s < strips; s++) {
-    const sp = at + <usize>s * sb;
-    memory.copy(tmp, sp, sb);
-    for (let c = 0; c < blocks; c++) {
-      const g = sp + <usize>c * (Q8_BLOCK * S);
-      for (let k = 0; k < S; k++) {
-        const b = tmp + <usize>k * rowBytes + <usize>c * Q8_BLOCK;
-        store<u16>(g + (<usize>k << 1), load<u16>(b));
-        const q = g + 16 + (<usize>(k >> 2) << 7) + (<usize>(k & 3) << 1);
-        for (let p: usize = 0; p < 16; p++) store<u16>(q + (p << 3), load<u16>(b + 2 + (p << 1)));
-      }
-    }
-  }
-  return -1;
 }

@@ -1,15 +1,17 @@
-// What bounds a 16-bit matmul here (issue 25: 1B-shape F16 decode at 0.39x llama.cpp while the
-// 135M shape is at 0.98x). One thread runs each kernel straight (no dispatch, no model) on
-// matrices of 2048-weight rows sized to sit in L2 (1 MB), in L3 (256 MB: this machine's L3 is
-// 480 MB, so the 135M shape's 270 MB of weights stay there between tokens) and in DRAM (1 GiB,
-// as the 1B shape's 2.4 GB), for 1 token row (decode), 8 (a batch) and 512 (prefill), and prints
-// GB/s of weights and GMAC/s per CPU-second (process CPU time: on a machine shared with other
-// work, wall time counts their turns too) beside wall time. Then the serial model: the rate the
-// kernel would have if it first waited for its bytes at the f32 kernel's DRAM rate and then
-// computed at its in-L2 rate, against the DRAM rate measured.
+// What bounds a matmul kernel here (issue 25: decode below llama.cpp's rate although both read
+// the same bytes). One thread runs each kernel straight (no dispatch, no model) on matrices of
+// 2048-weight rows sized to sit in L2 (1 MB), in L3 (256 MB: this machine's L3 is 480 MB, so the
+// 135M shape's weights stay there between tokens) and in DRAM (1 GiB, as a 1B shape's), for 1
+// token row (decode), 8 (a batch) and 512 (prefill), and prints GB/s of weights and GMAC/s per
+// CPU-second (process CPU time: on a machine shared with other work, wall time counts their turns
+// too) beside wall time. The quantized kernels run on x quantized once beforehand (as a dispatch
+// does). Then the serial model: the rate the kernel would have if it first waited for its bytes at
+// the f32 kernel's DRAM rate and then computed at its in-L2 rate, against the DRAM rate measured:
+// where they agree, the core overlaps little of its memory wait with its arithmetic (WebAssembly
+// has no prefetch instruction), and a kernel can only approach the stream rate by computing less.
 //
-//   bun bench/f16-bounds.ts            (DTYPES=f16,bf16,f32 ROWS=1,8,512)
-// JSON to bench/results/f16-bounds.json (OUT=name for f16-bounds.<name>.json).
+//   bun bench/kernel-bounds.ts     (DTYPES=f16,bf16,f32,q8_0,q4_k,q6_k ROWS=1,8,512)
+// JSON to bench/results/kernel-bounds.json (OUT=name for kernel-bounds.<name>.json).
 import { mkdirSync, writeFileSync } from "node:fs";
 import { cpus } from "node:os";
 import { join } from "node:path";
@@ -19,8 +21,8 @@ import { castMatrix, type PackedMatrix } from "../src/model/compute/packed.ts";
 import { packStrips, stripLayoutBytes } from "../src/model/compute/strip-layout.ts";
 import { loadAverage, median } from "./stats.ts";
 
-type Dt = "f16" | "bf16" | "f32";
-const DTYPES = (process.env.DTYPES ?? "f16,bf16,f32").split(",") as Dt[];
+type Dt = "f16" | "bf16" | "f32" | "q8_0" | "q4_k" | "q6_k" | "q5_k";
+const DTYPES = (process.env.DTYPES ?? "f16,bf16,f32,q8_0,q4_k,q6_k").split(",") as Dt[];
 const ROWS = (process.env.ROWS ?? "1,8,512").split(",").map(Number);
 const N = 2048;
 const PLACES = { l2: 1 << 20, l3: 256 << 20, dram: 1 << 30 } as const;
@@ -34,7 +36,7 @@ interface Rate {
 /** d rows of N weights placed in a kernel memory of their own (weights from a fixed pattern). */
 function placed(dt: Dt, d: number, rows: number): { ex: KernelExports; job: number; scratch: number } {
   const bytes = stripLayoutBytes(dt, d, N);
-  const top = 65536 + bytes + rows * (N + d) * 4 + 32 * N * 4;
+  const top = 65536 + bytes + rows * (N + d) * 4 + 32 * N * 4 + rows * xRowBytes(dt);
   const memory = new WebAssembly.Memory({ initial: Math.ceil(top / 65536) + 1, maximum: 65536, shared: true });
   const ex = new WebAssembly.Instance(kernelModule()!, { env: { memory } }).exports as unknown as KernelExports;
   const u8 = new Uint8Array(memory.buffer);
@@ -49,11 +51,15 @@ function placed(dt: Dt, d: number, rows: number): { ex: KernelExports; job: numb
   for (let i = 0; i < xf.length; i++) xf[i] = Math.cos(i * 0.11);
   const y = x + rows * N * 4;
   const scratch = y + rows * d * 4;
-  // The job record the kernel takes (kernel-exports.ts' J_ slots; fn and r0 stay 0), past the scratch.
+  // The job record the kernel takes (kernel-exports.ts' J_ slots; fn and r0 stay 0), past the
+  // scratch, then x quantized for the kernels that take it so.
   const job = scratch + 32 * N * 4;
+  const xq = job + JOB_INTS * 4;
+  if (dt === "q8_0") ex.quantize_q8_x(xq, x, rows, N);
+  else if (dt.startsWith("q")) ex.quantize_k_x(xq, x, rows, N);
   const rec = new Int32Array(memory.buffer, job, JOB_INTS);
   rec[J_Y] = y;
-  rec[J_X] = x;
+  rec[J_X] = dt.startsWith("q") ? xq : x;
   rec[J_W] = w;
   rec[J_ROWS] = rows;
   rec[J_N] = N;
@@ -61,8 +67,13 @@ function placed(dt: Dt, d: number, rows: number): { ex: KernelExports; job: numb
   return { ex, job, scratch };
 }
 
+/** Bytes of one quantized x row (0 for the kernels that read f32 x). */
+function xRowBytes(dt: Dt): number {
+  return dt === "q8_0" ? 8 * N + N / 4 : dt.startsWith("q") ? 4 * N + 2048 : 0;
+}
+
 function rate(dt: Dt, place: keyof typeof PLACES, rows: number): Rate {
-  const es = dt === "f32" ? 4 : 2;
+  const es = stripLayoutBytes(dt, 8, N) / (8 * N);
   // Prefill's 512 rows take long: its matrices are 64x smaller (the kernel reads each strip from cache anyway).
   const d = Math.max(64, Math.floor(PLACES[place] / (N * es) / (rows >= 64 ? 64 : 1) / 8) * 8);
   const { ex, job, scratch } = placed(dt, d, rows);
@@ -81,12 +92,12 @@ function rate(dt: Dt, place: keyof typeof PLACES, rows: number): Rate {
     wall.push((performance.now() - t0) / reps);
     cpu.push((c.user + c.system) / 1000 / reps);
   }
-  const bytes = d * N * es;
+  const bytes = stripLayoutBytes(dt, d, N);
   const cpuMs = median(cpu);
   return { wallGBs: bytes / median(wall) / 1e6, cpuGBs: bytes / cpuMs / 1e6, cpuGmacs: macs / cpuMs / 1e6 };
 }
 
-const out: Record<string, unknown> = { bench: "f16-bounds", cpu: cpus()[0]?.model, n: N, loadBefore: loadAverage() };
+const out: Record<string, unknown> = { bench: "kernel-bounds", cpu: cpus()[0]?.model, n: N, loadBefore: loadAverage() };
 const table: Record<string, Record<string, Rate>> = {};
 for (const rows of ROWS) {
   for (const dt of DTYPES) {
@@ -122,4 +133,4 @@ out.loadAfter = loadAverage();
 console.log(`load average ${out.loadBefore} -> ${out.loadAfter}`);
 const dir = join(import.meta.dir, "results");
 mkdirSync(dir, { recursive: true });
-writeFileSync(join(dir, process.env.OUT ? `f16-bounds.${process.env.OUT}.json` : "f16-bounds.json"), `${JSON.stringify(out, null, 2)}\n`);
+writeFileSync(join(dir, process.env.OUT ? `kernel-bounds.${process.env.OUT}.json` : "kernel-bounds.json"), `${JSON.stringify(out, null, 2)}\n`);
