@@ -120,7 +120,13 @@ async function matmuls(dtype: DType): Promise<Record<string, MatmulRow>> {
     { name: `${cfg.hiddenDim}x${cfg.dim}`, d: cfg.hiddenDim, n: cfg.dim },
     { name: `${cfg.dim}x${cfg.hiddenDim}`, d: cfg.dim, n: cfg.hiddenDim },
   ];
-  const mats = shapes.map((s, i) => castMatrix(new Float32Array(s.d * s.n).map((_, j) => Math.sin(j * 0.37 + i) * 0.05), dtype, s.n));
+  const mats = shapes.map((s, i) =>
+    castMatrix(
+      new Float32Array(s.d * s.n).map((_, j) => Math.sin(j * 0.37 + i) * 0.05),
+      dtype,
+      s.n,
+    ),
+  );
   const k = new MatmulKernel(
     mats.map((matrix, i) => ({ matrix, cols: shapes[i]!.n })),
     { threads: THREADS },

@@ -345,7 +345,8 @@ export class MatmulKernel {
     const threads = opts.threads ?? 1;
     if (!(Number.isInteger(threads) && threads >= 1)) throw new Error(`threads ${threads}: want a positive integer`);
     if (opts.tileXBytes !== undefined) {
-      if (!(Number.isInteger(opts.tileXBytes) && opts.tileXBytes >= 0 && opts.tileXBytes < 2 ** 31)) throw new Error(`tileXBytes ${opts.tileXBytes}: want a byte count`);
+      if (!(Number.isInteger(opts.tileXBytes) && opts.tileXBytes >= 0 && opts.tileXBytes < 2 ** 31))
+        throw new Error(`tileXBytes ${opts.tileXBytes}: want a byte count`);
       this.tiles.on = opts.tileXBytes > 0;
       this.tiles.xBytes = opts.tileXBytes;
     }
