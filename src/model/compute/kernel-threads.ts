@@ -7,7 +7,8 @@ import { StallBackoff } from "./stall-backoff.ts";
  * Helper threads that take chunks of a dispatch's matmuls over the kernel's shared memory.
  *
  * Invariant: a dispatch is whole when `run` returns. Its jobs (a matmul each) are cut into chunks
- * of whole 8-row strips, and the chunks into one contiguous range per thread; each thread, the
+ * of whole 8-row strips (a chunk of a prefill's many token rows run a tile of them at a time:
+ * TILE_X_BYTES), and the chunks into one contiguous range per thread; each thread, the
  * caller included, takes chunks from the front of its own range, then steals from the back of
  * the others' (kernels/assembly/dispatch.ts), and computes each whole, every dot product in the
  * kernel's one order, so outputs are the same bits whatever the thread count and whichever
