@@ -505,29 +505,43 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
     const sc = g + 16 + half * 64;
     const xb = xq + (<usize>c << 10);
     let a0 = i32x4.splat(0), a1 = a0, a2 = a0, a3 = a0;
-    for (let k: usize = 0; k < 16; k++) {
-      const u = units + k * 48;
-      const b0 = v128.load(u);
-      const b1 = v128.load(u, 16);
-      const b2 = v128.load(u, 32);
-      const t3 = q6q3(b0, b1, b2);
-      const p = v128.load8x8_s(sc + ((k >> 1) << 3));
-      const scv = (k & 1) == 0 ? pairEven(p) : pairOdd(p);
-      const xk = xb + (k << 6);
-      const t0 = q6low(b0);
-      const t1 = q6low(b1);
-      const t2 = q6low(b2);
-      a0 = q6Acc(a0, t0, t1, t2, t3, xk, scv);
-      a1 = q6Acc(a1, t0, t1, t2, t3, xk + qb, scv);
-      a2 = q6Acc(a2, t0, t1, t2, t3, xk + 2 * qb, scv);
-      a3 = q6Acc(a3, t0, t1, t2, t3, xk + 3 * qb, scv);
+    // Two sub-blocks a pass: their scales come from one pair vector.
+    for (let k: usize = 0; k < 16; k += 2) {
+      const p = v128.load8x8_s(sc + (k << 2));
+      for (let e: usize = 0; e < 2; e++) {
+        const u = units + (k + e) * 48;
+        const b0 = v128.load(u);
+        const b1 = v128.load(u, 16);
+        const b2 = v128.load(u, 32);
+        const t3 = q6q3(b0, b1, b2);
+        const scv = e == 0 ? pairEven(p) : pairOdd(p);
+        const xk = xb + ((k + e) << 6);
+        const t0 = q6low(b0);
+        const t1 = q6low(b1);
+        const t2 = q6low(b2);
+        a0 = q6Acc(a0, t0, t1, t2, t3, xk, scv);
+        a1 = q6Acc(a1, t0, t1, t2, t3, xk + qb, scv);
+        a2 = q6Acc(a2, t0, t1, t2, t3, xk + 2 * qb, scv);
+        a3 = q6Acc(a3, t0, t1, t2, t3, xk + 3 * qb, scv);
+      }
     }
+    // q6Offset for the four tokens at once: each pair vector of scales loaded once.
     const us = ur + (<usize>c << 5);
+    let c0 = i32x4.splat(0), c1 = c0, c2 = c0, c3 = c0;
+    for (let j: usize = 0; j < 8; j++) {
+      const p = v128.load8x8_s(sc + (j << 3));
+      const o = us + (j << 2);
+      c0 = i32x4.add(c0, i32x4.dot_i16x8_s(p, v128.load32_splat(o)));
+      c1 = i32x4.add(c1, i32x4.dot_i16x8_s(p, v128.load32_splat(o + qb)));
+      c2 = i32x4.add(c2, i32x4.dot_i16x8_s(p, v128.load32_splat(o + 2 * qb)));
+      c3 = i32x4.add(c3, i32x4.dot_i16x8_s(p, v128.load32_splat(o + 3 * qb)));
+    }
+    const k32 = i32x4.splat(32);
     const dq = f16at(g + (half << 3));
-    q6Finish(yo, i32x4.sub(a0, q6Offset(sc, us)), dq, sr + (<usize>c << 2));
-    q6Finish(yo + ys, i32x4.sub(a1, q6Offset(sc, us + qb)), dq, sr + qb + (<usize>c << 2));
-    q6Finish(yo + 2 * ys, i32x4.sub(a2, q6Offset(sc, us + 2 * qb)), dq, sr + 2 * qb + (<usize>c << 2));
-    q6Finish(yo + 3 * ys, i32x4.sub(a3, q6Offset(sc, us + 3 * qb)), dq, sr + 3 * qb + (<usize>c << 2));
+    q6Finish(yo, i32x4.sub(a0, i32x4.mul(c0, k32)), dq, sr + (<usize>c << 2));
+    q6Finish(yo + ys, i32x4.sub(a1, i32x4.mul(c1, k32)), dq, sr + qb + (<usize>c << 2));
+    q6Finish(yo + 2 * ys, i32x4.sub(a2, i32x4.mul(c2, k32)), dq, sr + 2 * qb + (<usize>c << 2));
+    q6Finish(yo + 3 * ys, i32x4.sub(a3, i32x4.mul(c3, k32)), dq, sr + 3 * qb + (<usize>c << 2));
   }
 }
 
