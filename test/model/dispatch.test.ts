@@ -134,6 +134,38 @@ describe("token tiles", () => {
     for (const threads of [1, 2, 3]) for (const tile of [1, 4096]) expect(await run(threads, tile)).toEqual(whole);
   });
 
+  test("a prefill's x, quantized over the threads a block of rows each, gives the bits of one thread's", async () => {
+    // 70 token rows: past QUANT_SPLIT_ROWS, so 2 and 3 threads quantize x by chunks of rows
+    // (J_QUANT_X) where 1 thread quantizes it whole; tiles off, so only the quantizing differs.
+    const n = 512;
+    const d = 64;
+    const rows = 70;
+    const dtypes = ["q8_0", "q4_k", "q5_k", "q6_k"] as const;
+    const mats = [...dtypes.map((dt, i) => castMatrix(weights(d, n, 30 + i), dt, n)), ...LEGACY_DTYPES.map((dt, i) => legacyBlocks(dt, d, n, 40 + i))];
+    const x = input(rows, n, 9);
+    const run = async (threads: number): Promise<number[][]> => {
+      const k = new MatmulKernel(
+        mats.map((matrix) => ({ matrix, cols: n })),
+        { threads, tileXBytes: 0 },
+      );
+      try {
+        await k.ready();
+        const xk = k.alloc(rows * n);
+        xk.set(x);
+        const y = k.alloc(rows * d);
+        return mats.map((_, m) => {
+          y.fill(Number.NaN);
+          k.matmul(y, xk, k.views[m]!, 0, rows, n, d);
+          return bits(y);
+        });
+      } finally {
+        k.close();
+      }
+    };
+    const one = await run(1);
+    for (const threads of [2, 3]) expect(await run(threads)).toEqual(one);
+  });
+
   test("a tile size that is not a byte count is refused", () => {
     expect(() => new MatmulKernel([], { threads: 2, tileXBytes: -1 })).toThrow("tileXBytes -1");
   });

@@ -36,6 +36,12 @@ export const J_CONVERT_Q8 = 12;
  * the rows (J_ROWS 1, J_R0 0).
  */
 export const J_PLACE = 13;
+/**
+ * Token rows quantized for an integer kernel's fn (dispatch.ts' quantize_rows): J_Y the quantized
+ * rows, J_X the f32 rows (J_N each), J_W the layout (1 q8_0, 2 K, 3 legacy), J_D the rows (J_ROWS
+ * 1, J_R0 0).
+ */
+export const J_QUANT_X = 14;
 
 // The control block in the shared memory, in i32 slots (dispatch.ts reads the same layout). The
 // counters, and each thread's range, sit on cache lines of their own.
@@ -142,6 +148,10 @@ export function runJobs(ex: KernelExports, jobs: Int32Array, count: number, scra
     }
     if (jobs[b + J_FN] === J_PLACE) {
       ex.place_rows(jobs[b + J_Y]!, jobs[b + J_X]!, jobs[b + J_W]!, jobs[b + J_N]!, jobs[b + J_D]!, 0, jobs[b + J_D]!);
+      continue;
+    }
+    if (jobs[b + J_FN] === J_QUANT_X) {
+      ex.quantize_rows(jobs[b + J_Y]!, jobs[b + J_X]!, jobs[b + J_W]!, jobs[b + J_N]!, 0, jobs[b + J_D]!);
       continue;
     }
     const r0 = jobs[b + J_R0]!;

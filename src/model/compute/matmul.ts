@@ -1,6 +1,6 @@
 import assert from "node:assert";
 import { KERNELS_WASM_BASE64 } from "./kernels/kernels-wasm.ts";
-import { controlBytes, J_ATTEND, J_PLACE, KERNEL_INDEX, KernelThreads, runJobs, TILE_JOB_BYTES, Tiles } from "./kernel-threads.ts";
+import { controlBytes, J_ATTEND, J_PLACE, J_QUANT_X, KERNEL_INDEX, KernelThreads, runJobs, TILE_JOB_BYTES, Tiles } from "./kernel-threads.ts";
 import { J_D, J_FN, J_N, J_R0, J_ROWS, J_W, J_X, J_Y, JOB_INTS, type KernelExports } from "./kernel-exports.ts";
 import { matmulQ4KRef, matmulQ6KRef } from "./k-quant-ref.ts";
 import { isK } from "./k-quants.ts";
@@ -162,6 +162,8 @@ export const MAX_PLACED_BYTES = 2 ** 32 - 2 ** 28;
 export const KERNEL_RESERVED_BYTES = 65536;
 /** Multiply-adds below which a dispatch stays on the calling thread: waking helpers costs more. */
 const SPLIT_MACS = 1 << 16;
+/** Token rows from which quantizing a dispatch's x is split over the threads (a prefill's, not a decode batch's). */
+const QUANT_SPLIT_ROWS = 32;
 /** Matmuls one dispatch carries (queue flushes itself when full). */
 export const MAX_JOBS = 4;
 
@@ -291,6 +293,8 @@ export class MatmulKernel {
 
   // The queued jobs: JOB_INTS ints each, in the memory (the kernels take a job's address).
   private readonly jobs: Int32Array;
+  /** The record of a split quantization of x (quantizeRows), beside the jobs. */
+  private readonly quantJob: Int32Array;
   private queued = 0;
   private queuedMacs = 0;
   private maxCols = 0;
@@ -332,6 +336,7 @@ export class MatmulKernel {
       this.memory = null;
       this.ex = null;
       this.jobs = new Int32Array(0);
+      this.quantJob = this.jobs;
       this.views = matrices;
       return;
     }
@@ -339,9 +344,10 @@ export class MatmulKernel {
     this.ex = new WebAssembly.Instance(mod, { env: { memory: mem } }).exports as unknown as KernelExports;
     this.top += gap;
     this.refresh();
-    const jobsAt = this.grab(MAX_JOBS * JOB_INTS * 4 + TILE_JOB_BYTES);
+    const jobsAt = this.grab((MAX_JOBS + 1) * JOB_INTS * 4 + TILE_JOB_BYTES);
     this.jobs = new Int32Array(mem.buffer, jobsAt, MAX_JOBS * JOB_INTS);
-    this.tileJobAt = jobsAt + MAX_JOBS * JOB_INTS * 4;
+    this.quantJob = new Int32Array(mem.buffer, jobsAt + MAX_JOBS * JOB_INTS * 4, JOB_INTS);
+    this.tileJobAt = jobsAt + (MAX_JOBS + 1) * JOB_INTS * 4;
     const threads = opts.threads ?? 1;
     if (!(Number.isInteger(threads) && threads >= 1)) throw new Error(`threads ${threads}: want a positive integer`);
     if (opts.tileXBytes !== undefined) {
@@ -630,20 +636,34 @@ export class MatmulKernel {
         if (quantLayout(jobs[o + J_FN]!) === layout && this.q8From[i] === x && jobs[o + J_ROWS] === rows && jobs[o + J_N] === n) at = jobs[o + J_X]!;
       }
       if (at < 0) {
-        if (layout === 1) {
-          at = this.temp(rows * ex.q8_row_bytes(n));
-          ex.quantize_q8_x(at, x, rows, n);
-        } else if (layout === 3) {
-          at = this.temp(rows * ex.l_row_bytes(n));
-          ex.quantize_l_x(at, x, rows, n);
-        } else {
-          at = this.temp(rows * ex.k_row_bytes(n));
-          ex.quantize_k_x(at, x, rows, n);
-        }
+        at = this.temp(rows * (layout === 1 ? ex.q8_row_bytes(n) : layout === 3 ? ex.l_row_bytes(n) : ex.k_row_bytes(n)));
+        this.quantizeRows(ex, at, x, layout, rows, n);
       }
       this.q8From[j] = x;
       jobs[b + J_X] = at;
     }
+  }
+
+  /**
+   * rows token rows of n f32 at x quantized at `at` in `layout` (quantize_rows): a prefill's rows
+   * split over the threads by rows (each row alone, so the same bytes), a few rows on this one.
+   */
+  private quantizeRows(ex: KernelExports, at: number, x: number, layout: number, rows: number, n: number): void {
+    const threads = this.threads;
+    if (threads === null || rows < QUANT_SPLIT_ROWS || !threads.available) {
+      ex.quantize_rows(at, x, layout, n, 0, rows);
+      return;
+    }
+    const j = this.quantJob;
+    j[J_FN] = J_QUANT_X;
+    j[J_Y] = at;
+    j[J_X] = x;
+    j[J_W] = layout;
+    j[J_ROWS] = 1;
+    j[J_N] = n;
+    j[J_D] = rows;
+    j[J_R0] = 0;
+    threads.run(ex, j, 1, 0, 0);
   }
 
   /**
