@@ -526,7 +526,7 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
  * A half strip of q6_k against four token rows (as q4Half4): each unit unpacked once for the
  * four tokens.
  */
-@inline function q6Half4(yo: usize, ys: usize, xq: usize, qb: usize, sp: usize, half: usize, n: i32): void {
+@inline function q6Half4(pre: bool, un: usize, yo: usize, ys: usize, xq: usize, qb: usize, sp: usize, half: usize, n: i32): void {
   const blocks = n >> 8;
   const z = f32x4.splat(0);
   for (let t: usize = 0; t < 4; t++) v128.store(yo + t * ys, z);
@@ -542,16 +542,25 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
     for (let k: usize = 0; k < 16; k += 2) {
       const p = v128.load8x8_s(sc + (k << 2));
       for (let e: usize = 0; e < 2; e++) {
-        const u = units + (k + e) * 48;
-        const b0 = v128.load(u);
-        const b1 = v128.load(u, 16);
-        const b2 = v128.load(u, 32);
-        const t3 = q6q3(b0, b1, b2);
+        let t0: v128, t1: v128, t2: v128, t3: v128;
+        if (pre) {
+          const q = un + (<usize>c << 10) + ((k + e) << 6);
+          t0 = v128.load(q);
+          t1 = v128.load(q, 16);
+          t2 = v128.load(q, 32);
+          t3 = v128.load(q, 48);
+        } else {
+          const u = units + (k + e) * 48;
+          const b0 = v128.load(u);
+          const b1 = v128.load(u, 16);
+          const b2 = v128.load(u, 32);
+          t3 = q6q3(b0, b1, b2);
+          t0 = q6low(b0);
+          t1 = q6low(b1);
+          t2 = q6low(b2);
+        }
         const scv = e == 0 ? pairEven(p) : pairOdd(p);
         const xk = xb + ((k + e) << 6);
-        const t0 = q6low(b0);
-        const t1 = q6low(b1);
-        const t2 = q6low(b2);
         a0 = q6Acc(a0, t0, t1, t2, t3, xk, scv);
         a1 = q6Acc(a1, t0, t1, t2, t3, xk + qb, scv);
         a2 = q6Acc(a2, t0, t1, t2, t3, xk + 2 * qb, scv);
@@ -575,6 +584,25 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
     q6Finish(yo + ys, i32x4.sub(a1, i32x4.mul(c1, k32)), dq, sr + qb + (<usize>c << 2));
     q6Finish(yo + 2 * ys, i32x4.sub(a2, i32x4.mul(c2, k32)), dq, sr + 2 * qb + (<usize>c << 2));
     q6Finish(yo + 3 * ys, i32x4.sub(a3, i32x4.mul(c3, k32)), dq, sr + 3 * qb + (<usize>c << 2));
+  }
+}
+
+/** A half strip's 6-bit values unpacked to bytes at un (as q4Unpack): unit k of super-block c's quads t at un + c * 1024 + k * 64 + 16 t. */
+@inline function q6Unpack(sp: usize, half: usize, n: i32, un: usize): void {
+  const blocks = n >> 8;
+  for (let c = 0; c < blocks; c++) {
+    const units = sp + <usize>c * Q6K_GROUP + 144 + half * 768;
+    for (let k: usize = 0; k < 16; k++) {
+      const u = units + k * 48;
+      const b0 = v128.load(u);
+      const b1 = v128.load(u, 16);
+      const b2 = v128.load(u, 32);
+      const q = un + (<usize>c << 10) + (k << 6);
+      v128.store(q, q6low(b0));
+      v128.store(q, q6low(b1), 16);
+      v128.store(q, q6low(b2), 32);
+      v128.store(q, q6q3(b0, b1, b2), 48);
+    }
   }
 }
 
@@ -609,21 +637,28 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
     const sp = w + <usize>(g >> 3) * sb;
     const yo = y + (<usize>(g - r0) << 2);
     let r = 0;
-    // From 16 token rows the strip's values are unpacked once into the scratch (8 n bytes): at 8
-    // the stores and loads cost what they save, at 32 q4_k runs 1.12x and q5_k 1.15x (one
-    // thread, 2048 x 8192, alternating builds).
-    const pre = !six && rows >= 16;
+    // The strip's values unpacked once into the scratch (8 n bytes) for all the token rows: q6_k
+    // from 8 rows (1.10-1.18x at 8, 1.21x at 32), q4_k and q5_k from 16 (at 8 the stores and
+    // loads cost what they save; at 32 1.12x and 1.15x). One thread, 2048 x 8192, alternating
+    // builds.
+    const pre = rows >= (six ? 8 : 16);
     const un1 = scratch + (<usize>(n >> 8) << 10);
-    if (pre) {
+    if (pre && six) {
+      q6Unpack(sp, 0, n, scratch);
+      q6Unpack(sp, 1, n, un1);
+    } else if (pre) {
       q4Unpack(five, sp, 0, n, scratch);
       q4Unpack(five, sp, 1, n, un1);
     }
     for (; r + 4 <= rows; r += 4) {
       const yr = yo + <usize>r * ys;
       const xr = xq + <usize>r * qb;
-      if (six) {
-        q6Half4(yr, ys, xr, qb, sp, 0, n);
-        q6Half4(yr + 16, ys, xr, qb, sp, 1, n);
+      if (six && pre) {
+        q6Half4(true, scratch, yr, ys, xr, qb, sp, 0, n);
+        q6Half4(true, un1, yr + 16, ys, xr, qb, sp, 1, n);
+      } else if (six) {
+        q6Half4(false, 0, yr, ys, xr, qb, sp, 0, n);
+        q6Half4(false, 0, yr + 16, ys, xr, qb, sp, 1, n);
       } else if (pre) {
         q4Half4(five, true, scratch, yr, ys, xr, qb, sp, 0, n);
         q4Half4(five, true, un1, yr + 16, ys, xr, qb, sp, 1, n);
@@ -667,7 +702,7 @@ export function matmul_q5_k(job: usize, g0: i32, g1: i32, scratch: usize): void 
   matmulK(false, true, job, g0, g1, scratch);
 }
 
-/** q6_k matmul (see matmulK); n must be a multiple of 256 (the caller checks); `scratch` is unused. */
+/** q6_k matmul (see matmulK); n must be a multiple of 256 (the caller checks); `scratch` holds 8 n bytes. */
 export function matmul_q6_k(job: usize, g0: i32, g1: i32, scratch: usize): void {
   matmulK(true, false, job, g0, g1, scratch);
 }
