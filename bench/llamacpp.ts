@@ -24,7 +24,7 @@
 // Model files are cached under TL_LLAMACPP_CACHE/models (default ~/.cache/tl-engine/llamacpp).
 // JSON goes to bench/results/llamacpp.json (OUT=name for llamacpp.<name>.json).
 import { spawn, spawnSync } from "node:child_process";
-import { existsSync, mkdirSync, readFileSync, statfsSync, statSync, writeFileSync } from "node:fs";
+import { closeSync, existsSync, mkdirSync, openSync, readFileSync, readSync, statfsSync, statSync, writeFileSync } from "node:fs";
 import { availableParallelism, cpus } from "node:os";
 import { join } from "node:path";
 import { cacheDir, ensureLlamaCpp, type LlamaCppBuild } from "./llamacpp-build.ts";
@@ -33,7 +33,6 @@ import { loadAverage, median } from "./stats.ts";
 import { kvPoolFor, loadModel } from "../src/cli/engine-node.ts";
 import { Engine } from "../src/engine/index.ts";
 import { ggmlTypeName, parseGguf } from "../src/model/load/gguf.ts";
-import { mapFile } from "../src/model/compute/mapped-file.ts";
 
 /** llama-quantize's names for the types asked by TYPES (f16 is written directly). */
 const QUANT_NAMES: Record<string, string> = { f16: "F16", q8_0: "Q8_0", q4_k_m: "Q4_K_M", q4_0: "Q4_0", q6_k: "Q6_K", q5_k_m: "Q5_K_M", bf16: "BF16" };
@@ -315,8 +314,17 @@ function runTheirs(b: LlamaCppBuild, file: string, threads: number, timeoutS: nu
 
 /** Tensor types in the file, its size, and the bytes a decoded token reads (the embedding's rows aside, unless it is the classifier too). */
 function fileFacts(file: string): { bytes: number; types: Record<string, number>; decodeReadBytes: number } {
-  const bytes = mapFile(file);
-  const g = parseGguf(bytes, file);
+  // The header only (Bun maps no file past 4 GiB whole; an 8B file's header is a few MB).
+  const size = statSync(file).size;
+  const head = new Uint8Array(Math.min(size, 64 << 20));
+  const fd = openSync(file, "r");
+  try {
+    readSync(fd, head, 0, head.length, 0);
+  } finally {
+    closeSync(fd);
+  }
+  const g = parseGguf(head, file, size);
+  const bytes = { length: size };
   const types: Record<string, number> = {};
   const sorted = [...g.tensors].sort((a, b) => a.offset - b.offset);
   const dataEnd = bytes.length - g.dataOffset;
