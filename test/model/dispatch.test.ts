@@ -3,11 +3,10 @@ import { decodeHeadsPerPiece } from "../../src/model/compute/attention-pieces.ts
 import { JOB_INTS } from "../../src/model/compute/kernel-exports.ts";
 import { runJobs } from "../../src/model/compute/kernel-threads.ts";
 import { MatmulKernel, matmulRef } from "../../src/model/compute/matmul.ts";
-import { f16Bits } from "../../src/model/compute/f16-bits.ts";
-import { LEGACY_DTYPES, type LegacyDType, legacyShape } from "../../src/model/compute/legacy-quants.ts";
-import { castMatrix, dequantize, type Matrix, type PackedMatrix } from "../../src/model/compute/packed.ts";
+import { LEGACY_DTYPES } from "../../src/model/compute/legacy-quants.ts";
+import { castMatrix, dequantize, type Matrix } from "../../src/model/compute/packed.ts";
 import { bits } from "./helpers.ts";
-import { blockScale, randomBytes } from "./quant-helpers.ts";
+import { legacyBlocks } from "./quant-helpers.ts";
 
 // Big enough that every call is split over the threads (SPLIT_MACS) into many chunks.
 const N = 96;
@@ -86,16 +85,33 @@ describe("dispatch", () => {
   });
 });
 
-/** A d x n matrix of random legacy blocks (the engine never quantizes to them) with small finite scales. */
-function legacyBlocks(dtype: LegacyDType, d: number, n: number, seed: number): PackedMatrix {
-  const { bytes: bb, min } = legacyShape(dtype);
-  const bytes = randomBytes(((d * n) / 32) * bb, seed);
-  const dv = new DataView(bytes.buffer);
-  for (let at = 0, b = 0; at < bytes.length; at += bb, b++) {
-    dv.setUint16(at, f16Bits(blockScale(b)), true);
-    if (min) dv.setUint16(at + 2, f16Bits(-blockScale(b) * 7.5), true);
+/** y = x W^T of each of mats (rows of n, d outputs) on a kernel of `threads` and `tileXBytes`, as bits. */
+async function bitsOfEach(
+  mats: Matrix[],
+  x: Float32Array,
+  rows: number,
+  n: number,
+  d: number,
+  threads: number,
+  tileXBytes: number | undefined,
+): Promise<number[][]> {
+  const k = new MatmulKernel(
+    mats.map((matrix) => ({ matrix, cols: n })),
+    { threads, tileXBytes },
+  );
+  try {
+    await k.ready();
+    const xk = k.alloc(rows * n);
+    xk.set(x);
+    const y = k.alloc(rows * d);
+    return mats.map((_, m) => {
+      y.fill(Number.NaN);
+      k.matmul(y, xk, k.views[m]!, 0, rows, n, d);
+      return bits(y);
+    });
+  } finally {
+    k.close();
   }
-  return { dtype, cols: n, length: d * n, bytes };
 }
 
 describe("token tiles", () => {
@@ -109,25 +125,7 @@ describe("token tiles", () => {
     const dtypes = ["f32", "f16", "bf16", "q8_0", "q4_k", "q5_k", "q6_k"] as const; // f32 x: never tiled, checked all the same
     const mats = [...dtypes.map((dt, i) => castMatrix(weights(d, n, 10 + i), dt, n)), ...LEGACY_DTYPES.map((dt, i) => legacyBlocks(dt, d, n, 20 + i))];
     const x = input(rows, n, 5);
-    const run = async (threads: number, tileXBytes: number | undefined): Promise<number[][]> => {
-      const k = new MatmulKernel(
-        mats.map((matrix) => ({ matrix, cols: n })),
-        { threads, tileXBytes },
-      );
-      try {
-        await k.ready();
-        const xk = k.alloc(rows * n);
-        xk.set(x);
-        const y = k.alloc(rows * d);
-        return mats.map((_, m) => {
-          y.fill(Number.NaN);
-          k.matmul(y, xk, k.views[m]!, 0, rows, n, d);
-          return bits(y);
-        });
-      } finally {
-        k.close();
-      }
-    };
+    const run = (threads: number, tileXBytes: number | undefined) => bitsOfEach(mats, x, rows, n, d, threads, tileXBytes);
     const whole = await run(1, 0);
     expect(await run(2, 0)).toEqual(whole);
     // 1 thread: runJobs' matmul_tiled, rows in blocks as a dispatch's chunks; 2 and 3: the chunks' tiles.
@@ -143,25 +141,7 @@ describe("token tiles", () => {
     const dtypes = ["q8_0", "q4_k", "q5_k", "q6_k"] as const;
     const mats = [...dtypes.map((dt, i) => castMatrix(weights(d, n, 30 + i), dt, n)), ...LEGACY_DTYPES.map((dt, i) => legacyBlocks(dt, d, n, 40 + i))];
     const x = input(rows, n, 9);
-    const run = async (threads: number): Promise<number[][]> => {
-      const k = new MatmulKernel(
-        mats.map((matrix) => ({ matrix, cols: n })),
-        { threads, tileXBytes: 0 },
-      );
-      try {
-        await k.ready();
-        const xk = k.alloc(rows * n);
-        xk.set(x);
-        const y = k.alloc(rows * d);
-        return mats.map((_, m) => {
-          y.fill(Number.NaN);
-          k.matmul(y, xk, k.views[m]!, 0, rows, n, d);
-          return bits(y);
-        });
-      } finally {
-        k.close();
-      }
-    };
+    const run = (threads: number) => bitsOfEach(mats, x, rows, n, d, threads, 0);
     const one = await run(1);
     for (const threads of [2, 3]) expect(await run(threads)).toEqual(one);
   });

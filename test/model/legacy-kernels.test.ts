@@ -1,11 +1,10 @@
 import { afterAll, describe, expect, test } from "bun:test";
-import { f16Bits } from "../../src/model/compute/f16-bits.ts";
-import { type LegacyDType, LEGACY_DTYPES, legacyShape } from "../../src/model/compute/legacy-quants.ts";
+import { LEGACY_DTYPES, legacyShape } from "../../src/model/compute/legacy-quants.ts";
 import { MatmulKernel, matmulLegacyRef, matmulRef } from "../../src/model/compute/matmul.ts";
 import { dequantize, type PackedMatrix } from "../../src/model/compute/packed.ts";
 import { toFloat32 } from "../../src/model/load/raw-tensor.ts";
 import { bits } from "./helpers.ts";
-import { blockScale, expectRowsAlone, expectWithinXQuantization, randomBytes } from "./quant-helpers.ts";
+import { expectRowsAlone, expectWithinXQuantization, legacyBlocks as randomBlocks } from "./quant-helpers.ts";
 
 // The q4_0, q4_1, q5_0 and q5_1 integer kernels (kernels/assembly/legacy.ts) against their
 // plain-JS order (matmulLegacyRef), bit for bit, over ggml blocks of random bits; against a
@@ -22,18 +21,6 @@ function kernel(ms: PackedMatrix[], n: number, threads = 1): MatmulKernel {
   );
   kernels.push(k);
   return k;
-}
-
-/** A d x n matrix of random ggml blocks: every bit random but d (and m), finite and small. */
-function randomBlocks(dtype: LegacyDType, d: number, n: number, seed: number): PackedMatrix {
-  const { bytes: bb, min } = legacyShape(dtype);
-  const bytes = randomBytes(((d * n) / 32) * bb, seed);
-  const dv = new DataView(bytes.buffer);
-  for (let at = 0, b = 0; at < bytes.length; at += bb, b++) {
-    dv.setUint16(at, f16Bits(blockScale(b)), true);
-    if (min) dv.setUint16(at + 2, f16Bits(-blockScale(b) * 7.5), true);
-  }
-  return { dtype, cols: n, length: d * n, bytes };
 }
 
 function input(rows: number, n: number, seed: number): Float32Array {

@@ -1,5 +1,8 @@
 import { expect } from "bun:test";
+import { f16Bits } from "../../src/model/compute/f16-bits.ts";
+import { type LegacyDType, legacyShape } from "../../src/model/compute/legacy-quants.ts";
 import type { MatmulKernel } from "../../src/model/compute/matmul.ts";
+import type { PackedMatrix } from "../../src/model/compute/packed.ts";
 import { bits } from "./helpers.ts";
 
 // Shared by the integer kernels' tests (k-quant-kernels, legacy-kernels): random block bytes,
@@ -19,6 +22,18 @@ export function randomBytes(count: number, seed: number): Uint8Array {
 /** A small finite scale for block b, of either sign (f16-representable magnitudes 1e-3 .. 5e-1). */
 export function blockScale(b: number): number {
   return (1 + (b % 5)) * 10 ** ((b % 3) - 3) * (b % 4 === 3 ? -1 : 1);
+}
+
+/** A d x n matrix of random legacy blocks (q4_0 .. q5_1): every bit random but d (and m), finite and small. */
+export function legacyBlocks(dtype: LegacyDType, d: number, n: number, seed: number): PackedMatrix {
+  const { bytes: bb, min } = legacyShape(dtype);
+  const bytes = randomBytes(((d * n) / 32) * bb, seed);
+  const dv = new DataView(bytes.buffer);
+  for (let at = 0, b = 0; at < bytes.length; at += bb, b++) {
+    dv.setUint16(at, f16Bits(blockScale(b)), true);
+    if (min) dv.setUint16(at + 2, f16Bits(-blockScale(b) * 7.5), true);
+  }
+  return { dtype, cols: n, length: d * n, bytes };
 }
 
 /**

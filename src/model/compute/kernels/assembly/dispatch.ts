@@ -24,6 +24,7 @@
 import { attend_jobs } from "./attention";
 import { convert_q8_rows } from "./convert";
 import { place_rows } from "./place-strips";
+import { BF16, F16, F32, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0 } from "./dtype-index";
 import { Job } from "./job";
 import { matmul_bf16, matmul_f16, matmul_f32 } from "./matmul";
 import { k_row_bytes, matmul_q4_k, matmul_q5_k, matmul_q6_k, quantize_k_x } from "./kquants";
@@ -154,23 +155,23 @@ export function matmul_tiled(job: usize, scratch: usize, tj: usize, budget: i32,
 
 /** Bytes from one token row of a kernel's x to the next: f32 rows, or the integer kernels' quantized ones. */
 @inline function xRowBytes(fn: i32, n: i32): usize {
-  if (fn < 3) return <usize>n << 2;
-  if (fn == 3) return <usize>q8_row_bytes(n);
-  if (fn == 5 || fn == 6 || fn == 11) return <usize>k_row_bytes(n);
+  if (fn < Q8_0) return <usize>n << 2;
+  if (fn == Q8_0) return <usize>q8_row_bytes(n);
+  if (fn == Q4_K || fn == Q6_K || fn == Q5_K) return <usize>k_row_bytes(n);
   return <usize>l_row_bytes(n);
 }
 
 @inline function matmulFn(fn: i32, job: usize, g0: i32, g1: i32, scratch: usize): void {
-  if (fn == 0) matmul_f32(job, g0, g1, scratch);
-  else if (fn == 1) matmul_f16(job, g0, g1, scratch);
-  else if (fn == 2) matmul_bf16(job, g0, g1, scratch);
-  else if (fn == 3) matmul_q8_0(job, g0, g1, scratch);
-  else if (fn == 5) matmul_q4_k(job, g0, g1, scratch);
-  else if (fn == 6) matmul_q6_k(job, g0, g1, scratch);
-  else if (fn == 7) matmul_q4_0(job, g0, g1, scratch);
-  else if (fn == 8) matmul_q4_1(job, g0, g1, scratch);
-  else if (fn == 9) matmul_q5_0(job, g0, g1, scratch);
-  else if (fn == 10) matmul_q5_1(job, g0, g1, scratch);
+  if (fn == F32) matmul_f32(job, g0, g1, scratch);
+  else if (fn == F16) matmul_f16(job, g0, g1, scratch);
+  else if (fn == BF16) matmul_bf16(job, g0, g1, scratch);
+  else if (fn == Q8_0) matmul_q8_0(job, g0, g1, scratch);
+  else if (fn == Q4_K) matmul_q4_k(job, g0, g1, scratch);
+  else if (fn == Q6_K) matmul_q6_k(job, g0, g1, scratch);
+  else if (fn == Q4_0) matmul_q4_0(job, g0, g1, scratch);
+  else if (fn == Q4_1) matmul_q4_1(job, g0, g1, scratch);
+  else if (fn == Q5_0) matmul_q5_0(job, g0, g1, scratch);
+  else if (fn == Q5_1) matmul_q5_1(job, g0, g1, scratch);
   else matmul_q5_k(job, g0, g1, scratch);
 }
 

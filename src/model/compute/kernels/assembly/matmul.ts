@@ -42,11 +42,9 @@
 // at a time into `scratch` (exact, so the bits stay the same).
 
 import { f16bitsHi, f16bitsLo, f16ext, f16ToF32, f16x4, rebias, top16x4 } from "./f16";
+import { BF16, F16, F32 } from "./dtype-index";
 import { Job } from "./job";
 
-const F32: i32 = 0;
-const F16: i32 = 1;
-const BF16: i32 = 2;
 /**
  * f16 weights against x scaled by 2^112 (exact while |x| < 2^16): the weights' f32 patterns then
  * need no rebias multiply, and each product w * x is the same real number, so rounds the same.

@@ -18,19 +18,8 @@
 // to each quad. The fifth bits: byte 4k + m of the sub-block's 16 holds, as bit t, the fifth bit
 // of column 4t + m.
 
+import { BF16, F16, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0 } from "./dtype-index";
 import { Q4K_GROUP, Q5K_GROUP, Q6K_GROUP } from "./kquants";
-
-/** The dtypes, numbered as kernel-threads.ts' KERNEL_INDEX numbers their kernels. */
-const F16: i32 = 1;
-const BF16: i32 = 2;
-const Q8_0: i32 = 3;
-const Q4_K: i32 = 5;
-const Q6_K: i32 = 6;
-const Q4_0: i32 = 7;
-const Q4_1: i32 = 8;
-const Q5_0: i32 = 9;
-const Q5_1: i32 = 10;
-const Q5_K: i32 = 11;
 
 const S: i32 = 8;
 
@@ -177,14 +166,7 @@ const Q8_BLOCK: usize = 34;
   // The int8 scales in pairs of sub-blocks, four rows each: pair p of row k at 8 p + 2 k.
   const sc = v128.load(b, 192);
   const slot = g + 16 + half * 64 + (kk << 1);
-  v128.store16_lane(slot, sc, 0);
-  v128.store16_lane(slot, sc, 1, 8);
-  v128.store16_lane(slot, sc, 2, 16);
-  v128.store16_lane(slot, sc, 3, 24);
-  v128.store16_lane(slot, sc, 4, 32);
-  v128.store16_lane(slot, sc, 5, 40);
-  v128.store16_lane(slot, sc, 6, 48);
-  v128.store16_lane(slot, sc, 7, 56);
+  spread16(slot, sc);
   const m15 = i8x16.splat(15);
   const m3 = i8x16.splat(3);
   for (let h = 0; h < 2; h++) {
@@ -230,6 +212,18 @@ const Q8_BLOCK: usize = 34;
   }
 }
 
+/** The 8 byte pairs of v (its i16 lanes) to o, o + 8, .., o + 56: a row's pairs among its four rows'. */
+@inline function spread16(o: usize, v: v128): void {
+  v128.store16_lane(o, v, 0);
+  v128.store16_lane(o, v, 1, 8);
+  v128.store16_lane(o, v, 2, 16);
+  v128.store16_lane(o, v, 3, 24);
+  v128.store16_lane(o, v, 4, 32);
+  v128.store16_lane(o, v, 5, 40);
+  v128.store16_lane(o, v, 6, 48);
+  v128.store16_lane(o, v, 7, 56);
+}
+
 /**
  * Row k's q8_0 block at b into the group at g (strip-layout.ts' q8Slot): its scale among the 8,
  * then its int8 in pairs, pair p of row k at 16 + (k >> 2) * 128 + 8 p + 2 (k & 3).
@@ -239,22 +233,8 @@ const Q8_BLOCK: usize = 34;
   const o = g + 16 + (<usize>(k >> 2) << 7) + (<usize>(k & 3) << 1);
   const a = v128.load(b, 2);
   const c = v128.load(b, 18);
-  v128.store16_lane(o, a, 0);
-  v128.store16_lane(o, a, 1, 8);
-  v128.store16_lane(o, a, 2, 16);
-  v128.store16_lane(o, a, 3, 24);
-  v128.store16_lane(o, a, 4, 32);
-  v128.store16_lane(o, a, 5, 40);
-  v128.store16_lane(o, a, 6, 48);
-  v128.store16_lane(o, a, 7, 56);
-  v128.store16_lane(o, c, 0, 64);
-  v128.store16_lane(o, c, 1, 72);
-  v128.store16_lane(o, c, 2, 80);
-  v128.store16_lane(o, c, 3, 88);
-  v128.store16_lane(o, c, 4, 96);
-  v128.store16_lane(o, c, 5, 104);
-  v128.store16_lane(o, c, 6, 112);
-  v128.store16_lane(o, c, 7, 120);
+  spread16(o, a);
+  spread16(o + 64, c);
 }
 
 /**
