@@ -43,6 +43,22 @@ export const J_PLACE = 13;
  */
 export const J_QUANT_X = 14;
 
+/**
+ * Writes a job over rows (J_CONVERT_Q8, J_PLACE, J_QUANT_X) into the record j: y and x its output
+ * and input, w what the kind reads there (a dtype or a layout), `rows` rows of n; J_ROWS 1 and
+ * J_R0 0, so a dispatch cuts it by rows.
+ */
+export function writeRowsJob(j: Int32Array, fn: number, y: number, x: number, w: number, n: number, rows: number): void {
+  j[J_FN] = fn;
+  j[J_Y] = y;
+  j[J_X] = x;
+  j[J_W] = w;
+  j[J_ROWS] = 1;
+  j[J_N] = n;
+  j[J_D] = rows;
+  j[J_R0] = 0;
+}
+
 // The control block in the shared memory, in i32 slots (dispatch.ts reads the same layout). The
 // counters, and each thread's range, sit on cache lines of their own.
 const GEN = 0;

@@ -1,6 +1,6 @@
 import assert from "node:assert";
 import { KERNELS_WASM_BASE64 } from "./kernels/kernels-wasm.ts";
-import { controlBytes, J_ATTEND, J_PLACE, J_QUANT_X, KERNEL_INDEX, KernelThreads, runJobs, TILE_JOB_BYTES, Tiles } from "./kernel-threads.ts";
+import { controlBytes, J_ATTEND, J_PLACE, J_QUANT_X, KERNEL_INDEX, KernelThreads, runJobs, TILE_JOB_BYTES, Tiles, writeRowsJob } from "./kernel-threads.ts";
 import { J_D, J_FN, J_N, J_R0, J_ROWS, J_W, J_X, J_Y, JOB_INTS, type KernelExports } from "./kernel-exports.ts";
 import { matmulQ4KRef, matmulQ6KRef } from "./k-quant-ref.ts";
 import { isK } from "./k-quants.ts";
@@ -654,16 +654,8 @@ export class MatmulKernel {
       ex.quantize_rows(at, x, layout, n, 0, rows);
       return;
     }
-    const j = this.quantJob;
-    j[J_FN] = J_QUANT_X;
-    j[J_Y] = at;
-    j[J_X] = x;
-    j[J_W] = layout;
-    j[J_ROWS] = 1;
-    j[J_N] = n;
-    j[J_D] = rows;
-    j[J_R0] = 0;
-    threads.run(ex, j, 1, 0, 0);
+    writeRowsJob(this.quantJob, J_QUANT_X, at, x, layout, n, rows);
+    threads.run(ex, this.quantJob, 1, 0, 0);
   }
 
   /**
@@ -758,14 +750,7 @@ export class MatmulKernel {
       for (let r = 0, s = 0; bad < 0 && r < rows; r += per, s ^= 1) {
         const k = Math.min(per, rows - r);
         const j = this.jobs;
-        j[J_FN] = J_PLACE;
-        j[J_Y] = at + (r / STRIP_ROWS) * sb;
-        j[J_X] = stages[s]!;
-        j[J_W] = fn;
-        j[J_ROWS] = 1;
-        j[J_N] = n;
-        j[J_D] = k;
-        j[J_R0] = 0;
+        writeRowsJob(j, J_PLACE, at + (r / STRIP_ROWS) * sb, stages[s]!, fn, n, k);
         const split = shared && k * n >= SPLIT_MACS && threads!.available;
         const total = split ? threads!.start(ex, j, 1, 0, 0) : 0;
         if (!split) runJobs(ex, j, 1, 0);

@@ -1,8 +1,8 @@
 import assert from "node:assert";
 import { availableParallelism } from "node:os";
-import { controlBytes, J_CONVERT_Q8, KernelThreads, runJobs } from "./kernel-threads.ts";
+import { controlBytes, J_CONVERT_Q8, KernelThreads, runJobs, writeRowsJob } from "./kernel-threads.ts";
 import { copyBytes } from "./mapped-file.ts";
-import { J_D, J_FN, J_N, J_R0, J_ROWS, J_W, J_X, J_Y, JOB_INTS, type KernelExports } from "./kernel-exports.ts";
+import { JOB_INTS, type KernelExports } from "./kernel-exports.ts";
 import { KERNEL_RESERVED_BYTES, kernelModule } from "./matmul.ts";
 import { Q8_0_BLOCK_BYTES, QK8_0 } from "./packed.ts";
 
@@ -78,14 +78,7 @@ export class Q8Converter {
     for (let r0 = 0; r0 < rows; r0 += chunk) {
       const k = Math.min(chunk, rows - r0);
       copyBytes(this.u8, this.inAt, src.subarray(r0 * inRow, (r0 + k) * inRow));
-      j[J_FN] = J_CONVERT_Q8;
-      j[J_Y] = this.outAt;
-      j[J_X] = this.inAt;
-      j[J_W] = SRC_INDEX[from];
-      j[J_ROWS] = 1;
-      j[J_N] = cols;
-      j[J_D] = k;
-      j[J_R0] = 0;
+      writeRowsJob(j, J_CONVERT_Q8, this.outAt, this.inAt, SRC_INDEX[from], cols, k);
       const t = this.threads;
       if (t?.available) t.run(this.ex, j, 1, 0, 0);
       else runJobs(this.ex, j, 1, 0);
