@@ -36,9 +36,12 @@ interface Rate {
 /** d rows of N weights placed in a kernel memory of their own (weights from a fixed pattern). */
 function placed(dt: Dt, d: number, rows: number): { ex: KernelExports; job: number; scratch: number } {
   const bytes = stripLayoutBytes(dt, d, N);
-  const top = 65536 + bytes + rows * (N + d) * 4 + 32 * N * 4 + rows * xRowBytes(dt);
+  const top = 65536 + bytes + rows * (N + d) * 4 + 32 * N * 4 + JOB_INTS * 4;
   const memory = new WebAssembly.Memory({ initial: Math.ceil(top / 65536) + 1, maximum: 65536, shared: true });
   const ex = new WebAssembly.Instance(kernelModule()!, { env: { memory } }).exports as unknown as KernelExports;
+  // Room for x quantized as the kernel lays it out (its own row bytes), past everything else.
+  const xqBytes = dt === "q8_0" ? rows * ex.q8_row_bytes(N) : dt.startsWith("q") ? rows * ex.k_row_bytes(N) : 0;
+  memory.grow(Math.ceil(xqBytes / 65536));
   const u8 = new Uint8Array(memory.buffer);
   const w = 65536;
   // Filled a strip-sized slice at a time, so a 1 GiB matrix never exists twice.
@@ -65,11 +68,6 @@ function placed(dt: Dt, d: number, rows: number): { ex: KernelExports; job: numb
   rec[J_N] = N;
   rec[J_D] = d;
   return { ex, job, scratch };
-}
-
-/** Bytes of one quantized x row (0 for the kernels that read f32 x). */
-function xRowBytes(dt: Dt): number {
-  return dt === "q8_0" ? 8 * N + N / 4 : dt.startsWith("q") ? 4 * N + 2048 : 0;
 }
 
 function rate(dt: Dt, place: keyof typeof PLACES, rows: number): Rate {
