@@ -92,6 +92,8 @@ export type KernelExports = Record<`matmul_${DType}`, KernelFn> &
      * 16-bit or ggml blocks) at src into their strips at dst (kernels/assembly/place-strips.ts).
      */
     place_rows(dst: number, src: number, dt: number, n: number, rows: number, g0: number, g1: number): void;
+    /** Bytes from one token row of kernel fn's x to the next (n f32, or its quantized layout's row). */
+    x_row_bytes(fn: number, n: number): number;
     /** Token rows r0 .. r1 of n f32 at x quantized at dst (row 0's place) in layout 1 (q8_0), 2 (K) or 3 (legacy). */
     quantize_rows(dst: number, x: number, layout: number, n: number, r0: number, r1: number): void;
     /** 1 when place_rows places dtype dt (KERNEL_INDEX), else 0. */

@@ -186,7 +186,7 @@ export function runJobs(ex: KernelExports, jobs: Int32Array, count: number, scra
 function tiled(ex: KernelExports, fn: number, n: number, rows: number, budget: number): boolean {
   // The integer matmul kernels only: KERNEL_INDEX q8_0 (3) and q4_k .. q5_k (5 .. 11).
   if (budget === 0 || fn < KERNEL_INDEX.q8_0 || fn === J_ATTEND || fn > KERNEL_INDEX.q5_k) return false;
-  const xs = fn === 3 ? ex.q8_row_bytes(n) : fn === 5 || fn === 6 || fn === 11 ? ex.k_row_bytes(n) : ex.l_row_bytes(n);
+  const xs = ex.x_row_bytes(fn, n);
   return rows > Math.max(8, Math.floor(budget / xs) & ~3) && rows * xs > 2 * budget;
 }
 

@@ -636,7 +636,7 @@ export class MatmulKernel {
         if (quantLayout(jobs[o + J_FN]!) === layout && this.q8From[i] === x && jobs[o + J_ROWS] === rows && jobs[o + J_N] === n) at = jobs[o + J_X]!;
       }
       if (at < 0) {
-        at = this.temp(rows * (layout === 1 ? ex.q8_row_bytes(n) : layout === 3 ? ex.l_row_bytes(n) : ex.k_row_bytes(n)));
+        at = this.temp(rows * ex.x_row_bytes(jobs[b + J_FN]!, n));
         this.quantizeRows(ex, at, x, layout, rows, n);
       }
       this.q8From[j] = x;

@@ -161,6 +161,11 @@ export function matmul_tiled(job: usize, scratch: usize, tj: usize, budget: i32,
   return <usize>l_row_bytes(n);
 }
 
+/** xRowBytes for TypeScript: MatmulKernel sizes quantized x and KernelThreads decides tiles by it. */
+export function x_row_bytes(fn: i32, n: i32): i32 {
+  return <i32>xRowBytes(fn, n);
+}
+
 @inline function matmulFn(fn: i32, job: usize, g0: i32, g1: i32, scratch: usize): void {
   if (fn == F32) matmul_f32(job, g0, g1, scratch);
   else if (fn == F16) matmul_f16(job, g0, g1, scratch);
