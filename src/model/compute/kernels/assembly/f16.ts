@@ -42,6 +42,36 @@
   return f32x4.mul(bits, f32x4.splat(reinterpret<f32>(0x77800000)));
 }
 
+/**
+ * f16ext for the scales of quantized blocks, without an f32 subnormal on the way. f16ext's rebias
+ * multiplies a subnormal f32 when the f16 is subnormal (below 2^-14), and x86 takes a microcode
+ * assist of about a hundred cycles for each such multiply (WebAssembly keeps denormals, so the
+ * denormals-are-zero mode is off). A block scale often is subnormal: a q6_k d near 2^-17 is
+ * typical (the largest 16-weight scale over 128), so a q6_k matrix took 1.5x the time it takes
+ * now (bench/kernel-bounds.ts, one thread, 2048 x 8192, alternating builds). Four normals take
+ * f16ext (one test and a branch more); otherwise normals rebias by an integer add and subnormals
+ * are their integer m times 2^-24, both operands normal, the lane's sign or-ed in after (f16extSafe):
+ * the same f32 values as f16ext gives, for every finite f16.
+ */
+@inline export function f16extScale(h: v128): v128 {
+  if (i32x4.all_true(i32x4.ge_s(v128.and(h, i32x4.splat(0x7fff)), i32x4.splat(0x400)))) return f16ext(h);
+  return f16extSafe(h);
+}
+
+/** Whether all eight f16 patterns of v (i16 lanes) are normal (or inf/NaN): f16ext is then assist-free on both halves. */
+@inline export function f16Normal8(v: v128): bool {
+  return i16x8.all_true(i16x8.ge_s(v128.and(v, i16x8.splat(0x7fff)), i16x8.splat(0x400)));
+}
+
+/** f16extScale's path for a subnormal: exact for every finite f16, no f32 subnormal operand. */
+@inline export function f16extSafe(h: v128): v128 {
+  const em = v128.and(h, i32x4.splat(0x7fff));
+  const normal = i32x4.add(i32x4.mul(em, i32x4.splat(8192)), i32x4.splat(112 << 23));
+  const sub = f32x4.mul(f32x4.convert_i32x4_s(em), f32x4.splat(reinterpret<f32>(0x33800000)));
+  const v = v128.bitselect(sub, normal, i32x4.lt_s(em, i32x4.splat(0x400)));
+  return v128.or(v, v128.and(h, i32x4.splat(0x80000000)));
+}
+
 /** f16ext before the rebias: the f32 whose value is the f16's times 2^-112 (exact). */
 @inline export function f16bits(h: v128): v128 {
   return v128.and(i32x4.mul(h, i32x4.splat(8192)), i32x4.splat(0x8fffe000));

@@ -68,7 +68,7 @@
 //     each moved to bit 4 and or-ed in (the plane moving down 2 bits a quad): the kernel reads
 //     5-bit values 0..31.
 
-import { f16ext, f16ToF32 } from "./f16";
+import { f16extScale } from "./f16";
 import { Job } from "./job";
 
 export const Q4K_GROUP: usize = 1184;
@@ -180,7 +180,7 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
 
 /** Four f16 at p made f32x4. */
 @inline function f16at(p: usize): v128 {
-  return f16ext(i32x4.extend_low_i16x8_s(v128.load64_zero(p)));
+  return f16extScale(i32x4.extend_low_i16x8_s(v128.load64_zero(p)));
 }
 
 // ---------------------------------------------------------------------------------------- dots

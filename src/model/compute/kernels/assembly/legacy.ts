@@ -22,7 +22,7 @@
 // (16 bytes: bit t of byte b is e = 16t + b, as q5_k's). 144, 160, 176 and 192 bytes a group:
 // 4.5, 5, 5.5 and 6 bits a weight, ggml's own.
 
-import { f16ext } from "./f16";
+import { f16extScale } from "./f16";
 import { Job } from "./job";
 import { dot2, highOf, lowOf, next2, q4Sub, quadRowBytes, quadScales, quadSums, quantizeQuads, widen } from "./kquants";
 
@@ -47,7 +47,7 @@ export function quantize_l_x(dst: usize, x: usize, rows: i32, n: i32): void {
 
 /** Four f16 at p made f32x4. */
 @inline function f16at(p: usize): v128 {
-  return f16ext(i32x4.extend_low_i16x8_s(v128.load64_zero(p)));
+  return f16extScale(i32x4.extend_low_i16x8_s(v128.load64_zero(p)));
 }
 
 /** X_b of block c: its two per-16 sums. */
