@@ -351,6 +351,29 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
 }
 
 /**
+ * A whole strip of q4_k (q5_k when five) against one quantized token row: both halves' terms per
+ * super-block, so the strip is read front to back in one stream (half by half, each pass skipped
+ * the other half's 512 bytes of every group and the prefetcher fell behind). Each half's running
+ * sum is q4Half1's, in the same order.
+ */
+@inline function q4Strip1(five: bool, yo: usize, xq: usize, sp: usize, n: i32): void {
+  const blocks = n >> 8;
+  let acc0 = f32x4.splat(0), acc1 = acc0;
+  const sr = scalesAt(xq, n);
+  const ur = sums32At(xq, n);
+  for (let c = 0; c < blocks; c++) {
+    const g = sp + <usize>c * (five ? Q5K_GROUP : Q4K_GROUP);
+    const s = load<f32>(sr + (<usize>c << 2));
+    const xb = xq + (<usize>c << 10);
+    const u = ur + (<usize>c << 4);
+    acc0 = f32x4.add(acc0, q4Term(five, g, 0, xb, s, u));
+    acc1 = f32x4.add(acc1, q4Term(five, g, 1, xb, s, u));
+  }
+  v128.store(yo, acc0);
+  v128.store(yo, acc1, 16);
+}
+
+/**
  * A half strip of q4_k against four token rows from xq (qb apart), outputs of token t at
  * yo + t * ys: each quad of nibbles is unpacked once for the four tokens (dot2 per token, as
  * q4Sub). The super-block's A per token stays in registers, and y holds the running f32 sums
@@ -522,6 +545,24 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
   return acc;
 }
 
+/** A whole strip of q6_k against one quantized token row, both halves per super-block (as q4Strip1). */
+@inline function q6Strip1(yo: usize, xq: usize, sp: usize, n: i32): void {
+  const blocks = n >> 8;
+  let acc0 = f32x4.splat(0), acc1 = acc0;
+  const sr = scalesAt(xq, n);
+  const ur = sums16At(xq, n);
+  for (let c = 0; c < blocks; c++) {
+    const g = sp + <usize>c * Q6K_GROUP;
+    const s = load<f32>(sr + (<usize>c << 2));
+    const xb = xq + (<usize>c << 10);
+    const u = ur + (<usize>c << 5);
+    acc0 = f32x4.add(acc0, q6Term(g, 0, xb, s, u));
+    acc1 = f32x4.add(acc1, q6Term(g, 1, xb, s, u));
+  }
+  v128.store(yo, acc0);
+  v128.store(yo, acc1, 16);
+}
+
 /**
  * A half strip of q6_k against four token rows (as q4Half4): each unit unpacked once for the
  * four tokens.
@@ -668,10 +709,8 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
       }
     }
     for (; r < rows; r++) {
-      const yr = yo + <usize>r * ys;
-      const xr = xq + <usize>r * qb;
-      v128.store(yr, six ? q6Half1(xr, sp, 0, n) : q4Half1(five, xr, sp, 0, n));
-      v128.store(yr, six ? q6Half1(xr, sp, 1, n) : q4Half1(five, xr, sp, 1, n), 16);
+      if (six) q6Strip1(yo + <usize>r * ys, xq + <usize>r * qb, sp, n);
+      else q4Strip1(five, yo + <usize>r * ys, xq + <usize>r * qb, sp, n);
     }
   }
   for (; g < g1; g++) oneRow(six, five, y, xq, w, rows, n, ys, qb, sb, r0, g);
