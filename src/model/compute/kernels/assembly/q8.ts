@@ -145,6 +145,53 @@ export function quantize_q8_x(dst: usize, x: usize, rows: i32, n: i32): void {
   v128.store(yo, hi, 16);
 }
 
+/**
+ * k strips (at sp, sp + ss, ...: far apart in the thread's share) in step against one token row,
+ * block by block, the running sums held in y (yo, yo + ys2, ...): strip8's additions in strip8's
+ * order. k streams a thread keep k prefetches going where one left the core waiting on each new
+ * line (as kquants.ts' kStripK).
+ */
+@inline function stripK(k: i32, yo: usize, ys2: usize, xq: usize, sp: usize, ss: usize, n: i32): void {
+  const blocks = n >> 5;
+  const z = f32x4.splat(0);
+  for (let t = 0; t < k; t++) {
+    v128.store(yo + <usize>t * ys2, z);
+    v128.store(yo + <usize>t * ys2, z, 16);
+  }
+  let xp = xq;
+  let sp4 = scalesOf(xq, n);
+  for (let c = 0; c < blocks; c++) {
+    const xs = v128.load32_splat(sp4);
+    for (let t = 0; t < k; t++) {
+      const g = sp + <usize>t * ss + <usize>c * GROUP;
+      const w = g + 16;
+      let la = i32x4.splat(0), lb = la, ha = la, hb = la;
+      for (let q = w, x = xp; q < w + 128; q += 16, x += 32) {
+        const x0 = v128.load(x);
+        const x1 = v128.load(x, 16);
+        la = i32x4.add(la, i32x4.dot_i16x8_s(v128.load8x8_s(q), x0));
+        ha = i32x4.add(ha, i32x4.dot_i16x8_s(v128.load8x8_s(q, 128), x0));
+        lb = i32x4.add(lb, i32x4.dot_i16x8_s(v128.load8x8_s(q, 8), x1));
+        hb = i32x4.add(hb, i32x4.dot_i16x8_s(v128.load8x8_s(q, 136), x1));
+      }
+      const ws = v128.load(g);
+      let wlo = i32x4.extend_low_i16x8_s(ws), whi = i32x4.extend_high_i16x8_s(ws);
+      if (f16Normal8(ws)) {
+        wlo = f16ext(wlo);
+        whi = f16ext(whi);
+      } else {
+        wlo = f16extSafe(wlo);
+        whi = f16extSafe(whi);
+      }
+      const yt = yo + <usize>t * ys2;
+      v128.store(yt, addBlock(v128.load(yt), i32x4.add(la, lb), wlo, xs));
+      v128.store(yt, addBlock(v128.load(yt, 16), i32x4.add(ha, hb), whi, xs), 16);
+    }
+    xp += 256;
+    sp4 += 4;
+  }
+}
+
 /** Row k of the strip at sp against one quantized token row xq (the same sum as strip8's). */
 @inline function row1(xq: usize, sp: usize, k: i32, n: i32): f32 {
   const blocks = n >> 5;
@@ -316,6 +363,13 @@ export function matmul_q8_0(job: usize, g0: i32, g1: i32, scratch: usize): void 
   for (; g < g1 && ((g & (S - 1)) != 0 || g + S > g1); g++) {
     const sp = w + <usize>(g >> 3) * sb;
     for (let r = 0; r < rows; r++) store<f32>(y + <usize>r * ys + (<usize>(g - r0) << 2), row1(xq + <usize>r * qb, sp, g & (S - 1), n));
+  }
+  // One token row: the whole strips four at a time, a quarter of the share apart (stripK).
+  if (rows == 1) {
+    const per = ((g1 - g) >> 3) >> 2;
+    const far = per << 3;
+    for (let i = 0; i < per; i++, g += S) stripK(4, y + (<usize>(g - r0) << 2), <usize>far << 2, xq, w + <usize>(g >> 3) * sb, <usize>per * sb, n);
+    g += 3 * far;
   }
   for (; g + S <= g1; g += S) stripRows(y + (<usize>(g - r0) << 2), ys, xq, qb, w + <usize>(g >> 3) * sb, rows, n, scratch);
   for (; g < g1; g++) {
