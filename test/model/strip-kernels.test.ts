@@ -69,25 +69,30 @@ describe("strip kernels", () => {
   }
 
   test("f16 batch 1 takes the exact path for large or non-finite x", () => {
-    // Scaling x by 2^112 would overflow past 2^16: those calls must still give matmulRef's bits.
-    const n = 24;
-    const w = weights("f16", 16, n, 2);
-    const k = kernel([{ matrix: w, cols: n }]);
-    for (const big of [65535.9, 65536, 1e6, 3e38, Number.POSITIVE_INFINITY]) {
-      const x = input(1, n, 4);
-      x[5] = big;
-      x[17] = -big / 3;
-      const y = new Float32Array(16);
-      k.matmul(y, x, w, 0, 1, n, 16);
-      expect(bits(y)).toEqual(ref(x, w, 0, 1, n, 16));
+    // Scaling x by 2^112 would overflow past 2^16: those calls must still give matmulRef's bits,
+    // one strip at a time (16 rows) and four in step (72 rows of 136: matmul.ts' stripsK).
+    for (const [n, d] of [
+      [24, 16],
+      [136, 72],
+    ] as const) {
+      const w = weights("f16", d, n, 2);
+      const k = kernel([{ matrix: w, cols: n }]);
+      for (const big of [1, 65535.9, 65536, 1e6, 3e38, Number.POSITIVE_INFINITY]) {
+        const x = input(1, n, 4);
+        x[5] = big;
+        x[17] = -big / 3;
+        const y = new Float32Array(d);
+        k.matmul(y, x, w, 0, 1, n, d);
+        expect([n, big, bits(y)]).toEqual([n, big, ref(x, w, 0, 1, n, d)]);
+      }
+      const x = input(1, n, 5);
+      x[2] = Number.NaN;
+      const y = new Float32Array(d);
+      k.matmul(y, x, w, 0, 1, n, d);
+      const want = new Float32Array(d);
+      matmulRef(want, x, dequantize(w as PackedMatrix), 0, 1, n, d);
+      for (let i = 0; i < d; i++) expect(Number.isNaN(y[i]!)).toBe(Number.isNaN(want[i]!));
     }
-    const x = input(1, n, 5);
-    x[2] = Number.NaN;
-    const y = new Float32Array(16);
-    k.matmul(y, x, w, 0, 1, n, 16);
-    const want = new Float32Array(16);
-    matmulRef(want, x, dequantize(w as PackedMatrix), 0, 1, n, 16);
-    for (let i = 0; i < 16; i++) expect(Number.isNaN(y[i]!)).toBe(Number.isNaN(want[i]!));
   });
 });
 

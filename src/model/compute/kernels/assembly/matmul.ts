@@ -177,6 +177,66 @@ const GROUP_BYTES: usize = 128;
   store<f32>(yo, finish(td, a7, tailOf(dt, sp, n, 7), xr, n), 28);
 }
 
+/**
+ * k whole strips (at sp, sp + ss, ...: far apart in the thread's share) against one token row,
+ * in step: CHUNK groups of one strip, then the same groups of the next, each strip's 8 running
+ * sums kept at acc (128 bytes a strip) between its turns. The same additions in the same order as
+ * strip8x1's; k streams a thread keep k prefetches going where one left the core waiting on each
+ * new line. Outputs of strip t at yo + t * ys2.
+ */
+@inline function stripsK(dt: i32, k: i32, yo: usize, ys2: usize, xr: usize, sp: usize, ss: usize, n: i32, xq: usize, acc: usize): void {
+  const gl = groupLen(dt);
+  const groups = mainLen(dt, n) / gl;
+  const z = f32x4.splat(0);
+  for (let t = 0; t < k; t++) for (let i: usize = 0; i < 128; i += 16) v128.store(acc + <usize>t * 128 + i, z);
+  const chunks = (groups + CHUNK - 1) / CHUNK;
+  for (let i = 0; i < chunks + k - 1; i++) {
+    for (let t = 0; t < k; t++) {
+      const ci = i - t;
+      if (ci < 0 || ci >= chunks) continue;
+      const c0 = ci * CHUNK;
+      const c1 = min(c0 + CHUNK, groups);
+      const at = acc + <usize>t * 128;
+      let a0 = v128.load(at), a1 = v128.load(at, 16), a2 = v128.load(at, 32), a3 = v128.load(at, 48);
+      let a4 = v128.load(at, 64), a5 = v128.load(at, 80), a6 = v128.load(at, 96), a7 = v128.load(at, 112);
+      let g = sp + <usize>t * ss + <usize>c0 * GROUP_BYTES;
+      let xp = xq + (<usize>(c0 * gl) << 2);
+      for (let c = c0; c < c1; c++) {
+        const x0 = v128.load(xp);
+        const x1 = x1Of(dt, xp);
+        a0 = groupDot(dt, a0, g, 0, x0, x1);
+        a1 = groupDot(dt, a1, g, 1, x0, x1);
+        a2 = groupDot(dt, a2, g, 2, x0, x1);
+        a3 = groupDot(dt, a3, g, 3, x0, x1);
+        a4 = groupDot(dt, a4, g, 4, x0, x1);
+        a5 = groupDot(dt, a5, g, 5, x0, x1);
+        a6 = groupDot(dt, a6, g, 6, x0, x1);
+        a7 = groupDot(dt, a7, g, 7, x0, x1);
+        g += GROUP_BYTES;
+        xp += <usize>gl << 2;
+      }
+      v128.store(at, a0);
+      v128.store(at, a1, 16);
+      v128.store(at, a2, 32);
+      v128.store(at, a3, 48);
+      v128.store(at, a4, 64);
+      v128.store(at, a5, 80);
+      v128.store(at, a6, 96);
+      v128.store(at, a7, 112);
+    }
+  }
+  const td = dt == F16X ? F16 : dt;
+  for (let t = 0; t < k; t++) {
+    const at = acc + <usize>t * 128;
+    const s = sp + <usize>t * ss;
+    const yt = yo + <usize>t * ys2;
+    for (let r = 0; r < S; r++) store<f32>(yt + (<usize>r << 2), finish(td, v128.load(at + (<usize>r << 4)), tailOf(dt, s, n, r), xr, n));
+  }
+}
+
+/** Groups of one strip stepped before the next strip's turn in stripsK (2 KB of 16-bit weights). */
+const CHUNK: i32 = 4;
+
 /** Row k of the strip at sp against one token row xr. */
 @inline function row1x1(dt: i32, xr: usize, sp: usize, k: i32, n: i32): f32 {
   const gl = groupLen(dt);
@@ -299,24 +359,30 @@ function stripRows(yo: usize, x: usize, sp: usize, rows: i32, n: i32, d: i32): v
   }
 }
 
-/** x[0 .. n) times 2^112 into dst, when every |x| < 2^16 (so exactly); false (dst unspecified) otherwise. */
+/**
+ * x[0 .. n) times 2^112 into dst, when every |x| < 2^16 (so exactly); false (dst unspecified)
+ * otherwise. The test runs on the bits of |x|: as i32 they order as the values do, and a NaN's lie
+ * above every finite one, so one integer max finds both (f32x4.max, NaN-propagating, is eight
+ * instructions under JavaScriptCore and took 12% of a 1B F16 model's decode: matmul runs this
+ * once per chunk of rows).
+ */
 @inline function scaleX(dst: usize, x: usize, n: i32): bool {
   const k = f32x4.splat(reinterpret<f32>(0x77800000));
-  let m = f32x4.splat(0);
+  const absMask = i32x4.splat(0x7fffffff);
+  let m = i32x4.splat(0);
   const n4 = n & ~3;
   for (let j = 0; j < n4; j += 4) {
     const v = v128.load(x + (<usize>j << 2));
-    m = f32x4.max(m, f32x4.abs(v));
+    m = i32x4.max_s(m, v128.and(v, absMask));
     v128.store(dst + (<usize>j << 2), f32x4.mul(v, k));
   }
-  let s = max(max(f32x4.extract_lane(m, 0), f32x4.extract_lane(m, 1)), max(f32x4.extract_lane(m, 2), f32x4.extract_lane(m, 3)));
+  let s = max(max(i32x4.extract_lane(m, 0), i32x4.extract_lane(m, 1)), max(i32x4.extract_lane(m, 2), i32x4.extract_lane(m, 3)));
   for (let j = n4; j < n; j++) {
     const v = load<f32>(x + (<usize>j << 2));
-    s = max(s, abs(v));
+    s = max(s, <i32>(reinterpret<u32>(v) & 0x7fffffff));
     store<f32>(dst + (<usize>j << 2), v * reinterpret<f32>(0x77800000));
   }
-  // NaN fails the comparison too (f32x4.max and max propagate it).
-  return s < 65536;
+  return s < 0x47800000; // 2^16's bits
 }
 
 /**
@@ -342,6 +408,20 @@ function stripRows(yo: usize, x: usize, sp: usize, rows: i32, n: i32, d: i32): v
   for (; g < g1 && ((g & (S - 1)) != 0 || g + S > g1); g++) {
     const sp = w + <usize>(g >> 3) * sb;
     for (let r = 0; r < rows; r++) store<f32>(y + <usize>r * ys + (<usize>(g - r0) << 2), row1x1(dt, x + <usize>r * xs, sp, g & (S - 1), n));
+  }
+  // One token row: the whole strips four at a time, a quarter of the share apart (stripsK), their
+  // sums in scratch past the scaled x (4 n + 528 bytes of the 32 n: n >= 64 leaves room).
+  if (rows == 1 && n >= 64) {
+    const per = ((g1 - g) >> 3) >> 2;
+    const far = per << 3;
+    const acc = scratch + ((<usize>n << 2) + 15 & ~15);
+    for (let i = 0; i < per; i++, g += S) {
+      const yo = y + (<usize>(g - r0) << 2);
+      const sp = w + <usize>(g >> 3) * sb;
+      if (dt == F16 && scaled) stripsK(F16X, 4, yo, <usize>far << 2, x, sp, <usize>per * sb, n, scratch, acc);
+      else stripsK(dt, 4, yo, <usize>far << 2, x, sp, <usize>per * sb, n, x, acc);
+    }
+    g += 3 * far;
   }
   for (; g + S <= g1; g += S) {
     const sp = w + <usize>(g >> 3) * sb;
