@@ -72,6 +72,39 @@ export function quantize_l_x(dst: usize, x: usize, rows: i32, n: i32): void {
   return acc;
 }
 
+/** Half h of the group at g: block c's term for one token row xq (half1's, one block). */
+@inline function halfTerm(min: bool, five: bool, offset: i32, g: usize, h: usize, xq: usize, c: i32, sr: usize, ur: usize): v128 {
+  const nib0: usize = <usize>(16 + (min ? 16 : 0)) + h * 64;
+  const bits0: usize = <usize>(144 + (min ? 16 : 0)) + h * 16;
+  const i = q4Sub(five, g + nib0, five ? v128.load(g + bits0) : i32x4.splat(0), xq + (<usize>c << 7), i16x8.splat(1));
+  return term(min, offset, i, f16at(g + (h << 3)), min ? f16at(g + 16 + (h << 3)) : i32x4.splat(0), sr + (<usize>c << 2), blockSum(ur, c));
+}
+
+/**
+ * k whole strips (at sp, sp + ss, ...: far apart in the thread's share) in step against one token
+ * row, block by block: each strip's half 0, then each one's half 1, the running sums held in y (yo,
+ * yo + ys2, ...; half1's additions in half1's order). k streams a thread keep k prefetches going
+ * where one, half strip by half strip, left the core waiting on memory (as kquants.ts' kStripK).
+ */
+@inline function stripK(min: bool, five: bool, offset: i32, k: i32, yo: usize, ys2: usize, xq: usize, sp: usize, ss: usize, n: i32): void {
+  const blocks = n >> 5;
+  const gb = groupBytes(min, five);
+  const sr = quadScales(xq, n);
+  const ur = quadSums(xq, n, 5);
+  const z = f32x4.splat(0);
+  for (let t = 0; t < k; t++) {
+    v128.store(yo + <usize>t * ys2, z);
+    v128.store(yo + <usize>t * ys2, z, 16);
+  }
+  for (let c = 0; c < blocks; c++) {
+    for (let t = 0; t < k; t++) addTerm(yo + <usize>t * ys2, halfTerm(min, five, offset, sp + <usize>t * ss + <usize>c * gb, 0, xq, c, sr, ur));
+    for (let t = 0; t < k; t++) {
+      const yt = yo + <usize>t * ys2 + 16;
+      addTerm(yt, halfTerm(min, five, offset, sp + <usize>t * ss + <usize>c * gb, 1, xq, c, sr, ur));
+    }
+  }
+}
+
 /**
  * A half strip against four token rows from xq (qb apart), outputs of token t at yo + t * ys:
  * each quad of nibbles (and each fifth bit) is unpacked once for the four tokens, each token's
@@ -161,7 +194,16 @@ export function quantize_l_x(dst: usize, x: usize, rows: i32, n: i32): void {
   const sb = <usize>(n >> 5) * groupBytes(min, five);
   const qb = qRowBytes(n);
   const ys = <usize>d << 2;
-  for (let g = g0; g < g1; ) {
+  let g = g0;
+  // One token row: whole strips four at a time, a quarter of the share apart (stripK).
+  if (rows == 1) {
+    for (; g < g1 && ((g & 7) != 0 || g + 8 > g1); g++) oneLane(min, five, offset, y, xq, w, 1, n, ys, qb, sb, r0, g);
+    const per = ((g1 - g) >> 3) >> 2;
+    const far = per << 3;
+    for (let i = 0; i < per; i++, g += 8) stripK(min, five, offset, 4, y + (<usize>(g - r0) << 2), <usize>far << 2, xq, w + <usize>(g >> 3) * sb, <usize>per * sb, n);
+    g += 3 * far;
+  }
+  while (g < g1) {
     const sp = w + <usize>(g >> 3) * sb;
     if ((g & 7) == 0 && g + 8 <= g1) {
       let r = 0;
@@ -180,16 +222,22 @@ export function quantize_l_x(dst: usize, x: usize, rows: i32, n: i32): void {
       g += 8;
       continue;
     }
-    const lane = g & 3;
-    for (let r = 0; r < rows; r++) {
-      const v = half1(min, five, offset, xq + <usize>r * qb, sp, <usize>((g >> 2) & 1), n);
-      const o = y + <usize>r * ys + (<usize>(g - r0) << 2);
-      if (lane == 0) store<f32>(o, f32x4.extract_lane(v, 0));
-      else if (lane == 1) store<f32>(o, f32x4.extract_lane(v, 1));
-      else if (lane == 2) store<f32>(o, f32x4.extract_lane(v, 2));
-      else store<f32>(o, f32x4.extract_lane(v, 3));
-    }
+    oneLane(min, five, offset, y, xq, w, rows, n, ys, qb, sb, r0, g);
     g++;
+  }
+}
+
+/** Row g alone (a strip not wholly in the range): its half strip's sums, its own lane kept. */
+@inline function oneLane(min: bool, five: bool, offset: i32, y: usize, xq: usize, w: usize, rows: i32, n: i32, ys: usize, qb: usize, sb: usize, r0: i32, g: i32): void {
+  const sp = w + <usize>(g >> 3) * sb;
+  const lane = g & 3;
+  for (let r = 0; r < rows; r++) {
+    const v = half1(min, five, offset, xq + <usize>r * qb, sp, <usize>((g >> 2) & 1), n);
+    const o = y + <usize>r * ys + (<usize>(g - r0) << 2);
+    if (lane == 0) store<f32>(o, f32x4.extract_lane(v, 0));
+    else if (lane == 1) store<f32>(o, f32x4.extract_lane(v, 1));
+    else if (lane == 2) store<f32>(o, f32x4.extract_lane(v, 2));
+    else store<f32>(o, f32x4.extract_lane(v, 3));
   }
 }
 
