@@ -30,7 +30,7 @@
 // v128.load8x8_s and one i32x4.dot_i16x8_s against x's pair splatted give four rows' partial
 // sums in four lanes: no reduction across lanes, ever.
 
-import { f16ext, f16extSafe, f16extScale, f16Normal8, f16ToF32 } from "./f16";
+import { f16ext, f16extSafe, f16Normal8, f16ToF32 } from "./f16";
 import { Job } from "./job";
 
 /** Rows per strip. */
@@ -217,10 +217,10 @@ export function quantize_q8_x(dst: usize, x: usize, rows: i32, n: i32): void {
 
 /**
  * The 8 rows of the strip at sp against two quantized token rows, xq and xq + qb; token t's
- * outputs at yo + t * ys; the strip's scales as f32 at sc (scalesInto). Each pair of weights is widened once for both tokens, and x is read
+ * outputs at yo + t * ys. Each pair of weights is widened once for both tokens, and x is read
  * once per strip (a prefill's x streams from beyond L2 once per strip).
  */
-@inline function tile8x2(yo: usize, ys: usize, xq: usize, qb: usize, sp: usize, sc: usize, n: i32): void {
+@inline function tile8x2(yo: usize, ys: usize, xq: usize, qb: usize, sp: usize, n: i32): void {
   const blocks = n >> 5;
   let la = f32x4.splat(0), ha = la, lb = la, hb = la;
   let g = sp;
@@ -239,8 +239,13 @@ export function quantize_q8_x(dst: usize, x: usize, rows: i32, n: i32): void {
       i2 = i32x4.add(i2, i32x4.dot_i16x8_s(lo, xb));
       i3 = i32x4.add(i3, i32x4.dot_i16x8_s(hi, xb));
     }
-    const wlo = v128.load(sc + (<usize>c << 5));
-    const whi = v128.load(sc + (<usize>c << 5), 16);
+    // f16ext, not f16extScale: a q8_0 scale below 2^-14 needs a block's largest |w| below 2^-7,
+    // rare in a model's weights, and costs here an assist per four tokens; each way of testing
+    // for it (per block, per strip, or converting per strip into scratch) measured 0.77-0.91x on
+    // a 1B Q8_0 model's batch of 8. strip8, one token, tests per block at no measured cost.
+    const ws = v128.load(g);
+    const wlo = f16ext(i32x4.extend_low_i16x8_s(ws));
+    const whi = f16ext(i32x4.extend_high_i16x8_s(ws));
     const xsa = v128.load32_splat(sp4);
     const xsb = v128.load32_splat(sp4 + qb);
     la = addBlock(la, i0, wlo, xsa);
@@ -265,7 +270,7 @@ export function quantize_q8_x(dst: usize, x: usize, rows: i32, n: i32): void {
  * integer ones) leave too few registers for the inner loop, so they live in y itself: each block
  * loads, adds and stores them, the same additions in the same order as in registers.
  */
-@inline function tile8x4(yo: usize, ys: usize, xq: usize, qb: usize, sp: usize, sc: usize, n: i32): void {
+@inline function tile8x4(yo: usize, ys: usize, xq: usize, qb: usize, sp: usize, n: i32): void {
   const blocks = n >> 5;
   const z = f32x4.splat(0);
   for (let t: usize = 0; t < 4; t++) {
@@ -294,8 +299,9 @@ export function quantize_q8_x(dst: usize, x: usize, rows: i32, n: i32): void {
       d0 = i32x4.add(d0, i32x4.dot_i16x8_s(lo, v));
       d1 = i32x4.add(d1, i32x4.dot_i16x8_s(hi, v));
     }
-    const wlo = v128.load(sc + (<usize>c << 5));
-    const whi = v128.load(sc + (<usize>c << 5), 16);
+    const ws = v128.load(g);
+    const wlo = f16ext(i32x4.extend_low_i16x8_s(ws));
+    const whi = f16ext(i32x4.extend_high_i16x8_s(ws));
     addBlockAt(yo, a0, a1, wlo, whi, sp4);
     addBlockAt(yo + ys, b0, b1, wlo, whi, sp4 + qb);
     addBlockAt(yo + 2 * ys, c0, c1, wlo, whi, sp4 + 2 * qb);
@@ -314,38 +320,21 @@ export function quantize_q8_x(dst: usize, x: usize, rows: i32, n: i32): void {
 }
 
 /**
- * The strip's scales made f32 at sc, 32 bytes a group (rows 0..3, then 4..7): the tiles take them
- * from there, once per strip rather than once per block per tile. (Converted in the tiles, the
- * test for subnormals spilled the 8x4 tile's registers: 0.91x at 8 rows.)
- */
-@inline function scalesInto(sc: usize, sp: usize, n: i32): void {
-  const blocks = n >> 5;
-  for (let c = 0; c < blocks; c++) {
-    const ws = v128.load(sp + <usize>c * GROUP);
-    const o = sc + (<usize>c << 5);
-    v128.store(o, f16extScale(i32x4.extend_low_i16x8_s(ws)));
-    v128.store(o, f16extScale(i32x4.extend_high_i16x8_s(ws)), 16);
-  }
-}
-
-/**
  * The whole strip at sp against every quantized token row from xq: four tokens at a time by 8x4
  * tiles, then two by 8x2 (the strip, 8.5 n bytes, stays in cache while the tokens pass), the odd
  * one by strip8. (4 rows x 4 tokens, which reads x twice per strip, measured slower.)
  */
-@inline function stripRows(yo: usize, ys: usize, xq: usize, qb: usize, sp: usize, rows: i32, n: i32, sc: usize): void {
+@inline function stripRows(yo: usize, ys: usize, xq: usize, qb: usize, sp: usize, rows: i32, n: i32): void {
   let r = 0;
-  if (rows >= 2) scalesInto(sc, sp, n);
-  for (; r + 4 <= rows; r += 4) tile8x4(yo + <usize>r * ys, ys, xq + <usize>r * qb, qb, sp, sc, n);
-  for (; r + 2 <= rows; r += 2) tile8x2(yo + <usize>r * ys, ys, xq + <usize>r * qb, qb, sp, sc, n);
+  for (; r + 4 <= rows; r += 4) tile8x4(yo + <usize>r * ys, ys, xq + <usize>r * qb, qb, sp, n);
+  for (; r + 2 <= rows; r += 2) tile8x2(yo + <usize>r * ys, ys, xq + <usize>r * qb, qb, sp, n);
   for (; r < rows; r++) strip8(yo + <usize>r * ys, xq + <usize>r * qb, sp, n);
 }
 
 /**
  * Rows g0 .. g1 of the q8_0 matrix at w (a thread's share) against every quantized token row at
  * xq; row g's outputs go to column g - r0 of y. Rows of a strip not wholly in the range go one at
- * a time. n must be a multiple of 32 (the caller checks); `scratch` holds the strip's f32 scales (n
- * bytes) for two or more token rows.
+ * a time. n must be a multiple of 32 (the caller checks); `scratch` is unused.
  */
 export function matmul_q8_0(job: usize, g0: i32, g1: i32, scratch: usize): void {
   const j = changetype<Job>(job);
@@ -371,7 +360,7 @@ export function matmul_q8_0(job: usize, g0: i32, g1: i32, scratch: usize): void 
     for (let i = 0; i < per; i++, g += S) stripK(4, y + (<usize>(g - r0) << 2), <usize>far << 2, xq, w + <usize>(g >> 3) * sb, <usize>per * sb, n);
     g += 3 * far;
   }
-  for (; g + S <= g1; g += S) stripRows(y + (<usize>(g - r0) << 2), ys, xq, qb, w + <usize>(g >> 3) * sb, rows, n, scratch);
+  for (; g + S <= g1; g += S) stripRows(y + (<usize>(g - r0) << 2), ys, xq, qb, w + <usize>(g >> 3) * sb, rows, n);
   for (; g < g1; g++) {
     const sp = w + <usize>(g >> 3) * sb;
     for (let r = 0; r < rows; r++) store<f32>(y + <usize>r * ys + (<usize>(g - r0) << 2), row1(xq + <usize>r * qb, sp, g & (S - 1), n));
