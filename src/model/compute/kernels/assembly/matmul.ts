@@ -237,6 +237,15 @@ const GROUP_BYTES: usize = 128;
 /** Groups of one strip stepped before the next strip's turn in stripsK (2 KB of 16-bit weights). */
 const CHUNK: i32 = 4;
 
+/**
+ * strip8x1 on f16 weights and an x not scaled (some |x| >= 2^16), as a function of its own: its
+ * dtype a constant here, where a second inlined strip8x1 in matmul with another dtype made
+ * AssemblyScript share one local for both and binaryen then kept the dtype tests in the loop.
+ */
+function strip8x1F16(yo: usize, xr: usize, sp: usize, n: i32): void {
+  strip8x1(F16, yo, xr, sp, n, xr);
+}
+
 /** Row k of the strip at sp against one token row xr. */
 @inline function row1x1(dt: i32, xr: usize, sp: usize, k: i32, n: i32): f32 {
   const gl = groupLen(dt);
@@ -411,15 +420,15 @@ function stripRows(yo: usize, x: usize, sp: usize, rows: i32, n: i32, d: i32): v
   }
   // One token row: the whole strips four at a time, a quarter of the share apart (stripsK), their
   // sums in scratch past the scaled x (4 n + 528 bytes of the 32 n: n >= 64 leaves room).
-  if (rows == 1 && n >= 64) {
+  // One instance per dtype: f16 only when scaled (an unscaled one, |x| >= 2^16, goes strip by strip),
+  // since binaryen folds two calls that differ in dt alone into one testing dt per vector.
+  if (rows == 1 && n >= 64 && (dt != F16 || scaled)) {
     const per = ((g1 - g) >> 3) >> 2;
     const far = per << 3;
     const acc = scratch + ((<usize>n << 2) + 15 & ~15);
+    const xq = dt == F16 ? scratch : x;
     for (let i = 0; i < per; i++, g += S) {
-      const yo = y + (<usize>(g - r0) << 2);
-      const sp = w + <usize>(g >> 3) * sb;
-      if (dt == F16 && scaled) stripsK(F16X, 4, yo, <usize>far << 2, x, sp, <usize>per * sb, n, scratch, acc);
-      else stripsK(dt, 4, yo, <usize>far << 2, x, sp, <usize>per * sb, n, x, acc);
+      stripsK(dt == F16 ? F16X : dt, 4, y + (<usize>(g - r0) << 2), <usize>far << 2, x, w + <usize>(g >> 3) * sb, <usize>per * sb, n, xq, acc);
     }
     g += 3 * far;
   }
@@ -427,8 +436,8 @@ function stripRows(yo: usize, x: usize, sp: usize, rows: i32, n: i32, d: i32): v
     const sp = w + <usize>(g >> 3) * sb;
     const yo = y + (<usize>(g - r0) << 2);
     if (rows == 1) {
-      if (dt == F16 && scaled) strip8x1(F16X, yo, x, sp, n, scratch);
-      else strip8x1(dt, yo, x, sp, n, x);
+      if (dt == F16 && !scaled) strip8x1F16(yo, x, sp, n);
+      else strip8x1(dt == F16 ? F16X : dt, yo, x, sp, n, dt == F16 ? scratch : x);
     } else if (dt == F32) stripRows(yo, x, sp, rows, n, d);
     else {
       dequantStrip(dt, scratch, sp, n);
