@@ -440,6 +440,76 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
 }
 
 /**
+ * A half strip of q4_k (q5_k when five) against eight token rows from xq (qb apart), outputs of
+ * token t at yo + t * ys: q4Half4's sums (the same additions in the same order for each token),
+ * each quad of nibbles unpacked once for eight tokens instead of four. The eight integer sums of
+ * a super-block live at acc (128 bytes of scratch): eight i16 sums, the quad and x in registers
+ * leave no room for them.
+ */
+@inline function q4Half8(five: bool, acc: usize, yo: usize, ys: usize, xq: usize, qb: usize, sp: usize, half: usize, n: i32): void {
+  const blocks = n >> 8;
+  const z = i32x4.splat(0);
+  for (let t: usize = 0; t < 8; t++) v128.store(yo + t * ys, z);
+  const sr = scalesAt(xq, n);
+  const ur = sums32At(xq, n);
+  for (let c = 0; c < blocks; c++) {
+    const g = sp + <usize>c * (five ? Q5K_GROUP : Q4K_GROUP);
+    const wq = g + 160 + half * 512;
+    const sc = g + 32 + half * 32;
+    const mn = g + 96 + half * 32;
+    const bits = g + Q4K_GROUP + half * 128;
+    const xb = xq + (<usize>c << 10);
+    for (let t: usize = 0; t < 8; t++) v128.store(acc + (t << 4), z);
+    for (let j: usize = 0; j < 8; j++) {
+      const w = wq + j * 64;
+      const xj = xb + (j << 7);
+      let h = five ? v128.load(bits + j * 16) : z;
+      let s0 = z, s1 = z, s2 = z, s3 = z, s4 = z, s5 = z, s6 = z, s7 = z;
+      for (let p: usize = 0; p < 64; p += 32) {
+        for (let u = p; u < p + 32; u += 16) {
+          const v = v128.load(w + u);
+          const lo = lowOf(five, v, h);
+          const hi = highOf(five, v, h);
+          if (five) h = next2(h);
+          const x = xj + (u << 1);
+          s0 = dot2(s0, x, lo, hi);
+          s1 = dot2(s1, x + qb, lo, hi);
+          s2 = dot2(s2, x + 2 * qb, lo, hi);
+          s3 = dot2(s3, x + 3 * qb, lo, hi);
+          s4 = dot2(s4, x + 4 * qb, lo, hi);
+          s5 = dot2(s5, x + 5 * qb, lo, hi);
+          s6 = dot2(s6, x + 6 * qb, lo, hi);
+          s7 = dot2(s7, x + 7 * qb, lo, hi);
+        }
+        if (five || p == 32) {
+          const pr = v128.load8x8_u(sc + ((j >> 1) << 3));
+          const scv = (j & 1) == 0 ? pairEven(pr) : pairOdd(pr);
+          addDot(acc, s0, scv);
+          addDot(acc + 16, s1, scv);
+          addDot(acc + 32, s2, scv);
+          addDot(acc + 48, s3, scv);
+          addDot(acc + 64, s4, scv);
+          addDot(acc + 80, s5, scv);
+          addDot(acc + 96, s6, scv);
+          addDot(acc + 112, s7, scv);
+          s0 = z; s1 = z; s2 = z; s3 = z; s4 = z; s5 = z; s6 = z; s7 = z;
+        }
+      }
+    }
+    const dq = f16at(g + (half << 3));
+    const dm = f16at(g + 16 + (half << 3));
+    for (let t: usize = 0; t < 8; t++) {
+      q4Finish(yo + t * ys, v128.load(acc + (t << 4)), dq, dm, mn, sr + t * qb + (<usize>c << 2), ur + t * qb + (<usize>c << 4));
+    }
+  }
+}
+
+/** The i32 sums at p plus s's pair sums scaled by scv (q4Half4's a += dot_i16x8_s(s, scv)). */
+@inline function addDot(p: usize, s: v128, scv: v128): void {
+  v128.store(p, i32x4.add(v128.load(p), i32x4.dot_i16x8_s(s, scv)));
+}
+
+/**
  * A half strip's 4- or 5-bit values unpacked to bytes at un, for q4Half4 to read instead of
  * unpacking them per four tokens: per super-block c, sub-block j and quad u (0, 16, 32, 48), its
  * low values at un + c * 1024 + j * 128 + 2 u and its high ones 16 bytes on. (A batch's or a
@@ -731,6 +801,15 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
     } else if (pre) {
       q4Unpack(five, sp, 0, n, scratch);
       q4Unpack(five, sp, 1, n, un1);
+    }
+    // Eight tokens at a time where the strip is not unpacked (q4_k and q5_k below 16 rows).
+    if (!six && !pre) {
+      for (; r + 8 <= rows; r += 8) {
+        const yr = yo + <usize>r * ys;
+        const xr = xq + <usize>r * qb;
+        q4Half8(five, scratch, yr, ys, xr, qb, sp, 0, n);
+        q4Half8(five, scratch, yr + 16, ys, xr, qb, sp, 1, n);
+      }
     }
     for (; r + 4 <= rows; r += 4) {
       const yr = yo + <usize>r * ys;
