@@ -104,52 +104,12 @@ export function quantize_q8_x(dst: usize, x: usize, rows: i32, n: i32): void {
   return f32x4.add(acc, f32x4.mul(f32x4.convert_i32x4_s(sums), f32x4.mul(wscale, xscale)));
 }
 
-/** The 8 rows of the strip at sp against one quantized token row xq; outputs at yo, yo + 4, ... */
-@inline function strip8(yo: usize, xq: usize, sp: usize, n: i32): void {
-  const blocks = n >> 5;
-  let lo = f32x4.splat(0);
-  let hi = lo;
-  let g = sp;
-  let xp = xq;
-  let sp4 = scalesOf(xq, n);
-  for (let c = 0; c < blocks; c++) {
-    const w = g + 16;
-    // Two chains of adds per half, so each waits on the other's latency only.
-    let la = i32x4.splat(0), lb = la, ha = la, hb = la;
-    // Pointers stepped rather than indexed: the loads' offsets are immediates.
-    for (let q = w, x = xp; q < w + 128; q += 16, x += 32) {
-      const x0 = v128.load(x);
-      const x1 = v128.load(x, 16);
-      la = i32x4.add(la, i32x4.dot_i16x8_s(v128.load8x8_s(q), x0));
-      ha = i32x4.add(ha, i32x4.dot_i16x8_s(v128.load8x8_s(q, 128), x0));
-      lb = i32x4.add(lb, i32x4.dot_i16x8_s(v128.load8x8_s(q, 8), x1));
-      hb = i32x4.add(hb, i32x4.dot_i16x8_s(v128.load8x8_s(q, 136), x1));
-    }
-    const xs = v128.load32_splat(sp4);
-    const ws = v128.load(g);
-    let wlo = i32x4.extend_low_i16x8_s(ws), whi = i32x4.extend_high_i16x8_s(ws);
-    if (f16Normal8(ws)) {
-      wlo = f16ext(wlo);
-      whi = f16ext(whi);
-    } else {
-      wlo = f16extSafe(wlo);
-      whi = f16extSafe(whi);
-    }
-    lo = addBlock(lo, i32x4.add(la, lb), wlo, xs);
-    hi = addBlock(hi, i32x4.add(ha, hb), whi, xs);
-    g += GROUP;
-    xp += 256;
-    sp4 += 4;
-  }
-  v128.store(yo, lo);
-  v128.store(yo, hi, 16);
-}
-
 /**
- * k strips (at sp, sp + ss, ...: far apart in the thread's share) in step against one token row,
- * block by block, the running sums held in y (yo, yo + ys2, ...): strip8's additions in strip8's
- * order. k streams a thread keep k prefetches going where one left the core waiting on each new
- * line (as kquants.ts' kStripK).
+ * k strips (at sp, sp + ss, ...: far apart in the thread's share) in step against one token row xq,
+ * block by block; the 8 rows of strip t give their outputs at yo + t * ys2, yo + t * ys2 + 4, ...
+ * Per row, one running f32 sum held in y, plus per block f32(I) * (wscale * xscale) (THE Q8 ORDER
+ * in matmul.ts). k streams a thread keep k prefetches going where one left the core waiting on
+ * each new line (as kquants.ts' kStripK); k = 1 is one strip alone.
  */
 @inline function stripK(k: i32, yo: usize, ys2: usize, xq: usize, sp: usize, ss: usize, n: i32): void {
   const blocks = n >> 5;
@@ -192,7 +152,7 @@ export function quantize_q8_x(dst: usize, x: usize, rows: i32, n: i32): void {
   }
 }
 
-/** Row k of the strip at sp against one quantized token row xq (the same sum as strip8's). */
+/** Row k of the strip at sp against one quantized token row xq (the same sum as stripK's). */
 @inline function row1(xq: usize, sp: usize, k: i32, n: i32): f32 {
   const blocks = n >> 5;
   let acc: f32 = 0;
@@ -242,7 +202,7 @@ export function quantize_q8_x(dst: usize, x: usize, rows: i32, n: i32): void {
     // f16ext, not f16extScale: a q8_0 scale below 2^-14 needs a block's largest |w| below 2^-7,
     // rare in a model's weights, and costs here an assist per four tokens; each way of testing
     // for it (per block, per strip, or converting per strip into scratch) measured 0.77-0.91x on
-    // a 1B Q8_0 model's batch of 8. strip8, one token, tests per block at no measured cost.
+    // a 1B Q8_0 model's batch of 8. stripK, one token, tests per block at no measured cost.
     const ws = v128.load(g);
     const wlo = f16ext(i32x4.extend_low_i16x8_s(ws));
     const whi = f16ext(i32x4.extend_high_i16x8_s(ws));
@@ -322,13 +282,13 @@ export function quantize_q8_x(dst: usize, x: usize, rows: i32, n: i32): void {
 /**
  * The whole strip at sp against every quantized token row from xq: four tokens at a time by 8x4
  * tiles, then two by 8x2 (the strip, 8.5 n bytes, stays in cache while the tokens pass), the odd
- * one by strip8. (4 rows x 4 tokens, which reads x twice per strip, measured slower.)
+ * one by stripK. (4 rows x 4 tokens, which reads x twice per strip, measured slower.)
  */
 @inline function stripRows(yo: usize, ys: usize, xq: usize, qb: usize, sp: usize, rows: i32, n: i32): void {
   let r = 0;
   for (; r + 4 <= rows; r += 4) tile8x4(yo + <usize>r * ys, ys, xq + <usize>r * qb, qb, sp, n);
   for (; r + 2 <= rows; r += 2) tile8x2(yo + <usize>r * ys, ys, xq + <usize>r * qb, qb, sp, n);
-  for (; r < rows; r++) strip8(yo + <usize>r * ys, xq + <usize>r * qb, sp, n);
+  for (; r < rows; r++) stripK(1, yo + <usize>r * ys, 0, xq + <usize>r * qb, sp, 0, n);
 }
 
 /**
