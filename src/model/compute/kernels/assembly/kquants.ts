@@ -351,29 +351,6 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
 }
 
 /**
- * A whole strip of q4_k (q5_k when five) against one quantized token row: both halves' terms per
- * super-block, so the strip is read front to back in one stream (half by half, each pass skipped
- * the other half's 512 bytes of every group and the prefetcher fell behind). Each half's running
- * sum is q4Half1's, in the same order.
- */
-@inline function q4Strip1(five: bool, yo: usize, xq: usize, sp: usize, n: i32): void {
-  const blocks = n >> 8;
-  let acc0 = f32x4.splat(0), acc1 = acc0;
-  const sr = scalesAt(xq, n);
-  const ur = sums32At(xq, n);
-  for (let c = 0; c < blocks; c++) {
-    const g = sp + <usize>c * (five ? Q5K_GROUP : Q4K_GROUP);
-    const s = load<f32>(sr + (<usize>c << 2));
-    const xb = xq + (<usize>c << 10);
-    const u = ur + (<usize>c << 4);
-    acc0 = f32x4.add(acc0, q4Term(five, g, 0, xb, s, u));
-    acc1 = f32x4.add(acc1, q4Term(five, g, 1, xb, s, u));
-  }
-  v128.store(yo, acc0);
-  v128.store(yo, acc1, 16);
-}
-
-/**
  * A half strip of q4_k against four token rows from xq (qb apart), outputs of token t at
  * yo + t * ys: each quad of nibbles is unpacked once for the four tokens (dot2 per token, as
  * q4Sub). The super-block's A per token stays in registers, and y holds the running f32 sums
@@ -616,11 +593,13 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
 }
 
 /**
- * k strips (at sp, sp + ss, ...: far apart in the thread's share) in step against one token row:
- * per super-block each strip's half 0, then each one's half 1, the running sums held in y (yo, yo
- * + ys2, ...; the same additions in the same order as q4Strip1's registers). One stream a thread
- * left the core waiting on each new line of weights; k streams keep k prefetches going (1B
- * Q4_K_M decode, two threads: 69.5 ms a token with one, 62 with two, 61 with four).
+ * k whole strips (at sp, sp + ss, ...: far apart in the thread's share) against one token row, in
+ * step: per super-block each strip's half 0 term, then each one's half 1 term (q4Term, q6Term), so
+ * a strip is read front to back, and its two halves' running sums held in y (yo, yo + ys2, ...):
+ * each half's additions are q4Half1's (q6Half1's), in their order. Half by half, each pass skipped
+ * the other half's bytes of every group; and one stream a thread left the core waiting on each new
+ * line of weights, where k streams keep k prefetches going (1B Q4_K_M decode, two threads: 69.5
+ * ms a token with one, 62 with two, 61 with four). k = 1 is one strip alone.
  */
 @inline function kStripK(six: bool, five: bool, k: i32, yo: usize, ys2: usize, xq: usize, sp: usize, ss: usize, n: i32): void {
   const blocks = n >> 8;
@@ -647,24 +626,6 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
       v128.store(yt, f32x4.add(v128.load(yt, 16), six ? q6Term(g, 1, xb, s, u) : q4Term(five, g, 1, xb, s, u)), 16);
     }
   }
-}
-
-/** A whole strip of q6_k against one quantized token row, both halves per super-block (as q4Strip1). */
-@inline function q6Strip1(yo: usize, xq: usize, sp: usize, n: i32): void {
-  const blocks = n >> 8;
-  let acc0 = f32x4.splat(0), acc1 = acc0;
-  const sr = scalesAt(xq, n);
-  const ur = sums16At(xq, n);
-  for (let c = 0; c < blocks; c++) {
-    const g = sp + <usize>c * Q6K_GROUP;
-    const s = load<f32>(sr + (<usize>c << 2));
-    const xb = xq + (<usize>c << 10);
-    const u = ur + (<usize>c << 5);
-    acc0 = f32x4.add(acc0, q6Term(g, 0, xb, s, u));
-    acc1 = f32x4.add(acc1, q6Term(g, 1, xb, s, u));
-  }
-  v128.store(yo, acc0);
-  v128.store(yo, acc1, 16);
 }
 
 /**
@@ -759,10 +720,12 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
 // ------------------------------------------------------------------------------------ dispatch
 
 /**
- * Rows g0 .. g1 of the matrix at w (q4_k when six is false, else q6_k; a thread's share) against
- * every quantized token row at xq; row g's outputs go to column g - r0 of y. Whole strips take
- * four tokens at a time per half strip, then one at a time both halves; a row of a strip not
- * wholly in the range computes its half alone and keeps its lane (the same sum).
+ * Rows g0 .. g1 of the matrix at w (q4_k, q5_k when five, q6_k when six; a thread's share)
+ * against every quantized token row at xq; row g's outputs go to column g - r0 of y. One token
+ * row takes the whole strips four in step (kStripK); more take each strip by tiles of eight
+ * tokens (q4_k and q5_k below 16 rows), then four, per half strip, then one token at a time; a
+ * row of a strip not wholly in the range computes its half alone and keeps its lane (the same
+ * sum).
  */
 @inline function matmulK(six: bool, five: bool, job: usize, g0: i32, g1: i32, scratch: usize): void {
   const j = changetype<Job>(job);
@@ -828,10 +791,7 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
         q4Half4(five, false, 0, yr + 16, ys, xr, qb, sp, 1, n);
       }
     }
-    for (; r < rows; r++) {
-      if (six) q6Strip1(yo + <usize>r * ys, xq + <usize>r * qb, sp, n);
-      else q4Strip1(five, yo + <usize>r * ys, xq + <usize>r * qb, sp, n);
-    }
+    for (; r < rows; r++) kStripK(six, five, 1, yo + <usize>r * ys, 0, xq + <usize>r * qb, sp, 0, n);
   }
   for (; g < g1; g++) oneRow(six, five, y, xq, w, rows, n, ys, qb, sb, r0, g);
 }
