@@ -59,13 +59,8 @@
   return f16extSafe(h);
 }
 
-/** Whether all eight f16 patterns of v (i16 lanes) are normal (or inf/NaN): f16ext is then assist-free on both halves. */
-@inline export function f16Normal8(v: v128): bool {
-  return i16x8.all_true(i16x8.ge_s(v128.and(v, i16x8.splat(0x7fff)), i16x8.splat(0x400)));
-}
-
 /** f16extScale's path for a subnormal: exact for every finite f16, no f32 subnormal operand. */
-@inline export function f16extSafe(h: v128): v128 {
+@inline function f16extSafe(h: v128): v128 {
   const em = v128.and(h, i32x4.splat(0x7fff));
   const normal = i32x4.add(i32x4.mul(em, i32x4.splat(8192)), i32x4.splat(112 << 23));
   const sub = f32x4.mul(f32x4.convert_i32x4_s(em), f32x4.splat(reinterpret<f32>(0x33800000)));

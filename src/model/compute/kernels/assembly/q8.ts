@@ -30,7 +30,7 @@
 // v128.load8x8_s and one i32x4.dot_i16x8_s against x's pair splatted give four rows' partial
 // sums in four lanes: no reduction across lanes, ever.
 
-import { f16ext, f16extSafe, f16Normal8, f16ToF32 } from "./f16";
+import { f16ext, f16extScale, f16ToF32 } from "./f16";
 import { Job } from "./job";
 
 /** Rows per strip. */
@@ -135,14 +135,8 @@ export function quantize_q8_x(dst: usize, x: usize, rows: i32, n: i32): void {
         hb = i32x4.add(hb, i32x4.dot_i16x8_s(v128.load8x8_s(q, 136), x1));
       }
       const ws = v128.load(g);
-      let wlo = i32x4.extend_low_i16x8_s(ws), whi = i32x4.extend_high_i16x8_s(ws);
-      if (f16Normal8(ws)) {
-        wlo = f16ext(wlo);
-        whi = f16ext(whi);
-      } else {
-        wlo = f16extSafe(wlo);
-        whi = f16extSafe(whi);
-      }
+      const wlo = f16extScale(i32x4.extend_low_i16x8_s(ws));
+      const whi = f16extScale(i32x4.extend_high_i16x8_s(ws));
       const yt = yo + <usize>t * ys2;
       v128.store(yt, addBlock(v128.load(yt), i32x4.add(la, lb), wlo, xs));
       v128.store(yt, addBlock(v128.load(yt, 16), i32x4.add(ha, hb), whi, xs), 16);
@@ -202,7 +196,7 @@ export function quantize_q8_x(dst: usize, x: usize, rows: i32, n: i32): void {
     // f16ext, not f16extScale: a q8_0 scale below 2^-14 needs a block's largest |w| below 2^-7,
     // rare in a model's weights, and costs here an assist per four tokens; each way of testing
     // for it (per block, per strip, or converting per strip into scratch) measured 0.77-0.91x on
-    // a 1B Q8_0 model's batch of 8. stripK, one token, tests per block at no measured cost.
+    // a 1B Q8_0 model's batch of 8. stripK, one token, takes f16extScale at no measured cost.
     const ws = v128.load(g);
     const wlo = f16ext(i32x4.extend_low_i16x8_s(ws));
     const whi = f16ext(i32x4.extend_high_i16x8_s(ws));
