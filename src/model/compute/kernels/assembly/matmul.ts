@@ -36,8 +36,8 @@
 // Weights past the last whole group of a row (n % 4, or n % 8 for 16-bit) follow the groups, row
 // by row in their natural order.
 //
-// Tiles only decide which outputs share the loads: one token row takes a whole strip (eight sums
-// in flight), f16 against x scaled by 2^112 (see F16X); more token rows
+// Tiles only decide which outputs share the loads: one token row takes whole strips, four in step
+// (eight sums in flight each; stripsK), f16 against x scaled by 2^112 (see F16X); more token rows
 // take 4 weight rows by 2 tokens from an f32 strip, packed dtypes being first dequantized a strip
 // at a time into `scratch` (exact, so the bits stay the same).
 
@@ -179,7 +179,7 @@ const GROUP_BYTES: usize = 128;
 
 /**
  * k whole strips (at sp, sp + ss, ...: far apart in the thread's share) against one token row,
- * in step: CHUNK groups of one strip, then the same groups of the next, each strip's 8 running
+ * in step: CHUNK groups of one strip, then CHUNK of the next, each strip's 8 running
  * sums kept at acc (128 bytes a strip) between its turns. The same additions in the same order as
  * strip8x1's; k streams a thread keep k prefetches going where one left the core waiting on each
  * new line. Outputs of strip t at yo + t * ys2.
@@ -189,6 +189,8 @@ const GROUP_BYTES: usize = 128;
   const groups = mainLen(dt, n) / gl;
   const z = f32x4.splat(0);
   for (let t = 0; t < k; t++) for (let i: usize = 0; i < 128; i += 16) v128.store(acc + <usize>t * 128 + i, z);
+  // Staggered: in turn i, strip t takes chunk i - t, so the streams sit a chunk apart in their
+  // strips (all on the same chunk measured 0.94x, bench/decode-ab.ts on 1B F16).
   const chunks = (groups + CHUNK - 1) / CHUNK;
   for (let i = 0; i < chunks + k - 1; i++) {
     for (let t = 0; t < k; t++) {
@@ -234,7 +236,10 @@ const GROUP_BYTES: usize = 128;
   }
 }
 
-/** Groups of one strip stepped before the next strip's turn in stripsK (2 KB of 16-bit weights). */
+/**
+ * Groups of one strip stepped before the next strip's turn in stripsK: 512 bytes of 16-bit weights
+ * (1B F16 decode, two threads: 16 groups a turn 1.4x slower than one stream, 4 or 1 1.07x faster).
+ */
 const CHUNK: i32 = 4;
 
 /**
@@ -419,9 +424,9 @@ function stripRows(yo: usize, x: usize, sp: usize, rows: i32, n: i32, d: i32): v
     for (let r = 0; r < rows; r++) store<f32>(y + <usize>r * ys + (<usize>(g - r0) << 2), row1x1(dt, x + <usize>r * xs, sp, g & (S - 1), n));
   }
   // One token row: the whole strips four at a time, a quarter of the share apart (stripsK), their
-  // sums in scratch past the scaled x (4 n + 528 bytes of the 32 n: n >= 64 leaves room).
-  // One instance per dtype: f16 only when scaled (an unscaled one, |x| >= 2^16, goes strip by strip),
-  // since binaryen folds two calls that differ in dt alone into one testing dt per vector.
+  // sums in scratch past the scaled x (4 n + 528 bytes of the 32 n: n >= 64 leaves room). f16
+  // only when x is scaled: one inlined stripsK per dtype (see strip8x1F16); an unscaled x (some
+  // |x| >= 2^16) goes strip by strip.
   if (rows == 1 && n >= 64 && (dt != F16 || scaled)) {
     const per = ((g1 - g) >> 3) >> 2;
     const far = per << 3;
