@@ -44,7 +44,7 @@ for (let k = 0; k < 4; k++) step(k);
 const t0 = performance.now();
 for (let k = 4; k < 4 + ${STEPS}; k++) step(k);
 console.log(JSON.stringify({ ms: (performance.now() - t0) / ${STEPS} }));
-m.close?.();
+m.close();
 process.exit(0);
 `;
 }
