@@ -593,39 +593,32 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
 }
 
 /**
- * k whole strips (at sp, sp + ss, ...: far apart in the thread's share) against one token row, in
- * step: per super-block each strip's half 0 term, then each one's half 1 term (q4Term, q6Term), so
- * a strip is read front to back, and its two halves' running sums held in y (yo, yo + ys2, ...):
- * each half's additions are q4Half1's (q6Half1's), in their order. Half by half, each pass skipped
- * the other half's bytes of every group; and one stream a thread left the core waiting on each new
- * line of weights, where k streams keep k prefetches going (1B Q4_K_M decode, two threads: 69.5
- * ms a token with one, 62 with two, 61 with four). k = 1 is one strip alone.
+ * A whole strip against one token row, front to back: per super-block its half 0 term, then its
+ * half 1 term (q4Term, q6Term), the two halves' running sums held in y at yo: each half's
+ * additions are q4Half1's (q6Half1's), in their order. Half by half, each pass skipped the other
+ * half's bytes of every group. One strip after another is one stream through the matrix: four
+ * strips in step (four streams a strip apart, a chunk of 4 strips a kernel call) measured 1.47x
+ * slower on the AMD EPYC (1B Q4_K_M decode, two threads: 43.8 against 29.7 ms a token), where
+ * the Xeon of the last round had taken 61 against 69.5 ms: the EPYC's prefetchers lose short
+ * streams that start anew every 9.5 KB, and one stream is what both read best from a long range.
  */
-@inline function kStripK(six: bool, five: bool, k: i32, yo: usize, ys2: usize, xq: usize, sp: usize, ss: usize, n: i32): void {
+@inline function kStrip(six: bool, five: bool, yo: usize, xq: usize, sp: usize, n: i32): void {
   const blocks = n >> 8;
-  const z = f32x4.splat(0);
-  for (let t = 0; t < k; t++) {
-    v128.store(yo + <usize>t * ys2, z);
-    v128.store(yo + <usize>t * ys2, z, 16);
-  }
+  const grp: usize = six ? Q6K_GROUP : five ? Q5K_GROUP : Q4K_GROUP;
+  let y0 = f32x4.splat(0);
+  let y1 = y0;
   const sr = scalesAt(xq, n);
   const ur = six ? sums16At(xq, n) : sums32At(xq, n);
   for (let c = 0; c < blocks; c++) {
-    const o = <usize>c * (six ? Q6K_GROUP : five ? Q5K_GROUP : Q4K_GROUP);
+    const g = sp + <usize>c * grp;
     const s = load<f32>(sr + (<usize>c << 2));
     const xb = xq + (<usize>c << 10);
     const u = ur + (<usize>c << (six ? 5 : 4));
-    for (let t = 0; t < k; t++) {
-      const g = sp + <usize>t * ss + o;
-      const yt = yo + <usize>t * ys2;
-      v128.store(yt, f32x4.add(v128.load(yt), six ? q6Term(g, 0, xb, s, u) : q4Term(five, g, 0, xb, s, u)));
-    }
-    for (let t = 0; t < k; t++) {
-      const g = sp + <usize>t * ss + o;
-      const yt = yo + <usize>t * ys2;
-      v128.store(yt, f32x4.add(v128.load(yt, 16), six ? q6Term(g, 1, xb, s, u) : q4Term(five, g, 1, xb, s, u)), 16);
-    }
+    y0 = f32x4.add(y0, six ? q6Term(g, 0, xb, s, u) : q4Term(five, g, 0, xb, s, u));
+    y1 = f32x4.add(y1, six ? q6Term(g, 1, xb, s, u) : q4Term(five, g, 1, xb, s, u));
   }
+  v128.store(yo, y0);
+  v128.store(yo, y1, 16);
 }
 
 /**
@@ -722,7 +715,7 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
 /**
  * Rows g0 .. g1 of the matrix at w (q4_k, q5_k when five, q6_k when six; a thread's share)
  * against every quantized token row at xq; row g's outputs go to column g - r0 of y. One token
- * row takes the whole strips four in step (kStripK); more take each strip by tiles of eight
+ * row takes each strip whole (kStrip); more take each strip by tiles of eight
  * tokens (q4_k and q5_k below 16 rows), then four, per half strip, then one token at a time; a
  * row of a strip not wholly in the range computes its half alone and keeps its lane (the same
  * sum).
@@ -741,13 +734,6 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
   const ys = <usize>d << 2;
   let g = g0;
   for (; g < g1 && ((g & 7) != 0 || g + 8 > g1); g++) oneRow(six, five, y, xq, w, rows, n, ys, qb, sb, r0, g);
-  // One token row: the whole strips four at a time, a quarter of the share apart (kStripK).
-  if (rows == 1) {
-    const per = ((g1 - g) >> 3) >> 2;
-    const far = per << 3;
-    for (let i = 0; i < per; i++, g += 8) kStripK(six, five, 4, y + (<usize>(g - r0) << 2), <usize>far << 2, xq, w + <usize>(g >> 3) * sb, <usize>per * sb, n);
-    g += 3 * far;
-  }
   for (; g + 8 <= g1; g += 8) {
     const sp = w + <usize>(g >> 3) * sb;
     const yo = y + (<usize>(g - r0) << 2);
@@ -791,7 +777,7 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
         q4Half4(five, false, 0, yr + 16, ys, xr, qb, sp, 1, n);
       }
     }
-    for (; r < rows; r++) kStripK(six, five, 1, yo + <usize>r * ys, 0, xq + <usize>r * qb, sp, 0, n);
+    for (; r < rows; r++) kStrip(six, five, yo + <usize>r * ys, xq + <usize>r * qb, sp, n);
   }
   for (; g < g1; g++) oneRow(six, five, y, xq, w, rows, n, ys, qb, sb, r0, g);
 }

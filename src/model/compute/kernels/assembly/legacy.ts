@@ -81,28 +81,25 @@ export function quantize_l_x(dst: usize, x: usize, rows: i32, n: i32): void {
 }
 
 /**
- * k whole strips (at sp, sp + ss, ...: far apart in the thread's share) in step against one token
- * row, block by block: each strip's half 0, then each one's half 1, the running sums held in y (yo,
- * yo + ys2, ...; half1's additions in half1's order). k streams a thread keep k prefetches going
- * where one, half strip by half strip, left the core waiting on memory (as kquants.ts' kStripK).
+ * The whole strip at sp against one token row, block by block: its half 0 term, then its half 1
+ * term, each half's running sum in half1's order (the outputs at yo, yo + 4, ...). Strip after
+ * strip is one stream through the matrix (as kquants.ts' kStrip); half strip by half strip, each
+ * pass skipped the other half's bytes.
  */
-@inline function stripK(min: bool, five: bool, offset: i32, k: i32, yo: usize, ys2: usize, xq: usize, sp: usize, ss: usize, n: i32): void {
+@inline function strip1(min: bool, five: bool, offset: i32, yo: usize, xq: usize, sp: usize, n: i32): void {
   const blocks = n >> 5;
   const gb = groupBytes(min, five);
   const sr = quadScales(xq, n);
   const ur = quadSums(xq, n, 5);
-  const z = f32x4.splat(0);
-  for (let t = 0; t < k; t++) {
-    v128.store(yo + <usize>t * ys2, z);
-    v128.store(yo + <usize>t * ys2, z, 16);
-  }
+  let y0 = f32x4.splat(0);
+  let y1 = y0;
   for (let c = 0; c < blocks; c++) {
-    for (let t = 0; t < k; t++) addTerm(yo + <usize>t * ys2, halfTerm(min, five, offset, sp + <usize>t * ss + <usize>c * gb, 0, xq, c, sr, ur));
-    for (let t = 0; t < k; t++) {
-      const yt = yo + <usize>t * ys2 + 16;
-      addTerm(yt, halfTerm(min, five, offset, sp + <usize>t * ss + <usize>c * gb, 1, xq, c, sr, ur));
-    }
+    const g = sp + <usize>c * gb;
+    y0 = f32x4.add(y0, halfTerm(min, five, offset, g, 0, xq, c, sr, ur));
+    y1 = f32x4.add(y1, halfTerm(min, five, offset, g, 1, xq, c, sr, ur));
   }
+  v128.store(yo, y0);
+  v128.store(yo, y1, 16);
 }
 
 /**
@@ -179,7 +176,7 @@ export function quantize_l_x(dst: usize, x: usize, rows: i32, n: i32): void {
 /**
  * Rows g0 .. g1 of the matrix at w (a thread's share) against every quantized token row at xq;
  * row g's outputs go to column g - r0 of y. Whole strips take four tokens at a time per half
- * strip (half4), then one at a time both halves; a row of a strip not wholly in the range
+ * strip (half4), then one at a time (strip1); a row of a strip not wholly in the range
  * computes its half and keeps its lane (the same sum).
  */
 @inline function matmulLegacy(min: bool, five: bool, offset: i32, job: usize, g0: i32, g1: i32): void {
@@ -195,14 +192,6 @@ export function quantize_l_x(dst: usize, x: usize, rows: i32, n: i32): void {
   const qb = qRowBytes(n);
   const ys = <usize>d << 2;
   let g = g0;
-  // One token row: whole strips four at a time, a quarter of the share apart (stripK).
-  if (rows == 1) {
-    for (; g < g1 && ((g & 7) != 0 || g + 8 > g1); g++) oneLane(min, five, offset, y, xq, w, 1, n, ys, qb, sb, r0, g);
-    const per = ((g1 - g) >> 3) >> 2;
-    const far = per << 3;
-    for (let i = 0; i < per; i++, g += 8) stripK(min, five, offset, 4, y + (<usize>(g - r0) << 2), <usize>far << 2, xq, w + <usize>(g >> 3) * sb, <usize>per * sb, n);
-    g += 3 * far;
-  }
   while (g < g1) {
     const sp = w + <usize>(g >> 3) * sb;
     if ((g & 7) == 0 && g + 8 <= g1) {
@@ -213,12 +202,7 @@ export function quantize_l_x(dst: usize, x: usize, rows: i32, n: i32): void {
         half4(min, five, offset, yr, ys, xr, qb, sp, 0, n);
         half4(min, five, offset, yr + 16, ys, xr, qb, sp, 1, n);
       }
-      for (; r < rows; r++) {
-        const yr = y + <usize>r * ys + (<usize>(g - r0) << 2);
-        const xr = xq + <usize>r * qb;
-        v128.store(yr, half1(min, five, offset, xr, sp, 0, n));
-        v128.store(yr, half1(min, five, offset, xr, sp, 1, n), 16);
-      }
+      for (; r < rows; r++) strip1(min, five, offset, y + <usize>r * ys + (<usize>(g - r0) << 2), xq + <usize>r * qb, sp, n);
       g += 8;
       continue;
     }

@@ -36,8 +36,8 @@
 // Weights past the last whole group of a row (n % 4, or n % 8 for 16-bit) follow the groups, row
 // by row in their natural order.
 //
-// Tiles only decide which outputs share the loads: one token row takes whole strips, four in step
-// (eight sums in flight each; stripsK), f16 against x scaled by 2^112 (see F16X); more token rows
+// Tiles only decide which outputs share the loads: one token row takes whole strips one after
+// another (eight sums in flight; strip8x1), f16 against x scaled by 2^112 (see F16X); more token rows
 // take 4 weight rows by 2 tokens from an f32 strip, packed dtypes being first dequantized a strip
 // at a time into `scratch` (exact, so the bits stay the same).
 
@@ -176,71 +176,6 @@ const GROUP_BYTES: usize = 128;
   store<f32>(yo, finish(td, a6, tailOf(dt, sp, n, 6), xr, n), 24);
   store<f32>(yo, finish(td, a7, tailOf(dt, sp, n, 7), xr, n), 28);
 }
-
-/**
- * k whole strips (at sp, sp + ss, ...: far apart in the thread's share) against one token row,
- * in step: CHUNK groups of one strip, then CHUNK of the next, each strip's 8 running
- * sums kept at acc (128 bytes a strip) between its turns. The same additions in the same order as
- * strip8x1's; k streams a thread keep k prefetches going where one left the core waiting on each
- * new line. Outputs of strip t at yo + t * ys2.
- */
-@inline function stripsK(dt: i32, k: i32, yo: usize, ys2: usize, xr: usize, sp: usize, ss: usize, n: i32, xq: usize, acc: usize): void {
-  const gl = groupLen(dt);
-  const groups = mainLen(dt, n) / gl;
-  const z = f32x4.splat(0);
-  for (let t = 0; t < k; t++) for (let i: usize = 0; i < 128; i += 16) v128.store(acc + <usize>t * 128 + i, z);
-  // Staggered: in turn i, strip t takes chunk i - t, so the streams sit a chunk apart in their
-  // strips (all on the same chunk measured 0.94x, bench/decode-ab.ts on 1B F16).
-  const chunks = (groups + CHUNK - 1) / CHUNK;
-  for (let i = 0; i < chunks + k - 1; i++) {
-    for (let t = 0; t < k; t++) {
-      const ci = i - t;
-      if (ci < 0 || ci >= chunks) continue;
-      const c0 = ci * CHUNK;
-      const c1 = min(c0 + CHUNK, groups);
-      const at = acc + <usize>t * 128;
-      let a0 = v128.load(at), a1 = v128.load(at, 16), a2 = v128.load(at, 32), a3 = v128.load(at, 48);
-      let a4 = v128.load(at, 64), a5 = v128.load(at, 80), a6 = v128.load(at, 96), a7 = v128.load(at, 112);
-      let g = sp + <usize>t * ss + <usize>c0 * GROUP_BYTES;
-      let xp = xq + (<usize>(c0 * gl) << 2);
-      for (let c = c0; c < c1; c++) {
-        const x0 = v128.load(xp);
-        const x1 = x1Of(dt, xp);
-        a0 = groupDot(dt, a0, g, 0, x0, x1);
-        a1 = groupDot(dt, a1, g, 1, x0, x1);
-        a2 = groupDot(dt, a2, g, 2, x0, x1);
-        a3 = groupDot(dt, a3, g, 3, x0, x1);
-        a4 = groupDot(dt, a4, g, 4, x0, x1);
-        a5 = groupDot(dt, a5, g, 5, x0, x1);
-        a6 = groupDot(dt, a6, g, 6, x0, x1);
-        a7 = groupDot(dt, a7, g, 7, x0, x1);
-        g += GROUP_BYTES;
-        xp += <usize>gl << 2;
-      }
-      v128.store(at, a0);
-      v128.store(at, a1, 16);
-      v128.store(at, a2, 32);
-      v128.store(at, a3, 48);
-      v128.store(at, a4, 64);
-      v128.store(at, a5, 80);
-      v128.store(at, a6, 96);
-      v128.store(at, a7, 112);
-    }
-  }
-  const td = dt == F16X ? F16 : dt;
-  for (let t = 0; t < k; t++) {
-    const at = acc + <usize>t * 128;
-    const s = sp + <usize>t * ss;
-    const yt = yo + <usize>t * ys2;
-    for (let r = 0; r < S; r++) store<f32>(yt + (<usize>r << 2), finish(td, v128.load(at + (<usize>r << 4)), tailOf(dt, s, n, r), xr, n));
-  }
-}
-
-/**
- * Groups of one strip stepped before the next strip's turn in stripsK: 512 bytes of 16-bit weights
- * (1B F16 decode, two threads: 16 groups a turn 1.4x slower than one stream, 4 or 1 1.07x faster).
- */
-const CHUNK: i32 = 4;
 
 /**
  * strip8x1 on f16 weights and an x not scaled (some |x| >= 2^16), as a function of its own: its
@@ -422,20 +357,6 @@ function stripRows(yo: usize, x: usize, sp: usize, rows: i32, n: i32, d: i32): v
   for (; g < g1 && ((g & (S - 1)) != 0 || g + S > g1); g++) {
     const sp = w + <usize>(g >> 3) * sb;
     for (let r = 0; r < rows; r++) store<f32>(y + <usize>r * ys + (<usize>(g - r0) << 2), row1x1(dt, x + <usize>r * xs, sp, g & (S - 1), n));
-  }
-  // One token row: the whole strips four at a time, a quarter of the share apart (stripsK), their
-  // sums in scratch past the scaled x (4 n + 528 bytes of the 32 n: n >= 64 leaves room). f16
-  // only when x is scaled: one inlined stripsK per dtype (see strip8x1F16); an unscaled x (some
-  // |x| >= 2^16) goes strip by strip.
-  if (rows == 1 && n >= 64 && (dt != F16 || scaled)) {
-    const per = ((g1 - g) >> 3) >> 2;
-    const far = per << 3;
-    const acc = scratch + ((<usize>n << 2) + 15 & ~15);
-    const xq = dt == F16 ? scratch : x;
-    for (let i = 0; i < per; i++, g += S) {
-      stripsK(dt == F16 ? F16X : dt, 4, y + (<usize>(g - r0) << 2), <usize>far << 2, x, w + <usize>(g >> 3) * sb, <usize>per * sb, n, xq, acc);
-    }
-    g += 3 * far;
   }
   for (; g + S <= g1; g += S) {
     const sp = w + <usize>(g >> 3) * sb;

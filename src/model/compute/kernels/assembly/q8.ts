@@ -105,48 +105,41 @@ export function quantize_q8_x(dst: usize, x: usize, rows: i32, n: i32): void {
 }
 
 /**
- * k strips (at sp, sp + ss, ...: far apart in the thread's share) in step against one token row xq,
- * block by block; the 8 rows of strip t give their outputs at yo + t * ys2, yo + t * ys2 + 4, ...
- * Per row, one running f32 sum held in y, plus per block f32(I) * (wscale * xscale) (THE Q8 ORDER
- * in matmul.ts). k streams a thread keep k prefetches going where one left the core waiting on
- * each new line (as kquants.ts' kStripK); k = 1 is one strip alone.
+ * The strip at sp against one token row xq, block by block; its 8 rows give their outputs at yo,
+ * yo + 4, ... Per row, one running f32 sum, plus per block f32(I) * (wscale * xscale) (THE Q8
+ * ORDER in matmul.ts). Strip after strip is one stream through the matrix (as kquants.ts' kStrip:
+ * four strips in step measured 1.41x slower on 1B Q8_0 decode, the AMD EPYC, two threads).
  */
-@inline function stripK(k: i32, yo: usize, ys2: usize, xq: usize, sp: usize, ss: usize, n: i32): void {
+@inline function strip1(yo: usize, xq: usize, sp: usize, n: i32): void {
   const blocks = n >> 5;
-  const z = f32x4.splat(0);
-  for (let t = 0; t < k; t++) {
-    v128.store(yo + <usize>t * ys2, z);
-    v128.store(yo + <usize>t * ys2, z, 16);
-  }
+  let y0 = f32x4.splat(0);
+  let y1 = y0;
   let xp = xq;
   let sp4 = scalesOf(xq, n);
   for (let c = 0; c < blocks; c++) {
     const xs = v128.load32_splat(sp4);
-    for (let t = 0; t < k; t++) {
-      const g = sp + <usize>t * ss + <usize>c * GROUP;
-      const w = g + 16;
-      let la = i32x4.splat(0), lb = la, ha = la, hb = la;
-      for (let q = w, x = xp; q < w + 128; q += 16, x += 32) {
-        const x0 = v128.load(x);
-        const x1 = v128.load(x, 16);
-        la = i32x4.add(la, i32x4.dot_i16x8_s(v128.load8x8_s(q), x0));
-        ha = i32x4.add(ha, i32x4.dot_i16x8_s(v128.load8x8_s(q, 128), x0));
-        lb = i32x4.add(lb, i32x4.dot_i16x8_s(v128.load8x8_s(q, 8), x1));
-        hb = i32x4.add(hb, i32x4.dot_i16x8_s(v128.load8x8_s(q, 136), x1));
-      }
-      const ws = v128.load(g);
-      const wlo = f16extScale(i32x4.extend_low_i16x8_s(ws));
-      const whi = f16extScale(i32x4.extend_high_i16x8_s(ws));
-      const yt = yo + <usize>t * ys2;
-      v128.store(yt, addBlock(v128.load(yt), i32x4.add(la, lb), wlo, xs));
-      v128.store(yt, addBlock(v128.load(yt, 16), i32x4.add(ha, hb), whi, xs), 16);
+    const g = sp + <usize>c * GROUP;
+    const w = g + 16;
+    let la = i32x4.splat(0), lb = la, ha = la, hb = la;
+    for (let q = w, x = xp; q < w + 128; q += 16, x += 32) {
+      const x0 = v128.load(x);
+      const x1 = v128.load(x, 16);
+      la = i32x4.add(la, i32x4.dot_i16x8_s(v128.load8x8_s(q), x0));
+      ha = i32x4.add(ha, i32x4.dot_i16x8_s(v128.load8x8_s(q, 128), x0));
+      lb = i32x4.add(lb, i32x4.dot_i16x8_s(v128.load8x8_s(q, 8), x1));
+      hb = i32x4.add(hb, i32x4.dot_i16x8_s(v128.load8x8_s(q, 136), x1));
     }
+    const ws = v128.load(g);
+    y0 = addBlock(y0, i32x4.add(la, lb), f16extScale(i32x4.extend_low_i16x8_s(ws)), xs);
+    y1 = addBlock(y1, i32x4.add(ha, hb), f16extScale(i32x4.extend_high_i16x8_s(ws)), xs);
     xp += 256;
     sp4 += 4;
   }
+  v128.store(yo, y0);
+  v128.store(yo, y1, 16);
 }
 
-/** Row k of the strip at sp against one quantized token row xq (the same sum as stripK's). */
+/** Row k of the strip at sp against one quantized token row xq (the same sum as strip1's). */
 @inline function row1(xq: usize, sp: usize, k: i32, n: i32): f32 {
   const blocks = n >> 5;
   let acc: f32 = 0;
@@ -196,7 +189,7 @@ export function quantize_q8_x(dst: usize, x: usize, rows: i32, n: i32): void {
     // f16ext, not f16extScale: a q8_0 scale below 2^-14 needs a block's largest |w| below 2^-7,
     // rare in a model's weights, and costs here an assist per four tokens; each way of testing
     // for it (per block, per strip, or converting per strip into scratch) measured 0.77-0.91x on
-    // a 1B Q8_0 model's batch of 8. stripK, one token, takes f16extScale at no measured cost.
+    // a 1B Q8_0 model's batch of 8. strip1, one token, takes f16extScale at no measured cost.
     const ws = v128.load(g);
     const wlo = f16ext(i32x4.extend_low_i16x8_s(ws));
     const whi = f16ext(i32x4.extend_high_i16x8_s(ws));
@@ -276,13 +269,13 @@ export function quantize_q8_x(dst: usize, x: usize, rows: i32, n: i32): void {
 /**
  * The whole strip at sp against every quantized token row from xq: four tokens at a time by 8x4
  * tiles, then two by 8x2 (the strip, 8.5 n bytes, stays in cache while the tokens pass), the odd
- * one by stripK. (4 rows x 4 tokens, which reads x twice per strip, measured slower.)
+ * one by strip1. (4 rows x 4 tokens, which reads x twice per strip, measured slower.)
  */
 @inline function stripRows(yo: usize, ys: usize, xq: usize, qb: usize, sp: usize, rows: i32, n: i32): void {
   let r = 0;
   for (; r + 4 <= rows; r += 4) tile8x4(yo + <usize>r * ys, ys, xq + <usize>r * qb, qb, sp, n);
   for (; r + 2 <= rows; r += 2) tile8x2(yo + <usize>r * ys, ys, xq + <usize>r * qb, qb, sp, n);
-  for (; r < rows; r++) stripK(1, yo + <usize>r * ys, 0, xq + <usize>r * qb, sp, 0, n);
+  for (; r < rows; r++) strip1(yo + <usize>r * ys, xq + <usize>r * qb, sp, n);
 }
 
 /**
@@ -306,13 +299,6 @@ export function matmul_q8_0(job: usize, g0: i32, g1: i32, scratch: usize): void 
   for (; g < g1 && ((g & (S - 1)) != 0 || g + S > g1); g++) {
     const sp = w + <usize>(g >> 3) * sb;
     for (let r = 0; r < rows; r++) store<f32>(y + <usize>r * ys + (<usize>(g - r0) << 2), row1(xq + <usize>r * qb, sp, g & (S - 1), n));
-  }
-  // One token row: the whole strips four at a time, a quarter of the share apart (stripK).
-  if (rows == 1) {
-    const per = ((g1 - g) >> 3) >> 2;
-    const far = per << 3;
-    for (let i = 0; i < per; i++, g += S) stripK(4, y + (<usize>(g - r0) << 2), <usize>far << 2, xq, w + <usize>(g >> 3) * sb, <usize>per * sb, n);
-    g += 3 * far;
   }
   for (; g + S <= g1; g += S) stripRows(y + (<usize>(g - r0) << 2), ys, xq, qb, w + <usize>(g >> 3) * sb, rows, n);
   for (; g < g1; g++) {
