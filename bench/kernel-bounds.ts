@@ -83,7 +83,9 @@ function rate(dt: Dt, place: keyof typeof PLACES, rows: number): Rate {
   const { ex, job, scratch } = placed(dt, d, rows);
   const fn = ex[`matmul_${dt}`];
   const run = (): void => fn(job, 0, d, scratch);
-  run();
+  // Warm up for a second, not one call: JavaScriptCore compiles the optimized tier of a large
+  // kernel on another thread for a while, and a round timed before it lands measures the baseline tier.
+  for (const t0 = performance.now(); performance.now() - t0 < 1000; ) run();
   const macs = rows * N * d;
   const reps = Math.max(1, Math.round(2e8 / macs));
   const wall: number[] = [];
