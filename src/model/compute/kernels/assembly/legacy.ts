@@ -24,7 +24,7 @@
 
 import { f16extScale } from "./f16";
 import { Job } from "./job";
-import { dot2, highOf, lowOf, next2, q4Sub, quadRowBytes, quadScales, quadSums, quantizeQuads, widen } from "./kquants";
+import { dot2, highOf, lowOf, next2, q4Sub, quadCompact, quadRowBytes, quadScales, quadSums, quantizeQuads, widen } from "./kquants";
 
 /** Bytes of one quantized token row of n (a multiple of 32). */
 @inline function qRowBytes(n: i32): usize {
@@ -72,11 +72,11 @@ export function quantize_l_x(dst: usize, x: usize, rows: i32, n: i32): void {
   return acc;
 }
 
-/** Half h of the group at g: block c's term for one token row xq (half1's, one block). */
-@inline function halfTerm(min: bool, five: bool, offset: i32, g: usize, h: usize, xq: usize, c: i32, sr: usize, ur: usize): v128 {
+/** Half h of the group at g: block c's term for one token row, its compact values at xc (half1's, one block). */
+@inline function halfTerm(min: bool, five: bool, offset: i32, g: usize, h: usize, xc: usize, c: i32, sr: usize, ur: usize): v128 {
   const nib0: usize = <usize>(16 + (min ? 16 : 0)) + h * 64;
   const bits0: usize = <usize>(144 + (min ? 16 : 0)) + h * 16;
-  const i = q4Sub(five, g + nib0, five ? v128.load(g + bits0) : i32x4.splat(0), xq + (<usize>c << 7), i16x8.splat(1));
+  const i = q4Sub(five, g + nib0, five ? v128.load(g + bits0) : i32x4.splat(0), xc + (<usize>c << 5), i16x8.splat(1), true);
   return term(min, offset, i, f16at(g + (h << 3)), min ? f16at(g + 16 + (h << 3)) : i32x4.splat(0), sr + (<usize>c << 2), blockSum(ur, c));
 }
 
@@ -91,12 +91,13 @@ export function quantize_l_x(dst: usize, x: usize, rows: i32, n: i32): void {
   const gb = groupBytes(min, five);
   const sr = quadScales(xq, n);
   const ur = quadSums(xq, n, 5);
+  const xc = quadCompact(xq, n, 5);
   let y0 = f32x4.splat(0);
   let y1 = y0;
   for (let c = 0; c < blocks; c++) {
     const g = sp + <usize>c * gb;
-    y0 = f32x4.add(y0, halfTerm(min, five, offset, g, 0, xq, c, sr, ur));
-    y1 = f32x4.add(y1, halfTerm(min, five, offset, g, 1, xq, c, sr, ur));
+    y0 = f32x4.add(y0, halfTerm(min, five, offset, g, 0, xc, c, sr, ur));
+    y1 = f32x4.add(y1, halfTerm(min, five, offset, g, 1, xc, c, sr, ur));
   }
   v128.store(yo, y0);
   v128.store(yo, y1, 16);
