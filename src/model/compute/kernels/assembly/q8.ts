@@ -21,7 +21,10 @@
 // the n / 32 block scales as f32 (f32 rather than ggml's f16: this is scratch, not storage, so
 // the extra bytes cost nothing and a rounding and a conversion per block go away), then the n / 32
 // sums of each block's q as i32 (the legacy kernels, legacy.ts, take their offsets and mins
-// through them; this kernel does not read them). MatmulKernel
+// through them; this kernel does not read them), then (16-aligned) the n values again as i16 in
+// order: the one-token kernel (strip1) loads each pair from there with a 4-byte splat, the same
+// v128 from a quarter of the bytes (the splatted pairs, 8 n bytes, outgrow L1 beside the streaming
+// weights from n = 4096 on; see kquants.ts' COMPACT X). MatmulKernel
 // places it in the dispatch's own space, above the permanent allocations: nothing per token.
 //
 // The weights are in matmul.ts's STRIP LAYOUT: a group is one 32-weight block of 8 rows, the 8
@@ -40,6 +43,11 @@ const GROUP: usize = 272;
 
 /** Bytes of one quantized token row of n (a multiple of 32). */
 @inline function qRowBytes(n: i32): usize {
+  return compactOffset(n) + ((<usize>n << 1) + 15 & ~15);
+}
+
+/** Where a quantized row's compact values start: after the splatted pairs, scales and sums, 16-aligned. */
+@inline function compactOffset(n: i32): usize {
   return (<usize>(8 * n + (n >> 2)) + 15) & ~15;
 }
 
@@ -70,12 +78,13 @@ export function quantize_q8_x(dst: usize, x: usize, rows: i32, n: i32): void {
     const qr = dst + <usize>r * qb;
     const sr = scalesOf(qr, n);
     const ur = sumsOf(qr, n);
-    for (let b = 0; b < blocks; b++) quantizeBlock(qr + (<usize>b << 8), sr + (<usize>b << 2), ur + (<usize>b << 2), xr + (<usize>b << 7));
+    const cr = qr + compactOffset(n);
+    for (let b = 0; b < blocks; b++) quantizeBlock(qr + (<usize>b << 8), sr + (<usize>b << 2), ur + (<usize>b << 2), xr + (<usize>b << 7), cr + (<usize>b << 6));
   }
 }
 
-/** One 32-element block of f32 at xp into 16 splatted pairs of i16 at qp (256 bytes), its scale at sp and its sum at up. */
-@inline function quantizeBlock(qp: usize, sp: usize, up: usize, xp: usize): void {
+/** One 32-element block of f32 at xp into 16 splatted pairs of i16 at qp (256 bytes) and 32 i16 at cp, its scale at sp and its sum at up. */
+@inline function quantizeBlock(qp: usize, sp: usize, up: usize, xp: usize, cp: usize): void {
   let m = f32x4.abs(v128.load(xp));
   for (let i: usize = 16; i < 128; i += 16) m = f32x4.max(m, f32x4.abs(v128.load(xp + i)));
   // f32x4.max and max carry a NaN through, so a NaN block gets a NaN scale (and zero values).
@@ -90,6 +99,7 @@ export function quantize_q8_x(dst: usize, x: usize, rows: i32, n: i32): void {
     const q = i16x8.narrow_i32x4_s(lo, hi);
     // The sum of the saturated values (what the pairs hold), not of lo and hi.
     sum = i32x4.add(sum, i32x4.add(i32x4.extend_low_i16x8_s(q), i32x4.extend_high_i16x8_s(q)));
+    v128.store(cp + (i >> 1), q);
     const o = qp + (i << 1);
     v128.store(o, i32x4.shuffle(q, q, 0, 0, 0, 0));
     v128.store(o, i32x4.shuffle(q, q, 1, 1, 1, 1), 16);
@@ -114,16 +124,16 @@ export function quantize_q8_x(dst: usize, x: usize, rows: i32, n: i32): void {
   const blocks = n >> 5;
   let y0 = f32x4.splat(0);
   let y1 = y0;
-  let xp = xq;
+  let xp = xq + compactOffset(n);
   let sp4 = scalesOf(xq, n);
   for (let c = 0; c < blocks; c++) {
     const xs = v128.load32_splat(sp4);
     const g = sp + <usize>c * GROUP;
     const w = g + 16;
     let la = i32x4.splat(0), lb = la, ha = la, hb = la;
-    for (let q = w, x = xp; q < w + 128; q += 16, x += 32) {
-      const x0 = v128.load(x);
-      const x1 = v128.load(x, 16);
+    for (let q = w, x = xp; q < w + 128; q += 16, x += 8) {
+      const x0 = v128.load32_splat(x);
+      const x1 = v128.load32_splat(x, 4);
       la = i32x4.add(la, i32x4.dot_i16x8_s(v128.load8x8_s(q), x0));
       ha = i32x4.add(ha, i32x4.dot_i16x8_s(v128.load8x8_s(q, 128), x0));
       lb = i32x4.add(lb, i32x4.dot_i16x8_s(v128.load8x8_s(q, 8), x1));
@@ -132,7 +142,7 @@ export function quantize_q8_x(dst: usize, x: usize, rows: i32, n: i32): void {
     const ws = v128.load(g);
     y0 = addBlock(y0, i32x4.add(la, lb), f16extScale(i32x4.extend_low_i16x8_s(ws)), xs);
     y1 = addBlock(y1, i32x4.add(ha, hb), f16extScale(i32x4.extend_high_i16x8_s(ws)), xs);
-    xp += 256;
+    xp += 64;
     sp4 += 4;
   }
   v128.store(yo, y0);
