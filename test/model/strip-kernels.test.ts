@@ -70,7 +70,7 @@ describe("strip kernels", () => {
 
   test("f16 batch 1 takes the exact path for large or non-finite x", () => {
     // Scaling x by 2^112 would overflow past 2^16: those calls must still give matmulRef's bits,
-    // one strip at a time (16 rows) and four in step (72 rows of 136: matmul.ts' stripsK).
+    // on a small matrix (16 rows) and on 72 rows of 136 (nine strips, one after another).
     for (const [n, d] of [
       [24, 16],
       [136, 72],

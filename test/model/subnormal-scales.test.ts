@@ -12,7 +12,7 @@ import { randomBytes } from "./quant-helpers.ts";
 // (f16.ts, f16extScale: an f32 subnormal operand costs x86 a microcode assist per multiply). A
 // q6_k d is often that small, so every integer kernel is fed such scales here, mixed with normal
 // ones and zero inside each group of rows a vector converts at once, and must give its
-// reference's bits on every path: one token (a strip alone and four in step), tiles of 2, 4 and
+// reference's bits on every path: one token (strip after strip), tiles of 2, 4 and
 // 8, and the unpacked strips of 8+.
 
 const kernels: MatmulKernel[] = [];
@@ -56,7 +56,7 @@ describe("subnormal block scales (f16.ts, f16extScale)", () => {
   for (const dt of ["q4_k", "q5_k", "q6_k", "q8_0", ...LEGACY_DTYPES]) {
     test(`${dt}: scales below 2^-14, zero and normal ones mixed give the reference bits on every path`, () => {
       const n = 512;
-      // 5 strips: four walked in step by one token (kStripK, stripK) and one alone.
+      // 5 strips, walked one after another by one token (kStrip, strip1).
       const d = 40;
       const w = blocks(dt, d, n, 7);
       const k = new MatmulKernel([{ matrix: w, cols: n }], { threads: 1 });
