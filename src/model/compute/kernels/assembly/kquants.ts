@@ -17,7 +17,7 @@
 // bytes. A strip passes over all of x, and 4 n bytes of splatted quads outgrow the core's L1
 // beside the streaming weights from n = 4096 on: one thread, q4_k, AMD EPYC, strip after strip
 // over 1 GiB, 15.3 GB/s at n = 2048, 11.7 at 4096, 8.2 at 14336 splatted; compact 18.7, 16.5,
-// 17.4 (q6_k at 14336: 11.5 -> 17.0), and 8B Q4_K_M decode 220 -> 138 ms a token. The batch
+// 17.4 (q6_k at 14336: 11.5 -> 17.0), and 8B Q4_K_M decode 1.36x (bench/decode-ab.ts). The batch
 // tiles keep the splatted quads: there each quad is loaded once per token, and the splat on the
 // load cost more than the footprint saved (8B batch of 8, 0.91x).
 //
@@ -629,11 +629,11 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
 
 /**
  * A whole strip against one token row, front to back: per super-block its half 0 term, then its
- * half 1 term (q4Term, q6Term), the two halves' running sums held in y at yo: each half's
- * additions are q4Half1's (q6Half1's), in their order. Half by half, each pass skipped the other
+ * half 1 term (q4Term, q6Term), the two halves' running sums in registers, stored at yo at the
+ * end: each half's additions are q4Half1's (q6Half1's), in their order. Half by half, each pass skipped the other
  * half's bytes of every group. One strip after another is one stream through the matrix: four
  * strips in step (four streams a strip apart, a chunk of 4 strips a kernel call) measured 1.47x
- * slower on the AMD EPYC (1B Q4_K_M decode, two threads: 43.8 against 29.7 ms a token), where
+ * slower on the AMD EPYC (bench/decode-ab.ts, 1B Q4_K_M decode, two threads: 41.9 against 28.1 ms a token), where
  * the Xeon of the last round had taken 61 against 69.5 ms: the EPYC's prefetchers lose short
  * streams that start anew every 9.5 KB, and one stream is what both read best from a long range.
  */

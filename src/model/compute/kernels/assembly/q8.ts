@@ -16,8 +16,8 @@
 //
 // QUANTIZED X: row r at xq + r * qRowBytes(n): the values as i16 (widened once here, so the
 // inner loop is i32x4.dot_i16x8_s against them), each pair (j, j + 1) splatted over a whole v128
-// (16 bytes a pair: the kernels load it as it is, where a load32_splat would cost a shuffle per
-// pair per strip; measured faster even for a 512-token prefill, whose x then outgrows L2), then
+// (16 bytes a pair: the tiles of several tokens load it as it is, where a load32_splat would cost
+// a shuffle per pair per strip; measured faster even for a 512-token prefill, whose x then outgrows L2), then
 // the n / 32 block scales as f32 (f32 rather than ggml's f16: this is scratch, not storage, so
 // the extra bytes cost nothing and a rounding and a conversion per block go away), then the n / 32
 // sums of each block's q as i32 (the legacy kernels, legacy.ts, take their offsets and mins
@@ -43,7 +43,7 @@ const GROUP: usize = 272;
 
 /** Bytes of one quantized token row of n (a multiple of 32). */
 @inline function qRowBytes(n: i32): usize {
-  return compactOffset(n) + ((<usize>n << 1) + 15 & ~15);
+  return compactOffset(n) + (((<usize>n << 1) + 15) & ~15);
 }
 
 /** Where a quantized row's compact values start: after the splatted pairs, scales and sums, 16-aligned. */
@@ -118,7 +118,7 @@ export function quantize_q8_x(dst: usize, x: usize, rows: i32, n: i32): void {
  * The strip at sp against one token row xq, block by block; its 8 rows give their outputs at yo,
  * yo + 4, ... Per row, one running f32 sum, plus per block f32(I) * (wscale * xscale) (THE Q8
  * ORDER in matmul.ts). Strip after strip is one stream through the matrix (as kquants.ts' kStrip:
- * four strips in step measured 1.41x slower on 1B Q8_0 decode, the AMD EPYC, two threads).
+ * four strips in step measured 1.29x slower on 1B Q8_0 decode, the AMD EPYC, two threads, bench/decode-ab.ts).
  */
 @inline function strip1(yo: usize, xq: usize, sp: usize, n: i32): void {
   const blocks = n >> 5;
