@@ -6,8 +6,9 @@
 // engine's own path: loadModel with its model thread, the KV pool, Engine.submit), on the same
 // file with `threads` = N:
 //   decode  : an 8-token prompt, 128 greedy tokens after the first (EOS ignored), tok/s
-//   prefill : a 512-token prompt to its first token, tok/s (after a 32-token warm-up, as
-//             llama-bench warms up)
+//   prefill : a 512-token prompt to its first token, tok/s (after a warm-up prompt of the same
+//             length, as llama-bench runs its whole prompt once before timing it: it also gives
+//             JavaScriptCore's optimizing tier the kernels' 512-row paths on every thread)
 //   batch 8 : 8 distinct 128-token prompts submitted at once, 128 tokens each after the first;
 //             decode tok/s over all 8 (llama-batched-bench's S_TG) and overall (its S)
 // beside load time (ours: loadModel until the model thread is ready; llama.cpp: the "load
@@ -102,7 +103,7 @@ async function child(file: string, threads: number, phases: Phase[]): Promise<vo
       const ms = performance.now() - first;
       say({ event: "done", phase, tokPerS: (DECODE / ms) * 1000, ms, rss: vmHwm() });
     } else if (phase === "prefill") {
-      await run(promptOf(32, vocab, 12), 1);
+      await run(promptOf(PREFILL, vocab, 12), 1);
       const t = performance.now();
       await run(promptOf(PREFILL, vocab, 13), 1);
       const ms = performance.now() - t;
