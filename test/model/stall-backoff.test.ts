@@ -30,3 +30,15 @@ test("after 50 ms without a stall, the next stall backs off briefly again", () =
   expect(b.currentMs).toBe(2);
   expect(b.available(88.5 + 2)).toBe(true);
 });
+
+test("a wait within twice the caller's chunk time is a helper's last chunk, not a stall", () => {
+  const b = new StallBackoff(0.5, 2, 50);
+  // A prefill's chunks take milliseconds: waiting 6 ms for the helper's last 4 ms chunk is normal.
+  b.note(6, 1000, 4);
+  expect(b.available(1000)).toBe(true);
+  expect(b.currentMs).toBe(0);
+  // 9 ms is more than twice a 4 ms chunk plus 0.5: the helper lost its core.
+  b.note(9, 1000, 4);
+  expect(b.currentMs).toBe(2);
+  expect(b.available(1001)).toBe(false);
+});

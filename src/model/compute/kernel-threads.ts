@@ -326,8 +326,12 @@ export class KernelThreads {
 
   /** run's second half: the caller takes chunks of the dispatch `start` opened, then waits for the helpers' last. */
   finish(ex: KernelExports, total: number): void {
-    ex.run_chunks(this.ctrlAt, 0);
-    if (Atomics.load(this.ctrl, DONE) !== total) this.waitFor(total);
+    const t0 = performance.now();
+    const mine = ex.run_chunks(this.ctrlAt, 0);
+    if (Atomics.load(this.ctrl, DONE) === total) return;
+    // A caller that took none of its own range started late, not a helper: nothing to judge.
+    if (mine === 0) this.waitFor(total, -1);
+    else this.waitFor(total, (performance.now() - t0) / mine);
   }
 
   /**
@@ -364,8 +368,11 @@ export class KernelThreads {
     return total;
   }
 
-  /** Waits for the helpers' last claimed chunks, and backs off if that took a stall. */
-  private waitFor(total: number): void {
+  /**
+   * Waits for the helpers' last claimed chunks, and backs off if that took a stall (StallBackoff;
+   * chunkMs the caller's time a chunk, negative: not judged).
+   */
+  private waitFor(total: number, chunkMs: number): void {
     const c = this.ctrl;
     const t0 = performance.now();
     let last = -1;
@@ -391,7 +398,7 @@ export class KernelThreads {
       }
     }
     const t = performance.now();
-    this.backoff.note(t - t0, t);
+    if (chunkMs >= 0) this.backoff.note(t - t0, t, chunkMs);
   }
 
   /** A number that changes with every claim and every count of a dispatch (DONE at `done`). */
