@@ -442,12 +442,7 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
         }
       }
     }
-    const dq = f16at(g + (half << 3));
-    const dm = f16at(g + 16 + (half << 3));
-    q4Finish(yo, a0, dq, dm, mn, sr + (<usize>c << 2), ur + (<usize>c << 4));
-    q4Finish(yo + ys, a1, dq, dm, mn, sr + qb + (<usize>c << 2), ur + qb + (<usize>c << 4));
-    q4Finish(yo + 2 * ys, a2, dq, dm, mn, sr + 2 * qb + (<usize>c << 2), ur + 2 * qb + (<usize>c << 4));
-    q4Finish(yo + 3 * ys, a3, dq, dm, mn, sr + 3 * qb + (<usize>c << 2), ur + 3 * qb + (<usize>c << 4));
+    q4Finish4(yo, ys, a0, a1, a2, a3, g, half, mn, sr + (<usize>c << 2), ur + (<usize>c << 4), qb);
   }
 }
 
@@ -505,12 +500,7 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
       }
     }
     const mn = g + 96 + half * 32;
-    const dq = f16at(g + (half << 3));
-    const dm = f16at(g + 16 + (half << 3));
-    q4Finish(yo, a0, dq, dm, mn, sr + (<usize>c << 2), ur + (<usize>c << 4));
-    q4Finish(yo + ys, a1, dq, dm, mn, sr + qb + (<usize>c << 2), ur + qb + (<usize>c << 4));
-    q4Finish(yo + 2 * ys, a2, dq, dm, mn, sr + 2 * qb + (<usize>c << 2), ur + 2 * qb + (<usize>c << 4));
-    q4Finish(yo + 3 * ys, a3, dq, dm, mn, sr + 3 * qb + (<usize>c << 2), ur + 3 * qb + (<usize>c << 4));
+    q4Finish4(yo, ys, a0, a1, a2, a3, g, half, mn, sr + (<usize>c << 2), ur + (<usize>c << 4), qb);
   }
 }
 
@@ -608,6 +598,19 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
       }
     }
   }
+}
+
+/**
+ * q4Finish for four tokens' sums a0 .. a3 of super-block group g's half: token t's outputs at
+ * yo + t * ys, its scale at sp + t * qb and its per-32 sums at sums + t * qb.
+ */
+@inline function q4Finish4(yo: usize, ys: usize, a0: v128, a1: v128, a2: v128, a3: v128, g: usize, half: usize, mn: usize, sp: usize, sums: usize, qb: usize): void {
+  const dq = f16at(g + (half << 3));
+  const dm = f16at(g + 16 + (half << 3));
+  q4Finish(yo, a0, dq, dm, mn, sp, sums);
+  q4Finish(yo + ys, a1, dq, dm, mn, sp + qb, sums + qb);
+  q4Finish(yo + 2 * ys, a2, dq, dm, mn, sp + 2 * qb, sums + 2 * qb);
+  q4Finish(yo + 3 * ys, a3, dq, dm, mn, sp + 3 * qb, sums + 3 * qb);
 }
 
 /** y at yo += f32(a) * (d * s) - f32(B) * (dmin * s) for one token (B from its per-32 sums), as q4Term. */
