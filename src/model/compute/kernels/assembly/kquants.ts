@@ -339,6 +339,12 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
   return i8x16.shuffle(p, p, 2, 3, 2, 3, 6, 7, 6, 7, 10, 11, 10, 11, 14, 15, 14, 15);
 }
 
+/** Sub-block j's scales for a half strip's 4 rows (the scale bytes at sc), each row's in both its i16 lanes. */
+@inline function subScales(sc: usize, j: usize): v128 {
+  const pr = v128.load8x8_u(sc + ((j >> 1) << 3));
+  return (j & 1) == 0 ? pairEven(pr) : pairOdd(pr);
+}
+
 /** A half strip's q4_k (q5_k when five) super-block sum term for one token: f32(A) * (d * s) - f32(B) * (dmin * s), B from the per-32 sums at sums. */
 @inline function q4Term(five: bool, g: usize, half: usize, xb: usize, s: f32, sums: usize, cx: bool = false): v128 {
   let a = i32x4.splat(0);
@@ -432,8 +438,7 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
         }
         if (five || p == 32) {
           // Loaded here, not before the passes: one more live vector there spills on x86.
-          const pr = v128.load8x8_u(sc + ((j >> 1) << 3));
-          const scv = (j & 1) == 0 ? pairEven(pr) : pairOdd(pr);
+          const scv = subScales(sc, j);
           a0 = i32x4.add(a0, i32x4.dot_i16x8_s(s0, scv));
           a1 = i32x4.add(a1, i32x4.dot_i16x8_s(s1, scv));
           a2 = i32x4.add(a2, i32x4.dot_i16x8_s(s2, scv));
@@ -490,8 +495,7 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
           x3 += 32;
         }
         if (p == 1) {
-          const pr = v128.load8x8_u(sc + ((j >> 1) << 3));
-          const scv = (j & 1) == 0 ? pairEven(pr) : pairOdd(pr);
+          const scv = subScales(sc, j);
           a0 = i32x4.add(a0, i32x4.dot_i16x8_s(s0, scv));
           a1 = i32x4.add(a1, i32x4.dot_i16x8_s(s1, scv));
           a2 = i32x4.add(a2, i32x4.dot_i16x8_s(s2, scv));
@@ -547,8 +551,7 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
           s7 = dot2(s7, x + 7 * qb, lo, hi);
         }
         if (five || p == 32) {
-          const pr = v128.load8x8_u(sc + ((j >> 1) << 3));
-          const scv = (j & 1) == 0 ? pairEven(pr) : pairOdd(pr);
+          const scv = subScales(sc, j);
           addDot(acc, s0, scv);
           addDot(acc + 16, s1, scv);
           addDot(acc + 32, s2, scv);
