@@ -329,9 +329,8 @@ export class KernelThreads {
     const t0 = performance.now();
     const mine = ex.run_chunks(this.ctrlAt, 0);
     if (Atomics.load(this.ctrl, DONE) === total) return;
-    // A caller that took none of its own range started late, not a helper: nothing to judge.
-    if (mine === 0) this.waitFor(total, -1);
-    else this.waitFor(total, (performance.now() - t0) / mine);
+    // A caller that took none of its own range started late, not a helper: nothing to judge (-1).
+    this.waitFor(total, mine === 0 ? -1 : (performance.now() - t0) / mine);
   }
 
   /**
