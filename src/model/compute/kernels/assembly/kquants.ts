@@ -392,9 +392,10 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
 }
 
 /**
- * A half strip of q4_k against four token rows from xq (qb apart), outputs of token t at
- * yo + t * ys: each quad of nibbles is unpacked once for the four tokens (dot2 per token, as
- * q4Sub). The super-block's A per token stays in registers, and y holds the running f32 sums
+ * A half strip of q4_k (q5_k when five) against four token rows from xq (qb apart), outputs of
+ * token t at yo + t * ys: each quad of nibbles is unpacked once for the four tokens (dot2 per
+ * token, as q4Sub), or read unpacked at un when pre (q5_k only: q4_k's unpacked strips take
+ * q4Half4Pre). The super-block's A per token stays in registers, and y holds the running f32 sums
  * (the same additions as in registers).
  */
 @inline function q4Half4(five: bool, pre: bool, un: usize, yo: usize, ys: usize, xq: usize, qb: usize, sp: usize, half: usize, n: i32): void {
