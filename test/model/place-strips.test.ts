@@ -1,6 +1,6 @@
 import { afterAll, describe, expect, test } from "bun:test";
 import { f16Bits } from "../../src/model/compute/f16-bits.ts";
-import { controlBytes, J_PLACE, KERNEL_INDEX, KernelThreads } from "../../src/model/compute/kernel-threads.ts";
+import { controlBytes, J_PLACE, J_TOUCH, KERNEL_INDEX, KernelThreads, writeTouchJob } from "../../src/model/compute/kernel-threads.ts";
 import { J_D, J_FN, J_N, J_ROWS, J_W, J_X, J_Y, JOB_INTS, type KernelExports } from "../../src/model/compute/kernel-exports.ts";
 import { kBlockBytes } from "../../src/model/compute/k-quants.ts";
 import { legacyShape } from "../../src/model/compute/legacy-quants.ts";
@@ -195,6 +195,65 @@ describe("place-strips.ts: every dtype but f32 placed by the kernels", () => {
       expect(threads.helperChunks).toBeGreaterThan(0);
     } finally {
       threads.close();
+    }
+  });
+
+  test("touch_pages writes to the pages of its bytes without changing one", () => {
+    // Fresh pages cost their first write (the host zeroes them): a helper takes that write ahead
+    // of the caller filling them, so it must never change a byte the caller already wrote.
+    const bytes = 5 * 65536 + 1000;
+    const { ex, u8 } = bareKernel(bytes + 8192);
+    const from = 4096 + 3;
+    const want = randomBytes(bytes, 11);
+    u8.set(want, from);
+    ex.touch_pages(from, from + bytes, 0, 2);
+    ex.touch_pages(from, from + bytes, 2, 6);
+    expect(new Uint8Array(u8.subarray(from, from + bytes))).toEqual(new Uint8Array(want));
+  });
+
+  test("TOUCH jobs run on the helper threads too, and change no byte", async () => {
+    const ctrl = 4096;
+    const jobsAt = ctrl + controlBytes(2) + 64;
+    const from = jobsAt + 64;
+    const bytes = 64 << 20;
+    const { ex, u8, memory } = bareKernel(from + bytes);
+    const want = randomBytes(1 << 16, 12);
+    for (let o = 0; o < bytes; o += want.length) u8.set(want, from + o);
+    const threads = new KernelThreads(kernelModule()!, memory, 2, ctrl);
+    try {
+      await threads.ready;
+      const j = new Int32Array(memory.buffer, jobsAt, JOB_INTS);
+      writeTouchJob(j, from, from + bytes);
+      expect([j[J_FN], j[J_D]]).toEqual([J_TOUCH, 1024]);
+      for (let round = 0; round < 200 && (round === 0 || threads.helperChunks === 0); round++) threads.run(ex, j, 1, 0, 0);
+      expect(threads.helperChunks).toBeGreaterThan(0);
+      for (let o = 0; o < bytes; o += want.length) expect(new Uint8Array(u8.subarray(from + o, from + o + want.length))).toEqual(new Uint8Array(want));
+    } finally {
+      threads.close();
+    }
+  });
+
+  test("a helper touches a 16-bit or q8_0 matrix's strips while the caller places them; K-quants' helpers place", () => {
+    const started: { fn: number; from: number; to: number }[] = [];
+    const start = KernelThreads.prototype.start;
+    KernelThreads.prototype.start = function (this: KernelThreads, ex, jobs, count, scratch, stride) {
+      started.push({ fn: jobs[J_FN]!, from: jobs[J_Y]! >>> 0, to: jobs[J_X]! >>> 0 });
+      return start.call(this, ex, jobs, count, scratch, stride);
+    };
+    try {
+      for (const dt of ["q8_0", "f16", "q4_k"] as const) {
+        started.length = 0;
+        const [rows, n] = [83, wideCols(dt)];
+        const m = randomRows(dt, rows, n, 6);
+        const k = new MatmulKernel([{ matrix: m, cols: n }], { threads: 2 });
+        kernels.push(k);
+        const at = k.offsetOf(k.views[0]!);
+        const touches = started.filter((s) => s.fn === J_TOUCH);
+        if (dt === "q4_k") expect(touches).toEqual([]);
+        else expect(touches).toEqual([{ fn: J_TOUCH, from: at, to: at + stripBytes(dt, n) * Math.ceil(rows / 8) }]);
+      }
+    } finally {
+      KernelThreads.prototype.start = start;
     }
   });
 

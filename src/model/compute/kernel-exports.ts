@@ -96,6 +96,8 @@ export type KernelExports = Record<`matmul_${DType}`, KernelFn> &
     x_row_bytes(fn: number, n: number): number;
     /** Token rows r0 .. r1 of n f32 at x quantized at dst (row 0's place) in layout 1 (q8_0), 2 (K) or 3 (legacy). */
     quantize_rows(dst: number, x: number, layout: number, n: number, r0: number, r1: number): void;
+    /** Bytes from .. to written to once a 4 KiB page without a change, 64 KiB spans s0 .. s1 of them (dispatch.ts). */
+    touch_pages(from: number, to: number, s0: number, s1: number): void;
     /** 1 when place_rows places dtype dt (KERNEL_INDEX), else 0. */
     places(dt: number): number;
     /** The first of `count` blocks of dt at src with an inf or NaN f16 scale (f16: weights), else -1. */

@@ -42,6 +42,22 @@ export const J_PLACE = 13;
  * 1, J_R0 0).
  */
 export const J_QUANT_X = 14;
+/**
+ * Fresh pages of the memory written to first (dispatch.ts' touch_pages), so a helper takes the
+ * host's cost of a first touch off the thread that fills them: J_Y .. J_X the bytes, J_D their
+ * 64 KiB spans (J_ROWS 1, J_R0 0), J_N TOUCH_N.
+ */
+export const J_TOUCH = 15;
+/**
+ * A touch job's J_N: a span counts as TOUCH_N multiply-adds where KernelThreads cuts chunks
+ * (CHUNK_MACS), so a chunk is 16 spans, 1 MiB: a handful of page faults, far from a tail.
+ */
+const TOUCH_N = 4096;
+
+/** Writes a J_TOUCH job over bytes from .. to into the record j. */
+export function writeTouchJob(j: Int32Array, from: number, to: number): void {
+  writeRowsJob(j, J_TOUCH, from, to, 0, TOUCH_N, Math.ceil((to - from) / 65536));
+}
 
 /**
  * Writes a job over rows (J_CONVERT_Q8, J_PLACE, J_QUANT_X) into the record j: y and x its output
@@ -168,6 +184,10 @@ export function runJobs(ex: KernelExports, jobs: Int32Array, count: number, scra
     }
     if (jobs[b + J_FN] === J_QUANT_X) {
       ex.quantize_rows(jobs[b + J_Y]!, jobs[b + J_X]!, jobs[b + J_W]!, jobs[b + J_N]!, 0, jobs[b + J_D]!);
+      continue;
+    }
+    if (jobs[b + J_FN] === J_TOUCH) {
+      ex.touch_pages(jobs[b + J_Y]!, jobs[b + J_X]!, 0, jobs[b + J_D]!);
       continue;
     }
     const r0 = jobs[b + J_R0]!;

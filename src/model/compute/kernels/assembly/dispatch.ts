@@ -58,6 +58,21 @@ const CONVERT_Q8: i32 = 12;
 const PLACE: i32 = 13;
 /** Token rows quantized for an integer kernel (quantize_rows): y the quantized rows, x the f32 rows, w the layout, d the rows. */
 const QUANT_X: i32 = 14;
+/** Memory's pages first touched (touch_pages): bytes y .. x, d its 64 KiB spans. */
+const TOUCH: i32 = 15;
+/** Bytes from one touch to the next: the smallest page of the host (4 KiB on x86 and most arm64). */
+const OS_PAGE: usize = 4096;
+
+/**
+ * Spans s0 .. s1 of 64 KiB from `from` (bytes below `to` only) written to without a change: an
+ * atomic add of 0 to one word a 4 KiB page. The host allocates (and zeroes) a fresh page at its
+ * first write, and a write racing this one on another thread (the page being filled) loses
+ * nothing: the add is atomic and adds nothing.
+ */
+export function touch_pages(from: usize, to: usize, s0: i32, s1: i32): void {
+  const end = min(to, from + (<usize>s1 << 16));
+  for (let p = (from + (<usize>s0 << 16)) & ~3; p < end; p += OS_PAGE) atomic.add<i32>(p, 0);
+}
 
 /**
  * Token rows r0 .. r1 of n f32 at x quantized into dst (row 0's place) in the layout an integer
@@ -94,6 +109,10 @@ export function quantize_rows(dst: usize, x: usize, layout: i32, n: i32, r0: i32
   }
   if (fn == QUANT_X) {
     quantize_rows(j.y, j.x, <i32>j.w, j.n, k * per, min(j.d, (k + 1) * per));
+    return;
+  }
+  if (fn == TOUCH) {
+    touch_pages(j.y, j.x, k * per, min(j.d, (k + 1) * per));
     return;
   }
   const r0 = j.r0;
