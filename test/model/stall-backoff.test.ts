@@ -1,4 +1,7 @@
 import { expect, test } from "bun:test";
+import { JOB_INTS, type KernelExports } from "../../src/model/compute/kernel-exports.ts";
+import { controlBytes, KernelThreads, writeTouchJob } from "../../src/model/compute/kernel-threads.ts";
+import { kernelModule } from "../../src/model/compute/matmul.ts";
 import { StallBackoff } from "../../src/model/compute/stall-backoff.ts";
 
 test("a lone stall backs off briefly; stalls close together double the backoff up to its cap", () => {
@@ -41,4 +44,32 @@ test("a wait within twice the caller's chunk time is a helper's last chunk, not 
   b.note(9, 1000, 4);
   expect(b.currentMs).toBe(2);
   expect(b.available(1001)).toBe(false);
+});
+
+test("KernelThreads backs off when the caller waited far past its own chunks' time, and never judges a caller that took none", async () => {
+  // The helper's work: first writes to 32 MiB of fresh pages, 8192 page faults (milliseconds,
+  // far past the 0.5 ms stall line). The caller's kernel is a stand-in that claims nothing and
+  // says it computed `took` chunks at once: every chunk is the helper's, and the caller waits.
+  for (const took of [1, 0]) {
+    const ctrl = 4096;
+    const jobsAt = ctrl + controlBytes(1) + 64;
+    const from = 1 << 16;
+    const bytes = 32 << 20;
+    const pages = (from + bytes) / 65536;
+    const memory = new WebAssembly.Memory({ initial: pages, maximum: pages, shared: true });
+    const threads = new KernelThreads(kernelModule()!, memory, 1, ctrl);
+    try {
+      await threads.ready;
+      const j = new Int32Array(memory.buffer, jobsAt, JOB_INTS);
+      writeTouchJob(j, from, from + bytes);
+      const caller = { run_chunks: () => took } as unknown as KernelExports;
+      threads.run(caller, j, 1, 0, 0);
+      expect(threads.helperChunks).toBeGreaterThan(0);
+      // took 1: its chunk took microseconds and it waited milliseconds, a stall. took 0: it
+      // started late (the helper had taken everything), which says nothing of the helper.
+      expect({ took, available: threads.available }).toEqual({ took, available: took === 0 });
+    } finally {
+      threads.close();
+    }
+  }
 });
