@@ -195,7 +195,8 @@ describe("the relaxed dot's condition (kquants.ts, THE RELAXED DOT)", () => {
   for (const dt of TYPES) {
     test(`${dt}: weights and x at the extremes the condition allows give the reference bits`, () => {
       // x at +-127 everywhere against weights at their maximum fills each i16 lane to its bound
-      // (q4_k 30480, q5_k 31496, q6_k 32004): one more pair before widening would wrap.
+      // (q4_k 30480, q5_k 31496, q6_k 32004): one more pair before widening would wrap. Rows 1,
+      // 4 and 5, 8 and 9, and 16 take every tile (kquants.ts' matmulK).
       const n = 512;
       const d = 16;
       const xs: [string, (i: number) => number][] = [
@@ -211,7 +212,7 @@ describe("the relaxed dot's condition (kquants.ts, THE RELAXED DOT)", () => {
       ] as const) {
         const k = kernel([w], n);
         for (const [xname, f] of xs) {
-          for (const rows of [1, 4, 5]) {
+          for (const rows of [1, 4, 5, 8, 9, 16]) {
             const x = new Float32Array(rows * n).map((_, i) => f(i));
             const y = new Float32Array(rows * d);
             k.matmul(y, x, w, 0, rows, n, d);

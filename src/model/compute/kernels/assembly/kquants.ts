@@ -394,9 +394,9 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
 /**
  * A half strip of q4_k (q5_k when five) against four token rows from xq (qb apart), outputs of
  * token t at yo + t * ys: each quad of nibbles is unpacked once for the four tokens (dot2 per
- * token, as q4Sub), or read unpacked at un when pre (q5_k only: q4_k's unpacked strips take
- * q4Half4Pre). The super-block's A per token stays in registers, and y holds the running f32 sums
- * (the same additions as in registers).
+ * token, as q4Sub), or read unpacked at un when pre (q5_k only: q4_k takes its eight tokens
+ * from the nibbles, q4Half8). The super-block's A per token stays in registers, and y holds the
+ * running f32 sums (the same additions as in registers).
  */
 @inline function q4Half4(five: bool, pre: bool, un: usize, yo: usize, ys: usize, xq: usize, qb: usize, sp: usize, half: usize, n: i32): void {
   const blocks = n >> 8;
@@ -453,68 +453,14 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
 }
 
 /**
- * q4Half4 over a q4_k strip unpacked at un (q4Unpack): the same sums, additions and order, written
- * for JavaScriptCore's code. The unpacked values and each token's splatted quads both run on
- * without a gap from one quad to the next (32 bytes each, through sub-blocks and super-blocks),
- * so five pointers step by 32 and every load takes a constant offset from one of them; computing
- * each token's address from the quad's index cost an add a load and spilled the bases (38
- * instructions a quad for 26 loads, dots and adds, in the Air of a q4_k prefill). One thread,
- * 512 token rows, alternating builds: 1.10-1.14x at n = 2048, 1.03x at 8192 (AMD EPYC); q5_k's
- * (two quads a pass) measured no better this way and keeps q4Half4.
- */
-@inline function q4Half4Pre(un: usize, yo: usize, ys: usize, xq: usize, qb: usize, sp: usize, half: usize, n: i32): void {
-  const blocks = n >> 8;
-  const z = i32x4.splat(0);
-  for (let t: usize = 0; t < 4; t++) v128.store(yo + t * ys, z);
-  const sr = scalesAt(xq, n);
-  const ur = sums32At(xq, n);
-  let w = un;
-  let x0 = xq;
-  let x1 = xq + qb;
-  let x2 = x1 + qb;
-  let x3 = x2 + qb;
-  for (let c = 0; c < blocks; c++) {
-    const g = sp + <usize>c * Q4K_GROUP;
-    const sc = g + 32 + half * 32;
-    let a0 = z, a1 = z, a2 = z, a3 = z;
-    for (let j: usize = 0; j < 8; j++) {
-      let s0 = z, s1 = z, s2 = z, s3 = z;
-      // Two passes of two quads, widened after both (8 pairs a lane: THE RELAXED DOT). One loop
-      // of four quads measured 0.94x this: JavaScriptCore allocates the registers otherwise.
-      for (let p = 0; p < 2; p++) {
-        for (let u = 0; u < 2; u++) {
-          const lo = v128.load(w);
-          const hi = v128.load(w, 16);
-          s0 = rdot(rdot(s0, v128.load(x0), lo), v128.load(x0, 16), hi);
-          s1 = rdot(rdot(s1, v128.load(x1), lo), v128.load(x1, 16), hi);
-          s2 = rdot(rdot(s2, v128.load(x2), lo), v128.load(x2, 16), hi);
-          s3 = rdot(rdot(s3, v128.load(x3), lo), v128.load(x3, 16), hi);
-          w += 32;
-          x0 += 32;
-          x1 += 32;
-          x2 += 32;
-          x3 += 32;
-        }
-        if (p == 1) {
-          const scv = subScales(sc, j);
-          a0 = i32x4.add(a0, i32x4.dot_i16x8_s(s0, scv));
-          a1 = i32x4.add(a1, i32x4.dot_i16x8_s(s1, scv));
-          a2 = i32x4.add(a2, i32x4.dot_i16x8_s(s2, scv));
-          a3 = i32x4.add(a3, i32x4.dot_i16x8_s(s3, scv));
-        }
-      }
-    }
-    const mn = g + 96 + half * 32;
-    q4Finish4(yo, ys, a0, a1, a2, a3, g, half, mn, sr + (<usize>c << 2), ur + (<usize>c << 4), qb);
-  }
-}
-
-/**
  * A half strip of q4_k (q5_k when five) against eight token rows from xq (qb apart), outputs of
- * token t at yo + t * ys: q4Half4's sums (the same additions in the same order for each token),
- * each quad of nibbles unpacked once for eight tokens instead of four. The eight integer sums of
- * a super-block live at acc (128 bytes of scratch): eight i16 sums, the quad and x in registers
- * leave no room for them.
+ * token t at yo + t * ys: q4Half4's sums (the same integers, added in the same order for each
+ * token). Per sub-block, its four quads are unpacked once into eight registers and each token in
+ * turn runs its eight dots against them from one pointer at constant offsets; quad by quad for
+ * all eight tokens (eight running sums, each token's x address from its row) spent a quarter of
+ * its instructions on addresses and spilled ones (one thread, 8 token rows, alternating builds,
+ * AMD EPYC: q4_k 52-57 -> 61-63 GMAC/s, 1.07-1.14x on two threads). The eight integer sums of a
+ * super-block live at acc (128 bytes of scratch).
  */
 @inline function q4Half8(five: bool, acc: usize, yo: usize, ys: usize, xq: usize, qb: usize, sp: usize, half: usize, n: i32): void {
   const blocks = n >> 8;
@@ -532,37 +478,32 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
     for (let t: usize = 0; t < 8; t++) v128.store(acc + (t << 4), z);
     for (let j: usize = 0; j < 8; j++) {
       const w = wq + j * 64;
-      const xj = xb + (j << 7);
-      let h = five ? v128.load(bits + j * 16) : z;
-      let s0 = z, s1 = z, s2 = z, s3 = z, s4 = z, s5 = z, s6 = z, s7 = z;
-      for (let p: usize = 0; p < 64; p += 32) {
-        for (let u = p; u < p + 32; u += 16) {
-          const v = v128.load(w + u);
-          const lo = lowOf(five, v, h);
-          const hi = highOf(five, v, h);
-          if (five) h = next2(h);
-          const x = xj + (u << 1);
-          s0 = dot2(s0, x, lo, hi);
-          s1 = dot2(s1, x + qb, lo, hi);
-          s2 = dot2(s2, x + 2 * qb, lo, hi);
-          s3 = dot2(s3, x + 3 * qb, lo, hi);
-          s4 = dot2(s4, x + 4 * qb, lo, hi);
-          s5 = dot2(s5, x + 5 * qb, lo, hi);
-          s6 = dot2(s6, x + 6 * qb, lo, hi);
-          s7 = dot2(s7, x + 7 * qb, lo, hi);
-        }
-        if (five || p == 32) {
-          const scv = subScales(sc, j);
-          addDot(acc, s0, scv);
-          addDot(acc + 16, s1, scv);
-          addDot(acc + 32, s2, scv);
-          addDot(acc + 48, s3, scv);
-          addDot(acc + 64, s4, scv);
-          addDot(acc + 80, s5, scv);
-          addDot(acc + 96, s6, scv);
-          addDot(acc + 112, s7, scv);
-          s0 = z; s1 = z; s2 = z; s3 = z; s4 = z; s5 = z; s6 = z; s7 = z;
-        }
+      const hb = five ? v128.load(bits + j * 16) : z;
+      const v0 = v128.load(w);
+      const v1 = v128.load(w, 16);
+      const v2 = v128.load(w, 32);
+      const v3 = v128.load(w, 48);
+      const l0 = lowAt(five, v0, hb, 0);
+      const h0 = highAt(five, v0, hb, 0);
+      const l1 = lowAt(five, v1, hb, 1);
+      const h1 = highAt(five, v1, hb, 1);
+      const l2 = lowAt(five, v2, hb, 2);
+      const h2 = highAt(five, v2, hb, 2);
+      const l3 = lowAt(five, v3, hb, 3);
+      const h3 = highAt(five, v3, hb, 3);
+      const scv = subScales(sc, j);
+      let x = xb + (j << 7);
+      for (let t: usize = 0; t < 8; t++) {
+        // q4_k adds all 8 pairs a lane before widening; q5_k widens after 4 (THE RELAXED DOT).
+        let q = rdot(i16x8.relaxed_dot_i8x16_i7x16_s(v128.load(x), l0), v128.load(x, 16), h0);
+        q = rdot(rdot(q, v128.load(x, 32), l1), v128.load(x, 48), h1);
+        if (five) {
+          addDot(acc + (t << 4), q, scv);
+          q = rdot(i16x8.relaxed_dot_i8x16_i7x16_s(v128.load(x, 64), l2), v128.load(x, 80), h2);
+        } else q = rdot(rdot(q, v128.load(x, 64), l2), v128.load(x, 80), h2);
+        q = rdot(rdot(q, v128.load(x, 96), l3), v128.load(x, 112), h3);
+        addDot(acc + (t << 4), q, scv);
+        x += qb;
       }
     }
     const dq = f16at(g + (half << 3));
@@ -845,10 +786,11 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
     const yo = y + (<usize>(g - r0) << 2);
     let r = 0;
     // The strip's values unpacked once into the scratch (8 n bytes) for all the token rows: q6_k
-    // from 8 rows (1.10-1.18x at 8, 1.21x at 32), q4_k and q5_k from 16 (at 8 the stores and
-    // loads cost what they save; at 32 1.12x and 1.15x). One thread, 2048 x 8192, alternating
-    // builds.
-    const pre = rows >= (six ? 8 : 16);
+    // from 8 rows (1.10-1.18x at 8, 1.21x at 32), q5_k from 16 (at 8 the stores and loads cost
+    // what they save; at 32 1.15x). One thread, 2048 x 8192, alternating builds. q4_k never:
+    // q4Half8 from its nibbles beat unpacking for q4Half4 at every count (AMD EPYC, one thread,
+    // alternating builds: 1.13-1.32x at 16 rows, 1.01-1.13x at 64, 0.99-1.10x at 512).
+    const pre = six ? rows >= 8 : five && rows >= 16;
     const un1 = scratch + (<usize>(n >> 8) << 10);
     if (pre && six) {
       q6Unpack(sp, 0, n, scratch);
@@ -857,7 +799,7 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
       q4Unpack(five, sp, 0, n, scratch);
       q4Unpack(five, sp, 1, n, un1);
     }
-    // Eight tokens at a time where the strip is not unpacked (q4_k and q5_k below 16 rows).
+    // Eight tokens at a time where the strip is not unpacked (q4_k, and q5_k below 16 rows).
     if (!six && !pre) {
       for (; r + 8 <= rows; r += 8) {
         const yr = yo + <usize>r * ys;
@@ -875,9 +817,6 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
       } else if (six) {
         q6Half4(false, 0, yr, ys, xr, qb, sp, 0, n);
         q6Half4(false, 0, yr + 16, ys, xr, qb, sp, 1, n);
-      } else if (pre && !five) {
-        q4Half4Pre(scratch, yr, ys, xr, qb, sp, 0, n);
-        q4Half4Pre(un1, yr + 16, ys, xr, qb, sp, 1, n);
       } else if (pre) {
         q4Half4(five, true, scratch, yr, ys, xr, qb, sp, 0, n);
         q4Half4(five, true, un1, yr + 16, ys, xr, qb, sp, 1, n);
