@@ -39,7 +39,7 @@ describe("legacy block integer kernels", () => {
       for (const n of [32, 96, 256]) {
         const w = randomBlocks(dt, 29, n, n + 1);
         const k = kernel([w], n);
-        for (const rows of [1, 2, 3, 5, 8]) {
+        for (const rows of [1, 2, 3, 5, 8, 13, 16]) {
           const x = input(rows, n, rows);
           for (const [r0, d] of [
             [0, 29],
@@ -125,7 +125,7 @@ describe("the relaxed dot's condition in the legacy kernels (kquants.ts, THE REL
           ["x -127", () => -1],
           ["x +-127 at random", (i: number) => (Math.sin(i * 12.9898) > 0 ? 1 : -1)],
         ] as const) {
-          for (const rows of [1, 4, 5]) {
+          for (const rows of [1, 4, 5, 8, 13]) {
             const x = new Float32Array(rows * n).map((_, i) => f(i));
             const y = new Float32Array(rows * d);
             k.matmul(y, x, w, 0, rows, n, d);

@@ -301,12 +301,12 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
 }
 
 /** lowOf and highOf for quad u (a constant) of a sub-block, reading its fifth bits (2u, 2u + 1) from the sub-block's whole plane hb: no next2 between quads. */
-@inline function lowAt(five: bool, v: v128, hb: v128, u: i32): v128 {
+@inline export function lowAt(five: bool, v: v128, hb: v128, u: i32): v128 {
   const lo = v128.and(v, i8x16.splat(0x0f));
   return five ? v128.or(lo, bitTo4(hb, 2 * u)) : lo;
 }
 
-@inline function highAt(five: bool, v: v128, hb: v128, u: i32): v128 {
+@inline export function highAt(five: bool, v: v128, hb: v128, u: i32): v128 {
   return five ? v128.or(highNibble(v), bitTo4(hb, 2 * u + 1)) : highNibble(v);
 }
 
