@@ -392,13 +392,13 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
 }
 
 /**
- * A half strip of q4_k (q5_k when five) against four token rows from xq (qb apart), outputs of
- * token t at yo + t * ys: each quad of nibbles is unpacked once for the four tokens (dot2 per
- * token, as q4Sub), or read unpacked at un when pre (q5_k only: q4_k takes its eight tokens
- * from the nibbles, q4Half8). The super-block's A per token stays in registers, and y holds the
- * running f32 sums (the same additions as in registers).
+ * A half strip of q4_k or q5_k (five), its values unpacked at un (q4Unpack), against four token
+ * rows from xq (qb apart), outputs of token t at yo + t * ys: q5_k's from 16 token rows, whose
+ * strip is unpacked once for them all (q4_k takes its tokens from the nibbles, q4HalfN). The
+ * super-block's A per token stays in registers, and y holds the running f32 sums (the same
+ * additions as in registers).
  */
-@inline function q4Half4(five: bool, pre: bool, un: usize, yo: usize, ys: usize, xq: usize, qb: usize, sp: usize, half: usize, n: i32): void {
+@inline function q4Half4(five: bool, un: usize, yo: usize, ys: usize, xq: usize, qb: usize, sp: usize, half: usize, n: i32): void {
   const blocks = n >> 8;
   const z = i32x4.splat(0);
   for (let t: usize = 0; t < 4; t++) v128.store(yo + t * ys, z);
@@ -406,31 +406,19 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
   const ur = sums32At(xq, n);
   for (let c = 0; c < blocks; c++) {
     const g = sp + <usize>c * (five ? Q5K_GROUP : Q4K_GROUP);
-    const wq = g + 160 + half * 512;
     const sc = g + 32 + half * 32;
     const mn = g + 96 + half * 32;
-    const bits = g + Q4K_GROUP + half * 128;
     const xb = xq + (<usize>c << 10);
     let a0 = z, a1 = z, a2 = z, a3 = z;
     for (let j: usize = 0; j < 8; j++) {
-      const w = wq + j * 64;
       const xj = xb + (j << 7);
-      let h = five && !pre ? v128.load(bits + j * 16) : z;
       let s0 = z, s1 = z, s2 = z, s3 = z;
       // Two passes of two quads: q5_k widens after each (4 pairs a lane), q4_k after both (8).
       for (let p: usize = 0; p < 64; p += 32) {
         for (let u = p; u < p + 32; u += 16) {
-          let lo: v128, hi: v128;
-          if (pre) {
-            const q = un + (<usize>c << 10) + (j << 7) + (u << 1);
-            lo = v128.load(q);
-            hi = v128.load(q, 16);
-          } else {
-            const v = v128.load(w + u);
-            lo = lowOf(five, v, h);
-            hi = highOf(five, v, h);
-            if (five) h = next2(h);
-          }
+          const q = un + (<usize>c << 10) + (j << 7) + (u << 1);
+          const lo = v128.load(q);
+          const hi = v128.load(q, 16);
           const x = xj + (u << 1);
           s0 = dot2(s0, x, lo, hi);
           s1 = dot2(s1, x + qb, lo, hi);
@@ -453,19 +441,19 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
 }
 
 /**
- * A half strip of q4_k (q5_k when five) against eight token rows from xq (qb apart), outputs of
- * token t at yo + t * ys: q4Half4's sums (the same integers, added in the same order for each
- * token). Per sub-block, its four quads are unpacked once into eight registers and each token in
- * turn runs its eight dots against them from one pointer at constant offsets; quad by quad for
- * all eight tokens (eight running sums, each token's x address from its row) spent a quarter of
- * its instructions on addresses and spilled ones (one thread, 8 token rows, alternating builds,
- * AMD EPYC: q4_k 52-57 -> 61-63 GMAC/s, 1.07-1.14x on two threads). The eight integer sums of a
- * super-block live at acc (128 bytes of scratch).
+ * A half strip of q4_k (q5_k when five) against `count` (8 or 4) token rows from xq (qb apart),
+ * outputs of token t at yo + t * ys: q4Half4's sums (the same integers, added in the same order
+ * for each token). Per sub-block, its four quads are unpacked once into eight registers and each
+ * token in turn runs its eight dots against them from one pointer at constant offsets; quad by
+ * quad for all the tokens (a running sum each, each token's x address from its row) spent a
+ * quarter of its instructions on addresses and spilled ones. One thread, alternating builds, AMD
+ * EPYC: 8 token rows q4_k 52-57 -> 61-63 GMAC/s (1.07-1.14x on two threads), q5_k 1.18-1.31x;
+ * 4 rows 1.08-1.15x both. The integer sums of a super-block live at acc (128 bytes of scratch).
  */
-@inline function q4Half8(five: bool, acc: usize, yo: usize, ys: usize, xq: usize, qb: usize, sp: usize, half: usize, n: i32): void {
+@inline function q4HalfN(five: bool, acc: usize, yo: usize, ys: usize, xq: usize, qb: usize, sp: usize, half: usize, n: i32, count: usize): void {
   const blocks = n >> 8;
   const z = i32x4.splat(0);
-  for (let t: usize = 0; t < 8; t++) v128.store(yo + t * ys, z);
+  for (let t: usize = 0; t < count; t++) v128.store(yo + t * ys, z);
   const sr = scalesAt(xq, n);
   const ur = sums32At(xq, n);
   for (let c = 0; c < blocks; c++) {
@@ -475,7 +463,7 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
     const mn = g + 96 + half * 32;
     const bits = g + Q4K_GROUP + half * 128;
     const xb = xq + (<usize>c << 10);
-    for (let t: usize = 0; t < 8; t++) v128.store(acc + (t << 4), z);
+    for (let t: usize = 0; t < count; t++) v128.store(acc + (t << 4), z);
     for (let j: usize = 0; j < 8; j++) {
       const w = wq + j * 64;
       const hb = five ? v128.load(bits + j * 16) : z;
@@ -493,7 +481,7 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
       const h3 = highAt(five, v3, hb, 3);
       const scv = subScales(sc, j);
       let x = xb + (j << 7);
-      for (let t: usize = 0; t < 8; t++) {
+      for (let t: usize = 0; t < count; t++) {
         // q4_k adds all 8 pairs a lane before widening; q5_k widens after 4 (THE RELAXED DOT).
         let q = rdot(i16x8.relaxed_dot_i8x16_i7x16_s(v128.load(x), l0), v128.load(x, 16), h0);
         q = rdot(rdot(q, v128.load(x, 32), l1), v128.load(x, 48), h1);
@@ -508,7 +496,7 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
     }
     const dq = f16at(g + (half << 3));
     const dm = f16at(g + 16 + (half << 3));
-    for (let t: usize = 0; t < 8; t++) {
+    for (let t: usize = 0; t < count; t++) {
       q4Finish(yo + t * ys, v128.load(acc + (t << 4)), dq, dm, mn, sr + t * qb + (<usize>c << 2), ur + t * qb + (<usize>c << 4));
     }
   }
@@ -788,7 +776,7 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
     // The strip's values unpacked once into the scratch (8 n bytes) for all the token rows: q6_k
     // from 8 rows (1.10-1.18x at 8, 1.21x at 32), q5_k from 16 (at 8 the stores and loads cost
     // what they save; at 32 1.15x). One thread, 2048 x 8192, alternating builds. q4_k never:
-    // q4Half8 from its nibbles beat unpacking for q4Half4 at every count (AMD EPYC, one thread,
+    // q4HalfN from its nibbles beat unpacking for q4Half4 at every count (AMD EPYC, one thread,
     // alternating builds: 1.13-1.32x at 16 rows, 1.01-1.13x at 64, 0.99-1.10x at 512).
     const pre = six ? rows >= 8 : five && rows >= 16;
     const un1 = scratch + (<usize>(n >> 8) << 10);
@@ -799,13 +787,13 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
       q4Unpack(five, sp, 0, n, scratch);
       q4Unpack(five, sp, 1, n, un1);
     }
-    // Eight tokens at a time where the strip is not unpacked (q4_k, and q5_k below 16 rows).
+    // Eight tokens at a time where the strip is not unpacked (q4_k, and q5_k below 16 rows), then four.
     if (!six && !pre) {
       for (; r + 8 <= rows; r += 8) {
         const yr = yo + <usize>r * ys;
         const xr = xq + <usize>r * qb;
-        q4Half8(five, scratch, yr, ys, xr, qb, sp, 0, n);
-        q4Half8(five, scratch, yr + 16, ys, xr, qb, sp, 1, n);
+        q4HalfN(five, scratch, yr, ys, xr, qb, sp, 0, n, 8);
+        q4HalfN(five, scratch, yr + 16, ys, xr, qb, sp, 1, n, 8);
       }
     }
     for (; r + 4 <= rows; r += 4) {
@@ -818,11 +806,11 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
         q6Half4(false, 0, yr, ys, xr, qb, sp, 0, n);
         q6Half4(false, 0, yr + 16, ys, xr, qb, sp, 1, n);
       } else if (pre) {
-        q4Half4(five, true, scratch, yr, ys, xr, qb, sp, 0, n);
-        q4Half4(five, true, un1, yr + 16, ys, xr, qb, sp, 1, n);
+        q4Half4(five, scratch, yr, ys, xr, qb, sp, 0, n);
+        q4Half4(five, un1, yr + 16, ys, xr, qb, sp, 1, n);
       } else {
-        q4Half4(five, false, 0, yr, ys, xr, qb, sp, 0, n);
-        q4Half4(five, false, 0, yr + 16, ys, xr, qb, sp, 1, n);
+        q4HalfN(five, scratch, yr, ys, xr, qb, sp, 0, n, 4);
+        q4HalfN(five, scratch, yr + 16, ys, xr, qb, sp, 1, n, 4);
       }
     }
     for (; r < rows; r++) kStrip(six, five, yo + <usize>r * ys, xq + <usize>r * qb, sp, n);
