@@ -214,6 +214,8 @@ export function quantize_l_x(dst: usize, x: usize, rows: i32, n: i32): void {
         q = rdot(rdot(q, v128.load(x, 96), l3), v128.load(x, 112), h3);
         i = widen(q);
       }
+      // The row's start from x, not x from a stepping row: that measured 0.81-0.97x for q4_0
+      // (one thread, 8 token rows, alternating builds): JavaScriptCore's code differs.
       const row = x - (<usize>c << 7);
       addTerm(o, term(min, offset, i, dq, dm, quadScales(row, n) + cs, blockSum(quadSums(row, n, 5), c)));
       x += qb;
