@@ -60,7 +60,7 @@ export function writeTouchJob(j: Int32Array, from: number, to: number): void {
 }
 
 /**
- * Writes a job over rows (J_CONVERT_Q8, J_PLACE, J_QUANT_X) into the record j: y and x its output
+ * Writes a job over rows (J_CONVERT_Q8, J_PLACE, J_QUANT_X, J_TOUCH) into the record j: y and x its output
  * and input, w what the kind reads there (a dtype or a layout), `rows` rows of n; J_ROWS 1 and
  * J_R0 0, so a dispatch cuts it by rows.
  */
