@@ -657,86 +657,114 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
 }
 
 /**
- * A half strip of q6_k against four token rows (as q4Half4): each unit unpacked once for the
- * four tokens.
+ * Super-block c of a half strip of q6_k against four token rows from xq (qb apart): each token's
+ * term added to its running sums at yo + t * ys (as q6Term's, in q6Half1's order). Each unit is
+ * unpacked once for the four tokens, from the group (pre false) or read unpacked from un (pre:
+ * q6UnpackBlock's 1 KB).
  */
-@inline function q6Half4(pre: bool, un: usize, yo: usize, ys: usize, xq: usize, qb: usize, sp: usize, half: usize, n: i32): void {
-  const blocks = n >> 8;
-  const z = f32x4.splat(0);
-  for (let t: usize = 0; t < 4; t++) v128.store(yo + t * ys, z);
+@inline function q6Block4(pre: bool, un: usize, yo: usize, ys: usize, xq: usize, qb: usize, g: usize, half: usize, c: i32, n: i32): void {
   const sr = scalesAt(xq, n);
   const ur = sums16At(xq, n);
-  for (let c = 0; c < blocks; c++) {
-    const g = sp + <usize>c * Q6K_GROUP;
-    const units = g + 144 + half * 768;
-    const sc = g + 16 + half * 64;
-    const xb = xq + (<usize>c << 10);
-    let a0 = i32x4.splat(0), a1 = a0, a2 = a0, a3 = a0;
-    // Two sub-blocks a pass: their scales come from one pair vector.
-    for (let k: usize = 0; k < 16; k += 2) {
-      const p = v128.load8x8_s(sc + (k << 2));
-      for (let e: usize = 0; e < 2; e++) {
-        let t0: v128, t1: v128, t2: v128, t3: v128;
-        if (pre) {
-          const q = un + (<usize>c << 10) + ((k + e) << 6);
-          t0 = v128.load(q);
-          t1 = v128.load(q, 16);
-          t2 = v128.load(q, 32);
-          t3 = v128.load(q, 48);
-        } else {
-          const u = units + (k + e) * 48;
-          const b0 = v128.load(u);
-          const b1 = v128.load(u, 16);
-          const b2 = v128.load(u, 32);
-          t3 = q6q3(b0, b1, b2);
-          t0 = q6low(b0);
-          t1 = q6low(b1);
-          t2 = q6low(b2);
-        }
-        const scv = e == 0 ? pairEven(p) : pairOdd(p);
-        const xk = xb + ((k + e) << 6);
-        a0 = q6Acc(a0, t0, t1, t2, t3, xk, scv);
-        a1 = q6Acc(a1, t0, t1, t2, t3, xk + qb, scv);
-        a2 = q6Acc(a2, t0, t1, t2, t3, xk + 2 * qb, scv);
-        a3 = q6Acc(a3, t0, t1, t2, t3, xk + 3 * qb, scv);
+  const units = g + 144 + half * 768;
+  const sc = g + 16 + half * 64;
+  const xb = xq + (<usize>c << 10);
+  let a0 = i32x4.splat(0), a1 = a0, a2 = a0, a3 = a0;
+  // Two sub-blocks a pass: their scales come from one pair vector.
+  for (let k: usize = 0; k < 16; k += 2) {
+    const p = v128.load8x8_s(sc + (k << 2));
+    for (let e: usize = 0; e < 2; e++) {
+      let t0: v128, t1: v128, t2: v128, t3: v128;
+      if (pre) {
+        const q = un + ((k + e) << 6);
+        t0 = v128.load(q);
+        t1 = v128.load(q, 16);
+        t2 = v128.load(q, 32);
+        t3 = v128.load(q, 48);
+      } else {
+        const u = units + (k + e) * 48;
+        const b0 = v128.load(u);
+        const b1 = v128.load(u, 16);
+        const b2 = v128.load(u, 32);
+        t3 = q6q3(b0, b1, b2);
+        t0 = q6low(b0);
+        t1 = q6low(b1);
+        t2 = q6low(b2);
       }
+      const scv = e == 0 ? pairEven(p) : pairOdd(p);
+      const xk = xb + ((k + e) << 6);
+      a0 = q6Acc(a0, t0, t1, t2, t3, xk, scv);
+      a1 = q6Acc(a1, t0, t1, t2, t3, xk + qb, scv);
+      a2 = q6Acc(a2, t0, t1, t2, t3, xk + 2 * qb, scv);
+      a3 = q6Acc(a3, t0, t1, t2, t3, xk + 3 * qb, scv);
     }
-    // q6Offset for the four tokens at once: each pair vector of scales loaded once.
-    const us = ur + (<usize>c << 5);
-    let c0 = i32x4.splat(0), c1 = c0, c2 = c0, c3 = c0;
-    for (let j: usize = 0; j < 8; j++) {
-      const p = v128.load8x8_s(sc + (j << 3));
-      const o = us + (j << 2);
-      c0 = i32x4.add(c0, i32x4.dot_i16x8_s(p, v128.load32_splat(o)));
-      c1 = i32x4.add(c1, i32x4.dot_i16x8_s(p, v128.load32_splat(o + qb)));
-      c2 = i32x4.add(c2, i32x4.dot_i16x8_s(p, v128.load32_splat(o + 2 * qb)));
-      c3 = i32x4.add(c3, i32x4.dot_i16x8_s(p, v128.load32_splat(o + 3 * qb)));
+  }
+  // q6Offset for the four tokens at once: each pair vector of scales loaded once.
+  const us = ur + (<usize>c << 5);
+  let c0 = i32x4.splat(0), c1 = c0, c2 = c0, c3 = c0;
+  for (let j: usize = 0; j < 8; j++) {
+    const p = v128.load8x8_s(sc + (j << 3));
+    const o = us + (j << 2);
+    c0 = i32x4.add(c0, i32x4.dot_i16x8_s(p, v128.load32_splat(o)));
+    c1 = i32x4.add(c1, i32x4.dot_i16x8_s(p, v128.load32_splat(o + qb)));
+    c2 = i32x4.add(c2, i32x4.dot_i16x8_s(p, v128.load32_splat(o + 2 * qb)));
+    c3 = i32x4.add(c3, i32x4.dot_i16x8_s(p, v128.load32_splat(o + 3 * qb)));
+  }
+  const k32 = i32x4.splat(32);
+  const dq = f16at(g + (half << 3));
+  q6Finish(yo, i32x4.sub(a0, i32x4.mul(c0, k32)), dq, sr + (<usize>c << 2));
+  q6Finish(yo + ys, i32x4.sub(a1, i32x4.mul(c1, k32)), dq, sr + qb + (<usize>c << 2));
+  q6Finish(yo + 2 * ys, i32x4.sub(a2, i32x4.mul(c2, k32)), dq, sr + 2 * qb + (<usize>c << 2));
+  q6Finish(yo + 3 * ys, i32x4.sub(a3, i32x4.mul(c3, k32)), dq, sr + 3 * qb + (<usize>c << 2));
+}
+
+/** A half strip of q6_k against four token rows, outputs of token t at yo + t * ys: q6Block4 over the super-blocks, each unit unpacked for the four. */
+@inline function q6Half4(yo: usize, ys: usize, xq: usize, qb: usize, sp: usize, half: usize, n: i32): void {
+  const z = f32x4.splat(0);
+  for (let t: usize = 0; t < 4; t++) v128.store(yo + t * ys, z);
+  for (let c = 0; c < (n >> 8); c++) q6Block4(false, 0, yo, ys, xq, qb, sp + <usize>c * Q6K_GROUP, half, c, n);
+}
+
+/**
+ * A strip of q6_k against `count` token rows (a multiple of 4) from xq, outputs of token t at
+ * yo + t * ys (both halves): per super-block, its units unpacked once into un (2 KB: 1 KB a
+ * half), then q6Block4 four tokens at a time from there, both halves of each four in turn (their x
+ * stays in L1). Unpacking the whole strip first for all the tokens made that pass a bare stream
+ * of weight loads, with nothing to do while they came (perf, 8 token rows: 35% of the time in the
+ * unpack, most of it on its loads); one super-block at a time, its loads meet the tokens' dots
+ * of the block before.
+ */
+@inline function q6Blocks(un: usize, yo: usize, ys: usize, xq: usize, qb: usize, sp: usize, n: i32, count: usize): void {
+  const z = f32x4.splat(0);
+  for (let t: usize = 0; t < count; t++) {
+    v128.store(yo + t * ys, z);
+    v128.store(yo + t * ys, z, 16);
+  }
+  for (let c = 0; c < (n >> 8); c++) {
+    const g = sp + <usize>c * Q6K_GROUP;
+    q6UnpackBlock(g, 0, un);
+    q6UnpackBlock(g, 1, un + 1024);
+    for (let t: usize = 0; t < count; t += 4) {
+      const yt = yo + t * ys;
+      const xt = xq + t * qb;
+      q6Block4(true, un, yt, ys, xt, qb, g, 0, c, n);
+      q6Block4(true, un + 1024, yt + 16, ys, xt, qb, g, 1, c, n);
     }
-    const k32 = i32x4.splat(32);
-    const dq = f16at(g + (half << 3));
-    q6Finish(yo, i32x4.sub(a0, i32x4.mul(c0, k32)), dq, sr + (<usize>c << 2));
-    q6Finish(yo + ys, i32x4.sub(a1, i32x4.mul(c1, k32)), dq, sr + qb + (<usize>c << 2));
-    q6Finish(yo + 2 * ys, i32x4.sub(a2, i32x4.mul(c2, k32)), dq, sr + 2 * qb + (<usize>c << 2));
-    q6Finish(yo + 3 * ys, i32x4.sub(a3, i32x4.mul(c3, k32)), dq, sr + 3 * qb + (<usize>c << 2));
   }
 }
 
-/** A half strip's 6-bit values unpacked to bytes at un (as q4Unpack): unit k of super-block c's quads t at un + c * 1024 + k * 64 + 16 t. */
-@inline function q6Unpack(sp: usize, half: usize, n: i32, un: usize): void {
-  const blocks = n >> 8;
-  for (let c = 0; c < blocks; c++) {
-    const units = sp + <usize>c * Q6K_GROUP + 144 + half * 768;
-    for (let k: usize = 0; k < 16; k++) {
-      const u = units + k * 48;
-      const b0 = v128.load(u);
-      const b1 = v128.load(u, 16);
-      const b2 = v128.load(u, 32);
-      const q = un + (<usize>c << 10) + (k << 6);
-      v128.store(q, q6low(b0));
-      v128.store(q, q6low(b1), 16);
-      v128.store(q, q6low(b2), 32);
-      v128.store(q, q6q3(b0, b1, b2), 48);
-    }
+/** Group g's half of 6-bit values unpacked to bytes at un: unit k's quads t at un + k * 64 + 16 t. */
+@inline function q6UnpackBlock(g: usize, half: usize, un: usize): void {
+  const units = g + 144 + half * 768;
+  for (let k: usize = 0; k < 16; k++) {
+    const u = units + k * 48;
+    const b0 = v128.load(u);
+    const b1 = v128.load(u, 16);
+    const b2 = v128.load(u, 32);
+    const q = un + (k << 6);
+    v128.store(q, q6low(b0));
+    v128.store(q, q6low(b1), 16);
+    v128.store(q, q6low(b2), 32);
+    v128.store(q, q6q3(b0, b1, b2), 48);
   }
 }
 
@@ -773,17 +801,18 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
     const sp = w + <usize>(g >> 3) * sb;
     const yo = y + (<usize>(g - r0) << 2);
     let r = 0;
-    // The strip's values unpacked once into the scratch (8 n bytes) for all the token rows: q6_k
-    // from 8 rows (1.10-1.18x at 8, 1.21x at 32), q5_k from 16 (at 8 the stores and loads cost
-    // what they save; at 32 1.15x). One thread, 2048 x 8192, alternating builds. q4_k never:
-    // q4HalfN from its nibbles beat unpacking for q4Half4 at every count (AMD EPYC, one thread,
-    // alternating builds: 1.13-1.32x at 16 rows, 1.01-1.13x at 64, 0.99-1.10x at 512).
-    const pre = six ? rows >= 8 : five && rows >= 16;
+    // q6_k from 8 token rows: a super-block at a time unpacked for them all (q6Blocks). q5_k's strip
+    // unpacked once into the scratch (8 n bytes) for all the token rows from 16 (at 8 the stores and
+    // loads cost what they save; at 32 1.15x; one thread, 2048 x 8192, alternating builds). q4_k
+    // never: q4HalfN from its nibbles beat unpacking for q4Half4 at every count (AMD EPYC, one
+    // thread, alternating builds: 1.13-1.32x at 16 rows, 1.01-1.13x at 64, 0.99-1.10x at 512).
+    if (six && rows >= 8) {
+      r = rows & ~3;
+      q6Blocks(scratch, yo, ys, xq, qb, sp, n, <usize>r);
+    }
+    const pre = five && rows >= 16;
     const un1 = scratch + (<usize>(n >> 8) << 10);
-    if (pre && six) {
-      q6Unpack(sp, 0, n, scratch);
-      q6Unpack(sp, 1, n, un1);
-    } else if (pre) {
+    if (pre) {
       q4Unpack(five, sp, 0, n, scratch);
       q4Unpack(five, sp, 1, n, un1);
     }
@@ -799,12 +828,9 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
     for (; r + 4 <= rows; r += 4) {
       const yr = yo + <usize>r * ys;
       const xr = xq + <usize>r * qb;
-      if (six && pre) {
-        q6Half4(true, scratch, yr, ys, xr, qb, sp, 0, n);
-        q6Half4(true, un1, yr + 16, ys, xr, qb, sp, 1, n);
-      } else if (six) {
-        q6Half4(false, 0, yr, ys, xr, qb, sp, 0, n);
-        q6Half4(false, 0, yr + 16, ys, xr, qb, sp, 1, n);
+      if (six) {
+        q6Half4(yr, ys, xr, qb, sp, 0, n);
+        q6Half4(yr + 16, ys, xr, qb, sp, 1, n);
       } else if (pre) {
         q4Half4(five, scratch, yr, ys, xr, qb, sp, 0, n);
         q4Half4(five, un1, yr + 16, ys, xr, qb, sp, 1, n);
