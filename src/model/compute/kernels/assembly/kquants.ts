@@ -394,7 +394,7 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
 /**
  * A half strip of q4_k or q5_k (five), its values unpacked at un (q4Unpack), against four token
  * rows from xq (qb apart), outputs of token t at yo + t * ys: q5_k's from 16 token rows, whose
- * strip is unpacked once for them all (q4_k takes its tokens from the nibbles, q4HalfN). The
+ * strip is unpacked once for them all (q4_k takes its tokens from the nibbles, q4StripN). The
  * super-block's A per token stays in registers, and y holds the running f32 sums (the same
  * additions as in registers).
  */
@@ -441,64 +441,80 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
 }
 
 /**
- * A half strip of q4_k (q5_k when five) against `count` (8 or 4) token rows from xq (qb apart),
- * outputs of token t at yo + t * ys: q4Half4's sums (the same integers, added in the same order
- * for each token). Per sub-block, its four quads are unpacked once into eight registers and each
- * token in turn runs its eight dots against them from one pointer at constant offsets; quad by
- * quad for all the tokens (a running sum each, each token's x address from its row) spent a
- * quarter of its instructions on addresses and spilled ones. One thread, alternating builds, AMD
- * EPYC: 8 token rows q4_k 52-57 -> 61-63 GMAC/s (1.07-1.14x on two threads), q5_k 1.18-1.31x;
- * 4 rows 1.08-1.15x both. The integer sums of a super-block live at acc (128 bytes of scratch).
+ * A strip of q4_k (q5_k when five) against `count` (8 or 4) token rows from xq (qb apart), outputs
+ * of token t at yo + t * ys (both halves): per super-block, its half 0 for every token, then its
+ * half 1 (q4BlockN), so the tokens' x of the block (1 KB each) comes from L1 the second time; half
+ * by half over the whole strip read it from L2 twice (AMD EPYC, alternating builds, 8 token rows:
+ * one thread 0.94-0.98x the time, two threads past L3 0.86-1.03x).
  */
-@inline function q4HalfN(five: bool, acc: usize, yo: usize, ys: usize, xq: usize, qb: usize, sp: usize, half: usize, n: i32, count: usize): void {
+@inline function q4StripN(five: bool, acc: usize, yo: usize, ys: usize, xq: usize, qb: usize, sp: usize, n: i32, count: usize): void {
   const blocks = n >> 8;
   const z = i32x4.splat(0);
-  for (let t: usize = 0; t < count; t++) v128.store(yo + t * ys, z);
-  const sr = scalesAt(xq, n);
-  const ur = sums32At(xq, n);
+  for (let t: usize = 0; t < count; t++) {
+    v128.store(yo + t * ys, z);
+    v128.store(yo + t * ys, z, 16);
+  }
   for (let c = 0; c < blocks; c++) {
     const g = sp + <usize>c * (five ? Q5K_GROUP : Q4K_GROUP);
-    const wq = g + 160 + half * 512;
-    const sc = g + 32 + half * 32;
-    const mn = g + 96 + half * 32;
-    const bits = g + Q4K_GROUP + half * 128;
-    const xb = xq + (<usize>c << 10);
-    for (let t: usize = 0; t < count; t++) v128.store(acc + (t << 4), z);
-    for (let j: usize = 0; j < 8; j++) {
-      const w = wq + j * 64;
-      const hb = five ? v128.load(bits + j * 16) : z;
-      const v0 = v128.load(w);
-      const v1 = v128.load(w, 16);
-      const v2 = v128.load(w, 32);
-      const v3 = v128.load(w, 48);
-      const l0 = lowAt(five, v0, hb, 0);
-      const h0 = highAt(five, v0, hb, 0);
-      const l1 = lowAt(five, v1, hb, 1);
-      const h1 = highAt(five, v1, hb, 1);
-      const l2 = lowAt(five, v2, hb, 2);
-      const h2 = highAt(five, v2, hb, 2);
-      const l3 = lowAt(five, v3, hb, 3);
-      const h3 = highAt(five, v3, hb, 3);
-      const scv = subScales(sc, j);
-      let x = xb + (j << 7);
-      for (let t: usize = 0; t < count; t++) {
-        // q4_k adds all 8 pairs a lane before widening; q5_k widens after 4 (THE RELAXED DOT).
-        let q = rdot(i16x8.relaxed_dot_i8x16_i7x16_s(v128.load(x), l0), v128.load(x, 16), h0);
-        q = rdot(rdot(q, v128.load(x, 32), l1), v128.load(x, 48), h1);
-        if (five) {
-          addDot(acc + (t << 4), q, scv);
-          q = rdot(i16x8.relaxed_dot_i8x16_i7x16_s(v128.load(x, 64), l2), v128.load(x, 80), h2);
-        } else q = rdot(rdot(q, v128.load(x, 64), l2), v128.load(x, 80), h2);
-        q = rdot(rdot(q, v128.load(x, 96), l3), v128.load(x, 112), h3);
-        addDot(acc + (t << 4), q, scv);
-        x += qb;
-      }
-    }
-    const dq = f16at(g + (half << 3));
-    const dm = f16at(g + 16 + (half << 3));
+    q4BlockN(five, acc, yo, ys, xq, qb, g, 0, c, n, count);
+    q4BlockN(five, acc, yo + 16, ys, xq, qb, g, 1, c, n, count);
+  }
+}
+
+/**
+ * Super-block c (group g) of a half strip of q4_k (q5_k when five) against `count` token rows:
+ * each token's term added to its running sums at yo + t * ys (q4Term's integers, in q4Half1's
+ * order). The sub-block's four quads are unpacked once into eight registers and each token in
+ * turn runs its eight dots against them from one pointer at constant offsets; quad by quad for all
+ * the tokens (a running sum each, each token's x address from its row) spent a quarter of its
+ * instructions on addresses and spilled ones. One thread, alternating builds, AMD EPYC: 8 token
+ * rows q4_k 52-57 -> 61-63 GMAC/s (1.07-1.14x on two threads), q5_k 1.18-1.31x; 4 rows
+ * 1.08-1.15x both. The integer sums of the block live at acc (128 bytes of scratch).
+ */
+@inline function q4BlockN(five: bool, acc: usize, yo: usize, ys: usize, xq: usize, qb: usize, g: usize, half: usize, c: i32, n: i32, count: usize): void {
+  const z = i32x4.splat(0);
+  const sr = scalesAt(xq, n);
+  const ur = sums32At(xq, n);
+  const wq = g + 160 + half * 512;
+  const sc = g + 32 + half * 32;
+  const mn = g + 96 + half * 32;
+  const bits = g + Q4K_GROUP + half * 128;
+  const xb = xq + (<usize>c << 10);
+  for (let t: usize = 0; t < count; t++) v128.store(acc + (t << 4), z);
+  for (let j: usize = 0; j < 8; j++) {
+    const w = wq + j * 64;
+    const hb = five ? v128.load(bits + j * 16) : z;
+    const v0 = v128.load(w);
+    const v1 = v128.load(w, 16);
+    const v2 = v128.load(w, 32);
+    const v3 = v128.load(w, 48);
+    const l0 = lowAt(five, v0, hb, 0);
+    const h0 = highAt(five, v0, hb, 0);
+    const l1 = lowAt(five, v1, hb, 1);
+    const h1 = highAt(five, v1, hb, 1);
+    const l2 = lowAt(five, v2, hb, 2);
+    const h2 = highAt(five, v2, hb, 2);
+    const l3 = lowAt(five, v3, hb, 3);
+    const h3 = highAt(five, v3, hb, 3);
+    const scv = subScales(sc, j);
+    let x = xb + (j << 7);
     for (let t: usize = 0; t < count; t++) {
-      q4Finish(yo + t * ys, v128.load(acc + (t << 4)), dq, dm, mn, sr + t * qb + (<usize>c << 2), ur + t * qb + (<usize>c << 4));
+      // q4_k adds all 8 pairs a lane before widening; q5_k widens after 4 (THE RELAXED DOT).
+      let q = rdot(i16x8.relaxed_dot_i8x16_i7x16_s(v128.load(x), l0), v128.load(x, 16), h0);
+      q = rdot(rdot(q, v128.load(x, 32), l1), v128.load(x, 48), h1);
+      if (five) {
+        addDot(acc + (t << 4), q, scv);
+        q = rdot(i16x8.relaxed_dot_i8x16_i7x16_s(v128.load(x, 64), l2), v128.load(x, 80), h2);
+      } else q = rdot(rdot(q, v128.load(x, 64), l2), v128.load(x, 80), h2);
+      q = rdot(rdot(q, v128.load(x, 96), l3), v128.load(x, 112), h3);
+      addDot(acc + (t << 4), q, scv);
+      x += qb;
     }
+  }
+  const dq = f16at(g + (half << 3));
+  const dm = f16at(g + 16 + (half << 3));
+  for (let t: usize = 0; t < count; t++) {
+    q4Finish(yo + t * ys, v128.load(acc + (t << 4)), dq, dm, mn, sr + t * qb + (<usize>c << 2), ur + t * qb + (<usize>c << 4));
   }
 }
 
@@ -804,7 +820,7 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
     // q6_k from 8 token rows: a super-block at a time unpacked for them all (q6Blocks). q5_k's strip
     // unpacked once into the scratch (8 n bytes) for all the token rows from 16 (at 8 the stores and
     // loads cost what they save; at 32 1.15x; one thread, 2048 x 8192, alternating builds). q4_k
-    // never: q4HalfN from its nibbles beat unpacking for q4Half4 at every count (AMD EPYC, one
+    // never: q4StripN from its nibbles beat unpacking for q4Half4 at every count (AMD EPYC, one
     // thread, alternating builds: 1.13-1.32x at 16 rows, 1.01-1.13x at 64, 0.99-1.10x at 512).
     if (six && rows >= 8) {
       r = rows & ~3;
@@ -821,8 +837,7 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
       for (; r + 8 <= rows; r += 8) {
         const yr = yo + <usize>r * ys;
         const xr = xq + <usize>r * qb;
-        q4HalfN(five, scratch, yr, ys, xr, qb, sp, 0, n, 8);
-        q4HalfN(five, scratch, yr + 16, ys, xr, qb, sp, 1, n, 8);
+        q4StripN(five, scratch, yr, ys, xr, qb, sp, n, 8);
       }
     }
     for (; r + 4 <= rows; r += 4) {
@@ -835,8 +850,7 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
         q4Half4(five, scratch, yr, ys, xr, qb, sp, 0, n);
         q4Half4(five, un1, yr + 16, ys, xr, qb, sp, 1, n);
       } else {
-        q4HalfN(five, scratch, yr, ys, xr, qb, sp, 0, n, 4);
-        q4HalfN(five, scratch, yr + 16, ys, xr, qb, sp, 1, n, 4);
+        q4StripN(five, scratch, yr, ys, xr, qb, sp, n, 4);
       }
     }
     for (; r < rows; r++) kStrip(six, five, yo + <usize>r * ys, xq + <usize>r * qb, sp, n);

@@ -165,7 +165,7 @@ export function quantize_l_x(dst: usize, x: usize, rows: i32, n: i32): void {
  * A half strip against eight token rows from xq (qb apart), outputs of token t at yo + t * ys:
  * half4's sums, token by token. Each block's four quads are unpacked once into eight registers,
  * then each token in turn runs its eight dots against them from one pointer at constant offsets
- * (as kquants.ts' q4HalfN) and adds its term. Against half4 twice (quad by quad for four
+ * (as kquants.ts' q4BlockN) and adds its term. Against half4 twice (quad by quad for four
  * tokens), one thread, alternating builds, AMD EPYC: 8 token rows q4_0 1.17-1.27x, q4_1
  * 1.22-1.41x, q5_0 1.24-1.45x, q5_1 1.45-1.83x; 512 rows q4_0 1.09-1.12x, q5_1 1.21-1.32x.
  */
