@@ -392,51 +392,67 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
 }
 
 /**
- * A half strip of q4_k or q5_k (five), its values unpacked at un (q4Unpack), against four token
- * rows from xq (qb apart), outputs of token t at yo + t * ys: q5_k's from 16 token rows, whose
- * strip is unpacked once for them all (q4_k takes its tokens from the nibbles, q4StripN). The
- * super-block's A per token stays in registers, and y holds the running f32 sums (the same
- * additions as in registers).
+ * Super-block c (group g) of a half strip of q5_k, its values unpacked at un (q5UnpackBlock),
+ * against four token rows from xq (qb apart): each token's term added to its running sums at
+ * yo + t * ys (q4Term's integers, in q4Half1's order). The block's A per token stays in registers.
  */
-@inline function q4Half4(five: bool, un: usize, yo: usize, ys: usize, xq: usize, qb: usize, sp: usize, half: usize, n: i32): void {
-  const blocks = n >> 8;
+@inline function q5Block4(un: usize, yo: usize, ys: usize, xq: usize, qb: usize, g: usize, half: usize, c: i32, n: i32): void {
   const z = i32x4.splat(0);
-  for (let t: usize = 0; t < 4; t++) v128.store(yo + t * ys, z);
   const sr = scalesAt(xq, n);
   const ur = sums32At(xq, n);
-  for (let c = 0; c < blocks; c++) {
-    const g = sp + <usize>c * (five ? Q5K_GROUP : Q4K_GROUP);
-    const sc = g + 32 + half * 32;
-    const mn = g + 96 + half * 32;
-    const xb = xq + (<usize>c << 10);
-    let a0 = z, a1 = z, a2 = z, a3 = z;
-    for (let j: usize = 0; j < 8; j++) {
-      const xj = xb + (j << 7);
-      let s0 = z, s1 = z, s2 = z, s3 = z;
-      // Two passes of two quads: q5_k widens after each (4 pairs a lane), q4_k after both (8).
-      for (let p: usize = 0; p < 64; p += 32) {
-        for (let u = p; u < p + 32; u += 16) {
-          const q = un + (<usize>c << 10) + (j << 7) + (u << 1);
-          const lo = v128.load(q);
-          const hi = v128.load(q, 16);
-          const x = xj + (u << 1);
-          s0 = dot2(s0, x, lo, hi);
-          s1 = dot2(s1, x + qb, lo, hi);
-          s2 = dot2(s2, x + 2 * qb, lo, hi);
-          s3 = dot2(s3, x + 3 * qb, lo, hi);
-        }
-        if (five || p == 32) {
-          // Loaded here, not before the passes: one more live vector there spills on x86.
-          const scv = subScales(sc, j);
-          a0 = i32x4.add(a0, i32x4.dot_i16x8_s(s0, scv));
-          a1 = i32x4.add(a1, i32x4.dot_i16x8_s(s1, scv));
-          a2 = i32x4.add(a2, i32x4.dot_i16x8_s(s2, scv));
-          a3 = i32x4.add(a3, i32x4.dot_i16x8_s(s3, scv));
-          s0 = z; s1 = z; s2 = z; s3 = z;
-        }
+  const sc = g + 32 + half * 32;
+  const mn = g + 96 + half * 32;
+  const xb = xq + (<usize>c << 10);
+  let a0 = z, a1 = z, a2 = z, a3 = z;
+  for (let j: usize = 0; j < 8; j++) {
+    const xj = xb + (j << 7);
+    let s0 = z, s1 = z, s2 = z, s3 = z;
+    // Two passes of two quads, widened after each: 4 pairs a lane (THE RELAXED DOT).
+    for (let p: usize = 0; p < 64; p += 32) {
+      for (let u = p; u < p + 32; u += 16) {
+        const q = un + (j << 7) + (u << 1);
+        const lo = v128.load(q);
+        const hi = v128.load(q, 16);
+        const x = xj + (u << 1);
+        s0 = dot2(s0, x, lo, hi);
+        s1 = dot2(s1, x + qb, lo, hi);
+        s2 = dot2(s2, x + 2 * qb, lo, hi);
+        s3 = dot2(s3, x + 3 * qb, lo, hi);
       }
+      // Loaded here, not before the passes: one more live vector there spills on x86.
+      const scv = subScales(sc, j);
+      a0 = i32x4.add(a0, i32x4.dot_i16x8_s(s0, scv));
+      a1 = i32x4.add(a1, i32x4.dot_i16x8_s(s1, scv));
+      a2 = i32x4.add(a2, i32x4.dot_i16x8_s(s2, scv));
+      a3 = i32x4.add(a3, i32x4.dot_i16x8_s(s3, scv));
+      s0 = z; s1 = z; s2 = z; s3 = z;
     }
-    q4Finish4(yo, ys, a0, a1, a2, a3, g, half, mn, sr + (<usize>c << 2), ur + (<usize>c << 4), qb);
+  }
+  q4Finish4(yo, ys, a0, a1, a2, a3, g, half, mn, sr + (<usize>c << 2), ur + (<usize>c << 4), qb);
+}
+
+/**
+ * A strip of q5_k against `count` token rows (a multiple of 4) from xq, outputs of token t at
+ * yo + t * ys (both halves): per super-block, its 5-bit values unpacked once into un (2 KB), then
+ * q5Block4 four tokens at a time, both halves of each four in turn (as q6Blocks, and for its
+ * reason: the whole strip unpacked first was a bare stream of weight loads).
+ */
+@inline function q5Blocks(un: usize, yo: usize, ys: usize, xq: usize, qb: usize, sp: usize, n: i32, count: usize): void {
+  const z = f32x4.splat(0);
+  for (let t: usize = 0; t < count; t++) {
+    v128.store(yo + t * ys, z);
+    v128.store(yo + t * ys, z, 16);
+  }
+  for (let c = 0; c < (n >> 8); c++) {
+    const g = sp + <usize>c * Q5K_GROUP;
+    q5UnpackBlock(g, 0, un);
+    q5UnpackBlock(g, 1, un + 1024);
+    for (let t: usize = 0; t < count; t += 4) {
+      const yt = yo + t * ys;
+      const xt = xq + t * qb;
+      q5Block4(un, yt, ys, xt, qb, g, 0, c, n);
+      q5Block4(un + 1024, yt + 16, ys, xt, qb, g, 1, c, n);
+    }
   }
 }
 
@@ -518,33 +534,26 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
   }
 }
 
-/** The i32 sums at p plus s's pair sums scaled by scv (q4Half4's a += dot_i16x8_s(s, scv)). */
+/** The i32 sums at p plus s's pair sums scaled by scv (q5Block4's a += dot_i16x8_s(s, scv)). */
 @inline function addDot(p: usize, s: v128, scv: v128): void {
   v128.store(p, i32x4.add(v128.load(p), i32x4.dot_i16x8_s(s, scv)));
 }
 
 /**
- * A half strip's 4- or 5-bit values unpacked to bytes at un, for q4Half4 to read instead of
- * unpacking them per four tokens: per super-block c, sub-block j and quad u (0, 16, 32, 48), its
- * low values at un + c * 1024 + j * 128 + 2 u and its high ones 16 bytes on. (A batch's or a
- * prefill's strip is unpacked once per kernel call where four tokens at a time unpacked it for
- * each four.)
+ * Group g's half of q5_k values unpacked to bytes at un: per sub-block j and quad u (0, 16, 32,
+ * 48), its low values at un + j * 128 + 2 u and its high ones 16 bytes on.
  */
-@inline function q4Unpack(five: bool, sp: usize, half: usize, n: i32, un: usize): void {
-  const blocks = n >> 8;
-  for (let c = 0; c < blocks; c++) {
-    const g = sp + <usize>c * (five ? Q5K_GROUP : Q4K_GROUP);
-    const wq = g + 160 + half * 512;
-    const bits = g + Q4K_GROUP + half * 128;
-    for (let j: usize = 0; j < 8; j++) {
-      let h = five ? v128.load(bits + j * 16) : i32x4.splat(0);
-      for (let u: usize = 0; u < 64; u += 16) {
-        const v = v128.load(wq + j * 64 + u);
-        const q = un + (<usize>c << 10) + (j << 7) + (u << 1);
-        v128.store(q, lowOf(five, v, h));
-        v128.store(q, highOf(five, v, h), 16);
-        if (five) h = next2(h);
-      }
+@inline function q5UnpackBlock(g: usize, half: usize, un: usize): void {
+  const wq = g + 160 + half * 512;
+  const bits = g + Q4K_GROUP + half * 128;
+  for (let j: usize = 0; j < 8; j++) {
+    let h = v128.load(bits + j * 16);
+    for (let u: usize = 0; u < 64; u += 16) {
+      const v = v128.load(wq + j * 64 + u);
+      const q = un + (j << 7) + (u << 1);
+      v128.store(q, lowOf(true, v, h));
+      v128.store(q, highOf(true, v, h), 16);
+      h = next2(h);
     }
   }
 }
@@ -817,28 +826,22 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
     const sp = w + <usize>(g >> 3) * sb;
     const yo = y + (<usize>(g - r0) << 2);
     let r = 0;
-    // q6_k from 8 token rows: a super-block at a time unpacked for them all (q6Blocks). q5_k's strip
-    // unpacked once into the scratch (8 n bytes) for all the token rows from 16 (at 8 the stores and
-    // loads cost what they save; at 32 1.15x; one thread, 2048 x 8192, alternating builds). q4_k
-    // never: q4StripN from its nibbles beat unpacking for q4Half4 at every count (AMD EPYC, one
-    // thread, alternating builds: 1.13-1.32x at 16 rows, 1.01-1.13x at 64, 0.99-1.10x at 512).
+    // Unpacked a super-block at a time for all the token rows (q6Blocks, q5Blocks): q6_k from 8
+    // token rows, q5_k from 16 (at 8 the stores and loads cost what they save; one thread, 2048 x
+    // 8192, alternating builds). q4_k never: q4StripN from its nibbles beat unpacking at every
+    // count (AMD EPYC, one thread, alternating builds: 1.13-1.32x at 16 rows, 1.01-1.13x at 64,
+    // 0.99-1.10x at 512).
     if (six && rows >= 8) {
       r = rows & ~3;
       q6Blocks(scratch, yo, ys, xq, qb, sp, n, <usize>r);
     }
-    const pre = five && rows >= 16;
-    const un1 = scratch + (<usize>(n >> 8) << 10);
-    if (pre) {
-      q4Unpack(five, sp, 0, n, scratch);
-      q4Unpack(five, sp, 1, n, un1);
+    if (five && rows >= 16) {
+      r = rows & ~3;
+      q5Blocks(scratch, yo, ys, xq, qb, sp, n, <usize>r);
     }
     // Eight tokens at a time where the strip is not unpacked (q4_k, and q5_k below 16 rows), then four.
-    if (!six && !pre) {
-      for (; r + 8 <= rows; r += 8) {
-        const yr = yo + <usize>r * ys;
-        const xr = xq + <usize>r * qb;
-        q4StripN(five, scratch, yr, ys, xr, qb, sp, n, 8);
-      }
+    if (!six) {
+      for (; r + 8 <= rows; r += 8) q4StripN(five, scratch, yo + <usize>r * ys, ys, xq + <usize>r * qb, qb, sp, n, 8);
     }
     for (; r + 4 <= rows; r += 4) {
       const yr = yo + <usize>r * ys;
@@ -846,12 +849,7 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
       if (six) {
         q6Half4(yr, ys, xr, qb, sp, 0, n);
         q6Half4(yr + 16, ys, xr, qb, sp, 1, n);
-      } else if (pre) {
-        q4Half4(five, scratch, yr, ys, xr, qb, sp, 0, n);
-        q4Half4(five, un1, yr + 16, ys, xr, qb, sp, 1, n);
-      } else {
-        q4StripN(five, scratch, yr, ys, xr, qb, sp, n, 4);
-      }
+      } else q4StripN(five, scratch, yr, ys, xr, qb, sp, n, 4);
     }
     for (; r < rows; r++) kStrip(six, five, yo + <usize>r * ys, xq + <usize>r * qb, sp, n);
   }
@@ -873,17 +871,17 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
   }
 }
 
-/** q4_k matmul (see matmulK); n must be a multiple of 256 (the caller checks); `scratch` holds 8 n bytes. */
+/** q4_k matmul (see matmulK); n must be a multiple of 256 (the caller checks); `scratch` holds 2 KB at least (the unpacked super-block; q4_k takes 128 bytes of it). */
 export function matmul_q4_k(job: usize, g0: i32, g1: i32, scratch: usize): void {
   matmulK(false, false, job, g0, g1, scratch);
 }
 
-/** q5_k matmul (see matmulK); n must be a multiple of 256 (the caller checks); `scratch` holds 8 n bytes. */
+/** q5_k matmul (see matmulK); n must be a multiple of 256 (the caller checks); `scratch` holds 2 KB at least (the unpacked super-block; q4_k takes 128 bytes of it). */
 export function matmul_q5_k(job: usize, g0: i32, g1: i32, scratch: usize): void {
   matmulK(false, true, job, g0, g1, scratch);
 }
 
-/** q6_k matmul (see matmulK); n must be a multiple of 256 (the caller checks); `scratch` holds 8 n bytes. */
+/** q6_k matmul (see matmulK); n must be a multiple of 256 (the caller checks); `scratch` holds 2 KB at least (the unpacked super-block; q4_k takes 128 bytes of it). */
 export function matmul_q6_k(job: usize, g0: i32, g1: i32, scratch: usize): void {
   matmulK(true, false, job, g0, g1, scratch);
 }
