@@ -341,14 +341,24 @@ function values4(job: AttendJob, op0: usize, op1: usize, op2: usize, op3: usize,
 
 /** Positions t < n of KV head `off / hd`, f16 in the paged kv, as f32 at dst + t * hd floats (exact). */
 function linearize(dst: usize, table: usize, secOff: usize, n: i32, B: i32, kvDim: i32, off: i32, hd: i32): void {
+  const hd8 = hd & ~7;
   const hd4 = hd & ~3;
   const rowBytes = <usize>hd << 2;
   for (let t0 = 0, b = 0; t0 < n; t0 += B, b++) {
     let src = blockAt(table, b, secOff) + (<usize>off << 1);
     const m = min(B, n - t0);
     for (let s = 0; s < m; s++, src += <usize>kvDim << 1, dst += rowBytes) {
-      for (let i = 0; i < hd4; i += 4) v128.store(dst + (<usize>i << 2), kv4(src, i));
-      for (let i = hd4; i < hd; i++) store<f32>(dst + (<usize>i << 2), f16ToF32(<u32>load<u16>(src + (<usize>i << 1))));
+      // Eight at a time from one load, widened as dot8 widens (kv8lo, kv8hi: the same f32 as kv4's):
+      // four at a time (a 64-bit load moved into place, a vector shift) took 5% of an 8-sequence
+      // decode step of a 1B model under perf.
+      let i = 0;
+      for (; i < hd8; i += 8) {
+        const v = v128.load(src + (<usize>i << 1));
+        v128.store(dst + (<usize>i << 2), kv8lo(v));
+        v128.store(dst + (<usize>i << 2), kv8hi(v), 16);
+      }
+      for (; i < hd4; i += 4) v128.store(dst + (<usize>i << 2), kv4(src, i));
+      for (; i < hd; i++) store<f32>(dst + (<usize>i << 2), f16ToF32(<u32>load<u16>(src + (<usize>i << 1))));
     }
   }
 }
