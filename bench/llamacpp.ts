@@ -5,7 +5,10 @@
 // -npl 8` for 8 concurrent sequences. Ours runs in a child process per attempt (bun, the
 // engine's own path: loadModel with its model thread, the KV pool, Engine.submit), on the same
 // file with `threads` = N:
-//   decode  : an 8-token prompt, 128 greedy tokens after the first (EOS ignored), tok/s
+//   decode  : an 8-token prompt, 128 greedy tokens after the first (EOS ignored), tok/s (after
+//             a warm-up of 16 tokens, as llama-bench generates one before timing: an 8B Q4_K_M's
+//             first 32 tokens after the load decoded at 0.76-0.90x of the next 64's in four runs,
+//             JavaScriptCore's optimizing tier and the first pass over the weights among them)
 //   prefill : a 512-token prompt to its first token, tok/s (after a warm-up prompt of the same
 //             length, as llama-bench runs its whole prompt once before timing it: it also gives
 //             JavaScriptCore's optimizing tier the kernels' 512-row paths on every thread)
@@ -93,6 +96,7 @@ async function child(file: string, threads: number, phases: Phase[]): Promise<vo
     engine.submit({ requestId: `r${id++}`, promptTokens: prompt, sampling: greedy(maxTokens), onToken: onToken ?? (() => {}) });
   for (const phase of phases) {
     if (phase === "decode") {
+      await run(promptOf(8, vocab, 10), 16);
       let first = 0;
       let n = 0;
       await run(promptOf(8, vocab, 11), DECODE + 1, () => {
