@@ -432,31 +432,6 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
 }
 
 /**
- * A strip of q5_k against `count` token rows (a multiple of 4) from xq, outputs of token t at
- * yo + t * ys (both halves): per super-block, its 5-bit values unpacked once into un (2 KB), then
- * q5Block4 four tokens at a time, both halves of each four in turn (as q6Blocks, and for its
- * reason: the whole strip unpacked first was a bare stream of weight loads).
- */
-@inline function q5Blocks(un: usize, yo: usize, ys: usize, xq: usize, qb: usize, sp: usize, n: i32, count: usize): void {
-  const z = f32x4.splat(0);
-  for (let t: usize = 0; t < count; t++) {
-    v128.store(yo + t * ys, z);
-    v128.store(yo + t * ys, z, 16);
-  }
-  for (let c = 0; c < (n >> 8); c++) {
-    const g = sp + <usize>c * Q5K_GROUP;
-    q5UnpackBlock(g, 0, un);
-    q5UnpackBlock(g, 1, un + 1024);
-    for (let t: usize = 0; t < count; t += 4) {
-      const yt = yo + t * ys;
-      const xt = xq + t * qb;
-      q5Block4(un, yt, ys, xt, qb, g, 0, c, n);
-      q5Block4(un + 1024, yt + 16, ys, xt, qb, g, 1, c, n);
-    }
-  }
-}
-
-/**
  * A strip of q4_k (q5_k when five) against `count` (8 or 4) token rows from xq (qb apart), outputs
  * of token t at yo + t * ys (both halves): per super-block, its half 0 for every token, then its
  * half 1 (q4BlockN), so the tokens' x of the block (1 KB each) comes from L1 the second time; half
@@ -750,29 +725,39 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
 }
 
 /**
- * A strip of q6_k against `count` token rows (a multiple of 4) from xq, outputs of token t at
- * yo + t * ys (both halves): per super-block, its units unpacked once into un (2 KB: 1 KB a
- * half), then q6Block4 four tokens at a time from there, both halves of each four in turn (their x
- * stays in L1). Unpacking the whole strip first for all the tokens made that pass a bare stream
- * of weight loads, with nothing to do while they came (perf, 8 token rows: 35% of the time in the
- * unpack, most of it on its loads); one super-block at a time, its loads meet the tokens' dots
- * of the block before.
+ * A strip of q6_k (q5_k when not six) against `count` token rows (a multiple of 4) from xq,
+ * outputs of token t at yo + t * ys (both halves): per super-block, its values unpacked once into
+ * un (2 KB: 1 KB a half), then four tokens at a time from there (q6Block4, q5Block4), both halves
+ * of each four in turn (their x stays in L1). Unpacking the whole strip first for all the tokens
+ * made that pass a bare stream of weight loads, with nothing to do while they came (perf, q6_k, 8
+ * token rows: 35% of the time in the unpack, most of it on its loads); one super-block at a time,
+ * its loads meet the tokens' dots of the block before.
  */
-@inline function q6Blocks(un: usize, yo: usize, ys: usize, xq: usize, qb: usize, sp: usize, n: i32, count: usize): void {
+@inline function kBlocks(six: bool, un: usize, yo: usize, ys: usize, xq: usize, qb: usize, sp: usize, n: i32, count: usize): void {
   const z = f32x4.splat(0);
   for (let t: usize = 0; t < count; t++) {
     v128.store(yo + t * ys, z);
     v128.store(yo + t * ys, z, 16);
   }
   for (let c = 0; c < (n >> 8); c++) {
-    const g = sp + <usize>c * Q6K_GROUP;
-    q6UnpackBlock(g, 0, un);
-    q6UnpackBlock(g, 1, un + 1024);
+    const g = sp + <usize>c * (six ? Q6K_GROUP : Q5K_GROUP);
+    if (six) {
+      q6UnpackBlock(g, 0, un);
+      q6UnpackBlock(g, 1, un + 1024);
+    } else {
+      q5UnpackBlock(g, 0, un);
+      q5UnpackBlock(g, 1, un + 1024);
+    }
     for (let t: usize = 0; t < count; t += 4) {
       const yt = yo + t * ys;
       const xt = xq + t * qb;
-      q6Block4(true, un, yt, ys, xt, qb, g, 0, c, n);
-      q6Block4(true, un + 1024, yt + 16, ys, xt, qb, g, 1, c, n);
+      if (six) {
+        q6Block4(true, un, yt, ys, xt, qb, g, 0, c, n);
+        q6Block4(true, un + 1024, yt + 16, ys, xt, qb, g, 1, c, n);
+      } else {
+        q5Block4(un, yt, ys, xt, qb, g, 0, c, n);
+        q5Block4(un + 1024, yt + 16, ys, xt, qb, g, 1, c, n);
+      }
     }
   }
 }
@@ -826,18 +811,18 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
     const sp = w + <usize>(g >> 3) * sb;
     const yo = y + (<usize>(g - r0) << 2);
     let r = 0;
-    // Unpacked a super-block at a time for all the token rows (q6Blocks, q5Blocks): q6_k from 8
+    // Unpacked a super-block at a time for all the token rows (kBlocks): q6_k from 8
     // token rows, q5_k from 16 (at 8 the stores and loads cost what they save; one thread, 2048 x
     // 8192, alternating builds). q4_k never: q4StripN from its nibbles beat unpacking at every
     // count (AMD EPYC, one thread, alternating builds: 1.13-1.32x at 16 rows, 1.01-1.13x at 64,
     // 0.99-1.10x at 512).
     if (six && rows >= 8) {
       r = rows & ~3;
-      q6Blocks(scratch, yo, ys, xq, qb, sp, n, <usize>r);
+      kBlocks(true, scratch, yo, ys, xq, qb, sp, n, <usize>r);
     }
     if (five && rows >= 16) {
       r = rows & ~3;
-      q5Blocks(scratch, yo, ys, xq, qb, sp, n, <usize>r);
+      kBlocks(false, scratch, yo, ys, xq, qb, sp, n, <usize>r);
     }
     // Eight tokens at a time where the strip is not unpacked (q4_k, and q5_k below 16 rows), then four.
     if (!six) {
