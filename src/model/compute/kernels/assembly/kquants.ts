@@ -789,8 +789,8 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
  * Rows g0 .. g1 of the matrix at w (q4_k, q5_k when five, q6_k when six; a thread's share)
  * against every quantized token row at xq; row g's outputs go to column g - r0 of y. One token
  * row takes each strip whole (kStrip); more take it a super-block at a time, four tokens at a
- * time (kBlocks: q6_k from 8 rows, q5_k from 16), or by tiles of eight tokens then four (q4StripN:
- * q4_k, and q5_k below 16 rows; q6Half4: q6_k below 8), the last few one token at a time; a row
+ * time (kBlocks: q6_k from 8 rows, q5_k from 12), or by tiles of eight tokens then four (q4StripN:
+ * q4_k, and q5_k below 12 rows; q6Half4: q6_k below 8), the last few one token at a time; a row
  * of a strip not wholly in the range computes its half alone and keeps its lane (the same sum).
  */
 @inline function matmulK(six: bool, five: bool, job: usize, g0: i32, g1: i32, scratch: usize): void {
@@ -812,19 +812,20 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
     const yo = y + (<usize>(g - r0) << 2);
     let r = 0;
     // Unpacked a super-block at a time for all the token rows (kBlocks): q6_k from 8 token rows,
-    // q5_k from 16 (at 8 the stores and loads cost more than they save: 1.05-1.09x the time of
-    // q4StripN, at 12 0.92-0.97x; one thread, 2048 x 8192, alternating builds). q4_k never:
+    // q5_k from 12 (at 8 the stores and loads cost more than they save: 1.05-1.09x the time of
+    // q4StripN; at 12 0.82-0.90x, at 14 0.91-0.94x; one thread, the three shapes of 2048 and
+    // 8192, alternating builds). q4_k never:
     // q4StripN from its nibbles beat unpacking at every count (AMD EPYC, one thread, alternating
     // builds: 1.13-1.32x at 16 rows, 1.01-1.13x at 64, 0.99-1.10x at 512).
     if (six && rows >= 8) {
       r = rows & ~3;
       kBlocks(true, scratch, yo, ys, xq, qb, sp, n, <usize>r);
     }
-    if (five && rows >= 16) {
+    if (five && rows >= 12) {
       r = rows & ~3;
       kBlocks(false, scratch, yo, ys, xq, qb, sp, n, <usize>r);
     }
-    // Eight tokens at a time where the strip is not unpacked (q4_k, and q5_k below 16 rows), then four.
+    // Eight tokens at a time where the strip is not unpacked (q4_k, and q5_k below 12 rows), then four.
     if (!six) {
       for (; r + 8 <= rows; r += 8) q4StripN(five, scratch, yo + <usize>r * ys, ys, xq + <usize>r * qb, qb, sp, n, 8);
     }
