@@ -51,10 +51,17 @@ describe("KvCacheManager", () => {
             if (got === null) expect([...t.kv.ids]).toEqual(before);
             else expect(t.kv.count).toBe(want);
           } else if (op === 2 && t && t.kv.count > 0) {
-            // Computed up to some position of its table: full blocks get their family's names.
+            // Computed up to some position of its table: full blocks get their family's names,
+            // unless another live block has the name already (a table of the same family, or
+            // one handed off): the pool names one block per hash, and this one stays unnamed.
             const to = Math.min(t.kv.count * B, (arg % (t.kv.count * B)) + 1);
-            kv.markComputed(t.kv, hashesOf(t.family, t.kv.count), 0, to);
-            for (let i = 0; i < Math.floor(to / B); i++) expect(pool.hashOf(t.kv.ids[i]!)).not.toBe(0n);
+            const hashes = hashesOf(t.family, t.kv.count);
+            kv.markComputed(t.kv, hashes, 0, to);
+            for (let i = 0; i < Math.floor(to / B); i++) {
+              const id = t.kv.ids[i]!;
+              const owner = pool.lookup(hashes[i]!);
+              expect(pool.hashOf(id) === hashes[i]! ? owner === id : pool.hashOf(id) === 0n && owner >= 0 && owner !== id).toBe(true);
+            }
           } else if (op === 3 && t) {
             const ids = [...t.kv.ids];
             kv.free(t.kv);
@@ -112,7 +119,22 @@ describe("KvCacheManager", () => {
           for (let id = 0; id < pool.total; id++) expect(pool.refCount(id)).toBe(refs.get(id) ?? 0);
         }
       }),
-      { numRuns: 300 },
+      // The first: a table handed off and grown again names a block whose hash its handed-off
+      // block still owns (a run of CI found it; the check above once asked for a name there).
+      {
+        numRuns: 300,
+        examples: [
+          [
+            [
+              [0, 0],
+              [1, 0],
+              [4, 11],
+              [1, 0],
+              [2, 13],
+            ],
+          ],
+        ],
+      },
     );
   });
 
