@@ -13,7 +13,7 @@ import { randomBytes } from "./quant-helpers.ts";
 // q6_k d is often that small, so every integer kernel is fed such scales here, mixed with normal
 // ones and zero inside each group of rows a vector converts at once, and must give its
 // reference's bits on every path: one token (strip after strip), tiles of 2, 4 and
-// 8, and the super-blocks unpacked for 8+ (q6_k) and 16+ (q5_k).
+// 8, and the super-blocks unpacked for 8+ (q6_k) and 12+ (q5_k).
 
 const kernels: MatmulKernel[] = [];
 afterAll(() => kernels.forEach((k) => k.close()));
