@@ -44,7 +44,7 @@ function weightsOf(dtype: DType, tied: boolean): Weights<Matrix> {
   return castWeights(CFG, w, dtype);
 }
 
-/** Logits of a 3-sequence prefill and five batched decode steps. */
+/** Logits of a 3-sequence prefill, five batched decode steps and two bigger batches. */
 function run(w: Weights<Matrix>, groupBytes: number | undefined, threads: number): { outs: Float32Array[]; memories: number } {
   const m = new Transformer(CFG, w, { threads, groupBytes });
   const pool = m.kvPool(kvShapeOf(CFG, BLOCK), 48);
@@ -59,6 +59,16 @@ function run(w: Weights<Matrix>, groupBytes: number | undefined, threads: number
     m.forward(
       pool,
       seqs.map((s, j) => s.chunk([(i * 11 + j * 7) % V])),
+      out,
+    );
+    outs.push(out);
+  }
+  // Batches past every one before: the scratch grows after the forwards' K/V copies were allocated.
+  for (const n of [12, 25]) {
+    out = new Float32Array(3 * V);
+    m.forward(
+      pool,
+      seqs.map((s, j) => s.chunk(tokens(n, 10 + n + j, V))),
       out,
     );
     outs.push(out);

@@ -204,6 +204,49 @@ describe("transformer", () => {
     }
   });
 
+  test("a growing batch allocates its scratch anew in its own place, with the same logits", () => {
+    // 5 rows, 12, then 40: the scratch doubles past each, and each time it was the memory's last
+    // allocation (the pool's slab came before), so a model that grew holds what one sized for
+    // 40 rows from the start holds.
+    const grown = tinyModel();
+    const fresh = tinyModel();
+    const pg = grown.kvPool(kvShapeOf(TINY, B), 64);
+    const pf = fresh.kvPool(kvShapeOf(TINY, B), 64);
+    step(grown, new Seq(pg), tokens(5, 1));
+    step(grown, new Seq(pg), tokens(12, 2));
+    const toks = tokens(40, 3);
+    const a = step(grown, new Seq(pg), toks);
+    const b = step(fresh, new Seq(pf), toks);
+    expect(bits(a)).toEqual(bits(b));
+    expect(grown.kernelBytes).toBe(fresh.kernelBytes);
+    // And the smaller batches after it run in the grown scratch.
+    const s = new Seq(pf);
+    expect(bits(step(grown, new Seq(pg), tokens(7, 4)))).toEqual(bits(step(fresh, s, tokens(7, 4))));
+    expect(grown.kernelBytes).toBe(fresh.kernelBytes);
+    grown.close();
+    fresh.close();
+  });
+
+  test("what was allocated after the scratch is never given back with it", () => {
+    // The slab comes after a first forward's scratch, so the next growth moves only the rows up
+    // past it; the one after gives back only those, and the K/V the slab holds stays whole.
+    const m = tinyModel();
+    const ref = tinyModel();
+    step(m, new Seq(newPool()), tokens(5, 1));
+    const pm = m.kvPool(kvShapeOf(TINY, B), 64);
+    const pr = newPool();
+    const [sm, sr] = [new Seq(pm), new Seq(pr)];
+    for (const [n, seed] of [
+      [12, 2],
+      [40, 3],
+      [1, 4],
+    ] as const) {
+      expect(bits(step(m, sm, tokens(n, seed)))).toEqual(bits(step(ref, sr, tokens(n, seed))));
+    }
+    m.close();
+    ref.close();
+  });
+
   test("rejects bad chunks", () => {
     const m = tinyModel();
     const pool = newPool();

@@ -210,6 +210,9 @@ export class LayerGroup {
   attPieces: Int32Array = new Int32Array(0);
   /** The batch's K/V blocks of one layer when the pool's slab is not in this memory. */
   kvScratch: Uint8Array | null = null;
+  /** The memory the last reserve allocated (-1: none yet): release gives back no more than it. */
+  private scratchAt = -1;
+  private scratchEnd = -1;
 
   constructor(cfg: ModelConfig, weights: Weights<Matrix>, plan: GroupPlan, opts: KernelOptions) {
     this.first = plan.first;
@@ -269,35 +272,56 @@ export class LayerGroup {
     return l >= this.first && l < this.end;
   }
 
-  /** Room for `rows` token rows and `nSeq` sequences of up to maxBlocks blocks. */
+  /**
+   * Room for `rows` token rows and `nSeq` sequences of up to maxBlocks blocks. The scratch grows
+   * by doubling; when nothing was allocated after it, it is given back and allocated anew in its
+   * own place, so a growing batch leaves no dead copy behind: the 512-row scratch left under a
+   * 1024-row one was 55 MB of a 1B model's resident memory (bench/llamacpp.ts' batch of 8 after
+   * its 512-token prefill). Otherwise (a multi-group model's K/V copies came after it) only the
+   * part that grows moves up, and only that part is given back the next time.
+   */
   reserve(cfg: ModelConfig, qDim: number, kvDim: number, rows: number, nSeq: number, maxBlocks: number): void {
+    const growRows = rows > this.cap;
+    const growSeqs = nSeq > this.seqCap;
+    if (!growRows && !growSeqs) return;
     const mm = this.mm;
-    if (rows > this.cap) {
-      const cap = Math.max(rows, this.cap * 2);
-      const { dim, hiddenDim } = cfg;
-      this.x = mm.alloc(cap * dim);
-      // xb holds the normed input (dim) and then the attention output (qDim).
-      this.xb = mm.alloc(cap * Math.max(dim, qDim));
-      this.xb2 = mm.alloc(cap * dim);
-      this.q = mm.alloc(cap * qDim);
-      this.k = mm.alloc(cap * kvDim);
-      this.v = mm.alloc(cap * kvDim);
-      this.hb = mm.alloc(cap * hiddenDim);
-      this.hb2 = mm.alloc(cap * hiddenDim);
-      this.kvHalf = mm.allocBytes(cap * 2 * kvDim * 2);
-      if (this.kvHalf !== null) this.kvHalf16 = new Uint16Array(this.kvHalf.buffer, this.kvHalf.byteOffset, cap * 2 * kvDim);
-      this.rowPos = mm.allocInts(cap);
-      this.kvDst = mm.allocInts(cap);
-      this.cap = cap;
-    }
-    if (nSeq > this.seqCap) {
-      const cap = Math.max(nSeq, this.seqCap * 2);
-      this.lastX = mm.alloc(cap * cfg.dim);
-      this.attParams = mm.allocInts(ATT_PARAM_INTS(cap));
-      this.attTables = mm.allocInts(cap * maxBlocks);
-      this.attPieces = mm.allocInts(3 * cap * cfg.nKvHeads);
-      this.seqCap = cap;
-    }
+    const rowCap = growRows ? Math.max(rows, this.cap * 2) : this.cap;
+    const seqCap = growSeqs ? Math.max(nSeq, this.seqCap * 2) : this.seqCap;
+    const whole = this.scratchEnd === mm.usedBytes;
+    if (whole) mm.release(this.scratchAt);
+    const at = mm.usedBytes;
+    if (whole || growRows) this.allocRows(cfg, qDim, kvDim, rowCap);
+    if (whole || growSeqs) this.allocSeqs(cfg, seqCap, maxBlocks);
+    this.scratchAt = at;
+    this.scratchEnd = mm.usedBytes;
+  }
+
+  private allocRows(cfg: ModelConfig, qDim: number, kvDim: number, cap: number): void {
+    const mm = this.mm;
+    const { dim, hiddenDim } = cfg;
+    this.x = mm.alloc(cap * dim);
+    // xb holds the normed input (dim) and then the attention output (qDim).
+    this.xb = mm.alloc(cap * Math.max(dim, qDim));
+    this.xb2 = mm.alloc(cap * dim);
+    this.q = mm.alloc(cap * qDim);
+    this.k = mm.alloc(cap * kvDim);
+    this.v = mm.alloc(cap * kvDim);
+    this.hb = mm.alloc(cap * hiddenDim);
+    this.hb2 = mm.alloc(cap * hiddenDim);
+    this.kvHalf = mm.allocBytes(cap * 2 * kvDim * 2);
+    if (this.kvHalf !== null) this.kvHalf16 = new Uint16Array(this.kvHalf.buffer, this.kvHalf.byteOffset, cap * 2 * kvDim);
+    this.rowPos = mm.allocInts(cap);
+    this.kvDst = mm.allocInts(cap);
+    this.cap = cap;
+  }
+
+  private allocSeqs(cfg: ModelConfig, cap: number, maxBlocks: number): void {
+    const mm = this.mm;
+    this.lastX = mm.alloc(cap * cfg.dim);
+    this.attParams = mm.allocInts(ATT_PARAM_INTS(cap));
+    this.attTables = mm.allocInts(cap * maxBlocks);
+    this.attPieces = mm.allocInts(3 * cap * cfg.nKvHeads);
+    this.seqCap = cap;
   }
 }
 

@@ -474,6 +474,19 @@ export class MatmulKernel {
     return a;
   }
 
+  /**
+   * Gives back everything allocated from `at` (a usedBytes the caller read) to the top: the caller
+   * owns all of it and keeps no view on it. The next allocations reuse the space (and its pages,
+   * already resident) instead of stacking above it. Nothing to do on the fallback.
+   */
+  release(at: number): void {
+    if (this.ex === null) return;
+    if (this.queued > 0) assert.fail("kernel memory released while matmuls are queued: flush first");
+    assert(at >= KERNEL_RESERVED_BYTES && at <= this.top && at % 16 === 0, `release to ${at} of ${this.top}`);
+    this.top = at;
+    this.tempTop = at;
+  }
+
   /** Bytes living in the memory (null on the fallback); never freed. */
   allocBytes(bytes: number): Uint8Array | null {
     if (this.ex === null) return null;

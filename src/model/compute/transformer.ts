@@ -167,6 +167,11 @@ export class Transformer {
     return this.groups.length;
   }
 
+  /** Bytes of kernel memory taken for good over every group: weights, slabs, scratch (MatmulKernel.usedBytes). */
+  get kernelBytes(): number {
+    return this.groups.reduce((n, g) => n + g.mm.usedBytes, 0);
+  }
+
   /** Threads the matmuls run on. */
   get threads(): number {
     return this.groups[0]!.mm.threadCount;
