@@ -433,17 +433,17 @@ export class MatmulKernel {
     return isStacked(w) ? -1 : (this.find(w)?.at ?? -1);
   }
 
-  /** A zeroed f32 array living in the memory (a plain array on the fallback); never freed. */
+  /** A zeroed f32 array living in the memory (a plain array on the fallback); freed only by release. */
   alloc(floats: number): Float32Array {
     return this.allocZeroedOf(Float32Array, floats);
   }
 
-  /** A zeroed i32 array living in the memory (a plain array on the fallback); never freed. */
+  /** A zeroed i32 array living in the memory (a plain array on the fallback); freed only by release. */
   allocInts(ints: number): Int32Array {
     return this.allocZeroedOf(Int32Array, ints);
   }
 
-  /** A zeroed f64 array living in the memory (a plain array on the fallback); never freed. */
+  /** A zeroed f64 array living in the memory (a plain array on the fallback); freed only by release. */
   allocF64(n: number): Float64Array {
     return this.allocZeroedOf(Float64Array, n);
   }
@@ -461,7 +461,7 @@ export class MatmulKernel {
   }
 
   /**
-   * Zeroed bytes living in the memory (null on the fallback); never freed. Only what per-call
+   * Zeroed bytes living in the memory (null on the fallback); freed only by release. Only what per-call
    * copies may have written is cleared: pages never used stay untouched, so a big region (the KV
    * slab) costs resident memory only as it fills.
    */
@@ -487,7 +487,7 @@ export class MatmulKernel {
     this.tempTop = at;
   }
 
-  /** Bytes living in the memory (null on the fallback); never freed. */
+  /** Bytes living in the memory (null on the fallback); freed only by release. */
   allocBytes(bytes: number): Uint8Array | null {
     if (this.ex === null) return null;
     const at = this.grab(bytes);
