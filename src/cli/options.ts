@@ -176,7 +176,7 @@ export const SPECS = [
     dflt: "",
     help: "OTLP/HTTP collector (e.g. http://127.0.0.1:4318) for traces; empty: OTEL_EXPORTER_OTLP_ENDPOINT, else tracing off",
   },
-  { section: "engine", key: "drain_timeout_s", kind: "int", dflt: 30, help: "on SIGTERM, seconds to finish in-flight work" },
+  { section: "engine", key: "drain_timeout_s", kind: "num", dflt: 30, help: "on SIGTERM, seconds (fractions too) to finish in-flight work" },
   ...securityOptions("engine"),
   ...securityOptions("gateway"),
   {
@@ -209,7 +209,7 @@ export const SPECS = [
     dfltText: "the model's context",
     help: "as [engine] max_model_len (a vocabulary-only GGUF without a context length needs it)",
   },
-  { section: "gateway", key: "drain_timeout_s", kind: "int", dflt: 30, help: "on SIGTERM, seconds to let in-flight requests finish" },
+  { section: "gateway", key: "drain_timeout_s", kind: "num", dflt: 30, help: "on SIGTERM, seconds (fractions too) to let in-flight requests finish" },
   { section: "gateway", key: "heartbeat_interval_ms", kind: "int", dflt: 2000, help: "interval engines are told to beat at" },
   { section: "gateway", key: "otlp_endpoint", kind: "url?", dflt: "", help: "as [engine] otlp_endpoint" },
   {

@@ -64,7 +64,7 @@ test("cluster passes on or refuses every option", () => {
 test("cluster options the issue named reach their processes", () => {
   expect(route("http_listen")).toMatchObject({ front: "127.0.0.1:1234", engines: null, refused: null });
   expect(route("max_batch_tokens")).toMatchObject({ engines: "7", gateway: null, refused: null });
-  expect(route("drain_timeout_s")).toMatchObject({ engines: "7", gateway: "7", refused: null });
+  expect(route("drain_timeout_s")).toMatchObject({ engines: "1.5", gateway: "1.5", refused: null });
   expect(route("grpc_listen").refused).toContain("--grpc-listen");
   expect(route("worker_id").refused).toContain("--worker-id");
 });
