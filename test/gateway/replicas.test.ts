@@ -200,7 +200,8 @@ test("a DNS name re-resolved every interval adds and removes a replica", async (
     await until("A's handle is freed as A left the name", () => D.receiver!.pending() === 1);
     expect(D.heartbeat!.addresses).toEqual([`127.0.0.2:${port}`]);
     await until("A evicts decode-0", () => A.registry.live().length === 0);
-    expect(C.registry.live().length).toBe(1);
+    // C keeps it, as its beats go on (waited for: on a loaded machine a beat can come 3 intervals late).
+    await until("C lists decode-0", () => C.registry.live().length === 1);
     expect(await grpcClient(KvTransfer, D.kvAddress).release({ handleId: fromC })).toMatchObject({ released: true });
     // A lookup that fails keeps the addresses it gave last.
     answer = null as unknown as string[];
