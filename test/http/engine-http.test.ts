@@ -57,10 +57,9 @@ describe("engine HTTP (OpenAI-compatible)", () => {
     const chunks = events.filter((e): e is Exclude<typeof e, string> => typeof e !== "string");
     expect(chunks.flatMap((c) => c.choices.map((x) => x.text)).join("")).toBe(j.choices[0]!.text);
     expect(chunks.at(-1)!.usage).toEqual(j.usage);
-    const chat = (await sseEvents(await post("/v1/chat/completions", { messages: [{ role: "user", content: "hi" }], max_tokens: 5, stream: true, seed: 11 }))) as (
-      | { object: string; choices: { delta: { role?: string; content?: string }; finish_reason: string | null }[] }
-      | string
-    )[];
+    const chat = (await sseEvents(
+      await post("/v1/chat/completions", { messages: [{ role: "user", content: "hi" }], max_tokens: 5, stream: true, seed: 11 }),
+    )) as ({ object: string; choices: { delta: { role?: string; content?: string }; finish_reason: string | null }[] } | string)[];
     const first = chat[0] as Exclude<(typeof chat)[0], string>;
     expect(first.object).toBe("chat.completion.chunk");
     expect(first.choices[0]!.delta.role).toBe("assistant");
