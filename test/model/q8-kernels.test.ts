@@ -144,11 +144,12 @@ describe("q8_0 integer kernel", () => {
   });
 
   test("four token tiles and their leftovers give each row its reference and decode bits", () => {
-    // 8x4 tiles, then 8x2, then strip8: every count of rows 1..9 and 17, whole and padded strips.
+    // 8x4 tiles eight tokens a block (tiles8x4), then four, then 8x2, then strip8: every count of
+    // rows 1..9, 12-15 (eight and then four) and 17, whole and padded strips.
     for (const n of [64, 288]) {
       const w = weights(8 * 3 + 5, n, n + 1);
       const k = kernel([w], n);
-      for (const rows of [1, 2, 3, 4, 5, 6, 7, 8, 9, 17]) {
+      for (const rows of [1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 13, 14, 15, 17]) {
         const x = input(rows, n, rows + 20);
         for (const [r0, d] of [
           [0, 29],
