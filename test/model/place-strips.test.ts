@@ -176,11 +176,11 @@ describe("place-strips.ts: every dtype but f32 placed by the kernels", () => {
       u8.set(m.bytes, src);
       const j = new Int32Array(memory.buffer, jobsAt, JOB_INTS);
       const per = 96;
-      // A helper that sleeps between dispatches may miss a few, and on a loaded machine (3 busy
-      // processes on 2 cores) it was not scheduled within 200 rounds: run the load until one
+      // A helper that sleeps between dispatches may miss a few, and on a loaded machine (several
+      // busy processes on 2 cores) it was not scheduled within 200 rounds: run the load until one
       // joined, for as long as 20 s.
-      const t0 = performance.now();
-      for (let round = 0; round === 0 || (threads.helperChunks === 0 && performance.now() - t0 < 20_000); round++) {
+      const deadline = performance.now() + 20_000;
+      do {
         u8.fill(0xa5, dst, dst + want.length);
         for (let r = 0; r < rows; r += per) {
           j.fill(0);
@@ -194,7 +194,7 @@ describe("place-strips.ts: every dtype but f32 placed by the kernels", () => {
           threads.run(ex, j, 1, 0, 0);
         }
         expect(new Uint8Array(u8.subarray(dst, dst + want.length))).toEqual(want);
-      }
+      } while (threads.helperChunks === 0 && performance.now() < deadline);
       expect(threads.helperChunks).toBeGreaterThan(0);
     } finally {
       threads.close();
@@ -229,8 +229,9 @@ describe("place-strips.ts: every dtype but f32 placed by the kernels", () => {
       writeTouchJob(j, from, from + bytes);
       expect([j[J_FN], j[J_D]]).toEqual([J_TOUCH, 1024]);
       // Until a helper joined, for as long as 20 s (a loaded machine may not schedule it soon).
-      const t0 = performance.now();
-      for (let round = 0; round === 0 || (threads.helperChunks === 0 && performance.now() - t0 < 20_000); round++) threads.run(ex, j, 1, 0, 0);
+      const deadline = performance.now() + 20_000;
+      do threads.run(ex, j, 1, 0, 0);
+      while (threads.helperChunks === 0 && performance.now() < deadline);
       expect(threads.helperChunks).toBeGreaterThan(0);
       for (let o = 0; o < bytes; o += want.length) expect(new Uint8Array(u8.subarray(from + o, from + o + want.length))).toEqual(new Uint8Array(want));
     } finally {
