@@ -1,13 +1,14 @@
-// One GGUF model's decode (or a batch of 8 sequences) on this tree's kernels against another
+// One GGUF model's decode (or a batch of 8 sequences, or a prefill) on this tree's kernels against another
 // revision's, in alternating rounds: how the kernel commits of issue 25 were measured (their
 // messages give "A -> B ms a token"). The other revision is checked out into a temporary
 // worktree (node_modules linked); each round loads the model afresh in a child process of either
 // tree, warms up, then times STEPS steps. Prints each side's median ms a token (a step for
-// BATCH=8), the ratio base / this, and the load average; JSON to bench/results/decode-ab.json
-// (OUT=name for decode-ab.<name>.json).
+// BATCH=8, a whole prompt for PREFILL), the ratio base / this, and the load average; JSON to
+// bench/results/decode-ab.json (OUT=name for decode-ab.<name>.json).
 //
 //   MODEL=~/.cache/tl-engine/llamacpp/models/1b-q4_k_m.gguf BASE=HEAD~1 bun bench/decode-ab.ts
-//   (ROUNDS=2 STEPS=24 THREADS=2 BATCH=1; BATCH=8 runs 8 sequences of PROMPT=32 tokens each)
+//   (ROUNDS=2 STEPS=24 THREADS=2 BATCH=1; BATCH=8 runs 8 sequences of PROMPT=32 tokens each;
+//   PREFILL=512 times STEPS prompts of 512 tokens instead, each into fresh blocks, as llama-bench -p)
 import { spawnSync } from "node:child_process";
 import { existsSync, mkdirSync, mkdtempSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
 import { cpus, tmpdir } from "node:os";
@@ -22,6 +23,9 @@ const STEPS = Number(process.env.STEPS ?? 24);
 const THREADS = Number(process.env.THREADS ?? 2);
 const BATCH = Number(process.env.BATCH ?? 1);
 const PROMPT = Number(process.env.PROMPT ?? 32);
+const PREFILL = Number(process.env.PREFILL ?? 0);
+if (!Number.isInteger(PREFILL) || PREFILL < 0) throw new Error("PREFILL: a prompt length, or 0 for decode");
+const unit = PREFILL > 0 ? `prefill of ${PREFILL}` : BATCH > 1 ? "step" : "token";
 const here = resolve(import.meta.dir, "..");
 
 /** The child: loads MODEL with `tree`'s sources and prints {"ms": per step} on its last line. */
@@ -34,6 +38,22 @@ const f = readModelFilesFor({ modelPath: ${JSON.stringify(MODEL)}, maxSeqLen: 10
 const m = new Transformer(f.cfg, f.weights, { threads: ${THREADS} });
 await m.ready();
 const seqs = ${BATCH};
+const prefill = ${PREFILL};
+if (prefill > 0) {
+  const pool = m.kvPool(kvShapeOf(f.cfg, 16), Math.ceil(prefill / 16) + 8);
+  const out = new Float32Array(f.cfg.vocabSize);
+  const once = (k) => {
+    const table = pool.allocate(Math.ceil(prefill / 16));
+    m.forward(pool, [{ blockTable: table, startPos: 0, tokens: Array.from({ length: prefill }, (_, i) => ((i * 7919 + k) % 1000) + 5) }], out);
+    pool.releaseAll(table);
+  };
+  once(0);
+  const t0 = performance.now();
+  for (let k = 1; k <= ${STEPS}; k++) once(k);
+  console.log(JSON.stringify({ ms: (performance.now() - t0) / ${STEPS} }));
+  m.close();
+  process.exit(0);
+}
 const pool = m.kvPool(kvShapeOf(f.cfg, 16), seqs * 12 + 8);
 const tables = Array.from({ length: seqs }, () => pool.allocate(10));
 const out = new Float32Array(f.cfg.vocabSize * seqs);
@@ -73,7 +93,7 @@ try {
       const last = c.stdout.trim().split("\n").pop() ?? "";
       if (c.status !== 0 || !last.startsWith("{")) throw new Error(`${s.name} round ${r}: ${c.stderr.slice(-2000)}`);
       s.ms.push((JSON.parse(last) as { ms: number }).ms);
-      console.log(`round ${r + 1} ${s.name}: ${s.ms.at(-1)!.toFixed(1)} ms a ${BATCH > 1 ? "step" : "token"}`);
+      console.log(`round ${r + 1} ${s.name}: ${s.ms.at(-1)!.toFixed(1)} ms a ${unit}`);
     }
   }
 } finally {
@@ -83,7 +103,7 @@ try {
 const [base, mine] = [median(sides[0]!.ms), median(sides[1]!.ms)];
 const loadAfter = loadAverage();
 console.log(
-  `${MODEL}: base ${base.toFixed(1)} ms, this ${mine.toFixed(1)} ms: this is ${(base / mine).toFixed(3)}x as fast (batch ${BATCH}, ${THREADS} threads, load ${loadBefore} -> ${loadAfter})`,
+  `${MODEL}: base ${base.toFixed(1)} ms, this ${mine.toFixed(1)} ms: this is ${(base / mine).toFixed(3)}x as fast (${PREFILL > 0 ? `prefill ${PREFILL}` : `batch ${BATCH}`}, ${THREADS} threads, load ${loadBefore} -> ${loadAfter})`,
 );
 const dir = join(here, "bench", "results");
 mkdirSync(dir, { recursive: true });
@@ -91,7 +111,7 @@ const out = {
   bench: "decode-ab",
   cpu: cpus()[0]?.model,
   model: MODEL,
-  settings: { rounds: ROUNDS, steps: STEPS, threads: THREADS, batch: BATCH, prompt: BATCH > 1 ? PROMPT : 0 },
+  settings: { rounds: ROUNDS, steps: STEPS, threads: THREADS, batch: BATCH, prompt: BATCH > 1 ? PROMPT : 0, prefill: PREFILL },
   loadBefore,
   loadAfter,
   sides: sides.map(({ name, rev, ms }) => ({ name, rev, ms, median: median(ms) })),

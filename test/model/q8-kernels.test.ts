@@ -168,6 +168,25 @@ describe("q8_0 integer kernel", () => {
     }
   });
 
+  test("quantized x: any split of the rows writes the bytes of one call over them all", () => {
+    // A row's place depends on how many rows there are (QUANTIZED X: quads, then the rows alone),
+    // not on which call writes it: the threads' chunks of a prefill may cut a quad anywhere.
+    const n = 64;
+    const k = kernel([weights(8, n, 5)], n);
+    const ex = k.exports!;
+    for (const rows of [1, 3, 4, 7, 9, 13]) {
+      const bytes = rows * ex.q8_row_bytes(n);
+      const x = k.alloc(rows * n);
+      x.set(input(rows, n, rows + 40));
+      const whole = k.alloc(bytes / 4);
+      const parts = k.alloc(bytes / 4);
+      const at = (a: Float32Array) => a.byteOffset;
+      ex.quantize_rows(at(whole), at(x), 1, n, 0, rows, rows);
+      for (let r0 = 0; r0 < rows; r0 += 3) ex.quantize_rows(at(parts), at(x), 1, n, r0, Math.min(rows, r0 + 3), rows);
+      expect(bits(parts)).toEqual(bits(whole));
+    }
+  });
+
   test("jobs sharing an x in one dispatch and jobs with their own on any thread count", async () => {
     // q, k, v share x (quantized once); a fourth job has its own x of the same shape.
     const n = 96;

@@ -76,7 +76,7 @@ export type KernelExports = Record<`matmul_${DType}`, KernelFn> &
      * (dispatch.ts), its rows in blocks of `per`, each tile's job record written at `tj`.
      */
     matmul_tiled(job: number, scratch: number, tj: number, budget: number, per: number): void;
-    /** rows token rows of n f32 at x quantized for the q8_0 kernel at dst (q8_row_bytes(n) each). */
+    /** rows token rows of n f32 at x quantized for the q8_0 kernel at dst (q8_row_bytes(n) each, in quads: q8.ts). */
     quantize_q8_x(dst: number, x: number, rows: number, n: number): void;
     q8_row_bytes(n: number): number;
     /** rows token rows of n f32 at x quantized for the q4_k and q6_k kernels at dst (k_row_bytes(n) each). */
@@ -94,8 +94,8 @@ export type KernelExports = Record<`matmul_${DType}`, KernelFn> &
     place_rows(dst: number, src: number, dt: number, n: number, rows: number, g0: number, g1: number): void;
     /** Bytes from one token row of kernel fn's x to the next (n f32, or its quantized layout's row). */
     x_row_bytes(fn: number, n: number): number;
-    /** Token rows r0 .. r1 of n f32 at x quantized at dst (row 0's place) in layout 1 (q8_0), 2 (K) or 3 (legacy). */
-    quantize_rows(dst: number, x: number, layout: number, n: number, r0: number, r1: number): void;
+    /** Token rows r0 .. r1 of `rows` rows of n f32 at x quantized at dst (row 0's place) in layout 1 (q8_0), 2 (K) or 3 (legacy). */
+    quantize_rows(dst: number, x: number, layout: number, n: number, r0: number, r1: number, rows: number): void;
     /** Bytes from .. to written to once a 4 KiB page without a change, 64 KiB spans s0 .. s1 of them (dispatch.ts). */
     touch_pages(from: number, to: number, s0: number, s1: number): void;
     /** 1 when place_rows places dtype dt (KERNEL_INDEX), else 0. */

@@ -183,7 +183,7 @@ export function runJobs(ex: KernelExports, jobs: Int32Array, count: number, scra
       continue;
     }
     if (jobs[b + J_FN] === J_QUANT_X) {
-      ex.quantize_rows(jobs[b + J_Y]!, jobs[b + J_X]!, jobs[b + J_W]!, jobs[b + J_N]!, 0, jobs[b + J_D]!);
+      ex.quantize_rows(jobs[b + J_Y]!, jobs[b + J_X]!, jobs[b + J_W]!, jobs[b + J_N]!, 0, jobs[b + J_D]!, jobs[b + J_D]!);
       continue;
     }
     if (jobs[b + J_FN] === J_TOUCH) {

@@ -676,7 +676,7 @@ export class MatmulKernel {
   private quantizeRows(ex: KernelExports, at: number, x: number, layout: number, rows: number, n: number): void {
     const threads = this.threads;
     if (threads === null || rows < QUANT_SPLIT_ROWS || !threads.available) {
-      ex.quantize_rows(at, x, layout, n, 0, rows);
+      ex.quantize_rows(at, x, layout, n, 0, rows, rows);
       return;
     }
     writeRowsJob(this.quantJob, J_QUANT_X, at, x, layout, n, rows);

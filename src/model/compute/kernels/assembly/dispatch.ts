@@ -29,7 +29,7 @@ import { Job } from "./job";
 import { matmul_bf16, matmul_f16, matmul_f32 } from "./matmul";
 import { k_row_bytes, matmul_q4_k, matmul_q5_k, matmul_q6_k, quantize_k_x } from "./kquants";
 import { l_row_bytes, matmul_q4_0, matmul_q4_1, matmul_q5_0, matmul_q5_1, quantize_l_x } from "./legacy";
-import { matmul_q8_0, q8_row_bytes, quantize_q8_x } from "./q8";
+import { matmul_q8_0, q8_row_bytes, quantize_q8_rows } from "./q8";
 
 // Control block, in i32 slots (kernel-threads.ts writes the same layout).
 const DONE: usize = 16 << 2;
@@ -75,17 +75,21 @@ export function touch_pages(from: usize, to: usize, s0: i32, s1: i32): void {
 }
 
 /**
- * Token rows r0 .. r1 of n f32 at x quantized into dst (row 0's place) in the layout an integer
- * kernel reads: layout 1 q8.ts's, 2 kquants.ts's, 3 legacy.ts's. Each row is quantized alone, so
- * any split of the rows gives the same bytes.
+ * Token rows r0 .. r1 of the `rows` rows of n f32 at x quantized into dst (row 0's place) in the
+ * layout an integer kernel reads: layout 1 q8.ts's (where a row's place depends on how many
+ * there are), 2 kquants.ts's, 3 legacy.ts's. Each row is quantized alone, so any split of the
+ * rows gives the same bytes.
  */
-export function quantize_rows(dst: usize, x: usize, layout: i32, n: i32, r0: i32, r1: i32): void {
+export function quantize_rows(dst: usize, x: usize, layout: i32, n: i32, r0: i32, r1: i32, rows: i32): void {
   if (r1 <= r0) return;
-  const rb: usize = layout == 1 ? <usize>q8_row_bytes(n) : layout == 2 ? <usize>k_row_bytes(n) : <usize>l_row_bytes(n);
+  if (layout == 1) {
+    quantize_q8_rows(dst, x, r0, r1, rows, n);
+    return;
+  }
+  const rb: usize = layout == 2 ? <usize>k_row_bytes(n) : <usize>l_row_bytes(n);
   const d = dst + <usize>r0 * rb;
   const s = x + ((<usize>r0 * <usize>n) << 2);
-  if (layout == 1) quantize_q8_x(d, s, r1 - r0, n);
-  else if (layout == 2) quantize_k_x(d, s, r1 - r0, n);
+  if (layout == 2) quantize_k_x(d, s, r1 - r0, n);
   else quantize_l_x(d, s, r1 - r0, n);
 }
 
@@ -108,7 +112,7 @@ export function quantize_rows(dst: usize, x: usize, layout: i32, n: i32, r0: i32
     return;
   }
   if (fn == QUANT_X) {
-    quantize_rows(j.y, j.x, <i32>j.w, j.n, k * per, min(j.d, (k + 1) * per));
+    quantize_rows(j.y, j.x, <i32>j.w, j.n, k * per, min(j.d, (k + 1) * per), j.d);
     return;
   }
   if (fn == TOUCH) {

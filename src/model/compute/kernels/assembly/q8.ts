@@ -1,7 +1,7 @@
 // q8_0 weights against q8_0-quantized activations, in integers (as ggml's q8_0 x q8_0 dot does).
 //
 // THE Q8 ORDER (q8_0 only; the other dtypes keep THE ORDER in matmul.ts). Each token row x is
-// first quantized by quantize_q8_x, once per dispatch, in 32-element blocks: a = max |x_j| of the
+// first quantized by quantize_q8_rows, once per dispatch, in 32-element blocks: a = max |x_j| of the
 // block, scale s = a / 127, q_j = nearest-even(x_j * (s == 0 ? 0 : 1 / s)), saturated to i16
 // (every step in f32; q lies in [-127, 127] unless 1 / s overflows, as for a subnormal s). Then
 //
@@ -14,11 +14,19 @@
 // running sum per output row: it depends only on the row's weights and its own token row, never
 // on the tile, the batch or the thread. matmulQ8Ref in matmul.ts states it in plain JS.
 //
-// QUANTIZED X: row r at xq + r * qRowBytes(n): the values as i16 (widened once here, so the
-// inner loop is i32x4.dot_i16x8_s against them), each pair (j, j + 1) splatted over a whole v128
-// (16 bytes a pair: the tiles of several tokens load it as it is, where a load32_splat would cost
-// a shuffle per pair per strip; measured faster even for a 512-token prefill, whose x then outgrows L2), then
-// the n / 32 block scales as f32 (f32 rather than ggml's f16: this is scratch, not storage, so
+// QUANTIZED X: the values as i16 (widened once here, so the inner loop is i32x4.dot_i16x8_s
+// against them), each pair (j, j + 1) splatted over a whole v128 (16 bytes a pair: the tiles of
+// several tokens load it as it is, where a load32_splat would cost a shuffle per pair per strip;
+// measured faster even for a 512-token prefill, whose x then outgrows L2), then the rest of the
+// row (below). The rows of a dispatch go in quads, and the last rows % 4 alone. A quad of rows
+// 4u .. 4u + 3 takes 4 qRowBytes(n) from xq + 4u qRowBytes(n): first the four rows' pairs
+// interleaved, pair p of row t at p * 64 + t * 16, so the four-token tile reads all four at
+// constant offsets from one pointer (a wasm address is one register plus a constant, so three
+// token pointers had cost an add each per pair: 30 instructions per 64 multiply-adds in the Air,
+// 27 now; a 1B Q8_0 model's 512-token prefill took 7.86 s against 8.74, AMD EPYC, two threads,
+// bench/decode-ab.ts PREFILL=512, four alternating rounds), then the four rests one after
+// another. A row alone (r >= rows & ~3) takes qRowBytes(n) from xq + r qRowBytes(n): its pairs 16
+// bytes apart, then its rest. A row's rest: the n / 32 block scales as f32 (f32 rather than ggml's f16: this is scratch, not storage, so
 // the extra bytes cost nothing and a rounding and a conversion per block go away), then the n / 32
 // sums of each block's q as i32 (the legacy kernels, legacy.ts, take their offsets and mins
 // through them; this kernel does not read them), then (16-aligned) the n values again as i16 in
@@ -56,35 +64,67 @@ export function q8_row_bytes(n: i32): i32 {
   return <i32>qRowBytes(n);
 }
 
-/** Where a quantized row's block scales start: after its n / 2 splatted pairs. */
-@inline export function scalesOf(xq: usize, n: i32): usize {
-  return xq + (<usize>n << 3);
+/** Bytes of a row's rest (scales, sums, the compact values) after its 8 n bytes of pairs. */
+@inline function restBytes(n: i32): usize {
+  return qRowBytes(n) - (<usize>n << 3);
 }
 
-/** Where a quantized row's block sums start: after its scales. */
-@inline export function sumsOf(xq: usize, n: i32): usize {
-  return xq + (<usize>n << 3) + (<usize>(n >> 5) << 2);
+/** Where row r (of `rows` at xq) has its pair 0; the next pair is pairStride(r, rows) on. */
+@inline function pairsOf(xq: usize, r: i32, rows: i32, n: i32): usize {
+  const qb = qRowBytes(n);
+  if (r < (rows & ~3)) return xq + <usize>(r >> 2) * (qb << 2) + (<usize>(r & 3) << 4);
+  return xq + <usize>r * qb;
+}
+
+/** Bytes from one pair of row r to its next: 64 in a quad, 16 alone. */
+@inline function pairStride(r: i32, rows: i32): usize {
+  return r < (rows & ~3) ? 64 : 16;
+}
+
+/** Where row r (of `rows` at xq) has its rest: its block scales first. */
+@inline function restOf(xq: usize, r: i32, rows: i32, n: i32): usize {
+  const qb = qRowBytes(n);
+  if (r < (rows & ~3)) return xq + <usize>(r >> 2) * (qb << 2) + (<usize>n << 5) + <usize>(r & 3) * restBytes(n);
+  return xq + <usize>r * qb + (<usize>n << 3);
+}
+
+/** Where a rest's block sums start: after its scales. */
+@inline function sumsAt(rest: usize, n: i32): usize {
+  return rest + (<usize>(n >> 5) << 2);
+}
+
+/** Where a rest's compact values start (compactOffset from the row's place). */
+@inline function compactAt(rest: usize, n: i32): usize {
+  return rest + compactOffset(n) - (<usize>n << 3);
 }
 
 /**
- * rows token rows of n f32 at x into the quantized layout at dst (see QUANTIZED X). n must be a
- * multiple of 32.
+ * Token rows r0 .. r1 of `rows` rows of n f32 (row 0 at x) into the quantized layout of all
+ * `rows` at dst (see QUANTIZED X). Each row alone, so any split of the rows gives the same bytes.
+ * n must be a multiple of 32.
  */
-export function quantize_q8_x(dst: usize, x: usize, rows: i32, n: i32): void {
-  const qb = qRowBytes(n);
+export function quantize_q8_rows(dst: usize, x: usize, r0: i32, r1: i32, rows: i32, n: i32): void {
   const blocks = n >> 5;
-  for (let r = 0; r < rows; r++) {
+  for (let r = r0; r < r1; r++) {
     const xr = x + <usize>r * (<usize>n << 2);
-    const qr = dst + <usize>r * qb;
-    const sr = scalesOf(qr, n);
-    const ur = sumsOf(qr, n);
-    const cr = qr + compactOffset(n);
-    for (let b = 0; b < blocks; b++) quantizeBlock(qr + (<usize>b << 8), sr + (<usize>b << 2), ur + (<usize>b << 2), xr + (<usize>b << 7), cr + (<usize>b << 6));
+    const pr = pairsOf(dst, r, rows, n);
+    const ps = pairStride(r, rows);
+    const sr = restOf(dst, r, rows, n);
+    const ur = sumsAt(sr, n);
+    const cr = compactAt(sr, n);
+    for (let b = 0; b < blocks; b++) {
+      quantizeBlock(pr + <usize>b * (ps << 4), ps, sr + (<usize>b << 2), ur + (<usize>b << 2), xr + (<usize>b << 7), cr + (<usize>b << 6));
+    }
   }
 }
 
-/** One 32-element block of f32 at xp into 16 splatted pairs of i16 at qp (256 bytes) and 32 i16 at cp, its scale at sp and its sum at up. */
-@inline function quantizeBlock(qp: usize, sp: usize, up: usize, xp: usize, cp: usize): void {
+/** rows token rows of n f32 at x into the quantized layout at dst (quantize_q8_rows, all of them). */
+export function quantize_q8_x(dst: usize, x: usize, rows: i32, n: i32): void {
+  quantize_q8_rows(dst, x, 0, rows, rows, n);
+}
+
+/** One 32-element block of f32 at xp into 16 splatted pairs of i16 from qp (ps bytes apart) and 32 i16 at cp, its scale at sp and its sum at up. */
+@inline function quantizeBlock(qp: usize, ps: usize, sp: usize, up: usize, xp: usize, cp: usize): void {
   let m = f32x4.abs(v128.load(xp));
   for (let i: usize = 16; i < 128; i += 16) m = f32x4.max(m, f32x4.abs(v128.load(xp + i)));
   // f32x4.max and max carry a NaN through, so a NaN block gets a NaN scale (and zero values).
@@ -100,11 +140,11 @@ export function quantize_q8_x(dst: usize, x: usize, rows: i32, n: i32): void {
     // The sum of the saturated values (what the pairs hold), not of lo and hi.
     sum = i32x4.add(sum, i32x4.add(i32x4.extend_low_i16x8_s(q), i32x4.extend_high_i16x8_s(q)));
     v128.store(cp + (i >> 1), q);
-    const o = qp + (i << 1);
+    const o = qp + (i >> 3) * ps;
     v128.store(o, i32x4.shuffle(q, q, 0, 0, 0, 0));
-    v128.store(o, i32x4.shuffle(q, q, 1, 1, 1, 1), 16);
-    v128.store(o, i32x4.shuffle(q, q, 2, 2, 2, 2), 32);
-    v128.store(o, i32x4.shuffle(q, q, 3, 3, 3, 3), 48);
+    v128.store(o + ps, i32x4.shuffle(q, q, 1, 1, 1, 1));
+    v128.store(o + 2 * ps, i32x4.shuffle(q, q, 2, 2, 2, 2));
+    v128.store(o + 3 * ps, i32x4.shuffle(q, q, 3, 3, 3, 3));
   }
   store<i32>(up, i32x4.extract_lane(sum, 0) + i32x4.extract_lane(sum, 1) + i32x4.extract_lane(sum, 2) + i32x4.extract_lane(sum, 3));
 }
@@ -115,17 +155,17 @@ export function quantize_q8_x(dst: usize, x: usize, rows: i32, n: i32): void {
 }
 
 /**
- * The strip at sp against one token row xq, block by block; its 8 rows give their outputs at yo,
+ * The strip at sp against one token row whose rest is at rest, block by block; its 8 rows give their outputs at yo,
  * yo + 4, ... Per row, one running f32 sum, plus per block f32(I) * (wscale * xscale) (THE Q8
  * ORDER in matmul.ts). Strip after strip is one stream through the matrix (as kquants.ts' kStrip:
  * four strips in step measured 1.29x slower on 1B Q8_0 decode, the AMD EPYC, two threads, bench/decode-ab.ts).
  */
-@inline function strip1(yo: usize, xq: usize, sp: usize, n: i32): void {
+@inline function strip1(yo: usize, rest: usize, sp: usize, n: i32): void {
   const blocks = n >> 5;
   let y0 = f32x4.splat(0);
   let y1 = y0;
-  let xp = xq + compactOffset(n);
-  let sp4 = scalesOf(xq, n);
+  let xp = compactAt(rest, n);
+  let sp4 = rest;
   for (let c = 0; c < blocks; c++) {
     const xs = v128.load32_splat(sp4);
     const g = sp + <usize>c * GROUP;
@@ -149,32 +189,32 @@ export function quantize_q8_x(dst: usize, x: usize, rows: i32, n: i32): void {
   v128.store(yo, y1, 16);
 }
 
-/** Row k of the strip at sp against one quantized token row xq (the same sum as strip1's). */
-@inline function row1(xq: usize, sp: usize, k: i32, n: i32): f32 {
+/** Row k of the strip at sp against one quantized token row, its rest at rest (the same sum as strip1's). */
+@inline function row1(rest: usize, sp: usize, k: i32, n: i32): f32 {
   const blocks = n >> 5;
   let acc: f32 = 0;
   let g = sp;
-  let xp = xq;
-  let sp4 = scalesOf(xq, n);
+  let xp = compactAt(rest, n);
+  let sp4 = rest;
   const w0 = <usize>(16 + ((k >> 2) << 7) + ((k & 3) << 1));
   for (let c = 0; c < blocks; c++) {
     let i = 0;
     for (let p: usize = 0; p < 16; p++) {
       const w = g + w0 + (p << 3);
-      const x = xp + (p << 4);
+      const x = xp + (p << 2);
       i += <i32>load<i8>(w) * <i32>load<i16>(x) + <i32>load<i8>(w, 1) * <i32>load<i16>(x, 2);
     }
     acc += <f32>i * (f16ToF32(<u32>load<u16>(g + (<usize>k << 1))) * load<f32>(sp4));
     g += GROUP;
-    xp += 256;
+    xp += 64;
     sp4 += 4;
   }
   return acc;
 }
 
 /**
- * The 8 rows of the strip at sp against two quantized token rows, xq and xq + qb; token t's
- * outputs at yo + t * ys. Each pair of weights is widened once for both tokens, and x is read
+ * The 8 rows of the strip at sp against two quantized token rows alone (not in a quad), xq and
+ * xq + qb; token t's outputs at yo + t * ys. Each pair of weights is widened once for both tokens, and x is read
  * once per strip (a prefill's x streams from beyond L2 once per strip).
  */
 @inline function tile8x2(yo: usize, ys: usize, xq: usize, qb: usize, sp: usize, n: i32): void {
@@ -182,7 +222,7 @@ export function quantize_q8_x(dst: usize, x: usize, rows: i32, n: i32): void {
   let la = f32x4.splat(0), ha = la, lb = la, hb = la;
   let g = sp;
   let xp = xq;
-  let sp4 = scalesOf(xq, n);
+  let sp4 = xq + (<usize>n << 3);
   for (let c = 0; c < blocks; c++) {
     const w = g + 16;
     let i0 = i32x4.splat(0), i1 = i0, i2 = i0, i3 = i0;
@@ -220,8 +260,8 @@ export function quantize_q8_x(dst: usize, x: usize, rows: i32, n: i32): void {
 }
 
 /**
- * The 8 rows of the strip at sp against 4 * quads quantized token rows from xq (qb apart); token
- * t's outputs at yo + t * ys. Each pair of weights is widened once for four tokens: 16 dot
+ * The 8 rows of the strip at sp against `quads` quads of quantized token rows from xq (4 qb
+ * apart; QUANTIZED X); token t's outputs at yo + t * ys. Each pair of weights is widened once for four tokens: 16 dot
  * products and adds per 4 weight loads and widenings, where 8x2 has 8 per 4 (fewer instructions
  * per multiply-add, which is what bounds the integer kernel). The f32 running sums (8 a token,
  * beside the 8 integer ones) leave too few registers for the inner loop, so they live in y
@@ -243,37 +283,38 @@ export function quantize_q8_x(dst: usize, x: usize, rows: i32, n: i32): void {
   }
   const q4 = qb << 2;
   const y4 = ys << 2;
+  const rb = restBytes(n);
   for (let c = 0; c < blocks; c++) {
     const g = sp + <usize>c * GROUP;
     const w = g + 16;
     const ws = v128.load(g);
     const wlo = f16ext(i32x4.extend_low_i16x8_s(ws));
     const whi = f16ext(i32x4.extend_high_i16x8_s(ws));
-    let xp = xq + (<usize>c << 8);
-    let sp4 = scalesOf(xq, n) + (<usize>c << 2);
+    let xp = xq + (<usize>c << 10);
+    let sp4 = xq + (<usize>n << 5) + (<usize>c << 2);
     let yt = yo;
     for (let u = 0; u < quads; u++) {
       let a0 = i32x4.splat(0), a1 = a0, b0 = a0, b1 = a0, c0 = a0, c1 = a0, d0 = a0, d1 = a0;
-      for (let q = w, x = xp; q < w + 128; q += 8, x += 16) {
+      for (let q = w, x = xp; q < w + 128; q += 8, x += 64) {
         const lo = v128.load8x8_s(q);
         const hi = v128.load8x8_s(q, 128);
         let v = v128.load(x);
         a0 = i32x4.add(a0, i32x4.dot_i16x8_s(lo, v));
         a1 = i32x4.add(a1, i32x4.dot_i16x8_s(hi, v));
-        v = v128.load(x + qb);
+        v = v128.load(x, 16);
         b0 = i32x4.add(b0, i32x4.dot_i16x8_s(lo, v));
         b1 = i32x4.add(b1, i32x4.dot_i16x8_s(hi, v));
-        v = v128.load(x + 2 * qb);
+        v = v128.load(x, 32);
         c0 = i32x4.add(c0, i32x4.dot_i16x8_s(lo, v));
         c1 = i32x4.add(c1, i32x4.dot_i16x8_s(hi, v));
-        v = v128.load(x + 3 * qb);
+        v = v128.load(x, 48);
         d0 = i32x4.add(d0, i32x4.dot_i16x8_s(lo, v));
         d1 = i32x4.add(d1, i32x4.dot_i16x8_s(hi, v));
       }
       addBlockAt(yt, a0, a1, wlo, whi, sp4);
-      addBlockAt(yt + ys, b0, b1, wlo, whi, sp4 + qb);
-      addBlockAt(yt + 2 * ys, c0, c1, wlo, whi, sp4 + 2 * qb);
-      addBlockAt(yt + 3 * ys, d0, d1, wlo, whi, sp4 + 3 * qb);
+      addBlockAt(yt + ys, b0, b1, wlo, whi, sp4 + rb);
+      addBlockAt(yt + 2 * ys, c0, c1, wlo, whi, sp4 + 2 * rb);
+      addBlockAt(yt + 3 * ys, d0, d1, wlo, whi, sp4 + 3 * rb);
       xp += q4;
       sp4 += q4;
       yt += y4;
@@ -289,9 +330,9 @@ export function quantize_q8_x(dst: usize, x: usize, rows: i32, n: i32): void {
 }
 
 /**
- * The whole strip at sp against every quantized token row from xq: eight tokens at a time by
- * tiles8x4 (sixteen measured alike), then four, then two by 8x2 (the strip, 8.5 n bytes, stays in
- * cache while the tokens pass), the odd one by strip1. (4 rows x 4 tokens, which reads x twice per
+ * The whole strip at sp against every quantized token row from xq: the quads eight tokens at a
+ * time by tiles8x4 (sixteen measured alike), then four; the rows alone two by 8x2 (the strip,
+ * 8.5 n bytes, stays in cache while the tokens pass), the odd one by strip1. (4 rows x 4 tokens, which reads x twice per
  * strip, measured slower.)
  */
 @inline function stripRows(yo: usize, ys: usize, xq: usize, qb: usize, sp: usize, rows: i32, n: i32): void {
@@ -302,7 +343,7 @@ export function quantize_q8_x(dst: usize, x: usize, rows: i32, n: i32): void {
     r += 4;
   }
   for (; r + 2 <= rows; r += 2) tile8x2(yo + <usize>r * ys, ys, xq + <usize>r * qb, qb, sp, n);
-  for (; r < rows; r++) strip1(yo + <usize>r * ys, xq + <usize>r * qb, sp, n);
+  for (; r < rows; r++) strip1(yo + <usize>r * ys, restOf(xq, r, rows, n), sp, n);
 }
 
 /**
@@ -325,11 +366,11 @@ export function matmul_q8_0(job: usize, g0: i32, g1: i32, scratch: usize): void 
   let g = g0;
   for (; g < g1 && ((g & (S - 1)) != 0 || g + S > g1); g++) {
     const sp = w + <usize>(g >> 3) * sb;
-    for (let r = 0; r < rows; r++) store<f32>(y + <usize>r * ys + (<usize>(g - r0) << 2), row1(xq + <usize>r * qb, sp, g & (S - 1), n));
+    for (let r = 0; r < rows; r++) store<f32>(y + <usize>r * ys + (<usize>(g - r0) << 2), row1(restOf(xq, r, rows, n), sp, g & (S - 1), n));
   }
   for (; g + S <= g1; g += S) stripRows(y + (<usize>(g - r0) << 2), ys, xq, qb, w + <usize>(g >> 3) * sb, rows, n);
   for (; g < g1; g++) {
     const sp = w + <usize>(g >> 3) * sb;
-    for (let r = 0; r < rows; r++) store<f32>(y + <usize>r * ys + (<usize>(g - r0) << 2), row1(xq + <usize>r * qb, sp, g & (S - 1), n));
+    for (let r = 0; r < rows; r++) store<f32>(y + <usize>r * ys + (<usize>(g - r0) << 2), row1(restOf(xq, r, rows, n), sp, g & (S - 1), n));
   }
 }
