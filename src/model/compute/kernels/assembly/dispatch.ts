@@ -137,7 +137,7 @@ export function quantize_rows(dst: usize, x: usize, layout: i32, n: i32, r0: i32
   const rows = j.rows;
   const xs = xRowBytes(fn, j.n);
   const tile = max(8, <i32>(budget / xs) & ~3);
-  // Only the integer kernels: their x is quantized (8.25-8.5 bytes an element for q8_0, 4.3 for
+  // Only the integer kernels: their x is quantized (10.1 bytes an element for q8_0, 4.3 for
   // the quads), and the f32-x kernels re-widen each strip per tile (bench/prefill-tiles.ts: f16
   // gained nothing). Only an x of more than twice the budget: a decode batch's few rows stay in
   // L2 whole.

@@ -27,10 +27,8 @@
 // bench/decode-ab.ts PREFILL=512, four alternating rounds), then the four rests one after
 // another. A row alone (r >= rows & ~3) takes qRowBytes(n) from xq + r qRowBytes(n): its pairs 16
 // bytes apart, then its rest. A row's rest: the n / 32 block scales as f32 (f32 rather than ggml's f16: this is scratch, not storage, so
-// the extra bytes cost nothing and a rounding and a conversion per block go away), then the n / 32
-// sums of each block's q as i32 (the legacy kernels, legacy.ts, take their offsets and mins
-// through them; this kernel does not read them), then (16-aligned) the n values again as i16 in
-// order: the one-token kernel (strip1) loads each pair from there with a 4-byte splat, the same
+// the extra bytes cost nothing and a rounding and a conversion per block go away), then
+// (16-aligned) the n values again as i16 in order: the one-token kernel (strip1) loads each pair from there with a 4-byte splat, the same
 // v128 from a quarter of the bytes (the splatted pairs, 8 n bytes, outgrow L1 beside the streaming
 // weights from n = 4096 on; see kquants.ts' COMPACT X). MatmulKernel
 // places it in the dispatch's own space, above the permanent allocations: nothing per token.
@@ -54,9 +52,9 @@ const GROUP: usize = 272;
   return compactOffset(n) + (((<usize>n << 1) + 15) & ~15);
 }
 
-/** Where a quantized row's compact values start: after the splatted pairs, scales and sums, 16-aligned. */
+/** Where a quantized row's compact values start: after the splatted pairs and the scales, 16-aligned. */
 @inline function compactOffset(n: i32): usize {
-  return (<usize>(8 * n + (n >> 2)) + 15) & ~15;
+  return (<usize>(8 * n + (n >> 3)) + 15) & ~15;
 }
 
 /** qRowBytes, for MatmulKernel to size the space (one statement of the layout, here). */
@@ -64,7 +62,7 @@ export function q8_row_bytes(n: i32): i32 {
   return <i32>qRowBytes(n);
 }
 
-/** Bytes of a row's rest (scales, sums, the compact values) after its 8 n bytes of pairs. */
+/** Bytes of a row's rest (scales, the compact values) after its 8 n bytes of pairs. */
 @inline function restBytes(n: i32): usize {
   return qRowBytes(n) - (<usize>n << 3);
 }
@@ -88,11 +86,6 @@ export function q8_row_bytes(n: i32): i32 {
   return xq + <usize>r * qb + (<usize>n << 3);
 }
 
-/** Where a rest's block sums start: after its scales. */
-@inline function sumsAt(rest: usize, n: i32): usize {
-  return rest + (<usize>(n >> 5) << 2);
-}
-
 /** Where a rest's compact values start (compactOffset from the row's place). */
 @inline function compactAt(rest: usize, n: i32): usize {
   return rest + compactOffset(n) - (<usize>n << 3);
@@ -110,11 +103,8 @@ export function quantize_q8_rows(dst: usize, x: usize, r0: i32, r1: i32, rows: i
     const pr = pairsOf(dst, r, rows, n);
     const ps = pairStride(r, rows);
     const sr = restOf(dst, r, rows, n);
-    const ur = sumsAt(sr, n);
     const cr = compactAt(sr, n);
-    for (let b = 0; b < blocks; b++) {
-      quantizeBlock(pr + <usize>b * (ps << 4), ps, sr + (<usize>b << 2), ur + (<usize>b << 2), xr + (<usize>b << 7), cr + (<usize>b << 6));
-    }
+    for (let b = 0; b < blocks; b++) quantizeBlock(pr + <usize>b * (ps << 4), ps, sr + (<usize>b << 2), xr + (<usize>b << 7), cr + (<usize>b << 6));
   }
 }
 
@@ -123,8 +113,8 @@ export function quantize_q8_x(dst: usize, x: usize, rows: i32, n: i32): void {
   quantize_q8_rows(dst, x, 0, rows, rows, n);
 }
 
-/** One 32-element block of f32 at xp into 16 splatted pairs of i16 from qp (ps bytes apart) and 32 i16 at cp, its scale at sp and its sum at up. */
-@inline function quantizeBlock(qp: usize, ps: usize, sp: usize, up: usize, xp: usize, cp: usize): void {
+/** One 32-element block of f32 at xp into 16 splatted pairs of i16 from qp (ps bytes apart) and 32 i16 at cp, its scale at sp. */
+@inline function quantizeBlock(qp: usize, ps: usize, sp: usize, xp: usize, cp: usize): void {
   let m = f32x4.abs(v128.load(xp));
   for (let i: usize = 16; i < 128; i += 16) m = f32x4.max(m, f32x4.abs(v128.load(xp + i)));
   // f32x4.max and max carry a NaN through, so a NaN block gets a NaN scale (and zero values).
@@ -132,13 +122,10 @@ export function quantize_q8_x(dst: usize, x: usize, rows: i32, n: i32): void {
   const s: f32 = a / 127;
   const inv = f32x4.splat(s == 0 ? 0 : <f32>1 / s);
   store<f32>(sp, s);
-  let sum = i32x4.splat(0);
   for (let i: usize = 0; i < 128; i += 32) {
     const lo = i32x4.trunc_sat_f32x4_s(f32x4.nearest(f32x4.mul(v128.load(xp + i), inv)));
     const hi = i32x4.trunc_sat_f32x4_s(f32x4.nearest(f32x4.mul(v128.load(xp + i, 16), inv)));
     const q = i16x8.narrow_i32x4_s(lo, hi);
-    // The sum of the saturated values (what the pairs hold), not of lo and hi.
-    sum = i32x4.add(sum, i32x4.add(i32x4.extend_low_i16x8_s(q), i32x4.extend_high_i16x8_s(q)));
     v128.store(cp + (i >> 1), q);
     const o = qp + (i >> 3) * ps;
     v128.store(o, i32x4.shuffle(q, q, 0, 0, 0, 0));
@@ -146,7 +133,6 @@ export function quantize_q8_x(dst: usize, x: usize, rows: i32, n: i32): void {
     v128.store(o + 2 * ps, i32x4.shuffle(q, q, 2, 2, 2, 2));
     v128.store(o + 3 * ps, i32x4.shuffle(q, q, 3, 3, 3, 3));
   }
-  store<i32>(up, i32x4.extract_lane(sum, 0) + i32x4.extract_lane(sum, 1) + i32x4.extract_lane(sum, 2) + i32x4.extract_lane(sum, 3));
 }
 
 /** acc + f32(I) * (wscale * xscale), lane by lane (four rows' running sums). */
@@ -155,8 +141,8 @@ export function quantize_q8_x(dst: usize, x: usize, rows: i32, n: i32): void {
 }
 
 /**
- * The strip at sp against one token row whose rest is at rest, block by block; its 8 rows give their outputs at yo,
- * yo + 4, ... Per row, one running f32 sum, plus per block f32(I) * (wscale * xscale) (THE Q8
+ * The strip at sp against one token row whose rest is at rest, block by block; its 8 rows give
+ * their outputs at yo, yo + 4, ... Per row, one running f32 sum, plus per block f32(I) * (wscale * xscale) (THE Q8
  * ORDER in matmul.ts). Strip after strip is one stream through the matrix (as kquants.ts' kStrip:
  * four strips in step measured 1.29x slower on 1B Q8_0 decode, the AMD EPYC, two threads, bench/decode-ab.ts).
  */
