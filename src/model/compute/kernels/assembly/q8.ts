@@ -14,24 +14,25 @@
 // running sum per output row: it depends only on the row's weights and its own token row, never
 // on the tile, the batch or the thread. matmulQ8Ref in matmul.ts states it in plain JS.
 //
-// QUANTIZED X: the values as i16 (widened once here, so the inner loop is i32x4.dot_i16x8_s
-// against them), each pair (j, j + 1) splatted over a whole v128 (16 bytes a pair: the tiles of
-// several tokens load it as it is, where a load32_splat would cost a shuffle per pair per strip;
-// measured faster even for a 512-token prefill, whose x then outgrows L2), then the rest of the
-// row (below). The rows of a dispatch go in quads, and the last rows % 4 alone. A quad of rows
-// 4u .. 4u + 3 takes 4 qRowBytes(n) from xq + 4u qRowBytes(n): first the four rows' pairs
-// interleaved, pair p of row t at p * 64 + t * 16, so the four-token tile reads all four at
-// constant offsets from one pointer (a wasm address is one register plus a constant, so three
-// token pointers had cost an add each per pair: 30 instructions per 64 multiply-adds in the Air,
-// 27 now; a 1B Q8_0 model's 512-token prefill took 7.86 s against 8.74, AMD EPYC, two threads,
-// bench/decode-ab.ts PREFILL=512, four alternating rounds), then the four rests one after
-// another. A row alone (r >= rows & ~3) takes qRowBytes(n) from xq + r qRowBytes(n): its pairs 16
-// bytes apart, then its rest. A row's rest: the n / 32 block scales as f32 (f32 rather than ggml's f16: this is scratch, not storage, so
-// the extra bytes cost nothing and a rounding and a conversion per block go away), then
-// (16-aligned) the n values again as i16 in order: the one-token kernel (strip1) loads each pair from there with a 4-byte splat, the same
-// v128 from a quarter of the bytes (the splatted pairs, 8 n bytes, outgrow L1 beside the streaming
-// weights from n = 4096 on; see kquants.ts' COMPACT X). MatmulKernel
-// places it in the dispatch's own space, above the permanent allocations: nothing per token.
+// QUANTIZED X: the values as i16 (widened once here, so the inner loop is i32x4.dot_i16x8_s against
+// them), each pair (j, j + 1) splatted over a whole v128 (16 bytes a pair: the tiles of several
+// tokens load it as it is, where a load32_splat would cost a shuffle per pair per strip; measured
+// faster even for a 512-token prefill, whose x then outgrows L2), then the rest of the row (below).
+// The rows of a dispatch go in quads, and the last rows % 4 alone. A quad of rows 4u .. 4u + 3
+// takes 4 qRowBytes(n) from xq + 4u qRowBytes(n): first the four rows' pairs interleaved, pair p of
+// row t at p * 64 + t * 16, so the four-token tile reads all four at constant offsets from one
+// pointer (a wasm address is one register plus a constant, so three token pointers had cost an add
+// each per pair: 30 instructions per 64 multiply-adds in the Air, 27 now; a 1B Q8_0 model's
+// 512-token prefill took 7.86 s against 8.74, AMD EPYC, two threads, bench/decode-ab.ts
+// PREFILL=512, four alternating rounds), then the four rests one after another. A row alone (r >=
+// rows & ~3) takes qRowBytes(n) from xq + r qRowBytes(n): its pairs 16 bytes apart, then its rest.
+// A row's rest: the n / 32 block scales as f32 (f32 rather than ggml's f16: this is scratch, not
+// storage, so the extra bytes cost nothing and a rounding and a conversion per block go away), then
+// (16-aligned) the n values again as i16 in order: the one-token kernel (strip1) loads each pair
+// from there with a 4-byte splat, the same v128 from a quarter of the bytes (the splatted pairs, 8
+// n bytes, outgrow L1 beside the streaming weights from n = 4096 on; see kquants.ts' COMPACT X).
+// MatmulKernel places it in the dispatch's own space, above the permanent allocations: nothing per
+// token.
 //
 // The weights are in matmul.ts's STRIP LAYOUT: a group is one 32-weight block of 8 rows, the 8
 // f16 scales (one v128, widened once per group), then rows 0..3 and rows 4..7, each half as 16
@@ -142,9 +143,10 @@ export function quantize_q8_x(dst: usize, x: usize, rows: i32, n: i32): void {
 
 /**
  * The strip at sp against one token row whose rest is at rest, block by block; its 8 rows give
- * their outputs at yo, yo + 4, ... Per row, one running f32 sum, plus per block f32(I) * (wscale * xscale) (THE Q8
- * ORDER in matmul.ts). Strip after strip is one stream through the matrix (as kquants.ts' kStrip:
- * four strips in step measured 1.29x slower on 1B Q8_0 decode, the AMD EPYC, two threads, bench/decode-ab.ts).
+ * their outputs at yo, yo + 4, ... Per row, one running f32 sum, plus per block f32(I) * (wscale *
+ * xscale) (THE Q8 ORDER in matmul.ts). Strip after strip is one stream through the matrix (as
+ * kquants.ts' kStrip: four strips in step measured 1.29x slower on 1B Q8_0 decode, the AMD EPYC,
+ * two threads, bench/decode-ab.ts).
  */
 @inline function strip1(yo: usize, rest: usize, sp: usize, n: i32): void {
   const blocks = n >> 5;
@@ -199,9 +201,9 @@ export function quantize_q8_x(dst: usize, x: usize, rows: i32, n: i32): void {
 }
 
 /**
- * The 8 rows of the strip at sp against two quantized token rows alone (not in a quad), xq and
- * xq + qb; token t's outputs at yo + t * ys. Each pair of weights is widened once for both tokens, and x is read
- * once per strip (a prefill's x streams from beyond L2 once per strip).
+ * The 8 rows of the strip at sp against two quantized token rows alone (not in a quad), xq and xq
+ * + qb; token t's outputs at yo + t * ys. Each pair of weights is widened once for both tokens,
+ * and x is read once per strip (a prefill's x streams from beyond L2 once per strip).
  */
 @inline function tile8x2(yo: usize, ys: usize, xq: usize, qb: usize, sp: usize, n: i32): void {
   const blocks = n >> 5;
@@ -246,17 +248,17 @@ export function quantize_q8_x(dst: usize, x: usize, rows: i32, n: i32): void {
 }
 
 /**
- * The 8 rows of the strip at sp against `quads` quads of quantized token rows from xq (4 qb
- * apart; QUANTIZED X); token t's outputs at yo + t * ys. Each pair of weights is widened once for four tokens: 16 dot
- * products and adds per 4 weight loads and widenings, where 8x2 has 8 per 4 (fewer instructions
- * per multiply-add, which is what bounds the integer kernel). The f32 running sums (8 a token,
- * beside the 8 integer ones) leave too few registers for the inner loop, so they live in y
- * itself: each block loads, adds and stores them, the same additions in the same order as in
+ * The 8 rows of the strip at sp against `quads` quads of quantized token rows from xq (4 qb apart;
+ * QUANTIZED X); token t's outputs at yo + t * ys. Each pair of weights is widened once for four
+ * tokens: 16 dot products and adds per 4 weight loads and widenings, where 8x2 has 8 per 4 (fewer
+ * instructions per multiply-add, which is what bounds the integer kernel). The f32 running sums (8
+ * a token, beside the 8 integer ones) leave too few registers for the inner loop, so they live in
+ * y itself: each block loads, adds and stores them, the same additions in the same order as in
  * registers. Block by block, every four tokens in turn: a block's 272 bytes come from memory once
  * and from L1 for the next four, so its loads meet the dots of the block before. Four tokens over
  * the whole strip, then the next four, had made the first pass a stream with half the work beside
- * it (8 rows of 8192 x 2048 past L3, one thread: 27 GMAC/s, 38 with the weights in L2). This way
- * a 1B Q8_0 model's step of 8 sequences takes 175 ms against 212 (AMD EPYC, two threads,
+ * it (8 rows of 8192 x 2048 past L3, one thread: 27 GMAC/s, 38 with the weights in L2). This way a
+ * 1B Q8_0 model's step of 8 sequences takes 175 ms against 212 (AMD EPYC, two threads,
  * bench/decode-ab.ts, three alternating rounds); alone, that 8192 x 2048 matmul at 8 rows took
  * 0.85-0.90x the time on one or two threads, and at 512 rows 0.77-0.96x.
  */
