@@ -25,6 +25,7 @@ const BATCH = Number(process.env.BATCH ?? 1);
 const PROMPT = Number(process.env.PROMPT ?? 32);
 const PREFILL = Number(process.env.PREFILL ?? 0);
 if (!Number.isInteger(PREFILL) || PREFILL < 0) throw new Error("PREFILL: a prompt length, or 0 for decode");
+if (PREFILL > 0 && BATCH !== 1) throw new Error("PREFILL times one prompt at a time: leave BATCH unset (it would be ignored)");
 const unit = PREFILL > 0 ? `prefill of ${PREFILL}` : BATCH > 1 ? "step" : "token";
 const here = resolve(import.meta.dir, "..");
 
