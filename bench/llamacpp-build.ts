@@ -35,10 +35,18 @@ export function cacheDir(): string {
 // (gdb, llama-bench -p 8 -n 4 on the 135M-shape Q8_0 file); F16 never takes it. Explicit -mno-*
 // options win over -march=native in GCC whatever their order. TL_LLAMACPP_AMX=1 keeps it.
 const NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16";
+// LLAMACPP_ISA=avx2 builds a second copy (build-avx2/) for AVX2, FMA and F16C only: llama.cpp as
+// it runs on the machine issue 25 was measured on (AVX2+FMA, no AVX-512), for a host whose CPU
+// has more (AVX-512 and VNNI: 512-bit dot-accumulates the 128-bit WebAssembly kernels cannot use).
+const ISA = process.env.LLAMACPP_ISA ?? "native";
+if (ISA !== "native" && ISA !== "avx2") throw new Error(`LLAMACPP_ISA: native or avx2, not ${ISA}`);
+const ISA_FLAGS =
+  ISA === "avx2"
+    ? ["-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON", "-DGGML_BMI2=ON", "-DGGML_AVX_VNNI=OFF", "-DGGML_AVX512=OFF"]
+    : ["-DGGML_NATIVE=ON", ...(process.env.TL_LLAMACPP_AMX === "1" ? [] : [`-DCMAKE_C_FLAGS=${NO_AMX}`, `-DCMAKE_CXX_FLAGS=${NO_AMX}`])];
 const CMAKE_FLAGS = [
   "-DCMAKE_BUILD_TYPE=Release",
-  "-DGGML_NATIVE=ON",
-  ...(process.env.TL_LLAMACPP_AMX === "1" ? [] : [`-DCMAKE_C_FLAGS=${NO_AMX}`, `-DCMAKE_CXX_FLAGS=${NO_AMX}`]),
+  ...ISA_FLAGS,
   "-DLLAMA_CURL=OFF",
   "-DLLAMA_OPENSSL=OFF",
   "-DLLAMA_BUILD_TESTS=OFF",
@@ -78,7 +86,7 @@ export function ensureLlamaCpp(log: (s: string) => void = (s) => console.error(s
   }
   const commit = execFileSync("git", ["rev-parse", "HEAD"], { cwd: src, encoding: "utf8" }).trim();
   const release = JSON.parse(readFileSync(join(pkg, "llama", "llama.cpp.info.json"), "utf8")).tag as string;
-  const build = join(src, "build");
+  const build = join(src, ISA === "native" ? "build" : `build-${ISA}`);
   const bin = Object.fromEntries(TARGETS.map((t) => [t, join(build, "bin", t)])) as Record<LlamaTool, string>;
   const stamp = join(build, "tl-build.json");
   const built = existsSync(stamp) ? JSON.parse(readFileSync(stamp, "utf8")) : null;
