@@ -24,6 +24,8 @@ export interface LlamaCppBuild {
   /** Seconds the compile took when this call built it, else the figure recorded when it was built. */
   buildSeconds: number | null;
   cmakeFlags: string[];
+  /** The instruction sets it was built for: native (GGML_NATIVE) or avx2 (LLAMACPP_ISA). */
+  isa: string;
 }
 
 export function cacheDir(): string {
@@ -105,7 +107,7 @@ export function ensureLlamaCpp(log: (s: string) => void = (s) => console.error(s
     writeFileSync(stamp, JSON.stringify({ buildSeconds, built: new Date().toISOString(), commit, cmakeFlags: CMAKE_FLAGS, targets: missing }, null, 2));
     log(`llamacpp: built in ${buildSeconds.toFixed(0)} s`);
   }
-  return { bin, release, commit, buildSeconds, cmakeFlags: CMAKE_FLAGS };
+  return { bin, release, commit, buildSeconds, cmakeFlags: CMAKE_FLAGS, isa: ISA };
 }
 
 if (import.meta.main) {

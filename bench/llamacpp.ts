@@ -393,7 +393,7 @@ async function main(): Promise<void> {
   const flags = (/^flags\s*:\s*(.*)$/m.exec(readFileSync("/proc/cpuinfo", "utf8"))?.[1] ?? "").split(" ");
   const simd = flags.filter((f) => /^(sse4_2|avx|avx2|fma|f16c|avx512f|avx512bw|avx512vl|avx512_vnni|avx_vnni|amx_tile)$/.test(f));
   console.log(
-    `CPU ${cpu} (${availableParallelism()} cores; ${simd.join(" ")}); llama.cpp ${b.release} ${b.commit.slice(0, 12)} from node-llama-cpp 3.21.1; threads ${threads}; rounds ${rounds}`,
+    `CPU ${cpu} (${availableParallelism()} cores; ${simd.join(" ")}); llama.cpp ${b.release} ${b.commit.slice(0, 12)} (${b.isa}) from node-llama-cpp 3.21.1; threads ${threads}; rounds ${rounds}`,
   );
   const rows: object[] = [];
   const loadBefore = loadAverage();
@@ -412,6 +412,7 @@ async function main(): Promise<void> {
           llamacpp: {
             release: b.release,
             commit: b.commit,
+            isa: b.isa,
             from: "node-llama-cpp@3.21.1 llama/gitRelease.bundle",
             cmakeFlags: b.cmakeFlags,
             buildSeconds: b.buildSeconds,
