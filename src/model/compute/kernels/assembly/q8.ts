@@ -68,22 +68,27 @@ export function q8_row_bytes(n: i32): i32 {
   return qRowBytes(n) - (<usize>n << 3);
 }
 
+/** Whether row r of `rows` lies in a quad (the first rows & ~3 of them) rather than alone. */
+@inline function inQuad(r: i32, rows: i32): bool {
+  return r < (rows & ~3);
+}
+
 /** Where row r (of `rows` at xq) has its pair 0; the next pair is pairStride(r, rows) on. */
 @inline function pairsOf(xq: usize, r: i32, rows: i32, n: i32): usize {
   const qb = qRowBytes(n);
-  if (r < (rows & ~3)) return xq + <usize>(r >> 2) * (qb << 2) + (<usize>(r & 3) << 4);
+  if (inQuad(r, rows)) return xq + <usize>(r >> 2) * (qb << 2) + (<usize>(r & 3) << 4);
   return xq + <usize>r * qb;
 }
 
 /** Bytes from one pair of row r to its next: 64 in a quad, 16 alone. */
 @inline function pairStride(r: i32, rows: i32): usize {
-  return r < (rows & ~3) ? 64 : 16;
+  return inQuad(r, rows) ? 64 : 16;
 }
 
 /** Where row r (of `rows` at xq) has its rest: its block scales first. */
 @inline function restOf(xq: usize, r: i32, rows: i32, n: i32): usize {
   const qb = qRowBytes(n);
-  if (r < (rows & ~3)) return xq + <usize>(r >> 2) * (qb << 2) + (<usize>n << 5) + <usize>(r & 3) * restBytes(n);
+  if (inQuad(r, rows)) return xq + <usize>(r >> 2) * (qb << 2) + (<usize>n << 5) + <usize>(r & 3) * restBytes(n);
   return xq + <usize>r * qb + (<usize>n << 3);
 }
 
