@@ -10,22 +10,34 @@
 // where they agree, the core overlaps little of its memory wait with its arithmetic (WebAssembly
 // has no prefetch instruction), and a kernel can only approach the stream rate by computing less.
 //
-//   bun bench/kernel-bounds.ts     (DTYPES=f16,bf16,f32,q8_0,q4_k,q6_k ROWS=1,8,512 NORMAL_ONLY=1)
+// f16s is f16 in the shifted coding MatmulKernel places f16 in when every |w| < 128
+// (kernels/assembly/f16.ts' THE SHIFTED F16), f16 the plain coding it falls back to.
+//
+//   bun bench/kernel-bounds.ts     (DTYPES=f16,f16s,bf16,f32,q8_0,q4_k,q6_k ROWS=1,8,512 NORMAL_ONLY=1)
 // JSON to bench/results/kernel-bounds.json (OUT=name for kernel-bounds.<name>.json).
 import { mkdirSync, writeFileSync } from "node:fs";
 import { cpus } from "node:os";
 import { join } from "node:path";
 import { J_D, J_N, J_ROWS, J_W, J_X, J_Y, JOB_INTS, type KernelExports } from "../src/model/compute/kernel-exports.ts";
 import { kernelModule } from "../src/model/compute/matmul.ts";
-import { castMatrix, type PackedMatrix } from "../src/model/compute/packed.ts";
+import { f16Shift } from "../src/model/compute/f16-bits.ts";
+import { castMatrix, type DType, type PackedMatrix } from "../src/model/compute/packed.ts";
 import { packStrips, stripLayoutBytes } from "../src/model/compute/strip-layout.ts";
 import { loadAverage, median } from "./stats.ts";
 
-type Dt = "f16" | "bf16" | "f32" | "q8_0" | "q4_k" | "q6_k" | "q5_k";
-const DTYPES = (process.env.DTYPES ?? "f16,bf16,f32,q8_0,q4_k,q6_k").split(",") as Dt[];
+type Dt = "f16" | "f16s" | "bf16" | "f32" | "q8_0" | "q4_k" | "q6_k" | "q5_k";
+const DTYPES = (process.env.DTYPES ?? "f16,f16s,bf16,f32,q8_0,q4_k,q6_k").split(",") as Dt[];
+/** The file dtype whose strip layout dt's matrix has (f16s: f16's). */
+const layoutOf = (dt: Dt): DType => (dt === "f16s" ? "f16" : dt);
 const ROWS = (process.env.ROWS ?? "1,8,512").split(",").map(Number);
 const N = 2048;
 const NORMAL_ONLY = process.env.NORMAL_ONLY === "1";
+/**
+ * WEIGHTS=gauss: independent Gaussian weights of a trained layer's spread (sigma 0.02), 0.24% of
+ * them f16 subnormals each on its own, where the default pattern's 0.08% come in runs at its
+ * zero crossings and so share vectors (an assist is paid per multiply, not per lane).
+ */
+const GAUSS = process.env.WEIGHTS === "gauss";
 const PLACES = { l2: 1 << 20, l3: 256 << 20, dram: 1 << 30 } as const;
 
 interface Rate {
@@ -36,7 +48,7 @@ interface Rate {
 
 /** d rows of N weights placed in a kernel memory of their own (weights from a fixed pattern). */
 function placed(dt: Dt, d: number, rows: number): { ex: KernelExports; job: number; scratch: number } {
-  const bytes = stripLayoutBytes(dt, d, N);
+  const bytes = stripLayoutBytes(layoutOf(dt), d, N);
   const top = 65536 + bytes + rows * (N + d) * 4 + 32 * N * 4 + JOB_INTS * 4;
   const memory = new WebAssembly.Memory({ initial: Math.ceil(top / 65536) + 1, maximum: 65536, shared: true });
   const ex = new WebAssembly.Instance(kernelModule()!, { env: { memory } }).exports as unknown as KernelExports;
@@ -49,12 +61,24 @@ function placed(dt: Dt, d: number, rows: number): { ex: KernelExports; job: numb
   const slice = 8 * 64;
   // About 0.08% of these fall below f16's smallest normal (2^-14), as ~0.2% of a trained model's
   // do; NORMAL_ONLY=1 lifts them to 2^-13 to show what those subnormals cost the f16 kernel.
+  let seed = 12345;
+  const uniform = (): number => {
+    seed = (Math.imul(seed, 1103515245) + 12345) >>> 0;
+    return (seed + 1) / 2 ** 32;
+  };
   const src = new Float32Array(slice * N).map((_, i) => {
-    const v = Math.sin(i * 0.37) * 0.05;
+    const v = GAUSS ? 0.02 * Math.sqrt(-2 * Math.log(uniform())) * Math.cos(2 * Math.PI * uniform()) : Math.sin(i * 0.37) * 0.05;
     return NORMAL_ONLY && Math.abs(v) < 2 ** -13 ? Math.sign(v || 1) * 2 ** -13 : v;
   });
-  const m = dt === "f32" ? src : (castMatrix(src, dt, N) as PackedMatrix);
-  for (let r = 0; r < d; r += slice) packStrips(m, 0, Math.min(slice, d - r), N, u8, w + stripLayoutBytes(dt, r, N));
+  let m = dt === "f32" ? src : (castMatrix(src, layoutOf(dt), N) as PackedMatrix);
+  if (dt === "f16s") {
+    // The shifted patterns packed as bf16, whose strips lie out 16-bit patterns as f16's do
+    // (packStrips would refuse a shifted pattern of 64 or more as an f16 inf; these stay below).
+    const u = new Uint16Array((m as PackedMatrix).bytes.buffer);
+    for (let i = 0; i < u.length; i++) u[i] = f16Shift(u[i]!);
+    m = { ...(m as PackedMatrix), dtype: "bf16" };
+  }
+  for (let r = 0; r < d; r += slice) packStrips(m, 0, Math.min(slice, d - r), N, u8, w + stripLayoutBytes(layoutOf(dt), r, N));
   const x = w + bytes;
   const xf = new Float32Array(memory.buffer, x, rows * N);
   for (let i = 0; i < xf.length; i++) xf[i] = Math.cos(i * 0.11);
@@ -77,7 +101,7 @@ function placed(dt: Dt, d: number, rows: number): { ex: KernelExports; job: numb
 }
 
 function rate(dt: Dt, place: keyof typeof PLACES, rows: number): Rate {
-  const es = stripLayoutBytes(dt, 8, N) / (8 * N);
+  const es = stripLayoutBytes(layoutOf(dt), 8, N) / (8 * N);
   // Prefill's 512 rows take long: its matrices are 64x smaller (the kernel reads each strip from cache anyway).
   const d = Math.max(64, Math.floor(PLACES[place] / (N * es) / (rows >= 64 ? 64 : 1) / 8) * 8);
   const { ex, job, scratch } = placed(dt, d, rows);
@@ -98,12 +122,19 @@ function rate(dt: Dt, place: keyof typeof PLACES, rows: number): Rate {
     wall.push((performance.now() - t0) / reps);
     cpu.push((c.user + c.system) / 1000 / reps);
   }
-  const bytes = stripLayoutBytes(dt, d, N);
+  const bytes = stripLayoutBytes(layoutOf(dt), d, N);
   const cpuMs = median(cpu);
   return { wallGBs: bytes / median(wall) / 1e6, cpuGBs: bytes / cpuMs / 1e6, cpuGmacs: macs / cpuMs / 1e6 };
 }
 
-const out: Record<string, unknown> = { bench: "kernel-bounds", cpu: cpus()[0]?.model, n: N, normalOnly: NORMAL_ONLY, loadBefore: loadAverage() };
+const out: Record<string, unknown> = {
+  bench: "kernel-bounds",
+  cpu: cpus()[0]?.model,
+  n: N,
+  normalOnly: NORMAL_ONLY,
+  weights: GAUSS ? "gauss" : "sin",
+  loadBefore: loadAverage(),
+};
 const table: Record<string, Record<string, Rate>> = {};
 for (const rows of ROWS) {
   for (const dt of DTYPES) {

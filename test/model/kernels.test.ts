@@ -5,6 +5,7 @@ import { castMatrix, dequantize, Q8_0_BLOCK_BYTES, QK8_0, type PackedMatrix } fr
 import { Transformer } from "../../src/model/index.ts";
 import { syntheticWeights, castWeights, MATRICES, weightsDType } from "../../src/model/compute/weights.ts";
 import { Seq, TINY, bits, expectMatmulsGive, newPool, step, tokens } from "./helpers.ts";
+import { placedShifted } from "./quant-helpers.ts";
 
 /** f16 bit patterns of every kind but NaN and inf: zeros, subnormals, normals of both signs. */
 function f16Matrix(d: number, n: number, seed: number): PackedMatrix {
@@ -85,6 +86,40 @@ describe("kernels", () => {
         for (let r = 0; r < d; r++) {
           const want = Math.fround(lut[r * n + j]! * one) + 0; // sums start at +0: -0 comes out +0
           if (!Object.is(y[r]!, want)) expect(`f16 0x${finite[r * n + j]!.toString(16)} * ${one} -> ${y[r]}`).toBe(`-> ${want}`);
+        }
+      }
+    }
+  });
+
+  test("f16 in the shifted coding: every pattern below 128 is exact in groups, tails and batches", () => {
+    // The patterns every |w| < 128 (subnormals, zeros and normals of both signs) place shifted
+    // (f16-bits.ts' f16Shift). One token row at a time, x one-hot at j: x = 1 and 2^16 take the
+    // kernel on x scaled by 2^102, x = 2^26 the one on plain x; two rows at a time the batch
+    // path (each strip widened into scratch). n = 8 puts every weight in a whole group, n = 3
+    // and 4 in the tails (a row's tail group of 4, its last n % 4 one by one).
+    const held = Array.from({ length: 65536 }, (_, h) => h).filter((h) => (h & 0x7fff) < 0x5800);
+    const lut = new Float32Array(new Float16Array(Uint16Array.from(held).buffer));
+    for (const n of [8, 4, 3]) {
+      const d = Math.ceil(held.length / n);
+      const u = new Uint16Array(d * n);
+      u.set(held);
+      const w: PackedMatrix = { dtype: "f16", cols: n, length: u.length, bytes: new Uint8Array(u.buffer) };
+      const k = new MatmulKernel([w]);
+      expect(placedShifted(k, k.views[0]!, w, d, n)).toBe(true);
+      for (const rows of [1, 2]) {
+        for (const one of rows === 1 ? [1, 65536, 2 ** 26] : [1]) {
+          const y = new Float32Array(rows * d);
+          for (let j = 0; j < n; j++) {
+            const x = new Float32Array(rows * n);
+            for (let r = 0; r < rows; r++) x[r * n + j] = one;
+            k.matmul(y, x, k.views[0]!, 0, rows, n, d);
+            for (let r = 0; r < d && r * n + j < held.length; r++) {
+              const want = Math.fround(lut[r * n + j]! * one) + 0; // sums start at +0: -0 comes out +0
+              for (let t = 0; t < rows; t++) {
+                if (!Object.is(y[t * d + r]!, want)) expect(`n ${n} f16 0x${held[r * n + j]!.toString(16)} * ${one} -> ${y[t * d + r]}`).toBe(`-> ${want}`);
+              }
+            }
+          }
         }
       }
     }

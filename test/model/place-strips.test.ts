@@ -1,13 +1,13 @@
 import { afterAll, describe, expect, test } from "bun:test";
-import { f16Bits } from "../../src/model/compute/f16-bits.ts";
-import { controlBytes, J_PLACE, J_TOUCH, KERNEL_INDEX, KernelThreads, writeTouchJob } from "../../src/model/compute/kernel-threads.ts";
+import { f16Bits, f16Shift, f16Unshift, f16Values } from "../../src/model/compute/f16-bits.ts";
+import { controlBytes, F16_SHIFTED, J_PLACE, J_TOUCH, KERNEL_INDEX, KernelThreads, writeTouchJob } from "../../src/model/compute/kernel-threads.ts";
 import { J_D, J_FN, J_N, J_ROWS, J_W, J_X, J_Y, JOB_INTS, type KernelExports } from "../../src/model/compute/kernel-exports.ts";
 import { kBlockBytes } from "../../src/model/compute/k-quants.ts";
 import { legacyShape } from "../../src/model/compute/legacy-quants.ts";
-import { kernelModule, MatmulKernel } from "../../src/model/compute/matmul.ts";
+import { kernelModule, MatmulKernel, matmulRef } from "../../src/model/compute/matmul.ts";
 import { blockElems, type DType, type PackedMatrix } from "../../src/model/compute/packed.ts";
 import { packStrips, stripBytes, stripLayoutBytes } from "../../src/model/compute/strip-layout.ts";
-import { blockScale, randomBytes } from "./quant-helpers.ts";
+import { blockScale, placedShifted, randomBytes, shiftedStrips } from "./quant-helpers.ts";
 
 // kernels/assembly/place-strips.ts against the plain-JS packers it replaces at load
 // (strip-layout.ts' packU16 and packQ8, k-quant-strips.ts' packKStrip, legacy-strips.ts'
@@ -129,7 +129,8 @@ describe("place-strips.ts: every dtype but f32 placed by the kernels", () => {
       // 83 rows of about 2048: a stage of 8 rows stays on the caller, 40 rows and the whole are shared.
       const [rows, n] = [83, wideCols(dt)];
       const m = randomRows(dt, rows, n, 5);
-      const want = reference(m, rows, n);
+      // f16 weights all below 2 in magnitude: placed in the shifted coding.
+      const want = dt === "f16" ? shiftedStrips(m, rows, n) : reference(m, rows, n);
       const rowBytes = m.bytes.length / rows;
       for (const threads of [1, 2, 3]) {
         for (const stage of [8 * rowBytes, 40 * rowBytes, 1 << 22]) {
@@ -158,6 +159,100 @@ describe("place-strips.ts: every dtype but f32 placed by the kernels", () => {
       });
     }
   }
+
+  test("f16 in the shifted coding: the kernel's strips are the JS packer's of f16Shift's patterns", () => {
+    for (const [rows, n] of SHAPES.u16) {
+      const m = randomRows("f16", rows, n, rows * 17 + n);
+      const want = shiftedStrips(m, rows, n);
+      const { ex, u8 } = bareKernel(m.bytes.length + want.length + 4096);
+      expect(ex.places(F16_SHIFTED)).toBe(1);
+      expect(ex.first_bad(1024, F16_SHIFTED, 0)).toBe(-1);
+      const src = 1024;
+      const dst = src + ((m.bytes.length + 15) & ~15);
+      u8.set(m.bytes, src);
+      expect(ex.first_bad(src, F16_SHIFTED, rows * n)).toBe(-1);
+      for (const per of [8, Math.ceil(rows / 8) * 8]) {
+        u8.fill(0xa5, dst, dst + want.length);
+        for (let g0 = 0; g0 < rows; g0 += per) ex.place_rows(dst, src, F16_SHIFTED, n, rows, g0, Math.min(rows, g0 + per));
+        expect(new Uint8Array(u8.subarray(dst, dst + want.length))).toEqual(want);
+      }
+    }
+  });
+
+  test("f16Shift holds every f16 below 128 exactly, and the kernel's shift is the same on every one", () => {
+    // Every pattern with |w| < 128, both signs, subnormals and zeros among them: the shifted
+    // pattern's value 2^(field - 25) (1 + m / 1024), its undoing, and place_rows' coding of it
+    // (its lane-by-lane path where a group holds a subnormal, its vector path elsewhere).
+    const lut = f16Values();
+    const held = Uint16Array.from({ length: 65536 }, (_, h) => h).filter((h) => (h & 0x7fff) < 0x5800);
+    expect(held.length).toBe(2 * 0x5800);
+    for (const h of held) {
+      const s = f16Shift(h);
+      const e = (s >> 10) & 0x1f;
+      const v = e === 0 ? 0 : 2 ** (e - 25) * (1 + (s & 0x3ff) / 1024);
+      const want = lut[h]!;
+      if ((s & 0x8000 ? -v : v) !== want || (e === 0 && (s & 0x3ff) !== 0) || f16Unshift(s) !== h) {
+        expect(`0x${h.toString(16)} -> 0x${s.toString(16)}`).toBe(`a pattern of ${want}`);
+      }
+    }
+    const n = 8;
+    const m: PackedMatrix = { dtype: "f16", cols: n, length: held.length, bytes: new Uint8Array(held.slice().buffer) };
+    const rows = held.length / n;
+    const want = shiftedStrips(m, rows, n);
+    const { ex, u8 } = bareKernel(m.bytes.length + want.length + 4096);
+    const src = 1024;
+    const dst = src + m.bytes.length;
+    u8.set(m.bytes, src);
+    ex.place_rows(dst, src, F16_SHIFTED, n, rows, 0, rows);
+    expect(new Uint8Array(u8.subarray(dst, dst + want.length))).toEqual(want);
+  });
+
+  test("first_bad in the shifted coding finds the first |w| >= 128, inf or NaN", () => {
+    const { ex, u8 } = bareKernel(1 << 16);
+    const u16 = new Uint16Array(u8.buffer, 1024, 64);
+    for (const [bad, at] of [
+      [0x5800, 21], // 128
+      [0xd800, 3], // -128
+      [0x7bff, 40], // 65504, the largest finite
+      [0x7c00, 63], // inf, in the scalar tail of a count of 64
+      [0xfe00, 0], // NaN
+    ] as const) {
+      u16.fill(0x57ff); // 127.9375: held
+      u16[5] = 0xd7ff;
+      expect(ex.first_bad(1024, F16_SHIFTED, 64)).toBe(-1);
+      u16[at] = bad;
+      expect([bad, ex.first_bad(1024, F16_SHIFTED, 64)]).toEqual([bad, at]);
+      // The plain coding refuses only inf and NaN.
+      expect(ex.first_bad(1024, KERNEL_INDEX.f16, 64)).toBe((bad & 0x7c00) === 0x7c00 ? at : -1);
+    }
+  });
+
+  test("an f16 weight of 128 or more past the first stage places the whole matrix in the plain coding", () => {
+    // Rows 32 .. 63, the second stage: the first is already placed shifted when row 37 turns up.
+    const n = wideCols("f16");
+    const rows = 70;
+    const stage = 32 * 2 * n;
+    for (const big of [0x5800, 0xdc00, 0x7bff]) {
+      const m = randomRows("f16", rows, n, 11);
+      new DataView(m.bytes.buffer).setUint16((37 * n + 5) * 2, big, true);
+      for (const threads of [1, 2]) {
+        const k = new MatmulKernel([{ matrix: m, cols: n }], { threads, placeStageBytes: stage });
+        kernels.push(k);
+        expect(placedShifted(k, k.views[0]!, m, rows, n)).toBe(false);
+        const x = new Float32Array(n).map((_, i) => Math.sin(i));
+        const y = new Float32Array(rows);
+        const want = new Float32Array(rows);
+        k.matmul(y, x, k.views[0]!, 0, 1, n, rows);
+        matmulRef(want, x, m, 0, 1, n, rows);
+        expect(Array.from(new Uint32Array(y.buffer))).toEqual(Array.from(new Uint32Array(want.buffer)));
+      }
+      // Without it, the same rows are placed shifted.
+      const held = randomRows("f16", rows, n, 11);
+      const k = new MatmulKernel([{ matrix: held, cols: n }], { threads: 1, placeStageBytes: stage });
+      kernels.push(k);
+      expect(placedShifted(k, k.views[0]!, held, rows, n)).toBe(true);
+    }
+  });
 
   test("PLACE jobs run on the helper threads too, and give the same bytes", async () => {
     // The helpers of a MatmulKernel start while it places (whether they join a small load is a

@@ -1,8 +1,9 @@
 import { expect } from "bun:test";
-import { f16Bits } from "../../src/model/compute/f16-bits.ts";
+import { f16Bits, f16Shift } from "../../src/model/compute/f16-bits.ts";
 import { type LegacyDType, legacyShape } from "../../src/model/compute/legacy-quants.ts";
 import type { MatmulKernel } from "../../src/model/compute/matmul.ts";
-import type { PackedMatrix } from "../../src/model/compute/packed.ts";
+import type { Matrix, PackedMatrix } from "../../src/model/compute/packed.ts";
+import { packStrips, stripLayoutBytes } from "../../src/model/compute/strip-layout.ts";
 import { bits } from "./helpers.ts";
 
 // Shared by the integer kernels' tests (k-quant-kernels, legacy-kernels): random block bytes,
@@ -102,4 +103,31 @@ export function expectWithinXQuantization(y: Float32Array, x: Float32Array, wf: 
     }
   }
   return worst;
+}
+
+/**
+ * The strips the kernels place for m's `rows` rows of n f16 weights when every |w| < 128: the JS
+ * packer's, of the patterns f16Shift (f16-bits.ts) makes. Packed as bf16, whose strips lie out
+ * 16-bit patterns the same way: packStrips checks f16 finite, and a shifted pattern of a value
+ * from 64 up has the plain coding's inf exponent.
+ */
+export function shiftedStrips(m: PackedMatrix, rows: number, n: number): Uint8Array<ArrayBuffer> {
+  const u = new Uint16Array(m.bytes.slice().buffer);
+  for (let i = 0; i < u.length; i++) u[i] = f16Shift(u[i]!);
+  const out = new Uint8Array(stripLayoutBytes("f16", rows, n));
+  packStrips({ ...m, dtype: "bf16", bytes: new Uint8Array(u.buffer) }, 0, rows, n, out, 0);
+  return out;
+}
+
+/** Whether the matrix MatmulKernel `k` placed as its view v holds the strips of m in the shifted coding (else the plain). */
+export function placedShifted(k: MatmulKernel, v: Matrix, m: PackedMatrix, rows: number, n: number): boolean {
+  const at = k.offsetOf(v);
+  const got = new Uint8Array(k.memory!.buffer, at, stripLayoutBytes("f16", rows, n));
+  const shifted = shiftedStrips(m, rows, n);
+  const plain = new Uint8Array(got.length);
+  packStrips(m, 0, rows, n, plain, 0);
+  const same = (a: Uint8Array) => a.every((b, i) => b === got[i]);
+  if (same(shifted)) return true;
+  if (same(plain)) return false;
+  throw new Error("placed f16 strips are neither coding's");
 }

@@ -2,6 +2,7 @@ import { afterAll, describe, expect, test } from "bun:test";
 import { MatmulKernel, matmulRef } from "../../src/model/compute/matmul.ts";
 import { castMatrix, type DType, dequantize, type Matrix, type PackedMatrix } from "../../src/model/compute/packed.ts";
 import { bits } from "./helpers.ts";
+import { placedShifted } from "./quant-helpers.ts";
 
 // The strip-layout kernels against matmulRef, bit for bit: every tile (batch 1 strips, 4x2 tiles,
 // the odd token, single rows of strips cut by a slice or a thread), every dtype, every tail.
@@ -93,6 +94,72 @@ describe("strip kernels", () => {
       matmulRef(want, x, dequantize(w as PackedMatrix), 0, 1, n, d);
       for (let i = 0; i < d; i++) expect(Number.isNaN(y[i]!)).toBe(Number.isNaN(want[i]!));
     }
+  });
+});
+
+describe("f16 in the shifted coding", () => {
+  // Weights below 128 in magnitude (down to f16 subnormals) are placed shifted (f16-bits.ts'
+  // f16Shift) and widened against 2^102 where the plain coding takes 2^112.
+  const small = (d: number, n: number, seed: number): PackedMatrix =>
+    castMatrix(
+      new Float32Array(d * n).map((_, i) => Math.sin(i * 0.61 + seed) * (1 + (i % 7)) * 10 ** ((i % 5) - 5)),
+      "f16",
+      n,
+    ) as PackedMatrix;
+
+  test("every tile and slice equals reference", () => {
+    for (const n of NS.f16!) {
+      const w = small(29, n, n);
+      const k = kernel([{ matrix: w, cols: n }]);
+      expect(placedShifted(k, k.views[0]!, w, 29, n)).toBe(true);
+      for (const rows of [1, 2, 3, 5, 8, 9]) {
+        const x = input(rows, n, rows);
+        for (const [r0, d] of [
+          [0, 29],
+          [8, 16],
+          [3, 9],
+          [5, 1],
+        ] as const) {
+          const y = new Float32Array(rows * d);
+          k.matmul(y, x, w, r0 * n, rows, n, d);
+          expect(bits(y)).toEqual(ref(x, w, r0 * n, rows, n, d));
+        }
+      }
+    }
+  });
+
+  test("batch 1 takes the exact path for large or non-finite x", () => {
+    // x scaled by 2^102 stays exact below 2^26: at and past it the kernel reads plain x.
+    for (const [n, d] of [
+      [24, 16],
+      [136, 72],
+    ] as const) {
+      const w = small(d, n, 2);
+      const k = kernel([{ matrix: w, cols: n }]);
+      expect(placedShifted(k, k.views[0]!, w, d, n)).toBe(true);
+      for (const big of [1, 65536, 2 ** 26 - 4, 2 ** 26, 1e9, 3e38, Number.POSITIVE_INFINITY]) {
+        const x = input(1, n, 4);
+        x[5] = big;
+        x[17] = -big / 3;
+        const y = new Float32Array(d);
+        k.matmul(y, x, w, 0, 1, n, d);
+        expect([n, big, bits(y)]).toEqual([n, big, ref(x, w, 0, 1, n, d)]);
+      }
+    }
+  });
+
+  test("row into gives every pattern below 128 exactly", () => {
+    const held = Uint16Array.from({ length: 65536 }, (_, h) => h).filter((h) => (h & 0x7fff) < 0x5800);
+    const n = 64;
+    const u = new Uint16Array(Math.ceil(held.length / n) * n);
+    u.set(held);
+    const w: PackedMatrix = { dtype: "f16", cols: n, length: u.length, bytes: new Uint8Array(u.buffer) };
+    const want = new Float32Array(new Float16Array(u.buffer));
+    const k = kernel([{ matrix: w, cols: n }]);
+    expect(placedShifted(k, k.views[0]!, w, u.length / n, n)).toBe(true);
+    const got = new Float32Array(u.length);
+    for (let r = 0; r < u.length / n; r++) k.rowInto(k.views[0]!, r * n, n, got, r * n);
+    expect(bits(got)).toEqual(bits(want));
   });
 });
 

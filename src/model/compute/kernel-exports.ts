@@ -69,6 +69,8 @@ type KernelFn = (job: number, g0: number, g1: number, scratch: number) => void;
 /** The kernel module's exports, as MatmulKernel instantiates it and its helper threads run it (kernel-threads.ts). */
 export type KernelExports = Record<`matmul_${DType}`, KernelFn> &
   LayerKernelExports & {
+    /** matmul_f16 on weights placed in the shifted coding (F16_SHIFTED: f16-bits.ts' f16Shift). */
+    matmul_f16s: KernelFn;
     /** Claims and computes chunks of the open dispatch (kernels/assembly/dispatch.ts). */
     run_chunks(ctrl: number, thread: number): number;
     /**
@@ -100,6 +102,9 @@ export type KernelExports = Record<`matmul_${DType}`, KernelFn> &
     touch_pages(from: number, to: number, s0: number, s1: number): void;
     /** 1 when place_rows places dtype dt (KERNEL_INDEX), else 0. */
     places(dt: number): number;
-    /** The first of `count` blocks of dt at src with an inf or NaN f16 scale (f16: weights), else -1. */
+    /**
+     * The first of `count` blocks of dt at src with an inf or NaN f16 scale (f16: weights;
+     * F16_SHIFTED: the first weight the shifted coding cannot hold, |w| >= 128), else -1.
+     */
     first_bad(src: number, dt: number, count: number): number;
   };

@@ -21,6 +21,13 @@ import { StallBackoff } from "./stall-backoff.ts";
 /** Each dtype's kernel (dispatch.ts reads the same numbers; 4 is J_ATTEND). */
 export const KERNEL_INDEX: Record<DType, number> = { f32: 0, f16: 1, bf16: 2, q8_0: 3, q4_k: 5, q6_k: 6, q4_0: 7, q4_1: 8, q5_0: 9, q5_1: 10, q5_k: 11 };
 /**
+ * The kernel of f16 weights placed in the shifted coding (f16-bits.ts' f16Shift), where none has
+ * |w| >= 128: MatmulKernel places every such f16 matrix so, since an f16 subnormal widened the
+ * plain way costs x86 a microcode assist per multiply (kernels/assembly/f16.ts' THE SHIFTED F16).
+ * A kernel index like KERNEL_INDEX's, for no file's dtype.
+ */
+export const F16_SHIFTED = 16;
+/**
  * An attention job's fn: J_W names its parameters (kernels/assembly/attention.ts), J_ROWS its
  * count of (sequence, KV head) pieces, each one chunk.
  */
@@ -211,8 +218,9 @@ function tiled(ex: KernelExports, fn: number, n: number, rows: number, budget: n
 }
 
 /** Each kernel index's export, from KERNEL_INDEX (4, J_ATTEND, is not a matmul). */
-const FNS: (`matmul_${DType}` | undefined)[] = [];
+const FNS: (`matmul_${DType}` | "matmul_f16s" | undefined)[] = [];
 for (const [dt, i] of Object.entries(KERNEL_INDEX)) FNS[i] = `matmul_${dt as DType}`;
+FNS[F16_SHIFTED] = "matmul_f16s";
 
 // The helper's whole program. It is a string run from a Blob URL rather than a module file so a
 // binary made by `bun build --compile` carries it without a second entry point. It instantiates

@@ -2,6 +2,7 @@ import assert from "node:assert";
 import { KERNELS_WASM_BASE64 } from "./kernels/kernels-wasm.ts";
 import {
   controlBytes,
+  F16_SHIFTED,
   J_ATTEND,
   J_PLACE,
   J_QUANT_X,
@@ -247,6 +248,8 @@ function sharedMemory(pages: number): WebAssembly.Memory | null {
 interface Placed {
   at: number;
   cols: number;
+  /** The kernel its strips are for: KERNEL_INDEX of its dtype, or F16_SHIFTED. */
+  fn: number;
 }
 
 /**
@@ -518,7 +521,7 @@ export class MatmulKernel {
       from = wmFrom - partStart(s, i);
     }
     const p = this.find(m);
-    if (p !== undefined) readStripRow(dtypeOf(m), this.views16, p.at, p.cols, from, count, out, outAt);
+    if (p !== undefined) readStripRow(dtypeOf(m), this.views16, p.at, p.cols, from, count, out, outAt, p.fn === F16_SHIFTED);
     else if (m instanceof Float32Array) for (let i = 0; i < count; i++) out[outAt + i] = m[from + i]!;
     else dequantizeInto(m, from, count, out, outAt);
   }
@@ -573,7 +576,7 @@ export class MatmulKernel {
     const j = this.queued++;
     const b = j * JOB_INTS;
     const jobs = this.jobs;
-    jobs[b + J_FN] = KERNEL_INDEX[dt];
+    jobs[b + J_FN] = inPlace ? p.fn : KERNEL_INDEX[dt];
     jobs[b + J_Y] = yAt;
     jobs[b + J_X] = xAt;
     jobs[b + J_W] = wAt;
@@ -724,29 +727,62 @@ export class MatmulKernel {
     const bytes = stripLayoutBytes(dt, rows, cols);
     const at = this.grab(bytes);
     let staged = 0;
+    let fn = KERNEL_INDEX[dt];
     packStrips(m, 0, rows, cols, this.u8, at, {
-      staged: (d, src, r, n, a) => this.placeStaged(d, src, r, n, a, (b) => (staged += b)),
+      staged: (d, src, r, n, a) => {
+        const placed = this.placeF16(d, src, r, n, a, (b) => (staged += b));
+        fn = placed?.fn ?? fn;
+        return placed === null ? null : placed.bad;
+      },
     });
     // The progress line moves a stage at a time where the kernels place, a matrix at a time elsewhere.
     this.placing?.add((m instanceof Float32Array ? m.byteLength : m.bytes.length) - staged);
     const buf = this.memory!.buffer;
     const v: SimpleMatrix =
       m instanceof Float32Array ? new Float32Array(buf, at, m.length) : { dtype: m.dtype, cols, length: m.length, bytes: new Uint8Array(buf, at, bytes) };
-    this.placed.set(v, { at, cols });
+    this.placed.set(v, { at, cols, fn });
     return v;
+  }
+
+  /**
+   * placeStaged, f16 rows in the shifted coding (F16_SHIFTED) unless one of them is 128 or more in
+   * magnitude: then over again in the plain one (a second read of the rows, for a matrix that
+   * trained models seldom hold). Which kernel the strips are for comes back beside placeStaged's
+   * answer.
+   */
+  private placeF16(dt: DType, src: Uint8Array, rows: number, n: number, at: number, staged: (bytes: number) => void): { bad: number; fn: number } | null {
+    if (dt !== "f16") {
+      const bad = this.placeStaged(KERNEL_INDEX[dt], dt, src, rows, n, at, staged);
+      return bad === null ? null : { bad, fn: KERNEL_INDEX[dt] };
+    }
+    const bad = this.placeStaged(F16_SHIFTED, dt, src, rows, n, at, staged);
+    if (bad === null) return null;
+    if (bad < 0 || !finiteF16At(src, bad)) return { bad, fn: F16_SHIFTED };
+    // Counted once: the first pass told `staged` and the progress line of the rows it placed.
+    const plain = this.placeStaged(KERNEL_INDEX.f16, dt, src, rows, n, at, () => {}, false);
+    return { bad: plain!, fn: KERNEL_INDEX.f16 };
   }
 
   /**
    * strip-layout.ts' KernelPlace: `rows` rows of n weights of dt as the file holds them (src: a
    * view of them, read with copyBytes, so a mapped file's pages are never touched) placed in the
-   * strip layout at `at` by place-strips.ts on every thread, placeStageBytes of rows at a time
-   * read into a stage above the top (each told to `staged`). Returns the index of the first block
-   * with an inf or NaN scale (f16: weight; the rows before it may be placed), else -1; null for a
-   * dtype the kernels do not place.
+   * strip layout for kernel fn (KERNEL_INDEX of dt, or F16_SHIFTED) at `at` by place-strips.ts on
+   * every thread, placeStageBytes of rows at a time read into a stage above the top (each told to
+   * `staged`, and to the progress line when `progress`). Returns the index of the first block with
+   * an inf or NaN scale (f16: weight; F16_SHIFTED: the first weight it cannot hold; the rows before
+   * it may be placed), else -1; null for a dtype the kernels do not place.
    */
-  private placeStaged(dt: DType, src: Uint8Array, rows: number, n: number, at: number, staged: (bytes: number) => void): number | null {
+  private placeStaged(
+    fn: number,
+    dt: DType,
+    src: Uint8Array,
+    rows: number,
+    n: number,
+    at: number,
+    staged: (bytes: number) => void,
+    progress = true,
+  ): number | null {
     const ex = this.ex!;
-    const fn = KERNEL_INDEX[dt];
     if (this.placeJs || ex.places(fn) === 0) return null;
     if (this.queued > 0) assert.fail("a matrix placed while matmuls are queued");
     const rowBytes = src.length / rows;
@@ -792,7 +828,7 @@ export class MatmulKernel {
         if (r + per < rows) bad = read(r + per, s ^ 1);
         if (split) threads!.finish(ex, total);
         staged(k * rowBytes);
-        this.placing?.add(k * rowBytes);
+        if (progress) this.placing?.add(k * rowBytes);
       }
       return bad;
     } finally {
@@ -841,6 +877,13 @@ function quantLayout(fn: number): number {
   if (fn === KERNEL_INDEX.q4_k || fn === KERNEL_INDEX.q5_k || fn === KERNEL_INDEX.q6_k) return 2;
   if (fn === KERNEL_INDEX.q4_0 || fn === KERNEL_INDEX.q4_1 || fn === KERNEL_INDEX.q5_0 || fn === KERNEL_INDEX.q5_1) return 3;
   return fn === KERNEL_INDEX.q8_0 ? 1 : 0;
+}
+
+/** Whether f16 weight i of src (read with copyBytes) is finite. */
+function finiteF16At(src: Uint8Array, i: number): boolean {
+  const h = new Uint8Array(2);
+  copyBytes(h, 0, src.subarray(2 * i, 2 * i + 2));
+  return (h[1]! & 0x7c) !== 0x7c;
 }
 
 /** Whether float ranges [a, a + n) and [b, b + m) (byte offsets a, b) share memory. */

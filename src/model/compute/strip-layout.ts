@@ -4,6 +4,7 @@ import { assertFiniteK, isK, QK_K } from "./k-quants.ts";
 import { assertFiniteLegacy, isLegacy, QK_LEGACY } from "./legacy-quants.ts";
 import { legacyGroupBytes, packLegacyStrip, readLegacyStripRow } from "./legacy-strips.ts";
 import { copyBytes } from "./mapped-file.ts";
+import { f16Unshift } from "./f16-bits.ts";
 import { blockElems, type DType, dtypeOf, f16Values, matrixBytes, type PackedMatrix, Q8_0_BLOCK_BYTES, QK8_0, type SimpleMatrix } from "./packed.ts";
 
 /**
@@ -191,9 +192,20 @@ export interface MemoryViews {
 /**
  * Elements from .. from + count of one row (row floor(from / n)) of the matrix whose strips are
  * at byte `at` of the memory, made f32 (exactly) into out at outAt: the embedding's lookup when
- * the classifier shares it.
+ * the classifier shares it. `shifted`: f16 weights placed in the shifted coding (f16-bits.ts'
+ * f16Shift).
  */
-export function readStripRow(dt: DType, mem: MemoryViews, at: number, n: number, from: number, count: number, out: Float32Array, outAt: number): void {
+export function readStripRow(
+  dt: DType,
+  mem: MemoryViews,
+  at: number,
+  n: number,
+  from: number,
+  count: number,
+  out: Float32Array,
+  outAt: number,
+  shifted = false,
+): void {
   const r = Math.floor(from / n);
   const j0 = from - r * n;
   if (j0 + count > n) assert.fail(`strip row read ${from}+${count} crosses a row of ${n}`);
@@ -228,7 +240,7 @@ export function readStripRow(dt: DType, mem: MemoryViews, at: number, n: number,
     } else p = base + STRIP_ROWS * main * es + k * (n - main) * es + (j - main) * es;
     let v: number;
     if (dt === "f32") v = mem.f32[p / 4]!;
-    else if (half) v = f16Value(mem.u16[p / 2]!);
+    else if (half) v = f16Value(shifted ? f16Unshift(mem.u16[p / 2]!) : mem.u16[p / 2]!);
     else {
       bf16Bits[0] = mem.u16[p / 2]! << 16;
       v = bf16Value[0]!;

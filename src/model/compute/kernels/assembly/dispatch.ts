@@ -24,9 +24,9 @@
 import { attend_jobs } from "./attention";
 import { convert_q8_rows } from "./convert";
 import { place_rows } from "./place-strips";
-import { BF16, F16, F32, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0 } from "./dtype-index";
+import { BF16, F16, F16S, F32, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0 } from "./dtype-index";
 import { Job } from "./job";
-import { matmul_bf16, matmul_f16, matmul_f32 } from "./matmul";
+import { matmul_bf16, matmul_f16, matmul_f16s, matmul_f32 } from "./matmul";
 import { k_row_bytes, matmul_q4_k, matmul_q5_k, matmul_q6_k, quantize_k_x } from "./kquants";
 import { l_row_bytes, matmul_q4_0, matmul_q4_1, matmul_q5_0, matmul_q5_1, quantize_l_x } from "./legacy";
 import { matmul_q8_0, q8_row_bytes, quantize_q8_rows } from "./q8";
@@ -141,7 +141,7 @@ export function quantize_rows(dst: usize, x: usize, layout: i32, n: i32, r0: i32
   // the quads), and the f32-x kernels re-widen each strip per tile (bench/prefill-tiles.ts: f16
   // gained nothing). Only an x of more than twice the budget: a decode batch's few rows stay in
   // L2 whole.
-  if (budget == 0 || fn < 3 || rows <= tile || <usize>rows * xs <= budget << 1) {
+  if (budget == 0 || fn < 3 || fn == F16S || rows <= tile || <usize>rows * xs <= budget << 1) {
     matmulFn(fn, job, g0, g1, scratch);
     return;
   }
@@ -178,7 +178,7 @@ export function matmul_tiled(job: usize, scratch: usize, tj: usize, budget: i32,
 
 /** Bytes from one token row of a kernel's x to the next: f32 rows, or the integer kernels' quantized ones. */
 @inline function xRowBytes(fn: i32, n: i32): usize {
-  if (fn < Q8_0) return <usize>n << 2;
+  if (fn < Q8_0 || fn == F16S) return <usize>n << 2;
   if (fn == Q8_0) return <usize>q8_row_bytes(n);
   if (fn == Q4_K || fn == Q6_K || fn == Q5_K) return <usize>k_row_bytes(n);
   return <usize>l_row_bytes(n);
@@ -192,6 +192,7 @@ export function x_row_bytes(fn: i32, n: i32): i32 {
 @inline function matmulFn(fn: i32, job: usize, g0: i32, g1: i32, scratch: usize): void {
   if (fn == F32) matmul_f32(job, g0, g1, scratch);
   else if (fn == F16) matmul_f16(job, g0, g1, scratch);
+  else if (fn == F16S) matmul_f16s(job, g0, g1, scratch);
   else if (fn == BF16) matmul_bf16(job, g0, g1, scratch);
   else if (fn == Q8_0) matmul_q8_0(job, g0, g1, scratch);
   else if (fn == Q4_K) matmul_q4_k(job, g0, g1, scratch);

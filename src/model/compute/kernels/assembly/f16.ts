@@ -11,6 +11,42 @@
   return reinterpret<f32>(((em << 13) + (112 << 23)) | sign);
 }
 
+/**
+ * THE SHIFTED F16. An f16 below 2^-14 in magnitude (subnormal) widens through an f32 subnormal,
+ * and x86 takes a microcode assist for each multiply with one (about a hundred cycles;
+ * WebAssembly keeps denormals): 0.08% subnormal weights cost a one-token f16 matrix 13% of its
+ * rate on the AMD EPYC (bench/kernel-bounds.ts, 13.3 against 15.4 GB/s), and trained models hold
+ * about 0.2%. So f16 weights are placed with the exponent field raised by 10 (f16Shift), the
+ * value then being 2^(e - 25) (1 + m / 1024): a subnormal m * 2^-24 becomes a normal of exponent
+ * k + 1 (k = its top bit), a normal's field e becomes e + 10, zero stays zero. The 5-bit field
+ * holds e + 10 only while e <= 21, so the coding holds every |w| < 128 (h & 0x7fff < 0x5800);
+ * a matrix with a larger weight stays in the plain coding. Widened as f16bits widens a plain
+ * pattern, a shifted one is the value times 2^-102, normal for every weight but zero: the kernels
+ * rebias by 2^102 (or scale x by it) where the plain coding takes 2^112.
+ */
+@inline export function f16Shift(h: u32): u32 {
+  const em = h & 0x7fff;
+  if (em == 0) return h;
+  if (em >= 0x400) return h + 0x2800;
+  const k = 31 - clz(em);
+  return (h & 0x8000) | (<u32>(k + 1) << 10) | ((em << (10 - k)) & 0x3ff);
+}
+
+/** A shifted f16 pattern (low 16 bits of h) to f32, exactly. */
+@inline export function f16sToF32(h: u32): f32 {
+  return reinterpret<f32>(((h & 0x7fff) << 13) | ((h & 0x8000) << 16)) * reinterpret<f32>(0x72800000);
+}
+
+/** Shifted f16 patterns in the top halves of i32 lanes to f32x4, as f16x4 does plain ones. */
+@inline export function f16sx4(t: v128): v128 {
+  return rebiasShifted(v128.and(i32x4.shr_s(t, 3), i32x4.splat(0x8fffe000)));
+}
+
+/** f16bits' patterns of shifted f16 (the values times 2^-102) times 2^102: the values as f32 (exact). */
+@inline export function rebiasShifted(bits: v128): v128 {
+  return f32x4.mul(bits, f32x4.splat(reinterpret<f32>(0x72800000)));
+}
+
 /** Four 16-bit patterns at p, each moved to the top half of an i32 lane (low half zero). */
 @inline export function top16x4(p: usize): v128 {
   return i8x16.shuffle(f32x4.splat(0), v128.load64_zero(p), 0, 1, 16, 17, 2, 3, 18, 19, 4, 5, 20, 21, 6, 7, 22, 23);

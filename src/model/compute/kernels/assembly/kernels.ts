@@ -3,7 +3,7 @@
 // from this one entry, so a helper another kernel file imports (kquants.ts' relaxed dot, say)
 // stays inside the module instead of becoming an export with v128 in its signature.
 
-export { matmul_bf16, matmul_f16, matmul_f32 } from "./matmul";
+export { matmul_bf16, matmul_f16, matmul_f16s, matmul_f32 } from "./matmul";
 export { convert_q8_rows } from "./convert";
 export { first_bad, place_rows, places } from "./place-strips";
 export { matmul_q8_0, q8_row_bytes, quantize_q8_x } from "./q8";

@@ -37,12 +37,12 @@
 // by row in their natural order.
 //
 // Tiles only decide which outputs share the loads: one token row takes whole strips one after
-// another (eight sums in flight; strip8x1), f16 against x scaled by 2^112 (see F16X); more token rows
+// another (eight sums in flight; strip8x1), f16 against x scaled by 2^112 (see F16X, and F16SX for the shifted coding); more token rows
 // take 4 weight rows by 2 tokens from an f32 strip, packed dtypes being first dequantized a strip
 // at a time into `scratch` (exact, so the bits stay the same).
 
-import { f16bitsHi, f16bitsLo, f16ext, f16ToF32, f16x4, rebias, top16x4 } from "./f16";
-import { BF16, F16, F32 } from "./dtype-index";
+import { f16bitsHi, f16bitsLo, f16sToF32, f16sx4, f16ToF32, f16x4, rebias, rebiasShifted, top16x4 } from "./f16";
+import { BF16, F16, F16S, F32 } from "./dtype-index";
 import { Job } from "./job";
 
 /**
@@ -50,6 +50,16 @@ import { Job } from "./job";
  * need no rebias multiply, and each product w * x is the same real number, so rounds the same.
  */
 const F16X: i32 = 4;
+
+/** F16X for f16 placed shifted (f16.ts' THE SHIFTED F16): x scaled by 2^102, exact while |x| < 2^26. */
+const F16SX: i32 = 17;
+
+/** 2^112 and 2^102: what x is scaled by against plain and shifted f16 patterns. */
+const X112: f32 = reinterpret<f32>(0x77800000);
+const X102: f32 = reinterpret<f32>(0x72800000);
+/** The bits of 2^16 and 2^26: |x| below them scales by 2^112 and 2^102 exactly. */
+const BELOW16: i32 = 0x47800000;
+const BELOW26: i32 = 0x4c800000;
 
 /** Rows per strip. */
 const S: i32 = 8;
@@ -91,14 +101,16 @@ const GROUP_BYTES: usize = 128;
 /** Weights 0..3 of a 16-bit group row: the lanes' low halves (f16 see f16bitsLo; bf16 moved up, times 2^16 rather than a shift: see f16ext). */
 @inline function lo16(dt: i32, v: v128): v128 {
   if (dt == F16) return rebias(f16bitsLo(v));
-  if (dt == F16X) return f16bitsLo(v);
+  if (dt == F16S) return rebiasShifted(f16bitsLo(v));
+  if (dt == F16X || dt == F16SX) return f16bitsLo(v);
   return i32x4.mul(v, i32x4.splat(0x10000));
 }
 
 /** Weights 4..7 of a 16-bit group row: the lanes' high halves. */
 @inline function hi16(dt: i32, v: v128): v128 {
   if (dt == F16) return rebias(f16bitsHi(v));
-  if (dt == F16X) return f16bitsHi(v);
+  if (dt == F16S) return rebiasShifted(f16bitsHi(v));
+  if (dt == F16X || dt == F16SX) return f16bitsHi(v);
   return v128.and(v, i32x4.splat(0xffff0000));
 }
 
@@ -122,6 +134,7 @@ const GROUP_BYTES: usize = 128;
 @inline function tail1(dt: i32, p: usize, i: i32): f32 {
   if (dt == F32) return load<f32>(p + (<usize>i << 2));
   if (dt == F16) return f16ToF32(<u32>load<u16>(p + (<usize>i << 1)));
+  if (dt == F16S) return f16sToF32(<u32>load<u16>(p + (<usize>i << 1)));
   return reinterpret<f32>(<u32>load<u16>(p + (<usize>i << 1)) << 16);
 }
 
@@ -135,6 +148,7 @@ const GROUP_BYTES: usize = 128;
   if (dt != F32 && main < n4) {
     let w = top16x4(tp);
     if (dt == F16) w = f16x4(w);
+    else if (dt == F16S) w = f16sx4(w);
     acc = fma4(acc, w, v128.load(xRow + (<usize>main << 2)));
   }
   let s = (f32x4.extract_lane(acc, 0) + f32x4.extract_lane(acc, 1)) + (f32x4.extract_lane(acc, 2) + f32x4.extract_lane(acc, 3));
@@ -144,7 +158,7 @@ const GROUP_BYTES: usize = 128;
 
 /**
  * The 8 rows of the strip at sp against one token row xr; outputs at yo, yo + 4, ... The groups
- * read x from xq: xr itself, or for F16X xr scaled by 2^112 (the tails read xr).
+ * read x from xq: xr itself, or for F16X xr scaled by 2^112, for F16SX by 2^102 (the tails read xr).
  */
 @inline function strip8x1(dt: i32, yo: usize, xr: usize, sp: usize, n: i32, xq: usize): void {
   const gl = groupLen(dt);
@@ -166,7 +180,7 @@ const GROUP_BYTES: usize = 128;
     g += GROUP_BYTES;
     xp += <usize>gl << 2;
   }
-  const td = dt == F16X ? F16 : dt;
+  const td = dt == F16X ? F16 : dt == F16SX ? F16S : dt;
   store<f32>(yo, finish(td, a0, tailOf(dt, sp, n, 0), xr, n));
   store<f32>(yo, finish(td, a1, tailOf(dt, sp, n, 1), xr, n), 4);
   store<f32>(yo, finish(td, a2, tailOf(dt, sp, n, 2), xr, n), 8);
@@ -184,6 +198,11 @@ const GROUP_BYTES: usize = 128;
  */
 function strip8x1F16(yo: usize, xr: usize, sp: usize, n: i32): void {
   strip8x1(F16, yo, xr, sp, n, xr);
+}
+
+/** strip8x1F16 for shifted f16 (some |x| >= 2^26). */
+function strip8x1F16S(yo: usize, xr: usize, sp: usize, n: i32): void {
+  strip8x1(F16S, yo, xr, sp, n, xr);
 }
 
 /** Row k of the strip at sp against one token row xr. */
@@ -309,14 +328,14 @@ function stripRows(yo: usize, x: usize, sp: usize, rows: i32, n: i32, d: i32): v
 }
 
 /**
- * x[0 .. n) times 2^112 into dst, when every |x| < 2^16 (so exactly); false (dst unspecified)
- * otherwise. The test runs on the bits of |x|: as i32 they order as the values do, and a NaN's lie
+ * x[0 .. n) times k (2^112 or 2^102) into dst, when every |x| is below the f32 whose bits are
+ * `below` (2^16 or 2^26: so exactly, the product finite); false (dst unspecified) otherwise. The test runs on the bits of |x|: as i32 they order as the values do, and a NaN's lie
  * above every finite one, so one integer max finds both (f32x4.max, NaN-propagating, is eight
  * instructions under JavaScriptCore and took 12% of a 1B F16 model's decode: matmul runs this
  * once per chunk of rows).
  */
-@inline function scaleX(dst: usize, x: usize, n: i32): bool {
-  const k = f32x4.splat(reinterpret<f32>(0x77800000));
+@inline function scaleX(dst: usize, x: usize, n: i32, k1: f32, below: i32): bool {
+  const k = f32x4.splat(k1);
   const absMask = i32x4.splat(0x7fffffff);
   let m = i32x4.splat(0);
   const n4 = n & ~3;
@@ -329,9 +348,9 @@ function stripRows(yo: usize, x: usize, sp: usize, rows: i32, n: i32, d: i32): v
   for (let j = n4; j < n; j++) {
     const v = load<f32>(x + (<usize>j << 2));
     s = max(s, <i32>(reinterpret<u32>(v) & 0x7fffffff));
-    store<f32>(dst + (<usize>j << 2), v * reinterpret<f32>(0x77800000));
+    store<f32>(dst + (<usize>j << 2), v * k1);
   }
-  return s < 0x47800000; // 2^16's bits
+  return s < below;
 }
 
 /**
@@ -351,8 +370,10 @@ function stripRows(yo: usize, x: usize, sp: usize, rows: i32, n: i32, d: i32): v
   const sb = stripBytes(dt, n);
   const xs = <usize>n << 2;
   const ys = <usize>d << 2;
-  // One f16 token row runs on x scaled by 2^112 in scratch, unless some |x| >= 2^16 (or is NaN).
-  const scaled = dt == F16 && rows == 1 && scaleX(scratch, x, n);
+  // One f16 token row runs on x scaled by 2^112 (shifted: 2^102) in scratch, unless some |x| >=
+  // 2^16 (2^26) or is NaN.
+  const half = dt == F16 || dt == F16S;
+  const scaled = half && rows == 1 && scaleX(scratch, x, n, dt == F16S ? X102 : X112, dt == F16S ? BELOW26 : BELOW16);
   let g = g0;
   for (; g < g1 && ((g & (S - 1)) != 0 || g + S > g1); g++) {
     const sp = w + <usize>(g >> 3) * sb;
@@ -363,7 +384,8 @@ function stripRows(yo: usize, x: usize, sp: usize, rows: i32, n: i32, d: i32): v
     const yo = y + (<usize>(g - r0) << 2);
     if (rows == 1) {
       if (dt == F16 && !scaled) strip8x1F16(yo, x, sp, n);
-      else strip8x1(dt == F16 ? F16X : dt, yo, x, sp, n, dt == F16 ? scratch : x);
+      else if (dt == F16S && !scaled) strip8x1F16S(yo, x, sp, n);
+      else strip8x1(dt == F16 ? F16X : dt == F16S ? F16SX : dt, yo, x, sp, n, half ? scratch : x);
     } else if (dt == F32) stripRows(yo, x, sp, rows, n, d);
     else {
       dequantStrip(dt, scratch, sp, n);
@@ -382,6 +404,11 @@ export function matmul_f32(job: usize, g0: i32, g1: i32, scratch: usize): void {
 
 export function matmul_f16(job: usize, g0: i32, g1: i32, scratch: usize): void {
   matmul(F16, job, g0, g1, scratch);
+}
+
+/** matmul_f16 on weights placed shifted (f16.ts' THE SHIFTED F16): the same outputs, bit for bit. */
+export function matmul_f16s(job: usize, g0: i32, g1: i32, scratch: usize): void {
+  matmul(F16S, job, g0, g1, scratch);
 }
 
 export function matmul_bf16(job: usize, g0: i32, g1: i32, scratch: usize): void {

@@ -1,5 +1,6 @@
 // A matrix's rows, as a file holds them (row-major: 16-bit weights, or ggml blocks), placed in
-// the strip layouts the matmul kernels read: matmul.ts's (f16, bf16), q8.ts's (q8_0, strip-
+// the strip layouts the matmul kernels read: matmul.ts's (f16, bf16, and f16 in f16.ts' shifted
+// coding, F16S), q8.ts's (q8_0, strip-
 // layout.ts' q8Slot), kquants.ts's K STRIP LAYOUT and legacy.ts's LEGACY STRIP LAYOUT. strip-
 // layout.ts' packU16 and packQ8, k-quant-strips.ts' packKStrip and legacy-strips.ts'
 // packLegacyStrip state the same placements in plain JS, weight by weight; these write the same
@@ -18,17 +19,23 @@
 // to each quad. The fifth bits: byte 4k + m of the sub-block's 16 holds, as bit t, the fifth bit
 // of column 4t + m.
 
-import { BF16, F16, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0 } from "./dtype-index";
+import { BF16, F16, F16S, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0 } from "./dtype-index";
+import { f16Shift } from "./f16";
 import { Q4K_GROUP, Q5K_GROUP, Q6K_GROUP } from "./kquants";
 
 const S: i32 = 8;
+
+/** Whether dt's weights are 16-bit ones, placed each in two bytes (f16 in either coding, bf16). */
+@inline function is16(dt: i32): bool {
+  return dt == F16 || dt == F16S || dt == BF16;
+}
 
 /** Bytes of a q8_0 block: an f16 scale, then 32 int8. */
 const Q8_BLOCK: usize = 34;
 
 /** Bytes of one ggml block of dtype dt, 2 for a 16-bit weight (0 for a dtype not placed here). */
 @inline function blockBytes(dt: i32): usize {
-  if (dt == F16 || dt == BF16) return 2;
+  if (is16(dt)) return 2;
   if (dt == Q8_0) return Q8_BLOCK;
   if (dt == Q4_K) return 144;
   if (dt == Q5_K) return 176;
@@ -42,13 +49,13 @@ const Q8_BLOCK: usize = 34;
 
 /** Weights a block of dt holds (1: a 16-bit weight). */
 @inline function blockElems(dt: i32): i32 {
-  if (dt == F16 || dt == BF16) return 1;
+  if (is16(dt)) return 1;
   return dt == Q4_K || dt == Q5_K || dt == Q6_K ? 256 : 32;
 }
 
 /** Bytes of one group of a strip (one block of each of its 8 rows; 16 for 16-bit weights, 8 rows of one). */
 @inline function groupBytes(dt: i32): usize {
-  if (dt == F16 || dt == BF16) return 16;
+  if (is16(dt)) return 16;
   if (dt == Q8_0) return Q8_BLOCK * S;
   if (dt == Q4_K) return Q4K_GROUP;
   if (dt == Q5_K) return Q5K_GROUP;
@@ -240,18 +247,46 @@ const Q8_BLOCK: usize = 34;
 /**
  * Row k of 16-bit weights at r (n of them) into the strip at sp (matmul.ts' layout, packU16 in
  * strip-layout.ts): group c of 8 weights at sp + 128 c + 16 k in the order 0 4 1 5 2 6 3 7, then
- * the n % 8 past the groups after all groups, row after row.
+ * the n % 8 past the groups after all groups, row after row; f16 weights in the shifted coding
+ * when `shift` (each h as f16Shift makes it: first_bad has found every |w| < 128).
  */
-@inline function place16Row(r: usize, n: i32, k: i32, sp: usize): void {
+@inline function place16Row(shift: bool, r: usize, n: i32, k: i32, sp: usize): void {
   const main = n & ~7;
   let o = sp + (<usize>k << 4);
   for (let c = 0; c < main; c += 8) {
-    v128.store(o, i8x16.shuffle(v128.load(r + (<usize>c << 1)), i8x16.splat(0), 0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15));
+    let v = v128.load(r + (<usize>c << 1));
+    if (shift) v = shift8(v);
+    v128.store(o, i8x16.shuffle(v, i8x16.splat(0), 0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15));
     o += 128;
   }
   const tail = n - main;
   const t = sp + (<usize>main << 4) + (<usize>(k * tail) << 1);
-  for (let j = 0; j < tail; j++) store<u16>(t + (<usize>j << 1), load<u16>(r + (<usize>(main + j) << 1)));
+  for (let j = 0; j < tail; j++) {
+    const h = <u32>load<u16>(r + (<usize>(main + j) << 1));
+    store<u16>(t + (<usize>j << 1), shift ? f16Shift(h) : h);
+  }
+}
+
+/**
+ * f16Shift of eight f16 patterns (each |w| < 128): a normal's exponent field plus 10 (0x2800,
+ * which the sign bit never receives a carry from), zero kept; a vector holding a subnormal
+ * (about 1 in 60 of a trained model's) goes lane by lane.
+ */
+@inline function shift8(v: v128): v128 {
+  const em = v128.and(v, i16x8.splat(0x7fff));
+  if (v128.any_true(i16x8.lt_u(i16x8.sub(em, i16x8.splat(1)), i16x8.splat(0x3ff)))) return shiftLanes(v);
+  return i16x8.add(v, v128.andnot(i16x8.splat(0x2800), i16x8.eq(em, i16x8.splat(0))));
+}
+
+function shiftLanes(v: v128): v128 {
+  v = i16x8.replace_lane(v, 0, <i16>f16Shift(i16x8.extract_lane_u(v, 0)));
+  v = i16x8.replace_lane(v, 1, <i16>f16Shift(i16x8.extract_lane_u(v, 1)));
+  v = i16x8.replace_lane(v, 2, <i16>f16Shift(i16x8.extract_lane_u(v, 2)));
+  v = i16x8.replace_lane(v, 3, <i16>f16Shift(i16x8.extract_lane_u(v, 3)));
+  v = i16x8.replace_lane(v, 4, <i16>f16Shift(i16x8.extract_lane_u(v, 4)));
+  v = i16x8.replace_lane(v, 5, <i16>f16Shift(i16x8.extract_lane_u(v, 5)));
+  v = i16x8.replace_lane(v, 6, <i16>f16Shift(i16x8.extract_lane_u(v, 6)));
+  return i16x8.replace_lane(v, 7, <i16>f16Shift(i16x8.extract_lane_u(v, 7)));
 }
 
 /**
@@ -271,8 +306,8 @@ export function place_rows(dst: usize, src: usize, dt: i32, n: i32, rows: i32, g
     if (k1 < S) memory.fill(sp, 0, sb);
     for (let k = 0; k < k1; k++) {
       const r = src + <usize>(s0 + k) * rowBytes;
-      if (dt == F16 || dt == BF16) {
-        place16Row(r, n, k, sp);
+      if (is16(dt)) {
+        place16Row(dt == F16S, r, n, k, sp);
         continue;
       }
       for (let c = 0; c < blocks; c++) {
@@ -298,18 +333,23 @@ export function places(dt: i32): i32 {
 
 /**
  * The index of the first of `count` blocks of dt at src whose f16 scale (d, and dmin or m where
- * the block has one) is inf or NaN, for f16 the first of `count` weights that is, else -1 (bf16:
- * always -1): the kernels read only finite f16.
+ * the block has one) is inf or NaN, for f16 the first of `count` weights that is (F16S: the first
+ * that the shifted coding cannot hold, |w| >= 128, inf and NaN among them), else -1 (bf16: always
+ * -1): the kernels read only finite f16.
  */
 export function first_bad(src: usize, dt: i32, count: i32): i32 {
   if (dt == BF16) return -1;
-  if (dt == F16) {
-    const exp = i16x8.splat(0x7c00);
+  if (dt == F16 || dt == F16S) {
+    // Plain: the exponent field all ones. Shifted: h & 0x7fff >= 0x5800, as i16 (sign cleared) > 0x57ff.
+    const mask = i16x8.splat(dt == F16 ? 0x7c00 : 0x7fff);
+    const lim = i16x8.splat(dt == F16 ? 0x7bff : 0x57ff);
     let i = 0;
     for (; i + 8 <= count; i += 8) {
-      if (v128.any_true(i16x8.eq(v128.and(v128.load(src + (<usize>i << 1)), exp), exp))) break;
+      if (v128.any_true(i16x8.gt_s(v128.and(v128.load(src + (<usize>i << 1)), mask), lim))) break;
     }
-    for (; i < count; i++) if ((<u32>load<u16>(src + (<usize>i << 1)) & 0x7c00) == 0x7c00) return i;
+    const m: u32 = dt == F16 ? 0x7c00 : 0x7fff;
+    const l: u32 = dt == F16 ? 0x7bff : 0x57ff;
+    for (; i < count; i++) if ((<u32>load<u16>(src + (<usize>i << 1)) & m) > l) return i;
     return -1;
   }
   const bb = blockBytes(dt);
