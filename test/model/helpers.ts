@@ -95,3 +95,29 @@ export function expectMatmulsGive(
 export function bits(a: Float32Array): number[] {
   return Array.from(new Uint32Array(a.buffer, a.byteOffset, a.length));
 }
+
+/** A reference matmul's bits: y of `rows` x d for x against w's d rows of n from element wOff. */
+export type RefBits<W extends Matrix> = (x: Float32Array, w: W, wOff: number, rows: number, n: number, d: number) => number[];
+
+/**
+ * For each token-row count, each slice [r0, r0 + d) of w's rows of n (whole matrices, slices
+ * from strip starts and from inside strips, odd lengths): k's bits are ref's, on x from input.
+ */
+export function expectSlices<W extends Matrix>(
+  k: MatmulKernel,
+  w: W,
+  n: number,
+  rowCounts: Iterable<number>,
+  slices: readonly (readonly [number, number])[],
+  input: (rows: number, n: number, seed: number) => Float32Array,
+  ref: RefBits<W>,
+): void {
+  for (const rows of rowCounts) {
+    const x = input(rows, n, rows);
+    for (const [r0, d] of slices) {
+      const y = new Float32Array(rows * d);
+      k.matmul(y, x, w, r0 * n, rows, n, d);
+      expect(bits(y)).toEqual(ref(x, w, r0 * n, rows, n, d));
+    }
+  }
+}

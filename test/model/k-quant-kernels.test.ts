@@ -7,7 +7,7 @@ import { castMatrix, dequantize, type PackedMatrix } from "../../src/model/compu
 import { toFloat32 } from "../../src/model/load/raw-tensor.ts";
 import { readFileSync } from "node:fs";
 import binaryen from "assemblyscript/binaryen";
-import { bits } from "./helpers.ts";
+import { bits, expectSlices } from "./helpers.ts";
 import { blockScale, expectRowsAlone, expectWithinXQuantization, randomBytes } from "./quant-helpers.ts";
 
 // The q4_k, q5_k and q6_k integer kernels (kernels/assembly/kquants.ts) against their plain-JS order
@@ -67,21 +67,15 @@ describe("K-quant integer kernels", () => {
           // 29 rows: three whole strips and a padded fourth.
           const w = make(dt, 29, n, n + 3);
           const k = kernel([w], n);
-          for (const rows of [1, 2, 3, 4, 5, 8, 9, 13, 16, 21]) {
-            const x = input(rows, n, rows);
-            for (const [r0, d] of [
-              [0, 29],
-              [8, 16],
-              [3, 9],
-              [5, 1],
-              [11, 18],
-              [24, 5],
-            ] as const) {
-              const y = new Float32Array(rows * d);
-              k.matmul(y, x, w, r0 * n, rows, n, d);
-              expect(bits(y)).toEqual(ref(x, w, r0 * n, rows, n, d));
-            }
-          }
+          const slices = [
+            [0, 29],
+            [8, 16],
+            [3, 9],
+            [5, 1],
+            [11, 18],
+            [24, 5],
+          ] as const;
+          expectSlices(k, w, n, [1, 2, 3, 4, 5, 8, 9, 13, 16, 21], slices, input, ref);
         }
       }
     });

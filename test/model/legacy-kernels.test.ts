@@ -3,7 +3,7 @@ import { LEGACY_DTYPES, legacyShape } from "../../src/model/compute/legacy-quant
 import { MatmulKernel, matmulLegacyRef, matmulRef } from "../../src/model/compute/matmul.ts";
 import { dequantize, type PackedMatrix } from "../../src/model/compute/packed.ts";
 import { toFloat32 } from "../../src/model/load/raw-tensor.ts";
-import { bits } from "./helpers.ts";
+import { bits, expectSlices } from "./helpers.ts";
 import { expectRowsAlone, expectWithinXQuantization, legacyBlocks as randomBlocks } from "./quant-helpers.ts";
 
 // The q4_0, q4_1, q5_0 and q5_1 integer kernels (kernels/assembly/legacy.ts) against their
@@ -39,20 +39,14 @@ describe("legacy block integer kernels", () => {
       for (const n of [32, 96, 256]) {
         const w = randomBlocks(dt, 29, n, n + 1);
         const k = kernel([w], n);
-        for (const rows of [1, 2, 3, 5, 8, 13, 16]) {
-          const x = input(rows, n, rows);
-          for (const [r0, d] of [
-            [0, 29],
-            [8, 16],
-            [3, 9],
-            [5, 1],
-            [24, 5],
-          ] as const) {
-            const y = new Float32Array(rows * d);
-            k.matmul(y, x, w, r0 * n, rows, n, d);
-            expect(bits(y)).toEqual(ref(x, w, r0 * n, rows, n, d));
-          }
-        }
+        const slices = [
+          [0, 29],
+          [8, 16],
+          [3, 9],
+          [5, 1],
+          [24, 5],
+        ] as const;
+        expectSlices(k, w, n, [1, 2, 3, 5, 8, 13, 16], slices, input, ref);
         const x = input(3, n, 9);
         const y = new Float32Array(3 * 29);
         matmulRef(y, x, w, 0, 3, n, 29);

@@ -1,7 +1,7 @@
 import { afterAll, describe, expect, test } from "bun:test";
 import { MatmulKernel, matmulQ8Ref, matmulRef } from "../../src/model/compute/matmul.ts";
 import { castMatrix, dequantize, type PackedMatrix } from "../../src/model/compute/packed.ts";
-import { bits } from "./helpers.ts";
+import { bits, expectSlices } from "./helpers.ts";
 
 // The integer q8_0 kernel (kernels/assembly/q8.ts) against matmulQ8Ref, bit for bit: x's
 // quantization at its edges (zero blocks, ties, NaN, huge and tiny values), every tile and tail,
@@ -83,21 +83,15 @@ describe("q8_0 integer kernel", () => {
       // 37 rows: four whole strips and a padded fifth.
       const w = weights(37, n, n);
       const k = kernel([w], n);
-      for (let rows = 1; rows <= 11; rows++) {
-        const x = input(rows, n, rows);
-        for (const [r0, d] of [
-          [0, 37],
-          [8, 24],
-          [3, 9],
-          [5, 1],
-          [11, 26],
-          [32, 5],
-        ] as const) {
-          const y = new Float32Array(rows * d);
-          k.matmul(y, x, w, r0 * n, rows, n, d);
-          expect(bits(y)).toEqual(ref(x, w, r0 * n, rows, n, d));
-        }
-      }
+      const slices = [
+        [0, 37],
+        [8, 24],
+        [3, 9],
+        [5, 1],
+        [11, 26],
+        [32, 5],
+      ] as const;
+      expectSlices(k, w, n, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11], slices, input, ref);
     }
   });
 

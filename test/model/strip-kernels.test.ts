@@ -1,7 +1,7 @@
 import { afterAll, describe, expect, test } from "bun:test";
 import { MatmulKernel, matmulRef } from "../../src/model/compute/matmul.ts";
 import { castMatrix, type DType, dequantize, type Matrix, type PackedMatrix } from "../../src/model/compute/packed.ts";
-import { bits } from "./helpers.ts";
+import { bits, expectSlices } from "./helpers.ts";
 import { placedShifted } from "./quant-helpers.ts";
 
 // The strip-layout kernels against matmulRef, bit for bit: every tile (batch 1 strips, 4x2 tiles,
@@ -42,29 +42,51 @@ const NS: Partial<Record<DType, number[]>> = {
   q5_k: [256],
 };
 
+/** 29 rows of n weights (three whole strips and a padded fourth): every tile and slice against matmulRef. */
+function expectTiles(k: MatmulKernel, w: Matrix, n: number, rowCounts: readonly number[]): void {
+  const slices = [
+    [0, 29],
+    [8, 16],
+    [3, 9],
+    [5, 1],
+    [11, 17],
+    [24, 5],
+  ] as const;
+  expectSlices(k, w, n, rowCounts, slices, input, ref);
+}
+
+/** One token row holding big and -big / 3 against d rows of n: matmulRef's bits for each big. */
+function expectBigX(k: MatmulKernel, w: Matrix, n: number, d: number, bigs: readonly number[]): void {
+  for (const big of bigs) {
+    const x = input(1, n, 4);
+    x[5] = big;
+    x[17] = -big / 3;
+    const y = new Float32Array(d);
+    k.matmul(y, x, w, 0, 1, n, d);
+    expect([n, big, bits(y)]).toEqual([n, big, ref(x, w, 0, 1, n, d)]);
+  }
+}
+
+/** An f16 matrix of the 16-bit patterns (rows of 64, the last padded with zeros) read back row by row exactly; the kernel it was placed in. */
+function expectRowsRead(patterns: Uint16Array): { k: MatmulKernel; w: PackedMatrix; rows: number } {
+  const n = 64;
+  const u = new Uint16Array(Math.ceil(patterns.length / n) * n);
+  u.set(patterns);
+  const w: PackedMatrix = { dtype: "f16", cols: n, length: u.length, bytes: new Uint8Array(u.buffer) };
+  const want = new Float32Array(new Float16Array(u.buffer));
+  const k = kernel([{ matrix: w, cols: n }]);
+  const got = new Float32Array(u.length);
+  for (let r = 0; r < u.length / n; r++) k.rowInto(k.views[0]!, r * n, n, got, r * n);
+  expect(bits(got)).toEqual(bits(want));
+  return { k, w, rows: u.length / n };
+}
+
 describe("strip kernels", () => {
   for (const dt of ["f32", "f16", "bf16", "q8_0", "q4_k", "q5_k", "q6_k"] as const) {
     test(`${dt} every tile and slice equals reference`, () => {
       for (const n of NS[dt]!) {
-        // 29 rows: three whole strips and a padded fourth.
         const w = weights(dt, 29, n, n);
-        const k = kernel([{ matrix: w, cols: n }]);
-        for (const rows of [1, 2, 3, 4, 5, 6, 7, 8, 9]) {
-          const x = input(rows, n, rows);
-          // The whole matrix, slices from strip starts and from inside strips, odd lengths.
-          for (const [r0, d] of [
-            [0, 29],
-            [8, 16],
-            [3, 9],
-            [5, 1],
-            [11, 17],
-            [24, 5],
-          ] as const) {
-            const y = new Float32Array(rows * d);
-            k.matmul(y, x, w, r0 * n, rows, n, d);
-            expect(bits(y)).toEqual(ref(x, w, r0 * n, rows, n, d));
-          }
-        }
+        expectTiles(kernel([{ matrix: w, cols: n }]), w, n, [1, 2, 3, 4, 5, 6, 7, 8, 9]);
       }
     });
   }
@@ -78,14 +100,7 @@ describe("strip kernels", () => {
     ] as const) {
       const w = weights("f16", d, n, 2);
       const k = kernel([{ matrix: w, cols: n }]);
-      for (const big of [1, 65535.9, 65536, 1e6, 3e38, Number.POSITIVE_INFINITY]) {
-        const x = input(1, n, 4);
-        x[5] = big;
-        x[17] = -big / 3;
-        const y = new Float32Array(d);
-        k.matmul(y, x, w, 0, 1, n, d);
-        expect([n, big, bits(y)]).toEqual([n, big, ref(x, w, 0, 1, n, d)]);
-      }
+      expectBigX(k, w, n, d, [1, 65535.9, 65536, 1e6, 3e38, Number.POSITIVE_INFINITY]);
       const x = input(1, n, 5);
       x[2] = Number.NaN;
       const y = new Float32Array(d);
@@ -112,19 +127,7 @@ describe("f16 in the shifted coding", () => {
       const w = small(29, n, n);
       const k = kernel([{ matrix: w, cols: n }]);
       expect(placedShifted(k, k.views[0]!, w, 29, n)).toBe(true);
-      for (const rows of [1, 2, 3, 5, 8, 9]) {
-        const x = input(rows, n, rows);
-        for (const [r0, d] of [
-          [0, 29],
-          [8, 16],
-          [3, 9],
-          [5, 1],
-        ] as const) {
-          const y = new Float32Array(rows * d);
-          k.matmul(y, x, w, r0 * n, rows, n, d);
-          expect(bits(y)).toEqual(ref(x, w, r0 * n, rows, n, d));
-        }
-      }
+      expectTiles(k, w, n, [1, 2, 3, 5, 8, 9]);
     }
   });
 
@@ -137,29 +140,13 @@ describe("f16 in the shifted coding", () => {
       const w = small(d, n, 2);
       const k = kernel([{ matrix: w, cols: n }]);
       expect(placedShifted(k, k.views[0]!, w, d, n)).toBe(true);
-      for (const big of [1, 65536, 2 ** 26 - 4, 2 ** 26, 1e9, 3e38, Number.POSITIVE_INFINITY]) {
-        const x = input(1, n, 4);
-        x[5] = big;
-        x[17] = -big / 3;
-        const y = new Float32Array(d);
-        k.matmul(y, x, w, 0, 1, n, d);
-        expect([n, big, bits(y)]).toEqual([n, big, ref(x, w, 0, 1, n, d)]);
-      }
+      expectBigX(k, w, n, d, [1, 65536, 2 ** 26 - 4, 2 ** 26, 1e9, 3e38, Number.POSITIVE_INFINITY]);
     }
   });
 
   test("row into gives every pattern below 128 exactly", () => {
-    const held = Uint16Array.from({ length: 65536 }, (_, h) => h).filter((h) => (h & 0x7fff) < 0x5800);
-    const n = 64;
-    const u = new Uint16Array(Math.ceil(held.length / n) * n);
-    u.set(held);
-    const w: PackedMatrix = { dtype: "f16", cols: n, length: u.length, bytes: new Uint8Array(u.buffer) };
-    const want = new Float32Array(new Float16Array(u.buffer));
-    const k = kernel([{ matrix: w, cols: n }]);
-    expect(placedShifted(k, k.views[0]!, w, u.length / n, n)).toBe(true);
-    const got = new Float32Array(u.length);
-    for (let r = 0; r < u.length / n; r++) k.rowInto(k.views[0]!, r * n, n, got, r * n);
-    expect(bits(got)).toEqual(bits(want));
+    const { k, w, rows } = expectRowsRead(Uint16Array.from({ length: 65536 }, (_, h) => h).filter((h) => (h & 0x7fff) < 0x5800));
+    expect(placedShifted(k, k.views[0]!, w, rows, 64)).toBe(true);
   });
 });
 
@@ -187,16 +174,9 @@ describe("placed matrices", () => {
 
   test("row into gives every finite f16 pattern exactly", () => {
     // Zeros of both signs, every subnormal and normal: as Float16Array reads them.
-    const finite = Uint16Array.from({ length: 65536 }, (_, h) => h).filter((h) => (h & 0x7c00) !== 0x7c00);
-    const n = 64;
-    const u = new Uint16Array(Math.ceil(finite.length / n) * n);
-    u.set(finite);
-    const w: PackedMatrix = { dtype: "f16", cols: n, length: u.length, bytes: new Uint8Array(u.buffer) };
-    const want = new Float32Array(new Float16Array(u.buffer));
-    const k = kernel([{ matrix: w, cols: n }]);
-    const got = new Float32Array(u.length);
-    for (let r = 0; r < u.length / n; r++) k.rowInto(k.views[0]!, r * n, n, got, r * n);
-    expect(bits(got)).toEqual(bits(want));
+    // Patterns of 128 and more among them: placed plain.
+    const { k, w, rows } = expectRowsRead(Uint16Array.from({ length: 65536 }, (_, h) => h).filter((h) => (h & 0x7c00) !== 0x7c00));
+    expect(placedShifted(k, k.views[0]!, w, rows, 64)).toBe(false);
   });
 
   test("placing refuses inf or nan 16 bit weights and q8 0 scales", () => {
