@@ -730,7 +730,7 @@ export class MatmulKernel {
     let fn = KERNEL_INDEX[dt];
     packStrips(m, 0, rows, cols, this.u8, at, {
       staged: (d, src, r, n, a) => {
-        const placed = this.placeF16(d, src, r, n, a, (b) => (staged += b));
+        const placed = this.placeForKernel(d, src, r, n, a, (b) => (staged += b));
         fn = placed?.fn ?? fn;
         return placed === null ? null : placed.bad;
       },
@@ -745,12 +745,12 @@ export class MatmulKernel {
   }
 
   /**
-   * placeStaged, f16 rows in the shifted coding (F16_SHIFTED) unless one of them is 128 or more in
-   * magnitude: then over again in the plain one (a second read of the rows, for a matrix that
-   * trained models seldom hold). Which kernel the strips are for comes back beside placeStaged's
-   * answer.
+   * placeStaged for the kernel the rows' dtype takes, and f16 rows for F16_SHIFTED (the shifted
+   * coding) unless one of them is 128 or more in magnitude: then over again in the plain one (a
+   * second read of the rows, for a matrix that trained models seldom hold). Which kernel the
+   * strips are for comes back beside placeStaged's answer.
    */
-  private placeF16(dt: DType, src: Uint8Array, rows: number, n: number, at: number, staged: (bytes: number) => void): { bad: number; fn: number } | null {
+  private placeForKernel(dt: DType, src: Uint8Array, rows: number, n: number, at: number, staged: (bytes: number) => void): { bad: number; fn: number } | null {
     if (dt !== "f16") {
       const bad = this.placeStaged(KERNEL_INDEX[dt], dt, src, rows, n, at, staged);
       return bad === null ? null : { bad, fn: KERNEL_INDEX[dt] };
