@@ -30,7 +30,8 @@
 //   f32:       4 weights of each row (16 bytes a row, 128 a group);
 //   f16, bf16: 8 weights of each row (16 bytes a row) in the order 0 4 1 5 2 6 3 7, so each
 //              32-bit lane holds weight l low and weight l + 4 high and both halves widen in place
-//              (bf16 by a multiply or an and, f16 by one 16-bit dot product and an and each);
+//              (bf16 by a multiply or an and, f16 by one 16-bit dot product and an and each;
+//              f16 in either coding, plain or f16.ts' THE SHIFTED F16, the same bytes else);
 //   q8_0:      one 32-weight block of each row: the 8 f16 scales (16 bytes), then the 8 rows' 32
 //              int8 in pairs of weights of four rows (272 bytes a group; q8.ts reads it).
 // Weights past the last whole group of a row (n % 4, or n % 8 for 16-bit) follow the groups, row
