@@ -303,10 +303,27 @@ function halfOf(r: number): number {
 }
 
 /**
- * Writes the shape's F16 file to `path` (through a temporary name, so a killed write never
- * leaves a file that looks whole). Norm weights are 1 ± 1/16, matrices randomF16.
+ * Gaussian f16 weights of standard deviation 0.02 (a trained layer's spread) from an LCG stream
+ * by Box-Muller: unlike randomF16's, about 0.24% of them are f16 subnormals, each on its own, as
+ * in a trained model (what kernels/assembly/f16.ts' THE SHIFTED F16 is for). Returns the state.
  */
-export function writeShapeGguf(path: string, s: LlamaShape, seed = 1, progress?: (done: number, total: number) => void): void {
+export function gaussianF16(out: Uint16Array, seed: number): number {
+  let x = seed >>> 0;
+  const uniform = (): number => {
+    x = (Math.imul(x, 1103515245) + 12345) >>> 0;
+    return (x + 1) / 2 ** 32;
+  };
+  const f = new Float16Array(out.buffer, out.byteOffset, out.length);
+  for (let i = 0; i < out.length; i++) f[i] = 0.02 * Math.sqrt(-2 * Math.log(uniform())) * Math.cos(2 * Math.PI * uniform());
+  return x;
+}
+
+/**
+ * Writes the shape's F16 file to `path` (through a temporary name, so a killed write never
+ * leaves a file that looks whole). Norm weights are 1 ± 1/16, matrices randomF16 (gaussianF16
+ * with `gauss`).
+ */
+export function writeShapeGguf(path: string, s: LlamaShape, seed = 1, progress?: (done: number, total: number) => void, gauss = false): void {
   const { header, tensors, dataBytes } = shapeHeader(s);
   const tmp = `${path}.partial`;
   const fd = openSync(tmp, "w");
@@ -326,7 +343,7 @@ export function writeShapeGguf(path: string, s: LlamaShape, seed = 1, progress?:
       } else {
         for (let at = 0; at < n; at += CHUNK) {
           const m = Math.min(CHUNK, n - at);
-          state = randomF16(half.subarray(0, m), state);
+          state = (gauss ? gaussianF16 : randomF16)(half.subarray(0, m), state);
           writeSync(fd, new Uint8Array(half.buffer, 0, m * 2));
         }
       }
@@ -340,4 +357,13 @@ export function writeShapeGguf(path: string, s: LlamaShape, seed = 1, progress?:
     closeSync(fd);
   }
   renameSync(tmp, path);
+}
+
+// `bun bench/gguf-shapes.ts --gauss SIZE PATH`: the SIZE shape's F16 file with gaussianF16
+// matrices (README: the shifted f16 coding's decode A/B ran on the 1B one).
+if (import.meta.main && process.argv[2] === "--gauss") {
+  const [size, path] = process.argv.slice(3);
+  const shape = SHAPES[size ?? ""];
+  if (!shape || !path) throw new Error(`usage: --gauss SIZE PATH; sizes ${Object.keys(SHAPES).join(", ")}`);
+  writeShapeGguf(path, shape, 7, undefined, true);
 }

@@ -6,7 +6,7 @@ import { afterAll, describe, expect, test } from "bun:test";
 import { mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { BOS_ID, byteSymbols, EOS_ID, type LlamaShape, randomF16, SHAPES, shapeTensors, writeShapeGguf } from "../../bench/gguf-shapes.ts";
+import { BOS_ID, byteSymbols, EOS_ID, gaussianF16, type LlamaShape, randomF16, SHAPES, shapeTensors, writeShapeGguf } from "../../bench/gguf-shapes.ts";
 import { buildTokenizer } from "../../src/tokenizer/index.ts";
 import { ggmlTypeName, parseGguf } from "../../src/model/load/gguf.ts";
 import { readModelFiles } from "../../src/model/load/load-model.ts";
@@ -73,5 +73,22 @@ describe("gguf shapes", () => {
     }
     expect(neg / f.length).toBeGreaterThan(0.45);
     expect(neg / f.length).toBeLessThan(0.55);
+  });
+
+  test("gaussian f16 weights have a trained layer's spread and its share of subnormals", () => {
+    // sigma 0.02: P(|w| < 2^-14) = erf(2^-14 / (0.02 sqrt 2)) = 0.24%, each draw on its own.
+    const h = new Uint16Array(400_000);
+    gaussianF16(h, 7);
+    const f = new Float16Array(h.buffer);
+    let sub = 0;
+    let sq = 0;
+    for (let i = 0; i < f.length; i++) {
+      expect(Number.isFinite(f[i]!)).toBe(true);
+      if ((h[i]! & 0x7c00) === 0 && (h[i]! & 0x3ff) !== 0) sub++;
+      sq += f[i]! * f[i]!;
+    }
+    expect(Math.sqrt(sq / f.length)).toBeCloseTo(0.02, 3);
+    expect(sub / f.length).toBeGreaterThan(0.002);
+    expect(sub / f.length).toBeLessThan(0.003);
   });
 });
