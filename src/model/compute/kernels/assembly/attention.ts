@@ -22,7 +22,7 @@
 // third of the widening's work (a query with an element of 2^16 or more keeps the rebiased K).
 // A query never sums a term past its own position, so no tile changes a bit.
 
-import { f16bitsHi, f16bitsLo, f16ext, f16ToF32, f16x4, top16x4 } from "./f16";
+import { f16bitsHi, f16bitsLo, f16ext, f16ToF32, f16x4, top16x4, topBits } from "./f16";
 import { exp1, exp4 } from "./math";
 
 /**
@@ -729,7 +729,7 @@ function streamValues(job: AttendJob, out: usize, att: usize, len: i32, g0: i32,
 
 /** Four f16 at p + 2i as f16bits' patterns (kv4 without its rebias). */
 @inline function kv4bits(p: usize, i: i32): v128 {
-  return v128.and(i32x4.shr_s(top16x4(p + (<usize>i << 1)), 3), i32x4.splat(0x8fffe000));
+  return topBits(top16x4(p + (<usize>i << 1)));
 }
 
 /**

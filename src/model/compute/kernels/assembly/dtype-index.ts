@@ -13,7 +13,7 @@ export const Q5_0: i32 = 9;
 export const Q5_1: i32 = 10;
 export const Q5_K: i32 = 11;
 /**
- * f16 weights placed in the shifted coding (place-strips.ts' THE SHIFTED F16): a kernel of its own,
+ * f16 weights placed in the shifted coding (f16.ts' THE SHIFTED F16): a kernel of its own,
  * not a file's dtype. 12 .. 15 are kernel-threads.ts' other job kinds.
  */
 export const F16S: i32 = 16;

@@ -14,9 +14,10 @@
 /**
  * THE SHIFTED F16. An f16 below 2^-14 in magnitude (subnormal) widens through an f32 subnormal,
  * and x86 takes a microcode assist for each multiply with one (about a hundred cycles;
- * WebAssembly keeps denormals): 0.08% subnormal weights cost a one-token f16 matrix 13% of its
- * rate on the AMD EPYC (bench/kernel-bounds.ts, 13.3 against 15.4 GB/s), and trained models hold
- * about 0.2%. So f16 weights are placed with the exponent field raised by 10 (f16Shift), the
+ * WebAssembly keeps denormals). Trained models hold about 0.2%, each mostly in a vector of its
+ * own: on such weights a one-token f16 matrix read 11.0-11.8 GB/s from DRAM plain and 15.2-15.4
+ * shifted (AMD EPYC, one thread, bench/kernel-bounds.ts WEIGHTS=gauss,
+ * kernel-bounds.s13-f16-shifted-gauss.json). So f16 weights are placed with the exponent field raised by 10 (f16Shift), the
  * value then being 2^(e - 25) (1 + m / 1024): a subnormal m * 2^-24 becomes a normal of exponent
  * k + 1 (k = its top bit), a normal's field e becomes e + 10, zero stays zero. The 5-bit field
  * holds e + 10 only while e <= 21, so the coding holds every |w| < 128 (h & 0x7fff < 0x5800);
@@ -39,7 +40,7 @@
 
 /** Shifted f16 patterns in the top halves of i32 lanes to f32x4, as f16x4 does plain ones. */
 @inline export function f16sx4(t: v128): v128 {
-  return rebiasShifted(v128.and(i32x4.shr_s(t, 3), i32x4.splat(0x8fffe000)));
+  return rebiasShifted(topBits(t));
 }
 
 /** f16bits' patterns of shifted f16 (the values times 2^-102) times 2^102: the values as f32 (exact). */
@@ -59,8 +60,12 @@
  * inf and NaN would come out finite, so MatmulKernel refuses f16 weights holding them.
  */
 @inline export function f16x4(t: v128): v128 {
-  const bits = v128.and(i32x4.shr_s(t, 3), i32x4.splat(0x8fffe000));
-  return rebias(bits);
+  return rebias(topBits(t));
+}
+
+/** f16x4 before the rebias: the f16bits patterns of 16-bit patterns in the top halves of i32 lanes. */
+@inline export function topBits(t: v128): v128 {
+  return v128.and(i32x4.shr_s(t, 3), i32x4.splat(0x8fffe000));
 }
 
 /**

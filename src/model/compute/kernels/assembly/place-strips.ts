@@ -276,23 +276,21 @@ const Q8_BLOCK: usize = 34;
  * 5 alternating rounds), the price of its 1.16x decode.
  */
 @inline function shift8(v: v128): v128 {
-  if (v128.any_true(i16x8.eq(v128.and(v, i16x8.splat(0x7c00)), i16x8.splat(0)))) return shiftWithSubnormals(v);
+  const low = i16x8.eq(v128.and(v, i16x8.splat(0x7c00)), i16x8.splat(0));
+  if (v128.any_true(low)) return shiftWithSubnormals(v, low);
   return i16x8.add(v, i16x8.splat(0x2800));
 }
 
 /**
- * shift8 for a vector with zeros or subnormals among its lanes: those normalized through f32
- * (normalized), the rest as shift8 does, every sign kept; the same patterns as f16Shift's, lane
- * for lane, without leaving the vector.
+ * shift8 for a vector with zeros or subnormals among its lanes (`low`, shift8's mask of them):
+ * those normalized through f32 (normalized), the rest as shift8 does, every sign kept; the same
+ * patterns as f16Shift's, lane for lane, without leaving the vector.
  */
-function shiftWithSubnormals(v: v128): v128 {
+function shiftWithSubnormals(v: v128, low: v128): v128 {
   const em = v128.and(v, i16x8.splat(0x7fff));
-  const lo = i32x4.extend_low_i16x8_u(em);
-  const hi = i32x4.extend_high_i16x8_u(em);
   const normal = i16x8.add(em, i16x8.splat(0x2800));
-  const low = i16x8.narrow_i32x4_u(normalized(lo), normalized(hi));
-  const sub = i16x8.eq(v128.and(v, i16x8.splat(0x7c00)), i16x8.splat(0));
-  return v128.or(v128.bitselect(low, normal, sub), v128.and(v, i16x8.splat(<i16>0x8000)));
+  const sub = i16x8.narrow_i32x4_u(normalized(i32x4.extend_low_i16x8_u(em)), normalized(i32x4.extend_high_i16x8_u(em)));
+  return v128.or(v128.bitselect(sub, normal, low), v128.and(v, i16x8.splat(<i16>0x8000)));
 }
 
 /**
@@ -357,14 +355,14 @@ export function first_bad(src: usize, dt: i32, count: i32): i32 {
   if (dt == BF16) return -1;
   if (dt == F16 || dt == F16S) {
     // Plain: the exponent field all ones. Shifted: h & 0x7fff >= 0x5800, as i16 (sign cleared) > 0x57ff.
-    const mask = i16x8.splat(dt == F16 ? 0x7c00 : 0x7fff);
-    const lim = i16x8.splat(dt == F16 ? 0x7bff : 0x57ff);
+    const m: u32 = dt == F16 ? 0x7c00 : 0x7fff;
+    const l: u32 = dt == F16 ? 0x7bff : 0x57ff;
+    const mask = i16x8.splat(<i16>m);
+    const lim = i16x8.splat(<i16>l);
     let i = 0;
     for (; i + 8 <= count; i += 8) {
       if (v128.any_true(i16x8.gt_s(v128.and(v128.load(src + (<usize>i << 1)), mask), lim))) break;
     }
-    const m: u32 = dt == F16 ? 0x7c00 : 0x7fff;
-    const l: u32 = dt == F16 ? 0x7bff : 0x57ff;
     for (; i < count; i++) if ((<u32>load<u16>(src + (<usize>i << 1)) & m) > l) return i;
     return -1;
   }
