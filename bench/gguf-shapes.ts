@@ -303,19 +303,28 @@ function halfOf(r: number): number {
 }
 
 /**
- * Gaussian f16 weights of standard deviation 0.02 (a trained layer's spread) from an LCG stream
- * by Box-Muller: unlike randomF16's, about 0.24% of them are f16 subnormals, each on its own, as
- * in a trained model (what kernels/assembly/f16.ts' THE SHIFTED F16 is for). Returns the state.
+ * Gaussian numbers of standard deviation 0.02 (a trained layer's spread) from an LCG stream by
+ * Box-Muller, one per `next()`; `state()` to go on from later.
  */
-export function gaussianF16(out: Uint16Array, seed: number): number {
+export function gaussianSource(seed: number): { next(): number; state(): number } {
   let x = seed >>> 0;
   const uniform = (): number => {
     x = (Math.imul(x, 1103515245) + 12345) >>> 0;
     return (x + 1) / 2 ** 32;
   };
+  return { next: () => 0.02 * Math.sqrt(-2 * Math.log(uniform())) * Math.cos(2 * Math.PI * uniform()), state: () => x };
+}
+
+/**
+ * gaussianSource's numbers as f16 weights: unlike randomF16's, about 0.24% of them are f16
+ * subnormals, each on its own, as in a trained model (what kernels/assembly/f16.ts' THE SHIFTED
+ * F16 is for). Returns the state.
+ */
+export function gaussianF16(out: Uint16Array, seed: number): number {
+  const g = gaussianSource(seed);
   const f = new Float16Array(out.buffer, out.byteOffset, out.length);
-  for (let i = 0; i < out.length; i++) f[i] = 0.02 * Math.sqrt(-2 * Math.log(uniform())) * Math.cos(2 * Math.PI * uniform());
-  return x;
+  for (let i = 0; i < out.length; i++) f[i] = g.next();
+  return g.state();
 }
 
 /**

@@ -23,6 +23,7 @@ import { kernelModule } from "../src/model/compute/matmul.ts";
 import { f16Shift } from "../src/model/compute/f16-bits.ts";
 import { castMatrix, type DType, type PackedMatrix } from "../src/model/compute/packed.ts";
 import { packStrips, stripLayoutBytes } from "../src/model/compute/strip-layout.ts";
+import { gaussianSource } from "./gguf-shapes.ts";
 import { loadAverage, median } from "./stats.ts";
 
 type Dt = "f16" | "f16s" | "bf16" | "f32" | "q8_0" | "q4_k" | "q6_k" | "q5_k";
@@ -61,13 +62,9 @@ function placed(dt: Dt, d: number, rows: number): { ex: KernelExports; job: numb
   const slice = 8 * 64;
   // About 0.08% of these fall below f16's smallest normal (2^-14), as ~0.2% of a trained model's
   // do; NORMAL_ONLY=1 lifts them to 2^-13 to show what those subnormals cost the f16 kernel.
-  let seed = 12345;
-  const uniform = (): number => {
-    seed = (Math.imul(seed, 1103515245) + 12345) >>> 0;
-    return (seed + 1) / 2 ** 32;
-  };
+  const gauss = gaussianSource(12345);
   const src = new Float32Array(slice * N).map((_, i) => {
-    const v = GAUSS ? 0.02 * Math.sqrt(-2 * Math.log(uniform())) * Math.cos(2 * Math.PI * uniform()) : Math.sin(i * 0.37) * 0.05;
+    const v = GAUSS ? gauss.next() : Math.sin(i * 0.37) * 0.05;
     return NORMAL_ONLY && Math.abs(v) < 2 ** -13 ? Math.sign(v || 1) * 2 ** -13 : v;
   });
   let m = dt === "f32" ? src : (castMatrix(src, layoutOf(dt), N) as PackedMatrix);
