@@ -8,7 +8,8 @@
 //
 //   MODEL=~/.cache/tl-engine/llamacpp/models/1b-q4_k_m.gguf BASE=HEAD~1 bun bench/decode-ab.ts
 //   (ROUNDS=2 STEPS=24 THREADS=2 BATCH=1; BATCH=8 runs 8 sequences of PROMPT=32 tokens each;
-//   PREFILL=512 times STEPS prompts of 512 tokens instead, each into fresh blocks, as llama-bench -p)
+//   PREFILL=512 times STEPS prompts of 512 tokens instead, each into fresh blocks, as llama-bench -p;
+//   GROUP_BYTES=3e8 cuts the model into layer groups of that many placed bytes, as past 4 GiB)
 import { spawnSync } from "node:child_process";
 import { existsSync, mkdirSync, mkdtempSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
 import { cpus, tmpdir } from "node:os";
@@ -24,6 +25,8 @@ const THREADS = Number(process.env.THREADS ?? 2);
 const BATCH = Number(process.env.BATCH ?? 1);
 const PROMPT = Number(process.env.PROMPT ?? 32);
 const PREFILL = Number(process.env.PREFILL ?? 0);
+const GROUP_BYTES = process.env.GROUP_BYTES ? Number(process.env.GROUP_BYTES) : undefined;
+if (GROUP_BYTES !== undefined && !(GROUP_BYTES > 0)) throw new Error("GROUP_BYTES: bytes a layer group may place");
 if (!Number.isInteger(PREFILL) || PREFILL < 0) throw new Error("PREFILL: a prompt length, or 0 for decode");
 if (PREFILL > 0 && BATCH !== 1) throw new Error("PREFILL times one prompt at a time: leave BATCH unset (it would be ignored)");
 const unit = PREFILL > 0 ? `prefill of ${PREFILL}` : BATCH > 1 ? "step" : "token";
@@ -36,7 +39,7 @@ import { readModelFilesFor } from ${JSON.stringify(join(tree, "src/model/load/lo
 import { Transformer } from ${JSON.stringify(join(tree, "src/model/compute/transformer.ts"))};
 import { kvShapeOf } from ${JSON.stringify(join(tree, "src/model/index.ts"))};
 const f = readModelFilesFor({ modelPath: ${JSON.stringify(MODEL)}, maxSeqLen: 1024, dtype: "as-stored" });
-const m = new Transformer(f.cfg, f.weights, { threads: ${THREADS} });
+const m = new Transformer(f.cfg, f.weights, { threads: ${THREADS}${GROUP_BYTES ? `, groupBytes: ${GROUP_BYTES}` : ""} });
 await m.ready();
 const seqs = ${BATCH};
 const prefill = ${PREFILL};
@@ -112,7 +115,7 @@ const out = {
   bench: "decode-ab",
   cpu: cpus()[0]?.model,
   model: MODEL,
-  settings: { rounds: ROUNDS, steps: STEPS, threads: THREADS, batch: BATCH, prompt: BATCH > 1 ? PROMPT : 0, prefill: PREFILL },
+  settings: { rounds: ROUNDS, steps: STEPS, threads: THREADS, batch: BATCH, prompt: BATCH > 1 ? PROMPT : 0, prefill: PREFILL, groupBytes: GROUP_BYTES ?? null },
   loadBefore,
   loadAfter,
   sides: sides.map(({ name, rev, ms }) => ({ name, rev, ms, median: median(ms) })),

@@ -5,7 +5,19 @@ import { groupBudget, layerSlice, planGroups, roomBytes } from "../../src/model/
 import { castMatrix, type DType, type Matrix, type PackedMatrix } from "../../src/model/compute/packed.ts";
 import { stripLayoutBytes } from "../../src/model/compute/strip-layout.ts";
 import { KvPool } from "../../src/pool/index.ts";
+import type { MatmulKernel } from "../../src/model/compute/matmul.ts";
 import { bits, Seq, tokens } from "./helpers.ts";
+
+/** Polls `get` every millisecond until it gives `want` or `ms` pass; returns its last answer. */
+async function settle(get: () => number[], want: number[], ms = 2000): Promise<number[]> {
+  const end = performance.now() + ms;
+  let v = get();
+  while (v.some((n, i) => n !== want[i]) && performance.now() < end) {
+    await Bun.sleep(1);
+    v = get();
+  }
+  return v;
+}
 
 // A model past one wasm32 memory is cut into layer groups, each its own kernel memory and threads
 // (src/model/compute/layer-group.ts). Here groups are forced on a small model by lowering the bytes a
@@ -130,6 +142,30 @@ describe("layer groups", () => {
       });
     }
   }
+
+  test("a group's helper threads rest as soon as the forward leaves it, and wake for its next dispatch", async () => {
+    // Helpers that would spin a minute: only rest() puts one to sleep within the wait below. Tied,
+    // so the last group holds layer 4 with the classifier, and prompts of 16 tokens, so every
+    // group's matmuls are shared with its helper (MatmulKernel's SPLIT_MACS).
+    const m = new Transformer(CFG, weightsOf("f32", true), { threads: 2, groupBytes: 2 * LAYER_F32, helperSpinMs: 60_000 });
+    await m.ready();
+    const groups = (m as unknown as { groups: { mm: MatmulKernel }[] }).groups;
+    expect(groups.length).toBe(3);
+    const asleep = () => groups.map((g) => g.mm.sleepingHelpers);
+    const pool = m.kvPool(kvShapeOf(CFG, BLOCK), 16);
+    const seq = new Seq(pool);
+    const out = new Float32Array(CFG.vocabSize);
+    // Every group the forward left rests; the last, where it ended, spins on, though the start
+    // of this forward had rested it: its dispatch woke it and cleared the rest.
+    const want = [1, 1, 0];
+    for (let i = 0; i < 3; i++) {
+      m.forward(pool, [seq.chunk(tokens(16, i + 1, CFG.vocabSize))], out);
+      expect(await settle(asleep, want)).toEqual(want);
+      await Bun.sleep(20);
+      expect(asleep()).toEqual(want);
+    }
+    m.close();
+  });
 
   test("a model in several memories keeps its KV pool outside them, and says how many it uses", () => {
     const m = new Transformer(CFG, weightsOf("f16", false), { groupBytes: 2 * LAYER_F32 });

@@ -85,6 +85,11 @@ export function writeRowsJob(j: Int32Array, fn: number, y: number, x: number, w:
 // The control block in the shared memory, in i32 slots (dispatch.ts reads the same layout). The
 // counters, and each thread's range, sit on cache lines of their own.
 const GEN = 0;
+/**
+ * Set by rest() (cleared by the next start): helpers sleep at once instead of spinning out
+ * HELPER_SPIN_MS. On GEN's cache line, which a spinning helper reads anyway.
+ */
+const REST = 1;
 const DONE = 16;
 const TOTAL = 32;
 const COUNT = 33;
@@ -167,7 +172,7 @@ const SPINS = 20000;
  * of dispatches with the caller's own work (attention, norms) between them, and a sleeping
  * helper wakes too late to take any of a small dispatch.
  */
-const HELPER_SPIN_MS = 2;
+export const HELPER_SPIN_MS = 2;
 
 /**
  * Runs queued jobs whole on the calling thread. `jobs` is a view on the kernel's memory: each
@@ -227,7 +232,7 @@ FNS[F16_SHIFTED] = "matmul_f16s";
 // the kernel module on the shared memory, then joins every dispatch it sees.
 const HELPER_SOURCE = `
 self.onmessage = (e) => {
-  const { module, memory, ctrl, ints, thread, sleeping } = e.data;
+  const { module, memory, ctrl, ints, thread, sleeping, spinMs } = e.data;
   const ex = new WebAssembly.Instance(module, { env: { memory } }).exports;
   const c = new Int32Array(memory.buffer, ctrl, ints);
   let seen = Atomics.load(c, ${GEN});
@@ -235,7 +240,7 @@ self.onmessage = (e) => {
   for (;;) {
     let idle = performance.now();
     for (let spins = 1; Atomics.load(c, ${GEN}) === seen; spins++) {
-      if ((spins & 1023) === 0 && performance.now() - idle > ${HELPER_SPIN_MS}) {
+      if ((spins & 1023) === 0 && (Atomics.load(c, ${REST}) !== 0 || performance.now() - idle > spinMs)) {
         Atomics.store(c, sleeping, 1);
         Atomics.wait(c, ${GEN}, seen, 1000);
         Atomics.store(c, sleeping, 0);
@@ -268,10 +273,14 @@ export class KernelThreads {
   /** The token tiles' settings (the MatmulKernel's own object). */
   readonly tiles: Tiles;
 
-  /** `ctrlAt`: controlBytes(helpers) zeroed bytes of the memory, 64-byte aligned. */
-  constructor(module: WebAssembly.Module, memory: WebAssembly.Memory, helpers: number, ctrlAt: number, tiles: Tiles = new Tiles()) {
+  /**
+   * `ctrlAt`: controlBytes(helpers) zeroed bytes of the memory, 64-byte aligned. `spinMs`: how long
+   * a helper spins after a dispatch before sleeping (tests lengthen it to see rest() work).
+   */
+  constructor(module: WebAssembly.Module, memory: WebAssembly.Memory, helpers: number, ctrlAt: number, tiles: Tiles = new Tiles(), spinMs = HELPER_SPIN_MS) {
     assert(Number.isInteger(helpers) && helpers >= 1 && helpers < 64, `helpers ${helpers}`);
     assert(ctrlAt % 64 === 0, `control block at ${ctrlAt}`);
+    assert(spinMs >= 0, `spinMs ${spinMs}`);
     this.helpers = helpers;
     this.ctrlAt = ctrlAt;
     this.tiles = tiles;
@@ -287,7 +296,7 @@ export class KernelThreads {
           w.addEventListener("error", (e) => reject(new Error(`kernel helper thread failed: ${e.message}`)), { once: true });
         }),
       );
-      w.postMessage({ module, memory, ctrl: ctrlAt, ints: this.ctrl.length, thread: h + 1, sleeping: sleepingAt(helpers) + h + 1 });
+      w.postMessage({ module, memory, ctrl: ctrlAt, ints: this.ctrl.length, thread: h + 1, sleeping: sleepingAt(helpers) + h + 1, spinMs });
       // Helpers never keep the process alive: an engine that stops exits.
       w.unref();
       this.workers.push(w);
@@ -300,6 +309,23 @@ export class KernelThreads {
   /** Chunks computed by helper threads so far (tests check the threads work). */
   get helperChunks(): number {
     return Atomics.load(this.ctrl, HELPED);
+  }
+
+  /** Helpers asleep now (their SLEEPING flags up). */
+  get sleepingHelpers(): number {
+    let n = 0;
+    for (let h = 1; h <= this.helpers; h++) n += Atomics.load(this.ctrl, sleepingAt(this.helpers) + h);
+    return n;
+  }
+
+  /**
+   * Sends the helpers to sleep now rather than after HELPER_SPIN_MS of spinning: the caller will
+   * not dispatch here for a while. A model cut into layer groups has a KernelThreads per group,
+   * and a group's helpers spinning on after the forward moved on take a core from the next
+   * group's (two cores: 3 threads on 2 for 2 ms at every switch). The next start wakes them.
+   */
+  rest(): void {
+    Atomics.store(this.ctrl, REST, 1);
   }
 
   /** False while backing off after a stalled helper (StallBackoff): run the dispatch alone. */
@@ -329,6 +355,8 @@ export class KernelThreads {
     // rewritten; closing them again only guards that after a failed dispatch.
     for (let t = 0; t < threads; t++) Atomics.store(c, RANGES + t * RANGE_INTS, 0);
     c[TILE_X] = this.tiles.budget;
+    // Before GEN moves: a helper that sees the new dispatch must not see the old rest.
+    Atomics.store(c, REST, 0);
     const total = this.writeJobs(ex, jobs, count, threads);
     assert(total < 65535, `dispatch of ${total} chunks`);
     c[COUNT] = count;

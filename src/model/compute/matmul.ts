@@ -206,6 +206,8 @@ export interface KernelOptions {
    * baseline, the same bytes.
    */
   placeJs?: boolean;
+  /** How long a helper thread spins after a dispatch before sleeping (kernel-threads.ts' HELPER_SPIN_MS; tests lengthen it). */
+  helperSpinMs?: number;
 }
 
 /**
@@ -374,7 +376,7 @@ export class MatmulKernel {
     // The helpers start first: they place the matrices with the caller (placeStaged).
     if (threads > 1) {
       const ctrl = this.grab(controlBytes(threads - 1) + 48);
-      this.threads = new KernelThreads(mod, mem, threads - 1, Math.ceil(ctrl / 64) * 64, this.tiles);
+      this.threads = new KernelThreads(mod, mem, threads - 1, Math.ceil(ctrl / 64) * 64, this.tiles, opts.helperSpinMs);
     }
     this.placing = opts.placing ?? null;
     this.placeStage = opts.placeStageBytes ?? PLACE_STAGE_BYTES;
@@ -418,6 +420,16 @@ export class MatmulKernel {
   /** Settles when every helper thread runs (until then the caller does their share). */
   ready(): Promise<void> {
     return this.threads?.ready ?? Promise.resolve();
+  }
+
+  /** Helper threads asleep now (tests see rest() work). */
+  get sleepingHelpers(): number {
+    return this.threads?.sleepingHelpers ?? 0;
+  }
+
+  /** Sends the helper threads to sleep until the next dispatch (KernelThreads.rest): the caller moves to another memory's kernels. */
+  rest(): void {
+    this.threads?.rest();
   }
 
   /** Stops the helper threads; later calls run on the caller alone. */

@@ -263,6 +263,17 @@ export class Transformer {
     if (g === this.g) return;
     const n = rows * this.cfg.dim;
     g.x.set(this.g.x.subarray(0, n));
+    this.leave(g);
+  }
+
+  /**
+   * Makes g the group in use, resting the helpers of the one left: they would spin out their 2 ms
+   * beside g's, three threads on two cores at every switch (AMD EPYC, 2 threads, 1B Q4_K_M cut
+   * into 3 groups by GROUP_BYTES=3e8: decode 46.8 -> 39.9 ms a token, bench/decode-ab.ts; an
+   * 8B's 2 groups gain within the noise).
+   */
+  private leave(g: LayerGroup): void {
+    if (g !== this.g) this.g.mm.rest();
     this.g = g;
   }
 
@@ -305,7 +316,7 @@ export class Transformer {
   /** Each row's position, sequence and embedding (into x); each sequence's last row. */
   private embed(batch: readonly SeqChunk[]): void {
     // x starts in the memory of layer 0; every group's kernels read the rows' positions.
-    this.g = this.groupOfLayer[0] ?? this.classifierGroup;
+    this.leave(this.groupOfLayer[0] ?? this.classifierGroup);
     const { x, rowPos } = this.g;
     const { rowSeq, lastRow } = this;
     const { mm, w } = this.embedGroup;
