@@ -24,6 +24,7 @@
 //
 //   SIZES=135m,1b TYPES=f16,q8_0,q4_k_m,q4_0 ROUNDS=3 THREADS=2 bun bench/llamacpp.ts
 //   SIZES=8b TYPES=q4_k_m ...     (8B files, 16 GB at F16, only when asked)
+//   PHASES=decode ROUNDS=6 ...    (some of the phases only: more rounds in the time)
 //
 // Model files are cached under TL_LLAMACPP_CACHE/models (default ~/.cache/tl-engine/llamacpp).
 // JSON goes to bench/results/llamacpp.json (OUT=name for llamacpp.<name>.json).
@@ -42,6 +43,16 @@ import { ggmlTypeName, parseGguf } from "../src/model/load/gguf.ts";
 const QUANT_NAMES: Record<string, string> = { f16: "F16", q8_0: "Q8_0", q4_k_m: "Q4_K_M", q4_0: "Q4_0", q6_k: "Q6_K", q5_k_m: "Q5_K_M", bf16: "BF16" };
 const PHASES = ["decode", "prefill", "batch"] as const;
 type Phase = (typeof PHASES)[number];
+/**
+ * The phases to run (PHASES=decode: both sides run only the decode, llama-bench with -p 0, so
+ * many alternating rounds fit where the host is noisy; its load time comes from batched-bench
+ * and is then left out).
+ */
+const ASKED: Phase[] = (process.env.PHASES ?? PHASES.join(",")).split(",").map((p) => {
+  const ph = p.trim() as Phase;
+  if (!PHASES.includes(ph)) throw new Error(`PHASES: ${p} is not one of ${PHASES.join(", ")}`);
+  return ph;
+});
 const PREFILL = 512;
 const DECODE = 128;
 // llama-batched-bench's -npl/-npp/-ntg; the children read the same environment.
@@ -178,7 +189,7 @@ function errorLine(stderr: string): string {
 /** Runs the phases in children, a new child after a phase that timed out or failed. */
 async function runOurs(file: string, threads: number, timeoutS: number): Promise<OursRun> {
   const out: OursRun = { loadMs: [], rss: 0, dtype: null, residentBytes: null, phases: {} };
-  let todo = [...PHASES];
+  let todo = [...ASKED];
   while (todo.length > 0) {
     const p = spawn(process.execPath, [import.meta.path, "--child", file, String(threads), todo.join(",")], { stdio: ["ignore", "pipe", "pipe"] });
     let buf = "";
@@ -261,18 +272,19 @@ function timed(cmd: string[], timeoutS: number): { stdout: string; stderr: strin
 
 function runTheirs(b: LlamaCppBuild, file: string, threads: number, timeoutS: number): TheirsRun {
   const out: TheirsRun = { prefill: null, decode: null, batch: null, batchAll: null, batchPrefill: null, loadMs: null, rss: 0 };
-  const bench = timed(
-    [b.bin["llama-bench"], "-m", file, "-t", String(threads), "-p", String(PREFILL), "-n", String(DECODE), "-r", "1", "-o", "json"],
-    timeoutS,
-  );
-  try {
-    const rows = JSON.parse(bench.stdout) as { n_prompt: number; n_gen: number; avg_ts: number }[];
-    out.prefill = rows.find((r) => r.n_prompt === PREFILL && r.n_gen === 0)?.avg_ts ?? null;
-    out.decode = rows.find((r) => r.n_gen === DECODE && r.n_prompt === 0)?.avg_ts ?? null;
-  } catch {
-    out.error = `llama-bench exit ${bench.status}: ${bench.stderr.trim().split("\n").slice(-3).join(" | ")}`;
+  const [p, n] = [ASKED.includes("prefill") ? PREFILL : 0, ASKED.includes("decode") ? DECODE : 0];
+  if (p > 0 || n > 0) {
+    const bench = timed([b.bin["llama-bench"], "-m", file, "-t", String(threads), "-p", String(p), "-n", String(n), "-r", "1", "-o", "json"], timeoutS);
+    try {
+      const rows = JSON.parse(bench.stdout) as { n_prompt: number; n_gen: number; avg_ts: number }[];
+      if (p > 0) out.prefill = rows.find((r) => r.n_prompt === PREFILL && r.n_gen === 0)?.avg_ts ?? null;
+      if (n > 0) out.decode = rows.find((r) => r.n_gen === DECODE && r.n_prompt === 0)?.avg_ts ?? null;
+    } catch {
+      out.error = `llama-bench exit ${bench.status}: ${bench.stderr.trim().split("\n").slice(-3).join(" | ")}`;
+    }
+    out.rss = bench.maxRss;
   }
-  out.rss = bench.maxRss;
+  if (!ASKED.includes("batch")) return out;
   const ctx = BATCH * (BATCH_PP + BATCH_TG);
   const bb = timed(
     [
@@ -417,7 +429,7 @@ async function main(): Promise<void> {
             cmakeFlags: b.cmakeFlags,
             buildSeconds: b.buildSeconds,
           },
-          settings: { threads, rounds, prefill: PREFILL, decode: DECODE, batch: BATCH, batchPrompt: BATCH_PP, batchGen: BATCH_TG, timeoutS },
+          settings: { threads, rounds, phases: ASKED, prefill: PREFILL, decode: DECODE, batch: BATCH, batchPrompt: BATCH_PP, batchGen: BATCH_TG, timeoutS },
           loadBefore,
           loadAfter: loadAverage(),
           rows,
@@ -456,7 +468,7 @@ async function main(): Promise<void> {
           rss: Math.max(...theirs.map((x) => x.rss)),
         };
         const notes: string[] = [];
-        for (const ph of PHASES) {
+        for (const ph of ASKED) {
           const failed = ours.map((x) => x.phases[ph]).find((p) => p?.timedOut || p?.error);
           if (failed?.timedOut)
             notes.push(
