@@ -172,7 +172,7 @@ const SPINS = 20000;
  * of dispatches with the caller's own work (attention, norms) between them, and a sleeping
  * helper wakes too late to take any of a small dispatch.
  */
-export const HELPER_SPIN_MS = 2;
+const HELPER_SPIN_MS = 2;
 
 /**
  * Runs queued jobs whole on the calling thread. `jobs` is a view on the kernel's memory: each
