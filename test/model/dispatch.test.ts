@@ -114,6 +114,63 @@ async function bitsOfEach(
   }
 }
 
+describe("one-token streams", () => {
+  test("a one-token matmul walked four strips in step gives one thread's bits, for every kernel and cut", async () => {
+    // One token row: a chunk of a dispatch takes a piece of each quarter of the job (runChunk's
+    // STREAMS), four strips in step. 1000 rows cut 4 chunks of 4 pieces of 64 rows, the last
+    // piece past the end (taken one piece after another); a job starting at row 3 has its first
+    // piece partly before it; 4000 rows 16 chunks. f16 also with an x past 2^16 (not scaled).
+    const n = 256;
+    const dtypes = ["f32", "f16", "bf16", "q8_0", "q4_k", "q5_k", "q6_k"] as const;
+    for (const total of [1000, 4000]) {
+      const mats = [
+        ...dtypes.map((dt, i) => castMatrix(weights(total, n, 50 + i), dt, n)),
+        ...LEGACY_DTYPES.map((dt, i) => legacyBlocks(dt, total, n, 60 + i)),
+      ];
+      for (const [r, d] of [
+        [0, total],
+        [3, total - 3],
+        [8, total - 40],
+      ] as const) {
+        for (const big of [false, true]) {
+          const x = input(1, n, 7).map((v) => (big ? v * 1e5 : v));
+          // rows 2: x twice, by the batch paths (no streams); its first row's outputs are the one-token bits.
+          const run = async (threads: number, rows = 1) => {
+            const k = new MatmulKernel(
+              mats.map((matrix) => ({ matrix, cols: n })),
+              { threads },
+            );
+            try {
+              await k.ready();
+              const xk = k.alloc(rows * n);
+              for (let t = 0; t < rows; t++) xk.set(x, t * n);
+              const y = k.alloc(rows * d);
+              return mats.map((_, m) => {
+                y.fill(Number.NaN);
+                k.matmul(y, xk, k.views[m]!, r * n, rows, n, d);
+                return bits(y.subarray(0, d));
+              });
+            } finally {
+              k.close();
+            }
+          };
+          const one = await run(1);
+          expect(await run(1, 2)).toEqual(one);
+          for (const threads of [2, 3]) expect(await run(threads)).toEqual(one);
+          // The 16-bit and f32 kernels against the plain reference too.
+          for (const m of [0, 1, 2]) {
+            const mm = mats[m]!;
+            const w = mm instanceof Float32Array ? mm : dequantize(mm);
+            const y = new Float32Array(d);
+            matmulRef(y, x, w.subarray(r * n), 0, 1, n, d);
+            expect(one[m]).toEqual(bits(y));
+          }
+        }
+      }
+    }
+  });
+});
+
 describe("token tiles", () => {
   test("a matmul run a tile of token rows at a time gives the bits of the whole rows, for every kernel", async () => {
     // tileXBytes 1 makes every tile 4 token rows, so 23 rows are five tiles and a tail of 3 (an

@@ -78,6 +78,8 @@ export type KernelExports = Record<`matmul_${DType}`, KernelFn> &
      * (dispatch.ts), its rows in blocks of `per`, each tile's job record written at `tj`.
      */
     matmul_tiled(job: number, scratch: number, tj: number, budget: number, per: number): void;
+    /** A one-token matmul job whole on this thread, as a dispatch's chunks of `per` rows walk it (dispatch.ts' THE STREAMS). */
+    matmul_one_token(job: number, per: number, scratch: number): void;
     /** rows token rows of n f32 at x quantized for the q8_0 kernel at dst (q8_row_bytes(n) each, in quads: q8.ts). */
     quantize_q8_x(dst: number, x: number, rows: number, n: number): void;
     q8_row_bytes(n: number): number;

@@ -125,6 +125,11 @@ export function controlBytes(helpers: number): number {
  * chunks cost as many calls at a fraction of the rows.
  */
 const CHUNK_MACS = 1 << 16;
+/**
+ * A one-token matmul's chunk rows are a multiple of this: a strip (8 rows) for each of the four
+ * runs dispatch.ts walks in step (THE STREAMS there).
+ */
+const ONE_TOKEN_ROWS = 32;
 const CHUNK_ROWS_MAX = 4;
 /**
  * Token tiles (dispatch.ts): a chunk of a job whose x is over twice TILE_X_BYTES runs its kernel
@@ -210,7 +215,8 @@ export function runJobs(ex: KernelExports, jobs: Int32Array, count: number, scra
       // Token tiles on this thread too (dispatch.ts' matmul_tiled), in chunks of a dispatch's rows.
       const per = tiledPer(fn, n, r0 + jobs[b + J_D]! - (r0 & ~7), 1, tiles.wBytes);
       ex.matmul_tiled(jobs.byteOffset + 4 * b, scratch, tileAt, budget, per);
-    } else ex[FNS[fn]!]!(jobs.byteOffset + 4 * b, r0, r0 + jobs[b + J_D]!, scratch);
+    } else if (jobs[b + J_ROWS] === 1) ex.matmul_one_token(jobs.byteOffset + 4 * b, ONE_TOKEN_ROWS, scratch);
+    else ex[FNS[fn]!]!(jobs.byteOffset + 4 * b, r0, r0 + jobs[b + J_D]!, scratch);
   }
 }
 
@@ -415,7 +421,8 @@ export class KernelThreads {
       else {
         // A thread's chunk at least, so that even a job alone at the split threshold is shared.
         const chunks = Math.max(threads, Math.ceil((rows * n * span) / (CHUNK_MACS * Math.min(rows, CHUNK_ROWS_MAX))));
-        per = Math.ceil(span / chunks / 8) * 8;
+        const unit = rows === 1 && fn !== J_CONVERT_Q8 && fn !== J_PLACE && fn !== J_QUANT_X && fn !== J_TOUCH ? ONE_TOKEN_ROWS : 8;
+        per = Math.ceil(span / chunks / unit) * unit;
       }
       c[o + J_PER] = per;
       total += Math.ceil(span / per);

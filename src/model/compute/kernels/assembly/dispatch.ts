@@ -26,10 +26,10 @@ import { convert_q8_rows } from "./convert";
 import { place_rows } from "./place-strips";
 import { BF16, F16, F16S, F32, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0 } from "./dtype-index";
 import { Job } from "./job";
-import { matmul_bf16, matmul_f16, matmul_f16s, matmul_f32 } from "./matmul";
-import { k_row_bytes, matmul_q4_k, matmul_q5_k, matmul_q6_k, quantize_k_x } from "./kquants";
-import { l_row_bytes, matmul_q4_0, matmul_q4_1, matmul_q5_0, matmul_q5_1, quantize_l_x } from "./legacy";
-import { matmul_q8_0, q8_row_bytes, quantize_q8_rows } from "./q8";
+import { matmul_bf16, matmul_f16, matmul_f16s, matmul_f32, matmul_float_streams } from "./matmul";
+import { k_row_bytes, matmul_k_streams, matmul_q4_k, matmul_q5_k, matmul_q6_k, quantize_k_x } from "./kquants";
+import { l_row_bytes, matmul_legacy_streams, matmul_q4_0, matmul_q4_1, matmul_q5_0, matmul_q5_1, quantize_l_x } from "./legacy";
+import { matmul_q8_0, matmul_q8_0_streams, q8_row_bytes, quantize_q8_rows } from "./q8";
 
 // Control block, in i32 slots (kernel-threads.ts writes the same layout).
 const DONE: usize = 16 << 2;
@@ -60,6 +60,8 @@ const PLACE: i32 = 13;
 const QUANT_X: i32 = 14;
 /** Memory's pages first touched (touch_pages): bytes y .. x, d its 64 KiB spans. */
 const TOUCH: i32 = 15;
+/** Runs a one-token chunk walks in step (THE STREAMS). */
+const STREAMS: i32 = 4;
 /** Bytes from one touch to the next: the smallest page of the host (4 KiB on x86 and most arm64). */
 const OS_PAGE: usize = 4096;
 
@@ -121,10 +123,53 @@ export function quantize_rows(dst: usize, x: usize, layout: i32, n: i32, r0: i32
   }
   const r0 = j.r0;
   const base = r0 & ~7;
+  if (j.rows == 1 && per % (8 * STREAMS) == 0) {
+    oneTokenChunk(fn, job, k, per, scratch);
+    return;
+  }
   const g0 = max(r0, base + k * per);
   const g1 = min(r0 + j.d, base + (k + 1) * per);
   const tj = <usize>load<i32>(ctrl + TILE_JOBS) + <usize>thread * TILE_JOB_BYTES;
   matmulTiles(fn, job, g0, g1, scratch, tj, <usize>load<i32>(ctrl + TILE_X));
+}
+
+/**
+ * THE STREAMS. Chunk k (per rows) of a one-token matmul job: piece k (per / STREAMS rows) of each
+ * of the job's STREAMS parts, far rows apart, so a thread that takes its chunks in order walks
+ * STREAMS long runs of the matrix in step, each from where its last chunk left it. One run a thread
+ * (strip after strip) leaves a Xeon core waiting on each new line: its L2 prefetcher runs only
+ * so far ahead of one stream, within a 4 KiB page; four chunk-long runs in step (the walk of two
+ * rounds ago) lose the AMD EPYC's prefetchers, which drop runs that start anew every strip. Long
+ * runs in step (bench/decode-ab.ts, 2 threads, Intel Xeon, against one run: 1B Q4_K_M 66.5 ->
+ * 56.3 ms a token, Q8_0 99.4 -> 85.4, F16 308.8 -> 158.2, Q4_0 87.7 -> 49.7, 8B Q4_K_M 354.2
+ * -> 307.2). Pieces wholly in the job go to the kernels' in-step walk (each row's sum in its own
+ * order, so no bit changes); a piece cut by the job's ends goes alone.
+ */
+@inline function oneTokenChunk(fn: i32, job: usize, k: i32, per: i32, scratch: usize): void {
+  const j = changetype<Job>(job);
+  const r0 = j.r0;
+  const base = r0 & ~7;
+  const end = r0 + j.d;
+  const p = per / STREAMS;
+  const far = ((end - base + per - 1) / per) * p;
+  const s0 = base + k * p;
+  if (s0 >= r0 && s0 + (STREAMS - 1) * far + p <= end) {
+    matmulStreams(fn, job, s0, s0 + p, far, scratch);
+    return;
+  }
+  for (let t = 0; t < STREAMS; t++) {
+    const a = max(r0, s0 + t * far);
+    const b = min(end, s0 + t * far + p);
+    if (a < b) matmulFn(fn, job, a, b, scratch);
+  }
+}
+
+/** A one-token matmul job whole on this thread (kernel-threads.ts' runJobs), as a dispatch's chunks of `per` rows (a multiple of 8 STREAMS) would take it. */
+export function matmul_one_token(job: usize, per: i32, scratch: usize): void {
+  const j = changetype<Job>(job);
+  const span = j.r0 + j.d - (j.r0 & ~7);
+  const chunks = (span + per - 1) / per;
+  for (let k = 0; k < chunks; k++) oneTokenChunk(j.fn, job, k, per, scratch);
 }
 
 /**
@@ -187,6 +232,14 @@ export function matmul_tiled(job: usize, scratch: usize, tj: usize, budget: i32,
 /** xRowBytes for TypeScript: MatmulKernel sizes quantized x and KernelThreads decides tiles by it. */
 export function x_row_bytes(fn: i32, n: i32): i32 {
   return <i32>xRowBytes(fn, n);
+}
+
+/** Whole strips g0 .. g1 of a one-token job and the three pieces far rows after each, in step (all in the job). */
+@inline function matmulStreams(fn: i32, job: usize, g0: i32, g1: i32, far: i32, scratch: usize): void {
+  if (fn == Q8_0) matmul_q8_0_streams(job, g0, g1, far);
+  else if (fn == Q4_K || fn == Q5_K || fn == Q6_K) matmul_k_streams(fn, job, g0, g1, far);
+  else if (fn >= Q4_0 && fn <= Q5_1) matmul_legacy_streams(fn, job, g0, g1, far);
+  else matmul_float_streams(fn, job, g0, g1, far, scratch);
 }
 
 @inline function matmulFn(fn: i32, job: usize, g0: i32, g1: i32, scratch: usize): void {

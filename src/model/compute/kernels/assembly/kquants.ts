@@ -77,6 +77,7 @@
 //     each moved to bit 4 and or-ed in (the plane moving down 2 bits a quad): the kernel reads
 //     5-bit values 0..31.
 
+import { Q5_K, Q6_K } from "./dtype-index";
 import { f16extScale } from "./f16";
 import { Job } from "./job";
 
@@ -629,12 +630,9 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
 /**
  * A whole strip against one token row, front to back: per super-block its half 0 term, then its
  * half 1 term (q4Term, q6Term), the two halves' running sums in registers, stored at yo at the
- * end: each half's additions are q4Half1's (q6Half1's), in their order. Half by half, each pass skipped the other
- * half's bytes of every group. One strip after another is one stream through the matrix: four
- * strips in step (four streams a strip apart, a chunk of 4 strips a kernel call) measured 1.47x
- * slower on the AMD EPYC (bench/decode-ab.ts, 1B Q4_K_M decode, two threads: 41.9 against 28.1 ms a token), where
- * the Xeon of the last round had taken 61 against 69.5 ms: the EPYC's prefetchers lose short
- * streams that start anew every 9.5 KB, and one stream is what both read best from a long range.
+ * end: each half's additions are q4Half1's (q6Half1's), in their order. Half by half, each pass
+ * skipped the other half's bytes of every group. A one-token chunk takes four strips in step
+ * (kStrip4, dispatch.ts' THE STREAMS); this takes a batch's odd rows and a piece that a job's ends cut.
  */
 @inline function kStrip(six: bool, five: bool, yo: usize, xq: usize, sp: usize, n: i32): void {
   const blocks = n >> 8;
@@ -654,6 +652,46 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
   }
   v128.store(yo, y0);
   v128.store(yo, y1, 16);
+}
+
+/**
+ * Four whole strips far apart (at sp, sp + ss, sp + 2 ss, sp + 3 ss) against one token row, in
+ * step, a super-block of each in turn (dispatch.ts' THE STREAMS): each strip's sums as kStrip's,
+ * in kStrip's order, so the same bits; outputs of strip t at yo + t * ys2.
+ */
+@inline function kStrip4(six: bool, five: bool, yo: usize, ys2: usize, xq: usize, sp: usize, ss: usize, n: i32): void {
+  const blocks = n >> 8;
+  const grp: usize = six ? Q6K_GROUP : five ? Q5K_GROUP : Q4K_GROUP;
+  let a0 = f32x4.splat(0);
+  let a1 = a0, b0 = a0, b1 = a0, c0 = a0, c1 = a0, d0 = a0, d1 = a0;
+  const sr = scalesAt(xq, n);
+  const ur = six ? sums16At(xq, n) : sums32At(xq, n);
+  const xc = quadCompact(xq, n, 8);
+  for (let c = 0; c < blocks; c++) {
+    const g = sp + <usize>c * grp;
+    const s = load<f32>(sr + (<usize>c << 2));
+    const xb = xc + (<usize>c << 8);
+    const u = ur + (<usize>c << (six ? 5 : 4));
+    a0 = f32x4.add(a0, six ? q6Term(g, 0, xb, s, u, true) : q4Term(five, g, 0, xb, s, u, true));
+    a1 = f32x4.add(a1, six ? q6Term(g, 1, xb, s, u, true) : q4Term(five, g, 1, xb, s, u, true));
+    const g1 = g + ss;
+    b0 = f32x4.add(b0, six ? q6Term(g1, 0, xb, s, u, true) : q4Term(five, g1, 0, xb, s, u, true));
+    b1 = f32x4.add(b1, six ? q6Term(g1, 1, xb, s, u, true) : q4Term(five, g1, 1, xb, s, u, true));
+    const g2 = g1 + ss;
+    c0 = f32x4.add(c0, six ? q6Term(g2, 0, xb, s, u, true) : q4Term(five, g2, 0, xb, s, u, true));
+    c1 = f32x4.add(c1, six ? q6Term(g2, 1, xb, s, u, true) : q4Term(five, g2, 1, xb, s, u, true));
+    const g3 = g2 + ss;
+    d0 = f32x4.add(d0, six ? q6Term(g3, 0, xb, s, u, true) : q4Term(five, g3, 0, xb, s, u, true));
+    d1 = f32x4.add(d1, six ? q6Term(g3, 1, xb, s, u, true) : q4Term(five, g3, 1, xb, s, u, true));
+  }
+  v128.store(yo, a0);
+  v128.store(yo, a1, 16);
+  v128.store(yo + ys2, b0);
+  v128.store(yo + ys2, b1, 16);
+  v128.store(yo + 2 * ys2, c0);
+  v128.store(yo + 2 * ys2, c1, 16);
+  v128.store(yo + 3 * ys2, d0);
+  v128.store(yo + 3 * ys2, d1, 16);
 }
 
 /**
@@ -793,7 +831,7 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
  * q4_k, and q5_k below 12 rows; q6Half4: q6_k below 8), the last few one token at a time; a row
  * of a strip not wholly in the range computes its half alone and keeps its lane (the same sum).
  */
-@inline function matmulK(six: bool, five: bool, job: usize, g0: i32, g1: i32, scratch: usize): void {
+@inline function matmulK(six: bool, five: bool, job: usize, g0: i32, g1: i32, scratch: usize, far: i32 = 0): void {
   const j = changetype<Job>(job);
   const y = j.y;
   const xq = j.x;
@@ -806,6 +844,11 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
   const qb = kRowBytes(n);
   const ys = <usize>d << 2;
   let g = g0;
+  if (far > 0) {
+    // Four streams: whole strips g0 .. g1 and the same far, 2 far, 3 far rows on (the caller's pieces).
+    for (; g < g1; g += 8) kStrip4(six, five, y + (<usize>(g - r0) << 2), <usize>far << 2, xq, w + <usize>(g >> 3) * sb, <usize>(far >> 3) * sb, n);
+    return;
+  }
   for (; g < g1 && ((g & 7) != 0 || g + 8 > g1); g++) oneRow(six, five, y, xq, w, rows, n, ys, qb, sb, r0, g);
   for (; g + 8 <= g1; g += 8) {
     const sp = w + <usize>(g >> 3) * sb;
@@ -870,4 +913,11 @@ export function matmul_q5_k(job: usize, g0: i32, g1: i32, scratch: usize): void 
 /** q6_k matmul (see matmulK); n must be a multiple of 256 (the caller checks); `scratch` holds 2 KB at least (the unpacked super-block; q4_k takes 128 bytes of it). */
 export function matmul_q6_k(job: usize, g0: i32, g1: i32, scratch: usize): void {
   matmulK(true, false, job, g0, g1, scratch);
+}
+
+/** One token row in four streams far rows apart: strips g0 .. g1 and the three pieces after them (whole strips, all in the job). */
+export function matmul_k_streams(fn: i32, job: usize, g0: i32, g1: i32, far: i32): void {
+  if (fn == Q6_K) matmulK(true, false, job, g0, g1, 0, far);
+  else if (fn == Q5_K) matmulK(false, true, job, g0, g1, 0, far);
+  else matmulK(false, false, job, g0, g1, 0, far);
 }

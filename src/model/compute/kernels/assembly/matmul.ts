@@ -37,8 +37,9 @@
 // Weights past the last whole group of a row (n % 4, or n % 8 for 16-bit) follow the groups, row
 // by row in their natural order.
 //
-// Tiles only decide which outputs share the loads: one token row takes whole strips one after
-// another (eight sums in flight; strip8x1), f16 against x scaled by 2^112 (see F16X, and F16SX for the shifted coding); more token rows
+// Tiles only decide which outputs share the loads: one token row takes whole strips four in step
+// (eight sums in flight each; strips4, dispatch.ts' THE STREAMS; strip8x1 where a job's ends cut a
+// piece), f16 against x scaled by 2^112 (see F16X, and F16SX for the shifted coding); more token rows
 // take 4 weight rows by 2 tokens from an f32 strip, packed dtypes being first dequantized a strip
 // at a time into `scratch` (exact, so the bits stay the same).
 
@@ -190,6 +191,70 @@ const GROUP_BYTES: usize = 128;
   store<f32>(yo, finish(td, a5, tailOf(dt, sp, n, 5), xr, n), 20);
   store<f32>(yo, finish(td, a6, tailOf(dt, sp, n, 6), xr, n), 24);
   store<f32>(yo, finish(td, a7, tailOf(dt, sp, n, 7), xr, n), 28);
+}
+
+/**
+ * Groups c0 .. c1 of the strip at sp against x from xp (group c0's), the 8 rows' running sums at
+ * acc (16 bytes a row) before and after: strip8x1's additions, in its order, for any cut.
+ */
+@inline function stripGroups(dt: i32, acc: usize, sp: usize, xp: usize, c0: i32, c1: i32): void {
+  const gl = groupLen(dt);
+  let a0 = v128.load(acc), a1 = v128.load(acc, 16), a2 = v128.load(acc, 32), a3 = v128.load(acc, 48);
+  let a4 = v128.load(acc, 64), a5 = v128.load(acc, 80), a6 = v128.load(acc, 96), a7 = v128.load(acc, 112);
+  let g = sp + <usize>c0 * GROUP_BYTES;
+  for (let c = c0; c < c1; c++) {
+    const x0 = v128.load(xp);
+    const x1 = x1Of(dt, xp);
+    a0 = groupDot(dt, a0, g, 0, x0, x1);
+    a1 = groupDot(dt, a1, g, 1, x0, x1);
+    a2 = groupDot(dt, a2, g, 2, x0, x1);
+    a3 = groupDot(dt, a3, g, 3, x0, x1);
+    a4 = groupDot(dt, a4, g, 4, x0, x1);
+    a5 = groupDot(dt, a5, g, 5, x0, x1);
+    a6 = groupDot(dt, a6, g, 6, x0, x1);
+    a7 = groupDot(dt, a7, g, 7, x0, x1);
+    g += GROUP_BYTES;
+    xp += <usize>gl << 2;
+  }
+  v128.store(acc, a0);
+  v128.store(acc, a1, 16);
+  v128.store(acc, a2, 32);
+  v128.store(acc, a3, 48);
+  v128.store(acc, a4, 64);
+  v128.store(acc, a5, 80);
+  v128.store(acc, a6, 96);
+  v128.store(acc, a7, 112);
+}
+
+/** Groups of one strip taken before the next strip's turn in strips4: 512 bytes of weights. */
+const TURN: i32 = 4;
+
+/**
+ * Four strips ss bytes apart (sp, sp + ss, ...) against one token row, in step: TURN groups of
+ * each in turn, strip t's 8 running sums at acc + 128 t between turns, then each row's finish;
+ * strip t's outputs at yo + t * ys2. Each strip's sums strip8x1's, in its order. Groups read x
+ * from xq, the tails from xr (as strip8x1).
+ */
+@inline function strips4(dt: i32, yo: usize, ys2: usize, xr: usize, sp: usize, ss: usize, n: i32, xq: usize, acc: usize): void {
+  const gl = groupLen(dt);
+  const groups = mainLen(dt, n) / gl;
+  const z = f32x4.splat(0);
+  for (let i: usize = 0; i < 512; i += 16) v128.store(acc + i, z);
+  for (let c0 = 0; c0 < groups; c0 += TURN) {
+    const c1 = min(c0 + TURN, groups);
+    const xp = xq + (<usize>(c0 * gl) << 2);
+    stripGroups(dt, acc, sp, xp, c0, c1);
+    stripGroups(dt, acc + 128, sp + ss, xp, c0, c1);
+    stripGroups(dt, acc + 256, sp + 2 * ss, xp, c0, c1);
+    stripGroups(dt, acc + 384, sp + 3 * ss, xp, c0, c1);
+  }
+  const td = dt == F16X ? F16 : dt == F16SX ? F16S : dt;
+  for (let t = 0; t < 4; t++) {
+    const at = acc + <usize>t * 128;
+    const s = sp + <usize>t * ss;
+    const yt = yo + <usize>t * ys2;
+    for (let r = 0; r < S; r++) store<f32>(yt + (<usize>r << 2), finish(td, v128.load(at + (<usize>r << 4)), tailOf(dt, s, n, r), xr, n));
+  }
 }
 
 /**
@@ -397,6 +462,36 @@ function stripRows(yo: usize, x: usize, sp: usize, rows: i32, n: i32, d: i32): v
     const sp = w + <usize>(g >> 3) * sb;
     for (let r = 0; r < rows; r++) store<f32>(y + <usize>r * ys + (<usize>(g - r0) << 2), row1x1(dt, x + <usize>r * xs, sp, g & (S - 1), n));
   }
+}
+
+/**
+ * One token row in four streams far rows apart: whole strips g0 .. g1 and the three pieces after
+ * them (all in the job), four strips in step (strips4), the sums in scratch past x (scaled for
+ * f16: 4 n + 512 bytes of the 32 n, so n >= 32). An f16 x not scaled (some |x| >= 2^16), or an
+ * n below 32, takes the four pieces one after another.
+ */
+@inline function streams(dt: i32, job: usize, g0: i32, g1: i32, far: i32, scratch: usize): void {
+  const j = changetype<Job>(job);
+  const n = j.n;
+  const x = j.x;
+  const half = dt == F16 || dt == F16S;
+  if (n < 32 || (half && !scaleX(scratch, x, n, dt == F16S ? X102 : X112, dt == F16S ? BELOW26 : BELOW16))) {
+    for (let t = 0; t < 4; t++) matmul(dt, job, g0 + t * far, g1 + t * far, scratch);
+    return;
+  }
+  const sb = stripBytes(dt, n);
+  const acc = scratch + (((<usize>n << 2) + 15) & ~15);
+  const xq = half ? scratch : x;
+  const k = dt == F16 ? F16X : dt == F16S ? F16SX : dt;
+  for (let g = g0; g < g1; g += S) strips4(k, j.y + (<usize>(g - j.r0) << 2), <usize>far << 2, x, j.w + <usize>(g >> 3) * sb, <usize>(far >> 3) * sb, n, xq, acc);
+}
+
+/** streams for the f32, f16 and bf16 kernels, fn their index. */
+export function matmul_float_streams(fn: i32, job: usize, g0: i32, g1: i32, far: i32, scratch: usize): void {
+  if (fn == F16) streams(F16, job, g0, g1, far, scratch);
+  else if (fn == F16S) streams(F16S, job, g0, g1, far, scratch);
+  else if (fn == BF16) streams(BF16, job, g0, g1, far, scratch);
+  else streams(F32, job, g0, g1, far, scratch);
 }
 
 export function matmul_f32(job: usize, g0: i32, g1: i32, scratch: usize): void {

@@ -149,17 +149,27 @@ export function quantize_q8_x(dst: usize, x: usize, rows: i32, n: i32): void {
 /**
  * The strip at sp against one token row whose rest is at rest, block by block; its 8 rows give
  * their outputs at yo, yo + 4, ... Per row, one running f32 sum, plus per block f32(I) * (wscale *
- * xscale) (THE Q8 ORDER in matmul.ts). Strip after strip is one stream through the matrix (as
- * kquants.ts' kStrip: four strips in step measured 1.29x slower on 1B Q8_0 decode, the AMD EPYC,
- * two threads, bench/decode-ab.ts).
+ * xscale) (THE Q8 ORDER in matmul.ts). A one-token chunk takes four strips in step (strip4,
+ * dispatch.ts' THE STREAMS); this takes a batch's odd rows and a piece that a job's ends cut.
  */
 @inline function strip1(yo: usize, rest: usize, sp: usize, n: i32): void {
-  const blocks = n >> 5;
+  stripBlocks(yo, rest, sp, 0, n >> 5, n);
+}
+
+/**
+ * Blocks c0 .. c1 of the strip at sp against one token row, the 8 rows' running sums at yo (from
+ * zero when c0 is 0): strip1's additions, in its order, for any cut of the blocks.
+ */
+@inline function stripBlocks(yo: usize, rest: usize, sp: usize, c0: i32, c1: i32, n: i32): void {
   let y0 = f32x4.splat(0);
   let y1 = y0;
-  let xp = compactAt(rest, n);
-  let sp4 = rest;
-  for (let c = 0; c < blocks; c++) {
+  if (c0 > 0) {
+    y0 = v128.load(yo);
+    y1 = v128.load(yo, 16);
+  }
+  let xp = compactAt(rest, n) + (<usize>c0 << 6);
+  let sp4 = rest + (<usize>c0 << 2);
+  for (let c = c0; c < c1; c++) {
     const xs = v128.load32_splat(sp4);
     const g = sp + <usize>c * GROUP;
     const w = g + 16;
@@ -180,6 +190,33 @@ export function quantize_q8_x(dst: usize, x: usize, rows: i32, n: i32): void {
   }
   v128.store(yo, y0);
   v128.store(yo, y1, 16);
+}
+
+/** Blocks of one strip taken before the next strip's turn in strip4 (1088 bytes of weights). */
+const TURN: i32 = 4;
+
+/**
+ * Four strips ss bytes apart (sp, sp + ss, ...) against one token row, in step: TURN blocks of
+ * each in turn, the running sums at yo + t * ys2 between turns; each strip's sums strip1's.
+ */
+@inline function strip4(yo: usize, ys2: usize, rest: usize, sp: usize, ss: usize, n: i32): void {
+  const blocks = n >> 5;
+  for (let c0 = 0; c0 < blocks; c0 += TURN) {
+    const c1 = min(c0 + TURN, blocks);
+    stripBlocks(yo, rest, sp, c0, c1, n);
+    stripBlocks(yo + ys2, rest, sp + ss, c0, c1, n);
+    stripBlocks(yo + 2 * ys2, rest, sp + 2 * ss, c0, c1, n);
+    stripBlocks(yo + 3 * ys2, rest, sp + 3 * ss, c0, c1, n);
+  }
+}
+
+/** One token row in four streams far rows apart: whole strips g0 .. g1 and the three pieces after them, all in the job. */
+export function matmul_q8_0_streams(job: usize, g0: i32, g1: i32, far: i32): void {
+  const j = changetype<Job>(job);
+  const n = j.n;
+  const sb = <usize>(n >> 5) * GROUP;
+  const rest = restOf(j.x, 0, 1, n);
+  for (let g = g0; g < g1; g += S) strip4(j.y + (<usize>(g - j.r0) << 2), <usize>far << 2, rest, j.w + <usize>(g >> 3) * sb, <usize>(far >> 3) * sb, n);
 }
 
 /** Row k of the strip at sp against one quantized token row, its rest at rest (the same sum as strip1's). */
