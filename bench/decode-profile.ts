@@ -172,7 +172,7 @@ function kernelAlone(mm: MatmulKernel, calls: Call[], batch: number): { layers: 
   // Room for q8_0's quantized x too (q8_row_bytes: about 8.1 bytes an element, zeros here).
   const x = mm.addressOf(mm.alloc(batch * cfg.hiddenDim * 3));
   const y = mm.addressOf(mm.alloc(batch * cfg.vocabSize));
-  const scratch = mm.addressOf(mm.alloc(8 * cfg.hiddenDim));
+  const scratch = mm.addressOf(mm.alloc(8 * cfg.hiddenDim + 32));
   // Each call's job record (kernel-exports.ts' J_ slots), written once: the kernels take its address.
   const jobs = mm.allocInts(calls.length * JOB_INTS);
   calls.forEach((c, i) => {
@@ -270,7 +270,7 @@ function tileCall(dt: DType, rows: number, n: number, d: number): { run: () => v
     x = q;
   }
   const y = k.addressOf(k.alloc(rows * d));
-  const scratch = k.addressOf(k.alloc(8 * n));
+  const scratch = k.addressOf(k.alloc(8 * n + 32));
   const fn = ex[`matmul_${dt}`];
   // The call's job record (kernel-exports.ts' J_ slots; fn and r0 stay 0): the kernel takes its address.
   const job = k.allocInts(JOB_INTS);

@@ -638,8 +638,9 @@ export class MatmulKernel {
     const count = this.queued;
     if (count === 0) return;
     this.quantizeQ8Inputs(this.ex!, count);
-    // Each thread's scratch for a dequantized strip (32 bytes per column), above the copies.
-    this.dispatch(count, this.queuedMacs, align16(32 * this.maxCols));
+    // Each thread's scratch for a dequantized strip (32 bytes per column) and a strip's running
+    // sums after it (kernels/assembly/matmul.ts' strip8x1), above the copies.
+    this.dispatch(count, this.queuedMacs, align16(32 * this.maxCols) + 128);
     for (let j = 0; j < count; j++) {
       const y = this.outs[j]!;
       if (y !== null) {

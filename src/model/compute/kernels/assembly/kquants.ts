@@ -632,34 +632,24 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
  * half 1 term (q4Term, q6Term), the two halves' running sums in registers, stored at yo at the
  * end: each half's additions are q4Half1's (q6Half1's), in their order. Half by half, each pass
  * skipped the other half's bytes of every group. A one-token chunk takes four strips in step
- * (kStrip4, dispatch.ts' THE STREAMS); this takes a batch's odd rows and a piece that a job's ends cut.
+ * (kStrips with k = 4, dispatch.ts' THE STREAMS); this takes a batch's odd rows and a piece that
+ * a job's ends cut.
  */
 @inline function kStrip(six: bool, five: bool, yo: usize, xq: usize, sp: usize, n: i32): void {
-  const blocks = n >> 8;
-  const grp: usize = six ? Q6K_GROUP : five ? Q5K_GROUP : Q4K_GROUP;
-  let y0 = f32x4.splat(0);
-  let y1 = y0;
-  const sr = scalesAt(xq, n);
-  const ur = six ? sums16At(xq, n) : sums32At(xq, n);
-  const xc = quadCompact(xq, n, 8);
-  for (let c = 0; c < blocks; c++) {
-    const g = sp + <usize>c * grp;
-    const s = load<f32>(sr + (<usize>c << 2));
-    const xb = xc + (<usize>c << 8);
-    const u = ur + (<usize>c << (six ? 5 : 4));
-    y0 = f32x4.add(y0, six ? q6Term(g, 0, xb, s, u, true) : q4Term(five, g, 0, xb, s, u, true));
-    y1 = f32x4.add(y1, six ? q6Term(g, 1, xb, s, u, true) : q4Term(five, g, 1, xb, s, u, true));
-  }
-  v128.store(yo, y0);
-  v128.store(yo, y1, 16);
+  kStrips(six, five, 1, yo, 0, xq, sp, 0, n);
+}
+
+/** Half `half` of the super-block group at g against the token's block at xb (scale s, sums u). */
+@inline function kTerm(six: bool, five: bool, g: usize, half: usize, xb: usize, s: f32, u: usize): v128 {
+  return six ? q6Term(g, half, xb, s, u, true) : q4Term(five, g, half, xb, s, u, true);
 }
 
 /**
- * Four whole strips far apart (at sp, sp + ss, sp + 2 ss, sp + 3 ss) against one token row, in
- * step, a super-block of each in turn (dispatch.ts' THE STREAMS): each strip's sums as kStrip's,
- * in kStrip's order, so the same bits; outputs of strip t at yo + t * ys2.
+ * k (1 or 4, a constant) whole strips far apart (at sp, sp + ss, ...) against one token row, in
+ * step, a super-block of each in turn (dispatch.ts' THE STREAMS): each strip's sums kStrip's, in
+ * its order, so the same bits; outputs of strip t at yo + t * ys2.
  */
-@inline function kStrip4(six: bool, five: bool, yo: usize, ys2: usize, xq: usize, sp: usize, ss: usize, n: i32): void {
+@inline function kStrips(six: bool, five: bool, k: i32, yo: usize, ys2: usize, xq: usize, sp: usize, ss: usize, n: i32): void {
   const blocks = n >> 8;
   const grp: usize = six ? Q6K_GROUP : five ? Q5K_GROUP : Q4K_GROUP;
   let a0 = f32x4.splat(0);
@@ -672,20 +662,25 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
     const s = load<f32>(sr + (<usize>c << 2));
     const xb = xc + (<usize>c << 8);
     const u = ur + (<usize>c << (six ? 5 : 4));
-    a0 = f32x4.add(a0, six ? q6Term(g, 0, xb, s, u, true) : q4Term(five, g, 0, xb, s, u, true));
-    a1 = f32x4.add(a1, six ? q6Term(g, 1, xb, s, u, true) : q4Term(five, g, 1, xb, s, u, true));
-    const g1 = g + ss;
-    b0 = f32x4.add(b0, six ? q6Term(g1, 0, xb, s, u, true) : q4Term(five, g1, 0, xb, s, u, true));
-    b1 = f32x4.add(b1, six ? q6Term(g1, 1, xb, s, u, true) : q4Term(five, g1, 1, xb, s, u, true));
-    const g2 = g1 + ss;
-    c0 = f32x4.add(c0, six ? q6Term(g2, 0, xb, s, u, true) : q4Term(five, g2, 0, xb, s, u, true));
-    c1 = f32x4.add(c1, six ? q6Term(g2, 1, xb, s, u, true) : q4Term(five, g2, 1, xb, s, u, true));
-    const g3 = g2 + ss;
-    d0 = f32x4.add(d0, six ? q6Term(g3, 0, xb, s, u, true) : q4Term(five, g3, 0, xb, s, u, true));
-    d1 = f32x4.add(d1, six ? q6Term(g3, 1, xb, s, u, true) : q4Term(five, g3, 1, xb, s, u, true));
+    a0 = f32x4.add(a0, kTerm(six, five, g, 0, xb, s, u));
+    a1 = f32x4.add(a1, kTerm(six, five, g, 1, xb, s, u));
+    if (k > 1) {
+      b0 = f32x4.add(b0, kTerm(six, five, g + ss, 0, xb, s, u));
+      b1 = f32x4.add(b1, kTerm(six, five, g + ss, 1, xb, s, u));
+      c0 = f32x4.add(c0, kTerm(six, five, g + 2 * ss, 0, xb, s, u));
+      c1 = f32x4.add(c1, kTerm(six, five, g + 2 * ss, 1, xb, s, u));
+      d0 = f32x4.add(d0, kTerm(six, five, g + 3 * ss, 0, xb, s, u));
+      d1 = f32x4.add(d1, kTerm(six, five, g + 3 * ss, 1, xb, s, u));
+    }
   }
+  storeStrips(k, yo, ys2, a0, a1, b0, b1, c0, c1, d0, d1);
+}
+
+/** The running sums of k (1 or 4) strips' two halves (a0 a1 for strip 0, ...) at yo + t * ys2. */
+@inline export function storeStrips(k: i32, yo: usize, ys2: usize, a0: v128, a1: v128, b0: v128, b1: v128, c0: v128, c1: v128, d0: v128, d1: v128): void {
   v128.store(yo, a0);
   v128.store(yo, a1, 16);
+  if (k == 1) return;
   v128.store(yo + ys2, b0);
   v128.store(yo + ys2, b1, 16);
   v128.store(yo + 2 * ys2, c0);
@@ -846,7 +841,7 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
   let g = g0;
   if (far > 0) {
     // Four streams: whole strips g0 .. g1 and the same far, 2 far, 3 far rows on (the caller's pieces).
-    for (; g < g1; g += 8) kStrip4(six, five, y + (<usize>(g - r0) << 2), <usize>far << 2, xq, w + <usize>(g >> 3) * sb, <usize>(far >> 3) * sb, n);
+    for (; g < g1; g += 8) kStrips(six, five, 4, y + (<usize>(g - r0) << 2), <usize>far << 2, xq, w + <usize>(g >> 3) * sb, <usize>(far >> 3) * sb, n);
     return;
   }
   for (; g < g1 && ((g & 7) != 0 || g + 8 > g1); g++) oneRow(six, five, y, xq, w, rows, n, ys, qb, sb, r0, g);

@@ -25,7 +25,7 @@
 import { Q4_0, Q4_1, Q5_0 } from "./dtype-index";
 import { f16extScale } from "./f16";
 import { Job } from "./job";
-import { dot2, highAt, highOf, lowAt, lowOf, next2, q4Sub, quadCompact, quadRowBytes, quadScales, quadSums, quantizeQuads, rdot, widen } from "./kquants";
+import { dot2, highAt, highOf, lowAt, lowOf, next2, q4Sub, quadCompact, quadRowBytes, quadScales, quadSums, quantizeQuads, rdot, storeStrips, widen } from "./kquants";
 
 /** Bytes of one quantized token row of n (a multiple of 32). */
 @inline function qRowBytes(n: i32): usize {
@@ -85,30 +85,19 @@ export function quantize_l_x(dst: usize, x: usize, rows: i32, n: i32): void {
  * The whole strip at sp against one token row, block by block: its half 0 term, then its half 1
  * term, each half's running sum in half1's order (the outputs at yo, yo + 4, ...); half strip by
  * half strip, each pass skipped the other half's bytes. A one-token chunk takes four strips in
- * step (strip4, dispatch.ts' THE STREAMS); this takes a batch's odd rows and a piece that a job's ends cut.
+ * step (strips with k = 4, dispatch.ts' THE STREAMS); this takes a batch's odd rows and a piece
+ * that a job's ends cut.
  */
 @inline function strip1(min: bool, five: bool, offset: i32, yo: usize, xq: usize, sp: usize, n: i32): void {
-  const blocks = n >> 5;
-  const gb = groupBytes(min, five);
-  const sr = quadScales(xq, n);
-  const ur = quadSums(xq, n, 5);
-  const xc = quadCompact(xq, n, 5);
-  let y0 = f32x4.splat(0);
-  let y1 = y0;
-  for (let c = 0; c < blocks; c++) {
-    const g = sp + <usize>c * gb;
-    y0 = f32x4.add(y0, halfTerm(min, five, offset, g, 0, xc, c, sr, ur));
-    y1 = f32x4.add(y1, halfTerm(min, five, offset, g, 1, xc, c, sr, ur));
-  }
-  v128.store(yo, y0);
-  v128.store(yo, y1, 16);
+  strips(min, five, offset, 1, yo, 0, xq, sp, 0, n);
 }
 
 /**
- * Four strips ss bytes apart (sp, sp + ss, ...) against one token row, in step, block by block:
- * each strip's sums strip1's, in its order, held in registers; outputs of strip t at yo + t * ys2.
+ * k (1 or 4, a constant) strips ss bytes apart (sp, sp + ss, ...) against one token row, in step,
+ * block by block: each strip's sums strip1's, in its order, held in registers; outputs of strip t
+ * at yo + t * ys2.
  */
-@inline function strip4(min: bool, five: bool, offset: i32, yo: usize, ys2: usize, xq: usize, sp: usize, ss: usize, n: i32): void {
+@inline function strips(min: bool, five: bool, offset: i32, k: i32, yo: usize, ys2: usize, xq: usize, sp: usize, ss: usize, n: i32): void {
   const blocks = n >> 5;
   const gb = groupBytes(min, five);
   const sr = quadScales(xq, n);
@@ -120,32 +109,24 @@ export function quantize_l_x(dst: usize, x: usize, rows: i32, n: i32): void {
     const g = sp + <usize>c * gb;
     a0 = f32x4.add(a0, halfTerm(min, five, offset, g, 0, xc, c, sr, ur));
     a1 = f32x4.add(a1, halfTerm(min, five, offset, g, 1, xc, c, sr, ur));
-    const g1 = g + ss;
-    b0 = f32x4.add(b0, halfTerm(min, five, offset, g1, 0, xc, c, sr, ur));
-    b1 = f32x4.add(b1, halfTerm(min, five, offset, g1, 1, xc, c, sr, ur));
-    const g2 = g1 + ss;
-    c0 = f32x4.add(c0, halfTerm(min, five, offset, g2, 0, xc, c, sr, ur));
-    c1 = f32x4.add(c1, halfTerm(min, five, offset, g2, 1, xc, c, sr, ur));
-    const g3 = g2 + ss;
-    d0 = f32x4.add(d0, halfTerm(min, five, offset, g3, 0, xc, c, sr, ur));
-    d1 = f32x4.add(d1, halfTerm(min, five, offset, g3, 1, xc, c, sr, ur));
+    if (k > 1) {
+      b0 = f32x4.add(b0, halfTerm(min, five, offset, g + ss, 0, xc, c, sr, ur));
+      b1 = f32x4.add(b1, halfTerm(min, five, offset, g + ss, 1, xc, c, sr, ur));
+      c0 = f32x4.add(c0, halfTerm(min, five, offset, g + 2 * ss, 0, xc, c, sr, ur));
+      c1 = f32x4.add(c1, halfTerm(min, five, offset, g + 2 * ss, 1, xc, c, sr, ur));
+      d0 = f32x4.add(d0, halfTerm(min, five, offset, g + 3 * ss, 0, xc, c, sr, ur));
+      d1 = f32x4.add(d1, halfTerm(min, five, offset, g + 3 * ss, 1, xc, c, sr, ur));
+    }
   }
-  v128.store(yo, a0);
-  v128.store(yo, a1, 16);
-  v128.store(yo + ys2, b0);
-  v128.store(yo + ys2, b1, 16);
-  v128.store(yo + 2 * ys2, c0);
-  v128.store(yo + 2 * ys2, c1, 16);
-  v128.store(yo + 3 * ys2, d0);
-  v128.store(yo + 3 * ys2, d1, 16);
+  storeStrips(k, yo, ys2, a0, a1, b0, b1, c0, c1, d0, d1);
 }
 
-/** strip4 over whole strips g0 .. g1 and the three pieces far rows after them (all in the job). */
+/** Four strips in step (strips) over whole strips g0 .. g1 and the three pieces far rows after them (all in the job). */
 @inline function streamsLegacy(min: bool, five: bool, offset: i32, job: usize, g0: i32, g1: i32, far: i32): void {
   const j = changetype<Job>(job);
   const n = j.n;
   const sb = <usize>(n >> 5) * groupBytes(min, five);
-  for (let g = g0; g < g1; g += 8) strip4(min, five, offset, j.y + (<usize>(g - j.r0) << 2), <usize>far << 2, j.x, j.w + <usize>(g >> 3) * sb, <usize>(far >> 3) * sb, n);
+  for (let g = g0; g < g1; g += 8) strips(min, five, offset, 4, j.y + (<usize>(g - j.r0) << 2), <usize>far << 2, j.x, j.w + <usize>(g >> 3) * sb, <usize>(far >> 3) * sb, n);
 }
 
 /** One token row in four streams far rows apart (streamsLegacy), fn the legacy kernel's index. */

@@ -161,36 +161,19 @@ const GROUP_BYTES: usize = 128;
 /**
  * The 8 rows of the strip at sp against one token row xr; outputs at yo, yo + 4, ... The groups
  * read x from xq: xr itself, or for F16X xr scaled by 2^112, for F16SX by 2^102 (the tails read xr).
+ * The running sums pass through acc (128 bytes) once, before each row's finish.
  */
-@inline function strip8x1(dt: i32, yo: usize, xr: usize, sp: usize, n: i32, xq: usize): void {
-  const gl = groupLen(dt);
-  const groups = mainLen(dt, n) / gl;
-  let a0 = f32x4.splat(0), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
-  let g = sp;
-  let xp = xq;
-  for (let c = 0; c < groups; c++) {
-    const x0 = v128.load(xp);
-    const x1 = x1Of(dt, xp);
-    a0 = groupDot(dt, a0, g, 0, x0, x1);
-    a1 = groupDot(dt, a1, g, 1, x0, x1);
-    a2 = groupDot(dt, a2, g, 2, x0, x1);
-    a3 = groupDot(dt, a3, g, 3, x0, x1);
-    a4 = groupDot(dt, a4, g, 4, x0, x1);
-    a5 = groupDot(dt, a5, g, 5, x0, x1);
-    a6 = groupDot(dt, a6, g, 6, x0, x1);
-    a7 = groupDot(dt, a7, g, 7, x0, x1);
-    g += GROUP_BYTES;
-    xp += <usize>gl << 2;
-  }
+@inline function strip8x1(dt: i32, yo: usize, xr: usize, sp: usize, n: i32, xq: usize, acc: usize): void {
+  const z = f32x4.splat(0);
+  for (let i: usize = 0; i < 128; i += 16) v128.store(acc + i, z);
+  stripGroups(dt, acc, sp, xq, 0, mainLen(dt, n) / groupLen(dt));
+  finishStrip(dt, yo, acc, sp, xr, n);
+}
+
+/** The 8 rows' outputs at yo of the strip at sp whose running sums are at acc (finish on each). */
+@inline function finishStrip(dt: i32, yo: usize, acc: usize, sp: usize, xr: usize, n: i32): void {
   const td = dt == F16X ? F16 : dt == F16SX ? F16S : dt;
-  store<f32>(yo, finish(td, a0, tailOf(dt, sp, n, 0), xr, n));
-  store<f32>(yo, finish(td, a1, tailOf(dt, sp, n, 1), xr, n), 4);
-  store<f32>(yo, finish(td, a2, tailOf(dt, sp, n, 2), xr, n), 8);
-  store<f32>(yo, finish(td, a3, tailOf(dt, sp, n, 3), xr, n), 12);
-  store<f32>(yo, finish(td, a4, tailOf(dt, sp, n, 4), xr, n), 16);
-  store<f32>(yo, finish(td, a5, tailOf(dt, sp, n, 5), xr, n), 20);
-  store<f32>(yo, finish(td, a6, tailOf(dt, sp, n, 6), xr, n), 24);
-  store<f32>(yo, finish(td, a7, tailOf(dt, sp, n, 7), xr, n), 28);
+  for (let r = 0; r < S; r++) store<f32>(yo + (<usize>r << 2), finish(td, v128.load(acc + (<usize>r << 4)), tailOf(dt, sp, n, r), xr, n));
 }
 
 /**
@@ -248,13 +231,7 @@ const TURN: i32 = 4;
     stripGroups(dt, acc + 256, sp + 2 * ss, xp, c0, c1);
     stripGroups(dt, acc + 384, sp + 3 * ss, xp, c0, c1);
   }
-  const td = dt == F16X ? F16 : dt == F16SX ? F16S : dt;
-  for (let t = 0; t < 4; t++) {
-    const at = acc + <usize>t * 128;
-    const s = sp + <usize>t * ss;
-    const yt = yo + <usize>t * ys2;
-    for (let r = 0; r < S; r++) store<f32>(yt + (<usize>r << 2), finish(td, v128.load(at + (<usize>r << 4)), tailOf(dt, s, n, r), xr, n));
-  }
+  for (let t = 0; t < 4; t++) finishStrip(dt, yo + <usize>t * ys2, acc + <usize>t * 128, sp + <usize>t * ss, xr, n);
 }
 
 /**
@@ -262,13 +239,13 @@ const TURN: i32 = 4;
  * dtype a constant here, where a second inlined strip8x1 in matmul with another dtype made
  * AssemblyScript share one local for both and binaryen then kept the dtype tests in the loop.
  */
-function strip8x1F16(yo: usize, xr: usize, sp: usize, n: i32): void {
-  strip8x1(F16, yo, xr, sp, n, xr);
+function strip8x1F16(yo: usize, xr: usize, sp: usize, n: i32, acc: usize): void {
+  strip8x1(F16, yo, xr, sp, n, xr, acc);
 }
 
 /** strip8x1F16 for shifted f16 (some |x| >= 2^26). */
-function strip8x1F16S(yo: usize, xr: usize, sp: usize, n: i32): void {
-  strip8x1(F16S, yo, xr, sp, n, xr);
+function strip8x1F16S(yo: usize, xr: usize, sp: usize, n: i32, acc: usize): void {
+  strip8x1(F16S, yo, xr, sp, n, xr, acc);
 }
 
 /** Row k of the strip at sp against one token row xr. */
@@ -347,11 +324,11 @@ function strip8x1F16S(yo: usize, xr: usize, sp: usize, n: i32): void {
  * twice the work per line it brings in). The strip (at most 32 n bytes) stays in cache while the
  * token rows stream past it.
  */
-function stripRows(yo: usize, x: usize, sp: usize, rows: i32, n: i32, d: i32): void {
+function stripRows(yo: usize, x: usize, sp: usize, rows: i32, n: i32, d: i32, acc: usize): void {
   const xs = <usize>n << 2;
   const ys = <usize>d << 2;
   let r = rows & 1;
-  if (r != 0) strip8x1(F32, yo, x, sp, n, x);
+  if (r != 0) strip8x1(F32, yo, x, sp, n, x, acc);
   for (; r + 2 <= rows; r += 2) {
     const xa = x + <usize>r * xs;
     const ya = yo + <usize>r * ys;
@@ -422,7 +399,7 @@ function stripRows(yo: usize, x: usize, sp: usize, rows: i32, n: i32, d: i32): v
 /**
  * Rows g0 .. g1 of the matrix at w (a thread's share: the split never changes an output) against
  * every token row; row g's outputs go to column g - r0 of y. Rows of a strip not wholly in the
- * range go one at a time. `scratch` (32 n bytes of this thread's own) holds a dequantized strip.
+ * range go one at a time. `scratch` (32 n + 128 bytes of this thread's own) holds a dequantized strip and a strip's sums.
  */
 @inline function matmul(dt: i32, job: usize, g0: i32, g1: i32, scratch: usize): void {
   const j = changetype<Job>(job);
@@ -439,6 +416,9 @@ function stripRows(yo: usize, x: usize, sp: usize, rows: i32, n: i32, d: i32): v
   // One f16 token row runs on x scaled by 2^112 (shifted: 2^102) in scratch, unless some |x| >=
   // 2^16 (2^26) or is NaN.
   const half = dt == F16 || dt == F16S;
+  // A strip's running sums (strip8x1) go past the scaled x, or past a dequantized strip.
+  const xBytes = ((<usize>n << 2) + 15) & ~15;
+  const stripF32Bytes = ((<usize>n << 5) + 15) & ~15;
   const scaled = half && rows == 1 && scaleX(scratch, x, n, dt == F16S ? X102 : X112, dt == F16S ? BELOW26 : BELOW16);
   let g = g0;
   for (; g < g1 && ((g & (S - 1)) != 0 || g + S > g1); g++) {
@@ -449,13 +429,14 @@ function stripRows(yo: usize, x: usize, sp: usize, rows: i32, n: i32, d: i32): v
     const sp = w + <usize>(g >> 3) * sb;
     const yo = y + (<usize>(g - r0) << 2);
     if (rows == 1) {
-      if (dt == F16 && !scaled) strip8x1F16(yo, x, sp, n);
-      else if (dt == F16S && !scaled) strip8x1F16S(yo, x, sp, n);
-      else strip8x1(dt == F16 ? F16X : dt == F16S ? F16SX : dt, yo, x, sp, n, half ? scratch : x);
-    } else if (dt == F32) stripRows(yo, x, sp, rows, n, d);
+      const acc = scratch + xBytes;
+      if (dt == F16 && !scaled) strip8x1F16(yo, x, sp, n, acc);
+      else if (dt == F16S && !scaled) strip8x1F16S(yo, x, sp, n, acc);
+      else strip8x1(dt == F16 ? F16X : dt == F16S ? F16SX : dt, yo, x, sp, n, half ? scratch : x, acc);
+    } else if (dt == F32) stripRows(yo, x, sp, rows, n, d, scratch);
     else {
       dequantStrip(dt, scratch, sp, n);
-      stripRows(yo, x, scratch, rows, n, d);
+      stripRows(yo, x, scratch, rows, n, d, scratch + stripF32Bytes);
     }
   }
   for (; g < g1; g++) {
