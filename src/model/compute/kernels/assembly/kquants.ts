@@ -826,7 +826,7 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
  * q4_k, and q5_k below 12 rows; q6Half4: q6_k below 8), the last few one token at a time; a row
  * of a strip not wholly in the range computes its half alone and keeps its lane (the same sum).
  */
-@inline function matmulK(six: bool, five: bool, job: usize, g0: i32, g1: i32, scratch: usize, far: i32 = 0): void {
+@inline function matmulK(six: bool, five: bool, job: usize, g0: i32, g1: i32, scratch: usize): void {
   const j = changetype<Job>(job);
   const y = j.y;
   const xq = j.x;
@@ -839,11 +839,6 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
   const qb = kRowBytes(n);
   const ys = <usize>d << 2;
   let g = g0;
-  if (far > 0) {
-    // Four streams: whole strips g0 .. g1 and the same far, 2 far, 3 far rows on (the caller's pieces).
-    for (; g < g1; g += 8) kStrips(six, five, 4, y + (<usize>(g - r0) << 2), <usize>far << 2, xq, w + <usize>(g >> 3) * sb, <usize>(far >> 3) * sb, n);
-    return;
-  }
   for (; g < g1 && ((g & 7) != 0 || g + 8 > g1); g++) oneRow(six, five, y, xq, w, rows, n, ys, qb, sb, r0, g);
   for (; g + 8 <= g1; g += 8) {
     const sp = w + <usize>(g >> 3) * sb;
@@ -910,9 +905,17 @@ export function matmul_q6_k(job: usize, g0: i32, g1: i32, scratch: usize): void 
   matmulK(true, false, job, g0, g1, scratch);
 }
 
-/** One token row in four streams far rows apart: strips g0 .. g1 and the three pieces after them (whole strips, all in the job). */
+/** Four strips in step (kStrips) over whole strips g0 .. g1 and the three pieces far rows after them (all in the job). */
+@inline function kStreams(six: bool, five: bool, job: usize, g0: i32, g1: i32, far: i32): void {
+  const j = changetype<Job>(job);
+  const n = j.n;
+  const sb = <usize>(n >> 8) * (six ? Q6K_GROUP : five ? Q5K_GROUP : Q4K_GROUP);
+  for (let g = g0; g < g1; g += 8) kStrips(six, five, 4, j.y + (<usize>(g - j.r0) << 2), <usize>far << 2, j.x, j.w + <usize>(g >> 3) * sb, <usize>(far >> 3) * sb, n);
+}
+
+/** One token row in four streams far rows apart (kStreams), fn the K kernel's index. */
 export function matmul_k_streams(fn: i32, job: usize, g0: i32, g1: i32, far: i32): void {
-  if (fn == Q6_K) matmulK(true, false, job, g0, g1, 0, far);
-  else if (fn == Q5_K) matmulK(false, true, job, g0, g1, 0, far);
-  else matmulK(false, false, job, g0, g1, 0, far);
+  if (fn == Q6_K) kStreams(true, false, job, g0, g1, far);
+  else if (fn == Q5_K) kStreams(false, true, job, g0, g1, far);
+  else kStreams(false, false, job, g0, g1, far);
 }
