@@ -915,7 +915,21 @@ export function matmul_q6_k(job: usize, g0: i32, g1: i32, scratch: usize): void 
 
 /** One token row in four streams far rows apart (kStreams), fn the K kernel's index. */
 export function matmul_k_streams(fn: i32, job: usize, g0: i32, g1: i32, far: i32): void {
-  if (fn == Q6_K) kStreams(true, false, job, g0, g1, far);
-  else if (fn == Q5_K) kStreams(false, true, job, g0, g1, far);
-  else kStreams(false, false, job, g0, g1, far);
+  if (fn == Q6_K) kStreamsQ6(job, g0, g1, far);
+  else if (fn == Q5_K) kStreamsQ5(job, g0, g1, far);
+  else kStreamsQ4(job, g0, g1, far);
+}
+
+// kStreams of each type as a function of its own: JavaScriptCore allocates registers a function
+// at a time, and the three inlined into one (43 KB of WebAssembly) leave each less room.
+function kStreamsQ4(job: usize, g0: i32, g1: i32, far: i32): void {
+  kStreams(false, false, job, g0, g1, far);
+}
+
+function kStreamsQ5(job: usize, g0: i32, g1: i32, far: i32): void {
+  kStreams(false, true, job, g0, g1, far);
+}
+
+function kStreamsQ6(job: usize, g0: i32, g1: i32, far: i32): void {
+  kStreams(true, false, job, g0, g1, far);
 }
