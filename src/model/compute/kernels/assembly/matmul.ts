@@ -394,6 +394,16 @@ function stripRows(yo: usize, x: usize, sp: usize, rows: i32, n: i32, d: i32, ac
   return s < below;
 }
 
+/** scaleX for a 16-bit dt into dst: by 2^102 for shifted f16 (F16S), else by 2^112. */
+@inline function scaleXFor(dt: i32, dst: usize, x: usize, n: i32): bool {
+  return scaleX(dst, x, n, dt == F16S ? X102 : X112, dt == F16S ? BELOW26 : BELOW16);
+}
+
+/** Bytes scaleX's copy of n floats takes in scratch (16-aligned): a strip's running sums go after it. */
+@inline function scaledXBytes(n: i32): usize {
+  return ((<usize>n << 2) + 15) & ~15;
+}
+
 /**
  * Rows g0 .. g1 of the matrix at w (a thread's share: the split never changes an output) against
  * every token row; row g's outputs go to column g - r0 of y. Rows of a strip not wholly in the
@@ -415,9 +425,8 @@ function stripRows(yo: usize, x: usize, sp: usize, rows: i32, n: i32, d: i32, ac
   // 2^16 (2^26) or is NaN.
   const half = dt == F16 || dt == F16S;
   // A strip's running sums (strip8x1) go past the scaled x, or past a dequantized strip.
-  const xBytes = ((<usize>n << 2) + 15) & ~15;
   const stripF32Bytes = ((<usize>n << 5) + 15) & ~15;
-  const scaled = half && rows == 1 && scaleX(scratch, x, n, dt == F16S ? X102 : X112, dt == F16S ? BELOW26 : BELOW16);
+  const scaled = half && rows == 1 && scaleXFor(dt, scratch, x, n);
   let g = g0;
   for (; g < g1 && ((g & (S - 1)) != 0 || g + S > g1); g++) {
     const sp = w + <usize>(g >> 3) * sb;
@@ -427,7 +436,7 @@ function stripRows(yo: usize, x: usize, sp: usize, rows: i32, n: i32, d: i32, ac
     const sp = w + <usize>(g >> 3) * sb;
     const yo = y + (<usize>(g - r0) << 2);
     if (rows == 1) {
-      const acc = scratch + xBytes;
+      const acc = scratch + scaledXBytes(n);
       if (dt == F16 && !scaled) strip8x1F16(yo, x, sp, n, acc);
       else if (dt == F16S && !scaled) strip8x1F16S(yo, x, sp, n, acc);
       else strip8x1(dt == F16 ? F16X : dt == F16S ? F16SX : dt, yo, x, sp, n, half ? scratch : x, acc);
@@ -454,12 +463,12 @@ function stripRows(yo: usize, x: usize, sp: usize, rows: i32, n: i32, d: i32, ac
   const n = j.n;
   const x = j.x;
   const half = dt == F16 || dt == F16S;
-  if (n < 32 || (half && !scaleX(scratch, x, n, dt == F16S ? X102 : X112, dt == F16S ? BELOW26 : BELOW16))) {
+  if (n < 32 || (half && !scaleXFor(dt, scratch, x, n))) {
     for (let t = 0; t < 4; t++) matmulOf(dt, job, g0 + t * far, g1 + t * far, scratch);
     return;
   }
   const sb = stripBytes(dt, n);
-  const acc = scratch + (((<usize>n << 2) + 15) & ~15);
+  const acc = scratch + scaledXBytes(n);
   const xq = half ? scratch : x;
   const k = dt == F16 ? F16X : dt == F16S ? F16SX : dt;
   for (let g = g0; g < g1; g += S) strips4(k, j.y + (<usize>(g - j.r0) << 2), <usize>far << 2, x, j.w + <usize>(g >> 3) * sb, <usize>(far >> 3) * sb, n, xq, acc);
