@@ -54,6 +54,8 @@ export interface ServedModel {
   kernels?: string;
   /** Kernel memories the weights are spread over: 1 unless the model outgrows a wasm32 memory. */
   memories?: number;
+  /** Whether the kernel memories are on 2 MiB pages (huge-pages.ts). */
+  hugePages?: boolean;
   /** Settles when the model's threads run. */
   ready?: () => Promise<void>;
   /** Stops the model's helper threads. */
@@ -212,6 +214,7 @@ async function loadModelThread(opts: LoadModelOptions & ModelOptions & { threads
     threads: w.info.threads,
     kernels: w.info.kernels,
     memories: w.info.memories,
+    hugePages: w.info.hugePages,
     close: () => w.close(),
     sharedSlab: true,
     kvSlab: (bytes) => w.kvSlab(bytes),
@@ -242,6 +245,7 @@ export function servedModelOf(
     threads: t.threads,
     kernels: t.kernels,
     memories: t.memories,
+    hugePages: t.hugePages,
     ready: () => t.ready(),
     close: () => t.close(),
     kvSlab: async (bytes) => t.kvSlab(bytes),

@@ -187,6 +187,7 @@ function modelFields(node: EngineNode): Record<string, unknown> {
     threads: node.model.threads ?? null,
     kernels: node.model.kernels ?? null,
     kernel_memories: node.model.memories ?? null,
+    huge_pages: node.model.hugePages ?? null,
     model_thread: node.model.sharedSlab ? "worker" : "main",
   };
   return s ? { parameters: s.parameters, dtype: s.dtype, resident_bytes: s.residentBytes, ...held } : held;

@@ -4,6 +4,7 @@ import { join } from "node:path";
 import { type Role, ROLES, SPECS } from "../../src/cli/options.ts";
 import { roleArgs } from "../../src/cli/spawn-role.ts";
 import { DEFAULT_MODEL_NAME } from "../../src/model/load/default-model.ts";
+import { transparentHugePages } from "../../src/model/compute/huge-pages.ts";
 import { alive, exitWithin, killAll, killTree, REPO, spawnProc, tempDir, waitGone } from "./procs.ts";
 
 const expected = JSON.parse(readFileSync(join(REPO, "models", DEFAULT_MODEL_NAME, "expected.json"), "utf8")) as {
@@ -68,6 +69,8 @@ test("binary starts in each role", async () => {
         // ... and its WebAssembly kernels: a plain-JS fallback would be said here.
         expect(ready.kernels).toBe("wasm-simd");
         expect(ready.kernel_memories).toBe(1);
+        // ... and their memory on 2 MiB pages wherever this host hands them out (huge-pages.ts).
+        expect(ready.huge_pages).toBe(transparentHugePages());
         // Only roles that receive KV serve KvTransfer.
         if (role === "prefill") expect(ready.kv).toBeNull();
         else expect(String(ready.kv)).toMatch(/^127\.0\.0\.1:[1-9]\d*$/);

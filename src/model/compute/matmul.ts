@@ -35,6 +35,7 @@ import {
   type SimpleMatrix,
   type StackedMatrix,
 } from "./packed.ts";
+import { adviseHugePages } from "./huge-pages.ts";
 import { copyBytes } from "./mapped-file.ts";
 import { type MemoryViews, packStrips, readStripRow, STRIP_ROWS, stripBytes, stripLayoutBytes } from "./strip-layout.ts";
 import { quantizeXRef, xRef } from "./x-quant-ref.ts";
@@ -208,6 +209,8 @@ export interface KernelOptions {
   placeJs?: boolean;
   /** How long a helper thread spins after a dispatch before sleeping (kernel-threads.ts' HELPER_SPIN_MS; tests lengthen it). */
   helperSpinMs?: number;
+  /** false: the memory is not advised for 2 MiB pages (huge-pages.ts; benches compare the two). */
+  hugePages?: boolean;
 }
 
 /**
@@ -276,6 +279,8 @@ export class MatmulKernel {
    * bits on one core at a small fraction of the speed: the ready line says it, never silently.
    */
   readonly kernels: string = "wasm-simd";
+  /** Whether the kernel memory is advised for 2 MiB pages and the host hands them out (huge-pages.ts' THE HUGE PAGES). */
+  readonly hugePages: boolean = false;
   private readonly ex: KernelExports | null;
   private f32 = new Float32Array(0);
   private u8 = new Uint8Array(0);
@@ -358,6 +363,8 @@ export class MatmulKernel {
       return;
     }
     this.memory = mem;
+    // Before the first write: a page the memory already has stays 4 KiB.
+    this.hugePages = opts.hugePages !== false && adviseHugePages(mem, MAX_PAGES * PAGE);
     this.ex = new WebAssembly.Instance(mod, { env: { memory: mem } }).exports as unknown as KernelExports;
     this.top += gap;
     this.refresh();

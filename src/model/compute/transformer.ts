@@ -167,6 +167,11 @@ export class Transformer {
     return this.groups.length;
   }
 
+  /** Whether every kernel memory is on 2 MiB pages (MatmulKernel.hugePages). */
+  get hugePages(): boolean {
+    return this.groups.every((g) => g.mm.hugePages);
+  }
+
   /** Bytes of kernel memory taken for good over every group: weights, slabs, scratch (MatmulKernel.usedBytes). */
   get kernelBytes(): number {
     return this.groups.reduce((n, g) => n + g.mm.usedBytes, 0);

@@ -146,6 +146,8 @@ export interface LoadedInfo {
   kernels: string;
   /** Kernel memories the weights are spread over (Transformer.memories). */
   memories: number;
+  /** Whether every kernel memory is on 2 MiB pages (Transformer.hugePages). */
+  hugePages: boolean;
 }
 
 export type FromModelThread =

@@ -142,7 +142,17 @@ async function load(m: Extract<ToModelThread, { type: "load" }>): Promise<void> 
     const stats = { ...files.stats, residentBytes: weightsBytes(weights) };
     self.postMessage({
       type: "loaded",
-      info: { name: files.name, cfg: t.cfg, eosIds: files.eosIds, stats, dtype: t.dtype, threads: t.threads, kernels: t.kernels, memories: t.memories },
+      info: {
+        name: files.name,
+        cfg: t.cfg,
+        eosIds: files.eosIds,
+        stats,
+        dtype: t.dtype,
+        threads: t.threads,
+        kernels: t.kernels,
+        memories: t.memories,
+        hugePages: t.hugePages,
+      },
     });
   } catch (e) {
     self.postMessage({ type: "load-failed", message: e instanceof Error ? e.message : String(e) });
