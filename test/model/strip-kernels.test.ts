@@ -144,6 +144,88 @@ describe("f16 in the shifted coding", () => {
     }
   });
 
+  // Shapes whose one-token chunks all walk in step (dispatch.ts' THE STREAMS), on one thread and
+  // split over two, where a thread keeps the x it scaled (matmul.ts' THE SCALED X A THREAD KEEPS).
+  const N16 = 256;
+  const D16 = 512;
+
+  test("a plain and a shifted matrix on one x in one dispatch each read x at their own scale", async () => {
+    const shifted = small(D16, N16, 5);
+    const plain = castMatrix(
+      new Float32Array(D16 * N16).map((_, i) => (i === 7 ? 200 : Math.cos(i * 0.3) / 8)),
+      "f16",
+      N16,
+    ) as PackedMatrix;
+    for (const threads of [1, 2]) {
+      const k = kernel(
+        [
+          { matrix: shifted, cols: N16 },
+          { matrix: plain, cols: N16 },
+        ],
+        threads,
+      );
+      await k.ready();
+      expect(placedShifted(k, k.views[0]!, shifted, D16, N16)).toBe(true);
+      expect(placedShifted(k, k.views[1]!, plain, D16, N16)).toBe(false);
+      const x = k.alloc(N16);
+      x.set(input(1, N16, 4));
+      const ys = [k.alloc(D16), k.alloc(D16), k.alloc(D16)];
+      // The first thread takes the shifted job's chunks, then the plain one's, on the same x.
+      k.queue(ys[0]!, x, k.views[0]!, 0, 1, N16, D16);
+      k.queue(ys[1]!, x, k.views[1]!, 0, 1, N16, D16);
+      k.queue(ys[2]!, x, k.views[0]!, 0, 1, N16, D16);
+      k.flush();
+      expect(bits(ys[0]!)).toEqual(ref(x, shifted, 0, 1, N16, D16));
+      expect(bits(ys[1]!)).toEqual(ref(x, plain, 0, 1, N16, D16));
+      expect(bits(ys[2]!)).toEqual(ref(x, shifted, 0, 1, N16, D16));
+    }
+  });
+
+  test("an x rewritten in place between dispatches is scaled anew", async () => {
+    const w = small(D16, N16, 7);
+    for (const threads of [1, 2]) {
+      const k = kernel([{ matrix: w, cols: N16 }], threads);
+      await k.ready();
+      const x = k.alloc(N16);
+      const y = k.alloc(D16);
+      for (let i = 0; i < 20; i++) {
+        x.set(input(1, N16, i));
+        k.matmul(y, x, k.views[0]!, 0, 1, N16, D16);
+        expect(bits(y)).toEqual(ref(x, w, 0, 1, N16, D16));
+      }
+      if (threads > 1) expect(k.splitCalls).toBeGreaterThan(0);
+    }
+  });
+
+  test("an x kept across another kernel's job in one dispatch is scaled anew", () => {
+    // Right after construction no helper has started: the caller takes its own chunks (the first
+    // f16 job's, then the bf16 job's first, which writes its scratch), then steals the last
+    // job's from the back, on the same x as the first.
+    const w = small(D16, N16, 9);
+    const wb = weights("bf16", 96, 64, 8);
+    for (let i = 0; i < 5; i++) {
+      const k = kernel(
+        [
+          { matrix: w, cols: N16 },
+          { matrix: wb, cols: 64 },
+        ],
+        2,
+      );
+      const x = k.alloc(N16);
+      x.set(input(1, N16, i));
+      const xb = k.alloc(2 * 64);
+      xb.set(input(2, 64, 99));
+      const ys = [k.alloc(D16), k.alloc(2 * 96), k.alloc(D16)];
+      k.queue(ys[0]!, x, k.views[0]!, 0, 1, N16, D16);
+      k.queue(ys[1]!, xb, k.views[1]!, 0, 2, 64, 96);
+      k.queue(ys[2]!, x, k.views[0]!, 0, 1, N16, D16);
+      k.flush();
+      expect(bits(ys[0]!)).toEqual(ref(x, w, 0, 1, N16, D16));
+      expect(bits(ys[1]!)).toEqual(ref(xb, wb, 0, 2, 64, 96));
+      expect(bits(ys[2]!)).toEqual(ref(x, w, 0, 1, N16, D16));
+    }
+  });
+
   test("row into gives every pattern below 128 exactly", () => {
     const { k, w, rows } = expectRowsRead(Uint16Array.from({ length: 65536 }, (_, h) => h).filter((h) => (h & 0x7fff) < 0x5800));
     expect(placedShifted(k, k.views[0]!, w, rows, 64)).toBe(true);

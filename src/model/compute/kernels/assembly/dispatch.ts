@@ -26,7 +26,7 @@ import { convert_q8_rows } from "./convert";
 import { place_rows } from "./place-strips";
 import { BF16, F16, F16S, F32, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0 } from "./dtype-index";
 import { Job } from "./job";
-import { matmul_bf16, matmul_f16, matmul_f16s, matmul_f32, matmul_float_streams } from "./matmul";
+import { forgetScaledX, matmul_bf16, matmul_f16, matmul_f16s, matmul_f32, matmul_float_streams } from "./matmul";
 import { k_row_bytes, matmul_k_streams, matmul_q4_k, matmul_q5_k, matmul_q6_k, quantize_k_x } from "./kquants";
 import { l_row_bytes, matmul_legacy_streams, matmul_q4_0, matmul_q4_1, matmul_q5_0, matmul_q5_1, quantize_l_x } from "./legacy";
 import { matmul_q8_0, matmul_q8_0_streams, q8_row_bytes, quantize_q8_rows } from "./q8";
@@ -100,11 +100,13 @@ export function quantize_rows(dst: usize, x: usize, layout: i32, n: i32, r0: i32
   const j = changetype<Job>(job);
   const fn = j.fn;
   const k = c - j.first;
+  const per = j.per;
+  // Every kernel but an f16 one-token walk may write the scratch (matmul.ts' THE SCALED X A THREAD KEEPS).
+  if (!((fn == F16 || fn == F16S) && j.rows == 1 && per % (8 * STREAMS) == 0)) forgetScaledX();
   if (fn == ATTEND) {
     attend_jobs(j.w, k, k + 1, scratch);
     return;
   }
-  const per = j.per;
   if (fn == CONVERT_Q8) {
     convert_q8_rows(j.y, j.x, <i32>j.w, j.n, k * per, min(j.d, (k + 1) * per));
     return;
@@ -157,6 +159,7 @@ export function quantize_rows(dst: usize, x: usize, layout: i32, n: i32, r0: i32
     matmulStreams(fn, job, s0, s0 + p, far, scratch);
     return;
   }
+  forgetScaledX();
   for (let t = 0; t < STREAMS; t++) {
     const a = max(r0, s0 + t * far);
     const b = min(end, s0 + t * far + p);
@@ -169,6 +172,8 @@ export function matmul_one_token(job: usize, per: i32, scratch: usize): void {
   const j = changetype<Job>(job);
   const span = j.r0 + j.d - (j.r0 & ~7);
   const chunks = (span + per - 1) / per;
+  // x may have changed in place since this thread last scaled it (matmul.ts' THE SCALED X A THREAD KEEPS).
+  forgetScaledX();
   for (let k = 0; k < chunks; k++) oneTokenChunk(j.fn, job, k, per, scratch);
 }
 
@@ -300,6 +305,8 @@ export function x_row_bytes(fn: i32, n: i32): i32 {
  */
 export function run_chunks(ctrl: usize, thread: i32): i32 {
   let done = 0;
+  // A new dispatch: x may have changed in place since this thread last scaled it (matmul.ts' THE SCALED X A THREAD KEEPS).
+  forgetScaledX();
   for (;;) {
     const c = claim(ctrl, thread);
     if (c < 0) break;

@@ -453,17 +453,54 @@ function stripRows(yo: usize, x: usize, sp: usize, rows: i32, n: i32, d: i32, ac
 }
 
 /**
+ * THE SCALED X A THREAD KEEPS. streams scales an f16 job's x into the thread's scratch, and a
+ * thread takes a dispatch's chunks one after another, most of them of the same x (its job's, and
+ * q, k and v share one), and scaling it again for each cost a 1B F16 decode 2% (bench/decode-
+ * ab.ts, Intel Xeon, 4 rounds: 101.4 against 99.4 ms a token kept). So the thread remembers which x
+ * (address, length, coding) its scratch holds scaled, and whether that x scaled exactly, and
+ * forgets it whenever the scratch may have been written otherwise: at the start of every
+ * dispatch or whole job on the thread (x may have changed in place since), and before any other
+ * kernel runs on that scratch (dispatch.ts' forgetScaledX calls). Globals are the thread's own
+ * (each thread instantiates the module). Scaling x once for the dispatch, into memory both threads
+ * read, ran 0.97x instead (decode-ab.s17-f16-x-scaled-once-1b.json).
+ */
+let keptX: usize = 0;
+let keptN: i32 = 0;
+let keptDt: i32 = -1;
+let keptScratch: usize = 0;
+let keptExact: bool = false;
+
+/** Forgets the scaled x this thread keeps (see THE SCALED X A THREAD KEEPS). */
+export function forgetScaledX(): void {
+  keptDt = -1;
+}
+
+/** scaleXFor into scratch, or nothing when the scratch already holds this x scaled for dt: whether it scaled exactly. */
+@inline function keptScaleX(dt: i32, scratch: usize, x: usize, n: i32): bool {
+  if (keptDt == dt && keptX == x && keptN == n && keptScratch == scratch) return keptExact;
+  keptExact = scaleXFor(dt, scratch, x, n);
+  keptDt = dt;
+  keptX = x;
+  keptN = n;
+  keptScratch = scratch;
+  return keptExact;
+}
+
+/**
  * One token row in four streams far rows apart: whole strips g0 .. g1 and the three pieces after
  * them (all in the job), four strips in step (strips4), the sums in scratch past x (scaled for
- * f16: 4 n + 512 bytes of the 32 n, so n >= 32). An f16 x not scaled (some |x| >= 2^16), or an
- * n below 32, takes the four pieces one after another.
+ * f16: 4 n + 512 bytes of the 32 n, so n >= 32; kept between chunks, THE SCALED X A THREAD
+ * KEEPS). An f16 x not scaled (some |x| >= 2^16), or an n below 32, takes the four pieces one
+ * after another.
  */
 @inline function streams(dt: i32, job: usize, g0: i32, g1: i32, far: i32, scratch: usize): void {
   const j = changetype<Job>(job);
   const n = j.n;
   const x = j.x;
   const half = dt == F16 || dt == F16S;
-  if (n < 32 || (half && !scaleXFor(dt, scratch, x, n))) {
+  if (!half) forgetScaledX();
+  if (n < 32 || (half && !keptScaleX(dt, scratch, x, n))) {
+    forgetScaledX();
     for (let t = 0; t < 4; t++) matmulOf(dt, job, g0 + t * far, g1 + t * far, scratch);
     return;
   }
