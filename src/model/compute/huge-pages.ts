@@ -19,26 +19,23 @@ const MADV_HUGEPAGE = 14;
 /** Where Linux says its transparent huge page mode: "always [madvise] never", the brackets on the one in force. */
 const THP_MODE = "/sys/kernel/mm/transparent_hugepage/enabled";
 
-type Madvise = (addr: number, length: bigint, advice: number) => number;
-type Ffi = {
-  dlopen(lib: string, symbols: Record<string, unknown>): { symbols: Record<string, unknown> };
-  ptr(view: ArrayBufferView): number;
-  FFIType: Record<string, unknown>;
-};
+type Ffi = typeof import("bun:ffi");
+type Libc = { madvise(addr: ReturnType<Ffi["ptr"]>, length: bigint, advice: number): number; ptr: Ffi["ptr"] };
 
-let libc: { madvise: Madvise; ptr: Ffi["ptr"] } | null | undefined;
+let libc: Libc | null | undefined;
 
 /** madvise from glibc through Bun's FFI, or null where there is none (another OS or runtime, musl). */
-function madviseFn(): { madvise: Madvise; ptr: Ffi["ptr"] } | null {
+function madviseFn(): Libc | null {
   if (libc !== undefined) return libc;
   libc = null;
   if (process.platform !== "linux" || typeof Bun === "undefined") return libc;
   try {
+    // Required here, not imported: only Bun has it, and only on Linux is it called.
     const ffi = require("bun:ffi") as Ffi;
     const lib = ffi.dlopen("libc.so.6", {
       madvise: { args: [ffi.FFIType.ptr, ffi.FFIType.u64, ffi.FFIType.i32], returns: ffi.FFIType.i32 },
     });
-    libc = { madvise: lib.symbols.madvise as Madvise, ptr: ffi.ptr };
+    libc = { madvise: lib.symbols.madvise, ptr: ffi.ptr };
   } catch {
     libc = null;
   }

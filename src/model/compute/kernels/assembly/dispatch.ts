@@ -101,8 +101,9 @@ export function quantize_rows(dst: usize, x: usize, layout: i32, n: i32, r0: i32
   const fn = j.fn;
   const k = c - j.first;
   const per = j.per;
+  const oneToken = j.rows == 1 && per % (8 * STREAMS) == 0;
   // Every kernel but an f16 one-token walk may write the scratch (matmul.ts' THE SCALED X A THREAD KEEPS).
-  if (!((fn == F16 || fn == F16S) && j.rows == 1 && per % (8 * STREAMS) == 0)) forgetScaledX();
+  if (!(oneToken && (fn == F16 || fn == F16S))) forgetScaledX();
   if (fn == ATTEND) {
     attend_jobs(j.w, k, k + 1, scratch);
     return;
@@ -125,7 +126,7 @@ export function quantize_rows(dst: usize, x: usize, layout: i32, n: i32, r0: i32
   }
   const r0 = j.r0;
   const base = r0 & ~7;
-  if (j.rows == 1 && per % (8 * STREAMS) == 0) {
+  if (oneToken) {
     oneTokenChunk(fn, job, k, per, scratch);
     return;
   }

@@ -498,7 +498,6 @@ export function forgetScaledX(): void {
   const n = j.n;
   const x = j.x;
   const half = dt == F16 || dt == F16S;
-  if (!half) forgetScaledX();
   if (n < 32 || (half && !keptScaleX(dt, scratch, x, n))) {
     forgetScaledX();
     for (let t = 0; t < 4; t++) matmulOf(dt, job, g0 + t * far, g1 + t * far, scratch);
