@@ -648,6 +648,15 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
  * k (1 or 4, a constant) whole strips far apart (at sp, sp + ss, ...) against one token row, in
  * step, a super-block of each in turn (dispatch.ts' THE STREAMS): each strip's sums kStrip's, in
  * its order, so the same bits; outputs of strip t at yo + t * ys2.
+ *
+ * The four strips' half 0 terms come first, then their half 1 terms, so each stream is read in
+ * two bursts with three other half terms between them, and the lines the prefetcher fetched for
+ * a half arrive while the other strips compute. Half 0 then half 1 of each strip in turn left the
+ * second half waiting on its lines: in the profile of 8B Q4_K_M decode (Intel Xeon) q6_k's half 1
+ * loads waited twice as long as its half 0's, and q6_k (26 lines a group) read 18.0 GB/s where
+ * q4_k (18.5 lines) read 21.5. In this order q6_k reads 20.6-20.9 and q4_k 21.8; decode 1.074x
+ * at 8B and 1.104x at 1B (bench/decode-ab.ts, 3 rounds, decode-ab.s18-k-halves-in-turn-*.json).
+ * Quarter terms in turn (each half's integer in two passes) ran q6_k 21.0 but q4_k 20.5 GB/s.
  */
 @inline function kStrips(six: bool, five: bool, k: i32, yo: usize, ys2: usize, xq: usize, sp: usize, ss: usize, n: i32): void {
   const blocks = n >> 8;
@@ -663,13 +672,15 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
     const xb = xc + (<usize>c << 8);
     const u = ur + (<usize>c << (six ? 5 : 4));
     a0 = f32x4.add(a0, kTerm(six, five, g, 0, xb, s, u));
-    a1 = f32x4.add(a1, kTerm(six, five, g, 1, xb, s, u));
     if (k > 1) {
       b0 = f32x4.add(b0, kTerm(six, five, g + ss, 0, xb, s, u));
-      b1 = f32x4.add(b1, kTerm(six, five, g + ss, 1, xb, s, u));
       c0 = f32x4.add(c0, kTerm(six, five, g + 2 * ss, 0, xb, s, u));
-      c1 = f32x4.add(c1, kTerm(six, five, g + 2 * ss, 1, xb, s, u));
       d0 = f32x4.add(d0, kTerm(six, five, g + 3 * ss, 0, xb, s, u));
+    }
+    a1 = f32x4.add(a1, kTerm(six, five, g, 1, xb, s, u));
+    if (k > 1) {
+      b1 = f32x4.add(b1, kTerm(six, five, g + ss, 1, xb, s, u));
+      c1 = f32x4.add(c1, kTerm(six, five, g + 2 * ss, 1, xb, s, u));
       d1 = f32x4.add(d1, kTerm(six, five, g + 3 * ss, 1, xb, s, u));
     }
   }
