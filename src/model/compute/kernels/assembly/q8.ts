@@ -192,24 +192,57 @@ export function quantize_q8_x(dst: usize, x: usize, rows: i32, n: i32): void {
   v128.store(yo, y1, 16);
 }
 
-/** Blocks of one strip taken before the next strip's turn in strip4 (1088 bytes of weights). */
-const TURN: i32 = 4;
+/** Block c's term for a half strip (rows 4 half .. 4 half + 3): stripBlocks' f32(I) * (wscale * xscale) of those rows. */
+@inline function halfTerm(g: usize, half: usize, xp: usize, xs: v128): v128 {
+  const w = g + 16 + half * 128;
+  let la = i32x4.splat(0), lb = la;
+  for (let q = w, x = xp; q < w + 128; q += 16, x += 8) {
+    la = i32x4.add(la, i32x4.dot_i16x8_s(v128.load8x8_s(q), v128.load32_splat(x)));
+    lb = i32x4.add(lb, i32x4.dot_i16x8_s(v128.load8x8_s(q, 8), v128.load32_splat(x, 4)));
+  }
+  const ws = v128.load(g);
+  const sc = f16extScale(half == 0 ? i32x4.extend_low_i16x8_s(ws) : i32x4.extend_high_i16x8_s(ws));
+  return f32x4.mul(f32x4.convert_i32x4_s(i32x4.add(la, lb)), f32x4.mul(sc, xs));
+}
 
 /**
- * Four strips ss bytes apart (sp, sp + ss, ...) against one token row, in step: TURN blocks of
- * each in turn, the running sums at yo + t * ys2 between turns; each strip's sums strip1's. The
- * four turns written out: as a loop, 1B Q8_0 decoded at 0.97-0.98x the speed (bench/decode-ab.ts,
- * Intel Xeon, 2 and 4 rounds).
+ * Four strips ss bytes apart (sp, sp + ss, ...) against one token row, in step, block by block:
+ * the four strips' half 0 terms, then their half 1 terms, each half's running sum in registers
+ * (strip1's additions, in its order); strip t's outputs at yo + t * ys2. Each stream is read in
+ * bursts of 128 bytes with seven half terms between, so the lines the prefetcher fetched arrive
+ * while the others compute (as kquants.ts' kStrips). Four blocks of each strip a turn (1088 bytes)
+ * left the turn's later lines waiting: 1B Q8_0 decode 69.5 -> 57.3 ms a token (1.213x; one block a
+ * turn, sums through memory, 1.161x; two 1.103x), bench/decode-ab.ts, Intel Xeon, 3 rounds,
+ * decode-ab.s18-q8-*.json.
  */
 @inline function strip4(yo: usize, ys2: usize, rest: usize, sp: usize, ss: usize, n: i32): void {
   const blocks = n >> 5;
-  for (let c0 = 0; c0 < blocks; c0 += TURN) {
-    const c1 = min(c0 + TURN, blocks);
-    stripBlocks(yo, rest, sp, c0, c1, n);
-    stripBlocks(yo + ys2, rest, sp + ss, c0, c1, n);
-    stripBlocks(yo + 2 * ys2, rest, sp + 2 * ss, c0, c1, n);
-    stripBlocks(yo + 3 * ys2, rest, sp + 3 * ss, c0, c1, n);
+  let a0 = f32x4.splat(0);
+  let a1 = a0, b0 = a0, b1 = a0, c0 = a0, c1 = a0, d0 = a0, d1 = a0;
+  let xp = compactAt(rest, n);
+  let sp4 = rest;
+  for (let c = 0; c < blocks; c++) {
+    const xs = v128.load32_splat(sp4);
+    const g = sp + <usize>c * GROUP;
+    a0 = f32x4.add(a0, halfTerm(g, 0, xp, xs));
+    b0 = f32x4.add(b0, halfTerm(g + ss, 0, xp, xs));
+    c0 = f32x4.add(c0, halfTerm(g + 2 * ss, 0, xp, xs));
+    d0 = f32x4.add(d0, halfTerm(g + 3 * ss, 0, xp, xs));
+    a1 = f32x4.add(a1, halfTerm(g, 1, xp, xs));
+    b1 = f32x4.add(b1, halfTerm(g + ss, 1, xp, xs));
+    c1 = f32x4.add(c1, halfTerm(g + 2 * ss, 1, xp, xs));
+    d1 = f32x4.add(d1, halfTerm(g + 3 * ss, 1, xp, xs));
+    xp += 64;
+    sp4 += 4;
   }
+  v128.store(yo, a0);
+  v128.store(yo, a1, 16);
+  v128.store(yo + ys2, b0);
+  v128.store(yo + ys2, b1, 16);
+  v128.store(yo + 2 * ys2, c0);
+  v128.store(yo + 2 * ys2, c1, 16);
+  v128.store(yo + 3 * ys2, d0);
+  v128.store(yo + 3 * ys2, d1, 16);
 }
 
 /** One token row in four streams far rows apart: whole strips g0 .. g1 and the three pieces after them, all in the job. */
