@@ -209,8 +209,14 @@ const GROUP_BYTES: usize = 128;
   v128.store(acc, a7, 112);
 }
 
-/** Groups of one strip taken before the next strip's turn in strips4: 512 bytes of weights. */
-const TURN: i32 = 4;
+/**
+ * Groups of one strip taken before the next strip's turn in strips4: 256 bytes of weights. Short
+ * turns let the prefetcher's lines for a stream arrive while the other three compute (as
+ * kquants.ts' kStrips); each turn's 8 sums go through memory, so one group a turn costs more than
+ * it gives. 1B F16 decode against 4 groups (512 bytes): 2 groups 1.072x, 1 group 0.936x
+ * (bench/decode-ab.ts, Intel Xeon, 3 rounds, decode-ab.s18-f16-turn*-1b.json).
+ */
+const TURN: i32 = 2;
 
 /**
  * Four strips ss bytes apart (sp, sp + ss, ...) against one token row, in step: TURN groups of
