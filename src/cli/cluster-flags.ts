@@ -43,6 +43,7 @@ export const CLUSTER_OPTIONS: Readonly<Record<string, Rule>> = {
   push_idle_timeout_ms: "engines",
   dtype: "engines",
   threads: "engines",
+  huge_pages: "engines",
   model_thread: "engines",
   // Every process's HTTP API asks for the key; the gateway presents it to the engines.
   api_key: "all",

@@ -85,6 +85,7 @@ export interface EngineNodeOptions {
   tokenizerPath?: string;
   dtype?: ModelOptions["dtype"];
   threads?: number;
+  hugePages?: boolean;
   modelThread?: ModelOptions["modelThread"];
   /** What /v1/models lists and requests must name; default the model's folder or file name. */
   servedModelName?: string;
@@ -154,6 +155,8 @@ export interface ModelOptions {
   dtype?: DType | "as-stored";
   /** Threads the matmuls split over (default: the threads option's, all cores). */
   threads?: number;
+  /** false: kernel memory stays on 4 KiB pages (KernelOptions.hugePages; default: 2 MiB where the host gives them). */
+  hugePages?: boolean;
   /** Where forwards run: a model thread of their own (default), or the engine's event loop. */
   modelThread?: "worker" | "main";
   /** Bytes of weights one kernel memory may place (TransformerOptions.groupBytes): tests lower it. */
@@ -179,8 +182,8 @@ export async function loadModel(given: LoadModelOptions & ModelOptions): Promise
  * tokenizer and config, and its event loop never waits behind a forward.
  */
 async function loadModelThread(opts: LoadModelOptions & ModelOptions & { threads: number }): Promise<ServedModel> {
-  const { modelPath, tokenizerPath, maxSeqLen, dtype, threads } = opts;
-  const started = ModelWorker.start({ modelPath, tokenizerPath, maxSeqLen, dtype, threads });
+  const { modelPath, tokenizerPath, maxSeqLen, dtype, threads, hugePages } = opts;
+  const started = ModelWorker.start({ modelPath, tokenizerPath, maxSeqLen, dtype, threads, hugePages });
   // A bad path or tokenizer is told by the tokenizer's load, in the same words as in-thread.
   const tok = await loadTokenizerFor(opts).catch((e: unknown) => {
     void started.then(
@@ -228,7 +231,7 @@ export function servedModelOf(
   opts: ModelOptions & { threads: number },
 ): ServedModel {
   const weights = holdWeights(m.cfg, m.weights, m.stats.dtype, opts.dtype);
-  const t = new Transformer(m.cfg, weights, { threads: opts.threads, groupBytes: opts.groupBytes });
+  const t = new Transformer(m.cfg, weights, { threads: opts.threads, groupBytes: opts.groupBytes, hugePages: opts.hugePages });
   const shape = kvShapeOf(t.cfg, 1);
   return {
     name: m.name,

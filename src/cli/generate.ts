@@ -35,6 +35,7 @@ export async function generate(config: Config, rest: Map<string, string>, out: (
     maxSeqLen: e.max_model_len || undefined,
     dtype: e.dtype,
     threads: e.threads,
+    hugePages: e.huge_pages,
     modelThread: e.model_thread,
   });
   const B = e.block_tokens;

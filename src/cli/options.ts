@@ -148,6 +148,13 @@ export const SPECS = [
   },
   {
     section: "engine",
+    key: "huge_pages",
+    kind: "bool",
+    dflt: true,
+    help: "ask Linux for 2 MiB pages for the kernels' memory (faster decode where transparent huge pages are on, slower first touch on some hosts); --huge-pages=false: 4 KiB pages",
+  },
+  {
+    section: "engine",
     key: "model_thread",
     kind: "choice",
     choices: ["worker", "main"],

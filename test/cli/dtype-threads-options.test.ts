@@ -2,6 +2,7 @@ import { describe, expect, test } from "bun:test";
 import { availableParallelism } from "node:os";
 import { loadModel } from "../../src/cli/engine-node.ts";
 import { ConfigError, helpText, parseArgs } from "../../src/cli/options.ts";
+import { transparentHugePages } from "../../src/model/compute/huge-pages.ts";
 import { SYNTHETIC_MODEL_NAME } from "../../src/model/index.ts";
 
 describe("model options", () => {
@@ -47,5 +48,19 @@ describe("model options", () => {
     expect(worker!.runner.logitsBuffer).toBeFunction();
     worker!.close?.();
     main!.close?.();
+  });
+
+  test("huge_pages: 2 MiB pages where the host gives them, 4 KiB when turned off, on either model thread", async () => {
+    expect(parseArgs([]).config.engine.huge_pages).toBe(true);
+    expect(parseArgs(["--huge-pages=false"]).config.engine.huge_pages).toBe(false);
+    expect(helpText()).toContain("--huge-pages");
+    const models = await Promise.all(
+      (["worker", "main"] as const).flatMap((modelThread) =>
+        [true, false].map((hugePages) => loadModel({ modelPath: SYNTHETIC_MODEL_NAME, dtype: "bf16", threads: 1, modelThread, hugePages })),
+      ),
+    );
+    const thp = transparentHugePages();
+    expect(models.map((m) => m.hugePages)).toEqual([thp, false, thp, false]);
+    for (const m of models) m.close?.();
   });
 });

@@ -104,6 +104,8 @@ export interface ModelThreadOptions {
   maxSeqLen?: number;
   dtype?: DType | "as-stored";
   threads?: number;
+  /** false: kernel memory on 4 KiB pages (KernelOptions.hugePages). */
+  hugePages?: boolean;
 }
 
 export type ToModelThread =

@@ -135,7 +135,7 @@ async function load(m: Extract<ToModelThread, { type: "load" }>): Promise<void> 
     const o = m.opts;
     const files = readModelFilesFor({ modelPath: o.modelPath, tokenizerPath: o.tokenizerPath, maxSeqLen: o.maxSeqLen, dtype: o.dtype });
     const weights = holdWeights(files.cfg, files.weights, files.stats.dtype, o.dtype);
-    const t = new Transformer(files.cfg, weights, { threads: o.threads ?? 1 });
+    const t = new Transformer(files.cfg, weights, { threads: o.threads ?? 1, hugePages: o.hugePages });
     await t.ready();
     model = t;
     ctrl = new Int32Array(m.ctrl, 0, CTRL_INTS);
