@@ -42,6 +42,7 @@
 
 import { f16ext, f16extScale, f16ToF32 } from "./f16";
 import { Job } from "./job";
+import { storeStrips } from "./kquants";
 
 /** Rows per strip. */
 const S: i32 = 8;
@@ -235,14 +236,7 @@ export function quantize_q8_x(dst: usize, x: usize, rows: i32, n: i32): void {
     xp += 64;
     sp4 += 4;
   }
-  v128.store(yo, a0);
-  v128.store(yo, a1, 16);
-  v128.store(yo + ys2, b0);
-  v128.store(yo + ys2, b1, 16);
-  v128.store(yo + 2 * ys2, c0);
-  v128.store(yo + 2 * ys2, c1, 16);
-  v128.store(yo + 3 * ys2, d0);
-  v128.store(yo + 3 * ys2, d1, 16);
+  storeStrips(4, yo, ys2, a0, a1, b0, b1, c0, c1, d0, d1);
 }
 
 /** One token row in four streams far rows apart: whole strips g0 .. g1 and the three pieces after them, all in the job. */
