@@ -148,62 +148,46 @@ export function quantize_q8_x(dst: usize, x: usize, rows: i32, n: i32): void {
 }
 
 /**
- * The strip at sp against one token row whose rest is at rest, block by block; its 8 rows give
- * their outputs at yo, yo + 4, ... Per row, one running f32 sum, plus per block f32(I) * (wscale *
- * xscale) (THE Q8 ORDER in matmul.ts). A one-token chunk takes four strips in step (strip4,
- * dispatch.ts' THE STREAMS); this takes a batch's odd rows and a piece that a job's ends cut.
+ * The block sums I of a half strip (rows 4 half .. 4 half + 3) for the block at g: its 128 weight
+ * bytes against the block's 32 x at xp (compact pairs), four rows' exact i32 sums.
  */
-@inline function strip1(yo: usize, rest: usize, sp: usize, n: i32): void {
-  stripBlocks(yo, rest, sp, 0, n >> 5, n);
-}
-
-/**
- * Blocks c0 .. c1 of the strip at sp against one token row, the 8 rows' running sums at yo (from
- * zero when c0 is 0): strip1's additions, in its order, for any cut of the blocks.
- */
-@inline function stripBlocks(yo: usize, rest: usize, sp: usize, c0: i32, c1: i32, n: i32): void {
-  let y0 = f32x4.splat(0);
-  let y1 = y0;
-  if (c0 > 0) {
-    y0 = v128.load(yo);
-    y1 = v128.load(yo, 16);
-  }
-  let xp = compactAt(rest, n) + (<usize>c0 << 6);
-  let sp4 = rest + (<usize>c0 << 2);
-  for (let c = c0; c < c1; c++) {
-    const xs = v128.load32_splat(sp4);
-    const g = sp + <usize>c * GROUP;
-    const w = g + 16;
-    let la = i32x4.splat(0), lb = la, ha = la, hb = la;
-    for (let q = w, x = xp; q < w + 128; q += 16, x += 8) {
-      const x0 = v128.load32_splat(x);
-      const x1 = v128.load32_splat(x, 4);
-      la = i32x4.add(la, i32x4.dot_i16x8_s(v128.load8x8_s(q), x0));
-      ha = i32x4.add(ha, i32x4.dot_i16x8_s(v128.load8x8_s(q, 128), x0));
-      lb = i32x4.add(lb, i32x4.dot_i16x8_s(v128.load8x8_s(q, 8), x1));
-      hb = i32x4.add(hb, i32x4.dot_i16x8_s(v128.load8x8_s(q, 136), x1));
-    }
-    const ws = v128.load(g);
-    y0 = addBlock(y0, i32x4.add(la, lb), f16extScale(i32x4.extend_low_i16x8_s(ws)), xs);
-    y1 = addBlock(y1, i32x4.add(ha, hb), f16extScale(i32x4.extend_high_i16x8_s(ws)), xs);
-    xp += 64;
-    sp4 += 4;
-  }
-  v128.store(yo, y0);
-  v128.store(yo, y1, 16);
-}
-
-/** Block c's term for a half strip (rows 4 half .. 4 half + 3): stripBlocks' f32(I) * (wscale * xscale) of those rows. */
-@inline function halfTerm(g: usize, half: usize, xp: usize, xs: v128): v128 {
+@inline function halfSums(g: usize, half: usize, xp: usize): v128 {
   const w = g + 16 + half * 128;
   let la = i32x4.splat(0), lb = la;
   for (let q = w, x = xp; q < w + 128; q += 16, x += 8) {
     la = i32x4.add(la, i32x4.dot_i16x8_s(v128.load8x8_s(q), v128.load32_splat(x)));
     lb = i32x4.add(lb, i32x4.dot_i16x8_s(v128.load8x8_s(q, 8), v128.load32_splat(x, 4)));
   }
+  return i32x4.add(la, lb);
+}
+
+/** A half strip's four running sums plus the block at g (addBlock: its sums, its rows' f16 scales, x's scale xs). */
+@inline function addHalf(acc: v128, g: usize, half: usize, xp: usize, xs: v128): v128 {
   const ws = v128.load(g);
-  const sc = f16extScale(half == 0 ? i32x4.extend_low_i16x8_s(ws) : i32x4.extend_high_i16x8_s(ws));
-  return f32x4.mul(f32x4.convert_i32x4_s(i32x4.add(la, lb)), f32x4.mul(sc, xs));
+  return addBlock(acc, halfSums(g, half, xp), f16extScale(half == 0 ? i32x4.extend_low_i16x8_s(ws) : i32x4.extend_high_i16x8_s(ws)), xs);
+}
+
+/**
+ * The strip at sp against one token row whose rest is at rest, block by block; its 8 rows give
+ * their outputs at yo, yo + 4, ... Per row, one running f32 sum, plus per block f32(I) * (wscale *
+ * xscale) (THE Q8 ORDER in matmul.ts). A one-token chunk takes four strips in step (strip4,
+ * dispatch.ts' THE STREAMS); this takes a batch's odd rows and a piece that a job's ends cut.
+ */
+@inline function strip1(yo: usize, rest: usize, sp: usize, n: i32): void {
+  let y0 = f32x4.splat(0);
+  let y1 = y0;
+  let xp = compactAt(rest, n);
+  let sp4 = rest;
+  for (let c = 0; c < n >> 5; c++) {
+    const xs = v128.load32_splat(sp4);
+    const g = sp + <usize>c * GROUP;
+    y0 = addHalf(y0, g, 0, xp, xs);
+    y1 = addHalf(y1, g, 1, xp, xs);
+    xp += 64;
+    sp4 += 4;
+  }
+  v128.store(yo, y0);
+  v128.store(yo, y1, 16);
 }
 
 /**
@@ -225,14 +209,14 @@ export function quantize_q8_x(dst: usize, x: usize, rows: i32, n: i32): void {
   for (let c = 0; c < blocks; c++) {
     const xs = v128.load32_splat(sp4);
     const g = sp + <usize>c * GROUP;
-    a0 = f32x4.add(a0, halfTerm(g, 0, xp, xs));
-    b0 = f32x4.add(b0, halfTerm(g + ss, 0, xp, xs));
-    c0 = f32x4.add(c0, halfTerm(g + 2 * ss, 0, xp, xs));
-    d0 = f32x4.add(d0, halfTerm(g + 3 * ss, 0, xp, xs));
-    a1 = f32x4.add(a1, halfTerm(g, 1, xp, xs));
-    b1 = f32x4.add(b1, halfTerm(g + ss, 1, xp, xs));
-    c1 = f32x4.add(c1, halfTerm(g + 2 * ss, 1, xp, xs));
-    d1 = f32x4.add(d1, halfTerm(g + 3 * ss, 1, xp, xs));
+    a0 = addHalf(a0, g, 0, xp, xs);
+    b0 = addHalf(b0, g + ss, 0, xp, xs);
+    c0 = addHalf(c0, g + 2 * ss, 0, xp, xs);
+    d0 = addHalf(d0, g + 3 * ss, 0, xp, xs);
+    a1 = addHalf(a1, g, 1, xp, xs);
+    b1 = addHalf(b1, g + ss, 1, xp, xs);
+    c1 = addHalf(c1, g + 2 * ss, 1, xp, xs);
+    d1 = addHalf(d1, g + 3 * ss, 1, xp, xs);
     xp += 64;
     sp4 += 4;
   }
