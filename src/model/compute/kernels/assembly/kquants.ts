@@ -439,17 +439,28 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
  * by half over the whole strip read it from L2 twice (AMD EPYC, alternating builds, 8 token rows:
  * one thread 0.94-0.98x the time, two threads past L3 0.86-1.03x).
  */
-@inline function q4StripN(five: bool, acc: usize, yo: usize, ys: usize, xq: usize, qb: usize, sp: usize, n: i32, count: usize): void {
+/**
+ * With k > 1 (4, matmulK's groups of 32 rows), k strips ss bytes apart in step: super-block c of
+ * each in turn, so the tokens' x of the block (8 KB for 8 tokens) is read from L2 once for the k
+ * strips, not once per strip; each strip's sums keep their order (the same bits), its outputs 32
+ * bytes on from the last's.
+ */
+@inline function q4StripN(five: bool, acc: usize, yo: usize, ys: usize, xq: usize, qb: usize, sp: usize, n: i32, count: usize, k: i32 = 1, ss: usize = 0): void {
   const blocks = n >> 8;
   const z = i32x4.splat(0);
-  for (let t: usize = 0; t < count; t++) {
-    v128.store(yo + t * ys, z);
-    v128.store(yo + t * ys, z, 16);
+  for (let s = 0; s < k; s++) {
+    for (let t: usize = 0; t < count; t++) {
+      v128.store(yo + (<usize>s << 5) + t * ys, z);
+      v128.store(yo + (<usize>s << 5) + t * ys, z, 16);
+    }
   }
   for (let c = 0; c < blocks; c++) {
-    const g = sp + <usize>c * (five ? Q5K_GROUP : Q4K_GROUP);
-    q4BlockN(five, acc, yo, ys, xq, qb, g, 0, c, n, count);
-    q4BlockN(five, acc, yo + 16, ys, xq, qb, g, 1, c, n, count);
+    for (let s = 0; s < k; s++) {
+      const g = sp + <usize>s * ss + <usize>c * (five ? Q5K_GROUP : Q4K_GROUP);
+      const ysb = yo + (<usize>s << 5);
+      q4BlockN(five, acc, ysb, ys, xq, qb, g, 0, c, n, count);
+      q4BlockN(five, acc, ysb + 16, ys, xq, qb, g, 1, c, n, count);
+    }
   }
 }
 
@@ -851,6 +862,25 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
   const ys = <usize>d << 2;
   let g = g0;
   for (; g < g1 && ((g & 7) != 0 || g + 8 > g1); g++) oneRow(six, five, y, xq, w, rows, n, ys, qb, sb, r0, g);
+  // q4_k against 8 token rows or more: four strips in step (q4StripN with k = 4), their x read
+  // once a super-block for the four. One strip at a time, the 8B Q4_K_M forward of 8 decode rows
+  // ran at 750 or 790 ms depending only on where the activation buffers and the quantized x fell
+  // mod 128 KiB (the engine's layout after a prefill was the slow one: every weight load of the
+  // q4_k tile waited longer, by its profile); in step it runs 724-735 ms in both (Intel Xeon, 2
+  // threads; the w1/w3 dispatch 355.8 -> 328.6 ms a step; README, session 19).
+  if (!six && !five && rows >= 8) {
+    for (; g + 32 <= g1; g += 32) {
+      const yo = y + (<usize>(g - r0) << 2);
+      const sp = w + <usize>(g >> 3) * sb;
+      let r = 0;
+      for (; r + 8 <= rows; r += 8) q4StripN(false, scratch, yo + <usize>r * ys, ys, xq + <usize>r * qb, qb, sp, n, 8, 4, sb);
+      for (let s: usize = 0; s < 4; s++) {
+        let q = r;
+        for (; q + 4 <= rows; q += 4) q4StripN(false, scratch, yo + (s << 5) + <usize>q * ys, ys, xq + <usize>q * qb, qb, sp + s * sb, n, 4);
+        for (; q < rows; q++) kStrip(false, false, yo + (s << 5) + <usize>q * ys, xq + <usize>q * qb, sp + s * sb, n);
+      }
+    }
+  }
   for (; g + 8 <= g1; g += 8) {
     const sp = w + <usize>(g >> 3) * sb;
     const yo = y + (<usize>(g - r0) << 2);
