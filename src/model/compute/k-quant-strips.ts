@@ -123,29 +123,38 @@ export function readKStripRow(kt: KDType, u8: Uint8Array, base: number, k: numbe
   const gb = kGroupBytes(kt);
   const half = k >> 2;
   const kk = k & 3;
-  for (let j = j0; j < j0 + count; j++) {
+  // A sub-block at a time (16 weights for q6_k, 32 else), its group's scales read once for it:
+  // read per weight, they made the lookup of an 8-row batch's embeddings 4 ms of an 8B step.
+  const sub = kt === "q6_k" ? 16 : 32;
+  for (let j = j0; j < j0 + count; ) {
     const g = base + Math.floor(j / QK_K) * gb;
-    const i = j % QK_K;
+    const i0 = j % QK_K;
+    const end = Math.min(j0 + count, j - (i0 % sub) + sub);
     const d = lut[u8[g + 2 * k]! | (u8[g + 2 * k + 1]! << 8)]!;
     if (kt === "q6_k") {
-      const pl = q6Place(k, i);
-      const u = g + (pl >> 6);
-      const e = pl & 63;
-      const b = e & 15;
-      const q = e < 48 ? u8[u + e]! & 63 : ((u8[u + b]! >> 6) << 4) | ((u8[u + 16 + b]! >> 6) << 2) | (u8[u + 32 + b]! >> 6);
-      const sc = (u8[g + q6ScaleSlot(k, i >> 4)]! << 24) >> 24;
-      out[outAt + j - j0] = d * sc * (q - 32);
+      const dsc = d * ((u8[g + q6ScaleSlot(k, i0 >> 4)]! << 24) >> 24);
+      for (; j < end; j++) {
+        const pl = q6Place(k, j % QK_K);
+        const u = g + (pl >> 6);
+        const e = pl & 63;
+        const b = e & 15;
+        const q = e < 48 ? u8[u + e]! & 63 : ((u8[u + b]! >> 6) << 4) | ((u8[u + 16 + b]! >> 6) << 2) | (u8[u + 32 + b]! >> 6);
+        out[outAt + j - j0] = dsc * (q - 32);
+      }
     } else {
       const dmin = lut[u8[g + 16 + 2 * k]! | (u8[g + 16 + 2 * k + 1]! << 8)]!;
-      const p = q4Place(k, i);
-      let q = p & 1 ? u8[g + (p >> 1)]! >> 4 : u8[g + (p >> 1)]! & 15;
-      if (kt === "q5_k") {
-        const b5 = q5BitPlace(k, i);
-        q |= ((u8[g + (b5 >> 3)]! >> (b5 & 7)) & 1) << 4;
+      const dsc = d * u8[g + 32 + half * 32 + minSlot(kk, i0 >> 5)]!;
+      const dm = dmin * u8[g + 96 + half * 32 + minSlot(kk, i0 >> 5)]!;
+      for (; j < end; j++) {
+        const i = j % QK_K;
+        const p = q4Place(k, i);
+        let q = p & 1 ? u8[g + (p >> 1)]! >> 4 : u8[g + (p >> 1)]! & 15;
+        if (kt === "q5_k") {
+          const b5 = q5BitPlace(k, i);
+          q |= ((u8[g + (b5 >> 3)]! >> (b5 & 7)) & 1) << 4;
+        }
+        out[outAt + j - j0] = dsc * q - dm;
       }
-      const sc = u8[g + 32 + half * 32 + minSlot(kk, i >> 5)]!;
-      const m = u8[g + 96 + half * 32 + minSlot(kk, i >> 5)]!;
-      out[outAt + j - j0] = d * sc * q - dmin * m;
     }
   }
 }
