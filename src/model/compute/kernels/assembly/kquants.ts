@@ -438,8 +438,7 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
  * half 1 (q4BlockN), so the tokens' x of the block (1 KB each) comes from L1 the second time; half
  * by half over the whole strip read it from L2 twice (AMD EPYC, alternating builds, 8 token rows:
  * one thread 0.94-0.98x the time, two threads past L3 0.86-1.03x).
- */
-/**
+ *
  * With k > 1 (4, matmulK's groups of 32 rows), k strips ss bytes apart in step: super-block c of
  * each in turn, so the tokens' x of the block (8 KB for 8 tokens) is read from L2 once for the k
  * strips, not once per strip; each strip's sums keep their order (the same bits), its outputs 32
@@ -715,7 +714,8 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
  * Super-block c of a half strip of q6_k against four token rows from xq (qb apart): each token's
  * term added to its running sums at yo + t * ys (as q6Term's, in q6Half1's order). Each unit is
  * unpacked once for the four tokens, from the group (pre false) or read unpacked from un (pre:
- * q6UnpackBlock's 1 KB).
+ * q6UnpackBlock's 1 KB). With nx, the same half of the group at ng (the next super-block) is
+ * unpacked to nx a unit per unit of the pass (kBlocks' steady stream).
  */
 @inline function q6Block4(pre: bool, un: usize, yo: usize, ys: usize, xq: usize, qb: usize, g: usize, half: usize, c: i32, n: i32, nx: usize = 0, ng: usize = 0): void {
   const sr = scalesAt(xq, n);
@@ -890,11 +890,7 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
       const sp = w + <usize>(g >> 3) * sb;
       let r = 0;
       for (; r + 8 <= rows; r += 8) q4StripN(false, scratch, yo + <usize>r * ys, ys, xq + <usize>r * qb, qb, sp, n, 8, 4, sb);
-      for (let s: usize = 0; s < 4; s++) {
-        let q = r;
-        for (; q + 4 <= rows; q += 4) q4StripN(false, scratch, yo + (s << 5) + <usize>q * ys, ys, xq + <usize>q * qb, qb, sp + s * sb, n, 4);
-        for (; q < rows; q++) kStrip(false, false, yo + (s << 5) + <usize>q * ys, xq + <usize>q * qb, sp + s * sb, n);
-      }
+      for (let s: usize = 0; s < 4; s++) stripTail(false, false, scratch, yo + (s << 5), ys, xq, qb, sp + s * sb, n, r, rows);
     }
   }
   for (; g + 8 <= g1; g += 8) {
@@ -919,17 +915,23 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
     if (!six) {
       for (; r + 8 <= rows; r += 8) q4StripN(five, scratch, yo + <usize>r * ys, ys, xq + <usize>r * qb, qb, sp, n, 8);
     }
-    for (; r + 4 <= rows; r += 4) {
-      const yr = yo + <usize>r * ys;
-      const xr = xq + <usize>r * qb;
-      if (six) {
-        q6Half4(yr, ys, xr, qb, sp, 0, n);
-        q6Half4(yr + 16, ys, xr, qb, sp, 1, n);
-      } else q4StripN(five, scratch, yr, ys, xr, qb, sp, n, 4);
-    }
-    for (; r < rows; r++) kStrip(six, five, yo + <usize>r * ys, xq + <usize>r * qb, sp, n);
+    stripTail(six, five, scratch, yo, ys, xq, qb, sp, n, r, rows);
   }
   for (; g < g1; g++) oneRow(six, five, y, xq, w, rows, n, ys, qb, sb, r0, g);
+}
+
+/** Token rows r .. rows of the strip at sp, four at a time, then one at a time (the tiles' tail). */
+@inline function stripTail(six: bool, five: bool, scratch: usize, yo: usize, ys: usize, xq: usize, qb: usize, sp: usize, n: i32, r0: i32, rows: i32): void {
+  let r = r0;
+  for (; r + 4 <= rows; r += 4) {
+    const yr = yo + <usize>r * ys;
+    const xr = xq + <usize>r * qb;
+    if (six) {
+      q6Half4(yr, ys, xr, qb, sp, 0, n);
+      q6Half4(yr + 16, ys, xr, qb, sp, 1, n);
+    } else q4StripN(five, scratch, yr, ys, xr, qb, sp, n, 4);
+  }
+  for (; r < rows; r++) kStrip(six, five, yo + <usize>r * ys, xq + <usize>r * qb, sp, n);
 }
 
 @inline function oneRow(six: bool, five: bool, y: usize, xq: usize, w: usize, rows: i32, n: i32, ys: usize, qb: usize, sb: usize, r0: i32, g: i32): void {
