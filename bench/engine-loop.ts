@@ -82,14 +82,14 @@ export async function engineLoop(
   prompt: number[],
   maxTokens: number,
   batch: number,
-  kvSlab?: (bytes: number) => Promise<KvSlab | null>,
+  kvSlab?: (bytes: number) => Promise<KvSlab[] | null>,
   probeDelay = true,
 ): Promise<LoopResult> {
   const blocks = batch * Math.ceil((prompt.length + maxTokens + 1) / BLOCK) + 4;
   const shape = kvShapeOf(cfg, BLOCK);
   // As engines make it (kvPoolFor): in the model kernels' memory, where attention reads it in place.
   const room = (await kvSlab?.(blocks * blockPayloadBytes(shape))) ?? null;
-  const pool = new KvPool(shape, blocks, room ?? { shared: model instanceof WorkerPort });
+  const pool = new KvPool(shape, blocks, room === null ? { shared: model instanceof WorkerPort } : { segments: room });
   const engine = new Engine({ model, pool, maxModelLen: cfg.maxSeqLen, maxBatchTokens: 512, maxRunning: batch, pipelineDepth: DEPTH });
   const probe = probeDelay ? delayProbe() : null;
   let first = 0;
@@ -158,7 +158,7 @@ async function engineRounds(
   local: Transformer,
   long: ModelConfig,
   runners: Record<string, ModelPort>,
-  slabs: Record<string, (bytes: number) => Promise<KvSlab | null>>,
+  slabs: Record<string, (bytes: number) => Promise<KvSlab[] | null>>,
 ): Promise<Round[]> {
   // The transformer alone runs before and after the engine loops of a round (its figure is the
   // mean of the two), so a change in the machine's load within a round favours no side of its ratios.
@@ -189,7 +189,7 @@ async function runnerReport(
   long: ModelConfig,
   rounds: Round[],
   aloneTps: number,
-  slab: ((bytes: number) => Promise<KvSlab | null>) | undefined,
+  slab: ((bytes: number) => Promise<KvSlab[] | null>) | undefined,
 ): Promise<Record<string, unknown>> {
   const ratios = rounds.map((r) => r.engine[where]! / r.alone);
   const ratio = median(ratios);
@@ -234,7 +234,7 @@ export async function enginePart(dir: string, long: ModelConfig, weights: Weight
   await local.ready();
   const worker = await ModelWorker.start({ modelPath: path, tokenizerPath, threads: THREADS, dtype: "f32" });
   const runners: Record<string, ModelPort> = { main: transformerPort(local), worker: new WorkerPort(worker) };
-  const slabs: Record<string, (bytes: number) => Promise<KvSlab | null>> = {
+  const slabs: Record<string, (bytes: number) => Promise<KvSlab[] | null>> = {
     main: async (bytes) => local.kvSlab(bytes),
     worker: (bytes) => worker.kvSlab(bytes),
   };

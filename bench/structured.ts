@@ -280,7 +280,7 @@ if (PARTS.has("135m")) {
     const blocks = 8 * Math.ceil((24 + TOKENS + 1) / 16) + 8;
     const shape = kvShapeOf(SMOL_SHAPE, 16);
     const room = await worker.kvSlab(blocks * blockPayloadBytes(shape));
-    const pool = new KvPool(shape, blocks, room ?? { shared: true });
+    const pool = new KvPool(shape, blocks, room === null ? { shared: true } : { segments: room });
     const engine = new Engine({ model: new WorkerPort(worker), pool, maxModelLen: SMOL_SHAPE.maxSeqLen, maxBatchTokens: 512, maxRunning: 8 });
     try {
       results.smol = await ratios("135M shape", engine, SMOL_SHAPE.vocabSize, await ConstraintCompiler.create(syntheticVocab(SMOL_SHAPE.vocabSize)));

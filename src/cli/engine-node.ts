@@ -63,7 +63,7 @@ export interface ServedModel {
   /** The model runs on another thread over the KV slab: the pool must be made shared. */
   sharedSlab?: boolean;
   /** Room for the KV slab in the model kernels' memory, where attention reads it in place (kvPoolFor). */
-  kvSlab?: (bytes: number) => Promise<KvSlab | null>;
+  kvSlab?: (bytes: number) => Promise<KvSlab[] | null>;
   /** Calls `listener` if the model's thread dies (every forward fails from then on). */
   onDeath?: (listener: (e: Error) => void) => void;
 }
@@ -87,6 +87,8 @@ export interface EngineNodeOptions {
   threads?: number;
   hugePages?: boolean;
   modelThread?: ModelOptions["modelThread"];
+  /** Bytes of weights one kernel memory may place (ModelOptions.groupBytes): tests lower it. */
+  groupBytes?: ModelOptions["groupBytes"];
   /** What /v1/models lists and requests must name; default the model's folder or file name. */
   servedModelName?: string;
   /** A Jinja chat template file overriding the model's (--chat-template). */
@@ -161,6 +163,8 @@ export interface ModelOptions {
   modelThread?: "worker" | "main";
   /** Bytes of weights one kernel memory may place (TransformerOptions.groupBytes): tests lower it. */
   groupBytes?: number;
+  /** The KV pool the engine will build over the model: kernel memories keep room for it (TransformerOptions.kvPool). */
+  kvPool?: { blockTokens: number; numBlocks: number };
 }
 
 /** Loads the model `--model` names (any supported format; none: the embedded one) and wraps it for the engine. */
@@ -182,8 +186,8 @@ export async function loadModel(given: LoadModelOptions & ModelOptions): Promise
  * tokenizer and config, and its event loop never waits behind a forward.
  */
 async function loadModelThread(opts: LoadModelOptions & ModelOptions & { threads: number }): Promise<ServedModel> {
-  const { modelPath, tokenizerPath, maxSeqLen, dtype, threads, hugePages } = opts;
-  const started = ModelWorker.start({ modelPath, tokenizerPath, maxSeqLen, dtype, threads, hugePages });
+  const { modelPath, tokenizerPath, maxSeqLen, dtype, threads, hugePages, groupBytes, kvPool } = opts;
+  const started = ModelWorker.start({ modelPath, tokenizerPath, maxSeqLen, dtype, threads, hugePages, groupBytes, kvPool });
   // A bad path or tokenizer is told by the tokenizer's load, in the same words as in-thread.
   const tok = await loadTokenizerFor(opts).catch((e: unknown) => {
     void started.then(
@@ -231,7 +235,7 @@ export function servedModelOf(
   opts: ModelOptions & { threads: number },
 ): ServedModel {
   const weights = holdWeights(m.cfg, m.weights, m.stats.dtype, opts.dtype);
-  const t = new Transformer(m.cfg, weights, { threads: opts.threads, groupBytes: opts.groupBytes, hugePages: opts.hugePages });
+  const t = new Transformer(m.cfg, weights, { threads: opts.threads, groupBytes: opts.groupBytes, hugePages: opts.hugePages, kvPool: opts.kvPool });
   const shape = kvShapeOf(t.cfg, 1);
   return {
     name: m.name,
@@ -258,17 +262,18 @@ export function servedModelOf(
 /** The engine's KV pool: in the model kernels' memory when the model has room (attention reads it in place), else a slab of its own. */
 export async function kvPoolFor(model: ServedModel, shape: KvShape, numBlocks: number): Promise<KvPool> {
   const bytes = numBlocks * blockPayloadBytes(shape);
+  const rooms = (await model.kvSlab?.(bytes)) ?? null;
+  if (rooms !== null) return new KvPool(shape, numBlocks, { segments: rooms });
   if (bytes > MAX_KV_POOL_BYTES) {
     const most = Math.floor(MAX_KV_POOL_BYTES / blockPayloadBytes(shape));
     throw new ConfigError(
-      `--num-blocks ${numBlocks}: a KV pool of ${(bytes / 2 ** 30).toFixed(2)} GiB (${blockPayloadBytes(shape)} bytes a block for this model) is past the 4 GiB one buffer holds; at most ${most} blocks`,
+      `--num-blocks ${numBlocks}: a KV pool of ${(bytes / 2 ** 30).toFixed(2)} GiB (${blockPayloadBytes(shape)} bytes a block for this model) is past the 4 GiB one buffer holds, and the model's kernel memories have no room for it; at most ${most} blocks`,
     );
   }
-  const room = (await model.kvSlab?.(bytes)) ?? null;
-  return new KvPool(shape, numBlocks, room ?? { shared: model.sharedSlab === true });
+  return new KvPool(shape, numBlocks, { shared: model.sharedSlab === true });
 }
 
-/** One ArrayBuffer holds at most 4 GiB in Bun (a larger one throws "Out of memory"), and the pool is one. */
+/** One ArrayBuffer holds at most 4 GiB in Bun (a larger one throws "Out of memory"), and a pool outside the kernel memories is one. */
 const MAX_KV_POOL_BYTES = 2 ** 32;
 
 let nodeCounter = 0;
@@ -289,12 +294,16 @@ export interface EffectiveOptions {
   maxRequestBytes: number;
 }
 
+/** The KV pool's block size and count, the caller's or the defaults (what the model's memories keep room for). */
+function kvPoolSize(opts: EngineNodeOptions): { blockTokens: number; numBlocks: number } {
+  return { blockTokens: opts.blockTokens ?? ENGINE_DEFAULTS.block_tokens, numBlocks: opts.numBlocks ?? ENGINE_DEFAULTS.num_blocks };
+}
+
 /** Every value a caller leaves out is its option's default: SPECS holds each one (ENGINE_DEFAULTS), nothing here. */
 function effectiveOptions(opts: EngineNodeOptions, context: number): EffectiveOptions {
   const D = ENGINE_DEFAULTS;
   return {
-    blockTokens: opts.blockTokens ?? D.block_tokens,
-    numBlocks: opts.numBlocks ?? D.num_blocks,
+    ...kvPoolSize(opts),
     maxModelLen: Math.min(opts.maxModelLen || D.max_model_len || context, context),
     maxBatchTokens: opts.maxBatchTokens ?? D.max_batch_tokens,
     handleTtlS: opts.handleTtlS ?? D.handle_ttl_s,
@@ -311,7 +320,7 @@ export async function startEngineNode(opts: EngineNodeOptions): Promise<EngineNo
   const host = opts.host ?? "127.0.0.1";
   const tls = opts.tls ?? null;
   const workerId = opts.workerId ?? `${role}-${process.pid}-${nodeCounter++}`;
-  const model = opts.model ?? (await loadModel({ ...opts, maxSeqLen: opts.maxModelLen }));
+  const model = opts.model ?? (await loadModel({ ...opts, maxSeqLen: opts.maxModelLen, kvPool: kvPoolSize(opts) }));
   const effective = effectiveOptions(opts, model.maxSeqLen);
   const { pool, engine } = await engineOver(model, effective);
   const roles: ("prefill" | "decode")[] = role === "both" ? ["prefill", "decode"] : [role];

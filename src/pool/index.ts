@@ -1,2 +1,2 @@
-export { KvPool } from "./kv-pool.ts";
+export { KvPool, type KvSegment, type KvSegmentRoom } from "./kv-pool.ts";
 export { KvEventLog, type KvEventSlice } from "./kv-event-log.ts";

@@ -26,6 +26,36 @@ export interface KvPoolOptions {
    * memory, where attention reads the blocks in place.
    */
   slabOffset?: number;
+  /**
+   * The pool split by layer (instead of slab/shared): each segment holds its layers' share of
+   * every block in a buffer of its own, in layer order, together every layer once. A model in
+   * several kernel memories gives each memory its layers' share, so attention reads it in place.
+   */
+  segments?: readonly KvSegmentRoom[];
+}
+
+/** Where one segment of a pool split by layer lives (KvPoolOptions.segments). */
+export interface KvSegmentRoom {
+  slab: SharedArrayBuffer;
+  /** 16-aligned; the segment takes numBlocks × its share of a block from here. */
+  slabOffset: number;
+  firstLayer: number;
+  nLayers: number;
+}
+
+/**
+ * Layers firstLayer .. firstLayer + nLayers - 1 of every block: block id's share is
+ * bytes[id * blockBytes, (id + 1) * blockBytes), laid out as those layers are in the payload
+ * (which they take from payloadOffset on). A pool in one piece is one segment of every layer.
+ */
+export interface KvSegment {
+  readonly firstLayer: number;
+  readonly nLayers: number;
+  readonly blockBytes: number;
+  readonly blockElems: number;
+  readonly payloadOffset: number;
+  readonly bytes: Uint8Array;
+  readonly data: Float16Array;
 }
 
 /**
@@ -43,10 +73,11 @@ export interface KvPoolOptions {
  * the most recently used when its last reference is released. `lookup` neither takes a
  * reference nor touches the LRU order, so asking never changes what gets evicted.
  *
- * A block's payload is contiguous in kv-block.md's v1 layout (per layer K then V, each
- * [B][H][D] f16), so export is one view and import one `set`. Slots at and past a block's
- * fill are zero because blocks are zeroed when handed out (importBlock writes them zero
- * instead).
+ * A block's payload is kv-block.md's v1 layout (per layer K then V, each [B][H][D] f16). In a
+ * pool of one segment it is contiguous, so export is one view and import one `set`; a pool split
+ * by layer (segments) keeps each layer range's share of every block in its own buffer, and a
+ * payload is gathered from them in layer order. Slots at and past a block's fill are zero
+ * because blocks are zeroed when handed out (importBlock writes them zero instead).
  *
  * A named block is full and its content final: it was registered once every slot was
  * computed (or imported), the model writes only past a sequence's computed tokens, and
@@ -62,8 +93,8 @@ export class KvPool {
   readonly total: number;
   readonly blockBytes: number;
   readonly blockElems: number;
-  readonly data: Float16Array;
-  readonly bytes: Uint8Array;
+  /** In layer order; one unless the pool was built split by layer. */
+  readonly segments: readonly KvSegment[];
 
   private readonly refs: Int32Array;
   private readonly fills: Int32Array;
@@ -81,6 +112,9 @@ export class KvPool {
   private nUsed = 0;
   private nCached = 0;
   private readonly slotElems: number;
+  private readonly segmentOfLayer: Int32Array;
+  /** A split pool's payload gathered (payload), made on first use. */
+  private gathered: Uint8Array | null = null;
   private watcher: KvPoolWatcher | null = null;
 
   constructor(shape: KvShape, numBlocks: number, opts: KvPoolOptions = {}) {
@@ -93,16 +127,10 @@ export class KvPool {
     this.blockBytes = blockPayloadBytes(shape);
     this.blockElems = this.blockBytes / 2;
     this.slotElems = shape.nKvHeads * shape.headDim;
-    const slabBytes = numBlocks * this.blockBytes;
-    const slab = opts.slab ?? (opts.shared ? new SharedArrayBuffer(slabBytes) : new ArrayBuffer(slabBytes));
-    const at = opts.slabOffset;
-    if (at === undefined) {
-      if (slab.byteLength !== slabBytes) assert.fail(`slab of ${slab.byteLength} bytes, want ${slabBytes} for ${numBlocks} blocks`);
-    } else if (!(Number.isInteger(at) && at >= 0 && at % 16 === 0 && at + slabBytes <= slab.byteLength)) {
-      assert.fail(`slab offset ${at}: ${slabBytes} bytes for ${numBlocks} blocks must fit 16-aligned in ${slab.byteLength}`);
-    }
-    this.data = new Float16Array(slab, at ?? 0, slabBytes / 2);
-    this.bytes = new Uint8Array(slab, at ?? 0, slabBytes);
+    const rooms = opts.segments ?? [{ ...oneSlab(numBlocks * this.blockBytes, opts), firstLayer: 0, nLayers: shape.nLayers }];
+    this.segments = segmentsOf(this.shape, numBlocks, rooms, opts.segments === undefined && opts.slabOffset === undefined);
+    this.segmentOfLayer = new Int32Array(shape.nLayers);
+    this.segments.forEach((g, i) => this.segmentOfLayer.fill(i, g.firstLayer, g.firstLayer + g.nLayers));
     this.refs = new Int32Array(numBlocks);
     this.fills = new Int32Array(numBlocks);
     this.hashes = new BigUint64Array(numBlocks);
@@ -126,14 +154,35 @@ export class KvPool {
     return [...this.index.keys()];
   }
 
+  /** Every block's bytes, as f16 (a pool of one segment only). */
+  get data(): Float16Array {
+    return this.whole().data;
+  }
+
+  /** Every block's bytes, block by block (a pool of one segment only). */
+  get bytes(): Uint8Array {
+    return this.whole().bytes;
+  }
+
   /** The buffer under `data` and `bytes`: hand it to a model thread when it is shared (with slabOffset). */
   get slab(): ArrayBufferLike {
-    return this.data.buffer;
+    return this.whole().bytes.buffer;
   }
 
   /** Where the pool's bytes start in `slab`. */
   get slabOffset(): number {
-    return this.data.byteOffset;
+    return this.whole().bytes.byteOffset;
+  }
+
+  /** The segment holding layer l. */
+  segmentOf(l: number): KvSegment {
+    if (!(l >= 0 && l < this.shape.nLayers)) assert.fail(`layer ${l} outside 0..${this.shape.nLayers - 1}`);
+    return this.segments[this.segmentOfLayer[l]!]!;
+  }
+
+  private whole(): KvSegment {
+    if (this.segments.length !== 1) assert.fail(`a KV pool split into ${this.segments.length} segments by layer has no one view of its blocks`);
+    return this.segments[0]!;
   }
 
   get used(): number {
@@ -170,8 +219,10 @@ export class KvPool {
     if (!(Number.isInteger(fill) && fill >= 1 && fill <= B)) assert.fail(`fill ${fill} outside 1..${B}`);
     if (this.available === 0) return NONE;
     const id = this.takeOne(false);
-    const base = id * this.blockBytes;
-    copyPayload(this.bytes, base, payload, fill, this.shape);
+    for (const g of this.segments) {
+      const part = g.nLayers === this.shape.nLayers ? payload : payload.subarray(g.payloadOffset, g.payloadOffset + g.blockBytes);
+      copyPayload(g.bytes, id * g.blockBytes, part, fill, this.shape);
+    }
     this.fills[id] = fill;
     return id;
   }
@@ -195,10 +246,7 @@ export class KvPool {
     this.fills[id] = 0;
     this.crcValid[id] = 0;
     this.nUsed++;
-    if (zero) {
-      const base = id * this.blockElems;
-      this.data.fill(0, base, base + this.blockElems);
-    }
+    if (zero) for (const g of this.segments) g.bytes.fill(0, id * g.blockBytes, (id + 1) * g.blockBytes);
     return id;
   }
 
@@ -264,13 +312,27 @@ export class KvPool {
     return this.refs[id]!;
   }
 
-  /** Element index into `data` of the head_dim vector for (block, layer, K=0/V=1, slot, head). */
+  /** Element index into segmentOf(layer).data of the head_dim vector for (block, layer, K=0/V=1, slot, head). */
   offset(id: number, layer: number, kv: 0 | 1, slot: number, head: number): number {
-    return id * this.blockElems + ((layer * 2 + kv) * this.shape.blockTokens + slot) * this.slotElems + head * this.shape.headDim;
+    const g = this.segmentOf(layer);
+    return id * g.blockElems + (((layer - g.firstLayer) * 2 + kv) * this.shape.blockTokens + slot) * this.slotElems + head * this.shape.headDim;
   }
 
+  /**
+   * Block id's payload: a view of the slab in a pool of one segment; in a pool split by layer,
+   * the block gathered into one buffer the pool reuses, valid until the next call (every caller
+   * copies or checksums it at once).
+   */
   payload(id: number): Uint8Array {
-    return this.bytes.subarray(id * this.blockBytes, (id + 1) * this.blockBytes);
+    if (this.segments.length === 1) return this.payloadView(id);
+    this.gathered ??= new Uint8Array(this.blockBytes);
+    for (const g of this.segments) this.gathered.set(g.bytes.subarray(id * g.blockBytes, (id + 1) * g.blockBytes), g.payloadOffset);
+    return this.gathered;
+  }
+
+  private payloadView(id: number): Uint8Array {
+    const b = this.segments[0]!.bytes;
+    return b.subarray(id * this.blockBytes, (id + 1) * this.blockBytes);
   }
 
   /**
@@ -287,11 +349,15 @@ export class KvPool {
     return this.crcs[id]!;
   }
 
-  /** Records whose payloads are views into the slab: writing the envelope is the one copy. */
+  /**
+   * Records whose payloads are views into the slab (writing the envelope is the one copy); a
+   * pool split by layer gathers each into a copy of its own.
+   */
   export(ids: readonly number[]): EnvelopeRecord[] {
     return ids.map((id) => {
       if (this.refs[id]! <= 0) assert.fail(`export of unreferenced block ${id}`);
-      return { hash: this.hashes[id]!, nTokens: this.fills[id]!, payload: this.payload(id) };
+      const payload = this.segments.length === 1 ? this.payloadView(id) : this.payload(id).slice();
+      return { hash: this.hashes[id]!, nTokens: this.fills[id]!, payload };
     });
   }
 
@@ -306,7 +372,7 @@ export class KvPool {
       const r = records[i]!;
       const id = ids[i]!;
       if (r.payload.length !== this.blockBytes) assert.fail(`payload ${r.payload.length} bytes, want ${this.blockBytes}`);
-      this.bytes.set(r.payload, id * this.blockBytes);
+      for (const g of this.segments) g.bytes.set(r.payload.subarray(g.payloadOffset, g.payloadOffset + g.blockBytes), id * g.blockBytes);
       this.fills[id] = r.nTokens;
       if (r.hash !== 0n && !this.index.has(r.hash)) this.register(id, r.hash);
     }
@@ -335,4 +401,50 @@ export class KvPool {
     this.prev[id] = NONE;
     this.next[id] = NONE;
   }
+}
+
+/** The one slab of a pool not split by layer: the caller's, or a fresh zeroed one. */
+function oneSlab(slabBytes: number, opts: KvPoolOptions): { slab: ArrayBufferLike; slabOffset: number } {
+  const slab = opts.slab ?? (opts.shared ? new SharedArrayBuffer(slabBytes) : new ArrayBuffer(slabBytes));
+  return { slab, slabOffset: opts.slabOffset ?? 0 };
+}
+
+/**
+ * The segments over `rooms`, checked: in layer order, every layer once, each 16-aligned inside
+ * its buffer (`exact`: a pool given a slab without an offset takes all of it).
+ */
+function segmentsOf(
+  shape: KvShape,
+  numBlocks: number,
+  rooms: readonly { slab: ArrayBufferLike; slabOffset: number; firstLayer: number; nLayers: number }[],
+  exact: boolean,
+): KvSegment[] {
+  const layerBytes = blockPayloadBytes({ ...shape, nLayers: 1 });
+  let next = 0;
+  const segments = rooms.map((r) => {
+    if (!(r.firstLayer === next && Number.isInteger(r.nLayers) && r.nLayers >= 1 && next + r.nLayers <= shape.nLayers)) {
+      assert.fail(`segment of layers ${r.firstLayer}+${r.nLayers}: segments must take layers 0..${shape.nLayers - 1} in order, each once`);
+    }
+    next += r.nLayers;
+    const blockBytes = r.nLayers * layerBytes;
+    const bytes = numBlocks * blockBytes;
+    const at = r.slabOffset;
+    if (exact) {
+      if (r.slab.byteLength !== bytes) assert.fail(`slab of ${r.slab.byteLength} bytes, want ${bytes} for ${numBlocks} blocks`);
+    } else if (!(Number.isInteger(at) && at >= 0 && at % 16 === 0 && at + bytes <= r.slab.byteLength)) {
+      assert.fail(`slab offset ${at}: ${bytes} bytes for ${numBlocks} blocks must fit 16-aligned in ${r.slab.byteLength}`);
+    }
+    const payloadOffset = r.firstLayer * layerBytes;
+    return {
+      firstLayer: r.firstLayer,
+      nLayers: r.nLayers,
+      blockBytes,
+      blockElems: blockBytes / 2,
+      payloadOffset,
+      bytes: new Uint8Array(r.slab, at, bytes),
+      data: new Float16Array(r.slab, at, bytes / 2),
+    };
+  });
+  if (next !== shape.nLayers) assert.fail(`segments end at layer ${next}, the pool has ${shape.nLayers}`);
+  return segments;
 }

@@ -100,6 +100,9 @@ for (const [label, make] of Object.entries(models)) {
       if (GROUPED.has(label)) {
         expect(P.model.memories).toBeGreaterThanOrEqual(3);
         expect(D.model.memories).toBe(P.model.memories!);
+        // Each memory holds its layers' share of the pool, read in place: blocks travel gathered.
+        expect(P.pool.segments.length).toBeGreaterThan(1);
+        expect(D.pool.segments.length).toBe(P.pool.segments.length);
       } else expect([P.model.memories, D.model.memories]).toEqual([1, 1]);
     });
     afterAll(async () => {

@@ -1,7 +1,7 @@
 import { describe, expect, test } from "bun:test";
 import { kvShapeOf, Transformer, type ModelConfig } from "../../src/model/index.ts";
 import { syntheticWeights, castWeights, type MATRICES, matrixCols, type Weights } from "../../src/model/compute/weights.ts";
-import { groupBudget, layerSlice, planGroups, roomBytes } from "../../src/model/compute/layer-group.ts";
+import { groupBudget, layerSlice, planEvenGroups, planGroups, roomBytes } from "../../src/model/compute/layer-group.ts";
 import { castMatrix, type DType, type Matrix, type PackedMatrix } from "../../src/model/compute/packed.ts";
 import { stripLayoutBytes } from "../../src/model/compute/strip-layout.ts";
 import { KvPool } from "../../src/pool/index.ts";
@@ -56,10 +56,18 @@ function weightsOf(dtype: DType, tied: boolean): Weights<Matrix> {
   return castWeights(CFG, w, dtype);
 }
 
-/** Logits of a 3-sequence prefill, five batched decode steps and two bigger batches. */
-function run(w: Weights<Matrix>, groupBytes: number | undefined, threads: number): { outs: Float32Array[]; memories: number } {
+/**
+ * Logits of a 3-sequence prefill, five batched decode steps and two bigger batches, over a pool in
+ * the kernel memories (split by layer when there are several) or one outside them.
+ */
+function run(
+  w: Weights<Matrix>,
+  groupBytes: number | undefined,
+  threads: number,
+  where: "kernel" | "outside" = "kernel",
+): { outs: Float32Array[]; memories: number; segments: number } {
   const m = new Transformer(CFG, w, { threads, groupBytes });
-  const pool = m.kvPool(kvShapeOf(CFG, BLOCK), 48);
+  const pool = where === "kernel" ? m.kvPool(kvShapeOf(CFG, BLOCK), 48) : new KvPool(kvShapeOf(CFG, BLOCK), 48);
   const V = CFG.vocabSize;
   const seqs = [new Seq(pool), new Seq(pool), new Seq(pool)];
   const outs: Float32Array[] = [];
@@ -86,7 +94,7 @@ function run(w: Weights<Matrix>, groupBytes: number | undefined, threads: number
     outs.push(out);
   }
   m.close();
-  return { outs, memories: m.memories };
+  return { outs, memories: m.memories, segments: pool.segments.length };
 }
 
 describe("layer groups", () => {
@@ -110,6 +118,60 @@ describe("layer groups", () => {
     expect(() => planGroups(CFG, w, LAYER_F32 - 16)).toThrow(/the model's (embedding|layer) takes \d+ bytes placed, past one kernel memory's/);
   });
 
+  test("planEvenGroups evens the groups out at their number, and counts each layer's KV share when it fits", () => {
+    const w = weightsOf("f32", false);
+    const emb = 4 * 80 * 64;
+    const budget = 4 * LAYER_F32 + emb;
+    const plan = (ends: [number, number][]) => ends.map(([first, end], i) => ({ first, end, embedding: i === 0, classifier: i === ends.length - 1 }));
+    // Greedy leaves the last memory one layer; even, the same two memories take three and two.
+    expect(planGroups(CFG, w, budget)).toEqual(
+      plan([
+        [0, 4],
+        [4, 5],
+      ]),
+    );
+    expect(planEvenGroups(CFG, w, budget)).toEqual(
+      plan([
+        [0, 3],
+        [3, 5],
+      ]),
+    );
+    // A layer's share of the pool as big as its weights: two layers a memory.
+    expect(planEvenGroups(CFG, w, budget, LAYER_F32)).toEqual(
+      plan([
+        [0, 2],
+        [2, 4],
+        [4, 5],
+      ]),
+    );
+    // A share no memory could hold beside its layer is not kept: that pool goes outside.
+    expect(planEvenGroups(CFG, w, budget, 4 * LAYER_F32)).toEqual(planEvenGroups(CFG, w, budget));
+    // Everything in one memory stays one.
+    expect(planEvenGroups(CFG, w, 10 * LAYER_F32)).toEqual([{ first: 0, end: 5, embedding: true, classifier: true }]);
+  });
+
+  test("a Transformer told of the engine's pool keeps its share beside each layer: more memories, the pool in place, the same bits", () => {
+    const w = weightsOf("f32", false);
+    const budget = 4 * LAYER_F32 + 4 * 80 * 64;
+    const shape = kvShapeOf(CFG, BLOCK);
+    const numBlocks = LAYER_F32 / new KvPool({ ...shape, nLayers: 1 }, 1).blockBytes;
+    const apart = new Transformer(CFG, w, { groupBytes: budget });
+    const kept = new Transformer(CFG, w, { groupBytes: budget, kvPool: { blockTokens: BLOCK, numBlocks } });
+    expect([apart.memories, kept.memories]).toEqual([2, 3]);
+    const pool = kept.kvPool(shape, numBlocks);
+    expect(pool.segments.map((g) => [g.firstLayer, g.nLayers])).toEqual([
+      [0, 2],
+      [2, 2],
+      [4, 1],
+    ]);
+    const out = [new Float32Array(CFG.vocabSize), new Float32Array(CFG.vocabSize)];
+    const pools = [apart.kvPool(shape, numBlocks), pool];
+    [apart, kept].forEach((m, i) => m.forward(pools[i]!, [new Seq(pools[i]!).chunk(tokens(19, 4, CFG.vocabSize))], out[i]!));
+    expect(bits(out[1]!)).toEqual(bits(out[0]!));
+    apart.close();
+    kept.close();
+  });
+
   test("layerSlice views layers l0..l1 of a stacked matrix, packed or not, without a copy", () => {
     const f = new Float32Array(5 * 4 * 32).map((_, i) => i);
     const s = layerSlice(f, 32, 5, 1, 3) as Float32Array;
@@ -131,12 +193,16 @@ describe("layer groups", () => {
         expect(memories).toBe(1);
         const { layer, embedding } = placedBytes(dtype);
         expect(placedBytes("f32").layer).toBe(LAYER_F32);
-        for (const [budget, threads] of [
-          [layer + embedding, 1],
-          [2 * layer + embedding, 2],
+        for (const [budget, threads, where] of [
+          [layer + embedding, 1, "kernel"],
+          [2 * layer + embedding, 2, "kernel"],
+          [2 * layer + embedding, 2, "outside"],
         ] as const) {
-          const { outs: many, memories } = run(w, budget, threads);
+          const { outs: many, memories, segments } = run(w, budget, threads, where);
           expect(memories).toBeGreaterThanOrEqual(3);
+          // In the kernel memories, each memory holding layers holds their share of the pool.
+          if (where === "kernel") expect(segments).toBeGreaterThanOrEqual(memories - 1);
+          else expect(segments).toBe(1);
           for (let i = 0; i < one.length; i++) expect(bits(many[i]!)).toEqual(bits(one[i]!));
         }
       });
@@ -167,12 +233,28 @@ describe("layer groups", () => {
     m.close();
   });
 
-  test("a model in several memories keeps its KV pool outside them, and says how many it uses", () => {
-    const m = new Transformer(CFG, weightsOf("f16", false), { groupBytes: 2 * LAYER_F32 });
-    expect(m.memories).toBeGreaterThan(1);
-    expect(m.kvSlab(1024)).toBeNull();
+  test("a model in several memories splits its KV pool by layer into them, and says how many it uses", () => {
+    const m = new Transformer(CFG, weightsOf("f32", false), { groupBytes: 2 * LAYER_F32 });
     const pool = m.kvPool(kvShapeOf(CFG, BLOCK), 8);
-    expect(pool).toBeInstanceOf(KvPool);
+    const groups = (m as unknown as { groups: { first: number; end: number; mm: MatmulKernel }[] }).groups;
+    // The embedding with layer 0, then two layers a memory, then the classifier alone.
+    expect(groups.map((g) => [g.first, g.end])).toEqual([
+      [0, 1],
+      [1, 3],
+      [3, 5],
+      [5, 5],
+    ]);
+    expect(m.memories).toBe(4);
+    expect(pool.segments.map((g) => [g.firstLayer, g.nLayers])).toEqual([
+      [0, 1],
+      [1, 2],
+      [3, 2],
+    ]);
+    // Each segment in the memory of its layers' group, and in no other.
+    for (let i = 0; i < 3; i++) {
+      for (let j = 0; j < 4; j++) expect(groups[j]!.mm.addressOf(pool.segments[i]!.bytes) >= 0).toBe(j === i);
+    }
+    expect(() => m.kvSlab(1024)).toThrow(/not a whole share for each of 5 layers/);
     m.close();
   });
 });
@@ -206,12 +288,12 @@ describe("the room a kernel memory keeps beside its weights", () => {
   test("a KV slab that would leave no room goes outside the kernel memory", () => {
     const w = weightsOf("f16", false);
     const low = new Transformer(CFG, w, {});
-    expect(low.kvSlab(64 * 2 ** 20)).not.toBeNull();
+    expect(low.kvSlab(5 * 2 ** 24)).not.toBeNull();
     low.close();
     // Weights placed high (a big model stands in): the slab would eat the room forwards grow into.
     const high = new Transformer(CFG, w, { gapBytes: 3.7 * 2 ** 30 });
     expect(high.kernels).toBe("wasm-simd");
-    expect(high.kvSlab(64 * 2 ** 20)).toBeNull();
+    expect(high.kvSlab(5 * 2 ** 24)).toBeNull();
     const pool = high.kvPool(kvShapeOf(CFG, BLOCK), 8);
     const out = new Float32Array(CFG.vocabSize);
     high.forward(pool, [new Seq(pool).chunk(tokens(5, 1, CFG.vocabSize))], out);

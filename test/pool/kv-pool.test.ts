@@ -204,8 +204,8 @@ describe("KvPool", () => {
     expect(a.slab).toBeInstanceOf(SharedArrayBuffer);
     const b = new KvPool(shape, 3, { slab: a.slab as SharedArrayBuffer });
     const [id] = a.allocate(1)!;
-    b.data[b.offset(id!, 1, 1, 0, 0)] = 1.5;
-    expect(a.data[a.offset(id!, 1, 1, 0, 0)]).toBe(1.5);
+    b.data[b.offset(id!, 0, 1, 0, 0)] = 1.5;
+    expect(a.data[a.offset(id!, 0, 1, 0, 0)]).toBe(1.5);
     expect(b.used).toBe(0);
     expect(() => new KvPool(shape, 4, { slab: a.slab as SharedArrayBuffer })).toThrow(/slab of \d+ bytes, want \d+ for 4 blocks/);
     expect(new KvPool(shape, 1).slab).toBeInstanceOf(ArrayBuffer);
@@ -227,5 +227,115 @@ describe("KvPool", () => {
     expect(new KvPool(shape, 3, { slab: buf, slabOffset: 64 }).data[p.offset(ids[2]!, 0, 1, 1, 0)]).toBe(1.5);
     expect(() => new KvPool(shape, 3, { slab: buf, slabOffset: 65 })).toThrow(/slab offset 65: \d+ bytes for 3 blocks must fit 16-aligned in \d+/);
     expect(() => new KvPool(shape, 3, { slab: buf, slabOffset: 144 })).toThrow(/slab offset 144/);
+  });
+
+  describe("split by layer", () => {
+    // Three layers, B = 2, H = 1, D = 4: a layer's share of a block is 2 * 2 * 4 * 2 = 32 bytes.
+    const wide = { blockTokens: 2, nLayers: 3, nKvHeads: 1, headDim: 4 };
+    const N = 6;
+    const LAYER = 32;
+
+    /** Layer 0 in one buffer at 16, layers 1..2 in another at 48, each among bytes of 9. */
+    function split(): { pool: KvPool; bufs: Uint8Array[] } {
+      const a = new SharedArrayBuffer(16 + N * LAYER + 16);
+      const b = new SharedArrayBuffer(48 + N * 2 * LAYER + 16);
+      const bufs = [new Uint8Array(a).fill(9), new Uint8Array(b).fill(9)];
+      const pool = new KvPool(wide, N, {
+        segments: [
+          { slab: a, slabOffset: 16, firstLayer: 0, nLayers: 1 },
+          { slab: b, slabOffset: 48, firstLayer: 1, nLayers: 2 },
+        ],
+      });
+      return { pool, bufs };
+    }
+
+    test("holds what a pool in one piece holds under random writes, imports and reuse", () => {
+      fc.assert(
+        fc.property(fc.array(fc.tuple(fc.nat(4), fc.nat(1000), fc.nat(255)), { maxLength: 120 }), (ops) => {
+          const one = new KvPool(wide, N);
+          const { pool: two, bufs } = split();
+          const held: number[] = [];
+          for (const [op, arg, v] of ops) {
+            if (op === 0) {
+              const a = one.allocate(1);
+              const b = two.allocate(1);
+              expect(b).toEqual(a);
+              if (a) held.push(a[0]!);
+            } else if (op === 1 && held.length > 0) {
+              // A K/V element of some layer, written where offset says: the model's store.
+              const id = held[arg % held.length]!;
+              const l = arg % 3;
+              const slot = (arg >> 2) % 2;
+              const kv = ((arg >> 3) % 2) as 0 | 1;
+              one.data[one.offset(id, l, kv, slot, 0) + (v % 4)] = v;
+              two.segmentOf(l).data[two.offset(id, l, kv, slot, 0) + (v % 4)] = v;
+              one.setFill(id, slot + 1);
+              two.setFill(id, slot + 1);
+            } else if (op === 2) {
+              // An import whose payload has junk past its fill: both zero it.
+              const payload = new Uint8Array(one.blockBytes).map((_, i) => (i * 7 + v) & 255);
+              const fill = (arg % 2) + 1;
+              const a = one.importBlock(payload, fill);
+              expect(two.importBlock(payload, fill)).toBe(a);
+              if (a >= 0) held.push(a);
+            } else if (op === 3 && held.length > 0) {
+              const [id] = held.splice(arg % held.length, 1);
+              one.release(id!);
+              two.release(id!);
+            } else if (op === 4 && held.length > 0) {
+              const id = held[arg % held.length]!;
+              one.register(id, BigInt(v + 1));
+              two.register(id, BigInt(v + 1));
+              one.setFill(id, 2);
+              two.setFill(id, 2);
+              // A copy-on-write tail: a block imported from the pool's own payload.
+              const a = one.importBlock(one.payload(id), 2);
+              expect(two.importBlock(two.payload(id), 2)).toBe(a);
+              if (a >= 0) held.push(a);
+            }
+            for (const id of held) {
+              expect(two.payload(id)).toEqual(one.payload(id));
+              expect(two.payloadCrc(id)).toBe(one.payloadCrc(id));
+            }
+            expect(two.export(held)).toEqual(one.export(held));
+          }
+          // Nothing outside the segments was written.
+          expect(bufs[0]!.subarray(0, 16).every((x) => x === 9) && bufs[0]!.subarray(16 + N * LAYER).every((x) => x === 9)).toBe(true);
+          expect(bufs[1]!.subarray(0, 48).every((x) => x === 9) && bufs[1]!.subarray(48 + N * 2 * LAYER).every((x) => x === 9)).toBe(true);
+        }),
+        { numRuns: 200 },
+      );
+    });
+
+    test("import lays each record's layers into their segments; export gathers them back", () => {
+      const { pool } = split();
+      const payload = new Uint8Array(pool.blockBytes).map((_, i) => i & 255);
+      const [id] = pool.import([{ hash: 5n, nTokens: 2, payload }])!;
+      expect(pool.segments.map((g) => [g.firstLayer, g.nLayers, g.blockBytes, g.payloadOffset])).toEqual([
+        [0, 1, LAYER, 0],
+        [1, 2, 2 * LAYER, LAYER],
+      ]);
+      expect(pool.segments[0]!.bytes.subarray(id! * LAYER, (id! + 1) * LAYER)).toEqual(payload.subarray(0, LAYER));
+      expect(pool.segments[1]!.bytes.subarray(id! * 2 * LAYER, (id! + 1) * 2 * LAYER)).toEqual(payload.subarray(LAYER));
+      const [rec] = pool.export([id!]);
+      expect(rec!.payload).toEqual(payload);
+      // Each record its own copy: a second export does not change the first.
+      pool.segments[0]!.bytes[id! * LAYER] = 200;
+      expect(rec!.payload[0]).toBe(0);
+      expect(pool.lookup(5n)).toBe(id!);
+    });
+
+    test("segments must take every layer once, in order, and fit", () => {
+      const a = new SharedArrayBuffer(4096);
+      const room = (firstLayer: number, nLayers: number, slabOffset = 0) => ({ slab: a, slabOffset, firstLayer, nLayers });
+      expect(() => new KvPool(wide, N, { segments: [room(0, 1), room(2, 1, 1024)] })).toThrow(/segments must take layers 0..2 in order, each once/);
+      expect(() => new KvPool(wide, N, { segments: [room(0, 2), room(1, 2, 1024)] })).toThrow(/in order, each once/);
+      expect(() => new KvPool(wide, N, { segments: [room(0, 2)] })).toThrow(/segments end at layer 2, the pool has 3/);
+      expect(() => new KvPool(wide, N, { segments: [room(0, 1, 8), room(1, 2, 1024)] })).toThrow(/slab offset 8/);
+      expect(() => new KvPool(wide, N, { segments: [room(0, 1), room(1, 2, 4000)] })).toThrow(/slab offset 4000/);
+      const { pool } = split();
+      expect(() => pool.bytes).toThrow(/split into 2 segments by layer has no one view/);
+      expect(() => pool.segmentOf(3)).toThrow(/layer 3 outside 0..2/);
+    });
   });
 });

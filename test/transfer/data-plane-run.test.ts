@@ -53,11 +53,13 @@ function prefillInto(pool: KvPool, ids: readonly number[], nTokens: number, seed
   const tokens = Array.from({ length: nTokens }, (_, i) => (Math.imul(i + seed, 2654435761) >>> 0) % 32000);
   const hashes = promptHashes(tokens, B);
   expect(ids.length).toBe(Math.ceil(nTokens / B));
-  const w = new Uint32Array(pool.bytes.buffer);
   for (let b = 0; b < ids.length; b++) {
-    const base = (ids[b]! * pool.blockBytes) / 4;
-    // low 14 bits of each half: exponent < 31, so every value is finite
-    for (let i = 0; i < pool.blockBytes / 4; i++) w[base + i] = (Math.imul(i + b * 7919 + seed * 104729, 0x9e3779b1) >>> 0) & 0x3fff3fff;
+    // Each segment's share of the block (one for a pool in one piece), i counting through the payload.
+    for (const g of pool.segments) {
+      const w = new Uint32Array(g.bytes.buffer, g.bytes.byteOffset + ids[b]! * g.blockBytes, g.blockBytes / 4);
+      // low 14 bits of each half: exponent < 31, so every value is finite
+      for (let j = 0, i = g.payloadOffset / 4; j < w.length; j++, i++) w[j] = (Math.imul(i + b * 7919 + seed * 104729, 0x9e3779b1) >>> 0) & 0x3fff3fff;
+    }
     pool.setFill(ids[b]!, Math.min(B, nTokens - b * B));
     if (b < hashes.length) expect(pool.register(ids[b]!, hashes[b]!)).toBe(true);
   }
@@ -92,7 +94,8 @@ function claimAndCompare(d: Decode, handle: string, sent: readonly Uint8Array[],
  * other view it or the envelope writer takes is one block (`pool.payload`).
  */
 function spyDirect(pool: KvPool): number[] {
-  const real = pool.bytes;
+  const one = pool.segments[0]!;
+  const real = one.bytes;
   const stretches: number[] = [];
   const spy = new Uint8Array(real.buffer);
   Object.defineProperty(spy, "subarray", {
@@ -102,7 +105,7 @@ function spyDirect(pool: KvPool): number[] {
       return v;
     },
   });
-  Object.defineProperty(pool, "bytes", { value: spy });
+  Object.defineProperty(one, "bytes", { value: spy });
   return stretches;
 }
 
@@ -262,6 +265,41 @@ test("run frames move contiguous and scattered blocks", async () => {
     claimAndCompare(d, "run-part-warm", sent, hashes, FILL);
   }
   expect([d.pool.used, d.rx.pending(), d.rx.inFlight()]).toEqual([0, 0, 0]);
+});
+
+test("run frames move a pool split by layer: each block's segments in layer order, straight or staged", async () => {
+  const d = await startDecode("data-plane", { shape: SHAPE, blocks: 128 });
+  const t = prefillTransport("data-plane");
+  cleanups.push(
+    () => t.close(),
+    () => d.close(),
+  );
+  const FULL = 40;
+  const nTokens = FULL * B + 5;
+  // Layer 0 in one buffer, layers 1..3 in another, as a model in two kernel memories lays a pool out.
+  const layer = SHAPE.blockTokens * SLOT_BYTES * 2;
+  const rooms = [
+    { slab: new SharedArrayBuffer(64 + 100 * layer), slabOffset: 64, firstLayer: 0, nLayers: 1 },
+    { slab: new SharedArrayBuffer(100 * 3 * layer), slabOffset: 0, firstLayer: 1, nLayers: 3 },
+  ];
+  // Adjacent blocks (sent straight from the segments), then blocks two apart (staged, gathered).
+  for (const [name, step] of [
+    ["adjacent", 1],
+    ["apart", 2],
+  ] as const) {
+    const P = new KvPool(SHAPE, 100, { segments: rooms });
+    const all = P.allocate(100)!;
+    const ids = Array.from({ length: FULL + 1 }, (_, i) => i * step);
+    P.releaseAll(all.filter((id) => !ids.includes(id)));
+    const hashes = prefillInto(P, ids, nTokens, step + 10);
+    const sent = ids.map((id) => P.payload(id).slice());
+    const h = `split-${name}`;
+    const st = await transfer(t, d.target, P, h, ids, hashes);
+    expect([name, st]).toEqual([name, { blocksSent: FULL + 1, blocksDeduped: 0, payloadBytes: (FULL + 1) * E, nTokens }]);
+    expect([name, P.used, P.cached]).toEqual([name, 0, FULL]);
+    claimAndCompare(d, h, sent, hashes, 5);
+    evictAll(d.pool);
+  }
 });
 
 describe("hand-crafted RUN frames", () => {

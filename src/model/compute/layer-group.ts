@@ -68,15 +68,53 @@ export function placedBytes(cfg: ModelConfig, w: Weights<Matrix>): { embedding: 
 /**
  * Consecutive groups whose placed weights each fit `budget` bytes: the embedding (unless the
  * classifier is the same matrix), the layers in order, then the classifier, each group taking
- * items while they fit. Throws when one item alone does not fit.
+ * items while they fit. A layer counts `kvLayerBytes` more: its share of a KV pool the group is
+ * to hold beside it (kvSlab). Throws when one item alone does not fit.
  */
-export function planGroups(cfg: ModelConfig, w: Weights<Matrix>, budget: number): GroupPlan[] {
+export function planGroups(cfg: ModelConfig, w: Weights<Matrix>, budget: number, kvLayerBytes = 0): GroupPlan[] {
+  return packGroups(groupItems(cfg, w, kvLayerBytes), w.wcls === w.tokenEmbedding, budget);
+}
+
+/**
+ * planGroups' groups made as even as their number allows: packed to the smallest budget that
+ * needs no more memories than `budget` does, so every memory keeps a share of what the weights
+ * leave free (room for its layers' share of a KV pool) instead of the last one keeping it all.
+ * A KV share that would not fit beside a layer is left out: that pool goes outside the memories.
+ */
+export function planEvenGroups(cfg: ModelConfig, w: Weights<Matrix>, budget: number, kvLayerBytes = 0): GroupPlan[] {
   const tied = w.wcls === w.tokenEmbedding;
+  let items = groupItems(cfg, w, kvLayerBytes);
+  if (items.some((it) => it.bytes > budget)) items = groupItems(cfg, w, 0);
+  const n = packGroups(items, tied, budget).length;
+  if (n === 1) return packGroups(items, tied, budget);
+  // Fewer bytes a memory never means fewer memories: search the least budget that keeps n.
+  let lo = Math.max(...items.map((it) => it.bytes)) - 1;
+  let hi = budget;
+  while (hi - lo > 1) {
+    const mid = Math.floor((lo + hi) / 2);
+    if (packGroups(items, tied, mid).length <= n) hi = mid;
+    else lo = mid;
+  }
+  return packGroups(items, tied, hi);
+}
+
+interface GroupItem {
+  kind: "embedding" | "layer" | "classifier";
+  bytes: number;
+}
+
+/** What the groups take in order, with their placed bytes (a layer's with its KV share). */
+function groupItems(cfg: ModelConfig, w: Weights<Matrix>, kvLayerBytes: number): GroupItem[] {
   const bytes = placedBytes(cfg, w);
-  const items: { kind: "embedding" | "layer" | "classifier"; bytes: number }[] = [];
-  if (!tied) items.push({ kind: "embedding", bytes: bytes.embedding });
-  for (const b of bytes.layers) items.push({ kind: "layer", bytes: b });
+  const items: GroupItem[] = [];
+  if (w.wcls !== w.tokenEmbedding) items.push({ kind: "embedding", bytes: bytes.embedding });
+  for (const b of bytes.layers) items.push({ kind: "layer", bytes: b + kvLayerBytes });
   items.push({ kind: "classifier", bytes: bytes.classifier });
+  return items;
+}
+
+/** Items in order into groups of at most `budget` bytes, each taking items while they fit. */
+function packGroups(items: readonly GroupItem[], tied: boolean, budget: number): GroupPlan[] {
   const plans: GroupPlan[] = [];
   let cur: GroupPlan | null = null;
   let used = 0;

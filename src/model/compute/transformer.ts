@@ -1,11 +1,11 @@
 import assert from "node:assert";
 import type { KvShape } from "../../codec/index.ts";
 import { decodeHeadsPerPiece } from "./attention-pieces.ts";
-import { KvPool } from "../../pool/index.ts";
+import { KvPool, type KvSegment, type KvSegmentRoom } from "../../pool/index.ts";
 import { blockPayloadBytes } from "../../codec/kv-shape.ts";
 import { headDimOf, kvDimOf, type ModelConfig, qDimOf } from "./config.ts";
 import { softmaxF32, swigluF32 } from "./f32-math.ts";
-import { ATT_SEQ_INTS, ATT_SEQS, attentionScratchBytes, attentionStride, fitsWithRoom, groupBudget, LayerGroup, planGroups } from "./layer-group.ts";
+import { ATT_SEQ_INTS, ATT_SEQS, attentionScratchBytes, attentionStride, fitsWithRoom, groupBudget, LayerGroup, planEvenGroups } from "./layer-group.ts";
 import type { KernelExports } from "./kernel-exports.ts";
 import { type KernelOptions, kernelModule } from "./matmul.ts";
 import type { Matrix } from "./packed.ts";
@@ -31,11 +31,8 @@ const F16_TABLE: Float32Array = (() => {
   return new Float32Array(new Float16Array(bits.buffer));
 })();
 
-/** Where a KV pool's slab lives inside a shared buffer (KvPool's `slab` and `slabOffset` options). */
-export interface KvSlab {
-  slab: SharedArrayBuffer;
-  slabOffset: number;
-}
+/** Where a share of a KV pool's layers lives inside a shared buffer (one of KvPool's `segments`). */
+export type KvSlab = KvSegmentRoom;
 
 /** Options of a Transformer: the kernels' and how much one kernel memory may place. */
 export interface TransformerOptions extends KernelOptions {
@@ -45,6 +42,12 @@ export interface TransformerOptions extends KernelOptions {
    * several groups on a small model.
    */
   groupBytes?: number;
+  /**
+   * The KV pool the caller will ask kvSlab for: a model cut into groups keeps each layer's share
+   * of it free beside the layer's weights, so the pool fits in the kernel memories and attention
+   * reads it in place (a share too big for any memory is not kept: that pool goes outside).
+   */
+  kvPool?: { blockTokens: number; numBlocks: number };
   /** Where the line of a placement longer than a second goes (default stderr: LoadProgress). */
   progress?: (line: string) => void;
 }
@@ -119,9 +122,9 @@ export class Transformer {
   private seqBase = new Int32Array(0);
   /** Blocks of a sequence as long as the model allows (the pool's B is fixed per forward). */
   private maxBlocks = 0;
-  private bitsOf: KvPool | null = null;
-  /** The rooms kvSlab gave, by offset. */
-  private readonly slabs = new Map<number, Uint8Array>();
+  private bitsOf: KvSegment | null = null;
+  /** The rooms kvSlab gave, by first layer and offset (slabKey). */
+  private readonly slabs = new Map<string, Uint8Array>();
   private bits: Uint16Array = new Uint16Array(0);
 
   constructor(cfg: ModelConfig, weights: Weights<Matrix>, opts: TransformerOptions = {}) {
@@ -136,7 +139,7 @@ export class Transformer {
     // Without the kernels nothing is placed, so there is nothing to cut.
     const simd = opts.simd !== false && kernelModule() !== null;
     const plans = simd
-      ? planGroups(cfg, weights, opts.groupBytes ?? groupBudget(cfg, opts.threads ?? 1))
+      ? planEvenGroups(cfg, weights, opts.groupBytes ?? groupBudget(cfg, opts.threads ?? 1), kvLayerBytes(cfg, opts.kvPool))
       : [{ first: 0, end: cfg.nLayers, embedding: true, classifier: true }];
     this.threadsAsked = opts.threads ?? 1;
     // Placing a big model's weights takes a while: say so, as reading and converting them do.
@@ -193,37 +196,49 @@ export class Transformer {
   }
 
   /**
-   * Room for a KV pool's slab of `bytes` in the kernel memory, where attention reads the blocks
-   * in place instead of copying each layer's: build the pool with these options. Null on the
-   * fallback, when the memory (wasm32: 4 GiB) cannot hold it, or when the layers are spread over
-   * several memories (each would need its layers' share of every block); a pool elsewhere still
-   * works.
+   * Room for a KV pool of `bytes` in the kernel memories, where attention reads the blocks in
+   * place instead of copying each layer's: each memory holding layers gets their share of every
+   * block (one segment, all of it, for a model in one memory). Build the pool with these as its
+   * segments. Null on the fallback, or when a memory (wasm32: 4 GiB) cannot hold its share with
+   * room left for the forwards; a pool elsewhere still works.
    */
-  kvSlab(bytes: number): KvSlab | null {
-    if (this.groups.length > 1) return null;
-    // A slab that would leave the forwards no room to grow into goes outside instead.
-    if (!fitsWithRoom(this.cfg, this.threadsAsked, this.g.mm.usedBytes, bytes)) return null;
-    let a: Uint8Array | null = null;
-    try {
-      a = this.g.mm.allocZeroed(bytes);
-    } catch (e) {
-      if (!(e instanceof RangeError)) throw e;
+  kvSlab(bytes: number): KvSlab[] | null {
+    const L = this.cfg.nLayers;
+    if (!(Number.isInteger(bytes / L) && bytes > 0)) assert.fail(`a KV pool of ${bytes} bytes is not a whole share for each of ${L} layers`);
+    const holders = this.groups.filter((g) => g.end > g.first);
+    const share = (g: LayerGroup) => (bytes / L) * (g.end - g.first);
+    // Every memory is checked before any gives room: a memory's room is never handed back.
+    if (!holders.every((g) => fitsWithRoom(this.cfg, this.threadsAsked, g.mm.usedBytes, share(g)))) return null;
+    const rooms: KvSlab[] = [];
+    for (const g of holders) {
+      let a: Uint8Array | null = null;
+      try {
+        a = g.mm.allocZeroed(share(g));
+      } catch (e) {
+        if (!(e instanceof RangeError)) throw e;
+      }
+      if (a === null) return null;
+      this.slabs.set(slabKey(g.first, a.byteOffset), a);
+      rooms.push({ slab: a.buffer as SharedArrayBuffer, slabOffset: a.byteOffset, firstLayer: g.first, nLayers: g.end - g.first });
     }
-    if (a === null) return null;
-    this.slabs.set(a.byteOffset, a);
-    return { slab: a.buffer as SharedArrayBuffer, slabOffset: a.byteOffset };
+    return rooms;
   }
 
-  /** A KV pool over room kvSlab gave at `slabOffset` (another thread's pool's twin). */
-  kvPoolAt(shape: KvShape, numBlocks: number, slabOffset: number): KvPool {
-    const a = this.slabs.get(slabOffset);
-    if (a === undefined) assert.fail(`no KV slab was given at ${slabOffset}`);
-    return new KvPool(shape, numBlocks, { slab: a.buffer as SharedArrayBuffer, slabOffset });
+  /** A KV pool over the rooms kvSlab gave (another thread's pool's twin): each segment's first layer and offset. */
+  kvPoolAt(shape: KvShape, numBlocks: number, rooms: readonly { firstLayer: number; slabOffset: number }[]): KvPool {
+    const segments = rooms.map((r) => {
+      const a = this.slabs.get(slabKey(r.firstLayer, r.slabOffset));
+      if (a === undefined) assert.fail(`no KV slab was given for layer ${r.firstLayer} at ${r.slabOffset}`);
+      const g = this.groupOfLayer[r.firstLayer]!;
+      return { slab: a.buffer as SharedArrayBuffer, slabOffset: r.slabOffset, firstLayer: r.firstLayer, nLayers: g.end - g.first };
+    });
+    return new KvPool(shape, numBlocks, { segments });
   }
 
-  /** A KV pool whose slab is in the kernel memory when it fits there (see kvSlab), else its own. */
+  /** A KV pool whose blocks are in the kernel memories when they fit there (see kvSlab), else in a slab of its own. */
   kvPool(shape: KvShape, numBlocks: number): KvPool {
-    return new KvPool(shape, numBlocks, this.kvSlab(numBlocks * blockPayloadBytes(shape)) ?? {});
+    const rooms = this.kvSlab(numBlocks * blockPayloadBytes(shape));
+    return new KvPool(shape, numBlocks, rooms === null ? {} : { segments: rooms });
   }
 
   /** Stops the matmul helper threads (the model still runs, on the caller alone). */
@@ -367,13 +382,16 @@ export class Transformer {
     this.lap(P_ROPE);
     // Store every row's K/V before any attention, so rows of this call see each other
     // exactly as later calls will: through the f16 slab.
-    const bits = this.bitsFor(pool);
-    if (inPlace) ex!.store_kv(mm.addressOf(this.g.kvDst), l * 2 * B * kvDim * 2, B * kvDim * 2, mm.addressOf(k), mm.addressOf(v), rows, kvDim);
-    else if (ex !== null) this.storeKvSimd(ex, bits, pool.blockElems, B, l, batch, rows);
-    else storeKv(pool.data, k, v, this.g.rowPos, this.rowSeq, batch, pool.blockElems, B, l, kvDim, rows);
+    // The pool's segment holding layer l, and l's place among its layers.
+    const seg = pool.segmentOf(l);
+    const sl = l - seg.firstLayer;
+    const bits = this.bitsFor(seg);
+    if (inPlace) ex!.store_kv(mm.addressOf(this.g.kvDst), sl * 2 * B * kvDim * 2, B * kvDim * 2, mm.addressOf(k), mm.addressOf(v), rows, kvDim);
+    else if (ex !== null) this.storeKvSimd(ex, bits, seg.blockElems, B, sl, batch, rows);
+    else storeKv(seg.data, k, v, this.g.rowPos, this.rowSeq, batch, seg.blockElems, B, sl, kvDim, rows);
     this.lap(P_KV);
-    if (ex !== null) this.attentionSimd(pool, l, batch, inPlace);
-    else this.attention(bits, pool.blockElems, B, l, batch, rows);
+    if (ex !== null) this.attentionSimd(seg, sl, B, batch, inPlace);
+    else this.attention(bits, seg.blockElems, B, sl, batch, rows);
     this.lap(P_ATT);
     this.addProjection(xb, w.wo, gl * dim * qDim, qDim, rows);
   }
@@ -467,11 +485,11 @@ export class Transformer {
     }
   }
 
-  private bitsFor(pool: KvPool): Uint16Array {
-    if (this.bitsOf !== pool) {
-      const d = pool.data;
+  private bitsFor(seg: KvSegment): Uint16Array {
+    if (this.bitsOf !== seg) {
+      const d = seg.data;
       this.bits = new Uint16Array(d.buffer, d.byteOffset, d.length);
-      this.bitsOf = pool;
+      this.bitsOf = seg;
     }
     return this.bits;
   }
@@ -523,17 +541,19 @@ export class Transformer {
   }
 
   /**
-   * Fills the attention kernel's block tables for this forward: each sequence's blocks read in
-   * place when the pool's slab lives in the kernel memory (returns true; then each row's K/V slot
-   * goes to kvDst too, for store_kv), else the addresses of their copies in kvScratch, which
-   * attentionSimd fills per layer.
+   * Fills the attention kernel's block tables for this forward, for the group in use: each
+   * sequence's blocks read in place when the pool's segment of the group's layers lives in its
+   * kernel memory (returns true; then each row's K/V slot goes to kvDst too, for store_kv), else
+   * the addresses of their copies in kvScratch, which attentionSimd fills per layer.
    */
   private attentionTables(pool: KvPool, batch: readonly SeqChunk[], rows: number): boolean {
     const B = pool.shape.blockTokens;
     const mb = this.maxBlocks;
     const g = this.g;
     const tables = g.attTables;
-    const slabAt = g.mm.addressOf(pool.bytes);
+    const seg = pool.segmentOf(g.first);
+    const covers = seg.firstLayer <= g.first && g.end <= seg.firstLayer + seg.nLayers;
+    const slabAt = covers ? g.mm.addressOf(seg.bytes) : -1;
     const layerBytes = 2 * B * this.kvDim * 2;
     if (slabAt < 0) {
       // The copies sit back to back, as many as the batch's sequences have blocks now (sized by
@@ -551,27 +571,26 @@ export class Transformer {
     for (let s = 0; s < batch.length; s++) {
       const c = batch[s]!;
       const nb = Math.ceil((c.startPos + c.tokens.length) / B);
-      for (let b = 0; b < nb; b++) tables[s * mb + b] = slabAt >= 0 ? slabAt + c.blockTable[b]! * pool.blockBytes : kvAt + (this.seqBase[s]! + b) * layerBytes;
+      for (let b = 0; b < nb; b++) tables[s * mb + b] = slabAt >= 0 ? slabAt + c.blockTable[b]! * seg.blockBytes : kvAt + (this.seqBase[s]! + b) * layerBytes;
     }
     if (slabAt < 0) return false;
     const { rowPos, kvDst } = g;
     const rowSeq = this.rowSeq;
-    for (let r = 0; r < rows; r++) kvDst[r] = slabAt + 2 * kSlotOf(batch[rowSeq[r]!]!.blockTable, rowPos[r]!, pool.blockElems, B, 0, this.kvDim);
+    for (let r = 0; r < rows; r++) kvDst[r] = slabAt + 2 * kSlotOf(batch[rowSeq[r]!]!.blockTable, rowPos[r]!, seg.blockElems, B, 0, this.kvDim);
     return true;
   }
 
   /**
    * Attention in the SIMD kernel (kernels/assembly/attention.ts states its order), in pieces
    * shared with the helper threads as the matmuls are: a decoding sequence whole (its heads read
-   * the blocks together), a prefill one per KV head. The blocks are read
-   * through attentionTables': in place, or from this layer's copy made here (one per block). Each
+   * the blocks together), a prefill one per KV head. The blocks of layer sl of the pool's segment
+   * `seg` are read through attentionTables': in place, or from this layer's copy made here (one per block). Each
    * row's result depends only on its query and the cached K/V, so chunking, batching and threads
    * never change a bit.
    */
-  private attentionSimd(pool: KvPool, l: number, batch: readonly SeqChunk[], inPlace: boolean): void {
+  private attentionSimd(seg: KvSegment, sl: number, B: number, batch: readonly SeqChunk[], inPlace: boolean): void {
     const g = this.g;
     const mm = g.mm;
-    const B = pool.shape.blockTokens;
     const layerBytes = 2 * B * this.kvDim * 2;
     const mb = this.maxBlocks;
     const p = g.attParams;
@@ -590,9 +609,9 @@ export class Transformer {
       const n = c.startPos + nr;
       if (!inPlace) {
         const kvs = g.kvScratch!;
-        const src = pool.bytes;
+        const src = seg.bytes;
         for (let b = 0, nb = Math.ceil(n / B); b < nb; b++) {
-          const from = c.blockTable[b]! * pool.blockBytes + l * layerBytes;
+          const from = c.blockTable[b]! * seg.blockBytes + sl * layerBytes;
           kvs.set(src.subarray(from, from + layerBytes), (this.seqBase[s]! + b) * layerBytes);
         }
       }
@@ -619,7 +638,7 @@ export class Transformer {
     p[3] = this.kvMul;
     p[4] = this.headDim;
     p[5] = this.qDim;
-    p[6] = inPlace ? l * layerBytes : 0;
+    p[6] = inPlace ? sl * layerBytes : 0;
     p[7] = attentionStride(this.cfg);
     p[8] = nPieces;
     const scratchBytes = attentionScratchBytes(this.cfg);
@@ -778,4 +797,15 @@ function rmsnorm(o: Float32Array, x: Float32Array, g: Float32Array, gOff: number
     const inv = 1 / Math.sqrt(ss / dim + eps);
     for (let i = 0; i < dim; i++) o[xo + i] = g[gOff + i]! * (inv * x[xo + i]!);
   }
+}
+
+/** A room kvSlab gave: its segment's first layer names the memory, the offset the place in it. */
+function slabKey(firstLayer: number, slabOffset: number): string {
+  return `${firstLayer}@${slabOffset}`;
+}
+
+/** Bytes of one layer's share of a KV pool of `pool` (0 for none): its blocks' K and V of that layer. */
+function kvLayerBytes(cfg: ModelConfig, pool: TransformerOptions["kvPool"]): number {
+  if (pool === undefined) return 0;
+  return pool.numBlocks * blockPayloadBytes({ blockTokens: pool.blockTokens, nLayers: 1, nKvHeads: cfg.nKvHeads, headDim: headDimOf(cfg) });
 }

@@ -106,6 +106,10 @@ export interface ModelThreadOptions {
   threads?: number;
   /** false: kernel memory on 4 KiB pages (KernelOptions.hugePages). */
   hugePages?: boolean;
+  /** Bytes of weights one kernel memory may place (TransformerOptions.groupBytes): tests lower it. */
+  groupBytes?: number;
+  /** The KV pool the engine will build (TransformerOptions.kvPool). */
+  kvPool?: { blockTokens: number; numBlocks: number };
 }
 
 export type ToModelThread =
@@ -115,12 +119,12 @@ export type ToModelThread =
       version: number;
       /** The slot plan and logits are for. */
       slot: number;
-      /** inKernel: the slab is room the thread gave (kv-slab) in its kernel memory, at slabOffset. */
-      pool?: { shape: KvShape; numBlocks: number; slab: SharedArrayBuffer; slabOffset: number; inKernel: boolean };
+      /** The pool's segments in layer order; inKernel: they are the rooms the thread gave (kv-slab) in its kernel memories. */
+      pool?: { shape: KvShape; numBlocks: number; segments: KvSlab[]; inKernel: boolean };
       plan?: SharedArrayBuffer;
       logits?: SharedArrayBuffer;
     }
-  /** Asks for room for a KV slab of `bytes` in the model's kernel memory (answered by kv-slab). */
+  /** Asks for room for a KV pool of `bytes` in the model's kernel memories (answered by kv-slab). */
   | { type: "kv-slab"; bytes: number }
   /**
    * A structured output's matcher on the thread, for rows it samples itself: `open` compiles
@@ -155,8 +159,8 @@ export interface LoadedInfo {
 export type FromModelThread =
   | { type: "loaded"; info: LoadedInfo }
   | { type: "load-failed"; message: string }
-  /** The room asked for, or null when the kernel memory cannot hold it (or there is none). */
-  | { type: "kv-slab"; slab: KvSlab | null };
+  /** The room asked for, a segment per memory holding layers, or null when one cannot hold its share (or there is none). */
+  | { type: "kv-slab"; slab: KvSlab[] | null };
 
 /** Int32s the plan of `batch` takes: the count, then per chunk its header, tokens and blocks. */
 export function planInts(batch: readonly SeqChunk[], blockTokens: number): number {

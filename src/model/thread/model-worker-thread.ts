@@ -108,8 +108,7 @@ self.onmessage = (e) => {
     if (m.pool) {
       const p = m.pool;
       // The kernels know their memory by its own buffer objects, not the engine's copy of one.
-      pool =
-        p.inKernel && model ? model.kvPoolAt(p.shape, p.numBlocks, p.slabOffset) : new KvPool(p.shape, p.numBlocks, { slab: p.slab, slabOffset: p.slabOffset });
+      pool = p.inKernel && model ? model.kvPoolAt(p.shape, p.numBlocks, p.segments) : new KvPool(p.shape, p.numBlocks, { segments: p.segments });
     }
     if (m.plan) plans[m.slot] = new Int32Array(m.plan);
     if (m.logits && model) {
@@ -135,7 +134,7 @@ async function load(m: Extract<ToModelThread, { type: "load" }>): Promise<void> 
     const o = m.opts;
     const files = readModelFilesFor({ modelPath: o.modelPath, tokenizerPath: o.tokenizerPath, maxSeqLen: o.maxSeqLen, dtype: o.dtype });
     const weights = holdWeights(files.cfg, files.weights, files.stats.dtype, o.dtype);
-    const t = new Transformer(files.cfg, weights, { threads: o.threads ?? 1, hugePages: o.hugePages });
+    const t = new Transformer(files.cfg, weights, { threads: o.threads ?? 1, hugePages: o.hugePages, groupBytes: o.groupBytes, kvPool: o.kvPool });
     await t.ready();
     model = t;
     ctrl = new Int32Array(m.ctrl, 0, CTRL_INTS);

@@ -227,17 +227,17 @@ export class ModelWorker {
   }
 
   /**
-   * Room for a KV pool's slab of `bytes` in the model thread's kernel memory, where its attention
-   * reads the blocks in place (build the pool with these options); null when there is none.
+   * Room for a KV pool of `bytes` in the model thread's kernel memories, where its attention
+   * reads the blocks in place (build the pool with these as its segments); null when there is none.
    */
-  kvSlab(bytes: number): Promise<KvSlab | null> {
+  kvSlab(bytes: number): Promise<KvSlab[] | null> {
     if (this.dead) return Promise.reject(this.dead);
-    return new Promise<KvSlab | null>((resolve, reject) => {
+    return new Promise<KvSlab[] | null>((resolve, reject) => {
       const onMessage = (e: MessageEvent<FromModelThread>) => {
         if (e.data.type !== "kv-slab") return;
         off();
         const s = e.data.slab;
-        if (s !== null) this.kernelSlabs.add(s.slab);
+        for (const r of s ?? []) this.kernelSlabs.add(r.slab);
         resolve(s);
       };
       const onDeath = (err: Error) => {
@@ -286,10 +286,13 @@ export class ModelWorker {
   }
 
   private sharePool(pool: KvPool): void {
-    const slab = pool.slab;
-    if (!(slab instanceof SharedArrayBuffer)) assert.fail("model worker: the KV pool's slab must be shared (new KvPool(shape, n, { shared: true }))");
+    const segments = pool.segments.map((g) => {
+      const slab = g.bytes.buffer;
+      if (!(slab instanceof SharedArrayBuffer)) assert.fail("model worker: the KV pool's slab must be shared (new KvPool(shape, n, { shared: true }))");
+      return { slab, slabOffset: g.bytes.byteOffset, firstLayer: g.firstLayer, nLayers: g.nLayers };
+    });
     this.pool = pool;
-    this.send(0, { pool: { shape: pool.shape, numBlocks: pool.total, slab, slabOffset: pool.slabOffset, inKernel: this.kernelSlabs.has(slab) } });
+    this.send(0, { pool: { shape: pool.shape, numBlocks: pool.total, segments, inKernel: segments.every((g) => this.kernelSlabs.has(g.slab)) } });
   }
 
   /** The vocabularies the thread has been sent (with the first constraint opened over each). */

@@ -453,15 +453,28 @@ class PushWriter {
     }
   }
 
-  /** The payloads of chunks [k, q), adjacent in the pool: from the pool itself when long enough, else through the stage. */
+  /**
+   * The payloads of chunks [k, q), adjacent in the pool: from the pool itself when long enough
+   * (a pool split by layer: each block's segments in layer order), else through the stage.
+   */
   private async sendPayloads(list: readonly PoolChunk[], k: number, q: number): Promise<void> {
     const pool = list[k]!.pool;
     const P = pool.blockBytes;
-    const from = list[k]!.blockId * P;
+    const first = list[k]!.blockId;
     const bytes = (q - k) * P;
     if (bytes >= DIRECT_BYTES) {
       await this.flush();
-      if (!this.stopped && !(await this.conn.writeAll(pool.bytes.subarray(from, from + bytes)))) this.stopped = true;
+      const segs = pool.segments;
+      if (segs.length === 1) {
+        if (!this.stopped && !(await this.conn.writeAll(segs[0]!.bytes.subarray(first * P, first * P + bytes)))) this.stopped = true;
+        return;
+      }
+      for (let id = first; id < first + q - k; id++) {
+        for (const g of segs) {
+          if (this.stopped) return;
+          if (!(await this.conn.writeAll(g.bytes.subarray(id * g.blockBytes, (id + 1) * g.blockBytes)))) this.stopped = true;
+        }
+      }
       return;
     }
     for (let m = k; m < q && !this.stopped; m++) {
