@@ -1,7 +1,8 @@
 import { describe, expect, test } from "bun:test";
 import { decodeHeadsPerPiece } from "../../src/model/compute/attention-pieces.ts";
 import { JOB_INTS } from "../../src/model/compute/kernel-exports.ts";
-import { runJobs } from "../../src/model/compute/kernel-threads.ts";
+import { F16_SHIFTED, J_ATTEND, J_CONVERT_Q8, J_PLACE, J_QUANT_X, J_SWIGLU, J_TOUCH, KERNEL_INDEX, runJobs } from "../../src/model/compute/kernel-threads.ts";
+import { readFileSync } from "node:fs";
 import { MatmulKernel, matmulRef } from "../../src/model/compute/matmul.ts";
 import { LEGACY_DTYPES } from "../../src/model/compute/legacy-quants.ts";
 import { castMatrix, dequantize, type Matrix } from "../../src/model/compute/packed.ts";
@@ -231,5 +232,32 @@ describe("attention pieces", () => {
     expect(decodeHeadsPerPiece(6, 8, 2)).toBe(6);
     expect(decodeHeadsPerPiece(1, 1, 4)).toBe(1);
     expect(decodeHeadsPerPiece(32, 1, 3)).toBe(11);
+  });
+});
+
+describe("job kinds", () => {
+  test("every fn number names one kind, the same in the kernels' dispatch as here", () => {
+    const js: Record<string, number> = {
+      F16S: F16_SHIFTED,
+      ATTEND: J_ATTEND,
+      CONVERT_Q8: J_CONVERT_Q8,
+      PLACE: J_PLACE,
+      QUANT_X: J_QUANT_X,
+      TOUCH: J_TOUCH,
+      SWIGLU: J_SWIGLU,
+    };
+    for (const [dt, i] of Object.entries(KERNEL_INDEX)) js[dt.toUpperCase()] = i;
+    // Both sides' numbers distinct: a new kind on a dtype's number runs as that matmul (or the reverse).
+    expect(new Set(Object.values(js)).size).toBe(Object.keys(js).length);
+    const asm = (file: string) =>
+      Object.fromEntries(
+        [
+          ...readFileSync(new URL(`../../src/model/compute/kernels/assembly/${file}`, import.meta.url), "utf8").matchAll(
+            /^(?:export )?const ([A-Z0-9_]+): i32 = (\d+);/gm,
+          ),
+        ].map((m) => [m[1]!, Number(m[2])]),
+      );
+    const kernels = { ...asm("dtype-index.ts"), ...asm("dispatch.ts") };
+    for (const name of Object.keys(js)) expect([name, kernels[name]]).toEqual([name, js[name]]);
   });
 });

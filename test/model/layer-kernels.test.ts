@@ -181,6 +181,27 @@ describe("exp and swiglu", () => {
     }
   });
 
+  test("swiglu over the threads gives the bits of one thread, however it is cut", async () => {
+    const two = new MatmulKernel([], { threads: 2 });
+    await two.ready();
+    const before = two.splitCalls;
+    // Below the split, at it with an odd tail, an 8B decode batch's, and a prefill's.
+    for (const n of [1000, (1 << 15) + 3, 8 * 14336, 64 * 8192 + 5]) {
+      const a = randomBits(n, n).map((x) => (Number.isFinite(x) ? Math.max(-90, Math.min(90, x)) : x));
+      const b = new Float32Array(n).map((_, i) => Math.sin(i) * 2);
+      const one = f32(a);
+      ex.swiglu(mk.addressOf(one), mk.addressOf(f32(b)), n);
+      const h = two.alloc(n);
+      h.set(a);
+      const g = two.alloc(n);
+      g.set(b);
+      two.swiglu(h, g, n);
+      expect([n, bits(h)]).toEqual([n, bits(one)]);
+    }
+    expect(two.splitCalls).toBeGreaterThan(before);
+    two.close();
+  });
+
   test("exp is within three ulp and clamps", () => {
     const ulp = (x: number) => {
       const a = new Float32Array([x]);

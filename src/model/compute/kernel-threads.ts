@@ -56,6 +56,11 @@ export const J_QUANT_X = 14;
  */
 export const J_TOUCH = 15;
 /**
+ * SwiGLU in place's fn (elementwise.ts' swiglu): J_Y the gates (h, f32), J_X the ups (g), J_W the
+ * floats of each, cut as J_D rows of J_N (the last one short; J_ROWS 1, J_R0 0).
+ */
+export const J_SWIGLU = 17;
+/**
  * A touch job's J_N: a span counts as TOUCH_N multiply-adds where KernelThreads cuts chunks
  * (CHUNK_MACS), so a chunk is 16 spans, 1 MiB: a handful of page faults, far from a tail.
  */
@@ -67,7 +72,7 @@ export function writeTouchJob(j: Int32Array, from: number, to: number): void {
 }
 
 /**
- * Writes a job over rows (J_CONVERT_Q8, J_PLACE, J_QUANT_X, J_TOUCH) into the record j: y and x its output
+ * Writes a job over rows (J_CONVERT_Q8, J_PLACE, J_QUANT_X, J_TOUCH, J_SWIGLU) into the record j: y and x its output
  * and input, w what the kind reads there (a dtype or a layout), `rows` rows of n; J_ROWS 1 and
  * J_R0 0, so a dispatch cuts it by rows.
  */
@@ -206,6 +211,10 @@ export function runJobs(ex: KernelExports, jobs: Int32Array, count: number, scra
     }
     if (jobs[b + J_FN] === J_TOUCH) {
       ex.touch_pages(jobs[b + J_Y]!, jobs[b + J_X]!, 0, jobs[b + J_D]!);
+      continue;
+    }
+    if (jobs[b + J_FN] === J_SWIGLU) {
+      ex.swiglu(jobs[b + J_Y]!, jobs[b + J_X]!, jobs[b + J_W]!);
       continue;
     }
     const r0 = jobs[b + J_R0]!;
@@ -422,7 +431,7 @@ export class KernelThreads {
       else {
         // A thread's chunk at least, so that even a job alone at the split threshold is shared.
         const chunks = Math.max(threads, Math.ceil((rows * n * span) / (CHUNK_MACS * Math.min(rows, CHUNK_ROWS_MAX))));
-        const oneToken = rows === 1 && fn !== J_CONVERT_Q8 && fn !== J_PLACE && fn !== J_QUANT_X && fn !== J_TOUCH;
+        const oneToken = rows === 1 && fn !== J_CONVERT_Q8 && fn !== J_PLACE && fn !== J_QUANT_X && fn !== J_TOUCH && fn !== J_SWIGLU;
         const unit = oneToken || (rows >= 8 && fn === KERNEL_INDEX.q4_k) ? ONE_TOKEN_ROWS : 8;
         per = Math.ceil(span / chunks / unit) * unit;
       }

@@ -408,7 +408,7 @@ export class Transformer {
     mm.queue(hb2, xb, w.w3, gl * hid * dim, rows, dim, hid);
     mm.flush();
     this.lap(P_MATMUL);
-    if (ex !== null) ex.swiglu(mm.addressOf(hb), mm.addressOf(hb2), rows * hid);
+    if (ex !== null) mm.swiglu(hb, hb2, rows * hid);
     else swigluF32(hb, hb2, rows * hid);
     this.lap(P_SWIGLU);
     this.addProjection(hb, w.w2, gl * dim * hid, hid, rows);

@@ -23,6 +23,7 @@
 
 import { attend_jobs } from "./attention";
 import { convert_q8_rows } from "./convert";
+import { swiglu } from "./elementwise";
 import { place_rows } from "./place-strips";
 import { BF16, F16, F16S, F32, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0 } from "./dtype-index";
 import { Job } from "./job";
@@ -60,6 +61,8 @@ const PLACE: i32 = 13;
 const QUANT_X: i32 = 14;
 /** Memory's pages first touched (touch_pages): bytes y .. x, d its 64 KiB spans. */
 const TOUCH: i32 = 15;
+/** SwiGLU in place (elementwise.ts' swiglu): y the gates' f32 (h), x the ups' (g), w of each in all, cut in d spans of n. */
+const SWIGLU: i32 = 17;
 /** Runs a one-token chunk walks in step (THE STREAMS). */
 const STREAMS: i32 = 4;
 /** Bytes from one touch to the next: the smallest page of the host (4 KiB on x86 and most arm64). */
@@ -122,6 +125,13 @@ export function quantize_rows(dst: usize, x: usize, layout: i32, n: i32, r0: i32
   }
   if (fn == TOUCH) {
     touch_pages(j.y, j.x, k * per, min(j.d, (k + 1) * per));
+    return;
+  }
+  if (fn == SWIGLU) {
+    // Elementwise: any cut gives the same bits.
+    const e0 = k * per * j.n;
+    const e1 = min(<i32>j.w, (k + 1) * per * j.n);
+    if (e1 > e0) swiglu(j.y + (<usize>e0 << 2), j.x + (<usize>e0 << 2), e1 - e0);
     return;
   }
   const r0 = j.r0;
