@@ -140,6 +140,8 @@ export interface EngineNode {
   readonly kvAddress: string;
   readonly engine: Engine;
   readonly pool: KvPool;
+  /** Whether the pool is in the model kernels' memories, read in place (else a slab of its own, whose layers attention copies). */
+  readonly kvInKernel: boolean;
   readonly receiver: KvReceiver | null;
   readonly model: ServedModel;
   /** The beats to every gateway replica. */
@@ -261,16 +263,21 @@ export function servedModelOf(
 
 /** The engine's KV pool: in the model kernels' memory when the model has room (attention reads it in place), else a slab of its own. */
 export async function kvPoolFor(model: ServedModel, shape: KvShape, numBlocks: number): Promise<KvPool> {
+  return (await kvPoolPlaced(model, shape, numBlocks)).pool;
+}
+
+/** kvPoolFor, and whether the pool is in the model kernels' memories (else a slab of its own, whose layers attention copies). */
+async function kvPoolPlaced(model: ServedModel, shape: KvShape, numBlocks: number): Promise<{ pool: KvPool; inKernel: boolean }> {
   const bytes = numBlocks * blockPayloadBytes(shape);
   const rooms = (await model.kvSlab?.(bytes)) ?? null;
-  if (rooms !== null) return new KvPool(shape, numBlocks, { segments: rooms });
+  if (rooms !== null) return { pool: new KvPool(shape, numBlocks, { segments: rooms }), inKernel: true };
   if (bytes > MAX_KV_POOL_BYTES) {
     const most = Math.floor(MAX_KV_POOL_BYTES / blockPayloadBytes(shape));
     throw new ConfigError(
       `--num-blocks ${numBlocks}: a KV pool of ${(bytes / 2 ** 30).toFixed(2)} GiB (${blockPayloadBytes(shape)} bytes a block for this model) is past the 4 GiB one buffer holds, and the model's kernel memories have no room for it; at most ${most} blocks`,
     );
   }
-  return new KvPool(shape, numBlocks, { shared: model.sharedSlab === true });
+  return { pool: new KvPool(shape, numBlocks, { shared: model.sharedSlab === true }), inKernel: false };
 }
 
 /** One ArrayBuffer holds at most 4 GiB in Bun (a larger one throws "Out of memory"), and a pool outside the kernel memories is one. */
@@ -322,7 +329,7 @@ export async function startEngineNode(opts: EngineNodeOptions): Promise<EngineNo
   const workerId = opts.workerId ?? `${role}-${process.pid}-${nodeCounter++}`;
   const model = opts.model ?? (await loadModel({ ...opts, maxSeqLen: opts.maxModelLen, kvPool: kvPoolSize(opts) }));
   const effective = effectiveOptions(opts, model.maxSeqLen);
-  const { pool, engine } = await engineOver(model, effective);
+  const { pool, kvInKernel, engine } = await engineOver(model, effective);
   const roles: ("prefill" | "decode")[] = role === "both" ? ["prefill", "decode"] : [role];
   // What EngineControl and HTTP both say of this engine. The fingerprint goes to the gateway
   // (beats) and peers (Info): a gateway refuses an engine that tokenizes differently.
@@ -384,6 +391,7 @@ export async function startEngineNode(opts: EngineNodeOptions): Promise<EngineNo
       kvAddress: kvSide?.kv.address ?? "",
       engine,
       pool,
+      kvInKernel,
       receiver,
       model,
       heartbeat,
@@ -399,12 +407,12 @@ export async function startEngineNode(opts: EngineNodeOptions): Promise<EngineNo
 }
 
 /** The KV pool and the engine over `model`, sized as `effective` says. */
-async function engineOver(model: ServedModel, effective: EffectiveOptions): Promise<{ pool: KvPool; engine: Engine }> {
+async function engineOver(model: ServedModel, effective: EffectiveOptions): Promise<{ pool: KvPool; kvInKernel: boolean; engine: Engine }> {
   const shape: KvShape = { blockTokens: effective.blockTokens, nLayers: model.nLayers, nKvHeads: model.nKvHeads, headDim: model.headDim };
-  const pool = await kvPoolFor(model, shape, effective.numBlocks);
+  const { pool, inKernel } = await kvPoolPlaced(model, shape, effective.numBlocks);
   const eosTokenIds = model.eosIds ?? model.tokenizer.eosIds;
   const engine = new Engine({ model: model.runner, pool, maxModelLen: effective.maxModelLen, maxBatchTokens: effective.maxBatchTokens, eosTokenIds });
-  return { pool, engine };
+  return { pool, kvInKernel: inKernel, engine };
 }
 
 /** What a beat says of the model and pool behind an engine: a gateway routes only to engines that agree. */

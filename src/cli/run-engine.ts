@@ -188,6 +188,9 @@ function modelFields(node: EngineNode): Record<string, unknown> {
     threads: node.model.threads ?? null,
     kernels: node.model.kernels ?? null,
     kernel_memories: node.model.memories ?? null,
+    // Where the KV pool is: in the kernel memories, read in place; or a slab of its own, whose
+    // layers attention copies into the kernels' memory first (slower at long contexts).
+    kv_pool: node.kvInKernel ? "in_kernel" : "own_slab",
     huge_pages: node.model.hugePages ?? null,
     model_thread: node.model.sharedSlab ? "worker" : "main",
   };

@@ -69,6 +69,8 @@ test("binary starts in each role", async () => {
         // ... and its WebAssembly kernels: a plain-JS fallback would be said here.
         expect(ready.kernels).toBe("wasm-simd");
         expect(ready.kernel_memories).toBe(1);
+        // ... with the KV pool in their memory, where attention reads it in place.
+        expect(ready.kv_pool).toBe("in_kernel");
         // ... and their memory on 2 MiB pages wherever this host hands them out (huge-pages.ts).
         expect(ready.huge_pages).toBe(transparentHugePages());
         // Only roles that receive KV serve KvTransfer.

@@ -3,6 +3,7 @@ import { kvPoolFor, type ServedModel } from "../../src/cli/engine-node.ts";
 import { ConfigError } from "../../src/cli/options.ts";
 import { ByteTokenizer } from "../../src/tokenizer/index.ts";
 import { startEngineNode } from "../../src/cli/engine-node.ts";
+import { fakeServedModel } from "../support/nodes.ts";
 import { kvShapeOf, loadSyntheticModel, SYNTHETIC_MODEL_NAME } from "../../src/model/index.ts";
 import { placedBytes } from "../../src/model/compute/layer-group.ts";
 import { blockPayloadBytes } from "../../src/codec/kv-shape.ts";
@@ -66,10 +67,15 @@ test("an engine tells its model thread of the pool to come: each memory keeps it
     try {
       memories.push(node.model.memories!);
       expect(node.pool.segments.length).toBeGreaterThan(1);
+      expect(node.kvInKernel).toBe(true);
       expect(node.pool.total).toBe(n);
     } finally {
       await node.shutdown();
     }
   }
   expect(memories[1]!).toBeGreaterThan(memories[0]!);
+  // A model with no kernel memory to give (here a fake one): the pool is a slab of its own, and the node says so.
+  const own = await startEngineNode({ role: "both", model: fakeServedModel(), blockTokens: 4, numBlocks: 8 });
+  expect([own.kvInKernel, own.pool.segments.length]).toEqual([false, 1]);
+  await own.shutdown();
 });
