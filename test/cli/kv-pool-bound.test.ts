@@ -1,8 +1,7 @@
 import { expect, test } from "bun:test";
-import { kvPoolFor, type ServedModel } from "../../src/cli/engine-node.ts";
+import { kvPoolFor, type ServedModel, startEngineNode } from "../../src/cli/engine-node.ts";
 import { ConfigError } from "../../src/cli/options.ts";
 import { ByteTokenizer } from "../../src/tokenizer/index.ts";
-import { startEngineNode } from "../../src/cli/engine-node.ts";
 import { fakeServedModel } from "../support/nodes.ts";
 import { kvShapeOf, loadSyntheticModel, SYNTHETIC_MODEL_NAME } from "../../src/model/index.ts";
 import { placedBytes } from "../../src/model/compute/layer-group.ts";
@@ -12,7 +11,8 @@ import { blockPayloadBytes } from "../../src/codec/kv-shape.ts";
 // is one: an 8B-shape model's 2 MiB blocks allow 2048 of them. More is refused at start with the
 // number that fits, not an "Out of memory" from deep inside, unless the kernel memories take
 // the pool split by layer (Transformer.kvSlab).
-test("a KV pool past 4 GiB is refused at start, naming the most blocks that fit", async () => {
+/** An 8B-shape model as far as kvPoolFor looks, with `kvSlab` its kernel memories' answer (none: no kernel memory). */
+function eightB(kvSlab?: ServedModel["kvSlab"]): ServedModel {
   const model = {
     name: "m",
     runner: { vocabSize: 258, post: () => {} },
@@ -21,8 +21,14 @@ test("a KV pool past 4 GiB is refused at start, naming the most blocks that fit"
     nKvHeads: 8,
     headDim: 128,
     maxSeqLen: 64,
-  } as unknown as ServedModel;
-  const shape = { blockTokens: 16, nLayers: 32, nKvHeads: 8, headDim: 128 };
+    kvSlab,
+  };
+  return model as unknown as ServedModel;
+}
+const shape = { blockTokens: 16, nLayers: 32, nKvHeads: 8, headDim: 128 };
+
+test("a KV pool past 4 GiB is refused at start, naming the most blocks that fit", async () => {
+  const model = eightB();
   const err = await kvPoolFor(model, shape, 2049).catch((e: unknown) => e);
   expect(err).toBeInstanceOf(ConfigError);
   expect((err as Error).message).toBe(
@@ -36,20 +42,11 @@ test("a KV pool past 4 GiB is built split by layer when the kernel memories give
   // Two memories of 16 layers each, as kvSlab hands them out (untouched pages: no RSS to speak of).
   const rooms = [0, 16].map((firstLayer) => ({ slab: new SharedArrayBuffer(2049 * 2 ** 20), slabOffset: 0, firstLayer, nLayers: 16 }));
   let asked = 0;
-  const model = {
-    name: "m",
-    runner: { vocabSize: 258, post: () => {} },
-    tokenizer: new ByteTokenizer(),
-    nLayers: 32,
-    nKvHeads: 8,
-    headDim: 128,
-    maxSeqLen: 64,
-    kvSlab: async (bytes: number) => {
-      asked = bytes;
-      return rooms;
-    },
-  } as unknown as ServedModel;
-  const pool = await kvPoolFor(model, { blockTokens: 16, nLayers: 32, nKvHeads: 8, headDim: 128 }, 2049);
+  const model = eightB(async (bytes: number) => {
+    asked = bytes;
+    return rooms;
+  });
+  const pool = await kvPoolFor(model, shape, 2049);
   expect(asked).toBe(2049 * 2 ** 21);
   expect(pool.total).toBe(2049);
   expect(pool.segments.map((g) => [g.firstLayer, g.nLayers, g.bytes.buffer])).toEqual(rooms.map((r) => [r.firstLayer, 16, r.slab]));

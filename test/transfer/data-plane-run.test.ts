@@ -181,13 +181,19 @@ function payloadsOf(chunks: readonly PoolChunk[]): Uint8Array[] {
   return chunks.map((c) => c.pool.payload(c.blockId).slice());
 }
 
-test("run frames move contiguous and scattered blocks", async () => {
-  const d = await startDecode("data-plane", { shape: SHAPE, blocks: 256 });
+/** A decode engine of `blocks` blocks on the data plane and a prefill transport, both closed after the file. */
+async function decodeAndPrefill(blocks: number): Promise<{ d: Decode; t: ReturnType<typeof prefillTransport> }> {
+  const d = await startDecode("data-plane", { shape: SHAPE, blocks });
   const t = prefillTransport("data-plane");
   cleanups.push(
     () => t.close(),
     () => d.close(),
   );
+  return { d, t };
+}
+
+test("run frames move contiguous and scattered blocks", async () => {
+  const { d, t } = await decodeAndPrefill(256);
   const FULL = 40;
   const FILL = 5;
   const nTokens = FULL * B + FILL;
@@ -268,12 +274,7 @@ test("run frames move contiguous and scattered blocks", async () => {
 });
 
 test("run frames move a pool split by layer: each block's segments in layer order, straight or staged", async () => {
-  const d = await startDecode("data-plane", { shape: SHAPE, blocks: 128 });
-  const t = prefillTransport("data-plane");
-  cleanups.push(
-    () => t.close(),
-    () => d.close(),
-  );
+  const { d, t } = await decodeAndPrefill(128);
   const FULL = 40;
   const nTokens = FULL * B + 5;
   // Layer 0 in one buffer, layers 1..3 in another, as a model in two kernel memories lays a pool out.
