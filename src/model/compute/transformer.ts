@@ -122,10 +122,9 @@ export class Transformer {
   private seqBase = new Int32Array(0);
   /** Blocks of a sequence as long as the model allows (the pool's B is fixed per forward). */
   private maxBlocks = 0;
-  private bitsOf: KvSegment | null = null;
+  private readonly bitsOf = new WeakMap<KvSegment, Uint16Array>();
   /** The rooms kvSlab gave, by first layer and offset (slabKey). */
   private readonly slabs = new Map<string, Uint8Array>();
-  private bits: Uint16Array = new Uint16Array(0);
 
   constructor(cfg: ModelConfig, weights: Weights<Matrix>, opts: TransformerOptions = {}) {
     validateWeights(cfg, weights);
@@ -385,13 +384,12 @@ export class Transformer {
     // The pool's segment holding layer l, and l's place among its layers.
     const seg = pool.segmentOf(l);
     const sl = l - seg.firstLayer;
-    const bits = this.bitsFor(seg);
     if (inPlace) ex!.store_kv(mm.addressOf(this.g.kvDst), sl * 2 * B * kvDim * 2, B * kvDim * 2, mm.addressOf(k), mm.addressOf(v), rows, kvDim);
-    else if (ex !== null) this.storeKvSimd(ex, bits, seg.blockElems, B, sl, batch, rows);
+    else if (ex !== null) this.storeKvSimd(ex, this.bitsFor(seg), seg.blockElems, B, sl, batch, rows);
     else storeKv(seg.data, k, v, this.g.rowPos, this.rowSeq, batch, seg.blockElems, B, sl, kvDim, rows);
     this.lap(P_KV);
     if (ex !== null) this.attentionSimd(seg, sl, B, batch, inPlace);
-    else this.attention(bits, seg.blockElems, B, sl, batch, rows);
+    else this.attention(this.bitsFor(seg), seg.blockElems, B, sl, batch, rows);
     this.lap(P_ATT);
     this.addProjection(xb, w.wo, gl * dim * qDim, qDim, rows);
   }
@@ -485,13 +483,15 @@ export class Transformer {
     }
   }
 
+  /** seg's f16 as bit patterns (F16_TABLE's index), made once per segment: a forward allocates nothing. */
   private bitsFor(seg: KvSegment): Uint16Array {
-    if (this.bitsOf !== seg) {
+    let b = this.bitsOf.get(seg);
+    if (b === undefined) {
       const d = seg.data;
-      this.bits = new Uint16Array(d.buffer, d.byteOffset, d.length);
-      this.bitsOf = seg;
+      b = new Uint16Array(d.buffer, d.byteOffset, d.length);
+      this.bitsOf.set(seg, b);
     }
-    return this.bits;
+    return b;
   }
 
   /** rmsnorm (below) of rows of x into o, by the kernel when there is one: the same bits. */
