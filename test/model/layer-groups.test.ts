@@ -285,6 +285,28 @@ describe("the room a kernel memory keeps beside its weights", () => {
     expect(groupBudget(CFG, 1)).toBeGreaterThan(3.7 * 2 ** 30);
   });
 
+  test("a pool's share is weighed against what a memory placed, not what its forwards took since", () => {
+    // RoPE tables of 8 MiB (a 64K context): they are inside the room, so they must not count twice.
+    const cfg = { ...CFG, maxSeqLen: 65536 };
+    const w = castWeights(cfg, syntheticWeights(cfg, 5), "f16");
+    const share = 5 * 2 ** 20;
+    const probe = new Transformer(cfg, w, {});
+    const low = (probe as unknown as { groups: { placedBytes: number; mm: MatmulKernel }[] }).groups[0]!;
+    const beside = low.mm.usedBytes - low.placedBytes;
+    probe.close();
+    expect(beside).toBeGreaterThanOrEqual(8 * 2 ** 20);
+    // Weights placed high, leaving the share and the room with 2 MiB to spare.
+    const m = new Transformer(cfg, w, { gapBytes: 2 ** 32 - roomBytes(cfg, 1) - low.placedBytes - share - 2 * 2 ** 20 });
+    const g = (m as unknown as { groups: { placedBytes: number; mm: MatmulKernel }[] }).groups[0]!;
+    expect(g.placedBytes + share + roomBytes(cfg, 1)).toBeLessThanOrEqual(2 ** 32);
+    expect(g.mm.usedBytes + share + roomBytes(cfg, 1)).toBeGreaterThan(2 ** 32);
+    const rooms = m.kvSlab(share);
+    expect(rooms?.length).toBe(1);
+    // What it gave counts from then on: the same again does not fit.
+    expect(m.kvSlab(share)).toBeNull();
+    m.close();
+  });
+
   test("a KV slab that would leave no room goes outside the kernel memory", () => {
     const w = weightsOf("f16", false);
     const low = new Transformer(CFG, w, {});

@@ -248,6 +248,13 @@ export class LayerGroup {
   attPieces: Int32Array = new Int32Array(0);
   /** The batch's K/V blocks of one layer when the pool's slab is not in this memory. */
   kvScratch: Uint8Array | null = null;
+  /**
+   * Bytes of the memory its weights and norms took (with any gap below them): what roomBytes
+   * does not count, so what a KV pool's share is weighed against (Transformer.kvSlab).
+   */
+  readonly placedBytes: number;
+  /** Bytes given to KV pools' segments in this memory so far. */
+  kvBytes = 0;
   /** The memory the last reserve allocated (-1: none yet): release gives back no more than it. */
   private scratchAt = -1;
   private scratchEnd = -1;
@@ -288,6 +295,7 @@ export class LayerGroup {
       wcls: cls >= 0 ? views[cls]! : null,
       rmsFinal: plan.classifier ? norms(weights.rmsFinal, 0, dim) : null,
     };
+    this.placedBytes = this.mm.usedBytes;
     // RoPE as run.c: pair (i, i+1) of each head turns by pos * freq[i/2] (see ropeFrequencies).
     const half = headDimOf(cfg) / 2;
     const n = plan.end > plan.first ? cfg.maxSeqLen * half : 0;

@@ -206,8 +206,10 @@ export class Transformer {
     if (!(Number.isInteger(bytes / L) && bytes > 0)) assert.fail(`a KV pool of ${bytes} bytes is not a whole share for each of ${L} layers`);
     const holders = this.groups.filter((g) => g.end > g.first);
     const share = (g: LayerGroup) => (bytes / L) * (g.end - g.first);
-    // Every memory is checked before any gives room: a memory's room is never handed back.
-    if (!holders.every((g) => fitsWithRoom(this.cfg, this.threadsAsked, g.mm.usedBytes, share(g)))) return null;
+    // Every memory is checked before any gives room: a memory's room is never handed back. Each
+    // is weighed by what it placed and gave before, not by what it holds now: what the forwards
+    // have taken since (the RoPE tables, activations) is inside the room already.
+    if (!holders.every((g) => fitsWithRoom(this.cfg, this.threadsAsked, g.placedBytes + g.kvBytes, share(g)))) return null;
     const rooms: KvSlab[] = [];
     for (const g of holders) {
       let a: Uint8Array | null = null;
@@ -217,6 +219,7 @@ export class Transformer {
         if (!(e instanceof RangeError)) throw e;
       }
       if (a === null) return null;
+      g.kvBytes += share(g);
       this.slabs.set(slabKey(g.first, a.byteOffset), a);
       rooms.push({ slab: a.buffer as SharedArrayBuffer, slabOffset: a.byteOffset, firstLayer: g.first, nLayers: g.end - g.first });
     }
