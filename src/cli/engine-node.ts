@@ -17,6 +17,7 @@ import {
   loadModel as loadModelFiles,
   Transformer,
   type DType,
+  type KvPoolSize,
   type KvSlab,
   type LoadModelOptions,
   type ModelConfig,
@@ -166,7 +167,7 @@ export interface ModelOptions {
   /** Bytes of weights one kernel memory may place (TransformerOptions.groupBytes): tests lower it. */
   groupBytes?: number;
   /** The KV pool the engine will build over the model: kernel memories keep room for it (TransformerOptions.kvPool). */
-  kvPool?: { blockTokens: number; numBlocks: number };
+  kvPool?: KvPoolSize;
 }
 
 /** Loads the model `--model` names (any supported format; none: the embedded one) and wraps it for the engine. */
@@ -302,7 +303,7 @@ export interface EffectiveOptions {
 }
 
 /** The KV pool's block size and count, the caller's or the defaults (what the model's memories keep room for). */
-function kvPoolSize(opts: EngineNodeOptions): { blockTokens: number; numBlocks: number } {
+function kvPoolSize(opts: EngineNodeOptions): KvPoolSize {
   return { blockTokens: opts.blockTokens ?? ENGINE_DEFAULTS.block_tokens, numBlocks: opts.numBlocks ?? ENGINE_DEFAULTS.num_blocks };
 }
 

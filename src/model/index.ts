@@ -1,5 +1,15 @@
 // src/model: the model the engine runs, in three rooms (load/, compute/, thread/). What rooms outside src/model use.
-export { type DType, holdWeights, kvShapeOf, type KvSlab, type ModelConfig, type SeqChunk, Transformer, weightsBytes } from "./compute/index.ts";
+export {
+  type DType,
+  holdWeights,
+  kvShapeOf,
+  type KvPoolSize,
+  type KvSlab,
+  type ModelConfig,
+  type SeqChunk,
+  Transformer,
+  weightsBytes,
+} from "./compute/index.ts";
 export {
   loadLlama2cCheckpoint,
   loadModel,

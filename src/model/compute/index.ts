@@ -3,5 +3,5 @@ export { DEFAULT_NORM_EPS, DEFAULT_ROPE_THETA, headDimOf, kvDimOf, kvShapeOf, ty
 export { LoadProgress } from "./load-progress.ts";
 export { type FileBytes, mapFile, mapFileBytes, MAX_MAPPING } from "./mapped-file.ts";
 export { type DType, DTYPES, type Matrix, matrixBytes, type PackedMatrix, type SimpleMatrix } from "./packed.ts";
-export { type KvSlab, type SeqChunk, Transformer } from "./transformer.ts";
+export { type KvPoolSize, type KvSlab, type SeqChunk, Transformer } from "./transformer.ts";
 export { castWeights, type DenseWeightName, holdWeights, syntheticWeights, validateWeights, type Weights, weightsBytes, weightSizes } from "./weights.ts";

@@ -85,8 +85,9 @@ export function planEvenGroups(cfg: ModelConfig, w: Weights<Matrix>, budget: num
   const tied = w.wcls === w.tokenEmbedding;
   let items = groupItems(cfg, w, kvLayerBytes);
   if (items.some((it) => it.bytes > budget)) items = groupItems(cfg, w, 0);
-  const n = packGroups(items, tied, budget).length;
-  if (n === 1) return packGroups(items, tied, budget);
+  const plans = packGroups(items, tied, budget);
+  const n = plans.length;
+  if (n === 1) return plans;
   // Fewer bytes a memory never means fewer memories: search the least budget that keeps n.
   let lo = Math.max(...items.map((it) => it.bytes)) - 1;
   let hi = budget;

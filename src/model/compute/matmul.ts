@@ -322,8 +322,8 @@ export class MatmulKernel {
 
   // The queued jobs: JOB_INTS ints each, in the memory (the kernels take a job's address).
   private readonly jobs: Int32Array;
-  /** The record of a split quantization of x (quantizeRows), beside the jobs. */
-  private readonly quantJob: Int32Array;
+  /** The record of a rows job split over the threads (quantizeRows, swiglu), beside the jobs. */
+  private readonly rowsJob: Int32Array;
   private queued = 0;
   private queuedMacs = 0;
   private maxCols = 0;
@@ -365,7 +365,7 @@ export class MatmulKernel {
       this.memory = null;
       this.ex = null;
       this.jobs = new Int32Array(0);
-      this.quantJob = this.jobs;
+      this.rowsJob = this.jobs;
       this.views = matrices;
       return;
     }
@@ -377,7 +377,7 @@ export class MatmulKernel {
     this.refresh();
     const jobsAt = this.grab((MAX_JOBS + 1) * JOB_INTS * 4 + TILE_JOB_BYTES);
     this.jobs = new Int32Array(mem.buffer, jobsAt, MAX_JOBS * JOB_INTS);
-    this.quantJob = new Int32Array(mem.buffer, jobsAt + MAX_JOBS * JOB_INTS * 4, JOB_INTS);
+    this.rowsJob = new Int32Array(mem.buffer, jobsAt + MAX_JOBS * JOB_INTS * 4, JOB_INTS);
     this.tileJobAt = jobsAt + (MAX_JOBS + 1) * JOB_INTS * 4;
     const threads = opts.threads ?? 1;
     if (!(Number.isInteger(threads) && threads >= 1)) throw new Error(`threads ${threads}: want a positive integer`);
@@ -709,8 +709,8 @@ export class MatmulKernel {
       ex.quantize_rows(at, x, layout, n, 0, rows, rows);
       return;
     }
-    writeRowsJob(this.quantJob, J_QUANT_X, at, x, layout, n, rows);
-    threads.run(ex, this.quantJob, 1, 0, 0);
+    writeRowsJob(this.rowsJob, J_QUANT_X, at, x, layout, n, rows);
+    threads.run(ex, this.rowsJob, 1, 0, 0);
   }
 
   /**
@@ -725,8 +725,8 @@ export class MatmulKernel {
       ex.swiglu(this.addressOf(h), this.addressOf(g), n);
       return;
     }
-    writeRowsJob(this.quantJob, J_SWIGLU, this.addressOf(h), this.addressOf(g), n, SWIGLU_SPAN, Math.ceil(n / SWIGLU_SPAN));
-    threads.run(ex, this.quantJob, 1, 0, 0);
+    writeRowsJob(this.rowsJob, J_SWIGLU, this.addressOf(h), this.addressOf(g), n, SWIGLU_SPAN, Math.ceil(n / SWIGLU_SPAN));
+    threads.run(ex, this.rowsJob, 1, 0, 0);
   }
 
   /**

@@ -34,6 +34,12 @@ const F16_TABLE: Float32Array = (() => {
 /** Where a share of a KV pool's layers lives inside a shared buffer (one of KvPool's `segments`). */
 export type KvSlab = KvSegmentRoom;
 
+/** A KV pool's size: tokens a block, blocks (what an engine builds over the model). */
+export interface KvPoolSize {
+  blockTokens: number;
+  numBlocks: number;
+}
+
 /** Options of a Transformer: the kernels' and how much one kernel memory may place. */
 export interface TransformerOptions extends KernelOptions {
   /**
@@ -47,7 +53,7 @@ export interface TransformerOptions extends KernelOptions {
    * of it free beside the layer's weights, so the pool fits in the kernel memories and attention
    * reads it in place (a share too big for any memory is not kept: that pool goes outside).
    */
-  kvPool?: { blockTokens: number; numBlocks: number };
+  kvPool?: KvPoolSize;
   /** Where the line of a placement longer than a second goes (default stderr: LoadProgress). */
   progress?: (line: string) => void;
 }
@@ -808,7 +814,7 @@ function slabKey(firstLayer: number, slabOffset: number): string {
 }
 
 /** Bytes of one layer's share of a KV pool of `pool` (0 for none): its blocks' K and V of that layer. */
-function kvLayerBytes(cfg: ModelConfig, pool: TransformerOptions["kvPool"]): number {
+function kvLayerBytes(cfg: ModelConfig, pool: KvPoolSize | undefined): number {
   if (pool === undefined) return 0;
   return pool.numBlocks * blockPayloadBytes({ blockTokens: pool.blockTokens, nLayers: 1, nKvHeads: cfg.nKvHeads, headDim: headDimOf(cfg) });
 }

@@ -1,7 +1,7 @@
 import type { KvShape } from "../../codec/index.ts";
 import { LogitsError, Pcg32, sample, type SamplingConfig } from "../../rng/index.ts";
 import type { LogitsRows } from "./logits-rows.ts";
-import type { ModelConfig, DType, KvSlab, SeqChunk } from "../compute/index.ts";
+import type { ModelConfig, DType, KvPoolSize, KvSlab, SeqChunk } from "../compute/index.ts";
 import type { WeightStats } from "../load/index.ts";
 
 /**
@@ -109,7 +109,7 @@ export interface ModelThreadOptions {
   /** Bytes of weights one kernel memory may place (TransformerOptions.groupBytes): tests lower it. */
   groupBytes?: number;
   /** The KV pool the engine will build (TransformerOptions.kvPool). */
-  kvPool?: { blockTokens: number; numBlocks: number };
+  kvPool?: KvPoolSize;
 }
 
 export type ToModelThread =
