@@ -316,8 +316,19 @@ export function matmul_q8_0_streams(job: usize, g0: i32, g1: i32, far: i32): voi
  * 1B Q8_0 model's step of 8 sequences takes 175 ms against 212 (AMD EPYC, two threads,
  * bench/decode-ab.ts, three alternating rounds); alone, that 8192 x 2048 matmul at 8 rows took
  * 0.85-0.90x the time on one or two threads, and at 512 rows 0.77-0.96x.
+ *
+ * THE WEIGHTS AHEAD (`ahead`, for a decode batch's rows: stripRows). The quads read each block
+ * from a ring of three blocks in `ring` (this thread's scratch), and the last quad's pass over
+ * block c copies block c + 2 into the ring, one v128 a pair of weights, so the weights come from
+ * memory as a steady stream beside the dots where each block's first pass had asked for its five
+ * lines at once and then nothing. Copying changes no value read. 8 sequences, two threads, Intel
+ * Xeon, bench/decode-ab.ts BATCH=8, three alternating rounds: an 8B Q8_0 step 1026 -> 1000 and
+ * 1011 -> 997 ms (1.015-1.026x in two runs), 1B 174 -> 171 ms; the 8-row 14336 x 4096 matmul
+ * alone 59 -> 62 GMAC/s (no gain at 4096 x 4096 or 1B's shapes). One block ahead gave
+ * the same; four strips in step instead (x from L1 for three of them) 1.01x. The copy written
+ * under a test in the same loop as the plain passes lost the gain (1.00x): keep them apart.
  */
-@inline function tiles8x4(yo: usize, ys: usize, xq: usize, qb: usize, sp: usize, n: i32, quads: i32): void {
+@inline function tiles8x4(yo: usize, ys: usize, xq: usize, qb: usize, sp: usize, n: i32, quads: i32, ring: usize, ahead: bool): void {
   const blocks = n >> 5;
   const z = f32x4.splat(0);
   for (let t: usize = 0; t < <usize>(quads << 2); t++) {
@@ -327,8 +338,15 @@ export function matmul_q8_0_streams(job: usize, g0: i32, g1: i32, far: i32): voi
   const q4 = qb << 2;
   const y4 = ys << 2;
   const rb = restBytes(n);
+  // The ring's first two blocks (a strip of one block copies it twice: in range either way).
+  if (ahead) for (let k: usize = 0; k < 2 * GROUP; k += 16) v128.store(ring + k, v128.load(sp + (k < <usize>blocks * GROUP ? k : 0)));
+  const last = ring + 2 * GROUP;
+  let cur = ring;
+  let next = last;
   for (let c = 0; c < blocks; c++) {
-    const g = sp + <usize>c * GROUP;
+    const g = ahead ? cur : sp + <usize>c * GROUP;
+    // Block c + 2, or past the strip's end its first block again, which nothing reads.
+    const from = <usize>c + 2 < <usize>blocks ? sp + (<usize>c + 2) * GROUP : sp;
     const w = g + 16;
     const ws = v128.load(g);
     const wlo = f16ext(i32x4.extend_low_i16x8_s(ws));
@@ -338,21 +356,43 @@ export function matmul_q8_0_streams(job: usize, g0: i32, g1: i32, far: i32): voi
     let yt = yo;
     for (let u = 0; u < quads; u++) {
       let a0 = i32x4.splat(0), a1 = a0, b0 = a0, b1 = a0, c0 = a0, c1 = a0, d0 = a0, d1 = a0;
-      for (let q = w, x = xp; q < w + 128; q += 8, x += 64) {
-        const lo = v128.load8x8_s(q);
-        const hi = v128.load8x8_s(q, 128);
-        let v = v128.load(x);
-        a0 = i32x4.add(a0, i32x4.dot_i16x8_s(lo, v));
-        a1 = i32x4.add(a1, i32x4.dot_i16x8_s(hi, v));
-        v = v128.load(x, 16);
-        b0 = i32x4.add(b0, i32x4.dot_i16x8_s(lo, v));
-        b1 = i32x4.add(b1, i32x4.dot_i16x8_s(hi, v));
-        v = v128.load(x, 32);
-        c0 = i32x4.add(c0, i32x4.dot_i16x8_s(lo, v));
-        c1 = i32x4.add(c1, i32x4.dot_i16x8_s(hi, v));
-        v = v128.load(x, 48);
-        d0 = i32x4.add(d0, i32x4.dot_i16x8_s(lo, v));
-        d1 = i32x4.add(d1, i32x4.dot_i16x8_s(hi, v));
+      // Two loops, not one with the copy under a test: the plain passes keep no copy pointers.
+      if (ahead && u == quads - 1) {
+        for (let q = w, x = xp, f = from, t = next; q < w + 128; q += 8, x += 64, f += 16, t += 16) {
+          v128.store(t, v128.load(f));
+          const lo = v128.load8x8_s(q);
+          const hi = v128.load8x8_s(q, 128);
+          let v = v128.load(x);
+          a0 = i32x4.add(a0, i32x4.dot_i16x8_s(lo, v));
+          a1 = i32x4.add(a1, i32x4.dot_i16x8_s(hi, v));
+          v = v128.load(x, 16);
+          b0 = i32x4.add(b0, i32x4.dot_i16x8_s(lo, v));
+          b1 = i32x4.add(b1, i32x4.dot_i16x8_s(hi, v));
+          v = v128.load(x, 32);
+          c0 = i32x4.add(c0, i32x4.dot_i16x8_s(lo, v));
+          c1 = i32x4.add(c1, i32x4.dot_i16x8_s(hi, v));
+          v = v128.load(x, 48);
+          d0 = i32x4.add(d0, i32x4.dot_i16x8_s(lo, v));
+          d1 = i32x4.add(d1, i32x4.dot_i16x8_s(hi, v));
+        }
+        v128.store(next, v128.load(from, 256), 256);
+      } else {
+        for (let q = w, x = xp; q < w + 128; q += 8, x += 64) {
+          const lo = v128.load8x8_s(q);
+          const hi = v128.load8x8_s(q, 128);
+          let v = v128.load(x);
+          a0 = i32x4.add(a0, i32x4.dot_i16x8_s(lo, v));
+          a1 = i32x4.add(a1, i32x4.dot_i16x8_s(hi, v));
+          v = v128.load(x, 16);
+          b0 = i32x4.add(b0, i32x4.dot_i16x8_s(lo, v));
+          b1 = i32x4.add(b1, i32x4.dot_i16x8_s(hi, v));
+          v = v128.load(x, 32);
+          c0 = i32x4.add(c0, i32x4.dot_i16x8_s(lo, v));
+          c1 = i32x4.add(c1, i32x4.dot_i16x8_s(hi, v));
+          v = v128.load(x, 48);
+          d0 = i32x4.add(d0, i32x4.dot_i16x8_s(lo, v));
+          d1 = i32x4.add(d1, i32x4.dot_i16x8_s(hi, v));
+        }
       }
       addBlockAt(yt, a0, a1, wlo, whi, sp4);
       addBlockAt(yt + ys, b0, b1, wlo, whi, sp4 + rb);
@@ -362,6 +402,8 @@ export function matmul_q8_0_streams(job: usize, g0: i32, g1: i32, far: i32): voi
       sp4 += q4;
       yt += y4;
     }
+    cur = cur == last ? ring : cur + GROUP;
+    next = next == last ? ring : next + GROUP;
   }
 }
 
@@ -376,13 +418,25 @@ export function matmul_q8_0_streams(job: usize, g0: i32, g1: i32, far: i32): voi
  * The whole strip at sp against every quantized token row from xq: the quads eight tokens at a
  * time by tiles8x4 (sixteen measured alike), then four; the rows alone two by 8x2 (the strip,
  * 8.5 n bytes, stays in cache while the tokens pass), the odd one by strip1. (4 rows x 4 tokens, which reads x twice per
- * strip, measured slower.)
+ * strip, measured slower.) Fewer than 12 rows (a decode batch, or a prefill's tile of 8) read the
+ * weights ahead through `ring` (THE WEIGHTS AHEAD); where more tokens share the strip its first
+ * pass's wait is a smaller share, and copying for every tile's first eight rows had cost a 1B Q8_0
+ * 512-token prefill 1.5% (0.985x; with this bound 1.008x, bench/decode-ab.ts PREFILL=512).
  */
-@inline function stripRows(yo: usize, ys: usize, xq: usize, qb: usize, sp: usize, rows: i32, n: i32): void {
+@inline function stripRows(yo: usize, ys: usize, xq: usize, qb: usize, sp: usize, rows: i32, n: i32, ring: usize): void {
   let r = 0;
-  for (; r + 8 <= rows; r += 8) tiles8x4(yo + <usize>r * ys, ys, xq + <usize>r * qb, qb, sp, n, 2);
+  if (rows < 12) {
+    if (rows >= 8) {
+      tiles8x4(yo, ys, xq, qb, sp, n, 2, ring, true);
+      r = 8;
+    } else if (rows >= 4) {
+      tiles8x4(yo, ys, xq, qb, sp, n, 1, ring, true);
+      r = 4;
+    }
+  }
+  for (; r + 8 <= rows; r += 8) tiles8x4(yo + <usize>r * ys, ys, xq + <usize>r * qb, qb, sp, n, 2, ring, false);
   if (r + 4 <= rows) {
-    tiles8x4(yo + <usize>r * ys, ys, xq + <usize>r * qb, qb, sp, n, 1);
+    tiles8x4(yo + <usize>r * ys, ys, xq + <usize>r * qb, qb, sp, n, 1, ring, false);
     r += 4;
   }
   for (; r + 2 <= rows; r += 2) tile8x2(yo + <usize>r * ys, ys, xq + <usize>r * qb, qb, sp, n);
@@ -392,7 +446,8 @@ export function matmul_q8_0_streams(job: usize, g0: i32, g1: i32, far: i32): voi
 /**
  * Rows g0 .. g1 of the q8_0 matrix at w (a thread's share) against every quantized token row at
  * xq; row g's outputs go to column g - r0 of y. Rows of a strip not wholly in the range go one at
- * a time. n must be a multiple of 32 (the caller checks); `scratch` is unused.
+ * a time. n must be a multiple of 32 (the caller checks). `scratch`, this thread's own (at least 32 n
+ * bytes, as every dispatch gives), holds the ring of THE WEIGHTS AHEAD (3 x 272 bytes).
  */
 export function matmul_q8_0(job: usize, g0: i32, g1: i32, scratch: usize): void {
   const j = changetype<Job>(job);
@@ -411,7 +466,7 @@ export function matmul_q8_0(job: usize, g0: i32, g1: i32, scratch: usize): void 
     const sp = w + <usize>(g >> 3) * sb;
     for (let r = 0; r < rows; r++) store<f32>(y + <usize>r * ys + (<usize>(g - r0) << 2), row1(restOf(xq, r, rows, n), sp, g & (S - 1), n));
   }
-  for (; g + S <= g1; g += S) stripRows(y + (<usize>(g - r0) << 2), ys, xq, qb, w + <usize>(g >> 3) * sb, rows, n);
+  for (; g + S <= g1; g += S) stripRows(y + (<usize>(g - r0) << 2), ys, xq, qb, w + <usize>(g >> 3) * sb, rows, n, scratch);
   for (; g < g1; g++) {
     const sp = w + <usize>(g >> 3) * sb;
     for (let r = 0; r < rows; r++) store<f32>(y + <usize>r * ys + (<usize>(g - r0) << 2), row1(restOf(xq, r, rows, n), sp, g & (S - 1), n));
