@@ -341,27 +341,45 @@ function stripRows(yo: usize, x: usize, sp: usize, rows: i32, n: i32, d: i32, ac
   }
 }
 
-/** The strip at sp, made f32 in the f32 strip layout at dst (exact). */
-@inline function dequantStrip(dt: i32, dst: usize, sp: usize, n: i32): void {
-  const gl = groupLen(dt);
-  const groups = mainLen(dt, n) / gl;
-  let g = sp;
-  let o = dst;
-  for (let c = 0; c < groups; c++) {
-    // Two rows an iteration: half the loop's overhead.
-    for (let k: usize = 0; k < <usize>S; k += 2) {
-      const v = v128.load(g + (k << 4));
-      const v1 = v128.load(g + (k << 4), 16);
-      v128.store(o + (k << 4), lo16(dt, v));
-      v128.store(o + (k << 4), hi16(dt, v), 128);
-      v128.store(o + (k << 4), lo16(dt, v1), 16);
-      v128.store(o + (k << 4), hi16(dt, v1), 144);
-    }
-    o += 256;
-    g += GROUP_BYTES;
+/** One 16-bit group at g made f32 at o: its 8 rows' weights 0..3 at o, 4..7 at o + 128 (exact). */
+@inline function dequantGroup(dt: i32, g: usize, o: usize): void {
+  // Two rows an iteration: half the loop's overhead.
+  for (let k: usize = 0; k < <usize>S; k += 2) {
+    const v = v128.load(g + (k << 4));
+    const v1 = v128.load(g + (k << 4), 16);
+    v128.store(o + (k << 4), lo16(dt, v));
+    v128.store(o + (k << 4), hi16(dt, v), 128);
+    v128.store(o + (k << 4), lo16(dt, v1), 16);
+    v128.store(o + (k << 4), hi16(dt, v1), 144);
   }
+}
+
+/**
+ * The strip at sp, made f32 in the f32 strip layout at dst (exact). The groups go as four quarters
+ * of the strip in step (group c of each in turn; the groups past 4 quarters after), so the strip
+ * comes from memory as four streams: an Intel Xeon core's L2 prefetcher follows a stream only
+ * within a 4 KiB page, and one stream waited at each new page (dispatch.ts' THE STREAMS, for
+ * decode). The same bytes. 8 token rows of f16, one thread, bench/kernel-bounds.ts: from DRAM
+ * 12.8 -> 15.7 GMAC/s (from L2 17.8 and 17.4); 1B F16's step of 8 sequences 403 -> 333 ms
+ * (1.21x, Intel Xeon, two threads, bench/decode-ab.ts BATCH=8, three alternating rounds).
+ */
+@inline function dequantStrip(dt: i32, dst: usize, sp: usize, n: i32): void {
+  const groups = mainLen(dt, n) / groupLen(dt);
+  const quarter = groups >> 2;
+  const qg = <usize>quarter * GROUP_BYTES;
+  const qo = <usize>quarter * 256;
+  for (let c = 0; c < quarter; c++) {
+    const g = sp + <usize>c * GROUP_BYTES;
+    const o = dst + <usize>c * 256;
+    dequantGroup(dt, g, o);
+    dequantGroup(dt, g + qg, o + qo);
+    dequantGroup(dt, g + 2 * qg, o + 2 * qo);
+    dequantGroup(dt, g + 3 * qg, o + 3 * qo);
+  }
+  for (let c = quarter << 2; c < groups; c++) dequantGroup(dt, sp + <usize>c * GROUP_BYTES, dst + <usize>c * 256);
   const main = mainLen(dt, n);
   if (main == n) return;
+  const o = dst + <usize>groups * 256;
   // The tails: weights main .. n4 go into one more f32 group, n4 .. n into the f32 tails.
   const n4 = n & ~3;
   for (let k = 0; k < S; k++) {
