@@ -325,8 +325,7 @@ export function matmul_q8_0_streams(job: usize, g0: i32, g1: i32, far: i32): voi
  * Xeon, bench/decode-ab.ts BATCH=8, three alternating rounds: an 8B Q8_0 step 1026 -> 1000 and
  * 1011 -> 997 ms (1.015-1.026x in two runs), 1B 174 -> 171 ms; the 8-row 14336 x 4096 matmul
  * alone 59 -> 62 GMAC/s (no gain at 4096 x 4096 or 1B's shapes). One block ahead gave
- * the same; four strips in step instead (x from L1 for three of them) 1.01x. The copy written
- * under a test in the same loop as the plain passes lost the gain (1.00x): keep them apart.
+ * the same; four strips in step instead (x from L1 for three of them) 1.01x.
  */
 @inline function tiles8x4(yo: usize, ys: usize, xq: usize, qb: usize, sp: usize, n: i32, quads: i32, ring: usize, ahead: bool): void {
   const blocks = n >> 5;
@@ -356,7 +355,9 @@ export function matmul_q8_0_streams(job: usize, g0: i32, g1: i32, far: i32): voi
     let yt = yo;
     for (let u = 0; u < quads; u++) {
       let a0 = i32x4.splat(0), a1 = a0, b0 = a0, b1 = a0, c0 = a0, c1 = a0, d0 = a0, d1 = a0;
-      // Two loops, not one with the copy under a test: the plain passes keep no copy pointers.
+      // Two loops written out, though alike but for the copy: the copy under a test in one loop
+      // (1.00x) and one inlined pass function taking either (59 against 62 GMAC/s, 8 rows of
+      // 14336 x 4096) each lost the gain under JavaScriptCore.
       if (ahead && u == quads - 1) {
         for (let q = w, x = xp, f = from, t = next; q < w + 128; q += 8, x += 64, f += 16, t += 16) {
           v128.store(t, v128.load(f));
