@@ -172,6 +172,41 @@ describe("one-token streams", () => {
   });
 });
 
+describe("small-batch streams", () => {
+  test("q4_k against 4 to 7 token rows walked in four streams gives each row its one-row bits", async () => {
+    // 4-7 rows of q4_k take THE STREAMS as one token does (kquants.ts' kStreamsQ4Rows): the first
+    // four tokens four strips in step, the rest strip by strip. 1000 and 4000 rows, jobs cut at 0,
+    // 3 and 8 as above; each row's outputs must be what that row alone gives, on 1, 2 and 3 threads.
+    const n = 256;
+    for (const total of [1000, 4000]) {
+      const w = castMatrix(weights(total, n, 70), "q4_k", n);
+      for (const [r, d] of [
+        [0, total],
+        [3, total - 3],
+        [8, total - 40],
+      ] as const) {
+        const run = async (threads: number, rows: number) => {
+          const k = new MatmulKernel([{ matrix: w, cols: n }], { threads });
+          try {
+            await k.ready();
+            const xk = k.alloc(rows * n);
+            xk.set(input(rows, n, 9));
+            const y = k.alloc(rows * d).fill(Number.NaN);
+            k.matmul(y, xk, k.views[0]!, r * n, rows, n, d);
+            return bits(y);
+          } finally {
+            k.close();
+          }
+        };
+        const alone = await run(1, 7);
+        for (const rows of [4, 5, 7]) {
+          for (const threads of [1, 2, 3]) expect({ rows, threads, y: await run(threads, rows) }).toEqual({ rows, threads, y: alone.slice(0, rows * d) });
+        }
+      }
+    }
+  });
+});
+
 describe("token tiles", () => {
   test("a matmul run a tile of token rows at a time gives the bits of the whole rows, for every kernel", async () => {
     // tileXBytes 1 makes every tile 4 token rows, so 23 rows are five tiles and a tail of 3 (an

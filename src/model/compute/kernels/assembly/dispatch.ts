@@ -105,6 +105,8 @@ export function quantize_rows(dst: usize, x: usize, layout: i32, n: i32, r0: i32
   const k = c - j.first;
   const per = j.per;
   const oneToken = j.rows == 1 && per % (8 * STREAMS) == 0;
+  // q4_k against 4 to 7 token rows walks THE STREAMS too (kquants.ts' kStreamsQ4Rows).
+  const streams = oneToken || (fn == Q4_K && j.rows >= 4 && j.rows < 8 && per % (8 * STREAMS) == 0);
   // Every kernel but an f16 one-token walk may write the scratch (matmul.ts' THE SCALED X A THREAD KEEPS).
   if (!(oneToken && (fn == F16 || fn == F16S))) forgetScaledX();
   if (fn == ATTEND) {
@@ -136,7 +138,7 @@ export function quantize_rows(dst: usize, x: usize, layout: i32, n: i32, r0: i32
   }
   const r0 = j.r0;
   const base = r0 & ~7;
-  if (oneToken) {
+  if (streams) {
     oneTokenChunk(fn, job, k, per, scratch);
     return;
   }
@@ -253,7 +255,7 @@ export function x_row_bytes(fn: i32, n: i32): i32 {
 /** Whole strips g0 .. g1 of a one-token job and the three pieces far rows after each, in step (all in the job). */
 @inline function matmulStreams(fn: i32, job: usize, g0: i32, g1: i32, far: i32, scratch: usize): void {
   if (fn == Q8_0) matmul_q8_0_streams(job, g0, g1, far);
-  else if (fn == Q4_K || fn == Q5_K || fn == Q6_K) matmul_k_streams(fn, job, g0, g1, far);
+  else if (fn == Q4_K || fn == Q5_K || fn == Q6_K) matmul_k_streams(fn, job, g0, g1, far, scratch);
   else if (fn >= Q4_0 && fn <= Q5_1) matmul_legacy_streams(fn, job, g0, g1, far);
   else matmul_float_streams(fn, job, g0, g1, far, scratch);
 }

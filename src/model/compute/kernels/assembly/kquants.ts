@@ -444,19 +444,19 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
  * strips, not once per strip; each strip's sums keep their order (the same bits), its outputs 32
  * bytes on from the last's.
  */
-@inline function q4StripN(five: bool, acc: usize, yo: usize, ys: usize, xq: usize, qb: usize, sp: usize, n: i32, count: usize, k: i32 = 1, ss: usize = 0): void {
+@inline function q4StripN(five: bool, acc: usize, yo: usize, ys: usize, xq: usize, qb: usize, sp: usize, n: i32, count: usize, k: i32 = 1, ss: usize = 0, so: usize = 32): void {
   const blocks = n >> 8;
   const z = i32x4.splat(0);
   for (let s = 0; s < k; s++) {
     for (let t: usize = 0; t < count; t++) {
-      v128.store(yo + (<usize>s << 5) + t * ys, z);
-      v128.store(yo + (<usize>s << 5) + t * ys, z, 16);
+      v128.store(yo + <usize>s * so + t * ys, z);
+      v128.store(yo + <usize>s * so + t * ys, z, 16);
     }
   }
   for (let c = 0; c < blocks; c++) {
     for (let s = 0; s < k; s++) {
       const g = sp + <usize>s * ss + <usize>c * (five ? Q5K_GROUP : Q4K_GROUP);
-      const ysb = yo + (<usize>s << 5);
+      const ysb = yo + <usize>s * so;
       q4BlockN(five, acc, ysb, ys, xq, qb, g, 0, c, n, count);
       q4BlockN(five, acc, ysb + 16, ys, xq, qb, g, 1, c, n, count);
     }
@@ -972,11 +972,40 @@ export function matmul_q6_k(job: usize, g0: i32, g1: i32, scratch: usize): void 
   for (let g = g0; g < g1; g += 8) kStrips(six, five, 4, j.y + (<usize>(g - j.r0) << 2), <usize>far << 2, j.x, j.w + <usize>(g >> 3) * sb, <usize>(far >> 3) * sb, n);
 }
 
-/** One token row in four streams far rows apart (kStreams), fn the K kernel's index. */
-export function matmul_k_streams(fn: i32, job: usize, g0: i32, g1: i32, far: i32): void {
-  if (fn == Q6_K) kStreamsQ6(job, g0, g1, far);
+/**
+ * One token row in four streams far rows apart (kStreams), fn the K kernel's index; or q4_k
+ * against 4 to 7 token rows (kStreamsQ4Rows).
+ */
+export function matmul_k_streams(fn: i32, job: usize, g0: i32, g1: i32, far: i32, scratch: usize): void {
+  if (changetype<Job>(job).rows > 1) kStreamsQ4Rows(job, g0, g1, far, scratch);
+  else if (fn == Q6_K) kStreamsQ6(job, g0, g1, far);
   else if (fn == Q5_K) kStreamsQ5(job, g0, g1, far);
   else kStreamsQ4(job, g0, g1, far);
+}
+
+/**
+ * q4_k against 4 to 7 token rows, a small decode batch, as THE STREAMS walk one token (dispatch.ts):
+ * strips g0 .. g1 and the three runs far rows after them in step, super-block c of each in turn
+ * (q4StripN with k = 4, its outputs far columns apart), the first four tokens together and the rest
+ * one strip at a time (stripTail). Each row's sum keeps its order: the same bits. Strip after strip,
+ * one thread read a 4-token q4_k matrix from DRAM at 32 GMAC/s against 52 from L2 (Intel Xeon,
+ * bench/kernel-bounds.ts ROWS=4), a wait at each new page the L2 prefetcher does not cross.
+ */
+function kStreamsQ4Rows(job: usize, g0: i32, g1: i32, far: i32, scratch: usize): void {
+  const j = changetype<Job>(job);
+  const n = j.n;
+  const rows = j.rows;
+  const ys = <usize>j.d << 2;
+  const qb = kRowBytes(n);
+  const sb = <usize>(n >> 8) * Q4K_GROUP;
+  const ss = <usize>(far >> 3) * sb;
+  const so = <usize>far << 2;
+  for (let g = g0; g < g1; g += 8) {
+    const yo = j.y + (<usize>(g - j.r0) << 2);
+    const sp = j.w + <usize>(g >> 3) * sb;
+    q4StripN(false, scratch, yo, ys, j.x, qb, sp, n, 4, 4, ss, so);
+    for (let s: usize = 0; s < 4; s++) stripTail(false, false, scratch, yo + s * so, ys, j.x, qb, sp + s * ss, n, 4, rows);
+  }
 }
 
 // kStreams of each type as a function of its own: JavaScriptCore allocates registers a function
