@@ -173,13 +173,19 @@ describe("one-token streams", () => {
 });
 
 describe("small-batch streams", () => {
-  test("q4_k against 4 to 7 token rows walked in four streams gives each row its one-row bits", async () => {
-    // 4-7 rows of q4_k take THE STREAMS as one token does (kquants.ts' kStreamsQ4Rows): the first
-    // four tokens four strips in step, the rest strip by strip. 1000 and 4000 rows, jobs cut at 0,
-    // 3 and 8 as above; each row's outputs must be what that row alone gives, on 1, 2 and 3 threads.
+  test("q4_k and q8_0 against 4 to 7 token rows walked in four streams give each row its bits", async () => {
+    // 4-7 rows of q4_k and q8_0 take THE STREAMS as one token does (kquants.ts' kStreamsQ4Rows,
+    // q8.ts' streamsRows): the first four tokens four strips in step, the rest strip by strip. 1000
+    // and 4000 rows, jobs cut at 0, 3 and 8 as above; each row's outputs must be what the same rows
+    // give on one thread (no streams), on 1, 2 and 3 threads.
     const n = 256;
-    for (const total of [1000, 4000]) {
-      const w = castMatrix(weights(total, n, 70), "q4_k", n);
+    for (const [total, dt] of [
+      [1000, "q4_k"],
+      [4000, "q4_k"],
+      [1000, "q8_0"],
+      [4000, "q8_0"],
+    ] as const) {
+      const w = castMatrix(weights(total, n, 70), dt, n);
       for (const [r, d] of [
         [0, total],
         [3, total - 3],
@@ -200,7 +206,8 @@ describe("small-batch streams", () => {
         };
         const alone = await run(1, 7);
         for (const rows of [4, 5, 7]) {
-          for (const threads of [1, 2, 3]) expect({ rows, threads, y: await run(threads, rows) }).toEqual({ rows, threads, y: alone.slice(0, rows * d) });
+          for (const threads of [1, 2, 3])
+            expect({ dt, rows, threads, y: await run(threads, rows) }).toEqual({ dt, rows, threads, y: alone.slice(0, rows * d) });
         }
       }
     }

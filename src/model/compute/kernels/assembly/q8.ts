@@ -226,10 +226,85 @@ export function quantize_q8_x(dst: usize, x: usize, rows: i32, n: i32): void {
 /** One token row in four streams far rows apart: whole strips g0 .. g1 and the three pieces after them, all in the job. */
 export function matmul_q8_0_streams(job: usize, g0: i32, g1: i32, far: i32): void {
   const j = changetype<Job>(job);
+  if (j.rows > 1) {
+    streamsRows(j, g0, g1, far);
+    return;
+  }
   const n = j.n;
   const sb = <usize>(n >> 5) * GROUP;
   const rest = restOf(j.x, 0, 1, n);
   for (let g = g0; g < g1; g += S) strip4(j.y + (<usize>(g - j.r0) << 2), <usize>far << 2, rest, j.w + <usize>(g >> 3) * sb, <usize>(far >> 3) * sb, n);
+}
+
+/**
+ * 4 to 7 token rows (a small decode batch) in THE STREAMS (dispatch.ts): strips g0 .. g1 and the
+ * three runs far rows after them in step, block c of each in turn, for the first four tokens (one
+ * quad); the rest strip by strip (tile8x2, strip1). Each row's sum keeps THE Q8 ORDER: the same bits.
+ * Strip after strip, one thread read a 4-token q8_0 matrix from DRAM at 21.5 GMAC/s against 32 from
+ * L2 (Intel Xeon, bench/kernel-bounds.ts ROWS=4), the ring of THE WEIGHTS AHEAD included. In the
+ * streams, two threads, Intel Xeon, bench/decode-ab.ts, three alternating rounds: a step of 4
+ * sequences 1B Q8_0 114.2 -> 92.5 ms (1.235x), 8B 672.7 -> 557.3 ms (1.207x); of 6, 1B 1.116x.
+ */
+function streamsRows(j: Job, g0: i32, g1: i32, far: i32): void {
+  const n = j.n;
+  const rows = j.rows;
+  const xq = j.x;
+  const ys = <usize>j.d << 2;
+  const qb = qRowBytes(n);
+  const rb = restBytes(n);
+  const sb = <usize>(n >> 5) * GROUP;
+  const ss = <usize>(far >> 3) * sb;
+  const so = <usize>far << 2;
+  const blocks = n >> 5;
+  const z = f32x4.splat(0);
+  for (let g = g0; g < g1; g += S) {
+    const yo = j.y + (<usize>(g - j.r0) << 2);
+    const sp = j.w + <usize>(g >> 3) * sb;
+    for (let s: usize = 0; s < 4; s++) {
+      for (let t: usize = 0; t < 4; t++) {
+        v128.store(yo + s * so + t * ys, z);
+        v128.store(yo + s * so + t * ys, z, 16);
+      }
+    }
+    for (let c = 0; c < blocks; c++) {
+      const xp = xq + (<usize>c << 10);
+      const sp4 = xq + (<usize>n << 5) + (<usize>c << 2);
+      for (let s: usize = 0; s < 4; s++) {
+        const g8 = sp + s * ss + <usize>c * GROUP;
+        const ws = v128.load(g8);
+        const wlo = f16ext(i32x4.extend_low_i16x8_s(ws));
+        const whi = f16ext(i32x4.extend_high_i16x8_s(ws));
+        const w = g8 + 16;
+        const yt = yo + s * so;
+        let a0 = i32x4.splat(0), a1 = a0, b0 = a0, b1 = a0, c0 = a0, c1 = a0, d0 = a0, d1 = a0;
+        for (let q = w, x = xp; q < w + 128; q += 8, x += 64) {
+          const lo = v128.load8x8_s(q);
+          const hi = v128.load8x8_s(q, 128);
+          let v = v128.load(x);
+          a0 = i32x4.add(a0, i32x4.dot_i16x8_s(lo, v));
+          a1 = i32x4.add(a1, i32x4.dot_i16x8_s(hi, v));
+          v = v128.load(x, 16);
+          b0 = i32x4.add(b0, i32x4.dot_i16x8_s(lo, v));
+          b1 = i32x4.add(b1, i32x4.dot_i16x8_s(hi, v));
+          v = v128.load(x, 32);
+          c0 = i32x4.add(c0, i32x4.dot_i16x8_s(lo, v));
+          c1 = i32x4.add(c1, i32x4.dot_i16x8_s(hi, v));
+          v = v128.load(x, 48);
+          d0 = i32x4.add(d0, i32x4.dot_i16x8_s(lo, v));
+          d1 = i32x4.add(d1, i32x4.dot_i16x8_s(hi, v));
+        }
+        addBlockAt(yt, a0, a1, wlo, whi, sp4);
+        addBlockAt(yt + ys, b0, b1, wlo, whi, sp4 + rb);
+        addBlockAt(yt + 2 * ys, c0, c1, wlo, whi, sp4 + 2 * rb);
+        addBlockAt(yt + 3 * ys, d0, d1, wlo, whi, sp4 + 3 * rb);
+      }
+    }
+    for (let s: usize = 0; s < 4; s++) {
+      let r = 4;
+      for (; r + 2 <= rows; r += 2) tile8x2(yo + s * so + <usize>r * ys, ys, xq + <usize>r * qb, qb, sp + s * ss, n);
+      if (r < rows) strip1(yo + s * so + <usize>r * ys, restOf(xq, r, rows, n), sp + s * ss, n);
+    }
+  }
 }
 
 /** Row k of the strip at sp against one quantized token row, its rest at rest (the same sum as strip1's). */
