@@ -134,7 +134,8 @@ const CHUNK_MACS = 1 << 16;
  * A one-token matmul's chunk rows are a multiple of this: a strip (8 rows) for each of the four
  * runs dispatch.ts walks in step (THE STREAMS there); so are a q4_k batch's, whose kernel takes
  * four strips in step: adjacent ones from 8 rows (kquants.ts' matmulK), four streams as one token's
- * for 4 to 7 (kStreamsQ4Rows); and a q8_0 batch's of 4 to 7 rows (q8.ts' streamsRows).
+ * for 4 to 7 (kStreamsQ4Rows); and the q6_k and q8_0 batches' of 4 to 7 rows (kStreamsQ6Rows,
+ * q8.ts' streamsRows).
  */
 const ONE_TOKEN_ROWS = 32;
 const CHUNK_ROWS_MAX = 4;
@@ -433,7 +434,10 @@ export class KernelThreads {
         // A thread's chunk at least, so that even a job alone at the split threshold is shared.
         const chunks = Math.max(threads, Math.ceil((rows * n * span) / (CHUNK_MACS * Math.min(rows, CHUNK_ROWS_MAX))));
         const oneToken = rows === 1 && fn !== J_CONVERT_Q8 && fn !== J_PLACE && fn !== J_QUANT_X && fn !== J_TOUCH && fn !== J_SWIGLU;
-        const unit = oneToken || (rows >= 4 && fn === KERNEL_INDEX.q4_k) || (rows >= 4 && rows < 8 && fn === KERNEL_INDEX.q8_0) ? ONE_TOKEN_ROWS : 8;
+        const unit =
+          oneToken || (rows >= 4 && fn === KERNEL_INDEX.q4_k) || (rows >= 4 && rows < 8 && (fn === KERNEL_INDEX.q8_0 || fn === KERNEL_INDEX.q6_k))
+            ? ONE_TOKEN_ROWS
+            : 8;
         per = Math.ceil(span / chunks / unit) * unit;
       }
       c[o + J_PER] = per;

@@ -977,8 +977,10 @@ export function matmul_q6_k(job: usize, g0: i32, g1: i32, scratch: usize): void 
  * against 4 to 7 token rows (kStreamsQ4Rows).
  */
 export function matmul_k_streams(fn: i32, job: usize, g0: i32, g1: i32, far: i32, scratch: usize): void {
-  if (changetype<Job>(job).rows > 1) kStreamsQ4Rows(job, g0, g1, far, scratch);
-  else if (fn == Q6_K) kStreamsQ6(job, g0, g1, far);
+  if (changetype<Job>(job).rows > 1) {
+    if (fn == Q6_K) kStreamsQ6Rows(job, g0, g1, far);
+    else kStreamsQ4Rows(job, g0, g1, far, scratch);
+  } else if (fn == Q6_K) kStreamsQ6(job, g0, g1, far);
   else if (fn == Q5_K) kStreamsQ5(job, g0, g1, far);
   else kStreamsQ4(job, g0, g1, far);
 }
@@ -1007,6 +1009,45 @@ function kStreamsQ4Rows(job: usize, g0: i32, g1: i32, far: i32, scratch: usize):
     const sp = j.w + <usize>(g >> 3) * sb;
     q4StripN(false, scratch, yo, ys, j.x, qb, sp, n, 4, 4, ss, so);
     for (let s: usize = 0; s < 4; s++) stripTail(false, false, scratch, yo + s * so, ys, j.x, qb, sp + s * ss, n, 4, rows);
+  }
+}
+
+/**
+ * q6_k against 4 to 7 token rows in THE STREAMS, as kStreamsQ4Rows: super-block c of the four runs
+ * in turn, both halves, for the first four tokens (q6Block4 reading the groups, as q6Half4), the rest
+ * strip by strip (stripTail). Each row's sum keeps its order: the same bits. Strip after strip, one
+ * thread read a 4-token q6_k matrix from DRAM at 22 GMAC/s against 38 from L2 (Intel Xeon,
+ * bench/kernel-bounds.ts ROWS=4). In the streams (two threads, bench/decode-ab.ts, three
+ * alternating rounds, over kStreamsQ4Rows alone): a step of 4 sequences 1B Q4_K_M 84.5 -> 80.0 ms
+ * (1.056x), 8B 464.0 -> 441.6 ms (1.051x).
+ */
+function kStreamsQ6Rows(job: usize, g0: i32, g1: i32, far: i32): void {
+  const j = changetype<Job>(job);
+  const n = j.n;
+  const rows = j.rows;
+  const ys = <usize>j.d << 2;
+  const qb = kRowBytes(n);
+  const sb = <usize>(n >> 8) * Q6K_GROUP;
+  const ss = <usize>(far >> 3) * sb;
+  const so = <usize>far << 2;
+  const z = f32x4.splat(0);
+  for (let g = g0; g < g1; g += 8) {
+    const yo = j.y + (<usize>(g - j.r0) << 2);
+    const sp = j.w + <usize>(g >> 3) * sb;
+    for (let s: usize = 0; s < 4; s++) {
+      for (let t: usize = 0; t < 4; t++) {
+        v128.store(yo + s * so + t * ys, z);
+        v128.store(yo + s * so + t * ys, z, 16);
+      }
+    }
+    for (let c = 0; c < (n >> 8); c++) {
+      for (let s: usize = 0; s < 4; s++) {
+        const gs = sp + s * ss + <usize>c * Q6K_GROUP;
+        q6Block4(false, 0, yo + s * so, ys, j.x, qb, gs, 0, c, n);
+        q6Block4(false, 0, yo + s * so + 16, ys, j.x, qb, gs, 1, c, n);
+      }
+    }
+    for (let s: usize = 0; s < 4; s++) stripTail(true, false, 0, yo + s * so, ys, j.x, qb, sp + s * ss, n, 4, rows);
   }
 }
 
