@@ -1012,6 +1012,17 @@ function kStreamsQ4Rows(job: usize, g0: i32, g1: i32, far: i32, scratch: usize):
   }
 }
 
+/** The running sums of four tokens in four runs so bytes apart (8 rows of outputs each) set to 0. */
+@inline export function zeroRuns(yo: usize, so: usize, ys: usize): void {
+  const z = f32x4.splat(0);
+  for (let s: usize = 0; s < 4; s++) {
+    for (let t: usize = 0; t < 4; t++) {
+      v128.store(yo + s * so + t * ys, z);
+      v128.store(yo + s * so + t * ys, z, 16);
+    }
+  }
+}
+
 /**
  * q6_k against 4 to 7 token rows in THE STREAMS, as kStreamsQ4Rows: super-block c of the four runs
  * in turn, both halves, for the first four tokens (q6Block4 reading the groups, as q6Half4), the rest
@@ -1030,16 +1041,10 @@ function kStreamsQ6Rows(job: usize, g0: i32, g1: i32, far: i32): void {
   const sb = <usize>(n >> 8) * Q6K_GROUP;
   const ss = <usize>(far >> 3) * sb;
   const so = <usize>far << 2;
-  const z = f32x4.splat(0);
   for (let g = g0; g < g1; g += 8) {
     const yo = j.y + (<usize>(g - j.r0) << 2);
     const sp = j.w + <usize>(g >> 3) * sb;
-    for (let s: usize = 0; s < 4; s++) {
-      for (let t: usize = 0; t < 4; t++) {
-        v128.store(yo + s * so + t * ys, z);
-        v128.store(yo + s * so + t * ys, z, 16);
-      }
-    }
+    zeroRuns(yo, so, ys);
     for (let c = 0; c < (n >> 8); c++) {
       for (let s: usize = 0; s < 4; s++) {
         const gs = sp + s * ss + <usize>c * Q6K_GROUP;

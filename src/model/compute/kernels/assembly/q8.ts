@@ -42,7 +42,7 @@
 
 import { f16ext, f16extScale, f16ToF32 } from "./f16";
 import { Job } from "./job";
-import { storeStrips } from "./kquants";
+import { storeStrips, zeroRuns } from "./kquants";
 
 /** Rows per strip. */
 const S: i32 = 8;
@@ -256,16 +256,10 @@ function streamsRows(j: Job, g0: i32, g1: i32, far: i32): void {
   const ss = <usize>(far >> 3) * sb;
   const so = <usize>far << 2;
   const blocks = n >> 5;
-  const z = f32x4.splat(0);
   for (let g = g0; g < g1; g += S) {
     const yo = j.y + (<usize>(g - j.r0) << 2);
     const sp = j.w + <usize>(g >> 3) * sb;
-    for (let s: usize = 0; s < 4; s++) {
-      for (let t: usize = 0; t < 4; t++) {
-        v128.store(yo + s * so + t * ys, z);
-        v128.store(yo + s * so + t * ys, z, 16);
-      }
-    }
+    zeroRuns(yo, so, ys);
     for (let c = 0; c < blocks; c++) {
       const xp = xq + (<usize>c << 10);
       const sp4 = xq + (<usize>n << 5) + (<usize>c << 2);
