@@ -176,9 +176,8 @@ describe("small-batch streams", () => {
   test("q4_k, q6_k and q8_0 against 4 to 7 token rows walked in four streams give each row its bits", async () => {
     // 4-7 rows of q4_k, q6_k and q8_0 take THE STREAMS as one token does (kquants.ts'
     // kStreamsQ4Rows and kStreamsQ6Rows, q8.ts' streamsRows): the first four tokens four strips in
-    // step, the rest strip by strip. 1000
-    // and 4000 rows, jobs cut at 0, 3 and 8 as above; each row's outputs must be what the same rows
-    // give on one thread (no streams), on 1, 2 and 3 threads.
+    // step, the rest strip by strip. 1000 and 4000 rows, jobs cut at 0, 3 and 8 as above; each
+    // row's outputs must be what the same rows give on one thread (no streams), on 1, 2 and 3 threads.
     const n = 256;
     for (const [total, dt] of [
       [1000, "q4_k"],

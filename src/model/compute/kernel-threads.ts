@@ -434,10 +434,9 @@ export class KernelThreads {
         // A thread's chunk at least, so that even a job alone at the split threshold is shared.
         const chunks = Math.max(threads, Math.ceil((rows * n * span) / (CHUNK_MACS * Math.min(rows, CHUNK_ROWS_MAX))));
         const oneToken = rows === 1 && fn !== J_CONVERT_Q8 && fn !== J_PLACE && fn !== J_QUANT_X && fn !== J_TOUCH && fn !== J_SWIGLU;
-        const unit =
-          oneToken || (rows >= 4 && fn === KERNEL_INDEX.q4_k) || (rows >= 4 && rows < 8 && (fn === KERNEL_INDEX.q8_0 || fn === KERNEL_INDEX.q6_k))
-            ? ONE_TOKEN_ROWS
-            : 8;
+        // 4 to 7 rows of these walk THE STREAMS as one token does (dispatch.ts' runChunk).
+        const smallStreams = rows >= 4 && rows < 8 && (fn === KERNEL_INDEX.q4_k || fn === KERNEL_INDEX.q6_k || fn === KERNEL_INDEX.q8_0);
+        const unit = oneToken || smallStreams || (rows >= 8 && fn === KERNEL_INDEX.q4_k) ? ONE_TOKEN_ROWS : 8;
         per = Math.ceil(span / chunks / unit) * unit;
       }
       c[o + J_PER] = per;

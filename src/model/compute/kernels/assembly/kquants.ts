@@ -973,8 +973,8 @@ export function matmul_q6_k(job: usize, g0: i32, g1: i32, scratch: usize): void 
 }
 
 /**
- * One token row in four streams far rows apart (kStreams), fn the K kernel's index; or q4_k
- * against 4 to 7 token rows (kStreamsQ4Rows).
+ * One token row in four streams far rows apart (kStreams), fn the K kernel's index; or 4 to 7
+ * token rows of q4_k (kStreamsQ4Rows) or q6_k (kStreamsQ6Rows).
  */
 export function matmul_k_streams(fn: i32, job: usize, g0: i32, g1: i32, far: i32, scratch: usize): void {
   if (changetype<Job>(job).rows > 1) {

@@ -364,7 +364,8 @@ function stripRows(yo: usize, x: usize, sp: usize, rows: i32, n: i32, d: i32, ac
  * (1.21x, Intel Xeon, two threads, bench/decode-ab.ts BATCH=8, three alternating rounds).
  */
 @inline function dequantStrip(dt: i32, dst: usize, sp: usize, n: i32): void {
-  const groups = mainLen(dt, n) / groupLen(dt);
+  const main = mainLen(dt, n);
+  const groups = main / groupLen(dt);
   const quarter = groups >> 2;
   const qg = <usize>quarter * GROUP_BYTES;
   const qo = <usize>quarter * 256;
@@ -377,7 +378,6 @@ function stripRows(yo: usize, x: usize, sp: usize, rows: i32, n: i32, d: i32, ac
     dequantGroup(dt, g + 3 * qg, o + 3 * qo);
   }
   for (let c = quarter << 2; c < groups; c++) dequantGroup(dt, sp + <usize>c * GROUP_BYTES, dst + <usize>c * 256);
-  const main = mainLen(dt, n);
   if (main == n) return;
   const o = dst + <usize>groups * 256;
   // The tails: weights main .. n4 go into one more f32 group, n4 .. n into the f32 tails.
