@@ -173,21 +173,20 @@ describe("one-token streams", () => {
 });
 
 describe("small-batch streams", () => {
-  test("q4_k, q6_k and q8_0 against 4 to 7 token rows walked in four streams give each row its bits", async () => {
-    // 4-7 rows of q4_k, q6_k and q8_0 take THE STREAMS as one token does (kquants.ts'
-    // kStreamsQ4Rows and kStreamsQ6Rows, q8.ts' streamsRows): the first four tokens four strips in
-    // step, the rest strip by strip. 1000 and 4000 rows, jobs cut at 0, 3 and 8 as above; each
-    // row's outputs must be what the same rows give on one thread (no streams), on 1, 2 and 3 threads.
+  test("every integer kernel against 2 to 7 token rows walked in four streams gives each row its bits", async () => {
+    // 2-7 rows of the integer kernels take THE STREAMS as one token does (kquants.ts'
+    // kStreamsQ4Rows, kStreamsQ5Rows and kStreamsQ6Rows, q8.ts' streamsRows and pairRuns,
+    // legacy.ts' streamsRows): the K types' and q8_0's first four tokens (or two, or three) four
+    // strips in step and the rest strip by strip, the legacy types' every token. 1000 and 4000
+    // rows, jobs cut at 0, 3 and 8 as above; each row's outputs must be what the same rows give on
+    // one thread (no streams), on 1, 2 and 3 threads.
     const n = 256;
-    for (const [total, dt] of [
-      [1000, "q4_k"],
-      [4000, "q4_k"],
-      [1000, "q6_k"],
-      [4000, "q6_k"],
-      [1000, "q8_0"],
-      [4000, "q8_0"],
-    ] as const) {
-      const w = castMatrix(weights(total, n, 70), dt, n);
+    const cases: [number, string, Matrix][] = [];
+    for (const total of [1000, 4000]) {
+      for (const dt of ["q4_k", "q5_k", "q6_k", "q8_0"] as const) cases.push([total, dt, castMatrix(weights(total, n, 70), dt, n)]);
+    }
+    for (const [i, dt] of LEGACY_DTYPES.entries()) cases.push([1000, dt, legacyBlocks(dt, 1000, n, 30 + i)]);
+    for (const [total, dt, w] of cases) {
       for (const [r, d] of [
         [0, total],
         [3, total - 3],
@@ -207,7 +206,7 @@ describe("small-batch streams", () => {
           }
         };
         const alone = await run(1, 7);
-        for (const rows of [4, 5, 7]) {
+        for (const rows of [2, 3, 4, 5, 7]) {
           for (const threads of [1, 2, 3])
             expect({ dt, rows, threads, y: await run(threads, rows) }).toEqual({ dt, rows, threads, y: alone.slice(0, rows * d) });
         }

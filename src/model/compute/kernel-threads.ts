@@ -134,10 +134,12 @@ const CHUNK_MACS = 1 << 16;
  * A one-token matmul's chunk rows are a multiple of this: a strip (8 rows) for each of the four
  * runs dispatch.ts walks in step (THE STREAMS there); so are a q4_k batch's, whose kernel takes
  * four strips in step: adjacent ones from 8 rows (kquants.ts' matmulK), four streams as one token's
- * for 4 to 7 (kStreamsQ4Rows); and the q6_k and q8_0 batches' of 4 to 7 rows (kStreamsQ6Rows,
- * q8.ts' streamsRows).
+ * for 2 to 7 (kStreamsQ4Rows); and every integer kernel's batches of 2 to 7 rows (kStreamsQ6Rows,
+ * q8.ts' streamsRows, legacy.ts' streamsRows).
  */
 const ONE_TOKEN_ROWS = 32;
+/** The kernels whose weights meet quantized x in integers: 2 to 7 token rows of them walk THE STREAMS. */
+const INTEGER_KERNELS = new Set((["q8_0", "q4_k", "q5_k", "q6_k", "q4_0", "q4_1", "q5_0", "q5_1"] as const).map((d) => KERNEL_INDEX[d]));
 const CHUNK_ROWS_MAX = 4;
 /**
  * Token tiles (dispatch.ts): a chunk of a job whose x is over twice TILE_X_BYTES runs its kernel
@@ -434,8 +436,8 @@ export class KernelThreads {
         // A thread's chunk at least, so that even a job alone at the split threshold is shared.
         const chunks = Math.max(threads, Math.ceil((rows * n * span) / (CHUNK_MACS * Math.min(rows, CHUNK_ROWS_MAX))));
         const oneToken = rows === 1 && fn !== J_CONVERT_Q8 && fn !== J_PLACE && fn !== J_QUANT_X && fn !== J_TOUCH && fn !== J_SWIGLU;
-        // 4 to 7 rows of these walk THE STREAMS as one token does (dispatch.ts' runChunk).
-        const smallStreams = rows >= 4 && rows < 8 && (fn === KERNEL_INDEX.q4_k || fn === KERNEL_INDEX.q6_k || fn === KERNEL_INDEX.q8_0);
+        // 2 to 7 rows of an integer kernel walk THE STREAMS as one token does (dispatch.ts' runChunk).
+        const smallStreams = rows >= 2 && rows < 8 && INTEGER_KERNELS.has(fn);
         const unit = oneToken || smallStreams || (rows >= 8 && fn === KERNEL_INDEX.q4_k) ? ONE_TOKEN_ROWS : 8;
         per = Math.ceil(span / chunks / unit) * unit;
       }

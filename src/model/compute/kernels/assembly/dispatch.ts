@@ -105,9 +105,10 @@ export function quantize_rows(dst: usize, x: usize, layout: i32, n: i32, r0: i32
   const k = c - j.first;
   const per = j.per;
   const oneToken = j.rows == 1 && per % (8 * STREAMS) == 0;
-  // q4_k, q6_k and q8_0 against 4 to 7 token rows walk THE STREAMS too (kquants.ts'
-  // kStreamsQ4Rows and kStreamsQ6Rows, q8.ts' streamsRows; kernel-threads.ts cuts their chunks so).
-  const streams = oneToken || ((fn == Q4_K || fn == Q6_K || fn == Q8_0) && j.rows >= 4 && j.rows < 8 && per % (8 * STREAMS) == 0);
+  // The integer kernels against 2 to 7 token rows walk THE STREAMS too (kquants.ts'
+  // kStreamsQ4Rows.., q8.ts' streamsRows, legacy.ts' streamsRows; kernel-threads.ts cuts their
+  // chunks so).
+  const streams = oneToken || ((fn == Q8_0 || (fn >= Q4_K && fn <= Q5_K)) && j.rows >= 2 && j.rows < 8 && per % (8 * STREAMS) == 0);
   // Every kernel but an f16 one-token walk may write the scratch (matmul.ts' THE SCALED X A THREAD KEEPS).
   if (!(oneToken && (fn == F16 || fn == F16S))) forgetScaledX();
   if (fn == ATTEND) {

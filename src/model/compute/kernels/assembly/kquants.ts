@@ -711,13 +711,14 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
 }
 
 /**
- * Super-block c of a half strip of q6_k against four token rows from xq (qb apart): each token's
- * term added to its running sums at yo + t * ys (as q6Term's, in q6Half1's order). Each unit is
+ * Super-block c of a half strip of q6_k against four token rows from xq (qb apart; `count`, a
+ * constant, 2 or 3 for a smaller batch): each token's term added to its running sums at yo + t * ys
+ * (as q6Term's, in q6Half1's order). Each unit is
  * unpacked once for the four tokens, from the group (pre false) or read unpacked from un (pre:
  * q6UnpackBlock's 1 KB). With nx, the same half of the group at ng (the next super-block) is
  * unpacked to nx a unit per unit of the pass (kBlocks' steady stream).
  */
-@inline function q6Block4(pre: bool, un: usize, yo: usize, ys: usize, xq: usize, qb: usize, g: usize, half: usize, c: i32, n: i32, nx: usize = 0, ng: usize = 0): void {
+@inline function q6Block4(pre: bool, un: usize, yo: usize, ys: usize, xq: usize, qb: usize, g: usize, half: usize, c: i32, n: i32, nx: usize = 0, ng: usize = 0, count: i32 = 4): void {
   const sr = scalesAt(xq, n);
   const ur = sums16At(xq, n);
   const units = g + 144 + half * 768;
@@ -749,9 +750,9 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
       const scv = e == 0 ? pairEven(p) : pairOdd(p);
       const xk = xb + ((k + e) << 6);
       a0 = q6Acc(a0, t0, t1, t2, t3, xk, scv);
-      a1 = q6Acc(a1, t0, t1, t2, t3, xk + qb, scv);
-      a2 = q6Acc(a2, t0, t1, t2, t3, xk + 2 * qb, scv);
-      a3 = q6Acc(a3, t0, t1, t2, t3, xk + 3 * qb, scv);
+      if (count > 1) a1 = q6Acc(a1, t0, t1, t2, t3, xk + qb, scv);
+      if (count > 2) a2 = q6Acc(a2, t0, t1, t2, t3, xk + 2 * qb, scv);
+      if (count > 3) a3 = q6Acc(a3, t0, t1, t2, t3, xk + 3 * qb, scv);
     }
   }
   // q6Offset for the four tokens at once: each pair vector of scales loaded once.
@@ -761,16 +762,16 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
     const p = v128.load8x8_s(sc + (j << 3));
     const o = us + (j << 2);
     c0 = i32x4.add(c0, i32x4.dot_i16x8_s(p, v128.load32_splat(o)));
-    c1 = i32x4.add(c1, i32x4.dot_i16x8_s(p, v128.load32_splat(o + qb)));
-    c2 = i32x4.add(c2, i32x4.dot_i16x8_s(p, v128.load32_splat(o + 2 * qb)));
-    c3 = i32x4.add(c3, i32x4.dot_i16x8_s(p, v128.load32_splat(o + 3 * qb)));
+    if (count > 1) c1 = i32x4.add(c1, i32x4.dot_i16x8_s(p, v128.load32_splat(o + qb)));
+    if (count > 2) c2 = i32x4.add(c2, i32x4.dot_i16x8_s(p, v128.load32_splat(o + 2 * qb)));
+    if (count > 3) c3 = i32x4.add(c3, i32x4.dot_i16x8_s(p, v128.load32_splat(o + 3 * qb)));
   }
   const k32 = i32x4.splat(32);
   const dq = f16at(g + (half << 3));
   q6Finish(yo, i32x4.sub(a0, i32x4.mul(c0, k32)), dq, sr + (<usize>c << 2));
-  q6Finish(yo + ys, i32x4.sub(a1, i32x4.mul(c1, k32)), dq, sr + qb + (<usize>c << 2));
-  q6Finish(yo + 2 * ys, i32x4.sub(a2, i32x4.mul(c2, k32)), dq, sr + 2 * qb + (<usize>c << 2));
-  q6Finish(yo + 3 * ys, i32x4.sub(a3, i32x4.mul(c3, k32)), dq, sr + 3 * qb + (<usize>c << 2));
+  if (count > 1) q6Finish(yo + ys, i32x4.sub(a1, i32x4.mul(c1, k32)), dq, sr + qb + (<usize>c << 2));
+  if (count > 2) q6Finish(yo + 2 * ys, i32x4.sub(a2, i32x4.mul(c2, k32)), dq, sr + 2 * qb + (<usize>c << 2));
+  if (count > 3) q6Finish(yo + 3 * ys, i32x4.sub(a3, i32x4.mul(c3, k32)), dq, sr + 3 * qb + (<usize>c << 2));
 }
 
 /** A half strip of q6_k against four token rows, outputs of token t at yo + t * ys: q6Block4 over the super-blocks, each unit unpacked for the four. */
@@ -973,12 +974,13 @@ export function matmul_q6_k(job: usize, g0: i32, g1: i32, scratch: usize): void 
 }
 
 /**
- * One token row in four streams far rows apart (kStreams), fn the K kernel's index; or 4 to 7
- * token rows of q4_k (kStreamsQ4Rows) or q6_k (kStreamsQ6Rows).
+ * One token row in four streams far rows apart (kStreams), fn the K kernel's index; or 2 to 7
+ * token rows of q4_k (kStreamsQ4Rows), q5_k (kStreamsQ5Rows) or q6_k (kStreamsQ6Rows).
  */
 export function matmul_k_streams(fn: i32, job: usize, g0: i32, g1: i32, far: i32, scratch: usize): void {
   if (changetype<Job>(job).rows > 1) {
     if (fn == Q6_K) kStreamsQ6Rows(job, g0, g1, far);
+    else if (fn == Q5_K) kStreamsQ5Rows(job, g0, g1, far, scratch);
     else kStreamsQ4Rows(job, g0, g1, far, scratch);
   } else if (fn == Q6_K) kStreamsQ6(job, g0, g1, far);
   else if (fn == Q5_K) kStreamsQ5(job, g0, g1, far);
@@ -986,37 +988,70 @@ export function matmul_k_streams(fn: i32, job: usize, g0: i32, g1: i32, far: i32
 }
 
 /**
- * q4_k against 4 to 7 token rows, a small decode batch, as THE STREAMS walk one token (dispatch.ts):
+ * q4_k against 2 to 7 token rows, a small decode batch, as THE STREAMS walk one token (dispatch.ts):
  * strips g0 .. g1 and the three runs far rows after them in step, super-block c of each in turn
- * (q4StripN with k = 4, its outputs far columns apart), the first four tokens together and the rest
- * one strip at a time (stripTail). Each row's sum keeps its order: the same bits. Strip after strip,
- * one thread read a 4-token q4_k matrix from DRAM at 32 GMAC/s against 52 from L2 (Intel Xeon,
- * bench/kernel-bounds.ts ROWS=4), a wait at each new page the L2 prefetcher does not cross. In the
- * streams, two threads, bench/decode-ab.ts, three alternating rounds: a step of 4 sequences 1B
- * Q4_K_M 90.6 -> 83.9 ms (1.080x), 8B 487.3 -> 461.6 ms (1.056x).
+ * (q4StripN with k = 4, its outputs far columns apart), every token against each sub-block
+ * unpacked once. Each row's sum keeps its order: the same bits. Strip after strip, one thread read a 4-token q4_k matrix from DRAM at 32 GMAC/s against 52
+ * from L2 (Intel Xeon, bench/kernel-bounds.ts ROWS=4). In the streams, two threads,
+ * bench/decode-ab.ts, three alternating rounds: a step of 4 sequences 1B Q4_K_M 90.6 -> 83.9 ms
+ * (1.080x), 8B 487.3 -> 461.6 ms (1.056x).
  */
 function kStreamsQ4Rows(job: usize, g0: i32, g1: i32, far: i32, scratch: usize): void {
+  const rows = changetype<Job>(job).rows;
+  if (rows == 2) q4Rows2(job, g0, g1, far, scratch);
+  else if (rows == 3) q4Rows3(job, g0, g1, far, scratch);
+  else if (rows == 4) q4Rows4(job, g0, g1, far, scratch);
+  else if (rows == 5) q4Rows5(job, g0, g1, far, scratch);
+  else if (rows == 6) q4Rows6(job, g0, g1, far, scratch);
+  else q4Rows7(job, g0, g1, far, scratch);
+}
+
+// Each row count a function of its own, its count a constant: with the count read from the job,
+// a step of 4 sequences of 1B Q4_K_M ran 0.95x (bench/decode-ab.ts, Intel Xeon).
+function q4Rows2(job: usize, g0: i32, g1: i32, far: i32, scratch: usize): void {
+  kStreamsRows(false, job, g0, g1, far, scratch, 2);
+}
+function q4Rows3(job: usize, g0: i32, g1: i32, far: i32, scratch: usize): void {
+  kStreamsRows(false, job, g0, g1, far, scratch, 3);
+}
+function q4Rows4(job: usize, g0: i32, g1: i32, far: i32, scratch: usize): void {
+  kStreamsRows(false, job, g0, g1, far, scratch, 4);
+}
+function q4Rows5(job: usize, g0: i32, g1: i32, far: i32, scratch: usize): void {
+  kStreamsRows(false, job, g0, g1, far, scratch, 5);
+}
+function q4Rows6(job: usize, g0: i32, g1: i32, far: i32, scratch: usize): void {
+  kStreamsRows(false, job, g0, g1, far, scratch, 6);
+}
+function q4Rows7(job: usize, g0: i32, g1: i32, far: i32, scratch: usize): void {
+  kStreamsRows(false, job, g0, g1, far, scratch, 7);
+}
+
+/** kStreamsQ4Rows for q5_k (its tile of four tokens is q4StripN's too), the count read from the job. */
+function kStreamsQ5Rows(job: usize, g0: i32, g1: i32, far: i32, scratch: usize): void {
+  kStreamsRows(true, job, g0, g1, far, scratch, changetype<Job>(job).rows);
+}
+
+@inline function kStreamsRows(five: bool, job: usize, g0: i32, g1: i32, far: i32, scratch: usize, rows: i32): void {
   const j = changetype<Job>(job);
   const n = j.n;
-  const rows = j.rows;
   const ys = <usize>j.d << 2;
   const qb = kRowBytes(n);
-  const sb = <usize>(n >> 8) * Q4K_GROUP;
+  const sb = <usize>(n >> 8) * (five ? Q5K_GROUP : Q4K_GROUP);
   const ss = <usize>(far >> 3) * sb;
   const so = <usize>far << 2;
   for (let g = g0; g < g1; g += 8) {
     const yo = j.y + (<usize>(g - j.r0) << 2);
     const sp = j.w + <usize>(g >> 3) * sb;
-    q4StripN(false, scratch, yo, ys, j.x, qb, sp, n, 4, 4, ss, so);
-    for (let s: usize = 0; s < 4; s++) stripTail(false, false, scratch, yo + s * so, ys, j.x, qb, sp + s * ss, n, 4, rows);
+    q4StripN(five, scratch, yo, ys, j.x, qb, sp, n, <usize>rows, 4, ss, so);
   }
 }
 
-/** The running sums of four tokens in four runs so bytes apart (8 rows of outputs each) set to 0. */
-@inline export function zeroRuns(yo: usize, so: usize, ys: usize): void {
+/** The running sums of `count` tokens (at most 4) in four runs so bytes apart (8 rows of outputs each) set to 0. */
+@inline export function zeroRuns(yo: usize, so: usize, ys: usize, count: usize = 4): void {
   const z = f32x4.splat(0);
   for (let s: usize = 0; s < 4; s++) {
-    for (let t: usize = 0; t < 4; t++) {
+    for (let t: usize = 0; t < count; t++) {
       v128.store(yo + s * so + t * ys, z);
       v128.store(yo + s * so + t * ys, z, 16);
     }
@@ -1024,18 +1059,53 @@ function kStreamsQ4Rows(job: usize, g0: i32, g1: i32, far: i32, scratch: usize):
 }
 
 /**
- * q6_k against 4 to 7 token rows in THE STREAMS, as kStreamsQ4Rows: super-block c of the four runs
- * in turn, both halves, for the first four tokens (q6Block4 reading the groups, as q6Half4), the rest
- * strip by strip (stripTail). Each row's sum keeps its order: the same bits. Strip after strip, one
- * thread read a 4-token q6_k matrix from DRAM at 22 GMAC/s against 38 from L2 (Intel Xeon,
- * bench/kernel-bounds.ts ROWS=4). In the streams (two threads, bench/decode-ab.ts, three
+ * q6_k against 2 to 7 token rows in THE STREAMS, as kStreamsQ4Rows: super-block c of the four runs
+ * in turn, both halves, for the first four tokens (or all two or three: q6Block4 reading the groups,
+ * as q6Half4), then the other one to three while the block is in L1. Each row's sum keeps its
+ * order: the same bits.
+ * Strip after strip, one thread read a 4-token q6_k matrix from DRAM at 22 GMAC/s against 38 from L2
+ * (Intel Xeon, bench/kernel-bounds.ts ROWS=4). In the streams (two threads, bench/decode-ab.ts, three
  * alternating rounds, over kStreamsQ4Rows alone): a step of 4 sequences 1B Q4_K_M 84.5 -> 80.0 ms
  * (1.056x), 8B 464.0 -> 441.6 ms (1.051x).
  */
 function kStreamsQ6Rows(job: usize, g0: i32, g1: i32, far: i32): void {
+  const rows = changetype<Job>(job).rows;
+  if (rows == 2) q6Rows2(job, g0, g1, far);
+  else if (rows == 3) q6Rows3(job, g0, g1, far);
+  else if (rows == 4) q6Rows4(job, g0, g1, far);
+  else if (rows == 5) q6Rows5(job, g0, g1, far);
+  else if (rows == 6) q6Rows6(job, g0, g1, far);
+  else q6Rows7(job, g0, g1, far);
+}
+
+// Each row count a function of its own: JavaScriptCore allocates registers a function at a time
+// (q8.ts' runs2 .. runs7, all in one function, ran a step of 2 sequences 1.17x slower).
+function q6Rows2(job: usize, g0: i32, g1: i32, far: i32): void {
+  q6Runs(job, g0, g1, far, 2, 0);
+}
+function q6Rows3(job: usize, g0: i32, g1: i32, far: i32): void {
+  q6Runs(job, g0, g1, far, 3, 0);
+}
+function q6Rows4(job: usize, g0: i32, g1: i32, far: i32): void {
+  q6Runs(job, g0, g1, far, 4, 0);
+}
+function q6Rows5(job: usize, g0: i32, g1: i32, far: i32): void {
+  q6Runs(job, g0, g1, far, 4, 1);
+}
+function q6Rows6(job: usize, g0: i32, g1: i32, far: i32): void {
+  q6Runs(job, g0, g1, far, 4, 2);
+}
+function q6Rows7(job: usize, g0: i32, g1: i32, far: i32): void {
+  q6Runs(job, g0, g1, far, 4, 3);
+}
+
+/**
+ * kStreamsQ6Rows with its first `count` tokens, then `rest` more, per super-block of each run
+ * (constants: q6Block4 keeps a sum for each token in registers).
+ */
+@inline function q6Runs(job: usize, g0: i32, g1: i32, far: i32, count: i32, rest: i32): void {
   const j = changetype<Job>(job);
   const n = j.n;
-  const rows = j.rows;
   const ys = <usize>j.d << 2;
   const qb = kRowBytes(n);
   const sb = <usize>(n >> 8) * Q6K_GROUP;
@@ -1044,15 +1114,20 @@ function kStreamsQ6Rows(job: usize, g0: i32, g1: i32, far: i32): void {
   for (let g = g0; g < g1; g += 8) {
     const yo = j.y + (<usize>(g - j.r0) << 2);
     const sp = j.w + <usize>(g >> 3) * sb;
-    zeroRuns(yo, so, ys);
+    zeroRuns(yo, so, ys, <usize>count);
+    if (rest > 0) zeroRuns(yo + 4 * ys, so, ys, <usize>rest);
     for (let c = 0; c < (n >> 8); c++) {
       for (let s: usize = 0; s < 4; s++) {
         const gs = sp + s * ss + <usize>c * Q6K_GROUP;
-        q6Block4(false, 0, yo + s * so, ys, j.x, qb, gs, 0, c, n);
-        q6Block4(false, 0, yo + s * so + 16, ys, j.x, qb, gs, 1, c, n);
+        const yt = yo + s * so;
+        q6Block4(false, 0, yt, ys, j.x, qb, gs, 0, c, n, 0, 0, count);
+        q6Block4(false, 0, yt + 16, ys, j.x, qb, gs, 1, c, n, 0, 0, count);
+        if (rest > 0) {
+          q6Block4(false, 0, yt + 4 * ys, ys, j.x + 4 * qb, qb, gs, 0, c, n, 0, 0, rest);
+          q6Block4(false, 0, yt + 4 * ys + 16, ys, j.x + 4 * qb, qb, gs, 1, c, n, 0, 0, rest);
+        }
       }
     }
-    for (let s: usize = 0; s < 4; s++) stripTail(true, false, 0, yo + s * so, ys, j.x, qb, sp + s * ss, n, 4, rows);
   }
 }
 

@@ -129,12 +129,34 @@ export function quantize_l_x(dst: usize, x: usize, rows: i32, n: i32): void {
   for (let g = g0; g < g1; g += 8) strips(min, five, offset, 4, j.y + (<usize>(g - j.r0) << 2), <usize>far << 2, j.x, j.w + <usize>(g >> 3) * sb, <usize>(far >> 3) * sb, n);
 }
 
-/** One token row in four streams far rows apart (streamsLegacy), fn the legacy kernel's index. */
+/** One token row in four streams far rows apart (streamsLegacy), fn the legacy kernel's index; or 2 to 7 token rows (legacyRows). */
 export function matmul_legacy_streams(fn: i32, job: usize, g0: i32, g1: i32, far: i32): void {
-  if (fn == Q4_0) streamsLegacy(false, false, -8, job, g0, g1, far);
+  if (changetype<Job>(job).rows > 1) legacyRows(fn, job, g0, g1, far);
+  else if (fn == Q4_0) streamsLegacy(false, false, -8, job, g0, g1, far);
   else if (fn == Q4_1) streamsLegacy(true, false, 0, job, g0, g1, far);
   else if (fn == Q5_0) streamsLegacy(false, true, -16, job, g0, g1, far);
   else streamsLegacy(true, true, 0, job, g0, g1, far);
+}
+
+function legacyRows(fn: i32, job: usize, g0: i32, g1: i32, far: i32): void {
+  if (fn == Q4_0) rowsQ4_0(job, g0, g1, far);
+  else if (fn == Q4_1) rowsQ4_1(job, g0, g1, far);
+  else if (fn == Q5_0) rowsQ5_0(job, g0, g1, far);
+  else rowsQ5_1(job, g0, g1, far);
+}
+
+// Each type a function of its own: JavaScriptCore allocates registers a function at a time.
+function rowsQ4_0(job: usize, g0: i32, g1: i32, far: i32): void {
+  streamsRows(false, false, -8, job, g0, g1, far);
+}
+function rowsQ4_1(job: usize, g0: i32, g1: i32, far: i32): void {
+  streamsRows(true, false, 0, job, g0, g1, far);
+}
+function rowsQ5_0(job: usize, g0: i32, g1: i32, far: i32): void {
+  streamsRows(false, true, -16, job, g0, g1, far);
+}
+function rowsQ5_1(job: usize, g0: i32, g1: i32, far: i32): void {
+  streamsRows(true, true, 0, job, g0, g1, far);
 }
 
 /**
@@ -197,63 +219,104 @@ export function matmul_legacy_streams(fn: i32, job: usize, g0: i32, g1: i32, far
 
 /**
  * A half strip against eight token rows from xq (qb apart), outputs of token t at yo + t * ys:
- * half4's sums, token by token. Each block's four quads are unpacked once into eight registers,
- * then each token in turn runs its eight dots against them from one pointer at constant offsets
- * (as kquants.ts' q4BlockN) and adds its term. Against half4 twice (quad by quad for four
- * tokens), one thread, alternating builds, AMD EPYC: 8 token rows q4_0 1.17-1.27x, q4_1
+ * half4's sums, token by token (blockN over the blocks). Against half4 twice (quad by quad for
+ * four tokens), one thread, alternating builds, AMD EPYC: 8 token rows q4_0 1.17-1.27x, q4_1
  * 1.22-1.41x, q5_0 1.24-1.45x, q5_1 1.45-1.83x; 512 rows q4_0 1.09-1.12x, q5_1 1.21-1.32x.
  */
 @inline function half8(min: bool, five: bool, offset: i32, yo: usize, ys: usize, xq: usize, qb: usize, sp: usize, half: usize, n: i32): void {
   const blocks = n >> 5;
   const gb = groupBytes(min, five);
-  const nib0: usize = <usize>(16 + (min ? 16 : 0)) + half * 64;
-  const bits0: usize = <usize>(144 + (min ? 16 : 0)) + half * 16;
-  const sr = quadScales(xq, n);
-  const ur = quadSums(xq, n, 5);
   const z = i32x4.splat(0);
   for (let t: usize = 0; t < 8; t++) v128.store(yo + t * ys, z);
-  for (let c = 0; c < blocks; c++) {
-    const g = sp + <usize>c * gb;
-    const w = g + nib0;
-    const hb = five ? v128.load(g + bits0) : z;
-    const v0 = v128.load(w);
-    const v1 = v128.load(w, 16);
-    const v2 = v128.load(w, 32);
-    const v3 = v128.load(w, 48);
-    const l0 = lowAt(five, v0, hb, 0);
-    const h0 = highAt(five, v0, hb, 0);
-    const l1 = lowAt(five, v1, hb, 1);
-    const h1 = highAt(five, v1, hb, 1);
-    const l2 = lowAt(five, v2, hb, 2);
-    const h2 = highAt(five, v2, hb, 2);
-    const l3 = lowAt(five, v3, hb, 3);
-    const h3 = highAt(five, v3, hb, 3);
-    const dq = f16at(g + (half << 3));
-    const dm = min ? f16at(g + 16 + (half << 3)) : z;
-    const cs = <usize>c << 2;
-    let x = xq + (<usize>c << 7);
-    let o = yo;
-    for (let t = 0; t < 8; t++) {
-      // q4 adds all 8 pairs a lane before widening; q5 widens after 4 (THE RELAXED DOT).
-      let q = rdot(i16x8.relaxed_dot_i8x16_i7x16_s(v128.load(x), l0), v128.load(x, 16), h0);
-      q = rdot(rdot(q, v128.load(x, 32), l1), v128.load(x, 48), h1);
-      let i: v128;
-      if (five) {
-        i = widen(q);
-        q = rdot(i16x8.relaxed_dot_i8x16_i7x16_s(v128.load(x, 64), l2), v128.load(x, 80), h2);
-        q = rdot(rdot(q, v128.load(x, 96), l3), v128.load(x, 112), h3);
-        i = i32x4.add(i, widen(q));
-      } else {
-        q = rdot(rdot(q, v128.load(x, 64), l2), v128.load(x, 80), h2);
-        q = rdot(rdot(q, v128.load(x, 96), l3), v128.load(x, 112), h3);
-        i = widen(q);
+  for (let c = 0; c < blocks; c++) blockN(min, five, offset, yo, ys, xq, qb, sp + <usize>c * gb, half, c, n, 8);
+}
+
+/**
+ * Block c (group g) of a half strip against `count` token rows from xq (qb apart): each token's
+ * term added to its running sums at yo + t * ys (half1's, in its order). The block's four quads are
+ * unpacked once into eight registers, then each token in turn runs its eight dots against them
+ * from one pointer at constant offsets (as kquants.ts' q4BlockN).
+ */
+@inline function blockN(min: bool, five: bool, offset: i32, yo: usize, ys: usize, xq: usize, qb: usize, g: usize, half: usize, c: i32, n: i32, count: i32): void {
+  const nib0: usize = <usize>(16 + (min ? 16 : 0)) + half * 64;
+  const bits0: usize = <usize>(144 + (min ? 16 : 0)) + half * 16;
+  const z = i32x4.splat(0);
+  const w = g + nib0;
+  const hb = five ? v128.load(g + bits0) : z;
+  const v0 = v128.load(w);
+  const v1 = v128.load(w, 16);
+  const v2 = v128.load(w, 32);
+  const v3 = v128.load(w, 48);
+  const l0 = lowAt(five, v0, hb, 0);
+  const h0 = highAt(five, v0, hb, 0);
+  const l1 = lowAt(five, v1, hb, 1);
+  const h1 = highAt(five, v1, hb, 1);
+  const l2 = lowAt(five, v2, hb, 2);
+  const h2 = highAt(five, v2, hb, 2);
+  const l3 = lowAt(five, v3, hb, 3);
+  const h3 = highAt(five, v3, hb, 3);
+  const dq = f16at(g + (half << 3));
+  const dm = min ? f16at(g + 16 + (half << 3)) : z;
+  const cs = <usize>c << 2;
+  let x = xq + (<usize>c << 7);
+  let o = yo;
+  for (let t = 0; t < count; t++) {
+    // q4 adds all 8 pairs a lane before widening; q5 widens after 4 (THE RELAXED DOT).
+    let q = rdot(i16x8.relaxed_dot_i8x16_i7x16_s(v128.load(x), l0), v128.load(x, 16), h0);
+    q = rdot(rdot(q, v128.load(x, 32), l1), v128.load(x, 48), h1);
+    let i: v128;
+    if (five) {
+      i = widen(q);
+      q = rdot(i16x8.relaxed_dot_i8x16_i7x16_s(v128.load(x, 64), l2), v128.load(x, 80), h2);
+      q = rdot(rdot(q, v128.load(x, 96), l3), v128.load(x, 112), h3);
+      i = i32x4.add(i, widen(q));
+    } else {
+      q = rdot(rdot(q, v128.load(x, 64), l2), v128.load(x, 80), h2);
+      q = rdot(rdot(q, v128.load(x, 96), l3), v128.load(x, 112), h3);
+      i = widen(q);
+    }
+    // The row's start from x, not x from a stepping row: that measured 0.81-0.97x for q4_0
+    // (one thread, 8 token rows, alternating builds): JavaScriptCore's code differs.
+    const row = x - (<usize>c << 7);
+    addTerm(o, term(min, offset, i, dq, dm, quadScales(row, n) + cs, blockSum(quadSums(row, n, 5), c)));
+    x += qb;
+    o += ys;
+  }
+}
+
+/**
+ * 2 to 7 token rows (a small decode batch) in THE STREAMS (dispatch.ts): strips g0 .. g1 and the
+ * three runs far rows after them in step, block c of each in turn, both halves, for every token
+ * (blockN). Each row's sum keeps THE LEGACY ORDER: the same bits. Strip after strip (half8, half4,
+ * strip1) a batch read each strip as one stream a thread, and two tokens took 2.0x one token's
+ * time (1B Q4_0, Intel Xeon, two threads).
+ */
+@inline function streamsRows(min: bool, five: bool, offset: i32, job: usize, g0: i32, g1: i32, far: i32): void {
+  const j = changetype<Job>(job);
+  const n = j.n;
+  const rows = j.rows;
+  const gb = groupBytes(min, five);
+  const sb = <usize>(n >> 5) * gb;
+  const ss = <usize>(far >> 3) * sb;
+  const so = <usize>far << 2;
+  const ys = <usize>j.d << 2;
+  const qb = qRowBytes(n);
+  const z = i32x4.splat(0);
+  for (let g = g0; g < g1; g += 8) {
+    const yo = j.y + (<usize>(g - j.r0) << 2);
+    const sp = j.w + <usize>(g >> 3) * sb;
+    for (let s: usize = 0; s < 4; s++) {
+      for (let t = 0; t < rows; t++) {
+        v128.store(yo + s * so + <usize>t * ys, z);
+        v128.store(yo + s * so + <usize>t * ys, z, 16);
       }
-      // The row's start from x, not x from a stepping row: that measured 0.81-0.97x for q4_0
-      // (one thread, 8 token rows, alternating builds): JavaScriptCore's code differs.
-      const row = x - (<usize>c << 7);
-      addTerm(o, term(min, offset, i, dq, dm, quadScales(row, n) + cs, blockSum(quadSums(row, n, 5), c)));
-      x += qb;
-      o += ys;
+    }
+    for (let c = 0; c < (n >> 5); c++) {
+      for (let s: usize = 0; s < 4; s++) {
+        const gs = sp + s * ss + <usize>c * gb;
+        blockN(min, five, offset, yo + s * so, ys, j.x, qb, gs, 0, c, n, rows);
+        blockN(min, five, offset, yo + s * so + 16, ys, j.x, qb, gs, 1, c, n, rows);
+      }
     }
   }
 }

@@ -237,17 +237,48 @@ export function matmul_q8_0_streams(job: usize, g0: i32, g1: i32, far: i32): voi
 }
 
 /**
- * 4 to 7 token rows (a small decode batch) in THE STREAMS (dispatch.ts): strips g0 .. g1 and the
+ * 2 to 7 token rows (a small decode batch) in THE STREAMS (dispatch.ts): strips g0 .. g1 and the
  * three runs far rows after them in step, block c of each in turn, for the first four tokens (one
- * quad); the rest strip by strip (tile8x2, strip1). Each row's sum keeps THE Q8 ORDER: the same bits.
- * Strip after strip, one thread read a 4-token q8_0 matrix from DRAM at 21.5 GMAC/s against 32 from
- * L2 (Intel Xeon, bench/kernel-bounds.ts ROWS=4), the ring of THE WEIGHTS AHEAD included. In the
- * streams, two threads, Intel Xeon, bench/decode-ab.ts, three alternating rounds: a step of 4
- * sequences 1B Q8_0 114.2 -> 92.5 ms (1.235x), 8B 672.7 -> 557.3 ms (1.207x); of 6, 1B 1.116x.
+ * quad, from four rows) and then the one to three rows alone while the block is in L1 (aloneBlock).
+ * Each row's sum keeps THE Q8 ORDER: the same bits. Strip after strip, one thread read a 4-token q8_0
+ * matrix from DRAM at 21.5 GMAC/s against 32 from L2 (Intel Xeon, bench/kernel-bounds.ts ROWS=4),
+ * the ring of THE WEIGHTS AHEAD included. In the streams, two threads, Intel Xeon,
+ * bench/decode-ab.ts, three alternating rounds: a step of 4 sequences 1B Q8_0 114.2 -> 92.5 ms
+ * (1.235x), 8B 672.7 -> 557.3 ms (1.207x); of 6, 1B 1.116x.
  */
 function streamsRows(j: Job, g0: i32, g1: i32, far: i32): void {
-  const n = j.n;
   const rows = j.rows;
+  if (rows == 2) runs2(j, g0, g1, far);
+  else if (rows == 3) runs3(j, g0, g1, far);
+  else if (rows == 4) runs4(j, g0, g1, far);
+  else if (rows == 5) runs5(j, g0, g1, far);
+  else if (rows == 6) runs6(j, g0, g1, far);
+  else runs7(j, g0, g1, far);
+}
+
+// Each row count a function of its own: JavaScriptCore allocates registers a function at a time.
+function runs2(j: Job, g0: i32, g1: i32, far: i32): void {
+  smallRuns(j, g0, g1, far, false, 2);
+}
+function runs3(j: Job, g0: i32, g1: i32, far: i32): void {
+  smallRuns(j, g0, g1, far, false, 3);
+}
+function runs4(j: Job, g0: i32, g1: i32, far: i32): void {
+  smallRuns(j, g0, g1, far, true, 0);
+}
+function runs5(j: Job, g0: i32, g1: i32, far: i32): void {
+  smallRuns(j, g0, g1, far, true, 1);
+}
+function runs6(j: Job, g0: i32, g1: i32, far: i32): void {
+  smallRuns(j, g0, g1, far, true, 2);
+}
+function runs7(j: Job, g0: i32, g1: i32, far: i32): void {
+  smallRuns(j, g0, g1, far, true, 3);
+}
+
+/** streamsRows with a quad of rows or none, then `alone` rows (constants: a token's sums are registers). */
+@inline function smallRuns(j: Job, g0: i32, g1: i32, far: i32, quad: bool, alone: i32): void {
+  const n = j.n;
   const xq = j.x;
   const ys = <usize>j.d << 2;
   const qb = qRowBytes(n);
@@ -256,10 +287,14 @@ function streamsRows(j: Job, g0: i32, g1: i32, far: i32): void {
   const ss = <usize>(far >> 3) * sb;
   const so = <usize>far << 2;
   const blocks = n >> 5;
+  // The rows alone, after the quad's four (QUANTIZED X).
+  const xa = quad ? xq + (qb << 2) : xq;
+  const ya: usize = quad ? 4 * ys : 0;
   for (let g = g0; g < g1; g += S) {
     const yo = j.y + (<usize>(g - j.r0) << 2);
     const sp = j.w + <usize>(g >> 3) * sb;
-    zeroRuns(yo, so, ys);
+    if (quad) zeroRuns(yo, so, ys);
+    if (alone > 0) zeroRuns(yo + ya, so, ys, <usize>alone);
     for (let c = 0; c < blocks; c++) {
       const xp = xq + (<usize>c << 10);
       const sp4 = xq + (<usize>n << 5) + (<usize>c << 2);
@@ -270,35 +305,63 @@ function streamsRows(j: Job, g0: i32, g1: i32, far: i32): void {
         const whi = f16ext(i32x4.extend_high_i16x8_s(ws));
         const w = g8 + 16;
         const yt = yo + s * so;
-        let a0 = i32x4.splat(0), a1 = a0, b0 = a0, b1 = a0, c0 = a0, c1 = a0, d0 = a0, d1 = a0;
-        for (let q = w, x = xp; q < w + 128; q += 8, x += 64) {
-          const lo = v128.load8x8_s(q);
-          const hi = v128.load8x8_s(q, 128);
-          let v = v128.load(x);
-          a0 = i32x4.add(a0, i32x4.dot_i16x8_s(lo, v));
-          a1 = i32x4.add(a1, i32x4.dot_i16x8_s(hi, v));
-          v = v128.load(x, 16);
-          b0 = i32x4.add(b0, i32x4.dot_i16x8_s(lo, v));
-          b1 = i32x4.add(b1, i32x4.dot_i16x8_s(hi, v));
-          v = v128.load(x, 32);
-          c0 = i32x4.add(c0, i32x4.dot_i16x8_s(lo, v));
-          c1 = i32x4.add(c1, i32x4.dot_i16x8_s(hi, v));
-          v = v128.load(x, 48);
-          d0 = i32x4.add(d0, i32x4.dot_i16x8_s(lo, v));
-          d1 = i32x4.add(d1, i32x4.dot_i16x8_s(hi, v));
+        if (quad) {
+          let a0 = i32x4.splat(0), a1 = a0, b0 = a0, b1 = a0, c0 = a0, c1 = a0, d0 = a0, d1 = a0;
+          for (let q = w, x = xp; q < w + 128; q += 8, x += 64) {
+            const lo = v128.load8x8_s(q);
+            const hi = v128.load8x8_s(q, 128);
+            let v = v128.load(x);
+            a0 = i32x4.add(a0, i32x4.dot_i16x8_s(lo, v));
+            a1 = i32x4.add(a1, i32x4.dot_i16x8_s(hi, v));
+            v = v128.load(x, 16);
+            b0 = i32x4.add(b0, i32x4.dot_i16x8_s(lo, v));
+            b1 = i32x4.add(b1, i32x4.dot_i16x8_s(hi, v));
+            v = v128.load(x, 32);
+            c0 = i32x4.add(c0, i32x4.dot_i16x8_s(lo, v));
+            c1 = i32x4.add(c1, i32x4.dot_i16x8_s(hi, v));
+            v = v128.load(x, 48);
+            d0 = i32x4.add(d0, i32x4.dot_i16x8_s(lo, v));
+            d1 = i32x4.add(d1, i32x4.dot_i16x8_s(hi, v));
+          }
+          addBlockAt(yt, a0, a1, wlo, whi, sp4);
+          addBlockAt(yt + ys, b0, b1, wlo, whi, sp4 + rb);
+          addBlockAt(yt + 2 * ys, c0, c1, wlo, whi, sp4 + 2 * rb);
+          addBlockAt(yt + 3 * ys, d0, d1, wlo, whi, sp4 + 3 * rb);
         }
-        addBlockAt(yt, a0, a1, wlo, whi, sp4);
-        addBlockAt(yt + ys, b0, b1, wlo, whi, sp4 + rb);
-        addBlockAt(yt + 2 * ys, c0, c1, wlo, whi, sp4 + 2 * rb);
-        addBlockAt(yt + 3 * ys, d0, d1, wlo, whi, sp4 + 3 * rb);
+        if (alone > 0) aloneBlock(yt + ya, ys, w, wlo, whi, xa, qb, c, n, alone);
       }
     }
-    for (let s: usize = 0; s < 4; s++) {
-      let r = 4;
-      for (; r + 2 <= rows; r += 2) tile8x2(yo + s * so + <usize>r * ys, ys, xq + <usize>r * qb, qb, sp + s * ss, n);
-      if (r < rows) strip1(yo + s * so + <usize>r * ys, restOf(xq, r, rows, n), sp + s * ss, n);
+  }
+}
+
+/**
+ * Block c (weights at w, scales wlo whi) against `count` (1 to 3, a constant) token rows alone from
+ * xa, qb apart (tile8x2's sums, each pair of weights widened once for all of them), added to their
+ * running sums at yo + t * ys (addBlockAt).
+ */
+@inline function aloneBlock(yo: usize, ys: usize, w: usize, wlo: v128, whi: v128, xa: usize, qb: usize, c: i32, n: i32, count: i32): void {
+  let i0 = i32x4.splat(0), i1 = i0, i2 = i0, i3 = i0, i4 = i0, i5 = i0;
+  for (let q = w, x = xa + (<usize>c << 8); q < w + 128; q += 8, x += 16) {
+    const lo = v128.load8x8_s(q);
+    const hi = v128.load8x8_s(q, 128);
+    let v = v128.load(x);
+    i0 = i32x4.add(i0, i32x4.dot_i16x8_s(lo, v));
+    i1 = i32x4.add(i1, i32x4.dot_i16x8_s(hi, v));
+    if (count > 1) {
+      v = v128.load(x + qb);
+      i2 = i32x4.add(i2, i32x4.dot_i16x8_s(lo, v));
+      i3 = i32x4.add(i3, i32x4.dot_i16x8_s(hi, v));
+    }
+    if (count > 2) {
+      v = v128.load(x + 2 * qb);
+      i4 = i32x4.add(i4, i32x4.dot_i16x8_s(lo, v));
+      i5 = i32x4.add(i5, i32x4.dot_i16x8_s(hi, v));
     }
   }
+  const sp4 = xa + (<usize>n << 3) + (<usize>c << 2);
+  addBlockAt(yo, i0, i1, wlo, whi, sp4);
+  if (count > 1) addBlockAt(yo + ys, i2, i3, wlo, whi, sp4 + qb);
+  if (count > 2) addBlockAt(yo + 2 * ys, i4, i5, wlo, whi, sp4 + 2 * qb);
 }
 
 /** Row k of the strip at sp against one quantized token row, its rest at rest (the same sum as strip1's). */
