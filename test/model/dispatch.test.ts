@@ -173,20 +173,27 @@ describe("one-token streams", () => {
 });
 
 describe("small-batch streams", () => {
-  test("every integer kernel against 2 to 7 token rows walked in four streams gives each row its bits", async () => {
+  test("every integer kernel against 2 to 7 token rows, and the 16-bit ones against 2 or 3, walked in four streams give each row its bits", async () => {
     // 2-7 rows of the integer kernels take THE STREAMS as one token does (kquants.ts'
     // kStreamsQ4Rows, kStreamsQ5Rows and kStreamsQ6Rows, q8.ts' streamsRows and pairRuns,
     // legacy.ts' streamsRows): the K types' and q8_0's first four tokens (or two, or three) four
     // strips in step and the rest strip by strip, the legacy types' every token. 1000 and 4000
     // rows, jobs cut at 0, 3 and 8 as above; each row's outputs must be what the same rows give on
     // one thread (no streams), on 1, 2 and 3 threads.
+    // The 16-bit kernels take 2 and 3 rows so (matmul.ts' streamsRows): f16 in the shifted coding
+    // and plain (a weight of 300), bf16, and f16 with an x past 2^16 (not scaled: one piece after
+    // another).
     const n = 256;
-    const cases: [number, string, Matrix][] = [];
+    const cases: [number, string, Matrix, number][] = [];
     for (const total of [1000, 4000]) {
-      for (const dt of ["q4_k", "q5_k", "q6_k", "q8_0"] as const) cases.push([total, dt, castMatrix(weights(total, n, 70), dt, n)]);
+      for (const dt of ["q4_k", "q5_k", "q6_k", "q8_0", "f16", "bf16"] as const) cases.push([total, dt, castMatrix(weights(total, n, 70), dt, n), 1]);
     }
-    for (const [i, dt] of LEGACY_DTYPES.entries()) cases.push([1000, dt, legacyBlocks(dt, 1000, n, 30 + i)]);
-    for (const [total, dt, w] of cases) {
+    for (const [i, dt] of LEGACY_DTYPES.entries()) cases.push([1000, dt, legacyBlocks(dt, 1000, n, 30 + i), 1]);
+    const plain = weights(1000, n, 71);
+    plain[5] = 300;
+    cases.push([1000, "f16 plain", castMatrix(plain, "f16", n), 1]);
+    cases.push([1000, "f16, x past 2^16", castMatrix(weights(1000, n, 72), "f16", n), 1e5]);
+    for (const [total, dt, w, scale] of cases) {
       for (const [r, d] of [
         [0, total],
         [3, total - 3],
@@ -197,7 +204,7 @@ describe("small-batch streams", () => {
           try {
             await k.ready();
             const xk = k.alloc(rows * n);
-            xk.set(input(rows, n, 9));
+            xk.set(input(rows, n, 9).map((v) => v * scale));
             const y = k.alloc(rows * d).fill(Number.NaN);
             k.matmul(y, xk, k.views[0]!, r * n, rows, n, d);
             return bits(y);

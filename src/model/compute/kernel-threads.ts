@@ -140,6 +140,8 @@ const CHUNK_MACS = 1 << 16;
 const ONE_TOKEN_ROWS = 32;
 /** The kernels whose weights meet quantized x in integers: 2 to 7 token rows of them walk THE STREAMS. */
 const INTEGER_KERNELS = new Set((["q8_0", "q4_k", "q5_k", "q6_k", "q4_0", "q4_1", "q5_0", "q5_1"] as const).map((d) => KERNEL_INDEX[d]));
+/** The 16-bit kernels (f16 in either coding, bf16): 2 or 3 token rows of them walk THE STREAMS. */
+const SIXTEEN_BIT_KERNELS = new Set([KERNEL_INDEX.f16, KERNEL_INDEX.bf16, F16_SHIFTED]);
 const CHUNK_ROWS_MAX = 4;
 /**
  * Token tiles (dispatch.ts): a chunk of a job whose x is over twice TILE_X_BYTES runs its kernel
@@ -436,8 +438,9 @@ export class KernelThreads {
         // A thread's chunk at least, so that even a job alone at the split threshold is shared.
         const chunks = Math.max(threads, Math.ceil((rows * n * span) / (CHUNK_MACS * Math.min(rows, CHUNK_ROWS_MAX))));
         const oneToken = rows === 1 && fn !== J_CONVERT_Q8 && fn !== J_PLACE && fn !== J_QUANT_X && fn !== J_TOUCH && fn !== J_SWIGLU;
-        // 2 to 7 rows of an integer kernel walk THE STREAMS as one token does (dispatch.ts' runChunk).
-        const smallStreams = rows >= 2 && rows < 8 && INTEGER_KERNELS.has(fn);
+        // 2 to 7 rows of an integer kernel, 2 or 3 of a 16-bit one, walk THE STREAMS as one token
+        // does (dispatch.ts' runChunk).
+        const smallStreams = rows >= 2 && (INTEGER_KERNELS.has(fn) ? rows < 8 : SIXTEEN_BIT_KERNELS.has(fn) && rows < 4);
         const unit = oneToken || smallStreams || (rows >= 8 && fn === KERNEL_INDEX.q4_k) ? ONE_TOKEN_ROWS : 8;
         per = Math.ceil(span / chunks / unit) * unit;
       }

@@ -106,11 +106,12 @@ export function quantize_rows(dst: usize, x: usize, layout: i32, n: i32, r0: i32
   const per = j.per;
   const oneToken = j.rows == 1 && per % (8 * STREAMS) == 0;
   // The integer kernels against 2 to 7 token rows walk THE STREAMS too (kquants.ts'
-  // kStreamsQ4Rows.., q8.ts' streamsRows, legacy.ts' streamsRows; kernel-threads.ts cuts their
-  // chunks so).
-  const streams = oneToken || ((fn == Q8_0 || (fn >= Q4_K && fn <= Q5_K)) && j.rows >= 2 && j.rows < 8 && per % (8 * STREAMS) == 0);
-  // Every kernel but an f16 one-token walk may write the scratch (matmul.ts' THE SCALED X A THREAD KEEPS).
-  if (!(oneToken && (fn == F16 || fn == F16S))) forgetScaledX();
+  // kStreamsQ4Rows.., q8.ts' streamsRows, legacy.ts' streamsRows), and the 16-bit ones against 2
+  // or 3 (matmul.ts' streamsRows); kernel-threads.ts cuts their chunks so.
+  const small = (fn == Q8_0 || (fn >= Q4_K && fn <= Q5_K)) ? j.rows < 8 : (fn == F16 || fn == F16S || fn == BF16) && j.rows < 4;
+  const streams = oneToken || (small && j.rows >= 2 && per % (8 * STREAMS) == 0);
+  // Every kernel but an f16 walk of THE STREAMS may write the scratch (matmul.ts' THE SCALED X A THREAD KEEPS).
+  if (!(streams && (fn == F16 || fn == F16S))) forgetScaledX();
   if (fn == ATTEND) {
     attend_jobs(j.w, k, k + 1, scratch);
     return;

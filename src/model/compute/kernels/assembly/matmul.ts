@@ -490,6 +490,7 @@ function stripRows(yo: usize, x: usize, sp: usize, rows: i32, n: i32, d: i32, ac
  */
 let keptX: usize = 0;
 let keptN: i32 = 0;
+let keptRows: i32 = 0;
 let keptDt: i32 = -1;
 let keptScratch: usize = 0;
 let keptExact: bool = false;
@@ -499,13 +500,19 @@ export function forgetScaledX(): void {
   keptDt = -1;
 }
 
-/** scaleXFor into scratch, or nothing when the scratch already holds this x scaled for dt: whether it scaled exactly. */
-@inline function keptScaleX(dt: i32, scratch: usize, x: usize, n: i32): bool {
-  if (keptDt == dt && keptX == x && keptN == n && keptScratch == scratch) return keptExact;
-  keptExact = scaleXFor(dt, scratch, x, n);
+/**
+ * scaleXFor of `rows` token rows (4 n bytes apart) into scratch (scaledXBytes(n) apart), or nothing
+ * when the scratch already holds these rows scaled for dt: whether all scaled exactly.
+ */
+@inline function keptScaleX(dt: i32, scratch: usize, x: usize, n: i32, rows: i32 = 1): bool {
+  if (keptDt == dt && keptX == x && keptN == n && keptRows == rows && keptScratch == scratch) return keptExact;
+  let exact = true;
+  for (let r = 0; r < rows; r++) exact = scaleXFor(dt, scratch + <usize>r * scaledXBytes(n), x + ((<usize>r * <usize>n) << 2), n) && exact;
+  keptExact = exact;
   keptDt = dt;
   keptX = x;
   keptN = n;
+  keptRows = rows;
   keptScratch = scratch;
   return keptExact;
 }
@@ -522,6 +529,10 @@ export function forgetScaledX(): void {
   const n = j.n;
   const x = j.x;
   const half = dt == F16 || dt == F16S;
+  if (j.rows > 1) {
+    streamsRows(dt, job, g0, g1, far, scratch);
+    return;
+  }
   if (n < 32 || (half && !keptScaleX(dt, scratch, x, n))) {
     forgetScaledX();
     for (let t = 0; t < 4; t++) matmulOf(dt, job, g0 + t * far, g1 + t * far, scratch);
@@ -532,6 +543,108 @@ export function forgetScaledX(): void {
   const xq = half ? scratch : x;
   const k = dt == F16 ? F16X : dt == F16S ? F16SX : dt;
   for (let g = g0; g < g1; g += S) strips4(k, j.y + (<usize>(g - j.r0) << 2), <usize>far << 2, x, j.w + <usize>(g >> 3) * sb, <usize>(far >> 3) * sb, n, xq, acc);
+}
+
+/**
+ * Two or three token rows of a 16-bit matrix in four streams far rows apart, as one token's
+ * (strips4): TURN groups of each strip in turn; per half strip, each group row widened once for
+ * a pair of tokens (halfGroups2: 12 vector operations for 16 multiply-adds where one token takes 8
+ * for 8), a third token by stripGroups while the groups are in L1; every running sum through acc
+ * between turns, then each row's finish. Each sum strip8x1's, in its order: the same bits. f16 x
+ * is scaled as for one token (F16X, kept between chunks: THE SCALED X A THREAD KEEPS); an x that
+ * does not scale exactly, a scratch too small for the rows (n below 128), or f32 weights (which no
+ * dispatch sends here), take the four pieces one after another. Strip by strip, a batch of 2 made each strip f32 in scratch first
+ * (dequantStrip) and ran 1B F16 at 1.76x one token's time a step (Intel Xeon, two threads).
+ */
+@inline function streamsRows(dt: i32, job: usize, g0: i32, g1: i32, far: i32, scratch: usize): void {
+  const j = changetype<Job>(job);
+  const n = j.n;
+  const x = j.x;
+  const rows = j.rows;
+  const half = dt == F16 || dt == F16S;
+  const xsb = scaledXBytes(n);
+  if (dt == F32 || n < 128 || (half && !keptScaleX(dt, scratch, x, n, rows))) {
+    forgetScaledX();
+    for (let t = 0; t < 4; t++) matmulOf(dt, job, g0 + t * far, g1 + t * far, scratch);
+    return;
+  }
+  const k = dt == F16 ? F16X : dt == F16S ? F16SX : dt;
+  const gl = groupLen(k);
+  const groups = mainLen(k, n) / gl;
+  const sb = stripBytes(dt, n);
+  const ss = <usize>(far >> 3) * sb;
+  const ys = <usize>j.d << 2;
+  const xq = half ? scratch : x;
+  const xqs: usize = half ? xsb : <usize>n << 2;
+  // Token r's sums for strip t at acc + (t * rows + r) * 128.
+  const acc = scratch + (half ? <usize>rows * xsb : 0);
+  const z = f32x4.splat(0);
+  for (let g = g0; g < g1; g += S) {
+    const sp = j.w + <usize>(g >> 3) * sb;
+    const yo = j.y + (<usize>(g - j.r0) << 2);
+    for (let i: usize = 0; i < <usize>rows << 9; i += 16) v128.store(acc + i, z);
+    for (let c0 = 0; c0 < groups; c0 += TURN) {
+      const c1 = min(c0 + TURN, groups);
+      const xp = xq + (<usize>(c0 * gl) << 2);
+      for (let t = 0; t < 4; t++) {
+        const st = sp + <usize>t * ss;
+        const at = acc + <usize>(t * rows) * 128;
+        halfGroups2(k, at, st, 0, xp, xqs, c0, c1);
+        halfGroups2(k, at, st, 1, xp, xqs, c0, c1);
+        if (rows == 3) stripGroups(k, at + 256, st, xp + 2 * xqs, c0, c1);
+      }
+    }
+    for (let t = 0; t < 4; t++) {
+      for (let r = 0; r < rows; r++) {
+        finishStrip(k, yo + <usize>t * (<usize>far << 2) + <usize>r * ys, acc + <usize>(t * rows + r) * 128, sp + <usize>t * ss, x + ((<usize>r * <usize>n) << 2), n);
+      }
+    }
+  }
+}
+
+/**
+ * Rows 4h .. 4h + 3 of the strip at sp, groups c0 .. c1, against two token rows from xp and xp +
+ * xs (group c0's x); their running sums at acc (token 0's 8 rows, then token 1's at acc + 128),
+ * strip8x1's additions in its order. Each group row is loaded and widened once for both tokens.
+ */
+@inline function halfGroups2(dt: i32, acc: usize, sp: usize, h: i32, xp: usize, xs: usize, c0: i32, c1: i32): void {
+  const gl = groupLen(dt);
+  const ho = <usize>h << 6;
+  let a0 = v128.load(acc + ho), a1 = v128.load(acc + ho, 16), a2 = v128.load(acc + ho, 32), a3 = v128.load(acc + ho, 48);
+  let b0 = v128.load(acc + 128 + ho), b1 = v128.load(acc + 128 + ho, 16), b2 = v128.load(acc + 128 + ho, 32), b3 = v128.load(acc + 128 + ho, 48);
+  let g = sp + <usize>c0 * GROUP_BYTES + ho;
+  for (let c = c0; c < c1; c++) {
+    let v = v128.load(g);
+    let lo = lo16(dt, v);
+    let hi = hi16(dt, v);
+    a0 = fma4(fma4(a0, lo, v128.load(xp)), hi, v128.load(xp, 16));
+    b0 = fma4(fma4(b0, lo, v128.load(xp + xs)), hi, v128.load(xp + xs, 16));
+    v = v128.load(g, 16);
+    lo = lo16(dt, v);
+    hi = hi16(dt, v);
+    a1 = fma4(fma4(a1, lo, v128.load(xp)), hi, v128.load(xp, 16));
+    b1 = fma4(fma4(b1, lo, v128.load(xp + xs)), hi, v128.load(xp + xs, 16));
+    v = v128.load(g, 32);
+    lo = lo16(dt, v);
+    hi = hi16(dt, v);
+    a2 = fma4(fma4(a2, lo, v128.load(xp)), hi, v128.load(xp, 16));
+    b2 = fma4(fma4(b2, lo, v128.load(xp + xs)), hi, v128.load(xp + xs, 16));
+    v = v128.load(g, 48);
+    lo = lo16(dt, v);
+    hi = hi16(dt, v);
+    a3 = fma4(fma4(a3, lo, v128.load(xp)), hi, v128.load(xp, 16));
+    b3 = fma4(fma4(b3, lo, v128.load(xp + xs)), hi, v128.load(xp + xs, 16));
+    g += GROUP_BYTES;
+    xp += <usize>gl << 2;
+  }
+  v128.store(acc + ho, a0);
+  v128.store(acc + ho, a1, 16);
+  v128.store(acc + ho, a2, 32);
+  v128.store(acc + ho, a3, 48);
+  v128.store(acc + 128 + ho, b0);
+  v128.store(acc + 128 + ho, b1, 16);
+  v128.store(acc + 128 + ho, b2, 32);
+  v128.store(acc + 128 + ho, b3, 48);
 }
 
 /** The exported kernel of dt (called, not inlined again: streams' fallback). */
