@@ -605,7 +605,9 @@ export function forgetScaledX(): void {
 /**
  * Rows 4h .. 4h + 3 of the strip at sp, groups c0 .. c1, against two token rows from xp and xp +
  * xs (group c0's x); their running sums at acc (token 0's 8 rows, then token 1's at acc + 128),
- * strip8x1's additions in its order. Each group row is loaded and widened once for both tokens.
+ * strip8x1's additions in its order. Each group row is loaded and widened once for both tokens,
+ * and each group's x once for its four rows (loaded per row, 1B F16 ran 2 sequences 1.03-1.06x
+ * slower and 3 sequences 1.02x: bench/decode-ab.ts, Intel Xeon).
  */
 @inline function halfGroups2(dt: i32, acc: usize, sp: usize, h: i32, xp: usize, xs: usize, c0: i32, c1: i32): void {
   const gl = groupLen(dt);
@@ -614,26 +616,30 @@ export function forgetScaledX(): void {
   let b0 = v128.load(acc + 128 + ho), b1 = v128.load(acc + 128 + ho, 16), b2 = v128.load(acc + 128 + ho, 32), b3 = v128.load(acc + 128 + ho, 48);
   let g = sp + <usize>c0 * GROUP_BYTES + ho;
   for (let c = c0; c < c1; c++) {
+    const xa0 = v128.load(xp);
+    const xa1 = v128.load(xp, 16);
+    const xb0 = v128.load(xp + xs);
+    const xb1 = v128.load(xp + xs, 16);
     let v = v128.load(g);
     let lo = lo16(dt, v);
     let hi = hi16(dt, v);
-    a0 = fma4(fma4(a0, lo, v128.load(xp)), hi, v128.load(xp, 16));
-    b0 = fma4(fma4(b0, lo, v128.load(xp + xs)), hi, v128.load(xp + xs, 16));
+    a0 = fma4(fma4(a0, lo, xa0), hi, xa1);
+    b0 = fma4(fma4(b0, lo, xb0), hi, xb1);
     v = v128.load(g, 16);
     lo = lo16(dt, v);
     hi = hi16(dt, v);
-    a1 = fma4(fma4(a1, lo, v128.load(xp)), hi, v128.load(xp, 16));
-    b1 = fma4(fma4(b1, lo, v128.load(xp + xs)), hi, v128.load(xp + xs, 16));
+    a1 = fma4(fma4(a1, lo, xa0), hi, xa1);
+    b1 = fma4(fma4(b1, lo, xb0), hi, xb1);
     v = v128.load(g, 32);
     lo = lo16(dt, v);
     hi = hi16(dt, v);
-    a2 = fma4(fma4(a2, lo, v128.load(xp)), hi, v128.load(xp, 16));
-    b2 = fma4(fma4(b2, lo, v128.load(xp + xs)), hi, v128.load(xp + xs, 16));
+    a2 = fma4(fma4(a2, lo, xa0), hi, xa1);
+    b2 = fma4(fma4(b2, lo, xb0), hi, xb1);
     v = v128.load(g, 48);
     lo = lo16(dt, v);
     hi = hi16(dt, v);
-    a3 = fma4(fma4(a3, lo, v128.load(xp)), hi, v128.load(xp, 16));
-    b3 = fma4(fma4(b3, lo, v128.load(xp + xs)), hi, v128.load(xp + xs, 16));
+    a3 = fma4(fma4(a3, lo, xa0), hi, xa1);
+    b3 = fma4(fma4(b3, lo, xb0), hi, xb1);
     g += GROUP_BYTES;
     xp += <usize>gl << 2;
   }
