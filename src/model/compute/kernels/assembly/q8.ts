@@ -305,33 +305,41 @@ function runs7(j: Job, g0: i32, g1: i32, far: i32): void {
         const whi = f16ext(i32x4.extend_high_i16x8_s(ws));
         const w = g8 + 16;
         const yt = yo + s * so;
-        if (quad) {
-          let a0 = i32x4.splat(0), a1 = a0, b0 = a0, b1 = a0, c0 = a0, c1 = a0, d0 = a0, d1 = a0;
-          for (let q = w, x = xp; q < w + 128; q += 8, x += 64) {
-            const lo = v128.load8x8_s(q);
-            const hi = v128.load8x8_s(q, 128);
-            let v = v128.load(x);
-            a0 = i32x4.add(a0, i32x4.dot_i16x8_s(lo, v));
-            a1 = i32x4.add(a1, i32x4.dot_i16x8_s(hi, v));
-            v = v128.load(x, 16);
-            b0 = i32x4.add(b0, i32x4.dot_i16x8_s(lo, v));
-            b1 = i32x4.add(b1, i32x4.dot_i16x8_s(hi, v));
-            v = v128.load(x, 32);
-            c0 = i32x4.add(c0, i32x4.dot_i16x8_s(lo, v));
-            c1 = i32x4.add(c1, i32x4.dot_i16x8_s(hi, v));
-            v = v128.load(x, 48);
-            d0 = i32x4.add(d0, i32x4.dot_i16x8_s(lo, v));
-            d1 = i32x4.add(d1, i32x4.dot_i16x8_s(hi, v));
-          }
-          addBlockAt(yt, a0, a1, wlo, whi, sp4);
-          addBlockAt(yt + ys, b0, b1, wlo, whi, sp4 + rb);
-          addBlockAt(yt + 2 * ys, c0, c1, wlo, whi, sp4 + 2 * rb);
-          addBlockAt(yt + 3 * ys, d0, d1, wlo, whi, sp4 + 3 * rb);
-        }
+        if (quad) quadBlock(yt, ys, w, wlo, whi, xp, sp4, rb);
         if (alone > 0) aloneBlock(yt + ya, ys, w, wlo, whi, xa, qb, c, n, alone);
       }
     }
   }
+}
+
+/**
+ * A block (weights at w, scales wlo whi) against a quad of token rows (their pairs from xp, scales
+ * from sp4, rb apart), added to their running sums at yo + t * ys (addBlockAt): tiles8x4's plain
+ * pass for one quad. (tiles8x4 keeps its own copies: folded there, its loops lost their gain under
+ * JavaScriptCore.)
+ */
+@inline function quadBlock(yo: usize, ys: usize, w: usize, wlo: v128, whi: v128, xp: usize, sp4: usize, rb: usize): void {
+  let a0 = i32x4.splat(0), a1 = a0, b0 = a0, b1 = a0, c0 = a0, c1 = a0, d0 = a0, d1 = a0;
+  for (let q = w, x = xp; q < w + 128; q += 8, x += 64) {
+    const lo = v128.load8x8_s(q);
+    const hi = v128.load8x8_s(q, 128);
+    let v = v128.load(x);
+    a0 = i32x4.add(a0, i32x4.dot_i16x8_s(lo, v));
+    a1 = i32x4.add(a1, i32x4.dot_i16x8_s(hi, v));
+    v = v128.load(x, 16);
+    b0 = i32x4.add(b0, i32x4.dot_i16x8_s(lo, v));
+    b1 = i32x4.add(b1, i32x4.dot_i16x8_s(hi, v));
+    v = v128.load(x, 32);
+    c0 = i32x4.add(c0, i32x4.dot_i16x8_s(lo, v));
+    c1 = i32x4.add(c1, i32x4.dot_i16x8_s(hi, v));
+    v = v128.load(x, 48);
+    d0 = i32x4.add(d0, i32x4.dot_i16x8_s(lo, v));
+    d1 = i32x4.add(d1, i32x4.dot_i16x8_s(hi, v));
+  }
+  addBlockAt(yo, a0, a1, wlo, whi, sp4);
+  addBlockAt(yo + ys, b0, b1, wlo, whi, sp4 + rb);
+  addBlockAt(yo + 2 * ys, c0, c1, wlo, whi, sp4 + 2 * rb);
+  addBlockAt(yo + 3 * ys, d0, d1, wlo, whi, sp4 + 3 * rb);
 }
 
 /**
