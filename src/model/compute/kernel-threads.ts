@@ -134,8 +134,9 @@ const CHUNK_MACS = 1 << 16;
  * A one-token matmul's chunk rows are a multiple of this: a strip (8 rows) for each of the four
  * runs dispatch.ts walks in step (THE STREAMS there); so are a q4_k batch's, whose kernel takes
  * four strips in step: adjacent ones from 8 rows (kquants.ts' matmulK), four streams as one token's
- * for 2 to 7 (kStreamsQ4Rows); and every integer kernel's batches of 2 to 7 rows (kStreamsQ6Rows,
- * q8.ts' streamsRows, legacy.ts' streamsRows).
+ * for 2 to 7 (kStreamsQ4Rows); every integer kernel's batches of 2 to 7 rows (kStreamsQ6Rows,
+ * q8.ts' streamsRows, legacy.ts' streamsRows); and the 16-bit kernels' of 2 or 3 (matmul.ts'
+ * streamsRows).
  */
 const ONE_TOKEN_ROWS = 32;
 /** The kernels whose weights meet quantized x in integers: 2 to 7 token rows of them walk THE STREAMS. */
