@@ -553,8 +553,9 @@ export function forgetScaledX(): void {
  * between turns, then each row's finish. Each sum strip8x1's, in its order: the same bits. f16 x
  * is scaled as for one token (F16X, kept between chunks: THE SCALED X A THREAD KEEPS); an x that
  * does not scale exactly, a scratch too small for the rows (n below 128), or f32 weights (which no
- * dispatch sends here), take the four pieces one after another. Strip by strip, a batch of 2 made each strip f32 in scratch first
- * (dequantStrip) and ran 1B F16 at 1.76x one token's time a step (Intel Xeon, two threads).
+ * dispatch sends here), take the four pieces one after another. Strip by strip, a batch of 2 made
+ * each strip f32 in scratch first (dequantStrip) and ran 1B F16 at 1.76x one token's time a step
+ * (Intel Xeon, two threads); here 1.35x faster (bench/decode-ab.ts, decode-ab.s22-f16-rows-*.json).
  */
 @inline function streamsRows(dt: i32, job: usize, g0: i32, g1: i32, far: i32, scratch: usize): void {
   const j = changetype<Job>(job);
