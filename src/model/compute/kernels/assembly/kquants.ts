@@ -712,7 +712,7 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
 
 /**
  * Super-block c of a half strip of q6_k against four token rows from xq (qb apart; `count`, a
- * constant, 2 or 3 for a smaller batch): each token's term added to its running sums at yo + t * ys
+ * constant, 1 to 3 for a small batch's): each token's term added to its running sums at yo + t * ys
  * (as q6Term's, in q6Half1's order). Each unit is
  * unpacked once for the four tokens, from the group (pre false) or read unpacked from un (pre:
  * q6UnpackBlock's 1 KB). With nx, the same half of the group at ng (the next super-block) is
@@ -991,10 +991,11 @@ export function matmul_k_streams(fn: i32, job: usize, g0: i32, g1: i32, far: i32
  * q4_k against 2 to 7 token rows, a small decode batch, as THE STREAMS walk one token (dispatch.ts):
  * strips g0 .. g1 and the three runs far rows after them in step, super-block c of each in turn
  * (q4StripN with k = 4, its outputs far columns apart), every token against each sub-block
- * unpacked once. Each row's sum keeps its order: the same bits. Strip after strip, one thread read a 4-token q4_k matrix from DRAM at 32 GMAC/s against 52
- * from L2 (Intel Xeon, bench/kernel-bounds.ts ROWS=4). In the streams, two threads,
- * bench/decode-ab.ts, three alternating rounds: a step of 4 sequences 1B Q4_K_M 90.6 -> 83.9 ms
- * (1.080x), 8B 487.3 -> 461.6 ms (1.056x).
+ * unpacked once. Each row's sum keeps its order: the same bits. Strip after strip, one thread read
+ * a 4-token q4_k matrix from DRAM at 32 GMAC/s against 52 from L2 (Intel Xeon,
+ * bench/kernel-bounds.ts ROWS=4). In the streams, two threads, bench/decode-ab.ts, three
+ * alternating rounds: a step of 4 sequences 1B Q4_K_M 90.6 -> 83.9 ms (1.080x), 8B 487.3 -> 461.6
+ * ms (1.056x); of 2 (all of them walked so since) 77.0 -> 62.1 ms (1.24x), of 3 98.4 -> 79.2.
  */
 function kStreamsQ4Rows(job: usize, g0: i32, g1: i32, far: i32, scratch: usize): void {
   const rows = changetype<Job>(job).rows;
@@ -1062,11 +1063,10 @@ function kStreamsQ5Rows(job: usize, g0: i32, g1: i32, far: i32, scratch: usize):
  * q6_k against 2 to 7 token rows in THE STREAMS, as kStreamsQ4Rows: super-block c of the four runs
  * in turn, both halves, for the first four tokens (or all two or three: q6Block4 reading the groups,
  * as q6Half4), then the other one to three while the block is in L1. Each row's sum keeps its
- * order: the same bits.
- * Strip after strip, one thread read a 4-token q6_k matrix from DRAM at 22 GMAC/s against 38 from L2
- * (Intel Xeon, bench/kernel-bounds.ts ROWS=4). In the streams (two threads, bench/decode-ab.ts, three
- * alternating rounds, over kStreamsQ4Rows alone): a step of 4 sequences 1B Q4_K_M 84.5 -> 80.0 ms
- * (1.056x), 8B 464.0 -> 441.6 ms (1.051x).
+ * order: the same bits. Strip after strip, one thread read a 4-token q6_k matrix from DRAM at 22
+ * GMAC/s against 38 from L2 (Intel Xeon, bench/kernel-bounds.ts ROWS=4). In the streams (two
+ * threads, bench/decode-ab.ts, three alternating rounds, over kStreamsQ4Rows alone): a step of 4
+ * sequences 1B Q4_K_M 84.5 -> 80.0 ms (1.056x), 8B 464.0 -> 441.6 ms (1.051x).
  */
 function kStreamsQ6Rows(job: usize, g0: i32, g1: i32, far: i32): void {
   const rows = changetype<Job>(job).rows;
