@@ -1048,7 +1048,7 @@ function kStreamsQ5Rows(job: usize, g0: i32, g1: i32, far: i32, scratch: usize):
   }
 }
 
-/** The running sums of `count` tokens (at most 4) in four runs so bytes apart (8 rows of outputs each) set to 0. */
+/** The running sums of `count` tokens (ys apart) in four runs so bytes apart (8 rows of outputs each) set to 0. */
 @inline export function zeroRuns(yo: usize, so: usize, ys: usize, count: usize = 4): void {
   const z = f32x4.splat(0);
   for (let s: usize = 0; s < 4; s++) {
@@ -1114,8 +1114,7 @@ function q6Rows7(job: usize, g0: i32, g1: i32, far: i32): void {
   for (let g = g0; g < g1; g += 8) {
     const yo = j.y + (<usize>(g - j.r0) << 2);
     const sp = j.w + <usize>(g >> 3) * sb;
-    zeroRuns(yo, so, ys, <usize>count);
-    if (rest > 0) zeroRuns(yo + 4 * ys, so, ys, <usize>rest);
+    zeroRuns(yo, so, ys, <usize>(count + rest));
     for (let c = 0; c < (n >> 8); c++) {
       for (let s: usize = 0; s < 4; s++) {
         const gs = sp + s * ss + <usize>c * Q6K_GROUP;

@@ -25,7 +25,7 @@
 import { Q4_0, Q4_1, Q5_0 } from "./dtype-index";
 import { f16extScale } from "./f16";
 import { Job } from "./job";
-import { dot2, highAt, highOf, lowAt, lowOf, next2, q4Sub, quadCompact, quadRowBytes, quadScales, quadSums, quantizeQuads, rdot, storeStrips, widen } from "./kquants";
+import { dot2, highAt, highOf, lowAt, lowOf, next2, q4Sub, quadCompact, quadRowBytes, quadScales, quadSums, quantizeQuads, rdot, storeStrips, widen, zeroRuns } from "./kquants";
 
 /** Bytes of one quantized token row of n (a multiple of 32). */
 @inline function qRowBytes(n: i32): usize {
@@ -301,16 +301,10 @@ function rowsQ5_1(job: usize, g0: i32, g1: i32, far: i32): void {
   const so = <usize>far << 2;
   const ys = <usize>j.d << 2;
   const qb = qRowBytes(n);
-  const z = i32x4.splat(0);
   for (let g = g0; g < g1; g += 8) {
     const yo = j.y + (<usize>(g - j.r0) << 2);
     const sp = j.w + <usize>(g >> 3) * sb;
-    for (let s: usize = 0; s < 4; s++) {
-      for (let t = 0; t < rows; t++) {
-        v128.store(yo + s * so + <usize>t * ys, z);
-        v128.store(yo + s * so + <usize>t * ys, z, 16);
-      }
-    }
+    zeroRuns(yo, so, ys, <usize>rows);
     for (let c = 0; c < (n >> 5); c++) {
       for (let s: usize = 0; s < 4; s++) {
         const gs = sp + s * ss + <usize>c * gb;

@@ -528,14 +528,13 @@ export function forgetScaledX(): void {
   const j = changetype<Job>(job);
   const n = j.n;
   const x = j.x;
-  const half = dt == F16 || dt == F16S;
   if (j.rows > 1) {
     streamsRows(dt, job, g0, g1, far, scratch);
     return;
   }
+  const half = dt == F16 || dt == F16S;
   if (n < 32 || (half && !keptScaleX(dt, scratch, x, n))) {
-    forgetScaledX();
-    for (let t = 0; t < 4; t++) matmulOf(dt, job, g0 + t * far, g1 + t * far, scratch);
+    piecesApart(dt, job, g0, g1, far, scratch);
     return;
   }
   const sb = stripBytes(dt, n);
@@ -565,8 +564,7 @@ export function forgetScaledX(): void {
   const half = dt == F16 || dt == F16S;
   const xsb = scaledXBytes(n);
   if (dt == F32 || n < 128 || (half && !keptScaleX(dt, scratch, x, n, rows))) {
-    forgetScaledX();
-    for (let t = 0; t < 4; t++) matmulOf(dt, job, g0 + t * far, g1 + t * far, scratch);
+    piecesApart(dt, job, g0, g1, far, scratch);
     return;
   }
   const k = dt == F16 ? F16X : dt == F16S ? F16SX : dt;
@@ -652,6 +650,13 @@ export function forgetScaledX(): void {
   v128.store(acc + 128 + ho, b1, 16);
   v128.store(acc + 128 + ho, b2, 32);
   v128.store(acc + 128 + ho, b3, 48);
+}
+
+/** The four pieces of a streams chunk one after another, by the exported kernel (streams' and streamsRows' fallback). */
+@inline function piecesApart(dt: i32, job: usize, g0: i32, g1: i32, far: i32, scratch: usize): void {
+  // The kernel writes the scratch (matmul.ts' THE SCALED X A THREAD KEEPS).
+  forgetScaledX();
+  for (let t = 0; t < 4; t++) matmulOf(dt, job, g0 + t * far, g1 + t * far, scratch);
 }
 
 /** The exported kernel of dt (called, not inlined again: streams' fallback). */

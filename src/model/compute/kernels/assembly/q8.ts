@@ -293,8 +293,7 @@ function runs7(j: Job, g0: i32, g1: i32, far: i32): void {
   for (let g = g0; g < g1; g += S) {
     const yo = j.y + (<usize>(g - j.r0) << 2);
     const sp = j.w + <usize>(g >> 3) * sb;
-    if (quad) zeroRuns(yo, so, ys);
-    if (alone > 0) zeroRuns(yo + ya, so, ys, <usize>alone);
+    zeroRuns(yo, so, ys, <usize>((quad ? 4 : 0) + alone));
     for (let c = 0; c < blocks; c++) {
       const xp = xq + (<usize>c << 10);
       const sp4 = xq + (<usize>n << 5) + (<usize>c << 2);
