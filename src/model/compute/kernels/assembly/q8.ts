@@ -313,9 +313,11 @@ function runs7(j: Job, g0: i32, g1: i32, far: i32): void {
 
 /**
  * A block (weights at w, scales wlo whi) against a quad of token rows (their pairs from xp, scales
- * from sp4, rb apart), added to their running sums at yo + t * ys (addBlockAt): tiles8x4's plain
- * pass for one quad. (tiles8x4 keeps its own copies: folded there, its loops lost their gain under
- * JavaScriptCore.)
+ * from sp4, rb apart), added to their running sums at yo + t * ys (addBlockAt): the plain pass of
+ * tiles8x4 and of the streams' quads. (tiles8x4's pass that copies the ring keeps its own loop: a
+ * test inside this one, or one function taking either, lost the ring's gain under JavaScriptCore.
+ * Calling this for tiles8x4's plain passes measured alike, bench/decode-ab.ts, Intel Xeon, three
+ * alternating rounds: 8B Q8_0 8 sequences 0.996x, 1B 1.004x, a 1B 512-token prefill 0.992x.)
  */
 @inline function quadBlock(yo: usize, ys: usize, w: usize, wlo: v128, whi: v128, xp: usize, sp4: usize, rb: usize): void {
   let a0 = i32x4.splat(0), a1 = a0, b0 = a0, b1 = a0, c0 = a0, c1 = a0, d0 = a0, d1 = a0;
@@ -493,11 +495,11 @@ function runs7(j: Job, g0: i32, g1: i32, far: i32): void {
     let sp4 = xq + (<usize>n << 5) + (<usize>c << 2);
     let yt = yo;
     for (let u = 0; u < quads; u++) {
-      let a0 = i32x4.splat(0), a1 = a0, b0 = a0, b1 = a0, c0 = a0, c1 = a0, d0 = a0, d1 = a0;
-      // Two loops written out, though alike but for the copy: the copy under a test in one loop
-      // (1.00x) and one inlined pass function taking either (59 against 62 GMAC/s, 8 rows of
-      // 14336 x 4096) each lost the gain under JavaScriptCore.
       if (ahead && u == quads - 1) {
+        // The plain pass with the copy beside its loads: a test inside quadBlock's loop (1.00x)
+        // and one pass function taking either (59 against 62 GMAC/s, 8 rows of 14336 x 4096)
+        // each lost the ring's gain under JavaScriptCore.
+        let a0 = i32x4.splat(0), a1 = a0, b0 = a0, b1 = a0, c0 = a0, c1 = a0, d0 = a0, d1 = a0;
         for (let q = w, x = xp, f = from, t = next; q < w + 128; q += 8, x += 64, f += 16, t += 16) {
           v128.store(t, v128.load(f));
           const lo = v128.load8x8_s(q);
@@ -516,28 +518,11 @@ function runs7(j: Job, g0: i32, g1: i32, far: i32): void {
           d1 = i32x4.add(d1, i32x4.dot_i16x8_s(hi, v));
         }
         v128.store(next, v128.load(from, 256), 256);
-      } else {
-        for (let q = w, x = xp; q < w + 128; q += 8, x += 64) {
-          const lo = v128.load8x8_s(q);
-          const hi = v128.load8x8_s(q, 128);
-          let v = v128.load(x);
-          a0 = i32x4.add(a0, i32x4.dot_i16x8_s(lo, v));
-          a1 = i32x4.add(a1, i32x4.dot_i16x8_s(hi, v));
-          v = v128.load(x, 16);
-          b0 = i32x4.add(b0, i32x4.dot_i16x8_s(lo, v));
-          b1 = i32x4.add(b1, i32x4.dot_i16x8_s(hi, v));
-          v = v128.load(x, 32);
-          c0 = i32x4.add(c0, i32x4.dot_i16x8_s(lo, v));
-          c1 = i32x4.add(c1, i32x4.dot_i16x8_s(hi, v));
-          v = v128.load(x, 48);
-          d0 = i32x4.add(d0, i32x4.dot_i16x8_s(lo, v));
-          d1 = i32x4.add(d1, i32x4.dot_i16x8_s(hi, v));
-        }
-      }
-      addBlockAt(yt, a0, a1, wlo, whi, sp4);
-      addBlockAt(yt + ys, b0, b1, wlo, whi, sp4 + rb);
-      addBlockAt(yt + 2 * ys, c0, c1, wlo, whi, sp4 + 2 * rb);
-      addBlockAt(yt + 3 * ys, d0, d1, wlo, whi, sp4 + 3 * rb);
+        addBlockAt(yt, a0, a1, wlo, whi, sp4);
+        addBlockAt(yt + ys, b0, b1, wlo, whi, sp4 + rb);
+        addBlockAt(yt + 2 * ys, c0, c1, wlo, whi, sp4 + 2 * rb);
+        addBlockAt(yt + 3 * ys, d0, d1, wlo, whi, sp4 + 3 * rb);
+      } else quadBlock(yt, ys, w, wlo, whi, xp, sp4, rb);
       xp += q4;
       sp4 += q4;
       yt += y4;
