@@ -13,12 +13,19 @@
 // f16s is f16 in the shifted coding MatmulKernel places f16 in when every |w| < 128
 // (kernels/assembly/f16.ts' THE SHIFTED F16), f16 the plain coding it falls back to.
 //
+// WALK=streams runs the job as a decode's chunks walk it (dispatch.ts' THE STREAMS: four runs in
+// step; for 2 to 7 rows the small-batch walks), N=4096 sets the columns (8B's w1/w3), HUGE=1
+// advises the memory for 2 MiB pages as the engine does (huge-pages.ts), so the DRAM rate is
+// the engine's; PLACES=l2,l3 limits where the matrix is put.
+//
 //   bun bench/kernel-bounds.ts     (DTYPES=f16,f16s,bf16,f32,q8_0,q4_k,q6_k ROWS=1,8,512 NORMAL_ONLY=1)
 // JSON to bench/results/kernel-bounds.json (OUT=name for kernel-bounds.<name>.json).
 import { mkdirSync, writeFileSync } from "node:fs";
 import { cpus } from "node:os";
 import { join } from "node:path";
-import { J_D, J_N, J_ROWS, J_W, J_X, J_Y, JOB_INTS, type KernelExports } from "../src/model/compute/kernel-exports.ts";
+import { J_D, J_FN, J_N, J_R0, J_ROWS, J_W, J_X, J_Y, JOB_INTS, type KernelExports } from "../src/model/compute/kernel-exports.ts";
+import { adviseHugePages } from "../src/model/compute/huge-pages.ts";
+import { KERNEL_INDEX } from "../src/model/compute/kernel-threads.ts";
 import { kernelModule } from "../src/model/compute/matmul.ts";
 import { f16Shift } from "../src/model/compute/f16-bits.ts";
 import { castMatrix, type DType, type PackedMatrix } from "../src/model/compute/packed.ts";
@@ -31,7 +38,9 @@ const DTYPES = (process.env.DTYPES ?? "f16,f16s,bf16,f32,q8_0,q4_k,q6_k").split(
 /** The file dtype whose strip layout dt's matrix has (f16s: f16's). */
 const layoutOf = (dt: Dt): DType => (dt === "f16s" ? "f16" : dt);
 const ROWS = (process.env.ROWS ?? "1,8,512").split(",").map(Number);
-const N = 2048;
+const N = Number(process.env.N ?? 2048);
+const STREAMS_WALK = process.env.WALK === "streams";
+const HUGE = process.env.HUGE === "1";
 const NORMAL_ONLY = process.env.NORMAL_ONLY === "1";
 /**
  * WEIGHTS=gauss: independent Gaussian weights of a trained layer's spread (sigma 0.02), 0.24% of
@@ -39,7 +48,13 @@ const NORMAL_ONLY = process.env.NORMAL_ONLY === "1";
  * zero crossings and so share vectors (an assist is paid per multiply, not per lane).
  */
 const GAUSS = process.env.WEIGHTS === "gauss";
-const PLACES = { l2: 1 << 20, l3: 256 << 20, dram: 1 << 30 } as const;
+// l3 at 256 MB stays within the AMD EPYC's L3 (the 135M shape's weights between tokens); the
+// Intel Xeon's 480 MB L3 is a VM's view, and 128 MB there already runs at DRAM's rate, so
+// PLACES=l2,l3_32m,dram puts a matrix in its L3 too.
+const ALL_PLACES = { l2: 1 << 20, l3_32m: 32 << 20, l3: 256 << 20, dram: 1 << 30 } as const;
+const PLACES = Object.fromEntries(Object.entries(ALL_PLACES).filter(([k]) => (process.env.PLACES ?? "l2,l3,dram").split(",").includes(k))) as Partial<
+  typeof ALL_PLACES
+>;
 
 interface Rate {
   wallGBs: number;
@@ -52,6 +67,7 @@ function placed(dt: Dt, d: number, rows: number): { ex: KernelExports; job: numb
   const bytes = stripLayoutBytes(layoutOf(dt), d, N);
   const top = 65536 + bytes + rows * (N + d) * 4 + 32 * N * 4 + JOB_INTS * 4;
   const memory = new WebAssembly.Memory({ initial: Math.ceil(top / 65536) + 1, maximum: 65536, shared: true });
+  if (HUGE && !adviseHugePages(memory, 65536 * 65536)) throw new Error("HUGE=1: this host gives no transparent huge pages");
   const ex = new WebAssembly.Instance(kernelModule()!, { env: { memory } }).exports as unknown as KernelExports;
   // Room for x quantized as the kernel lays it out (its own row bytes), past everything else.
   const xqBytes = dt === "q8_0" ? rows * ex.q8_row_bytes(N) : dt.startsWith("q") ? rows * ex.k_row_bytes(N) : 0;
@@ -94,16 +110,23 @@ function placed(dt: Dt, d: number, rows: number): { ex: KernelExports; job: numb
   rec[J_ROWS] = rows;
   rec[J_N] = N;
   rec[J_D] = d;
+  rec[J_FN] = KERNEL_INDEX[layoutOf(dt)];
+  rec[J_R0] = 0;
   return { ex, job, scratch };
 }
 
 function rate(dt: Dt, place: keyof typeof PLACES, rows: number): Rate {
   const es = stripLayoutBytes(layoutOf(dt), 8, N) / (8 * N);
   // Prefill's 512 rows take long: its matrices are 64x smaller (the kernel reads each strip from cache anyway).
-  const d = Math.max(64, Math.floor(PLACES[place] / (N * es) / (rows >= 64 ? 64 : 1) / 8) * 8);
+  // The streams walk cuts its job in chunks of a multiple of 32 rows, as KernelThreads does.
+  const unit = STREAMS_WALK ? 128 : 8;
+  const d = Math.max(2 * unit, Math.floor(ALL_PLACES[place] / (N * es) / (rows >= 64 ? 64 : 1) / unit) * unit);
   const { ex, job, scratch } = placed(dt, d, rows);
   const fn = ex[`matmul_${dt}`];
-  const run = (): void => fn(job, 0, d, scratch);
+  // 24 chunks of a multiple of 32 rows: four runs a quarter of the matrix apart, each a chunk's
+  // piece after another, as a decode's thread takes its chunks in order.
+  const per = Math.ceil(d / 24 / 32) * 32;
+  const run = STREAMS_WALK ? (): void => ex.matmul_one_token(job, per, scratch) : (): void => fn(job, 0, d, scratch);
   // Warm up for a second, not one call: JavaScriptCore compiles the optimized tier of a large
   // kernel on another thread for a while, and a round timed before it lands measures the baseline tier.
   for (const t0 = performance.now(); performance.now() - t0 < 1000; ) run();
@@ -128,6 +151,8 @@ const out: Record<string, unknown> = {
   bench: "kernel-bounds",
   cpu: cpus()[0]?.model,
   n: N,
+  walk: STREAMS_WALK ? "streams" : "strips",
+  hugePages: HUGE,
   normalOnly: NORMAL_ONLY,
   weights: GAUSS ? "gauss" : "sin",
   loadBefore: loadAverage(),
