@@ -669,6 +669,10 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
  * Quarter terms in turn (each half's integer in two passes) ran q6_k 21.0 but q4_k 20.5 GB/s.
  */
 @inline function kStrips(six: bool, five: bool, k: i32, yo: usize, ys2: usize, xq: usize, sp: usize, ss: usize, n: i32): void {
+  if (five) {
+    q5Strips(k, yo, ys2, xq, sp, ss, n);
+    return;
+  }
   const blocks = n >> 8;
   const grp: usize = six ? Q6K_GROUP : five ? Q5K_GROUP : Q4K_GROUP;
   let a0 = f32x4.splat(0);
@@ -695,6 +699,40 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
     }
   }
   storeStrips(k, yo, ys2, a0, a1, b0, b1, c0, c1, d0, d1);
+}
+
+/**
+ * kStrips for q5_k: the same terms in the same order, each strip's running sums kept at its
+ * outputs (yo + t * ys2) between terms rather than in registers (a store and a load of an f32
+ * change no bit). q5_k's term holds its fifth-bit plane and masks beside q4_k's values, and with
+ * the eight sums in registers besides, JavaScriptCore's code for the four strips moved vectors to
+ * and from the stack 1454 times for its 128 dots (q4_k's 56; now 47 for 16 dots, the loops no
+ * longer unrolled). One thread, 4096-column rows, Intel Xeon (bench/kernel-bounds.ts WALK=streams
+ * N=4096 HUGE=1): from L2 7.6 -> 13.2 GB/s, from DRAM 5.6 -> 7.1; 1B Q5_K_M decode 75.6 -> 63.8
+ * ms a token (1.185x, bench/decode-ab.ts, three alternating rounds).
+ */
+@inline function q5Strips(k: i32, yo: usize, ys2: usize, xq: usize, sp: usize, ss: usize, n: i32): void {
+  const blocks = n >> 8;
+  const z = f32x4.splat(0);
+  for (let t = 0; t < k; t++) {
+    v128.store(yo + <usize>t * ys2, z);
+    v128.store(yo + <usize>t * ys2, z, 16);
+  }
+  const sr = scalesAt(xq, n);
+  const ur = sums32At(xq, n);
+  const xc = quadCompact(xq, n, 8);
+  for (let c = 0; c < blocks; c++) {
+    const g = sp + <usize>c * Q5K_GROUP;
+    const s = load<f32>(sr + (<usize>c << 2));
+    const xb = xc + (<usize>c << 8);
+    const u = ur + (<usize>c << 4);
+    for (let half: usize = 0; half < 2; half++) {
+      for (let t = 0; t < k; t++) {
+        const y = yo + <usize>t * ys2 + (half << 4);
+        v128.store(y, f32x4.add(v128.load(y), q4Term(true, g + <usize>t * ss, half, xb, s, u, true)));
+      }
+    }
+  }
 }
 
 /** The running sums of k (1 or 4) strips' two halves (a0 a1 for strip 0, ...) at yo + t * ys2. */
