@@ -157,9 +157,25 @@ const out: Record<string, unknown> = {
   weights: GAUSS ? "gauss" : "sin",
   loadBefore: loadAverage(),
 };
+/**
+ * Whether a decode's chunks walk dt's job of `rows` token rows as THE STREAMS (dispatch.ts'
+ * runChunk): one row of any dtype, 2 to 7 of an integer one, 2 or 3 of a 16-bit one. Other counts
+ * go through matmul_one_token's walk only as far as its kernels expect (a 16-bit one computes
+ * three rows of four), so WALK=streams skips them.
+ */
+function streamed(dt: Dt, rows: number): boolean {
+  if (rows === 1) return true;
+  if (dt === "f32") return false;
+  return dt.startsWith("q") ? rows < 8 : rows < 4;
+}
+
 const table: Record<string, Record<string, Rate>> = {};
 for (const rows of ROWS) {
   for (const dt of DTYPES) {
+    if (STREAMS_WALK && !streamed(dt, rows)) {
+      console.log(`${dt} x${rows}: not a streams walk in the engine, skipped`);
+      continue;
+    }
     const key = `${dt} x${rows}`;
     table[key] = {};
     for (const place of Object.keys(PLACES) as (keyof typeof PLACES)[]) {
