@@ -25,7 +25,7 @@ import { cpus } from "node:os";
 import { join } from "node:path";
 import { J_D, J_FN, J_N, J_R0, J_ROWS, J_W, J_X, J_Y, JOB_INTS, type KernelExports } from "../src/model/compute/kernel-exports.ts";
 import { adviseHugePages } from "../src/model/compute/huge-pages.ts";
-import { KERNEL_INDEX } from "../src/model/compute/kernel-threads.ts";
+import { F16_SHIFTED, KERNEL_INDEX } from "../src/model/compute/kernel-threads.ts";
 import { kernelModule } from "../src/model/compute/matmul.ts";
 import { f16Shift } from "../src/model/compute/f16-bits.ts";
 import { castMatrix, type DType, type PackedMatrix } from "../src/model/compute/packed.ts";
@@ -110,7 +110,8 @@ function placed(dt: Dt, d: number, rows: number): { ex: KernelExports; job: numb
   rec[J_ROWS] = rows;
   rec[J_N] = N;
   rec[J_D] = d;
-  rec[J_FN] = KERNEL_INDEX[layoutOf(dt)];
+  // The streams walk picks its kernel by the job's fn: f16s is a kernel of its own, not f16's.
+  rec[J_FN] = dt === "f16s" ? F16_SHIFTED : KERNEL_INDEX[dt];
   rec[J_R0] = 0;
   return { ex, job, scratch };
 }
