@@ -657,7 +657,7 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
 /**
  * k (1 or 4, a constant) whole strips far apart (at sp, sp + ss, ...) against one token row, in
  * step, a super-block of each in turn (dispatch.ts' THE STREAMS): each strip's sums kStrip's, in
- * its order, so the same bits; outputs of strip t at yo + t * ys2.
+ * its order, so the same bits; outputs of strip t at yo + t * ys2. q5_k's go to q5Strips.
  *
  * The four strips' half 0 terms come first, then their half 1 terms, so each stream is read in
  * two bursts with three other half terms between them, and the lines the prefetcher fetched for
@@ -674,7 +674,7 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
     return;
   }
   const blocks = n >> 8;
-  const grp: usize = six ? Q6K_GROUP : five ? Q5K_GROUP : Q4K_GROUP;
+  const grp: usize = six ? Q6K_GROUP : Q4K_GROUP;
   let a0 = f32x4.splat(0);
   let a1 = a0, b0 = a0, b1 = a0, c0 = a0, c1 = a0, d0 = a0, d1 = a0;
   const sr = scalesAt(xq, n);
@@ -713,11 +713,7 @@ export function quantize_k_x(dst: usize, x: usize, rows: i32, n: i32): void {
  */
 @inline function q5Strips(k: i32, yo: usize, ys2: usize, xq: usize, sp: usize, ss: usize, n: i32): void {
   const blocks = n >> 8;
-  const z = f32x4.splat(0);
-  for (let t = 0; t < k; t++) {
-    v128.store(yo + <usize>t * ys2, z);
-    v128.store(yo + <usize>t * ys2, z, 16);
-  }
+  zeroRuns(yo, ys2, 0, 1, <usize>k);
   const sr = scalesAt(xq, n);
   const ur = sums32At(xq, n);
   const xc = quadCompact(xq, n, 8);
@@ -1086,10 +1082,10 @@ function kStreamsQ5Rows(job: usize, g0: i32, g1: i32, far: i32, scratch: usize):
   }
 }
 
-/** The running sums of `count` tokens (ys apart) in four runs so bytes apart (8 rows of outputs each) set to 0. */
-@inline export function zeroRuns(yo: usize, so: usize, ys: usize, count: usize = 4): void {
+/** The running sums of `count` tokens (ys apart) in `runs` runs so bytes apart (8 rows of outputs each) set to 0. */
+@inline export function zeroRuns(yo: usize, so: usize, ys: usize, count: usize = 4, runs: usize = 4): void {
   const z = f32x4.splat(0);
-  for (let s: usize = 0; s < 4; s++) {
+  for (let s: usize = 0; s < runs; s++) {
     for (let t: usize = 0; t < count; t++) {
       v128.store(yo + s * so + t * ys, z);
       v128.store(yo + s * so + t * ys, z, 16);
